@@ -1,0 +1,97 @@
+# AutoCompress build. One binary, build/autocompress, from the layers of DESIGN.md §2.
+#
+# Knobs:
+#   OPT=-O2            optimisation flags
+#   ARCH=-march=native instruction set (CPU kernels use AVX2/AVX-512 where present)
+#   SANITIZE=address,undefined   build everything (and the tests) with sanitizers
+#   CUDA=1             also build the CUDA backend in cuda/ (needs nvcc, cuBLAS, NCCL)
+#   BUILD=build        output folder (out of tree)
+#   CUDA_ARCHS="80 89 90 120"    SM targets for CUDA=1
+CC       ?= gcc
+BUILD    ?= build
+OPT      ?= -O2
+ARCH     ?= -march=native
+SANITIZE ?=
+CUDA     ?= 0
+NVCC     ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCHS ?= 80 89 90 120
+
+PKGS := libmicrohttpd jansson sqlite3 libcurl libpcre2-8 openssl
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g $(OPT) $(ARCH) -fopenmp \
+          -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(PKG_CFLAGS)
+LDLIBS := $(PKG_LIBS) -lopenblas -lm -lpthread -ldl -fopenmp
+ifneq ($(SANITIZE),)
+  CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=$(SANITIZE)
+  BUILD := $(BUILD)-san
+endif
+
+# Library sources: every .c in the layer folders except the process entry.
+LAYERS   := server api jobs compress storage engine
+LIB_SRCS := $(filter-out server/main.c,$(foreach d,$(LAYERS),$(wildcard $(d)/*.c)))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+
+ifeq ($(CUDA),1)
+  CU_SRCS  := $(wildcard cuda/*.cu)
+  CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+  CFLAGS   += -DAC_CUDA=1 -I$(CUDA_HOME)/include
+  NVFLAGS  := -O2 -std=c++17 -I. -Xcompiler -Wall,-Wextra,-Werror $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lnccl -lstdc++
+endif
+
+TEST_SRCS := $(wildcard tests/unit/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+
+.PHONY: all run test test-unit test-sanitize deps clean fuzz bench cuda-check
+all: $(BUILD)/autocompress $(TEST_BINS)
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/libautocompress.a: $(LIB_OBJS) $(CU_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# The binary links the objects themselves (not the archive) so that a real subcommand
+# overrides its weak fallback in server/cli_unavailable.c.
+$(BUILD)/autocompress: $(BUILD)/obj/server/main.o $(LIB_OBJS) $(CU_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libautocompress.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
+
+# make run: build, then start the server with its embedded defaults and run the demo against it.
+run: deps $(BUILD)/autocompress
+	@scripts/run.sh $(BUILD)/autocompress
+
+# make test: unit tests, black-box HTTP tests and numerical oracles; closes with "N passed, N failed".
+test: deps all
+	@BUILD=$(BUILD) tests/run_all.sh
+
+test-sanitize:
+	@$(MAKE) --no-print-directory test SANITIZE=address,undefined OPT=-O1
+
+fuzz:
+	@tests/fuzz/build.sh
+
+bench: all
+	@bench/run_all.sh $(BUILD)
+
+clean:
+	rm -rf build build-san
+
+-include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d $(TEST_BINS:=.d)

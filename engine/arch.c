@@ -1,0 +1,163 @@
+/* engine/arch.c — lifetime, validation and parameter counting for the arch descriptor.
+ * No I/O here: JSON lives in storage/archjson.c, model formats in storage/.
+ */
+#include "engine/arch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int arch_init(arch *a, int n_layers)
+{
+    memset(a, 0, sizeof *a);
+    if (n_layers < 0)
+        return -1;
+    if (n_layers > 0) {
+        a->layers = calloc((size_t)n_layers, sizeof *a->layers);
+        if (!a->layers)
+            return -1;
+    }
+    a->n_layers = n_layers;
+    return 0;
+}
+
+void arch_free(arch *a)
+{
+    if (!a)
+        return;
+    free(a->layers);
+    a->layers = NULL;
+    a->n_layers = 0;
+}
+
+int arch_copy(arch *dst, const arch *src)
+{
+    *dst = *src;
+    dst->layers = NULL;
+    if (src->n_layers > 0) {
+        dst->layers = malloc((size_t)src->n_layers * sizeof *dst->layers);
+        if (!dst->layers)
+            return -1;
+        memcpy(dst->layers, src->layers, (size_t)src->n_layers * sizeof *dst->layers);
+    }
+    return 0;
+}
+
+int arch_equal(const arch *a, const arch *b)
+{
+    if (strcmp(a->family, b->family) || a->vocab_size != b->vocab_size ||
+        a->hidden_size != b->hidden_size || a->head_dim != b->head_dim ||
+        a->max_position_embeddings != b->max_position_embeddings ||
+        a->rope_theta != b->rope_theta || a->norm_eps != b->norm_eps ||
+        a->tie_word_embeddings != b->tie_word_embeddings ||
+        a->attention_bias != b->attention_bias || a->n_layers != b->n_layers ||
+        memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling))
+        return 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *x = &a->layers[i], *y = &b->layers[i];
+        if (x->source_layer != y->source_layer || x->n_heads != y->n_heads ||
+            x->n_kv_heads != y->n_kv_heads || x->ffn_dim != y->ffn_dim ||
+            memcmp(&x->moe, &y->moe, sizeof x->moe) || memcmp(&x->mamba, &y->mamba, sizeof x->mamba))
+            return 0;
+    }
+    return 1;
+}
+
+int arch_validate(const arch *a, char *err, size_t errlen)
+{
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+    if (strcmp(a->family, "llama") != 0)
+        BAD("family: unsupported family \"%s\" (supported: llama)", a->family);
+    if (a->vocab_size <= 0 || a->vocab_size > (1 << 22))
+        BAD("vocab_size: %d is out of range [1, 4194304]", a->vocab_size);
+    if (a->hidden_size <= 0 || a->hidden_size > (1 << 16))
+        BAD("hidden_size: %d is out of range [1, 65536]", a->hidden_size);
+    if (a->head_dim <= 0 || a->head_dim > 1024 || a->head_dim % 2)
+        BAD("head_dim: %d must be even and in [2, 1024]", a->head_dim);
+    if (a->max_position_embeddings <= 0)
+        BAD("max_position_embeddings: %d must be positive", a->max_position_embeddings);
+    if (!(a->rope_theta > 0))
+        BAD("rope_theta: must be positive");
+    if (!(a->norm_eps > 0 && a->norm_eps < 1))
+        BAD("norm_eps: must be in (0, 1)");
+    if (a->n_layers < 0 || a->n_layers > 1024)
+        BAD("layers: %d layers is out of range [0, 1024]", a->n_layers);
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        if (l->source_layer < 0)
+            BAD("layers[%d].source_layer: %d is negative", i, l->source_layer);
+        if (l->n_heads < 0 || l->n_heads > 1024)
+            BAD("layers[%d].attention.n_heads: %d is out of range [0, 1024]", i, l->n_heads);
+        if (l->n_heads > 0) {
+            if (l->n_kv_heads <= 0 || l->n_kv_heads > l->n_heads)
+                BAD("layers[%d].attention.n_kv_heads: %d must be in [1, n_heads=%d]", i, l->n_kv_heads, l->n_heads);
+            if (l->n_heads % l->n_kv_heads)
+                BAD("layers[%d].attention.n_heads: %d is not a multiple of n_kv_heads=%d", i, l->n_heads, l->n_kv_heads);
+        } else if (l->n_kv_heads != 0) {
+            BAD("layers[%d].attention.n_kv_heads: must be 0 when attention is removed", i);
+        }
+        if (l->ffn_dim < 0 || l->ffn_dim > (1 << 20))
+            BAD("layers[%d].mlp.ffn_dim: %d is out of range [0, 1048576]", i, l->ffn_dim);
+        if (l->moe.n_experts || l->mamba.n_heads)
+            BAD("layers[%d]: moe and mamba blocks are not supported by family \"llama\"", i);
+    }
+    return 0;
+#undef BAD
+}
+
+int64_t arch_params(const arch *a)
+{
+    int64_t C = a->hidden_size, D = a->head_dim;
+    int64_t n = (int64_t)a->vocab_size * C;          /* embedding */
+    if (!a->tie_word_embeddings)
+        n += (int64_t)a->vocab_size * C;             /* lm_head */
+    n += C;                                          /* final norm */
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        if (l->n_heads > 0) {
+            int64_t q = l->n_heads * D, kv = l->n_kv_heads * D;
+            n += C;                                  /* attention norm */
+            n += C * q + 2 * C * kv + q * C;         /* q, k, v, o */
+            if (a->attention_bias)
+                n += q + 2 * kv;
+        }
+        if (l->ffn_dim > 0)
+            n += C + 3 * C * (int64_t)l->ffn_dim;    /* ffn norm, gate, up, down */
+    }
+    return n;
+}
+
+int arch_is_uniform(const arch *a)
+{
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i], *f = &a->layers[0];
+        if (l->n_heads == 0 || l->ffn_dim == 0 || l->n_heads != f->n_heads ||
+            l->n_kv_heads != f->n_kv_heads || l->ffn_dim != f->ffn_dim)
+            return 0;
+    }
+    return 1;
+}
+
+size_t arch_summary(const arch *a, char *buf, size_t len)
+{
+    size_t need = 0;
+    int n = snprintf(buf, len, "h%d", a->hidden_size);
+    need += n > 0 ? (size_t)n : 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        char part[64];
+        if (l->n_heads)
+            n = snprintf(part, sizeof part, " | L%d a%d/%d f", l->source_layer, l->n_heads, l->n_kv_heads);
+        else
+            n = snprintf(part, sizeof part, " | L%d a- f", l->source_layer);
+        if (l->ffn_dim)
+            snprintf(part + n, sizeof part - (size_t)n, "%d", l->ffn_dim);
+        else
+            snprintf(part + n, sizeof part - (size_t)n, "-");
+        size_t pl = strlen(part);
+        if (need + pl < len)
+            memcpy(buf + need, part, pl + 1);
+        need += pl;
+    }
+    return need + 1;
+}

@@ -1,0 +1,86 @@
+/* engine/arch.h — the architecture descriptor every part of AutoCompress shares.
+ *
+ * An arch is a parent or candidate model's shape: global dimensions plus one config
+ * per layer (DESIGN.md §1). Layers may differ in every field. A removed attention has
+ * n_heads == 0, a removed MLP ffn_dim == 0; a layer with both removed is simply absent
+ * from `layers` (a derived arch names the parent layer each layer came from).
+ * The JSON form (DESIGN.md §10) lives in storage/archjson.{c,h}; this file knows no JSON.
+ */
+#ifndef AC_ENGINE_ARCH_H
+#define AC_ENGINE_ARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ARCH_FAMILY_MAX 32
+
+/* Mixture-of-experts block (family "mixtral"/"qwen_moe"); n_experts == 0: absent. */
+typedef struct {
+    int n_experts, top_k, expert_ffn_dim, shared_ffn_dim;
+} arch_moe;
+
+/* Mamba-2 mixer (family "nemotron_h"); n_heads == 0: absent. */
+typedef struct {
+    int n_heads, head_dim, d_state, n_groups, conv_kernel;
+} arch_mamba;
+
+typedef struct {
+    int source_layer;   /* index of the parent layer this layer came from */
+    int n_heads;        /* query heads; 0 = attention removed */
+    int n_kv_heads;     /* key/value heads; n_heads % n_kv_heads == 0 */
+    int ffn_dim;        /* SwiGLU intermediate width; 0 = MLP removed */
+    arch_moe moe;       /* later families; zeroed for llama */
+    arch_mamba mamba;   /* later families; zeroed for llama */
+} arch_layer;
+
+typedef enum { ROPE_SCALING_NONE = 0, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3, ROPE_SCALING_DYNAMIC } arch_rope_scaling_type;
+
+typedef struct {
+    arch_rope_scaling_type type;
+    double factor;
+    double low_freq_factor, high_freq_factor;       /* llama3 */
+    int original_max_position_embeddings;           /* llama3 */
+} arch_rope_scaling;
+
+typedef struct {
+    char family[ARCH_FAMILY_MAX];   /* "llama" (Llama 2/3, Mistral, Qwen2, SmolLM) */
+    int vocab_size;
+    int hidden_size;
+    int head_dim;
+    int max_position_embeddings;
+    double rope_theta;
+    arch_rope_scaling rope_scaling;
+    double norm_eps;
+    int tie_word_embeddings;        /* 1: lm_head shares the embedding matrix */
+    int attention_bias;             /* 1: q/k/v projections carry a bias (Qwen2) */
+    int n_layers;
+    arch_layer *layers;             /* n_layers entries, owned by the arch */
+} arch;
+
+/* Allocate `n_layers` zeroed layers; globals zeroed. Returns 0, or -1 on OOM. */
+int arch_init(arch *a, int n_layers);
+
+/* Free the layers; the struct may be reused after arch_init. Safe on a zeroed arch. */
+void arch_free(arch *a);
+
+/* Deep copy src into dst (dst must not own memory). Returns 0, or -1 on OOM. */
+int arch_copy(arch *dst, const arch *src);
+
+/* 1 if the shapes are identical (every global and per-layer field), else 0. */
+int arch_equal(const arch *a, const arch *b);
+
+/* Check internal consistency (positive dims, head divisibility, ...).
+ * Returns 0, or -1 with a message naming the field ("layers[3].n_kv_heads: ...") in err. */
+int arch_validate(const arch *a, char *err, size_t errlen);
+
+/* Number of parameters, embedding and (untied) LM head included. */
+int64_t arch_params(const arch *a);
+
+/* 1 if every layer has the same heads, kv heads and ffn_dim and none is removed. */
+int arch_is_uniform(const arch *a);
+
+/* Compact per-layer string, e.g. "h576 | a9/3 f1536 | a- f768 | ...". Writes at most
+ * len bytes (NUL included); returns the length it needed. */
+size_t arch_summary(const arch *a, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,175 @@
+/* engine/model.h — a Llama-family model on a backend: weights, forward (prefill and
+ * decode with a KV cache), backward for weights and search masks, losses, AdamW.
+ *
+ * Weights use the Hugging Face layout and names ("model.layers.3.mlp.up_proj.weight",
+ * RoPE as rotate_half over the two halves of each head). Loaders in storage/ convert
+ * other layouts (GGUF, llama2.c) before calling eng_model_set_tensor. Every layer may
+ * have its own heads / KV heads / FFN width, or none (removed part). This module knows
+ * nothing about files, JSON or HTTP.
+ */
+#ifndef AC_ENGINE_MODEL_H
+#define AC_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/arch.h"
+#include "engine/backend.h"
+
+/* Views into the model's single parameter block (device memory of the backend).
+ * Shapes are [out, in] row-major as in HF. NULL where the part is removed. */
+typedef struct {
+    float *attn_norm;            /* [C] */
+    float *wq, *wk, *wv;         /* [Hq*D, C], [Hkv*D, C], [Hkv*D, C] */
+    float *bq, *bk, *bv;         /* [Hq*D], [Hkv*D], [Hkv*D]; NULL unless attention_bias */
+    float *wo;                   /* [C, Hq*D] */
+    float *ffn_norm;             /* [C] */
+    float *w_gate, *w_up;        /* [F, C] */
+    float *w_down;               /* [C, F] */
+} eng_layer;
+
+/* Multiplicative masks used by ranking and search (all 1.0 = the plain model).
+ * One backend allocation; grads (same layout) are filled by eng_forward_backward
+ * when ENG_GRAD_MASKS is asked for.
+ *   hidden[C]            scales the residual stream after the embedding and after every
+ *                        residual add; RMSNorm divides by hidden_count (the expected
+ *                        kept channel count) instead of C.
+ *   head[l][Hq_l]        scales each query head's attention output before o_proj.
+ *   ffn[l][F_l]          scales each gated intermediate unit before down_proj.
+ *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth). */
+typedef struct {
+    float *block, *grad_block;   /* one allocation each, count floats */
+    size_t count;
+    float *hidden, *g_hidden;
+    float **head, **g_head;      /* [n_layers] pointers (NULL where removed) */
+    float **ffn, **g_ffn;
+    float *attn_gate, *g_attn_gate;   /* [n_layers] */
+    float *mlp_gate, *g_mlp_gate;     /* [n_layers] */
+    float hidden_count;          /* sum of hidden mask; C by default. Host value. */
+    float g_hidden_count;        /* d loss / d hidden_count (host), from backward */
+} eng_masks;
+
+typedef struct eng_model {
+    arch a;                      /* owned copy of the shape */
+    eng_backend *be;             /* borrowed */
+    float *params;               /* one backend allocation of n_params floats */
+    size_t n_params;
+    float *grads;                /* NULL until eng_model_enable_grads */
+    float *tok_emb;              /* [V, C] */
+    float *final_norm;           /* [C] */
+    float *lm_head;              /* [V, C]; == tok_emb when tied */
+    eng_layer *layers, *glayers; /* [n_layers]; glayers views into grads */
+    float *g_tok_emb, *g_final_norm, *g_lm_head;
+    eng_masks *masks;            /* NULL until eng_model_enable_masks */
+    void *impl;                  /* workspace, private to model.c */
+} eng_model;
+
+/* Allocate a model of shape `a` on `be` with zeroed weights (norm weights 1).
+ * Returns 0, or -1 with a message in err (invalid arch, out of memory).
+ * The model copies `a`; free with eng_model_free. */
+int eng_model_init(eng_model *m, const arch *a, eng_backend *be, char *err, size_t errlen);
+void eng_model_free(eng_model *m);
+
+/* Fill random weights (normal, std) from seed; for tests and oracles. */
+void eng_model_randomize(eng_model *m, uint64_t seed, float std);
+
+/* Copy host fp32 data into the tensor named by its HF name, checking the shape.
+ * Returns 0, or -1 naming the tensor and the mismatch in err. */
+int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
+                         const int64_t *shape, int ndim, char *err, size_t errlen);
+
+/* Tensor enumeration in HF order and names (tied lm_head omitted). Returns the count;
+ * eng_model_tensor fills name (borrowed, valid while m lives), shape, ndim and the
+ * device pointer of tensor i. Returns 0, or -1 when i is out of range. */
+int eng_model_tensor_count(const eng_model *m);
+int eng_model_tensor(const eng_model *m, int i, const char **name, int64_t shape[2], int *ndim, float **data);
+
+/* Copy a tensor (by HF name) to host memory `out` (its element count must fit `n`).
+ * Returns the element count, or -1 when absent. */
+int64_t eng_model_get_tensor(const eng_model *m, const char *hf_name, float *out, int64_t n);
+
+/* Gradients and masks are allocated on demand (accounted on the backend). 0 or -1. */
+int eng_model_enable_grads(eng_model *m);
+int eng_model_enable_masks(eng_model *m);   /* masks set to 1.0 */
+void eng_model_zero_grads(eng_model *m);     /* weight and mask grads */
+
+/* KV cache for batch B and up to max_T positions per row. NULL on OOM. */
+typedef struct eng_kv_cache eng_kv_cache;
+eng_kv_cache *eng_kv_new(eng_model *m, int B, int max_T);
+void eng_kv_reset(eng_kv_cache *kv);
+int eng_kv_len(const eng_kv_cache *kv, int b);   /* positions filled in row b */
+size_t eng_kv_bytes(const eng_kv_cache *kv);
+void eng_kv_free(eng_kv_cache *kv);
+
+/* Activation statistics for ranking, accumulated over forwards (host memory,
+ * allocated by eng_stats_new for the model's shape). Sums over valid tokens:
+ *   ffn_abs[l][F_l]    sum |silu(gate)*up|
+ *   head_norm[l][Hq_l] sum of the L2 norm of each head's attention output
+ *   hidden_abs[C]      sum |x| of each layer's normalized input, all layers
+ *   tokens             number of tokens accumulated */
+typedef struct {
+    double **ffn_abs, **head_norm, *hidden_abs;
+    int64_t tokens;
+} eng_act_stats;
+eng_act_stats *eng_stats_new(const eng_model *m);
+void eng_stats_free(eng_act_stats *s, int n_layers);
+
+enum { ENG_LOGITS_NONE = 0, ENG_LOGITS_ALL = 1, ENG_LOGITS_LAST = 2 };
+
+typedef struct {
+    const int *tokens;      /* [B*T] host */
+    int B, T;
+    const int *lens;        /* [B] valid tokens per row (right padding); NULL: all T */
+    eng_kv_cache *kv;       /* NULL: positions start at 0, nothing cached */
+    int logits_mode;        /* ENG_LOGITS_* */
+    float *logits;          /* host: [B,T,V] (ALL) or [B,V] (LAST: each row's last valid) */
+    double *layer_ns;       /* optional [n_layers*2]: attention, mlp wall ns (synced) */
+    double *fixed_ns;       /* optional [2]: embedding, final norm + lm head */
+    eng_act_stats *stats;   /* optional: accumulate ranking statistics */
+} eng_fwd_args;
+
+/* Run the model (masks applied when enabled). With kv, appends T tokens to each row at
+ * positions eng_kv_len(kv, b)... Returns 0, or -1 with a reason (token out of range,
+ * cache full, out of memory). */
+int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen);
+
+enum { ENG_LOSS_CE = 1, ENG_LOSS_KD = 2 };
+enum { ENG_GRAD_WEIGHTS = 1, ENG_GRAD_MASKS = 2 };
+
+typedef struct {
+    int kind;                   /* ENG_LOSS_CE, ENG_LOSS_KD, or both (mixed) */
+    const int *targets;         /* [B*T] next-token targets, -1 = ignored (CE) */
+    eng_model *teacher;         /* KD: teacher run on the same tokens (no grads) */
+    float temperature;          /* KD: softmax temperature (loss scaled by T^2) */
+    float kd_weight;            /* mixed: loss = kd_weight*KD + (1-kd_weight)*CE */
+} eng_loss_spec;
+
+typedef struct {
+    double loss, ce, kd;        /* mean per counted token */
+    int64_t tokens;             /* counted tokens */
+} eng_loss_result;
+
+/* Forward + loss + backward on tokens [B,T]; gradients ACCUMULATE into m->grads and/or
+ * mask grads (zero them with eng_model_zero_grads). Loss is the mean over counted
+ * tokens. Returns 0, or -1 with a reason. */
+int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const eng_loss_spec *loss,
+                         int grad_flags, eng_loss_result *out, char *err, size_t errlen);
+
+/* AdamW over all weights. State is owned by the optimizer object. */
+typedef struct eng_adamw eng_adamw;
+eng_adamw *eng_adamw_new(eng_model *m);
+/* One step with lr; clips the global grad norm to clip (<=0: none); returns the
+ * pre-clip norm. grad_scale multiplies grads first (1/accumulation steps). */
+double eng_adamw_step(eng_adamw *o, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float clip, float grad_scale);
+/* Optimizer state for checkpoints: step count and the m, v buffers (host copies). */
+int64_t eng_adamw_t(const eng_adamw *o);
+int eng_adamw_state(eng_adamw *o, float *m_host, float *v_host);       /* export, n_params each */
+int eng_adamw_restore(eng_adamw *o, int64_t t, const float *m_host, const float *v_host);
+void eng_adamw_free(eng_adamw *o);
+
+/* Sampling from logits [V] (host): temperature 0 = greedy (argmax); else softmax at
+ * temperature then nucleus top_p (1.0 = off). rng is a xorshift state. */
+int eng_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng);
+
+#endif

@@ -1,0 +1,61 @@
+/* jobs/stage.h — the contract between the job pipeline and its stages.
+ *
+ * A job runs an ordered list of stages (load → calibrate → rank → search → prune →
+ * distill → evaluate → measure → export). Each stage is one function with the
+ * signature below. A stage reads the job's spec and earlier stages' outputs, writes its
+ * own outputs as files under its stage directory, publishes the ones users download as
+ * artifacts, records events and progress, and checks for cancellation between steps.
+ * A stage that completes is marked done durably; a restarted job resumes at the first
+ * stage not done (a stage may resume from its own checkpoints inside its directory).
+ */
+#ifndef AC_JOBS_STAGE_H
+#define AC_JOBS_STAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+typedef struct job_ctx job_ctx;
+
+/* Returns 0 on success; -1 on failure with a message in err (becomes the job's error);
+ * 1 when it stopped because the job was cancelled. */
+typedef int (*stage_fn)(job_ctx *ctx, char *err, size_t errlen);
+
+typedef struct {
+    const char *name;      /* "load", "calibrate", ... */
+    stage_fn run;
+} stage_def;
+
+/* Register a stage implementation under a name (call before workers run; later
+ * registrations of the same name replace earlier ones, so tests may register
+ * test-only stages). Returns 0, or -1 when the table is full. */
+int stage_register(const char *name, stage_fn run);
+/* Look up a stage; NULL when this build has none of that name. */
+stage_fn stage_lookup(const char *name);
+
+/* The job context (implemented in jobs/). All strings are borrowed from ctx. */
+const char *job_ctx_id(const job_ctx *ctx);
+json_t *job_ctx_spec(const job_ctx *ctx);          /* borrowed, validated spec */
+const char *job_ctx_dir(const job_ctx *ctx);       /* the job's work directory */
+const char *job_ctx_stage_dir(const job_ctx *ctx); /* this stage's directory (created) */
+/* Path of a file another stage wrote ("<jobdir>/<stage>/<name>"); NULL if absent. */
+const char *job_ctx_output(job_ctx *ctx, const char *stage, const char *name);
+/* Shared in-process state between stages of one worker run (e.g. the loaded parent):
+ * set steals nothing (caller keeps ownership; free_fn called at worker exit). */
+void job_ctx_set_state(job_ctx *ctx, const char *key, void *value, void (*free_fn)(void *));
+void *job_ctx_get_state(job_ctx *ctx, const char *key);
+
+/* Append an event (type like "search.iteration", message, optional data: stolen). */
+int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data);
+/* Update progress of the current stage. */
+int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps);
+/* 1 when cancellation was requested; stages check it between steps. */
+int job_cancelled(job_ctx *ctx);
+/* Publish a finished file under the stage directory as a downloadable artifact
+ * (sha-256 computed, metadata committed). Returns 0, or -1 with a reason in err. */
+int job_publish(job_ctx *ctx, const char *name, const char *path, const char *content_type,
+                char *err, size_t errlen);
+/* Merge a JSON object into the job's report (stolen). */
+int job_report_merge(job_ctx *ctx, json_t *fragment);
+
+#endif

