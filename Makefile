@@ -46,9 +46,13 @@ endif
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+# Helper programs for oracle tests and benchmarks: tests/tools/NAME.c and bench/*/NAME.c
+# become build/tools/NAME (names must be unique), linked like the tests.
+TOOL_SRCS := $(wildcard tests/tools/*.c bench/*/*.c)
+TOOL_BINS := $(addprefix $(BUILD)/tools/,$(notdir $(TOOL_SRCS:.c=)))
 
 .PHONY: all run test test-unit test-sanitize deps clean fuzz bench cuda-check
-all: $(BUILD)/autocompress $(TEST_BINS)
+all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS)
 
 deps:
 	@scripts/install-deps.sh
@@ -74,6 +78,13 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
 
+define tool_rule
+$(BUILD)/tools/$(notdir $(1:.c=)): $(1) $(BUILD)/libautocompress.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) $$(LDFLAGS) -MMD -MP -o $$@ $$< $(BUILD)/libautocompress.a $$(LDLIBS)
+endef
+$(foreach t,$(TOOL_SRCS),$(eval $(call tool_rule,$(t))))
+
 # make run: build, then start the server with its embedded defaults and run the demo against it.
 run: deps $(BUILD)/autocompress
 	@scripts/run.sh $(BUILD)/autocompress
@@ -94,4 +105,4 @@ bench: all
 clean:
 	rm -rf build build-san
 
--include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d $(TEST_BINS:=.d)
+-include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d $(TEST_BINS:=.d) $(TOOL_BINS:=.d)
