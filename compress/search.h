@@ -1,0 +1,136 @@
+/* compress/search.h — the architecture search's math: a relaxed distribution over every
+ * searchable axis, the expected cost of that distribution under per-part cost tables,
+ * the two-sided constraint penalty with multipliers by gradient ascent, argmax decoding
+ * and the greedy repair that lands a decoded arch at (never over) every limit.
+ *
+ * Axes: the global hidden size, and per layer the attention head count (in KV-group
+ * units, 0 = removed), the FFN width (0 = removed) and keep/remove. Every axis is a
+ * categorical choice over a candidate list; its relaxed probabilities turn into soft
+ * prefix masks on ranked units (m_j = P(size > j)). This module knows tables and
+ * probabilities only: the DNAS driver (compress/dnas.c) runs the supernet, and
+ * compress/costmodel.c fills the tables from calibration.
+ */
+#ifndef AC_COMPRESS_SEARCH_H
+#define AC_COMPRESS_SEARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/arch.h"
+
+#define SEARCH_MAX_CHOICES 64
+
+/* Limits the search can enforce. Each is an upper bound on an additive cost; a
+ * throughput floor is expressed as a bound on decode time (see search_limit). */
+enum { SM_LATENCY = 0, SM_DECODE, SM_MEMORY, SM_PARAMS, SM_COUNT };
+extern const char *const search_metric_names[SM_COUNT];
+
+/* Candidate sizes, shared by every layer (per layer, candidates above the parent
+ * layer's own size are masked out by `allowed`). Lists are ascending; the last entry is
+ * the parent's size. heads are query-head counts (multiples of the KV group size). */
+typedef struct {
+    int n_layers;
+    int n_hidden, hidden[SEARCH_MAX_CHOICES];
+    int n_heads, heads[SEARCH_MAX_CHOICES];   /* heads[0] == 0 when removal allowed */
+    int n_ffn, ffn[SEARCH_MAX_CHOICES];       /* ffn[0] == 0 when removal allowed */
+    int group;                                /* query heads per KV head */
+    int depth;                                /* 1: per-layer keep/remove is searched */
+    unsigned char *allowed_heads;             /* [n_layers*n_heads] 1 = choice allowed */
+    unsigned char *allowed_ffn;               /* [n_layers*n_ffn] */
+} search_space;
+
+/* Per-part costs of one metric (units: ms, bytes or parameters), for every hidden
+ * candidate h, layer l and choice k:
+ *   total = fixed[h] + sum_l keep_l * (attn[h,l,k_l] + ffn[h,l,j_l])
+ *           + max(ws_fixed[h], max_l keep_l * max(ws_attn[h,l,k_l], ws_ffn[h,l,j_l]))
+ * The ws_* arrays (activation workspace, memory only) may be NULL. A removed layer costs
+ * nothing. */
+typedef struct {
+    int active;          /* 1: this limit is part of the spec */
+    double limit;        /* upper bound on total */
+    double *fixed;       /* [n_hidden] */
+    double *attn;        /* [n_hidden * n_layers * n_heads] */
+    double *ffn;         /* [n_hidden * n_layers * n_ffn] */
+    double *ws_fixed;    /* [n_hidden] or NULL */
+    double *ws_attn;     /* [n_hidden * n_layers * n_heads] or NULL */
+    double *ws_ffn;      /* [n_hidden * n_layers * n_ffn] or NULL */
+} search_table;
+
+typedef struct {
+    search_table t[SM_COUNT];
+} search_costs;
+
+/* A point of the relaxed search: logits per axis and the probabilities derived from
+ * them. Layout: hidden [n_hidden]; heads [n_layers*n_heads]; ffn [n_layers*n_ffn];
+ * keep [n_layers*2] (index 1 = keep). */
+typedef struct {
+    const search_space *sp;
+    double *logit_hidden, *logit_heads, *logit_ffn, *logit_keep;
+    double *p_hidden, *p_heads, *p_ffn, *p_keep;
+    double *g_hidden, *g_heads, *g_ffn, *g_keep;   /* d objective / d p (accumulated) */
+} search_dist;
+
+/* Allocate a distribution for sp with all logits favouring the parent size slightly
+ * (init_bias on the largest allowed choice). Returns 0, or -1 on OOM. */
+int search_dist_init(search_dist *d, const search_space *sp, double init_bias);
+void search_dist_free(search_dist *d);
+
+/* p = softmax((logit + gumbel)/tau) over allowed choices; gumbel noise drawn from rng
+ * when rng != NULL, else none. Clears the p-gradients. */
+void search_dist_probs(search_dist *d, double tau, uint64_t *rng);
+
+/* Expected cost of the metric table under d's probabilities (the hidden axis and each
+ * layer's axes independent; the workspace max smoothed with a log-sum-exp whose scale
+ * is the table's largest workspace entry / `smooth`, e.g. 50; 0 = hard max). If grad_scale != 0, adds grad_scale * dE/dp to d's
+ * p-gradients. Returns E[cost]. */
+double search_expected_cost(search_dist *d, const search_table *t, double smooth, double grad_scale);
+
+/* Exact cost of a concrete choice (indices into the candidate lists; keep[l] 0/1). */
+typedef struct {
+    int hidden;            /* index into sp->hidden */
+    int *heads, *ffn;      /* [n_layers] indices */
+    int *keep;             /* [n_layers] 0/1 */
+} search_choice;
+int search_choice_init(search_choice *c, const search_space *sp);
+void search_choice_free(search_choice *c);
+double search_choice_cost(const search_space *sp, const search_table *t, const search_choice *c);
+
+/* Multipliers of the two-sided penalty lambda1*gap + lambda2*gap^2, gap = E/limit - 1. */
+typedef struct {
+    double lambda1[SM_COUNT], lambda2[SM_COUNT];
+    double gap[SM_COUNT], expected[SM_COUNT];
+} search_penalty;
+
+/* Add the penalty's gradient to d (via search_expected_cost) for every active limit,
+ * then move the multipliers by gradient ascent with step eta (lambda1 += eta*gap,
+ * lambda2 += eta*gap^2; lambda1 may go negative). Returns the penalty value. */
+double search_penalty_step(search_penalty *pen, search_dist *d, const search_costs *c,
+                           double smooth, double weight, double eta);
+
+/* Chain the accumulated p-gradients through the softmax at temperature tau into logit
+ * gradients (out arrays have the logits' layout), as d p_i / d z_j = p_i(δij - p_j)/tau. */
+void search_dist_logit_grads(const search_dist *d, double tau, double *gz_hidden, double *gz_heads,
+                             double *gz_ffn, double *gz_keep);
+
+/* Argmax of the logits (allowed choices only) into c. */
+void search_decode_argmax(const search_dist *d, search_choice *c);
+
+/* Greedy repair with the exact tables: while any active limit is violated, apply the
+ * one-step shrink (one axis one candidate down, or removing a layer) with the least
+ * score loss per unit of normalized cost saved; then, while one exists, apply the grow
+ * step with the most score gain per unit of cost that keeps every limit. `score` of a
+ * choice is the logit (higher = preferred). Returns 0 when every limit holds, or -1 when
+ * even the cheapest choice violates one (c then holds the cheapest choice). */
+int search_repair(const search_dist *d, const search_costs *costs, search_choice *c);
+
+/* The cheapest choice of the space for metric m (every axis at its smallest allowed
+ * size, layers kept unless depth is searched). */
+void search_choice_cheapest(const search_space *sp, search_choice *c);
+/* The parent: every axis at its largest allowed size, all layers kept. */
+void search_choice_parent(const search_space *sp, search_choice *c);
+
+/* Build the arch of a choice from the parent (same globals; hidden size, per-layer
+ * heads/kv heads/ffn; removed layers absent, source_layer kept). Returns 0 or -1. */
+int search_choice_arch(const search_space *sp, const search_choice *c, const arch *parent, arch *out);
+
+#endif
