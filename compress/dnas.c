@@ -1,0 +1,640 @@
+/* compress/dnas.c — the supernet loop of the AutoCompress search: Gumbel-softmax
+ * samples of the axis logits become soft prefix masks on the ranked parent, KD against
+ * the unmasked parent plus the two-sided cost penalty give logit gradients, Adam moves
+ * the logits, and the argmax is repaired against the cost tables at the end.
+ * Weights stay the parent's during the search (no joint weight update).
+ */
+#include "compress/dnas.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void dnas_opts_defaults(dnas_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->batch = 4;
+    o->seq = 128;
+    o->tau0 = 1.0;
+    o->tau_min = 0.1;
+    o->lr = 0.1;
+    o->eta = 1.0;
+    o->warmup_frac = 0.1;
+    o->seed = 1234;
+}
+
+void dnas_result_free(dnas_result *r)
+{
+    arch_free(&r->arch);
+    json_decref(r->distribution);
+    memset(r, 0, sizeof *r);
+}
+
+void dnas_space_free(search_space *sp, search_costs *costs)
+{
+    free(sp->allowed_heads);
+    free(sp->allowed_ffn);
+    sp->allowed_heads = sp->allowed_ffn = NULL;
+    for (int m = 0; m < SM_COUNT; m++) {
+        free(costs->t[m].fixed);   /* one block per metric, see alloc_table */
+        memset(&costs->t[m], 0, sizeof costs->t[m]);
+    }
+}
+
+static int alloc_table(search_table *t, const search_space *sp, int with_ws)
+{
+    size_t nh = (size_t)sp->n_hidden, na = nh * sp->n_layers * sp->n_heads, nf = nh * sp->n_layers * sp->n_ffn;
+    size_t n = nh + na + nf + (with_ws ? nh + na + nf : 0);
+    double *b = calloc(n, sizeof *b);
+    if (!b)
+        return -1;
+    t->fixed = b;
+    t->attn = b + nh;
+    t->ffn = t->attn + na;
+    if (with_ws) {
+        t->ws_fixed = t->ffn + nf;
+        t->ws_attn = t->ws_fixed + nh;
+        t->ws_ffn = t->ws_attn + na;
+    }
+    return 0;
+}
+
+/* An arch with the parent's globals, hidden size `hidden` and the given layers. */
+static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, int kv, int ffn, arch *out)
+{
+    if (arch_init(out, n_layers) != 0)
+        return -1;
+    arch_layer *layers = out->layers;
+    *out = *parent;
+    out->layers = layers;
+    out->n_layers = n_layers;
+    out->hidden_size = hidden;
+    for (int i = 0; i < n_layers; i++) {
+        memset(&layers[i], 0, sizeof layers[i]);
+        layers[i].source_layer = i;
+        layers[i].n_heads = heads;
+        layers[i].n_kv_heads = kv;
+        layers[i].ffn_dim = ffn;
+    }
+    return 0;
+}
+
+static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, int n_layers, int heads, int kv,
+                         int ffn, cm_prediction *p, char *err, size_t errlen)
+{
+    arch a;
+    if (probe_arch(parent, hidden, n_layers, heads, kv, ffn, &a) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = cm_predict(tb, &a, p, err, errlen);
+    arch_free(&a);
+    return rc;
+}
+
+int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const dnas_axes *axes,
+                     search_space *sp, search_costs *costs, char *err, size_t errlen)
+{
+    memset(sp, 0, sizeof *sp);
+    memset(costs, 0, sizeof *costs);
+    int L = parent->n_layers, C = parent->hidden_size, Hmax = 0, Fmax = 0, group = 0;
+    if (L <= 0) {
+        snprintf(err, errlen, "the parent has no layers to search");
+        return -1;
+    }
+    for (int l = 0; l < L; l++) {
+        const arch_layer *pl = &parent->layers[l];
+        if (pl->n_heads > Hmax)
+            Hmax = pl->n_heads;
+        if (pl->ffn_dim > Fmax)
+            Fmax = pl->ffn_dim;
+        if (pl->n_heads) {
+            int g = pl->n_heads / pl->n_kv_heads;
+            if (group && g != group) {
+                snprintf(err, errlen, "layers[%d]: query heads per KV head (%d) differ from earlier layers (%d); "
+                         "the search needs one group size", l, g, group);
+                return -1;
+            }
+            group = g;
+        }
+    }
+    if (!group)
+        group = 1;
+    sp->n_layers = L;
+    sp->group = group;
+    sp->depth = axes->depth;
+    /* Hidden candidates: eighths of the parent from one half up, multiples of 8, that the tables cover. */
+    sp->n_hidden = 0;
+    for (int j = axes->hidden ? 4 : 8; j <= 8; j++) {
+        int h = j == 8 ? C : (C * j / 8) / 8 * 8;
+        if (h <= 0 || (sp->n_hidden && sp->hidden[sp->n_hidden - 1] == h))
+            continue;
+        cm_prediction p;
+        char e2[256];
+        if (j < 8 && predict_probe(tb, parent, h, 0, 0, 0, 0, &p, e2, sizeof e2) != 0)
+            continue;   /* not calibrated at this hidden size */
+        sp->hidden[sp->n_hidden++] = h;
+    }
+    /* Heads in KV groups; 0 = attention removed. */
+    int zero_heads = axes->heads || axes->depth;
+    sp->n_heads = 0;
+    if (zero_heads || Hmax == 0)
+        sp->heads[sp->n_heads++] = 0;
+    for (int h = group; h <= Hmax && sp->n_heads < SEARCH_MAX_CHOICES; h += group)
+        sp->heads[sp->n_heads++] = h;
+    /* FFN widths in sixteenths, multiples of 8 below the parent's; 0 = MLP removed. */
+    int zero_ffn = axes->ffn || axes->depth;
+    sp->n_ffn = 0;
+    if (zero_ffn || Fmax == 0)
+        sp->ffn[sp->n_ffn++] = 0;
+    for (int j = 1; j <= 16 && Fmax > 0; j++) {
+        int f = j == 16 ? Fmax : (Fmax * j / 16) / 8 * 8;
+        if (f > 0 && (sp->n_ffn == 0 || f > sp->ffn[sp->n_ffn - 1]))
+            sp->ffn[sp->n_ffn++] = f;
+    }
+    sp->allowed_heads = calloc((size_t)L * sp->n_heads, 1);
+    sp->allowed_ffn = calloc((size_t)L * sp->n_ffn, 1);
+    if (!sp->allowed_heads || !sp->allowed_ffn)
+        goto oom;
+    for (int l = 0; l < L; l++) {
+        const arch_layer *pl = &parent->layers[l];
+        for (int k = 0; k < sp->n_heads; k++) {
+            int h = sp->heads[k], ok;
+            if (!axes->heads || axes->keep_query_heads)
+                ok = h == pl->n_heads || (h == 0 && zero_heads);
+            else
+                ok = h <= pl->n_heads;
+            sp->allowed_heads[l * sp->n_heads + k] = (unsigned char)ok;
+        }
+        for (int j = 0; j < sp->n_ffn; j++) {
+            int f = sp->ffn[j];
+            int ok = axes->ffn ? f <= pl->ffn_dim : (f == pl->ffn_dim || (f == 0 && zero_ffn));
+            sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
+        }
+        if (pl->ffn_dim && !axes->ffn) {
+            int found = 0;
+            for (int j = 0; j < sp->n_ffn; j++)
+                found |= sp->ffn[j] == pl->ffn_dim;
+            if (!found) {
+                snprintf(err, errlen, "layers[%d].ffn_dim %d is not on the search grid", l, pl->ffn_dim);
+                dnas_space_free(sp, costs);
+                return -1;
+            }
+        }
+    }
+    /* Cost tables. */
+    costs->t[SM_LATENCY].active = lim->latency_ms > 0;
+    costs->t[SM_LATENCY].limit = lim->latency_ms;
+    costs->t[SM_DECODE].active = lim->throughput_tps > 0;
+    if (lim->throughput_tps > 0)
+        costs->t[SM_DECODE].limit = 1000.0 * tb->target.batch_size * tb->target.output_tokens / lim->throughput_tps;
+    costs->t[SM_MEMORY].active = lim->memory_bytes > 0;
+    costs->t[SM_MEMORY].limit = lim->memory_bytes;
+    costs->t[SM_PARAMS].active = lim->params > 0;
+    costs->t[SM_PARAMS].limit = lim->params;
+    for (int m = 0; m < SM_COUNT; m++)
+        if (alloc_table(&costs->t[m], sp, m == SM_MEMORY) != 0)
+            goto oom;
+    for (int hi = 0; hi < sp->n_hidden; hi++) {
+        int H = sp->hidden[hi];
+        cm_prediction pe, p1;
+        if (predict_probe(tb, parent, H, 0, 0, 0, 0, &pe, err, errlen) != 0)
+            goto fail;
+        costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
+        costs->t[SM_DECODE].fixed[hi] = pe.decode_ms;
+        costs->t[SM_MEMORY].fixed[hi] = (double)(pe.weights + pe.request_cache + pe.runtime_buffers);
+        costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
+        costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
+        for (int k = 0; k < sp->n_heads; k++) {
+            int h = sp->heads[k];
+            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
+            if (h > 0) {
+                double pre_ms, dec_ms, ws_b;
+                if (cm_part_cost(tb, CM_ATTN, H, h, h / group, 0, &pre_ms, &dec_ms, &ws_b) != 0 ||
+                    predict_probe(tb, parent, H, 1, h, h / group, 0, &p1, err, errlen) != 0) {
+                    snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", h, H);
+                    goto fail;
+                }
+                lat = pre_ms + dec_ms;
+                dec = dec_ms;
+                ws = ws_b;
+                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
+                par = (double)(p1.params - pe.params);
+            }
+            for (int l = 0; l < L; l++) {
+                size_t i = ((size_t)hi * L + l) * sp->n_heads + k;
+                costs->t[SM_LATENCY].attn[i] = lat;
+                costs->t[SM_DECODE].attn[i] = dec;
+                costs->t[SM_MEMORY].attn[i] = mem;
+                costs->t[SM_MEMORY].ws_attn[i] = ws;
+                costs->t[SM_PARAMS].attn[i] = par;
+            }
+        }
+        for (int j = 0; j < sp->n_ffn; j++) {
+            int f = sp->ffn[j];
+            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
+            if (f > 0) {
+                double pre_ms, dec_ms, ws_b;
+                if (cm_part_cost(tb, CM_MLP, H, 0, 0, f, &pre_ms, &dec_ms, &ws_b) != 0 ||
+                    predict_probe(tb, parent, H, 1, 0, 0, f, &p1, err, errlen) != 0) {
+                    snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", f, H);
+                    goto fail;
+                }
+                lat = pre_ms + dec_ms;
+                dec = dec_ms;
+                ws = ws_b;
+                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
+                par = (double)(p1.params - pe.params);
+            }
+            for (int l = 0; l < L; l++) {
+                size_t i = ((size_t)hi * L + l) * sp->n_ffn + j;
+                costs->t[SM_LATENCY].ffn[i] = lat;
+                costs->t[SM_DECODE].ffn[i] = dec;
+                costs->t[SM_MEMORY].ffn[i] = mem;
+                costs->t[SM_MEMORY].ws_ffn[i] = ws;
+                costs->t[SM_PARAMS].ffn[i] = par;
+            }
+        }
+    }
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory building the search space");
+fail:
+    dnas_space_free(sp, costs);
+    return -1;
+}
+
+void dnas_describe_infeasible(const search_space *sp, const search_costs *costs, char *err, size_t errlen)
+{
+    search_choice c;
+    if (search_choice_init(&c, sp) != 0) {
+        snprintf(err, errlen, "no architecture in the search space meets the limits");
+        return;
+    }
+    search_choice_cheapest(sp, &c);
+    size_t off = 0;
+    int n = snprintf(err, errlen, "no architecture in the search space meets the limits; the cheapest predicts");
+    off = n > 0 ? (size_t)n : 0;
+    for (int m = 0; m < SM_COUNT && off < errlen; m++) {
+        const search_table *t = &costs->t[m];
+        if (!t->active)
+            continue;
+        double v = search_choice_cost(sp, t, &c);
+        n = snprintf(err + off, errlen - off, " %s %.6g (limit %.6g)%s", search_metric_names[m], v, t->limit,
+                     v > t->limit ? " VIOLATED" : "");
+        off += n > 0 ? (size_t)n : 0;
+    }
+    search_choice_free(&c);
+}
+
+/* Offsets of the mask arrays inside the masks block (device pointers on any backend). */
+typedef struct {
+    size_t hidden, *head, *ffn, attn_gate, mlp_gate;
+} mask_offsets;
+
+static int mask_offsets_init(const eng_model *m, mask_offsets *o)
+{
+    const eng_masks *k = m->masks;
+    int L = m->a.n_layers;
+    o->head = calloc((size_t)L * 2, sizeof(size_t));
+    if (!o->head)
+        return -1;
+    o->ffn = o->head + L;
+    o->hidden = (size_t)(k->hidden - k->block);
+    o->attn_gate = (size_t)(k->attn_gate - k->block);
+    o->mlp_gate = (size_t)(k->mlp_gate - k->block);
+    for (int l = 0; l < L; l++) {
+        o->head[l] = k->head[l] ? (size_t)(k->head[l] - k->block) : (size_t)-1;
+        o->ffn[l] = k->ffn[l] ? (size_t)(k->ffn[l] - k->block) : (size_t)-1;
+    }
+    return 0;
+}
+
+/* Soft prefix masks from the probabilities: unit j kept with P(size > j). */
+static void fill_masks(const search_dist *d, const eng_model *m, const mask_offsets *o, float *host)
+{
+    const search_space *sp = d->sp;
+    int C = m->a.hidden_size;
+    double count = 0;
+    for (int c = 0; c < C; c++) {
+        double v = 0;
+        for (int h = 0; h < sp->n_hidden; h++)
+            if (sp->hidden[h] > c)
+                v += d->p_hidden[h];
+        host[o->hidden + c] = (float)v;
+        count += v;
+    }
+    m->masks->hidden_count = (float)count;
+    for (int l = 0; l < sp->n_layers; l++) {
+        const arch_layer *pl = &m->a.layers[l];
+        if (o->head[l] != (size_t)-1)
+            for (int q = 0; q < pl->n_heads; q++) {
+                double v = 0;
+                for (int k = 0; k < sp->n_heads; k++)
+                    if (sp->heads[k] > q)
+                        v += d->p_heads[l * sp->n_heads + k];
+                host[o->head[l] + q] = (float)v;
+            }
+        if (o->ffn[l] != (size_t)-1)
+            for (int j = 0; j < pl->ffn_dim; j++) {
+                double v = 0;
+                for (int k = 0; k < sp->n_ffn; k++)
+                    if (sp->ffn[k] > j)
+                        v += d->p_ffn[l * sp->n_ffn + k];
+                host[o->ffn[l] + j] = (float)v;
+            }
+        host[o->attn_gate + l] = (float)d->p_keep[l * 2 + 1];
+        host[o->mlp_gate + l] = (float)d->p_keep[l * 2 + 1];
+    }
+}
+
+/* Chain mask gradients into probability gradients: dL/dp_k = sum_{j < size_k} dL/dm_j. */
+static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offsets *o, const float *g)
+{
+    const search_space *sp = d->sp;
+    int C = m->a.hidden_size;
+    double gcount = m->masks->g_hidden_count;
+    double *cum = malloc(((size_t)C + 1) * sizeof *cum);
+    if (!cum)
+        return;
+    cum[0] = 0;
+    for (int c = 0; c < C; c++)
+        cum[c + 1] = cum[c] + g[o->hidden + c] + gcount;   /* hidden_count = sum of the mask */
+    for (int h = 0; h < sp->n_hidden; h++)
+        d->g_hidden[h] += cum[sp->hidden[h] > C ? C : sp->hidden[h]];
+    free(cum);
+    for (int l = 0; l < sp->n_layers; l++) {
+        const arch_layer *pl = &m->a.layers[l];
+        if (o->head[l] != (size_t)-1)
+            for (int k = 0; k < sp->n_heads; k++) {
+                double s = 0;
+                for (int q = 0; q < sp->heads[k] && q < pl->n_heads; q++)
+                    s += g[o->head[l] + q];
+                d->g_heads[l * sp->n_heads + k] += s;
+            }
+        if (o->ffn[l] != (size_t)-1)
+            for (int k = 0; k < sp->n_ffn; k++) {
+                double s = 0;
+                for (int j = 0; j < sp->ffn[k] && j < pl->ffn_dim; j++)
+                    s += g[o->ffn[l] + j];
+                d->g_ffn[l * sp->n_ffn + k] += s;
+            }
+        if (sp->depth)
+            d->g_keep[l * 2 + 1] += g[o->attn_gate + l] + g[o->mlp_gate + l];
+    }
+}
+
+static json_t *probs_json(const double *p, const int *sizes, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        json_array_append_new(a, json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]));
+    return a;
+}
+
+static json_t *distribution_json(const search_dist *d)
+{
+    const search_space *sp = d->sp;
+    json_t *layers = json_array();
+    for (int l = 0; layers && l < sp->n_layers; l++)
+        json_array_append_new(layers, json_pack("{s:i,s:o,s:o,s:f}", "layer", l,
+                                                "heads", probs_json(d->p_heads + l * sp->n_heads, sp->heads, sp->n_heads),
+                                                "ffn", probs_json(d->p_ffn + l * sp->n_ffn, sp->ffn, sp->n_ffn),
+                                                "keep", d->p_keep[l * 2 + 1]));
+    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, sp->n_hidden), "layers", layers);
+}
+
+/* Decode argmax, repair against the tables, and confirm with the full prediction; when
+ * the prediction disagrees with the additive tables (it adds terms the tables cannot
+ * split), tighten that limit by the disagreement and repair again. */
+static int decode_and_repair(const search_dist *d, search_costs *costs, const dnas_opts *o, const arch *parent,
+                             dnas_result *r, char *err, size_t errlen)
+{
+    const search_space *sp = d->sp;
+    search_choice c;
+    if (search_choice_init(&c, sp) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    double limits[SM_COUNT];
+    for (int m = 0; m < SM_COUNT; m++)
+        limits[m] = costs->t[m].limit;
+    int rc = -1;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        search_decode_argmax(d, &c);
+        if (search_repair(d, costs, &c) != 0) {
+            dnas_describe_infeasible(sp, costs, err, errlen);
+            break;
+        }
+        arch_free(&r->arch);
+        if (search_choice_arch(sp, &c, parent, &r->arch) != 0 ||
+            cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0)
+            break;
+        double actual[SM_COUNT] = {r->predicted.latency_ms, r->predicted.decode_ms, (double)r->predicted.total,
+                                   (double)r->predicted.params};
+        int ok = 1;
+        for (int m = 0; m < SM_COUNT; m++) {
+            search_table *t = &costs->t[m];
+            if (t->active && actual[m] > limits[m]) {
+                ok = 0;
+                t->limit *= limits[m] / actual[m] * 0.999;
+            }
+        }
+        if (ok) {
+            rc = 0;
+            break;
+        }
+    }
+    if (rc != 0 && !err[0])
+        snprintf(err, errlen, "the repaired architecture still violates a limit under the full prediction");
+    for (int m = 0; m < SM_COUNT; m++)
+        costs->t[m].limit = limits[m];
+    search_choice_free(&c);
+    return rc;
+}
+
+int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    err[0] = 0;
+    double t0 = now_s();
+    const arch *pa = &o->parent->a;
+    search_space sp;
+    search_costs costs;
+    if (dnas_space_build(pa, o->tables, &o->limits, &o->axes, &sp, &costs, err, errlen) != 0)
+        return -1;
+    int rc = -1;
+    eng_model student;
+    memset(&student, 0, sizeof student);
+    search_dist d;
+    memset(&d, 0, sizeof d);
+    mask_offsets mo = {0};
+    float *mhost = NULL, *ghost = NULL;
+    double *adam = NULL;
+
+    /* The parent itself when it already meets every limit. */
+    cm_prediction pp;
+    if (cm_predict(o->tables, pa, &pp, err, errlen) != 0)
+        goto out;
+    {
+        double actual[SM_COUNT] = {pp.latency_ms, pp.decode_ms, (double)pp.total, (double)pp.params};
+        int ok = 1;
+        for (int m = 0; m < SM_COUNT; m++)
+            if (costs.t[m].active && actual[m] > costs.t[m].limit)
+                ok = 0;
+        if (ok) {
+            if (arch_copy(&r->arch, pa) != 0)
+                goto out;
+            r->predicted = pp;
+            r->parent_feasible = 1;
+            r->wall_s = now_s() - t0;
+            r->distribution = json_object();
+            rc = 0;
+            goto out;
+        }
+    }
+    /* Early failure when even the cheapest choice violates a limit. */
+    {
+        search_choice c;
+        if (search_choice_init(&c, &sp) != 0)
+            goto out;
+        search_choice_cheapest(&sp, &c);
+        int bad = 0;
+        for (int m = 0; m < SM_COUNT; m++)
+            if (costs.t[m].active && search_choice_cost(&sp, &costs.t[m], &c) > costs.t[m].limit)
+                bad = 1;
+        search_choice_free(&c);
+        if (bad) {
+            dnas_describe_infeasible(&sp, &costs, err, errlen);
+            goto out;
+        }
+    }
+    if (!o->data || o->batch <= 0 || o->seq <= 0) {
+        snprintf(err, errlen, "the search needs calibration tokens and a positive batch");
+        goto out;
+    }
+    eng_backend *be = o->parent->be;
+    if (eng_model_init(&student, pa, be, err, errlen) != 0)
+        goto out;
+    be->copy(be, student.params, o->parent->params, o->parent->n_params * sizeof(float));
+    if (eng_model_enable_masks(&student) != 0 || mask_offsets_init(&student, &mo) != 0) {
+        snprintf(err, errlen, "out of memory enabling the search masks");
+        goto out;
+    }
+    if (search_dist_init(&d, &sp, 0.5) != 0)
+        goto oom;
+    size_t nmask = student.masks->count;
+    size_t nlog = (size_t)sp.n_hidden + (size_t)sp.n_layers * (sp.n_heads + sp.n_ffn + 2);
+    mhost = malloc(nmask * sizeof *mhost);
+    ghost = malloc(nmask * sizeof *ghost);
+    adam = calloc(nlog * 3, sizeof *adam);
+    int *tokens = malloc((size_t)o->batch * o->seq * 2 * sizeof *tokens);
+    if (!mhost || !ghost || !adam || !tokens) {
+        free(tokens);
+        goto oom;
+    }
+    int *targets = tokens + (size_t)o->batch * o->seq;
+    double *gz = adam + 2 * nlog;
+    int64_t per_it = (int64_t)o->batch * o->seq;
+    int iters = (int)(o->search_tokens / per_it);
+    if (iters < 1)
+        iters = 1;
+    int warm = (int)(o->warmup_frac * iters);
+    double decay = iters > 1 ? log(o->tau_min / o->tau0) / (iters - 1) : 0;
+    uint64_t rng = o->seed ? o->seed : 1, cursor = 0;
+    search_penalty pen;
+    memset(&pen, 0, sizeof pen);
+    for (int m = 0; m < SM_COUNT; m++)
+        pen.lambda2[m] = 1.0;   /* start with a symmetric pull toward the limit */
+    for (int it = 0; it < iters; it++) {
+        double tau = o->tau0 * exp(decay * it);
+        search_dist_probs(&d, tau, &rng);
+        fill_masks(&d, &student, &mo, mhost);
+        be->to_device(be, student.masks->block, mhost, nmask * sizeof(float));
+        eng_model_zero_grads(&student);
+        if (td_batch(o->data, &cursor, o->batch, o->seq, tokens, targets) != 0) {
+            snprintf(err, errlen, "the calibration text has fewer than %d tokens", o->seq + 1);
+            free(tokens);
+            goto out;
+        }
+        eng_loss_spec loss = {.kind = ENG_LOSS_KD, .targets = targets, .teacher = o->parent,
+                              .temperature = 1.0f, .kd_weight = 1.0f};
+        eng_loss_result lr;
+        if (eng_forward_backward(&student, tokens, o->batch, o->seq, &loss, ENG_GRAD_MASKS, &lr, err, errlen) != 0) {
+            free(tokens);
+            goto out;
+        }
+        r->selection_tokens += per_it;
+        be->to_host(be, ghost, student.masks->grad_block, nmask * sizeof(float));
+        masks_to_pgrad(&d, &student, &mo, ghost);
+        double weight = it < warm ? 0.0 : fmin(1.0, (double)(it - warm + 1) / (0.2 * iters + 1));
+        search_penalty_step(&pen, &d, &costs, 50.0, weight, weight > 0 ? o->eta : 0.0);
+        search_dist_logit_grads(&d, tau, gz, gz + sp.n_hidden, gz + sp.n_hidden + (size_t)sp.n_layers * sp.n_heads,
+                                gz + sp.n_hidden + (size_t)sp.n_layers * (sp.n_heads + sp.n_ffn));
+        /* Adam on the logits (the logits block is contiguous in search_dist). */
+        double b1 = 0.9, b2 = 0.999, bc1 = 1 - pow(b1, it + 1), bc2 = 1 - pow(b2, it + 1);
+        for (size_t i = 0; i < nlog; i++) {
+            adam[i] = b1 * adam[i] + (1 - b1) * gz[i];
+            adam[nlog + i] = b2 * adam[nlog + i] + (1 - b2) * gz[i] * gz[i];
+            d.logit_hidden[i] -= o->lr * (adam[i] / bc1) / (sqrt(adam[nlog + i] / bc2) + 1e-8);
+        }
+        for (int m = 0; m < SM_COUNT; m++)
+            r->final_gap[m] = pen.gap[m];
+        r->iterations = it + 1;
+        if (o->progress) {
+            char summary[4096] = "";
+            search_choice c;
+            arch a;
+            if (search_choice_init(&c, &sp) == 0) {
+                search_decode_argmax(&d, &c);
+                if (search_choice_arch(&sp, &c, pa, &a) == 0) {
+                    arch_summary(&a, summary, sizeof summary);
+                    arch_free(&a);
+                }
+                search_choice_free(&c);
+            }
+            dnas_progress p = {.iteration = it + 1, .iterations = iters, .kd_loss = lr.kd, .tau = tau,
+                               .penalty_weight = weight, .pen = pen, .tokens = r->selection_tokens,
+                               .arch_summary = summary};
+            if (o->progress(o->progress_ctx, &p)) {
+                free(tokens);
+                rc = 1;
+                goto out;
+            }
+        }
+    }
+    free(tokens);
+    search_dist_probs(&d, o->tau_min, NULL);
+    r->distribution = distribution_json(&d);
+    if (decode_and_repair(&d, &costs, o, pa, r, err, errlen) != 0)
+        goto out;
+    r->wall_s = now_s() - t0;
+    rc = 0;
+    goto out;
+oom:
+    snprintf(err, errlen, "out of memory during the search");
+out:
+    if (rc < 0) {
+        arch_free(&r->arch);
+        json_decref(r->distribution);
+        r->distribution = NULL;
+    }
+    free(mo.head);
+    free(mhost);
+    free(ghost);
+    free(adam);
+    search_dist_free(&d);
+    if (student.be)
+        eng_model_free(&student);
+    dnas_space_free(&sp, &costs);
+    return rc;
+}

@@ -1,0 +1,100 @@
+/* compress/dnas.h — the AutoCompress differentiable architecture search (DESIGN.md §4).
+ *
+ * The ranked parent becomes a supernet: every searchable axis (hidden size globally;
+ * per layer attention heads in KV groups, FFN width, keep/remove) gets logits over its
+ * candidate sizes; a Gumbel-softmax sample of them becomes soft prefix masks on the
+ * ranked units. The loss is KD against the unmasked parent plus, for each limit, the
+ * two-sided penalty on the expected cost under the timing tables and the itemized
+ * memory model. At the end the argmax arch is repaired greedily against the same
+ * tables so that it sits at, never over, every limit. The parent must already be ranked
+ * (compress/rank): keeping width w keeps the first w units.
+ */
+#ifndef AC_COMPRESS_DNAS_H
+#define AC_COMPRESS_DNAS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/costmodel.h"
+#include "compress/search.h"
+#include "compress/textdata.h"
+#include "engine/model.h"
+
+/* The limits of a spec; 0 = absent. */
+typedef struct {
+    double latency_ms;
+    double throughput_tps;      /* floor on generated tokens/s at the workload's batch */
+    double memory_bytes;
+    double params;
+} dnas_limits;
+
+/* Which axes are searched (spec "search_space"). */
+typedef struct {
+    int hidden, heads, ffn, depth;
+    int keep_query_heads;       /* 1: query heads per layer stay the parent's (DeciLM export) */
+} dnas_axes;
+
+/* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */
+typedef struct {
+    int iteration, iterations;
+    double kd_loss, tau, penalty_weight;
+    search_penalty pen;         /* gap, expected cost, multipliers per metric */
+    int64_t tokens;
+    const char *arch_summary;
+} dnas_progress;
+
+typedef int (*dnas_progress_fn)(void *ctx, const dnas_progress *p);   /* non-zero: cancel */
+
+typedef struct {
+    eng_model *parent;          /* ranked parent (teacher), borrowed */
+    const cm_tables *tables;    /* calibration of the target, borrowed */
+    dnas_limits limits;
+    dnas_axes axes;
+    const td_stream *data;      /* packed calibration/search tokens */
+    int batch, seq;             /* search batch B x T */
+    int64_t search_tokens;      /* architecture-selection token budget */
+    double tau0, tau_min;       /* Gumbel temperature schedule (exponential anneal) */
+    double lr;                  /* Adam step on the logits */
+    double eta;                 /* multiplier ascent step */
+    double warmup_frac;         /* share of iterations before the cost term ramps in */
+    uint64_t seed;
+    dnas_progress_fn progress;
+    void *progress_ctx;
+} dnas_opts;
+
+/* Defaults for the schedule knobs (tau, lr, eta, warm-up, batch 4 x 128). */
+void dnas_opts_defaults(dnas_opts *o);
+
+typedef struct {
+    arch arch;                  /* the chosen arch (owned) */
+    cm_prediction predicted;    /* its predicted costs */
+    int64_t selection_tokens;
+    int iterations;
+    double wall_s;
+    int parent_feasible;        /* 1: the parent met every limit; arch is the parent's */
+    json_t *distribution;       /* final probabilities per axis (new reference) */
+    double final_gap[SM_COUNT]; /* E[cost]/limit - 1 at the last iteration (active limits) */
+} dnas_result;
+
+void dnas_result_free(dnas_result *r);
+
+/* Build the search space and the per-part cost tables for `parent` from the tables and
+ * the limits. Candidate sizes: hidden in eighths of the parent (those the tables
+ * cover), heads in KV groups (0 allowed when depth or heads is searched), FFN width in
+ * sixteenths (0 allowed likewise). Returns 0, or -1 with a reason. The out structures
+ * own memory released by dnas_space_free. */
+int dnas_space_build(const arch *parent, const cm_tables *tables, const dnas_limits *lim,
+                     const dnas_axes *axes, search_space *sp, search_costs *costs, char *err, size_t errlen);
+void dnas_space_free(search_space *sp, search_costs *costs);
+
+/* Run the search. Returns 0 with r filled; 1 when cancelled through the progress
+ * callback; -1 with a reason in err — an infeasible spec names the cheapest arch's
+ * predicted costs. */
+int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen);
+
+/* Describe why limits fail for the cheapest choice: "latency_ms: cheapest 12.3 > limit 10".
+ * Used by both search methods for the early infeasibility error. */
+void dnas_describe_infeasible(const search_space *sp, const search_costs *costs, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,249 @@
+/* compress/minitron.c — the Minitron++ baseline: uniform candidates from the same grid
+ * as the AutoCompress search (dnas_space_build), priced by the same cost model,
+ * frontier selection, and a short distillation trial of each through a callback.
+ */
+#include "compress/minitron.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    int hidden, heads, ffn, depth;
+    int64_t params;
+    int feasible;
+} mn_cand;
+
+void mn_result_free(mn_result *r)
+{
+    arch_free(&r->arch);
+    for (int i = 0; i < r->n_trials; i++)
+        arch_free(&r->trials[i]);
+    free(r->trials);
+    free(r->trial_loss);
+    memset(r, 0, sizeof *r);
+}
+
+int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int depth, arch *out)
+{
+    int L = parent->n_layers;
+    if (depth < 0 || depth > L)
+        return -1;
+    unsigned char *keep = calloc((size_t)L, 1);
+    if (!keep)
+        return -1;
+    for (int i = L - depth; i < L; i++)        /* the `depth` most important layers */
+        keep[layer_order ? layer_order[i] : i] = 1;
+    if (arch_init(out, depth) != 0) {
+        free(keep);
+        return -1;
+    }
+    arch_layer *layers = out->layers;
+    *out = *parent;
+    out->layers = layers;
+    out->n_layers = depth;
+    out->hidden_size = hidden;
+    int group = 1;
+    for (int l = 0; l < L; l++)
+        if (parent->layers[l].n_heads) {
+            group = parent->layers[l].n_heads / parent->layers[l].n_kv_heads;
+            break;
+        }
+    int i = 0;
+    for (int l = 0; l < L; l++) {
+        if (!keep[l])
+            continue;
+        arch_layer *o = &layers[i++];
+        memset(o, 0, sizeof *o);
+        o->source_layer = parent->layers[l].source_layer;
+        o->n_heads = heads;
+        o->n_kv_heads = heads / group;
+        o->ffn_dim = ffn;
+    }
+    free(keep);
+    return 0;
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const mn_cand *x = a, *y = b;
+    return (y->params > x->params) - (y->params < x->params);
+}
+
+static int meets(const dnas_limits *lim, const cm_prediction *p)
+{
+    if (lim->latency_ms > 0 && p->latency_ms > lim->latency_ms)
+        return 0;
+    if (lim->throughput_tps > 0 && p->throughput_tps < lim->throughput_tps)
+        return 0;
+    if (lim->memory_bytes > 0 && (double)p->total > lim->memory_bytes)
+        return 0;
+    if (lim->params > 0 && (double)p->params > lim->params)
+        return 0;
+    return 1;
+}
+
+int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errlen)
+{
+    *out = NULL;
+    *n_out = 0;
+    search_space sp;
+    search_costs costs;
+    if (dnas_space_build(o->parent, o->tables, &o->limits, &o->axes, &sp, &costs, err, errlen) != 0)
+        return -1;
+    int L = o->parent->n_layers, min_depth = o->axes.depth ? (L + 1) / 2 : L;
+    size_t cap = (size_t)sp.n_hidden * sp.n_heads * sp.n_ffn * (L - min_depth + 1);
+    mn_cand *c = calloc(cap ? cap : 1, sizeof *c);
+    if (!c) {
+        dnas_space_free(&sp, &costs);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t n = 0;
+    double best_violation = -1;
+    char cheapest[512] = "";
+    for (int hi = 0; hi < sp.n_hidden; hi++)
+        for (int k = 0; k < sp.n_heads; k++)
+            for (int j = 0; j < sp.n_ffn; j++)
+                for (int depth = min_depth; depth <= L; depth++) {
+                    int h = sp.heads[k], f = sp.ffn[j];
+                    if (h == 0 || f == 0)
+                        continue;   /* uniform candidates keep both parts in every layer */
+                    if (!o->axes.heads && h != o->parent->layers[0].n_heads)
+                        continue;
+                    if (!o->axes.ffn && f != o->parent->layers[0].ffn_dim)
+                        continue;
+                    arch a;
+                    cm_prediction p;
+                    char e2[256];
+                    if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, depth, &a) != 0)
+                        continue;
+                    int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
+                    arch_free(&a);
+                    if (rc != 0)
+                        continue;
+                    mn_cand *x = &c[n++];
+                    x->hidden = sp.hidden[hi];
+                    x->heads = h;
+                    x->ffn = f;
+                    x->depth = depth;
+                    x->params = p.params;
+                    x->feasible = meets(&o->limits, &p);
+                    if (!x->feasible) {
+                        double v = 0;
+                        if (o->limits.latency_ms > 0)
+                            v += p.latency_ms / o->limits.latency_ms;
+                        if (o->limits.memory_bytes > 0)
+                            v += (double)p.total / o->limits.memory_bytes;
+                        if (o->limits.params > 0)
+                            v += (double)p.params / o->limits.params;
+                        if (o->limits.throughput_tps > 0)
+                            v += o->limits.throughput_tps / p.throughput_tps;
+                        if (best_violation < 0 || v < best_violation) {
+                            best_violation = v;
+                            snprintf(cheapest, sizeof cheapest,
+                                     "latency_ms %.4g, throughput_tokens_per_s %.4g, memory_bytes %lld, params %lld",
+                                     p.latency_ms, p.throughput_tps, (long long)p.total, (long long)p.params);
+                        }
+                    }
+                }
+    /* Keep the feasible candidates no other feasible candidate dominates. */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!c[i].feasible)
+            continue;
+        int dominated = 0;
+        for (size_t j = 0; j < n && !dominated; j++) {
+            if (j == i || !c[j].feasible)
+                continue;
+            if (c[j].hidden >= c[i].hidden && c[j].heads >= c[i].heads && c[j].ffn >= c[i].ffn &&
+                c[j].depth >= c[i].depth &&
+                (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn || c[j].depth > c[i].depth))
+                dominated = 1;
+        }
+        if (!dominated)
+            c[m++] = c[i];
+    }
+    dnas_space_free(&sp, &costs);
+    if (m == 0) {
+        snprintf(err, errlen, "no uniform architecture meets the limits; the closest predicts %s", cheapest);
+        free(c);
+        return 0;
+    }
+    qsort(c, m, sizeof *c, cand_cmp);
+    int want = o->max_candidates > 0 ? o->max_candidates : 4;
+    if ((size_t)want > m)
+        want = (int)m;
+    arch *arr = calloc((size_t)want, sizeof *arr);
+    if (!arr) {
+        free(c);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < want; i++)
+        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].depth, &arr[i]) != 0) {
+            for (int k = 0; k < i; k++)
+                arch_free(&arr[k]);
+            free(arr);
+            free(c);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    free(c);
+    *out = arr;
+    *n_out = want;
+    return 0;
+}
+
+int mn_run(const mn_opts *o, mn_result *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cm_prediction pp;
+    if (cm_predict(o->tables, o->parent, &pp, err, errlen) != 0)
+        return -1;
+    if (meets(&o->limits, &pp)) {
+        if (arch_copy(&r->arch, o->parent) != 0)
+            return -1;
+        r->predicted = pp;
+        r->parent_feasible = 1;
+        return 0;
+    }
+    arch *cands = NULL;
+    int n = 0;
+    if (mn_frontier(o, &cands, &n, err, errlen) != 0)
+        return -1;
+    if (n == 0)
+        return -1;   /* err says why */
+    r->trials = cands;
+    r->n_trials = n;
+    r->trial_loss = calloc((size_t)n, sizeof *r->trial_loss);
+    if (!r->trial_loss) {
+        mn_result_free(r);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        int64_t tokens = 0;
+        int rc = o->trial(o->trial_ctx, &cands[i], &r->trial_loss[i], &tokens, err, errlen);
+        r->selection_tokens += tokens;
+        if (rc != 0) {
+            if (rc < 0)
+                mn_result_free(r);
+            return rc;
+        }
+        if (best < 0 || r->trial_loss[i] < r->trial_loss[best])
+            best = i;
+    }
+    if (arch_copy(&r->arch, &cands[best]) != 0 || cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0) {
+        mn_result_free(r);
+        return -1;
+    }
+    r->val_loss = r->trial_loss[best];
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    r->wall_s = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return 0;
+}
