@@ -59,29 +59,35 @@ deps:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	@echo "  NVCC  $<"
+	@$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(BUILD)/libautocompress.a: $(LIB_OBJS) $(CU_OBJS)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "  AR    $@"
+	@ar rcs $@ $^
 
 # The binary links the objects themselves (not the archive) so that a real subcommand
 # overrides its weak fallback in server/cli_unavailable.c.
 $(BUILD)/autocompress: $(BUILD)/obj/server/main.o $(LIB_OBJS) $(CU_OBJS)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libautocompress.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
+	@echo "  TEST  $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
 
 define tool_rule
 $(BUILD)/tools/$(notdir $(1:.c=)): $(1) $(BUILD)/libautocompress.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(LDFLAGS) -MMD -MP -o $$@ $$< $(BUILD)/libautocompress.a $$(LDLIBS)
+	@echo "  TOOL  $$@"
+	@$$(CC) $$(CFLAGS) $$(LDFLAGS) -MMD -MP -o $$@ $$< $(BUILD)/libautocompress.a $$(LDLIBS)
 endef
 $(foreach t,$(TOOL_SRCS),$(eval $(call tool_rule,$(t))))
 
@@ -104,5 +110,8 @@ bench: all
 
 clean:
 	rm -rf build build-san
+
+# openapi.yaml is embedded into api_misc.o with .incbin.
+$(BUILD)/obj/api/api_misc.o: openapi/openapi.yaml
 
 -include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d $(TEST_BINS:=.d) $(TOOL_BINS:=.d)

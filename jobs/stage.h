@@ -58,4 +58,13 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
 /* Merge a JSON object into the job's report (stolen). */
 int job_report_merge(job_ctx *ctx, json_t *fragment);
 
+/* The one place real stages hook in (jobs/stages_builtin.c): registers every stage this
+ * build has. Workers call it at start. */
+void stages_register_builtin(void);
+/* Test-only stages (test_sleep, test_artifact, test_crash, test_fail; jobs/stages_test.c).
+ * Workers call it only when the environment has AC_TEST_STAGES=1. */
+void stages_register_test(void);
+/* 1 when AC_TEST_STAGES=1 is set in this process's environment (test stages allowed). */
+int stages_test_enabled(void);
+
 #endif

@@ -7,8 +7,8 @@ if [ ! -x "$_venv/bin/python" ]; then
     mkdir -p "$AC_CACHE"
     /usr/bin/python3 -m venv --system-site-packages "$_venv" || return 1
 fi
-if ! "$_venv/bin/python" -c "import tokenizers, safetensors, gguf, numpy, torch" 2>/dev/null; then
-    "$_venv/bin/pip" install -q tokenizers safetensors gguf >&2 || return 1
+if ! "$_venv/bin/python" -c "import tokenizers, safetensors, gguf, numpy, torch, jsonschema" 2>/dev/null; then
+    "$_venv/bin/pip" install -q tokenizers safetensors gguf jsonschema >&2 || return 1
 fi
 AC_PYTHON=$_venv/bin/python
 export AC_PYTHON AC_CACHE

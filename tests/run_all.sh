@@ -13,6 +13,8 @@ export AC_SHARED=${AC_SHARED:-$(cd .. && pwd)/shared}
 export AC_CACHE=${AC_CACHE:-$HOME/.cache/autocompress}
 source scripts/pyenv.sh >/dev/null || { echo "python environment failed"; exit 1; }
 export AC_PYTHON
+# Idle OpenMP threads sleep instead of spinning: tests stay fast on a loaded machine.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 pattern=${TESTS:-}
 pass=0; fail=0; failed=()
 run_one() {

@@ -1,0 +1,353 @@
+/* api/api.c — the route table, dispatch, responses, problem+json and the request
+ * metrics behind /metrics. Routes are matched segment by segment; "{name*}" as the last
+ * segment captures the rest of the path (so a bad artifact name is a 400, not a 404).
+ */
+#include "api/api_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *method;
+    const char *pattern;
+    api_handler fn;
+    int writes, has_body;
+} route;
+
+static const route routes[] = {
+    {"GET", "/v1/jobs", h_jobs_list, 0, 0},
+    {"POST", "/v1/jobs", h_jobs_create, 1, 1},
+    {"GET", "/v1/jobs/{id}", h_jobs_get, 0, 0},
+    {"DELETE", "/v1/jobs/{id}", h_jobs_delete, 1, 0},
+    {"POST", "/v1/jobs/{id}/cancel", h_jobs_cancel, 1, 0},
+    {"GET", "/v1/jobs/{id}/events", h_events_list, 0, 0},
+    {"GET", "/v1/jobs/{id}/report", h_report_get, 0, 0},
+    {"GET", "/v1/jobs/{id}/artifacts", h_artifacts_list, 0, 0},
+    {"GET", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0},
+    {"HEAD", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0},
+    {"GET", "/v1/models", h_models_list, 0, 0},
+    {"POST", "/v1/models", h_models_create, 1, 1},
+    {"GET", "/v1/models/{id}", h_models_get, 0, 0},
+    {"GET", "/v1/calibrations", h_cal_list, 0, 0},
+    {"POST", "/v1/calibrations", h_cal_create, 1, 1},
+    {"GET", "/v1/calibrations/{id}", h_cal_get, 0, 0},
+    {"POST", "/v1/estimates", h_estimates, 0, 1},
+    {"GET", "/v1/devices", h_devices, 0, 0},
+    {"GET", "/healthz", h_healthz, 0, 0},
+    {"GET", "/readyz", h_readyz, 0, 0},
+    {"GET", "/metrics", h_metrics, 0, 0},
+    {"GET", "/openapi.yaml", h_openapi, 0, 0},
+};
+#define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
+
+/* Match path against pattern; fills up to 2 params (pointers into bufs). 1 on match. */
+static int match(const char *pattern, const char *path, char bufs[2][1024], int *np)
+{
+    const char *p = pattern, *s = path;
+    *np = 0;
+    while (*p && *s) {
+        if (*p != '/' || *s != '/')
+            return 0;
+        p++;
+        s++;
+        const char *pe = strchr(p, '/');
+        size_t pl = pe ? (size_t)(pe - p) : strlen(p);
+        if (p[0] == '{') {
+            int greedy = pl >= 2 && p[pl - 2] == '*';
+            const char *se = greedy ? s + strlen(s) : strchr(s, '/');
+            size_t sl = se ? (size_t)(se - s) : strlen(s);
+            if (sl == 0 || sl >= 1024 || *np == 2)
+                return 0;
+            memcpy(bufs[*np], s, sl);
+            bufs[*np][sl] = 0;
+            (*np)++;
+            s += sl;
+        } else {
+            if (strncmp(p, s, pl) != 0 || (s[pl] != '/' && s[pl] != 0))
+                return 0;
+            s += pl;
+        }
+        p += pl;
+    }
+    return *p == 0 && *s == 0;
+}
+
+int api_route_find(const char *method, const char *path, char *allow, size_t allowlen)
+{
+    char bufs[2][1024];
+    int np, path_found = 0;
+    const char *m = !strcmp(method, "HEAD") ? "GET" : method;
+    if (allow && allowlen)
+        allow[0] = 0;
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (!match(routes[i].pattern, path, bufs, &np))
+            continue;
+        if (!strcmp(routes[i].method, method) || !strcmp(routes[i].method, m))
+            return i;
+        path_found = 1;
+    }
+    if (!path_found)
+        return -404;
+    size_t k = 0;
+    int has_get = 0;
+    for (int i = 0; i < N_ROUTES && allow; i++) {
+        if (!match(routes[i].pattern, path, bufs, &np))
+            continue;
+        if (!strcmp(routes[i].method, "HEAD"))
+            continue;
+        has_get |= !strcmp(routes[i].method, "GET");
+        k += (size_t)snprintf(allow + k, k < allowlen ? allowlen - k : 0, "%s%s", k ? ", " : "", routes[i].method);
+    }
+    if (has_get && allow && k < allowlen)
+        snprintf(allow + k, allowlen - k, ", HEAD");
+    return -405;
+}
+
+int api_route_writes(int r) { return r >= 0 && r < N_ROUTES && routes[r].writes; }
+int api_route_has_body(int r) { return r >= 0 && r < N_ROUTES && routes[r].has_body; }
+
+void api_routes_print(FILE *f)
+{
+    for (int i = 0; i < N_ROUTES; i++) {
+        char pat[256];
+        size_t k = 0;
+        for (const char *p = routes[i].pattern; *p && k + 1 < sizeof pat; p++)
+            if (*p != '*')
+                pat[k++] = *p;
+        pat[k] = 0;
+        fprintf(f, "%s %s\n", routes[i].method, pat);
+    }
+}
+
+void api_resp_init(api_resp *r)
+{
+    memset(r, 0, sizeof *r);
+    r->fd = -1;
+}
+
+void api_resp_free(api_resp *r)
+{
+    json_decref(r->json);
+    if (!r->text_static)
+        free(r->text);
+    if (r->fd >= 0)
+        close(r->fd);
+    for (int i = 0; i < r->nhdr; i++)
+        free(r->hdr[i].value);
+    api_resp_init(r);
+}
+
+int api_resp_header(api_resp *r, const char *name, const char *fmt, ...)
+{
+    if (r->nhdr == API_MAX_HEADERS)
+        return -1;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char *v = strdup(buf);
+    if (!v)
+        return -1;
+    r->hdr[r->nhdr].name = name;
+    r->hdr[r->nhdr].value = v;
+    r->nhdr++;
+    return 0;
+}
+
+void api_json(api_resp *resp, int status, json_t *body)
+{
+    json_decref(resp->json);
+    resp->json = body;
+    resp->status = status;
+    resp->content_type = "application/json";
+}
+
+static const char *reason(int status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 412: return "Precondition Failed";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+    }
+}
+
+void api_problem(api_resp *r, int status, const char *code, const char *detail, json_t *errors)
+{
+    char type[128];
+    snprintf(type, sizeof type, "https://autocompress.dev/problems/%s", code);
+    json_t *p = json_pack("{s:s,s:s,s:i,s:s,s:s}", "type", type, "title", reason(status), "status",
+                          status, "detail", detail, "code", code);
+    if (p && errors)
+        json_object_set_new(p, "errors", errors);
+    else
+        json_decref(errors);
+    api_json(r, status, p);
+    r->content_type = "application/problem+json";
+}
+
+double api_now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int api_query_int(const api_req *req, const char *key, long long lo, long long hi, long long dflt,
+                  long long *out, api_resp *resp)
+{
+    const char *v = req->query ? req->query(req->h, key) : NULL;
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno == ERANGE || x < lo || x > hi) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "must be an integer between %lld and %lld", lo, hi);
+        char detail[200];
+        snprintf(detail, sizeof detail, "query parameter %s %s", key, msg);
+        api_problem(resp, 400, "invalid_parameter", detail,
+                    json_pack("[{s:s,s:s}]", "parameter", key, "message", msg));
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+json_t *api_parse_body(const api_req *req, api_resp *resp)
+{
+    json_error_t e;
+    json_t *j = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &e);
+    if (!j) {
+        char detail[400];
+        snprintf(detail, sizeof detail, "the body is not valid JSON: %s (line %d, column %d)", e.text,
+                 e.line, e.column);
+        api_problem(resp, 400, "invalid_json", detail, json_pack("[{s:s,s:s}]", "pointer", "", "message", e.text));
+    }
+    return j;
+}
+
+spec_env api_spec_env(api_ctx *ctx)
+{
+    spec_env env = {ctx->roots, ctx->n_roots, ctx->data_dir, ctx->st, ctx->test_stages, ctx->webhooks};
+    return env;
+}
+
+void api_dispatch(api_ctx *ctx, int route, const api_req *req, api_resp *resp)
+{
+    char bufs[2][1024];
+    int np = 0;
+    if (route < 0 || route >= N_ROUTES || !match(routes[route].pattern, req->path, bufs, &np)) {
+        api_problem(resp, 404, "not_found", "no such route", NULL);
+        return;
+    }
+    const char *params[2] = {np > 0 ? bufs[0] : NULL, np > 1 ? bufs[1] : NULL};
+    routes[route].fn(ctx, req, params, resp);
+    if (!resp->status)
+        api_problem(resp, 500, "internal", "the handler produced no response", NULL);
+}
+
+/* ---- metrics ----------------------------------------------------------------------- */
+
+static const double buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5};
+#define N_BUCKETS ((int)(sizeof buckets / sizeof buckets[0]))
+static atomic_llong by_class[6];                 /* 1xx..5xx by status/100 */
+static atomic_llong hist[N_BUCKETS + 1];
+static atomic_llong dur_us_sum, n_obs;
+
+void api_metrics_observe(int status, double seconds)
+{
+    int c = status / 100;
+    if (c >= 1 && c <= 5)
+        atomic_fetch_add(&by_class[c], 1);
+    int b = 0;
+    while (b < N_BUCKETS && seconds > buckets[b])
+        b++;
+    atomic_fetch_add(&hist[b], 1);
+    atomic_fetch_add(&dur_us_sum, (long long)(seconds * 1e6));
+    atomic_fetch_add(&n_obs, 1);
+}
+
+/* Render Prometheus text exposition into a new malloc'd buffer. */
+static char *metrics_text(api_ctx *ctx, size_t *len)
+{
+    size_t cap = 8192, k = 0;
+    char *b = malloc(cap);
+    if (!b)
+        return NULL;
+#define OUT(...) k += (size_t)snprintf(b + k, k < cap ? cap - k : 0, __VA_ARGS__)
+    OUT("# HELP ac_http_requests_total HTTP requests answered, by status class.\n");
+    OUT("# TYPE ac_http_requests_total counter\n");
+    for (int c = 1; c <= 5; c++)
+        OUT("ac_http_requests_total{code=\"%dxx\"} %lld\n", c, (long long)atomic_load(&by_class[c]));
+    OUT("# HELP ac_http_request_duration_seconds Time from the request's first byte to its response.\n");
+    OUT("# TYPE ac_http_request_duration_seconds histogram\n");
+    long long cum = 0;
+    for (int i = 0; i <= N_BUCKETS; i++) {
+        cum += atomic_load(&hist[i]);
+        if (i < N_BUCKETS)
+            OUT("ac_http_request_duration_seconds_bucket{le=\"%g\"} %lld\n", buckets[i], cum);
+        else
+            OUT("ac_http_request_duration_seconds_bucket{le=\"+Inf\"} %lld\n", cum);
+    }
+    OUT("ac_http_request_duration_seconds_sum %.6f\n", atomic_load(&dur_us_sum) / 1e6);
+    OUT("ac_http_request_duration_seconds_count %lld\n", (long long)atomic_load(&n_obs));
+    int64_t counts[5];
+    static const char *names[5] = {"queued", "running", "succeeded", "failed", "cancelled"};
+    if (store_job_counts(ctx->st, counts) == 0) {
+        OUT("# HELP ac_jobs Jobs (and calibrations) in the store, by status.\n# TYPE ac_jobs gauge\n");
+        for (int i = 0; i < 5; i++)
+            OUT("ac_jobs{status=\"%s\"} %lld\n", names[i], (long long)counts[i]);
+    }
+    OUT("# HELP ac_workers_running Worker processes running now.\n# TYPE ac_workers_running gauge\n");
+    OUT("ac_workers_running %d\n", ctx->sched ? sched_running(ctx->sched) : 0);
+    OUT("# HELP ac_http_suspended_requests Long-polls parked now.\n# TYPE ac_http_suspended_requests gauge\n");
+    OUT("ac_http_suspended_requests %d\n", ctx->suspended_count ? ctx->suspended_count() : 0);
+    OUT("# HELP ac_uptime_seconds Seconds since the server started.\n# TYPE ac_uptime_seconds gauge\n");
+    OUT("ac_uptime_seconds %lld\n", (long long)(store_now() - ctx->started_at));
+#undef OUT
+    if (k >= cap) {
+        free(b);
+        return NULL;
+    }
+    *len = k;
+    return b;
+}
+
+void h_metrics(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)req;
+    (void)params;
+    size_t len = 0;
+    char *t = metrics_text(ctx, &len);
+    if (!t) {
+        api_problem(resp, 500, "internal", "metrics could not be rendered", NULL);
+        return;
+    }
+    resp->status = 200;
+    resp->text = t;
+    resp->text_len = len;
+    resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+}

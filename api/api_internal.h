@@ -1,0 +1,47 @@
+/* api/api_internal.h — helpers shared by the resource files of api/ (not for other
+ * layers): query parsing, body parsing, rendering and the handlers the route table uses.
+ */
+#ifndef AC_API_API_INTERNAL_H
+#define AC_API_API_INTERNAL_H
+
+#include "api/api.h"
+#include "api/spec.h"
+
+typedef void (*api_handler)(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp);
+
+/* An integer query parameter in [lo, hi] (dflt when absent). 0, or -1 with a 400 problem. */
+int api_query_int(const api_req *req, const char *key, long long lo, long long hi, long long dflt,
+                  long long *out, api_resp *resp);
+/* Parse the JSON body (duplicate keys rejected). NEW reference, or NULL with a 400 problem. */
+json_t *api_parse_body(const api_req *req, api_resp *resp);
+/* Set a JSON body (stolen) with status. */
+void api_json(api_resp *resp, int status, json_t *body);
+/* The spec environment for validation. */
+spec_env api_spec_env(api_ctx *ctx);
+/* Monotonic seconds. */
+double api_now_mono(void);
+
+/* Resource handlers (api_jobs.c, api_misc.c). */
+void h_jobs_list(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_jobs_create(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_jobs_get(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_jobs_delete(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_jobs_cancel(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_events_list(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_report_get(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_artifacts_list(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_artifact_get(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_models_list(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_models_create(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_models_get(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_cal_list(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_cal_create(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_cal_get(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_estimates(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_devices(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_healthz(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_readyz(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_metrics(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_openapi(api_ctx *, const api_req *, const char *const *, api_resp *);
+
+#endif

@@ -1,0 +1,256 @@
+/* api/api_misc.c — the smaller resources: /v1/models (register a server path), 
+ * /v1/devices, /v1/estimates (the cost model, when this build has it), /healthz,
+ * /readyz and /openapi.yaml (embedded in the binary at build time).
+ */
+#include "api/api_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/devices.h"
+
+#if defined(__has_include)
+#if __has_include("compress/costmodel.h")
+#include "compress/costmodel.h"
+/* Weak so that a build without the implementation links and answers 501. */
+#pragma weak cm_estimate
+#define AC_HAVE_COSTMODEL_H 1
+#endif
+#endif
+
+/* openapi/openapi.yaml, embedded (NUL-terminated). make does not track this input:
+ * touch api/api_misc.c after editing the YAML. */
+__asm__(".section .rodata\n"
+        ".global ac_openapi_yaml\n"
+        ".type ac_openapi_yaml, @object\n"
+        "ac_openapi_yaml:\n"
+        ".incbin \"openapi/openapi.yaml\"\n"
+        ".byte 0\n"
+        ".size ac_openapi_yaml, .-ac_openapi_yaml\n"
+        ".previous\n");
+extern const char ac_openapi_yaml[];
+
+static json_t *render_model(const store_model *m)
+{
+    return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s,s:I}", "id", m->id, "object", "model", "path", m->path,
+                     "tokenizer", m->tokenizer[0] ? json_string(m->tokenizer) : json_null(), "name", m->name,
+                     "format", m->format, "created_at", (json_int_t)m->created_at);
+}
+
+void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)params;
+    json_t *body = api_parse_body(req, resp);
+    if (!body)
+        return;
+    json_t *errors = json_array();
+    int status = 0;
+#define FAULT(st, ptr, msg)                                                                     \
+    do {                                                                                        \
+        json_array_append_new(errors, json_pack("{s:s,s:s}", "pointer", ptr, "message", msg)); \
+        if (!status || st == 403 || (st == 400 && status == 422))                               \
+            status = st;                                                                        \
+    } while (0)
+    store_model m;
+    memset(&m, 0, sizeof m);
+    spec_env env = api_spec_env(ctx);
+    if (!json_is_object(body)) {
+        FAULT(400, "", "must be a JSON object");
+    } else {
+        const char *key;
+        json_t *v;
+        json_object_foreach(body, key, v) {
+            if (strcmp(key, "path") && strcmp(key, "tokenizer") && strcmp(key, "name")) {
+                char p[300];
+                snprintf(p, sizeof p, "/%.200s", key);
+                FAULT(400, p, "unknown field");
+            }
+        }
+        static const char *const fields[] = {"path", "tokenizer", "name"};
+        for (int i = 0; i < 3; i++) {
+            json_t *x = json_object_get(body, fields[i]);
+            char p[32], msg[256];
+            snprintf(p, sizeof p, "/%s", fields[i]);
+            if (!x) {
+                if (i == 0)
+                    FAULT(400, p, "required field is missing");
+                continue;
+            }
+            if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x)) {
+                FAULT(400, p, "must be a string");
+                continue;
+            }
+            if (i == 2) {
+                if (json_string_length(x) > 128)
+                    FAULT(422, p, "at most 128 characters");
+                else
+                    snprintf(m.name, sizeof m.name, "%s", json_string_value(x));
+                continue;
+            }
+            char *dst = i == 0 ? m.path : m.tokenizer;
+            int rc = spec_resolve_path(&env, json_string_value(x), dst, sizeof m.path, msg, sizeof msg);
+            if (rc)
+                FAULT(rc, p, msg);
+        }
+        if (m.path[0]) {
+            const char *fmt = spec_model_format(m.path);
+            if (!fmt)
+                FAULT(422, "/path", "not a model: expected an HF directory with config.json, a .gguf file or a llama2.c .bin");
+            else
+                snprintf(m.format, sizeof m.format, "%s", fmt);
+        }
+    }
+#undef FAULT
+    json_decref(body);
+    if (json_array_size(errors)) {
+        const char *first = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
+        char detail[400];
+        snprintf(detail, sizeof detail, "the model registration is invalid: %s", first ? first : "?");
+        api_problem(resp, status, status == 403 ? "path_forbidden" : status == 400 ? "invalid_request" : "unprocessable_request",
+                    detail, errors);
+        return;
+    }
+    json_decref(errors);
+    if (store_model_add(ctx->st, &m) < 0) {
+        api_problem(resp, 503, "store_unavailable", "the model could not be stored; retry", NULL);
+        return;
+    }
+    api_resp_header(resp, "Location", "/v1/models/%s", m.id);
+    api_json(resp, 201, render_model(&m));
+}
+
+void h_models_get(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)req;
+    store_model m;
+    int rc = store_model_get(ctx->st, params[0], &m);
+    if (rc != 0) {
+        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
+                    rc == 1 ? "no such model" : "the store could not be read", NULL);
+        return;
+    }
+    api_json(resp, 200, render_model(&m));
+}
+
+void h_models_list(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)params;
+    long long limit;
+    if (api_query_int(req, "limit", 1, 1000, 20, &limit, resp) < 0)
+        return;
+    const char *after = req->query ? req->query(req->h, "after") : NULL;
+    store_model *ms = NULL;
+    int n = 0, more = 0;
+    int rc = after && strlen(after) > 64 ? 1 : store_model_list(ctx->st, after, (int)limit, &ms, &n, &more);
+    if (rc == 1) {
+        api_problem(resp, 400, "invalid_parameter", "query parameter after names no such model",
+                    json_pack("[{s:s,s:s}]", "parameter", "after", "message", "no such id"));
+        return;
+    }
+    if (rc < 0) {
+        api_problem(resp, 503, "store_unavailable", "the store could not be read", NULL);
+        return;
+    }
+    json_t *data = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(data, render_model(&ms[i]));
+    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", more, "first_id",
+                          n ? json_string(ms[0].id) : json_null(), "last_id",
+                          n ? json_string(ms[n - 1].id) : json_null());
+    free(ms);
+    api_json(resp, 200, o);
+}
+
+void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)ctx;
+    (void)req;
+    (void)params;
+    json_t *data = json_array();
+    int n = eng_device_count();
+    for (int i = 0; i < n; i++) {
+        eng_device_info d;
+        if (eng_device_get(i, &d) < 0)
+            continue;
+        int gpu = strncmp(d.name, "cuda", 4) == 0;
+        char cc[16];
+        snprintf(cc, sizeof cc, "%d.%d", d.cc_major, d.cc_minor);
+        json_array_append_new(data, json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:i}", "id", d.name, "object", "device",
+                                              "kind", gpu ? "cuda" : "cpu", "description", d.description,
+                                              "memory_bytes", (json_int_t)d.memory_bytes, "compute_capability",
+                                              gpu ? json_string(cc) : json_null(), "cores", d.cores));
+    }
+    api_json(resp, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));
+}
+
+void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)params;
+    json_t *body = api_parse_body(req, resp);
+    if (!body)
+        return;
+#ifdef AC_HAVE_COSTMODEL_H
+    if (cm_estimate) {
+        int status = 0;
+        char err[512] = "";
+        json_t *r = cm_estimate(body, ctx->data_dir, &status, err, sizeof err);
+        json_decref(body);
+        if (r) {
+            api_json(resp, 200, r);
+            return;
+        }
+        if (status < 400 || status > 599)
+            status = 422;
+        api_problem(resp, status, status == 409 ? "calibration_required" : status == 404 ? "not_found" : "invalid_estimate",
+                    err[0] ? err : "the estimate failed", NULL);
+        return;
+    }
+#endif
+    (void)ctx;
+    json_decref(body);
+    api_problem(resp, 501, "not_implemented", "the cost model is not available in this build", NULL);
+}
+
+void h_healthz(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)ctx;
+    (void)req;
+    (void)params;
+    api_json(resp, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+void h_readyz(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)req;
+    (void)params;
+    int64_t counts[5];
+    int store_ok = store_job_counts(ctx->st, counts) == 0;
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/artifacts", ctx->data_dir);
+    int disk_ok = access(probe, W_OK) == 0;
+    if (!store_ok || !disk_ok || ctx->shutting_down) {
+        char d[200];
+        snprintf(d, sizeof d, "not ready:%s%s%s", store_ok ? "" : " job store unreadable;",
+                 disk_ok ? "" : " artifact directory not writable;", ctx->shutting_down ? " shutting down" : "");
+        api_problem(resp, 503, "not_ready", d, NULL);
+        api_resp_header(resp, "Retry-After", "5");
+        return;
+    }
+    api_json(resp, 200, json_pack("{s:s,s:{s:s,s:s,s:s},s:I,s:I}", "status", "ready", "checks", "store", "ok",
+                                  "artifacts", "ok", "scheduler", ctx->sched ? "ok" : "off", "queued",
+                                  (json_int_t)counts[0], "running", (json_int_t)counts[1]));
+}
+
+void h_openapi(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)ctx;
+    (void)req;
+    (void)params;
+    resp->status = 200;
+    resp->text = (char *)ac_openapi_yaml;
+    resp->text_len = strlen(ac_openapi_yaml);
+    resp->text_static = 1;
+    resp->content_type = "application/yaml";
+}

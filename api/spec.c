@@ -1,0 +1,750 @@
+/* api/spec.c — constraint spec v1 validation and normalization (spec.h). Each check
+ * appends {pointer, message} and raises the response status by severity (403 path
+ * confinement > 400 shape and types > 422 values), so one response lists every fault.
+ * Limits here are sanity bounds for a single-host service, documented in openapi.yaml.
+ */
+#include "api/spec.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/devices.h"
+
+typedef struct {
+    json_t *errors;
+    int status;
+    const spec_env *env;
+} vctx;
+
+static int severity(int status)
+{
+    return status == 403 ? 3 : status == 400 ? 2 : 1;
+}
+
+static void fault(vctx *v, int status, const char *pointer, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fault(vctx *v, int status, const char *pointer, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_array_append_new(v->errors, json_pack("{s:s,s:s}", "pointer", pointer, "message", msg));
+    if (!v->status || severity(status) > severity(v->status))
+        v->status = status;
+}
+
+/* JSON pointer of parent + "/" + key (key escaped per RFC 6901). */
+static void ptr_join(char *out, size_t n, const char *parent, const char *key)
+{
+    size_t k = (size_t)snprintf(out, n, "%s/", parent);
+    for (const char *p = key; *p && k + 3 < n; p++) {
+        if (*p == '~') {
+            out[k++] = '~';
+            out[k++] = '0';
+        } else if (*p == '/') {
+            out[k++] = '~';
+            out[k++] = '1';
+        } else {
+            out[k++] = *p;
+        }
+    }
+    out[k < n ? k : n - 1] = 0;
+}
+
+static void ptr_index(char *out, size_t n, const char *parent, size_t i)
+{
+    snprintf(out, n, "%s/%zu", parent, i);
+}
+
+/* Unknown keys of obj are 400 faults. */
+static void only_keys(vctx *v, json_t *obj, const char *ptr, const char *const *allowed)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(obj, key, val) {
+        int ok = 0;
+        for (int i = 0; allowed[i] && !ok; i++)
+            ok = !strcmp(key, allowed[i]);
+        if (!ok) {
+            char p[512];
+            ptr_join(p, sizeof p, ptr, key);
+            fault(v, 400, p, "unknown field '%s'", key);
+        }
+    }
+}
+
+/* Member `key` of obj when it has type `type`; NULL (and a 400 fault when present with
+ * another type, or required and missing). */
+static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, json_type type,
+                      int required)
+{
+    char p[512];
+    ptr_join(p, sizeof p, ptr, key);
+    json_t *m = json_object_get(obj, key);
+    if (!m) {
+        if (required)
+            fault(v, 400, p, "required field is missing");
+        return NULL;
+    }
+    int ok = json_typeof(m) == type || (type == JSON_REAL && json_is_integer(m)) ||
+             (type == JSON_TRUE && json_is_boolean(m));
+    if (!ok) {
+        const char *want = type == JSON_OBJECT ? "an object" : type == JSON_ARRAY ? "an array" :
+                           type == JSON_STRING ? "a string" : type == JSON_INTEGER ? "an integer" :
+                           type == JSON_REAL ? "a number" : "a boolean";
+        fault(v, 400, p, "must be %s", want);
+        return NULL;
+    }
+    return m;
+}
+
+static double num(json_t *j)
+{
+    return json_is_integer(j) ? (double)json_integer_value(j) : json_real_value(j);
+}
+
+/* An integer member in [lo, hi]; dflt when absent; stores into out (normalized). */
+static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, json_int_t lo,
+                      json_int_t hi, json_int_t dflt, int required, json_t *out)
+{
+    json_t *m = member(v, obj, ptr, key, JSON_INTEGER, required);
+    if (!m) {
+        if (!json_object_get(obj, key) && !required && out)
+            json_object_set_new(out, key, json_integer(dflt));
+        return;
+    }
+    json_int_t x = json_integer_value(m);
+    if (x < lo || x > hi) {
+        char p[512];
+        ptr_join(p, sizeof p, ptr, key);
+        fault(v, 422, p, "must be between %lld and %lld (got %lld)", (long long)lo, (long long)hi,
+              (long long)x);
+        return;
+    }
+    if (out)
+        json_object_set_new(out, key, json_integer(x));
+}
+
+static int utf8_ok_len(json_t *s, size_t maxlen)
+{
+    /* jansson guarantees valid UTF-8; reject embedded NULs and overlong values. */
+    size_t n = json_string_length(s);
+    return strlen(json_string_value(s)) == n && n <= maxlen;
+}
+
+static json_t *string_field(vctx *v, json_t *obj, const char *ptr, const char *key, size_t maxlen,
+                            int required)
+{
+    json_t *m = member(v, obj, ptr, key, JSON_STRING, required);
+    if (m && !utf8_ok_len(m, maxlen)) {
+        char p[512];
+        ptr_join(p, sizeof p, ptr, key);
+        fault(v, 422, p, "must be at most %zu characters without NUL bytes", maxlen);
+        return NULL;
+    }
+    return m;
+}
+
+static int one_of(const char *s, const char *const *list)
+{
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(s, list[i]))
+            return 1;
+    return 0;
+}
+
+/* ---- paths ------------------------------------------------------------------------- */
+
+static int under(const char *p, const char *root)
+{
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/')
+        return p[0] == '/';
+    return !strncmp(p, root, n) && (p[n] == '/' || p[n] == 0);
+}
+
+static int under_any(const spec_env *env, const char *p)
+{
+    for (int i = 0; i < env->n_roots; i++)
+        if (under(p, env->roots[i]))
+            return 1;
+    return 0;
+}
+
+/* Lexically normalize an absolute path (drop "." and empty components). */
+static void lex_norm(const char *in, char *out, size_t n)
+{
+    size_t k = 0;
+    const char *p = in;
+    while (*p && k + 2 < n) {
+        while (*p == '/')
+            p++;
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0)
+            break;
+        if (!(len == 1 && p[0] == '.')) {
+            if (k + 1 + len + 1 >= n)
+                break;
+            out[k++] = '/';
+            memcpy(out + k, p, len);
+            k += len;
+        }
+        p += len;
+    }
+    if (k == 0)
+        out[k++] = '/';
+    out[k] = 0;
+}
+
+static int has_dotdot(const char *path)
+{
+    const char *p = path;
+    while (*p) {
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 2 && p[0] == '.' && p[1] == '.')
+            return 1;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t outlen,
+                      char *msg, size_t msglen)
+{
+    if (!path[0]) {
+        snprintf(msg, msglen, "the path is empty");
+        return 422;
+    }
+    if (has_dotdot(path)) {
+        snprintf(msg, msglen, "'..' is not allowed in server paths");
+        return 403;
+    }
+    if (strlen(path) > 3000) {
+        snprintf(msg, msglen, "the path is too long");
+        return 422;
+    }
+    /* Candidates: an absolute path as is; a relative one against the data dir, then each root. */
+    char cand[8][4096];
+    int nc = 0;
+    if (path[0] == '/') {
+        lex_norm(path, cand[nc++], sizeof cand[0]);
+    } else {
+        char base[4096], tmp[8192];
+        if (env->data_dir && realpath(env->data_dir, base)) {
+            snprintf(tmp, sizeof tmp, "%s/%s", base, path);
+            lex_norm(tmp, cand[nc++], sizeof cand[0]);
+        }
+        for (int i = 0; i < env->n_roots && nc < 8; i++) {
+            snprintf(tmp, sizeof tmp, "%s/%s", env->roots[i], path);
+            lex_norm(tmp, cand[nc++], sizeof cand[0]);
+        }
+    }
+    int inside = 0, escaped = 0;
+    for (int i = 0; i < nc; i++) {
+        int lexical_inside = under_any(env, cand[i]);
+        inside |= lexical_inside;
+        char real[PATH_MAX];
+        if (!realpath(cand[i], real))
+            continue;
+        if (!under_any(env, real)) {
+            escaped = 1; /* exists, but outside every root (directly or through a link) */
+            continue;
+        }
+        if (!lexical_inside)
+            continue;
+        if (access(real, R_OK) != 0) {
+            snprintf(msg, msglen, "the path is not readable by the server: %s", strerror(errno));
+            return 422;
+        }
+        if (snprintf(out, outlen, "%s", real) >= (int)outlen) {
+            snprintf(msg, msglen, "the path is too long");
+            return 422;
+        }
+        return 0;
+    }
+    if (escaped) {
+        snprintf(msg, msglen, "the path resolves outside the allowed roots (see --data-root)");
+        return 403;
+    }
+    if (!inside) {
+        snprintf(msg, msglen, "the path is outside the allowed roots (see --data-root)");
+        return 403;
+    }
+    snprintf(msg, msglen, "no such file or directory inside the allowed roots");
+    return 422;
+}
+
+const char *spec_model_format(const char *resolved)
+{
+    struct stat sb;
+    if (stat(resolved, &sb) < 0)
+        return NULL;
+    if (S_ISDIR(sb.st_mode)) {
+        char cfg[4200];
+        snprintf(cfg, sizeof cfg, "%s/config.json", resolved);
+        return access(cfg, R_OK) == 0 ? "hf" : NULL;
+    }
+    size_t n = strlen(resolved);
+    if (n > 5 && !strcmp(resolved + n - 5, ".gguf"))
+        return "gguf";
+    if (n > 4 && !strcmp(resolved + n - 4, ".bin"))
+        return "llama2c";
+    return NULL;
+}
+
+/* A path-valued string member: resolved and stored into out[key]. */
+static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, int required, json_t *out)
+{
+    json_t *m = string_field(v, obj, ptr, key, 3000, required);
+    if (!m)
+        return;
+    char p[512], resolved[4096], msg[256];
+    ptr_join(p, sizeof p, ptr, key);
+    int rc = spec_resolve_path(v->env, json_string_value(m), resolved, sizeof resolved, msg, sizeof msg);
+    if (rc) {
+        fault(v, rc, p, "%s", msg);
+        return;
+    }
+    json_object_set_new(out, key, json_string(resolved));
+}
+
+/* ---- sections ---------------------------------------------------------------------- */
+
+static json_t *check_model(vctx *v, json_t *in)
+{
+    json_t *m = member(v, in, "", "model", JSON_OBJECT, 1);
+    if (!m)
+        return NULL;
+    json_t *out = json_object();
+    int has_path = json_object_get(m, "path") != NULL, has_id = json_object_get(m, "id") != NULL,
+        has_url = json_object_get(m, "url") != NULL;
+    if (has_path + has_id + has_url != 1) {
+        fault(v, 422, "/model", "give exactly one of path, id or url");
+        return out;
+    }
+    if (has_url) {
+        static const char *const keys[] = {"url", "sha256", NULL};
+        only_keys(v, m, "/model", keys);
+        fault(v, 422, "/model/url", "fetching a model by URL is not available in this build; "
+                                    "place it inside a data root and give its path");
+        return out;
+    }
+    if (has_id) {
+        static const char *const keys[] = {"id", NULL};
+        only_keys(v, m, "/model", keys);
+        json_t *id = string_field(v, m, "/model", "id", 64, 1);
+        if (!id)
+            return out;
+        store_model sm;
+        int rc = v->env->st ? store_model_get(v->env->st, json_string_value(id), &sm) : 1;
+        if (rc != 0) {
+            fault(v, 422, "/model/id", "no registered model %s (POST /v1/models first)", json_string_value(id));
+            return out;
+        }
+        json_object_set_new(out, "id", json_string(sm.id));
+        json_object_set_new(out, "path", json_string(sm.path));
+        if (sm.tokenizer[0])
+            json_object_set_new(out, "tokenizer", json_string(sm.tokenizer));
+        json_object_set_new(out, "format", json_string(sm.format));
+        return out;
+    }
+    static const char *const keys[] = {"path", "tokenizer", NULL};
+    only_keys(v, m, "/model", keys);
+    path_field(v, m, "/model", "path", 1, out);
+    path_field(v, m, "/model", "tokenizer", 0, out);
+    json_t *p = json_object_get(out, "path");
+    if (p) {
+        const char *fmt = spec_model_format(json_string_value(p));
+        if (!fmt)
+            fault(v, 422, "/model/path", "not a model: expected an HF directory with config.json, "
+                                         "a .gguf file or a llama2.c .bin checkpoint");
+        else
+            json_object_set_new(out, "format", json_string(fmt));
+    }
+    return out;
+}
+
+static json_t *check_target(vctx *v, json_t *in, double *device_gib)
+{
+    json_t *out = json_object();
+    json_t *t = member(v, in, "", "target", JSON_OBJECT, 0);
+    json_t *empty = json_object();
+    if (!t)
+        t = empty;
+    static const char *const keys[] = {"device", "precision", "workload", NULL};
+    only_keys(v, t, "/target", keys);
+    json_t *dev = string_field(v, t, "/target", "device", 31, 0);
+    const char *device = dev ? json_string_value(dev) : "cpu";
+    char name[40];
+    snprintf(name, sizeof name, "%s", !strcmp(device, "cuda") ? "cuda:0" : device);
+    char why[256] = "";
+    *device_gib = 0;
+    if (!json_object_get(t, "device") || dev) {
+        int kind, idx;
+        if (eng_device_parse(name, &kind, &idx, why, sizeof why) < 0 || !eng_device_exists(name, why, sizeof why)) {
+            fault(v, 422, "/target/device", "unknown device '%s': %s", device, why);
+        } else {
+            int n = eng_device_count();
+            for (int i = 0; i < n; i++) {
+                eng_device_info info;
+                if (eng_device_get(i, &info) == 0 && !strcmp(info.name, name))
+                    *device_gib = (double)info.memory_bytes / (1024.0 * 1024 * 1024);
+            }
+        }
+    }
+    json_object_set_new(out, "device", json_string(name));
+    static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
+    json_t *prec = string_field(v, t, "/target", "precision", 16, 0);
+    if (prec && !one_of(json_string_value(prec), precisions))
+        fault(v, 422, "/target/precision", "must be one of fp32, bf16, fp16");
+    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec) : "fp32"));
+    json_t *w = member(v, t, "/target", "workload", JSON_OBJECT, 0);
+    json_t *wo = json_object();
+    if (!w)
+        w = empty;
+    static const char *const wkeys[] = {"batch_size", "prompt_tokens", "output_tokens", NULL};
+    only_keys(v, w, "/target/workload", wkeys);
+    int_field(v, w, "/target/workload", "batch_size", 1, 4096, 1, 0, wo);
+    int_field(v, w, "/target/workload", "prompt_tokens", 1, 1 << 20, 256, 0, wo);
+    int_field(v, w, "/target/workload", "output_tokens", 1, 1 << 20, 64, 0, wo);
+    json_t *pt = json_object_get(wo, "prompt_tokens"), *ot = json_object_get(wo, "output_tokens");
+    if (pt && ot && json_integer_value(pt) + json_integer_value(ot) > (1 << 20))
+        fault(v, 422, "/target/workload", "prompt_tokens + output_tokens exceeds 1048576");
+    json_object_set_new(out, "workload", wo);
+    json_decref(empty);
+    return out;
+}
+
+static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
+{
+    json_t *c = member(v, in, "", "constraints", JSON_OBJECT, 1);
+    json_t *out = json_object();
+    if (!c)
+        return out;
+    static const char *const keys[] = {"latency_ms", "throughput_tokens_per_s", "memory_gib", "params", NULL};
+    only_keys(v, c, "/constraints", keys);
+    int any = 0;
+    for (int i = 0; i < 3; i++) {
+        json_t *m = member(v, c, "/constraints", keys[i], JSON_REAL, 0);
+        if (!m)
+            continue;
+        any = 1;
+        double x = num(m);
+        char p[128];
+        ptr_join(p, sizeof p, "/constraints", keys[i]);
+        if (!(x > 0) || !isfinite(x) || x > 1e9) {
+            fault(v, 422, p, "must be a positive number no larger than 1e9");
+            continue;
+        }
+        if (i == 2 && device_gib > 0 && x > device_gib)
+            fault(v, 422, p, "%.3g GiB exceeds the target device's memory (%.3g GiB)", x, device_gib);
+        json_object_set_new(out, keys[i], json_real(x));
+    }
+    json_t *pm = member(v, c, "/constraints", "params", JSON_INTEGER, 0);
+    if (pm) {
+        any = 1;
+        if (json_integer_value(pm) < 1)
+            fault(v, 422, "/constraints/params", "must be a positive integer");
+        else
+            json_object_set_new(out, "params", json_integer(json_integer_value(pm)));
+    }
+    if (!any && json_object_size(c) == 0)
+        fault(v, 422, "/constraints", "give at least one of latency_ms, throughput_tokens_per_s, memory_gib, params");
+    return out;
+}
+
+static json_t *check_search_space(vctx *v, json_t *in)
+{
+    static const char *const keys[] = {"hidden", "heads", "ffn", "experts", "mamba_heads", "depth", NULL};
+    json_t *s = member(v, in, "", "search_space", JSON_OBJECT, 0);
+    json_t *out = json_object();
+    if (s)
+        only_keys(v, s, "/search_space", keys);
+    int any = 0;
+    for (int i = 0; keys[i]; i++) {
+        json_t *b = s ? member(v, s, "/search_space", keys[i], JSON_TRUE, 0) : NULL;
+        int on = b ? json_is_true(b) : 1;
+        any |= on;
+        json_object_set_new(out, keys[i], json_boolean(on));
+    }
+    if (!any)
+        fault(v, 422, "/search_space", "every axis is switched off: nothing could be pruned");
+    return out;
+}
+
+static json_t *check_budgets(vctx *v, json_t *in)
+{
+    json_t *b = member(v, in, "", "budgets", JSON_OBJECT, 0);
+    json_t *empty = json_object(), *out = json_object();
+    static const char *const keys[] = {"search_tokens", "distill_tokens", NULL};
+    only_keys(v, b ? b : empty, "/budgets", keys);
+    int_field(v, b ? b : empty, "/budgets", "search_tokens", 1, 1000000000000LL, 2000000, 0, out);
+    int_field(v, b ? b : empty, "/budgets", "distill_tokens", 0, 1000000000000LL, 10000000, 0, out);
+    json_decref(empty);
+    return out;
+}
+
+static json_t *check_data(vctx *v, json_t *in)
+{
+    json_t *d = member(v, in, "", "data", JSON_OBJECT, 0);
+    json_t *out = json_object();
+    if (!d)
+        return out;
+    static const char *const keys[] = {"calibration", "distillation", NULL};
+    only_keys(v, d, "/data", keys);
+    path_field(v, d, "/data", "calibration", 0, out);
+    path_field(v, d, "/data", "distillation", 0, out);
+    return out;
+}
+
+static const char *const known_tasks[] = {"arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande",
+                                          "boolq", "openbookqa", "lambada_openai", "mmlu", "sciq",
+                                          "wikitext2", NULL};
+
+static json_t *check_evaluation(vctx *v, json_t *in)
+{
+    json_t *e = member(v, in, "", "evaluation", JSON_OBJECT, 0);
+    json_t *empty = json_object(), *out = json_object();
+    if (!e)
+        e = empty;
+    static const char *const keys[] = {"tasks", "limit", "seed", NULL};
+    only_keys(v, e, "/evaluation", keys);
+    json_t *tasks = member(v, e, "/evaluation", "tasks", JSON_ARRAY, 0);
+    json_t *tout = json_array();
+    size_t i;
+    json_t *t;
+    if (tasks && json_array_size(tasks) > 64)
+        fault(v, 422, "/evaluation/tasks", "at most 64 tasks");
+    else if (tasks) {
+        json_array_foreach(tasks, i, t) {
+            char p[128];
+            ptr_index(p, sizeof p, "/evaluation/tasks", i);
+            if (json_is_string(t)) {
+                if (!one_of(json_string_value(t), known_tasks))
+                    fault(v, 422, p, "unknown task '%s' (known: arc_easy, arc_challenge, piqa, hellaswag, "
+                                     "winogrande, boolq, openbookqa, lambada_openai, mmlu, sciq, wikitext2; "
+                                     "or {\"name\", \"path\"} for a JSONL task)", json_string_value(t));
+                else
+                    json_array_append(tout, t);
+            } else if (json_is_object(t)) {
+                static const char *const tk[] = {"name", "path", NULL};
+                only_keys(v, t, p, tk);
+                json_t *to = json_object();
+                json_t *nm = string_field(v, t, p, "name", 64, 1);
+                if (nm)
+                    json_object_set(to, "name", nm);
+                path_field(v, t, p, "path", 1, to);
+                json_array_append_new(tout, to);
+            } else {
+                fault(v, 400, p, "must be a task name or an object {name, path}");
+            }
+        }
+        for (size_t a = 0; a < json_array_size(tout); a++)
+            for (size_t b = a + 1; b < json_array_size(tout); b++)
+                if (json_equal(json_array_get(tout, a), json_array_get(tout, b))) {
+                    char p[128];
+                    ptr_index(p, sizeof p, "/evaluation/tasks", b);
+                    fault(v, 422, p, "duplicate task");
+                }
+    }
+    json_object_set_new(out, "tasks", tout);
+    int_field(v, e, "/evaluation", "limit", 1, 10000000, 500, 0, out);
+    int_field(v, e, "/evaluation", "seed", 0, INT32_MAX, 1234, 0, out);
+    json_decref(empty);
+    return out;
+}
+
+static json_t *check_export(vctx *v, json_t *in)
+{
+    json_t *e = member(v, in, "", "export", JSON_ARRAY, 0);
+    json_t *out = json_array();
+    if (!e) {
+        if (!json_object_get(in, "export"))
+            json_array_append_new(out, json_string("hf"));
+        return out;
+    }
+    static const char *const formats[] = {"hf", "deci", "gguf", NULL};
+    size_t i;
+    json_t *f;
+    json_array_foreach(e, i, f) {
+        char p[64];
+        ptr_index(p, sizeof p, "/export", i);
+        if (!json_is_string(f)) {
+            fault(v, 400, p, "must be a string");
+            continue;
+        }
+        if (!one_of(json_string_value(f), formats)) {
+            fault(v, 422, p, "unknown export format '%s' (hf, deci, gguf)", json_string_value(f));
+            continue;
+        }
+        for (size_t k = 0; k < json_array_size(out); k++)
+            if (json_equal(json_array_get(out, k), f))
+                fault(v, 422, p, "duplicate export format");
+        json_array_append(out, f);
+    }
+    return out;
+}
+
+static json_t *check_metadata(vctx *v, json_t *in)
+{
+    json_t *m = member(v, in, "", "metadata", JSON_OBJECT, 0);
+    json_t *out = json_object();
+    if (!m)
+        return out;
+    if (json_object_size(m) > 16)
+        fault(v, 422, "/metadata", "at most 16 pairs (got %zu)", json_object_size(m));
+    const char *k;
+    json_t *val;
+    json_object_foreach(m, k, val) {
+        char p[512];
+        ptr_join(p, sizeof p, "/metadata", k);
+        if (strlen(k) == 0 || strlen(k) > 64)
+            fault(v, 422, p, "keys are 1 to 64 characters");
+        else if (!json_is_string(val))
+            fault(v, 400, p, "must be a string");
+        else if (!utf8_ok_len(val, 512))
+            fault(v, 422, p, "values are at most 512 characters without NUL bytes");
+        else
+            json_object_set(out, k, val);
+    }
+    return out;
+}
+
+static void check_test_fields(vctx *v, json_t *in, json_t *out)
+{
+    static const char *const tk[] = {"x_test_pipeline", "x_test_sleep_ms", "x_test_artifact_bytes", NULL};
+    int any = 0;
+    for (int i = 0; tk[i]; i++)
+        any |= json_object_get(in, tk[i]) != NULL;
+    if (!any)
+        return;
+    if (!v->env->test_stages) {
+        for (int i = 0; tk[i]; i++)
+            if (json_object_get(in, tk[i])) {
+                char p[64];
+                ptr_join(p, sizeof p, "", tk[i]);
+                fault(v, 400, p, "unknown field '%s'", tk[i]);
+            }
+        return;
+    }
+    json_t *pl = member(v, in, "", "x_test_pipeline", JSON_ARRAY, 0);
+    if (pl) {
+        if (json_array_size(pl) < 1 || json_array_size(pl) > 16)
+            fault(v, 422, "/x_test_pipeline", "1 to 16 stage names");
+        size_t i;
+        json_t *s;
+        json_array_foreach(pl, i, s) {
+            char p[64];
+            ptr_index(p, sizeof p, "/x_test_pipeline", i);
+            if (!json_is_string(s) || json_string_length(s) == 0 || json_string_length(s) > 40)
+                fault(v, 400, p, "must be a stage name");
+        }
+        json_object_set(out, "x_test_pipeline", pl);
+    }
+    int_field(v, in, "", "x_test_sleep_ms", 0, 600000, 0, 0, NULL);
+    int_field(v, in, "", "x_test_artifact_bytes", 0, 256 << 20, 0, 0, NULL);
+    for (int i = 1; tk[i]; i++) {
+        json_t *x = json_object_get(in, tk[i]);
+        if (json_is_integer(x))
+            json_object_set(out, tk[i], x);
+    }
+}
+
+static void check_name(vctx *v, json_t *in, json_t *out)
+{
+    json_t *n = string_field(v, in, "", "name", 128, 0);
+    json_object_set_new(out, "name", json_string(n ? json_string_value(n) : ""));
+}
+
+static json_t *finish(vctx *v, json_t *out, int *status, json_t **errors)
+{
+    if (json_array_size(v->errors) > 0) {
+        json_decref(out);
+        *status = v->status;
+        *errors = v->errors;
+        return NULL;
+    }
+    json_decref(v->errors);
+    *status = 0;
+    *errors = NULL;
+    return out;
+}
+
+json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **errors)
+{
+    vctx v = {json_array(), 0, env};
+    json_t *out = json_object();
+    if (!json_is_object(in)) {
+        fault(&v, 400, "", "the spec must be a JSON object");
+        return finish(&v, out, status, errors);
+    }
+    static const char *const keys[] = {"name", "model", "target", "constraints", "method", "search_space",
+                                       "budgets", "data", "evaluation", "export", "callback_url",
+                                       "metadata", "x_test_pipeline", "x_test_sleep_ms",
+                                       "x_test_artifact_bytes", NULL};
+    only_keys(&v, in, "", keys);
+    check_name(&v, in, out);
+    json_object_set_new(out, "model", check_model(&v, in));
+    double device_gib = 0;
+    json_object_set_new(out, "target", check_target(&v, in, &device_gib));
+    json_object_set_new(out, "constraints", check_constraints(&v, in, device_gib));
+    json_t *method = string_field(&v, in, "", "method", 32, 0);
+    static const char *const methods[] = {"autocompress", "minitron", NULL};
+    if (method && !one_of(json_string_value(method), methods))
+        fault(&v, 422, "/method", "must be autocompress or minitron");
+    json_object_set_new(out, "method", json_string(method ? json_string_value(method) : "autocompress"));
+    json_object_set_new(out, "search_space", check_search_space(&v, in));
+    json_object_set_new(out, "budgets", check_budgets(&v, in));
+    json_object_set_new(out, "data", check_data(&v, in));
+    json_object_set_new(out, "evaluation", check_evaluation(&v, in));
+    json_object_set_new(out, "export", check_export(&v, in));
+    if (json_object_get(in, "callback_url")) {
+        json_t *cb = string_field(&v, in, "", "callback_url", 2048, 0);
+        const char *u = cb ? json_string_value(cb) : NULL;
+        int url_ok = u && (!strncmp(u, "http://", 7) || !strncmp(u, "https://", 8)) && strlen(u) > 8;
+        for (const char *p = u; url_ok && *p; p++)
+            url_ok = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f;
+        if (cb && !url_ok)
+            fault(&v, 422, "/callback_url", "must be an http:// or https:// URL without spaces");
+        else if (cb && !env->webhooks)
+            fault(&v, 422, "/callback_url", "webhook delivery is off on this server (start it with --webhook-secret-file)");
+        else if (cb)
+            json_object_set(out, "callback_url", cb);
+    }
+    json_object_set_new(out, "metadata", check_metadata(&v, in));
+    check_test_fields(&v, in, out);
+    return finish(&v, out, status, errors);
+}
+
+json_t *spec_validate_calibration(json_t *in, const spec_env *env, int *status, json_t **errors)
+{
+    vctx v = {json_array(), 0, env};
+    json_t *out = json_object();
+    if (!json_is_object(in)) {
+        fault(&v, 400, "", "the request must be a JSON object");
+        return finish(&v, out, status, errors);
+    }
+    static const char *const keys[] = {"name", "model", "target", "metadata", "x_test_pipeline",
+                                       "x_test_sleep_ms", "x_test_artifact_bytes", NULL};
+    only_keys(&v, in, "", keys);
+    check_name(&v, in, out);
+    json_object_set_new(out, "model", check_model(&v, in));
+    double device_gib = 0;
+    json_object_set_new(out, "target", check_target(&v, in, &device_gib));
+    json_object_set_new(out, "metadata", check_metadata(&v, in));
+    check_test_fields(&v, in, out);
+    return finish(&v, out, status, errors);
+}

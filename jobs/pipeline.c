@@ -1,0 +1,149 @@
+/* jobs/pipeline.c — a job's stage list and the worker loop that runs it (pipeline.h).
+ * Every transition (stage started, stage done, terminal state) is one store transaction,
+ * so a worker killed at any point leaves the job resumable at its first unfinished stage.
+ */
+#include "jobs/pipeline.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "jobs/job_ctx.h"
+#include "jobs/stage.h"
+
+json_t *job_pipeline_for(const char *kind, json_t *spec)
+{
+    json_t *list = json_array();
+    if (!list)
+        return NULL;
+    json_t *test = json_object_get(spec, "x_test_pipeline");
+    if (json_is_array(test)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(test, i, v) json_array_append(list, v);
+        return list;
+    }
+    if (!strcmp(kind, "calibration")) {
+        json_array_append_new(list, json_string("calibrate"));
+        return list;
+    }
+    json_t *tasks = json_object_get(json_object_get(spec, "evaluation"), "tasks");
+    json_t *exp = json_object_get(spec, "export");
+    static const char *const all[] = {"load", "calibrate", "rank", "search", "prune",
+                                      "distill", "evaluate", "measure", "export"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (!strcmp(all[i], "evaluate") && json_is_array(tasks) && json_array_size(tasks) == 0)
+            continue;
+        if (!strcmp(all[i], "export") && json_is_array(exp) && json_array_size(exp) == 0)
+            continue;
+        json_array_append_new(list, json_string(all[i]));
+    }
+    return list;
+}
+
+static int mkdir_one(const char *p)
+{
+    return mkdir(p, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Record the end of a run that stopped early: cancelled, or back to the queue when a
+ * shutdown (not a cancel) stopped it. */
+static int finish_stopped(store *st, const char *id, const char *stage)
+{
+    if (job_ctx_stop_requested() && !job_ctx_cancel_requested() && store_job_cancel_requested(st, id) != 1) {
+        char why[160];
+        snprintf(why, sizeof why, "worker stopped by server shutdown during stage %s; will resume", stage);
+        return store_job_requeue(st, id, why) < 0 ? -1 : 0;
+    }
+    return store_job_finish(st, id, "cancelled", NULL, NULL) < 0 ? -1 : 0;
+}
+
+int job_run(store *st, artstore *as, const char *data_dir, const char *id, char *err, size_t errlen)
+{
+    store_job job;
+    int rc = store_job_get(st, id, &job);
+    if (rc != 0) {
+        snprintf(err, errlen, rc == 1 ? "job %s does not exist" : "reading job %s failed", id);
+        return -1;
+    }
+    if (strcmp(job.status, "running") != 0) {
+        snprintf(err, errlen, "job %s is %s, not running", id, job.status);
+        store_job_clear(&job);
+        return -1;
+    }
+    static job_ctx ctx; /* large; one per worker process */
+    memset(&ctx, 0, sizeof ctx);
+    ctx.st = st;
+    ctx.as = as;
+    ctx.spec = job.spec;
+    snprintf(ctx.id, sizeof ctx.id, "%s", id);
+    char jobs_dir[4096];
+    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", data_dir);
+    snprintf(ctx.job_dir, sizeof ctx.job_dir, "%s/jobs/%s", data_dir, id);
+    if (mkdir_one(data_dir) < 0 || mkdir_one(jobs_dir) < 0 || mkdir_one(ctx.job_dir) < 0) {
+        snprintf(err, errlen, "%s: %s", ctx.job_dir, strerror(errno));
+        store_job_finish(st, id, "failed", "internal", err);
+        store_job_clear(&job);
+        return 0;
+    }
+    int result = 0;
+    size_t n = json_array_size(job.stages);
+    const char *last = "";
+    for (size_t i = (size_t)job.stage_index; i < n; i++) {
+        const char *name = json_string_value(json_array_get(job.stages, i));
+        last = name ? name : "?";
+        if (job_cancelled(&ctx)) {
+            result = finish_stopped(st, id, last);
+            goto out;
+        }
+        stage_fn fn = name ? stage_lookup(name) : NULL;
+        if (!fn) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "stage %s is not available in this build", last);
+            result = store_job_finish(st, id, "failed", "stage_unavailable", msg) < 0 ? -1 : 0;
+            goto out;
+        }
+        snprintf(ctx.stage, sizeof ctx.stage, "%s", name);
+        snprintf(ctx.stage_dir, sizeof ctx.stage_dir, "%s/%s", ctx.job_dir, name);
+        if (mkdir_one(ctx.stage_dir) < 0 || store_job_stage_begin(st, id, (int)i, name) < 0) {
+            result = -1;
+            snprintf(err, errlen, "starting stage %s failed", name);
+            goto out;
+        }
+        char serr[1024] = "";
+        double t0 = mono_s();
+        int r = fn(&ctx, serr, sizeof serr);
+        double wall = mono_s() - t0;
+        if (r == 0) {
+            if (store_job_stage_done(st, id, (int)i, name, wall) < 0) {
+                snprintf(err, errlen, "recording stage %s failed", name);
+                result = -1;
+                goto out;
+            }
+        } else if (r == 1) {
+            result = finish_stopped(st, id, name);
+            goto out;
+        } else {
+            char msg[1200];
+            snprintf(msg, sizeof msg, "stage %s failed: %s", name, serr[0] ? serr : "no reason given");
+            result = store_job_finish(st, id, "failed", "stage_failed", msg) < 0 ? -1 : 0;
+            goto out;
+        }
+    }
+    result = store_job_finish(st, id, "succeeded", NULL, NULL) < 0 ? -1 : 0;
+out:
+    if (result < 0 && !err[0])
+        snprintf(err, errlen, "store update failed during stage %s", last);
+    job_ctx_free_state(&ctx);
+    store_job_clear(&job);
+    return result;
+}

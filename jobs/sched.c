@@ -1,0 +1,314 @@
+/* jobs/sched.c — the scheduler thread (sched.h). It polls every 50 ms (or when notified):
+ * reap finished workers, escalate stale cancels, then claim queued jobs for free device
+ * slots. Workers are forked with only async-signal-safe calls before exec.
+ */
+#include "jobs/sched.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CHILDREN 256
+
+typedef struct {
+    pid_t pid;
+    char job_id[48];
+    int device;
+    double cancel_at;          /* monotonic s of the cancel signal, 0 = none */
+} child;
+
+struct sched {
+    store *st;
+    char *exe, *data_dir;
+    char **devices;
+    int n_devices, per_device, cancel_kill_ms;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int wake, stopping, exit_thread;
+    child kids[MAX_CHILDREN];
+    int n_kids;
+    pid_t server_pid;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *sched_signal_name(int sig, char *buf, size_t len)
+{
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev)
+        snprintf(buf, len, "SIG%s", abbrev);
+    else
+        snprintf(buf, len, "signal %d", sig);
+    return buf;
+}
+
+/* Fork and exec a worker for job id; returns the pid or -1 (errno). Locked by caller. */
+static pid_t spawn(sched *s, const char *id)
+{
+    char dir[4096], log[4200];
+    snprintf(dir, sizeof dir, "%s/jobs/%s", s->data_dir, id);
+    char jobs[4096];
+    snprintf(jobs, sizeof jobs, "%s/jobs", s->data_dir);
+    if ((mkdir(jobs, 0755) < 0 && errno != EEXIST) || (mkdir(dir, 0755) < 0 && errno != EEXIST))
+        return -1;
+    snprintf(log, sizeof log, "%s/worker.log", dir);
+    int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (logfd < 0)
+        return -1;
+    char *argv[] = {s->exe, "worker", "--job", (char *)id, "--data-dir", s->data_dir, NULL};
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Child: async-signal-safe calls only until exec. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGPIPE, &dfl, NULL);
+        setpgid(0, 0);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0)
+            dup2(devnull, 0);
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        closefrom(3);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int saved = errno;
+    close(logfd);
+    errno = saved;
+    return pid;
+}
+
+static void on_exit_status(sched *s, const child *k, int status)
+{
+    store_job j;
+    if (store_job_get(s->st, k->job_id, &j) != 0)
+        return;
+    if (!strcmp(j.status, "running")) {
+        char reason[512], sig[32];
+        const char *stage = j.stage[0] ? j.stage : "(before the first stage)";
+        if (j.cancel_requested) {
+            store_job_finish(s->st, k->job_id, "cancelled", NULL, NULL);
+        } else if (s->stopping) {
+            store_job_requeue(s->st, k->job_id, "worker stopped by server shutdown; will resume");
+        } else if (WIFSIGNALED(status)) {
+            snprintf(reason, sizeof reason, "worker killed by signal %d (%s) during stage %s",
+                     WTERMSIG(status), sched_signal_name(WTERMSIG(status), sig, sizeof sig), stage);
+            store_job_finish(s->st, k->job_id, "failed", "worker_killed", reason);
+        } else {
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            snprintf(reason, sizeof reason, "worker exited with status %d without finishing the job, during stage %s (see jobs/%s/worker.log)",
+                     code, stage, k->job_id);
+            store_job_finish(s->st, k->job_id, "failed", "worker_exited", reason);
+        }
+    }
+    store_job_clear(&j);
+}
+
+/* Reap exited workers; locked by caller. */
+static void reap(sched *s)
+{
+    for (int i = 0; i < s->n_kids;) {
+        int status = 0;
+        pid_t r = waitpid(s->kids[i].pid, &status, WNOHANG);
+        if (r == s->kids[i].pid || (r < 0 && errno == ECHILD)) {
+            child k = s->kids[i];
+            s->kids[i] = s->kids[--s->n_kids];
+            pthread_mutex_unlock(&s->mu);
+            on_exit_status(s, &k, r < 0 ? 0 : status);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
+        if (s->kids[i].cancel_at > 0 && mono_s() - s->kids[i].cancel_at > s->cancel_kill_ms / 1000.0) {
+            kill(-s->kids[i].pid, SIGKILL);
+            kill(s->kids[i].pid, SIGKILL);
+        }
+        i++;
+    }
+}
+
+static void claim(sched *s)
+{
+    for (int d = 0; d < s->n_devices && !s->stopping; d++) {
+        for (;;) {
+            int busy = 0;
+            for (int i = 0; i < s->n_kids; i++)
+                busy += s->kids[i].device == d;
+            if (busy >= s->per_device || s->n_kids >= MAX_CHILDREN)
+                break;
+            store_job j;
+            int rc = store_job_claim(s->st, s->devices[d], &j);
+            if (rc != 0)
+                break;
+            pid_t pid = spawn(s, j.id);
+            if (pid < 0) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "could not start a worker process: %s", strerror(errno));
+                store_job_finish(s->st, j.id, "failed", "worker_spawn", msg);
+            } else {
+                child *k = &s->kids[s->n_kids++];
+                memset(k, 0, sizeof *k);
+                k->pid = pid;
+                k->device = d;
+                snprintf(k->job_id, sizeof k->job_id, "%s", j.id);
+                store_job_set_pid(s->st, j.id, (int)pid);
+                /* A cancel that raced with the claim still reaches the worker. */
+                if (store_job_cancel_requested(s->st, j.id) == 1) {
+                    kill(pid, SIGUSR1);
+                    k->cancel_at = mono_s();
+                }
+            }
+            store_job_clear(&j);
+        }
+    }
+}
+
+static void *loop(void *arg)
+{
+    sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->exit_thread) {
+        reap(s);
+        claim(s);
+        if (!s->wake) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
+        s->wake = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
+{
+    sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->st = cfg->st;
+    s->exe = strdup(cfg->exe);
+    s->data_dir = strdup(cfg->data_dir);
+    s->n_devices = cfg->n_devices;
+    s->per_device = cfg->per_device > 0 ? cfg->per_device : 1;
+    s->cancel_kill_ms = cfg->cancel_kill_ms > 0 ? cfg->cancel_kill_ms : 10000;
+    s->devices = calloc((size_t)cfg->n_devices + 1, sizeof *s->devices);
+    int ok = s->exe && s->data_dir && s->devices;
+    for (int i = 0; ok && i < cfg->n_devices; i++)
+        ok = (s->devices[i] = strdup(cfg->devices[i])) != NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->server_pid = getpid();
+    if (!ok || pthread_create(&s->thread, NULL, loop, s) != 0) {
+        snprintf(err, errlen, "cannot start the scheduler");
+        for (int i = 0; s->devices && i < s->n_devices; i++)
+            free(s->devices[i]);
+        free(s->devices);
+        free(s->exe);
+        free(s->data_dir);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void sched_notify(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->wake = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int sched_cancel(sched *s, const char *id)
+{
+    int hit = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_kids; i++)
+        if (!strcmp(s->kids[i].job_id, id)) {
+            kill(s->kids[i].pid, SIGUSR1);
+            if (s->kids[i].cancel_at == 0)
+                s->kids[i].cancel_at = mono_s();
+            hit = 1;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return hit;
+}
+
+int sched_running(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_kids;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void sched_stop(sched *s, int grace_ms)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    for (int i = 0; i < s->n_kids; i++)
+        kill(s->kids[i].pid, SIGTERM);
+    pthread_mutex_unlock(&s->mu);
+    double t0 = mono_s();
+    while (sched_running(s) > 0 && (mono_s() - t0) * 1000 < grace_ms) {
+        sched_notify(s);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_kids; i++) {
+        kill(-s->kids[i].pid, SIGKILL);
+        kill(s->kids[i].pid, SIGKILL);
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (sched_running(s) > 0 && (mono_s() - t0) * 1000 < grace_ms + 5000) {
+        sched_notify(s);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->exit_thread = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->n_devices; i++)
+        free(s->devices[i]);
+    free(s->devices);
+    free(s->exe);
+    free(s->data_dir);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

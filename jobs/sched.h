@@ -1,0 +1,45 @@
+/* jobs/sched.h — the scheduler: a thread in the server that assigns queued jobs to
+ * devices and runs each in its own worker process (`EXE worker --job ID --data-dir D`),
+ * at most `per_device` at a time per device. It reaps workers and turns a worker that
+ * died without recording an outcome into a failed job naming the signal or exit status
+ * and the stage. Workers die with the server (PR_SET_PDEATHSIG), so a restarted server
+ * can requeue whatever was left running (store_recover).
+ */
+#ifndef AC_JOBS_SCHED_H
+#define AC_JOBS_SCHED_H
+
+#include <stddef.h>
+
+#include "storage/store.h"
+
+typedef struct sched sched;
+
+typedef struct {
+    store *st;                 /* borrowed; outlives the scheduler */
+    const char *exe;           /* the autocompress binary to exec for workers */
+    const char *data_dir;      /* passed to workers */
+    const char *const *devices;/* device names to schedule on */
+    int n_devices;
+    int per_device;            /* concurrent workers per device (>= 1) */
+    int cancel_kill_ms;        /* SIGKILL a worker this long after a cancel signal */
+} sched_config;
+
+/* Start the scheduler thread (the config's strings are copied). Returns a new scheduler,
+ * or NULL with err. */
+sched *sched_start(const sched_config *cfg, char *err, size_t errlen);
+/* Wake the scheduler (a job was queued). Never blocks. */
+void sched_notify(sched *s);
+/* Deliver a cancel to the worker running job id (SIGUSR1). Returns 1 when a worker was
+ * signalled, 0 when the job has no worker here. */
+int sched_cancel(sched *s, const char *id);
+/* Workers currently running. */
+int sched_running(sched *s);
+/* Stop: no new workers; SIGTERM running ones so they reach a durable state (a stage
+ * boundary: requeued to resume), wait up to grace_ms, then SIGKILL the rest and requeue
+ * their jobs. Joins the thread and frees s. */
+void sched_stop(sched *s, int grace_ms);
+
+/* "SIGKILL", "SIGSEGV", ... for a signal number ("signal N" otherwise) into buf. */
+const char *sched_signal_name(int sig, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,203 @@
+/* jobs/stage.c — the stage registry and the job context stages run in (jobs/stage.h).
+ * The registry is a fixed table filled before a worker runs; the context forwards
+ * events, progress, artifacts and report fragments to the store, one transaction each.
+ */
+#include "jobs/stage.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jobs/job_ctx.h"
+#include "jobs/pipeline.h"
+
+#define MAX_STAGES 64
+
+static struct {
+    char name[48];
+    stage_fn run;
+} registry[MAX_STAGES];
+static int n_registered;
+
+int stage_register(const char *name, stage_fn run)
+{
+    if (!name || !run || strlen(name) >= sizeof registry[0].name)
+        return -1;
+    for (int i = 0; i < n_registered; i++)
+        if (!strcmp(registry[i].name, name)) {
+            registry[i].run = run;
+            return 0;
+        }
+    if (n_registered == MAX_STAGES)
+        return -1;
+    snprintf(registry[n_registered].name, sizeof registry[0].name, "%s", name);
+    registry[n_registered].run = run;
+    n_registered++;
+    return 0;
+}
+
+stage_fn stage_lookup(const char *name)
+{
+    for (int i = 0; i < n_registered; i++)
+        if (!strcmp(registry[i].name, name))
+            return registry[i].run;
+    return NULL;
+}
+
+int stages_test_enabled(void)
+{
+    const char *v = getenv("AC_TEST_STAGES");
+    return v && !strcmp(v, "1");
+}
+
+/* ---- signals ----------------------------------------------------------------------- */
+
+static volatile sig_atomic_t sig_cancel, sig_stop;
+
+void job_signal_cancel(void) { sig_cancel = 1; }
+void job_signal_stop(void) { sig_stop = 1; }
+int job_ctx_stop_requested(void) { return sig_stop != 0; }
+
+/* ---- context ----------------------------------------------------------------------- */
+
+const char *job_ctx_id(const job_ctx *ctx) { return ctx->id; }
+json_t *job_ctx_spec(const job_ctx *ctx) { return ctx->spec; }
+const char *job_ctx_dir(const job_ctx *ctx) { return ctx->job_dir; }
+const char *job_ctx_stage_dir(const job_ctx *ctx) { return ctx->stage_dir; }
+
+const char *job_ctx_output(job_ctx *ctx, const char *stage, const char *name)
+{
+    if (!stage || !name || strstr(stage, "..") || strstr(name, "..") || strchr(stage, '/'))
+        return NULL;
+    int n = snprintf(ctx->out_path, sizeof ctx->out_path, "%s/%s/%s", ctx->job_dir, stage, name);
+    if (n < 0 || (size_t)n >= sizeof ctx->out_path || access(ctx->out_path, F_OK) != 0)
+        return NULL;
+    return ctx->out_path;
+}
+
+void job_ctx_set_state(job_ctx *ctx, const char *key, void *value, void (*free_fn)(void *))
+{
+    for (int i = 0; i < ctx->n_state; i++)
+        if (!strcmp(ctx->state[i].key, key)) {
+            if (ctx->state[i].free_fn && ctx->state[i].value != value)
+                ctx->state[i].free_fn(ctx->state[i].value);
+            ctx->state[i].value = value;
+            ctx->state[i].free_fn = free_fn;
+            return;
+        }
+    if (ctx->n_state == JOB_CTX_MAX_STATE || strlen(key) >= sizeof ctx->state[0].key) {
+        fprintf(stderr, "job_ctx_set_state: no room for '%s'\n", key);
+        if (free_fn)
+            free_fn(value);
+        return;
+    }
+    snprintf(ctx->state[ctx->n_state].key, sizeof ctx->state[0].key, "%s", key);
+    ctx->state[ctx->n_state].value = value;
+    ctx->state[ctx->n_state].free_fn = free_fn;
+    ctx->n_state++;
+}
+
+void *job_ctx_get_state(job_ctx *ctx, const char *key)
+{
+    for (int i = 0; i < ctx->n_state; i++)
+        if (!strcmp(ctx->state[i].key, key))
+            return ctx->state[i].value;
+    return NULL;
+}
+
+void job_ctx_free_state(job_ctx *ctx)
+{
+    for (int i = ctx->n_state - 1; i >= 0; i--)
+        if (ctx->state[i].free_fn)
+            ctx->state[i].free_fn(ctx->state[i].value);
+    ctx->n_state = 0;
+}
+
+int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data)
+{
+    int rc = store_event_append(ctx->st, ctx->id, type, message ? message : "", data);
+    json_decref(data);
+    return rc;
+}
+
+int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps)
+{
+    return store_job_progress(ctx->st, ctx->id, step, total_steps);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int job_cancelled(job_ctx *ctx)
+{
+    if (sig_cancel || sig_stop)
+        return 1;
+    /* The signal is the fast path; the store is the truth (also without a server). */
+    double now = mono_s();
+    if (now - ctx->last_cancel_check >= 0.25) {
+        ctx->last_cancel_check = now;
+        if (store_job_cancel_requested(ctx->st, ctx->id) == 1)
+            sig_cancel = 1;
+    }
+    return sig_cancel != 0;
+}
+
+int job_ctx_cancel_requested(void) { return sig_cancel != 0; }
+
+int job_artifact_name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > 200 || name[0] == '.')
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+int job_publish(job_ctx *ctx, const char *name, const char *path, const char *content_type,
+                char *err, size_t errlen)
+{
+    if (!job_artifact_name_ok(name)) {
+        snprintf(err, errlen, "invalid artifact name '%s' (use [A-Za-z0-9._-], not starting with '.')",
+                 name ? name : "");
+        return -1;
+    }
+    store_artifact a;
+    memset(&a, 0, sizeof a);
+    if (art_put(ctx->as, path, a.sha256, &a.size_bytes, err, errlen) < 0)
+        return -1;
+    snprintf(a.job_id, sizeof a.job_id, "%s", ctx->id);
+    snprintf(a.name, sizeof a.name, "%s", name);
+    snprintf(a.stage, sizeof a.stage, "%s", ctx->stage);
+    snprintf(a.content_type, sizeof a.content_type, "%s",
+             content_type ? content_type : "application/octet-stream");
+    if (store_artifact_add(ctx->st, &a) < 0) {
+        snprintf(err, errlen, "recording artifact %s failed", name);
+        return -1;
+    }
+    return 0;
+}
+
+int job_report_merge(job_ctx *ctx, json_t *fragment)
+{
+    if (!json_is_object(fragment)) {
+        json_decref(fragment);
+        return -1;
+    }
+    int rc = store_report_merge(ctx->st, ctx->id, fragment);
+    json_decref(fragment);
+    return rc;
+}

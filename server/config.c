@@ -1,0 +1,216 @@
+/* server/config.c — flags and environment for `autocompress serve` (config.h). */
+#include "server/config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void srv_config_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: autocompress serve [options]\n"
+            "  --listen HOST:PORT       AC_LISTEN            default 127.0.0.1:8080 (port 0: any free port)\n"
+            "  --data-dir DIR           AC_DATA_DIR          default ./var (SQLite store, artifacts, job dirs)\n"
+            "  --workers N              AC_WORKERS           concurrent worker processes per device (1)\n"
+            "  --tokens-file PATH       AC_TOKENS_FILE       bearer tokens 'TOKEN read,write' per line (none: open)\n"
+            "  --data-root DIR          AC_DATA_ROOTS (a:b)  roots for server paths in specs, repeatable\n"
+            "                                                (default DATA/models and DATA/data)\n"
+            "  --devices LIST           AC_DEVICES           devices to schedule on, e.g. cpu,cuda:0 (all present)\n"
+            "  --threads N              AC_HTTP_THREADS      HTTP thread pool size (online cores, at least 2)\n"
+            "  --max-connections N      AC_MAX_CONNECTIONS   (1024)\n"
+            "  --per-ip-connections N   AC_PER_IP_CONNECTIONS (512)\n"
+            "  --timeout-s N            AC_TIMEOUT_S         idle connection timeout (30)\n"
+            "  --body-limit BYTES       AC_BODY_LIMIT        request body limit (1048576)\n"
+            "  --conn-memory BYTES      AC_CONN_MEMORY       per-connection memory limit (65536)\n"
+            "  --max-wait-s N           AC_MAX_WAIT_S        cap on ?wait= long-polls (60)\n"
+            "  --max-suspended N        AC_MAX_SUSPENDED     cap on parked long-polls (1024)\n"
+            "  --shutdown-grace-s N     AC_SHUTDOWN_GRACE_S  time workers get to stop on SIGTERM (10)\n"
+            "  --webhook-secret-file P  AC_WEBHOOK_SECRET_FILE signing key (whsec_BASE64); enables callback_url\n"
+            "  --webhook-retry-s N      AC_WEBHOOK_RETRY_S   first webhook retry delay, doubling (5)\n"
+            "  --print-routes           print the served routes and exit\n");
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno == ERANGE || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int set_listen(srv_config *c, const char *v)
+{
+    const char *colon = strrchr(v, ':');
+    if (!colon)
+        return -1;
+    long port;
+    if (parse_long(colon + 1, 0, 65535, &port) < 0)
+        return -1;
+    size_t hl = (size_t)(colon - v);
+    const char *h = v;
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= sizeof c->host)
+        return -1;
+    memcpy(c->host, h, hl);
+    c->host[hl] = 0;
+    c->port = (int)port;
+    return 0;
+}
+
+static int add_root(srv_config *c, const char *v)
+{
+    if (c->n_roots == SRV_MAX_ROOTS || !*v)
+        return -1;
+    c->roots[c->n_roots] = strdup(v);
+    return c->roots[c->n_roots] ? (c->n_roots++, 0) : -1;
+}
+
+/* Apply one setting by its flag name (without "--"). 0, or -1 when the value is bad. */
+static int apply(srv_config *c, const char *name, const char *v)
+{
+    long x;
+#define NUM(flag, field, lo, hi)                                   \
+    if (!strcmp(name, flag)) {                                     \
+        if (parse_long(v, lo, hi, &x) < 0)                         \
+            return -1;                                             \
+        c->field = (__typeof__(c->field))x;                        \
+        return 0;                                                  \
+    }
+    if (!strcmp(name, "listen"))
+        return set_listen(c, v);
+    if (!strcmp(name, "data-dir"))
+        return snprintf(c->data_dir, sizeof c->data_dir, "%s", v) < (int)sizeof c->data_dir && *v ? 0 : -1;
+    if (!strcmp(name, "tokens-file"))
+        return snprintf(c->tokens_file, sizeof c->tokens_file, "%s", v) < (int)sizeof c->tokens_file ? 0 : -1;
+    if (!strcmp(name, "webhook-secret-file"))
+        return snprintf(c->webhook_secret_file, sizeof c->webhook_secret_file, "%s", v) <
+                       (int)sizeof c->webhook_secret_file ? 0 : -1;
+    if (!strcmp(name, "data-root"))
+        return add_root(c, v);
+    if (!strcmp(name, "devices"))
+        return snprintf(c->devices, sizeof c->devices, "%s", v) < (int)sizeof c->devices ? 0 : -1;
+    NUM("workers", workers, 1, 64)
+    NUM("threads", threads, 1, 256)
+    NUM("max-connections", max_connections, 1, 100000)
+    NUM("per-ip-connections", per_ip_connections, 1, 100000)
+    NUM("timeout-s", timeout_s, 1, 3600)
+    NUM("body-limit", body_limit_bytes, 1024, 1L << 30)
+    NUM("conn-memory", conn_memory_bytes, 8192, 16L << 20)
+    NUM("max-wait-s", max_wait_s, 0, 3600)
+    NUM("max-suspended", max_suspended, 0, 100000)
+    NUM("shutdown-grace-s", shutdown_grace_s, 0, 3600)
+    NUM("webhook-retry-s", webhook_retry_s, 1, 3600)
+#undef NUM
+    return -2;
+}
+
+int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->host, sizeof c->host, "127.0.0.1");
+    c->port = 8080;
+    snprintf(c->data_dir, sizeof c->data_dir, "./var");
+    c->workers = 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c->threads = cores < 2 ? 2 : (int)cores;
+    c->max_connections = 1024;
+    c->per_ip_connections = 512;
+    c->timeout_s = 30;
+    c->body_limit_bytes = 1 << 20;
+    c->conn_memory_bytes = 64 << 10;
+    c->max_wait_s = 60;
+    c->max_suspended = 1024;
+    c->shutdown_grace_s = 10;
+    c->webhook_retry_s = 5;
+
+    static const struct { const char *env, *flag; } envs[] = {
+        {"AC_LISTEN", "listen"}, {"AC_DATA_DIR", "data-dir"}, {"AC_WORKERS", "workers"},
+        {"AC_TOKENS_FILE", "tokens-file"}, {"AC_DEVICES", "devices"}, {"AC_HTTP_THREADS", "threads"},
+        {"AC_MAX_CONNECTIONS", "max-connections"}, {"AC_PER_IP_CONNECTIONS", "per-ip-connections"},
+        {"AC_TIMEOUT_S", "timeout-s"}, {"AC_BODY_LIMIT", "body-limit"}, {"AC_CONN_MEMORY", "conn-memory"},
+        {"AC_MAX_WAIT_S", "max-wait-s"}, {"AC_MAX_SUSPENDED", "max-suspended"},
+        {"AC_SHUTDOWN_GRACE_S", "shutdown-grace-s"}, {"AC_WEBHOOK_SECRET_FILE", "webhook-secret-file"},
+        {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"},
+    };
+    for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
+        const char *v = getenv(envs[i].env);
+        if (v && *v && apply(c, envs[i].flag, v) != 0) {
+            snprintf(err, errlen, "%s: invalid value '%s'", envs[i].env, v);
+            return -1;
+        }
+    }
+    const char *roots = getenv("AC_DATA_ROOTS");
+    if (roots && *roots) {
+        char buf[8192];
+        snprintf(buf, sizeof buf, "%s", roots);
+        for (char *s = buf, *next; s && *s; s = next) {
+            next = strchr(s, ':');
+            if (next)
+                *next++ = 0;
+            if (*s && add_root(c, s) < 0) {
+                snprintf(err, errlen, "AC_DATA_ROOTS: too many roots");
+                return -1;
+            }
+        }
+    }
+    int env_roots = c->n_roots;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            srv_config_usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--print-routes")) {
+            c->print_routes = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            snprintf(err, errlen, "unexpected argument '%s'", a);
+            return -1;
+        }
+        const char *name = a + 2, *val = NULL;
+        char nbuf[64];
+        const char *eq = strchr(name, '=');
+        if (eq) {
+            snprintf(nbuf, sizeof nbuf, "%.*s", (int)(eq - name), name);
+            name = nbuf;
+            val = eq + 1;
+        } else if (i + 1 < argc) {
+            val = argv[++i];
+        } else {
+            snprintf(err, errlen, "%s needs a value", a);
+            return -1;
+        }
+        if (!strcmp(name, "data-root") && env_roots > 0) {
+            /* flags replace the environment's roots */
+            for (int k = 0; k < c->n_roots; k++)
+                free(c->roots[k]);
+            c->n_roots = 0;
+            env_roots = 0;
+        }
+        int rc = apply(c, name, val);
+        if (rc == -2) {
+            snprintf(err, errlen, "unknown option --%s (see --help)", name);
+            return -1;
+        }
+        if (rc < 0) {
+            snprintf(err, errlen, "--%s: invalid value '%s'", name, val);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void srv_config_free(srv_config *c)
+{
+    for (int i = 0; i < c->n_roots; i++)
+        free(c->roots[i]);
+    c->n_roots = 0;
+}

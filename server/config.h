@@ -1,0 +1,37 @@
+/* server/config.h — `autocompress serve` settings: embedded defaults, then environment
+ * variables, then command-line flags (each flag has an AC_* equivalent; see
+ * srv_config_usage). Nothing is read from a config file.
+ */
+#ifndef AC_SERVER_CONFIG_H
+#define AC_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#define SRV_MAX_ROOTS 16
+
+typedef struct {
+    char host[256];              /* listen address (IPv4/IPv6 literal or name) */
+    int port;                    /* 0 = any free port (logged) */
+    char data_dir[4096];
+    int workers;                 /* concurrent workers per device */
+    char tokens_file[4096];      /* "" = no auth */
+    char *roots[SRV_MAX_ROOTS];  /* --data-root (malloc'd); none = DATA/models, DATA/data */
+    int n_roots;
+    char devices[512];           /* comma-separated; "" = every device present */
+    int threads;                 /* HTTP thread pool size */
+    int max_connections, per_ip_connections, timeout_s;
+    size_t body_limit_bytes, conn_memory_bytes;
+    int max_wait_s, max_suspended, shutdown_grace_s;
+    char webhook_secret_file[4096]; /* "" = webhooks off (callback_url refused) */
+    int webhook_retry_s;         /* first retry delay; doubles per attempt */
+    int print_routes;
+} srv_config;
+
+/* Fill c from defaults, the environment and argv. Returns 0, 1 when --help was printed,
+ * or -1 with a message in err. srv_config_free releases the roots. */
+int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t errlen);
+void srv_config_free(srv_config *c);
+void srv_config_usage(FILE *f);
+
+#endif

@@ -1,0 +1,584 @@
+/* server/http.c — the libmicrohttpd daemon (http.h). One request context per request,
+ * created in the URI-log callback (so timing starts at the first byte) and freed in the
+ * completion callback, which also writes the access-log line. Parked long-polls sit in a
+ * list guarded by one mutex; a waker thread resumes them when PRAGMA data_version says
+ * another connection committed, when their deadline passes, or at shutdown.
+ */
+#include "server/http.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/log.h"
+
+typedef struct http_req {
+    double t0;
+    char request_id[72];
+    char *uri;                  /* raw URI as received */
+    char method[16];
+    int started;
+    int route;                  /* >= 0 route, < 0 rejected early */
+    int early;                  /* a response was queued on the first call */
+    char *body;
+    size_t len, cap;
+    int overflow;
+    double deadline;            /* long-poll deadline carried across resumes */
+    unsigned long gen_seen;     /* waker generation when the handler last looked */
+    struct MHD_Connection *conn;
+    int status;
+    uint64_t bytes;
+    struct http_req *next_parked;
+} http_req;
+
+struct http_server {
+    struct MHD_Daemon *d;
+    api_ctx *api;
+    const auth *au;
+    size_t body_limit;
+    int max_suspended;
+    pthread_mutex_t mu;
+    http_req *parked;
+    int n_parked;
+    unsigned long gen;
+    int stop_waker, quiesced;
+    pthread_t waker;
+    int port;
+};
+
+static http_server *g_server; /* for the suspended-count callback of /metrics */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parked_count(void)
+{
+    http_server *h = g_server;
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    int n = h->n_parked;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+static int request_id_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 64)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+              c == '_' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* "req_" + 20 hex digits from a per-thread xorshift generator seeded from getrandom
+ * (request ids need uniqueness, not secrecy; this keeps a syscall off every request). */
+static void new_request_id(char *out, size_t n)
+{
+    static __thread uint64_t x;
+    if (!x) {
+        if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x || !x)
+            x = (uint64_t)(uintptr_t)&x ^ (uint64_t)time(NULL) ^ 0x9E3779B97F4A7C15ull;
+    }
+    uint64_t r[2];
+    for (int i = 0; i < 2; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        r[i] = x;
+    }
+    snprintf(out, n, "req_%016llx%04llx", (unsigned long long)r[0], (unsigned long long)(r[1] & 0xffff));
+}
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    (void)cls;
+    http_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->t0 = mono_s();
+    r->uri = strdup(uri ? uri : "");
+    r->conn = conn;
+    r->route = -1;
+    return r;
+}
+
+static const char *lookup_query(void *h, const char *key)
+{
+    return MHD_lookup_connection_value((struct MHD_Connection *)h, MHD_GET_ARGUMENT_KIND, key);
+}
+
+static const char *lookup_header(void *h, const char *name)
+{
+    return MHD_lookup_connection_value((struct MHD_Connection *)h, MHD_HEADER_KIND, name);
+}
+
+/* Turn an api_resp into an MHD response and queue it. */
+static enum MHD_Result send_resp(struct MHD_Connection *conn, http_req *r, api_resp *ar)
+{
+    struct MHD_Response *resp = NULL;
+    if (ar->json && !ar->no_body) {
+        if (ar->status >= 400 && json_is_object(ar->json))
+            json_object_set_new(ar->json, "request_id", json_string(r->request_id));
+        char *text = json_dumps(ar->json, JSON_COMPACT);
+        if (text) {
+            size_t n = strlen(text);
+            r->bytes = n;
+            resp = MHD_create_response_from_buffer(n, text, MHD_RESPMEM_MUST_FREE);
+            if (!resp)
+                free(text);
+        }
+    } else if (ar->fd >= 0 && !ar->no_body) {
+        resp = MHD_create_response_from_fd_at_offset64((uint64_t)ar->len, ar->fd, (uint64_t)ar->off);
+        if (resp) {
+            ar->fd = -1; /* MHD closes it */
+            r->bytes = (uint64_t)ar->len;
+        }
+    } else if (ar->text && !ar->no_body) {
+        if (ar->text_static) {
+            resp = MHD_create_response_from_buffer(ar->text_len, ar->text, MHD_RESPMEM_PERSISTENT);
+        } else {
+            resp = MHD_create_response_from_buffer(ar->text_len, ar->text, MHD_RESPMEM_MUST_FREE);
+            if (resp)
+                ar->text = NULL;
+        }
+        r->bytes = ar->text_len;
+    } else {
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    }
+    if (!resp)
+        return MHD_NO;
+    if (ar->content_type && !ar->no_body)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ar->content_type);
+    for (int i = 0; i < ar->nhdr; i++)
+        MHD_add_response_header(resp, ar->hdr[i].name, ar->hdr[i].value);
+    MHD_add_response_header(resp, "X-Request-Id", r->request_id);
+    r->status = ar->status;
+    enum MHD_Result ok = MHD_queue_response(conn, (unsigned)ar->status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static enum MHD_Result send_problem(struct MHD_Connection *conn, http_req *r, int status, const char *code,
+                                    const char *detail, const char *hname, const char *hval)
+{
+    api_resp ar;
+    api_resp_init(&ar);
+    api_problem(&ar, status, code, detail, NULL);
+    if (hname)
+        api_resp_header(&ar, hname, "%s", hval);
+    enum MHD_Result ok = send_resp(conn, r, &ar);
+    api_resp_free(&ar);
+    return ok;
+}
+
+static int is_json_type(const char *ct)
+{
+    if (!ct)
+        return 0;
+    while (*ct == ' ')
+        ct++;
+    size_t n = strlen("application/json");
+    return strncasecmp(ct, "application/json", n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
+}
+
+/* First call: request id, auth, routing and the limits that need no body. Returns 1
+ * when a response was queued (the request is done), 0 to continue. */
+static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, const char *url,
+                      const char *method, enum MHD_Result *res)
+{
+    const char *rid = lookup_header(conn, "X-Request-Id");
+    if (rid && request_id_ok(rid))
+        snprintf(r->request_id, sizeof r->request_id, "%s", rid);
+    else
+        new_request_id(r->request_id, sizeof r->request_id);
+    r->started = 1;
+    snprintf(r->method, sizeof r->method, "%s", method);
+    if (h->au && !strncmp(url, "/v1/", 4)) {
+        int writes = strcmp(method, "GET") && strcmp(method, "HEAD");
+        int rc = auth_check(h->au, lookup_header(conn, MHD_HTTP_HEADER_AUTHORIZATION), writes);
+        if (rc == 401) {
+            *res = send_problem(conn, r, 401, "unauthorized", "a valid bearer token is required",
+                                "WWW-Authenticate", "Bearer realm=\"autocompress\"");
+            return 1;
+        }
+        if (rc == 403) {
+            *res = send_problem(conn, r, 403, "insufficient_scope",
+                                writes ? "this token lacks the write scope" : "this token lacks the read scope",
+                                "WWW-Authenticate", "Bearer error=\"insufficient_scope\"");
+            return 1;
+        }
+    }
+    char allow[128];
+    int route = api_route_find(method, url, allow, sizeof allow);
+    if (route == -404) {
+        *res = send_problem(conn, r, 404, "not_found", "no such route", NULL, NULL);
+        return 1;
+    }
+    if (route == -405) {
+        char d[200];
+        snprintf(d, sizeof d, "%s is not allowed here (allowed: %s)", method, allow);
+        *res = send_problem(conn, r, 405, "method_not_allowed", d, "Allow", allow);
+        return 1;
+    }
+    r->route = route;
+    const char *cl = lookup_header(conn, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (*cl && !*end && errno != ERANGE && n > h->body_limit) {
+            char d[160];
+            snprintf(d, sizeof d, "the body exceeds the limit of %zu bytes", h->body_limit);
+            *res = send_problem(conn, r, 413, "body_too_large", d, NULL, NULL);
+            return 1;
+        }
+    }
+    if (api_route_has_body(route) && !is_json_type(lookup_header(conn, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        *res = send_problem(conn, r, 415, "unsupported_media_type",
+                            "the body must be application/json", "Accept-Post", "application/json");
+        return 1;
+    }
+    return 0;
+}
+
+/* Park r until the store changes or its deadline passes. Returns 1 when parked, 0 when
+ * the caller should look again now (a change raced with the check, or no room). */
+static int park(http_server *h, http_req *r)
+{
+    pthread_mutex_lock(&h->mu);
+    if (h->quiesced || h->n_parked >= h->max_suspended || h->gen != r->gen_seen) {
+        int no_room = h->quiesced || h->n_parked >= h->max_suspended;
+        pthread_mutex_unlock(&h->mu);
+        if (no_room)
+            r->deadline = 1e-9; /* in the past: answer now */
+        return 0;
+    }
+    r->next_parked = h->parked;
+    h->parked = r;
+    h->n_parked++;
+    MHD_suspend_connection(r->conn);
+    pthread_mutex_unlock(&h->mu);
+    return 1;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls)
+{
+    (void)version;
+    http_server *h = cls;
+    http_req *r = *req_cls;
+    if (!r) {
+        r = on_uri(NULL, url, conn);
+        if (!r)
+            return MHD_NO;
+        *req_cls = r;
+    }
+    if (!r->started) {
+        enum MHD_Result res = MHD_YES;
+        if (first_call(h, conn, r, url, method, &res)) {
+            r->early = 1;
+            return res;
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (r->early || r->overflow)
+            return MHD_YES;
+        if (r->len + n > h->body_limit) {
+            r->overflow = 1;
+            free(r->body);
+            r->body = NULL;
+            r->len = r->cap = 0;
+            return MHD_YES;
+        }
+        if (r->len + n + 1 > r->cap) {
+            size_t nc = r->cap ? r->cap : 4096;
+            while (nc < r->len + n + 1)
+                nc *= 2;
+            char *nb = realloc(r->body, nc);
+            if (!nb)
+                return MHD_NO;
+            r->body = nb;
+            r->cap = nc;
+        }
+        memcpy(r->body + r->len, upload_data, n);
+        r->len += n;
+        r->body[r->len] = 0;
+        return MHD_YES;
+    }
+    if (r->early)
+        return MHD_YES;
+    if (r->overflow) {
+        char d[160];
+        snprintf(d, sizeof d, "the body exceeds the limit of %zu bytes", h->body_limit);
+        r->early = 1;
+        return send_problem(conn, r, 413, "body_too_large", d, NULL, NULL);
+    }
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        r->gen_seen = h->gen;
+        pthread_mutex_unlock(&h->mu);
+        api_req req = {
+            .method = method, .path = url, .query = lookup_query, .header = lookup_header, .h = conn,
+            .body = r->body ? r->body : "", .body_len = r->len, .request_id = r->request_id,
+            .deadline = r->deadline,
+        };
+        api_resp ar;
+        api_resp_init(&ar);
+        api_dispatch(h->api, r->route, &req, &ar);
+        if (ar.wait_until > 0) {
+            r->deadline = ar.wait_until;
+            api_resp_free(&ar);
+            if (park(h, r))
+                return MHD_YES;
+            continue;
+        }
+        enum MHD_Result ok = send_resp(conn, r, &ar);
+        api_resp_free(&ar);
+        r->early = 1;
+        return ok;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    http_req *r = *req_cls;
+    if (!r)
+        return;
+    double dur = mono_s() - r->t0;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    char addr[64] = "";
+    if (ci && ci->client_addr)
+        getnameinfo(ci->client_addr, ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                         : sizeof(struct sockaddr_in),
+                    addr, sizeof addr, NULL, 0, NI_NUMERICHOST);
+    /* The access log line, formatted by hand (this runs for every request). */
+    char path[600];
+    size_t k = 0;
+    for (const char *p = r->uri; *p && *p != '?' && k + 8 < sizeof path; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\') {
+            path[k++] = '\\';
+            path[k++] = (char)c;
+        } else if (c < 0x20 || c >= 0x7f) {
+            k += (size_t)snprintf(path + k, sizeof path - k, "\\u%04x", c);
+        } else {
+            path[k++] = (char)c;
+        }
+    }
+    path[k] = 0;
+    const char *term = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? NULL
+                       : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timeout"
+                       : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client_abort"
+                       : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown" : "error";
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char line[1024];
+    int n = snprintf(line, sizeof line,
+                     "{\"ts\":%lld.%06ld,\"level\":\"%s\",\"msg\":\"request\",\"method\":\"%s\",\"path\":\"%s\","
+                     "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s}\n",
+                     (long long)ts.tv_sec, ts.tv_nsec / 1000, r->status >= 500 ? "error" : "info", r->method, path,
+                     r->status, (unsigned long long)r->bytes, dur * 1000.0, r->request_id[0] ? r->request_id : "-",
+                     addr, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
+    if (n > 0) {
+        ssize_t w = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        (void)w;
+    }
+    if (r->status)
+        api_metrics_observe(r->status, dur);
+    free(r->uri);
+    free(r->body);
+    free(r);
+    *req_cls = NULL;
+}
+
+static void *waker(void *arg)
+{
+    http_server *h = arg;
+    int64_t last = store_data_version(h->api->st);
+    while (1) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&h->mu);
+        int stop = h->stop_waker, quiesced = h->quiesced, any = h->n_parked > 0;
+        pthread_mutex_unlock(&h->mu);
+        if (stop)
+            break;
+        int64_t v = store_data_version(h->api->st);
+        int changed = v != last;
+        last = v;
+        double now = mono_s();
+        pthread_mutex_lock(&h->mu);
+        if (changed)
+            h->gen++;
+        if (any || changed) {
+            http_req **pp = &h->parked;
+            while (*pp) {
+                http_req *r = *pp;
+                if (changed || quiesced || now >= r->deadline) {
+                    *pp = r->next_parked;
+                    h->n_parked--;
+                    r->next_parked = NULL;
+                    MHD_resume_connection(r->conn);
+                } else {
+                    pp = &r->next_parked;
+                }
+            }
+        }
+        pthread_mutex_unlock(&h->mu);
+    }
+    return NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    size_t n = strlen(buf);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        buf[--n] = 0;
+    log_json("warn", json_pack("{s:s,s:s}", "msg", "libmicrohttpd", "detail", buf));
+}
+
+static void on_panic(void *cls, const char *file, unsigned int line, const char *reason)
+{
+    (void)cls;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "{\"level\":\"error\",\"msg\":\"libmicrohttpd panic\",\"file\":\"%s\",\"line\":%u,\"reason\":\"%s\"}\n",
+             file ? file : "?", line, reason ? reason : "?");
+    ssize_t w = write(2, buf, strlen(buf));
+    (void)w;
+    abort();
+}
+
+http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, char *err, size_t errlen)
+{
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    int rc = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (rc != 0) {
+        snprintf(err, errlen, "--listen %s: %s", cfg->host, gai_strerror(rc));
+        return NULL;
+    }
+    http_server *h = calloc(1, sizeof *h);
+    if (!h) {
+        freeaddrinfo(ai);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->api = api;
+    h->au = au;
+    h->body_limit = cfg->body_limit_bytes;
+    h->max_suspended = cfg->max_suspended;
+    pthread_mutex_init(&h->mu, NULL);
+    MHD_set_panic_func(on_panic, NULL);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     MHD_USE_TURBO;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->per_ip_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)cfg->conn_memory_bytes,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!h->d) {
+        snprintf(err, errlen, "cannot listen on %s:%d (in use, or not an address of this host)", cfg->host, cfg->port);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : cfg->port;
+    g_server = h;
+    api->suspended_count = parked_count;
+    if (pthread_create(&h->waker, NULL, waker, h) != 0) {
+        MHD_stop_daemon(h->d);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        g_server = NULL;
+        snprintf(err, errlen, "cannot start the long-poll waker thread");
+        return NULL;
+    }
+    return h;
+}
+
+int http_port(http_server *h)
+{
+    return h->port;
+}
+
+void http_quiesce(http_server *h)
+{
+    MHD_socket s = MHD_quiesce_daemon(h->d);
+    if (s != MHD_INVALID_SOCKET)
+        close(s);
+    pthread_mutex_lock(&h->mu);
+    h->quiesced = 1;
+    pthread_mutex_unlock(&h->mu);
+}
+
+void http_stop(http_server *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->quiesced = 1;
+    pthread_mutex_unlock(&h->mu);
+    /* Let the waker answer every parked request, then stop it. */
+    for (int i = 0; i < 100 && parked_count() > 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&h->mu);
+    h->stop_waker = 1;
+    while (h->parked) {
+        http_req *r = h->parked;
+        h->parked = r->next_parked;
+        h->n_parked--;
+        MHD_resume_connection(r->conn);
+    }
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->waker, NULL);
+    MHD_stop_daemon(h->d);
+    g_server = NULL;
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}

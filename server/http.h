@@ -1,0 +1,29 @@
+/* server/http.h — the HTTP daemon: libmicrohttpd with an internal epoll thread per
+ * pool thread, explicit connection / per-IP / timeout / memory limits, early rejection
+ * (auth, 404/405, 413 by Content-Length, 415) on the first callback, a capped body
+ * buffer, long-polls parked with suspend/resume (woken when the store changes or their
+ * deadline passes), X-Request-Id on every response and one JSON access-log line per
+ * request.
+ */
+#ifndef AC_SERVER_HTTP_H
+#define AC_SERVER_HTTP_H
+
+#include <stddef.h>
+
+#include "api/api.h"
+#include "server/auth.h"
+#include "server/config.h"
+
+typedef struct http_server http_server;
+
+/* Start listening. api and auth (NULL: open) are borrowed and must outlive the server.
+ * Returns a new server, or NULL with err. */
+http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, char *err, size_t errlen);
+/* The bound port (useful with port 0). */
+int http_port(http_server *h);
+/* Stop accepting connections and answer every parked long-poll now. */
+void http_quiesce(http_server *h);
+/* Finish in-flight requests, stop the threads, free h. */
+void http_stop(http_server *h);
+
+#endif

@@ -1,0 +1,334 @@
+/* storage/artstore.c — content-addressed blobs (see artstore.h). Hashing uses OpenSSL's
+ * EVP sha-256 over 1 MiB reads; copies fall back from link(2) to read/write when the
+ * source is on another file system.
+ */
+#include "storage/artstore.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct artstore {
+    char *dir;
+    pthread_mutex_t mu;
+    char (*verified)[65];
+    int nverified, cap;
+};
+
+static int mkdir_p(const char *path)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
+        return -1;
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static int is_hex64(const char *h)
+{
+    if (!h || strlen(h) != 64)
+        return 0;
+    for (int i = 0; i < 64; i++)
+        if (!((h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+artstore *art_open(const char *dir, char *err, size_t errlen)
+{
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/sha256", dir);
+    if (mkdir_p(sub) < 0) {
+        snprintf(err, errlen, "%s: %s", sub, strerror(errno));
+        return NULL;
+    }
+    artstore *as = calloc(1, sizeof *as);
+    if (!as || !(as->dir = strdup(dir))) {
+        free(as);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&as->mu, NULL);
+    return as;
+}
+
+void art_close(artstore *as)
+{
+    if (!as)
+        return;
+    pthread_mutex_destroy(&as->mu);
+    free(as->verified);
+    free(as->dir);
+    free(as);
+}
+
+int art_path(artstore *as, const char *hex, char *out, size_t outlen)
+{
+    if (!is_hex64(hex))
+        return -1;
+    int n = snprintf(out, outlen, "%s/sha256/%.2s/%s", as->dir, hex, hex);
+    return n < 0 || (size_t)n >= outlen ? -1 : 0;
+}
+
+static void to_hex(const unsigned char *d, char hex[65])
+{
+    static const char h[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        hex[2 * i] = h[d[i] >> 4];
+        hex[2 * i + 1] = h[d[i] & 15];
+    }
+    hex[64] = 0;
+}
+
+void art_sha256_buf(const void *buf, size_t len, char hex[65])
+{
+    unsigned char d[32];
+    unsigned int dl = 0;
+    if (!EVP_Digest(buf, len, d, &dl, EVP_sha256(), NULL) || dl != 32)
+        memset(d, 0, sizeof d);
+    to_hex(d, hex);
+}
+
+/* Hash an open fd from offset 0. 0 or -1. */
+static int sha256_fd(int fd, char hex[65], int64_t *size)
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+        EVP_MD_CTX_free(ctx);
+        return -1;
+    }
+    size_t cap = 1 << 20;
+    unsigned char *buf = malloc(cap);
+    int64_t total = 0;
+    int rc = buf ? 0 : -1;
+    while (rc == 0) {
+        ssize_t k = pread(fd, buf, cap, total);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -1;
+            break;
+        }
+        if (k == 0)
+            break;
+        if (!EVP_DigestUpdate(ctx, buf, (size_t)k))
+            rc = -1;
+        total += k;
+    }
+    unsigned char d[32];
+    unsigned int dl = 0;
+    if (rc == 0 && (!EVP_DigestFinal_ex(ctx, d, &dl) || dl != 32))
+        rc = -1;
+    if (rc == 0) {
+        to_hex(d, hex);
+        *size = total;
+    }
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    return rc;
+}
+
+int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc = sha256_fd(fd, hex, size_bytes);
+    if (rc < 0)
+        snprintf(err, errlen, "%s: read failed", path);
+    close(fd);
+    return rc;
+}
+
+int art_sha256_b64(const char hex[65], char *out, size_t outlen)
+{
+    if (!is_hex64(hex) || outlen < 45)
+        return -1;
+    unsigned char d[32];
+    for (int i = 0; i < 32; i++) {
+        int hi = hex[2 * i] <= '9' ? hex[2 * i] - '0' : hex[2 * i] - 'a' + 10;
+        int lo = hex[2 * i + 1] <= '9' ? hex[2 * i + 1] - '0' : hex[2 * i + 1] - 'a' + 10;
+        d[i] = (unsigned char)(hi * 16 + lo);
+    }
+    return EVP_EncodeBlock((unsigned char *)out, d, 32) == 44 ? 0 : -1;
+}
+
+/* Copy src to an open dst fd. 0 or -1. */
+static int copy_into(const char *src, int dst)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return -1;
+    char buf[1 << 16];
+    int rc = 0;
+    for (;;) {
+        ssize_t k = read(in, buf, sizeof buf);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            rc = k < 0 ? -1 : 0;
+            break;
+        }
+        for (ssize_t off = 0; off < k;) {
+            ssize_t w = write(dst, buf + off, (size_t)(k - off));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                rc = -1;
+                break;
+            }
+            off += w;
+        }
+        if (rc)
+            break;
+    }
+    close(in);
+    return rc;
+}
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
+{
+    if (art_sha256_file(src, hex, size_bytes, err, errlen) < 0)
+        return -1;
+    char dst[4096], dir[4096], tmp[4200];
+    if (art_path(as, hex, dst, sizeof dst) < 0) {
+        snprintf(err, errlen, "artifact path too long");
+        return -1;
+    }
+    snprintf(dir, sizeof dir, "%s/sha256/%.2s", as->dir, hex);
+    if (mkdir_p(dir) < 0) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (stat(dst, &sb) == 0 && sb.st_size == *size_bytes)
+        return 0; /* same content already stored */
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    if (copy_into(src, fd) < 0 || fsync(fd) < 0) {
+        snprintf(err, errlen, "copying %s: %s", src, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    close(fd);
+    /* The copy must still be what was hashed (the source may have changed meanwhile). */
+    char check[65];
+    int64_t sz = 0;
+    if (art_sha256_file(tmp, check, &sz, err, errlen) < 0 || strcmp(check, hex) != 0) {
+        if (strcmp(check, hex) != 0)
+            snprintf(err, errlen, "%s changed while it was being published", src);
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, dst) < 0 || fsync_dir(dir) < 0) {
+        snprintf(err, errlen, "%s: %s", dst, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static int is_verified(artstore *as, const char *hex)
+{
+    int v = 0;
+    pthread_mutex_lock(&as->mu);
+    for (int i = 0; i < as->nverified && !v; i++)
+        v = !strcmp(as->verified[i], hex);
+    pthread_mutex_unlock(&as->mu);
+    return v;
+}
+
+static void mark_verified(artstore *as, const char *hex)
+{
+    pthread_mutex_lock(&as->mu);
+    if (as->nverified == as->cap) {
+        int nc = as->cap ? 2 * as->cap : 64;
+        void *p = realloc(as->verified, (size_t)nc * sizeof *as->verified);
+        if (!p) {
+            pthread_mutex_unlock(&as->mu);
+            return;
+        }
+        as->verified = p;
+        as->cap = nc;
+    }
+    memcpy(as->verified[as->nverified++], hex, 65);
+    pthread_mutex_unlock(&as->mu);
+}
+
+int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen)
+{
+    char path[4096];
+    if (art_path(as, hex, path, sizeof path) < 0) {
+        snprintf(err, errlen, "not a sha-256 digest");
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "artifact content %s is missing: %s", hex, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || sb.st_size != expected_size) {
+        snprintf(err, errlen, "artifact content %s has the wrong size", hex);
+        close(fd);
+        return -1;
+    }
+    if (!is_verified(as, hex)) {
+        char got[65];
+        int64_t sz;
+        if (sha256_fd(fd, got, &sz) < 0 || strcmp(got, hex) != 0) {
+            snprintf(err, errlen, "artifact content %s is corrupt (sha-256 mismatch)", hex);
+            close(fd);
+            return -1;
+        }
+        mark_verified(as, hex);
+    }
+    return fd;
+}
+
+int art_remove(artstore *as, const char *hex)
+{
+    char path[4096];
+    if (art_path(as, hex, path, sizeof path) < 0)
+        return -1;
+    if (unlink(path) < 0 && errno != ENOENT)
+        return -1;
+    pthread_mutex_lock(&as->mu);
+    for (int i = 0; i < as->nverified; i++)
+        if (!strcmp(as->verified[i], hex)) {
+            memcpy(as->verified[i], as->verified[--as->nverified], 65);
+            break;
+        }
+    pthread_mutex_unlock(&as->mu);
+    return 0;
+}

@@ -1,0 +1,40 @@
+/* storage/artstore.h — the content-addressed artifact store: bytes live under
+ * ROOT/sha256/<first two hex>/<hex>, written as a temporary file, fsynced and renamed, so
+ * nothing half-written is ever served. Blobs are immutable; the same content is stored
+ * once. A blob is verified against its name (sha-256) the first time this process serves
+ * it. Metadata (names, jobs) lives in the job store, not here.
+ */
+#ifndef AC_STORAGE_ARTSTORE_H
+#define AC_STORAGE_ARTSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct artstore artstore;
+
+/* Open (creating) the store rooted at dir. Returns a new handle (art_close), or NULL
+ * with a reason in err. */
+artstore *art_open(const char *dir, char *err, size_t errlen);
+void art_close(artstore *as);
+
+/* sha-256 of a file as 64 lowercase hex digits, and its size. Returns 0, or -1 with err. */
+int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
+/* sha-256 of a buffer as hex. */
+void art_sha256_buf(const void *buf, size_t len, char hex[65]);
+/* Base64 of the raw 32-byte digest named by hex (for Repr-Digest), into out (>= 45). */
+int art_sha256_b64(const char hex[65], char *out, size_t outlen);
+
+/* Add the file at src (left in place) to the store: hashed, then hard-linked or copied
+ * to a temporary name, fsynced and renamed into place. Returns 0 with the digest and
+ * size, or -1 with err. */
+int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
+/* Open a blob for reading. The first open in this process re-hashes it and refuses a
+ * blob whose content no longer matches its name. Returns an fd (caller closes), or -1
+ * with err (missing, size mismatch, corrupt). */
+int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen);
+/* Remove a blob (no longer referenced). Returns 0, or -1 when it could not be removed. */
+int art_remove(artstore *as, const char *hex);
+/* The blob's path into out. Returns 0, or -1 when hex is not a sha-256 or out is short. */
+int art_path(artstore *as, const char *hex, char *out, size_t outlen);
+
+#endif

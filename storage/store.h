@@ -1,0 +1,204 @@
+/* storage/store.h — the durable job store: SQLite in WAL mode (synchronous=FULL) holding
+ * jobs (and calibrations, which are jobs of kind "calibration"), events, artifact
+ * metadata, idempotency keys and registered models. Every state change is one
+ * transaction, so a job is always in exactly one durable state; a terminal state also
+ * queues its webhook (outbox) in that transaction. Schema changes are
+ * numbered migrations applied at open (PRAGMA user_version records the last one).
+ * Thread-safe: each thread gets its own SQLite connection; several processes (server and
+ * workers) share the file through SQLite's locking.
+ */
+#ifndef AC_STORAGE_STORE_H
+#define AC_STORAGE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+typedef struct store store;
+
+/* One job row. json members are NEW references owned by the struct (store_job_clear). */
+typedef struct {
+    int64_t seq;                 /* insertion order (list cursor) */
+    char id[48];                 /* "job_..." or "cal_..." */
+    char kind[16];               /* "job" | "calibration" */
+    char status[16];             /* queued | running | succeeded | failed | cancelled */
+    char device[32];
+    char name[132];
+    json_t *spec;                /* validated, normalized spec */
+    json_t *stages;              /* array of stage names, in order */
+    int stage_index;             /* first stage not done */
+    char stage[48];              /* current (or last) stage; "" before the first */
+    int64_t step, total_steps;   /* progress of `stage` */
+    char error_code[48];         /* "" unless failed */
+    char error_message[1024];
+    json_t *report;              /* object merged by stages */
+    int cancel_requested;
+    int worker_pid;              /* 0 when no worker */
+    int attempts;                /* times a worker was started */
+    int64_t version;             /* bumps on every change: the ETag */
+    int64_t created_at, started_at, finished_at, updated_at; /* Unix s, 0 = unset */
+} store_job;
+
+typedef struct {
+    int64_t seq;
+    char id[32];                 /* "evt_<seq>" */
+    char job_id[48];
+    char type[64];
+    char *message;               /* malloc'd */
+    json_t *data;                /* NEW ref or NULL */
+    int64_t created_at;
+} store_event;
+
+typedef struct {
+    char id[48];                 /* "art_..." */
+    char job_id[48];
+    char name[256];
+    char stage[48];
+    char sha256[65];             /* hex */
+    int64_t size_bytes;
+    char content_type[128];
+    int64_t created_at;
+} store_artifact;
+
+typedef struct {
+    int64_t seq;
+    char id[48];                 /* "mdl_..." */
+    char path[4096];             /* resolved server path */
+    char tokenizer[4096];        /* "" when none */
+    char name[132];
+    char format[16];             /* "hf" | "gguf" | "llama2c" */
+    int64_t created_at;
+} store_model;
+
+/* Open (creating if needed) the database at path, set WAL and apply migrations.
+ * Returns a new store (store_close), or NULL with a reason in err. */
+store *store_open(const char *path, char *err, size_t errlen);
+/* Close every connection this store opened in this process. */
+void store_close(store *st);
+/* The schema version after migrations (the number of the last migration applied). */
+int store_schema_version(store *st);
+
+/* A fresh id: prefix + 24 random hex digits, into out (>= 32 bytes). Returns 0 or -1. */
+int store_new_id(const char *prefix, char *out, size_t outlen);
+/* Unix seconds now. */
+int64_t store_now(void);
+
+void store_job_clear(store_job *j);
+void store_event_clear(store_event *e);
+
+/* Insert job j (id, kind, status "queued", device, name, spec, stages set by the caller;
+ * created_at kept when set, else now; version set here) with a "job.created" event, and — when idem_key is non-NULL
+ * — the idempotency record (scope, key, body sha-256, response status and text) in the
+ * same transaction. Returns 0; 1 when the idempotency key already exists (nothing
+ * inserted; read it with store_idem_get); -1 with err on failure. */
+int store_job_create(store *st, store_job *j, const char *idem_scope, const char *idem_key,
+                     const char *body_sha256, int resp_status, const char *resp_text,
+                     char *err, size_t errlen);
+/* Look up an idempotency record. Returns 0 and fills the outputs (*resp_text malloc'd,
+ * caller frees), 1 when absent, -1 on error. */
+int store_idem_get(store *st, const char *scope, const char *key, char sha256_out[65],
+                   int *resp_status, char **resp_text);
+
+/* Read a job. Returns 0 (out filled; store_job_clear it), 1 when absent, -1 on error. */
+int store_job_get(store *st, const char *id, store_job *out);
+/* A cheap read of version and status (for ETags and long-polls). 0, 1 absent, -1 error. */
+int store_job_version(store *st, const char *id, int64_t *version, char status[16]);
+/* List jobs of `kind`, newest first, strictly after the job `after` (NULL: from the
+ * newest), at most `limit`. Returns 0 with *out (malloc'd array of n jobs; free each with
+ * store_job_clear then free the array) and *has_more; 1 when `after` does not exist;
+ * -1 on error. */
+int store_job_list(store *st, const char *kind, const char *after, int limit,
+                   store_job **out, int *n, int *has_more);
+void store_job_list_free(store_job *jobs, int n);
+
+/* Scheduler: atomically move the oldest queued job on `device` to running (attempts+1,
+ * started_at, "job.started" event). Returns 0 with the job in out, 1 when none is
+ * queued, -1 on error. */
+int store_job_claim(store *st, const char *device, store_job *out);
+/* Record the worker's pid on a running job. Returns 0 or -1. */
+int store_job_set_pid(store *st, const char *id, int pid);
+/* Worker: stage number `index` (name) begins: sets stage and progress 0/0, event
+ * "stage.started". Returns 0 or -1. */
+int store_job_stage_begin(store *st, const char *id, int index, const char *name);
+/* Progress of the current stage (no event). Returns 0 or -1. */
+int store_job_progress(store *st, const char *id, int64_t step, int64_t total);
+/* Stage number `index` finished: stage_index = index+1, report.stages gets
+ * {name, wall_s, attempt}, event "stage.completed". Returns 0 or -1. */
+int store_job_stage_done(store *st, const char *id, int index, const char *name, double wall_s);
+/* Move a non-terminal job to a terminal status ("succeeded", "failed", "cancelled") with
+ * an optional error (code, message may be NULL) and event "job.<status>". Returns 0;
+ * 1 when the job was already terminal (unchanged); -1 on error. */
+int store_job_finish(store *st, const char *id, const char *status, const char *code,
+                     const char *message);
+/* Put a running job back in the queue (worker gone without a terminal state: server
+ * restart or shutdown), keeping stage_index so it resumes at the first unfinished stage;
+ * event "job.requeued" with `reason`. Returns 0, 1 when not running, -1 on error. */
+int store_job_requeue(store *st, const char *id, const char *reason);
+/* Requeue every job left running (called at server start). Returns the count or -1. */
+int store_recover(store *st);
+/* Cancel: a queued job becomes cancelled at once; a running one gets cancel_requested
+ * (event "job.cancel_requested"); a terminal one is unchanged. Returns 0 (out filled
+ * with the job afterwards), 1 when absent, -1 on error. */
+int store_job_cancel(store *st, const char *id, store_job *out);
+/* 1 when cancellation was requested for job id, 0 when not, -1 on error. */
+int store_job_cancel_requested(store *st, const char *id);
+/* Delete a terminal job with its events, artifacts and idempotency records. The sha-256
+ * of each artifact no other job references is appended to *orphans (a malloc'd array of
+ * malloc'd strings; caller frees). Returns 0, 1 absent, 2 not terminal, -1 error. */
+int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans);
+/* Merge `fragment` (borrowed object) into the job's report, recursively. 0 or -1. */
+int store_report_merge(store *st, const char *id, json_t *fragment);
+/* Count jobs per status into out[5] (queued, running, succeeded, failed, cancelled). */
+int store_job_counts(store *st, int64_t out[5]);
+
+/* Append an event (data borrowed, may be NULL). Returns 0 or -1. */
+int store_event_append(store *st, const char *job_id, const char *type, const char *message,
+                       json_t *data);
+/* Events of a job with seq > after_seq, oldest first, at most limit. Returns 0 with
+ * *out (malloc'd; store_event_clear each, then free) and *has_more, or -1. */
+int store_event_list(store *st, const char *job_id, int64_t after_seq, int limit,
+                     store_event **out, int *n, int *has_more);
+void store_event_list_free(store_event *ev, int n);
+
+/* Record an artifact (replacing one of the same name on that job) with event
+ * "artifact.published" in one transaction. a->id is assigned here. Returns 0 or -1. */
+int store_artifact_add(store *st, store_artifact *a);
+/* 0 found (out filled), 1 absent, -1 error. */
+int store_artifact_get(store *st, const char *job_id, const char *name, store_artifact *out);
+/* All artifacts of a job, by name. 0 with *out malloc'd (free it), -1 on error. */
+int store_artifact_list(store *st, const char *job_id, store_artifact **out, int *n);
+
+/* Register a model (id assigned here). 0 or -1. */
+int store_model_add(store *st, store_model *m);
+/* 0 found, 1 absent, -1 error. */
+int store_model_get(store *st, const char *id, store_model *out);
+/* Newest first, after `after`; same contract as store_job_list (free the array). */
+int store_model_list(store *st, const char *after, int limit, store_model **out, int *n,
+                     int *has_more);
+
+/* One pending webhook delivery (the outbox row). payload is malloc'd. */
+typedef struct {
+    char id[48];                 /* "msg_...": the webhook-id header */
+    char job_id[48];
+    char url[2100];
+    char type[48];               /* "job.succeeded" | "job.failed" | "job.cancelled" */
+    char *payload;
+    int attempts;                /* deliveries tried so far */
+} store_webhook;
+
+/* Pending webhooks whose next attempt is due at `now`, oldest first, at most limit.
+ * 0 with *out (free with store_webhook_list_free), -1 on error. store_job_finish adds
+ * the rows (same transaction) for jobs whose spec has a callback_url. */
+int store_webhook_due(store *st, int64_t now, int limit, store_webhook **out, int *n);
+void store_webhook_list_free(store_webhook *w, int n);
+/* Record one attempt: delivered, or failed for good (give_up), or retry at next_at.
+ * Delivered/failed also append "webhook.delivered"/"webhook.failed" to the job's
+ * events. 0 or -1. */
+int store_webhook_result(store *st, const char *id, const char *job_id, int delivered, int give_up,
+                         int64_t next_at, const char *error);
+
+/* A number that changes whenever another connection (any process) committed to the
+ * database since this thread's previous call; used to wake long-polls. -1 on error. */
+int64_t store_data_version(store *st);
+
+#endif

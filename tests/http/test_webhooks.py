@@ -1,0 +1,82 @@
+"""Black-box: webhooks. With --webhook-secret-file, a job with a callback_url gets one
+signed POST (Standard Webhooks headers; the HMAC-SHA256 signature verifies with the
+secret) on its terminal state; a receiver answering 500 first gets the same message
+again after the backoff, and the job's events record the delivery. Without a secret
+the server refuses callback_url (422)."""
+import base64
+import hashlib
+import hmac
+import http.server
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from acserver import Server, check_problem, test_spec  # noqa: E402
+
+
+def main():
+    got = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append((time.time(), {k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(500 if len(got) == 1 else 204)  # first attempt fails
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    url = "http://127.0.0.1:%d/hook?team=npc" % hook.server_address[1]
+
+    key = os.urandom(24)
+    s = Server(args=["--webhook-retry-s", "2"])  # whole seconds: the retry comes 1-2 s later
+    secret = os.path.join(s.tmp, "whsec")
+    with open(secret, "w") as f:
+        f.write("whsec_" + base64.b64encode(key).decode() + "\n")
+    s.args += ["--webhook-secret-file", secret]
+    with s:
+        check_problem(*s.json("POST", "/v1/jobs", test_spec(["test_fail"], callback_url="ftp://x/y")), 422,
+                      pointer="/callback_url")
+        _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=100, callback_url=url),
+                           expect=201)
+        assert job["spec"]["callback_url"] == url
+        t0 = time.time()
+        while len(got) < 2 and time.time() - t0 < 20:
+            time.sleep(0.05)
+        assert len(got) == 2, got
+        (t1, h1, b1), (t2, h2, b2) = got
+        assert b1 == b2 and h1["webhook-id"] == h2["webhook-id"] and t2 - t1 >= 1.0, (t2 - t1)
+        ev = json.loads(b2)
+        assert ev["type"] == "job.succeeded" and ev["data"]["id"] == job["id"] and ev["data"]["status"] == "succeeded"
+        assert ev["data"]["error"] is None
+        assert h2["webhook-id"].startswith("msg_") and abs(int(h2["webhook-timestamp"]) - time.time()) < 60
+        signed = ("%s.%s." % (h2["webhook-id"], h2["webhook-timestamp"])).encode() + b2
+        want = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        assert h2["webhook-signature"] == want, (h2["webhook-signature"], want)
+        assert h2["content-type"] == "application/json"
+        t0 = time.time()
+        while time.time() - t0 < 5:
+            _, _, evs = s.json("GET", "/v1/jobs/%s/events" % job["id"], expect=200)
+            if evs["data"][-1]["type"] == "webhook.delivered":
+                break
+            time.sleep(0.05)
+        assert evs["data"][-1]["type"] == "webhook.delivered", [e["type"] for e in evs["data"]]
+        time.sleep(1.5)
+        assert len(got) == 2, "delivered twice after a 2xx"
+        assert s.stop() == 0
+    with Server() as s2:  # no secret: callbacks are refused
+        check_problem(*s2.json("POST", "/v1/jobs", test_spec(["test_fail"], callback_url=url)), 422,
+                      pointer="/callback_url")
+        assert s2.stop() == 0
+    hook.shutdown()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

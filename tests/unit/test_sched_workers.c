@@ -1,0 +1,227 @@
+/* tests/unit/test_sched_workers.c — the scheduler (jobs/sched.c) with stand-in worker
+ * programs (shell scripts that behave like a crashing, exiting, slow or signal-handling
+ * worker): exit status and signals become failed jobs naming them, at most `per_device`
+ * workers run per device and devices run in parallel, a cancel reaches the worker at
+ * once, and stop() sends SIGTERM and requeues jobs left running.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jobs/sched.h"
+#include "storage/store.h"
+
+static char dir[64];
+static store *st;
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ac-sched-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char db[128], err[256];
+    snprintf(db, sizeof db, "%s/t.db", dir);
+    st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    store_close(st);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Write an executable script; path into out. */
+static void script(const char *name, const char *body, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+    FILE *f = fopen(out, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\n%s\n", body);
+    fclose(f);
+    assert_int_equal(chmod(out, 0755), 0);
+}
+
+static void mk(const char *device, char *out)
+{
+    store_job j;
+    memset(&j, 0, sizeof j);
+    store_new_id("job_", j.id, sizeof j.id);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "%s", device);
+    j.spec = json_object();
+    j.stages = json_pack("[s]", "s");
+    char err[256];
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    snprintf(out, 48, "%s", j.id);
+    store_job_clear(&j);
+}
+
+/* Poll until the job leaves `from` (or timeout); returns the job (clear it). */
+static store_job wait_leave(const char *id, const char *from, double timeout)
+{
+    store_job j;
+    double t0 = now_s();
+    for (;;) {
+        assert_int_equal(store_job_get(st, id, &j), 0);
+        if (strcmp(j.status, from) != 0 || now_s() - t0 > timeout)
+            return j;
+        store_job_clear(&j);
+        usleep(10000);
+    }
+}
+
+static sched *start(const char *exe, const char *const *devs, int ndev, int per_device)
+{
+    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000};
+    char err[256];
+    sched *s = sched_start(&cfg, err, sizeof err);
+    assert_non_null(s);
+    return s;
+}
+
+static void test_exit_and_signals(void **state)
+{
+    (void)state;
+    char exe[128], a[48], b[48];
+    /* $4 is the job id: exit 3 for the first job, SIGSEGV for the second */
+    char body[512];
+    mk("d1", a);
+    mk("d1", b);
+    snprintf(body, sizeof body, "[ \"$3\" = \"%s\" ] && exit 3\nkill -SEGV $$\nsleep 5", a);
+    script("w1.sh", body, exe, sizeof exe);
+    const char *devs[] = {"d1"};
+    sched *s = start(exe, devs, 1, 1);
+    store_job ja = wait_leave(a, "queued", 10), jb;
+    store_job_clear(&ja);
+    ja = wait_leave(a, "running", 10);
+    jb = wait_leave(b, "queued", 10);
+    store_job_clear(&jb);
+    jb = wait_leave(b, "running", 10);
+    sched_stop(s, 1000);
+    assert_string_equal(ja.status, "failed");
+    assert_string_equal(ja.error_code, "worker_exited");
+    assert_non_null(strstr(ja.error_message, "status 3"));
+    assert_string_equal(jb.status, "failed");
+    assert_string_equal(jb.error_code, "worker_killed");
+    assert_non_null(strstr(jb.error_message, "SIGSEGV"));
+    assert_non_null(strstr(jb.error_message, "signal 11"));
+    store_job_clear(&ja);
+    store_job_clear(&jb);
+    /* the worker's output went to its log */
+    char log[256];
+    snprintf(log, sizeof log, "%s/jobs/%s/worker.log", dir, a);
+    assert_int_equal(access(log, F_OK), 0);
+}
+
+static void test_per_device_limit(void **state)
+{
+    (void)state;
+    char exe[128], log[128], body[512];
+    snprintf(log, sizeof log, "%s/order.log", dir);
+    snprintf(body, sizeof body, "echo \"start $3\" >> %s\nsleep 0.3\necho \"end $3\" >> %s\nexit 0", log, log);
+    script("w2.sh", body, exe, sizeof exe);
+    char ids[4][48];
+    mk("g1", ids[0]);
+    mk("g1", ids[1]);
+    mk("g1", ids[2]);
+    mk("g2", ids[3]);
+    const char *devs[] = {"g1", "g2"};
+    double t0 = now_s();
+    sched *s = start(exe, devs, 2, 1);
+    for (int i = 0; i < 4; i++) {
+        store_job j = wait_leave(ids[i], "queued", 10);
+        store_job_clear(&j);
+        j = wait_leave(ids[i], "running", 10);
+        /* exit 0 without recording an outcome is still a failure */
+        assert_string_equal(j.status, "failed");
+        assert_non_null(strstr(j.error_message, "without finishing"));
+        store_job_clear(&j);
+    }
+    double wall = now_s() - t0;
+    sched_stop(s, 1000);
+    /* g1's three jobs ran one after another; g2's ran beside them */
+    assert_true(wall >= 0.85);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[128];
+    int g1_running = 0, max_g1 = 0, g2_overlap = 0, g2_running = 0;
+    while (fgets(line, sizeof line, f)) {
+        int is_g2 = strstr(line, ids[3]) != NULL;
+        int start = !strncmp(line, "start", 5);
+        if (is_g2) {
+            g2_overlap |= g1_running > 0; /* g1 busy when g2 started or ended */
+            g2_running = start;
+        }
+        else {
+            g1_running += start ? 1 : -1;
+            if (g1_running > max_g1)
+                max_g1 = g1_running;
+            if (g2_running && g1_running)
+                g2_overlap = 1;
+        }
+    }
+    fclose(f);
+    assert_int_equal(max_g1, 1);
+    assert_true(g2_overlap);
+}
+
+static void test_cancel_and_stop(void **state)
+{
+    (void)state;
+    char exe[128];
+    script("w3.sh", "trap 'exit 0' USR1\ntrap 'exit 0' TERM\nsleep 30 &\nwait", exe, sizeof exe);
+    char a[48], b[48];
+    mk("c1", a);
+    mk("c2", b);
+    const char *devs[] = {"c1", "c2"};
+    sched *s = start(exe, devs, 2, 1);
+    store_job j = wait_leave(a, "queued", 10);
+    store_job_clear(&j);
+    j = wait_leave(b, "queued", 10);
+    store_job_clear(&j);
+    usleep(200000); /* let the shells install their traps */
+    assert_int_equal(store_job_cancel(st, a, &j), 0);
+    store_job_clear(&j);
+    double t0 = now_s();
+    assert_int_equal(sched_cancel(s, a), 1);
+    assert_int_equal(sched_cancel(s, "job_other"), 0);
+    j = wait_leave(a, "running", 5);
+    assert_string_equal(j.status, "cancelled");
+    assert_true(now_s() - t0 < 1.0);
+    store_job_clear(&j);
+    assert_int_equal(sched_running(s), 1);
+    sched_stop(s, 3000); /* b's worker exits on SIGTERM without an outcome: requeued */
+    assert_int_equal(store_job_get(st, b, &j), 0);
+    assert_string_equal(j.status, "queued");
+    store_job_clear(&j);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exit_and_signals),
+        cmocka_unit_test(test_per_device_limit),
+        cmocka_unit_test(test_cancel_and_stop),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,352 @@
+/* tests/unit/test_spec_validate.c — the constraint spec v1 validator (api/spec.c):
+ * defaults, unknown fields, types, ranges, contradictions, devices, the status ranking
+ * (403 > 400 > 422) and server-path confinement (`..`, outside, symlink escape, missing).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/spec.h"
+
+static char dir[PATH_MAX], models[PATH_MAX + 16], data[PATH_MAX + 16];
+static char *roots[2];
+
+static void touch(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("x", f);
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char tmpl[] = "/tmp/ac-spec-XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    assert_non_null(realpath(tmpl, dir));
+    snprintf(models, sizeof models, "%s/models", dir);
+    snprintf(data, sizeof data, "%s/data", dir);
+    assert_int_equal(mkdir(models, 0755), 0);
+    assert_int_equal(mkdir(data, 0755), 0);
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/tiny.bin", models);
+    touch(p);
+    snprintf(p, sizeof p, "%s/m.gguf", models);
+    touch(p);
+    snprintf(p, sizeof p, "%s/hf", models);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/hf/config.json", models);
+    touch(p);
+    snprintf(p, sizeof p, "%s/text.txt", data);
+    touch(p);
+    snprintf(p, sizeof p, "%s/secret.bin", dir); /* outside both roots */
+    touch(p);
+    char target[PATH_MAX + 64];
+    snprintf(target, sizeof target, "%s/secret.bin", dir);
+    snprintf(p, sizeof p, "%s/escape.bin", models);
+    assert_int_equal(symlink(target, p), 0);
+    snprintf(p, sizeof p, "%s/inside.bin", models);
+    assert_int_equal(symlink("tiny.bin", p), 0);
+    roots[0] = models;
+    roots[1] = data;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static spec_env env_of(int test_stages)
+{
+    spec_env e = {roots, 2, dir, NULL, test_stages, 0};
+    return e;
+}
+
+/* Validate a JSON text; returns the normalized spec or NULL with status and errors. */
+static json_t *run(const char *text, int test_stages, int *status, json_t **errors)
+{
+    json_error_t je;
+    json_t *in = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!in)
+        fail_msg("bad test JSON: %s: %s", text, je.text);
+    spec_env env = env_of(test_stages);
+    json_t *out = spec_validate(in, &env, status, errors);
+    json_decref(in);
+    return out;
+}
+
+static int has_pointer(json_t *errors, const char *ptr)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(errors, i, e) if (!strcmp(json_string_value(json_object_get(e, "pointer")), ptr)) return 1;
+    return 0;
+}
+
+static void expect_fault(const char *text, int want_status, const char *ptr)
+{
+    int status = 0;
+    json_t *errors = NULL;
+    json_t *out = run(text, 0, &status, &errors);
+    if (out) {
+        json_decref(out);
+        fail_msg("accepted: %s", text);
+    }
+    if (status != want_status || !has_pointer(errors, ptr)) {
+        char *e = json_dumps(errors, 0);
+        print_error("spec %s\n  want %d at %s, got %d: %s\n", text, want_status, ptr, status, e);
+        free(e);
+        json_decref(errors);
+        fail();
+    }
+    json_decref(errors);
+}
+
+#define OK_MODEL "\"model\":{\"path\":\"models/tiny.bin\"}"
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    int status;
+    json_t *errors;
+    json_t *s = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":40}}", 0, &status, &errors);
+    assert_non_null(s);
+    json_t *t = json_object_get(s, "target");
+    assert_string_equal(json_string_value(json_object_get(t, "device")), "cpu");
+    assert_string_equal(json_string_value(json_object_get(t, "precision")), "fp32");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "workload"), "prompt_tokens")), 256);
+    assert_string_equal(json_string_value(json_object_get(s, "method")), "autocompress");
+    assert_true(json_is_true(json_object_get(json_object_get(s, "search_space"), "depth")));
+    assert_int_equal(json_array_size(json_object_get(s, "export")), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "search_tokens")), 2000000);
+    char want[PATH_MAX + 32];
+    snprintf(want, sizeof want, "%s/tiny.bin", models);
+    json_t *m = json_object_get(s, "model");
+    assert_string_equal(json_string_value(json_object_get(m, "path")), want);
+    assert_string_equal(json_string_value(json_object_get(m, "format")), "llama2c");
+    assert_null(json_object_get(s, "x_test_pipeline"));
+    json_decref(s);
+}
+
+static void test_full_spec(void **state)
+{
+    (void)state;
+    int status;
+    json_t *errors;
+    json_t *s = run("{\"name\":\"npc\",\"model\":{\"path\":\"models/hf\"},"
+                    "\"target\":{\"device\":\"cpu\",\"precision\":\"bf16\",\"workload\":{\"batch_size\":4,"
+                    "\"prompt_tokens\":1024,\"output_tokens\":128}},"
+                    "\"constraints\":{\"latency_ms\":750,\"memory_gib\":1,\"throughput_tokens_per_s\":10,\"params\":1000},"
+                    "\"method\":\"minitron\",\"search_space\":{\"hidden\":false,\"depth\":true},"
+                    "\"budgets\":{\"search_tokens\":10,\"distill_tokens\":0},"
+                    "\"data\":{\"calibration\":\"data/text.txt\"},"
+                    "\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":\"mine\",\"path\":\"data/text.txt\"}],\"limit\":5,\"seed\":1},"
+                    "\"export\":[\"gguf\",\"deci\"],\"metadata\":{\"team\":\"npc\"}}",
+                    0, &status, &errors);
+    if (!s) {
+        char *e = json_dumps(errors, 0);
+        fail_msg("rejected: %s", e);
+    }
+    assert_string_equal(json_string_value(json_object_get(json_object_get(s, "model"), "format")), "hf");
+    assert_false(json_is_true(json_object_get(json_object_get(s, "search_space"), "hidden")));
+    assert_true(json_is_true(json_object_get(json_object_get(s, "search_space"), "ffn")));
+    assert_int_equal(json_array_size(json_object_get(json_object_get(s, "evaluation"), "tasks")), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "distill_tokens")), 0);
+    json_decref(s);
+}
+
+static void test_shape_faults(void **state)
+{
+    (void)state;
+    expect_fault("[]", 400, "");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"colour\":1}", 400, "/colour");
+    expect_fault("{\"constraints\":{\"latency_ms\":1}}", 400, "/model");
+    expect_fault("{" OK_MODEL "}", 400, "/constraints");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":\"1\"}}", 400, "/constraints/latency_ms");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":1.5}}", 400, "/constraints/params");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"gpu\":1}}", 400, "/target/gpu");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"workload\":[]}}", 400, "/target/workload");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"export\":\"hf\"}", 400, "/export");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"search_space\":{\"ffn\":1}}", 400, "/search_space/ffn");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"metadata\":{\"a/b\":2}}", 400, "/metadata/a~1b");
+    /* test-only fields exist only when enabled */
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"x_test_pipeline\":[\"test_sleep\"]}", 400, "/x_test_pipeline");
+}
+
+static void test_value_faults(void **state)
+{
+    (void)state;
+    expect_fault("{" OK_MODEL ",\"constraints\":{}}", 422, "/constraints");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":0}}", 422, "/constraints/latency_ms");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"memory_gib\":-2}}", 422, "/constraints/memory_gib");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"memory_gib\":100000}}", 422, "/constraints/memory_gib");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":0}}", 422, "/constraints/params");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"tpu\"}}", 422, "/target/device");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"cuda:99\"}}", 422, "/target/device");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"precision\":\"fp8\"}}", 422, "/target/precision");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"workload\":{\"batch_size\":0}}}", 422,
+                 "/target/workload/batch_size");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"workload\":{\"prompt_tokens\":1000000,"
+                 "\"output_tokens\":100000}}}", 422, "/target/workload");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"method\":\"random\"}", 422, "/method");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"search_space\":{\"hidden\":false,\"heads\":false,"
+                 "\"ffn\":false,\"experts\":false,\"mamba_heads\":false,\"depth\":false}}", 422, "/search_space");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"budgets\":{\"search_tokens\":0}}", 422, "/budgets/search_tokens");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"piqa\",\"piqa\"]}}", 422,
+                 "/evaluation/tasks/1");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"limit\":-4}}", 422, "/evaluation/limit");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"export\":[\"gguf\",\"gguf\"]}", 422, "/export/1");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"callback_url\":\"https://x\"}", 422, "/callback_url");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"metadata\":{\"1\":\"\",\"2\":\"\",\"3\":\"\",\"4\":\"\","
+                 "\"5\":\"\",\"6\":\"\",\"7\":\"\",\"8\":\"\",\"9\":\"\",\"10\":\"\",\"11\":\"\",\"12\":\"\",\"13\":\"\","
+                 "\"14\":\"\",\"15\":\"\",\"16\":\"\",\"17\":\"\"}}", 422, "/metadata");
+    expect_fault("{\"model\":{\"id\":\"mdl_x\"},\"constraints\":{\"latency_ms\":1}}", 422, "/model/id");
+    expect_fault("{\"model\":{},\"constraints\":{\"latency_ms\":1}}", 422, "/model");
+    expect_fault("{\"model\":{\"path\":\"models/hf\",\"id\":\"mdl_x\"},\"constraints\":{\"latency_ms\":1}}", 422, "/model");
+    expect_fault("{\"model\":{\"path\":\"data/text.txt\"},\"constraints\":{\"latency_ms\":1}}", 422, "/model/path");
+}
+
+static void test_paths(void **state)
+{
+    (void)state;
+    expect_fault("{\"model\":{\"path\":\"models/none.bin\"},\"constraints\":{\"latency_ms\":1}}", 422, "/model/path");
+    expect_fault("{\"model\":{\"path\":\"models/../models/tiny.bin\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
+    expect_fault("{\"model\":{\"path\":\"/etc/passwd\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
+    expect_fault("{\"model\":{\"path\":\"secret.bin\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
+    expect_fault("{\"model\":{\"path\":\"models/escape.bin\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"data\":{\"distillation\":\"/tmp/../etc\"}}", 403,
+                 "/data/distillation");
+    /* a symlink that stays inside a root is fine; absolute paths inside a root are fine */
+    char text[PATH_MAX * 2];
+    snprintf(text, sizeof text, "{\"model\":{\"path\":\"%s/inside.bin\"},\"constraints\":{\"latency_ms\":1}}", models);
+    int status;
+    json_t *errors;
+    json_t *s = run(text, 0, &status, &errors);
+    assert_non_null(s);
+    char want[PATH_MAX + 32];
+    snprintf(want, sizeof want, "%s/tiny.bin", models);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(s, "model"), "path")), want);
+    json_decref(s);
+    /* relative to a root as well as to the data dir */
+    spec_env env = env_of(0);
+    char out[PATH_MAX], msg[256];
+    assert_int_equal(spec_resolve_path(&env, "text.txt", out, sizeof out, msg, sizeof msg), 0);
+    assert_int_equal(spec_resolve_path(&env, "", out, sizeof out, msg, sizeof msg), 422);
+    assert_int_equal(spec_resolve_path(&env, "..", out, sizeof out, msg, sizeof msg), 403);
+    char hf[PATH_MAX + 64];
+    snprintf(hf, sizeof hf, "%s/hf", models);
+    assert_string_equal(spec_model_format(hf), "hf");
+    assert_null(spec_model_format(models));
+}
+
+static void test_ranking_and_all_faults(void **state)
+{
+    (void)state;
+    int status;
+    json_t *errors;
+    json_t *s = run("{\"model\":{\"path\":\"/etc/passwd\"},\"constraints\":{\"latency_ms\":-1},\"junk\":true}", 0,
+                    &status, &errors);
+    assert_null(s);
+    assert_int_equal(status, 403);
+    assert_true(has_pointer(errors, "/model/path"));
+    assert_true(has_pointer(errors, "/constraints/latency_ms"));
+    assert_true(has_pointer(errors, "/junk"));
+    json_decref(errors);
+    s = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":-1},\"junk\":true}", 0, &status, &errors);
+    assert_null(s);
+    assert_int_equal(status, 400);
+    json_decref(errors);
+}
+
+static void test_test_fields(void **state)
+{
+    (void)state;
+    int status;
+    json_t *errors;
+    json_t *s = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"x_test_pipeline\":[\"test_sleep\"],"
+                    "\"x_test_sleep_ms\":5}", 1, &status, &errors);
+    assert_non_null(s);
+    assert_int_equal(json_array_size(json_object_get(s, "x_test_pipeline")), 1);
+    assert_int_equal(json_integer_value(json_object_get(s, "x_test_sleep_ms")), 5);
+    json_decref(s);
+    s = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"x_test_pipeline\":[]}", 1, &status, &errors);
+    assert_null(s);
+    assert_int_equal(status, 422);
+    json_decref(errors);
+}
+
+static void test_callback_url(void **state)
+{
+    (void)state;
+    spec_env env = env_of(0);
+    env.webhooks = 1;
+    int status;
+    json_t *errors;
+    json_t *in = json_loads("{" OK_MODEL ",\"constraints\":{\"params\":1},\"callback_url\":\"https://ci.example.com/h?a=1\"}", 0, NULL);
+    json_t *s = spec_validate(in, &env, &status, &errors);
+    json_decref(in);
+    assert_non_null(s);
+    assert_string_equal(json_string_value(json_object_get(s, "callback_url")), "https://ci.example.com/h?a=1");
+    json_decref(s);
+    const char *bad[] = {"ftp://x/y", "https://", "http://a b", "javascript:alert(1)", NULL};
+    for (int i = 0; bad[i]; i++) {
+        json_t *b = json_pack("{s:{s:s},s:{s:i},s:s}", "model", "path", "models/tiny.bin", "constraints", "params", 1,
+                              "callback_url", bad[i]);
+        s = spec_validate(b, &env, &status, &errors);
+        json_decref(b);
+        assert_null(s);
+        assert_int_equal(status, 422);
+        assert_true(has_pointer(errors, "/callback_url"));
+        json_decref(errors);
+    }
+}
+
+static void test_calibration_request(void **state)
+{
+    (void)state;
+    spec_env env = env_of(0);
+    int status;
+    json_t *errors;
+    json_t *in = json_loads("{\"model\":{\"path\":\"models/m.gguf\"},\"target\":{\"device\":\"cpu\"}}", 0, NULL);
+    json_t *s = spec_validate_calibration(in, &env, &status, &errors);
+    json_decref(in);
+    assert_non_null(s);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(s, "model"), "format")), "gguf");
+    json_decref(s);
+    in = json_loads("{\"model\":{\"path\":\"models/m.gguf\"},\"constraints\":{\"latency_ms\":1}}", 0, NULL);
+    s = spec_validate_calibration(in, &env, &status, &errors);
+    json_decref(in);
+    assert_null(s);
+    assert_int_equal(status, 400);
+    assert_true(has_pointer(errors, "/constraints"));
+    json_decref(errors);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_full_spec),
+        cmocka_unit_test(test_shape_faults),
+        cmocka_unit_test(test_value_faults),
+        cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_ranking_and_all_faults),
+        cmocka_unit_test(test_test_fields),
+        cmocka_unit_test(test_callback_url),
+        cmocka_unit_test(test_calibration_request),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,468 @@
+/* tests/unit/test_store_jobs.c — the SQLite job store (storage/store.c): migrations,
+ * job state transitions (one transaction each), idempotency records, list pagination,
+ * cancel/requeue/recover, events with a cursor, artifacts and orphan detection on
+ * delete, models, report merging, concurrent writers on per-thread connections, and the
+ * change counter behind long-polls.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "storage/store.h"
+
+static char dir[64], dbpath[128];
+
+static int setup(void **state)
+{
+    snprintf(dir, sizeof dir, "/tmp/ac-store-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(dbpath, sizeof dbpath, "%s/t.db", dir);
+    char err[256] = "";
+    store *st = store_open(dbpath, err, sizeof err);
+    if (!st)
+        fail_msg("store_open: %s", err);
+    *state = st;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    store_close(*state);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Create a queued job on device with a 3-stage pipeline; id into out. */
+static void mk(store *st, const char *device, char *out)
+{
+    store_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "%s", device);
+    j.spec = json_pack("{s:s}", "name", "x");
+    j.stages = json_pack("[s,s,s]", "a", "b", "c");
+    char err[256];
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    assert_string_equal(j.status, "queued");
+    snprintf(out, 48, "%s", j.id);
+    store_job_clear(&j);
+}
+
+static void test_migrations(void **state)
+{
+    store *st = *state;
+    assert_int_equal(store_schema_version(st), 2);
+    char err[256];
+    store *again = store_open(dbpath, err, sizeof err); /* re-open: nothing to migrate */
+    assert_non_null(again);
+    assert_int_equal(store_schema_version(again), 2);
+    store_close(again);
+}
+
+static void test_ids(void **state)
+{
+    (void)state;
+    char a[48], b[48];
+    assert_int_equal(store_new_id("job_", a, sizeof a), 0);
+    assert_int_equal(store_new_id("job_", b, sizeof b), 0);
+    assert_int_equal(strlen(a), 28);
+    assert_string_not_equal(a, b);
+    char small[8];
+    assert_int_equal(store_new_id("job_", small, sizeof small), -1);
+}
+
+static void test_lifecycle(void **state)
+{
+    store *st = *state;
+    char id[48];
+    mk(st, "cpu", id);
+    store_job j;
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "queued");
+    assert_int_equal(json_array_size(j.stages), 3);
+    int64_t v0 = j.version;
+    store_job_clear(&j);
+    assert_int_equal(store_job_get(st, "job_nope", &j), 1);
+
+    assert_int_equal(store_job_claim(st, "cuda:0", &j), 1); /* wrong device */
+    assert_int_equal(store_job_claim(st, "cpu", &j), 0);
+    assert_string_equal(j.id, id);
+    assert_string_equal(j.status, "running");
+    assert_int_equal(j.attempts, 1);
+    assert_true(j.started_at > 0);
+    assert_true(j.version > v0);
+    store_job_clear(&j);
+    assert_int_equal(store_job_claim(st, "cpu", &j), 1); /* nothing else queued */
+
+    assert_int_equal(store_job_set_pid(st, id, 4242), 0);
+    assert_int_equal(store_job_stage_begin(st, id, 0, "a"), 0);
+    assert_int_equal(store_job_progress(st, id, 3, 10), 0);
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.stage, "a");
+    assert_int_equal(j.step, 3);
+    assert_int_equal(j.total_steps, 10);
+    assert_int_equal(j.worker_pid, 4242);
+    store_job_clear(&j);
+    assert_int_equal(store_job_stage_done(st, id, 0, "a", 1.5), 0);
+    assert_int_equal(store_job_stage_done(st, id, 0, "a", 1.5), 0); /* stale index: no effect */
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_int_equal(j.stage_index, 1);
+    json_t *stages = json_object_get(j.report, "stages");
+    assert_int_equal(json_array_size(stages), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(stages, 0), "name")), "a");
+    store_job_clear(&j);
+
+    /* server restart: requeue keeps the stage index; claim again resumes there */
+    assert_int_equal(store_recover(st), 1);
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "queued");
+    assert_int_equal(j.stage_index, 1);
+    assert_int_equal(j.worker_pid, 0);
+    store_job_clear(&j);
+    assert_int_equal(store_job_requeue(st, id, "x"), 1); /* not running */
+    assert_int_equal(store_job_claim(st, "cpu", &j), 0);
+    assert_int_equal(j.attempts, 2);
+    assert_int_equal(j.stage_index, 1);
+    store_job_clear(&j);
+
+    assert_int_equal(store_job_finish(st, id, "failed", "stage_failed", "b broke"), 0);
+    assert_int_equal(store_job_finish(st, id, "succeeded", NULL, NULL), 1); /* already terminal */
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "failed");
+    assert_string_equal(j.error_code, "stage_failed");
+    assert_string_equal(j.error_message, "b broke");
+    assert_true(j.finished_at >= j.started_at);
+    store_job_clear(&j);
+
+    store_event *ev;
+    int n, more;
+    assert_int_equal(store_event_list(st, id, 0, 100, &ev, &n, &more), 0);
+    const char *want[] = {"job.created", "job.started", "stage.started", "stage.completed", "job.requeued",
+                          "job.started", "job.failed"};
+    assert_int_equal(n, 7);
+    for (int i = 0; i < n; i++)
+        assert_string_equal(ev[i].type, want[i]);
+    assert_false(more);
+    int64_t third = ev[2].seq;
+    store_event_list_free(ev, n);
+    assert_int_equal(store_event_list(st, id, third, 2, &ev, &n, &more), 0);
+    assert_int_equal(n, 2);
+    assert_true(more);
+    assert_string_equal(ev[0].type, "stage.completed");
+    assert_non_null(ev[0].data);
+    store_event_list_free(ev, n);
+}
+
+static void test_cancel(void **state)
+{
+    store *st = *state;
+    char q[48], r[48];
+    mk(st, "cancel-dev", q);
+    mk(st, "cancel-dev", r);
+    store_job j;
+    assert_int_equal(store_job_claim(st, "cancel-dev", &j), 0);
+    assert_string_equal(j.id, q); /* oldest first */
+    store_job_clear(&j);
+    assert_int_equal(store_job_cancel(st, r, &j), 0); /* queued: cancelled at once */
+    assert_string_equal(j.status, "cancelled");
+    store_job_clear(&j);
+    assert_int_equal(store_job_cancel(st, q, &j), 0); /* running: requested */
+    assert_string_equal(j.status, "running");
+    assert_true(j.cancel_requested);
+    store_job_clear(&j);
+    assert_int_equal(store_job_cancel_requested(st, q), 1);
+    assert_int_equal(store_job_cancel(st, "job_missing", &j), 1);
+    /* a dead server with a cancel pending: recover finishes the cancel */
+    assert_int_equal(store_recover(st), 1);
+    assert_int_equal(store_job_get(st, q, &j), 0);
+    assert_string_equal(j.status, "cancelled");
+    store_job_clear(&j);
+    assert_int_equal(store_job_cancel(st, q, &j), 0); /* terminal: unchanged */
+    assert_string_equal(j.status, "cancelled");
+    store_job_clear(&j);
+}
+
+static void test_idempotency(void **state)
+{
+    store *st = *state;
+    store_job j;
+    memset(&j, 0, sizeof j);
+    store_new_id("job_", j.id, sizeof j.id);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "cpu");
+    j.spec = json_object();
+    j.stages = json_array();
+    char err[256];
+    assert_int_equal(store_job_create(st, &j, "POST /v1/jobs", "k", "abc", 201, "{\"id\":1}", err, sizeof err), 0);
+    char first[48];
+    snprintf(first, sizeof first, "%s", j.id);
+    store_new_id("job_", j.id, sizeof j.id);
+    assert_int_equal(store_job_create(st, &j, "POST /v1/jobs", "k", "def", 201, "{}", err, sizeof err), 1);
+    store_job probe;
+    assert_int_equal(store_job_get(st, j.id, &probe), 1); /* nothing inserted */
+    char sha[65];
+    int status;
+    char *text;
+    assert_int_equal(store_idem_get(st, "POST /v1/jobs", "k", sha, &status, &text), 0);
+    assert_string_equal(sha, "abc");
+    assert_int_equal(status, 201);
+    assert_string_equal(text, "{\"id\":1}");
+    free(text);
+    assert_int_equal(store_idem_get(st, "POST /v1/calibrations", "k", sha, &status, &text), 1);
+    /* same key in another scope is independent */
+    assert_int_equal(store_job_create(st, &j, "POST /v1/calibrations", "k", "def", 202, "{}", err, sizeof err), 0);
+    store_job_clear(&j);
+}
+
+static void test_pagination(void **state)
+{
+    store *st = *state;
+    char ids[25][48];
+    for (int i = 0; i < 25; i++)
+        mk(st, "page-dev", ids[i]);
+    int total_before = 0, seen[25] = {0};
+    const char *after = NULL;
+    char cursor[48];
+    int64_t last_seq = INT64_MAX;
+    for (;;) {
+        store_job *jobs;
+        int n, more;
+        assert_int_equal(store_job_list(st, "job", after, 7, &jobs, &n, &more), 0);
+        for (int i = 0; i < n; i++) {
+            assert_true(jobs[i].seq < last_seq); /* newest first, strictly */
+            last_seq = jobs[i].seq;
+            int hit = 0;
+            for (int k = 0; k < 25; k++)
+                if (!strcmp(jobs[i].id, ids[k])) {
+                    seen[k]++;
+                    hit = 1;
+                }
+            total_before += !hit;
+        }
+        if (n)
+            snprintf(cursor, sizeof cursor, "%s", jobs[n - 1].id);
+        store_job_list_free(jobs, n);
+        if (!more)
+            break;
+        after = cursor;
+    }
+    for (int k = 0; k < 25; k++)
+        assert_int_equal(seen[k], 1);
+    store_job *jobs;
+    int n, more;
+    assert_int_equal(store_job_list(st, "job", "job_doesnotexist", 5, &jobs, &n, &more), 1);
+    assert_int_equal(store_job_list(st, "calibration", NULL, 5, &jobs, &n, &more), 0);
+    assert_int_equal(n, 0);
+    store_job_list_free(jobs, n);
+}
+
+static void test_artifacts_and_delete(void **state)
+{
+    store *st = *state;
+    char a[48], b[48];
+    mk(st, "art-dev", a);
+    mk(st, "art-dev", b);
+    store_artifact x = {0};
+    snprintf(x.job_id, sizeof x.job_id, "%s", a);
+    snprintf(x.name, sizeof x.name, "m.tar");
+    snprintf(x.stage, sizeof x.stage, "export");
+    memset(x.sha256, 'a', 64);
+    x.size_bytes = 10;
+    snprintf(x.content_type, sizeof x.content_type, "application/x-tar");
+    assert_int_equal(store_artifact_add(st, &x), 0);
+    assert_memory_equal(x.id, "art_", 4);
+    store_artifact shared = x;
+    snprintf(shared.name, sizeof shared.name, "shared.bin");
+    memset(shared.sha256, 'b', 64);
+    assert_int_equal(store_artifact_add(st, &shared), 0);
+    snprintf(shared.job_id, sizeof shared.job_id, "%s", b); /* b holds the same content */
+    assert_int_equal(store_artifact_add(st, &shared), 0);
+    /* re-publishing a name replaces it */
+    x.size_bytes = 11;
+    assert_int_equal(store_artifact_add(st, &x), 0);
+    store_artifact *list;
+    int n;
+    assert_int_equal(store_artifact_list(st, a, &list, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(list[0].name, "m.tar");
+    assert_int_equal(list[0].size_bytes, 11);
+    free(list);
+    store_artifact got;
+    assert_int_equal(store_artifact_get(st, a, "m.tar", &got), 0);
+    assert_int_equal(store_artifact_get(st, a, "nope", &got), 1);
+
+    char **orphans;
+    int no;
+    assert_int_equal(store_job_delete(st, a, &orphans, &no), 2); /* queued: not terminal */
+    store_job j;
+    assert_int_equal(store_job_cancel(st, a, &j), 0);
+    store_job_clear(&j);
+    assert_int_equal(store_job_delete(st, a, &orphans, &no), 0);
+    assert_int_equal(no, 1); /* shared.bin's content is still used by b */
+    assert_memory_equal(orphans[0], "aaaa", 4);
+    free(orphans[0]);
+    free(orphans);
+    assert_int_equal(store_job_get(st, a, &j), 1);
+    store_event *ev;
+    int more;
+    assert_int_equal(store_event_list(st, a, 0, 10, &ev, &n, &more), 0);
+    assert_int_equal(n, 0);
+    store_event_list_free(ev, n);
+    assert_int_equal(store_job_delete(st, a, &orphans, &no), 1);
+}
+
+static void test_models_and_report(void **state)
+{
+    store *st = *state;
+    store_model m = {0};
+    snprintf(m.path, sizeof m.path, "/data/models/x.gguf");
+    snprintf(m.format, sizeof m.format, "gguf");
+    assert_int_equal(store_model_add(st, &m), 0);
+    store_model got;
+    assert_int_equal(store_model_get(st, m.id, &got), 0);
+    assert_string_equal(got.path, m.path);
+    store_model *list;
+    int n, more;
+    assert_int_equal(store_model_list(st, NULL, 10, &list, &n, &more), 0);
+    assert_int_equal(n, 1);
+    free(list);
+
+    char id[48];
+    mk(st, "rep-dev", id);
+    json_t *f1 = json_pack("{s:{s:i},s:s}", "search", "iterations", 3, "method", "x");
+    json_t *f2 = json_pack("{s:{s:i}}", "search", "selection_tokens", 99);
+    assert_int_equal(store_report_merge(st, id, f1), 0);
+    assert_int_equal(store_report_merge(st, id, f2), 0);
+    json_decref(f1);
+    json_decref(f2);
+    store_job j;
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    json_t *s = json_object_get(j.report, "search");
+    assert_int_equal(json_integer_value(json_object_get(s, "iterations")), 3);
+    assert_int_equal(json_integer_value(json_object_get(s, "selection_tokens")), 99);
+    store_job_clear(&j);
+}
+
+static void test_webhook_outbox(void **state)
+{
+    store *st = *state;
+    store_job j;
+    memset(&j, 0, sizeof j);
+    store_new_id("job_", j.id, sizeof j.id);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "hook-dev");
+    j.spec = json_pack("{s:s}", "callback_url", "http://127.0.0.1:9/hook");
+    j.stages = json_array();
+    char err[256], plain[48];
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    mk(st, "hook-dev", plain);
+    store_job c;
+    assert_int_equal(store_job_claim(st, "hook-dev", &c), 0);
+    store_job_clear(&c);
+    assert_int_equal(store_job_claim(st, "hook-dev", &c), 0);
+    store_job_clear(&c);
+    store_webhook *w;
+    int n;
+    int64_t now = store_now();
+    assert_int_equal(store_webhook_due(st, now + 10, 10, &w, &n), 0);
+    assert_int_equal(n, 0); /* nothing terminal yet */
+    store_webhook_list_free(w, n);
+    assert_int_equal(store_job_finish(st, plain, "succeeded", NULL, NULL), 0); /* no callback_url */
+    assert_int_equal(store_job_finish(st, j.id, "failed", "stage_failed", "boom"), 0);
+    assert_int_equal(store_webhook_due(st, now + 10, 10, &w, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(w[0].job_id, j.id);
+    assert_string_equal(w[0].type, "job.failed");
+    assert_string_equal(w[0].url, "http://127.0.0.1:9/hook");
+    json_t *p = json_loads(w[0].payload, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(p, "data"), "status")), "failed");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(p, "data"), "error"), "code")),
+                        "stage_failed");
+    json_decref(p);
+    char id[48];
+    snprintf(id, sizeof id, "%s", w[0].id);
+    store_webhook_list_free(w, n);
+    /* a failed attempt is retried later, not before */
+    assert_int_equal(store_webhook_result(st, id, j.id, 0, 0, now + 100, "HTTP 500"), 0);
+    assert_int_equal(store_webhook_due(st, now + 10, 10, &w, &n), 0);
+    assert_int_equal(n, 0);
+    store_webhook_list_free(w, n);
+    assert_int_equal(store_webhook_due(st, now + 100, 10, &w, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(w[0].attempts, 1);
+    store_webhook_list_free(w, n);
+    assert_int_equal(store_webhook_result(st, id, j.id, 1, 0, 0, NULL), 0);
+    assert_int_equal(store_webhook_due(st, now + 1000, 10, &w, &n), 0);
+    assert_int_equal(n, 0);
+    store_webhook_list_free(w, n);
+    store_event *ev;
+    int more;
+    assert_int_equal(store_event_list(st, j.id, 0, 100, &ev, &n, &more), 0);
+    assert_string_equal(ev[n - 1].type, "webhook.delivered");
+    store_event_list_free(ev, n);
+    store_job_clear(&j);
+}
+
+static void *writer(void *arg)
+{
+    store *st = arg;
+    for (int i = 0; i < 50; i++) {
+        char id[48];
+        mk(st, "conc-dev", id);
+    }
+    return NULL;
+}
+
+static void test_concurrent_writers(void **state)
+{
+    store *st = *state;
+    int64_t v0 = store_data_version(st);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, writer, st), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    /* other connections committed: this thread's change counter moved */
+    assert_true(store_data_version(st) != v0);
+    int64_t v1 = store_data_version(st);
+    assert_int_equal(store_data_version(st), v1);
+    int64_t counts[5];
+    assert_int_equal(store_job_counts(st, counts), 0);
+    store_job *jobs;
+    int n, more;
+    assert_int_equal(store_job_list(st, "job", NULL, 1000, &jobs, &n, &more), 0);
+    int conc = 0;
+    for (int i = 0; i < n; i++) {
+        conc += !strcmp(jobs[i].device, "conc-dev");
+        for (int k = i + 1; k < n; k++)
+            assert_string_not_equal(jobs[i].id, jobs[k].id);
+    }
+    assert_int_equal(conc, 200);
+    store_job_list_free(jobs, n);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_migrations),
+        cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_idempotency),
+        cmocka_unit_test(test_pagination),
+        cmocka_unit_test(test_artifacts_and_delete),
+        cmocka_unit_test(test_models_and_report),
+        cmocka_unit_test(test_webhook_outbox),
+        cmocka_unit_test(test_concurrent_writers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
