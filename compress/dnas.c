@@ -204,6 +204,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     for (int m = 0; m < SM_COUNT; m++)
         if (alloc_table(&costs->t[m], sp, m == SM_MEMORY) != 0)
             goto oom;
+    costs->t[SM_MEMORY].ws_sum_of_maxima = tb->mem.workspace_combine == CM_WS_SUM_MAXIMA;
     for (int hi = 0; hi < sp->n_hidden; hi++) {
         int H = sp->hidden[hi];
         cm_prediction pe, p1;

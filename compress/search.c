@@ -142,6 +142,18 @@ static size_t idx3(const search_space *sp, int h, int l, int k, int n)
     return ((size_t)h * sp->n_layers + l) * n + k;
 }
 
+/* The smooth-max scale for hidden candidate h: the table's largest workspace entry /
+ * smooth (fixed per table, so the softmax weights are the exact gradient). */
+static double ws_scale(const search_space *sp, const search_table *t, int h, int NA, int NF, double smooth)
+{
+    double scale = fabs(t->ws_fixed[h]);
+    for (size_t i = idx3(sp, h, 0, 0, NA); i < idx3(sp, h + 1, 0, 0, NA); i++)
+        scale = fmax(scale, fabs(t->ws_attn[i]));
+    for (size_t i = idx3(sp, h, 0, 0, NF); i < idx3(sp, h + 1, 0, 0, NF); i++)
+        scale = fmax(scale, fabs(t->ws_ffn[i]));
+    return smooth > 0 ? scale / smooth : 0;
+}
+
 double search_expected_cost(search_dist *d, const search_table *t, double smooth, double gs)
 {
     const search_space *sp = d->sp;
@@ -175,14 +187,43 @@ double search_expected_cost(search_dist *d, const search_table *t, double smooth
                     d->g_ffn[l * NF + j] += gs * ph * pk * t->ffn[idx3(sp, h, l, j, NF)];
             }
         }
-        if (t->ws_fixed) {
+        if (t->ws_fixed && t->ws_sum_of_maxima) {
+            /* W_h = ws_fixed + smax(0, pk_l*(WA_l - ws_fixed)) + smax(0, pk_l*(WF_l - ws_fixed)) */
+            double scale = ws_scale(sp, t, h, NA, NF, smooth), w0 = t->ws_fixed[h];
+            double *xa = xs, *xf = ws, *ga = wa, *gf = wf;   /* [L+1] each; element 0 is the 0 floor */
+            double mw[SEARCH_MAX_CHOICES * 16], mf[SEARCH_MAX_CHOICES * 16];
+            if (L + 1 > (int)(sizeof mw / sizeof mw[0])) {
+                free(xs);
+                return NAN;
+            }
+            xa[0] = xf[0] = 0;
+            for (int l = 0; l < L; l++) {
+                const double *pa = d->p_heads + l * NA, *pf = d->p_ffn + l * NF;
+                double A = -w0, F = -w0, pk = d->p_keep[l * 2 + 1];
+                for (int k = 0; k < NA; k++)
+                    A += pa[k] * t->ws_attn[idx3(sp, h, l, k, NA)];
+                for (int j = 0; j < NF; j++)
+                    F += pf[j] * t->ws_ffn[idx3(sp, h, l, j, NF)];
+                xa[l + 1] = pk * A;
+                xf[l + 1] = pk * F;
+                ga[l + 1] = A;   /* kept for the keep gradient */
+                gf[l + 1] = F;
+            }
+            double Sa = smooth_max(xa, L + 1, scale, mw), Sf = smooth_max(xf, L + 1, scale, mf);
+            inner += w0 + Sa + Sf;
+            if (gs != 0) {
+                for (int l = 0; l < L; l++) {
+                    double pk = d->p_keep[l * 2 + 1], g = gs * ph;
+                    d->g_keep[l * 2 + 1] += g * (mw[l + 1] * ga[l + 1] + mf[l + 1] * gf[l + 1]);
+                    for (int k = 0; k < NA; k++)
+                        d->g_heads[l * NA + k] += g * mw[l + 1] * pk * t->ws_attn[idx3(sp, h, l, k, NA)];
+                    for (int j = 0; j < NF; j++)
+                        d->g_ffn[l * NF + j] += g * mf[l + 1] * pk * t->ws_ffn[idx3(sp, h, l, j, NF)];
+                }
+            }
+        } else if (t->ws_fixed) {
             /* W_h = smax(ws_fixed[h], pk_l * smax(WA_l, WF_l) for every layer) */
-            double pair[2], pw[2], scale = fabs(t->ws_fixed[h]);
-            for (size_t i = idx3(sp, h, 0, 0, NA); i < idx3(sp, h + 1, 0, 0, NA); i++)
-                scale = fmax(scale, fabs(t->ws_attn[i]));
-            for (size_t i = idx3(sp, h, 0, 0, NF); i < idx3(sp, h + 1, 0, 0, NF); i++)
-                scale = fmax(scale, fabs(t->ws_ffn[i]));
-            scale = smooth > 0 ? scale / smooth : 0;
+            double pair[2], pw[2], scale = ws_scale(sp, t, h, NA, NF, smooth);
             xs[0] = t->ws_fixed[h];
             for (int l = 0; l < L; l++) {
                 const double *pa = d->p_heads + l * NA, *pf = d->p_ffn + l * NF;
@@ -245,7 +286,8 @@ void search_choice_free(search_choice *c)
 double search_choice_cost(const search_space *sp, const search_table *t, const search_choice *c)
 {
     int h = c->hidden, NA = sp->n_heads, NF = sp->n_ffn;
-    double total = t->fixed ? t->fixed[h] : 0.0, wmax = t->ws_fixed ? t->ws_fixed[h] : 0.0;
+    double total = t->fixed ? t->fixed[h] : 0.0, w0 = t->ws_fixed ? t->ws_fixed[h] : 0.0;
+    double wmax = w0, amax = 0, fmax_ = 0;
     for (int l = 0; l < sp->n_layers; l++) {
         if (!c->keep[l])
             continue;
@@ -255,9 +297,15 @@ double search_choice_cost(const search_space *sp, const search_table *t, const s
             double m = a > f ? a : f;
             if (m > wmax)
                 wmax = m;
+            if (a - w0 > amax)
+                amax = a - w0;
+            if (f - w0 > fmax_)
+                fmax_ = f - w0;
         }
     }
-    return total + (t->ws_fixed ? wmax : 0.0);
+    if (!t->ws_fixed)
+        return total;
+    return total + (t->ws_sum_of_maxima ? w0 + amax + fmax_ : wmax);
 }
 
 double search_penalty_step(search_penalty *pen, search_dist *d, const search_costs *c, double smooth,
@@ -489,10 +537,20 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
                 if (mv.to < 0)
                     continue;
                 double gain = move_score(d, c, &mv);
+                /* A layer comes back at its smallest allowed widths; later steps widen it. */
+                int sh = axis == 3 ? c->heads[l] : 0, sf = axis == 3 ? c->ffn[l] : 0;
+                if (axis == 3) {
+                    c->heads[l] = next_index(sp, 1, l, -1, +1);
+                    c->ffn[l] = next_index(sp, 2, l, -1, +1);
+                }
                 *slot = mv.to;
                 int ok = feasible(sp, costs, c, NULL);
                 double added = norm_cost(sp, costs, c, 0) - base;
                 *slot = from;
+                if (axis == 3) {
+                    c->heads[l] = sh;
+                    c->ffn[l] = sf;
+                }
                 if (!ok)
                     continue;
                 double ratio = added > 1e-12 ? gain / added : INFINITY;
@@ -504,6 +562,10 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
         }
         if (best.axis < 0)
             break;
+        if (best.axis == 3) {
+            c->heads[best.layer] = next_index(sp, 1, best.layer, -1, +1);
+            c->ffn[best.layer] = next_index(sp, 2, best.layer, -1, +1);
+        }
         *move_slot(c, &best) = best.to;
     }
     return 0;

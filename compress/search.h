@@ -41,10 +41,13 @@ typedef struct {
 
 /* Per-part costs of one metric (units: ms, bytes or parameters), for every hidden
  * candidate h, layer l and choice k:
- *   total = fixed[h] + sum_l keep_l * (attn[h,l,k_l] + ffn[h,l,j_l])
- *           + max(ws_fixed[h], max_l keep_l * max(ws_attn[h,l,k_l], ws_ffn[h,l,j_l]))
- * The ws_* arrays (activation workspace, memory only) may be NULL. A removed layer costs
- * nothing. */
+ *   total = fixed[h] + sum_l keep_l * (attn[h,l,k_l] + ffn[h,l,j_l]) + W
+ * with the activation workspace W (memory only; the ws_* arrays may be NULL) combined
+ * the way the engine allocates it:
+ *   per-layer buffers:  W = max(ws_fixed[h], max_l keep_l * max(ws_attn[h,l,k_l], ws_ffn[h,l,j_l]))
+ *   sum of maxima:      W = ws_fixed[h] + max(0, max_l keep_l * (ws_attn[h,l,k_l] - ws_fixed[h]))
+ *                                       + max(0, max_l keep_l * (ws_ffn[h,l,j_l] - ws_fixed[h]))
+ * A removed layer costs nothing. */
 typedef struct {
     int active;          /* 1: this limit is part of the spec */
     double limit;        /* upper bound on total */
@@ -54,6 +57,7 @@ typedef struct {
     double *ws_fixed;    /* [n_hidden] or NULL */
     double *ws_attn;     /* [n_hidden * n_layers * n_heads] or NULL */
     double *ws_ffn;      /* [n_hidden * n_layers * n_ffn] or NULL */
+    int ws_sum_of_maxima;/* 1: the sum-of-maxima rule above, 0: per-layer buffers */
 } search_table;
 
 typedef struct {

@@ -29,7 +29,7 @@ typedef struct {
 } fixture;
 
 /* Random tables, increasing in every choice (bigger part, bigger cost), part 0 free. */
-static void make_fixture(fixture *f, int L, int depth, int with_ws)
+static void make_fixture_mode(fixture *f, int L, int depth, int with_ws, int summax)
 {
     memset(f, 0, sizeof *f);
     search_space *sp = &f->sp;
@@ -64,6 +64,7 @@ static void make_fixture(fixture *f, int L, int depth, int with_ws)
             }
         }
         if (with_ws && m == SM_MEMORY) {
+            t->ws_sum_of_maxima = summax;
             t->ws_fixed = p; p += 3;
             t->ws_attn = p; p += na;
             t->ws_ffn = p; p += nf;
@@ -78,16 +79,21 @@ static void make_fixture(fixture *f, int L, int depth, int with_ws)
     }
 }
 
+static void make_fixture(fixture *f, int L, int depth, int with_ws)
+{
+    make_fixture_mode(f, L, depth, with_ws, 0);
+}
+
 static double objective(search_dist *d, const search_table *t, double tau)
 {
     search_dist_probs(d, tau, NULL);
     return search_expected_cost(d, t, 20.0, 0.0);
 }
 
-static void check_grad(int depth, int with_ws)
+static void check_grad(int depth, int with_ws, int summax)
 {
     fixture f;
-    make_fixture(&f, 5, depth, with_ws);
+    make_fixture_mode(&f, 5, depth, with_ws, summax);
     search_dist d;
     assert_int_equal(search_dist_init(&d, &f.sp, 0.0), 0);
     size_t n = 3 + 5 * (4 + 5 + 2);
@@ -115,22 +121,24 @@ static void check_grad(int depth, int with_ws)
         if (err > maxerr)
             maxerr = err;
     }
-    printf("max relative gradient error (depth=%d ws=%d): %.2e\n", depth, with_ws, maxerr);
+    printf("max relative gradient error (depth=%d ws=%d sum-of-maxima=%d): %.2e\n", depth, with_ws, summax, maxerr);
     assert_true(maxerr < 1e-5);
     free(gz);
     search_dist_free(&d);
     free(f.buf);
 }
 
-static void test_grad_additive(void **state) { (void)state; check_grad(0, 0); }
-static void test_grad_depth_workspace(void **state) { (void)state; check_grad(1, 1); }
+static void test_grad_additive(void **state) { (void)state; check_grad(0, 0, 0); }
+static void test_grad_depth_workspace(void **state) { (void)state; check_grad(1, 1, 0); }
+static void test_grad_workspace_sum_of_maxima(void **state) { (void)state; check_grad(1, 1, 1); }
 
 /* Expected cost under a one-hot distribution equals the exact cost of that choice. */
 static void test_expected_matches_exact_at_one_hot(void **state)
 {
     (void)state;
+    for (int mode = 0; mode < 2; mode++) {
     fixture f;
-    make_fixture(&f, 4, 1, 1);
+    make_fixture_mode(&f, 4, 1, 1, mode);
     search_dist d;
     assert_int_equal(search_dist_init(&d, &f.sp, 0.0), 0);
     search_choice c;
@@ -150,6 +158,7 @@ static void test_expected_matches_exact_at_one_hot(void **state)
     search_choice_free(&c);
     search_dist_free(&d);
     free(f.buf);
+    }
 }
 
 /* Repair lands inside every limit, sits close to one (no grow step left), and reports
@@ -160,7 +169,7 @@ static void test_repair_random(void **state)
     for (int trial = 0; trial < 200; trial++) {
         fixture f;
         int L = 2 + trial % 7;
-        make_fixture(&f, L, trial % 2, trial % 3 == 0);
+        make_fixture_mode(&f, L, trial % 2, trial % 3 == 0, trial % 5 == 0);
         search_dist d;
         assert_int_equal(search_dist_init(&d, &f.sp, 0.0), 0);
         search_choice c, parent;
@@ -260,6 +269,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_additive),
         cmocka_unit_test(test_grad_depth_workspace),
+        cmocka_unit_test(test_grad_workspace_sum_of_maxima),
         cmocka_unit_test(test_expected_matches_exact_at_one_hot),
         cmocka_unit_test(test_repair_random),
         cmocka_unit_test(test_repair_parent_when_feasible),

@@ -1,0 +1,187 @@
+/* compress/method.c — dispatch between the two search methods and the search document. */
+#include "compress/method.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress/distill.h"
+#include "compress/minitron.h"
+#include "compress/prune.h"
+#include "storage/archjson.h"
+
+static void emit(const method_opts *o, const char *type, const char *msg, json_t *data)
+{
+    if (o->event)
+        o->event(o->ud, type, msg, data);
+    else
+        json_decref(data);
+}
+
+static json_t *penalty_json(const search_penalty *pen)
+{
+    json_t *obj = json_object();
+    for (int m = 0; obj && m < SM_COUNT; m++)
+        if (pen->lambda2[m] != 0 || pen->lambda1[m] != 0)
+            json_object_set_new(obj, search_metric_names[m],
+                                json_pack("{s:f,s:f,s:f,s:f}", "expected", pen->expected[m], "gap", pen->gap[m],
+                                          "lambda1", pen->lambda1[m], "lambda2", pen->lambda2[m]));
+    return obj;
+}
+
+typedef struct {
+    const method_opts *o;
+    int every;
+} dnas_cb;
+
+/* About 50 iteration events per search, plus the first and the last. */
+static int on_dnas(void *c, const dnas_progress *p)
+{
+    dnas_cb *cb = c;
+    const method_opts *o = cb->o;
+    if (o->progress)
+        o->progress(o->ud, p->iteration, p->iterations);
+    if (p->iteration == 1 || p->iteration == p->iterations || p->iteration % cb->every == 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "iteration %d/%d: kd %.4f, tau %.3f", p->iteration, p->iterations, p->kd_loss, p->tau);
+        emit(o, "search.iteration", msg,
+             json_pack("{s:i,s:f,s:f,s:f,s:I,s:o,s:s}", "iteration", p->iteration, "kd_loss", p->kd_loss, "tau",
+                       p->tau, "penalty_weight", p->penalty_weight, "tokens", (json_int_t)p->tokens, "limits",
+                       penalty_json(&p->pen), "arch", p->arch_summary ? p->arch_summary : ""));
+    }
+    return o->cancelled ? o->cancelled(o->ud) : 0;
+}
+
+typedef struct {
+    const method_opts *o;
+    int64_t tokens;
+    int trial;
+} mn_cb;
+
+/* One Minitron++ trial: prune the ranked parent, distill briefly, validation loss. */
+static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens, char *err, size_t errlen)
+{
+    mn_cb *cb = c;
+    const method_opts *o = cb->o;
+    eng_model student;
+    if (prune_to_arch(o->parent, cand, &student, err, errlen) != 0)
+        return -1;
+    distill_opts d;
+    distill_opts_defaults(&d);
+    d.tokens = cb->tokens;
+    d.eval_every = 0;
+    d.ckpt_every = 0;
+    d.seed = o->seed ? o->seed : d.seed;
+    distill_result r;
+    int rc = distill_run(o->parent, &student, o->train, NULL, &d, &r, err, errlen);
+    if (rc == 0) {
+        *tokens = r.tokens;
+        distill_result_free(&r);
+        rc = distill_eval_loss(&student, o->val ? o->val : o->train, d.B, d.T, 16384, val_loss, err, errlen);
+    } else if (rc == 1) {
+        distill_result_free(&r);
+    }
+    eng_model_free(&student);
+    if (rc == 0) {
+        char summary[8192], msg[256];
+        arch_summary(cand, summary, sizeof summary);
+        snprintf(msg, sizeof msg, "candidate %d: validation loss %.4f after %lld tokens", ++cb->trial, *val_loss,
+                 (long long)*tokens);
+        emit(o, "search.candidate", msg,
+             json_pack("{s:s,s:f,s:I}", "arch", summary, "val_loss", *val_loss, "tokens", (json_int_t)*tokens));
+        if (o->progress)
+            o->progress(o->ud, cb->trial, o->minitron_candidates > 0 ? o->minitron_candidates : 4);
+        if (o->cancelled && o->cancelled(o->ud))
+            return 1;
+    }
+    return rc;
+}
+
+int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen)
+{
+    memset(chosen, 0, sizeof *chosen);
+    *doc = NULL;
+    cm_prediction pred;
+    int64_t sel = 0;
+    int iterations = 0, parent_feasible = 0;
+    double wall = 0;
+    json_t *extra = NULL;
+    if (!o->minitron) {
+        dnas_opts d;
+        dnas_opts_defaults(&d);
+        d.parent = o->parent;
+        d.tables = o->tables;
+        d.limits = o->limits;
+        d.axes = o->axes;
+        d.data = o->train;
+        d.search_tokens = o->search_tokens;
+        if (o->seed)
+            d.seed = o->seed;
+        int iters = (int)(o->search_tokens / ((int64_t)d.batch * d.seq));
+        dnas_cb cb = {o, iters > 50 ? iters / 50 : 1};
+        d.progress = on_dnas;
+        d.progress_ctx = &cb;
+        dnas_result r;
+        int rc = dnas_run(&d, &r, err, errlen);
+        if (rc != 0)
+            return rc;
+        *chosen = r.arch;
+        r.arch.layers = NULL;
+        r.arch.n_layers = 0;
+        pred = r.predicted;
+        sel = r.selection_tokens;
+        iterations = r.iterations;
+        parent_feasible = r.parent_feasible;
+        wall = r.wall_s;
+        json_t *gaps = json_object();
+        for (int m = 0; m < SM_COUNT; m++)
+            if (r.final_gap[m] != 0)
+                json_object_set_new(gaps, search_metric_names[m], json_real(r.final_gap[m]));
+        extra = json_pack("{s:O,s:o}", "distribution", r.distribution ? r.distribution : json_null(), "final_gap", gaps);
+        dnas_result_free(&r);
+    } else {
+        mn_cb cb = {o, o->search_tokens / 2 > 0 ? o->search_tokens / 2 : 1, 0};
+        mn_opts m = {.parent = &o->parent->a, .layer_order = o->layer_order, .tables = o->tables,
+                     .limits = o->limits, .axes = o->axes, .max_candidates = o->minitron_candidates,
+                     .trial = mn_trial, .trial_ctx = &cb};
+        mn_result r;
+        int rc = mn_run(&m, &r, err, errlen);
+        if (rc != 0)
+            return rc;
+        *chosen = r.arch;
+        r.arch.layers = NULL;
+        r.arch.n_layers = 0;
+        pred = r.predicted;
+        sel = r.selection_tokens;
+        iterations = r.n_trials;
+        parent_feasible = r.parent_feasible;
+        wall = r.wall_s;
+        json_t *trials = json_array();
+        for (int i = 0; i < r.n_trials; i++)
+            json_array_append_new(trials, json_pack("{s:o,s:f}", "arch", arch_to_json(&r.trials[i]), "val_loss",
+                                                    r.trial_loss[i]));
+        extra = json_pack("{s:o}", "trials", trials);
+        mn_result_free(&r);
+    }
+    char summary[8192];
+    arch_summary(chosen, summary, sizeof summary);
+    *doc = json_pack("{s:s,s:o,s:s,s:I,s:i,s:f,s:b,s:o}", "method", o->minitron ? "minitron" : "autocompress", "arch",
+                     arch_to_json(chosen), "summary", summary, "selection_tokens", (json_int_t)sel, "iterations",
+                     iterations, "wall_s", wall, "parent_feasible", parent_feasible, "predicted",
+                     cm_prediction_to_json(&pred));
+    if (!*doc) {
+        json_decref(extra);
+        arch_free(chosen);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (extra)
+        json_object_update(*doc, extra);
+    json_decref(extra);
+    char msg[256];
+    snprintf(msg, sizeof msg, "chose %s: predicted latency %.2f ms, memory %lld bytes, %lld parameters",
+             parent_feasible ? "the parent (it meets every limit)" : "an architecture", pred.latency_ms,
+             (long long)pred.total, (long long)pred.params);
+    emit(o, "search.done", msg, json_pack("{s:s}", "arch", summary));
+    return 0;
+}

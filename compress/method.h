@@ -1,0 +1,42 @@
+/* compress/method.h — one entry point for both search methods, shared by the job's
+ * search stage and `autocompress search`: AutoCompress (DNAS, compress/dnas.h) or the
+ * Minitron++ baseline (compress/minitron.h, whose candidates are pruned and distilled
+ * briefly here), with events, progress and cancellation through callbacks, and the
+ * search document (chosen arch, predicted costs, selection tokens, distribution or
+ * trials) every consumer reads.
+ */
+#ifndef AC_COMPRESS_METHOD_H
+#define AC_COMPRESS_METHOD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/dnas.h"
+
+typedef struct {
+    eng_model *parent;              /* ranked parent (teacher), borrowed */
+    const cm_tables *tables;
+    const td_stream *train, *val;   /* calibration text */
+    dnas_limits limits;
+    dnas_axes axes;
+    int minitron;                   /* 0: AutoCompress DNAS, 1: Minitron++ */
+    int64_t search_tokens;          /* DNAS budget; each Minitron++ trial distils half of it */
+    int minitron_candidates;        /* frontier candidates trialled (default 4) */
+    const int *layer_order;         /* [n_layers] least important first (Minitron++ depth) */
+    uint64_t seed;
+    /* Callbacks (any may be NULL). event: type, message and data (stolen). progress:
+     * step of total. cancelled: non-zero stops the search (return 1). */
+    void (*event)(void *ud, const char *type, const char *message, json_t *data);
+    void (*progress)(void *ud, int64_t step, int64_t total);
+    int (*cancelled)(void *ud);
+    void *ud;
+} method_opts;
+
+/* Run the search. On 0, *chosen holds the arch (free with arch_free) and *doc a NEW
+ * search document {method, arch, summary, selection_tokens, iterations, wall_s,
+ * parent_feasible, predicted, distribution | trials, final_gap}. Returns 1 when
+ * cancelled, -1 with a reason (an infeasible spec names the cheapest costs). */
+int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen);
+
+#endif

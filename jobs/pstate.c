@@ -1,0 +1,297 @@
+/* jobs/pstate.c — lazily built, job-wide shared state for the stages (see pstate.h). */
+#include "jobs/pstate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compress/rank.h"
+#include "engine/devices.h"
+#include "storage/archjson.h"
+#include "storage/modelio.h"
+
+static json_t *spec_path(job_ctx *ctx, const char *path)
+{
+    json_t *j = job_ctx_spec(ctx);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *s = buf, *dot; j && s; s = dot ? dot + 1 : NULL) {
+        dot = strchr(s, '.');
+        if (dot)
+            *dot = 0;
+        j = json_object_get(j, s);
+    }
+    return j;
+}
+
+long long ps_int(job_ctx *ctx, const char *path, long long def)
+{
+    json_t *j = spec_path(ctx, path);
+    return json_is_integer(j) ? json_integer_value(j) : def;
+}
+
+static double spec_num(job_ctx *ctx, const char *path)
+{
+    json_t *j = spec_path(ctx, path);
+    return json_is_number(j) ? json_number_value(j) : 0.0;
+}
+
+int ps_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen)
+{
+    json_t *tj = spec_path(ctx, "target");
+    if (!tj) {
+        snprintf(err, errlen, "the spec has no target");
+        return -1;
+    }
+    return cm_target_from_json(tj, "/target", t, err, errlen);
+}
+
+void ps_limits(job_ctx *ctx, dnas_limits *lim)
+{
+    lim->latency_ms = spec_num(ctx, "constraints.latency_ms");
+    lim->throughput_tps = spec_num(ctx, "constraints.throughput_tokens_per_s");
+    lim->memory_bytes = spec_num(ctx, "constraints.memory_gib") * 1073741824.0;
+    lim->params = spec_num(ctx, "constraints.params");
+}
+
+void ps_axes(job_ctx *ctx, dnas_axes *a)
+{
+    a->hidden = json_is_true(spec_path(ctx, "search_space.hidden"));
+    a->heads = json_is_true(spec_path(ctx, "search_space.heads"));
+    a->ffn = json_is_true(spec_path(ctx, "search_space.ffn"));
+    a->depth = json_is_true(spec_path(ctx, "search_space.depth"));
+    /* DeciLM export keeps query heads global (DESIGN.md §8). */
+    json_t *ex = spec_path(ctx, "export");
+    size_t i;
+    json_t *v;
+    a->keep_query_heads = 0;
+    json_array_foreach(ex, i, v)
+        if (json_is_string(v) && !strcmp(json_string_value(v), "decilm"))
+            a->keep_query_heads = 1;
+}
+
+static void free_backend(void *p) { eng_backend_free(p); }
+static void free_tok(void *p) { tok_free(p); }
+static void free_model(void *p)
+{
+    eng_model_free(p);
+    free(p);
+}
+static void free_stream(void *p)
+{
+    td_stream_free(p);
+    free(p);
+}
+static void free_tables(void *p)
+{
+    cm_tables_free(p);
+    free(p);
+}
+static void free_arch(void *p)
+{
+    arch_free(p);
+    free(p);
+}
+
+eng_backend *ps_backend(job_ctx *ctx, char *err, size_t errlen)
+{
+    eng_backend *be = job_ctx_get_state(ctx, "backend");
+    if (be)
+        return be;
+    json_t *dev = spec_path(ctx, "target.device");
+    be = eng_backend_new(json_is_string(dev) ? json_string_value(dev) : "cpu", err, errlen);
+    if (be)
+        job_ctx_set_state(ctx, "backend", be, free_backend);
+    return be;
+}
+
+/* Load parent and tokenizer together (one open of the model file). */
+static int load_parent(job_ctx *ctx, char *err, size_t errlen)
+{
+    eng_backend *be = ps_backend(ctx, err, errlen);
+    if (!be)
+        return -1;
+    json_t *path = spec_path(ctx, "model.path"), *tokp = spec_path(ctx, "model.tokenizer");
+    if (!json_is_string(path)) {
+        snprintf(err, errlen, "the spec names no model path");
+        return -1;
+    }
+    eng_model *m = calloc(1, sizeof *m);
+    tok_tokenizer *tok = NULL;
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (mio_load_model(json_string_value(path), json_is_string(tokp) ? json_string_value(tokp) : NULL, be, m, &tok,
+                       err, errlen) != 0) {
+        free(m);
+        return -1;
+    }
+    job_ctx_set_state(ctx, "parent", m, free_model);
+    job_ctx_set_state(ctx, "tokenizer", tok, free_tok);
+    return 0;
+}
+
+tok_tokenizer *ps_tokenizer(job_ctx *ctx, char *err, size_t errlen)
+{
+    tok_tokenizer *t = job_ctx_get_state(ctx, "tokenizer");
+    if (!t && load_parent(ctx, err, errlen) == 0)
+        t = job_ctx_get_state(ctx, "tokenizer");
+    return t;
+}
+
+eng_model *ps_parent(job_ctx *ctx, int ranked, char *err, size_t errlen)
+{
+    eng_model *m = job_ctx_get_state(ctx, "parent");
+    if (!m) {
+        if (load_parent(ctx, err, errlen) != 0)
+            return NULL;
+        m = job_ctx_get_state(ctx, "parent");
+    }
+    if (ranked && !job_ctx_get_state(ctx, "parent_ranked")) {
+        const char *rp = job_ctx_output(ctx, "rank", "ranking.json");
+        if (!rp) {
+            snprintf(err, errlen, "the ranking is missing: the rank stage must run first");
+            return NULL;
+        }
+        rank_result r;
+        if (rank_load(rp, &r, err, errlen) != 0)
+            return NULL;
+        int rc = rank_check(&r, m, err, errlen) == 0 ? rank_apply(m, &r, err, errlen) : -1;
+        rank_free(&r);
+        if (rc != 0)
+            return NULL;
+        job_ctx_set_state(ctx, "parent_ranked", m, NULL);
+    }
+    return m;
+}
+
+static int encode_cb(void *c, const char *text, size_t len, int **ids, size_t *n, char *err, size_t errlen)
+{
+    return tok_encode(c, text, len, 0, 0, ids, n, err, errlen);
+}
+
+int ps_text(job_ctx *ctx, const char *which, const td_stream **train, const td_stream **val, char *err,
+            size_t errlen)
+{
+    char ktrain[64], kval[64], path[64];
+    snprintf(ktrain, sizeof ktrain, "text.%s.train", which);
+    snprintf(kval, sizeof kval, "text.%s.val", which);
+    *train = job_ctx_get_state(ctx, ktrain);
+    *val = job_ctx_get_state(ctx, kval);
+    if (*train)
+        return 0;
+    snprintf(path, sizeof path, "data.%s", which);
+    json_t *p = spec_path(ctx, path);
+    if (!json_is_string(p) && !strcmp(which, "distillation"))
+        p = spec_path(ctx, "data.calibration");   /* distil on the calibration text by default */
+    if (!json_is_string(p)) {
+        snprintf(err, errlen, "the spec names no data.%s text", which);
+        return -1;
+    }
+    tok_tokenizer *tok = ps_tokenizer(ctx, err, errlen);
+    if (!tok)
+        return -1;
+    td_docs docs;
+    if (td_read_docs(json_string_value(p), TD_FMT_AUTO, &docs, err, errlen) != 0)
+        return -1;
+    td_stream *tr = calloc(1, sizeof *tr), *va = calloc(1, sizeof *va);
+    td_pack_opts o = {.seed = 1234, .val_fraction = 0.05, .sep_token = tok_config_of(tok)->bos_id,
+                      .max_tokens = 8u << 20};
+    int rc = (tr && va) ? td_pack(&docs, encode_cb, tok, &o, tr, va, err, errlen) : -1;
+    td_docs_free(&docs);
+    if (rc != 0) {
+        if (!tr || !va)
+            snprintf(err, errlen, "out of memory");
+        free(tr);
+        free(va);
+        return -1;
+    }
+    job_ctx_set_state(ctx, ktrain, tr, free_stream);
+    job_ctx_set_state(ctx, kval, va, free_stream);
+    *train = tr;
+    *val = va;
+    return 0;
+}
+
+const cm_tables *ps_tables(job_ctx *ctx, char *err, size_t errlen)
+{
+    cm_tables *t = job_ctx_get_state(ctx, "tables");
+    if (t)
+        return t;
+    const char *path = job_ctx_output(ctx, "calibrate", "calibration.json");
+    if (!path) {
+        snprintf(err, errlen, "the calibration is missing: the calibrate stage must run first");
+        return NULL;
+    }
+    json_error_t je;
+    json_t *cal = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!cal) {
+        snprintf(err, errlen, "%s: %s", path, je.text);
+        return NULL;
+    }
+    t = calloc(1, sizeof *t);
+    int rc = t ? cm_tables_from_json(json_object_get(cal, "tables"), "/tables", t, err, errlen) : -1;
+    json_decref(cal);
+    if (rc != 0) {
+        free(t);
+        return NULL;
+    }
+    job_ctx_set_state(ctx, "tables", t, free_tables);
+    return t;
+}
+
+const arch *ps_arch(job_ctx *ctx, char *err, size_t errlen)
+{
+    arch *a = job_ctx_get_state(ctx, "arch");
+    if (a)
+        return a;
+    const char *path = job_ctx_output(ctx, "search", "arch.json");
+    if (!path) {
+        snprintf(err, errlen, "the chosen architecture is missing: the search stage must run first");
+        return NULL;
+    }
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        snprintf(err, errlen, "%s: %s", path, je.text);
+        return NULL;
+    }
+    a = calloc(1, sizeof *a);
+    int rc = a ? arch_from_json(j, a, err, errlen) : -1;
+    json_decref(j);
+    if (rc != 0) {
+        free(a);
+        return NULL;
+    }
+    job_ctx_set_state(ctx, "arch", a, free_arch);
+    return a;
+}
+
+int ps_write_json(job_ctx *ctx, const char *name, json_t *doc, char *err, size_t errlen)
+{
+    char path[4400], tmp[4500];
+    snprintf(path, sizeof path, "%s/%s", job_ctx_stage_dir(ctx), name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = -1;
+    if (!doc) {
+        snprintf(err, errlen, "out of memory building %s", name);
+        return -1;
+    }
+    if (json_dump_file(doc, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) == 0) {
+        int fd = open(tmp, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && fsync(fd) == 0 && close(fd) == 0 && rename(tmp, path) == 0)
+            rc = 0;
+        else if (fd >= 0)
+            close(fd);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    json_decref(doc);
+    return rc;
+}

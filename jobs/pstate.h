@@ -1,0 +1,53 @@
+/* jobs/pstate.h — what the stages of one job share, loaded on first use and kept in the
+ * job context for the rest of the worker run: the backend, the parent model (ranked
+ * once the rank stage has run), its tokenizer, the calibration tables and the packed
+ * text streams. After a restart each accessor rebuilds its value from the spec and
+ * the files earlier stages wrote, so a resumed job sees what an uninterrupted one saw.
+ *
+ * Stage outputs (under the job directory):
+ *   calibrate/calibration.json   the calibration object (DESIGN.md §10)
+ *   rank/ranking.json            scores and permutations (compress/rank.h)
+ *   search/arch.json             the chosen arch; search/search.json its summary
+ *   prune/student/               pruned snapshot (storage/ckpt.h)
+ *   distill/student/             distilled snapshot; distill/ckpt/ its checkpoints
+ *   evaluate/eval.json, measure/measure.json, export/...
+ */
+#ifndef AC_JOBS_PSTATE_H
+#define AC_JOBS_PSTATE_H
+
+#include <stddef.h>
+
+#include "compress/costmodel.h"
+#include "compress/dnas.h"
+#include "compress/textdata.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "jobs/stage.h"
+
+/* The spec's target / limits / searched axes. 0, or -1 with a reason. */
+int ps_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
+void ps_limits(job_ctx *ctx, dnas_limits *lim);
+void ps_axes(job_ctx *ctx, dnas_axes *axes);
+/* An integer member of the spec by JSON path ("budgets.search_tokens"), or def. */
+long long ps_int(job_ctx *ctx, const char *path, long long def);
+
+/* Borrowed from the context (freed at the end of the worker run); NULL with a reason. */
+eng_backend *ps_backend(job_ctx *ctx, char *err, size_t errlen);
+tok_tokenizer *ps_tokenizer(job_ctx *ctx, char *err, size_t errlen);
+/* The parent; with ranked = 1 its weights are permuted by rank/ranking.json first
+ * (the rank stage must have run). */
+eng_model *ps_parent(job_ctx *ctx, int ranked, char *err, size_t errlen);
+/* Packed token streams of the spec's data.calibration or data.distillation text
+ * (which = "calibration" | "distillation"), seed 1234, 5% validation. */
+int ps_text(job_ctx *ctx, const char *which, const td_stream **train, const td_stream **val,
+            char *err, size_t errlen);
+/* The calibration tables written by the calibrate stage. */
+const cm_tables *ps_tables(job_ctx *ctx, char *err, size_t errlen);
+/* The chosen arch written by the search stage. */
+const arch *ps_arch(job_ctx *ctx, char *err, size_t errlen);
+
+/* Write a JSON document atomically into the current stage's directory under `name`
+ * (stolen). Returns 0, or -1 with a reason. */
+int ps_write_json(job_ctx *ctx, const char *name, json_t *doc, char *err, size_t errlen);
+
+#endif

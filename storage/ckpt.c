@@ -1,0 +1,169 @@
+/* storage/ckpt.c — arch.json + fp32 model.safetensors snapshots of an engine model. */
+#include "storage/ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "storage/archjson.h"
+#include "storage/safetensors.h"
+
+static int write_json_atomic(const char *path, json_t *j, char *err, size_t errlen)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    char *text = json_dumps(j, JSON_INDENT(1) | JSON_SORT_KEYS);
+    if (!text) {
+        snprintf(err, errlen, "out of memory serializing %s", path);
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    size_t len = strlen(text), off = 0;
+    int ok = fd >= 0;
+    while (ok && off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        ok = w > 0;
+        off += ok ? (size_t)w : 0;
+    }
+    if (ok && write(fd, "\n", 1) != 1)
+        ok = 0;
+    if (ok && fsync(fd) != 0)
+        ok = 0;
+    if (fd >= 0 && close(fd) != 0)
+        ok = 0;
+    free(text);
+    if (!ok || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_save(const eng_model *m, const char *dir, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int n = eng_model_tensor_count(m);
+    st_write_tensor *ts = calloc((size_t)n, sizeof *ts);
+    float **bufs = calloc((size_t)n, sizeof *bufs);
+    int rc = -1;
+    if (!ts || !bufs) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        int64_t shape[2];
+        int ndim;
+        float *dev;
+        if (eng_model_tensor(m, i, &name, shape, &ndim, &dev) != 0) {
+            snprintf(err, errlen, "tensor %d could not be enumerated", i);
+            goto out;
+        }
+        int64_t numel = ndim == 2 ? shape[0] * shape[1] : shape[0];
+        bufs[i] = malloc((size_t)numel * sizeof(float));
+        if (!bufs[i]) {
+            snprintf(err, errlen, "out of memory copying %s", name);
+            goto out;
+        }
+        m->be->to_host(m->be, bufs[i], dev, (size_t)numel * sizeof(float));
+        ts[i].name = name;
+        ts[i].data = bufs[i];
+        ts[i].ndim = ndim;
+        ts[i].shape[0] = shape[0];
+        ts[i].shape[1] = ndim == 2 ? shape[1] : 0;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_write(path, ts, n, ST_F32, NULL, err, errlen) != 0)
+        goto out;
+    json_t *aj = arch_to_json(&m->a);
+    if (!aj) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/arch.json", dir);
+    rc = write_json_atomic(path, aj, err, errlen);
+    json_decref(aj);
+out:
+    for (int i = 0; bufs && i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(ts);
+    return rc;
+}
+
+int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/arch.json", dir);
+    json_error_t je;
+    json_t *aj = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!aj) {
+        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        return -1;
+    }
+    arch a;
+    char e2[512];
+    int rc = arch_from_json(aj, &a, e2, sizeof e2);
+    json_decref(aj);
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return -1;
+    }
+    rc = eng_model_init(m, &a, be, err, errlen);
+    arch_free(&a);
+    if (rc != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file f;
+    if (st_open(&f, path, err, errlen) != 0) {
+        eng_model_free(m);
+        return -1;
+    }
+    int n = eng_model_tensor_count(m);
+    rc = 0;
+    float *buf = NULL;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const char *name;
+        int64_t shape[2];
+        int ndim;
+        float *dev;
+        if (eng_model_tensor(m, i, &name, shape, &ndim, &dev) != 0) {
+            rc = -1;
+            snprintf(err, errlen, "tensor %d could not be enumerated", i);
+            break;
+        }
+        int k = st_find(&f, name);
+        if (k < 0) {
+            snprintf(err, errlen, "%s: tensor %s is missing", path, name);
+            rc = -1;
+            break;
+        }
+        int64_t numel = f.t[k].numel;
+        float *nb = realloc(buf, (size_t)(numel > 0 ? numel : 1) * sizeof(float));
+        if (!nb) {
+            snprintf(err, errlen, "out of memory reading %s", name);
+            rc = -1;
+            break;
+        }
+        buf = nb;
+        if (st_read_f32(&f, k, buf, numel, err, errlen) != 0 ||
+            eng_model_set_tensor(m, name, buf, f.t[k].shape, f.t[k].ndim, err, errlen) != 0)
+            rc = -1;
+    }
+    free(buf);
+    st_close(&f);
+    if (rc != 0)
+        eng_model_free(m);
+    return rc;
+}
