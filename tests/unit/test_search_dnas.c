@@ -1,0 +1,187 @@
+/* tests/unit/test_search_dnas.c — the DNAS search end to end on a tiny random model with
+ * a real (small) calibration: a parent that meets the limits comes back whole, limits no
+ * arch can meet fail early naming the cheapest costs, and a parameter limit at 60% of
+ * the parent yields an arch under the limit and close to it, for both methods' shared
+ * grid. Parameter limits are exact, so the assertions do not depend on timing noise. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "compress/calibrate.h"
+#include "compress/dnas.h"
+#include "compress/minitron.h"
+
+typedef struct {
+    eng_backend *be;
+    eng_model parent;
+    cm_tables tables;
+    td_stream data;
+} world;
+
+static int setup(void **state)
+{
+    world *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    w->be = eng_backend_cpu_new(1);
+    assert_non_null(w->be);
+    arch a;
+    assert_int_equal(arch_init(&a, 4), 0);
+    snprintf(a.family, sizeof a.family, "llama");
+    a.vocab_size = 96;
+    a.hidden_size = 32;
+    a.head_dim = 8;
+    a.max_position_embeddings = 256;
+    a.rope_theta = 10000;
+    a.norm_eps = 1e-5;
+    a.tie_word_embeddings = 1;
+    for (int l = 0; l < 4; l++) {
+        a.layers[l].source_layer = l;
+        a.layers[l].n_heads = 4;
+        a.layers[l].n_kv_heads = 2;
+        a.layers[l].ffn_dim = 64;
+    }
+    char err[512];
+    assert_int_equal(eng_model_init(&w->parent, &a, w->be, err, sizeof err), 0);
+    eng_model_randomize(&w->parent, 7, 0.2f);
+    cm_target t = {.device = "cpu", .precision = "fp32", .batch_size = 1, .prompt_tokens = 16, .output_tokens = 4};
+    cal_opts o;
+    cal_opts_default(&o);
+    o.reps = 1;
+    o.warmup = 0;
+    o.n_models = 1;
+    o.validate = 0;
+    json_t *cal = cal_run(&a, &t, &o, err, sizeof err);
+    if (!cal)
+        fail_msg("calibration failed: %s", err);
+    assert_int_equal(cm_calibration_tables(cal, &w->tables, err, sizeof err), 0);
+    json_decref(cal);
+    arch_free(&a);
+    w->data.n = 4096;
+    w->data.ids = malloc(w->data.n * sizeof(int));
+    assert_non_null(w->data.ids);
+    uint64_t s = 99;
+    for (size_t i = 0; i < w->data.n; i++)
+        w->data.ids[i] = (int)(td_rng_next(&s) % 96);
+    *state = w;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    world *w = *state;
+    td_stream_free(&w->data);
+    cm_tables_free(&w->tables);
+    eng_model_free(&w->parent);
+    eng_backend_free(w->be);
+    free(w);
+    return 0;
+}
+
+static void opts(world *w, dnas_opts *o)
+{
+    dnas_opts_defaults(o);
+    o->parent = &w->parent;
+    o->tables = &w->tables;
+    o->axes.heads = o->axes.ffn = o->axes.depth = 1;
+    o->data = &w->data;
+    o->batch = 2;
+    o->seq = 32;
+    o->search_tokens = 2 * 32 * 12;
+}
+
+static void test_parent_meets_limits(void **state)
+{
+    world *w = *state;
+    dnas_opts o;
+    opts(w, &o);
+    o.limits.params = 1e12;
+    dnas_result r;
+    char err[1024];
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    assert_true(r.parent_feasible);
+    assert_true(arch_equal(&r.arch, &w->parent.a));
+    assert_int_equal(r.selection_tokens, 0);
+    dnas_result_free(&r);
+}
+
+static void test_infeasible_names_cheapest(void **state)
+{
+    world *w = *state;
+    dnas_opts o;
+    opts(w, &o);
+    o.limits.params = 100;   /* below the embedding alone */
+    dnas_result r;
+    char err[1024] = "";
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), -1);
+    printf("error: %s\n", err);
+    assert_non_null(strstr(err, "cheapest"));
+    assert_non_null(strstr(err, "params"));
+}
+
+static void test_params_limit_sits_at_limit(void **state)
+{
+    world *w = *state;
+    dnas_opts o;
+    opts(w, &o);
+    double parent = (double)arch_params(&w->parent.a);
+    o.limits.params = 0.6 * parent;
+    dnas_result r;
+    char err[1024];
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    double got = (double)arch_params(&r.arch);
+    char s[1024];
+    arch_summary(&r.arch, s, sizeof s);
+    printf("chosen %s: %.0f params (limit %.0f, parent %.0f), %lld selection tokens\n", s, got, o.limits.params,
+           parent, (long long)r.selection_tokens);
+    assert_false(r.parent_feasible);
+    assert_true(got <= o.limits.params);
+    assert_true((double)r.predicted.params <= o.limits.params);
+    assert_true(got >= 0.9 * o.limits.params);   /* the grow step leaves little slack */
+    assert_int_equal(r.selection_tokens, o.search_tokens);
+    assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
+    dnas_result_free(&r);
+}
+
+/* Minitron++ frontier: uniform, feasible, largest first. */
+static void test_minitron_frontier(void **state)
+{
+    world *w = *state;
+    mn_opts o = {.parent = &w->parent.a, .tables = &w->tables, .max_candidates = 3};
+    o.axes.heads = o.axes.ffn = o.axes.depth = 1;
+    o.limits.params = 0.6 * (double)arch_params(&w->parent.a);
+    arch *c = NULL;
+    int n = 0;
+    char err[1024];
+    assert_int_equal(mn_frontier(&o, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1 && n <= 3);
+    for (int i = 0; i < n; i++) {
+        char sm[512];
+        arch_summary(&c[i], sm, sizeof sm);
+        printf("candidate %d: %s (%lld params)\n", i, sm, (long long)arch_params(&c[i]));
+        if (i)
+            assert_true(arch_params(&c[i]) <= arch_params(&c[i - 1]));
+    }
+    for (int i = 0; i < n; i++) {
+        assert_true(arch_is_uniform(&c[i]));
+        assert_true((double)arch_params(&c[i]) <= o.limits.params);
+        arch_free(&c[i]);
+    }
+    free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parent_meets_limits),
+        cmocka_unit_test(test_infeasible_names_cheapest),
+        cmocka_unit_test(test_params_limit_sits_at_limit),
+        cmocka_unit_test(test_minitron_frontier),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
