@@ -4,6 +4,15 @@
  * table. Buffers are device memory of the backend; fp32 unless an op says otherwise.
  * Allocation is accounted (current and peak bytes) so memory predictions can be
  * checked against measurement.
+ *
+ * Conventions for the ops below: every tensor is dense row-major; shapes are given in
+ * brackets with the fastest index last. N is a row count (tokens, B*T). "acc" means the
+ * op ADDS into that output (+=), "out" means it overwrites. Integer arrays (tokens,
+ * positions, lengths, targets) are device int32. Scalars passed as `const float *..._dev`
+ * live in device memory (mask gates); plain float scalars are host values. Ops are
+ * asynchronous on a device backend; sync() waits; results read with to_host are ready
+ * after it (to_host itself synchronizes). No op allocates unless its comment says so.
+ * A backend is driven by one host thread at a time (the accounting is not atomic).
  */
 #ifndef AC_ENGINE_BACKEND_H
 #define AC_ENGINE_BACKEND_H
@@ -13,13 +22,19 @@
 
 typedef struct eng_backend eng_backend;
 
+/* Query rows per attention tile in the CPU backend (its attention scratch per thread is
+ * ENG_CPU_ATTN_ROWS x S floats). */
+#define ENG_CPU_ATTN_ROWS 32
+
 struct eng_backend {
     const char *name;            /* "cpu", "cuda:0" */
     int threads;                 /* CPU worker threads (0 = default) */
     size_t cur_bytes, peak_bytes;/* accounted device bytes */
     void *impl;                  /* backend private state */
 
-    /* Memory. alloc returns NULL on failure (nothing accounted). */
+    /* Memory. alloc returns NULL on failure (nothing accounted). Allocations are
+     * 64-byte aligned and NOT zeroed. free(NULL, 0) is a no-op; `bytes` must be the
+     * size passed to alloc. */
     void *(*alloc)(eng_backend *be, size_t bytes);
     void (*free)(eng_backend *be, void *p, size_t bytes);
     void (*to_device)(eng_backend *be, void *dst, const void *host_src, size_t bytes);
@@ -27,13 +42,130 @@ struct eng_backend {
     void (*copy)(eng_backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(eng_backend *be, void *dst, size_t bytes);
     void (*sync)(eng_backend *be);
+    /* Release impl and the struct itself (called by eng_backend_free). */
+    void (*destroy)(eng_backend *be);
 
-    /* The numerical ops are added by the engine (see backend_cpu.c for the reference). */
+    /* ---- dense algebra ------------------------------------------------------------
+     * gemm: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
+     *   ta = 0: A is stored [M,K] with row stride lda (>= K); ta = 1: A stored [K,M], lda >= M.
+     *   tb = 0: B is stored [K,N] with row stride ldb (>= N); tb = 1: B stored [N,K], ldb >= K.
+     *   C has row stride ldc (>= N). beta = 0 ignores C's old contents (even NaN).
+     * A linear layer y = x W^T (W [out,in] as in HF) is gemm(0,1, N,out,in, 1, x,in, W,in, 0, y,out). */
+    void (*gemm)(eng_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+    /* ---- normalization --------------------------------------------------------------
+     * rmsnorm_fwd: for each row n of x[N,C]:
+     *   rstd[n] = 1 / sqrt(sum_c x[n,c]^2 / n_eff + eps);  y[n,c] = x[n,c] * rstd[n] * w[c].
+     *   n_eff is the divisor (C for a plain model; the hidden mask's kept count otherwise).
+     *   y [N,C] out (may not alias x); rstd [N] out (may be NULL when not needed).
+     * rmsnorm_bwd: given dy [N,C], x, w, rstd from the forward:
+     *   dx [N,C] acc:  dx += rstd*w*dy - x * rstd^3 / n_eff * sum_c(dy*w*x)
+     *   dw [C]   acc (may be NULL):  dw += sum_n dy * x * rstd
+     *   d_neff [1] acc (device scalar, may be NULL):
+     *            d_neff += sum_n rstd^3 * sum_c(x^2) / (2 n_eff^2) * sum_c(dy*w*x)  */
+    void (*rmsnorm_fwd)(eng_backend *be, float *y, float *rstd, const float *x, const float *w,
+                        int N, int C, float n_eff, float eps);
+    void (*rmsnorm_bwd)(eng_backend *be, float *dx, float *dw, float *d_neff, const float *dy,
+                        const float *x, const float *w, const float *rstd, int N, int C, float n_eff);
+
+    /* ---- rotary position embedding (HF rotate_half layout) -------------------------
+     * x [N,H,D] in place; pos [N] (device int) the absolute position of each row;
+     * inv_freq [D/2] (device). For i < D/2, angle = pos*inv_freq[i]:
+     *   fwd: (x1, x2) = (x[i], x[i+D/2]) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+     *   bwd: the transpose (rotation by -angle), applied to a gradient in place.        */
+    void (*rope_fwd)(eng_backend *be, float *x, const int *pos, const float *inv_freq, int N, int H, int D);
+    void (*rope_bwd)(eng_backend *be, float *dx, const int *pos, const float *inv_freq, int N, int H, int D);
+
+    /* ---- causal grouped-query attention ---------------------------------------------
+     * q [B,T,Hq,D] (T new queries per row), k, v [B,S,Hkv,D] (the whole key/value
+     * sequence of each row: a KV cache of capacity S, or the prompt itself with S = T).
+     * pos0 [B] (device int): position of row b's first query (= tokens already cached).
+     * lens [B] (device int): valid queries of row b (right padding beyond them).
+     * Query t of row b (t < lens[b]) attends keys j <= pos0[b] + t; its head h uses KV
+     * head h / (Hq/Hkv). scale multiplies q.k (usually 1/sqrt(D)).
+     *   out [B,T,Hq,D] out; padded queries (t >= lens[b]) get 0.
+     *   lse [B,T,Hq] out (may be NULL): log-sum-exp of the scaled scores, for backward.
+     * Implementations must not materialize [B,Hq,T,S] scores (CPU: per-thread tiles of
+     * ENG_CPU_ATTN_ROWS x S floats, allocated through be->alloc for the duration of the
+     * call: threads * ENG_CPU_ATTN_ROWS * S * 4 bytes).
+     * attn_bwd: given dout [B,T,Hq,D] and the forward's q, k, v, out, lse:
+     *   dq [B,T,Hq,D] out, dk [B,S,Hkv,D] out, dv [B,S,Hkv,D] out (positions no query
+     *   attended get 0; padded queries contribute nothing). CPU scratch: two tiles per
+     *   thread (threads * 2 * ENG_CPU_ATTN_ROWS * S * 4 bytes), through be->alloc.      */
+    void (*attn_fwd)(eng_backend *be, float *out, float *lse, const float *q, const float *k,
+                     const float *v, const int *pos0, const int *lens,
+                     int B, int T, int S, int Hq, int Hkv, int D, float scale);
+    void (*attn_bwd)(eng_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                     const float *q, const float *k, const float *v, const float *out,
+                     const float *lse, const int *pos0, const int *lens,
+                     int B, int T, int S, int Hq, int Hkv, int D, float scale);
+
+    /* ---- SwiGLU -----------------------------------------------------------------------
+     * fwd: h[i] = silu(gate[i]) * up[i] over n elements (h out, may not alias inputs).
+     * bwd: dgate[i] = dh*up*silu'(gate), dup[i] = dh*silu(gate) (both out).            */
+    void (*swiglu_fwd)(eng_backend *be, float *h, const float *gate, const float *up, size_t n);
+    void (*swiglu_bwd)(eng_backend *be, float *dgate, float *dup, const float *dh,
+                       const float *gate, const float *up, size_t n);
+
+    /* ---- embedding -------------------------------------------------------------------
+     * fwd: out[n,:] = table[tokens[n],:]   (table [V,C], out [N,C] out).
+     * bwd: dtable[tokens[n],:] += dout[n,:]  (acc; repeated tokens sum).
+     * Tokens must be in [0,V) (the model checks on the host first).                   */
+    void (*embed_fwd)(eng_backend *be, float *out, const float *table, const int *tokens, int N, int C);
+    void (*embed_bwd)(eng_backend *be, float *dtable, const float *dout, const int *tokens, int N, int C);
+
+    /* ---- losses over R rows of V logits ------------------------------------------------
+     * xent: softmax cross-entropy. targets [R] (device int, -1 = ignored row).
+     *   loss [R] out: -log softmax(logits)[target] (0 for ignored rows).
+     *   dlogits [R,V] acc (may be NULL: forward only): += dscale * (softmax - onehot);
+     *   ignored rows get nothing.
+     * kl: KL(teacher || student) at temperature tau, scaled by tau^2:
+     *   p = softmax(t_logits/tau), q = softmax(s_logits/tau),
+     *   loss [R] out: tau^2 * sum_v p (log p - log q);
+     *   dlogits [R,V] acc (may be NULL): += dscale * tau * (q - p)   (d loss / d s_logits).
+     *   rows with targets[r] == -1 count as ignored here too when `targets` is non-NULL. */
+    void (*xent)(eng_backend *be, float *loss, float *dlogits, float dscale,
+                 const float *logits, const int *targets, int R, int V);
+    void (*kl)(eng_backend *be, float *loss, float *dlogits, float dscale, const float *s_logits,
+               const float *t_logits, const int *targets, int R, int V, float tau);
+
+    /* ---- elementwise and reductions ---------------------------------------------------- */
+    void (*add)(eng_backend *be, float *y, const float *a, const float *b, size_t n); /* y = a + b (y may alias) */
+    void (*axpy)(eng_backend *be, float *y, float alpha, const float *x, size_t n);   /* y += alpha*x */
+    void (*axpy_dev)(eng_backend *be, float *y, const float *alpha_dev, const float *x, size_t n); /* y += (*alpha_dev)*x */
+    void (*scale)(eng_backend *be, float *x, float alpha, size_t n);                  /* x *= alpha */
+    void (*fill)(eng_backend *be, float *x, float value, size_t n);                   /* x[:] = value */
+    void (*dot_acc)(eng_backend *be, float *out_dev, const float *a, const float *b, size_t n); /* *out_dev += sum a*b */
+    /* Group mask: x, y [N, G*D]; m [G]. fwd: y[n,g,d] = x[n,g,d] * m[g] (y may alias x).
+     * bwd: dx = dy * m (out; may alias dy); dm [G] acc (may be NULL) += sum_{n,d} dy*x.
+     * The hidden mask is G = C, D = 1; head masks G = Hq, D = head_dim; FFN masks D = 1. */
+    void (*mask_fwd)(eng_backend *be, float *y, const float *x, const float *m, int N, int G, int D);
+    void (*mask_bwd)(eng_backend *be, float *dx, float *dm, const float *dy, const float *x,
+                     const float *m, int N, int G, int D);
+    void (*bias_add)(eng_backend *be, float *y, const float *b, int N, int M);  /* y[N,M] += b[M] per row */
+    void (*colsum_acc)(eng_backend *be, float *out, const float *x, int N, int M); /* out[M] += sum_n x[n,:] */
+    /* out[G] acc: += sum_n ||x[n,g,:]||_2 over x [N,G*D] (D = 1: sum of |x|). For ranking statistics. */
+    void (*group_norm_sum)(eng_backend *be, float *out, const float *x, int N, int G, int D);
+    double (*sumsq)(eng_backend *be, const float *x, size_t n);   /* host result: sum x^2 (synchronizes) */
+
+    /* ---- optimizer ---------------------------------------------------------------------
+     * AdamW over n parameters, decoupled weight decay, with g' = g * gscale:
+     *   m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
+     *   p -= lr * ( (m/bc1) / (sqrt(v/bc2) + eps) + wd * p )
+     * where bc1 = 1 - b1^t, bc2 = 1 - b2^t are passed by the caller. p, m, v updated in place. */
+    void (*adamw)(eng_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale);
 };
 
-/* Create the CPU backend with `threads` worker threads (0: all cores).
+/* Create the CPU backend with `threads` worker threads (0: all cores). Sets the OpenMP
+ * thread count for the process (process-wide) and OpenBLAS to one thread: GEMMs are
+ * split across the OpenMP threads so only one thread pool ever runs.
  * Returns a new backend, or NULL on OOM. Free with eng_backend_free. */
 eng_backend *eng_backend_cpu_new(int threads);
+
+/* Free any backend (calls be->destroy). Safe on NULL. Leaked accounted bytes are the
+ * caller's bug; tests check cur_bytes == 0 first. */
 void eng_backend_free(eng_backend *be);
 
 /* Reset the peak counter to the current bytes. */

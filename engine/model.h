@@ -139,7 +139,8 @@ enum { ENG_GRAD_WEIGHTS = 1, ENG_GRAD_MASKS = 2 };
 typedef struct {
     int kind;                   /* ENG_LOSS_CE, ENG_LOSS_KD, or both (mixed) */
     const int *targets;         /* [B*T] next-token targets, -1 = ignored (CE) */
-    eng_model *teacher;         /* KD: teacher run on the same tokens (no grads) */
+    eng_model *teacher;         /* KD: teacher run on the same tokens (no grads); the
+                                   model itself may be its teacher: it then runs unmasked */
     float temperature;          /* KD: softmax temperature (loss scaled by T^2) */
     float kd_weight;            /* mixed: loss = kd_weight*KD + (1-kd_weight)*CE */
 } eng_loss_spec;
@@ -171,5 +172,36 @@ void eng_adamw_free(eng_adamw *o);
 /* Sampling from logits [V] (host): temperature 0 = greedy (argmax); else softmax at
  * temperature then nucleus top_p (1.0 = off). rng is a xorshift state. */
 int eng_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng);
+
+/* ---- additions by the engine (CPU path); existing declarations above are unchanged ---- */
+
+/* Rows of logits computed at once (forward ALL mode and the training loss): the device
+ * holds at most ENG_LOGIT_CHUNK_ROWS x V logits (plus as many teacher logits and
+ * logit gradients in training). */
+#define ENG_LOGIT_CHUNK_ROWS 256
+
+/* RoPE inverse frequencies [head_dim/2] for `a` (host), with linear or llama3 scaling
+ * applied as in HF transformers. "dynamic" scaling is the unscaled table (exact up to
+ * max_position_embeddings; longer contexts are not supported). Returns 0. */
+int eng_rope_inv_freq(const arch *a, float *out);
+
+/* Bytes eng_forward allocates on the backend for a call of B rows x T tokens
+ * (everything freed before it returns; see model.c's header for the items), for an
+ * unmasked model of shape `a`: kv_max_T is the cache capacity when a cache is used
+ * (0: none), threads the backend's thread count, with_stats 1 when statistics are
+ * collected. The attention term is the CPU backend's (threads x ENG_CPU_ATTN_ROWS x S
+ * floats); another backend's own attention scratch differs. The KV cache itself is
+ * eng_kv_bytes_for; weights are arch_params * 4 (+ head_dim/2 floats of RoPE table). */
+size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
+                                   int threads, int with_stats);
+
+/* Bytes of a KV cache for B rows and max_T positions (what eng_kv_new allocates). */
+size_t eng_kv_bytes_for(const arch *a, int B, int max_T);
+
+/* Bytes eng_forward_backward allocates for B x T tokens (saved activations, backward
+ * scratch, loss chunk buffers; the teacher's own forward workspace, freed before the
+ * student's forward starts, is excluded), for this model's current state (masks enabled
+ * or not). teacher_hidden: the KD teacher's hidden size, 0 without KD. */
+size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, int teacher_hidden);
 
 #endif

@@ -1,0 +1,295 @@
+/* bench/engine/engine_bench.c — engine speed on a SmolLM2-135M-shaped model with random
+ * weights (hidden 576, 30 layers, 9/3 heads, head_dim 64, FFN 1536, vocab 49152, tied):
+ * prefill tokens/s (batch 1 and 8 x 512), decode tokens/s (batch 1 and 8 after a 128-token
+ * prompt), training-step tokens/s (CE, forward+backward+AdamW), plus the machine's ceilings
+ * measured in the same run: sgemm GFLOP/s on a large square GEMM and memory bandwidth (triad).
+ * Usage: engine_bench [--threads N] [--quick]. Prints "name value unit" lines.
+ * Times are process CPU seconds (CLOCK_PROCESS_CPUTIME_ID), robust to a shared, oversubscribed
+ * machine for single-threaded runs; wall-clock rates are printed beside as NAME_wall.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/model.h"
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A timing: CPU seconds and wall seconds; best keeps the smallest CPU time. */
+typedef struct {
+    double cpu, wall;
+} tm_t;
+
+static tm_t tm_start(void)
+{
+    tm_t t = {cpu_s(), wall_s()};
+    return t;
+}
+
+static tm_t tm_since(tm_t t0)
+{
+    tm_t t = {cpu_s() - t0.cpu, wall_s() - t0.wall};
+    return t;
+}
+
+static double last_wall;   /* wall seconds of the best run of the last bench_* call */
+
+static void smollm2_arch(arch *a, int layers)
+{
+    if (arch_init(a, layers) != 0) {
+        fprintf(stderr, "engine_bench: out of memory\n");
+        exit(1);
+    }
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 49152;
+    a->hidden_size = 576;
+    a->head_dim = 64;
+    a->max_position_embeddings = 8192;
+    a->rope_theta = 100000;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 1;
+    for (int l = 0; l < layers; l++) {
+        a->layers[l].source_layer = l;
+        a->layers[l].n_heads = 9;
+        a->layers[l].n_kv_heads = 3;
+        a->layers[l].ffn_dim = 1536;
+    }
+}
+
+static double bench_sgemm(eng_backend *be, int n)
+{
+    size_t bytes = sizeof(float) * (size_t)n * n;
+    float *A = be->alloc(be, bytes), *B = be->alloc(be, bytes), *C = be->alloc(be, bytes);
+    if (!A || !B || !C)
+        return 0;
+    be->fill(be, A, 0.5f, (size_t)n * n);
+    be->fill(be, B, 0.25f, (size_t)n * n);
+    be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        tm_t t0 = tm_start();
+        be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+        tm_t dt = tm_since(t0);
+        if (dt.cpu < best)
+            best = dt.cpu;
+    }
+    be->free(be, A, bytes);
+    be->free(be, B, bytes);
+    be->free(be, C, bytes);
+    return 2.0 * n * (double)n * n / best / 1e9;
+}
+
+/* STREAM triad a = b + s*c over n floats; bytes moved = 3 * 4n (write-allocate ignored). */
+static double bench_triad(size_t n)
+{
+    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
+    if (!a || !b || !c)
+        return 0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        a[i] = 0;
+        b[i] = 1;
+        c[i] = 2;
+    }
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        tm_t t0 = tm_start();
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++)
+            a[i] = b[i] + 3.0f * c[i];
+        tm_t dt = tm_since(t0);
+        if (dt.cpu < best)
+            best = dt.cpu;
+    }
+    volatile float sink = a[n / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    free(c);
+    return 3.0 * 4.0 * (double)n / best / 1e9;
+}
+
+static void die(const char *what, const char *err)
+{
+    fprintf(stderr, "engine_bench: %s: %s\n", what, err);
+    exit(1);
+}
+
+/* Prefill B x T (LOGITS_LAST) tokens/s, best of reps. */
+static double bench_prefill(eng_model *m, int B, int T, int reps)
+{
+    char err[256];
+    int *tok = malloc(sizeof(int) * (size_t)B * T);
+    float *logits = malloc(sizeof(float) * (size_t)B * m->a.vocab_size);
+    if (!tok || !logits)
+        die("prefill", "out of memory");
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (i * 7919 + 13) % m->a.vocab_size;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        eng_fwd_args fa = {.tokens = tok, .B = B, .T = T, .logits_mode = ENG_LOGITS_LAST, .logits = logits};
+        tm_t t0 = tm_start();
+        if (eng_forward(m, &fa, err, sizeof err) != 0)
+            die("prefill", err);
+        tm_t dt = tm_since(t0);
+        if (dt.cpu < best) {
+            best = dt.cpu;
+            last_wall = dt.wall;
+        }
+    }
+    free(tok);
+    free(logits);
+    return (double)B * T / best;
+}
+
+/* Decode: prompt of P tokens per row, then steps greedy tokens; tokens/s of the decode phase. */
+static double bench_decode(eng_model *m, int B, int P, int steps)
+{
+    char err[256];
+    int V = m->a.vocab_size;
+    eng_kv_cache *kv = eng_kv_new(m, B, P + steps);
+    int *tok = malloc(sizeof(int) * (size_t)B * P);
+    float *logits = malloc(sizeof(float) * (size_t)B * V);
+    if (!kv || !tok || !logits)
+        die("decode", "out of memory");
+    for (int i = 0; i < B * P; i++)
+        tok[i] = (i * 31 + 5) % V;
+    eng_fwd_args pa = {.tokens = tok, .B = B, .T = P, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = logits};
+    if (eng_forward(m, &pa, err, sizeof err) != 0)
+        die("decode prefill", err);
+    int next[64];
+    tm_t t0 = tm_start();
+    for (int s = 0; s < steps; s++) {
+        for (int b = 0; b < B; b++)
+            next[b] = eng_sample(logits + (size_t)b * V, V, 0.0f, 1.0f, NULL);
+        eng_fwd_args da = {.tokens = next, .B = B, .T = 1, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = logits};
+        if (eng_forward(m, &da, err, sizeof err) != 0)
+            die("decode", err);
+    }
+    tm_t dt = tm_since(t0);
+    last_wall = dt.wall;
+    eng_kv_free(kv);
+    free(tok);
+    free(logits);
+    return (double)B * steps / dt.cpu;
+}
+
+static double bench_train(eng_model *m, int B, int T, int steps)
+{
+    char err[256];
+    int V = m->a.vocab_size;
+    if (eng_model_enable_grads(m) != 0)
+        die("train", "out of memory for gradients");
+    eng_adamw *o = eng_adamw_new(m);
+    int *tok = malloc(sizeof(int) * (size_t)B * T), *tg = malloc(sizeof(int) * (size_t)B * T);
+    if (!o || !tok || !tg)
+        die("train", "out of memory");
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 131 + 7) % V;
+        tg[i] = (i * 131 + 138) % V;
+    }
+    eng_loss_spec ls = {.kind = ENG_LOSS_CE, .targets = tg};
+    eng_loss_result lr;
+    double best = 1e30;
+    for (int s = 0; s < steps; s++) {
+        tm_t t0 = tm_start();
+        eng_model_zero_grads(m);
+        if (eng_forward_backward(m, tok, B, T, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err) != 0)
+            die("train", err);
+        eng_adamw_step(o, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f);
+        tm_t dt = tm_since(t0);
+        if (dt.cpu < best) {
+            best = dt.cpu;
+            last_wall = dt.wall;
+        }
+    }
+    eng_adamw_free(o);
+    free(tok);
+    free(tg);
+    return (double)B * T / best;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 0, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0 || v > 1024) {
+                fprintf(stderr, "engine_bench: bad --threads\n");
+                return 2;
+            }
+            threads = (int)v;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else {
+            fprintf(stderr, "usage: engine_bench [--threads N] [--quick]\n");
+            return 2;
+        }
+    }
+    eng_backend *be = eng_backend_cpu_new(threads);
+    if (!be)
+        die("backend", "out of memory");
+    printf("threads %d\n", be->threads);
+    double gf = bench_sgemm(be, quick ? 1024 : 2048);
+    printf("sgemm_gflops %.1f GFLOP/s\n", gf);
+    double bw = bench_triad((size_t)(quick ? 16 : 64) << 20);
+    printf("triad_bandwidth %.2f GB/s\n", bw);
+    fflush(stdout);
+
+    arch a;
+    smollm2_arch(&a, 30);
+    eng_model m;
+    char err[256];
+    if (eng_model_init(&m, &a, be, err, sizeof err) != 0)
+        die("model", err);
+    eng_model_randomize(&m, 1, 0.02f);
+    double weight_bytes = (double)m.n_params * 4;
+    printf("params %zu\n", m.n_params);
+    /* FLOPs per token for the projections (2 * non-embedding params) */
+    double flop_tok = 2.0 * (double)(m.n_params - (size_t)a.vocab_size * a.hidden_size - a.hidden_size);
+    int T = quick ? 128 : 512;
+    bench_prefill(&m, 1, 64, 1);   /* warm-up */
+    double p1 = bench_prefill(&m, 1, T, quick ? 1 : 2);
+    printf("prefill_b1 %.1f tok/s (T=%d; %.1f GFLOP/s in projections)\n", p1, T, p1 * flop_tok / 1e9);
+    printf("prefill_b1_wall %.1f tok/s\n", T / last_wall);
+    fflush(stdout);
+    double p8 = bench_prefill(&m, 8, T, 1);
+    printf("prefill_b8 %.1f tok/s (T=%d; %.1f GFLOP/s in projections)\n", p8, T, p8 * flop_tok / 1e9);
+    printf("prefill_b8_wall %.1f tok/s\n", 8.0 * T / last_wall);
+    fflush(stdout);
+    int steps = quick ? 8 : 32;
+    double d1 = bench_decode(&m, 1, 128, steps);
+    printf("decode_b1 %.2f tok/s (prompt 128, %d steps; %.2f GB/s of weights read)\n", d1, steps, d1 * weight_bytes / 1e9);
+    printf("decode_b1_wall %.2f tok/s\n", steps / last_wall);
+    fflush(stdout);
+    double d8 = bench_decode(&m, 8, 128, steps);
+    printf("decode_b8 %.2f tok/s (prompt 128, %d steps)\n", d8, steps);
+    printf("decode_b8_wall %.2f tok/s\n", 8.0 * steps / last_wall);
+    fflush(stdout);
+    int TB = quick ? 1 : 4, TT = quick ? 64 : 256;
+    double tr = bench_train(&m, TB, TT, quick ? 1 : 2);
+    printf("train_step %.1f tok/s (B=%d T=%d, CE, fwd+bwd+AdamW)\n", tr, TB, TT);
+    printf("train_step_wall %.1f tok/s\n", (double)TB * TT / last_wall);
+    printf("peak_bytes %zu\n", be->peak_bytes);
+    eng_model_free(&m);
+    arch_free(&a);
+    eng_backend_free(be);
+    return 0;
+}

@@ -1,0 +1,204 @@
+/* engine/devices.c — device enumeration and backend creation by name. The CPU is
+ * described from sysconf and the compiler's CPU feature probe (no files are read);
+ * CUDA devices come from cuda/backend_cuda.h when built with AC_CUDA=1.
+ */
+#include "engine/devices.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(AC_CUDA) && AC_CUDA
+#include "cuda/backend_cuda.h"
+#define DEV_HAVE_CUDA 1
+#else
+#define DEV_HAVE_CUDA 0
+#endif
+
+static const char NO_CUDA_MSG[] = "this build has no CUDA backend (make CUDA=1)";
+
+static int dev_cuda_count(void)
+{
+#if DEV_HAVE_CUDA
+    int n = cu_device_count();
+    return n > 0 ? n : 0;
+#else
+    return 0;
+#endif
+}
+
+int eng_device_count(void)
+{
+    return 1 + dev_cuda_count();
+}
+
+static void dev_cpu_info(eng_device_info *out)
+{
+    snprintf(out->name, sizeof out->name, "cpu");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page = sysconf(_SC_PAGESIZE);
+    out->cores = cores > 0 ? (int)cores : 1;
+    out->memory_bytes = (pages > 0 && page > 0) ? (uint64_t)pages * (uint64_t)page : 0;
+    const char *feat = "";
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        feat = " (AVX-512)";
+    else if (__builtin_cpu_supports("avx2"))
+        feat = " (AVX2)";
+    const char *isa = "x86_64";
+#elif defined(__aarch64__)
+    const char *isa = "aarch64";
+#else
+    const char *isa = "unknown";
+#endif
+    snprintf(out->description, sizeof out->description, "%s CPU%s, %d cores", isa, feat, out->cores);
+}
+
+int eng_device_get(int i, eng_device_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (i == 0) {
+        dev_cpu_info(out);
+        return 0;
+    }
+    if (i < 0 || i > dev_cuda_count())
+        return -1;
+#if DEV_HAVE_CUDA
+    int gpu = i - 1;
+    snprintf(out->name, sizeof out->name, "cuda:%d", gpu);
+    if (cu_device_query(gpu, out->description, sizeof out->description, &out->memory_bytes,
+                        &out->cc_major, &out->cc_minor, &out->cores) != 0) {
+        memset(out, 0, sizeof *out);
+        return -1;
+    }
+    return 0;
+#else
+    return -1;
+#endif
+}
+
+int eng_device_parse(const char *device, int *kind, int *index, char *err, size_t errlen)
+{
+    if (!device || !*device) {
+        snprintf(err, errlen, "empty device name (expected \"cpu\" or \"cuda:N\")");
+        return -1;
+    }
+    if (strcmp(device, "cpu") == 0) {
+        *kind = 0;
+        *index = 0;
+        return 0;
+    }
+    if (strcmp(device, "cuda") == 0) {
+        *kind = 1;
+        *index = 0;
+        return 0;
+    }
+    if (strncmp(device, "cuda:", 5) == 0) {
+        const char *s = device + 5;
+        char *end = NULL;
+        if (*s < '0' || *s > '9') {
+            snprintf(err, errlen, "%s: expected a device index after \"cuda:\"", device);
+            return -1;
+        }
+        long v = strtol(s, &end, 10);
+        if (*end != '\0' || v < 0 || v > 1023) {
+            snprintf(err, errlen, "%s: bad CUDA device index", device);
+            return -1;
+        }
+        *kind = 1;
+        *index = (int)v;
+        return 0;
+    }
+    snprintf(err, errlen, "%s: unknown device (expected \"cpu\" or \"cuda:N\")", device);
+    return -1;
+}
+
+int eng_device_exists(const char *device, char *err, size_t errlen)
+{
+    int kind = 0, index = 0;
+    if (eng_device_parse(device, &kind, &index, err, errlen) != 0)
+        return 0;
+    if (kind == 0)
+        return 1;
+    if (!DEV_HAVE_CUDA) {
+        snprintf(err, errlen, "%s: %s", device, NO_CUDA_MSG);
+        return 0;
+    }
+    int n = dev_cuda_count();
+    if (index >= n) {
+        if (n == 0)
+            snprintf(err, errlen, "%s: no CUDA device is present on this machine", device);
+        else
+            snprintf(err, errlen, "%s: only %d CUDA device%s (cuda:0..cuda:%d)", device, n,
+                     n == 1 ? "" : "s", n - 1);
+        return 0;
+    }
+    return 1;
+}
+
+eng_backend *eng_backend_new(const char *device, char *err, size_t errlen)
+{
+    int kind = 0, index = 0;
+    if (eng_device_parse(device, &kind, &index, err, errlen) != 0)
+        return NULL;
+    if (kind == 0) {
+        eng_backend *be = eng_backend_cpu_new(0);
+        if (!be)
+            snprintf(err, errlen, "cpu: out of memory creating the backend");
+        return be;
+    }
+#if DEV_HAVE_CUDA
+    if (!eng_device_exists(device, err, errlen))
+        return NULL;
+    return eng_backend_cuda_new(index, err, errlen);
+#else
+    snprintf(err, errlen, "%s: %s", device, NO_CUDA_MSG);
+    return NULL;
+#endif
+}
+
+int eng_backend_check(eng_backend *be, char *err, size_t errlen)
+{
+    if (!be)
+        return 0;
+    be->sync(be);
+#if DEV_HAVE_CUDA
+    const char *e = cu_backend_error(be);
+    if (e[0]) {
+        snprintf(err, errlen, "%s: %s", be->name, e);
+        return -1;
+    }
+#else
+    (void)err;
+    (void)errlen;
+#endif
+    return 0;
+}
+
+int eng_backend_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen)
+{
+    int fp32 = strcmp(precision, "fp32") == 0;
+    int half = strcmp(precision, "bf16") == 0 || strcmp(precision, "fp16") == 0;
+    if (!fp32 && !half) {
+        snprintf(err, errlen, "%s: unknown precision (expected fp32, bf16 or fp16)", precision);
+        return -1;
+    }
+#if DEV_HAVE_CUDA
+    if (strncmp(be->name, "cuda", 4) == 0) {
+        int p = fp32 ? CU_PREC_FP32 : strcmp(precision, "bf16") == 0 ? CU_PREC_BF16 : CU_PREC_FP16;
+        if (cu_backend_set_precision(be, p) != 0) {
+            snprintf(err, errlen, "%s: cannot set precision %s", be->name, precision);
+            return -1;
+        }
+        return 0;
+    }
+#endif
+    if (!fp32) {
+        snprintf(err, errlen, "%s: precision %s is not available on this backend (fp32 only)", be->name, precision);
+        return -1;
+    }
+    return 0;
+}

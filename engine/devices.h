@@ -1,0 +1,60 @@
+/* engine/devices.h — the compute devices this build can run on, and backends for them
+ * by name. "cpu" is always device 0; "cuda:N" devices follow when the binary was built
+ * with CUDA=1 (-DAC_CUDA=1) and a driver and GPU are present. Without CUDA support a
+ * "cuda:N" name is refused with a message saying so; nothing is faked.
+ */
+#ifndef AC_ENGINE_DEVICES_H
+#define AC_ENGINE_DEVICES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+
+typedef struct {
+    char name[32];            /* "cpu", "cuda:0", ... (what eng_backend_new accepts) */
+    char description[128];    /* "NVIDIA H100 80GB HBM3", "x86_64 CPU (AVX2, FMA)" */
+    uint64_t memory_bytes;    /* device memory (GPU) or physical RAM (CPU) */
+    int cc_major, cc_minor;   /* CUDA compute capability; 0, 0 for the CPU */
+    int cores;                /* CPU: online logical cores; GPU: streaming multiprocessors */
+} eng_device_info;
+
+/* Number of devices: 1 (the CPU) plus the CUDA devices the driver reports (0 of those in
+ * a CPU-only build or without a working driver). Never fails. */
+int eng_device_count(void);
+
+/* Fill *out for device i (0 = cpu, 1.. = cuda:0..). Returns 0, or -1 when i is out of
+ * range or the driver refuses the query (out is then zeroed).
+ * (Named _get because C does not allow a function and a type to share the name
+ * eng_device_info.) */
+int eng_device_get(int i, eng_device_info *out);
+
+/* Parse a device name: "cpu" -> *kind 0, *index 0; "cuda" or "cuda:N" -> *kind 1,
+ * *index N. Returns 0, or -1 with a message in err for anything else (no range check
+ * against present devices: see eng_device_exists). */
+int eng_device_parse(const char *device, int *kind, int *index, char *err, size_t errlen);
+
+/* 1 if `device` names a device present in this build on this machine, else 0 with the
+ * reason in err ("this build has no CUDA backend (make CUDA=1)", "cuda:3: only 2 CUDA
+ * devices", ...). */
+int eng_device_exists(const char *device, char *err, size_t errlen);
+
+/* Create a backend for `device` ("cpu", "cuda:N"). Returns a new backend (free with
+ * eng_backend_free), or NULL with the reason in err: unknown name, no CUDA in this
+ * build, device absent, out of memory, driver error. */
+eng_backend *eng_backend_new(const char *device, char *err, size_t errlen);
+
+/* Set the precision of `be`'s GEMMs by name: "fp32" (every backend; exact fp32, no
+ * TF32), "bf16" or "fp16" (CUDA only: operands rounded to 16 bits, fp32 accumulation
+ * and output; everything else stays fp32). Returns 0, or -1 with the reason in err
+ * (unknown name, not available on this backend). */
+int eng_backend_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen);
+
+/* Synchronize `be` and report whether its ops have failed since it was created: CUDA
+ * ops return void and record their first CUDA / cuBLAS failure (an illegal address, a
+ * launch error, an unsupported shape) instead of aborting. Returns 0 when all is well,
+ * or -1 with "cuda:N: <reason>" in err; then results computed on it must not be used and
+ * the job should fail with that message. Always 0 for the CPU backend. */
+int eng_backend_check(eng_backend *be, char *err, size_t errlen);
+
+#endif

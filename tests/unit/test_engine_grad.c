@@ -1,0 +1,170 @@
+/* tests/unit/test_engine_grad.c — finite-difference checks of eng_forward_backward on a
+ * tiny heterogeneous model (GQA, attention bias, untied head, a removed attention and a
+ * removed MLP): sampled coordinates of every weight tensor and of every mask kind (hidden,
+ * head, ffn, attn_gate, mlp_gate, hidden_count) under a mixed CE + KD loss; gradients
+ * accumulate across calls and zero_grads clears them; a model is its own unmasked teacher.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/model.h"
+
+static void small_arch(arch *a, int V, int C)
+{
+    assert_int_equal(arch_init(a, 3), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->head_dim = 4;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 0;
+    a->attention_bias = 1;
+    int cfg[3][3] = {{2, 1, 6}, {0, 0, 5}, {3, 3, 0}};
+    for (int l = 0; l < 3; l++) {
+        a->layers[l].source_layer = l;
+        a->layers[l].n_heads = cfg[l][0];
+        a->layers[l].n_kv_heads = cfg[l][1];
+        a->layers[l].ffn_dim = cfg[l][2];
+    }
+}
+
+enum { B = 2, T = 5 };
+static int toks[B * T] = {1, 4, 7, 2, 9, 3, 3, 0, 12, 5};
+static int tgts[B * T] = {4, 7, 2, 9, -1, 3, 0, 12, 5, 6};
+
+static double loss_of(eng_model *m, const eng_loss_spec *ls)
+{
+    char err[256];
+    eng_loss_result r;
+    assert_int_equal(eng_forward_backward(m, toks, B, T, ls, 0, &r, err, sizeof err), 0);
+    return r.loss;
+}
+
+static int check(const char *what, double an, double fd)
+{
+    double tol = 2e-3 + 3e-2 * fabs(an);
+    if (fabs(an - fd) > tol) {
+        print_message("%s: analytic %.6g finite-difference %.6g\n", what, an, fd);
+        return 1;
+    }
+    return 0;
+}
+
+/* Central difference of the loss in one float *p (host memory on the CPU backend). */
+static double fd_at(eng_model *m, const eng_loss_spec *ls, float *p)
+{
+    const float h = 1e-2f;
+    float keep = *p;
+    *p = keep + h;
+    double lp = loss_of(m, ls);
+    *p = keep - h;
+    double lm = loss_of(m, ls);
+    *p = keep;
+    return (lp - lm) / (2.0 * h);
+}
+
+static void test_finite_differences(void **state)
+{
+    (void)state;
+    arch a, ta;
+    small_arch(&a, 13, 8);
+    small_arch(&ta, 13, 12);
+    eng_backend *be = eng_backend_cpu_new(1);
+    eng_model m, t;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    assert_int_equal(eng_model_init(&t, &ta, be, err, sizeof err), 0);
+    eng_model_randomize(&m, 11, 0.4f);
+    eng_model_randomize(&t, 12, 0.4f);
+    assert_int_equal(eng_model_enable_grads(&m), 0);
+    assert_int_equal(eng_model_enable_masks(&m), 0);
+    uint64_t s = 5;
+    for (size_t i = 0; i < m.masks->count; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        m.masks->block[i] = 0.6f + 0.8f * (float)((s >> 33) % 1000) / 1000.0f;
+    }
+    m.masks->hidden_count = 6.5f;
+    eng_loss_spec ls = {.kind = ENG_LOSS_CE | ENG_LOSS_KD, .targets = tgts, .teacher = &t,
+                        .temperature = 1.5f, .kd_weight = 0.4f};
+    eng_loss_result r;
+    eng_model_zero_grads(&m);
+    assert_int_equal(eng_forward_backward(&m, toks, B, T, &ls, ENG_GRAD_WEIGHTS | ENG_GRAD_MASKS, &r, err, sizeof err), 0);
+    assert_int_equal(r.tokens, 9);
+    int bad = 0, checked = 0;
+    char what[160];
+    /* Weights: three coordinates of every tensor. */
+    for (int i = 0; i < eng_model_tensor_count(&m); i++) {
+        const char *name;
+        int64_t shape[2];
+        int nd;
+        float *d;
+        assert_int_equal(eng_model_tensor(&m, i, &name, shape, &nd, &d), 0);
+        int64_t n = shape[0] * (nd == 2 ? shape[1] : 1);
+        for (int k = 0; k < 3; k++) {
+            int64_t j = (k * 7919 + i * 31) % n;
+            if (k == 0 && strcmp(name, "model.embed_tokens.weight") == 0)
+                j = 4 * shape[1] + 1;   /* a token that occurs */
+            snprintf(what, sizeof what, "%s[%lld]", name, (long long)j);
+            bad += check(what, m.grads[(d - m.params) + j], fd_at(&m, &ls, d + j));
+            checked++;
+        }
+    }
+    /* Masks: every element of every kind (there are few). */
+    for (size_t i = 0; i < m.masks->count; i++) {
+        snprintf(what, sizeof what, "mask[%zu]", i);
+        bad += check(what, m.masks->grad_block[i], fd_at(&m, &ls, m.masks->block + i));
+        checked++;
+    }
+    bad += check("hidden_count", m.masks->g_hidden_count, fd_at(&m, &ls, &m.masks->hidden_count));
+    print_message("%d gradient coordinates checked, %d off\n", checked + 1, bad);
+    assert_int_equal(bad, 0);
+    /* Removed parts have no gate gradient. */
+    assert_true(m.masks->g_attn_gate[1] == 0.0f && m.masks->g_mlp_gate[2] == 0.0f);
+    assert_true(m.masks->g_attn_gate[0] != 0.0f && m.masks->g_mlp_gate[0] != 0.0f);
+
+    /* Accumulation: a second call doubles every gradient; zero_grads clears. */
+    float g0 = m.grads[5], h0 = m.masks->g_hidden[1];
+    assert_int_equal(eng_forward_backward(&m, toks, B, T, &ls, ENG_GRAD_WEIGHTS | ENG_GRAD_MASKS, &r, err, sizeof err), 0);
+    assert_true(fabsf(m.grads[5] - 2 * g0) <= 1e-5f * (1 + fabsf(g0)));
+    assert_true(fabsf(m.masks->g_hidden[1] - 2 * h0) <= 1e-5f * (1 + fabsf(h0)));
+    eng_model_zero_grads(&m);
+    double sq = 0;
+    for (size_t i = 0; i < m.n_params; i++)
+        sq += (double)m.grads[i] * m.grads[i];
+    assert_true(sq == 0.0 && m.masks->g_hidden_count == 0.0f);
+
+    /* Self-teacher: the model runs unmasked as teacher; with masks at 1 the KD loss is 0. */
+    for (size_t i = 0; i < m.masks->count; i++)
+        m.masks->block[i] = 1.0f;
+    m.masks->hidden_count = (float)a.hidden_size;
+    eng_loss_spec self = {.kind = ENG_LOSS_KD, .teacher = &m, .temperature = 2.0f};
+    assert_int_equal(eng_forward_backward(&m, toks, B, T, &self, ENG_GRAD_MASKS, &r, err, sizeof err), 0);
+    assert_true(fabs(r.kd) < 1e-6);
+    assert_int_equal(r.tokens, B * T);
+    /* Asking for weight grads on a model without grads, or masks without masks, fails. */
+    assert_int_equal(eng_forward_backward(&t, toks, B, T, &ls, ENG_GRAD_WEIGHTS, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not enabled"));
+    eng_model_free(&m);
+    eng_model_free(&t);
+    assert_int_equal(be->cur_bytes, 0);
+    eng_backend_free(be);
+    arch_free(&a);
+    arch_free(&ta);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_finite_differences),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,343 @@
+/* tests/unit/test_engine_model.c — forward-path properties of the engine on tiny random
+ * models: decode with a KV cache equals full recompute, right padding leaves other rows
+ * alone, the workspace prediction equals the measured peak, accounting returns to zero,
+ * tensor names and shapes round-trip, invalid input is refused with a reason.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/model.h"
+
+/* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention. */
+static void tiny_arch(arch *a, int tied, int bias)
+{
+    assert_int_equal(arch_init(a, 4), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 37;
+    a->hidden_size = 24;
+    a->head_dim = 8;
+    a->max_position_embeddings = 256;
+    a->rope_theta = 10000;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = tied;
+    a->attention_bias = bias;
+    int cfg[4][3] = {{4, 2, 20}, {3, 3, 0}, {0, 0, 17}, {2, 1, 9}};
+    for (int l = 0; l < 4; l++) {
+        a->layers[l].source_layer = l;
+        a->layers[l].n_heads = cfg[l][0];
+        a->layers[l].n_kv_heads = cfg[l][1];
+        a->layers[l].ffn_dim = cfg[l][2];
+    }
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        if (e > d)
+            d = e;
+    }
+    return d;
+}
+
+static void test_kv_decode_matches_full(void **state)
+{
+    (void)state;
+    arch a;
+    tiny_arch(&a, 0, 1);
+    eng_backend *be = eng_backend_cpu_new(2);
+    eng_model m;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&m, 7, 0.3f);
+    enum { B = 2, T = 45, P = 36, CH = 5 };   /* prefill crosses an attention tile; a chunk with pos0 > 0 */
+    int V = a.vocab_size;
+    int toks[B * T];
+    for (int i = 0; i < B * T; i++)
+        toks[i] = (i * 7 + 3) % V;
+    float *full = malloc(sizeof(float) * B * T * V), *last = malloc(sizeof(float) * B * V);
+    eng_fwd_args fa = {.tokens = toks, .B = B, .T = T, .logits_mode = ENG_LOGITS_ALL, .logits = full};
+    assert_int_equal(eng_forward(&m, &fa, err, sizeof err), 0);
+
+    /* Prefill P tokens, then decode one token at a time; compare each step's logits. */
+    eng_kv_cache *kv = eng_kv_new(&m, B, T);
+    assert_non_null(kv);
+    assert_int_equal(eng_kv_bytes(kv), eng_kv_bytes_for(&a, B, T));
+    int pre[B * P];
+    for (int b = 0; b < B; b++)
+        memcpy(pre + b * P, toks + b * T, sizeof(int) * P);
+    eng_fwd_args pa = {.tokens = pre, .B = B, .T = P, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = last};
+    assert_int_equal(eng_forward(&m, &pa, err, sizeof err), 0);
+    double worst = 0;
+    for (int b = 0; b < B; b++)
+        worst = fmax(worst, max_abs_diff(last + b * V, full + ((size_t)b * T + P - 1) * V, (size_t)V));
+    int chunk[B * CH];
+    for (int b = 0; b < B; b++)
+        memcpy(chunk + b * CH, toks + b * T + P, sizeof(int) * CH);
+    eng_fwd_args ca = {.tokens = chunk, .B = B, .T = CH, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = last};
+    assert_int_equal(eng_forward(&m, &ca, err, sizeof err), 0);
+    for (int b = 0; b < B; b++)
+        worst = fmax(worst, max_abs_diff(last + b * V, full + ((size_t)b * T + P + CH - 1) * V, (size_t)V));
+    for (int t = P + CH; t < T; t++) {
+        int step[B];
+        for (int b = 0; b < B; b++)
+            step[b] = toks[b * T + t];
+        eng_fwd_args da = {.tokens = step, .B = B, .T = 1, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = last};
+        assert_int_equal(eng_forward(&m, &da, err, sizeof err), 0);
+        for (int b = 0; b < B; b++)
+            worst = fmax(worst, max_abs_diff(last + b * V, full + ((size_t)b * T + t) * V, (size_t)V));
+    }
+    assert_int_equal(eng_kv_len(kv, 0), T);
+    print_message("KV decode vs full recompute: max |diff| %.2e\n", worst);
+    assert_true(worst < 1e-4);
+    /* The cache is full now: one more token is refused with a reason. */
+    int one[B] = {1, 2};
+    eng_fwd_args xa = {.tokens = one, .B = B, .T = 1, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = last};
+    assert_int_equal(eng_forward(&m, &xa, err, sizeof err), -1);
+    assert_non_null(strstr(err, "full"));
+    eng_kv_reset(kv);
+    assert_int_equal(eng_kv_len(kv, 1), 0);
+    eng_kv_free(kv);
+    eng_model_free(&m);
+    assert_int_equal(be->cur_bytes, 0);
+    eng_backend_free(be);
+    arch_free(&a);
+    free(full);
+    free(last);
+}
+
+static void test_padding_isolated(void **state)
+{
+    (void)state;
+    arch a;
+    tiny_arch(&a, 1, 0);
+    eng_backend *be = eng_backend_cpu_new(2);
+    eng_model m;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&m, 3, 0.3f);
+    assert_int_equal(eng_model_enable_masks(&m), 0);   /* masks at 1.0 must not change anything */
+    enum { T = 8 };
+    int V = a.vocab_size;
+    int row0[T] = {1, 5, 9, 2, 30, 30, 30, 30};          /* 4 valid tokens + padding */
+    int batch[2 * T] = {1, 5, 9, 2, 11, 12, 13, 14, 4, 4, 8, 8, 15, 16, 23, 36};
+    int lens[2] = {4, T};
+    float *lb = malloc(sizeof(float) * 2 * T * V), *l1 = malloc(sizeof(float) * T * V);
+    float last_b[2 * 37], last_1[37];
+    eng_fwd_args fb = {.tokens = batch, .B = 2, .T = T, .lens = lens, .logits_mode = ENG_LOGITS_ALL, .logits = lb};
+    assert_int_equal(eng_forward(&m, &fb, err, sizeof err), 0);
+    int len1 = 4;
+    eng_fwd_args f1 = {.tokens = row0, .B = 1, .T = T, .lens = &len1, .logits_mode = ENG_LOGITS_ALL, .logits = l1};
+    assert_int_equal(eng_forward(&m, &f1, err, sizeof err), 0);
+    /* Row 0's valid positions do not see its padding nor row 1. */
+    assert_true(max_abs_diff(lb, l1, (size_t)4 * V) < 1e-5);
+    /* LAST picks each row's last valid token. */
+    eng_fwd_args fl = {.tokens = batch, .B = 2, .T = T, .lens = lens, .logits_mode = ENG_LOGITS_LAST, .logits = last_b};
+    assert_int_equal(eng_forward(&m, &fl, err, sizeof err), 0);
+    assert_true(max_abs_diff(last_b, lb + 3 * V, (size_t)V) < 1e-5);
+    assert_true(max_abs_diff(last_b + V, lb + (size_t)(2 * T - 1) * V, (size_t)V) < 1e-5);
+    /* Row 0 alone without padding gives the same last logits. */
+    eng_fwd_args f2 = {.tokens = batch, .B = 1, .T = 4, .logits_mode = ENG_LOGITS_LAST, .logits = last_1};
+    assert_int_equal(eng_forward(&m, &f2, err, sizeof err), 0);
+    assert_true(max_abs_diff(last_1, lb + 3 * V, (size_t)V) < 1e-5);
+    /* Changing row 1 and row 0's padding leaves row 0's valid logits bit-identical. */
+    float *lb2 = malloc(sizeof(float) * 2 * T * V);
+    batch[T + 3] = 0;
+    batch[6] = 17;
+    eng_fwd_args f3 = {.tokens = batch, .B = 2, .T = T, .lens = lens, .logits_mode = ENG_LOGITS_ALL, .logits = lb2};
+    assert_int_equal(eng_forward(&m, &f3, err, sizeof err), 0);
+    assert_memory_equal(lb, lb2, sizeof(float) * 4 * V);
+    assert_true(max_abs_diff(lb + (size_t)T * V, lb2 + (size_t)T * V, (size_t)T * V) > 1e-4);
+    free(lb2);
+    eng_model_free(&m);
+    assert_int_equal(be->cur_bytes, 0);
+    eng_backend_free(be);
+    arch_free(&a);
+    free(lb);
+    free(l1);
+}
+
+static void test_workspace_prediction_and_accounting(void **state)
+{
+    (void)state;
+    arch a;
+    tiny_arch(&a, 0, 0);
+    eng_backend *be = eng_backend_cpu_new(2);
+    eng_model m;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    assert_int_equal(be->cur_bytes, (size_t)arch_params(&a) * 4 + (size_t)a.head_dim / 2 * 4);
+    eng_model_randomize(&m, 1, 0.2f);
+    int toks[3 * 9];
+    for (int i = 0; i < 27; i++)
+        toks[i] = i % a.vocab_size;
+    float *logits = malloc(sizeof(float) * 27 * a.vocab_size);
+    int modes[3] = {ENG_LOGITS_ALL, ENG_LOGITS_LAST, ENG_LOGITS_NONE};
+    for (int i = 0; i < 3; i++) {
+        size_t base = be->cur_bytes;
+        eng_backend_reset_peak(be);
+        eng_fwd_args fa = {.tokens = toks, .B = 3, .T = 9, .logits_mode = modes[i], .logits = logits};
+        assert_int_equal(eng_forward(&m, &fa, err, sizeof err), 0);
+        assert_int_equal(be->cur_bytes, base);
+        print_message("mode %d: peak %zu predicted %zu\n", modes[i], be->peak_bytes - base,
+                      eng_forward_workspace_bytes(&a, 3, 9, 0, modes[i], be->threads, 0));
+        assert_int_equal(be->peak_bytes - base, eng_forward_workspace_bytes(&a, 3, 9, 0, modes[i], be->threads, 0));
+    }
+    /* With a cache: prediction includes the cache-sized attention scratch. */
+    eng_kv_cache *kv = eng_kv_new(&m, 3, 32);
+    size_t base = be->cur_bytes;
+    eng_backend_reset_peak(be);
+    eng_fwd_args fk = {.tokens = toks, .B = 3, .T = 9, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = logits};
+    assert_int_equal(eng_forward(&m, &fk, err, sizeof err), 0);
+    assert_int_equal(be->peak_bytes - base, eng_forward_workspace_bytes(&a, 3, 9, 32, ENG_LOGITS_LAST, be->threads, 0));
+    eng_kv_free(kv);
+    /* Training workspace (CE only) equals its prediction. */
+    assert_int_equal(eng_model_enable_grads(&m), 0);
+    int tg[27];
+    for (int i = 0; i < 27; i++)
+        tg[i] = (i + 1) % a.vocab_size;
+    base = be->cur_bytes;
+    eng_backend_reset_peak(be);
+    eng_loss_spec ls = {.kind = ENG_LOSS_CE, .targets = tg};
+    eng_loss_result lr;
+    assert_int_equal(eng_forward_backward(&m, toks, 3, 9, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), 0);
+    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, 0));
+    assert_int_equal(lr.tokens, 27);
+    assert_true(lr.loss > 0 && isfinite(lr.loss));
+    eng_adamw *o = eng_adamw_new(&m);
+    assert_non_null(o);
+    eng_adamw_free(o);
+    eng_model_free(&m);
+    assert_int_equal(be->cur_bytes, 0);
+    eng_backend_free(be);
+    arch_free(&a);
+    free(logits);
+}
+
+static void test_tensors_and_errors(void **state)
+{
+    (void)state;
+    arch a;
+    tiny_arch(&a, 0, 1);
+    eng_backend *be = eng_backend_cpu_new(1);
+    eng_model m;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    int n = eng_model_tensor_count(&m);
+    /* emb + L0 (norm, q,k,v, 3 bias, o, norm, g,u,d) + L1 attention (8) + L2 mlp (4) + L3 full (12) + norm + head */
+    assert_int_equal(n, 1 + 12 + 8 + 4 + 12 + 1 + 1);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        int64_t shape[2];
+        int nd;
+        float *d;
+        assert_int_equal(eng_model_tensor(&m, i, &name, shape, &nd, &d), 0);
+        total += shape[0] * (nd == 2 ? shape[1] : 1);
+    }
+    assert_int_equal(total, arch_params(&a));
+    assert_int_equal(eng_model_tensor(&m, n, NULL, NULL, NULL, NULL), -1);
+    float w[8 * 2 * 24];
+    for (int i = 0; i < 8 * 2 * 24; i++)
+        w[i] = (float)i;
+    int64_t shp[2] = {2 * 8, 24}, bad[2] = {24, 24};
+    assert_int_equal(eng_model_set_tensor(&m, "model.layers.0.self_attn.k_proj.weight", w, shp, 2, err, sizeof err), 0);
+    float back[8 * 2 * 24];
+    assert_int_equal(eng_model_get_tensor(&m, "model.layers.0.self_attn.k_proj.weight", back, 8 * 2 * 24), 8 * 2 * 24);
+    assert_memory_equal(w, back, sizeof w);
+    assert_int_equal(eng_model_set_tensor(&m, "model.layers.0.self_attn.k_proj.weight", w, bad, 2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "k_proj"));
+    assert_non_null(strstr(err, "[16, 24]"));
+    assert_int_equal(eng_model_set_tensor(&m, "model.layers.2.self_attn.q_proj.weight", w, shp, 2, err, sizeof err), -1);
+    assert_int_equal(eng_model_get_tensor(&m, "model.layers.1.mlp.up_proj.weight", back, 10), -1);
+    float one = 0;
+    assert_int_equal(eng_model_get_tensor(&m, "model.norm.weight", back, 24), 24);
+    one = back[5];
+    assert_true(one == 1.0f);
+    int toks[2] = {0, 99};
+    eng_fwd_args fa = {.tokens = toks, .B = 1, .T = 2, .logits_mode = ENG_LOGITS_NONE};
+    assert_int_equal(eng_forward(&m, &fa, err, sizeof err), -1);
+    assert_non_null(strstr(err, "out of range"));
+    eng_model_free(&m);
+    assert_int_equal(be->cur_bytes, 0);
+    /* Dynamic RoPE scaling past the trained length is refused, not silently wrong. */
+    a.rope_scaling.type = ROPE_SCALING_DYNAMIC;
+    a.rope_scaling.factor = 2.0;
+    a.max_position_embeddings = 4;
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    int five[5] = {1, 2, 3, 4, 5};
+    eng_fwd_args dyn = {.tokens = five, .B = 1, .T = 5, .logits_mode = ENG_LOGITS_NONE};
+    assert_int_equal(eng_forward(&m, &dyn, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not available"));
+    dyn.T = 4;
+    assert_int_equal(eng_forward(&m, &dyn, err, sizeof err), 0);
+    eng_model_free(&m);
+    /* Invalid arch is refused with the field named. */
+    a.layers[0].n_kv_heads = 3;
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), -1);
+    assert_non_null(strstr(err, "n_heads"));
+    eng_backend_free(be);
+    arch_free(&a);
+}
+
+static void test_stats_and_timings(void **state)
+{
+    (void)state;
+    arch a;
+    tiny_arch(&a, 1, 0);
+    eng_backend *be = eng_backend_cpu_new(1);
+    eng_model m;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&m, 9, 0.3f);
+    eng_act_stats *s = eng_stats_new(&m);
+    assert_non_null(s);
+    int toks[2 * 6] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    int lens[2] = {6, 3};
+    double lns[8], fns[2];
+    eng_fwd_args fa = {.tokens = toks, .B = 2, .T = 6, .lens = lens, .logits_mode = ENG_LOGITS_NONE,
+                       .stats = s, .layer_ns = lns, .fixed_ns = fns};
+    assert_int_equal(eng_forward(&m, &fa, err, sizeof err), 0);
+    assert_int_equal(s->tokens, 9);
+    assert_null(s->ffn_abs[1]);
+    assert_null(s->head_norm[2]);
+    for (int j = 0; j < 20; j++)
+        assert_true(s->ffn_abs[0][j] > 0);
+    for (int h = 0; h < 3; h++)
+        assert_true(s->head_norm[1][h] > 0);
+    assert_true(s->hidden_abs[0] > 0);
+    assert_true(lns[0] > 0 && lns[1] > 0 && lns[3] == 0 && lns[4] == 0 && fns[0] > 0);
+    /* Padding does not count: the same 9 valid tokens in separate calls give the same sums. */
+    eng_act_stats *s2 = eng_stats_new(&m);
+    int r0[6] = {1, 2, 3, 4, 5, 6}, r1[3] = {7, 8, 9};
+    eng_fwd_args a0 = {.tokens = r0, .B = 1, .T = 6, .stats = s2}, a1 = {.tokens = r1, .B = 1, .T = 3, .stats = s2};
+    assert_int_equal(eng_forward(&m, &a0, err, sizeof err), 0);
+    assert_int_equal(eng_forward(&m, &a1, err, sizeof err), 0);
+    for (int j = 0; j < 20; j++)
+        assert_true(fabs(s->ffn_abs[0][j] - s2->ffn_abs[0][j]) < 1e-4 * (1 + fabs(s2->ffn_abs[0][j])));
+    eng_stats_free(s, a.n_layers);
+    eng_stats_free(s2, a.n_layers);
+    eng_model_free(&m);
+    eng_backend_free(be);
+    arch_free(&a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_decode_matches_full),
+        cmocka_unit_test(test_padding_isolated),
+        cmocka_unit_test(test_workspace_prediction_and_accounting),
+        cmocka_unit_test(test_tensors_and_errors),
+        cmocka_unit_test(test_stats_and_timings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
