@@ -1,0 +1,665 @@
+/* storage/gguf.c — GGUF reader. A cursor walks the header with a bound check on every
+ * read; tensor data must lie inside the file at the declared alignment. Limits: at most
+ * 1M keys and tensors, 4 dimensions, names up to 95 bytes.
+ */
+#include "storage/gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "storage/llama2c.h"
+#include "storage/safetensors.h"
+
+typedef struct {
+    const uint8_t *p;
+    size_t len, pos;
+    char *err;
+    size_t errlen;
+} cursor;
+
+static int need(cursor *c, uint64_t n, const char *what)
+{
+    if (n > c->len - c->pos) {
+        snprintf(c->err, c->errlen, "GGUF: %s at byte %zu runs past the end of the file (%zu bytes)", what, c->pos,
+                 c->len);
+        return -1;
+    }
+    return 0;
+}
+
+static int rd_u32(cursor *c, uint32_t *v, const char *what)
+{
+    if (need(c, 4, what))
+        return -1;
+    memcpy(v, c->p + c->pos, 4);
+    c->pos += 4;
+    return 0;
+}
+
+static int rd_u64(cursor *c, uint64_t *v, const char *what)
+{
+    if (need(c, 8, what))
+        return -1;
+    memcpy(v, c->p + c->pos, 8);
+    c->pos += 8;
+    return 0;
+}
+
+static int rd_str(cursor *c, const char **s, size_t *n, const char *what)
+{
+    uint64_t l;
+    if (rd_u64(c, &l, what) || need(c, l, what))
+        return -1;
+    *s = (const char *)c->p + c->pos;
+    *n = (size_t)l;
+    c->pos += (size_t)l;
+    return 0;
+}
+
+static size_t scalar_size(uint32_t t)
+{
+    switch (t) {
+    case GGUF_T_U8: case GGUF_T_I8: case GGUF_T_BOOL: return 1;
+    case GGUF_T_U16: case GGUF_T_I16: return 2;
+    case GGUF_T_U32: case GGUF_T_I32: case GGUF_T_F32: return 4;
+    case GGUF_T_U64: case GGUF_T_I64: case GGUF_T_F64: return 8;
+    default: return 0;
+    }
+}
+
+static int parse_kv(cursor *c, gguf_kv *kv)
+{
+    const char *k;
+    size_t kl;
+    if (rd_str(c, &k, &kl, "metadata key") || rd_u32(c, &kv->type, "metadata type"))
+        return -1;
+    kv->key = k;
+    kv->key_len = kl;
+    if (kv->type == GGUF_T_STRING) {
+        kv->off = c->pos;
+        const char *s;
+        size_t n;
+        return rd_str(c, &s, &n, "metadata string");
+    }
+    if (kv->type == GGUF_T_ARRAY) {
+        if (rd_u32(c, &kv->arr_type, "array type") || rd_u64(c, &kv->arr_n, "array length"))
+            return -1;
+        kv->off = c->pos;
+        if (kv->arr_type == GGUF_T_STRING) {
+            if (kv->arr_n > (c->len - c->pos) / 8) {
+                snprintf(c->err, c->errlen, "GGUF: key %.*s: %llu strings cannot fit in the file", (int)kl, k,
+                         (unsigned long long)kv->arr_n);
+                return -1;
+            }
+            kv->str_off = malloc((size_t)(kv->arr_n ? kv->arr_n : 1) * sizeof *kv->str_off);
+            if (!kv->str_off) {
+                snprintf(c->err, c->errlen, "out of memory");
+                return -1;
+            }
+            for (uint64_t i = 0; i < kv->arr_n; i++) {
+                const char *s;
+                size_t n;
+                kv->str_off[i] = c->pos;
+                if (rd_str(c, &s, &n, "array string"))
+                    return -1;
+            }
+            return 0;
+        }
+        size_t es = scalar_size(kv->arr_type);
+        if (!es) {
+            snprintf(c->err, c->errlen, "GGUF: key %.*s: array item type %u is not supported", (int)kl, k, kv->arr_type);
+            return -1;
+        }
+        if (kv->arr_n > (c->len - c->pos) / es)
+            return need(c, UINT64_MAX, "array data");
+        c->pos += (size_t)(kv->arr_n * es);
+        return 0;
+    }
+    size_t es = scalar_size(kv->type);
+    if (!es) {
+        snprintf(c->err, c->errlen, "GGUF: key %.*s: value type %u is unknown", (int)kl, k, kv->type);
+        return -1;
+    }
+    kv->off = c->pos;
+    if (need(c, es, "metadata value"))
+        return -1;
+    c->pos += es;
+    return 0;
+}
+
+static int type_block(uint32_t type, int64_t *elems, int64_t *bytes)
+{
+    switch (type) {
+    case GGML_F32: *elems = 1; *bytes = 4; return 0;
+    case GGML_F16: case GGML_BF16: *elems = 1; *bytes = 2; return 0;
+    case GGML_Q4_0: *elems = 32; *bytes = 18; return 0;
+    case GGML_Q4_1: *elems = 32; *bytes = 20; return 0;
+    case GGML_Q8_0: *elems = 32; *bytes = 34; return 0;
+    default: return -1;
+    }
+}
+
+const char *gguf_type_name(uint32_t type)
+{
+    switch (type) {
+    case GGML_F32: return "F32";
+    case GGML_F16: return "F16";
+    case GGML_BF16: return "BF16";
+    case GGML_Q4_0: return "Q4_0";
+    case GGML_Q4_1: return "Q4_1";
+    case GGML_Q8_0: return "Q8_0";
+    default: return "?";
+    }
+}
+
+static int parse(gguf_file *g, char *err, size_t errlen)
+{
+    cursor c = {g->base, g->len, 0, err, errlen};
+    uint32_t magic;
+    uint64_t nt, nkv;
+    if (rd_u32(&c, &magic, "magic"))
+        return -1;
+    if (magic != 0x46554747u) {
+        snprintf(err, errlen, "GGUF: bad magic (not a GGUF file)");
+        return -1;
+    }
+    if (rd_u32(&c, &g->version, "version") || rd_u64(&c, &nt, "tensor count") || rd_u64(&c, &nkv, "key count"))
+        return -1;
+    if (g->version < 2 || g->version > 3) {
+        snprintf(err, errlen, "GGUF: version %u is not supported (2 or 3)", g->version);
+        return -1;
+    }
+    if (nt > (1 << 20) || nkv > (1 << 20) || nkv > g->len / 12 || nt > g->len / 24) {
+        snprintf(err, errlen, "GGUF: %llu tensors / %llu keys is implausible for a %zu-byte file",
+                 (unsigned long long)nt, (unsigned long long)nkv, g->len);
+        return -1;
+    }
+    g->kv = calloc((size_t)(nkv ? nkv : 1), sizeof *g->kv);
+    g->t = calloc((size_t)(nt ? nt : 1), sizeof *g->t);
+    if (!g->kv || !g->t) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (uint64_t i = 0; i < nkv; i++) {
+        g->n_kv = (int)i + 1;
+        if (parse_kv(&c, &g->kv[i]))
+            return -1;
+    }
+    uint64_t align = 32;
+    int64_t av;
+    if (!gguf_get_int(g, "general.alignment", &av)) {
+        if (av <= 0 || av > 65536 || (av & (av - 1))) {
+            snprintf(err, errlen, "GGUF: general.alignment %lld is not a power of two", (long long)av);
+            return -1;
+        }
+        align = (uint64_t)av;
+    }
+    for (uint64_t i = 0; i < nt; i++) {
+        gguf_tensor *t = &g->t[i];
+        const char *name;
+        size_t nl;
+        uint32_t nd;
+        g->n_tensors = (int)i + 1;
+        if (rd_str(&c, &name, &nl, "tensor name") || rd_u32(&c, &nd, "tensor dims"))
+            return -1;
+        if (nl >= sizeof t->name || memchr(name, 0, nl)) {
+            snprintf(err, errlen, "GGUF: tensor %llu: name is too long or holds NUL", (unsigned long long)i);
+            return -1;
+        }
+        memcpy(t->name, name, nl);
+        t->name[nl] = '\0';
+        if (nd < 1 || nd > 4) {
+            snprintf(err, errlen, "GGUF: tensor %s: %u dimensions (1..4 supported)", t->name, nd);
+            return -1;
+        }
+        t->n_dims = (int)nd;
+        uint64_t numel = 1;
+        for (int d = 0; d < 4; d++)
+            t->ne[d] = 1;
+        for (uint32_t d = 0; d < nd; d++) {
+            uint64_t v;
+            if (rd_u64(&c, &v, "tensor dim"))
+                return -1;
+            if (v == 0 || v > (1ULL << 40) || numel > (1ULL << 40) / v) {
+                snprintf(err, errlen, "GGUF: tensor %s: dimension %u = %llu is out of range or overflows", t->name, d,
+                         (unsigned long long)v);
+                return -1;
+            }
+            t->ne[d] = (int64_t)v;
+            numel *= v;
+        }
+        t->numel = (int64_t)numel;
+        uint64_t off;
+        if (rd_u32(&c, &t->type, "tensor type") || rd_u64(&c, &off, "tensor offset"))
+            return -1;
+        int64_t be, bb;
+        if (type_block(t->type, &be, &bb)) {
+            snprintf(err, errlen, "GGUF: tensor %s: ggml type %u is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                     t->name, t->type);
+            return -1;
+        }
+        if (t->ne[0] % be) {
+            snprintf(err, errlen, "GGUF: tensor %s: row length %lld is not a multiple of the block size %lld", t->name,
+                     (long long)t->ne[0], (long long)be);
+            return -1;
+        }
+        t->nbytes = numel / (uint64_t)be * (uint64_t)bb;
+        t->offset = off;   /* relative for now */
+        if (off % align) {
+            snprintf(err, errlen, "GGUF: tensor %s: offset %llu is not aligned to %llu", t->name,
+                     (unsigned long long)off, (unsigned long long)align);
+            return -1;
+        }
+    }
+    g->data_off = (c.pos + align - 1) / align * align;
+    for (int i = 0; i < g->n_tensors; i++) {
+        gguf_tensor *t = &g->t[i];
+        if (g->data_off > g->len || t->offset > g->len - g->data_off || t->nbytes > g->len - g->data_off - t->offset) {
+            snprintf(err, errlen, "GGUF: tensor %s: data [%llu, +%llu) lies past the end of the file (%zu bytes; truncated?)",
+                     t->name, (unsigned long long)(g->data_off + t->offset), (unsigned long long)t->nbytes, g->len);
+            return -1;
+        }
+        t->offset += g->data_off;
+    }
+    return 0;
+}
+
+int gguf_open_mem(gguf_file *g, const void *buf, size_t len, char *err, size_t errlen)
+{
+    memset(g, 0, sizeof *g);
+    g->base = buf;
+    g->len = len;
+    if (parse(g, err, errlen)) {
+        gguf_close(g);
+        return -1;
+    }
+    return 0;
+}
+
+int gguf_open(gguf_file *g, const char *path, char *err, size_t errlen)
+{
+    memset(g, 0, sizeof *g);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size < 24) {
+        snprintf(err, errlen, "%s: not a GGUF file (too short or not a file)", path);
+        close(fd);
+        return -1;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
+        return -1;
+    }
+    g->map = m;
+    g->base = m;
+    g->len = (size_t)st.st_size;
+    if (parse(g, err, errlen)) {
+        size_t n = strlen(err);
+        if (n + 1 < errlen)
+            snprintf(err + n, errlen - n, " [%s]", path);
+        gguf_close(g);
+        return -1;
+    }
+    return 0;
+}
+
+void gguf_close(gguf_file *g)
+{
+    for (int i = 0; g->kv && i < g->n_kv; i++)
+        free(g->kv[i].str_off);
+    free(g->kv);
+    free(g->t);
+    if (g->map)
+        munmap(g->map, g->len);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---------- metadata ---------- */
+
+int gguf_find(const gguf_file *g, const char *key)
+{
+    size_t n = strlen(key);
+    for (int i = 0; i < g->n_kv; i++)
+        if (g->kv[i].key_len == n && !memcmp(g->kv[i].key, key, n))
+            return i;
+    return -1;
+}
+
+static int scalar_int(const uint8_t *p, uint32_t type, int64_t *v)
+{
+    switch (type) {
+    case GGUF_T_U8: case GGUF_T_BOOL: *v = p[0]; return 0;
+    case GGUF_T_I8: *v = (int8_t)p[0]; return 0;
+    case GGUF_T_U16: { uint16_t x; memcpy(&x, p, 2); *v = x; return 0; }
+    case GGUF_T_I16: { int16_t x; memcpy(&x, p, 2); *v = x; return 0; }
+    case GGUF_T_U32: { uint32_t x; memcpy(&x, p, 4); *v = x; return 0; }
+    case GGUF_T_I32: { int32_t x; memcpy(&x, p, 4); *v = x; return 0; }
+    case GGUF_T_U64: { uint64_t x; memcpy(&x, p, 8); if (x > INT64_MAX) return -1; *v = (int64_t)x; return 0; }
+    case GGUF_T_I64: { int64_t x; memcpy(&x, p, 8); *v = x; return 0; }
+    default: return -1;
+    }
+}
+
+static int scalar_float(const uint8_t *p, uint32_t type, double *v)
+{
+    if (type == GGUF_T_F32) { float x; memcpy(&x, p, 4); *v = x; return 0; }
+    if (type == GGUF_T_F64) { double x; memcpy(&x, p, 8); *v = x; return 0; }
+    int64_t i;
+    if (scalar_int(p, type, &i))
+        return -1;
+    *v = (double)i;
+    return 0;
+}
+
+int gguf_get_int(const gguf_file *g, const char *key, int64_t *v)
+{
+    int i = gguf_find(g, key);
+    return i < 0 ? -1 : scalar_int(g->base + g->kv[i].off, g->kv[i].type, v);
+}
+
+int gguf_get_float(const gguf_file *g, const char *key, double *v)
+{
+    int i = gguf_find(g, key);
+    return i < 0 ? -1 : scalar_float(g->base + g->kv[i].off, g->kv[i].type, v);
+}
+
+int gguf_get_str(const gguf_file *g, const char *key, const char **s, size_t *len)
+{
+    int i = gguf_find(g, key);
+    if (i < 0 || g->kv[i].type != GGUF_T_STRING)
+        return -1;
+    uint64_t l;
+    memcpy(&l, g->base + g->kv[i].off, 8);
+    *s = (const char *)g->base + g->kv[i].off + 8;
+    *len = (size_t)l;
+    return 0;
+}
+
+int gguf_get_arr(const gguf_file *g, const char *key, uint32_t *item_type, uint64_t *n)
+{
+    int i = gguf_find(g, key);
+    if (i < 0 || g->kv[i].type != GGUF_T_ARRAY)
+        return -1;
+    *item_type = g->kv[i].arr_type;
+    *n = g->kv[i].arr_n;
+    return i;
+}
+
+int gguf_arr_int(const gguf_file *g, int kv, uint64_t i, int64_t *v)
+{
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != GGUF_T_ARRAY || i >= g->kv[kv].arr_n ||
+        g->kv[kv].arr_type == GGUF_T_STRING)
+        return -1;
+    size_t es = scalar_size(g->kv[kv].arr_type);
+    return scalar_int(g->base + g->kv[kv].off + i * es, g->kv[kv].arr_type, v);
+}
+
+int gguf_arr_float(const gguf_file *g, int kv, uint64_t i, double *v)
+{
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != GGUF_T_ARRAY || i >= g->kv[kv].arr_n ||
+        g->kv[kv].arr_type == GGUF_T_STRING)
+        return -1;
+    size_t es = scalar_size(g->kv[kv].arr_type);
+    return scalar_float(g->base + g->kv[kv].off + i * es, g->kv[kv].arr_type, v);
+}
+
+int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t *len)
+{
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != GGUF_T_ARRAY || g->kv[kv].arr_type != GGUF_T_STRING ||
+        i >= g->kv[kv].arr_n)
+        return -1;
+    uint64_t l, o = g->kv[kv].str_off[i];
+    memcpy(&l, g->base + o, 8);
+    *s = (const char *)g->base + o + 8;
+    *len = (size_t)l;
+    return 0;
+}
+
+/* ---------- tensors ---------- */
+
+int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, size_t errlen)
+{
+    if (i < 0 || i >= g->n_tensors) {
+        snprintf(err, errlen, "tensor index %d out of range", i);
+        return -1;
+    }
+    const gguf_tensor *t = &g->t[i];
+    if (n < t->numel) {
+        snprintf(err, errlen, "%s: output buffer too small", t->name);
+        return -1;
+    }
+    const uint8_t *p = g->base + t->offset;
+    int64_t nb = t->numel / 32;
+    switch (t->type) {
+    case GGML_F32:
+        memcpy(out, p, (size_t)t->numel * 4);
+        break;
+    case GGML_F16:
+    case GGML_BF16:
+        for (int64_t k = 0; k < t->numel; k++) {
+            uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
+            out[k] = t->type == GGML_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+        }
+        break;
+    case GGML_Q8_0:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *q = p + b * 34;
+            float d = st_f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+            for (int j = 0; j < 32; j++)
+                out[b * 32 + j] = d * (float)(int8_t)q[2 + j];
+        }
+        break;
+    case GGML_Q4_0:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *q = p + b * 18;
+            float d = st_f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+            for (int j = 0; j < 16; j++) {
+                out[b * 32 + j] = d * (float)((q[2 + j] & 0xF) - 8);
+                out[b * 32 + j + 16] = d * (float)((q[2 + j] >> 4) - 8);
+            }
+        }
+        break;
+    case GGML_Q4_1:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *q = p + b * 20;
+            float d = st_f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+            float m = st_f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
+            for (int j = 0; j < 16; j++) {
+                out[b * 32 + j] = d * (float)(q[4 + j] & 0xF) + m;
+                out[b * 32 + j + 16] = d * (float)(q[4 + j] >> 4) + m;
+            }
+        }
+        break;
+    default:
+        snprintf(err, errlen, "%s: unsupported type", t->name);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------- llama architecture ---------- */
+
+/* Per-layer value: an array key (one entry per layer) or a scalar. */
+static int layer_val(const gguf_file *g, const char *key, int layer, int n_layers, int64_t *v, char *err, size_t errlen)
+{
+    uint32_t ty;
+    uint64_t n;
+    int kv = gguf_get_arr(g, key, &ty, &n);
+    if (kv >= 0) {
+        if (n != (uint64_t)n_layers || gguf_arr_int(g, kv, (uint64_t)layer, v)) {
+            snprintf(err, errlen, "GGUF: %s: expected %d integers (one per layer)", key, n_layers);
+            return -1;
+        }
+        return 0;
+    }
+    if (gguf_get_int(g, key, v)) {
+        snprintf(err, errlen, "GGUF: %s: missing or not an integer", key);
+        return -1;
+    }
+    return 0;
+}
+
+static int gguf_tensor_index(const gguf_file *g, const char *name)
+{
+    for (int i = 0; i < g->n_tensors; i++)
+        if (!strcmp(g->t[i].name, name))
+            return i;
+    return -1;
+}
+
+int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
+{
+    const char *an;
+    size_t al;
+    char key[128], archname[32];
+    memset(a, 0, sizeof *a);
+    if (gguf_get_str(g, "general.architecture", &an, &al)) {
+        snprintf(err, errlen, "GGUF: general.architecture is missing");
+        return -1;
+    }
+    if (al != 5 || memcmp(an, "llama", 5)) {
+        snprintf(err, errlen, "GGUF: architecture \"%.*s\" is not supported (llama)", (int)(al < 40 ? al : 40), an);
+        return -1;
+    }
+    snprintf(archname, sizeof archname, "llama");
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, archname), key)
+    int64_t L, C, ctx = 2048, V = 0, D = 0;
+    double theta = 10000.0, eps = 1e-5;
+    if (gguf_get_int(g, KEY("block_count"), &L) || L < 0 || L > 1024) {
+        snprintf(err, errlen, "GGUF: %s missing or out of range", key);
+        return -1;
+    }
+    if (gguf_get_int(g, KEY("embedding_length"), &C) || C <= 0 || C > 65536) {
+        snprintf(err, errlen, "GGUF: %s missing or out of range", key);
+        return -1;
+    }
+    (void)gguf_get_int(g, KEY("context_length"), &ctx);
+    (void)gguf_get_float(g, KEY("rope.freq_base"), &theta);
+    (void)gguf_get_float(g, KEY("attention.layer_norm_rms_epsilon"), &eps);
+    if (gguf_get_int(g, KEY("vocab_size"), &V)) {
+        uint32_t ty;
+        uint64_t n;
+        if (gguf_get_arr(g, "tokenizer.ggml.tokens", &ty, &n) >= 0)
+            V = (int64_t)n;
+        int te = gguf_tensor_index(g, "token_embd.weight");
+        if (te >= 0)
+            V = g->t[te].ne[1];
+    }
+    if (arch_init(a, (int)L)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = (int)(V > 0 && V <= (1 << 22) ? V : 0);
+    a->hidden_size = (int)C;
+    a->max_position_embeddings = (int)(ctx > 0 && ctx < (1 << 30) ? ctx : 0);
+    a->rope_theta = theta;
+    a->norm_eps = eps;
+    a->tie_word_embeddings = gguf_tensor_index(g, "output.weight") < 0;
+    int64_t h0 = 0;
+    for (int l = 0; l < L; l++) {
+        int64_t h, kvh, f;
+        if (layer_val(g, KEY("attention.head_count"), l, (int)L, &h, err, errlen))
+            goto fail;
+        if (gguf_find(g, KEY("attention.head_count_kv")) < 0)
+            kvh = h;   /* no GQA */
+        else if (layer_val(g, key, l, (int)L, &kvh, err, errlen))
+            goto fail;
+        if (layer_val(g, KEY("feed_forward_length"), l, (int)L, &f, err, errlen))
+            goto fail;
+        if (h < 0 || h > 1024 || kvh < 0 || kvh > 1024 || f < 0 || f > (1 << 20)) {
+            snprintf(err, errlen, "GGUF: layer %d: head counts or feed_forward_length out of range", l);
+            goto fail;
+        }
+        a->layers[l].source_layer = l;
+        a->layers[l].n_heads = (int)h;
+        a->layers[l].n_kv_heads = h ? (int)kvh : 0;
+        a->layers[l].ffn_dim = (int)f;
+        if (h && !h0)
+            h0 = h;
+    }
+    if (gguf_get_int(g, KEY("attention.key_length"), &D) && gguf_get_int(g, KEY("rope.dimension_count"), &D))
+        D = h0 ? C / h0 : 0;
+    a->head_dim = (int)(D > 0 && D <= 1024 ? D : 0);
+    const char *rs;
+    size_t rl;
+    if (!gguf_get_str(g, KEY("rope.scaling.type"), &rs, &rl) && !(rl == 4 && !memcmp(rs, "none", 4))) {
+        double factor = 1.0;
+        (void)gguf_get_float(g, KEY("rope.scaling.factor"), &factor);
+        if (rl == 6 && !memcmp(rs, "linear", 6)) {
+            a->rope_scaling.type = ROPE_SCALING_LINEAR;
+            a->rope_scaling.factor = factor;
+        } else {
+            snprintf(err, errlen, "GGUF: rope scaling \"%.*s\" is not supported", (int)(rl < 20 ? rl : 20), rs);
+            goto fail;
+        }
+    }
+#undef KEY
+    if (arch_validate(a, err, errlen))
+        goto fail;
+    return 0;
+fail:
+    arch_free(a);
+    return -1;
+}
+
+int gguf_hf_tensor(const gguf_file *g, const arch *a, int i, char *name, size_t namelen, int64_t shape[2],
+                   int *ndim, int *permute_heads)
+{
+    static const struct { const char *gg, *hf; int perm; } map[] = {
+        {"attn_norm.weight", "input_layernorm.weight", 0},
+        {"attn_q.weight", "self_attn.q_proj.weight", 1},
+        {"attn_k.weight", "self_attn.k_proj.weight", 2},
+        {"attn_v.weight", "self_attn.v_proj.weight", 0},
+        {"attn_output.weight", "self_attn.o_proj.weight", 0},
+        {"attn_q.bias", "self_attn.q_proj.bias", 1},
+        {"attn_k.bias", "self_attn.k_proj.bias", 2},
+        {"attn_v.bias", "self_attn.v_proj.bias", 0},
+        {"ffn_norm.weight", "post_attention_layernorm.weight", 0},
+        {"ffn_gate.weight", "mlp.gate_proj.weight", 0},
+        {"ffn_up.weight", "mlp.up_proj.weight", 0},
+        {"ffn_down.weight", "mlp.down_proj.weight", 0},
+    };
+    if (i < 0 || i >= g->n_tensors)
+        return -1;
+    const gguf_tensor *t = &g->t[i];
+    *permute_heads = 0;
+    if (t->n_dims > 2)
+        return -1;
+    *ndim = t->n_dims;
+    shape[0] = t->n_dims == 2 ? t->ne[1] : t->ne[0];
+    shape[1] = t->n_dims == 2 ? t->ne[0] : 0;
+    if (!strcmp(t->name, "token_embd.weight"))
+        return snprintf(name, namelen, "model.embed_tokens.weight") < 0 ? -1 : 0;
+    if (!strcmp(t->name, "output_norm.weight"))
+        return snprintf(name, namelen, "model.norm.weight") < 0 ? -1 : 0;
+    if (!strcmp(t->name, "output.weight"))
+        return snprintf(name, namelen, "lm_head.weight") < 0 ? -1 : 0;
+    if (!strcmp(t->name, "rope_freqs.weight"))
+        return 1;
+    int l, n = 0;
+    if (sscanf(t->name, "blk.%d.%n", &l, &n) != 1 || n == 0 || l < 0 || l >= a->n_layers)
+        return -1;
+    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
+        if (!strcmp(t->name + n, map[k].gg)) {
+            snprintf(name, namelen, "model.layers.%d.%s", l, map[k].hf);
+            if (map[k].perm == 1)
+                *permute_heads = a->layers[l].n_heads;
+            else if (map[k].perm == 2)
+                *permute_heads = a->layers[l].n_kv_heads;
+            return 0;
+        }
+    return -1;
+}

@@ -1,0 +1,212 @@
+/* storage/hfconfig.c — config.json reader and writer for the Llama-style families.
+ * Defaults follow transformers' LlamaConfig/MistralConfig/Qwen2Config where a field is
+ * absent; fields that change the math but that the engine lacks (sliding windows that
+ * bind, MoE keys) are refused rather than ignored.
+ */
+#include "storage/hfconfig.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
+
+static int get_int(json_t *o, const char *k, int64_t def, int64_t *v)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) {
+        *v = def;
+        return 0;
+    }
+    if (!json_is_integer(x))
+        return -1;
+    *v = json_integer_value(x);
+    return 0;
+}
+
+static int get_num(json_t *o, const char *k, double def, double *v)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) {
+        *v = def;
+        return 0;
+    }
+    if (!json_is_number(x))
+        return -1;
+    *v = json_number_value(x);
+    return 0;
+}
+
+int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    if (!json_is_object(cfg)) {
+        snprintf(err, errlen, "config.json: not a JSON object");
+        return -1;
+    }
+    const char *an = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+    const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+    int qwen2 = 0;
+    if (an) {
+        if (!strcmp(an, "Qwen2ForCausalLM"))
+            qwen2 = 1;
+        else if (strcmp(an, "LlamaForCausalLM") && strcmp(an, "MistralForCausalLM")) {
+            snprintf(err, errlen, "config.json: architectures: \"%s\" is not supported "
+                                  "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", an);
+            return -1;
+        }
+    } else if (mt) {
+        if (!strcmp(mt, "qwen2"))
+            qwen2 = 1;
+        else if (strcmp(mt, "llama") && strcmp(mt, "mistral")) {
+            snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2)", mt);
+            return -1;
+        }
+    } else {
+        snprintf(err, errlen, "config.json: neither architectures nor model_type is given");
+        return -1;
+    }
+    int64_t V, C, F, L, H, KV, D, P;
+    double theta, eps;
+    if (get_int(cfg, "vocab_size", 32000, &V) || V <= 0 || V > (1 << 22))
+        BAD("vocab_size: missing or out of range");
+    if (get_int(cfg, "hidden_size", -1, &C) || C <= 0 || C > 65536)
+        BAD("hidden_size: missing or out of range");
+    if (get_int(cfg, "intermediate_size", -1, &F) || F <= 0 || F > (1 << 20))
+        BAD("intermediate_size: missing or out of range");
+    if (get_int(cfg, "num_hidden_layers", -1, &L) || L < 0 || L > 1024)
+        BAD("num_hidden_layers: missing or out of range");
+    if (get_int(cfg, "num_attention_heads", -1, &H) || H <= 0 || H > 1024)
+        BAD("num_attention_heads: missing or out of range");
+    if (get_int(cfg, "num_key_value_heads", H, &KV) || KV <= 0 || KV > H || H % KV)
+        BAD("num_key_value_heads: must divide num_attention_heads");
+    if (get_int(cfg, "head_dim", C / H, &D) || D <= 0 || D > 1024)
+        BAD("head_dim: out of range");
+    if (get_int(cfg, "max_position_embeddings", 2048, &P) || P <= 0 || P > (1 << 30))
+        BAD("max_position_embeddings: out of range");
+    if (get_num(cfg, "rope_theta", 10000.0, &theta))
+        BAD("rope_theta: must be a number");
+    if (get_num(cfg, "rms_norm_eps", 1e-6, &eps))
+        BAD("rms_norm_eps: must be a number");
+    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie))
+        BAD("tie_word_embeddings: must be true or false");
+    json_t *bias = json_object_get(cfg, "attention_bias");
+    if (bias && json_is_true(bias) && !qwen2)
+        BAD("attention_bias: Llama with biased projections (o_proj included) is not supported");
+    json_t *sw = json_object_get(cfg, "sliding_window");
+    int64_t swv = 0;
+    if (sw && !json_is_null(sw) && json_is_integer(sw))
+        swv = json_integer_value(sw);
+    int use_sw = qwen2 ? json_is_true(json_object_get(cfg, "use_sliding_window")) : swv > 0;
+    if (use_sw && swv > 0 && swv < P)
+        BAD("sliding_window: %lld is shorter than max_position_embeddings; sliding-window attention is not supported",
+            (long long)swv);
+    if (arch_init(a, (int)L)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = (int)V;
+    a->hidden_size = (int)C;
+    a->head_dim = (int)D;
+    a->max_position_embeddings = (int)P;
+    a->rope_theta = theta;
+    a->norm_eps = eps;
+    a->tie_word_embeddings = tie ? json_is_true(tie) : 0;
+    a->attention_bias = qwen2;
+    for (int l = 0; l < L; l++)
+        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = (int)H, .n_kv_heads = (int)KV, .ffn_dim = (int)F};
+    json_t *rs = json_object_get(cfg, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        const char *ty = json_string_value(json_object_get(rs, "rope_type"));
+        if (!ty)
+            ty = json_string_value(json_object_get(rs, "type"));
+        arch_rope_scaling *s = &a->rope_scaling;
+        double omax = 0;
+        if (!ty)
+            BAD("rope_scaling: needs rope_type or type");
+        if (!strcmp(ty, "default"))
+            s->type = ROPE_SCALING_NONE;
+        else if (!strcmp(ty, "linear"))
+            s->type = ROPE_SCALING_LINEAR;
+        else if (!strcmp(ty, "dynamic"))
+            s->type = ROPE_SCALING_DYNAMIC;
+        else if (!strcmp(ty, "llama3"))
+            s->type = ROPE_SCALING_LLAMA3;
+        else
+            BAD("rope_scaling: type \"%s\" is not supported (linear, dynamic, llama3)", ty);
+        if (s->type != ROPE_SCALING_NONE && (get_num(rs, "factor", 0, &s->factor) || !(s->factor > 0)))
+            BAD("rope_scaling.factor: must be a positive number");
+        if (s->type == ROPE_SCALING_LLAMA3) {
+            if (get_num(rs, "low_freq_factor", 1.0, &s->low_freq_factor) ||
+                get_num(rs, "high_freq_factor", 4.0, &s->high_freq_factor) ||
+                get_num(rs, "original_max_position_embeddings", 8192, &omax) || omax <= 0 || omax > (1 << 30))
+                BAD("rope_scaling: llama3 fields must be numbers");
+            s->original_max_position_embeddings = (int)omax;
+        }
+    }
+    char msg[256];
+    if (arch_validate(a, msg, sizeof msg))
+        BAD("%s", msg);
+    return 0;
+fail:
+    arch_free(a);
+    return -1;
+}
+
+int hfconfig_load(const char *path, arch *a, char *err, size_t errlen)
+{
+    json_error_t je;
+    memset(a, 0, sizeof *a);
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        return -1;
+    }
+    int rc = hfconfig_to_arch(j, a, err, errlen);
+    json_decref(j);
+    return rc;
+}
+
+json_t *hfconfig_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
+{
+    if (a->n_layers == 0 || !arch_is_uniform(a)) {
+        snprintf(err, errlen, "config.json holds uniform layers only; this arch differs per layer or removes parts "
+                              "(export it as DeciLM or GGUF)");
+        return NULL;
+    }
+    const arch_layer *l = &a->layers[0];
+    int qwen2 = a->attention_bias;
+    json_t *j = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:b,s:s,s:s,s:b}",
+                          "architectures", qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM",
+                          "model_type", qwen2 ? "qwen2" : "llama",
+                          "vocab_size", a->vocab_size, "hidden_size", a->hidden_size,
+                          "intermediate_size", l->ffn_dim, "num_hidden_layers", a->n_layers,
+                          "num_attention_heads", l->n_heads, "num_key_value_heads", l->n_kv_heads,
+                          "head_dim", a->head_dim, "max_position_embeddings", a->max_position_embeddings,
+                          "rope_theta", a->rope_theta, "rms_norm_eps", a->norm_eps,
+                          "tie_word_embeddings", a->tie_word_embeddings, "hidden_act", "silu",
+                          "torch_dtype", torch_dtype ? torch_dtype : "float32", "use_cache", 1);
+    if (!j) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (!qwen2 && json_object_set_new(j, "attention_bias", json_false()))
+        goto oom;
+    const arch_rope_scaling *s = &a->rope_scaling;
+    json_t *rs = json_null();
+    if (s->type == ROPE_SCALING_LINEAR || s->type == ROPE_SCALING_DYNAMIC)
+        rs = json_pack("{s:s,s:s,s:f}", "rope_type", s->type == ROPE_SCALING_LINEAR ? "linear" : "dynamic", "type",
+                       s->type == ROPE_SCALING_LINEAR ? "linear" : "dynamic", "factor", s->factor);
+    else if (s->type == ROPE_SCALING_LLAMA3)
+        rs = json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", s->factor, "low_freq_factor",
+                       s->low_freq_factor, "high_freq_factor", s->high_freq_factor,
+                       "original_max_position_embeddings", s->original_max_position_embeddings);
+    if (!rs || json_object_set_new(j, "rope_scaling", rs))
+        goto oom;
+    return j;
+oom:
+    json_decref(j);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+}

@@ -1,0 +1,367 @@
+/* storage/modelio.c — format detection and loading of parent models into the engine.
+ * Weights are converted one tensor at a time through a host buffer the size of the
+ * largest tensor, so peak host memory is one tensor beyond the engine's own copy.
+ */
+#include "storage/modelio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "storage/hfconfig.h"
+#include "storage/tokload.h"
+
+const char *mio_format_name(mio_format f)
+{
+    switch (f) {
+    case MIO_HF_DIR: return "hf";
+    case MIO_SAFETENSORS: return "safetensors";
+    case MIO_GGUF: return "gguf";
+    case MIO_LLAMA2C: return "llama2c";
+    }
+    return "?";
+}
+
+static int is_file(const char *p)
+{
+    struct stat st;
+    return !stat(p, &st) && S_ISREG(st.st_mode);
+}
+
+static void dir_of(const char *path, char *dir, size_t n)
+{
+    snprintf(dir, n, "%s", path);
+    char *s = strrchr(dir, '/');
+    if (s)
+        *s = '\0';
+    else
+        snprintf(dir, n, ".");
+}
+
+/* Join dir and name into out; returns 0, or -1 when it does not fit. */
+static int join(char *out, size_t n, const char *dir, const char *name)
+{
+    int w = snprintf(out, n, "%s/%s", dir, name);
+    return w < 0 || (size_t)w >= n ? -1 : 0;
+}
+
+static int grow(mio_model *m, int n)
+{
+    m->t = calloc((size_t)(n ? n : 1), sizeof *m->t);
+    return m->t ? 0 : -1;
+}
+
+static int open_safetensors(mio_model *m, const char *weights, const char *dir, char *err, size_t errlen)
+{
+    char cfg[PATH_MAX];
+    if (join(cfg, sizeof cfg, dir, "config.json") || !is_file(cfg)) {
+        snprintf(err, errlen, "%s: no config.json beside the weights", dir);
+        return -1;
+    }
+    if (hfconfig_load(cfg, &m->a, err, errlen) || st_open(&m->st, weights, err, errlen))
+        return -1;
+    if (grow(m, m->st.n))
+        goto oom;
+    for (int i = 0; i < m->st.n; i++) {
+        const st_tensor *s = &m->st.t[i];
+        mio_tensor *t = &m->t[m->n_tensors];
+        if (strstr(s->name, "rotary_emb.inv_freq"))
+            continue;   /* recomputed by the engine */
+        if (s->ndim < 1 || s->ndim > 2) {
+            snprintf(err, errlen, "%s: tensor %s has %d dimensions", weights, s->name, s->ndim);
+            return -1;
+        }
+        snprintf(t->name, sizeof t->name, "%s", s->name);
+        t->ndim = s->ndim;
+        t->shape[0] = s->shape[0];
+        t->shape[1] = s->ndim == 2 ? s->shape[1] : 0;
+        t->dtype = st_dtype_name(s->dtype);
+        t->nbytes = s->end - s->begin;
+        t->src = i;
+        m->n_tensors++;
+    }
+    if (join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.json"))
+        m->tok_path[0] = '\0';
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static int open_gguf(mio_model *m, char *err, size_t errlen)
+{
+    if (gguf_open(&m->gg, m->path, err, errlen) || gguf_arch(&m->gg, &m->a, err, errlen))
+        return -1;
+    if (grow(m, m->gg.n_tensors)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < m->gg.n_tensors; i++) {
+        mio_tensor *t = &m->t[m->n_tensors];
+        int rc = gguf_hf_tensor(&m->gg, &m->a, i, t->name, sizeof t->name, t->shape, &t->ndim, &t->permute_heads);
+        if (rc < 0) {
+            snprintf(err, errlen, "%s: tensor %s is not part of a llama model", m->path, m->gg.t[i].name);
+            return -1;
+        }
+        if (rc > 0)
+            continue;
+        t->dtype = gguf_type_name(m->gg.t[i].type);
+        t->nbytes = m->gg.t[i].nbytes;
+        t->src = i;
+        m->n_tensors++;
+    }
+    m->tok_path[0] = '\0';
+    return 0;
+}
+
+static int open_llama2c(mio_model *m, const char *tokenizer_path, char *err, size_t errlen)
+{
+    if (l2c_open(&m->l2, m->path, err, errlen) || l2c_arch(&m->l2, &m->a, err, errlen))
+        return -1;
+    if (grow(m, m->l2.n)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < m->l2.n; i++) {
+        const l2c_tensor *s = &m->l2.t[i];
+        mio_tensor *t = &m->t[m->n_tensors++];
+        snprintf(t->name, sizeof t->name, "%s", s->name);
+        t->ndim = s->ndim;
+        t->shape[0] = s->shape[0];
+        t->shape[1] = s->shape[1];
+        t->dtype = "F32";
+        t->nbytes = (uint64_t)(s->shape[0] * (s->ndim == 2 ? s->shape[1] : 1)) * 4;
+        t->src = i;
+    }
+    if (!tokenizer_path) {
+        char dir[PATH_MAX], name[64];
+        dir_of(m->path, dir, sizeof dir);
+        snprintf(name, sizeof name, "tok%d.bin", m->a.vocab_size);
+        if (join(m->tok_path, sizeof m->tok_path, dir, name) || !is_file(m->tok_path))
+            if (join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.bin"))
+                m->tok_path[0] = '\0';
+    }
+    return 0;
+}
+
+int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    struct stat st;
+    int rc = -1;
+    if (snprintf(m->path, sizeof m->path, "%s", path) >= (int)sizeof m->path) {
+        snprintf(err, errlen, "model path too long");
+        return -1;
+    }
+    if (stat(path, &st)) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        char w[PATH_MAX];
+        m->format = MIO_HF_DIR;
+        if (join(w, sizeof w, path, "model.safetensors.index.json") || !is_file(w))
+            if (join(w, sizeof w, path, "model.safetensors") || !is_file(w)) {
+                snprintf(err, errlen, "%s: a model directory needs model.safetensors or model.safetensors.index.json",
+                         path);
+                return -1;
+            }
+        rc = open_safetensors(m, path, path, err, errlen);
+    } else {
+        unsigned char head[9] = {0};
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t got = fd >= 0 ? read(fd, head, sizeof head) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (got < 0) {
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return -1;
+        }
+        size_t pl = strlen(path);
+        char dir[PATH_MAX];
+        dir_of(path, dir, sizeof dir);
+        if (got >= 4 && !memcmp(head, "GGUF", 4)) {
+            m->format = MIO_GGUF;
+            rc = open_gguf(m, err, errlen);
+        } else if (got == 9 && head[8] == '{') {
+            m->format = MIO_SAFETENSORS;
+            rc = open_safetensors(m, path, dir, err, errlen);
+        } else if (pl > 4 && !strcmp(path + pl - 4, ".bin")) {
+            m->format = MIO_LLAMA2C;
+            rc = open_llama2c(m, tokenizer_path, err, errlen);
+        } else {
+            snprintf(err, errlen, "%s: unknown model format (expected an HF directory, .safetensors, .gguf or a "
+                                  "llama2.c .bin)", path);
+            return -1;
+        }
+    }
+    if (!rc && tokenizer_path && snprintf(m->tok_path, sizeof m->tok_path, "%s", tokenizer_path) >= (int)sizeof m->tok_path) {
+        snprintf(err, errlen, "tokenizer path too long");
+        rc = -1;
+    }
+    if (rc)
+        mio_close(m);
+    return rc;
+}
+
+void mio_close(mio_model *m)
+{
+    if (m->format == MIO_GGUF)
+        gguf_close(&m->gg);
+    else if (m->format == MIO_LLAMA2C)
+        l2c_close(&m->l2);
+    else if (m->format)
+        st_close(&m->st);
+    arch_free(&m->a);
+    free(m->t);
+    memset(m, 0, sizeof *m);
+}
+
+static int64_t numel_of(const mio_tensor *t)
+{
+    return t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+}
+
+int mio_read_tensor(const mio_model *m, int i, float *out, int64_t n, char *err, size_t errlen)
+{
+    if (i < 0 || i >= m->n_tensors) {
+        snprintf(err, errlen, "tensor index %d out of range", i);
+        return -1;
+    }
+    const mio_tensor *t = &m->t[i];
+    switch (m->format) {
+    case MIO_GGUF:
+        if (gguf_read_f32(&m->gg, t->src, out, n, err, errlen))
+            return -1;
+        if (t->permute_heads &&
+            l2c_unpermute_rope_rows(out, t->shape[0], t->ndim == 2 ? t->shape[1] : 1, t->permute_heads)) {
+            snprintf(err, errlen, "%s: %lld rows do not split into %d RoPE heads", t->name, (long long)t->shape[0],
+                     t->permute_heads);
+            return -1;
+        }
+        return 0;
+    case MIO_LLAMA2C:
+        return l2c_read_f32(&m->l2, t->src, out, n, err, errlen);
+    default:
+        return st_read_f32(&m->st, t->src, out, n, err, errlen);
+    }
+}
+
+int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen)
+{
+    int64_t maxn = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (numel_of(&m->t[i]) > maxn)
+            maxn = numel_of(&m->t[i]);
+    float *buf = malloc((size_t)(maxn ? maxn : 1) * sizeof *buf);
+    int ne = eng_model_tensor_count(em), set = 0, rc = -1;
+    char *seen = calloc((size_t)(ne ? ne : 1), 1);
+    if (!buf || !seen) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mio_tensor *t = &m->t[i];
+        if (em->a.tie_word_embeddings && !strcmp(t->name, "lm_head.weight"))
+            continue;   /* tied: the embedding is the head */
+        int k = -1;
+        for (int j = 0; j < ne; j++) {
+            const char *name;
+            int64_t sh[2];
+            int nd;
+            float *d;
+            if (!eng_model_tensor(em, j, &name, sh, &nd, &d) && !strcmp(name, t->name)) {
+                k = j;
+                break;
+            }
+        }
+        if (k < 0) {
+            snprintf(err, errlen, "%s: tensor %s does not belong to the model's arch", m->path, t->name);
+            goto out;
+        }
+        if (seen[k]) {
+            snprintf(err, errlen, "%s: tensor %s appears twice", m->path, t->name);
+            goto out;
+        }
+        if (mio_read_tensor(m, i, buf, maxn, err, errlen) ||
+            eng_model_set_tensor(em, t->name, buf, t->shape, t->ndim, err, errlen))
+            goto out;
+        seen[k] = 1;
+        set++;
+    }
+    if (set != ne) {
+        for (int j = 0; j < ne; j++)
+            if (!seen[j]) {
+                const char *name = "?";
+                int64_t sh[2];
+                int nd;
+                float *d;
+                (void)eng_model_tensor(em, j, &name, sh, &nd, &d);
+                snprintf(err, errlen, "%s: tensor %s is missing", m->path, name);
+                break;
+            }
+        goto out;
+    }
+    rc = 0;
+out:
+    free(buf);
+    free(seen);
+    return rc;
+}
+
+tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)
+{
+    if (m->format == MIO_GGUF && !m->tok_path[0])
+        return tokload_gguf(&m->gg, err, errlen);
+    if (!m->tok_path[0] || !is_file(m->tok_path)) {
+        snprintf(err, errlen, "%s: no tokenizer found%s%s (give one with --tokenizer)", m->path,
+                 m->tok_path[0] ? " at " : "", m->tok_path);
+        return NULL;
+    }
+    size_t n = strlen(m->tok_path);
+    if (n > 5 && !strcmp(m->tok_path + n - 5, ".json"))
+        return tokload_hf_json(m->tok_path, err, errlen);
+    if (n > 5 && !strcmp(m->tok_path + n - 5, ".gguf")) {
+        gguf_file g;
+        if (gguf_open(&g, m->tok_path, err, errlen))
+            return NULL;
+        tok_tokenizer *t = tokload_gguf(&g, err, errlen);
+        gguf_close(&g);
+        return t;
+    }
+    return tokload_llama2c(m->tok_path, m->a.vocab_size, err, errlen);
+}
+
+int mio_load_model(const char *path, const char *tokenizer_path, eng_backend *be, eng_model *em,
+                   tok_tokenizer **tok, char *err, size_t errlen)
+{
+    mio_model m;
+    if (tok)
+        *tok = NULL;
+    if (mio_open(&m, path, tokenizer_path, err, errlen))
+        return -1;
+    if (eng_model_init(em, &m.a, be, err, errlen)) {
+        mio_close(&m);
+        return -1;
+    }
+    if (mio_load(&m, em, err, errlen) || (tok && !(*tok = mio_tokenizer(&m, err, errlen)))) {
+        eng_model_free(em);
+        mio_close(&m);
+        return -1;
+    }
+    if (tok && tok_n_vocab(*tok) > em->a.vocab_size) {
+        snprintf(err, errlen, "%s: tokenizer has %d tokens but the model only %d", path, tok_n_vocab(*tok),
+                 em->a.vocab_size);
+        tok_free(*tok);
+        *tok = NULL;
+        eng_model_free(em);
+        mio_close(&m);
+        return -1;
+    }
+    mio_close(&m);
+    return 0;
+}

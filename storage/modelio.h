@@ -1,0 +1,69 @@
+/* storage/modelio.h — one entry point for parent models in any supported format:
+ * an HF directory (config.json + safetensors, tokenizer.json), a .safetensors file
+ * with config.json beside it, a .gguf file, or a llama2.c .bin (tokenizer tok*.bin
+ * beside it). Detection looks at the bytes, not only the name. Tensors come out with
+ * HF names in HF layout; mio_load copies them into an engine model.
+ */
+#ifndef AC_STORAGE_MODELIO_H
+#define AC_STORAGE_MODELIO_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/arch.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "storage/gguf.h"
+#include "storage/llama2c.h"
+#include "storage/safetensors.h"
+
+typedef enum { MIO_HF_DIR = 1, MIO_SAFETENSORS, MIO_GGUF, MIO_LLAMA2C } mio_format;
+
+typedef struct {
+    char name[128];             /* HF name */
+    int64_t shape[2];
+    int ndim;
+    const char *dtype;          /* stored dtype: "F32", "BF16", "Q4_1", ... (static string) */
+    uint64_t nbytes;            /* stored bytes */
+    int src;                    /* index in the format's own table */
+    int permute_heads;          /* GGUF q/k: rows to un-permute for RoPE */
+} mio_tensor;
+
+typedef struct {
+    mio_format format;
+    char path[PATH_MAX];
+    char tok_path[PATH_MAX];    /* tokenizer file ("" when it lives inside the model file) */
+    arch a;
+    int n_tensors;
+    mio_tensor *t;
+    st_file st;
+    gguf_file gg;
+    l2c_file l2;
+} mio_model;
+
+/* Open the model at `path`. tokenizer_path (may be NULL) overrides where the tokenizer
+ * is looked for. Reads and validates the arch and the tensor table, not the weights.
+ * Returns 0, or -1 with a reason; nothing to close on failure. */
+int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *err, size_t errlen);
+void mio_close(mio_model *m);
+
+const char *mio_format_name(mio_format f);
+
+/* Tensor i as fp32 in HF layout into out (capacity n floats). 0, or -1 with a reason. */
+int mio_read_tensor(const mio_model *m, int i, float *out, int64_t n, char *err, size_t errlen);
+
+/* Copy every tensor into `em` (initialised with m->a) and check that each engine
+ * tensor was set exactly once. Returns 0, or -1 naming the tensor at fault. */
+int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen);
+
+/* Build the model's tokenizer. Returns a NEW tokenizer, or NULL with a reason. */
+tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen);
+
+/* Convenience: open `path`, init `em` on `be`, load the weights and (if tok != NULL)
+ * the tokenizer. On success em and *tok are owned by the caller (eng_model_free,
+ * tok_free). Returns 0, or -1 with a reason and nothing to free. */
+int mio_load_model(const char *path, const char *tokenizer_path, eng_backend *be, eng_model *em,
+                   tok_tokenizer **tok, char *err, size_t errlen);
+
+#endif

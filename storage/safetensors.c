@@ -1,0 +1,586 @@
+/* storage/safetensors.c — safetensors reader (mmap, validated header, shards) and atomic
+ * writer, plus the fp16/bf16 conversions. Limits: F32/F16/BF16 only, header <= 100 MiB,
+ * at most 8 dimensions, at most 1024 shards.
+ */
+#include "storage/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_MAX_HEADER (100u << 20)
+
+/* ---------- conversions ---------- */
+
+float st_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {                          /* subnormal: normalize */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float st_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t st_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xFF, man = x & 0x7FFFFF;
+    if (exp == 0xFF)
+        return (uint16_t)(sign | 0x7C00 | (man ? 0x200 | (man >> 13) : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7C00);
+    if (e <= 0) {                         /* subnormal or zero */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        int shift = 14 - e;
+        uint32_t half = 1u << (shift - 1), rem = man & ((1u << shift) - 1), q = man >> shift;
+        if (rem > half || (rem == half && (q & 1)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t q = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1FFF;
+    if (rem > 0x1000 || (rem == 0x1000 && (q & 1)))
+        q++;                              /* may carry into the exponent: still correct */
+    return (uint16_t)(sign | q);
+}
+
+uint16_t st_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7FFFFFFF) > 0x7F800000)
+        return (uint16_t)((x >> 16) | 0x40);   /* quiet NaN */
+    x += 0x7FFF + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+size_t st_dtype_size(st_dtype d) { return d == ST_F32 ? 4 : 2; }
+const char *st_dtype_name(st_dtype d) { return d == ST_F32 ? "F32" : d == ST_F16 ? "F16" : "BF16"; }
+
+int st_dtype_parse(const char *s, st_dtype *d)
+{
+    if (!strcmp(s, "F32")) *d = ST_F32;
+    else if (!strcmp(s, "F16")) *d = ST_F16;
+    else if (!strcmp(s, "BF16")) *d = ST_BF16;
+    else return -1;
+    return 0;
+}
+
+/* ---------- reading ---------- */
+
+static int cmp_begin(const void *a, const void *b)
+{
+    const st_tensor *x = *(st_tensor *const *)a, *y = *(st_tensor *const *)b;
+    if (x->shard != y->shard)
+        return x->shard - y->shard;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Append the tensors of one shard image to f (shard index `shard`). `what` names it in errors. */
+static int parse_shard(st_file *f, int shard, const uint8_t *buf, size_t len, const char *what,
+                       char *err, size_t errlen)
+{
+    if (len < 8) {
+        snprintf(err, errlen, "%s: %zu bytes is too short for a safetensors header", what, len);
+        return -1;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | buf[i];
+    if (hlen > ST_MAX_HEADER || hlen > len - 8) {
+        snprintf(err, errlen, "%s: header length %llu exceeds the file (%zu bytes) or the 100 MiB limit", what,
+                 (unsigned long long)hlen, len);
+        return -1;
+    }
+    json_error_t je;
+    json_t *h = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!h || !json_is_object(h)) {
+        snprintf(err, errlen, "%s: header is not a JSON object (%s)", what, h ? "wrong type" : je.text);
+        json_decref(h);
+        return -1;
+    }
+    f->data[shard] = buf + 8 + hlen;
+    f->data_len[shard] = len - 8 - hlen;
+    size_t add = json_object_size(h);
+    st_tensor *nt = realloc(f->t, (size_t)(f->n + (int)add + 1) * sizeof *nt);
+    if (!nt) {
+        json_decref(h);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    f->t = nt;
+    const char *k;
+    json_t *v;
+    json_object_foreach(h, k, v) {
+        if (!strcmp(k, "__metadata__")) {
+            if (!json_is_object(v)) {
+                snprintf(err, errlen, "%s: __metadata__ must be an object", what);
+                goto fail;
+            }
+            if (!f->metadata)
+                f->metadata = json_incref(v);
+            continue;
+        }
+        st_tensor *t = &f->t[f->n];
+        memset(t, 0, sizeof *t);
+        json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
+               *off = json_object_get(v, "data_offsets");
+        if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(sh) || !json_is_array(off) ||
+            json_array_size(off) != 2) {
+            snprintf(err, errlen, "%s: tensor \"%s\": needs dtype, shape and data_offsets [begin, end]", what, k);
+            goto fail;
+        }
+        if (st_dtype_parse(json_string_value(dt), &t->dtype)) {
+            snprintf(err, errlen, "%s: tensor \"%s\": dtype %s is not supported (F32, F16, BF16)", what, k,
+                     json_string_value(dt));
+            goto fail;
+        }
+        if (json_array_size(sh) > ST_MAX_DIMS) {
+            snprintf(err, errlen, "%s: tensor \"%s\": more than %d dimensions", what, k, ST_MAX_DIMS);
+            goto fail;
+        }
+        t->ndim = (int)json_array_size(sh);
+        uint64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            json_t *x = json_array_get(sh, (size_t)d);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > (1LL << 40)) {
+                snprintf(err, errlen, "%s: tensor \"%s\": shape[%d] is not a valid size", what, k, d);
+                goto fail;
+            }
+            t->shape[d] = json_integer_value(x);
+            if (t->shape[d] && numel > (1ULL << 40) / (uint64_t)t->shape[d]) {
+                snprintf(err, errlen, "%s: tensor \"%s\": shape overflows", what, k);
+                goto fail;
+            }
+            numel *= (uint64_t)t->shape[d];
+        }
+        t->numel = (int64_t)numel;
+        json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
+        if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
+            json_integer_value(e) < json_integer_value(b)) {
+            snprintf(err, errlen, "%s: tensor \"%s\": data_offsets must be integers with 0 <= begin <= end", what, k);
+            goto fail;
+        }
+        t->begin = (uint64_t)json_integer_value(b);
+        t->end = (uint64_t)json_integer_value(e);
+        if (t->end > f->data_len[shard]) {
+            snprintf(err, errlen, "%s: tensor \"%s\": data ends at %llu, past the end of the data (%llu bytes)", what,
+                     k, (unsigned long long)t->end, (unsigned long long)f->data_len[shard]);
+            goto fail;
+        }
+        if (t->end - t->begin != numel * st_dtype_size(t->dtype)) {
+            snprintf(err, errlen, "%s: tensor \"%s\": %llu bytes do not hold shape of %llu %s elements", what, k,
+                     (unsigned long long)(t->end - t->begin), (unsigned long long)numel, st_dtype_name(t->dtype));
+            goto fail;
+        }
+        t->shard = shard;
+        t->name = strdup(k);
+        if (!t->name) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        f->n++;
+    }
+    json_decref(h);
+    return 0;
+fail:
+    json_decref(h);
+    return -1;
+}
+
+/* Tensors must not overlap and names must be unique across shards. */
+static int check_layout(st_file *f, char *err, size_t errlen)
+{
+    if (f->n == 0)
+        return 0;
+    st_tensor **s = malloc((size_t)f->n * sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < f->n; i++)
+        s[i] = &f->t[i];
+    qsort(s, (size_t)f->n, sizeof *s, cmp_begin);
+    int rc = 0;
+    for (int i = 1; i < f->n && !rc; i++)
+        if (s[i]->shard == s[i - 1]->shard && s[i]->begin < s[i - 1]->end && s[i]->begin != s[i]->end) {
+            snprintf(err, errlen, "tensors \"%s\" and \"%s\" overlap", s[i - 1]->name, s[i]->name);
+            rc = -1;
+        }
+    free(s);
+    for (int i = 0; i < f->n && !rc; i++)
+        for (int j = i + 1; j < f->n && f->n_shards > 1; j++)
+            if (!strcmp(f->t[i].name, f->t[j].name)) {
+                snprintf(err, errlen, "tensor \"%s\" appears in two shards", f->t[i].name);
+                rc = -1;
+                break;
+            }
+    return rc;
+}
+
+static int alloc_shards(st_file *f, int n)
+{
+    f->n_shards = n;
+    f->data = calloc((size_t)n, sizeof *f->data);
+    f->data_len = calloc((size_t)n, sizeof *f->data_len);
+    f->maps = calloc((size_t)n, sizeof *f->maps);
+    f->map_len = calloc((size_t)n, sizeof *f->map_len);
+    return f->data && f->data_len && f->maps && f->map_len ? 0 : -1;
+}
+
+int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (alloc_shards(f, 1)) {
+        st_close(f);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (parse_shard(f, 0, buf, len, "safetensors", err, errlen) || check_layout(f, err, errlen)) {
+        st_close(f);
+        return -1;
+    }
+    return 0;
+}
+
+static int map_file(const char *path, void **map, size_t *len, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    *len = (size_t)st.st_size;
+    *map = NULL;
+    if (*len > 0) {
+        *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (*map == MAP_FAILED) {
+            *map = NULL;
+            snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int open_single(st_file *f, const char *path, char *err, size_t errlen)
+{
+    if (alloc_shards(f, 1) || map_file(path, &f->maps[0], &f->map_len[0], err, errlen))
+        return -1;
+    return parse_shard(f, 0, f->maps[0], f->map_len[0], path, err, errlen);
+}
+
+static int open_index(st_file *f, const char *index_path, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *ix = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    json_t *wm = ix ? json_object_get(ix, "weight_map") : NULL;
+    if (!json_is_object(wm)) {
+        snprintf(err, errlen, "%s: not a safetensors index (%s)", index_path, ix ? "no weight_map object" : je.text);
+        json_decref(ix);
+        return -1;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", index_path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    /* unique shard names, in order of first appearance */
+    const char *names[1024];
+    int n = 0, rc = -1;
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) {
+        if (!json_is_string(v)) {
+            snprintf(err, errlen, "%s: weight_map/%s must be a file name", index_path, k);
+            goto out;
+        }
+        const char *s = json_string_value(v);
+        if (strchr(s, '/') || !strcmp(s, "..") || !*s) {
+            snprintf(err, errlen, "%s: shard name \"%s\" must be a plain file name", index_path, s);
+            goto out;
+        }
+        int seen = 0;
+        for (int i = 0; i < n; i++)
+            seen |= !strcmp(names[i], s);
+        if (!seen) {
+            if (n == 1024) {
+                snprintf(err, errlen, "%s: more than 1024 shards", index_path);
+                goto out;
+            }
+            names[n++] = s;
+        }
+    }
+    if (alloc_shards(f, n ? n : 1)) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    f->n_shards = n;
+    for (int i = 0; i < n; i++) {
+        char p[PATH_MAX];
+        if (snprintf(p, sizeof p, "%s/%s", dir, names[i]) >= (int)sizeof p) {
+            snprintf(err, errlen, "%s: shard path too long", index_path);
+            goto out;
+        }
+        if (map_file(p, &f->maps[i], &f->map_len[i], err, errlen) ||
+            parse_shard(f, i, f->maps[i], f->map_len[i], p, err, errlen))
+            goto out;
+    }
+    json_object_foreach(wm, k, v) {
+        int i = st_find(f, k);
+        if (i < 0 || strcmp(names[f->t[i].shard], json_string_value(v))) {
+            snprintf(err, errlen, "%s: tensor \"%s\" is not in shard %s", index_path, k, json_string_value(v));
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    json_decref(ix);
+    return rc;
+}
+
+int st_open(st_file *f, const char *path, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    struct stat st;
+    int rc;
+    if (stat(path, &st)) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
+        if (!access(p, R_OK)) {
+            rc = open_index(f, p, err, errlen);
+        } else {
+            snprintf(p, sizeof p, "%s/model.safetensors", path);
+            rc = open_single(f, p, err, errlen);
+        }
+    } else if (ends_with(path, ".json")) {
+        rc = open_index(f, path, err, errlen);
+    } else {
+        rc = open_single(f, path, err, errlen);
+    }
+    if (!rc)
+        rc = check_layout(f, err, errlen);
+    if (rc)
+        st_close(f);
+    return rc;
+}
+
+void st_close(st_file *f)
+{
+    for (int i = 0; i < f->n; i++)
+        free(f->t[i].name);
+    free(f->t);
+    for (int i = 0; f->maps && i < f->n_shards; i++)
+        if (f->maps[i])
+            munmap(f->maps[i], f->map_len[i]);
+    free(f->maps);
+    free(f->map_len);
+    free(f->data);
+    free(f->data_len);
+    json_decref(f->metadata);
+    memset(f, 0, sizeof *f);
+}
+
+int st_find(const st_file *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->t[i].name, name))
+            return i;
+    return -1;
+}
+
+int st_read_f32(const st_file *f, int i, float *out, int64_t n, char *err, size_t errlen)
+{
+    if (i < 0 || i >= f->n) {
+        snprintf(err, errlen, "tensor index %d out of range", i);
+        return -1;
+    }
+    const st_tensor *t = &f->t[i];
+    if (n < t->numel) {
+        snprintf(err, errlen, "tensor \"%s\": buffer of %lld floats is smaller than %lld", t->name, (long long)n,
+                 (long long)t->numel);
+        return -1;
+    }
+    const uint8_t *p = f->data[t->shard] + t->begin;
+    if (t->dtype == ST_F32) {
+        memcpy(out, p, (size_t)t->numel * 4);
+    } else {
+        for (int64_t k = 0; k < t->numel; k++) {
+            uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
+            out[k] = t->dtype == ST_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+        }
+    }
+    return 0;
+}
+
+/* ---------- writing ---------- */
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype, json_t *metadata,
+             char *err, size_t errlen)
+{
+    json_t *h = json_object();
+    char *hdr = NULL, tmp[PATH_MAX] = "";
+    uint8_t *chunk = NULL;
+    int fd = -1, rc = -1;
+    if (!h)
+        goto oom;
+    if (metadata && json_object_set(h, "__metadata__", metadata))
+        goto oom;
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *shape = json_array();
+        int64_t numel = 1;
+        if (!shape)
+            goto oom;
+        for (int d = 0; d < ts[i].ndim; d++) {
+            numel *= ts[i].shape[d];
+            if (json_array_append_new(shape, json_integer(ts[i].shape[d]))) {
+                json_decref(shape);
+                goto oom;
+            }
+        }
+        uint64_t bytes = (uint64_t)numel * st_dtype_size(dtype);
+        json_t *e = json_pack("{s:s,s:o,s:[I,I]}", "dtype", st_dtype_name(dtype), "shape", shape, "data_offsets",
+                              (json_int_t)off, (json_int_t)(off + bytes));
+        if (!e || json_object_set_new(h, ts[i].name, e))
+            goto oom;
+        off += bytes;
+    }
+    hdr = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!hdr)
+        goto oom;
+    size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    if (write_all(fd, len8, 8) || write_all(fd, hdr, hl) || write_all(fd, "        ", padded - hl))
+        goto ioerr;
+    size_t cap = 1 << 16;
+    chunk = malloc(cap * 4);
+    if (!chunk)
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        int64_t numel = 1;
+        for (int d = 0; d < ts[i].ndim; d++)
+            numel *= ts[i].shape[d];
+        for (int64_t k = 0; k < numel; k += (int64_t)cap) {
+            size_t m = (size_t)(numel - k < (int64_t)cap ? numel - k : (int64_t)cap);
+            const float *src = ts[i].data + k;
+            if (dtype == ST_F32) {
+                memcpy(chunk, src, m * 4);
+            } else {
+                for (size_t j = 0; j < m; j++) {
+                    uint16_t v = dtype == ST_F16 ? st_f32_to_f16(src[j]) : st_f32_to_bf16(src[j]);
+                    chunk[2 * j] = (uint8_t)v;
+                    chunk[2 * j + 1] = (uint8_t)(v >> 8);
+                }
+            }
+            if (write_all(fd, chunk, m * st_dtype_size(dtype)))
+                goto ioerr;
+        }
+    }
+    if (fsync(fd))
+        goto ioerr;
+    if (close(fd)) {
+        fd = -1;
+        goto ioerr;
+    }
+    fd = -1;
+    if (rename(tmp, path))
+        goto ioerr;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);   /* best effort: some file systems refuse fsync on folders */
+        close(dfd);
+    }
+    rc = 0;
+    goto out;
+ioerr:
+    snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+    goto out;
+oom:
+    snprintf(err, errlen, "out of memory while writing %s", path);
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc && tmp[0])
+        unlink(tmp);
+    free(chunk);
+    free(hdr);
+    json_decref(h);
+    return rc;
+}

@@ -1,0 +1,417 @@
+/* storage/tokload.c — tokenizer builders for llama2.c tok*.bin, GGUF metadata and HF
+ * tokenizer.json. Everything read is bounds-checked; the tokenizer itself (merging,
+ * pre-tokenization) lives in engine/tokenizer.c.
+ */
+#include "storage/tokload.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int is_byte_piece(const char *p, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    return n == 6 && !memcmp(p, "<0x", 3) && p[5] == '>' && strchr(hex, p[3]) && strchr(hex, p[4]) && p[3] && p[4];
+}
+
+/* ---------- llama2.c ---------- */
+
+tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, char *err, size_t errlen)
+{
+    const uint8_t *p = buf;
+    size_t pos = 4;
+    int n_bytes = 0;
+    if (len < 4 || n_vocab < 3) {
+        snprintf(err, errlen, "llama2.c tokenizer: too short (%zu bytes) or vocabulary of %d", len, n_vocab);
+        return NULL;
+    }
+    tok_tokenizer *t = tok_new(TOK_SPM, n_vocab);
+    if (!t) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < n_vocab; i++) {
+        float score;
+        int32_t n;
+        if (len - pos < 8) {
+            snprintf(err, errlen, "llama2.c tokenizer: truncated at token %d of %d", i, n_vocab);
+            goto fail;
+        }
+        memcpy(&score, p + pos, 4);
+        memcpy(&n, p + pos + 4, 4);
+        pos += 8;
+        if (n < 0 || (size_t)n > len - pos || n > 4096) {
+            snprintf(err, errlen, "llama2.c tokenizer: token %d has length %d beyond the file", i, n);
+            goto fail;
+        }
+        const char *s = (const char *)p + pos;
+        tok_type ty = i == 0 ? TOK_TYPE_UNKNOWN : i <= 2 ? TOK_TYPE_CONTROL
+                      : is_byte_piece(s, (size_t)n) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
+        n_bytes += ty == TOK_TYPE_BYTE;
+        if (tok_set_token(t, i, s, (size_t)n, score, ty)) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        pos += (size_t)n;
+    }
+    tok_config *c = tok_config_of(t);
+    c->unk_id = 0;
+    c->bos_id = 1;
+    c->eos_id = 2;
+    c->add_bos = 1;
+    c->add_dummy_prefix = 1;
+    c->escape_spaces = 0;   /* llama2.c's export turned U+2581 back into spaces */
+    c->byte_fallback = n_bytes == 256;   /* else unknown bytes become <unk> */
+    if (tok_finalize(t, err, errlen))
+        goto fail;
+    return t;
+fail:
+    tok_free(t);
+    return NULL;
+}
+
+tok_tokenizer *tokload_llama2c(const char *path, int n_vocab, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 1 << 16;
+            if (cap > (64u << 20)) {
+                snprintf(err, errlen, "%s: larger than 64 MiB", path);
+                goto fail;
+            }
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                snprintf(err, errlen, "out of memory");
+                goto fail;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + len, 1, cap - len, f);
+        len += r;
+        if (r == 0)
+            break;
+    }
+    if (ferror(f)) {
+        snprintf(err, errlen, "%s: read error", path);
+        goto fail;
+    }
+    fclose(f);
+    tok_tokenizer *t = tokload_llama2c_mem(buf, len, n_vocab, err, errlen);
+    free(buf);
+    return t;
+fail:
+    fclose(f);
+    free(buf);
+    return NULL;
+}
+
+/* ---------- GGUF ---------- */
+
+/* Pre-tokenizer for a GGUF tokenizer.ggml.pre name; sets ignore_merges for Llama-3. */
+static int gguf_pretok(tok_tokenizer *t, const char *pre, size_t n, char *err, size_t errlen)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)(n < 63 ? n : 63), pre);
+    if (!strcmp(name, "default") || !strcmp(name, "gpt-2") || !strcmp(name, "gpt2"))
+        return tok_set_pretok_preset(t, "gpt2", err, errlen);
+    if (!strcmp(name, "smollm") || !strcmp(name, "starcoder") || !strcmp(name, "refact"))
+        return tok_set_pretok_preset(t, "smollm", err, errlen);
+    if (!strcmp(name, "llama-bpe") || !strcmp(name, "llama3") || !strcmp(name, "llama-v3")) {
+        tok_config_of(t)->ignore_merges = 1;
+        return tok_set_pretok_preset(t, "llama3", err, errlen);
+    }
+    snprintf(err, errlen, "GGUF tokenizer.ggml.pre \"%s\" is not supported (default, gpt-2, smollm, llama-bpe)", name);
+    return -1;
+}
+
+tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen)
+{
+    const char *model, *pre = "default";
+    size_t ml, pl = 7;
+    uint32_t ty;
+    uint64_t n;
+    if (gguf_get_str(g, "tokenizer.ggml.model", &model, &ml)) {
+        snprintf(err, errlen, "GGUF: no tokenizer (tokenizer.ggml.model is missing)");
+        return NULL;
+    }
+    tok_kind kind;
+    if (ml == 5 && !memcmp(model, "llama", 5))
+        kind = TOK_SPM;
+    else if (ml == 4 && !memcmp(model, "gpt2", 4))
+        kind = TOK_BYTELEVEL;
+    else {
+        snprintf(err, errlen, "GGUF: tokenizer model \"%.*s\" is not supported (llama, gpt2)", (int)(ml < 32 ? ml : 32),
+                 model);
+        return NULL;
+    }
+    int kt = gguf_get_arr(g, "tokenizer.ggml.tokens", &ty, &n);
+    if (kt < 0 || ty != GGUF_T_STRING || n == 0 || n > (1 << 22)) {
+        snprintf(err, errlen, "GGUF: tokenizer.ggml.tokens missing or not a string array of sane length");
+        return NULL;
+    }
+    uint32_t sty = 0, tty = 0;
+    uint64_t sn = 0, tn = 0;
+    int ks = gguf_get_arr(g, "tokenizer.ggml.scores", &sty, &sn);
+    int ktt = gguf_get_arr(g, "tokenizer.ggml.token_type", &tty, &tn);
+    if ((ks >= 0 && (sn != n || sty == GGUF_T_STRING)) || (ktt >= 0 && (tn != n || tty == GGUF_T_STRING))) {
+        snprintf(err, errlen, "GGUF: tokenizer scores/token_type do not match the %llu tokens", (unsigned long long)n);
+        return NULL;
+    }
+    tok_tokenizer *t = tok_new(kind, (int)n);
+    if (!t) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        const char *s;
+        size_t l;
+        double score = 0;
+        int64_t tt = TOK_TYPE_NORMAL;
+        if (gguf_arr_str(g, kt, i, &s, &l) || (ks >= 0 && gguf_arr_float(g, ks, i, &score)) ||
+            (ktt >= 0 && gguf_arr_int(g, ktt, i, &tt))) {
+            snprintf(err, errlen, "GGUF: tokenizer entry %llu unreadable", (unsigned long long)i);
+            goto fail;
+        }
+        if (tt < 1 || tt > 6)
+            tt = TOK_TYPE_NORMAL;
+        if (tok_set_token(t, (int)i, s, l, (float)score, (tok_type)tt)) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+    }
+    tok_config *c = tok_config_of(t);
+    int64_t v;
+    if (!gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v)) c->bos_id = (int)v;
+    if (!gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v)) c->eos_id = (int)v;
+    if (!gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &v)) c->unk_id = (int)v;
+    if (!gguf_get_int(g, "tokenizer.ggml.padding_token_id", &v)) c->pad_id = (int)v;
+    int ids[] = {c->bos_id, c->eos_id, c->unk_id, c->pad_id};
+    for (int i = 0; i < 4; i++)
+        if (ids[i] < -1 || ids[i] >= (int64_t)n) {
+            snprintf(err, errlen, "GGUF: special token id %d outside the vocabulary", ids[i]);
+            goto fail;
+        }
+    if (kind == TOK_SPM) {
+        c->add_bos = 1;
+        c->add_dummy_prefix = 1;
+        c->escape_spaces = 1;
+        c->byte_fallback = 1;
+        if (!gguf_get_int(g, "tokenizer.ggml.add_space_prefix", &v)) c->add_dummy_prefix = v != 0;
+    } else {
+        int km = gguf_get_arr(g, "tokenizer.ggml.merges", &ty, &n);
+        if (km < 0 || ty != GGUF_T_STRING) {
+            snprintf(err, errlen, "GGUF: byte-level BPE without tokenizer.ggml.merges");
+            goto fail;
+        }
+        for (uint64_t i = 0; i < n; i++) {
+            const char *s, *sp;
+            size_t l;
+            if (gguf_arr_str(g, km, i, &s, &l) || !(sp = memchr(s, ' ', l))) {
+                snprintf(err, errlen, "GGUF: merge %llu is not \"left right\"", (unsigned long long)i);
+                goto fail;
+            }
+            if (tok_add_merge(t, s, (size_t)(sp - s), sp + 1, l - (size_t)(sp - s) - 1) < 0) {
+                snprintf(err, errlen, "out of memory");
+                goto fail;
+            }
+        }
+        (void)gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pl);
+        if (gguf_pretok(t, pre, pl, err, errlen))
+            goto fail;
+    }
+    if (!gguf_get_int(g, "tokenizer.ggml.add_bos_token", &v)) c->add_bos = v != 0;
+    if (!gguf_get_int(g, "tokenizer.ggml.add_eos_token", &v)) c->add_eos = v != 0;
+    if (c->add_bos && c->bos_id < 0) c->add_bos = 0;
+    if (c->add_eos && c->eos_id < 0) c->add_eos = 0;
+    if (tok_finalize(t, err, errlen))
+        goto fail;
+    return t;
+fail:
+    tok_free(t);
+    return NULL;
+}
+
+/* ---------- HF tokenizer.json ---------- */
+
+/* Apply one pre-tokenizer object; *bytelevel set when a ByteLevel step is present. */
+static int hf_pretok(tok_tokenizer *t, json_t *p, int *bytelevel, char *err, size_t errlen)
+{
+    const char *type = json_string_value(json_object_get(p, "type"));
+    if (!type) {
+        snprintf(err, errlen, "tokenizer.json: pre_tokenizer without a type");
+        return -1;
+    }
+    if (!strcmp(type, "Sequence")) {
+        json_t *arr = json_object_get(p, "pretokenizers");
+        size_t i;
+        json_t *x;
+        json_array_foreach(arr, i, x)
+            if (hf_pretok(t, x, bytelevel, err, errlen))
+                return -1;
+        return 0;
+    }
+    if (!strcmp(type, "ByteLevel")) {
+        *bytelevel = 1;
+        if (json_is_true(json_object_get(p, "add_prefix_space")))
+            tok_config_of(t)->add_prefix_space = 1;
+        json_t *ur = json_object_get(p, "use_regex");
+        if (!ur || json_is_true(ur))
+            return tok_add_pretok_regex(t, TOK_REGEX_GPT2, err, errlen);
+        return 0;
+    }
+    if (!strcmp(type, "Digits"))
+        return tok_add_pretok_regex(t, json_is_true(json_object_get(p, "individual_digits")) ? "\\p{N}" : "\\p{N}+",
+                                    err, errlen);
+    if (!strcmp(type, "Split")) {
+        json_t *pat = json_object_get(p, "pattern");
+        const char *re = json_string_value(json_object_get(pat, "Regex"));
+        const char *beh = json_string_value(json_object_get(p, "behavior"));
+        if (!re || !beh || strcmp(beh, "Isolated") || json_is_true(json_object_get(p, "invert"))) {
+            snprintf(err, errlen, "tokenizer.json: only Split with a Regex pattern and Isolated behaviour is supported");
+            return -1;
+        }
+        return tok_add_pretok_regex(t, re, err, errlen);
+    }
+    snprintf(err, errlen, "tokenizer.json: pre_tokenizer \"%s\" is not supported", type);
+    return -1;
+}
+
+tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    tok_tokenizer *t = NULL;
+    if (!j) {
+        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        return NULL;
+    }
+    json_t *model = json_object_get(j, "model");
+    const char *mtype = json_string_value(json_object_get(model, "type"));
+    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    if (!mtype || strcmp(mtype, "BPE") || !json_is_object(vocab) || !json_is_array(merges)) {
+        snprintf(err, errlen, "%s: model type \"%s\" is not supported (BPE with vocab and merges)", path,
+                 mtype ? mtype : "?");
+        goto fail;
+    }
+    /* size: max id over vocab and added tokens */
+    int64_t maxid = -1;
+    const char *k;
+    json_t *v;
+    json_object_foreach(vocab, k, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= (1 << 22)) {
+            snprintf(err, errlen, "%s: vocab entry \"%s\" has a bad id", path, k);
+            goto fail;
+        }
+        if (json_integer_value(v) > maxid) maxid = json_integer_value(v);
+    }
+    json_t *added = json_object_get(j, "added_tokens");
+    size_t i;
+    json_t *x;
+    json_array_foreach(added, i, x) {
+        json_t *id = json_object_get(x, "id");
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 22) ||
+            !json_is_string(json_object_get(x, "content"))) {
+            snprintf(err, errlen, "%s: added_tokens[%zu] needs an id and content", path, i);
+            goto fail;
+        }
+        if (json_integer_value(id) > maxid) maxid = json_integer_value(id);
+    }
+    json_t *pre = json_object_get(j, "pre_tokenizer");
+    json_t *norm = json_object_get(j, "normalizer");
+    int spm = json_is_true(json_object_get(model, "byte_fallback")) || (norm && !json_is_null(norm));
+    t = tok_new(spm ? TOK_SPM : TOK_BYTELEVEL, (int)maxid + 1);
+    if (!t) {
+        snprintf(err, errlen, "out of memory or empty vocabulary");
+        goto fail;
+    }
+    json_object_foreach(vocab, k, v) {
+        size_t l = strlen(k);
+        tok_type ty = spm && is_byte_piece(k, l) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
+        if (tok_set_token(t, (int)json_integer_value(v), k, l, 0.0f, ty))
+            goto oom;
+    }
+    json_array_foreach(added, i, x) {
+        const char *content = json_string_value(json_object_get(x, "content"));
+        tok_type ty = json_is_true(json_object_get(x, "special")) ? TOK_TYPE_CONTROL : TOK_TYPE_USER_DEFINED;
+        if (tok_set_token(t, (int)json_integer_value(json_object_get(x, "id")), content, strlen(content), 0.0f, ty))
+            goto oom;
+    }
+    json_array_foreach(merges, i, x) {
+        const char *a, *b;
+        size_t al, bl;
+        if (json_is_string(x)) {
+            const char *s = json_string_value(x), *sp = strchr(s, ' ');
+            if (!sp) {
+                snprintf(err, errlen, "%s: merges[%zu] is not \"left right\"", path, i);
+                goto fail;
+            }
+            a = s; al = (size_t)(sp - s); b = sp + 1; bl = strlen(b);
+        } else if (json_is_array(x) && json_array_size(x) == 2 && json_is_string(json_array_get(x, 0)) &&
+                   json_is_string(json_array_get(x, 1))) {
+            a = json_string_value(json_array_get(x, 0)); al = strlen(a);
+            b = json_string_value(json_array_get(x, 1)); bl = strlen(b);
+        } else {
+            snprintf(err, errlen, "%s: merges[%zu] is neither a string nor a pair", path, i);
+            goto fail;
+        }
+        if (tok_add_merge(t, a, al, b, bl) < 0)
+            goto oom;
+    }
+    tok_config *c = tok_config_of(t);
+    c->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    if (unk)
+        c->unk_id = tok_lookup(t, unk, strlen(unk));
+    if (spm) {
+        c->escape_spaces = 1;
+        c->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+        /* Llama-2 style normalizer: Prepend("▁") then Replace(" ", "▁") */
+        char *ns = json_dumps(norm, JSON_COMPACT);
+        c->add_dummy_prefix = ns && strstr(ns, "\"Prepend\"") != NULL;
+        free(ns);
+        if (pre && !json_is_null(pre)) {
+            snprintf(err, errlen, "%s: a SentencePiece-style BPE with a pre_tokenizer is not supported", path);
+            goto fail;
+        }
+    } else {
+        int bytelevel = 0;
+        if (pre && !json_is_null(pre) && hf_pretok(t, pre, &bytelevel, err, errlen))
+            goto fail;
+        if (!bytelevel) {
+            snprintf(err, errlen, "%s: BPE without ByteLevel pre-tokenizer or byte fallback is not supported", path);
+            goto fail;
+        }
+    }
+    /* BOS/EOS from the post-processor template ("single": [SpecialToken, Sequence, SpecialToken?]) */
+    json_t *single = json_object_get(json_object_get(j, "post_processor"), "single");
+    if (json_is_array(single) && json_array_size(single) >= 1) {
+        size_t last = json_array_size(single) - 1;
+        json_t *first = json_object_get(json_array_get(single, 0), "SpecialToken");
+        json_t *end = json_object_get(json_array_get(single, last), "SpecialToken");
+        const char *fid = json_string_value(json_object_get(first, "id"));
+        const char *eid = last ? json_string_value(json_object_get(end, "id")) : NULL;
+        if (fid && (c->bos_id = tok_lookup(t, fid, strlen(fid))) >= 0)
+            c->add_bos = 1;
+        if (eid && (c->eos_id = tok_lookup(t, eid, strlen(eid))) >= 0)
+            c->add_eos = 1;
+    }
+    if (tok_finalize(t, err, errlen))
+        goto fail;
+    json_decref(j);
+    return t;
+oom:
+    snprintf(err, errlen, "out of memory");
+fail:
+    tok_free(t);
+    json_decref(j);
+    return NULL;
+}

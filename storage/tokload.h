@@ -1,0 +1,27 @@
+/* storage/tokload.h — build an engine tokenizer (engine/tokenizer.h) from the files that
+ * describe one: llama2.c tok*.bin, GGUF tokenizer.ggml.* metadata, or HF tokenizer.json
+ * (BPE models: byte-level, or SentencePiece-style with byte fallback). Unsupported
+ * tokenizer kinds are errors that say what was found.
+ */
+#ifndef AC_STORAGE_TOKLOAD_H
+#define AC_STORAGE_TOKLOAD_H
+
+#include <stddef.h>
+
+#include "engine/tokenizer.h"
+#include "storage/gguf.h"
+
+/* llama2.c tokenizer export: int32 max_token_length, then n_vocab records (float32
+ * score, int32 byte length, bytes). Ids 0/1/2 are <unk>/BOS/EOS, <0xNN> pieces bytes.
+ * Returns a NEW finalized tokenizer, or NULL with a reason in err. */
+tok_tokenizer *tokload_llama2c(const char *path, int n_vocab, char *err, size_t errlen);
+tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, char *err, size_t errlen);
+
+/* From GGUF metadata (tokenizer.ggml.model "llama" or "gpt2" with a known
+ * tokenizer.ggml.pre). Returns a NEW finalized tokenizer, or NULL with a reason. */
+tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen);
+
+/* From an HF tokenizer.json. Returns a NEW finalized tokenizer, or NULL with a reason. */
+tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen);
+
+#endif

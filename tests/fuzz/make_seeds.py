@@ -1,0 +1,59 @@
+"""Write small valid seed inputs for the fuzz targets into tests/fuzz/corpus/<target>/.
+Run with the project venv (numpy, safetensors, gguf). Seeds are generated, not copied."""
+import os, struct, sys
+
+import numpy as np
+import gguf
+from safetensors.numpy import save
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+def out(target, name, data):
+    os.makedirs(os.path.join(root, target), exist_ok=True)
+    with open(os.path.join(root, target, name), "wb") as f:
+        f.write(data)
+
+rng = np.random.default_rng(0)
+out("safetensors", "seed_three_dtypes", save({"a": rng.standard_normal((2, 3)).astype(np.float32),
+                                               "b": rng.standard_normal((4,)).astype(np.float16),
+                                               "c": np.zeros((0, 5), np.float32)}, metadata={"format": "pt"}))
+
+# llama2.c: dim 8, hidden 16, 1 layer, 2 heads, 1 kv head, vocab 6 (shared), seq_len 4
+dim, hid, L, H, KV, V, S = 8, 16, 1, 2, 1, 6, 4
+D = dim // H
+n = V * dim + L * (dim + dim * dim + 2 * KV * D * dim + dim * dim + dim + 3 * hid * dim) + dim + S * D
+out("llama2c", "seed_model", struct.pack("<7i", dim, hid, L, H, KV, V, S) + rng.standard_normal(n).astype("<f4").tobytes())
+pieces = [b"<unk>", b"\n<s>\n", b"\n</s>\n"] + [b"<0x%02X>" % i for i in range(3)] + [b" ", b"a", b"b", b" ab"]
+tok = struct.pack("<i", len(pieces) - 3)   # first byte drives n_vocab = 3 + data[0] in the target
+for i, p in enumerate(pieces):
+    tok += struct.pack("<fi", -float(i), len(p)) + p
+out("llama2c", "seed_tokenizer", tok)
+
+# GGUF: a 1-layer llama with byte-level tokenizer and one tensor of each supported type
+path = os.path.join(root, "gguf_seed.tmp")
+w = gguf.GGUFWriter(path, arch="llama")
+w.add_block_count(1); w.add_embedding_length(32); w.add_context_length(16)
+w.add_head_count(2); w.add_head_count_kv(1); w.add_feed_forward_length(32)
+w.add_rope_freq_base(10000.0); w.add_layer_norm_rms_eps(1e-5)
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+cs, k = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + k); k += 1
+toks = [chr(c) for c in cs] + ["he", "ll", "llo", "<|end|>"]
+w.add_tokenizer_model("gpt2"); w.add_tokenizer_pre("smollm")
+w.add_token_list(toks); w.add_token_types([1] * 259 + [3])
+w.add_token_merges(["h e", "l l", "ll o"]); w.add_eos_token_id(259)
+def q(name, arr, qt):
+    w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+q("token_embd.weight", rng.standard_normal((261, 32)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+q("blk.0.attn_norm.weight", np.ones(32, np.float32), gguf.GGMLQuantizationType.F32)
+q("blk.0.attn_q.weight", rng.standard_normal((32, 32)).astype(np.float32), gguf.GGMLQuantizationType.Q4_0)
+q("blk.0.attn_k.weight", rng.standard_normal((16, 32)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
+q("blk.0.attn_v.weight", rng.standard_normal((16, 32)).astype(np.float32), gguf.GGMLQuantizationType.F16)
+q("blk.0.attn_output.weight", rng.standard_normal((32, 32)).astype(np.float32), gguf.GGMLQuantizationType.BF16)
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+with open(path, "rb") as f:
+    out("gguf", "seed_llama_bytelevel", f.read())
+os.remove(path)
+out("tokenizer", "seed_text", "hello the  world\n\n 12345 <|x|> café 🤗 ab ba".encode("utf-8"))
+print("seeds written under", root)

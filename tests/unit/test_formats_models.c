@@ -1,0 +1,274 @@
+/* tests/unit/test_formats_models.c — llama2.c reader (stories260K: arch, truncated and
+ * hostile files), config.json parsing (Llama, Mistral, Qwen2 bias, rope scaling), and
+ * modelio end to end: stories260K loads into the engine, is written back as an HF
+ * directory (config.json + safetensors) and reloads with identical logits. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "storage/hfconfig.h"
+#include "storage/llama2c.h"
+#include "storage/modelio.h"
+#include "storage/safetensors.h"
+
+static char stories[512], tok512[512], tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *shared = getenv("AC_SHARED");
+    snprintf(stories, sizeof stories, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    snprintf(tok512, sizeof tok512, "%s/data/models/stories260K/tok512.bin", shared ? shared : "../shared");
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ac_models_XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    assert_true(len > 0);
+    rewind(f);
+    uint8_t *b = malloc((size_t)len + 64);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+static void test_llama2c(void **state)
+{
+    (void)state;
+    l2c_file f;
+    arch a;
+    char err[256];
+    assert_int_equal(l2c_open(&f, stories, err, sizeof err), 0);
+    assert_int_equal(l2c_arch(&f, &a, err, sizeof err), 0);
+    assert_int_equal(a.hidden_size, 64);
+    assert_int_equal(a.n_layers, 5);
+    assert_int_equal(a.layers[0].n_heads, 8);
+    assert_int_equal(a.layers[0].n_kv_heads, 4);
+    assert_int_equal(a.layers[4].ffn_dim, 172);
+    assert_int_equal(a.vocab_size, 512);
+    assert_true(a.tie_word_embeddings);
+    assert_int_equal(f.n, 47);
+    arch_free(&a);
+    l2c_close(&f);
+    size_t n;
+    uint8_t *b = slurp(stories, &n);
+    assert_int_equal(l2c_open_mem(&f, b, n - 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "truncated"));
+    assert_int_equal(l2c_open_mem(&f, b, n + 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "trailing"));
+    for (size_t k = 0; k < 40; k++)
+        assert_int_equal(l2c_open_mem(&f, b, k, err, sizeof err), -1);
+    int32_t bad[][7] = {{64, 172, 5, 8, 3, 512, 512},           /* kv heads do not divide heads */
+                        {64, 172, 5, 8, 4, INT32_MIN, 512},     /* vocab overflow */
+                        {0x7fffffff, 172, 5, 8, 4, 512, 512},   /* huge dim */
+                        {64, 172, -5, 8, 4, 512, 512}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t h[28 + 64] = {0};
+        memcpy(h, bad[i], 28);
+        assert_int_equal(l2c_open_mem(&f, h, sizeof h, err, sizeof err), -1);
+        assert_non_null(strstr(err, "implausible"));
+    }
+    free(b);
+}
+
+static void test_hfconfig(void **state)
+{
+    (void)state;
+    arch a, b;
+    char err[256];
+    json_t *j = json_loads("{\"architectures\":[\"Qwen2ForCausalLM\"],\"vocab_size\":151936,\"hidden_size\":896,"
+                           "\"intermediate_size\":4864,\"num_hidden_layers\":24,\"num_attention_heads\":14,"
+                           "\"num_key_value_heads\":2,\"max_position_embeddings\":32768,\"rope_theta\":1000000.0,"
+                           "\"rms_norm_eps\":1e-06,\"tie_word_embeddings\":true,\"sliding_window\":32768,"
+                           "\"use_sliding_window\":false}", 0, NULL);
+    assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), 0);
+    assert_true(a.attention_bias);
+    assert_int_equal(a.head_dim, 64);
+    assert_int_equal(a.layers[23].n_kv_heads, 2);
+    json_t *back = hfconfig_from_arch(&a, "bfloat16", err, sizeof err);
+    assert_non_null(back);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(back, "architectures"), 0)),
+                        "Qwen2ForCausalLM");
+    assert_int_equal(hfconfig_to_arch(back, &b, err, sizeof err), 0);
+    assert_true(arch_equal(&a, &b));
+    json_decref(back);
+    json_decref(j);
+    arch_free(&b);
+    /* non-uniform archs cannot be written as config.json */
+    a.layers[3].ffn_dim = 100;
+    assert_null(hfconfig_from_arch(&a, NULL, err, sizeof err));
+    assert_non_null(strstr(err, "uniform"));
+    arch_free(&a);
+    j = json_loads("{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":128256,\"hidden_size\":2048,"
+                   "\"intermediate_size\":8192,\"num_hidden_layers\":16,\"num_attention_heads\":32,"
+                   "\"num_key_value_heads\":8,\"head_dim\":64,\"max_position_embeddings\":131072,"
+                   "\"rope_theta\":500000.0,\"rms_norm_eps\":1e-05,\"tie_word_embeddings\":true,"
+                   "\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+                   "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}", 0, NULL);
+    assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), 0);
+    assert_int_equal(a.rope_scaling.type, ROPE_SCALING_LLAMA3);
+    assert_true(a.rope_scaling.factor == 32.0);
+    assert_int_equal(a.rope_scaling.original_max_position_embeddings, 8192);
+    back = hfconfig_from_arch(&a, NULL, err, sizeof err);
+    assert_int_equal(hfconfig_to_arch(back, &b, err, sizeof err), 0);
+    assert_true(arch_equal(&a, &b));
+    json_decref(back);
+    arch_free(&a);
+    arch_free(&b);
+    json_decref(j);
+    static const struct { const char *cfg, *needle; } bad[] = {
+        {"{\"architectures\":[\"GPT2LMHeadModel\"]}", "not supported"},
+        {"{\"model_type\":\"mistral\",\"hidden_size\":4096,\"intermediate_size\":14336,\"num_hidden_layers\":32,"
+         "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"max_position_embeddings\":32768,"
+         "\"sliding_window\":4096}", "sliding_window"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"num_key_value_heads\":3}", "num_key_value_heads"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":\"64\"}", "hidden_size"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}", "yarn"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        j = json_loads(bad[i].cfg, 0, NULL);
+        assert_non_null(j);
+        assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), -1);
+        if (!strstr(err, bad[i].needle))
+            fail_msg("config %zu: \"%s\" lacks \"%s\"", i, err, bad[i].needle);
+        json_decref(j);
+    }
+}
+
+/* Logits of `ids` (all positions) into a new buffer. */
+static float *logits_of(eng_model *m, const int *ids, int T)
+{
+    float *lg = malloc((size_t)T * (size_t)m->a.vocab_size * sizeof *lg);
+    char err[256];
+    assert_non_null(lg);
+    eng_fwd_args fa = {.tokens = ids, .B = 1, .T = T, .logits_mode = ENG_LOGITS_ALL, .logits = lg};
+    assert_int_equal(eng_forward(m, &fa, err, sizeof err), 0);
+    return lg;
+}
+
+/* Write m as an HF directory under tmpdir/name with weights in dtype. */
+static void write_hf_dir(eng_model *m, const char *name, st_dtype dt, char *dir, size_t dirlen)
+{
+    char err[256], p[256];
+    snprintf(dir, dirlen, "%s/%s", tmpdir, name);
+    snprintf(p, sizeof p, "mkdir -p %s", dir);
+    assert_int_equal(system(p), 0);
+    json_t *cfg = hfconfig_from_arch(&m->a, "float32", err, sizeof err);
+    assert_non_null(cfg);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    assert_int_equal(json_dump_file(cfg, p, JSON_INDENT(2)), 0);
+    json_decref(cfg);
+    int n = eng_model_tensor_count(m);
+    st_write_tensor *ts = calloc((size_t)n, sizeof *ts);
+    float **bufs = calloc((size_t)n, sizeof *bufs);
+    assert_non_null(ts);
+    assert_non_null(bufs);
+    for (int i = 0; i < n; i++) {
+        const char *tn;
+        int64_t sh[2];
+        int nd;
+        float *d;
+        assert_int_equal(eng_model_tensor(m, i, &tn, sh, &nd, &d), 0);
+        int64_t ne = sh[0] * (nd == 2 ? sh[1] : 1);
+        bufs[i] = malloc((size_t)ne * sizeof(float));
+        assert_int_equal(eng_model_get_tensor(m, tn, bufs[i], ne), ne);
+        ts[i] = (st_write_tensor){.name = tn, .data = bufs[i], .shape = {sh[0], sh[1]}, .ndim = nd};
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    assert_int_equal(st_write(p, ts, n, dt, NULL, err, sizeof err), 0);
+    for (int i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(ts);
+}
+
+static void test_modelio_round_trip(void **state)
+{
+    (void)state;
+    eng_backend *be = eng_backend_cpu_new(1);
+    assert_non_null(be);
+    eng_model m, h, hb;
+    tok_tokenizer *tok = NULL;
+    char err[512], dir[256];
+    assert_int_equal(mio_load_model(stories, NULL, be, &m, &tok, err, sizeof err), 0);
+    assert_non_null(tok);
+    int ids[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
+    float *ref = logits_of(&m, ids, 10);
+    write_hf_dir(&m, "hf32", ST_F32, dir, sizeof dir);
+    assert_int_equal(mio_load_model(dir, tok512, be, &h, NULL, err, sizeof err), 0);
+    float *got = logits_of(&h, ids, 10);
+    for (int i = 0; i < 10 * 512; i++)
+        assert_true(got[i] == ref[i]);
+    free(got);
+    eng_model_free(&h);
+    write_hf_dir(&m, "hfbf16", ST_BF16, dir, sizeof dir);
+    assert_int_equal(mio_load_model(dir, tok512, be, &hb, NULL, err, sizeof err), 0);
+    got = logits_of(&hb, ids, 10);
+    double maxd = 0;
+    for (int i = 0; i < 10 * 512; i++)
+        maxd = fmax(maxd, fabs((double)got[i] - ref[i]));
+    assert_true(maxd < 0.25);   /* bf16 weights: close, not equal */
+    assert_true(maxd > 0);
+    free(got);
+    /* not a model file; a directory whose tensor has the wrong shape; one with tensors missing */
+    mio_model mm;
+    assert_int_equal(mio_open(&mm, tok512, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "implausible header"));   /* a .bin that is a tokenizer */
+    char p[300];
+    snprintf(p, sizeof p, "%s/hf32/model.safetensors", tmpdir);
+    float norm[64];
+    for (int i = 0; i < 64; i++)
+        norm[i] = 1;
+    st_write_tensor only = {"model.norm.weight", norm, {1}, 1};
+    assert_int_equal(st_write(p, &only, 1, ST_F32, NULL, err, sizeof err), 0);
+    snprintf(p, sizeof p, "%s/hf32", tmpdir);
+    eng_model bad;
+    assert_int_equal(mio_load_model(p, tok512, be, &bad, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "model.norm.weight"));
+    snprintf(p, sizeof p, "%s/hf32/model.safetensors", tmpdir);
+    only.shape[0] = 64;
+    assert_int_equal(st_write(p, &only, 1, ST_F32, NULL, err, sizeof err), 0);
+    snprintf(p, sizeof p, "%s/hf32", tmpdir);
+    assert_int_equal(mio_load_model(p, tok512, be, &bad, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "is missing"));
+    free(ref);
+    eng_model_free(&hb);
+    eng_model_free(&m);
+    tok_free(tok);
+    eng_backend_free(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama2c),
+        cmocka_unit_test(test_hfconfig),
+        cmocka_unit_test(test_modelio_round_trip),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,173 @@
+/* tests/unit/test_tokenizer_bpe.c — byte-level BPE on a vocabulary built here: merge
+ * order by rank (not by length or position), GPT-2 pre-tokenizer splits, special tokens,
+ * ignore_merges, add_prefix_space, invalid UTF-8, and decode(encode(x)) == x. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/tokenizer.h"
+
+/* 256 byte symbols (GPT-2 mapping: printable bytes map to themselves, space -> "Ġ"),
+ * then merged pieces, then one special token. */
+static const char *merged[] = {"ĠĠ", "Ġt", "he", "Ġthe", "ll", "llo", "Ġhe", "Ġhello", "12"};
+static tok_tokenizer *build(int with_merges, int ignore_merges)
+{
+    int n = 256 + (int)(sizeof merged / sizeof merged[0]) + 1;
+    tok_tokenizer *t = tok_new(TOK_BYTELEVEL, n);
+    assert_non_null(t);
+    /* byte symbols: reproduce the GPT-2 table */
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        int direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra++;
+        char s[3];
+        size_t l;
+        if (cp < 0x80) { s[0] = (char)cp; l = 1; }
+        else { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); l = 2; }
+        assert_int_equal(tok_set_token(t, b, s, l, 0, TOK_TYPE_NORMAL), 0);
+    }
+    for (size_t i = 0; i < sizeof merged / sizeof merged[0]; i++)
+        assert_int_equal(tok_set_token(t, 256 + (int)i, merged[i], strlen(merged[i]), 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_set_token(t, n - 1, "<|end|>", 7, 0, TOK_TYPE_CONTROL), 0);
+    if (with_merges) {
+        /* rank order matters: "l l" before "h e", "Ġ h" is absent so " he" needs "Ġhe" via "Ġ he"... */
+        static const char *rules[][2] = {{"l", "l"}, {"h", "e"}, {"Ġ", "t"}, {"ll", "o"}, {"Ġt", "he"},
+                                         {"Ġ", "he"}, {"Ġhe", "llo"}, {"Ġ", "Ġ"}};
+        for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+            assert_int_equal(tok_add_merge(t, rules[i][0], strlen(rules[i][0]), rules[i][1], strlen(rules[i][1])), 0);
+        assert_int_equal(tok_add_merge(t, "x", 1, "y", 1), 1);   /* "xy" not in vocab: skipped */
+    }
+    char err[256];
+    assert_int_equal(tok_set_pretok_preset(t, "gpt2", err, sizeof err), 0);
+    tok_config_of(t)->ignore_merges = ignore_merges;
+    tok_config_of(t)->eos_id = n - 1;
+    assert_int_equal(tok_finalize(t, err, sizeof err), 0);
+    return t;
+}
+
+static void expect_ids(const tok_tokenizer *t, const char *text, const int *want, size_t nwant)
+{
+    int *ids;
+    size_t n;
+    char err[256];
+    assert_int_equal(tok_encode(t, text, strlen(text), 0, 1, &ids, &n, err, sizeof err), 0);
+    if (n != nwant || (n && memcmp(ids, want, n * sizeof *ids))) {
+        fprintf(stderr, "text \"%s\": got", text);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n");
+        fail_msg("ids differ");
+    }
+    char *dec;
+    size_t dl;
+    assert_int_equal(tok_decode(t, ids, n, 0, &dec, &dl, err, sizeof err), 0);
+    assert_int_equal(dl, strlen(text));
+    assert_memory_equal(dec, text, dl);
+    free(dec);
+    free(ids);
+}
+
+static void test_merges_by_rank(void **state)
+{
+    (void)state;
+    tok_tokenizer *t = build(1, 0);
+    /* "hello": l+l (rank 0), h+e (1), ll+o (3) -> "he" "llo"; no rule joins them without Ġ */
+    expect_ids(t, "hello", (int[]){258, 261}, 2);
+    /* " hello": ... then Ġ+he (5) -> "Ġhe", then Ġhe+llo (6) -> "Ġhello" */
+    expect_ids(t, " hello", (int[]){263}, 1);
+    /* " the": h+e (1) before Ġ+t (2) -> "Ġ" "t" "he"; Ġ+t is next -> "Ġt" "he"; then Ġt+he (4) */
+    expect_ids(t, " the", (int[]){259}, 1);
+    /* pre-tokenizer: "a  b" -> "a" " " " b"; merges never cross pieces */
+    expect_ids(t, "a  b", (int[]){97, 32, 32, 98}, 4);
+    expect_ids(t, "a   b", (int[]){97, 256, 32, 98}, 4);
+    /* "12" is in the vocabulary but no rule merges 1+2 */
+    expect_ids(t, "x 12", (int[]){120, 32, 49, 50}, 4);
+    /* special tokens are matched literally */
+    expect_ids(t, "x<|end|>he", (int[]){120, 265, 258}, 3);
+    /* multi-byte characters go through the byte symbols */
+    expect_ids(t, "é", (int[]){0xC3, 0xA9}, 2);
+    expect_ids(t, "", (int[]){0}, 0);
+    int *ids;
+    size_t n;
+    char err[256];
+    assert_int_equal(tok_encode(t, "ok\xff", 3, 0, 1, &ids, &n, err, sizeof err), -1);
+    assert_non_null(strstr(err, "UTF-8"));
+    assert_int_equal(tok_encode(t, "x<|end|>", 8, 0, 0, &ids, &n, err, sizeof err), 0);
+    assert_int_equal(n, 8);   /* parse_special off: spelled out in bytes */
+    free(ids);
+    char *dec;
+    size_t dl;
+    int with_special[] = {104, 265, 105};
+    assert_int_equal(tok_decode(t, with_special, 3, 1, &dec, &dl, err, sizeof err), 0);
+    assert_string_equal(dec, "hi");   /* skip_special drops the control token */
+    free(dec);
+    int bad = 9999;
+    assert_int_equal(tok_decode(t, &bad, 1, 0, &dec, &dl, err, sizeof err), -1);
+    tok_free(t);
+}
+
+static void test_ignore_merges(void **state)
+{
+    (void)state;
+    tok_tokenizer *t = build(0, 1);
+    expect_ids(t, " hello", (int[]){263}, 1);         /* whole pre-token in the vocabulary */
+    expect_ids(t, "hello", (int[]){104, 101, 108, 108, 111}, 5);
+    tok_free(t);
+    t = build(0, 0);
+    expect_ids(t, " hello", (int[]){32, 104, 101, 108, 108, 111}, 6);
+    tok_free(t);
+}
+
+static void test_pretok_presets(void **state)
+{
+    (void)state;
+    char err[256];
+    tok_tokenizer *t = build(0, 0);
+    assert_int_equal(tok_set_pretok_preset(t, "gpt5", err, sizeof err), -1);
+    assert_non_null(strstr(err, "unknown"));
+    assert_int_equal(tok_add_pretok_regex(t, "(unclosed", err, sizeof err), -1);
+    assert_non_null(strstr(err, "regex"));
+    tok_free(t);
+    /* llama3: digits in groups of three, contractions case-insensitive */
+    t = tok_new(TOK_BYTELEVEL, 256);
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        int direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra++;
+        char s[3];
+        size_t l;
+        if (cp < 0x80) { s[0] = (char)cp; l = 1; }
+        else { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); l = 2; }
+        assert_int_equal(tok_set_token(t, b, s, l, 0, TOK_TYPE_NORMAL), 0);
+    }
+    assert_int_equal(tok_add_merge(t, "1", 1, "2", 1), 1);   /* "12" absent: skipped */
+    assert_int_equal(tok_set_pretok_preset(t, "llama3", err, sizeof err), 0);
+    assert_int_equal(tok_finalize(t, err, sizeof err), 0);
+    int *ids;
+    size_t n;
+    char *dec;
+    size_t dl;
+    const char *txt = "I'M 1234567 tokens\n\n  ok";
+    assert_int_equal(tok_encode(t, txt, strlen(txt), 0, 1, &ids, &n, err, sizeof err), 0);
+    assert_int_equal(n, strlen(txt));   /* no merges: one id per byte */
+    assert_int_equal(tok_decode(t, ids, n, 0, &dec, &dl, err, sizeof err), 0);
+    assert_string_equal(dec, txt);
+    free(ids);
+    free(dec);
+    tok_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_merges_by_rank),
+        cmocka_unit_test(test_ignore_merges),
+        cmocka_unit_test(test_pretok_presets),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
