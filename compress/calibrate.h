@@ -1,0 +1,67 @@
+/* compress/calibrate.h — calibration: time the real engine on the target for every
+ * part size the search can choose and build the timing tables and memory model of
+ * compress/costmodel.h, then validate them on random heterogeneous archs held out from
+ * table construction. Calibration models sweep the grid (each layer a different grid
+ * point), so one request times many entries. Results are cached under the data dir.
+ */
+#ifndef AC_COMPRESS_CALIBRATE_H
+#define AC_COMPRESS_CALIBRATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/costmodel.h"
+#include "engine/arch.h"
+#include "engine/backend.h"
+
+typedef struct {
+    int reps;               /* timed requests per calibration model (default 3) */
+    int warmup;             /* untimed requests per model first (default 1) */
+    int n_models;           /* calibration models with different grid layouts (default 2) */
+    int n_layers;           /* layers per calibration model (default: the parent's) */
+    int n_hidden;           /* extra hidden sizes (0: only the parent's) */
+    int hidden[16];         /* their values (each < parent hidden, multiple of 8) */
+    int validate;           /* held-out random archs (default 10; 0 = none) */
+    int validate_reps;      /* timed requests per held-out arch (default 3) */
+    uint64_t seed;          /* weights, prompts, held-out archs (default 1) */
+    int threads;            /* CPU worker threads (0: the backend's default, all cores) */
+    int verbose;            /* progress lines on stderr */
+    /* Optional progress hook: returns non-zero to cancel (calibration then fails with
+     * "cancelled"). step counts requests. */
+    int (*progress)(void *ud, const char *what, int step, int total);
+    void *ud;
+} cal_opts;
+
+/* Defaults above. */
+void cal_opts_default(cal_opts *o);
+
+/* The backend for device (CPU with `threads` workers when threads > 0). NULL with err. */
+eng_backend *cal_backend_new(const char *device, int threads, char *err, size_t errlen);
+
+/* The candidate grids derived from the parent (what the tables cover):
+ *   attention: (g*group, g) for KV groups g = 1..KV, and (k*KV, KV) for k = 1..group,
+ *              where KV and group are the parent's (largest) KV heads and group size;
+ *   mlp: widths k*F/8 (k = 1..8, multiples of 8) plus the low end F/32;
+ *   removed parts (size 0) for both.
+ * Writes at most max entries into heads/kv (attention) or ffn; returns the count. */
+int cal_grid_attention(const arch *parent, int *heads, int *kv, int max);
+int cal_grid_mlp(const arch *parent, int *ffn, int max);
+
+/* Calibrate `parent`'s family and shape on target t using backend device t->device.
+ * Returns a NEW reference to the calibration object of DESIGN.md §10 (id, status
+ * "succeeded", target, family, entries, wall_s, tables, validation), or NULL with a
+ * reason in err (device absent, out of memory, engine failure, cancelled). */
+json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *o, char *err, size_t errlen);
+
+/* A cached calibration for (t, parent) under data_dir if present, else run and save it.
+ * *reused says which. Same return contract as cal_run. */
+json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target *t, const cal_opts *o,
+                       int *reused, char *err, size_t errlen);
+
+/* A random heterogeneous arch derived from parent (per-layer heads in KV-group units,
+ * FFN widths in multiples of 8, removed attention / MLP / layers), reproducible from
+ * *rng. Returns 0 or -1 (OOM). */
+int cal_random_arch(const arch *parent, uint64_t *rng, arch *out);
+
+#endif

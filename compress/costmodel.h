@@ -1,0 +1,207 @@
+/* compress/costmodel.h — the cost model: predicted latency, throughput and itemized
+ * memory of an arch on a target, from timing tables measured by calibration
+ * (compress/calibrate.h) on that target or imported from another serving engine.
+ * Predictions are table lookups (no engine runs); this module knows no engine.
+ *
+ * Definitions (used everywhere, DESIGN.md §10):
+ *   request      B rows of `prompt_tokens` prompt tokens: one prefill of the B×S tokens
+ *                (logits of each row's last token), then `output_tokens` decode steps of
+ *                one token per row over a growing context S, S+1, ..., S+N-1.
+ *   latency_ms   wall time of one request: prefill + every decode step.
+ *   throughput   generated tokens per second at batch B during decode:
+ *                B * output_tokens / (sum of decode-step times).
+ *   memory       peak bytes while serving the request: weights + request cache (KV for
+ *                B×(S+N) positions) + prefill workspace + runtime buffers.
+ */
+#ifndef AC_COMPRESS_COSTMODEL_H
+#define AC_COMPRESS_COSTMODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "engine/arch.h"
+
+/* ---------- target ---------- */
+
+typedef struct {
+    char device[32];        /* "cpu", "cuda:0" */
+    char precision[16];     /* "fp32" (the engine's only precision on CPU) */
+    int batch_size;         /* B */
+    int prompt_tokens;      /* S */
+    int output_tokens;      /* N */
+} cm_target;
+
+/* Parse a target object {device, precision?, workload:{batch_size, prompt_tokens,
+ * output_tokens}} (borrowed). Unknown keys and bad values are errors naming the JSON
+ * pointer under `ptr` (e.g. "/target"). Defaults: precision "fp32". Returns 0 or -1. */
+int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, size_t errlen);
+/* New reference; NULL on OOM. */
+json_t *cm_target_to_json(const cm_target *t);
+
+/* ---------- timing tables ---------- */
+
+enum { CM_ATTN = 0, CM_MLP = 1 };
+
+#define CM_MAX_CTX 8
+
+/* One timing-table entry: a layer part of one size at one hidden size.
+ * Prefill entries: ms = time of the part on the B×S prefill; workspace_bytes = the
+ * engine's activation workspace while that part runs (bytes, -1 if unknown).
+ * Decode entries: step time at context c is ms0 + ms_per_ctx * c (least-squares fit of
+ * the n_ctx sampled points ctx[] / ctx_ms[]). mad_ms is the median absolute deviation. */
+typedef struct {
+    int part;                   /* CM_ATTN or CM_MLP */
+    int hidden_size;
+    int n_heads, n_kv_heads;    /* attention (0, 0 = removed) */
+    int ffn_dim;                /* mlp (0 = removed) */
+    double ms, mad_ms;          /* prefill */
+    int64_t workspace_bytes;    /* prefill */
+    double ms0, ms_per_ctx;     /* decode fit */
+    int n_ctx;
+    int ctx[CM_MAX_CTX];
+    double ctx_ms[CM_MAX_CTX], ctx_mad_ms[CM_MAX_CTX];
+    int samples;                /* timed samples behind the medians */
+} cm_entry;
+
+/* Costs outside the layers, per hidden size. "other" = wall time of the phase minus the
+ * layers' and the embedding/head entries (loop, sampling, synchronisation).
+ * prefill_scale / decode_scale multiply every time of their phase (parts and fixed):
+ * the median ratio, over the calibration requests, of a whole phase's wall time to the
+ * sum of its entries' medians. It carries what medians of parts leave out of a whole
+ * request (preemption on a shared machine, effects between parts); 1 on a quiet one. */
+typedef struct {
+    int hidden_size;
+    double prefill_embed_ms, prefill_head_ms, prefill_other_ms;
+    double decode_embed_ms, decode_head_ms, decode_other_ms;   /* per decode step */
+    double prefill_scale, decode_scale;                        /* 1 = none */
+    int64_t workspace_bytes;    /* prefill workspace outside the layers (logits, residual) */
+} cm_fixed;
+
+/* Memory model coefficients, measured by calibration from the engine's byte accounting.
+ *   weights   = weight_bytes_per_param * params + weight_overhead_bytes
+ *   cache     = kv_bytes_per_elem * sum_l 2*Hkv_l*head_dim*B*(S+N) + kv_overhead_bytes
+ *   workspace, from the prefill entries' workspace_bytes (each measured on a one-layer
+ *               probe holding only that part, so it includes the fixed workspace W0 of
+ *               the zero-layer probe, fixed.workspace_bytes), by the combination rule
+ *               calibration found in the engine's accounting:
+ *     CM_WS_MAX        max(W0, max_l max(ws_attn(l), ws_mlp(l)))   (buffers per layer)
+ *     CM_WS_SUM_MAXIMA W0 + max_l (ws_attn(l) - W0) + max_l (ws_mlp(l) - W0)
+ *                      (one workspace sized by the largest part of each kind)
+ *   runtime   = runtime_bytes (process memory outside the backend's accounting: BLAS
+ *               buffers, allocator slack; CPU: RSS high-water delta minus backend peak) */
+enum { CM_WS_MAX = 0, CM_WS_SUM_MAXIMA = 1 };
+
+typedef struct {
+    int workspace_combine;      /* CM_WS_* */
+    double weight_bytes_per_param;
+    int64_t weight_overhead_bytes;
+    double kv_bytes_per_elem;
+    int64_t kv_overhead_bytes;
+    int64_t runtime_bytes;
+} cm_memory;
+
+typedef struct {
+    char id[40];                /* "cal_" + 16 hex digits of the content key */
+    cm_target target;
+    char family[ARCH_FAMILY_MAX];
+    int vocab_size, head_dim, tie_word_embeddings, attention_bias;
+    int n_prefill, n_decode, n_fixed;
+    cm_entry *prefill, *decode;
+    cm_fixed *fixed;
+    cm_memory mem;
+    char source[32];            /* "autocompress" (calibrated here) or "import" */
+} cm_tables;
+
+void cm_tables_free(cm_tables *t);   /* frees arrays; safe on a zeroed struct */
+
+/* Tables <-> JSON (the "tables" object of a calibration, docs/timing-tables.md).
+ * cm_tables_to_json: new reference, NULL on OOM.
+ * cm_tables_from_json: strict (unknown keys, wrong types, impossible values, duplicate
+ * entries, decode entries without a matching prefill entry are refused); every fault
+ * is reported as "POINTER: reason" under `ptr`. Returns 0, or -1 (t zeroed). */
+json_t *cm_tables_to_json(const cm_tables *t);
+int cm_tables_from_json(json_t *j, const char *ptr, cm_tables *t, char *err, size_t errlen);
+
+/* Import a document {format:"autocompress.timing-tables/1", target, family, vocab_size,
+ * head_dim, tie_word_embeddings, tables} measured in another engine (borrowed).
+ * Same error contract as cm_tables_from_json, pointers from the document root. */
+int cm_tables_import(json_t *doc, cm_tables *t, char *err, size_t errlen);
+
+/* ---------- keys and the on-disk cache ---------- */
+
+/* Content key of a calibration: sha-256 over device, precision, family, the shape
+ * globals (vocab, head_dim, tie, bias), the hidden sizes and the largest part sizes of
+ * `a` (the parent), and the workload. id gets "cal_" + 16 hex digits. */
+void cm_calibration_id(const cm_target *t, const arch *a, char id[40]);
+
+/* Path "<data_dir>/calibrations/<id>.json" into buf. Returns 0, or -1 if too long. */
+int cm_calibration_path(const char *data_dir, const char *id, char *buf, size_t len);
+
+/* Load a calibration object (the whole §10 object, new reference) by id; NULL with a
+ * reason in err when absent or unreadable. */
+json_t *cm_calibration_load(const char *data_dir, const char *id, char *err, size_t errlen);
+
+/* Write a calibration object atomically (temp file, fsync, rename) under its "id".
+ * Returns 0, or -1 with a reason. */
+int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t errlen);
+
+/* Parse a calibration object's target and tables into t (id copied). 0, or -1 with a
+ * pointer-named reason. */
+int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen);
+
+/* Find a cached calibration whose tables cover `a` on target t (same device,
+ * precision, workload, family and globals; every part size of a inside the grids).
+ * Returns a new reference to the calibration object, or NULL when none. */
+json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch *a);
+
+/* ---------- prediction ---------- */
+
+typedef struct {
+    double prefill_ms;          /* one prefill of B×S */
+    double decode_ms;           /* all N decode steps */
+    double decode_ms_per_token; /* decode_ms / N (one step, B tokens) */
+    double latency_ms;          /* prefill_ms + decode_ms */
+    double throughput_tps;      /* B*N / decode_ms * 1000 */
+    int64_t weights, request_cache, prefill_workspace, runtime_buffers, total;  /* bytes */
+    int64_t naive_bytes;        /* weights + KV at the engine's precision, nothing else */
+    int64_t params;
+} cm_prediction;
+
+/* Predict the cost of `a` at the tables' target. Off-grid sizes interpolate linearly
+ * between the two nearest grid entries (exact on grid points), hidden sizes likewise
+ * between calibrated hidden sizes. Returns 0, or -1 with a reason when `a` lies outside
+ * the tables (family/globals differ, a size beyond the grid). */
+int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, size_t errlen);
+
+/* Cost of one part at a hidden size (what cm_predict sums): prefill ms, decode ms summed
+ * over the workload's N steps, and prefill workspace bytes. size = ffn_dim for CM_MLP;
+ * for CM_ATTN n_heads with n_kv_heads. Returns 0, or -1 outside the tables. */
+int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
+                 double *prefill_ms, double *decode_ms, double *workspace_bytes);
+
+/* Costs outside the layers at a hidden size (interpolated): prefill ms, decode ms over
+ * the N steps, prefill workspace bytes. Returns 0, or -1 outside the tables. */
+int cm_fixed_cost(const cm_tables *t, int hidden, double *prefill_ms, double *decode_ms, double *workspace_bytes);
+
+/* Refit a decode entry's line (ms0, ms_per_ctx) through its sampled points. */
+void cm_entry_fit_decode(cm_entry *e);
+
+/* The §10 "predicted" object {latency_ms, prefill_ms, decode_ms_per_token,
+ * throughput_tokens_per_s, memory_bytes{weights, request_cache, prefill_workspace,
+ * runtime_buffers, total}}. New reference, NULL on OOM. */
+json_t *cm_prediction_to_json(const cm_prediction *p);
+
+/* The arch of a model or arch file (shape only, no weights): an arch JSON file
+ * (DESIGN.md §10), an HF config.json or a directory holding one, or a GGUF file.
+ * a must not own memory. Returns 0, or -1 with a reason naming the path. */
+int cm_load_arch(const char *path, arch *a, char *err, size_t errlen);
+
+/* Synchronous estimate for POST /v1/estimates. request: {model|arch, target} (borrowed).
+ * Returns a new reference to the estimate object (DESIGN.md §10), or NULL with
+ * *http_status (400/404/409/422) and a message in err; 409 names the calibration to run
+ * first. `model` is {path} (read with cm_load_arch; the caller checks that the path lies
+ * inside the allowed roots); {id} and {url} are not resolved here (422). */
+json_t *cm_estimate(json_t *request, const char *data_dir, int *http_status, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,284 @@
+/* compress/measure.c — real requests on the engine: prefill + greedy decode, timed with
+ * a monotonic clock, memory from the backend's accounting and /proc/self (CPU).
+ * Prompts are random tokens: timings do not depend on token values.
+ */
+#include "compress/measure.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+int ms_trace_init(ms_trace *tr, int n_layers, int n_steps)
+{
+    memset(tr, 0, sizeof *tr);
+    tr->n_layers = n_layers;
+    tr->n_steps = n_steps;
+    size_t L2 = (size_t)(n_layers > 0 ? n_layers : 1) * 2;
+    tr->prefill_layer_ns = calloc(L2, sizeof(double));
+    tr->decode_layer_ns = calloc(L2 * (size_t)n_steps, sizeof(double));
+    tr->decode_fixed_ns = calloc(2 * (size_t)n_steps, sizeof(double));
+    tr->decode_wall_ns = calloc((size_t)n_steps, sizeof(double));
+    if (!tr->prefill_layer_ns || !tr->decode_layer_ns || !tr->decode_fixed_ns || !tr->decode_wall_ns) {
+        ms_trace_free(tr);
+        return -1;
+    }
+    return 0;
+}
+
+void ms_trace_free(ms_trace *tr)
+{
+    free(tr->prefill_layer_ns);
+    free(tr->decode_layer_ns);
+    free(tr->decode_fixed_ns);
+    free(tr->decode_wall_ns);
+    memset(tr, 0, sizeof *tr);
+}
+
+static void argmax_rows(const float *logits, int B, int V, int *out)
+{
+    for (int b = 0; b < B; b++) {
+        const float *r = logits + (size_t)b * V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (r[v] > r[best])
+                best = v;
+        out[b] = best;
+    }
+}
+
+int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
+                   double *prefill_ms, double *decode_ms, char *err, size_t errlen)
+{
+    int B = t->batch_size, S = t->prompt_tokens, N = t->output_tokens, V = m->a.vocab_size;
+    int L = m->a.n_layers;
+    int *tokens = malloc(sizeof(int) * (size_t)B * S), *next = malloc(sizeof(int) * (size_t)B);
+    float *logits = malloc(sizeof(float) * (size_t)B * V);
+    int rc = -1;
+    if (!tokens || !next || !logits) {
+        snprintf(err, errlen, "out of memory for a request of %d×%d tokens", B, S);
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)B * S; i++)
+        tokens[i] = (int)(xorshift(rng) % (uint64_t)V);
+    eng_kv_reset(kv);
+    eng_fwd_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.tokens = tokens;
+    fa.B = B;
+    fa.T = S;
+    fa.kv = kv;
+    fa.logits_mode = ENG_LOGITS_LAST;
+    fa.logits = logits;
+    if (tr) {
+        fa.layer_ns = tr->prefill_layer_ns;
+        fa.fixed_ns = tr->prefill_fixed_ns;
+    }
+    double t0 = now_ns();
+    if (eng_forward(m, &fa, err, errlen))
+        goto out;
+    argmax_rows(logits, B, V, next);
+    double t1 = now_ns();
+    if (tr)
+        tr->prefill_wall_ns = t1 - t0;
+    fa.T = 1;
+    fa.tokens = next;
+    for (int s = 0; s < N; s++) {
+        double s0 = now_ns();
+        if (tr) {
+            fa.layer_ns = tr->decode_layer_ns + (size_t)s * L * 2;
+            fa.fixed_ns = tr->decode_fixed_ns + (size_t)s * 2;
+        }
+        if (eng_forward(m, &fa, err, errlen))
+            goto out;
+        argmax_rows(logits, B, V, next);
+        if (tr)
+            tr->decode_wall_ns[s] = now_ns() - s0;
+    }
+    double t2 = now_ns();
+    *prefill_ms = (t1 - t0) / 1e6;
+    *decode_ms = (t2 - t1) / 1e6;
+    rc = 0;
+out:
+    free(tokens);
+    free(next);
+    free(logits);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ms_median(double *x, int n)
+{
+    if (n <= 0)
+        return 0;
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+double ms_mad(const double *x, int n, double median)
+{
+    double *d = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (!d)
+        return 0;
+    for (int i = 0; i < n; i++)
+        d[i] = fabs(x[i] - median);
+    double r = ms_median(d, n);
+    free(d);
+    return r;
+}
+
+/* Read "Key:   N kB" from /proc/self/status. */
+static int64_t proc_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int64_t v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            v = strtoll(line + kl + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v < 0 ? -1 : v * 1024;
+}
+
+int64_t ms_rss_bytes(void)
+{
+    return proc_status_kb("VmRSS");
+}
+
+int64_t ms_rss_peak_bytes(void)
+{
+    return proc_status_kb("VmHWM");
+}
+
+int ms_rss_reset_peak(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f)
+        return -1;
+    int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* Shared by both entry points: warm-up, timed reps, medians, backend peak. */
+static int measure_loop(eng_model *m, const cm_target *t, const ms_opts *o, ms_result *r, char *err, size_t errlen)
+{
+    eng_backend *be = m->be;
+    int reps = o && o->reps > 0 ? o->reps : 3, warm = o && o->warmup >= 0 ? o->warmup : 1;
+    uint64_t rng = (o && o->seed ? o->seed : 1) * 0x2545F4914F6CDD1DULL;
+    size_t before = be->cur_bytes;
+    eng_backend_reset_peak(be);
+    eng_kv_cache *kv = eng_kv_new(m, t->batch_size, t->prompt_tokens + t->output_tokens);
+    if (!kv)
+        FAIL("out of memory for the KV cache (batch %d, %d positions)", t->batch_size,
+             t->prompt_tokens + t->output_tokens);
+    r->request_cache_bytes = (int64_t)(be->cur_bytes - before);
+    double *lat = calloc((size_t)reps, sizeof(double)), *pre = calloc((size_t)reps, sizeof(double)),
+           *dec = calloc((size_t)reps, sizeof(double));
+    int rc = -1;
+    if (!lat || !pre || !dec) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < warm + reps; i++) {
+        double p, d;
+        if (ms_run_request(m, kv, t, &rng, NULL, &p, &d, err, errlen))
+            goto out;
+        if (i >= warm) {
+            pre[i - warm] = p;
+            dec[i - warm] = d;
+            lat[i - warm] = p + d;
+        }
+    }
+    r->reps = reps;
+    r->latency_ms = ms_median(lat, reps);
+    r->latency_mad_ms = ms_mad(lat, reps, r->latency_ms);
+    r->prefill_ms = ms_median(pre, reps);
+    r->decode_ms = ms_median(dec, reps);
+    r->throughput_tps = r->decode_ms > 0 ? 1000.0 * t->batch_size * t->output_tokens / r->decode_ms : 0;
+    r->backend_peak_bytes = (int64_t)be->peak_bytes;
+    rc = 0;
+out:
+    free(lat);
+    free(pre);
+    free(dec);
+    eng_kv_free(kv);
+    return rc;
+}
+
+int ms_measure_model(eng_model *m, const cm_target *t, const ms_opts *o, ms_result *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    r->params = arch_params(&m->a);
+    r->weights_bytes = (int64_t)m->be->cur_bytes;
+    r->rss_delta_bytes = -1;
+    if (measure_loop(m, t, o, r, err, errlen))
+        return -1;
+    r->peak_bytes = r->backend_peak_bytes;
+    return 0;
+}
+
+int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
+                    char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    if (be->cur_bytes != 0)
+        FAIL("measurement needs an idle backend (%zu bytes still allocated)", be->cur_bytes);
+    int is_cpu = !strcmp(be->name, "cpu");
+    int64_t rss0 = is_cpu ? ms_rss_bytes() : -1;
+    int have_rss = is_cpu && rss0 >= 0 && ms_rss_reset_peak() == 0;
+    eng_model m;
+    if (eng_model_init(&m, a, be, err, errlen))
+        return -1;
+    r->params = arch_params(a);
+    r->weights_bytes = (int64_t)be->cur_bytes;
+    eng_model_randomize(&m, o && o->seed ? o->seed : 1, 0.02f);
+    int rc = measure_loop(&m, t, o, r, err, errlen);
+    if (rc == 0) {
+        r->backend_peak_bytes = (int64_t)be->peak_bytes;
+        int64_t hwm = have_rss ? ms_rss_peak_bytes() : -1;
+        r->rss_delta_bytes = hwm >= 0 ? hwm - rss0 : -1;
+        r->peak_bytes = r->rss_delta_bytes > r->backend_peak_bytes ? r->rss_delta_bytes : r->backend_peak_bytes;
+    }
+    eng_model_free(&m);
+    return rc;
+}
+
+json_t *ms_result_to_json(const ms_result *r, const cm_target *t)
+{
+    return json_pack("{s:f,s:f,s:I,s:I,s:I,s:f,s:f,s:f,s:i}", "latency_ms", r->latency_ms,
+                     "throughput_tokens_per_s", r->throughput_tps, "peak_memory_bytes", (json_int_t)r->peak_bytes,
+                     "backend_peak_bytes", (json_int_t)r->backend_peak_bytes, "rss_delta_bytes",
+                     (json_int_t)r->rss_delta_bytes, "prefill_ms", r->prefill_ms, "decode_ms_per_token",
+                     r->decode_ms / (t->output_tokens > 0 ? t->output_tokens : 1), "latency_mad_ms",
+                     r->latency_mad_ms, "reps", r->reps);
+}

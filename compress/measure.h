@@ -1,0 +1,86 @@
+/* compress/measure.h — measuring an arch on a target: build it (random or given
+ * weights), serve real requests (prefill of B×S tokens, then N decode steps with greedy
+ * sampling) and report median latency, tokens/s and peak memory. Peak memory is the
+ * backend's byte accounting (device memory); on CPU the process RSS high-water delta is
+ * reported beside it. Calibration (compress/calibrate.c) uses the same request loop.
+ */
+#ifndef AC_COMPRESS_MEASURE_H
+#define AC_COMPRESS_MEASURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/costmodel.h"
+#include "engine/model.h"
+
+/* Per-step timings of one request (optional; arrays owned by the trace).
+ *   prefill_layer_ns [L*2]      attention, mlp of each layer during the prefill
+ *   prefill_fixed_ns [2]        embedding, final norm + LM head
+ *   prefill_wall_ns             the prefill's wall time (forward + sampling)
+ *   decode_layer_ns  [N*L*2]    per decode step
+ *   decode_fixed_ns  [N*2]
+ *   decode_wall_ns   [N] */
+typedef struct {
+    int n_layers, n_steps;
+    double *prefill_layer_ns, prefill_fixed_ns[2], prefill_wall_ns;
+    double *decode_layer_ns, *decode_fixed_ns, *decode_wall_ns;
+} ms_trace;
+
+/* Allocate a trace for L layers and N steps. Returns 0 or -1 (OOM). */
+int ms_trace_init(ms_trace *tr, int n_layers, int n_steps);
+void ms_trace_free(ms_trace *tr);
+
+/* One request on model m at target t (B, S, N): random prompt tokens from *rng, a
+ * prefill (logits of each row's last token), greedy next tokens, N decode steps.
+ * kv must hold B rows of S+N positions; it is reset first. tr (optional) receives the
+ * engine's per-part timings. *prefill_ms / *decode_ms get wall times (decode: all N
+ * steps). Returns 0, or -1 with the engine's reason in err. */
+int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
+                   double *prefill_ms, double *decode_ms, char *err, size_t errlen);
+
+typedef struct {
+    int warmup;          /* untimed requests first (default 1) */
+    int reps;            /* timed requests (default 3) */
+    uint64_t seed;       /* weights and prompts */
+} ms_opts;
+
+typedef struct {
+    int reps;
+    double latency_ms, latency_mad_ms;   /* median and MAD over reps */
+    double prefill_ms, decode_ms;        /* medians */
+    double throughput_tps;               /* B*N / median decode time */
+    int64_t params;
+    int64_t weights_bytes;               /* backend bytes of the model */
+    int64_t request_cache_bytes;         /* backend bytes of the KV cache */
+    int64_t backend_peak_bytes;          /* backend peak while serving (model + cache + workspace) */
+    int64_t rss_delta_bytes;             /* CPU: process RSS high water minus RSS before the model; -1 if unknown */
+    int64_t peak_bytes;                  /* max(backend peak, RSS delta): what the memory limit is about */
+} ms_result;
+
+/* Measure arch `a` with random weights on backend be (the target's device).
+ * Returns 0, or -1 with a reason (invalid arch, out of memory, engine failure). */
+int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
+                    char *err, size_t errlen);
+
+/* Measure a model that already exists (given weights, e.g. the pruned result).
+ * weights_bytes is taken as the backend bytes held before the call. rss_delta is -1. */
+int ms_measure_model(eng_model *m, const cm_target *t, const ms_opts *o, ms_result *r, char *err, size_t errlen);
+
+/* The §10 "measured" object {latency_ms, throughput_tokens_per_s, peak_memory_bytes,
+ * backend_peak_bytes, rss_delta_bytes, prefill_ms, decode_ms_per_token, reps}.
+ * New reference, NULL on OOM. */
+json_t *ms_result_to_json(const ms_result *r, const cm_target *t);
+
+/* Process memory (Linux /proc/self): current RSS and high-water mark in bytes; -1 when
+ * unreadable. ms_rss_reset_peak resets the high-water mark to the current RSS
+ * (returns 0, or -1 when the kernel refuses). */
+int64_t ms_rss_bytes(void);
+int64_t ms_rss_peak_bytes(void);
+int ms_rss_reset_peak(void);
+
+/* Median and median absolute deviation of x[n] (x is reordered). */
+double ms_median(double *x, int n);
+double ms_mad(const double *x, int n, double median);
+
+#endif

@@ -1,0 +1,145 @@
+/* jobs/stage_calibrate.c — the "calibrate" stage: timing tables and memory model of the
+ * parent's shape on the job's target, reused from the data dir's calibration cache when
+ * one exists for the same device, precision, family, shape and workload. Writes
+ * calibration.json (published as timing_tables.json) and merges calibration_id plus the
+ * validation summary into the report. The parent's shape comes from load/arch.json when
+ * the load stage wrote one, else from the spec's model.path (shape only).
+ */
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "compress/calibrate.h"
+#include "compress/costmodel.h"
+#include "jobs/stage.h"
+#include "storage/modelio.h"
+
+void stage_calibrate_register(void);
+int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen);
+int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
+int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
+int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len);
+
+/* The data dir is two levels above the job directory ("<data>/jobs/<id>"). */
+int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len)
+{
+    char tmp[4096];
+    int n = snprintf(tmp, sizeof tmp, "%s/../..", job_ctx_dir(ctx));
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return -1;
+    n = snprintf(buf, len, "%s", tmp);
+    return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen)
+{
+    const char *p = job_ctx_output(ctx, "load", "arch.json");
+    if (p)
+        return cm_load_arch(p, a, err, errlen);
+    json_t *path = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "path");
+    if (!json_is_string(path)) {
+        snprintf(err, errlen, "calibrate: the parent's shape is unknown (no load/arch.json and no model.path)");
+        return -1;
+    }
+    if (cm_load_arch(json_string_value(path), a, err, errlen) == 0)
+        return 0;
+    /* formats cm_load_arch does not read (llama2.c): the shape from the model's header */
+    mio_model m;
+    char e2[512];
+    json_t *tok = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "tokenizer");
+    if (mio_open(&m, json_string_value(path), json_is_string(tok) ? json_string_value(tok) : NULL, e2, sizeof e2))
+        return -1;   /* keep cm_load_arch's reason */
+    int rc = arch_copy(a, &m.a);
+    mio_close(&m);
+    if (rc)
+        snprintf(err, errlen, "calibrate: out of memory copying the parent's shape");
+    return rc ? -1 : 0;
+}
+
+int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen)
+{
+    json_t *tj = json_object_get(job_ctx_spec(ctx), "target");
+    if (tj)
+        return cm_target_from_json(tj, "/target", t, err, errlen);
+    memset(t, 0, sizeof *t);
+    snprintf(t->device, sizeof t->device, "cpu");
+    snprintf(t->precision, sizeof t->precision, "fp32");
+    t->batch_size = 1;
+    t->prompt_tokens = 128;
+    t->output_tokens = 32;
+    return 0;
+}
+
+static int progress_hook(void *ud, const char *what, int step, int total)
+{
+    job_ctx *ctx = ud;
+    (void)what;
+    job_progress(ctx, step, total);
+    return job_cancelled(ctx);
+}
+
+int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
+{
+    arch a;
+    cm_target t;
+    char data_dir[4096], path[4400];
+    if (stage_job_parent_arch(ctx, &a, err, errlen))
+        return -1;
+    if (stage_job_target(ctx, &t, err, errlen) || stage_job_data_dir(ctx, data_dir, sizeof data_dir)) {
+        arch_free(&a);
+        if (!*err)
+            snprintf(err, errlen, "calibrate: job directory path too long");
+        return -1;
+    }
+    cal_opts o;
+    cal_opts_default(&o);
+    /* hidden-size search needs a table per candidate hidden size (the DNAS driver's
+     * eighths of the parent from one half up, multiples of 8) */
+    json_t *hs = json_object_get(json_object_get(job_ctx_spec(ctx), "search_space"), "hidden");
+    if (json_is_true(hs))
+        for (int j = 4; j < 8; j++) {
+            int h = (a.hidden_size * j / 8) / 8 * 8;
+            if (h > 0 && o.n_hidden < 16)
+                o.hidden[o.n_hidden++] = h;
+        }
+    o.progress = progress_hook;
+    o.ud = ctx;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int reused = 0;
+    json_t *cal = cal_get_or_run(data_dir, &a, &t, &o, &reused, err, errlen);
+    arch_free(&a);
+    if (!cal)
+        return job_cancelled(ctx) ? 1 : -1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double wall = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    int n = snprintf(path, sizeof path, "%s/calibration.json", job_ctx_stage_dir(ctx));
+    int rc = -1;
+    if (n < 0 || (size_t)n >= sizeof path) {
+        snprintf(err, errlen, "calibrate: stage directory path too long");
+    } else if (json_dump_file(cal, path, JSON_INDENT(1) | JSON_SORT_KEYS)) {
+        snprintf(err, errlen, "calibrate: cannot write %s", path);
+    } else if (!job_publish(ctx, "timing_tables.json", path, "application/json", err, errlen)) {
+        json_t *v = json_object_get(cal, "validation");
+        const char *id = json_string_value(json_object_get(cal, "id"));
+        job_event(ctx, "calibrate.done", reused ? "reused a cached calibration" : "calibrated the target",
+                  json_pack("{s:s,s:b,s:O?,s:f}", "calibration_id", id, "reused", reused, "entries",
+                            json_object_get(cal, "entries"), "wall_s", wall));
+        json_t *summary = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?}", "archs", json_object_get(v, "archs"),
+                                    "latency_mape_pct", json_object_get(v, "latency_mape_pct"), "latency_max_pct",
+                                    json_object_get(v, "latency_max_pct"), "memory_mape_pct",
+                                    json_object_get(v, "memory_mape_pct"), "naive_memory_mape_pct",
+                                    json_object_get(v, "naive_memory_mape_pct"));
+        job_report_merge(ctx, json_pack("{s:s,s:o?}", "calibration_id", id, "calibration_validation", summary));
+        rc = 0;
+    }
+    json_decref(cal);
+    return rc;
+}
+
+void stage_calibrate_register(void)
+{
+    stage_register("calibrate", stage_calibrate_run);
+}

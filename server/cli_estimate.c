@@ -1,0 +1,174 @@
+/* server/cli_estimate.c — `autocompress estimate`: predicted latency, throughput and
+ * itemized memory of an arch on a target from a cached calibration (the same code path
+ * as POST /v1/estimates), or from a calibration/tables file given with --calibration.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "compress/costmodel.h"
+#include "server/cli.h"
+#include "storage/archjson.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: autocompress estimate (--arch FILE | --model PATH) [--device cpu] [--precision fp32]\n"
+               "                             [--batch B] [--prompt S] [--output N] [--data-dir DIR]\n"
+               "                             [--calibration FILE] [--json]\n"
+               "Prints the estimate object (DESIGN.md §10). Without --calibration it looks for a cached\n"
+               "calibration covering the arch in DIR/calibrations (DIR: --data-dir, $AC_DATA_DIR or ./var)\n"
+               "and fails with the calibration to run when none does. Defaults: batch 1, prompt 128, output 32.\n");
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void print_human(json_t *est)
+{
+    json_t *p = json_object_get(est, "predicted"), *m = json_object_get(p, "memory_bytes");
+    printf("calibration        %s\n", json_string_value(json_object_get(est, "calibration_id")));
+    printf("params             %lld\n", (long long)json_integer_value(json_object_get(est, "params")));
+    printf("latency            %.2f ms (prefill %.2f ms, decode %.3f ms/token)\n",
+           json_number_value(json_object_get(p, "latency_ms")), json_number_value(json_object_get(p, "prefill_ms")),
+           json_number_value(json_object_get(p, "decode_ms_per_token")));
+    printf("throughput         %.1f tokens/s\n", json_number_value(json_object_get(p, "throughput_tokens_per_s")));
+    const char *items[] = {"weights", "request_cache", "prefill_workspace", "runtime_buffers", "total"};
+    for (int i = 0; i < 5; i++)
+        printf("memory %-18s %12lld bytes (%.1f MiB)\n", items[i],
+               (long long)json_integer_value(json_object_get(m, items[i])),
+               json_integer_value(json_object_get(m, items[i])) / 1048576.0);
+    printf("naive weights+KV   %12lld bytes\n",
+           (long long)json_integer_value(json_object_get(est, "naive_weights_plus_kv_bytes")));
+}
+
+/* Estimate against an explicit calibration (or import document) file. */
+static json_t *estimate_from_file(const char *path, const arch *a, const cm_target *t, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!doc) {
+        snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
+        return NULL;
+    }
+    cm_tables tb;
+    int rc = json_object_get(doc, "format") ? cm_tables_import(doc, &tb, err, errlen)
+                                            : cm_calibration_tables(doc, &tb, err, errlen);
+    json_decref(doc);
+    if (rc)
+        return NULL;
+    json_t *out = NULL;
+    cm_prediction p;
+    if (strcmp(tb.target.device, t->device) || tb.target.batch_size != t->batch_size ||
+        tb.target.prompt_tokens != t->prompt_tokens || tb.target.output_tokens != t->output_tokens) {
+        snprintf(err, errlen,
+                 "%s was calibrated for %s batch %d prompt %d output %d, not %s batch %d prompt %d output %d", path,
+                 tb.target.device, tb.target.batch_size, tb.target.prompt_tokens, tb.target.output_tokens, t->device,
+                 t->batch_size, t->prompt_tokens, t->output_tokens);
+    } else if (!cm_predict(&tb, a, &p, err, errlen)) {
+        out = json_pack("{s:s,s:o,s:I,s:o,s:I}", "calibration_id", tb.id[0] ? tb.id : "import", "arch",
+                        arch_to_json(a), "params", (json_int_t)p.params, "predicted", cm_prediction_to_json(&p),
+                        "naive_weights_plus_kv_bytes", (json_int_t)p.naive_bytes);
+        if (!out)
+            snprintf(err, errlen, "out of memory");
+    }
+    cm_tables_free(&tb);
+    return out;
+}
+
+int cli_estimate(int argc, char **argv)
+{
+    const char *model = NULL, *arch_file = NULL, *cal_file = NULL, *data_dir = getenv("AC_DATA_DIR");
+    int as_json = 0;
+    cm_target t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "cpu");
+    snprintf(t.precision, sizeof t.precision, "fp32");
+    t.batch_size = 1;
+    t.prompt_tokens = 128;
+    t.output_tokens = 32;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            as_json = 1;
+        } else if (!v) {
+            bad = 1;
+        } else {
+            i++;
+            if (!strcmp(a, "--model"))
+                model = v;
+            else if (!strcmp(a, "--arch"))
+                arch_file = v;
+            else if (!strcmp(a, "--calibration"))
+                cal_file = v;
+            else if (!strcmp(a, "--data-dir"))
+                data_dir = v;
+            else if (!strcmp(a, "--device"))
+                bad = snprintf(t.device, sizeof t.device, "%s", v) >= (int)sizeof t.device;
+            else if (!strcmp(a, "--precision"))
+                bad = snprintf(t.precision, sizeof t.precision, "%s", v) >= (int)sizeof t.precision;
+            else if (!strcmp(a, "--batch"))
+                bad = parse_int(v, 1, 4096, &t.batch_size);
+            else if (!strcmp(a, "--prompt"))
+                bad = parse_int(v, 1, 1 << 20, &t.prompt_tokens);
+            else if (!strcmp(a, "--output"))
+                bad = parse_int(v, 1, 1 << 20, &t.output_tokens);
+            else
+                bad = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "estimate: bad or unknown option %s%s%s\n", a, v ? " " : "", v ? v : "");
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!!model == !!arch_file) {
+        fprintf(stderr, "estimate: give exactly one of --arch FILE and --model PATH\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!data_dir)
+        data_dir = "var";
+    char err[1024];
+    arch a;
+    if (cm_load_arch(model ? model : arch_file, &a, err, sizeof err)) {
+        fprintf(stderr, "estimate: %s\n", err);
+        return 1;
+    }
+    json_t *est;
+    if (cal_file) {
+        est = estimate_from_file(cal_file, &a, &t, err, sizeof err);
+    } else {
+        int status = 0;
+        json_t *req = json_pack("{s:o,s:o}", "arch", arch_to_json(&a), "target", cm_target_to_json(&t));
+        est = req ? cm_estimate(req, data_dir, &status, err, sizeof err) : NULL;
+        if (!req)
+            snprintf(err, sizeof err, "out of memory");
+        json_decref(req);
+    }
+    arch_free(&a);
+    if (!est) {
+        fprintf(stderr, "estimate: %s\n", err);
+        return 1;
+    }
+    if (as_json) {
+        json_dumpf(est, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
+        printf("\n");
+    } else {
+        print_human(est);
+    }
+    json_decref(est);
+    return 0;
+}

@@ -1,0 +1,236 @@
+/* tests/unit/test_costmodel_calibrate.c — calibration on the real CPU engine with tiny
+ * configs: the grid is covered, the memory items predicted from the calibrated model
+ * equal the engine's byte accounting on held-out random archs (weights, KV cache and
+ * backend peak exactly), the validation block has the §10 shape, and the estimate
+ * path answers 409 before and 200 after a calibration is cached.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compress/calibrate.h"
+#include "compress/costmodel.h"
+#include "compress/measure.h"
+#include "engine/devices.h"
+#include "engine/model.h"
+#include "storage/archjson.h"
+
+static void tiny_parent(arch *a, int L)
+{
+    assert_int_equal(arch_init(a, L), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 256;
+    a->hidden_size = 64;
+    a->head_dim = 16;
+    a->max_position_embeddings = 1024;
+    a->rope_theta = 10000;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 1;
+    for (int i = 0; i < L; i++) {
+        a->layers[i].source_layer = i;
+        a->layers[i].n_heads = 4;
+        a->layers[i].n_kv_heads = 2;
+        a->layers[i].ffn_dim = 128;
+    }
+}
+
+static cm_target tiny_target(void)
+{
+    cm_target t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "cpu");
+    snprintf(t.precision, sizeof t.precision, "fp32");
+    t.batch_size = 2;
+    t.prompt_tokens = 12;
+    t.output_tokens = 5;
+    return t;
+}
+
+static void test_grids(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 3);
+    p.layers[0].n_heads = 9;
+    p.layers[0].n_kv_heads = 3;
+    p.layers[0].ffn_dim = 1536;
+    int h[16], kv[16], f[16];
+    int na = cal_grid_attention(&p, h, kv, 16), nf = cal_grid_mlp(&p, f, 16);
+    /* kv groups (3,1) (6,2) (9,3) then kv fixed at 3: (3,3) (6,3) */
+    assert_int_equal(na, 5);
+    assert_int_equal(h[0], 3);
+    assert_int_equal(kv[0], 1);
+    assert_int_equal(h[2], 9);
+    assert_int_equal(kv[2], 3);
+    assert_int_equal(h[3], 3);
+    assert_int_equal(kv[3], 3);
+    /* 48 (F/32), then eighths 192 ... 1536 */
+    assert_int_equal(nf, 9);
+    assert_int_equal(f[0], 48);
+    assert_int_equal(f[1], 192);
+    assert_int_equal(f[8], 1536);
+    arch_free(&p);
+}
+
+static void test_memory_matches_engine_accounting(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 4);
+    cm_target t = tiny_target();
+    cal_opts o;
+    cal_opts_default(&o);
+    o.reps = 1;
+    o.n_models = 1;
+    o.validate = 3;
+    o.validate_reps = 1;
+    char err[512];
+    json_t *cal = cal_run(&p, &t, &o, err, sizeof err);
+    if (!cal)
+        fail_msg("cal_run: %s", err);
+    /* the §10 shape */
+    assert_string_equal(json_string_value(json_object_get(cal, "status")), "succeeded");
+    assert_int_equal(strncmp(json_string_value(json_object_get(cal, "id")), "cal_", 4), 0);
+    json_t *v = json_object_get(cal, "validation");
+    assert_int_equal(json_integer_value(json_object_get(v, "archs")), 3);
+    assert_int_equal(json_array_size(json_object_get(v, "rows")), 3);
+    assert_true(json_is_number(json_object_get(v, "latency_mape_pct")));
+    assert_true(json_is_number(json_object_get(v, "naive_memory_mape_pct")));
+    cm_tables tb;
+    if (cm_calibration_tables(cal, &tb, err, sizeof err))
+        fail_msg("tables: %s", err);
+    /* grid: 3 attention sizes + removed, 4 mlp widths (8, 32, 64, ..., 128) + removed */
+    int h[16], kv[16], f[16];
+    int na = cal_grid_attention(&p, h, kv, 16), nf = cal_grid_mlp(&p, f, 16);
+    assert_int_equal(tb.n_prefill, na + 1 + nf + 1);
+    assert_int_equal(json_integer_value(json_object_get(cal, "entries")), 2 * (na + nf + 2) + 2);
+    for (int i = 0; i < tb.n_prefill; i++)
+        assert_true(tb.prefill[i].samples > 0);
+    /* every held-out row: predicted backend bytes equal the measured backend peak */
+    size_t i;
+    json_t *r;
+    json_array_foreach(json_object_get(v, "rows"), i, r) {
+        json_t *items = json_object_get(json_object_get(r, "predicted_memory_items"), "memory_bytes");
+        int64_t pred = json_integer_value(json_object_get(items, "weights")) +
+                       json_integer_value(json_object_get(items, "request_cache")) +
+                       json_integer_value(json_object_get(items, "prefill_workspace"));
+        assert_int_equal(pred, json_integer_value(json_object_get(r, "measured_backend_peak_bytes")));
+    }
+    /* independent archs measured here, item by item */
+    eng_backend *be = eng_backend_new("cpu", err, sizeof err);
+    assert_non_null(be);
+    uint64_t rng = 12345;
+    for (int k = 0; k < 4; k++) {
+        arch a;
+        assert_int_equal(cal_random_arch(&p, &rng, &a), 0);
+        cm_prediction pr;
+        ms_result mr;
+        ms_opts mo = {.warmup = 0, .reps = 1, .seed = 3};
+        if (cm_predict(&tb, &a, &pr, err, sizeof err))
+            fail_msg("predict: %s", err);
+        if (ms_measure_arch(be, &a, &t, &mo, &mr, err, sizeof err))
+            fail_msg("measure: %s", err);
+        assert_int_equal(pr.weights, mr.weights_bytes);
+        assert_int_equal(pr.request_cache, mr.request_cache_bytes);
+        assert_int_equal(pr.weights + pr.request_cache + pr.prefill_workspace, mr.backend_peak_bytes);
+        /* and the engine's own formula for the forward workspace agrees */
+        size_t ws = eng_forward_workspace_bytes(&a, t.batch_size, t.prompt_tokens,
+                                                t.prompt_tokens + t.output_tokens, ENG_LOGITS_LAST,
+                                                omp_get_max_threads(), 0);
+        assert_int_equal(pr.prefill_workspace, (int64_t)ws);
+        assert_int_equal(be->cur_bytes, 0);
+        assert_true(mr.latency_ms > 0);
+        arch_free(&a);
+    }
+    eng_backend_free(be);
+    cm_tables_free(&tb);
+    json_decref(cal);
+    arch_free(&p);
+}
+
+static void test_estimate_needs_calibration(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ac_costmodel_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    arch p;
+    tiny_parent(&p, 2);
+    cm_target t = tiny_target();
+    json_t *req = json_pack("{s:o,s:o}", "arch", arch_to_json(&p), "target", cm_target_to_json(&t));
+    int status = 0;
+    char err[512];
+    assert_null(cm_estimate(req, dir, &status, err, sizeof err));
+    assert_int_equal(status, 409);
+    char id[40];
+    cm_calibration_id(&t, &p, id);
+    assert_non_null(strstr(err, id));
+    /* calibrate (cached), then the same request answers */
+    cal_opts o;
+    cal_opts_default(&o);
+    o.reps = 1;
+    o.n_models = 1;
+    o.validate = 0;
+    int reused = -1;
+    json_t *cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
+    if (!cal)
+        fail_msg("calibrate: %s", err);
+    assert_int_equal(reused, 0);
+    json_decref(cal);
+    cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
+    assert_non_null(cal);
+    assert_int_equal(reused, 1);
+    json_decref(cal);
+    json_t *est = cm_estimate(req, dir, &status, err, sizeof err);
+    if (!est)
+        fail_msg("estimate: %s", err);
+    assert_int_equal(status, 200);
+    assert_string_equal(json_string_value(json_object_get(est, "calibration_id")), id);
+    json_t *pred = json_object_get(est, "predicted");
+    assert_true(json_number_value(json_object_get(pred, "latency_ms")) > 0);
+    assert_int_equal(json_integer_value(json_object_get(est, "params")), arch_params(&p));
+    json_t *mem = json_object_get(pred, "memory_bytes");
+    assert_true(json_integer_value(json_object_get(mem, "total")) >
+                json_integer_value(json_object_get(est, "naive_weights_plus_kv_bytes")));
+    json_decref(est);
+    /* a pruned arch is covered by the parent's calibration */
+    p.layers[1].n_heads = 0;
+    p.layers[1].n_kv_heads = 0;
+    p.layers[0].ffn_dim = 40;
+    json_object_set_new(req, "arch", arch_to_json(&p));
+    est = cm_estimate(req, dir, &status, err, sizeof err);
+    if (!est)
+        fail_msg("estimate (pruned): %s", err);
+    json_decref(est);
+    /* malformed requests */
+    json_object_set_new(req, "extra", json_true());
+    assert_null(cm_estimate(req, dir, &status, err, sizeof err));
+    assert_int_equal(status, 400);
+    json_object_del(req, "extra");
+    json_object_set_new(json_object_get(req, "arch"), "hidden_size", json_string("big"));
+    assert_null(cm_estimate(req, dir, &status, err, sizeof err));
+    assert_int_equal(status, 422);
+    assert_non_null(strstr(err, "/arch/hidden_size"));
+    json_decref(req);
+    arch_free(&p);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grids),
+        cmocka_unit_test(test_memory_matches_engine_accounting),
+        cmocka_unit_test(test_estimate_needs_calibration),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
