@@ -1,0 +1,237 @@
+/* jobs/stage_evaluate.c — the pipeline's "evaluate" stage: the spec's evaluation tasks
+ * scored on the parent and on the result (distill/student, else prune/student) with the
+ * same code as `autocompress eval` (compress/eval). Writes evaluate/eval.json (published
+ * as an artifact) and merges {parent|result: {accuracy, average, perplexity}} into the
+ * report. A task that fails to load is recorded with its error; the others still run.
+ * Built-in task data is read from $AC_DATA_DIR (else $AC_SHARED/data, else ./data).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "compress/eval.h"
+#include "compress/evaltasks.h"
+#include "compress/prune.h"
+#include "jobs/pstate.h"
+#include "jobs/stage.h"
+
+#define EVAL_MAX_TASK_BYTES ((size_t)64 << 20)
+
+int stage_evaluate(job_ctx *ctx, char *err, size_t errlen);
+void stage_evaluate_register(void);
+
+typedef struct {
+    job_ctx *ctx;
+    const char *which;   /* "parent" | "result" */
+    int64_t done_before, total;
+} eval_cb;
+
+static int on_progress(void *user, const char *task, int64_t done, int64_t total)
+{
+    eval_cb *cb = user;
+    (void)total;
+    job_progress(cb->ctx, cb->done_before + done, cb->total);
+    if (done == total) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s: %s scored (%lld items)", cb->which, task, (long long)done);
+        job_event(cb->ctx, "evaluate.task", msg, NULL);
+    }
+    return job_cancelled(cb->ctx);
+}
+
+static const char *data_dir(char *buf, size_t len)
+{
+    const char *d = getenv("AC_DATA_DIR");
+    if (d && *d)
+        return d;
+    const char *sh = getenv("AC_SHARED");
+    if (sh && *sh) {
+        snprintf(buf, len, "%s/data", sh);
+        return buf;
+    }
+    return "data";
+}
+
+/* One task reference of the spec: a name, {name?, path} or {name?, url, sha256}. The
+ * fetched file (if any) goes into the stage directory. *ref is the name or file to
+ * load, *display its report name. Returns 0, or -1 with err. */
+static int task_ref(job_ctx *ctx, json_t *t, size_t i, char *ref, size_t reflen, char *display, size_t dlen,
+                    char *err, size_t errlen)
+{
+    if (json_is_string(t)) {
+        snprintf(ref, reflen, "%s", json_string_value(t));
+        snprintf(display, dlen, "%s", json_string_value(t));
+        return 0;
+    }
+    const char *name = json_string_value(json_object_get(t, "name"));
+    const char *path = json_string_value(json_object_get(t, "path"));
+    const char *url = json_string_value(json_object_get(t, "url"));
+    const char *sha = json_string_value(json_object_get(t, "sha256"));
+    snprintf(display, dlen, "%s", name ? name : "task");
+    if (path) {
+        snprintf(ref, reflen, "%s", path);
+        return 0;
+    }
+    if (url) {
+        int n = snprintf(ref, reflen, "%s/task-%zu.jsonl", job_ctx_stage_dir(ctx), i);
+        if (n < 0 || (size_t)n >= reflen) {
+            snprintf(err, errlen, "/evaluation/tasks/%zu: stage path too long", i);
+            return -1;
+        }
+        if (access(ref, R_OK) == 0)
+            return 0;   /* fetched and verified by an earlier run of this stage */
+        return ev_fetch_url(url, sha, EVAL_MAX_TASK_BYTES, ref, err, errlen);
+    }
+    snprintf(err, errlen, "/evaluation/tasks/%zu: a task is a name or an object with path or url", i);
+    return -1;
+}
+
+/* Score every task on one model; returns the run's JSON (NEW) or NULL when cancelled
+ * (*cancelled = 1) or out of memory. */
+static json_t *eval_model(job_ctx *ctx, const char *which, eng_model *m, tok_tokenizer *tok, json_t *tasks,
+                          int limit, uint64_t seed, int64_t step0, int64_t total, int *cancelled, char *err,
+                          size_t errlen)
+{
+    ev_engine eng = {.m = m, .tok = tok};
+    ev_model em;
+    if (ev_engine_model(&eng, 0, &em, err, errlen))
+        return NULL;
+    size_t n = json_array_size(tasks);
+    ev_result *res = calloc(n ? n : 1, sizeof *res);
+    if (!res) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    char dbuf[1024];
+    const char *dd = data_dir(dbuf, sizeof dbuf);
+    eval_cb cb = {ctx, which, step0, total};
+    ev_opts o = {.limit = limit, .seed = seed, .progress = on_progress, .progress_user = &cb};
+    ev_load_opts lo = {.n_fewshot = -1};
+    *cancelled = 0;
+    for (size_t i = 0; i < n && !*cancelled; i++) {
+        char ref[4200], display[64], e[1024];
+        if (task_ref(ctx, json_array_get(tasks, i), i, ref, sizeof ref, display, sizeof display, e, sizeof e)) {
+            snprintf(res[i].task, sizeof res[i].task, "%s", display);
+            snprintf(res[i].error, sizeof res[i].error, "%s", e);
+            continue;
+        }
+        int rc = ev_run_named(&em, ref, dd, &lo, &o, &res[i]);
+        snprintf(res[i].task, sizeof res[i].task, "%s", display);
+        if (rc == 1)
+            *cancelled = 1;
+        else if (rc) {
+            char msg[1200];
+            snprintf(msg, sizeof msg, "%s: %s: %.1000s", which, display, res[i].error);
+            job_event(ctx, "evaluate.task_failed", msg, NULL);
+        }
+        cb.done_before += res[i].n;
+    }
+    json_t *j = *cancelled ? NULL : ev_results_json(res, (int)n);
+    if (j)
+        json_object_set_new(j, "engine", json_pack("{s:I,s:I,s:I}", "forwards", (json_int_t)eng.forwards, "rows",
+                                                   (json_int_t)eng.rows, "tokens", (json_int_t)eng.tokens_forwarded));
+    else if (!*cancelled)
+        snprintf(err, errlen, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        ev_result_free(&res[i]);
+    free(res);
+    ev_engine_free(&eng);
+    return j;
+}
+
+/* Items the run will score (for progress): limit per task, all when unknown. */
+static int64_t planned_items(json_t *tasks, int limit)
+{
+    int64_t per = limit > 0 ? limit : 1000;
+    return per * (int64_t)(json_array_size(tasks) ? json_array_size(tasks) : 1);
+}
+
+int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
+{
+    json_t *ev = json_object_get(job_ctx_spec(ctx), "evaluation");
+    json_t *tasks = json_object_get(ev, "tasks");
+    if (!json_is_array(tasks) || json_array_size(tasks) == 0) {
+        job_event(ctx, "evaluate.skipped", "no evaluation tasks in the spec", NULL);
+        return 0;
+    }
+    json_t *jl = json_object_get(ev, "limit"), *js = json_object_get(ev, "seed");
+    int limit = json_is_integer(jl) ? (int)json_integer_value(jl) : 500;
+    uint64_t seed = json_is_integer(js) ? (uint64_t)json_integer_value(js) : 1234;
+
+    eng_model *parent = ps_parent(ctx, 0, err, errlen);
+    tok_tokenizer *tok = parent ? ps_tokenizer(ctx, err, errlen) : NULL;
+    if (!parent || !tok)
+        return -1;
+    const char *sdir = job_ctx_output(ctx, "distill", "student");
+    char sbuf[4400];
+    if (sdir) {
+        snprintf(sbuf, sizeof sbuf, "%s", sdir);
+    } else if ((sdir = job_ctx_output(ctx, "prune", "student"))) {
+        snprintf(sbuf, sizeof sbuf, "%s", sdir);
+    } else {
+        sbuf[0] = '\0';
+    }
+    int64_t per_model = planned_items(tasks, limit), total = per_model * (sbuf[0] ? 2 : 1);
+    int cancelled = 0;
+    json_t *pj = eval_model(ctx, "parent", parent, tok, tasks, limit, seed, 0, total, &cancelled, err, errlen);
+    if (!pj)
+        return cancelled ? 1 : -1;
+    json_t *rj = NULL;
+    if (sbuf[0]) {
+        eng_model student;
+        if (prune_load_dir(sbuf, parent->be, &student, NULL, err, errlen)) {
+            json_decref(pj);
+            return -1;
+        }
+        rj = eval_model(ctx, "result", &student, tok, tasks, limit, seed, per_model, total, &cancelled, err, errlen);
+        eng_model_free(&student);
+        if (!rj) {
+            json_decref(pj);
+            return cancelled ? 1 : -1;
+        }
+    } else {
+        job_event(ctx, "evaluate.no_result", "no pruned or distilled student in this job: the parent only", NULL);
+    }
+    json_t *doc = json_pack("{s:O,s:i,s:I}", "tasks", tasks, "limit", limit, "seed", (json_int_t)seed);
+    json_t *report = json_object();
+    if (!doc || !report) {
+        json_decref(doc);
+        json_decref(report);
+        json_decref(pj);
+        json_decref(rj);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const char *names[2] = {"parent", "result"};
+    json_t *runs[2] = {pj, rj};
+    for (int k = 0; k < 2; k++) {
+        if (!runs[k])
+            continue;
+        json_t *part = json_pack("{s:O,s:O,s:O}", "accuracy", json_object_get(runs[k], "accuracy"), "average",
+                                 json_object_get(runs[k], "average"), "perplexity",
+                                 json_object_get(runs[k], "perplexity"));
+        json_object_set_new(report, names[k], part);
+        json_object_set_new(doc, names[k], runs[k]);   /* steals */
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/eval.json", job_ctx_stage_dir(ctx));
+    if (ps_write_json(ctx, "eval.json", doc, err, errlen) ||   /* steals doc */
+        job_publish(ctx, "eval.json", path, "application/json", err, errlen)) {
+        json_decref(report);
+        return -1;
+    }
+    if (job_report_merge(ctx, report)) {   /* steals */
+        snprintf(err, errlen, "merging the evaluation into the report failed");
+        return -1;
+    }
+    job_event(ctx, "evaluate.done", "evaluation written to eval.json", NULL);
+    return 0;
+}
+
+void stage_evaluate_register(void)
+{
+    stage_register("evaluate", stage_evaluate);
+}
