@@ -1,0 +1,178 @@
+/* bench/distill/distill_bench.c — training tokens/s of one distillation step on
+ * SmolLM2-135M shapes with random weights: teacher = the parent (hidden 576, 30 layers,
+ * 9/3 heads, FFN 1536, vocab 49152, tied), student = the ~25% cheaper pruned arch
+ * (hidden 512, FFN 1152). One step = teacher forward + student forward/backward on the
+ * KD loss (T=1) + AdamW with clipping, the same step bench/distill/torch_step.py times
+ * in PyTorch. Also measures the machine's two ceilings in the same run: sgemm GFLOP/s
+ * (1024^3 through the backend) and STREAM-triad bandwidth. Prints one JSON line.
+ * Usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/model.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void smol_arch(arch *a, int hidden, int ffn)
+{
+    if (arch_init(a, 30)) {
+        fprintf(stderr, "distill_bench: out of memory\n");
+        exit(1);
+    }
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 49152;
+    a->hidden_size = hidden;
+    a->head_dim = 64;
+    a->max_position_embeddings = 8192;
+    a->rope_theta = 100000.0;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 1;
+    for (int l = 0; l < 30; l++)
+        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 9, .n_kv_heads = 3, .ffn_dim = ffn};
+}
+
+static double bench_sgemm(eng_backend *be, int n)
+{
+    size_t bytes = sizeof(float) * (size_t)n * n;
+    float *A = be->alloc(be, bytes), *B = be->alloc(be, bytes), *C = be->alloc(be, bytes);
+    if (!A || !B || !C)
+        return 0;
+    be->fill(be, A, 0.5f, (size_t)n * n);
+    be->fill(be, B, 0.25f, (size_t)n * n);
+    be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+        double dt = now_s() - t0;
+        if (dt < best)
+            best = dt;
+    }
+    be->free(be, A, bytes);
+    be->free(be, B, bytes);
+    be->free(be, C, bytes);
+    return 2.0 * n * (double)n * n / best / 1e9;
+}
+
+/* STREAM triad a = b + s*c; bytes moved = 3 * 4n. */
+static double bench_triad(size_t n, int threads)
+{
+    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
+    if (!a || !b || !c)
+        return 0;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (size_t i = 0; i < n; i++) {
+        a[i] = 0;
+        b[i] = 1;
+        c[i] = 2;
+    }
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+        for (size_t i = 0; i < n; i++)
+            a[i] = b[i] + 3.0f * c[i];
+        double dt = now_s() - t0;
+        if (dt < best)
+            best = dt;
+    }
+    volatile float sink = a[n / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    free(c);
+    return 12.0 * (double)n / best / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, B = 1, T = 128, steps = 3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        long v = strtol(argv[i + 1], NULL, 10);
+        if (!strcmp(argv[i], "--threads"))
+            threads = (int)v;
+        else if (!strcmp(argv[i], "--batch"))
+            B = (int)v;
+        else if (!strcmp(argv[i], "--seq"))
+            T = (int)v;
+        else if (!strcmp(argv[i], "--steps"))
+            steps = (int)v;
+        else {
+            fprintf(stderr, "usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || B < 1 || T < 2 || steps < 1) {
+        fprintf(stderr, "distill_bench: bad arguments\n");
+        return 2;
+    }
+    char err[512];
+    eng_backend *be = eng_backend_cpu_new(threads);
+    arch pa, sa;
+    smol_arch(&pa, 576, 1536);
+    smol_arch(&sa, 512, 1152);
+    eng_model teacher, student;
+    if (!be || eng_model_init(&teacher, &pa, be, err, sizeof err) ||
+        eng_model_init(&student, &sa, be, err, sizeof err) || eng_model_enable_grads(&student)) {
+        fprintf(stderr, "distill_bench: %s\n", err);
+        return 1;
+    }
+    eng_model_randomize(&teacher, 1, 0.02f);
+    eng_model_randomize(&student, 2, 0.02f);
+    eng_adamw *opt = eng_adamw_new(&student);
+    int *tok = malloc(sizeof(int) * (size_t)B * T);
+    if (!opt || !tok) {
+        fprintf(stderr, "distill_bench: out of memory\n");
+        return 1;
+    }
+    uint64_t x = 7;
+    for (int i = 0; i < B * T; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        tok[i] = (int)(x % 49152);
+    }
+    eng_loss_spec ls = {.kind = ENG_LOSS_KD, .teacher = &teacher, .temperature = 1.0f, .kd_weight = 1.0f};
+    double best = 1e30, total = 0, loss = 0;
+    for (int s = 0; s <= steps; s++) {   /* step 0 warms up */
+        double t0 = now_s();
+        eng_model_zero_grads(&student);
+        eng_loss_result lr;
+        if (eng_forward_backward(&student, tok, B, T, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err)) {
+            fprintf(stderr, "distill_bench: %s\n", err);
+            return 1;
+        }
+        eng_adamw_step(opt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1.0f, 1.0f);
+        double dt = now_s() - t0;
+        loss = lr.loss;
+        if (s > 0) {
+            total += dt;
+            if (dt < best)
+                best = dt;
+        }
+    }
+    double gf = bench_sgemm(be, 1024);
+    double bw = bench_triad((size_t)64 << 20, threads);
+    printf("{\"impl\": \"autocompress\", \"threads\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, "
+           "\"best_step_s\": %.4f, \"mean_step_s\": %.4f, \"tokens_per_s\": %.2f, \"mean_tokens_per_s\": %.2f, "
+           "\"loss\": %.4f, \"student_params\": %lld, \"teacher_params\": %lld, "
+           "\"sgemm_gflops\": %.1f, \"triad_gbs\": %.2f}\n",
+           threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
+           (long long)arch_params(&sa), (long long)arch_params(&pa), gf, bw);
+    free(tok);
+    eng_adamw_free(opt);
+    eng_model_free(&student);
+    eng_model_free(&teacher);
+    arch_free(&pa);
+    arch_free(&sa);
+    eng_backend_free(be);
+    return 0;
+}

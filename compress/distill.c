@@ -1,0 +1,581 @@
+/* compress/distill.c — the distillation loop, its schedule, validation and checkpoints.
+ *
+ * Checkpoint layout: <ckpt_dir>/step-NNNNNNNNNN/ holding a storage/ckpt.h snapshot of the
+ * student (arch.json + model.safetensors, F32), optim.safetensors (AdamW m and v as
+ * 1-D tensors "m", "v" over the model's parameter block), state.json (step, tokens, data cursor, RNG, AdamW
+ * t, the loss curve so far and the options that must match to resume) and DONE. A
+ * folder is built as step-N.tmp, every file fsynced, renamed, then DONE written
+ * atomically; a folder without DONE is ignored and removed.
+ */
+#include "compress/distill.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <jansson.h>
+
+#include "storage/ckpt.h"
+#include "storage/safetensors.h"
+
+void distill_opts_defaults(distill_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->B = 4;
+    o->T = 128;
+    o->accum = 1;
+    o->lr = 1e-3f;
+    o->lr_min = 1e-4f;
+    o->warmup_steps = 10;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->eps = 1e-8f;
+    o->weight_decay = 0.01f;
+    o->clip = 1.0f;
+    o->temperature = 1.0f;
+    o->kd_weight = 1.0f;
+    o->eval_every = 50;
+    o->val_tokens = 4096;
+    o->ckpt_every = 50;
+    o->keep_ckpts = 2;
+    o->seed = 1234;
+}
+
+void distill_result_free(distill_result *r)
+{
+    if (!r)
+        return;
+    free(r->loss_curve);
+    memset(r, 0, sizeof *r);
+}
+
+int64_t distill_steps(int64_t tokens, int B, int T, int accum)
+{
+    int64_t per = (int64_t)B * T * accum;
+    if (per <= 0 || tokens <= 0)
+        return 0;
+    return (tokens + per - 1) / per;
+}
+
+double distill_lr(const distill_opts *o, int64_t s, int64_t steps)
+{
+    if (o->warmup_steps > 0 && s < o->warmup_steps)
+        return o->lr * (double)(s + 1) / (double)o->warmup_steps;
+    int64_t decay = steps - o->warmup_steps;
+    if (decay <= 1)
+        return o->lr;
+    double p = (double)(s - o->warmup_steps) / (double)(decay - 1);
+    if (p > 1)
+        p = 1;
+    return o->lr_min + 0.5 * (o->lr - o->lr_min) * (1 + cos(M_PI * p));
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- evaluation ------------------------------------------------------------------ */
+
+int distill_eval_loss(eng_model *m, const td_stream *s, int B, int T, int64_t tokens, double *loss,
+                      char *err, size_t errlen)
+{
+    if (!s || s->n < (size_t)T + 1) {
+        snprintf(err, errlen, "evaluation stream has %zu tokens, fewer than T+1 = %d", s ? s->n : 0, T + 1);
+        return -1;
+    }
+    /* never wrap around: at most the windows the stream holds */
+    int64_t windows = (int64_t)((s->n - 1) / (size_t)T);
+    int64_t want = (tokens + T - 1) / T;
+    if (want < 1)
+        want = 1;
+    if (want > windows)
+        want = windows;
+    int V = m->a.vocab_size;
+    int rows = B < want ? B : (int)want;
+    int *tok = malloc((size_t)rows * T * sizeof *tok), *tgt = malloc((size_t)rows * T * sizeof *tgt);
+    float *logits = malloc((size_t)rows * T * (size_t)V * sizeof *logits);
+    if (!tok || !tgt || !logits) {
+        free(tok);
+        free(tgt);
+        free(logits);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    uint64_t cursor = 0;
+    double total = 0;
+    int64_t count = 0, done = 0;
+    int rc = 0;
+    while (done < want && !rc) {
+        int b = (int)(want - done < rows ? want - done : rows);
+        if (td_batch(s, &cursor, b, T, tok, tgt)) {
+            snprintf(err, errlen, "evaluation batch failed");
+            rc = -1;
+            break;
+        }
+        eng_fwd_args fa = {.tokens = tok, .B = b, .T = T, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
+        if (eng_forward(m, &fa, err, errlen)) {
+            rc = -1;
+            break;
+        }
+        for (int64_t n = 0; n < (int64_t)b * T; n++) {
+            const float *z = logits + n * V;
+            float mx = z[0];
+            for (int v = 1; v < V; v++)
+                if (z[v] > mx)
+                    mx = z[v];
+            double se = 0;
+            for (int v = 0; v < V; v++)
+                se += exp((double)z[v] - mx);
+            total += log(se) + mx - z[tgt[n]];
+        }
+        count += (int64_t)b * T;
+        done += b;
+    }
+    free(tok);
+    free(tgt);
+    free(logits);
+    if (!rc)
+        *loss = total / (double)count;
+    return rc;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------ */
+
+static int step_dir(char *buf, size_t len, const char *dir, int64_t step, const char *suffix)
+{
+    return (size_t)snprintf(buf, len, "%s/step-%010lld%s", dir, (long long)step, suffix) >= len ? -1 : 0;
+}
+
+static int mkdir_p(const char *path)
+{
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp)
+        return -1;
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static void rm_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char p[4096];
+            if ((size_t)snprintf(p, sizeof p, "%s/%s", path, e->d_name) < sizeof p)
+                unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+static int file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Steps of complete checkpoints in dir, ascending; *n their count. Removes folders
+ * left without DONE (a checkpoint interrupted while being written). */
+static int64_t *list_checkpoints(const char *dir, int *n, int clean)
+{
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return NULL;
+    int64_t *v = NULL;
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "step-", 5))
+            continue;
+        char *end;
+        long long s = strtoll(e->d_name + 5, &end, 10);
+        char path[4096], done[4200];
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path)
+            continue;
+        snprintf(done, sizeof done, "%s/DONE", path);
+        if (*end != 0 || s <= 0 || !file_exists(done)) {
+            if (clean)
+                rm_tree(path);
+            continue;
+        }
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 8;
+            int64_t *nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv)
+                break;
+            v = nv;
+        }
+        v[(*n)++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < *n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            int64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v;
+}
+
+int64_t distill_latest_checkpoint(const char *dir)
+{
+    int n;
+    int64_t *v = list_checkpoints(dir, &n, 0);
+    int64_t s = n > 0 ? v[n - 1] : 0;
+    free(v);
+    return s;
+}
+
+/* Options that must be equal for a checkpoint to continue the same run. */
+static json_t *opts_fingerprint(const distill_opts *o, const eng_model *student)
+{
+    return json_pack("{s:I,s:i,s:i,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I}", "tokens",
+                     (json_int_t)o->tokens, "B", o->B, "T", o->T, "accum", o->accum, "lr", (double)o->lr,
+                     "lr_min", (double)o->lr_min, "warmup_steps", (json_int_t)o->warmup_steps, "beta1",
+                     (double)o->beta1, "beta2", (double)o->beta2, "weight_decay", (double)o->weight_decay,
+                     "clip", (double)o->clip, "temperature", (double)o->temperature, "kd_weight",
+                     (double)o->kd_weight, "eps", (double)o->eps, "n_params", (json_int_t)student->n_params,
+                     "seed", (json_int_t)(o->seed & 0x7fffffffffffffffull));
+}
+
+typedef struct {
+    int64_t step, tokens;
+    uint64_t cursor, rng;
+    double *curve;          /* [step] */
+} run_state;
+
+static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw *opt, const run_state *rs,
+                           char *err, size_t errlen)
+{
+    char tmp[4096], fin[4096], path[4300];
+    if (step_dir(tmp, sizeof tmp, o->ckpt_dir, rs->step, ".tmp") || step_dir(fin, sizeof fin, o->ckpt_dir, rs->step, "")) {
+        snprintf(err, errlen, "checkpoint path too long");
+        return -1;
+    }
+    rm_tree(tmp);
+    rm_tree(fin);
+    if (mkdir_p(tmp)) {
+        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    float *mv = NULL;
+    json_t *state = NULL, *curve = NULL;
+    char *text = NULL;
+    if (ckpt_save(student, tmp, err, errlen))
+        goto out;
+    mv = malloc(2 * student->n_params * sizeof *mv);
+    if (!mv || eng_adamw_state(opt, mv, mv + student->n_params)) {
+        snprintf(err, errlen, "optimizer state export failed");
+        goto out;
+    }
+    st_write_tensor ov[2] = {{.name = "m", .data = mv, .ndim = 1, .shape = {(int64_t)student->n_params}},
+                             {.name = "v", .data = mv + student->n_params, .ndim = 1,
+                              .shape = {(int64_t)student->n_params}}};
+    snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
+    if (st_write(path, ov, 2, ST_F32, NULL, err, errlen))
+        goto out;
+    curve = json_array();
+    for (int64_t i = 0; curve && i < rs->step; i++)
+        json_array_append_new(curve, json_real(rs->curve[i]));
+    char rng_hex[32], cur_hex[32];
+    snprintf(rng_hex, sizeof rng_hex, "%016llx", (unsigned long long)rs->rng);
+    snprintf(cur_hex, sizeof cur_hex, "%llu", (unsigned long long)rs->cursor);
+    state = json_pack("{s:i,s:I,s:I,s:s,s:s,s:I,s:o*,s:o*}", "version", 1, "step", (json_int_t)rs->step, "tokens",
+                      (json_int_t)rs->tokens, "cursor", cur_hex, "rng", rng_hex, "adam_t",
+                      (json_int_t)eng_adamw_t(opt), "loss_curve", curve, "options", opts_fingerprint(o, student));
+    curve = NULL;
+    text = state ? json_dumps(state, JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
+    if (!text) {
+        snprintf(err, errlen, "out of memory rendering checkpoint state");
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    if (td_write_atomic(path, text, strlen(text), err, errlen))
+        goto out;
+    if (rename(tmp, fin)) {
+        snprintf(err, errlen, "%s: rename: %s", fin, strerror(errno));
+        goto out;
+    }
+    int dfd = open(o->ckpt_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    snprintf(path, sizeof path, "%s/DONE", fin);
+    if (td_write_atomic(path, "done\n", 5, err, errlen))
+        goto out;
+    rc = 0;
+    /* drop old checkpoints beyond keep_ckpts */
+    int n;
+    int64_t *steps = list_checkpoints(o->ckpt_dir, &n, 0);
+    int keep = o->keep_ckpts > 0 ? o->keep_ckpts : 1;
+    for (int i = 0; i + keep < n; i++) {
+        char old[4096];
+        if (!step_dir(old, sizeof old, o->ckpt_dir, steps[i], ""))
+            rm_tree(old);
+    }
+    free(steps);
+out:
+    if (rc)
+        rm_tree(tmp);
+    free(mv);
+    free(text);
+    json_decref(curve);
+    json_decref(state);
+    return rc;
+}
+
+/* Copy a snapshot's weights into the existing student (same arch required). */
+static int load_weights(eng_model *student, const char *dir, char *err, size_t errlen)
+{
+    eng_model tmp;
+    if (ckpt_load(dir, student->be, &tmp, err, errlen))
+        return -1;
+    int rc = 0;
+    if (!arch_equal(&tmp.a, &student->a) || tmp.n_params != student->n_params) {
+        snprintf(err, errlen, "%s: checkpoint holds another student shape", dir);
+        rc = -1;
+    } else {
+        student->be->copy(student->be, student->params, tmp.params, student->n_params * sizeof(float));
+    }
+    eng_model_free(&tmp);
+    return rc;
+}
+
+static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *student, eng_adamw *opt,
+                           run_state *rs, int64_t max_steps, char *err, size_t errlen)
+{
+    char dir[4096], path[4300];
+    if (step_dir(dir, sizeof dir, o->ckpt_dir, step, "")) {
+        snprintf(err, errlen, "checkpoint path too long");
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    json_error_t je;
+    json_t *state = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!state) {
+        snprintf(err, errlen, "%s: %s", path, je.text);
+        return -1;
+    }
+    int rc = -1;
+    st_file so = {0};
+    int so_open = 0;
+    float *buf = NULL;
+    json_t *fp = opts_fingerprint(o, student);
+    if (!fp || !json_equal(fp, json_object_get(state, "options"))) {
+        snprintf(err, errlen, "%s: written with other distillation options or another student shape; "
+                 "use a fresh checkpoint folder", dir);
+        goto out;
+    }
+    rs->step = json_integer_value(json_object_get(state, "step"));
+    rs->tokens = json_integer_value(json_object_get(state, "tokens"));
+    const char *cur = json_string_value(json_object_get(state, "cursor"));
+    const char *rng = json_string_value(json_object_get(state, "rng"));
+    json_t *curve = json_object_get(state, "loss_curve");
+    if (rs->step != step || rs->step > max_steps || !cur || !rng || !json_is_array(curve) ||
+        (int64_t)json_array_size(curve) != step) {
+        snprintf(err, errlen, "%s: inconsistent checkpoint state", path);
+        goto out;
+    }
+    rs->cursor = strtoull(cur, NULL, 10);
+    rs->rng = strtoull(rng, NULL, 16);
+    for (int64_t i = 0; i < step; i++)
+        rs->curve[i] = json_number_value(json_array_get(curve, (size_t)i));
+    if (load_weights(student, dir, err, errlen))
+        goto out;
+    snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+    if (st_open(&so, path, err, errlen))
+        goto out;
+    so_open = 1;
+    int km = st_find(&so, "m"), kv = st_find(&so, "v");
+    int64_t np = (int64_t)student->n_params;
+    if (km < 0 || kv < 0 || so.t[km].numel != np || so.t[kv].numel != np) {
+        snprintf(err, errlen, "%s: optimizer state does not match the student", path);
+        goto out;
+    }
+    free(buf);
+    buf = malloc(2 * student->n_params * sizeof *buf);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (st_read_f32(&so, km, buf, np, err, errlen) || st_read_f32(&so, kv, buf + np, np, err, errlen))
+        goto out;
+    if (eng_adamw_restore(opt, json_integer_value(json_object_get(state, "adam_t")), buf, buf + np)) {
+        snprintf(err, errlen, "%s: optimizer restore failed", path);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (so_open)
+        st_close(&so);
+    free(buf);
+    json_decref(fp);
+    json_decref(state);
+    return rc;
+}
+
+/* ---- the loop ---------------------------------------------------------------------- */
+
+int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, const td_stream *val,
+                const distill_opts *o, distill_result *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (o->tokens <= 0 || o->B <= 0 || o->T <= 0 || o->accum <= 0) {
+        snprintf(err, errlen, "distillation needs tokens, B, T and accum > 0");
+        return -1;
+    }
+    if (train->n < (size_t)o->T + 1) {
+        snprintf(err, errlen, "training stream has %zu tokens, fewer than T+1 = %d", train->n, o->T + 1);
+        return -1;
+    }
+    if (teacher->a.vocab_size != student->a.vocab_size) {
+        snprintf(err, errlen, "teacher vocab %d differs from the student's %d", teacher->a.vocab_size,
+                 student->a.vocab_size);
+        return -1;
+    }
+    int64_t steps = distill_steps(o->tokens, o->B, o->T, o->accum);
+    int64_t per_step = (int64_t)o->B * o->T * o->accum;
+    run_state rs = {.rng = o->seed ? o->seed : 1};
+    rs.curve = calloc((size_t)steps + 1, sizeof *rs.curve);
+    int *tok = malloc((size_t)o->B * o->T * sizeof *tok), *tgt = malloc((size_t)o->B * o->T * sizeof *tgt);
+    eng_adamw *opt = NULL;
+    int rc = -1;
+    if (!rs.curve || !tok || !tgt || eng_model_enable_grads(student) || !(opt = eng_adamw_new(student))) {
+        snprintf(err, errlen, "out of memory setting up distillation");
+        goto done;
+    }
+    if (o->ckpt_dir) {
+        if (mkdir_p(o->ckpt_dir)) {
+            snprintf(err, errlen, "%s: %s", o->ckpt_dir, strerror(errno));
+            goto done;
+        }
+        int n;
+        int64_t *have = list_checkpoints(o->ckpt_dir, &n, 1);
+        int64_t last = n > 0 ? have[n - 1] : 0;
+        free(have);
+        if (last > 0) {
+            if (load_checkpoint(o, last, student, opt, &rs, steps, err, errlen))
+                goto done;
+            out->resumed_from = last;
+        }
+    }
+    eng_loss_spec ls = {.kind = o->kd_weight >= 1.0f ? ENG_LOSS_KD : (ENG_LOSS_KD | ENG_LOSS_CE),
+                        .targets = tgt,
+                        .teacher = teacher,
+                        .temperature = o->temperature,
+                        .kd_weight = o->kd_weight};
+    if (o->kd_weight <= 0.0f)
+        ls.kind = ENG_LOSS_CE;
+    double t0 = now_s();
+    int64_t tokens0 = rs.tokens;
+    double last_val = NAN;
+    while (rs.step < steps) {
+        int64_t left = o->tokens - rs.tokens;
+        int64_t step_tokens = left < per_step ? left : per_step;
+        int64_t done_tok = 0;
+        int n_micro = 0;
+        double loss = 0, kd = 0, ce = 0;
+        eng_model_zero_grads(student);
+        /* micro-batches: full B x T, then r/T rows of T, then one row of the rest */
+        int64_t plan = step_tokens;
+        int micro_total = 0;
+        while (plan > 0) {
+            int64_t take = plan >= (int64_t)o->B * o->T ? (int64_t)o->B * o->T : plan >= o->T ? (plan / o->T) * o->T : plan;
+            plan -= take;
+            micro_total++;
+        }
+        while (done_tok < step_tokens) {
+            int64_t r = step_tokens - done_tok;
+            int b, t;
+            if (r >= (int64_t)o->B * o->T) {
+                b = o->B;
+                t = o->T;
+            } else if (r >= o->T) {
+                b = (int)(r / o->T);
+                t = o->T;
+            } else {
+                b = 1;
+                t = (int)r;
+            }
+            if (td_batch(train, &rs.cursor, b, t, tok, tgt)) {
+                snprintf(err, errlen, "training batch failed");
+                goto done;
+            }
+            eng_loss_result lr;
+            if (eng_forward_backward(student, tok, b, t, &ls, ENG_GRAD_WEIGHTS, &lr, err, errlen))
+                goto done;
+            loss += lr.loss;
+            kd += lr.kd;
+            ce += lr.ce;
+            n_micro++;
+            done_tok += (int64_t)b * t;
+        }
+        double lrate = distill_lr(o, rs.step, steps);
+        double gnorm = eng_adamw_step(opt, (float)lrate, o->beta1, o->beta2, o->eps, o->weight_decay, o->clip,
+                                      1.0f / (float)micro_total);
+        rs.tokens += step_tokens;
+        rs.curve[rs.step] = loss / n_micro;
+        rs.step++;
+        distill_progress p = {.step = rs.step, .steps = steps, .tokens = rs.tokens, .total_tokens = o->tokens,
+                              .loss = loss / n_micro, .kd = kd / n_micro, .ce = ce / n_micro, .lr = lrate,
+                              .grad_norm = gnorm};
+        double el = now_s() - t0;
+        p.tokens_per_s = el > 0 ? (double)(rs.tokens - tokens0) / el : 0;
+        p.eta_s = p.tokens_per_s > 0 ? (double)(o->tokens - rs.tokens) / p.tokens_per_s : 0;
+        if (val && val->n > (size_t)o->T && ((o->eval_every > 0 && rs.step % o->eval_every == 0) || rs.step == steps)) {
+            if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &last_val, err, errlen))
+                goto done;
+            p.has_val = 1;
+            p.val_loss = last_val;
+        }
+        if (o->ckpt_dir && o->ckpt_every > 0 && (rs.step % o->ckpt_every == 0 || rs.step == steps)) {
+            if (save_checkpoint(o, student, opt, &rs, err, errlen))
+                goto done;
+            p.checkpointed = 1;
+        }
+        int stop = o->progress ? o->progress(o->progress_ctx, &p) : 0;
+        if ((stop || (o->stop_after > 0 && rs.step >= o->stop_after)) && rs.step < steps) {
+            rc = 1;
+            break;
+        }
+    }
+    if (rc != 1)
+        rc = 0;
+    out->steps = rs.step;
+    out->tokens = rs.tokens;
+    out->tokens_run = rs.tokens - tokens0;
+    out->final_loss = rs.step > 0 ? rs.curve[rs.step - 1] : NAN;
+    out->final_val_loss = last_val;
+    out->wall_s = now_s() - t0;
+    out->loss_curve = rs.curve;
+    rs.curve = NULL;
+done:
+    free(rs.curve);
+    free(tok);
+    free(tgt);
+    if (opt)
+        eng_adamw_free(opt);
+    return rc;
+}

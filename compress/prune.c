@@ -1,0 +1,466 @@
+/* compress/prune.c — checking a target arch against its parent and gathering the
+ * target's tensors from the parent's by index maps. Works tensor by tensor through host
+ * copies (one parent tensor and one target tensor alive at a time), so it runs on any
+ * backend. Only the Llama family's tensor names are known.
+ */
+#include "compress/prune.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "compress/textdata.h"
+#include "storage/ckpt.h"
+#include "storage/hfconfig.h"
+#include "storage/modelio.h"
+
+void prune_select_free(prune_select *s)
+{
+    if (!s)
+        return;
+    free(s->hidden);
+    for (int i = 0; i < s->n_layers && s->layers; i++) {
+        free(s->layers[i].q);
+        free(s->layers[i].kv);
+        free(s->layers[i].ffn);
+    }
+    free(s->layers);
+    memset(s, 0, sizeof *s);
+}
+
+int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
+{
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+    char verr[256];
+    if (arch_validate(t, verr, sizeof verr))
+        BAD("target arch: %s", verr);
+    if (strcmp(p->family, t->family))
+        BAD("family: target \"%s\" differs from the parent's \"%s\"", t->family, p->family);
+    if (p->vocab_size != t->vocab_size)
+        BAD("vocab_size: target %d differs from the parent's %d", t->vocab_size, p->vocab_size);
+    if (p->head_dim != t->head_dim)
+        BAD("head_dim: target %d differs from the parent's %d (head_dim is not prunable)", t->head_dim, p->head_dim);
+    if (p->tie_word_embeddings != t->tie_word_embeddings)
+        BAD("tie_word_embeddings: target %d differs from the parent's %d", t->tie_word_embeddings, p->tie_word_embeddings);
+    if (p->attention_bias != t->attention_bias)
+        BAD("attention_bias: target %d differs from the parent's %d", t->attention_bias, p->attention_bias);
+    if (p->rope_theta != t->rope_theta || memcmp(&p->rope_scaling, &t->rope_scaling, sizeof p->rope_scaling))
+        BAD("rope_theta/rope_scaling: target differs from the parent's");
+    if (p->norm_eps != t->norm_eps)
+        BAD("norm_eps: target %g differs from the parent's %g", t->norm_eps, p->norm_eps);
+    if (t->hidden_size > p->hidden_size)
+        BAD("hidden_size: %d is wider than the parent's %d", t->hidden_size, p->hidden_size);
+    int prev = -1;
+    for (int i = 0; i < t->n_layers; i++) {
+        const arch_layer *tl = &t->layers[i];
+        if (tl->source_layer < 0 || tl->source_layer >= p->n_layers)
+            BAD("layers[%d].source_layer: %d is not a parent layer (parent has %d)", i, tl->source_layer, p->n_layers);
+        if (tl->source_layer <= prev)
+            BAD("layers[%d].source_layer: %d does not follow %d (source layers must increase)", i, tl->source_layer, prev);
+        prev = tl->source_layer;
+        const arch_layer *pl = &p->layers[tl->source_layer];
+        if (tl->moe.n_experts || tl->mamba.n_heads)
+            BAD("layers[%d]: MoE and Mamba parts cannot be pruned by this build", i);
+        if (tl->n_heads > 0) {
+            if (pl->n_heads == 0)
+                BAD("layers[%d].n_heads: parent layer %d has no attention", i, tl->source_layer);
+            if (tl->n_kv_heads > pl->n_kv_heads)
+                BAD("layers[%d].n_kv_heads: %d is more than parent layer %d's %d", i, tl->n_kv_heads,
+                    tl->source_layer, pl->n_kv_heads);
+            int pr = pl->n_heads / pl->n_kv_heads, tr = tl->n_heads / tl->n_kv_heads;
+            if (tl->n_heads % tl->n_kv_heads)
+                BAD("layers[%d].n_heads: %d is not a multiple of n_kv_heads %d", i, tl->n_heads, tl->n_kv_heads);
+            if (tr > pr)
+                BAD("layers[%d]: %d query heads per KV head is more than parent layer %d's %d "
+                    "(n_heads %d, n_kv_heads %d)", i, tr, tl->source_layer, pr, tl->n_heads, tl->n_kv_heads);
+        }
+        if (tl->ffn_dim > pl->ffn_dim)
+            BAD("layers[%d].ffn_dim: %d is wider than parent layer %d's %d", i, tl->ffn_dim, tl->source_layer, pl->ffn_dim);
+    }
+    return 0;
+#undef BAD
+}
+
+static int *iota_new(int n)
+{
+    int *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (v)
+        for (int i = 0; i < n; i++)
+            v[i] = i;
+    return v;
+}
+
+int prune_select_prefix(const arch *p, const arch *t, prune_select *sel, char *err, size_t errlen)
+{
+    memset(sel, 0, sizeof *sel);
+    if (prune_check(p, t, err, errlen))
+        return -1;
+    sel->n_hidden = t->hidden_size;
+    sel->hidden = iota_new(t->hidden_size);
+    sel->layers = calloc((size_t)(t->n_layers > 0 ? t->n_layers : 1), sizeof *sel->layers);
+    if (!sel->hidden || !sel->layers)
+        goto oom;
+    sel->n_layers = t->n_layers;
+    for (int i = 0; i < t->n_layers; i++) {
+        const arch_layer *tl = &t->layers[i], *pl = &p->layers[tl->source_layer];
+        prune_layer_sel *ls = &sel->layers[i];
+        ls->src = tl->source_layer;
+        if (tl->n_heads > 0) {
+            int pr = pl->n_heads / pl->n_kv_heads, tr = tl->n_heads / tl->n_kv_heads;
+            ls->nkv = tl->n_kv_heads;
+            ls->nq = tl->n_heads;
+            ls->kv = iota_new(ls->nkv);
+            ls->q = malloc((size_t)ls->nq * sizeof *ls->q);
+            if (!ls->kv || !ls->q)
+                goto oom;
+            /* query head j of kept group g is parent head g*pr + j (HF repeat_kv order) */
+            for (int g = 0; g < ls->nkv; g++)
+                for (int j = 0; j < tr; j++)
+                    ls->q[g * tr + j] = g * pr + j;
+        }
+        if (tl->ffn_dim > 0) {
+            ls->nffn = tl->ffn_dim;
+            ls->ffn = iota_new(ls->nffn);
+            if (!ls->ffn)
+                goto oom;
+        }
+    }
+    return 0;
+oom:
+    prune_select_free(sel);
+    snprintf(err, errlen, "out of memory building the pruning selection");
+    return -1;
+}
+
+/* One axis of a gather: out index i reads source index map[i/blk]*blk + i%blk
+ * (map NULL: identity). */
+typedef struct {
+    const int *map;
+    int blk;
+} axis_map;
+
+static inline int64_t axis_src(const axis_map *a, int64_t i)
+{
+    if (!a->map)
+        return i;
+    return (int64_t)a->map[i / a->blk] * a->blk + i % a->blk;
+}
+
+typedef enum {
+    T_EMB, T_LMHEAD, T_FNORM, T_ANORM, T_MNORM, T_Q, T_K, T_V, T_QB, T_KB, T_VB, T_O, T_GATE, T_UP, T_DOWN
+} tkind;
+
+static const struct {
+    const char *suffix;
+    tkind kind;
+} layer_names[] = {
+    {"input_layernorm.weight", T_ANORM},     {"post_attention_layernorm.weight", T_MNORM},
+    {"self_attn.q_proj.weight", T_Q},        {"self_attn.k_proj.weight", T_K},
+    {"self_attn.v_proj.weight", T_V},        {"self_attn.q_proj.bias", T_QB},
+    {"self_attn.k_proj.bias", T_KB},         {"self_attn.v_proj.bias", T_VB},
+    {"self_attn.o_proj.weight", T_O},        {"mlp.gate_proj.weight", T_GATE},
+    {"mlp.up_proj.weight", T_UP},            {"mlp.down_proj.weight", T_DOWN},
+};
+
+/* Parse an HF tensor name into a kind and layer (-1 for globals). 0, or -1 if unknown. */
+static int parse_name(const char *name, tkind *kind, int *layer, const char **suffix)
+{
+    *layer = -1;
+    if (!strcmp(name, "model.embed_tokens.weight")) {
+        *kind = T_EMB;
+        return 0;
+    }
+    if (!strcmp(name, "lm_head.weight")) {
+        *kind = T_LMHEAD;
+        return 0;
+    }
+    if (!strcmp(name, "model.norm.weight")) {
+        *kind = T_FNORM;
+        return 0;
+    }
+    static const char pre[] = "model.layers.";
+    if (strncmp(name, pre, sizeof pre - 1))
+        return -1;
+    char *end;
+    long l = strtol(name + sizeof pre - 1, &end, 10);
+    if (end == name + sizeof pre - 1 || *end != '.' || l < 0 || l > 1 << 20)
+        return -1;
+    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++)
+        if (!strcmp(end + 1, layer_names[i].suffix)) {
+            *kind = layer_names[i].kind;
+            *layer = (int)l;
+            *suffix = layer_names[i].suffix;
+            return 0;
+        }
+    return -1;
+}
+
+int prune_gather(const eng_model *parent, const arch *target, const prune_select *sel,
+                 eng_model *out, char *err, size_t errlen)
+{
+    const arch *pa = &parent->a;
+    if (sel->n_layers != target->n_layers || sel->n_hidden != target->hidden_size) {
+        snprintf(err, errlen, "pruning selection does not match the target arch");
+        return -1;
+    }
+    for (int i = 0; i < sel->n_hidden; i++)
+        if (sel->hidden[i] < 0 || sel->hidden[i] >= pa->hidden_size) {
+            snprintf(err, errlen, "hidden channel %d is not a parent channel", sel->hidden[i]);
+            return -1;
+        }
+    for (int l = 0; l < sel->n_layers; l++) {
+        const prune_layer_sel *ls = &sel->layers[l];
+        if (ls->src < 0 || ls->src >= pa->n_layers) {
+            snprintf(err, errlen, "layers[%d]: source layer %d out of range", l, ls->src);
+            return -1;
+        }
+        const arch_layer *pl = &pa->layers[ls->src];
+        for (int i = 0; i < ls->nq; i++)
+            if (ls->q[i] < 0 || ls->q[i] >= pl->n_heads || (ls->nkv && ls->q[i] / (pl->n_heads / pl->n_kv_heads) !=
+                                                          ls->kv[i / (ls->nq / ls->nkv)])) {
+                snprintf(err, errlen, "layers[%d]: query head %d is not in its KV group", l, ls->q[i]);
+                return -1;
+            }
+        for (int i = 0; i < ls->nkv; i++)
+            if (ls->kv[i] < 0 || ls->kv[i] >= pl->n_kv_heads) {
+                snprintf(err, errlen, "layers[%d]: KV head %d out of range", l, ls->kv[i]);
+                return -1;
+            }
+        for (int i = 0; i < ls->nffn; i++)
+            if (ls->ffn[i] < 0 || ls->ffn[i] >= pl->ffn_dim) {
+                snprintf(err, errlen, "layers[%d]: FFN unit %d out of range", l, ls->ffn[i]);
+                return -1;
+            }
+    }
+    if (eng_model_init(out, target, parent->be, err, errlen))
+        return -1;
+    eng_backend *be = parent->be;
+    const int D = pa->head_dim;
+    int64_t C = pa->hidden_size;
+    float *src = NULL, *dst = NULL;
+    int64_t src_cap = 0, dst_cap = 0;
+    int nt = eng_model_tensor_count(out);
+    for (int ti = 0; ti < nt; ti++) {
+        const char *name;
+        int64_t shape[2];
+        int ndim;
+        float *dev;
+        if (eng_model_tensor(out, ti, &name, shape, &ndim, &dev)) {
+            snprintf(err, errlen, "tensor %d: enumeration failed", ti);
+            goto fail;
+        }
+        tkind kind;
+        int layer;
+        const char *suffix = NULL;
+        if (parse_name(name, &kind, &layer, &suffix)) {
+            snprintf(err, errlen, "tensor %s: not known to pruning", name);
+            goto fail;
+        }
+        const prune_layer_sel *ls = layer >= 0 ? &sel->layers[layer] : NULL;
+        const arch_layer *pl = ls ? &pa->layers[ls->src] : NULL;
+        axis_map hid = {sel->hidden, 1}, none = {NULL, 1};
+        axis_map rows = none, cols = none;
+        int64_t src_rows = 0, src_cols = 1;
+        switch (kind) {
+        case T_EMB: case T_LMHEAD: rows = none; cols = hid; src_rows = pa->vocab_size; src_cols = C; break;
+        case T_FNORM: case T_ANORM: case T_MNORM: rows = hid; src_rows = C; break;
+        case T_Q: rows = (axis_map){ls->q, D}; cols = hid; src_rows = (int64_t)pl->n_heads * D; src_cols = C; break;
+        case T_K: case T_V: rows = (axis_map){ls->kv, D}; cols = hid; src_rows = (int64_t)pl->n_kv_heads * D; src_cols = C; break;
+        case T_QB: rows = (axis_map){ls->q, D}; src_rows = (int64_t)pl->n_heads * D; break;
+        case T_KB: case T_VB: rows = (axis_map){ls->kv, D}; src_rows = (int64_t)pl->n_kv_heads * D; break;
+        case T_O: rows = hid; cols = (axis_map){ls->q, D}; src_rows = C; src_cols = (int64_t)pl->n_heads * D; break;
+        case T_GATE: case T_UP: rows = (axis_map){ls->ffn, 1}; cols = hid; src_rows = pl->ffn_dim; src_cols = C; break;
+        case T_DOWN: rows = hid; cols = (axis_map){ls->ffn, 1}; src_rows = C; src_cols = pl->ffn_dim; break;
+        }
+        char pname[160];
+        if (layer >= 0)
+            snprintf(pname, sizeof pname, "model.layers.%d.%s", ls->src, suffix);
+        else
+            snprintf(pname, sizeof pname, "%s", name);
+        int64_t src_n = src_rows * src_cols;
+        if (src_n > src_cap) {
+            free(src);
+            src = malloc((size_t)src_n * sizeof *src);
+            src_cap = src ? src_n : 0;
+            if (!src)
+                goto oom;
+        }
+        int64_t got = eng_model_get_tensor(parent, pname, src, src_n);
+        if (got != src_n) {
+            snprintf(err, errlen, "parent tensor %s: %s (expected %lld elements, got %lld)", pname,
+                     got < 0 ? "absent" : "wrong size", (long long)src_n, (long long)got);
+            goto fail;
+        }
+        int64_t out_rows = shape[0], out_cols = ndim == 2 ? shape[1] : 1;
+        int64_t out_n = out_rows * out_cols;
+        if (out_n > dst_cap) {
+            free(dst);
+            dst = malloc((size_t)out_n * sizeof *dst);
+            dst_cap = dst ? out_n : 0;
+            if (!dst)
+                goto oom;
+        }
+        for (int64_t i = 0; i < out_rows; i++) {
+            int64_t si = axis_src(&rows, i);
+            if (si >= src_rows) {
+                snprintf(err, errlen, "tensor %s: row %lld maps outside the parent's %lld", name,
+                         (long long)i, (long long)src_rows);
+                goto fail;
+            }
+            const float *srow = src + si * src_cols;
+            float *drow = dst + i * out_cols;
+            if (!cols.map && out_cols <= src_cols) {
+                memcpy(drow, srow, (size_t)out_cols * sizeof *drow);
+                continue;
+            }
+            for (int64_t j = 0; j < out_cols; j++) {
+                int64_t sj = axis_src(&cols, j);
+                if (sj >= src_cols) {
+                    snprintf(err, errlen, "tensor %s: column %lld maps outside the parent's %lld", name,
+                             (long long)j, (long long)src_cols);
+                    goto fail;
+                }
+                drow[j] = srow[sj];
+            }
+        }
+        be->to_device(be, dev, dst, (size_t)out_n * sizeof *dst);
+    }
+    free(src);
+    free(dst);
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory gathering tensors");
+fail:
+    free(src);
+    free(dst);
+    eng_model_free(out);
+    return -1;
+}
+
+int prune_to_arch(const eng_model *parent, const arch *target, eng_model *out, char *err, size_t errlen)
+{
+    prune_select sel;
+    if (prune_select_prefix(&parent->a, target, &sel, err, errlen))
+        return -1;
+    int rc = prune_gather(parent, target, &sel, out, err, errlen);
+    prune_select_free(&sel);
+    return rc;
+}
+
+/* ---- pruned model directories ------------------------------------------------------ */
+
+static int write_json(const char *path, json_t *j, char *err, size_t errlen)
+{
+    char *text = json_dumps(j, JSON_SORT_KEYS | JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    if (!text) {
+        snprintf(err, errlen, "out of memory rendering %s", path);
+        return -1;
+    }
+    size_t n = strlen(text);
+    char *t2 = realloc(text, n + 2);
+    if (!t2) {
+        free(text);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    t2[n] = '\n';
+    t2[n + 1] = 0;
+    int rc = td_write_atomic(path, t2, n + 1, err, errlen);
+    free(t2);
+    return rc;
+}
+
+int prune_save_dir(const eng_model *m, const char *dir, json_t *manifest, char *err, size_t errlen)
+{
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
+        snprintf(err, errlen, "%s: path too long", dir);
+        return -1;
+    }
+    if (ckpt_save(m, dir, err, errlen))
+        return -1;
+    if (arch_is_uniform(&m->a)) {
+        char cerr[256];
+        json_t *cfg = hfconfig_from_arch(&m->a, "float32", cerr, sizeof cerr);
+        if (cfg) {
+            int rc = write_json(path, cfg, err, errlen);
+            json_decref(cfg);
+            if (rc)
+                return -1;
+        }
+    } else {
+        unlink(path);   /* a stale config from an earlier uniform save would lie */
+    }
+    if (manifest) {
+        snprintf(path, sizeof path, "%s/prune.json", dir);
+        if (write_json(path, manifest, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+int prune_is_dir(const char *path)
+{
+    char p[4096];
+    struct stat st;
+    if (stat(path, &st) || !S_ISDIR(st.st_mode))
+        return 0;
+    snprintf(p, sizeof p, "%s/arch.json", path);
+    if (stat(p, &st))
+        return 0;
+    snprintf(p, sizeof p, "%s/model.safetensors", path);
+    return stat(p, &st) == 0;
+}
+
+int prune_load_dir(const char *dir, eng_backend *be, eng_model *m, json_t **manifest, char *err, size_t errlen)
+{
+    if (manifest)
+        *manifest = NULL;
+    if (ckpt_load(dir, be, m, err, errlen))
+        return -1;
+    if (manifest) {
+        char path[4096];
+        json_error_t je;
+        snprintf(path, sizeof path, "%s/prune.json", dir);
+        *manifest = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    }
+    return 0;
+}
+
+int prune_load_model(const char *path, const char *tokenizer_path, eng_backend *be, eng_model *m,
+                     tok_tokenizer **tok, char *err, size_t errlen)
+{
+    if (tok)
+        *tok = NULL;
+    if (!prune_is_dir(path))
+        return mio_load_model(path, tokenizer_path, be, m, tok, err, errlen);
+    json_t *man = NULL;
+    if (prune_load_dir(path, be, m, &man, err, errlen))
+        return -1;
+    if (tok) {
+        const char *src = tokenizer_path;
+        if (!src)
+            src = json_string_value(json_object_get(man, "tokenizer"));
+        const char *parent = json_string_value(json_object_get(man, "parent"));
+        mio_model mm;
+        int rc = -1;
+        if (src && !parent) {
+            snprintf(err, errlen, "%s: prune.json names no parent to open the tokenizer %s with", path, src);
+        } else if (!parent) {
+            snprintf(err, errlen, "%s: no tokenizer (prune.json names no parent; pass a tokenizer path)", path);
+        } else if (mio_open(&mm, parent, src, err, errlen) == 0) {
+            *tok = mio_tokenizer(&mm, err, errlen);
+            rc = *tok ? 0 : -1;
+            mio_close(&mm);
+        }
+        if (rc) {
+            json_decref(man);
+            eng_model_free(m);
+            return -1;
+        }
+    }
+    json_decref(man);
+    return 0;
+}

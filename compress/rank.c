@@ -1,0 +1,592 @@
+/* compress/rank.c — activation-importance scores from calibration forwards, layer
+ * importance from gated-off forwards, the sorting permutations, their application to
+ * the weights (through prune_gather, so reordering and slicing share one code path),
+ * and the JSON artifact. Calibration batches are read from the stream's start, so the
+ * same stream and options give the same ranking.
+ */
+#include "compress/rank.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress/prune.h"
+
+void rank_free(rank_result *r)
+{
+    if (!r)
+        return;
+    free(r->hidden_score);
+    free(r->hidden_perm);
+    for (int l = 0; l < r->n_layers && r->layers; l++) {
+        rank_layer *L = &r->layers[l];
+        free(L->ffn_score);
+        free(L->ffn_perm);
+        free(L->head_score);
+        free(L->head_perm);
+        free(L->group_score);
+        free(L->group_perm);
+    }
+    free(r->layers);
+    memset(r, 0, sizeof *r);
+}
+
+/* Allocate r's arrays for shape a (scores zeroed, permutations identity). */
+static int rank_alloc(rank_result *r, const arch *a)
+{
+    memset(r, 0, sizeof *r);
+    r->hidden_size = a->hidden_size;
+    r->n_layers = a->n_layers;
+    r->hidden_score = calloc((size_t)a->hidden_size, sizeof(double));
+    r->hidden_perm = calloc((size_t)a->hidden_size, sizeof(int));
+    r->layers = calloc((size_t)(a->n_layers > 0 ? a->n_layers : 1), sizeof *r->layers);
+    if (!r->hidden_score || !r->hidden_perm || !r->layers)
+        return -1;
+    for (int c = 0; c < a->hidden_size; c++)
+        r->hidden_perm[c] = c;
+    for (int l = 0; l < a->n_layers; l++) {
+        const arch_layer *al = &a->layers[l];
+        rank_layer *L = &r->layers[l];
+        L->n_heads = al->n_heads;
+        L->n_kv_heads = al->n_heads ? al->n_kv_heads : 0;
+        L->ffn_dim = al->ffn_dim;
+        size_t nf = (size_t)(L->ffn_dim > 0 ? L->ffn_dim : 1), nh = (size_t)(L->n_heads > 0 ? L->n_heads : 1),
+               ng = (size_t)(L->n_kv_heads > 0 ? L->n_kv_heads : 1);
+        L->ffn_score = calloc(nf, sizeof(double));
+        L->ffn_perm = calloc(nf, sizeof(int));
+        L->head_score = calloc(nh, sizeof(double));
+        L->head_perm = calloc(nh, sizeof(int));
+        L->group_score = calloc(ng, sizeof(double));
+        L->group_perm = calloc(ng, sizeof(int));
+        if (!L->ffn_score || !L->ffn_perm || !L->head_score || !L->head_perm || !L->group_score || !L->group_perm)
+            return -1;
+        for (int i = 0; i < L->ffn_dim; i++)
+            L->ffn_perm[i] = i;
+        for (int i = 0; i < L->n_heads; i++)
+            L->head_perm[i] = i;
+        for (int i = 0; i < L->n_kv_heads; i++)
+            L->group_perm[i] = i;
+    }
+    return 0;
+}
+
+/* Sort idx[0..n) by descending score[idx], ties by ascending index (insertion-stable
+ * merge via qsort on pairs). */
+typedef struct {
+    double s;
+    int i;
+} scored;
+
+static int cmp_scored(const void *a, const void *b)
+{
+    const scored *x = a, *y = b;
+    if (x->s > y->s)
+        return -1;
+    if (x->s < y->s)
+        return 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+static int sort_desc(const double *score, const int *idx, int n, int *out)
+{
+    if (n <= 0)
+        return 0;
+    scored *v = malloc((size_t)n * sizeof *v);
+    if (!v)
+        return -1;
+    for (int k = 0; k < n; k++) {
+        v[k].i = idx ? idx[k] : k;
+        v[k].s = score[v[k].i];
+        if (isnan(v[k].s))
+            v[k].s = -INFINITY;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_scored);
+    for (int k = 0; k < n; k++)
+        out[k] = v[k].i;
+    free(v);
+    return 0;
+}
+
+/* Permutations from the scores in r (group sums recomputed from head scores). */
+static int rank_sort(rank_result *r)
+{
+    if (sort_desc(r->hidden_score, NULL, r->hidden_size, r->hidden_perm))
+        return -1;
+    for (int l = 0; l < r->n_layers; l++) {
+        rank_layer *L = &r->layers[l];
+        if (sort_desc(L->ffn_score, NULL, L->ffn_dim, L->ffn_perm))
+            return -1;
+        if (L->n_heads == 0)
+            continue;
+        int grp = L->n_heads / L->n_kv_heads;
+        for (int g = 0; g < L->n_kv_heads; g++) {
+            L->group_score[g] = 0;
+            for (int j = 0; j < grp; j++)
+                L->group_score[g] += L->head_score[g * grp + j];
+        }
+        if (r->keep_kv) {
+            for (int g = 0; g < L->n_kv_heads; g++)
+                L->group_perm[g] = g;
+        } else if (sort_desc(L->group_score, NULL, L->n_kv_heads, L->group_perm)) {
+            return -1;
+        }
+        int *members = malloc((size_t)grp * sizeof *members);
+        if (!members)
+            return -1;
+        for (int g = 0; g < L->n_kv_heads; g++) {
+            int pg = L->group_perm[g];
+            for (int j = 0; j < grp; j++)
+                members[j] = pg * grp + j;
+            if (sort_desc(L->head_score, members, grp, L->head_perm + g * grp)) {
+                free(members);
+                return -1;
+            }
+        }
+        free(members);
+    }
+    return 0;
+}
+
+/* Mean next-token cross-entropy of logits [N,V] against targets [N] (host). */
+static double ce_sum(const float *logits, const int *targets, int64_t N, int V)
+{
+    double total = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const float *z = logits + n * V;
+        float mx = z[0];
+        for (int v = 1; v < V; v++)
+            if (z[v] > mx)
+                mx = z[v];
+        double s = 0;
+        for (int v = 0; v < V; v++)
+            s += exp((double)z[v] - mx);
+        total += log(s) + mx - z[targets[n]];
+    }
+    return total;
+}
+
+static void set_gate(eng_model *m, float *gates, int l, float val)
+{
+    m->be->to_device(m->be, gates + l, &val, sizeof val);
+}
+
+/* Calibration CE over layer_tokens tokens from the stream's start. */
+static int calib_loss(eng_model *m, const td_stream *s, const rank_opts *o, int n_batches, int *tok, int *tgt,
+                      float *logits, double *loss, char *err, size_t errlen)
+{
+    uint64_t cursor = 0;
+    double total = 0;
+    int64_t count = 0;
+    for (int b = 0; b < n_batches; b++) {
+        if (td_batch(s, &cursor, o->B, o->T, tok, tgt)) {
+            snprintf(err, errlen, "calibration stream too short (%zu tokens) for T=%d", s->n, o->T);
+            return -1;
+        }
+        eng_fwd_args fa = {.tokens = tok, .B = o->B, .T = o->T, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
+        if (eng_forward(m, &fa, err, errlen))
+            return -1;
+        total += ce_sum(logits, tgt, (int64_t)o->B * o->T, m->a.vocab_size);
+        count += (int64_t)o->B * o->T;
+    }
+    *loss = total / (double)count;
+    return 0;
+}
+
+int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_result *out, char *err,
+                 size_t errlen)
+{
+    const arch *a = &m->a;
+    if (o->B <= 0 || o->T <= 0 || o->tokens <= 0) {
+        snprintf(err, errlen, "ranking needs B, T and tokens > 0");
+        return -1;
+    }
+    if (calib->n < (size_t)o->T + 1) {
+        snprintf(err, errlen, "calibration stream has %zu tokens, fewer than T+1 = %d", calib->n, o->T + 1);
+        return -1;
+    }
+    if (rank_alloc(out, a)) {
+        rank_free(out);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    out->keep_kv = o->keep_kv;
+    int64_t per = (int64_t)o->B * o->T;
+    int n_stat = (int)((o->tokens + per - 1) / per);
+    int n_layer_b = o->layer_tokens > 0 ? (int)((o->layer_tokens + per - 1) / per) : 0;
+    int64_t total_fwd = n_stat + (n_layer_b ? (int64_t)n_layer_b * (1 + 3 * a->n_layers) : 0), done = 0;
+    int *tok = malloc((size_t)per * sizeof *tok), *tgt = malloc((size_t)per * sizeof *tgt);
+    float *logits = n_layer_b ? malloc((size_t)per * (size_t)a->vocab_size * sizeof *logits) : NULL;
+    eng_act_stats *st = eng_stats_new(m);
+    if (!tok || !tgt || (n_layer_b && !logits) || !st) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    uint64_t cursor = 0;
+    for (int b = 0; b < n_stat; b++) {
+        if (td_batch(calib, &cursor, o->B, o->T, tok, NULL)) {
+            snprintf(err, errlen, "calibration batch failed");
+            goto fail;
+        }
+        eng_fwd_args fa = {.tokens = tok, .B = o->B, .T = o->T, .logits_mode = ENG_LOGITS_NONE, .stats = st};
+        if (eng_forward(m, &fa, err, errlen))
+            goto fail;
+        if (o->progress && o->progress(o->progress_ctx, ++done, total_fwd))
+            goto stopped;
+    }
+    double inv = st->tokens > 0 ? 1.0 / (double)st->tokens : 0;
+    out->tokens = st->tokens;
+    for (int c = 0; c < a->hidden_size; c++)
+        out->hidden_score[c] = st->hidden_abs[c] * inv;
+    for (int l = 0; l < a->n_layers; l++) {
+        rank_layer *L = &out->layers[l];
+        for (int i = 0; i < L->ffn_dim; i++)
+            L->ffn_score[i] = st->ffn_abs[l][i] * inv;
+        for (int i = 0; i < L->n_heads; i++)
+            L->head_score[i] = st->head_norm[l][i] * inv;
+    }
+    if (n_layer_b) {
+        if (!m->masks && eng_model_enable_masks(m)) {
+            snprintf(err, errlen, "out of memory enabling masks");
+            goto fail;
+        }
+        eng_masks *mk = m->masks;
+        if (calib_loss(m, calib, o, n_layer_b, tok, tgt, logits, &out->base_loss, err, errlen))
+            goto fail;
+        done += n_layer_b;
+        for (int l = 0; l < a->n_layers; l++) {
+            rank_layer *L = &out->layers[l];
+            double loss;
+            for (int which = 0; which < 3; which++) {
+                int attn = which != 1, mlp = which != 0;
+                if ((attn && !mlp && a->layers[l].n_heads == 0) || (mlp && !attn && a->layers[l].ffn_dim == 0)) {
+                    done += n_layer_b;
+                    continue;
+                }
+                if (attn)
+                    set_gate(m, mk->attn_gate, l, 0.0f);
+                if (mlp)
+                    set_gate(m, mk->mlp_gate, l, 0.0f);
+                int rc = calib_loss(m, calib, o, n_layer_b, tok, tgt, logits, &loss, err, errlen);
+                set_gate(m, mk->attn_gate, l, 1.0f);
+                set_gate(m, mk->mlp_gate, l, 1.0f);
+                if (rc)
+                    goto fail;
+                double d = loss - out->base_loss;
+                if (which == 0)
+                    L->skip_attn = d;
+                else if (which == 1)
+                    L->skip_mlp = d;
+                else
+                    L->skip_layer = d;
+                done += n_layer_b;
+                if (o->progress && o->progress(o->progress_ctx, done, total_fwd))
+                    goto stopped;
+            }
+        }
+        out->layer_tokens = (int64_t)n_layer_b * per;
+    }
+    if (rank_sort(out)) {
+        snprintf(err, errlen, "out of memory sorting");
+        goto fail;
+    }
+    eng_stats_free(st, a->n_layers);
+    free(tok);
+    free(tgt);
+    free(logits);
+    return 0;
+stopped:
+    eng_stats_free(st, a->n_layers);
+    free(tok);
+    free(tgt);
+    free(logits);
+    rank_free(out);
+    return 1;
+fail:
+    if (st)
+        eng_stats_free(st, a->n_layers);
+    free(tok);
+    free(tgt);
+    free(logits);
+    rank_free(out);
+    return -1;
+}
+
+int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errlen)
+{
+    const arch *a = &m->a;
+    if (r->hidden_size != a->hidden_size || r->n_layers != a->n_layers) {
+        snprintf(err, errlen, "ranking is for hidden %d x %d layers, model has %d x %d", r->hidden_size,
+                 r->n_layers, a->hidden_size, a->n_layers);
+        return -1;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        const rank_layer *L = &r->layers[l];
+        const arch_layer *al = &a->layers[l];
+        if (L->ffn_dim != al->ffn_dim || L->n_heads != al->n_heads ||
+            (al->n_heads && L->n_kv_heads != al->n_kv_heads)) {
+            snprintf(err, errlen, "ranking layer %d (heads %d/%d, ffn %d) does not match the model's (%d/%d, %d)",
+                     l, L->n_heads, L->n_kv_heads, L->ffn_dim, al->n_heads, al->n_kv_heads, al->ffn_dim);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int *dup_ints(const int *v, int n)
+{
+    int *c = malloc((size_t)(n > 0 ? n : 1) * sizeof *c);
+    if (c && n > 0)
+        memcpy(c, v, (size_t)n * sizeof *c);
+    return c;
+}
+
+int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen)
+{
+    if (rank_check(r, m, err, errlen))
+        return -1;
+    prune_select sel = {0};
+    sel.n_hidden = r->hidden_size;
+    sel.n_layers = r->n_layers;
+    sel.hidden = dup_ints(r->hidden_perm, r->hidden_size);
+    sel.layers = calloc((size_t)(r->n_layers > 0 ? r->n_layers : 1), sizeof *sel.layers);
+    if (!sel.hidden || !sel.layers)
+        goto oom;
+    for (int l = 0; l < r->n_layers; l++) {
+        const rank_layer *L = &r->layers[l];
+        prune_layer_sel *ls = &sel.layers[l];
+        ls->src = l;
+        ls->nq = L->n_heads;
+        ls->nkv = L->n_heads ? L->n_kv_heads : 0;
+        ls->nffn = L->ffn_dim;
+        ls->q = dup_ints(L->head_perm, ls->nq);
+        ls->kv = dup_ints(L->group_perm, ls->nkv);
+        ls->ffn = dup_ints(L->ffn_perm, ls->nffn);
+        if (!ls->q || !ls->kv || !ls->ffn)
+            goto oom;
+    }
+    eng_model tmp;
+    int rc = prune_gather(m, &m->a, &sel, &tmp, err, errlen);
+    prune_select_free(&sel);
+    if (rc)
+        return -1;
+    if (tmp.n_params != m->n_params) {
+        eng_model_free(&tmp);
+        snprintf(err, errlen, "permuted model has %zu parameters, parent %zu", tmp.n_params, m->n_params);
+        return -1;
+    }
+    m->be->copy(m->be, m->params, tmp.params, m->n_params * sizeof(float));
+    eng_model_free(&tmp);
+    return 0;
+oom:
+    prune_select_free(&sel);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+void rank_layer_order(const rank_result *r, int *order)
+{
+    double *s = malloc((size_t)(r->n_layers > 0 ? r->n_layers : 1) * sizeof *s);
+    if (!s || !r->layer_tokens) {
+        for (int l = 0; l < r->n_layers; l++)
+            order[l] = l;
+        free(s);
+        return;
+    }
+    for (int l = 0; l < r->n_layers; l++)
+        s[l] = -r->layers[l].skip_layer;   /* descending of -x = ascending of x */
+    if (sort_desc(s, NULL, r->n_layers, order))
+        for (int l = 0; l < r->n_layers; l++)
+            order[l] = l;
+    free(s);
+}
+
+/* ---- JSON ------------------------------------------------------------------------ */
+
+static json_t *dbl_array(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_real(isfinite(v[i]) ? v[i] : 0.0))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+static json_t *int_array(const int *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(v[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+static json_t *score_perm(const double *s, const int *p, int n)
+{
+    return json_pack("{s:o*,s:o*}", "score", dbl_array(s, n), "perm", int_array(p, n));
+}
+
+json_t *rank_to_json(const rank_result *r)
+{
+    json_t *layers = json_array();
+    if (!layers)
+        return NULL;
+    for (int l = 0; l < r->n_layers; l++) {
+        const rank_layer *L = &r->layers[l];
+        json_t *o = json_pack("{s:i,s:i,s:i,s:o*,s:o*,s:o*,s:{s:f,s:f,s:f}}", "n_heads", L->n_heads, "n_kv_heads",
+                              L->n_kv_heads, "ffn_dim", L->ffn_dim, "ffn",
+                              score_perm(L->ffn_score, L->ffn_perm, L->ffn_dim), "heads",
+                              score_perm(L->head_score, L->head_perm, L->n_heads), "groups",
+                              score_perm(L->group_score, L->group_perm, L->n_kv_heads), "skip", "attention",
+                              L->skip_attn, "mlp", L->skip_mlp, "layer", L->skip_layer);
+        if (!o || json_array_append_new(layers, o)) {
+            json_decref(layers);
+            return NULL;
+        }
+    }
+    return json_pack("{s:i,s:i,s:i,s:I,s:I,s:b,s:f,s:o*,s:o}", "version", 1, "hidden_size", r->hidden_size,
+                     "n_layers", r->n_layers, "tokens", (json_int_t)r->tokens, "layer_tokens",
+                     (json_int_t)r->layer_tokens, "keep_kv", r->keep_kv, "base_loss",
+                     isfinite(r->base_loss) ? r->base_loss : 0.0, "hidden",
+                     score_perm(r->hidden_score, r->hidden_perm, r->hidden_size), "layers", layers);
+}
+
+/* Read {"score":[n], "perm":[n]} into s and p, checking p is a permutation of 0..n-1. */
+static int read_score_perm(json_t *o, int n, double *s, int *p, const char *where, char *err, size_t errlen)
+{
+    json_t *js = json_object_get(o, "score"), *jp = json_object_get(o, "perm");
+    if (!json_is_array(js) || !json_is_array(jp) || (int)json_array_size(js) != n || (int)json_array_size(jp) != n) {
+        snprintf(err, errlen, "%s: score/perm must be arrays of %d", where, n);
+        return -1;
+    }
+    unsigned char *seen = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!seen) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        json_t *x = json_array_get(js, (size_t)i), *y = json_array_get(jp, (size_t)i);
+        if (!json_is_number(x) || !json_is_integer(y) || json_integer_value(y) < 0 || json_integer_value(y) >= n ||
+            seen[json_integer_value(y)]) {
+            free(seen);
+            snprintf(err, errlen, "%s: entry %d is not a number / not a permutation index", where, i);
+            return -1;
+        }
+        s[i] = json_number_value(x);
+        p[i] = (int)json_integer_value(y);
+        seen[p[i]] = 1;
+    }
+    free(seen);
+    return 0;
+}
+
+int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    json_t *layers = json_object_get(j, "layers");
+    json_t *hidden = json_object_get(j, "hidden");
+    json_int_t ver = json_integer_value(json_object_get(j, "version"));
+    json_int_t C = json_integer_value(json_object_get(j, "hidden_size"));
+    if (ver != 1 || !json_is_array(layers) || !json_is_object(hidden) || C <= 0 || C > (1 << 16) ||
+        json_array_size(layers) > (1 << 12)) {
+        snprintf(err, errlen, "ranking: not a version-1 ranking object");
+        return -1;
+    }
+    arch a;
+    if (arch_init(&a, (int)json_array_size(layers))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    a.hidden_size = (int)C;
+    for (int l = 0; l < a.n_layers; l++) {
+        json_t *o = json_array_get(layers, (size_t)l);
+        json_int_t h = json_integer_value(json_object_get(o, "n_heads"));
+        json_int_t kv = json_integer_value(json_object_get(o, "n_kv_heads"));
+        json_int_t f = json_integer_value(json_object_get(o, "ffn_dim"));
+        if (h < 0 || kv < 0 || f < 0 || h > 4096 || f > (1 << 22) || (h > 0 && (kv == 0 || h % kv))) {
+            arch_free(&a);
+            snprintf(err, errlen, "ranking: layers[%d] has invalid widths", l);
+            return -1;
+        }
+        a.layers[l].n_heads = (int)h;
+        a.layers[l].n_kv_heads = (int)kv;
+        a.layers[l].ffn_dim = (int)f;
+    }
+    int rc = rank_alloc(out, &a);
+    arch_free(&a);
+    if (rc) {
+        rank_free(out);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    out->tokens = json_integer_value(json_object_get(j, "tokens"));
+    out->layer_tokens = json_integer_value(json_object_get(j, "layer_tokens"));
+    out->keep_kv = json_is_true(json_object_get(j, "keep_kv"));
+    out->base_loss = json_number_value(json_object_get(j, "base_loss"));
+    if (read_score_perm(hidden, out->hidden_size, out->hidden_score, out->hidden_perm, "hidden", err, errlen))
+        goto fail;
+    for (int l = 0; l < out->n_layers; l++) {
+        rank_layer *L = &out->layers[l];
+        json_t *o = json_array_get(layers, (size_t)l);
+        char where[64];
+        snprintf(where, sizeof where, "layers[%d].ffn", l);
+        if (read_score_perm(json_object_get(o, "ffn"), L->ffn_dim, L->ffn_score, L->ffn_perm, where, err, errlen))
+            goto fail;
+        snprintf(where, sizeof where, "layers[%d].heads", l);
+        if (read_score_perm(json_object_get(o, "heads"), L->n_heads, L->head_score, L->head_perm, where, err, errlen))
+            goto fail;
+        snprintf(where, sizeof where, "layers[%d].groups", l);
+        if (read_score_perm(json_object_get(o, "groups"), L->n_kv_heads, L->group_score, L->group_perm, where, err,
+                            errlen))
+            goto fail;
+        if (L->n_heads) {
+            int grp = L->n_heads / L->n_kv_heads;
+            for (int i = 0; i < L->n_heads; i++)
+                if (L->head_perm[i] / grp != L->group_perm[i / grp]) {
+                    snprintf(err, errlen, "layers[%d].heads: head %d is not in KV group %d", l, L->head_perm[i],
+                             L->group_perm[i / grp]);
+                    goto fail;
+                }
+        }
+        json_t *sk = json_object_get(o, "skip");
+        L->skip_attn = json_number_value(json_object_get(sk, "attention"));
+        L->skip_mlp = json_number_value(json_object_get(sk, "mlp"));
+        L->skip_layer = json_number_value(json_object_get(sk, "layer"));
+    }
+    return 0;
+fail:
+    rank_free(out);
+    return -1;
+}
+
+int rank_save(const rank_result *r, const char *path, char *err, size_t errlen)
+{
+    json_t *j = rank_to_json(r);
+    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+    json_decref(j);
+    if (!text) {
+        snprintf(err, errlen, "out of memory rendering the ranking");
+        return -1;
+    }
+    int rc = td_write_atomic(path, text, strlen(text), err, errlen);
+    free(text);
+    return rc;
+}
+
+int rank_load(const char *path, rank_result *out, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        memset(out, 0, sizeof *out);
+        snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
+        return -1;
+    }
+    int rc = rank_from_json(j, out, err, errlen);
+    json_decref(j);
+    return rc;
+}

@@ -1,0 +1,87 @@
+/* compress/rank.h — Minitron-style importance ranking on calibration text and the
+ * permutation that makes every narrower choice a prefix (DESIGN.md §4).
+ *
+ * Scores: FFN unit = mean |silu(gate)*up|; query head = mean L2 norm of its attention
+ * output, KV group = sum over its query heads; hidden channel = mean |x| of the
+ * normalized layer inputs; layer = calibration loss increase when its attention, its MLP
+ * or both are skipped (gates at 0). Permutations sort units by descending score (ties by
+ * index); query heads are sorted inside their KV group, groups by group score.
+ * A ranking is saved as JSON (scores + permutations) and reused for the same parent.
+ */
+#ifndef AC_COMPRESS_RANK_H
+#define AC_COMPRESS_RANK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "engine/model.h"
+#include "compress/textdata.h"
+
+typedef struct {
+    int n_heads, n_kv_heads, ffn_dim;   /* the parent layer's widths */
+    double *ffn_score;                  /* [ffn_dim] */
+    int *ffn_perm;                      /* [ffn_dim]: position i holds parent unit ffn_perm[i] */
+    double *head_score;                 /* [n_heads] */
+    int *head_perm;                     /* [n_heads]: group-consistent (see rank_apply) */
+    double *group_score;                /* [n_kv_heads] */
+    int *group_perm;                    /* [n_kv_heads] */
+    double skip_attn, skip_mlp, skip_layer;  /* loss increase (nats/token) when skipped */
+} rank_layer;
+
+typedef struct {
+    int hidden_size, n_layers;
+    double *hidden_score;               /* [hidden_size] */
+    int *hidden_perm;                   /* [hidden_size] */
+    rank_layer *layers;                 /* [n_layers] */
+    double base_loss;                   /* calibration CE of the unmasked parent */
+    int64_t tokens;                     /* tokens behind the activation scores */
+    int64_t layer_tokens;               /* tokens behind the layer scores (0: not computed) */
+    int keep_kv;                        /* 1: KV heads were held fixed (heads ranked inside groups only) */
+} rank_result;
+
+typedef struct {
+    int64_t tokens;         /* activation-statistics tokens */
+    int64_t layer_tokens;   /* tokens for the layer-skip losses (0: skip that part) */
+    int B, T;               /* batch rows and sequence length of calibration forwards */
+    int keep_kv;            /* 1: rank query heads inside fixed KV groups only */
+    /* optional progress: called after every forward with (done, total forwards); a
+     * non-zero return stops the ranking (rank_compute then returns 1) */
+    int (*progress)(void *ctx, int64_t done, int64_t total);
+    void *progress_ctx;
+} rank_opts;
+
+/* Run the parent on `calib` (from its start) and score every unit. Enables masks on m
+ * when layer scores are asked for (left at 1.0 afterwards). Returns 0 with *out filled
+ * (free with rank_free); 1 when stopped by the progress callback, or -1 with a reason
+ * (stream too short, forward failure) in err; nothing to free on 1 or -1. */
+int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_result *out,
+                 char *err, size_t errlen);
+void rank_free(rank_result *r);
+
+/* 0 if r was computed for a model of m's shape, else -1 with the mismatch in err. */
+int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errlen);
+
+/* Reorder m's weights in place by r's permutations (hidden channels across every
+ * tensor, KV groups with their query heads, query heads within groups, FFN units).
+ * The model computes the same function afterwards (up to float summation order).
+ * Returns 0, or -1 with a reason in err (shape mismatch, out of memory). */
+int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
+
+/* JSON form: {"version":1, "hidden_size", "n_layers", "tokens", "layer_tokens", "keep_kv",
+ * "base_loss", "hidden": {"score":[], "perm":[]}, "layers": [{"n_heads", "n_kv_heads",
+ * "ffn_dim", "ffn": {"score", "perm"}, "heads": {"score", "perm"}, "groups": {"score",
+ * "perm"}, "skip": {"attention", "mlp", "layer"}}]}. rank_to_json returns a NEW
+ * reference (NULL on OOM); rank_from_json checks every permutation is one. */
+json_t *rank_to_json(const rank_result *r);
+int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen);
+
+/* Save atomically (temp file, fsync, rename) / load. 0, or -1 with a reason. */
+int rank_save(const rank_result *r, const char *path, char *err, size_t errlen);
+int rank_load(const char *path, rank_result *out, char *err, size_t errlen);
+
+/* Layers ordered by ascending importance (skip_layer), into order[n_layers]: the ones a
+ * depth-pruned arch should drop first. Falls back to layer index when not computed. */
+void rank_layer_order(const rank_result *r, int *order);
+
+#endif

@@ -1,0 +1,109 @@
+/* jobs/stage_distill.c — the "distill" stage: logit KD of prune/student from the ranked
+ * parent on the spec's distillation text for budgets.distill_tokens tokens
+ * (compress/distill.h). Checkpoints go to distill/ckpt; a restarted job resumes from
+ * the newest one to the same loss curve. Progress events carry tokens, loss, tokens/s
+ * and ETA; cancellation is checked after every step. The result is distill/student.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "compress/distill.h"
+#include "compress/prune.h"
+#include "jobs/pstate.h"
+#include "jobs/stage.h"
+
+void stage_distill_register(void);
+
+#define DISTILL_DEFAULT_TOKENS 1000000
+
+typedef struct {
+    job_ctx *ctx;
+    int64_t every;
+} dcb;
+
+static int on_progress(void *c, const distill_progress *p)
+{
+    dcb *cb = c;
+    job_progress(cb->ctx, p->step, p->steps);
+    if (p->step == 1 || p->step == p->steps || p->step % cb->every == 0 || p->has_val) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "step %lld/%lld: %lld/%lld tokens, loss %.4f, %.0f tokens/s, ETA %.0f s",
+                 (long long)p->step, (long long)p->steps, (long long)p->tokens, (long long)p->total_tokens, p->loss,
+                 p->tokens_per_s, p->eta_s);
+        json_t *d = json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f}", "step", (json_int_t)p->step, "steps",
+                              (json_int_t)p->steps, "tokens", (json_int_t)p->tokens, "total_tokens",
+                              (json_int_t)p->total_tokens, "loss", p->loss, "lr", p->lr, "grad_norm", p->grad_norm,
+                              "tokens_per_s", p->tokens_per_s, "eta_s", p->eta_s, "kd", p->kd);
+        if (d && p->has_val)
+            json_object_set_new(d, "val_loss", json_real(p->val_loss));
+        job_event(cb->ctx, "distill.progress", msg, d);
+    }
+    return job_cancelled(cb->ctx);
+}
+
+static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
+{
+    eng_model *parent = ps_parent(ctx, 1, err, errlen);
+    const td_stream *train, *val;
+    if (!parent || ps_text(ctx, "distillation", &train, &val, err, errlen) != 0)
+        return -1;
+    const char *sdir = job_ctx_output(ctx, "prune", "student");
+    if (!sdir) {
+        snprintf(err, errlen, "distill: the pruned student is missing: the prune stage must run first");
+        return -1;
+    }
+    eng_model student;
+    if (prune_load_dir(sdir, parent->be, &student, NULL, err, errlen) != 0)
+        return -1;
+    distill_opts o;
+    distill_opts_defaults(&o);
+    o.tokens = ps_int(ctx, "budgets.distill_tokens", DISTILL_DEFAULT_TOKENS);
+    int64_t steps = distill_steps(o.tokens, o.B, o.T, o.accum);
+    o.warmup_steps = steps / 20 < 100 ? (steps / 20 > 0 ? steps / 20 : 1) : 100;
+    o.eval_every = steps / 10 > 50 ? (int)(steps / 10) : 50;
+    /* a checkpoint every tenth of the run (at least every 5 steps), so a crash loses
+     * little even in a short run */
+    o.ckpt_every = steps / 10 > 5 ? (int)(steps / 10) : 5;
+    char ck[4096], out[4096];
+    snprintf(ck, sizeof ck, "%s/ckpt", job_ctx_stage_dir(ctx));
+    snprintf(out, sizeof out, "%s/student", job_ctx_stage_dir(ctx));
+    o.ckpt_dir = ck;
+    dcb cb = {ctx, steps / 50 > 1 ? steps / 50 : 1};
+    o.progress = on_progress;
+    o.progress_ctx = &cb;
+    distill_result r;
+    int have_val = val && val->n > (size_t)o.T;
+    int rc = distill_run(parent, &student, train, have_val ? val : NULL, &o, &r, err, errlen);
+    if (rc != 0) {
+        eng_model_free(&student);
+        return rc;
+    }
+    json_t *model = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "path");
+    json_t *man = json_pack("{s:O*,s:I,s:I}", "parent", model, "distill_tokens", (json_int_t)r.tokens, "distill_steps",
+                            (json_int_t)r.steps);
+    rc = man ? prune_save_dir(&student, out, man, err, errlen) : -1;
+    if (!man)
+        snprintf(err, errlen, "out of memory");
+    json_decref(man);
+    eng_model_free(&student);
+    if (rc == 0) {
+        json_t *d = json_pack("{s:I,s:f,s:f,s:I,s:I}", "tokens", (json_int_t)r.tokens, "final_kd_loss",
+                              isfinite(r.final_loss) ? r.final_loss : 0.0, "wall_s", r.wall_s, "steps",
+                              (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from);
+        if (d && isfinite(r.final_val_loss))
+            json_object_set_new(d, "val_loss", json_real(r.final_val_loss));
+        job_report_merge(ctx, json_pack("{s:o}", "distillation", d));
+        char msg[256];
+        snprintf(msg, sizeof msg, "distilled on %lld tokens in %lld steps, final loss %.4f", (long long)r.tokens,
+                 (long long)r.steps, r.final_loss);
+        job_event(ctx, "distill.done", msg, NULL);
+    }
+    distill_result_free(&r);
+    return rc;
+}
+
+void stage_distill_register(void)
+{
+    stage_register("distill", stage_distill_run);
+}

@@ -1,0 +1,90 @@
+/* jobs/stage_rank.c — the "rank" stage: Minitron-style importance of the parent's FFN
+ * units, heads (by KV group), hidden channels and layers on the spec's calibration text
+ * (compress/rank.h). Writes rank/ranking.json (published as ranking.json); later stages
+ * reuse it through ps_parent(ctx, 1, ...) instead of ranking again. Deterministic, so a
+ * restarted job simply reruns it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress/rank.h"
+#include "jobs/pstate.h"
+#include "jobs/stage.h"
+
+void stage_rank_register(void);
+
+/* Calibration forwards: 4 rows of up to 256 tokens; 32768 statistics tokens and 2048
+ * tokens for each layer-skip loss (capped by the text). */
+enum { RANK_B = 4, RANK_T = 256, RANK_TOKENS = 32768, RANK_LAYER_TOKENS = 2048 };
+
+static int on_progress(void *c, int64_t done, int64_t total)
+{
+    job_ctx *ctx = c;
+    job_progress(ctx, done, total);
+    return job_cancelled(ctx);
+}
+
+static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
+{
+    if (job_ctx_get_state(ctx, "parent_ranked")) {
+        snprintf(err, errlen, "rank: the parent in memory is already permuted by an earlier ranking");
+        return -1;
+    }
+    eng_model *m = ps_parent(ctx, 0, err, errlen);
+    const td_stream *train, *val;
+    if (!m || ps_text(ctx, "calibration", &train, &val, err, errlen) != 0)
+        return -1;
+    rank_opts o = {.tokens = RANK_TOKENS, .layer_tokens = RANK_LAYER_TOKENS, .B = RANK_B, .T = RANK_T,
+                   .progress = on_progress, .progress_ctx = ctx};
+    if (train->n < (size_t)o.T + 1) {
+        o.T = train->n > 16 ? (int)train->n - 1 : 0;
+        o.B = 1;
+    }
+    if (o.T < 8) {
+        snprintf(err, errlen, "rank: the calibration text holds only %zu tokens", train->n);
+        return -1;
+    }
+    if ((int64_t)train->n < o.tokens)
+        o.tokens = (int64_t)train->n;
+    if ((int64_t)train->n < o.layer_tokens)
+        o.layer_tokens = (int64_t)train->n;
+    rank_result r;
+    int rc = rank_compute(m, train, &o, &r, err, errlen);
+    if (rc != 0)
+        return rc;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ranking.json", job_ctx_stage_dir(ctx));
+    rc = rank_save(&r, path, err, errlen);
+    if (rc == 0)
+        rc = job_publish(ctx, "ranking.json", path, "application/json", err, errlen) != 0 ? -1 : 0;
+    if (rc == 0) {
+        int *order = malloc(sizeof(int) * (size_t)(r.n_layers > 0 ? r.n_layers : 1));
+        json_t *lo = json_array(), *skip = json_array();
+        for (int l = 0; order && l < r.n_layers; l++)
+            json_array_append_new(skip, json_real(r.layers[l].skip_layer));
+        if (order) {
+            rank_layer_order(&r, order);
+            for (int l = 0; l < r.n_layers; l++)
+                json_array_append_new(lo, json_integer(order[l]));
+        }
+        free(order);
+        char msg[256];
+        snprintf(msg, sizeof msg, "ranked on %lld calibration tokens (layer scores on %lld); calibration loss %.4f",
+                 (long long)r.tokens, (long long)r.layer_tokens, r.base_loss);
+        job_event(ctx, "rank.done", msg,
+                  json_pack("{s:I,s:I,s:f,s:O,s:O}", "tokens", (json_int_t)r.tokens, "layer_tokens",
+                            (json_int_t)r.layer_tokens, "base_loss", r.base_loss, "layer_skip_loss", skip,
+                            "layer_order", lo));
+        job_report_merge(ctx, json_pack("{s:{s:I,s:I,s:f,s:o,s:o}}", "ranking", "tokens", (json_int_t)r.tokens,
+                                        "layer_tokens", (json_int_t)r.layer_tokens, "calibration_loss",
+                                        r.base_loss, "layer_skip_loss", skip, "layer_order", lo));
+    }
+    rank_free(&r);
+    return rc;
+}
+
+void stage_rank_register(void)
+{
+    stage_register("rank", stage_rank_run);
+}

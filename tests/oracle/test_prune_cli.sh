@@ -1,0 +1,102 @@
+#!/bin/bash
+# `autocompress prune` and `autocompress distill` on the real stories260K: rank on
+# TinyStories, prune to half the FFN width and one layer fewer, reuse the saved ranking
+# (same bytes), refuse impossible targets; distill with an exact token budget; a run
+# killed with SIGKILL after a checkpoint and rerun ends with the same loss and the same
+# weights as an uninterrupted run. Env: AC_BIN, AC_SHARED.
+set -euo pipefail
+BIN=${AC_BIN:?}
+DATA=${AC_SHARED:?}/data
+MODEL=$DATA/models/stories260K/stories260K.bin
+TEXT=$DATA/text/tinystories/validation_100.txt
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+base = {"family": "llama", "vocab_size": 512, "hidden_size": 64, "head_dim": 8, "max_position_embeddings": 512,
+        "rope_theta": 10000.0, "rope_scaling": None, "norm_eps": 1e-5, "tie_word_embeddings": True}
+lay = lambda s, f: {"source_layer": s, "attention": {"n_heads": 8, "n_kv_heads": 4}, "mlp": {"ffn_dim": f}}
+json.dump(dict(base, layers=[lay(s, 86) for s in (0, 1, 3, 4)]), open(w + "/target.json", "w"))
+json.dump(dict(base, layers=[lay(s, 200) for s in range(5)]), open(w + "/wide.json", "w"))
+json.dump(dict(base, layers=[lay(s, 86) for s in (0, 7)]), open(w + "/badlayer.json", "w"))
+PY
+
+# rank + prune
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s" --calib "$TEXT" --calib-tokens 2048 \
+    --layer-tokens 1024 --seq 128 --threads 1 >"$W/prune.json" 2>"$W/prune.log" || { cat "$W/prune.log"; fail "prune"; }
+for f in model.safetensors arch.json ranking.json prune.json config.json; do
+    [ -s "$W/s/$f" ] || fail "prune output lacks $f"
+done
+[ "$(field "$W/prune.json" params)" -lt "$(field "$W/prune.json" parent_params)" ] || fail "student not smaller"
+python3 - "$W/s" <<'PY' || fail "ranking/arch content"
+import json, sys
+d = sys.argv[1]
+a = json.load(open(d + "/arch.json"))
+assert [l["source_layer"] for l in a["layers"]] == [0, 1, 3, 4]
+assert all(l["mlp"]["ffn_dim"] == 86 for l in a["layers"])
+r = json.load(open(d + "/ranking.json"))
+assert r["tokens"] >= 2048 and r["layer_tokens"] >= 1024
+for L in r["layers"]:
+    assert sorted(L["ffn"]["perm"]) == list(range(172))
+    s = L["ffn"]["score"]
+    assert all(s[L["ffn"]["perm"][i]] >= s[L["ffn"]["perm"][i + 1]] for i in range(171))
+    assert L["skip"]["layer"] > 0      # removing any layer of a trained model hurts
+PY
+
+# the saved ranking is reused: same student bytes, no calibration text needed
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s2" --ranking "$W/s/ranking.json" --threads 1 \
+    >/dev/null 2>"$W/prune2.log" || { cat "$W/prune2.log"; fail "prune with --ranking"; }
+cmp -s "$W/s/model.safetensors" "$W/s2/model.safetensors" || fail "reused ranking gives other weights"
+
+# impossible targets are clear errors
+if "$BIN" prune "$MODEL" --arch "$W/wide.json" --out "$W/x" --ranking "$W/s/ranking.json" 2>"$W/e1"; then
+    fail "wider FFN accepted"; fi
+grep -q "ffn_dim: 200 is wider" "$W/e1" || { cat "$W/e1"; fail "wide error message"; }
+if "$BIN" prune "$MODEL" --arch "$W/badlayer.json" --out "$W/x" --ranking "$W/s/ranking.json" 2>"$W/e2"; then
+    fail "unknown source layer accepted"; fi
+grep -q "source_layer: 7" "$W/e2" || { cat "$W/e2"; fail "source layer message"; }
+set +e
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/x" 2>"$W/e3"; rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q -- "--calib" "$W/e3" || fail "missing calibration text not refused (rc $rc)"
+
+# distillation: straight, then killed and resumed
+D=(--parent "$MODEL" --data "$TEXT" --batch 4 --seq 64 --ckpt-every 4 --eval-every 8 --val-tokens 512 --threads 1)
+"$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckA" --out "$W/outA" \
+    >"$W/a.json" 2>"$W/a.log" || { cat "$W/a.log"; fail "distill"; }
+[ "$(field "$W/a.json" tokens)" = 6000 ] || fail "budget not exact: $(cat "$W/a.json")"
+[ "$(field "$W/a.json" steps)" = 24 ] || fail "steps"
+python3 - "$W/a.json" <<'PY' || fail "distillation did not improve validation loss: $(cat "$W/a.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["val_loss_distilled"] < r["val_loss_pruned"], r
+PY
+
+"$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckB" --out "$W/outB" \
+    >"$W/b1.json" 2>"$W/b1.log" &
+pid=$!
+for _ in $(seq 1 600); do
+    [ -e "$W/ckB/step-0000000008/DONE" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+done
+kill -9 $pid 2>/dev/null && echo "killed distill (pid $pid) after checkpoint 8" || echo "distill finished before the kill"
+wait $pid 2>/dev/null || true
+if [ -e "$W/ckB/step-0000000024/DONE" ]; then
+    # too fast to kill: stop it deterministically instead
+    rm -rf "$W/ckB"
+    "$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckB" --out "$W/outB" --max-steps 10 \
+        >/dev/null 2>&1 || fail "stopped run"
+fi
+"$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckB" --out "$W/outB" \
+    >"$W/b.json" 2>"$W/b.log" || { cat "$W/b.log"; fail "resumed distill"; }
+[ "$(field "$W/b.json" resumed_from)" -gt 0 ] || fail "did not resume: $(cat "$W/b.json")"
+[ "$(field "$W/a.json" final_loss)" = "$(field "$W/b.json" final_loss)" ] ||
+    fail "loss at step 24 differs: straight $(field "$W/a.json" final_loss) resumed $(field "$W/b.json" final_loss)"
+cmp -s "$W/outA/model.safetensors" "$W/outB/model.safetensors" || fail "resumed weights differ"
+echo "prune/distill CLI: resumed from step $(field "$W/b.json" resumed_from), final loss $(field "$W/b.json" final_loss) in both runs;" \
+     "val loss parent $(field "$W/a.json" val_loss_parent) pruned $(field "$W/a.json" val_loss_pruned) distilled $(field "$W/a.json" val_loss_distilled)"

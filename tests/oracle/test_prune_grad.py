@@ -1,0 +1,173 @@
+"""Gradients through a pruned student against an independent PyTorch implementation.
+
+tests/tools/prune_oracle ranks a random heterogeneous GQA parent, permutes it, prunes it
+to a smaller heterogeneous arch (narrower hidden, fewer KV groups and query heads per
+group, narrower / removed MLP, removed attention, a removed layer) and takes one loss +
+backward step (CE, and CE+KD against the parent). Here PyTorch (float64) rebuilds both
+models from the dumped weights and the arch JSON, checks that every student tensor is the
+prefix slice of the ranked parent's, and compares the loss and every weight gradient
+(relative error < 1e-4). Env: AC_BIN (build/autocompress; the tool sits in build/tools).
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+
+def read_records(path):
+    out = {}
+    with open(path, "rb") as f:
+        data = f.read()
+    p = 0
+    while p < len(data):
+        (n,) = struct.unpack_from("<i", data, p); p += 4
+        name = data[p:p + n].decode(); p += n
+        (nd,) = struct.unpack_from("<i", data, p); p += 4
+        shape = struct.unpack_from("<%dq" % nd, data, p); p += 8 * nd
+        cnt = int(np.prod(shape)) if nd else 1
+        arr = np.frombuffer(data, dtype="<f4", count=cnt, offset=p).reshape(shape); p += 4 * cnt
+        out[name] = arr.astype(np.float64)
+    return out
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):
+    # x [T, H, D], rotate_half layout
+    T, H, D = x.shape
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :]
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def forward(arch, W, prefix, tokens):
+    """Logits [B, T, V] of the model in W (dict name -> tensor)."""
+    C, D, eps = arch["hidden_size"], arch["head_dim"], arch["norm_eps"]
+    g = lambda n: W[prefix + n]
+    outs = []
+    for row in tokens:
+        x = g("model.embed_tokens.weight")[row]
+        T = x.shape[0]
+        for i, L in enumerate(arch["layers"]):
+            pre = "model.layers.%d." % i
+            if L.get("attention"):
+                Hq, Hkv = L["attention"]["n_heads"], L["attention"]["n_kv_heads"]
+                h = rms(x, g(pre + "input_layernorm.weight"), eps)
+                q = h @ g(pre + "self_attn.q_proj.weight").T
+                k = h @ g(pre + "self_attn.k_proj.weight").T
+                v = h @ g(pre + "self_attn.v_proj.weight").T
+                if arch.get("attention_bias"):
+                    q = q + g(pre + "self_attn.q_proj.bias")
+                    k = k + g(pre + "self_attn.k_proj.bias")
+                    v = v + g(pre + "self_attn.v_proj.bias")
+                q = rope(q.view(T, Hq, D), arch["rope_theta"])
+                k = rope(k.view(T, Hkv, D), arch["rope_theta"])
+                v = v.view(T, Hkv, D)
+                rep = Hq // Hkv
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+                s = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
+                mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+                s = s.masked_fill(mask, float("-inf"))
+                a = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, Hq * D)
+                x = x + a @ g(pre + "self_attn.o_proj.weight").T
+            if L.get("mlp"):
+                h = rms(x, g(pre + "post_attention_layernorm.weight"), eps)
+                gate = h @ g(pre + "mlp.gate_proj.weight").T
+                up = h @ g(pre + "mlp.up_proj.weight").T
+                x = x + (torch.nn.functional.silu(gate) * up) @ g(pre + "mlp.down_proj.weight").T
+        x = rms(x, g("model.norm.weight"), eps)
+        head = g("lm_head.weight") if (prefix + "lm_head.weight") in W else g("model.embed_tokens.weight")
+        outs.append(x @ head.T)
+    return torch.stack(outs)
+
+
+def check_slices(pa, sa, rec):
+    """Every student tensor is the prefix slice of the ranked parent's tensor."""
+    C, D = sa["hidden_size"], sa["head_dim"]
+    P = lambda n: rec["parent." + n]
+    for i, L in enumerate(sa["layers"]):
+        src = L["source_layer"]
+        pl = pa["layers"][src]
+        sp, pp = "student.model.layers.%d." % i, "model.layers.%d." % src
+        if L.get("attention"):
+            hq, hkv = L["attention"]["n_heads"], L["attention"]["n_kv_heads"]
+            pr = pl["attention"]["n_heads"] // pl["attention"]["n_kv_heads"]
+            tr = hq // hkv
+            qrows = [(g * pr + j) * D + d for g in range(hkv) for j in range(tr) for d in range(D)]
+            kvrows = list(range(hkv * D))
+            assert np.array_equal(rec[sp + "self_attn.q_proj.weight"], P(pp + "self_attn.q_proj.weight")[qrows][:, :C])
+            assert np.array_equal(rec[sp + "self_attn.k_proj.weight"], P(pp + "self_attn.k_proj.weight")[kvrows][:, :C])
+            assert np.array_equal(rec[sp + "self_attn.o_proj.weight"], P(pp + "self_attn.o_proj.weight")[:C][:, qrows])
+        if L.get("mlp"):
+            F = L["mlp"]["ffn_dim"]
+            assert np.array_equal(rec[sp + "mlp.up_proj.weight"], P(pp + "mlp.up_proj.weight")[:F, :C])
+            assert np.array_equal(rec[sp + "mlp.down_proj.weight"], P(pp + "mlp.down_proj.weight")[:C, :F])
+    assert np.array_equal(rec["student.model.embed_tokens.weight"], P("model.embed_tokens.weight")[:, :C])
+
+
+def run_case(tool, seed, hidden, kd):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "case")
+        subprocess.run([tool, out, str(seed), str(hidden), str(kd)], check=True, stdout=subprocess.DEVNULL)
+        rec = read_records(out + ".bin")
+        pa = json.load(open(out + ".parent.json"))
+        sa = json.load(open(out + ".student.json"))
+    check_slices(pa, sa, rec)
+    tokens = torch.tensor(rec["tokens"], dtype=torch.long)
+    targets = torch.tensor(rec["targets"], dtype=torch.long)
+    loss_c, ce_c, kd_c, temp, w = [float(v) for v in rec["loss"]]
+    W = {k: torch.tensor(v, requires_grad=k.startswith("student.")) for k, v in rec.items()
+         if k.startswith("student.") or k.startswith("parent.")}
+    logits = forward(sa, W, "student.", tokens)
+    V = logits.shape[-1]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets)
+    if kd:
+        with torch.no_grad():
+            t_logits = forward(pa, W, "parent.", tokens)
+        p = (t_logits / temp).log_softmax(-1)
+        q = (logits / temp).log_softmax(-1)
+        kl = (p.exp() * (p - q)).sum(-1).mean() * temp * temp
+        loss = w * kl + (1 - w) * ce
+    else:
+        loss = ce
+    loss.backward()
+    assert abs(loss.item() - loss_c) < 1e-4 * (1 + abs(loss.item())), (loss.item(), loss_c)
+    worst = 0.0
+    for name, t in W.items():
+        if not name.startswith("student."):
+            continue
+        g_c = torch.tensor(rec["grad." + name[len("student."):]])
+        g_t = t.grad if t.grad is not None else torch.zeros_like(t)
+        err = ((g_c - g_t).norm() / max(g_t.norm().item(), 1e-12)).item()
+        worst = max(worst, err)
+        assert err < 1e-4, "%s: gradient rel err %.3g" % (name, err)
+    print("seed %d hidden %d kd %d: loss torch %.6f engine %.6f, worst gradient rel err %.3g over %d tensors"
+          % (seed, hidden, kd, loss.item(), loss_c, worst, sum(1 for n in W if n.startswith("student."))))
+
+
+def main():
+    tool = os.path.join(os.path.dirname(os.environ.get("AC_BIN", "build/autocompress")), "tools", "prune_oracle")
+    if not os.access(tool, os.X_OK):
+        print("missing %s (make all builds it)" % tool)
+        return 1
+    run_case(tool, 3, 20, 0)    # hidden pruned, CE
+    run_case(tool, 5, 32, 1)    # hidden kept, CE + KD against the ranked parent
+    run_case(tool, 9, 24, 1)    # hidden pruned, CE + KD (teacher wider than the student)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

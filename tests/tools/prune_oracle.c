@@ -1,0 +1,163 @@
+/* tests/tools/prune_oracle.c — drives ranking, pruning and one distillation step for the
+ * PyTorch oracle (tests/oracle/test_prune_grad.py): a random heterogeneous GQA parent is
+ * ranked on random calibration tokens, permuted, pruned to a smaller heterogeneous arch
+ * (narrower hidden, fewer KV groups, fewer heads per group, narrower and removed MLP,
+ * removed attention, a removed layer), then the student's CE+KD loss against the parent
+ * and its weight gradients are computed. Writes OUT.bin (records: int32 name length,
+ * name, int32 ndim, int64 shape[ndim], float32 data) and OUT.parent.json /
+ * OUT.student.json (arch JSON). Usage: prune_oracle OUT [seed [student_hidden [kd]]]:
+ * kd 1 mixes the KD loss (teacher = the ranked parent), 0 uses CE only. Not part of
+ * the product.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+
+#include "compress/prune.h"
+#include "compress/rank.h"
+#include "storage/archjson.h"
+
+static int put(FILE *f, const char *name, const float *data, int ndim, const int64_t *shape)
+{
+    int32_t n = (int32_t)strlen(name), nd = ndim;
+    int64_t cnt = 1;
+    for (int i = 0; i < ndim; i++)
+        cnt *= shape[i];
+    if (fwrite(&n, 4, 1, f) != 1 || fwrite(name, 1, (size_t)n, f) != (size_t)n || fwrite(&nd, 4, 1, f) != 1 ||
+        (ndim && fwrite(shape, 8, (size_t)ndim, f) != (size_t)ndim) ||
+        (cnt && fwrite(data, 4, (size_t)cnt, f) != (size_t)cnt))
+        return -1;
+    return 0;
+}
+
+static int put_model(FILE *f, const eng_model *m, const char *prefix, int grads)
+{
+    char nm[200];
+    for (int i = 0; i < eng_model_tensor_count(m); i++) {
+        const char *name;
+        int64_t shape[2];
+        int ndim;
+        float *data;
+        if (eng_model_tensor(m, i, &name, shape, &ndim, &data))
+            return -1;
+        int64_t n = ndim == 2 ? shape[0] * shape[1] : shape[0];
+        float *h = malloc((size_t)n * sizeof *h);
+        if (!h)
+            return -1;
+        const float *src = grads ? m->grads + (data - m->params) : data;
+        m->be->to_host(m->be, h, src, (size_t)n * sizeof *h);
+        snprintf(nm, sizeof nm, "%s%s", prefix, name);
+        int rc = put(f, nm, h, ndim, shape);
+        free(h);
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_arch(const char *path, const arch *a)
+{
+    json_t *j = arch_to_json(a);
+    int rc = j ? json_dump_file(j, path, JSON_SORT_KEYS | JSON_INDENT(1)) : -1;
+    json_decref(j);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: prune_oracle OUT [seed [student_hidden [kd]]]\n");
+        return 2;
+    }
+    unsigned long long seed = argc > 2 ? strtoull(argv[2], NULL, 10) : 1;
+    long hidden = argc > 3 ? strtol(argv[3], NULL, 10) : 20;
+    int kd = argc > 4 ? (int)strtol(argv[4], NULL, 10) : 1;
+    enum { V = 53, C = 32, D = 8, NL = 4, B = 2, T = 9 };
+    char err[512];
+    arch pa, sa;
+    if (arch_init(&pa, NL))
+        return 1;
+    snprintf(pa.family, sizeof pa.family, "llama");
+    pa.vocab_size = V;
+    pa.hidden_size = C;
+    pa.head_dim = D;
+    pa.max_position_embeddings = 64;
+    pa.rope_theta = 10000.0;
+    pa.norm_eps = 1e-5;
+    pa.tie_word_embeddings = 0;
+    pa.attention_bias = 1;
+    int heads[NL] = {6, 4, 6, 4}, kv[NL] = {2, 2, 3, 1}, ffn[NL] = {40, 24, 30, 36};
+    for (int l = 0; l < NL; l++)
+        pa.layers[l] = (arch_layer){.source_layer = l, .n_heads = heads[l], .n_kv_heads = kv[l], .ffn_dim = ffn[l]};
+    if (arch_copy(&sa, &pa))
+        return 1;
+    sa.hidden_size = (int)hidden;
+    sa.n_layers = 3;
+    sa.layers[0] = (arch_layer){.source_layer = 0, .n_heads = 2, .n_kv_heads = 1, .ffn_dim = 17}; /* 1 of 2 groups, 2 of 3 heads */
+    sa.layers[1] = (arch_layer){.source_layer = 2, .n_heads = 0, .n_kv_heads = 0, .ffn_dim = 9};  /* attention removed */
+    sa.layers[2] = (arch_layer){.source_layer = 3, .n_heads = 4, .n_kv_heads = 1, .ffn_dim = 0};  /* MLP removed */
+    /* parent layer 1 removed */
+
+    eng_backend *be = eng_backend_cpu_new(1);
+    eng_model parent, student;
+    if (!be || eng_model_init(&parent, &pa, be, err, sizeof err)) {
+        fprintf(stderr, "prune_oracle: %s\n", err);
+        return 1;
+    }
+    eng_model_randomize(&parent, seed, 0.3f);
+    int n_cal = 400;
+    td_stream cal = {malloc(sizeof(int) * (size_t)n_cal), (size_t)n_cal};
+    uint64_t x = seed * 7919 + 1;
+    for (int i = 0; i < n_cal; i++)
+        cal.ids[i] = (int)(td_rng_next(&x) % V);
+    rank_opts ro = {.tokens = 4 * B * T, .layer_tokens = B * T, .B = B, .T = T};
+    rank_result r;
+    if (rank_compute(&parent, &cal, &ro, &r, err, sizeof err) || rank_apply(&parent, &r, err, sizeof err) ||
+        prune_to_arch(&parent, &sa, &student, err, sizeof err) || eng_model_enable_grads(&student)) {
+        fprintf(stderr, "prune_oracle: %s\n", err);
+        return 1;
+    }
+    int tok[B * T], tgt[B * T];
+    float ftok[B * T], ftgt[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (int)(td_rng_next(&x) % V);
+        tgt[i] = (int)(td_rng_next(&x) % V);
+        ftok[i] = (float)tok[i];
+        ftgt[i] = (float)tgt[i];
+    }
+    eng_loss_spec ls = {.kind = kd ? ENG_LOSS_CE | ENG_LOSS_KD : ENG_LOSS_CE, .targets = tgt,
+                        .teacher = kd ? &parent : NULL, .temperature = 2.0f, .kd_weight = kd ? 0.6f : 0.0f};
+    eng_loss_result lr;
+    eng_model_zero_grads(&student);
+    if (eng_forward_backward(&student, tok, B, T, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err)) {
+        fprintf(stderr, "prune_oracle: forward_backward: %s\n", err);
+        return 1;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s.bin", argv[1]);
+    FILE *f = fopen(path, "wb");
+    float meta[5] = {(float)lr.loss, (float)lr.ce, (float)lr.kd, ls.temperature, ls.kd_weight};
+    int64_t n = B * T, shp[2] = {B, T}, five = 5;
+    if (!f || put(f, "tokens", ftok, 2, shp) || put(f, "targets", ftgt, 1, &n) || put(f, "loss", meta, 1, &five) ||
+        put_model(f, &parent, "parent.", 0) || put_model(f, &student, "student.", 0) ||
+        put_model(f, &student, "grad.", 1) || fclose(f)) {
+        fprintf(stderr, "prune_oracle: cannot write %s\n", path);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s.parent.json", argv[1]);
+    if (write_arch(path, &pa))
+        return 1;
+    snprintf(path, sizeof path, "%s.student.json", argv[1]);
+    if (write_arch(path, &sa))
+        return 1;
+    printf("loss %.6f (ce %.6f, kd %.6f)\n", lr.loss, lr.ce, lr.kd);
+    rank_free(&r);
+    td_stream_free(&cal);
+    eng_model_free(&student);
+    eng_model_free(&parent);
+    arch_free(&pa);
+    arch_free(&sa);
+    eng_backend_free(be);
+    return 0;
+}

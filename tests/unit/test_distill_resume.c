@@ -1,0 +1,270 @@
+/* tests/unit/test_distill_resume.c — distillation of a pruned student from a random
+ * parent: the loss falls; the token budget is honoured exactly (a short last step);
+ * the schedule warms up and decays; a run stopped after a checkpoint and resumed in a
+ * fresh student gives the same loss curve and weights as one run straight through; a
+ * checkpoint written with other options is refused; a half-written one is ignored.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "compress/distill.h"
+#include "compress/prune.h"
+
+enum { V = 29, C = 16, D = 4, NL = 3 };
+
+static char dir[] = "/tmp/ac_distill_XXXXXX";
+
+static void parent_arch(arch *a)
+{
+    assert_int_equal(arch_init(a, NL), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->head_dim = D;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 1;
+    for (int l = 0; l < NL; l++)
+        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 24};
+}
+
+static void student_arch(const arch *p, arch *t)
+{
+    assert_int_equal(arch_copy(t, p), 0);
+    t->n_layers = 2;
+    t->layers[0] = (arch_layer){.source_layer = 0, .n_heads = 2, .n_kv_heads = 1, .ffn_dim = 12};
+    t->layers[1] = (arch_layer){.source_layer = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 12};
+}
+
+typedef struct {
+    eng_backend *be;
+    arch pa, sa;
+    eng_model parent;
+    td_stream train, val;
+} fixture;
+
+static td_stream stream(size_t n, uint64_t seed)
+{
+    td_stream s = {malloc(n * sizeof(int)), n};
+    uint64_t x = seed;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        s.ids[i] = (int)((x >> 33) % V);
+    }
+    return s;
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char err[256];
+    f->be = eng_backend_cpu_new(1);
+    parent_arch(&f->pa);
+    student_arch(&f->pa, &f->sa);
+    if (eng_model_init(&f->parent, &f->pa, f->be, err, sizeof err))
+        return -1;
+    eng_model_randomize(&f->parent, 21, 0.4f);
+    f->train = stream(5000, 1);
+    f->val = stream(400, 2);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    eng_model_free(&f->parent);
+    td_stream_free(&f->train);
+    td_stream_free(&f->val);
+    arch_free(&f->pa);
+    arch_free(&f->sa);
+    eng_backend_free(f->be);
+    free(f);
+    return 0;
+}
+
+static void new_student(fixture *f, eng_model *s)
+{
+    char err[256];
+    assert_int_equal(prune_to_arch(&f->parent, &f->sa, s, err, sizeof err), 0);
+}
+
+typedef struct {
+    int64_t calls, last_tokens, vals, ckpts;
+    double first_loss;
+} seen;
+
+static int on_progress(void *ctx, const distill_progress *p)
+{
+    seen *s = ctx;
+    if (s->calls == 0)
+        s->first_loss = p->loss;
+    s->calls++;
+    assert_true(p->tokens > s->last_tokens);
+    s->last_tokens = p->tokens;
+    s->vals += p->has_val;
+    s->ckpts += p->checkpointed;
+    assert_true(isfinite(p->loss) && p->tokens_per_s > 0);
+    return 0;
+}
+
+static void base_opts(distill_opts *o)
+{
+    distill_opts_defaults(o);
+    o->B = 2;
+    o->T = 16;
+    o->accum = 2;
+    o->lr = 3e-3f;
+    o->lr_min = 3e-4f;
+    o->warmup_steps = 3;
+    o->val_tokens = 64;
+    o->eval_every = 4;
+}
+
+static void test_budget_and_learning(void **state)
+{
+    fixture *f = *state;
+    char err[256];
+    distill_opts o;
+    base_opts(&o);
+    o.tokens = 1000;   /* 64 tokens per step: 15 full steps and one of 40 */
+    seen s = {0};
+    o.progress = on_progress;
+    o.progress_ctx = &s;
+    eng_model st;
+    new_student(f, &st);
+    double before;
+    assert_int_equal(distill_eval_loss(&st, &f->val, 2, 16, 64, &before, err, sizeof err), 0);
+    distill_result r;
+    int rc = distill_run(&f->parent, &st, &f->train, &f->val, &o, &r, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "distill: %s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.steps, 16);
+    assert_int_equal(distill_steps(1000, 2, 16, 2), 16);
+    assert_int_equal(r.tokens, 1000);
+    assert_int_equal(s.last_tokens, 1000);
+    assert_int_equal(s.calls, 16);
+    assert_int_equal(s.vals, 4);   /* steps 4, 8, 12, 16 */
+    printf("KD loss first step %.4f, last %.4f; val CE %.4f -> %.4f\n", s.first_loss, r.final_loss, before,
+           r.final_val_loss);
+    assert_true(r.final_loss < s.first_loss);
+    assert_true(isfinite(r.final_val_loss));
+    distill_result_free(&r);
+    eng_model_free(&st);
+    /* the schedule */
+    assert_true(fabs(distill_lr(&o, 0, 16) - 1e-3) < 1e-9);
+    assert_true(fabs(distill_lr(&o, 2, 16) - 3e-3) < 1e-9);
+    assert_true(fabs(distill_lr(&o, 15, 16) - 3e-4) < 1e-9);
+    assert_true(distill_lr(&o, 9, 16) < distill_lr(&o, 5, 16));
+}
+
+static void run_to(fixture *f, const char *ckdir, int64_t stop_after, int want_rc, distill_result *r, eng_model *st)
+{
+    char err[256];
+    distill_opts o;
+    base_opts(&o);
+    o.tokens = 12 * 64;
+    o.ckpt_every = 2;
+    o.keep_ckpts = 2;
+    o.ckpt_dir = ckdir;
+    o.stop_after = stop_after;
+    int rc = distill_run(&f->parent, st, &f->train, &f->val, &o, r, err, sizeof err);
+    if (rc != want_rc)
+        fprintf(stderr, "distill rc %d: %s\n", rc, err);
+    assert_int_equal(rc, want_rc);
+}
+
+static void test_resume_same_curve(void **state)
+{
+    fixture *f = *state;
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/straight", dir);
+    snprintf(b, sizeof b, "%s/killed", dir);
+    eng_model s1, s2, s3;
+    distill_result r1, r2, r3;
+    new_student(f, &s1);
+    run_to(f, a, 0, 0, &r1, &s1);
+    assert_int_equal(r1.steps, 12);
+
+    new_student(f, &s2);
+    run_to(f, b, 7, 1, &r2, &s2);   /* stops after step 7; newest checkpoint is step 6 */
+    assert_int_equal(r2.steps, 7);
+    assert_int_equal(distill_latest_checkpoint(b), 6);
+    eng_model_free(&s2);
+    /* a half-written checkpoint (no DONE) must be ignored */
+    char junk[700];
+    snprintf(junk, sizeof junk, "%s/step-0000000008", b);
+    assert_int_equal(mkdir(junk, 0755), 0);
+
+    new_student(f, &s3);             /* a fresh process: pruned again from the parent */
+    run_to(f, b, 0, 0, &r3, &s3);
+    assert_int_equal(r3.resumed_from, 6);
+    assert_int_equal(r3.steps, 12);
+    assert_int_equal(r3.tokens, 12 * 64);
+    for (int i = 0; i < 12; i++) {
+        if (r1.loss_curve[i] != r3.loss_curve[i])
+            fprintf(stderr, "step %d: straight %.9g resumed %.9g\n", i + 1, r1.loss_curve[i], r3.loss_curve[i]);
+        assert_true(r1.loss_curve[i] == r3.loss_curve[i]);
+    }
+    printf("loss at step 12: straight %.9g, killed at 7 + resumed from 6: %.9g\n", r1.loss_curve[11],
+           r3.loss_curve[11]);
+    float *w1 = malloc(s1.n_params * sizeof(float)), *w3 = malloc(s3.n_params * sizeof(float));
+    f->be->to_host(f->be, w1, s1.params, s1.n_params * sizeof(float));
+    f->be->to_host(f->be, w3, s3.params, s3.n_params * sizeof(float));
+    assert_memory_equal(w1, w3, s1.n_params * sizeof(float));
+    free(w1);
+    free(w3);
+    /* only keep_ckpts complete checkpoints remain */
+    char p[700];
+    snprintf(p, sizeof p, "%s/step-0000000012/DONE", b);
+    assert_int_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/step-0000000006", b);
+    assert_int_not_equal(access(p, F_OK), 0);
+
+    /* other options: the checkpoint is refused */
+    char err[256];
+    distill_opts o;
+    base_opts(&o);
+    o.tokens = 12 * 64;
+    o.ckpt_every = 2;
+    o.ckpt_dir = b;
+    o.lr = 1e-2f;
+    eng_model s4;
+    new_student(f, &s4);
+    distill_result r4;
+    assert_int_equal(distill_run(&f->parent, &s4, &f->train, &f->val, &o, &r4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "other distillation options"));
+    eng_model_free(&s4);
+    distill_result_free(&r1);
+    distill_result_free(&r2);
+    distill_result_free(&r3);
+    eng_model_free(&s1);
+    eng_model_free(&s3);
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_budget_and_learning),
+        cmocka_unit_test(test_resume_same_curve),
+    };
+    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return rc;
+}

@@ -1,0 +1,311 @@
+/* tests/unit/test_prune_slice.c — pruning is exact slicing: pruning to the parent's own
+ * arch reproduces its logits; pruning to a smaller heterogeneous arch (narrower hidden,
+ * fewer KV groups, fewer query heads per group, narrower FFN, a removed layer, removed
+ * attention / MLP) computes exactly what the parent computes with the matching masks;
+ * targets the parent cannot yield are clear errors naming the field; a pruned model
+ * directory saves and loads back bit-exact (config.json only for uniform archs).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "compress/prune.h"
+
+enum { V = 37, C = 24, D = 4, NL = 3, B = 2, T = 7 };
+
+static void parent_arch(arch *a, int tie, int bias)
+{
+    assert_int_equal(arch_init(a, NL), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->head_dim = D;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = tie;
+    a->attention_bias = bias;
+    int heads[NL] = {6, 4, 6}, kv[NL] = {2, 4, 3}, ffn[NL] = {20, 16, 12};
+    for (int l = 0; l < NL; l++) {
+        a->layers[l].source_layer = l;
+        a->layers[l].n_heads = heads[l];
+        a->layers[l].n_kv_heads = kv[l];
+        a->layers[l].ffn_dim = ffn[l];
+    }
+}
+
+static void make_tokens(int *tok)
+{
+    uint64_t s = 99;
+    for (int i = 0; i < B * T; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int)((s >> 33) % V);
+    }
+}
+
+static void logits_of(eng_model *m, const int *tok, float *out)
+{
+    char err[256];
+    eng_fwd_args fa = {.tokens = tok, .B = B, .T = T, .logits_mode = ENG_LOGITS_ALL, .logits = out};
+    int rc = eng_forward(m, &fa, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "forward: %s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void identity_case(int tie, int bias)
+{
+    eng_backend *be = eng_backend_cpu_new(1);
+    assert_non_null(be);
+    arch a;
+    parent_arch(&a, tie, bias);
+    eng_model p, q;
+    char err[256];
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 7, 0.2f);
+    assert_int_equal(prune_to_arch(&p, &a, &q, err, sizeof err), 0);
+    assert_int_equal(q.n_params, p.n_params);
+    int tok[B * T];
+    make_tokens(tok);
+    float *lp = malloc(sizeof(float) * B * T * V), *lq = malloc(sizeof(float) * B * T * V);
+    logits_of(&p, tok, lp);
+    logits_of(&q, tok, lq);
+    double e = rel_err(lq, lp, (size_t)B * T * V);
+    printf("identity prune (tie %d, bias %d): logits rel err %.3g\n", tie, bias, e);
+    assert_true(e < 1e-6);
+    free(lp);
+    free(lq);
+    eng_model_free(&q);
+    eng_model_free(&p);
+    arch_free(&a);
+    eng_backend_free(be);
+}
+
+static void test_identity(void **state)
+{
+    (void)state;
+    identity_case(0, 0);
+    identity_case(1, 0);
+    identity_case(0, 1);
+}
+
+static void set_floats(eng_model *m, float *dev, int n, int keep)
+{
+    float *h = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; i < n; i++)
+        h[i] = i < keep ? 1.0f : 0.0f;
+    m->be->to_device(m->be, dev, h, sizeof(float) * (size_t)n);
+    free(h);
+}
+
+/* The pruned model equals the parent under prefix masks (hidden count included). */
+static void test_prune_equals_masks(void **state)
+{
+    (void)state;
+    eng_backend *be = eng_backend_cpu_new(1);
+    arch a, t;
+    parent_arch(&a, 0, 1);
+    char err[256];
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.hidden_size = 16;
+    t.n_layers = 2;
+    /* layer 0: one of two KV groups, one of three query heads per group kept */
+    t.layers[0] = (arch_layer){.source_layer = 0, .n_heads = 1, .n_kv_heads = 1, .ffn_dim = 11};
+    /* parent layer 1 removed; layer 2: two of three groups, MLP removed */
+    t.layers[1] = (arch_layer){.source_layer = 2, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 0};
+    eng_model p, q;
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 11, 0.3f);
+    int rc = prune_to_arch(&p, &t, &q, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "prune: %s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(q.n_params, (size_t)arch_params(&t));
+
+    assert_int_equal(eng_model_enable_masks(&p), 0);
+    eng_masks *mk = p.masks;
+    set_floats(&p, mk->hidden, C, 16);
+    mk->hidden_count = 16;
+    /* layer 0: query heads 0 (group 0) kept; group 1 (heads 3..5) and heads 1,2 off */
+    set_floats(&p, mk->head[0], 6, 1);
+    set_floats(&p, mk->ffn[0], 20, 11);
+    set_floats(&p, mk->attn_gate + 1, 1, 0);
+    set_floats(&p, mk->mlp_gate + 1, 1, 0);
+    set_floats(&p, mk->head[2], 6, 4);
+    set_floats(&p, mk->mlp_gate + 2, 1, 0);
+
+    int tok[B * T];
+    make_tokens(tok);
+    float *lp = malloc(sizeof(float) * B * T * V), *lq = malloc(sizeof(float) * B * T * V);
+    logits_of(&p, tok, lp);
+    logits_of(&q, tok, lq);
+    double e = rel_err(lq, lp, (size_t)B * T * V);
+    printf("pruned vs masked parent: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5);
+    /* and the masks matter: the unmasked parent differs */
+    set_floats(&p, mk->block, (int)mk->count, (int)mk->count);
+    mk->hidden_count = C;
+    logits_of(&p, tok, lp);
+    assert_true(rel_err(lq, lp, (size_t)B * T * V) > 1e-3);
+    free(lp);
+    free(lq);
+    eng_model_free(&q);
+    eng_model_free(&p);
+    arch_free(&t);
+    arch_free(&a);
+    eng_backend_free(be);
+}
+
+static void expect_error(const arch *a, const arch *t, const char *needle)
+{
+    char err[256] = "";
+    assert_int_equal(prune_check(a, t, err, sizeof err), -1);
+    if (!strstr(err, needle))
+        fprintf(stderr, "error \"%s\" lacks \"%s\"\n", err, needle);
+    assert_non_null(strstr(err, needle));
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    arch a, t;
+    parent_arch(&a, 0, 0);
+    char err[256];
+    assert_int_equal(prune_check(&a, &a, err, sizeof err), 0);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.hidden_size = C + 8;
+    expect_error(&a, &t, "hidden_size");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[1].ffn_dim = 17;
+    expect_error(&a, &t, "layers[1].ffn_dim");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[0].n_kv_heads = 3;   /* parent has 2 */
+    t.layers[0].n_heads = 3;
+    expect_error(&a, &t, "layers[0].n_kv_heads");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[1].n_heads = 8;       /* 2 per KV head with 4 KV heads; parent has 1 per KV head */
+    expect_error(&a, &t, "query heads per KV head");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[2].source_layer = 5;
+    expect_error(&a, &t, "layers[2].source_layer");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[2].source_layer = 1;
+    expect_error(&a, &t, "must increase");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.vocab_size = V + 1;
+    expect_error(&a, &t, "vocab_size");
+    arch_free(&t);
+
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.head_dim = 2;
+    expect_error(&a, &t, "head_dim");
+    arch_free(&t);
+
+    /* attention kept where the parent has none */
+    arch p2;
+    assert_int_equal(arch_copy(&p2, &a), 0);
+    p2.layers[1].n_heads = 0;
+    p2.layers[1].n_kv_heads = 0;
+    expect_error(&p2, &a, "has no attention");
+    arch_free(&p2);
+    arch_free(&a);
+}
+
+static void test_dir_roundtrip(void **state)
+{
+    (void)state;
+    eng_backend *be = eng_backend_cpu_new(1);
+    arch a, t;
+    parent_arch(&a, 1, 0);
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[1].ffn_dim = 8;   /* heterogeneous */
+    char err[256], dir[] = "/tmp/ac_prune_dir_XXXXXX", path[600];
+    assert_non_null(mkdtemp(dir));
+    eng_model p, q, r;
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 5, 0.2f);
+    assert_int_equal(prune_to_arch(&p, &t, &q, err, sizeof err), 0);
+    json_t *man = json_pack("{s:s}", "parent", "/nonexistent/parent.bin");
+    assert_int_equal(prune_save_dir(&q, dir, man, err, sizeof err), 0);
+    assert_true(prune_is_dir(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_not_equal(access(path, F_OK), 0);   /* no HF form for a heterogeneous arch */
+    json_t *back = NULL;
+    assert_int_equal(prune_load_dir(dir, be, &r, &back, err, sizeof err), 0);
+    assert_true(arch_equal(&r.a, &t));
+    assert_string_equal(json_string_value(json_object_get(back, "parent")), "/nonexistent/parent.bin");
+    float *w1 = malloc(q.n_params * sizeof(float)), *w2 = malloc(r.n_params * sizeof(float));
+    assert_int_equal(q.n_params, r.n_params);
+    be->to_host(be, w1, q.params, q.n_params * sizeof(float));
+    be->to_host(be, w2, r.params, r.n_params * sizeof(float));
+    assert_memory_equal(w1, w2, q.n_params * sizeof(float));
+    eng_model_free(&r);
+    /* a tokenizer is asked for but the parent is absent: a clear error, nothing leaked */
+    tok_tokenizer *tok = NULL;
+    assert_int_equal(prune_load_model(dir, NULL, be, &r, &tok, err, sizeof err), -1);
+    assert_null(tok);
+    assert_int_equal(prune_load_model(dir, NULL, be, &r, NULL, err, sizeof err), 0);
+    eng_model_free(&r);
+    /* uniform: config.json appears */
+    for (int l = 0; l < NL; l++)
+        t.layers[l] = (arch_layer){.source_layer = l, .n_heads = 2, .n_kv_heads = 2, .ffn_dim = 12};
+    assert_true(arch_is_uniform(&t));
+    eng_model u;
+    assert_int_equal(prune_to_arch(&p, &t, &u, err, sizeof err), 0);
+    assert_int_equal(prune_save_dir(&u, dir, NULL, err, sizeof err), 0);
+    assert_int_equal(access(path, F_OK), 0);
+    eng_model_free(&u);
+    free(w1);
+    free(w2);
+    json_decref(man);
+    json_decref(back);
+    eng_model_free(&q);
+    eng_model_free(&p);
+    arch_free(&t);
+    arch_free(&a);
+    eng_backend_free(be);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_identity),
+        cmocka_unit_test(test_prune_equals_masks),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_dir_roundtrip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

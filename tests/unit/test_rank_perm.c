@@ -1,0 +1,287 @@
+/* tests/unit/test_rank_perm.c — ranking on calibration tokens: the permuted parent
+ * computes the same function (prefix permutation invariance); permutations sort by
+ * score and keep query heads inside their KV group; the JSON artifact round-trips and
+ * reapplies to the same weights; a prefix prune after ranking keeps the top-scored
+ * units; the layer-skip score equals the loss change of actually removing the layer.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "compress/distill.h"
+#include "compress/prune.h"
+#include "compress/rank.h"
+
+enum { V = 41, C = 24, D = 4, NL = 3, B = 2, T = 8 };
+
+static void parent_arch(arch *a)
+{
+    assert_int_equal(arch_init(a, NL), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->head_dim = D;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 0;
+    int heads[NL] = {6, 4, 6}, kv[NL] = {2, 4, 3}, ffn[NL] = {20, 16, 12};
+    for (int l = 0; l < NL; l++) {
+        a->layers[l].source_layer = l;
+        a->layers[l].n_heads = heads[l];
+        a->layers[l].n_kv_heads = kv[l];
+        a->layers[l].ffn_dim = ffn[l];
+    }
+}
+
+static td_stream calib_stream(size_t n)
+{
+    td_stream s = {malloc(n * sizeof(int)), n};
+    uint64_t x = 5;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        /* some structure: runs that repeat */
+        s.ids[i] = (i % 5 == 0) ? 1 : (int)((x >> 33) % V);
+    }
+    return s;
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void logits_of(eng_model *m, const int *tok, float *out)
+{
+    char err[256];
+    eng_fwd_args fa = {.tokens = tok, .B = B, .T = T, .logits_mode = ENG_LOGITS_ALL, .logits = out};
+    assert_int_equal(eng_forward(m, &fa, err, sizeof err), 0);
+}
+
+typedef struct {
+    eng_backend *be;
+    arch a;
+    eng_model p;
+    td_stream calib;
+    rank_result r;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char err[256];
+    f->be = eng_backend_cpu_new(1);
+    parent_arch(&f->a);
+    if (eng_model_init(&f->p, &f->a, f->be, err, sizeof err))
+        return -1;
+    eng_model_randomize(&f->p, 3, 0.3f);
+    f->calib = calib_stream(600);
+    rank_opts o = {.tokens = 4 * B * T, .layer_tokens = 2 * B * T, .B = B, .T = T};
+    if (rank_compute(&f->p, &f->calib, &o, &f->r, err, sizeof err)) {
+        fprintf(stderr, "rank: %s\n", err);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    rank_free(&f->r);
+    td_stream_free(&f->calib);
+    eng_model_free(&f->p);
+    arch_free(&f->a);
+    eng_backend_free(f->be);
+    free(f);
+    return 0;
+}
+
+static void test_perms_sorted(void **state)
+{
+    fixture *f = *state;
+    rank_result *r = &f->r;
+    assert_int_equal(r->tokens, 4 * B * T);
+    for (int i = 1; i < C; i++)
+        assert_true(r->hidden_score[r->hidden_perm[i - 1]] >= r->hidden_score[r->hidden_perm[i]]);
+    for (int l = 0; l < NL; l++) {
+        rank_layer *L = &r->layers[l];
+        for (int i = 1; i < L->ffn_dim; i++)
+            assert_true(L->ffn_score[L->ffn_perm[i - 1]] >= L->ffn_score[L->ffn_perm[i]]);
+        for (int g = 1; g < L->n_kv_heads; g++)
+            assert_true(L->group_score[L->group_perm[g - 1]] >= L->group_score[L->group_perm[g]]);
+        int grp = L->n_heads / L->n_kv_heads;
+        for (int h = 0; h < L->n_heads; h++) {
+            assert_int_equal(L->head_perm[h] / grp, L->group_perm[h / grp]);
+            if (h % grp)
+                assert_true(L->head_score[L->head_perm[h - 1]] >= L->head_score[L->head_perm[h]]);
+        }
+        /* scores are real activations: positive */
+        assert_true(L->ffn_score[L->ffn_perm[0]] > 0);
+        assert_true(L->head_score[L->head_perm[0]] > 0);
+        assert_true(isfinite(L->skip_layer) && isfinite(L->skip_attn) && isfinite(L->skip_mlp));
+    }
+    assert_true(r->hidden_score[r->hidden_perm[0]] > 0);
+    assert_true(r->base_loss > 0);
+}
+
+static void test_permuted_same_function(void **state)
+{
+    fixture *f = *state;
+    char err[256];
+    int tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = f->calib.ids[100 + i];
+    float *l0 = malloc(sizeof(float) * B * T * V), *l1 = malloc(sizeof(float) * B * T * V);
+    logits_of(&f->p, tok, l0);
+    eng_model q;
+    /* a copy of the parent, permuted */
+    assert_int_equal(prune_to_arch(&f->p, &f->a, &q, err, sizeof err), 0);
+    assert_int_equal(rank_apply(&q, &f->r, err, sizeof err), 0);
+    logits_of(&q, tok, l1);
+    double e = rel_err(l1, l0, (size_t)B * T * V);
+    printf("permuted parent vs parent: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5);
+    /* the weights did move: the first FFN row of layer 0 is the top-ranked unit's */
+    float *g0 = malloc(sizeof(float) * 20 * C), *g1 = malloc(sizeof(float) * 20 * C);
+    assert_int_equal(eng_model_get_tensor(&f->p, "model.layers.0.mlp.gate_proj.weight", g0, 20 * C), 20 * C);
+    assert_int_equal(eng_model_get_tensor(&q, "model.layers.0.mlp.gate_proj.weight", g1, 20 * C), 20 * C);
+    int top = f->r.layers[0].ffn_perm[0], hc = f->r.hidden_perm[0];
+    assert_true(g1[0] == g0[top * C + hc]);
+
+    /* prefix prune of the ranked copy keeps the best half of layer 0's FFN */
+    arch t;
+    assert_int_equal(arch_copy(&t, &f->a), 0);
+    t.layers[0].ffn_dim = 10;
+    eng_model s;
+    assert_int_equal(prune_to_arch(&q, &t, &s, err, sizeof err), 0);
+    float *gs = malloc(sizeof(float) * 10 * C);
+    assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.gate_proj.weight", gs, 10 * C), 10 * C);
+    for (int i = 0; i < 10; i++)
+        for (int c = 0; c < C; c++)
+            assert_true(gs[i * C + c] == g0[f->r.layers[0].ffn_perm[i] * C + f->r.hidden_perm[c]]);
+    eng_model_free(&s);
+    arch_free(&t);
+    free(gs);
+    free(g0);
+    free(g1);
+    free(l0);
+    free(l1);
+    eng_model_free(&q);
+}
+
+static void test_json_roundtrip(void **state)
+{
+    fixture *f = *state;
+    char err[256], path[] = "/tmp/ac_rank_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(rank_save(&f->r, path, err, sizeof err), 0);
+    rank_result r2;
+    assert_int_equal(rank_load(path, &r2, err, sizeof err), 0);
+    assert_int_equal(rank_check(&r2, &f->p, err, sizeof err), 0);
+    assert_memory_equal(r2.hidden_perm, f->r.hidden_perm, C * sizeof(int));
+    for (int l = 0; l < NL; l++) {
+        assert_memory_equal(r2.layers[l].ffn_perm, f->r.layers[l].ffn_perm, f->a.layers[l].ffn_dim * sizeof(int));
+        assert_memory_equal(r2.layers[l].head_perm, f->r.layers[l].head_perm, f->a.layers[l].n_heads * sizeof(int));
+        assert_true(fabs(r2.layers[l].skip_layer - f->r.layers[l].skip_layer) < 1e-8);
+    }
+    /* the loaded ranking reorders a fresh copy to the very same weights */
+    eng_model a1, a2;
+    assert_int_equal(prune_to_arch(&f->p, &f->a, &a1, err, sizeof err), 0);
+    assert_int_equal(prune_to_arch(&f->p, &f->a, &a2, err, sizeof err), 0);
+    assert_int_equal(rank_apply(&a1, &f->r, err, sizeof err), 0);
+    assert_int_equal(rank_apply(&a2, &r2, err, sizeof err), 0);
+    float *h1 = malloc(a1.n_params * sizeof(float)), *h2 = malloc(a1.n_params * sizeof(float));
+    f->be->to_host(f->be, h1, a1.params, a1.n_params * sizeof(float));
+    f->be->to_host(f->be, h2, a2.params, a2.n_params * sizeof(float));
+    assert_memory_equal(h1, h2, a1.n_params * sizeof(float));
+    free(h1);
+    free(h2);
+    eng_model_free(&a1);
+    eng_model_free(&a2);
+    rank_free(&r2);
+    /* a broken permutation is refused */
+    FILE *fp = fopen(path, "w");
+    fputs("{\"version\":1,\"hidden_size\":2,\"hidden\":{\"score\":[1,2],\"perm\":[0,0]},\"layers\":[]}", fp);
+    fclose(fp);
+    assert_int_equal(rank_load(path, &r2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "permutation"));
+    unlink(path);
+}
+
+static void test_layer_skip_matches_removal(void **state)
+{
+    fixture *f = *state;
+    char err[256];
+    for (int drop = 0; drop < NL; drop++) {
+        arch t;
+        assert_int_equal(arch_init(&t, NL - 1), 0);
+        arch_layer *keep = t.layers;
+        t = f->a;
+        t.layers = keep;
+        t.n_layers = NL - 1;
+        for (int l = 0, k = 0; l < NL; l++)
+            if (l != drop)
+                t.layers[k++] = f->a.layers[l];
+        eng_model s;
+        assert_int_equal(prune_to_arch(&f->p, &t, &s, err, sizeof err), 0);
+        double loss;
+        assert_int_equal(distill_eval_loss(&s, &f->calib, B, T, f->r.layer_tokens, &loss, err, sizeof err), 0);
+        double want = f->r.base_loss + f->r.layers[drop].skip_layer;
+        printf("drop layer %d: pruned loss %.6f, base + skip score %.6f\n", drop, loss, want);
+        assert_true(fabs(loss - want) < 1e-4 * (1 + fabs(want)));
+        eng_model_free(&s);
+        arch_free(&t);
+    }
+    double parent_loss;
+    assert_int_equal(distill_eval_loss(&f->p, &f->calib, B, T, f->r.layer_tokens, &parent_loss, err, sizeof err), 0);
+    assert_true(fabs(parent_loss - f->r.base_loss) < 1e-5 * (1 + parent_loss));
+    int order[NL];
+    rank_layer_order(&f->r, order);
+    for (int i = 1; i < NL; i++)
+        assert_true(f->r.layers[order[i - 1]].skip_layer <= f->r.layers[order[i]].skip_layer);
+}
+
+static void test_keep_kv(void **state)
+{
+    fixture *f = *state;
+    char err[256];
+    rank_opts o = {.tokens = B * T, .B = B, .T = T, .keep_kv = 1};
+    rank_result r;
+    assert_int_equal(rank_compute(&f->p, &f->calib, &o, &r, err, sizeof err), 0);
+    assert_int_equal(r.layer_tokens, 0);
+    for (int l = 0; l < NL; l++)
+        for (int g = 0; g < r.layers[l].n_kv_heads; g++)
+            assert_int_equal(r.layers[l].group_perm[g], g);
+    rank_free(&r);
+    /* too little calibration text is an error */
+    td_stream tiny = {f->calib.ids, (size_t)T};
+    assert_int_equal(rank_compute(&f->p, &tiny, &o, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "calibration"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_perms_sorted),
+        cmocka_unit_test(test_permuted_same_function),
+        cmocka_unit_test(test_json_roundtrip),
+        cmocka_unit_test(test_layer_skip_matches_removal),
+        cmocka_unit_test(test_keep_kv),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
