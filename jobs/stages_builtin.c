@@ -11,7 +11,7 @@ void stage_prune_register(void);
 void stage_distill_register(void);
 void stage_evaluate_register(void);
 void stage_measure_register(void);
-void stage_export_register(void) __attribute__((weak));   /* absent until export lands */
+void stage_export_register(void);
 
 void stages_register_builtin(void)
 {
@@ -22,6 +22,5 @@ void stages_register_builtin(void)
     stage_distill_register();
     stage_evaluate_register();
     stage_measure_register();
-    if (stage_export_register)
-        stage_export_register();
+    stage_export_register();
 }

@@ -139,6 +139,7 @@ static void test_params_limit_sits_at_limit(void **state)
     arch_summary(&r.arch, s, sizeof s);
     printf("chosen %s: %.0f params (limit %.0f, parent %.0f), %lld selection tokens\n", s, got, o.limits.params,
            parent, (long long)r.selection_tokens);
+    printf("final expected-cost gap on params: %+.3f\n", r.final_gap[SM_PARAMS]);
     assert_false(r.parent_feasible);
     assert_true(got <= o.limits.params);
     assert_true((double)r.predicted.params <= o.limits.params);
