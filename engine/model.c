@@ -26,7 +26,8 @@
  *                loss chunks R*(2C + 1 + 2V) (+ R*V teacher logits and N*C_teacher teacher stream
  *                with KD) + 2R; ints 3N + 2B; attention tile scratch threads * 2 * ENG_CPU_ATTN_ROWS * T
  *                (backward; the forward's is half).
- *                A KD teacher's own forward workspace is allocated and freed before the above.
+ *                With KD the teacher's forward runs first while this workspace is held; the
+ *                peak takes the larger of it and the backward's attention tiles.
  *   Accounting counts requested bytes; the CPU backend rounds blocks >= 2 MiB up to 2 MiB
  *   (huge pages), so resident memory may exceed it by < 2 MiB per large block.
  *   Statistics: hidden_abs sums both norm outputs of a layer (attention and MLP input).
@@ -816,15 +817,22 @@ static size_t fwd_floats(const arch *a, int B, int T, int logits_mode, int with_
     return n;
 }
 
-size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
-                                   int threads, int with_stats)
+static size_t fwd_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode, int threads, int with_stats,
+                        int with_masks)
 {
     size_t S = (size_t)(kv_max_T > 0 ? kv_max_T : T);
     int attn = 0;
     for (int l = 0; l < a->n_layers; l++)
         attn |= a->layers[l].n_heads > 0;
-    return fwd_floats(a, B, T, logits_mode, with_stats, 0) * F4 + (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) +
+    return fwd_floats(a, B, T, logits_mode, with_stats, with_masks) * F4 +
+           (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) +
            (attn ? (size_t)(threads > 0 ? threads : 1) * ENG_CPU_ATTN_ROWS * S * F4 : 0);
+}
+
+size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
+                                   int threads, int with_stats)
+{
+    return fwd_bytes(a, B, T, kv_max_T, logits_mode, threads, with_stats, 0);
 }
 
 typedef struct {
@@ -1085,16 +1093,22 @@ static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int
     return s;
 }
 
-size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, int teacher_hidden)
+size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher)
 {
-    train_sizes s = train_floats(&m->a, B, T, m->masks != NULL, teacher_hidden);
+    train_sizes s = train_floats(&m->a, B, T, m->masks != NULL, teacher ? teacher->a.hidden_size : 0);
     size_t N = (size_t)B * T, attn = 0;
+    int threads = m->be->threads > 0 ? m->be->threads : 1;
     for (int l = 0; l < m->a.n_layers; l++)
         attn |= m->a.layers[l].n_heads > 0;
-    /* + the attention tile scratch of the backward (threads x 2 x ENG_CPU_ATTN_ROWS x T
-     * floats; the forward's is half of it) */
-    return (s.saved + s.scratch + s.loss) * F4 + sizeof(int) * (3 * N + 2 * (size_t)B) +
-           (attn ? (size_t)(m->be->threads > 0 ? m->be->threads : 1) * 2 * ENG_CPU_ATTN_ROWS * T * F4 : 0);
+    size_t held = (s.saved + s.scratch + s.loss) * F4 + sizeof(int) * (3 * N + 2 * (size_t)B);
+    /* on top of it, at different times: the backward's attention tiles (threads x 2 x
+     * ENG_CPU_ATTN_ROWS x T floats; the forward's are half), or the teacher's forward */
+    size_t extra = attn ? (size_t)threads * 2 * ENG_CPU_ATTN_ROWS * T * F4 : 0;
+    if (teacher) {
+        size_t tw = fwd_bytes(&teacher->a, B, T, 0, ENG_LOGITS_NONE, threads, 0, teacher != m && teacher->masks);
+        extra = tw > extra ? tw : extra;
+    }
+    return held + extra;
 }
 
 /* y[N,out] = x[N,in] W^T backward: dW[out,in] += dy^T x (if dW); dx = dy W (+ beta dx). */

@@ -198,10 +198,10 @@ size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, in
 /* Bytes of a KV cache for B rows and max_T positions (what eng_kv_new allocates). */
 size_t eng_kv_bytes_for(const arch *a, int B, int max_T);
 
-/* Bytes eng_forward_backward allocates for B x T tokens (saved activations, backward
- * scratch, loss chunk buffers; the teacher's own forward workspace, freed before the
- * student's forward starts, is excluded), for this model's current state (masks enabled
- * or not). teacher_hidden: the KD teacher's hidden size, 0 without KD. */
-size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, int teacher_hidden);
+/* Peak bytes eng_forward_backward allocates for B x T tokens (saved activations,
+ * backward scratch, loss chunk buffers, and the larger of the attention tiles and the KD
+ * teacher's forward workspace), for this model's current state (masks enabled or not)
+ * and the CPU backend. teacher: the KD teacher, NULL without KD. */
+size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher);
 
 #endif

@@ -2,7 +2,8 @@
  * tiny heterogeneous model (GQA, attention bias, untied head, a removed attention and a
  * removed MLP): sampled coordinates of every weight tensor and of every mask kind (hidden,
  * head, ffn, attn_gate, mlp_gate, hidden_count) under a mixed CE + KD loss; gradients
- * accumulate across calls and zero_grads clears them; a model is its own unmasked teacher.
+ * accumulate across calls and zero_grads clears them; a model is its own unmasked teacher;
+ * one and two threads give the same gradients on a model large enough to run in parallel.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -161,10 +162,90 @@ static void test_finite_differences(void **state)
     arch_free(&ta);
 }
 
+/* Gradients of a model large enough to cross every parallel threshold, computed with
+ * `threads` threads; host copies of weight and mask grads are returned (caller frees). */
+static void grads_with_threads(int threads, float **gw, float **gmk, size_t *nw, size_t *nm, double *loss)
+{
+    arch a;
+    small_arch(&a, 300, 128);
+    a.head_dim = 16;
+    int cfg[3][3] = {{8, 2, 96}, {0, 0, 80}, {4, 4, 0}};
+    for (int l = 0; l < 3; l++) {
+        a.layers[l].n_heads = cfg[l][0];
+        a.layers[l].n_kv_heads = cfg[l][1];
+        a.layers[l].ffn_dim = cfg[l][2];
+    }
+    eng_backend *be = eng_backend_cpu_new(threads);
+    eng_model m;
+    char err[256];
+    assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&m, 21, 0.1f);
+    assert_int_equal(eng_model_enable_grads(&m), 0);
+    assert_int_equal(eng_model_enable_masks(&m), 0);
+    for (size_t i = 0; i < m.masks->count; i++)
+        m.masks->block[i] = 0.75f + 0.5f * (float)((i * 37) % 11) / 11.0f;
+    m.masks->hidden_count = 100.0f;
+    enum { BB = 4, TT = 72 };
+    static int tk[BB * TT], tg[BB * TT];
+    for (int i = 0; i < BB * TT; i++) {
+        tk[i] = (i * 31 + 7) % 300;
+        tg[i] = i % 13 == 0 ? -1 : (i * 17 + 3) % 300;
+    }
+    eng_loss_spec ls = {.kind = ENG_LOSS_CE | ENG_LOSS_KD, .targets = tg, .teacher = &m, .temperature = 1.5f,
+                        .kd_weight = 0.5f};
+    eng_loss_result r;
+    assert_int_equal(eng_forward_backward(&m, tk, BB, TT, &ls, ENG_GRAD_WEIGHTS | ENG_GRAD_MASKS, &r, err, sizeof err), 0);
+    *loss = r.loss;
+    *nw = m.n_params;
+    *nm = m.masks->count + 1;
+    *gw = malloc(sizeof(float) * *nw);
+    *gmk = malloc(sizeof(float) * *nm);
+    memcpy(*gw, m.grads, sizeof(float) * *nw);
+    memcpy(*gmk, m.masks->grad_block, sizeof(float) * (*nm - 1));
+    (*gmk)[*nm - 1] = m.masks->g_hidden_count;
+    eng_model_free(&m);
+    assert_int_equal(be->cur_bytes, 0);
+    eng_backend_free(be);
+    arch_free(&a);
+}
+
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+static void test_threads_agree(void **state)
+{
+    (void)state;
+    float *w1, *m1, *w2, *m2;
+    size_t nw, nm;
+    double l1, l2;
+    grads_with_threads(1, &w1, &m1, &nw, &nm, &l1);
+    grads_with_threads(2, &w2, &m2, &nw, &nm, &l2);
+    double ew = rel_diff(w2, w1, nw), em = rel_diff(m2, m1, nm);
+    print_message("1 vs 2 threads: loss %.8f / %.8f, weight grads rel %.2e, mask grads rel %.2e\n", l1, l2, ew, em);
+    assert_true(fabs(l1 - l2) < 1e-6 * fabs(l1));
+    assert_true(ew < 1e-5 && em < 1e-5);
+    double sq = 0;
+    for (size_t i = 0; i < nm; i++)
+        sq += (double)m1[i] * m1[i];
+    assert_true(sq > 0);
+    free(w1);
+    free(m1);
+    free(w2);
+    free(m2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_finite_differences),
+        cmocka_unit_test(test_threads_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -209,9 +209,16 @@ static void test_workspace_prediction_and_accounting(void **state)
     eng_loss_spec ls = {.kind = ENG_LOSS_CE, .targets = tg};
     eng_loss_result lr;
     assert_int_equal(eng_forward_backward(&m, toks, 3, 9, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), 0);
-    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, 0));
+    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, NULL));
     assert_int_equal(lr.tokens, 27);
     assert_true(lr.loss > 0 && isfinite(lr.loss));
+    /* KD (the model as its own teacher): the teacher pass adds its forward workspace. */
+    eng_backend_reset_peak(be);
+    eng_loss_spec kd = {.kind = ENG_LOSS_KD | ENG_LOSS_CE, .targets = tg, .teacher = &m, .temperature = 2.0f,
+                        .kd_weight = 0.5f};
+    assert_int_equal(eng_forward_backward(&m, toks, 3, 9, &kd, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), 0);
+    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, &m));
+    assert_true(fabs(lr.kd) < 1e-6);   /* unmasked self-teacher */
     eng_adamw *o = eng_adamw_new(&m);
     assert_non_null(o);
     eng_adamw_free(o);
