@@ -65,7 +65,9 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
 /* Reorder m's weights in place by r's permutations (hidden channels across every
  * tensor, KV groups with their query heads, query heads within groups, FFN units).
  * The model computes the same function afterwards (up to float summation order).
- * Returns 0, or -1 with a reason in err (shape mismatch, out of memory). */
+ * Masks, when enabled, are not reordered: they must be all 1.0 (as rank_compute leaves
+ * them). Apply a ranking once: a second rank_apply permutes again. Returns 0, or -1 with
+ * a reason in err (shape mismatch, out of memory). */
 int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
 
 /* JSON form: {"version":1, "hidden_size", "n_layers", "tokens", "layer_tokens", "keep_kv",

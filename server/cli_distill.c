@@ -59,14 +59,14 @@ static int parse_f(const char *s, double *v)
 
 static int on_progress(void *ctx, const distill_progress *p)
 {
-    (void)ctx;
+    const distill_opts *o = ctx;
+    char parts[64] = "";
+    if (o->kd_weight > 0 && o->kd_weight < 1)
+        snprintf(parts, sizeof parts, " (kd %.4f ce %.4f)", p->kd, p->ce);
     if (p->has_val || p->checkpointed || p->step == p->steps || p->step % 10 == 0 || p->step == 1)
-        fprintf(stderr,
-                "distill: step %lld/%lld tokens %lld/%lld loss %.4f (kd %.4f ce %.4f) lr %.2e |g| %.3f "
-                "%.0f tok/s eta %.0fs%s%s\n",
+        fprintf(stderr, "distill: step %lld/%lld tokens %lld/%lld loss %.4f%s lr %.2e |g| %.3f %.1f tok/s eta %.0fs%s\n",
                 (long long)p->step, (long long)p->steps, (long long)p->tokens, (long long)p->total_tokens, p->loss,
-                p->kd, p->ce, p->lr, p->grad_norm, p->tokens_per_s, p->eta_s, p->checkpointed ? " [checkpoint]" : "",
-                "");
+                parts, p->lr, p->grad_norm, p->tokens_per_s, p->eta_s, p->checkpointed ? " [checkpoint]" : "");
     if (p->has_val)
         fprintf(stderr, "distill: step %lld validation loss %.4f\n", (long long)p->step, p->val_loss);
     return 0;
@@ -163,6 +163,7 @@ int cli_distill(int argc, char **argv)
     o.seed = (uint64_t)seed;
     o.stop_after = max_steps;
     o.progress = on_progress;
+    o.progress_ctx = &o;
     char ck[4096], outp[4096], err[1024];
     if (!ckdir) {
         snprintf(ck, sizeof ck, "%s/checkpoints", student_path);

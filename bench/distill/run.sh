@@ -17,7 +17,7 @@ ARGS=(--threads "$THREADS" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS")
 c=$("$BUILD/tools/distill_bench" "${ARGS[@]}")
 t=$(OMP_NUM_THREADS=$THREADS "$AC_PYTHON" bench/distill/torch_step.py "${ARGS[@]}")
 "$AC_PYTHON" - "$c" "$t" "$OUT" <<'PY'
-import json, platform, sys
+import json, os, platform, sys
 c, t, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 lines = [
     "# Distillation step speed, SmolLM2-135M shapes, CPU",
@@ -37,6 +37,10 @@ lines = [
     "",
     "Machine ceilings measured in the same run: sgemm %.1f GFLOP/s (1024^3), STREAM triad %.2f GB/s." % (
         c["sgemm_gflops"], c["triad_gbs"]),
+    "",
+    "Load average when the table was written: %.1f on %d cores (other work on the machine slows both "
+    "implementations and the ceilings alike; compare the ratio, not the absolute numbers)." % (
+        os.getloadavg()[0], os.cpu_count()),
 ]
 text = "\n".join(lines) + "\n"
 print(text)

@@ -73,8 +73,9 @@ with open(out, "w") as f:
     f.write("|---|---:|---:|---:|\n")
     for name, p, vl, ppl in rows:
         f.write("| %s | %d | %.4f | %.2f |\n" % (name, p, vl, ppl))
-    f.write("\nWall time: prune %s s, distill %s s, perplexities %s s. Distillation throughput %.1f tokens/s.\n"
-            % (t_prune, t_dist, t_ppl, di["tokens_per_s"]))
+    f.write("\nWall time: prune %s s, distill %s s, perplexities %s s. Distillation throughput %.1f tokens/s "
+            "(load average %.1f on %d cores when the table was written).\n"
+            % (t_prune, t_dist, t_ppl, di["tokens_per_s"], os.getloadavg()[0], os.cpu_count()))
     f.write("\nThe eight-benchmark average (compress/eval.h, `autocompress eval --tasks eight`) is not in this table: "
             "at this machine's speed it needs hours per model; run it with the same three model paths.\n")
 print(open(out).read())
