@@ -1,0 +1,1827 @@
+/* storage/export.c — HF directory and GGUF export (see export.h).
+ *
+ * Tensors are read from the model one at a time (eng_model_get_tensor: works for any
+ * backend). HF shards go through storage/safetensors.c (one shard's tensors held in host
+ * memory while it is written); GGUF streams tensor by tensor through gguf_write.c. The
+ * HF directory is assembled under "DIR.partial" and renamed when complete. A GGUF
+ * parent's metadata is scanned by a small raw reader here because the tokenizer keys are
+ * copied byte for byte.
+ */
+#include "storage/export.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "storage/artstore.h"
+#include "storage/gguf.h"
+#include "storage/hfconfig.h"
+#include "storage/modelio.h"
+#include "engine/tokenizer.h"
+#include "storage/gguf_write.h"
+#include "storage/modelcard.h"
+#include "storage/safetensors.h"
+
+#define DEFAULT_SHARD_BYTES ((int64_t)5 << 30)
+
+int exp_dtype_parse(const char *s)
+{
+    if (!s)
+        return -1;
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
+        return EXP_BF16;
+    if (!strcmp(s, "fp16") || !strcmp(s, "f16") || !strcmp(s, "float16"))
+        return EXP_FP16;
+    if (!strcmp(s, "fp32") || !strcmp(s, "f32") || !strcmp(s, "float32"))
+        return EXP_FP32;
+    if (!strcmp(s, "q8_0"))
+        return EXP_Q8_0;
+    return -1;
+}
+
+const char *exp_dtype_name(exp_dtype d)
+{
+    switch (d) {
+    case EXP_BF16: return "bf16";
+    case EXP_FP16: return "fp16";
+    case EXP_FP32: return "fp32";
+    case EXP_Q8_0: return "q8_0";
+    }
+    return "?";
+}
+
+static const char *torch_dtype(exp_dtype d)
+{
+    return d == EXP_FP32 ? "float32" : d == EXP_FP16 ? "float16" : "bfloat16";
+}
+
+/* ------------------------------------------------------------------ files */
+
+static int path_join(char *out, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int fsync_path(const char *p)
+{
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* Write a JSON document atomically (2-space indent, keys in insertion order). */
+static int write_json(const char *path, const json_t *j, char *err, size_t errlen)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        snprintf(err, errlen, "export: path too long: %s", path);
+        return -1;
+    }
+    if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) < 0) {
+        snprintf(err, errlen, "export: cannot write %s", tmp);
+        unlink(tmp);
+        return -1;
+    }
+    if (fsync_path(tmp) < 0 || rename(tmp, path) < 0) {
+        snprintf(err, errlen, "export: cannot finish %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        snprintf(err, errlen, "export: open %s: %s", src, strerror(errno));
+        return -1;
+    }
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) {
+        snprintf(err, errlen, "export: create %s: %s", dst, strerror(errno));
+        close(in);
+        return -1;
+    }
+    char buf[1 << 16];
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = -1;
+            break;
+        }
+        if (r == 0)
+            break;
+        for (ssize_t off = 0; off < r;) {
+            ssize_t w = write(out, buf + off, (size_t)(r - off));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0) {
+                rc = -1;
+                break;
+            }
+            off += w;
+        }
+        if (rc < 0)
+            break;
+    }
+    if (rc == 0 && fsync(out) < 0)
+        rc = -1;
+    if (close(out) < 0)
+        rc = -1;
+    close(in);
+    if (rc < 0)
+        snprintf(err, errlen, "export: copy %s -> %s: %s", src, dst, strerror(errno));
+    return rc;
+}
+
+static void remove_tree(const char *dir)
+{
+    (void)exp_remove_dir(dir);
+}
+
+int exp_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char p[4096];
+        if (path_join(p, sizeof p, dir, e->d_name) == 0)
+            unlink(p);
+    }
+    closedir(d);
+    return rmdir(dir) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* ------------------------------------------------------ raw GGUF metadata */
+
+typedef struct {
+    char *key;
+    uint32_t type;
+    unsigned char *raw;          /* the value's encoding (after the type field) */
+    size_t len;
+} gkv;
+
+typedef struct {
+    gkv *kv;
+    size_t n;
+} gkvs;
+
+static void gkvs_free(gkvs *g)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        free(g->kv[i].key);
+        free(g->kv[i].raw);
+    }
+    free(g->kv);
+    g->kv = NULL;
+    g->n = 0;
+}
+
+typedef struct {
+    unsigned char *p;
+    size_t len, cap;
+} rbuf;
+
+static int rb_read(FILE *f, rbuf *b, size_t n)
+{
+    if (n > ((size_t)1 << 31))
+        return -1;
+    if (b->len + n > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n)
+            nc *= 2;
+        unsigned char *np = realloc(b->p, nc);
+        if (!np)
+            return -1;
+        b->p = np;
+        b->cap = nc;
+    }
+    if (n && fread(b->p + b->len, 1, n, f) != n)
+        return -1;
+    b->len += n;
+    return 0;
+}
+
+static size_t gguf_scalar_size(uint32_t t)
+{
+    switch (t) {
+    case GGUF_T_U8: case GGUF_T_I8: case GGUF_T_BOOL: return 1;
+    case GGUF_T_U16: case GGUF_T_I16: return 2;
+    case GGUF_T_U32: case GGUF_T_I32: case GGUF_T_F32: return 4;
+    case GGUF_T_U64: case GGUF_T_I64: case GGUF_T_F64: return 8;
+    }
+    return 0;
+}
+
+/* Read one value of type t, appending its raw bytes to b. */
+static int gguf_read_value(FILE *f, uint32_t t, rbuf *b, int depth)
+{
+    if (t == GGUF_T_STRING) {
+        size_t at = b->len;
+        if (rb_read(f, b, 8) < 0)
+            return -1;
+        uint64_t n;
+        memcpy(&n, b->p + at, 8);
+        return rb_read(f, b, (size_t)n);
+    }
+    if (t == GGUF_T_ARRAY) {
+        if (depth > 2)
+            return -1;
+        size_t at = b->len;
+        if (rb_read(f, b, 12) < 0)
+            return -1;
+        uint32_t et;
+        uint64_t n;
+        memcpy(&et, b->p + at, 4);
+        memcpy(&n, b->p + at + 4, 8);
+        size_t es = gguf_scalar_size(et);
+        if (es)
+            return n > ((uint64_t)1 << 31) / es ? -1 : rb_read(f, b, (size_t)(n * es));
+        for (uint64_t i = 0; i < n; i++)
+            if (gguf_read_value(f, et, b, depth + 1) < 0)
+                return -1;
+        return 0;
+    }
+    size_t es = gguf_scalar_size(t);
+    return es ? rb_read(f, b, es) : -1;
+}
+
+static int gguf_read_kvs(const char *path, gkvs *g, char *err, size_t errlen)
+{
+    memset(g, 0, sizeof *g);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    uint32_t mv[2];
+    uint64_t counts[2];
+    if (fread(mv, 4, 2, f) != 2 || mv[0] != 0x46554747u || (mv[1] != 2 && mv[1] != 3) ||
+        fread(counts, 8, 2, f) != 2 || counts[1] > 100000) {
+        snprintf(err, errlen, "%s: not a GGUF v2/v3 file", path);
+        fclose(f);
+        return -1;
+    }
+    g->kv = calloc(counts[1] ? counts[1] : 1, sizeof *g->kv);
+    if (!g->kv) {
+        fclose(f);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (uint64_t i = 0; i < counts[1]; i++) {
+        rbuf kb = {0}, vb = {0};
+        uint32_t t;
+        uint64_t kl;
+        if (fread(&kl, 8, 1, f) != 1 || kl > 65535 || rb_read(f, &kb, (size_t)kl) < 0 ||
+            rb_read(f, &kb, 0) < 0 || fread(&t, 4, 1, f) != 1 || gguf_read_value(f, t, &vb, 0) < 0) {
+            free(kb.p);
+            free(vb.p);
+            snprintf(err, errlen, "%s: truncated or malformed metadata (key %llu)", path,
+                     (unsigned long long)i);
+            fclose(f);
+            gkvs_free(g);
+            return -1;
+        }
+        char *key = malloc((size_t)kl + 1);
+        if (!key) {
+            free(kb.p);
+            free(vb.p);
+            fclose(f);
+            gkvs_free(g);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        if (kl)
+            memcpy(key, kb.p, (size_t)kl);
+        key[kl] = '\0';
+        free(kb.p);
+        g->kv[g->n].key = key;
+        g->kv[g->n].type = t;
+        g->kv[g->n].raw = vb.p;
+        g->kv[g->n].len = vb.len;
+        g->n++;
+    }
+    fclose(f);
+    return 0;
+}
+
+static const gkv *gkvs_find(const gkvs *g, const char *key)
+{
+    for (size_t i = 0; i < g->n; i++)
+        if (!strcmp(g->kv[i].key, key))
+            return &g->kv[i];
+    return NULL;
+}
+
+/* Integer scalar (any integer type) or -1. */
+static int64_t gkv_int(const gkvs *g, const char *key)
+{
+    const gkv *k = gkvs_find(g, key);
+    if (!k)
+        return -1;
+    switch (k->type) {
+    case GGUF_T_U32: { uint32_t v; memcpy(&v, k->raw, 4); return v; }
+    case GGUF_T_I32: { int32_t v; memcpy(&v, k->raw, 4); return v; }
+    case GGUF_T_U64: { uint64_t v; memcpy(&v, k->raw, 8); return (int64_t)v; }
+    case GGUF_T_I64: { int64_t v; memcpy(&v, k->raw, 8); return v; }
+    case GGUF_T_U16: { uint16_t v; memcpy(&v, k->raw, 2); return v; }
+    case GGUF_T_U8: case GGUF_T_BOOL: return k->raw[0];
+    }
+    return -1;
+}
+
+/* String scalar into buf (NUL-terminated); NULL when absent or not a string. */
+static const char *gkv_str(const gkvs *g, const char *key, char *buf, size_t cap)
+{
+    const gkv *k = gkvs_find(g, key);
+    if (!k || k->type != GGUF_T_STRING || k->len < 8)
+        return NULL;
+    uint64_t n;
+    memcpy(&n, k->raw, 8);
+    if (n + 1 > cap)
+        n = cap - 1;
+    memcpy(buf, k->raw + 8, (size_t)n);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Iterate an array of strings: returns element count (or -1), fills ptr/len arrays on demand. */
+static int64_t gkv_str_array(const gkv *k, const char ***ptrs, size_t **lens)
+{
+    if (!k || k->type != GGUF_T_ARRAY || k->len < 12)
+        return -1;
+    uint32_t et;
+    uint64_t n;
+    memcpy(&et, k->raw, 4);
+    memcpy(&n, k->raw + 4, 8);
+    if (et != GGUF_T_STRING)
+        return -1;
+    *ptrs = malloc((n ? n : 1) * sizeof **ptrs);
+    *lens = malloc((n ? n : 1) * sizeof **lens);
+    if (!*ptrs || !*lens) {
+        free(*ptrs);
+        free(*lens);
+        return -1;
+    }
+    size_t at = 12;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t l;
+        if (at + 8 > k->len)
+            goto bad;
+        memcpy(&l, k->raw + at, 8);
+        at += 8;
+        if (l > k->len - at)
+            goto bad;
+        (*ptrs)[i] = (const char *)k->raw + at;
+        (*lens)[i] = (size_t)l;
+        at += (size_t)l;
+    }
+    return (int64_t)n;
+bad:
+    free(*ptrs);
+    free(*lens);
+    return -1;
+}
+
+/* Array of int32 (token types): pointer to the first element, count or -1. */
+static int64_t gkv_i32_array(const gkv *k, const unsigned char **first)
+{
+    if (!k || k->type != GGUF_T_ARRAY || k->len < 12)
+        return -1;
+    uint32_t et;
+    uint64_t n;
+    memcpy(&et, k->raw, 4);
+    memcpy(&n, k->raw + 4, 8);
+    if ((et != GGUF_T_I32 && et != GGUF_T_U32) || k->len != 12 + n * 4)
+        return -1;
+    *first = k->raw + 12;
+    return (int64_t)n;
+}
+
+/* ---------------------------------------------------- tokenizer.json */
+
+static const char *const REGEX_LLAMA3 =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static json_t *bytelevel(int use_regex)
+{
+    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0,
+                     "trim_offsets", 1, "use_regex", use_regex);
+}
+
+/* HF pre_tokenizer for a llama.cpp pre-tokenizer name; NULL when unknown. */
+static json_t *pretokenizer_for(const char *pre, int *ignore_merges)
+{
+    *ignore_merges = 0;
+    if (!strcmp(pre, "gpt2") || !strcmp(pre, "default"))
+        return bytelevel(1);
+    if (!strcmp(pre, "smollm"))
+        return json_pack("{s:s, s:[{s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Digits",
+                         "individual_digits", 1, bytelevel(1));
+    if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) {
+        *ignore_merges = 1;
+        return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence", "pretokenizers",
+                         "type", "Split", "pattern", "Regex", REGEX_LLAMA3, "behavior", "Isolated",
+                         "invert", 0, bytelevel(0));
+    }
+    return NULL;
+}
+
+static json_t *token_json(const gkvs *g, const char *key, const char **tok, const size_t *len, int64_t n)
+{
+    int64_t id = gkv_int(g, key);
+    if (id < 0 || id >= n)
+        return json_null();
+    json_t *s = json_stringn(tok[id], len[id]);
+    return s ? s : json_null();
+}
+
+json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config, char *err, size_t errlen)
+{
+    gkvs g;
+    json_t *out = NULL, *vocab = NULL, *merges = NULL, *added = NULL, *pret = NULL;
+    const char **tok = NULL, **mer = NULL;
+    size_t *tlen = NULL, *mlen = NULL;
+    if (tok_config)
+        *tok_config = NULL;
+    if (gguf_read_kvs(gguf_path, &g, err, errlen) < 0)
+        return NULL;
+    char model[64], pre[64];
+    if (!gkv_str(&g, "tokenizer.ggml.model", model, sizeof model)) {
+        snprintf(err, errlen, "%s: no tokenizer.ggml.model", gguf_path);
+        goto out;
+    }
+    if (strcmp(model, "gpt2") != 0) {
+        snprintf(err, errlen, "%s: tokenizer model '%s' has no tokenizer.json conversion in this build "
+                 "(byte-level BPE 'gpt2' only)", gguf_path, model);
+        goto out;
+    }
+    if (!gkv_str(&g, "tokenizer.ggml.pre", pre, sizeof pre))
+        snprintf(pre, sizeof pre, "default");
+    int ignore_merges = 0;
+    if (!(pret = pretokenizer_for(pre, &ignore_merges))) {
+        snprintf(err, errlen, "%s: pre-tokenizer '%s' has no tokenizer.json mapping in this build "
+                 "(supported: gpt2, smollm, llama-bpe)", gguf_path, pre);
+        goto out;
+    }
+    int64_t n = gkv_str_array(gkvs_find(&g, "tokenizer.ggml.tokens"), &tok, &tlen);
+    int64_t nm = gkv_str_array(gkvs_find(&g, "tokenizer.ggml.merges"), &mer, &mlen);
+    const unsigned char *types = NULL;
+    int64_t nt = gkv_i32_array(gkvs_find(&g, "tokenizer.ggml.token_type"), &types);
+    if (n <= 0 || nm < 0) {
+        snprintf(err, errlen, "%s: tokenizer tokens or merges missing", gguf_path);
+        goto out;
+    }
+    vocab = json_object();
+    merges = json_array();
+    added = json_array();
+    if (!vocab || !merges || !added)
+        goto oom;
+    for (int64_t i = 0; i < n; i++) {
+        char key[1024];
+        if (tlen[i] >= sizeof key) {
+            snprintf(err, errlen, "%s: token %lld longer than 1023 bytes", gguf_path, (long long)i);
+            goto out;
+        }
+        memcpy(key, tok[i], tlen[i]);
+        key[tlen[i]] = '\0';
+        if (memchr(tok[i], '\0', tlen[i]) || json_object_set_new(vocab, key, json_integer(i)) < 0) {
+            snprintf(err, errlen, "%s: token %lld is not valid UTF-8 text", gguf_path, (long long)i);
+            goto out;
+        }
+        int32_t ty = 1;
+        if (nt == n)
+            memcpy(&ty, types + 4 * i, 4);
+        if (ty == 3 || ty == 4) {   /* control, user-defined */
+            json_t *s = json_stringn(tok[i], tlen[i]);
+            if (!s)
+                goto oom;
+            json_t *a = json_pack("{s:I, s:o, s:b, s:b, s:b, s:b, s:b}", "id", (json_int_t)i, "content", s,
+                                  "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", ty == 4,
+                                  "special", ty == 3);
+            if (!a || json_array_append_new(added, a) < 0)
+                goto oom;
+        }
+    }
+    for (int64_t i = 0; i < nm; i++) {
+        json_t *s = json_stringn(mer[i], mlen[i]);
+        if (!s || json_array_append_new(merges, s) < 0) {
+            snprintf(err, errlen, "%s: merge %lld is not valid UTF-8 text", gguf_path, (long long)i);
+            goto out;
+        }
+    }
+    int64_t add_bos = gkv_int(&g, "tokenizer.ggml.add_bos_token");
+    int64_t bos = gkv_int(&g, "tokenizer.ggml.bos_token_id");
+    json_t *post;
+    if (add_bos == 1 && bos >= 0 && bos < n) {
+        json_t *bs = json_stringn(tok[bos], tlen[bos]);
+        post = json_pack("{s:s, s:[{s:{s:s,s:I}}, {s:{s:s,s:I}}], s:[{s:{s:s,s:I}}, {s:{s:s,s:I}}, {s:{s:s,s:I}}, {s:{s:s,s:I}}], s:{s:{s:o, s:[I], s:[o]}}}",
+                         "type", "TemplateProcessing",
+                         "single", "SpecialToken", "id", bs ? json_string_value(bs) : "", "type_id", (json_int_t)0,
+                         "Sequence", "id", "A", "type_id", (json_int_t)0,
+                         "pair", "SpecialToken", "id", bs ? json_string_value(bs) : "", "type_id", (json_int_t)0,
+                         "Sequence", "id", "A", "type_id", (json_int_t)0,
+                         "SpecialToken", "id", bs ? json_string_value(bs) : "", "type_id", (json_int_t)1,
+                         "Sequence", "id", "B", "type_id", (json_int_t)1,
+                         "special_tokens", bs ? json_string_value(bs) : "", "id", json_incref(bs),
+                         "ids", (json_int_t)bos, "tokens", json_incref(bs));
+        json_decref(bs);
+    } else {
+        post = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1,
+                         "trim_offsets", 0, "use_regex", 1);
+    }
+    json_t *model_obj = json_pack("{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type", "BPE",
+                                  "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                                  "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", ignore_merges,
+                                  "vocab", vocab, "merges", merges);
+    vocab = merges = NULL;
+    out = json_pack("{s:s, s:n, s:n, s:o, s:n, s:o, s:o, s:o, s:o}", "version", "1.0", "truncation", "padding",
+                    "added_tokens", added, "normalizer", "pre_tokenizer", pret, "post_processor", post,
+                    "decoder", json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1,
+                                         "trim_offsets", 1, "use_regex", 1),
+                    "model", model_obj);
+    added = pret = NULL;
+    if (!out)
+        goto oom;
+    if (tok_config) {
+        const gkv *ct = gkvs_find(&g, "tokenizer.chat_template");
+        json_t *chat = NULL;
+        if (ct && ct->type == GGUF_T_STRING && ct->len >= 8) {
+            uint64_t cl;
+            memcpy(&cl, ct->raw, 8);
+            if (cl <= ct->len - 8)
+                chat = json_stringn((const char *)ct->raw + 8, (size_t)cl);   /* whole template */
+        }
+        json_t *tc = json_pack("{s:b, s:b, s:o, s:o, s:o, s:o, s:b, s:s}",
+                               "add_bos_token", add_bos == 1, "add_eos_token", gkv_int(&g, "tokenizer.ggml.add_eos_token") == 1,
+                               "bos_token", token_json(&g, "tokenizer.ggml.bos_token_id", tok, tlen, n),
+                               "eos_token", token_json(&g, "tokenizer.ggml.eos_token_id", tok, tlen, n),
+                               "unk_token", token_json(&g, "tokenizer.ggml.unknown_token_id", tok, tlen, n),
+                               "pad_token", token_json(&g, "tokenizer.ggml.padding_token_id", tok, tlen, n),
+                               "clean_up_tokenization_spaces", 0, "tokenizer_class", "PreTrainedTokenizerFast");
+        if (tc && chat)
+            json_object_set_new(tc, "chat_template", chat);
+        else
+            json_decref(chat);
+        *tok_config = tc;
+    }
+    goto out;
+oom:
+    snprintf(err, errlen, "tokenizer.json: out of memory");
+    json_decref(out);
+    out = NULL;
+out:
+    json_decref(vocab);
+    json_decref(merges);
+    json_decref(added);
+    json_decref(pret);
+    free(tok);
+    free(tlen);
+    free(mer);
+    free(mlen);
+    gkvs_free(&g);
+    return out;
+}
+
+/* ---------------------------------------------------------- HF config */
+
+int exp_decilm_intermediate_size(double ffn_mult, int hidden_size)
+{
+    int64_t v = (int64_t)(2.0 * ffn_mult * (double)hidden_size / 3.0);
+    if (v % 256)
+        v += 256 - v % 256;
+    return (int)v;
+}
+
+double exp_decilm_ffn_mult(int ffn_dim, int hidden_size)
+{
+    if (ffn_dim <= 0 || hidden_size <= 0 || ffn_dim % 256)
+        return -1;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.6f", 3.0 * ffn_dim / (2.0 * hidden_size));
+    double m = strtod(buf, NULL);   /* round(x, 6), as block_config.py stores it */
+    return exp_decilm_intermediate_size(m, hidden_size) == ffn_dim ? m : -1;
+}
+
+static int first_attention_heads(const arch *a)
+{
+    for (int i = 0; i < a->n_layers; i++)
+        if (a->layers[i].n_heads > 0)
+            return a->layers[i].n_heads;
+    return 0;
+}
+
+static const char *parent_class(const json_t *pc)
+{
+    const json_t *ar = json_object_get(pc, "architectures");
+    return json_is_array(ar) && json_array_size(ar) == 1 ? json_string_value(json_array_get(ar, 0)) : NULL;
+}
+
+static int hf_decilm_check(const arch *a, char *err, size_t errlen);
+
+int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t cap, char *err, size_t errlen)
+{
+    if (strcmp(a->family, "llama") != 0) {
+        snprintf(err, errlen, "HF export: family '%s' is not supported (llama only)", a->family);
+        return -1;
+    }
+    if (a->n_layers > 0 && arch_is_uniform(a)) {
+        const char *pcls = parent_class(parent_config);
+        if (a->attention_bias)
+            snprintf(cls, cap, "Qwen2ForCausalLM");
+        else if (pcls && !strcmp(pcls, "MistralForCausalLM"))
+            snprintf(cls, cap, "%s", pcls);
+        else
+            snprintf(cls, cap, "LlamaForCausalLM");
+        return 0;
+    }
+    if (hf_decilm_check(a, err, errlen) < 0)
+        return -1;
+    snprintf(cls, cap, "DeciLMForCausalLM");
+    return 0;
+}
+
+static int hf_decilm_check(const arch *a, char *err, size_t errlen)
+{
+    int H = first_attention_heads(a);
+    if (H == 0) {
+        snprintf(err, errlen, "HF export: no layer keeps attention; DeciLM needs num_attention_heads "
+                 "from at least one attention layer");
+        return -1;
+    }
+    if (a->head_dim * H != a->hidden_size) {
+        snprintf(err, errlen, "HF export: DeciLM derives head_dim as hidden_size/num_attention_heads "
+                 "(%d/%d), but the arch has head_dim %d", a->hidden_size, H, a->head_dim);
+        return -1;
+    }
+    if (a->rope_scaling.type == ROPE_SCALING_DYNAMIC) {
+        snprintf(err, errlen, "HF export: dynamic RoPE scaling is not expressible for DeciLM in this build");
+        return -1;
+    }
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        if (l->n_heads > 0 && l->n_heads != H) {
+            snprintf(err, errlen, "HF export: layer %d has %d query heads but layer with attention before it "
+                     "has %d; DeciLM block_configs (n_heads_in_group) fix the query head count for every "
+                     "layer, so per-layer query heads are only expressible in GGUF", i, l->n_heads, H);
+            return -1;
+        }
+        if (l->ffn_dim > 0 && exp_decilm_ffn_mult(l->ffn_dim, a->hidden_size) < 0) {
+            snprintf(err, errlen, "HF export: layer %d ffn_dim %d cannot be written as DeciLM ffn_mult "
+                     "(readers round int(2*ffn_mult*%d/3) up to a multiple of 256)", i, l->ffn_dim,
+                     a->hidden_size);
+            return -1;
+        }
+        if (l->n_heads == 0 && l->ffn_dim == 0) {
+            snprintf(err, errlen, "HF export: layer %d has neither attention nor MLP (a removed layer "
+                     "must be absent from the arch)", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static json_t *rope_scaling_json(const arch *a)
+{
+    const arch_rope_scaling *r = &a->rope_scaling;
+    switch (r->type) {
+    case ROPE_SCALING_NONE: return json_null();
+    case ROPE_SCALING_LINEAR: return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", r->factor);
+    case ROPE_SCALING_DYNAMIC: return json_pack("{s:s, s:f}", "rope_type", "dynamic", "factor", r->factor);
+    case ROPE_SCALING_LLAMA3:
+        return json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", r->factor, "high_freq_factor", r->high_freq_factor,
+                         "low_freq_factor", r->low_freq_factor, "original_max_position_embeddings",
+                         r->original_max_position_embeddings, "rope_type", "llama3");
+    }
+    return json_null();
+}
+
+static int set(json_t *o, const char *k, json_t *v)
+{
+    return v ? json_object_set_new(o, k, v) : -1;
+}
+
+json_t *exp_hf_config(const arch *a, const char *cls, exp_dtype dtype, const json_t *parent_config,
+                      char *err, size_t errlen)
+{
+    int deci = !strcmp(cls, "DeciLMForCausalLM");
+    json_t *c;
+    int rc = 0;
+    if (!deci) {
+        /* Uniform: storage/hfconfig.c writes the class fields; the parent's own class name
+         * (Mistral) is kept when it describes the same layout. */
+        if (!(c = hfconfig_from_arch(a, torch_dtype(dtype), err, errlen)))
+            return NULL;
+        if (!strcmp(cls, "MistralForCausalLM")) {
+            rc |= set(c, "architectures", json_pack("[s]", cls));
+            rc |= set(c, "model_type", json_string("mistral"));
+        }
+    } else {
+        c = json_object();
+        if (!c)
+            goto oom;
+        int H = first_attention_heads(a);
+        rc |= set(c, "architectures", json_pack("[s]", cls));
+        rc |= set(c, "model_type", json_string("nemotron-nas"));
+        rc |= set(c, "hidden_size", json_integer(a->hidden_size));
+        rc |= set(c, "num_hidden_layers", json_integer(a->n_layers));
+        rc |= set(c, "num_attention_heads", json_integer(H));
+        rc |= set(c, "head_dim", json_integer(a->head_dim));
+        rc |= set(c, "vocab_size", json_integer(a->vocab_size));
+        rc |= set(c, "max_position_embeddings", json_integer(a->max_position_embeddings));
+        rc |= set(c, "rms_norm_eps", json_real(a->norm_eps));
+        rc |= set(c, "rope_theta", json_real(a->rope_theta));
+        rc |= set(c, "rope_scaling", rope_scaling_json(a));
+        rc |= set(c, "tie_word_embeddings", json_boolean(a->tie_word_embeddings));
+        rc |= set(c, "attention_bias", json_boolean(a->attention_bias));
+        rc |= set(c, "hidden_act", json_string("silu"));
+        rc |= set(c, "torch_dtype", json_string(torch_dtype(dtype)));
+        rc |= set(c, "use_cache", json_true());
+        /* Nemotron-NAS schema (nvidia/Llama-3_1-Nemotron-51B-Instruct block_config.py; read
+         * by vLLM nemotron_nas.py and llama.cpp conversion/deci.py). The class code is
+         * NVIDIA's: transformers fetches it (trust_remote_code) from the auto_map repo. */
+        rc |= set(c, "intermediate_size", json_null());
+        rc |= set(c, "num_key_value_heads", json_null());
+        rc |= set(c, "auto_map", json_pack("{s:s, s:s}",
+            "AutoConfig", "nvidia/Llama-3_1-Nemotron-51B-Instruct--configuration_decilm.DeciLMConfig",
+            "AutoModelForCausalLM", "nvidia/Llama-3_1-Nemotron-51B-Instruct--modeling_decilm.DeciLMForCausalLM"));
+        json_t *blocks = json_array();
+        if (!blocks)
+            goto oom;
+        for (int i = 0; i < a->n_layers; i++) {
+            const arch_layer *l = &a->layers[i];
+            json_t *att = json_pack("{s:o, s:b, s:n, s:b, s:n, s:b, s:b, s:n}",
+                "n_heads_in_group", l->n_heads ? json_integer(l->n_heads / l->n_kv_heads) : json_null(),
+                "no_op", l->n_heads == 0, "num_sink_tokens", "replace_with_linear", 0, "sparsify",
+                "unshifted_sink", 0, "use_prefill_window_in_sink_attention", 0, "window_length");
+            double m = l->ffn_dim ? exp_decilm_ffn_mult(l->ffn_dim, a->hidden_size) : -1;
+            json_t *ffn = json_pack("{s:o, s:b, s:b, s:n}",
+                "ffn_mult", l->ffn_dim ? json_real(m) : json_null(), "no_op", l->ffn_dim == 0,
+                "replace_with_linear", 0, "sparsify");
+            json_t *b = att && ffn ? json_pack("{s:o, s:o}", "attention", att, "ffn", ffn) : NULL;
+            if (!b || json_array_append_new(blocks, b) < 0) {
+                json_decref(blocks);
+                goto oom;
+            }
+        }
+        rc |= set(c, "block_configs", blocks);
+    }
+    rc |= set(c, "mlp_bias", json_false());
+    rc |= set(c, "attention_dropout", json_real(0.0));
+    rc |= set(c, "initializer_range", json_real(0.02));
+    rc |= set(c, "pretraining_tp", json_integer(1));
+    json_t *src = json_array();
+    for (int i = 0; src && i < a->n_layers; i++)
+        rc |= json_array_append_new(src, json_integer(a->layers[i].source_layer));
+    rc |= set(c, "autocompress_source_layers", src);
+    const json_t *v;
+    if ((v = json_object_get(parent_config, "bos_token_id")))
+        rc |= json_object_set(c, "bos_token_id", (json_t *)v);
+    if ((v = json_object_get(parent_config, "eos_token_id")))
+        rc |= json_object_set(c, "eos_token_id", (json_t *)v);
+    if (rc)
+        goto oom;
+    return c;
+oom:
+    json_decref(c);
+    snprintf(err, errlen, "config.json: out of memory");
+    return NULL;
+}
+
+/* ------------------------------------------------------------- tensors */
+
+typedef struct {
+    const char *name;     /* borrowed from the model */
+    int64_t shape[2];
+    int ndim;
+    int64_t numel;
+} tinfo;
+
+static int list_tensors(const eng_model *m, tinfo **out, int *n, char *err, size_t errlen)
+{
+    int cnt = eng_model_tensor_count(m);
+    if (cnt <= 0) {
+        snprintf(err, errlen, "export: the model has no tensors");
+        return -1;
+    }
+    tinfo *t = calloc((size_t)cnt, sizeof *t);
+    if (!t) {
+        snprintf(err, errlen, "export: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < cnt; i++) {
+        float *dev;
+        if (eng_model_tensor(m, i, &t[i].name, t[i].shape, &t[i].ndim, &dev) < 0 || t[i].ndim < 1 ||
+            t[i].ndim > 2) {
+            snprintf(err, errlen, "export: cannot enumerate tensor %d", i);
+            free(t);
+            return -1;
+        }
+        t[i].numel = t[i].shape[0] * (t[i].ndim == 2 ? t[i].shape[1] : 1);
+    }
+    *out = t;
+    *n = cnt;
+    return 0;
+}
+
+static float *fetch_tensor(const eng_model *m, const tinfo *t, char *err, size_t errlen)
+{
+    float *buf = malloc((size_t)t->numel * sizeof *buf);
+    if (!buf) {
+        snprintf(err, errlen, "export: out of memory for tensor %s", t->name);
+        return NULL;
+    }
+    if (eng_model_get_tensor(m, t->name, buf, t->numel) != t->numel) {
+        snprintf(err, errlen, "export: cannot read tensor %s", t->name);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------ HF directory */
+
+static const char *const HF_TOKENIZER_FILES[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+};
+
+static int has_suffix(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+static int write_shards(const eng_model *m, const char *dir, const exp_opts *o, int *n_shards,
+                        char *err, size_t errlen)
+{
+    tinfo *t = NULL;
+    int n = 0;
+    if (list_tensors(m, &t, &n, err, errlen) < 0)
+        return -1;
+    st_dtype sd = o->dtype == EXP_FP32 ? ST_F32 : o->dtype == EXP_FP16 ? ST_F16 : ST_BF16;
+    int64_t esz = (int64_t)st_dtype_size(sd);
+    int64_t limit = o->shard_bytes > 0 ? o->shard_bytes : DEFAULT_SHARD_BYTES;
+    /* Plan shards in enumeration order. */
+    int *shard_of = calloc((size_t)n, sizeof *shard_of);
+    if (!shard_of) {
+        free(t);
+        snprintf(err, errlen, "export: out of memory");
+        return -1;
+    }
+    int ns = 0;
+    int64_t cur = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t b = t[i].numel * esz;
+        if (cur > 0 && cur + b > limit) {
+            ns++;
+            cur = 0;
+        }
+        shard_of[i] = ns;
+        cur += b;
+        total += b;
+    }
+    ns++;
+    int rc = -1;
+    json_t *meta = json_pack("{s:s}", "format", "pt");
+    json_t *wmap = json_object();
+    st_write_tensor *ws = calloc((size_t)n, sizeof *ws);
+    if (!meta || !wmap || !ws) {
+        snprintf(err, errlen, "export: out of memory");
+        goto out;
+    }
+    for (int s = 0; s < ns; s++) {
+        char fname[128], path[4096];
+        if (ns == 1)
+            snprintf(fname, sizeof fname, "model.safetensors");
+        else
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, ns);
+        if (path_join(path, sizeof path, dir, fname) < 0) {
+            snprintf(err, errlen, "export: path too long");
+            goto out;
+        }
+        int k = 0, failed = 0;
+        for (int i = 0; i < n && !failed; i++) {
+            if (shard_of[i] != s)
+                continue;
+            float *d = fetch_tensor(m, &t[i], err, errlen);
+            if (!d) {
+                failed = 1;
+                break;
+            }
+            ws[k].name = t[i].name;
+            ws[k].data = d;
+            ws[k].ndim = t[i].ndim;
+            ws[k].shape[0] = t[i].shape[0];
+            ws[k].shape[1] = t[i].shape[1];
+            k++;
+            if (json_object_set_new(wmap, t[i].name, json_string(fname)) < 0)
+                failed = 1;
+        }
+        if (!failed && st_write(path, ws, k, sd, meta, err, errlen) < 0)
+            failed = 1;
+        for (int i = 0; i < k; i++)
+            free((void *)ws[i].data);
+        if (failed)
+            goto out;
+    }
+    if (ns > 1) {
+        char path[4096];
+        json_t *idx = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wmap);
+        if (!idx || path_join(path, sizeof path, dir, "model.safetensors.index.json") < 0 ||
+            write_json(path, idx, err, errlen) < 0) {
+            json_decref(idx);
+            if (!err[0])
+                snprintf(err, errlen, "export: cannot write the shard index");
+            goto out;
+        }
+        json_decref(idx);
+    }
+    *n_shards = ns;
+    rc = 0;
+out:
+    json_decref(meta);
+    json_decref(wmap);
+    free(ws);
+    free(shard_of);
+    free(t);
+    return rc;
+}
+
+static json_t *load_json_file(const char *path)
+{
+    json_error_t je;
+    return json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+}
+
+int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_result *res,
+                 char *err, size_t errlen)
+{
+    exp_result dummy;
+    if (!res)
+        res = &dummy;
+    memset(res, 0, sizeof *res);
+    err[0] = '\0';
+    if (o->dtype == EXP_Q8_0) {
+        snprintf(err, errlen, "HF export: dtype q8_0 is GGUF only (HF: bf16, fp16, fp32)");
+        return -1;
+    }
+    const char *pp = o->parent_path;
+    int parent_hf = pp && is_dir(pp), parent_gguf = pp && has_suffix(pp, ".gguf") && is_file(pp);
+    json_t *pconf = NULL, *conf = NULL, *tokj = NULL, *tokc = NULL, *gen = NULL;
+    char ppath[4096], partial[4096], path[4096], cls[64];
+    int rc = -1, made = 0;
+    if (parent_hf && path_join(ppath, sizeof ppath, pp, "config.json") == 0 && is_file(ppath))
+        pconf = load_json_file(ppath);
+    if (o->hf_class && !strcmp(o->hf_class, "llama") && !arch_is_uniform(&m->a)) {
+        snprintf(err, errlen, "HF export: LlamaForCausalLM holds uniform layers only and this arch differs "
+                 "per layer or removes parts; export it as \"deci\" or \"gguf\"");
+        goto out;
+    }
+    if (o->hf_class && !strcmp(o->hf_class, "deci")) {
+        if (hf_decilm_check(&m->a, err, errlen) < 0)   /* DeciLM asked for: also for uniform archs */
+            goto out;
+        snprintf(cls, sizeof cls, "DeciLMForCausalLM");
+    } else if (exp_hf_class(&m->a, pconf, cls, sizeof cls, err, errlen) < 0) {
+        goto out;
+    }
+    if (!(conf = exp_hf_config(&m->a, cls, o->dtype, pconf, err, errlen)))
+        goto out;
+    if (is_dir(dir)) {
+        DIR *d = opendir(dir);
+        int empty = 1;
+        struct dirent *e;
+        while (d && (e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                empty = 0;
+        if (d)
+            closedir(d);
+        if (!empty) {
+            snprintf(err, errlen, "HF export: %s exists and is not empty", dir);
+            goto out;
+        }
+        rmdir(dir);
+    }
+    if (snprintf(partial, sizeof partial, "%s.partial", dir) >= (int)sizeof partial) {
+        snprintf(err, errlen, "HF export: path too long");
+        goto out;
+    }
+    remove_tree(partial);
+    if (mkdir(partial, 0755) < 0) {
+        snprintf(err, errlen, "HF export: mkdir %s: %s", partial, strerror(errno));
+        goto out;
+    }
+    made = 1;
+    snprintf(res->model_class, sizeof res->model_class, "%s", cls);
+    /* Tokenizer files and token ids. */
+    json_t *bos = NULL, *eos = NULL;
+    if (parent_hf) {
+        for (size_t i = 0; i < sizeof HF_TOKENIZER_FILES / sizeof *HF_TOKENIZER_FILES; i++) {
+            char src[4096];
+            if (path_join(src, sizeof src, pp, HF_TOKENIZER_FILES[i]) < 0 || !is_file(src))
+                continue;
+            if (path_join(path, sizeof path, partial, HF_TOKENIZER_FILES[i]) < 0 ||
+                copy_file(src, path, err, errlen) < 0)
+                goto out;
+            res->tokenizer = 1;
+        }
+        char src[4096];
+        if (path_join(src, sizeof src, pp, "generation_config.json") == 0 && is_file(src))
+            gen = load_json_file(src);
+        bos = json_object_get(pconf, "bos_token_id");
+        eos = json_object_get(pconf, "eos_token_id");
+        if (!res->tokenizer)
+            snprintf(res->note, sizeof res->note, "the parent directory holds no tokenizer files");
+    } else if (parent_gguf) {
+        if (!(tokj = exp_tokenizer_json_from_gguf(pp, &tokc, err, errlen)))
+            goto out;
+        if (path_join(path, sizeof path, partial, "tokenizer.json") < 0 || write_json(path, tokj, err, errlen) < 0)
+            goto out;
+        if (tokc) {
+            json_object_set_new(tokc, "model_max_length", json_integer(m->a.max_position_embeddings));
+            if (path_join(path, sizeof path, partial, "tokenizer_config.json") < 0 ||
+                write_json(path, tokc, err, errlen) < 0)
+                goto out;
+        }
+        res->tokenizer = 1;
+        gkvs g;
+        if (gguf_read_kvs(pp, &g, err, errlen) == 0) {
+            int64_t b = gkv_int(&g, "tokenizer.ggml.bos_token_id"), e = gkv_int(&g, "tokenizer.ggml.eos_token_id");
+            if (b >= 0)
+                json_object_set_new(conf, "bos_token_id", json_integer(b));
+            if (e >= 0)
+                json_object_set_new(conf, "eos_token_id", json_integer(e));
+            gkvs_free(&g);
+        }
+    } else {
+        snprintf(res->note, sizeof res->note, "%s", pp ? "tokenizer not carried over: the parent's format "
+                 "(llama2.c) has no HF tokenizer conversion in this build" : "no parent given: no tokenizer files");
+    }
+    if (bos)
+        json_object_set(conf, "bos_token_id", bos);
+    if (eos)
+        json_object_set(conf, "eos_token_id", eos);
+    if (path_join(path, sizeof path, partial, "config.json") < 0 || write_json(path, conf, err, errlen) < 0)
+        goto out;
+    if (!gen) {
+        gen = json_pack("{s:b}", "_from_model_config", 1);
+        json_t *b = json_object_get(conf, "bos_token_id"), *e = json_object_get(conf, "eos_token_id");
+        if (gen && b)
+            json_object_set(gen, "bos_token_id", b);
+        if (gen && e)
+            json_object_set(gen, "eos_token_id", e);
+    }
+    if (!gen || path_join(path, sizeof path, partial, "generation_config.json") < 0 ||
+        write_json(path, gen, err, errlen) < 0) {
+        if (!err[0])
+            snprintf(err, errlen, "HF export: out of memory");
+        goto out;
+    }
+    if (write_shards(m, partial, o, &res->n_shards, err, errlen) < 0)
+        goto out;
+    mc_info info = {.parent = pp ? pp : "unknown", .model_class = cls, .dtype = exp_dtype_name(o->dtype),
+                    .formats = "HF directory (config.json + safetensors)"};
+    if (path_join(path, sizeof path, partial, "MODEL_CARD.md") < 0 ||
+        mc_write(path, &m->a, o->report, &info, err, errlen) < 0)
+        goto out;
+    if (exp_write_sums(partial, err, errlen) < 0)
+        goto out;
+    if (rename(partial, dir) < 0) {
+        snprintf(err, errlen, "HF export: rename %s -> %s: %s", partial, dir, strerror(errno));
+        goto out;
+    }
+    made = 0;
+    rc = 0;
+out:
+    if (made)
+        remove_tree(partial);
+    json_decref(pconf);
+    json_decref(conf);
+    json_decref(tokj);
+    json_decref(tokc);
+    json_decref(gen);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- GGUF */
+
+int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
+{
+    if (strcmp(a->family, "llama") != 0) {
+        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama only)", a->family);
+        return -1;
+    }
+    if (a->attention_bias) {
+        snprintf(err, errlen, "GGUF export: q/k/v biases (Qwen2-style) are not available in this build");
+        return -1;
+    }
+    if (a->rope_scaling.type == ROPE_SCALING_DYNAMIC) {
+        snprintf(err, errlen, "GGUF export: dynamic RoPE scaling has no llama.cpp equivalent for llama/deci");
+        return -1;
+    }
+    if (a->n_layers == 0) {
+        snprintf(err, errlen, "GGUF export: the arch has no layers");
+        return -1;
+    }
+    if (arch_is_uniform(a)) {
+        snprintf(arch_name, cap, "llama");
+        return 0;
+    }
+    /* llama.cpp's llama arch sizes every layer's tensors from layer 0's values
+     * (LLAMA_LOAD_LOCALS), so heterogeneous layers need `deci` (src/models/deci.cpp). */
+    if (a->layers[0].n_heads == 0) {
+        snprintf(err, errlen, "GGUF export: layer 0 has no attention; llama.cpp derives head size and "
+                 "RoPE dimensions from layer 0's head count and would load this arch without attention");
+        return -1;
+    }
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        if (l->n_heads > 0 && l->ffn_dim == 0) {
+            snprintf(err, errlen, "GGUF export: layer %d keeps attention but removes the MLP; llama.cpp's "
+                     "deci graph skips such a layer entirely (its attention output is dropped), so it "
+                     "cannot run this arch", i);
+            return -1;
+        }
+        if (l->n_heads == 0 && l->ffn_dim == 0) {
+            snprintf(err, errlen, "GGUF export: layer %d has neither attention nor MLP", i);
+            return -1;
+        }
+    }
+    snprintf(arch_name, cap, "deci");
+    return 0;
+}
+
+/* HF name -> GGUF name; *perm_heads > 0 when the rows must be permuted for llama.cpp's
+ * interleaved RoPE. Returns 0, or -1 for an unknown name. */
+static int gguf_name(const arch *a, const char *hf, char *out, size_t cap, int *perm_heads)
+{
+    *perm_heads = 0;
+    if (!strcmp(hf, "model.embed_tokens.weight"))
+        return snprintf(out, cap, "token_embd.weight") < 0 ? -1 : 0;
+    if (!strcmp(hf, "model.norm.weight"))
+        return snprintf(out, cap, "output_norm.weight") < 0 ? -1 : 0;
+    if (!strcmp(hf, "lm_head.weight"))
+        return snprintf(out, cap, "output.weight") < 0 ? -1 : 0;
+    int layer, pos = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &layer, &pos) != 1 || pos == 0 || layer < 0 || layer >= a->n_layers)
+        return -1;
+    static const struct { const char *hf, *gg; int perm; } map[] = {
+        {"input_layernorm.weight", "attn_norm.weight", 0},
+        {"self_attn.q_proj.weight", "attn_q.weight", 1},
+        {"self_attn.k_proj.weight", "attn_k.weight", 2},
+        {"self_attn.v_proj.weight", "attn_v.weight", 0},
+        {"self_attn.o_proj.weight", "attn_output.weight", 0},
+        {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+        {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
+        {"mlp.up_proj.weight", "ffn_up.weight", 0},
+        {"mlp.down_proj.weight", "ffn_down.weight", 0},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (!strcmp(hf + pos, map[i].hf)) {
+            if (map[i].perm == 1)
+                *perm_heads = a->layers[layer].n_heads;
+            else if (map[i].perm == 2)
+                *perm_heads = a->layers[layer].n_kv_heads;
+            return snprintf(out, cap, "blk.%d.%s", layer, map[i].gg) < 0 ? -1 : 0;
+        }
+    return -1;
+}
+
+/* rotate_half layout -> interleaved pairs, as convert_hf_to_gguf's permute():
+ * new row h*D + 2j + t takes old row h*D + t*D/2 + j. */
+static int permute_rows(float *w, int n_heads, int64_t rows, int64_t cols)
+{
+    if (n_heads <= 0 || rows % n_heads)
+        return -1;
+    int64_t D = rows / n_heads;
+    if (D % 2)
+        return -1;
+    float *tmp = malloc((size_t)(D * cols) * sizeof *tmp);
+    if (!tmp)
+        return -1;
+    for (int h = 0; h < n_heads; h++) {
+        float *blk = w + (int64_t)h * D * cols;
+        memcpy(tmp, blk, (size_t)(D * cols) * sizeof *tmp);
+        for (int64_t j = 0; j < D / 2; j++)
+            for (int t = 0; t < 2; t++)
+                memcpy(blk + (2 * j + t) * cols, tmp + (t * (D / 2) + j) * cols, (size_t)cols * sizeof *tmp);
+    }
+    free(tmp);
+    return 0;
+}
+
+static uint32_t gguf_file_type(exp_dtype d)
+{
+    switch (d) {
+    case EXP_FP32: return 0;
+    case EXP_FP16: return 1;
+    case EXP_Q8_0: return 7;
+    case EXP_BF16: return 32;
+    }
+    return 0;
+}
+
+
+/* GGUF tokenizer metadata from a non-GGUF parent through the engine's tokenizer API:
+ * SentencePiece-style vocabularies (llama2.c, HF byte-fallback BPE) as llama.cpp's
+ * "llama" model. Byte-level BPE needs the merge list, which the API does not expose. */
+static int gguf_tokenizer_from_api(ggw *w, const char *parent, int vocab, char *err, size_t errlen)
+{
+    mio_model mm;
+    if (mio_open(&mm, parent, NULL, err, errlen) < 0)
+        return -1;
+    tok_tokenizer *t = mio_tokenizer(&mm, err, errlen);
+    mio_close(&mm);
+    if (!t)
+        return -1;
+    int rc = -1, n = tok_n_vocab(t);
+    char **pieces = NULL;
+    size_t *lens = NULL;
+    float *scores = NULL;
+    int32_t *types = NULL;
+    if (tok_kind_of(t) != TOK_SPM) {
+        snprintf(err, errlen, "GGUF export: the parent's byte-level BPE tokenizer can be carried into GGUF only "
+                 "from a GGUF parent in this build (its merge list is not available otherwise)");
+        goto out;
+    }
+    if (n != vocab) {
+        snprintf(err, errlen, "GGUF export: parent tokenizer has %d tokens, model vocab is %d", n, vocab);
+        goto out;
+    }
+    const tok_config *c = tok_cfg(t);
+    pieces = calloc((size_t)n, sizeof *pieces);
+    lens = calloc((size_t)n, sizeof *lens);
+    scores = calloc((size_t)n, sizeof *scores);
+    types = calloc((size_t)n, sizeof *types);
+    if (!pieces || !lens || !scores || !types)
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        const char *p = tok_piece(t, i, &len);
+        tok_type ty = tok_type_of(t, i);
+        if (!p)
+            p = "", len = 0;
+        /* llama.cpp looks pieces up with spaces spelled U+2581. */
+        int esc = !c->escape_spaces && ty == TOK_TYPE_NORMAL;
+        size_t spaces = 0;
+        for (size_t k = 0; esc && k < len; k++)
+            spaces += p[k] == ' ';
+        if (!(pieces[i] = malloc(len + 2 * spaces + 1)))
+            goto oom;
+        size_t o = 0;
+        for (size_t k = 0; k < len; k++) {
+            if (esc && p[k] == ' ') {
+                memcpy(pieces[i] + o, "\xe2\x96\x81", 3);
+                o += 3;
+            } else {
+                pieces[i][o++] = p[k];
+            }
+        }
+        lens[i] = o;
+        scores[i] = tok_score(t, i);
+        types[i] = (int32_t)ty;
+    }
+    int bad = 0;
+    bad |= ggw_kv_str(w, "tokenizer.ggml.model", "llama");
+    bad |= ggw_kv_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, lens, (size_t)n);
+    bad |= ggw_kv_arr_f32(w, "tokenizer.ggml.scores", scores, (size_t)n);
+    bad |= ggw_kv_arr_i32(w, "tokenizer.ggml.token_type", types, (size_t)n);
+    if (c->bos_id >= 0)
+        bad |= ggw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
+    if (c->eos_id >= 0)
+        bad |= ggw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
+    if (c->unk_id >= 0)
+        bad |= ggw_kv_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)c->unk_id);
+    if (c->pad_id >= 0)
+        bad |= ggw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)c->pad_id);
+    bad |= ggw_kv_bool(w, "tokenizer.ggml.add_bos_token", c->add_bos);
+    bad |= ggw_kv_bool(w, "tokenizer.ggml.add_eos_token", c->add_eos);
+    bad |= ggw_kv_bool(w, "tokenizer.ggml.add_space_prefix", c->add_dummy_prefix);
+    if (bad)
+        goto oom;
+    rc = 0;
+    goto out;
+oom:
+    snprintf(err, errlen, "GGUF export: out of memory building tokenizer metadata");
+out:
+    for (int i = 0; pieces && i < n; i++)
+        free(pieces[i]);
+    free(pieces);
+    free(lens);
+    free(scores);
+    free(types);
+    tok_free(t);
+    return rc;
+}
+
+int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_result *res,
+                   char *err, size_t errlen)
+{
+    exp_result dummy;
+    if (!res)
+        res = &dummy;
+    memset(res, 0, sizeof *res);
+    const arch *a = &m->a;
+    char an[16];
+    if (exp_gguf_arch(a, an, sizeof an, err, errlen) < 0)
+        return -1;
+    snprintf(res->model_class, sizeof res->model_class, "%s", an);
+    ggw *w = ggw_new();
+    tinfo *t = NULL;
+    int n = 0, rc = -1;
+    gkvs g = {0};
+    int have_g = 0;
+    int32_t *arr = NULL;
+    if (!w) {
+        snprintf(err, errlen, "GGUF export: out of memory");
+        return -1;
+    }
+    const char *pp = o->parent_path;
+    if (pp && has_suffix(pp, ".gguf")) {
+        if (gguf_read_kvs(pp, &g, err, errlen) < 0)
+            goto out;
+        have_g = 1;
+    }
+    char key[128];
+#define K(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
+    int bad = 0;
+    bad |= ggw_kv_str(w, "general.architecture", an);
+    bad |= ggw_kv_str(w, "general.name", o->name ? o->name : "autocompress-export");
+    bad |= ggw_kv_u32(w, "general.file_type", gguf_file_type(o->dtype));
+    bad |= ggw_kv_u32(w, K("context_length"), (uint32_t)a->max_position_embeddings);
+    bad |= ggw_kv_u32(w, K("embedding_length"), (uint32_t)a->hidden_size);
+    bad |= ggw_kv_u32(w, K("block_count"), (uint32_t)a->n_layers);
+    bad |= ggw_kv_u32(w, K("vocab_size"), (uint32_t)a->vocab_size);
+    bad |= ggw_kv_f32(w, K("rope.freq_base"), (float)a->rope_theta);
+    bad |= ggw_kv_f32(w, K("attention.layer_norm_rms_epsilon"), (float)a->norm_eps);
+    bad |= ggw_kv_u32(w, K("attention.key_length"), (uint32_t)a->head_dim);
+    bad |= ggw_kv_u32(w, K("attention.value_length"), (uint32_t)a->head_dim);
+    bad |= ggw_kv_u32(w, K("rope.dimension_count"), (uint32_t)a->head_dim);
+    if (a->rope_scaling.type == ROPE_SCALING_LINEAR) {
+        bad |= ggw_kv_str(w, K("rope.scaling.type"), "linear");
+        bad |= ggw_kv_f32(w, K("rope.scaling.factor"), (float)a->rope_scaling.factor);
+    }
+    if (!strcmp(an, "llama")) {
+        bad |= ggw_kv_u32(w, K("feed_forward_length"), (uint32_t)a->layers[0].ffn_dim);
+        bad |= ggw_kv_u32(w, K("attention.head_count"), (uint32_t)a->layers[0].n_heads);
+        bad |= ggw_kv_u32(w, K("attention.head_count_kv"), (uint32_t)a->layers[0].n_kv_heads);
+    } else {
+        if (!(arr = malloc((size_t)a->n_layers * sizeof *arr)))
+            bad = 1;
+        for (int f = 0; f < 3 && !bad; f++) {
+            for (int i = 0; i < a->n_layers; i++)
+                arr[i] = f == 0 ? a->layers[i].ffn_dim : f == 1 ? a->layers[i].n_heads : a->layers[i].n_kv_heads;
+            const char *k = f == 0 ? "feed_forward_length" : f == 1 ? "attention.head_count" : "attention.head_count_kv";
+            bad |= ggw_kv_arr_i32(w, K(k), arr, (size_t)a->n_layers);
+        }
+    }
+#undef K
+    if (have_g) {
+        const gkv *toks = gkvs_find(&g, "tokenizer.ggml.tokens");
+        uint64_t ntok = 0;
+        if (toks && toks->len >= 12)
+            memcpy(&ntok, toks->raw + 4, 8);
+        if (!toks || ntok != (uint64_t)a->vocab_size) {
+            snprintf(err, errlen, "GGUF export: parent tokenizer has %llu tokens, model vocab is %d",
+                     (unsigned long long)ntok, a->vocab_size);
+            goto out;
+        }
+        for (size_t i = 0; i < g.n; i++)
+            if (!strncmp(g.kv[i].key, "tokenizer.", 10))
+                bad |= ggw_kv_raw(w, g.kv[i].key, g.kv[i].type, g.kv[i].raw, g.kv[i].len);
+        res->tokenizer = 1;
+    } else if (pp) {
+        if (gguf_tokenizer_from_api(w, pp, a->vocab_size, err, errlen) < 0)
+            goto out;
+        res->tokenizer = 1;
+    } else {
+        snprintf(res->note, sizeof res->note, "no parent given: the file carries no tokenizer metadata "
+                 "(llama.cpp cannot load it; the engine can)");
+    }
+    if (bad) {
+        snprintf(err, errlen, "GGUF export: metadata out of memory or duplicate key");
+        goto out;
+    }
+    if (list_tensors(m, &t, &n, err, errlen) < 0)
+        goto out;
+    /* Declare tensors: 1-D (norms) stay F32 as llama.cpp's converter keeps them. */
+    ggw_type wt = o->dtype == EXP_FP32 ? GGW_F32 : o->dtype == EXP_FP16 ? GGW_F16
+                : o->dtype == EXP_Q8_0 ? GGW_Q8_0 : GGW_BF16;
+    for (int i = 0; i < n; i++) {
+        char gn[96];
+        int ph;
+        if (gguf_name(a, t[i].name, gn, sizeof gn, &ph) < 0) {
+            snprintf(err, errlen, "GGUF export: tensor %s has no GGUF name", t[i].name);
+            goto out;
+        }
+        int64_t ne[2] = {t[i].ndim == 2 ? t[i].shape[1] : t[i].shape[0], t[i].shape[0]};
+        ggw_type tt = t[i].ndim == 1 ? GGW_F32 : wt;
+        if (tt == GGW_Q8_0 && ne[0] % GGW_QK8_0)
+            tt = GGW_F16;   /* rows not divisible into Q8_0 blocks: llama.cpp's quantizer falls back too */
+        if (ggw_tensor(w, gn, ne, t[i].ndim, tt, err, errlen) < 0)
+            goto out;
+    }
+    if (ggw_begin(w, path, err, errlen) < 0)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        char gn[96];
+        int ph;
+        gguf_name(a, t[i].name, gn, sizeof gn, &ph);
+        float *d = fetch_tensor(m, &t[i], err, errlen);
+        if (!d)
+            goto out;
+        if (ph > 0 && permute_rows(d, ph, t[i].shape[0], t[i].ndim == 2 ? t[i].shape[1] : 1) < 0) {
+            snprintf(err, errlen, "GGUF export: cannot permute %s for %d heads", t[i].name, ph);
+            free(d);
+            goto out;
+        }
+        int wr = ggw_write_tensor(w, d, t[i].numel, err, errlen);
+        free(d);
+        if (wr < 0)
+            goto out;
+    }
+    if (ggw_finish(w, err, errlen) < 0)
+        goto out;
+    rc = 0;
+out:
+    free(arr);
+    free(t);
+    if (have_g)
+        gkvs_free(&g);
+    ggw_free(w);
+    return rc;
+}
+
+/* -------------------------------------------------------------- digests */
+
+static int cmp_names(const void *x, const void *y)
+{
+    return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+int exp_write_sums(const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(err, errlen, "SHA256SUMS: open %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[4096];
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "SHA256SUMS") || has_suffix(e->d_name, ".tmp") ||
+            path_join(p, sizeof p, dir, e->d_name) < 0 || !is_file(p))
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, cap * sizeof *nn);
+            if (!nn)
+                goto out;
+            names = nn;
+        }
+        if (!(names[n] = strdup(e->d_name)))
+            goto out;
+        n++;
+    }
+    qsort(names, n, sizeof *names, cmp_names);
+    char path[4096], tmp[4096];
+    if (path_join(path, sizeof path, dir, "SHA256SUMS") < 0 || path_join(tmp, sizeof tmp, dir, "SHA256SUMS.tmp") < 0)
+        goto out;
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        snprintf(err, errlen, "SHA256SUMS: create %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char p[4096], hex[65];
+        int64_t size;
+        if (path_join(p, sizeof p, dir, names[i]) < 0 || art_sha256_file(p, hex, &size, err, errlen) < 0) {
+            fclose(f);
+            unlink(tmp);
+            goto out;
+        }
+        fprintf(f, "%s  %s\n", hex, names[i]);
+    }
+    if (fflush(f) != 0 || fsync(fileno(f)) < 0) {
+        fclose(f);
+        unlink(tmp);
+        snprintf(err, errlen, "SHA256SUMS: write failed");
+        goto out;
+    }
+    if (fclose(f) != 0 || rename(tmp, path) < 0) {
+        unlink(tmp);
+        snprintf(err, errlen, "SHA256SUMS: finish failed");
+        goto out;
+    }
+    rc = 0;
+out:
+    if (rc < 0 && !err[0])
+        snprintf(err, errlen, "SHA256SUMS: out of memory");
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    closedir(d);
+    return rc;
+}
+
+int exp_verify_file(const char *path, const char *hex, int64_t size, char *err, size_t errlen)
+{
+    char got[65];
+    int64_t gsize;
+    if (art_sha256_file(path, got, &gsize, err, errlen) < 0)
+        return -1;
+    if (size >= 0 && gsize != size) {
+        snprintf(err, errlen, "%s: %lld bytes, expected %lld (truncated or corrupted)", path,
+                 (long long)gsize, (long long)size);
+        return -1;
+    }
+    if (strcmp(got, hex) != 0) {
+        snprintf(err, errlen, "%s: sha-256 mismatch (file corrupted or truncated)", path);
+        return -1;
+    }
+    return 0;
+}
+
+int exp_verify_dir(const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    if (path_join(path, sizeof path, dir, "SHA256SUMS") < 0) {
+        snprintf(err, errlen, "verify: path too long");
+        return -1;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "verify: %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[4096];
+    int rc = 0, lines = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        size_t l = strlen(line);
+        if (l && line[l - 1] == '\n')
+            line[--l] = '\0';
+        if (l < 67 || line[64] != ' ' || line[65] != ' ' || strchr(line + 66, '/')) {
+            snprintf(err, errlen, "verify: %s: malformed line %d", path, lines + 1);
+            rc = -1;
+            break;
+        }
+        line[64] = '\0';
+        char p[4096];
+        if (path_join(p, sizeof p, dir, line + 66) < 0 || !is_file(p)) {
+            snprintf(err, errlen, "verify: %s is missing", line + 66);
+            rc = -1;
+            break;
+        }
+        rc = exp_verify_file(p, line, -1, err, errlen);
+        lines++;
+    }
+    fclose(f);
+    if (rc == 0 && lines == 0) {
+        snprintf(err, errlen, "verify: %s lists no files", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------- loading */
+
+static int cfg_int(const json_t *c, const char *k, int *v, char *err, size_t errlen)
+{
+    const json_t *j = json_object_get(c, k);
+    if (!json_is_integer(j)) {
+        snprintf(err, errlen, "config.json: %s missing or not an integer", k);
+        return -1;
+    }
+    *v = (int)json_integer_value(j);
+    return 0;
+}
+
+int exp_arch_from_hf_config(const json_t *c, arch *a, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    const char *cls = parent_class(c);
+    if (!cls) {
+        snprintf(err, errlen, "config.json: architectures must name one class");
+        return -1;
+    }
+    int deci = !strcmp(cls, "DeciLMForCausalLM");
+    if (!deci && strcmp(cls, "LlamaForCausalLM") && strcmp(cls, "MistralForCausalLM") &&
+        strcmp(cls, "Qwen2ForCausalLM")) {
+        snprintf(err, errlen, "config.json: class %s is not supported", cls);
+        return -1;
+    }
+    int L, C, H, V, P = 2048;
+    if (cfg_int(c, "num_hidden_layers", &L, err, errlen) || cfg_int(c, "hidden_size", &C, err, errlen) ||
+        cfg_int(c, "num_attention_heads", &H, err, errlen) || cfg_int(c, "vocab_size", &V, err, errlen))
+        return -1;
+    if (L < 0 || L > 1024 || H <= 0) {
+        snprintf(err, errlen, "config.json: num_hidden_layers or num_attention_heads out of range");
+        return -1;
+    }
+    (void)cfg_int(c, "max_position_embeddings", &P, err, errlen);
+    const json_t *bc = json_object_get(c, "block_configs");
+    if (deci && (!json_is_array(bc) || (int)json_array_size(bc) != L)) {
+        snprintf(err, errlen, "config.json: block_configs must list num_hidden_layers=%d blocks", L);
+        return -1;
+    }
+    if (arch_init(a, L) < 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->max_position_embeddings = P;
+    const json_t *hd = json_object_get(c, "head_dim");
+    a->head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : C / H;
+    const json_t *x = json_object_get(c, "rope_theta");
+    a->rope_theta = json_is_number(x) ? json_number_value(x) : 10000.0;
+    x = json_object_get(c, "rms_norm_eps");
+    a->norm_eps = json_is_number(x) ? json_number_value(x) : 1e-6;
+    a->tie_word_embeddings = json_is_true(json_object_get(c, "tie_word_embeddings"));
+    a->attention_bias = json_is_true(json_object_get(c, "attention_bias")) || !strcmp(cls, "Qwen2ForCausalLM");
+    const json_t *rs = json_object_get(c, "rope_scaling");
+    if (json_is_object(rs)) {
+        const char *ty = json_string_value(json_object_get(rs, "rope_type"));
+        if (!ty)
+            ty = json_string_value(json_object_get(rs, "type"));
+        x = json_object_get(rs, "factor");
+        a->rope_scaling.factor = json_is_number(x) ? json_number_value(x) : 1.0;
+        if (ty && !strcmp(ty, "linear")) {
+            a->rope_scaling.type = ROPE_SCALING_LINEAR;
+        } else if (ty && !strcmp(ty, "dynamic")) {
+            a->rope_scaling.type = ROPE_SCALING_DYNAMIC;
+        } else if (ty && !strcmp(ty, "llama3")) {
+            a->rope_scaling.type = ROPE_SCALING_LLAMA3;
+            x = json_object_get(rs, "low_freq_factor");
+            a->rope_scaling.low_freq_factor = json_is_number(x) ? json_number_value(x) : 1.0;
+            x = json_object_get(rs, "high_freq_factor");
+            a->rope_scaling.high_freq_factor = json_is_number(x) ? json_number_value(x) : 4.0;
+            x = json_object_get(rs, "original_max_position_embeddings");
+            a->rope_scaling.original_max_position_embeddings = json_is_integer(x) ? (int)json_integer_value(x) : 8192;
+        } else {
+            snprintf(err, errlen, "config.json: rope_scaling type %s is not supported", ty ? ty : "(none)");
+            goto fail;
+        }
+    }
+    const json_t *src = json_object_get(c, "autocompress_source_layers");
+    for (int i = 0; i < L; i++) {
+        arch_layer *l = &a->layers[i];
+        const json_t *s = json_array_get(src, (size_t)i);
+        l->source_layer = json_is_integer(s) ? (int)json_integer_value(s) : i;
+        if (!deci) {
+            int kv = H, F;
+            if (json_is_integer(json_object_get(c, "num_key_value_heads")))
+                (void)cfg_int(c, "num_key_value_heads", &kv, err, errlen);
+            if (cfg_int(c, "intermediate_size", &F, err, errlen))
+                goto fail;
+            l->n_heads = H;
+            l->n_kv_heads = kv;
+            l->ffn_dim = F;
+            continue;
+        }
+        const json_t *b = json_array_get(bc, (size_t)i);
+        const json_t *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
+        if (!json_is_object(at) || !json_is_object(ff)) {
+            snprintf(err, errlen, "config.json: block_configs[%d] needs attention and ffn objects", i);
+            goto fail;
+        }
+        if (json_is_true(json_object_get(at, "replace_with_linear")) ||
+            json_is_true(json_object_get(ff, "replace_with_linear"))) {
+            snprintf(err, errlen, "config.json: block_configs[%d]: replace_with_linear is not supported", i);
+            goto fail;
+        }
+        if (!json_is_true(json_object_get(at, "no_op"))) {
+            const json_t *g = json_object_get(at, "n_heads_in_group");
+            if (!json_is_integer(g) || json_integer_value(g) <= 0 || H % json_integer_value(g)) {
+                snprintf(err, errlen, "config.json: block_configs[%d].attention.n_heads_in_group invalid", i);
+                goto fail;
+            }
+            l->n_heads = H;
+            l->n_kv_heads = H / (int)json_integer_value(g);
+        }
+        if (!json_is_true(json_object_get(ff, "no_op"))) {
+            const json_t *m = json_object_get(ff, "ffn_mult");
+            const json_t *is = json_object_get(ff, "intermediate_size");
+            if (json_is_number(m))
+                l->ffn_dim = exp_decilm_intermediate_size(json_number_value(m), C);
+            else if (json_is_integer(is))
+                l->ffn_dim = (int)json_integer_value(is);
+            else {
+                snprintf(err, errlen, "config.json: block_configs[%d].ffn needs ffn_mult", i);
+                goto fail;
+            }
+        }
+    }
+    if (arch_validate(a, err, errlen) < 0)
+        goto fail;
+    return 0;
+fail:
+    arch_free(a);
+    return -1;
+}
+
+static int load_hf(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
+{
+    char path[4096];
+    arch a;
+    if (path_join(path, sizeof path, dir, "config.json") < 0) {
+        snprintf(err, errlen, "path too long");
+        return -1;
+    }
+    json_t *c = load_json_file(path);
+    if (!c) {
+        snprintf(err, errlen, "%s: missing or not JSON", path);
+        return -1;
+    }
+    const char *cls = parent_class(c);
+    if (!cls || strcmp(cls, "DeciLMForCausalLM")) {
+        /* Uniform classes: the shared loader; our source-layer record is put back. */
+        int r = mio_load_model(dir, NULL, be, m, NULL, err, errlen);
+        const json_t *src = json_object_get(c, "autocompress_source_layers");
+        if (r == 0 && json_is_array(src) && (int)json_array_size(src) == m->a.n_layers)
+            for (int i = 0; i < m->a.n_layers; i++)
+                if (json_is_integer(json_array_get(src, (size_t)i)))
+                    m->a.layers[i].source_layer = (int)json_integer_value(json_array_get(src, (size_t)i));
+        json_decref(c);
+        return r;
+    }
+    int rc = exp_arch_from_hf_config(c, &a, err, errlen);
+    json_decref(c);
+    if (rc < 0)
+        return -1;
+    rc = eng_model_init(m, &a, be, err, errlen);
+    arch_free(&a);
+    if (rc < 0)
+        return -1;
+    st_file f;
+    if (st_open(&f, dir, err, errlen) < 0) {
+        eng_model_free(m);
+        return -1;
+    }
+    int want = eng_model_tensor_count(m);
+    if (f.n != want) {
+        snprintf(err, errlen, "%s: %d tensors, the config's arch has %d", dir, f.n, want);
+        rc = -1;
+    }
+    for (int i = 0; i < f.n && rc == 0; i++) {
+        float *buf = malloc((size_t)f.t[i].numel * sizeof *buf);
+        if (!buf || st_read_f32(&f, i, buf, f.t[i].numel, err, errlen) < 0 ||
+            eng_model_set_tensor(m, f.t[i].name, buf, f.t[i].shape, f.t[i].ndim, err, errlen) < 0) {
+            if (!buf)
+                snprintf(err, errlen, "out of memory");
+            rc = -1;
+        }
+        free(buf);
+    }
+    st_close(&f);
+    if (rc < 0)
+        eng_model_free(m);
+    return rc;
+}
+
+int exp_load_model(const char *path, eng_backend *be, eng_model *m, char *err, size_t errlen)
+{
+    if (is_dir(path)) {
+        char sums[4096];
+        if (path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && is_file(sums) &&
+            exp_verify_dir(path, err, errlen) < 0)
+            return -1;
+        return load_hf(path, be, m, err, errlen);
+    }
+    return mio_load_model(path, NULL, be, m, NULL, err, errlen);
+}

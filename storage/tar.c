@@ -1,0 +1,347 @@
+/* storage/tar.c — streaming POSIX ustar writer (see tar.h).
+ *
+ * Layout: per member a 512-byte header, the data padded to 512 bytes; two zero blocks
+ * close the archive. Only regular files and directories are written.
+ */
+#include "storage/tar.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define TAR_BLOCK 512
+#define TAR_CHUNK (1 << 20)
+
+struct tar_writer {
+    int fd;
+    int64_t mtime;
+    char *path, *tmp;
+    unsigned char *buf;      /* TAR_CHUNK bytes for copying */
+};
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Octal field of width w (w-1 digits + NUL). Returns -1 when the value does not fit. */
+static int put_octal(char *field, size_t w, uint64_t v)
+{
+    field[w - 1] = '\0';
+    for (size_t i = w - 1; i-- > 0;) {
+        field[i] = (char)('0' + (v & 7));
+        v >>= 3;
+    }
+    return v ? -1 : 0;
+}
+
+/* GNU base-256 for sizes past the 11-digit octal limit: high bit set, big-endian. */
+static void put_base256(char *field, size_t w, uint64_t v)
+{
+    memset(field, 0, w);
+    for (size_t i = w; i-- > 1;) {
+        field[i] = (char)(v & 0xff);
+        v >>= 8;
+    }
+    field[0] = (char)0x80;
+}
+
+/* Split name into ustar name (<=100) and prefix (<=155) at a '/'. */
+static int split_name(const char *name, char out_name[100], char out_prefix[155])
+{
+    size_t n = strlen(name);
+    memset(out_name, 0, 100);
+    memset(out_prefix, 0, 155);
+    if (n == 0)
+        return -1;
+    if (n <= 100) {
+        memcpy(out_name, name, n);
+        return 0;
+    }
+    for (size_t i = n; i-- > 0;) {
+        if (name[i] != '/')
+            continue;
+        size_t plen = i, nlen = n - i - 1;
+        if (plen <= 155 && nlen <= 100 && nlen > 0) {
+            memcpy(out_prefix, name, plen);
+            memcpy(out_name, name + i + 1, nlen);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int write_header(tar_writer *t, const char *name, char type, uint64_t size, int mode,
+                        char *err, size_t errlen)
+{
+    unsigned char h[TAR_BLOCK];
+    memset(h, 0, sizeof h);
+    char nm[100], prefix[155];
+    if (split_name(name, nm, prefix) < 0) {
+        snprintf(err, errlen, "tar: member name '%s' does not fit ustar (100+155 bytes)", name);
+        return -1;
+    }
+    memcpy(h + 0, nm, 100);
+    put_octal((char *)h + 100, 8, (uint64_t)mode);
+    put_octal((char *)h + 108, 8, 0);
+    put_octal((char *)h + 116, 8, 0);
+    if (put_octal((char *)h + 124, 12, size) < 0)
+        put_base256((char *)h + 124, 12, size);
+    if (put_octal((char *)h + 136, 12, t->mtime < 0 ? 0 : (uint64_t)t->mtime) < 0) {
+        snprintf(err, errlen, "tar: mtime out of range");
+        return -1;
+    }
+    h[156] = (unsigned char)type;
+    memcpy(h + 257, "ustar", 6);     /* magic "ustar\0" */
+    memcpy(h + 263, "00", 2);        /* version */
+    memcpy(h + 265, "root", 4);      /* uname */
+    memcpy(h + 297, "root", 4);      /* gname */
+    memcpy(h + 345, prefix, 155);
+    memset(h + 148, ' ', 8);         /* checksum computed with its own field as spaces */
+    unsigned sum = 0;
+    for (int i = 0; i < TAR_BLOCK; i++)
+        sum += h[i];
+    put_octal((char *)h + 148, 7, sum);
+    h[155] = ' ';
+    if (write_all(t->fd, h, sizeof h) < 0) {
+        snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+tar_writer *tar_open(const char *path, int64_t mtime, char *err, size_t errlen)
+{
+    tar_writer *t = calloc(1, sizeof *t);
+    if (!t) {
+        snprintf(err, errlen, "tar: out of memory");
+        return NULL;
+    }
+    t->fd = -1;
+    t->mtime = mtime;
+    size_t n = strlen(path);
+    t->path = dup_str(path);
+    t->tmp = malloc(n + 5);
+    t->buf = malloc(TAR_CHUNK);
+    if (!t->path || !t->tmp || !t->buf) {
+        snprintf(err, errlen, "tar: out of memory");
+        goto fail;
+    }
+    memcpy(t->tmp, path, n);
+    memcpy(t->tmp + n, ".tmp", 5);
+    t->fd = open(t->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (t->fd < 0) {
+        snprintf(err, errlen, "tar: create %s: %s", t->tmp, strerror(errno));
+        goto fail;
+    }
+    return t;
+fail:
+    free(t->path);
+    free(t->tmp);
+    free(t->buf);
+    free(t);
+    return NULL;
+}
+
+static int pad_block(tar_writer *t, uint64_t size, char *err, size_t errlen)
+{
+    static const unsigned char zeros[TAR_BLOCK];
+    size_t rem = (size_t)(size % TAR_BLOCK);
+    if (rem && write_all(t->fd, zeros, TAR_BLOCK - rem) < 0) {
+        snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int tar_add_file(tar_writer *t, const char *name, const char *src_path, char *err, size_t errlen)
+{
+    int fd = open(src_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "tar: open %s: %s", src_path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "tar: %s is not a regular file", src_path);
+        close(fd);
+        return -1;
+    }
+    uint64_t size = (uint64_t)st.st_size, copied = 0;
+    if (write_header(t, name, '0', size, 0644, err, errlen) < 0) {
+        close(fd);
+        return -1;
+    }
+    while (copied < size) {
+        size_t want = size - copied < TAR_CHUNK ? (size_t)(size - copied) : TAR_CHUNK;
+        ssize_t r = read(fd, t->buf, want);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            snprintf(err, errlen, "tar: read %s: %s", src_path,
+                     r < 0 ? strerror(errno) : "file shrank while being archived");
+            close(fd);
+            return -1;
+        }
+        if (write_all(t->fd, t->buf, (size_t)r) < 0) {
+            snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        copied += (uint64_t)r;
+    }
+    close(fd);
+    return pad_block(t, size, err, errlen);
+}
+
+int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen)
+{
+    size_t n = strlen(name);
+    char *d = malloc(n + 2);
+    if (!d) {
+        snprintf(err, errlen, "tar: out of memory");
+        return -1;
+    }
+    memcpy(d, name, n);
+    d[n] = '/';
+    d[n + 1] = '\0';
+    if (n > 0 && name[n - 1] == '/')
+        d[n] = '\0';
+    int rc = write_header(t, d, '5', 0, 0755, err, errlen);
+    free(d);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
+{
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        snprintf(err, errlen, "tar: open directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = -1;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            char **nn = realloc(names, nc * sizeof *nn);
+            if (!nn) {
+                snprintf(err, errlen, "tar: out of memory");
+                goto out;
+            }
+            names = nn;
+            cap = nc;
+        }
+        if (!(names[n] = dup_str(e->d_name))) {
+            snprintf(err, errlen, "tar: out of memory");
+            goto out;
+        }
+        n++;
+    }
+    qsort(names, n, sizeof *names, cmp_str);
+    if (tar_add_dir(t, prefix, err, errlen) < 0)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        char src[4096], member[1024];
+        int a = snprintf(src, sizeof src, "%s/%s", dir, names[i]);
+        int b = snprintf(member, sizeof member, "%s/%s", prefix, names[i]);
+        if (a < 0 || (size_t)a >= sizeof src || b < 0 || (size_t)b >= sizeof member) {
+            snprintf(err, errlen, "tar: path too long: %s/%s", dir, names[i]);
+            goto out;
+        }
+        struct stat st;
+        if (stat(src, &st) < 0 || !S_ISREG(st.st_mode)) {
+            snprintf(err, errlen, "tar: %s is not a regular file (sub-directories are not packaged)", src);
+            goto out;
+        }
+        if (tar_add_file(t, member, src, err, errlen) < 0)
+            goto out;
+    }
+    rc = 0;
+out:
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    closedir(dp);
+    return rc;
+}
+
+static void tar_free(tar_writer *t)
+{
+    if (t->fd >= 0)
+        close(t->fd);
+    free(t->path);
+    free(t->tmp);
+    free(t->buf);
+    free(t);
+}
+
+int tar_close(tar_writer *t, char *err, size_t errlen)
+{
+    static const unsigned char zeros[2 * TAR_BLOCK];
+    int rc = -1;
+    if (write_all(t->fd, zeros, sizeof zeros) < 0) {
+        snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
+    } else if (fsync(t->fd) < 0) {
+        snprintf(err, errlen, "tar: fsync %s: %s", t->tmp, strerror(errno));
+    } else if (close(t->fd) < 0) {
+        t->fd = -1;
+        snprintf(err, errlen, "tar: close %s: %s", t->tmp, strerror(errno));
+    } else {
+        t->fd = -1;
+        if (rename(t->tmp, t->path) < 0)
+            snprintf(err, errlen, "tar: rename %s: %s", t->tmp, strerror(errno));
+        else
+            rc = 0;
+    }
+    if (rc < 0)
+        unlink(t->tmp);
+    tar_free(t);
+    return rc;
+}
+
+void tar_abort(tar_writer *t)
+{
+    if (!t)
+        return;
+    if (t->fd >= 0) {
+        close(t->fd);
+        t->fd = -1;
+    }
+    unlink(t->tmp);
+    tar_free(t);
+}

@@ -1,0 +1,600 @@
+/* tests/unit/test_export_roundtrip.c — export round trips and refusals on tiny random
+ * models: HF fp32 reloads to bit-identical logits, HF bf16 reloads to exactly the
+ * bf16-rounded model's logits, DeciLM block_configs reload to the same heterogeneous arch
+ * and logits, uniform GGUF (q/k permuted for llama.cpp) reloads exactly; archs a format
+ * cannot express are refused with a reason; SHA256SUMS catches a flipped byte and a
+ * truncation; the GGUF writer's metadata and tensors read back through storage/gguf.h;
+ * the ustar writer's headers are well-formed; the model card states what it was given.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "storage/export.h"
+#include "storage/gguf.h"
+#include "storage/gguf_write.h"
+#include "storage/modelcard.h"
+#include "storage/safetensors.h"
+#include "storage/tar.h"
+
+static char tmpdir[256];
+static eng_backend *be;
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/test_export_XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    be = eng_backend_cpu_new(1);
+    return be ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        return -1;
+    eng_backend_free(be);
+    return 0;
+}
+
+static void path(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", tmpdir, name);
+}
+
+/* A tiny llama arch; layers given as (heads, kv, ffn) triples. */
+static void make_arch(arch *a, int hidden, int head_dim, int n, const int (*l)[3], int tied)
+{
+    assert_int_equal(arch_init(a, n), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 96;
+    a->hidden_size = hidden;
+    a->head_dim = head_dim;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = tied;
+    for (int i = 0; i < n; i++) {
+        a->layers[i].source_layer = 2 * i;
+        a->layers[i].n_heads = l[i][0];
+        a->layers[i].n_kv_heads = l[i][1];
+        a->layers[i].ffn_dim = l[i][2];
+    }
+}
+
+static const int TOKENS[] = {1, 5, 9, 33, 2, 70, 71, 12, 90, 3, 44, 8};
+#define NT ((int)(sizeof TOKENS / sizeof *TOKENS))
+
+static float *logits_of(eng_model *m)
+{
+    char err[256];
+    float *lg = malloc((size_t)NT * m->a.vocab_size * sizeof *lg);
+    assert_non_null(lg);
+    eng_fwd_args a = {.tokens = TOKENS, .B = 1, .T = NT, .logits_mode = ENG_LOGITS_ALL, .logits = lg};
+    assert_int_equal(eng_forward(m, &a, err, sizeof err), 0);
+    return lg;
+}
+
+static void random_model(eng_model *m, const arch *a, uint64_t seed)
+{
+    char err[256];
+    assert_int_equal(eng_model_init(m, a, be, err, sizeof err), 0);
+    eng_model_randomize(m, seed, 0.2f);
+}
+
+/* Export to HF in dtype, reload, return the reloaded model. */
+static void hf_roundtrip(eng_model *m, exp_dtype dt, const char *name, eng_model *back, exp_result *res)
+{
+    char dir[512], err[512];
+    path(dir, sizeof dir, name);
+    exp_opts o = {.dtype = dt};
+    int rc = exp_hf_write(m, dir, &o, res, err, sizeof err);
+    if (rc)
+        fail_msg("export: %s", err);
+    rc = exp_load_model(dir, be, back, err, sizeof err);
+    if (rc)
+        fail_msg("reload: %s", err);
+}
+
+static void test_hf_fp32_exact(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{4, 2, 48}, {4, 2, 48}};
+    arch a;
+    make_arch(&a, 32, 8, 2, L, 0);
+    eng_model m, b;
+    random_model(&m, &a, 7);
+    exp_result r;
+    hf_roundtrip(&m, EXP_FP32, "hf32", &b, &r);
+    assert_string_equal(r.model_class, "LlamaForCausalLM");
+    assert_int_equal(r.n_shards, 1);
+    assert_true(arch_equal(&m.a, &b.a));
+    float *x = logits_of(&m), *y = logits_of(&b);
+    assert_memory_equal(x, y, (size_t)NT * a.vocab_size * sizeof *x);
+    free(x);
+    free(y);
+    eng_model_free(&b);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
+static void test_hf_bf16_sharded(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{4, 4, 40}, {4, 4, 40}, {4, 4, 40}};
+    arch a;
+    make_arch(&a, 32, 8, 3, L, 1);
+    eng_model m, b, rounded;
+    random_model(&m, &a, 11);
+    /* The reference: the same model with every weight rounded to bf16 in memory. */
+    random_model(&rounded, &a, 11);
+    int n = eng_model_tensor_count(&rounded);
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        int64_t shape[2];
+        int nd;
+        float *dev;
+        assert_int_equal(eng_model_tensor(&rounded, i, &name, shape, &nd, &dev), 0);
+        int64_t cnt = shape[0] * (nd == 2 ? shape[1] : 1);
+        float *h = malloc((size_t)cnt * sizeof *h);
+        assert_int_equal(eng_model_get_tensor(&rounded, name, h, cnt), cnt);
+        for (int64_t k = 0; k < cnt; k++)
+            h[k] = st_bf16_to_f32(st_f32_to_bf16(h[k]));
+        char err[256];
+        assert_int_equal(eng_model_set_tensor(&rounded, name, h, shape, nd, err, sizeof err), 0);
+        free(h);
+    }
+    char dir[512], err[512];
+    path(dir, sizeof dir, "hfbf16");
+    exp_opts o = {.dtype = EXP_BF16, .shard_bytes = 4096};   /* forces several shards */
+    exp_result r;
+    assert_int_equal(exp_hf_write(&m, dir, &o, &r, err, sizeof err), 0);
+    assert_true(r.n_shards > 1);
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    assert_int_equal(access(idx, R_OK), 0);
+    assert_int_equal(exp_load_model(dir, be, &b, err, sizeof err), 0);
+    float *x = logits_of(&rounded), *y = logits_of(&b), *z = logits_of(&m);
+    assert_memory_equal(x, y, (size_t)NT * a.vocab_size * sizeof *x);
+    double maxd = 0;
+    for (int i = 0; i < NT * a.vocab_size; i++)
+        maxd = fmax(maxd, fabs(z[i] - y[i]));
+    assert_true(maxd > 0 && maxd < 0.1);   /* bf16 rounding moves logits a little, not a lot */
+    free(x);
+    free(y);
+    free(z);
+    eng_model_free(&b);
+    eng_model_free(&rounded);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
+static void test_decilm_roundtrip(void **state)
+{
+    (void)state;
+    /* Fixed query heads (4), per-layer KV heads, FFN widths in multiples of 256,
+     * one attention-free layer and one MLP-free layer. */
+    static const int L[][3] = {{4, 2, 256}, {4, 1, 512}, {0, 0, 256}, {4, 4, 0}};
+    arch a;
+    make_arch(&a, 32, 8, 4, L, 1);
+    eng_model m, b;
+    random_model(&m, &a, 5);
+    exp_result r;
+    hf_roundtrip(&m, EXP_FP32, "deci", &b, &r);
+    assert_string_equal(r.model_class, "DeciLMForCausalLM");
+    assert_true(arch_equal(&m.a, &b.a));
+    float *x = logits_of(&m), *y = logits_of(&b);
+    assert_memory_equal(x, y, (size_t)NT * a.vocab_size * sizeof *x);
+    free(x);
+    free(y);
+    /* The config in the readers' terms. */
+    char p[600];
+    snprintf(p, sizeof p, "%s/deci/config.json", tmpdir);
+    json_error_t je;
+    json_t *c = json_load_file(p, 0, &je);
+    assert_non_null(c);
+    assert_string_equal(json_string_value(json_object_get(c, "model_type")), "nemotron-nas");
+    assert_int_equal(json_integer_value(json_object_get(c, "num_attention_heads")), 4);
+    json_t *bc = json_object_get(c, "block_configs");
+    assert_int_equal(json_array_size(bc), 4);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(json_array_get(bc, 1), "attention"),
+                                                        "n_heads_in_group")), 4);
+    assert_true(json_is_true(json_object_get(json_object_get(json_array_get(bc, 2), "attention"), "no_op")));
+    assert_true(json_is_null(json_object_get(json_object_get(json_array_get(bc, 3), "ffn"), "ffn_mult")));
+    double mult = json_number_value(json_object_get(json_object_get(json_array_get(bc, 1), "ffn"), "ffn_mult"));
+    assert_int_equal(exp_decilm_intermediate_size(mult, 32), 512);
+    json_decref(c);
+    eng_model_free(&b);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
+static void test_gguf_llama_exact(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{4, 2, 64}, {4, 2, 64}};
+    arch a;
+    make_arch(&a, 32, 8, 2, L, 0);
+    eng_model m, b;
+    random_model(&m, &a, 3);
+    char f[512], err[512];
+    path(f, sizeof f, "u.gguf");
+    exp_opts o = {.dtype = EXP_FP32};
+    exp_result r;
+    assert_int_equal(exp_gguf_write(&m, f, &o, &r, err, sizeof err), 0);
+    assert_string_equal(r.model_class, "llama");
+    if (exp_load_model(f, be, &b, err, sizeof err))
+        fail_msg("reload: %s", err);
+    float *x = logits_of(&m), *y = logits_of(&b);
+    assert_memory_equal(x, y, (size_t)NT * a.vocab_size * sizeof *x);
+    free(x);
+    free(y);
+    eng_model_free(&b);
+    /* Heterogeneous: `deci` with per-layer arrays, checked through the GGUF reader. */
+    static const int H[][3] = {{4, 2, 64}, {2, 1, 32}, {0, 0, 48}};
+    arch h;
+    make_arch(&h, 32, 8, 3, H, 1);
+    h.layers[2].n_heads = 0;
+    char an[16];
+    assert_int_equal(exp_gguf_arch(&h, an, sizeof an, err, sizeof err), 0);
+    assert_string_equal(an, "deci");
+    eng_model hm;
+    random_model(&hm, &h, 9);
+    path(f, sizeof f, "h.gguf");
+    assert_int_equal(exp_gguf_write(&hm, f, &o, &r, err, sizeof err), 0);
+    gguf_file g;
+    assert_int_equal(gguf_open(&g, f, err, sizeof err), 0);
+    uint32_t ty;
+    uint64_t n;
+    assert_true(gguf_get_arr(&g, "deci.attention.head_count", &ty, &n) >= 0);
+    assert_int_equal(n, 3);
+    int kv = gguf_find(&g, "deci.attention.head_count");
+    int64_t v;
+    assert_int_equal(gguf_arr_int(&g, kv, 1, &v), 0);
+    assert_int_equal(v, 2);
+    kv = gguf_find(&g, "deci.feed_forward_length");
+    assert_int_equal(gguf_arr_int(&g, kv, 2, &v), 0);
+    assert_int_equal(v, 48);
+    for (int i = 0; i < g.n_tensors; i++)
+        assert_null(strstr(g.t[i].name, "blk.2.attn"));   /* removed attention has no tensors */
+    gguf_close(&g);
+    eng_model_free(&hm);
+    arch_free(&h);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char err[512], cls[64], an[16];
+    arch a;
+    static const int Q[][3] = {{4, 2, 256}, {2, 1, 256}};     /* per-layer query heads */
+    make_arch(&a, 32, 8, 2, Q, 1);
+    assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);
+    assert_non_null(strstr(err, "query heads"));
+    assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), 0);   /* GGUF can */
+    arch_free(&a);
+    static const int F[][3] = {{4, 2, 300}, {4, 1, 256}};     /* width not a DeciLM ffn_mult */
+    make_arch(&a, 32, 8, 2, F, 1);
+    assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);
+    assert_non_null(strstr(err, "ffn_mult"));
+    arch_free(&a);
+    static const int Z[][3] = {{0, 0, 64}, {4, 2, 64}};       /* layer 0 without attention */
+    make_arch(&a, 32, 8, 2, Z, 1);
+    assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layer 0"));
+    arch_free(&a);
+    static const int N[][3] = {{4, 2, 64}, {4, 2, 0}};        /* attention without MLP */
+    make_arch(&a, 32, 8, 2, N, 1);
+    assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), -1);
+    assert_non_null(strstr(err, "removes the MLP"));
+    eng_model m;
+    random_model(&m, &a, 1);
+    char f[512];
+    path(f, sizeof f, "refused.gguf");
+    exp_opts o = {.dtype = EXP_Q8_0};
+    assert_int_equal(exp_gguf_write(&m, f, &o, NULL, err, sizeof err), -1);
+    assert_int_equal(access(f, F_OK), -1);                    /* nothing written */
+    path(f, sizeof f, "refused_hf");
+    assert_int_equal(exp_hf_write(&m, f, &o, NULL, err, sizeof err), -1);   /* q8_0 is GGUF only */
+    assert_non_null(strstr(err, "q8_0"));
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
+static void test_ffn_mult(void **state)
+{
+    (void)state;
+    assert_true(exp_decilm_ffn_mult(1536, 576) == 4.0);
+    assert_int_equal(exp_decilm_intermediate_size(4.0, 576), 1536);
+    assert_int_equal(exp_decilm_intermediate_size(1.95, 16384), 21504);   /* Nemotron Ultra layer */
+    assert_true(exp_decilm_ffn_mult(1000, 576) < 0);
+    for (int f = 256; f <= 8192; f += 256) {
+        double m = exp_decilm_ffn_mult(f, 576);
+        assert_true(m > 0);
+        assert_int_equal(exp_decilm_intermediate_size(m, 576), f);
+    }
+}
+
+static void flip_byte(const char *p, long off)
+{
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, off, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, off, SEEK_SET), 0);
+    fputc(c ^ 0x01, f);
+    fclose(f);
+}
+
+static void test_digest_detects_damage(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{4, 2, 32}};
+    arch a;
+    make_arch(&a, 32, 8, 1, L, 1);
+    eng_model m, b;
+    random_model(&m, &a, 2);
+    char dir[512], st[600], err[512];
+    path(dir, sizeof dir, "digest");
+    exp_opts o = {.dtype = EXP_FP16};
+    assert_int_equal(exp_hf_write(&m, dir, &o, NULL, err, sizeof err), 0);
+    assert_int_equal(exp_verify_dir(dir, err, sizeof err), 0);
+    snprintf(st, sizeof st, "%s/model.safetensors", dir);
+    struct stat sb;
+    assert_int_equal(stat(st, &sb), 0);
+    flip_byte(st, sb.st_size - 3);
+    assert_int_equal(exp_verify_dir(dir, err, sizeof err), -1);
+    assert_non_null(strstr(err, "mismatch"));
+    assert_int_equal(exp_load_model(dir, be, &b, err, sizeof err), -1);   /* reload refuses it */
+    flip_byte(st, sb.st_size - 3);
+    assert_int_equal(exp_verify_dir(dir, err, sizeof err), 0);
+    assert_int_equal(truncate(st, sb.st_size - 100), 0);
+    assert_int_equal(exp_verify_dir(dir, err, sizeof err), -1);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
+static void test_gguf_writer_readback(void **state)
+{
+    (void)state;
+    char f[512], err[512];
+    path(f, sizeof f, "w.gguf");
+    ggw *w = ggw_new();
+    assert_non_null(w);
+    assert_int_equal(ggw_kv_str(w, "general.architecture", "llama"), 0);
+    assert_int_equal(ggw_kv_u32(w, "x.u32", 123456), 0);
+    assert_int_equal(ggw_kv_f32(w, "x.f32", 0.25f), 0);
+    int32_t arr[3] = {5, -6, 7};
+    assert_int_equal(ggw_kv_arr_i32(w, "x.arr", arr, 3), 0);
+    const char *ss[2] = {"ab", "\xc4\xa0z"};
+    size_t sl[2] = {2, 3};
+    assert_int_equal(ggw_kv_arr_str(w, "x.strs", ss, sl, 2), 0);
+    assert_int_equal(ggw_kv_u32(w, "x.u32", 1), -1);                 /* duplicate key */
+    int64_t ne[2] = {64, 3}, bad[2] = {40, 2};
+    assert_int_equal(ggw_tensor(w, "q8", bad, 2, GGW_Q8_0, err, sizeof err), -1);
+    assert_int_equal(ggw_tensor(w, "f32", ne, 2, GGW_F32, err, sizeof err), 0);
+    assert_int_equal(ggw_tensor(w, "f16", ne, 2, GGW_F16, err, sizeof err), 0);
+    assert_int_equal(ggw_tensor(w, "bf16", ne, 2, GGW_BF16, err, sizeof err), 0);
+    assert_int_equal(ggw_tensor(w, "q8", ne, 2, GGW_Q8_0, err, sizeof err), 0);
+    float x[192];
+    for (int i = 0; i < 192; i++)
+        x[i] = sinf((float)i * 0.37f) * (1.0f + (float)(i % 7));
+    assert_int_equal(ggw_begin(w, f, err, sizeof err), 0);
+    for (int t = 0; t < 4; t++)
+        assert_int_equal(ggw_write_tensor(w, x, 192, err, sizeof err), 0);
+    assert_int_equal(ggw_write_tensor(w, x, 192, err, sizeof err), -1);  /* no tensor left */
+    assert_int_equal(ggw_finish(w, err, sizeof err), 0);
+    ggw_free(w);
+    gguf_file g;
+    if (gguf_open(&g, f, err, sizeof err))
+        fail_msg("%s", err);
+    int64_t v;
+    assert_int_equal(gguf_get_int(&g, "x.u32", &v), 0);
+    assert_int_equal(v, 123456);
+    double d;
+    assert_int_equal(gguf_get_float(&g, "x.f32", &d), 0);
+    assert_true(d == 0.25);
+    int k = gguf_find(&g, "x.arr");
+    assert_int_equal(gguf_arr_int(&g, k, 1, &v), 0);
+    assert_int_equal(v, -6);
+    const char *s;
+    size_t len;
+    k = gguf_find(&g, "x.strs");
+    assert_int_equal(gguf_arr_str(&g, k, 1, &s, &len), 0);
+    assert_int_equal(len, 3);
+    assert_memory_equal(s, "\xc4\xa0z", 3);
+    assert_int_equal(g.n_tensors, 4);
+    float y[192];
+    double tol[4] = {0, 1e-2, 8e-2, 0};
+    for (int t = 0; t < 4; t++) {
+        assert_int_equal(gguf_read_f32(&g, t, y, 192, err, sizeof err), 0);
+        for (int i = 0; i < 192; i++) {
+            double lim = tol[t];
+            if (t == 3) {                      /* Q8_0: half a step of its block's scale */
+                float amax = 0;
+                for (int j = i / 32 * 32; j < i / 32 * 32 + 32; j++)
+                    amax = fmaxf(amax, fabsf(x[j]));
+                lim = amax / 127.0 * 0.51 + 1e-3 * amax;
+            } else if (t > 0) {
+                lim *= fabs(x[i]) + 1e-3;
+            }
+            assert_true(fabs(y[i] - x[i]) <= lim);
+        }
+    }
+    gguf_close(&g);
+}
+
+static void test_tar_headers(void **state)
+{
+    (void)state;
+    char dir[512], a[600], b[600], t[512], err[512];
+    path(dir, sizeof dir, "tree");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(a, sizeof a, "%s/a.txt", dir);
+    snprintf(b, sizeof b, "%s/b.bin", dir);
+    FILE *f = fopen(a, "w");
+    fputs("hello", f);
+    fclose(f);
+    f = fopen(b, "w");
+    for (int i = 0; i < 1000; i++)
+        fputc(i & 0xff, f);
+    fclose(f);
+    path(t, sizeof t, "out.tar");
+    tar_writer *w = tar_open(t, 1700000000, err, sizeof err);
+    assert_non_null(w);
+    assert_int_equal(tar_add_tree(w, "model", dir, err, sizeof err), 0);
+    char longname[200];                        /* 150 bytes: needs ustar's prefix field */
+    memset(longname, 'x', sizeof longname);
+    memcpy(longname, "deep/", 5);
+    longname[70] = '/';
+    longname[150] = '\0';
+    assert_int_equal(tar_add_file(w, longname, a, err, sizeof err), 0);
+    assert_int_equal(tar_close(w, err, sizeof err), 0);
+    f = fopen(t, "rb");
+    assert_non_null(f);
+    unsigned char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    /* dir + a (1 data block) + b (2 blocks) + long (1 block) + 2 zero blocks */
+    assert_int_equal(n, 512 * (1 + 2 + 3 + 2 + 2));
+    size_t offs[4] = {0, 512, 1536, 3072};
+    const char *names[3] = {"model/", "model/a.txt", "model/b.bin"};
+    for (int i = 0; i < 4; i++) {
+        unsigned char *h = buf + offs[i];
+        assert_memory_equal(h + 257, "ustar", 6);
+        unsigned sum = 0;
+        for (int j = 0; j < 512; j++)
+            sum += (j >= 148 && j < 156) ? ' ' : h[j];
+        assert_int_equal(strtoul((char *)h + 148, NULL, 8), sum);
+        if (i < 3)
+            assert_string_equal((char *)h, names[i]);
+    }
+    assert_int_equal(strtoul((char *)buf + 1536 + 124, NULL, 8), 1000);
+    assert_memory_equal(buf + 1024, "hello", 5);
+    assert_int_equal(strnlen((char *)buf + 3072 + 345, 155), 70);   /* prefix field */
+    assert_memory_equal(buf + 3072 + 345, "deep/", 5);
+    for (size_t i = n - 1024; i < n; i++)
+        assert_int_equal(buf[i], 0);
+}
+
+static void test_model_card(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{4, 2, 64}, {0, 0, 32}};
+    arch a;
+    make_arch(&a, 32, 8, 2, L, 1);
+    json_error_t je;
+    json_t *rep = json_loads("{\"job_id\":\"job_x\",\"target\":{\"device\":\"cpu\",\"precision\":\"fp32\"},"
+                             "\"limits\":[{\"name\":\"latency_ms\",\"limit\":41.0,\"predicted\":39.7,"
+                             "\"measured\":40.2,\"holds\":true}],\"result\":{\"accuracy\":{\"arc_easy\":"
+                             "{\"acc\":0.5,\"acc_norm\":0.55,\"stderr\":0.02,\"n\":500}}}}", 0, &je);
+    assert_non_null(rep);
+    mc_info info = {.parent = "parent.gguf", .model_class = "DeciLMForCausalLM", .dtype = "bf16", .formats = "HF"};
+    char *s = mc_render(&a, rep, &info);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "parent.gguf"));
+    assert_non_null(strstr(s, "| latency_ms | 41 | 39.7 | 40.2 | yes |"));
+    assert_non_null(strstr(s, "| 1 | 2 | removed | removed | 32 |"));
+    assert_non_null(strstr(s, "| arc_easy | not measured | not measured | 0.5 | 0.55 |"));
+    free(s);
+    s = mc_render(&a, NULL, &info);
+    assert_non_null(strstr(s, "No limits recorded."));
+    assert_non_null(strstr(s, "Not measured."));
+    free(s);
+    json_decref(rep);
+    arch_free(&a);
+}
+
+/* A GGUF carrying only tokenizer metadata (byte-level BPE, 4 tokens, 1 merge). */
+static void tok_gguf(const char *f, const char *pre, int add_bos)
+{
+    char err[256];
+    ggw *w = ggw_new();
+    const char *toks[4] = {"<|begin_of_text|>", "a", "b", "ab"};
+    size_t tl[4] = {17, 1, 1, 2};
+    const char *merges[1] = {"a b"};
+    size_t ml[1] = {3};
+    int32_t types[4] = {3, 1, 1, 1};
+    assert_int_equal(ggw_kv_str(w, "tokenizer.ggml.model", "gpt2"), 0);
+    assert_int_equal(ggw_kv_str(w, "tokenizer.ggml.pre", pre), 0);
+    assert_int_equal(ggw_kv_arr_str(w, "tokenizer.ggml.tokens", toks, tl, 4), 0);
+    assert_int_equal(ggw_kv_arr_i32(w, "tokenizer.ggml.token_type", types, 4), 0);
+    assert_int_equal(ggw_kv_arr_str(w, "tokenizer.ggml.merges", merges, ml, 1), 0);
+    assert_int_equal(ggw_kv_u32(w, "tokenizer.ggml.bos_token_id", 0), 0);
+    assert_int_equal(ggw_kv_bool(w, "tokenizer.ggml.add_bos_token", add_bos), 0);
+    assert_int_equal(ggw_kv_str(w, "tokenizer.chat_template", "{{ messages }}"), 0);
+    assert_int_equal(ggw_begin(w, f, err, sizeof err), 0);
+    assert_int_equal(ggw_finish(w, err, sizeof err), 0);
+    ggw_free(w);
+}
+
+static void test_tokenizer_json(void **state)
+{
+    (void)state;
+    char f[512], err[512];
+    path(f, sizeof f, "tok.gguf");
+    tok_gguf(f, "llama-bpe", 1);
+    json_t *tc = NULL;
+    json_t *t = exp_tokenizer_json_from_gguf(f, &tc, err, sizeof err);
+    if (!t)
+        fail_msg("%s", err);
+    json_t *model = json_object_get(t, "model");
+    assert_string_equal(json_string_value(json_object_get(model, "type")), "BPE");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(model, "vocab"), "ab")), 3);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(model, "merges"), 0)), "a b");
+    assert_true(json_is_true(json_object_get(model, "ignore_merges")));      /* Llama-3 */
+    json_t *pre = json_array_get(json_object_get(json_object_get(t, "pre_tokenizer"), "pretokenizers"), 0);
+    assert_string_equal(json_string_value(json_object_get(pre, "type")), "Split");
+    json_t *post = json_object_get(t, "post_processor");
+    assert_string_equal(json_string_value(json_object_get(post, "type")), "TemplateProcessing");
+    json_t *sp = json_object_get(json_object_get(post, "special_tokens"), "<|begin_of_text|>");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(sp, "ids"), 0)), 0);
+    json_t *added = json_object_get(t, "added_tokens");
+    assert_int_equal(json_array_size(added), 1);                            /* the control token */
+    assert_true(json_is_true(json_object_get(json_array_get(added, 0), "special")));
+    assert_non_null(tc);
+    assert_string_equal(json_string_value(json_object_get(tc, "bos_token")), "<|begin_of_text|>");
+    assert_true(json_is_true(json_object_get(tc, "add_bos_token")));
+    assert_string_equal(json_string_value(json_object_get(tc, "chat_template")), "{{ messages }}");
+    json_decref(t);
+    json_decref(tc);
+    tok_gguf(f, "deepseek-coder", 0);                                       /* no mapping: refused */
+    assert_null(exp_tokenizer_json_from_gguf(f, &tc, err, sizeof err));
+    assert_non_null(strstr(err, "deepseek-coder"));
+    assert_null(tc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hf_fp32_exact),
+        cmocka_unit_test(test_hf_bf16_sharded),
+        cmocka_unit_test(test_decilm_roundtrip),
+        cmocka_unit_test(test_gguf_llama_exact),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_ffn_mult),
+        cmocka_unit_test(test_digest_detects_damage),
+        cmocka_unit_test(test_gguf_writer_readback),
+        cmocka_unit_test(test_tar_headers),
+        cmocka_unit_test(test_model_card),
+        cmocka_unit_test(test_tokenizer_json),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
