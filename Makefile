@@ -27,7 +27,7 @@ LDLIBS := $(PKG_LIBS) -lopenblas -lm -lpthread -ldl -fopenmp
 ifneq ($(SANITIZE),)
   CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=$(SANITIZE)
-  BUILD := $(BUILD)-san
+  override BUILD := $(BUILD)-san
 endif
 
 # Library sources: every .c in the layer folders except the process entry.
