@@ -51,7 +51,7 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 TOOL_SRCS := $(wildcard tests/tools/*.c bench/*/*.c)
 TOOL_BINS := $(addprefix $(BUILD)/tools/,$(notdir $(TOOL_SRCS:.c=)))
 
-.PHONY: all run test test-unit test-sanitize deps clean fuzz bench cuda-check
+.PHONY: all run test test-slow test-unit test-sanitize deps clean fuzz bench cuda-check
 all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS)
 
 deps:
@@ -98,6 +98,10 @@ run: deps $(BUILD)/autocompress
 # make test: unit tests, black-box HTTP tests and numerical oracles; closes with "N passed, N failed".
 test: deps all
 	@BUILD=$(BUILD) tests/run_all.sh
+
+# The slow tier too: llama.cpp (PyPI llama-cpp-python, built from source) and SmolLM2 checks.
+test-slow: deps all
+	@AC_SLOW=1 BUILD=$(BUILD) tests/run_all.sh
 
 test-sanitize:
 	@$(MAKE) --no-print-directory test SANITIZE=address,undefined OPT=-O1

@@ -16,7 +16,10 @@ export AC_PYTHON
 # Idle OpenMP threads sleep instead of spinning: tests stay fast on a loaded machine.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 pattern=${TESTS:-}
-pass=0; fail=0; failed=()
+pass=0; fail=0; skip=0; failed=()
+# Scripts marked "# tier: slow" (they need llama.cpp built from PyPI or the SmolLM2
+# model and take minutes) run only with AC_SLOW=1 (make test-slow).
+slow_tier() { grep -q '^# tier: slow' "$1" && [ "${AC_SLOW:-0}" != 1 ]; }
 run_one() {
     local name=$1; shift
     [ -n "$pattern" ] && [[ "$name" != *$pattern* ]] && return
@@ -33,9 +36,17 @@ for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] && [[ "$t" != *.d ]] && run_one "unit/$(basename "$t")" "$t"
 done
 for d in http oracle e2e; do
-    for t in tests/$d/test_*.sh; do [ -f "$t" ] && run_one "$d/$(basename "$t")" bash "$t"; done
-    for t in tests/$d/test_*.py; do [ -f "$t" ] && run_one "$d/$(basename "$t")" "$AC_PYTHON" "$t"; done
+    for t in tests/$d/test_*.sh tests/$d/test_*.py; do
+        [ -f "$t" ] || continue
+        if slow_tier "$t"; then
+            skip=$((skip+1)); printf 'SKIP %-48s (slow tier: make test-slow)\n' "$d/$(basename "$t")"; continue
+        fi
+        case $t in
+        *.sh) run_one "$d/$(basename "$t")" bash "$t" ;;
+        *.py) run_one "$d/$(basename "$t")" "$AC_PYTHON" "$t" ;;
+        esac
+    done
 done
 [ ${#failed[@]} -gt 0 ] && printf 'failed: %s\n' "${failed[*]}"
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

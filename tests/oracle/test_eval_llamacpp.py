@@ -1,3 +1,4 @@
+# tier: slow (needs llama-cpp-python built from PyPI; run with make test-slow)
 """Oracle: `autocompress eval` log-likelihoods against llama.cpp (llama-cpp-python) on
 SmolLM2-135M-Instruct, one real item of each of several tasks (MMLU 1-shot included).
 Both sides get the same harness prompt strings (from --dump-prompts); llama.cpp tokenizes

@@ -1,3 +1,4 @@
+# tier: slow (needs llama-cpp-python built from PyPI; run with make test-slow)
 """A llama2.c parent (stories260K, SentencePiece-style vocabulary) exported to GGUF runs in
 llama.cpp: the tokenizer metadata is built through the engine's tokenizer API (pieces with
 spaces spelled U+2581, scores, token types, BOS/EOS), the weights are F32. Greedy decoding

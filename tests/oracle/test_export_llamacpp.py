@@ -1,3 +1,4 @@
+# tier: slow (needs llama-cpp-python built from PyPI; run with make test-slow)
 """Exported GGUF runs in llama.cpp (llama-cpp-python) exactly as in the engine.
 
 SmolLM2-135M-Instruct (Q4_1 parent) is sliced by prefix pruning to (a) a uniform arch
