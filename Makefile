@@ -65,7 +65,7 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
-	@$(NVCC) $(NVFLAGS) -c $< -o $@
+	@$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libautocompress.a: $(LIB_OBJS) $(CU_OBJS)
 	@rm -f $@
@@ -118,4 +118,4 @@ clean:
 # openapi.yaml is embedded into api_misc.o with .incbin.
 $(BUILD)/obj/api/api_misc.o: openapi/openapi.yaml
 
--include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d $(TEST_BINS:=.d) $(TOOL_BINS:=.d)
+-include $(LIB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/obj/server/main.d $(TEST_BINS:=.d) $(TOOL_BINS:=.d)

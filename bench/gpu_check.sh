@@ -1,0 +1,119 @@
+#!/bin/bash
+# bench/gpu_check.sh — the CUDA backend's check on a GPU machine, in one call (< 8 min):
+# builds with CUDA=1 (for the present GPU's SM only, unless CUDA_ARCHS is set), runs the
+# CUDA unit tests (every op vs the CPU backend, the whole model vs the CPU), runs the real
+# stories260K checkpoint on cuda:0 against the CPU, measures the two ceilings (GEMM
+# TFLOP/s, device copy GB/s) and SmolLM2-135M-shaped prefill/decode tokens/s in fp32 and
+# bf16 with their share of those ceilings. Prints a table last and writes it to
+# bench/results/gpu_check-<host>-<date>.md. Exit status 0 only when every check passed.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-gpu}
+DEVICE=${DEVICE:-cuda:0}
+JOBS=$(nproc 2>/dev/null || echo 4)
+LOG=$(mktemp -d)
+fail=0
+say() { printf '== %s\n' "$*"; }
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "SKIPPED: no CUDA device (nvidia-smi finds no GPU); gpu_check needs a GPU machine"
+    exit 0
+fi
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+CC_NUM=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
+ARCHS=${CUDA_ARCHS:-$CC_NUM}
+say "GPU: $GPU_NAME (sm_$CC_NUM), building for: $ARCHS"
+
+t0=$(date +%s)
+rm -f "$BUILD"/obj/cuda/*.o   # the Makefile's nvcc rule tracks no header dependencies
+if ! timeout 300 make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" \
+        "$BUILD"/autocompress "$BUILD"/tests/test_cuda_ops "$BUILD"/tests/test_cuda_model \
+        "$BUILD"/tests/test_cuda_devices "$BUILD"/tests/test_cuda_nccl "$BUILD"/tools/cuda_bench >"$LOG/build" 2>&1; then
+    tail -40 "$LOG/build"
+    echo "gpu_check: CUDA=1 build failed"
+    exit 1
+fi
+say "build: $(( $(date +%s) - t0 )) s"
+# the cost model's bench belongs to another area: optional here
+make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" "$BUILD"/tools/costmodel_bench >>"$LOG/build" 2>&1 ||
+    echo "costmodel_bench did not build: its row will be empty"
+
+run() {   # name timeout_s command...: runs, keeps output in $LOG/name, records failure
+    local name=$1 to=$2; shift 2
+    say "$name"
+    timeout "$to" "$@" >"$LOG/$name" 2>&1
+    local rc=$?
+    if [ $rc -eq 0 ]; then
+        tail -3 "$LOG/$name"
+        return 0
+    fi
+    fail=$((fail + 1))
+    echo "FAILED: $name (exit $rc)"; tail -30 "$LOG/$name"
+    return 1
+}
+
+run test_cuda_devices 60 "$BUILD"/tests/test_cuda_devices
+run test_cuda_nccl 60 "$BUILD"/tests/test_cuda_nccl
+run test_cuda_ops 180 "$BUILD"/tests/test_cuda_ops
+run test_cuda_model 120 "$BUILD"/tests/test_cuda_model
+
+STORIES=""
+for d in "${AC_SHARED:-}/data" shared/data ../shared/data; do
+    [ -f "$d/models/stories260K/stories260K.bin" ] && { STORIES="$d/models/stories260K/stories260K.bin"; break; }
+done
+if [ -n "$STORIES" ]; then
+    run stories 120 "$BUILD"/tools/cuda_bench compare --device "$DEVICE" --model "$STORIES" --steps 64
+else
+    echo "stories260K not found (set AC_SHARED): SKIPPED" >"$LOG/stories"
+    say "stories260K checkpoint not found: SKIPPED"
+fi
+run ceilings 120 "$BUILD"/tools/cuda_bench ceilings --device "$DEVICE"
+run smollm_fp32 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 --steps 128
+run smollm_bf16 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec bf16 --T 512 --steps 128
+# the cost model's held-out latency/memory errors on the GPU (owned by the cost-model
+# bench; cut off after 150 s so the whole check stays under 8 minutes)
+if [ -x "$BUILD"/tools/costmodel_bench ]; then
+    say costmodel
+    timeout 150 "$BUILD"/tools/costmodel_bench --device "$DEVICE" --batch 1 --prompt 256 --output 64 >"$LOG/costmodel" 2>&1 ||
+        echo "costmodel_bench: exit $? (not counted as a CUDA failure; see $LOG/costmodel)"
+fi
+
+val() { awk -v k="$2" '$1 == k { print $2 }' "$LOG/$1" 2>/dev/null | tail -1; }
+worst() {   # worst CUDAOP/CUDAMODEL error in log $1 among names matching $2 (awk regex)
+    awk -v re="$2" '($1 == "CUDAOP" || $1 == "CUDAMODEL") && $2 ~ re { if (n == "" || $3 + 0 > m) { m = $3 + 0; n = $2 } }
+        END { if (n == "") print "-"; else printf "%.2e (%s)\n", m, n }' "$LOG/$1" 2>/dev/null
+}
+share() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.1f%%", 100 * a / b; else print "-" }'; }
+
+F32=$(val ceilings gemm_fp32_TFLOPs); B16=$(val ceilings gemm_bf16_TFLOPs); BW=$(val ceilings copy_GBps)
+NOPS=$(cat "$LOG"/test_cuda_ops "$LOG"/test_cuda_model 2>/dev/null | grep -c '^CUDA')
+mkdir -p bench/results
+OUT=bench/results/gpu_check-$(hostname -s)-$(date -u +%Y%m%dT%H%MZ).md
+{
+    echo "# gpu_check: $GPU_NAME (sm_$CC_NUM), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo
+    echo "| check | result |"
+    echo "|---|---|"
+    echo "| op/model comparisons vs CPU | $NOPS checked; failures: $fail step(s) failed |"
+    echo "| worst fp32 op (tol 1e-5) | $(worst test_cuda_ops '^(gemm_fp32|rms|rope|attn|swiglu|embed|xent|kl|add|axpy|scale|dot|sumsq|fill|bias|colsum|mask|group|adamw)') |"
+    echo "| worst bf16/fp16 GEMM (tol 1e-2) | $(worst test_cuda_ops '^gemm_(bf16|fp16)') |"
+    echo "| worst whole-model (tol 1e-4) | $(worst test_cuda_model '.') |"
+    echo "| stories260K greedy tokens equal to CPU | $(val stories greedy_tokens_equal)/$(val stories model_tokens); logits max rel err decode $(val stories decode_logits_max_rel_err), prefill $(val stories prefill_logits_max_rel_err) |"
+    echo "| ceiling: GEMM fp32 (no TF32) | ${F32:-?} TFLOP/s |"
+    echo "| ceiling: GEMM bf16 (fp32 acc) | ${B16:-?} TFLOP/s |"
+    echo "| ceiling: device copy (read+write) | ${BW:-?} GB/s |"
+    for p in fp32 bf16; do
+        C=$F32; [ $p = bf16 ] && C=$B16
+        echo "| SmolLM2-135M shape $p prefill B=1 T=512 | $(val smollm_$p prefill_tokens_per_s) tok/s, $(val smollm_$p prefill_TFLOPs) TFLOP/s = $(share "$(val smollm_$p prefill_TFLOPs)" "$C") of GEMM $p |"
+        echo "| SmolLM2-135M shape $p decode B=1 ctx 512 | $(val smollm_$p decode_tokens_per_s) tok/s, $(val smollm_$p decode_GBps) GB/s = $(share "$(val smollm_$p decode_GBps)" "$BW") of copy |"
+    done
+    echo "| cost model held-out errors ($DEVICE, batch 1) | $(grep -o 'latency MAPE[^;]*;[^;]*memory MAPE[^;]*' "$LOG/costmodel" 2>/dev/null | head -1 | tr -d '*' || echo '-') |"
+    echo
+    echo "bf16 here rounds fp32 weights to bf16 inside every GEMM call (no cached bf16 weights), so"
+    echo "its decode moves more bytes than fp32; shares use the matching GEMM ceiling."
+} >"$LOG/table"
+cp "$LOG/table" "$OUT"
+echo
+cat "$LOG/table"
+echo "(written to $OUT; logs in $LOG)"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,411 @@
+/* cuda/backend_cuda.cu — the CUDA backend's life cycle: device queries, the accounting
+ * allocator, host<->device copies, one stream per backend, the cuBLAS handle and GEMM
+ * precision, event timing, and NCCL all-reduce across the devices of one host.
+ * The numerical ops live in cuda/kernels_*.cu and are wired into the table here.
+ */
+#include "cuda/cu_internal.h"
+#include "cuda/cu_ops.h"
+
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+void cu_set_error(eng_backend *be, const char *file, int line, const char *what, const char *why)
+{
+    cu_impl *c = cu_of(be);
+    if (c->err[0])
+        return;   /* keep the first failure: later ones usually follow from it */
+    snprintf(c->err, sizeof c->err, "%s:%d: %s: %s", file, line, what, why);
+}
+
+const char *cu_blas_status_str(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "cuBLAS not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "cuBLAS allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "cuBLAS invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "cuBLAS architecture mismatch";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "cuBLAS mapping error";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "cuBLAS execution failed";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "cuBLAS internal error";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "cuBLAS operation not supported";
+    default: return "cuBLAS error";
+    }
+}
+
+extern "C" const char *cu_backend_error(const eng_backend *be)
+{
+    if (!be || !be->impl || strncmp(be->name, "cuda", 4) != 0)
+        return "";
+    return ((const cu_impl *)be->impl)->err;
+}
+
+int cu_enter(eng_backend *be)
+{
+    CHECK_CUDA_R(be, cudaSetDevice(cu_of(be)->dev), -1);
+    return 0;
+}
+
+/* ---- devices --------------------------------------------------------------------- */
+
+extern "C" int cu_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();   /* no driver / no device: clear the sticky error */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int cu_device_query(int dev, char *desc, size_t desclen, uint64_t *memory_bytes,
+                               int *cc_major, int *cc_minor, int *sms)
+{
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    snprintf(desc, desclen, "%s", p.name);
+    *memory_bytes = (uint64_t)p.totalGlobalMem;
+    *cc_major = p.major;
+    *cc_minor = p.minor;
+    *sms = p.multiProcessorCount;
+    return 0;
+}
+
+/* ---- memory ---------------------------------------------------------------------- */
+
+/* Allocation is stream-ordered from the device's memory pool (cudaMallocAsync), so the
+ * per-call workspaces of the model do not pay a cudaMalloc and a device-wide sync each
+ * time. cur_bytes/peak_bytes count live allocations; the pool may keep freed memory
+ * cached (nvidia-smi shows more), and is trimmed and retried once when it runs out. */
+static void *cu_alloc(eng_backend *be, size_t bytes)
+{
+    cu_impl *c = cu_of(be);
+    if (cu_enter(be) != 0)
+        return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMallocAsync(&p, bytes ? bytes : 1, c->stream);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        cudaMemPool_t pool;
+        if (cudaStreamSynchronize(c->stream) == cudaSuccess &&
+            cudaDeviceGetDefaultMemPool(&pool, c->dev) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+            e = cudaMallocAsync(&p, bytes ? bytes : 1, c->stream);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();   /* out of memory is not sticky; callers report it */
+        return NULL;
+    }
+    be->cur_bytes += bytes;
+    if (be->cur_bytes > be->peak_bytes)
+        be->peak_bytes = be->cur_bytes;
+    return p;
+}
+
+static void cu_free(eng_backend *be, void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    if (cu_enter(be) != 0)
+        return;
+    /* stream-ordered: kernels already queued on the stream that use p finish first */
+    CHECK_CUDA(be, cudaFreeAsync(p, cu_of(be)->stream));
+    be->cur_bytes = bytes <= be->cur_bytes ? be->cur_bytes - bytes : 0;
+}
+
+static void cu_to_device(eng_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    cu_impl *c = cu_of(be);
+    if (!bytes || cu_enter(be) != 0)
+        return;
+    CHECK_CUDA(be, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
+    CHECK_CUDA(be, cudaStreamSynchronize(c->stream));   /* host_src may be reused on return */
+}
+
+static void cu_to_host(eng_backend *be, void *host_dst, const void *src, size_t bytes)
+{
+    cu_impl *c = cu_of(be);
+    if (!bytes || cu_enter(be) != 0)
+        return;
+    CHECK_CUDA(be, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CHECK_CUDA(be, cudaStreamSynchronize(c->stream));
+}
+
+static void cu_copy(eng_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || cu_enter(be) != 0)
+        return;
+    CHECK_CUDA(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu_of(be)->stream));
+}
+
+static void cu_zero(eng_backend *be, void *dst, size_t bytes)
+{
+    if (!bytes || cu_enter(be) != 0)
+        return;
+    CHECK_CUDA(be, cudaMemsetAsync(dst, 0, bytes, cu_of(be)->stream));
+}
+
+static void cu_sync(eng_backend *be)
+{
+    if (cu_enter(be) != 0)
+        return;
+    CHECK_CUDA(be, cudaStreamSynchronize(cu_of(be)->stream));
+}
+
+void *cu_workspace(eng_backend *be, size_t bytes)
+{
+    cu_impl *c = cu_of(be);
+    if (c->ws_bytes >= bytes)
+        return c->ws;
+    size_t want = bytes + bytes / 4;   /* grow with slack so shapes that creep up don't thrash */
+    if (c->ws) {
+        CHECK_CUDA_R(be, cudaStreamSynchronize(c->stream), NULL);
+        CHECK_CUDA_R(be, cudaFree(c->ws), NULL);
+        c->ws = NULL;
+        c->ws_bytes = 0;
+    }
+    CHECK_CUDA_R(be, cudaMalloc(&c->ws, want), NULL);
+    c->ws_bytes = want;
+    return c->ws;
+}
+
+/* ---- life cycle ------------------------------------------------------------------ */
+
+static void cu_release(eng_backend *be)
+{
+    cu_impl *c = cu_of(be);
+    if (c) {
+        (void)cudaSetDevice(c->dev);
+        if (c->stream)
+            (void)cudaStreamSynchronize(c->stream);
+        if (c->ws)
+            (void)cudaFree(c->ws);
+        if (c->red)
+            (void)cudaFree(c->red);
+        if (c->blas)
+            (void)cublasDestroy(c->blas);
+        if (c->ev0)
+            (void)cudaEventDestroy(c->ev0);
+        if (c->ev1)
+            (void)cudaEventDestroy(c->ev1);
+        if (c->stream)
+            (void)cudaStreamDestroy(c->stream);
+        (void)cudaGetLastError();
+        free(c);
+    }
+    free((void *)be->name);
+    free(be);
+}
+
+extern "C" size_t cu_backend_workspace_bytes(const eng_backend *be)
+{
+    if (!be || !be->impl || strncmp(be->name, "cuda", 4) != 0)
+        return 0;
+    return ((const cu_impl *)be->impl)->ws_bytes;
+}
+
+#define NEW_FAIL(msg_call, why)                                                            \
+    do {                                                                                   \
+        snprintf(err, errlen, "cuda:%d: %s: %s", dev, msg_call, why);                     \
+        cu_release(be);                                                                    \
+        return NULL;                                                                       \
+    } while (0)
+
+extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
+{
+    eng_backend *be = (eng_backend *)calloc(1, sizeof *be);
+    cu_impl *c = (cu_impl *)calloc(1, sizeof *c);
+    char *name = (char *)malloc(16);
+    if (!be || !c || !name) {
+        free(be);
+        free(c);
+        free(name);
+        snprintf(err, errlen, "cuda:%d: out of host memory", dev);
+        return NULL;
+    }
+    snprintf(name, 16, "cuda:%d", dev);
+    be->name = name;
+    be->impl = c;
+    c->dev = dev;
+    c->prec = CU_PREC_FP32;
+    cudaError_t e;
+    if ((e = cudaSetDevice(dev)) != cudaSuccess)
+        NEW_FAIL("cudaSetDevice", cudaGetErrorString(e));
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        NEW_FAIL("cudaStreamCreate", cudaGetErrorString(e));
+    if ((e = cudaEventCreate(&c->ev0)) != cudaSuccess || (e = cudaEventCreate(&c->ev1)) != cudaSuccess)
+        NEW_FAIL("cudaEventCreate", cudaGetErrorString(e));
+    cublasStatus_t s;
+    if ((e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        NEW_FAIL("cudaDeviceGetAttribute", cudaGetErrorString(e));
+    /* keep freed pool memory cached across synchronizations (see cu_alloc) */
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    if ((e = cudaDeviceGetDefaultMemPool(&pool, dev)) != cudaSuccess ||
+        (e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess)
+        NEW_FAIL("memory pool", cudaGetErrorString(e));
+    if ((e = cudaMalloc((void **)&c->red, 64)) != cudaSuccess)
+        NEW_FAIL("cudaMalloc(reduction scalar)", cudaGetErrorString(e));
+    if ((s = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS)
+        NEW_FAIL("cublasCreate", cu_blas_status_str(s));
+    if ((s = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS)
+        NEW_FAIL("cublasSetStream", cu_blas_status_str(s));
+    /* Default math: fp32 GEMMs request CUBLAS_COMPUTE_32F, which never rounds to TF32
+     * (CPU parity within 1e-5); bf16/fp16 GEMMs may use tensor cores. */
+    if ((s = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS)
+        NEW_FAIL("cublasSetMathMode", cu_blas_status_str(s));
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->to_device = cu_to_device;
+    be->to_host = cu_to_host;
+    be->copy = cu_copy;
+    be->zero = cu_zero;
+    be->sync = cu_sync;
+    be->destroy = cu_release;
+    cu_ops_install(be);
+    return be;
+}
+
+extern "C" int cu_backend_set_precision(eng_backend *be, int prec)
+{
+    if (!be || strncmp(be->name, "cuda", 4) != 0)
+        return -1;
+    if (prec != CU_PREC_FP32 && prec != CU_PREC_BF16 && prec != CU_PREC_FP16)
+        return -1;
+    cu_of(be)->prec = prec;
+    return 0;
+}
+
+extern "C" int cu_timer_start(eng_backend *be)
+{
+    cu_impl *c = cu_of(be);
+    if (cu_enter(be) != 0)
+        return -1;
+    CHECK_CUDA_R(be, cudaEventRecord(c->ev0, c->stream), -1);
+    c->timing = 1;
+    return 0;
+}
+
+extern "C" double cu_timer_stop_ms(eng_backend *be)
+{
+    cu_impl *c = cu_of(be);
+    if (!c->timing || cu_enter(be) != 0)
+        return -1.0;
+    c->timing = 0;
+    float ms = 0.0f;
+    CHECK_CUDA_R(be, cudaEventRecord(c->ev1, c->stream), -1.0);
+    CHECK_CUDA_R(be, cudaEventSynchronize(c->ev1), -1.0);
+    CHECK_CUDA_R(be, cudaEventElapsedTime(&ms, c->ev0, c->ev1), -1.0);
+    return (double)ms;
+}
+
+/* ---- NCCL ------------------------------------------------------------------------ */
+
+struct cu_comm {
+    int n;
+    ncclComm_t *comms;
+    eng_backend **bes;   /* borrowed */
+};
+
+#define CHECK_NCCL_R(call, ret)                                                            \
+    do {                                                                                   \
+        ncclResult_t r_ = (call);                                                          \
+        if (r_ != ncclSuccess) {                                                           \
+            snprintf(err, errlen, "%s:%d: %s: %s", __FILE__, __LINE__, #call,              \
+                     ncclGetErrorString(r_));                                              \
+            return ret;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+extern "C" cu_comm *cu_comm_new(eng_backend **backends, int n, char *err, size_t errlen)
+{
+    if (n < 1) {
+        snprintf(err, errlen, "cu_comm_new: need at least one backend");
+        return NULL;
+    }
+    int *devs = (int *)calloc((size_t)n, sizeof *devs);
+    cu_comm *cm = (cu_comm *)calloc(1, sizeof *cm);
+    ncclComm_t *comms = (ncclComm_t *)calloc((size_t)n, sizeof *comms);
+    eng_backend **bes = (eng_backend **)calloc((size_t)n, sizeof *bes);
+    if (!devs || !cm || !comms || !bes) {
+        free(devs); free(cm); free(comms); free(bes);
+        snprintf(err, errlen, "cu_comm_new: out of host memory");
+        return NULL;
+    }
+    for (int r = 0; r < n; r++) {
+        if (!backends[r] || strncmp(backends[r]->name, "cuda", 4) != 0) {
+            snprintf(err, errlen, "cu_comm_new: rank %d is not a CUDA backend", r);
+            free(devs); free(cm); free(comms); free(bes);
+            return NULL;
+        }
+        devs[r] = cu_of(backends[r])->dev;
+        for (int q = 0; q < r; q++)
+            if (devs[q] == devs[r]) {
+                snprintf(err, errlen, "cu_comm_new: ranks %d and %d share cuda:%d", q, r, devs[r]);
+                free(devs); free(cm); free(comms); free(bes);
+                return NULL;
+            }
+        bes[r] = backends[r];
+    }
+    ncclResult_t nr = ncclCommInitAll(comms, n, devs);
+    free(devs);
+    if (nr != ncclSuccess) {
+        snprintf(err, errlen, "ncclCommInitAll over %d devices: %s", n, ncclGetErrorString(nr));
+        free(cm); free(comms); free(bes);
+        return NULL;
+    }
+    cm->n = n;
+    cm->comms = comms;
+    cm->bes = bes;
+    return cm;
+}
+
+extern "C" int cu_allreduce_sum(cu_comm *cm, float **bufs, size_t n_floats, char *err, size_t errlen)
+{
+    if (n_floats == 0)
+        return 0;
+    CHECK_NCCL_R(ncclGroupStart(), -1);
+    for (int r = 0; r < cm->n; r++) {
+        cu_impl *c = cu_of(cm->bes[r]);
+        cudaError_t e = cudaSetDevice(c->dev);
+        if (e != cudaSuccess) {
+            (void)ncclGroupEnd();
+            snprintf(err, errlen, "cudaSetDevice(%d): %s", c->dev, cudaGetErrorString(e));
+            return -1;
+        }
+        ncclResult_t nr = ncclAllReduce(bufs[r], bufs[r], n_floats, ncclFloat, ncclSum, cm->comms[r], c->stream);
+        if (nr != ncclSuccess) {
+            (void)ncclGroupEnd();
+            snprintf(err, errlen, "ncclAllReduce rank %d: %s", r, ncclGetErrorString(nr));
+            return -1;
+        }
+    }
+    CHECK_NCCL_R(ncclGroupEnd(), -1);
+    for (int r = 0; r < cm->n; r++) {
+        cu_impl *c = cu_of(cm->bes[r]);
+        cudaError_t e = cudaSetDevice(c->dev);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "all-reduce on cuda:%d: %s", c->dev, cudaGetErrorString(e));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+extern "C" void cu_comm_free(cu_comm *cm)
+{
+    if (!cm)
+        return;
+    for (int r = 0; r < cm->n; r++)
+        (void)ncclCommDestroy(cm->comms[r]);
+    free(cm->comms);
+    free(cm->bes);
+    free(cm);
+}

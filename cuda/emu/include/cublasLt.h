@@ -1,0 +1,2 @@
+// cuda/emu/include/cublasLt.h — stand-in for the CUDA toolkit header, for the SIMT emulator only.
+#pragma once
