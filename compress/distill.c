@@ -17,10 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <jansson.h>
 
+#include "engine/clock.h"
 #include "storage/ckpt.h"
 #include "storage/safetensors.h"
 
@@ -74,13 +74,6 @@ double distill_lr(const distill_opts *o, int64_t s, int64_t steps)
     if (p > 1)
         p = 1;
     return o->lr_min + 0.5 * (o->lr - o->lr_min) * (1 + cos(M_PI * p));
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ---- evaluation ------------------------------------------------------------------ */
@@ -488,7 +481,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
                         .kd_weight = o->kd_weight};
     if (o->kd_weight <= 0.0f)
         ls.kind = ENG_LOSS_CE;
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     int64_t tokens0 = rs.tokens;
     double last_val = NAN;
     while (rs.step < steps) {
@@ -541,7 +534,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         distill_progress p = {.step = rs.step, .steps = steps, .tokens = rs.tokens, .total_tokens = o->tokens,
                               .loss = loss / n_micro, .kd = kd / n_micro, .ce = ce / n_micro, .lr = lrate,
                               .grad_norm = gnorm};
-        double el = now_s() - t0;
+        double el = eng_wall_s() - t0;
         p.tokens_per_s = el > 0 ? (double)(rs.tokens - tokens0) / el : 0;
         p.eta_s = p.tokens_per_s > 0 ? (double)(o->tokens - rs.tokens) / p.tokens_per_s : 0;
         if (val && val->n > (size_t)o->T && ((o->eval_every > 0 && rs.step % o->eval_every == 0) || rs.step == steps)) {
@@ -568,7 +561,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     out->tokens_run = rs.tokens - tokens0;
     out->final_loss = rs.step > 0 ? rs.curve[rs.step - 1] : NAN;
     out->final_val_loss = last_val;
-    out->wall_s = now_s() - t0;
+    out->wall_s = eng_wall_s() - t0;
     out->loss_curve = rs.curve;
     rs.curve = NULL;
 done:

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "engine/tokenizer.h"
+#include "storage/fileio.h"
 
 #define TD_MAX_FILE_BYTES ((size_t)4 << 30)
 
@@ -41,43 +42,10 @@ const char *td_format_name(td_format fmt)
 /* Read a whole file into a NUL-terminated buffer with CRLF turned into LF. */
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    size_t n;
+    char *buf = fio_read_all(path, TD_MAX_FILE_BYTES, &n, err, errlen);
+    if (!buf)
         return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        fclose(f);
-        snprintf(err, errlen, "%s: out of memory", path);
-        return NULL;
-    }
-    for (;;) {
-        if (n == cap) {
-            if (cap >= TD_MAX_FILE_BYTES) {
-                snprintf(err, errlen, "%s: larger than %zu bytes", path, TD_MAX_FILE_BYTES);
-                goto fail;
-            }
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                snprintf(err, errlen, "%s: out of memory", path);
-                goto fail;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) {
-            if (ferror(f)) {
-                snprintf(err, errlen, "%s: read error", path);
-                goto fail;
-            }
-            break;
-        }
-    }
-    fclose(f);
     size_t w = 0;
     for (size_t i = 0; i < n; i++)
         if (!(buf[i] == '\r' && i + 1 < n && buf[i + 1] == '\n'))
@@ -85,10 +53,6 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
     buf[w] = 0;
     *len = w;
     return buf;
-fail:
-    fclose(f);
-    free(buf);
-    return NULL;
 }
 
 static int is_blank(const char *s, size_t n)

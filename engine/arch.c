@@ -21,6 +21,26 @@ int arch_init(arch *a, int n_layers)
     return 0;
 }
 
+int arch_preset(arch *a, const char *name, int n_layers)
+{
+    memset(a, 0, sizeof *a);
+    if (!name || strcmp(name, "smollm2-135m") != 0)
+        return -1;
+    if (arch_init(a, n_layers > 0 ? n_layers : 30) != 0)
+        return -1;
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 49152;
+    a->hidden_size = 576;
+    a->head_dim = 64;
+    a->max_position_embeddings = 8192;
+    a->rope_theta = 100000.0;
+    a->norm_eps = 1e-5;
+    a->tie_word_embeddings = 1;
+    for (int l = 0; l < a->n_layers; l++)
+        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 9, .n_kv_heads = 3, .ffn_dim = 1536};
+    return 0;
+}
+
 void arch_free(arch *a)
 {
     if (!a)

@@ -60,6 +60,14 @@ typedef struct {
 /* Allocate `n_layers` zeroed layers; globals zeroed. Returns 0, or -1 on OOM. */
 int arch_init(arch *a, int n_layers);
 
+/* Initialize `a` as a named parent shape with `n_layers` layers (<= 0: the preset's own
+ * depth), every layer identical and layers[l].source_layer = l. Known names:
+ *   "smollm2-135m": llama, hidden 576, 30 layers, 9 heads / 3 KV heads, head_dim 64,
+ *                   FFN 1536, vocab 49152, tied, rope_theta 100000, norm_eps 1e-5,
+ *                   max_position_embeddings 8192.
+ * Returns 0 (a owns its layers), or -1 for an unknown name or OOM (a zeroed, owns nothing). */
+int arch_preset(arch *a, const char *name, int n_layers);
+
 /* Free the layers; the struct may be reused after arch_init. Safe on a zeroed arch. */
 void arch_free(arch *a);
 

@@ -15,6 +15,7 @@
 #include "storage/archjson.h"
 #include "storage/artstore.h"
 #include "storage/export.h"
+#include "storage/fileio.h"
 #include "storage/tar.h"
 
 static void usage(FILE *f)
@@ -41,34 +42,6 @@ static json_t *file_entry(const char *path, char *err, size_t errlen)
     if (art_sha256_file(path, hex, &size, err, errlen) < 0)
         return NULL;
     return json_pack("{s:s, s:I, s:s}", "path", path, "size", (json_int_t)size, "sha256", hex);
-}
-
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n + 4096 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
 }
 
 int cli_export(int argc, char **argv)
@@ -159,7 +132,7 @@ int cli_export(int argc, char **argv)
     eng_model *src = &m;
     if (arch_path) {
         size_t len;
-        char *text = read_text(arch_path, &len);
+        char *text = fio_read_all(arch_path, 0, &len, err, sizeof err);
         arch target;
         if (!text) {
             fprintf(stderr, "export: cannot read %s\n", arch_path);

@@ -7,13 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/backend.h"
+#include "engine/clock.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
 #include "storage/archjson.h"
+#include "storage/fileio.h"
 #include "storage/modelio.h"
 
 /* ---------- option parsing ---------- */
@@ -42,13 +43,6 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
     }
     *out = v;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---------- inspect ---------- */
@@ -272,7 +266,7 @@ int cli_generate(int argc, char **argv)
     memcpy(seq, ids, n * sizeof *seq);
     size_t len = n;
     uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ULL + 1;
-    double t0 = now_s(), t_prefill = 0;
+    double t0 = eng_wall_s(), t_prefill = 0;
     int produced = 0;
     const int *feed = ids;
     int feed_n = (int)n;
@@ -284,7 +278,7 @@ int cli_generate(int argc, char **argv)
             goto out;
         }
         if (step == 0)
-            t_prefill = now_s() - t0;
+            t_prefill = eng_wall_s() - t0;
         /* print what is decodable so far */
         char *text;
         size_t tl;
@@ -317,7 +311,7 @@ int cli_generate(int argc, char **argv)
         free(text);
     }
     printf("\n");
-    double el = now_s() - t0;
+    double el = eng_wall_s() - t0;
     fprintf(stderr, "[%zu prompt tokens, %d generated; prefill %.3f s, %.1f tokens/s decode]\n", n, produced,
             t_prefill, produced > 0 && el > t_prefill ? produced / (el - t_prefill) : 0.0);
     rc = 0;
@@ -356,40 +350,6 @@ static void score_rows(const float *logits, int V, const int *targets, int count
             s += exp((double)row[v] - mx);
         *nll += log(s) + mx - row[targets[r]];
     }
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n + 1 >= cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (!r)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
 }
 
 int cli_perplexity(int argc, char **argv)
@@ -434,9 +394,10 @@ int cli_perplexity(int argc, char **argv)
         return 2;
     }
     size_t tlen;
-    char *text = read_file(text_path, &tlen);
+    char rerr[512];
+    char *text = fio_read_all(text_path, 0, &tlen, rerr, sizeof rerr);
     if (!text) {
-        fprintf(stderr, "autocompress perplexity: %s: %s\n", text_path, strerror(errno ? errno : EIO));
+        fprintf(stderr, "autocompress perplexity: %s\n", rerr);
         return 1;
     }
     loaded L;
@@ -466,7 +427,7 @@ int cli_perplexity(int argc, char **argv)
         fprintf(stderr, "autocompress perplexity: out of memory\n");
         goto out;
     }
-    double nll = 0, t0 = now_s();
+    double nll = 0, t0 = eng_wall_s();
     long scored = 0, chunks = 0;
     if (!stride) {
         /* llama.cpp: chunk i = tokens[i*ctx, (i+1)*ctx), first token -> BOS, score j in [ctx/2, ctx-1) */
@@ -526,7 +487,7 @@ int cli_perplexity(int argc, char **argv)
         fprintf(stderr, "autocompress perplexity: no tokens to score\n");
         goto out;
     }
-    double mean = nll / (double)scored, el = now_s() - t0;
+    double mean = nll / (double)scored, el = eng_wall_s() - t0;
     if (as_json)
         printf("{\"ppl\": %.6f, \"mean_nll\": %.6f, \"tokens_scored\": %ld, \"text_tokens\": %zu, \"chunks\": %ld, "
                "\"ctx\": %ld, \"stride\": %ld, \"mode\": \"%s\", \"seconds\": %.2f}\n",

@@ -7,13 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <jansson.h>
 
 #include "compress/prune.h"
 #include "compress/rank.h"
 #include "compress/textdata.h"
 #include "engine/backend.h"
+#include "engine/clock.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
 #include "storage/archjson.h"
@@ -44,13 +44,6 @@ static int parse_i64(const char *s, int64_t *v)
         return -1;
     *v = x;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int on_rank_progress(void *ctx, int64_t done, int64_t total)
@@ -147,7 +140,7 @@ int cli_prune(int argc, char **argv)
         return 1;
     }
     int status = 1;
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     eng_backend *be = eng_backend_cpu_new((int)threads);
     eng_model parent = {0}, student = {0};
     int have_parent = 0, have_student = 0;
@@ -169,7 +162,7 @@ int cli_prune(int argc, char **argv)
         fprintf(stderr, "prune: %s cannot be cut from %s: %s\n", arch_path, model, err);
         goto done;
     }
-    double t_rank = now_s();
+    double t_rank = eng_wall_s();
     if (ranking) {
         if (rank_load(ranking, &r, err, sizeof err) || rank_check(&r, &parent, err, sizeof err)) {
             fprintf(stderr, "prune: ranking %s: %s\n", ranking, err);
@@ -202,7 +195,7 @@ int cli_prune(int argc, char **argv)
             goto done;
         }
     }
-    t_rank = now_s() - t_rank;
+    t_rank = eng_wall_s() - t_rank;
     if (rank_apply(&parent, &r, err, sizeof err) || prune_to_arch(&parent, &target, &student, err, sizeof err)) {
         fprintf(stderr, "prune: %s\n", err);
         goto done;
@@ -228,7 +221,7 @@ int cli_prune(int argc, char **argv)
     json_t *res = json_pack("{s:s,s:s,s:I,s:I,s:f,s:I,s:f,s:f}", "out", out, "arch", summary, "parent_params",
                             (json_int_t)arch_params(&parent.a), "params", (json_int_t)arch_params(&target),
                             "base_loss", r.base_loss, "calibration_tokens", (json_int_t)r.tokens, "rank_s", t_rank,
-                            "wall_s", now_s() - t0);
+                            "wall_s", eng_wall_s() - t0);
     char *text = res ? json_dumps(res, JSON_SORT_KEYS) : NULL;
     if (text)
         printf("%s\n", text);

@@ -4,15 +4,11 @@
  */
 #include "storage/gguf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "storage/fileio.h"
 #include "storage/llama2c.h"
 #include "storage/safetensors.h"
 
@@ -285,30 +281,15 @@ int gguf_open_mem(gguf_file *g, const void *buf, size_t len, char *err, size_t e
 int gguf_open(gguf_file *g, const char *path, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    void *m;
+    size_t len;
+    if (fio_map(path, 24, "a GGUF file", &m, &len, err, errlen))
         return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size < 24) {
-        snprintf(err, errlen, "%s: not a GGUF file (too short or not a file)", path);
-        close(fd);
-        return -1;
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
-        return -1;
-    }
     g->map = m;
     g->base = m;
-    g->len = (size_t)st.st_size;
+    g->len = len;
     if (parse(g, err, errlen)) {
-        size_t n = strlen(err);
-        if (n + 1 < errlen)
-            snprintf(err + n, errlen - n, " [%s]", path);
+        fio_err_path(err, errlen, path);
         gguf_close(g);
         return -1;
     }
@@ -321,8 +302,7 @@ void gguf_close(gguf_file *g)
         free(g->kv[i].str_off);
     free(g->kv);
     free(g->t);
-    if (g->map)
-        munmap(g->map, g->len);
+    fio_unmap(g->map, g->len);
     memset(g, 0, sizeof *g);
 }
 

@@ -4,14 +4,11 @@
  */
 #include "storage/llama2c.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+
+#include "storage/fileio.h"
 
 static int add_tensor(l2c_file *f, uint64_t *off, const char *name, int64_t rows, int64_t cols, int permute)
 {
@@ -114,30 +111,15 @@ int l2c_open_mem(l2c_file *f, const void *buf, size_t len, char *err, size_t err
 int l2c_open(l2c_file *f, const char *path, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    void *m;
+    size_t len;
+    if (fio_map(path, 28, "a llama2.c checkpoint", &m, &len, err, errlen))
         return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size < 28) {
-        snprintf(err, errlen, "%s: not a llama2.c checkpoint (too short or not a file)", path);
-        close(fd);
-        return -1;
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
-        return -1;
-    }
     f->map = m;
     f->base = m;
-    f->len = (size_t)st.st_size;
+    f->len = len;
     if (parse(f, err, errlen)) {
-        size_t n = strlen(err);
-        if (n + 1 < errlen)
-            snprintf(err + n, errlen - n, " [%s]", path);
+        fio_err_path(err, errlen, path);
         l2c_close(f);
         return -1;
     }
@@ -146,8 +128,7 @@ int l2c_open(l2c_file *f, const char *path, char *err, size_t errlen)
 
 void l2c_close(l2c_file *f)
 {
-    if (f->map)
-        munmap(f->map, f->len);
+    fio_unmap(f->map, f->len);
     free(f->t);
     memset(f, 0, sizeof *f);
 }

@@ -11,9 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "storage/fileio.h"
 
 #define ST_MAX_HEADER (100u << 20)
 
@@ -273,34 +274,6 @@ int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errle
     return 0;
 }
 
-static int map_file(const char *path, void **map, size_t *len, char *err, size_t errlen)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return -1;
-    }
-    *len = (size_t)st.st_size;
-    *map = NULL;
-    if (*len > 0) {
-        *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (*map == MAP_FAILED) {
-            *map = NULL;
-            snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-    }
-    close(fd);
-    return 0;
-}
-
 static int ends_with(const char *s, const char *suf)
 {
     size_t a = strlen(s), b = strlen(suf);
@@ -309,7 +282,7 @@ static int ends_with(const char *s, const char *suf)
 
 static int open_single(st_file *f, const char *path, char *err, size_t errlen)
 {
-    if (alloc_shards(f, 1) || map_file(path, &f->maps[0], &f->map_len[0], err, errlen))
+    if (alloc_shards(f, 1) || fio_map(path, 0, NULL, &f->maps[0], &f->map_len[0], err, errlen))
         return -1;
     return parse_shard(f, 0, f->maps[0], f->map_len[0], path, err, errlen);
 }
@@ -368,7 +341,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
             snprintf(err, errlen, "%s: shard path too long", index_path);
             goto out;
         }
-        if (map_file(p, &f->maps[i], &f->map_len[i], err, errlen) ||
+        if (fio_map(p, 0, NULL, &f->maps[i], &f->map_len[i], err, errlen) ||
             parse_shard(f, i, f->maps[i], f->map_len[i], p, err, errlen))
             goto out;
     }
@@ -421,8 +394,7 @@ void st_close(st_file *f)
         free(f->t[i].name);
     free(f->t);
     for (int i = 0; f->maps && i < f->n_shards; i++)
-        if (f->maps[i])
-            munmap(f->maps[i], f->map_len[i]);
+        fio_unmap(f->maps[i], f->map_len[i]);
     free(f->maps);
     free(f->map_len);
     free(f->data);

@@ -4,11 +4,12 @@
  */
 #include "storage/tokload.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "storage/fileio.h"
 
 static int is_byte_piece(const char *p, size_t n)
 {
@@ -74,44 +75,13 @@ fail:
 
 tok_tokenizer *tokload_llama2c(const char *path, int n_vocab, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    size_t len;
+    char *buf = fio_read_all(path, (size_t)64 << 20, &len, err, errlen);
+    if (!buf)
         return NULL;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            if (cap > (64u << 20)) {
-                snprintf(err, errlen, "%s: larger than 64 MiB", path);
-                goto fail;
-            }
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                snprintf(err, errlen, "out of memory");
-                goto fail;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0)
-            break;
-    }
-    if (ferror(f)) {
-        snprintf(err, errlen, "%s: read error", path);
-        goto fail;
-    }
-    fclose(f);
     tok_tokenizer *t = tokload_llama2c_mem(buf, len, n_vocab, err, errlen);
     free(buf);
     return t;
-fail:
-    fclose(f);
-    free(buf);
-    return NULL;
 }
 
 /* ---------- GGUF ---------- */

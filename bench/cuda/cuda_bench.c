@@ -10,8 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "engine/ceilings.h"
+#include "engine/clock.h"
 #include "engine/devices.h"
 #include "engine/model.h"
 #include "storage/modelio.h"
@@ -23,13 +24,6 @@ typedef struct {
     const char *device, *prec, *model;
     int T, steps, layers, batch;
 } opts;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int parse_int(const char *s, int *out)
 {
@@ -63,23 +57,13 @@ static int run_ceilings(const opts *o)
     }
     /* copy bandwidth: device to device, counted as bytes read + bytes written */
     size_t bytes = strncmp(o->device, "cuda", 4) == 0 ? (size_t)512 << 20 : (size_t)64 << 20;
-    void *a = be->alloc(be, bytes), *b = be->alloc(be, bytes);
-    if (!a || !b) {
+    eng_rate bw;
+    if (eng_ceil_copy(be, bytes, 10, &bw) != 0) {
         fprintf(stderr, "cuda_bench: cannot allocate 2 x %zu bytes\n", bytes);
+        eng_backend_free(be);
         return 1;
     }
-    be->zero(be, a, bytes);
-    be->copy(be, b, a, bytes);
-    be->sync(be);
-    int reps = 10;
-    double t0 = now_s();
-    for (int i = 0; i < reps; i++)
-        be->copy(be, i % 2 ? a : b, i % 2 ? b : a, bytes);
-    be->sync(be);
-    double dt = now_s() - t0;
-    printf("copy_GBps %.1f\n", 2.0 * bytes * reps / dt / 1e9);
-    be->free(be, a, bytes);
-    be->free(be, b, bytes);
+    printf("copy_GBps %.1f\n", bw.wall);
 #if defined(AC_CUDA) && AC_CUDA
     if (strncmp(o->device, "cuda", 4) == 0) {
         int n = 8192;
@@ -96,52 +80,18 @@ static int run_ceilings(const opts *o)
     }
 #endif
     /* any backend: through its gemm op, fp32 */
-    int n = 1024;
-    size_t nb = (size_t)n * n * 4;
-    float *A = be->alloc(be, nb), *B = be->alloc(be, nb), *C = be->alloc(be, nb);
-    if (!A || !B || !C) {
+    eng_rate gf;
+    if (eng_ceil_gemm(be, 1024, 5, &gf) != 0) {
         fprintf(stderr, "cuda_bench: out of memory\n");
+        eng_backend_free(be);
         return 1;
     }
-    be->fill(be, A, 0.5f, (size_t)n * n);
-    be->fill(be, B, 0.25f, (size_t)n * n);
-    be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-    be->sync(be);
-    t0 = now_s();
-    for (int i = 0; i < 5; i++)
-        be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-    be->sync(be);
-    dt = now_s() - t0;
-    printf("gemm_fp32_TFLOPs %.3f\n", 2.0 * n * n * (double)n * 5 / dt / 1e12);
-    be->free(be, A, nb);
-    be->free(be, B, nb);
-    be->free(be, C, nb);
+    printf("gemm_fp32_TFLOPs %.3f\n", gf.wall / 1e3);
     eng_backend_free(be);
     return 0;
 }
 
 /* ---- SmolLM2-135M-shaped model --------------------------------------------------- */
-
-static int smollm_arch(arch *a, int layers)
-{
-    if (arch_init(a, layers) != 0)
-        return -1;
-    snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = 49152;
-    a->hidden_size = 576;
-    a->head_dim = 64;
-    a->max_position_embeddings = 8192;
-    a->rope_theta = 100000.0;
-    a->norm_eps = 1e-5;
-    a->tie_word_embeddings = 1;
-    for (int l = 0; l < layers; l++) {
-        a->layers[l].source_layer = l;
-        a->layers[l].n_heads = 9;
-        a->layers[l].n_kv_heads = 3;
-        a->layers[l].ffn_dim = 1536;
-    }
-    return 0;
-}
 
 static int cmp_double(const void *x, const void *y)
 {
@@ -161,7 +111,11 @@ static int run_model(const opts *o)
         return 1;
     arch a;
     eng_model m;
-    if (smollm_arch(&a, o->layers) != 0 || eng_model_init(&m, &a, be, err, sizeof err) != 0) {
+    if (arch_preset(&a, "smollm2-135m", o->layers) != 0) {
+        fprintf(stderr, "cuda_bench: model: out of memory\n");
+        return 1;
+    }
+    if (eng_model_init(&m, &a, be, err, sizeof err) != 0) {
         fprintf(stderr, "cuda_bench: model: %s\n", err);
         return 1;
     }
@@ -182,14 +136,14 @@ static int run_model(const opts *o)
         eng_kv_reset(kv);
         eng_fwd_args fa = {.tokens = tok, .B = B, .T = T, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = logits};
         be->sync(be);
-        double t0 = now_s();
+        double t0 = eng_wall_s();
         if (eng_forward(&m, &fa, err, sizeof err) != 0) {
             fprintf(stderr, "cuda_bench: prefill: %s\n", err);
             return 1;
         }
         be->sync(be);
         if (r >= 0)
-            runs[r] = now_s() - t0;
+            runs[r] = eng_wall_s() - t0;
     }
     qsort(runs, 5, sizeof *runs, cmp_double);
     double prefill_s = runs[2];
@@ -201,13 +155,13 @@ static int run_model(const opts *o)
         for (int b = 0; b < B; b++)
             next[b] = eng_sample(logits + (size_t)b * V, V, 0.0f, 1.0f, NULL);
         eng_fwd_args fd = {.tokens = next, .B = B, .T = 1, .kv = kv, .logits_mode = ENG_LOGITS_LAST, .logits = logits};
-        double t0 = now_s();
+        double t0 = eng_wall_s();
         if (eng_forward(&m, &fd, err, sizeof err) != 0) {
             fprintf(stderr, "cuda_bench: decode: %s\n", err);
             return 1;
         }
         be->sync(be);
-        runs[s] = now_s() - t0;
+        runs[s] = eng_wall_s() - t0;
     }
     qsort(runs, (size_t)o->steps, sizeof *runs, cmp_double);
     double step_s = runs[o->steps / 2];

@@ -10,86 +10,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "engine/ceilings.h"
+#include "engine/clock.h"
 #include "engine/model.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
+/* The SmolLM2-135M shape with `hidden` and every layer's FFN set as given. */
 static void smol_arch(arch *a, int hidden, int ffn)
 {
-    if (arch_init(a, 30)) {
+    if (arch_preset(a, "smollm2-135m", 0) != 0) {
         fprintf(stderr, "distill_bench: out of memory\n");
         exit(1);
     }
-    snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = 49152;
     a->hidden_size = hidden;
-    a->head_dim = 64;
-    a->max_position_embeddings = 8192;
-    a->rope_theta = 100000.0;
-    a->norm_eps = 1e-5;
-    a->tie_word_embeddings = 1;
-    for (int l = 0; l < 30; l++)
-        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 9, .n_kv_heads = 3, .ffn_dim = ffn};
-}
-
-static double bench_sgemm(eng_backend *be, int n)
-{
-    size_t bytes = sizeof(float) * (size_t)n * n;
-    float *A = be->alloc(be, bytes), *B = be->alloc(be, bytes), *C = be->alloc(be, bytes);
-    if (!A || !B || !C)
-        return 0;
-    be->fill(be, A, 0.5f, (size_t)n * n);
-    be->fill(be, B, 0.25f, (size_t)n * n);
-    be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-    double best = 1e30;
-    for (int r = 0; r < 3; r++) {
-        double t0 = now_s();
-        be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-        double dt = now_s() - t0;
-        if (dt < best)
-            best = dt;
-    }
-    be->free(be, A, bytes);
-    be->free(be, B, bytes);
-    be->free(be, C, bytes);
-    return 2.0 * n * (double)n * n / best / 1e9;
-}
-
-/* STREAM triad a = b + s*c; bytes moved = 3 * 4n. */
-static double bench_triad(size_t n, int threads)
-{
-    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
-    if (!a || !b || !c)
-        return 0;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (size_t i = 0; i < n; i++) {
-        a[i] = 0;
-        b[i] = 1;
-        c[i] = 2;
-    }
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
-#pragma omp parallel for simd schedule(static) num_threads(threads)
-        for (size_t i = 0; i < n; i++)
-            a[i] = b[i] + 3.0f * c[i];
-        double dt = now_s() - t0;
-        if (dt < best)
-            best = dt;
-    }
-    volatile float sink = a[n / 2];
-    (void)sink;
-    free(a);
-    free(b);
-    free(c);
-    return 12.0 * (double)n / best / 1e9;
+    for (int l = 0; l < a->n_layers; l++)
+        a->layers[l].ffn_dim = ffn;
 }
 
 int main(int argc, char **argv)
@@ -143,7 +78,7 @@ int main(int argc, char **argv)
     eng_loss_spec ls = {.kind = ENG_LOSS_KD, .teacher = &teacher, .temperature = 1.0f, .kd_weight = 1.0f};
     double best = 1e30, total = 0, loss = 0;
     for (int s = 0; s <= steps; s++) {   /* step 0 warms up */
-        double t0 = now_s();
+        double t0 = eng_wall_s();
         eng_model_zero_grads(&student);
         eng_loss_result lr;
         if (eng_forward_backward(&student, tok, B, T, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err)) {
@@ -151,7 +86,7 @@ int main(int argc, char **argv)
             return 1;
         }
         eng_adamw_step(opt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1.0f, 1.0f);
-        double dt = now_s() - t0;
+        double dt = eng_wall_s() - t0;
         loss = lr.loss;
         if (s > 0) {
             total += dt;
@@ -159,14 +94,17 @@ int main(int argc, char **argv)
                 best = dt;
         }
     }
-    double gf = bench_sgemm(be, 1024);
-    double bw = bench_triad((size_t)64 << 20, threads);
+    eng_rate gf, bw;   /* wall-clock rates: this bench times its steps by the wall clock */
+    if (eng_ceil_gemm(be, 1024, 3, &gf) != 0)
+        fprintf(stderr, "distill_bench: sgemm: out of memory\n");   /* prints 0, as before */
+    if (eng_ceil_triad((size_t)64 << 20, threads, 5, &bw) != 0)
+        fprintf(stderr, "distill_bench: triad: out of memory\n");
     printf("{\"impl\": \"autocompress\", \"threads\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, "
            "\"best_step_s\": %.4f, \"mean_step_s\": %.4f, \"tokens_per_s\": %.2f, \"mean_tokens_per_s\": %.2f, "
            "\"loss\": %.4f, \"student_params\": %lld, \"teacher_params\": %lld, "
            "\"sgemm_gflops\": %.1f, \"triad_gbs\": %.2f}\n",
            threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
-           (long long)arch_params(&sa), (long long)arch_params(&pa), gf, bw);
+           (long long)arch_params(&sa), (long long)arch_params(&pa), gf.wall, bw.wall);
     free(tok);
     eng_adamw_free(opt);
     eng_model_free(&student);

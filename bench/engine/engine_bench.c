@@ -7,28 +7,13 @@
  * Times are process CPU seconds (CLOCK_PROCESS_CPUTIME_ID), robust to a shared, oversubscribed
  * machine for single-threaded runs; wall-clock rates are printed beside as NAME_wall.
  */
-#include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "engine/ceilings.h"
+#include "engine/clock.h"
 #include "engine/model.h"
-
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* A timing: CPU seconds and wall seconds; best keeps the smallest CPU time. */
 typedef struct {
@@ -37,92 +22,17 @@ typedef struct {
 
 static tm_t tm_start(void)
 {
-    tm_t t = {cpu_s(), wall_s()};
+    tm_t t = {eng_cpu_s(), eng_wall_s()};
     return t;
 }
 
 static tm_t tm_since(tm_t t0)
 {
-    tm_t t = {cpu_s() - t0.cpu, wall_s() - t0.wall};
+    tm_t t = {eng_cpu_s() - t0.cpu, eng_wall_s() - t0.wall};
     return t;
 }
 
 static double last_wall;   /* wall seconds of the best run of the last bench_* call */
-
-static void smollm2_arch(arch *a, int layers)
-{
-    if (arch_init(a, layers) != 0) {
-        fprintf(stderr, "engine_bench: out of memory\n");
-        exit(1);
-    }
-    snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = 49152;
-    a->hidden_size = 576;
-    a->head_dim = 64;
-    a->max_position_embeddings = 8192;
-    a->rope_theta = 100000;
-    a->norm_eps = 1e-5;
-    a->tie_word_embeddings = 1;
-    for (int l = 0; l < layers; l++) {
-        a->layers[l].source_layer = l;
-        a->layers[l].n_heads = 9;
-        a->layers[l].n_kv_heads = 3;
-        a->layers[l].ffn_dim = 1536;
-    }
-}
-
-static double bench_sgemm(eng_backend *be, int n)
-{
-    size_t bytes = sizeof(float) * (size_t)n * n;
-    float *A = be->alloc(be, bytes), *B = be->alloc(be, bytes), *C = be->alloc(be, bytes);
-    if (!A || !B || !C)
-        return 0;
-    be->fill(be, A, 0.5f, (size_t)n * n);
-    be->fill(be, B, 0.25f, (size_t)n * n);
-    be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-    double best = 1e30;
-    for (int r = 0; r < 3; r++) {
-        tm_t t0 = tm_start();
-        be->gemm(be, 0, 0, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-        tm_t dt = tm_since(t0);
-        if (dt.cpu < best)
-            best = dt.cpu;
-    }
-    be->free(be, A, bytes);
-    be->free(be, B, bytes);
-    be->free(be, C, bytes);
-    return 2.0 * n * (double)n * n / best / 1e9;
-}
-
-/* STREAM triad a = b + s*c over n floats; bytes moved = 3 * 4n (write-allocate ignored). */
-static double bench_triad(size_t n)
-{
-    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
-    if (!a || !b || !c)
-        return 0;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        a[i] = 0;
-        b[i] = 1;
-        c[i] = 2;
-    }
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        tm_t t0 = tm_start();
-#pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; i++)
-            a[i] = b[i] + 3.0f * c[i];
-        tm_t dt = tm_since(t0);
-        if (dt.cpu < best)
-            best = dt.cpu;
-    }
-    volatile float sink = a[n / 2];
-    (void)sink;
-    free(a);
-    free(b);
-    free(c);
-    return 3.0 * 4.0 * (double)n / best / 1e9;
-}
 
 static void die(const char *what, const char *err)
 {
@@ -247,14 +157,18 @@ int main(int argc, char **argv)
     if (!be)
         die("backend", "out of memory");
     printf("threads %d\n", be->threads);
-    double gf = bench_sgemm(be, quick ? 1024 : 2048);
-    printf("sgemm_gflops %.1f GFLOP/s\n", gf);
-    double bw = bench_triad((size_t)(quick ? 16 : 64) << 20);
-    printf("triad_bandwidth %.2f GB/s\n", bw);
+    eng_rate gf, bw;
+    if (eng_ceil_gemm(be, quick ? 1024 : 2048, 3, &gf) != 0)
+        fprintf(stderr, "engine_bench: sgemm: out of memory\n");   /* prints 0, as before */
+    printf("sgemm_gflops %.1f GFLOP/s\n", gf.cpu);
+    if (eng_ceil_triad((size_t)(quick ? 16 : 64) << 20, be->threads, 5, &bw) != 0)
+        fprintf(stderr, "engine_bench: triad: out of memory\n");
+    printf("triad_bandwidth %.2f GB/s\n", bw.cpu);
     fflush(stdout);
 
     arch a;
-    smollm2_arch(&a, 30);
+    if (arch_preset(&a, "smollm2-135m", 0) != 0)
+        die("arch", "out of memory");
     eng_model m;
     char err[256];
     if (eng_model_init(&m, &a, be, err, sizeof err) != 0)

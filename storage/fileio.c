@@ -1,0 +1,104 @@
+/* storage/fileio.c — whole-file maps and reads (see fileio.h). */
+#include "storage/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fio_map(const char *path, size_t min_len, const char *what, void **map, size_t *len, char *err,
+              size_t errlen)
+{
+    *map = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (size_t)st.st_size < min_len) {
+        if (what)
+            snprintf(err, errlen, "%s: not %s (too short or not a file)", path, what);
+        else
+            snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_size > 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        *map = m;
+        *len = (size_t)st.st_size;
+    }
+    close(fd);
+    return 0;
+}
+
+void fio_unmap(void *map, size_t len)
+{
+    if (map)
+        munmap(map, len);
+}
+
+void fio_err_path(char *err, size_t errlen, const char *path)
+{
+    size_t n = strlen(err);
+    if (n + 1 < errlen)
+        snprintf(err + n, errlen - n, " [%s]", path);
+}
+
+char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto fail;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (max_bytes && cap >= max_bytes) {
+                snprintf(err, errlen, "%s: larger than %zu bytes", path, max_bytes);
+                goto fail;
+            }
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                snprintf(err, errlen, "%s: out of memory", path);
+                goto fail;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) {
+                snprintf(err, errlen, "%s: read error", path);
+                goto fail;
+            }
+            break;
+        }
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+fail:
+    fclose(f);
+    free(buf);
+    return NULL;
+}

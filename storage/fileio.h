@@ -1,0 +1,32 @@
+/* storage/fileio.h — read-only whole-file memory maps for the model readers (safetensors,
+ * GGUF, llama2.c). One place that opens, checks, maps and unmaps a file; what the bytes
+ * mean is the reader's business. No writing, no partial maps.
+ */
+#ifndef AC_STORAGE_FMAP_H
+#define AC_STORAGE_FMAP_H
+
+#include <stddef.h>
+
+/* Map `path` read-only (MAP_PRIVATE). The file must be a regular file of at least
+ * `min_len` bytes; otherwise err reads "PATH: not WHAT (too short or not a file)" with
+ * `what` (e.g. "a GGUF file"), or "PATH: not a regular file" when what is NULL.
+ * An empty file (allowed when min_len is 0) gives *map = NULL, *len = 0.
+ * Returns 0 with a new map in *map and *len (release with fio_unmap), or -1 with a message
+ * in err (*map = NULL, *len = 0, nothing held). */
+int fio_map(const char *path, size_t min_len, const char *what, void **map, size_t *len, char *err,
+              size_t errlen);
+
+/* Unmap a map from fio_map. A NULL map is a no-op. */
+void fio_unmap(void *map, size_t len);
+
+/* Append " [PATH]" to the message already in err when it fits (for parse errors that do
+ * not name the file). */
+void fio_err_path(char *err, size_t errlen, const char *path);
+
+/* Read all of `path` into a new NUL-terminated buffer (the NUL is not counted in *len).
+ * A file of max_bytes bytes or more is refused (max_bytes 0: no limit). Returns the
+ * buffer (caller frees), or NULL with "PATH: <strerror>", "PATH: larger than N bytes",
+ * "PATH: out of memory" or "PATH: read error" in err. */
+char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
+
+#endif
