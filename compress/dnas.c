@@ -101,6 +101,20 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
     return rc;
 }
 
+void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "deci")) {
+            axes->keep_query_heads = 1;
+            axes->hidden = 0;          /* DeciLM needs hidden = heads * head_dim */
+            axes->ffn_multiple = 256;  /* its intermediate sizes are multiples of 256 */
+        } else if (!strcmp(formats[i], "gguf")) {
+            axes->no_removed_attention = 1;
+            axes->no_removed_mlp = 1;
+        }
+    }
+}
+
 int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const dnas_axes *axes,
                      search_space *sp, search_costs *costs, char *err, size_t errlen)
 {
@@ -145,19 +159,21 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         sp->hidden[sp->n_hidden++] = h;
     }
     /* Heads in KV groups; 0 = attention removed. */
-    int zero_heads = axes->heads || axes->depth;
+    int zero_heads = (axes->heads || axes->depth) && !axes->no_removed_attention;
     sp->n_heads = 0;
     if (zero_heads || Hmax == 0)
         sp->heads[sp->n_heads++] = 0;
     for (int h = group; h <= Hmax && sp->n_heads < SEARCH_MAX_CHOICES; h += group)
         sp->heads[sp->n_heads++] = h;
     /* FFN widths in sixteenths, multiples of 8 below the parent's; 0 = MLP removed. */
-    int zero_ffn = axes->ffn || axes->depth;
+    int zero_ffn = (axes->ffn || axes->depth) && !axes->no_removed_mlp;
     sp->n_ffn = 0;
     if (zero_ffn || Fmax == 0)
         sp->ffn[sp->n_ffn++] = 0;
     for (int j = 1; j <= 16 && Fmax > 0; j++) {
         int f = j == 16 ? Fmax : (Fmax * j / 16) / 8 * 8;
+        if (axes->ffn_multiple > 0 && j < 16)
+            f = f / axes->ffn_multiple * axes->ffn_multiple;
         if (f > 0 && (sp->n_ffn == 0 || f > sp->ffn[sp->n_ffn - 1]))
             sp->ffn[sp->n_ffn++] = f;
     }

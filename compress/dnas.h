@@ -32,8 +32,18 @@ typedef struct {
 /* Which axes are searched (spec "search_space"). */
 typedef struct {
     int hidden, heads, ffn, depth;
-    int keep_query_heads;       /* 1: query heads per layer stay the parent's (DeciLM export) */
+    /* What the requested export formats can express (DESIGN.md §8); the search space
+     * is cut to it so that export never has to change the chosen arch. */
+    int keep_query_heads;       /* 1: query heads per layer stay the parent's (DeciLM) */
+    int ffn_multiple;           /* > 0: FFN widths are multiples of it or the parent's (DeciLM: 256) */
+    int no_removed_attention;   /* 1: attention goes only with its whole layer (GGUF) */
+    int no_removed_mlp;         /* 1: the MLP goes only with its whole layer (GGUF) */
 } dnas_axes;
+
+/* Restrict axes to what every export format in `formats` ("hf", "deci", "gguf") can
+ * express: HF/DeciLM keep query heads and the hidden size, FFN widths in multiples of
+ * 256; GGUF removes attention and MLP only with their layer. */
+void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */
 typedef struct {

@@ -59,18 +59,21 @@ void ps_limits(job_ctx *ctx, dnas_limits *lim)
 
 void ps_axes(job_ctx *ctx, dnas_axes *a)
 {
+    memset(a, 0, sizeof *a);
     a->hidden = json_is_true(spec_path(ctx, "search_space.hidden"));
     a->heads = json_is_true(spec_path(ctx, "search_space.heads"));
     a->ffn = json_is_true(spec_path(ctx, "search_space.ffn"));
     a->depth = json_is_true(spec_path(ctx, "search_space.depth"));
-    /* DeciLM export keeps query heads global (DESIGN.md §8). */
+    /* The search space is cut to what the requested exports can express (DESIGN.md §8). */
     json_t *ex = spec_path(ctx, "export");
+    const char *formats[8];
+    int n = 0;
     size_t i;
     json_t *v;
-    a->keep_query_heads = 0;
     json_array_foreach(ex, i, v)
-        if (json_is_string(v) && !strcmp(json_string_value(v), "decilm"))
-            a->keep_query_heads = 1;
+        if (json_is_string(v) && n < 8)
+            formats[n++] = json_string_value(v);
+    dnas_axes_for_exports(a, formats, n);
 }
 
 static void free_backend(void *p) { eng_backend_free(p); }
@@ -234,7 +237,7 @@ const cm_tables *ps_tables(job_ctx *ctx, char *err, size_t errlen)
         return NULL;
     }
     t = calloc(1, sizeof *t);
-    int rc = t ? cm_tables_from_json(json_object_get(cal, "tables"), "/tables", t, err, errlen) : -1;
+    int rc = t ? cm_calibration_tables(cal, t, err, errlen) : -1;   /* tables with their target */
     json_decref(cal);
     if (rc != 0) {
         free(t);

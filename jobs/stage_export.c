@@ -1,6 +1,6 @@
 /* jobs/stage_export.c — the "export" stage: the job's final model (distill/student, else
  * prune/student) written in every format the spec's "export" names — "hf"
- * (LlamaForCausalLM, uniform archs only), "deci" (DeciLMForCausalLM block_configs),
+ * (LlamaForCausalLM when uniform, else DeciLM block_configs), "deci" (DeciLM always),
  * "gguf" (llama.cpp) — with the same storage/export.c code as `autocompress export`.
  * HF directories are published as .tar; each artifact's size and sha-256 go into
  * export/manifest.json (also published), the events and the report. Weights: bf16.
@@ -109,7 +109,8 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
                 goto out;
             e = publish(ctx, "model.gguf", path, "application/octet-stream", f, res.model_class, err, errlen);
         } else if (!strcmp(f, "hf") || !strcmp(f, "deci")) {
-            o.hf_class = !strcmp(f, "hf") ? "llama" : "deci";
+            /* "hf": LlamaForCausalLM when uniform, DeciLM block_configs otherwise (DESIGN.md §8). */
+            o.hf_class = !strcmp(f, "hf") ? NULL : "deci";
             snprintf(name, sizeof name, "model-%s", f);
             snprintf(path, sizeof path, "%s/%s", dir, name);
             snprintf(tarp, sizeof tarp, "%s/%s.tar", dir, name);
