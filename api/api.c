@@ -13,6 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* api/report_html.c: the report as an HTML page with inline SVG charts. */
+void h_report_html(api_ctx *, const api_req *, const char *const *, api_resp *);
+
 typedef struct {
     const char *method;
     const char *pattern;
@@ -28,6 +31,7 @@ static const route routes[] = {
     {"POST", "/v1/jobs/{id}/cancel", h_jobs_cancel, 1, 0},
     {"GET", "/v1/jobs/{id}/events", h_events_list, 0, 0},
     {"GET", "/v1/jobs/{id}/report", h_report_get, 0, 0},
+    {"GET", "/v1/jobs/{id}/report.html", h_report_html, 0, 0},
     {"GET", "/v1/jobs/{id}/artifacts", h_artifacts_list, 0, 0},
     {"GET", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0},
     {"HEAD", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0},

@@ -8,9 +8,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 
 #include "jobs/job_ctx.h"
+#include "jobs/report.h"
+#include "jobs/retention.h"
 #include "jobs/stage.h"
 
 json_t *job_pipeline_for(const char *kind, json_t *spec)
@@ -67,6 +70,30 @@ static int finish_stopped(store *st, const char *id, const char *stage)
     return store_job_finish(st, id, "cancelled", NULL, NULL) < 0 ? -1 : 0;
 }
 
+/* Apply the data dir's retention policy (if any), never touching job `id`. */
+static void retain(job_ctx *ctx, const char *data_dir, const char *id)
+{
+    retention_policy rp;
+    if (!retention_from_env(&rp))
+        return;
+    int removed = 0;
+    char rerr[256] = "", msg[320];
+    if (retention_enforce(ctx->st, ctx->as, data_dir, &rp, id, &removed, rerr, sizeof rerr) != 0)
+        job_event(ctx, "retention.failed", rerr, NULL);
+    else if (removed > 0) {
+        snprintf(msg, sizeof msg, "retention removed %d finished job(s) from the data directory", removed);
+        job_event(ctx, "retention", msg, json_pack("{s:i,s:I,s:I}", "removed", removed, "max_bytes",
+                                                   (json_int_t)rp.max_bytes, "max_age_s", (json_int_t)rp.max_age_s));
+    }
+}
+
+/* Bytes free for unprivileged writes on the disk holding dir; -1 when unknown. */
+static long long disk_free(const char *dir)
+{
+    struct statvfs v;
+    return statvfs(dir, &v) == 0 ? (long long)v.f_bavail * (long long)v.f_frsize : -1;
+}
+
 int job_run(store *st, artstore *as, const char *data_dir, const char *id, char *err, size_t errlen)
 {
     store_job job;
@@ -96,6 +123,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         return 0;
     }
     int result = 0;
+    retain(&ctx, data_dir, id);
     size_t n = json_array_size(job.stages);
     const char *last = "";
     for (size_t i = (size_t)job.stage_index; i < n; i++) {
@@ -133,13 +161,35 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             result = finish_stopped(st, id, name);
             goto out;
         } else {
+            char msg[1400];
+            long long avail = disk_free(ctx.job_dir);
+            int full = strstr(serr, "No space left") != NULL || (avail >= 0 && avail < (1LL << 20));
+            if (full) {
+                /* the failed stage's partial outputs go, so the store can record the failure */
+                retention_remove_tree(ctx.stage_dir);
+                snprintf(msg, sizeof msg, "stage %s failed: the data directory's disk is full (%lld bytes were "
+                         "free; lower the retention cap or free space, then resubmit): %s", name, avail,
+                         serr[0] ? serr : "no reason given");
+            }
+            else {
+                snprintf(msg, sizeof msg, "stage %s failed: %s", name, serr[0] ? serr : "no reason given");
+            }
+            result = store_job_finish(st, id, "failed", full ? "disk_full" : "stage_failed", msg) < 0 ? -1 : 0;
+            goto out;
+        }
+    }
+    if (!strcmp(job.kind, "job") && !json_object_get(job.spec, "x_test_pipeline")) {   /* its report is a product */
+        char rerr[1024] = "";
+        if (job_report_finalize(&ctx, rerr, sizeof rerr) != 0) {
             char msg[1200];
-            snprintf(msg, sizeof msg, "stage %s failed: %s", name, serr[0] ? serr : "no reason given");
+            snprintf(msg, sizeof msg, "assembling the report failed: %s", rerr);
             result = store_job_finish(st, id, "failed", "stage_failed", msg) < 0 ? -1 : 0;
             goto out;
         }
     }
     result = store_job_finish(st, id, "succeeded", NULL, NULL) < 0 ? -1 : 0;
+    if (result == 0)
+        retain(&ctx, data_dir, id);   /* the new artifacts may have crossed the cap */
 out:
     if (result < 0 && !err[0])
         snprintf(err, errlen, "store update failed during stage %s", last);

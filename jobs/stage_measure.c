@@ -2,7 +2,9 @@
  * with the parent's and the result's shapes (random weights: latency and memory do not
  * depend on weight values) and merge predicted vs measured latency, throughput and peak
  * memory into the report, with the itemized and the naive memory estimate beside them.
- * The result's shape is the first arch.json found in distill/, prune/, search/.
+ * The result's shape is the first arch.json found in distill/, prune/, search/. Writes
+ * measure.json (the same fragment, read by the export stage); the limit rows are the
+ * report's (jobs/report.c computes them from these predicted/measured objects).
  */
 #include <stdio.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 #include "compress/costmodel.h"
 #include "compress/measure.h"
 #include "engine/devices.h"
+#include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "storage/archjson.h"
 
@@ -104,7 +107,16 @@ int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
                                           "measured_peak", json_object_get(meas, "peak_memory_bytes")));
     }
     job_event(ctx, "measure.done", "measured parent and result on the target", NULL);
-    rc = job_report_merge(ctx, frag) ? -1 : 0;
+    if (!frag) {
+        snprintf(err, errlen, "measure: out of memory");
+        goto out;
+    }
+    json_incref(frag);
+    if (ps_write_json(ctx, "measure.json", frag, err, errlen)) {   /* steals one reference */
+        json_decref(frag);
+        goto out;
+    }
+    rc = job_report_merge(ctx, frag) ? -1 : 0;   /* steals the other */
     if (rc)
         snprintf(err, errlen, "measure: cannot merge the report");
 out:

@@ -83,8 +83,17 @@ static int write_file(job_ctx *ctx, const char *name, int64_t bytes, char *path,
         rc = write_all(fd, buf, k);
         done += (int64_t)k;
     }
-    if (rc < 0 || fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
-        snprintf(err, errlen, "writing %s: %s", path, strerror(errno));
+    int ok = rc == 0 && fsync(fd) == 0;
+    int e = errno;
+    if (close(fd) < 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok || rename(tmp, path) < 0) {
+        if (ok)
+            e = errno;
+        snprintf(err, errlen, "writing %s: %s", path, strerror(e));
+        unlink(tmp);   /* a partial file must not hold the disk */
         return -1;
     }
     return 0;

@@ -28,6 +28,9 @@ void srv_config_usage(FILE *f)
             "  --shutdown-grace-s N     AC_SHUTDOWN_GRACE_S  time workers get to stop on SIGTERM (10)\n"
             "  --webhook-secret-file P  AC_WEBHOOK_SECRET_FILE signing key (whsec_BASE64); enables callback_url\n"
             "  --webhook-retry-s N      AC_WEBHOOK_RETRY_S   first webhook retry delay, doubling (5)\n"
+            "  --retain-max-bytes N     AC_RETAIN_MAX_BYTES  cap on the data dir's size: finished jobs are\n"
+            "                                                removed, oldest first, never a running one (0: none)\n"
+            "  --retain-max-age-s N     AC_RETAIN_MAX_AGE_S  remove finished jobs older than N s (0: none)\n"
             "  --print-routes           print the served routes and exit\n");
 }
 
@@ -107,6 +110,8 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("max-suspended", max_suspended, 0, 100000)
     NUM("shutdown-grace-s", shutdown_grace_s, 0, 3600)
     NUM("webhook-retry-s", webhook_retry_s, 1, 3600)
+    NUM("retain-max-bytes", retain_max_bytes, 0, 0x7fffffffffffffffL)
+    NUM("retain-max-age-s", retain_max_age_s, 0, 0x7fffffffffffffffL)
 #undef NUM
     return -2;
 }
@@ -137,7 +142,8 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_TIMEOUT_S", "timeout-s"}, {"AC_BODY_LIMIT", "body-limit"}, {"AC_CONN_MEMORY", "conn-memory"},
         {"AC_MAX_WAIT_S", "max-wait-s"}, {"AC_MAX_SUSPENDED", "max-suspended"},
         {"AC_SHUTDOWN_GRACE_S", "shutdown-grace-s"}, {"AC_WEBHOOK_SECRET_FILE", "webhook-secret-file"},
-        {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"},
+        {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
+        {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"},
     };
     for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
         const char *v = getenv(envs[i].env);
@@ -204,6 +210,18 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
             snprintf(err, errlen, "--%s: invalid value '%s'", name, val);
             return -1;
         }
+    }
+    /* the workers (separate processes) read the retention caps from the environment */
+    char num[32];
+    snprintf(num, sizeof num, "%ld", c->retain_max_bytes);
+    if (setenv("AC_RETAIN_MAX_BYTES", num, 1) != 0) {
+        snprintf(err, errlen, "setenv: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(num, sizeof num, "%ld", c->retain_max_age_s);
+    if (setenv("AC_RETAIN_MAX_AGE_S", num, 1) != 0) {
+        snprintf(err, errlen, "setenv: %s", strerror(errno));
+        return -1;
     }
     return 0;
 }

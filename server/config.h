@@ -26,10 +26,14 @@ typedef struct {
     char webhook_secret_file[4096]; /* "" = webhooks off (callback_url refused) */
     int webhook_retry_s;         /* first retry delay; doubles per attempt */
     int print_routes;
+    long retain_max_bytes;       /* data dir size cap (finished jobs go, oldest first); 0 = none */
+    long retain_max_age_s;       /* finished jobs older than this go; 0 = none */
 } srv_config;
 
 /* Fill c from defaults, the environment and argv. Returns 0, 1 when --help was printed,
- * or -1 with a message in err. srv_config_free releases the roots. */
+ * or -1 with a message in err. srv_config_free releases the roots. The retention caps
+ * are also exported to this process's environment (AC_RETAIN_MAX_BYTES,
+ * AC_RETAIN_MAX_AGE_S) so the worker processes it starts apply them (jobs/retention.h). */
 int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t errlen);
 void srv_config_free(srv_config *c);
 void srv_config_usage(FILE *f);

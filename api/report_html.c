@@ -1,0 +1,440 @@
+/* api/report_html.c — GET /v1/jobs/{id}/report.html: the job's report (DESIGN.md §10)
+ * as one self-contained HTML page with inline SVG charts (per-layer kept FFN width and
+ * heads, parent vs result; predicted vs measured cost per limit, as % of the limit;
+ * accuracy per benchmark, parent vs result) and tables. No JavaScript, no external
+ * resources. Renders whatever the report holds so far; absent parts are said so.
+ */
+#include "api/api_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->n;
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->s && (size_t)k < room) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 16384;
+        while (cap < b->n + (size_t)k + 1)
+            cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+}
+
+/* Text with &, <, >, " escaped. */
+static void sb_text(sbuf *b, const char *t)
+{
+    for (const char *p = t ? t : ""; *p; p++) {
+        switch (*p) {
+        case '&': sb_printf(b, "&amp;"); break;
+        case '<': sb_printf(b, "&lt;"); break;
+        case '>': sb_printf(b, "&gt;"); break;
+        case '"': sb_printf(b, "&quot;"); break;
+        default: sb_printf(b, "%c", *p);
+        }
+    }
+}
+
+static double num(json_t *j, double def)
+{
+    return json_is_number(j) ? json_number_value(j) : def;
+}
+
+/* A JSON value as display text (numbers with 4 significant digits). */
+static void sb_value(sbuf *b, json_t *v)
+{
+    if (json_is_integer(v))
+        sb_printf(b, "%lld", (long long)json_integer_value(v));
+    else if (json_is_real(v))
+        sb_printf(b, "%.4g", json_real_value(v));
+    else if (json_is_true(v))
+        sb_printf(b, "yes");
+    else if (json_is_false(v))
+        sb_printf(b, "<b class=bad>no</b>");
+    else if (json_is_string(v))
+        sb_text(b, json_string_value(v));
+    else
+        sb_printf(b, "&mdash;");
+}
+
+#define C_PARENT "#9aa5b1"
+#define C_RESULT "#2f6fb0"
+#define C_MEAS "#e07b39"
+
+/* Grouped bar chart: n groups of 2 bars (a, b) with labels; NaN values are skipped. */
+static void svg_bars(sbuf *b, const char *title, const char *const *labels, const double *a, const double *bv, int n,
+                     const char *la, const char *lb, const char *ca, const char *cb, double ref, const char *ref_label)
+{
+    double max = ref > 0 ? ref : 0;
+    for (int i = 0; i < n; i++) {
+        if (!isnan(a[i]) && a[i] > max)
+            max = a[i];
+        if (!isnan(bv[i]) && bv[i] > max)
+            max = bv[i];
+    }
+    if (max <= 0)
+        max = 1;
+    const int H = 180, top = 24, bottom = 36, left = 48;
+    int gw = n > 24 ? 18 : 40, W = left + n * gw + 140;
+    sb_printf(b, "<figure><figcaption>");
+    sb_text(b, title);
+    sb_printf(b, "</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img'>", W,
+              H + top + bottom);
+    sb_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#444'/>", left, top + H, left + n * gw, top + H);
+    sb_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>%.4g</text>", left - 4, top + 4, max);
+    sb_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>0</text>", left - 4, top + H);
+    for (int i = 0; i < n; i++) {
+        int x = left + i * gw + 2, bw = (gw - 6) / 2;
+        double v[2] = {a[i], bv[i]};
+        const char *col[2] = {ca, cb};
+        for (int k = 0; k < 2; k++) {
+            if (isnan(v[k]))
+                continue;
+            int h = (int)lround(v[k] / max * H);
+            sb_printf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='%s'><title>%.6g</title></rect>",
+                      x + k * bw, top + H - h, bw, h, col[k], v[k]);
+        }
+        sb_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='middle'>", x + bw, top + H + 12);
+        sb_text(b, labels[i]);
+        sb_printf(b, "</text>");
+    }
+    if (ref > 0) {
+        int y = top + H - (int)lround(ref / max * H);
+        sb_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#c00' stroke-dasharray='4 3'/>", left, y,
+                  left + n * gw, y);
+        sb_printf(b, "<text x='%d' y='%d' font-size='10' fill='#c00'>", left + n * gw + 4, y + 3);
+        sb_text(b, ref_label);
+        sb_printf(b, "</text>");
+    }
+    int lx = left + n * gw + 10;
+    sb_printf(b, "<rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' y='%d' font-size='11'>", lx,
+              top + 20, ca, lx + 14, top + 29);
+    sb_text(b, la);
+    sb_printf(b, "</text><rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' y='%d' font-size='11'>",
+              lx, top + 36, cb, lx + 14, top + 45);
+    sb_text(b, lb);
+    sb_printf(b, "</text></svg></figure>\n");
+}
+
+/* Per-layer kept FFN width and heads: parent vs result (by source layer). */
+static void layer_charts(sbuf *b, json_t *parent_arch, json_t *result_arch)
+{
+    json_t *pl = json_object_get(parent_arch, "layers"), *rl = json_object_get(result_arch, "layers");
+    size_t n = json_array_size(pl);
+    if (n == 0) {
+        sb_printf(b, "<p>The parent's architecture is not in the report yet.</p>\n");
+        return;
+    }
+    if (n > 256)
+        n = 256;
+    char (*lab)[16] = calloc(n, sizeof *lab);
+    const char **labels = calloc(n, sizeof *labels);
+    double *pf = calloc(n, sizeof *pf), *rf = calloc(n, sizeof *rf), *ph = calloc(n, sizeof *ph),
+           *rh = calloc(n, sizeof *rh);
+    if (!lab || !labels || !pf || !rf || !ph || !rh) {
+        b->oom = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *l = json_array_get(pl, i);
+        snprintf(lab[i], sizeof lab[i], "%zu", i);
+        labels[i] = lab[i];
+        pf[i] = num(json_object_get(json_object_get(l, "mlp"), "ffn_dim"), 0);
+        ph[i] = num(json_object_get(json_object_get(l, "attention"), "n_heads"), 0);
+        rf[i] = rh[i] = result_arch ? 0 : NAN;   /* a removed layer keeps nothing */
+    }
+    size_t i;
+    json_t *l;
+    json_array_foreach(rl, i, l) {
+        long long src = (long long)num(json_object_get(l, "source_layer"), -1);
+        if (src < 0 || (size_t)src >= n)
+            continue;
+        rf[src] = num(json_object_get(json_object_get(l, "mlp"), "ffn_dim"), 0);
+        rh[src] = num(json_object_get(json_object_get(l, "attention"), "n_heads"), 0);
+    }
+    svg_bars(b, "Kept FFN width per layer", labels, pf, rf, (int)n, "parent", "result", C_PARENT, C_RESULT, 0, "");
+    svg_bars(b, "Attention heads per layer", labels, ph, rh, (int)n, "parent", "result", C_PARENT, C_RESULT, 0, "");
+out:
+    free(lab);
+    free(labels);
+    free(pf);
+    free(rf);
+    free(ph);
+    free(rh);
+}
+
+static void limits_section(sbuf *b, json_t *limits)
+{
+    size_t n = json_array_size(limits);
+    sb_printf(b, "<h2>Limits</h2>\n");
+    if (n == 0) {
+        sb_printf(b, "<p>No limit rows yet (they are written when the job succeeds).</p>\n");
+        return;
+    }
+    sb_printf(b, "<table><tr><th>limit</th><th>value</th><th>predicted</th><th>measured</th>"
+                 "<th>holds (predicted)</th><th>holds (measured)</th></tr>\n");
+    size_t i;
+    json_t *r;
+    if (n > 16)
+        n = 16;
+    const char *labels[16];
+    double pred[16], meas[16];
+    json_array_foreach(limits, i, r) {
+        if (i >= n)
+            break;
+        sb_printf(b, "<tr><td>");
+        sb_value(b, json_object_get(r, "name"));
+        sb_printf(b, "</td><td>");
+        sb_value(b, json_object_get(r, "limit"));
+        sb_printf(b, "</td><td>");
+        sb_value(b, json_object_get(r, "predicted"));
+        sb_printf(b, "</td><td>");
+        sb_value(b, json_object_get(r, "measured"));
+        sb_printf(b, "</td><td>");
+        sb_value(b, json_object_get(r, "holds_predicted"));
+        sb_printf(b, "</td><td>");
+        sb_value(b, json_object_get(r, "holds"));
+        sb_printf(b, "</td></tr>\n");
+        double lim = num(json_object_get(r, "limit"), 0);
+        labels[i] = json_is_string(json_object_get(r, "name")) ? json_string_value(json_object_get(r, "name")) : "?";
+        pred[i] = lim > 0 && json_is_number(json_object_get(r, "predicted"))
+                      ? 100.0 * num(json_object_get(r, "predicted"), 0) / lim : NAN;
+        meas[i] = lim > 0 && json_is_number(json_object_get(r, "measured"))
+                      ? 100.0 * num(json_object_get(r, "measured"), 0) / lim : NAN;
+    }
+    sb_printf(b, "</table>\n");
+    svg_bars(b, "Predicted vs measured cost, % of each limit", labels, pred, meas, (int)n, "predicted", "measured",
+             C_RESULT, C_MEAS, 100.0, "limit");
+}
+
+static void accuracy_section(sbuf *b, json_t *parent, json_t *result)
+{
+    json_t *pa = json_object_get(parent, "accuracy"), *ra = json_object_get(result, "accuracy");
+    sb_printf(b, "<h2>Accuracy</h2>\n");
+    if (json_object_size(pa) == 0 && json_object_size(ra) == 0) {
+        sb_printf(b, "<p>No benchmark results in the report.</p>\n");
+    } else {
+        sb_printf(b, "<table><tr><th>benchmark</th><th>parent</th><th>&plusmn;</th><th>result</th><th>&plusmn;</th>"
+                     "<th>n</th></tr>\n");
+        const char *labels[64];
+        double pv[64], rv[64];
+        int n = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(pa, k, v) {
+            json_t *r = json_object_get(ra, k);
+            sb_printf(b, "<tr><td>");
+            sb_text(b, k);
+            sb_printf(b, "</td><td>");
+            sb_value(b, json_object_get(v, "acc"));
+            sb_printf(b, "</td><td>");
+            sb_value(b, json_object_get(v, "stderr"));
+            sb_printf(b, "</td><td>");
+            sb_value(b, json_object_get(r, "acc"));
+            sb_printf(b, "</td><td>");
+            sb_value(b, json_object_get(r, "stderr"));
+            sb_printf(b, "</td><td>");
+            sb_value(b, json_object_get(v, "n"));
+            sb_printf(b, "</td></tr>\n");
+            if (n < 64) {
+                labels[n] = k;
+                pv[n] = num(json_object_get(v, "acc"), NAN);
+                rv[n] = num(json_object_get(r, "acc"), NAN);
+                n++;
+            }
+        }
+        sb_printf(b, "<tr><td><b>average</b></td><td>");
+        sb_value(b, json_object_get(parent, "average"));
+        sb_printf(b, "</td><td></td><td>");
+        sb_value(b, json_object_get(result, "average"));
+        sb_printf(b, "</td><td></td><td></td></tr></table>\n");
+        if (n > 0)
+            svg_bars(b, "Accuracy per benchmark", labels, pv, rv, n, "parent", "result", C_PARENT, C_RESULT, 0, "");
+    }
+    json_t *pp = json_object_get(parent, "perplexity"), *rp = json_object_get(result, "perplexity");
+    if (json_object_size(pp) || json_object_size(rp)) {
+        sb_printf(b, "<table><tr><th>perplexity</th><th>parent</th><th>result</th></tr>\n");
+        const char *k;
+        json_t *v;
+        json_object_foreach(pp, k, v) {
+            sb_printf(b, "<tr><td>");
+            sb_text(b, k);
+            sb_printf(b, "</td><td>");
+            sb_value(b, v);
+            sb_printf(b, "</td><td>");
+            sb_value(b, json_object_get(rp, k));
+            sb_printf(b, "</td></tr>\n");
+        }
+        sb_printf(b, "</table>\n");
+    }
+}
+
+/* Rows "label: value" of an object's members named in keys. */
+static void kv_table(sbuf *b, const char *title, json_t *obj, const char *const *keys)
+{
+    sb_printf(b, "<h2>");
+    sb_text(b, title);
+    sb_printf(b, "</h2>\n");
+    if (!json_is_object(obj)) {
+        sb_printf(b, "<p>Not in the report yet.</p>\n");
+        return;
+    }
+    sb_printf(b, "<table>\n");
+    for (int i = 0; keys[i]; i++) {
+        sb_printf(b, "<tr><td>");
+        sb_text(b, keys[i]);
+        sb_printf(b, "</td><td>");
+        sb_value(b, json_object_get(obj, keys[i]));
+        sb_printf(b, "</td></tr>\n");
+    }
+    sb_printf(b, "</table>\n");
+}
+
+/* The page for a report (borrowed). NEW string, or NULL when out of memory. */
+static char *render(json_t *r, size_t *len)
+{
+    sbuf b = {0};
+    json_t *parent = json_object_get(r, "parent"), *result = json_object_get(r, "result");
+    json_t *target = json_object_get(r, "target"), *wl = json_object_get(target, "workload");
+    sb_printf(&b, "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>AutoCompress report ");
+    sb_text(&b, json_string_value(json_object_get(r, "job_id")));
+    sb_printf(&b, "</title><style>body{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222}"
+                  "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
+                  "text-align:right}td:first-child,th:first-child{text-align:left}.bad{color:#c00}"
+                  "figure{margin:1em 0}figcaption{font-weight:bold}</style></head><body>\n");
+    sb_printf(&b, "<h1>AutoCompress report</h1>\n<table>\n<tr><td>job</td><td>");
+    sb_text(&b, json_string_value(json_object_get(r, "job_id")));
+    sb_printf(&b, "</td></tr>\n<tr><td>status</td><td>");
+    sb_text(&b, json_string_value(json_object_get(r, "status")));
+    if (!json_is_true(json_object_get(r, "complete")))
+        sb_printf(&b, " (partial report)");
+    sb_printf(&b, "</td></tr>\n<tr><td>method</td><td>");
+    sb_value(&b, json_object_get(r, "method"));
+    sb_printf(&b, "</td></tr>\n<tr><td>target</td><td>");
+    sb_value(&b, json_object_get(target, "device"));
+    sb_printf(&b, " ");
+    sb_value(&b, json_object_get(target, "precision"));
+    sb_printf(&b, ", batch ");
+    sb_value(&b, json_object_get(wl, "batch_size"));
+    sb_printf(&b, ", prompt ");
+    sb_value(&b, json_object_get(wl, "prompt_tokens"));
+    sb_printf(&b, " + output ");
+    sb_value(&b, json_object_get(wl, "output_tokens"));
+    sb_printf(&b, " tokens</td></tr>\n<tr><td>calibration</td><td>");
+    sb_value(&b, json_object_get(r, "calibration_id"));
+    sb_printf(&b, "</td></tr>\n<tr><td>parameters</td><td>");
+    sb_value(&b, json_object_get(parent, "params"));
+    sb_printf(&b, " &rarr; ");
+    sb_value(&b, json_object_get(result, "params"));
+    sb_printf(&b, "</td></tr>\n</table>\n");
+
+    limits_section(&b, json_object_get(r, "limits"));
+    sb_printf(&b, "<h2>Architecture</h2>\n");
+    layer_charts(&b, json_object_get(parent, "arch"), json_object_get(result, "arch"));
+    sb_printf(&b, "<p>hidden size: ");
+    sb_value(&b, json_object_get(json_object_get(parent, "arch"), "hidden_size"));
+    sb_printf(&b, " &rarr; ");
+    sb_value(&b, json_object_get(json_object_get(result, "arch"), "hidden_size"));
+    sb_printf(&b, "; layers: %zu &rarr; %zu</p>\n", json_array_size(json_object_get(json_object_get(parent, "arch"), "layers")),
+              json_array_size(json_object_get(json_object_get(result, "arch"), "layers")));
+    accuracy_section(&b, parent, result);
+
+    static const char *const mem_keys[] = {"naive_weights_plus_kv", "measured_peak", NULL};
+    json_t *mem = json_object_get(r, "memory");
+    kv_table(&b, "Memory (bytes)", mem, mem_keys);
+    static const char *const item_keys[] = {"weights", "request_cache", "prefill_workspace", "runtime_buffers",
+                                            "total", NULL};
+    if (json_is_object(json_object_get(mem, "itemized")))
+        kv_table(&b, "Itemized memory estimate (bytes)", json_object_get(mem, "itemized"), item_keys);
+    static const char *const search_keys[] = {"selection_tokens", "iterations", "wall_s", NULL};
+    kv_table(&b, "Architecture selection", json_object_get(r, "search"), search_keys);
+    static const char *const dist_keys[] = {"tokens", "steps", "final_kd_loss", "val_loss", "resumed_from_step",
+                                            "wall_s", NULL};
+    kv_table(&b, "Distillation", json_object_get(r, "distillation"), dist_keys);
+
+    sb_printf(&b, "<h2>Stages</h2>\n<table><tr><th>stage</th><th>wall s</th><th>attempt</th></tr>\n");
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(r, "stages"), i, s) {
+        sb_printf(&b, "<tr><td>");
+        sb_value(&b, json_object_get(s, "name"));
+        sb_printf(&b, "</td><td>");
+        sb_value(&b, json_object_get(s, "wall_s"));
+        sb_printf(&b, "</td><td>");
+        sb_value(&b, json_object_get(s, "attempt"));
+        sb_printf(&b, "</td></tr>\n");
+    }
+    sb_printf(&b, "</table>\n</body></html>\n");
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    *len = b.n;
+    return b.s;
+}
+
+/* GET /v1/jobs/{id}/report.html: 200 text/html (the report so far, partial while the
+ * job runs), 404 problem for an unknown job, 500 when the store or memory fails. */
+void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp);
+void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)req;
+    store_job j;
+    int rc = store_job_get(ctx->st, params[0], &j);
+    if (rc == 0 && strcmp(j.kind, "job") != 0) {
+        store_job_clear(&j);
+        rc = 1;
+    }
+    if (rc != 0) {
+        api_problem(resp, rc == 1 ? 404 : 500, rc == 1 ? "not_found" : "internal",
+                    rc == 1 ? "no such job" : "reading the job failed", NULL);
+        return;
+    }
+    json_t *r = json_is_object(j.report) ? json_deep_copy(j.report) : json_object();
+    json_object_set_new(r, "job_id", json_string(j.id));
+    json_object_set_new(r, "status", json_string(j.status));
+    json_object_set_new(r, "complete", json_boolean(!strcmp(j.status, "succeeded")));
+    json_object_set(r, "method", json_object_get(j.spec, "method"));
+    json_object_set(r, "target", json_object_get(j.spec, "target"));
+    store_job_clear(&j);
+    size_t len = 0;
+    char *html = r ? render(r, &len) : NULL;
+    json_decref(r);
+    if (!html) {
+        api_problem(resp, 500, "internal", "out of memory rendering the report", NULL);
+        return;
+    }
+    resp->status = 200;
+    resp->text = html;
+    resp->text_len = len;
+    resp->content_type = "text/html; charset=utf-8";
+}

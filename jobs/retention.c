@@ -1,0 +1,190 @@
+/* jobs/retention.c — size and age caps on a data directory (retention.h). Sizes are the
+ * allocated blocks of every file under the directory (SQLite files, artifact blobs,
+ * work directories, calibration cache); removal goes through store_job_delete so the
+ * store stays consistent, then unreferenced blobs and the job's directory go.
+ */
+#include "jobs/retention.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int64_t env_i64(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    return (*end || errno == ERANGE || x < 0) ? 0 : (int64_t)x;
+}
+
+int retention_from_env(retention_policy *p)
+{
+    p->max_bytes = env_i64("AC_RETAIN_MAX_BYTES");
+    p->max_age_s = env_i64("AC_RETAIN_MAX_AGE_S");
+    return p->max_bytes > 0 || p->max_age_s > 0;
+}
+
+static int64_t du_total;
+
+static int du_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)path;
+    (void)flag;
+    (void)ftw;
+    du_total += (int64_t)sb->st_blocks * 512;
+    return 0;
+}
+
+int64_t retention_dir_bytes(const char *dir)
+{
+    du_total = 0;
+    if (nftw(dir, du_entry, 16, FTW_PHYS) != 0)
+        return -1;
+    return du_total;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)ftw;
+    if (flag == FTW_DP)
+        rmdir(path);   /* best effort: what cannot be removed stays (and counts) */
+    else
+        unlink(path);
+    return 0;
+}
+
+void retention_remove_tree(const char *dir)
+{
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Remove one terminal job; 1 removed, 0 not removable (no longer terminal), -1 error. */
+static int remove_job(store *st, artstore *as, const char *data_dir, const char *id)
+{
+    char **orphans = NULL;
+    int n = 0;
+    int rc = store_job_delete(st, id, &orphans, &n);
+    for (int i = 0; i < n; i++) {
+        art_remove(as, orphans[i]);
+        free(orphans[i]);
+    }
+    free(orphans);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s/jobs/%s", data_dir, id);
+    retention_remove_tree(dir);
+    return 1;
+}
+
+typedef struct {
+    char id[48];
+    int64_t finished_at, seq;
+} cand;
+
+static int by_finished(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->finished_at != y->finished_at)   /* Unix seconds: ties are common */
+        return x->finished_at < y->finished_at ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Every terminal job and calibration (except keep_id), oldest finished first. */
+static int candidates(store *st, const char *keep_id, cand **out, int *n)
+{
+    static const char *const kinds[] = {"job", "calibration"};
+    cand *c = NULL;
+    int cn = 0, cap = 0;
+    for (int k = 0; k < 2; k++) {
+        char after[48] = "";
+        for (;;) {
+            store_job *jobs = NULL;
+            int jn = 0, more = 0;
+            if (store_job_list(st, kinds[k], after[0] ? after : NULL, 500, &jobs, &jn, &more) != 0) {
+                free(c);
+                return -1;
+            }
+            for (int i = 0; i < jn; i++) {
+                const char *s = jobs[i].status;
+                int terminal = !strcmp(s, "succeeded") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+                if (!terminal || (keep_id && !strcmp(jobs[i].id, keep_id)))
+                    continue;
+                if (cn == cap) {
+                    cap = cap ? cap * 2 : 64;
+                    cand *g = realloc(c, (size_t)cap * sizeof *c);
+                    if (!g) {
+                        store_job_list_free(jobs, jn);
+                        free(c);
+                        return -1;
+                    }
+                    c = g;
+                }
+                snprintf(c[cn].id, sizeof c[cn].id, "%s", jobs[i].id);
+                c[cn].finished_at = jobs[i].finished_at;
+                c[cn].seq = jobs[i].seq;
+                cn++;
+            }
+            if (jn > 0)
+                snprintf(after, sizeof after, "%s", jobs[jn - 1].id);
+            store_job_list_free(jobs, jn);
+            if (!more || jn == 0)
+                break;
+        }
+    }
+    if (cn > 1)
+        qsort(c, (size_t)cn, sizeof *c, by_finished);
+    *out = c;
+    *n = cn;
+    return 0;
+}
+
+int retention_enforce(store *st, artstore *as, const char *data_dir, const retention_policy *p,
+                      const char *keep_id, int *removed, char *err, size_t errlen)
+{
+    *removed = 0;
+    if (p->max_bytes <= 0 && p->max_age_s <= 0)
+        return 0;
+    cand *c = NULL;
+    int n = 0;
+    if (candidates(st, keep_id, &c, &n) != 0) {
+        snprintf(err, errlen, "retention: listing finished jobs failed");
+        return -1;
+    }
+    int64_t now = (int64_t)time(NULL);
+    int i = 0, rc = 0;
+    if (p->max_age_s > 0)
+        for (; i < n && c[i].finished_at > 0 && now - c[i].finished_at > p->max_age_s; i++) {
+            int r = remove_job(st, as, data_dir, c[i].id);
+            if (r < 0) {
+                rc = -1;
+                break;
+            }
+            *removed += r;
+        }
+    if (rc == 0 && p->max_bytes > 0)
+        for (; i < n; i++) {
+            int64_t used = retention_dir_bytes(data_dir);
+            if (used >= 0 && used <= p->max_bytes)
+                break;
+            int r = remove_job(st, as, data_dir, c[i].id);
+            if (r < 0) {
+                rc = -1;
+                break;
+            }
+            *removed += r;
+        }
+    if (rc != 0)
+        snprintf(err, errlen, "retention: removing job %s failed", c[i].id);
+    free(c);
+    return rc;
+}

@@ -1,0 +1,120 @@
+/* tests/unit/test_report_limits.c — the report's limit rows (jobs/report.c): one row per
+ * spec limit with predicted, measured and whether each holds (upper bounds for latency,
+ * memory and params, a lower bound for throughput; memory in GiB; unknown values null);
+ * and the retention policy's environment parsing and disk-usage sum (jobs/retention.c).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "jobs/report.h"
+#include "jobs/retention.h"
+
+static json_t *row(json_t *rows, const char *name)
+{
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) if (!strcmp(json_string_value(json_object_get(r, "name")), name)) return r;
+    return NULL;
+}
+
+static void test_rows(void **state)
+{
+    (void)state;
+    json_t *c = json_pack("{s:f,s:f,s:f,s:i}", "latency_ms", 10.0, "throughput_tokens_per_s", 50.0, "memory_gib",
+                          1.0, "params", 1000);
+    json_t *pred = json_pack("{s:f,s:f,s:{s:I}}", "latency_ms", 9.5, "throughput_tokens_per_s", 55.0, "memory_bytes",
+                             "total", (json_int_t)(1LL << 29));
+    json_t *meas = json_pack("{s:f,s:f,s:I}", "latency_ms", 10.5, "throughput_tokens_per_s", 49.0,
+                             "peak_memory_bytes", (json_int_t)(1LL << 30));
+    json_t *rows = job_report_limits(c, pred, meas, 900);
+    assert_int_equal(json_array_size(rows), 4);
+    json_t *l = row(rows, "latency_ms");
+    assert_true(json_is_true(json_object_get(l, "holds_predicted")));
+    assert_true(json_is_false(json_object_get(l, "holds")));   /* 10.5 > 10 */
+    assert_float_equal(json_real_value(json_object_get(l, "measured")), 10.5, 1e-12);
+    json_t *t = row(rows, "throughput_tokens_per_s");
+    assert_true(json_is_true(json_object_get(t, "holds_predicted")));   /* 55 >= 50 */
+    assert_true(json_is_false(json_object_get(t, "holds")));            /* 49 < 50 */
+    json_t *m = row(rows, "memory_gib");
+    assert_float_equal(json_real_value(json_object_get(m, "predicted")), 0.5, 1e-12);
+    assert_float_equal(json_real_value(json_object_get(m, "measured")), 1.0, 1e-12);
+    assert_true(json_is_true(json_object_get(m, "holds")));   /* exactly at the limit holds */
+    json_t *p = row(rows, "params");
+    assert_true(json_is_true(json_object_get(p, "holds")));
+    assert_float_equal(json_real_value(json_object_get(p, "predicted")), 900, 0);
+    json_decref(rows);
+
+    /* nothing measured (e.g. a measure stage that did not run): measured and holds null */
+    rows = job_report_limits(c, pred, NULL, 1200);
+    l = row(rows, "latency_ms");
+    assert_true(json_is_null(json_object_get(l, "measured")));
+    assert_true(json_is_null(json_object_get(l, "holds")));
+    assert_true(json_is_false(json_object_get(row(rows, "params"), "holds")));   /* 1200 > 1000 */
+    json_decref(rows);
+
+    /* only the limits the spec sets get rows */
+    json_t *c1 = json_pack("{s:f}", "latency_ms", 3.0);
+    rows = job_report_limits(c1, pred, meas, 900);
+    assert_int_equal(json_array_size(rows), 1);
+    json_decref(rows);
+    json_decref(c1);
+    json_decref(c);
+    json_decref(pred);
+    json_decref(meas);
+}
+
+static void test_retention_env(void **state)
+{
+    (void)state;
+    retention_policy p;
+    unsetenv("AC_RETAIN_MAX_BYTES");
+    unsetenv("AC_RETAIN_MAX_AGE_S");
+    assert_int_equal(retention_from_env(&p), 0);
+    setenv("AC_RETAIN_MAX_BYTES", "1048576", 1);
+    assert_int_equal(retention_from_env(&p), 1);
+    assert_int_equal(p.max_bytes, 1048576);
+    assert_int_equal(p.max_age_s, 0);
+    setenv("AC_RETAIN_MAX_BYTES", "12x", 1);   /* invalid: no cap */
+    setenv("AC_RETAIN_MAX_AGE_S", "-5", 1);
+    assert_int_equal(retention_from_env(&p), 0);
+    unsetenv("AC_RETAIN_MAX_BYTES");
+    unsetenv("AC_RETAIN_MAX_AGE_S");
+}
+
+static void test_dir_bytes(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ac-ret-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    int64_t empty = retention_dir_bytes(dir);
+    assert_true(empty >= 0);
+    snprintf(path, sizeof path, "%s/f", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    memset(buf, 7, sizeof buf);
+    assert_int_equal(fwrite(buf, 1, sizeof buf, f), sizeof buf);
+    assert_int_equal(fclose(f), 0);
+    int64_t full = retention_dir_bytes(dir);
+    assert_true(full - empty >= (1 << 20));
+    unlink(path);
+    rmdir(dir);
+    assert_int_equal(retention_dir_bytes(dir), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_retention_env),
+        cmocka_unit_test(test_dir_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
