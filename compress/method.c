@@ -97,6 +97,31 @@ static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens
     return rc;
 }
 
+int method_check_feasible(const arch *parent, const cm_tables *tables, const dnas_limits *limits,
+                          const dnas_axes *axes, char *err, size_t errlen)
+{
+    search_space sp;
+    search_costs costs;
+    if (dnas_space_build(parent, tables, limits, axes, &sp, &costs, err, errlen) != 0)
+        return -1;
+    search_choice c;
+    int rc = -1;
+    if (search_choice_init(&c, &sp) == 0) {
+        search_choice_cheapest(&sp, &c);
+        rc = 0;
+        for (int m = 0; m < SM_COUNT; m++)
+            if (costs.t[m].active && search_choice_cost(&sp, &costs.t[m], &c) > costs.t[m].limit)
+                rc = -1;
+        search_choice_free(&c);
+        if (rc != 0)
+            dnas_describe_infeasible(&sp, &costs, err, errlen);
+    } else {
+        snprintf(err, errlen, "out of memory");
+    }
+    dnas_space_free(&sp, &costs);
+    return rc;
+}
+
 int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen)
 {
     memset(chosen, 0, sizeof *chosen);
@@ -172,7 +197,7 @@ int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size
     if (!*doc) {
         json_decref(extra);
         arch_free(chosen);
-        snprintf(err, errlen, "out of memory");
+        snprintf(err, errlen, "could not build the search document (out of memory, or a predicted cost is not finite)");
         return -1;
     }
     if (extra)

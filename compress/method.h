@@ -33,6 +33,12 @@ typedef struct {
     void *ud;
 } method_opts;
 
+/* Fail fast, before any model work: 0 when some arch of the search space (as the axes
+ * and exports cut it) meets every limit, else -1 with the cheapest arch's predicted
+ * costs in err (also -1 when the space cannot be built). */
+int method_check_feasible(const arch *parent, const cm_tables *tables, const dnas_limits *limits,
+                          const dnas_axes *axes, char *err, size_t errlen);
+
 /* Run the search. On 0, *chosen holds the arch (free with arch_free) and *doc a NEW
  * search document {method, arch, summary, selection_tokens, iterations, wall_s,
  * parent_feasible, predicted, distribution | trials, final_gap}. Returns 1 when

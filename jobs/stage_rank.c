@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/method.h"
 #include "compress/rank.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
@@ -32,6 +33,20 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
         return -1;
     }
     eng_model *m = ps_parent(ctx, 0, err, errlen);
+    if (!m)
+        return -1;
+    /* Limits no arch of the space can meet fail here, before the (long) ranking. */
+    if (job_ctx_output(ctx, "calibrate", "calibration.json")) {
+        const cm_tables *tables = ps_tables(ctx, err, errlen);
+        if (!tables)
+            return -1;
+        dnas_limits lim;
+        dnas_axes axes;
+        ps_limits(ctx, &lim);
+        ps_axes(ctx, &axes);
+        if (method_check_feasible(&m->a, tables, &lim, &axes, err, errlen) != 0)
+            return -1;
+    }
     const td_stream *train, *val;
     if (!m || ps_text(ctx, "calibration", &train, &val, err, errlen) != 0)
         return -1;

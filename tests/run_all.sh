@@ -38,6 +38,7 @@ done
 for d in http oracle e2e; do
     for t in tests/$d/test_*.sh tests/$d/test_*.py; do
         [ -f "$t" ] || continue
+        [ -n "$pattern" ] && [[ "$d/$(basename "$t")" != *$pattern* ]] && continue
         if slow_tier "$t"; then
             skip=$((skip+1)); printf 'SKIP %-48s (slow tier: make test-slow)\n' "$d/$(basename "$t")"; continue
         fi

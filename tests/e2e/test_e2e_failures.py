@@ -2,8 +2,9 @@
 A stories260K job cancelled during search is `cancelled` within 2 s, leaves no worker
 process, and lists no artifact of the interrupted stage (only those of stages that
 completed). A parent that is not a supported family (an HF directory of a GPT-2 model)
-fails at `load` with the reason. A job whose limits cannot be met fails at search with the
-cheapest architecture's costs in the error, seconds after search starts. (The infeasible
+fails at `load` with the reason. A job whose limits cannot be met fails as soon as the
+calibration is known (at the start of `rank`, before any model work) with the cheapest
+architecture's costs in the error, within seconds. (The infeasible
 case is also covered by test_e2e_stories.py, which uses it to find the parent's latency.)"""
 import json
 import os
@@ -77,11 +78,11 @@ def infeasible(s):
     spec = stories_spec(constraints={"params": 1000})   # the embeddings alone are 32768
     _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
     fin = wait_terminal(s, job["id"], 600)
-    assert fin["status"] == "failed" and fin["stage"] == "search", fin
+    assert fin["status"] == "failed" and fin["stage"] == "rank", fin
     msg = fin["error"]["message"]
     assert "cheapest" in msg and "params" in msg, msg
     ev = events(s, job["id"])
-    start = [e for e in ev if e["type"] == "stage.started" and "search" in e["message"]]
+    start = [e for e in ev if e["type"] == "stage.started" and "rank" in e["message"]]
     assert start, [e["type"] for e in ev]
     assert ev[-1]["type"] == "job.failed"
     assert ev[-1]["created_at"] - start[-1]["created_at"] <= 5, (start[-1], ev[-1])

@@ -1,5 +1,5 @@
 """End to end through HTTP only, on stories260K. An impossible latency limit fails at
-search within seconds with the cheapest architecture's costs in the error; its report's
+rank (right after calibration) within seconds with the cheapest architecture's costs in the error; its report's
 parent arch and cached calibration give the parent's predicted latency (POST
 /v1/estimates). Job A (AutoCompress, every axis, GGUF export) with a latency limit at 70%
 of that succeeds; its report validates against the OpenAPI Report schema and holds every
@@ -33,14 +33,15 @@ STAGES = ["load", "calibrate", "rank", "search", "prune", "distill", "evaluate",
 
 
 def parent_latency(s, target):
-    """An impossible limit first: the job fails within seconds at search with the cheapest
+    """An impossible limit first: the job fails within seconds (at rank, as soon as the
+    calibration is known) with the cheapest
     architecture's costs in the error. Its load stage put the parent's arch in the report
     and its calibrate stage cached the target's tables, so POST /v1/estimates then gives
     the parent's predicted latency."""
     spec = stories_spec(constraints={"latency_ms": 0.001})
     _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
     fin = wait_terminal(s, job["id"], 600)
-    assert fin["status"] == "failed" and fin["stage"] == "search", fin
+    assert fin["status"] == "failed" and fin["stage"] == "rank", fin
     msg = fin["error"]["message"]
     assert "cheapest" in msg and "latency_ms" in msg, msg
     ev = events(s, job["id"])
