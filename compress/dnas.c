@@ -101,10 +101,16 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
     return rc;
 }
 
-void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n)
+void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)
 {
+    int ffn256 = 1;
+    for (int l = 0; l < parent->n_layers; l++)
+        if (parent->layers[l].ffn_dim % 256)
+            ffn256 = 0;
+    int per_layer = axes->heads || axes->ffn || axes->depth;
     for (int i = 0; i < n; i++) {
-        if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "deci")) {
+        int deci = !strcmp(formats[i], "deci") || (!strcmp(formats[i], "hf") && per_layer && ffn256);
+        if (deci) {
             axes->keep_query_heads = 1;
             axes->hidden = 0;          /* DeciLM needs hidden = heads * head_dim */
             axes->ffn_multiple = 256;  /* its intermediate sizes are multiples of 256 */

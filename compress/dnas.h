@@ -41,9 +41,13 @@ typedef struct {
 } dnas_axes;
 
 /* Restrict axes to what every export format in `formats` ("hf", "deci", "gguf") can
- * express: HF/DeciLM keep query heads and the hidden size, FFN widths in multiples of
- * 256; GGUF removes attention and MLP only with their layer. */
-void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n);
+ * express for `parent`. "deci" (DeciLM block_configs) keeps query heads and the hidden
+ * size and uses FFN widths in multiples of 256. "hf" is LlamaForCausalLM for uniform
+ * results and DeciLM otherwise: a hidden-only search stays uniform and is left alone;
+ * with per-layer axes the DeciLM rules apply when the parent's FFN widths are multiples
+ * of 256 (else DeciLM cannot hold any heterogeneous result and export reports it).
+ * GGUF removes attention and MLP only with their layer. */
+void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */
 typedef struct {

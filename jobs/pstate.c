@@ -73,7 +73,10 @@ void ps_axes(job_ctx *ctx, dnas_axes *a)
     json_array_foreach(ex, i, v)
         if (json_is_string(v) && n < 8)
             formats[n++] = json_string_value(v);
-    dnas_axes_for_exports(a, formats, n);
+    char err[256];
+    eng_model *m = ps_parent(ctx, 0, err, sizeof err);
+    if (m)
+        dnas_axes_for_exports(a, formats, n, &m->a);
 }
 
 static void free_backend(void *p) { eng_backend_free(p); }
