@@ -612,7 +612,17 @@ static int runtime_sample(cal_state *cs, cal_model *cm, int64_t rss0, char *err,
     return 0;
 }
 
-/* Phase scales per hidden size: the median over timed calibration requests of the
+/* Lower median of d (1 when empty): noise on a machine only ever adds time, so with an
+ * even count the smaller middle value is the robust one. Reorders d. */
+static double lower_median(dvec *d)
+{
+    if (d->n == 0)
+        return 1;
+    ms_median(d->v, d->n);   /* sorts */
+    return d->v[(d->n - 1) / 2];
+}
+
+/* Phase scales per hidden size: the lower median over timed calibration requests of the
  * phase's wall time over what the (unscaled) tables predict for that calibration model. */
 static int phase_scales(cal_state *cs, cm_tables *tb, cal_model *cms, int n_cms, char *err, size_t errlen)
 {
@@ -633,10 +643,9 @@ static int phase_scales(cal_state *cs, cm_tables *tb, cal_model *cms, int n_cms,
             if (p.decode_ms > 0)
                 rc |= dvec_push(&rd, cs->req_dec.v[i] / p.decode_ms);
         }
-        double mad;
         if (!rc) {
-            tb->fixed[f].prefill_scale = rp.n ? dvec_median(&rp, &mad) : 1;
-            tb->fixed[f].decode_scale = rd.n ? dvec_median(&rd, &mad) : 1;
+            tb->fixed[f].prefill_scale = lower_median(&rp);
+            tb->fixed[f].decode_scale = lower_median(&rd);
         }
         free(rp.v);
         free(rd.v);
@@ -787,14 +796,15 @@ out:
 }
 
 /* The calibration id: the content key of (target, parent), extended by the extra hidden
- * sizes when there are any (tables with more hidden sizes are another calibration). */
+ * sizes and an explicit CPU thread count when there are any (those tables are another
+ * calibration). */
 static void cal_id(const cm_target *t, const arch *parent, const cal_opts *o, char id[40])
 {
     cm_calibration_id(t, parent, id);
-    if (!o || o->n_hidden <= 0)
+    if (!o || (o->n_hidden <= 0 && o->threads <= 0))
         return;
     char buf[256];
-    int n = snprintf(buf, sizeof buf, "%s", id);
+    int n = snprintf(buf, sizeof buf, "%s|t%d", id, o->threads);
     for (int i = 0; i < o->n_hidden && i < 16 && n > 0 && n < (int)sizeof buf - 12; i++)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|h%d", o->hidden[i]);
     unsigned long long h = 1469598103934665603ULL;

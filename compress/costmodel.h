@@ -175,8 +175,10 @@ typedef struct {
 int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, size_t errlen);
 
 /* Cost of one part at a hidden size (what cm_predict sums): prefill ms, decode ms summed
- * over the workload's N steps, and prefill workspace bytes. size = ffn_dim for CM_MLP;
- * for CM_ATTN n_heads with n_kv_heads. Returns 0, or -1 outside the tables. */
+ * over the workload's N steps (both with the phase scales applied), and the part's
+ * prefill workspace bytes as its one-layer probe measured them (W0 included; combine
+ * parts by t->mem.workspace_combine). size = ffn_dim for CM_MLP; for CM_ATTN n_heads
+ * with n_kv_heads. Any output pointer may be NULL. Returns 0, or -1 outside the tables. */
 int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
                  double *prefill_ms, double *decode_ms, double *workspace_bytes);
 
