@@ -27,7 +27,8 @@ void dnas_opts_defaults(dnas_opts *o)
     o->tau0 = 1.0;
     o->tau_min = 0.1;
     o->lr = 0.1;
-    o->eta = 1.0;
+    o->eta = 0.3;
+    o->lambda2_init = 3.0;
     o->warmup_frac = 0.1;
     o->seed = 1234;
 }
@@ -577,7 +578,7 @@ int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
     search_penalty pen;
     memset(&pen, 0, sizeof pen);
     for (int m = 0; m < SM_COUNT; m++)
-        pen.lambda2[m] = 1.0;   /* start with a symmetric pull toward the limit */
+        pen.lambda2[m] = o->lambda2_init;   /* start with a symmetric pull toward the limit */
     for (int it = 0; it < iters; it++) {
         double tau = o->tau0 * exp(decay * it);
         search_dist_probs(&d, tau, &rng);

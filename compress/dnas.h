@@ -71,13 +71,15 @@ typedef struct {
     double tau0, tau_min;       /* Gumbel temperature schedule (exponential anneal) */
     double lr;                  /* Adam step on the logits */
     double eta;                 /* multiplier ascent step */
+    double lambda2_init;        /* starting quadratic multiplier (symmetric pull to the limit) */
     double warmup_frac;         /* share of iterations before the cost term ramps in */
     uint64_t seed;
     dnas_progress_fn progress;
     void *progress_ctx;
 } dnas_opts;
 
-/* Defaults for the schedule knobs (tau, lr, eta, warm-up, batch 4 x 128). */
+/* Defaults for the schedule knobs: tau 1 -> 0.1, Adam lr 0.1 on the logits, eta 0.3,
+ * lambda2 from 3, 10% warm-up, batch 4 x 128 (method_run shrinks it for small budgets). */
 void dnas_opts_defaults(dnas_opts *o);
 
 typedef struct {

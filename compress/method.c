@@ -142,6 +142,20 @@ int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size
         d.search_tokens = o->search_tokens;
         if (o->seed)
             d.seed = o->seed;
+        if (o->eta > 0)
+            d.eta = o->eta;
+        if (o->lambda2_init > 0)
+            d.lambda2_init = o->lambda2_init;
+        if (o->lr > 0)
+            d.lr = o->lr;
+        /* The multipliers need a few hundred iterations to bring E[cost] to the limit:
+         * spend a small budget on more, smaller batches (at least 32 tokens a row). */
+        while ((int64_t)d.batch * d.seq * 256 > o->search_tokens && (d.batch > 1 || d.seq > 32)) {
+            if (d.batch > 1)
+                d.batch /= 2;
+            else
+                d.seq /= 2;
+        }
         int iters = (int)(o->search_tokens / ((int64_t)d.batch * d.seq));
         dnas_cb cb = {o, iters > 50 ? iters / 50 : 1};
         d.progress = on_dnas;

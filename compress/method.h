@@ -25,6 +25,7 @@ typedef struct {
     int minitron_candidates;        /* frontier candidates trialled (default 4) */
     const int *layer_order;         /* [n_layers] least important first (Minitron++ depth) */
     uint64_t seed;
+    double eta, lambda2_init, lr;   /* DNAS schedule overrides (0: dnas_opts_defaults) */
     /* Callbacks (any may be NULL). event: type, message and data (stolen). progress:
      * step of total. cancelled: non-zero stops the search (return 1). */
     void (*event)(void *ud, const char *type, const char *message, json_t *data);

@@ -37,6 +37,7 @@ static void usage(FILE *f)
             "  --data-dir DIR        calibration cache (default ./var)\n"
             "  --tokenizer PATH      tokenizer override\n"
             "  --seed N              search seed (default 1234)\n"
+            "  --eta X --lambda2 X --lr X   DNAS multiplier step, starting quadratic multiplier, logit step\n"
             "  --out FILE            write the chosen arch JSON there\n"
             "  --json                print the whole search document on stdout\n");
 }
@@ -60,7 +61,7 @@ int cli_search(int argc, char **argv)
         {"method", 1, 0, 'm'}, {"device", 1, 0, 'd'}, {"batch", 1, 0, 'b'}, {"prompt", 1, 0, 's'},
         {"output", 1, 0, 'o'}, {"axes", 1, 0, 'a'}, {"calib", 1, 0, 'c'}, {"search-tokens", 1, 0, 't'},
         {"rank-tokens", 1, 0, 'r'}, {"data-dir", 1, 0, 'D'}, {"tokenizer", 1, 0, 'k'}, {"seed", 1, 0, 'S'},
-        {"out", 1, 0, 'O'}, {"json", 0, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"out", 1, 0, 'O'}, {"json", 0, 0, 'j'}, {"eta", 1, 0, 'e'}, {"lambda2", 1, 0, 'l'}, {"lr", 1, 0, 'R'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     method_opts mo;
     memset(&mo, 0, sizeof mo);
     mo.search_tokens = 262144;
@@ -74,7 +75,7 @@ int cli_search(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         double v = optarg ? strtod(optarg, &end) : 0;
-        if (optarg && strchr("LPMNbsotrS", c) && (end == optarg || *end || v <= 0)) {
+        if (optarg && strchr("LPMNbsotrSelR", c) && (end == optarg || *end || v <= 0)) {
             fprintf(stderr, "search: option -%c needs a positive number, not '%s'\n", c, optarg);
             return 2;
         }
@@ -117,6 +118,9 @@ int cli_search(int argc, char **argv)
         case 'S': mo.seed = (uint64_t)v; break;
         case 'O': out = optarg; break;
         case 'j': json_out = 1; break;
+        case 'e': mo.eta = v; break;
+        case 'l': mo.lambda2_init = v; break;
+        case 'R': mo.lr = v; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
