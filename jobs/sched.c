@@ -30,7 +30,7 @@ struct sched {
     store *st;
     char *exe, *data_dir;
     char **devices;
-    int n_devices, per_device, cancel_kill_ms;
+    int n_devices, per_device, cancel_kill_ms, max_attempts;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -113,15 +113,27 @@ static void on_exit_status(sched *s, const child *k, int status)
             store_job_finish(s->st, k->job_id, "cancelled", NULL, NULL);
         } else if (s->stopping) {
             store_job_requeue(s->st, k->job_id, "worker stopped by server shutdown; will resume");
-        } else if (WIFSIGNALED(status)) {
-            snprintf(reason, sizeof reason, "worker killed by signal %d (%s) during stage %s",
-                     WTERMSIG(status), sched_signal_name(WTERMSIG(status), sig, sizeof sig), stage);
-            store_job_finish(s->st, k->job_id, "failed", "worker_killed", reason);
         } else {
-            int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-            snprintf(reason, sizeof reason, "worker exited with status %d without finishing the job, during stage %s (see jobs/%s/worker.log)",
-                     code, stage, k->job_id);
-            store_job_finish(s->st, k->job_id, "failed", "worker_exited", reason);
+            const char *code_name;
+            if (WIFSIGNALED(status)) {
+                snprintf(reason, sizeof reason, "worker killed by signal %d (%s) during stage %s",
+                         WTERMSIG(status), sched_signal_name(WTERMSIG(status), sig, sizeof sig), stage);
+                code_name = "worker_killed";
+            } else {
+                int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+                snprintf(reason, sizeof reason,
+                         "worker exited with status %d without finishing the job, during stage %s (see jobs/%s/worker.log)",
+                         code, stage, k->job_id);
+                code_name = "worker_exited";
+            }
+            if (j.attempts < s->max_attempts) {
+                char msg[700];
+                snprintf(msg, sizeof msg, "%s; requeued to resume at stage %s (attempt %d of %d)", reason, stage,
+                         j.attempts + 1, s->max_attempts);
+                store_job_requeue(s->st, k->job_id, msg);
+            } else {
+                store_job_finish(s->st, k->job_id, "failed", code_name, reason);
+            }
         }
     }
     store_job_clear(&j);
@@ -221,6 +233,7 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
     s->n_devices = cfg->n_devices;
     s->per_device = cfg->per_device > 0 ? cfg->per_device : 1;
     s->cancel_kill_ms = cfg->cancel_kill_ms > 0 ? cfg->cancel_kill_ms : 10000;
+    s->max_attempts = cfg->max_attempts > 1 ? cfg->max_attempts : 1;
     s->devices = calloc((size_t)cfg->n_devices + 1, sizeof *s->devices);
     int ok = s->exe && s->data_dir && s->devices;
     for (int i = 0; ok && i < cfg->n_devices; i++)

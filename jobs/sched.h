@@ -22,6 +22,8 @@ typedef struct {
     int n_devices;
     int per_device;            /* concurrent workers per device (>= 1) */
     int cancel_kill_ms;        /* SIGKILL a worker this long after a cancel signal */
+    int max_attempts;          /* worker starts per job: a worker that dies is requeued (resuming at
+                                  its unfinished stage) until this many ran; 0 or 1 = fail at once */
 } sched_config;
 
 /* Start the scheduler thread (the config's strings are copied). Returns a new scheduler,

@@ -183,7 +183,7 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
 
-    sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, cfg.workers, 10000};
+    sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, cfg.workers, 10000, cfg.max_attempts};
     if (!(sc = sched_start(&sc_cfg, err, sizeof err))) {
         fprintf(stderr, "autocompress serve: %s\n", err);
         goto out;

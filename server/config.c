@@ -13,6 +13,8 @@ void srv_config_usage(FILE *f)
             "  --listen HOST:PORT       AC_LISTEN            default 127.0.0.1:8080 (port 0: any free port)\n"
             "  --data-dir DIR           AC_DATA_DIR          default ./var (SQLite store, artifacts, job dirs)\n"
             "  --workers N              AC_WORKERS           concurrent worker processes per device (1)\n"
+            "  --max-attempts N         AC_MAX_ATTEMPTS      worker starts per job: a crashed or killed worker's job\n"
+            "                                                is requeued and resumes at its unfinished stage (1: fail)\n"
             "  --tokens-file PATH       AC_TOKENS_FILE       bearer tokens 'TOKEN read,write' per line (none: open)\n"
             "  --data-root DIR          AC_DATA_ROOTS (a:b)  roots for server paths in specs, repeatable\n"
             "                                                (default DATA/models and DATA/data)\n"
@@ -100,6 +102,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     if (!strcmp(name, "devices"))
         return snprintf(c->devices, sizeof c->devices, "%s", v) < (int)sizeof c->devices ? 0 : -1;
     NUM("workers", workers, 1, 64)
+    NUM("max-attempts", max_attempts, 1, 100)
     NUM("threads", threads, 1, 256)
     NUM("max-connections", max_connections, 1, 100000)
     NUM("per-ip-connections", per_ip_connections, 1, 100000)
@@ -123,6 +126,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     c->port = 8080;
     snprintf(c->data_dir, sizeof c->data_dir, "./var");
     c->workers = 1;
+    c->max_attempts = 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores < 2 ? 2 : (int)cores;
     c->max_connections = 1024;
@@ -136,7 +140,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     c->webhook_retry_s = 5;
 
     static const struct { const char *env, *flag; } envs[] = {
-        {"AC_LISTEN", "listen"}, {"AC_DATA_DIR", "data-dir"}, {"AC_WORKERS", "workers"},
+        {"AC_LISTEN", "listen"}, {"AC_DATA_DIR", "data-dir"}, {"AC_WORKERS", "workers"}, {"AC_MAX_ATTEMPTS", "max-attempts"},
         {"AC_TOKENS_FILE", "tokens-file"}, {"AC_DEVICES", "devices"}, {"AC_HTTP_THREADS", "threads"},
         {"AC_MAX_CONNECTIONS", "max-connections"}, {"AC_PER_IP_CONNECTIONS", "per-ip-connections"},
         {"AC_TIMEOUT_S", "timeout-s"}, {"AC_BODY_LIMIT", "body-limit"}, {"AC_CONN_MEMORY", "conn-memory"},

@@ -15,6 +15,7 @@ typedef struct {
     int port;                    /* 0 = any free port (logged) */
     char data_dir[4096];
     int workers;                 /* concurrent workers per device */
+    int max_attempts;            /* worker starts per job before a crash fails it (>= 1) */
     char tokens_file[4096];      /* "" = no auth */
     char *roots[SRV_MAX_ROOTS];  /* --data-root (malloc'd); none = DATA/models, DATA/data */
     int n_roots;

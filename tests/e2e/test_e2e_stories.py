@@ -12,7 +12,9 @@ baseline: uniform result, HF export) gives the tarball; the exported checkpoint 
 again by `autocompress eval` gives the reported perplexity (within bf16 rounding: exports
 are bf16). Job B = job A again, killed with kill -9 (server and worker) in the middle of
 distillation: after a restart it resumes at distill from its last checkpoint, completes,
-and its model tensors equal job A's."""
+and its model tensors equal job A's. Job D: only the worker killed -9 mid-distillation,
+the server (--max-attempts 2) requeues the job, which resumes at distill and ends with the
+same model."""
 import io
 import json
 import math
@@ -180,6 +182,7 @@ def main():
     target = {"device": "cpu", "precision": "fp32",
               "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
     s = server()
+    s.args += ["--max-attempts", "2"]   # a killed worker's job resumes instead of failing (job D)
     try:
         s.start()
         lat = parent_latency(s, target)
@@ -254,6 +257,32 @@ def main():
         assert rb["result"]["perplexity"] == rep_c["result"]["perplexity"]
         print("job B: killed at distill step >= %d, resumed from step %d, model.safetensors equal to job C's"
               % (killed_at, d["resumed_from_step"]))
+
+        # --- job D: job C again, only its worker killed -9 mid-distillation while the server
+        # lives on: with --max-attempts 2 the server requeues it, it resumes at distill from
+        # the last checkpoint, and its model equals the uninterrupted run's
+        _, _, jd = s.json("POST", "/v1/jobs", spec_c, expect=201)
+        t1 = time.time()
+        while distill_step(s, jd["id"]) < 12:
+            _, _, j = s.json("GET", "/v1/jobs/%s" % jd["id"], expect=200)
+            assert j["status"] in ("queued", "running"), j
+            assert time.time() - t1 < 900, "job D never reached distill step 12"
+            time.sleep(0.05)
+        pids = worker_pids(jd["id"])
+        assert len(pids) == 1, pids
+        killed_at = distill_step(s, jd["id"])
+        os.kill(pids[0], signal.SIGKILL)
+        fin = wait_terminal(s, jd["id"], 900)
+        assert fin["status"] == "succeeded", fin
+        ev = events(s, jd["id"])
+        assert any("SIGKILL" in e["message"] and "requeued" in e["message"] for e in ev), [e["message"] for e in ev]
+        _, _, rd = s.json("GET", "/v1/jobs/%s/report" % jd["id"], expect=200)
+        assert killed_at // 5 * 5 <= rd["distillation"]["resumed_from_step"] < 32, (rd["distillation"], killed_at)
+        _, tar_d = download(s, jd["id"], "model-hf.tar")
+        assert sha256(tar_member(tar_d, "model.safetensors")) == sha256(tar_member(tar_c, "model.safetensors")), \
+            "the job resumed after a worker kill differs from the uninterrupted run"
+        print("job D: worker killed at distill step >= %d, requeued, resumed from step %d, same model"
+              % (killed_at, rd["distillation"]["resumed_from_step"]))
         assert s.stop() == 0
     finally:
         s.cleanup()

@@ -90,13 +90,46 @@ static store_job wait_leave(const char *id, const char *from, double timeout)
     }
 }
 
-static sched *start(const char *exe, const char *const *devs, int ndev, int per_device)
+static sched *start_attempts(const char *exe, const char *const *devs, int ndev, int per_device, int max_attempts)
 {
-    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000};
+    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts};
     char err[256];
     sched *s = sched_start(&cfg, err, sizeof err);
     assert_non_null(s);
     return s;
+}
+
+static sched *start(const char *exe, const char *const *devs, int ndev, int per_device)
+{
+    return start_attempts(exe, devs, ndev, per_device, 1);
+}
+
+/* With max_attempts 2 a killed worker's job is requeued once (the reason recorded), and a
+ * second death fails it with the signal named. */
+static void test_retry_policy(void **state)
+{
+    (void)state;
+    char exe[128], a[48], body[256];
+    mk("r1", a);
+    snprintf(body, sizeof body, "kill -KILL $$\nsleep 5");
+    script("w_retry.sh", body, exe, sizeof exe);
+    const char *devs[] = {"r1"};
+    sched *s = start_attempts(exe, devs, 1, 1, 2);
+    double t0 = now_s();
+    store_job j;
+    for (;;) {
+        assert_int_equal(store_job_get(st, a, &j), 0);
+        if (!strcmp(j.status, "failed") || now_s() - t0 > 20)
+            break;
+        store_job_clear(&j);
+        usleep(10000);
+    }
+    sched_stop(s, 1000);
+    assert_string_equal(j.status, "failed");
+    assert_int_equal(j.attempts, 2);
+    assert_string_equal(j.error_code, "worker_killed");
+    assert_non_null(strstr(j.error_message, "SIGKILL"));
+    store_job_clear(&j);
 }
 
 static void test_exit_and_signals(void **state)
@@ -220,6 +253,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exit_and_signals),
+        cmocka_unit_test(test_retry_policy),
         cmocka_unit_test(test_per_device_limit),
         cmocka_unit_test(test_cancel_and_stop),
     };
