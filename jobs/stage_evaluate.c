@@ -3,11 +3,13 @@
  * same code as `autocompress eval` (compress/eval). Writes evaluate/eval.json (published
  * as an artifact) and merges {parent|result: {accuracy, average, perplexity}} into the
  * report. A task that fails to load is recorded with its error; the others still run.
- * Built-in task data is read from $AC_DATA_DIR (else $AC_SHARED/data, else ./data).
+ * Built-in task data is read from $AC_EVAL_DATA (else $AC_SHARED/data, else the data
+ * dir's data/, else ./data).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -42,14 +44,23 @@ static int on_progress(void *user, const char *task, int64_t done, int64_t total
     return job_cancelled(cb->ctx);
 }
 
-static const char *data_dir(char *buf, size_t len)
+static const char *data_dir(job_ctx *ctx, char *buf, size_t len)
 {
-    const char *d = getenv("AC_DATA_DIR");
+    /* AC_EVAL_DATA, else the shared data folder, else the server data dir's data/ root
+     * (where `make run` copies the benchmarks), else ./data. Not AC_DATA_DIR: that names
+     * the server's own data directory. */
+    const char *d = getenv("AC_EVAL_DATA");
     if (d && *d)
         return d;
     const char *sh = getenv("AC_SHARED");
     if (sh && *sh) {
         snprintf(buf, len, "%s/data", sh);
+        return buf;
+    }
+    struct stat sb;
+    snprintf(buf, len, "%s/../../data/eval", job_ctx_dir(ctx));
+    if (stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        buf[strlen(buf) - 5] = 0;   /* drop "/eval" */
         return buf;
     }
     return "data";
@@ -76,6 +87,11 @@ static int task_ref(job_ctx *ctx, json_t *t, size_t i, char *ref, size_t reflen,
         return 0;
     }
     if (url) {
+        if (strncmp(url, "https://", 8) && strncmp(url, "http://", 7)) {
+            /* file:// and friends would read the server's files around the allowed roots */
+            snprintf(err, errlen, "/evaluation/tasks/%zu/url: only http and https URLs", i);
+            return -1;
+        }
         int n = snprintf(ref, reflen, "%s/task-%zu.jsonl", job_ctx_stage_dir(ctx), i);
         if (n < 0 || (size_t)n >= reflen) {
             snprintf(err, errlen, "/evaluation/tasks/%zu: stage path too long", i);
@@ -106,7 +122,7 @@ static json_t *eval_model(job_ctx *ctx, const char *which, eng_model *m, tok_tok
         return NULL;
     }
     char dbuf[1024];
-    const char *dd = data_dir(dbuf, sizeof dbuf);
+    const char *dd = data_dir(ctx, dbuf, sizeof dbuf);
     eval_cb cb = {ctx, which, step0, total};
     ev_opts o = {.limit = limit, .seed = seed, .progress = on_progress, .progress_user = &cb};
     ev_load_opts lo = {.n_fewshot = -1};

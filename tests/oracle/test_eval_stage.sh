@@ -6,7 +6,7 @@
 set -eu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export AC_DATA_DIR=$AC_SHARED/data
+export AC_EVAL_DATA=$AC_SHARED/data
 printf '%s\n' '{"context": "Once upon a time, there was a little", "choices": [" girl", " table"], "gold": 0}' \
     '{"context": "Lily liked to play in the", "choices": [" park", " math"], "gold": 0}' > "$tmp/mine.jsonl"
 printf '%s\n' '{"context": "a", "choices": [" b", " c"], "gold": 0}' '{"context": "a", "choices": [" b"], "gold": 0}' \
