@@ -13,6 +13,7 @@
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 
 static void usage(FILE *f)
 {
@@ -28,16 +29,6 @@ static void usage(FILE *f)
             "costs; itemizes memory from the engine's byte accounting; validates on V held-out random\n"
             "archs (default 10). Defaults: batch 1, prompt 128, output 32. The result is cached in\n"
             "DIR/calibrations/ (DIR: --data-dir, $AC_DATA_DIR, or ./var) and reused unless --no-cache.\n");
-}
-
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
 }
 
 static void print_summary(json_t *cal)
@@ -174,24 +165,24 @@ int cli_calibrate(int argc, char **argv)
             else if (!strcmp(a, "--precision"))
                 bad = snprintf(t.precision, sizeof t.precision, "%s", v) >= (int)sizeof t.precision;
             else if (!strcmp(a, "--batch"))
-                bad = parse_int(v, 1, 4096, &t.batch_size);
+                bad = cli_parse_int(v, 1, 4096, &t.batch_size);
             else if (!strcmp(a, "--prompt"))
-                bad = parse_int(v, 1, 1 << 20, &t.prompt_tokens);
+                bad = cli_parse_int(v, 1, 1 << 20, &t.prompt_tokens);
             else if (!strcmp(a, "--output"))
-                bad = parse_int(v, 1, 1 << 20, &t.output_tokens);
+                bad = cli_parse_int(v, 1, 1 << 20, &t.output_tokens);
             else if (!strcmp(a, "--reps"))
-                bad = parse_int(v, 1, 1000, &o.reps);
+                bad = cli_parse_int(v, 1, 1000, &o.reps);
             else if (!strcmp(a, "--models"))
-                bad = parse_int(v, 1, 8, &o.n_models);
+                bad = cli_parse_int(v, 1, 8, &o.n_models);
             else if (!strcmp(a, "--validate"))
-                bad = parse_int(v, 0, 1000, &o.validate);
+                bad = cli_parse_int(v, 0, 1000, &o.validate);
             else if (!strcmp(a, "--threads"))
-                bad = parse_int(v, 1, 1024, &o.threads);
+                bad = cli_parse_int(v, 1, 1024, &o.threads);
             else if (!strcmp(a, "--validate-reps"))
-                bad = parse_int(v, 1, 1000, &o.validate_reps);
+                bad = cli_parse_int(v, 1, 1000, &o.validate_reps);
             else if (!strcmp(a, "--seed")) {
                 int s;
-                bad = parse_int(v, 0, 1 << 30, &s);
+                bad = cli_parse_int(v, 0, 1 << 30, &s);
                 o.seed = (uint64_t)s;
             } else if (!strcmp(a, "--hidden")) {
                 char buf[256];
@@ -201,7 +192,7 @@ int cli_calibrate(int argc, char **argv)
                     q = strchr(p, ',');
                     if (q)
                         *q++ = 0;
-                    bad = o.n_hidden == 16 || parse_int(p, 8, 1 << 16, &o.hidden[o.n_hidden++]);
+                    bad = o.n_hidden == 16 || cli_parse_int(p, 8, 1 << 16, &o.hidden[o.n_hidden++]);
                 }
             } else
                 bad = 1;

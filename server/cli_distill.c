@@ -17,6 +17,7 @@
 #include "engine/backend.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 
 static void usage(FILE *f)
 {
@@ -35,16 +36,6 @@ static void usage(FILE *f)
             "  --val-fraction X              share of documents held out (default 0.1)\n"
             "  --seed N --threads N --tokenizer PATH\n"
             "  --max-steps N                 stop after step N (exit 0, \"complete\": false; rerun resumes)\n");
-}
-
-static int parse_i64(const char *s, int64_t *v)
-{
-    char *end;
-    long long x = strtoll(s, &end, 10);
-    if (end == s || *end || x < 0)
-        return -1;
-    *v = x;
-    return 0;
 }
 
 static int parse_f(const char *s, double *v)
@@ -126,7 +117,7 @@ int cli_distill(int argc, char **argv)
         }
         if (str)
             *str = v;
-        if (num && parse_i64(v, num)) {
+        if (num && cli_parse_i64(v, num)) {
             fprintf(stderr, "distill: %s: '%s' is not a non-negative integer\n", a, v);
             return 2;
         }

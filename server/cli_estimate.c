@@ -10,6 +10,7 @@
 
 #include "compress/costmodel.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 #include "storage/archjson.h"
 
 static void usage(FILE *f)
@@ -20,16 +21,6 @@ static void usage(FILE *f)
                "Prints the estimate object (DESIGN.md §10). Without --calibration it looks for a cached\n"
                "calibration covering the arch in DIR/calibrations (DIR: --data-dir, $AC_DATA_DIR or ./var)\n"
                "and fails with the calibration to run when none does. Defaults: batch 1, prompt 128, output 32.\n");
-}
-
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
 }
 
 static void print_human(json_t *est)
@@ -120,11 +111,11 @@ int cli_estimate(int argc, char **argv)
             else if (!strcmp(a, "--precision"))
                 bad = snprintf(t.precision, sizeof t.precision, "%s", v) >= (int)sizeof t.precision;
             else if (!strcmp(a, "--batch"))
-                bad = parse_int(v, 1, 4096, &t.batch_size);
+                bad = cli_parse_int(v, 1, 4096, &t.batch_size);
             else if (!strcmp(a, "--prompt"))
-                bad = parse_int(v, 1, 1 << 20, &t.prompt_tokens);
+                bad = cli_parse_int(v, 1, 1 << 20, &t.prompt_tokens);
             else if (!strcmp(a, "--output"))
-                bad = parse_int(v, 1, 1 << 20, &t.output_tokens);
+                bad = cli_parse_int(v, 1, 1 << 20, &t.output_tokens);
             else
                 bad = 1;
         }

@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 #include "storage/modelio.h"
 
 #define EV_MAX_TASKS 64
@@ -56,17 +57,6 @@ typedef struct {
     uint64_t seed;
     size_t max_task_bytes;
 } eval_args;
-
-static int parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
 
 static const char *default_data_dir(char *buf, size_t len)
 {
@@ -276,7 +266,7 @@ int cli_eval(int argc, char **argv)
             }
             break;
         case 'l':
-            if (parse_int(optarg, 0, 100000000, &v))
+            if (cli_parse_long(optarg, 0, 100000000, &v))
                 goto bad;
             a.limit = (int)v;
             break;
@@ -290,7 +280,7 @@ int cli_eval(int argc, char **argv)
             break;
         }
         case 'k':
-            if (parse_int(optarg, 0, 5, &v))
+            if (cli_parse_long(optarg, 0, 5, &v))
                 goto bad;
             a.fewshot = (int)v;
             break;
@@ -298,22 +288,22 @@ int cli_eval(int argc, char **argv)
         case 'd': a.data = optarg; break;
         case 'T': a.tokenizer = optarg; break;
         case 'j':
-            if (parse_int(optarg, 0, 4096, &v))
+            if (cli_parse_long(optarg, 0, 4096, &v))
                 goto bad;
             a.threads = (int)v;
             break;
         case 'L':
-            if (parse_int(optarg, 2, 1 << 20, &v))
+            if (cli_parse_long(optarg, 2, 1 << 20, &v))
                 goto bad;
             a.max_len = (int)v;
             break;
         case 'b':
-            if (parse_int(optarg, 1, 1 << 24, &v))
+            if (cli_parse_long(optarg, 1, 1 << 24, &v))
                 goto bad;
             a.batch_tokens = (int)v;
             break;
         case 'm':
-            if (parse_int(optarg, 1, 1L << 40, &v))
+            if (cli_parse_long(optarg, 1, 1L << 40, &v))
                 goto bad;
             a.max_task_bytes = (size_t)v;
             break;

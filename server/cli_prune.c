@@ -16,6 +16,7 @@
 #include "engine/clock.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 #include "storage/archjson.h"
 
 static void usage(FILE *f)
@@ -34,16 +35,6 @@ static void usage(FILE *f)
             "  --tokenizer PATH     tokenizer override for MODEL\n"
             "  --seed N             document order of the calibration text (default 1234)\n"
             "  --threads N          CPU threads (default: all cores)\n");
-}
-
-static int parse_i64(const char *s, int64_t *v)
-{
-    char *end;
-    long long x = strtoll(s, &end, 10);
-    if (end == s || *end || x < 0)
-        return -1;
-    *v = x;
-    return 0;
 }
 
 static int on_rank_progress(void *ctx, int64_t done, int64_t total)
@@ -107,7 +98,7 @@ int cli_prune(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (num && parse_i64(v, num)) {
+        if (num && cli_parse_i64(v, num)) {
             fprintf(stderr, "prune: %s: '%s' is not a non-negative integer\n", a, v);
             return 2;
         }

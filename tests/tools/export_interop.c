@@ -189,6 +189,10 @@ int main(int argc, char **argv)
             if (rc < 0) {
                 fprintf(stderr, "export: %s\n", err);
                 printf("export-refused: %s\n", err);
+                if (cur == &p)
+                    eng_model_free(&p);
+                eng_model_free(&m);
+                eng_backend_free(be);
                 return 3;
             }
             printf("exported: %s class=%s\n", argv[i + 1], r.model_class);
