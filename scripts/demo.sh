@@ -34,11 +34,12 @@ echo "job $id: $(jq -r .status <<<"$job"), stages $(jq -c .stages <<<"$job")"
 say "events of $id (long-poll, cursor)"
 after=""
 while :; do
+    # the status is read before the page, so a terminal job's last events are in it
+    st=$(curl -sS "$URL/v1/jobs/$id" | jq -r .status)
     page=$(curl -sS "$URL/v1/jobs/$id/events?limit=100&wait=30${after:+&after=$after}") || fail "events failed"
     jq -r '.data[] | "  \(.type): \(.message)"' <<<"$page"
     last=$(jq -r '.last_id // empty' <<<"$page")
     [ -n "$last" ] && after=$last
-    st=$(curl -sS "$URL/v1/jobs/$id" | jq -r .status)
     case $st in succeeded|failed|cancelled)
         [ "$(jq -r .has_more <<<"$page")" = true ] || break ;;
     esac
