@@ -509,11 +509,14 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
         snprintf(err, errlen, "GGUF: general.architecture is missing");
         return -1;
     }
-    if (al != 5 || memcmp(an, "llama", 5)) {
-        snprintf(err, errlen, "GGUF: architecture \"%.*s\" is not supported (llama)", (int)(al < 40 ? al : 40), an);
+    /* "deci" (llama.cpp's DeciLM) uses the llama keys and tensors under its own prefix,
+     * with per-layer arrays and zero counts for removed parts. */
+    if (!(al == 5 && !memcmp(an, "llama", 5)) && !(al == 4 && !memcmp(an, "deci", 4))) {
+        snprintf(err, errlen, "GGUF: architecture \"%.*s\" is not supported (llama, deci)", (int)(al < 40 ? al : 40),
+                 an);
         return -1;
     }
-    snprintf(archname, sizeof archname, "llama");
+    snprintf(archname, sizeof archname, "%.*s", (int)al, an);
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, archname), key)
     int64_t L, C, ctx = 2048, V = 0, D = 0;
     double theta = 10000.0, eps = 1e-5;

@@ -273,6 +273,21 @@ static void test_gguf_llama_exact(void **state)
     for (int i = 0; i < g.n_tensors; i++)
         assert_null(strstr(g.t[i].name, "blk.2.attn"));   /* removed attention has no tensors */
     gguf_close(&g);
+    /* ... and the engine reloads it: same per-layer shape, bit-identical fp32 logits. */
+    if (exp_load_model(f, be, &b, err, sizeof err))
+        fail_msg("reload deci: %s", err);
+    assert_int_equal(b.a.n_layers, hm.a.n_layers);
+    for (int l = 0; l < h.n_layers; l++) {
+        assert_int_equal(b.a.layers[l].n_heads, hm.a.layers[l].n_heads);
+        assert_int_equal(b.a.layers[l].n_kv_heads, hm.a.layers[l].n_kv_heads);
+        assert_int_equal(b.a.layers[l].ffn_dim, hm.a.layers[l].ffn_dim);
+    }
+    x = logits_of(&hm);
+    y = logits_of(&b);
+    assert_memory_equal(x, y, (size_t)NT * h.vocab_size * sizeof *x);
+    free(x);
+    free(y);
+    eng_model_free(&b);
     eng_model_free(&hm);
     arch_free(&h);
     eng_model_free(&m);
