@@ -263,8 +263,8 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
             escaped = 1; /* exists, but outside every root (directly or through a link) */
             continue;
         }
-        if (!lexical_inside)
-            continue;
+        /* What is read is the real path, inside a root: also when the path reaches it
+         * through a link to a root (a root that is itself a symlink, say). */
         if (access(real, R_OK) != 0) {
             snprintf(msg, msglen, "the path is not readable by the server: %s", strerror(errno));
             return 422;
