@@ -18,6 +18,7 @@
 #include <openssl/sha.h>
 
 #include "storage/archjson.h"
+#include "storage/fileio.h"
 #include "storage/gguf.h"
 #include "storage/hfconfig.h"
 
@@ -1020,7 +1021,7 @@ static int mkdir_p(const char *dir)
 
 int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t errlen)
 {
-    char dir[4096], path[4096], tmp[4200];
+    char dir[4096], path[4096];
     json_t *idj = json_object_get(cal, "id");
     if (!json_is_string(idj))
         FAIL("calibration has no id");
@@ -1029,39 +1030,8 @@ int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t err
         FAIL("data directory path too long");
     if (mkdir_p(dir))
         FAIL("%s: %s", dir, strerror(errno));
-    n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        FAIL("path too long");
-    char *text = json_dumps(cal, JSON_INDENT(1) | JSON_SORT_KEYS);
-    if (!text)
-        FAIL("out of memory");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        free(text);
-        FAIL("%s: %s", tmp, strerror(errno));
-    }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            free(text);
-            close(fd);
-            unlink(tmp);
-            FAIL("%s: write failed: %s", tmp, strerror(errno));
-        }
-        off += (size_t)w;
-    }
-    free(text);
-    if (fsync(fd) || close(fd)) {
-        unlink(tmp);
-        FAIL("%s: fsync/close failed: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path)) {
-        unlink(tmp);
-        FAIL("%s: rename failed: %s", path, strerror(errno));
-    }
+    if (fio_write_json(path, cal, JSON_INDENT(1) | JSON_SORT_KEYS, err, errlen))
+        return -1;
     return 0;
 }
 

@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "engine/clock.h"
+#include "storage/fileio.h"
 #include "storage/ckpt.h"
 #include "storage/safetensors.h"
 
@@ -304,7 +305,7 @@ static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw 
         goto out;
     }
     snprintf(path, sizeof path, "%s/state.json", tmp);
-    if (td_write_atomic(path, text, strlen(text), err, errlen))
+    if (fio_write_atomic(path, text, strlen(text), err, errlen))
         goto out;
     if (rename(tmp, fin)) {
         snprintf(err, errlen, "%s: rename: %s", fin, strerror(errno));
@@ -316,7 +317,7 @@ static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw 
         close(dfd);
     }
     snprintf(path, sizeof path, "%s/DONE", fin);
-    if (td_write_atomic(path, "done\n", 5, err, errlen))
+    if (fio_write_atomic(path, "done\n", 5, err, errlen))
         goto out;
     rc = 0;
     /* drop old checkpoints beyond keep_ckpts */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "compress/textdata.h"
+#include "storage/fileio.h"
 #include "storage/ckpt.h"
 #include "storage/hfconfig.h"
 #include "storage/modelio.h"
@@ -367,7 +368,7 @@ static int write_json(const char *path, json_t *j, char *err, size_t errlen)
     }
     t2[n] = '\n';
     t2[n + 1] = 0;
-    int rc = td_write_atomic(path, t2, n + 1, err, errlen);
+    int rc = fio_write_atomic(path, t2, n + 1, err, errlen);
     free(t2);
     return rc;
 }

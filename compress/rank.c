@@ -5,6 +5,7 @@
  * same stream and options give the same ranking.
  */
 #include "compress/rank.h"
+#include "storage/fileio.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -572,7 +573,7 @@ int rank_save(const rank_result *r, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory rendering the ranking");
         return -1;
     }
-    int rc = td_write_atomic(path, text, strlen(text), err, errlen);
+    int rc = fio_write_atomic(path, text, strlen(text), err, errlen);
     free(text);
     return rc;
 }

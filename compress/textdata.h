@@ -69,9 +69,6 @@ void td_stream_free(td_stream *s);
  * Returns 0 and advances *cursor, or -1 when the stream has fewer than T+1 tokens. */
 int td_batch(const td_stream *s, uint64_t *cursor, int B, int T, int *tokens, int *targets);
 
-/* Write len bytes to path atomically: "path.tmp", fsync, rename, fsync of the folder.
- * Returns 0, or -1 with a reason in err (the temporary file is removed). */
-int td_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
 
 /* An encode callback over an engine tokenizer (ctx is a const tok_tokenizer *). */
 int td_encode_tok(void *ctx, const char *text, size_t len, int **ids, size_t *n, char *err, size_t errlen);

@@ -11,6 +11,7 @@
 #include "compress/rank.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
+#include "storage/fileio.h"
 #include "storage/modelio.h"
 
 static json_t *spec_path(job_ctx *ctx, const char *path)
@@ -279,25 +280,13 @@ const arch *ps_arch(job_ctx *ctx, char *err, size_t errlen)
 
 int ps_write_json(job_ctx *ctx, const char *name, json_t *doc, char *err, size_t errlen)
 {
-    char path[4400], tmp[4500];
+    char path[4400];
     snprintf(path, sizeof path, "%s/%s", job_ctx_stage_dir(ctx), name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int rc = -1;
     if (!doc) {
         snprintf(err, errlen, "out of memory building %s", name);
         return -1;
     }
-    if (json_dump_file(doc, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) == 0) {
-        int fd = open(tmp, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0 && fsync(fd) == 0 && close(fd) == 0 && rename(tmp, path) == 0)
-            rc = 0;
-        else if (fd >= 0)
-            close(fd);
-    }
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
-    }
+    int rc = fio_write_json(path, doc, JSON_INDENT(2) | JSON_SORT_KEYS, err, errlen);
     json_decref(doc);
     return rc;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "jobs/job_ctx.h"
+#include "storage/fileio.h"
 #include "storage/store.h"
 
 static json_t *load_json(job_ctx *ctx, const char *stage, const char *name)
@@ -69,28 +70,6 @@ json_t *job_report_limits(json_t *constraints, json_t *pred, json_t *meas, long 
         json_array_append_new(rows, limit_row("params", json_number_value(c), (double)result_params,
                                               (double)result_params, 1));
     return rows;
-}
-
-/* Write doc (borrowed) atomically to path. 0, or -1 with err. */
-static int write_doc(json_t *doc, const char *path, char *err, size_t errlen)
-{
-    char tmp[4500];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (json_dump_file(doc, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
-        snprintf(err, errlen, "report: cannot write %s (disk full?)", tmp);
-        unlink(tmp);
-        return -1;
-    }
-    int fd = open(tmp, O_RDONLY | O_CLOEXEC);
-    int ok = fd >= 0 && fsync(fd) == 0;
-    if (fd >= 0 && close(fd) != 0)
-        ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "report: cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
 }
 
 int job_report_finalize(job_ctx *ctx, char *err, size_t errlen)
@@ -154,7 +133,7 @@ int job_report_finalize(job_ctx *ctx, char *err, size_t errlen)
     rc = -1;
     if (mkdir(ctx->stage_dir, 0755) < 0 && errno != EEXIST)
         snprintf(err, errlen, "report: %s: %s", ctx->stage_dir, strerror(errno));
-    else if (write_doc(doc, path, err, errlen) == 0 &&
+    else if (fio_write_json(path, doc, JSON_INDENT(2) | JSON_SORT_KEYS, err, errlen) == 0 &&
              job_publish(ctx, "report.json", path, "application/json", err, errlen) == 0)
         rc = 0;
     json_decref(doc);

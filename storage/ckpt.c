@@ -10,41 +10,8 @@
 #include <unistd.h>
 
 #include "storage/archjson.h"
+#include "storage/fileio.h"
 #include "storage/safetensors.h"
-
-static int write_json_atomic(const char *path, json_t *j, char *err, size_t errlen)
-{
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    char *text = json_dumps(j, JSON_INDENT(1) | JSON_SORT_KEYS);
-    if (!text) {
-        snprintf(err, errlen, "out of memory serializing %s", path);
-        return -1;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    size_t len = strlen(text), off = 0;
-    int ok = fd >= 0;
-    while (ok && off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        ok = w > 0;
-        off += ok ? (size_t)w : 0;
-    }
-    if (ok && write(fd, "\n", 1) != 1)
-        ok = 0;
-    if (ok && fsync(fd) != 0)
-        ok = 0;
-    if (fd >= 0 && close(fd) != 0)
-        ok = 0;
-    free(text);
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
-}
 
 int ckpt_save(const eng_model *m, const char *dir, char *err, size_t errlen)
 {
@@ -92,7 +59,7 @@ int ckpt_save(const eng_model *m, const char *dir, char *err, size_t errlen)
         goto out;
     }
     snprintf(path, sizeof path, "%s/arch.json", dir);
-    rc = write_json_atomic(path, aj, err, errlen);
+    rc = fio_write_json(path, aj, JSON_INDENT(1) | JSON_SORT_KEYS, err, errlen);
     json_decref(aj);
 out:
     for (int i = 0; bufs && i < n; i++)

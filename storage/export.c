@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "storage/artstore.h"
+#include "storage/fileio.h"
 #include "storage/gguf.h"
 #include "storage/hfconfig.h"
 #include "storage/modelio.h"
@@ -81,35 +82,10 @@ static int is_file(const char *p)
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int fsync_path(const char *p)
-{
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
 /* Write a JSON document atomically (2-space indent, keys in insertion order). */
 static int write_json(const char *path, const json_t *j, char *err, size_t errlen)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        snprintf(err, errlen, "export: path too long: %s", path);
-        return -1;
-    }
-    if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) < 0) {
-        snprintf(err, errlen, "export: cannot write %s", tmp);
-        unlink(tmp);
-        return -1;
-    }
-    if (fsync_path(tmp) < 0 || rename(tmp, path) < 0) {
-        snprintf(err, errlen, "export: cannot finish %s: %s", path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
+    return fio_write_json(path, j, JSON_INDENT(2) | JSON_REAL_PRECISION(15), err, errlen);
 }
 
 static int copy_file(const char *src, const char *dst, char *err, size_t errlen)

@@ -2,6 +2,7 @@
 #include "storage/fileio.h"
 
 #include <errno.h>
+#include <libgen.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,4 +102,79 @@ fail:
     fclose(f);
     free(buf);
     return NULL;
+}
+
+int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
+{
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp) {
+        snprintf(err, errlen, "%s: path too long", path);
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            snprintf(err, errlen, "%s: write: %s", tmp, strerror(errno));
+            goto fail;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd)) {
+        snprintf(err, errlen, "%s: fsync: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    int rc = close(fd);
+    fd = -1;
+    if (rc) {
+        snprintf(err, errlen, "%s: close: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (rename(tmp, path)) {
+        snprintf(err, errlen, "%s: rename: %s", path, strerror(errno));
+        goto fail;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return -1;
+}
+
+int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, size_t errlen)
+{
+    char *text = json_dumps(j, flags);
+    if (!text) {
+        snprintf(err, errlen, "%s: out of memory (or a value that is not finite) serializing JSON", path);
+        return -1;
+    }
+    size_t n = strlen(text);
+    char *buf = realloc(text, n + 2);
+    if (!buf) {
+        free(text);
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    buf[n] = '\n';
+    buf[n + 1] = 0;
+    int rc = fio_write_atomic(path, buf, n + 1, err, errlen);
+    free(buf);
+    return rc;
 }

@@ -1,11 +1,13 @@
-/* storage/fileio.h — read-only whole-file memory maps for the model readers (safetensors,
- * GGUF, llama2.c). One place that opens, checks, maps and unmaps a file; what the bytes
- * mean is the reader's business. No writing, no partial maps.
+/* storage/fileio.h — whole-file I/O shared by every layer that touches files: read-only
+ * memory maps for the model readers (safetensors, GGUF, llama2.c), whole-file reads, and
+ * atomic writes (temporary file, fsync, rename, fsync of the folder) so nothing
+ * half-written is ever loaded. What the bytes mean is the caller's business.
  */
 #ifndef AC_STORAGE_FMAP_H
 #define AC_STORAGE_FMAP_H
 
 #include <stddef.h>
+#include <jansson.h>
 
 /* Map `path` read-only (MAP_PRIVATE). The file must be a regular file of at least
  * `min_len` bytes; otherwise err reads "PATH: not WHAT (too short or not a file)" with
@@ -28,5 +30,13 @@ void fio_err_path(char *err, size_t errlen, const char *path);
  * buffer (caller frees), or NULL with "PATH: <strerror>", "PATH: larger than N bytes",
  * "PATH: out of memory" or "PATH: read error" in err. */
 char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
+
+/* Write len bytes to `path` atomically: into "PATH.tmp.PID", fsync, rename over path,
+ * fsync the folder. Returns 0, or -1 with "PATH: <what failed>: <strerror>" in err and
+ * the temporary file removed. */
+int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
+
+/* json_dumps(j, flags) plus a final newline, written with fio_write_atomic. j borrowed. */
+int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, size_t errlen);
 
 #endif

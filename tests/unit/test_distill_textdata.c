@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "compress/textdata.h"
+#include "storage/fileio.h"
 
 static char dir[] = "/tmp/ac_td_XXXXXX";
 
@@ -200,16 +201,16 @@ static void test_write_atomic(void **state)
     (void)state;
     char path[512], err[256], buf[64] = {0};
     snprintf(path, sizeof path, "%s/atomic.json", dir);
-    assert_int_equal(td_write_atomic(path, "{\"a\":1}", 7, err, sizeof err), 0);
+    assert_int_equal(fio_write_atomic(path, "{\"a\":1}", 7, err, sizeof err), 0);
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
     assert_int_equal(fread(buf, 1, sizeof buf, f), 7);
     fclose(f);
     assert_string_equal(buf, "{\"a\":1}");
     char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     assert_int_not_equal(access(tmp, F_OK), 0);
-    assert_int_equal(td_write_atomic("/nonexistent/dir/x", "a", 1, err, sizeof err), -1);
+    assert_int_equal(fio_write_atomic("/nonexistent/dir/x", "a", 1, err, sizeof err), -1);
 }
 
 int main(void)
