@@ -106,16 +106,8 @@ int cli_estimate(int argc, char **argv)
                 cal_file = v;
             else if (!strcmp(a, "--data-dir"))
                 data_dir = v;
-            else if (!strcmp(a, "--device"))
-                bad = snprintf(t.device, sizeof t.device, "%s", v) >= (int)sizeof t.device;
-            else if (!strcmp(a, "--precision"))
-                bad = snprintf(t.precision, sizeof t.precision, "%s", v) >= (int)sizeof t.precision;
-            else if (!strcmp(a, "--batch"))
-                bad = cli_parse_int(v, 1, 4096, &t.batch_size);
-            else if (!strcmp(a, "--prompt"))
-                bad = cli_parse_int(v, 1, 1 << 20, &t.prompt_tokens);
-            else if (!strcmp(a, "--output"))
-                bad = cli_parse_int(v, 1, 1 << 20, &t.output_tokens);
+            else if (cli_target_opt(a, v, &t, &bad))   /* --device, --precision, --batch, --prompt, --output */
+                ;
             else
                 bad = 1;
         }
