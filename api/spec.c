@@ -520,7 +520,7 @@ static json_t *check_evaluation(vctx *v, json_t *in)
     json_t *empty = json_object(), *out = json_object();
     if (!e)
         e = empty;
-    static const char *const keys[] = {"tasks", "limit", "seed", NULL};
+    static const char *const keys[] = {"tasks", "limit", "seed", "pruned", NULL};
     only_keys(v, e, "/evaluation", keys);
     json_t *tasks = member(v, e, "/evaluation", "tasks", JSON_ARRAY, 0);
     json_t *tout = json_array();
@@ -563,6 +563,8 @@ static json_t *check_evaluation(vctx *v, json_t *in)
     json_object_set_new(out, "tasks", tout);
     int_field(v, e, "/evaluation", "limit", 1, 10000000, 500, 0, out);
     int_field(v, e, "/evaluation", "seed", 0, INT32_MAX, 1234, 0, out);
+    json_t *pr = member(v, e, "/evaluation", "pruned", JSON_TRUE, 0);
+    json_object_set_new(out, "pruned", json_boolean(pr && json_is_true(pr)));
     json_decref(empty);
     return out;
 }

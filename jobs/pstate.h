@@ -46,6 +46,10 @@ const cm_tables *ps_tables(job_ctx *ctx, char *err, size_t errlen);
 /* The chosen arch written by the search stage. */
 const arch *ps_arch(job_ctx *ctx, char *err, size_t errlen);
 
+/* The server's data dir, two levels above the job directory ("<data>/jobs/<id>").
+ * 0, or -1 when the path does not fit buf. */
+int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len);
+
 /* Write a JSON document atomically into the current stage's directory under `name`
  * (stolen). Returns 0, or -1 with a reason. */
 int ps_write_json(job_ctx *ctx, const char *name, json_t *doc, char *err, size_t errlen);

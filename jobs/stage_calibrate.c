@@ -13,6 +13,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
+#include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "storage/modelio.h"
 
@@ -20,7 +21,6 @@ void stage_calibrate_register(void);
 int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen);
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
 int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
-int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len);
 
 /* The data dir is two levels above the job directory ("<data>/jobs/<id>"). */
 int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len)

@@ -1,11 +1,16 @@
 /* jobs/stage_evaluate.c — the pipeline's "evaluate" stage: the spec's evaluation tasks
  * scored on the parent and on the result (distill/student, else prune/student) with the
- * same code as `autocompress eval` (compress/eval). Writes evaluate/eval.json (published
- * as an artifact) and merges {parent|result: {accuracy, average, perplexity}} into the
- * report. A task that fails to load is recorded with its error; the others still run.
+ * same code as `autocompress eval` (compress/eval), and with evaluation.pruned the
+ * pruned-only student as well. Writes evaluate/eval.json (published as an artifact) and
+ * merges {parent|result|pruned: {accuracy, average, perplexity}} into the report. A
+ * task that fails to load is recorded with its error; the others still run.
  * Built-in task data is read from $AC_EVAL_DATA (else $AC_SHARED/data, else the data
- * dir's data/, else ./data).
+ * dir's data/, else ./data). The parent's scores are cached in the data dir (see
+ * parent_cache_key): every job on the same parent and tasks scores it once.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +24,8 @@
 #include "compress/prune.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "storage/artstore.h"
+#include "storage/fileio.h"
 
 #define EVAL_MAX_TASK_BYTES ((size_t)64 << 20)
 
@@ -105,6 +112,144 @@ static int task_ref(job_ctx *ctx, json_t *t, size_t i, char *ref, size_t reflen,
     return -1;
 }
 
+/* ---------- the parent's scores, cached ----------
+ * They depend only on the parent's files, the task references, limit, seed and the task
+ * data folder (and on how scoring works: EVAL_CACHE_VERSION, raised whenever it
+ * changes), so they live in <data>/evalcache/<key>.json, key = sha-256 of all of
+ * those, the model named by its resolved path and the size and mtime of every file
+ * under it. A task by URL is pinned by its sha256, which is part of the reference. */
+#define EVAL_CACHE_VERSION "autocompress-eval-1"
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} sbuf;
+
+static int sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int sb_add(sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->buf ? b->buf + b->len : NULL, b->buf ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -1;
+        if (b->buf && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return 0;
+        }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *nb = realloc(b->buf, cap);
+        if (!nb)
+            return -1;
+        b->buf = nb;
+        b->cap = cap;
+    }
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* "path size mtime" of a file, or of every regular file directly in a directory (sorted). */
+static int fingerprint(sbuf *b, const char *path)
+{
+    char real[4096];
+    struct stat st;
+    if (!realpath(path, real) || stat(real, &st))
+        return -1;
+    if (!S_ISDIR(st.st_mode))
+        return sb_add(b, "%s %lld %lld.%09ld\n", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                      st.st_mtim.tv_nsec);
+    DIR *d = opendir(real);
+    if (!d)
+        return -1;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, (cap = cap ? 2 * cap : 32) * sizeof *names);
+            rc = nn ? 0 : -1;
+            names = nn ? nn : names;
+        }
+        if (!rc && !(names[n++] = strdup(e->d_name)))
+            rc = -1, n--;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", real, names[i]);
+        if (!rc && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            rc = sb_add(b, "%s %lld %lld.%09ld\n", p, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                        st.st_mtim.tv_nsec);
+        free(names[i]);
+    }
+    free(names);
+    return rc;
+}
+
+/* The cache file of this job's parent run, into path; 0, or -1 when the parent cannot
+ * be named (then nothing is cached). */
+static int parent_cache_path(job_ctx *ctx, json_t *tasks, int limit, uint64_t seed, const char *dd, char *path,
+                             size_t len)
+{
+    json_t *model = json_object_get(job_ctx_spec(ctx), "model");
+    const char *mp = json_string_value(json_object_get(model, "path"));
+    const char *tp = json_string_value(json_object_get(model, "tokenizer"));
+    char data[4096];
+    sbuf b = {0};
+    char *tj = json_dumps(tasks, JSON_COMPACT | JSON_SORT_KEYS);
+    int rc = mp && tj && stage_job_data_dir(ctx, data, sizeof data) == 0 ? 0 : -1;
+    if (!rc)
+        rc = sb_add(&b, "%s\nlimit %d seed %llu\ntasks %s\ndata %s\n", EVAL_CACHE_VERSION, limit,
+                    (unsigned long long)seed, tj, dd);
+    if (!rc)
+        rc = fingerprint(&b, mp);
+    if (!rc && tp)
+        rc = fingerprint(&b, tp);
+    free(tj);
+    if (!rc) {
+        char hex[65];
+        art_sha256_buf(b.buf, b.len, hex);
+        int n = snprintf(path, len, "%s/evalcache/%s.json", data, hex);
+        rc = n < 0 || (size_t)n >= len ? -1 : 0;
+    }
+    free(b.buf);
+    return rc;
+}
+
+/* The cached parent run at path (NEW), or NULL when absent or unreadable. */
+static json_t *parent_cache_get(const char *path)
+{
+    json_error_t je;
+    json_t *j = access(path, R_OK) == 0 ? json_load_file(path, 0, &je) : NULL;
+    if (j && !json_is_object(json_object_get(j, "accuracy"))) {
+        json_decref(j);
+        j = NULL;
+    }
+    return j;
+}
+
+/* Keep a parent run for later jobs; a failure only costs the next job the run. */
+static void parent_cache_put(job_ctx *ctx, const char *path, const json_t *run)
+{
+    char dir[4400], e[512];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    if ((mkdir(dir, 0755) && errno != EEXIST) || fio_write_json(path, run, JSON_INDENT(1), e, sizeof e)) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "the parent's scores were not cached: %s", slash ? e : "bad path");
+        job_event(ctx, "evaluate.cache_failed", msg, NULL);
+    }
+}
+
 /* Score every task on one model; returns the run's JSON (NEW) or NULL when cancelled
  * (*cancelled = 1) or out of memory. */
 static json_t *eval_model(job_ctx *ctx, const char *which, eng_model *m, tok_tokenizer *tok, json_t *tasks,
@@ -158,6 +303,19 @@ static json_t *eval_model(job_ctx *ctx, const char *which, eng_model *m, tok_tok
     return j;
 }
 
+/* Score a saved student snapshot (prune/student, distill/student) like eval_model. */
+static json_t *eval_dir(job_ctx *ctx, const char *which, const char *dir, eng_backend *be, tok_tokenizer *tok,
+                        json_t *tasks, int limit, uint64_t seed, int64_t step0, int64_t total, int *cancelled,
+                        char *err, size_t errlen)
+{
+    eng_model student;
+    if (prune_load_dir(dir, be, &student, NULL, err, errlen))
+        return NULL;
+    json_t *j = eval_model(ctx, which, &student, tok, tasks, limit, seed, step0, total, cancelled, err, errlen);
+    eng_model_free(&student);
+    return j;
+}
+
 /* Items the run will score (for progress): limit per task, all when unknown. */
 static int64_t planned_items(json_t *tasks, int limit)
 {
@@ -190,22 +348,37 @@ int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
     } else {
         sbuf[0] = '\0';
     }
-    int64_t per_model = planned_items(tasks, limit), total = per_model * (sbuf[0] ? 2 : 1);
+    /* evaluation.pruned: the pruned-only student too, when distillation made another one */
+    const char *pdir = json_is_true(json_object_get(ev, "pruned")) && job_ctx_output(ctx, "distill", "student")
+                           ? job_ctx_output(ctx, "prune", "student")
+                           : NULL;
+    int64_t per_model = planned_items(tasks, limit),
+            total = per_model * ((sbuf[0] ? 2 : 1) + (pdir ? 1 : 0));
     int cancelled = 0;
-    json_t *pj = eval_model(ctx, "parent", parent, tok, tasks, limit, seed, 0, total, &cancelled, err, errlen);
-    if (!pj)
-        return cancelled ? 1 : -1;
-    json_t *rj = NULL;
+    char dbuf[1024], cpath[4400];
+    int cacheable = parent_cache_path(ctx, tasks, limit, seed, data_dir(ctx, dbuf, sizeof dbuf), cpath,
+                                      sizeof cpath) == 0;
+    json_t *pj = cacheable ? parent_cache_get(cpath) : NULL;
+    if (pj) {
+        job_event(ctx, "evaluate.parent_reused", "the parent's scores come from an earlier job (evalcache)",
+                  json_pack("{s:s}", "cache", cpath));
+    } else {
+        pj = eval_model(ctx, "parent", parent, tok, tasks, limit, seed, 0, total, &cancelled, err, errlen);
+        if (!pj)
+            return cancelled ? 1 : -1;
+        if (cacheable)
+            parent_cache_put(ctx, cpath, pj);
+    }
+    json_t *rj = NULL, *prj = NULL;
     if (sbuf[0]) {
-        eng_model student;
-        if (prune_load_dir(sbuf, parent->be, &student, NULL, err, errlen)) {
+        rj = eval_dir(ctx, "result", sbuf, parent->be, tok, tasks, limit, seed, per_model, total, &cancelled, err,
+                      errlen);
+        if (rj && pdir)
+            prj = eval_dir(ctx, "pruned", pdir, parent->be, tok, tasks, limit, seed, 2 * per_model, total,
+                           &cancelled, err, errlen);
+        if (!rj || (pdir && !prj)) {
             json_decref(pj);
-            return -1;
-        }
-        rj = eval_model(ctx, "result", &student, tok, tasks, limit, seed, per_model, total, &cancelled, err, errlen);
-        eng_model_free(&student);
-        if (!rj) {
-            json_decref(pj);
+            json_decref(rj);
             return cancelled ? 1 : -1;
         }
     } else {
@@ -218,12 +391,13 @@ int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
         json_decref(report);
         json_decref(pj);
         json_decref(rj);
+        json_decref(prj);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    const char *names[2] = {"parent", "result"};
-    json_t *runs[2] = {pj, rj};
-    for (int k = 0; k < 2; k++) {
+    const char *names[3] = {"parent", "result", "pruned"};
+    json_t *runs[3] = {pj, rj, prj};
+    for (int k = 0; k < 3; k++) {
         if (!runs[k])
             continue;
         json_t *part = json_pack("{s:O,s:O,s:O}", "accuracy", json_object_get(runs[k], "accuracy"), "average",

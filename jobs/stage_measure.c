@@ -21,7 +21,6 @@ int stage_measure_run(job_ctx *ctx, char *err, size_t errlen);
 /* from jobs/stage_calibrate.c */
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
 int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
-int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len);
 
 /* Predicted and measured objects of one arch; NULL with err on failure. */
 static json_t *measure_one(eng_backend *be, const cm_tables *tb, const arch *a, const cm_target *t, char *err,

@@ -212,12 +212,25 @@ def main():
                                           (l["mlp"] or {}).get("ffn_dim")) for l in rep["result"]["arch"]["layers"]]))
 
         # --- job C: the uniform Minitron++ baseline, exported as an HF tarball that reloads
-        spec_c = stories_spec(constraints={"latency_ms": limit}, method="minitron", export=["hf"])
+        spec_c = stories_spec(constraints={"latency_ms": limit}, method="minitron", export=["hf"],
+                              evaluation={"tasks": ["arc_easy", "lambada_openai"], "limit": 10, "seed": 1234,
+                                          "pruned": True})
         _, _, jc = s.json("POST", "/v1/jobs", spec_c, expect=201)
         fin = wait_terminal(s, jc["id"], 900)
         assert fin["status"] == "succeeded", fin
         _, _, rep_c = s.json("GET", "/v1/jobs/%s/report" % jc["id"], expect=200)
         check_report(rep_c, spec_c, limit, STAGES)
+        # the parent was scored once, by job A; job C reads the same scores from the cache
+        ev_a, ev_c = [e["type"] for e in events(s, job["id"])], [e["type"] for e in events(s, jc["id"])]
+        assert "evaluate.parent_reused" not in ev_a and "evaluate.parent_reused" in ev_c, (ev_a, ev_c)
+        assert rep_c["parent"]["accuracy"] == rep["parent"]["accuracy"], (rep_c["parent"], rep["parent"])
+        # evaluation.pruned: the pruned-only student scored on the same items, a different model
+        pr, res = rep_c["pruned"], rep_c["result"]
+        assert sorted(pr["accuracy"]) == sorted(res["accuracy"]) == ["arc_easy", "lambada_openai"], pr
+        assert all(pr["accuracy"][t]["n"] == 10 for t in pr["accuracy"]), pr
+        assert pr["perplexity"] != res["perplexity"], (pr, res)
+        print("job C: perplexity pruned only %s, distilled %s, parent %s"
+              % (pr["perplexity"], res["perplexity"], rep_c["parent"]["perplexity"]))
         tar_c = check_artifacts(s, jc["id"], rep_c, "model-hf.tar")
         check_reload(tar_c, rep_c)
 
