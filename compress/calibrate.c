@@ -1029,6 +1029,14 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
             cm_prediction_to_json(&p), "memory_error_pct", me, "naive_memory_error_pct", ne,
             "predicted_backend_bytes_error_pct",
             pct_err((double)(p.weights + p.request_cache + p.prefill_workspace), (double)r->backend_peak_bytes));
+        /* the phases apart, so a bias can be traced to prefill or decode */
+        if (row && (json_object_set_new(row, "measured_prefill_ms", json_real(r->prefill_ms)) ||
+                    json_object_set_new(row, "measured_decode_ms", json_real(r->decode_ms)) ||
+                    json_object_set_new(row, "predicted_prefill_ms", json_real(p.prefill_ms)) ||
+                    json_object_set_new(row, "predicted_decode_ms", json_real(p.decode_ms)))) {
+            json_decref(row);
+            row = NULL;
+        }
         if (!row || json_array_append_new(rows, row))
             vfail = 1;
     }
