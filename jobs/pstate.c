@@ -1,16 +1,21 @@
 /* jobs/pstate.c — lazily built, job-wide shared state for the stages (see pstate.h). */
 #include "jobs/pstate.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "compress/rank.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
+#include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/modelio.h"
 
@@ -288,5 +293,115 @@ int ps_write_json(job_ctx *ctx, const char *name, json_t *doc, char *err, size_t
     }
     int rc = fio_write_json(path, doc, JSON_INDENT(2) | JSON_SORT_KEYS, err, errlen);
     json_decref(doc);
+    return rc;
+}
+
+/* ---------- content-keyed caches in the data dir ---------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} kbuf;
+
+static int kb_add(kbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int kb_add(kbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->buf ? b->buf + b->len : NULL, b->buf ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -1;
+        if (b->buf && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return 0;
+        }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *nb = realloc(b->buf, cap);
+        if (!nb)
+            return -1;
+        b->buf = nb;
+        b->cap = cap;
+    }
+}
+
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* "path size mtime" of a file, or of every regular file directly in a folder (sorted). */
+static int fingerprint(kbuf *b, const char *path)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    if (!realpath(path, real) || stat(real, &st))
+        return -1;
+    if (!S_ISDIR(st.st_mode))
+        return kb_add(b, "%s %lld %lld.%09ld\n", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                      st.st_mtim.tv_nsec);
+    DIR *d = opendir(real);
+    if (!d)
+        return -1;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, (cap = cap ? 2 * cap : 32) * sizeof *names);
+            if (!nn) {
+                rc = -1;
+                break;
+            }
+            names = nn;
+        }
+        if (!(names[n] = strdup(e->d_name)))
+            rc = -1;
+        else
+            n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_name);
+    for (size_t i = 0; i < n; i++) {
+        char p[PATH_MAX + 256];
+        snprintf(p, sizeof p, "%s/%s", real, names[i]);
+        if (!rc && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            rc = kb_add(b, "%s %lld %lld.%09ld\n", p, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                        st.st_mtim.tv_nsec);
+        free(names[i]);
+    }
+    free(names);
+    return rc;
+}
+
+int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *extra_path, char *path,
+                  size_t len)
+{
+    json_t *mp = spec_path(ctx, "model.path"), *tp = spec_path(ctx, "model.tokenizer");
+    char data[4096];
+    if (!json_is_string(mp) || stage_job_data_dir(ctx, data, sizeof data))
+        return -1;
+    kbuf b = {0};
+    int rc = kb_add(&b, "%s\n%s\n", kind, key);
+    if (!rc && extra_path)
+        rc = fingerprint(&b, extra_path);
+    if (!rc)
+        rc = fingerprint(&b, json_string_value(mp));
+    if (!rc && json_is_string(tp))
+        rc = fingerprint(&b, json_string_value(tp));
+    if (!rc) {
+        char hex[65];
+        art_sha256_buf(b.buf, b.len, hex);
+        int n = snprintf(path, len, "%s/%s", data, kind);
+        if (n < 0 || (size_t)n >= len || (mkdir(path, 0755) && errno != EEXIST))
+            rc = -1;
+        else {
+            n = snprintf(path, len, "%s/%s/%s.json", data, kind, hex);
+            rc = n < 0 || (size_t)n >= len ? -1 : 0;
+        }
+    }
+    free(b.buf);
     return rc;
 }

@@ -6,11 +6,9 @@
  * task that fails to load is recorded with its error; the others still run.
  * Built-in task data is read from $AC_EVAL_DATA (else $AC_SHARED/data, else the data
  * dir's data/, else ./data). The parent's scores are cached in the data dir (see
- * parent_cache_key): every job on the same parent and tasks scores it once.
+ * parent_cache_path): every job on the same parent and tasks scores it once.
  */
-#include <dirent.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +22,6 @@
 #include "compress/prune.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
-#include "storage/artstore.h"
 #include "storage/fileio.h"
 
 #define EVAL_MAX_TASK_BYTES ((size_t)64 << 20)
@@ -113,113 +110,26 @@ static int task_ref(job_ctx *ctx, json_t *t, size_t i, char *ref, size_t reflen,
 }
 
 /* ---------- the parent's scores, cached ----------
- * They depend only on the parent's files, the task references, limit, seed and the task
- * data folder (and on how scoring works: EVAL_CACHE_VERSION, raised whenever it
- * changes), so they live in <data>/evalcache/<key>.json, key = sha-256 of all of
- * those, the model named by its resolved path and the size and mtime of every file
- * under it. A task by URL is pinned by its sha256, which is part of the reference. */
-#define EVAL_CACHE_VERSION "autocompress-eval-1"
-
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} sbuf;
-
-static int sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sb_add(sbuf *b, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->buf ? b->buf + b->len : NULL, b->buf ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return -1;
-        if (b->buf && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return 0;
-        }
-        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
-        char *nb = realloc(b->buf, cap);
-        if (!nb)
-            return -1;
-        b->buf = nb;
-        b->cap = cap;
-    }
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* "path size mtime" of a file, or of every regular file directly in a directory (sorted). */
-static int fingerprint(sbuf *b, const char *path)
-{
-    char real[4096];
-    struct stat st;
-    if (!realpath(path, real) || stat(real, &st))
-        return -1;
-    if (!S_ISDIR(st.st_mode))
-        return sb_add(b, "%s %lld %lld.%09ld\n", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                      st.st_mtim.tv_nsec);
-    DIR *d = opendir(real);
-    if (!d)
-        return -1;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        if (n == cap) {
-            char **nn = realloc(names, (cap = cap ? 2 * cap : 32) * sizeof *names);
-            rc = nn ? 0 : -1;
-            names = nn ? nn : names;
-        }
-        if (!rc && !(names[n++] = strdup(e->d_name)))
-            rc = -1, n--;
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char p[8192];
-        snprintf(p, sizeof p, "%s/%s", real, names[i]);
-        if (!rc && stat(p, &st) == 0 && S_ISREG(st.st_mode))
-            rc = sb_add(b, "%s %lld %lld.%09ld\n", p, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                        st.st_mtim.tv_nsec);
-        free(names[i]);
-    }
-    free(names);
-    return rc;
-}
-
-/* The cache file of this job's parent run, into path; 0, or -1 when the parent cannot
- * be named (then nothing is cached). */
+ * They depend only on the parent, the task references, limit, seed and the task data
+ * folder (and on how scoring works: the version in the key, raised whenever it
+ * changes), so they live in <data>/evalcache/ (jobs/pstate.h ps_cache_path). A task by
+ * URL is pinned by its sha256, which is part of the reference. */
 static int parent_cache_path(job_ctx *ctx, json_t *tasks, int limit, uint64_t seed, const char *dd, char *path,
                              size_t len)
 {
-    json_t *model = json_object_get(job_ctx_spec(ctx), "model");
-    const char *mp = json_string_value(json_object_get(model, "path"));
-    const char *tp = json_string_value(json_object_get(model, "tokenizer"));
-    char data[4096];
-    sbuf b = {0};
     char *tj = json_dumps(tasks, JSON_COMPACT | JSON_SORT_KEYS);
-    int rc = mp && tj && stage_job_data_dir(ctx, data, sizeof data) == 0 ? 0 : -1;
-    if (!rc)
-        rc = sb_add(&b, "%s\nlimit %d seed %llu\ntasks %s\ndata %s\n", EVAL_CACHE_VERSION, limit,
-                    (unsigned long long)seed, tj, dd);
-    if (!rc)
-        rc = fingerprint(&b, mp);
-    if (!rc && tp)
-        rc = fingerprint(&b, tp);
-    free(tj);
-    if (!rc) {
-        char hex[65];
-        art_sha256_buf(b.buf, b.len, hex);
-        int n = snprintf(path, len, "%s/evalcache/%s.json", data, hex);
-        rc = n < 0 || (size_t)n >= len ? -1 : 0;
+    if (!tj)
+        return -1;
+    size_t n = strlen(tj) + strlen(dd) + 128;
+    char *key = malloc(n);
+    int rc = -1;
+    if (key) {
+        snprintf(key, n, "autocompress-eval-1\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
+                 (unsigned long long)seed, tj, dd);
+        rc = ps_cache_path(ctx, "evalcache", key, NULL, path, len);
     }
-    free(b.buf);
+    free(key);
+    free(tj);
     return rc;
 }
 
@@ -238,14 +148,10 @@ static json_t *parent_cache_get(const char *path)
 /* Keep a parent run for later jobs; a failure only costs the next job the run. */
 static void parent_cache_put(job_ctx *ctx, const char *path, const json_t *run)
 {
-    char dir[4400], e[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    if ((mkdir(dir, 0755) && errno != EEXIST) || fio_write_json(path, run, JSON_INDENT(1), e, sizeof e)) {
+    char e[512];
+    if (fio_write_json(path, run, JSON_INDENT(1), e, sizeof e)) {
         char msg[600];
-        snprintf(msg, sizeof msg, "the parent's scores were not cached: %s", slash ? e : "bad path");
+        snprintf(msg, sizeof msg, "the parent's scores were not cached: %s", e);
         job_event(ctx, "evaluate.cache_failed", msg, NULL);
     }
 }

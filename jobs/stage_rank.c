@@ -2,11 +2,13 @@
  * units, heads (by KV group), hidden channels and layers on the spec's calibration text
  * (compress/rank.h). Writes rank/ranking.json (published as ranking.json); later stages
  * reuse it through ps_parent(ctx, 1, ...) instead of ranking again. Deterministic, so a
- * restarted job simply reruns it.
+ * restarted job simply reruns it, and a later job on the same parent and calibration
+ * text reuses the data dir's cached ranking.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "compress/method.h"
 #include "compress/rank.h"
@@ -64,13 +66,40 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
         o.tokens = (int64_t)train->n;
     if ((int64_t)train->n < o.layer_tokens)
         o.layer_tokens = (int64_t)train->n;
+    /* The ranking depends only on the parent, the calibration text and these options:
+     * an earlier job's is reused (<data>/rankcache/, jobs/pstate.h ps_cache_path). */
+    char key[256], cpath[4400];
+    snprintf(key, sizeof key, "autocompress-rank-1 tokens %lld layer_tokens %lld B %d T %d", (long long)o.tokens,
+             (long long)o.layer_tokens, o.B, o.T);
+    json_t *cal_text = json_object_get(json_object_get(job_ctx_spec(ctx), "data"), "calibration");
+    int cacheable = json_is_string(cal_text) &&
+                    ps_cache_path(ctx, "rankcache", key, json_string_value(cal_text), cpath, sizeof cpath) == 0;
     rank_result r;
-    int rc = rank_compute(m, train, &o, &r, err, errlen);
-    if (rc != 0)
-        return rc;
+    int rc, reused = cacheable && access(cpath, R_OK) == 0 && rank_load(cpath, &r, err, errlen) == 0;
+    if (reused && rank_check(&r, m, err, errlen) != 0) {   /* not this parent after all: rank again */
+        rank_free(&r);
+        reused = 0;
+    }
+    if (!reused) {
+        err[0] = 0;
+        rc = rank_compute(m, train, &o, &r, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/ranking.json", job_ctx_stage_dir(ctx));
     rc = rank_save(&r, path, err, errlen);
+    if (rc == 0 && cacheable && !reused) {
+        char e[512];
+        if (rank_save(&r, cpath, e, sizeof e)) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "the ranking was not cached: %s", e);
+            job_event(ctx, "rank.cache_failed", msg, NULL);
+        }
+    }
+    if (rc == 0 && reused)
+        job_event(ctx, "rank.reused", "the ranking comes from an earlier job on this parent and text (rankcache)",
+                  json_pack("{s:s}", "cache", cpath));
     if (rc == 0)
         rc = job_publish(ctx, "ranking.json", path, "application/json", err, errlen) != 0 ? -1 : 0;
     if (rc == 0) {

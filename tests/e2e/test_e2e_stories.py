@@ -223,6 +223,11 @@ def main():
         # the parent was scored once, by job A; job C reads the same scores from the cache
         ev_a, ev_c = [e["type"] for e in events(s, job["id"])], [e["type"] for e in events(s, jc["id"])]
         assert "evaluate.parent_reused" not in ev_a and "evaluate.parent_reused" in ev_c, (ev_a, ev_c)
+        # and ranks it once: same parent and calibration text
+        assert "rank.reused" not in ev_a and "rank.reused" in ev_c, (ev_a, ev_c)
+        ra, rc = rep["ranking"], rep_c["ranking"]   # C's from ranking.json (10 significant digits)
+        assert ra["layer_order"] == rc["layer_order"] and ra["tokens"] == rc["tokens"], (ra, rc)
+        assert all(abs(x - y) <= 1e-8 * abs(x) for x, y in zip(ra["layer_skip_loss"], rc["layer_skip_loss"])), (ra, rc)
         assert rep_c["parent"]["accuracy"] == rep["parent"]["accuracy"], (rep_c["parent"], rep["parent"])
         # evaluation.pruned: the pruned-only student scored on the same items, a different model
         pr, res = rep_c["pruned"], rep_c["result"]
