@@ -148,6 +148,7 @@ void cal_opts_default(cal_opts *o)
     o->n_models = 2;
     o->validate = 10;
     o->validate_reps = 3;
+    o->fit = 2;
     o->seed = 1;
 }
 
@@ -658,6 +659,43 @@ static int phase_scales(cal_state *cs, cm_tables *tb, cal_model *cms, int n_cms,
     return 0;
 }
 
+/* Phase scales from the fit archs (random heterogeneous archs measured exactly like the
+ * held-out ones): per hidden size, the median over its fit archs of measured over
+ * unscaled predicted phase time. The calibration models' scales (phase_scales) stay
+ * where a hidden size has no fit arch. The calibration models repeat grid layouts; the
+ * searched archs are off-grid, and on CPU their requests ran a few percent slower than
+ * the parts' sum scaled on the grid layouts (bench/results/costmodel_cpu.md), so the
+ * scale is fitted on archs drawn the way the validation draws them. 0 or -1 (OOM). */
+static int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, char *err, size_t errlen)
+{
+    double *rp = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    double *rd = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    int rc = rp && rd ? 0 : -1;
+    if (rc)
+        snprintf(err, errlen, "out of memory");
+    for (int f = 0; f < tb->n_fixed && !rc; f++) {
+        double ps = tb->fixed[f].prefill_scale, ds = tb->fixed[f].decode_scale;
+        tb->fixed[f].prefill_scale = tb->fixed[f].decode_scale = 1;
+        int k = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            cm_prediction p;
+            if (fa[i].hidden_size != tb->fixed[f].hidden_size || fr[i].reps <= 0)
+                continue;
+            if (cm_predict(tb, &fa[i], &p, err, errlen))
+                rc = -1;
+            else if (p.prefill_ms > 0 && p.decode_ms > 0) {
+                rp[k] = fr[i].prefill_ms / p.prefill_ms;
+                rd[k++] = fr[i].decode_ms / p.decode_ms;
+            }
+        }
+        tb->fixed[f].prefill_scale = k ? ms_median(rp, k) : ps;
+        tb->fixed[f].decode_scale = k ? ms_median(rd, k) : ds;
+    }
+    free(rp);
+    free(rd);
+    return rc;
+}
+
 static double pct_err(double pred, double meas)
 {
     return meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
@@ -876,11 +914,14 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    /* progress total: probes, warm-ups, timed requests, held-out requests */
+    /* random archs measured like the held-out ones: o.validate held out, then n_fit that
+     * set the phase scales (fit_scales) */
+    int n_fit = o.fit > 0 ? o.fit * n_hid : 0, n_all = o.validate + n_fit;
+    /* progress total: probes, warm-ups, timed requests, held-out and fit requests */
     int n_probe = n_hid * (nA + nF + 2);
-    int val_req = o.validate * (o.validate_reps > 0 ? o.validate_reps : 3);
-    cs->total = n_probe + n_cms * (o.warmup + 1) + (o.validate ? 2 * val_req + o.validate : n_cms * o.reps);
-    if (o.validate && val_req < n_cms * o.reps)
+    int val_req = n_all * (o.validate_reps > 0 ? o.validate_reps : 3);
+    cs->total = n_probe + n_cms * (o.warmup + 1) + (n_all ? 2 * val_req + n_all : n_cms * o.reps);
+    if (n_all && val_req < n_cms * o.reps)
         cs->total += n_cms * o.reps - val_req;
     /* 1. workspace probes (small models, nothing else allocated) */
     for (int h = 0; h < n_hid; h++) {
@@ -946,30 +987,31 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
                 if (cal_request(cs, cm, 0, err, errlen) || tick(cs, "warm-up", err, errlen))
                     goto out;
         }
-    /* 3. timed requests, interleaved with held-out measurements when validating */
+    /* 3. timed requests, interleaved with the random archs' (held-out, then fit) */
     ms_result *vres = NULL;
     arch *varch = NULL;
-    if (o.validate > 0) {
-        vres = calloc((size_t)o.validate, sizeof *vres);
-        varch = calloc((size_t)o.validate, sizeof *varch);
+    if (n_all > 0) {
+        vres = calloc((size_t)n_all, sizeof *vres);
+        varch = calloc((size_t)n_all, sizeof *varch);
         if (!vres || !varch) {
             free(vres);
             free(varch);
             snprintf(err, errlen, "out of memory");
             goto out;
         }
-        uint64_t vr = o.seed * 0xD1B54A32D192ED03ULL + 7;
+        /* two streams, so the held-out archs do not depend on the fit count */
+        uint64_t vr = o.seed * 0xD1B54A32D192ED03ULL + 7, fr = o.seed * 0xA24BAED4963EE407ULL + 3;
         int vi;
-        for (vi = 0; vi < o.validate; vi++) {
-            if (cal_random_arch(parent, &vr, &varch[vi])) {
+        for (vi = 0; vi < n_all; vi++) {
+            if (cal_random_arch(parent, vi < o.validate ? &vr : &fr, &varch[vi])) {
                 snprintf(err, errlen, "out of memory");
                 break;
             }
-            /* held-out archs live at a calibrated hidden size */
-            varch[vi].hidden_size = hid[vi % n_hid];
+            /* random archs live at a calibrated hidden size */
+            varch[vi].hidden_size = hid[(vi < o.validate ? vi : vi - o.validate) % n_hid];
         }
-        if (vi < o.validate || validate_all(cs, varch, o.validate, cms, o.n_models, n_hid, vres, err, errlen)) {
-            for (int i = 0; i < o.validate; i++)
+        if (vi < n_all || validate_all(cs, varch, n_all, cms, o.n_models, n_hid, vres, err, errlen)) {
+            for (int i = 0; i < n_all; i++)
                 arch_free(&varch[i]);
             free(vres);
             free(varch);
@@ -979,7 +1021,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     for (int i = 0; i < n_cms; i++)
         while (cms[i].requests < o.warmup + 1 + o.reps)
             if (cal_request(cs, &cms[i], 1, err, errlen) || tick(cs, "calibration request", err, errlen)) {
-                for (int v = 0; v < o.validate && varch; v++)
+                for (int v = 0; v < n_all && varch; v++)
                     arch_free(&varch[v]);
                 free(vres);
                 free(varch);
@@ -987,8 +1029,9 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
             }
     double wall_tables = now_s() - t_start;
     /* 4. tables, then predictions of the held-out archs */
-    if (build_tables(cs, parent, &tb, err, errlen) || phase_scales(cs, &tb, cms, n_cms, err, errlen)) {
-        for (int v = 0; v < o.validate && varch; v++)
+    if (build_tables(cs, parent, &tb, err, errlen) || phase_scales(cs, &tb, cms, n_cms, err, errlen) ||
+        (n_fit && fit_scales(&tb, varch + o.validate, vres + o.validate, n_fit, err, errlen))) {
+        for (int v = 0; v < n_all && varch; v++)
             arch_free(&varch[v]);
         free(vres);
         free(varch);
@@ -1040,7 +1083,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         if (!row || json_array_append_new(rows, row))
             vfail = 1;
     }
-    for (int v = 0; v < o.validate && varch; v++)
+    for (int v = 0; v < n_all && varch; v++)
         arch_free(&varch[v]);
     free(vres);
     free(varch);
@@ -1066,14 +1109,14 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     for (int h = 0; h < n_hid && hl < 200; h++)
         hl += snprintf(hidden_list + hl, sizeof hidden_list - (size_t)hl, "%s%d", h ? "," : "", hid[h]);
     result = tables && target && validation
-                 ? json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i}}", "id", id,
+                 ? json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:i}}", "id", id,
                              "status", "succeeded", "target", target, "family", parent->family, "entries",
                              tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now_s() - t_start, "tables",
                              tables, "validation", validation, "cost", "requests", (json_int_t)cs->requests,
                              "calibration_models", n_cms, "layers_per_model", L, "tables_wall_s",
                              wall_tables - cs->heldout_s, "validation_wall_s",
                              cs->heldout_s + (now_s() - t_start - wall_tables), "hidden_sizes", hidden_list,
-                             "probe_models", n_probe)
+                             "probe_models", n_probe, "fit_archs", n_fit)
                  : NULL;
     if (!(tables && target && validation)) {   /* json_pack was not called: nothing stolen */
         json_decref(tables);

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <omp.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,53 @@ static void test_memory_matches_engine_accounting(void **state)
     arch_free(&p);
 }
 
+/* Fit archs (random archs that set the phase scales) are counted in the cost, drawn
+ * from their own stream (the held-out archs are the same with or without them), and
+ * every validation row carries its phases apart, adding up to the request. */
+static void test_fit_archs(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 4);
+    cm_target t = tiny_target();
+    json_t *cal[2];
+    for (int k = 0; k < 2; k++) {
+        cal_opts o;
+        cal_opts_default(&o);
+        o.reps = 1;
+        o.n_models = 1;
+        o.validate = 2;
+        o.validate_reps = 1;
+        o.fit = k ? 2 : 0;
+        char err[512];
+        cal[k] = cal_run(&p, &t, &o, err, sizeof err);
+        if (!cal[k])
+            fail_msg("cal_run: %s", err);
+        json_t *cost = json_object_get(cal[k], "cost");
+        assert_int_equal(json_integer_value(json_object_get(cost, "fit_archs")), k ? 2 : 0);
+        size_t i;
+        json_t *r;
+        json_array_foreach(json_object_get(json_object_get(cal[k], "validation"), "rows"), i, r) {
+            double pp = json_number_value(json_object_get(r, "predicted_prefill_ms"));
+            double pd = json_number_value(json_object_get(r, "predicted_decode_ms"));
+            double mp = json_number_value(json_object_get(r, "measured_prefill_ms"));
+            double md = json_number_value(json_object_get(r, "measured_decode_ms"));
+            assert_true(pp > 0 && pd > 0 && mp > 0 && md > 0);
+            assert_true(fabs(pp + pd - json_number_value(json_object_get(r, "predicted_latency_ms"))) < 1e-6 * (pp + pd));
+        }
+    }
+    json_t *r0 = json_object_get(json_object_get(cal[0], "validation"), "rows");
+    json_t *r1 = json_object_get(json_object_get(cal[1], "validation"), "rows");
+    assert_int_equal(json_array_size(r0), 2);
+    assert_int_equal(json_array_size(r1), 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_string_equal(json_string_value(json_object_get(json_array_get(r0, i), "summary")),
+                            json_string_value(json_object_get(json_array_get(r1, i), "summary")));
+    json_decref(cal[0]);
+    json_decref(cal[1]);
+    arch_free(&p);
+}
+
 static void test_estimate_needs_calibration(void **state)
 {
     (void)state;
@@ -230,6 +278,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grids),
         cmocka_unit_test(test_memory_matches_engine_accounting),
+        cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
