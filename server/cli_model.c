@@ -1,6 +1,7 @@
 /* server/cli_model.c — `autocompress inspect | generate | perplexity`: look at a model,
  * sample text from it, and measure token-level perplexity on a text file (llama.cpp's
- * chunked method, or a sliding window). CPU backend; models load through storage/modelio.
+ * chunked method, or a sliding window). CPU backend; models load through storage/modelio, and generate / perplexity also
+ * take a pruned or distilled snapshot folder (compress/prune.h prune_load_model).
  */
 #include <errno.h>
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/prune.h"
 #include "engine/backend.h"
 #include "engine/clock.h"
 #include "engine/model.h"
@@ -160,7 +162,7 @@ static int load(const char *path, const char *tokpath, int threads, loaded *L, c
         fprintf(stderr, "autocompress %s: cannot create the CPU backend\n", cmd);
         return -1;
     }
-    if (mio_load_model(path, tokpath, L->be, &L->m, &L->tok, err, sizeof err)) {
+    if (prune_load_model(path, tokpath, L->be, &L->m, &L->tok, err, sizeof err)) {
         fprintf(stderr, "autocompress %s: %s\n", cmd, err);
         eng_backend_free(L->be);
         return -1;
