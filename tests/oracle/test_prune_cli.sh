@@ -48,6 +48,24 @@ for L in r["layers"]:
 PY
 
 # the saved ranking is reused: same student bytes, no calibration text needed
+# a heterogeneous target has no HF config form: a snapshot folder that generate and
+# perplexity still read (tokenizer from the parent named in prune.json)
+python3 - "$W" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1] + "/target.json"))
+t["layers"][1]["mlp"]["ffn_dim"] = 172
+t["layers"][2]["attention"] = None
+json.dump(t, open(sys.argv[1] + "/het.json", "w"))
+PY
+"$BIN" prune "$MODEL" --arch "$W/het.json" --out "$W/h" --ranking "$W/s/ranking.json" --threads 1 >/dev/null \
+    2>"$W/ph.log" || { cat "$W/ph.log"; fail "heterogeneous prune"; }
+[ ! -e "$W/h/config.json" ] || fail "a heterogeneous arch got an HF config"
+ppl() { "$BIN" perplexity "$1" --text "$TEXT" --ctx 128 --chunks 4 --threads 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ppl"])'; }
+python3 -c "import sys; p, h = map(float, sys.argv[1:3]); assert 1 < p < h, (p, h)" "$(ppl "$MODEL")" "$(ppl "$W/h")" \
+    || fail "perplexity of the heterogeneous snapshot"
+"$BIN" generate "$W/h" --prompt "Once upon a time" --max-tokens 8 --threads 1 >/dev/null 2>"$W/gh.log" \
+    || { cat "$W/gh.log"; fail "generate from the snapshot"; }
+
 "$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s2" --ranking "$W/s/ranking.json" --threads 1 \
     >/dev/null 2>"$W/prune2.log" || { cat "$W/prune2.log"; fail "prune with --ranking"; }
 cmp -s "$W/s/model.safetensors" "$W/s2/model.safetensors" || fail "reused ranking gives other weights"
