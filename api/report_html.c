@@ -236,15 +236,20 @@ static void limits_section(sbuf *b, json_t *limits)
              C_RESULT, C_MEAS, 100.0, "limit");
 }
 
-static void accuracy_section(sbuf *b, json_t *parent, json_t *result)
+/* Parent and result per benchmark; with evaluation.pruned also the pruned-only student
+ * (pruned may be NULL), so the table shows what distillation recovered. */
+static void accuracy_section(sbuf *b, json_t *parent, json_t *result, json_t *pruned)
 {
     json_t *pa = json_object_get(parent, "accuracy"), *ra = json_object_get(result, "accuracy");
+    json_t *qa = json_object_get(pruned, "accuracy");
+    int with_pruned = json_object_size(qa) > 0;
     sb_printf(b, "<h2>Accuracy</h2>\n");
     if (json_object_size(pa) == 0 && json_object_size(ra) == 0) {
         sb_printf(b, "<p>No benchmark results in the report.</p>\n");
     } else {
-        sb_printf(b, "<table><tr><th>benchmark</th><th>parent</th><th>&plusmn;</th><th>result</th><th>&plusmn;</th>"
-                     "<th>n</th></tr>\n");
+        sb_printf(b, "<table><tr><th>benchmark</th><th>parent</th><th>&plusmn;</th>%s<th>result</th><th>&plusmn;</th>"
+                     "<th>n</th></tr>\n",
+                  with_pruned ? "<th>pruned only</th><th>&plusmn;</th>" : "");
         const char *labels[64];
         double pv[64], rv[64];
         int n = 0;
@@ -258,6 +263,13 @@ static void accuracy_section(sbuf *b, json_t *parent, json_t *result)
             sb_value(b, json_object_get(v, "acc"));
             sb_printf(b, "</td><td>");
             sb_value(b, json_object_get(v, "stderr"));
+            if (with_pruned) {
+                json_t *q = json_object_get(qa, k);
+                sb_printf(b, "</td><td>");
+                sb_value(b, json_object_get(q, "acc"));
+                sb_printf(b, "</td><td>");
+                sb_value(b, json_object_get(q, "stderr"));
+            }
             sb_printf(b, "</td><td>");
             sb_value(b, json_object_get(r, "acc"));
             sb_printf(b, "</td><td>");
@@ -274,6 +286,10 @@ static void accuracy_section(sbuf *b, json_t *parent, json_t *result)
         }
         sb_printf(b, "<tr><td><b>average</b></td><td>");
         sb_value(b, json_object_get(parent, "average"));
+        if (with_pruned) {
+            sb_printf(b, "</td><td></td><td>");
+            sb_value(b, json_object_get(pruned, "average"));
+        }
         sb_printf(b, "</td><td></td><td>");
         sb_value(b, json_object_get(result, "average"));
         sb_printf(b, "</td><td></td><td></td></tr></table>\n");
@@ -282,7 +298,9 @@ static void accuracy_section(sbuf *b, json_t *parent, json_t *result)
     }
     json_t *pp = json_object_get(parent, "perplexity"), *rp = json_object_get(result, "perplexity");
     if (json_object_size(pp) || json_object_size(rp)) {
-        sb_printf(b, "<table><tr><th>perplexity</th><th>parent</th><th>result</th></tr>\n");
+        json_t *qp = json_object_get(pruned, "perplexity");
+        sb_printf(b, "<table><tr><th>perplexity</th><th>parent</th>%s<th>result</th></tr>\n",
+                  with_pruned ? "<th>pruned only</th>" : "");
         const char *k;
         json_t *v;
         json_object_foreach(pp, k, v) {
@@ -290,6 +308,10 @@ static void accuracy_section(sbuf *b, json_t *parent, json_t *result)
             sb_text(b, k);
             sb_printf(b, "</td><td>");
             sb_value(b, v);
+            if (with_pruned) {
+                sb_printf(b, "</td><td>");
+                sb_value(b, json_object_get(qp, k));
+            }
             sb_printf(b, "</td><td>");
             sb_value(b, json_object_get(rp, k));
             sb_printf(b, "</td></tr>\n");
@@ -366,7 +388,7 @@ static char *render(json_t *r, size_t *len)
     sb_value(&b, json_object_get(json_object_get(result, "arch"), "hidden_size"));
     sb_printf(&b, "; layers: %zu &rarr; %zu</p>\n", json_array_size(json_object_get(json_object_get(parent, "arch"), "layers")),
               json_array_size(json_object_get(json_object_get(result, "arch"), "layers")));
-    accuracy_section(&b, parent, result);
+    accuracy_section(&b, parent, result, json_object_get(r, "pruned"));
 
     static const char *const mem_keys[] = {"naive_weights_plus_kv", "measured_peak", NULL};
     json_t *mem = json_object_get(r, "memory");

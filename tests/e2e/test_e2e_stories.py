@@ -234,6 +234,10 @@ def main():
         assert sorted(pr["accuracy"]) == sorted(res["accuracy"]) == ["arc_easy", "lambada_openai"], pr
         assert all(pr["accuracy"][t]["n"] == 10 for t in pr["accuracy"]), pr
         assert pr["perplexity"] != res["perplexity"], (pr, res)
+        _, _, html_c = s.request("GET", "/v1/jobs/%s/report.html" % jc["id"])
+        assert "<th>pruned only</th>" in html_c.decode(), "report.html lacks the pruned-only column"
+        _, _, html_a = s.request("GET", "/v1/jobs/%s/report.html" % job["id"])
+        assert "pruned only" not in html_a.decode()
         print("job C: perplexity pruned only %s, distilled %s, parent %s"
               % (pr["perplexity"], res["perplexity"], rep_c["parent"]["perplexity"]))
         tar_c = check_artifacts(s, jc["id"], rep_c, "model-hf.tar")
