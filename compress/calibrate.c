@@ -148,7 +148,7 @@ void cal_opts_default(cal_opts *o)
     o->n_models = 2;
     o->validate = 10;
     o->validate_reps = 3;
-    o->fit = 2;
+    o->fit = 3;
     o->seed = 1;
 }
 

@@ -25,7 +25,7 @@ typedef struct {
     int validate;           /* held-out random archs (default 10; 0 = none) */
     int validate_reps;      /* timed requests per held-out (and fit) arch (default 3) */
     int fit;                /* random archs per hidden size, measured like the held-out ones,
-                               that set the phase scales (default 2; 0: the calibration models
+                               that set the phase scales (default 3; 0: the calibration models
                                set them) */
     uint64_t seed;          /* weights, prompts, held-out archs (default 1) */
     int threads;            /* CPU worker threads (0: the backend's default, all cores) */
