@@ -1,15 +1,19 @@
-/* api/api_misc.c — the smaller resources: /v1/models (register a server path), 
+/* api/api_misc.c — the smaller resources: /v1/models (register a server path, or a URL
+ * that the server's model fetcher downloads in the background),
  * /v1/devices, /v1/estimates (the cost model, when this build has it), /healthz,
  * /readyz and /openapi.yaml (embedded in the binary at build time).
  */
 #include "api/api_internal.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "engine/devices.h"
+#include "storage/fetch.h"
 
 #if defined(__has_include)
 #if __has_include("compress/costmodel.h")
@@ -34,9 +38,160 @@ extern const char ac_openapi_yaml[];
 
 static json_t *render_model(const store_model *m)
 {
-    return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s,s:I}", "id", m->id, "object", "model", "path", m->path,
-                     "tokenizer", m->tokenizer[0] ? json_string(m->tokenizer) : json_null(), "name", m->name,
-                     "format", m->format, "created_at", (json_int_t)m->created_at);
+    int by_url = m->url[0] != 0;
+    json_t *error = !strcmp(m->status, "failed")
+                        ? json_pack("{s:s,s:s}", "code", "fetch_failed", "message", m->error)
+                        : json_null();
+    return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s,s:I,s:s,s:o,s:o,s:o,s:o,s:o}", "id", m->id, "object", "model", "path",
+                     m->path, "tokenizer", m->tokenizer[0] ? json_string(m->tokenizer) : json_null(), "name", m->name,
+                     "format", m->format, "created_at", (json_int_t)m->created_at, "status",
+                     m->status[0] ? m->status : "ready", "url", by_url ? json_string(m->url) : json_null(), "sha256",
+                     m->sha256[0] ? json_string(m->sha256) : json_null(), "bytes_done",
+                     by_url ? json_integer(m->bytes_done) : json_null(), "bytes_total",
+                     by_url && m->bytes_total >= 0 ? json_integer(m->bytes_total) : json_null(), "error", error);
+}
+
+/* One fault of a model registration: appended to errors; *status keeps the most severe
+ * (403 over 400 over 422). */
+static void reg_fault(json_t *errors, int *status, int st, const char *ptr, const char *msg)
+{
+    json_array_append_new(errors, json_pack("{s:s,s:s}", "pointer", ptr, "message", msg));
+    if (!*status || st == 403 || (st == 400 && *status == 422))
+        *status = st;
+}
+
+/* The problem response for a registration with faults (errors stolen). */
+static void reg_problem(api_resp *resp, int status, json_t *errors)
+{
+    const char *first = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
+    char detail[700];
+    snprintf(detail, sizeof detail, "the model registration is invalid: %s", first ? first : "?");
+    api_problem(resp, status, status == 403 ? "path_forbidden" : status == 400 ? "invalid_request" : "unprocessable_request",
+                detail, errors);
+}
+
+/* The url branch of POST /v1/models: checks what the fetcher needs, registers the model
+ * in state "fetching" (or finds the one with the same sha256) and wakes the fetcher. */
+static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
+{
+    json_t *errors = json_array();
+    int status = 0;
+#define FAULT(st, ptr, msg) reg_fault(errors, &status, st, ptr, msg)
+    store_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        json_decref(errors);
+        api_problem(resp, 503, "out_of_memory", "out of memory; retry", NULL);
+        return;
+    }
+    unsigned flags = 0;
+    int64_t cap = 0;
+    int fetcher = fetch_service_policy(&flags, &cap) == 0;
+    char msg[600];
+    json_t *x = json_object_get(body, "url");
+    const char *url = json_string_value(x);
+    if (!json_is_string(x) || strlen(url) != json_string_length(x)) {
+        FAULT(400, "/url", "must be a string");
+        url = NULL;
+    } else if (json_string_length(x) > 2048) {
+        FAULT(422, "/url", "at most 2048 characters");
+        url = NULL;
+    } else {
+        int printable = 1;
+        for (const char *p = url; *p; p++)
+            printable &= (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f;
+        int https = !strncasecmp(url, "https://", 8), http = !strncasecmp(url, "http://", 7);
+        if (!printable || !(https || http)) {
+            FAULT(422, "/url", "must be an https:// URL without spaces");
+            url = NULL;
+        } else if (http && fetcher && !(flags & FETCH_ALLOW_HTTP)) {
+            FAULT(422, "/url", "plain http:// is refused: use https:// (a server started with --allow-http-models "
+                               "accepts http)");
+            url = NULL;
+        }
+    }
+    char file[256] = "";
+    if (url) {
+        const char *fmt = fetch_model_file_name(url, file, sizeof file, msg, sizeof msg);
+        if (!fmt) {
+            FAULT(422, "/url", msg);
+        } else {
+            snprintf(m->url, sizeof m->url, "%s", url);
+            snprintf(m->format, sizeof m->format, "%s", fmt);
+            snprintf(m->name, sizeof m->name, "%.128s", file);
+        }
+    }
+    x = json_object_get(body, "sha256");
+    if (!x) {
+        FAULT(400, "/sha256", "required with url: the download is verified against it (64 hex digits)");
+    } else if (!json_is_string(x) || json_string_length(x) != 64 ||
+               strspn(json_string_value(x), "0123456789abcdefABCDEF") != 64) {
+        FAULT(json_is_string(x) ? 422 : 400, "/sha256", "must be 64 hex digits");
+    } else {
+        for (int i = 0; i < 64; i++)
+            m->sha256[i] = (char)tolower((unsigned char)json_string_value(x)[i]);
+    }
+    m->size_bytes = -1;
+    x = json_object_get(body, "size_bytes");
+    if (x) {
+        if (!json_is_integer(x))
+            FAULT(400, "/size_bytes", "must be an integer");
+        else if (json_integer_value(x) < 1)
+            FAULT(422, "/size_bytes", "must be at least 1");
+        else if (fetcher && json_integer_value(x) > cap) {
+            snprintf(msg, sizeof msg, "%lld bytes is over this server's cap of %lld bytes (--max-model-bytes)",
+                     (long long)json_integer_value(x), (long long)cap);
+            FAULT(422, "/size_bytes", msg);
+        } else
+            m->size_bytes = json_integer_value(x);
+    }
+    x = json_object_get(body, "name");
+    if (x) {
+        if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x))
+            FAULT(400, "/name", "must be a string");
+        else if (json_string_length(x) > 128)
+            FAULT(422, "/name", "at most 128 characters");
+        else
+            snprintf(m->name, sizeof m->name, "%s", json_string_value(x));
+    }
+    x = json_object_get(body, "tokenizer");
+    if (x) {
+        spec_env env = api_spec_env(ctx);
+        if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x)) {
+            FAULT(400, "/tokenizer", "must be a string");
+        } else {
+            int rc = spec_resolve_path(&env, json_string_value(x), m->tokenizer, sizeof m->tokenizer, msg, sizeof msg);
+            if (rc)
+                FAULT(rc, "/tokenizer", msg);
+        }
+    }
+    if (file[0] && m->sha256[0] && fetch_model_path(ctx->data_dir, m->sha256, file, m->path, sizeof m->path) < 0)
+        FAULT(422, "/url", "the model cache path is too long");
+#undef FAULT
+    if (json_array_size(errors)) {
+        reg_problem(resp, status, errors);
+        free(m);
+        return;
+    }
+    json_decref(errors);
+    if (!fetcher) {
+        api_problem(resp, 503, "fetch_unavailable",
+                    "registering a model by URL is not available here: no model fetcher runs in this server process",
+                    NULL);
+        free(m);
+        return;
+    }
+    int restarted = 0;
+    int rc = store_model_add_fetch(ctx->st, m, &restarted);
+    if (rc < 0) {
+        api_problem(resp, 503, "store_unavailable", "the model could not be stored; retry", NULL);
+        free(m);
+        return;
+    }
+    if (!strcmp(m->status, "fetching"))
+        fetch_service_kick();
+    api_resp_header(resp, "Location", "/v1/models/%s", m->id);
+    api_json(resp, !strcmp(m->status, "ready") ? 200 : 202, render_model(m));
+    free(m);
 }
 
 void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
@@ -47,35 +202,41 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
         return;
     json_t *errors = json_array();
     int status = 0;
-#define FAULT(st, ptr, msg)                                                                     \
-    do {                                                                                        \
-        json_array_append_new(errors, json_pack("{s:s,s:s}", "pointer", ptr, "message", msg)); \
-        if (!status || st == 403 || (st == 400 && status == 422))                               \
-            status = st;                                                                        \
-    } while (0)
+#define FAULT(st, ptr, msg) reg_fault(errors, &status, st, ptr, msg)
     store_model m;
     memset(&m, 0, sizeof m);
     spec_env env = api_spec_env(ctx);
     if (!json_is_object(body)) {
         FAULT(400, "", "must be a JSON object");
     } else {
+        int by_url = json_object_get(body, "url") != NULL;
         const char *key;
         json_t *v;
         json_object_foreach(body, key, v) {
-            if (strcmp(key, "path") && strcmp(key, "tokenizer") && strcmp(key, "name")) {
+            int known = !strcmp(key, "path") || !strcmp(key, "tokenizer") || !strcmp(key, "name") ||
+                        !strcmp(key, "url") || (by_url && (!strcmp(key, "sha256") || !strcmp(key, "size_bytes")));
+            if (!known) {
                 char p[300];
                 snprintf(p, sizeof p, "/%.200s", key);
-                FAULT(400, p, "unknown field");
+                FAULT(400, p, !strcmp(key, "sha256") || !strcmp(key, "size_bytes") ? "only with url" : "unknown field");
             }
         }
+        if (by_url && json_object_get(body, "path"))
+            FAULT(422, "", "give exactly one of path or url");
+        if (by_url && !json_array_size(errors)) {
+            json_decref(errors);
+            models_create_url(ctx, body, resp);
+            json_decref(body);
+            return;
+        }
         static const char *const fields[] = {"path", "tokenizer", "name"};
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 3 && !by_url; i++) {
             json_t *x = json_object_get(body, fields[i]);
             char p[32], msg[256];
             snprintf(p, sizeof p, "/%s", fields[i]);
             if (!x) {
                 if (i == 0)
-                    FAULT(400, p, "required field is missing");
+                    FAULT(400, p, "required field is missing (or give url)");
                 continue;
             }
             if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x)) {
@@ -105,11 +266,7 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
 #undef FAULT
     json_decref(body);
     if (json_array_size(errors)) {
-        const char *first = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
-        char detail[400];
-        snprintf(detail, sizeof detail, "the model registration is invalid: %s", first ? first : "?");
-        api_problem(resp, status, status == 403 ? "path_forbidden" : status == 400 ? "invalid_request" : "unprocessable_request",
-                    detail, errors);
+        reg_problem(resp, status, errors);
         return;
     }
     json_decref(errors);

@@ -5,6 +5,7 @@
  */
 #include "api/spec.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -323,6 +324,35 @@ static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, i
 
 /* ---- sections ---------------------------------------------------------------------- */
 
+/* A registered model a job can use: ready (a URL model still fetching or failed is a
+ * 422 naming its state). 1 usable, 0 not (fault recorded at ptr). */
+static int model_usable(vctx *v, const store_model *sm, const char *ptr)
+{
+    if (!sm->status[0] || !strcmp(sm->status, "ready"))
+        return 1;
+    if (!strcmp(sm->status, "fetching")) {
+        if (sm->bytes_total > 0)
+            fault(v, 422, ptr, "model %s is still fetching (%lld of %lld bytes); retry when its status is ready",
+                  sm->id, (long long)sm->bytes_done, (long long)sm->bytes_total);
+        else
+            fault(v, 422, ptr, "model %s is still fetching (%lld bytes so far); retry when its status is ready",
+                  sm->id, (long long)sm->bytes_done);
+    } else {
+        fault(v, 422, ptr, "model %s failed to fetch: %.300s (register its url again to retry)", sm->id, sm->error);
+    }
+    return 0;
+}
+
+/* The normalized model reference of a registered model into out. */
+static void model_ref_out(json_t *out, const store_model *sm)
+{
+    json_object_set_new(out, "id", json_string(sm->id));
+    json_object_set_new(out, "path", json_string(sm->path));
+    if (sm->tokenizer[0])
+        json_object_set_new(out, "tokenizer", json_string(sm->tokenizer));
+    json_object_set_new(out, "format", json_string(sm->format));
+}
+
 static json_t *check_model(vctx *v, json_t *in)
 {
     json_t *m = member(v, in, "", "model", JSON_OBJECT, 1);
@@ -336,10 +366,31 @@ static json_t *check_model(vctx *v, json_t *in)
         return out;
     }
     if (has_url) {
+        /* a URL is fetched by registering it (POST /v1/models, in the background); a job
+         * may name it by URL + sha256 once that model is ready */
         static const char *const keys[] = {"url", "sha256", NULL};
         only_keys(v, m, "/model", keys);
-        fault(v, 422, "/model/url", "fetching a model by URL is not available in this build; "
-                                    "place it inside a data root and give its path");
+        json_t *url = string_field(v, m, "/model", "url", 2048, 1);
+        json_t *sha = string_field(v, m, "/model", "sha256", 64, 0);
+        if (!url)
+            return out;
+        char hex[65] = "";
+        const char *sv = sha ? json_string_value(sha) : "";
+        if (strlen(sv) == 64 && strspn(sv, "0123456789abcdefABCDEF") == 64)
+            for (int i = 0; i <= 64; i++)
+                hex[i] = (char)tolower((unsigned char)sv[i]);
+        store_model *sm = hex[0] && v->env->st ? malloc(sizeof *sm) : NULL;
+        int rc = sm ? store_model_get_sha(v->env->st, hex, sm) : 1;
+        if (rc != 0) {
+            free(sm);
+            fault(v, 422, "/model/url", "models are fetched by URL through POST /v1/models {url, sha256}; register "
+                                        "it there, then reference it by id (or by this url and its sha256) once "
+                                        "its status is ready");
+            return out;
+        }
+        if (model_usable(v, sm, "/model/url"))
+            model_ref_out(out, sm);
+        free(sm);
         return out;
     }
     if (has_id) {
@@ -354,11 +405,9 @@ static json_t *check_model(vctx *v, json_t *in)
             fault(v, 422, "/model/id", "no registered model %s (POST /v1/models first)", json_string_value(id));
             return out;
         }
-        json_object_set_new(out, "id", json_string(sm.id));
-        json_object_set_new(out, "path", json_string(sm.path));
-        if (sm.tokenizer[0])
-            json_object_set_new(out, "tokenizer", json_string(sm.tokenizer));
-        json_object_set_new(out, "format", json_string(sm.format));
+        if (!model_usable(v, &sm, "/model/id"))
+            return out;
+        model_ref_out(out, &sm);
         return out;
     }
     static const char *const keys[] = {"path", "tokenizer", NULL};

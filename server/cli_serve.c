@@ -25,6 +25,7 @@
 #include "server/log.h"
 #include "server/webhook.h"
 #include "storage/artstore.h"
+#include "storage/fetch.h"
 #include "storage/store.h"
 
 static int mkdir_p(const char *path)
@@ -93,6 +94,7 @@ int cli_serve(int argc, char **argv)
     sched *sc = NULL;
     http_server *hs = NULL;
     webhook_sender *wh = NULL;
+    fetch_service *fetcher = NULL;
     unsigned char wh_key[256];
     int wh_keylen = 0;
     char *roots[SRV_MAX_ROOTS] = {0};
@@ -183,6 +185,16 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
 
+    /* Models registered by URL download in the background; any left "fetching" by a
+     * previous server resume from their .part now. */
+    if (!(fetcher = fetch_service_start(st, cfg.allow_http_models ? FETCH_ALLOW_HTTP : 0, cfg.max_model_bytes, err,
+                                        sizeof err))) {
+        fprintf(stderr, "autocompress serve: %s\n", err);
+        goto out;
+    }
+    log_msg("info", "model fetcher on (https%s, at most %ld bytes a model)", cfg.allow_http_models ? " and http" : "",
+            cfg.max_model_bytes);
+
     sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, cfg.workers, 10000, cfg.max_attempts};
     if (!(sc = sched_start(&sc_cfg, err, sizeof err))) {
         fprintf(stderr, "autocompress serve: %s\n", err);
@@ -229,6 +241,7 @@ out:
     if (sc)
         sched_stop(sc, 0);
     webhook_stop(wh); /* after the workers: their final states may still queue webhooks */
+    fetch_service_stop(fetcher); /* an unfinished download resumes at the next start */
     curl_global_cleanup();
     OPENSSL_cleanse(wh_key, sizeof wh_key);
     art_close(as);

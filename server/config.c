@@ -33,6 +33,9 @@ void srv_config_usage(FILE *f)
             "  --retain-max-bytes N     AC_RETAIN_MAX_BYTES  cap on the data dir's size: finished jobs are\n"
             "                                                removed, oldest first, never a running one (0: none)\n"
             "  --retain-max-age-s N     AC_RETAIN_MAX_AGE_S  remove finished jobs older than N s (0: none)\n"
+            "  --max-model-bytes N      AC_MAX_MODEL_BYTES   cap on a model fetched by URL (68719476736 = 64 GiB)\n"
+            "  --allow-http-models      AC_ALLOW_HTTP_MODELS=1 accept plain http:// model URLs, not only https://\n"
+            "                                                (tests and trusted networks)\n"
             "  --print-routes           print the served routes and exit\n");
 }
 
@@ -115,6 +118,8 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("webhook-retry-s", webhook_retry_s, 1, 3600)
     NUM("retain-max-bytes", retain_max_bytes, 0, 0x7fffffffffffffffL)
     NUM("retain-max-age-s", retain_max_age_s, 0, 0x7fffffffffffffffL)
+    NUM("max-model-bytes", max_model_bytes, 1, 0x7fffffffffffffffL)
+    NUM("allow-http-models", allow_http_models, 0, 1)
 #undef NUM
     return -2;
 }
@@ -138,6 +143,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     c->max_suspended = 1024;
     c->shutdown_grace_s = 10;
     c->webhook_retry_s = 5;
+    c->max_model_bytes = 64L << 30;
 
     static const struct { const char *env, *flag; } envs[] = {
         {"AC_LISTEN", "listen"}, {"AC_DATA_DIR", "data-dir"}, {"AC_WORKERS", "workers"}, {"AC_MAX_ATTEMPTS", "max-attempts"},
@@ -147,7 +153,8 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_MAX_WAIT_S", "max-wait-s"}, {"AC_MAX_SUSPENDED", "max-suspended"},
         {"AC_SHUTDOWN_GRACE_S", "shutdown-grace-s"}, {"AC_WEBHOOK_SECRET_FILE", "webhook-secret-file"},
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
-        {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"},
+        {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
+        {"AC_ALLOW_HTTP_MODELS", "allow-http-models"},
     };
     for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
         const char *v = getenv(envs[i].env);
@@ -179,6 +186,10 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         }
         if (!strcmp(a, "--print-routes")) {
             c->print_routes = 1;
+            continue;
+        }
+        if (!strcmp(a, "--allow-http-models")) {
+            c->allow_http_models = 1;
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {

@@ -29,6 +29,8 @@ typedef struct {
     int print_routes;
     long retain_max_bytes;       /* data dir size cap (finished jobs go, oldest first); 0 = none */
     long retain_max_age_s;       /* finished jobs older than this go; 0 = none */
+    long max_model_bytes;        /* cap on a model download (POST /v1/models with url) */
+    int allow_http_models;       /* accept http:// model URLs (tests, trusted networks) */
 } srv_config;
 
 /* Fill c from defaults, the environment and argv. Returns 0, 1 when --help was printed,

@@ -41,9 +41,11 @@ struct store {
     extern const char sym[];
 MIGRATION(store_migration_0001, "storage/migrations/0001_init.sql")
 MIGRATION(store_migration_0002, "storage/migrations/0002_webhooks.sql")
+MIGRATION(store_migration_0003, "storage/migrations/0003_model_fetch.sql")
 static const char *const migrations[] = {
     store_migration_0001,
     store_migration_0002,
+    store_migration_0003,
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -1377,7 +1379,8 @@ int store_artifact_list(store *st, const char *job_id, store_artifact **out, int
 
 /* ---- models ------------------------------------------------------------------------ */
 
-#define MODEL_COLS "seq, id, path, tokenizer, name, format, created_at"
+#define MODEL_COLS "seq, id, path, tokenizer, name, format, created_at, status, url, sha256, size_bytes, " \
+                   "bytes_done, bytes_total, error, updated_at"
 
 static void model_from_row(sqlite3_stmt *s, store_model *m)
 {
@@ -1389,15 +1392,30 @@ static void model_from_row(sqlite3_stmt *s, store_model *m)
     col_copy(s, 4, m->name, sizeof m->name);
     col_copy(s, 5, m->format, sizeof m->format);
     m->created_at = sqlite3_column_int64(s, 6);
+    col_copy(s, 7, m->status, sizeof m->status);
+    col_copy(s, 8, m->url, sizeof m->url);
+    col_copy(s, 9, m->sha256, sizeof m->sha256);
+    m->size_bytes = sqlite3_column_int64(s, 10);
+    m->bytes_done = sqlite3_column_int64(s, 11);
+    m->bytes_total = sqlite3_column_int64(s, 12);
+    col_copy(s, 13, m->error, sizeof m->error);
+    m->updated_at = sqlite3_column_int64(s, 14);
 }
 
-int store_model_add(store *st, store_model *m)
+/* Insert m (id and times assigned). 0 or -1 (logged). */
+static int model_insert(conn *c, store_model *m)
 {
-    conn *c = C(st);
-    if (!c || store_new_id("mdl_", m->id, sizeof m->id) < 0)
+    if (store_new_id("mdl_", m->id, sizeof m->id) < 0)
         return -1;
-    m->created_at = store_now();
-    static const char *sql = "INSERT INTO models(id, path, tokenizer, name, format, created_at) VALUES (?,?,?,?,?,?)";
+    m->created_at = m->updated_at = store_now();
+    if (!m->status[0]) {   /* registered by path: nothing to download */
+        snprintf(m->status, sizeof m->status, "ready");
+        m->size_bytes = m->bytes_total = -1;
+        m->bytes_done = 0;
+    }
+    static const char *sql = "INSERT INTO models(id, path, tokenizer, name, format, created_at, status, url, sha256, "
+                             "size_bytes, bytes_done, bytes_total, error, updated_at) "
+                             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
     sqlite3_stmt *s = S(c, sql);
     if (!s)
         return -1;
@@ -1407,10 +1425,158 @@ int store_model_add(store *st, store_model *m)
     bind_text(s, 4, m->name);
     bind_text(s, 5, m->format);
     sqlite3_bind_int64(s, 6, m->created_at);
+    bind_text(s, 7, m->status);
+    bind_text(s, 8, m->url);
+    bind_text(s, 9, m->sha256);
+    sqlite3_bind_int64(s, 10, m->size_bytes);
+    sqlite3_bind_int64(s, 11, m->bytes_done);
+    sqlite3_bind_int64(s, 12, m->bytes_total);
+    bind_text(s, 13, m->error);
+    sqlite3_bind_int64(s, 14, m->updated_at);
     if (step_done(c, s) < 0)
         return -1;
     m->seq = sqlite3_last_insert_rowid(c->db);
     return 0;
+}
+
+int store_model_add(store *st, store_model *m)
+{
+    conn *c = C(st);
+    if (!c)
+        return -1;
+    return model_insert(c, m);
+}
+
+/* The model with this sha256 on connection c: 0 found, 1 absent, -1 error. */
+static int model_by_sha(conn *c, const char *sha, store_model *out)
+{
+    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE sha256=?";
+    sqlite3_stmt *s = S(c, q);
+    if (!s)
+        return -1;
+    bind_text(s, 1, sha);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        model_from_row(s, out);
+    sqlite3_reset(s);
+    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+}
+
+int store_model_get_sha(store *st, const char *sha256_hex, store_model *out)
+{
+    conn *c = C(st);
+    return c ? model_by_sha(c, sha256_hex, out) : -1;
+}
+
+int store_model_add_fetch(store *st, store_model *m, int *restarted)
+{
+    *restarted = 0;
+    conn *c = C(st);
+    if (!c || !m->sha256[0] || begin(c) < 0)
+        return -1;
+    store_model *old = malloc(sizeof *old);
+    if (!old)
+        goto fail;
+    int rc = model_by_sha(c, m->sha256, old);
+    if (rc < 0)
+        goto fail;
+    if (rc == 0) {
+        if (!strcmp(old->status, "failed")) {
+            static const char *sql = "UPDATE models SET status='fetching', url=?, name=?, tokenizer=?, size_bytes=?, "
+                                     "bytes_done=0, bytes_total=?, error='', updated_at=? WHERE id=?";
+            sqlite3_stmt *s = S(c, sql);
+            if (!s)
+                goto fail;
+            bind_text(s, 1, m->url);
+            bind_text(s, 2, m->name);
+            bind_text(s, 3, m->tokenizer);
+            sqlite3_bind_int64(s, 4, m->size_bytes);
+            sqlite3_bind_int64(s, 5, m->size_bytes);
+            sqlite3_bind_int64(s, 6, store_now());
+            bind_text(s, 7, old->id);
+            if (step_done(c, s) < 0 || model_by_sha(c, m->sha256, old) != 0)
+                goto fail;
+            *restarted = 1;
+        }
+        if (commit(c) < 0)
+            goto fail;
+        *m = *old;
+        free(old);
+        return 1;
+    }
+    snprintf(m->status, sizeof m->status, "fetching");
+    m->bytes_done = 0;
+    m->bytes_total = m->size_bytes;
+    m->error[0] = 0;
+    if (model_insert(c, m) < 0 || commit(c) < 0)
+        goto fail;
+    free(old);
+    return 0;
+fail:
+    free(old);
+    rollback(c);
+    return -1;
+}
+
+int store_model_next_fetch(store *st, store_model *out)
+{
+    conn *c = C(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE status='fetching' ORDER BY seq LIMIT 1";
+    sqlite3_stmt *s = S(c, q);
+    if (!s)
+        return -1;
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        model_from_row(s, out);
+    sqlite3_reset(s);
+    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+}
+
+int store_model_fetch_progress(store *st, const char *id, int64_t bytes_done, int64_t bytes_total)
+{
+    conn *c = C(st);
+    if (!c)
+        return -1;
+    static const char *sql = "UPDATE models SET bytes_done=?, bytes_total=?, updated_at=? "
+                             "WHERE id=? AND status='fetching'";
+    sqlite3_stmt *s = S(c, sql);
+    if (!s)
+        return -1;
+    sqlite3_bind_int64(s, 1, bytes_done);
+    sqlite3_bind_int64(s, 2, bytes_total);
+    sqlite3_bind_int64(s, 3, store_now());
+    bind_text(s, 4, id);
+    return step_done(c, s);
+}
+
+int store_model_fetch_done(store *st, const char *id, const char *status, int64_t bytes, const char *error)
+{
+    conn *c = C(st);
+    if (!c || (strcmp(status, "ready") && strcmp(status, "failed")))
+        return -1;
+    int ready = !strcmp(status, "ready");
+    static const char *sql_ready = "UPDATE models SET status='ready', bytes_done=?, bytes_total=?, error='', "
+                                   "updated_at=? WHERE id=? AND status='fetching'";
+    static const char *sql_failed = "UPDATE models SET status='failed', error=?, updated_at=? "
+                                    "WHERE id=? AND status='fetching'";
+    sqlite3_stmt *s = S(c, ready ? sql_ready : sql_failed);
+    if (!s)
+        return -1;
+    if (ready) {
+        sqlite3_bind_int64(s, 1, bytes);
+        sqlite3_bind_int64(s, 2, bytes);
+        sqlite3_bind_int64(s, 3, store_now());
+        bind_text(s, 4, id);
+    } else {
+        bind_text(s, 1, error ? error : "");
+        sqlite3_bind_int64(s, 2, store_now());
+        bind_text(s, 3, id);
+    }
+    if (step_done(c, s) < 0)
+        return -1;
+    return sqlite3_changes(c->db) == 1 ? 0 : 1;
 }
 
 int store_model_get(store *st, const char *id, store_model *out)

@@ -63,11 +63,20 @@ typedef struct {
 typedef struct {
     int64_t seq;
     char id[48];                 /* "mdl_..." */
-    char path[4096];             /* resolved server path */
+    char path[4096];             /* resolved server path (for a URL model: its cache path) */
     char tokenizer[4096];        /* "" when none */
     char name[132];
     char format[16];             /* "hf" | "gguf" | "llama2c" */
     int64_t created_at;
+    /* registration by URL (storage/fetch.h); a path-registered model is "ready" with "" */
+    char status[12];             /* "fetching" | "ready" | "failed"; "" on add = "ready" */
+    char url[2100];
+    char sha256[65];             /* expected digest, lowercase hex */
+    int64_t size_bytes;          /* declared size (a download larger fails); -1 none */
+    int64_t bytes_done;          /* downloaded so far */
+    int64_t bytes_total;         /* expected total; -1 unknown */
+    char error[1024];            /* why it failed; "" otherwise */
+    int64_t updated_at;
 } store_model;
 
 /* Open (creating if needed) the database at path, set WAL and apply migrations.
@@ -168,8 +177,25 @@ int store_artifact_get(store *st, const char *job_id, const char *name, store_ar
 /* All artifacts of a job, by name. 0 with *out malloc'd (free it), -1 on error. */
 int store_artifact_list(store *st, const char *job_id, store_artifact **out, int *n);
 
-/* Register a model (id assigned here). 0 or -1. */
+/* Register a model (id, created_at, updated_at assigned here; status "" means "ready").
+ * 0 or -1. */
 int store_model_add(store *st, store_model *m);
+/* Register a model to fetch by URL (status "fetching"; id and times assigned here) unless
+ * a model with the same sha256 exists: then m is overwritten with that model, and when it
+ * had failed it is first reset to "fetching" with m's url, name, tokenizer and
+ * size_bytes (*restarted = 1). One transaction. Returns 0 (inserted), 1 (existing model
+ * in m), -1 on error. */
+int store_model_add_fetch(store *st, store_model *m, int *restarted);
+/* The model registered with this sha256 (lowercase hex). 0 found, 1 absent, -1 error. */
+int store_model_get_sha(store *st, const char *sha256_hex, store_model *out);
+/* The oldest model in status "fetching". 0 found (out filled), 1 none, -1 error. */
+int store_model_next_fetch(store *st, store_model *out);
+/* Download progress of a fetching model (no-op on other states). 0 or -1. */
+int store_model_fetch_progress(store *st, const char *id, int64_t bytes_done, int64_t bytes_total);
+/* End a fetch: status "ready" (bytes_done = bytes_total = bytes) or "failed" with error.
+ * Only a model still "fetching" changes. Returns 0, 1 when it was not fetching, -1. */
+int store_model_fetch_done(store *st, const char *id, const char *status, int64_t bytes,
+                           const char *error);
 /* 0 found, 1 absent, -1 error. */
 int store_model_get(store *st, const char *id, store_model *out);
 /* Newest first, after `after`; same contract as store_job_list (free the array). */

@@ -60,11 +60,11 @@ static void mk(store *st, const char *device, char *out)
 static void test_migrations(void **state)
 {
     store *st = *state;
-    assert_int_equal(store_schema_version(st), 2);
+    assert_int_equal(store_schema_version(st), 3);
     char err[256];
     store *again = store_open(dbpath, err, sizeof err); /* re-open: nothing to migrate */
     assert_non_null(again);
-    assert_int_equal(store_schema_version(again), 2);
+    assert_int_equal(store_schema_version(again), 3);
     store_close(again);
 }
 

@@ -1,0 +1,773 @@
+/* storage/fetch.c — fetch_url (one resumable, size-limited, sha-256-verified libcurl
+ * download into OUT.part, fsynced and renamed) and the model fetcher thread of the server
+ * (see fetch.h). The fetcher downloads one model at a time and polls the store once a
+ * second; it never holds a store transaction while bytes arrive.
+ */
+#include "storage/fetch.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "storage/artstore.h"
+#include "storage/modelio.h"
+
+/* ---- fetch_url --------------------------------------------------------------------- */
+
+typedef struct {
+    int fd;
+    int64_t start;           /* bytes of .part kept before this request (the Range start) */
+    int64_t have;            /* bytes in .part now */
+    int64_t total;           /* expected final size; -1 unknown */
+    int64_t max;
+    EVP_MD_CTX *md;
+    CURL *c;
+    fetch_opts *o;
+    int is_http;
+    int seen_body;           /* the first body byte of the final response arrived */
+    int64_t cr_start, cr_total; /* Content-Range of the current response; -1 none */
+    long code;               /* HTTP status of the response whose body arrived */
+    int too_big, io_err, bad_range, cancelled, restarted;
+    char io_msg[256];
+} fx;
+
+static int hexval(int ch)
+{
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                                             : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+static int is_sha256_hex(const char *s)
+{
+    if (!s || strlen(s) != 64)
+        return 0;
+    for (int i = 0; i < 64; i++)
+        if (hexval((unsigned char)s[i]) < 0)
+            return 0;
+    return 1;
+}
+
+/* Parse "bytes A-B/T" or "bytes * /T" (without the space) after the header name. */
+static void parse_content_range(const char *v, size_t n, int64_t *start, int64_t *total)
+{
+    char buf[128];
+    if (n >= sizeof buf)
+        return;
+    memcpy(buf, v, n);
+    buf[n] = 0;
+    const char *p = buf;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (strncasecmp(p, "bytes", 5))
+        return;
+    p += 5;
+    while (*p == ' ')
+        p++;
+    char *end;
+    if (*p == '*') {
+        p++;
+    } else {
+        errno = 0;
+        long long a = strtoll(p, &end, 10);
+        if (errno || end == p || *end != '-')
+            return;
+        *start = a;
+        p = strchr(end, '/');
+        if (!p)
+            return;
+    }
+    if (*p != '/')
+        return;
+    errno = 0;
+    long long t = strtoll(p + 1, &end, 10);
+    if (!errno && end != p + 1 && t >= 0)
+        *total = t;
+}
+
+static size_t fx_header(char *buf, size_t size, size_t nitems, void *u)
+{
+    fx *s = u;
+    size_t n = size * nitems;
+    if (n >= 5 && !strncmp(buf, "HTTP/", 5)) {   /* a new response (redirect, 100, final) */
+        s->cr_start = -1;
+        s->cr_total = -1;
+    } else if (n > 14 && !strncasecmp(buf, "content-range:", 14)) {
+        size_t vl = n - 14;
+        while (vl && (buf[14 + vl - 1] == '\r' || buf[14 + vl - 1] == '\n'))
+            vl--;
+        parse_content_range(buf + 14, vl, &s->cr_start, &s->cr_total);
+    }
+    return n;
+}
+
+/* Start over at byte 0 (the server ignored the Range): empty .part, reset the digest. */
+static int fx_restart(fx *s)
+{
+    if (ftruncate(s->fd, 0) || lseek(s->fd, 0, SEEK_SET) < 0) {
+        snprintf(s->io_msg, sizeof s->io_msg, "truncate: %s", strerror(errno));
+        return -1;
+    }
+    if (EVP_DigestInit_ex(s->md, EVP_sha256(), NULL) != 1) {
+        snprintf(s->io_msg, sizeof s->io_msg, "sha256 init failed");
+        return -1;
+    }
+    s->have = 0;
+    s->restarted = 1;
+    return 0;
+}
+
+/* The first body bytes of the final response: check status, range and size first. */
+static int fx_first(fx *s)
+{
+    s->seen_body = 1;
+    long code = 0;
+    curl_off_t cl = -1;
+    curl_easy_getinfo(s->c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_getinfo(s->c, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+    s->code = code;
+    if (s->is_http && code >= 300)
+        return -1;                    /* an error page: handled after the transfer */
+    if (s->is_http && code == 206) {
+        if (s->cr_start != s->start) {
+            s->bad_range = 1;
+            return -1;
+        }
+        s->total = s->cr_total >= 0 ? s->cr_total : cl >= 0 ? s->start + cl : -1;
+    } else if (s->is_http) {          /* 200: the whole file */
+        if (s->start > 0 && fx_restart(s) < 0) {
+            s->io_err = 1;
+            return -1;
+        }
+        s->total = cl >= 0 ? cl : -1;
+    } else {                          /* file://: curl resumed at `start` itself */
+        s->total = cl >= 0 ? s->start + cl : -1;
+    }
+    if (s->total > s->max) {
+        s->too_big = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static size_t fx_write(char *ptr, size_t size, size_t nmemb, void *u)
+{
+    fx *s = u;
+    size_t n = size * nmemb;
+    if (!s->seen_body && fx_first(s) < 0)
+        return 0;
+    if (s->have + (int64_t)n > s->max) {
+        s->too_big = 1;
+        return 0;
+    }
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(s->fd, ptr + off, n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            snprintf(s->io_msg, sizeof s->io_msg, "write: %s", w < 0 ? strerror(errno) : "no progress");
+            s->io_err = 1;
+            return 0;
+        }
+        off += (size_t)w;
+    }
+    if (EVP_DigestUpdate(s->md, ptr, n) != 1) {
+        snprintf(s->io_msg, sizeof s->io_msg, "sha256 update failed");
+        s->io_err = 1;
+        return 0;
+    }
+    s->have += (int64_t)n;
+    return n;
+}
+
+static int fx_xferinfo(void *u, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
+{
+    (void)dltotal;
+    (void)dlnow;
+    (void)ultotal;
+    (void)ulnow;
+    fx *s = u;
+    if (s->o->progress && s->o->progress(s->o->user, s->have, s->total)) {
+        s->cancelled = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* Hash the bytes an earlier attempt left in .part (fd at offset 0), leaving fd at its end.
+ * Returns 0, FETCH_CANCELLED, or -1 with err. */
+static int hash_existing(fx *s, const char *part, char *err, size_t errlen)
+{
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    if (!buf) {
+        snprintf(err, errlen, "%s: out of memory", part);
+        return -1;
+    }
+    int64_t next_report = 64LL << 20;
+    s->have = 0;
+    for (;;) {
+        ssize_t r = read(s->fd, buf, CHUNK);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            snprintf(err, errlen, "%s: read: %s", part, strerror(errno));
+            free(buf);
+            return -1;
+        }
+        if (r == 0)
+            break;
+        if (EVP_DigestUpdate(s->md, buf, (size_t)r) != 1) {
+            snprintf(err, errlen, "%s: sha256 update failed", part);
+            free(buf);
+            return -1;
+        }
+        s->have += r;
+        if (s->have >= next_report) {
+            next_report += 64LL << 20;
+            if (s->o->progress && s->o->progress(s->o->user, s->have, -1)) {
+                free(buf);
+                return FETCH_CANCELLED;
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+static void hex_digest(EVP_MD_CTX *md, char hex[65], int *ok)
+{
+    unsigned char dig[EVP_MAX_MD_SIZE];
+    unsigned int dl = 0;
+    *ok = EVP_DigestFinal_ex(md, dig, &dl) == 1 && dl == 32;
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        hex[2 * i] = digits[*ok ? dig[i] >> 4 : 0];
+        hex[2 * i + 1] = digits[*ok ? dig[i] & 15 : 0];
+    }
+    hex[64] = 0;
+}
+
+static void fsync_dir_of(const char *path)
+{
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return;
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+}
+
+/* A scheme the caller allows: 0, or -1 with err. *is_http set for http(s). */
+static int check_scheme(const char *url, unsigned flags, int *is_http, char *err, size_t errlen)
+{
+    *is_http = 1;
+    if (!strncasecmp(url, "https://", 8) && url[8])
+        return 0;
+    if (!strncasecmp(url, "http://", 7) && url[7]) {
+        if (flags & FETCH_ALLOW_HTTP)
+            return 0;
+        snprintf(err, errlen, "%.300s: plain http:// is not allowed here; use https://", url);
+        return -1;
+    }
+    *is_http = 0;
+    if (!strncasecmp(url, "file://", 7) && (flags & FETCH_ALLOW_FILE))
+        return 0;
+    snprintf(err, errlen, "%.300s: only %s URLs can be fetched", url,
+             flags & FETCH_ALLOW_HTTP ? "https:// and http://" : "https://");
+    return -1;
+}
+
+/* One attempt. *resumed_mismatch is set when a digest mismatch followed a resume. */
+static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const char *out_path, const char *part,
+                      fetch_opts *o, int is_http, int *resumed_mismatch, char *err, size_t errlen)
+{
+    *resumed_mismatch = 0;
+    fx s;
+    memset(&s, 0, sizeof s);
+    s.o = o;
+    s.max = max_bytes;
+    s.total = -1;
+    s.cr_start = s.cr_total = -1;
+    s.is_http = is_http;
+    s.fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s.fd < 0) {
+        snprintf(err, errlen, "%s: %s", part, strerror(errno));
+        return FETCH_FAILED;
+    }
+    if (flock(s.fd, LOCK_EX | LOCK_NB) < 0) {
+        snprintf(err, errlen, "%s: another download of this file is in progress", part);
+        close(s.fd);
+        return FETCH_RETRY;
+    }
+    int rc = FETCH_FAILED, keep_part = 0;
+    s.md = EVP_MD_CTX_new();
+    s.c = curl_easy_init();
+    if (!s.md || !s.c || EVP_DigestInit_ex(s.md, EVP_sha256(), NULL) != 1) {
+        snprintf(err, errlen, "%.300s: cannot initialise libcurl/openssl", url);
+        goto done;
+    }
+    int h = hash_existing(&s, part, err, errlen);
+    if (h) {
+        rc = h == FETCH_CANCELLED ? FETCH_CANCELLED : FETCH_FAILED;
+        keep_part = h == FETCH_CANCELLED;
+        if (h == FETCH_CANCELLED)
+            snprintf(err, errlen, "%.300s: cancelled", url);
+        goto done;
+    }
+    if (s.have > max_bytes && fx_restart(&s) < 0) {
+        snprintf(err, errlen, "%s: %s", part, s.io_msg);
+        goto done;
+    }
+    s.start = s.have;
+    o->resumed_from = s.start;
+    const char *protos = !is_http ? "file" : (o->flags & FETCH_ALLOW_HTTP) ? "http,https" : "https";
+    char cerr[CURL_ERROR_SIZE] = "", range[32];
+    /* CURLOPT_RANGE rather than RESUME_FROM: curl then leaves a 200 answer to us (restart) */
+    snprintf(range, sizeof range, "%lld-", (long long)s.start);
+    long connect_s = o->connect_timeout_s > 0 ? o->connect_timeout_s : 30;
+    long stall_s = o->stall_timeout_s > 0 ? o->stall_timeout_s : 60;
+    if (curl_easy_setopt(s.c, CURLOPT_URL, url) || curl_easy_setopt(s.c, CURLOPT_PROTOCOLS_STR, protos) ||
+        curl_easy_setopt(s.c, CURLOPT_REDIR_PROTOCOLS_STR, protos) ||
+        curl_easy_setopt(s.c, CURLOPT_FOLLOWLOCATION, 1L) || curl_easy_setopt(s.c, CURLOPT_MAXREDIRS, 5L) ||
+        curl_easy_setopt(s.c, CURLOPT_WRITEFUNCTION, fx_write) || curl_easy_setopt(s.c, CURLOPT_WRITEDATA, &s) ||
+        curl_easy_setopt(s.c, CURLOPT_HEADERFUNCTION, fx_header) || curl_easy_setopt(s.c, CURLOPT_HEADERDATA, &s) ||
+        curl_easy_setopt(s.c, CURLOPT_NOPROGRESS, 0L) ||
+        curl_easy_setopt(s.c, CURLOPT_XFERINFOFUNCTION, fx_xferinfo) ||
+        curl_easy_setopt(s.c, CURLOPT_XFERINFODATA, &s) ||
+        curl_easy_setopt(s.c, CURLOPT_CONNECTTIMEOUT, connect_s) ||
+        curl_easy_setopt(s.c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(s.c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
+        curl_easy_setopt(s.c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(s.c, CURLOPT_ERRORBUFFER, cerr) ||
+        curl_easy_setopt(s.c, CURLOPT_USERAGENT, "autocompress") ||
+        (s.start > 0 && curl_easy_setopt(s.c, CURLOPT_RANGE, range))) {
+        snprintf(err, errlen, "%.300s: libcurl rejected an option", url);
+        goto done;
+    }
+    CURLcode cc = curl_easy_perform(s.c);
+    long code = 0;
+    curl_easy_getinfo(s.c, CURLINFO_RESPONSE_CODE, &code);
+    if (s.cancelled) {
+        snprintf(err, errlen, "%.300s: cancelled after %lld bytes", url, (long long)s.have);
+        rc = FETCH_CANCELLED;
+        keep_part = 1;
+        goto done;
+    }
+    if (s.too_big) {
+        if (s.total > max_bytes)
+            snprintf(err, errlen, "%.300s: %lld bytes is larger than the limit of %lld bytes", url,
+                     (long long)s.total, (long long)max_bytes);
+        else
+            snprintf(err, errlen, "%.300s: larger than the limit of %lld bytes", url, (long long)max_bytes);
+        goto done;
+    }
+    if (s.io_err) {
+        snprintf(err, errlen, "%s: %s", part, s.io_msg);
+        goto done;
+    }
+    if (s.bad_range) {
+        snprintf(err, errlen, "%.300s: asked for bytes from %lld, the server sent a range from %lld; starting over",
+                 url, (long long)s.start, (long long)s.cr_start);
+        rc = FETCH_RETRY;
+        goto done;
+    }
+    int complete_already = 0;
+    if (is_http && code >= 300) {
+        if (code == 416 && s.start > 0 && s.cr_total == s.start) {
+            complete_already = 1;     /* an earlier attempt got every byte before it stopped */
+        } else if (code == 416 && s.start > 0) {
+            snprintf(err, errlen, "%.300s: HTTP 416 for a resume at byte %lld; starting over", url,
+                     (long long)s.start);
+            rc = FETCH_RETRY;
+            goto done;
+        } else {
+            snprintf(err, errlen, "%.300s: HTTP %ld", url, code);
+            int transient = code >= 500 || code == 408 || code == 429;
+            rc = transient ? FETCH_RETRY : FETCH_FAILED;
+            keep_part = transient;
+            goto done;
+        }
+    } else if (cc != CURLE_OK) {
+        snprintf(err, errlen, "%.300s: %s after %lld bytes", url, cerr[0] ? cerr : curl_easy_strerror(cc),
+                 (long long)s.have);
+        rc = cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT || cc == CURLE_TOO_MANY_REDIRECTS
+                 ? FETCH_FAILED : FETCH_RETRY;
+        keep_part = rc == FETCH_RETRY;
+        goto done;
+    }
+    if (!complete_already && !s.seen_body && is_http && code == 200 && s.start > 0 && fx_restart(&s) < 0) {
+        snprintf(err, errlen, "%s: %s", part, s.io_msg);   /* an empty 200 body */
+        goto done;
+    }
+    if (s.total >= 0 && s.have != s.total && !complete_already) {
+        snprintf(err, errlen, "%.300s: got %lld of %lld bytes", url, (long long)s.have, (long long)s.total);
+        rc = FETCH_RETRY;
+        keep_part = 1;
+        goto done;
+    }
+    int ok;
+    hex_digest(s.md, o->sha256, &ok);
+    if (!ok) {
+        snprintf(err, errlen, "%.300s: sha256 failed", url);
+        goto done;
+    }
+    if (sha && strcasecmp(o->sha256, sha)) {
+        snprintf(err, errlen, "%.300s: sha256 mismatch: got %s, expected %s", url, o->sha256, sha);
+        *resumed_mismatch = s.start > 0 && !s.restarted;
+        goto done;
+    }
+    if (fsync(s.fd)) {
+        snprintf(err, errlen, "%s: fsync: %s", part, strerror(errno));
+        goto done;
+    }
+    if (rename(part, out_path)) {
+        snprintf(err, errlen, "%s: rename: %s", out_path, strerror(errno));
+        goto done;
+    }
+    fsync_dir_of(out_path);
+    o->bytes = s.have;
+    rc = FETCH_OK;
+    keep_part = 1;   /* renamed: nothing to remove */
+done:
+    if (s.c)
+        curl_easy_cleanup(s.c);
+    EVP_MD_CTX_free(s.md);
+    if (!keep_part)
+        unlink(part);
+    close(s.fd);     /* releases the lock */
+    return rc;
+}
+
+int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const char *out_path, fetch_opts *opts,
+              char *err, size_t errlen)
+{
+    fetch_opts dflt;
+    memset(&dflt, 0, sizeof dflt);
+    fetch_opts *o = opts ? opts : &dflt;
+    o->sha256[0] = 0;
+    o->bytes = 0;
+    o->resumed_from = 0;
+    int is_http;
+    if (!url || check_scheme(url, o->flags, &is_http, err, errlen) < 0)
+        return FETCH_FAILED;
+    if (sha256_hex && !is_sha256_hex(sha256_hex)) {
+        snprintf(err, errlen, "%.300s: sha256 must be 64 hex digits", url);
+        return FETCH_FAILED;
+    }
+    if (max_bytes < 0)
+        max_bytes = 0;
+    char part[4200];
+    if (snprintf(part, sizeof part, "%s.part", out_path) >= (int)sizeof part) {
+        snprintf(err, errlen, "%.300s: output path too long", out_path);
+        return FETCH_FAILED;
+    }
+    int resumed_mismatch = 0;
+    int rc = fetch_once(url, sha256_hex, max_bytes, out_path, part, o, is_http, &resumed_mismatch, err, errlen);
+    if (rc == FETCH_FAILED && resumed_mismatch)   /* the kept bytes were stale: once more from 0 */
+        rc = fetch_once(url, sha256_hex, max_bytes, out_path, part, o, is_http, &resumed_mismatch, err, errlen);
+    return rc;
+}
+
+const char *fetch_model_file_name(const char *url, char *out, size_t outlen, char *err, size_t errlen)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    size_t n = strcspn(p, "?#");
+    const char *slash = NULL;
+    for (const char *q = p; q < p + n; q++)
+        if (*q == '/')
+            slash = q;
+    if (!slash || slash + 1 == p + n) {
+        snprintf(err, errlen, "the URL names no file (its path must end in NAME.gguf or NAME.bin)");
+        return NULL;
+    }
+    const char *base = slash + 1;
+    size_t bl = (size_t)(p + n - base);
+    if (bl >= outlen || bl > 200 || base[0] == '.') {
+        snprintf(err, errlen, "the URL's file name must be 1 to 200 characters and not start with '.'");
+        return NULL;
+    }
+    for (size_t i = 0; i < bl; i++) {
+        char ch = base[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '_' || ch == '-')) {
+            snprintf(err, errlen, "the URL's file name may hold only letters, digits, '.', '_' and '-'");
+            return NULL;
+        }
+    }
+    memcpy(out, base, bl);
+    out[bl] = 0;
+    if (bl > 5 && !strcmp(out + bl - 5, ".gguf"))
+        return "gguf";
+    if (bl > 4 && !strcmp(out + bl - 4, ".bin"))
+        return "llama2c";
+    snprintf(err, errlen, "the URL's file must be a .gguf file or a llama2.c .bin checkpoint (lowercase suffix)");
+    return NULL;
+}
+
+int fetch_model_path(const char *data_dir, const char *sha256_hex, const char *file, char *out, size_t outlen)
+{
+    int n = snprintf(out, outlen, "%s/models/%s/%s", data_dir, sha256_hex, file);
+    return n < 0 || (size_t)n >= outlen ? -1 : 0;
+}
+
+/* ---- the model fetcher ------------------------------------------------------------- */
+
+struct fetch_service {
+    store *st;
+    unsigned flags;
+    int64_t max_bytes;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, kicked;
+    /* progress of the model being fetched (written by the fetcher thread only) */
+    char id[48];
+    double last_report;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static fetch_service *g_service;   /* the fetcher of this process, or NULL */
+
+enum { FETCH_ATTEMPTS = 4 };
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int stopping(fetch_service *fs)
+{
+    pthread_mutex_lock(&fs->mu);
+    int s = fs->stop;
+    pthread_mutex_unlock(&fs->mu);
+    return s;
+}
+
+/* Sleep up to seconds, waking early on a kick or stop. Returns 1 when stopping. */
+static int nap(fetch_service *fs, double seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long long ns = until.tv_nsec + (long long)(seconds * 1e9);
+    until.tv_sec += (time_t)(ns / 1000000000LL);
+    until.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_mutex_lock(&fs->mu);
+    while (!fs->stop && !fs->kicked)
+        if (pthread_cond_timedwait(&fs->cv, &fs->mu, &until) == ETIMEDOUT)
+            break;
+    fs->kicked = 0;
+    int s = fs->stop;
+    pthread_mutex_unlock(&fs->mu);
+    return s;
+}
+
+static int on_progress(void *user, int64_t done, int64_t total)
+{
+    fetch_service *fs = user;
+    if (stopping(fs))
+        return 1;
+    double now = mono_s();
+    if (now - fs->last_report >= 0.25) {
+        fs->last_report = now;
+        (void)store_model_fetch_progress(fs->st, fs->id, done, total);   /* best effort */
+    }
+    return 0;
+}
+
+/* mkdir -p for the folder holding path. 0 or -1. */
+static int mkdirs_for(const char *path)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
+        return -1;
+    char *last = strrchr(tmp, '/');
+    if (!last || last == tmp)
+        return 0;
+    *last = 0;
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* The downloaded file must open as a model. 0, or -1 with err. */
+static int check_model(const store_model *m, char *err, size_t errlen)
+{
+    mio_model *mm = malloc(sizeof *mm);
+    if (!mm) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char why[512] = "";
+    int rc = mio_open(mm, m->path, m->tokenizer[0] ? m->tokenizer : NULL, why, sizeof why);
+    if (rc == 0)
+        mio_close(mm);
+    else
+        snprintf(err, errlen, "the downloaded file is not a readable model: %.400s", why);
+    free(mm);
+    return rc;
+}
+
+/* Fetch one model to a final state (or leave it fetching when stopping). */
+static void fetch_one(fetch_service *fs, const store_model *m)
+{
+    char err[1024] = "";
+    snprintf(fs->id, sizeof fs->id, "%s", m->id);
+    fs->last_report = 0;
+    int64_t limit = fs->max_bytes;
+    if (m->size_bytes >= 0 && m->size_bytes < limit)
+        limit = m->size_bytes;
+    struct stat sb;
+    if (stat(m->path, &sb) == 0) {   /* done by an earlier run that stopped before recording it */
+        char hex[65], why[256];
+        int64_t size = 0;
+        int ok = art_sha256_file(m->path, hex, &size, why, sizeof why) == 0 && !strcasecmp(hex, m->sha256);
+        if (ok) {
+            int bad = check_model(m, err, sizeof err);
+            if (bad)
+                unlink(m->path);
+            (void)store_model_fetch_done(fs->st, m->id, bad ? "failed" : "ready", size, err);
+            return;
+        }
+        unlink(m->path);
+    }
+    if (mkdirs_for(m->path) < 0) {
+        snprintf(err, sizeof err, "cannot create the model cache folder for %.600s: %s", m->path, strerror(errno));
+        (void)store_model_fetch_done(fs->st, m->id, "failed", 0, err);
+        return;
+    }
+    int rc = FETCH_FAILED;
+    for (int attempt = 1; attempt <= FETCH_ATTEMPTS; attempt++) {
+        fetch_opts o;
+        memset(&o, 0, sizeof o);
+        o.flags = fs->flags & FETCH_ALLOW_HTTP;
+        o.progress = on_progress;
+        o.user = fs;
+        rc = fetch_url(m->url, m->sha256, limit, m->path, &o, err, sizeof err);
+        if (rc == FETCH_OK) {
+            int bad = check_model(m, err, sizeof err);
+            if (bad)
+                unlink(m->path);
+            (void)store_model_fetch_done(fs->st, m->id, bad ? "failed" : "ready", o.bytes, err);
+            return;
+        }
+        if (rc != FETCH_RETRY || attempt == FETCH_ATTEMPTS)
+            break;
+        if (nap(fs, (double)(1 << attempt)))   /* 2, 4, 8 s */
+            return;
+    }
+    if (rc == FETCH_CANCELLED || stopping(fs))
+        return;   /* stays "fetching": the next start resumes from the .part */
+    (void)store_model_fetch_done(fs->st, m->id, "failed", 0, err);
+}
+
+static void *fetch_main(void *arg)
+{
+    fetch_service *fs = arg;
+    for (;;) {
+        if (stopping(fs))
+            break;
+        store_model *m = malloc(sizeof *m);
+        int rc = m ? store_model_next_fetch(fs->st, m) : -1;
+        if (rc == 0)
+            fetch_one(fs, m);
+        free(m);
+        if (rc != 0 && nap(fs, 1.0))
+            break;
+    }
+    return NULL;
+}
+
+fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_service) {
+        pthread_mutex_unlock(&g_mu);
+        snprintf(err, errlen, "a model fetcher already runs in this process");
+        return NULL;
+    }
+    fetch_service *fs = calloc(1, sizeof *fs);
+    if (!fs) {
+        pthread_mutex_unlock(&g_mu);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    fs->st = st;
+    fs->flags = flags & FETCH_ALLOW_HTTP;
+    fs->max_bytes = max_model_bytes;
+    pthread_mutex_init(&fs->mu, NULL);
+    pthread_cond_init(&fs->cv, NULL);
+    int e = pthread_create(&fs->thread, NULL, fetch_main, fs);
+    if (e) {
+        pthread_cond_destroy(&fs->cv);
+        pthread_mutex_destroy(&fs->mu);
+        free(fs);
+        pthread_mutex_unlock(&g_mu);
+        snprintf(err, errlen, "cannot start the model fetcher: %s", strerror(e));
+        return NULL;
+    }
+    g_service = fs;
+    pthread_mutex_unlock(&g_mu);
+    return fs;
+}
+
+void fetch_service_stop(fetch_service *fs)
+{
+    if (!fs)
+        return;
+    pthread_mutex_lock(&g_mu);
+    if (g_service == fs)
+        g_service = NULL;
+    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&fs->mu);
+    fs->stop = 1;
+    pthread_cond_broadcast(&fs->cv);
+    pthread_mutex_unlock(&fs->mu);
+    pthread_join(fs->thread, NULL);
+    pthread_cond_destroy(&fs->cv);
+    pthread_mutex_destroy(&fs->mu);
+    free(fs);
+}
+
+int fetch_service_policy(unsigned *flags, int64_t *max_model_bytes)
+{
+    pthread_mutex_lock(&g_mu);
+    int rc = -1;
+    if (g_service) {
+        *flags = g_service->flags;
+        *max_model_bytes = g_service->max_bytes;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+void fetch_service_kick(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_service) {
+        pthread_mutex_lock(&g_service->mu);
+        g_service->kicked = 1;
+        pthread_cond_signal(&g_service->cv);
+        pthread_mutex_unlock(&g_service->mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+}

@@ -1,0 +1,88 @@
+/* storage/fetch.h — downloads by URL (libcurl, sha-256 by OpenSSL) and the server's model
+ * fetcher. fetch_url is the one downloader every layer uses: resumable from OUT.part,
+ * size-limited, sha-256 verified, fsynced and renamed into place, so a half-downloaded
+ * file is never seen under its final name. https always; http and file:// only when the
+ * caller allows them. The model fetcher is one background thread per server process that
+ * downloads the models registered by URL (store state "fetching"), one at a time.
+ */
+#ifndef AC_STORAGE_FETCH_H
+#define AC_STORAGE_FETCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/store.h"
+
+/* fetch_url results. */
+#define FETCH_OK         0
+#define FETCH_FAILED    -1  /* permanent (HTTP 4xx, size limit, digest mismatch, bad URL): .part removed */
+#define FETCH_RETRY     -2  /* transient (network, HTTP 5xx, dropped connection): .part kept for resume */
+#define FETCH_CANCELLED -3  /* the progress callback asked to stop: .part kept for resume */
+
+/* fetch_opts.flags */
+#define FETCH_ALLOW_HTTP 1u /* plain http:// (tests, trusted networks) */
+#define FETCH_ALLOW_FILE 2u /* file:// (local command-line use only; the server never sets it) */
+
+/* Progress: bytes in the file so far and the expected total (-1 unknown). Return nonzero
+ * to cancel. Called from the downloading thread at least once a second while it runs. */
+typedef int (*fetch_progress_fn)(void *user, int64_t done_bytes, int64_t total_bytes);
+
+typedef struct {
+    unsigned flags;              /* FETCH_ALLOW_* */
+    fetch_progress_fn progress;  /* may be NULL */
+    void *user;
+    long connect_timeout_s;      /* 0: 30 */
+    long stall_timeout_s;        /* abort (FETCH_RETRY) when no byte arrives this long; 0: 60 */
+    /* outputs */
+    char sha256[65];             /* hex digest of the file (on FETCH_OK) */
+    int64_t bytes;               /* its size (on FETCH_OK) */
+    int64_t resumed_from;        /* bytes of an earlier .part that were kept (0: from scratch) */
+} fetch_opts;
+
+/* Download url into out_path: bytes go to "out_path.part" (locked against a concurrent
+ * download of the same file); an existing .part is hashed and continued with a Range
+ * request, and restarted from byte 0 when the server answers 200 instead of 206. At most
+ * max_bytes (a larger Content-Length is refused before any byte is written). When
+ * sha256_hex (64 hex digits) is given the result must match it: on a mismatch the .part
+ * is removed (after one fresh retry when the mismatch followed a resume) and err names
+ * both digests. On success the file is fsynced and renamed to out_path (the folder is
+ * fsynced too). opts may be NULL (https only, no progress); its outputs are filled.
+ * Returns FETCH_OK, or FETCH_FAILED / FETCH_RETRY / FETCH_CANCELLED with a reason in
+ * err. Call curl_global_init once per process before the first call. */
+int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const char *out_path,
+              fetch_opts *opts, char *err, size_t errlen);
+
+/* The file name a model URL is cached under: the last path segment (query and fragment
+ * dropped), which must end in .gguf or .bin and contain only letters, digits, '.', '_'
+ * and '-'. Writes it into out and returns the model format ("gguf" or "llama2c"), or NULL
+ * with a reason in err. */
+const char *fetch_model_file_name(const char *url, char *out, size_t outlen, char *err, size_t errlen);
+
+/* The cache path of a model: DATA_DIR/models/SHA256/FILE. Returns 0, or -1 when out is
+ * too short. */
+int fetch_model_path(const char *data_dir, const char *sha256_hex, const char *file, char *out,
+                     size_t outlen);
+
+/* ---- the model fetcher ---------------------------------------------------------------- */
+
+typedef struct fetch_service fetch_service;
+
+/* Start the fetcher thread: it downloads every model in status "fetching" (oldest first,
+ * including those a previous server left half-done, resumed from their .part), checks
+ * that the file opens as a model, and marks it ready or failed (with the reason);
+ * transient failures are retried with backoff before the model fails. flags are
+ * FETCH_ALLOW_HTTP or 0 (file:// is never allowed here); max_model_bytes caps every
+ * download. At most one fetcher runs per process. Returns a new handle
+ * (fetch_service_stop), or NULL with a reason in err. */
+fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, char *err,
+                                   size_t errlen);
+/* Stop the thread: an unfinished download keeps its .part and its model stays
+ * "fetching", so the next start resumes it. NULL is a no-op. */
+void fetch_service_stop(fetch_service *fs);
+/* The policy of the fetcher running in this process: 0 with *flags and *max_model_bytes,
+ * or -1 when none runs (registration by URL is then unavailable). */
+int fetch_service_policy(unsigned *flags, int64_t *max_model_bytes);
+/* Wake the fetcher now (a model was registered); it also polls the store every second. */
+void fetch_service_kick(void);
+
+#endif

@@ -1,0 +1,207 @@
+#!/bin/bash
+# POST /v1/models {url, sha256}: the real server downloads stories260K from a local HTTP
+# server in the background (202, status fetching -> ready), verified against its sha256
+# and cached at DATA/models/SHA/FILE; the same sha256 again returns the same model; a wrong
+# sha256 fails with both digests named; jobs get a 422 naming the state of a model that
+# is fetching or failed; SIGTERM during a stalled download is prompt and the model is
+# still fetching after a restart; http:// needs --allow-http-models; --max-model-bytes
+# fails an oversized download. Responses are validated against openapi.yaml's Model.
+set -eu
+PY=${AC_PYTHON:-python3}
+SRC=$AC_SHARED/data/models/stories260K
+SHA=$(sha256sum "$SRC/stories260K.bin" | cut -d' ' -f1)
+WRONG=$(sha256sum "$SRC/tok512.bin" | cut -d' ' -f1)
+SIZE=$(stat -c %s "$SRC/stories260K.bin")
+HERE=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+helpers=()
+SPID=""
+cleanup() {
+    set +e
+    [ -n "$SPID" ] && kill "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
+    for p in "${helpers[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; [ -f "$tmp/server.log" ] && tail -20 "$tmp/server.log"; exit 1; }
+
+# a file server (python's http.server) and a server that accepts and never answers
+mkdir -p "$tmp/www"
+cp "$SRC/stories260K.bin" "$tmp/www/"
+"$PY" -u -m http.server 0 --bind 127.0.0.1 --directory "$tmp/www" > "$tmp/www.log" 2>&1 &
+helpers+=($!)
+"$PY" -u -c 'import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(64)
+print(s.getsockname()[1], flush=True); time.sleep(600)' > "$tmp/stall.port" &
+helpers+=($!)
+FP=""; STALL=""
+for _ in $(seq 100); do
+    FP=$(sed -n 's/.* port \([0-9]*\) .*/\1/p' "$tmp/www.log" | head -1)
+    STALL=$(head -1 "$tmp/stall.port")
+    [ -n "$FP" ] && [ -n "$STALL" ] && break
+    sleep 0.1
+done
+[ -n "$FP" ] && [ -n "$STALL" ] || fail "helper servers did not start"
+
+start_server() {   # DATA_DIR ARGS...
+    local dir=$1; shift
+    mkdir -p "$dir/models"
+    : > "$tmp/server.log"
+    AC_TEST_STAGES=1 "$AC_BIN" serve --listen 127.0.0.1:0 --data-dir "$dir" "$@" >> "$tmp/server.log" 2>&1 &
+    SPID=$!
+    PORT=""
+    for _ in $(seq 150); do
+        PORT=$(grep '"msg":"listening"' "$tmp/server.log" | head -1 | jq -r .port 2>/dev/null || true)
+        [ -n "$PORT" ] && return 0
+        kill -0 "$SPID" 2>/dev/null || fail "server exited"
+        sleep 0.1
+    done
+    fail "server did not start"
+}
+stop_server() {
+    local t0=$(date +%s.%N)
+    kill -TERM "$SPID"
+    wait "$SPID" || fail "server exit status $?"
+    SPID=""
+    STOP_S=$(echo "$(date +%s.%N) - $t0" | bc)
+    ! grep -q 'AddressSanitizer\|LeakSanitizer\|runtime error:' "$tmp/server.log" || fail "sanitizer report"
+}
+req() {   # METHOD PATH [BODY]: sets CODE, BODY
+    if [ $# -ge 3 ]; then
+        CODE=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' \
+               --data-binary "$3" "http://127.0.0.1:$PORT$2")
+    else
+        CODE=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" "http://127.0.0.1:$PORT$2")
+    fi
+    BODY=$(cat "$tmp/body")
+}
+expect() {   # CODE JQ-FILTER (must print true)
+    [ "$CODE" = "$1" ] || fail "expected $1, got $CODE: $BODY"
+    [ "$(echo "$BODY" | jq "$2")" = true ] || fail "$2 does not hold for $BODY"
+}
+wait_status() {   # ID STATUS
+    for _ in $(seq 300); do
+        req GET "/v1/models/$1"
+        [ "$(echo "$BODY" | jq -r .status)" = "$2" ] && return 0
+        sleep 0.1
+    done
+    fail "model $1 not $2 after 30 s: $BODY"
+}
+keep() { echo "$BODY" >> "$tmp/models.jsonl"; }   # for the schema check at the end
+
+# ---- a server that accepts http:// model URLs ------------------------------------------
+DATA=$tmp/var
+start_server "$DATA" --allow-http-models
+cp "$SRC/tok512.bin" "$DATA/models/tok512.bin"
+URL=http://127.0.0.1:$FP/stories260K.bin
+
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\", \"name\": \"stories\", \"tokenizer\": \"models/tok512.bin\"}"
+expect 202 ".status == \"fetching\" and .url == \"$URL\" and .sha256 == \"$SHA\" and .error == null"
+keep
+ID=$(echo "$BODY" | jq -r .id)
+wait_status "$ID" ready
+expect 200 ".bytes_done == $SIZE and .bytes_total == $SIZE and .format == \"llama2c\" and .name == \"stories\""
+keep
+CACHED=$(echo "$BODY" | jq -r .path)
+[ "$CACHED" = "$DATA/models/$SHA/stories260K.bin" ] || fail "cache path $CACHED"
+[ "$(sha256sum "$CACHED" | cut -d' ' -f1)" = "$SHA" ] || fail "cached file digest"
+[ ! -e "$CACHED.part" ] || fail ".part left behind"
+"$AC_BIN" inspect "$CACHED" | grep -q '^layers: *5$' || fail "the cached model does not load"
+[ "$(grep -c '"GET /stories260K.bin' "$tmp/www.log")" = 1 ] || fail "expected one download"
+
+# the same sha256 (any case) again: the same model, no second download
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"${SHA^^}\"}"
+expect 200 ".id == \"$ID\" and .status == \"ready\""
+req GET "/v1/models?limit=100"
+expect 200 "[.data[] | select(.sha256 == \"$SHA\")] | length == 1"
+[ "$(grep -c '"GET /stories260K.bin' "$tmp/www.log")" = 1 ] || fail "downloaded twice"
+
+# jobs can reference it by id or by url + sha256
+SPEC='"constraints": {"latency_ms": 50}, "x_test_pipeline": ["test_sleep"]'
+req POST /v1/jobs "{\"model\": {\"id\": \"$ID\"}, $SPEC}"
+expect 201 ".id | startswith(\"job_\")"
+req POST /v1/jobs "{\"model\": {\"url\": \"$URL\", \"sha256\": \"$SHA\"}, $SPEC}"
+expect 201 ".id | startswith(\"job_\")"
+
+# a wrong sha256: failed, both digests named, nothing cached
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$WRONG\"}"
+expect 202 '.status == "fetching"'
+BAD=$(echo "$BODY" | jq -r .id)
+wait_status "$BAD" failed
+expect 200 ".error.code == \"fetch_failed\" and (.error.message | contains(\"sha256 mismatch\") and contains(\"$SHA\") and contains(\"$WRONG\"))"
+keep
+[ ! -e "$DATA/models/$WRONG/stories260K.bin" ] && [ ! -e "$DATA/models/$WRONG/stories260K.bin.part" ] ||
+    fail "a file was left for the failed model"
+req POST /v1/jobs "{\"model\": {\"id\": \"$BAD\"}, $SPEC}"
+expect 422 "[.errors[] | select(.pointer == \"/model/id\" and (.message | contains(\"failed to fetch\")))] | length == 1"
+
+# a download that stalls: the model stays fetching and jobs are told so
+STALLSHA=$(printf 'c%.0s' $(seq 64))
+req POST /v1/models "{\"url\": \"http://127.0.0.1:$STALL/big.gguf\", \"sha256\": \"$STALLSHA\", \"size_bytes\": 123456}"
+expect 202 '.status == "fetching" and .format == "gguf" and .bytes_total == 123456'
+keep
+SLOW=$(echo "$BODY" | jq -r .id)
+sleep 0.5
+req POST /v1/jobs "{\"model\": {\"id\": \"$SLOW\"}, $SPEC}"
+expect 422 "[.errors[] | select(.pointer == \"/model/id\" and (.message | contains(\"still fetching\")))] | length == 1"
+
+# invalid registrations
+req POST /v1/models "{\"url\": \"$URL\"}"
+expect 400 '[.errors[] | select(.pointer == "/sha256")] | length == 1'
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"abc\"}"
+expect 422 '[.errors[] | select(.pointer == "/sha256")] | length == 1'
+req POST /v1/models "{\"url\": \"ftp://127.0.0.1/x.bin\", \"sha256\": \"$SHA\"}"
+expect 422 '[.errors[] | select(.pointer == "/url")] | length == 1'
+req POST /v1/models "{\"url\": \"http://127.0.0.1:$FP/notes.txt\", \"sha256\": \"$SHA\"}"
+expect 422 '.errors[0].message | contains(".gguf")'
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\", \"path\": \"models/tok512.bin\"}"
+expect 422 '.errors[0].message | contains("exactly one of path or url")'
+req POST /v1/models "{\"path\": \"models/tok512.bin\", \"sha256\": \"$SHA\"}"
+expect 400 '[.errors[] | select(.pointer == "/sha256")] | length == 1'
+
+# SIGTERM while a download stalls: prompt; after a restart the model is still fetching
+stop_server
+echo "stop with a stalled download: ${STOP_S}s"
+[ "$(echo "$STOP_S < 8" | bc)" = 1 ] || fail "shutdown took ${STOP_S}s"
+start_server "$DATA" --allow-http-models
+req GET "/v1/models/$SLOW"
+expect 200 '.status == "fetching"'
+req GET "/v1/models/$ID"
+expect 200 '.status == "ready"'
+stop_server
+
+# ---- the defaults: https only; and a size cap ------------------------------------------
+start_server "$tmp/var2"
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\"}"
+expect 422 '.errors[0].message | contains("--allow-http-models")'
+stop_server
+start_server "$tmp/var3" --allow-http-models --max-model-bytes 1000
+req POST /v1/models "{\"url\": \"https://example.invalid/m.gguf\", \"sha256\": \"$SHA\", \"size_bytes\": 5000}"
+expect 422 '[.errors[] | select(.pointer == "/size_bytes" and (.message | contains("--max-model-bytes")))] | length == 1'
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\"}"
+expect 202 '.status == "fetching"'
+CAP=$(echo "$BODY" | jq -r .id)
+wait_status "$CAP" failed
+expect 200 ".error.message | contains(\"$SIZE bytes is larger than the limit of 1000 bytes\")"
+keep
+stop_server
+
+# ---- every model response above matches the OpenAPI Model schema ----------------------
+"$PY" - "$HERE/../../openapi/openapi.yaml" "$tmp/models.jsonl" <<'PYEOF'
+import json, subprocess, sys
+import yaml
+try:
+    import jsonschema  # noqa: F401
+except ImportError:  # first run in a fresh venv (as test_openapi_contract.py does)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "jsonschema"], check=True)
+from jsonschema import Draft202012Validator
+doc = yaml.safe_load(open(sys.argv[1]))
+v = Draft202012Validator({"$ref": "#/components/schemas/Model", "components": doc["components"]})
+rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+assert len(rows) == 5, len(rows)
+for r in rows:
+    errs = list(v.iter_errors(r))
+    assert not errs, (r, [e.message for e in errs])
+print("schema ok for", len(rows), "models")
+PYEOF
+echo ok

@@ -1,0 +1,620 @@
+/* tests/unit/test_fetch.c — fetch_url against a tiny HTTP/1.1 server on a thread of this
+ * test (loopback, one connection at a time, Connection: close): full download with the
+ * digest checked, digest mismatch, size limit, resume after a dropped connection (Range),
+ * a server that ignores Range (200, restart), a stale .part, HTTP errors, cancellation,
+ * scheme policy; and the model fetcher resuming a model left "fetching" from its .part.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <curl/curl.h>
+
+#include "storage/artstore.h"
+#include "storage/fetch.h"
+#include "storage/store.h"
+
+/* ---- the test server --------------------------------------------------------------- */
+
+enum { MODE_RANGE, MODE_DROP_ONCE, MODE_NO_RANGE, MODE_404, MODE_503 };
+
+typedef struct {
+    int lfd, port;
+    pthread_t th;
+    pthread_mutex_t mu;
+    const unsigned char *body;
+    size_t len;
+    int mode;
+    int requests;
+    char last_range[128];   /* Range header of the last request ("" none) */
+    int stop;
+} srv;
+
+static int send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void serve_one(srv *s, int fd)
+{
+    char req[4096];
+    size_t got = 0;
+    while (got < sizeof req - 1) {
+        ssize_t r = recv(fd, req + got, sizeof req - 1 - got, 0);
+        if (r <= 0)
+            return;
+        got += (size_t)r;
+        req[got] = 0;
+        if (strstr(req, "\r\n\r\n"))
+            break;
+    }
+    char range[128] = "";
+    const char *h = strcasestr(req, "\r\nRange:");
+    if (h) {
+        h += 8;
+        while (*h == ' ')
+            h++;
+        size_t n = strcspn(h, "\r\n");
+        snprintf(range, sizeof range, "%.*s", (int)n, h);
+    }
+    pthread_mutex_lock(&s->mu);
+    int mode = s->mode, nreq = ++s->requests;
+    snprintf(s->last_range, sizeof s->last_range, "%s", range);
+    if (mode == MODE_DROP_ONCE && nreq > 1)
+        mode = MODE_RANGE;
+    pthread_mutex_unlock(&s->mu);
+    char hdr[512];
+    if (mode == MODE_404 || mode == MODE_503) {
+        int n = snprintf(hdr, sizeof hdr, "HTTP/1.1 %s\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot here\n",
+                         mode == MODE_404 ? "404 Not Found" : "503 Service Unavailable");
+        (void)send_all(fd, hdr, (size_t)n);
+        return;
+    }
+    size_t from = 0;
+    if (range[0] && mode == MODE_RANGE) {
+        unsigned long long a = 0;
+        if (sscanf(range, "bytes=%llu-", &a) == 1)
+            from = (size_t)a;
+    }
+    if (from >= s->len && range[0] && mode == MODE_RANGE) {
+        int n = snprintf(hdr, sizeof hdr, "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */%zu\r\n"
+                                          "Content-Length: 0\r\nConnection: close\r\n\r\n", s->len);
+        (void)send_all(fd, hdr, (size_t)n);
+        return;
+    }
+    int n;
+    if (from > 0)
+        n = snprintf(hdr, sizeof hdr, "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %zu-%zu/%zu\r\n"
+                                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", from, s->len - 1, s->len,
+                     s->len - from);
+    else
+        n = snprintf(hdr, sizeof hdr, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nAccept-Ranges: bytes\r\n"
+                                      "Connection: close\r\n\r\n", s->len);
+    if (send_all(fd, hdr, (size_t)n) < 0)
+        return;
+    size_t end = mode == MODE_DROP_ONCE ? s->len / 2 : s->len;   /* drop the connection halfway */
+    (void)send_all(fd, s->body + from, end - from);
+}
+
+static void *srv_main(void *arg)
+{
+    srv *s = arg;
+    for (;;) {
+        int fd = accept(s->lfd, NULL, NULL);
+        pthread_mutex_lock(&s->mu);
+        int stop = s->stop;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) {
+            if (fd >= 0)
+                close(fd);
+            return NULL;
+        }
+        if (fd < 0)
+            continue;
+        serve_one(s, fd);
+        shutdown(fd, SHUT_RDWR);
+        close(fd);
+    }
+}
+
+static void srv_start(srv *s, const unsigned char *body, size_t len, int mode)
+{
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    s->body = body;
+    s->len = len;
+    s->mode = mode;
+    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s->lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(s->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s->lfd, 8), 0);
+    socklen_t al = sizeof a;
+    assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&a, &al), 0);
+    s->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&s->th, NULL, srv_main, s), 0);
+}
+
+static void srv_set_mode(srv *s, int mode)
+{
+    pthread_mutex_lock(&s->mu);
+    s->mode = mode;
+    s->requests = 0;
+    s->last_range[0] = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void srv_stop(srv *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_mutex_unlock(&s->mu);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);   /* wake accept() */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    (void)connect(fd, (struct sockaddr *)&a, sizeof a);
+    close(fd);
+    pthread_join(s->th, NULL);
+    close(s->lfd);
+    pthread_mutex_destroy(&s->mu);
+}
+
+/* ---- fixtures ---------------------------------------------------------------------- */
+
+enum { BODY_LEN = 3 * 100000 + 17 };
+static unsigned char body[BODY_LEN];
+static char body_sha[65];
+static char tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    for (size_t i = 0; i < BODY_LEN; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        body[i] = (unsigned char)x;
+    }
+    art_sha256_buf(body, BODY_LEN, body_sha);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ac_fetch_XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    curl_global_cleanup();
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path_of(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "%s/%s", tmpdir, name);
+}
+
+static int64_t file_size(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 ? (int64_t)sb.st_size : -1;
+}
+
+static void assert_file_is_body(const char *p)
+{
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    unsigned char *buf = malloc(BODY_LEN + 1);
+    assert_non_null(buf);
+    size_t n = fread(buf, 1, BODY_LEN + 1, f);
+    fclose(f);
+    assert_int_equal(n, BODY_LEN);
+    assert_memory_equal(buf, body, BODY_LEN);
+    free(buf);
+}
+
+static void url_of(char *out, size_t n, const srv *s, const char *name)
+{
+    snprintf(out, n, "http://127.0.0.1:%d/files/%s", s->port, name);
+}
+
+static void write_part(const char *out, const unsigned char *p, size_t n)
+{
+    char part[600];
+    snprintf(part, sizeof part, "%s.part", out);
+    FILE *f = fopen(part, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* ---- fetch_url --------------------------------------------------------------------- */
+
+static void test_full_download(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], part[600], err[1024] = "";
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "full.bin");
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    assert_file_is_body(out);
+    assert_string_equal(o.sha256, body_sha);
+    assert_int_equal(o.bytes, BODY_LEN);
+    assert_int_equal(o.resumed_from, 0);
+    snprintf(part, sizeof part, "%s.part", out);
+    assert_int_equal(file_size(part), -1);
+    assert_string_equal(s.last_range, "");
+    /* without a digest: downloaded and its digest reported */
+    unlink(out);
+    assert_int_equal(fetch_url(url, NULL, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    assert_string_equal(o.sha256, body_sha);
+    srv_stop(&s);
+}
+
+static void test_sha_mismatch(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], part[600], err[1024] = "", wrong[65];
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "wrong.bin");
+    memcpy(wrong, body_sha, 65);
+    wrong[5] = wrong[5] == '0' ? '1' : '0';
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, wrong, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+    assert_non_null(strstr(err, "sha256 mismatch"));
+    assert_non_null(strstr(err, wrong));
+    assert_non_null(strstr(err, body_sha));
+    assert_int_equal(file_size(out), -1);
+    snprintf(part, sizeof part, "%s.part", out);
+    assert_int_equal(file_size(part), -1);
+    /* not hex at all */
+    assert_int_equal(fetch_url(url, "xyz", BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+    assert_non_null(strstr(err, "64 hex digits"));
+    srv_stop(&s);
+}
+
+static void test_size_limit(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], part[600], err[1024] = "", want[64];
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "big.bin");
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN - 1, out, &o, err, sizeof err), FETCH_FAILED);
+    /* refused by its Content-Length, before a byte was written */
+    snprintf(want, sizeof want, "%d bytes is larger than the limit of %d bytes", BODY_LEN, BODY_LEN - 1);
+    assert_non_null(strstr(err, want));
+    assert_int_equal(file_size(out), -1);
+    snprintf(part, sizeof part, "%s.part", out);
+    assert_int_equal(file_size(part), -1);
+    srv_stop(&s);
+}
+
+static void test_resume_after_drop(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_DROP_ONCE);
+    char url[256], out[512], part[600], err[1024] = "", want[64];
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "resumed.bin");
+    snprintf(part, sizeof part, "%s.part", out);
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_RETRY);
+    assert_int_equal(file_size(out), -1);
+    assert_int_equal(file_size(part), BODY_LEN / 2);   /* kept for the resume */
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    snprintf(want, sizeof want, "bytes=%d-", BODY_LEN / 2);
+    assert_string_equal(s.last_range, want);
+    assert_int_equal(s.requests, 2);
+    assert_int_equal(o.resumed_from, BODY_LEN / 2);
+    assert_file_is_body(out);
+    assert_int_equal(file_size(part), -1);
+    srv_stop(&s);
+}
+
+static void test_server_ignores_range(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_NO_RANGE);
+    char url[256], out[512], part[600], err[1024] = "", want[64];
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "restart.bin");
+    snprintf(part, sizeof part, "%s.part", out);
+    write_part(out, body, BODY_LEN / 3);
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    snprintf(want, sizeof want, "bytes=%d-", BODY_LEN / 3);
+    assert_string_equal(s.last_range, want);   /* asked for a range ... */
+    assert_int_equal(s.requests, 1);           /* ... got 200 and restarted in the same request */
+    assert_file_is_body(out);
+    srv_stop(&s);
+}
+
+static void test_stale_part_and_complete_part(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], err[1024] = "";
+    url_of(url, sizeof url, &s, "m.bin");
+    /* a .part from other bytes: the resumed digest mismatches, one fresh retry fixes it */
+    path_of(out, sizeof out, "stale.bin");
+    unsigned char junk[1000];
+    memset(junk, 0x5a, sizeof junk);
+    write_part(out, junk, sizeof junk);
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    assert_int_equal(s.requests, 2);
+    assert_file_is_body(out);
+    /* a .part that is already complete (stopped before the rename): 416, then verified */
+    srv_set_mode(&s, MODE_RANGE);
+    path_of(out, sizeof out, "complete.bin");
+    write_part(out, body, BODY_LEN);
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    assert_int_equal(s.requests, 1);
+    assert_file_is_body(out);
+    srv_stop(&s);
+}
+
+static void test_http_errors(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_404);
+    char url[256], out[512], part[600], err[1024] = "";
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "err.bin");
+    snprintf(part, sizeof part, "%s.part", out);
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+    assert_non_null(strstr(err, "HTTP 404"));
+    assert_int_equal(file_size(part), -1);
+    srv_set_mode(&s, MODE_503);
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_RETRY);
+    assert_non_null(strstr(err, "HTTP 503"));
+    assert_int_equal(file_size(out), -1);
+    srv_stop(&s);
+    /* nobody listening: transient */
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_RETRY);
+}
+
+static int cancel_at_once(void *user, int64_t done, int64_t total)
+{
+    (void)done;
+    (void)total;
+    ++*(int *)user;
+    return 1;
+}
+
+static void test_cancel_and_schemes(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], err[1024] = "";
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "cancel.bin");
+    int calls = 0;
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP, .progress = cancel_at_once, .user = &calls};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_CANCELLED);
+    assert_true(calls >= 1);
+    assert_int_equal(file_size(out), -1);
+    /* http refused unless allowed; file:// only with its own flag; others never */
+    fetch_opts strict = {0};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &strict, err, sizeof err), FETCH_FAILED);
+    assert_non_null(strstr(err, "http:// is not allowed"));
+    char furl[600];
+    path_of(out, sizeof out, "src.bin");
+    FILE *f = fopen(out, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(body, 1, BODY_LEN, f), BODY_LEN);
+    assert_int_equal(fclose(f), 0);
+    snprintf(furl, sizeof furl, "file://%s", out);
+    path_of(out, sizeof out, "copy.bin");
+    assert_int_equal(fetch_url(furl, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+    assert_non_null(strstr(err, "only https:// and http:// URLs"));
+    fetch_opts local = {.flags = FETCH_ALLOW_FILE};
+    assert_int_equal(fetch_url(furl, body_sha, BODY_LEN, out, &local, err, sizeof err), FETCH_OK);
+    assert_file_is_body(out);
+    assert_int_equal(local.resumed_from, 0);
+    unlink(out);
+    write_part(out, body, 1000);   /* file:// resumes too */
+    assert_int_equal(fetch_url(furl, body_sha, BODY_LEN, out, &local, err, sizeof err), FETCH_OK);
+    assert_int_equal(local.resumed_from, 1000);
+    assert_file_is_body(out);
+    assert_int_equal(fetch_url("ftp://example.com/x.bin", NULL, 10, out, &local, err, sizeof err), FETCH_FAILED);
+    srv_stop(&s);
+}
+
+static void test_model_file_names(void **state)
+{
+    (void)state;
+    char f[256], err[256];
+    assert_string_equal(fetch_model_file_name("https://h.example/a/b/model.Q4_1.gguf?x=1#y", f, sizeof f, err,
+                                              sizeof err), "gguf");
+    assert_string_equal(f, "model.Q4_1.gguf");
+    assert_string_equal(fetch_model_file_name("http://h:8/stories260K.bin", f, sizeof f, err, sizeof err),
+                        "llama2c");
+    assert_null(fetch_model_file_name("https://h.example/", f, sizeof f, err, sizeof err));
+    assert_null(fetch_model_file_name("https://h.example", f, sizeof f, err, sizeof err));
+    assert_null(fetch_model_file_name("https://h.example/x.safetensors", f, sizeof f, err, sizeof err));
+    assert_null(fetch_model_file_name("https://h.example/a%2F..%2Fb.bin", f, sizeof f, err, sizeof err));
+    assert_null(fetch_model_file_name("https://h.example/.hidden.bin", f, sizeof f, err, sizeof err));
+    char p[128];
+    assert_int_equal(fetch_model_path("/d", "ab", "m.gguf", p, sizeof p), 0);
+    assert_string_equal(p, "/d/models/ab/m.gguf");
+    assert_int_equal(fetch_model_path("/d", "ab", "m.gguf", p, 8), -1);
+}
+
+/* ---- the model fetcher: a model left "fetching" resumes from its .part --------------- */
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    assert_true(len > 0);
+    rewind(f);
+    unsigned char *b = malloc((size_t)len);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+static int wait_status(store *st, const char *id, const char *want, store_model *m)
+{
+    for (int i = 0; i < 600; i++) {   /* 30 s */
+        assert_int_equal(store_model_get(st, id, m), 0);
+        if (!strcmp(m->status, want))
+            return 0;
+        usleep(50000);
+    }
+    return -1;
+}
+
+static void test_fetcher_resumes(void **state)
+{
+    (void)state;
+    const char *shared = getenv("AC_SHARED");
+    char src[600], db[600], err[1024] = "";
+    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    size_t len;
+    unsigned char *model = slurp(src, &len);
+    char sha[65];
+    art_sha256_buf(model, len, sha);
+    srv s;
+    srv_start(&s, model, len, MODE_RANGE);
+    path_of(db, sizeof db, "fetcher.db");
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    assert_int_equal(store_schema_version(st), 3);
+
+    /* as a server would leave it: registered, "fetching", a third downloaded */
+    store_model *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d/m/stories260K.bin", s.port);
+    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
+    snprintf(m->format, sizeof m->format, "llama2c");
+    m->size_bytes = -1;
+    assert_int_equal(fetch_model_path(tmpdir, sha, "stories260K.bin", m->path, sizeof m->path), 0);
+    int restarted = -1;
+    assert_int_equal(store_model_add_fetch(st, m, &restarted), 0);
+    assert_int_equal(restarted, 0);
+    assert_string_equal(m->status, "fetching");
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/models", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(dir, sizeof dir, "%s/models/%s", tmpdir, sha);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    write_part(m->path, model, len / 3);
+
+    /* the same sha256 again: the same model, no second row */
+    store_model *again = calloc(1, sizeof *again);
+    assert_non_null(again);
+    *again = *m;
+    again->id[0] = 0;
+    assert_int_equal(store_model_add_fetch(st, again, &restarted), 1);
+    assert_string_equal(again->id, m->id);
+
+    unsigned flags;
+    int64_t cap;
+    assert_int_equal(fetch_service_policy(&flags, &cap), -1);
+    fetch_service *fs = fetch_service_start(st, FETCH_ALLOW_HTTP, 1 << 30, err, sizeof err);
+    assert_non_null(fs);
+    assert_int_equal(fetch_service_policy(&flags, &cap), 0);
+    assert_int_equal(flags, FETCH_ALLOW_HTTP);
+    assert_int_equal(cap, 1 << 30);
+    fetch_service_kick();
+    store_model *got = calloc(1, sizeof *got);
+    assert_non_null(got);
+    assert_int_equal(wait_status(st, m->id, "ready", got), 0);
+    char want[64];
+    snprintf(want, sizeof want, "bytes=%zu-", len / 3);
+    assert_string_equal(s.last_range, want);
+    assert_int_equal(s.requests, 1);
+    assert_int_equal(got->bytes_done, (int64_t)len);
+    assert_int_equal(got->bytes_total, (int64_t)len);
+    char hex[65];
+    int64_t size;
+    assert_int_equal(art_sha256_file(got->path, hex, &size, err, sizeof err), 0);
+    assert_string_equal(hex, sha);
+
+    /* a digest no download can match: failed with the reason, nothing left behind */
+    memset(again, 0, sizeof *again);
+    snprintf(again->url, sizeof again->url, "http://127.0.0.1:%d/m/other.bin", s.port);
+    memset(again->sha256, 'e', 64);
+    snprintf(again->format, sizeof again->format, "llama2c");
+    again->size_bytes = -1;
+    assert_int_equal(fetch_model_path(tmpdir, again->sha256, "other.bin", again->path, sizeof again->path), 0);
+    assert_int_equal(store_model_add_fetch(st, again, &restarted), 0);
+    fetch_service_kick();
+    assert_int_equal(wait_status(st, again->id, "failed", got), 0);
+    assert_non_null(strstr(got->error, "sha256 mismatch"));
+    assert_int_equal(file_size(again->path), -1);
+    /* registering it again restarts the failed one */
+    assert_int_equal(store_model_add_fetch(st, again, &restarted), 1);
+    assert_int_equal(restarted, 1);
+    assert_string_equal(again->status, "fetching");
+    assert_int_equal(wait_status(st, again->id, "failed", got), 0);
+
+    fetch_service_stop(fs);
+    assert_int_equal(fetch_service_policy(&flags, &cap), -1);
+    store_close(st);
+    srv_stop(&s);
+    free(m);
+    free(again);
+    free(got);
+    free(model);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_download),
+        cmocka_unit_test(test_sha_mismatch),
+        cmocka_unit_test(test_size_limit),
+        cmocka_unit_test(test_resume_after_drop),
+        cmocka_unit_test(test_server_ignores_range),
+        cmocka_unit_test(test_stale_part_and_complete_part),
+        cmocka_unit_test(test_http_errors),
+        cmocka_unit_test(test_cancel_and_schemes),
+        cmocka_unit_test(test_model_file_names),
+        cmocka_unit_test(test_fetcher_resumes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
