@@ -147,6 +147,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             snprintf(err, errlen, "starting stage %s failed", name);
             goto out;
         }
+        job_observe_stage(&ctx, "stage.started");
         char serr[1024] = "";
         double t0 = mono_s();
         int r = fn(&ctx, serr, sizeof serr);
@@ -157,6 +158,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
                 result = -1;
                 goto out;
             }
+            job_observe_stage(&ctx, "stage.completed");
         } else if (r == 1) {
             result = finish_stopped(st, id, name);
             goto out;

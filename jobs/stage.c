@@ -118,16 +118,36 @@ void job_ctx_free_state(job_ctx *ctx)
     ctx->n_state = 0;
 }
 
+static job_observer_fn observer;
+static void *observer_ud;
+
+void job_set_observer(job_observer_fn fn, void *ud)
+{
+    observer = fn;
+    observer_ud = ud;
+}
+
+void job_observe_stage(job_ctx *ctx, const char *type)
+{
+    if (observer)
+        observer(observer_ud, ctx->stage, type, ctx->stage, -1, -1);
+}
+
 int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data)
 {
     int rc = store_event_append(ctx->st, ctx->id, type, message ? message : "", data);
     json_decref(data);
+    if (observer)
+        observer(observer_ud, ctx->stage, type, message ? message : "", -1, -1);
     return rc;
 }
 
 int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps)
 {
-    return store_job_progress(ctx->st, ctx->id, step, total_steps);
+    int rc = store_job_progress(ctx->st, ctx->id, step, total_steps);
+    if (observer)
+        observer(observer_ud, ctx->stage, NULL, NULL, step, total_steps);
+    return rc;
 }
 
 static double mono_s(void)

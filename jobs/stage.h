@@ -49,6 +49,16 @@ void *job_ctx_get_state(job_ctx *ctx, const char *key);
 int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data);
 /* Update progress of the current stage. */
 int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps);
+/* An in-process observer of the job this process runs (`autocompress run` draws its
+ * progress display with it): called after each job_progress (type NULL, message NULL)
+ * and each job_event (step and total -1) with the current stage's name; strings are
+ * borrowed for the call. One per process; fn NULL removes it. Workers set none. */
+typedef void (*job_observer_fn)(void *ud, const char *stage, const char *type, const char *message,
+                                int64_t step, int64_t total_steps);
+void job_set_observer(job_observer_fn fn, void *ud);
+/* For jobs/pipeline.c: tell the observer (only; the store records stages itself) that the
+ * current stage began (type "stage.started") or completed ("stage.completed"). */
+void job_observe_stage(job_ctx *ctx, const char *type);
 /* 1 when cancellation was requested; stages check it between steps. */
 int job_cancelled(job_ctx *ctx);
 /* Publish a finished file under the stage directory as a downloadable artifact

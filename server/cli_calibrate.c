@@ -2,7 +2,8 @@
  * model of a parent shape on a target (compress/calibrate.h), validate them on held-out
  * random archs, cache the result under the data dir and print it; or import tables
  * measured in another engine (docs/timing-tables.md). Weights are random: only the
- * shape matters, so --model reads the shape alone.
+ * shape matters, so --model reads the shape alone. Progress goes to stderr
+ * (server/progress.h: a bar on a terminal, plain lines elsewhere); -v adds a line per request.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "compress/costmodel.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
+#include "server/progress.h"
 
 static void usage(FILE *f)
 {
@@ -66,6 +68,20 @@ static void print_summary(json_t *cal)
            json_number_value(json_object_get(v, "memory_mape_pct")),
            json_number_value(json_object_get(v, "memory_max_pct")),
            json_number_value(json_object_get(v, "naive_memory_mape_pct")));
+}
+
+typedef struct {
+    progress_bar *pb;
+    int verbose;   /* -v: a log line per request (what the library printed itself before) */
+} cal_display;
+
+static int on_progress(void *ud, const char *what, int step, int total)
+{
+    cal_display *d = ud;
+    if (d->verbose)
+        pb_notef(d->pb, "calibrate: %s (%d/%d)", what, step, total);
+    pb_update(d->pb, "calibrate", step, total, "req", what);
+    return 0;
 }
 
 /* --import: validate a timing-tables document and store it as a calibration. */
@@ -212,6 +228,10 @@ int cli_calibrate(int argc, char **argv)
     }
     json_t *cal;
     int reused = 0;
+    cal_display disp = {pb_open(stderr, PB_AUTO), o.verbose};
+    o.verbose = 0;   /* the display prints those lines, so they do not break the bar */
+    o.progress = on_progress;
+    o.ud = &disp;
     if (no_cache) {
         cal = cal_run(&a, &t, &o, err, sizeof err);
         if (cal && cm_calibration_save(data_dir, cal, err, sizeof err)) {
@@ -221,6 +241,8 @@ int cli_calibrate(int argc, char **argv)
     } else {
         cal = cal_get_or_run(data_dir, &a, &t, &o, &reused, err, sizeof err);
     }
+    pb_end_stage(disp.pb, cal ? NULL : "failed");
+    pb_close(disp.pb);
     arch_free(&a);
     if (!cal) {
         fprintf(stderr, "calibrate: %s\n", err);

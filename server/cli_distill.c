@@ -3,7 +3,8 @@
  * `autocompress prune`, or any loadable model) from its parent on packed text, with
  * checkpoints under DIR/checkpoints that a rerun of the same command resumes from. The
  * result goes to DIR/distilled (or --out) as a pruned model directory; a JSON summary
- * (parent, pruned-only and distilled validation loss, tokens, tokens/s) on stdout.
+ * (parent, pruned-only and distilled validation loss, tokens, tokens/s) on stdout;
+ * progress on stderr (server/progress.h: a bar on a terminal, plain lines elsewhere).
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "engine/tokenizer.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
+#include "server/progress.h"
 
 static void usage(FILE *f)
 {
@@ -48,18 +50,27 @@ static int parse_f(const char *s, double *v)
     return 0;
 }
 
+typedef struct {
+    const distill_opts *o;
+    progress_bar *pb;
+} distill_display;
+
+/* Tokens as the progress, the step's numbers as its text; validation and checkpoints as
+ * log lines. */
 static int on_progress(void *ctx, const distill_progress *p)
 {
-    const distill_opts *o = ctx;
-    char parts[64] = "";
-    if (o->kd_weight > 0 && o->kd_weight < 1)
+    const distill_display *d = ctx;
+    char parts[64] = "", extra[200];
+    if (d->o->kd_weight > 0 && d->o->kd_weight < 1)
         snprintf(parts, sizeof parts, " (kd %.4f ce %.4f)", p->kd, p->ce);
-    if (p->has_val || p->checkpointed || p->step == p->steps || p->step % 10 == 0 || p->step == 1)
-        fprintf(stderr, "distill: step %lld/%lld tokens %lld/%lld loss %.4f%s lr %.2e |g| %.3f %.1f tok/s eta %.0fs%s\n",
-                (long long)p->step, (long long)p->steps, (long long)p->tokens, (long long)p->total_tokens, p->loss,
-                parts, p->lr, p->grad_norm, p->tokens_per_s, p->eta_s, p->checkpointed ? " [checkpoint]" : "");
+    snprintf(extra, sizeof extra, "step %lld/%lld loss %.4f%s lr %.2e |g| %.3f", (long long)p->step,
+             (long long)p->steps, p->loss, parts, p->lr, p->grad_norm);
+    pb_update(d->pb, "distill", p->tokens, p->total_tokens, "tok", extra);
     if (p->has_val)
-        fprintf(stderr, "distill: step %lld validation loss %.4f\n", (long long)p->step, p->val_loss);
+        pb_notef(d->pb, "distill: step %lld validation loss %.4f%s", (long long)p->step, p->val_loss,
+                 p->checkpointed ? " [checkpoint]" : "");
+    else if (p->checkpointed)
+        pb_notef(d->pb, "distill: step %lld loss %.4f [checkpoint]", (long long)p->step, p->loss);
     return 0;
 }
 
@@ -153,8 +164,9 @@ int cli_distill(int argc, char **argv)
     o.ckpt_every = (int)ckpt_every;
     o.seed = (uint64_t)seed;
     o.stop_after = max_steps;
+    distill_display disp = {&o, NULL};
     o.progress = on_progress;
-    o.progress_ctx = &o;
+    o.progress_ctx = &disp;
     char ck[4096], outp[4096], err[1024];
     if (!ckdir) {
         snprintf(ck, sizeof ck, "%s/checkpoints", student_path);
@@ -217,7 +229,10 @@ int cli_distill(int argc, char **argv)
     }
     if (has_val)
         fprintf(stderr, "distill: validation loss parent %.4f, student before distillation %.4f\n", vp, vs0);
+    disp.pb = pb_open(stderr, PB_AUTO);
     int rc = distill_run(&parent, &student, &train, has_val ? &val : NULL, &o, &res, err, sizeof err);
+    pb_end_stage(disp.pb, rc < 0 ? "failed" : rc == 1 ? "stopped" : NULL);
+    pb_close(disp.pb);
     if (rc < 0) {
         fprintf(stderr, "distill: %s\n", err);
         goto done;

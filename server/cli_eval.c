@@ -3,6 +3,8 @@
  * (compress/eval), print a table and optionally write the results as JSON.
  * `--dump-prompts FILE` writes the exact context/continuation strings instead of
  * scoring (no model is loaded), for checking templates against other implementations.
+ * Progress per task goes to stderr (server/progress.h: a bar on a terminal, plain lines
+ * elsewhere); the table and --json output are unchanged.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,6 +22,7 @@
 #include "engine/model.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
+#include "server/progress.h"
 #include "storage/modelio.h"
 
 #define EV_MAX_TASKS 64
@@ -188,15 +191,20 @@ static int dump_prompts(const eval_args *a, char **names, int n, const char *dat
     return rc;
 }
 
-static int progress_print(void *user, const char *task, int64_t done, int64_t total)
+/* Progress of the task being scored: one display stage per task, from its loading on. */
+typedef struct {
+    progress_bar *pb;
+    const char *label;   /* the task's name as the user knows it (borrowed) */
+    int index, n;        /* task being scored (0-based) of n */
+} eval_progress;
+
+static int progress_show(void *user, const char *task, int64_t done, int64_t total)
 {
-    double *t0 = user;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double el = (double)ts.tv_sec + 1e-9 * ts.tv_nsec - *t0;
-    fprintf(stderr, "\r  %-16s %6lld/%-6lld  %.1f s", task, (long long)done, (long long)total, el);
-    if (done == total)
-        fputc('\n', stderr);
+    eval_progress *p = user;
+    char extra[32];
+    (void)task;
+    snprintf(extra, sizeof extra, "task %d/%d", p->index + 1, p->n);
+    pb_update(p->pb, p->label, done, total, "item", extra);
     return 0;
 }
 
@@ -394,7 +402,8 @@ int cli_eval(int argc, char **argv)
         goto free_model;
     }
     ev_load_opts lo = {.n_fewshot = a.fewshot, .subjects = a.subjects};
-    ev_opts eo = {.limit = a.limit, .seed = a.seed, .progress = progress_print, .progress_user = &t_loaded};
+    eval_progress prog = {NULL, "", 0, n};
+    ev_opts eo = {.limit = a.limit, .seed = a.seed, .progress = progress_show, .progress_user = &prog};
     FILE *samples = NULL;
     if (a.samples) {
         samples = fopen(a.samples, "w");
@@ -408,18 +417,25 @@ int cli_eval(int argc, char **argv)
         eo.sample_user = samples;
     }
     int failed = 0;
+    prog.pb = pb_open(stderr, PB_AUTO);
     for (int i = 0; i < n; i++) {
         ev_load_opts lo_i = lo;   /* --num-fewshot is MMLU's (the others have no training split here) */
         if (strcmp(names[i], "mmlu"))
             lo_i.n_fewshot = -1;
+        const char *slash = strrchr(names[i], '/');
+        prog.label = fetched_name[i] ? fetched_name[i] : slash ? slash + 1 : names[i];
+        prog.index = i;
+        progress_show(&prog, names[i], -1, 0);   /* loading and tokenizing count as the task's time */
         int r = ev_run_named(&em, names[i], data_dir, &lo_i, &eo, &res[i]);
+        pb_end_stage(prog.pb, r ? "failed" : NULL);
         if (fetched_name[i])
             snprintf(res[i].task, sizeof res[i].task, "%s", fetched_name[i]);
         if (r) {
             failed++;
-            fprintf(stderr, "eval: %s: %s\n", res[i].task, res[i].error);
+            pb_notef(prog.pb, "eval: %s: %s", res[i].task, res[i].error);
         }
     }
+    pb_close(prog.pb);
     if (samples && fclose(samples)) {
         fprintf(stderr, "eval: writing %s failed\n", a.samples);
         rc = 1;

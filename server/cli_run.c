@@ -1,8 +1,10 @@
 /* server/cli_run.c — `autocompress run SPEC.json --out DIR`: one job without a server.
  * The spec is validated exactly as POST /v1/jobs does (server paths may lie anywhere
  * unless --data-root confines them), the job is recorded in DIR/autocompress.db and run
- * in this process, and its artifacts are linked into DIR/. Prints the final job as JSON;
- * exits 0 when it succeeded, 1 when it failed or was cancelled (Ctrl-C), 2 on bad input.
+ * in this process, and its artifacts are linked into DIR/. Prints the final job as JSON
+ * on stdout; stage progress and events go to stderr (server/progress.h: a bar on a
+ * terminal, plain lines elsewhere). Exits 0 when it succeeded, 1 when it failed or was
+ * cancelled (Ctrl-C), 2 on bad input.
  */
 #include <errno.h>
 #include <limits.h>
@@ -17,6 +19,7 @@
 #include "jobs/pipeline.h"
 #include "jobs/stage.h"
 #include "server/cli.h"
+#include "server/progress.h"
 #include "storage/artstore.h"
 #include "storage/store.h"
 
@@ -24,6 +27,46 @@ static void on_int(int sig)
 {
     (void)sig;
     job_signal_cancel();
+}
+
+/* The job's progress and events, as the pipeline reports them (jobs/stage.h observer):
+ * a stage shows from "stage.started" (or its first report, where the pipeline does not
+ * announce stages); events are log lines above the bar. */
+typedef struct {
+    progress_bar *pb;
+    json_t *stages;   /* the job's stage names (borrowed) */
+    char stage[48];
+} run_display;
+
+static void on_job(void *ud, const char *stage, const char *type, const char *message, int64_t step,
+                   int64_t total)
+{
+    run_display *d = ud;
+    int fresh = strcmp(stage, d->stage) != 0;
+    if (fresh)
+        snprintf(d->stage, sizeof d->stage, "%s", stage);
+    char extra[48] = "";
+    size_t n = json_array_size(d->stages);
+    for (size_t i = 0; i < n; i++) {
+        const char *name = json_string_value(json_array_get(d->stages, i));
+        if (name && !strcmp(name, stage))
+            snprintf(extra, sizeof extra, "stage %zu/%zu", i + 1, n);
+    }
+    if (!type) {
+        pb_update(d->pb, stage, step, total, NULL, extra);
+        return;
+    }
+    if (!strcmp(type, "stage.started")) {
+        pb_update(d->pb, stage, -1, 0, NULL, extra);
+        return;
+    }
+    if (!strcmp(type, "stage.completed")) {
+        pb_end_stage(d->pb, NULL);
+        return;
+    }
+    if (fresh && stage[0])
+        pb_update(d->pb, stage, -1, 0, NULL, extra);
+    pb_notef(d->pb, "%s: %s", type, message);
 }
 
 static int usage(void)
@@ -133,10 +176,24 @@ int cli_run(int argc, char **argv)
         stages_register_builtin();
         if (stages_test_enabled())
             stages_register_test();
-        if (job_run(st, as, out, j.id, err, sizeof err) < 0)
-            fprintf(stderr, "autocompress run: %s\n", err);
+        run_display disp = {pb_open(stderr, PB_AUTO), j.stages, ""};
+        if (disp.pb)
+            job_set_observer(on_job, &disp);
+        int jr = job_run(st, as, out, j.id, err, sizeof err);
+        job_set_observer(NULL, NULL);
         store_job fin;
-        if (store_job_get(st, j.id, &fin) == 0) {
+        int have_fin = store_job_get(st, j.id, &fin) == 0;
+        int ok = have_fin && !strcmp(fin.status, "succeeded");
+        /* the stage shown ends as the job did ("failed", "cancelled", "queued": stopped) when
+         * it is the job's last; a stage that never reported may have come after it */
+        pb_end_stage(disp.pb, ok || (have_fin && strcmp(fin.stage, disp.stage)) ? NULL : have_fin ? fin.status : "failed");
+        if (have_fin && !ok)
+            pb_notef(disp.pb, "autocompress run: job %s %s in stage %s%s%s", fin.id, fin.status, fin.stage,
+                     fin.error_message[0] ? ": " : "", fin.error_message);
+        pb_close(disp.pb);
+        if (jr < 0)
+            fprintf(stderr, "autocompress run: %s\n", err);
+        if (have_fin) {
             json_t *arts = json_array();
             store_artifact *a = NULL;
             int n = 0;
