@@ -961,7 +961,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         int ea = find_entry(cs, CM_ATTN, hid[h], ah[nA - 1], akv[nA - 1], 0);
         int ef = find_entry(cs, CM_MLP, hid[h], 0, 0, fw[nF - 1]);
         int64_t both = probe_workspace(cs, parent, hid[h], 2, ah[nA - 1], akv[nA - 1], fw[nF - 1], err, errlen);
-        if (both < 0)
+        if (both < 0 || tick(cs, "workspace probe", err, errlen))
             goto out;
         int64_t w0 = cs->f[h].ws, wa = cs->e[ea].ws, wf = cs->e[ef].ws;
         int64_t as_max = wa > wf ? wa : wf, as_sum = wa + wf - w0;
