@@ -10,8 +10,10 @@
 # Defaults are the issue's setting: SmolLM2-135M-Instruct, CPU, batch 1, 256 prompt + 64
 # output tokens, the eight benchmarks at 200 items each. Knobs (environment): MODEL,
 # PROMPT, OUTPUT, TASKS (comma list), EVAL_LIMIT, SEARCH_TOKENS (DNAS budget; each of the
-# four Minitron++ trials distils half of it), DISTILL_TOKENS, CALIB, FRACTION, EXPORT,
-# OUT, TAG.
+# four Minitron++ trials distils half of it), DISTILL_TOKENS, CALIB, FRACTION, EXPORT
+# (default gguf: the searches keep to what GGUF represents, and the exported file is the
+# one whose WikiText-2 perplexity is measured), PPL_CHUNKS, OUT, TAG. The four jobs share
+# one calibration and one scoring of the parent (the data dir's evalcache/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${AC_BIN:-$PWD/build/autocompress}
@@ -22,21 +24,26 @@ PROMPT=${PROMPT:-256}
 OUTPUT=${OUTPUT:-64}
 TASKS=${TASKS:-arc_easy,arc_challenge,piqa,hellaswag,winogrande,boolq,openbookqa,lambada_openai}
 EVAL_LIMIT=${EVAL_LIMIT:-200}
-SEARCH_TOKENS=${SEARCH_TOKENS:-65536}
-DISTILL_TOKENS=${DISTILL_TOKENS:-131072}
+SEARCH_TOKENS=${SEARCH_TOKENS:-32768}
+DISTILL_TOKENS=${DISTILL_TOKENS:-32768}
 CALIB=${CALIB:-$SHARED/data/text/c4/c4_sample.jsonl}
 FRACTION=${FRACTION:-0.6}
-EXPORT=${EXPORT:-}
+EXPORT=${EXPORT-gguf}
+PPL_CHUNKS=${PPL_CHUNKS:-16}
+WIKI=$SHARED/data/text/wikitext-2-raw/wiki.test.raw
 OUT=${OUT:-/tmp/ac-search-compare}
 TAG=${TAG:-}
 RESULT=bench/results/search_compare${TAG:+-$TAG}.md
-mkdir -p "$OUT/shared"
+mkdir -p "$OUT/shared/evalcache"
 t0=$(date +%s)
 echo "calibrating the target once (cached in $OUT/shared) ..." >&2
 # The parent's shape as arch JSON: calibrate and estimate take it for every model format.
 "$BIN" inspect "$MODEL" --json > "$OUT/parent_arch.json"
+# the hidden sizes a job's calibrate stage adds when hidden size is searched (eighths of
+# the parent's from one half up, multiples of 8), so every job reuses this calibration
+HIDDEN=$(python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hidden_size"]; print(",".join(str(h*j//8//8*8) for j in range(4, 8)))' "$OUT/parent_arch.json")
 "$BIN" calibrate --arch "$OUT/parent_arch.json" --device cpu --batch 1 --prompt "$PROMPT" --output "$OUTPUT" \
-    --data-dir "$OUT/shared" --json > "$OUT/calibration.json"
+    --hidden "$HIDDEN" --data-dir "$OUT/shared" --json > "$OUT/calibration.json"
 "$BIN" estimate --arch "$OUT/parent_arch.json" --device cpu --batch 1 --prompt "$PROMPT" --output "$OUTPUT" \
     --data-dir "$OUT/shared" --json > "$OUT/parent_estimate.json"
 python3 - "$OUT" "$MODEL" "$CALIB" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
@@ -59,52 +66,96 @@ for lname, cons in limits.items():
                 "export": [x for x in export.split(",") if x]}
         json.dump(spec, open(os.path.join(out, f"spec-{lname}-{method}.json"), "w"), indent=2)
 PY
+"$BIN" perplexity "$MODEL" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$OUT/parent_ppl.json" || true
 for l in latency memory; do
     for m in autocompress minitron; do
         d=$OUT/$l-$m
         rm -rf "$d"; mkdir -p "$d"
         cp -r "$OUT/shared/calibrations" "$d/"
-        echo "running $l / $m ..." >&2
+        ln -s "$OUT/shared/evalcache" "$d/evalcache"
+        echo "running $l / $m ... ($(date -u +%H:%M))" >&2
         "$BIN" run "$OUT/spec-$l-$m.json" --out "$d" > "$d/job.json" 2> "$d/run.log" || echo "job $l/$m failed (see $d/run.log)" >&2
+        g=$(ls "$d"/*.gguf 2>/dev/null | head -1 || true)
+        if [ -n "$g" ]; then
+            "$BIN" perplexity "$g" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$d/ppl.json" 2>> "$d/run.log" || true
+        fi
     done
 done
 python3 - "$OUT" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$MODEL" "$PROMPT" "$OUTPUT" "$(( $(date +%s) - t0 ))" \
-    <<'PY' | tee "$RESULT"
-import json, sys, os, math
-out, st, dt, lim, model, prompt, output, wall = sys.argv[1:9]
+    "$PPL_CHUNKS" <<'PY' | tee "$RESULT"
+import json, sys, os
+out, st, dt, lim, model, prompt, output, wall, chunks = sys.argv[1:10]
 cal = json.load(open(os.path.join(out, "calibration.json")))
 par = json.load(open(os.path.join(out, "parent_estimate.json")))["predicted"]
-print(f"# Search comparison: AutoCompress (DNAS) vs Minitron++\n")
+
+
+def load(path):
+    try:
+        return json.load(open(path))
+    except Exception:
+        return None
+
+
+def ppl(path):
+    j = load(path)
+    return f"{j['ppl']:.2f}" if j and "ppl" in j else "—"
+
+
+def per_task(acc):
+    return ", ".join(f"{k} {v['acc']:.3f}" for k, v in sorted(acc.items()) if isinstance(v, dict) and "acc" in v)
+
+
+print("# Search comparison: AutoCompress (DNAS) vs Minitron++\n")
 print(f"Model `{os.path.basename(model)}`; target cpu fp32, batch 1, {prompt} prompt + {output} output tokens. "
       f"One calibration `{cal.get('id')}` ({cal.get('entries')} entries, {cal.get('wall_s', 0):.0f} s) serves both methods. "
       f"Parent predicted latency {par['latency_ms']:.2f} ms, memory {par['memory_bytes']['total']/2**20:.1f} MiB. "
       f"Budgets: DNAS search {st} tokens; Minitron++ 4 frontier candidates x {int(st)//2} tokens; final distillation "
-      f"{dt} tokens for both; evaluation {lim} items per task. Whole comparison: {int(wall)/60:.1f} min wall.\n")
-print("| limit | method | layers: heads/ffn | params | latency pred / meas (ms) | memory pred / meas (MiB) | selection tokens | distill val loss | task avg | per task |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      f"{dt} tokens for both; evaluation {lim} items per task (seed 1234, the parent scored once and shared); "
+      f"WikiText-2 perplexity of the exported GGUF on {chunks} x 512-token chunks (llama.cpp's method). "
+      f"Whole comparison: {int(wall)/60:.1f} min wall.\n")
+print("| limit | method | arch: hidden, layers heads/ffn | params | latency pred / meas (ms) | memory pred / meas (MiB) "
+      "| selection tokens | search s | distill val loss | task avg | wiki ppl | per task |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+rows, parent = {}, None
 for l in ("latency", "memory"):
     for m in ("autocompress", "minitron"):
         d = os.path.join(out, f"{l}-{m}")
-        try:
-            job = json.load(open(os.path.join(d, "job.json")))
-        except Exception:
-            print(f"| {l} | {m} | job did not run | | | | | | | |"); continue
-        rp = os.path.join(d, "report.json")
-        if job.get("status") != "succeeded" or not os.path.exists(rp):
-            err = (job.get("error") or {}).get("message", job.get("status"))
-            print(f"| {l} | {m} | failed: {err} | | | | | | | |"); continue
-        r = json.load(open(rp))
+        job = load(os.path.join(d, "job.json"))
+        r = load(os.path.join(d, "report.json"))
+        if not job or job.get("status") != "succeeded" or not r:
+            err = ((job or {}).get("error") or {}).get("message", (job or {}).get("status", "did not run"))
+            print(f"| {l} | {m} | failed: {err} |" + " |" * 9)
+            continue
+        parent = parent or r.get("parent")
         res = r.get("result", {})
         pred, meas = res.get("predicted", {}), res.get("measured", {})
-        layers = res.get("arch", {}).get("layers", [])
-        summ = " ".join(f"{(x.get('attention') or {}).get('n_heads', 0)}/{(x.get('mlp') or {}).get('ffn_dim', 0)}" for x in layers)
+        a = res.get("arch", {})
+        layers = a.get("layers", [])
+        summ = " ".join(f"{(x.get('attention') or {}).get('n_heads', 0)}/{(x.get('mlp') or {}).get('ffn_dim', 0)}"
+                        for x in layers)
         mem_p = (pred.get("memory_bytes") or {}).get("total", 0) / 2**20
         mem_m = (meas.get("peak_memory_bytes") or 0) / 2**20
-        acc = res.get("accuracy", {})
-        per = ", ".join(f"{k} {v.get('acc', float('nan')):.3f}" for k, v in sorted(acc.items()) if isinstance(v, dict) and "acc" in v)
         vl = (r.get("distillation") or {}).get("val_loss", float("nan"))
         avg = res.get("average")
-        print(f"| {l} | {m} | {len(layers)}L: {summ} | {res.get('params', 0)} | {pred.get('latency_ms', 0):.2f} / "
-              f"{meas.get('latency_ms', 0):.2f} | {mem_p:.2f} / {mem_m:.2f} | {r.get('search', {}).get('selection_tokens', 0)} | "
-              f"{vl:.4f} | {avg if avg is None else round(avg, 4)} | {per} |")
+        srch = r.get("search", {})
+        wall_s = next((x.get("wall_s", 0) for x in r.get("stages", []) if x.get("name") == "search"), 0)
+        rows[(l, m)] = (avg, srch.get("selection_tokens", 0))
+        print(f"| {l} | {m} | h{a.get('hidden_size')}, {len(layers)}L: {summ} | {res.get('params', 0)} | "
+              f"{pred.get('latency_ms', 0):.2f} / {meas.get('latency_ms', 0):.2f} | {mem_p:.2f} / {mem_m:.2f} | "
+              f"{srch.get('selection_tokens', 0)} | {wall_s:.0f} | {vl:.4f} | "
+              f"{'—' if avg is None else f'{avg:.4f}'} | {ppl(os.path.join(d, 'ppl.json'))} | {per_task(res.get('accuracy', {}))} |")
+if parent:
+    avg = parent.get("average")
+    print(f"| — | parent | h576, 30L: 9/1536 each | {parent.get('params', 0)} | {par['latency_ms']:.2f} / "
+          f"{(parent.get('measured') or {}).get('latency_ms', 0):.2f} | {par['memory_bytes']['total']/2**20:.2f} / "
+          f"{((parent.get('measured') or {}).get('peak_memory_bytes') or 0)/2**20:.2f} | — | — | — | "
+          f"{'—' if avg is None else f'{avg:.4f}'} | {ppl(os.path.join(out, 'parent_ppl.json'))} | "
+          f"{per_task(parent.get('accuracy', {}))} |")
+print()
+for l in ("latency", "memory"):
+    a, b = rows.get((l, "autocompress")), rows.get((l, "minitron"))
+    if a and b and a[0] is not None and b[0] is not None and a[1]:
+        print(f"- {l} limit: AutoCompress task average {a[0]:.4f} vs Minitron++ {b[0]:.4f} "
+              f"({'higher' if a[0] > b[0] else 'not higher'}), with {a[1]} vs {b[1]} selection tokens "
+              f"({b[1] / a[1]:.1f}x fewer).")
 PY
