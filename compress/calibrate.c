@@ -148,7 +148,7 @@ void cal_opts_default(cal_opts *o)
     o->n_models = 2;
     o->validate = 10;
     o->validate_reps = 3;
-    o->fit = 3;
+    o->fit = 6;
     o->seed = 1;
 }
 
@@ -659,37 +659,38 @@ static int phase_scales(cal_state *cs, cm_tables *tb, cal_model *cms, int n_cms,
     return 0;
 }
 
-/* Phase scales from the fit archs (random heterogeneous archs measured exactly like the
- * held-out ones): per hidden size, the median over its fit archs of measured over
- * unscaled predicted phase time. The calibration models' scales (phase_scales) stay
- * where a hidden size has no fit arch. The calibration models repeat grid layouts; the
- * searched archs are off-grid, and on CPU their requests ran a few percent slower than
- * the parts' sum scaled on the grid layouts (bench/results/costmodel_cpu.md), so the
- * scale is fitted on archs drawn the way the validation draws them. 0 or -1 (OOM). */
-static int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, char *err, size_t errlen)
+/* Correct the phase scales with the fit archs: random heterogeneous archs drawn like the
+ * held-out ones and measured exactly like them. The calibration models repeat grid
+ * layouts, and on CPU at batch 8 random off-grid archs ran a few percent slower than
+ * their parts' sum scaled on the grid layouts (bench/results/costmodel_cpu.md). One
+ * factor per phase, the median over every fit arch (all hidden sizes pooled, so a
+ * few requests hit by a load burst do not move it) of measured over predicted phase
+ * time, multiplies every hidden size's scale: the calibration models keep setting the
+ * per-hidden-size level from their many requests. 0 or -1 (OOM, predict failure). */
+static int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double *corr_p, double *corr_d,
+                      char *err, size_t errlen)
 {
     double *rp = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     double *rd = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    int rc = rp && rd ? 0 : -1;
+    int rc = rp && rd ? 0 : -1, k = 0;
     if (rc)
         snprintf(err, errlen, "out of memory");
-    for (int f = 0; f < tb->n_fixed && !rc; f++) {
-        double ps = tb->fixed[f].prefill_scale, ds = tb->fixed[f].decode_scale;
-        tb->fixed[f].prefill_scale = tb->fixed[f].decode_scale = 1;
-        int k = 0;
-        for (int i = 0; i < n && !rc; i++) {
-            cm_prediction p;
-            if (fa[i].hidden_size != tb->fixed[f].hidden_size || fr[i].reps <= 0)
-                continue;
-            if (cm_predict(tb, &fa[i], &p, err, errlen))
-                rc = -1;
-            else if (p.prefill_ms > 0 && p.decode_ms > 0) {
-                rp[k] = fr[i].prefill_ms / p.prefill_ms;
-                rd[k++] = fr[i].decode_ms / p.decode_ms;
-            }
+    for (int i = 0; i < n && !rc; i++) {
+        cm_prediction p;
+        if (fr[i].reps <= 0)
+            continue;
+        if (cm_predict(tb, &fa[i], &p, err, errlen))
+            rc = -1;
+        else if (p.prefill_ms > 0 && p.decode_ms > 0) {
+            rp[k] = fr[i].prefill_ms / p.prefill_ms;
+            rd[k++] = fr[i].decode_ms / p.decode_ms;
         }
-        tb->fixed[f].prefill_scale = k ? ms_median(rp, k) : ps;
-        tb->fixed[f].decode_scale = k ? ms_median(rd, k) : ds;
+    }
+    *corr_p = !rc && k ? ms_median(rp, k) : 1;
+    *corr_d = !rc && k ? ms_median(rd, k) : 1;
+    for (int f = 0; f < tb->n_fixed && !rc; f++) {
+        tb->fixed[f].prefill_scale *= *corr_p;
+        tb->fixed[f].decode_scale *= *corr_d;
     }
     free(rp);
     free(rd);
@@ -916,7 +917,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     }
     /* random archs measured like the held-out ones: o.validate held out, then n_fit that
      * set the phase scales (fit_scales) */
-    int n_fit = o.fit > 0 ? o.fit * n_hid : 0, n_all = o.validate + n_fit;
+    int n_fit = o.fit > 0 ? o.fit : 0, n_all = o.validate + n_fit;
     /* progress total: probes, warm-ups, timed requests, held-out and fit requests */
     int n_probe = n_hid * (nA + nF + 2);
     int val_req = n_all * (o.validate_reps > 0 ? o.validate_reps : 3);
@@ -1027,10 +1028,10 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
                 free(varch);
                 goto out;
             }
-    double wall_tables = now_s() - t_start;
+    double wall_tables = now_s() - t_start, fit_p = 1, fit_d = 1;
     /* 4. tables, then predictions of the held-out archs */
     if (build_tables(cs, parent, &tb, err, errlen) || phase_scales(cs, &tb, cms, n_cms, err, errlen) ||
-        (n_fit && fit_scales(&tb, varch + o.validate, vres + o.validate, n_fit, err, errlen))) {
+        (n_fit && fit_scales(&tb, varch + o.validate, vres + o.validate, n_fit, &fit_p, &fit_d, err, errlen))) {
         for (int v = 0; v < n_all && varch; v++)
             arch_free(&varch[v]);
         free(vres);
@@ -1109,14 +1110,15 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     for (int h = 0; h < n_hid && hl < 200; h++)
         hl += snprintf(hidden_list + hl, sizeof hidden_list - (size_t)hl, "%s%d", h ? "," : "", hid[h]);
     result = tables && target && validation
-                 ? json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:i}}", "id", id,
+                 ? json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:i,s:f,s:f}}", "id", id,
                              "status", "succeeded", "target", target, "family", parent->family, "entries",
                              tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now_s() - t_start, "tables",
                              tables, "validation", validation, "cost", "requests", (json_int_t)cs->requests,
                              "calibration_models", n_cms, "layers_per_model", L, "tables_wall_s",
                              wall_tables - cs->heldout_s, "validation_wall_s",
                              cs->heldout_s + (now_s() - t_start - wall_tables), "hidden_sizes", hidden_list,
-                             "probe_models", n_probe, "fit_archs", n_fit)
+                             "probe_models", n_probe, "fit_archs", n_fit, "fit_prefill_factor", fit_p,
+                             "fit_decode_factor", fit_d)
                  : NULL;
     if (!(tables && target && validation)) {   /* json_pack was not called: nothing stolen */
         json_decref(tables);

@@ -24,9 +24,9 @@ typedef struct {
     int hidden[16];         /* their values (each < parent hidden, multiple of 8) */
     int validate;           /* held-out random archs (default 10; 0 = none) */
     int validate_reps;      /* timed requests per held-out (and fit) arch (default 3) */
-    int fit;                /* random archs per hidden size, measured like the held-out ones,
-                               that set the phase scales (default 3; 0: the calibration models
-                               set them) */
+    int fit;                /* random archs, measured like the held-out ones, whose median
+                               measured/predicted ratio corrects the phase scales (default 6,
+                               spread over the hidden sizes; 0: no correction) */
     uint64_t seed;          /* weights, prompts, held-out archs (default 1) */
     int threads;            /* CPU worker threads (0: the backend's default, all cores) */
     int verbose;            /* progress lines on stderr */

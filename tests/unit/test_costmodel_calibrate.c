@@ -174,13 +174,19 @@ static void test_fit_archs(void **state)
         o.n_models = 1;
         o.validate = 2;
         o.validate_reps = 1;
-        o.fit = k ? 2 : 0;
+        o.fit = k ? 2 : 0;   /* 2 fit archs in all */
         char err[512];
         cal[k] = cal_run(&p, &t, &o, err, sizeof err);
         if (!cal[k])
             fail_msg("cal_run: %s", err);
         json_t *cost = json_object_get(cal[k], "cost");
         assert_int_equal(json_integer_value(json_object_get(cost, "fit_archs")), k ? 2 : 0);
+        double fp = json_number_value(json_object_get(cost, "fit_prefill_factor"));
+        double fd = json_number_value(json_object_get(cost, "fit_decode_factor"));
+        if (k)
+            assert_true(fp > 0 && fd > 0);
+        else   /* no fit archs: no correction */
+            assert_true(fp == 1.0 && fd == 1.0);
         size_t i;
         json_t *r;
         json_array_foreach(json_object_get(json_object_get(cal[k], "validation"), "rows"), i, r) {
