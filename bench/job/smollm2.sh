@@ -8,7 +8,7 @@
 # perplexity (llama.cpp's chunk method) of parent, pruned-only and distilled models.
 # Knobs (env): SEARCH_TOKENS (32768), DISTILL_TOKENS (65536), EVAL_LIMIT (200),
 # FRACTION (0.75), PROMPT (256), OUTPUT (64), PPL_CHUNKS (16), WORK (work dir), and
-# SHARED_CACHE: a folder with calibrations/ and evalcache/ to reuse (e.g. the one
+# SHARED_CACHE: a folder with calibrations/, rankcache/ and evalcache/ to reuse (e.g. the one
 # bench/search_compare/run.sh fills).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +32,9 @@ rm -rf "$WORK"
 mkdir -p "$WORK/data"
 if [ -n "$SHARED_CACHE" ]; then
     [ -d "$SHARED_CACHE/calibrations" ] && cp -r "$SHARED_CACHE/calibrations" "$WORK/data/"
-    [ -d "$SHARED_CACHE/evalcache" ] && ln -s "$SHARED_CACHE/evalcache" "$WORK/data/evalcache"
+    for c in evalcache rankcache; do
+        [ -d "$SHARED_CACHE/$c" ] && ln -s "$SHARED_CACHE/$c" "$WORK/data/$c"
+    done
 fi
 t0=$(date +%s)
 "$BIN" inspect "$MODEL" --json > "$WORK/parent_arch.json"

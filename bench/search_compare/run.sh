@@ -13,7 +13,7 @@
 # four Minitron++ trials distils half of it), DISTILL_TOKENS, CALIB, FRACTION, EXPORT
 # (default gguf: the searches keep to what GGUF represents, and the exported file is the
 # one whose WikiText-2 perplexity is measured), PPL_CHUNKS, OUT, TAG. The four jobs share
-# one calibration and one scoring of the parent (the data dir's evalcache/).
+# one calibration, one ranking and one scoring of the parent (the data dir's caches).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${AC_BIN:-$PWD/build/autocompress}
@@ -34,7 +34,7 @@ WIKI=$SHARED/data/text/wikitext-2-raw/wiki.test.raw
 OUT=${OUT:-/tmp/ac-search-compare}
 TAG=${TAG:-}
 RESULT=bench/results/search_compare${TAG:+-$TAG}.md
-mkdir -p "$OUT/shared/evalcache"
+mkdir -p "$OUT/shared/evalcache" "$OUT/shared/rankcache"
 t0=$(date +%s)
 echo "calibrating the target once (cached in $OUT/shared) ..." >&2
 # The parent's shape as arch JSON: calibrate and estimate take it for every model format.
@@ -73,6 +73,7 @@ for l in latency memory; do
         rm -rf "$d"; mkdir -p "$d"
         cp -r "$OUT/shared/calibrations" "$d/"
         ln -s "$OUT/shared/evalcache" "$d/evalcache"
+        ln -s "$OUT/shared/rankcache" "$d/rankcache"
         echo "running $l / $m ... ($(date -u +%H:%M))" >&2
         "$BIN" run "$OUT/spec-$l-$m.json" --out "$d" > "$d/job.json" 2> "$d/run.log" || echo "job $l/$m failed (see $d/run.log)" >&2
         g=$(ls "$d"/*.gguf 2>/dev/null | head -1 || true)
