@@ -22,14 +22,15 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: autocompress calibrate (--model PATH | --arch FILE) [--device cpu] [--batch B]\n"
             "                              [--prompt S] [--output N] [--precision fp32] [--json]\n"
-            "                              [--reps R] [--models K] [--validate V] [--validate-reps R]\n"
+            "                              [--reps R] [--models K] [--validate V] [--validate-reps R] [--fit F]\n"
             "                              [--hidden H1,H2,...] [--seed N] [--threads T] [--data-dir DIR]\n"
             "                              [--no-cache] [-v]\n"
             "       autocompress calibrate --import TABLES.json [--data-dir DIR] [--json]\n"
             "Times every part size the search can choose (attention per head/KV-head count, FFN per\n"
             "width, removed parts) for the prefill of B×S tokens and the N decode steps, plus fixed\n"
             "costs; itemizes memory from the engine's byte accounting; validates on V held-out random\n"
-            "archs (default 10). Defaults: batch 1, prompt 128, output 32. The result is cached in\n"
+            "archs (default 10); F random fit archs (default 6) correct the phase scales\n"
+            "(docs/timing-tables.md). Defaults: batch 1, prompt 128, output 32. The result is cached in\n"
             "DIR/calibrations/ (DIR: --data-dir, $AC_DATA_DIR, or ./var) and reused unless --no-cache.\n");
 }
 
@@ -188,6 +189,8 @@ int cli_calibrate(int argc, char **argv)
                 bad = cli_parse_int(v, 1, 1024, &o.threads);
             else if (!strcmp(a, "--validate-reps"))
                 bad = cli_parse_int(v, 1, 1000, &o.validate_reps);
+            else if (!strcmp(a, "--fit"))
+                bad = cli_parse_int(v, 0, 1000, &o.fit);
             else if (!strcmp(a, "--seed")) {
                 int s;
                 bad = cli_parse_int(v, 0, 1 << 30, &s);
