@@ -225,27 +225,36 @@ int main(int argc, char **argv)
         json_t *v = json_object_get(cal, "validation"), *cost = json_object_get(cal, "cost");
         out2(f, "## Batch %d\n\n", t.batch_size);
         out2(f, "Calibration: %lld entries, %lld requests on %d calibration models (%d layers each) + %d probe "
-                "models, wall %.1f s (tables %.1f s, interleaved validation %.1f s).\n\n",
+                "models, wall %.1f s (tables %.1f s, interleaved held-out and fit archs %.1f s). %d fit archs "
+                "corrected the phase scales by %.3f (prefill) and %.3f (decode).\n\n",
              (long long)json_integer_value(json_object_get(cal, "entries")),
              (long long)json_integer_value(json_object_get(cost, "requests")),
              (int)json_integer_value(json_object_get(cost, "calibration_models")),
              (int)json_integer_value(json_object_get(cost, "layers_per_model")),
              (int)json_integer_value(json_object_get(cost, "probe_models")),
              json_number_value(json_object_get(cal, "wall_s")), json_number_value(json_object_get(cost, "tables_wall_s")),
-             json_number_value(json_object_get(cost, "validation_wall_s")));
-        out2(f, "| # | params (M) | pred ms | meas ms (MAD) | lat err %% | pred tok/s | meas tok/s | pred MiB | meas "
-                "MiB (backend / RSS) | mem err %% | naive MiB | naive err %% | arch |\n");
-        out2(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+             json_number_value(json_object_get(cost, "validation_wall_s")),
+             (int)json_integer_value(json_object_get(cost, "fit_archs")),
+             json_number_value(json_object_get(cost, "fit_prefill_factor")),
+             json_number_value(json_object_get(cost, "fit_decode_factor")));
+        out2(f, "| # | params (M) | pred ms | meas ms (MAD) | lat err %% | prefill pred / meas ms | decode pred / meas ms "
+                "| pred tok/s | meas tok/s | pred MiB | meas MiB (backend / RSS) | mem err %% | naive MiB | naive err %% "
+                "| arch |\n");
+        out2(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         size_t i;
         json_t *r;
         json_array_foreach(json_object_get(v, "rows"), i, r) {
-            out2(f, "| %zu | %.1f | %.1f | %.1f (%.1f) | %.2f | %.1f | %.1f | %.1f | %.1f (%.1f / %.1f) | %.2f | %.1f | %.1f | "
-                    "`%s` |\n",
+            out2(f, "| %zu | %.1f | %.1f | %.1f (%.1f) | %.2f | %.1f / %.1f | %.1f / %.1f | %.1f | %.1f | %.1f | %.1f (%.1f / "
+                    "%.1f) | %.2f | %.1f | %.1f | `%s` |\n",
                  i, json_integer_value(json_object_get(r, "params")) / 1e6,
                  json_number_value(json_object_get(r, "predicted_latency_ms")),
                  json_number_value(json_object_get(r, "measured_latency_ms")),
                  json_number_value(json_object_get(r, "measured_latency_mad_ms")),
                  json_number_value(json_object_get(r, "latency_error_pct")),
+                 json_number_value(json_object_get(r, "predicted_prefill_ms")),
+                 json_number_value(json_object_get(r, "measured_prefill_ms")),
+                 json_number_value(json_object_get(r, "predicted_decode_ms")),
+                 json_number_value(json_object_get(r, "measured_decode_ms")),
                  json_number_value(json_object_get(r, "predicted_throughput_tokens_per_s")),
                  json_number_value(json_object_get(r, "measured_throughput_tokens_per_s")),
                  json_integer_value(json_object_get(r, "predicted_memory_bytes")) / 1048576.0,
