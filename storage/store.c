@@ -1447,19 +1447,25 @@ int store_model_add(store *st, store_model *m)
     return model_insert(c, m);
 }
 
-/* The model with this sha256 on connection c: 0 found, 1 absent, -1 error. */
-static int model_by_sha(conn *c, const char *sha, store_model *out)
+/* The model that query q (one text parameter: key) selects on connection c: 0 found,
+ * 1 absent, -1 error. q must be a static string (the statement cache keys on it). */
+static int model_one(conn *c, const char *q, const char *key, store_model *out)
 {
-    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE sha256=?";
     sqlite3_stmt *s = S(c, q);
     if (!s)
         return -1;
-    bind_text(s, 1, sha);
+    bind_text(s, 1, key);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW)
         model_from_row(s, out);
     sqlite3_reset(s);
     return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+}
+
+/* The model with this sha256 on connection c: 0 found, 1 absent, -1 error. */
+static int model_by_sha(conn *c, const char *sha, store_model *out)
+{
+    return model_one(c, "SELECT " MODEL_COLS " FROM models WHERE sha256=?", sha, out);
 }
 
 int store_model_get_sha(store *st, const char *sha256_hex, store_model *out)
@@ -1582,18 +1588,7 @@ int store_model_fetch_done(store *st, const char *id, const char *status, int64_
 int store_model_get(store *st, const char *id, store_model *out)
 {
     conn *c = C(st);
-    if (!c)
-        return -1;
-    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    bind_text(s, 1, id);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW)
-        model_from_row(s, out);
-    sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+    return c ? model_one(c, "SELECT " MODEL_COLS " FROM models WHERE id=?", id, out) : -1;
 }
 
 int store_model_list(store *st, const char *after, int limit, store_model **out, int *n,
