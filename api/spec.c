@@ -483,7 +483,8 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
     json_t *out = json_object();
     if (!c)
         return out;
-    static const char *const keys[] = {"latency_ms", "throughput_tokens_per_s", "memory_gib", "params", NULL};
+    static const char *const keys[] = {"latency_ms", "throughput_tokens_per_s", "memory_gib", "params", "margin_pct",
+                                       NULL};
     only_keys(v, c, "/constraints", keys);
     int any = 0;
     for (int i = 0; i < 3; i++) {
@@ -510,7 +511,15 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
         else
             json_object_set_new(out, "params", json_integer(json_integer_value(pm)));
     }
-    if (!any && json_object_size(c) == 0)
+    json_t *mg = member(v, c, "/constraints", "margin_pct", JSON_REAL, 0);
+    if (mg) {
+        double x = num(mg);
+        if (!(x >= 0 && x <= 50))
+            fault(v, 422, "/constraints/margin_pct", "must be between 0 and 50 (percent of each measured limit)");
+        else
+            json_object_set_new(out, "margin_pct", json_real(x));
+    }
+    if (!any && (json_object_size(c) == 0 || mg))
         fault(v, 422, "/constraints", "give at least one of latency_ms, throughput_tokens_per_s, memory_gib, params");
     return out;
 }

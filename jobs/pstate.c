@@ -57,9 +57,11 @@ int ps_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen)
 
 void ps_limits(job_ctx *ctx, dnas_limits *lim)
 {
-    lim->latency_ms = spec_num(ctx, "constraints.latency_ms");
-    lim->throughput_tps = spec_num(ctx, "constraints.throughput_tokens_per_s");
-    lim->memory_bytes = spec_num(ctx, "constraints.memory_gib") * 1073741824.0;
+    /* constraints.margin_pct tightens the measured limits (not params, which is exact) */
+    double keep = 1.0 - spec_num(ctx, "constraints.margin_pct") / 100.0;
+    lim->latency_ms = spec_num(ctx, "constraints.latency_ms") * keep;
+    lim->throughput_tps = spec_num(ctx, "constraints.throughput_tokens_per_s") / keep;
+    lim->memory_bytes = spec_num(ctx, "constraints.memory_gib") * 1073741824.0 * keep;
     lim->params = spec_num(ctx, "constraints.params");
 }
 

@@ -26,6 +26,8 @@
 
 /* The spec's target / limits / searched axes. 0, or -1 with a reason. */
 int ps_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
+/* ps_limits: the limits the search targets (0: none), the measured ones (latency,
+ * throughput, memory) tightened by constraints.margin_pct; the report checks the spec's own. */
 void ps_limits(job_ctx *ctx, dnas_limits *lim);
 void ps_axes(job_ctx *ctx, dnas_axes *axes);
 /* An integer member of the spec by JSON path ("budgets.search_tokens"), or def. */

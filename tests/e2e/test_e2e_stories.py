@@ -192,7 +192,7 @@ def main():
         # is not exported: the exporters cannot yet represent every arch the search picks
         # (GGUF: no attention-only layers, attention in layer 0; HF: uniform layers;
         # DeciLM: FFN widths on the ffn_mult grid, which stories260K's 172 is not).
-        spec = stories_spec(constraints={"latency_ms": limit}, export=[])
+        spec = stories_spec(constraints={"latency_ms": limit, "margin_pct": 10}, export=[])
         t0 = time.time()
         _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
         fin = wait_terminal(s, job["id"], 900)
@@ -201,6 +201,9 @@ def main():
         print("job A: %.0f s, parent predicted %.3f ms, limit %.3f ms" % (time.time() - t0, lat, limit))
         _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
         check_report(rep, spec, limit, STAGES[:-1])
+        # margin_pct 10: the search aimed 10% under the limit; the report checks the limit itself
+        assert rep["result"]["predicted"]["latency_ms"] <= 0.9 * limit * (1 + 1e-9), rep["result"]["predicted"]
+        assert rep["limits"][0]["limit"] == limit, rep["limits"]
         check_html(s, job["id"])
         arts = artifacts(s, job["id"])
         _, rj = download(s, job["id"], "report.json")

@@ -194,6 +194,10 @@ static void test_value_faults(void **state)
     expect_fault("{" OK_MODEL ",\"constraints\":{\"memory_gib\":-2}}", 422, "/constraints/memory_gib");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"memory_gib\":100000}}", 422, "/constraints/memory_gib");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":0}}", 422, "/constraints/params");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1,\"margin_pct\":60}}", 422, "/constraints/margin_pct");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1,\"margin_pct\":-1}}", 422, "/constraints/margin_pct");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"margin_pct\":5}}", 422, "/constraints");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1,\"margin_pct\":\"5\"}}", 400, "/constraints/margin_pct");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"tpu\"}}", 422, "/target/device");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"cuda:99\"}}", 422, "/target/device");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"precision\":\"fp8\"}}", 422, "/target/precision");
