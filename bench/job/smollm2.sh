@@ -7,7 +7,8 @@
 # GET /v1/jobs/{id}/report and /report.html, and a summary with the WikiText-2
 # perplexity (llama.cpp's chunk method) of parent, pruned-only and distilled models.
 # Knobs (env): SEARCH_TOKENS (32768), DISTILL_TOKENS (65536), EVAL_LIMIT (200),
-# FRACTION (0.75), PROMPT (256), OUTPUT (64), PPL_CHUNKS (16), WORK (work dir), and
+# FRACTION (0.75), MARGIN (constraints.margin_pct, 4: about the calibration's latency
+# MAPE), PROMPT (256), OUTPUT (64), PPL_CHUNKS (16), WORK (work dir), and
 # SHARED_CACHE: a folder with calibrations/, rankcache/ and evalcache/ to reuse (e.g. the one
 # bench/search_compare/run.sh fills).
 set -euo pipefail
@@ -19,6 +20,7 @@ SEARCH_TOKENS=${SEARCH_TOKENS:-32768}
 DISTILL_TOKENS=${DISTILL_TOKENS:-65536}
 EVAL_LIMIT=${EVAL_LIMIT:-200}
 FRACTION=${FRACTION:-0.75}
+MARGIN=${MARGIN:-4}
 PROMPT=${PROMPT:-256}
 OUTPUT=${OUTPUT:-64}
 PPL_CHUNKS=${PPL_CHUNKS:-16}
@@ -59,14 +61,15 @@ done
 URL=http://127.0.0.1:$port
 
 python3 - "$URL" "$WORK" "$MODEL" "$C4" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
-    "$OUTPUT" <<'PY'
+    "$OUTPUT" "$MARGIN" <<'PY'
 import json, sys, time, urllib.request
-url, work, model, c4, st, dt, lim, frac, prompt, output = sys.argv[1:11]
+url, work, model, c4, st, dt, lim, frac, prompt, output, margin = sys.argv[1:12]
 par = json.load(open(f"{work}/parent_estimate.json"))["predicted"]
 spec = {"name": "smollm2-135m-cpu-latency", "model": {"path": model},
         "target": {"device": "cpu", "precision": "fp32",
                    "workload": {"batch_size": 1, "prompt_tokens": int(prompt), "output_tokens": int(output)}},
-        "constraints": {"latency_ms": round(float(frac) * par["latency_ms"], 3)}, "method": "autocompress",
+        "constraints": {"latency_ms": round(float(frac) * par["latency_ms"], 3), "margin_pct": float(margin)},
+        "method": "autocompress",
         "search_space": {"hidden": True, "heads": True, "ffn": True, "depth": True},
         "budgets": {"search_tokens": int(st), "distill_tokens": int(dt)},
         "data": {"calibration": c4, "distillation": c4},
@@ -146,7 +149,8 @@ print(f"Job `{r.get('job_id')}`: {r.get('status')}; {int(wall) / 60:.1f} min wal
       f"Files: `smollm2-135m-cpu.json` (GET /v1/jobs/{{id}}/report) and `smollm2-135m-cpu.html` "
       f"(GET /v1/jobs/{{id}}/report.html). Produced by `bench/job/smollm2.sh`.\n")
 w = spec["target"]["workload"]
-print(f"Spec: latency ≤ {spec['constraints']['latency_ms']} ms (75% of the parent's predicted latency) at batch "
+print(f"Spec: latency ≤ {spec['constraints']['latency_ms']} ms (75% of the parent's predicted latency; the search "
+      f"aims {spec['constraints']['margin_pct']}% under it, `margin_pct`) at batch "
       f"{w['batch_size']}, {w['prompt_tokens']} prompt + {w['output_tokens']} output tokens; method "
       f"{spec['method']} over hidden size, heads, FFN widths and depth; budgets {spec['budgets']['search_tokens']} "
       f"selection and {spec['budgets']['distill_tokens']} distillation tokens of C4; evaluation "
