@@ -39,13 +39,8 @@ if [ -n "$SHARED_CACHE" ]; then
     done
 fi
 t0=$(date +%s)
-"$BIN" inspect "$MODEL" --json > "$WORK/parent_arch.json"
-HIDDEN=$(python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hidden_size"]; print(",".join(str(h*j//8//8*8) for j in range(4, 8)))' "$WORK/parent_arch.json")
-# the calibration a job with a hidden-size search uses (reused when already cached)
-"$BIN" calibrate --arch "$WORK/parent_arch.json" --device cpu --batch 1 --prompt "$PROMPT" --output "$OUTPUT" \
-    --hidden "$HIDDEN" --data-dir "$WORK/data" --json > "$WORK/calibration.json"
-"$BIN" estimate --arch "$WORK/parent_arch.json" --device cpu --batch 1 --prompt "$PROMPT" --output "$OUTPUT" \
-    --data-dir "$WORK/data" --json > "$WORK/parent_estimate.json"
+# the calibration the job uses (reused when already cached), the parent's predicted costs
+bench/calibrate_parent.sh "$BIN" "$MODEL" "$WORK/data" "$WORK" "$PROMPT" "$OUTPUT"
 
 "$BIN" serve --listen 127.0.0.1:0 --data-dir "$WORK/data" --data-root "$(dirname "$MODEL")" \
     --data-root "$AC_SHARED/data" > "$WORK/serve.out" 2> "$WORK/serve.log" &

@@ -37,15 +37,8 @@ RESULT=bench/results/search_compare${TAG:+-$TAG}.md
 mkdir -p "$OUT/shared/evalcache" "$OUT/shared/rankcache"
 t0=$(date +%s)
 echo "calibrating the target once (cached in $OUT/shared) ..." >&2
-# The parent's shape as arch JSON: calibrate and estimate take it for every model format.
-"$BIN" inspect "$MODEL" --json > "$OUT/parent_arch.json"
-# the hidden sizes a job's calibrate stage adds when hidden size is searched (eighths of
-# the parent's from one half up, multiples of 8), so every job reuses this calibration
-HIDDEN=$(python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hidden_size"]; print(",".join(str(h*j//8//8*8) for j in range(4, 8)))' "$OUT/parent_arch.json")
-"$BIN" calibrate --arch "$OUT/parent_arch.json" --device cpu --batch 1 --prompt "$PROMPT" --output "$OUTPUT" \
-    --hidden "$HIDDEN" --data-dir "$OUT/shared" --json > "$OUT/calibration.json"
-"$BIN" estimate --arch "$OUT/parent_arch.json" --device cpu --batch 1 --prompt "$PROMPT" --output "$OUTPUT" \
-    --data-dir "$OUT/shared" --json > "$OUT/parent_estimate.json"
+# the calibration every job reuses, and the parent's predicted costs the limits come from
+bench/calibrate_parent.sh "$BIN" "$MODEL" "$OUT/shared" "$OUT" "$PROMPT" "$OUTPUT"
 python3 - "$OUT" "$MODEL" "$CALIB" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
     "$OUTPUT" "$TASKS" "$EXPORT" <<'PY'
 import json, sys, os
