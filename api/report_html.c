@@ -5,61 +5,22 @@
  * resources. Renders whatever the report holds so far; absent parts are said so.
  */
 #include "api/api_internal.h"
+#include "storage/strbuf.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->s && (size_t)k < room) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 16384;
-        while (cap < b->n + (size_t)k + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-}
-
-/* Text with &, <, >, " escaped. */
-static void sb_text(sbuf *b, const char *t)
+static void sb_text(strbuf *b, const char *t)
 {
     for (const char *p = t ? t : ""; *p; p++) {
         switch (*p) {
-        case '&': sb_printf(b, "&amp;"); break;
-        case '<': sb_printf(b, "&lt;"); break;
-        case '>': sb_printf(b, "&gt;"); break;
-        case '"': sb_printf(b, "&quot;"); break;
-        default: sb_printf(b, "%c", *p);
+        case '&': strbuf_printf(b, "&amp;"); break;
+        case '<': strbuf_printf(b, "&lt;"); break;
+        case '>': strbuf_printf(b, "&gt;"); break;
+        case '"': strbuf_printf(b, "&quot;"); break;
+        default: strbuf_printf(b, "%c", *p);
         }
     }
 }
@@ -70,20 +31,20 @@ static double num(json_t *j, double def)
 }
 
 /* A JSON value as display text (numbers with 4 significant digits). */
-static void sb_value(sbuf *b, json_t *v)
+static void sb_value(strbuf *b, json_t *v)
 {
     if (json_is_integer(v))
-        sb_printf(b, "%lld", (long long)json_integer_value(v));
+        strbuf_printf(b, "%lld", (long long)json_integer_value(v));
     else if (json_is_real(v))
-        sb_printf(b, "%.4g", json_real_value(v));
+        strbuf_printf(b, "%.4g", json_real_value(v));
     else if (json_is_true(v))
-        sb_printf(b, "yes");
+        strbuf_printf(b, "yes");
     else if (json_is_false(v))
-        sb_printf(b, "<b class=bad>no</b>");
+        strbuf_printf(b, "<b class=bad>no</b>");
     else if (json_is_string(v))
         sb_text(b, json_string_value(v));
     else
-        sb_printf(b, "&mdash;");
+        strbuf_printf(b, "&mdash;");
 }
 
 #define C_PARENT "#9aa5b1"
@@ -91,7 +52,7 @@ static void sb_value(sbuf *b, json_t *v)
 #define C_MEAS "#e07b39"
 
 /* Grouped bar chart: n groups of 2 bars (a, b) with labels; NaN values are skipped. */
-static void svg_bars(sbuf *b, const char *title, const char *const *labels, const double *a, const double *bv, int n,
+static void svg_bars(strbuf *b, const char *title, const char *const *labels, const double *a, const double *bv, int n,
                      const char *la, const char *lb, const char *ca, const char *cb, double ref, const char *ref_label)
 {
     double max = ref > 0 ? ref : 0;
@@ -105,13 +66,13 @@ static void svg_bars(sbuf *b, const char *title, const char *const *labels, cons
         max = 1;
     const int H = 180, top = 24, bottom = 36, left = 48;
     int gw = n > 24 ? 18 : 40, W = left + n * gw + 140;
-    sb_printf(b, "<figure><figcaption>");
+    strbuf_printf(b, "<figure><figcaption>");
     sb_text(b, title);
-    sb_printf(b, "</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img'>", W,
+    strbuf_printf(b, "</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img'>", W,
               H + top + bottom);
-    sb_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#444'/>", left, top + H, left + n * gw, top + H);
-    sb_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>%.4g</text>", left - 4, top + 4, max);
-    sb_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>0</text>", left - 4, top + H);
+    strbuf_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#444'/>", left, top + H, left + n * gw, top + H);
+    strbuf_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>%.4g</text>", left - 4, top + 4, max);
+    strbuf_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>0</text>", left - 4, top + H);
     for (int i = 0; i < n; i++) {
         int x = left + i * gw + 2, bw = (gw - 6) / 2;
         double v[2] = {a[i], bv[i]};
@@ -120,38 +81,38 @@ static void svg_bars(sbuf *b, const char *title, const char *const *labels, cons
             if (isnan(v[k]))
                 continue;
             int h = (int)lround(v[k] / max * H);
-            sb_printf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='%s'><title>%.6g</title></rect>",
+            strbuf_printf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='%s'><title>%.6g</title></rect>",
                       x + k * bw, top + H - h, bw, h, col[k], v[k]);
         }
-        sb_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='middle'>", x + bw, top + H + 12);
+        strbuf_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='middle'>", x + bw, top + H + 12);
         sb_text(b, labels[i]);
-        sb_printf(b, "</text>");
+        strbuf_printf(b, "</text>");
     }
     if (ref > 0) {
         int y = top + H - (int)lround(ref / max * H);
-        sb_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#c00' stroke-dasharray='4 3'/>", left, y,
+        strbuf_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#c00' stroke-dasharray='4 3'/>", left, y,
                   left + n * gw, y);
-        sb_printf(b, "<text x='%d' y='%d' font-size='10' fill='#c00'>", left + n * gw + 4, y + 3);
+        strbuf_printf(b, "<text x='%d' y='%d' font-size='10' fill='#c00'>", left + n * gw + 4, y + 3);
         sb_text(b, ref_label);
-        sb_printf(b, "</text>");
+        strbuf_printf(b, "</text>");
     }
     int lx = left + n * gw + 10;
-    sb_printf(b, "<rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' y='%d' font-size='11'>", lx,
+    strbuf_printf(b, "<rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' y='%d' font-size='11'>", lx,
               top + 20, ca, lx + 14, top + 29);
     sb_text(b, la);
-    sb_printf(b, "</text><rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' y='%d' font-size='11'>",
+    strbuf_printf(b, "</text><rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' y='%d' font-size='11'>",
               lx, top + 36, cb, lx + 14, top + 45);
     sb_text(b, lb);
-    sb_printf(b, "</text></svg></figure>\n");
+    strbuf_printf(b, "</text></svg></figure>\n");
 }
 
 /* Per-layer kept FFN width and heads: parent vs result (by source layer). */
-static void layer_charts(sbuf *b, json_t *parent_arch, json_t *result_arch)
+static void layer_charts(strbuf *b, json_t *parent_arch, json_t *result_arch)
 {
     json_t *pl = json_object_get(parent_arch, "layers"), *rl = json_object_get(result_arch, "layers");
     size_t n = json_array_size(pl);
     if (n == 0) {
-        sb_printf(b, "<p>The parent's architecture is not in the report yet.</p>\n");
+        strbuf_printf(b, "<p>The parent's architecture is not in the report yet.</p>\n");
         return;
     }
     if (n > 256)
@@ -192,15 +153,15 @@ out:
     free(rh);
 }
 
-static void limits_section(sbuf *b, json_t *limits)
+static void limits_section(strbuf *b, json_t *limits)
 {
     size_t n = json_array_size(limits);
-    sb_printf(b, "<h2>Limits</h2>\n");
+    strbuf_printf(b, "<h2>Limits</h2>\n");
     if (n == 0) {
-        sb_printf(b, "<p>No limit rows yet (they are written when the job succeeds).</p>\n");
+        strbuf_printf(b, "<p>No limit rows yet (they are written when the job succeeds).</p>\n");
         return;
     }
-    sb_printf(b, "<table><tr><th>limit</th><th>value</th><th>predicted</th><th>measured</th>"
+    strbuf_printf(b, "<table><tr><th>limit</th><th>value</th><th>predicted</th><th>measured</th>"
                  "<th>holds (predicted)</th><th>holds (measured)</th></tr>\n");
     size_t i;
     json_t *r;
@@ -211,19 +172,19 @@ static void limits_section(sbuf *b, json_t *limits)
     json_array_foreach(limits, i, r) {
         if (i >= n)
             break;
-        sb_printf(b, "<tr><td>");
+        strbuf_printf(b, "<tr><td>");
         sb_value(b, json_object_get(r, "name"));
-        sb_printf(b, "</td><td>");
+        strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "limit"));
-        sb_printf(b, "</td><td>");
+        strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "predicted"));
-        sb_printf(b, "</td><td>");
+        strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "measured"));
-        sb_printf(b, "</td><td>");
+        strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "holds_predicted"));
-        sb_printf(b, "</td><td>");
+        strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "holds"));
-        sb_printf(b, "</td></tr>\n");
+        strbuf_printf(b, "</td></tr>\n");
         double lim = num(json_object_get(r, "limit"), 0);
         labels[i] = json_is_string(json_object_get(r, "name")) ? json_string_value(json_object_get(r, "name")) : "?";
         pred[i] = lim > 0 && json_is_number(json_object_get(r, "predicted"))
@@ -231,23 +192,23 @@ static void limits_section(sbuf *b, json_t *limits)
         meas[i] = lim > 0 && json_is_number(json_object_get(r, "measured"))
                       ? 100.0 * num(json_object_get(r, "measured"), 0) / lim : NAN;
     }
-    sb_printf(b, "</table>\n");
+    strbuf_printf(b, "</table>\n");
     svg_bars(b, "Predicted vs measured cost, % of each limit", labels, pred, meas, (int)n, "predicted", "measured",
              C_RESULT, C_MEAS, 100.0, "limit");
 }
 
 /* Parent and result per benchmark; with evaluation.pruned also the pruned-only student
  * (pruned may be NULL), so the table shows what distillation recovered. */
-static void accuracy_section(sbuf *b, json_t *parent, json_t *result, json_t *pruned)
+static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *pruned)
 {
     json_t *pa = json_object_get(parent, "accuracy"), *ra = json_object_get(result, "accuracy");
     json_t *qa = json_object_get(pruned, "accuracy");
     int with_pruned = json_object_size(qa) > 0;
-    sb_printf(b, "<h2>Accuracy</h2>\n");
+    strbuf_printf(b, "<h2>Accuracy</h2>\n");
     if (json_object_size(pa) == 0 && json_object_size(ra) == 0) {
-        sb_printf(b, "<p>No benchmark results in the report.</p>\n");
+        strbuf_printf(b, "<p>No benchmark results in the report.</p>\n");
     } else {
-        sb_printf(b, "<table><tr><th>benchmark</th><th>parent</th><th>&plusmn;</th>%s<th>result</th><th>&plusmn;</th>"
+        strbuf_printf(b, "<table><tr><th>benchmark</th><th>parent</th><th>&plusmn;</th>%s<th>result</th><th>&plusmn;</th>"
                      "<th>n</th></tr>\n",
                   with_pruned ? "<th>pruned only</th><th>&plusmn;</th>" : "");
         const char *labels[64];
@@ -257,26 +218,26 @@ static void accuracy_section(sbuf *b, json_t *parent, json_t *result, json_t *pr
         json_t *v;
         json_object_foreach(pa, k, v) {
             json_t *r = json_object_get(ra, k);
-            sb_printf(b, "<tr><td>");
+            strbuf_printf(b, "<tr><td>");
             sb_text(b, k);
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, json_object_get(v, "acc"));
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, json_object_get(v, "stderr"));
             if (with_pruned) {
                 json_t *q = json_object_get(qa, k);
-                sb_printf(b, "</td><td>");
+                strbuf_printf(b, "</td><td>");
                 sb_value(b, json_object_get(q, "acc"));
-                sb_printf(b, "</td><td>");
+                strbuf_printf(b, "</td><td>");
                 sb_value(b, json_object_get(q, "stderr"));
             }
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, json_object_get(r, "acc"));
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, json_object_get(r, "stderr"));
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, json_object_get(v, "n"));
-            sb_printf(b, "</td></tr>\n");
+            strbuf_printf(b, "</td></tr>\n");
             if (n < 64) {
                 labels[n] = k;
                 pv[n] = num(json_object_get(v, "acc"), NAN);
@@ -284,109 +245,109 @@ static void accuracy_section(sbuf *b, json_t *parent, json_t *result, json_t *pr
                 n++;
             }
         }
-        sb_printf(b, "<tr><td><b>average</b></td><td>");
+        strbuf_printf(b, "<tr><td><b>average</b></td><td>");
         sb_value(b, json_object_get(parent, "average"));
         if (with_pruned) {
-            sb_printf(b, "</td><td></td><td>");
+            strbuf_printf(b, "</td><td></td><td>");
             sb_value(b, json_object_get(pruned, "average"));
         }
-        sb_printf(b, "</td><td></td><td>");
+        strbuf_printf(b, "</td><td></td><td>");
         sb_value(b, json_object_get(result, "average"));
-        sb_printf(b, "</td><td></td><td></td></tr></table>\n");
+        strbuf_printf(b, "</td><td></td><td></td></tr></table>\n");
         if (n > 0)
             svg_bars(b, "Accuracy per benchmark", labels, pv, rv, n, "parent", "result", C_PARENT, C_RESULT, 0, "");
     }
     json_t *pp = json_object_get(parent, "perplexity"), *rp = json_object_get(result, "perplexity");
     if (json_object_size(pp) || json_object_size(rp)) {
         json_t *qp = json_object_get(pruned, "perplexity");
-        sb_printf(b, "<table><tr><th>perplexity</th><th>parent</th>%s<th>result</th></tr>\n",
+        strbuf_printf(b, "<table><tr><th>perplexity</th><th>parent</th>%s<th>result</th></tr>\n",
                   with_pruned ? "<th>pruned only</th>" : "");
         const char *k;
         json_t *v;
         json_object_foreach(pp, k, v) {
-            sb_printf(b, "<tr><td>");
+            strbuf_printf(b, "<tr><td>");
             sb_text(b, k);
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, v);
             if (with_pruned) {
-                sb_printf(b, "</td><td>");
+                strbuf_printf(b, "</td><td>");
                 sb_value(b, json_object_get(qp, k));
             }
-            sb_printf(b, "</td><td>");
+            strbuf_printf(b, "</td><td>");
             sb_value(b, json_object_get(rp, k));
-            sb_printf(b, "</td></tr>\n");
+            strbuf_printf(b, "</td></tr>\n");
         }
-        sb_printf(b, "</table>\n");
+        strbuf_printf(b, "</table>\n");
     }
 }
 
 /* Rows "label: value" of an object's members named in keys. */
-static void kv_table(sbuf *b, const char *title, json_t *obj, const char *const *keys)
+static void kv_table(strbuf *b, const char *title, json_t *obj, const char *const *keys)
 {
-    sb_printf(b, "<h2>");
+    strbuf_printf(b, "<h2>");
     sb_text(b, title);
-    sb_printf(b, "</h2>\n");
+    strbuf_printf(b, "</h2>\n");
     if (!json_is_object(obj)) {
-        sb_printf(b, "<p>Not in the report yet.</p>\n");
+        strbuf_printf(b, "<p>Not in the report yet.</p>\n");
         return;
     }
-    sb_printf(b, "<table>\n");
+    strbuf_printf(b, "<table>\n");
     for (int i = 0; keys[i]; i++) {
-        sb_printf(b, "<tr><td>");
+        strbuf_printf(b, "<tr><td>");
         sb_text(b, keys[i]);
-        sb_printf(b, "</td><td>");
+        strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(obj, keys[i]));
-        sb_printf(b, "</td></tr>\n");
+        strbuf_printf(b, "</td></tr>\n");
     }
-    sb_printf(b, "</table>\n");
+    strbuf_printf(b, "</table>\n");
 }
 
 /* The page for a report (borrowed). NEW string, or NULL when out of memory. */
 static char *render(json_t *r, size_t *len)
 {
-    sbuf b = {0};
+    strbuf b = {0};
     json_t *parent = json_object_get(r, "parent"), *result = json_object_get(r, "result");
     json_t *target = json_object_get(r, "target"), *wl = json_object_get(target, "workload");
-    sb_printf(&b, "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>AutoCompress report ");
+    strbuf_printf(&b, "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>AutoCompress report ");
     sb_text(&b, json_string_value(json_object_get(r, "job_id")));
-    sb_printf(&b, "</title><style>body{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222}"
+    strbuf_printf(&b, "</title><style>body{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222}"
                   "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
                   "text-align:right}td:first-child,th:first-child{text-align:left}.bad{color:#c00}"
                   "figure{margin:1em 0}figcaption{font-weight:bold}</style></head><body>\n");
-    sb_printf(&b, "<h1>AutoCompress report</h1>\n<table>\n<tr><td>job</td><td>");
+    strbuf_printf(&b, "<h1>AutoCompress report</h1>\n<table>\n<tr><td>job</td><td>");
     sb_text(&b, json_string_value(json_object_get(r, "job_id")));
-    sb_printf(&b, "</td></tr>\n<tr><td>status</td><td>");
+    strbuf_printf(&b, "</td></tr>\n<tr><td>status</td><td>");
     sb_text(&b, json_string_value(json_object_get(r, "status")));
     if (!json_is_true(json_object_get(r, "complete")))
-        sb_printf(&b, " (partial report)");
-    sb_printf(&b, "</td></tr>\n<tr><td>method</td><td>");
+        strbuf_printf(&b, " (partial report)");
+    strbuf_printf(&b, "</td></tr>\n<tr><td>method</td><td>");
     sb_value(&b, json_object_get(r, "method"));
-    sb_printf(&b, "</td></tr>\n<tr><td>target</td><td>");
+    strbuf_printf(&b, "</td></tr>\n<tr><td>target</td><td>");
     sb_value(&b, json_object_get(target, "device"));
-    sb_printf(&b, " ");
+    strbuf_printf(&b, " ");
     sb_value(&b, json_object_get(target, "precision"));
-    sb_printf(&b, ", batch ");
+    strbuf_printf(&b, ", batch ");
     sb_value(&b, json_object_get(wl, "batch_size"));
-    sb_printf(&b, ", prompt ");
+    strbuf_printf(&b, ", prompt ");
     sb_value(&b, json_object_get(wl, "prompt_tokens"));
-    sb_printf(&b, " + output ");
+    strbuf_printf(&b, " + output ");
     sb_value(&b, json_object_get(wl, "output_tokens"));
-    sb_printf(&b, " tokens</td></tr>\n<tr><td>calibration</td><td>");
+    strbuf_printf(&b, " tokens</td></tr>\n<tr><td>calibration</td><td>");
     sb_value(&b, json_object_get(r, "calibration_id"));
-    sb_printf(&b, "</td></tr>\n<tr><td>parameters</td><td>");
+    strbuf_printf(&b, "</td></tr>\n<tr><td>parameters</td><td>");
     sb_value(&b, json_object_get(parent, "params"));
-    sb_printf(&b, " &rarr; ");
+    strbuf_printf(&b, " &rarr; ");
     sb_value(&b, json_object_get(result, "params"));
-    sb_printf(&b, "</td></tr>\n</table>\n");
+    strbuf_printf(&b, "</td></tr>\n</table>\n");
 
     limits_section(&b, json_object_get(r, "limits"));
-    sb_printf(&b, "<h2>Architecture</h2>\n");
+    strbuf_printf(&b, "<h2>Architecture</h2>\n");
     layer_charts(&b, json_object_get(parent, "arch"), json_object_get(result, "arch"));
-    sb_printf(&b, "<p>hidden size: ");
+    strbuf_printf(&b, "<p>hidden size: ");
     sb_value(&b, json_object_get(json_object_get(parent, "arch"), "hidden_size"));
-    sb_printf(&b, " &rarr; ");
+    strbuf_printf(&b, " &rarr; ");
     sb_value(&b, json_object_get(json_object_get(result, "arch"), "hidden_size"));
-    sb_printf(&b, "; layers: %zu &rarr; %zu</p>\n", json_array_size(json_object_get(json_object_get(parent, "arch"), "layers")),
+    strbuf_printf(&b, "; layers: %zu &rarr; %zu</p>\n", json_array_size(json_object_get(json_object_get(parent, "arch"), "layers")),
               json_array_size(json_object_get(json_object_get(result, "arch"), "layers")));
     accuracy_section(&b, parent, result, json_object_get(r, "pruned"));
 
@@ -403,24 +364,24 @@ static char *render(json_t *r, size_t *len)
                                             "wall_s", NULL};
     kv_table(&b, "Distillation", json_object_get(r, "distillation"), dist_keys);
 
-    sb_printf(&b, "<h2>Stages</h2>\n<table><tr><th>stage</th><th>wall s</th><th>attempt</th></tr>\n");
+    strbuf_printf(&b, "<h2>Stages</h2>\n<table><tr><th>stage</th><th>wall s</th><th>attempt</th></tr>\n");
     size_t i;
     json_t *s;
     json_array_foreach(json_object_get(r, "stages"), i, s) {
-        sb_printf(&b, "<tr><td>");
+        strbuf_printf(&b, "<tr><td>");
         sb_value(&b, json_object_get(s, "name"));
-        sb_printf(&b, "</td><td>");
+        strbuf_printf(&b, "</td><td>");
         sb_value(&b, json_object_get(s, "wall_s"));
-        sb_printf(&b, "</td><td>");
+        strbuf_printf(&b, "</td><td>");
         sb_value(&b, json_object_get(s, "attempt"));
-        sb_printf(&b, "</td></tr>\n");
+        strbuf_printf(&b, "</td></tr>\n");
     }
-    sb_printf(&b, "</table>\n</body></html>\n");
+    strbuf_printf(&b, "</table>\n</body></html>\n");
     if (b.oom) {
         free(b.s);
         return NULL;
     }
-    *len = b.n;
+    *len = b.len;
     return b.s;
 }
 

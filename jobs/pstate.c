@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +17,7 @@
 #include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/modelio.h"
+#include "storage/strbuf.h"
 
 static json_t *spec_path(job_ctx *ctx, const char *path)
 {
@@ -300,66 +300,46 @@ int ps_write_json(job_ctx *ctx, const char *name, json_t *doc, char *err, size_t
 
 /* ---------- content-keyed caches in the data dir ---------- */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} kbuf;
-
-static int kb_add(kbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int kb_add(kbuf *b, const char *fmt, ...)
+int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len)
 {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->buf ? b->buf + b->len : NULL, b->buf ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return -1;
-        if (b->buf && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return 0;
-        }
-        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
-        char *nb = realloc(b->buf, cap);
-        if (!nb)
-            return -1;
-        b->buf = nb;
-        b->cap = cap;
-    }
+    int n = snprintf(buf, len, "%s/../..", job_ctx_dir(ctx));
+    return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
 static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* "path size mtime" of a file, or of every regular file directly in a folder (sorted). */
-static int fingerprint(kbuf *b, const char *path)
+/* Append "path size mtime" of a file, or of every regular file directly in a folder
+ * (sorted), to b. 0, or -1 when the path cannot be resolved or listed (b->oom for OOM). */
+static int fingerprint(strbuf *b, const char *path)
 {
     char real[PATH_MAX];
     struct stat st;
     if (!realpath(path, real) || stat(real, &st))
         return -1;
-    if (!S_ISDIR(st.st_mode))
-        return kb_add(b, "%s %lld %lld.%09ld\n", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+    if (!S_ISDIR(st.st_mode)) {
+        strbuf_printf(b, "%s %lld %lld.%09ld\n", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
                       st.st_mtim.tv_nsec);
+        return 0;
+    }
     DIR *d = opendir(real);
     if (!d)
         return -1;
     char **names = NULL;
     size_t n = 0, cap = 0;
-    int rc = 0;
     struct dirent *e;
-    while (!rc && (e = readdir(d))) {
+    while (!b->oom && (e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
         if (n == cap) {
             char **nn = realloc(names, (cap = cap ? 2 * cap : 32) * sizeof *names);
             if (!nn) {
-                rc = -1;
+                b->oom = 1;
                 break;
             }
             names = nn;
         }
         if (!(names[n] = strdup(e->d_name)))
-            rc = -1;
+            b->oom = 1;
         else
             n++;
     }
@@ -369,13 +349,13 @@ static int fingerprint(kbuf *b, const char *path)
     for (size_t i = 0; i < n; i++) {
         char p[PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", real, names[i]);
-        if (!rc && stat(p, &st) == 0 && S_ISREG(st.st_mode))
-            rc = kb_add(b, "%s %lld %lld.%09ld\n", p, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                        st.st_mtim.tv_nsec);
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            strbuf_printf(b, "%s %lld %lld.%09ld\n", p, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                          st.st_mtim.tv_nsec);
         free(names[i]);
     }
     free(names);
-    return rc;
+    return 0;
 }
 
 int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *extra_path, char *path,
@@ -385,17 +365,15 @@ int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *e
     char data[4096];
     if (!json_is_string(mp) || stage_job_data_dir(ctx, data, sizeof data))
         return -1;
-    kbuf b = {0};
-    int rc = kb_add(&b, "%s\n%s\n", kind, key);
-    if (!rc && extra_path)
-        rc = fingerprint(&b, extra_path);
-    if (!rc)
-        rc = fingerprint(&b, json_string_value(mp));
-    if (!rc && json_is_string(tp))
-        rc = fingerprint(&b, json_string_value(tp));
+    strbuf b = {0};
+    strbuf_printf(&b, "%s\n%s\n", kind, key);
+    int rc = (extra_path && fingerprint(&b, extra_path)) || fingerprint(&b, json_string_value(mp)) ||
+                     (json_is_string(tp) && fingerprint(&b, json_string_value(tp))) || b.oom
+                 ? -1
+                 : 0;
     if (!rc) {
         char hex[65];
-        art_sha256_buf(b.buf, b.len, hex);
+        art_sha256_buf(b.s, b.len, hex);
         int n = snprintf(path, len, "%s/%s", data, kind);
         if (n < 0 || (size_t)n >= len || (mkdir(path, 0755) && errno != EEXIST))
             rc = -1;
@@ -404,6 +382,6 @@ int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *e
             rc = n < 0 || (size_t)n >= len ? -1 : 0;
         }
     }
-    free(b.buf);
+    free(b.s);
     return rc;
 }

@@ -22,17 +22,6 @@ int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen);
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
 int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
 
-/* The data dir is two levels above the job directory ("<data>/jobs/<id>"). */
-int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len)
-{
-    char tmp[4096];
-    int n = snprintf(tmp, sizeof tmp, "%s/../..", job_ctx_dir(ctx));
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        return -1;
-    n = snprintf(buf, len, "%s", tmp);
-    return n < 0 || (size_t)n >= len ? -1 : 0;
-}
-
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen)
 {
     const char *p = job_ctx_output(ctx, "load", "arch.json");

@@ -8,7 +8,6 @@
  * dir's data/, else ./data). The parent's scores are cached in the data dir (see
  * parent_cache_path): every job on the same parent and tasks scores it once.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +22,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "storage/fileio.h"
+#include "storage/strbuf.h"
 
 #define EVAL_MAX_TASK_BYTES ((size_t)64 << 20)
 
@@ -118,17 +118,11 @@ static int parent_cache_path(job_ctx *ctx, json_t *tasks, int limit, uint64_t se
                              size_t len)
 {
     char *tj = json_dumps(tasks, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!tj)
-        return -1;
-    size_t n = strlen(tj) + strlen(dd) + 128;
-    char *key = malloc(n);
-    int rc = -1;
-    if (key) {
-        snprintf(key, n, "autocompress-eval-1\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
-                 (unsigned long long)seed, tj, dd);
-        rc = ps_cache_path(ctx, "evalcache", key, NULL, path, len);
-    }
-    free(key);
+    strbuf key = {0};
+    strbuf_printf(&key, "autocompress-eval-1\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
+                  (unsigned long long)seed, tj ? tj : "", dd);
+    int rc = tj && !key.oom ? ps_cache_path(ctx, "evalcache", key.s, NULL, path, len) : -1;
+    free(key.s);
     free(tj);
     return rc;
 }
