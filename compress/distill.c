@@ -11,7 +11,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,11 +310,7 @@ static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw 
         snprintf(err, errlen, "%s: rename: %s", fin, strerror(errno));
         goto out;
     }
-    int dfd = open(o->ckpt_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
+    (void)fio_fsync_dir(o->ckpt_dir);   /* best effort */
     snprintf(path, sizeof path, "%s/DONE", fin);
     if (fio_write_atomic(path, "done\n", 5, err, errlen))
         goto out;

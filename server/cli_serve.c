@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "storage/fileio.h"
 #include "engine/devices.h"
 #include "jobs/sched.h"
 #include "jobs/stage.h"
@@ -27,21 +28,6 @@
 #include "storage/artstore.h"
 #include "storage/fetch.h"
 #include "storage/store.h"
-
-static int mkdir_p(const char *path)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
-        return -1;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
-}
 
 /* Devices to schedule on: the configured list (each must exist) or every device. */
 static int pick_devices(const char *list, char names[][32], int max, char *err, size_t errlen)
@@ -101,7 +87,7 @@ int cli_serve(int argc, char **argv)
     int n_roots = 0;
     char data_dir[PATH_MAX], path[PATH_MAX + 64];
 
-    if (mkdir_p(cfg.data_dir) < 0 || !realpath(cfg.data_dir, data_dir)) {
+    if (fio_mkdirs(cfg.data_dir) < 0 || !realpath(cfg.data_dir, data_dir)) {
         fprintf(stderr, "autocompress serve: --data-dir %s: %s\n", cfg.data_dir, strerror(errno));
         goto out;
     }
@@ -113,7 +99,7 @@ int cli_serve(int argc, char **argv)
     }
     for (int i = 0; i < cfg.n_roots; i++) {
         char real[PATH_MAX];
-        if (!cfg.roots[i] || mkdir_p(cfg.roots[i]) < 0 || !realpath(cfg.roots[i], real) || !(roots[n_roots] = strdup(real))) {
+        if (!cfg.roots[i] || fio_mkdirs(cfg.roots[i]) < 0 || !realpath(cfg.roots[i], real) || !(roots[n_roots] = strdup(real))) {
             fprintf(stderr, "autocompress serve: --data-root %s: %s\n", cfg.roots[i] ? cfg.roots[i] : "?", strerror(errno));
             goto out;
         }
@@ -139,7 +125,7 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
     snprintf(path, sizeof path, "%s/jobs", data_dir);
-    if (mkdir_p(path) < 0) {
+    if (fio_mkdirs(path) < 0) {
         fprintf(stderr, "autocompress serve: %s: %s\n", path, strerror(errno));
         goto out;
     }

@@ -3,6 +3,7 @@
  * source is on another file system.
  */
 #include "storage/artstore.h"
+#include "storage/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,21 +22,6 @@ struct artstore {
     int nverified, cap;
 };
 
-static int mkdir_p(const char *path)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
-        return -1;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
-}
-
 static int is_hex64(const char *h)
 {
     if (!h || strlen(h) != 64)
@@ -50,7 +36,7 @@ artstore *art_open(const char *dir, char *err, size_t errlen)
 {
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/sha256", dir);
-    if (mkdir_p(sub) < 0) {
+    if (fio_mkdirs(sub) < 0) {
         snprintf(err, errlen, "%s: %s", sub, strerror(errno));
         return NULL;
     }
@@ -200,16 +186,6 @@ static int copy_into(const char *src, int dst)
     return rc;
 }
 
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
 {
     if (art_sha256_file(src, hex, size_bytes, err, errlen) < 0)
@@ -220,7 +196,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         return -1;
     }
     snprintf(dir, sizeof dir, "%s/sha256/%.2s", as->dir, hex);
-    if (mkdir_p(dir) < 0) {
+    if (fio_mkdirs(dir) < 0) {
         snprintf(err, errlen, "%s: %s", dir, strerror(errno));
         return -1;
     }
@@ -250,7 +226,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         unlink(tmp);
         return -1;
     }
-    if (rename(tmp, dst) < 0 || fsync_dir(dir) < 0) {
+    if (rename(tmp, dst) < 0 || fio_fsync_dir(dir) < 0) {
         snprintf(err, errlen, "%s: %s", dst, strerror(errno));
         unlink(tmp);
         return -1;

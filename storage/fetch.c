@@ -4,6 +4,7 @@
  * second; it never holds a store transaction while bytes arrive.
  */
 #include "storage/fetch.h"
+#include "storage/fileio.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -258,18 +259,6 @@ static void hex_digest(EVP_MD_CTX *md, char hex[65], int *ok)
     hex[64] = 0;
 }
 
-static void fsync_dir_of(const char *path)
-{
-    char dir[4096];
-    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
-        return;
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
-}
-
 /* A scheme the caller allows: 0, or -1 with err. *is_http set for http(s). */
 static int check_scheme(const char *url, unsigned flags, int *is_http, char *err, size_t errlen)
 {
@@ -435,7 +424,7 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
         snprintf(err, errlen, "%s: rename: %s", out_path, strerror(errno));
         goto done;
     }
-    fsync_dir_of(out_path);
+    (void)fio_fsync_parent(out_path);   /* best effort */
     o->bytes = s.have;
     rc = FETCH_OK;
     keep_part = 1;   /* renamed: nothing to remove */
@@ -588,26 +577,6 @@ static int on_progress(void *user, int64_t done, int64_t total)
     return 0;
 }
 
-/* mkdir -p for the folder holding path. 0 or -1. */
-static int mkdirs_for(const char *path)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
-        return -1;
-    char *last = strrchr(tmp, '/');
-    if (!last || last == tmp)
-        return 0;
-    *last = 0;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* The downloaded file must open as a model. 0, or -1 with err. */
 static int check_model(const store_model *m, char *err, size_t errlen)
 {
@@ -649,7 +618,9 @@ static void fetch_one(fetch_service *fs, const store_model *m)
         }
         unlink(m->path);
     }
-    if (mkdirs_for(m->path) < 0) {
+    char folder[4096];
+    snprintf(folder, sizeof folder, "%s", m->path);
+    if (fio_mkdirs(dirname(folder)) < 0) {
         snprintf(err, sizeof err, "cannot create the model cache folder for %.600s: %s", m->path, strerror(errno));
         (void)store_model_fetch_done(fs->st, m->id, "failed", 0, err);
         return;

@@ -143,19 +143,50 @@ int fio_write_atomic(const char *path, const void *data, size_t len, char *err, 
         snprintf(err, errlen, "%s: rename: %s", path, strerror(errno));
         goto fail;
     }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
+    (void)fio_fsync_parent(path);   /* best effort */
     return 0;
 fail:
     if (fd >= 0)
         close(fd);
     unlink(tmp);
     return -1;
+}
+
+int fio_mkdirs(const char *dir)
+{
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s", dir) >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+int fio_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int fio_fsync_parent(const char *path)
+{
+    char dir[4096];
+    if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return fio_fsync_dir(dirname(dir));
 }
 
 int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, size_t errlen)

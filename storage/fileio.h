@@ -39,4 +39,13 @@ int fio_write_atomic(const char *path, const void *data, size_t len, char *err, 
 /* json_dumps(j, flags) plus a final newline, written with fio_write_atomic. j borrowed. */
 int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, size_t errlen);
 
+/* mkdir -p: dir and every missing folder above it (mode 0755). 0, or -1 with errno. */
+int fio_mkdirs(const char *dir);
+
+/* fsync a folder, so a rename or a new entry in it is durable. 0, or -1 with errno
+ * (some file systems refuse fsync on folders: callers that only want a best effort
+ * ignore it). fio_fsync_parent does it for the folder holding path. */
+int fio_fsync_dir(const char *dir);
+int fio_fsync_parent(const char *path);
+
 #endif

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -532,13 +531,7 @@ int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype,
     fd = -1;
     if (rename(tmp, path))
         goto ioerr;
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)fsync(dfd);   /* best effort: some file systems refuse fsync on folders */
-        close(dfd);
-    }
+    (void)fio_fsync_parent(path);   /* best effort: some file systems refuse fsync on folders */
     rc = 0;
     goto out;
 ioerr:
