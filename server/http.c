@@ -502,8 +502,11 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     h->max_suspended = cfg->max_suspended;
     pthread_mutex_init(&h->mu, NULL);
     MHD_set_panic_func(on_panic, NULL);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                     MHD_USE_TURBO;
+    /* poll(), not epoll: with a thread pool, libmicrohttpd 0.9.75-0.9.77 panics in MHD_quiesce_daemon when a
+       worker removes the listen socket from its epoll set first (an unchecked ENOENT), which a shutdown under
+       load can hit. Quiescing in poll mode only signals each worker through its ITC pipe. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG | MHD_USE_TURBO;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,

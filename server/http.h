@@ -1,4 +1,4 @@
-/* server/http.h — the HTTP daemon: libmicrohttpd with an internal epoll thread per
+/* server/http.h — the HTTP daemon: libmicrohttpd with an internal poll() thread per
  * pool thread, explicit connection / per-IP / timeout / memory limits, early rejection
  * (auth, 404/405, 413 by Content-Length, 415) on the first callback, a capped body
  * buffer, long-polls parked with suspend/resume (woken when the store changes or their

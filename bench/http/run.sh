@@ -77,7 +77,7 @@ echo "$ceil"
     echo "# HTTP load (bench/http/run.sh)"
     echo
     echo "$(date -u +%Y-%m-%dT%H:%MZ), $ceil."
-    echo "Server: \`autocompress serve\` defaults (libmicrohttpd, epoll, thread pool = cores); a test job runs in a worker"
+    echo "Server: \`autocompress serve\` defaults (libmicrohttpd, poll(), thread pool = cores); a test job runs in a worker"
     echo "process throughout. Load: wrk $WRK_THREADS thread(s), $CONNS connections, $DURATION per case, on the same machine."
     echo "Target: >= 20,000 status reads/s with p99 < 5 ms on 2 cores while a job runs."
     echo
