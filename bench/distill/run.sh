@@ -19,6 +19,11 @@ t=$(OMP_NUM_THREADS=$THREADS "$AC_PYTHON" bench/distill/torch_step.py "${ARGS[@]
 "$AC_PYTHON" - "$c" "$t" "$OUT" <<'PY'
 import json, os, platform, sys
 c, t, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+tokens = c["batch"] * c["seq"]
+flops = (2.0 * c["teacher_params"] + 6.0 * c["student_params"]) * tokens
+# fp32 bytes: teacher weights read once; student weights read in forward and backward, gradient written and read,
+# AdamW reads and writes weights and both moments
+bytes_ = 4.0 * (c["teacher_params"] + c["student_params"] * (2 + 2 + 6))
 lines = [
     "# Distillation step speed, SmolLM2-135M shapes, CPU",
     "",
@@ -37,6 +42,14 @@ lines = [
     "",
     "Machine ceilings measured in the same run: sgemm %.1f GFLOP/s (1024^3), STREAM triad %.2f GB/s." % (
         c["sgemm_gflops"], c["triad_gbs"]),
+    "",
+    "Share of the GEMM ceiling: a step costs about %.1f GFLOP (2·N·T for the teacher's forward, 6·N·T for the "
+    "student's forward and backward, attention scores left out), so autocompress runs at %.1f GFLOP/s, **%.0f%%** "
+    "of sgemm, and PyTorch at %.1f GFLOP/s (%.0f%%). The step is compute-bound: AdamW and the weight reads move "
+    "about %.1f GB, %.0f%% of what the triad bandwidth allows in the step's time." % (
+        flops / 1e9, flops / c["best_step_s"] / 1e9, 100 * flops / c["best_step_s"] / 1e9 / c["sgemm_gflops"],
+        flops / t["best_step_s"] / 1e9, 100 * flops / t["best_step_s"] / 1e9 / c["sgemm_gflops"],
+        bytes_ / 1e9, 100 * bytes_ / c["best_step_s"] / 1e9 / c["triad_gbs"]),
     "",
     "Load average when the table was written: %.1f on %d cores (other work on the machine slows both "
     "implementations and the ceilings alike; compare the ratio, not the absolute numbers)." % (
