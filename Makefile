@@ -21,7 +21,7 @@ PKGS := libmicrohttpd jansson sqlite3 libcurl libpcre2-8 openssl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-psabi -g $(OPT) $(ARCH) -fopenmp \
+CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-psabi -g $(OPT) $(ARCH) -fopenmp -fno-math-errno \
           -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(PKG_CFLAGS)
 LDLIBS := $(PKG_LIBS) -lopenblas -lm -lpthread -ldl -fopenmp
 ifneq ($(SANITIZE),)

@@ -571,13 +571,15 @@ static double cu_sumsq(eng_backend *be, const float *x, size_t n)
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                         float eps, float wd, float bc1, float bc2, float gscale)
 {
+    /* the CPU backend's form (PyTorch's): step lr/bc1 on m / (sqrt(v)/sqrt(bc2) + eps) */
+    const float step = lr / bc1, inv_sqrt_bc2 = 1.0f / sqrtf(bc2), decay = lr * wd;
     GRID_STRIDE(i, n) {
         float gi = g[i] * gscale;
         float mi = b1 * m[i] + (1.0f - b1) * gi;
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
+        p[i] -= step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps) + decay * p[i];
     }
 }
 
