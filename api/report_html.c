@@ -161,8 +161,8 @@ static void limits_section(strbuf *b, json_t *limits)
         strbuf_printf(b, "<p>No limit rows yet (they are written when the job succeeds).</p>\n");
         return;
     }
-    strbuf_printf(b, "<table><tr><th>limit</th><th>value</th><th>predicted</th><th>measured</th>"
-                 "<th>holds (predicted)</th><th>holds (measured)</th></tr>\n");
+    strbuf_printf(b, "<table><tr><th>limit</th><th>value</th><th>search aimed at</th><th>predicted</th>"
+                 "<th>measured</th><th>holds (predicted)</th><th>holds (measured)</th></tr>\n");
     size_t i;
     json_t *r;
     if (n > 16)
@@ -176,6 +176,8 @@ static void limits_section(strbuf *b, json_t *limits)
         sb_value(b, json_object_get(r, "name"));
         strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "limit"));
+        strbuf_printf(b, "</td><td>");
+        sb_value(b, json_object_get(r, "aimed"));
         strbuf_printf(b, "</td><td>");
         sb_value(b, json_object_get(r, "predicted"));
         strbuf_printf(b, "</td><td>");

@@ -30,11 +30,14 @@ static double num_or(json_t *j, double def)
 
 /* One limit row; predicted/measured < 0 mean unknown (null). upper: the value must not
  * exceed the limit (latency, memory, params); else it must reach it (throughput). */
-static json_t *limit_row(const char *name, double limit, double predicted, double measured, int upper)
+static json_t *limit_row(const char *name, double limit, double predicted, double measured, int upper, json_t *aim)
 {
     json_t *row = json_pack("{s:s,s:f}", "name", name, "limit", limit);
     if (!row)
         return NULL;
+    json_t *aimed = json_object_get(aim, name);
+    if (json_is_number(aimed))
+        json_object_set_new(row, "aimed", json_real(json_number_value(aimed)));
     json_object_set_new(row, "predicted", predicted >= 0 ? json_real(predicted) : json_null());
     json_object_set_new(row, "measured", measured >= 0 ? json_real(measured) : json_null());
     json_object_set_new(row, "holds_predicted",
@@ -44,7 +47,7 @@ static json_t *limit_row(const char *name, double limit, double predicted, doubl
     return row;
 }
 
-json_t *job_report_limits(json_t *constraints, json_t *pred, json_t *meas, long long result_params)
+json_t *job_report_limits(json_t *constraints, json_t *pred, json_t *meas, long long result_params, json_t *aim)
 {
     json_t *rows = json_array();
     if (!rows)
@@ -53,22 +56,22 @@ json_t *job_report_limits(json_t *constraints, json_t *pred, json_t *meas, long 
     if ((c = json_object_get(constraints, "latency_ms")) && json_is_number(c))
         json_array_append_new(rows, limit_row("latency_ms", json_number_value(c),
                                               num_or(json_object_get(pred, "latency_ms"), -1),
-                                              num_or(json_object_get(meas, "latency_ms"), -1), 1));
+                                              num_or(json_object_get(meas, "latency_ms"), -1), 1, aim));
     if ((c = json_object_get(constraints, "throughput_tokens_per_s")) && json_is_number(c))
         json_array_append_new(rows, limit_row("throughput_tokens_per_s", json_number_value(c),
                                               num_or(json_object_get(pred, "throughput_tokens_per_s"), -1),
-                                              num_or(json_object_get(meas, "throughput_tokens_per_s"), -1), 0));
+                                              num_or(json_object_get(meas, "throughput_tokens_per_s"), -1), 0, aim));
     if ((c = json_object_get(constraints, "memory_gib")) && json_is_number(c)) {
         const double gib = 1073741824.0;
         double p = num_or(json_object_get(json_object_get(pred, "memory_bytes"), "total"), -1);
         double m = num_or(json_object_get(meas, "peak_memory_bytes"), -1);
         json_array_append_new(rows, limit_row("memory_gib", json_number_value(c), p < 0 ? -1 : p / gib,
-                                              m < 0 ? -1 : m / gib, 1));
+                                              m < 0 ? -1 : m / gib, 1, aim));
     }
     if ((c = json_object_get(constraints, "params")) && json_is_number(c))
         /* the parameter count of the chosen arch is exact: predicted and measured agree */
         json_array_append_new(rows, limit_row("params", json_number_value(c), (double)result_params,
-                                              (double)result_params, 1));
+                                              (double)result_params, 1, NULL));
     return rows;
 }
 
@@ -100,7 +103,8 @@ int job_report_finalize(job_ctx *ctx, char *err, size_t errlen)
     json_t *meas = json_object_get(result, "measured");
     long long params = (long long)num_or(json_object_get(result, "params"), -1);
     json_object_set_new(frag, "limits",
-                        job_report_limits(json_object_get(ctx->spec, "constraints"), pred, meas, params));
+                        job_report_limits(json_object_get(ctx->spec, "constraints"), pred, meas, params,
+                                          json_object_get(search, "aim")));
     json_object_set_new(frag, "result", rfrag);
     int rc = store_report_merge(ctx->st, ctx->id, frag);
     json_decref(frag);

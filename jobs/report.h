@@ -20,8 +20,10 @@
 int job_report_finalize(job_ctx *ctx, char *err, size_t errlen);
 
 /* The limit rows of a report from the spec's constraints and the result's predicted
- * and measured objects (borrowed). Returns a NEW array (empty when no limit applies). */
+ * and measured objects (borrowed); a row also gets "aimed", the value the search aimed
+ * at, when the search's aim object (borrowed, may be NULL; jobs/pstate.h ps_aim_json)
+ * names that limit. Returns a NEW array (empty when no limit applies). */
 json_t *job_report_limits(json_t *constraints, json_t *result_predicted, json_t *result_measured,
-                          long long result_params);
+                          long long result_params, json_t *aim);
 
 #endif

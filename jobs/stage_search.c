@@ -55,8 +55,9 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     method_opts o = {.parent = parent, .tables = tables, .train = train, .val = val,
                      .search_tokens = ps_int(ctx, "budgets.search_tokens", 2000000),
                      .event = on_event, .progress = on_progress, .cancelled = on_cancelled, .ud = ctx};
-    ps_limits(ctx, &o.limits);
+    ps_margin margin;
     ps_axes(ctx, &o.axes);
+    ps_limits(ctx, &parent->a, tables, &o.axes, &o.limits, &margin);
     json_t *method = json_object_get(job_ctx_spec(ctx), "method");
     o.minitron = json_is_string(method) && !strcmp(json_string_value(method), "minitron");
     int *order = NULL;
@@ -85,6 +86,7 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     free(order);
     if (rc != 0)
         return rc;
+    json_object_set_new(doc, "aim", ps_aim_json(&o.limits, &margin));
     rc = ps_write_json(ctx, "arch.json", arch_to_json(&chosen), err, errlen);
     if (rc == 0)
         rc = ps_write_json(ctx, "search.json", json_incref(doc), err, errlen);
@@ -94,10 +96,11 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
         rc = job_publish(ctx, "search.json", path, "application/json", err, errlen);
     }
     if (rc == 0)
-        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O}}", "search", "selection_tokens",
+        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O,s:O*}}", "search", "selection_tokens",
                                              json_object_get(doc, "selection_tokens"), "wall_s",
                                              json_object_get(doc, "wall_s"), "iterations",
-                                             json_object_get(doc, "iterations")));
+                                             json_object_get(doc, "iterations"), "aim",
+                                             json_object_get(doc, "aim")));
     json_decref(doc);
     arch_free(&chosen);
     return rc;

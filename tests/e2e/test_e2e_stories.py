@@ -204,6 +204,9 @@ def main():
         # margin_pct 10: the search aimed 10% under the limit; the report checks the limit itself
         assert rep["result"]["predicted"]["latency_ms"] <= 0.9 * limit * (1 + 1e-9), rep["result"]["predicted"]
         assert rep["limits"][0]["limit"] == limit, rep["limits"]
+        aim = rep["search"]["aim"]
+        assert aim["source"] == "spec" and aim["margin"]["latency_pct"] == 10, aim
+        assert abs(rep["limits"][0]["aimed"] - 0.9 * limit) < 1e-9 * limit, rep["limits"]
         check_html(s, job["id"])
         arts = artifacts(s, job["id"])
         _, rj = download(s, job["id"], "report.json")
@@ -223,6 +226,19 @@ def main():
         assert fin["status"] == "succeeded", fin
         _, _, rep_c = s.json("GET", "/v1/jobs/%s/report" % jc["id"], expect=200)
         check_report(rep_c, spec_c, limit, STAGES)
+        # no margin_pct: the search aims under the limit by the largest latency error the
+        # job's calibration measured on its held-out archs (or at the limit itself when
+        # only the limit leaves an arch, and the report says so)
+        aim, val = rep_c["search"]["aim"], rep_c["calibration_validation"]
+        row = rep_c["limits"][0]
+        if aim["source"] == "calibration":
+            assert abs(aim["margin"]["latency_pct"] - min(val["latency_max_pct"], 50)) < 1e-9, (aim, val)
+            assert aim["margin"]["memory_pct"] == min(val["memory_max_pct"], 50), (aim, val)
+        else:
+            assert aim["source"].startswith("none: no arch") and aim["margin"]["latency_pct"] == 0, aim
+        assert abs(row["aimed"] - limit * (1 - aim["margin"]["latency_pct"] / 100)) < 1e-9 * limit, (row, aim)
+        assert row["predicted"] <= row["aimed"] * (1 + 1e-9), row
+        print("job C aim: %s" % aim)
         # the parent was scored once, by job A; job C reads the same scores from the cache
         ev_a, ev_c = [e["type"] for e in events(s, job["id"])], [e["type"] for e in events(s, jc["id"])]
         assert "evaluate.parent_reused" not in ev_a and "evaluate.parent_reused" in ev_c, (ev_a, ev_c)

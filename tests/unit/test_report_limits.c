@@ -33,7 +33,8 @@ static void test_rows(void **state)
                              "total", (json_int_t)(1LL << 29));
     json_t *meas = json_pack("{s:f,s:f,s:I}", "latency_ms", 10.5, "throughput_tokens_per_s", 49.0,
                              "peak_memory_bytes", (json_int_t)(1LL << 30));
-    json_t *rows = job_report_limits(c, pred, meas, 900);
+    json_t *aim = json_pack("{s:f,s:f}", "latency_ms", 9.6, "memory_gib", 0.99);
+    json_t *rows = job_report_limits(c, pred, meas, 900, aim);
     assert_int_equal(json_array_size(rows), 4);
     json_t *l = row(rows, "latency_ms");
     assert_true(json_is_true(json_object_get(l, "holds_predicted")));
@@ -46,13 +47,18 @@ static void test_rows(void **state)
     assert_float_equal(json_real_value(json_object_get(m, "predicted")), 0.5, 1e-12);
     assert_float_equal(json_real_value(json_object_get(m, "measured")), 1.0, 1e-12);
     assert_true(json_is_true(json_object_get(m, "holds")));   /* exactly at the limit holds */
+    /* the search's aim shows beside the limits it names, and only those */
+    assert_float_equal(json_real_value(json_object_get(l, "aimed")), 9.6, 1e-12);
+    assert_float_equal(json_real_value(json_object_get(m, "aimed")), 0.99, 1e-12);
+    assert_null(json_object_get(t, "aimed"));
     json_t *p = row(rows, "params");
+    assert_null(json_object_get(p, "aimed"));
     assert_true(json_is_true(json_object_get(p, "holds")));
     assert_float_equal(json_real_value(json_object_get(p, "predicted")), 900, 0);
     json_decref(rows);
 
     /* nothing measured (e.g. a measure stage that did not run): measured and holds null */
-    rows = job_report_limits(c, pred, NULL, 1200);
+    rows = job_report_limits(c, pred, NULL, 1200, NULL);
     l = row(rows, "latency_ms");
     assert_true(json_is_null(json_object_get(l, "measured")));
     assert_true(json_is_null(json_object_get(l, "holds")));
@@ -61,13 +67,14 @@ static void test_rows(void **state)
 
     /* only the limits the spec sets get rows */
     json_t *c1 = json_pack("{s:f}", "latency_ms", 3.0);
-    rows = job_report_limits(c1, pred, meas, 900);
+    rows = job_report_limits(c1, pred, meas, 900, NULL);
     assert_int_equal(json_array_size(rows), 1);
     json_decref(rows);
     json_decref(c1);
     json_decref(c);
     json_decref(pred);
     json_decref(meas);
+    json_decref(aim);
 }
 
 static void test_retention_env(void **state)
