@@ -6,7 +6,6 @@
 #include "api/api_internal.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "jobs/pipeline.h"
+#include "storage/fileio.h"
 
 static int is_terminal(const char *s)
 {
@@ -495,14 +495,6 @@ void h_jobs_cancel(api_ctx *ctx, const api_req *req, const char *const *params, 
     store_job_clear(&j);
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path) < 0 && errno != ENOENT ? -1 : 0;
-}
-
 void h_jobs_delete(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
     (void)req;
@@ -530,7 +522,7 @@ void h_jobs_delete(api_ctx *ctx, const api_req *req, const char *const *params, 
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/jobs/%s", ctx->data_dir, params[0]);
     if (job_artifact_name_ok(params[0]))
-        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        (void)fio_remove_tree(dir);
     api_json(resp, 200, json_pack("{s:s,s:s,s:b}", "id", params[0], "object", "job.deleted", "deleted", 1));
 }
 

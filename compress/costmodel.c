@@ -1003,22 +1003,6 @@ json_t *cm_calibration_load(const char *data_dir, const char *id, char *err, siz
     return j;
 }
 
-static int mkdir_p(const char *dir)
-{
-    char tmp[4096];
-    int n = snprintf(tmp, sizeof tmp, "%s", dir);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        return -1;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t errlen)
 {
     char dir[4096], path[4096];
@@ -1028,7 +1012,7 @@ int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t err
     int n = snprintf(dir, sizeof dir, "%s/calibrations", data_dir);
     if (n < 0 || (size_t)n >= sizeof dir || cm_calibration_path(data_dir, json_string_value(idj), path, sizeof path))
         FAIL("data directory path too long");
-    if (mkdir_p(dir))
+    if (fio_mkdirs(dir))
         FAIL("%s: %s", dir, strerror(errno));
     if (fio_write_json(path, cal, JSON_INDENT(1) | JSON_SORT_KEYS, err, errlen))
         return -1;

@@ -20,8 +20,8 @@
 #include <jansson.h>
 
 #include "engine/clock.h"
-#include "storage/fileio.h"
 #include "storage/ckpt.h"
+#include "storage/fileio.h"
 #include "storage/safetensors.h"
 
 void distill_opts_defaults(distill_opts *o)
@@ -148,38 +148,6 @@ static int step_dir(char *buf, size_t len, const char *dir, int64_t step, const 
     return (size_t)snprintf(buf, len, "%s/step-%010lld%s", dir, (long long)step, suffix) >= len ? -1 : 0;
 }
 
-static int mkdir_p(const char *path)
-{
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp)
-        return -1;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
-}
-
-static void rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char p[4096];
-            if ((size_t)snprintf(p, sizeof p, "%s/%s", path, e->d_name) < sizeof p)
-                unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(path);
-}
-
 static int file_exists(const char *path)
 {
     struct stat st;
@@ -208,7 +176,7 @@ static int64_t *list_checkpoints(const char *dir, int *n, int clean)
         snprintf(done, sizeof done, "%s/DONE", path);
         if (*end != 0 || s <= 0 || !file_exists(done)) {
             if (clean)
-                rm_tree(path);
+                (void)fio_remove_tree(path);
             continue;
         }
         if (*n == cap) {
@@ -265,9 +233,9 @@ static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw 
         snprintf(err, errlen, "checkpoint path too long");
         return -1;
     }
-    rm_tree(tmp);
-    rm_tree(fin);
-    if (mkdir_p(tmp)) {
+    (void)fio_remove_tree(tmp);
+    (void)fio_remove_tree(fin);
+    if (fio_mkdirs(tmp)) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;
     }
@@ -322,12 +290,12 @@ static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw 
     for (int i = 0; i + keep < n; i++) {
         char old[4096];
         if (!step_dir(old, sizeof old, o->ckpt_dir, steps[i], ""))
-            rm_tree(old);
+            (void)fio_remove_tree(old);
     }
     free(steps);
 out:
     if (rc)
-        rm_tree(tmp);
+        (void)fio_remove_tree(tmp);
     free(mv);
     free(text);
     json_decref(curve);
@@ -456,7 +424,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         goto done;
     }
     if (o->ckpt_dir) {
-        if (mkdir_p(o->ckpt_dir)) {
+        if (fio_mkdirs(o->ckpt_dir)) {
             snprintf(err, errlen, "%s: %s", o->ckpt_dir, strerror(errno));
             goto done;
         }

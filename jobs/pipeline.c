@@ -15,6 +15,7 @@
 #include "jobs/report.h"
 #include "jobs/retention.h"
 #include "jobs/stage.h"
+#include "storage/fileio.h"
 
 json_t *job_pipeline_for(const char *kind, json_t *spec)
 {
@@ -168,7 +169,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             int full = strstr(serr, "No space left") != NULL || (avail >= 0 && avail < (1LL << 20));
             if (full) {
                 /* the failed stage's partial outputs go, so the store can record the failure */
-                retention_remove_tree(ctx.stage_dir);
+                (void)fio_remove_tree(ctx.stage_dir);
                 snprintf(msg, sizeof msg, "stage %s failed: the data directory's disk is full (%lld bytes were "
                          "free; lower the retention cap or free space, then resubmit): %s", name, avail,
                          serr[0] ? serr : "no reason given");

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "storage/fileio.h"
+
 static int64_t env_i64(const char *name)
 {
     const char *v = getenv(name);
@@ -51,22 +53,6 @@ int64_t retention_dir_bytes(const char *dir)
     return du_total;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)ftw;
-    if (flag == FTW_DP)
-        rmdir(path);   /* best effort: what cannot be removed stays (and counts) */
-    else
-        unlink(path);
-    return 0;
-}
-
-void retention_remove_tree(const char *dir)
-{
-    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 /* Remove one terminal job; 1 removed, 0 not removable (no longer terminal), -1 error. */
 static int remove_job(store *st, artstore *as, const char *data_dir, const char *id)
 {
@@ -82,7 +68,7 @@ static int remove_job(store *st, artstore *as, const char *data_dir, const char 
         return rc < 0 ? -1 : 0;
     char dir[4400];
     snprintf(dir, sizeof dir, "%s/jobs/%s", data_dir, id);
-    retention_remove_tree(dir);
+    (void)fio_remove_tree(dir);   /* best effort: what cannot be removed stays (and counts) */
     return 1;
 }
 

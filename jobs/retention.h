@@ -36,7 +36,4 @@ int64_t retention_dir_bytes(const char *dir);
 int retention_enforce(store *st, artstore *as, const char *data_dir, const retention_policy *p,
                       const char *keep_id, int *removed, char *err, size_t errlen);
 
-/* Remove dir and everything under it (best effort: what cannot be removed stays). */
-void retention_remove_tree(const char *dir);
-
 #endif

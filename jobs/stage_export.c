@@ -15,6 +15,7 @@
 #include "storage/artstore.h"
 #include "storage/ckpt.h"
 #include "storage/export.h"
+#include "storage/fileio.h"
 #include "storage/tar.h"
 
 /* A report-shaped object for the model card from what earlier stages wrote. NEW ref. */
@@ -114,7 +115,7 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
             snprintf(name, sizeof name, "model-%s", f);
             snprintf(path, sizeof path, "%s/%s", dir, name);
             snprintf(tarp, sizeof tarp, "%s/%s.tar", dir, name);
-            if (exp_remove_dir(path) < 0) {
+            if (fio_remove_tree(path) < 0) {
                 snprintf(err, errlen, "export: cannot clear %s from an earlier attempt", path);
                 goto out;
             }

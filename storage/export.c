@@ -136,28 +136,6 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
     return rc;
 }
 
-static void remove_tree(const char *dir)
-{
-    (void)exp_remove_dir(dir);
-}
-
-int exp_remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? 0 : -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        char p[4096];
-        if (path_join(p, sizeof p, dir, e->d_name) == 0)
-            unlink(p);
-    }
-    closedir(d);
-    return rmdir(dir) == 0 || errno == ENOENT ? 0 : -1;
-}
-
 /* ------------------------------------------------------ raw GGUF metadata */
 
 typedef struct {
@@ -1013,7 +991,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         snprintf(err, errlen, "HF export: path too long");
         goto out;
     }
-    remove_tree(partial);
+    (void)fio_remove_tree(partial);
     if (mkdir(partial, 0755) < 0) {
         snprintf(err, errlen, "HF export: mkdir %s: %s", partial, strerror(errno));
         goto out;
@@ -1101,7 +1079,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
     rc = 0;
 out:
     if (made)
-        remove_tree(partial);
+        (void)fio_remove_tree(partial);
     json_decref(pconf);
     json_decref(conf);
     json_decref(tokj);

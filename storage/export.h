@@ -84,10 +84,6 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
  * NULL on failure) receives the matching tokenizer_config.json object. */
 json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config, char *err, size_t errlen);
 
-/* Remove a flat directory (regular files only) and the directory itself, e.g. a previous
- * attempt's export. Returns 0, or -1 when something is left behind. Absent: 0. */
-int exp_remove_dir(const char *dir);
-
 /* Write SHA256SUMS in `dir` ("<hex>  <name>" per regular file, sorted; sha256sum -c
  * reads it). Returns 0 or -1 with err. */
 int exp_write_sums(const char *dir, char *err, size_t errlen);

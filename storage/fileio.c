@@ -2,8 +2,10 @@
 #include "storage/fileio.h"
 
 #include <errno.h>
-#include <libgen.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +169,43 @@ int fio_mkdirs(const char *dir)
             *p = '/';
         }
     return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static int remove_failures, remove_errno;
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    if (remove(path) < 0 && errno != ENOENT) {
+        remove_failures++;
+        remove_errno = errno;
+    }
+    return 0;
+}
+
+int fio_remove_tree(const char *dir)
+{
+    struct stat st;
+    if (lstat(dir, &st) < 0)
+        return errno == ENOENT ? 0 : -1;
+    /* nftw takes no user pointer: the failure count is process-wide state, so removals
+       are serialized */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    remove_failures = 0;
+    remove_errno = 0;
+    int rc = nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int failures = remove_failures, e = remove_errno;
+    pthread_mutex_unlock(&mu);
+    if (rc != 0 && !e)
+        e = errno;
+    if (rc != 0 || failures) {
+        errno = e;
+        return -1;
+    }
+    return 0;
 }
 
 int fio_fsync_dir(const char *dir)

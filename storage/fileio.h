@@ -42,6 +42,11 @@ int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, s
 /* mkdir -p: dir and every missing folder above it (mode 0755). 0, or -1 with errno. */
 int fio_mkdirs(const char *dir);
 
+/* rm -rf: dir and everything under it (symlinks removed, not followed). Removes what
+ * it can and goes on past failures. 0 when nothing is left (an absent dir included), or
+ * -1 with errno of the last failure. */
+int fio_remove_tree(const char *dir);
+
 /* fsync a folder, so a rename or a new entry in it is durable. 0, or -1 with errno
  * (some file systems refuse fsync on folders: callers that only want a best effort
  * ignore it). fio_fsync_parent does it for the folder holding path. */

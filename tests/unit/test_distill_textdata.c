@@ -213,6 +213,31 @@ static void test_write_atomic(void **state)
     assert_int_equal(fio_write_atomic("/nonexistent/dir/x", "a", 1, err, sizeof err), -1);
 }
 
+static void test_remove_tree(void **state)
+{
+    (void)state;
+    char root[512], p[700];
+    snprintf(root, sizeof root, "%s/tree", dir);
+    snprintf(p, sizeof p, "%s/a/b/c", root);
+    assert_int_equal(fio_mkdirs(p), 0);
+    snprintf(p, sizeof p, "%s/a/b/c/f.bin", root);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fclose(f);
+    /* a link to a file outside the tree goes, its target stays */
+    char outside[512], link[700];
+    snprintf(outside, sizeof outside, "%s/outside.txt", dir);
+    f = fopen(outside, "wb");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(link, sizeof link, "%s/a/link", root);
+    assert_int_equal(symlink(outside, link), 0);
+    assert_int_equal(fio_remove_tree(root), 0);
+    assert_int_not_equal(access(root, F_OK), 0);
+    assert_int_equal(access(outside, F_OK), 0);
+    assert_int_equal(fio_remove_tree(root), 0);   /* absent: nothing to do */
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -221,7 +246,7 @@ int main(void)
         cmocka_unit_test(test_plain_paragraphs), cmocka_unit_test(test_jsonl),
         cmocka_unit_test(test_stories),          cmocka_unit_test(test_shared_tinystories),
         cmocka_unit_test(test_pack_split_seed),  cmocka_unit_test(test_batch_cursor),
-        cmocka_unit_test(test_write_atomic),
+        cmocka_unit_test(test_write_atomic),     cmocka_unit_test(test_remove_tree),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[256];
