@@ -122,6 +122,71 @@ int method_check_feasible(const arch *parent, const cm_tables *tables, const dna
     return rc;
 }
 
+static void tighten(const dnas_limits *limits, double latency_pct, double memory_pct, dnas_limits *out)
+{
+    double keep_t = 1.0 - latency_pct / 100.0, keep_m = 1.0 - memory_pct / 100.0;
+    *out = *limits;
+    out->latency_ms = limits->latency_ms * keep_t;
+    out->throughput_tps = limits->throughput_tps / keep_t;
+    out->memory_bytes = limits->memory_bytes * keep_m;
+}
+
+/* The calibration's largest held-out error for a quantity ("latency_max_pct"), within
+ * [0, 50]; -1 when the calibration has no validation. */
+static double validation_max_pct(json_t *validation, const char *key)
+{
+    json_t *n = json_object_get(validation, "archs"), *v = json_object_get(validation, key);
+    if (!json_is_integer(n) || json_integer_value(n) < 1 || !json_is_number(v))
+        return -1;
+    double x = json_number_value(v);
+    return x < 0 ? 0 : x > 50 ? 50 : x;
+}
+
+void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *axes, json_t *validation,
+                double given_pct, const dnas_limits *limits, dnas_limits *aimed, method_margin *margin)
+{
+    memset(margin, 0, sizeof *margin);
+    if (given_pct >= 0) {
+        margin->latency_pct = margin->memory_pct = given_pct;
+        snprintf(margin->source, sizeof margin->source, "spec");
+        tighten(limits, given_pct, given_pct, aimed);
+        return;
+    }
+    double lat = validation_max_pct(validation, "latency_max_pct");
+    double mem = validation_max_pct(validation, "memory_max_pct");
+    if (lat < 0 || mem < 0) {
+        snprintf(margin->source, sizeof margin->source, "none: the calibration has no held-out validation");
+        *aimed = *limits;
+        return;
+    }
+    margin->latency_pct = lat;
+    margin->memory_pct = mem;
+    snprintf(margin->source, sizeof margin->source, "calibration");
+    tighten(limits, lat, mem, aimed);
+    char scratch[512];
+    if (parent && tables && axes && method_check_feasible(parent, tables, aimed, axes, scratch, sizeof scratch)) {
+        *aimed = *limits;
+        margin->latency_pct = margin->memory_pct = 0;
+        snprintf(margin->source, sizeof margin->source,
+                 "none: no arch of the search space meets the limits less the calibration's error");
+    }
+}
+
+json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin)
+{
+    json_t *j = json_pack("{s:{s:f,s:f},s:s}", "margin", "latency_pct", margin->latency_pct, "memory_pct",
+                          margin->memory_pct, "source", margin->source);
+    if (!j)
+        return NULL;
+    if (aimed->latency_ms > 0)
+        json_object_set_new(j, "latency_ms", json_real(aimed->latency_ms));
+    if (aimed->throughput_tps > 0)
+        json_object_set_new(j, "throughput_tokens_per_s", json_real(aimed->throughput_tps));
+    if (aimed->memory_bytes > 0)
+        json_object_set_new(j, "memory_gib", json_real(aimed->memory_bytes / 1073741824.0));
+    return j;
+}
+
 int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen)
 {
     memset(chosen, 0, sizeof *chosen);

@@ -40,6 +40,26 @@ typedef struct {
 int method_check_feasible(const arch *parent, const cm_tables *tables, const dnas_limits *limits,
                           const dnas_axes *axes, char *err, size_t errlen);
 
+/* The aim under the measured limits. The search lands on the archs with the least
+ * predicted slack, so a cost model right on average still returns results measured
+ * over the limit; the search therefore aims under latency and throughput by
+ * margin.latency_pct and under memory by memory_pct (params is exact). given_pct >= 0
+ * (the user's margin) sets both (source "spec"); given_pct < 0 takes the largest error
+ * the calibration measured on its held-out archs for each quantity (validation:
+ * the calibration's "validation" object, borrowed, may be NULL; source "calibration"),
+ * or 0 when there is no validation, or when no arch of the space meets the tightened
+ * limits (source "none: ..."; a later feasibility check then names the limits as
+ * given). Fills *aimed from *limits. */
+typedef struct {
+    double latency_pct, memory_pct;
+    char source[112];
+} method_margin;
+void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *axes, json_t *validation,
+                double given_pct, const dnas_limits *limits, dnas_limits *aimed, method_margin *margin);
+/* The aim as JSON: {margin: {latency_pct, memory_pct}, source, latency_ms?,
+ * throughput_tokens_per_s?, memory_gib?}. New reference (NULL: no memory). */
+json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin);
+
 /* Run the search. On 0, *chosen holds the arch (free with arch_free) and *doc a NEW
  * search document {method, arch, summary, selection_tokens, iterations, wall_s,
  * parent_feasible, predicted, distribution | trials, final_gap}. Returns 1 when

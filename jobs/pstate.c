@@ -56,75 +56,19 @@ int ps_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen)
     return cm_target_from_json(tj, "/target", t, err, errlen);
 }
 
-static void limits_with(job_ctx *ctx, double latency_pct, double memory_pct, dnas_limits *lim)
-{
-    double keep_t = 1.0 - latency_pct / 100.0, keep_m = 1.0 - memory_pct / 100.0;
-    lim->latency_ms = spec_num(ctx, "constraints.latency_ms") * keep_t;
-    lim->throughput_tps = spec_num(ctx, "constraints.throughput_tokens_per_s") / keep_t;
-    lim->memory_bytes = spec_num(ctx, "constraints.memory_gib") * 1073741824.0 * keep_m;
-    lim->params = spec_num(ctx, "constraints.params");
-}
-
-/* The calibration's largest held-out error for a quantity ("latency_max_pct"), capped
- * at the spec's 50% bound; -1 when the calibration has no validation. */
-static double validation_max_pct(json_t *validation, const char *key)
-{
-    json_t *n = json_object_get(validation, "archs"), *v = json_object_get(validation, key);
-    if (!json_is_integer(n) || json_integer_value(n) < 1 || !json_is_number(v))
-        return -1;
-    double x = json_number_value(v);
-    return x < 0 ? 0 : x > 50 ? 50 : x;
-}
-
 void ps_limits(job_ctx *ctx, const arch *parent, const cm_tables *tables, const dnas_axes *axes, dnas_limits *lim,
-               ps_margin *margin)
+               method_margin *margin)
 {
-    memset(margin, 0, sizeof *margin);
-    json_t *given = spec_path(ctx, "constraints.margin_pct");
-    if (json_is_number(given)) {
-        margin->latency_pct = margin->memory_pct = json_number_value(given);
-        snprintf(margin->source, sizeof margin->source, "spec");
-        limits_with(ctx, margin->latency_pct, margin->memory_pct, lim);
-        return;
-    }
+    dnas_limits given = {.latency_ms = spec_num(ctx, "constraints.latency_ms"),
+                         .throughput_tps = spec_num(ctx, "constraints.throughput_tokens_per_s"),
+                         .memory_bytes = spec_num(ctx, "constraints.memory_gib") * 1073741824.0,
+                         .params = spec_num(ctx, "constraints.params")};
+    json_t *pct = spec_path(ctx, "constraints.margin_pct");
     const char *path = job_ctx_output(ctx, "calibrate", "calibration.json");
     json_t *cal = path ? json_load_file(path, JSON_REJECT_DUPLICATES, NULL) : NULL;
-    json_t *val = json_object_get(cal, "validation");
-    double lat = validation_max_pct(val, "latency_max_pct"), mem = validation_max_pct(val, "memory_max_pct");
+    method_aim(parent, tables, axes, json_object_get(cal, "validation"), json_is_number(pct) ? json_number_value(pct) : -1,
+               &given, lim, margin);
     json_decref(cal);
-    if (lat < 0 || mem < 0) {
-        snprintf(margin->source, sizeof margin->source, "none: the calibration has no held-out validation");
-        limits_with(ctx, 0, 0, lim);
-        return;
-    }
-    margin->latency_pct = lat;
-    margin->memory_pct = mem;
-    snprintf(margin->source, sizeof margin->source, "calibration");
-    limits_with(ctx, lat, mem, lim);
-    char scratch[512];
-    if (parent && tables && axes && method_check_feasible(parent, tables, lim, axes, scratch, sizeof scratch) != 0) {
-        /* aim at the limits themselves; when even they leave no arch, the feasibility
-           check that follows names them, not tightened ones the user never wrote */
-        limits_with(ctx, 0, 0, lim);
-        margin->latency_pct = margin->memory_pct = 0;
-        snprintf(margin->source, sizeof margin->source,
-                 "none: no arch of the search space meets the limits less the calibration's error");
-    }
-}
-
-json_t *ps_aim_json(const dnas_limits *lim, const ps_margin *margin)
-{
-    json_t *j = json_pack("{s:{s:f,s:f},s:s}", "margin", "latency_pct", margin->latency_pct, "memory_pct",
-                          margin->memory_pct, "source", margin->source);
-    if (!j)
-        return NULL;
-    if (lim->latency_ms > 0)
-        json_object_set_new(j, "latency_ms", json_real(lim->latency_ms));
-    if (lim->throughput_tps > 0)
-        json_object_set_new(j, "throughput_tokens_per_s", json_real(lim->throughput_tps));
-    if (lim->memory_bytes > 0)
-        json_object_set_new(j, "memory_gib", json_real(lim->memory_bytes / 1073741824.0));
-    return j;
 }
 
 void ps_axes(job_ctx *ctx, dnas_axes *a)

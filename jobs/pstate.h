@@ -19,6 +19,7 @@
 
 #include "compress/costmodel.h"
 #include "compress/dnas.h"
+#include "compress/method.h"
 #include "compress/textdata.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -26,22 +27,11 @@
 
 /* The spec's target / limits / searched axes. 0, or -1 with a reason. */
 int ps_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
-/* ps_limits: the limits the search aims at (0: none): the measured ones tightened by a
- * margin, latency and throughput by margin.latency_pct, memory by memory_pct (params is
- * exact). The margin is constraints.margin_pct when the spec sets it (source "spec");
- * otherwise the largest error the job's calibration measured on its held-out archs for
- * that quantity (source "calibration"), or 0 when the calibration has no validation or
- * when no arch of the space meets the tightened limits (parent, tables and axes decide
- * that; source "none: ..."). The report checks the spec's own limits. */
-typedef struct {
-    double latency_pct, memory_pct;
-    char source[112];
-} ps_margin;
+/* ps_limits: the limits the search aims at (0: none): the spec's, less the margin
+ * compress/method.h method_aim picks from constraints.margin_pct or the job's
+ * calibration. The report checks the spec's own limits. */
 void ps_limits(job_ctx *ctx, const arch *parent, const cm_tables *tables, const dnas_axes *axes, dnas_limits *lim,
-               ps_margin *margin);
-/* The search's aim as a report fragment: {margin: {latency_pct, memory_pct}, source,
- * latency_ms?, throughput_tokens_per_s?, memory_gib?}. New reference (NULL: no memory). */
-json_t *ps_aim_json(const dnas_limits *lim, const ps_margin *margin);
+               method_margin *margin);
 void ps_axes(job_ctx *ctx, dnas_axes *axes);
 /* An integer member of the spec by JSON path ("budgets.search_tokens"), or def. */
 long long ps_int(job_ctx *ctx, const char *path, long long def);

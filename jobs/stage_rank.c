@@ -44,7 +44,7 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
             return -1;
         dnas_limits lim;
         dnas_axes axes;
-        ps_margin margin;
+        method_margin margin;
         ps_axes(ctx, &axes);
         ps_limits(ctx, &m->a, tables, &axes, &lim, &margin);
         if (method_check_feasible(&m->a, tables, &lim, &axes, err, errlen) != 0)

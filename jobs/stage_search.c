@@ -55,7 +55,7 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     method_opts o = {.parent = parent, .tables = tables, .train = train, .val = val,
                      .search_tokens = ps_int(ctx, "budgets.search_tokens", 2000000),
                      .event = on_event, .progress = on_progress, .cancelled = on_cancelled, .ud = ctx};
-    ps_margin margin;
+    method_margin margin;
     ps_axes(ctx, &o.axes);
     ps_limits(ctx, &parent->a, tables, &o.axes, &o.limits, &margin);
     json_t *method = json_object_get(job_ctx_spec(ctx), "method");
@@ -86,7 +86,7 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     free(order);
     if (rc != 0)
         return rc;
-    json_object_set_new(doc, "aim", ps_aim_json(&o.limits, &margin));
+    json_object_set_new(doc, "aim", method_aim_json(&o.limits, &margin));
     rc = ps_write_json(ctx, "arch.json", arch_to_json(&chosen), err, errlen);
     if (rc == 0)
         rc = ps_write_json(ctx, "search.json", json_incref(doc), err, errlen);

@@ -27,6 +27,8 @@ static void usage(FILE *f)
             "  --memory-gib X        peak memory while serving the workload\n"
             "  --params N            parameter count\n"
             "options:\n"
+            "  --margin-pct X        aim X%% under latency/memory (over throughput); default: the\n"
+            "                        calibration's largest held-out error, 0 when it has none\n"
             "  --method M            autocompress (default) | minitron\n"
             "  --device D            cpu (default) | cuda:N\n"
             "  --batch B --prompt S --output N   workload (default 1, 256, 64)\n"
@@ -61,7 +63,7 @@ int cli_search(int argc, char **argv)
         {"method", 1, 0, 'm'}, {"device", 1, 0, 'd'}, {"batch", 1, 0, 'b'}, {"prompt", 1, 0, 's'},
         {"output", 1, 0, 'o'}, {"axes", 1, 0, 'a'}, {"calib", 1, 0, 'c'}, {"search-tokens", 1, 0, 't'},
         {"rank-tokens", 1, 0, 'r'}, {"data-dir", 1, 0, 'D'}, {"tokenizer", 1, 0, 'k'}, {"seed", 1, 0, 'S'},
-        {"out", 1, 0, 'O'}, {"json", 0, 0, 'j'}, {"eta", 1, 0, 'e'}, {"lambda2", 1, 0, 'l'}, {"lr", 1, 0, 'R'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"out", 1, 0, 'O'}, {"json", 0, 0, 'j'}, {"eta", 1, 0, 'e'}, {"lambda2", 1, 0, 'l'}, {"lr", 1, 0, 'R'}, {"margin-pct", 1, 0, 'g'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     method_opts mo;
     memset(&mo, 0, sizeof mo);
     mo.search_tokens = 262144;
@@ -70,6 +72,7 @@ int cli_search(int argc, char **argv)
     cm_target t = {.device = "cpu", .precision = "fp32", .batch_size = 1, .prompt_tokens = 256, .output_tokens = 64};
     const char *calib = NULL, *data_dir = "./var", *tokp = NULL, *out = NULL;
     int64_t rank_tokens = 16384;
+    double margin_pct = -1;   /* -1: the calibration's */
     int json_out = 0, c;
     char *end;
     optind = 1;
@@ -121,6 +124,13 @@ int cli_search(int argc, char **argv)
         case 'e': mo.eta = v; break;
         case 'l': mo.lambda2_init = v; break;
         case 'R': mo.lr = v; break;
+        case 'g':
+            if (end == optarg || *end || v < 0 || v > 50) {
+                fprintf(stderr, "search: --margin-pct must be a number from 0 to 50, not '%s'\n", optarg);
+                return 2;
+            }
+            margin_pct = v;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -177,6 +187,12 @@ int cli_search(int argc, char **argv)
         goto out;
     }
     rank_layer_order(&rk, order);
+    method_margin margin;
+    dnas_limits given = mo.limits;
+    method_aim(&parent.a, &tables, &mo.axes, json_object_get(cal, "validation"), margin_pct, &given, &mo.limits,
+               &margin);
+    fprintf(stderr, "search: aiming %.2f%% under latency, %.2f%% under memory (margin: %s)\n", margin.latency_pct,
+            margin.memory_pct, margin.source);
     mo.parent = &parent;
     mo.tables = &tables;
     mo.train = &train;
@@ -186,6 +202,7 @@ int cli_search(int argc, char **argv)
     int r = method_run(&mo, &chosen, &doc, err, sizeof err);
     if (r != 0)
         goto out;
+    json_object_set_new(doc, "aim", method_aim_json(&mo.limits, &margin));
     if (out) {
         json_t *aj = arch_to_json(&chosen);
         if (!aj || json_dump_file(aj, out, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
