@@ -114,6 +114,10 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "autocompress serve: %s\n", err);
         goto out;
     }
+    if (cfg.models_ca_file[0] && fetch_check_ca_file(cfg.models_ca_file, err, sizeof err) < 0) {
+        fprintf(stderr, "autocompress serve: --models-ca-file: %s\n", err);
+        goto out;
+    }
     snprintf(path, sizeof path, "%s/autocompress.db", data_dir);
     if (!(st = store_open(path, err, sizeof err))) {
         fprintf(stderr, "autocompress serve: %s\n", err);
@@ -173,13 +177,14 @@ int cli_serve(int argc, char **argv)
 
     /* Models registered by URL download in the background; any left "fetching" by a
      * previous server resume from their .part now. */
-    if (!(fetcher = fetch_service_start(st, cfg.allow_http_models ? FETCH_ALLOW_HTTP : 0, cfg.max_model_bytes, err,
-                                        sizeof err))) {
+    const char *ca_file = cfg.models_ca_file[0] ? cfg.models_ca_file : NULL;
+    if (!(fetcher = fetch_service_start(st, cfg.allow_http_models ? FETCH_ALLOW_HTTP : 0, cfg.max_model_bytes, ca_file,
+                                        err, sizeof err))) {
         fprintf(stderr, "autocompress serve: %s\n", err);
         goto out;
     }
-    log_msg("info", "model fetcher on (https%s, at most %ld bytes a model)", cfg.allow_http_models ? " and http" : "",
-            cfg.max_model_bytes);
+    log_msg("info", "model fetcher on (https%s, at most %ld bytes a model, CAs: %s)",
+            cfg.allow_http_models ? " and http" : "", cfg.max_model_bytes, ca_file ? ca_file : "system store");
 
     sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, cfg.workers, 10000, cfg.max_attempts};
     if (!(sc = sched_start(&sc_cfg, err, sizeof err))) {

@@ -36,6 +36,8 @@ void srv_config_usage(FILE *f)
             "  --max-model-bytes N      AC_MAX_MODEL_BYTES   cap on a model fetched by URL (68719476736 = 64 GiB)\n"
             "  --allow-http-models      AC_ALLOW_HTTP_MODELS=1 accept plain http:// model URLs, not only https://\n"
             "                                                (tests and trusted networks)\n"
+            "  --models-ca-file PATH    AC_MODELS_CA_FILE    PEM bundle of the CAs model downloads trust, in place\n"
+            "                                                of the system store (private hosts, TLS inspection)\n"
             "  --print-routes           print the served routes and exit\n");
 }
 
@@ -100,6 +102,9 @@ static int apply(srv_config *c, const char *name, const char *v)
     if (!strcmp(name, "webhook-secret-file"))
         return snprintf(c->webhook_secret_file, sizeof c->webhook_secret_file, "%s", v) <
                        (int)sizeof c->webhook_secret_file ? 0 : -1;
+    if (!strcmp(name, "models-ca-file"))
+        return snprintf(c->models_ca_file, sizeof c->models_ca_file, "%s", v) < (int)sizeof c->models_ca_file && *v
+                   ? 0 : -1;
     if (!strcmp(name, "data-root"))
         return add_root(c, v);
     if (!strcmp(name, "devices"))
@@ -154,7 +159,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_SHUTDOWN_GRACE_S", "shutdown-grace-s"}, {"AC_WEBHOOK_SECRET_FILE", "webhook-secret-file"},
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
         {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
-        {"AC_ALLOW_HTTP_MODELS", "allow-http-models"},
+        {"AC_ALLOW_HTTP_MODELS", "allow-http-models"}, {"AC_MODELS_CA_FILE", "models-ca-file"},
     };
     for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
         const char *v = getenv(envs[i].env);

@@ -31,6 +31,7 @@ typedef struct {
     long retain_max_age_s;       /* finished jobs older than this go; 0 = none */
     long max_model_bytes;        /* cap on a model download (POST /v1/models with url) */
     int allow_http_models;       /* accept http:// model URLs (tests, trusted networks) */
+    char models_ca_file[4096];   /* PEM bundle model downloads trust instead of the system store; "" = system */
 } srv_config;
 
 /* Fill c from defaults, the environment and argv. Returns 0, 1 when --help was printed,

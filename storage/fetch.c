@@ -10,7 +10,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,6 +282,43 @@ static int check_scheme(const char *url, unsigned flags, int *is_http, char *err
     return -1;
 }
 
+/* The curl results that mean the peer's certificate could not be verified (or the CAs to
+ * verify it with could not be loaded): retrying cannot help. For those, writes the reason
+ * into err (which CAs; curl's detail) and returns 1; 0 for any other result. A failed
+ * handshake without a verdict on the certificate (CURLE_SSL_CONNECT_ERROR) is not one. */
+static int tls_failure(CURLcode cc, const char *url, const char *ca_file, const char *cerr, char *err, size_t errlen)
+{
+    const char *detail = cerr[0] ? cerr : curl_easy_strerror(cc);
+    char cas[600];
+    if (ca_file)
+        snprintf(cas, sizeof cas, "the CA file %.500s", ca_file);
+    else
+        snprintf(cas, sizeof cas, "the system CA store");
+    switch (cc) {
+    case CURLE_PEER_FAILED_VERIFICATION:   /* unknown issuer, self-signed, wrong host, expired */
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+        snprintf(err, errlen, "%.300s: the server's TLS certificate could not be verified against %s (%.300s)", url,
+                 cas, detail);
+        return 1;
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CRL_BADFILE:
+        snprintf(err, errlen,
+                 "%.300s: the server's TLS certificate could not be verified: %s could not be loaded (%.300s)", url,
+                 cas, detail);
+        return 1;
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CLIENTCERT:
+        snprintf(err, errlen,
+                 "%.300s: TLS certificate problem; the server's certificate could not be verified (%.300s)", url,
+                 detail);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* One attempt. *resumed_mismatch is set when a digest mismatch followed a resume. */
 static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const char *out_path, const char *part,
                       fetch_opts *o, int is_http, int *resumed_mismatch, char *err, size_t errlen)
@@ -340,6 +380,9 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
         curl_easy_setopt(s.c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(s.c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
         curl_easy_setopt(s.c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(s.c, CURLOPT_ERRORBUFFER, cerr) ||
         curl_easy_setopt(s.c, CURLOPT_USERAGENT, "autocompress") ||
+        curl_easy_setopt(s.c, CURLOPT_SSL_VERIFYPEER, 1L) || curl_easy_setopt(s.c, CURLOPT_SSL_VERIFYHOST, 2L) ||
+        (o->ca_file && (curl_easy_setopt(s.c, CURLOPT_CAINFO, o->ca_file) ||
+                        curl_easy_setopt(s.c, CURLOPT_CAPATH, (char *)NULL))) ||
         (s.start > 0 && curl_easy_setopt(s.c, CURLOPT_RANGE, range))) {
         snprintf(err, errlen, "%.300s: libcurl rejected an option", url);
         goto done;
@@ -387,6 +430,9 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
             keep_part = transient;
             goto done;
         }
+    } else if (cc != CURLE_OK && tls_failure(cc, url, o->ca_file, cerr, err, errlen)) {
+        o->tls_unverified = 1;
+        goto done;    /* permanent: the same certificate fails the same way next time */
     } else if (cc != CURLE_OK) {
         snprintf(err, errlen, "%.300s: %s after %lld bytes", url, cerr[0] ? cerr : curl_easy_strerror(cc),
                  (long long)s.have);
@@ -447,6 +493,7 @@ int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const 
     o->sha256[0] = 0;
     o->bytes = 0;
     o->resumed_from = 0;
+    o->tls_unverified = 0;
     int is_http;
     if (!url || check_scheme(url, o->flags, &is_http, err, errlen) < 0)
         return FETCH_FAILED;
@@ -505,6 +552,40 @@ const char *fetch_model_file_name(const char *url, char *out, size_t outlen, cha
     return NULL;
 }
 
+int fetch_check_ca_file(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "CA file %.3000s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "CA file %.3000s: not a regular file", path);
+        fclose(f);
+        return -1;
+    }
+    int certs = 0;
+    X509 *x;
+    ERR_clear_error();
+    while ((x = PEM_read_X509(f, NULL, NULL, NULL))) {
+        certs++;
+        X509_free(x);
+    }
+    int read_err = ferror(f);
+    ERR_clear_error();   /* the read that ended the loop leaves "no start line" queued */
+    fclose(f);
+    if (read_err) {
+        snprintf(err, errlen, "CA file %.3000s: read error", path);
+        return -1;
+    }
+    if (certs == 0) {
+        snprintf(err, errlen, "CA file %.3000s: holds no PEM certificate (-----BEGIN CERTIFICATE-----)", path);
+        return -1;
+    }
+    return 0;
+}
+
 int fetch_model_path(const char *data_dir, const char *sha256_hex, const char *file, char *out, size_t outlen)
 {
     int n = snprintf(out, outlen, "%s/models/%s/%s", data_dir, sha256_hex, file);
@@ -517,6 +598,7 @@ struct fetch_service {
     store *st;
     unsigned flags;
     int64_t max_bytes;
+    char *ca_file;       /* NULL: the system CA store */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -632,7 +714,13 @@ static void fetch_one(fetch_service *fs, const store_model *m)
         o.flags = fs->flags & FETCH_ALLOW_HTTP;
         o.progress = on_progress;
         o.user = fs;
+        o.ca_file = fs->ca_file;
         rc = fetch_url(m->url, m->sha256, limit, m->path, &o, err, sizeof err);
+        if (rc == FETCH_FAILED && o.tls_unverified && !fs->ca_file) {
+            size_t n = strlen(err);
+            snprintf(err + n, sizeof err - n, "; if the model host's certificate comes from a private or corporate"
+                                              " CA, start the server with --models-ca-file PATH (a PEM bundle)");
+        }
         if (rc == FETCH_OK) {
             int bad = check_model(m, err, sizeof err);
             if (bad)
@@ -667,8 +755,11 @@ static void *fetch_main(void *arg)
     return NULL;
 }
 
-fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, char *err, size_t errlen)
+fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, const char *ca_file,
+                                   char *err, size_t errlen)
 {
+    if (ca_file && fetch_check_ca_file(ca_file, err, errlen) < 0)
+        return NULL;
     pthread_mutex_lock(&g_mu);
     if (g_service) {
         pthread_mutex_unlock(&g_mu);
@@ -684,12 +775,19 @@ fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_
     fs->st = st;
     fs->flags = flags & FETCH_ALLOW_HTTP;
     fs->max_bytes = max_model_bytes;
+    if (ca_file && !(fs->ca_file = strdup(ca_file))) {
+        free(fs);
+        pthread_mutex_unlock(&g_mu);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     pthread_mutex_init(&fs->mu, NULL);
     pthread_cond_init(&fs->cv, NULL);
     int e = pthread_create(&fs->thread, NULL, fetch_main, fs);
     if (e) {
         pthread_cond_destroy(&fs->cv);
         pthread_mutex_destroy(&fs->mu);
+        free(fs->ca_file);
         free(fs);
         pthread_mutex_unlock(&g_mu);
         snprintf(err, errlen, "cannot start the model fetcher: %s", strerror(e));
@@ -715,6 +813,7 @@ void fetch_service_stop(fetch_service *fs)
     pthread_join(fs->thread, NULL);
     pthread_cond_destroy(&fs->cv);
     pthread_mutex_destroy(&fs->mu);
+    free(fs->ca_file);
     free(fs);
 }
 

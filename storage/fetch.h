@@ -1,9 +1,11 @@
 /* storage/fetch.h — downloads by URL (libcurl, sha-256 by OpenSSL) and the server's model
  * fetcher. fetch_url is the one downloader every layer uses: resumable from OUT.part,
  * size-limited, sha-256 verified, fsynced and renamed into place, so a half-downloaded
- * file is never seen under its final name. https always; http and file:// only when the
- * caller allows them. The model fetcher is one background thread per server process that
- * downloads the models registered by URL (store state "fetching"), one at a time.
+ * file is never seen under its final name. https always, with the peer's certificate and
+ * host name always verified (against the system CA store or a caller's PEM bundle); http
+ * and file:// only when the caller allows them. The model fetcher is one background
+ * thread per server process that downloads the models registered by URL (store state
+ * "fetching"), one at a time.
  */
 #ifndef AC_STORAGE_FETCH_H
 #define AC_STORAGE_FETCH_H
@@ -15,7 +17,8 @@
 
 /* fetch_url results. */
 #define FETCH_OK         0
-#define FETCH_FAILED    -1  /* permanent (HTTP 4xx, size limit, digest mismatch, bad URL): .part removed */
+#define FETCH_FAILED    -1  /* permanent (HTTP 4xx, size limit, digest mismatch, bad URL, a TLS
+                               * certificate that cannot be verified): .part removed */
 #define FETCH_RETRY     -2  /* transient (network, HTTP 5xx, dropped connection): .part kept for resume */
 #define FETCH_CANCELLED -3  /* the progress callback asked to stop: .part kept for resume */
 
@@ -33,10 +36,14 @@ typedef struct {
     void *user;
     long connect_timeout_s;      /* 0: 30 */
     long stall_timeout_s;        /* abort (FETCH_RETRY) when no byte arrives this long; 0: 60 */
+    const char *ca_file;         /* PEM bundle of the CAs https trusts in place of the system
+                                  * store (CURLOPT_CAINFO, no CA path); NULL: the system store */
     /* outputs */
     char sha256[65];             /* hex digest of the file (on FETCH_OK) */
     int64_t bytes;               /* its size (on FETCH_OK) */
     int64_t resumed_from;        /* bytes of an earlier .part that were kept (0: from scratch) */
+    int tls_unverified;          /* 1 when it failed because the peer's certificate could not be
+                                  * verified or the trusted CAs could not be loaded */
 } fetch_opts;
 
 /* Download url into out_path: bytes go to "out_path.part" (locked against a concurrent
@@ -46,9 +53,13 @@ typedef struct {
  * sha256_hex (64 hex digits) is given the result must match it: on a mismatch the .part
  * is removed (after one fresh retry when the mismatch followed a resume) and err names
  * both digests. On success the file is fsynced and renamed to out_path (the folder is
- * fsynced too). opts may be NULL (https only, no progress); its outputs are filled.
- * Returns FETCH_OK, or FETCH_FAILED / FETCH_RETRY / FETCH_CANCELLED with a reason in
- * err. Call curl_global_init once per process before the first call. */
+ * fsynced too). opts may be NULL (https only, no progress, the system CAs); its outputs
+ * are filled. A certificate that cannot be verified (unknown issuer, self-signed, wrong
+ * host, expired) or a CA bundle that cannot be loaded is FETCH_FAILED with
+ * opts->tls_unverified set and err saying which CAs it was checked against; a broken TLS
+ * handshake is FETCH_RETRY. Returns FETCH_OK, or FETCH_FAILED / FETCH_RETRY /
+ * FETCH_CANCELLED with a reason in err. Call curl_global_init once per process before
+ * the first call. */
 int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const char *out_path,
               fetch_opts *opts, char *err, size_t errlen);
 
@@ -57,6 +68,10 @@ int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const 
  * and '-'. Writes it into out and returns the model format ("gguf" or "llama2c"), or NULL
  * with a reason in err. */
 const char *fetch_model_file_name(const char *url, char *out, size_t outlen, char *err, size_t errlen);
+
+/* Check that path is a readable PEM file holding at least one X.509 certificate (what
+ * fetch_opts.ca_file needs). Returns 0, or -1 with a reason naming path in err. */
+int fetch_check_ca_file(const char *path, char *err, size_t errlen);
 
 /* The cache path of a model: DATA_DIR/models/SHA256/FILE. Returns 0, or -1 when out is
  * too short. */
@@ -70,12 +85,15 @@ typedef struct fetch_service fetch_service;
 /* Start the fetcher thread: it downloads every model in status "fetching" (oldest first,
  * including those a previous server left half-done, resumed from their .part), checks
  * that the file opens as a model, and marks it ready or failed (with the reason);
- * transient failures are retried with backoff before the model fails. flags are
- * FETCH_ALLOW_HTTP or 0 (file:// is never allowed here); max_model_bytes caps every
- * download. At most one fetcher runs per process. Returns a new handle
+ * transient failures are retried with backoff before the model fails (a certificate
+ * that cannot be verified fails at once, and without a ca_file its reason suggests
+ * --models-ca-file). flags are FETCH_ALLOW_HTTP or 0 (file:// is never allowed here);
+ * max_model_bytes caps every download; ca_file is the PEM bundle every https download
+ * trusts in place of the system store (NULL: the system store; copied, and checked with
+ * fetch_check_ca_file). At most one fetcher runs per process. Returns a new handle
  * (fetch_service_stop), or NULL with a reason in err. */
-fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, char *err,
-                                   size_t errlen);
+fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, const char *ca_file,
+                                   char *err, size_t errlen);
 /* Stop the thread: an unfinished download keeps its .part and its model stays
  * "fetching", so the next start resumes it. NULL is a no-op. */
 void fetch_service_stop(fetch_service *fs);

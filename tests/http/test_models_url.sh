@@ -12,18 +12,9 @@ SRC=$AC_SHARED/data/models/stories260K
 SHA=$(sha256sum "$SRC/stories260K.bin" | cut -d' ' -f1)
 WRONG=$(sha256sum "$SRC/tok512.bin" | cut -d' ' -f1)
 SIZE=$(stat -c %s "$SRC/stories260K.bin")
+export AC_TEST_STAGES=1   # the jobs below run test_sleep
+source "$(dirname "$0")/acserver.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
-helpers=()
-SPID=""
-cleanup() {
-    set +e
-    [ -n "$SPID" ] && kill "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-    for p in "${helpers[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; [ -f "$tmp/server.log" ] && tail -20 "$tmp/server.log"; exit 1; }
 
 # a file server (python's http.server) and a server that accepts and never answers
 mkdir -p "$tmp/www"
@@ -43,50 +34,6 @@ for _ in $(seq 100); do
 done
 [ -n "$FP" ] && [ -n "$STALL" ] || fail "helper servers did not start"
 
-start_server() {   # DATA_DIR ARGS...
-    local dir=$1; shift
-    mkdir -p "$dir/models"
-    : > "$tmp/server.log"
-    AC_TEST_STAGES=1 "$AC_BIN" serve --listen 127.0.0.1:0 --data-dir "$dir" "$@" >> "$tmp/server.log" 2>&1 &
-    SPID=$!
-    PORT=""
-    for _ in $(seq 150); do
-        PORT=$(grep '"msg":"listening"' "$tmp/server.log" | head -1 | jq -r .port 2>/dev/null || true)
-        [ -n "$PORT" ] && return 0
-        kill -0 "$SPID" 2>/dev/null || fail "server exited"
-        sleep 0.1
-    done
-    fail "server did not start"
-}
-stop_server() {
-    local t0=$(date +%s.%N)
-    kill -TERM "$SPID"
-    wait "$SPID" || fail "server exit status $?"
-    SPID=""
-    STOP_S=$(echo "$(date +%s.%N) - $t0" | bc)
-    ! grep -q 'AddressSanitizer\|LeakSanitizer\|runtime error:' "$tmp/server.log" || fail "sanitizer report"
-}
-req() {   # METHOD PATH [BODY]: sets CODE, BODY
-    if [ $# -ge 3 ]; then
-        CODE=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' \
-               --data-binary "$3" "http://127.0.0.1:$PORT$2")
-    else
-        CODE=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" "http://127.0.0.1:$PORT$2")
-    fi
-    BODY=$(cat "$tmp/body")
-}
-expect() {   # CODE JQ-FILTER (must print true)
-    [ "$CODE" = "$1" ] || fail "expected $1, got $CODE: $BODY"
-    [ "$(echo "$BODY" | jq "$2")" = true ] || fail "$2 does not hold for $BODY"
-}
-wait_status() {   # ID STATUS
-    for _ in $(seq 300); do
-        req GET "/v1/models/$1"
-        [ "$(echo "$BODY" | jq -r .status)" = "$2" ] && return 0
-        sleep 0.1
-    done
-    fail "model $1 not $2 after 30 s: $BODY"
-}
 keep() { echo "$BODY" >> "$tmp/models.jsonl"; }   # for the schema check at the end
 
 # ---- a server that accepts http:// model URLs ------------------------------------------

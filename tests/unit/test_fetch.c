@@ -2,7 +2,9 @@
  * test (loopback, one connection at a time, Connection: close): full download with the
  * digest checked, digest mismatch, size limit, resume after a dropped connection (Range),
  * a server that ignores Range (200, restart), a stale .part, HTTP errors, cancellation,
- * scheme policy; and the model fetcher resuming a model left "fetching" from its .part.
+ * scheme policy, CA files (fetch_check_ca_file; a CA bundle that cannot be loaded fails
+ * an https download at once, as a certificate that cannot be verified); and the model
+ * fetcher resuming a model left "fetching" from its .part.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,6 +23,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include <curl/curl.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "storage/artstore.h"
 #include "storage/fetch.h"
@@ -458,6 +463,100 @@ static void test_cancel_and_schemes(void **state)
     srv_stop(&s);
 }
 
+/* Write a self-signed certificate (PEM) to cert_path and its key alone to key_path. */
+static void write_self_signed(const char *cert_path, const char *key_path)
+{
+    EVP_PKEY *k = EVP_EC_gen("P-256");
+    assert_non_null(k);
+    X509 *x = X509_new();
+    assert_non_null(x);
+    assert_int_equal(ASN1_INTEGER_set(X509_get_serialNumber(x), 1), 1);
+    assert_non_null(X509_gmtime_adj(X509_getm_notBefore(x), 0));
+    assert_non_null(X509_gmtime_adj(X509_getm_notAfter(x), 3600));
+    assert_int_equal(X509_set_pubkey(x, k), 1);
+    X509_NAME *n = X509_get_subject_name(x);
+    assert_int_equal(X509_NAME_add_entry_by_txt(n, "CN", MBSTRING_ASC, (const unsigned char *)"test CA", -1, -1, 0),
+                     1);
+    assert_int_equal(X509_set_issuer_name(x, n), 1);
+    assert_true(X509_sign(x, k, EVP_sha256()) > 0);
+    FILE *f = fopen(cert_path, "w");
+    assert_non_null(f);
+    assert_int_equal(PEM_write_X509(f, x), 1);
+    assert_int_equal(fclose(f), 0);
+    f = fopen(key_path, "w");
+    assert_non_null(f);
+    assert_int_equal(PEM_write_PrivateKey(f, k, NULL, NULL, 0, NULL, NULL), 1);
+    assert_int_equal(fclose(f), 0);
+    X509_free(x);
+    EVP_PKEY_free(k);
+}
+
+static void test_ca_files(void **state)
+{
+    (void)state;
+    char cert[512], key[512], junk[512], err[1024] = "";
+    path_of(cert, sizeof cert, "ca.pem");
+    path_of(key, sizeof key, "ca.key");
+    path_of(junk, sizeof junk, "junk.pem");
+    write_self_signed(cert, key);
+    FILE *f = fopen(junk, "w");
+    assert_non_null(f);
+    assert_true(fputs("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", f) >= 0);
+    assert_int_equal(fclose(f), 0);
+
+    assert_int_equal(fetch_check_ca_file(cert, err, sizeof err), 0);
+    assert_int_equal(fetch_check_ca_file(key, err, sizeof err), -1);
+    assert_non_null(strstr(err, key));
+    assert_non_null(strstr(err, "holds no PEM certificate"));
+    assert_int_equal(fetch_check_ca_file(junk, err, sizeof err), -1);
+    assert_non_null(strstr(err, "holds no PEM certificate"));
+    assert_int_equal(fetch_check_ca_file("/nonexistent/ca.pem", err, sizeof err), -1);
+    assert_non_null(strstr(err, "/nonexistent/ca.pem: No such file or directory"));
+    assert_int_equal(fetch_check_ca_file(tmpdir, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a regular file"));
+
+    /* a CA bundle libcurl cannot load: permanent, reported as a certificate that cannot be
+     * verified, naming the file; nothing left behind */
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], part[600];
+    snprintf(url, sizeof url, "https://127.0.0.1:%d/files/m.bin", s.port);
+    path_of(out, sizeof out, "tls.bin");
+    snprintf(part, sizeof part, "%s.part", out);
+    const char *bad[] = {junk, "/nonexistent/ca.pem"};
+    for (int i = 0; i < 2; i++) {
+        fetch_opts o = {.ca_file = bad[i]};
+        assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+        assert_int_equal(o.tls_unverified, 1);
+        assert_non_null(strstr(err, "certificate could not be verified"));
+        assert_non_null(strstr(err, bad[i]));
+        assert_int_equal(file_size(out), -1);
+        assert_int_equal(file_size(part), -1);
+    }
+    /* the flag is an output: reset by a download that fails for another reason */
+    fetch_opts o = {.ca_file = junk};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+    assert_int_equal(o.tls_unverified, 1);
+    assert_int_equal(fetch_url("ftp://example.com/x.bin", NULL, 10, out, &o, err, sizeof err), FETCH_FAILED);
+    assert_int_equal(o.tls_unverified, 0);
+    srv_stop(&s);
+
+    /* the model fetcher refuses a CA file it cannot use, before it starts */
+    char db[600];
+    path_of(db, sizeof db, "ca.db");
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    assert_null(fetch_service_start(st, 0, 1 << 20, "/nonexistent/ca.pem", err, sizeof err));
+    assert_non_null(strstr(err, "/nonexistent/ca.pem"));
+    unsigned flags;
+    int64_t cap;
+    assert_int_equal(fetch_service_policy(&flags, &cap), -1);
+    fetch_service *fs = fetch_service_start(st, 0, 1 << 20, cert, err, sizeof err);
+    assert_non_null(fs);
+    fetch_service_stop(fs);
+    store_close(st);
+}
+
 static void test_model_file_names(void **state)
 {
     (void)state;
@@ -554,7 +653,7 @@ static void test_fetcher_resumes(void **state)
     unsigned flags;
     int64_t cap;
     assert_int_equal(fetch_service_policy(&flags, &cap), -1);
-    fetch_service *fs = fetch_service_start(st, FETCH_ALLOW_HTTP, 1 << 30, err, sizeof err);
+    fetch_service *fs = fetch_service_start(st, FETCH_ALLOW_HTTP, 1 << 30, NULL, err, sizeof err);
     assert_non_null(fs);
     assert_int_equal(fetch_service_policy(&flags, &cap), 0);
     assert_int_equal(flags, FETCH_ALLOW_HTTP);
@@ -613,6 +712,7 @@ int main(void)
         cmocka_unit_test(test_stale_part_and_complete_part),
         cmocka_unit_test(test_http_errors),
         cmocka_unit_test(test_cancel_and_schemes),
+        cmocka_unit_test(test_ca_files),
         cmocka_unit_test(test_model_file_names),
         cmocka_unit_test(test_fetcher_resumes),
     };
