@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,6 +200,13 @@ static void rollback(conn *c)
         (void)sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
+/* Roll back the current transaction and return ret (the caller's status). */
+static int abandon(conn *c, int ret)
+{
+    rollback(c);
+    return ret;
+}
+
 /* Step a statement that returns no rows. 0 or -1 (logged). */
 static int step_done(conn *c, sqlite3_stmt *s)
 {
@@ -210,11 +218,6 @@ static int step_done(conn *c, sqlite3_stmt *s)
     }
     sqlite3_reset(s);
     return 0;
-}
-
-static void bind_text(sqlite3_stmt *s, int i, const char *v)
-{
-    sqlite3_bind_text(s, i, v ? v : "", -1, SQLITE_TRANSIENT);
 }
 
 static void col_copy(sqlite3_stmt *s, int i, char *dst, size_t n)
@@ -229,6 +232,176 @@ static json_t *col_json(sqlite3_stmt *s, int i)
     if (!t)
         return NULL;
     return json_loads(t, 0, NULL);
+}
+
+/* ---- statement helpers ----------------------------------------------------------------
+ * A bind format has one letter per `?` of the statement, in order:
+ *   t  const char *  text; NULL binds ''
+ *   z  const char *  text; NULL binds SQL NULL
+ *   i  int
+ *   I  int64_t       (pass an int64_t, never a plain int literal)
+ * A column format has one letter per column read, from column 0:
+ *   t  char *dst, size_t size   text copied ("" for NULL)
+ *   s  char **                  text strdup'd ("" for NULL; NULL when out of memory)
+ *   i  int *          I  int64_t *          j  json_t ** (NEW reference or NULL)
+ *   r  row_reader, void *out    the whole row (alone in the format)
+ * SQL arguments must be static literals: the statement cache keys on their address. */
+
+/* Fills *out (a store_job, store_event, ...) from the current row of s. */
+typedef void (*row_reader)(sqlite3_stmt *s, void *out);
+
+/* Bind fmt's arguments to s. 0 or -1 (logged). */
+static int bind_va(sqlite3_stmt *s, const char *fmt, va_list *ap)
+{
+    int n = (int)strlen(fmt);
+    if (n != sqlite3_bind_parameter_count(s)) {
+        fprintf(stderr, "store: %d binds for %d parameters (%s)\n", n, sqlite3_bind_parameter_count(s),
+                sqlite3_sql(s));
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = SQLITE_MISUSE;
+        const char *t;
+        switch (fmt[i]) {
+        case 't':
+            t = va_arg(*ap, const char *);
+            rc = sqlite3_bind_text(s, i + 1, t ? t : "", -1, SQLITE_TRANSIENT);
+            break;
+        case 'z':
+            t = va_arg(*ap, const char *);
+            rc = t ? sqlite3_bind_text(s, i + 1, t, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(s, i + 1);
+            break;
+        case 'i':
+            rc = sqlite3_bind_int(s, i + 1, va_arg(*ap, int));
+            break;
+        case 'I':
+            rc = sqlite3_bind_int64(s, i + 1, va_arg(*ap, int64_t));
+            break;
+        }
+        if (rc != SQLITE_OK) {
+            fprintf(stderr, "store: bind %d ('%c'): %s (%s)\n", i + 1, fmt[i], sqlite3_errstr(rc), sqlite3_sql(s));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The cached statement for sql with fmt's arguments bound; NULL on failure (logged). */
+static sqlite3_stmt *stmt_va(conn *c, const char *sql, const char *fmt, va_list *ap)
+{
+    sqlite3_stmt *s = S(c, sql);
+    return s && bind_va(s, fmt, ap) == 0 ? s : NULL;
+}
+
+static sqlite3_stmt *stmt(conn *c, const char *sql, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sqlite3_stmt *s = stmt_va(c, sql, fmt, &ap);
+    va_end(ap);
+    return s;
+}
+
+/* Run a statement that returns no rows (INSERT, UPDATE, DELETE) with fmt's arguments.
+ * Returns the number of rows it changed, or -1 (logged). */
+static int run(conn *c, const char *sql, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sqlite3_stmt *s = stmt_va(c, sql, fmt, &ap);
+    va_end(ap);
+    if (!s || step_done(c, s) < 0)
+        return -1;
+    return sqlite3_changes(c->db);
+}
+
+/* Store the current row of s into the outputs that cols names. 0, or -1 on a bad format. */
+static int cols_read(sqlite3_stmt *s, const char *cols, va_list *ap)
+{
+    if (cols[0] == 'r') {
+        row_reader rd = va_arg(*ap, row_reader);
+        rd(s, va_arg(*ap, void *));
+        return 0;
+    }
+    if ((int)strlen(cols) > sqlite3_column_count(s))
+        return -1;
+    for (int i = 0; cols[i]; i++) {
+        switch (cols[i]) {
+        case 't': {
+            char *dst = va_arg(*ap, char *);
+            col_copy(s, i, dst, va_arg(*ap, size_t));
+            break;
+        }
+        case 's': {
+            const char *t = (const char *)sqlite3_column_text(s, i);
+            *va_arg(*ap, char **) = strdup(t ? t : "");
+            break;
+        }
+        case 'i':
+            *va_arg(*ap, int *) = sqlite3_column_int(s, i);
+            break;
+        case 'I':
+            *va_arg(*ap, int64_t *) = sqlite3_column_int64(s, i);
+            break;
+        case 'j':
+            *va_arg(*ap, json_t **) = col_json(s, i);
+            break;
+        default:
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Run a query with fmt's arguments (then cols' outputs, in that order) and read its first
+ * row. Returns 0 (outputs filled), 1 when there is no row (outputs untouched), -1 on error
+ * (a failed step is not logged; the caller reports it). */
+static int row(conn *c, const char *sql, const char *fmt, const char *cols, ...)
+{
+    va_list ap;
+    va_start(ap, cols);
+    sqlite3_stmt *s = stmt_va(c, sql, fmt, &ap);
+    int rc = s ? sqlite3_step(s) : SQLITE_ERROR;
+    if (rc == SQLITE_ROW && cols_read(s, cols, &ap) < 0)
+        rc = SQLITE_MISUSE;
+    va_end(ap);
+    if (s)
+        sqlite3_reset(s);
+    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+}
+
+/* Read the rows of s (prepared and bound, its LIMIT at most limit + 1) into a new array of
+ * at most `limit` elements of elem_size bytes, each filled by rd; *has_more (when not NULL)
+ * is set when a row beyond `limit` exists. Returns the array (malloc'd, caller frees; *n
+ * elements) or NULL on error, after releasing the rows read with clear (when not NULL).
+ * s is reset either way. */
+static void *rows_read(sqlite3_stmt *s, int limit, size_t elem_size, row_reader rd,
+                       void (*clear)(void *elem), int *n, int *has_more)
+{
+    *n = 0;
+    char *arr = calloc((size_t)limit + 1, elem_size);
+    if (!arr) {
+        sqlite3_reset(s);
+        return NULL;
+    }
+    int k = 0, rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (k == limit) {
+            if (has_more)
+                *has_more = 1;
+            break;
+        }
+        rd(s, arr + (size_t)k++ * elem_size);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        for (int i = 0; clear && i < k; i++)
+            clear(arr + (size_t)i * elem_size);
+        free(arr);
+        return NULL;
+    }
+    *n = k;
+    return arr;
 }
 
 store *store_open(const char *path, char *err, size_t errlen)
@@ -345,25 +518,25 @@ void store_event_clear(store_event *e)
 static const char *SQL_EVENT_INSERT =
     "INSERT INTO events(job_id, type, message, data, created_at) VALUES (?,?,?,?,?)";
 
-/* Inside a transaction (or alone). 0 or -1. */
+/* Inside a transaction (or alone). data is stolen (a NEW reference, or NULL). 0 or -1. */
 static int event_insert(conn *c, const char *job_id, const char *type, const char *message,
                         json_t *data)
 {
-    sqlite3_stmt *s = S(c, SQL_EVENT_INSERT);
-    if (!s)
-        return -1;
     char *dt = data ? json_dumps(data, JSON_COMPACT) : NULL;
-    bind_text(s, 1, job_id);
-    bind_text(s, 2, type);
-    bind_text(s, 3, message);
-    if (dt)
-        sqlite3_bind_text(s, 4, dt, -1, SQLITE_TRANSIENT);
-    else
-        sqlite3_bind_null(s, 4);
-    sqlite3_bind_int64(s, 5, store_now());
-    int rc = step_done(c, s);
+    int lost = data && !dt;
+    json_decref(data);
+    if (lost)
+        return -1;
+    int rc = run(c, SQL_EVENT_INSERT, "tttzI", job_id, type, message, dt, store_now());
     free(dt);
-    return rc;
+    return rc < 0 ? -1 : 0;
+}
+
+/* Bump a job's version and updated_at, so that its ETag changes. 0 or -1 (logged). */
+static int job_touch(conn *c, const char *id)
+{
+    static const char *bump = "UPDATE jobs SET version=version+1, updated_at=? WHERE id=?";
+    return run(c, bump, "It", store_now(), id) < 0 ? -1 : 0;
 }
 
 int store_event_append(store *st, const char *job_id, const char *type, const char *message,
@@ -372,18 +545,28 @@ int store_event_append(store *st, const char *job_id, const char *type, const ch
     conn *c = C(st);
     if (!c || begin(c) < 0)
         return -1;
-    static const char *bump = "UPDATE jobs SET version=version+1, updated_at=? WHERE id=?";
-    sqlite3_stmt *s = S(c, bump);
-    if (!s)
-        goto fail;
-    sqlite3_bind_int64(s, 1, store_now());
-    bind_text(s, 2, job_id);
-    if (step_done(c, s) < 0 || event_insert(c, job_id, type, message, data) < 0 || commit(c) < 0)
-        goto fail;
+    if (job_touch(c, job_id) < 0 || event_insert(c, job_id, type, message, json_incref(data)) < 0 ||
+        commit(c) < 0)
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
+}
+
+static void event_from_row(sqlite3_stmt *s, void *out)
+{
+    store_event *e = out;
+    e->seq = sqlite3_column_int64(s, 0);
+    snprintf(e->id, sizeof e->id, "evt_%016lld", (long long)e->seq);
+    col_copy(s, 1, e->job_id, sizeof e->job_id);
+    col_copy(s, 2, e->type, sizeof e->type);
+    const char *m = (const char *)sqlite3_column_text(s, 3);
+    e->message = strdup(m ? m : "");
+    e->data = col_json(s, 4);
+    e->created_at = sqlite3_column_int64(s, 5);
+}
+
+static void event_clear_elem(void *e)
+{
+    store_event_clear(e);
 }
 
 int store_event_list(store *st, const char *job_id, int64_t after_seq, int limit,
@@ -397,40 +580,11 @@ int store_event_list(store *st, const char *job_id, int64_t after_seq, int limit
         return -1;
     static const char *sql = "SELECT seq, job_id, type, message, data, created_at FROM events "
                              "WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?";
-    sqlite3_stmt *s = S(c, sql);
+    sqlite3_stmt *s = stmt(c, sql, "tIi", job_id, after_seq, limit + 1);
     if (!s)
         return -1;
-    bind_text(s, 1, job_id);
-    sqlite3_bind_int64(s, 2, after_seq);
-    sqlite3_bind_int(s, 3, limit + 1);
-    store_event *ev = calloc((size_t)limit + 1, sizeof *ev);
-    if (!ev)
-        return -1;
-    int k = 0, rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (k == limit) {
-            *has_more = 1;
-            break;
-        }
-        store_event *e = &ev[k++];
-        e->seq = sqlite3_column_int64(s, 0);
-        snprintf(e->id, sizeof e->id, "evt_%016lld", (long long)e->seq);
-        col_copy(s, 1, e->job_id, sizeof e->job_id);
-        col_copy(s, 2, e->type, sizeof e->type);
-        const char *m = (const char *)sqlite3_column_text(s, 3);
-        e->message = strdup(m ? m : "");
-        e->data = col_json(s, 4);
-        e->created_at = sqlite3_column_int64(s, 5);
-    }
-    int bad = rc != SQLITE_ROW && rc != SQLITE_DONE;
-    sqlite3_reset(s);
-    if (bad) {
-        store_event_list_free(ev, k);
-        return -1;
-    }
-    *out = ev;
-    *n = k;
-    return 0;
+    *out = rows_read(s, limit, sizeof **out, event_from_row, event_clear_elem, n, has_more);
+    return *out ? 0 : -1;
 }
 
 void store_event_list_free(store_event *ev, int n)
@@ -447,8 +601,9 @@ void store_event_list_free(store_event *ev, int n)
     "error_code, error_message, report, cancel_requested, worker_pid, attempts, version, "     \
     "created_at, started_at, finished_at, updated_at"
 
-static void job_from_row(sqlite3_stmt *s, store_job *j)
+static void job_from_row(sqlite3_stmt *s, void *out)
 {
+    store_job *j = out;
     memset(j, 0, sizeof *j);
     j->seq = sqlite3_column_int64(s, 0);
     col_copy(s, 1, j->id, sizeof j->id);
@@ -481,21 +636,28 @@ static void job_from_row(sqlite3_stmt *s, store_job *j)
         j->report = json_object();
 }
 
+static void job_clear_elem(void *j)
+{
+    store_job_clear(j);
+}
+
 static int job_get_conn(conn *c, const char *id, store_job *out)
 {
     static const char *sql = "SELECT " JOB_COLS " FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    bind_text(s, 1, id);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        job_from_row(s, out);
-        sqlite3_reset(s);
-        return 0;
+    return row(c, sql, "t", "r", id, job_from_row, out);
+}
+
+/* End the current write transaction with job id read into out (as store_job_get does).
+ * 0 (out filled; store_job_clear it) or -1 (rolled back; out holds nothing). */
+static int commit_job(conn *c, const char *id, store_job *out)
+{
+    if (job_get_conn(c, id, out) != 0)
+        return abandon(c, -1);
+    if (commit(c) < 0) {
+        store_job_clear(out);
+        return abandon(c, -1);
     }
-    sqlite3_reset(s);
-    return rc == SQLITE_DONE ? 1 : -1;
+    return 0;
 }
 
 int store_job_get(store *st, const char *id, store_job *out)
@@ -510,17 +672,7 @@ int store_job_version(store *st, const char *id, int64_t *version, char status[1
     if (!c)
         return -1;
     static const char *sql = "SELECT version, status FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    bind_text(s, 1, id);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        *version = sqlite3_column_int64(s, 0);
-        col_copy(s, 1, status, 16);
-    }
-    sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+    return row(c, sql, "t", "It", id, version, status, (size_t)16);
 }
 
 int store_job_create(store *st, store_job *j, const char *idem_scope, const char *idem_key,
@@ -547,48 +699,24 @@ int store_job_create(store *st, store_job *j, const char *idem_scope, const char
     }
     if (idem_key) {
         static const char *q = "SELECT 1 FROM idempotency WHERE scope=? AND key=?";
-        sqlite3_stmt *s = S(c, q);
-        if (!s)
+        int rc = row(c, q, "tt", "", idem_scope, idem_key);
+        if (rc < 0)
             goto fail;
-        bind_text(s, 1, idem_scope);
-        bind_text(s, 2, idem_key);
-        int rc = sqlite3_step(s);
-        sqlite3_reset(s);
-        if (rc == SQLITE_ROW) {
+        if (rc == 0) {
             rollback(c);
             ret = 1;
             goto out;
         }
         static const char *ins = "INSERT INTO idempotency(scope, key, body_sha256, job_id, status, "
                                  "response, created_at) VALUES (?,?,?,?,?,?,?)";
-        s = S(c, ins);
-        if (!s)
-            goto fail;
-        bind_text(s, 1, idem_scope);
-        bind_text(s, 2, idem_key);
-        bind_text(s, 3, body_sha256);
-        bind_text(s, 4, j->id);
-        sqlite3_bind_int(s, 5, resp_status);
-        bind_text(s, 6, resp_text);
-        sqlite3_bind_int64(s, 7, store_now());
-        if (step_done(c, s) < 0)
+        if (run(c, ins, "ttttitI", idem_scope, idem_key, body_sha256, j->id, resp_status, resp_text,
+                store_now()) < 0)
             goto fail;
     }
     int64_t now = j->created_at ? j->created_at : store_now();
     static const char *ins = "INSERT INTO jobs(id, kind, status, device, name, spec, stages, "
                              "created_at, updated_at) VALUES (?,?,'queued',?,?,?,?,?,?)";
-    sqlite3_stmt *s = S(c, ins);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, j->id);
-    bind_text(s, 2, j->kind);
-    bind_text(s, 3, j->device);
-    bind_text(s, 4, j->name);
-    bind_text(s, 5, spec);
-    bind_text(s, 6, stages);
-    sqlite3_bind_int64(s, 7, now);
-    sqlite3_bind_int64(s, 8, now);
-    if (step_done(c, s) < 0)
+    if (run(c, ins, "ttttttII", j->id, j->kind, j->device, j->name, spec, stages, now, now) < 0)
         goto fail;
     j->seq = sqlite3_last_insert_rowid(c->db);
     if (event_insert(c, j->id, "job.created", "job queued", NULL) < 0 || commit(c) < 0)
@@ -614,22 +742,8 @@ int store_idem_get(store *st, const char *scope, const char *key, char sha256_ou
     if (!c)
         return -1;
     static const char *sql = "SELECT body_sha256, status, response FROM idempotency WHERE scope=? AND key=?";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    bind_text(s, 1, scope);
-    bind_text(s, 2, key);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        col_copy(s, 0, sha256_out, 65);
-        *resp_status = sqlite3_column_int(s, 1);
-        const char *t = (const char *)sqlite3_column_text(s, 2);
-        *resp_text = strdup(t ? t : "");
-    }
-    sqlite3_reset(s);
-    if (rc == SQLITE_ROW)
-        return *resp_text ? 0 : -1;
-    return rc == SQLITE_DONE ? 1 : -1;
+    int rc = row(c, sql, "tt", "tis", scope, key, sha256_out, (size_t)65, resp_status, resp_text);
+    return rc == 0 && !*resp_text ? -1 : rc;
 }
 
 int store_job_list(store *st, const char *kind, const char *after, int limit,
@@ -644,47 +758,16 @@ int store_job_list(store *st, const char *kind, const char *after, int limit,
     int64_t after_seq = INT64_MAX;
     if (after) {
         static const char *q = "SELECT seq FROM jobs WHERE id=? AND kind=?";
-        sqlite3_stmt *s = S(c, q);
-        if (!s)
-            return -1;
-        bind_text(s, 1, after);
-        bind_text(s, 2, kind);
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW)
-            after_seq = sqlite3_column_int64(s, 0);
-        sqlite3_reset(s);
-        if (rc == SQLITE_DONE)
-            return 1;
-        if (rc != SQLITE_ROW)
-            return -1;
+        int rc = row(c, q, "tt", "I", after, kind, &after_seq);
+        if (rc != 0)
+            return rc;
     }
     static const char *sql = "SELECT " JOB_COLS " FROM jobs WHERE kind=? AND seq<? ORDER BY seq DESC LIMIT ?";
-    sqlite3_stmt *s = S(c, sql);
+    sqlite3_stmt *s = stmt(c, sql, "tIi", kind, after_seq, limit + 1);
     if (!s)
         return -1;
-    bind_text(s, 1, kind);
-    sqlite3_bind_int64(s, 2, after_seq);
-    sqlite3_bind_int(s, 3, limit + 1);
-    store_job *jobs = calloc((size_t)limit + 1, sizeof *jobs);
-    if (!jobs)
-        return -1;
-    int k = 0, rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (k == limit) {
-            *has_more = 1;
-            break;
-        }
-        job_from_row(s, &jobs[k++]);
-    }
-    int bad = rc != SQLITE_ROW && rc != SQLITE_DONE;
-    sqlite3_reset(s);
-    if (bad) {
-        store_job_list_free(jobs, k);
-        return -1;
-    }
-    *out = jobs;
-    *n = k;
-    return 0;
+    *out = rows_read(s, limit, sizeof **out, job_from_row, job_clear_elem, n, has_more);
+    return *out ? 0 : -1;
 }
 
 void store_job_list_free(store_job *jobs, int n)
@@ -700,83 +783,31 @@ int store_job_claim(store *st, const char *device, store_job *out)
     if (!c || begin(c) < 0)
         return -1;
     static const char *q = "SELECT id FROM jobs WHERE status='queued' AND device=? ORDER BY seq LIMIT 1";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, device);
-    int rc = sqlite3_step(s);
     char id[48] = "";
-    if (rc == SQLITE_ROW)
-        col_copy(s, 0, id, sizeof id);
-    sqlite3_reset(s);
-    if (rc == SQLITE_DONE) {
-        rollback(c);
-        return 1;
-    }
-    if (rc != SQLITE_ROW)
-        goto fail;
+    int rc = row(c, q, "t", "t", device, id, sizeof id);
+    if (rc != 0)
+        return abandon(c, rc);
     int64_t now = store_now();
     static const char *u = "UPDATE jobs SET status='running', attempts=attempts+1, worker_pid=0, "
                            "started_at=CASE WHEN started_at=0 THEN ? ELSE started_at END, "
                            "version=version+1, updated_at=? WHERE id=?";
-    s = S(c, u);
-    if (!s)
-        goto fail;
-    sqlite3_bind_int64(s, 1, now);
-    sqlite3_bind_int64(s, 2, now);
-    bind_text(s, 3, id);
-    if (step_done(c, s) < 0 || event_insert(c, id, "job.started", "worker starting", NULL) < 0)
-        goto fail;
-    if (job_get_conn(c, id, out) != 0)
-        goto fail;
-    if (commit(c) < 0) {
-        store_job_clear(out);
-        goto fail;
-    }
-    return 0;
-fail:
-    rollback(c);
-    return -1;
-}
-
-/* Run one UPDATE with up to three text binds and an integer, no transaction needed. */
-static int update_simple(store *st, const char *sql, const char *a, int64_t b, const char *id)
-{
-    conn *c = C(st);
-    if (!c)
-        return -1;
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    int i = 1;
-    if (a)
-        bind_text(s, i++, a);
-    sqlite3_bind_int64(s, i++, b);
-    sqlite3_bind_int64(s, i++, store_now());
-    bind_text(s, i, id);
-    return step_done(c, s);
+    if (run(c, u, "IIt", now, now, id) < 0 || event_insert(c, id, "job.started", "worker starting", NULL) < 0)
+        return abandon(c, -1);
+    return commit_job(c, id, out);
 }
 
 int store_job_set_pid(store *st, const char *id, int pid)
 {
+    conn *c = C(st);
     static const char *sql = "UPDATE jobs SET worker_pid=?, updated_at=? WHERE id=?";
-    return update_simple(st, sql, NULL, pid, id);
+    return c && run(c, sql, "iIt", pid, store_now(), id) >= 0 ? 0 : -1;
 }
 
 int store_job_progress(store *st, const char *id, int64_t step, int64_t total)
 {
     conn *c = C(st);
-    if (!c)
-        return -1;
     static const char *sql = "UPDATE jobs SET step=?, total_steps=?, version=version+1, updated_at=? WHERE id=?";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    sqlite3_bind_int64(s, 1, step);
-    sqlite3_bind_int64(s, 2, total);
-    sqlite3_bind_int64(s, 3, store_now());
-    bind_text(s, 4, id);
-    return step_done(c, s);
+    return c && run(c, sql, "IIIt", step, total, store_now(), id) >= 0 ? 0 : -1;
 }
 
 int store_job_stage_begin(store *st, const char *id, int index, const char *name)
@@ -786,26 +817,14 @@ int store_job_stage_begin(store *st, const char *id, int index, const char *name
         return -1;
     static const char *sql = "UPDATE jobs SET stage=?, step=0, total_steps=0, version=version+1, "
                              "updated_at=? WHERE id=? AND stage_index=?";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, name);
-    sqlite3_bind_int64(s, 2, store_now());
-    bind_text(s, 3, id);
-    sqlite3_bind_int(s, 4, index);
-    if (step_done(c, s) < 0)
-        goto fail;
-    json_t *d = json_pack("{s:s,s:i}", "stage", name, "index", index);
+    if (run(c, sql, "tIti", name, store_now(), id, index) < 0)
+        return abandon(c, -1);
     char msg[128];
     snprintf(msg, sizeof msg, "stage %s started", name);
-    int rc = event_insert(c, id, "stage.started", msg, d);
-    json_decref(d);
-    if (rc < 0 || commit(c) < 0)
-        goto fail;
+    json_t *d = json_pack("{s:s,s:i}", "stage", name, "index", index);
+    if (event_insert(c, id, "stage.started", msg, d) < 0 || commit(c) < 0)
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
 }
 
 /* Read, modify and write the report inside the current transaction. */
@@ -813,16 +832,9 @@ static int report_update(conn *c, const char *id, json_t *fragment, const char *
                          double wall_s, int attempt)
 {
     static const char *q = "SELECT report FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
+    json_t *r = NULL;
+    if (row(c, q, "t", "j", id, &r) != 0)
         return -1;
-    bind_text(s, 1, id);
-    if (sqlite3_step(s) != SQLITE_ROW) {
-        sqlite3_reset(s);
-        return -1;
-    }
-    json_t *r = col_json(s, 0);
-    sqlite3_reset(s);
     if (!json_is_object(r)) {
         json_decref(r);
         r = json_object();
@@ -845,17 +857,9 @@ static int report_update(conn *c, const char *id, json_t *fragment, const char *
     if (!text)
         return -1;
     static const char *u = "UPDATE jobs SET report=?, version=version+1, updated_at=? WHERE id=?";
-    s = S(c, u);
-    if (!s) {
-        free(text);
-        return -1;
-    }
-    bind_text(s, 1, text);
-    sqlite3_bind_int64(s, 2, store_now());
-    bind_text(s, 3, id);
-    int rc = step_done(c, s);
+    int rc = run(c, u, "tIt", text, store_now(), id);
     free(text);
-    return rc;
+    return rc < 0 ? -1 : 0;
 }
 
 int store_job_stage_done(store *st, const char *id, int index, const char *name, double wall_s)
@@ -865,39 +869,21 @@ int store_job_stage_done(store *st, const char *id, int index, const char *name,
         return -1;
     static const char *sql = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? "
                              "WHERE id=? AND stage_index=?";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        goto fail;
-    sqlite3_bind_int(s, 1, index + 1);
-    sqlite3_bind_int64(s, 2, store_now());
-    bind_text(s, 3, id);
-    sqlite3_bind_int(s, 4, index);
-    if (step_done(c, s) < 0)
-        goto fail;
-    if (sqlite3_changes(c->db) == 0) { /* already recorded (or not this stage): no-op */
-        rollback(c);
-        return 0;
-    }
+    int changed = run(c, sql, "iIti", index + 1, store_now(), id, index);
+    if (changed < 0)
+        return abandon(c, -1);
+    if (changed == 0) /* already recorded (or not this stage): no-op */
+        return abandon(c, 0);
     static const char *qa = "SELECT attempts FROM jobs WHERE id=?";
-    s = S(c, qa);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, id);
-    int attempt = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : 0;
-    sqlite3_reset(s);
-    if (report_update(c, id, NULL, name, wall_s, attempt) < 0)
-        goto fail;
-    json_t *d = json_pack("{s:s,s:i,s:f}", "stage", name, "index", index, "wall_s", wall_s);
+    int attempt = 0;
+    if (row(c, qa, "t", "i", id, &attempt) < 0 || report_update(c, id, NULL, name, wall_s, attempt) < 0)
+        return abandon(c, -1);
     char msg[128];
     snprintf(msg, sizeof msg, "stage %s completed in %.3f s", name, wall_s);
-    int rc = event_insert(c, id, "stage.completed", msg, d);
-    json_decref(d);
-    if (rc < 0 || commit(c) < 0)
-        goto fail;
+    json_t *d = json_pack("{s:s,s:i,s:f}", "stage", name, "index", index, "wall_s", wall_s);
+    if (event_insert(c, id, "stage.completed", msg, d) < 0 || commit(c) < 0)
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
 }
 
 static int is_terminal(const char *status)
@@ -911,18 +897,10 @@ static int webhook_enqueue(conn *c, const char *id, const char *type, const char
                            const char *message, int64_t now)
 {
     static const char *q = "SELECT kind, spec FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    bind_text(s, 1, id);
-    if (sqlite3_step(s) != SQLITE_ROW) {
-        sqlite3_reset(s);
-        return -1;
-    }
     char kind[16];
-    col_copy(s, 0, kind, sizeof kind);
-    json_t *spec = col_json(s, 1);
-    sqlite3_reset(s);
+    json_t *spec = NULL;
+    if (row(c, q, "t", "tj", id, kind, sizeof kind, &spec) != 0)
+        return -1;
     const char *url = json_string_value(json_object_get(spec, "callback_url"));
     if (!url || !url[0]) {
         json_decref(spec);
@@ -942,18 +920,7 @@ static int webhook_enqueue(conn *c, const char *id, const char *type, const char
     json_decref(payload);
     static const char *ins = "INSERT INTO webhooks(id, job_id, url, type, payload, next_at, created_at) "
                              "VALUES (?,?,?,?,?,?,?)";
-    s = S(c, ins);
-    int rc = -1;
-    if (s && text) {
-        bind_text(s, 1, msg_id);
-        bind_text(s, 2, id);
-        bind_text(s, 3, url);
-        bind_text(s, 4, type);
-        bind_text(s, 5, text);
-        sqlite3_bind_int64(s, 6, now);
-        sqlite3_bind_int64(s, 7, now);
-        rc = step_done(c, s);
-    }
+    int rc = text && run(c, ins, "tttttII", msg_id, id, url, type, text, now, now) >= 0 ? 0 : -1;
     free(text);
     json_decref(spec);
     return rc;
@@ -966,50 +933,26 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
     if (!c || begin(c) < 0)
         return -1;
     static const char *q = "SELECT status FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, id);
     char cur[16] = "";
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW)
-        col_copy(s, 0, cur, sizeof cur);
-    sqlite3_reset(s);
-    if (rc != SQLITE_ROW)
-        goto fail;
-    if (is_terminal(cur)) {
-        rollback(c);
-        return 1;
-    }
+    if (row(c, q, "t", "t", id, cur, sizeof cur) != 0)
+        return abandon(c, -1);
+    if (is_terminal(cur))
+        return abandon(c, 1);
     int64_t now = store_now();
     static const char *u = "UPDATE jobs SET status=?, error_code=?, error_message=?, worker_pid=0, "
                            "finished_at=?, version=version+1, updated_at=? WHERE id=?";
-    s = S(c, u);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, status);
-    bind_text(s, 2, code);
-    bind_text(s, 3, message);
-    sqlite3_bind_int64(s, 4, now);
-    sqlite3_bind_int64(s, 5, now);
-    bind_text(s, 6, id);
-    if (step_done(c, s) < 0)
-        goto fail;
+    if (run(c, u, "tttIIt", status, code, message, now, now, id) < 0)
+        return abandon(c, -1);
     char type[48];
     snprintf(type, sizeof type, "job.%s", status);
     if (webhook_enqueue(c, id, type, status, code, message, now) < 0)
-        goto fail;
+        return abandon(c, -1);
     json_t *d = code ? json_pack("{s:s,s:s}", "code", code, "message", message ? message : "") : NULL;
     char msg[1200];
     snprintf(msg, sizeof msg, "job %s%s%s", status, message ? ": " : "", message ? message : "");
-    rc = event_insert(c, id, type, msg, d);
-    json_decref(d);
-    if (rc < 0 || commit(c) < 0)
-        goto fail;
+    if (event_insert(c, id, type, msg, d) < 0 || commit(c) < 0)
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
 }
 
 int store_job_requeue(store *st, const char *id, const char *reason)
@@ -1019,23 +962,14 @@ int store_job_requeue(store *st, const char *id, const char *reason)
         return -1;
     static const char *u = "UPDATE jobs SET status='queued', worker_pid=0, version=version+1, "
                            "updated_at=? WHERE id=? AND status='running'";
-    sqlite3_stmt *s = S(c, u);
-    if (!s)
-        goto fail;
-    sqlite3_bind_int64(s, 1, store_now());
-    bind_text(s, 2, id);
-    if (step_done(c, s) < 0)
-        goto fail;
-    if (sqlite3_changes(c->db) == 0) {
-        rollback(c);
-        return 1;
-    }
+    int changed = run(c, u, "It", store_now(), id);
+    if (changed < 0)
+        return abandon(c, -1);
+    if (changed == 0)
+        return abandon(c, 1);
     if (event_insert(c, id, "job.requeued", reason, NULL) < 0 || commit(c) < 0)
-        goto fail;
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
 }
 
 int store_recover(store *st)
@@ -1089,57 +1023,25 @@ int store_job_cancel(store *st, const char *id, store_job *out)
     if (!c || begin(c) < 0)
         return -1;
     static const char *q = "SELECT status, cancel_requested FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, id);
-    int rc = sqlite3_step(s);
     char cur[16] = "";
     int requested = 0;
-    if (rc == SQLITE_ROW) {
-        col_copy(s, 0, cur, sizeof cur);
-        requested = sqlite3_column_int(s, 1);
-    }
-    sqlite3_reset(s);
-    if (rc == SQLITE_DONE) {
-        rollback(c);
-        return 1;
-    }
-    if (rc != SQLITE_ROW)
-        goto fail;
+    int rc = row(c, q, "t", "ti", id, cur, sizeof cur, &requested);
+    if (rc != 0)
+        return abandon(c, rc);
     int64_t now = store_now();
     if (!strcmp(cur, "queued")) {
         static const char *u = "UPDATE jobs SET status='cancelled', cancel_requested=1, finished_at=?, "
                                "version=version+1, updated_at=? WHERE id=?";
-        s = S(c, u);
-        if (!s)
-            goto fail;
-        sqlite3_bind_int64(s, 1, now);
-        sqlite3_bind_int64(s, 2, now);
-        bind_text(s, 3, id);
-        if (step_done(c, s) < 0 || event_insert(c, id, "job.cancelled", "job cancelled before it started", NULL) < 0)
-            goto fail;
+        if (run(c, u, "IIt", now, now, id) < 0 ||
+            event_insert(c, id, "job.cancelled", "job cancelled before it started", NULL) < 0)
+            return abandon(c, -1);
     } else if (!strcmp(cur, "running") && !requested) {
         static const char *u = "UPDATE jobs SET cancel_requested=1, version=version+1, updated_at=? WHERE id=?";
-        s = S(c, u);
-        if (!s)
-            goto fail;
-        sqlite3_bind_int64(s, 1, now);
-        bind_text(s, 2, id);
-        if (step_done(c, s) < 0 ||
+        if (run(c, u, "It", now, id) < 0 ||
             event_insert(c, id, "job.cancel_requested", "cancellation requested", NULL) < 0)
-            goto fail;
+            return abandon(c, -1);
     }
-    if (job_get_conn(c, id, out) != 0)
-        goto fail;
-    if (commit(c) < 0) {
-        store_job_clear(out);
-        goto fail;
-    }
-    return 0;
-fail:
-    rollback(c);
-    return -1;
+    return commit_job(c, id, out);
 }
 
 int store_job_cancel_requested(store *st, const char *id)
@@ -1148,14 +1050,8 @@ int store_job_cancel_requested(store *st, const char *id)
     if (!c)
         return -1;
     static const char *q = "SELECT cancel_requested FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    bind_text(s, 1, id);
-    int rc = sqlite3_step(s);
-    int v = rc == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
-    sqlite3_reset(s);
-    return v;
+    int v = -1;
+    return row(c, q, "t", "i", id, &v) == 0 ? v : -1;
 }
 
 int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
@@ -1166,34 +1062,20 @@ int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
     if (!c || begin(c) < 0)
         return -1;
     static const char *q = "SELECT status FROM jobs WHERE id=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, id);
-    int rc = sqlite3_step(s);
     char cur[16] = "";
-    if (rc == SQLITE_ROW)
-        col_copy(s, 0, cur, sizeof cur);
-    sqlite3_reset(s);
-    if (rc == SQLITE_DONE) {
-        rollback(c);
-        return 1;
-    }
-    if (rc != SQLITE_ROW)
-        goto fail;
-    if (!is_terminal(cur)) {
-        rollback(c);
-        return 2;
-    }
+    int rc = row(c, q, "t", "t", id, cur, sizeof cur);
+    if (rc != 0)
+        return abandon(c, rc);
+    if (!is_terminal(cur))
+        return abandon(c, 2);
     static const char *qo = "SELECT DISTINCT a.sha256 FROM artifacts a WHERE a.job_id=? AND NOT EXISTS "
                             "(SELECT 1 FROM artifacts b WHERE b.sha256=a.sha256 AND b.job_id<>a.job_id)";
-    s = S(c, qo);
+    sqlite3_stmt *s = stmt(c, qo, "t", id);
     if (!s)
         goto fail;
-    bind_text(s, 1, id);
     char **list = NULL;
     int n = 0;
-    while (sqlite3_step(s) == SQLITE_ROW) {
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         char **nl = realloc(list, (size_t)(n + 1) * sizeof *nl);
         const char *t = (const char *)sqlite3_column_text(s, 0);
         if (!nl)
@@ -1204,20 +1086,17 @@ int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
             n++;
     }
     sqlite3_reset(s);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        goto fail_list;
     static const char *d1 = "DELETE FROM events WHERE job_id=?";
     static const char *d2 = "DELETE FROM artifacts WHERE job_id=?";
     static const char *d3 = "DELETE FROM idempotency WHERE job_id=?";
     static const char *d4 = "DELETE FROM jobs WHERE id=?";
     static const char *d5 = "DELETE FROM webhooks WHERE job_id=?";
     const char *dels[] = {d1, d2, d3, d4, d5};
-    for (int i = 0; i < 5; i++) {
-        s = S(c, dels[i]);
-        if (!s)
+    for (int i = 0; i < 5; i++)
+        if (run(c, dels[i], "t", id) < 0)
             goto fail_list;
-        bind_text(s, 1, id);
-        if (step_done(c, s) < 0)
-            goto fail_list;
-    }
     if (commit(c) < 0)
         goto fail_list;
     *orphans = list;
@@ -1228,8 +1107,7 @@ fail_list:
         free(list[i]);
     free(list);
 fail:
-    rollback(c);
-    return -1;
+    return abandon(c, -1);
 }
 
 int store_report_merge(store *st, const char *id, json_t *fragment)
@@ -1268,8 +1146,9 @@ int store_job_counts(store *st, int64_t out[5])
 
 /* ---- artifacts --------------------------------------------------------------------- */
 
-static void artifact_from_row(sqlite3_stmt *s, store_artifact *a)
+static void artifact_from_row(sqlite3_stmt *s, void *out)
 {
+    store_artifact *a = out;
     memset(a, 0, sizeof *a);
     col_copy(s, 0, a->id, sizeof a->id);
     col_copy(s, 1, a->job_id, sizeof a->job_id);
@@ -1291,37 +1170,17 @@ int store_artifact_add(store *st, store_artifact *a)
         return -1;
     static const char *sql = "INSERT OR REPLACE INTO artifacts(id, job_id, name, stage, sha256, "
                              "size_bytes, content_type, created_at) VALUES (?,?,?,?,?,?,?,?)";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        goto fail;
-    bind_text(s, 1, a->id);
-    bind_text(s, 2, a->job_id);
-    bind_text(s, 3, a->name);
-    bind_text(s, 4, a->stage);
-    bind_text(s, 5, a->sha256);
-    sqlite3_bind_int64(s, 6, a->size_bytes);
-    bind_text(s, 7, a->content_type);
-    sqlite3_bind_int64(s, 8, a->created_at);
-    if (step_done(c, s) < 0)
-        goto fail;
-    json_t *d = json_pack("{s:s,s:s,s:s,s:I}", "id", a->id, "name", a->name, "sha256", a->sha256,
-                          "size_bytes", (json_int_t)a->size_bytes);
+    if (run(c, sql, "tttttItI", a->id, a->job_id, a->name, a->stage, a->sha256, a->size_bytes,
+            a->content_type, a->created_at) < 0)
+        return abandon(c, -1);
     char msg[320];
     snprintf(msg, sizeof msg, "artifact %s published", a->name);
-    int rc = event_insert(c, a->job_id, "artifact.published", msg, d);
-    json_decref(d);
-    static const char *bump = "UPDATE jobs SET version=version+1, updated_at=? WHERE id=?";
-    s = S(c, bump);
-    if (rc < 0 || !s)
-        goto fail;
-    sqlite3_bind_int64(s, 1, store_now());
-    bind_text(s, 2, a->job_id);
-    if (step_done(c, s) < 0 || commit(c) < 0)
-        goto fail;
+    json_t *d = json_pack("{s:s,s:s,s:s,s:I}", "id", a->id, "name", a->name, "sha256", a->sha256,
+                          "size_bytes", (json_int_t)a->size_bytes);
+    if (event_insert(c, a->job_id, "artifact.published", msg, d) < 0 || job_touch(c, a->job_id) < 0 ||
+        commit(c) < 0)
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
 }
 
 #define ART_COLS "id, job_id, name, stage, sha256, size_bytes, content_type, created_at"
@@ -1332,16 +1191,7 @@ int store_artifact_get(store *st, const char *job_id, const char *name, store_ar
     if (!c)
         return -1;
     static const char *q = "SELECT " ART_COLS " FROM artifacts WHERE job_id=? AND name=?";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    bind_text(s, 1, job_id);
-    bind_text(s, 2, name);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW)
-        artifact_from_row(s, out);
-    sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+    return row(c, q, "tt", "r", job_id, name, artifact_from_row, out);
 }
 
 int store_artifact_list(store *st, const char *job_id, store_artifact **out, int *n)
@@ -1352,10 +1202,9 @@ int store_artifact_list(store *st, const char *job_id, store_artifact **out, int
     if (!c)
         return -1;
     static const char *q = "SELECT " ART_COLS " FROM artifacts WHERE job_id=? ORDER BY name";
-    sqlite3_stmt *s = S(c, q);
+    sqlite3_stmt *s = stmt(c, q, "t", job_id);
     if (!s)
         return -1;
-    bind_text(s, 1, job_id);
     store_artifact *arr = NULL;
     int k = 0, rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -1382,8 +1231,9 @@ int store_artifact_list(store *st, const char *job_id, store_artifact **out, int
 #define MODEL_COLS "seq, id, path, tokenizer, name, format, created_at, status, url, sha256, size_bytes, " \
                    "bytes_done, bytes_total, error, updated_at"
 
-static void model_from_row(sqlite3_stmt *s, store_model *m)
+static void model_from_row(sqlite3_stmt *s, void *out)
 {
+    store_model *m = out;
     memset(m, 0, sizeof *m);
     m->seq = sqlite3_column_int64(s, 0);
     col_copy(s, 1, m->id, sizeof m->id);
@@ -1416,24 +1266,9 @@ static int model_insert(conn *c, store_model *m)
     static const char *sql = "INSERT INTO models(id, path, tokenizer, name, format, created_at, status, url, sha256, "
                              "size_bytes, bytes_done, bytes_total, error, updated_at) "
                              "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    bind_text(s, 1, m->id);
-    bind_text(s, 2, m->path);
-    bind_text(s, 3, m->tokenizer);
-    bind_text(s, 4, m->name);
-    bind_text(s, 5, m->format);
-    sqlite3_bind_int64(s, 6, m->created_at);
-    bind_text(s, 7, m->status);
-    bind_text(s, 8, m->url);
-    bind_text(s, 9, m->sha256);
-    sqlite3_bind_int64(s, 10, m->size_bytes);
-    sqlite3_bind_int64(s, 11, m->bytes_done);
-    sqlite3_bind_int64(s, 12, m->bytes_total);
-    bind_text(s, 13, m->error);
-    sqlite3_bind_int64(s, 14, m->updated_at);
-    if (step_done(c, s) < 0)
+    if (run(c, sql, "tttttItttIIItI", m->id, m->path, m->tokenizer, m->name, m->format, m->created_at,
+            m->status, m->url, m->sha256, m->size_bytes, m->bytes_done, m->bytes_total, m->error,
+            m->updated_at) < 0)
         return -1;
     m->seq = sqlite3_last_insert_rowid(c->db);
     return 0;
@@ -1447,25 +1282,11 @@ int store_model_add(store *st, store_model *m)
     return model_insert(c, m);
 }
 
-/* The model that query q (one text parameter: key) selects on connection c: 0 found,
- * 1 absent, -1 error. q must be a static string (the statement cache keys on it). */
-static int model_one(conn *c, const char *q, const char *key, store_model *out)
-{
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    bind_text(s, 1, key);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW)
-        model_from_row(s, out);
-    sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
-}
-
 /* The model with this sha256 on connection c: 0 found, 1 absent, -1 error. */
 static int model_by_sha(conn *c, const char *sha, store_model *out)
 {
-    return model_one(c, "SELECT " MODEL_COLS " FROM models WHERE sha256=?", sha, out);
+    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE sha256=?";
+    return row(c, q, "t", "r", sha, model_from_row, out);
 }
 
 int store_model_get_sha(store *st, const char *sha256_hex, store_model *out)
@@ -1490,17 +1311,9 @@ int store_model_add_fetch(store *st, store_model *m, int *restarted)
         if (!strcmp(old->status, "failed")) {
             static const char *sql = "UPDATE models SET status='fetching', url=?, name=?, tokenizer=?, size_bytes=?, "
                                      "bytes_done=0, bytes_total=?, error='', updated_at=? WHERE id=?";
-            sqlite3_stmt *s = S(c, sql);
-            if (!s)
-                goto fail;
-            bind_text(s, 1, m->url);
-            bind_text(s, 2, m->name);
-            bind_text(s, 3, m->tokenizer);
-            sqlite3_bind_int64(s, 4, m->size_bytes);
-            sqlite3_bind_int64(s, 5, m->size_bytes);
-            sqlite3_bind_int64(s, 6, store_now());
-            bind_text(s, 7, old->id);
-            if (step_done(c, s) < 0 || model_by_sha(c, m->sha256, old) != 0)
+            if (run(c, sql, "tttIIIt", m->url, m->name, m->tokenizer, m->size_bytes, m->size_bytes, store_now(),
+                    old->id) < 0 ||
+                model_by_sha(c, m->sha256, old) != 0)
                 goto fail;
             *restarted = 1;
         }
@@ -1530,31 +1343,15 @@ int store_model_next_fetch(store *st, store_model *out)
     if (!c)
         return -1;
     static const char *q = "SELECT " MODEL_COLS " FROM models WHERE status='fetching' ORDER BY seq LIMIT 1";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW)
-        model_from_row(s, out);
-    sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+    return row(c, q, "", "r", model_from_row, out);
 }
 
 int store_model_fetch_progress(store *st, const char *id, int64_t bytes_done, int64_t bytes_total)
 {
     conn *c = C(st);
-    if (!c)
-        return -1;
     static const char *sql = "UPDATE models SET bytes_done=?, bytes_total=?, updated_at=? "
                              "WHERE id=? AND status='fetching'";
-    sqlite3_stmt *s = S(c, sql);
-    if (!s)
-        return -1;
-    sqlite3_bind_int64(s, 1, bytes_done);
-    sqlite3_bind_int64(s, 2, bytes_total);
-    sqlite3_bind_int64(s, 3, store_now());
-    bind_text(s, 4, id);
-    return step_done(c, s);
+    return c && run(c, sql, "IIIt", bytes_done, bytes_total, store_now(), id) >= 0 ? 0 : -1;
 }
 
 int store_model_fetch_done(store *st, const char *id, const char *status, int64_t bytes, const char *error)
@@ -1562,33 +1359,24 @@ int store_model_fetch_done(store *st, const char *id, const char *status, int64_
     conn *c = C(st);
     if (!c || (strcmp(status, "ready") && strcmp(status, "failed")))
         return -1;
-    int ready = !strcmp(status, "ready");
     static const char *sql_ready = "UPDATE models SET status='ready', bytes_done=?, bytes_total=?, error='', "
                                    "updated_at=? WHERE id=? AND status='fetching'";
     static const char *sql_failed = "UPDATE models SET status='failed', error=?, updated_at=? "
                                     "WHERE id=? AND status='fetching'";
-    sqlite3_stmt *s = S(c, ready ? sql_ready : sql_failed);
-    if (!s)
+    int changed = !strcmp(status, "ready") ? run(c, sql_ready, "IIIt", bytes, bytes, store_now(), id)
+                                           : run(c, sql_failed, "tIt", error, store_now(), id);
+    if (changed < 0)
         return -1;
-    if (ready) {
-        sqlite3_bind_int64(s, 1, bytes);
-        sqlite3_bind_int64(s, 2, bytes);
-        sqlite3_bind_int64(s, 3, store_now());
-        bind_text(s, 4, id);
-    } else {
-        bind_text(s, 1, error ? error : "");
-        sqlite3_bind_int64(s, 2, store_now());
-        bind_text(s, 3, id);
-    }
-    if (step_done(c, s) < 0)
-        return -1;
-    return sqlite3_changes(c->db) == 1 ? 0 : 1;
+    return changed == 1 ? 0 : 1;
 }
 
 int store_model_get(store *st, const char *id, store_model *out)
 {
     conn *c = C(st);
-    return c ? model_one(c, "SELECT " MODEL_COLS " FROM models WHERE id=?", id, out) : -1;
+    if (!c)
+        return -1;
+    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE id=?";
+    return row(c, q, "t", "r", id, model_from_row, out);
 }
 
 int store_model_list(store *st, const char *after, int limit, store_model **out, int *n,
@@ -1609,31 +1397,11 @@ int store_model_list(store *st, const char *after, int limit, store_model **out,
         after_seq = m.seq;
     }
     static const char *q = "SELECT " MODEL_COLS " FROM models WHERE seq<? ORDER BY seq DESC LIMIT ?";
-    sqlite3_stmt *s = S(c, q);
+    sqlite3_stmt *s = stmt(c, q, "Ii", after_seq, limit + 1);
     if (!s)
         return -1;
-    sqlite3_bind_int64(s, 1, after_seq);
-    sqlite3_bind_int(s, 2, limit + 1);
-    store_model *arr = calloc((size_t)limit + 1, sizeof *arr);
-    if (!arr)
-        return -1;
-    int k = 0, rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (k == limit) {
-            *has_more = 1;
-            break;
-        }
-        model_from_row(s, &arr[k++]);
-    }
-    int bad = rc != SQLITE_ROW && rc != SQLITE_DONE;
-    sqlite3_reset(s);
-    if (bad) {
-        free(arr);
-        return -1;
-    }
-    *out = arr;
-    *n = k;
-    return 0;
+    *out = rows_read(s, limit, sizeof **out, model_from_row, NULL, n, has_more);
+    return *out ? 0 : -1;
 }
 
 int64_t store_data_version(store *st)
@@ -1642,15 +1410,28 @@ int64_t store_data_version(store *st)
     if (!c)
         return -1;
     static const char *q = "PRAGMA data_version";
-    sqlite3_stmt *s = S(c, q);
-    if (!s)
-        return -1;
-    int64_t v = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
-    sqlite3_reset(s);
-    return v;
+    int64_t v = -1;
+    return row(c, q, "", "I", &v) == 0 ? v : -1;
 }
 
 /* ---- webhook outbox ---------------------------------------------------------------- */
+
+static void webhook_from_row(sqlite3_stmt *s, void *out)
+{
+    store_webhook *w = out;
+    col_copy(s, 0, w->id, sizeof w->id);
+    col_copy(s, 1, w->job_id, sizeof w->job_id);
+    col_copy(s, 2, w->url, sizeof w->url);
+    col_copy(s, 3, w->type, sizeof w->type);
+    const char *p = (const char *)sqlite3_column_text(s, 4);
+    w->payload = strdup(p ? p : "{}");
+    w->attempts = sqlite3_column_int(s, 5);
+}
+
+static void webhook_clear_elem(void *w)
+{
+    free(((store_webhook *)w)->payload);
+}
 
 int store_webhook_due(store *st, int64_t now, int limit, store_webhook **out, int *n)
 {
@@ -1661,31 +1442,11 @@ int store_webhook_due(store *st, int64_t now, int limit, store_webhook **out, in
         return -1;
     static const char *q = "SELECT id, job_id, url, type, payload, attempts FROM webhooks "
                            "WHERE state='pending' AND next_at<=? ORDER BY next_at LIMIT ?";
-    sqlite3_stmt *s = S(c, q);
+    sqlite3_stmt *s = stmt(c, q, "Ii", now, limit);
     if (!s)
         return -1;
-    sqlite3_bind_int64(s, 1, now);
-    sqlite3_bind_int(s, 2, limit);
-    store_webhook *arr = calloc((size_t)limit, sizeof *arr);
-    if (!arr) {
-        sqlite3_reset(s);
-        return -1;
-    }
-    int k = 0, rc;
-    while (k < limit && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        store_webhook *w = &arr[k++];
-        col_copy(s, 0, w->id, sizeof w->id);
-        col_copy(s, 1, w->job_id, sizeof w->job_id);
-        col_copy(s, 2, w->url, sizeof w->url);
-        col_copy(s, 3, w->type, sizeof w->type);
-        const char *p = (const char *)sqlite3_column_text(s, 4);
-        w->payload = strdup(p ? p : "{}");
-        w->attempts = sqlite3_column_int(s, 5);
-    }
-    sqlite3_reset(s);
-    *out = arr;
-    *n = k;
-    return 0;
+    *out = rows_read(s, limit, sizeof **out, webhook_from_row, webhook_clear_elem, n, NULL);
+    return *out ? 0 : -1;
 }
 
 void store_webhook_list_free(store_webhook *w, int n)
@@ -1703,31 +1464,19 @@ int store_webhook_result(store *st, const char *id, const char *job_id, int deli
         return -1;
     static const char *u = "UPDATE webhooks SET attempts=attempts+1, state=?, next_at=?, last_error=?, "
                            "delivered_at=? WHERE id=? AND state='pending'";
-    sqlite3_stmt *s = S(c, u);
-    if (!s)
-        goto fail;
     const char *state = delivered ? "delivered" : give_up ? "failed" : "pending";
-    bind_text(s, 1, state);
-    sqlite3_bind_int64(s, 2, next_at);
-    bind_text(s, 3, error ? error : "");
-    sqlite3_bind_int64(s, 4, delivered ? store_now() : 0);
-    bind_text(s, 5, id);
-    if (step_done(c, s) < 0)
-        goto fail;
+    int64_t delivered_at = delivered ? store_now() : 0;
+    if (run(c, u, "tItIt", state, next_at, error, delivered_at, id) < 0)
+        return abandon(c, -1);
     if (delivered || give_up) {
         char msg[600];
         snprintf(msg, sizeof msg, delivered ? "webhook %s delivered" : "webhook %s failed for good: %s", id,
                  error ? error : "");
-        json_t *d = json_pack("{s:s}", "id", id);
-        int rc = event_insert(c, job_id, delivered ? "webhook.delivered" : "webhook.failed", msg, d);
-        json_decref(d);
-        if (rc < 0)
-            goto fail;
+        if (event_insert(c, job_id, delivered ? "webhook.delivered" : "webhook.failed", msg,
+                         json_pack("{s:s}", "id", id)) < 0)
+            return abandon(c, -1);
     }
     if (commit(c) < 0)
-        goto fail;
+        return abandon(c, -1);
     return 0;
-fail:
-    rollback(c);
-    return -1;
 }
