@@ -314,19 +314,39 @@ int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len)
 
 static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Append "path size mtime" of a file, or of every regular file directly in a folder
- * (sorted), to b. 0, or -1 when the path cannot be resolved or listed (b->oom for OOM). */
+/* Files up to this size are keyed by their content: texts, tokenizers, task files and
+ * small models get copied, re-extracted or re-downloaded with new modification times,
+ * and hashing them costs well under a second. Larger files by path, size and mtime. */
+#define HASH_KEY_MAX_BYTES ((int64_t)256 << 20)
+
+/* One file's line: "NAME size sha256:HEX" for a file hashed by content (name: its name
+ * in a folder, "" at the top), else "PATH size mtime". 0, or -1 when it cannot be read. */
+static int file_print(strbuf *b, const char *path, const char *name, const struct stat *st)
+{
+    if ((int64_t)st->st_size <= HASH_KEY_MAX_BYTES) {
+        char hex[65], why[256];
+        int64_t size = 0;
+        if (art_sha256_file(path, hex, &size, why, sizeof why) != 0)
+            return -1;
+        strbuf_printf(b, "%s %lld sha256:%s\n", name, (long long)size, hex);
+    } else {
+        strbuf_printf(b, "%s %lld %lld.%09ld\n", path, (long long)st->st_size, (long long)st->st_mtim.tv_sec,
+                      st->st_mtim.tv_nsec);
+    }
+    return 0;
+}
+
+/* Append the key lines (file_print) of a file, or of every regular file directly in a
+ * folder (sorted), to b. 0, or -1 when the path cannot be resolved, listed or read
+ * (b->oom for OOM). */
 static int fingerprint(strbuf *b, const char *path)
 {
     char real[PATH_MAX];
     struct stat st;
     if (!realpath(path, real) || stat(real, &st))
         return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        strbuf_printf(b, "%s %lld %lld.%09ld\n", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                      st.st_mtim.tv_nsec);
-        return 0;
-    }
+    if (!S_ISDIR(st.st_mode))
+        return file_print(b, real, "", &st);
     DIR *d = opendir(real);
     if (!d)
         return -1;
@@ -352,16 +372,16 @@ static int fingerprint(strbuf *b, const char *path)
     closedir(d);
     if (n)
         qsort(names, n, sizeof *names, cmp_name);
+    int rc = 0;
     for (size_t i = 0; i < n; i++) {
         char p[PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", real, names[i]);
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
-            strbuf_printf(b, "%s %lld %lld.%09ld\n", p, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                          st.st_mtim.tv_nsec);
+        if (rc == 0 && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            rc = file_print(b, p, names[i], &st);
         free(names[i]);
     }
     free(names);
-    return 0;
+    return rc;
 }
 
 int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *extra_path, char *path,

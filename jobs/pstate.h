@@ -58,8 +58,9 @@ int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len);
 /* A cache file for a result that depends only on the job's parent model and `key`:
  * <data>/<kind>/<sha-256>.json, the digest over kind, key, the extra file (or folder)
  * named by extra_path (may be NULL; e.g. a text the result depends on) and the parent
- * files (the spec's model.path and model.tokenizer), each file named by its resolved
- * path, size and mtime. The folder is created. 0, or -1 when a file cannot be named
+ * files (the spec's model.path and model.tokenizer): each file up to 256 MiB by its
+ * size and sha-256 (a copy or re-download still hits), larger ones by resolved path,
+ * size and mtime. The folder is created. 0, or -1 when a file cannot be named
  * (then nothing is to be cached). */
 int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *extra_path, char *path,
                   size_t len);
