@@ -17,13 +17,16 @@ NVCC     ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
 CUDA_ARCHS ?= 80 89 90 120
 
+# Package flags are read lazily, once, when a rule first needs them: the goals that
+# install packages first (run, test, test-slow) build in a sub-make started after `deps`,
+# so a fresh machine never compiles with the flags of packages it does not have yet.
 PKGS := libmicrohttpd jansson sqlite3 libcurl libpcre2-8 openssl
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+PKG_CFLAGS = $(eval PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null))$(PKG_CFLAGS)
+PKG_LIBS   = $(eval PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null))$(PKG_LIBS)
 
-CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-psabi -g $(OPT) $(ARCH) -fopenmp -fno-math-errno \
+CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-psabi -g $(OPT) $(ARCH) -fopenmp -fno-math-errno \
           -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(PKG_CFLAGS)
-LDLIBS := $(PKG_LIBS) -lopenblas -lm -lpthread -ldl -fopenmp
+LDLIBS = $(PKG_LIBS) -lopenblas -lm -lpthread -ldl -fopenmp
 ifneq ($(SANITIZE),)
   CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=$(SANITIZE)
@@ -51,13 +54,19 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 TOOL_SRCS := $(wildcard tests/tools/*.c bench/*/*.c)
 TOOL_BINS := $(addprefix $(BUILD)/tools/,$(notdir $(TOOL_SRCS:.c=)))
 
-.PHONY: all run test test-slow test-unit test-sanitize deps clean fuzz bench cuda-check
+.PHONY: all run test test-slow test-sanitize deps clean fuzz
 all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS)
 
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD)/obj/%.o: %.c
+# Every object waits for this check: without the packages' flags the build would fail
+# later with a missing header or undefined references that do not say why.
+$(BUILD)/.pkg-flags:
+	@[ -n "$(strip $(PKG_LIBS))" ] || { echo "pkg-config knows none of: $(PKGS) (run: make deps)" >&2; exit 1; }
+	@mkdir -p $(dir $@) && touch $@
+
+$(BUILD)/obj/%.o: %.c | $(BUILD)/.pkg-flags
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -72,8 +81,7 @@ $(BUILD)/libautocompress.a: $(LIB_OBJS) $(CU_OBJS)
 	@echo "  AR    $@"
 	@ar rcs $@ $^
 
-# The binary links the objects themselves (not the archive) so that a real subcommand
-# overrides its weak fallback in server/cli_unavailable.c.
+# The binary links the objects themselves, not the archive.
 $(BUILD)/autocompress: $(BUILD)/obj/server/main.o $(LIB_OBJS) $(CU_OBJS)
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -91,16 +99,21 @@ $(BUILD)/tools/$(notdir $(1:.c=)): $(1) $(BUILD)/libautocompress.a
 endef
 $(foreach t,$(TOOL_SRCS),$(eval $(call tool_rule,$(t))))
 
+# The goals below install packages first, then build in a sub-make, which reads the
+# package flags only then (a fresh machine has none before `deps`).
 # make run: build, then start the server with its embedded defaults and run the demo against it.
-run: deps $(BUILD)/autocompress
+run: deps
+	@$(MAKE) --no-print-directory $(BUILD)/autocompress
 	@scripts/run.sh $(BUILD)/autocompress
 
 # make test: unit tests, black-box HTTP tests and numerical oracles; closes with "N passed, N failed".
-test: deps all
+test: deps
+	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) tests/run_all.sh
 
 # The slow tier too: llama.cpp (PyPI llama-cpp-python, built from source) and SmolLM2 checks.
-test-slow: deps all
+test-slow: deps
+	@$(MAKE) --no-print-directory all
 	@AC_SLOW=1 BUILD=$(BUILD) tests/run_all.sh
 
 test-sanitize:
@@ -108,9 +121,6 @@ test-sanitize:
 
 fuzz:
 	@tests/fuzz/build.sh
-
-bench: all
-	@bench/run_all.sh $(BUILD)
 
 clean:
 	rm -rf build build-san
