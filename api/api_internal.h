@@ -16,6 +16,10 @@ int api_query_int(const api_req *req, const char *key, long long lo, long long h
 json_t *api_parse_body(const api_req *req, api_resp *resp);
 /* Set a JSON body (stolen) with status. */
 void api_json(api_resp *resp, int status, json_t *body);
+/* The problem for a request the spec validator refused: the first fault in detail, every
+ * fault in errors (stolen); code path_forbidden (403), invalid_spec (400) or
+ * unprocessable_spec (422). what names the request ("spec", "estimate request"). */
+void api_spec_problem(api_resp *resp, const char *what, int status, json_t *errors);
 /* The spec environment for validation. */
 spec_env api_spec_env(api_ctx *ctx);
 /* Monotonic seconds. */

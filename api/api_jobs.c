@@ -183,14 +183,7 @@ static void create_common(api_ctx *ctx, const api_req *req, api_resp *resp, int 
                                : spec_validate(body, &env, &status, &errors);
     json_decref(body);
     if (!spec) {
-        char detail[600];
-        const char *first = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
-        const char *ptr = json_string_value(json_object_get(json_array_get(errors, 0), "pointer"));
-        snprintf(detail, sizeof detail, "the %s is invalid: %s: %s%s", calibration ? "calibration request" : "spec",
-                 ptr && ptr[0] ? ptr : "(root)", first ? first : "?",
-                 json_array_size(errors) > 1 ? " (and more: see errors)" : "");
-        api_problem(resp, status, status == 403 ? "path_forbidden" : status == 400 ? "invalid_spec" : "unprocessable_spec",
-                    detail, errors);
+        api_spec_problem(resp, calibration ? "calibration request" : "spec", status, errors);
         return;
     }
     store_job j;
@@ -234,6 +227,17 @@ static void create_common(api_ctx *ctx, const api_req *req, api_resp *resp, int 
     set_etag(resp, j.id, j.version);
     api_json(resp, code, rendered);
     store_job_clear(&j);
+}
+
+void api_spec_problem(api_resp *resp, const char *what, int status, json_t *errors)
+{
+    char detail[600];
+    const char *first = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
+    const char *ptr = json_string_value(json_object_get(json_array_get(errors, 0), "pointer"));
+    snprintf(detail, sizeof detail, "the %s is invalid: %s: %s%s", what, ptr && ptr[0] ? ptr : "(root)",
+             first ? first : "?", json_array_size(errors) > 1 ? " (and more: see errors)" : "");
+    api_problem(resp, status, status == 403 ? "path_forbidden" : status == 400 ? "invalid_spec" : "unprocessable_spec",
+                detail, errors);
 }
 
 void h_jobs_create(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)

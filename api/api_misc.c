@@ -15,14 +15,8 @@
 #include "engine/devices.h"
 #include "storage/fetch.h"
 
-#if defined(__has_include)
-#if __has_include("compress/costmodel.h")
 #include "compress/costmodel.h"
-/* Weak so that a build without the implementation links and answers 501. */
-#pragma weak cm_estimate
-#define AC_HAVE_COSTMODEL_H 1
-#endif
-#endif
+#include "storage/archjson.h"
 
 /* openapi/openapi.yaml, embedded (NUL-terminated). make does not track this input:
  * touch api/api_misc.c after editing the YAML. */
@@ -229,38 +223,25 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
             json_decref(body);
             return;
         }
-        static const char *const fields[] = {"path", "tokenizer", "name"};
-        for (int i = 0; i < 3 && !by_url; i++) {
-            json_t *x = json_object_get(body, fields[i]);
-            char p[32], msg[256];
-            snprintf(p, sizeof p, "/%s", fields[i]);
-            if (!x) {
-                if (i == 0)
-                    FAULT(400, p, "required field is missing (or give url)");
-                continue;
-            }
-            if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x)) {
-                FAULT(400, p, "must be a string");
-                continue;
-            }
-            if (i == 2) {
-                if (json_string_length(x) > 128)
-                    FAULT(422, p, "at most 128 characters");
-                else
-                    snprintf(m.name, sizeof m.name, "%s", json_string_value(x));
-                continue;
-            }
-            char *dst = i == 0 ? m.path : m.tokenizer;
-            int rc = spec_resolve_path(&env, json_string_value(x), dst, sizeof m.path, msg, sizeof msg);
-            if (rc)
-                FAULT(rc, p, msg);
-        }
-        if (m.path[0]) {
-            const char *fmt = spec_model_format(m.path);
-            if (!fmt)
-                FAULT(422, "/path", "not a model: expected an HF directory with config.json, a .gguf file or a llama2.c .bin");
-            else
-                snprintf(m.format, sizeof m.format, "%s", fmt);
+        json_t *name = json_object_get(body, "name");
+        if (name && (!json_is_string(name) || strlen(json_string_value(name)) != json_string_length(name)))
+            FAULT(400, "/name", "must be a string");
+        else if (name && json_string_length(name) > 128)
+            FAULT(422, "/name", "at most 128 characters");
+        else if (name)
+            snprintf(m.name, sizeof m.name, "%s", json_string_value(name));
+        if (!by_url && !json_object_get(body, "path")) {
+            FAULT(400, "/path", "required field is missing (or give url)");
+        } else if (!by_url) {
+            json_t *ref = json_object();
+            spec_check_model_path(&env, body, "", ref, errors, &status);
+            const char *rp = json_string_value(json_object_get(ref, "path")),
+                       *rt = json_string_value(json_object_get(ref, "tokenizer")),
+                       *rf = json_string_value(json_object_get(ref, "format"));
+            snprintf(m.path, sizeof m.path, "%s", rp ? rp : "");
+            snprintf(m.tokenizer, sizeof m.tokenizer, "%s", rt ? rt : "");
+            snprintf(m.format, sizeof m.format, "%s", rf ? rf : "");
+            json_decref(ref);
         }
     }
 #undef FAULT
@@ -348,26 +329,39 @@ void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, ap
     json_t *body = api_parse_body(req, resp);
     if (!body)
         return;
-#ifdef AC_HAVE_COSTMODEL_H
-    if (cm_estimate) {
-        int status = 0;
-        char err[512] = "";
-        json_t *r = cm_estimate(body, ctx->data_dir, &status, err, sizeof err);
-        json_decref(body);
-        if (r) {
-            api_json(resp, 200, r);
-            return;
-        }
-        if (status < 400 || status > 599)
-            status = 422;
-        api_problem(resp, status, status == 409 ? "calibration_required" : status == 404 ? "not_found" : "invalid_estimate",
-                    err[0] ? err : "the estimate failed", NULL);
+    /* the same model resolver as jobs: confined to the roots before any file is touched */
+    spec_env env = api_spec_env(ctx);
+    int status = 0;
+    json_t *errors = NULL, *r = spec_validate_estimate(body, &env, &status, &errors);
+    json_decref(body);
+    if (!r) {
+        api_spec_problem(resp, "estimate request", status, errors);
         return;
     }
-#endif
-    (void)ctx;
-    json_decref(body);
-    api_problem(resp, 501, "not_implemented", "the cost model is not available in this build", NULL);
+    arch a;
+    cm_target tg;
+    char err[1024] = "";
+    json_t *mj = json_object_get(r, "model");
+    int rc = mj ? cm_load_arch(json_string_value(json_object_get(mj, "path")), &a, err, sizeof err)
+                : arch_from_json(json_object_get(r, "arch"), &a, err, sizeof err);
+    if (rc) {
+        api_problem(resp, 422, "unprocessable_spec", err, NULL);
+        json_decref(r);
+        return;
+    }
+    if (cm_target_from_json(json_object_get(r, "target"), "/target", &tg, err, sizeof err)) {
+        api_problem(resp, 422, "unprocessable_spec", err, NULL);
+    } else {
+        json_t *est = NULL;
+        switch (cm_estimate(&a, &tg, ctx->data_dir, &est, err, sizeof err)) {
+        case CM_EST_OK: api_json(resp, 200, est); break;
+        case CM_EST_UNCALIBRATED: api_problem(resp, 409, "calibration_required", err, NULL); break;
+        case CM_EST_UNCOVERED: api_problem(resp, 422, "invalid_estimate", err, NULL); break;
+        case CM_EST_FAILED: api_problem(resp, 500, "internal", err, NULL); break;
+        }
+    }
+    arch_free(&a);
+    json_decref(r);
 }
 
 void h_healthz(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)

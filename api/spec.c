@@ -16,7 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compress/costmodel.h"
 #include "engine/devices.h"
+#include "storage/archjson.h"
+#include "storage/modelio.h"
 
 typedef struct {
     json_t *errors;
@@ -222,6 +225,55 @@ static int has_dotdot(const char *path)
     return 0;
 }
 
+/* What `p` (absolute, normalized) names once every symlink is followed, also where the
+ * end of the chain does not exist: realpath of the deepest existing prefix plus the rest,
+ * a dangling link followed to its target. So a link pointing outside the roots is known
+ * as such whether or not its target exists. 0, or -1 (loop, too long). */
+static int resolve_lenient(const char *p, char *out, size_t n, int depth)
+{
+    char real[PATH_MAX];
+    if (realpath(p, real))
+        return snprintf(out, n, "%s", real) >= (int)n ? -1 : 0;
+    if (depth > 40 || strlen(p) >= PATH_MAX)
+        return -1;
+    struct stat lst;
+    char next[2 * PATH_MAX];
+    if (lstat(p, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        char t[PATH_MAX];
+        ssize_t k = readlink(p, t, sizeof t - 1);
+        if (k < 0)
+            return -1;
+        t[k] = 0;
+        if (t[0] == '/') {
+            snprintf(next, sizeof next, "%s", t);
+        } else {
+            const char *slash = strrchr(p, '/');
+            snprintf(next, sizeof next, "%.*s/%s", (int)(slash - p), p, t);
+        }
+        return resolve_lenient(next, out, n, depth + 1);
+    }
+    const char *slash = strrchr(p, '/');
+    if (!slash)
+        return -1;
+    const char *base = slash + 1;
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%.*s", slash == p ? 1 : (int)(slash - p), p);
+    if (resolve_lenient(parent, next, sizeof next, depth + 1))
+        return -1;
+    if (!strcmp(base, "..")) {
+        char *s2 = strrchr(next, '/');
+        if (s2)
+            *(s2 == next ? s2 + 1 : s2) = 0;
+        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
+    }
+    if (!base[0] || !strcmp(base, "."))
+        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
+    return snprintf(out, n, "%s/%s", strcmp(next, "/") ? next : "", base) >= (int)n ? -1 : 0;
+}
+
+/* One answer for every path that is not the caller's to read, whether or not it exists. */
+#define OUTSIDE_ROOTS "the path is outside the allowed roots (see --data-root)"
+
 int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t outlen,
                       char *msg, size_t msglen)
 {
@@ -237,11 +289,16 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
         snprintf(msg, msglen, "the path is too long");
         return 422;
     }
-    /* Candidates: an absolute path as is; a relative one against the data dir, then each root. */
+    /* Candidates: an absolute path as is; a relative one against the data dir, then each
+     * root. An absolute path outside every root is refused before anything is looked up. */
     char cand[8][4096];
     int nc = 0;
     if (path[0] == '/') {
         lex_norm(path, cand[nc++], sizeof cand[0]);
+        if (!under_any(env, cand[0])) {
+            snprintf(msg, msglen, OUTSIDE_ROOTS);
+            return 403;
+        }
     } else {
         char base[4096], tmp[8192];
         if (env->data_dir && realpath(env->data_dir, base)) {
@@ -255,15 +312,22 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
     }
     int inside = 0, escaped = 0;
     for (int i = 0; i < nc; i++) {
-        int lexical_inside = under_any(env, cand[i]);
-        inside |= lexical_inside;
         char real[PATH_MAX];
-        if (!realpath(cand[i], real))
-            continue;
-        if (!under_any(env, real)) {
-            escaped = 1; /* exists, but outside every root (directly or through a link) */
+        struct stat lst;
+        if (!under_any(env, cand[i])) {
+            /* a relative path that names something in the data dir outside the roots */
+            if (path[0] != '/' && lstat(cand[i], &lst) == 0)
+                escaped = 1;
             continue;
         }
+        inside = 1;
+        if (resolve_lenient(cand[i], real, sizeof real, 0) || !under_any(env, real)) {
+            escaped = 1; /* outside every root through a link, existing or not */
+            continue;
+        }
+        struct stat st;
+        if (stat(real, &st) != 0)
+            continue;
         /* What is read is the real path, inside a root: also when the path reaches it
          * through a link to a root (a root that is itself a symlink, say). */
         if (access(real, R_OK) != 0) {
@@ -276,38 +340,28 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
         }
         return 0;
     }
-    if (escaped) {
-        snprintf(msg, msglen, "the path resolves outside the allowed roots (see --data-root)");
-        return 403;
-    }
-    if (!inside) {
-        snprintf(msg, msglen, "the path is outside the allowed roots (see --data-root)");
+    if (escaped || !inside) {
+        snprintf(msg, msglen, OUTSIDE_ROOTS);
         return 403;
     }
     snprintf(msg, msglen, "no such file or directory inside the allowed roots");
     return 422;
 }
 
-const char *spec_model_format(const char *resolved)
+const char *spec_file_kind(const char *resolved)
 {
-    struct stat sb;
-    if (stat(resolved, &sb) < 0)
-        return NULL;
-    if (S_ISDIR(sb.st_mode)) {
-        char cfg[4200];
-        snprintf(cfg, sizeof cfg, "%s/config.json", resolved);
-        return access(cfg, R_OK) == 0 ? "hf" : NULL;
-    }
-    size_t n = strlen(resolved);
-    if (n > 5 && !strcmp(resolved + n - 5, ".gguf"))
-        return "gguf";
-    if (n > 4 && !strcmp(resolved + n - 4, ".bin"))
-        return "llama2c";
-    return NULL;
+    struct stat st;
+    if (stat(resolved, &st))
+        return "missing";
+    return S_ISREG(st.st_mode) ? NULL : S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+           : S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+           : "a special file";
 }
 
-/* A path-valued string member: resolved and stored into out[key]. */
-static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, int required, json_t *out)
+/* A path-valued string member: resolved and stored into out[key]. want_file: it must
+ * name a regular file (never a FIFO or device, which could block the reader). */
+static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, int required, int want_file,
+                       json_t *out)
 {
     json_t *m = string_field(v, obj, ptr, key, 3000, required);
     if (!m)
@@ -319,7 +373,50 @@ static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, i
         fault(v, rc, p, "%s", msg);
         return;
     }
+    const char *kind = want_file ? spec_file_kind(resolved) : NULL;
+    if (kind) {
+        fault(v, 422, p, "not a regular file (%s)", kind);
+        return;
+    }
     json_object_set_new(out, key, json_string(resolved));
+}
+
+const char *spec_model_format(const char *resolved, char *why, size_t whylen)
+{
+    mio_format f;
+    char err[1024];
+    if (mio_probe(resolved, &f, err, sizeof err)) {
+        /* the resolved path is the server's business: name the file by its last component */
+        const char *colon = strstr(err, ": ");
+        const char *slash = strrchr(resolved, '/');
+        snprintf(why, whylen, "%s%s", slash ? slash + 1 : resolved, colon ? colon : err);
+        return NULL;
+    }
+    return mio_format_name(f);
+}
+
+/* A model named by server path: obj.path (a model in a format the probe knows) and
+ * obj.tokenizer (a regular file), resolved into out with the format. */
+static void model_path(vctx *v, json_t *obj, const char *ptr, json_t *out)
+{
+    path_field(v, obj, ptr, "path", 1, 0, out);
+    path_field(v, obj, ptr, "tokenizer", 0, 1, out);
+    json_t *p = json_object_get(out, "path");
+    char why[1024], at[256];
+    const char *fmt = p ? spec_model_format(json_string_value(p), why, sizeof why) : NULL;
+    ptr_join(at, sizeof at, ptr, "path");
+    if (p && !fmt)
+        fault(v, 422, at, "%s", why);
+    else if (fmt)
+        json_object_set_new(out, "format", json_string(fmt));
+}
+
+void spec_check_model_path(const spec_env *env, json_t *obj, const char *ptr, json_t *out, json_t *errors,
+                           int *status)
+{
+    vctx v = {errors, *status, env};
+    model_path(&v, obj, ptr, out);
+    *status = v.status;
 }
 
 /* ---- sections ---------------------------------------------------------------------- */
@@ -412,17 +509,7 @@ static json_t *check_model(vctx *v, json_t *in)
     }
     static const char *const keys[] = {"path", "tokenizer", NULL};
     only_keys(v, m, "/model", keys);
-    path_field(v, m, "/model", "path", 1, out);
-    path_field(v, m, "/model", "tokenizer", 0, out);
-    json_t *p = json_object_get(out, "path");
-    if (p) {
-        const char *fmt = spec_model_format(json_string_value(p));
-        if (!fmt)
-            fault(v, 422, "/model/path", "not a model: expected an HF directory with config.json, "
-                                         "a .gguf file or a llama2.c .bin checkpoint");
-        else
-            json_object_set_new(out, "format", json_string(fmt));
-    }
+    model_path(v, m, "/model", out);
     return out;
 }
 
@@ -466,9 +553,9 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
         w = empty;
     static const char *const wkeys[] = {"batch_size", "prompt_tokens", "output_tokens", NULL};
     only_keys(v, w, "/target/workload", wkeys);
-    int_field(v, w, "/target/workload", "batch_size", 1, 4096, 1, 0, wo);
-    int_field(v, w, "/target/workload", "prompt_tokens", 1, 1 << 20, 256, 0, wo);
-    int_field(v, w, "/target/workload", "output_tokens", 1, 1 << 20, 64, 0, wo);
+    int_field(v, w, "/target/workload", "batch_size", 1, 4096, CM_DEFAULT_BATCH, 0, wo);
+    int_field(v, w, "/target/workload", "prompt_tokens", 1, 1 << 20, CM_DEFAULT_PROMPT_TOKENS, 0, wo);
+    int_field(v, w, "/target/workload", "output_tokens", 1, 1 << 20, CM_DEFAULT_OUTPUT_TOKENS, 0, wo);
     json_t *pt = json_object_get(wo, "prompt_tokens"), *ot = json_object_get(wo, "output_tokens");
     if (pt && ot && json_integer_value(pt) + json_integer_value(ot) > (1 << 20))
         fault(v, 422, "/target/workload", "prompt_tokens + output_tokens exceeds 1048576");
@@ -563,8 +650,8 @@ static json_t *check_data(vctx *v, json_t *in)
         return out;
     static const char *const keys[] = {"calibration", "distillation", NULL};
     only_keys(v, d, "/data", keys);
-    path_field(v, d, "/data", "calibration", 0, out);
-    path_field(v, d, "/data", "distillation", 0, out);
+    path_field(v, d, "/data", "calibration", 0, 1, out);
+    path_field(v, d, "/data", "distillation", 0, 1, out);
     return out;
 }
 
@@ -604,7 +691,7 @@ static json_t *check_evaluation(vctx *v, json_t *in)
                 json_t *nm = string_field(v, t, p, "name", 64, 1);
                 if (nm)
                     json_object_set(to, "name", nm);
-                path_field(v, t, p, "path", 1, to);
+                path_field(v, t, p, "path", 1, 1, to);
                 json_array_append_new(tout, to);
             } else {
                 fault(v, 400, p, "must be a task name or an object {name, path}");
@@ -786,6 +873,44 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     }
     json_object_set_new(out, "metadata", check_metadata(&v, in));
     check_test_fields(&v, in, out);
+    return finish(&v, out, status, errors);
+}
+
+json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, json_t **errors)
+{
+    vctx v = {json_array(), 0, env};
+    json_t *out = json_object();
+    if (!json_is_object(in)) {
+        fault(&v, 400, "", "the request must be a JSON object");
+        return finish(&v, out, status, errors);
+    }
+    static const char *const keys[] = {"model", "arch", "target", NULL};
+    only_keys(&v, in, "", keys);
+    json_t *aj = json_object_get(in, "arch");
+    if (!!aj == !!json_object_get(in, "model")) {
+        fault(&v, 422, "", "give exactly one of \"arch\" and \"model\"");
+    } else if (aj) {
+        arch a;
+        char e2[400];
+        if (!json_is_object(aj))
+            fault(&v, 400, "/arch", "must be an object");
+        else if (arch_from_json(aj, &a, e2, sizeof e2)) {
+            /* "/pointer: message" from the arch reader becomes a pointer under /arch */
+            const char *sep = e2[0] == '/' ? strstr(e2, ": ") : NULL;
+            char at[200];
+            snprintf(at, sizeof at, "/arch%.*s", sep ? (int)(sep - e2) : 0, e2);
+            fault(&v, 422, at, "%s", sep ? sep + 2 : e2);
+        } else {
+            arch_free(&a);
+            json_object_set(out, "arch", aj);
+        }
+    } else {
+        json_object_set_new(out, "model", check_model(&v, in));
+    }
+    if (!json_object_get(in, "target"))
+        fault(&v, 400, "/target", "required field is missing");
+    double device_gib = 0;
+    json_object_set_new(out, "target", check_target(&v, in, &device_gib));
     return finish(&v, out, status, errors);
 }
 

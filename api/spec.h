@@ -30,14 +30,34 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
 /* Validate a calibration request {model, target, name?, metadata?} the same way. */
 json_t *spec_validate_calibration(json_t *in, const spec_env *env, int *status, json_t **errors);
 
+/* Validate an estimate request {model | arch, target}: exactly one of a model reference
+ * (checked and resolved as for jobs: path inside the roots, registered id, or url) and an
+ * arch (DESIGN.md §10); the target with the job spec's defaults. Returns a NEW normalized
+ * request, or NULL with *status and *errors as spec_validate. */
+json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, json_t **errors);
+
 /* Resolve a server path (absolute, or relative to data_dir) inside the roots into out.
- * Returns 0; 403 for `..`, a path outside every root or a symlink escaping one; 422 when
- * it does not exist (msg says which). */
+ * Returns 0; 403 for `..`, a path outside every root or a symlink escaping one (one
+ * message for all, whether the file exists or not: an absolute path outside the roots is
+ * never looked up); 422 when it does not exist inside the roots (msg says which). */
 int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t outlen,
                       char *msg, size_t msglen);
 
-/* The model format at a resolved path: "hf" (directory with config.json), "gguf",
- * "llama2c" (.bin), or NULL when unrecognised. */
-const char *spec_model_format(const char *resolved);
+/* The model format at a resolved path, by storage/modelio's one probe: "hf", "safetensors",
+ * "gguf" or "llama2c"; or NULL with why (the file's name, what is wrong and the formats
+ * accepted). */
+const char *spec_model_format(const char *resolved, char *why, size_t whylen);
+
+/* The path form of a model reference, as every route checks it: obj.path (required,
+ * confined to the roots, a model the format probe knows) and obj.tokenizer (optional, a
+ * regular file), with pointers under ptr (e.g. "/model", or "" for a body). Fills out
+ * (borrowed) with the resolved path, tokenizer and format; faults are appended to errors
+ * (borrowed) and *status is raised by severity (403 > 400 > 422). */
+void spec_check_model_path(const spec_env *env, json_t *obj, const char *ptr, json_t *out, json_t *errors,
+                           int *status);
+
+/* NULL when a resolved path is a regular file, else what it is ("a directory", "a FIFO",
+ * "a device", "a socket", "missing"); nothing is opened. */
+const char *spec_file_kind(const char *resolved);
 
 #endif

@@ -152,6 +152,14 @@ void cal_opts_default(cal_opts *o)
     o->seed = 1;
 }
 
+void cal_opts_search_hidden(cal_opts *o, const arch *parent)
+{
+    int c[4], n = cm_hidden_candidates(parent->hidden_size, c);
+    o->n_hidden = 0;
+    for (int i = 0; i < n; i++)
+        o->hidden[o->n_hidden++] = c[i];
+}
+
 int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
 {
     int H, KV, F;

@@ -39,6 +39,11 @@ typedef struct {
 /* Defaults above. */
 void cal_opts_default(cal_opts *o);
 
+/* Add the hidden sizes a hidden-size search of `parent` may choose (cm_hidden_candidates)
+ * to o: what a job with the default search space calibrates, and so what `autocompress
+ * calibrate` and POST /v1/calibrations calibrate unless told otherwise. */
+void cal_opts_search_hidden(cal_opts *o, const arch *parent);
+
 /* The backend for device (CPU with `threads` workers when threads > 0). NULL with err. */
 eng_backend *cal_backend_new(const char *device, int threads, char *err, size_t errlen);
 

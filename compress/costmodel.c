@@ -19,8 +19,8 @@
 
 #include "storage/archjson.h"
 #include "storage/fileio.h"
-#include "storage/gguf.h"
 #include "storage/hfconfig.h"
+#include "storage/modelio.h"
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
@@ -108,6 +108,27 @@ static int get_str(json_t *o, const char *at, const char *k, int required, char 
 }
 
 /* ---------- target ---------- */
+
+int cm_hidden_candidates(int C, int out[4])
+{
+    int n = 0;
+    for (int j = 4; j < 8; j++) {
+        int h = (C * j / 8) / 8 * 8;
+        if (h > 0 && h < C && (!n || out[n - 1] != h))
+            out[n++] = h;
+    }
+    return n;
+}
+
+void cm_target_default(cm_target *t)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->device, sizeof t->device, "cpu");
+    snprintf(t->precision, sizeof t->precision, "fp32");
+    t->batch_size = CM_DEFAULT_BATCH;
+    t->prompt_tokens = CM_DEFAULT_PROMPT_TOKENS;
+    t->output_tokens = CM_DEFAULT_OUTPUT_TOKENS;
+}
 
 int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, size_t errlen)
 {
@@ -1092,34 +1113,13 @@ json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch
 
 /* ---------- arch from a model path ---------- */
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 int cm_load_arch(const char *path, arch *a, char *err, size_t errlen)
 {
-    struct stat st;
     memset(a, 0, sizeof *a);
-    if (stat(path, &st))
-        FAIL("%s: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) {
-        char cfg[4096];
-        int n = snprintf(cfg, sizeof cfg, "%s/config.json", path);
-        if (n < 0 || (size_t)n >= sizeof cfg)
-            FAIL("%s: path too long", path);
-        return hfconfig_load(cfg, a, err, errlen);
-    }
-    if (ends_with(path, ".gguf")) {
-        gguf_file g;
-        if (gguf_open(&g, path, err, errlen))
-            return -1;
-        int rc = gguf_arch(&g, a, err, errlen);
-        gguf_close(&g);
-        return rc;
-    }
-    if (ends_with(path, ".json")) {
+    size_t n = strlen(path);
+    struct stat st;
+    if (n > 5 && !strcmp(path + n - 5, ".json") && !stat(path, &st) && S_ISREG(st.st_mode)) {
+        /* a shape alone: an arch JSON (DESIGN.md §10) or an HF config.json */
         json_error_t je;
         json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
         if (!j)
@@ -1135,92 +1135,50 @@ int cm_load_arch(const char *path, arch *a, char *err, size_t errlen)
             FAIL("%s: %s", path, e2);
         return 0;
     }
-    FAIL("%s: not an arch JSON, config.json, model directory or GGUF file", path);
+    /* a model in any format: the one probe and reader of storage/modelio (weights unread) */
+    mio_model m;
+    if (mio_open(&m, path, NULL, err, errlen))
+        return -1;
+    int rc = arch_copy(a, &m.a);
+    mio_close(&m);
+    if (rc)
+        FAIL("%s: out of memory copying the shape", path);
+    return 0;
 }
 
 /* ---------- POST /v1/estimates ---------- */
 
-json_t *cm_estimate(json_t *request, const char *data_dir, int *http_status, char *err, size_t errlen)
+cm_est_status cm_estimate(const arch *a, const cm_target *tg, const char *data_dir, json_t **out, char *err,
+                          size_t errlen)
 {
-    static const char *const keys[] = {"model", "arch", "target", NULL};
-    arch a;
-    cm_target tg;
-    cm_tables tb;
-    memset(&a, 0, sizeof a);
-    memset(&tb, 0, sizeof tb);
-    *http_status = 400;
-    if (!json_is_object(request)) {
-        snprintf(err, errlen, ": the request must be a JSON object");
-        return NULL;
-    }
-    if (check_keys(request, "", keys, err, errlen))
-        return NULL;
-    *http_status = 422;
-    json_t *aj = json_object_get(request, "arch"), *mj = json_object_get(request, "model");
-    if (!!aj == !!mj) {
-        snprintf(err, errlen, "/arch: give exactly one of \"arch\" and \"model\"");
-        return NULL;
-    }
-    char aerr[400];
-    if (mj) {
-        json_t *pj = json_object_get(mj, "path");
-        if (!json_is_object(mj) || !json_is_string(pj)) {
-            snprintf(err, errlen, "/model/path: estimates resolve a model by {\"path\"} only in this build "
-                                  "(registered ids and URLs are resolved by the job pipeline)");
-            return NULL;
-        }
-        if (cm_load_arch(json_string_value(pj), &a, aerr, sizeof aerr)) {
-            *http_status = 404;
-            snprintf(err, errlen, "/model/path: %s", aerr);
-            return NULL;
-        }
-    } else if (arch_from_json(aj, &a, aerr, sizeof aerr)) {
-        snprintf(err, errlen, "/arch%s", aerr);
-        return NULL;
-    }
-    json_t *tj = json_object_get(request, "target");
-    if (!tj) {
-        snprintf(err, errlen, "/target: required");
-        arch_free(&a);
-        return NULL;
-    }
-    if (cm_target_from_json(tj, "/target", &tg, err, errlen)) {
-        arch_free(&a);
-        return NULL;
-    }
-    json_t *cal = cm_calibration_find(data_dir, &tg, &a);
+    *out = NULL;
+    json_t *cal = cm_calibration_find(data_dir, tg, a);
     if (!cal) {
         char id[40];
-        cm_calibration_id(&tg, &a, id);
-        *http_status = 409;
+        cm_calibration_id(tg, a, id);
         snprintf(err, errlen,
                  "no calibration covers this arch on target %s/%s (batch %d, prompt %d, output %d): run calibration "
                  "%s first (POST /v1/calibrations with this arch and target, or `autocompress calibrate`)",
-                 tg.device, tg.precision, tg.batch_size, tg.prompt_tokens, tg.output_tokens, id);
-        arch_free(&a);
-        return NULL;
+                 tg->device, tg->precision, tg->batch_size, tg->prompt_tokens, tg->output_tokens, id);
+        return CM_EST_UNCALIBRATED;
     }
-    json_t *out = NULL;
+    cm_tables tb;
     cm_prediction p;
-    if (cm_calibration_tables(cal, &tb, err, errlen) || cm_predict(&tb, &a, &p, err, errlen)) {
-        *http_status = 422;
-    } else {
-        json_t *pj = cm_prediction_to_json(&p), *arj = arch_to_json(&a);
-        out = pj && arj ? json_pack("{s:s,s:O,s:I,s:O,s:I}", "calibration_id", tb.id, "arch", arj, "params",
-                                    (json_int_t)p.params, "predicted", pj, "naive_weights_plus_kv_bytes",
-                                    (json_int_t)p.naive_bytes)
-                        : NULL;
+    memset(&tb, 0, sizeof tb);
+    cm_est_status rc = CM_EST_UNCOVERED;
+    if (!cm_calibration_tables(cal, &tb, err, errlen) && !cm_predict(&tb, a, &p, err, errlen)) {
+        json_t *pj = cm_prediction_to_json(&p), *arj = arch_to_json(a);
+        *out = pj && arj ? json_pack("{s:s,s:O,s:I,s:O,s:I}", "calibration_id", tb.id, "arch", arj, "params",
+                                     (json_int_t)p.params, "predicted", pj, "naive_weights_plus_kv_bytes",
+                                     (json_int_t)p.naive_bytes)
+                         : NULL;
         json_decref(pj);
         json_decref(arj);
-        if (!out) {
-            *http_status = 500;
+        rc = *out ? CM_EST_OK : CM_EST_FAILED;
+        if (!*out)
             snprintf(err, errlen, "out of memory");
-        } else {
-            *http_status = 200;
-        }
     }
     cm_tables_free(&tb);
     json_decref(cal);
-    arch_free(&a);
-    return out;
+    return rc;
 }

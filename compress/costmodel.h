@@ -32,6 +32,22 @@ typedef struct {
     int output_tokens;      /* N */
 } cm_target;
 
+/* The workload every entry point assumes when a spec or command names none (the job
+ * spec's documented defaults), so that a default job and a default `autocompress
+ * calibrate` share one cached calibration. */
+#define CM_DEFAULT_BATCH 1
+#define CM_DEFAULT_PROMPT_TOKENS 256
+#define CM_DEFAULT_OUTPUT_TOKENS 64
+
+/* The reduced hidden sizes a hidden-size search may choose for a parent of width C:
+ * eighths of C from one half up (4/8 .. 7/8), multiples of 8, ascending, distinct, into
+ * out. Returns how many (at most 4). Calibration times these; the search offers those
+ * the tables cover, plus C itself. */
+int cm_hidden_candidates(int C, int out[4]);
+
+/* The default target: "cpu", "fp32" and the default workload. */
+void cm_target_default(cm_target *t);
+
 /* Parse a target object {device, precision?, workload:{batch_size, prompt_tokens,
  * output_tokens}} (borrowed). Unknown keys and bad values are errors naming the JSON
  * pointer under `ptr` (e.g. "/target"). Defaults: precision "fp32". Returns 0 or -1. */
@@ -194,16 +210,20 @@ void cm_entry_fit_decode(cm_entry *e);
  * runtime_buffers, total}}. New reference, NULL on OOM. */
 json_t *cm_prediction_to_json(const cm_prediction *p);
 
-/* The arch of a model or arch file (shape only, no weights): an arch JSON file
- * (DESIGN.md §10), an HF config.json or a directory holding one, or a GGUF file.
- * a must not own memory. Returns 0, or -1 with a reason naming the path. */
+/* The arch of a model or arch file (shape only, no weights read): an arch JSON file
+ * (DESIGN.md §10) or an HF config.json, or a model in any format storage/modelio reads
+ * (its one probe decides). a must not own memory. Returns 0, or -1 with a reason naming
+ * the path (for a file in no known format, the formats accepted). */
 int cm_load_arch(const char *path, arch *a, char *err, size_t errlen);
 
-/* Synchronous estimate for POST /v1/estimates. request: {model|arch, target} (borrowed).
- * Returns a new reference to the estimate object (DESIGN.md §10), or NULL with
- * *http_status (400/404/409/422) and a message in err; 409 names the calibration to run
- * first. `model` is {path} (read with cm_load_arch; the caller checks that the path lies
- * inside the allowed roots); {id} and {url} are not resolved here (422). */
-json_t *cm_estimate(json_t *request, const char *data_dir, int *http_status, char *err, size_t errlen);
+/* What an estimate found: a prediction, no calibration for the target and shape (err
+ * names the one to run), tables that do not cover the arch, or a failure (memory). */
+typedef enum { CM_EST_OK = 0, CM_EST_UNCALIBRATED, CM_EST_UNCOVERED, CM_EST_FAILED } cm_est_status;
+
+/* Predict arch a (borrowed) on target tg from a calibration cached under data_dir: the
+ * estimate object of DESIGN.md §10 into *out (NEW) with CM_EST_OK, else NULL and a
+ * reason in err. Reading the request and choosing HTTP statuses is the API's. */
+cm_est_status cm_estimate(const arch *a, const cm_target *tg, const char *data_dir, json_t **out, char *err,
+                          size_t errlen);
 
 #endif

@@ -155,16 +155,15 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     sp->depth = axes->depth;
     /* Hidden candidates: eighths of the parent from one half up, multiples of 8, that the tables cover. */
     sp->n_hidden = 0;
-    for (int j = axes->hidden ? 4 : 8; j <= 8; j++) {
-        int h = j == 8 ? C : (C * j / 8) / 8 * 8;
-        if (h <= 0 || (sp->n_hidden && sp->hidden[sp->n_hidden - 1] == h))
-            continue;
+    int cands[4], n_cands = axes->hidden ? cm_hidden_candidates(C, cands) : 0;
+    for (int j = 0; j < n_cands; j++) {
         cm_prediction p;
         char e2[256];
-        if (j < 8 && predict_probe(tb, parent, h, 0, 0, 0, 0, &p, e2, sizeof e2) != 0)
+        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, &p, e2, sizeof e2) != 0)
             continue;   /* not calibrated at this hidden size */
-        sp->hidden[sp->n_hidden++] = h;
+        sp->hidden[sp->n_hidden++] = cands[j];
     }
+    sp->hidden[sp->n_hidden++] = C;
     /* Heads in KV groups; 0 = attention removed. */
     int zero_heads = (axes->heads || axes->depth) && !axes->no_removed_attention;
     sp->n_heads = 0;

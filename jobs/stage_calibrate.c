@@ -15,7 +15,6 @@
 #include "compress/costmodel.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
-#include "storage/modelio.h"
 
 void stage_calibrate_register(void);
 int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen);
@@ -32,19 +31,7 @@ int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen)
         snprintf(err, errlen, "calibrate: the parent's shape is unknown (no load/arch.json and no model.path)");
         return -1;
     }
-    if (cm_load_arch(json_string_value(path), a, err, errlen) == 0)
-        return 0;
-    /* formats cm_load_arch does not read (llama2.c): the shape from the model's header */
-    mio_model m;
-    char e2[512];
-    json_t *tok = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "tokenizer");
-    if (mio_open(&m, json_string_value(path), json_is_string(tok) ? json_string_value(tok) : NULL, e2, sizeof e2))
-        return -1;   /* keep cm_load_arch's reason */
-    int rc = arch_copy(a, &m.a);
-    mio_close(&m);
-    if (rc)
-        snprintf(err, errlen, "calibrate: out of memory copying the parent's shape");
-    return rc ? -1 : 0;
+    return cm_load_arch(json_string_value(path), a, err, errlen);
 }
 
 int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen)
@@ -52,12 +39,7 @@ int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen)
     json_t *tj = json_object_get(job_ctx_spec(ctx), "target");
     if (tj)
         return cm_target_from_json(tj, "/target", t, err, errlen);
-    memset(t, 0, sizeof *t);
-    snprintf(t->device, sizeof t->device, "cpu");
-    snprintf(t->precision, sizeof t->precision, "fp32");
-    t->batch_size = 1;
-    t->prompt_tokens = 128;
-    t->output_tokens = 32;
+    cm_target_default(t);
     return 0;
 }
 
@@ -84,15 +66,11 @@ int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
     }
     cal_opts o;
     cal_opts_default(&o);
-    /* hidden-size search needs a table per candidate hidden size (the DNAS driver's
-     * eighths of the parent from one half up, multiples of 8) */
+    /* a hidden-size search needs a table per candidate hidden size; a calibration
+     * request (no search space) calibrates what a default job searches */
     json_t *hs = json_object_get(json_object_get(job_ctx_spec(ctx), "search_space"), "hidden");
-    if (json_is_true(hs))
-        for (int j = 4; j < 8; j++) {
-            int h = (a.hidden_size * j / 8) / 8 * 8;
-            if (h > 0 && o.n_hidden < 16)
-                o.hidden[o.n_hidden++] = h;
-        }
+    if (!json_is_false(hs))
+        cal_opts_search_hidden(&o, &a);
     o.progress = progress_hook;
     o.ud = ctx;
     struct timespec t0, t1;

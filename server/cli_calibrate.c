@@ -23,15 +23,18 @@ static void usage(FILE *f)
             "usage: autocompress calibrate (--model PATH | --arch FILE) [--device cpu] [--batch B]\n"
             "                              [--prompt S] [--output N] [--precision fp32] [--json]\n"
             "                              [--reps R] [--models K] [--validate V] [--validate-reps R] [--fit F]\n"
-            "                              [--hidden H1,H2,...] [--seed N] [--threads T] [--data-dir DIR]\n"
+            "                              [--hidden H1,H2,... | --no-hidden] [--seed N] [--threads T]\n"
+            "                              [--data-dir DIR]\n"
             "                              [--no-cache] [-v]\n"
             "       autocompress calibrate --import TABLES.json [--data-dir DIR] [--json]\n"
             "Times every part size the search can choose (attention per head/KV-head count, FFN per\n"
             "width, removed parts) for the prefill of B×S tokens and the N decode steps, plus fixed\n"
             "costs; itemizes memory from the engine's byte accounting; validates on V held-out random\n"
             "archs (default 10); F random fit archs (default 6) correct the phase scales\n"
-            "(docs/timing-tables.md). Defaults: batch 1, prompt 128, output 32. The result is cached in\n"
-            "DIR/calibrations/ (DIR: --data-dir, $AC_DATA_DIR, or ./var) and reused unless --no-cache.\n");
+            "(docs/timing-tables.md). Defaults: batch 1, prompt 256, output 64, and the hidden sizes a\n"
+            "hidden-size search may choose (4/8..7/8 of the parent's; --no-hidden: the parent's only),\n"
+            "as a job with the default spec calibrates, so the two share one cached calibration in\n"
+            "DIR/calibrations/ (DIR: --data-dir, $AC_DATA_DIR, or ./var); reused unless --no-cache.\n");
 }
 
 static void print_summary(json_t *cal)
@@ -143,15 +146,10 @@ static int do_import(const char *path, const char *data_dir, int as_json)
 int cli_calibrate(int argc, char **argv)
 {
     const char *model = NULL, *arch_file = NULL, *import = NULL, *data_dir = getenv("AC_DATA_DIR");
-    int as_json = 0, no_cache = 0;
+    int as_json = 0, no_cache = 0, hidden_set = 0;
     cm_target t;
     cal_opts o;
-    memset(&t, 0, sizeof t);
-    snprintf(t.device, sizeof t.device, "cpu");
-    snprintf(t.precision, sizeof t.precision, "fp32");
-    t.batch_size = 1;
-    t.prompt_tokens = 128;
-    t.output_tokens = 32;
+    cm_target_default(&t);
     cal_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -163,6 +161,9 @@ int cli_calibrate(int argc, char **argv)
             as_json = 1;
         } else if (!strcmp(a, "--no-cache")) {
             no_cache = 1;
+        } else if (!strcmp(a, "--no-hidden")) {
+            hidden_set = 1;
+            o.n_hidden = 0;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             o.verbose = 1;
         } else if (!v) {
@@ -199,6 +200,7 @@ int cli_calibrate(int argc, char **argv)
                 char buf[256];
                 snprintf(buf, sizeof buf, "%s", v);
                 o.n_hidden = 0;
+                hidden_set = 1;
                 for (char *p = buf, *q; p && *p && !bad; p = q) {
                     q = strchr(p, ',');
                     if (q)
@@ -229,6 +231,8 @@ int cli_calibrate(int argc, char **argv)
         fprintf(stderr, "calibrate: %s\n", err);
         return 1;
     }
+    if (!hidden_set)
+        cal_opts_search_hidden(&o, &a);   /* what a job with the default search space calibrates */
     json_t *cal;
     int reused = 0;
     cal_display disp = {pb_open(stderr, PB_AUTO), o.verbose};

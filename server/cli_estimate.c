@@ -20,7 +20,7 @@ static void usage(FILE *f)
                "                             [--calibration FILE] [--json]\n"
                "Prints the estimate object (DESIGN.md §10). Without --calibration it looks for a cached\n"
                "calibration covering the arch in DIR/calibrations (DIR: --data-dir, $AC_DATA_DIR or ./var)\n"
-               "and fails with the calibration to run when none does. Defaults: batch 1, prompt 128, output 32.\n");
+               "and fails with the calibration to run when none does. Defaults: batch 1, prompt 256, output 64.\n");
 }
 
 static void print_human(json_t *est)
@@ -80,12 +80,7 @@ int cli_estimate(int argc, char **argv)
     const char *model = NULL, *arch_file = NULL, *cal_file = NULL, *data_dir = getenv("AC_DATA_DIR");
     int as_json = 0;
     cm_target t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.device, sizeof t.device, "cpu");
-    snprintf(t.precision, sizeof t.precision, "fp32");
-    t.batch_size = 1;
-    t.prompt_tokens = 128;
-    t.output_tokens = 32;
+    cm_target_default(&t);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -134,12 +129,7 @@ int cli_estimate(int argc, char **argv)
     if (cal_file) {
         est = estimate_from_file(cal_file, &a, &t, err, sizeof err);
     } else {
-        int status = 0;
-        json_t *req = json_pack("{s:o,s:o}", "arch", arch_to_json(&a), "target", cm_target_to_json(&t));
-        est = req ? cm_estimate(req, data_dir, &status, err, sizeof err) : NULL;
-        if (!req)
-            snprintf(err, sizeof err, "out of memory");
-        json_decref(req);
+        cm_estimate(&a, &t, data_dir, &est, err, sizeof err);
     }
     arch_free(&a);
     if (!est) {

@@ -69,7 +69,8 @@ int cli_search(int argc, char **argv)
     mo.search_tokens = 262144;
     mo.axes.heads = mo.axes.ffn = mo.axes.depth = 1;
     mo.seed = 1234;
-    cm_target t = {.device = "cpu", .precision = "fp32", .batch_size = 1, .prompt_tokens = 256, .output_tokens = 64};
+    cm_target t;
+    cm_target_default(&t);
     const char *calib = NULL, *data_dir = "./var", *tokp = NULL, *out = NULL;
     int64_t rank_tokens = 16384;
     double margin_pct = -1;   /* -1: the calibration's */

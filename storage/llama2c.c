@@ -25,15 +25,16 @@ static int add_tensor(l2c_file *f, uint64_t *off, const char *name, int64_t rows
     return 0;
 }
 
-static int parse(l2c_file *f, char *err, size_t errlen)
+int l2c_header_check(const void *head, uint64_t file_len, l2c_header *H, char *err, size_t errlen)
 {
-    if (f->len < 28) {
-        snprintf(err, errlen, "llama2.c checkpoint: %zu bytes is shorter than the 28-byte header", f->len);
+    if (file_len < 28) {
+        snprintf(err, errlen, "llama2.c checkpoint: %llu bytes is shorter than the 28-byte header",
+                 (unsigned long long)file_len);
         return -1;
     }
     int32_t h[7];
-    memcpy(h, f->base, sizeof h);
-    l2c_header *H = &f->h;
+    memcpy(h, head, sizeof h);
+    memset(H, 0, sizeof *H);
     H->dim = h[0]; H->hidden_dim = h[1]; H->n_layers = h[2]; H->n_heads = h[3]; H->n_kv_heads = h[4];
     H->shared_classifier = h[5] > 0;
     H->vocab_size = h[5] > 0 ? h[5] : (h[5] == INT32_MIN ? 0 : -h[5]);
@@ -55,11 +56,22 @@ static int parse(l2c_file *f, char *err, size_t errlen)
     uint64_t per_layer = (uint64_t)(C + C * C + 2 * KV * C + C * C + C + 3 * F * C);
     uint64_t total = (uint64_t)(V * C) + (uint64_t)L * per_layer + (uint64_t)C + (uint64_t)H->seq_len * (uint64_t)D +
                      (H->shared_classifier ? 0 : (uint64_t)(V * C));
-    if (28 + total * 4 != f->len) {
-        snprintf(err, errlen, "llama2.c checkpoint: the header implies %llu bytes but the file has %zu (%s)",
-                 (unsigned long long)(28 + total * 4), f->len, 28 + total * 4 > f->len ? "truncated" : "trailing data");
+    if (28 + total * 4 != file_len) {
+        snprintf(err, errlen, "llama2.c checkpoint: the header implies %llu bytes but the file has %llu (%s)",
+                 (unsigned long long)(28 + total * 4), (unsigned long long)file_len,
+                 28 + total * 4 > file_len ? "truncated" : "trailing data");
         return -1;
     }
+    return 0;
+}
+
+static int parse(l2c_file *f, char *err, size_t errlen)
+{
+    l2c_header *H = &f->h;
+    if (l2c_header_check(f->base, f->len, H, err, errlen))
+        return -1;
+    int64_t C = H->dim, F = H->hidden_dim, L = H->n_layers, V = H->vocab_size, D = C / H->n_heads;
+    int64_t KV = (int64_t)H->n_kv_heads * D;
     f->t = calloc((size_t)(L * 9 + 3), sizeof *f->t);
     if (!f->t) {
         snprintf(err, errlen, "out of memory");

@@ -33,6 +33,11 @@ typedef struct {
     l2c_tensor *t;
 } l2c_file;
 
+/* Validate a header (the file's first 28 bytes, `head`) against sane limits and the
+ * file's length: what makes a file a llama2.c checkpoint, whatever its name. Fills *H.
+ * Returns 0, or -1 with a reason. */
+int l2c_header_check(const void *head, uint64_t file_len, l2c_header *H, char *err, size_t errlen);
+
 /* Open and validate a checkpoint (mmap). The file length must match the header exactly
  * (the optional classifier included). Returns 0, or -1 with a reason; nothing to close
  * on failure. */

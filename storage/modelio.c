@@ -148,56 +148,82 @@ static int open_llama2c(mio_model *m, const char *tokenizer_path, char *err, siz
     return 0;
 }
 
-int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *err, size_t errlen)
+int mio_probe(const char *path, mio_format *fmt, char *err, size_t errlen)
 {
-    memset(m, 0, sizeof *m);
     struct stat st;
-    int rc = -1;
-    if (snprintf(m->path, sizeof m->path, "%s", path) >= (int)sizeof m->path) {
-        snprintf(err, errlen, "model path too long");
-        return -1;
-    }
     if (stat(path, &st)) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
     if (S_ISDIR(st.st_mode)) {
         char w[PATH_MAX];
-        m->format = MIO_HF_DIR;
-        if (join(w, sizeof w, path, "model.safetensors.index.json") || !is_file(w))
-            if (join(w, sizeof w, path, "model.safetensors") || !is_file(w)) {
-                snprintf(err, errlen, "%s: a model directory needs model.safetensors or model.safetensors.index.json",
-                         path);
-                return -1;
-            }
-        rc = open_safetensors(m, path, path, err, errlen);
+        if (join(w, sizeof w, path, "config.json") || !is_file(w) ||
+            ((join(w, sizeof w, path, "model.safetensors.index.json") || !is_file(w)) &&
+             (join(w, sizeof w, path, "model.safetensors") || !is_file(w)))) {
+            snprintf(err, errlen, "%s: not a model directory (it needs config.json and model.safetensors or "
+                                  "model.safetensors.index.json); accepted: %s", path, MIO_FORMATS);
+            return -1;
+        }
+        *fmt = MIO_HF_DIR;
+        return 0;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        /* never opened: a FIFO or a device could block the reader or never end */
+        snprintf(err, errlen, "%s: not a regular file (%s); accepted: %s", path,
+                 S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+                 : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a special file", MIO_FORMATS);
+        return -1;
+    }
+    unsigned char head[28] = {0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    ssize_t got = fd >= 0 ? read(fd, head, sizeof head) : -1;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (got < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -1;
+    }
+    uint64_t hlen = 0;
+    memcpy(&hlen, head, 8);
+    l2c_header h;
+    char why[256];
+    if (got >= 4 && !memcmp(head, "GGUF", 4))
+        *fmt = MIO_GGUF;
+    else if (got >= 9 && head[8] == '{' && hlen >= 2 && hlen <= (uint64_t)st.st_size - 8)
+        *fmt = MIO_SAFETENSORS;
+    else if (got == 28 && !l2c_header_check(head, (uint64_t)st.st_size, &h, why, sizeof why))
+        *fmt = MIO_LLAMA2C;
+    else if (got >= 0 && strlen(path) > 4 && !strcmp(path + strlen(path) - 4, ".bin")) {
+        /* named as a llama2.c checkpoint: say what is wrong with it */
+        snprintf(err, errlen, "%s: %s", path, got == 28 ? why : "shorter than the 28-byte llama2.c header");
+        return -1;
     } else {
-        unsigned char head[9] = {0};
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        ssize_t got = fd >= 0 ? read(fd, head, sizeof head) : -1;
-        if (fd >= 0)
-            close(fd);
-        if (got < 0) {
-            snprintf(err, errlen, "%s: %s", path, strerror(errno));
-            return -1;
-        }
-        size_t pl = strlen(path);
-        char dir[PATH_MAX];
-        dir_of(path, dir, sizeof dir);
-        if (got >= 4 && !memcmp(head, "GGUF", 4)) {
-            m->format = MIO_GGUF;
-            rc = open_gguf(m, err, errlen);
-        } else if (got == 9 && head[8] == '{') {
-            m->format = MIO_SAFETENSORS;
-            rc = open_safetensors(m, path, dir, err, errlen);
-        } else if (pl > 4 && !strcmp(path + pl - 4, ".bin")) {
-            m->format = MIO_LLAMA2C;
-            rc = open_llama2c(m, tokenizer_path, err, errlen);
-        } else {
-            snprintf(err, errlen, "%s: unknown model format (expected an HF directory, .safetensors, .gguf or a "
-                                  "llama2.c .bin)", path);
-            return -1;
-        }
+        snprintf(err, errlen, "%s: not a model in a supported format; accepted: %s", path, MIO_FORMATS);
+        return -1;
+    }
+    return 0;
+}
+
+int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    int rc = -1;
+    if (snprintf(m->path, sizeof m->path, "%s", path) >= (int)sizeof m->path) {
+        snprintf(err, errlen, "model path too long");
+        return -1;
+    }
+    mio_format f;
+    if (mio_probe(path, &f, err, errlen))
+        return -1;
+    m->format = f;
+    char dir[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    switch (f) {
+    case MIO_HF_DIR: rc = open_safetensors(m, path, path, err, errlen); break;
+    case MIO_SAFETENSORS: rc = open_safetensors(m, path, dir, err, errlen); break;
+    case MIO_GGUF: rc = open_gguf(m, err, errlen); break;
+    case MIO_LLAMA2C: rc = open_llama2c(m, tokenizer_path, err, errlen); break;
     }
     if (!rc && tokenizer_path && snprintf(m->tok_path, sizeof m->tok_path, "%s", tokenizer_path) >= (int)sizeof m->tok_path) {
         snprintf(err, errlen, "tokenizer path too long");

@@ -42,7 +42,18 @@ typedef struct {
     l2c_file l2;
 } mio_model;
 
-/* Open the model at `path`. tokenizer_path (may be NULL) overrides where the tokenizer
+/* The formats a model may be in, for messages that list them. */
+#define MIO_FORMATS "an HF directory (config.json + model.safetensors), a .safetensors file with config.json " \
+                    "beside it, a GGUF file or a llama2.c checkpoint (.bin)"
+
+/* The one format probe: which model format is at `path`, from its bytes (GGUF magic,
+ * safetensors header, a llama2.c header that matches the file's length) or, for a
+ * directory, its files; the name does not matter. Only regular files and directories are
+ * looked at: a FIFO, socket or device is refused without being opened. Returns 0 with
+ * *fmt set, or -1 with a reason that names the accepted formats. */
+int mio_probe(const char *path, mio_format *fmt, char *err, size_t errlen);
+
+/* Open the model at `path` (format from mio_probe). tokenizer_path (may be NULL) overrides where the tokenizer
  * is looked for. Reads and validates the arch and the tensor table, not the weights.
  * Returns 0, or -1 with a reason; nothing to close on failure. */
 int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *err, size_t errlen);

@@ -297,13 +297,11 @@ int main(int argc, char **argv)
             char dir[] = "/tmp/ac_cmbench_XXXXXX";
             double est_ms = -1;
             if (mkdtemp(dir) && !cm_calibration_save(dir, cal, err, sizeof err)) {
-                json_t *req = json_pack("{s:o,s:o}", "arch", arch_to_json(&parent), "target", cm_target_to_json(&t));
-                int st;
+                json_t *e = NULL;
                 t0 = now_s();
-                json_t *e = cm_estimate(req, dir, &st, err, sizeof err);
+                cm_estimate(&parent, &t, dir, &e, err, sizeof err);
                 est_ms = (now_s() - t0) * 1e3;
                 json_decref(e);
-                json_decref(req);
                 char path[256];
                 cm_calibration_path(dir, json_string_value(json_object_get(cal, "id")), path, sizeof path);
                 unlink(path);

@@ -57,7 +57,8 @@ print("eval: %d bar redraws on the terminal, %d plain lines" % (len(bars), err.c
 PY
 
 # ---- run (test stages: no model work) -----------------------------------------------
-head -c 64 /dev/zero >"$W/tiny.bin"
+# the smallest llama2.c checkpoint the model probe takes (dim 8, 1 layer, vocab 32)
+python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<7i",8,16,1,2,2,32,4)+bytes(3744))' "$W/tiny.bin"
 cat >"$W/spec.json" <<JSON
 {"model": {"path": "$W/tiny.bin"}, "constraints": {"params": 1000},
  "x_test_pipeline": ["test_artifact", "test_sleep"], "x_test_sleep_ms": 1500, "x_test_artifact_bytes": 1000}

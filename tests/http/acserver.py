@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,13 @@ import time
 AC_BIN = os.environ.get("AC_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "build", "autocompress")
 
 # A spec that runs only test stages (AC_TEST_STAGES=1) on a placeholder model file.
+def write_tiny_l2c(path):
+    """The smallest llama2.c checkpoint the model probe takes (dim 8, 1 layer, vocab 32,
+    zero weights): for tests that need a model path but never load the weights."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 4) + b"\0" * (936 * 4))
+
+
 def test_spec(pipeline, **extra):
     spec = {"model": {"path": "models/tiny.bin"}, "constraints": {"latency_ms": 50},
             "x_test_pipeline": pipeline}
@@ -35,8 +43,7 @@ class Server:
         self.port = None
         self.log_path = os.path.join(self.tmp, "server.log")
         os.makedirs(os.path.join(self.data_dir, "models"), exist_ok=True)
-        with open(os.path.join(self.data_dir, "models", "tiny.bin"), "wb") as f:
-            f.write(b"\0" * 64)
+        write_tiny_l2c(os.path.join(self.data_dir, "models", "tiny.bin"))
 
     def start(self, timeout=15):
         self.log = open(self.log_path, "ab")

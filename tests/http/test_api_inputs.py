@@ -52,6 +52,7 @@ def main():
         os.makedirs(os.path.join(d, "models", "hf"))
         with open(os.path.join(d, "models", "hf", "config.json"), "w") as f:
             f.write("{}")
+        open(os.path.join(d, "models", "hf", "model.safetensors"), "w").close()
 
         # --- small routes
         st, hd, doc = s.json("GET", "/healthz", expect=200)

@@ -5,7 +5,8 @@
 set -eu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-head -c 64 /dev/zero > "$tmp/tiny.bin"
+# the smallest llama2.c checkpoint the model probe takes (dim 8, 1 layer, vocab 32)
+python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<7i",8,16,1,2,2,32,4)+bytes(3744))' "$tmp/tiny.bin"
 cat > "$tmp/ok.json" <<JSON
 {"model": {"path": "$tmp/tiny.bin"}, "constraints": {"params": 1000},
  "x_test_pipeline": ["test_artifact", "test_sleep"], "x_test_sleep_ms": 100, "x_test_artifact_bytes": 300000}

@@ -106,6 +106,7 @@ def main():
         os.makedirs(os.path.join(s.data_dir, "models", "hf"))
         with open(os.path.join(s.data_dir, "models", "hf", "config.json"), "w") as f:
             f.write("{}")
+        open(os.path.join(s.data_dir, "models", "hf", "model.safetensors"), "w").close()
         call("GET", "/healthz")
         call("GET", "/readyz")
         call("GET", "/metrics")

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "tiny_model.h"
 #include "storage/artstore.h"
 #include "storage/store.h"
 
@@ -49,10 +50,7 @@ static int setup(void **state)
     assert_int_equal(mkdir(models, 0755), 0);
     char p[256], err[256];
     snprintf(p, sizeof p, "%s/tiny.bin", models);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs("x", f);
-    fclose(f);
+    assert_int_equal(tiny_l2c_write(p), 0);
     snprintf(p, sizeof p, "%s/t.db", dir);
     ctx.st = store_open(p, err, sizeof err);
     assert_non_null(ctx.st);

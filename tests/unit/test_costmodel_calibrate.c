@@ -218,11 +218,10 @@ static void test_estimate_needs_calibration(void **state)
     arch p;
     tiny_parent(&p, 2);
     cm_target t = tiny_target();
-    json_t *req = json_pack("{s:o,s:o}", "arch", arch_to_json(&p), "target", cm_target_to_json(&t));
-    int status = 0;
     char err[512];
-    assert_null(cm_estimate(req, dir, &status, err, sizeof err));
-    assert_int_equal(status, 409);
+    json_t *est = NULL;
+    assert_int_equal(cm_estimate(&p, &t, dir, &est, err, sizeof err), CM_EST_UNCALIBRATED);
+    assert_null(est);
     char id[40];
     cm_calibration_id(&t, &p, id);
     assert_non_null(strstr(err, id));
@@ -242,10 +241,8 @@ static void test_estimate_needs_calibration(void **state)
     assert_non_null(cal);
     assert_int_equal(reused, 1);
     json_decref(cal);
-    json_t *est = cm_estimate(req, dir, &status, err, sizeof err);
-    if (!est)
+    if (cm_estimate(&p, &t, dir, &est, err, sizeof err) != CM_EST_OK)
         fail_msg("estimate: %s", err);
-    assert_int_equal(status, 200);
     assert_string_equal(json_string_value(json_object_get(est, "calibration_id")), id);
     json_t *pred = json_object_get(est, "predicted");
     assert_true(json_number_value(json_object_get(pred, "latency_ms")) > 0);
@@ -258,21 +255,9 @@ static void test_estimate_needs_calibration(void **state)
     p.layers[1].n_heads = 0;
     p.layers[1].n_kv_heads = 0;
     p.layers[0].ffn_dim = 40;
-    json_object_set_new(req, "arch", arch_to_json(&p));
-    est = cm_estimate(req, dir, &status, err, sizeof err);
-    if (!est)
+    if (cm_estimate(&p, &t, dir, &est, err, sizeof err) != CM_EST_OK)
         fail_msg("estimate (pruned): %s", err);
     json_decref(est);
-    /* malformed requests */
-    json_object_set_new(req, "extra", json_true());
-    assert_null(cm_estimate(req, dir, &status, err, sizeof err));
-    assert_int_equal(status, 400);
-    json_object_del(req, "extra");
-    json_object_set_new(json_object_get(req, "arch"), "hidden_size", json_string("big"));
-    assert_null(cm_estimate(req, dir, &status, err, sizeof err));
-    assert_int_equal(status, 422);
-    assert_non_null(strstr(err, "/arch/hidden_size"));
-    json_decref(req);
     arch_free(&p);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

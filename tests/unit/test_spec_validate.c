@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "api/spec.h"
+#include "tiny_model.h"
 
 static char dir[PATH_MAX], models[PATH_MAX + 16], data[PATH_MAX + 16];
 static char *roots[2];
@@ -39,12 +40,16 @@ static int setup(void **state)
     assert_int_equal(mkdir(data, 0755), 0);
     char p[PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/tiny.bin", models);
-    touch(p);
+    assert_int_equal(tiny_l2c_write(p), 0);
     snprintf(p, sizeof p, "%s/m.gguf", models);
+    assert_int_equal(tiny_gguf_magic_write(p), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", models);
     touch(p);
     snprintf(p, sizeof p, "%s/hf", models);
     assert_int_equal(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/hf/config.json", models);
+    touch(p);
+    snprintf(p, sizeof p, "%s/hf/model.safetensors", models);
     touch(p);
     snprintf(p, sizeof p, "%s/text.txt", data);
     touch(p);
@@ -252,8 +257,10 @@ static void test_paths(void **state)
     assert_int_equal(spec_resolve_path(&env, "..", out, sizeof out, msg, sizeof msg), 403);
     char hf[PATH_MAX + 64];
     snprintf(hf, sizeof hf, "%s/hf", models);
-    assert_string_equal(spec_model_format(hf), "hf");
-    assert_null(spec_model_format(models));
+    char why[1024];
+    assert_string_equal(spec_model_format(hf, why, sizeof why), "hf");
+    assert_null(spec_model_format(models, why, sizeof why));
+    assert_non_null(strstr(why, "accepted:"));
 }
 
 static void test_ranking_and_all_faults(void **state)
