@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ---- small pieces ------------------------------------------------------------------ */
@@ -498,6 +499,25 @@ static int ends_with(const char *s, const char *suf)
 {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && !strcmp(s + a - b, suf);
+}
+
+const char *ev_data_dir(const char *server_data_dir, char *buf, size_t len)
+{
+    const char *d = getenv("AC_EVAL_DATA");
+    if (d && *d)
+        return d;
+    const char *sh = getenv("AC_SHARED");
+    if (sh && *sh) {
+        snprintf(buf, len, "%s/data", sh);
+        return buf;
+    }
+    struct stat sb;
+    if (server_data_dir && snprintf(buf, len, "%s/data/eval", server_data_dir) < (int)len && stat(buf, &sb) == 0 &&
+        S_ISDIR(sb.st_mode)) {
+        buf[strlen(buf) - 5] = 0;   /* drop "/eval" */
+        return buf;
+    }
+    return "data";
 }
 
 int ev_run_named(const ev_model *m, const char *task, const char *data_dir, const ev_load_opts *lo,

@@ -131,6 +131,12 @@ int ev_run_named(const ev_model *m, const char *task, const char *data_dir, cons
 
 void ev_result_free(ev_result *r);
 
+/* The folder holding the built-in tasks' data (eval/ and text/), the same for jobs and
+ * for `autocompress eval`: $AC_EVAL_DATA, else $AC_SHARED/data, else server_data_dir's
+ * data/ root when it holds eval/ (where `make run` copies the benchmarks; NULL: skip),
+ * else "data". Returns buf or a static string. */
+const char *ev_data_dir(const char *server_data_dir, char *buf, size_t len);
+
 /* JSON of one result: {"task","ok","n",..."acc","acc_stderr",...} (NEW reference). */
 json_t *ev_result_json(const ev_result *r);
 

@@ -194,6 +194,32 @@ static int calib_loss(eng_model *m, const td_stream *s, const rank_opts *o, int 
     return 0;
 }
 
+void rank_opts_default(rank_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tokens = 32768;
+    o->layer_tokens = 2048;
+    o->B = 4;
+    o->T = 256;
+}
+
+int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen)
+{
+    if (n < (size_t)o->T + 1) {
+        o->T = n > 16 ? (int)n - 1 : 0;
+        o->B = 1;
+    }
+    if (o->T < 8) {
+        snprintf(err, errlen, "the calibration text holds only %zu tokens", n);
+        return -1;
+    }
+    if ((int64_t)n < o->tokens)
+        o->tokens = (int64_t)n;
+    if ((int64_t)n < o->layer_tokens)
+        o->layer_tokens = (int64_t)n;
+    return 0;
+}
+
 int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_result *out, char *err,
                  size_t errlen)
 {

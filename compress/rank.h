@@ -51,6 +51,16 @@ typedef struct {
     void *progress_ctx;
 } rank_opts;
 
+/* The ranking's defaults, the same for jobs and the prune/search commands: 4 rows of up
+ * to 256 tokens per calibration forward, 32768 statistics tokens, 2048 tokens for each
+ * layer-skip loss. No progress callback. */
+void rank_opts_default(rank_opts *o);
+
+/* Fit o to a calibration stream of n tokens: shorter forwards (one row) when the text is
+ * shorter than a window, token counts capped by the text. Returns 0, or -1 with a reason
+ * when the text is too short to rank on (under 9 tokens). */
+int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen);
+
 /* Run the parent on `calib` (from its start) and score every unit. Enables masks on m
  * when layer scores are asked for (left at 1.0 afterwards). Returns 0 with *out filled
  * (free with rank_free); 1 when stopped by the progress callback, or -1 with a reason

@@ -50,24 +50,9 @@ static int on_progress(void *user, const char *task, int64_t done, int64_t total
 
 static const char *data_dir(job_ctx *ctx, char *buf, size_t len)
 {
-    /* AC_EVAL_DATA, else the shared data folder, else the server data dir's data/ root
-     * (where `make run` copies the benchmarks), else ./data. Not AC_DATA_DIR: that names
-     * the server's own data directory. */
-    const char *d = getenv("AC_EVAL_DATA");
-    if (d && *d)
-        return d;
-    const char *sh = getenv("AC_SHARED");
-    if (sh && *sh) {
-        snprintf(buf, len, "%s/data", sh);
-        return buf;
-    }
-    struct stat sb;
-    snprintf(buf, len, "%s/../../data/eval", job_ctx_dir(ctx));
-    if (stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        buf[strlen(buf) - 5] = 0;   /* drop "/eval" */
-        return buf;
-    }
-    return "data";
+    char server[4096];
+    snprintf(server, sizeof server, "%s/../..", job_ctx_dir(ctx));   /* the server's data dir */
+    return ev_data_dir(server, buf, len);
 }
 
 /* One task reference of the spec: a name, {name?, path} or {name?, url, sha256}. The

@@ -17,9 +17,6 @@
 
 void stage_rank_register(void);
 
-/* Calibration forwards: 4 rows of up to 256 tokens; 32768 statistics tokens and 2048
- * tokens for each layer-skip loss (capped by the text). */
-enum { RANK_B = 4, RANK_T = 256, RANK_TOKENS = 32768, RANK_LAYER_TOKENS = 2048 };
 
 static int on_progress(void *c, int64_t done, int64_t total)
 {
@@ -53,20 +50,15 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
     const td_stream *train, *val;
     if (!m || ps_text(ctx, "calibration", &train, &val, err, errlen) != 0)
         return -1;
-    rank_opts o = {.tokens = RANK_TOKENS, .layer_tokens = RANK_LAYER_TOKENS, .B = RANK_B, .T = RANK_T,
-                   .progress = on_progress, .progress_ctx = ctx};
-    if (train->n < (size_t)o.T + 1) {
-        o.T = train->n > 16 ? (int)train->n - 1 : 0;
-        o.B = 1;
-    }
-    if (o.T < 8) {
-        snprintf(err, errlen, "rank: the calibration text holds only %zu tokens", train->n);
+    rank_opts o;
+    rank_opts_default(&o);
+    o.progress = on_progress;
+    o.progress_ctx = ctx;
+    char why[256];
+    if (rank_opts_fit(&o, train->n, why, sizeof why)) {
+        snprintf(err, errlen, "rank: %s", why);
         return -1;
     }
-    if ((int64_t)train->n < o.tokens)
-        o.tokens = (int64_t)train->n;
-    if ((int64_t)train->n < o.layer_tokens)
-        o.layer_tokens = (int64_t)train->n;
     /* The ranking depends only on the parent, the calibration text and these options:
      * an earlier job's is reused (<data>/rankcache/, jobs/pstate.h ps_cache_path). */
     char key[256], cpath[4400];

@@ -41,7 +41,8 @@ static void eval_usage(FILE *f)
             "  --seed S              sampling seed                                     [1234]\n"
             "  --num-fewshot K       MMLU few-shot examples from dev                   [5]\n"
             "  --subjects LIST       MMLU subjects (comma-separated)                   [all 57]\n"
-            "  --data DIR            folder holding eval/ and text/   [$AC_DATA_DIR, $AC_SHARED/data, data]\n"
+            "  --data DIR            folder holding eval/ and text/   [$AC_EVAL_DATA, $AC_SHARED/data,\n"
+            "                        ${AC_DATA_DIR:-var}/data, data: as jobs do]\n"
             "  --tokenizer PATH      tokenizer file overriding the model's\n"
             "  --threads N           CPU threads                                       [all]\n"
             "  --max-length N        model context for scoring (left truncation)      [min(2048, model)]\n"
@@ -64,14 +65,7 @@ typedef struct {
 static const char *default_data_dir(char *buf, size_t len)
 {
     const char *d = getenv("AC_DATA_DIR");
-    if (d && *d)
-        return d;
-    const char *sh = getenv("AC_SHARED");
-    if (sh && *sh) {
-        snprintf(buf, len, "%s/data", sh);
-        return buf;
-    }
-    return "data";
+    return ev_data_dir(d && *d ? d : "var", buf, len);
 }
 
 /* Split the --tasks list into names (expanding eight/all). Returns the count or -1. */

@@ -27,7 +27,7 @@ static void usage(FILE *f)
             "calibration text, permutes it and slices it to ARCH (DESIGN.md §10 JSON). DIR gets\n"
             "model.safetensors, arch.json, ranking.json, prune.json (and config.json when uniform).\n"
             "  --calib FILE         calibration text (.txt/.raw paragraphs, c4 .jsonl, TinyStories)\n"
-            "  --calib-tokens N     activation-statistics tokens (default 16384)\n"
+            "  --calib-tokens N     activation-statistics tokens (default 32768, as jobs)\n"
             "  --layer-tokens N     tokens for the layer-skip losses (default 2048; 0: skip)\n"
             "  --ranking FILE       reuse a saved ranking instead of --calib\n"
             "  --keep-kv            rank query heads inside fixed KV groups only\n"
@@ -48,7 +48,9 @@ static int on_rank_progress(void *ctx, int64_t done, int64_t total)
 int cli_prune(int argc, char **argv)
 {
     const char *model = NULL, *arch_path = NULL, *out = NULL, *calib = NULL, *ranking = NULL, *tokp = NULL;
-    int64_t calib_tokens = 16384, layer_tokens = 2048, B = 4, T = 256, threads = 0, seed = 1234;
+    rank_opts rd;
+    rank_opts_default(&rd);
+    int64_t calib_tokens = rd.tokens, layer_tokens = rd.layer_tokens, B = rd.B, T = rd.T, threads = 0, seed = 1234;
     int keep_kv = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -177,9 +179,9 @@ int cli_prune(int argc, char **argv)
                     cal.n, (long long)need);
         rank_opts ro = {.tokens = calib_tokens, .layer_tokens = layer_tokens, .B = (int)B, .T = (int)T,
                         .keep_kv = keep_kv, .progress = on_rank_progress};
-        if (cal.n < (size_t)T + 1) {
-            ro.T = (int)cal.n - 1;
-            ro.B = 1;
+        if (rank_opts_fit(&ro, cal.n, err, sizeof err)) {
+            fprintf(stderr, "prune: %s: %s\n", calib, err);
+            goto done;
         }
         if (rank_compute(&parent, &cal, &ro, &r, err, sizeof err) != 0) {
             fprintf(stderr, "prune: ranking: %s\n", err);

@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "  --axes LIST           searched axes, comma separated: hidden,heads,ffn,depth (default heads,ffn,depth)\n"
             "  --calib FILE          calibration text (required)\n"
             "  --search-tokens N     architecture-selection budget (default 262144)\n"
-            "  --rank-tokens N       ranking tokens (default 16384)\n"
+            "  --rank-tokens N       ranking tokens (default 32768, as jobs)\n"
             "  --data-dir DIR        calibration cache (default ./var)\n"
             "  --tokenizer PATH      tokenizer override\n"
             "  --seed N              search seed (default 1234)\n"
@@ -72,7 +72,9 @@ int cli_search(int argc, char **argv)
     cm_target t;
     cm_target_default(&t);
     const char *calib = NULL, *data_dir = "./var", *tokp = NULL, *out = NULL;
-    int64_t rank_tokens = 16384;
+    rank_opts ro;
+    rank_opts_default(&ro);
+    int64_t rank_tokens = ro.tokens;
     double margin_pct = -1;   /* -1: the calibration's */
     int json_out = 0, c;
     char *end;
@@ -179,7 +181,9 @@ int cli_search(int argc, char **argv)
                        .max_tokens = 8u << 20};
     if (td_pack(&docs, encode_cb, tok, &po, &train, &val, err, sizeof err) != 0)
         goto out;
-    rank_opts ro = {.tokens = rank_tokens, .layer_tokens = rank_tokens / 8, .B = 4, .T = 128};
+    ro.tokens = rank_tokens;
+    if (rank_opts_fit(&ro, train.n, err, sizeof err) != 0)
+        goto out;
     if (rank_compute(&parent, &train, &ro, &rk, err, sizeof err) != 0 || rank_apply(&parent, &rk, err, sizeof err) != 0)
         goto out;
     order = malloc((size_t)parent.a.n_layers * sizeof *order);
