@@ -93,10 +93,6 @@ int cli_distill(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        if (!v) {
-            fprintf(stderr, "distill: %s needs a value\n", a);
-            return 2;
-        }
         if (!strcmp(a, "--parent")) str = &parent_path;
         else if (!strcmp(a, "--student")) str = &student_path;
         else if (!strcmp(a, "--data")) str = &data;
@@ -124,6 +120,10 @@ int cli_distill(int argc, char **argv)
         else {
             fprintf(stderr, "distill: unknown option '%s'\n", a);
             usage(stderr);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "distill: %s needs a value\n", a);
             return 2;
         }
         if (str)

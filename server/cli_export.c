@@ -78,7 +78,7 @@ int cli_export(int argc, char **argv)
             continue;
         }
         if (a[0] == '-' || model) {
-            fprintf(stderr, "export: unexpected argument '%s'\n", a);
+            fprintf(stderr, "export: %s '%s'\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
             usage(stderr);
             return 2;
         }

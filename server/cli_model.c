@@ -69,7 +69,8 @@ int cli_inspect(int argc, char **argv)
         } else if (argv[i][0] != '-' && !path)
             path = argv[i];
         else {
-            fprintf(stderr, "autocompress inspect: unexpected argument \"%s\"\n", argv[i]);
+            fprintf(stderr, "autocompress inspect: %s \"%s\"\n",
+                    argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
             inspect_usage(stderr);
             return 2;
         }
@@ -215,7 +216,8 @@ int cli_generate(int argc, char **argv)
         } else if (o[0] != '-' && !path)
             path = o;
         else {
-            fprintf(stderr, "autocompress generate: unexpected argument \"%s\"\n", o);
+            fprintf(stderr, "autocompress generate: %s \"%s\"\n", o[0] == '-' ? "unknown option" : "unexpected argument",
+                    o);
             generate_usage(stderr);
             return 2;
         }
@@ -382,7 +384,8 @@ int cli_perplexity(int argc, char **argv)
         } else if (o[0] != '-' && !path)
             path = o;
         else {
-            fprintf(stderr, "autocompress perplexity: unexpected argument \"%s\"\n", o);
+            fprintf(stderr, "autocompress perplexity: %s \"%s\"\n",
+                    o[0] == '-' ? "unknown option" : "unexpected argument", o);
             perplexity_usage(stderr);
             return 2;
         }

@@ -69,10 +69,6 @@ int cli_prune(int argc, char **argv)
             model = a;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "prune: %s needs a value\n", a);
-            return 2;
-        }
         if (!strcmp(a, "--arch"))
             arch_path = v;
         else if (!strcmp(a, "--out"))
@@ -98,6 +94,10 @@ int cli_prune(int argc, char **argv)
         else {
             fprintf(stderr, "prune: unknown option '%s'\n", a);
             usage(stderr);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "prune: %s needs a value\n", a);
             return 2;
         }
         if (num && cli_parse_i64(v, num)) {

@@ -98,8 +98,13 @@ int cli_run(int argc, char **argv)
             return 0;
         } else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
-        else
+        else {
+            fprintf(stderr, "autocompress run: %s '%s'\n",
+                    argv[i][0] == '-' ? (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--data-root")
+                                             ? "a value is missing after" : "unknown option")
+                                      : "unexpected argument", argv[i]);
             return usage();
+        }
     }
     if (!spec_path)
         return usage();

@@ -35,6 +35,9 @@ int cli_worker(int argc, char **argv)
         else if (!strcmp(argv[i], "--data-dir") && i + 1 < argc)
             data_dir = argv[++i];
         else {
+            fprintf(stderr, "autocompress worker: %s '%s'\n", !strcmp(argv[i], "--job") || !strcmp(argv[i], "--data-dir")
+                                                                ? "a value is missing after" : "unknown option",
+                    argv[i]);
             fprintf(stderr, "usage: autocompress worker --job ID [--data-dir DIR]\n");
             return 2;
         }

@@ -211,7 +211,11 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         } else if (i + 1 < argc) {
             val = argv[++i];
         } else {
-            snprintf(err, errlen, "%s needs a value", a);
+            srv_config probe = *c;   /* a copy: is the name known at all? */
+            if (apply(&probe, name, "") == -2)
+                snprintf(err, errlen, "unknown option %s (see --help)", a);
+            else
+                snprintf(err, errlen, "%s needs a value", a);
             return -1;
         }
         if (!strcmp(name, "data-root") && env_roots > 0) {
