@@ -32,7 +32,7 @@ static void usage(FILE *f)
             "  --method M            autocompress (default) | minitron\n"
             "  --device D            cpu (default) | cuda:N\n"
             "  --batch B --prompt S --output N   workload (default 1, 256, 64)\n"
-            "  --axes LIST           searched axes, comma separated: hidden,heads,ffn,depth (default heads,ffn,depth)\n"
+            "  --axes LIST           searched axes, comma separated: hidden,heads,ffn,depth (default all, as jobs)\n"
             "  --calib FILE          calibration text (required)\n"
             "  --search-tokens N     architecture-selection budget (default 262144)\n"
             "  --rank-tokens N       ranking tokens (default 32768, as jobs)\n"
@@ -67,7 +67,7 @@ int cli_search(int argc, char **argv)
     method_opts mo;
     memset(&mo, 0, sizeof mo);
     mo.search_tokens = 262144;
-    mo.axes.heads = mo.axes.ffn = mo.axes.depth = 1;
+    mo.axes.hidden = mo.axes.heads = mo.axes.ffn = mo.axes.depth = 1;   /* every axis, as a job's default */
     mo.seed = 1234;
     cm_target t;
     cm_target_default(&t);
@@ -168,6 +168,8 @@ int cli_search(int argc, char **argv)
     loaded = 1;
     cal_opts co;
     cal_opts_default(&co);
+    if (mo.axes.hidden)
+        cal_opts_search_hidden(&co, &parent.a);   /* tables at the hidden sizes it may choose */
     co.verbose = 1;
     int reused = 0;
     cal = cal_get_or_run(data_dir, &parent.a, &t, &co, &reused, err, sizeof err);
