@@ -669,10 +669,17 @@ static int check_model(const store_model *m, char *err, size_t errlen)
     }
     char why[512] = "";
     int rc = mio_open(mm, m->path, m->tokenizer[0] ? m->tokenizer : NULL, why, sizeof why);
-    if (rc == 0)
+    if (rc == 0) {
+        /* the probe is the truth: the name only chose where to store it */
+        const char *got = mio_format_name(mm->format);
+        if (strcmp(got, m->format)) {
+            snprintf(err, errlen, "the downloaded file is a %s model, not the %s its name says", got, m->format);
+            rc = -1;
+        }
         mio_close(mm);
-    else
+    } else {
         snprintf(err, errlen, "the downloaded file is not a readable model: %.400s", why);
+    }
     free(mm);
     return rc;
 }

@@ -70,6 +70,16 @@ expect 201 ".id | startswith(\"job_\")"
 req POST /v1/jobs "{\"model\": {\"url\": \"$URL\", \"sha256\": \"$SHA\"}, $SPEC}"
 expect 201 ".id | startswith(\"job_\")"
 
+# a file whose bytes are another format than its name says: the probe decides, and fails it
+"$AC_BIN" export "$SRC/stories260K.bin" --out "$tmp/fake.gguf" --format gguf --dtype fp32 >/dev/null
+mv "$tmp/fake.gguf" "$tmp/www/fake.bin"
+FAKE_SHA=$(sha256sum "$tmp/www/fake.bin" | cut -d' ' -f1)
+req POST /v1/models "{\"url\": \"http://127.0.0.1:$FP/fake.bin\", \"sha256\": \"$FAKE_SHA\"}"
+expect 202 '.status == "fetching"'
+FAKE=$(echo "$BODY" | jq -r .id)
+wait_status "$FAKE" failed
+expect 200 '.error.code == "fetch_failed" and (.error.message | contains("a gguf model, not the llama2c"))'
+
 # a wrong sha256: failed, both digests named, nothing cached
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$WRONG\"}"
 expect 202 '.status == "fetching"'
