@@ -195,12 +195,63 @@ static const char *reason(int status)
     }
 }
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when it is not one: overlong
+ * forms, surrogates and code points past U+10FFFF are not. */
+static int utf8_seq(const unsigned char *s)
+{
+    unsigned c = s[0];
+    if (c < 0x80)
+        return 1;
+    int n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    if ((n == 3 && c == 0xE0 && s[1] < 0xA0) || (n == 3 && c == 0xED && s[1] >= 0xA0) ||
+        (n == 4 && c == 0xF0 && s[1] < 0x90) || (n == 4 && c == 0xF4 && s[1] >= 0x90))
+        return 0;
+    return n;
+}
+
+void api_utf8_clean(const char *in, char *out, size_t n)
+{
+    size_t k = 0;
+    const unsigned char *s = (const unsigned char *)(in ? in : "");
+    while (*s && k + 4 < n) {
+        int len = utf8_seq(s);
+        if (len == 0 || (len == 1 && *s < 0x20)) {
+            out[k++] = '?';   /* an undecodable or control byte is never echoed */
+            s++;
+            continue;
+        }
+        memcpy(out + k, s, (size_t)len);
+        k += (size_t)len;
+        s += len;
+    }
+    out[k] = 0;
+}
+
+/* At most this many faults are listed; the rest are counted. */
+#define API_MAX_ERRORS 100
+
 void api_problem(api_resp *r, int status, const char *code, const char *detail, json_t *errors)
 {
-    char type[128];
+    char type[128], clean[2048];
     snprintf(type, sizeof type, "https://autocompress.dev/problems/%s", code);
+    size_t n_err = json_array_size(errors);
+    if (n_err > API_MAX_ERRORS) {
+        while (json_array_size(errors) > API_MAX_ERRORS)
+            json_array_remove(errors, json_array_size(errors) - 1);
+        char more[2048 + 64];
+        snprintf(more, sizeof more, "%s (%zu faults; the first %d are listed)", detail ? detail : "", n_err,
+                 API_MAX_ERRORS);
+        api_utf8_clean(more, clean, sizeof clean);
+    } else {
+        api_utf8_clean(detail, clean, sizeof clean);
+    }
     json_t *p = json_pack("{s:s,s:s,s:i,s:s,s:s}", "type", type, "title", reason(status), "status",
-                          status, "detail", detail, "code", code);
+                          status, "detail", clean, "code", code);
+    if (p && n_err > API_MAX_ERRORS)
+        json_object_set_new(p, "errors_total", json_integer((json_int_t)n_err));
     if (p && errors)
         json_object_set_new(p, "errors", errors);
     else

@@ -89,6 +89,10 @@ void api_dispatch(api_ctx *ctx, int route, const api_req *req, api_resp *resp);
  * NEW array (stolen) of {pointer|parameter, message} or NULL. The server adds request_id. */
 void api_problem(api_resp *r, int status, const char *code, const char *detail, json_t *errors);
 
+/* Copy in to out (capacity n), each byte that is not part of valid UTF-8 and each control
+ * byte replaced by '?': what a problem may echo of a client's input. */
+void api_utf8_clean(const char *in, char *out, size_t n);
+
 /* Metrics the server feeds: one finished request. */
 void api_metrics_observe(int status, double seconds);
 

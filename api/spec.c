@@ -99,8 +99,11 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
             fault(v, 400, p, "required field is missing");
         return NULL;
     }
+    /* JSON has one number type: 179639.0 is the integer 179639 */
+    int integral = json_is_real(m) && json_real_value(m) == floor(json_real_value(m)) &&
+                   fabs(json_real_value(m)) < 9007199254740992.0;
     int ok = json_typeof(m) == type || (type == JSON_REAL && json_is_integer(m)) ||
-             (type == JSON_TRUE && json_is_boolean(m));
+             (type == JSON_INTEGER && integral) || (type == JSON_TRUE && json_is_boolean(m));
     if (!ok) {
         const char *want = type == JSON_OBJECT ? "an object" : type == JSON_ARRAY ? "an array" :
                            type == JSON_STRING ? "a string" : type == JSON_INTEGER ? "an integer" :
@@ -116,6 +119,13 @@ static double num(json_t *j)
     return json_is_integer(j) ? (double)json_integer_value(j) : json_real_value(j);
 }
 
+/* The value of a member that member() accepted as an integer (an integer or an
+ * integral real). */
+static json_int_t int_value(json_t *j)
+{
+    return json_is_integer(j) ? json_integer_value(j) : (json_int_t)json_real_value(j);
+}
+
 /* An integer member in [lo, hi]; dflt when absent; stores into out (normalized). */
 static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, json_int_t lo,
                       json_int_t hi, json_int_t dflt, int required, json_t *out)
@@ -126,7 +136,7 @@ static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, js
             json_object_set_new(out, key, json_integer(dflt));
         return;
     }
-    json_int_t x = json_integer_value(m);
+    json_int_t x = int_value(m);
     if (x < lo || x > hi) {
         char p[512];
         ptr_join(p, sizeof p, ptr, key);
@@ -593,10 +603,10 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
     json_t *pm = member(v, c, "/constraints", "params", JSON_INTEGER, 0);
     if (pm) {
         any = 1;
-        if (json_integer_value(pm) < 1)
+        if (int_value(pm) < 1)
             fault(v, 422, "/constraints/params", "must be a positive integer");
         else
-            json_object_set_new(out, "params", json_integer(json_integer_value(pm)));
+            json_object_set_new(out, "params", json_integer(int_value(pm)));
     }
     json_t *mg = member(v, c, "/constraints", "margin_pct", JSON_REAL, 0);
     if (mg) {

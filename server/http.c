@@ -227,6 +227,13 @@ static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, 
             return 1;
         }
     }
+    /* libmicrohttpd decodes %00 into the C string it hands over, so "ID%00junk" would
+     * be served as "ID": a NUL anywhere in the request target is refused first. */
+    if (r->uri && strstr(r->uri, "%00")) {
+        *res = send_problem(conn, r, 400, "invalid_request", "the request target holds an encoded NUL byte (%00)",
+                            NULL, NULL);
+        return 1;
+    }
     char allow[128];
     int route = api_route_find(method, url, allow, sizeof allow);
     if (route == -404) {
