@@ -160,7 +160,9 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
                 goto out;
             }
             job_observe_stage(&ctx, "stage.completed");
-        } else if (r == 1) {
+        } else if (r == 1 || job_cancelled(&ctx)) {
+            /* a stage that fails once a cancel (or a shutdown) was asked for failed because
+             * of it, e.g. a system call the stop signal interrupted (EINTR) */
             result = finish_stopped(st, id, name);
             goto out;
         } else {

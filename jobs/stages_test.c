@@ -5,7 +5,9 @@
  *   test_artifact  writes x_test_artifact_bytes (default 4 MiB) of seeded pseudo-random
  *                  bytes and publishes them as "blob.bin", plus "note.txt"
  *   test_crash     the worker aborts (SIGABRT: a crash the server must report)
- *   test_fail      returns a failure with a message
+ *   test_fail      returns a failure with a message; with x_test_sleep_ms it first
+ *                  blocks in one uninterrupted system call that long (as a stage blocked
+ *                  in open() would), and a signal that ends it early is its failure
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -122,7 +124,12 @@ static int test_crash(job_ctx *ctx, char *err, size_t errlen)
 
 static int test_fail(job_ctx *ctx, char *err, size_t errlen)
 {
-    (void)ctx;
+    int64_t ms = spec_int(ctx, "x_test_sleep_ms", 0);
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    if (ms > 0 && nanosleep(&ts, NULL) != 0) {
+        snprintf(err, errlen, "blocked call: %s", strerror(errno));
+        return -1;
+    }
     snprintf(err, errlen, "test_fail always fails");
     return -1;
 }

@@ -133,6 +133,15 @@ def main():
         _, _, c2 = s.json("POST", "/v1/jobs/%s/cancel" % job["id"], expect=200)  # terminal: no error
         assert c2["status"] == "cancelled"
 
+        # --- a stage blocked in a system call that the cancel interrupts (EINTR) and that
+        # fails because of it: the job ends cancelled, not failed
+        _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_fail"], x_test_sleep_ms=30000), expect=201)
+        s.wait_stage(job["id"], "test_fail")
+        time.sleep(0.3)
+        s.json("POST", "/v1/jobs/%s/cancel" % job["id"], expect=200)
+        fin = s.wait_status(job["id"], ("cancelled", "failed", "succeeded"), timeout=5)
+        assert fin["status"] == "cancelled" and fin["error"] is None, fin
+
         # --- cancel a queued job (the only worker slot is busy)
         _, _, busy = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=60000), expect=201)
         _, _, queued = s.json("POST", "/v1/jobs", test_spec(["test_sleep"]), expect=201)
