@@ -133,7 +133,7 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "autocompress serve: %s: %s\n", path, strerror(errno));
         goto out;
     }
-    int recovered = store_recover(st);
+    int recovered = store_recover(st, cfg.max_attempts > 1 ? cfg.max_attempts : 1);
     if (recovered < 0) {
         fprintf(stderr, "autocompress serve: recovering running jobs failed\n");
         goto out;

@@ -13,8 +13,10 @@ void srv_config_usage(FILE *f)
             "  --listen HOST:PORT       AC_LISTEN            default 127.0.0.1:8080 (port 0: any free port)\n"
             "  --data-dir DIR           AC_DATA_DIR          default ./var (SQLite store, artifacts, job dirs)\n"
             "  --workers N              AC_WORKERS           concurrent worker processes per device (1)\n"
-            "  --max-attempts N         AC_MAX_ATTEMPTS      worker starts per job: a crashed or killed worker's job\n"
-            "                                                is requeued and resumes at its unfinished stage (1: fail)\n"
+            "  --max-attempts N         AC_MAX_ATTEMPTS      worker starts per job (3): a crashed or killed worker's\n"
+            "                                                job, or one a dead server left running, is requeued\n"
+            "                                                and resumes at its unfinished stage until its starts\n"
+            "                                                are spent (1: fail at once)\n"
             "  --tokens-file PATH       AC_TOKENS_FILE       bearer tokens 'TOKEN read,write' per line (none: open)\n"
             "  --data-root DIR          AC_DATA_ROOTS (a:b)  roots for server paths in specs, repeatable\n"
             "                                                (default DATA/models and DATA/data)\n"
@@ -136,7 +138,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     c->port = 8080;
     snprintf(c->data_dir, sizeof c->data_dir, "./var");
     c->workers = 1;
-    c->max_attempts = 1;
+    c->max_attempts = 3;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores < 2 ? 2 : (int)cores;
     c->max_connections = 1024;

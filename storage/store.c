@@ -972,48 +972,58 @@ int store_job_requeue(store *st, const char *id, const char *reason)
     return 0;
 }
 
-int store_recover(store *st)
+int store_recover(store *st, int max_attempts)
 {
     conn *c = C(st);
     if (!c)
         return -1;
-    static const char *q = "SELECT id, cancel_requested FROM jobs WHERE status='running' ORDER BY seq";
+    static const char *q = "SELECT id, cancel_requested, attempts, stage FROM jobs WHERE status='running' "
+                           "ORDER BY seq";
     sqlite3_stmt *s = S(c, q);
     if (!s)
         return -1;
-    char (*ids)[48] = NULL;
-    int *cancel = NULL;
+    struct left { char id[48], stage[64]; int cancel, attempts; } *left = NULL;
     int n = 0, cap = 0, rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
-            void *a = realloc(ids, (size_t)cap * sizeof *ids), *b = realloc(cancel, (size_t)cap * sizeof *cancel);
-            if (a)
-                ids = a;
-            if (b)
-                cancel = b;
-            if (!a || !b) {
+            void *a = realloc(left, (size_t)cap * sizeof *left);
+            if (!a) {
                 sqlite3_reset(s);
-                free(ids);
-                free(cancel);
+                free(left);
                 return -1;
             }
+            left = a;
         }
-        col_copy(s, 0, ids[n], sizeof ids[n]);
-        cancel[n] = sqlite3_column_int(s, 1);
+        col_copy(s, 0, left[n].id, sizeof left[n].id);
+        left[n].cancel = sqlite3_column_int(s, 1);
+        left[n].attempts = sqlite3_column_int(s, 2);
+        col_copy(s, 3, left[n].stage, sizeof left[n].stage);
         n++;
     }
     sqlite3_reset(s);
     int done = 0;
     for (int i = 0; i < n; i++) {
-        int r = cancel[i] ? store_job_finish(st, ids[i], "cancelled", NULL, NULL)
-                          : store_job_requeue(st, ids[i], "server restarted while the job was running; "
-                                                          "resuming at the first unfinished stage");
+        const struct left *l = &left[i];
+        int r;
+        char msg[400];
+        if (l->cancel) {
+            r = store_job_finish(st, l->id, "cancelled", NULL, NULL);
+        } else if (l->attempts >= max_attempts) {
+            /* every start counts: a job whose worker takes the server down must not loop */
+            snprintf(msg, sizeof msg, "the server stopped while the job was running, during stage %s, after %d of "
+                     "%d attempts (--max-attempts)", l->stage[0] ? l->stage : "(before the first stage)",
+                     l->attempts, max_attempts);
+            r = store_job_finish(st, l->id, "failed", "server_lost", msg);
+        } else {
+            snprintf(msg, sizeof msg, "server restarted while the job was running; resuming at the first "
+                     "unfinished stage (attempt %d of %d)", l->attempts + 1, max_attempts);
+            r = store_job_requeue(st, l->id, msg);
+        }
         if (r == 0)
             done++;
     }
-    free(ids);
-    free(cancel);
+    free(left);
     return rc == SQLITE_DONE ? done : -1;
 }
 

@@ -143,8 +143,10 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
  * restart or shutdown), keeping stage_index so it resumes at the first unfinished stage;
  * event "job.requeued" with `reason`. Returns 0, 1 when not running, -1 on error. */
 int store_job_requeue(store *st, const char *id, const char *reason);
-/* Requeue every job left running (called at server start). Returns the count or -1. */
-int store_recover(store *st);
+/* At server start, every job left running by a server that died: a pending cancel is
+ * finished, a job that has had max_attempts worker starts fails (code server_lost), the
+ * rest are requeued to resume at their stage. Returns how many were handled, or -1. */
+int store_recover(store *st, int max_attempts);
 /* Cancel: a queued job becomes cancelled at once; a running one gets cancel_requested
  * (event "job.cancel_requested"); a terminal one is unchanged. Returns 0 (out filled
  * with the job afterwards), 1 when absent, -1 on error. */

@@ -1,8 +1,10 @@
-"""Black-box: crashes and restarts. kill -9 of a worker fails its job naming the signal
-and the stage; a worker that aborts likewise; kill -9 of the server mid-job takes its
-worker down with it, and the restarted server requeues the job, which resumes at its
-first unfinished stage with its earlier events and artifacts intact; SIGTERM stops the
-server gracefully (the running job goes back to the queue and resumes after restart)."""
+"""Black-box: crashes and restarts, under --max-attempts 2. kill -9 of a worker requeues
+its job once, the second kill fails it naming the signal and the stage; a worker that
+aborts likewise; kill -9 of the server mid-job takes its worker down with it, and the
+restarted server requeues the job, which resumes at its first unfinished stage with its
+earlier events and artifacts intact; a job whose server dies on every start fails once
+its starts are spent (server_lost) instead of looping; SIGTERM stops the server
+gracefully (the running job goes back to the queue and resumes after restart)."""
 import hashlib
 import os
 import signal
@@ -40,13 +42,19 @@ def events(s, jid):
 
 
 def main():
-    with Server() as s:
-        # --- kill -9 of a worker
+    with Server(args=["--max-attempts", "2"]) as s:
+        # --- kill -9 of a worker: requeued (attempt 2 of 2), then killed again: failed
         _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=60000), expect=201)
-        s.wait_stage(job["id"], "test_sleep")
-        pids = worker_pids(job["id"])
-        assert len(pids) == 1, pids
-        os.kill(pids[0], signal.SIGKILL)
+        for attempt in (1, 2):
+            t0 = time.time()
+            while time.time() - t0 < 10:
+                j = s.wait_stage(job["id"], "test_sleep")
+                pids = worker_pids(job["id"])
+                if j["attempts"] == attempt and len(pids) == 1:
+                    break
+                time.sleep(0.05)
+            assert j["attempts"] == attempt and len(pids) == 1, (j, pids)
+            os.kill(pids[0], signal.SIGKILL)
         fin = s.wait_status(job["id"], ("failed", "succeeded", "cancelled"), timeout=10)
         assert fin["status"] == "failed" and fin["error"]["code"] == "worker_killed", fin
         msg = fin["error"]["message"]
@@ -85,6 +93,20 @@ def main():
         assert started == ["test_artifact", "test_sleep", "test_sleep"], started  # resumed, not restarted
         st, hd, data = s.request("GET", blob["url"])
         assert st == 200 and hashlib.sha256(data).hexdigest() == blob["sha256"]
+
+        # --- a job whose server dies on each of its starts: failed once they are spent
+        _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=60000), expect=201)
+        jid = job["id"]
+        for _ in range(2):
+            s.wait_stage(jid, "test_sleep")
+            s.kill9()
+            t0 = time.time()
+            while worker_pids(jid) and time.time() - t0 < 5:
+                time.sleep(0.05)
+            s.restart()
+        fin = s.wait_status(jid, ("succeeded", "failed", "cancelled"), timeout=10)
+        assert fin["status"] == "failed" and fin["error"]["code"] == "server_lost" and fin["attempts"] == 2, fin
+        assert "after 2 of 2 attempts" in fin["error"]["message"], fin
 
         # --- SIGTERM while a job runs: graceful stop, the job resumes after restart
         _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_sleep", "test_sleep"], x_test_sleep_ms=1500), expect=201)

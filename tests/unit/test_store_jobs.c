@@ -68,6 +68,31 @@ static void test_migrations(void **state)
     store_close(again);
 }
 
+/* A server killed while its job runs: each restart's requeue is a start that counts
+ * toward --max-attempts, so a job that keeps killing the server cannot loop. */
+static void test_recover_counts_attempts(void **state)
+{
+    store *st = *state;
+    char id[48];
+    mk(st, "recover-dev", id);
+    store_job j;
+    for (int attempt = 1; attempt <= 2; attempt++) {
+        assert_int_equal(store_job_claim(st, "recover-dev", &j), 0);
+        assert_int_equal(j.attempts, attempt);
+        store_job_clear(&j);
+        assert_int_equal(store_job_stage_begin(st, id, 0, "a"), 0);
+        assert_int_equal(store_recover(st, 2), 1);   /* the server died */
+        assert_int_equal(store_job_get(st, id, &j), 0);
+        assert_string_equal(j.status, attempt < 2 ? "queued" : "failed");
+        if (attempt == 2) {
+            assert_string_equal(j.error_code, "server_lost");
+            assert_non_null(strstr(j.error_message, "after 2 of 2 attempts"));
+        }
+        store_job_clear(&j);
+    }
+    assert_int_equal(store_job_claim(st, "recover-dev", &j), 1);   /* nothing to run again */
+}
+
 static void test_ids(void **state)
 {
     (void)state;
@@ -122,7 +147,7 @@ static void test_lifecycle(void **state)
     store_job_clear(&j);
 
     /* server restart: requeue keeps the stage index; claim again resumes there */
-    assert_int_equal(store_recover(st), 1);
+    assert_int_equal(store_recover(st, 5), 1);
     assert_int_equal(store_job_get(st, id, &j), 0);
     assert_string_equal(j.status, "queued");
     assert_int_equal(j.stage_index, 1);
@@ -182,7 +207,7 @@ static void test_cancel(void **state)
     assert_int_equal(store_job_cancel_requested(st, q), 1);
     assert_int_equal(store_job_cancel(st, "job_missing", &j), 1);
     /* a dead server with a cancel pending: recover finishes the cancel */
-    assert_int_equal(store_recover(st), 1);
+    assert_int_equal(store_recover(st, 5), 1);
     assert_int_equal(store_job_get(st, q, &j), 0);
     assert_string_equal(j.status, "cancelled");
     store_job_clear(&j);
@@ -455,6 +480,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_migrations),
         cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_recover_counts_attempts),
         cmocka_unit_test(test_lifecycle),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_idempotency),
