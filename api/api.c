@@ -132,7 +132,6 @@ void api_routes_print(FILE *f)
 void api_resp_init(api_resp *r)
 {
     memset(r, 0, sizeof *r);
-    r->fd = -1;
 }
 
 void api_resp_free(api_resp *r)
@@ -140,8 +139,7 @@ void api_resp_free(api_resp *r)
     json_decref(r->json);
     if (!r->text_static)
         free(r->text);
-    if (r->fd >= 0)
-        close(r->fd);
+    art_stream_free(r->stream);
     for (int i = 0; i < r->nhdr; i++)
         free(r->hdr[i].value);
     api_resp_init(r);

@@ -54,8 +54,8 @@ typedef struct {
     size_t text_len;
     int text_static;
     const char *content_type;    /* static string; default application/json */
-    int fd;                      /* ... or a file range: fd >= 0 (owned) */
-    int64_t off, len;
+    art_stream *stream;          /* ... or a blob range (owned), verified as it streams */
+    int64_t off, len;            /* that range: first byte and length */
     int no_body;                 /* 304/204: headers only */
     struct {
         const char *name;        /* static */

@@ -739,18 +739,22 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
         api_problem(resp, 416, "range_not_satisfiable", "the range lies outside the artifact", NULL);
         return;
     }
-    resp->fd = fd;
+    if (pr != 1) {
+        from = 0;
+        to = a.size_bytes - 1;
+    }
+    resp->stream = art_stream_new(ctx->as, a.sha256, fd, from, to - from + 1, a.size_bytes);
+    if (!resp->stream) {
+        close(fd);
+        api_problem(resp, 500, "internal", "out of memory", NULL);
+        return;
+    }
     resp->content_type = NULL;
-    if (pr == 1) {
-        resp->status = 206;
+    resp->off = from;
+    resp->len = to - from + 1;
+    resp->status = pr == 1 ? 206 : 200;
+    if (pr == 1)
         api_resp_header(resp, "Content-Range", "bytes %lld-%lld/%lld", (long long)from, (long long)to,
                         (long long)a.size_bytes);
-        resp->off = from;
-        resp->len = to - from + 1;
-    } else {
-        resp->status = 200;
-        resp->off = 0;
-        resp->len = a.size_bytes;
-    }
     api_resp_header(resp, "Content-Type", "%s", a.content_type);
 }

@@ -24,6 +24,7 @@
 #include "server/config.h"
 #include "server/http.h"
 #include "server/log.h"
+#include "server/scrub.h"
 #include "server/webhook.h"
 #include "storage/artstore.h"
 #include "storage/fetch.h"
@@ -81,6 +82,7 @@ int cli_serve(int argc, char **argv)
     http_server *hs = NULL;
     webhook_sender *wh = NULL;
     fetch_service *fetcher = NULL;
+    scrubber *scrub = NULL;
     unsigned char wh_key[256];
     int wh_keylen = 0;
     char *roots[SRV_MAX_ROOTS] = {0};
@@ -183,6 +185,10 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "autocompress serve: %s\n", err);
         goto out;
     }
+    if (!(scrub = scrub_start(as, cfg.scrub_interval_s, err, sizeof err)) && err[0]) {
+        fprintf(stderr, "autocompress serve: %s\n", err);
+        goto out;
+    }
     log_msg("info", "model fetcher on (https%s, at most %ld bytes a model, CAs: %s)",
             cfg.allow_http_models ? " and http" : "", cfg.max_model_bytes, ca_file ? ca_file : "system store");
 
@@ -233,6 +239,7 @@ out:
         sched_stop(sc, 0);
     webhook_stop(wh); /* after the workers: their final states may still queue webhooks */
     fetch_service_stop(fetcher); /* an unfinished download resumes at the next start */
+    scrub_stop(scrub);           /* before the store it reads */
     curl_global_cleanup();
     OPENSSL_cleanse(wh_key, sizeof wh_key);
     art_close(as);

@@ -35,6 +35,8 @@ void srv_config_usage(FILE *f)
             "  --retain-max-bytes N     AC_RETAIN_MAX_BYTES  cap on the data dir's size: finished jobs are\n"
             "                                                removed, oldest first, never a running one (0: none)\n"
             "  --retain-max-age-s N     AC_RETAIN_MAX_AGE_S  remove finished jobs older than N s (0: none)\n"
+            "  --scrub-interval-s N     AC_SCRUB_INTERVAL_S  re-hash every stored artifact every N s and set aside\n"
+            "                                                those that no longer match (86400; 0: never)\n"
             "  --max-model-bytes N      AC_MAX_MODEL_BYTES   cap on a model fetched by URL (68719476736 = 64 GiB)\n"
             "  --allow-http-models      AC_ALLOW_HTTP_MODELS=1 accept plain http:// model URLs, not only https://\n"
             "                                                (tests and trusted networks)\n"
@@ -125,6 +127,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("webhook-retry-s", webhook_retry_s, 1, 3600)
     NUM("retain-max-bytes", retain_max_bytes, 0, 0x7fffffffffffffffL)
     NUM("retain-max-age-s", retain_max_age_s, 0, 0x7fffffffffffffffL)
+    NUM("scrub-interval-s", scrub_interval_s, 0, 1L << 30)
     NUM("max-model-bytes", max_model_bytes, 1, 0x7fffffffffffffffL)
     NUM("allow-http-models", allow_http_models, 0, 1)
 #undef NUM
@@ -139,6 +142,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     snprintf(c->data_dir, sizeof c->data_dir, "./var");
     c->workers = 1;
     c->max_attempts = 3;
+    c->scrub_interval_s = 86400;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores < 2 ? 2 : (int)cores;
     c->max_connections = 1024;
@@ -160,7 +164,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_MAX_WAIT_S", "max-wait-s"}, {"AC_MAX_SUSPENDED", "max-suspended"},
         {"AC_SHUTDOWN_GRACE_S", "shutdown-grace-s"}, {"AC_WEBHOOK_SECRET_FILE", "webhook-secret-file"},
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
-        {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
+        {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_SCRUB_INTERVAL_S", "scrub-interval-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
         {"AC_ALLOW_HTTP_MODELS", "allow-http-models"}, {"AC_MODELS_CA_FILE", "models-ca-file"},
     };
     for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {

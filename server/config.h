@@ -29,6 +29,7 @@ typedef struct {
     int print_routes;
     long retain_max_bytes;       /* data dir size cap (finished jobs go, oldest first); 0 = none */
     long retain_max_age_s;       /* finished jobs older than this go; 0 = none */
+    long scrub_interval_s;       /* seconds between artifact scrubs; 0 = none */
     long max_model_bytes;        /* cap on a model download (POST /v1/models with url) */
     int allow_http_models;       /* accept http:// model URLs (tests, trusted networks) */
     char models_ca_file[4096];   /* PEM bundle model downloads trust instead of the system store; "" = system */

@@ -131,6 +131,24 @@ static const char *lookup_header(void *h, const char *name)
     return MHD_lookup_connection_value((struct MHD_Connection *)h, MHD_HEADER_KIND, name);
 }
 
+/* An artifact's bytes for MHD: a read error or a digest mismatch (the blob no longer
+ * matches its sha-256) ends the response early, so a client never gets bad bytes as a
+ * complete download. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    ssize_t k = art_stream_read(cls, pos, buf, max);
+    if (k < 0) {
+        log_msg("error", "artifact stream stopped: a read error or a sha-256 mismatch (the blob was set aside)");
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    return k == 0 ? MHD_CONTENT_READER_END_OF_STREAM : k;
+}
+
+static void stream_free(void *cls)
+{
+    art_stream_free(cls);
+}
+
 /* Turn an api_resp into an MHD response and queue it. */
 static enum MHD_Result send_resp(struct MHD_Connection *conn, http_req *r, api_resp *ar)
 {
@@ -146,10 +164,11 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, http_req *r, api_r
             if (!resp)
                 free(text);
         }
-    } else if (ar->fd >= 0 && !ar->no_body) {
-        resp = MHD_create_response_from_fd_at_offset64((uint64_t)ar->len, ar->fd, (uint64_t)ar->off);
+    } else if (ar->stream && !ar->no_body) {
+        resp = MHD_create_response_from_callback((uint64_t)ar->len, 256 * 1024, stream_read, ar->stream,
+                                                 stream_free);
         if (resp) {
-            ar->fd = -1; /* MHD closes it */
+            ar->stream = NULL; /* MHD frees it */
             r->bytes = (uint64_t)ar->len;
         }
     } else if (ar->text && !ar->no_body) {

@@ -6,6 +6,7 @@
 #include "storage/fileio.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -15,12 +16,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* A blob this process has hashed, and the inode state it had then: a blob whose inode,
+ * size, mtime or ctime changed since is hashed again. */
+typedef struct {
+    char hex[65];
+    ino_t ino;
+    off_t size;
+    struct timespec mtime, ctime;
+} verified_blob;
+
 struct artstore {
     char *dir;
     pthread_mutex_t mu;
-    char (*verified)[65];
+    verified_blob *verified;
     int nverified, cap;
 };
+
+static int same_state(const verified_blob *v, const struct stat *sb)
+{
+    return v->ino == sb->st_ino && v->size == sb->st_size && v->mtime.tv_sec == sb->st_mtim.tv_sec &&
+           v->mtime.tv_nsec == sb->st_mtim.tv_nsec && v->ctime.tv_sec == sb->st_ctim.tv_sec &&
+           v->ctime.tv_nsec == sb->st_ctim.tv_nsec;
+}
 
 static int is_hex64(const char *h)
 {
@@ -234,18 +251,30 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
     return 0;
 }
 
-static int is_verified(artstore *as, const char *hex)
+static int is_verified(artstore *as, const char *hex, const struct stat *sb)
 {
     int v = 0;
     pthread_mutex_lock(&as->mu);
     for (int i = 0; i < as->nverified && !v; i++)
-        v = !strcmp(as->verified[i], hex);
+        v = !strcmp(as->verified[i].hex, hex) && same_state(&as->verified[i], sb);
     pthread_mutex_unlock(&as->mu);
     return v;
 }
 
-static void mark_verified(artstore *as, const char *hex)
+static void forget_verified(artstore *as, const char *hex)
 {
+    pthread_mutex_lock(&as->mu);
+    for (int i = 0; i < as->nverified; i++)
+        if (!strcmp(as->verified[i].hex, hex)) {
+            as->verified[i] = as->verified[--as->nverified];
+            break;
+        }
+    pthread_mutex_unlock(&as->mu);
+}
+
+static void mark_verified(artstore *as, const char *hex, const struct stat *sb)
+{
+    forget_verified(as, hex);
     pthread_mutex_lock(&as->mu);
     if (as->nverified == as->cap) {
         int nc = as->cap ? 2 * as->cap : 64;
@@ -257,8 +286,29 @@ static void mark_verified(artstore *as, const char *hex)
         as->verified = p;
         as->cap = nc;
     }
-    memcpy(as->verified[as->nverified++], hex, 65);
+    verified_blob *v = &as->verified[as->nverified++];
+    memcpy(v->hex, hex, 65);
+    v->ino = sb->st_ino;
+    v->size = sb->st_size;
+    v->mtime = sb->st_mtim;
+    v->ctime = sb->st_ctim;
     pthread_mutex_unlock(&as->mu);
+}
+
+/* The name a blob that failed its digest check is moved to. */
+static int quarantine_path(artstore *as, const char *hex, char *out, size_t n)
+{
+    char p[4096];
+    return art_path(as, hex, p, sizeof p) < 0 || snprintf(out, n, "%s.corrupt", p) >= (int)n ? -1 : 0;
+}
+
+int art_quarantine(artstore *as, const char *hex)
+{
+    char p[4096], q[4200];
+    if (art_path(as, hex, p, sizeof p) < 0 || quarantine_path(as, hex, q, sizeof q) < 0)
+        return -1;
+    forget_verified(as, hex);
+    return rename(p, q) < 0 && errno != ENOENT ? -1 : 0;
 }
 
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen)
@@ -270,7 +320,12 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *er
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errlen, "artifact content %s is missing: %s", hex, strerror(errno));
+        char q[4200];
+        struct stat qs;
+        if (errno == ENOENT && !quarantine_path(as, hex, q, sizeof q) && !stat(q, &qs))
+            snprintf(err, errlen, "artifact content %s failed its sha-256 check and was set aside", hex);
+        else
+            snprintf(err, errlen, "artifact content %s is missing: %s", hex, strerror(errno));
         return -1;
     }
     struct stat sb;
@@ -279,15 +334,16 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *er
         close(fd);
         return -1;
     }
-    if (!is_verified(as, hex)) {
+    if (!is_verified(as, hex, &sb)) {
         char got[65];
         int64_t sz;
         if (sha256_fd(fd, got, &sz) < 0 || strcmp(got, hex) != 0) {
-            snprintf(err, errlen, "artifact content %s is corrupt (sha-256 mismatch)", hex);
+            snprintf(err, errlen, "artifact content %s is corrupt (sha-256 mismatch); it was set aside", hex);
             close(fd);
+            (void)art_quarantine(as, hex);
             return -1;
         }
-        mark_verified(as, hex);
+        mark_verified(as, hex, &sb);
     }
     return fd;
 }
@@ -299,12 +355,139 @@ int art_remove(artstore *as, const char *hex)
         return -1;
     if (unlink(path) < 0 && errno != ENOENT)
         return -1;
-    pthread_mutex_lock(&as->mu);
-    for (int i = 0; i < as->nverified; i++)
-        if (!strcmp(as->verified[i], hex)) {
-            memcpy(as->verified[i], as->verified[--as->nverified], 65);
-            break;
+    char q[4200];
+    if (!quarantine_path(as, hex, q, sizeof q))
+        (void)unlink(q);   /* a set-aside copy goes with its last reference */
+    forget_verified(as, hex);
+    return 0;
+}
+
+/* ---- streaming with verification ---------------------------------------------------- */
+
+struct art_stream {
+    artstore *as;
+    char hex[65];
+    int fd;
+    int64_t off, len;
+    int verify;              /* the whole blob: hash it on the way */
+    uint64_t hashed;         /* bytes hashed so far (positions must come in order) */
+    EVP_MD_CTX *md;
+};
+
+art_stream *art_stream_new(artstore *as, const char *hex, int fd, int64_t off, int64_t len, int64_t size)
+{
+    art_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->as = as;
+    snprintf(s->hex, sizeof s->hex, "%s", hex);
+    s->fd = fd;
+    s->off = off;
+    s->len = len;
+    s->verify = off == 0 && len == size && len > 0;
+    if (s->verify && (!(s->md = EVP_MD_CTX_new()) || !EVP_DigestInit_ex(s->md, EVP_sha256(), NULL))) {
+        EVP_MD_CTX_free(s->md);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+ssize_t art_stream_read(art_stream *s, uint64_t pos, char *buf, size_t max)
+{
+    if (pos >= (uint64_t)s->len)
+        return 0;
+    size_t want = (uint64_t)s->len - pos < max ? (size_t)((uint64_t)s->len - pos) : max;
+    ssize_t k;
+    do
+        k = pread(s->fd, buf, want, s->off + (off_t)pos);
+    while (k < 0 && errno == EINTR);
+    if (k <= 0)
+        return -1;   /* an error, or the blob shrank under us */
+    if (s->verify && pos != s->hashed)
+        s->verify = 0;   /* out of order: nothing to check against */
+    if (s->verify) {
+        if (!EVP_DigestUpdate(s->md, buf, (size_t)k))
+            return -1;
+        s->hashed += (uint64_t)k;
+        if (s->hashed == (uint64_t)s->len) {
+            /* the last chunk goes out only when the whole blob matches its name */
+            unsigned char d[32];
+            unsigned dl = 0;
+            char got[65];
+            if (!EVP_DigestFinal_ex(s->md, d, &dl) || dl != 32)
+                return -1;
+            for (int i = 0; i < 32; i++)
+                snprintf(got + 2 * i, 3, "%02x", d[i]);
+            if (strcmp(got, s->hex)) {
+                (void)art_quarantine(s->as, s->hex);
+                return -1;
+            }
         }
-    pthread_mutex_unlock(&as->mu);
+    }
+    return k;
+}
+
+int art_stream_verified(const art_stream *s)
+{
+    return s->verify;
+}
+
+void art_stream_free(art_stream *s)
+{
+    if (!s)
+        return;
+    if (s->fd >= 0)
+        close(s->fd);
+    EVP_MD_CTX_free(s->md);
+    free(s);
+}
+
+/* ---- scrub ----------------------------------------------------------------------------- */
+
+int art_scrub(artstore *as, int *checked, int *bad)
+{
+    *checked = *bad = 0;
+    char top[4096];
+    snprintf(top, sizeof top, "%s/sha256", as->dir);
+    DIR *d = opendir(top);
+    if (!d)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strlen(e->d_name) != 2 || !strchr("0123456789abcdef", e->d_name[0]) ||
+            !strchr("0123456789abcdef", e->d_name[1]))
+            continue;
+        char sub[4200];
+        snprintf(sub, sizeof sub, "%s/%s", top, e->d_name);
+        DIR *d2 = opendir(sub);
+        if (!d2)
+            continue;
+        struct dirent *f;
+        while ((f = readdir(d2))) {
+            if (!is_hex64(f->d_name) || strncmp(f->d_name, e->d_name, 2))
+                continue;
+            char path[4400], got[65];
+            snprintf(path, sizeof path, "%s/%s", sub, f->d_name);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            struct stat sb;
+            int64_t sz;
+            if (fd < 0 || fstat(fd, &sb) < 0) {
+                if (fd >= 0)
+                    close(fd);
+                continue;   /* removed meanwhile */
+            }
+            (*checked)++;
+            if (sha256_fd(fd, got, &sz) == 0 && !strcmp(got, f->d_name)) {
+                mark_verified(as, f->d_name, &sb);
+            } else {
+                (*bad)++;
+                (void)art_quarantine(as, f->d_name);
+            }
+            close(fd);
+        }
+        closedir(d2);
+    }
+    closedir(d);
     return 0;
 }

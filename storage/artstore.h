@@ -2,13 +2,15 @@
  * ROOT/sha256/<first two hex>/<hex>, written as a temporary file, fsynced and renamed, so
  * nothing half-written is ever served. Blobs are immutable; the same content is stored
  * once. A blob is verified against its name (sha-256) the first time this process serves
- * it. Metadata (names, jobs) lives in the job store, not here.
+ * it and again whenever its inode changed; a whole-blob download is hashed as it streams
+ * and a periodic scrub re-hashes everything; a blob that fails is set aside. Metadata (names, jobs) lives in the job store, not here.
  */
 #ifndef AC_STORAGE_ARTSTORE_H
 #define AC_STORAGE_ARTSTORE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef struct artstore artstore;
 
@@ -32,6 +34,28 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
  * blob whose content no longer matches its name. Returns an fd (caller closes), or -1
  * with err (missing, size mismatch, corrupt). */
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen);
+/* Move a blob that failed its digest check aside (<hex>.corrupt, kept for inspection):
+ * later opens fail saying so. Returns 0, or -1. */
+int art_quarantine(artstore *as, const char *hex);
+
+/* Re-hash every blob; each that no longer matches its name is set aside (art_quarantine).
+ * *checked and *bad count them. Returns 0, or -1 when the store cannot be listed. */
+int art_scrub(artstore *as, int *checked, int *bad);
+
+/* Streaming bytes [off, off + len) of the blob hex (size bytes) from fd (stolen). When the
+ * range is the whole blob its bytes are hashed on the way, and the last chunk is held back
+ * unless the digest matches: a blob corrupted after it was verified ends the transfer
+ * with an error (and is set aside) instead of going out as good. NEW, or NULL on OOM (fd
+ * then still the caller's). */
+typedef struct art_stream art_stream;
+art_stream *art_stream_new(artstore *as, const char *hex, int fd, int64_t off, int64_t len, int64_t size);
+/* Up to max bytes at pos (0 = off) into buf: the count, 0 past the end, or -1 on a read
+ * error or a digest mismatch. */
+ssize_t art_stream_read(art_stream *s, uint64_t pos, char *buf, size_t max);
+/* 1 while the stream is checking the digest (whole blob, read in order). */
+int art_stream_verified(const art_stream *s);
+void art_stream_free(art_stream *s);
+
 /* Remove a blob (no longer referenced). Returns 0, or -1 when it could not be removed. */
 int art_remove(artstore *as, const char *hex);
 /* The blob's path into out. Returns 0, or -1 when hex is not a sha-256 or out is short. */

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +191,85 @@ static void test_create_idempotent_etag(void **state)
     api_resp_free(&r1);
 }
 
+/* One published 1000-byte artifact of a new finished job; its digest into sha, the
+ * download path into path. */
+static void publish_blob(char first, char sha[65], char *path, size_t pathlen)
+{
+    api_resp r;
+    call("POST", "/v1/jobs", "{\"model\":{\"path\":\"models/tiny.bin\"},\"constraints\":{\"params\":10}}", NULL, NULL, &r);
+    char id[48];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+    api_resp_free(&r);
+    char src[128];
+    snprintf(src, sizeof src, "%s/blob2", dir);
+    FILE *f = fopen(src, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 1000; i++)
+        fputc(first + i % 26, f);
+    assert_int_equal(fclose(f), 0);
+    store_artifact a = {0};
+    char err[256];
+    assert_int_equal(art_put(ctx.as, src, a.sha256, &a.size_bytes, err, sizeof err), 0);
+    snprintf(a.job_id, sizeof a.job_id, "%s", id);
+    snprintf(a.name, sizeof a.name, "blob.txt");
+    snprintf(a.content_type, sizeof a.content_type, "text/plain");
+    assert_int_equal(store_artifact_add(ctx.st, &a), 0);
+    memcpy(sha, a.sha256, 65);
+    snprintf(path, pathlen, "/v1/jobs/%s/artifacts/blob.txt", id);
+}
+
+/* Flip one byte of a stored blob in place (same size). */
+static void flip_byte(const char *sha, long at)
+{
+    char p[4096];
+    assert_int_equal(art_path(ctx.as, sha, p, sizeof p), 0);
+    int fd = open(p, O_RDWR);
+    assert_true(fd >= 0);
+    char c;
+    assert_int_equal(pread(fd, &c, 1, at), 1);
+    c ^= 0x20;
+    assert_int_equal(pwrite(fd, &c, 1, at), 1);
+    assert_int_equal(close(fd), 0);
+}
+
+/* A blob corrupted after it was verified is never served as good: a download already
+ * streaming stops before its last chunk, later requests are refused, and the scrub
+ * finds what no request touched. */
+static void test_artifact_corruption(void **state)
+{
+    (void)state;
+    char sha[65], path[200];
+    publish_blob('A', sha, path, sizeof path);
+    api_resp r;
+    call("GET", path, NULL, NULL, NULL, &r);   /* verified and cached by this open */
+    assert_int_equal(r.status, 200);
+    char buf[4096];
+    flip_byte(sha, 700);                        /* while the download streams */
+    ssize_t k = art_stream_read(r.stream, 0, buf, 512);
+    assert_int_equal(k, 512);
+    assert_int_equal(art_stream_read(r.stream, 512, buf, sizeof buf), -1);   /* the last chunk is held back */
+    api_resp_free(&r);
+    call("GET", path, NULL, NULL, NULL, &r);
+    assert_int_equal(r.status, 500);
+    assert_non_null(strstr(json_string_value(json_object_get(r.json, "detail")), "failed its sha-256 check"));
+    api_resp_free(&r);
+
+    /* the scrub: a blob no request has opened since it rotted */
+    char sha2[65], path2[200];
+    publish_blob('a' + 1, sha2, path2, sizeof path2);
+    int checked = 0, bad = 0;
+    assert_int_equal(art_scrub(ctx.as, &checked, &bad), 0);
+    assert_true(checked >= 1);
+    assert_int_equal(bad, 0);
+    flip_byte(sha2, 3);
+    assert_int_equal(art_scrub(ctx.as, &checked, &bad), 0);
+    assert_int_equal(bad, 1);
+    call("GET", path2, NULL, NULL, NULL, &r);
+    assert_int_equal(r.status, 500);
+    assert_non_null(strstr(json_string_value(json_object_get(r.json, "detail")), "failed its sha-256 check"));
+    api_resp_free(&r);
+}
+
 static void test_artifact_ranges(void **state)
 {
     (void)state;
@@ -219,8 +299,9 @@ static void test_artifact_ranges(void **state)
 
     call("GET", path, NULL, NULL, NULL, &r);
     assert_int_equal(r.status, 200);
-    assert_true(r.fd >= 0);
+    assert_non_null(r.stream);
     assert_int_equal(r.len, 1000);
+    assert_true(art_stream_verified(r.stream));   /* a whole download is hashed on the way */
     assert_string_equal(header(&r, "ETag"), etag);
     assert_non_null(strstr(header(&r, "Repr-Digest"), "sha-256=:"));
     assert_string_equal(header(&r, "Content-Disposition"), "attachment; filename=\"blob.txt\"");
@@ -273,6 +354,7 @@ int main(void)
         cmocka_unit_test(test_problem_shape),
         cmocka_unit_test(test_create_idempotent_etag),
         cmocka_unit_test(test_artifact_ranges),
+        cmocka_unit_test(test_artifact_corruption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
