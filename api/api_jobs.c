@@ -361,8 +361,11 @@ void h_cal_list(api_ctx *ctx, const api_req *req, const char *const *params, api
 static int wait_deadline(api_ctx *ctx, const api_req *req, api_resp *resp, double *deadline)
 {
     long long wait;
-    if (api_query_int(req, "wait", 0, ctx->max_wait_s, 0, &wait, resp) < 0)
+    /* any wait the contract allows; the server's --max-wait-s caps it */
+    if (api_query_int(req, "wait", 0, 3600, 0, &wait, resp) < 0)
         return -1;
+    if (wait > ctx->max_wait_s)
+        wait = ctx->max_wait_s;
     *deadline = wait == 0 ? 0 : req->deadline > 0 ? req->deadline : api_now_mono() + (double)wait;
     return 0;
 }
@@ -544,7 +547,7 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
         char *end = NULL;
         errno = 0;
         long long x = strncmp(a, "evt_", 4) == 0 ? strtoll(a + 4, &end, 10) : -1;
-        if (x < 0 || !end || *end || errno == ERANGE || strlen(a) > 24) {
+        if (x < 0 || !end || end == a + 4 || *end || errno == ERANGE || strlen(a) > 24) {
             api_problem(resp, 400, "invalid_parameter", "query parameter after must be an event id (evt_...)",
                         json_pack("[{s:s,s:s}]", "parameter", "after", "message", "must be an event id"));
             return;

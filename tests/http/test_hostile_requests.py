@@ -2,11 +2,13 @@
 never truncates the path; undecodable bytes in an id still get a whole problem
 document that does not echo them; a body with thousands of faults gets a bounded
 problem; empty and blank Idempotency-Key headers are refused; an integer written as
-179639.0 is the integer 179639."""
+179639.0 is the integer 179639; a wait beyond the server's cap is capped, and "evt_" is
+not an event cursor."""
 import json
 import os
 import socket
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from acserver import Server, check_problem, test_spec  # noqa: E402
@@ -67,6 +69,12 @@ def main():
                                  b"Content-Type: application/json\r\nIdempotency-Key:" + value +
                                  b"\r\nContent-Length: %d\r\n\r\n" % len(spec) + spec)
             assert st == 400 and json.loads(body)["code"] == "invalid_idempotency_key", (value, st, body)
+        # --- the contract's query limits: a long wait is capped (not refused), "evt_" is no cursor
+        t0 = time.time()
+        st, _, doc = s.json("GET", "/v1/jobs/%s?wait=3600" % jid)   # terminal: answers at once
+        assert st == 200 and time.time() - t0 < 5, (st, doc)
+        st, hd, doc = s.json("GET", "/v1/jobs/%s/events?after=evt_" % jid)
+        check_problem(st, hd, doc, 400, "invalid_parameter")
         # --- an integral real is an integer
         st, _, doc = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], constraints={"params": 179639.0}))
         assert st == 201 and doc["spec"]["constraints"]["params"] == 179639, (st, doc)
