@@ -5,6 +5,8 @@
  */
 #include <curl/curl.h>
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <limits.h>
 #include <openssl/crypto.h>
 #include <signal.h>
@@ -57,6 +59,18 @@ static int pick_devices(const char *list, char names[][32], int max, char *err, 
         snprintf(names[n++], 32, "%.31s", s);
     }
     return n;
+}
+
+/* Ends the process if a graceful stop has not finished within *arg seconds. */
+static void *shutdown_watchdog(void *arg)
+{
+    long s = *(const long *)arg;
+    struct timespec ts = {s, 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    log_msg("error", "shutdown did not finish within %ld s; exiting now (running jobs resume after restart)", s);
+    _exit(1);
+    return NULL;
 }
 
 int cli_serve(int argc, char **argv)
@@ -223,6 +237,13 @@ int cli_serve(int argc, char **argv)
     while (sigwait(&sigs, &sig) != 0)
         ;
     log_json("info", json_pack("{s:s,s:s}", "msg", "shutting down", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"));
+    /* The stop has a deadline too: a request or a worker that never returns cannot keep
+     * the server alive (jobs left running resume after restart). */
+    static long deadline_s;
+    deadline_s = cfg.shutdown_grace_s + 15;
+    pthread_t watchdog;
+    if (pthread_create(&watchdog, NULL, shutdown_watchdog, &deadline_s) == 0)
+        pthread_detach(watchdog);
     api.shutting_down = 1;
     http_quiesce(hs);
     sched_stop(sc, cfg.shutdown_grace_s * 1000);
