@@ -5,9 +5,11 @@
 #include "storage/tokload.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "storage/fileio.h"
 
@@ -255,6 +257,79 @@ static int hf_pretok(tok_tokenizer *t, json_t *p, int *bytelevel, char *err, siz
     return -1;
 }
 
+/* `name` in the directory of `path` into out; -1 when it does not fit. */
+static int sibling(char *out, size_t cap, const char *path, const char *name)
+{
+    const char *s = strrchr(path, '/');
+    int n = s ? snprintf(out, cap, "%.*s/%s", (int)(s - path), path, name) : snprintf(out, cap, "%s", name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* The piece a tokenizer_config.json / special_tokens_map.json entry names: a string or
+ * an AddedToken object {"content": ...}; NULL when absent or null. */
+static const char *token_name(json_t *v)
+{
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    return json_string_value(v);
+}
+
+/* BOS/EOS ids the tokenizer.json left unset (its post-processor adds none), from the files
+ * HF keeps beside it, first naming wins: tokenizer_config.json and special_tokens_map.json
+ * (bos_token / eos_token by piece), then the model's config.json (bos_token_id /
+ * eos_token_id; a list names its first). Only the ids are set: whether encode adds a BOS
+ * stays the post-processor's decision, as in HF. Returns 0, or -1 with the file and the
+ * entry at fault in err. */
+static int hf_sibling_ids(tok_tokenizer *t, const char *path, char *err, size_t errlen)
+{
+    static const char *const files[] = {"tokenizer_config.json", "special_tokens_map.json", "config.json"};
+    tok_config *c = tok_config_of(t);
+    int *ids[2] = {&c->bos_id, &c->eos_id};
+    for (size_t f = 0; f < sizeof files / sizeof *files && (c->bos_id < 0 || c->eos_id < 0); f++) {
+        char p[PATH_MAX];
+        struct stat st;
+        if (sibling(p, sizeof p, path, files[f]) || stat(p, &st) || !S_ISREG(st.st_mode))
+            continue;
+        json_error_t je;
+        json_t *j = json_load_file(p, 0, &je);
+        if (!json_is_object(j)) {
+            snprintf(err, errlen, "%s: %s (line %d)", p, j ? "not a JSON object" : je.text, je.line);
+            json_decref(j);
+            return -1;
+        }
+        for (int k = 0; k < 2; k++) {
+            if (*ids[k] >= 0)
+                continue;
+            if (f < 2) {
+                const char *key = k ? "eos_token" : "bos_token", *name = token_name(json_object_get(j, key));
+                if (!name)
+                    continue;
+                if ((*ids[k] = tok_lookup(t, name, strlen(name))) < 0) {
+                    snprintf(err, errlen, "%s: %s \"%.64s\" is not in the vocabulary", p, key, name);
+                    json_decref(j);
+                    return -1;
+                }
+                continue;
+            }
+            const char *key = k ? "eos_token_id" : "bos_token_id";
+            json_t *v = json_object_get(j, key);
+            if (json_is_array(v))
+                v = json_array_get(v, 0);
+            if (!v || json_is_null(v))
+                continue;
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= tok_n_vocab(t)) {
+                snprintf(err, errlen, "%s: %s %lld is not an id of the %d-token vocabulary", p, key,
+                         json_is_integer(v) ? (long long)json_integer_value(v) : -1LL, tok_n_vocab(t));
+                json_decref(j);
+                return -1;
+            }
+            *ids[k] = (int)json_integer_value(v);
+        }
+        json_decref(j);
+    }
+    return 0;
+}
+
 tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
 {
     json_error_t je;
@@ -374,7 +449,7 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
         if (eid && (c->eos_id = tok_lookup(t, eid, strlen(eid))) >= 0)
             c->add_eos = 1;
     }
-    if (tok_finalize(t, err, errlen))
+    if (hf_sibling_ids(t, path, err, errlen) || tok_finalize(t, err, errlen))
         goto fail;
     json_decref(j);
     return t;
