@@ -570,24 +570,6 @@ out:
 
 /* ---------------------------------------------------------- HF config */
 
-int exp_decilm_intermediate_size(double ffn_mult, int hidden_size)
-{
-    int64_t v = (int64_t)(2.0 * ffn_mult * (double)hidden_size / 3.0);
-    if (v % 256)
-        v += 256 - v % 256;
-    return (int)v;
-}
-
-double exp_decilm_ffn_mult(int ffn_dim, int hidden_size)
-{
-    if (ffn_dim <= 0 || hidden_size <= 0 || ffn_dim % 256)
-        return -1;
-    char buf[64];
-    snprintf(buf, sizeof buf, "%.6f", 3.0 * ffn_dim / (2.0 * hidden_size));
-    double m = strtod(buf, NULL);   /* round(x, 6), as block_config.py stores it */
-    return exp_decilm_intermediate_size(m, hidden_size) == ffn_dim ? m : -1;
-}
-
 static int first_attention_heads(const arch *a)
 {
     for (int i = 0; i < a->n_layers; i++)
@@ -651,7 +633,7 @@ static int hf_decilm_check(const arch *a, char *err, size_t errlen)
                      "layer, so per-layer query heads are only expressible in GGUF", i, l->n_heads, H);
             return -1;
         }
-        if (l->ffn_dim > 0 && exp_decilm_ffn_mult(l->ffn_dim, a->hidden_size) < 0) {
+        if (l->ffn_dim > 0 && hfconfig_decilm_ffn_mult(l->ffn_dim, a->hidden_size) < 0) {
             snprintf(err, errlen, "HF export: layer %d ffn_dim %d cannot be written as DeciLM ffn_mult "
                      "(readers round int(2*ffn_mult*%d/3) up to a multiple of 256)", i, l->ffn_dim,
                      a->hidden_size);
@@ -739,7 +721,7 @@ json_t *exp_hf_config(const arch *a, const char *cls, exp_dtype dtype, const jso
                 "n_heads_in_group", l->n_heads ? json_integer(l->n_heads / l->n_kv_heads) : json_null(),
                 "no_op", l->n_heads == 0, "num_sink_tokens", "replace_with_linear", 0, "sparsify",
                 "unshifted_sink", 0, "use_prefill_window_in_sink_attention", 0, "window_length");
-            double m = l->ffn_dim ? exp_decilm_ffn_mult(l->ffn_dim, a->hidden_size) : -1;
+            double m = l->ffn_dim ? hfconfig_decilm_ffn_mult(l->ffn_dim, a->hidden_size) : -1;
             json_t *ffn = json_pack("{s:o, s:b, s:b, s:n}",
                 "ffn_mult", l->ffn_dim ? json_real(m) : json_null(), "no_op", l->ffn_dim == 0,
                 "replace_with_linear", 0, "sparsify");
@@ -1573,209 +1555,11 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen)
 
 /* ------------------------------------------------------------- loading */
 
-static int cfg_int(const json_t *c, const char *k, int *v, char *err, size_t errlen)
-{
-    const json_t *j = json_object_get(c, k);
-    if (!json_is_integer(j)) {
-        snprintf(err, errlen, "config.json: %s missing or not an integer", k);
-        return -1;
-    }
-    *v = (int)json_integer_value(j);
-    return 0;
-}
-
-int exp_arch_from_hf_config(const json_t *c, arch *a, char *err, size_t errlen)
-{
-    memset(a, 0, sizeof *a);
-    const char *cls = parent_class(c);
-    if (!cls) {
-        snprintf(err, errlen, "config.json: architectures must name one class");
-        return -1;
-    }
-    int deci = !strcmp(cls, "DeciLMForCausalLM");
-    if (!deci && strcmp(cls, "LlamaForCausalLM") && strcmp(cls, "MistralForCausalLM") &&
-        strcmp(cls, "Qwen2ForCausalLM")) {
-        snprintf(err, errlen, "config.json: class %s is not supported", cls);
-        return -1;
-    }
-    int L, C, H, V, P = 2048;
-    if (cfg_int(c, "num_hidden_layers", &L, err, errlen) || cfg_int(c, "hidden_size", &C, err, errlen) ||
-        cfg_int(c, "num_attention_heads", &H, err, errlen) || cfg_int(c, "vocab_size", &V, err, errlen))
-        return -1;
-    if (L < 0 || L > 1024 || H <= 0) {
-        snprintf(err, errlen, "config.json: num_hidden_layers or num_attention_heads out of range");
-        return -1;
-    }
-    (void)cfg_int(c, "max_position_embeddings", &P, err, errlen);
-    const json_t *bc = json_object_get(c, "block_configs");
-    if (deci && (!json_is_array(bc) || (int)json_array_size(bc) != L)) {
-        snprintf(err, errlen, "config.json: block_configs must list num_hidden_layers=%d blocks", L);
-        return -1;
-    }
-    if (arch_init(a, L) < 0) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = V;
-    a->hidden_size = C;
-    a->max_position_embeddings = P;
-    const json_t *hd = json_object_get(c, "head_dim");
-    a->head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : C / H;
-    const json_t *x = json_object_get(c, "rope_theta");
-    a->rope_theta = json_is_number(x) ? json_number_value(x) : 10000.0;
-    x = json_object_get(c, "rms_norm_eps");
-    a->norm_eps = json_is_number(x) ? json_number_value(x) : 1e-6;
-    a->tie_word_embeddings = json_is_true(json_object_get(c, "tie_word_embeddings"));
-    a->attention_bias = json_is_true(json_object_get(c, "attention_bias")) || !strcmp(cls, "Qwen2ForCausalLM");
-    const json_t *rs = json_object_get(c, "rope_scaling");
-    if (json_is_object(rs)) {
-        const char *ty = json_string_value(json_object_get(rs, "rope_type"));
-        if (!ty)
-            ty = json_string_value(json_object_get(rs, "type"));
-        x = json_object_get(rs, "factor");
-        a->rope_scaling.factor = json_is_number(x) ? json_number_value(x) : 1.0;
-        if (ty && !strcmp(ty, "linear")) {
-            a->rope_scaling.type = ROPE_SCALING_LINEAR;
-        } else if (ty && !strcmp(ty, "dynamic")) {
-            a->rope_scaling.type = ROPE_SCALING_DYNAMIC;
-        } else if (ty && !strcmp(ty, "llama3")) {
-            a->rope_scaling.type = ROPE_SCALING_LLAMA3;
-            x = json_object_get(rs, "low_freq_factor");
-            a->rope_scaling.low_freq_factor = json_is_number(x) ? json_number_value(x) : 1.0;
-            x = json_object_get(rs, "high_freq_factor");
-            a->rope_scaling.high_freq_factor = json_is_number(x) ? json_number_value(x) : 4.0;
-            x = json_object_get(rs, "original_max_position_embeddings");
-            a->rope_scaling.original_max_position_embeddings = json_is_integer(x) ? (int)json_integer_value(x) : 8192;
-        } else {
-            snprintf(err, errlen, "config.json: rope_scaling type %s is not supported", ty ? ty : "(none)");
-            goto fail;
-        }
-    }
-    const json_t *src = json_object_get(c, "autocompress_source_layers");
-    for (int i = 0; i < L; i++) {
-        arch_layer *l = &a->layers[i];
-        const json_t *s = json_array_get(src, (size_t)i);
-        l->source_layer = json_is_integer(s) ? (int)json_integer_value(s) : i;
-        if (!deci) {
-            int kv = H, F;
-            if (json_is_integer(json_object_get(c, "num_key_value_heads")))
-                (void)cfg_int(c, "num_key_value_heads", &kv, err, errlen);
-            if (cfg_int(c, "intermediate_size", &F, err, errlen))
-                goto fail;
-            l->n_heads = H;
-            l->n_kv_heads = kv;
-            l->ffn_dim = F;
-            continue;
-        }
-        const json_t *b = json_array_get(bc, (size_t)i);
-        const json_t *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
-        if (!json_is_object(at) || !json_is_object(ff)) {
-            snprintf(err, errlen, "config.json: block_configs[%d] needs attention and ffn objects", i);
-            goto fail;
-        }
-        if (json_is_true(json_object_get(at, "replace_with_linear")) ||
-            json_is_true(json_object_get(ff, "replace_with_linear"))) {
-            snprintf(err, errlen, "config.json: block_configs[%d]: replace_with_linear is not supported", i);
-            goto fail;
-        }
-        if (!json_is_true(json_object_get(at, "no_op"))) {
-            const json_t *g = json_object_get(at, "n_heads_in_group");
-            if (!json_is_integer(g) || json_integer_value(g) <= 0 || H % json_integer_value(g)) {
-                snprintf(err, errlen, "config.json: block_configs[%d].attention.n_heads_in_group invalid", i);
-                goto fail;
-            }
-            l->n_heads = H;
-            l->n_kv_heads = H / (int)json_integer_value(g);
-        }
-        if (!json_is_true(json_object_get(ff, "no_op"))) {
-            const json_t *m = json_object_get(ff, "ffn_mult");
-            const json_t *is = json_object_get(ff, "intermediate_size");
-            if (json_is_number(m))
-                l->ffn_dim = exp_decilm_intermediate_size(json_number_value(m), C);
-            else if (json_is_integer(is))
-                l->ffn_dim = (int)json_integer_value(is);
-            else {
-                snprintf(err, errlen, "config.json: block_configs[%d].ffn needs ffn_mult", i);
-                goto fail;
-            }
-        }
-    }
-    if (arch_validate(a, err, errlen) < 0)
-        goto fail;
-    return 0;
-fail:
-    arch_free(a);
-    return -1;
-}
-
-static int load_hf(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
-{
-    char path[4096];
-    arch a;
-    if (path_join(path, sizeof path, dir, "config.json") < 0) {
-        snprintf(err, errlen, "path too long");
-        return -1;
-    }
-    json_t *c = load_json_file(path);
-    if (!c) {
-        snprintf(err, errlen, "%s: missing or not JSON", path);
-        return -1;
-    }
-    const char *cls = parent_class(c);
-    if (!cls || strcmp(cls, "DeciLMForCausalLM")) {
-        /* Uniform classes: the shared loader; our source-layer record is put back. */
-        int r = mio_load_model(dir, NULL, be, m, NULL, err, errlen);
-        const json_t *src = json_object_get(c, "autocompress_source_layers");
-        if (r == 0 && json_is_array(src) && (int)json_array_size(src) == m->a.n_layers)
-            for (int i = 0; i < m->a.n_layers; i++)
-                if (json_is_integer(json_array_get(src, (size_t)i)))
-                    m->a.layers[i].source_layer = (int)json_integer_value(json_array_get(src, (size_t)i));
-        json_decref(c);
-        return r;
-    }
-    int rc = exp_arch_from_hf_config(c, &a, err, errlen);
-    json_decref(c);
-    if (rc < 0)
-        return -1;
-    rc = eng_model_init(m, &a, be, err, errlen);
-    arch_free(&a);
-    if (rc < 0)
-        return -1;
-    st_file f;
-    if (st_open(&f, dir, err, errlen) < 0) {
-        eng_model_free(m);
-        return -1;
-    }
-    int want = eng_model_tensor_count(m);
-    if (f.n != want) {
-        snprintf(err, errlen, "%s: %d tensors, the config's arch has %d", dir, f.n, want);
-        rc = -1;
-    }
-    for (int i = 0; i < f.n && rc == 0; i++) {
-        float *buf = malloc((size_t)f.t[i].numel * sizeof *buf);
-        if (!buf || st_read_f32(&f, i, buf, f.t[i].numel, err, errlen) < 0 ||
-            eng_model_set_tensor(m, f.t[i].name, buf, f.t[i].shape, f.t[i].ndim, err, errlen) < 0) {
-            if (!buf)
-                snprintf(err, errlen, "out of memory");
-            rc = -1;
-        }
-        free(buf);
-    }
-    st_close(&f);
-    if (rc < 0)
-        eng_model_free(m);
-    return rc;
-}
-
 int exp_load_model(const char *path, eng_backend *be, eng_model *m, char *err, size_t errlen)
 {
-    if (is_dir(path)) {
-        char sums[4096];
-        if (path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && is_file(sums) &&
-            exp_verify_dir(path, err, errlen) < 0)
-            return -1;
-        return load_hf(path, be, m, err, errlen);
-    }
+    char sums[4096];
+    if (is_dir(path) && path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && is_file(sums) &&
+        exp_verify_dir(path, err, errlen) < 0)
+        return -1;
     return mio_load_model(path, NULL, be, m, NULL, err, errlen);
 }

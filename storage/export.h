@@ -55,12 +55,6 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
 json_t *exp_hf_config(const arch *a, const char *cls, exp_dtype dtype, const json_t *parent_config,
                       char *err, size_t errlen);
 
-/* DeciLM ffn_mult that reproduces ffn_dim exactly through the readers' formula
- * (multiple of 256 above int(2*ffn_mult*hidden/3)); -1 when no such value exists. */
-double exp_decilm_ffn_mult(int ffn_dim, int hidden_size);
-/* The readers' formula itself (vLLM / llama.cpp _ffn_mult_to_intermediate_size). */
-int exp_decilm_intermediate_size(double ffn_mult, int hidden_size);
-
 /* Write the HF directory `dir` (created; must not exist or be empty). Returns 0, or -1
  * with err (nothing half-written is left under the final names). */
 int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_result *res,
@@ -97,17 +91,10 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen);
  * Returns 0 or -1 with err. */
 int exp_verify_file(const char *path, const char *hex, int64_t size, char *err, size_t errlen);
 
-/* The arch a config.json describes (LlamaForCausalLM / MistralForCausalLM /
- * Qwen2ForCausalLM uniform, or DeciLMForCausalLM block_configs; source layers from
- * "autocompress_source_layers" when present, else 0..n-1). a must not own memory.
- * Returns 0, or -1 with the offending field in err. */
-int exp_arch_from_hf_config(const json_t *config, arch *a, char *err, size_t errlen);
-
-/* Load a model to export or to check an export: storage/modelio for everything it reads
- * (GGUF, llama2.c, uniform HF directories; source layers restored from config.json), and
- * DeciLM HF directories through exp_arch_from_hf_config + safetensors. A directory with
- * SHA256SUMS is verified first (a damaged file is refused). m must be uninitialized; free
- * with eng_model_free. Returns 0, or -1 with err. */
+/* Load a model to export or to check an export, through storage/modelio (every format
+ * the subcommands read, DeciLM directories included). A directory with SHA256SUMS is
+ * verified first (a damaged file is refused). m must be uninitialized; free with
+ * eng_model_free. Returns 0, or -1 with err. */
 int exp_load_model(const char *path, eng_backend *be, eng_model *m, char *err, size_t errlen);
 
 #endif
