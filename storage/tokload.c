@@ -257,6 +257,71 @@ static int hf_pretok(tok_tokenizer *t, json_t *p, int *bytelevel, char *err, siz
     return -1;
 }
 
+/* A merges[] entry: "left right" (split at the first space) or ["left", "right"].
+ * Pointers borrow from x. Returns 0, or -1 for any other shape. */
+static int merge_pair(json_t *x, const char **a, size_t *al, const char **b, size_t *bl)
+{
+    if (json_is_string(x)) {
+        const char *s = json_string_value(x), *sp = strchr(s, ' ');
+        if (!sp)
+            return -1;
+        *a = s; *al = (size_t)(sp - s); *b = sp + 1; *bl = strlen(sp + 1);
+        return 0;
+    }
+    if (json_is_array(x) && json_array_size(x) == 2 && json_is_string(json_array_get(x, 0)) &&
+        json_is_string(json_array_get(x, 1))) {
+        *a = json_string_value(json_array_get(x, 0)); *al = strlen(*a);
+        *b = json_string_value(json_array_get(x, 1)); *bl = strlen(*b);
+        return 0;
+    }
+    return -1;
+}
+
+/* SentencePiece-style scores rebuilt from the merge order (tokenizer.json keeps no
+ * scores): the first rule that yields a piece gives it -rank, pieces no rule yields score
+ * below every rule. Score-driven merging (a GGUF "llama" vocabulary written from this
+ * tokenizer) then merges as the rules do. Returns n NEW floats, or NULL on OOM; malformed
+ * rules are left for the caller to report. */
+static float *spm_scores(json_t *vocab, json_t *merges, int n)
+{
+    float *sc = malloc((size_t)n * sizeof *sc);
+    char *buf = NULL;
+    size_t cap = 0, i;
+    json_t *x;
+    if (!sc)
+        return NULL;
+    float floor = -(float)json_array_size(merges) - 1.0f;
+    for (int k = 0; k < n; k++)
+        sc[k] = 1.0f;   /* unset */
+    json_array_foreach(merges, i, x) {
+        const char *a, *b;
+        size_t al, bl;
+        if (merge_pair(x, &a, &al, &b, &bl))
+            continue;
+        if (al + bl + 1 > cap) {
+            char *nb = realloc(buf, al + bl + 1);
+            if (!nb) {
+                free(buf);
+                free(sc);
+                return NULL;
+            }
+            buf = nb;
+            cap = al + bl + 1;
+        }
+        memcpy(buf, a, al);
+        memcpy(buf + al, b, bl);
+        buf[al + bl] = '\0';
+        json_t *id = json_object_get(vocab, buf);
+        if (json_is_integer(id) && json_integer_value(id) < n && sc[json_integer_value(id)] > 0)
+            sc[json_integer_value(id)] = -(float)i;
+    }
+    for (int k = 0; k < n; k++)
+        if (sc[k] > 0)
+            sc[k] = floor;
+    free(buf);
+    return sc;
+}
+
 /* `name` in the directory of `path` into out; -1 when it does not fit. */
 static int sibling(char *out, size_t cap, const char *path, const char *name)
 {
@@ -335,6 +400,7 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     tok_tokenizer *t = NULL;
+    float *scores = NULL;
     if (!j) {
         snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
         return NULL;
@@ -378,10 +444,13 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory or empty vocabulary");
         goto fail;
     }
+    if (spm && !(scores = spm_scores(vocab, merges, (int)maxid + 1)))
+        goto oom;
     json_object_foreach(vocab, k, v) {
         size_t l = strlen(k);
+        int id = (int)json_integer_value(v);
         tok_type ty = spm && is_byte_piece(k, l) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
-        if (tok_set_token(t, (int)json_integer_value(v), k, l, 0.0f, ty))
+        if (tok_set_token(t, id, k, l, scores ? scores[id] : 0.0f, ty))
             goto oom;
     }
     json_array_foreach(added, i, x) {
@@ -393,19 +462,8 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     json_array_foreach(merges, i, x) {
         const char *a, *b;
         size_t al, bl;
-        if (json_is_string(x)) {
-            const char *s = json_string_value(x), *sp = strchr(s, ' ');
-            if (!sp) {
-                snprintf(err, errlen, "%s: merges[%zu] is not \"left right\"", path, i);
-                goto fail;
-            }
-            a = s; al = (size_t)(sp - s); b = sp + 1; bl = strlen(b);
-        } else if (json_is_array(x) && json_array_size(x) == 2 && json_is_string(json_array_get(x, 0)) &&
-                   json_is_string(json_array_get(x, 1))) {
-            a = json_string_value(json_array_get(x, 0)); al = strlen(a);
-            b = json_string_value(json_array_get(x, 1)); bl = strlen(b);
-        } else {
-            snprintf(err, errlen, "%s: merges[%zu] is neither a string nor a pair", path, i);
+        if (merge_pair(x, &a, &al, &b, &bl)) {
+            snprintf(err, errlen, "%s: merges[%zu] is neither \"left right\" nor a pair of strings", path, i);
             goto fail;
         }
         if (tok_add_merge(t, a, al, b, bl) < 0)
@@ -451,11 +509,13 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     }
     if (hf_sibling_ids(t, path, err, errlen) || tok_finalize(t, err, errlen))
         goto fail;
+    free(scores);
     json_decref(j);
     return t;
 oom:
     snprintf(err, errlen, "out of memory");
 fail:
+    free(scores);
     tok_free(t);
     json_decref(j);
     return NULL;

@@ -11,6 +11,8 @@ as HF tokenizer files, read by HF `tokenizers` (PyPI), the independent reader he
    tokens HF adds the BOS the engine adds.
 3. The same vocabulary as a GGUF "llama" tokenizer (stories260K exported to GGUF, then
    that GGUF exported to HF) gives the same tokenizer.json behaviour.
+4. The HF export used as a parent for a GGUF export: the GGUF "llama" vocabulary built
+   from tokenizer.json (scores from the merge order) tokenizes as tok512.bin does.
 """
 import json
 import os
@@ -115,6 +117,15 @@ def main():
         if man.get("tokenizer") is not True:
             failures.append("GGUF llama -> hf manifest: tokenizer %s" % man.get("tokenizer"))
         check_dir(g_dir, corpus, reference, "llama2.c -> gguf -> hf", failures)
+        # The HF export as a parent in turn: its GGUF export's "llama" vocabulary (scores
+        # rebuilt from the merge order) still tokenizes as tok512.bin does.
+        re_gguf = os.path.join(tmp, "from-hf.gguf")
+        run([AC_BIN, "export", hf_dir, "--format", "gguf", "--dtype", "fp32", "--out", re_gguf])
+        got = ours(["gguf", re_gguf], corpus)
+        bad = sum(1 for a, b in zip(got, reference) if a != b)
+        print("llama2.c -> hf -> gguf: %d texts, %d differences" % (len(corpus), bad))
+        if bad:
+            failures.append("hf -> gguf: %d texts tokenize differently from tok512.bin" % bad)
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         sys.exit(1)
