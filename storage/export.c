@@ -1367,8 +1367,8 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         goto out;
     char tokline[600];
     if (res->tokenizer)
-        snprintf(tokline, sizeof tokline, "included (tokenizer.json, tokenizer_config.json%s)",
-                 parent_hf ? " and the parent's other tokenizer files" : ", special_tokens_map.json");
+        snprintf(tokline, sizeof tokline, "%s", parent_hf ? "included (the parent directory's tokenizer files)"
+                 : "included (tokenizer.json, tokenizer_config.json, special_tokens_map.json)");
     else
         snprintf(tokline, sizeof tokline, "not included: %s", res->note);
     mc_info info = {.parent = pp ? pp : "unknown", .model_class = cls, .dtype = exp_dtype_name(o->dtype),

@@ -533,10 +533,12 @@ static void test_model_card(void **state)
                              "\"measured\":40.2,\"holds\":true}],\"result\":{\"accuracy\":{\"arc_easy\":"
                              "{\"acc\":0.5,\"acc_norm\":0.55,\"stderr\":0.02,\"n\":500}}}}", 0, &je);
     assert_non_null(rep);
-    mc_info info = {.parent = "parent.gguf", .model_class = "DeciLMForCausalLM", .dtype = "bf16", .formats = "HF"};
+    mc_info info = {.parent = "parent.gguf", .model_class = "DeciLMForCausalLM", .dtype = "bf16", .formats = "HF",
+                    .tokenizer = "not included: no parent given"};
     char *s = mc_render(&a, rep, &info);
     assert_non_null(s);
     assert_non_null(strstr(s, "parent.gguf"));
+    assert_non_null(strstr(s, "- **Tokenizer:** not included: no parent given\n"));
     assert_non_null(strstr(s, "| latency_ms | 41 | 39.7 | 40.2 | yes |"));
     assert_non_null(strstr(s, "| 1 | 2 | removed | removed | 32 |"));
     assert_non_null(strstr(s, "| arc_easy | not measured | not measured | 0.5 | 0.55 |"));
