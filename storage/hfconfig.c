@@ -1,7 +1,8 @@
-/* storage/hfconfig.c — config.json reader and writer for the Llama-style families.
- * Defaults follow transformers' LlamaConfig/MistralConfig/Qwen2Config where a field is
- * absent; fields that change the math but that the engine lacks (sliding windows that
- * bind, MoE keys) are refused rather than ignored.
+/* storage/hfconfig.c — config.json reader and writer for the Llama-style families, and
+ * the reader of DeciLM's block_configs. Defaults follow transformers'
+ * LlamaConfig/MistralConfig/Qwen2Config where a field is absent; fields that change the
+ * math but that the engine lacks (sliding windows that bind, MoE keys, DeciLM linear
+ * replacements) are refused rather than ignored.
  */
 #include "storage/hfconfig.h"
 
@@ -56,7 +57,8 @@ double hfconfig_decilm_ffn_mult(int ffn_dim, int hidden_size)
 }
 
 /* A block_configs entry's field that must be absent, null or false: the feature it
- * turns on (linear replacement, sliding windows, attention sinks) is not in the engine. */
+ * turns on (linear replacement, sliding windows, attention sinks, sparsity, MoE) is not
+ * in the engine. */
 static int decilm_unsupported(json_t *o, const char *k)
 {
     json_t *x = json_object_get(o, k);
@@ -73,16 +75,18 @@ static int decilm_block(json_t *bc, int l, int64_t H, int64_t C, arch *a, char *
         snprintf(err, errlen, "config.json: block_configs[%d]: needs attention and ffn objects", l);
         return -1;
     }
-    static const char *const off[] = {"replace_with_linear", "window_length", "num_sink_tokens", "sparsify"};
-    for (size_t k = 0; k < sizeof off / sizeof *off; k++)
-        if (decilm_unsupported(at, off[k]) || (k != 1 && k != 2 && decilm_unsupported(ff, off[k]))) {
-            snprintf(err, errlen, "config.json: block_configs[%d]: %s is not supported", l, off[k]);
+    static const char *const att_off[] = {"replace_with_linear", "window_length", "num_sink_tokens", "sparsify"};
+    static const char *const ffn_off[] = {"replace_with_linear", "sparsify", "moe"};
+    for (size_t k = 0; k < sizeof att_off / sizeof *att_off; k++)
+        if (decilm_unsupported(at, att_off[k])) {
+            snprintf(err, errlen, "config.json: block_configs[%d].attention.%s is not supported", l, att_off[k]);
             return -1;
         }
-    if (json_object_get(ff, "moe") && !json_is_null(json_object_get(ff, "moe"))) {
-        snprintf(err, errlen, "config.json: block_configs[%d]: ffn.moe is not supported", l);
-        return -1;
-    }
+    for (size_t k = 0; k < sizeof ffn_off / sizeof *ffn_off; k++)
+        if (decilm_unsupported(ff, ffn_off[k])) {
+            snprintf(err, errlen, "config.json: block_configs[%d].ffn.%s is not supported", l, ffn_off[k]);
+            return -1;
+        }
     if (!json_is_true(json_object_get(at, "no_op"))) {
         json_t *g = json_object_get(at, "n_heads_in_group");
         if (!json_is_integer(g) || json_integer_value(g) <= 0 || H % json_integer_value(g)) {
