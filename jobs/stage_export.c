@@ -2,8 +2,8 @@
  * prune/student) written in every format the spec's "export" names — "hf"
  * (LlamaForCausalLM when uniform, else DeciLM block_configs), "deci" (DeciLM always),
  * "gguf" (llama.cpp) — with the same storage/export.c code as `autocompress export`.
- * HF directories are published as .tar; each artifact's size and sha-256 go into
- * export/manifest.json (also published), the events and the report. Weights: bf16.
+ * HF directories are published as .tar; each artifact's size, sha-256 and whether it
+ * carries the parent's tokenizer go into export/manifest.json (also published), the events and the report. Weights: bf16.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +77,7 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
     }
     snprintf(srcbuf, sizeof srcbuf, "%s", src);   /* job_ctx_output's buffer is reused */
     const char *parent = json_string_value(json_object_get(json_object_get(spec, "model"), "path"));
+    const char *parent_tok = json_string_value(json_object_get(json_object_get(spec, "model"), "tokenizer"));
     eng_backend *be = eng_backend_cpu_new(0);    /* export only reads weights: host memory */
     if (!be) {
         snprintf(err, errlen, "export: out of memory");
@@ -100,7 +101,8 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
         const char *f = json_string_value(json_array_get(formats, i));
         if (!f)
             continue;
-        exp_opts o = {.dtype = EXP_BF16, .parent_path = parent, .report = report, .name = job_ctx_id(ctx)};
+        exp_opts o = {.dtype = EXP_BF16, .parent_path = parent, .parent_tokenizer = parent_tok, .report = report,
+                      .name = job_ctx_id(ctx)};
         exp_result res;
         char path[4400], tarp[4400], name[64];
         json_t *e = NULL;
@@ -136,7 +138,7 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
             snprintf(err, errlen, "export: format '%s' is not available in this build", f);
             goto out;
         }
-        if (!e)
+        if (!e || json_object_set_new(e, "tokenizer", json_boolean(res.tokenizer)) < 0)
             goto out;
         if (res.note[0])
             json_object_set_new(e, "note", json_string(res.note));

@@ -29,6 +29,7 @@ static void usage(FILE *f)
             "  --dtype D            bf16 (default), fp16, fp32; GGUF also q8_0\n"
             "  --arch ARCH.json     slice the model to this arch first (prefix pruning)\n"
             "  --parent PATH        where tokenizer files come from (default: MODEL)\n"
+            "  --tokenizer PATH     the parent's tokenizer file when it is not beside it\n"
             "  --report R.json      job report for MODEL_CARD.md\n"
             "  --tar FILE           also package the HF directory as FILE (ustar)\n"
             "  --shard-bytes N      largest safetensors shard (default 5 GiB)\n"
@@ -48,6 +49,7 @@ int cli_export(int argc, char **argv)
 {
     const char *model = NULL, *out = NULL, *format = "hf", *dtype_s = "bf16", *arch_path = NULL;
     const char *parent = NULL, *report_path = NULL, *tar_path = NULL, *name = NULL, *verify = NULL;
+    const char *tokenizer = NULL;
     int64_t shard = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -62,6 +64,7 @@ int cli_export(int argc, char **argv)
         OPT("--dtype", dtype_s)
         OPT("--arch", arch_path)
         OPT("--parent", parent)
+        OPT("--tokenizer", tokenizer)
         OPT("--report", report_path)
         OPT("--tar", tar_path)
         OPT("--name", name)
@@ -154,6 +157,7 @@ int cli_export(int argc, char **argv)
         src = &pruned;
     }
     exp_opts o = {.dtype = (exp_dtype)dt, .shard_bytes = shard, .parent_path = parent ? parent : model,
+                  .parent_tokenizer = tokenizer,
                   .report = report, .name = name,
                   .hf_class = !strcmp(format, "deci") ? "deci" : "llama"};
     exp_result res;

@@ -421,6 +421,55 @@ static json_t *token_json(const gkvs *g, const char *key, const char **tok, cons
     return s ? s : json_null();
 }
 
+/* One TemplateProcessing element {"SpecialToken"|"Sequence": {id, type_id}} appended to arr. */
+static int tp_add(json_t *arr, const char *kind, const char *id, int type_id)
+{
+    return json_array_append_new(arr, json_pack("{s:{s:s, s:i}}", kind, "id", id, "type_id", type_id));
+}
+
+/* The post-processor that adds BOS (bos != NULL) and/or EOS (eos != NULL) around each
+ * sequence, as transformers writes it for Llama; pieces borrowed. Returns a NEW
+ * reference (JSON null when it adds neither), or NULL on OOM. */
+static json_t *template_processor(const char *bos, int64_t bos_id, const char *eos, int64_t eos_id)
+{
+    if (!bos && !eos)
+        return json_null();
+    json_t *single = json_array(), *pair = json_array(), *special = json_object();
+    int bad = !single || !pair || !special;
+    for (int k = 0; k < 3 && !bad; k++) {   /* single: A; pair: A, then B with type_id 1 */
+        json_t *arr = k == 0 ? single : pair;
+        if (bos)
+            bad |= tp_add(arr, "SpecialToken", bos, k == 2);
+        bad |= tp_add(arr, "Sequence", k == 2 ? "B" : "A", k == 2);
+        if (eos)
+            bad |= tp_add(arr, "SpecialToken", eos, k == 2);
+    }
+    if (!bad && bos)
+        bad |= json_object_set_new(special, bos, json_pack("{s:s, s:[I], s:[s]}", "id", bos, "ids",
+                                                           (json_int_t)bos_id, "tokens", bos));
+    if (!bad && eos && (!bos || strcmp(bos, eos)))
+        bad |= json_object_set_new(special, eos, json_pack("{s:s, s:[I], s:[s]}", "id", eos, "ids",
+                                                           (json_int_t)eos_id, "tokens", eos));
+    if (bad) {
+        json_decref(single);
+        json_decref(pair);
+        json_decref(special);
+        return NULL;
+    }
+    return json_pack("{s:s, s:o, s:o, s:o}", "type", "TemplateProcessing", "single", single, "pair", pair,
+                     "special_tokens", special);
+}
+
+/* tokenizer_config.json as transformers' PreTrainedTokenizerFast reads it. Steals the
+ * four token values (JSON strings or null; a NULL one makes the call fail). Returns a
+ * NEW reference, or NULL on OOM. */
+static json_t *tokenizer_config(int add_bos, int add_eos, json_t *bos, json_t *eos, json_t *unk, json_t *pad)
+{
+    return json_pack("{s:b, s:b, s:o, s:o, s:o, s:o, s:b, s:s}", "add_bos_token", add_bos, "add_eos_token", add_eos,
+                     "bos_token", bos, "eos_token", eos, "unk_token", unk, "pad_token", pad,
+                     "clean_up_tokenization_spaces", 0, "tokenizer_class", "PreTrainedTokenizerFast");
+}
+
 json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config, char *err, size_t errlen)
 {
     gkvs g;
@@ -499,18 +548,9 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
     int64_t bos = gkv_int(&g, "tokenizer.ggml.bos_token_id");
     json_t *post;
     if (add_bos == 1 && bos >= 0 && bos < n) {
-        json_t *bs = json_stringn(tok[bos], tlen[bos]);
-        post = json_pack("{s:s, s:[{s:{s:s,s:I}}, {s:{s:s,s:I}}], s:[{s:{s:s,s:I}}, {s:{s:s,s:I}}, {s:{s:s,s:I}}, {s:{s:s,s:I}}], s:{s:{s:o, s:[I], s:[o]}}}",
-                         "type", "TemplateProcessing",
-                         "single", "SpecialToken", "id", bs ? json_string_value(bs) : "", "type_id", (json_int_t)0,
-                         "Sequence", "id", "A", "type_id", (json_int_t)0,
-                         "pair", "SpecialToken", "id", bs ? json_string_value(bs) : "", "type_id", (json_int_t)0,
-                         "Sequence", "id", "A", "type_id", (json_int_t)0,
-                         "SpecialToken", "id", bs ? json_string_value(bs) : "", "type_id", (json_int_t)1,
-                         "Sequence", "id", "B", "type_id", (json_int_t)1,
-                         "special_tokens", bs ? json_string_value(bs) : "", "id", json_incref(bs),
-                         "ids", (json_int_t)bos, "tokens", json_incref(bs));
-        json_decref(bs);
+        char *bs = strndup(tok[bos], tlen[bos]);
+        post = bs ? template_processor(bs, bos, NULL, -1) : NULL;
+        free(bs);
     } else {
         post = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 1,
                          "trim_offsets", 0, "use_regex", 1);
@@ -537,13 +577,11 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
             if (cl <= ct->len - 8)
                 chat = json_stringn((const char *)ct->raw + 8, (size_t)cl);   /* whole template */
         }
-        json_t *tc = json_pack("{s:b, s:b, s:o, s:o, s:o, s:o, s:b, s:s}",
-                               "add_bos_token", add_bos == 1, "add_eos_token", gkv_int(&g, "tokenizer.ggml.add_eos_token") == 1,
-                               "bos_token", token_json(&g, "tokenizer.ggml.bos_token_id", tok, tlen, n),
-                               "eos_token", token_json(&g, "tokenizer.ggml.eos_token_id", tok, tlen, n),
-                               "unk_token", token_json(&g, "tokenizer.ggml.unknown_token_id", tok, tlen, n),
-                               "pad_token", token_json(&g, "tokenizer.ggml.padding_token_id", tok, tlen, n),
-                               "clean_up_tokenization_spaces", 0, "tokenizer_class", "PreTrainedTokenizerFast");
+        json_t *tc = tokenizer_config(add_bos == 1, gkv_int(&g, "tokenizer.ggml.add_eos_token") == 1,
+                                      token_json(&g, "tokenizer.ggml.bos_token_id", tok, tlen, n),
+                                      token_json(&g, "tokenizer.ggml.eos_token_id", tok, tlen, n),
+                                      token_json(&g, "tokenizer.ggml.unknown_token_id", tok, tlen, n),
+                                      token_json(&g, "tokenizer.ggml.padding_token_id", tok, tlen, n));
         if (tc && chat)
             json_object_set_new(tc, "chat_template", chat);
         else
@@ -568,25 +606,248 @@ out:
     return out;
 }
 
+/* The pieces of an SPM tokenizer as llama.cpp and HF spell them: a space in a normal
+ * piece is U+2581 (llama2.c's export turned those back into spaces). On success *pieces
+ * (n NEW NUL-terminated strings; free_pieces) and *lens; returns 0, or -1 on OOM. */
+static int spm_pieces(const tok_tokenizer *t, char ***pieces, size_t **lens)
+{
+    int n = tok_n_vocab(t);
+    const tok_config *c = tok_cfg(t);
+    char **p = calloc((size_t)n, sizeof *p);
+    size_t *l = calloc((size_t)n, sizeof *l);
+    if (!p || !l)
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        const char *s = tok_piece(t, i, &len);
+        if (!s)
+            s = "", len = 0;
+        int esc = !c->escape_spaces && tok_type_of(t, i) == TOK_TYPE_NORMAL;
+        size_t spaces = 0, o = 0;
+        for (size_t k = 0; esc && k < len; k++)
+            spaces += s[k] == ' ';
+        if (!(p[i] = malloc(len + 2 * spaces + 1)))
+            goto oom;
+        for (size_t k = 0; k < len; k++) {
+            if (esc && s[k] == ' ') {
+                memcpy(p[i] + o, "\xe2\x96\x81", 3);
+                o += 3;
+            } else {
+                p[i][o++] = s[k];
+            }
+        }
+        p[i][o] = '\0';
+        l[i] = o;
+    }
+    *pieces = p;
+    *lens = l;
+    return 0;
+oom:
+    for (int i = 0; p && i < n; i++)
+        free(p[i]);
+    free(p);
+    free(l);
+    return -1;
+}
+
+static void free_pieces(char **p, size_t *l, int n)
+{
+    for (int i = 0; p && i < n; i++)
+        free(p[i]);
+    free(p);
+    free(l);
+}
+
+/* A piece SentencePiece merges into and out of (not control, unknown, byte or unused). */
+static int spm_mergeable(const tok_tokenizer *t, int id)
+{
+    tok_type ty = tok_type_of(t, id);
+    return ty == TOK_TYPE_NORMAL || ty == TOK_TYPE_USER_DEFINED;
+}
+
+typedef struct {
+    float score;          /* the merged piece's */
+    int piece, left, right;
+} spm_merge;
+
+/* Higher score first; then as transformers' SentencePieceExtractor leaves ties (stable
+ * sort over pieces in id order, each piece's splits by left id, then right id). */
+static int spm_merge_cmp(const void *x, const void *y)
+{
+    const spm_merge *a = x, *b = y;
+    if (a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    if (a->piece != b->piece)
+        return a->piece < b->piece ? -1 : 1;
+    if (a->left != b->left)
+        return a->left < b->left ? -1 : 1;
+    return (a->right > b->right) - (a->right < b->right);
+}
+
+/* Every split of every mergeable piece into two mergeable pieces, at UTF-8 character
+ * boundaries, sorted by spm_merge_cmp. *out NEW (free), *n its count. 0 or -1 (OOM). */
+static int spm_merges(const tok_tokenizer *t, spm_merge **out, size_t *n)
+{
+    size_t cap = 0, cnt = 0;
+    spm_merge *m = NULL;
+    for (int id = 0; id < tok_n_vocab(t); id++) {
+        size_t len;
+        const char *s = tok_piece(t, id, &len);
+        if (!s || !spm_mergeable(t, id))
+            continue;
+        for (size_t k = 1; k < len; k++) {
+            if (((unsigned char)s[k] & 0xC0) == 0x80)
+                continue;   /* inside a character */
+            int l = tok_lookup(t, s, k), r = tok_lookup(t, s + k, len - k);
+            if (l < 0 || r < 0 || !spm_mergeable(t, l) || !spm_mergeable(t, r))
+                continue;
+            if (cnt == cap) {
+                size_t nc = cap ? cap * 2 : 1024;
+                spm_merge *nm = realloc(m, nc * sizeof *nm);
+                if (!nm) {
+                    free(m);
+                    return -1;
+                }
+                m = nm;
+                cap = nc;
+            }
+            m[cnt++] = (spm_merge){tok_score(t, id), id, l, r};
+        }
+    }
+    if (cnt)
+        qsort(m, cnt, sizeof *m, spm_merge_cmp);
+    *out = m;
+    *n = cnt;
+    return 0;
+}
+
+json_t *exp_tokenizer_json_spm(const tok_tokenizer *t, json_t **config_out, char *err, size_t errlen)
+{
+    if (config_out)
+        *config_out = NULL;
+    if (tok_kind_of(t) != TOK_SPM) {
+        snprintf(err, errlen, "tokenizer.json: the tokenizer is not SentencePiece-style");
+        return NULL;
+    }
+    int n = tok_n_vocab(t);
+    const tok_config *c = tok_cfg(t);
+    char **pc = NULL;
+    size_t *pl = NULL, nm = 0;
+    spm_merge *mg = NULL;
+    json_t *vocab = json_object(), *merges = json_array(), *added = json_array(), *out = NULL;
+    json_t *norm = NULL, *dec = NULL, *post = NULL, *model = NULL;
+    if (!vocab || !merges || !added || spm_pieces(t, &pc, &pl) < 0 || spm_merges(t, &mg, &nm) < 0)
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        json_t *ps = json_stringn(pc[i], pl[i]);
+        if (!ps || memchr(pc[i], '\0', pl[i])) {
+            json_decref(ps);
+            snprintf(err, errlen, "tokenizer.json: token %d is not UTF-8 text without NUL bytes; JSON cannot hold it", i);
+            goto fail;
+        }
+        json_decref(ps);
+        json_t *dup = json_object_get(vocab, pc[i]);
+        if (dup) {
+            snprintf(err, errlen, "tokenizer.json: tokens %lld and %d are both \"%.40s\"; its vocab holds one id per piece",
+                     (long long)json_integer_value(dup), i, pc[i]);
+            goto fail;
+        }
+        if (json_object_set_new(vocab, pc[i], json_integer(i)) < 0)
+            goto oom;
+        tok_type ty = tok_type_of(t, i);
+        if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN || ty == TOK_TYPE_USER_DEFINED) {
+            json_t *a = json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", i, "content", pc[i], "single_word", 0,
+                                  "lstrip", 0, "rstrip", 0, "normalized", ty == TOK_TYPE_USER_DEFINED,
+                                  "special", ty != TOK_TYPE_USER_DEFINED);
+            if (!a || json_array_append_new(added, a) < 0)
+                goto oom;
+        }
+    }
+    int pairs = 0;   /* merges as "left right" unless a piece holds a space */
+    for (size_t k = 0; k < nm; k++)
+        pairs |= strchr(pc[mg[k].left], ' ') || strchr(pc[mg[k].right], ' ');
+    for (size_t k = 0; k < nm; k++) {
+        json_t *e;
+        if (pairs) {
+            e = json_pack("[s, s]", pc[mg[k].left], pc[mg[k].right]);
+        } else {
+            char *j = malloc(pl[mg[k].left] + pl[mg[k].right] + 2);
+            if (j)
+                snprintf(j, pl[mg[k].left] + pl[mg[k].right] + 2, "%s %s", pc[mg[k].left], pc[mg[k].right]);
+            e = j ? json_string(j) : NULL;
+            free(j);
+        }
+        if (!e || json_array_append_new(merges, e) < 0)
+            goto oom;
+    }
+    /* Llama-2 as transformers' LlamaConverter writes it: "▁" prepended and spaces
+     * escaped by the normalizer, no pre-tokenizer, byte fallback, and the decoder undoing
+     * each step. */
+    json_t *repl = json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", " ", "content",
+                             "\xe2\x96\x81");
+    norm = c->add_dummy_prefix ? json_pack("{s:s, s:[{s:s, s:s}, o]}", "type", "Sequence", "normalizers", "type",
+                                           "Prepend", "prepend", "\xe2\x96\x81", repl) : repl;
+    dec = json_pack("{s:s, s:[{s:s, s:{s:s}, s:s}, {s:s}, {s:s}]}", "type", "Sequence", "decoders", "type", "Replace",
+                    "pattern", "String", "\xe2\x96\x81", "content", " ", "type", "ByteFallback", "type", "Fuse");
+    if (dec && c->add_dummy_prefix &&
+        json_array_append_new(json_object_get(dec, "decoders"),
+                              json_pack("{s:s, s:s, s:i, s:i}", "type", "Strip", "content", " ", "start", 1, "stop", 0)) < 0)
+        goto oom;
+    post = template_processor(c->add_bos ? pc[c->bos_id] : NULL, c->bos_id, c->add_eos ? pc[c->eos_id] : NULL,
+                              c->eos_id);
+    json_t *unk = c->unk_id >= 0 ? json_string(pc[c->unk_id]) : json_null();
+    model = json_pack("{s:s, s:n, s:o, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type", "BPE", "dropout", "unk_token",
+                      unk, "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 1, "byte_fallback",
+                      c->byte_fallback, "ignore_merges", 0, "vocab", vocab, "merges", merges);
+    vocab = merges = NULL;
+    if (!norm || !dec || !post || !model)
+        goto oom;
+    out = json_pack("{s:s, s:n, s:n, s:o, s:o, s:n, s:o, s:o, s:o}", "version", "1.0", "truncation", "padding",
+                    "added_tokens", added, "normalizer", norm, "pre_tokenizer", "post_processor", post, "decoder",
+                    dec, "model", model);
+    added = norm = post = dec = model = NULL;
+    if (!out)
+        goto oom;
+    if (config_out) {
+        json_t *tok[4];
+        int ids[4] = {c->bos_id, c->eos_id, c->unk_id, c->pad_id};
+        for (int k = 0; k < 4; k++)
+            tok[k] = ids[k] >= 0 ? json_string(pc[ids[k]]) : json_null();
+        if (!(*config_out = tokenizer_config(c->add_bos, c->add_eos, tok[0], tok[1], tok[2], tok[3])))
+            goto oom;
+    }
+    goto done;
+oom:
+    snprintf(err, errlen, "tokenizer.json: out of memory");
+fail:
+    json_decref(out);
+    out = NULL;
+done:
+    json_decref(vocab);
+    json_decref(merges);
+    json_decref(added);
+    json_decref(norm);
+    json_decref(dec);
+    json_decref(post);
+    json_decref(model);
+    free(mg);
+    free_pieces(pc, pl, n);
+    return out;
+}
+
+/* The parent's tokenizer, as the subcommands load it (tok_path: a file overriding the
+ * one found beside the parent; may be NULL). Returns a NEW tokenizer, or NULL with err. */
+static tok_tokenizer *parent_tokenizer(const char *parent, const char *tok_path, char *err, size_t errlen)
+{
+    mio_model mm;
+    if (mio_open(&mm, parent, tok_path, err, errlen) < 0)
+        return NULL;
+    tok_tokenizer *t = mio_tokenizer(&mm, err, errlen);
+    mio_close(&mm);
+    return t;
+}
+
 /* ---------------------------------------------------------- HF config */
-
-int exp_decilm_intermediate_size(double ffn_mult, int hidden_size)
-{
-    int64_t v = (int64_t)(2.0 * ffn_mult * (double)hidden_size / 3.0);
-    if (v % 256)
-        v += 256 - v % 256;
-    return (int)v;
-}
-
-double exp_decilm_ffn_mult(int ffn_dim, int hidden_size)
-{
-    if (ffn_dim <= 0 || hidden_size <= 0 || ffn_dim % 256)
-        return -1;
-    char buf[64];
-    snprintf(buf, sizeof buf, "%.6f", 3.0 * ffn_dim / (2.0 * hidden_size));
-    double m = strtod(buf, NULL);   /* round(x, 6), as block_config.py stores it */
-    return exp_decilm_intermediate_size(m, hidden_size) == ffn_dim ? m : -1;
-}
 
 static int first_attention_heads(const arch *a)
 {
@@ -651,7 +912,7 @@ static int hf_decilm_check(const arch *a, char *err, size_t errlen)
                      "layer, so per-layer query heads are only expressible in GGUF", i, l->n_heads, H);
             return -1;
         }
-        if (l->ffn_dim > 0 && exp_decilm_ffn_mult(l->ffn_dim, a->hidden_size) < 0) {
+        if (l->ffn_dim > 0 && hfconfig_decilm_ffn_mult(l->ffn_dim, a->hidden_size) < 0) {
             snprintf(err, errlen, "HF export: layer %d ffn_dim %d cannot be written as DeciLM ffn_mult "
                      "(readers round int(2*ffn_mult*%d/3) up to a multiple of 256)", i, l->ffn_dim,
                      a->hidden_size);
@@ -739,7 +1000,7 @@ json_t *exp_hf_config(const arch *a, const char *cls, exp_dtype dtype, const jso
                 "n_heads_in_group", l->n_heads ? json_integer(l->n_heads / l->n_kv_heads) : json_null(),
                 "no_op", l->n_heads == 0, "num_sink_tokens", "replace_with_linear", 0, "sparsify",
                 "unshifted_sink", 0, "use_prefill_window_in_sink_attention", 0, "window_length");
-            double m = l->ffn_dim ? exp_decilm_ffn_mult(l->ffn_dim, a->hidden_size) : -1;
+            double m = l->ffn_dim ? hfconfig_decilm_ffn_mult(l->ffn_dim, a->hidden_size) : -1;
             json_t *ffn = json_pack("{s:o, s:b, s:b, s:n}",
                 "ffn_mult", l->ffn_dim ? json_real(m) : json_null(), "no_op", l->ffn_dim == 0,
                 "replace_with_linear", 0, "sparsify");
@@ -1017,30 +1278,70 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         eos = json_object_get(pconf, "eos_token_id");
         if (!res->tokenizer)
             snprintf(res->note, sizeof res->note, "the parent directory holds no tokenizer files");
-    } else if (parent_gguf) {
-        if (!(tokj = exp_tokenizer_json_from_gguf(pp, &tokc, err, errlen)))
-            goto out;
-        if (path_join(path, sizeof path, partial, "tokenizer.json") < 0 || write_json(path, tokj, err, errlen) < 0)
-            goto out;
-        if (tokc) {
-            json_object_set_new(tokc, "model_max_length", json_integer(m->a.max_position_embeddings));
-            if (path_join(path, sizeof path, partial, "tokenizer_config.json") < 0 ||
-                write_json(path, tokc, err, errlen) < 0)
+    } else if (pp) {
+        /* A GGUF byte-level BPE from its metadata (merges included); SentencePiece-style
+         * vocabularies (llama2.c tok*.bin, GGUF "llama") through the engine's tokenizer. */
+        char tmodel[64] = "";
+        int64_t b = -1, e = -1;
+        if (parent_gguf) {
+            gkvs g;
+            if (gguf_read_kvs(pp, &g, err, errlen) < 0)
                 goto out;
-        }
-        res->tokenizer = 1;
-        gkvs g;
-        if (gguf_read_kvs(pp, &g, err, errlen) == 0) {
-            int64_t b = gkv_int(&g, "tokenizer.ggml.bos_token_id"), e = gkv_int(&g, "tokenizer.ggml.eos_token_id");
-            if (b >= 0)
-                json_object_set_new(conf, "bos_token_id", json_integer(b));
-            if (e >= 0)
-                json_object_set_new(conf, "eos_token_id", json_integer(e));
+            (void)gkv_str(&g, "tokenizer.ggml.model", tmodel, sizeof tmodel);
+            b = gkv_int(&g, "tokenizer.ggml.bos_token_id");
+            e = gkv_int(&g, "tokenizer.ggml.eos_token_id");
             gkvs_free(&g);
         }
+        if (!strcmp(tmodel, "gpt2")) {
+            if (!(tokj = exp_tokenizer_json_from_gguf(pp, &tokc, err, errlen)))
+                goto out;
+        } else {
+            char why[400];
+            tok_tokenizer *t = parent_tokenizer(pp, o->parent_tokenizer, why, sizeof why);
+            if (t && tok_kind_of(t) == TOK_SPM) {
+                b = tok_cfg(t)->bos_id;
+                e = tok_cfg(t)->eos_id;
+                tokj = exp_tokenizer_json_spm(t, &tokc, why, sizeof why);
+            } else if (t) {
+                snprintf(why, sizeof why, "its byte-level BPE tokenizer has a tokenizer.json conversion only from a "
+                         "GGUF parent or an HF directory");
+            }
+            tok_free(t);
+            if (!tokj)
+                snprintf(res->note, sizeof res->note, "tokenizer not carried over: %s", why);
+        }
+        if (tokj) {
+            if (!tokc || json_object_set_new(tokc, "model_max_length", json_integer(m->a.max_position_embeddings)) < 0)
+                goto oom_tok;
+            json_t *map = json_object();
+            static const char *const keys[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+            for (size_t k = 0; map && k < sizeof keys / sizeof *keys; k++) {
+                json_t *v = json_object_get(tokc, keys[k]);
+                if (json_is_string(v) && json_object_set(map, keys[k], v) < 0) {
+                    json_decref(map);
+                    map = NULL;
+                }
+            }
+            int wr = !map || path_join(path, sizeof path, partial, "tokenizer.json") < 0 ||
+                     write_json(path, tokj, err, errlen) < 0 ||
+                     path_join(path, sizeof path, partial, "tokenizer_config.json") < 0 ||
+                     write_json(path, tokc, err, errlen) < 0 ||
+                     path_join(path, sizeof path, partial, "special_tokens_map.json") < 0 ||
+                     write_json(path, map, err, errlen) < 0;
+            json_decref(map);
+            if (wr) {
+                if (!err[0])
+                    goto oom_tok;
+                goto out;
+            }
+            res->tokenizer = 1;
+            if (b >= 0 && json_object_set_new(conf, "bos_token_id", json_integer(b)) < 0)
+                goto oom_tok;
+            if (e >= 0 && json_object_set_new(conf, "eos_token_id", json_integer(e)) < 0)
+                goto oom_tok;
+        }
     } else {
-        snprintf(res->note, sizeof res->note, "%s", pp ? "tokenizer not carried over: the parent's format "
-                 "(llama2.c) has no HF tokenizer conversion in this build" : "no parent given: no tokenizer files");
+        snprintf(res->note, sizeof res->note, "no parent given: no tokenizer files");
     }
     if (bos)
         json_object_set(conf, "bos_token_id", bos);
@@ -1064,8 +1365,14 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
     }
     if (write_shards(m, partial, o, &res->n_shards, err, errlen) < 0)
         goto out;
+    char tokline[600];
+    if (res->tokenizer)
+        snprintf(tokline, sizeof tokline, "%s", parent_hf ? "included (the parent directory's tokenizer files)"
+                 : "included (tokenizer.json, tokenizer_config.json, special_tokens_map.json)");
+    else
+        snprintf(tokline, sizeof tokline, "not included: %s", res->note);
     mc_info info = {.parent = pp ? pp : "unknown", .model_class = cls, .dtype = exp_dtype_name(o->dtype),
-                    .formats = "HF directory (config.json + safetensors)"};
+                    .formats = "HF directory (config.json + safetensors)", .tokenizer = tokline};
     if (path_join(path, sizeof path, partial, "MODEL_CARD.md") < 0 ||
         mc_write(path, &m->a, o->report, &info, err, errlen) < 0)
         goto out;
@@ -1077,6 +1384,9 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
     }
     made = 0;
     rc = 0;
+    goto out;
+oom_tok:
+    snprintf(err, errlen, "HF export: out of memory writing the tokenizer files");
 out:
     if (made)
         (void)fio_remove_tree(partial);
@@ -1210,13 +1520,10 @@ static uint32_t gguf_file_type(exp_dtype d)
 /* GGUF tokenizer metadata from a non-GGUF parent through the engine's tokenizer API:
  * SentencePiece-style vocabularies (llama2.c, HF byte-fallback BPE) as llama.cpp's
  * "llama" model. Byte-level BPE needs the merge list, which the API does not expose. */
-static int gguf_tokenizer_from_api(ggw *w, const char *parent, int vocab, char *err, size_t errlen)
+static int gguf_tokenizer_from_api(ggw *w, const char *parent, const char *tok_path, int vocab, char *err,
+                                   size_t errlen)
 {
-    mio_model mm;
-    if (mio_open(&mm, parent, NULL, err, errlen) < 0)
-        return -1;
-    tok_tokenizer *t = mio_tokenizer(&mm, err, errlen);
-    mio_close(&mm);
+    tok_tokenizer *t = parent_tokenizer(parent, tok_path, err, errlen);
     if (!t)
         return -1;
     int rc = -1, n = tok_n_vocab(t);
@@ -1234,37 +1541,13 @@ static int gguf_tokenizer_from_api(ggw *w, const char *parent, int vocab, char *
         goto out;
     }
     const tok_config *c = tok_cfg(t);
-    pieces = calloc((size_t)n, sizeof *pieces);
-    lens = calloc((size_t)n, sizeof *lens);
     scores = calloc((size_t)n, sizeof *scores);
     types = calloc((size_t)n, sizeof *types);
-    if (!pieces || !lens || !scores || !types)
+    if (!scores || !types || spm_pieces(t, &pieces, &lens) < 0)
         goto oom;
     for (int i = 0; i < n; i++) {
-        size_t len;
-        const char *p = tok_piece(t, i, &len);
-        tok_type ty = tok_type_of(t, i);
-        if (!p)
-            p = "", len = 0;
-        /* llama.cpp looks pieces up with spaces spelled U+2581. */
-        int esc = !c->escape_spaces && ty == TOK_TYPE_NORMAL;
-        size_t spaces = 0;
-        for (size_t k = 0; esc && k < len; k++)
-            spaces += p[k] == ' ';
-        if (!(pieces[i] = malloc(len + 2 * spaces + 1)))
-            goto oom;
-        size_t o = 0;
-        for (size_t k = 0; k < len; k++) {
-            if (esc && p[k] == ' ') {
-                memcpy(pieces[i] + o, "\xe2\x96\x81", 3);
-                o += 3;
-            } else {
-                pieces[i][o++] = p[k];
-            }
-        }
-        lens[i] = o;
         scores[i] = tok_score(t, i);
-        types[i] = (int32_t)ty;
+        types[i] = (int32_t)tok_type_of(t, i);
     }
     int bad = 0;
     bad |= ggw_kv_str(w, "tokenizer.ggml.model", "llama");
@@ -1289,10 +1572,7 @@ static int gguf_tokenizer_from_api(ggw *w, const char *parent, int vocab, char *
 oom:
     snprintf(err, errlen, "GGUF export: out of memory building tokenizer metadata");
 out:
-    for (int i = 0; pieces && i < n; i++)
-        free(pieces[i]);
-    free(pieces);
-    free(lens);
+    free_pieces(pieces, lens, n);
     free(scores);
     free(types);
     tok_free(t);
@@ -1376,7 +1656,7 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
                 bad |= ggw_kv_raw(w, g.kv[i].key, g.kv[i].type, g.kv[i].raw, g.kv[i].len);
         res->tokenizer = 1;
     } else if (pp) {
-        if (gguf_tokenizer_from_api(w, pp, a->vocab_size, err, errlen) < 0)
+        if (gguf_tokenizer_from_api(w, pp, o->parent_tokenizer, a->vocab_size, err, errlen) < 0)
             goto out;
         res->tokenizer = 1;
     } else {
@@ -1573,209 +1853,11 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen)
 
 /* ------------------------------------------------------------- loading */
 
-static int cfg_int(const json_t *c, const char *k, int *v, char *err, size_t errlen)
-{
-    const json_t *j = json_object_get(c, k);
-    if (!json_is_integer(j)) {
-        snprintf(err, errlen, "config.json: %s missing or not an integer", k);
-        return -1;
-    }
-    *v = (int)json_integer_value(j);
-    return 0;
-}
-
-int exp_arch_from_hf_config(const json_t *c, arch *a, char *err, size_t errlen)
-{
-    memset(a, 0, sizeof *a);
-    const char *cls = parent_class(c);
-    if (!cls) {
-        snprintf(err, errlen, "config.json: architectures must name one class");
-        return -1;
-    }
-    int deci = !strcmp(cls, "DeciLMForCausalLM");
-    if (!deci && strcmp(cls, "LlamaForCausalLM") && strcmp(cls, "MistralForCausalLM") &&
-        strcmp(cls, "Qwen2ForCausalLM")) {
-        snprintf(err, errlen, "config.json: class %s is not supported", cls);
-        return -1;
-    }
-    int L, C, H, V, P = 2048;
-    if (cfg_int(c, "num_hidden_layers", &L, err, errlen) || cfg_int(c, "hidden_size", &C, err, errlen) ||
-        cfg_int(c, "num_attention_heads", &H, err, errlen) || cfg_int(c, "vocab_size", &V, err, errlen))
-        return -1;
-    if (L < 0 || L > 1024 || H <= 0) {
-        snprintf(err, errlen, "config.json: num_hidden_layers or num_attention_heads out of range");
-        return -1;
-    }
-    (void)cfg_int(c, "max_position_embeddings", &P, err, errlen);
-    const json_t *bc = json_object_get(c, "block_configs");
-    if (deci && (!json_is_array(bc) || (int)json_array_size(bc) != L)) {
-        snprintf(err, errlen, "config.json: block_configs must list num_hidden_layers=%d blocks", L);
-        return -1;
-    }
-    if (arch_init(a, L) < 0) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = V;
-    a->hidden_size = C;
-    a->max_position_embeddings = P;
-    const json_t *hd = json_object_get(c, "head_dim");
-    a->head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : C / H;
-    const json_t *x = json_object_get(c, "rope_theta");
-    a->rope_theta = json_is_number(x) ? json_number_value(x) : 10000.0;
-    x = json_object_get(c, "rms_norm_eps");
-    a->norm_eps = json_is_number(x) ? json_number_value(x) : 1e-6;
-    a->tie_word_embeddings = json_is_true(json_object_get(c, "tie_word_embeddings"));
-    a->attention_bias = json_is_true(json_object_get(c, "attention_bias")) || !strcmp(cls, "Qwen2ForCausalLM");
-    const json_t *rs = json_object_get(c, "rope_scaling");
-    if (json_is_object(rs)) {
-        const char *ty = json_string_value(json_object_get(rs, "rope_type"));
-        if (!ty)
-            ty = json_string_value(json_object_get(rs, "type"));
-        x = json_object_get(rs, "factor");
-        a->rope_scaling.factor = json_is_number(x) ? json_number_value(x) : 1.0;
-        if (ty && !strcmp(ty, "linear")) {
-            a->rope_scaling.type = ROPE_SCALING_LINEAR;
-        } else if (ty && !strcmp(ty, "dynamic")) {
-            a->rope_scaling.type = ROPE_SCALING_DYNAMIC;
-        } else if (ty && !strcmp(ty, "llama3")) {
-            a->rope_scaling.type = ROPE_SCALING_LLAMA3;
-            x = json_object_get(rs, "low_freq_factor");
-            a->rope_scaling.low_freq_factor = json_is_number(x) ? json_number_value(x) : 1.0;
-            x = json_object_get(rs, "high_freq_factor");
-            a->rope_scaling.high_freq_factor = json_is_number(x) ? json_number_value(x) : 4.0;
-            x = json_object_get(rs, "original_max_position_embeddings");
-            a->rope_scaling.original_max_position_embeddings = json_is_integer(x) ? (int)json_integer_value(x) : 8192;
-        } else {
-            snprintf(err, errlen, "config.json: rope_scaling type %s is not supported", ty ? ty : "(none)");
-            goto fail;
-        }
-    }
-    const json_t *src = json_object_get(c, "autocompress_source_layers");
-    for (int i = 0; i < L; i++) {
-        arch_layer *l = &a->layers[i];
-        const json_t *s = json_array_get(src, (size_t)i);
-        l->source_layer = json_is_integer(s) ? (int)json_integer_value(s) : i;
-        if (!deci) {
-            int kv = H, F;
-            if (json_is_integer(json_object_get(c, "num_key_value_heads")))
-                (void)cfg_int(c, "num_key_value_heads", &kv, err, errlen);
-            if (cfg_int(c, "intermediate_size", &F, err, errlen))
-                goto fail;
-            l->n_heads = H;
-            l->n_kv_heads = kv;
-            l->ffn_dim = F;
-            continue;
-        }
-        const json_t *b = json_array_get(bc, (size_t)i);
-        const json_t *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
-        if (!json_is_object(at) || !json_is_object(ff)) {
-            snprintf(err, errlen, "config.json: block_configs[%d] needs attention and ffn objects", i);
-            goto fail;
-        }
-        if (json_is_true(json_object_get(at, "replace_with_linear")) ||
-            json_is_true(json_object_get(ff, "replace_with_linear"))) {
-            snprintf(err, errlen, "config.json: block_configs[%d]: replace_with_linear is not supported", i);
-            goto fail;
-        }
-        if (!json_is_true(json_object_get(at, "no_op"))) {
-            const json_t *g = json_object_get(at, "n_heads_in_group");
-            if (!json_is_integer(g) || json_integer_value(g) <= 0 || H % json_integer_value(g)) {
-                snprintf(err, errlen, "config.json: block_configs[%d].attention.n_heads_in_group invalid", i);
-                goto fail;
-            }
-            l->n_heads = H;
-            l->n_kv_heads = H / (int)json_integer_value(g);
-        }
-        if (!json_is_true(json_object_get(ff, "no_op"))) {
-            const json_t *m = json_object_get(ff, "ffn_mult");
-            const json_t *is = json_object_get(ff, "intermediate_size");
-            if (json_is_number(m))
-                l->ffn_dim = exp_decilm_intermediate_size(json_number_value(m), C);
-            else if (json_is_integer(is))
-                l->ffn_dim = (int)json_integer_value(is);
-            else {
-                snprintf(err, errlen, "config.json: block_configs[%d].ffn needs ffn_mult", i);
-                goto fail;
-            }
-        }
-    }
-    if (arch_validate(a, err, errlen) < 0)
-        goto fail;
-    return 0;
-fail:
-    arch_free(a);
-    return -1;
-}
-
-static int load_hf(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
-{
-    char path[4096];
-    arch a;
-    if (path_join(path, sizeof path, dir, "config.json") < 0) {
-        snprintf(err, errlen, "path too long");
-        return -1;
-    }
-    json_t *c = load_json_file(path);
-    if (!c) {
-        snprintf(err, errlen, "%s: missing or not JSON", path);
-        return -1;
-    }
-    const char *cls = parent_class(c);
-    if (!cls || strcmp(cls, "DeciLMForCausalLM")) {
-        /* Uniform classes: the shared loader; our source-layer record is put back. */
-        int r = mio_load_model(dir, NULL, be, m, NULL, err, errlen);
-        const json_t *src = json_object_get(c, "autocompress_source_layers");
-        if (r == 0 && json_is_array(src) && (int)json_array_size(src) == m->a.n_layers)
-            for (int i = 0; i < m->a.n_layers; i++)
-                if (json_is_integer(json_array_get(src, (size_t)i)))
-                    m->a.layers[i].source_layer = (int)json_integer_value(json_array_get(src, (size_t)i));
-        json_decref(c);
-        return r;
-    }
-    int rc = exp_arch_from_hf_config(c, &a, err, errlen);
-    json_decref(c);
-    if (rc < 0)
-        return -1;
-    rc = eng_model_init(m, &a, be, err, errlen);
-    arch_free(&a);
-    if (rc < 0)
-        return -1;
-    st_file f;
-    if (st_open(&f, dir, err, errlen) < 0) {
-        eng_model_free(m);
-        return -1;
-    }
-    int want = eng_model_tensor_count(m);
-    if (f.n != want) {
-        snprintf(err, errlen, "%s: %d tensors, the config's arch has %d", dir, f.n, want);
-        rc = -1;
-    }
-    for (int i = 0; i < f.n && rc == 0; i++) {
-        float *buf = malloc((size_t)f.t[i].numel * sizeof *buf);
-        if (!buf || st_read_f32(&f, i, buf, f.t[i].numel, err, errlen) < 0 ||
-            eng_model_set_tensor(m, f.t[i].name, buf, f.t[i].shape, f.t[i].ndim, err, errlen) < 0) {
-            if (!buf)
-                snprintf(err, errlen, "out of memory");
-            rc = -1;
-        }
-        free(buf);
-    }
-    st_close(&f);
-    if (rc < 0)
-        eng_model_free(m);
-    return rc;
-}
-
 int exp_load_model(const char *path, eng_backend *be, eng_model *m, char *err, size_t errlen)
 {
-    if (is_dir(path)) {
-        char sums[4096];
-        if (path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && is_file(sums) &&
-            exp_verify_dir(path, err, errlen) < 0)
-            return -1;
-        return load_hf(path, be, m, err, errlen);
-    }
+    char sums[4096];
+    if (is_dir(path) && path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && is_file(sums) &&
+        exp_verify_dir(path, err, errlen) < 0)
+        return -1;
     return mio_load_model(path, NULL, be, m, NULL, err, errlen);
 }

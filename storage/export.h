@@ -9,7 +9,9 @@
  * (per-layer arrays) otherwise. An arch the chosen format cannot express is refused with a
  * message naming the layer and the reason; nothing is rounded or dropped silently.
  * Tokenizer metadata comes from the parent: HF tokenizer files are copied, a GGUF parent's
- * tokenizer.* keys are copied into GGUF and turned into tokenizer.json for HF.
+ * tokenizer.* keys are copied into GGUF and turned into tokenizer.json for HF, and a
+ * SentencePiece-style vocabulary (llama2.c tok*.bin) becomes GGUF "llama" metadata or an
+ * HF tokenizer.json.
  */
 #ifndef AC_STORAGE_EXPORT_H
 #define AC_STORAGE_EXPORT_H
@@ -19,6 +21,7 @@
 #include <jansson.h>
 
 #include "engine/model.h"
+#include "engine/tokenizer.h"
 
 typedef enum { EXP_BF16 = 0, EXP_FP16, EXP_FP32, EXP_Q8_0 } exp_dtype;
 
@@ -30,6 +33,8 @@ typedef struct {
     exp_dtype dtype;            /* HF: bf16 (default), fp16, fp32; GGUF: also q8_0 */
     int64_t shard_bytes;        /* HF: largest safetensors shard (0: 5 GiB) */
     const char *parent_path;    /* parent model (HF dir, .gguf, llama2.c .bin); NULL: none */
+    const char *parent_tokenizer; /* the parent's tokenizer file when not beside it (NULL: found as
+                                 * the subcommands find it) */
     const json_t *report;       /* job report for MODEL_CARD.md (borrowed; NULL: none) */
     const char *name;           /* model name for metadata (NULL: "autocompress-export") */
     const char *hf_class;       /* HF: NULL = by the arch; "llama" = LlamaForCausalLM only
@@ -41,7 +46,7 @@ typedef struct {
     char model_class[64];       /* "LlamaForCausalLM", "DeciLMForCausalLM", "llama", "deci" */
     int n_shards;
     int tokenizer;              /* 1 when tokenizer files / metadata were carried over */
-    char note[256];             /* what was not carried over, or "" */
+    char note[512];             /* what was not carried over, or "" */
 } exp_result;
 
 /* Which HF class expresses `a`: 0 with the class name in cls (cap bytes), or -1 with the
@@ -54,12 +59,6 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
  * class). Returns a NEW reference, or NULL with err. */
 json_t *exp_hf_config(const arch *a, const char *cls, exp_dtype dtype, const json_t *parent_config,
                       char *err, size_t errlen);
-
-/* DeciLM ffn_mult that reproduces ffn_dim exactly through the readers' formula
- * (multiple of 256 above int(2*ffn_mult*hidden/3)); -1 when no such value exists. */
-double exp_decilm_ffn_mult(int ffn_dim, int hidden_size);
-/* The readers' formula itself (vLLM / llama.cpp _ffn_mult_to_intermediate_size). */
-int exp_decilm_intermediate_size(double ffn_mult, int hidden_size);
 
 /* Write the HF directory `dir` (created; must not exist or be empty). Returns 0, or -1
  * with err (nothing half-written is left under the final names). */
@@ -77,6 +76,16 @@ int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t 
  * no tokenizer (engine round trips only) and res->note says so. Returns 0, or -1 with err. */
 int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_result *res,
                    char *err, size_t errlen);
+
+/* tokenizer.json (HF `tokenizers` format) for a SentencePiece-style tokenizer (llama2.c
+ * tok*.bin, GGUF "llama"; borrowed), as transformers' LlamaConverter writes one: a BPE
+ * model with byte fallback whose merges are every split (a, b) of a piece into two pieces,
+ * ordered by the merged piece's score (higher first); "▁" prepended and spaces escaped by
+ * the normalizer; control pieces as special added tokens; BOS/EOS by the post-processor
+ * as the tokenizer adds them. HF's BPE then encodes as the engine does. Returns a NEW
+ * reference, or NULL with err (a piece that is not UTF-8 text, two ids with one piece).
+ * *config_out (NEW, NULL on failure) receives the matching tokenizer_config.json. */
+json_t *exp_tokenizer_json_spm(const tok_tokenizer *t, json_t **config_out, char *err, size_t errlen);
 
 /* tokenizer.json (HF `tokenizers` format) built from a GGUF file's tokenizer metadata
  * (byte-level BPE: tokenizer.ggml.model "gpt2" with a known pre-tokenizer). Returns a NEW
@@ -97,17 +106,10 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen);
  * Returns 0 or -1 with err. */
 int exp_verify_file(const char *path, const char *hex, int64_t size, char *err, size_t errlen);
 
-/* The arch a config.json describes (LlamaForCausalLM / MistralForCausalLM /
- * Qwen2ForCausalLM uniform, or DeciLMForCausalLM block_configs; source layers from
- * "autocompress_source_layers" when present, else 0..n-1). a must not own memory.
- * Returns 0, or -1 with the offending field in err. */
-int exp_arch_from_hf_config(const json_t *config, arch *a, char *err, size_t errlen);
-
-/* Load a model to export or to check an export: storage/modelio for everything it reads
- * (GGUF, llama2.c, uniform HF directories; source layers restored from config.json), and
- * DeciLM HF directories through exp_arch_from_hf_config + safetensors. A directory with
- * SHA256SUMS is verified first (a damaged file is refused). m must be uninitialized; free
- * with eng_model_free. Returns 0, or -1 with err. */
+/* Load a model to export or to check an export, through storage/modelio (every format
+ * the subcommands read, DeciLM directories included). A directory with SHA256SUMS is
+ * verified first (a damaged file is refused). m must be uninitialized; free with
+ * eng_model_free. Returns 0, or -1 with err. */
 int exp_load_model(const char *path, eng_backend *be, eng_model *m, char *err, size_t errlen);
 
 #endif

@@ -1,11 +1,13 @@
-/* storage/hfconfig.c — config.json reader and writer for the Llama-style families.
- * Defaults follow transformers' LlamaConfig/MistralConfig/Qwen2Config where a field is
- * absent; fields that change the math but that the engine lacks (sliding windows that
- * bind, MoE keys) are refused rather than ignored.
+/* storage/hfconfig.c — config.json reader and writer for the Llama-style families, and
+ * the reader of DeciLM's block_configs. Defaults follow transformers'
+ * LlamaConfig/MistralConfig/Qwen2Config where a field is absent; fields that change the
+ * math but that the engine lacks (sliding windows that bind, MoE keys, DeciLM linear
+ * replacements) are refused rather than ignored.
  */
 #include "storage/hfconfig.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
@@ -36,6 +38,84 @@ static int get_num(json_t *o, const char *k, double def, double *v)
     return 0;
 }
 
+int hfconfig_decilm_intermediate_size(double ffn_mult, int hidden_size)
+{
+    int64_t v = (int64_t)(2.0 * ffn_mult * (double)hidden_size / 3.0);
+    if (v % 256)
+        v += 256 - v % 256;
+    return (int)v;
+}
+
+double hfconfig_decilm_ffn_mult(int ffn_dim, int hidden_size)
+{
+    if (ffn_dim <= 0 || hidden_size <= 0 || ffn_dim % 256)
+        return -1;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.6f", 3.0 * ffn_dim / (2.0 * hidden_size));
+    double m = strtod(buf, NULL);   /* round(x, 6), as block_config.py stores it */
+    return hfconfig_decilm_intermediate_size(m, hidden_size) == ffn_dim ? m : -1;
+}
+
+/* A block_configs entry's field that must be absent, null or false: the feature it
+ * turns on (linear replacement, sliding windows, attention sinks, sparsity, MoE) is not
+ * in the engine. */
+static int decilm_unsupported(json_t *o, const char *k)
+{
+    json_t *x = json_object_get(o, k);
+    return x && !json_is_null(x) && !json_is_false(x);
+}
+
+/* Layer l of a DeciLM block_configs array into a->layers[l] (H query heads, hidden C). */
+static int decilm_block(json_t *bc, int l, int64_t H, int64_t C, arch *a, char *err, size_t errlen)
+{
+    json_t *b = json_array_get(bc, (size_t)l);
+    json_t *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
+    arch_layer *y = &a->layers[l];
+    if (!json_is_object(at) || !json_is_object(ff)) {
+        snprintf(err, errlen, "config.json: block_configs[%d]: needs attention and ffn objects", l);
+        return -1;
+    }
+    static const char *const att_off[] = {"replace_with_linear", "window_length", "num_sink_tokens", "sparsify"};
+    static const char *const ffn_off[] = {"replace_with_linear", "sparsify", "moe"};
+    for (size_t k = 0; k < sizeof att_off / sizeof *att_off; k++)
+        if (decilm_unsupported(at, att_off[k])) {
+            snprintf(err, errlen, "config.json: block_configs[%d].attention.%s is not supported", l, att_off[k]);
+            return -1;
+        }
+    for (size_t k = 0; k < sizeof ffn_off / sizeof *ffn_off; k++)
+        if (decilm_unsupported(ff, ffn_off[k])) {
+            snprintf(err, errlen, "config.json: block_configs[%d].ffn.%s is not supported", l, ffn_off[k]);
+            return -1;
+        }
+    if (!json_is_true(json_object_get(at, "no_op"))) {
+        json_t *g = json_object_get(at, "n_heads_in_group");
+        if (!json_is_integer(g) || json_integer_value(g) <= 0 || H % json_integer_value(g)) {
+            snprintf(err, errlen, "config.json: block_configs[%d].attention.n_heads_in_group: must divide "
+                                  "num_attention_heads (%lld)", l, (long long)H);
+            return -1;
+        }
+        y->n_heads = (int)H;
+        y->n_kv_heads = (int)(H / json_integer_value(g));
+    }
+    if (!json_is_true(json_object_get(ff, "no_op"))) {
+        json_t *m = json_object_get(ff, "ffn_mult"), *is = json_object_get(ff, "intermediate_size");
+        if (json_is_number(m) && json_number_value(m) > 0 && json_number_value(m) < 1e4)
+            y->ffn_dim = hfconfig_decilm_intermediate_size(json_number_value(m), (int)C);
+        else if (json_is_integer(is) && json_integer_value(is) > 0 && json_integer_value(is) <= (1 << 20))
+            y->ffn_dim = (int)json_integer_value(is);
+        else {
+            snprintf(err, errlen, "config.json: block_configs[%d].ffn: needs a positive ffn_mult", l);
+            return -1;
+        }
+    }
+    if (y->n_heads == 0 && y->ffn_dim == 0) {
+        snprintf(err, errlen, "config.json: block_configs[%d]: both attention and ffn are no_op (a removed layer "
+                              "is absent from the config)", l);
+        return -1;
+    }
+    return 0;
+}
+
 int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
@@ -45,39 +125,44 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     }
     const char *an = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
-    int qwen2 = 0;
+    int qwen2 = 0, deci = 0;
     if (an) {
         if (!strcmp(an, "Qwen2ForCausalLM"))
             qwen2 = 1;
+        else if (!strcmp(an, "DeciLMForCausalLM"))
+            deci = 1;
         else if (strcmp(an, "LlamaForCausalLM") && strcmp(an, "MistralForCausalLM")) {
             snprintf(err, errlen, "config.json: architectures: \"%s\" is not supported "
-                                  "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", an);
+                                  "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, DeciLMForCausalLM)", an);
             return -1;
         }
     } else if (mt) {
         if (!strcmp(mt, "qwen2"))
             qwen2 = 1;
+        else if (!strcmp(mt, "nemotron-nas") || !strcmp(mt, "deci"))
+            deci = 1;
         else if (strcmp(mt, "llama") && strcmp(mt, "mistral")) {
-            snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2)", mt);
+            snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2, "
+                                  "nemotron-nas)", mt);
             return -1;
         }
     } else {
         snprintf(err, errlen, "config.json: neither architectures nor model_type is given");
         return -1;
     }
-    int64_t V, C, F, L, H, KV, D, P;
+    int64_t V, C, F = 0, L, H, KV = 0, D, P;
     double theta, eps;
     if (get_int(cfg, "vocab_size", 32000, &V) || V <= 0 || V > (1 << 22))
         BAD("vocab_size: missing or out of range");
     if (get_int(cfg, "hidden_size", -1, &C) || C <= 0 || C > 65536)
         BAD("hidden_size: missing or out of range");
-    if (get_int(cfg, "intermediate_size", -1, &F) || F <= 0 || F > (1 << 20))
+    if (!deci && (get_int(cfg, "intermediate_size", -1, &F) || F <= 0 || F > (1 << 20)))
         BAD("intermediate_size: missing or out of range");
     if (get_int(cfg, "num_hidden_layers", -1, &L) || L < 0 || L > 1024)
         BAD("num_hidden_layers: missing or out of range");
     if (get_int(cfg, "num_attention_heads", -1, &H) || H <= 0 || H > 1024)
         BAD("num_attention_heads: missing or out of range");
-    if (get_int(cfg, "num_key_value_heads", H, &KV) || KV <= 0 || KV > H || H % KV)
+    if (!deci && (get_int(cfg, "num_key_value_heads", H, &KV) || KV <= 0 || KV > H || H % KV))
         BAD("num_key_value_heads: must divide num_attention_heads");
     if (get_int(cfg, "head_dim", C / H, &D) || D <= 0 || D > 1024)
         BAD("head_dim: out of range");
@@ -101,6 +186,12 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     if (use_sw && swv > 0 && swv < P)
         BAD("sliding_window: %lld is shorter than max_position_embeddings; sliding-window attention is not supported",
             (long long)swv);
+    json_t *bc = json_object_get(cfg, "block_configs");
+    if (deci && (!json_is_array(bc) || (int64_t)json_array_size(bc) != L))
+        BAD("block_configs: must list num_hidden_layers=%lld blocks", (long long)L);
+    json_t *src = json_object_get(cfg, "autocompress_source_layers");
+    if (src && !json_is_null(src) && (!json_is_array(src) || (int64_t)json_array_size(src) != L))
+        BAD("autocompress_source_layers: must list num_hidden_layers=%lld parent layers", (long long)L);
     if (arch_init(a, (int)L)) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -114,8 +205,19 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     a->norm_eps = eps;
     a->tie_word_embeddings = tie ? json_is_true(tie) : 0;
     a->attention_bias = qwen2;
-    for (int l = 0; l < L; l++)
-        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = (int)H, .n_kv_heads = (int)KV, .ffn_dim = (int)F};
+    for (int l = 0; l < L; l++) {
+        json_t *s = json_array_get(src, (size_t)l);
+        if (s && (!json_is_integer(s) || json_integer_value(s) < 0 || json_integer_value(s) > 1 << 20))
+            BAD("autocompress_source_layers[%d]: must be a layer index", l);
+        a->layers[l] = (arch_layer){.source_layer = s ? (int)json_integer_value(s) : l};
+        if (!deci) {
+            a->layers[l].n_heads = (int)H;
+            a->layers[l].n_kv_heads = (int)KV;
+            a->layers[l].ffn_dim = (int)F;
+        } else if (decilm_block(bc, l, H, C, a, err, errlen)) {
+            goto fail;
+        }
+    }
     json_t *rs = json_object_get(cfg, "rope_scaling");
     if (rs && !json_is_null(rs)) {
         const char *ty = json_string_value(json_object_get(rs, "rope_type"));

@@ -1,7 +1,8 @@
 /* storage/hfconfig.h — Hugging Face config.json <-> arch for LlamaForCausalLM,
  * MistralForCausalLM and Qwen2ForCausalLM (rope_scaling, tie_word_embeddings, Qwen2's
- * q/k/v bias). config.json describes uniform layers only: non-uniform archs are written
- * by export in other forms (DESIGN.md §8).
+ * q/k/v bias), read and written, and DeciLMForCausalLM (Nemotron-NAS block_configs:
+ * per-layer KV heads and FFN widths, attention or FFN removed), read. The writer here
+ * holds uniform layers only; storage/export.c writes block_configs (DESIGN.md §8).
  */
 #ifndef AC_STORAGE_HFCONFIG_H
 #define AC_STORAGE_HFCONFIG_H
@@ -11,12 +12,22 @@
 
 #include "engine/arch.h"
 
-/* Parse a config.json object (borrowed) into a (must not own memory). Returns 0, or -1
- * with "config.json: field: reason" in err. */
+/* Parse a config.json object (borrowed) into a (must not own memory; owns the layers
+ * on success, arch_free). Source layers come from "autocompress_source_layers" when
+ * present (our exports record them), else 0..n-1. Returns 0, or -1 with
+ * "config.json: field: reason" in err and nothing to free. */
 int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen);
 
 /* Read and parse the file at `path`. Same contract. */
 int hfconfig_load(const char *path, arch *a, char *err, size_t errlen);
+
+/* DeciLM's FFN width for ffn_mult: int(2*ffn_mult*hidden/3) rounded up to a multiple of
+ * 256, as vLLM's nemotron_nas and llama.cpp's converter compute it. */
+int hfconfig_decilm_intermediate_size(double ffn_mult, int hidden_size);
+
+/* The ffn_mult (rounded to 6 digits, as block_config.py stores it) that gives ffn_dim
+ * back exactly through hfconfig_decilm_intermediate_size; -1 when none does. */
+double hfconfig_decilm_ffn_mult(int ffn_dim, int hidden_size);
 
 /* config.json for a uniform arch: Qwen2ForCausalLM when attention_bias, else
  * LlamaForCausalLM. Returns a NEW reference, or NULL with a reason (non-uniform arch,

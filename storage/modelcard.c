@@ -58,6 +58,7 @@ char *mc_render(const arch *a, const json_t *report, const mc_info *info)
     strbuf_printf(&b, "- **Class:** %s\n", info && info->model_class ? info->model_class : "not stated");
     strbuf_printf(&b, "- **Weights dtype:** %s\n", info && info->dtype ? info->dtype : "not stated");
     strbuf_printf(&b, "- **Formats:** %s\n", info && info->formats ? info->formats : "not stated");
+    strbuf_printf(&b, "- **Tokenizer:** %s\n", info && info->tokenizer ? info->tokenizer : "not stated");
     strbuf_printf(&b, "- **Parameters:** %lld\n", (long long)arch_params(a));
     const json_t *jid = get(report, "job_id"), *meth = get(report, "method");
     if (jid)

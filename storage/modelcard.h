@@ -18,6 +18,7 @@ typedef struct {
     const char *model_class;     /* "LlamaForCausalLM", "DeciLMForCausalLM", ... */
     const char *dtype;           /* "bf16", "fp16", "fp32" */
     const char *formats;         /* e.g. "HF directory (safetensors), GGUF" */
+    const char *tokenizer;       /* what tokenizer files ship, or why none does (NULL: not stated) */
 } mc_info;
 
 /* Render the card. `a` is the exported arch (borrowed); `report` (borrowed, may be NULL)

@@ -5,9 +5,11 @@
 #include "storage/tokload.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "storage/fileio.h"
 
@@ -255,11 +257,150 @@ static int hf_pretok(tok_tokenizer *t, json_t *p, int *bytelevel, char *err, siz
     return -1;
 }
 
+/* A merges[] entry: "left right" (split at the first space) or ["left", "right"].
+ * Pointers borrow from x. Returns 0, or -1 for any other shape. */
+static int merge_pair(json_t *x, const char **a, size_t *al, const char **b, size_t *bl)
+{
+    if (json_is_string(x)) {
+        const char *s = json_string_value(x), *sp = strchr(s, ' ');
+        if (!sp)
+            return -1;
+        *a = s; *al = (size_t)(sp - s); *b = sp + 1; *bl = strlen(sp + 1);
+        return 0;
+    }
+    if (json_is_array(x) && json_array_size(x) == 2 && json_is_string(json_array_get(x, 0)) &&
+        json_is_string(json_array_get(x, 1))) {
+        *a = json_string_value(json_array_get(x, 0)); *al = strlen(*a);
+        *b = json_string_value(json_array_get(x, 1)); *bl = strlen(*b);
+        return 0;
+    }
+    return -1;
+}
+
+/* SentencePiece-style scores rebuilt from the merge order (tokenizer.json keeps no
+ * scores): the first rule that yields a piece gives it -rank, pieces no rule yields score
+ * below every rule. Score-driven merging (a GGUF "llama" vocabulary written from this
+ * tokenizer) then merges as the rules do. Returns n NEW floats, or NULL on OOM; malformed
+ * rules are left for the caller to report. */
+static float *spm_scores(json_t *vocab, json_t *merges, int n)
+{
+    float *sc = malloc((size_t)n * sizeof *sc);
+    char *buf = NULL;
+    size_t cap = 0, i;
+    json_t *x;
+    if (!sc)
+        return NULL;
+    float floor = -(float)json_array_size(merges) - 1.0f;
+    for (int k = 0; k < n; k++)
+        sc[k] = 1.0f;   /* unset */
+    json_array_foreach(merges, i, x) {
+        const char *a, *b;
+        size_t al, bl;
+        if (merge_pair(x, &a, &al, &b, &bl))
+            continue;
+        if (al + bl + 1 > cap) {
+            char *nb = realloc(buf, al + bl + 1);
+            if (!nb) {
+                free(buf);
+                free(sc);
+                return NULL;
+            }
+            buf = nb;
+            cap = al + bl + 1;
+        }
+        memcpy(buf, a, al);
+        memcpy(buf + al, b, bl);
+        buf[al + bl] = '\0';
+        json_t *id = json_object_get(vocab, buf);
+        if (json_is_integer(id) && json_integer_value(id) < n && sc[json_integer_value(id)] > 0)
+            sc[json_integer_value(id)] = -(float)i;
+    }
+    for (int k = 0; k < n; k++)
+        if (sc[k] > 0)
+            sc[k] = floor;
+    free(buf);
+    return sc;
+}
+
+/* `name` in the directory of `path` into out; -1 when it does not fit. */
+static int sibling(char *out, size_t cap, const char *path, const char *name)
+{
+    const char *s = strrchr(path, '/');
+    int n = s ? snprintf(out, cap, "%.*s/%s", (int)(s - path), path, name) : snprintf(out, cap, "%s", name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* The piece a tokenizer_config.json / special_tokens_map.json entry names: a string or
+ * an AddedToken object {"content": ...}; NULL when absent or null. */
+static const char *token_name(json_t *v)
+{
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    return json_string_value(v);
+}
+
+/* BOS/EOS ids the tokenizer.json left unset (its post-processor adds none), from the files
+ * HF keeps beside it, first naming wins: tokenizer_config.json and special_tokens_map.json
+ * (bos_token / eos_token by piece), then the model's config.json (bos_token_id /
+ * eos_token_id; a list names its first). Only the ids are set: whether encode adds a BOS
+ * stays the post-processor's decision, as in HF. Returns 0, or -1 with the file and the
+ * entry at fault in err. */
+static int hf_sibling_ids(tok_tokenizer *t, const char *path, char *err, size_t errlen)
+{
+    static const char *const files[] = {"tokenizer_config.json", "special_tokens_map.json", "config.json"};
+    tok_config *c = tok_config_of(t);
+    int *ids[2] = {&c->bos_id, &c->eos_id};
+    for (size_t f = 0; f < sizeof files / sizeof *files && (c->bos_id < 0 || c->eos_id < 0); f++) {
+        char p[PATH_MAX];
+        struct stat st;
+        if (sibling(p, sizeof p, path, files[f]) || stat(p, &st) || !S_ISREG(st.st_mode))
+            continue;
+        json_error_t je;
+        json_t *j = json_load_file(p, 0, &je);
+        if (!json_is_object(j)) {
+            snprintf(err, errlen, "%s: %s (line %d)", p, j ? "not a JSON object" : je.text, je.line);
+            json_decref(j);
+            return -1;
+        }
+        for (int k = 0; k < 2; k++) {
+            if (*ids[k] >= 0)
+                continue;
+            if (f < 2) {
+                const char *key = k ? "eos_token" : "bos_token", *name = token_name(json_object_get(j, key));
+                if (!name)
+                    continue;
+                if ((*ids[k] = tok_lookup(t, name, strlen(name))) < 0) {
+                    snprintf(err, errlen, "%s: %s \"%.64s\" is not in the vocabulary", p, key, name);
+                    json_decref(j);
+                    return -1;
+                }
+                continue;
+            }
+            const char *key = k ? "eos_token_id" : "bos_token_id";
+            json_t *v = json_object_get(j, key);
+            if (json_is_array(v))
+                v = json_array_get(v, 0);
+            if (!v || json_is_null(v))
+                continue;
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= tok_n_vocab(t)) {
+                snprintf(err, errlen, "%s: %s %lld is not an id of the %d-token vocabulary", p, key,
+                         json_is_integer(v) ? (long long)json_integer_value(v) : -1LL, tok_n_vocab(t));
+                json_decref(j);
+                return -1;
+            }
+            *ids[k] = (int)json_integer_value(v);
+        }
+        json_decref(j);
+    }
+    return 0;
+}
+
 tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     tok_tokenizer *t = NULL;
+    float *scores = NULL;
     if (!j) {
         snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
         return NULL;
@@ -303,10 +444,13 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory or empty vocabulary");
         goto fail;
     }
+    if (spm && !(scores = spm_scores(vocab, merges, (int)maxid + 1)))
+        goto oom;
     json_object_foreach(vocab, k, v) {
         size_t l = strlen(k);
+        int id = (int)json_integer_value(v);
         tok_type ty = spm && is_byte_piece(k, l) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
-        if (tok_set_token(t, (int)json_integer_value(v), k, l, 0.0f, ty))
+        if (tok_set_token(t, id, k, l, scores ? scores[id] : 0.0f, ty))
             goto oom;
     }
     json_array_foreach(added, i, x) {
@@ -318,19 +462,8 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     json_array_foreach(merges, i, x) {
         const char *a, *b;
         size_t al, bl;
-        if (json_is_string(x)) {
-            const char *s = json_string_value(x), *sp = strchr(s, ' ');
-            if (!sp) {
-                snprintf(err, errlen, "%s: merges[%zu] is not \"left right\"", path, i);
-                goto fail;
-            }
-            a = s; al = (size_t)(sp - s); b = sp + 1; bl = strlen(b);
-        } else if (json_is_array(x) && json_array_size(x) == 2 && json_is_string(json_array_get(x, 0)) &&
-                   json_is_string(json_array_get(x, 1))) {
-            a = json_string_value(json_array_get(x, 0)); al = strlen(a);
-            b = json_string_value(json_array_get(x, 1)); bl = strlen(b);
-        } else {
-            snprintf(err, errlen, "%s: merges[%zu] is neither a string nor a pair", path, i);
+        if (merge_pair(x, &a, &al, &b, &bl)) {
+            snprintf(err, errlen, "%s: merges[%zu] is neither \"left right\" nor a pair of strings", path, i);
             goto fail;
         }
         if (tok_add_merge(t, a, al, b, bl) < 0)
@@ -374,13 +507,15 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
         if (eid && (c->eos_id = tok_lookup(t, eid, strlen(eid))) >= 0)
             c->add_eos = 1;
     }
-    if (tok_finalize(t, err, errlen))
+    if (hf_sibling_ids(t, path, err, errlen) || tok_finalize(t, err, errlen))
         goto fail;
+    free(scores);
     json_decref(j);
     return t;
 oom:
     snprintf(err, errlen, "out of memory");
 fail:
+    free(scores);
     tok_free(t);
     json_decref(j);
     return NULL;

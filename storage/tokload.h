@@ -21,7 +21,12 @@ tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, cha
  * tokenizer.ggml.pre). Returns a NEW finalized tokenizer, or NULL with a reason. */
 tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen);
 
-/* From an HF tokenizer.json. Returns a NEW finalized tokenizer, or NULL with a reason. */
+/* From an HF tokenizer.json. BOS/EOS ids its post-processor does not name are taken
+ * from tokenizer_config.json, special_tokens_map.json or config.json beside it (in that
+ * order; they set the ids, not whether encode adds them). A SentencePiece-style BPE gets
+ * piece scores rebuilt from its merge order (for writers of score-driven vocabularies;
+ * encoding follows the merges). Returns a NEW finalized
+ * tokenizer, or NULL with a reason (a named token absent from the vocabulary included). */
 tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen);
 
 #endif

@@ -24,7 +24,9 @@
 #include "storage/export.h"
 #include "storage/gguf.h"
 #include "storage/gguf_write.h"
+#include "storage/hfconfig.h"
 #include "storage/modelcard.h"
+#include "storage/modelio.h"
 #include "storage/safetensors.h"
 #include "storage/tar.h"
 
@@ -200,6 +202,16 @@ static void test_decilm_roundtrip(void **state)
     assert_true(arch_equal(&m.a, &b.a));
     float *x = logits_of(&m), *y = logits_of(&b);
     assert_memory_equal(x, y, (size_t)NT * a.vocab_size * sizeof *x);
+    free(y);
+    eng_model_free(&b);
+    /* Every subcommand loads through storage/modelio: the same arch and logits there. */
+    char err[512], dir[512];
+    path(dir, sizeof dir, "deci");
+    if (mio_load_model(dir, NULL, be, &b, NULL, err, sizeof err))
+        fail_msg("mio_load_model: %s", err);
+    assert_true(arch_equal(&m.a, &b.a));
+    y = logits_of(&b);
+    assert_memory_equal(x, y, (size_t)NT * a.vocab_size * sizeof *x);
     free(x);
     free(y);
     /* The config in the readers' terms. */
@@ -217,7 +229,7 @@ static void test_decilm_roundtrip(void **state)
     assert_true(json_is_true(json_object_get(json_object_get(json_array_get(bc, 2), "attention"), "no_op")));
     assert_true(json_is_null(json_object_get(json_object_get(json_array_get(bc, 3), "ffn"), "ffn_mult")));
     double mult = json_number_value(json_object_get(json_object_get(json_array_get(bc, 1), "ffn"), "ffn_mult"));
-    assert_int_equal(exp_decilm_intermediate_size(mult, 32), 512);
+    assert_int_equal(hfconfig_decilm_intermediate_size(mult, 32), 512);
     json_decref(c);
     eng_model_free(&b);
     eng_model_free(&m);
@@ -336,14 +348,14 @@ static void test_refusals(void **state)
 static void test_ffn_mult(void **state)
 {
     (void)state;
-    assert_true(exp_decilm_ffn_mult(1536, 576) == 4.0);
-    assert_int_equal(exp_decilm_intermediate_size(4.0, 576), 1536);
-    assert_int_equal(exp_decilm_intermediate_size(1.95, 16384), 21504);   /* Nemotron Ultra layer */
-    assert_true(exp_decilm_ffn_mult(1000, 576) < 0);
+    assert_true(hfconfig_decilm_ffn_mult(1536, 576) == 4.0);
+    assert_int_equal(hfconfig_decilm_intermediate_size(4.0, 576), 1536);
+    assert_int_equal(hfconfig_decilm_intermediate_size(1.95, 16384), 21504);   /* Nemotron Ultra layer */
+    assert_true(hfconfig_decilm_ffn_mult(1000, 576) < 0);
     for (int f = 256; f <= 8192; f += 256) {
-        double m = exp_decilm_ffn_mult(f, 576);
+        double m = hfconfig_decilm_ffn_mult(f, 576);
         assert_true(m > 0);
-        assert_int_equal(exp_decilm_intermediate_size(m, 576), f);
+        assert_int_equal(hfconfig_decilm_intermediate_size(m, 576), f);
     }
 }
 
@@ -521,10 +533,12 @@ static void test_model_card(void **state)
                              "\"measured\":40.2,\"holds\":true}],\"result\":{\"accuracy\":{\"arc_easy\":"
                              "{\"acc\":0.5,\"acc_norm\":0.55,\"stderr\":0.02,\"n\":500}}}}", 0, &je);
     assert_non_null(rep);
-    mc_info info = {.parent = "parent.gguf", .model_class = "DeciLMForCausalLM", .dtype = "bf16", .formats = "HF"};
+    mc_info info = {.parent = "parent.gguf", .model_class = "DeciLMForCausalLM", .dtype = "bf16", .formats = "HF",
+                    .tokenizer = "not included: no parent given"};
     char *s = mc_render(&a, rep, &info);
     assert_non_null(s);
     assert_non_null(strstr(s, "parent.gguf"));
+    assert_non_null(strstr(s, "- **Tokenizer:** not included: no parent given\n"));
     assert_non_null(strstr(s, "| latency_ms | 41 | 39.7 | 40.2 | yes |"));
     assert_non_null(strstr(s, "| 1 | 2 | removed | removed | 32 |"));
     assert_non_null(strstr(s, "| arc_easy | not measured | not measured | 0.5 | 0.55 |"));

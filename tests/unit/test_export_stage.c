@@ -2,7 +2,8 @@
  * a pruned student snapshot (here stories260K, saved as prune/student) is exported in
  * the spec's formats; the HF tar and the GGUF are published with the sha-256 the
  * manifest, the events and the report state; the tar holds the HF directory whose own
- * SHA256SUMS verify; an unexpressible request ("hf" = LlamaForCausalLM for a
+ * SHA256SUMS verify and whose tokenizer.json (made from the llama2.c tok512.bin)
+ * tokenizes as the parent's tokenizer does; an unexpressible request ("hf" = LlamaForCausalLM for a
  * heterogeneous arch) fails the job with a clear reason instead of changing the arch.
  */
 #include <setjmp.h>
@@ -24,6 +25,8 @@
 #include "storage/artstore.h"
 #include "storage/ckpt.h"
 #include "storage/export.h"
+#include "storage/modelio.h"
+#include "storage/tokload.h"
 #include "storage/store.h"
 
 void stage_export_register(void);
@@ -152,6 +155,46 @@ static void test_export_stage_publishes(void **state)
         fail_msg("reload: %s", err);
     assert_true(arch_equal(&m.a, &b.a));
     eng_model_free(&b);
+    /* ... with the parent's tokenizer (llama2.c tok512.bin) as tokenizer.json: loaded
+     * through the same path as every subcommand, it tokenizes as tok512.bin does. */
+    for (size_t k = 0; k < json_array_size(arts); k++)
+        assert_true(json_is_true(json_object_get(json_array_get(arts, k), "tokenizer")));
+    tok_tokenizer *ht = NULL, *lt = NULL;
+    if (mio_load_model(x, NULL, be, &b, &ht, err, sizeof err))
+        fail_msg("reload with tokenizer: %s", err);
+    eng_model_free(&b);
+    char tp[1024];
+    snprintf(tp, sizeof tp, "%s", stories());
+    snprintf(strrchr(tp, '/') + 1, sizeof tp - (size_t)(strrchr(tp, '/') + 1 - tp), "tok512.bin");
+    if (!(lt = tokload_llama2c(tp, 512, err, sizeof err)))
+        fail_msg("%s", err);
+    assert_int_equal(tok_n_vocab(ht), tok_n_vocab(lt));
+    assert_int_equal(tok_cfg(ht)->bos_id, 1);
+    assert_int_equal(tok_cfg(ht)->eos_id, 2);
+    assert_int_equal(tok_cfg(ht)->add_bos, 1);
+    static const char *const texts[] = {
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.",
+        "  two leading spaces, a tab\tand a newline\nthen \"quotes\" and digits 1234567890!",
+        "Zoë's café: naïve façade — 日本語 🤗", "", " ", "x",
+    };
+    for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+        int *a1, *a2;
+        size_t n1, n2;
+        assert_int_equal(tok_encode(lt, texts[k], strlen(texts[k]), 1, 0, &a1, &n1, err, sizeof err), 0);
+        assert_int_equal(tok_encode(ht, texts[k], strlen(texts[k]), 1, 0, &a2, &n2, err, sizeof err), 0);
+        if (n1 != n2 || (n1 && memcmp(a1, a2, n1 * sizeof *a1)))
+            fail_msg("text %zu: tokenizer.json gives %zu ids, tok512.bin %zu (or different ids)", k, n2, n1);
+        char *d;
+        size_t dl;
+        assert_int_equal(tok_decode(ht, a2, n2, 1, &d, &dl, err, sizeof err), 0);
+        assert_int_equal(dl, strlen(texts[k]));
+        assert_memory_equal(d, texts[k], dl);
+        free(d);
+        free(a1);
+        free(a2);
+    }
+    tok_free(ht);
+    tok_free(lt);
     store_job_clear(&j);
 
     /* "hf" of a heterogeneous arch means DeciLM; widths DeciLM cannot express (FFN not a

@@ -160,6 +160,89 @@ static void test_hfconfig(void **state)
     }
 }
 
+/* DeciLMForCausalLM (Nemotron-NAS block_configs) as NVIDIA's Llama-3_1-Nemotron-51B
+ * writes it, cut to four layers: per-layer KV heads (n_heads_in_group), per-layer FFN
+ * widths (ffn_mult), attention or FFN removed (no_op); and our own source-layer record. */
+static void test_hfconfig_decilm(void **state)
+{
+    (void)state;
+    arch a;
+    char err[256];
+    static const char *const head =
+        "{\"architectures\":[\"DeciLMForCausalLM\"],\"model_type\":\"nemotron-nas\",\"vocab_size\":128256,"
+        "\"hidden_size\":8192,\"num_hidden_layers\":4,\"num_attention_heads\":64,\"intermediate_size\":null,"
+        "\"num_key_value_heads\":null,\"max_position_embeddings\":131072,\"rope_theta\":500000.0,"
+        "\"rms_norm_eps\":1e-05,\"tie_word_embeddings\":false,\"rope_scaling\":{\"factor\":8.0,"
+        "\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,"
+        "\"rope_type\":\"llama3\"},";
+    static const char *const blocks =
+        "\"block_configs\":["
+        "{\"attention\":{\"n_heads_in_group\":8,\"no_op\":false,\"replace_with_linear\":false,\"sparsify\":null,"
+        "\"num_sink_tokens\":null,\"window_length\":null,\"unshifted_sink\":false,"
+        "\"use_prefill_window_in_sink_attention\":false},\"ffn\":{\"ffn_mult\":5.25,\"no_op\":false,"
+        "\"replace_with_linear\":false,\"sparsify\":null}},"
+        "{\"attention\":{\"n_heads_in_group\":64,\"no_op\":false},\"ffn\":{\"ffn_mult\":1.3125,\"no_op\":false}},"
+        "{\"attention\":{\"n_heads_in_group\":null,\"no_op\":true},\"ffn\":{\"ffn_mult\":2.625,\"no_op\":false}},"
+        "{\"attention\":{\"n_heads_in_group\":16,\"no_op\":false},\"ffn\":{\"ffn_mult\":null,\"no_op\":true}}]";
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s%s,\"autocompress_source_layers\":[0,3,5,7]}", head, blocks);
+    json_t *j = json_loads(cfg, 0, NULL);
+    assert_non_null(j);
+    if (hfconfig_to_arch(j, &a, err, sizeof err))
+        fail_msg("%s", err);
+    json_decref(j);
+    assert_int_equal(a.n_layers, 4);
+    assert_int_equal(a.head_dim, 128);
+    assert_int_equal(a.rope_scaling.type, ROPE_SCALING_LLAMA3);
+    static const int want[4][4] = {{64, 8, 28672, 0}, {64, 1, 7168, 3}, {0, 0, 14336, 5}, {64, 4, 0, 7}};
+    for (int l = 0; l < 4; l++) {
+        assert_int_equal(a.layers[l].n_heads, want[l][0]);
+        assert_int_equal(a.layers[l].n_kv_heads, want[l][1]);
+        assert_int_equal(a.layers[l].ffn_dim, want[l][2]);
+        assert_int_equal(a.layers[l].source_layer, want[l][3]);
+    }
+    assert_false(arch_is_uniform(&a));
+    arch_free(&a);
+    /* what the engine cannot run, or a config that does not add up, is refused by name */
+    static const struct { const char *blocks, *needle; } bad[] = {
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}]", "block_configs"},
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"no_op\":false,\"replace_with_linear\":true},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}]", "replace_with_linear"},
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8,\"window_length\":4096},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}]", "window_length"},
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":7},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}]", "n_heads_in_group"},
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}]", "ffn_mult"},
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"no_op\":true},\"ffn\":{\"no_op\":true}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}]", "block_configs[1]"},
+        {"\"block_configs\":[{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}},"
+         "{\"attention\":{\"n_heads_in_group\":8},\"ffn\":{\"ffn_mult\":1.0}}],"
+         "\"autocompress_source_layers\":[0,1]", "autocompress_source_layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cfg, sizeof cfg, "%s%s}", head, bad[i].blocks);
+        j = json_loads(cfg, 0, NULL);
+        assert_non_null(j);
+        assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), -1);
+        if (!strstr(err, bad[i].needle))
+            fail_msg("DeciLM config %zu: \"%s\" lacks \"%s\"", i, err, bad[i].needle);
+        json_decref(j);
+    }
+}
+
 /* Logits of `ids` (all positions) into a new buffer. */
 static float *logits_of(eng_model *m, const int *ids, int T)
 {
@@ -268,6 +351,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_hfconfig),
+        cmocka_unit_test(test_hfconfig_decilm),
         cmocka_unit_test(test_modelio_round_trip),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
