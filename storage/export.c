@@ -1092,6 +1092,15 @@ static const char *const HF_TOKENIZER_FILES[] = {
     "tokenizer.model", "added_tokens.json", "chat_template.jinja",
 };
 
+/* The parent's format by the one model probe (storage/modelio.h); 0 without a parent or
+ * when it is in no model format. */
+static mio_format parent_format(const char *pp)
+{
+    mio_format f;
+    char e[512];
+    return pp && mio_probe(pp, &f, e, sizeof e) == 0 ? f : (mio_format)0;
+}
+
 static int has_suffix(const char *s, const char *suf)
 {
     size_t n = strlen(s), k = strlen(suf);
@@ -1213,7 +1222,8 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         return -1;
     }
     const char *pp = o->parent_path;
-    int parent_hf = pp && is_dir(pp), parent_gguf = pp && has_suffix(pp, ".gguf") && is_file(pp);
+    mio_format pf = parent_format(pp);
+    int parent_hf = pf == MIO_HF_DIR, parent_gguf = pf == MIO_GGUF;
     json_t *pconf = NULL, *conf = NULL, *tokj = NULL, *tokc = NULL, *gen = NULL;
     char ppath[4096], partial[4096], path[4096], cls[64];
     int rc = -1, made = 0;
@@ -1602,7 +1612,7 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
         return -1;
     }
     const char *pp = o->parent_path;
-    if (pp && has_suffix(pp, ".gguf")) {
+    if (parent_format(pp) == MIO_GGUF) {
         if (gguf_read_kvs(pp, &g, err, errlen) < 0)
             goto out;
         have_g = 1;
