@@ -128,30 +128,62 @@ static uint32_t hash_u64(uint64_t k)
     return (uint32_t)k;
 }
 
+/* The piece table is open addressing with linear probing, at most n_vocab entries in
+ * hcap >= 2 n_vocab slots, so every probe run ends at an empty slot; the loops are
+ * bounded by hcap all the same. An entry always sits in the run that starts at the
+ * hash of its id's current piece: tok_set_token removes an id's entry before it
+ * changes the piece. */
 int tok_lookup(const tok_tokenizer *t, const char *s, size_t n)
 {
     uint32_t mask = t->hcap - 1, i = hash_bytes(s, n) & mask;
-    for (;;) {
+    for (uint32_t probes = 0; probes < t->hcap; probes++, i = (i + 1) & mask) {
         int32_t id = t->htab[i];
         if (id < 0)
             return -1;
         if (t->plen[id] == n && !memcmp(t->piece[id], s, n))
             return id;
-        i = (i + 1) & mask;
     }
+    return -1;
 }
 
-static void htab_insert(tok_tokenizer *t, int id)
+/* Enter id under its current piece. Returns 0, or -1 when no slot is free (impossible
+ * while entries <= n_vocab). */
+static int htab_insert(tok_tokenizer *t, int id)
 {
     uint32_t mask = t->hcap - 1, i = hash_bytes(t->piece[id], t->plen[id]) & mask;
-    for (;;) {
+    for (uint32_t probes = 0; probes < t->hcap; probes++, i = (i + 1) & mask) {
         int32_t o = t->htab[i];
         if (o < 0 || (t->plen[o] == t->plen[id] && !memcmp(t->piece[o], t->piece[id], t->plen[id]))) {
             t->htab[i] = id;   /* a later token with the same piece wins, as in llama.cpp */
-            return;
+            return 0;
         }
-        i = (i + 1) & mask;
     }
+    return -1;
+}
+
+/* Remove id's entry (found under its current piece), if it has one: a later token with
+ * the same piece may have taken the slot, and that one stays. Later entries of the
+ * probe run move back into the hole when their home slot allows (backward-shift
+ * deletion), so no lookup stops early at it. */
+static void htab_remove(tok_tokenizer *t, int id)
+{
+    uint32_t mask = t->hcap - 1, i = hash_bytes(t->piece[id], t->plen[id]) & mask, probes = 0;
+    for (; probes < t->hcap && t->htab[i] >= 0 && t->htab[i] != id; probes++)
+        i = (i + 1) & mask;
+    if (probes == t->hcap || t->htab[i] != id)
+        return;
+    for (uint32_t j = i, k = 0; k < t->hcap; k++) {
+        j = (j + 1) & mask;
+        int32_t o = t->htab[j];
+        if (o < 0)
+            break;
+        uint32_t home = hash_bytes(t->piece[o], t->plen[o]) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {   /* home at or before the hole */
+            t->htab[i] = o;
+            i = j;
+        }
+    }
+    t->htab[i] = -1;
 }
 
 static int merge_find(const tok_tokenizer *t, int a, int b, int *res)
@@ -254,13 +286,17 @@ int tok_set_token(tok_tokenizer *t, int id, const char *piece, size_t len, float
         return -1;
     memcpy(p, piece, len);
     p[len] = '\0';
+    if (t->plen[id] > 0)
+        htab_remove(t, id);   /* set again: the old piece no longer names this id */
     free(t->piece[id]);
     t->piece[id] = p;
     t->plen[id] = (uint32_t)len;
     t->score[id] = score;
     t->type[id] = (uint8_t)type;
-    if (len > 0)
-        htab_insert(t, id);
+    if (len > 0 && htab_insert(t, id)) {
+        t->plen[id] = 0;      /* not findable: keep the table consistent */
+        return -1;
+    }
     return 0;
 }
 

@@ -44,7 +44,9 @@ tok_config *tok_config_of(tok_tokenizer *t);
 
 /* Set token `id`: its piece (bytes as stored in the vocab: byte-level unicode or
  * U+2581-escaped), score (SPM merge priority) and type. The piece is copied.
- * Returns 0, or -1 (id out of range, OOM). A later token with the same piece wins lookups. */
+ * Returns 0, or -1 (id out of range, OOM). A later token with the same piece wins lookups.
+ * Setting an id again replaces its piece: the old piece no longer finds it (nor an
+ * earlier token whose piece it had taken over). */
 int tok_set_token(tok_tokenizer *t, int id, const char *piece, size_t len, float score, tok_type type);
 
 /* Append a merge rule "left right" (rank = order of calls; lower merges first). Pieces
