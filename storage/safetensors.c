@@ -231,12 +231,20 @@ static int check_layout(st_file *f, char *err, size_t errlen)
     for (int i = 0; i < f->n; i++)
         s[i] = &f->t[i];
     qsort(s, (size_t)f->n, sizeof *s, cmp_begin);
+    /* In order of begin, each non-empty tensor must start at or after the furthest end
+     * so far in its shard (empty tensors share no bytes and end nothing). */
     int rc = 0;
-    for (int i = 1; i < f->n && !rc; i++)
-        if (s[i]->shard == s[i - 1]->shard && s[i]->begin < s[i - 1]->end && s[i]->begin != s[i]->end) {
-            snprintf(err, errlen, "tensors \"%s\" and \"%s\" overlap", s[i - 1]->name, s[i]->name);
+    const st_tensor *last = NULL;   /* furthest-reaching non-empty tensor of the shard */
+    for (int i = 0; i < f->n && !rc; i++) {
+        if (s[i]->begin == s[i]->end)
+            continue;
+        if (last && last->shard == s[i]->shard && s[i]->begin < last->end) {
+            snprintf(err, errlen, "tensors \"%s\" and \"%s\" overlap", last->name, s[i]->name);
             rc = -1;
+        } else if (!last || last->shard != s[i]->shard || s[i]->end > last->end) {
+            last = s[i];
         }
+    }
     free(s);
     for (int i = 0; i < f->n && !rc; i++)
         for (int j = i + 1; j < f->n && f->n_shards > 1; j++)

@@ -1,6 +1,6 @@
 """Write small valid seed inputs for the fuzz targets into tests/fuzz/corpus/<target>/.
 Run with the project venv (numpy, safetensors, gguf). Seeds are generated, not copied."""
-import os, struct, sys
+import json, os, struct, sys
 
 import numpy as np
 import gguf
@@ -55,5 +55,16 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
 with open(path, "rb") as f:
     out("gguf", "seed_llama_bytelevel", f.read())
 os.remove(path)
+# Hostile inputs found by fuzzing and by hand, kept as regressions (hostile_*): each must be
+# refused cleanly (or load correctly) in bounded time and memory.
+def st_image(header, data_len):
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(h)) + h + bytes(data_len)
+def st_t(shape, begin, end, dtype="F32"):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+# a [0,256) and b [128,384) overlap; the empty z [64,64) sorted between them hid it
+out("safetensors", "hostile_overlap_behind_empty",
+    st_image({"a": st_t([64], 0, 256), "z": st_t([0], 64, 64), "b": st_t([64], 128, 384)}, 384))
+
 out("tokenizer", "seed_text", "hello the  world\n\n 12345 <|x|> café 🤗 ab ba".encode("utf-8"))
 print("seeds written under", root)

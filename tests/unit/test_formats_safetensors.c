@@ -137,6 +137,18 @@ static void test_hostile_headers(void **state)
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 16, "begin <= end");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, "overlap");
+    /* an empty tensor sorted between two overlapping ones hides nothing */
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[64],\"data_offsets\":[0,256]},"
+               "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[64,64]},"
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[64],\"data_offsets\":[128,384]}}", 384,
+               "\"a\" and \"b\" overlap");
+    /* empty tensors anywhere (inside others too) are fine */
+    n = image(buf, sizeof buf, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                               "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
+                               "\"y\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[16,16]},"
+                               "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}", 32);
+    assert_int_equal(st_open_mem(&f, buf, n, err, sizeof err), 0);
+    st_close(&f);
     expect_bad("[1,2]", 0, "not a JSON object");
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "data_offsets");
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 8, "dimensions");
