@@ -66,5 +66,15 @@ def st_t(shape, begin, end, dtype="F32"):
 out("safetensors", "hostile_overlap_behind_empty",
     st_image({"a": st_t([64], 0, 256), "z": st_t([0], 64, 64), "b": st_t([64], 128, 384)}, 384))
 
+# fuzz_safetensors reads several shards of one model separated by this line
+SHARD_SEP = b"\n--next shard--\n"
+out("safetensors", "seed_two_shards", st_image({"a": st_t([2], 0, 8), "__metadata__": {"format": "pt"}}, 8) +
+    SHARD_SEP + st_image({"b": st_t([3], 0, 6, "BF16"), "c": st_t([0], 6, 6)}, 6))
+out("safetensors", "hostile_same_name_two_shards", st_image({"a": st_t([2], 0, 8)}, 8) + SHARD_SEP +
+    st_image({"a": st_t([2], 0, 8)}, 8))
+# many empty tensors over two shards (the unit test opens 2 x 100k; checks were quadratic)
+out("safetensors", "hostile_many_empty_two_shards",
+    SHARD_SEP.join(st_image({"%s%d" % (p, i): st_t([0], 0, 0) for i in range(400)}, 0) for p in "ab"))
+
 out("tokenizer", "seed_text", "hello the  world\n\n 12345 <|x|> café 🤗 ab ba".encode("utf-8"))
 print("seeds written under", root)
