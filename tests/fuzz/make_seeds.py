@@ -76,5 +76,15 @@ out("safetensors", "hostile_same_name_two_shards", st_image({"a": st_t([2], 0, 8
 out("safetensors", "hostile_many_empty_two_shards",
     SHARD_SEP.join(st_image({"%s%d" % (p, i): st_t([0], 0, 0) for i in range(400)}, 0) for p in "ab"))
 
+# metadata-only GGUF claiming a 1 GiB llama (loading it allocated the claim before the check)
+path = os.path.join(root, "gguf_hostile.tmp")
+w = gguf.GGUFWriter(path, arch="llama")
+w.add_block_count(4); w.add_embedding_length(2048); w.add_head_count(16)
+w.add_feed_forward_length(5632); w.add_vocab_size(32000)
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+with open(path, "rb") as f:
+    out("gguf", "hostile_metadata_only_1gib_claim", f.read())
+os.remove(path)
+
 out("tokenizer", "seed_text", "hello the  world\n\n 12345 <|x|> café 🤗 ab ba".encode("utf-8"))
 print("seeds written under", root)

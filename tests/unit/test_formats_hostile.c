@@ -1,0 +1,145 @@
+/* tests/unit/test_formats_hostile.c — hostile model and tokenizer files, found by fuzzing
+ * and by hand: each is refused with an error that names the cause, in bounded time
+ * (an alarm turns a hang into a failure) and bounded memory (peak RSS from getrusage).
+ * The same files, where small, are in the fuzz corpora (tests/fuzz/make_seeds.py). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "storage/modelio.h"
+
+#include "gguf_image.h"
+
+static char tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ac_hostile_XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+static long peak_rss_mib(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_maxrss / 1024;   /* Linux: KiB */
+}
+
+/* mio_load_model on `path` fails naming `needle`, and peak RSS grows by < 128 MiB. Runs
+ * in a child process, whose peak starts at the RSS it forks with, so that one check's
+ * peak does not hide the next. */
+static void expect_refused_small(const char *path, const char *needle)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        eng_backend *be = eng_backend_cpu_new(1);
+        eng_model m;
+        char err[512] = "";
+        long before = peak_rss_mib();
+        if (!be || mio_load_model(path, NULL, be, &m, NULL, err, sizeof err) != -1) {
+            fprintf(stderr, "%s: loaded (or no backend)\n", path);
+            _exit(1);
+        }
+        long grew = peak_rss_mib() - before;
+        if (!strstr(err, needle)) {
+            fprintf(stderr, "%s: error \"%s\" lacks \"%s\"\n", path, err, needle);
+            _exit(2);
+        }
+        if (grew > 128) {
+            fprintf(stderr, "%s: refused (%s), but peak RSS grew by %ld MiB first\n", path, err, grew);
+            _exit(3);
+        }
+        eng_backend_free(be);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* A 1 GiB model claimed by a few hundred bytes: hidden 2048, 4 layers of 16 heads and
+ * FFN 5632, vocabulary 32000 (270M parameters). The weights are checked against the
+ * claim before the engine allocates (and zeroes) it. Here as config.json. */
+static void test_config_claims_beyond_weights(void **state)
+{
+    (void)state;
+    char dir[128], p[192];
+    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    const char *cfg = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,\"intermediate_size\":5632,"
+                      "\"num_hidden_layers\":4,\"num_attention_heads\":16,\"vocab_size\":32000,"
+                      "\"tie_word_embeddings\":true}";
+    write_file(p, cfg, strlen(cfg));
+    /* the one tensor present has the claimed shape: only the others are missing */
+    static const char hdr[] = "{\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[2048],\"data_offsets\":[0,8192]}}";
+    size_t hl = sizeof hdr - 1, n = 8 + hl + 8192;
+    uint8_t *st = calloc(1, n);
+    assert_non_null(st);
+    for (int i = 0; i < 8; i++)
+        st[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(st + 8, hdr, hl);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_file(p, st, n);
+    free(st);
+    expect_refused_small(dir, "model.embed_tokens.weight is missing");
+}
+
+/* The same claim as metadata-only GGUF: keys, no tensors. */
+static void test_gguf_claims_beyond_weights(void **state)
+{
+    (void)state;
+    char p[192];
+    buf kvs = {0};
+    kv_str(&kvs, "general.architecture", "llama");
+    kv_u32(&kvs, "llama.block_count", 4);
+    kv_u32(&kvs, "llama.embedding_length", 2048);
+    kv_u32(&kvs, "llama.attention.head_count", 16);
+    kv_u32(&kvs, "llama.feed_forward_length", 5632);
+    kv_u32(&kvs, "llama.vocab_size", 32000);
+    buf img = build(&kvs, 6, NULL, 0);
+    snprintf(p, sizeof p, "%s/meta_only.gguf", tmpdir);
+    write_file(p, img.p, img.n);
+    expect_refused_small(p, "model.embed_tokens.weight is missing");
+    free(img.p);
+    free(kvs.p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_claims_beyond_weights),
+        cmocka_unit_test(test_gguf_claims_beyond_weights),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
