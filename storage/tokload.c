@@ -160,16 +160,24 @@ tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen)
     }
     tok_config *c = tok_config_of(t);
     int64_t v;
-    if (!gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v)) c->bos_id = (int)v;
-    if (!gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v)) c->eos_id = (int)v;
-    if (!gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &v)) c->unk_id = (int)v;
-    if (!gguf_get_int(g, "tokenizer.ggml.padding_token_id", &v)) c->pad_id = (int)v;
-    int ids[] = {c->bos_id, c->eos_id, c->unk_id, c->pad_id};
-    for (int i = 0; i < 4; i++)
-        if (ids[i] < -1 || ids[i] >= (int64_t)n) {
-            snprintf(err, errlen, "GGUF: special token id %d outside the vocabulary", ids[i]);
+    /* special ids: range-checked as the file's 64-bit values, only then made int */
+    static const char *const id_keys[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                          "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+    int *id_dst[] = {&c->bos_id, &c->eos_id, &c->unk_id, &c->pad_id};
+    for (int i = 0; i < 4; i++) {
+        if (gguf_find(g, id_keys[i]) < 0)
+            continue;
+        if (gguf_get_int(g, id_keys[i], &v)) {
+            snprintf(err, errlen, "GGUF: %s is not an integer token id", id_keys[i]);
             goto fail;
         }
+        if (v < -1 || v >= (int64_t)n) {
+            snprintf(err, errlen, "GGUF: %s = %lld is outside the vocabulary of %llu tokens", id_keys[i],
+                     (long long)v, (unsigned long long)n);
+            goto fail;
+        }
+        *id_dst[i] = (int)v;
+    }
     if (kind == TOK_SPM) {
         c->add_bos = 1;
         c->add_dummy_prefix = 1;

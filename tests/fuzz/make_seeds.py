@@ -86,5 +86,16 @@ with open(path, "rb") as f:
     out("gguf", "hostile_metadata_only_1gib_claim", f.read())
 os.remove(path)
 
+# byte-level tokenizer whose bos_token_id is 2^32 + 5 (it was read as 5)
+path = os.path.join(root, "gguf_hostile.tmp")
+w = gguf.GGUFWriter(path, arch="llama")
+w.add_tokenizer_model("gpt2"); w.add_token_list(["a", "b", "c", "d", "ab", "cd", "<s>", "</s>"])
+w.add_token_merges(["a b", "c d"])
+w.add_uint64("tokenizer.ggml.bos_token_id", 2**32 + 5)
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+with open(path, "rb") as f:
+    out("gguf", "hostile_bos_id_2p32_plus_5", f.read())
+os.remove(path)
+
 out("tokenizer", "seed_text", "hello the  world\n\n 12345 <|x|> café 🤗 ab ba".encode("utf-8"))
 print("seeds written under", root)

@@ -18,6 +18,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "storage/modelio.h"
+#include "storage/tokload.h"
 
 #include "gguf_image.h"
 
@@ -135,11 +136,63 @@ static void test_gguf_claims_beyond_weights(void **state)
     free(kvs.p);
 }
 
+/* A byte-level GGUF tokenizer of 8 tokens whose special id `key` holds `v` (64 bits). */
+static buf gguf_tokenizer_image(const char *key, uint32_t type, uint64_t v)
+{
+    static const char *toks[] = {"a", "b", "c", "d", "e", "f", "<s>", "</s>"};
+    buf kvs = {0};
+    kv_str(&kvs, "tokenizer.ggml.model", "gpt2");
+    kv_arr_str(&kvs, "tokenizer.ggml.tokens", toks, 8);
+    kv_arr_str(&kvs, "tokenizer.ggml.merges", NULL, 0);
+    str(&kvs, key); u32(&kvs, type); u64(&kvs, v);
+    buf img = build(&kvs, 4, NULL, 0);
+    free(kvs.p);
+    return img;
+}
+
+/* Token ids are range-checked as the 64-bit values in the file: 2^32 + 5 is not 5. */
+static void test_gguf_token_ids_beyond_int(void **state)
+{
+    (void)state;
+    static const struct { const char *key; uint32_t type; uint64_t v; const char *shown; } cases[] = {
+        {"tokenizer.ggml.bos_token_id", GGUF_T_U64, (1ULL << 32) + 5, "4294967301"},
+        {"tokenizer.ggml.eos_token_id", GGUF_T_I64, (uint64_t)(-(int64_t)(1ULL << 32) + 1), "-4294967295"},
+        {"tokenizer.ggml.padding_token_id", GGUF_T_U64, 1ULL << 31, "2147483648"},
+        {"tokenizer.ggml.unknown_token_id", GGUF_T_U64, (1ULL << 63) + 5, "not an integer"},   /* > INT64_MAX */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        buf img = gguf_tokenizer_image(cases[i].key, cases[i].type, cases[i].v);
+        gguf_file g;
+        char err[256] = "";
+        assert_int_equal(gguf_open_mem(&g, img.p, img.n, err, sizeof err), 0);
+        tok_tokenizer *t = tokload_gguf(&g, err, sizeof err);
+        if (t)
+            fail_msg("%s = %s: accepted (bos %d, eos %d, pad %d)", cases[i].key, cases[i].shown, tok_cfg(t)->bos_id,
+                     tok_cfg(t)->eos_id, tok_cfg(t)->pad_id);
+        if (!strstr(err, cases[i].key) || !strstr(err, cases[i].shown))
+            fail_msg("%s: error \"%s\" does not name the key and %s", cases[i].key, err, cases[i].shown);
+        gguf_close(&g);
+        free(img.p);
+    }
+    /* in range it loads, and the id is the one given */
+    buf img = gguf_tokenizer_image("tokenizer.ggml.bos_token_id", GGUF_T_U64, 6);
+    gguf_file g;
+    char err[256];
+    assert_int_equal(gguf_open_mem(&g, img.p, img.n, err, sizeof err), 0);
+    tok_tokenizer *t = tokload_gguf(&g, err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(tok_cfg(t)->bos_id, 6);
+    tok_free(t);
+    gguf_close(&g);
+    free(img.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_claims_beyond_weights),
         cmocka_unit_test(test_gguf_claims_beyond_weights),
+        cmocka_unit_test(test_gguf_token_ids_beyond_int),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
