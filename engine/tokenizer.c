@@ -279,11 +279,13 @@ tok_kind tok_kind_of(const tok_tokenizer *t) { return t->kind; }
 
 int tok_set_token(tok_tokenizer *t, int id, const char *piece, size_t len, float score, tok_type type)
 {
-    if (id < 0 || id >= t->n_vocab || len > (1u << 20))
-        return -1;
+    if (id < 0 || id >= t->n_vocab)
+        return TOK_SET_BAD_ID;
+    if (len > TOK_MAX_PIECE_BYTES)
+        return TOK_SET_TOO_LONG;
     char *p = malloc(len + 1);
     if (!p)
-        return -1;
+        return TOK_SET_OOM;
     memcpy(p, piece, len);
     p[len] = '\0';
     if (t->plen[id] > 0)
@@ -295,7 +297,7 @@ int tok_set_token(tok_tokenizer *t, int id, const char *piece, size_t len, float
     t->type[id] = (uint8_t)type;
     if (len > 0 && htab_insert(t, id)) {
         t->plen[id] = 0;      /* not findable: keep the table consistent */
-        return -1;
+        return TOK_SET_OOM;
     }
     return 0;
 }

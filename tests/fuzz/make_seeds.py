@@ -97,5 +97,14 @@ with open(path, "rb") as f:
     out("gguf", "hostile_bos_id_2p32_plus_5", f.read())
 os.remove(path)
 
+# a token one byte over the 1 MiB per-token limit (reported as "out of memory")
+path = os.path.join(root, "gguf_hostile.tmp")
+w = gguf.GGUFWriter(path, arch="llama")
+w.add_tokenizer_model("gpt2"); w.add_token_list(["a", "b", "x" * ((1 << 20) + 1)]); w.add_token_merges([])
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+with open(path, "rb") as f:
+    out("gguf", "hostile_token_over_1mib", f.read())
+os.remove(path)
+
 out("tokenizer", "seed_text", "hello the  world\n\n 12345 <|x|> café 🤗 ab ba".encode("utf-8"))
 print("seeds written under", root)

@@ -26,6 +26,8 @@
 #include "../fuzz/fuzz_tokenizer.c"
 #undef LLVMFuzzerTestOneInput
 
+#define REPLAY_MAX_BYTES (4u << 20)   /* larger corpus files are read up to here */
+
 static void replay(const char *target, int (*fn)(const uint8_t *, size_t))
 {
     char dir[256];
@@ -42,9 +44,9 @@ static void replay(const char *target, int (*fn)(const uint8_t *, size_t))
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         FILE *f = fopen(p, "rb");
         assert_non_null(f);
-        uint8_t *buf = malloc(1 << 20);
+        uint8_t *buf = malloc(REPLAY_MAX_BYTES);
         assert_non_null(buf);
-        size_t n = fread(buf, 1, 1 << 20, f);
+        size_t n = fread(buf, 1, REPLAY_MAX_BYTES, f);
         fclose(f);
         fn(buf, n);
         for (int k = 0; k < 64; k++) {

@@ -187,12 +187,79 @@ static void test_gguf_token_ids_beyond_int(void **state)
     free(img.p);
 }
 
+/* A minimal byte-level tokenizer.json at `path` with `extra` (a JSON member list, may be
+ * "") inside model.vocab after "a" and "b", and `added` as added_tokens. */
+static void write_tokenizer_json(const char *path, const char *extra, const char *added)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1%s%s},\"merges\":[]},"
+               "\"added_tokens\":[%s],\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
+            *extra ? "," : "", extra, added);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A token longer than the per-token limit is refused as such, not as out of memory:
+ * in tokenizer.json (vocab key, added token), GGUF and llama2.c tokenizers. */
+static void test_token_over_size_limit(void **state)
+{
+    (void)state;
+    size_t big = TOK_MAX_PIECE_BYTES + 1;
+    char *piece = malloc(big + 1), *json = malloc(big + 64), p[192], err[256] = "";
+    assert_non_null(piece);
+    assert_non_null(json);
+    memset(piece, 'x', big);
+    piece[big] = '\0';
+    snprintf(p, sizeof p, "%s/big_token.json", tmpdir);
+    snprintf(json, big + 64, "\"%s\":2", piece);
+    write_tokenizer_json(p, json, "");
+    assert_null(tokload_hf_json(p, err, sizeof err));
+    if (!strstr(err, "over the limit") || !strstr(err, "1048577 bytes"))
+        fail_msg("vocab: error \"%s\" does not name the size limit", err);
+    snprintf(json, big + 64, "{\"id\":2,\"content\":\"%s\"}", piece);
+    write_tokenizer_json(p, "", json);
+    assert_null(tokload_hf_json(p, err, sizeof err));
+    if (!strstr(err, "over the limit"))
+        fail_msg("added_tokens: error \"%s\" does not name the size limit", err);
+    const char *toks[] = {"a", "b", piece};
+    buf kvs = {0};
+    kv_str(&kvs, "tokenizer.ggml.model", "gpt2");
+    kv_arr_str(&kvs, "tokenizer.ggml.tokens", toks, 3);
+    kv_arr_str(&kvs, "tokenizer.ggml.merges", NULL, 0);
+    buf img = build(&kvs, 3, NULL, 0);
+    gguf_file g;
+    assert_int_equal(gguf_open_mem(&g, img.p, img.n, err, sizeof err), 0);
+    assert_null(tokload_gguf(&g, err, sizeof err));
+    if (!strstr(err, "token 2") || !strstr(err, "over the limit"))
+        fail_msg("GGUF: error \"%s\" does not name the token and the size limit", err);
+    gguf_close(&g);
+    free(img.p);
+    free(kvs.p);
+    /* llama2.c tokenizers keep their own limit of 4096 bytes */
+    buf l2 = {0};
+    u32(&l2, 5000);
+    for (int i = 0; i < 3; i++) {
+        float score = 0;
+        uint32_t n = i == 2 ? 5000 : 1;
+        put(&l2, &score, 4);
+        u32(&l2, n);
+        put(&l2, piece, n);
+    }
+    assert_null(tokload_llama2c_mem(l2.p, l2.n, 3, err, sizeof err));
+    if (!strstr(err, "token 2") || !strstr(err, "over the limit of 4096"))
+        fail_msg("llama2.c: error \"%s\" does not name the token and the size limit", err);
+    free(l2.p);
+    free(json);
+    free(piece);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_claims_beyond_weights),
         cmocka_unit_test(test_gguf_claims_beyond_weights),
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
+        cmocka_unit_test(test_token_over_size_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
