@@ -327,12 +327,28 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory or empty vocabulary");
         goto fail;
     }
+    /* one key per id: two keys for one id have no single meaning (added tokens may
+     * restate a vocab entry below) */
+    unsigned char *taken = calloc((size_t)maxid + 1, 1);
+    if (!taken)
+        goto oom;
     json_object_foreach(vocab, k, v) {
+        int id = (int)json_integer_value(v);
         size_t l = strlen(k);
         tok_type ty = spm && is_byte_piece(k, l) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
-        if (set_token(t, path, (int)json_integer_value(v), k, l, 0.0f, ty, err, errlen))
+        if (taken[id]) {
+            snprintf(err, errlen, "%s: vocab maps \"%.64s\" and \"%.64s\" to the same id %d", path,
+                     tok_piece(t, id, NULL), k, id);
+            free(taken);
             goto fail;
+        }
+        taken[id] = 1;
+        if (set_token(t, path, id, k, l, 0.0f, ty, err, errlen)) {
+            free(taken);
+            goto fail;
+        }
     }
+    free(taken);
     json_array_foreach(added, i, x) {
         const char *content = json_string_value(json_object_get(x, "content"));
         tok_type ty = json_is_true(json_object_get(x, "special")) ? TOK_TYPE_CONTROL : TOK_TYPE_USER_DEFINED;

@@ -253,6 +253,34 @@ static void test_token_over_size_limit(void **state)
     free(piece);
 }
 
+/* A vocab mapping 18 keys to one id never finished loading (every key took a table
+ * slot); now it is refused, naming the id. Alarm: a hang fails. */
+static void test_tokenizer_json_duplicate_ids(void **state)
+{
+    (void)state;
+    char extra[512] = "", p[192], err[256] = "";
+    size_t o = 0;
+    for (int i = 0; i < 18; i++)
+        o += (size_t)snprintf(extra + o, sizeof extra - o, "%s\"k%02d\":2", i ? "," : "", i);
+    snprintf(p, sizeof p, "%s/dup_ids.json", tmpdir);
+    write_tokenizer_json(p, extra, "");
+    alarm(20);
+    tok_tokenizer *t = tokload_hf_json(p, err, sizeof err);
+    alarm(0);
+    if (t)
+        fail_msg("accepted a vocab with 18 keys for id 2");
+    if (!strstr(err, "same id 2"))
+        fail_msg("error \"%s\" does not name the shared id", err);
+    /* an added token may restate a vocab entry's id (tokenizers write them so) */
+    write_tokenizer_json(p, "\"<s>\":2", "{\"id\":2,\"content\":\"<s>\",\"special\":true}");
+    t = tokload_hf_json(p, err, sizeof err);
+    if (!t)
+        fail_msg("added token restating a vocab id: %s", err);
+    assert_int_equal(tok_lookup(t, "<s>", 3), 2);
+    assert_int_equal(tok_type_of(t, 2), TOK_TYPE_CONTROL);
+    tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +288,7 @@ int main(void)
         cmocka_unit_test(test_gguf_claims_beyond_weights),
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
         cmocka_unit_test(test_token_over_size_limit),
+        cmocka_unit_test(test_tokenizer_json_duplicate_ids),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
