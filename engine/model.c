@@ -382,6 +382,33 @@ int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
     return 0;
 }
 
+int eng_arch_tensors(const arch *a, eng_tensor_desc **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (arch_validate(a, err, errlen) != 0)
+        return -1;
+    int cap = 3 + 12 * a->n_layers;
+    model_impl im = {0};
+    im.tens = calloc((size_t)cap, sizeof *im.tens);
+    eng_tensor_desc *d = calloc((size_t)cap, sizeof *d);
+    if (!im.tens || !d) {
+        free(im.tens);
+        free(d);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    (void)build_table(&im, a, cap);
+    for (int i = 0; i < im.n_tens; i++) {
+        snprintf(d[i].name, sizeof d[i].name, "%s", im.tens[i].name);
+        d[i].shape[0] = im.tens[i].shape[0];
+        d[i].shape[1] = im.tens[i].ndim == 2 ? im.tens[i].shape[1] : 0;
+        d[i].ndim = im.tens[i].ndim;
+    }
+    free(im.tens);
+    *out = d;
+    return im.n_tens;
+}
+
 int eng_model_tensor_count(const eng_model *m)
 {
     return ((const model_impl *)m->impl)->n_tens;

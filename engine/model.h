@@ -78,6 +78,19 @@ void eng_model_randomize(eng_model *m, uint64_t seed, float std);
 int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
                          const int64_t *shape, int ndim, char *err, size_t errlen);
 
+/* One tensor of an arch's layout: HF name, shape [out, in] (shape[1] = 0 when 1-D). */
+typedef struct {
+    char name[96];
+    int64_t shape[2];
+    int ndim;
+} eng_tensor_desc;
+
+/* The tensors a model of shape `a` holds, in HF order (tied lm_head omitted), as
+ * eng_model_init would lay them out but without allocating any weights: for checking a
+ * file against its claimed shape first. Returns the count and sets *out to a NEW array
+ * (free it), or -1 with a reason (invalid arch, out of memory) and *out NULL. */
+int eng_arch_tensors(const arch *a, eng_tensor_desc **out, char *err, size_t errlen);
+
 /* Tensor enumeration in HF order and names (tied lm_head omitted). Returns the count;
  * eng_model_tensor fills name (borrowed, valid while m lives), shape, ndim and the
  * device pointer of tensor i. Returns 0, or -1 when i is out of range. */

@@ -28,8 +28,10 @@ struct tok_tokenizer {
     uint32_t *plen;
     float *score;
     uint8_t *type;
-    int32_t *htab;            /* piece -> id, open addressing, -1 empty */
+    int32_t *htab;            /* piece -> id, open addressing, -1 empty; one entry per id with a piece */
     uint32_t hcap;
+    uint32_t *set_seq;        /* [n_vocab] order in which ids were last set: the later wins a shared piece */
+    uint32_t next_seq;
     uint64_t *mkey;           /* merge (left id, right id) -> rank, result id */
     int32_t *mrank, *mres;
     uint32_t mcap, mcount;
@@ -128,30 +130,61 @@ static uint32_t hash_u64(uint64_t k)
     return (uint32_t)k;
 }
 
+/* The piece table is open addressing with linear probing: one entry for each id with a
+ * non-empty piece, at most n_vocab in hcap >= 2 n_vocab slots, so every probe run ends
+ * at an empty slot (the loops are bounded by hcap all the same). Ids that share a piece
+ * have an entry each and a lookup takes the one set last, so setting an id again only
+ * ever touches its own entry. An entry sits in the run that starts at the hash of its
+ * id's current piece: tok_set_token removes it before changing the piece. */
 int tok_lookup(const tok_tokenizer *t, const char *s, size_t n)
 {
     uint32_t mask = t->hcap - 1, i = hash_bytes(s, n) & mask;
-    for (;;) {
+    int best = -1;
+    for (uint32_t probes = 0; probes < t->hcap; probes++, i = (i + 1) & mask) {
         int32_t id = t->htab[i];
         if (id < 0)
-            return -1;
-        if (t->plen[id] == n && !memcmp(t->piece[id], s, n))
-            return id;
-        i = (i + 1) & mask;
+            break;
+        if (t->plen[id] == n && !memcmp(t->piece[id], s, n) && (best < 0 || t->set_seq[id] > t->set_seq[best]))
+            best = id;   /* a later token with the same piece wins, as in llama.cpp */
     }
+    return best;
 }
 
-static void htab_insert(tok_tokenizer *t, int id)
+/* Enter id under its current piece. Returns 0, or -1 when no slot is free (impossible
+ * while entries <= n_vocab). */
+static int htab_insert(tok_tokenizer *t, int id)
 {
     uint32_t mask = t->hcap - 1, i = hash_bytes(t->piece[id], t->plen[id]) & mask;
-    for (;;) {
-        int32_t o = t->htab[i];
-        if (o < 0 || (t->plen[o] == t->plen[id] && !memcmp(t->piece[o], t->piece[id], t->plen[id]))) {
-            t->htab[i] = id;   /* a later token with the same piece wins, as in llama.cpp */
-            return;
+    for (uint32_t probes = 0; probes < t->hcap; probes++, i = (i + 1) & mask)
+        if (t->htab[i] < 0) {
+            t->htab[i] = id;
+            return 0;
         }
+    return -1;
+}
+
+/* Remove id's entry (found under its current piece). Later entries of the probe run move
+ * back into the hole when their home slot allows (backward-shift deletion), so no lookup
+ * stops early at it. */
+static void htab_remove(tok_tokenizer *t, int id)
+{
+    uint32_t mask = t->hcap - 1, i = hash_bytes(t->piece[id], t->plen[id]) & mask, probes = 0;
+    for (; probes < t->hcap && t->htab[i] >= 0 && t->htab[i] != id; probes++)
         i = (i + 1) & mask;
+    if (probes == t->hcap || t->htab[i] != id)
+        return;   /* impossible: every id with a piece has its entry */
+    for (uint32_t j = i, k = 0; k < t->hcap; k++) {
+        j = (j + 1) & mask;
+        int32_t o = t->htab[j];
+        if (o < 0)
+            break;
+        uint32_t home = hash_bytes(t->piece[o], t->plen[o]) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {   /* home at or before the hole */
+            t->htab[i] = o;
+            i = j;
+        }
     }
+    t->htab[i] = -1;
 }
 
 static int merge_find(const tok_tokenizer *t, int a, int b, int *res)
@@ -212,11 +245,12 @@ tok_tokenizer *tok_new(tok_kind kind, int n_vocab)
     t->plen = calloc((size_t)n_vocab, sizeof *t->plen);
     t->score = calloc((size_t)n_vocab, sizeof *t->score);
     t->type = calloc((size_t)n_vocab, sizeof *t->type);
+    t->set_seq = calloc((size_t)n_vocab, sizeof *t->set_seq);
     t->hcap = 16;
     while (t->hcap < (uint32_t)n_vocab * 2)
         t->hcap *= 2;
     t->htab = malloc(t->hcap * sizeof *t->htab);
-    if (!t->piece || !t->plen || !t->score || !t->type || !t->htab) {
+    if (!t->piece || !t->plen || !t->score || !t->type || !t->set_seq || !t->htab) {
         tok_free(t);
         return NULL;
     }
@@ -233,7 +267,7 @@ void tok_free(tok_tokenizer *t)
     if (t->piece)
         for (int i = 0; i < t->n_vocab; i++)
             free(t->piece[i]);
-    free(t->piece); free(t->plen); free(t->score); free(t->type); free(t->htab);
+    free(t->piece); free(t->plen); free(t->score); free(t->type); free(t->set_seq); free(t->htab);
     free(t->mkey); free(t->mrank); free(t->mres); free(t->special);
     for (int i = 0; i < t->n_re; i++)
         pcre2_code_free(t->re[i]);
@@ -247,20 +281,27 @@ tok_kind tok_kind_of(const tok_tokenizer *t) { return t->kind; }
 
 int tok_set_token(tok_tokenizer *t, int id, const char *piece, size_t len, float score, tok_type type)
 {
-    if (id < 0 || id >= t->n_vocab || len > (1u << 20))
-        return -1;
+    if (id < 0 || id >= t->n_vocab)
+        return TOK_SET_BAD_ID;
+    if (len > TOK_MAX_PIECE_BYTES)
+        return TOK_SET_TOO_LONG;
     char *p = malloc(len + 1);
     if (!p)
-        return -1;
+        return TOK_SET_OOM;
     memcpy(p, piece, len);
     p[len] = '\0';
+    if (t->plen[id] > 0)
+        htab_remove(t, id);   /* set again: the old piece no longer names this id */
     free(t->piece[id]);
     t->piece[id] = p;
     t->plen[id] = (uint32_t)len;
     t->score[id] = score;
     t->type[id] = (uint8_t)type;
-    if (len > 0)
-        htab_insert(t, id);
+    t->set_seq[id] = ++t->next_seq;
+    if (len > 0 && htab_insert(t, id)) {
+        t->plen[id] = 0;      /* not findable: keep the table consistent */
+        return TOK_SET_OOM;
+    }
     return 0;
 }
 

@@ -42,9 +42,18 @@ void tok_free(tok_tokenizer *t);
 /* Mutable options; valid until tok_free. Change only before tok_finalize. */
 tok_config *tok_config_of(tok_tokenizer *t);
 
+/* Longest piece tok_set_token accepts, in bytes. */
+#define TOK_MAX_PIECE_BYTES (1u << 20)
+
+/* Failures of tok_set_token. */
+enum { TOK_SET_OOM = -1, TOK_SET_BAD_ID = -2, TOK_SET_TOO_LONG = -3 };
+
 /* Set token `id`: its piece (bytes as stored in the vocab: byte-level unicode or
  * U+2581-escaped), score (SPM merge priority) and type. The piece is copied.
- * Returns 0, or -1 (id out of range, OOM). A later token with the same piece wins lookups. */
+ * Returns 0, or TOK_SET_BAD_ID (id out of range), TOK_SET_TOO_LONG (piece longer than
+ * TOK_MAX_PIECE_BYTES) or TOK_SET_OOM. A later token with the same piece wins lookups.
+ * Setting an id again replaces its piece: the old piece finds the token that held it
+ * before, if any, or nothing. */
 int tok_set_token(tok_tokenizer *t, int id, const char *piece, size_t len, float score, tok_type type);
 
 /* Append a merge rule "left right" (rank = order of calls; lower merges first). Pieces

@@ -277,34 +277,57 @@ int mio_read_tensor(const mio_model *m, int i, float *out, int64_t n, char *err,
     }
 }
 
-int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen)
+/* Position of `name` in want[] through `order` (indices sorted by name), or -1. */
+static int find_desc(const eng_tensor_desc *want, const int *order, int n, const char *name)
 {
-    int64_t maxn = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        if (numel_of(&m->t[i]) > maxn)
-            maxn = numel_of(&m->t[i]);
-    float *buf = malloc((size_t)(maxn ? maxn : 1) * sizeof *buf);
-    int ne = eng_model_tensor_count(em), set = 0, rc = -1;
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(want[order[mid]].name, name);
+        if (!c)
+            return order[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+static int cmp_desc_name(const void *a, const void *b, void *ctx)
+{
+    const eng_tensor_desc *d = ctx;
+    return strcmp(d[*(const int *)a].name, d[*(const int *)b].name);
+}
+
+/* "[rows, cols]" or "[n]" into b. */
+static void shape_str(char *b, size_t n, const int64_t *shape, int ndim)
+{
+    if (ndim == 2)
+        snprintf(b, n, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+    else
+        snprintf(b, n, "[%lld]", (long long)shape[0]);
+}
+
+int mio_check(const mio_model *m, const arch *a, char *err, size_t errlen)
+{
+    eng_tensor_desc *want;
+    int ne = eng_arch_tensors(a, &want, err, errlen), rc = -1, have = 0;
+    if (ne < 0)
+        return -1;
+    int *order = malloc((size_t)(ne ? ne : 1) * sizeof *order);
     char *seen = calloc((size_t)(ne ? ne : 1), 1);
-    if (!buf || !seen) {
+    if (!order || !seen) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
+    for (int k = 0; k < ne; k++)
+        order[k] = k;
+    qsort_r(order, (size_t)ne, sizeof *order, cmp_desc_name, want);
     for (int i = 0; i < m->n_tensors; i++) {
         const mio_tensor *t = &m->t[i];
-        if (em->a.tie_word_embeddings && !strcmp(t->name, "lm_head.weight"))
+        if (a->tie_word_embeddings && !strcmp(t->name, "lm_head.weight"))
             continue;   /* tied: the embedding is the head */
-        int k = -1;
-        for (int j = 0; j < ne; j++) {
-            const char *name;
-            int64_t sh[2];
-            int nd;
-            float *d;
-            if (!eng_model_tensor(em, j, &name, sh, &nd, &d) && !strcmp(name, t->name)) {
-                k = j;
-                break;
-            }
-        }
+        int k = find_desc(want, order, ne, t->name);
         if (k < 0) {
             snprintf(err, errlen, "%s: tensor %s does not belong to the model's arch", m->path, t->name);
             goto out;
@@ -313,29 +336,54 @@ int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen)
             snprintf(err, errlen, "%s: tensor %s appears twice", m->path, t->name);
             goto out;
         }
-        if (mio_read_tensor(m, i, buf, maxn, err, errlen) ||
-            eng_model_set_tensor(em, t->name, buf, t->shape, t->ndim, err, errlen))
+        const eng_tensor_desc *w = &want[k];
+        if (t->ndim != w->ndim || t->shape[0] != w->shape[0] || (w->ndim == 2 && t->shape[1] != w->shape[1])) {
+            char got[48], need[48];
+            shape_str(got, sizeof got, t->shape, t->ndim);
+            shape_str(need, sizeof need, w->shape, w->ndim);
+            snprintf(err, errlen, "%s: tensor %s has shape %s where the arch needs %s", m->path, t->name, got, need);
             goto out;
+        }
         seen[k] = 1;
-        set++;
+        have++;
     }
-    if (set != ne) {
-        for (int j = 0; j < ne; j++)
-            if (!seen[j]) {
-                const char *name = "?";
-                int64_t sh[2];
-                int nd;
-                float *d;
-                (void)eng_model_tensor(em, j, &name, sh, &nd, &d);
-                snprintf(err, errlen, "%s: tensor %s is missing", m->path, name);
-                break;
-            }
-        goto out;
-    }
+    for (int k = 0; k < ne; k++)
+        if (!seen[k]) {
+            snprintf(err, errlen, "%s: tensor %s is missing (the file holds %d of the %d tensors its arch needs)",
+                     m->path, want[k].name, have, ne);
+            goto out;
+        }
     rc = 0;
 out:
-    free(buf);
+    free(want);
+    free(order);
     free(seen);
+    return rc;
+}
+
+int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen)
+{
+    if (mio_check(m, &em->a, err, errlen))
+        return -1;
+    int64_t maxn = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (numel_of(&m->t[i]) > maxn)
+            maxn = numel_of(&m->t[i]);
+    float *buf = malloc((size_t)(maxn ? maxn : 1) * sizeof *buf);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const mio_tensor *t = &m->t[i];
+        if (em->a.tie_word_embeddings && !strcmp(t->name, "lm_head.weight"))
+            continue;   /* tied: the embedding is the head */
+        if (mio_read_tensor(m, i, buf, maxn, err, errlen) ||
+            eng_model_set_tensor(em, t->name, buf, t->shape, t->ndim, err, errlen))
+            rc = -1;
+    }
+    free(buf);
     return rc;
 }
 
@@ -370,7 +418,8 @@ int mio_load_model(const char *path, const char *tokenizer_path, eng_backend *be
         *tok = NULL;
     if (mio_open(&m, path, tokenizer_path, err, errlen))
         return -1;
-    if (eng_model_init(em, &m.a, be, err, errlen)) {
+    /* the weights present must match the claimed shape before the claim is allocated */
+    if (mio_check(&m, &m.a, err, errlen) || eng_model_init(em, &m.a, be, err, errlen)) {
         mio_close(&m);
         return -1;
     }

@@ -64,8 +64,16 @@ const char *mio_format_name(mio_format f);
 /* Tensor i as fp32 in HF layout into out (capacity n floats). 0, or -1 with a reason. */
 int mio_read_tensor(const mio_model *m, int i, float *out, int64_t n, char *err, size_t errlen);
 
-/* Copy every tensor into `em` (initialised with m->a) and check that each engine
- * tensor was set exactly once. Returns 0, or -1 naming the tensor at fault. */
+/* Check the tensor table against arch `a` without reading or allocating weights: every
+ * tensor belongs to `a` with its shape, none appears twice, none is missing (a tied
+ * lm_head in the file is ignored). O(n log n). Returns 0, or -1 naming the tensor at
+ * fault. Call it before eng_model_init so that a small file claiming a large model is
+ * refused before the claim is allocated. */
+int mio_check(const mio_model *m, const arch *a, char *err, size_t errlen);
+
+/* Copy every tensor into `em` (initialised with m->a), after mio_check against em->a,
+ * so that each engine tensor is set exactly once. Returns 0, or -1 naming the tensor
+ * at fault. */
 int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen);
 
 /* Build the model's tokenizer. Returns a NEW tokenizer, or NULL with a reason. */

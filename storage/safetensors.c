@@ -1,6 +1,6 @@
 /* storage/safetensors.c — safetensors reader (mmap, validated header, shards) and atomic
  * writer, plus the fp16/bf16 conversions. Limits: F32/F16/BF16 only, header <= 100 MiB,
- * at most 8 dimensions, at most 1024 shards.
+ * at most 8 dimensions, at most 1024 shards. Checks and look-ups by name are n log n.
  */
 #include "storage/safetensors.h"
 
@@ -16,6 +16,7 @@
 #include "storage/fileio.h"
 
 #define ST_MAX_HEADER (100u << 20)
+#define ST_MAX_SHARDS 1024
 
 /* ---------- conversions ---------- */
 
@@ -218,33 +219,52 @@ fail:
     return -1;
 }
 
-/* Tensors must not overlap and names must be unique across shards. */
+static int cmp_name(const void *a, const void *b, void *ctx)
+{
+    const st_tensor *t = ctx;
+    return strcmp(t[*(const int *)a].name, t[*(const int *)b].name);
+}
+
+/* Tensors must not overlap and names must be unique across shards (one shard's JSON
+ * already refuses duplicate keys). Builds f->by_name for st_find. Sorting makes both
+ * checks n log n. */
 static int check_layout(st_file *f, char *err, size_t errlen)
 {
     if (f->n == 0)
         return 0;
     st_tensor **s = malloc((size_t)f->n * sizeof *s);
-    if (!s) {
+    f->by_name = malloc((size_t)f->n * sizeof *f->by_name);
+    if (!s || !f->by_name) {
+        free(s);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     for (int i = 0; i < f->n; i++)
         s[i] = &f->t[i];
     qsort(s, (size_t)f->n, sizeof *s, cmp_begin);
+    /* In order of begin, each non-empty tensor must start at or after the furthest end
+     * so far in its shard (empty tensors share no bytes and end nothing). */
     int rc = 0;
+    const st_tensor *last = NULL;   /* furthest-reaching non-empty tensor of the shard */
+    for (int i = 0; i < f->n && !rc; i++) {
+        if (s[i]->begin == s[i]->end)
+            continue;
+        if (last && last->shard == s[i]->shard && s[i]->begin < last->end) {
+            snprintf(err, errlen, "tensors \"%s\" and \"%s\" overlap", last->name, s[i]->name);
+            rc = -1;
+        } else if (!last || last->shard != s[i]->shard || s[i]->end > last->end) {
+            last = s[i];
+        }
+    }
+    free(s);
+    for (int i = 0; i < f->n; i++)
+        f->by_name[i] = i;
+    qsort_r(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name, f->t);
     for (int i = 1; i < f->n && !rc; i++)
-        if (s[i]->shard == s[i - 1]->shard && s[i]->begin < s[i - 1]->end && s[i]->begin != s[i]->end) {
-            snprintf(err, errlen, "tensors \"%s\" and \"%s\" overlap", s[i - 1]->name, s[i]->name);
+        if (!strcmp(f->t[f->by_name[i - 1]].name, f->t[f->by_name[i]].name)) {
+            snprintf(err, errlen, "tensor \"%s\" appears in two shards", f->t[f->by_name[i]].name);
             rc = -1;
         }
-    free(s);
-    for (int i = 0; i < f->n && !rc; i++)
-        for (int j = i + 1; j < f->n && f->n_shards > 1; j++)
-            if (!strcmp(f->t[i].name, f->t[j].name)) {
-                snprintf(err, errlen, "tensor \"%s\" appears in two shards", f->t[i].name);
-                rc = -1;
-                break;
-            }
     return rc;
 }
 
@@ -258,19 +278,36 @@ static int alloc_shards(st_file *f, int n)
     return f->data && f->data_len && f->maps && f->map_len ? 0 : -1;
 }
 
-int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errlen)
+int st_open_mem_shards(st_file *f, const void *const *bufs, const size_t *lens, int n, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
-    if (alloc_shards(f, 1)) {
+    if (n < 1 || n > ST_MAX_SHARDS) {
+        snprintf(err, errlen, "safetensors: %d shards (1..%d)", n, ST_MAX_SHARDS);
+        return -1;
+    }
+    if (alloc_shards(f, n)) {
         st_close(f);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    if (parse_shard(f, 0, buf, len, "safetensors", err, errlen) || check_layout(f, err, errlen)) {
+    for (int i = 0; i < n; i++) {
+        char what[32];
+        snprintf(what, sizeof what, n > 1 ? "safetensors shard %d" : "safetensors", i);
+        if (parse_shard(f, i, bufs[i], lens[i], what, err, errlen)) {
+            st_close(f);
+            return -1;
+        }
+    }
+    if (check_layout(f, err, errlen)) {
         st_close(f);
         return -1;
     }
     return 0;
+}
+
+int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errlen)
+{
+    return st_open_mem_shards(f, &buf, &len, 1, err, errlen);
 }
 
 static int ends_with(const char *s, const char *suf)
@@ -281,9 +318,43 @@ static int ends_with(const char *s, const char *suf)
 
 static int open_single(st_file *f, const char *path, char *err, size_t errlen)
 {
-    if (alloc_shards(f, 1) || fio_map(path, 0, NULL, &f->maps[0], &f->map_len[0], err, errlen))
+    if (alloc_shards(f, 1)) {
+        snprintf(err, errlen, "out of memory");
         return -1;
-    return parse_shard(f, 0, f->maps[0], f->map_len[0], path, err, errlen);
+    }
+    if (fio_map(path, 0, NULL, &f->maps[0], &f->map_len[0], err, errlen))
+        return -1;
+    return parse_shard(f, 0, f->maps[0], f->map_len[0], path, err, errlen) || check_layout(f, err, errlen) ? -1 : 0;
+}
+
+/* Shard names of an index, unique, in order of first appearance; a hash of them keeps
+ * an index of many tensors linear. */
+typedef struct {
+    const char *name[ST_MAX_SHARDS];   /* borrowed from the index JSON */
+    int n;
+    int16_t slot[2 * ST_MAX_SHARDS];   /* open addressing over name[], -1 empty */
+} shard_names;
+
+static uint32_t hash_str(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* Index of `s` in sn, added when new. Returns it, or -1 when ST_MAX_SHARDS are taken. */
+static int shard_names_add(shard_names *sn, const char *s)
+{
+    uint32_t mask = 2 * ST_MAX_SHARDS - 1, i = hash_str(s) & mask;
+    for (; sn->slot[i] >= 0; i = (i + 1) & mask)
+        if (!strcmp(sn->name[sn->slot[i]], s))
+            return sn->slot[i];
+    if (sn->n == ST_MAX_SHARDS)
+        return -1;
+    sn->name[sn->n] = s;
+    sn->slot[i] = (int16_t)sn->n;
+    return sn->n++;
 }
 
 static int open_index(st_file *f, const char *index_path, char *err, size_t errlen)
@@ -303,11 +374,16 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
         *slash = '\0';
     else
         snprintf(dir, sizeof dir, ".");
-    /* unique shard names, in order of first appearance */
-    const char *names[1024];
+    shard_names *sn = malloc(sizeof *sn);
     int n = 0, rc = -1;
     const char *k;
     json_t *v;
+    if (!sn) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    sn->n = 0;
+    memset(sn->slot, 0xFF, sizeof sn->slot);
     json_object_foreach(wm, k, v) {
         if (!json_is_string(v)) {
             snprintf(err, errlen, "%s: weight_map/%s must be a file name", index_path, k);
@@ -318,17 +394,12 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
             snprintf(err, errlen, "%s: shard name \"%s\" must be a plain file name", index_path, s);
             goto out;
         }
-        int seen = 0;
-        for (int i = 0; i < n; i++)
-            seen |= !strcmp(names[i], s);
-        if (!seen) {
-            if (n == 1024) {
-                snprintf(err, errlen, "%s: more than 1024 shards", index_path);
-                goto out;
-            }
-            names[n++] = s;
+        if (shard_names_add(sn, s) < 0) {
+            snprintf(err, errlen, "%s: more than %d shards", index_path, ST_MAX_SHARDS);
+            goto out;
         }
     }
+    n = sn->n;
     if (alloc_shards(f, n ? n : 1)) {
         snprintf(err, errlen, "out of memory");
         goto out;
@@ -336,7 +407,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
     f->n_shards = n;
     for (int i = 0; i < n; i++) {
         char p[PATH_MAX];
-        if (snprintf(p, sizeof p, "%s/%s", dir, names[i]) >= (int)sizeof p) {
+        if (snprintf(p, sizeof p, "%s/%s", dir, sn->name[i]) >= (int)sizeof p) {
             snprintf(err, errlen, "%s: shard path too long", index_path);
             goto out;
         }
@@ -344,15 +415,18 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
             parse_shard(f, i, f->maps[i], f->map_len[i], p, err, errlen))
             goto out;
     }
+    if (check_layout(f, err, errlen))
+        goto out;
     json_object_foreach(wm, k, v) {
         int i = st_find(f, k);
-        if (i < 0 || strcmp(names[f->t[i].shard], json_string_value(v))) {
+        if (i < 0 || strcmp(sn->name[f->t[i].shard], json_string_value(v))) {
             snprintf(err, errlen, "%s: tensor \"%s\" is not in shard %s", index_path, k, json_string_value(v));
             goto out;
         }
     }
     rc = 0;
 out:
+    free(sn);
     json_decref(ix);
     return rc;
 }
@@ -380,8 +454,6 @@ int st_open(st_file *f, const char *path, char *err, size_t errlen)
     } else {
         rc = open_single(f, path, err, errlen);
     }
-    if (!rc)
-        rc = check_layout(f, err, errlen);
     if (rc)
         st_close(f);
     return rc;
@@ -392,6 +464,7 @@ void st_close(st_file *f)
     for (int i = 0; i < f->n; i++)
         free(f->t[i].name);
     free(f->t);
+    free(f->by_name);
     for (int i = 0; f->maps && i < f->n_shards; i++)
         fio_unmap(f->maps[i], f->map_len[i]);
     free(f->maps);
@@ -404,9 +477,16 @@ void st_close(st_file *f)
 
 int st_find(const st_file *f, const char *name)
 {
-    for (int i = 0; i < f->n; i++)
-        if (!strcmp(f->t[i].name, name))
-            return i;
+    int lo = 0, hi = f->by_name ? f->n : 0;   /* binary search over the names in order */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(f->t[f->by_name[mid]].name, name);
+        if (!c)
+            return f->by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return -1;
 }
 

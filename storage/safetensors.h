@@ -34,6 +34,7 @@ typedef struct {
     void **maps;                /* [n_shards] mmap'ed files (NULL for st_open_mem) */
     size_t *map_len;
     json_t *metadata;           /* "__metadata__" of the first shard (new ref) or NULL */
+    int *by_name;               /* [n] tensor indices in strcmp order of name (st_find) */
 } st_file;
 
 /* Open `path`: a .safetensors file, a model.safetensors.index.json, or a directory
@@ -45,9 +46,13 @@ int st_open(st_file *f, const char *path, char *err, size_t errlen);
 /* Parse one safetensors image in memory (borrowed: must outlive f). Same checks. */
 int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errlen);
 
+/* Parse n images (1..1024, borrowed) as the shards of one model: names must be unique
+ * across them. Same checks and contract as st_open_mem. */
+int st_open_mem_shards(st_file *f, const void *const *bufs, const size_t *lens, int n, char *err, size_t errlen);
+
 void st_close(st_file *f);
 
-/* Index of the tensor named `name`, or -1. */
+/* Index of the tensor named `name`, or -1. O(log n). */
 int st_find(const st_file *f, const char *name);
 
 /* Convert tensor i to fp32 into out (capacity n floats, must be >= numel).

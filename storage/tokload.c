@@ -19,6 +19,22 @@ static int is_byte_piece(const char *p, size_t n)
     return n == 6 && !memcmp(p, "<0x", 3) && p[5] == '>' && strchr(hex, p[3]) && strchr(hex, p[4]) && p[3] && p[4];
 }
 
+/* tok_set_token with its failure in words: `what` names the file kind in the message.
+ * Returns 0, or -1 with err set. */
+static int set_token(tok_tokenizer *t, const char *what, int id, const char *s, size_t len, float score,
+                     tok_type ty, char *err, size_t errlen)
+{
+    int rc = tok_set_token(t, id, s, len, score, ty);
+    if (rc == TOK_SET_TOO_LONG)
+        snprintf(err, errlen, "%s: token %d is %zu bytes, over the limit of %u bytes per token", what, id, len,
+                 TOK_MAX_PIECE_BYTES);
+    else if (rc == TOK_SET_BAD_ID)
+        snprintf(err, errlen, "%s: token id %d is outside the vocabulary of %d", what, id, tok_n_vocab(t));
+    else if (rc)
+        snprintf(err, errlen, "out of memory");
+    return rc ? -1 : 0;
+}
+
 /* ---------- llama2.c ---------- */
 
 tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, char *err, size_t errlen)
@@ -45,18 +61,20 @@ tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, cha
         memcpy(&score, p + pos, 4);
         memcpy(&n, p + pos + 4, 4);
         pos += 8;
-        if (n < 0 || (size_t)n > len - pos || n > 4096) {
+        if (n < 0 || (size_t)n > len - pos) {
             snprintf(err, errlen, "llama2.c tokenizer: token %d has length %d beyond the file", i, n);
+            goto fail;
+        }
+        if (n > 4096) {
+            snprintf(err, errlen, "llama2.c tokenizer: token %d is %d bytes, over the limit of 4096 bytes", i, n);
             goto fail;
         }
         const char *s = (const char *)p + pos;
         tok_type ty = i == 0 ? TOK_TYPE_UNKNOWN : i <= 2 ? TOK_TYPE_CONTROL
                       : is_byte_piece(s, (size_t)n) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
         n_bytes += ty == TOK_TYPE_BYTE;
-        if (tok_set_token(t, i, s, (size_t)n, score, ty)) {
-            snprintf(err, errlen, "out of memory");
+        if (set_token(t, "llama2.c tokenizer", i, s, (size_t)n, score, ty, err, errlen))
             goto fail;
-        }
         pos += (size_t)n;
     }
     tok_config *c = tok_config_of(t);
@@ -155,23 +173,29 @@ tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen)
         }
         if (tt < 1 || tt > 6)
             tt = TOK_TYPE_NORMAL;
-        if (tok_set_token(t, (int)i, s, l, (float)score, (tok_type)tt)) {
-            snprintf(err, errlen, "out of memory");
+        if (set_token(t, "GGUF", (int)i, s, l, (float)score, (tok_type)tt, err, errlen))
             goto fail;
-        }
     }
     tok_config *c = tok_config_of(t);
     int64_t v;
-    if (!gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v)) c->bos_id = (int)v;
-    if (!gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v)) c->eos_id = (int)v;
-    if (!gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &v)) c->unk_id = (int)v;
-    if (!gguf_get_int(g, "tokenizer.ggml.padding_token_id", &v)) c->pad_id = (int)v;
-    int ids[] = {c->bos_id, c->eos_id, c->unk_id, c->pad_id};
-    for (int i = 0; i < 4; i++)
-        if (ids[i] < -1 || ids[i] >= (int64_t)n) {
-            snprintf(err, errlen, "GGUF: special token id %d outside the vocabulary", ids[i]);
+    /* special ids: range-checked as the file's 64-bit values, only then made int */
+    static const char *const id_keys[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                          "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+    int *id_dst[] = {&c->bos_id, &c->eos_id, &c->unk_id, &c->pad_id};
+    for (int i = 0; i < 4; i++) {
+        if (gguf_find(g, id_keys[i]) < 0)
+            continue;
+        if (gguf_get_int(g, id_keys[i], &v)) {
+            snprintf(err, errlen, "GGUF: %s is not an integer token id", id_keys[i]);
             goto fail;
         }
+        if (v < -1 || v >= (int64_t)n) {
+            snprintf(err, errlen, "GGUF: %s = %lld is outside the vocabulary of %llu tokens", id_keys[i],
+                     (long long)v, (unsigned long long)n);
+            goto fail;
+        }
+        *id_dst[i] = (int)v;
+    }
     if (kind == TOK_SPM) {
         c->add_bos = 1;
         c->add_dummy_prefix = 1;
@@ -446,18 +470,34 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     }
     if (spm && !(scores = spm_scores(vocab, merges, (int)maxid + 1)))
         goto oom;
+    /* one key per id: two keys for one id have no single meaning (added tokens may
+     * restate a vocab entry below) */
+    unsigned char *taken = calloc((size_t)maxid + 1, 1);
+    if (!taken)
+        goto oom;
     json_object_foreach(vocab, k, v) {
-        size_t l = strlen(k);
         int id = (int)json_integer_value(v);
+        size_t l = strlen(k);
         tok_type ty = spm && is_byte_piece(k, l) ? TOK_TYPE_BYTE : TOK_TYPE_NORMAL;
-        if (tok_set_token(t, id, k, l, scores ? scores[id] : 0.0f, ty))
-            goto oom;
+        if (taken[id]) {
+            snprintf(err, errlen, "%s: vocab maps \"%.64s\" and \"%.64s\" to the same id %d", path,
+                     tok_piece(t, id, NULL), k, id);
+            free(taken);
+            goto fail;
+        }
+        taken[id] = 1;
+        if (set_token(t, path, id, k, l, scores ? scores[id] : 0.0f, ty, err, errlen)) {
+            free(taken);
+            goto fail;
+        }
     }
+    free(taken);
     json_array_foreach(added, i, x) {
         const char *content = json_string_value(json_object_get(x, "content"));
         tok_type ty = json_is_true(json_object_get(x, "special")) ? TOK_TYPE_CONTROL : TOK_TYPE_USER_DEFINED;
-        if (tok_set_token(t, (int)json_integer_value(json_object_get(x, "id")), content, strlen(content), 0.0f, ty))
-            goto oom;
+        if (set_token(t, path, (int)json_integer_value(json_object_get(x, "id")), content, strlen(content), 0.0f, ty,
+                      err, errlen))
+            goto fail;
     }
     json_array_foreach(merges, i, x) {
         const char *a, *b;

@@ -3,7 +3,12 @@
 # ${BUILD:-build}-fuzz/ and, with --run SECONDS, run each one on its corpus under
 # tests/fuzz/corpus/<target>/ (new interesting inputs go to a scratch folder; crash
 # inputs are written to tests/fuzz/corpus/<target>/crash-* to keep as regressions).
-# With --regress, run each target once over its corpus (what CI does).
+# With --regress, run each target once over its corpus (make test does the same without
+# clang: build/tests/test_formats_corpus). Names after the mode pick targets:
+#   tests/fuzz/build.sh --run 60 fuzz_hfconfig fuzz_tokenizer_json
+#   tests/fuzz/build.sh --regress fuzz_gguf
+# Each target is linked with the sources it reaches: the .c beside every project header
+# included from it, followed transitively, so a new dependency cannot be left out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${BUILD:-build}-fuzz
@@ -11,15 +16,46 @@ mkdir -p "$OUT"
 CC=${FUZZ_CC:-clang}
 CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. $(pkg-config --cflags jansson libpcre2-8)"
 LIBS="$(pkg-config --libs jansson libpcre2-8) -lm"
-SRCS="storage/safetensors.c storage/gguf.c storage/llama2c.c storage/tokload.c engine/tokenizer.c engine/arch.c"
-for t in tests/fuzz/fuzz_*.c; do
+
+# Library sources reached from file $1 through #include "dir/name.h" (paths from the root).
+sources_of() {
+    local -A seen=()
+    local todo=("$1") f h c
+    while [ ${#todo[@]} -gt 0 ]; do
+        f=${todo[0]}
+        todo=("${todo[@]:1}")
+        for h in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\.h\)".*/\1/p' "$f"); do
+            [ -f "$h" ] && [ -z "${seen[$h]:-}" ] || continue
+            seen[$h]=1
+            todo+=("$h")
+            c=${h%.h}.c
+            if [ -f "$c" ] && [ -z "${seen[$c]:-}" ]; then
+                seen[$c]=1
+                todo+=("$c")
+                echo "$c"
+            fi
+        done
+    done
+}
+
+mode= secs=30
+case ${1:-} in
+--run) mode=--run; secs=${2:?--run needs SECONDS}; shift 2 ;;
+--regress) mode=--regress; shift ;;
+esac
+targets=()
+if [ $# -gt 0 ]; then
+    for n in "$@"; do targets+=("tests/fuzz/${n%.c}.c"); done
+else
+    targets=(tests/fuzz/fuzz_*.c)
+fi
+for t in "${targets[@]}"; do
     n=$(basename "$t" .c)
-    $CC $CFLAGS -o "$OUT/$n" "$t" $SRCS $LIBS
-    echo "built $OUT/$n"
+    srcs=$(sources_of "$t" | sort)
+    $CC $CFLAGS -o "$OUT/$n" "$t" $srcs $LIBS
+    echo "built $OUT/$n ($(echo $srcs | wc -w) sources)"
 done
-mode=${1:-}
-secs=${2:-30}
-for t in tests/fuzz/fuzz_*.c; do
+for t in "${targets[@]}"; do
     n=$(basename "$t" .c)
     corpus=tests/fuzz/corpus/${n#fuzz_}
     mkdir -p "$corpus"

@@ -1,5 +1,7 @@
 /* tests/fuzz/fuzz_gguf.c — libFuzzer target: parse a GGUF image, derive the llama arch,
- * dequantize every (small enough) tensor, and build + run the tokenizer from metadata. */
+ * dequantize every (small enough) tensor, and build + run the tokenizer from metadata.
+ * Besides crashes and sanitizer reports, a special token id that differs from the
+ * file's value is a bug. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     tok_tokenizer *t = tokload_gguf(&g, err, sizeof err);
     if (t) {
+        /* property: an accepted special id is the file's value, not a truncation of it */
+        const tok_config *c = tok_cfg(t);
+        int64_t v;
+        if ((!gguf_get_int(&g, "tokenizer.ggml.bos_token_id", &v) && v != c->bos_id) ||
+            (!gguf_get_int(&g, "tokenizer.ggml.eos_token_id", &v) && v != c->eos_id) ||
+            (!gguf_get_int(&g, "tokenizer.ggml.unknown_token_id", &v) && v != c->unk_id) ||
+            (!gguf_get_int(&g, "tokenizer.ggml.padding_token_id", &v) && v != c->pad_id))
+            abort();
         static const char text[] = "Hello  world 123 <|im_start|> caf\xC3\xA9\n";
         int *ids;
         size_t n, dl;

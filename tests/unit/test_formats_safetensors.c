@@ -1,6 +1,8 @@
 /* tests/unit/test_formats_safetensors.c — safetensors: write/read round trips in F32,
  * F16 and BF16, scalar conversions at the edges, sharded index, and hostile headers
- * (truncation, offsets past the end, overflowing shapes, bad dtypes, overlaps). */
+ * (truncation, offsets past the end, overflowing shapes, bad dtypes, overlaps), and a
+ * sharded set of 2 x 100k tensors that must open in n log n (quadratic checks took
+ * minutes; the alarm turns that into a failure without timing anything). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -137,6 +140,18 @@ static void test_hostile_headers(void **state)
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 16, "begin <= end");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, "overlap");
+    /* an empty tensor sorted between two overlapping ones hides nothing */
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[64],\"data_offsets\":[0,256]},"
+               "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[64,64]},"
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[64],\"data_offsets\":[128,384]}}", 384,
+               "\"a\" and \"b\" overlap");
+    /* empty tensors anywhere (inside others too) are fine */
+    n = image(buf, sizeof buf, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                               "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
+                               "\"y\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[16,16]},"
+                               "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}", 32);
+    assert_int_equal(st_open_mem(&f, buf, n, err, sizeof err), 0);
+    st_close(&f);
     expect_bad("[1,2]", 0, "not a JSON object");
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "data_offsets");
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 8, "dimensions");
@@ -185,6 +200,68 @@ static void test_sharded_index(void **state)
     assert_non_null(strstr(err, "plain file name"));
 }
 
+/* Write `path`: a safetensors file of n empty F32 tensors named <prefix><i>. */
+static void write_empty_shard(const char *path, const char *prefix, int n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    size_t cap = (size_t)n * 96 + 64, len = 0;
+    char *h = malloc(cap);
+    assert_non_null(h);
+    h[len++] = '{';
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(h + len, cap - len, "%s\"%s%d\":{\"dtype\":\"F32\",\"shape\":[0],"
+                                "\"data_offsets\":[0,0]}", i ? "," : "", prefix, i);
+    h[len++] = '}';
+    uint64_t hl = len;
+    assert_int_equal(fwrite(&hl, 8, 1, f), 1);
+    assert_int_equal(fwrite(h, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    free(h);
+}
+
+static void test_sharded_many_tensors(void **state)
+{
+    (void)state;
+    enum { N = 100000 };
+    char d[128], p[192], err[256];
+    snprintf(d, sizeof d, "%s/many", tmpdir);
+    assert_int_equal(mkdir(d, 0755), 0);
+    snprintf(p, sizeof p, "%s/s1.safetensors", d);
+    write_empty_shard(p, "a.", N);
+    snprintf(p, sizeof p, "%s/s2.safetensors", d);
+    write_empty_shard(p, "b.", N);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"weight_map\":{");
+    for (int i = 0; i < N; i++)
+        fprintf(f, "%s\"a.%d\":\"s1.safetensors\",\"b.%d\":\"s2.safetensors\"", i ? "," : "", i, i);
+    fprintf(f, "}}");
+    assert_int_equal(fclose(f), 0);
+    st_file s;
+    alarm(60);   /* n log n opens this in about a second; the quadratic checks took minutes */
+    assert_int_equal(st_open(&s, d, err, sizeof err), 0);
+    alarm(0);
+    assert_int_equal(s.n, 2 * N);
+    int k = st_find(&s, "b.77777");
+    assert_true(k >= 0);
+    assert_string_equal(s.t[k].name, "b.77777");
+    assert_int_equal(s.t[k].shard, 1);
+    assert_int_equal(st_find(&s, "c.1"), -1);
+    st_close(&s);
+    /* the same name in both shards is still refused */
+    snprintf(p, sizeof p, "%s/s2.safetensors", d);
+    write_empty_shard(p, "a.", 3);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"weight_map\":{\"a.1\":\"s1.safetensors\",\"a.2\":\"s2.safetensors\"}}");
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(st_open(&s, d, err, sizeof err), -1);
+    assert_non_null(strstr(err, "appears in two shards"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -192,6 +269,7 @@ int main(void)
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_hostile_headers),
         cmocka_unit_test(test_sharded_index),
+        cmocka_unit_test(test_sharded_many_tensors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 /* tests/unit/test_tokenizer_bpe.c — byte-level BPE on a vocabulary built here: merge
  * order by rank (not by length or position), GPT-2 pre-tokenizer splits, special tokens,
- * ignore_merges, add_prefix_space, invalid UTF-8, and decode(encode(x)) == x. */
+ * ignore_merges, add_prefix_space, invalid UTF-8, decode(encode(x)) == x, and ids set
+ * again and again (the piece table must not fill up). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "engine/tokenizer.h"
@@ -162,12 +164,75 @@ static void test_pretok_presets(void **state)
     tok_free(t);
 }
 
+/* One id set to piece after piece (a tokenizer.json whose vocab maps many keys to one
+ * id) keeps one table slot: old pieces are forgotten and lookups end. A hang is turned
+ * into a failure by the alarm. Then random reassignments over a small vocabulary where
+ * pieces are often shared: after each step every piece finds the token that took it
+ * last, even when that token's piece has since changed again (fuzz-found). */
+static void test_reassigned_ids(void **state)
+{
+    (void)state;
+    alarm(20);
+    tok_tokenizer *t = tok_new(TOK_BYTELEVEL, 8);   /* 16 table slots */
+    assert_non_null(t);
+    char p[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(p, sizeof p, "k%02d", i);
+        assert_int_equal(tok_set_token(t, 5, p, strlen(p), 0, TOK_TYPE_NORMAL), 0);
+    }
+    assert_int_equal(tok_lookup(t, "k39", 3), 5);
+    assert_int_equal(tok_lookup(t, "k00", 3), -1);
+    assert_int_equal(tok_lookup(t, "absent", 6), -1);
+    tok_free(t);
+    /* the fuzz-found case: id 0 takes "<s>" from id 1, then moves on to "</s>" */
+    t = tok_new(TOK_BYTELEVEL, 3);
+    assert_non_null(t);
+    assert_int_equal(tok_set_token(t, 0, "<unk>", 5, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_set_token(t, 1, "<s>", 3, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_set_token(t, 2, "</s>", 4, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_set_token(t, 0, "<s>", 3, 0, TOK_TYPE_CONTROL), 0);
+    assert_int_equal(tok_lookup(t, "<s>", 3), 0);
+    assert_int_equal(tok_set_token(t, 0, "</s>", 4, 0, TOK_TYPE_CONTROL), 0);
+    assert_int_equal(tok_lookup(t, "<s>", 3), 1);
+    assert_int_equal(tok_lookup(t, "</s>", 4), 0);
+    assert_int_equal(tok_lookup(t, "<unk>", 5), -1);
+    tok_free(t);
+
+    enum { NV = 8, NP = 12, STEPS = 4000 };
+    t = tok_new(TOK_BYTELEVEL, NV);
+    assert_non_null(t);
+    int cur[NV], when[NV];                          /* piece number each id holds (-1 none), set at step */
+    for (int i = 0; i < NV; i++)
+        cur[i] = when[i] = -1;
+    uint64_t rng = 12345;
+    for (int step = 0; step < STEPS; step++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        int id = (int)((rng >> 33) % NV), pc = (int)((rng >> 45) % NP);
+        snprintf(p, sizeof p, "p%d", pc);
+        assert_int_equal(tok_set_token(t, id, p, strlen(p), 0, TOK_TYPE_NORMAL), 0);
+        cur[id] = pc;
+        when[id] = step;
+        for (int q = 0; q < NP; q++) {
+            int want = -1;
+            for (int i = 0; i < NV; i++)
+                if (cur[i] == q && (want < 0 || when[i] > when[want]))
+                    want = i;
+            snprintf(p, sizeof p, "p%d", q);
+            if (tok_lookup(t, p, strlen(p)) != want)
+                fail_msg("step %d: \"%s\" finds %d, not %d", step, p, tok_lookup(t, p, strlen(p)), want);
+        }
+    }
+    tok_free(t);
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merges_by_rank),
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_pretok_presets),
+        cmocka_unit_test(test_reassigned_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,294 @@
+/* tests/unit/test_formats_hostile.c — hostile model and tokenizer files, found by fuzzing
+ * and by hand: each is refused with an error that names the cause, in bounded time
+ * (an alarm turns a hang into a failure) and bounded memory (peak RSS from getrusage).
+ * The same files, where small, are in the fuzz corpora (tests/fuzz/make_seeds.py). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "storage/modelio.h"
+#include "storage/tokload.h"
+
+#include "gguf_image.h"
+
+static char tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ac_hostile_XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+static long peak_rss_mib(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_maxrss / 1024;   /* Linux: KiB */
+}
+
+/* mio_load_model on `path` fails naming `needle`, and peak RSS grows by < 128 MiB. Runs
+ * in a child process, whose peak starts at the RSS it forks with, so that one check's
+ * peak does not hide the next. */
+static void expect_refused_small(const char *path, const char *needle)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        eng_backend *be = eng_backend_cpu_new(1);
+        eng_model m;
+        char err[512] = "";
+        long before = peak_rss_mib();
+        if (!be || mio_load_model(path, NULL, be, &m, NULL, err, sizeof err) != -1) {
+            fprintf(stderr, "%s: loaded (or no backend)\n", path);
+            _exit(1);
+        }
+        long grew = peak_rss_mib() - before;
+        if (!strstr(err, needle)) {
+            fprintf(stderr, "%s: error \"%s\" lacks \"%s\"\n", path, err, needle);
+            _exit(2);
+        }
+        if (grew > 128) {
+            fprintf(stderr, "%s: refused (%s), but peak RSS grew by %ld MiB first\n", path, err, grew);
+            _exit(3);
+        }
+        eng_backend_free(be);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* A 1 GiB model claimed by a few hundred bytes: hidden 2048, 4 layers of 16 heads and
+ * FFN 5632, vocabulary 32000 (270M parameters). The weights are checked against the
+ * claim before the engine allocates (and zeroes) it. Here as config.json. */
+static void test_config_claims_beyond_weights(void **state)
+{
+    (void)state;
+    char dir[128], p[192];
+    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    const char *cfg = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,\"intermediate_size\":5632,"
+                      "\"num_hidden_layers\":4,\"num_attention_heads\":16,\"vocab_size\":32000,"
+                      "\"tie_word_embeddings\":true}";
+    write_file(p, cfg, strlen(cfg));
+    /* the one tensor present has the claimed shape: only the others are missing */
+    static const char hdr[] = "{\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[2048],\"data_offsets\":[0,8192]}}";
+    size_t hl = sizeof hdr - 1, n = 8 + hl + 8192;
+    uint8_t *st = calloc(1, n);
+    assert_non_null(st);
+    for (int i = 0; i < 8; i++)
+        st[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(st + 8, hdr, hl);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_file(p, st, n);
+    free(st);
+    expect_refused_small(dir, "model.embed_tokens.weight is missing");
+}
+
+/* The same claim as metadata-only GGUF: keys, no tensors. */
+static void test_gguf_claims_beyond_weights(void **state)
+{
+    (void)state;
+    char p[192];
+    buf kvs = {0};
+    kv_str(&kvs, "general.architecture", "llama");
+    kv_u32(&kvs, "llama.block_count", 4);
+    kv_u32(&kvs, "llama.embedding_length", 2048);
+    kv_u32(&kvs, "llama.attention.head_count", 16);
+    kv_u32(&kvs, "llama.feed_forward_length", 5632);
+    kv_u32(&kvs, "llama.vocab_size", 32000);
+    buf img = build(&kvs, 6, NULL, 0);
+    snprintf(p, sizeof p, "%s/meta_only.gguf", tmpdir);
+    write_file(p, img.p, img.n);
+    expect_refused_small(p, "model.embed_tokens.weight is missing");
+    free(img.p);
+    free(kvs.p);
+}
+
+/* A byte-level GGUF tokenizer of 8 tokens whose special id `key` holds `v` (64 bits). */
+static buf gguf_tokenizer_image(const char *key, uint32_t type, uint64_t v)
+{
+    static const char *toks[] = {"a", "b", "c", "d", "e", "f", "<s>", "</s>"};
+    buf kvs = {0};
+    kv_str(&kvs, "tokenizer.ggml.model", "gpt2");
+    kv_arr_str(&kvs, "tokenizer.ggml.tokens", toks, 8);
+    kv_arr_str(&kvs, "tokenizer.ggml.merges", NULL, 0);
+    str(&kvs, key); u32(&kvs, type); u64(&kvs, v);
+    buf img = build(&kvs, 4, NULL, 0);
+    free(kvs.p);
+    return img;
+}
+
+/* Token ids are range-checked as the 64-bit values in the file: 2^32 + 5 is not 5. */
+static void test_gguf_token_ids_beyond_int(void **state)
+{
+    (void)state;
+    static const struct { const char *key; uint32_t type; uint64_t v; const char *shown; } cases[] = {
+        {"tokenizer.ggml.bos_token_id", GGUF_T_U64, (1ULL << 32) + 5, "4294967301"},
+        {"tokenizer.ggml.eos_token_id", GGUF_T_I64, (uint64_t)(-(int64_t)(1ULL << 32) + 1), "-4294967295"},
+        {"tokenizer.ggml.padding_token_id", GGUF_T_U64, 1ULL << 31, "2147483648"},
+        {"tokenizer.ggml.unknown_token_id", GGUF_T_U64, (1ULL << 63) + 5, "not an integer"},   /* > INT64_MAX */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        buf img = gguf_tokenizer_image(cases[i].key, cases[i].type, cases[i].v);
+        gguf_file g;
+        char err[256] = "";
+        assert_int_equal(gguf_open_mem(&g, img.p, img.n, err, sizeof err), 0);
+        tok_tokenizer *t = tokload_gguf(&g, err, sizeof err);
+        if (t)
+            fail_msg("%s = %s: accepted (bos %d, eos %d, pad %d)", cases[i].key, cases[i].shown, tok_cfg(t)->bos_id,
+                     tok_cfg(t)->eos_id, tok_cfg(t)->pad_id);
+        if (!strstr(err, cases[i].key) || !strstr(err, cases[i].shown))
+            fail_msg("%s: error \"%s\" does not name the key and %s", cases[i].key, err, cases[i].shown);
+        gguf_close(&g);
+        free(img.p);
+    }
+    /* in range it loads, and the id is the one given */
+    buf img = gguf_tokenizer_image("tokenizer.ggml.bos_token_id", GGUF_T_U64, 6);
+    gguf_file g;
+    char err[256];
+    assert_int_equal(gguf_open_mem(&g, img.p, img.n, err, sizeof err), 0);
+    tok_tokenizer *t = tokload_gguf(&g, err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(tok_cfg(t)->bos_id, 6);
+    tok_free(t);
+    gguf_close(&g);
+    free(img.p);
+}
+
+/* A minimal byte-level tokenizer.json at `path` with `extra` (a JSON member list, may be
+ * "") inside model.vocab after "a" and "b", and `added` as added_tokens. */
+static void write_tokenizer_json(const char *path, const char *extra, const char *added)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1%s%s},\"merges\":[]},"
+               "\"added_tokens\":[%s],\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
+            *extra ? "," : "", extra, added);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A token longer than the per-token limit is refused as such, not as out of memory:
+ * in tokenizer.json (vocab key, added token), GGUF and llama2.c tokenizers. */
+static void test_token_over_size_limit(void **state)
+{
+    (void)state;
+    size_t big = TOK_MAX_PIECE_BYTES + 1;
+    char *piece = malloc(big + 1), *json = malloc(big + 64), p[192], err[256] = "";
+    assert_non_null(piece);
+    assert_non_null(json);
+    memset(piece, 'x', big);
+    piece[big] = '\0';
+    snprintf(p, sizeof p, "%s/big_token.json", tmpdir);
+    snprintf(json, big + 64, "\"%s\":2", piece);
+    write_tokenizer_json(p, json, "");
+    assert_null(tokload_hf_json(p, err, sizeof err));
+    if (!strstr(err, "over the limit") || !strstr(err, "1048577 bytes"))
+        fail_msg("vocab: error \"%s\" does not name the size limit", err);
+    snprintf(json, big + 64, "{\"id\":2,\"content\":\"%s\"}", piece);
+    write_tokenizer_json(p, "", json);
+    assert_null(tokload_hf_json(p, err, sizeof err));
+    if (!strstr(err, "over the limit"))
+        fail_msg("added_tokens: error \"%s\" does not name the size limit", err);
+    const char *toks[] = {"a", "b", piece};
+    buf kvs = {0};
+    kv_str(&kvs, "tokenizer.ggml.model", "gpt2");
+    kv_arr_str(&kvs, "tokenizer.ggml.tokens", toks, 3);
+    kv_arr_str(&kvs, "tokenizer.ggml.merges", NULL, 0);
+    buf img = build(&kvs, 3, NULL, 0);
+    gguf_file g;
+    assert_int_equal(gguf_open_mem(&g, img.p, img.n, err, sizeof err), 0);
+    assert_null(tokload_gguf(&g, err, sizeof err));
+    if (!strstr(err, "token 2") || !strstr(err, "over the limit"))
+        fail_msg("GGUF: error \"%s\" does not name the token and the size limit", err);
+    gguf_close(&g);
+    free(img.p);
+    free(kvs.p);
+    /* llama2.c tokenizers keep their own limit of 4096 bytes */
+    buf l2 = {0};
+    u32(&l2, 5000);
+    for (int i = 0; i < 3; i++) {
+        float score = 0;
+        uint32_t n = i == 2 ? 5000 : 1;
+        put(&l2, &score, 4);
+        u32(&l2, n);
+        put(&l2, piece, n);
+    }
+    assert_null(tokload_llama2c_mem(l2.p, l2.n, 3, err, sizeof err));
+    if (!strstr(err, "token 2") || !strstr(err, "over the limit of 4096"))
+        fail_msg("llama2.c: error \"%s\" does not name the token and the size limit", err);
+    free(l2.p);
+    free(json);
+    free(piece);
+}
+
+/* A vocab mapping 18 keys to one id never finished loading (every key took a table
+ * slot); now it is refused, naming the id. Alarm: a hang fails. */
+static void test_tokenizer_json_duplicate_ids(void **state)
+{
+    (void)state;
+    char extra[512] = "", p[192], err[256] = "";
+    size_t o = 0;
+    for (int i = 0; i < 18; i++)
+        o += (size_t)snprintf(extra + o, sizeof extra - o, "%s\"k%02d\":2", i ? "," : "", i);
+    snprintf(p, sizeof p, "%s/dup_ids.json", tmpdir);
+    write_tokenizer_json(p, extra, "");
+    alarm(20);
+    tok_tokenizer *t = tokload_hf_json(p, err, sizeof err);
+    alarm(0);
+    if (t)
+        fail_msg("accepted a vocab with 18 keys for id 2");
+    if (!strstr(err, "same id 2"))
+        fail_msg("error \"%s\" does not name the shared id", err);
+    /* an added token may restate a vocab entry's id (tokenizers write them so) */
+    write_tokenizer_json(p, "\"<s>\":2", "{\"id\":2,\"content\":\"<s>\",\"special\":true}");
+    t = tokload_hf_json(p, err, sizeof err);
+    if (!t)
+        fail_msg("added token restating a vocab id: %s", err);
+    assert_int_equal(tok_lookup(t, "<s>", 3), 2);
+    assert_int_equal(tok_type_of(t, 2), TOK_TYPE_CONTROL);
+    tok_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_claims_beyond_weights),
+        cmocka_unit_test(test_gguf_claims_beyond_weights),
+        cmocka_unit_test(test_gguf_token_ids_beyond_int),
+        cmocka_unit_test(test_token_over_size_limit),
+        cmocka_unit_test(test_tokenizer_json_duplicate_ids),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
