@@ -1,6 +1,6 @@
 /* api/api_misc.c — the smaller resources: /v1/models (register a server path, or a URL
  * that the server's model fetcher downloads in the background),
- * /v1/devices, /v1/estimates (the cost model, when this build has it), /healthz,
+ * /v1/devices, /v1/estimates (the cost model), /healthz,
  * /readyz and /openapi.yaml (embedded in the binary at build time).
  */
 #include "api/api_internal.h"
@@ -12,17 +12,9 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "compress/costmodel.h"
 #include "engine/devices.h"
 #include "storage/fetch.h"
-
-#if defined(__has_include)
-#if __has_include("compress/costmodel.h")
-#include "compress/costmodel.h"
-/* Weak so that a build without the implementation links and answers 501. */
-#pragma weak cm_estimate
-#define AC_HAVE_COSTMODEL_H 1
-#endif
-#endif
 
 /* openapi/openapi.yaml, embedded (NUL-terminated). make does not track this input:
  * touch api/api_misc.c after editing the YAML. */
@@ -348,26 +340,18 @@ void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, ap
     json_t *body = api_parse_body(req, resp);
     if (!body)
         return;
-#ifdef AC_HAVE_COSTMODEL_H
-    if (cm_estimate) {
-        int status = 0;
-        char err[512] = "";
-        json_t *r = cm_estimate(body, ctx->data_dir, &status, err, sizeof err);
-        json_decref(body);
-        if (r) {
-            api_json(resp, 200, r);
-            return;
-        }
-        if (status < 400 || status > 599)
-            status = 422;
-        api_problem(resp, status, status == 409 ? "calibration_required" : status == 404 ? "not_found" : "invalid_estimate",
-                    err[0] ? err : "the estimate failed", NULL);
+    int status = 0;
+    char err[512] = "";
+    json_t *r = cm_estimate(body, ctx->data_dir, &status, err, sizeof err);
+    json_decref(body);
+    if (r) {
+        api_json(resp, 200, r);
         return;
     }
-#endif
-    (void)ctx;
-    json_decref(body);
-    api_problem(resp, 501, "not_implemented", "the cost model is not available in this build", NULL);
+    if (status < 400 || status > 599)
+        status = 422;
+    api_problem(resp, status, status == 409 ? "calibration_required" : status == 404 ? "not_found" : "invalid_estimate",
+                err[0] ? err : "the estimate failed", NULL);
 }
 
 void h_healthz(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
