@@ -16,8 +16,8 @@
 #include "engine/devices.h"
 #include "storage/fetch.h"
 
-/* openapi/openapi.yaml, embedded (NUL-terminated). make does not track this input:
- * touch api/api_misc.c after editing the YAML. */
+/* openapi/openapi.yaml, embedded (NUL-terminated). The Makefile names the YAML as a
+ * prerequisite of this object, so editing it rebuilds the binary. */
 __asm__(".section .rodata\n"
         ".global ac_openapi_yaml\n"
         ".type ac_openapi_yaml, @object\n"
