@@ -4,6 +4,8 @@
  * accuracy per benchmark, parent vs result) and tables. No JavaScript, no external
  * resources. Renders whatever the report holds so far; absent parts are said so.
  */
+#include "api/report_html.h"
+
 #include "api/api_internal.h"
 #include "storage/strbuf.h"
 
@@ -304,8 +306,7 @@ static void kv_table(strbuf *b, const char *title, json_t *obj, const char *cons
     strbuf_printf(b, "</table>\n");
 }
 
-/* The page for a report (borrowed). NEW string, or NULL when out of memory. */
-static char *render(json_t *r, size_t *len)
+char *api_report_html(json_t *r, size_t *len)
 {
     strbuf b = {0};
     json_t *parent = json_object_get(r, "parent"), *result = json_object_get(r, "result");
@@ -412,7 +413,7 @@ void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, 
     json_object_set(r, "target", json_object_get(j.spec, "target"));
     store_job_clear(&j);
     size_t len = 0;
-    char *html = r ? render(r, &len) : NULL;
+    char *html = r ? api_report_html(r, &len) : NULL;
     json_decref(r);
     if (!html) {
         api_problem(resp, 500, "internal", "out of memory rendering the report", NULL);
