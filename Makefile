@@ -81,7 +81,7 @@ $(BUILD)/libautocompress.a: $(LIB_OBJS) $(CU_OBJS)
 	@echo "  AR    $@"
 	@ar rcs $@ $^
 
-# The binary links the objects themselves, not the archive.
+# The binary links the objects directly; the archive is for the tests and tools.
 $(BUILD)/autocompress: $(BUILD)/obj/server/main.o $(LIB_OBJS) $(CU_OBJS)
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

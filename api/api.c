@@ -187,7 +187,6 @@ static const char *reason(int status)
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return "Error";
     }

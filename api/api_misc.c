@@ -1,6 +1,6 @@
 /* api/api_misc.c — the smaller resources: /v1/models (register a server path, or a URL
  * that the server's model fetcher downloads in the background),
- * /v1/devices, /v1/estimates (the cost model, when this build has it), /healthz,
+ * /v1/devices, /v1/estimates (the cost model), /healthz,
  * /readyz and /openapi.yaml (embedded in the binary at build time).
  */
 #include "api/api_internal.h"
@@ -12,14 +12,13 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "compress/costmodel.h"
 #include "engine/devices.h"
+#include "storage/archjson.h"
 #include "storage/fetch.h"
 
-#include "compress/costmodel.h"
-#include "storage/archjson.h"
-
-/* openapi/openapi.yaml, embedded (NUL-terminated). make does not track this input:
- * touch api/api_misc.c after editing the YAML. */
+/* openapi/openapi.yaml, embedded (NUL-terminated). The Makefile names the YAML as a
+ * prerequisite of this object, so editing it rebuilds the binary. */
 __asm__(".section .rodata\n"
         ".global ac_openapi_yaml\n"
         ".type ac_openapi_yaml, @object\n"

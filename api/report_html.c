@@ -1,9 +1,13 @@
 /* api/report_html.c — GET /v1/jobs/{id}/report.html: the job's report (DESIGN.md §10)
  * as one self-contained HTML page with inline SVG charts (per-layer kept FFN width and
  * heads, parent vs result; predicted vs measured cost per limit, as % of the limit;
- * accuracy per benchmark, parent vs result) and tables. No JavaScript, no external
- * resources. Renders whatever the report holds so far; absent parts are said so.
+ * accuracy per benchmark, parent vs result) and tables; sizes show exact bytes with the
+ * binary unit beside them. Chart labels are laid out (rotated when they would touch) so
+ * that none overlaps another. No JavaScript, no external resources. Renders whatever the
+ * report holds so far; absent parts are said so.
  */
+#include "api/report_html.h"
+
 #include "api/api_internal.h"
 #include "storage/strbuf.h"
 
@@ -47,11 +51,169 @@ static void sb_value(strbuf *b, json_t *v)
         strbuf_printf(b, "&mdash;");
 }
 
+/* v with thousands separators ("392,150,432", "-1,024") into buf. */
+static void group_digits(long long v, char *buf, size_t len)
+{
+    char d[32];
+    int n = snprintf(d, sizeof d, "%lld", v), neg = d[0] == '-';
+    size_t o = 0;
+    for (int i = 0; i < n && o + 1 < len; i++) {
+        buf[o++] = d[i];
+        int rest = n - 1 - i;   /* digits after this one */
+        if (i >= neg && rest > 0 && rest % 3 == 0 && o + 1 < len)
+            buf[o++] = ',';
+    }
+    if (len)
+        buf[o] = '\0';
+}
+
+int api_fmt_bytes(double bytes, char *buf, size_t len)
+{
+    if (!(bytes >= 0) || bytes > 9.0e18)
+        return -1;
+    char exact[32];
+    group_digits(llround(bytes), exact, sizeof exact);
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    static const int decimals[] = {1, 1, 2, 2, 2};
+    int u = -1;
+    double v = bytes;
+    if (llround(bytes) >= 1024) {
+        /* the largest unit the value reaches once rounded: 1048575 B is 1.0 MiB, not 1024.0 KiB */
+        u = 0;
+        v = bytes / 1024;
+        while (u + 1 < 5 && round(v * pow(10, decimals[u])) / pow(10, decimals[u]) >= 1024) {
+            v /= 1024;
+            u++;
+        }
+    }
+    int n = u < 0 ? snprintf(buf, len, "%s B", exact)
+                  : snprintf(buf, len, "%s B (%.*f %s)", exact, decimals[u], v, units[u]);
+    return n >= 0 && (size_t)n < len ? 0 : -1;
+}
+
+/* A byte count as "392,150,432 B (374.0 MiB)"; anything but a non-negative number as
+ * sb_value shows it. */
+static void sb_bytes(strbuf *b, json_t *v)
+{
+    char t[96];
+    if (json_is_number(v) && api_fmt_bytes(json_number_value(v), t, sizeof t) == 0)
+        strbuf_printf(b, "%s", t);
+    else
+        sb_value(b, v);
+}
+
+/* A count with thousands separators ("134,515,008"); other values as sb_value. */
+static void sb_count(strbuf *b, json_t *v)
+{
+    char t[32];
+    if (json_is_integer(v)) {
+        group_digits((long long)json_integer_value(v), t, sizeof t);
+        strbuf_printf(b, "%s", t);
+    } else {
+        sb_value(b, v);
+    }
+}
+
 #define C_PARENT "#9aa5b1"
 #define C_RESULT "#2f6fb0"
 #define C_MEAS "#e07b39"
 
-/* Grouped bar chart: n groups of 2 bars (a, b) with labels; NaN values are skipped. */
+/* x-axis labels: font size and the width estimate of one character (0.62 em: a little
+ * wider than the average glyph of common sans-serif faces, so estimates err large). */
+#define LABEL_FS 10
+#define LABEL_CHAR_PX (0.62 * LABEL_FS)
+#define LABEL_MAX_CHARS 24
+
+/* Code points of UTF-8 s. */
+static int utf8_chars(const char *s)
+{
+    int n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        n += (*p & 0xC0) != 0x80;
+    return n;
+}
+
+/* The bytes of s's first k code points. */
+static size_t utf8_prefix(const char *s, int k)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (; *p; p++)
+        if ((*p & 0xC0) != 0x80 && k-- == 0)
+            break;
+    return (size_t)(p - (const unsigned char *)s);
+}
+
+/* How the x-axis labels of a chart are laid out: horizontal and centred when the widest
+ * fits its group with a gap; else rotated (-45 degrees, or -90 when the groups are too
+ * narrow for slanted lines to clear each other), ending at the group's centre. */
+typedef struct {
+    int angle;           /* 0, -45 or -90 */
+    int left, bottom;    /* margins the labels need (px) */
+} label_layout;
+
+static double label_px(const char *s)
+{
+    int n = utf8_chars(s ? s : "");
+    return (n > LABEL_MAX_CHARS ? LABEL_MAX_CHARS : n) * LABEL_CHAR_PX;
+}
+
+static label_layout layout_labels(const char *const *labels, int n, int gw, int min_left, int min_bottom)
+{
+    label_layout L = {0, min_left, min_bottom};
+    double maxw = 0;
+    for (int i = 0; i < n; i++)
+        maxw = fmax(maxw, label_px(labels[i]));
+    if (maxw + 4 <= gw)
+        return L;
+    /* slanted lines gw apart are gw*sin(45) apart across: a line of text needs 1.4 em */
+    L.angle = gw * M_SQRT1_2 >= 1.4 * LABEL_FS ? -45 : -90;
+    double reach = 0;
+    for (int i = 0; i < n; i++) {
+        double w = label_px(labels[i]);
+        if (L.angle == -45) {
+            /* the label runs down-left from (left + i*gw + gw/2, axis + 10) */
+            double need = M_SQRT1_2 * (w + 0.8 * LABEL_FS) - (i * gw + gw / 2.0) + 4;
+            if (need > L.left)
+                L.left = (int)ceil(need);
+            reach = fmax(reach, 10 + M_SQRT1_2 * (w + 0.25 * LABEL_FS) + 6);
+        } else {
+            reach = fmax(reach, 10 + w + 6);
+        }
+    }
+    if (reach > L.bottom)
+        L.bottom = (int)ceil(reach);
+    return L;
+}
+
+/* One x-axis label centred under the group at xc (axis at y axis). */
+static void svg_label(strbuf *b, const char *label, const label_layout *L, double xc, int axis)
+{
+    const char *s = label ? label : "";
+    int n = utf8_chars(s), cut = n > LABEL_MAX_CHARS;
+    char shown[4 * LABEL_MAX_CHARS + 8];
+    if (cut)
+        snprintf(shown, sizeof shown, "%.*s\xe2\x80\xa6", (int)utf8_prefix(s, LABEL_MAX_CHARS - 1), s);
+    if (L->angle == 0) {
+        strbuf_printf(b, "<text x='%.1f' y='%d' font-size='%d' text-anchor='middle'>", xc, axis + 12, LABEL_FS);
+    } else {
+        /* -90: the glyphs stand left of the baseline; shift it so the column is centred */
+        double x = L->angle == -90 ? xc + 0.3 * LABEL_FS : xc;
+        strbuf_printf(b, "<text x='%.1f' y='%d' font-size='%d' text-anchor='end' transform='rotate(%d %.1f %d)'>", x,
+                      axis + 10, LABEL_FS, L->angle, x, axis + 10);
+    }
+    if (cut) {
+        sb_text(b, shown);
+        strbuf_printf(b, "<title>");
+        sb_text(b, s);
+        strbuf_printf(b, "</title>");
+    } else {
+        sb_text(b, s);
+    }
+    strbuf_printf(b, "</text>");
+}
+
+/* Grouped bar chart: n groups of 2 bars (a, b) with labels; NaN values are skipped.
+ * The x-axis labels never overlap (layout_labels) and the SVG is sized to hold them. */
 static void svg_bars(strbuf *b, const char *title, const char *const *labels, const double *a, const double *bv, int n,
                      const char *la, const char *lb, const char *ca, const char *cb, double ref, const char *ref_label)
 {
@@ -64,12 +226,14 @@ static void svg_bars(strbuf *b, const char *title, const char *const *labels, co
     }
     if (max <= 0)
         max = 1;
-    const int H = 180, top = 24, bottom = 36, left = 48;
-    int gw = n > 24 ? 18 : 40, W = left + n * gw + 140;
+    const int H = 180, top = 24;
+    int gw = n > 24 ? 18 : 40;
+    label_layout L = layout_labels(labels, n, gw, 48, 36);
+    int left = L.left, W = left + n * gw + 140;
     strbuf_printf(b, "<figure><figcaption>");
     sb_text(b, title);
     strbuf_printf(b, "</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img'>", W,
-              H + top + bottom);
+              H + top + L.bottom);
     strbuf_printf(b, "<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='#444'/>", left, top + H, left + n * gw, top + H);
     strbuf_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>%.4g</text>", left - 4, top + 4, max);
     strbuf_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='end'>0</text>", left - 4, top + H);
@@ -84,9 +248,7 @@ static void svg_bars(strbuf *b, const char *title, const char *const *labels, co
             strbuf_printf(b, "<rect x='%d' y='%d' width='%d' height='%d' fill='%s'><title>%.6g</title></rect>",
                       x + k * bw, top + H - h, bw, h, col[k], v[k]);
         }
-        strbuf_printf(b, "<text x='%d' y='%d' font-size='10' text-anchor='middle'>", x + bw, top + H + 12);
-        sb_text(b, labels[i]);
-        strbuf_printf(b, "</text>");
+        svg_label(b, labels[i], &L, left + i * gw + gw / 2.0, top + H);
     }
     if (ref > 0) {
         int y = top + H - (int)lround(ref / max * H);
@@ -283,8 +445,9 @@ static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *
     }
 }
 
-/* Rows "label: value" of an object's members named in keys. */
-static void kv_table(strbuf *b, const char *title, json_t *obj, const char *const *keys)
+/* Rows "label: value" of an object's members named in keys, each shown by show. */
+static void kv_table(strbuf *b, const char *title, json_t *obj, const char *const *keys,
+                     void (*show)(strbuf *, json_t *))
 {
     strbuf_printf(b, "<h2>");
     sb_text(b, title);
@@ -298,14 +461,13 @@ static void kv_table(strbuf *b, const char *title, json_t *obj, const char *cons
         strbuf_printf(b, "<tr><td>");
         sb_text(b, keys[i]);
         strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(obj, keys[i]));
+        show(b, json_object_get(obj, keys[i]));
         strbuf_printf(b, "</td></tr>\n");
     }
     strbuf_printf(b, "</table>\n");
 }
 
-/* The page for a report (borrowed). NEW string, or NULL when out of memory. */
-static char *render(json_t *r, size_t *len)
+char *api_report_html(json_t *r, size_t *len)
 {
     strbuf b = {0};
     json_t *parent = json_object_get(r, "parent"), *result = json_object_get(r, "result");
@@ -337,9 +499,9 @@ static char *render(json_t *r, size_t *len)
     strbuf_printf(&b, " tokens</td></tr>\n<tr><td>calibration</td><td>");
     sb_value(&b, json_object_get(r, "calibration_id"));
     strbuf_printf(&b, "</td></tr>\n<tr><td>parameters</td><td>");
-    sb_value(&b, json_object_get(parent, "params"));
+    sb_count(&b, json_object_get(parent, "params"));
     strbuf_printf(&b, " &rarr; ");
-    sb_value(&b, json_object_get(result, "params"));
+    sb_count(&b, json_object_get(result, "params"));
     strbuf_printf(&b, "</td></tr>\n</table>\n");
 
     limits_section(&b, json_object_get(r, "limits"));
@@ -355,16 +517,16 @@ static char *render(json_t *r, size_t *len)
 
     static const char *const mem_keys[] = {"naive_weights_plus_kv", "measured_peak", NULL};
     json_t *mem = json_object_get(r, "memory");
-    kv_table(&b, "Memory (bytes)", mem, mem_keys);
+    kv_table(&b, "Memory", mem, mem_keys, sb_bytes);
     static const char *const item_keys[] = {"weights", "request_cache", "prefill_workspace", "runtime_buffers",
                                             "total", NULL};
     if (json_is_object(json_object_get(mem, "itemized")))
-        kv_table(&b, "Itemized memory estimate (bytes)", json_object_get(mem, "itemized"), item_keys);
+        kv_table(&b, "Itemized memory estimate", json_object_get(mem, "itemized"), item_keys, sb_bytes);
     static const char *const search_keys[] = {"selection_tokens", "iterations", "wall_s", NULL};
-    kv_table(&b, "Architecture selection", json_object_get(r, "search"), search_keys);
+    kv_table(&b, "Architecture selection", json_object_get(r, "search"), search_keys, sb_value);
     static const char *const dist_keys[] = {"tokens", "steps", "final_kd_loss", "val_loss", "resumed_from_step",
                                             "wall_s", NULL};
-    kv_table(&b, "Distillation", json_object_get(r, "distillation"), dist_keys);
+    kv_table(&b, "Distillation", json_object_get(r, "distillation"), dist_keys, sb_value);
 
     strbuf_printf(&b, "<h2>Stages</h2>\n<table><tr><th>stage</th><th>wall s</th><th>attempt</th></tr>\n");
     size_t i;
@@ -412,7 +574,7 @@ void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, 
     json_object_set(r, "target", json_object_get(j.spec, "target"));
     store_job_clear(&j);
     size_t len = 0;
-    char *html = r ? render(r, &len) : NULL;
+    char *html = r ? api_report_html(r, &len) : NULL;
     json_decref(r);
     if (!html) {
         api_problem(resp, 500, "internal", "out of memory rendering the report", NULL);

@@ -4,7 +4,7 @@
  * field) and builds items; a bad row fails the task, never the process. Templates are
  * those of lm-evaluation-harness v0.4 (arc_easy.yaml, piqa.yaml, hellaswag utils,
  * winogrande partial scoring, boolq.yaml, openbookqa.yaml, lambada_openai.yaml,
- * mmlu default template, wikitext with wikitext_detokenizer).
+ * mmlu default template, sciq.yaml, wikitext with wikitext_detokenizer).
  */
 #include "compress/evaltasks.h"
 
@@ -26,7 +26,8 @@
 const char *const ev_eight_tasks[] = {"arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande",
                                       "boolq", "openbookqa", "lambada_openai", NULL};
 const char *const ev_builtin_tasks[] = {"arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande",
-                                        "boolq", "openbookqa", "lambada_openai", "mmlu", "wikitext2", NULL};
+                                        "boolq", "openbookqa", "lambada_openai", "mmlu", "sciq", "wikitext2",
+                                        NULL};
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
@@ -886,6 +887,118 @@ int ev_load_mmlu(const char *mmlu_dir, int n_fewshot, const char *subjects, ev_t
     return rc;
 }
 
+/* ---- SciQ ------------------------------------------------------------------------- */
+
+/* Column of the header named name, or -1. */
+static int csv_column(const csv_record *hdr, const char *name)
+{
+    for (int c = 0; c < hdr->n_fields; c++)
+        if (!strcmp(hdr->fields[c], name))
+            return c;
+    return -1;
+}
+
+int ev_load_sciq(const char *path, ev_task *t, char *err, size_t errlen)
+{
+    task_init(t, "sciq", EV_KIND_MC, 1, path);
+    csv_table tab = {0};
+    if (csv_parse_file(path, &tab, err, errlen))
+        return -1;
+    int rc = 0;
+    if (tab.n_records == 0) {
+        snprintf(err, errlen, "%s: empty (expected a header row)", path);
+        rc = -1;
+        goto out;
+    }
+    const csv_record *hdr = &tab.records[0];
+    for (int a = 0; a < hdr->n_fields && !rc; a++)
+        for (int b = a + 1; b < hdr->n_fields; b++)
+            if (!strcmp(hdr->fields[a], hdr->fields[b])) {
+                snprintf(err, errlen, "%s:%d: header: column '%s' twice", path, hdr->line, hdr->fields[a]);
+                rc = -1;
+                break;
+            }
+    static const char *const need[] = {"question", "correct_answer", "support"};
+    static const char *const dnames[] = {"distractor1", "distractor2", "distractor3"};
+    int col[3], dcol[3], nd = 0;
+    for (int k = 0; k < 3 && !rc; k++)
+        if ((col[k] = csv_column(hdr, need[k])) < 0) {
+            snprintf(err, errlen, "%s:%d: header: no '%s' column (need question, correct_answer, support)", path,
+                     hdr->line, need[k]);
+            rc = -1;
+        }
+    for (int k = 0; k < 3 && !rc; k++)
+        nd += (dcol[k] = csv_column(hdr, dnames[k])) >= 0;
+    if (!rc && nd != 0 && nd != 3)
+        for (int k = 0; k < 3 && !rc; k++)
+            if (dcol[k] < 0) {
+                snprintf(err, errlen, "%s:%d: header: no '%s' column (all three distractors, or none)", path,
+                         hdr->line, dnames[k]);
+                rc = -1;
+            }
+    if (rc)
+        goto out;
+    int mc = nd == 3;
+    if (!mc) {
+        t->kind = EV_KIND_LOGLIK;   /* the gold answer alone: greedy acc and perplexity */
+        t->report_acc_norm = 0;
+    }
+    task_builder tb = {.t = t};
+    for (int i = 1; i < tab.n_records && !rc; i++) {
+        const csv_record *r = &tab.records[i];
+        if (r->n_fields != hdr->n_fields) {
+            snprintf(err, errlen, "%s:%d: %d fields, the header has %d", path, r->line, r->n_fields, hdr->n_fields);
+            rc = -1;
+            break;
+        }
+        for (int k = 0; k < 2 && !rc; k++)   /* support may be empty, as in the release */
+            if (!*r->fields[col[k]]) {
+                snprintf(err, errlen, "%s:%d: field '%s': empty", path, r->line, need[k]);
+                rc = -1;
+            }
+        for (int k = 0; k < 3 && mc && !rc; k++)
+            if (!*r->fields[dcol[k]]) {
+                snprintf(err, errlen, "%s:%d: field '%s': empty", path, r->line, dnames[k]);
+                rc = -1;
+            }
+        if (rc)
+            break;
+        ev_item *it = task_add(&tb, mc ? 4 : 1, r->line);
+        if (!it) {
+            rc = oom_at(path, r->line, err, errlen);
+            break;
+        }
+        /* sciq.yaml: "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:" */
+        const char *sup = r->fields[col[2]];
+        while (isspace((unsigned char)*sup))
+            sup++;
+        sbuf s = {0};
+        sb_puts(&s, sup);
+        sb_puts(&s, "\nQuestion: ");
+        sb_puts(&s, r->fields[col[0]]);
+        sb_puts(&s, "\nAnswer:");
+        it->ctx = sb_take(&s);
+        /* doc_to_choice [distractor1, distractor2, distractor3, correct_answer], target 3 */
+        int c = 0;
+        for (int k = 0; mc && k < 3 && !rc; k++)
+            rc = choice_set(it, c++, " ", r->fields[dcol[k]]);
+        if (!rc)
+            rc = choice_set(it, c, " ", r->fields[col[1]]);
+        it->gold = mc ? 3 : 0;
+        if (rc || !it->ctx)
+            rc = oom_at(path, r->line, err, errlen);
+    }
+    if (!rc && t->n_items == 0) {
+        snprintf(err, errlen, "%s: no rows after the header", path);
+        rc = -1;
+    }
+out:
+    csv_free(&tab);
+    if (rc)
+        ev_task_free(t);
+    return rc;
+}
+
 /* ---- WikiText-2 ------------------------------------------------------------------- */
 
 /* One regex substitution (global). Returns a new string or NULL. */
@@ -1178,11 +1291,13 @@ int ev_task_load(const char *name, const char *data_dir, const ev_load_opts *o, 
         return ev_load_lambada(DATA("eval/lambada/lambada_openai_test.llmfoundry.jsonl"), t, err, errlen);
     if (!strcmp(name, "mmlu"))
         return ev_load_mmlu(DATA("eval/mmlu"), shots < 0 ? 5 : shots, o ? o->subjects : NULL, t, err, errlen);
+    if (!strcmp(name, "sciq"))
+        return ev_load_sciq(DATA("eval/sciq/sciq_test_support.csv"), t, err, errlen);
     if (!strcmp(name, "wikitext2") || !strcmp(name, "wikitext"))
         return ev_load_wikitext(DATA("text/wikitext-2-raw/wiki.test.raw"), t, err, errlen);
 #undef DATA
     snprintf(err, errlen, "unknown task '%s' (built-in: arc_easy arc_challenge piqa hellaswag winogrande boolq "
-             "openbookqa lambada_openai mmlu wikitext2; or a .jsonl file)", name);
+             "openbookqa lambada_openai mmlu sciq wikitext2; or a .jsonl file)", name);
     return -1;
 }
 

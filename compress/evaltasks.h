@@ -53,7 +53,7 @@ typedef struct {
     const char *subjects;/* MMLU: comma-separated subject filter, NULL = all 57 */
 } ev_load_opts;
 
-/* Names of the built-in tasks, NULL-terminated: the eight, "mmlu", "wikitext2". */
+/* Names of the built-in tasks, NULL-terminated: the eight, "mmlu", "sciq", "wikitext2". */
 extern const char *const ev_builtin_tasks[];
 /* The standard eight: arc_easy arc_challenge piqa hellaswag winogrande boolq openbookqa
  * lambada_openai (NULL-terminated). */
@@ -78,6 +78,15 @@ int ev_load_lambada(const char *path, ev_task *t, char *err, size_t errlen);
  * from dev, in dev order (the harness's first_n sampler). One group per subject. */
 int ev_load_mmlu(const char *mmlu_dir, int n_fewshot, const char *subjects, ev_task *t,
                  char *err, size_t errlen);
+/* SciQ from a CSV with a header naming its columns (any order, others ignored):
+ * question, correct_answer, support, and optionally distractor1..3 (all three or none).
+ * The context is sciq.yaml's "{support.lstrip()}\nQuestion: {question}\nAnswer:".
+ * With distractors: the harness's multiple choice, [distractor1, distractor2,
+ * distractor3, correct_answer] with gold 3, acc and acc_norm. Without (the data in
+ * shared/, PROVENANCE.md): one loglikelihood item per row, continuation
+ * " {correct_answer}", so acc is the greedy match and the score does not compare with
+ * published (multiple-choice) SciQ accuracy. */
+int ev_load_sciq(const char *path, ev_task *t, char *err, size_t errlen);
 /* WikiText-2 raw: CRLF/LF lines; a document starts at each top-level title line
  * (" = Title = ", not " = = ..."); the document is its lines joined with "\n",
  * detokenized as the harness's wikitext_detokenizer. */

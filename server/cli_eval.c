@@ -34,7 +34,7 @@ static void eval_usage(FILE *f)
             "usage: autocompress eval MODEL [options]\n"
             "  MODEL                 .gguf, llama2.c .bin, HF directory or .safetensors\n"
             "  --tasks LIST          comma-separated: arc_easy arc_challenge piqa hellaswag winogrande\n"
-            "                        boolq openbookqa lambada_openai mmlu wikitext2, 'eight' (the first\n"
+            "                        boolq openbookqa lambada_openai mmlu sciq wikitext2, 'eight' (the first\n"
             "                        eight), 'all', a .jsonl task file (docs/tasks.md), or\n"
             "                        URL#sha256=HEX (fetched, size-limited, verified)   [eight]\n"
             "  --limit N             items per task (per MMLU subject), seeded sample  [all]\n"

@@ -459,7 +459,8 @@ int art_scrub(artstore *as, int *checked, int *bad)
             !strchr("0123456789abcdef", e->d_name[1]))
             continue;
         char sub[4200];
-        snprintf(sub, sizeof sub, "%s/%s", top, e->d_name);
+        if (snprintf(sub, sizeof sub, "%s/%s", top, e->d_name) >= (int)sizeof sub)
+            continue;
         DIR *d2 = opendir(sub);
         if (!d2)
             continue;
@@ -468,7 +469,8 @@ int art_scrub(artstore *as, int *checked, int *bad)
             if (!is_hex64(f->d_name) || strncmp(f->d_name, e->d_name, 2))
                 continue;
             char path[4400], got[65];
-            snprintf(path, sizeof path, "%s/%s", sub, f->d_name);
+            if (snprintf(path, sizeof path, "%s/%s", sub, f->d_name) >= (int)sizeof path)
+                continue;
             int fd = open(path, O_RDONLY | O_CLOEXEC);
             struct stat sb;
             int64_t sz;

@@ -110,8 +110,15 @@ def main():
         # --- cancel a running job: the worker stops within a second
         _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=60000), expect=201)
         s.wait_stage(job["id"], "test_sleep")
-        # an events long-poll parked at the tail wakes as soon as the next event lands
-        _, _, ev = s.json("GET", "/v1/jobs/%s/events?limit=1000" % job["id"], expect=200)
+        # an events long-poll parked at the tail wakes as soon as the next event lands; the
+        # tail is taken once the stage's own events are written (the stage field is set
+        # first), so nothing but the cancel can wake it
+        t0 = time.time()
+        while True:
+            _, _, ev = s.json("GET", "/v1/jobs/%s/events?limit=1000" % job["id"], expect=200)
+            if any(e["type"] == "test.sleep" for e in ev["data"]) or time.time() - t0 > 10:
+                break
+            time.sleep(0.02)
         woke = {}
         def poll():
             t = time.time()

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -219,6 +220,114 @@ static void test_lambada(void **state)
                                       "guardian angel.\n\n\"Figured if", 92), 0);
     assert_string_equal(it->choices[0].cont, " signs");
     ev_task_free(&t);
+}
+
+/* SciQ from the support CSV: no distractors in this data (PROVENANCE.md), so each item
+ * is the gold answer's log-likelihood under the harness's prompt. */
+static void test_sciq(void **state)
+{
+    (void)state;
+    ev_task t;
+    char err[512];
+    assert_int_equal(ev_task_load("sciq", data_dir, NULL, &t, err, sizeof err), 0);
+    assert_string_equal(t.name, "sciq");
+    assert_int_equal(t.n_items, 884);
+    assert_int_equal(t.kind, EV_KIND_LOGLIK);
+    assert_false(t.report_acc_norm);
+    const ev_item *it = &t.items[0];
+    assert_string_equal(it->ctx,
+                        "Oxidants and Reductants Compounds that are capable of accepting electrons, such as O 2 or "
+                        "F2, are calledoxidants (or oxidizing agents) because they can oxidize other compounds. In "
+                        "the process of accepting electrons, an oxidant is reduced. Compounds that are capable of "
+                        "donating electrons, such as sodium metal or cyclohexane (C6H12), are calledreductants (or "
+                        "reducing agents) because they can cause the reduction of another compound. In the process "
+                        "of donating electrons, a reductant is oxidized. These relationships are summarized in "
+                        "Equation 3.30: Equation 3.30 Saylor URL: http://www. saylor. org/books.\n"
+                        "Question: Compounds that are capable of accepting electrons, such as o 2 or f2, are called "
+                        "what?\nAnswer:");
+    assert_int_equal(it->n_choices, 1);
+    assert_string_equal(it->choices[0].cont, " oxidants");
+    assert_int_equal(it->choices[0].norm_len, 8);
+    assert_int_equal(it->line, 2);   /* line 1 is the header */
+    assert_string_equal(t.items[883].choices[0].cont, " sulfur dioxide (so2)");
+    ev_task_free(&t);
+}
+
+/* SciQ in the full release's columns (any order, extra columns ignored): the harness's
+ * multiple choice, [distractor1, distractor2, distractor3, correct_answer], gold 3,
+ * support.lstrip(); a header with only some distractors is refused. */
+static void test_sciq_multiple_choice(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/test_eval_sciq_XXXXXX", sub[128], csv[192];
+    assert_non_null(mkdtemp(dir));
+    snprintf(sub, sizeof sub, "%s/eval", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(sub, sizeof sub, "%s/eval/sciq", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(csv, sizeof csv, "%s/sciq_test_support.csv", sub);
+    FILE *f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("question,distractor3,distractor1,distractor2,correct_answer,support,id\n"
+          "\"What gas do plants take in?\",nitrogen,oxygen,helium,carbon dioxide,"
+          "\"  Plants take in carbon dioxide.\",7\n"
+          "What is H2O?,salt,sand,air,water,,8\n", f);
+    assert_int_equal(fclose(f), 0);
+    ev_task t;
+    char err[512];
+    assert_int_equal(ev_task_load("sciq", dir, NULL, &t, err, sizeof err), 0);
+    assert_int_equal(t.kind, EV_KIND_MC);
+    assert_true(t.report_acc_norm);
+    assert_int_equal(t.n_items, 2);
+    const ev_item *it = &t.items[0];
+    assert_string_equal(it->ctx, "Plants take in carbon dioxide.\nQuestion: What gas do plants take in?\nAnswer:");
+    assert_int_equal(it->n_choices, 4);
+    assert_string_equal(it->choices[0].cont, " oxygen");
+    assert_string_equal(it->choices[1].cont, " helium");
+    assert_string_equal(it->choices[2].cont, " nitrogen");
+    assert_string_equal(it->choices[3].cont, " carbon dioxide");
+    assert_int_equal(it->choices[3].norm_len, 14);
+    assert_int_equal(it->gold, 3);
+    assert_string_equal(t.items[1].ctx, "\nQuestion: What is H2O?\nAnswer:");   /* empty support, as the harness */
+    ev_task_free(&t);
+
+    f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("question,distractor1,correct_answer,support\nq,a,b,c\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(ev_task_load("sciq", dir, NULL, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "distractor2"));
+    f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("question,correct_answer\nq,a\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(ev_task_load("sciq", dir, NULL, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "support"));
+    f = fopen(csv, "w");
+    assert_non_null(f);
+    fputs("question,correct_answer,support\nq,,s\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(ev_task_load("sciq", dir, NULL, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":2: field 'correct_answer'"));
+    assert_int_equal(unlink(csv), 0);
+    assert_int_equal(rmdir(sub), 0);
+    snprintf(sub, sizeof sub, "%s/eval", dir);
+    assert_int_equal(rmdir(sub), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* Every built-in task name loads from the shared data. */
+static void test_builtin_all_load(void **state)
+{
+    (void)state;
+    for (int i = 0; ev_builtin_tasks[i]; i++) {
+        ev_task t;
+        char err[512] = "";
+        if (ev_task_load(ev_builtin_tasks[i], data_dir, NULL, &t, err, sizeof err))
+            fail_msg("%s: %s", ev_builtin_tasks[i], err);
+        assert_true(t.n_items > 0);
+        ev_task_free(&t);
+    }
 }
 
 static void test_mmlu_fewshot(void **state)
@@ -469,7 +578,8 @@ int main(void)
         cmocka_unit_test(test_mmlu_fewshot),     cmocka_unit_test(test_csv),
         cmocka_unit_test(test_generic_jsonl),    cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_limit_seeded),     cmocka_unit_test(test_wikitext),
-        cmocka_unit_test(test_fetch_url),
+        cmocka_unit_test(test_fetch_url),        cmocka_unit_test(test_sciq),
+        cmocka_unit_test(test_sciq_multiple_choice), cmocka_unit_test(test_builtin_all_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,294 @@
+/* tests/unit/test_report_html.c — the report page (api/report_html.c) read at a glance:
+ * sizes in bytes carry a binary-unit figure beside them (api_fmt_bytes), and the x-axis labels of every
+ * bar chart neither overlap one another nor leave the SVG, whatever their length. The
+ * geometry check reads the label positions, anchors and rotations out of the page and
+ * intersects their boxes (glyph widths estimated at 0.6 em per character, with a 2 px
+ * gap required between neighbours).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/report_html.h"
+
+static const char *const eight[] = {"arc_challenge", "arc_easy", "boolq", "hellaswag", "lambada_openai",
+                                    "openbookqa", "piqa", "winogrande"};
+
+/* A report shaped like bench/results/smollm2-135m-cpu.json, with n_layers layers. NEW. */
+static json_t *sample_report(int n_layers)
+{
+    json_t *pl = json_array(), *rl = json_array();
+    for (int i = 0; i < n_layers; i++) {
+        json_array_append_new(pl, json_pack("{s:{s:i},s:{s:i}}", "mlp", "ffn_dim", 1536, "attention", "n_heads", 9));
+        if (i % 5 != 4)
+            json_array_append_new(rl, json_pack("{s:i,s:{s:i},s:{s:i}}", "source_layer", i, "mlp", "ffn_dim",
+                                                 1024 + i, "attention", "n_heads", 6));
+    }
+    json_t *pa = json_object(), *ra = json_object();
+    for (int k = 0; k < 8; k++) {
+        json_object_set_new(pa, eight[k], json_pack("{s:f,s:f,s:i}", "acc", 0.30 + 0.05 * k, "stderr", 0.03, "n", 200));
+        json_object_set_new(ra, eight[k], json_pack("{s:f,s:f,s:i}", "acc", 0.25 + 0.04 * k, "stderr", 0.03, "n", 200));
+    }
+    json_t *r = json_pack("{s:s,s:s,s:b}", "job_id", "job_test", "status", "succeeded", "complete", 1);
+    json_object_set_new(r, "parent", json_pack("{s:I,s:o,s:{s:i,s:o}}", "params", (json_int_t)134515008, "accuracy",
+                                               pa, "arch", "hidden_size", 576, "layers", pl));
+    json_object_set_new(r, "result", json_pack("{s:I,s:o,s:{s:i,s:o}}", "params", (json_int_t)98037576, "accuracy",
+                                               ra, "arch", "hidden_size", 504, "layers", rl));
+    json_object_set_new(r, "memory",
+                        json_pack("{s:I,s:f,s:{s:I,s:I,s:I,s:I,s:I}}", "naive_weights_plus_kv",
+                                  (json_int_t)1610612736, "measured_peak", 410925416.0, "itemized", "weights",
+                                  (json_int_t)392150432, "request_cache", (json_int_t)10649600, "prefill_workspace",
+                                  (json_int_t)1536, "runtime_buffers", (json_int_t)0, "total",
+                                  (json_int_t)402801568));
+    return r;
+}
+
+static char *render(json_t *r)
+{
+    size_t len = 0;
+    char *html = api_report_html(r, &len);
+    assert_non_null(html);
+    assert_int_equal(strlen(html), len);
+    return html;
+}
+
+/* The value cell of the table row named key, e.g. "<tr><td>weights</td><td>VALUE</td>". */
+static void row_value(const char *html, const char *key, char *out, size_t outlen)
+{
+    char pat[128];
+    snprintf(pat, sizeof pat, "<tr><td>%s</td><td>", key);
+    const char *p = strstr(html, pat);
+    assert_non_null(p);
+    p += strlen(pat);
+    const char *e = strstr(p, "</td>");
+    assert_non_null(e);
+    snprintf(out, outlen, "%.*s", (int)(e - p), p);
+}
+
+static void test_sizes(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(30);
+    char *html = render(r);
+    char v[256];
+    row_value(html, "weights", v, sizeof v);
+    assert_string_equal(v, "392,150,432 B (374.0 MiB)");
+    row_value(html, "naive_weights_plus_kv", v, sizeof v);
+    assert_string_equal(v, "1,610,612,736 B (1.50 GiB)");
+    row_value(html, "measured_peak", v, sizeof v);   /* a real in the JSON: still bytes */
+    assert_string_equal(v, "410,925,416 B (391.9 MiB)");
+    row_value(html, "prefill_workspace", v, sizeof v);
+    assert_string_equal(v, "1,536 B (1.5 KiB)");
+    row_value(html, "runtime_buffers", v, sizeof v);
+    assert_string_equal(v, "0 B");
+    free(html);
+    json_decref(r);
+}
+
+static void test_fmt_bytes(void **state)
+{
+    (void)state;
+    static const struct {
+        double bytes;
+        const char *want;
+    } cases[] = {
+        {0, "0 B"},
+        {1023, "1,023 B"},
+        {1024, "1,024 B (1.0 KiB)"},
+        {1048575, "1,048,575 B (1.0 MiB)"},   /* rounds up into the next unit, not "1024.0 KiB" */
+        {392150432, "392,150,432 B (374.0 MiB)"},
+        {1073741824, "1,073,741,824 B (1.00 GiB)"},
+        {1099511627776.0, "1,099,511,627,776 B (1.00 TiB)"},
+        {1536.4, "1,536 B (1.5 KiB)"},
+    };
+    char buf[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(api_fmt_bytes(cases[i].bytes, buf, sizeof buf), 0);
+        assert_string_equal(buf, cases[i].want);
+    }
+    assert_int_equal(api_fmt_bytes(-1, buf, sizeof buf), -1);
+    assert_int_equal(api_fmt_bytes(NAN, buf, sizeof buf), -1);
+    assert_int_equal(api_fmt_bytes(392150432, buf, 8), -1);   /* does not fit */
+}
+
+/* ---- chart geometry --------------------------------------------------------------- */
+
+typedef struct {
+    double x[4], y[4];   /* corners of the label's box, in SVG coordinates */
+} quad;
+
+/* The numeric attribute NAME='V' inside [tag, end), or def. */
+static double attr_num(const char *tag, const char *end, const char *name, double def)
+{
+    char pat[32];
+    snprintf(pat, sizeof pat, " %s='", name);
+    const char *p = strstr(tag, pat);
+    if (!p || p >= end)
+        return def;
+    return strtod(p + strlen(pat), NULL);
+}
+
+/* The box of the x-axis <text> element whose content is label, inside the svg
+ * [svg, svg_end): searched from the first bar on, past the y-axis labels ("0"). */
+static quad label_box(const char *svg, const char *svg_end, const char *label)
+{
+    char pat[128];
+    snprintf(pat, sizeof pat, ">%s</text>", label);
+    const char *bars = strstr(svg, "<rect");
+    assert_true(bars && bars < svg_end);
+    const char *hit = strstr(bars, pat);
+    if (!hit || hit >= svg_end)
+        fail_msg("label %s is not in the chart", label);
+    const char *tag = hit;
+    while (tag > svg && strncmp(tag, "<text", 5))
+        tag--;
+    double x = attr_num(tag, hit, "x", NAN), y = attr_num(tag, hit, "y", NAN);
+    double fs = attr_num(tag, hit, "font-size", 16);
+    assert_false(isnan(x) || isnan(y));
+    double w = 0.6 * fs * (double)strlen(label), x0 = x;
+    const char *anchor = strstr(tag, "text-anchor='");
+    if (anchor && anchor < hit) {
+        anchor += strlen("text-anchor='");
+        if (!strncmp(anchor, "middle", 6))
+            x0 = x - w / 2;
+        else if (!strncmp(anchor, "end", 3))
+            x0 = x - w;
+    }
+    double ang = 0, cx = 0, cy = 0;
+    const char *rot = strstr(tag, "rotate(");
+    if (rot && rot < hit) {
+        int got = sscanf(rot, "rotate(%lf %lf %lf)", &ang, &cx, &cy);
+        assert_true(got == 1 || got == 3);
+        if (got == 1)
+            cx = cy = 0;
+    }
+    /* the glyph box, 1 px wider on every side: neighbours keep a 2 px gap */
+    double lx[4] = {x0 - 1, x0 + w + 1, x0 + w + 1, x0 - 1};
+    double ly[4] = {y - 0.8 * fs - 1, y - 0.8 * fs - 1, y + 0.25 * fs + 1, y + 0.25 * fs + 1};
+    double c = cos(ang * M_PI / 180), s = sin(ang * M_PI / 180);
+    quad q;
+    for (int k = 0; k < 4; k++) {
+        q.x[k] = cx + (lx[k] - cx) * c - (ly[k] - cy) * s;
+        q.y[k] = cy + (lx[k] - cx) * s + (ly[k] - cy) * c;
+    }
+    return q;
+}
+
+/* 1 when the two convex quads overlap (separating-axis test on their edge normals). */
+static int quads_overlap(const quad *a, const quad *b)
+{
+    const quad *qs[2] = {a, b};
+    for (int which = 0; which < 2; which++) {
+        const quad *q = qs[which];
+        for (int e = 0; e < 4; e++) {
+            double nx = -(q->y[(e + 1) % 4] - q->y[e]), ny = q->x[(e + 1) % 4] - q->x[e];
+            double amin = INFINITY, amax = -INFINITY, bmin = INFINITY, bmax = -INFINITY;
+            for (int k = 0; k < 4; k++) {
+                double pa = a->x[k] * nx + a->y[k] * ny, pb = b->x[k] * nx + b->y[k] * ny;
+                amin = fmin(amin, pa);
+                amax = fmax(amax, pa);
+                bmin = fmin(bmin, pb);
+                bmax = fmax(bmax, pb);
+            }
+            if (amax <= bmin || bmax <= amin)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* The svg of the figure captioned caption: [*svg, *end) and its width and height. */
+static void find_chart(const char *html, const char *caption, const char **svg, const char **end, double *w, double *h)
+{
+    char pat[160];
+    snprintf(pat, sizeof pat, "<figcaption>%s</figcaption>", caption);
+    const char *f = strstr(html, pat);
+    if (!f)
+        fail_msg("no chart '%s'", caption);
+    *svg = strstr(f, "<svg");
+    assert_non_null(*svg);
+    *end = strstr(*svg, "</svg>");
+    assert_non_null(*end);
+    const char *tag_end = strchr(*svg, '>');
+    *w = attr_num(*svg, tag_end, "width", NAN);
+    *h = attr_num(*svg, tag_end, "height", NAN);
+    assert_false(isnan(*w) || isnan(*h));
+}
+
+/* Every label of the chart lies inside the SVG and below its x axis, and no two overlap. */
+static void check_labels(const char *html, const char *caption, const char *const *labels, int n)
+{
+    const char *svg, *end;
+    double W, H;
+    find_chart(html, caption, &svg, &end, &W, &H);
+    double axis_y = attr_num(strstr(svg, "<line"), end, "y1", NAN);
+    assert_false(isnan(axis_y));
+    quad *q = calloc((size_t)n, sizeof *q);
+    assert_non_null(q);
+    for (int i = 0; i < n; i++) {
+        q[i] = label_box(svg, end, labels[i]);
+        for (int k = 0; k < 4; k++)
+            if (q[i].x[k] < 0 || q[i].x[k] > W || q[i].y[k] <= axis_y || q[i].y[k] > H)
+                fail_msg("%s: label '%s' corner (%.1f, %.1f) outside the %gx%g svg or above the axis at y=%g",
+                         caption, labels[i], q[i].x[k], q[i].y[k], W, H, axis_y);
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (quads_overlap(&q[i], &q[j]))
+                fail_msg("%s: labels '%s' and '%s' overlap", caption, labels[i], labels[j]);
+    free(q);
+}
+
+static void test_accuracy_labels(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(30);
+    char *html = render(r);
+    check_labels(html, "Accuracy per benchmark", eight, 8);
+    free(html);
+    json_decref(r);
+}
+
+/* Layer charts: 30 layers (two-digit labels at the wide spacing) and 120 layers
+ * (three-digit labels at the narrow one). */
+static void test_layer_labels(void **state)
+{
+    (void)state;
+    static const int sizes[] = {30, 120};
+    for (int s = 0; s < 2; s++) {
+        int n = sizes[s];
+        json_t *r = sample_report(n);
+        char *html = render(r);
+        char(*lab)[16] = calloc((size_t)n, sizeof *lab);
+        const char **labels = calloc((size_t)n, sizeof *labels);
+        assert_true(lab && labels);
+        for (int i = 0; i < n; i++) {
+            snprintf(lab[i], sizeof lab[i], "%d", i);
+            labels[i] = lab[i];
+        }
+        check_labels(html, "Kept FFN width per layer", labels, n);
+        check_labels(html, "Attention heads per layer", labels, n);
+        free(lab);
+        free(labels);
+        free(html);
+        json_decref(r);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_fmt_bytes),
+        cmocka_unit_test(test_accuracy_labels),
+        cmocka_unit_test(test_layer_labels),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
