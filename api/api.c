@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 /* api/report_html.c: the report as an HTML page with inline SVG charts. */
-void h_report_html(api_ctx *, const api_req *, const char *const *, api_resp *);
 
 typedef struct {
     const char *method;
@@ -255,13 +254,6 @@ void api_problem(api_resp *r, int status, const char *code, const char *detail, 
         json_decref(errors);
     api_json(r, status, p);
     r->content_type = "application/problem+json";
-}
-
-double api_now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 int api_query_int(const api_req *req, const char *key, long long lo, long long hi, long long dflt,

@@ -22,10 +22,9 @@ void api_json(api_resp *resp, int status, json_t *body);
 void api_spec_problem(api_resp *resp, const char *what, int status, json_t *errors);
 /* The spec environment for validation. */
 spec_env api_spec_env(api_ctx *ctx);
-/* Monotonic seconds. */
-double api_now_mono(void);
 
-/* Resource handlers (api_jobs.c, api_misc.c). */
+/* Resource handlers (api_jobs.c, api_misc.c, report_html.c). */
+void h_report_html(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_jobs_list(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_jobs_create(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_jobs_get(api_ctx *, const api_req *, const char *const *, api_resp *);

@@ -4,6 +4,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include "api/api_internal.h"
+#include "engine/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "jobs/pipeline.h"
+#include "jobs/stage.h"
 #include "storage/fileio.h"
 
 static int is_terminal(const char *s)
@@ -366,7 +368,7 @@ static int wait_deadline(api_ctx *ctx, const api_req *req, api_resp *resp, doubl
         return -1;
     if (wait > ctx->max_wait_s)
         wait = ctx->max_wait_s;
-    *deadline = wait == 0 ? 0 : req->deadline > 0 ? req->deadline : api_now_mono() + (double)wait;
+    *deadline = wait == 0 ? 0 : req->deadline > 0 ? req->deadline : eng_wall_s() + (double)wait;
     return 0;
 }
 
@@ -390,7 +392,7 @@ static void get_common(api_ctx *ctx, const api_req *req, const char *id, api_res
     snprintf(etag, sizeof etag, "\"%s.%lld\"", id, (long long)version);
     const char *inm = hdr(req, "If-None-Match");
     int same = inm_matches(inm, etag);
-    if (deadline > 0 && !is_terminal(status) && (!inm || same) && api_now_mono() < deadline && !ctx->shutting_down) {
+    if (deadline > 0 && !is_terminal(status) && (!inm || same) && eng_wall_s() < deadline && !ctx->shutting_down) {
         resp->wait_until = deadline;
         resp->status = 200; /* provisional: the request is parked and asked again */
         return;
@@ -568,7 +570,7 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
         api_problem(resp, 503, "store_unavailable", "the event log could not be read", NULL);
         return;
     }
-    if (n == 0 && deadline > 0 && !is_terminal(status) && api_now_mono() < deadline && !ctx->shutting_down) {
+    if (n == 0 && deadline > 0 && !is_terminal(status) && eng_wall_s() < deadline && !ctx->shutting_down) {
         store_event_list_free(ev, n);
         resp->wait_until = deadline;
         resp->status = 200;

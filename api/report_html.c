@@ -551,7 +551,6 @@ char *api_report_html(json_t *r, size_t *len)
 
 /* GET /v1/jobs/{id}/report.html: 200 text/html (the report so far, partial while the
  * job runs), 404 problem for an unknown job, 500 when the store or memory fails. */
-void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp);
 void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
     (void)req;

@@ -16,6 +16,7 @@
 #include "engine/devices.h"
 #include "engine/model.h"
 #include "storage/archjson.h"
+#include "engine/clock.h"
 
 #define MAX_ENTRIES 256
 #define MAX_BINS 4
@@ -53,13 +54,6 @@ static double dvec_median(dvec *d, double *mad)
     *mad = ms_mad(tmp, d->n, m);
     free(tmp);
     return m;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static uint64_t xs64(uint64_t *s)
@@ -754,7 +748,7 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
         return -1;
     }
     int is_cpu = !strcmp(vm->be->name, "cpu");
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     int64_t rss0 = is_cpu ? ms_rss_bytes() : -1;
     if (eng_model_init(&vm->m, va, vm->be, err, errlen))
         return -1;
@@ -777,7 +771,7 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     res->rss_delta_bytes = hwm >= 0 ? hwm - rss0 : -1;
     res->peak_bytes = res->rss_delta_bytes > res->backend_peak_bytes ? res->rss_delta_bytes : res->backend_peak_bytes;
     res->params = arch_params(va);
-    cs->heldout_s += now_s() - t0;
+    cs->heldout_s += eng_wall_s() - t0;
     return tick(cs, "held-out build + memory", err, errlen);
 }
 
@@ -787,11 +781,11 @@ static int vmodel_request(cal_state *cs, vmodel *vm, cal_model *cm, char *err, s
     double p, d;
     if (cal_request(cs, cm, 1, err, errlen) || tick(cs, "calibration request", err, errlen))
         return -1;
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen) ||
         tick(cs, "held-out request", err, errlen))
         return -1;
-    cs->heldout_s += now_s() - t0;
+    cs->heldout_s += eng_wall_s() - t0;
     vm->lat[vm->n] = p + d;
     vm->pre[vm->n] = p;
     vm->dec[vm->n] = d;
@@ -881,7 +875,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         snprintf(err, errlen, "precision %s is not available in this build (the engine runs fp32)", t->precision);
         return NULL;
     }
-    double t_start = now_s();
+    double t_start = eng_wall_s();
     cal_state *cs = calloc(1, sizeof *cs);
     if (!cs) {
         snprintf(err, errlen, "out of memory");
@@ -1036,7 +1030,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
                 free(varch);
                 goto out;
             }
-    double wall_tables = now_s() - t_start, fit_p = 1, fit_d = 1;
+    double wall_tables = eng_wall_s() - t_start, fit_p = 1, fit_d = 1;
     /* 4. tables, then predictions of the held-out archs */
     if (build_tables(cs, parent, &tb, err, errlen) || phase_scales(cs, &tb, cms, n_cms, err, errlen) ||
         (n_fit && fit_scales(&tb, varch + o.validate, vres + o.validate, n_fit, &fit_p, &fit_d, err, errlen))) {
@@ -1120,11 +1114,11 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     result = tables && target && validation
                  ? json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:i,s:f,s:f}}", "id", id,
                              "status", "succeeded", "target", target, "family", parent->family, "entries",
-                             tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now_s() - t_start, "tables",
+                             tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", eng_wall_s() - t_start, "tables",
                              tables, "validation", validation, "cost", "requests", (json_int_t)cs->requests,
                              "calibration_models", n_cms, "layers_per_model", L, "tables_wall_s",
                              wall_tables - cs->heldout_s, "validation_wall_s",
-                             cs->heldout_s + (now_s() - t_start - wall_tables), "hidden_sizes", hidden_list,
+                             cs->heldout_s + (eng_wall_s() - t_start - wall_tables), "hidden_sizes", hidden_list,
                              "probe_models", n_probe, "fit_archs", n_fit, "fit_prefill_factor", fit_p,
                              "fit_decode_factor", fit_d)
                  : NULL;

@@ -5,19 +5,13 @@
  * Weights stay the parent's during the search (no joint weight update).
  */
 #include "compress/dnas.h"
+#include "engine/clock.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void dnas_opts_defaults(dnas_opts *o)
 {
@@ -489,7 +483,7 @@ int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     err[0] = 0;
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     const arch *pa = &o->parent->a;
     search_space sp;
     search_costs costs;
@@ -519,7 +513,7 @@ int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
                 goto out;
             r->predicted = pp;
             r->parent_feasible = 1;
-            r->wall_s = now_s() - t0;
+            r->wall_s = eng_wall_s() - t0;
             r->distribution = json_object();
             rc = 0;
             goto out;
@@ -640,7 +634,7 @@ int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
     r->distribution = distribution_json(&d);
     if (decode_and_repair(&d, &costs, o, pa, r, err, errlen) != 0)
         goto out;
-    r->wall_s = now_s() - t0;
+    r->wall_s = eng_wall_s() - t0;
     rc = 0;
     goto out;
 oom:

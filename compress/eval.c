@@ -6,6 +6,7 @@
  * rolling perplexity uses disjoint windows (context_len 1) as the harness does.
  */
 #include "compress/eval.h"
+#include "engine/clock.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -15,13 +16,6 @@
 #include <time.h>
 
 /* ---- small pieces ------------------------------------------------------------------ */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 double ev_stderr(const double *x, int n)
 {
@@ -290,7 +284,7 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
     double sum_ll = 0.0;
     int64_t sum_words = 0, sum_bytes = 0, sum_pred_tokens = 0;
     int rc = 0;
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     if (!acc || !accn || !ll_item || !item_first) {
         snprintf(r->error, sizeof r->error, "out of memory");
         rc = -1;
@@ -415,7 +409,7 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
     if (rc)
         goto out;
     r->n = n;
-    r->wall_s = now_s() - t0;
+    r->wall_s = eng_wall_s() - t0;
     if (t->kind == EV_KIND_MC || t->kind == EV_KIND_LOGLIK) {
         r->has_acc = 1;
         double s = 0.0;
@@ -486,7 +480,7 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
     r->ok = 1;
 out:
     if (rc)
-        r->wall_s = now_s() - t0;
+        r->wall_s = eng_wall_s() - t0;
     free(acc);
     free(accn);
     free(ll_item);

@@ -16,6 +16,7 @@
 #include "jobs/retention.h"
 #include "jobs/stage.h"
 #include "storage/fileio.h"
+#include "engine/clock.h"
 
 json_t *job_pipeline_for(const char *kind, json_t *spec)
 {
@@ -50,13 +51,6 @@ json_t *job_pipeline_for(const char *kind, json_t *spec)
 static int mkdir_one(const char *p)
 {
     return mkdir(p, 0755) < 0 && errno != EEXIST ? -1 : 0;
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Record the end of a run that stopped early: cancelled, or back to the queue when a
@@ -150,9 +144,9 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         }
         job_observe_stage(&ctx, "stage.started");
         char serr[1024] = "";
-        double t0 = mono_s();
+        double t0 = eng_wall_s();
         int r = fn(&ctx, serr, sizeof serr);
-        double wall = mono_s() - t0;
+        double wall = eng_wall_s() - t0;
         if (r == 0) {
             if (store_job_stage_done(st, id, (int)i, name, wall) < 0) {
                 snprintf(err, errlen, "recording stage %s failed", name);

@@ -24,12 +24,4 @@ json_t *job_pipeline_for(const char *kind, json_t *spec);
  * was recorded (whatever it is), -1 with err when the store itself failed. */
 int job_run(store *st, artstore *as, const char *data_dir, const char *id, char *err, size_t errlen);
 
-/* Async-signal-safe: ask the running job to cancel (SIGUSR1) or stop for a shutdown
- * (SIGTERM); stages notice at their next job_cancelled() check. */
-void job_signal_cancel(void);
-void job_signal_stop(void);
-
-/* Artifact names: 1..200 chars of [A-Za-z0-9._-], not starting with '.'. 1 if valid. */
-int job_artifact_name_ok(const char *name);
-
 #endif

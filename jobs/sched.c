@@ -3,6 +3,7 @@
  * slots. Workers are forked with only async-signal-safe calls before exec.
  */
 #include "jobs/sched.h"
+#include "engine/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -39,13 +40,6 @@ struct sched {
     int n_kids;
     pid_t server_pid;
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 const char *sched_signal_name(int sig, char *buf, size_t len)
 {
@@ -153,7 +147,7 @@ static void reap(sched *s)
             pthread_mutex_lock(&s->mu);
             continue;
         }
-        if (s->kids[i].cancel_at > 0 && mono_s() - s->kids[i].cancel_at > s->cancel_kill_ms / 1000.0) {
+        if (s->kids[i].cancel_at > 0 && eng_wall_s() - s->kids[i].cancel_at > s->cancel_kill_ms / 1000.0) {
             kill(-s->kids[i].pid, SIGKILL);
             kill(s->kids[i].pid, SIGKILL);
         }
@@ -189,7 +183,7 @@ static void claim(sched *s)
                 /* A cancel that raced with the claim still reaches the worker. */
                 if (store_job_cancel_requested(s->st, j.id) == 1) {
                     kill(pid, SIGUSR1);
-                    k->cancel_at = mono_s();
+                    k->cancel_at = eng_wall_s();
                 }
             }
             store_job_clear(&j);
@@ -270,7 +264,7 @@ int sched_cancel(sched *s, const char *id)
         if (!strcmp(s->kids[i].job_id, id)) {
             kill(s->kids[i].pid, SIGUSR1);
             if (s->kids[i].cancel_at == 0)
-                s->kids[i].cancel_at = mono_s();
+                s->kids[i].cancel_at = eng_wall_s();
             hit = 1;
         }
     pthread_mutex_unlock(&s->mu);
@@ -294,8 +288,8 @@ void sched_stop(sched *s, int grace_ms)
     for (int i = 0; i < s->n_kids; i++)
         kill(s->kids[i].pid, SIGTERM);
     pthread_mutex_unlock(&s->mu);
-    double t0 = mono_s();
-    while (sched_running(s) > 0 && (mono_s() - t0) * 1000 < grace_ms) {
+    double t0 = eng_wall_s();
+    while (sched_running(s) > 0 && (eng_wall_s() - t0) * 1000 < grace_ms) {
         sched_notify(s);
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -306,7 +300,7 @@ void sched_stop(sched *s, int grace_ms)
         kill(s->kids[i].pid, SIGKILL);
     }
     pthread_mutex_unlock(&s->mu);
-    while (sched_running(s) > 0 && (mono_s() - t0) * 1000 < grace_ms + 5000) {
+    while (sched_running(s) > 0 && (eng_wall_s() - t0) * 1000 < grace_ms + 5000) {
         sched_notify(s);
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);

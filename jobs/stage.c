@@ -15,6 +15,7 @@
 
 #include "jobs/job_ctx.h"
 #include "jobs/pipeline.h"
+#include "engine/clock.h"
 
 #define MAX_STAGES 64
 
@@ -150,19 +151,12 @@ int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps)
     return rc;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int job_cancelled(job_ctx *ctx)
 {
     if (sig_cancel || sig_stop)
         return 1;
     /* The signal is the fast path; the store is the truth (also without a server). */
-    double now = mono_s();
+    double now = eng_wall_s();
     if (now - ctx->last_cancel_check >= 0.25) {
         ctx->last_cancel_check = now;
         if (store_job_cancel_requested(ctx->st, ctx->id) == 1)

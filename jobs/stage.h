@@ -77,4 +77,12 @@ void stages_register_test(void);
 /* 1 when AC_TEST_STAGES=1 is set in this process's environment (test stages allowed). */
 int stages_test_enabled(void);
 
+/* Async-signal-safe: ask the running job to cancel (SIGUSR1) or stop for a shutdown
+ * (SIGTERM); stages notice at their next job_cancelled() check. */
+void job_signal_cancel(void);
+void job_signal_stop(void);
+
+/* Artifact names: 1..200 chars of [A-Za-z0-9._-], not starting with '.'. 1 if valid. */
+int job_artifact_name_ok(const char *name);
+
 #endif

@@ -15,11 +15,8 @@
 #include "compress/costmodel.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 
-void stage_calibrate_register(void);
-int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen);
-int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
-int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
 
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen)
 {
@@ -51,7 +48,7 @@ static int progress_hook(void *ud, const char *what, int step, int total)
     return job_cancelled(ctx);
 }
 
-int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
+static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
 {
     arch a;
     cm_target t;

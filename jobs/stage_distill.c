@@ -12,8 +12,8 @@
 #include "compress/prune.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 
-void stage_distill_register(void);
 
 #define DISTILL_DEFAULT_TOKENS 1000000
 

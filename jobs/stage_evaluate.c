@@ -21,13 +21,12 @@
 #include "compress/prune.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 #include "storage/fileio.h"
 #include "storage/strbuf.h"
 
 #define EVAL_MAX_TASK_BYTES ((size_t)64 << 20)
 
-int stage_evaluate(job_ctx *ctx, char *err, size_t errlen);
-void stage_evaluate_register(void);
 
 typedef struct {
     job_ctx *ctx;
@@ -208,7 +207,7 @@ static int64_t planned_items(json_t *tasks, int limit)
     return per * (int64_t)(json_array_size(tasks) ? json_array_size(tasks) : 1);
 }
 
-int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
+static int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
 {
     json_t *ev = json_object_get(job_ctx_spec(ctx), "evaluation");
     json_t *tasks = json_object_get(ev, "tasks");

@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 #include "storage/artstore.h"
 #include "storage/ckpt.h"
 #include "storage/export.h"

@@ -14,13 +14,10 @@
 #include "engine/devices.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 #include "storage/archjson.h"
 
-void stage_measure_register(void);
-int stage_measure_run(job_ctx *ctx, char *err, size_t errlen);
 /* from jobs/stage_calibrate.c */
-int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
-int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
 
 /* Predicted and measured objects of one arch; NULL with err on failure. */
 static json_t *measure_one(eng_backend *be, const cm_tables *tb, const arch *a, const cm_target *t, char *err,
@@ -40,7 +37,7 @@ static json_t *measure_one(eng_backend *be, const cm_tables *tb, const arch *a, 
     return out;
 }
 
-int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
+static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
 {
     arch parent, result;
     cm_target t;

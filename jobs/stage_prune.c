@@ -9,9 +9,9 @@
 #include "compress/prune.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 #include "storage/archjson.h"
 
-void stage_prune_register(void);
 
 static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
 {

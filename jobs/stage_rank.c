@@ -14,8 +14,8 @@
 #include "compress/rank.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
+#include "jobs/stages.h"
 
-void stage_rank_register(void);
 
 
 static int on_progress(void *c, int64_t done, int64_t total)

@@ -10,7 +10,7 @@
 #include "compress/method.h"
 #include "compress/rank.h"
 #include "jobs/pstate.h"
-#include "jobs/stages_search.h"
+#include "jobs/stages.h"
 #include "storage/archjson.h"
 
 static int stage_load(job_ctx *ctx, char *err, size_t errlen)

@@ -3,15 +3,8 @@
  * registration makes a job fail with "stage <name> is not available in this build".
  */
 #include "jobs/stage.h"
-#include "jobs/stages_search.h"
+#include "jobs/stages.h"
 
-void stage_calibrate_register(void);
-void stage_rank_register(void);
-void stage_prune_register(void);
-void stage_distill_register(void);
-void stage_evaluate_register(void);
-void stage_measure_register(void);
-void stage_export_register(void);
 
 void stages_register_builtin(void)
 {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "server/log.h"
+#include "engine/clock.h"
 
 typedef struct http_req {
     double t0;
@@ -56,13 +57,6 @@ struct http_server {
 };
 
 static http_server *g_server; /* for the suspended-count callback of /metrics */
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int parked_count(void)
 {
@@ -114,7 +108,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     http_req *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
-    r->t0 = mono_s();
+    r->t0 = eng_wall_s();
     r->uri = strdup(uri ? uri : "");
     r->conn = conn;
     r->route = -1;
@@ -395,7 +389,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     http_req *r = *req_cls;
     if (!r)
         return;
-    double dur = mono_s() - r->t0;
+    double dur = eng_wall_s() - r->t0;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     char addr[64] = "";
     if (ci && ci->client_addr)
@@ -457,7 +451,7 @@ static void *waker(void *arg)
         int64_t v = store_data_version(h->api->st);
         int changed = v != last;
         last = v;
-        double now = mono_s();
+        double now = eng_wall_s();
         pthread_mutex_lock(&h->mu);
         if (changed)
             h->gen++;

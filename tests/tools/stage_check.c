@@ -11,7 +11,7 @@
 #include <jansson.h>
 
 #include "jobs/stage.h"
-#include "jobs/stages_search.h"
+#include "jobs/stages.h"
 #include "server/cli.h"
 
 void stage_rank_register(void);
