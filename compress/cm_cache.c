@@ -1,0 +1,192 @@
+/* compress/cm_cache.c — calibrations on disk: their ids (target, shape, options), the
+ * cache under DATA/calibrations/ (written atomically), the lookup of one that covers an
+ * arch, and the estimate built from it. What HTTP status an outcome gets is the API's.
+ */
+#include "compress/costmodel.h"
+
+#include <errno.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/sha.h>
+
+#include "compress/costmodel_internal.h"
+#include "storage/archjson.h"
+#include "storage/fileio.h"
+
+/* ---------- ids and the cache ---------- */
+
+void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
+{
+    int maxh = 0, maxkv = 0, maxf = 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        maxh = l->n_heads > maxh ? l->n_heads : maxh;
+        maxkv = l->n_kv_heads > maxkv ? l->n_kv_heads : maxkv;
+        maxf = l->ffn_dim > maxf ? l->ffn_dim : maxf;
+    }
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "v1|%s|%s|%s|V%d|C%d|D%d|tie%d|bias%d|H%d|KV%d|F%d|B%d|S%d|N%d", t->device,
+                     t->precision, a->family, a->vocab_size, a->hidden_size, a->head_dim, a->tie_word_embeddings,
+                     a->attention_bias, maxh, maxkv, maxf, t->batch_size, t->prompt_tokens, t->output_tokens);
+    unsigned char md[SHA256_DIGEST_LENGTH];
+    SHA256((const unsigned char *)buf, (size_t)(n < 0 ? 0 : n), md);
+    int o = snprintf(id, 40, "cal_");
+    for (int i = 0; i < 8; i++)
+        o += snprintf(id + o, (size_t)(40 - o), "%02x", md[i]);
+}
+
+int cm_calibration_path(const char *data_dir, const char *id, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s/calibrations/%s.json", data_dir, id);
+    return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+json_t *cm_calibration_load(const char *data_dir, const char *id, char *err, size_t errlen)
+{
+    char path[4096];
+    json_error_t je;
+    if (strncmp(id, "cal_", 4) || strchr(id, '/') || strchr(id, '.')) {
+        snprintf(err, errlen, "%s: not a calibration id", id);
+        return NULL;
+    }
+    if (cm_calibration_path(data_dir, id, path, sizeof path)) {
+        snprintf(err, errlen, "data directory path too long");
+        return NULL;
+    }
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j)
+        snprintf(err, errlen, "%s: %s", path, je.text);
+    return j;
+}
+
+int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t errlen)
+{
+    char dir[4096], path[4096];
+    json_t *idj = json_object_get(cal, "id");
+    if (!json_is_string(idj))
+        FAIL("calibration has no id");
+    int n = snprintf(dir, sizeof dir, "%s/calibrations", data_dir);
+    if (n < 0 || (size_t)n >= sizeof dir || cm_calibration_path(data_dir, json_string_value(idj), path, sizeof path))
+        FAIL("data directory path too long");
+    if (fio_mkdirs(dir))
+        FAIL("%s: %s", dir, strerror(errno));
+    if (fio_write_json(path, cal, JSON_INDENT(1) | JSON_SORT_KEYS, err, errlen))
+        return -1;
+    return 0;
+}
+
+/* Parse target and tables of a calibration object. 0 or -1. */
+int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    cm_target tg;
+    if (!json_is_object(cal))
+        FAIL("calibration: must be an object");
+    if (cm_target_from_json(json_object_get(cal, "target"), "/target", &tg, err, errlen))
+        return -1;
+    t->target = tg;
+    if (cm_tables_from_json(json_object_get(cal, "tables"), "/tables", t, err, errlen))
+        return -1;
+    json_t *idj = json_object_get(cal, "id");
+    if (json_is_string(idj))
+        snprintf(t->id, sizeof t->id, "%s", json_string_value(idj));
+    return 0;
+}
+
+static int same_target(const cm_target *a, const cm_target *b)
+{
+    return !strcmp(a->device, b->device) && !strcmp(a->precision, b->precision) &&
+           a->batch_size == b->batch_size && a->prompt_tokens == b->prompt_tokens &&
+           a->output_tokens == b->output_tokens;
+}
+
+json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch *a)
+{
+    char dir[4096], e[256];
+    int n = snprintf(dir, sizeof dir, "%s/calibrations", data_dir);
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return NULL;
+    /* The parent's own id first (the common case), then any covering calibration. */
+    char id[40];
+    cm_calibration_id(t, a, id);
+    json_t *cal = cm_calibration_load(data_dir, id, e, sizeof e);
+    if (cal) {
+        json_t *st = json_object_get(cal, "status");
+        if (json_is_string(st) && !strcmp(json_string_value(st), "succeeded"))
+            return cal;
+        json_decref(cal);
+    }
+    DIR *d = opendir(dir);
+    if (!d)
+        return NULL;
+    struct dirent *de;
+    json_t *found = NULL;
+    while (!found && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (strncmp(de->d_name, "cal_", 4) || len < 6 || strcmp(de->d_name + len - 5, ".json") || len - 5 >= 40)
+            continue;
+        char cid[40];
+        snprintf(cid, sizeof cid, "%.*s", (int)(len - 5), de->d_name);
+        cal = cm_calibration_load(data_dir, cid, e, sizeof e);
+        if (!cal)
+            continue;
+        json_t *st = json_object_get(cal, "status");
+        cm_tables tb;
+        cm_prediction p;
+        if (json_is_string(st) && !strcmp(json_string_value(st), "succeeded") &&
+            !cm_calibration_tables(cal, &tb, e, sizeof e)) {
+            if (same_target(&tb.target, t) && !cm_predict(&tb, a, &p, e, sizeof e))
+                found = cal;
+            cm_tables_free(&tb);
+        }
+        if (!found)
+            json_decref(cal);
+    }
+    closedir(d);
+    return found;
+}
+
+/* ---------- POST /v1/estimates ---------- */
+
+cm_est_status cm_estimate(const arch *a, const cm_target *tg, const char *data_dir, json_t **out, char *err,
+                          size_t errlen)
+{
+    *out = NULL;
+    json_t *cal = cm_calibration_find(data_dir, tg, a);
+    if (!cal) {
+        char id[40];
+        cm_calibration_id(tg, a, id);
+        snprintf(err, errlen,
+                 "no calibration covers this arch on target %s/%s (batch %d, prompt %d, output %d): run calibration "
+                 "%s first (POST /v1/calibrations with this arch and target, or `autocompress calibrate`)",
+                 tg->device, tg->precision, tg->batch_size, tg->prompt_tokens, tg->output_tokens, id);
+        return CM_EST_UNCALIBRATED;
+    }
+    cm_tables tb;
+    cm_prediction p;
+    memset(&tb, 0, sizeof tb);
+    cm_est_status rc = CM_EST_UNCOVERED;
+    if (!cm_calibration_tables(cal, &tb, err, errlen) && !cm_predict(&tb, a, &p, err, errlen)) {
+        json_t *pj = cm_prediction_to_json(&p), *arj = arch_to_json(a);
+        *out = pj && arj ? json_pack("{s:s,s:O,s:I,s:O,s:I}", "calibration_id", tb.id, "arch", arj, "params",
+                                     (json_int_t)p.params, "predicted", pj, "naive_weights_plus_kv_bytes",
+                                     (json_int_t)p.naive_bytes)
+                         : NULL;
+        json_decref(pj);
+        json_decref(arj);
+        rc = *out ? CM_EST_OK : CM_EST_FAILED;
+        if (!*out)
+            snprintf(err, errlen, "out of memory");
+    }
+    cm_tables_free(&tb);
+    json_decref(cal);
+    return rc;
+}
+
