@@ -1,0 +1,164 @@
+/* compress/cal_grid.c — what a calibration measures: the part sizes the search can choose
+ * (attention by KV group, FFN widths), the options' defaults, the hidden sizes a
+ * hidden-size search needs, and random heterogeneous archs for held-out validation.
+ * Nothing here runs the engine.
+ */
+#include "compress/calibrate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/devices.h"
+
+static uint64_t xs64(uint64_t *s)
+{
+    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+/* ---------- grids ---------- */
+
+static void parent_dims(const arch *p, int *H, int *KV, int *F)
+{
+    *H = *KV = *F = 0;
+    for (int i = 0; i < p->n_layers; i++) {
+        const arch_layer *l = &p->layers[i];
+        if (l->n_heads > *H) {
+            *H = l->n_heads;
+            *KV = l->n_kv_heads;
+        }
+        *F = l->ffn_dim > *F ? l->ffn_dim : *F;
+    }
+}
+
+int cal_grid_attention(const arch *parent, int *heads, int *kv, int max)
+{
+    int H, KV, F, n = 0;
+    parent_dims(parent, &H, &KV, &F);
+    if (!H)
+        return 0;
+    int group = H / KV;
+    for (int g = 1; g <= KV && n < max; g++) {
+        heads[n] = g * group;
+        kv[n++] = g;
+    }
+    for (int k = 1; k <= group && n < max; k++) {
+        int dup = 0;
+        for (int i = 0; i < n; i++)
+            dup |= heads[i] == k * KV && kv[i] == KV;
+        if (!dup) {
+            heads[n] = k * KV;
+            kv[n++] = KV;
+        }
+    }
+    return n;
+}
+
+int cal_grid_mlp(const arch *parent, int *ffn, int max)
+{
+    int H, KV, F, n = 0;
+    parent_dims(parent, &H, &KV, &F);
+    if (!F)
+        return 0;
+    int low = (F / 32) / 8 * 8;
+    if (low < 8)
+        low = F < 8 ? F : 8;
+    if (n < max)
+        ffn[n++] = low;
+    for (int k = 1; k <= 8 && n < max; k++) {
+        int f = k == 8 ? F : (F * k / 8) / 8 * 8;
+        if (f > ffn[n - 1])
+            ffn[n++] = f;
+    }
+    return n;
+}
+
+eng_backend *cal_backend_new(const char *device, int threads, char *err, size_t errlen)
+{
+    if (threads > 0 && !strcmp(device, "cpu")) {
+        eng_backend *be = eng_backend_cpu_new(threads);
+        if (!be)
+            snprintf(err, errlen, "out of memory creating the CPU backend");
+        return be;
+    }
+    return eng_backend_new(device, err, errlen);
+}
+
+void cal_opts_default(cal_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->reps = 3;
+    o->warmup = 1;
+    o->n_models = 2;
+    o->validate = 10;
+    o->validate_reps = 3;
+    o->fit = 6;
+    o->seed = 1;
+}
+
+void cal_opts_search_hidden(cal_opts *o, const arch *parent)
+{
+    int c[4], n = cm_hidden_candidates(parent->hidden_size, c);
+    o->n_hidden = 0;
+    for (int i = 0; i < n; i++)
+        o->hidden[o->n_hidden++] = c[i];
+}
+
+int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
+{
+    int H, KV, F;
+    parent_dims(parent, &H, &KV, &F);
+    int group = H && KV ? H / KV : 1;
+    arch_layer *tmp = calloc((size_t)(parent->n_layers > 0 ? parent->n_layers : 1), sizeof *tmp);
+    if (!tmp)
+        return -1;
+    int n = 0;
+    for (int i = 0; i < parent->n_layers; i++) {
+        if (xs64(rng) % 10 == 0 && parent->n_layers > 1)
+            continue;   /* removed layer */
+        arch_layer *l = &tmp[n];
+        memset(l, 0, sizeof *l);
+        l->source_layer = i;
+        if (H && xs64(rng) % 7 != 0) {
+            if (xs64(rng) % 5 == 0) {
+                int k = 1 + (int)(xs64(rng) % (uint64_t)group);
+                l->n_heads = k * KV;
+                l->n_kv_heads = KV;
+            } else {
+                int g = 1 + (int)(xs64(rng) % (uint64_t)KV);
+                l->n_heads = g * group;
+                l->n_kv_heads = g;
+            }
+        }
+        if (F && (xs64(rng) % 7 != 0 || l->n_heads == 0)) {
+            int lo = F / 16 / 8, hi = F / 8;
+            if (lo < 1)
+                lo = 1;
+            if (hi < lo)
+                hi = lo;
+            l->ffn_dim = 8 * (lo + (int)(xs64(rng) % (uint64_t)(hi - lo + 1)));
+            if (l->ffn_dim > F)
+                l->ffn_dim = F;
+        }
+        if (!l->n_heads && !l->ffn_dim)
+            continue;
+        n++;
+    }
+    if (n == 0) {
+        tmp[0] = parent->layers[0];
+        tmp[0].source_layer = 0;
+        n = 1;
+    }
+    arch a = *parent;
+    a.n_layers = n;
+    a.layers = tmp;
+    int rc = arch_copy(out, &a);
+    free(tmp);
+    return rc;
+}
+

@@ -1,0 +1,261 @@
+/* compress/cal_validate.c — a calibration's held-out side: random archs measured as
+ * complete models (each on a backend of its own, interleaved with the calibration
+ * requests), the fit archs' phase correction, and the validation rows and error summary
+ * (DESIGN.md §10). Shares the calibration state of calibrate.c (calibrate_internal.h).
+ */
+#include "compress/calibrate_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/clock.h"
+#include "storage/archjson.h"
+
+/* Correct the phase scales with the fit archs: random heterogeneous archs drawn like the
+ * held-out ones and measured exactly like them. The calibration models repeat grid
+ * layouts, and on CPU at batch 8 random off-grid archs ran a few percent slower than
+ * their parts' sum scaled on the grid layouts (bench/results/costmodel_cpu.md). One
+ * factor per phase, the median over every fit arch (all hidden sizes pooled, so a
+ * few requests hit by a load burst do not move it) of measured over predicted phase
+ * time, multiplies every hidden size's scale: the calibration models keep setting the
+ * per-hidden-size level from their many requests. 0 or -1 (OOM, predict failure). */
+int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double *corr_p, double *corr_d,
+                      char *err, size_t errlen)
+{
+    double *rp = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    double *rd = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    int rc = rp && rd ? 0 : -1, k = 0;
+    if (rc)
+        snprintf(err, errlen, "out of memory");
+    for (int i = 0; i < n && !rc; i++) {
+        cm_prediction p;
+        if (fr[i].reps <= 0)
+            continue;
+        if (cm_predict(tb, &fa[i], &p, err, errlen))
+            rc = -1;
+        else if (p.prefill_ms > 0 && p.decode_ms > 0) {
+            rp[k] = fr[i].prefill_ms / p.prefill_ms;
+            rd[k++] = fr[i].decode_ms / p.decode_ms;
+        }
+    }
+    *corr_p = !rc && k ? ms_median(rp, k) : 1;
+    *corr_d = !rc && k ? ms_median(rd, k) : 1;
+    for (int f = 0; f < tb->n_fixed && !rc; f++) {
+        tb->fixed[f].prefill_scale *= *corr_p;
+        tb->fixed[f].decode_scale *= *corr_d;
+    }
+    free(rp);
+    free(rd);
+    return rc;
+}
+
+static double pct_err(double pred, double meas)
+{
+    return meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
+}
+
+/* A held-out arch under measurement: its own backend (its peak bytes are its own),
+ * model, cache and the timed requests so far. */
+typedef struct {
+    eng_backend *be;
+    eng_model m;
+    eng_kv_cache *kv;
+    int inited, n;
+    double *lat, *pre, *dec;
+} vmodel;
+
+static void vmodel_close(vmodel *vm)
+{
+    if (vm->kv)
+        eng_kv_free(vm->kv);
+    if (vm->inited)
+        eng_model_free(&vm->m);
+    eng_backend_free(vm->be);
+    free(vm->lat);
+    free(vm->pre);
+    free(vm->dec);
+    memset(vm, 0, sizeof *vm);
+}
+
+/* Build the held-out model and measure its memory with one request run alone: backend
+ * peak, and on CPU the RSS high water above the RSS before the build. 0 or -1. */
+static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res, char *err, size_t errlen)
+{
+    char e2[256];
+    int reps = cs->o->validate_reps > 0 ? cs->o->validate_reps : 3;
+    memset(vm, 0, sizeof *vm);
+    memset(res, 0, sizeof *res);
+    vm->be = cal_backend_new(cs->t->device, cs->o->threads, e2, sizeof e2);
+    if (!vm->be) {
+        snprintf(err, errlen, "%s", e2);
+        return -1;
+    }
+    vm->lat = calloc((size_t)reps, sizeof(double));
+    vm->pre = calloc((size_t)reps, sizeof(double));
+    vm->dec = calloc((size_t)reps, sizeof(double));
+    if (!vm->lat || !vm->pre || !vm->dec) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int is_cpu = !strcmp(vm->be->name, "cpu");
+    double t0 = eng_wall_s();
+    int64_t rss0 = is_cpu ? ms_rss_bytes() : -1;
+    if (eng_model_init(&vm->m, va, vm->be, err, errlen))
+        return -1;
+    vm->inited = 1;
+    res->weights_bytes = (int64_t)vm->be->cur_bytes;
+    eng_model_randomize(&vm->m, cs->o->seed * 7919 + (uint64_t)cs->requests, 0.02f);
+    vm->kv = eng_kv_new(&vm->m, cs->t->batch_size, cs->t->prompt_tokens + cs->t->output_tokens);
+    if (!vm->kv) {
+        snprintf(err, errlen, "out of memory for the KV cache");
+        return -1;
+    }
+    res->request_cache_bytes = (int64_t)vm->be->cur_bytes - res->weights_bytes;
+    double p, d;
+    eng_backend_reset_peak(vm->be);
+    int have_rss = is_cpu && rss0 >= 0 && ms_rss_reset_peak() == 0;
+    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
+        return -1;
+    res->backend_peak_bytes = (int64_t)vm->be->peak_bytes;
+    int64_t hwm = have_rss ? ms_rss_peak_bytes() : -1;
+    res->rss_delta_bytes = hwm >= 0 ? hwm - rss0 : -1;
+    res->peak_bytes = res->rss_delta_bytes > res->backend_peak_bytes ? res->rss_delta_bytes : res->backend_peak_bytes;
+    res->params = arch_params(va);
+    cs->heldout_s += eng_wall_s() - t0;
+    return cali_tick(cs, "held-out build + memory", err, errlen);
+}
+
+/* One timed request of the held-out model, right after one calibration request. */
+static int vmodel_request(cal_state *cs, vmodel *vm, cal_model *cm, char *err, size_t errlen)
+{
+    double p, d;
+    if (cali_request(cs, cm, 1, err, errlen) || cali_tick(cs, "calibration request", err, errlen))
+        return -1;
+    double t0 = eng_wall_s();
+    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen) ||
+        cali_tick(cs, "held-out request", err, errlen))
+        return -1;
+    cs->heldout_s += eng_wall_s() - t0;
+    vm->lat[vm->n] = p + d;
+    vm->pre[vm->n] = p;
+    vm->dec[vm->n] = d;
+    vm->n++;
+    return 0;
+}
+
+static void vmodel_result(const cal_state *cs, vmodel *vm, ms_result *res)
+{
+    res->reps = vm->n;
+    res->latency_ms = ms_median(vm->lat, vm->n);
+    res->latency_mad_ms = ms_mad(vm->lat, vm->n, res->latency_ms);
+    res->prefill_ms = ms_median(vm->pre, vm->n);
+    res->decode_ms = ms_median(vm->dec, vm->n);
+    res->throughput_tps = res->decode_ms > 0 ? 1000.0 * cs->t->batch_size * cs->t->output_tokens / res->decode_ms : 0;
+}
+
+/* Measure every held-out arch: all are built first (memory measured one at a time),
+ * then the timed requests go round-robin over the archs, each after a calibration
+ * request, so every arch's samples and the tables' samples spread over the same period
+ * (load drift on a shared machine hits both alike). 0 or -1. */
+int validate_all(cal_state *cs, arch *varch, int n, cal_model *cms, int n_models_per_hidden, int n_hid,
+                        ms_result *vres, char *err, size_t errlen)
+{
+    vmodel *vms = calloc((size_t)n, sizeof *vms);
+    int reps = cs->o->validate_reps > 0 ? cs->o->validate_reps : 3, rc = -1, next = 0;
+    if (!vms) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int v = 0; v < n; v++)
+        if (vmodel_open(cs, &varch[v], &vms[v], &vres[v], err, errlen))
+            goto out;
+    for (int r = 0; r < reps; r++)
+        for (int v = 0; v < n; v++) {
+            int h = v % n_hid;
+            cal_model *cm = &cms[h * n_models_per_hidden + (next++ % n_models_per_hidden)];
+            if (vmodel_request(cs, &vms[v], cm, err, errlen))
+                goto out;
+        }
+    for (int v = 0; v < n; v++)
+        vmodel_result(cs, &vms[v], &vres[v]);
+    rc = 0;
+out:
+    for (int v = 0; v < n; v++)
+        vmodel_close(&vms[v]);
+    free(vms);
+    return rc;
+}
+
+
+/* One held-out arch's validation row: predicted against measured, per phase and item. */
+static json_t *validation_row(const cm_prediction *p, const arch *va, const ms_result *m, double le, double me,
+                              double ne)
+{
+    char summary[1024];
+    arch_summary(va, summary, sizeof summary);
+    json_t *row = json_pack(
+        "{s:o,s:s,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:o,s:f,s:f,s:f}", "arch", arch_to_json(va),
+        "summary", summary, "params", (json_int_t)p->params, "predicted_latency_ms", p->latency_ms,
+        "measured_latency_ms", m->latency_ms, "measured_latency_mad_ms", m->latency_mad_ms,
+        "predicted_throughput_tokens_per_s", p->throughput_tps, "measured_throughput_tokens_per_s", m->throughput_tps,
+        "latency_error_pct", le, "predicted_memory_bytes", (json_int_t)p->total, "measured_peak_memory_bytes",
+        (json_int_t)m->peak_bytes, "measured_backend_peak_bytes", (json_int_t)m->backend_peak_bytes,
+        "measured_rss_delta_bytes", (json_int_t)m->rss_delta_bytes, "naive_weights_plus_kv_bytes",
+        (json_int_t)p->naive_bytes, "predicted_memory_items", cm_prediction_to_json(p), "memory_error_pct", me,
+        "naive_memory_error_pct", ne, "predicted_backend_bytes_error_pct",
+        pct_err((double)(p->weights + p->request_cache + p->prefill_workspace), (double)m->backend_peak_bytes));
+    /* the phases apart, so a bias can be traced to prefill or decode */
+    if (row && (json_object_set_new(row, "measured_prefill_ms", json_real(m->prefill_ms)) ||
+                json_object_set_new(row, "measured_decode_ms", json_real(m->decode_ms)) ||
+                json_object_set_new(row, "predicted_prefill_ms", json_real(p->prefill_ms)) ||
+                json_object_set_new(row, "predicted_decode_ms", json_real(p->decode_ms)))) {
+        json_decref(row);
+        row = NULL;
+    }
+    return row;
+}
+
+json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_result *vres, int n_validate,
+                            const cm_target *t, char *err, size_t errlen)
+{
+    json_t *rows = json_array();
+    double lat_sum = 0, lat_max = 0, mem_sum = 0, mem_max = 0, naive_sum = 0, naive_max = 0;
+    for (int v = 0; v < n_validate && rows; v++) {
+        cm_prediction p;
+        if (cm_predict(tb, &varch[v], &p, err, errlen)) {
+            json_decref(rows);
+            return NULL;
+        }
+        const ms_result *m = &vres[v];
+        double le = pct_err(p.latency_ms, m->latency_ms), me = pct_err((double)p.total, (double)m->peak_bytes),
+               ne = pct_err((double)p.naive_bytes, (double)m->peak_bytes);
+        lat_sum += le;
+        mem_sum += me;
+        naive_sum += ne;
+        lat_max = le > lat_max ? le : lat_max;
+        mem_max = me > mem_max ? me : mem_max;
+        naive_max = ne > naive_max ? ne : naive_max;
+        json_t *row = validation_row(&p, &varch[v], m, le, me, ne);
+        if (!row || json_array_append_new(rows, row)) {
+            json_decref(rows);
+            rows = NULL;
+        }
+    }
+    if (!rows) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    int nv = n_validate > 0 ? n_validate : 1;
+    json_t *v = json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:o}", "archs", n_validate, "latency_mape_pct",
+                          lat_sum / nv, "latency_max_pct", lat_max, "memory_mape_pct", mem_sum / nv, "memory_max_pct",
+                          mem_max, "naive_memory_mape_pct", naive_sum / nv, "naive_memory_max_pct", naive_max,
+                          "measured_memory",
+                          strcmp(t->device, "cpu") ? "backend peak bytes (device allocations the engine accounts)"
+                                                      : "max(backend peak bytes, process RSS high-water delta)",
+                          "rows", rows);   /* rows stolen */
+    if (!v)
+        snprintf(err, errlen, "out of memory");
+    return v;
+}

@@ -1,0 +1,95 @@
+/* compress/calibrate_internal.h — the calibration state shared by calibrate.c (tables
+ * from calibration models) and cal_validate.c (held-out and fit archs). Not for code
+ * outside those two files.
+ */
+#ifndef AC_COMPRESS_CALIBRATE_INTERNAL_H
+#define AC_COMPRESS_CALIBRATE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/calibrate.h"
+#include "compress/measure.h"
+#include "engine/model.h"
+
+#define MAX_ENTRIES 256
+#define MAX_BINS 4
+
+/* ---------- growable sample vectors ---------- */
+
+typedef struct {
+    double *v;
+    int n, cap;
+} dvec;
+
+/* ---------- calibration state ---------- */
+
+typedef struct {
+    cm_entry key;                 /* part, hidden, size */
+    dvec pre;                     /* prefill ns */
+    dvec dec[MAX_BINS];           /* decode ns per context bin */
+    int64_t ws;                   /* workspace bytes from the probe */
+} acc_entry;
+
+typedef struct {
+    int hidden;
+    dvec pre_embed, pre_head, pre_other, dec_embed, dec_head, dec_other;
+    int64_t ws;
+} acc_fixed;
+
+typedef struct {
+    arch a;
+    eng_model m;
+    eng_kv_cache *kv;
+    int *attn_entry, *mlp_entry;  /* [L] index into entries */
+    int fixed;                    /* index into fixed */
+    int index;                    /* in the calibration model array */
+    int inited;
+    int requests;
+} cal_model;
+
+typedef struct {
+    const cm_target *t;
+    const cal_opts *o;
+    eng_backend *be;
+    acc_entry e[MAX_ENTRIES];
+    int n_e;
+    acc_fixed f[17];
+    int n_f;
+    int n_bins;
+    /* memory fits: (params, bytes) and (kv elems, bytes) pairs */
+    dvec w_x, w_y, kv_x, kv_y, runtime;
+    dvec req_model, req_pre, req_dec;   /* timed calibration requests: model, phase walls (ms) */
+    ms_trace tr;
+    int ws_combine;               /* CM_WS_* found by the probes */
+    uint64_t rng;
+    int step, total;
+    int64_t requests;
+    double heldout_s;             /* wall time spent building and serving held-out archs */
+} cal_state;
+
+/* Append x (0, or -1 on OOM); median of the samples (and their MAD when mad != NULL). */
+int cali_dvec_push(dvec *d, double x);
+double cali_dvec_median(dvec *d, double *mad);
+/* The lower median of the samples (0 when there are none). */
+double cali_lower_median(dvec *d);
+/* One unit of progress; non-zero (err "cancelled") when the progress hook asks to stop. */
+int cali_tick(cal_state *cs, const char *what, char *err, size_t errlen);
+/* One request on calibration model cm; record: its timings feed the tables. 0, or -1. */
+int cali_request(cal_state *cs, cal_model *cm, int record, char *err, size_t errlen);
+
+/* Measure the n random archs varch (held out, then fit) as complete models, their
+ * requests interleaved with the calibration models' timed ones, into vres. 0, or -1. */
+int validate_all(cal_state *cs, arch *varch, int n, cal_model *cms, int n_models_per_hidden, int n_hid,
+                 ms_result *vres, char *err, size_t errlen);
+/* Correct the tables' phase scales by the median measured/predicted ratio of the n fit
+ * archs fa (measured as fr); the factors into corr_p and corr_d. 0, or -1. */
+int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double *corr_p, double *corr_d,
+               char *err, size_t errlen);
+/* The validation object of DESIGN.md §10 (NEW) for the first n_validate archs: each
+ * predicted by tb against its measurement. NULL with err on failure. */
+json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_result *vres, int n_validate,
+                            const cm_target *t, char *err, size_t errlen);
+
+#endif
