@@ -265,6 +265,189 @@ static void result_init(ev_result *r, const ev_task *t)
     r->n_fewshot = t->n_fewshot;
 }
 
+/* Per-item outcomes and running sums of one task run (ev_run_task). */
+typedef struct {
+    double *acc, *accn, *ll_item;
+    double sum_ll;
+    int64_t sum_words, sum_bytes, sum_pred_tokens;
+} run_acc;
+
+/* Queue the scoring requests of item it into rl: rolling windows over its text, or one
+ * request per choice. 0, or -1 with r->error. */
+static int item_requests(const ev_model *m, const ev_task *t, const ev_item *it, req_list *rl, run_acc *ra,
+                         ev_result *r)
+{
+    int trunc = 0;
+    char e[256];
+    if (t->kind == EV_KIND_ROLLING) {
+        const char *doc = it->choices[0].cont;
+        int *toks = NULL, nt = 0;
+        if (m->tokenize(m->user, doc, strlen(doc), &toks, &nt, e, sizeof e)) {
+            snprintf(r->error, sizeof r->error, "%.400s:%d: tokenizer: %.300s", t->source, it->line, e);
+            return -1;
+        }
+        int *pre = malloc(sizeof *pre);
+        if (!pre || own(rl, toks) || own(rl, pre)) {
+            free(toks);
+            free(pre);
+            snprintf(r->error, sizeof r->error, "out of memory");
+            return -1;
+        }
+        pre[0] = m->prefix_token;
+        int *cs, *cl, *ps, *pl;
+        int nw = ev_rolling_windows(nt, m->max_len, &cs, &cl, &ps, &pl);
+        if (nw < 0) {
+            snprintf(r->error, sizeof r->error, "out of memory");
+            return -1;
+        }
+        int rc = 0;
+        for (int w = 0; w < nw && !rc; w++)
+            if (add_req(rl, cs[w] < 0 ? pre : toks + cs[w], cl[w], toks + ps[w], pl[w], m->max_len, &trunc)) {
+                snprintf(r->error, sizeof r->error, "out of memory");
+                rc = -1;
+            }
+        free(cs);
+        free(cl);
+        free(ps);
+        free(pl);
+        ra->sum_words += it->words;
+        ra->sum_bytes += it->bytes;
+        ra->sum_pred_tokens += nt;
+        r->truncated += trunc;
+        return rc;
+    }
+    for (int c = 0; c < it->n_choices; c++) {
+        const char *ctx = it->choices[c].ctx ? it->choices[c].ctx : it->ctx;
+        int *ci, *wi, nci, nwi;
+        if (ev_encode_pair(m, ctx ? ctx : "", it->choices[c].cont, &ci, &nci, &wi, &nwi, e, sizeof e)) {
+            snprintf(r->error, sizeof r->error, "%.400s:%d: choice %d: %.300s", t->source, it->line, c, e);
+            return -1;
+        }
+        if (own(rl, ci) || own(rl, wi) || add_req(rl, ci, nci, wi, nwi, m->max_len, &trunc)) {
+            snprintf(r->error, sizeof r->error, "out of memory");
+            return -1;
+        }
+    }
+    r->truncated += trunc;
+    return 0;
+}
+
+/* Item i's outcome from its nq scored requests rq. */
+static void item_outcome(const ev_task *t, int i, const ev_request *rq, int nq, const ev_opts *o, run_acc *ra)
+{
+    const ev_item *it = &t->items[i];
+    if (o && o->sample) {
+        double sll[64];
+        int sg[64];
+        int ns = nq < 64 ? nq : 64;
+        for (int q = 0; q < ns; q++) {
+            sll[q] = rq[q].ll;
+            sg[q] = rq[q].greedy;
+        }
+        o->sample(o->sample_user, t, it, sll, sg, ns);
+    }
+    if (t->kind == EV_KIND_MC) {
+        double ll[64];
+        int norm[64];
+        int nc = it->n_choices < 64 ? it->n_choices : 64;
+        for (int c = 0; c < nc; c++) {
+            ll[c] = rq[c].ll;
+            norm[c] = it->choices[c].norm_len;
+        }
+        ra->acc[i] = ev_argmax_norm(ll, NULL, nc) == it->gold;
+        ra->accn[i] = ev_argmax_norm(ll, norm, nc) == it->gold;
+        return;
+    }
+    double s = 0.0;
+    int greedy = 1;
+    for (int q = 0; q < nq; q++) {
+        s += rq[q].ll;
+        greedy &= rq[q].greedy ? 1 : 0;
+    }
+    ra->ll_item[i] = s;
+    ra->acc[i] = greedy;
+    ra->sum_ll += s;
+}
+
+/* MMLU-style groups: accuracy per group and their macro average (with the standard
+ * error of a mean of independent estimates). 0, or -1 on OOM. */
+static int summarize_groups(const ev_task *t, const run_acc *ra, ev_result *r)
+{
+    int n = t->n_items;
+    r->groups = calloc((size_t)t->n_groups, sizeof *r->groups);
+    double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+    if (!r->groups || !x) {
+        free(x);
+        snprintf(r->error, sizeof r->error, "out of memory");
+        return -1;
+    }
+    r->n_groups = t->n_groups;
+    double macro = 0.0, var = 0.0;
+    int k = 0;
+    for (int g = 0; g < t->n_groups; g++) {
+        ev_group_result *gr = &r->groups[g];
+        snprintf(gr->name, sizeof gr->name, "%s", t->groups[g]);
+        int m_ = 0;
+        for (int i = 0; i < n; i++)
+            if (t->items[i].group == g)
+                x[m_++] = ra->acc[i];
+        gr->n = m_;
+        double s = 0.0;
+        for (int i = 0; i < m_; i++)
+            s += x[i];
+        gr->acc = m_ ? s / m_ : 0.0;
+        gr->acc_stderr = ev_stderr(x, m_);
+        if (m_ > 0) {
+            macro += gr->acc;
+            var += gr->acc_stderr * gr->acc_stderr;
+            k++;
+        }
+    }
+    free(x);
+    r->acc = k ? macro / k : 0.0;
+    r->acc_stderr = k ? sqrt(var) / k : 0.0;
+    return 0;
+}
+
+/* The task's metrics from the items' outcomes. 0, or -1 with r->error. */
+static int summarize(const ev_task *t, const run_acc *ra, ev_result *r)
+{
+    int n = t->n_items;
+    if (t->kind == EV_KIND_MC || t->kind == EV_KIND_LOGLIK) {
+        r->has_acc = 1;
+        double s = 0.0;
+        for (int i = 0; i < n; i++)
+            s += ra->acc[i];
+        r->acc = n ? s / n : 0.0;
+        r->acc_stderr = ev_stderr(ra->acc, n);
+    }
+    if (t->kind == EV_KIND_MC && t->report_acc_norm) {
+        r->has_acc_norm = 1;
+        double s = 0.0;
+        for (int i = 0; i < n; i++)
+            s += ra->accn[i];
+        r->acc_norm = n ? s / n : 0.0;
+        r->acc_norm_stderr = ev_stderr(ra->accn, n);
+    }
+    if (t->kind == EV_KIND_LOGLIK) {
+        r->has_ppl = 1;
+        double mean = 0.0;
+        for (int i = 0; i < n; i++)
+            mean += ra->ll_item[i];
+        r->perplexity = n ? exp(-mean / n) : 0.0;
+    }
+    if (t->kind == EV_KIND_ROLLING) {
+        r->has_rolling = 1;
+        r->word_perplexity = ra->sum_words ? exp(-ra->sum_ll / (double)ra->sum_words) : 0.0;
+        r->byte_perplexity = ra->sum_bytes ? exp(-ra->sum_ll / (double)ra->sum_bytes) : 0.0;
+        r->bits_per_byte = ra->sum_bytes ? -ra->sum_ll / (double)ra->sum_bytes / log(2.0) : 0.0;
+        r->token_perplexity = ra->sum_pred_tokens ? exp(-ra->sum_ll / (double)ra->sum_pred_tokens) : 0.0;
+    }
+    if (t->n_groups > 0 && t->kind == EV_KIND_MC)
+        return summarize_groups(t, ra, r);
+    return 0;
+}
+
 int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result *r)
 {
     result_init(r, t);
@@ -275,81 +458,23 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
     }
     int chunk = o && o->chunk_items > 0 ? o->chunk_items : 64;
     int n = t->n_items;
-    /* per item outputs */
-    double *acc = calloc((size_t)(n ? n : 1), sizeof *acc);
-    double *accn = calloc((size_t)(n ? n : 1), sizeof *accn);
-    double *ll_item = calloc((size_t)(n ? n : 1), sizeof *ll_item);
+    run_acc ra = {calloc((size_t)(n ? n : 1), sizeof(double)), calloc((size_t)(n ? n : 1), sizeof(double)),
+                  calloc((size_t)(n ? n : 1), sizeof(double)), 0.0, 0, 0, 0};
     req_list rl = {0};
     int *item_first = malloc((size_t)(chunk + 1) * sizeof *item_first);   /* first request of each item */
-    double sum_ll = 0.0;
-    int64_t sum_words = 0, sum_bytes = 0, sum_pred_tokens = 0;
     int rc = 0;
     double t0 = eng_wall_s();
-    if (!acc || !accn || !ll_item || !item_first) {
+    if (!ra.acc || !ra.accn || !ra.ll_item || !item_first) {
         snprintf(r->error, sizeof r->error, "out of memory");
         rc = -1;
-        goto out;
     }
+    /* items in chunks: queue their requests, score them in one batch, take outcomes */
     for (int i0 = 0; i0 < n && !rc; i0 += chunk) {
         int i1 = i0 + chunk < n ? i0 + chunk : n;
         req_list_reset(&rl);
         for (int i = i0; i < i1 && !rc; i++) {
-            const ev_item *it = &t->items[i];
             item_first[i - i0] = rl.n;
-            int trunc = 0;
-            char e[256];
-            if (t->kind == EV_KIND_ROLLING) {
-                const char *doc = it->choices[0].cont;
-                int *toks = NULL, nt = 0;
-                if (m->tokenize(m->user, doc, strlen(doc), &toks, &nt, e, sizeof e)) {
-                    snprintf(r->error, sizeof r->error, "%.400s:%d: tokenizer: %.300s", t->source, it->line, e);
-                    rc = -1;
-                    break;
-                }
-                int *pre = malloc(sizeof *pre);
-                if (!pre || own(&rl, toks) || own(&rl, pre)) {
-                    free(toks);
-                    free(pre);
-                    snprintf(r->error, sizeof r->error, "out of memory");
-                    rc = -1;
-                    break;
-                }
-                pre[0] = m->prefix_token;
-                int *cs, *cl, *ps, *pl;
-                int nw = ev_rolling_windows(nt, m->max_len, &cs, &cl, &ps, &pl);
-                if (nw < 0) {
-                    snprintf(r->error, sizeof r->error, "out of memory");
-                    rc = -1;
-                    break;
-                }
-                for (int w = 0; w < nw && !rc; w++)
-                    if (add_req(&rl, cs[w] < 0 ? pre : toks + cs[w], cl[w], toks + ps[w], pl[w], m->max_len, &trunc)) {
-                        snprintf(r->error, sizeof r->error, "out of memory");
-                        rc = -1;
-                    }
-                free(cs);
-                free(cl);
-                free(ps);
-                free(pl);
-                sum_words += it->words;
-                sum_bytes += it->bytes;
-                sum_pred_tokens += nt;
-            } else {
-                for (int c = 0; c < it->n_choices && !rc; c++) {
-                    const char *ctx = it->choices[c].ctx ? it->choices[c].ctx : it->ctx;
-                    int *ci, *wi, nci, nwi;
-                    if (ev_encode_pair(m, ctx ? ctx : "", it->choices[c].cont, &ci, &nci, &wi, &nwi, e, sizeof e)) {
-                        snprintf(r->error, sizeof r->error, "%.400s:%d: choice %d: %.300s", t->source, it->line, c, e);
-                        rc = -1;
-                        break;
-                    }
-                    if (own(&rl, ci) || own(&rl, wi) || add_req(&rl, ci, nci, wi, nwi, m->max_len, &trunc)) {
-                        snprintf(r->error, sizeof r->error, "out of memory");
-                        rc = -1;
-                    }
-                }
-            }
-            r->truncated += trunc;
+            rc = item_requests(m, t, &t->items[i], &rl, &ra, r);
         }
         if (rc)
             break;
@@ -364,126 +489,25 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
             r->requests++;
             r->tokens += rl.reqs[q].n_ctx + rl.reqs[q].n_cont;
         }
-        for (int i = i0; i < i1; i++) {
-            const ev_item *it = &t->items[i];
-            ev_request *rq = rl.reqs + item_first[i - i0];
-            int nq = item_first[i - i0 + 1] - item_first[i - i0];
-            if (o && o->sample) {
-                double sll[64];
-                int sg[64];
-                int ns = nq < 64 ? nq : 64;
-                for (int q = 0; q < ns; q++) {
-                    sll[q] = rq[q].ll;
-                    sg[q] = rq[q].greedy;
-                }
-                o->sample(o->sample_user, t, it, sll, sg, ns);
-            }
-            if (t->kind == EV_KIND_MC) {
-                double ll[64];
-                int norm[64];
-                int nc = it->n_choices < 64 ? it->n_choices : 64;
-                for (int c = 0; c < nc; c++) {
-                    ll[c] = rq[c].ll;
-                    norm[c] = it->choices[c].norm_len;
-                }
-                acc[i] = ev_argmax_norm(ll, NULL, nc) == it->gold;
-                accn[i] = ev_argmax_norm(ll, norm, nc) == it->gold;
-            } else {
-                double s = 0.0;
-                int greedy = 1;
-                for (int q = 0; q < nq; q++) {
-                    s += rq[q].ll;
-                    greedy &= rq[q].greedy ? 1 : 0;
-                }
-                ll_item[i] = s;
-                acc[i] = greedy;
-                sum_ll += s;
-            }
-        }
+        for (int i = i0; i < i1; i++)
+            item_outcome(t, i, rl.reqs + item_first[i - i0], item_first[i - i0 + 1] - item_first[i - i0], o, &ra);
         r->n = i1;
         if (o && o->progress && o->progress(o->progress_user, t->name, i1, n)) {
             rc = 1;
             snprintf(r->error, sizeof r->error, "cancelled");
         }
     }
-    if (rc)
-        goto out;
-    r->n = n;
-    r->wall_s = eng_wall_s() - t0;
-    if (t->kind == EV_KIND_MC || t->kind == EV_KIND_LOGLIK) {
-        r->has_acc = 1;
-        double s = 0.0;
-        for (int i = 0; i < n; i++)
-            s += acc[i];
-        r->acc = n ? s / n : 0.0;
-        r->acc_stderr = ev_stderr(acc, n);
+    if (!rc) {
+        r->n = n;
+        r->wall_s = eng_wall_s() - t0;
+        rc = summarize(t, &ra, r);
+        r->ok = rc == 0;
     }
-    if (t->kind == EV_KIND_MC && t->report_acc_norm) {
-        r->has_acc_norm = 1;
-        double s = 0.0;
-        for (int i = 0; i < n; i++)
-            s += accn[i];
-        r->acc_norm = n ? s / n : 0.0;
-        r->acc_norm_stderr = ev_stderr(accn, n);
-    }
-    if (t->kind == EV_KIND_LOGLIK) {
-        r->has_ppl = 1;
-        double mean = 0.0;
-        for (int i = 0; i < n; i++)
-            mean += ll_item[i];
-        r->perplexity = n ? exp(-mean / n) : 0.0;
-    }
-    if (t->kind == EV_KIND_ROLLING) {
-        r->has_rolling = 1;
-        r->word_perplexity = sum_words ? exp(-sum_ll / (double)sum_words) : 0.0;
-        r->byte_perplexity = sum_bytes ? exp(-sum_ll / (double)sum_bytes) : 0.0;
-        r->bits_per_byte = sum_bytes ? -sum_ll / (double)sum_bytes / log(2.0) : 0.0;
-        r->token_perplexity = sum_pred_tokens ? exp(-sum_ll / (double)sum_pred_tokens) : 0.0;
-    }
-    if (t->n_groups > 0 && t->kind == EV_KIND_MC) {
-        r->groups = calloc((size_t)t->n_groups, sizeof *r->groups);
-        double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-        if (!r->groups || !x) {
-            free(x);
-            snprintf(r->error, sizeof r->error, "out of memory");
-            rc = -1;
-            goto out;
-        }
-        r->n_groups = t->n_groups;
-        double macro = 0.0, var = 0.0;
-        int k = 0;
-        for (int g = 0; g < t->n_groups; g++) {
-            ev_group_result *gr = &r->groups[g];
-            snprintf(gr->name, sizeof gr->name, "%s", t->groups[g]);
-            int m_ = 0;
-            for (int i = 0; i < n; i++)
-                if (t->items[i].group == g)
-                    x[m_++] = acc[i];
-            gr->n = m_;
-            double s = 0.0;
-            for (int i = 0; i < m_; i++)
-                s += x[i];
-            gr->acc = m_ ? s / m_ : 0.0;
-            gr->acc_stderr = ev_stderr(x, m_);
-            if (m_ > 0) {
-                macro += gr->acc;
-                var += gr->acc_stderr * gr->acc_stderr;
-                k++;
-            }
-        }
-        free(x);
-        /* per subject and macro-averaged: the mean of subject accuracies, and the
-         * standard error of that mean of independent estimates */
-        r->acc = k ? macro / k : 0.0;
-        r->acc_stderr = k ? sqrt(var) / k : 0.0;
-    }
-    r->ok = 1;
-out:
     if (rc)
         r->wall_s = eng_wall_s() - t0;
-    free(acc);
-    free(accn);
-    free(ll_item);
+    free(ra.acc);
+    free(ra.accn);
+    free(ra.ll_item);
     free(item_first);
     req_list_free(&rl);
     return rc;
