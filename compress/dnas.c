@@ -479,88 +479,193 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
     return rc;
 }
 
+/* 1 (r filled) when the parent itself meets every limit, 0 when not, -1 on error. */
+static int parent_feasible(const dnas_opts *o, const search_costs *costs, dnas_result *r, char *err, size_t errlen)
+{
+    const arch *pa = &o->parent->a;
+    cm_prediction pp;
+    if (cm_predict(o->tables, pa, &pp, err, errlen) != 0)
+        return -1;
+    double actual[SM_COUNT] = {pp.latency_ms, pp.decode_ms, (double)pp.total, (double)pp.params};
+    for (int m = 0; m < SM_COUNT; m++)
+        if (costs->t[m].active && actual[m] > costs->t[m].limit)
+            return 0;
+    if (arch_copy(&r->arch, pa) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    r->predicted = pp;
+    r->parent_feasible = 1;
+    r->distribution = json_object();
+    return 1;
+}
+
+/* 0 when the cheapest choice of the space meets every limit; else -1 with err naming
+ * the cheapest costs (a limit no arch of the space can meet). */
+static int cheapest_feasible(const search_space *sp, const search_costs *costs, char *err, size_t errlen)
+{
+    search_choice c;
+    if (search_choice_init(&c, sp) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    search_choice_cheapest(sp, &c);
+    int bad = 0;
+    for (int m = 0; m < SM_COUNT; m++)
+        if (costs->t[m].active && search_choice_cost(sp, &costs->t[m], &c) > costs->t[m].limit)
+            bad = 1;
+    search_choice_free(&c);
+    if (bad)
+        dnas_describe_infeasible(sp, costs, err, errlen);
+    return bad ? -1 : 0;
+}
+
+/* The relaxed search's working set: the masked student, the distribution over choices,
+ * host copies of masks and their gradients, Adam's moments on the logits. */
+typedef struct {
+    search_space sp;
+    search_costs costs;
+    eng_model student;
+    search_dist d;
+    mask_offsets mo;
+    float *mhost, *ghost;
+    double *adam;                /* [3 * nlog]: first and second moments, then the gradient */
+    size_t nmask, nlog;
+    int *tokens, *targets;
+    search_penalty pen;
+} dnas_work;
+
+static void work_free(dnas_work *w)
+{
+    free(w->mo.head);
+    free(w->mhost);
+    free(w->ghost);
+    free(w->adam);
+    free(w->tokens);
+    search_dist_free(&w->d);
+    if (w->student.be)
+        eng_model_free(&w->student);
+    dnas_space_free(&w->sp, &w->costs);
+}
+
+/* The student (a copy of the parent with masks on), the distribution and buffers. */
+static int work_init(const dnas_opts *o, dnas_work *w, char *err, size_t errlen)
+{
+    const arch *pa = &o->parent->a;
+    eng_backend *be = o->parent->be;
+    if (eng_model_init(&w->student, pa, be, err, errlen) != 0)
+        return -1;
+    be->copy(be, w->student.params, o->parent->params, o->parent->n_params * sizeof(float));
+    if (eng_model_enable_masks(&w->student) != 0 || mask_offsets_init(&w->student, &w->mo) != 0 ||
+        search_dist_init(&w->d, &w->sp, 0.5) != 0) {
+        snprintf(err, errlen, "out of memory enabling the search masks");
+        return -1;
+    }
+    w->nmask = w->student.masks->count;
+    w->nlog = (size_t)w->sp.n_hidden + (size_t)w->sp.n_layers * (w->sp.n_heads + w->sp.n_ffn + 2);
+    w->mhost = malloc(w->nmask * sizeof *w->mhost);
+    w->ghost = malloc(w->nmask * sizeof *w->ghost);
+    w->adam = calloc(w->nlog * 3, sizeof *w->adam);
+    w->tokens = malloc((size_t)o->batch * o->seq * 2 * sizeof *w->tokens);
+    if (!w->mhost || !w->ghost || !w->adam || !w->tokens) {
+        snprintf(err, errlen, "out of memory during the search");
+        return -1;
+    }
+    w->targets = w->tokens + (size_t)o->batch * o->seq;
+    for (int m = 0; m < SM_COUNT; m++)
+        w->pen.lambda2[m] = o->lambda2_init;   /* start with a symmetric pull toward the limit */
+    return 0;
+}
+
+/* One iteration at temperature tau: sample masks, distil through them, move the
+ * penalty multipliers and take an Adam step on the logits. 0, or -1 with err. */
+static int search_step(const dnas_opts *o, dnas_work *w, int it, double tau, double weight, uint64_t *rng,
+                       uint64_t *cursor, eng_loss_result *lr, char *err, size_t errlen)
+{
+    eng_backend *be = o->parent->be;
+    search_dist *d = &w->d;
+    search_dist_probs(d, tau, rng);
+    fill_masks(d, &w->student, &w->mo, w->mhost);
+    be->to_device(be, w->student.masks->block, w->mhost, w->nmask * sizeof(float));
+    eng_model_zero_grads(&w->student);
+    if (td_batch(o->data, cursor, o->batch, o->seq, w->tokens, w->targets) != 0) {
+        snprintf(err, errlen, "the calibration text has fewer than %d tokens", o->seq + 1);
+        return -1;
+    }
+    eng_loss_spec loss = {.kind = ENG_LOSS_KD, .targets = w->targets, .teacher = o->parent,
+                          .temperature = 1.0f, .kd_weight = 1.0f};
+    if (eng_forward_backward(&w->student, w->tokens, o->batch, o->seq, &loss, ENG_GRAD_MASKS, lr, err, errlen) != 0)
+        return -1;
+    be->to_host(be, w->ghost, w->student.masks->grad_block, w->nmask * sizeof(float));
+    masks_to_pgrad(d, &w->student, &w->mo, w->ghost);
+    search_penalty_step(&w->pen, d, &w->costs, 50.0, weight, weight > 0 ? o->eta : 0.0);
+    const search_space *sp = &w->sp;
+    double *gz = w->adam + 2 * w->nlog;
+    search_dist_logit_grads(d, tau, gz, gz + sp->n_hidden, gz + sp->n_hidden + (size_t)sp->n_layers * sp->n_heads,
+                            gz + sp->n_hidden + (size_t)sp->n_layers * (sp->n_heads + sp->n_ffn));
+    /* Adam on the logits (the logits block is contiguous in search_dist). */
+    double b1 = 0.9, b2 = 0.999, bc1 = 1 - pow(b1, it + 1), bc2 = 1 - pow(b2, it + 1);
+    double *m1 = w->adam, *m2 = w->adam + w->nlog;
+    for (size_t i = 0; i < w->nlog; i++) {
+        m1[i] = b1 * m1[i] + (1 - b1) * gz[i];
+        m2[i] = b2 * m2[i] + (1 - b2) * gz[i] * gz[i];
+        d->logit_hidden[i] -= o->lr * (m1[i] / bc1) / (sqrt(m2[i] / bc2) + 1e-8);
+    }
+    return 0;
+}
+
+/* Report iteration it to o->progress with the argmax arch so far. Non-zero: stop. */
+static int report_progress(const dnas_opts *o, dnas_work *w, int it, int iters, double tau, double weight,
+                           const eng_loss_result *lr, const dnas_result *r)
+{
+    char summary[4096] = "";
+    search_choice c;
+    arch a;
+    if (search_choice_init(&c, &w->sp) == 0) {
+        search_decode_argmax(&w->d, &c);
+        if (search_choice_arch(&w->sp, &c, &o->parent->a, &a) == 0) {
+            arch_summary(&a, summary, sizeof summary);
+            arch_free(&a);
+        }
+        search_choice_free(&c);
+    }
+    dnas_progress p = {.iteration = it + 1, .iterations = iters, .kd_loss = lr->kd, .tau = tau,
+                       .penalty_weight = weight, .pen = w->pen, .tokens = r->selection_tokens,
+                       .arch_summary = summary};
+    return o->progress(o->progress_ctx, &p);
+}
+
 int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     err[0] = 0;
     double t0 = eng_wall_s();
     const arch *pa = &o->parent->a;
-    search_space sp;
-    search_costs costs;
-    if (dnas_space_build(pa, o->tables, &o->limits, &o->axes, &sp, &costs, err, errlen) != 0)
+    static const dnas_work zero;
+    dnas_work *w = malloc(sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
         return -1;
-    int rc = -1;
-    eng_model student;
-    memset(&student, 0, sizeof student);
-    search_dist d;
-    memset(&d, 0, sizeof d);
-    mask_offsets mo = {0};
-    float *mhost = NULL, *ghost = NULL;
-    double *adam = NULL;
-
-    /* The parent itself when it already meets every limit. */
-    cm_prediction pp;
-    if (cm_predict(o->tables, pa, &pp, err, errlen) != 0)
+    }
+    *w = zero;
+    if (dnas_space_build(pa, o->tables, &o->limits, &o->axes, &w->sp, &w->costs, err, errlen) != 0) {
+        free(w);
+        return -1;
+    }
+    int rc = parent_feasible(o, &w->costs, r, err, errlen);
+    if (rc != 0) {   /* the parent itself, or an error */
+        rc = rc > 0 ? 0 : -1;
         goto out;
-    {
-        double actual[SM_COUNT] = {pp.latency_ms, pp.decode_ms, (double)pp.total, (double)pp.params};
-        int ok = 1;
-        for (int m = 0; m < SM_COUNT; m++)
-            if (costs.t[m].active && actual[m] > costs.t[m].limit)
-                ok = 0;
-        if (ok) {
-            if (arch_copy(&r->arch, pa) != 0)
-                goto out;
-            r->predicted = pp;
-            r->parent_feasible = 1;
-            r->wall_s = eng_wall_s() - t0;
-            r->distribution = json_object();
-            rc = 0;
-            goto out;
-        }
     }
-    /* Early failure when even the cheapest choice violates a limit. */
-    {
-        search_choice c;
-        if (search_choice_init(&c, &sp) != 0)
-            goto out;
-        search_choice_cheapest(&sp, &c);
-        int bad = 0;
-        for (int m = 0; m < SM_COUNT; m++)
-            if (costs.t[m].active && search_choice_cost(&sp, &costs.t[m], &c) > costs.t[m].limit)
-                bad = 1;
-        search_choice_free(&c);
-        if (bad) {
-            dnas_describe_infeasible(&sp, &costs, err, errlen);
-            goto out;
-        }
-    }
+    rc = -1;
+    if (cheapest_feasible(&w->sp, &w->costs, err, errlen) != 0)
+        goto out;
     if (!o->data || o->batch <= 0 || o->seq <= 0) {
         snprintf(err, errlen, "the search needs calibration tokens and a positive batch");
         goto out;
     }
-    eng_backend *be = o->parent->be;
-    if (eng_model_init(&student, pa, be, err, errlen) != 0)
+    if (work_init(o, w, err, errlen) != 0)
         goto out;
-    be->copy(be, student.params, o->parent->params, o->parent->n_params * sizeof(float));
-    if (eng_model_enable_masks(&student) != 0 || mask_offsets_init(&student, &mo) != 0) {
-        snprintf(err, errlen, "out of memory enabling the search masks");
-        goto out;
-    }
-    if (search_dist_init(&d, &sp, 0.5) != 0)
-        goto oom;
-    size_t nmask = student.masks->count;
-    size_t nlog = (size_t)sp.n_hidden + (size_t)sp.n_layers * (sp.n_heads + sp.n_ffn + 2);
-    mhost = malloc(nmask * sizeof *mhost);
-    ghost = malloc(nmask * sizeof *ghost);
-    adam = calloc(nlog * 3, sizeof *adam);
-    int *tokens = malloc((size_t)o->batch * o->seq * 2 * sizeof *tokens);
-    if (!mhost || !ghost || !adam || !tokens) {
-        free(tokens);
-        goto oom;
-    }
-    int *targets = tokens + (size_t)o->batch * o->seq;
-    double *gz = adam + 2 * nlog;
     int64_t per_it = (int64_t)o->batch * o->seq;
     int iters = (int)(o->search_tokens / per_it);
     if (iters < 1)
@@ -568,90 +673,35 @@ int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
     int warm = (int)(o->warmup_frac * iters);
     double decay = iters > 1 ? log(o->tau_min / o->tau0) / (iters - 1) : 0;
     uint64_t rng = o->seed ? o->seed : 1, cursor = 0;
-    search_penalty pen;
-    memset(&pen, 0, sizeof pen);
-    for (int m = 0; m < SM_COUNT; m++)
-        pen.lambda2[m] = o->lambda2_init;   /* start with a symmetric pull toward the limit */
     for (int it = 0; it < iters; it++) {
         double tau = o->tau0 * exp(decay * it);
-        search_dist_probs(&d, tau, &rng);
-        fill_masks(&d, &student, &mo, mhost);
-        be->to_device(be, student.masks->block, mhost, nmask * sizeof(float));
-        eng_model_zero_grads(&student);
-        if (td_batch(o->data, &cursor, o->batch, o->seq, tokens, targets) != 0) {
-            snprintf(err, errlen, "the calibration text has fewer than %d tokens", o->seq + 1);
-            free(tokens);
-            goto out;
-        }
-        eng_loss_spec loss = {.kind = ENG_LOSS_KD, .targets = targets, .teacher = o->parent,
-                              .temperature = 1.0f, .kd_weight = 1.0f};
-        eng_loss_result lr;
-        if (eng_forward_backward(&student, tokens, o->batch, o->seq, &loss, ENG_GRAD_MASKS, &lr, err, errlen) != 0) {
-            free(tokens);
-            goto out;
-        }
-        r->selection_tokens += per_it;
-        be->to_host(be, ghost, student.masks->grad_block, nmask * sizeof(float));
-        masks_to_pgrad(&d, &student, &mo, ghost);
         double weight = it < warm ? 0.0 : fmin(1.0, (double)(it - warm + 1) / (0.2 * iters + 1));
-        search_penalty_step(&pen, &d, &costs, 50.0, weight, weight > 0 ? o->eta : 0.0);
-        search_dist_logit_grads(&d, tau, gz, gz + sp.n_hidden, gz + sp.n_hidden + (size_t)sp.n_layers * sp.n_heads,
-                                gz + sp.n_hidden + (size_t)sp.n_layers * (sp.n_heads + sp.n_ffn));
-        /* Adam on the logits (the logits block is contiguous in search_dist). */
-        double b1 = 0.9, b2 = 0.999, bc1 = 1 - pow(b1, it + 1), bc2 = 1 - pow(b2, it + 1);
-        for (size_t i = 0; i < nlog; i++) {
-            adam[i] = b1 * adam[i] + (1 - b1) * gz[i];
-            adam[nlog + i] = b2 * adam[nlog + i] + (1 - b2) * gz[i] * gz[i];
-            d.logit_hidden[i] -= o->lr * (adam[i] / bc1) / (sqrt(adam[nlog + i] / bc2) + 1e-8);
-        }
+        eng_loss_result lr;
+        if (search_step(o, w, it, tau, weight, &rng, &cursor, &lr, err, errlen) != 0)
+            goto out;
+        r->selection_tokens += per_it;
         for (int m = 0; m < SM_COUNT; m++)
-            r->final_gap[m] = pen.gap[m];
+            r->final_gap[m] = w->pen.gap[m];
         r->iterations = it + 1;
-        if (o->progress) {
-            char summary[4096] = "";
-            search_choice c;
-            arch a;
-            if (search_choice_init(&c, &sp) == 0) {
-                search_decode_argmax(&d, &c);
-                if (search_choice_arch(&sp, &c, pa, &a) == 0) {
-                    arch_summary(&a, summary, sizeof summary);
-                    arch_free(&a);
-                }
-                search_choice_free(&c);
-            }
-            dnas_progress p = {.iteration = it + 1, .iterations = iters, .kd_loss = lr.kd, .tau = tau,
-                               .penalty_weight = weight, .pen = pen, .tokens = r->selection_tokens,
-                               .arch_summary = summary};
-            if (o->progress(o->progress_ctx, &p)) {
-                free(tokens);
-                rc = 1;
-                goto out;
-            }
+        if (o->progress && report_progress(o, w, it, iters, tau, weight, &lr, r)) {
+            rc = 1;
+            goto out;
         }
     }
-    free(tokens);
-    search_dist_probs(&d, o->tau_min, NULL);
-    r->distribution = distribution_json(&d);
-    if (decode_and_repair(&d, &costs, o, pa, r, err, errlen) != 0)
+    search_dist_probs(&w->d, o->tau_min, NULL);
+    r->distribution = distribution_json(&w->d);
+    if (decode_and_repair(&w->d, &w->costs, o, pa, r, err, errlen) != 0)
         goto out;
-    r->wall_s = eng_wall_s() - t0;
     rc = 0;
-    goto out;
-oom:
-    snprintf(err, errlen, "out of memory during the search");
 out:
+    if (rc == 0)
+        r->wall_s = eng_wall_s() - t0;
     if (rc < 0) {
         arch_free(&r->arch);
         json_decref(r->distribution);
         r->distribution = NULL;
     }
-    free(mo.head);
-    free(mhost);
-    free(ghost);
-    free(adam);
-    search_dist_free(&d);
-    if (student.be)
-        eng_model_free(&student);
-    dnas_space_free(&sp, &costs);
+    work_free(w);
+    free(w);
     return rc;
 }
