@@ -116,6 +116,95 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
     }
 }
 
+/* The cost tables of the space: per limit, the fixed cost at each hidden size and each
+ * part choice's cost from the calibration (the parent's layer count copies). 0, or -1
+ * with err. */
+static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const search_space *sp,
+                       search_costs *costs, char *err, size_t errlen)
+{
+    int L = sp->n_layers, group = sp->group;
+    costs->t[SM_LATENCY].active = lim->latency_ms > 0;
+    costs->t[SM_LATENCY].limit = lim->latency_ms;
+    costs->t[SM_DECODE].active = lim->throughput_tps > 0;
+    if (lim->throughput_tps > 0)
+        costs->t[SM_DECODE].limit = 1000.0 * tb->target.batch_size * tb->target.output_tokens / lim->throughput_tps;
+    costs->t[SM_MEMORY].active = lim->memory_bytes > 0;
+    costs->t[SM_MEMORY].limit = lim->memory_bytes;
+    costs->t[SM_PARAMS].active = lim->params > 0;
+    costs->t[SM_PARAMS].limit = lim->params;
+    for (int m = 0; m < SM_COUNT; m++)
+        if (alloc_table(&costs->t[m], sp, m == SM_MEMORY) != 0)
+            goto oom;
+    costs->t[SM_MEMORY].ws_sum_of_maxima = tb->mem.workspace_combine == CM_WS_SUM_MAXIMA;
+    for (int hi = 0; hi < sp->n_hidden; hi++) {
+        int H = sp->hidden[hi];
+        cm_prediction pe, p1;
+        if (predict_probe(tb, parent, H, 0, 0, 0, 0, &pe, err, errlen) != 0)
+            goto fail;
+        costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
+        costs->t[SM_DECODE].fixed[hi] = pe.decode_ms;
+        costs->t[SM_MEMORY].fixed[hi] = (double)(pe.weights + pe.request_cache + pe.runtime_buffers);
+        costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
+        costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
+        for (int k = 0; k < sp->n_heads; k++) {
+            int h = sp->heads[k];
+            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
+            if (h > 0) {
+                double pre_ms, dec_ms, ws_b;
+                if (cm_part_cost(tb, CM_ATTN, H, h, h / group, 0, &pre_ms, &dec_ms, &ws_b) != 0 ||
+                    predict_probe(tb, parent, H, 1, h, h / group, 0, &p1, err, errlen) != 0) {
+                    snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", h, H);
+                    goto fail;
+                }
+                lat = pre_ms + dec_ms;
+                dec = dec_ms;
+                ws = ws_b;
+                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
+                par = (double)(p1.params - pe.params);
+            }
+            for (int l = 0; l < L; l++) {
+                size_t i = ((size_t)hi * L + l) * sp->n_heads + k;
+                costs->t[SM_LATENCY].attn[i] = lat;
+                costs->t[SM_DECODE].attn[i] = dec;
+                costs->t[SM_MEMORY].attn[i] = mem;
+                costs->t[SM_MEMORY].ws_attn[i] = ws;
+                costs->t[SM_PARAMS].attn[i] = par;
+            }
+        }
+        for (int j = 0; j < sp->n_ffn; j++) {
+            int f = sp->ffn[j];
+            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
+            if (f > 0) {
+                double pre_ms, dec_ms, ws_b;
+                if (cm_part_cost(tb, CM_MLP, H, 0, 0, f, &pre_ms, &dec_ms, &ws_b) != 0 ||
+                    predict_probe(tb, parent, H, 1, 0, 0, f, &p1, err, errlen) != 0) {
+                    snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", f, H);
+                    goto fail;
+                }
+                lat = pre_ms + dec_ms;
+                dec = dec_ms;
+                ws = ws_b;
+                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
+                par = (double)(p1.params - pe.params);
+            }
+            for (int l = 0; l < L; l++) {
+                size_t i = ((size_t)hi * L + l) * sp->n_ffn + j;
+                costs->t[SM_LATENCY].ffn[i] = lat;
+                costs->t[SM_DECODE].ffn[i] = dec;
+                costs->t[SM_MEMORY].ffn[i] = mem;
+                costs->t[SM_MEMORY].ws_ffn[i] = ws;
+                costs->t[SM_PARAMS].ffn[i] = par;
+            }
+        }
+    }
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory building the search space");
+    return -1;
+fail:
+    return -1;
+}
+
 int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const dnas_axes *axes,
                      search_space *sp, search_costs *costs, char *err, size_t errlen)
 {
@@ -207,85 +296,13 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             }
         }
     }
-    /* Cost tables. */
-    costs->t[SM_LATENCY].active = lim->latency_ms > 0;
-    costs->t[SM_LATENCY].limit = lim->latency_ms;
-    costs->t[SM_DECODE].active = lim->throughput_tps > 0;
-    if (lim->throughput_tps > 0)
-        costs->t[SM_DECODE].limit = 1000.0 * tb->target.batch_size * tb->target.output_tokens / lim->throughput_tps;
-    costs->t[SM_MEMORY].active = lim->memory_bytes > 0;
-    costs->t[SM_MEMORY].limit = lim->memory_bytes;
-    costs->t[SM_PARAMS].active = lim->params > 0;
-    costs->t[SM_PARAMS].limit = lim->params;
-    for (int m = 0; m < SM_COUNT; m++)
-        if (alloc_table(&costs->t[m], sp, m == SM_MEMORY) != 0)
-            goto oom;
-    costs->t[SM_MEMORY].ws_sum_of_maxima = tb->mem.workspace_combine == CM_WS_SUM_MAXIMA;
-    for (int hi = 0; hi < sp->n_hidden; hi++) {
-        int H = sp->hidden[hi];
-        cm_prediction pe, p1;
-        if (predict_probe(tb, parent, H, 0, 0, 0, 0, &pe, err, errlen) != 0)
-            goto fail;
-        costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
-        costs->t[SM_DECODE].fixed[hi] = pe.decode_ms;
-        costs->t[SM_MEMORY].fixed[hi] = (double)(pe.weights + pe.request_cache + pe.runtime_buffers);
-        costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
-        costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
-        for (int k = 0; k < sp->n_heads; k++) {
-            int h = sp->heads[k];
-            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
-            if (h > 0) {
-                double pre_ms, dec_ms, ws_b;
-                if (cm_part_cost(tb, CM_ATTN, H, h, h / group, 0, &pre_ms, &dec_ms, &ws_b) != 0 ||
-                    predict_probe(tb, parent, H, 1, h, h / group, 0, &p1, err, errlen) != 0) {
-                    snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", h, H);
-                    goto fail;
-                }
-                lat = pre_ms + dec_ms;
-                dec = dec_ms;
-                ws = ws_b;
-                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
-                par = (double)(p1.params - pe.params);
-            }
-            for (int l = 0; l < L; l++) {
-                size_t i = ((size_t)hi * L + l) * sp->n_heads + k;
-                costs->t[SM_LATENCY].attn[i] = lat;
-                costs->t[SM_DECODE].attn[i] = dec;
-                costs->t[SM_MEMORY].attn[i] = mem;
-                costs->t[SM_MEMORY].ws_attn[i] = ws;
-                costs->t[SM_PARAMS].attn[i] = par;
-            }
-        }
-        for (int j = 0; j < sp->n_ffn; j++) {
-            int f = sp->ffn[j];
-            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
-            if (f > 0) {
-                double pre_ms, dec_ms, ws_b;
-                if (cm_part_cost(tb, CM_MLP, H, 0, 0, f, &pre_ms, &dec_ms, &ws_b) != 0 ||
-                    predict_probe(tb, parent, H, 1, 0, 0, f, &p1, err, errlen) != 0) {
-                    snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", f, H);
-                    goto fail;
-                }
-                lat = pre_ms + dec_ms;
-                dec = dec_ms;
-                ws = ws_b;
-                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
-                par = (double)(p1.params - pe.params);
-            }
-            for (int l = 0; l < L; l++) {
-                size_t i = ((size_t)hi * L + l) * sp->n_ffn + j;
-                costs->t[SM_LATENCY].ffn[i] = lat;
-                costs->t[SM_DECODE].ffn[i] = dec;
-                costs->t[SM_MEMORY].ffn[i] = mem;
-                costs->t[SM_MEMORY].ws_ffn[i] = ws;
-                costs->t[SM_PARAMS].ffn[i] = par;
-            }
-        }
+    if (space_costs(parent, tb, lim, sp, costs, err, errlen) != 0) {
+        dnas_space_free(sp, costs);
+        return -1;
     }
     return 0;
 oom:
     snprintf(err, errlen, "out of memory building the search space");
-fail:
     dnas_space_free(sp, costs);
     return -1;
 }
