@@ -54,7 +54,7 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 TOOL_SRCS := $(wildcard tests/tools/*.c bench/*/*.c)
 TOOL_BINS := $(addprefix $(BUILD)/tools/,$(notdir $(TOOL_SRCS:.c=)))
 
-.PHONY: all run test test-slow test-sanitize deps clean fuzz
+.PHONY: all run test test-slow test-sanitize deps clean fuzz lint
 all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS)
 
 deps:
@@ -121,6 +121,11 @@ test-sanitize:
 
 fuzz:
 	@tests/fuzz/build.sh
+
+# Source rules: banned functions, the layering of DESIGN.md §2, file and function sizes,
+# every source file in docs/layers.md (scripts/lint.py says which rule each fault breaks).
+lint:
+	@python3 scripts/lint.py
 
 clean:
 	rm -rf build build-san
