@@ -298,40 +298,60 @@ static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, si
     return 0;
 }
 
-static int parse_prefill(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
+/* One table of entries (prefill or decode): an array of objects with the given keys,
+ * each read by fields() after its key, no two with the same key. *out gets the NEW array
+ * and *n its length as far as it was read. 0, or -1 with err naming the pointer. */
+typedef int (*entry_fields_fn)(json_t *x, const char *at, cm_entry *e, const cm_tables *t, char *err,
+                               size_t errlen);
+
+static int parse_entries(json_t *arr, const char *ptr, const char *name, const char *const *keys,
+                         entry_fields_fn fields, const cm_tables *t, cm_entry **out, int *n_out, char *err,
+                         size_t errlen)
 {
-    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "ms",
-                                       "mad_ms", "workspace_bytes", "samples", NULL};
     char at[128];
-    snprintf(at, sizeof at, "%s/prefill", ptr);
+    snprintf(at, sizeof at, "%s/%s", ptr, name);
     if (!json_is_array(arr))
         FAIL("%s: must be an array", at);
     size_t n = json_array_size(arr);
     if (n == 0)
         FAIL("%s: must have at least one entry", at);
-    t->prefill = calloc(n, sizeof *t->prefill);
-    if (!t->prefill)
+    *out = calloc(n, sizeof **out);
+    if (!*out)
         FAIL("%s: out of memory", at);
     for (size_t i = 0; i < n; i++) {
         json_t *x = json_array_get(arr, i);
-        cm_entry *e = &t->prefill[i];
-        snprintf(at, sizeof at, "%s/prefill/%zu", ptr, i);
+        cm_entry *e = &(*out)[i];
+        snprintf(at, sizeof at, "%s/%s/%zu", ptr, name, i);
         if (!json_is_object(x))
             FAIL("%s: must be an object", at);
         e->workspace_bytes = -1;
         e->samples = 1;
         if (cmj_check_keys(x, at, keys, err, errlen) || parse_entry_key(x, at, e, err, errlen) ||
-            cmj_num(x, at, "ms", 0, 1, &e->ms, err, errlen) ||
-            cmj_num(x, at, "mad_ms", 0, 0, &e->mad_ms, err, errlen) ||
-            cmj_int(x, at, "workspace_bytes", 0, INT64_MAX, 0, &e->workspace_bytes, err, errlen) ||
-            cmj_i32(x, at, "samples", 0, 1 << 30, 0, &e->samples, err, errlen))
+            fields(x, at, e, t, err, errlen))
             return -1;
         for (size_t k = 0; k < i; k++)
-            if (cm_same_key(&t->prefill[k], e))
-                FAIL("%s: duplicate of %s/prefill/%zu", at, ptr, k);
-        t->n_prefill = (int)i + 1;
+            if (cm_same_key(&(*out)[k], e))
+                FAIL("%s: duplicate of %s/%s/%zu", at, ptr, name, k);
+        *n_out = (int)i + 1;
     }
     return 0;
+}
+
+static int prefill_fields(json_t *x, const char *at, cm_entry *e, const cm_tables *t, char *err, size_t errlen)
+{
+    (void)t;
+    return cmj_num(x, at, "ms", 0, 1, &e->ms, err, errlen) || cmj_num(x, at, "mad_ms", 0, 0, &e->mad_ms, err, errlen) ||
+                   cmj_int(x, at, "workspace_bytes", 0, INT64_MAX, 0, &e->workspace_bytes, err, errlen) ||
+                   cmj_i32(x, at, "samples", 0, 1 << 30, 0, &e->samples, err, errlen)
+               ? -1
+               : 0;
+}
+
+static int parse_prefill(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
+{
+    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "ms",
+                                       "mad_ms", "workspace_bytes", "samples", NULL};
+    return parse_entries(arr, ptr, "prefill", keys, prefill_fields, t, &t->prefill, &t->n_prefill, err, errlen);
 }
 
 static int parse_ctx_array(json_t *x, const char *at, const char *k, int n_expect, int is_int, cm_entry *e,
@@ -369,62 +389,47 @@ static int parse_ctx_array(json_t *x, const char *at, const char *k, int n_expec
     return 0;
 }
 
+/* A decode entry: times per context, a linear fit (given or computed), and a prefill
+ * entry of the same key (prefill is read first). */
+static int decode_fields(json_t *x, const char *at, cm_entry *e, const cm_tables *t, char *err, size_t errlen)
+{
+    if (parse_ctx_array(x, at, "contexts", -1, 1, e, NULL, err, errlen) ||
+        parse_ctx_array(x, at, "ms", e->n_ctx, 0, e, e->ctx_ms, err, errlen) < 0 ||
+        parse_ctx_array(x, at, "mad_ms", e->n_ctx, 0, e, e->ctx_mad_ms, err, errlen) < 0 ||
+        cmj_i32(x, at, "samples", 0, 1 << 30, 0, &e->samples, err, errlen))
+        return -1;
+    if (!json_object_get(x, "ms"))
+        FAIL("%s/ms: required (one time per context)", at);
+    json_t *a0 = json_object_get(x, "ms_at_context_0"), *b0 = json_object_get(x, "ms_per_context");
+    if (!!a0 != !!b0)
+        FAIL("%s/%s: ms_at_context_0 and ms_per_context come together", at,
+             a0 ? "ms_per_context" : "ms_at_context_0");
+    if (a0) {
+        /* The fit is given (e.g. by the calibration that wrote it); it may be negative
+         * at context 0 but must be non-negative over the sampled contexts. */
+        if (cmj_num(x, at, "ms_at_context_0", -1e12, 1, &e->ms0, err, errlen) ||
+            cmj_num(x, at, "ms_per_context", -1e12, 1, &e->ms_per_ctx, err, errlen))
+            return -1;
+        for (int k = 0; k < e->n_ctx; k++)
+            if (e->ms0 + e->ms_per_ctx * e->ctx[k] < -1e-9)
+                FAIL("%s/ms_per_context: the fit is negative at context %d", at, e->ctx[k]);
+    } else {
+        cm_entry_fit_decode(e);
+    }
+    int found = 0;
+    for (int k = 0; k < t->n_prefill; k++)
+        found |= cm_same_key(&t->prefill[k], e);
+    if (!found)
+        FAIL("%s: no prefill entry has the same part and size", at);
+    return 0;
+}
+
 static int parse_decode(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
     static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "contexts",
                                        "ms", "mad_ms", "ms_at_context_0", "ms_per_context", "samples", NULL};
-    char at[128];
-    snprintf(at, sizeof at, "%s/decode", ptr);
-    if (!json_is_array(arr))
-        FAIL("%s: must be an array", at);
-    size_t n = json_array_size(arr);
-    if (n == 0)
-        FAIL("%s: must have at least one entry", at);
-    t->decode = calloc(n, sizeof *t->decode);
-    if (!t->decode)
-        FAIL("%s: out of memory", at);
-    for (size_t i = 0; i < n; i++) {
-        json_t *x = json_array_get(arr, i);
-        cm_entry *e = &t->decode[i];
-        snprintf(at, sizeof at, "%s/decode/%zu", ptr, i);
-        if (!json_is_object(x))
-            FAIL("%s: must be an object", at);
-        e->workspace_bytes = -1;
-        e->samples = 1;
-        if (cmj_check_keys(x, at, keys, err, errlen) || parse_entry_key(x, at, e, err, errlen) ||
-            parse_ctx_array(x, at, "contexts", -1, 1, e, NULL, err, errlen) ||
-            parse_ctx_array(x, at, "ms", e->n_ctx, 0, e, e->ctx_ms, err, errlen) < 0 ||
-            parse_ctx_array(x, at, "mad_ms", e->n_ctx, 0, e, e->ctx_mad_ms, err, errlen) < 0 ||
-            cmj_i32(x, at, "samples", 0, 1 << 30, 0, &e->samples, err, errlen))
-            return -1;
-        if (!json_object_get(x, "ms"))
-            FAIL("%s/ms: required (one time per context)", at);
-        json_t *a0 = json_object_get(x, "ms_at_context_0"), *b0 = json_object_get(x, "ms_per_context");
-        if (!!a0 != !!b0)
-            FAIL("%s/%s: ms_at_context_0 and ms_per_context come together", at,
-                 a0 ? "ms_per_context" : "ms_at_context_0");
-        if (a0) {
-            /* The fit is given (e.g. by the calibration that wrote it); it may be negative
-             * at context 0 but must be non-negative over the sampled contexts. */
-            if (cmj_num(x, at, "ms_at_context_0", -1e12, 1, &e->ms0, err, errlen) ||
-                cmj_num(x, at, "ms_per_context", -1e12, 1, &e->ms_per_ctx, err, errlen))
-                return -1;
-            for (int k = 0; k < e->n_ctx; k++)
-                if (e->ms0 + e->ms_per_ctx * e->ctx[k] < -1e-9)
-                    FAIL("%s/ms_per_context: the fit is negative at context %d", at, e->ctx[k]);
-        } else {
-            cm_entry_fit_decode(e);
-        }
-        for (size_t k = 0; k < i; k++)
-            if (cm_same_key(&t->decode[k], e))
-                FAIL("%s: duplicate of %s/decode/%zu", at, ptr, k);
-        int found = 0;
-        for (int k = 0; k < t->n_prefill; k++)
-            found |= cm_same_key(&t->prefill[k], e);
-        if (!found)
-            FAIL("%s: no prefill entry has the same part and size", at);
-        t->n_decode = (int)i + 1;
-    }
+    if (parse_entries(arr, ptr, "decode", keys, decode_fields, t, &t->decode, &t->n_decode, err, errlen))
+        return -1;
     for (int k = 0; k < t->n_prefill; k++) {
         int found = 0;
         for (int i = 0; i < t->n_decode; i++)
