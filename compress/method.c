@@ -97,6 +97,16 @@ static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens
     return rc;
 }
 
+void method_opts_default(method_opts *o)
+{
+    dnas_opts d;
+    dnas_opts_defaults(&d);
+    memset(o, 0, sizeof *o);
+    o->axes.hidden = o->axes.heads = o->axes.ffn = o->axes.depth = 1;
+    o->seed = d.seed;
+    o->search_tokens = 2000000;
+}
+
 int method_check_feasible(const arch *parent, const cm_tables *tables, const dnas_limits *limits,
                           const dnas_axes *axes, char *err, size_t errlen)
 {
@@ -288,4 +298,30 @@ int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size
              (long long)pred.total, (long long)pred.params);
     emit(o, "search.done", msg, json_pack("{s:s}", "arch", summary));
     return 0;
+}
+
+int method_search(const method_opts *o, const rank_result *r, const method_margin *margin, arch *chosen,
+                  json_t **doc, char *err, size_t errlen)
+{
+    method_opts run = *o;
+    int *order = NULL;
+    run.layer_order = NULL;
+    if (o->minitron) {
+        if (!r) {
+            snprintf(err, errlen, "the ranking is missing: Minitron++ drops layers in its order");
+            return -1;
+        }
+        order = malloc((size_t)(r->n_layers > 0 ? r->n_layers : 1) * sizeof *order);
+        if (!order) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        rank_layer_order(r, order);
+        run.layer_order = order;
+    }
+    int rc = method_run(&run, chosen, doc, err, errlen);
+    free(order);
+    if (rc == 0)
+        json_object_set_new(*doc, "aim", method_aim_json(&o->limits, margin));
+    return rc;
 }

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "compress/dnas.h"
+#include "compress/rank.h"
 
 typedef struct {
     eng_model *parent;              /* ranked parent (teacher), borrowed */
@@ -33,6 +34,11 @@ typedef struct {
     int (*cancelled)(void *ud);
     void *ud;
 } method_opts;
+
+/* Defaults: every axis searched, AutoCompress DNAS, dnas_opts_defaults' seed, a budget
+ * of 2,000,000 selection tokens (a job's budgets.search_tokens), no callbacks. The
+ * parent, tables, text, limits and layer order must still be set. */
+void method_opts_default(method_opts *o);
 
 /* Fail fast, before any model work: 0 when some arch of the search space (as the axes
  * and exports cut it) meets every limit, else -1 with the cheapest arch's predicted
@@ -65,5 +71,13 @@ json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin);
  * parent_feasible, predicted, distribution | trials, final_gap}. Returns 1 when
  * cancelled, -1 with a reason (an infeasible spec names the cheapest costs). */
 int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen);
+
+/* The search step as the job's search stage and `autocompress search` both take it:
+ * o->limits already hold the aim (method_aim) and margin says how it was picked. For
+ * Minitron++ the layer order (least important first) comes from the ranking r
+ * (borrowed; may be NULL for DNAS), not from o->layer_order. method_run, then the aim
+ * (method_aim_json) goes into the document as "aim". Same contract as method_run. */
+int method_search(const method_opts *o, const rank_result *r, const method_margin *margin, arch *chosen,
+                  json_t **doc, char *err, size_t errlen);
 
 #endif

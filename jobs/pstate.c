@@ -13,6 +13,7 @@
 
 #include "compress/method.h"
 #include "compress/rank.h"
+#include "compress/steps.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
 #include "storage/artstore.h"
@@ -178,20 +179,15 @@ eng_model *ps_parent(job_ctx *ctx, int ranked, char *err, size_t errlen)
             return NULL;
         }
         rank_result r;
-        if (rank_load(rp, &r, err, errlen) != 0)
+        if (step_rank_load(rp, m, &r, err, errlen) != 0)
             return NULL;
-        int rc = rank_check(&r, m, err, errlen) == 0 ? rank_apply(m, &r, err, errlen) : -1;
+        int rc = rank_apply(m, &r, err, errlen);
         rank_free(&r);
         if (rc != 0)
             return NULL;
         job_ctx_set_state(ctx, "parent_ranked", m, NULL);
     }
     return m;
-}
-
-static int encode_cb(void *c, const char *text, size_t len, int **ids, size_t *n, char *err, size_t errlen)
-{
-    return tok_encode(c, text, len, 0, 0, ids, n, err, errlen);
 }
 
 int ps_text(job_ctx *ctx, const char *which, const td_stream **train, const td_stream **val, char *err,
@@ -215,14 +211,10 @@ int ps_text(job_ctx *ctx, const char *which, const td_stream **train, const td_s
     tok_tokenizer *tok = ps_tokenizer(ctx, err, errlen);
     if (!tok)
         return -1;
-    td_docs docs;
-    if (td_read_docs(json_string_value(p), TD_FMT_AUTO, &docs, err, errlen) != 0)
-        return -1;
     td_stream *tr = calloc(1, sizeof *tr), *va = calloc(1, sizeof *va);
-    td_pack_opts o = {.seed = 1234, .val_fraction = 0.05, .sep_token = tok_config_of(tok)->bos_id,
-                      .max_tokens = 8u << 20};
-    int rc = (tr && va) ? td_pack(&docs, encode_cb, tok, &o, tr, va, err, errlen) : -1;
-    td_docs_free(&docs);
+    td_pack_opts o;
+    step_text_default(&o, tok);
+    int rc = (tr && va) ? step_text(json_string_value(p), tok, &o, tr, va, NULL, err, errlen) : -1;
     if (rc != 0) {
         if (!tr || !va)
             snprintf(err, errlen, "out of memory");

@@ -43,7 +43,8 @@ tok_tokenizer *ps_tokenizer(job_ctx *ctx, char *err, size_t errlen);
  * (the rank stage must have run). */
 eng_model *ps_parent(job_ctx *ctx, int ranked, char *err, size_t errlen);
 /* Packed token streams of the spec's data.calibration or data.distillation text
- * (which = "calibration" | "distillation"), seed 1234, 5% validation. */
+ * (which = "calibration" | "distillation"), packed as compress/steps.h step_text_default
+ * says. */
 int ps_text(job_ctx *ctx, const char *which, const td_stream **train, const td_stream **val,
             char *err, size_t errlen);
 /* The calibration tables written by the calibrate stage. */

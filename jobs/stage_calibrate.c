@@ -13,6 +13,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
+#include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
@@ -63,17 +64,15 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
     }
     cal_opts o;
     cal_opts_default(&o);
+    o.progress = progress_hook;
+    o.ud = ctx;
     /* a hidden-size search needs a table per candidate hidden size; a calibration
      * request (no search space) calibrates what a default job searches */
     json_t *hs = json_object_get(json_object_get(job_ctx_spec(ctx), "search_space"), "hidden");
-    if (!json_is_false(hs))
-        cal_opts_search_hidden(&o, &a);
-    o.progress = progress_hook;
-    o.ud = ctx;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int reused = 0;
-    json_t *cal = cal_get_or_run(data_dir, &a, &t, &o, &reused, err, errlen);
+    json_t *cal = step_calibrate(data_dir, &a, &t, &o, !json_is_false(hs), 1, &reused, err, errlen);
     arch_free(&a);
     if (!cal)
         return job_cancelled(ctx) ? 1 : -1;

@@ -10,10 +10,10 @@
 
 #include "compress/distill.h"
 #include "compress/prune.h"
+#include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
-
 
 #define DISTILL_DEFAULT_TOKENS 1000000
 
@@ -72,35 +72,30 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
     dcb cb = {ctx, steps / 50 > 1 ? steps / 50 : 1};
     o.progress = on_progress;
     o.progress_ctx = &cb;
-    distill_result r;
-    int have_val = val && val->n > (size_t)o.T;
-    int rc = distill_run(parent, &student, train, have_val ? val : NULL, &o, &r, err, errlen);
-    if (rc != 0) {
-        eng_model_free(&student);
-        return rc;
-    }
     json_t *model = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "path");
-    json_t *man = json_pack("{s:O*,s:I,s:I}", "parent", model, "distill_tokens", (json_int_t)r.tokens, "distill_steps",
-                            (json_int_t)r.steps);
-    rc = man ? prune_save_dir(&student, out, man, err, errlen) : -1;
+    json_t *man = json_pack("{s:O*}", "parent", model);
+    distill_result r;
+    int rc = man ? step_distill(parent, &student, train, val, &o, out, man, &r, err, errlen) : -1;
     if (!man)
         snprintf(err, errlen, "out of memory");
     json_decref(man);
     eng_model_free(&student);
-    if (rc == 0) {
-        json_t *d = json_pack("{s:I,s:f,s:f,s:I,s:I}", "tokens", (json_int_t)r.tokens, "final_kd_loss",
-                              isfinite(r.final_loss) ? r.final_loss : 0.0, "wall_s", r.wall_s, "steps",
-                              (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from);
-        if (d && isfinite(r.final_val_loss))
-            json_object_set_new(d, "val_loss", json_real(r.final_val_loss));
-        job_report_merge(ctx, json_pack("{s:o}", "distillation", d));
-        char msg[256];
-        snprintf(msg, sizeof msg, "distilled on %lld tokens in %lld steps, final loss %.4f", (long long)r.tokens,
-                 (long long)r.steps, r.final_loss);
-        job_event(ctx, "distill.done", msg, NULL);
-    }
+    if (rc == 1)
+        distill_result_free(&r);
+    if (rc != 0)
+        return rc;
+    json_t *d = json_pack("{s:I,s:f,s:f,s:I,s:I}", "tokens", (json_int_t)r.tokens, "final_kd_loss",
+                          isfinite(r.final_loss) ? r.final_loss : 0.0, "wall_s", r.wall_s, "steps",
+                          (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from);
+    if (d && isfinite(r.final_val_loss))
+        json_object_set_new(d, "val_loss", json_real(r.final_val_loss));
+    job_report_merge(ctx, json_pack("{s:o}", "distillation", d));
+    char msg[256];
+    snprintf(msg, sizeof msg, "distilled on %lld tokens in %lld steps, final loss %.4f", (long long)r.tokens,
+             (long long)r.steps, r.final_loss);
+    job_event(ctx, "distill.done", msg, NULL);
     distill_result_free(&r);
-    return rc;
+    return 0;
 }
 
 void stage_distill_register(void)

@@ -19,14 +19,12 @@
 #include "compress/eval.h"
 #include "compress/evaltasks.h"
 #include "compress/prune.h"
+#include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
 #include "storage/fileio.h"
 #include "storage/strbuf.h"
-
-#define EVAL_MAX_TASK_BYTES ((size_t)64 << 20)
-
 
 typedef struct {
     job_ctx *ctx;
@@ -87,7 +85,9 @@ static int task_ref(job_ctx *ctx, json_t *t, size_t i, char *ref, size_t reflen,
         }
         if (access(ref, R_OK) == 0)
             return 0;   /* fetched and verified by an earlier run of this stage */
-        return ev_fetch_url(url, sha, EVAL_MAX_TASK_BYTES, ref, err, errlen);
+        step_eval_opts d;
+        step_eval_default(&d);
+        return ev_fetch_url(url, sha, d.max_task_bytes, ref, err, errlen);
     }
     snprintf(err, errlen, "/evaluation/tasks/%zu: a task is a name or an object with path or url", i);
     return -1;
@@ -216,8 +216,10 @@ static int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
         return 0;
     }
     json_t *jl = json_object_get(ev, "limit"), *js = json_object_get(ev, "seed");
-    int limit = json_is_integer(jl) ? (int)json_integer_value(jl) : 500;
-    uint64_t seed = json_is_integer(js) ? (uint64_t)json_integer_value(js) : 1234;
+    step_eval_opts d;
+    step_eval_default(&d);
+    int limit = json_is_integer(jl) ? (int)json_integer_value(jl) : 500;   /* the spec's default */
+    uint64_t seed = json_is_integer(js) ? (uint64_t)json_integer_value(js) : d.seed;
 
     eng_model *parent = ps_parent(ctx, 0, err, errlen);
     tok_tokenizer *tok = parent ? ps_tokenizer(ctx, err, errlen) : NULL;

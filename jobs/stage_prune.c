@@ -6,21 +6,17 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "compress/prune.h"
+#include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
 #include "storage/archjson.h"
-
 
 static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
 {
     eng_model *parent = ps_parent(ctx, 1, err, errlen);
     const arch *target = parent ? ps_arch(ctx, err, errlen) : NULL;
     if (!target)
-        return -1;
-    eng_model student;
-    if (prune_to_arch(parent, target, &student, err, errlen) != 0)
         return -1;
     json_t *model = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "path");
     json_t *tokp = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "tokenizer");
@@ -29,11 +25,10 @@ static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
                             (json_int_t)arch_params(target));
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/student", job_ctx_stage_dir(ctx));
-    int rc = man ? prune_save_dir(&student, dir, man, err, errlen) : -1;
+    int rc = man ? step_prune(parent, target, dir, man, err, errlen) : -1;
     if (!man)
         snprintf(err, errlen, "out of memory");
     json_decref(man);
-    eng_model_free(&student);
     if (rc != 0)
         return -1;
     char summary[8192], msg[256];

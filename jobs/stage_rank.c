@@ -12,11 +12,10 @@
 
 #include "compress/method.h"
 #include "compress/rank.h"
+#include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
-
-
 
 static int on_progress(void *c, int64_t done, int64_t total)
 {
@@ -54,7 +53,7 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
     rank_opts_default(&o);
     o.progress = on_progress;
     o.progress_ctx = ctx;
-    char why[256];
+    char why[256];   /* fitted here for the cache key; step_rank's own fit then changes nothing */
     if (rank_opts_fit(&o, train->n, why, sizeof why)) {
         snprintf(err, errlen, "rank: %s", why);
         return -1;
@@ -68,14 +67,11 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
     int cacheable = json_is_string(cal_text) &&
                     ps_cache_path(ctx, "rankcache", key, json_string_value(cal_text), cpath, sizeof cpath) == 0;
     rank_result r;
-    int rc, reused = cacheable && access(cpath, R_OK) == 0 && rank_load(cpath, &r, err, errlen) == 0;
-    if (reused && rank_check(&r, m, err, errlen) != 0) {   /* not this parent after all: rank again */
-        rank_free(&r);
-        reused = 0;
-    }
+    /* a cached ranking of another shape (not this parent after all) is ranked again */
+    int rc, reused = cacheable && access(cpath, R_OK) == 0 && step_rank_load(cpath, m, &r, err, errlen) == 0;
     if (!reused) {
         err[0] = 0;
-        rc = rank_compute(m, train, &o, &r, err, errlen);
+        rc = step_rank(m, train, &o, &r, err, errlen);
         if (rc != 0)
             return rc;
     }

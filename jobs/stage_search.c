@@ -52,17 +52,24 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     const td_stream *train, *val;
     if (!parent || ps_text(ctx, "calibration", &train, &val, err, errlen) != 0)
         return -1;
-    method_opts o = {.parent = parent, .tables = tables, .train = train, .val = val,
-                     .search_tokens = ps_int(ctx, "budgets.search_tokens", 2000000),
-                     .event = on_event, .progress = on_progress, .cancelled = on_cancelled, .ud = ctx};
+    method_opts o;
+    method_opts_default(&o);
+    o.parent = parent;
+    o.tables = tables;
+    o.train = train;
+    o.val = val;
+    o.search_tokens = ps_int(ctx, "budgets.search_tokens", o.search_tokens);
+    o.event = on_event;
+    o.progress = on_progress;
+    o.cancelled = on_cancelled;
+    o.ud = ctx;
     method_margin margin;
     ps_axes(ctx, &o.axes);
     ps_limits(ctx, &parent->a, tables, &o.axes, &o.limits, &margin);
     json_t *method = json_object_get(job_ctx_spec(ctx), "method");
     o.minitron = json_is_string(method) && !strcmp(json_string_value(method), "minitron");
-    int *order = NULL;
+    rank_result rk, *ranking = NULL;   /* Minitron++ drops layers in the ranking's order */
     if (o.minitron) {
-        rank_result rk;
         const char *rp = job_ctx_output(ctx, "rank", "ranking.json");
         if (!rp) {
             snprintf(err, errlen, "the ranking is missing: the rank stage must run first");
@@ -70,23 +77,15 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
         }
         if (rank_load(rp, &rk, err, errlen) != 0)
             return -1;
-        order = malloc((size_t)parent->a.n_layers * sizeof *order);
-        if (order)
-            rank_layer_order(&rk, order);
-        rank_free(&rk);
-        if (!order) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        o.layer_order = order;
+        ranking = &rk;
     }
     arch chosen;
     json_t *doc;
-    int rc = method_run(&o, &chosen, &doc, err, errlen);
-    free(order);
+    int rc = method_search(&o, ranking, &margin, &chosen, &doc, err, errlen);
+    if (ranking)
+        rank_free(ranking);
     if (rc != 0)
         return rc;
-    json_object_set_new(doc, "aim", method_aim_json(&o.limits, &margin));
     rc = ps_write_json(ctx, "arch.json", arch_to_json(&chosen), err, errlen);
     if (rc == 0)
         rc = ps_write_json(ctx, "search.json", json_incref(doc), err, errlen);

@@ -2,7 +2,8 @@
  * model of a parent shape on a target (compress/calibrate.h), validate them on held-out
  * random archs, cache the result under the data dir and print it; or import tables
  * measured in another engine (docs/timing-tables.md). Weights are random: only the
- * shape matters, so --model reads the shape alone. Progress goes to stderr
+ * shape matters, so --model reads the shape alone. The calibration itself is the job's
+ * calibrate step (compress/steps.h step_calibrate). Progress goes to stderr
  * (server/progress.h: a bar on a terminal, plain lines elsewhere); -v adds a line per request.
  */
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
+#include "compress/steps.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
 #include "server/progress.h"
@@ -143,119 +145,130 @@ static int do_import(const char *path, const char *data_dir, int as_json)
     return 0;
 }
 
-int cli_calibrate(int argc, char **argv)
-{
-    const char *model = NULL, *arch_file = NULL, *import = NULL, *data_dir = getenv("AC_DATA_DIR");
-    int as_json = 0, no_cache = 0, hidden_set = 0;
+typedef struct {
+    const char *model, *arch_file, *import, *data_dir;
+    int as_json, no_cache, hidden_set;   /* hidden_set: --hidden or --no-hidden was given */
     cm_target t;
     cal_opts o;
-    cm_target_default(&t);
-    cal_opts_default(&o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            as_json = 1;
-        } else if (!strcmp(a, "--no-cache")) {
-            no_cache = 1;
-        } else if (!strcmp(a, "--no-hidden")) {
-            hidden_set = 1;
-            o.n_hidden = 0;
-        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            o.verbose = 1;
-        } else if (!v) {
-            bad = 1;
-        } else {
-            i++;
-            if (!strcmp(a, "--model"))
-                model = v;
-            else if (!strcmp(a, "--arch"))
-                arch_file = v;
-            else if (!strcmp(a, "--import"))
-                import = v;
-            else if (!strcmp(a, "--data-dir"))
-                data_dir = v;
-            else if (cli_target_opt(a, v, &t, &bad))   /* --device, --precision, --batch, --prompt, --output */
-                ;
-            else if (!strcmp(a, "--reps"))
-                bad = cli_parse_int(v, 1, 1000, &o.reps);
-            else if (!strcmp(a, "--models"))
-                bad = cli_parse_int(v, 1, 8, &o.n_models);
-            else if (!strcmp(a, "--validate"))
-                bad = cli_parse_int(v, 0, 1000, &o.validate);
-            else if (!strcmp(a, "--threads"))
-                bad = cli_parse_int(v, 1, 1024, &o.threads);
-            else if (!strcmp(a, "--validate-reps"))
-                bad = cli_parse_int(v, 1, 1000, &o.validate_reps);
-            else if (!strcmp(a, "--fit"))
-                bad = cli_parse_int(v, 0, 1000, &o.fit);
-            else if (!strcmp(a, "--seed")) {
-                int s;
-                bad = cli_parse_int(v, 0, 1 << 30, &s);
-                o.seed = (uint64_t)s;
-            } else if (!strcmp(a, "--hidden")) {
-                char buf[256];
-                snprintf(buf, sizeof buf, "%s", v);
-                o.n_hidden = 0;
-                hidden_set = 1;
-                for (char *p = buf, *q; p && *p && !bad; p = q) {
-                    q = strchr(p, ',');
-                    if (q)
-                        *q++ = 0;
-                    bad = o.n_hidden == 16 || cli_parse_int(p, 8, 1 << 16, &o.hidden[o.n_hidden++]);
-                }
-            } else
-                bad = 1;
-        }
-        if (bad) {
-            fprintf(stderr, "calibrate: bad or unknown option %s%s%s\n", a, v ? " " : "", v ? v : "");
-            usage(stderr);
-            return 2;
+} calibrate_args;
+
+/* --hidden H1,H2,...: up to 16 sizes. 0, or -1 after the message. */
+static int parse_hidden(cli_parser *p, cal_opts *o)
+{
+    char buf[256];
+    if (cli_str(p, buf, sizeof buf))
+        return -1;
+    o->n_hidden = 0;
+    for (char *s = buf, *q; *s; s = q) {
+        q = strchr(s, ',');
+        if (q)
+            *q++ = 0;
+        else
+            q = s + strlen(s);
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (o->n_hidden == 16 || end == s || *end || v < 8 || v > 1 << 16)
+            return cli_fail(p, "--hidden: '%s' is not a list of at most 16 sizes from 8 to 65536", p->arg);
+        o->hidden[o->n_hidden++] = (int)v;
+    }
+    return 0;
+}
+
+/* CLI_END with *a filled, or the exit status. */
+static int calibrate_parse(int argc, char **argv, calibrate_args *a)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},     {"arch", required_argument, NULL, 'a'},
+        {"import", required_argument, NULL, 'I'},    {"data-dir", required_argument, NULL, 'D'},
+        {"json", no_argument, NULL, 'j'},            {"no-cache", no_argument, NULL, 'C'},
+        {"no-hidden", no_argument, NULL, 'N'},       {"verbose", no_argument, NULL, 'v'},
+        {"reps", required_argument, NULL, 'r'},      {"models", required_argument, NULL, 'M'},
+        {"validate", required_argument, NULL, 'V'},  {"threads", required_argument, NULL, 't'},
+        {"validate-reps", required_argument, NULL, 'R'}, {"fit", required_argument, NULL, 'f'},
+        {"seed", required_argument, NULL, 's'},      {"hidden", required_argument, NULL, 'H'},
+        CLI_TARGET_OPTIONS,                          {"help", no_argument, NULL, 'h'},
+        {0}};
+    memset(a, 0, sizeof *a);
+    a->data_dir = getenv("AC_DATA_DIR");
+    cm_target_default(&a->t);
+    cal_opts_default(&a->o);
+    cli_parser p;
+    int c, seed;
+    cli_init(&p, "calibrate", argc, argv, opts, "hv", usage);
+    cli_set_target(&p, &a->t);
+    while ((c = cli_next(&p)) > 0) {
+        switch (c) {
+        case 'm': a->model = p.arg; break;
+        case 'a': a->arch_file = p.arg; break;
+        case 'I': a->import = p.arg; break;
+        case 'D': a->data_dir = p.arg; break;
+        case 'j': a->as_json = 1; break;
+        case 'C': a->no_cache = 1; break;
+        case 'N': a->hidden_set = 1; a->o.n_hidden = 0; break;
+        case 'v': a->o.verbose = 1; break;
+        case 'r': cli_int(&p, 1, 1000, &a->o.reps); break;
+        case 'M': cli_int(&p, 1, 8, &a->o.n_models); break;
+        case 'V': cli_int(&p, 0, 1000, &a->o.validate); break;
+        case 't': cli_int(&p, 1, 1024, &a->o.threads); break;
+        case 'R': cli_int(&p, 1, 1000, &a->o.validate_reps); break;
+        case 'f': cli_int(&p, 0, 1000, &a->o.fit); break;
+        case 's':
+            if (cli_int(&p, 0, 1 << 30, &seed) == 0)
+                a->o.seed = (uint64_t)seed;
+            break;
+        case 'H': a->hidden_set = 1; parse_hidden(&p, &a->o); break;
         }
     }
-    if (!data_dir)
-        data_dir = "var";
-    if (import)
-        return do_import(import, data_dir, as_json);
-    if (!!model == !!arch_file) {
+    if (c != CLI_END)
+        return cli_status(c);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (!a->data_dir)
+        a->data_dir = "var";
+    if (!a->import && !!a->model == !!a->arch_file) {
         fprintf(stderr, "calibrate: give exactly one of --model PATH and --arch FILE\n");
         usage(stderr);
         return 2;
     }
-    char err[1024];
+    return CLI_END;
+}
+
+/* The calibrate step (or the cached calibration) with progress on stderr. NEW reference
+ * or NULL with err. */
+static json_t *calibrate_run(calibrate_args *ca, int *reused, char *err, size_t errlen)
+{
     arch a;
-    if (cm_load_arch(model ? model : arch_file, &a, err, sizeof err)) {
-        fprintf(stderr, "calibrate: %s\n", err);
-        return 1;
-    }
-    if (!hidden_set)
-        cal_opts_search_hidden(&o, &a);   /* what a job with the default search space calibrates */
-    json_t *cal;
-    int reused = 0;
-    cal_display disp = {pb_open(stderr, PB_AUTO), o.verbose};
-    o.verbose = 0;   /* the display prints those lines, so they do not break the bar */
-    o.progress = on_progress;
-    o.ud = &disp;
-    if (no_cache) {
-        cal = cal_run(&a, &t, &o, err, sizeof err);
-        if (cal && cm_calibration_save(data_dir, cal, err, sizeof err)) {
-            json_decref(cal);
-            cal = NULL;
-        }
-    } else {
-        cal = cal_get_or_run(data_dir, &a, &t, &o, &reused, err, sizeof err);
-    }
+    if (cm_load_arch(ca->model ? ca->model : ca->arch_file, &a, err, errlen))
+        return NULL;
+    cal_display disp = {pb_open(stderr, PB_AUTO), ca->o.verbose};
+    ca->o.verbose = 0;   /* the display prints those lines, so they do not break the bar */
+    ca->o.progress = on_progress;
+    ca->o.ud = &disp;
+    /* without --hidden/--no-hidden: what a job with the default search space calibrates */
+    json_t *cal = step_calibrate(ca->data_dir, &a, &ca->t, &ca->o, !ca->hidden_set, !ca->no_cache, reused, err,
+                                 errlen);
     pb_end_stage(disp.pb, cal ? NULL : "failed");
     pb_close(disp.pb);
     arch_free(&a);
+    return cal;
+}
+
+int cli_calibrate(int argc, char **argv)
+{
+    calibrate_args ca;
+    int pr = calibrate_parse(argc, argv, &ca);
+    if (pr != CLI_END)
+        return pr;
+    if (ca.import)
+        return do_import(ca.import, ca.data_dir, ca.as_json);
+    char err[1024];
+    int reused;
+    json_t *cal = calibrate_run(&ca, &reused, err, sizeof err);
     if (!cal) {
         fprintf(stderr, "calibrate: %s\n", err);
         return 1;
     }
-    if (as_json) {
+    if (ca.as_json) {
         json_object_set_new(cal, "reused", json_boolean(reused));
         json_dumpf(cal, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
         printf("\n");

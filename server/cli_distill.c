@@ -5,6 +5,7 @@
  * result goes to DIR/distilled (or --out) as a pruned model directory; a JSON summary
  * (parent, pruned-only and distilled validation loss, tokens, tokens/s) on stdout;
  * progress on stderr (server/progress.h: a bar on a terminal, plain lines elsewhere).
+ * Packing and the distill step itself are the job's (compress/steps.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,9 +13,8 @@
 #include <string.h>
 #include <jansson.h>
 
-#include "compress/distill.h"
 #include "compress/prune.h"
-#include "compress/textdata.h"
+#include "compress/steps.h"
 #include "engine/backend.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
@@ -38,16 +38,6 @@ static void usage(FILE *f)
             "  --val-fraction X              share of documents held out (default 0.1)\n"
             "  --seed N --threads N --tokenizer PATH\n"
             "  --max-steps N                 stop after step N (exit 0, \"complete\": false; rerun resumes)\n");
-}
-
-static int parse_f(const char *s, double *v)
-{
-    char *end;
-    double x = strtod(s, &end);
-    if (end == s || *end || !isfinite(x) || x < 0)
-        return -1;
-    *v = x;
-    return 0;
 }
 
 typedef struct {
@@ -74,163 +64,210 @@ static int on_progress(void *ctx, const distill_progress *p)
     return 0;
 }
 
-int cli_distill(int argc, char **argv)
+typedef struct {
+    const char *parent, *student, *data, *out, *ckdir, *tokp;
+    distill_opts o;      /* distill_opts_defaults, then the flags */
+    double val_fraction;
+    int threads;
+    char ck[4096], outp[4096];
+} distill_args;
+
+/* One option; the value checks print their own message. */
+static void distill_opt(cli_parser *p, int c, distill_args *a)
 {
-    const char *parent_path = NULL, *student_path = NULL, *data = NULL, *out = NULL, *ckdir = NULL, *tokp = NULL;
-    int64_t tokens = 0, threads = 0, max_steps = 0, seed = 1234;
-    distill_opts o;
-    distill_opts_defaults(&o);
-    int64_t B = o.B, T = o.T, accum = o.accum, warmup = o.warmup_steps, eval_every = o.eval_every,
-            val_tokens = o.val_tokens, ckpt_every = o.ckpt_every;
-    double lr = o.lr, lr_min = o.lr_min, wd = o.weight_decay, clip = o.clip, temp = o.temperature,
-           kdw = o.kd_weight, val_frac = 0.1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t *num = NULL;
-        double *fl = NULL;
-        const char **str = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
+    distill_opts *o = &a->o;
+    double v;
+    if (c < 128 && strchr("LmdcTkw", c)) {   /* the real-valued ones */
+        if (cli_num(p, 0, HUGE_VAL, &v))
+            return;
+        switch (c) {
+        case 'L': o->lr = (float)v; break;
+        case 'm': o->lr_min = (float)v; break;
+        case 'd': o->weight_decay = (float)v; break;
+        case 'c': o->clip = (float)v; break;
+        case 'T': o->temperature = (float)v; break;
+        case 'k': o->kd_weight = (float)v; break;
+        case 'w': a->val_fraction = v; break;
         }
-        if (!strcmp(a, "--parent")) str = &parent_path;
-        else if (!strcmp(a, "--student")) str = &student_path;
-        else if (!strcmp(a, "--data")) str = &data;
-        else if (!strcmp(a, "--out")) str = &out;
-        else if (!strcmp(a, "--ckpt-dir")) str = &ckdir;
-        else if (!strcmp(a, "--tokenizer")) str = &tokp;
-        else if (!strcmp(a, "--tokens")) num = &tokens;
-        else if (!strcmp(a, "--batch")) num = &B;
-        else if (!strcmp(a, "--seq")) num = &T;
-        else if (!strcmp(a, "--accum")) num = &accum;
-        else if (!strcmp(a, "--warmup")) num = &warmup;
-        else if (!strcmp(a, "--eval-every")) num = &eval_every;
-        else if (!strcmp(a, "--val-tokens")) num = &val_tokens;
-        else if (!strcmp(a, "--ckpt-every")) num = &ckpt_every;
-        else if (!strcmp(a, "--threads")) num = &threads;
-        else if (!strcmp(a, "--seed")) num = &seed;
-        else if (!strcmp(a, "--max-steps")) num = &max_steps;
-        else if (!strcmp(a, "--lr")) fl = &lr;
-        else if (!strcmp(a, "--lr-min")) fl = &lr_min;
-        else if (!strcmp(a, "--weight-decay")) fl = &wd;
-        else if (!strcmp(a, "--clip")) fl = &clip;
-        else if (!strcmp(a, "--temperature")) fl = &temp;
-        else if (!strcmp(a, "--kd-weight")) fl = &kdw;
-        else if (!strcmp(a, "--val-fraction")) fl = &val_frac;
-        else {
-            fprintf(stderr, "distill: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "distill: %s needs a value\n", a);
-            return 2;
-        }
-        if (str)
-            *str = v;
-        if (num && cli_parse_i64(v, num)) {
-            fprintf(stderr, "distill: %s: '%s' is not a non-negative integer\n", a, v);
-            return 2;
-        }
-        if (fl && parse_f(v, fl)) {
-            fprintf(stderr, "distill: %s: '%s' is not a non-negative number\n", a, v);
-            return 2;
-        }
-        i++;
+        return;
     }
-    if (!parent_path || !student_path || !data || tokens <= 0) {
+    switch (c) {
+    case 'p': a->parent = p->arg; break;
+    case 's': a->student = p->arg; break;
+    case 'D': a->data = p->arg; break;
+    case 'o': a->out = p->arg; break;
+    case 'C': a->ckdir = p->arg; break;
+    case 'z': a->tokp = p->arg; break;
+    case 'n': cli_i64(p, 0, INT64_MAX, &o->tokens); break;
+    case 'b': cli_int(p, 1, 4096, &o->B); break;
+    case 'q': cli_int(p, 2, 1 << 20, &o->T); break;
+    case 'a': cli_int(p, 1, 1 << 20, &o->accum); break;
+    case 'W': cli_i64(p, 0, INT64_MAX, &o->warmup_steps); break;
+    case 'e': cli_int(p, 0, INT32_MAX, &o->eval_every); break;
+    case 'V': cli_i64(p, 0, INT64_MAX, &o->val_tokens); break;
+    case 'E': cli_int(p, 0, INT32_MAX, &o->ckpt_every); break;
+    case 'j': cli_int(p, 0, 1024, &a->threads); break;
+    case 'S': cli_u64(p, &o->seed); break;
+    case 'M': cli_i64(p, 0, INT64_MAX, &o->stop_after); break;
+    }
+}
+
+/* CLI_END with *a filled (paths defaulted), or the exit status. */
+static int distill_parse(int argc, char **argv, distill_args *a)
+{
+    static const struct option opts[] = {
+        {"parent", required_argument, NULL, 'p'},       {"student", required_argument, NULL, 's'},
+        {"data", required_argument, NULL, 'D'},         {"out", required_argument, NULL, 'o'},
+        {"ckpt-dir", required_argument, NULL, 'C'},     {"tokenizer", required_argument, NULL, 'z'},
+        {"tokens", required_argument, NULL, 'n'},       {"batch", required_argument, NULL, 'b'},
+        {"seq", required_argument, NULL, 'q'},          {"accum", required_argument, NULL, 'a'},
+        {"warmup", required_argument, NULL, 'W'},       {"eval-every", required_argument, NULL, 'e'},
+        {"val-tokens", required_argument, NULL, 'V'},   {"ckpt-every", required_argument, NULL, 'E'},
+        {"threads", required_argument, NULL, 'j'},      {"seed", required_argument, NULL, 'S'},
+        {"max-steps", required_argument, NULL, 'M'},    {"lr", required_argument, NULL, 'L'},
+        {"lr-min", required_argument, NULL, 'm'},       {"weight-decay", required_argument, NULL, 'd'},
+        {"clip", required_argument, NULL, 'c'},         {"temperature", required_argument, NULL, 'T'},
+        {"kd-weight", required_argument, NULL, 'k'},    {"val-fraction", required_argument, NULL, 'w'},
+        {"help", no_argument, NULL, 'h'},               {0}};
+    memset(a, 0, sizeof *a);
+    distill_opts_defaults(&a->o);
+    a->val_fraction = 0.1;   /* the command holds out more than a job (step_text_default) */
+    cli_parser p;
+    int c;
+    cli_init(&p, "distill", argc, argv, opts, NULL, usage);
+    while ((c = cli_next(&p)) > 0)
+        distill_opt(&p, c, a);
+    if (c != CLI_END)
+        return cli_status(c);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (!a->parent || !a->student || !a->data || a->o.tokens <= 0) {
         usage(stderr);
         return 2;
     }
-    if (B < 1 || T < 2 || accum < 1 || B > 4096 || T > 1 << 20 || accum > 1 << 20 || threads > 1024 ||
-        kdw > 1 || !(temp > 0) || val_frac >= 1) {
-        fprintf(stderr, "distill: an option is out of range (batch, seq, accum >= 1; 0 <= kd-weight <= 1; "
-                        "temperature > 0; val-fraction < 1)\n");
+    if (a->o.kd_weight > 1 || !(a->o.temperature > 0) || a->val_fraction >= 1) {
+        fprintf(stderr, "distill: an option is out of range (0 <= kd-weight <= 1; temperature > 0; "
+                        "val-fraction < 1)\n");
         return 2;
     }
-    o.tokens = tokens;
-    o.B = (int)B;
-    o.T = (int)T;
-    o.accum = (int)accum;
-    o.lr = (float)lr;
-    o.lr_min = (float)lr_min;
-    o.warmup_steps = warmup;
-    o.weight_decay = (float)wd;
-    o.clip = (float)clip;
-    o.temperature = (float)temp;
-    o.kd_weight = (float)kdw;
-    o.eval_every = (int)eval_every;
-    o.val_tokens = val_tokens;
-    o.ckpt_every = (int)ckpt_every;
-    o.seed = (uint64_t)seed;
-    o.stop_after = max_steps;
-    distill_display disp = {&o, NULL};
-    o.progress = on_progress;
-    o.progress_ctx = &disp;
-    char ck[4096], outp[4096], err[1024];
-    if (!ckdir) {
-        snprintf(ck, sizeof ck, "%s/checkpoints", student_path);
-        ckdir = ck;
+    if (!a->ckdir) {
+        snprintf(a->ck, sizeof a->ck, "%s/checkpoints", a->student);
+        a->ckdir = a->ck;
     }
-    if (!out) {
-        snprintf(outp, sizeof outp, "%s/distilled", student_path);
-        out = outp;
+    if (!a->out) {
+        snprintf(a->outp, sizeof a->outp, "%s/distilled", a->student);
+        a->out = a->outp;
     }
-    o.ckpt_dir = o.ckpt_every > 0 ? ckdir : NULL;
+    a->o.ckpt_dir = a->o.ckpt_every > 0 ? a->ckdir : NULL;
+    return CLI_END;
+}
 
-    int status = 1;
-    eng_backend *be = eng_backend_cpu_new((int)threads);
-    eng_model parent = {0}, student = {0};
-    int have_p = 0, have_s = 0;
-    tok_tokenizer *tok = NULL;
-    td_docs docs = {0};
-    td_stream train = {0}, val = {0};
-    distill_result res = {0};
-    json_t *man = NULL, *summary = NULL;
-    if (!be) {
+/* The models and the text. */
+typedef struct {
+    eng_backend *be;
+    eng_model parent, student;
+    int have_p, have_s;
+    tok_tokenizer *tok;
+    td_stream train, val;
+} distill_inputs;
+
+static void inputs_free(distill_inputs *in)
+{
+    td_stream_free(&in->train);
+    td_stream_free(&in->val);
+    tok_free(in->tok);
+    if (in->have_s)
+        eng_model_free(&in->student);
+    if (in->have_p)
+        eng_model_free(&in->parent);
+    eng_backend_free(in->be);
+}
+
+/* Load parent, tokenizer and student; pack the text. 0, or -1 after the message. */
+static int inputs_load(const distill_args *a, distill_inputs *in)
+{
+    char err[1024];
+    memset(in, 0, sizeof *in);
+    if (!(in->be = eng_backend_cpu_new(a->threads))) {
         fprintf(stderr, "distill: cannot create the CPU backend\n");
-        goto done;
+        return -1;
     }
-    if (prune_load_model(parent_path, tokp, be, &parent, &tok, err, sizeof err)) {
-        fprintf(stderr, "distill: parent %s: %s\n", parent_path, err);
-        goto done;
+    if (prune_load_model(a->parent, a->tokp, in->be, &in->parent, &in->tok, err, sizeof err)) {
+        fprintf(stderr, "distill: parent %s: %s\n", a->parent, err);
+        return -1;
     }
-    have_p = 1;
-    if (prune_load_model(student_path, NULL, be, &student, NULL, err, sizeof err)) {
-        fprintf(stderr, "distill: student %s: %s\n", student_path, err);
-        goto done;
+    in->have_p = 1;
+    if (prune_load_model(a->student, NULL, in->be, &in->student, NULL, err, sizeof err)) {
+        fprintf(stderr, "distill: student %s: %s\n", a->student, err);
+        return -1;
     }
-    have_s = 1;
-    if (student.a.vocab_size != parent.a.vocab_size) {
-        fprintf(stderr, "distill: student vocab %d differs from the parent's %d\n", student.a.vocab_size,
-                parent.a.vocab_size);
-        goto done;
+    in->have_s = 1;
+    if (in->student.a.vocab_size != in->parent.a.vocab_size) {
+        fprintf(stderr, "distill: student vocab %d differs from the parent's %d\n", in->student.a.vocab_size,
+                in->parent.a.vocab_size);
+        return -1;
     }
-    if (td_read_docs(data, TD_FMT_AUTO, &docs, err, sizeof err)) {
-        fprintf(stderr, "distill: %s\n", err);
-        goto done;
-    }
-    const tok_config *tc = tok_cfg(tok);
-    td_pack_opts po = {.seed = (uint64_t)seed, .val_fraction = val_frac,
-                       .sep_token = tc->bos_id >= 0 ? tc->bos_id : tc->eos_id};
-    if (td_pack(&docs, td_encode_tok, tok, &po, &train, &val, err, sizeof err)) {
-        fprintf(stderr, "distill: %s: %s\n", data, err);
-        goto done;
+    /* documents after BOS (else EOS), the whole text (no cap), --seed's order */
+    const tok_config *tc = tok_cfg(in->tok);
+    td_pack_opts po;
+    size_t n_docs = 0;
+    step_text_default(&po, in->tok);
+    po.seed = a->o.seed;
+    po.val_fraction = a->val_fraction;
+    po.sep_token = tc->bos_id >= 0 ? tc->bos_id : tc->eos_id;
+    po.max_tokens = 0;
+    if (step_text(a->data, in->tok, &po, &in->train, &in->val, &n_docs, err, sizeof err)) {
+        fprintf(stderr, "distill: %s: %s\n", a->data, err);
+        return -1;
     }
     fprintf(stderr, "distill: %s: %zu documents, %zu training and %zu validation tokens; budget %lld tokens "
                     "(%.2f epochs)\n",
-            data, docs.n, train.n, val.n, (long long)tokens, (double)tokens / (double)(train.n ? train.n : 1));
-    int has_val = val.n > (size_t)T;
-    double vp = NAN, vs0 = NAN;
-    if (has_val && (distill_eval_loss(&parent, &val, o.B, o.T, o.val_tokens, &vp, err, sizeof err) ||
-                    distill_eval_loss(&student, &val, o.B, o.T, o.val_tokens, &vs0, err, sizeof err))) {
+            a->data, n_docs, in->train.n, in->val.n, (long long)a->o.tokens,
+            (double)a->o.tokens / (double)(in->train.n ? in->train.n : 1));
+    return 0;
+}
+
+static void print_json(json_t *j)
+{
+    char *t = j ? json_dumps(j, JSON_SORT_KEYS) : NULL;
+    if (t)
+        printf("%s\n", t);
+    free(t);
+    json_decref(j);
+}
+
+int cli_distill(int argc, char **argv)
+{
+    distill_args a;
+    int pr = distill_parse(argc, argv, &a);
+    if (pr != CLI_END)
+        return pr;
+    distill_display disp = {&a.o, NULL};
+    a.o.progress = on_progress;
+    a.o.progress_ctx = &disp;
+    int status = 1;
+    char err[1024];
+    distill_inputs in;
+    distill_result res = {0};
+    if (inputs_load(&a, &in))
+        goto done;
+    int has_val = step_distill_has_val(&in.val, &a.o);
+    double vp = NAN, vs0 = NAN, vs1 = NAN;
+    if (has_val && (distill_eval_loss(&in.parent, &in.val, a.o.B, a.o.T, a.o.val_tokens, &vp, err, sizeof err) ||
+                    distill_eval_loss(&in.student, &in.val, a.o.B, a.o.T, a.o.val_tokens, &vs0, err, sizeof err))) {
         fprintf(stderr, "distill: validation: %s\n", err);
         goto done;
     }
     if (has_val)
         fprintf(stderr, "distill: validation loss parent %.4f, student before distillation %.4f\n", vp, vs0);
+    json_t *man = json_pack("{s:s,s:s*,s:s}", "parent", a.parent, "tokenizer", a.tokp, "distilled_from", a.student);
+    if (!man) {
+        fprintf(stderr, "distill: out of memory\n");
+        goto done;
+    }
     disp.pb = pb_open(stderr, PB_AUTO);
-    int rc = distill_run(&parent, &student, &train, has_val ? &val : NULL, &o, &res, err, sizeof err);
+    int rc = step_distill(&in.parent, &in.student, &in.train, &in.val, &a.o, a.out, man, &res, err, sizeof err);
+    json_decref(man);
     pb_end_stage(disp.pb, rc < 0 ? "failed" : rc == 1 ? "stopped" : NULL);
     pb_close(disp.pb);
     if (rc < 0) {
@@ -239,54 +276,26 @@ int cli_distill(int argc, char **argv)
     }
     if (rc == 1) {
         fprintf(stderr, "distill: stopped after step %lld of %lld; rerun the same command to resume from %s\n",
-                (long long)res.steps, (long long)distill_steps(tokens, o.B, o.T, o.accum), ckdir);
-        summary = json_pack("{s:b,s:I,s:I,s:I,s:s}", "complete", 0, "steps", (json_int_t)res.steps, "tokens",
-                            (json_int_t)res.tokens, "budget", (json_int_t)tokens, "checkpoints", ckdir);
-        char *t = summary ? json_dumps(summary, JSON_SORT_KEYS) : NULL;
-        if (t)
-            printf("%s\n", t);
-        free(t);
+                (long long)res.steps, (long long)distill_steps(a.o.tokens, a.o.B, a.o.T, a.o.accum), a.ckdir);
+        print_json(json_pack("{s:b,s:I,s:I,s:I,s:s}", "complete", 0, "steps", (json_int_t)res.steps, "tokens",
+                             (json_int_t)res.tokens, "budget", (json_int_t)a.o.tokens, "checkpoints", a.ckdir));
         status = 0;
         goto done;
     }
-    double vs1 = NAN;
-    if (has_val && distill_eval_loss(&student, &val, o.B, o.T, o.val_tokens, &vs1, err, sizeof err)) {
+    if (has_val && distill_eval_loss(&in.student, &in.val, a.o.B, a.o.T, a.o.val_tokens, &vs1, err, sizeof err)) {
         fprintf(stderr, "distill: validation: %s\n", err);
         goto done;
     }
-    man = json_pack("{s:s,s:s*,s:s,s:I,s:I}", "parent", parent_path, "tokenizer", tokp, "distilled_from",
-                    student_path, "distill_tokens", (json_int_t)res.tokens, "distill_steps", (json_int_t)res.steps);
-    if (!man || prune_save_dir(&student, out, man, err, sizeof err)) {
-        fprintf(stderr, "distill: %s: %s\n", out, man ? err : "out of memory");
-        goto done;
-    }
-    summary = json_pack("{s:b,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:I}", "complete", 1, "out", out, "tokens",
-                        (json_int_t)res.tokens,
-                        "budget", (json_int_t)tokens, "steps", (json_int_t)res.steps, "final_loss",
-                        isfinite(res.final_loss) ? res.final_loss : -1.0, "val_loss_parent", has_val ? vp : -1.0,
-                        "val_loss_pruned", has_val ? vs0 : -1.0, "val_loss_distilled", has_val ? vs1 : -1.0,
-                        "wall_s", res.wall_s, "tokens_per_s",
-                        res.wall_s > 0 ? (double)res.tokens_run / res.wall_s : 0.0, "resumed_from",
-                        (json_int_t)res.resumed_from);
-    char *text = summary ? json_dumps(summary, JSON_SORT_KEYS) : NULL;
-    if (text)
-        printf("%s\n", text);
-    free(text);
+    print_json(json_pack("{s:b,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:I}", "complete", 1, "out", a.out, "tokens",
+                         (json_int_t)res.tokens, "budget", (json_int_t)a.o.tokens, "steps", (json_int_t)res.steps,
+                         "final_loss", isfinite(res.final_loss) ? res.final_loss : -1.0, "val_loss_parent",
+                         has_val ? vp : -1.0, "val_loss_pruned", has_val ? vs0 : -1.0, "val_loss_distilled",
+                         has_val ? vs1 : -1.0, "wall_s", res.wall_s, "tokens_per_s",
+                         res.wall_s > 0 ? (double)res.tokens_run / res.wall_s : 0.0, "resumed_from",
+                         (json_int_t)res.resumed_from));
     status = 0;
 done:
-    json_decref(summary);
-    json_decref(man);
     distill_result_free(&res);
-    td_stream_free(&train);
-    td_stream_free(&val);
-    td_docs_free(&docs);
-    if (tok)
-        tok_free(tok);
-    if (have_s)
-        eng_model_free(&student);
-    if (have_p)
-        eng_model_free(&parent);
-    if (be)
-        eng_backend_free(be);
+    inputs_free(&in);
     return status;
 }

@@ -75,68 +75,72 @@ static json_t *estimate_from_file(const char *path, const arch *a, const cm_targ
     return out;
 }
 
-int cli_estimate(int argc, char **argv)
-{
-    const char *model = NULL, *arch_file = NULL, *cal_file = NULL, *data_dir = getenv("AC_DATA_DIR");
-    int as_json = 0;
+typedef struct {
+    const char *model, *arch_file, *cal_file, *data_dir;
+    int as_json;
     cm_target t;
-    cm_target_default(&t);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            as_json = 1;
-        } else if (!v) {
-            bad = 1;
-        } else {
-            i++;
-            if (!strcmp(a, "--model"))
-                model = v;
-            else if (!strcmp(a, "--arch"))
-                arch_file = v;
-            else if (!strcmp(a, "--calibration"))
-                cal_file = v;
-            else if (!strcmp(a, "--data-dir"))
-                data_dir = v;
-            else if (cli_target_opt(a, v, &t, &bad))   /* --device, --precision, --batch, --prompt, --output */
-                ;
-            else
-                bad = 1;
-        }
-        if (bad) {
-            fprintf(stderr, "estimate: bad or unknown option %s%s%s\n", a, v ? " " : "", v ? v : "");
-            usage(stderr);
-            return 2;
+} estimate_args;
+
+/* CLI_END with *a filled, or the exit status. */
+static int estimate_parse(int argc, char **argv, estimate_args *a)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'}, {"arch", required_argument, NULL, 'a'},
+        {"calibration", required_argument, NULL, 'c'}, {"data-dir", required_argument, NULL, 'D'},
+        {"json", no_argument, NULL, 'j'}, CLI_TARGET_OPTIONS, {"help", no_argument, NULL, 'h'}, {0}};
+    memset(a, 0, sizeof *a);
+    a->data_dir = getenv("AC_DATA_DIR");
+    cm_target_default(&a->t);
+    cli_parser p;
+    int c;
+    cli_init(&p, "estimate", argc, argv, opts, NULL, usage);
+    cli_set_target(&p, &a->t);
+    while ((c = cli_next(&p)) > 0) {
+        switch (c) {
+        case 'm': a->model = p.arg; break;
+        case 'a': a->arch_file = p.arg; break;
+        case 'c': a->cal_file = p.arg; break;
+        case 'D': a->data_dir = p.arg; break;
+        case 'j': a->as_json = 1; break;
         }
     }
-    if (!!model == !!arch_file) {
+    if (c != CLI_END)
+        return cli_status(c);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (!!a->model == !!a->arch_file) {
         fprintf(stderr, "estimate: give exactly one of --arch FILE and --model PATH\n");
         usage(stderr);
         return 2;
     }
-    if (!data_dir)
-        data_dir = "var";
+    if (!a->data_dir)
+        a->data_dir = "var";
+    return CLI_END;
+}
+
+int cli_estimate(int argc, char **argv)
+{
+    estimate_args ea;
+    int pr = estimate_parse(argc, argv, &ea);
+    if (pr != CLI_END)
+        return pr;
     char err[1024];
     arch a;
-    if (cm_load_arch(model ? model : arch_file, &a, err, sizeof err)) {
+    if (cm_load_arch(ea.model ? ea.model : ea.arch_file, &a, err, sizeof err)) {
         fprintf(stderr, "estimate: %s\n", err);
         return 1;
     }
     json_t *est;
-    if (cal_file) {
-        est = estimate_from_file(cal_file, &a, &t, err, sizeof err);
-    } else {
-        cm_estimate(&a, &t, data_dir, &est, err, sizeof err);
-    }
+    if (ea.cal_file)
+        est = estimate_from_file(ea.cal_file, &a, &ea.t, err, sizeof err);
+    else
+        cm_estimate(&a, &ea.t, ea.data_dir, &est, err, sizeof err);
     arch_free(&a);
     if (!est) {
         fprintf(stderr, "estimate: %s\n", err);
         return 1;
     }
-    if (as_json) {
+    if (ea.as_json) {
         json_dumpf(est, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
         printf("\n");
     } else {

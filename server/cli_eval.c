@@ -7,18 +7,18 @@
  * elsewhere); the table and --json output are unchanged.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
 #include "compress/eval.h"
 #include "compress/evaltasks.h"
+#include "compress/steps.h"
 #include "engine/backend.h"
+#include "engine/clock.h"
 #include "engine/model.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
@@ -26,7 +26,6 @@
 #include "storage/modelio.h"
 
 #define EV_MAX_TASKS 64
-#define EV_DEFAULT_MAX_TASK_BYTES ((size_t)64 << 20)
 
 static void eval_usage(FILE *f)
 {
@@ -242,10 +241,9 @@ static int write_json_atomic(const char *path, json_t *j)
     return rc;
 }
 
-int cli_eval(int argc, char **argv)
+/* CLI_END with *a filled, or the exit status. */
+static int eval_parse(int argc, char **argv, eval_args *a)
 {
-    eval_args a = {.limit = 0, .seed = 1234, .fewshot = -1, .max_task_bytes = EV_DEFAULT_MAX_TASK_BYTES};
-    snprintf(a.tasks_arg, sizeof a.tasks_arg, "eight");
     static const struct option opts[] = {
         {"tasks", required_argument, 0, 't'},       {"limit", required_argument, 0, 'l'},
         {"seed", required_argument, 0, 's'},        {"num-fewshot", required_argument, 0, 'k'},
@@ -256,231 +254,229 @@ int cli_eval(int argc, char **argv)
         {"dump-prompts", required_argument, 0, 'D'}, {"verbose", no_argument, 0, 'v'},
         {"log-samples", required_argument, 0, 'Y'},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
-    optind = 1;
+    step_eval_opts d;
+    step_eval_default(&d);
+    *a = (eval_args){.limit = d.limit, .seed = d.seed, .fewshot = d.n_fewshot, .max_task_bytes = d.max_task_bytes};
+    snprintf(a->tasks_arg, sizeof a->tasks_arg, "eight");
+    cli_parser p;
     int c;
-    long v;
-    while ((c = getopt_long(argc, argv, "t:l:s:k:S:d:T:j:L:b:m:o:D:Y:vh", opts, NULL)) != -1) {
+    int64_t bytes;
+    cli_init(&p, "eval", argc, argv, opts, "t:l:s:k:S:d:T:j:L:b:m:o:D:Y:vh", eval_usage);
+    while ((c = cli_next(&p)) > 0) {
         switch (c) {
-        case 't':
-            if (snprintf(a.tasks_arg, sizeof a.tasks_arg, "%s", optarg) >= (int)sizeof a.tasks_arg) {
-                fprintf(stderr, "eval: --tasks too long\n");
-                return 2;
-            }
-            break;
-        case 'l':
-            if (cli_parse_long(optarg, 0, 100000000, &v))
-                goto bad;
-            a.limit = (int)v;
-            break;
-        case 's': {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end)
-                goto bad;
-            a.seed = s;
-            break;
-        }
-        case 'k':
-            if (cli_parse_long(optarg, 0, 5, &v))
-                goto bad;
-            a.fewshot = (int)v;
-            break;
-        case 'S': a.subjects = optarg; break;
-        case 'd': a.data = optarg; break;
-        case 'T': a.tokenizer = optarg; break;
-        case 'j':
-            if (cli_parse_long(optarg, 0, 4096, &v))
-                goto bad;
-            a.threads = (int)v;
-            break;
-        case 'L':
-            if (cli_parse_long(optarg, 2, 1 << 20, &v))
-                goto bad;
-            a.max_len = (int)v;
-            break;
-        case 'b':
-            if (cli_parse_long(optarg, 1, 1 << 24, &v))
-                goto bad;
-            a.batch_tokens = (int)v;
-            break;
+        case 't': cli_str(&p, a->tasks_arg, sizeof a->tasks_arg); break;
+        case 'l': cli_int(&p, 0, 100000000, &a->limit); break;
+        case 's': cli_u64(&p, &a->seed); break;
+        case 'k': cli_int(&p, 0, 5, &a->fewshot); break;
+        case 'S': a->subjects = p.arg; break;
+        case 'd': a->data = p.arg; break;
+        case 'T': a->tokenizer = p.arg; break;
+        case 'j': cli_int(&p, 0, 4096, &a->threads); break;
+        case 'L': cli_int(&p, 2, 1 << 20, &a->max_len); break;
+        case 'b': cli_int(&p, 1, 1 << 24, &a->batch_tokens); break;
         case 'm':
-            if (cli_parse_long(optarg, 1, 1L << 40, &v))
-                goto bad;
-            a.max_task_bytes = (size_t)v;
+            if (cli_i64(&p, 1, (int64_t)1 << 40, &bytes) == 0)
+                a->max_task_bytes = (size_t)bytes;
             break;
-        case 'o': a.json_out = optarg; break;
-        case 'D': a.dump = optarg; break;
-        case 'Y': a.samples = optarg; break;
-        case 'v': a.verbose = 1; break;
-        case 'h': eval_usage(stdout); return 0;
-        default: eval_usage(stderr); return 2;
+        case 'o': a->json_out = p.arg; break;
+        case 'D': a->dump = p.arg; break;
+        case 'Y': a->samples = p.arg; break;
+        case 'v': a->verbose = 1; break;
         }
-        continue;
-    bad:
-        for (int i = 0; opts[i].name; i++)
-            if (opts[i].val == c) {
-                fprintf(stderr, "eval: invalid value '%s' for --%s\n", optarg, opts[i].name);
-                break;
-            }
-        return 2;
     }
-    if (optind < argc)
-        a.model = argv[optind++];
-    if (optind < argc) {
-        fprintf(stderr, "eval: unexpected argument '%s'\n", argv[optind]);
+    if (c != CLI_END)
+        return cli_status(c);
+    a->model = cli_operand(&p);
+    if (cli_no_more_operands(&p))
         return 2;
-    }
-    if (!a.model && !a.dump) {
+    if (!a->model && !a->dump) {
         eval_usage(stderr);
         return 2;
     }
-    char dbuf[1024];
-    const char *data_dir = a.data ? a.data : default_data_dir(dbuf, sizeof dbuf);
-    char *names[EV_MAX_TASKS];
-    char *fetched_path[EV_MAX_TASKS] = {0}, *fetched_name[EV_MAX_TASKS] = {0};
-    int n = expand_tasks(a.tasks_arg, names, EV_MAX_TASKS);
-    if (n <= 0) {
+    return CLI_END;
+}
+
+/* The tasks of --tasks: names or files, URL tasks fetched into temporary files. */
+typedef struct {
+    char *names[EV_MAX_TASKS];          /* what ev_run_named loads (borrowed from tasks_arg or fetched) */
+    char *fetched_path[EV_MAX_TASKS];   /* owned; removed by tasks_free */
+    char *fetched_name[EV_MAX_TASKS];   /* owned: a URL task's name */
+    int n;
+} eval_tasks;
+
+static void tasks_free(eval_tasks *t)
+{
+    for (int i = 0; i < t->n; i++) {
+        if (t->fetched_path[i])
+            unlink(t->fetched_path[i]);
+        free(t->fetched_path[i]);
+        free(t->fetched_name[i]);
+    }
+}
+
+/* Expand and fetch. 0, or the exit status (2 for a bad list, 1 for a failed fetch). */
+static int tasks_resolve(eval_args *a, eval_tasks *t)
+{
+    memset(t, 0, sizeof *t);
+    t->n = expand_tasks(a->tasks_arg, t->names, EV_MAX_TASKS);
+    if (t->n <= 0) {
         fprintf(stderr, "eval: --tasks names no tasks (or more than %d)\n", EV_MAX_TASKS);
+        t->n = 0;
         return 2;
     }
-    int rc = 0;
-    for (int i = 0; i < n; i++) {
-        if (strncmp(names[i], "http://", 7) && strncmp(names[i], "https://", 8) && strncmp(names[i], "file://", 7))
+    for (int i = 0; i < t->n; i++) {
+        const char *nm = t->names[i];
+        if (strncmp(nm, "http://", 7) && strncmp(nm, "https://", 8) && strncmp(nm, "file://", 7))
             continue;
         char err[1024];
-        if (fetch_task(names[i], a.max_task_bytes, &fetched_path[i], &fetched_name[i], err, sizeof err)) {
+        if (fetch_task(nm, a->max_task_bytes, &t->fetched_path[i], &t->fetched_name[i], err, sizeof err)) {
             fprintf(stderr, "eval: %s\n", err);
-            rc = 1;
-            goto cleanup;
+            return 1;
         }
-        names[i] = fetched_path[i];
+        t->names[i] = t->fetched_path[i];
     }
-    if (a.dump) {
-        rc = dump_prompts(&a, names, n, data_dir);
-        goto cleanup;
-    }
+    return 0;
+}
 
-    eng_backend *be = eng_backend_cpu_new(a.threads);
-    if (!be) {
-        fprintf(stderr, "eval: cannot create the CPU backend\n");
-        rc = 1;
-        goto cleanup;
-    }
-    eng_model m;
-    tok_tokenizer *tok = NULL;
-    char err[1024];
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t0 = (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
-    if (mio_load_model(a.model, a.tokenizer, be, &m, &tok, err, sizeof err)) {
-        fprintf(stderr, "eval: %s\n", err);
-        eng_backend_free(be);
-        rc = 1;
-        goto cleanup;
-    }
-    ev_engine eng = {.m = &m, .tok = tok, .max_batch_tokens = a.batch_tokens};
-    ev_model em;
-    if (ev_engine_model(&eng, a.max_len, &em, err, sizeof err)) {
-        fprintf(stderr, "eval: %s\n", err);
-        rc = 1;
-        goto free_model;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t_loaded = (double)ts.tv_sec + 1e-9 * ts.tv_nsec;
-    fprintf(stderr, "eval: %s loaded in %.1f s (vocab %d, max_length %d, bos %s), data %s\n", a.model,
-            t_loaded - t0, m.a.vocab_size, em.max_len, em.add_bos ? "yes" : "no", data_dir);
-    ev_result *res = calloc((size_t)n, sizeof *res);
-    if (!res) {
-        rc = 1;
-        goto free_model;
-    }
-    ev_load_opts lo = {.n_fewshot = a.fewshot, .subjects = a.subjects};
-    eval_progress prog = {NULL, "", 0, n};
-    ev_opts eo = {.limit = a.limit, .seed = a.seed, .progress = progress_show, .progress_user = &prog};
-    FILE *samples = NULL;
-    if (a.samples) {
-        samples = fopen(a.samples, "w");
-        if (!samples) {
-            fprintf(stderr, "eval: %s: %s\n", a.samples, strerror(errno));
-            free(res);
-            rc = 1;
-            goto free_model;
-        }
+/* Score every task with a progress stage each; res[i] gets task i's result. Returns
+ * the number of tasks that failed. */
+static int score_tasks(const eval_args *a, const ev_model *em, const eval_tasks *t, const char *data_dir,
+                       FILE *samples, ev_result *res)
+{
+    ev_load_opts lo = {.n_fewshot = a->fewshot, .subjects = a->subjects};
+    eval_progress prog = {NULL, "", 0, t->n};
+    ev_opts eo = {.limit = a->limit, .seed = a->seed, .progress = progress_show, .progress_user = &prog};
+    if (samples) {
         eo.sample = sample_write;
         eo.sample_user = samples;
     }
     int failed = 0;
     prog.pb = pb_open(stderr, PB_AUTO);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < t->n; i++) {
         ev_load_opts lo_i = lo;   /* --num-fewshot is MMLU's (the others have no training split here) */
-        if (strcmp(names[i], "mmlu"))
+        if (strcmp(t->names[i], "mmlu"))
             lo_i.n_fewshot = -1;
-        const char *slash = strrchr(names[i], '/');
-        prog.label = fetched_name[i] ? fetched_name[i] : slash ? slash + 1 : names[i];
+        const char *slash = strrchr(t->names[i], '/');
+        prog.label = t->fetched_name[i] ? t->fetched_name[i] : slash ? slash + 1 : t->names[i];
         prog.index = i;
-        progress_show(&prog, names[i], -1, 0);   /* loading and tokenizing count as the task's time */
-        int r = ev_run_named(&em, names[i], data_dir, &lo_i, &eo, &res[i]);
+        progress_show(&prog, t->names[i], -1, 0);   /* loading and tokenizing count as the task's time */
+        int r = ev_run_named(em, t->names[i], data_dir, &lo_i, &eo, &res[i]);
         pb_end_stage(prog.pb, r ? "failed" : NULL);
-        if (fetched_name[i])
-            snprintf(res[i].task, sizeof res[i].task, "%s", fetched_name[i]);
+        if (t->fetched_name[i])
+            snprintf(res[i].task, sizeof res[i].task, "%s", t->fetched_name[i]);
         if (r) {
             failed++;
             pb_notef(prog.pb, "eval: %s: %s", res[i].task, res[i].error);
         }
     }
     pb_close(prog.pb);
-    if (samples && fclose(samples)) {
-        fprintf(stderr, "eval: writing %s failed\n", a.samples);
-        rc = 1;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double wall = (double)ts.tv_sec + 1e-9 * ts.tv_nsec - t_loaded;
+    return failed;
+}
+
+/* The table on stdout and, with --json, the results file. 0, or 1 when it could not
+ * be written. */
+static int eval_report(const eval_args *a, const ev_engine *eng, const ev_model *em, int threads,
+                       const ev_result *res, int n, double wall)
+{
     int64_t items = 0;
     for (int i = 0; i < n; i++)
         items += res[i].ok ? res[i].n : 0;
-    printf("model %s  limit %d  seed %llu  threads %d\n", a.model, a.limit, (unsigned long long)a.seed,
-           be->threads);
-    ev_print_table(stdout, res, n, a.verbose);
+    printf("model %s  limit %d  seed %llu  threads %d\n", a->model, a->limit, (unsigned long long)a->seed, threads);
+    ev_print_table(stdout, res, n, a->verbose);
     printf("%lld items in %.1f s (%.2f items/s); %lld forwards, %lld rows (%lld requests shared a row), %lld tokens\n",
-           (long long)items, wall, wall > 0 ? items / wall : 0.0, (long long)eng.forwards, (long long)eng.rows,
-           (long long)eng.shared, (long long)eng.tokens_forwarded);
-    if (a.json_out) {
-        json_t *j = ev_results_json(res, n);
-        if (j) {
-            json_object_set_new(j, "model", json_string(a.model));
-            json_object_set_new(j, "limit", json_integer(a.limit));
-            json_object_set_new(j, "seed", json_integer((json_int_t)a.seed));
-            json_object_set_new(j, "max_length", json_integer(em.max_len));
-            json_object_set_new(j, "threads", json_integer(be->threads));
-            json_object_set_new(j, "wall_s", json_real(wall));
-            json_object_set_new(j, "items_per_s", json_real(wall > 0 ? items / wall : 0.0));
-            json_object_set_new(j, "engine", json_pack("{s:I,s:I,s:I,s:I}", "forwards", (json_int_t)eng.forwards,
-                                                       "rows", (json_int_t)eng.rows, "shared_requests",
-                                                       (json_int_t)eng.shared, "tokens", (json_int_t)eng.tokens_forwarded));
-        }
-        if (!j || write_json_atomic(a.json_out, j)) {
-            fprintf(stderr, "eval: writing %s failed\n", a.json_out);
-            rc = 1;
-        }
-        json_decref(j);
+           (long long)items, wall, wall > 0 ? items / wall : 0.0, (long long)eng->forwards, (long long)eng->rows,
+           (long long)eng->shared, (long long)eng->tokens_forwarded);
+    if (!a->json_out)
+        return 0;
+    json_t *j = ev_results_json(res, n);
+    if (j) {
+        json_object_set_new(j, "model", json_string(a->model));
+        json_object_set_new(j, "limit", json_integer(a->limit));
+        json_object_set_new(j, "seed", json_integer((json_int_t)a->seed));
+        json_object_set_new(j, "max_length", json_integer(em->max_len));
+        json_object_set_new(j, "threads", json_integer(threads));
+        json_object_set_new(j, "wall_s", json_real(wall));
+        json_object_set_new(j, "items_per_s", json_real(wall > 0 ? items / wall : 0.0));
+        json_object_set_new(j, "engine", json_pack("{s:I,s:I,s:I,s:I}", "forwards", (json_int_t)eng->forwards,
+                                                   "rows", (json_int_t)eng->rows, "shared_requests",
+                                                   (json_int_t)eng->shared, "tokens", (json_int_t)eng->tokens_forwarded));
     }
-    for (int i = 0; i < n; i++)
+    int rc = !j || write_json_atomic(a->json_out, j);
+    if (rc)
+        fprintf(stderr, "eval: writing %s failed\n", a->json_out);
+    json_decref(j);
+    return rc ? 1 : 0;
+}
+
+/* Load the model, score the tasks and report. The exit status. */
+static int eval_model(const eval_args *a, const eval_tasks *t, const char *data_dir)
+{
+    eng_backend *be = eng_backend_cpu_new(a->threads);
+    if (!be) {
+        fprintf(stderr, "eval: cannot create the CPU backend\n");
+        return 1;
+    }
+    eng_model m;
+    tok_tokenizer *tok = NULL;
+    char err[1024];
+    double t0 = eng_wall_s();
+    if (mio_load_model(a->model, a->tokenizer, be, &m, &tok, err, sizeof err)) {
+        fprintf(stderr, "eval: %s\n", err);
+        eng_backend_free(be);
+        return 1;
+    }
+    int rc = 1;
+    ev_engine eng = {.m = &m, .tok = tok, .max_batch_tokens = a->batch_tokens};
+    ev_model em;
+    ev_result *res = NULL;
+    FILE *samples = NULL;
+    if (ev_engine_model(&eng, a->max_len, &em, err, sizeof err)) {
+        fprintf(stderr, "eval: %s\n", err);
+        goto out;
+    }
+    double t_loaded = eng_wall_s();
+    fprintf(stderr, "eval: %s loaded in %.1f s (vocab %d, max_length %d, bos %s), data %s\n", a->model,
+            t_loaded - t0, m.a.vocab_size, em.max_len, em.add_bos ? "yes" : "no", data_dir);
+    if (!(res = calloc((size_t)t->n, sizeof *res)))
+        goto out;
+    if (a->samples && !(samples = fopen(a->samples, "w"))) {
+        fprintf(stderr, "eval: %s: %s\n", a->samples, strerror(errno));
+        goto out;
+    }
+    int failed = score_tasks(a, &em, t, data_dir, samples, res);
+    rc = 0;
+    if (samples && fclose(samples)) {
+        fprintf(stderr, "eval: writing %s failed\n", a->samples);
+        rc = 1;
+    }
+    samples = NULL;
+    if (eval_report(a, &eng, &em, be->threads, res, t->n, eng_wall_s() - t_loaded) || failed)
+        rc = 1;
+out:
+    if (samples)
+        fclose(samples);
+    for (int i = 0; res && i < t->n; i++)
         ev_result_free(&res[i]);
     free(res);
-    if (failed)
-        rc = 1;
-free_model:
     ev_engine_free(&eng);
     eng_model_free(&m);
     tok_free(tok);
     eng_backend_free(be);
-cleanup:
-    for (int i = 0; i < n; i++) {
-        if (fetched_path[i])
-            unlink(fetched_path[i]);
-        free(fetched_path[i]);
-        free(fetched_name[i]);
-    }
+    return rc;
+}
+
+int cli_eval(int argc, char **argv)
+{
+    eval_args a;
+    int rc = eval_parse(argc, argv, &a);
+    if (rc != CLI_END)
+        return rc;
+    char dbuf[1024];
+    const char *data_dir = a.data ? a.data : default_data_dir(dbuf, sizeof dbuf);
+    eval_tasks t;
+    rc = tasks_resolve(&a, &t);
+    if (rc == 0)
+        rc = a.dump ? dump_prompts(&a, t.names, t.n, data_dir) : eval_model(&a, &t, data_dir);
+    tasks_free(&t);
     return rc;
 }

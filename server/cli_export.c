@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 #include "storage/archjson.h"
 #include "storage/artstore.h"
 #include "storage/export.h"
@@ -45,76 +46,165 @@ static json_t *file_entry(const char *path, char *err, size_t errlen)
     return json_pack("{s:s, s:I, s:s}", "path", path, "size", (json_int_t)size, "sha256", hex);
 }
 
-int cli_export(int argc, char **argv)
+typedef struct {
+    const char *model, *out, *format, *dtype_s, *arch_path, *parent, *report_path, *tar_path, *name, *verify,
+        *tokenizer;
+    int64_t shard;
+    int gguf, dtype;   /* derived from format, dtype_s */
+} export_args;
+
+/* CLI_END with *a filled and checked, or the exit status. */
+static int export_parse(int argc, char **argv, export_args *a)
 {
-    const char *model = NULL, *out = NULL, *format = "hf", *dtype_s = "bf16", *arch_path = NULL;
-    const char *parent = NULL, *report_path = NULL, *tar_path = NULL, *name = NULL, *verify = NULL;
-    const char *tokenizer = NULL;
-    int64_t shard = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
+    static const struct option opts[] = {
+        {"out", required_argument, NULL, 'o'},       {"format", required_argument, NULL, 'f'},
+        {"dtype", required_argument, NULL, 'd'},     {"arch", required_argument, NULL, 'a'},
+        {"parent", required_argument, NULL, 'p'},    {"tokenizer", required_argument, NULL, 'k'},
+        {"report", required_argument, NULL, 'r'},    {"tar", required_argument, NULL, 't'},
+        {"name", required_argument, NULL, 'n'},      {"verify", required_argument, NULL, 'V'},
+        {"shard-bytes", required_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
+        {0}};
+    *a = (export_args){.format = "hf", .dtype_s = "bf16"};
+    cli_parser p;
+    int c;
+    cli_init(&p, "export", argc, argv, opts, NULL, usage);
+    while ((c = cli_next(&p)) > 0) {
+        switch (c) {
+        case 'o': a->out = p.arg; break;
+        case 'f': a->format = p.arg; break;
+        case 'd': a->dtype_s = p.arg; break;
+        case 'a': a->arch_path = p.arg; break;
+        case 'p': a->parent = p.arg; break;
+        case 'k': a->tokenizer = p.arg; break;
+        case 'r': a->report_path = p.arg; break;
+        case 't': a->tar_path = p.arg; break;
+        case 'n': a->name = p.arg; break;
+        case 'V': a->verify = p.arg; break;
+        case 's': cli_i64(&p, 1, INT64_MAX, &a->shard); break;
         }
-#define OPT(flag, var) if (!strcmp(a, flag)) { if (!v) { fprintf(stderr, "export: %s needs a value\n", flag); return 2; } var = v; i++; continue; }
-        OPT("--out", out)
-        OPT("--format", format)
-        OPT("--dtype", dtype_s)
-        OPT("--arch", arch_path)
-        OPT("--parent", parent)
-        OPT("--tokenizer", tokenizer)
-        OPT("--report", report_path)
-        OPT("--tar", tar_path)
-        OPT("--name", name)
-        OPT("--verify", verify)
-#undef OPT
-        if (!strcmp(a, "--shard-bytes") && v) {
-            char *end;
-            shard = strtoll(v, &end, 10);
-            if (*end || shard <= 0) {
-                fprintf(stderr, "export: --shard-bytes must be a positive integer\n");
-                return 2;
-            }
-            i++;
-            continue;
-        }
-        if (a[0] == '-' || model) {
-            fprintf(stderr, "export: %s '%s'\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
-            usage(stderr);
-            return 2;
-        }
-        model = a;
     }
-    char err[1024] = "";
-    if (verify) {
-        if (exp_verify_dir(verify, err, sizeof err) < 0) {
-            fprintf(stderr, "export: %s\n", err);
-            return 1;
-        }
-        printf("{\"verified\": true, \"path\": \"%s\"}\n", verify);
-        return 0;
-    }
-    if (!model || !out) {
+    if (c != CLI_END)
+        return cli_status(c);
+    a->model = cli_operand(&p);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (a->verify)
+        return CLI_END;
+    if (!a->model || !a->out) {
         usage(stderr);
         return 2;
     }
-    int gguf = !strcmp(format, "gguf");
-    if (!gguf && strcmp(format, "hf") && strcmp(format, "deci")) {
+    a->gguf = !strcmp(a->format, "gguf");
+    if (!a->gguf && strcmp(a->format, "hf") && strcmp(a->format, "deci")) {
         fprintf(stderr, "export: --format must be hf, deci or gguf\n");
         return 2;
     }
-    int dt = exp_dtype_parse(dtype_s);
-    if (dt < 0 || (!gguf && dt == EXP_Q8_0)) {
-        fprintf(stderr, "export: dtype '%s' is not available for %s\n", dtype_s, format);
+    a->dtype = exp_dtype_parse(a->dtype_s);
+    if (a->dtype < 0 || (!a->gguf && a->dtype == EXP_Q8_0)) {
+        fprintf(stderr, "export: dtype '%s' is not available for %s\n", a->dtype_s, a->format);
         return 2;
     }
+    return CLI_END;
+}
+
+/* *pruned: m sliced to the arch in path (prefix pruning). 0, or -1 after the message. */
+static int slice_to_arch(const eng_model *m, const char *path, eng_model *pruned)
+{
+    char err[1024];
+    size_t len;
+    char *text = fio_read_all(path, 0, &len, err, sizeof err);
+    arch target;
+    if (!text) {
+        fprintf(stderr, "export: cannot read %s\n", path);
+        return -1;
+    }
+    int r = arch_from_json_text(text, len, &target, err, sizeof err);
+    free(text);
+    if (r < 0) {
+        fprintf(stderr, "export: %s: %s\n", path, err);
+        return -1;
+    }
+    r = prune_to_arch(m, &target, pruned, err, sizeof err);
+    arch_free(&target);
+    if (r < 0)
+        fprintf(stderr, "export: %s\n", err);
+    return r < 0 ? -1 : 0;
+}
+
+/* Package the HF directory out as tar_path (ustar, named by out's last component) and
+ * add it to files. 0, or -1 with err. */
+static int write_tar(const char *out, const char *tar_path, json_t *files, char *err, size_t errlen)
+{
+    const char *base = strrchr(out, '/');
+    base = base && base[1] ? base + 1 : out;
+    tar_writer *t = tar_open(tar_path, (int64_t)time(NULL), err, errlen);
+    if (!t || tar_add_tree(t, base, out, err, errlen) < 0) {
+        tar_abort(t);
+        return -1;
+    }
+    if (tar_close(t, err, errlen) < 0)
+        return -1;
+    json_t *e = file_entry(tar_path, err, errlen);
+    if (!e)
+        return -1;
+    json_array_append_new(files, e);
+    return 0;
+}
+
+/* Write src in a's format; the manifest (NEW) or NULL with err. */
+static json_t *export_write(const export_args *a, const eng_model *src, json_t *report, char *err, size_t errlen)
+{
+    exp_opts o = {.dtype = (exp_dtype)a->dtype, .shard_bytes = a->shard, .parent_path = a->parent ? a->parent : a->model,
+                  .parent_tokenizer = a->tokenizer, .report = report, .name = a->name,
+                  .hf_class = !strcmp(a->format, "deci") ? "deci" : "llama"};
+    exp_result res;
+    json_t *manifest = json_object(), *files = json_array();
+    json_object_set_new(manifest, "files", files);
+    if (a->gguf) {
+        json_t *e = exp_gguf_write(src, a->out, &o, &res, err, errlen) < 0 ? NULL : file_entry(a->out, err, errlen);
+        if (!e)
+            goto fail;
+        json_array_append_new(files, e);
+    } else {
+        if (exp_hf_write(src, a->out, &o, &res, err, errlen) < 0)
+            goto fail;
+        json_object_set_new(manifest, "directory", json_string(a->out));
+        json_object_set_new(manifest, "shards", json_integer(res.n_shards));
+        if (a->tar_path && write_tar(a->out, a->tar_path, files, err, errlen) < 0)
+            goto fail;
+    }
+    json_object_set_new(manifest, "format", json_string(a->format));
+    json_object_set_new(manifest, "class", json_string(res.model_class));
+    json_object_set_new(manifest, "dtype", json_string(exp_dtype_name((exp_dtype)a->dtype)));
+    json_object_set_new(manifest, "tokenizer", json_boolean(res.tokenizer));
+    if (res.note[0])
+        json_object_set_new(manifest, "note", json_string(res.note));
+    return manifest;
+fail:
+    json_decref(manifest);
+    return NULL;
+}
+
+int cli_export(int argc, char **argv)
+{
+    export_args a;
+    int pr = export_parse(argc, argv, &a);
+    if (pr != CLI_END)
+        return pr;
+    char err[1024] = "";
+    if (a.verify) {
+        if (exp_verify_dir(a.verify, err, sizeof err) < 0) {
+            fprintf(stderr, "export: %s\n", err);
+            return 1;
+        }
+        printf("{\"verified\": true, \"path\": \"%s\"}\n", a.verify);
+        return 0;
+    }
     json_t *report = NULL;
-    if (report_path) {
+    if (a.report_path) {
         json_error_t je;
-        if (!(report = json_load_file(report_path, JSON_REJECT_DUPLICATES, &je))) {
-            fprintf(stderr, "export: %s: %s\n", report_path, je.text);
+        if (!(report = json_load_file(a.report_path, JSON_REJECT_DUPLICATES, &je))) {
+            fprintf(stderr, "export: %s: %s\n", a.report_path, je.text);
             return 1;
         }
     }
@@ -127,88 +217,20 @@ int cli_export(int argc, char **argv)
         fprintf(stderr, "export: out of memory\n");
         goto out;
     }
-    if (exp_load_model(model, be, &m, err, sizeof err) < 0) {
+    if (exp_load_model(a.model, be, &m, err, sizeof err) < 0) {
         fprintf(stderr, "export: %s\n", err);
         goto out;
     }
     have_m = 1;
-    eng_model *src = &m;
-    if (arch_path) {
-        size_t len;
-        char *text = fio_read_all(arch_path, 0, &len, err, sizeof err);
-        arch target;
-        if (!text) {
-            fprintf(stderr, "export: cannot read %s\n", arch_path);
+    if (a.arch_path) {
+        if (slice_to_arch(&m, a.arch_path, &pruned))
             goto out;
-        }
-        int r = arch_from_json_text(text, len, &target, err, sizeof err);
-        free(text);
-        if (r < 0) {
-            fprintf(stderr, "export: %s: %s\n", arch_path, err);
-            goto out;
-        }
-        r = prune_to_arch(&m, &target, &pruned, err, sizeof err);
-        arch_free(&target);
-        if (r < 0) {
-            fprintf(stderr, "export: %s\n", err);
-            goto out;
-        }
         have_p = 1;
-        src = &pruned;
     }
-    exp_opts o = {.dtype = (exp_dtype)dt, .shard_bytes = shard, .parent_path = parent ? parent : model,
-                  .parent_tokenizer = tokenizer,
-                  .report = report, .name = name,
-                  .hf_class = !strcmp(format, "deci") ? "deci" : "llama"};
-    exp_result res;
-    manifest = json_object();
-    json_t *files = json_array();
-    json_object_set_new(manifest, "files", files);
-    if (gguf) {
-        if (exp_gguf_write(src, out, &o, &res, err, sizeof err) < 0) {
-            fprintf(stderr, "export: %s\n", err);
-            goto out;
-        }
-        json_t *e = file_entry(out, err, sizeof err);
-        if (!e) {
-            fprintf(stderr, "export: %s\n", err);
-            goto out;
-        }
-        json_array_append_new(files, e);
-    } else {
-        if (exp_hf_write(src, out, &o, &res, err, sizeof err) < 0) {
-            fprintf(stderr, "export: %s\n", err);
-            goto out;
-        }
-        json_object_set_new(manifest, "directory", json_string(out));
-        json_object_set_new(manifest, "shards", json_integer(res.n_shards));
-        if (tar_path) {
-            const char *base = strrchr(out, '/');
-            base = base && base[1] ? base + 1 : out;
-            tar_writer *t = tar_open(tar_path, (int64_t)time(NULL), err, sizeof err);
-            if (!t || tar_add_tree(t, base, out, err, sizeof err) < 0) {
-                tar_abort(t);
-                fprintf(stderr, "export: %s\n", err);
-                goto out;
-            }
-            if (tar_close(t, err, sizeof err) < 0) {
-                fprintf(stderr, "export: %s\n", err);
-                goto out;
-            }
-            json_t *e = file_entry(tar_path, err, sizeof err);
-            if (!e) {
-                fprintf(stderr, "export: %s\n", err);
-                goto out;
-            }
-            json_array_append_new(files, e);
-        }
+    if (!(manifest = export_write(&a, have_p ? &pruned : &m, report, err, sizeof err))) {
+        fprintf(stderr, "export: %s\n", err);
+        goto out;
     }
-    json_object_set_new(manifest, "format", json_string(format));
-    json_object_set_new(manifest, "class", json_string(res.model_class));
-    json_object_set_new(manifest, "dtype", json_string(exp_dtype_name((exp_dtype)dt)));
-    json_object_set_new(manifest, "tokenizer", json_boolean(res.tokenizer));
-    if (res.note[0])
-        json_object_set_new(manifest, "note", json_string(res.note));
     char *s = json_dumps(manifest, JSON_INDENT(2) | JSON_SORT_KEYS);
     if (s) {
         printf("%s\n", s);
@@ -222,7 +244,6 @@ out:
         eng_model_free(&pruned);
     if (have_m)
         eng_model_free(&m);
-    if (be)
-        eng_backend_free(be);
+    eng_backend_free(be);
     return rc;
 }

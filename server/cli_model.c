@@ -15,37 +15,10 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 #include "storage/archjson.h"
 #include "storage/fileio.h"
 #include "storage/modelio.h"
-
-/* ---------- option parsing ---------- */
-
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "autocompress: %s: \"%s\" is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *opt, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "autocompress: %s: \"%s\" is not a number in [%g, %g]\n", opt, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
 
 /* ---------- inspect ---------- */
 
@@ -58,23 +31,17 @@ static void inspect_usage(FILE *f)
 
 int cli_inspect(int argc, char **argv)
 {
-    const char *path = NULL;
-    int as_json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            as_json = 1;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            inspect_usage(stdout);
-            return 0;
-        } else if (argv[i][0] != '-' && !path)
-            path = argv[i];
-        else {
-            fprintf(stderr, "autocompress inspect: %s \"%s\"\n",
-                    argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
-            inspect_usage(stderr);
-            return 2;
-        }
-    }
+    static const struct option opts[] = {{"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0}};
+    cli_parser p;
+    int as_json = 0, c;
+    cli_init(&p, "inspect", argc, argv, opts, NULL, inspect_usage);
+    while ((c = cli_next(&p)) > 0)
+        as_json = 1;   /* 'j', the only option */
+    if (c != CLI_END)
+        return cli_status(c);
+    const char *path = cli_operand(&p);
+    if (cli_no_more_operands(&p))
+        return 2;
     if (!path) {
         inspect_usage(stderr);
         return 2;
@@ -188,46 +155,57 @@ static void generate_usage(FILE *f)
                "  prompt generation starts from BOS. Stops at EOS, N tokens or the context length.\n");
 }
 
-int cli_generate(int argc, char **argv)
+typedef struct {
+    const char *path, *prompt, *tokpath;
+    long max_tokens, seed, threads;
+    double temperature, top_p;
+} generate_args;
+
+/* CLI_END with *a filled, or the exit status (0 after --help, 2 on bad usage). */
+static int generate_parse(int argc, char **argv, generate_args *a)
 {
-    const char *path = NULL, *prompt = "", *tokpath = NULL;
-    long max_tokens = 64, seed = 1234, threads = 0;
-    double temperature = 0.0, top_p = 1.0;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        int has = i + 1 < argc;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            generate_usage(stdout);
-            return 0;
-        } else if (!strcmp(o, "--prompt") && has)
-            prompt = argv[++i];
-        else if (!strcmp(o, "--tokenizer") && has)
-            tokpath = argv[++i];
-        else if (!strcmp(o, "--max-tokens") && has) {
-            if (parse_long(o, argv[++i], 0, 1 << 20, &max_tokens)) return 2;
-        } else if (!strcmp(o, "--seed") && has) {
-            if (parse_long(o, argv[++i], 0, 0x7fffffffL, &seed)) return 2;
-        } else if (!strcmp(o, "--threads") && has) {
-            if (parse_long(o, argv[++i], 0, 1024, &threads)) return 2;
-        } else if (!strcmp(o, "--temperature") && has) {
-            if (parse_double(o, argv[++i], 0.0, 100.0, &temperature)) return 2;
-        } else if (!strcmp(o, "--top-p") && has) {
-            if (parse_double(o, argv[++i], 0.0, 1.0, &top_p)) return 2;
-        } else if (o[0] != '-' && !path)
-            path = o;
-        else {
-            fprintf(stderr, "autocompress generate: %s \"%s\"\n", o[0] == '-' ? "unknown option" : "unexpected argument",
-                    o);
-            generate_usage(stderr);
-            return 2;
+    static const struct option opts[] = {
+        {"prompt", required_argument, NULL, 'p'},      {"tokenizer", required_argument, NULL, 'k'},
+        {"max-tokens", required_argument, NULL, 'n'},  {"seed", required_argument, NULL, 's'},
+        {"threads", required_argument, NULL, 'j'},     {"temperature", required_argument, NULL, 't'},
+        {"top-p", required_argument, NULL, 'P'},       {"help", no_argument, NULL, 'h'},
+        {0}};
+    *a = (generate_args){.prompt = "", .max_tokens = 64, .seed = 1234, .temperature = 0.0, .top_p = 1.0};
+    cli_parser p;
+    int c;
+    cli_init(&p, "generate", argc, argv, opts, NULL, generate_usage);
+    while ((c = cli_next(&p)) > 0) {
+        switch (c) {
+        case 'p': a->prompt = p.arg; break;
+        case 'k': a->tokpath = p.arg; break;
+        case 'n': cli_long(&p, 0, 1 << 20, &a->max_tokens); break;
+        case 's': cli_long(&p, 0, 0x7fffffffL, &a->seed); break;
+        case 'j': cli_long(&p, 0, 1024, &a->threads); break;
+        case 't': cli_num(&p, 0.0, 100.0, &a->temperature); break;
+        case 'P': cli_num(&p, 0.0, 1.0, &a->top_p); break;
         }
     }
-    if (!path) {
+    if (c != CLI_END)
+        return cli_status(c);
+    a->path = cli_operand(&p);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (!a->path) {
         generate_usage(stderr);
         return 2;
     }
+    return CLI_END;
+}
+
+int cli_generate(int argc, char **argv)
+{
+    generate_args a;
+    int pr = generate_parse(argc, argv, &a);
+    if (pr != CLI_END)
+        return pr;
+    long max_tokens = a.max_tokens;   /* cut to the context below */
     loaded L;
-    if (load(path, tokpath, (int)threads, &L, "generate"))
+    if (load(a.path, a.tokpath, (int)a.threads, &L, "generate"))
         return 1;
     char err[512];
     int *ids = NULL, *seq = NULL, rc = 1;
@@ -236,7 +214,7 @@ int cli_generate(int argc, char **argv)
     float *logits = NULL;
     const tok_config *tc = tok_cfg(L.tok);
     int V = L.m.a.vocab_size, ctx = L.m.a.max_position_embeddings;
-    if (tok_encode(L.tok, prompt, strlen(prompt), 1, 1, &ids, &n, err, sizeof err)) {
+    if (tok_encode(L.tok, a.prompt, strlen(a.prompt), 1, 1, &ids, &n, err, sizeof err)) {
         fprintf(stderr, "autocompress generate: %s\n", err);
         goto out;
     }
@@ -269,7 +247,7 @@ int cli_generate(int argc, char **argv)
     }
     memcpy(seq, ids, n * sizeof *seq);
     size_t len = n;
-    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ULL + 1;
+    uint64_t rng = (uint64_t)a.seed * 0x9E3779B97F4A7C15ULL + 1;
     double t0 = eng_wall_s(), t_prefill = 0;
     int produced = 0;
     const int *feed = ids;
@@ -298,7 +276,7 @@ int cli_generate(int argc, char **argv)
         free(text);
         if (step == max_tokens)
             break;
-        int next = eng_sample(logits, V, (float)temperature, (float)top_p, &rng);
+        int next = eng_sample(logits, V, (float)a.temperature, (float)a.top_p, &rng);
         if (next < 0 || next >= V || next == tc->eos_id)
             break;
         seq[len++] = next;
@@ -356,68 +334,161 @@ static void score_rows(const float *logits, int V, const int *targets, int count
     }
 }
 
-int cli_perplexity(int argc, char **argv)
+typedef struct {
+    const char *path, *text_path, *tokpath;
+    long ctx, stride, max_chunks, threads;
+    int as_json;
+} perplexity_args;
+
+/* CLI_END with *a filled, or the exit status. */
+static int perplexity_parse(int argc, char **argv, perplexity_args *a)
 {
-    const char *path = NULL, *text_path = NULL, *tokpath = NULL;
-    long ctx = 512, stride = 0, max_chunks = 0, threads = 0;
-    int as_json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        int has = i + 1 < argc;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            perplexity_usage(stdout);
-            return 0;
-        } else if (!strcmp(o, "--text") && has)
-            text_path = argv[++i];
-        else if (!strcmp(o, "--tokenizer") && has)
-            tokpath = argv[++i];
-        else if (!strcmp(o, "--json"))
-            as_json = 1;
-        else if (!strcmp(o, "--ctx") && has) {
-            if (parse_long(o, argv[++i], 2, 1 << 20, &ctx)) return 2;
-        } else if (!strcmp(o, "--stride") && has) {
-            if (parse_long(o, argv[++i], 1, 1 << 20, &stride)) return 2;
-        } else if (!strcmp(o, "--chunks") && has) {
-            if (parse_long(o, argv[++i], 0, 1 << 30, &max_chunks)) return 2;
-        } else if (!strcmp(o, "--threads") && has) {
-            if (parse_long(o, argv[++i], 0, 1024, &threads)) return 2;
-        } else if (o[0] != '-' && !path)
-            path = o;
-        else {
-            fprintf(stderr, "autocompress perplexity: %s \"%s\"\n",
-                    o[0] == '-' ? "unknown option" : "unexpected argument", o);
-            perplexity_usage(stderr);
-            return 2;
+    static const struct option opts[] = {
+        {"text", required_argument, NULL, 't'},   {"tokenizer", required_argument, NULL, 'k'},
+        {"json", no_argument, NULL, 'J'},         {"ctx", required_argument, NULL, 'c'},
+        {"stride", required_argument, NULL, 's'}, {"chunks", required_argument, NULL, 'n'},
+        {"threads", required_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'},
+        {0}};
+    *a = (perplexity_args){.ctx = 512};
+    cli_parser p;
+    int c;
+    cli_init(&p, "perplexity", argc, argv, opts, NULL, perplexity_usage);
+    while ((c = cli_next(&p)) > 0) {
+        switch (c) {
+        case 't': a->text_path = p.arg; break;
+        case 'k': a->tokpath = p.arg; break;
+        case 'J': a->as_json = 1; break;
+        case 'c': cli_long(&p, 2, 1 << 20, &a->ctx); break;
+        case 's': cli_long(&p, 1, 1 << 20, &a->stride); break;
+        case 'n': cli_long(&p, 0, 1 << 30, &a->max_chunks); break;
+        case 'j': cli_long(&p, 0, 1024, &a->threads); break;
         }
     }
-    if (!path || !text_path) {
+    if (c != CLI_END)
+        return cli_status(c);
+    a->path = cli_operand(&p);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (!a->path || !a->text_path) {
         perplexity_usage(stderr);
         return 2;
     }
-    if (stride > ctx) {
-        fprintf(stderr, "autocompress perplexity: --stride %ld exceeds --ctx %ld\n", stride, ctx);
+    if (a->stride > a->ctx) {
+        fprintf(stderr, "autocompress perplexity: --stride %ld exceeds --ctx %ld\n", a->stride, a->ctx);
         return 2;
     }
+    return CLI_END;
+}
+
+typedef struct {
+    double nll;            /* summed over the scored tokens (nats) */
+    long scored, chunks;
+} ppl_sum;
+
+/* llama.cpp: chunk i = tokens[i*ctx, (i+1)*ctx), first token -> BOS, score j in
+ * [ctx/2, ctx-1). logits holds [ctx, V]. 0, or -1 after printing the reason. */
+static int ppl_chunks(loaded *L, const perplexity_args *a, const int *toks, size_t nt, float *logits, ppl_sum *s)
+{
+    const tok_config *tc = tok_cfg(L->tok);
+    int V = L->m.a.vocab_size, first = (int)(a->ctx / 2);
+    long ctx = a->ctx, n_chunk = (long)nt / ctx;
+    char err[512];
+    if (a->max_chunks > 0 && a->max_chunks < n_chunk)
+        n_chunk = a->max_chunks;
+    if (n_chunk < 1) {
+        fprintf(stderr, "autocompress perplexity: %zu tokens are fewer than one chunk of %ld\n", nt, ctx);
+        return -1;
+    }
+    int *input = malloc((size_t)ctx * sizeof *input);
+    if (!input) {
+        fprintf(stderr, "autocompress perplexity: out of memory\n");
+        return -1;
+    }
+    for (long c = 0; c < n_chunk; c++) {
+        memcpy(input, toks + c * ctx, (size_t)ctx * sizeof *input);
+        if (tc->add_bos && tc->bos_id >= 0)
+            input[0] = tc->bos_id;
+        eng_fwd_args fa = {.tokens = input, .B = 1, .T = (int)ctx, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
+        if (eng_forward(&L->m, &fa, err, sizeof err)) {
+            fprintf(stderr, "autocompress perplexity: %s\n", err);
+            free(input);
+            return -1;
+        }
+        int count = (int)ctx - 1 - first;
+        score_rows(logits + (size_t)first * (size_t)V, V, toks + c * ctx + first + 1, count, &s->nll);
+        s->scored += count;
+        s->chunks++;
+        if (!a->as_json)
+            fprintf(stderr, "[%ld] %.4f\n", c + 1, exp(s->nll / (double)s->scored));
+    }
+    free(input);
+    return 0;
+}
+
+/* Sliding windows [b, b+ctx) advancing by the stride, each target scored by the first
+ * window that reaches it. 0, or -1 after printing the reason. */
+static int ppl_sliding(loaded *L, const perplexity_args *a, const int *toks, size_t nt, float *logits, ppl_sum *s)
+{
+    int V = L->m.a.vocab_size;
+    long prev_end = 0;
+    char err[512];
+    for (long b = 0; b < (long)nt - 1; b += a->stride) {
+        long e = b + a->ctx < (long)nt ? b + a->ctx : (long)nt;
+        long from = prev_end > b + 1 ? prev_end : b + 1;   /* first target position */
+        eng_fwd_args fa = {.tokens = toks + b, .B = 1, .T = (int)(e - b), .logits_mode = ENG_LOGITS_ALL,
+                           .logits = logits};
+        if (eng_forward(&L->m, &fa, err, sizeof err)) {
+            fprintf(stderr, "autocompress perplexity: %s\n", err);
+            return -1;
+        }
+        if (e > from) {
+            score_rows(logits + (size_t)(from - 1 - b) * (size_t)V, V, toks + from, (int)(e - from), &s->nll);
+            s->scored += e - from;
+        }
+        prev_end = e;
+        s->chunks++;
+        if ((a->max_chunks > 0 && s->chunks >= a->max_chunks) || e == (long)nt)
+            break;
+    }
+    return 0;
+}
+
+static void ppl_print(const perplexity_args *a, const ppl_sum *s, size_t nt, double el)
+{
+    double mean = s->nll / (double)s->scored;
+    if (a->as_json)
+        printf("{\"ppl\": %.6f, \"mean_nll\": %.6f, \"tokens_scored\": %ld, \"text_tokens\": %zu, \"chunks\": %ld, "
+               "\"ctx\": %ld, \"stride\": %ld, \"mode\": \"%s\", \"seconds\": %.2f}\n",
+               exp(mean), mean, s->scored, nt, s->chunks, a->ctx, a->stride, a->stride ? "sliding" : "chunks", el);
+    else
+        printf("perplexity: %.4f  (mean NLL %.4f nats/token over %ld tokens; %ld %s of ctx %ld; %.1f s)\n", exp(mean),
+               mean, s->scored, s->chunks, a->stride ? "windows" : "chunks", a->ctx, el);
+}
+
+int cli_perplexity(int argc, char **argv)
+{
+    perplexity_args a;
+    int pr = perplexity_parse(argc, argv, &a);
+    if (pr != CLI_END)
+        return pr;
     size_t tlen;
-    char rerr[512];
-    char *text = fio_read_all(text_path, 0, &tlen, rerr, sizeof rerr);
+    char err[512];
+    char *text = fio_read_all(a.text_path, 0, &tlen, err, sizeof err);
     if (!text) {
-        fprintf(stderr, "autocompress perplexity: %s\n", rerr);
+        fprintf(stderr, "autocompress perplexity: %s\n", err);
         return 1;
     }
     loaded L;
-    if (load(path, tokpath, (int)threads, &L, "perplexity")) {
+    if (load(a.path, a.tokpath, (int)a.threads, &L, "perplexity")) {
         free(text);
         return 1;
     }
-    char err[512];
     int *toks = NULL, rc = 1;
     size_t nt = 0;
     float *logits = NULL;
-    int V = L.m.a.vocab_size;
-    const tok_config *tc = tok_cfg(L.tok);
-    if (ctx > L.m.a.max_position_embeddings) {
-        fprintf(stderr, "autocompress perplexity: --ctx %ld exceeds the model's context %d\n", ctx,
+    ppl_sum sum = {0};
+    if (a.ctx > L.m.a.max_position_embeddings) {
+        fprintf(stderr, "autocompress perplexity: --ctx %ld exceeds the model's context %d\n", a.ctx,
                 L.m.a.max_position_embeddings);
         goto out;
     }
@@ -425,81 +496,19 @@ int cli_perplexity(int argc, char **argv)
         fprintf(stderr, "autocompress perplexity: %s\n", err);
         goto out;
     }
-    logits = malloc((size_t)ctx * (size_t)V * sizeof *logits);
-    int *input = malloc((size_t)ctx * sizeof *input);
-    if (!logits || !input) {
-        free(input);
+    logits = malloc((size_t)a.ctx * (size_t)L.m.a.vocab_size * sizeof *logits);
+    if (!logits) {
         fprintf(stderr, "autocompress perplexity: out of memory\n");
         goto out;
     }
-    double nll = 0, t0 = eng_wall_s();
-    long scored = 0, chunks = 0;
-    if (!stride) {
-        /* llama.cpp: chunk i = tokens[i*ctx, (i+1)*ctx), first token -> BOS, score j in [ctx/2, ctx-1) */
-        long n_chunk = (long)nt / ctx;
-        if (max_chunks > 0 && max_chunks < n_chunk)
-            n_chunk = max_chunks;
-        if (n_chunk < 1) {
-            fprintf(stderr, "autocompress perplexity: %zu tokens are fewer than one chunk of %ld\n", nt, ctx);
-            free(input);
-            goto out;
-        }
-        int first = (int)(ctx / 2);
-        for (long c = 0; c < n_chunk; c++) {
-            memcpy(input, toks + c * ctx, (size_t)ctx * sizeof *input);
-            if (tc->add_bos && tc->bos_id >= 0)
-                input[0] = tc->bos_id;
-            eng_fwd_args fa = {.tokens = input, .B = 1, .T = (int)ctx, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
-            if (eng_forward(&L.m, &fa, err, sizeof err)) {
-                fprintf(stderr, "autocompress perplexity: %s\n", err);
-                free(input);
-                goto out;
-            }
-            int count = (int)ctx - 1 - first;
-            score_rows(logits + (size_t)first * (size_t)V, V, toks + c * ctx + first + 1, count, &nll);
-            scored += count;
-            chunks++;
-            if (!as_json)
-                fprintf(stderr, "[%ld] %.4f\n", c + 1, exp(nll / (double)scored));
-        }
-    } else {
-        /* sliding windows: window [b, b+ctx), targets not scored by an earlier window */
-        long prev_end = 0;
-        for (long b = 0; b < (long)nt - 1; b += stride) {
-            long e = b + ctx < (long)nt ? b + ctx : (long)nt;
-            long from = prev_end > b + 1 ? prev_end : b + 1;   /* first target position */
-            eng_fwd_args fa = {.tokens = toks + b, .B = 1, .T = (int)(e - b), .logits_mode = ENG_LOGITS_ALL,
-                               .logits = logits};
-            if (eng_forward(&L.m, &fa, err, sizeof err)) {
-                fprintf(stderr, "autocompress perplexity: %s\n", err);
-                free(input);
-                goto out;
-            }
-            if (e > from) {
-                score_rows(logits + (size_t)(from - 1 - b) * (size_t)V, V, toks + from, (int)(e - from), &nll);
-                scored += e - from;
-            }
-            prev_end = e;
-            chunks++;
-            if (max_chunks > 0 && chunks >= max_chunks)
-                break;
-            if (e == (long)nt)
-                break;
-        }
-    }
-    free(input);
-    if (scored == 0) {
+    double t0 = eng_wall_s();
+    if ((a.stride ? ppl_sliding : ppl_chunks)(&L, &a, toks, nt, logits, &sum))
+        goto out;
+    if (sum.scored == 0) {
         fprintf(stderr, "autocompress perplexity: no tokens to score\n");
         goto out;
     }
-    double mean = nll / (double)scored, el = eng_wall_s() - t0;
-    if (as_json)
-        printf("{\"ppl\": %.6f, \"mean_nll\": %.6f, \"tokens_scored\": %ld, \"text_tokens\": %zu, \"chunks\": %ld, "
-               "\"ctx\": %ld, \"stride\": %ld, \"mode\": \"%s\", \"seconds\": %.2f}\n",
-               exp(mean), mean, scored, nt, chunks, ctx, stride, stride ? "sliding" : "chunks", el);
-    else
-        printf("perplexity: %.4f  (mean NLL %.4f nats/token over %ld tokens; %ld %s of ctx %ld; %.1f s)\n", exp(mean),
-               mean, scored, chunks, stride ? "windows" : "chunks", ctx, el);
+    ppl_print(&a, &sum, nt, eng_wall_s() - t0);
     rc = 0;
 out:
     free(text);

@@ -1,8 +1,9 @@
 /* server/cli_prune.c — `autocompress prune MODEL --arch ARCH.json --out DIR`: rank the
  * parent on calibration text (or reuse a saved ranking), permute it so every narrower
  * choice is a prefix, slice it to the target arch and write a pruned model directory
- * (compress/prune.h) with ranking.json beside it. The job's rank and prune stages run
- * the same compress/ code. Prints a JSON summary on stdout.
+ * (compress/prune.h) with ranking.json beside it. The text, rank and prune steps are the
+ * job's (compress/steps.h); this file parses, strings them together and prints a JSON
+ * summary on stdout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +11,7 @@
 #include <jansson.h>
 
 #include "compress/prune.h"
-#include "compress/rank.h"
-#include "compress/textdata.h"
+#include "compress/steps.h"
 #include "engine/backend.h"
 #include "engine/clock.h"
 #include "engine/tokenizer.h"
@@ -45,195 +45,206 @@ static int on_rank_progress(void *ctx, int64_t done, int64_t total)
     return 0;
 }
 
-int cli_prune(int argc, char **argv)
+typedef struct {
+    const char *model, *arch_path, *out, *calib, *ranking, *tokp;
+    rank_opts ro;       /* tokens (--calib-tokens), layer_tokens, B, T, keep_kv */
+    td_pack_opts po;    /* the document order's seed */
+    int threads;
+} prune_args;
+
+/* CLI_END with *a filled, or the exit status. */
+static int prune_parse(int argc, char **argv, prune_args *a)
 {
-    const char *model = NULL, *arch_path = NULL, *out = NULL, *calib = NULL, *ranking = NULL, *tokp = NULL;
-    rank_opts rd;
-    rank_opts_default(&rd);
-    int64_t calib_tokens = rd.tokens, layer_tokens = rd.layer_tokens, B = rd.B, T = rd.T, threads = 0, seed = 1234;
-    int keep_kv = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t *num = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--keep-kv")) {
-            keep_kv = 1;
-            continue;
-        } else if (a[0] != '-') {
-            if (model) {
-                fprintf(stderr, "prune: unexpected argument '%s'\n", a);
-                return 2;
-            }
-            model = a;
-            continue;
+    static const struct option opts[] = {
+        {"arch", required_argument, NULL, 'a'},         {"out", required_argument, NULL, 'o'},
+        {"calib", required_argument, NULL, 'c'},        {"ranking", required_argument, NULL, 'r'},
+        {"tokenizer", required_argument, NULL, 'k'},    {"calib-tokens", required_argument, NULL, 'n'},
+        {"layer-tokens", required_argument, NULL, 'l'}, {"batch", required_argument, NULL, 'b'},
+        {"seq", required_argument, NULL, 's'},          {"threads", required_argument, NULL, 'j'},
+        {"seed", required_argument, NULL, 'S'},         {"keep-kv", no_argument, NULL, 'K'},
+        {"help", no_argument, NULL, 'h'},               {0}};
+    memset(a, 0, sizeof *a);
+    rank_opts_default(&a->ro);
+    a->ro.progress = on_rank_progress;
+    step_text_default(&a->po, NULL);
+    cli_parser p;
+    int c;
+    int64_t seed;
+    cli_init(&p, "prune", argc, argv, opts, NULL, usage);
+    while ((c = cli_next(&p)) > 0) {
+        switch (c) {
+        case 'a': a->arch_path = p.arg; break;
+        case 'o': a->out = p.arg; break;
+        case 'c': a->calib = p.arg; break;
+        case 'r': a->ranking = p.arg; break;
+        case 'k': a->tokp = p.arg; break;
+        case 'n': cli_i64(&p, 1, INT64_MAX, &a->ro.tokens); break;
+        case 'l': cli_i64(&p, 0, INT64_MAX, &a->ro.layer_tokens); break;
+        case 'b': cli_int(&p, 1, 4096, &a->ro.B); break;
+        case 's': cli_int(&p, 2, 1 << 20, &a->ro.T); break;
+        case 'j': cli_int(&p, 0, 1024, &a->threads); break;
+        case 'S':
+            if (cli_i64(&p, 0, INT64_MAX, &seed) == 0)
+                a->po.seed = (uint64_t)seed;
+            break;
+        case 'K': a->ro.keep_kv = 1; break;
         }
-        if (!strcmp(a, "--arch"))
-            arch_path = v;
-        else if (!strcmp(a, "--out"))
-            out = v;
-        else if (!strcmp(a, "--calib"))
-            calib = v;
-        else if (!strcmp(a, "--ranking"))
-            ranking = v;
-        else if (!strcmp(a, "--tokenizer"))
-            tokp = v;
-        else if (!strcmp(a, "--calib-tokens"))
-            num = &calib_tokens;
-        else if (!strcmp(a, "--layer-tokens"))
-            num = &layer_tokens;
-        else if (!strcmp(a, "--batch"))
-            num = &B;
-        else if (!strcmp(a, "--seq"))
-            num = &T;
-        else if (!strcmp(a, "--threads"))
-            num = &threads;
-        else if (!strcmp(a, "--seed"))
-            num = &seed;
-        else {
-            fprintf(stderr, "prune: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "prune: %s needs a value\n", a);
-            return 2;
-        }
-        if (num && cli_parse_i64(v, num)) {
-            fprintf(stderr, "prune: %s: '%s' is not a non-negative integer\n", a, v);
-            return 2;
-        }
-        i++;
     }
-    if (!model || !arch_path || !out) {
+    if (c != CLI_END)
+        return cli_status(c);
+    a->model = cli_operand(&p);
+    if (cli_no_more_operands(&p))
+        return 2;
+    if (!a->model || !a->arch_path || !a->out) {
         usage(stderr);
         return 2;
     }
-    if (!calib && !ranking) {
+    if (!a->calib && !a->ranking) {
         fprintf(stderr, "prune: needs calibration text (--calib FILE) or a saved ranking (--ranking FILE)\n");
         return 2;
     }
-    if (B < 1 || T < 2 || B > 4096 || T > 1 << 20 || calib_tokens < 1 || threads > 1024) {
-        fprintf(stderr, "prune: --batch, --seq, --calib-tokens or --threads out of range\n");
-        return 2;
-    }
+    return CLI_END;
+}
+
+/* The target arch from its JSON file. 0, or -1 after the message. */
+static int load_target(const char *path, arch *target)
+{
     char err[1024];
-    arch target;
     json_error_t je;
-    json_t *aj = json_load_file(arch_path, JSON_REJECT_DUPLICATES, &je);
+    json_t *aj = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!aj) {
-        fprintf(stderr, "prune: %s:%d: %s\n", arch_path, je.line, je.text);
-        return 1;
+        fprintf(stderr, "prune: %s:%d: %s\n", path, je.line, je.text);
+        return -1;
     }
-    int rc = arch_from_json(aj, &target, err, sizeof err);
+    int rc = arch_from_json(aj, target, err, sizeof err);
     json_decref(aj);
-    if (rc) {
-        fprintf(stderr, "prune: %s: %s\n", arch_path, err);
-        return 1;
+    if (rc)
+        fprintf(stderr, "prune: %s: %s\n", path, err);
+    return rc ? -1 : 0;
+}
+
+/* The ranking: --ranking's, checked against the parent, or the rank step on --calib's
+ * text. 0, or -1 after the message. */
+static int prune_rank(const prune_args *a, eng_model *parent, const tok_tokenizer *tok, rank_result *r)
+{
+    char err[1024];
+    if (a->ranking) {
+        if (step_rank_load(a->ranking, parent, r, err, sizeof err)) {
+            fprintf(stderr, "prune: ranking %s: %s\n", a->ranking, err);
+            return -1;
+        }
+        return 0;
     }
-    int status = 1;
-    double t0 = eng_wall_s();
-    eng_backend *be = eng_backend_cpu_new((int)threads);
-    eng_model parent = {0}, student = {0};
-    int have_parent = 0, have_student = 0;
-    tok_tokenizer *tok = NULL;
-    rank_result r = {0};
-    td_docs docs = {0};
+    /* one stream, no validation, documents after BOS (else EOS), as long as ranking reads */
+    const tok_config *tc = tok_cfg(tok);
+    int64_t need = a->ro.tokens > a->ro.layer_tokens ? a->ro.tokens : a->ro.layer_tokens;
+    td_pack_opts po = a->po;
+    po.val_fraction = 0;
+    po.sep_token = tc->bos_id >= 0 ? tc->bos_id : tc->eos_id;
+    po.max_tokens = (size_t)(need + a->ro.T + 1);
     td_stream cal = {0};
-    json_t *man = NULL;
-    if (!be) {
-        fprintf(stderr, "prune: cannot create the CPU backend\n");
-        goto done;
+    if (step_text(a->calib, tok, &po, &cal, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "prune: %s: %s\n", a->calib, err);
+        return -1;
     }
-    if (prune_load_model(model, tokp, be, &parent, calib ? &tok : NULL, err, sizeof err)) {
-        fprintf(stderr, "prune: %s: %s\n", model, err);
-        goto done;
-    }
-    have_parent = 1;
-    if (prune_check(&parent.a, &target, err, sizeof err)) {
-        fprintf(stderr, "prune: %s cannot be cut from %s: %s\n", arch_path, model, err);
-        goto done;
-    }
-    double t_rank = eng_wall_s();
-    if (ranking) {
-        if (rank_load(ranking, &r, err, sizeof err) || rank_check(&r, &parent, err, sizeof err)) {
-            fprintf(stderr, "prune: ranking %s: %s\n", ranking, err);
-            goto done;
-        }
-    } else {
-        if (td_read_docs(calib, TD_FMT_AUTO, &docs, err, sizeof err)) {
-            fprintf(stderr, "prune: %s\n", err);
-            goto done;
-        }
-        const tok_config *tc = tok_cfg(tok);
-        int64_t need = calib_tokens > layer_tokens ? calib_tokens : layer_tokens;
-        td_pack_opts po = {.seed = (uint64_t)seed, .sep_token = tc->bos_id >= 0 ? tc->bos_id : tc->eos_id,
-                           .max_tokens = (size_t)(need + T + 1)};
-        if (td_pack(&docs, td_encode_tok, tok, &po, &cal, NULL, err, sizeof err)) {
-            fprintf(stderr, "prune: %s: %s\n", calib, err);
-            goto done;
-        }
-        if (cal.n < (size_t)need + 1)
-            fprintf(stderr, "prune: note: %s holds %zu tokens, fewer than the %lld asked; windows repeat\n", calib,
-                    cal.n, (long long)need);
-        rank_opts ro = {.tokens = calib_tokens, .layer_tokens = layer_tokens, .B = (int)B, .T = (int)T,
-                        .keep_kv = keep_kv, .progress = on_rank_progress};
-        if (rank_opts_fit(&ro, cal.n, err, sizeof err)) {
-            fprintf(stderr, "prune: %s: %s\n", calib, err);
-            goto done;
-        }
-        if (rank_compute(&parent, &cal, &ro, &r, err, sizeof err) != 0) {
-            fprintf(stderr, "prune: ranking: %s\n", err);
-            goto done;
-        }
-    }
-    t_rank = eng_wall_s() - t_rank;
-    if (rank_apply(&parent, &r, err, sizeof err) || prune_to_arch(&parent, &target, &student, err, sizeof err)) {
-        fprintf(stderr, "prune: %s\n", err);
-        goto done;
-    }
-    have_student = 1;
-    char rpath[4096];
-    if ((size_t)snprintf(rpath, sizeof rpath, "%s/ranking.json", out) >= sizeof rpath) {
+    if (cal.n < (size_t)need + 1)
+        fprintf(stderr, "prune: note: %s holds %zu tokens, fewer than the %lld asked; windows repeat\n", a->calib,
+                cal.n, (long long)need);
+    int rc = step_rank(parent, &cal, &a->ro, r, err, sizeof err);
+    td_stream_free(&cal);
+    if (rc != 0)
+        fprintf(stderr, "prune: ranking: %s\n", err);
+    return rc ? -1 : 0;
+}
+
+/* DIR: the pruned model (the prune step) with prune.json, and ranking.json. 0, or -1
+ * after the message. */
+static int prune_write(const prune_args *a, const eng_model *parent, const arch *target, const rank_result *r)
+{
+    char rpath[4096], err[1024];
+    if ((size_t)snprintf(rpath, sizeof rpath, "%s/ranking.json", a->out) >= sizeof rpath) {
         fprintf(stderr, "prune: --out path too long\n");
-        goto done;
+        return -1;
     }
-    man = json_pack("{s:s,s:s*,s:s*,s:s,s:I,s:I,s:I,s:I,s:b}", "parent", model, "tokenizer", tokp, "calibration",
-                    calib, "ranking", "ranking.json", "calibration_tokens", (json_int_t)r.tokens, "layer_tokens",
-                    (json_int_t)r.layer_tokens, "parent_params", (json_int_t)arch_params(&parent.a),
-                    "params", (json_int_t)arch_params(&target), "keep_kv", r.keep_kv);
+    json_t *man = json_pack("{s:s,s:s*,s:s*,s:s,s:I,s:I,s:I,s:I,s:b}", "parent", a->model, "tokenizer", a->tokp,
+                            "calibration", a->calib, "ranking", "ranking.json", "calibration_tokens",
+                            (json_int_t)r->tokens, "layer_tokens", (json_int_t)r->layer_tokens, "parent_params",
+                            (json_int_t)arch_params(&parent->a), "params", (json_int_t)arch_params(target), "keep_kv",
+                            r->keep_kv);
     if (!man)
         snprintf(err, sizeof err, "out of memory");
-    if (!man || prune_save_dir(&student, out, man, err, sizeof err) || rank_save(&r, rpath, err, sizeof err)) {
-        fprintf(stderr, "prune: %s: %s\n", out, err);
-        goto done;
-    }
+    int rc = !man || step_prune(parent, target, a->out, man, err, sizeof err) || rank_save(r, rpath, err, sizeof err);
+    json_decref(man);
+    if (rc)
+        fprintf(stderr, "prune: %s: %s\n", a->out, err);
+    return rc ? -1 : 0;
+}
+
+static void prune_print(const prune_args *a, const eng_model *parent, const arch *target, const rank_result *r,
+                        double rank_s, double wall_s)
+{
     char summary[4096];
-    arch_summary(&target, summary, sizeof summary);
-    json_t *res = json_pack("{s:s,s:s,s:I,s:I,s:f,s:I,s:f,s:f}", "out", out, "arch", summary, "parent_params",
-                            (json_int_t)arch_params(&parent.a), "params", (json_int_t)arch_params(&target),
-                            "base_loss", r.base_loss, "calibration_tokens", (json_int_t)r.tokens, "rank_s", t_rank,
-                            "wall_s", eng_wall_s() - t0);
+    arch_summary(target, summary, sizeof summary);
+    json_t *res = json_pack("{s:s,s:s,s:I,s:I,s:f,s:I,s:f,s:f}", "out", a->out, "arch", summary, "parent_params",
+                            (json_int_t)arch_params(&parent->a), "params", (json_int_t)arch_params(target),
+                            "base_loss", r->base_loss, "calibration_tokens", (json_int_t)r->tokens, "rank_s", rank_s,
+                            "wall_s", wall_s);
     char *text = res ? json_dumps(res, JSON_SORT_KEYS) : NULL;
     if (text)
         printf("%s\n", text);
     free(text);
     json_decref(res);
+}
+
+int cli_prune(int argc, char **argv)
+{
+    prune_args a;
+    int pr = prune_parse(argc, argv, &a);
+    if (pr != CLI_END)
+        return pr;
+    arch target;
+    if (load_target(a.arch_path, &target))
+        return 1;
+    char err[1024];
+    int status = 1, have_parent = 0, have_rank = 0;
+    double t0 = eng_wall_s(), t_rank = 0;
+    eng_backend *be = eng_backend_cpu_new(a.threads);
+    eng_model parent = {0};
+    tok_tokenizer *tok = NULL;
+    rank_result r = {0};
+    if (!be) {
+        fprintf(stderr, "prune: cannot create the CPU backend\n");
+        goto done;
+    }
+    if (prune_load_model(a.model, a.tokp, be, &parent, a.calib ? &tok : NULL, err, sizeof err)) {
+        fprintf(stderr, "prune: %s: %s\n", a.model, err);
+        goto done;
+    }
+    have_parent = 1;
+    if (prune_check(&parent.a, &target, err, sizeof err)) {
+        fprintf(stderr, "prune: %s cannot be cut from %s: %s\n", a.arch_path, a.model, err);
+        goto done;
+    }
+    t_rank = eng_wall_s();
+    if (prune_rank(&a, &parent, tok, &r))
+        goto done;
+    have_rank = 1;
+    t_rank = eng_wall_s() - t_rank;
+    if (rank_apply(&parent, &r, err, sizeof err)) {
+        fprintf(stderr, "prune: %s\n", err);
+        goto done;
+    }
+    if (prune_write(&a, &parent, &target, &r))
+        goto done;
+    prune_print(&a, &parent, &target, &r, t_rank, eng_wall_s() - t0);
     status = 0;
 done:
-    json_decref(man);
-    td_stream_free(&cal);
-    td_docs_free(&docs);
-    rank_free(&r);
-    if (tok)
-        tok_free(tok);
-    if (have_student)
-        eng_model_free(&student);
+    if (have_rank)
+        rank_free(&r);
+    tok_free(tok);
     if (have_parent)
         eng_model_free(&parent);
-    if (be)
-        eng_backend_free(be);
+    eng_backend_free(be);
     arch_free(&target);
     return status;
 }

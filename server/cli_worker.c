@@ -11,6 +11,7 @@
 #include "jobs/pipeline.h"
 #include "jobs/stage.h"
 #include "server/cli.h"
+#include "server/cli_args.h"
 #include "storage/artstore.h"
 #include "storage/store.h"
 
@@ -26,24 +27,33 @@ static void on_stop(int sig)
     job_signal_stop();
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: autocompress worker --job ID [--data-dir DIR]\n");
+}
+
 int cli_worker(int argc, char **argv)
 {
+    static const struct option opts[] = {{"job", required_argument, NULL, 'j'},
+                                         {"data-dir", required_argument, NULL, 'D'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0}};
     const char *job = NULL, *data_dir = "./var";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--job") && i + 1 < argc)
-            job = argv[++i];
-        else if (!strcmp(argv[i], "--data-dir") && i + 1 < argc)
-            data_dir = argv[++i];
-        else {
-            fprintf(stderr, "autocompress worker: %s '%s'\n", !strcmp(argv[i], "--job") || !strcmp(argv[i], "--data-dir")
-                                                                ? "a value is missing after" : "unknown option",
-                    argv[i]);
-            fprintf(stderr, "usage: autocompress worker --job ID [--data-dir DIR]\n");
-            return 2;
-        }
+    cli_parser p;
+    int c;
+    cli_init(&p, "worker", argc, argv, opts, NULL, usage);
+    while ((c = cli_next(&p)) > 0) {
+        if (c == 'j')
+            job = p.arg;
+        else
+            data_dir = p.arg;
     }
+    if (c != CLI_END)
+        return cli_status(c);
+    if (cli_no_more_operands(&p))
+        return 2;
     if (!job) {
-        fprintf(stderr, "usage: autocompress worker --job ID [--data-dir DIR]\n");
+        usage(stderr);
         return 2;
     }
     struct sigaction sa;
