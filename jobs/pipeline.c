@@ -186,9 +186,10 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             goto out;
         }
     }
+    /* the new artifacts may have crossed the cap: enforce it before the job is seen
+     * finished, so a client that sees it succeeded sees the data dir within the cap */
+    retain(&ctx, data_dir, id);
     result = store_job_finish(st, id, "succeeded", NULL, NULL) < 0 ? -1 : 0;
-    if (result == 0)
-        retain(&ctx, data_dir, id);   /* the new artifacts may have crossed the cap */
 out:
     if (result < 0 && !err[0])
         snprintf(err, errlen, "store update failed during stage %s", last);
