@@ -38,7 +38,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "engine/clock.h"
+#include "engine/rng.h"
 
 #define F4 sizeof(float)
 
@@ -69,13 +71,6 @@ typedef struct {
     size_t inv_freq_bytes;
     size_t masks_bytes;
 } model_impl;
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
 
 static int imax(int a, int b) { return a > b ? a : b; }
 
@@ -307,22 +302,6 @@ void eng_model_free(eng_model *m)
     memset(m, 0, sizeof *m);
 }
 
-/* splitmix64 -> uniform -> Box-Muller normal. */
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double normal01(uint64_t *s)
-{
-    double u1 = ((splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    double u2 = ((splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
 void eng_model_randomize(eng_model *m, uint64_t seed, float std)
 {
     /* Matrices and biases ~ N(0, std); norm weights ~ 1 + N(0, std) so that their
@@ -340,7 +319,7 @@ void eng_model_randomize(eng_model *m, uint64_t seed, float std)
         for (size_t o = 0; o < n; o += chunk) {
             size_t c = n - o < chunk ? n - o : chunk;
             for (size_t j = 0; j < c; j++)
-                buf[j] = base + std * (float)normal01(&s);
+                buf[j] = base + std * (float)eng_rng_normal(&s);
             m->be->to_device(m->be, m->params + t->off + o, buf, c * F4);
         }
     }
@@ -777,14 +756,14 @@ static void run_layers(eng_model *m, fwd_state *st)
     double e0 = 0;
     if (st->fixed_ns) {
         be->sync(be);
-        e0 = now_ns();
+        e0 = eng_wall_s();
     }
     be->embed_fwd(be, st->xs[0], m->tok_emb, st->tok_d, st->N, a->hidden_size);
     if (st->mk)
         be->mask_fwd(be, st->xs[0], st->xs[0], st->mk->hidden, st->N, a->hidden_size, 1);
     if (st->fixed_ns) {
         be->sync(be);
-        st->fixed_ns[0] = now_ns() - e0;
+        st->fixed_ns[0] = (eng_wall_s() - e0) * 1e9;
     }
     int blk = 0;
     for (int l = 0; l < a->n_layers; l++) {
@@ -793,7 +772,7 @@ static void run_layers(eng_model *m, fwd_state *st)
             double t0 = 0;
             if (st->layer_ns) {
                 be->sync(be);
-                t0 = now_ns();
+                t0 = eng_wall_s();
             }
             if (present) {
                 blk_act *A = st->acts ? &st->acts[blk] : &st->tmp;
@@ -806,7 +785,7 @@ static void run_layers(eng_model *m, fwd_state *st)
             }
             if (st->layer_ns) {
                 be->sync(be);
-                st->layer_ns[2 * l + part] = present ? now_ns() - t0 : 0;
+                st->layer_ns[2 * l + part] = present ? (eng_wall_s() - t0) * 1e9 : 0;
             }
         }
     }
@@ -1068,11 +1047,11 @@ int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen
     st.layer_ns = args->layer_ns;
     st.fixed_ns = args->fixed_ns;
     run_layers(m, &st);
-    double t0 = now_ns();
+    double t0 = eng_wall_s();
     lm_head(m, &st, st.xs[0], head, args->logits_mode, args->logits, st.n_eff);
     if (args->fixed_ns) {
         be->sync(be);
-        args->fixed_ns[1] = now_ns() - t0;
+        args->fixed_ns[1] = (eng_wall_s() - t0) * 1e9;
     }
     if (args->stats) {
         int64_t n = 0;
@@ -1594,16 +1573,6 @@ void eng_adamw_free(eng_adamw *o)
 
 /* ---- sampling --------------------------------------------------------------------------- */
 
-static uint64_t xorshift(uint64_t *s)
-{
-    uint64_t x = *s ? *s : 0x9E3779B97F4A7C15ull;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
-
 typedef struct {
     float p;
     int i;
@@ -1647,7 +1616,7 @@ int eng_sample(const float *logits, int V, float temperature, float top_p, uint6
         for (int i = 0; i < keep; i++)
             sum += pi[i].p;
     }
-    double u = (double)(xorshift(rng) >> 11) * (1.0 / 9007199254740992.0) * sum, c = 0;
+    double u = eng_rng_unit(eng_xorshift64(rng)) * sum, c = 0;
     int tok = pi[keep - 1].i;
     for (int i = 0; i < keep; i++) {
         c += pi[i].p;

@@ -183,7 +183,7 @@ int eng_adamw_restore(eng_adamw *o, int64_t t, const float *m_host, const float 
 void eng_adamw_free(eng_adamw *o);
 
 /* Sampling from logits [V] (host): temperature 0 = greedy (argmax); else softmax at
- * temperature then nucleus top_p (1.0 = off). rng is a xorshift state. */
+ * temperature then nucleus top_p (1.0 = off). rng is an eng_xorshift64 state (engine/rng.h). */
 int eng_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng);
 
 /* ---- additions by the engine (CPU path); existing declarations above are unchanged ---- */
