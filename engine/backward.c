@@ -202,14 +202,16 @@ static int teacher_final(eng_model *t, const int *tokens, int B, int T, int unma
     return 0;
 }
 
-int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const eng_loss_spec *loss,
-                         int grad_flags, eng_loss_result *out, char *err, size_t errlen)
+/* Everything eng_forward_backward refuses before it allocates: no loss, CE without
+ * targets, a KD teacher that does not fit, gradients not enabled, tokens or targets out of
+ * range, dynamic RoPE past its table, every target ignored. Sets *count to the counted
+ * tokens. 0, or -1 with the reason in err. */
+static int train_check(const eng_model *m, const int *tokens, int B, int T, const eng_loss_spec *loss,
+                       int grad_flags, int64_t *count, char *err, size_t errlen)
 {
-    eng_backend *be = m->be;
     const arch *a = &m->a;
-    int C = a->hidden_size, V = a->vocab_size;
+    int V = a->vocab_size;
     size_t N = (size_t)B * T;
-    memset(out, 0, sizeof *out);
     int want_ce = (loss->kind & ENG_LOSS_CE) != 0, want_kd = (loss->kind & ENG_LOSS_KD) != 0;
     if (B <= 0 || T <= 0 || (!want_ce && !want_kd)) {
         snprintf(err, errlen, "forward_backward: empty batch or no loss selected");
@@ -219,18 +221,17 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
         snprintf(err, errlen, "forward_backward: CE loss needs targets");
         return -1;
     }
-    if (want_kd && (!loss->teacher || loss->teacher->a.vocab_size != V || loss->teacher->be != be ||
+    if (want_kd && (!loss->teacher || loss->teacher->a.vocab_size != V || loss->teacher->be != m->be ||
                     !(loss->temperature > 0))) {
         snprintf(err, errlen, "forward_backward: KD needs a teacher with the same vocabulary on the same backend "
                               "and a positive temperature");
         return -1;
     }
-    int gw = (grad_flags & ENG_GRAD_WEIGHTS) != 0, gm = (grad_flags & ENG_GRAD_MASKS) != 0;
-    if (gw && !m->grads) {
+    if ((grad_flags & ENG_GRAD_WEIGHTS) && !m->grads) {
         snprintf(err, errlen, "forward_backward: weight gradients asked but not enabled");
         return -1;
     }
-    if (gm && !m->masks) {
+    if ((grad_flags & ENG_GRAD_MASKS) && !m->masks) {
         snprintf(err, errlen, "forward_backward: mask gradients asked but masks are not enabled");
         return -1;
     }
@@ -241,46 +242,83 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
                  "available in this build", a->max_position_embeddings);
         return -1;
     }
-    int64_t count = 0;
+    int64_t n = 0;
     for (size_t i = 0; i < N; i++) {
         if (loss->targets && loss->targets[i] >= V) {
             snprintf(err, errlen, "target %d at index %zu is out of range [-1, %d)", loss->targets[i], i, V);
             return -1;
         }
-        count += loss->targets ? loss->targets[i] >= 0 : 1;
+        n += loss->targets ? loss->targets[i] >= 0 : 1;
     }
-    if (count == 0) {
+    if (n == 0) {
         snprintf(err, errlen, "forward_backward: every target is ignored (-1)");
         return -1;
     }
-    double w_kd = want_ce && want_kd ? loss->kd_weight : want_kd ? 1.0 : 0.0, w_ce = 1.0 - w_kd;
+    *count = n;
+    return 0;
+}
 
-    int tC = want_kd ? loss->teacher->a.hidden_size : 0;
-    train_sizes sz = train_floats(a, B, T, m->masks != NULL, tC);
-    ws_t ws = {0};
-    ws.f_bytes = (sz.saved + sz.scratch + sz.loss) * F4;
-    ws.i_bytes = sizeof(int) * (3 * N + 2 * (size_t)B);
-    int *host_ints = malloc(ws.i_bytes);
-    int nb = count_blocks(a);
-    blk_act *acts = calloc((size_t)(nb ? nb : 1), sizeof *acts);
-    float **xs = calloc((size_t)nb + 1, sizeof *xs);
-    float *loss_host = malloc(sizeof(float) * 2 * ENG_LOGIT_CHUNK_ROWS);
-    ws.f = be->alloc(be, ws.f_bytes);
-    ws.i = be->alloc(be, ws.i_bytes);
-    if (!host_ints || !acts || !xs || !loss_host || !ws.f || !ws.i) {
-        eng_ws_free(be, &ws);
-        free(host_ints);
-        free(acts);
-        free(xs);
-        free(loss_host);
+/* A training call's buffers: the backend workspace (saved | scratch | loss) and the host
+ * arrays, with the pointers carved out of them. */
+typedef struct {
+    ws_t ws;
+    int *host_ints;              /* host [3N + 2B]: tokens, positions, pos0, lens, targets */
+    blk_act *acts;               /* [nb] saved activations per present block */
+    float **xs;                  /* [nb + 1] residual chain */
+    float *loss_host;            /* host [2 * ENG_LOGIT_CHUNK_ROWS] */
+    int nb;                      /* present blocks */
+    bwd_state bs;
+    int R;                       /* rows per loss chunk */
+    float *hn, *dhn, *rstd_c;    /* [R,C], [R,C], [R]: final norm of a chunk */
+    float *lg, *dlg, *tlg;       /* [R,V]: logits, their gradient, teacher logits (KD) */
+    float *thn;                  /* [N,C_teacher]: teacher's normed final stream (KD) */
+    float *loss_ce, *loss_kd;    /* [R] per-row losses */
+} train_ws;
+
+static void train_free(eng_backend *be, train_ws *w)
+{
+    eng_ws_free(be, &w->ws);
+    free(w->host_ints);
+    free(w->acts);
+    free(w->xs);
+    free(w->loss_host);
+}
+
+/* Allocate the workspace for B x T tokens (teacher width tC, 0 without KD). 0, or -1
+ * with the reason in err and nothing left allocated. */
+static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, char *err, size_t errlen)
+{
+    eng_backend *be = m->be;
+    size_t N = (size_t)B * T;
+    train_sizes sz = train_floats(&m->a, B, T, m->masks != NULL, tC);
+    memset(w, 0, sizeof *w);
+    w->ws.f_bytes = (sz.saved + sz.scratch + sz.loss) * F4;
+    w->ws.i_bytes = sizeof(int) * (3 * N + 2 * (size_t)B);
+    w->host_ints = malloc(w->ws.i_bytes);
+    w->nb = count_blocks(&m->a);
+    w->acts = calloc((size_t)(w->nb ? w->nb : 1), sizeof *w->acts);
+    w->xs = calloc((size_t)w->nb + 1, sizeof *w->xs);
+    w->loss_host = malloc(sizeof(float) * 2 * ENG_LOGIT_CHUNK_ROWS);
+    w->ws.f = be->alloc(be, w->ws.f_bytes);
+    w->ws.i = be->alloc(be, w->ws.i_bytes);
+    if (!w->host_ints || !w->acts || !w->xs || !w->loss_host || !w->ws.f || !w->ws.i) {
+        train_free(be, w);
         snprintf(err, errlen, "forward_backward: out of memory for %d x %d tokens (%zu workspace bytes)", B, T,
                  (size_t)((sz.saved + sz.scratch + sz.loss) * F4));
         return -1;
     }
-    /* Carve: saved | scratch | loss. */
-    float *p = ws.f;
-    for (int i = 0; i <= nb; i++) {
-        xs[i] = p;
+    return 0;
+}
+
+/* Carve the float workspace in train_floats' order: saved (residual chain, then each
+ * block's activations) | backward scratch | loss chunk buffers. */
+static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC)
+{
+    const arch *a = &m->a;
+    size_t N = (size_t)B * T, C = (size_t)a->hidden_size, V = (size_t)a->vocab_size;
+    float *p = w->ws.f;
+    for (int i = 0; i <= w->nb; i++) {
+        w->xs[i] = p;
         p += N * C;
     }
     int blk = 0;
@@ -288,7 +326,7 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
         const arch_layer *ly = &a->layers[l];
         size_t qd = (size_t)ly->n_heads * a->head_dim, kvd = (size_t)ly->n_kv_heads * a->head_dim;
         if (ly->n_heads) {
-            blk_act *A = &acts[blk++];
+            blk_act *A = &w->acts[blk++];
             A->rstd = p; p += N;
             A->q = p; p += N * qd;
             A->o = p; p += N * qd;
@@ -302,7 +340,7 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
             }
         }
         if (ly->ffn_dim) {
-            blk_act *A = &acts[blk++];
+            blk_act *A = &w->acts[blk++];
             A->rstd = p; p += N;
             A->gate = p; p += N * (size_t)ly->ffn_dim;
             A->up = p; p += N * (size_t)ly->ffn_dim;
@@ -314,135 +352,186 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
         }
     }
     dims_max d = max_dims(a);
-    bwd_state bs = {0};
-    bs.gw = gw;
-    bs.gm = gm;
-    bs.dx = p; p += N * C;
-    bs.dyb = p; p += N * C;
-    bs.xn = p; p += N * C;
-    bs.dxn = p; p += N * C;
-    bs.d_neff = p; p += 1;
-    bs.big = p;
+    bwd_state *bs = &w->bs;
+    bs->dx = p; p += N * C;
+    bs->dyb = p; p += N * C;
+    bs->xn = p; p += N * C;
+    bs->dxn = p; p += N * C;
+    bs->d_neff = p; p += 1;
+    bs->big = p;
     {
         size_t attn = 3 * (size_t)d.qd + 2 * (size_t)d.kvd, mlp = 3 * (size_t)d.f;
         p += N * (attn > mlp ? attn : mlp);
     }
-    int R = (int)(N < ENG_LOGIT_CHUNK_ROWS ? N : ENG_LOGIT_CHUNK_ROWS);
-    float *hn = p; p += (size_t)R * C;
-    float *dhn = p; p += (size_t)R * C;
-    float *rstd_c = p; p += (size_t)R;
-    float *lg = p; p += (size_t)R * V;
-    float *dlg = p; p += (size_t)R * V;
-    float *tlg = NULL, *thn = NULL;
-    if (want_kd) {
-        tlg = p; p += (size_t)R * V;
-        thn = p; p += N * (size_t)tC;
+    w->R = (int)(N < ENG_LOGIT_CHUNK_ROWS ? N : ENG_LOGIT_CHUNK_ROWS);
+    size_t R = (size_t)w->R;
+    w->hn = p; p += R * C;
+    w->dhn = p; p += R * C;
+    w->rstd_c = p; p += R;
+    w->lg = p; p += R * V;
+    w->dlg = p; p += R * V;
+    if (tC) {
+        w->tlg = p; p += R * V;
+        w->thn = p; p += N * (size_t)tC;
     }
-    float *loss_ce = p; p += (size_t)R;
-    float *loss_kd = p; p += (size_t)R;
+    w->loss_ce = p; p += R;
+    w->loss_kd = p;
+}
+
+/* Upload tokens and targets (ints: tokens N | pos N | pos0 B | lens B | targets N), point
+ * the forward state at the saved activations and run every layer. Returns the device
+ * targets. */
+static const int *train_forward(eng_model *m, train_ws *w, fwd_state *st, const int *tokens,
+                                const int *targets, int B, int T)
+{
+    eng_backend *be = m->be;
+    size_t N = (size_t)B * T;
+    int *ints = w->ws.i, *host = w->host_ints;
+    eng_fwd_upload_ints(be, ints, host, tokens, NULL, NULL, B, T);
+    int *tgt_d = ints + 2 * N + 2 * B;
+    for (size_t i = 0; i < N; i++)
+        host[2 * N + 2 * B + i] = targets ? targets[i] : 0;
+    be->to_device(be, tgt_d, host + 2 * N + 2 * B, sizeof(int) * N);
+
+    memset(st, 0, sizeof *st);
+    st->B = B;
+    st->T = T;
+    st->N = (int)N;
+    st->tok_d = ints;
+    st->pos_d = ints + N;
+    st->pos0_d = ints + 2 * N;
+    st->lens_d = ints + 2 * N + B;
+    st->lens_h = host + 2 * N + B;
+    st->mk = m->masks;
+    st->n_eff = m->masks ? m->masks->hidden_count : (float)m->a.hidden_size;
+    st->xn = w->bs.xn;
+    st->om = w->bs.big;       /* forward-only use; backward rewrites it */
+    st->h = w->bs.big;
+    st->xs = w->xs;
+    st->acts = w->acts;
+    eng_fwd_layers(m, st);
+    return tgt_d;
+}
+
+/* Add a chunk's r per-row losses (device) to *acc, one row at a time, through host. */
+static void chunk_sum_add(double *acc, eng_backend *be, float *host, const float *dev, int r)
+{
+    be->to_host(be, host, dev, F4 * (size_t)r);
+    for (int i = 0; i < r; i++)
+        *acc += host[i];
+}
+
+/* Loss and head backward, chunk by chunk of R rows: final norm, LM head, CE and/or KD
+ * (weighted w_ce/count, w_kd/count), then d lm_head, d final_norm and d x into bs.dx.
+ * Adds the summed per-token losses to *sum_ce and *sum_kd. */
+static void train_loss_bwd(eng_model *m, train_ws *w, const fwd_state *st, const eng_loss_spec *loss,
+                           const int *tgt_d, double w_ce, double w_kd, int64_t count, double *sum_ce,
+                           double *sum_kd)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int C = a->hidden_size, V = a->vocab_size;
+    int want_ce = (loss->kind & ENG_LOSS_CE) != 0, want_kd = (loss->kind & ENG_LOSS_KD) != 0;
+    bwd_state *bs = &w->bs;
+    size_t N = (size_t)st->N, R = (size_t)w->R;
+    const float *xf = w->xs[w->nb];
+    be->zero(be, bs->dx, N * C * F4);
+    if (bs->gm)
+        be->zero(be, bs->d_neff, F4);
+    for (size_t r0 = 0; r0 < N; r0 += R) {
+        int r = (int)(N - r0 < R ? N - r0 : R);
+        be->rmsnorm_fwd(be, w->hn, w->rstd_c, xf + r0 * C, m->final_norm, r, C, st->n_eff, (float)a->norm_eps);
+        be->gemm(be, 0, 1, r, V, C, 1.0f, w->hn, C, m->lm_head, C, 0.0f, w->lg, V);
+        be->zero(be, w->dlg, (size_t)r * V * F4);
+        const int *tg = loss->targets ? tgt_d + r0 : NULL;
+        if (want_ce)
+            be->xent(be, w->loss_ce, w->dlg, (float)(w_ce / count), w->lg, tg, r, V);
+        if (want_kd) {
+            eng_model *t = loss->teacher;
+            int tC = t->a.hidden_size;
+            be->gemm(be, 0, 1, r, V, tC, 1.0f, w->thn + r0 * tC, tC, t->lm_head, tC, 0.0f, w->tlg, V);
+            be->kl(be, w->loss_kd, w->dlg, (float)(w_kd / count), w->lg, w->tlg, tg, r, V, loss->temperature);
+        }
+        if (want_ce)
+            chunk_sum_add(sum_ce, be, w->loss_host, w->loss_ce, r);
+        if (want_kd)
+            chunk_sum_add(sum_kd, be, w->loss_host, w->loss_kd, r);
+        if (bs->gw)
+            be->gemm(be, 1, 0, V, C, r, 1.0f, w->dlg, V, w->hn, C, 1.0f, m->g_lm_head, C);
+        be->gemm(be, 0, 0, r, C, V, 1.0f, w->dlg, V, m->lm_head, C, 0.0f, w->dhn, C);
+        be->rmsnorm_bwd(be, bs->dx + r0 * C, bs->gw ? m->g_final_norm : NULL, bs->gm ? bs->d_neff : NULL, w->dhn,
+                        xf + r0 * C, m->final_norm, w->rstd_c, r, C, st->n_eff);
+    }
+}
+
+/* Layers in reverse from bs.dx, then the hidden mask after the embedding (h0 = emb *
+ * hidden), the embedding's gradient and d hidden_count. */
+static void train_layers_bwd(eng_model *m, train_ws *w, fwd_state *st)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int C = a->hidden_size;
+    bwd_state *bs = &w->bs;
+    int blk = w->nb;
+    for (int l = a->n_layers - 1; l >= 0; l--) {
+        if (a->layers[l].ffn_dim) {
+            blk--;
+            mlp_bwd_block(m, st, bs, l, w->xs[blk], &w->acts[blk]);
+        }
+        if (a->layers[l].n_heads) {
+            blk--;
+            attn_bwd_block(m, st, bs, l, w->xs[blk], &w->acts[blk]);
+        }
+    }
+    if (st->mk) {
+        be->embed_fwd(be, bs->xn, m->tok_emb, st->tok_d, st->N, C);
+        be->mask_bwd(be, bs->dx, bs->gm ? m->masks->g_hidden : NULL, bs->dx, bs->xn, st->mk->hidden, st->N, C, 1);
+    }
+    if (bs->gw)
+        be->embed_bwd(be, m->g_tok_emb, bs->dx, st->tok_d, st->N, C);
+    if (bs->gm) {
+        float dn = 0;
+        be->to_host(be, &dn, bs->d_neff, F4);
+        m->masks->g_hidden_count += dn;
+    }
+}
+
+int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const eng_loss_spec *loss,
+                         int grad_flags, eng_loss_result *out, char *err, size_t errlen)
+{
+    eng_backend *be = m->be;
+    memset(out, 0, sizeof *out);
+    int64_t count = 0;
+    if (train_check(m, tokens, B, T, loss, grad_flags, &count, err, errlen) != 0)
+        return -1;
+    int want_ce = (loss->kind & ENG_LOSS_CE) != 0, want_kd = (loss->kind & ENG_LOSS_KD) != 0;
+    double w_kd = want_ce && want_kd ? loss->kd_weight : want_kd ? 1.0 : 0.0, w_ce = 1.0 - w_kd;
+    int tC = want_kd ? loss->teacher->a.hidden_size : 0;
+
+    train_ws w;
+    if (train_alloc(m, &w, B, T, tC, err, errlen) != 0)
+        return -1;
+    train_carve(m, &w, B, T, tC);
+    w.bs.gw = (grad_flags & ENG_GRAD_WEIGHTS) != 0;
+    w.bs.gm = (grad_flags & ENG_GRAD_MASKS) != 0;
 
     int rc = 0;
     if (want_kd) {
         eng_model *t = loss->teacher;
-        rc = teacher_final(t, tokens, B, T, t == m, thn, err, errlen);
+        rc = teacher_final(t, tokens, B, T, t == m, w.thn, err, errlen);
     }
-    /* ints: tokens N | pos N | pos0 B | lens B | targets N */
-    eng_fwd_upload_ints(be, ws.i, host_ints, tokens, NULL, NULL, B, T);
-    int *tgt_d = ws.i + 2 * N + 2 * B;
-    for (size_t i = 0; i < N; i++)
-        host_ints[2 * N + 2 * B + i] = loss->targets ? loss->targets[i] : 0;
-    be->to_device(be, tgt_d, host_ints + 2 * N + 2 * B, sizeof(int) * N);
-
-    fwd_state st;
-    memset(&st, 0, sizeof st);
-    st.B = B;
-    st.T = T;
-    st.N = (int)N;
-    st.tok_d = ws.i;
-    st.pos_d = ws.i + N;
-    st.pos0_d = ws.i + 2 * N;
-    st.lens_d = ws.i + 2 * N + B;
-    st.lens_h = host_ints + 2 * N + B;
-    st.mk = m->masks;
-    st.n_eff = m->masks ? m->masks->hidden_count : (float)C;
-    st.xn = bs.xn;
-    st.om = bs.big;       /* forward-only use; backward rewrites it */
-    st.h = bs.big;
-    st.xs = xs;
-    st.acts = acts;
-    if (rc == 0)
-        eng_fwd_layers(m, &st);
-
-    /* Loss and head backward, chunk by chunk. */
-    double sum_ce = 0, sum_kd = 0;
-    const float *xf = xs[nb];
     if (rc == 0) {
-        be->zero(be, bs.dx, N * C * F4);
-        if (gm)
-            be->zero(be, bs.d_neff, F4);
-        for (size_t r0 = 0; r0 < N; r0 += (size_t)R) {
-            int r = (int)(N - r0 < (size_t)R ? N - r0 : (size_t)R);
-            be->rmsnorm_fwd(be, hn, rstd_c, xf + r0 * C, m->final_norm, r, C, st.n_eff, (float)a->norm_eps);
-            be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
-            be->zero(be, dlg, (size_t)r * V * F4);
-            const int *tg = loss->targets ? tgt_d + r0 : NULL;
-            if (want_ce)
-                be->xent(be, loss_ce, dlg, (float)(w_ce / count), lg, tg, r, V);
-            if (want_kd) {
-                eng_model *t = loss->teacher;
-                be->gemm(be, 0, 1, r, V, tC, 1.0f, thn + r0 * tC, tC, t->lm_head, tC, 0.0f, tlg, V);
-                be->kl(be, loss_kd, dlg, (float)(w_kd / count), lg, tlg, tg, r, V, loss->temperature);
-            }
-            if (want_ce) {
-                be->to_host(be, loss_host, loss_ce, F4 * (size_t)r);
-                for (int i = 0; i < r; i++)
-                    sum_ce += loss_host[i];
-            }
-            if (want_kd) {
-                be->to_host(be, loss_host, loss_kd, F4 * (size_t)r);
-                for (int i = 0; i < r; i++)
-                    sum_kd += loss_host[i];
-            }
-            if (gw)
-                be->gemm(be, 1, 0, V, C, r, 1.0f, dlg, V, hn, C, 1.0f, m->g_lm_head, C);
-            be->gemm(be, 0, 0, r, C, V, 1.0f, dlg, V, m->lm_head, C, 0.0f, dhn, C);
-            be->rmsnorm_bwd(be, bs.dx + r0 * C, gw ? m->g_final_norm : NULL, gm ? bs.d_neff : NULL, dhn,
-                            xf + r0 * C, m->final_norm, rstd_c, r, C, st.n_eff);
-        }
-        /* Layers in reverse. */
-        blk = nb;
-        for (int l = a->n_layers - 1; l >= 0; l--) {
-            if (a->layers[l].ffn_dim) {
-                blk--;
-                mlp_bwd_block(m, &st, &bs, l, xs[blk], &acts[blk]);
-            }
-            if (a->layers[l].n_heads) {
-                blk--;
-                attn_bwd_block(m, &st, &bs, l, xs[blk], &acts[blk]);
-            }
-        }
-        /* Embedding: h0 = emb * hidden. */
-        if (st.mk) {
-            be->embed_fwd(be, bs.xn, m->tok_emb, st.tok_d, st.N, C);
-            be->mask_bwd(be, bs.dx, gm ? m->masks->g_hidden : NULL, bs.dx, bs.xn, st.mk->hidden, st.N, C, 1);
-        }
-        if (gw)
-            be->embed_bwd(be, m->g_tok_emb, bs.dx, st.tok_d, st.N, C);
-        if (gm) {
-            float dn = 0;
-            be->to_host(be, &dn, bs.d_neff, F4);
-            m->masks->g_hidden_count += dn;
-        }
+        fwd_state st;
+        const int *tgt_d = train_forward(m, &w, &st, tokens, loss->targets, B, T);
+        double sum_ce = 0, sum_kd = 0;
+        train_loss_bwd(m, &w, &st, loss, tgt_d, w_ce, w_kd, count, &sum_ce, &sum_kd);
+        train_layers_bwd(m, &w, &st);
         be->sync(be);
         out->tokens = count;
         out->ce = sum_ce / count;
         out->kd = sum_kd / count;
         out->loss = w_ce * out->ce + w_kd * out->kd;
     }
-    eng_ws_free(be, &ws);
-    free(host_ints);
-    free(acts);
-    free(xs);
-    free(loss_host);
+    train_free(be, &w);
     return rc;
 }

@@ -382,9 +382,11 @@ static void lm_head(eng_model *m, fwd_state *st, const float *x, float *head, in
     }
 }
 
-int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen)
+/* Everything eng_forward refuses before it allocates: empty batch, missing logits buffer,
+ * tokens or lengths out of range, a cache of another model or batch or without room,
+ * dynamic RoPE past its table. 0, or -1 with the reason in err. */
+static int fwd_check_args(const eng_model *m, const eng_fwd_args *args, char *err, size_t errlen)
 {
-    eng_backend *be = m->be;
     const arch *a = &m->a;
     int B = args->B, T = args->T;
     if (B <= 0 || T <= 0) {
@@ -425,6 +427,17 @@ int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen
             return -1;
         }
     }
+    return 0;
+}
+
+int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int B = args->B, T = args->T;
+    eng_kv_cache *kv = args->kv;
+    if (fwd_check_args(m, args, err, errlen) != 0)
+        return -1;
     int *host_ints = malloc(sizeof(int) * (size_t)(2 * B * T + 2 * B));
     if (!host_ints) {
         snprintf(err, errlen, "forward: out of host memory");
