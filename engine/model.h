@@ -61,7 +61,7 @@ typedef struct eng_model {
     eng_layer *layers, *glayers; /* [n_layers]; glayers views into grads */
     float *g_tok_emb, *g_final_norm, *g_lm_head;
     eng_masks *masks;            /* NULL until eng_model_enable_masks */
-    void *impl;                  /* workspace, private to model.c */
+    void *impl;                  /* tensor table etc., private (engine/model_internal.h) */
 } eng_model;
 
 /* Allocate a model of shape `a` on `be` with zeroed weights (norm weights 1).
@@ -183,7 +183,7 @@ int eng_adamw_restore(eng_adamw *o, int64_t t, const float *m_host, const float 
 void eng_adamw_free(eng_adamw *o);
 
 /* Sampling from logits [V] (host): temperature 0 = greedy (argmax); else softmax at
- * temperature then nucleus top_p (1.0 = off). rng is a xorshift state. */
+ * temperature then nucleus top_p (1.0 = off). rng is an eng_xorshift64 state (engine/rng.h). */
 int eng_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng);
 
 /* ---- additions by the engine (CPU path); existing declarations above are unchanged ---- */
@@ -199,7 +199,7 @@ int eng_sample(const float *logits, int V, float temperature, float top_p, uint6
 int eng_rope_inv_freq(const arch *a, float *out);
 
 /* Bytes eng_forward allocates on the backend for a call of B rows x T tokens
- * (everything freed before it returns; see model.c's header for the items), for an
+ * (everything freed before it returns; see forward.c's header for the items), for an
  * unmasked model of shape `a`: kv_max_T is the cache capacity when a cache is used
  * (0: none), threads the backend's thread count, with_stats 1 when statistics are
  * collected. The attention term is the CPU backend's (threads x ENG_CPU_ATTN_ROWS x S

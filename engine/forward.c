@@ -1,0 +1,489 @@
+/* engine/forward.c — inference: embedding, attention and SwiGLU blocks with masks, the LM
+ * head, prefill and decode through a KV cache, and the ranking statistics. Training runs
+ * the same blocks (eng_fwd_setup, eng_fwd_layers) with saved activations: backward.c.
+ *
+ * Memory (floats are 4 bytes; N = B*T; qd = max_l Hq*D, kvd = max_l Hkv*D, F = max_l F_l,
+ * Hm = max_l Hq; R = rows of the LM head at once). eng_forward holds one workspace for the
+ * call, freed before return:
+ *   N*(3C + 2qd + 2kvd + 3F + 1) floats (x, xn, y, q, o, k, v, gate, up, h, rstd)
+ *   + R*(2C + V) for the head (R = B for LOGITS_LAST, min(N, ENG_LOGIT_CHUNK_ROWS) for ALL,
+ *   0 for NONE) + max(C, Hm, F) when stats are collected (+ N*qd when masks are enabled:
+ *   the masked head outputs), + ints 2N + 2B (tokens, positions, first positions, lengths),
+ *   + inside attention: threads * ENG_CPU_ATTN_ROWS * S floats of tile scratch (S = T, or
+ *   max_T with a cache; CPU backend). eng_forward_workspace_bytes computes exactly this
+ *   sum; the tests check it against the measured peak.
+ * Statistics: hidden_abs sums both norm outputs of a layer (attention and MLP input).
+ */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/clock.h"
+#include "engine/model_internal.h"
+
+/* ---- statistics ---------------------------------------------------------------------- */
+
+eng_act_stats *eng_stats_new(const eng_model *m)
+{
+    const arch *a = &m->a;
+    int L = a->n_layers;
+    eng_act_stats *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->ffn_abs = calloc((size_t)(L ? L : 1), sizeof *s->ffn_abs);
+    s->head_norm = calloc((size_t)(L ? L : 1), sizeof *s->head_norm);
+    s->hidden_abs = calloc((size_t)a->hidden_size, sizeof *s->hidden_abs);
+    int bad = !s->ffn_abs || !s->head_norm || !s->hidden_abs;
+    for (int l = 0; !bad && l < L; l++) {
+        if (a->layers[l].ffn_dim && !(s->ffn_abs[l] = calloc((size_t)a->layers[l].ffn_dim, sizeof(double))))
+            bad = 1;
+        if (a->layers[l].n_heads && !(s->head_norm[l] = calloc((size_t)a->layers[l].n_heads, sizeof(double))))
+            bad = 1;
+    }
+    if (bad) {
+        eng_stats_free(s, L);
+        return NULL;
+    }
+    return s;
+}
+
+void eng_stats_free(eng_act_stats *s, int n_layers)
+{
+    if (!s)
+        return;
+    for (int l = 0; l < n_layers; l++) {
+        if (s->ffn_abs)
+            free(s->ffn_abs[l]);
+        if (s->head_norm)
+            free(s->head_norm[l]);
+    }
+    free(s->ffn_abs);
+    free(s->head_norm);
+    free(s->hidden_abs);
+    free(s);
+}
+
+/* ---- blocks ---------------------------------------------------------------------------- */
+
+/* Accumulate out[G] += per-group norms of x [N, G*D] over valid rows into host doubles. */
+static void stats_add(eng_model *m, fwd_state *st, double *acc, const float *x, int G, int D)
+{
+    eng_backend *be = m->be;
+    be->zero(be, st->stat, F4 * (size_t)G);
+    size_t row = (size_t)G * D;
+    for (int b = 0; b < st->B; b++) {
+        int len = st->lens_h ? st->lens_h[b] : st->T;
+        if (len > 0)
+            be->group_norm_sum(be, st->stat, x + (size_t)b * st->T * row, len, G, D);
+    }
+    be->to_host(be, st->stat_host, st->stat, F4 * (size_t)G);
+    for (int g = 0; g < G; g++)
+        acc[g] += st->stat_host[g];
+}
+
+/* x_out = (x_in + gate*y) * hidden   (masks), or x_in + y. Saves r when asked. */
+static void residual(eng_model *m, fwd_state *st, float *x_out, const float *x_in, const float *y,
+                     const float *gate_dev, float *r_save)
+{
+    eng_backend *be = m->be;
+    size_t n = (size_t)st->N * m->a.hidden_size;
+    if (!st->mk) {
+        be->add(be, x_out, x_in, y, n);
+        return;
+    }
+    if (x_out != x_in)
+        be->copy(be, x_out, x_in, n * F4);
+    be->axpy_dev(be, x_out, gate_dev, y, n);
+    if (r_save)
+        be->copy(be, r_save, x_out, n * F4);
+    be->mask_fwd(be, x_out, x_out, st->mk->hidden, st->N, m->a.hidden_size, 1);
+}
+
+static void linear(eng_backend *be, float *y, const float *x, const float *W, const float *b,
+                   int N, int out, int in)
+{
+    be->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+    if (b)
+        be->bias_add(be, y, b, N, out);
+}
+
+static void attn_block(eng_model *m, fwd_state *st, int l, const float *x_in, float *x_out, blk_act *A)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    const eng_layer *L = &m->layers[l];
+    model_impl *im = m->impl;
+    int N = st->N, C = a->hidden_size, D = a->head_dim;
+    int Hq = a->layers[l].n_heads, Hkv = a->layers[l].n_kv_heads, qd = Hq * D, kvd = Hkv * D;
+    be->rmsnorm_fwd(be, st->xn, A->rstd, x_in, L->attn_norm, N, C, st->n_eff, (float)a->norm_eps);
+    if (st->stats)
+        stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
+    linear(be, A->q, st->xn, L->wq, L->bq, N, qd, C);
+    linear(be, A->k, st->xn, L->wk, L->bk, N, kvd, C);
+    linear(be, A->v, st->xn, L->wv, L->bv, N, kvd, C);
+    be->rope_fwd(be, A->q, st->pos_d, im->inv_freq, N, Hq, D);
+    be->rope_fwd(be, A->k, st->pos_d, im->inv_freq, N, Hkv, D);
+    const float *K = A->k, *V = A->v;
+    int S = st->T;
+    if (st->kv) {
+        eng_kv_cache *kv = st->kv;
+        for (int b = 0; b < st->B; b++) {
+            size_t dst = ((size_t)b * kv->max_T + kv->len[b]) * kvd, src = (size_t)b * st->T * kvd;
+            be->copy(be, kv->k[l] + dst, A->k + src, F4 * (size_t)st->T * kvd);
+            be->copy(be, kv->v[l] + dst, A->v + src, F4 * (size_t)st->T * kvd);
+        }
+        K = kv->k[l];
+        V = kv->v[l];
+        S = kv->max_T;
+    }
+    be->attn_fwd(be, A->o, A->lse, A->q, K, V, st->pos0_d, st->lens_d, st->B, st->T, S, Hq, Hkv, D,
+                 (float)(1.0 / sqrt((double)D)));
+    if (st->stats)
+        stats_add(m, st, st->stats->head_norm[l], A->o, Hq, D);
+    const float *om = A->o;
+    if (st->mk) {
+        be->mask_fwd(be, st->om, A->o, st->mk->head[l], N, Hq, D);
+        om = st->om;
+    }
+    linear(be, A->y, om, L->wo, NULL, N, C, qd);
+    residual(m, st, x_out, x_in, A->y, st->mk ? st->mk->attn_gate + l : NULL, A->r);
+}
+
+static void mlp_block(eng_model *m, fwd_state *st, int l, const float *x_in, float *x_out, blk_act *A)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    const eng_layer *L = &m->layers[l];
+    int N = st->N, C = a->hidden_size, F = a->layers[l].ffn_dim;
+    be->rmsnorm_fwd(be, st->xn, A->rstd, x_in, L->ffn_norm, N, C, st->n_eff, (float)a->norm_eps);
+    if (st->stats)
+        stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
+    linear(be, A->gate, st->xn, L->w_gate, NULL, N, F, C);
+    linear(be, A->up, st->xn, L->w_up, NULL, N, F, C);
+    be->swiglu_fwd(be, st->h, A->gate, A->up, (size_t)N * F);
+    if (st->stats)
+        stats_add(m, st, st->stats->ffn_abs[l], st->h, F, 1);
+    if (st->mk)
+        be->mask_fwd(be, st->h, st->h, st->mk->ffn[l], N, F, 1);
+    linear(be, A->y, st->h, L->w_down, NULL, N, C, F);
+    residual(m, st, x_out, x_in, A->y, st->mk ? st->mk->mlp_gate + l : NULL, A->r);
+}
+
+void eng_fwd_layers(eng_model *m, fwd_state *st)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    double e0 = 0;
+    if (st->fixed_ns) {
+        be->sync(be);
+        e0 = eng_wall_s();
+    }
+    be->embed_fwd(be, st->xs[0], m->tok_emb, st->tok_d, st->N, a->hidden_size);
+    if (st->mk)
+        be->mask_fwd(be, st->xs[0], st->xs[0], st->mk->hidden, st->N, a->hidden_size, 1);
+    if (st->fixed_ns) {
+        be->sync(be);
+        st->fixed_ns[0] = (eng_wall_s() - e0) * 1e9;
+    }
+    int blk = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        for (int part = 0; part < 2; part++) {
+            int present = part == 0 ? a->layers[l].n_heads > 0 : a->layers[l].ffn_dim > 0;
+            double t0 = 0;
+            if (st->layer_ns) {
+                be->sync(be);
+                t0 = eng_wall_s();
+            }
+            if (present) {
+                blk_act *A = st->acts ? &st->acts[blk] : &st->tmp;
+                float *xin = st->acts ? st->xs[blk] : st->xs[0], *xout = st->acts ? st->xs[blk + 1] : st->xs[0];
+                if (part == 0)
+                    attn_block(m, st, l, xin, xout, A);
+                else
+                    mlp_block(m, st, l, xin, xout, A);
+                blk++;
+            }
+            if (st->layer_ns) {
+                be->sync(be);
+                st->layer_ns[2 * l + part] = present ? (eng_wall_s() - t0) * 1e9 : 0;
+            }
+        }
+    }
+}
+
+static int head_rows(int B, int N, int logits_mode)
+{
+    if (logits_mode == ENG_LOGITS_LAST)
+        return B;
+    if (logits_mode == ENG_LOGITS_ALL)
+        return N < ENG_LOGIT_CHUNK_ROWS ? N : ENG_LOGIT_CHUNK_ROWS;
+    return 0;
+}
+
+/* Float count of the inference workspace (excluding ints and attention scratch). */
+static size_t fwd_floats(const arch *a, int B, int T, int logits_mode, int with_stats, int with_masks)
+{
+    dims_max d = max_dims(a);
+    size_t N = (size_t)B * T, C = (size_t)a->hidden_size;
+    size_t n = N * (3 * C + 2 * (size_t)d.qd + 2 * (size_t)d.kvd + 3 * (size_t)d.f + 1);
+    size_t R = (size_t)head_rows(B, (int)N, logits_mode);
+    n += R * (2 * C + (size_t)a->vocab_size);
+    if (with_stats)
+        n += (size_t)imax(a->hidden_size, imax(d.hq, d.f));
+    if (with_masks)
+        n += N * (size_t)d.qd;
+    return n;
+}
+
+size_t eng_fwd_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode, int threads, int with_stats,
+                     int with_masks)
+{
+    size_t S = (size_t)(kv_max_T > 0 ? kv_max_T : T);
+    int attn = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        attn |= a->layers[l].n_heads > 0;
+    return fwd_floats(a, B, T, logits_mode, with_stats, with_masks) * F4 +
+           (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) +
+           (attn ? (size_t)(threads > 0 ? threads : 1) * ENG_CPU_ATTN_ROWS * S * F4 : 0);
+}
+
+size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
+                                   int threads, int with_stats)
+{
+    return eng_fwd_bytes(a, B, T, kv_max_T, logits_mode, threads, with_stats, 0);
+}
+
+/* ---- workspace and setup --------------------------------------------------------------- */
+
+void eng_ws_free(eng_backend *be, ws_t *w)
+{
+    be->free(be, w->f, w->f ? w->f_bytes : 0);
+    be->free(be, w->i, w->i ? w->i_bytes : 0);
+    w->f = NULL;
+    w->i = NULL;
+}
+
+void eng_fwd_upload_ints(eng_backend *be, int *dev, int *host, const int *tokens, const int *lens,
+                         const eng_kv_cache *kv, int B, int T)
+{
+    int N = B * T;
+    memcpy(host, tokens, sizeof(int) * (size_t)N);
+    for (int b = 0; b < B; b++) {
+        int past = kv ? kv->len[b] : 0;
+        for (int t = 0; t < T; t++)
+            host[N + b * T + t] = past + t;
+        host[2 * N + b] = past;
+        host[2 * N + B + b] = lens ? lens[b] : T;
+    }
+    be->to_device(be, dev, host, sizeof(int) * (size_t)(2 * N + 2 * B));
+}
+
+int eng_check_tokens(const int *tokens, size_t n, int V, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            snprintf(err, errlen, "token %d at index %zu is out of range [0, %d)", tokens[i], i, V);
+            return -1;
+        }
+    return 0;
+}
+
+int eng_fwd_setup(eng_model *m, fwd_state *st, ws_t *ws, int *host_ints, const int *tokens, int B, int T,
+                  const int *lens, eng_kv_cache *kv, int logits_mode, eng_act_stats *stats,
+                  const eng_masks *mk, float **xs1, float **head_base)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    dims_max d = max_dims(a);
+    size_t N = (size_t)B * T, C = (size_t)a->hidden_size;
+    memset(st, 0, sizeof *st);
+    memset(ws, 0, sizeof *ws);
+    ws->f_bytes = fwd_floats(a, B, T, logits_mode, stats != NULL, mk != NULL) * F4;
+    ws->i_bytes = sizeof(int) * (2 * N + 2 * (size_t)B);
+    ws->f = be->alloc(be, ws->f_bytes);
+    ws->i = be->alloc(be, ws->i_bytes);
+    if (!ws->f || !ws->i) {
+        eng_ws_free(be, ws);
+        return -1;
+    }
+    eng_fwd_upload_ints(be, ws->i, host_ints, tokens, lens, kv, B, T);
+    st->B = B;
+    st->T = T;
+    st->N = (int)N;
+    st->tok_d = ws->i;
+    st->pos_d = ws->i + N;
+    st->pos0_d = ws->i + 2 * N;
+    st->lens_d = ws->i + 2 * N + B;
+    st->lens_h = host_ints + 2 * N + B;
+    st->kv = kv;
+    st->mk = mk;
+    st->n_eff = mk ? mk->hidden_count : (float)a->hidden_size;
+    float *p = ws->f;
+    float *x = p; p += N * C;
+    st->xn = p; p += N * C;
+    st->tmp.y = p; p += N * C;
+    st->tmp.rstd = p; p += N;
+    st->tmp.q = p; p += N * (size_t)d.qd;
+    st->tmp.o = p; p += N * (size_t)d.qd;
+    st->tmp.k = p; p += N * (size_t)d.kvd;
+    st->tmp.v = p; p += N * (size_t)d.kvd;
+    st->tmp.gate = p; p += N * (size_t)d.f;
+    st->tmp.up = p; p += N * (size_t)d.f;
+    st->h = p; p += N * (size_t)d.f;
+    if (mk) {
+        st->om = p;
+        p += N * (size_t)d.qd;
+    }
+    if (stats) {
+        st->stat = p;
+        p += (size_t)imax(a->hidden_size, imax(d.hq, d.f));
+    }
+    *head_base = p;
+    xs1[0] = x;
+    st->xs = xs1;
+    st->stats = stats;
+    return 0;
+}
+
+/* Logits for rows of the final stream x [N,C]: LAST gathers each row's last valid token. */
+static void lm_head(eng_model *m, fwd_state *st, const float *x, float *head, int logits_mode,
+                    float *logits_host, float n_eff)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int C = a->hidden_size, V = a->vocab_size, B = st->B, T = st->T;
+    if (logits_mode == ENG_LOGITS_LAST) {
+        float *xg = head, *hn = head + (size_t)B * C, *lg = hn + (size_t)B * C;
+        for (int b = 0; b < B; b++) {
+            int last = st->lens_h[b] - 1;
+            if (last < 0)
+                be->zero(be, xg + (size_t)b * C, F4 * (size_t)C);
+            else
+                be->copy(be, xg + (size_t)b * C, x + ((size_t)b * T + last) * C, F4 * (size_t)C);
+        }
+        be->rmsnorm_fwd(be, hn, NULL, xg, m->final_norm, B, C, n_eff, (float)a->norm_eps);
+        be->gemm(be, 0, 1, B, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+        be->to_host(be, logits_host, lg, F4 * (size_t)B * V);
+        for (int b = 0; b < B; b++)
+            if (st->lens_h[b] <= 0)
+                memset(logits_host + (size_t)b * V, 0, F4 * (size_t)V);
+    } else if (logits_mode == ENG_LOGITS_ALL) {
+        int N = st->N, R = head_rows(B, N, logits_mode);
+        float *hn = head + (size_t)R * C, *lg = hn + (size_t)R * C;
+        for (int r0 = 0; r0 < N; r0 += R) {
+            int r = N - r0 < R ? N - r0 : R;
+            be->rmsnorm_fwd(be, hn, NULL, x + (size_t)r0 * C, m->final_norm, r, C, n_eff, (float)a->norm_eps);
+            be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+            be->to_host(be, logits_host + (size_t)r0 * V, lg, F4 * (size_t)r * V);
+        }
+    }
+}
+
+/* Everything eng_forward refuses before it allocates: empty batch, missing logits buffer,
+ * tokens or lengths out of range, a cache of another model or batch or without room,
+ * dynamic RoPE past its table. 0, or -1 with the reason in err. */
+static int fwd_check_args(const eng_model *m, const eng_fwd_args *args, char *err, size_t errlen)
+{
+    const arch *a = &m->a;
+    int B = args->B, T = args->T;
+    if (B <= 0 || T <= 0) {
+        snprintf(err, errlen, "forward: batch %d x %d tokens is empty", B, T);
+        return -1;
+    }
+    if (args->logits_mode != ENG_LOGITS_NONE && !args->logits) {
+        snprintf(err, errlen, "forward: logits requested without an output buffer");
+        return -1;
+    }
+    if (eng_check_tokens(args->tokens, (size_t)B * T, a->vocab_size, err, errlen) != 0)
+        return -1;
+    for (int b = 0; args->lens && b < B; b++)
+        if (args->lens[b] < 0 || args->lens[b] > T) {
+            snprintf(err, errlen, "forward: lens[%d] = %d is out of range [0, %d]", b, args->lens[b], T);
+            return -1;
+        }
+    eng_kv_cache *kv = args->kv;
+    if (kv) {
+        if (kv->m != m || kv->B != B) {
+            snprintf(err, errlen, "forward: KV cache was made for another model or batch (%d rows, got %d)", kv->B, B);
+            return -1;
+        }
+        for (int b = 0; b < B; b++)
+            if (kv->len[b] + T > kv->max_T) {
+                snprintf(err, errlen, "forward: KV cache full (row %d holds %d of %d positions, %d more asked)", b,
+                         kv->len[b], kv->max_T, T);
+                return -1;
+            }
+    }
+    if (a->rope_scaling.type == ROPE_SCALING_DYNAMIC) {
+        int past = 0;
+        for (int b = 0; kv && b < B; b++)
+            past = imax(past, kv->len[b]);
+        if (past + T > a->max_position_embeddings) {
+            snprintf(err, errlen, "forward: dynamic RoPE scaling beyond max_position_embeddings (%d) is not "
+                     "available in this build", a->max_position_embeddings);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int B = args->B, T = args->T;
+    eng_kv_cache *kv = args->kv;
+    if (fwd_check_args(m, args, err, errlen) != 0)
+        return -1;
+    int *host_ints = malloc(sizeof(int) * (size_t)(2 * B * T + 2 * B));
+    if (!host_ints) {
+        snprintf(err, errlen, "forward: out of host memory");
+        return -1;
+    }
+    fwd_state st;
+    ws_t ws;
+    float *xs1[1], *head;
+    if (eng_fwd_setup(m, &st, &ws, host_ints, args->tokens, B, T, args->lens, kv, args->logits_mode, args->stats,
+                      m->masks, xs1, &head) != 0) {
+        free(host_ints);
+        snprintf(err, errlen, "forward: out of device memory for the workspace of %d x %d tokens", B, T);
+        return -1;
+    }
+    float *stat_host = NULL;
+    if (args->stats) {
+        dims_max d = max_dims(a);
+        stat_host = malloc(F4 * (size_t)imax(a->hidden_size, imax(d.hq, d.f)));
+        if (!stat_host) {
+            eng_ws_free(be, &ws);
+            free(host_ints);
+            snprintf(err, errlen, "forward: out of host memory");
+            return -1;
+        }
+        st.stat_host = stat_host;
+    }
+    st.layer_ns = args->layer_ns;
+    st.fixed_ns = args->fixed_ns;
+    eng_fwd_layers(m, &st);
+    double t0 = eng_wall_s();
+    lm_head(m, &st, st.xs[0], head, args->logits_mode, args->logits, st.n_eff);
+    if (args->fixed_ns) {
+        be->sync(be);
+        args->fixed_ns[1] = (eng_wall_s() - t0) * 1e9;
+    }
+    if (args->stats) {
+        int64_t n = 0;
+        for (int b = 0; b < B; b++)
+            n += st.lens_h[b];
+        args->stats->tokens += n;
+    }
+    if (kv)
+        for (int b = 0; b < B; b++)
+            kv->len[b] += st.lens_h[b];
+    eng_ws_free(be, &ws);
+    free(stat_host);
+    free(host_ints);
+    return 0;
+}
