@@ -10,16 +10,7 @@
 #include <string.h>
 
 #include "engine/devices.h"
-
-static uint64_t xs64(uint64_t *s)
-{
-    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
+#include "engine/rng.h"
 
 /* ---------- grids ---------- */
 
@@ -119,29 +110,29 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
         return -1;
     int n = 0;
     for (int i = 0; i < parent->n_layers; i++) {
-        if (xs64(rng) % 10 == 0 && parent->n_layers > 1)
+        if (eng_xorshift64(rng) % 10 == 0 && parent->n_layers > 1)
             continue;   /* removed layer */
         arch_layer *l = &tmp[n];
         memset(l, 0, sizeof *l);
         l->source_layer = i;
-        if (H && xs64(rng) % 7 != 0) {
-            if (xs64(rng) % 5 == 0) {
-                int k = 1 + (int)(xs64(rng) % (uint64_t)group);
+        if (H && eng_xorshift64(rng) % 7 != 0) {
+            if (eng_xorshift64(rng) % 5 == 0) {
+                int k = 1 + (int)(eng_xorshift64(rng) % (uint64_t)group);
                 l->n_heads = k * KV;
                 l->n_kv_heads = KV;
             } else {
-                int g = 1 + (int)(xs64(rng) % (uint64_t)KV);
+                int g = 1 + (int)(eng_xorshift64(rng) % (uint64_t)KV);
                 l->n_heads = g * group;
                 l->n_kv_heads = g;
             }
         }
-        if (F && (xs64(rng) % 7 != 0 || l->n_heads == 0)) {
+        if (F && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)
                 lo = 1;
             if (hi < lo)
                 hi = lo;
-            l->ffn_dim = 8 * (lo + (int)(xs64(rng) % (uint64_t)(hi - lo + 1)));
+            l->ffn_dim = 8 * (lo + (int)(eng_xorshift64(rng) % (uint64_t)(hi - lo + 1)));
             if (l->ffn_dim > F)
                 l->ffn_dim = F;
         }

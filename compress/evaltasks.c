@@ -25,6 +25,7 @@
 
 #include "compress/csv.h"
 #include "storage/fetch.h"
+#include "engine/rng.h"
 
 const char *const ev_eight_tasks[] = {"arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande",
                                       "boolq", "openbookqa", "lambada_openai", NULL};
@@ -292,14 +293,6 @@ int ev_task_load(const char *name, const char *data_dir, const ev_load_opts *o, 
 
 /* ---- sampling --------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 static int cmp_int(const void *a, const void *b)
 {
     int x = *(const int *)a, y = *(const int *)b;
@@ -325,7 +318,7 @@ int ev_task_limit(ev_task *t, int limit, uint64_t seed)
                 idx[n++] = i;
         uint64_t s = seed ^ (0x51ED270B27AD1F2DULL * (uint64_t)(g + 1));
         for (int i = n - 1; i > 0; i--) {
-            int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
+            int j = (int)(eng_splitmix64(&s) % (uint64_t)(i + 1));
             int tmp = idx[i];
             idx[i] = idx[j];
             idx[j] = tmp;

@@ -3,6 +3,8 @@
  * Prompts are random tokens: timings do not depend on token values.
  */
 #include "compress/measure.h"
+#include "engine/rng.h"
+#include "engine/clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,21 +14,10 @@
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
+/* Nanoseconds on the project's one monotonic clock. */
 static double now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static uint64_t xorshift(uint64_t *s)
-{
-    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
+    return eng_wall_s() * 1e9;
 }
 
 int ms_trace_init(ms_trace *tr, int n_layers, int n_steps)
@@ -80,7 +71,7 @@ int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t 
         goto out;
     }
     for (size_t i = 0; i < (size_t)B * S; i++)
-        tokens[i] = (int)(xorshift(rng) % (uint64_t)V);
+        tokens[i] = (int)(eng_xorshift64(rng) % (uint64_t)V);
     eng_kv_reset(kv);
     eng_fwd_args fa;
     memset(&fa, 0, sizeof fa);

@@ -3,6 +3,7 @@
  * frontier selection, and a short distillation trial of each through a callback.
  */
 #include "compress/minitron.h"
+#include "engine/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,8 +200,7 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
 int mn_run(const mn_opts *o, mn_result *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = eng_wall_s();
     cm_prediction pp;
     if (cm_predict(o->tables, o->parent, &pp, err, errlen) != 0)
         return -1;
@@ -243,7 +243,6 @@ int mn_run(const mn_opts *o, mn_result *r, char *err, size_t errlen)
         return -1;
     }
     r->val_loss = r->trial_loss[best];
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    r->wall_s = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    r->wall_s = eng_wall_s() - t0;
     return 0;
 }

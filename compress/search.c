@@ -3,6 +3,7 @@
  * Pure arithmetic over tables (see search.h); no engine, no files.
  */
 #include "compress/search.h"
+#include "engine/rng.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -63,10 +64,7 @@ void search_dist_free(search_dist *d)
 /* Standard Gumbel noise from a xorshift64* state. */
 static double gumbel(uint64_t *s)
 {
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    double u = ((*s * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+    double u = eng_rng_unit(eng_xorshift64star(s));
     if (u < 1e-12)
         u = 1e-12;
     return -log(-log(u));

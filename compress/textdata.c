@@ -16,18 +16,9 @@
 
 #include "engine/tokenizer.h"
 #include "storage/fileio.h"
+#include "engine/rng.h"
 
 #define TD_MAX_FILE_BYTES ((size_t)4 << 30)
-
-uint64_t td_rng_next(uint64_t *state)
-{
-    uint64_t x = *state ? *state : 0x9E3779B97F4A7C15ull;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
 
 const char *td_format_name(td_format fmt)
 {
@@ -292,7 +283,7 @@ int td_pack(const td_docs *docs, td_encode_fn enc, void *enc_ctx, const td_pack_
         order[i] = i;
     uint64_t rng = o->seed * 0x9E3779B97F4A7C15ull + 1;
     for (size_t i = docs->n - 1; i > 0; i--) {
-        size_t j = (size_t)(td_rng_next(&rng) % (i + 1));
+        size_t j = (size_t)(eng_xorshift64star(&rng) % (i + 1));
         size_t t = order[i];
         order[i] = order[j];
         order[j] = t;

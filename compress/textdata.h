@@ -69,11 +69,7 @@ void td_stream_free(td_stream *s);
  * Returns 0 and advances *cursor, or -1 when the stream has fewer than T+1 tokens. */
 int td_batch(const td_stream *s, uint64_t *cursor, int B, int T, int *tokens, int *targets);
 
-
 /* An encode callback over an engine tokenizer (ctx is a const tok_tokenizer *). */
 int td_encode_tok(void *ctx, const char *text, size_t len, int **ids, size_t *n, char *err, size_t errlen);
-
-/* The xorshift64* generator used for document order (exposed for tests/checkpoints). */
-uint64_t td_rng_next(uint64_t *state);
 
 #endif

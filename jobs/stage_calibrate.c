@@ -17,6 +17,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
+#include "engine/clock.h"
 
 
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen)
@@ -69,15 +70,13 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
     /* a hidden-size search needs a table per candidate hidden size; a calibration
      * request (no search space) calibrates what a default job searches */
     json_t *hs = json_object_get(json_object_get(job_ctx_spec(ctx), "search_space"), "hidden");
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = eng_wall_s();
     int reused = 0;
     json_t *cal = step_calibrate(data_dir, &a, &t, &o, !json_is_false(hs), 1, &reused, err, errlen);
     arch_free(&a);
     if (!cal)
         return job_cancelled(ctx) ? 1 : -1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double wall = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double wall = eng_wall_s() - t0;
     int n = snprintf(path, sizeof path, "%s/calibration.json", job_ctx_stage_dir(ctx));
     int rc = -1;
     if (n < 0 || (size_t)n >= sizeof path) {

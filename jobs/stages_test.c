@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/rng.h"
 #include "jobs/stage.h"
 
 static int64_t spec_int(job_ctx *ctx, const char *key, int64_t dflt)
@@ -76,12 +77,8 @@ static int write_file(job_ctx *ctx, const char *name, int64_t bytes, char *path,
     int rc = 0;
     for (int64_t done = 0; done < bytes && rc == 0;) {
         size_t k = bytes - done < (int64_t)sizeof buf ? (size_t)(bytes - done) : sizeof buf;
-        for (size_t i = 0; i < k; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            buf[i] = (unsigned char)(x >> 24);
-        }
+        for (size_t i = 0; i < k; i++)
+            buf[i] = (unsigned char)(eng_xorshift64(&x) >> 24);
         rc = write_all(fd, buf, k);
         done += (int64_t)k;
     }

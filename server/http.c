@@ -21,6 +21,7 @@
 
 #include "server/log.h"
 #include "engine/clock.h"
+#include "engine/rng.h"
 
 typedef struct http_req {
     double t0;
@@ -94,10 +95,7 @@ static void new_request_id(char *out, size_t n)
     }
     uint64_t r[2];
     for (int i = 0; i < 2; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        r[i] = x;
+        r[i] = eng_xorshift64(&x);
     }
     snprintf(out, n, "req_%016llx%04llx", (unsigned long long)r[0], (unsigned long long)(r[1] & 0xffff));
 }

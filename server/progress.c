@@ -6,6 +6,7 @@
  * exactly and a change shows within ~PB_TAU_S. ETA = units left / rate ("ETA --" before).
  */
 #include "server/progress.h"
+#include "engine/clock.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -51,9 +52,7 @@ struct progress_bar {
 static double mono_now(void *ud)
 {
     (void)ud;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return eng_wall_s();
 }
 
 progress_bar *pb_open(FILE *out, int mode)

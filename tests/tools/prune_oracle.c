@@ -17,6 +17,7 @@
 #include "compress/prune.h"
 #include "compress/rank.h"
 #include "storage/archjson.h"
+#include "engine/rng.h"
 
 static int put(FILE *f, const char *name, const float *data, int ndim, const int64_t *shape)
 {
@@ -110,7 +111,7 @@ int main(int argc, char **argv)
     td_stream cal = {malloc(sizeof(int) * (size_t)n_cal), (size_t)n_cal};
     uint64_t x = seed * 7919 + 1;
     for (int i = 0; i < n_cal; i++)
-        cal.ids[i] = (int)(td_rng_next(&x) % V);
+        cal.ids[i] = (int)(eng_xorshift64star(&x) % V);
     rank_opts ro = {.tokens = 4 * B * T, .layer_tokens = B * T, .B = B, .T = T};
     rank_result r;
     if (rank_compute(&parent, &cal, &ro, &r, err, sizeof err) || rank_apply(&parent, &r, err, sizeof err) ||
@@ -121,8 +122,8 @@ int main(int argc, char **argv)
     int tok[B * T], tgt[B * T];
     float ftok[B * T], ftgt[B * T];
     for (int i = 0; i < B * T; i++) {
-        tok[i] = (int)(td_rng_next(&x) % V);
-        tgt[i] = (int)(td_rng_next(&x) % V);
+        tok[i] = (int)(eng_xorshift64star(&x) % V);
+        tgt[i] = (int)(eng_xorshift64star(&x) % V);
         ftok[i] = (float)tok[i];
         ftgt[i] = (float)tgt[i];
     }

@@ -16,6 +16,7 @@
 #include "compress/calibrate.h"
 #include "compress/dnas.h"
 #include "compress/minitron.h"
+#include "engine/rng.h"
 
 typedef struct {
     eng_backend *be;
@@ -67,7 +68,7 @@ static int setup(void **state)
     assert_non_null(w->data.ids);
     uint64_t s = 99;
     for (size_t i = 0; i < w->data.n; i++)
-        w->data.ids[i] = (int)(td_rng_next(&s) % 96);
+        w->data.ids[i] = (int)(eng_xorshift64star(&s) % 96);
     *state = w;
     return 0;
 }
