@@ -1,9 +1,9 @@
 /* server/http.h — the HTTP daemon: libmicrohttpd with an internal poll() thread per
- * pool thread, explicit connection / per-IP / timeout / memory limits, early rejection
- * (auth, 404/405, 413 by Content-Length, 415) on the first callback, a capped body
- * buffer, long-polls parked with suspend/resume (woken when the store changes or their
- * deadline passes), X-Request-Id on every response and one JSON access-log line per
- * request.
+ * pool thread, explicit connection / per-IP / idle-timeout / memory limits, a deadline
+ * for each request to arrive whole, early rejection (auth, 404/405, 413 by
+ * Content-Length, 415) on the first callback, a capped body buffer, long-polls parked
+ * with suspend/resume (woken when the store changes or their wait ends), X-Request-Id on
+ * every response and one JSON access-log line per request.
  */
 #ifndef AC_SERVER_HTTP_H
 #define AC_SERVER_HTTP_H
