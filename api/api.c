@@ -182,10 +182,12 @@ static const char *reason(int status)
     case 409: return "Conflict";
     case 412: return "Precondition Failed";
     case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
     case 415: return "Unsupported Media Type";
     case 416: return "Range Not Satisfiable";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";

@@ -374,7 +374,65 @@ static int is_json_type(const char *ct)
     return strncasecmp(ct, "application/json", n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
 }
 
-/* First call: request id, auth, routing and the limits that need no body.
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    struct { const char *name; int n; } *want = cls;
+    if (key && !strcasecmp(key, want->name))
+        want->n++;
+    return MHD_YES;
+}
+
+static int header_count(struct MHD_Connection *conn, const char *name)
+{
+    struct { const char *name; int n; } want = {name, 0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &want);
+    return want.n;
+}
+
+/* The request's own shape, before anything else looks at it: a request target or head
+ * longer than this server answers (414, 431), and message framing that could be read two
+ * ways (RFC 9112 §6.3: repeated Content-Length, Content-Length beside Transfer-Encoding,
+ * a transfer coding other than chunked). libmicrohttpd takes the first Content-Length
+ * and would read an unknown coding's body until the connection closes, so these are
+ * refused and the connection closed after the answer. Returns 1 with a response queued. */
+static int framing_refused(http_server *h, struct MHD_Connection *conn, http_req *r, enum MHD_Result *res)
+{
+    char d[200];
+    if (r->uri && strlen(r->uri) > h->uri_limit) {
+        snprintf(d, sizeof d, "the request target is %zu bytes; this server takes at most %zu", strlen(r->uri),
+                 h->uri_limit);
+        *res = send_problem(h, conn, r, 414, "uri_too_long", d, "Connection", "close");
+        return 1;
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (ci && ci->header_size > h->head_limit) {
+        snprintf(d, sizeof d, "the request line and headers are %zu bytes; this server takes at most %zu",
+                 ci->header_size, h->head_limit);
+        *res = send_problem(h, conn, r, 431, "headers_too_large", d, "Connection", "close");
+        return 1;
+    }
+    int n_cl = header_count(conn, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    int n_te = header_count(conn, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    const char *why = n_cl > 1                ? "the request has more than one Content-Length header"
+                      : n_cl && n_te          ? "the request has both Content-Length and Transfer-Encoding"
+                      : n_te > 1              ? "the request has more than one Transfer-Encoding header"
+                                              : NULL;
+    if (why) {
+        *res = send_problem(h, conn, r, 400, "invalid_request", why, "Connection", "close");
+        return 1;
+    }
+    const char *te = n_te ? lookup_header(conn, MHD_HTTP_HEADER_TRANSFER_ENCODING) : NULL;
+    if (te && strcasecmp(te, "chunked") != 0) {
+        *res = send_problem(h, conn, r, 501, "not_implemented",
+                            "the only transfer coding this server takes is chunked", "Connection", "close");
+        return 1;
+    }
+    return 0;
+}
+
+/* First call: request id, framing, auth, routing and the limits that need no body.
  * Returns 1 when a response was queued (the request is done), 0 to continue. */
 static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, const char *url,
                       const char *method, enum MHD_Result *res)
@@ -386,6 +444,8 @@ static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, 
         new_request_id(r->request_id, sizeof r->request_id);
     r->started = 1;
     snprintf(r->method, sizeof r->method, "%s", method);
+    if (framing_refused(h, conn, r, res))
+        return 1;
     if (h->au && !strncmp(url, "/v1/", 4)) {
         int writes = strcmp(method, "GET") && strcmp(method, "HEAD");
         int rc = auth_check(h->au, lookup_header(conn, MHD_HTTP_HEADER_AUTHORIZATION), writes);
@@ -564,6 +624,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         r->cn->logged |= cut;
         pthread_mutex_unlock(&h->dmu);
     }
+    /* A request libmicrohttpd answered itself (a malformed or oversized request it
+     * refused before our handler ran): its status is the library's. */
+    const char *by = "";
+    if (!r->status) {
+        const union MHD_ConnectionInfo *si = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+        if (si && si->http_status) {
+            r->status = (int)si->http_status;
+            by = ",\"answered_by\":\"libmicrohttpd\"";
+        }
+    }
     /* The access log line, formatted by hand (this runs for every request). */
     char path[600];
     size_t k = 0;
@@ -589,10 +659,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     char line[1024];
     int n = snprintf(line, sizeof line,
                      "{\"ts\":%lld.%06ld,\"level\":\"%s\",\"msg\":\"request\",\"method\":\"%s\",\"path\":\"%s\","
-                     "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s}\n",
+                     "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s%s}\n",
                      (long long)ts.tv_sec, ts.tv_nsec / 1000, r->status >= 500 ? "error" : "info", r->method, path,
                      r->status, (unsigned long long)r->bytes, dur * 1000.0, r->request_id[0] ? r->request_id : "-",
-                     addr, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
+                     addr, by, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
     if (n > 0) {
         ssize_t w = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
         (void)w;
@@ -754,6 +824,10 @@ int http_port(http_server *h)
     return h->port;
 }
 
+const char *http_library_version(void)
+{
+    return MHD_get_version();
+}
 
 void http_quiesce(http_server *h)
 {
