@@ -144,7 +144,7 @@ static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
         if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x))
             FAULT(400, "/name", "must be a string");
         else if (json_string_length(x) > 128)
-            FAULT(422, "/name", "at most 128 characters");
+            FAULT(422, "/name", "at most 128 bytes of UTF-8");
         else
             snprintf(m->name, sizeof m->name, "%s", json_string_value(x));
     }
@@ -228,7 +228,7 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
         if (name && (!json_is_string(name) || strlen(json_string_value(name)) != json_string_length(name)))
             FAULT(400, "/name", "must be a string");
         else if (name && json_string_length(name) > 128)
-            FAULT(422, "/name", "at most 128 characters");
+            FAULT(422, "/name", "at most 128 bytes of UTF-8");
         else if (name)
             snprintf(m.name, sizeof m.name, "%s", json_string_value(name));
         if (!by_url && !json_object_get(body, "path")) {

@@ -175,7 +175,7 @@ static json_t *string_field(vctx *v, json_t *obj, const char *ptr, const char *k
     if (m && !utf8_ok_len(m, maxlen)) {
         char p[512];
         ptr_join(p, sizeof p, ptr, key);
-        fault(v, 422, p, "must be at most %zu characters without NUL bytes", maxlen);
+        fault(v, 422, p, "must be at most %zu bytes of UTF-8, without NUL bytes", maxlen);
         return NULL;
     }
     return m;
@@ -782,11 +782,11 @@ static json_t *check_metadata(vctx *v, json_t *in)
         char p[512];
         ptr_join(p, sizeof p, "/metadata", k);
         if (strlen(k) == 0 || strlen(k) > 64)
-            fault(v, 422, p, "keys are 1 to 64 characters");
+            fault(v, 422, p, "keys are 1 to 64 bytes of UTF-8");
         else if (!json_is_string(val))
             fault(v, 400, p, "must be a string");
         else if (!utf8_ok_len(val, 512))
-            fault(v, 422, p, "values are at most 512 characters without NUL bytes");
+            fault(v, 422, p, "values are at most 512 bytes of UTF-8, without NUL bytes");
         else
             json_object_set(out, k, val);
     }
