@@ -27,7 +27,7 @@
 /* One TCP connection (MHD_OPTION_NOTIFY_CONNECTION's socket context). From accept, and
  * again from the end of each response, the next request must arrive whole (request line,
  * headers, body) by `deadline`; while it is due the record sits in the server's deadline
- * list. Answering a request takes it off (http_conn_claim), so a response being sent or
+ * list. Answering a request takes it off (conn_claim), so a response being sent or
  * a parked long-poll is never cut. */
 typedef struct http_conn {
     MHD_socket fd;
