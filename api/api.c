@@ -181,10 +181,12 @@ static const char *reason(int status)
     case 409: return "Conflict";
     case 412: return "Precondition Failed";
     case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
     case 415: return "Unsupported Media Type";
     case 416: return "Range Not Satisfiable";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default: return "Error";
@@ -280,15 +282,53 @@ int api_query_int(const api_req *req, const char *key, long long lo, long long h
     return 0;
 }
 
+int api_query_cursor(const api_req *req, const char *prefix, const char **out, api_resp *resp)
+{
+    const char *v = req->query ? req->query(req->h, "after") : NULL;
+    *out = v;
+    if (!v)
+        return 0;
+    size_t pl = strlen(prefix), n = strlen(v);
+    int ok = n == pl + 24 && !strncmp(v, prefix, pl);
+    for (size_t i = pl; ok && i < n; i++)
+        ok = (v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f');
+    if (!ok) {
+        char msg[96], detail[160];
+        snprintf(msg, sizeof msg, "must be an id: %s and 24 hex digits", prefix);
+        snprintf(detail, sizeof detail, "query parameter after %s", msg);
+        api_problem(resp, 400, "invalid_parameter", detail, json_pack("[{s:s,s:s}]", "parameter", "after", "message", msg));
+        return -1;
+    }
+    return 0;
+}
+
+void api_cursor_not_found(api_resp *resp, const char *what)
+{
+    char detail[160];
+    snprintf(detail, sizeof detail, "query parameter after names no %s in this list", what);
+    api_problem(resp, 422, "cursor_not_found", detail,
+                json_pack("[{s:s,s:s}]", "parameter", "after", "message", "no such id"));
+}
+
 json_t *api_parse_body(const api_req *req, api_resp *resp)
 {
     json_error_t e;
-    json_t *j = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &e);
+    /* Any JSON value: the handlers' own checks name a body that is not an object. */
+    json_t *j = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &e);
     if (!j) {
+        /* Valid JSON that C strings and 64-bit integers cannot hold is a 422: the syntax is
+           right, the server cannot take the value (a NUL would cut a path short). */
+        enum json_error_code code = json_error_code(&e);
+        int holdable = code != json_error_null_character && code != json_error_null_byte_in_key &&
+                       code != json_error_numeric_overflow;
         char detail[400];
-        snprintf(detail, sizeof detail, "the body is not valid JSON: %s (line %d, column %d)", e.text,
-                 e.line, e.column);
-        api_problem(resp, 400, "invalid_json", detail, json_pack("[{s:s,s:s}]", "pointer", "", "message", e.text));
+        snprintf(detail, sizeof detail,
+                 holdable ? "the body is not valid JSON: %s (line %d, column %d)"
+                          : "the body holds a value this server does not take (strings without U+0000, "
+                            "integers within 64 bits): %s (line %d, column %d)",
+                 e.text, e.line, e.column);
+        api_problem(resp, holdable ? 400 : 422, holdable ? "invalid_json" : "unprocessable_json", detail,
+                    json_pack("[{s:s,s:s}]", "pointer", "", "message", e.text));
     }
     return j;
 }

@@ -9,10 +9,18 @@
 
 typedef void (*api_handler)(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp);
 
+/* The list cursor ?after= for ids with this prefix ("job_"): *out = NULL when absent,
+ * else the borrowed value. 0, or -1 with a 400 problem when it is not prefix + 24 lowercase
+ * hex digits (an id of another shape can name nothing in the list). */
+int api_query_cursor(const api_req *req, const char *prefix, const char **out, api_resp *resp);
+/* The 422 problem for a well-formed cursor that names no item of the list. */
+void api_cursor_not_found(api_resp *resp, const char *what);
 /* An integer query parameter in [lo, hi] (dflt when absent). 0, or -1 with a 400 problem. */
 int api_query_int(const api_req *req, const char *key, long long lo, long long hi, long long dflt,
                   long long *out, api_resp *resp);
-/* Parse the JSON body (duplicate keys rejected). NEW reference, or NULL with a 400 problem. */
+/* Parse the JSON body, any JSON value (duplicate keys rejected). NEW reference, or NULL
+ * with a problem: 400 invalid_json for a body that is not JSON, 422 unprocessable_json
+ * for JSON holding U+0000 or an integer beyond 64 bits. */
 json_t *api_parse_body(const api_req *req, api_resp *resp);
 /* Set a JSON body (stolen) with status. */
 void api_json(api_resp *resp, int status, json_t *body);

@@ -319,18 +319,15 @@ static void list_common(api_ctx *ctx, const api_req *req, api_resp *resp, const 
     long long limit;
     if (api_query_int(req, "limit", 1, 1000, 20, &limit, resp) < 0)
         return;
-    const char *after = req->query ? req->query(req->h, "after") : NULL;
-    if (after && (strlen(after) == 0 || strlen(after) > 64)) {
-        api_problem(resp, 400, "invalid_parameter", "query parameter after must be a job id",
-                    json_pack("[{s:s,s:s}]", "parameter", "after", "message", "must be an id"));
+    int cal = !strcmp(kind, "calibration");
+    const char *after;
+    if (api_query_cursor(req, cal ? "cal_" : "job_", &after, resp) < 0)
         return;
-    }
     store_job *jobs = NULL;
     int n = 0, more = 0;
     int rc = store_job_list(ctx->st, kind, after, (int)limit, &jobs, &n, &more);
     if (rc == 1) {
-        api_problem(resp, 400, "invalid_parameter", "query parameter after names no such id",
-                    json_pack("[{s:s,s:s}]", "parameter", "after", "message", "no such id"));
+        api_cursor_not_found(resp, cal ? "calibration" : "job");
         return;
     }
     if (rc < 0) {

@@ -125,24 +125,25 @@ static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
     }
     m->size_bytes = -1;
     x = json_object_get(body, "size_bytes");
+    json_int_t size = 0;
     if (x) {
-        if (!json_is_integer(x))
+        if (!spec_json_int(x, &size))
             FAULT(400, "/size_bytes", "must be an integer");
-        else if (json_integer_value(x) < 1)
+        else if (size < 1)
             FAULT(422, "/size_bytes", "must be at least 1");
-        else if (fetcher && json_integer_value(x) > cap) {
+        else if (fetcher && size > cap) {
             snprintf(msg, sizeof msg, "%lld bytes is over this server's cap of %lld bytes (--max-model-bytes)",
-                     (long long)json_integer_value(x), (long long)cap);
+                     (long long)size, (long long)cap);
             FAULT(422, "/size_bytes", msg);
         } else
-            m->size_bytes = json_integer_value(x);
+            m->size_bytes = size;
     }
     x = json_object_get(body, "name");
     if (x) {
         if (!json_is_string(x) || strlen(json_string_value(x)) != json_string_length(x))
             FAULT(400, "/name", "must be a string");
         else if (json_string_length(x) > 128)
-            FAULT(422, "/name", "at most 128 characters");
+            FAULT(422, "/name", "at most 128 bytes of UTF-8");
         else
             snprintf(m->name, sizeof m->name, "%s", json_string_value(x));
     }
@@ -226,7 +227,7 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
         if (name && (!json_is_string(name) || strlen(json_string_value(name)) != json_string_length(name)))
             FAULT(400, "/name", "must be a string");
         else if (name && json_string_length(name) > 128)
-            FAULT(422, "/name", "at most 128 characters");
+            FAULT(422, "/name", "at most 128 bytes of UTF-8");
         else if (name)
             snprintf(m.name, sizeof m.name, "%s", json_string_value(name));
         if (!by_url && !json_object_get(body, "path")) {
@@ -277,13 +278,14 @@ void h_models_list(api_ctx *ctx, const api_req *req, const char *const *params, 
     long long limit;
     if (api_query_int(req, "limit", 1, 1000, 20, &limit, resp) < 0)
         return;
-    const char *after = req->query ? req->query(req->h, "after") : NULL;
+    const char *after;
+    if (api_query_cursor(req, "mdl_", &after, resp) < 0)
+        return;
     store_model *ms = NULL;
     int n = 0, more = 0;
-    int rc = after && strlen(after) > 64 ? 1 : store_model_list(ctx->st, after, (int)limit, &ms, &n, &more);
+    int rc = store_model_list(ctx->st, after, (int)limit, &ms, &n, &more);
     if (rc == 1) {
-        api_problem(resp, 400, "invalid_parameter", "query parameter after names no such model",
-                    json_pack("[{s:s,s:s}]", "parameter", "after", "message", "no such id"));
+        api_cursor_not_found(resp, "model");
         return;
     }
     if (rc < 0) {

@@ -99,11 +99,9 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
             fault(v, 400, p, "required field is missing");
         return NULL;
     }
-    /* JSON has one number type: 179639.0 is the integer 179639 */
-    int integral = json_is_real(m) && json_real_value(m) == floor(json_real_value(m)) &&
-                   fabs(json_real_value(m)) < 9007199254740992.0;
+    json_int_t ignored;
     int ok = json_typeof(m) == type || (type == JSON_REAL && json_is_integer(m)) ||
-             (type == JSON_INTEGER && integral) || (type == JSON_TRUE && json_is_boolean(m));
+             (type == JSON_INTEGER && spec_json_int(m, &ignored)) || (type == JSON_TRUE && json_is_boolean(m));
     if (!ok) {
         const char *want = type == JSON_OBJECT ? "an object" : type == JSON_ARRAY ? "an array" :
                            type == JSON_STRING ? "a string" : type == JSON_INTEGER ? "an integer" :
@@ -112,6 +110,19 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
         return NULL;
     }
     return m;
+}
+
+int spec_json_int(const json_t *j, json_int_t *out)
+{
+    if (json_is_integer(j)) {
+        *out = json_integer_value(j);
+        return 1;
+    }
+    double x = json_real_value(j);
+    if (!json_is_real(j) || x != floor(x) || fabs(x) >= 9007199254740992.0)
+        return 0;
+    *out = (json_int_t)x;
+    return 1;
 }
 
 static double num(json_t *j)
@@ -123,7 +134,9 @@ static double num(json_t *j)
  * integral real). */
 static json_int_t int_value(json_t *j)
 {
-    return json_is_integer(j) ? json_integer_value(j) : (json_int_t)json_real_value(j);
+    json_int_t x = 0;
+    (void)spec_json_int(j, &x);
+    return x;
 }
 
 /* An integer member in [lo, hi]; dflt when absent; stores into out (normalized). */
@@ -162,7 +175,7 @@ static json_t *string_field(vctx *v, json_t *obj, const char *ptr, const char *k
     if (m && !utf8_ok_len(m, maxlen)) {
         char p[512];
         ptr_join(p, sizeof p, ptr, key);
-        fault(v, 422, p, "must be at most %zu characters without NUL bytes", maxlen);
+        fault(v, 422, p, "must be at most %zu bytes of UTF-8, without NUL bytes", maxlen);
         return NULL;
     }
     return m;
@@ -769,11 +782,11 @@ static json_t *check_metadata(vctx *v, json_t *in)
         char p[512];
         ptr_join(p, sizeof p, "/metadata", k);
         if (strlen(k) == 0 || strlen(k) > 64)
-            fault(v, 422, p, "keys are 1 to 64 characters");
+            fault(v, 422, p, "keys are 1 to 64 bytes of UTF-8");
         else if (!json_is_string(val))
             fault(v, 400, p, "must be a string");
         else if (!utf8_ok_len(val, 512))
-            fault(v, 422, p, "values are at most 512 characters without NUL bytes");
+            fault(v, 422, p, "values are at most 512 bytes of UTF-8, without NUL bytes");
         else
             json_object_set(out, k, val);
     }

@@ -56,6 +56,10 @@ const char *spec_model_format(const char *resolved, char *why, size_t whylen);
 void spec_check_model_path(const spec_env *env, json_t *obj, const char *ptr, json_t *out, json_t *errors,
                            int *status);
 
+/* JSON has one number type: 1 when j is an integer or a real with no fraction within
+ * +-2^53 (179639.0 is the integer 179639), with its value in *out; 0 otherwise. */
+int spec_json_int(const json_t *j, json_int_t *out);
+
 /* NULL when a resolved path is a regular file, else what it is ("a directory", "a FIFO",
  * "a device", "a socket", "missing"); nothing is opened. */
 const char *spec_file_kind(const char *resolved);

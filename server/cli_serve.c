@@ -226,10 +226,13 @@ int cli_serve(int argc, char **argv)
     json_t *devs_j = json_array();
     for (int i = 0; i < n_dev; i++)
         json_array_append_new(devs_j, json_string(devs[i]));
-    log_json("info", json_pack("{s:s,s:s,s:i,s:s,s:o,s:o,s:i,s:i,s:b,s:b,s:i}", "msg", "listening", "host", cfg.host,
-                               "port", http_port(hs), "data_dir", data_dir, "data_roots", roots_j, "devices", devs_j,
-                               "workers_per_device", cfg.workers, "http_threads", cfg.threads, "auth", au != NULL,
-                               "test_stages", api.test_stages, "schema_version", store_schema_version(st)));
+    log_json("info", json_pack("{s:s,s:s,s:i,s:s,s:o,s:o,s:i,s:i,s:b,s:b,s:i,s:s,s:i,s:i,s:i}", "msg", "listening",
+                               "host", cfg.host, "port", http_port(hs), "data_dir", data_dir, "data_roots", roots_j,
+                               "devices", devs_j, "workers_per_device", cfg.workers, "http_threads", cfg.threads,
+                               "auth", au != NULL, "test_stages", api.test_stages,
+                               "schema_version", store_schema_version(st), "libmicrohttpd", http_library_version(),
+                               "max_connections", cfg.max_connections, "per_ip_connections", cfg.per_ip_connections,
+                               "request_deadline_s", cfg.request_deadline_s));
     if (wh)
         log_msg("info", "webhooks on (signed, retried from %d s)", cfg.webhook_retry_s);
 

@@ -23,8 +23,14 @@ void srv_config_usage(FILE *f)
             "  --devices LIST           AC_DEVICES           devices to schedule on, e.g. cpu,cuda:0 (all present)\n"
             "  --threads N              AC_HTTP_THREADS      HTTP thread pool size (online cores, at least 2)\n"
             "  --max-connections N      AC_MAX_CONNECTIONS   (1024)\n"
-            "  --per-ip-connections N   AC_PER_IP_CONNECTIONS (512)\n"
+            "  --per-ip-connections N   AC_PER_IP_CONNECTIONS connections one client address may hold\n"
+            "                                                (a quarter of --max-connections)\n"
             "  --timeout-s N            AC_TIMEOUT_S         idle connection timeout (30)\n"
+            "  --request-deadline-s N   AC_REQUEST_DEADLINE_S a request must arrive whole (request line,\n"
+            "                                                headers, body) within N s of its connection\n"
+            "                                                opening or its previous response ending, or the\n"
+            "                                                connection is closed; trickling bytes does not\n"
+            "                                                extend it (30; 0: none)\n"
             "  --body-limit BYTES       AC_BODY_LIMIT        request body limit (1048576)\n"
             "  --conn-memory BYTES      AC_CONN_MEMORY       per-connection memory limit (65536)\n"
             "  --max-wait-s N           AC_MAX_WAIT_S        cap on ?wait= long-polls (60)\n"
@@ -119,6 +125,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("max-connections", max_connections, 1, 100000)
     NUM("per-ip-connections", per_ip_connections, 1, 100000)
     NUM("timeout-s", timeout_s, 1, 3600)
+    NUM("request-deadline-s", request_deadline_s, 0, 3600)
     NUM("body-limit", body_limit_bytes, 1024, 1L << 30)
     NUM("conn-memory", conn_memory_bytes, 8192, 16L << 20)
     NUM("max-wait-s", max_wait_s, 0, 3600)
@@ -146,8 +153,9 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores < 2 ? 2 : (int)cores;
     c->max_connections = 1024;
-    c->per_ip_connections = 512;
+    c->per_ip_connections = 0; /* unset: derived from max_connections below */
     c->timeout_s = 30;
+    c->request_deadline_s = 30;
     c->body_limit_bytes = 1 << 20;
     c->conn_memory_bytes = 64 << 10;
     c->max_wait_s = 60;
@@ -160,7 +168,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_LISTEN", "listen"}, {"AC_DATA_DIR", "data-dir"}, {"AC_WORKERS", "workers"}, {"AC_MAX_ATTEMPTS", "max-attempts"},
         {"AC_TOKENS_FILE", "tokens-file"}, {"AC_DEVICES", "devices"}, {"AC_HTTP_THREADS", "threads"},
         {"AC_MAX_CONNECTIONS", "max-connections"}, {"AC_PER_IP_CONNECTIONS", "per-ip-connections"},
-        {"AC_TIMEOUT_S", "timeout-s"}, {"AC_BODY_LIMIT", "body-limit"}, {"AC_CONN_MEMORY", "conn-memory"},
+        {"AC_TIMEOUT_S", "timeout-s"}, {"AC_REQUEST_DEADLINE_S", "request-deadline-s"}, {"AC_BODY_LIMIT", "body-limit"}, {"AC_CONN_MEMORY", "conn-memory"},
         {"AC_MAX_WAIT_S", "max-wait-s"}, {"AC_MAX_SUSPENDED", "max-suspended"},
         {"AC_SHUTDOWN_GRACE_S", "shutdown-grace-s"}, {"AC_WEBHOOK_SECRET_FILE", "webhook-secret-file"},
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
@@ -241,6 +249,8 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
             return -1;
         }
     }
+    if (c->per_ip_connections == 0)
+        c->per_ip_connections = c->max_connections >= 4 ? c->max_connections / 4 : 1;
     /* the workers (separate processes) read the retention caps from the environment */
     char num[32];
     snprintf(num, sizeof num, "%ld", c->retain_max_bytes);

@@ -21,7 +21,11 @@ typedef struct {
     int n_roots;
     char devices[512];           /* comma-separated; "" = every device present */
     int threads;                 /* HTTP thread pool size */
-    int max_connections, per_ip_connections, timeout_s;
+    int max_connections;
+    int per_ip_connections;      /* default: a quarter of max_connections, so one address never takes all */
+    int timeout_s;               /* idle timeout (libmicrohttpd's; reset by every byte) */
+    int request_deadline_s;      /* a request must arrive whole this long after its connection
+                                    opened or its previous response ended; 0 = none */
     size_t body_limit_bytes, conn_memory_bytes;
     int max_wait_s, max_suspended, shutdown_grace_s;
     char webhook_secret_file[4096]; /* "" = webhooks off (callback_url refused) */

@@ -1,8 +1,11 @@
 /* server/http.c — the libmicrohttpd daemon (http.h). One request context per request,
- * created in the URI-log callback (so timing starts at the first byte) and freed in the
- * completion callback, which also writes the access-log line. Parked long-polls sit in a
- * list guarded by one mutex; a waker thread resumes them when PRAGMA data_version says
- * another connection committed, when their deadline passes, or at shutdown.
+ * created in the URI-log callback (so timing starts at the request line) and freed in the
+ * completion callback, which also writes the access-log line; one connection record per
+ * TCP connection, from accept to close. Parked long-polls sit in a list guarded by one
+ * mutex; connections still receiving a request sit in a deadline list, oldest first,
+ * guarded by another. One housekeeping thread resumes parked long-polls (when PRAGMA
+ * data_version says another connection committed, when their wait ends, or at shutdown)
+ * and shuts down connections whose request has not arrived by its deadline.
  */
 #include "server/http.h"
 
@@ -23,8 +26,23 @@
 #include "engine/clock.h"
 #include "engine/rng.h"
 
+/* One TCP connection (MHD_OPTION_NOTIFY_CONNECTION's socket context). From accept, and
+ * again from the end of each response, the next request must arrive whole (request line,
+ * headers, body) by `deadline`; while it is due the record sits in the server's deadline
+ * list. Answering a request takes it off (conn_claim), so a response being sent or
+ * a parked long-poll is never cut. */
+typedef struct http_conn {
+    MHD_socket fd;
+    double deadline;            /* monotonic s */
+    int listed;                 /* in the deadline list */
+    int cut;                    /* shut down at the deadline */
+    int logged;                 /* an access-log line reported the cut */
+    struct http_conn *prev, *next;
+} http_conn;
+
 typedef struct http_req {
     double t0;
+    http_conn *cn;              /* borrowed: the connection's record, NULL if it has none */
     char request_id[72];
     char *uri;                  /* raw URI as received */
     char method[16];
@@ -47,7 +65,11 @@ struct http_server {
     api_ctx *api;
     const auth *au;
     size_t body_limit;
+    size_t uri_limit, head_limit;   /* longest request target, request head we answer (bytes) */
+    double deadline_s;              /* per-request deadline; 0 = none */
     int max_suspended;
+    pthread_mutex_t dmu;            /* guards the deadline list and every http_conn's fields */
+    http_conn *due_head, *due_tail; /* connections receiving a request, by deadline */
     pthread_mutex_t mu;
     http_req *parked;
     int n_parked;
@@ -58,6 +80,134 @@ struct http_server {
 };
 
 static http_server *g_server; /* for the suspended-count callback of /metrics */
+
+/* ---- per-request deadlines ------------------------------------------------------------
+ * All deadlines are "now + deadline_s" taken under dmu, so appending keeps the list in
+ * deadline order and the reaper only ever looks at its head. */
+
+static void due_unlink(http_server *h, http_conn *c)
+{
+    if (!c->listed)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->due_head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        h->due_tail = c->prev;
+    c->prev = c->next = NULL;
+    c->listed = 0;
+}
+
+/* Start c's clock for its next request (at accept and after each response). */
+static void conn_arm(http_server *h, http_conn *c)
+{
+    if (!c || h->deadline_s <= 0)
+        return;
+    pthread_mutex_lock(&h->dmu);
+    if (!c->cut) {
+        due_unlink(h, c);
+        c->deadline = eng_wall_s() + h->deadline_s;
+        c->prev = h->due_tail;
+        if (h->due_tail)
+            h->due_tail->next = c;
+        else
+            h->due_head = c;
+        h->due_tail = c;
+        c->listed = 1;
+    }
+    pthread_mutex_unlock(&h->dmu);
+}
+
+/* The request on c has arrived and is being answered: stop its clock. Returns 0 when the
+ * reaper already cut the connection (the caller must not act on the request), 1 otherwise
+ * (also for a connection without a record). */
+static int conn_claim(http_server *h, http_conn *c)
+{
+    if (!c)
+        return 1;
+    pthread_mutex_lock(&h->dmu);
+    int ok = !c->cut;
+    due_unlink(h, c);
+    pthread_mutex_unlock(&h->dmu);
+    return ok;
+}
+
+static int conn_was_cut(http_server *h, http_conn *c)
+{
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&h->dmu);
+    int cut = c->cut;
+    pthread_mutex_unlock(&h->dmu);
+    return cut;
+}
+
+/* Shut down every connection whose request is overdue. shutdown() leaves the descriptor
+ * open: libmicrohttpd sees the end of the stream, closes the connection in its own thread
+ * and only then (after the CLOSED notification takes c off this list) closes the fd, so a
+ * listed fd is never one reused by another connection. */
+static void reap_overdue(http_server *h, double now)
+{
+    pthread_mutex_lock(&h->dmu);
+    while (h->due_head && h->due_head->deadline <= now) {
+        http_conn *c = h->due_head;
+        due_unlink(h, c);
+        c->cut = 1;
+        if (shutdown(c->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
+            log_msg("warn", "shutting down a connection past its request deadline: %s", strerror(errno));
+    }
+    pthread_mutex_unlock(&h->dmu);
+}
+
+static void client_addr(struct MHD_Connection *conn, char *addr, size_t n)
+{
+    addr[0] = 0;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr)
+        getnameinfo(ci->client_addr, ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                         : sizeof(struct sockaddr_in),
+                    addr, (socklen_t)n, NULL, 0, NI_NUMERICHOST);
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: a connection's record lives from accept to close. A
+ * connection cut before its request line arrived has had no access-log line, so its
+ * close gets one here. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    http_server *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        http_conn *c = ci ? calloc(1, sizeof *c) : NULL;
+        if (!c) {
+            log_msg("warn", "a connection has no deadline record (out of memory); only the idle timeout applies");
+            *socket_context = NULL;
+            return;
+        }
+        c->fd = ci->connect_fd;
+        *socket_context = c;
+        conn_arm(h, c);
+        return;
+    }
+    http_conn *c = *socket_context;
+    if (!c)
+        return;
+    pthread_mutex_lock(&h->dmu);
+    due_unlink(h, c);
+    int unlogged_cut = c->cut && !c->logged;
+    pthread_mutex_unlock(&h->dmu);
+    if (unlogged_cut) {
+        char addr[64];
+        client_addr(conn, addr, sizeof addr);
+        log_json("info", json_pack("{s:s,s:s,s:s}", "msg", "connection closed before a request line arrived",
+                                   "remote", addr, "terminated", "deadline"));
+    }
+    free(c);
+    *socket_context = NULL;
+}
 
 static int parked_count(void)
 {
@@ -110,6 +260,8 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     r->uri = strdup(uri ? uri : "");
     r->conn = conn;
     r->route = -1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    r->cn = ci ? ci->socket_context : NULL;
     return r;
 }
 
@@ -141,9 +293,12 @@ static void stream_free(void *cls)
     art_stream_free(cls);
 }
 
-/* Turn an api_resp into an MHD response and queue it. */
-static enum MHD_Result send_resp(struct MHD_Connection *conn, http_req *r, api_resp *ar)
+/* Turn an api_resp into an MHD response and queue it; the request's deadline stops (a
+ * connection already cut at its deadline gets no response: MHD_NO closes it). */
+static enum MHD_Result send_resp(http_server *h, struct MHD_Connection *conn, http_req *r, api_resp *ar)
 {
+    if (!conn_claim(h, r->cn))
+        return MHD_NO;
     struct MHD_Response *resp = NULL;
     if (ar->json && !ar->no_body) {
         if (ar->status >= 400 && json_is_object(ar->json))
@@ -188,15 +343,15 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, http_req *r, api_r
     return ok;
 }
 
-static enum MHD_Result send_problem(struct MHD_Connection *conn, http_req *r, int status, const char *code,
-                                    const char *detail, const char *hname, const char *hval)
+static enum MHD_Result send_problem(http_server *h, struct MHD_Connection *conn, http_req *r, int status,
+                                    const char *code, const char *detail, const char *hname, const char *hval)
 {
     api_resp ar;
     api_resp_init(&ar);
     api_problem(&ar, status, code, detail, NULL);
     if (hname)
         api_resp_header(&ar, hname, "%s", hval);
-    enum MHD_Result ok = send_resp(conn, r, &ar);
+    enum MHD_Result ok = send_resp(h, conn, r, &ar);
     api_resp_free(&ar);
     return ok;
 }
@@ -211,8 +366,66 @@ static int is_json_type(const char *ct)
     return strncasecmp(ct, "application/json", n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
 }
 
-/* First call: request id, auth, routing and the limits that need no body. Returns 1
- * when a response was queued (the request is done), 0 to continue. */
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    struct { const char *name; int n; } *want = cls;
+    if (key && !strcasecmp(key, want->name))
+        want->n++;
+    return MHD_YES;
+}
+
+static int header_count(struct MHD_Connection *conn, const char *name)
+{
+    struct { const char *name; int n; } want = {name, 0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &want);
+    return want.n;
+}
+
+/* The request's own shape, before anything else looks at it: a request target or head
+ * longer than this server answers (414, 431), and message framing that could be read two
+ * ways (RFC 9112 §6.3: repeated Content-Length, Content-Length beside Transfer-Encoding,
+ * a transfer coding other than chunked). libmicrohttpd takes the first Content-Length
+ * and would read an unknown coding's body until the connection closes, so these are
+ * refused and the connection closed after the answer. Returns 1 with a response queued. */
+static int framing_refused(http_server *h, struct MHD_Connection *conn, http_req *r, enum MHD_Result *res)
+{
+    char d[200];
+    if (r->uri && strlen(r->uri) > h->uri_limit) {
+        snprintf(d, sizeof d, "the request target is %zu bytes; this server takes at most %zu", strlen(r->uri),
+                 h->uri_limit);
+        *res = send_problem(h, conn, r, 414, "uri_too_long", d, "Connection", "close");
+        return 1;
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (ci && ci->header_size > h->head_limit) {
+        snprintf(d, sizeof d, "the request line and headers are %zu bytes; this server takes at most %zu",
+                 ci->header_size, h->head_limit);
+        *res = send_problem(h, conn, r, 431, "headers_too_large", d, "Connection", "close");
+        return 1;
+    }
+    int n_cl = header_count(conn, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    int n_te = header_count(conn, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    const char *why = n_cl > 1                ? "the request has more than one Content-Length header"
+                      : n_cl && n_te          ? "the request has both Content-Length and Transfer-Encoding"
+                      : n_te > 1              ? "the request has more than one Transfer-Encoding header"
+                                              : NULL;
+    if (why) {
+        *res = send_problem(h, conn, r, 400, "invalid_request", why, "Connection", "close");
+        return 1;
+    }
+    const char *te = n_te ? lookup_header(conn, MHD_HTTP_HEADER_TRANSFER_ENCODING) : NULL;
+    if (te && strcasecmp(te, "chunked") != 0) {
+        *res = send_problem(h, conn, r, 501, "not_implemented",
+                            "the only transfer coding this server takes is chunked", "Connection", "close");
+        return 1;
+    }
+    return 0;
+}
+
+/* First call: request id, framing, auth, routing and the limits that need no body.
+ * Returns 1 when a response was queued (the request is done), 0 to continue. */
 static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, const char *url,
                       const char *method, enum MHD_Result *res)
 {
@@ -223,16 +436,18 @@ static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, 
         new_request_id(r->request_id, sizeof r->request_id);
     r->started = 1;
     snprintf(r->method, sizeof r->method, "%s", method);
+    if (framing_refused(h, conn, r, res))
+        return 1;
     if (h->au && !strncmp(url, "/v1/", 4)) {
         int writes = strcmp(method, "GET") && strcmp(method, "HEAD");
         int rc = auth_check(h->au, lookup_header(conn, MHD_HTTP_HEADER_AUTHORIZATION), writes);
         if (rc == 401) {
-            *res = send_problem(conn, r, 401, "unauthorized", "a valid bearer token is required",
+            *res = send_problem(h, conn, r, 401, "unauthorized", "a valid bearer token is required",
                                 "WWW-Authenticate", "Bearer realm=\"autocompress\"");
             return 1;
         }
         if (rc == 403) {
-            *res = send_problem(conn, r, 403, "insufficient_scope",
+            *res = send_problem(h, conn, r, 403, "insufficient_scope",
                                 writes ? "this token lacks the write scope" : "this token lacks the read scope",
                                 "WWW-Authenticate", "Bearer error=\"insufficient_scope\"");
             return 1;
@@ -241,20 +456,20 @@ static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, 
     /* libmicrohttpd decodes %00 into the C string it hands over, so "ID%00junk" would
      * be served as "ID": a NUL anywhere in the request target is refused first. */
     if (r->uri && strstr(r->uri, "%00")) {
-        *res = send_problem(conn, r, 400, "invalid_request", "the request target holds an encoded NUL byte (%00)",
+        *res = send_problem(h, conn, r, 400, "invalid_request", "the request target holds an encoded NUL byte (%00)",
                             NULL, NULL);
         return 1;
     }
     char allow[128];
     int route = api_route_find(method, url, allow, sizeof allow);
     if (route == -404) {
-        *res = send_problem(conn, r, 404, "not_found", "no such route", NULL, NULL);
+        *res = send_problem(h, conn, r, 404, "not_found", "no such route", NULL, NULL);
         return 1;
     }
     if (route == -405) {
         char d[200];
         snprintf(d, sizeof d, "%s is not allowed here (allowed: %s)", method, allow);
-        *res = send_problem(conn, r, 405, "method_not_allowed", d, "Allow", allow);
+        *res = send_problem(h, conn, r, 405, "method_not_allowed", d, "Allow", allow);
         return 1;
     }
     r->route = route;
@@ -266,12 +481,12 @@ static int first_call(http_server *h, struct MHD_Connection *conn, http_req *r, 
         if (*cl && !*end && errno != ERANGE && n > h->body_limit) {
             char d[160];
             snprintf(d, sizeof d, "the body exceeds the limit of %zu bytes", h->body_limit);
-            *res = send_problem(conn, r, 413, "body_too_large", d, NULL, NULL);
+            *res = send_problem(h, conn, r, 413, "body_too_large", d, NULL, NULL);
             return 1;
         }
     }
     if (api_route_has_body(route) && !is_json_type(lookup_header(conn, MHD_HTTP_HEADER_CONTENT_TYPE))) {
-        *res = send_problem(conn, r, 415, "unsupported_media_type",
+        *res = send_problem(h, conn, r, 415, "unsupported_media_type",
                             "the body must be application/json", "Accept-Post", "application/json");
         return 1;
     }
@@ -311,6 +526,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         *req_cls = r;
     }
+    if (conn_was_cut(h, r->cn))
+        return MHD_NO; /* past its deadline: the connection is closing */
     if (!r->started) {
         enum MHD_Result res = MHD_YES;
         if (first_call(h, conn, r, url, method, &res)) {
@@ -352,8 +569,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         char d[160];
         snprintf(d, sizeof d, "the body exceeds the limit of %zu bytes", h->body_limit);
         r->early = 1;
-        return send_problem(conn, r, 413, "body_too_large", d, NULL, NULL);
+        return send_problem(h, conn, r, 413, "body_too_large", d, NULL, NULL);
     }
+    if (!conn_claim(h, r->cn))
+        return MHD_NO; /* the request arrived, but after its deadline */
     for (;;) {
         pthread_mutex_lock(&h->mu);
         r->gen_seen = h->gen;
@@ -373,7 +592,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 return MHD_YES;
             continue;
         }
-        enum MHD_Result ok = send_resp(conn, r, &ar);
+        enum MHD_Result ok = send_resp(h, conn, r, &ar);
         api_resp_free(&ar);
         r->early = 1;
         return ok;
@@ -383,17 +602,30 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
+    http_server *h = cls;
     http_req *r = *req_cls;
     if (!r)
         return;
     double dur = eng_wall_s() - r->t0;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    char addr[64] = "";
-    if (ci && ci->client_addr)
-        getnameinfo(ci->client_addr, ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                                         : sizeof(struct sockaddr_in),
-                    addr, sizeof addr, NULL, 0, NI_NUMERICHOST);
+    char addr[64];
+    client_addr(conn, addr, sizeof addr);
+    int cut = 0;
+    if (r->cn) {
+        pthread_mutex_lock(&h->dmu);
+        cut = r->cn->cut;
+        r->cn->logged |= cut;
+        pthread_mutex_unlock(&h->dmu);
+    }
+    /* A request libmicrohttpd answered itself (a malformed or oversized request it
+     * refused before our handler ran): its status is the library's. */
+    const char *by = "";
+    if (!r->status) {
+        const union MHD_ConnectionInfo *si = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+        if (si && si->http_status) {
+            r->status = (int)si->http_status;
+            by = ",\"answered_by\":\"libmicrohttpd\"";
+        }
+    }
     /* The access log line, formatted by hand (this runs for every request). */
     char path[600];
     size_t k = 0;
@@ -409,7 +641,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         }
     }
     path[k] = 0;
-    const char *term = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? NULL
+    const char *term = cut                                         ? "deadline"
+                       : toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? NULL
                        : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timeout"
                        : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client_abort"
                        : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown" : "error";
@@ -418,22 +651,26 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     char line[1024];
     int n = snprintf(line, sizeof line,
                      "{\"ts\":%lld.%06ld,\"level\":\"%s\",\"msg\":\"request\",\"method\":\"%s\",\"path\":\"%s\","
-                     "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s}\n",
+                     "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s%s}\n",
                      (long long)ts.tv_sec, ts.tv_nsec / 1000, r->status >= 500 ? "error" : "info", r->method, path,
                      r->status, (unsigned long long)r->bytes, dur * 1000.0, r->request_id[0] ? r->request_id : "-",
-                     addr, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
+                     addr, by, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
     if (n > 0) {
         ssize_t w = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
         (void)w;
     }
     if (r->status)
         api_metrics_observe(r->status, dur);
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        conn_arm(h, r->cn); /* the connection stays open: the next request's clock starts */
     free(r->uri);
     free(r->body);
     free(r);
     *req_cls = NULL;
 }
 
+/* The housekeeping thread: every 20 ms, resume the parked long-polls that are due and cut
+ * the connections whose request is overdue. */
 static void *waker(void *arg)
 {
     http_server *h = arg;
@@ -468,6 +705,7 @@ static void *waker(void *arg)
             }
         }
         pthread_mutex_unlock(&h->mu);
+        reap_overdue(h, now);
     }
     return NULL;
 }
@@ -517,8 +755,17 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     h->api = api;
     h->au = au;
     h->body_limit = cfg->body_limit_bytes;
+    /* Below what a connection's memory pool holds, so that libmicrohttpd's own HTML 414 and
+       431 answers (for what does not fit at all) are left for truly oversized requests. */
+    h->uri_limit = cfg->conn_memory_bytes / 8;
+    h->head_limit = cfg->conn_memory_bytes / 2;
+    h->deadline_s = cfg->request_deadline_s;
     h->max_suspended = cfg->max_suspended;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->dmu, NULL);
+    if (cfg->per_ip_connections >= cfg->max_connections)
+        log_msg("warn", "--per-ip-connections %d is not below --max-connections %d: one client address can take "
+                "every connection", cfg->per_ip_connections, cfg->max_connections);
     MHD_set_panic_func(on_panic, NULL);
     /* poll(), not epoll: with a thread pool, libmicrohttpd 0.9.75-0.9.77 panics in MHD_quiesce_daemon when a
        worker removes the listen socket from its epoll set first (an unchecked ENOENT), which a shutdown under
@@ -536,13 +783,15 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)cfg->conn_memory_bytes,
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
         snprintf(err, errlen, "cannot listen on %s:%d (in use, or not an address of this host)", cfg->host, cfg->port);
         pthread_mutex_destroy(&h->mu);
+        pthread_mutex_destroy(&h->dmu);
         free(h);
         return NULL;
     }
@@ -553,6 +802,7 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     if (pthread_create(&h->waker, NULL, waker, h) != 0) {
         MHD_stop_daemon(h->d);
         pthread_mutex_destroy(&h->mu);
+        pthread_mutex_destroy(&h->dmu);
         free(h);
         g_server = NULL;
         snprintf(err, errlen, "cannot start the long-poll waker thread");
@@ -564,6 +814,11 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
 int http_port(http_server *h)
 {
     return h->port;
+}
+
+const char *http_library_version(void)
+{
+    return MHD_get_version();
 }
 
 void http_quiesce(http_server *h)
@@ -601,5 +856,6 @@ void http_stop(http_server *h)
     MHD_stop_daemon(h->d);
     g_server = NULL;
     pthread_mutex_destroy(&h->mu);
+    pthread_mutex_destroy(&h->dmu);
     free(h);
 }
