@@ -170,39 +170,6 @@ int art_sha256_b64(const char hex[65], char *out, size_t outlen)
     return EVP_EncodeBlock((unsigned char *)out, d, 32) == 44 ? 0 : -1;
 }
 
-/* Copy src to an open dst fd. 0 or -1. */
-static int copy_into(const char *src, int dst)
-{
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0)
-        return -1;
-    char buf[1 << 16];
-    int rc = 0;
-    for (;;) {
-        ssize_t k = read(in, buf, sizeof buf);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            rc = k < 0 ? -1 : 0;
-            break;
-        }
-        for (ssize_t off = 0; off < k;) {
-            ssize_t w = write(dst, buf + off, (size_t)(k - off));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                rc = -1;
-                break;
-            }
-            off += w;
-        }
-        if (rc)
-            break;
-    }
-    close(in);
-    return rc;
-}
-
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
 {
     if (art_sha256_file(src, hex, size_bytes, err, errlen) < 0)
@@ -227,7 +194,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;
     }
-    if (copy_into(src, fd) < 0 || fsync(fd) < 0) {
+    if (fio_copy_into(src, fd) < 0 || fsync(fd) < 0) {
         snprintf(err, errlen, "copying %s: %s", src, strerror(errno));
         close(fd);
         unlink(tmp);

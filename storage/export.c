@@ -28,6 +28,7 @@
 #include "storage/gguf_write.h"
 #include "storage/modelcard.h"
 #include "storage/safetensors.h"
+#include "storage/strbuf.h"
 
 #define DEFAULT_SHARD_BYTES ((int64_t)5 << 30)
 
@@ -64,73 +65,23 @@ static const char *torch_dtype(exp_dtype d)
 
 /* ------------------------------------------------------------------ files */
 
-static int path_join(char *out, size_t cap, const char *dir, const char *name)
-{
-    int n = snprintf(out, cap, "%s/%s", dir, name);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
-
-static int is_dir(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int is_file(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* Write a JSON document atomically (2-space indent, keys in insertion order). */
 static int write_json(const char *path, const json_t *j, char *err, size_t errlen)
 {
     return fio_write_json(path, j, JSON_INDENT(2) | JSON_REAL_PRECISION(15), err, errlen);
 }
 
+/* Copy src to dst (created, fsynced) inside the directory being assembled. */
 static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
 {
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0) {
-        snprintf(err, errlen, "export: open %s: %s", src, strerror(errno));
-        return -1;
-    }
     int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0) {
         snprintf(err, errlen, "export: create %s: %s", dst, strerror(errno));
-        close(in);
         return -1;
     }
-    char buf[1 << 16];
-    int rc = 0;
-    for (;;) {
-        ssize_t r = read(in, buf, sizeof buf);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            rc = -1;
-            break;
-        }
-        if (r == 0)
-            break;
-        for (ssize_t off = 0; off < r;) {
-            ssize_t w = write(out, buf + off, (size_t)(r - off));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w < 0) {
-                rc = -1;
-                break;
-            }
-            off += w;
-        }
-        if (rc < 0)
-            break;
-    }
-    if (rc == 0 && fsync(out) < 0)
-        rc = -1;
+    int rc = fio_copy_into(src, out) < 0 || fsync(out) < 0 ? -1 : 0;
     if (close(out) < 0)
         rc = -1;
-    close(in);
     if (rc < 0)
         snprintf(err, errlen, "export: copy %s -> %s: %s", src, dst, strerror(errno));
     return rc;
@@ -1101,12 +1052,6 @@ static mio_format parent_format(const char *pp)
     return pp && mio_probe(pp, &f, e, sizeof e) == 0 ? f : (mio_format)0;
 }
 
-static int has_suffix(const char *s, const char *suf)
-{
-    size_t n = strlen(s), k = strlen(suf);
-    return n >= k && !strcmp(s + n - k, suf);
-}
-
 static int write_shards(const eng_model *m, const char *dir, const exp_opts *o, int *n_shards,
                         char *err, size_t errlen)
 {
@@ -1151,7 +1096,7 @@ static int write_shards(const eng_model *m, const char *dir, const exp_opts *o, 
             snprintf(fname, sizeof fname, "model.safetensors");
         else
             snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, ns);
-        if (path_join(path, sizeof path, dir, fname) < 0) {
+        if (fio_path_join(path, sizeof path, dir, fname) < 0) {
             snprintf(err, errlen, "export: path too long");
             goto out;
         }
@@ -1183,7 +1128,7 @@ static int write_shards(const eng_model *m, const char *dir, const exp_opts *o, 
     if (ns > 1) {
         char path[4096];
         json_t *idx = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wmap);
-        if (!idx || path_join(path, sizeof path, dir, "model.safetensors.index.json") < 0 ||
+        if (!idx || fio_path_join(path, sizeof path, dir, "model.safetensors.index.json") < 0 ||
             write_json(path, idx, err, errlen) < 0) {
             json_decref(idx);
             if (!err[0])
@@ -1203,10 +1148,11 @@ out:
     return rc;
 }
 
+/* The parent's config.json or generation_config.json; NULL when absent or unreadable. */
 static json_t *load_json_file(const char *path)
 {
-    json_error_t je;
-    return json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    char why[512];
+    return fio_load_json(path, JSON_REJECT_DUPLICATES, why, sizeof why);
 }
 
 int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_result *res,
@@ -1227,7 +1173,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
     json_t *pconf = NULL, *conf = NULL, *tokj = NULL, *tokc = NULL, *gen = NULL;
     char ppath[4096], partial[4096], path[4096], cls[64];
     int rc = -1, made = 0;
-    if (parent_hf && path_join(ppath, sizeof ppath, pp, "config.json") == 0 && is_file(ppath))
+    if (parent_hf && fio_path_join(ppath, sizeof ppath, pp, "config.json") == 0 && fio_is_file(ppath))
         pconf = load_json_file(ppath);
     if (o->hf_class && !strcmp(o->hf_class, "llama") && !arch_is_uniform(&m->a)) {
         snprintf(err, errlen, "HF export: LlamaForCausalLM holds uniform layers only and this arch differs "
@@ -1243,16 +1189,12 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
     }
     if (!(conf = exp_hf_config(&m->a, cls, o->dtype, pconf, err, errlen)))
         goto out;
-    if (is_dir(dir)) {
-        DIR *d = opendir(dir);
-        int empty = 1;
-        struct dirent *e;
-        while (d && (e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-                empty = 0;
-        if (d)
-            closedir(d);
-        if (!empty) {
+    if (fio_is_dir(dir)) {
+        char **names;
+        size_t n_names = 0;
+        if (fio_list_dir(dir, &names, &n_names) == 0)
+            fio_names_free(names, n_names);
+        if (n_names > 0) {
             snprintf(err, errlen, "HF export: %s exists and is not empty", dir);
             goto out;
         }
@@ -1274,15 +1216,15 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
     if (parent_hf) {
         for (size_t i = 0; i < sizeof HF_TOKENIZER_FILES / sizeof *HF_TOKENIZER_FILES; i++) {
             char src[4096];
-            if (path_join(src, sizeof src, pp, HF_TOKENIZER_FILES[i]) < 0 || !is_file(src))
+            if (fio_path_join(src, sizeof src, pp, HF_TOKENIZER_FILES[i]) < 0 || !fio_is_file(src))
                 continue;
-            if (path_join(path, sizeof path, partial, HF_TOKENIZER_FILES[i]) < 0 ||
+            if (fio_path_join(path, sizeof path, partial, HF_TOKENIZER_FILES[i]) < 0 ||
                 copy_file(src, path, err, errlen) < 0)
                 goto out;
             res->tokenizer = 1;
         }
         char src[4096];
-        if (path_join(src, sizeof src, pp, "generation_config.json") == 0 && is_file(src))
+        if (fio_path_join(src, sizeof src, pp, "generation_config.json") == 0 && fio_is_file(src))
             gen = load_json_file(src);
         bos = json_object_get(pconf, "bos_token_id");
         eos = json_object_get(pconf, "eos_token_id");
@@ -1332,11 +1274,11 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
                     map = NULL;
                 }
             }
-            int wr = !map || path_join(path, sizeof path, partial, "tokenizer.json") < 0 ||
+            int wr = !map || fio_path_join(path, sizeof path, partial, "tokenizer.json") < 0 ||
                      write_json(path, tokj, err, errlen) < 0 ||
-                     path_join(path, sizeof path, partial, "tokenizer_config.json") < 0 ||
+                     fio_path_join(path, sizeof path, partial, "tokenizer_config.json") < 0 ||
                      write_json(path, tokc, err, errlen) < 0 ||
-                     path_join(path, sizeof path, partial, "special_tokens_map.json") < 0 ||
+                     fio_path_join(path, sizeof path, partial, "special_tokens_map.json") < 0 ||
                      write_json(path, map, err, errlen) < 0;
             json_decref(map);
             if (wr) {
@@ -1357,7 +1299,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         json_object_set(conf, "bos_token_id", bos);
     if (eos)
         json_object_set(conf, "eos_token_id", eos);
-    if (path_join(path, sizeof path, partial, "config.json") < 0 || write_json(path, conf, err, errlen) < 0)
+    if (fio_path_join(path, sizeof path, partial, "config.json") < 0 || write_json(path, conf, err, errlen) < 0)
         goto out;
     if (!gen) {
         gen = json_pack("{s:b}", "_from_model_config", 1);
@@ -1367,7 +1309,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         if (gen && e)
             json_object_set(gen, "eos_token_id", e);
     }
-    if (!gen || path_join(path, sizeof path, partial, "generation_config.json") < 0 ||
+    if (!gen || fio_path_join(path, sizeof path, partial, "generation_config.json") < 0 ||
         write_json(path, gen, err, errlen) < 0) {
         if (!err[0])
             snprintf(err, errlen, "HF export: out of memory");
@@ -1383,7 +1325,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         snprintf(tokline, sizeof tokline, "not included: %s", res->note);
     mc_info info = {.parent = pp ? pp : "unknown", .model_class = cls, .dtype = exp_dtype_name(o->dtype),
                     .formats = "HF directory (config.json + safetensors)", .tokenizer = tokline};
-    if (path_join(path, sizeof path, partial, "MODEL_CARD.md") < 0 ||
+    if (fio_path_join(path, sizeof path, partial, "MODEL_CARD.md") < 0 ||
         mc_write(path, &m->a, o->report, &info, err, errlen) < 0)
         goto out;
     if (exp_write_sums(partial, err, errlen) < 0)
@@ -1729,76 +1671,39 @@ out:
 
 /* -------------------------------------------------------------- digests */
 
-static int cmp_names(const void *x, const void *y)
-{
-    return strcmp(*(char *const *)x, *(char *const *)y);
-}
-
 int exp_write_sums(const char *dir, char *err, size_t errlen)
 {
-    DIR *d = opendir(dir);
-    if (!d) {
+    char **names;
+    size_t n;
+    if (fio_list_dir(dir, &names, &n) < 0) {
         snprintf(err, errlen, "SHA256SUMS: open %s: %s", dir, strerror(errno));
         return -1;
     }
-    char **names = NULL;
-    size_t n = 0, cap = 0;
+    strbuf sums = {0};
     int rc = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char p[4096];
-        if (e->d_name[0] == '.' || !strcmp(e->d_name, "SHA256SUMS") || has_suffix(e->d_name, ".tmp") ||
-            path_join(p, sizeof p, dir, e->d_name) < 0 || !is_file(p))
-            continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **nn = realloc(names, cap * sizeof *nn);
-            if (!nn)
-                goto out;
-            names = nn;
-        }
-        if (!(names[n] = strdup(e->d_name)))
-            goto out;
-        n++;
-    }
-    qsort(names, n, sizeof *names, cmp_names);
-    char path[4096], tmp[4096];
-    if (path_join(path, sizeof path, dir, "SHA256SUMS") < 0 || path_join(tmp, sizeof tmp, dir, "SHA256SUMS.tmp") < 0)
-        goto out;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        snprintf(err, errlen, "SHA256SUMS: create %s: %s", tmp, strerror(errno));
-        goto out;
-    }
     for (size_t i = 0; i < n; i++) {
         char p[4096], hex[65];
         int64_t size;
-        if (path_join(p, sizeof p, dir, names[i]) < 0 || art_sha256_file(p, hex, &size, err, errlen) < 0) {
-            fclose(f);
-            unlink(tmp);
+        if (names[i][0] == '.' || !strcmp(names[i], "SHA256SUMS") || fio_has_suffix(names[i], ".tmp") ||
+            fio_path_join(p, sizeof p, dir, names[i]) < 0 || !fio_is_file(p))
+            continue;
+        if (art_sha256_file(p, hex, &size, err, errlen) < 0)
             goto out;
-        }
-        fprintf(f, "%s  %s\n", hex, names[i]);
+        strbuf_printf(&sums, "%s  %s\n", hex, names[i]);
     }
-    if (fflush(f) != 0 || fsync(fileno(f)) < 0) {
-        fclose(f);
-        unlink(tmp);
-        snprintf(err, errlen, "SHA256SUMS: write failed");
+    char path[4096], why[600];
+    if (sums.oom || fio_path_join(path, sizeof path, dir, "SHA256SUMS") < 0) {
+        snprintf(err, errlen, "SHA256SUMS: out of memory or path too long");
         goto out;
     }
-    if (fclose(f) != 0 || rename(tmp, path) < 0) {
-        unlink(tmp);
-        snprintf(err, errlen, "SHA256SUMS: finish failed");
+    if (fio_write_atomic(path, sums.s ? sums.s : "", sums.len, why, sizeof why) < 0) {
+        snprintf(err, errlen, "SHA256SUMS: %s", why);
         goto out;
     }
     rc = 0;
 out:
-    if (rc < 0 && !err[0])
-        snprintf(err, errlen, "SHA256SUMS: out of memory");
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    closedir(d);
+    free(sums.s);
+    fio_names_free(names, n);
     return rc;
 }
 
@@ -1823,7 +1728,7 @@ int exp_verify_file(const char *path, const char *hex, int64_t size, char *err, 
 int exp_verify_dir(const char *dir, char *err, size_t errlen)
 {
     char path[4096];
-    if (path_join(path, sizeof path, dir, "SHA256SUMS") < 0) {
+    if (fio_path_join(path, sizeof path, dir, "SHA256SUMS") < 0) {
         snprintf(err, errlen, "verify: path too long");
         return -1;
     }
@@ -1845,7 +1750,7 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen)
         }
         line[64] = '\0';
         char p[4096];
-        if (path_join(p, sizeof p, dir, line + 66) < 0 || !is_file(p)) {
+        if (fio_path_join(p, sizeof p, dir, line + 66) < 0 || !fio_is_file(p)) {
             snprintf(err, errlen, "verify: %s is missing", line + 66);
             rc = -1;
             break;
@@ -1866,7 +1771,7 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen)
 int exp_load_model(const char *path, eng_backend *be, eng_model *m, char *err, size_t errlen)
 {
     char sums[4096];
-    if (is_dir(path) && path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && is_file(sums) &&
+    if (fio_is_dir(path) && fio_path_join(sums, sizeof sums, path, "SHA256SUMS") == 0 && fio_is_file(sums) &&
         exp_verify_dir(path, err, errlen) < 0)
         return -1;
     return mio_load_model(path, NULL, be, m, NULL, err, errlen);

@@ -174,16 +174,10 @@ static size_t fx_write(char *ptr, size_t size, size_t nmemb, void *u)
         s->too_big = 1;
         return 0;
     }
-    for (size_t off = 0; off < n;) {
-        ssize_t w = write(s->fd, ptr + off, n - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            snprintf(s->io_msg, sizeof s->io_msg, "write: %s", w < 0 ? strerror(errno) : "no progress");
-            s->io_err = 1;
-            return 0;
-        }
-        off += (size_t)w;
+    if (fio_write_all(s->fd, ptr, n) < 0) {
+        snprintf(s->io_msg, sizeof s->io_msg, "write: %s", strerror(errno));
+        s->io_err = 1;
+        return 0;
     }
     if (EVP_DigestUpdate(s->md, ptr, n) != 1) {
         snprintf(s->io_msg, sizeof s->io_msg, "sha256 update failed");
@@ -544,9 +538,9 @@ const char *fetch_model_file_name(const char *url, char *out, size_t outlen, cha
     }
     memcpy(out, base, bl);
     out[bl] = 0;
-    if (bl > 5 && !strcmp(out + bl - 5, ".gguf"))
+    if (bl > 5 && fio_has_suffix(out, ".gguf"))
         return "gguf";
-    if (bl > 4 && !strcmp(out + bl - 4, ".bin"))
+    if (bl > 4 && fio_has_suffix(out, ".bin"))
         return "llama2c";
     snprintf(err, errlen, "the URL's file must be a .gguf file or a llama2.c .bin checkpoint (lowercase suffix)");
     return NULL;

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/fileio.h"
+
 #define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
 
 static int get_int(json_t *o, const char *k, int64_t def, int64_t *v)
@@ -258,13 +260,10 @@ fail:
 
 int hfconfig_load(const char *path, arch *a, char *err, size_t errlen)
 {
-    json_error_t je;
     memset(a, 0, sizeof *a);
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!j) {
-        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+    json_t *j = fio_load_json(path, JSON_REJECT_DUPLICATES, err, errlen);
+    if (!j)
         return -1;
-    }
     int rc = hfconfig_to_arch(j, a, err, errlen);
     json_decref(j);
     return rc;
