@@ -87,250 +87,25 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
     return rc;
 }
 
-/* ------------------------------------------------------ raw GGUF metadata */
+/* ------------------------------------------------------- GGUF metadata */
 
-typedef struct {
-    char *key;
-    uint32_t type;
-    unsigned char *raw;          /* the value's encoding (after the type field) */
-    size_t len;
-} gkv;
-
-typedef struct {
-    gkv *kv;
+/* String value of key into buf (NUL-terminated, cut to cap - 1 bytes); NULL when absent
+ * or not a string. */
+static const char *gguf_str_copy(const gguf_file *g, const char *key, char *buf, size_t cap)
+{
+    const char *s;
     size_t n;
-} gkvs;
-
-static void gkvs_free(gkvs *g)
-{
-    for (size_t i = 0; i < g->n; i++) {
-        free(g->kv[i].key);
-        free(g->kv[i].raw);
-    }
-    free(g->kv);
-    g->kv = NULL;
-    g->n = 0;
-}
-
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-} rbuf;
-
-static int rb_read(FILE *f, rbuf *b, size_t n)
-{
-    if (n > ((size_t)1 << 31))
-        return -1;
-    if (b->len + n > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n)
-            nc *= 2;
-        unsigned char *np = realloc(b->p, nc);
-        if (!np)
-            return -1;
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n && fread(b->p + b->len, 1, n, f) != n)
-        return -1;
-    b->len += n;
-    return 0;
-}
-
-static size_t gguf_scalar_size(uint32_t t)
-{
-    switch (t) {
-    case GGUF_T_U8: case GGUF_T_I8: case GGUF_T_BOOL: return 1;
-    case GGUF_T_U16: case GGUF_T_I16: return 2;
-    case GGUF_T_U32: case GGUF_T_I32: case GGUF_T_F32: return 4;
-    case GGUF_T_U64: case GGUF_T_I64: case GGUF_T_F64: return 8;
-    }
-    return 0;
-}
-
-/* Read one value of type t, appending its raw bytes to b. */
-static int gguf_read_value(FILE *f, uint32_t t, rbuf *b, int depth)
-{
-    if (t == GGUF_T_STRING) {
-        size_t at = b->len;
-        if (rb_read(f, b, 8) < 0)
-            return -1;
-        uint64_t n;
-        memcpy(&n, b->p + at, 8);
-        return rb_read(f, b, (size_t)n);
-    }
-    if (t == GGUF_T_ARRAY) {
-        if (depth > 2)
-            return -1;
-        size_t at = b->len;
-        if (rb_read(f, b, 12) < 0)
-            return -1;
-        uint32_t et;
-        uint64_t n;
-        memcpy(&et, b->p + at, 4);
-        memcpy(&n, b->p + at + 4, 8);
-        size_t es = gguf_scalar_size(et);
-        if (es)
-            return n > ((uint64_t)1 << 31) / es ? -1 : rb_read(f, b, (size_t)(n * es));
-        for (uint64_t i = 0; i < n; i++)
-            if (gguf_read_value(f, et, b, depth + 1) < 0)
-                return -1;
-        return 0;
-    }
-    size_t es = gguf_scalar_size(t);
-    return es ? rb_read(f, b, es) : -1;
-}
-
-static int gguf_read_kvs(const char *path, gkvs *g, char *err, size_t errlen)
-{
-    memset(g, 0, sizeof *g);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    uint32_t mv[2];
-    uint64_t counts[2];
-    if (fread(mv, 4, 2, f) != 2 || mv[0] != 0x46554747u || (mv[1] != 2 && mv[1] != 3) ||
-        fread(counts, 8, 2, f) != 2 || counts[1] > 100000) {
-        snprintf(err, errlen, "%s: not a GGUF v2/v3 file", path);
-        fclose(f);
-        return -1;
-    }
-    g->kv = calloc(counts[1] ? counts[1] : 1, sizeof *g->kv);
-    if (!g->kv) {
-        fclose(f);
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    for (uint64_t i = 0; i < counts[1]; i++) {
-        rbuf kb = {0}, vb = {0};
-        uint32_t t;
-        uint64_t kl;
-        if (fread(&kl, 8, 1, f) != 1 || kl > 65535 || rb_read(f, &kb, (size_t)kl) < 0 ||
-            rb_read(f, &kb, 0) < 0 || fread(&t, 4, 1, f) != 1 || gguf_read_value(f, t, &vb, 0) < 0) {
-            free(kb.p);
-            free(vb.p);
-            snprintf(err, errlen, "%s: truncated or malformed metadata (key %llu)", path,
-                     (unsigned long long)i);
-            fclose(f);
-            gkvs_free(g);
-            return -1;
-        }
-        char *key = malloc((size_t)kl + 1);
-        if (!key) {
-            free(kb.p);
-            free(vb.p);
-            fclose(f);
-            gkvs_free(g);
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        if (kl)
-            memcpy(key, kb.p, (size_t)kl);
-        key[kl] = '\0';
-        free(kb.p);
-        g->kv[g->n].key = key;
-        g->kv[g->n].type = t;
-        g->kv[g->n].raw = vb.p;
-        g->kv[g->n].len = vb.len;
-        g->n++;
-    }
-    fclose(f);
-    return 0;
-}
-
-static const gkv *gkvs_find(const gkvs *g, const char *key)
-{
-    for (size_t i = 0; i < g->n; i++)
-        if (!strcmp(g->kv[i].key, key))
-            return &g->kv[i];
-    return NULL;
-}
-
-/* Integer scalar (any integer type) or -1. */
-static int64_t gkv_int(const gkvs *g, const char *key)
-{
-    const gkv *k = gkvs_find(g, key);
-    if (!k)
-        return -1;
-    switch (k->type) {
-    case GGUF_T_U32: { uint32_t v; memcpy(&v, k->raw, 4); return v; }
-    case GGUF_T_I32: { int32_t v; memcpy(&v, k->raw, 4); return v; }
-    case GGUF_T_U64: { uint64_t v; memcpy(&v, k->raw, 8); return (int64_t)v; }
-    case GGUF_T_I64: { int64_t v; memcpy(&v, k->raw, 8); return v; }
-    case GGUF_T_U16: { uint16_t v; memcpy(&v, k->raw, 2); return v; }
-    case GGUF_T_U8: case GGUF_T_BOOL: return k->raw[0];
-    }
-    return -1;
-}
-
-/* String scalar into buf (NUL-terminated); NULL when absent or not a string. */
-static const char *gkv_str(const gkvs *g, const char *key, char *buf, size_t cap)
-{
-    const gkv *k = gkvs_find(g, key);
-    if (!k || k->type != GGUF_T_STRING || k->len < 8)
+    if (gguf_get_str(g, key, &s, &n) < 0)
         return NULL;
-    uint64_t n;
-    memcpy(&n, k->raw, 8);
-    if (n + 1 > cap)
-        n = cap - 1;
-    memcpy(buf, k->raw + 8, (size_t)n);
-    buf[n] = '\0';
+    snprintf(buf, cap, "%.*s", (int)(n < cap ? n : cap - 1), s);
     return buf;
 }
 
-/* Iterate an array of strings: returns element count (or -1), fills ptr/len arrays on demand. */
-static int64_t gkv_str_array(const gkv *k, const char ***ptrs, size_t **lens)
+/* Integer value of key; -1 when absent or not an integer. */
+static int64_t gguf_int_or_neg(const gguf_file *g, const char *key)
 {
-    if (!k || k->type != GGUF_T_ARRAY || k->len < 12)
-        return -1;
-    uint32_t et;
-    uint64_t n;
-    memcpy(&et, k->raw, 4);
-    memcpy(&n, k->raw + 4, 8);
-    if (et != GGUF_T_STRING)
-        return -1;
-    *ptrs = malloc((n ? n : 1) * sizeof **ptrs);
-    *lens = malloc((n ? n : 1) * sizeof **lens);
-    if (!*ptrs || !*lens) {
-        free(*ptrs);
-        free(*lens);
-        return -1;
-    }
-    size_t at = 12;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t l;
-        if (at + 8 > k->len)
-            goto bad;
-        memcpy(&l, k->raw + at, 8);
-        at += 8;
-        if (l > k->len - at)
-            goto bad;
-        (*ptrs)[i] = (const char *)k->raw + at;
-        (*lens)[i] = (size_t)l;
-        at += (size_t)l;
-    }
-    return (int64_t)n;
-bad:
-    free(*ptrs);
-    free(*lens);
-    return -1;
-}
-
-/* Array of int32 (token types): pointer to the first element, count or -1. */
-static int64_t gkv_i32_array(const gkv *k, const unsigned char **first)
-{
-    if (!k || k->type != GGUF_T_ARRAY || k->len < 12)
-        return -1;
-    uint32_t et;
-    uint64_t n;
-    memcpy(&et, k->raw, 4);
-    memcpy(&n, k->raw + 4, 8);
-    if ((et != GGUF_T_I32 && et != GGUF_T_U32) || k->len != 12 + n * 4)
-        return -1;
-    *first = k->raw + 12;
-    return (int64_t)n;
+    int64_t v;
+    return gguf_get_int(g, key, &v) == 0 ? v : -1;
 }
 
 /* ---------------------------------------------------- tokenizer.json */
@@ -363,13 +138,17 @@ static json_t *pretokenizer_for(const char *pre, int *ignore_merges)
     return NULL;
 }
 
-static json_t *token_json(const gkvs *g, const char *key, const char **tok, const size_t *len, int64_t n)
+/* The piece that token-id key names, as a JSON string (tokens: the tokenizer.ggml.tokens
+ * entry, n pieces); JSON null when absent or out of range. NEW reference. */
+static json_t *token_json(const gguf_file *g, const char *key, int tokens, int64_t n)
 {
-    int64_t id = gkv_int(g, key);
-    if (id < 0 || id >= n)
+    int64_t id = gguf_int_or_neg(g, key);
+    const char *s;
+    size_t len;
+    if (id < 0 || id >= n || gguf_arr_str(g, tokens, (uint64_t)id, &s, &len) < 0)
         return json_null();
-    json_t *s = json_stringn(tok[id], len[id]);
-    return s ? s : json_null();
+    json_t *j = json_stringn(s, len);
+    return j ? j : json_null();
 }
 
 /* One TemplateProcessing element {"SpecialToken"|"Sequence": {id, type_id}} appended to arr. */
@@ -421,18 +200,113 @@ static json_t *tokenizer_config(int add_bos, int add_eos, json_t *bos, json_t *e
                      "clean_up_tokenization_spaces", 0, "tokenizer_class", "PreTrainedTokenizerFast");
 }
 
+/* A GGUF byte-level BPE vocabulary: the tokens entry (n pieces) and merges entry, checked
+ * to be string arrays. 0, or -1 with err. */
+static int gguf_bpe_arrays(const gguf_file *g, const char *path, int *tokens, int64_t *n, int *merges,
+                           int64_t *nm, char *err, size_t errlen)
+{
+    uint32_t tt, mt;
+    uint64_t tn, mn;
+    *tokens = gguf_get_arr(g, "tokenizer.ggml.tokens", &tt, &tn);
+    *merges = gguf_get_arr(g, "tokenizer.ggml.merges", &mt, &mn);
+    if (*tokens < 0 || tt != GGUF_T_STRING || tn == 0 || tn > INT32_MAX || *merges < 0 || mt != GGUF_T_STRING) {
+        snprintf(err, errlen, "%s: tokenizer tokens or merges missing", path);
+        return -1;
+    }
+    *n = (int64_t)tn;
+    *nm = (int64_t)mn;
+    return 0;
+}
+
+/* vocab (piece -> id) and added_tokens (control and user-defined pieces, by
+ * tokenizer.ggml.token_type) into the objects given. 0, or -1 with err. */
+static int gguf_bpe_vocab(const gguf_file *g, const char *path, int tokens, int64_t n, json_t *vocab,
+                          json_t *added, char *err, size_t errlen)
+{
+    uint32_t tyt;
+    uint64_t tyn;
+    int types = gguf_get_arr(g, "tokenizer.ggml.token_type", &tyt, &tyn);
+    if (types >= 0 && ((tyt != GGUF_T_I32 && tyt != GGUF_T_U32) || tyn != (uint64_t)n))
+        types = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const char *tok;
+        size_t tlen;
+        char key[1024];
+        (void)gguf_arr_str(g, tokens, (uint64_t)i, &tok, &tlen);
+        if (tlen >= sizeof key) {
+            snprintf(err, errlen, "%s: token %lld longer than 1023 bytes", path, (long long)i);
+            return -1;
+        }
+        memcpy(key, tok, tlen);
+        key[tlen] = '\0';
+        if (memchr(tok, '\0', tlen) || json_object_set_new(vocab, key, json_integer(i)) < 0) {
+            snprintf(err, errlen, "%s: token %lld is not valid UTF-8 text", path, (long long)i);
+            return -1;
+        }
+        int64_t ty = 1;
+        if (types >= 0)
+            (void)gguf_arr_int(g, types, (uint64_t)i, &ty);
+        if (ty == 3 || ty == 4) {   /* control, user-defined */
+            json_t *c = json_stringn(tok, tlen);
+            json_t *a = c ? json_pack("{s:I, s:o, s:b, s:b, s:b, s:b, s:b}", "id", (json_int_t)i, "content", c,
+                                      "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", ty == 4,
+                                      "special", ty == 3) : NULL;
+            if (!a || json_array_append_new(added, a) < 0) {
+                snprintf(err, errlen, "tokenizer.json: out of memory");
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The merges entry as the BPE model's "a b" strings, appended to arr. 0, or -1 with err. */
+static int gguf_bpe_merges(const gguf_file *g, const char *path, int merges, int64_t nm, json_t *arr,
+                           char *err, size_t errlen)
+{
+    for (int64_t i = 0; i < nm; i++) {
+        const char *m;
+        size_t ml;
+        (void)gguf_arr_str(g, merges, (uint64_t)i, &m, &ml);
+        json_t *s = json_stringn(m, ml);
+        if (!s || json_array_append_new(arr, s) < 0) {
+            snprintf(err, errlen, "%s: merge %lld is not valid UTF-8 text", path, (long long)i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* tokenizer_config.json for a GGUF byte-level BPE: special tokens by id, the chat template
+ * whole. NEW reference, or NULL on OOM. */
+static json_t *gguf_bpe_config(const gguf_file *g, int tokens, int64_t n)
+{
+    const char *ct;
+    size_t cl;
+    json_t *chat = gguf_get_str(g, "tokenizer.chat_template", &ct, &cl) == 0 ? json_stringn(ct, cl) : NULL;
+    json_t *tc = tokenizer_config(gguf_int_or_neg(g, "tokenizer.ggml.add_bos_token") == 1,
+                                  gguf_int_or_neg(g, "tokenizer.ggml.add_eos_token") == 1,
+                                  token_json(g, "tokenizer.ggml.bos_token_id", tokens, n),
+                                  token_json(g, "tokenizer.ggml.eos_token_id", tokens, n),
+                                  token_json(g, "tokenizer.ggml.unknown_token_id", tokens, n),
+                                  token_json(g, "tokenizer.ggml.padding_token_id", tokens, n));
+    if (tc && chat)
+        json_object_set_new(tc, "chat_template", chat);
+    else
+        json_decref(chat);
+    return tc;
+}
+
 json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config, char *err, size_t errlen)
 {
-    gkvs g;
     json_t *out = NULL, *vocab = NULL, *merges = NULL, *added = NULL, *pret = NULL;
-    const char **tok = NULL, **mer = NULL;
-    size_t *tlen = NULL, *mlen = NULL;
     if (tok_config)
         *tok_config = NULL;
-    if (gguf_read_kvs(gguf_path, &g, err, errlen) < 0)
+    gguf_file g;
+    if (gguf_open(&g, gguf_path, err, errlen) < 0)
         return NULL;
     char model[64], pre[64];
-    if (!gkv_str(&g, "tokenizer.ggml.model", model, sizeof model)) {
+    if (!gguf_str_copy(&g, "tokenizer.ggml.model", model, sizeof model)) {
         snprintf(err, errlen, "%s: no tokenizer.ggml.model", gguf_path);
         goto out;
     }
@@ -441,7 +315,7 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
                  "(byte-level BPE 'gpt2' only)", gguf_path, model);
         goto out;
     }
-    if (!gkv_str(&g, "tokenizer.ggml.pre", pre, sizeof pre))
+    if (!gguf_str_copy(&g, "tokenizer.ggml.pre", pre, sizeof pre))
         snprintf(pre, sizeof pre, "default");
     int ignore_merges = 0;
     if (!(pret = pretokenizer_for(pre, &ignore_merges))) {
@@ -449,57 +323,25 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
                  "(supported: gpt2, smollm, llama-bpe)", gguf_path, pre);
         goto out;
     }
-    int64_t n = gkv_str_array(gkvs_find(&g, "tokenizer.ggml.tokens"), &tok, &tlen);
-    int64_t nm = gkv_str_array(gkvs_find(&g, "tokenizer.ggml.merges"), &mer, &mlen);
-    const unsigned char *types = NULL;
-    int64_t nt = gkv_i32_array(gkvs_find(&g, "tokenizer.ggml.token_type"), &types);
-    if (n <= 0 || nm < 0) {
-        snprintf(err, errlen, "%s: tokenizer tokens or merges missing", gguf_path);
+    int tokens, kmerges;
+    int64_t n, nm;
+    if (gguf_bpe_arrays(&g, gguf_path, &tokens, &n, &kmerges, &nm, err, errlen) < 0)
         goto out;
-    }
     vocab = json_object();
     merges = json_array();
     added = json_array();
     if (!vocab || !merges || !added)
         goto oom;
-    for (int64_t i = 0; i < n; i++) {
-        char key[1024];
-        if (tlen[i] >= sizeof key) {
-            snprintf(err, errlen, "%s: token %lld longer than 1023 bytes", gguf_path, (long long)i);
-            goto out;
-        }
-        memcpy(key, tok[i], tlen[i]);
-        key[tlen[i]] = '\0';
-        if (memchr(tok[i], '\0', tlen[i]) || json_object_set_new(vocab, key, json_integer(i)) < 0) {
-            snprintf(err, errlen, "%s: token %lld is not valid UTF-8 text", gguf_path, (long long)i);
-            goto out;
-        }
-        int32_t ty = 1;
-        if (nt == n)
-            memcpy(&ty, types + 4 * i, 4);
-        if (ty == 3 || ty == 4) {   /* control, user-defined */
-            json_t *s = json_stringn(tok[i], tlen[i]);
-            if (!s)
-                goto oom;
-            json_t *a = json_pack("{s:I, s:o, s:b, s:b, s:b, s:b, s:b}", "id", (json_int_t)i, "content", s,
-                                  "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", ty == 4,
-                                  "special", ty == 3);
-            if (!a || json_array_append_new(added, a) < 0)
-                goto oom;
-        }
-    }
-    for (int64_t i = 0; i < nm; i++) {
-        json_t *s = json_stringn(mer[i], mlen[i]);
-        if (!s || json_array_append_new(merges, s) < 0) {
-            snprintf(err, errlen, "%s: merge %lld is not valid UTF-8 text", gguf_path, (long long)i);
-            goto out;
-        }
-    }
-    int64_t add_bos = gkv_int(&g, "tokenizer.ggml.add_bos_token");
-    int64_t bos = gkv_int(&g, "tokenizer.ggml.bos_token_id");
+    if (gguf_bpe_vocab(&g, gguf_path, tokens, n, vocab, added, err, errlen) < 0 ||
+        gguf_bpe_merges(&g, gguf_path, kmerges, nm, merges, err, errlen) < 0)
+        goto out;
+    int64_t bos = gguf_int_or_neg(&g, "tokenizer.ggml.bos_token_id");
     json_t *post;
-    if (add_bos == 1 && bos >= 0 && bos < n) {
-        char *bs = strndup(tok[bos], tlen[bos]);
+    if (gguf_int_or_neg(&g, "tokenizer.ggml.add_bos_token") == 1 && bos >= 0 && bos < n) {
+        const char *bp;
+        size_t bl;
+        (void)gguf_arr_str(&g, tokens, (uint64_t)bos, &bp, &bl);
+        char *bs = strndup(bp, bl);
         post = bs ? template_processor(bs, bos, NULL, -1) : NULL;
         free(bs);
     } else {
@@ -519,41 +361,17 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
     added = pret = NULL;
     if (!out)
         goto oom;
-    if (tok_config) {
-        const gkv *ct = gkvs_find(&g, "tokenizer.chat_template");
-        json_t *chat = NULL;
-        if (ct && ct->type == GGUF_T_STRING && ct->len >= 8) {
-            uint64_t cl;
-            memcpy(&cl, ct->raw, 8);
-            if (cl <= ct->len - 8)
-                chat = json_stringn((const char *)ct->raw + 8, (size_t)cl);   /* whole template */
-        }
-        json_t *tc = tokenizer_config(add_bos == 1, gkv_int(&g, "tokenizer.ggml.add_eos_token") == 1,
-                                      token_json(&g, "tokenizer.ggml.bos_token_id", tok, tlen, n),
-                                      token_json(&g, "tokenizer.ggml.eos_token_id", tok, tlen, n),
-                                      token_json(&g, "tokenizer.ggml.unknown_token_id", tok, tlen, n),
-                                      token_json(&g, "tokenizer.ggml.padding_token_id", tok, tlen, n));
-        if (tc && chat)
-            json_object_set_new(tc, "chat_template", chat);
-        else
-            json_decref(chat);
-        *tok_config = tc;
-    }
+    if (tok_config)
+        *tok_config = gguf_bpe_config(&g, tokens, n);
     goto out;
 oom:
     snprintf(err, errlen, "tokenizer.json: out of memory");
-    json_decref(out);
-    out = NULL;
 out:
     json_decref(vocab);
     json_decref(merges);
     json_decref(added);
     json_decref(pret);
-    free(tok);
-    free(tlen);
-    free(mer);
-    free(mlen);
-    gkvs_free(&g);
+    gguf_close(&g);
     return out;
 }
 
@@ -1236,13 +1054,13 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         char tmodel[64] = "";
         int64_t b = -1, e = -1;
         if (parent_gguf) {
-            gkvs g;
-            if (gguf_read_kvs(pp, &g, err, errlen) < 0)
+            gguf_file g;
+            if (gguf_open(&g, pp, err, errlen) < 0)
                 goto out;
-            (void)gkv_str(&g, "tokenizer.ggml.model", tmodel, sizeof tmodel);
-            b = gkv_int(&g, "tokenizer.ggml.bos_token_id");
-            e = gkv_int(&g, "tokenizer.ggml.eos_token_id");
-            gkvs_free(&g);
+            (void)gguf_str_copy(&g, "tokenizer.ggml.model", tmodel, sizeof tmodel);
+            b = gguf_int_or_neg(&g, "tokenizer.ggml.bos_token_id");
+            e = gguf_int_or_neg(&g, "tokenizer.ggml.eos_token_id");
+            gguf_close(&g);
         }
         if (!strcmp(tmodel, "gpt2")) {
             if (!(tokj = exp_tokenizer_json_from_gguf(pp, &tokc, err, errlen)))
@@ -1546,7 +1364,7 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
     ggw *w = ggw_new();
     tinfo *t = NULL;
     int n = 0, rc = -1;
-    gkvs g = {0};
+    gguf_file g;
     int have_g = 0;
     int32_t *arr = NULL;
     if (!w) {
@@ -1555,7 +1373,7 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
     }
     const char *pp = o->parent_path;
     if (parent_format(pp) == MIO_GGUF) {
-        if (gguf_read_kvs(pp, &g, err, errlen) < 0)
+        if (gguf_open(&g, pp, err, errlen) < 0)
             goto out;
         have_g = 1;
     }
@@ -1594,18 +1412,23 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
     }
 #undef K
     if (have_g) {
-        const gkv *toks = gkvs_find(&g, "tokenizer.ggml.tokens");
+        uint32_t tt;
         uint64_t ntok = 0;
-        if (toks && toks->len >= 12)
-            memcpy(&ntok, toks->raw + 4, 8);
-        if (!toks || ntok != (uint64_t)a->vocab_size) {
+        if (gguf_get_arr(&g, "tokenizer.ggml.tokens", &tt, &ntok) < 0 || ntok != (uint64_t)a->vocab_size) {
             snprintf(err, errlen, "GGUF export: parent tokenizer has %llu tokens, model vocab is %d",
                      (unsigned long long)ntok, a->vocab_size);
             goto out;
         }
-        for (size_t i = 0; i < g.n; i++)
-            if (!strncmp(g.kv[i].key, "tokenizer.", 10))
-                bad |= ggw_kv_raw(w, g.kv[i].key, g.kv[i].type, g.kv[i].raw, g.kv[i].len);
+        for (int i = 0; i < g.n_kv; i++) {
+            const gguf_kv *kv = &g.kv[i];
+            const void *raw;
+            size_t len;
+            if (kv->key_len < 10 || memcmp(kv->key, "tokenizer.", 10) || gguf_kv_raw(&g, i, &raw, &len) < 0)
+                continue;
+            char *key = strndup(kv->key, kv->key_len);
+            bad |= !key || ggw_kv_raw(w, key, kv->type, raw, len);
+            free(key);
+        }
         res->tokenizer = 1;
     } else if (pp) {
         if (gguf_tokenizer_from_api(w, pp, o->parent_tokenizer, a->vocab_size, err, errlen) < 0)
@@ -1664,7 +1487,7 @@ out:
     free(arr);
     free(t);
     if (have_g)
-        gkvs_free(&g);
+        gguf_close(&g);
     ggw_free(w);
     return rc;
 }

@@ -186,6 +186,7 @@ static int parse(gguf_file *g, char *err, size_t errlen)
         g->n_kv = (int)i + 1;
         if (parse_kv(&c, &g->kv[i]))
             return -1;
+        g->kv[i].end = c.pos;
     }
     uint64_t align = 32;
     int64_t av;
@@ -404,6 +405,17 @@ int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t 
     memcpy(&l, g->base + o, 8);
     *s = (const char *)g->base + o + 8;
     *len = (size_t)l;
+    return 0;
+}
+
+int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len)
+{
+    if (kv < 0 || kv >= g->n_kv)
+        return -1;
+    const gguf_kv *k = &g->kv[kv];
+    size_t start = (size_t)((const uint8_t *)k->key - g->base) + k->key_len + 4;   /* past the type */
+    *bytes = g->base + start;
+    *len = (size_t)(k->end - start);
     return 0;
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     uint32_t arr_type;          /* arrays: item type */
     uint64_t arr_n;             /* arrays: item count */
     uint64_t *str_off;          /* arrays of strings: offset of each item (owned) */
+    uint64_t end;               /* offset of the byte after the value */
 } gguf_kv;
 
 typedef struct {
@@ -65,6 +66,11 @@ int gguf_get_arr(const gguf_file *g, const char *key, uint32_t *item_type, uint6
 int gguf_arr_int(const gguf_file *g, int kv, uint64_t i, int64_t *v);
 int gguf_arr_float(const gguf_file *g, int kv, uint64_t i, double *v);
 int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t *len);
+
+/* Entry kv's value exactly as encoded after its type field, for copying it into another
+ * GGUF (ggw_kv_raw): *bytes points into the file (borrowed), *len bytes. 0, or -1 for an
+ * index out of range. */
+int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len);
 
 /* Name of a ggml type ("F32", "Q4_1", ...), or "?". */
 const char *gguf_type_name(uint32_t type);
