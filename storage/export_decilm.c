@@ -24,12 +24,6 @@ static int first_attention_heads(const arch *a)
     return 0;
 }
 
-static const char *parent_class(const json_t *pc)
-{
-    const json_t *ar = json_object_get(pc, "architectures");
-    return json_is_array(ar) && json_array_size(ar) == 1 ? json_string_value(json_array_get(ar, 0)) : NULL;
-}
-
 int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t cap, char *err, size_t errlen)
 {
     if (strcmp(a->family, "llama") != 0) {
@@ -37,7 +31,7 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
         return -1;
     }
     if (a->n_layers > 0 && arch_is_uniform(a)) {
-        const char *pcls = parent_class(parent_config);
+        const char *pcls = hfconfig_class(parent_config);
         if (a->attention_bias)
             snprintf(cls, cap, "Qwen2ForCausalLM");
         else if (pcls && !strcmp(pcls, "MistralForCausalLM"))
@@ -92,21 +86,6 @@ int exp_decilm_check(const arch *a, char *err, size_t errlen)
     return 0;
 }
 
-static json_t *rope_scaling_json(const arch *a)
-{
-    const arch_rope_scaling *r = &a->rope_scaling;
-    switch (r->type) {
-    case ROPE_SCALING_NONE: return json_null();
-    case ROPE_SCALING_LINEAR: return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", r->factor);
-    case ROPE_SCALING_DYNAMIC: return json_pack("{s:s, s:f}", "rope_type", "dynamic", "factor", r->factor);
-    case ROPE_SCALING_LLAMA3:
-        return json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", r->factor, "high_freq_factor", r->high_freq_factor,
-                         "low_freq_factor", r->low_freq_factor, "original_max_position_embeddings",
-                         r->original_max_position_embeddings, "rope_type", "llama3");
-    }
-    return json_null();
-}
-
 static int set(json_t *o, const char *k, json_t *v)
 {
     return v ? json_object_set_new(o, k, v) : -1;
@@ -154,7 +133,7 @@ static json_t *decilm_config(const arch *a, const char *cls, exp_dtype dtype)
     rc |= set(c, "max_position_embeddings", json_integer(a->max_position_embeddings));
     rc |= set(c, "rms_norm_eps", json_real(a->norm_eps));
     rc |= set(c, "rope_theta", json_real(a->rope_theta));
-    rc |= set(c, "rope_scaling", rope_scaling_json(a));
+    rc |= set(c, "rope_scaling", hfconfig_rope_scaling(a));
     rc |= set(c, "tie_word_embeddings", json_boolean(a->tie_word_embeddings));
     rc |= set(c, "attention_bias", json_boolean(a->attention_bias));
     rc |= set(c, "hidden_act", json_string("silu"));
