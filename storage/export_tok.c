@@ -488,7 +488,8 @@ json_t *exp_tokenizer_json_spm(const tok_tokenizer *t, json_t **config_out, char
     json_t *norm = NULL, *dec = NULL, *post = NULL, *model = NULL;
     if (!vocab || !merges || !added || exp_spm_pieces(t, &pc, &pl) < 0 || spm_merges(t, &mg, &nm) < 0)
         goto oom;
-    if (spm_vocab(t, pc, pl, vocab, added, err, errlen) < 0 || spm_merges_json(mg, nm, pc, pl, merges, err, errlen) < 0)
+    if (spm_vocab(t, pc, pl, vocab, added, err, errlen) < 0 ||
+        spm_merges_json(mg, nm, pc, pl, merges, err, errlen) < 0)
         goto fail;
     /* Llama-2 as transformers' LlamaConverter writes it: "▁" prepended and spaces
      * escaped by the normalizer, no pre-tokenizer, byte fallback, and the decoder undoing
