@@ -37,6 +37,14 @@ const char *exp_dtype_name(exp_dtype d)
     return "?";
 }
 
+exp_result *exp_result_clear(exp_result *res, exp_result *scratch)
+{
+    if (!res)
+        res = scratch;
+    memset(res, 0, sizeof *res);
+    return res;
+}
+
 int exp_write_json(const char *path, const json_t *j, char *err, size_t errlen)
 {
     return fio_write_json(path, j, JSON_INDENT(2) | JSON_REAL_PRECISION(15), err, errlen);

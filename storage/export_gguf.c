@@ -314,10 +314,8 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
 int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_result *res,
                    char *err, size_t errlen)
 {
-    exp_result dummy;
-    if (!res)
-        res = &dummy;
-    memset(res, 0, sizeof *res);
+    exp_result scratch;
+    res = exp_result_clear(res, &scratch);
     const arch *a = &m->a;
     char an[16];
     if (exp_gguf_arch(a, an, sizeof an, err, errlen) < 0)

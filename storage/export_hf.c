@@ -290,10 +290,8 @@ static int hf_write_card(const eng_model *m, const exp_opts *o, const char *cls,
 int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_result *res,
                  char *err, size_t errlen)
 {
-    exp_result dummy;
-    if (!res)
-        res = &dummy;
-    memset(res, 0, sizeof *res);
+    exp_result scratch;
+    res = exp_result_clear(res, &scratch);
     err[0] = '\0';
     if (o->dtype == EXP_Q8_0) {
         snprintf(err, errlen, "HF export: dtype q8_0 is GGUF only (HF: bf16, fp16, fp32)");

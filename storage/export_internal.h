@@ -28,6 +28,9 @@ typedef struct {
     int64_t numel;
 } exp_tensor;
 
+/* The result a writer fills: res, or scratch when the caller passed none; cleared. */
+exp_result *exp_result_clear(exp_result *res, exp_result *scratch);
+
 /* Every tensor of m in enumeration order. Returns 0 with *out (NEW array of *n; free),
  * or -1 with err (a model without tensors, one of more than two dimensions, OOM). */
 int exp_list_tensors(const eng_model *m, exp_tensor **out, int *n, char *err, size_t errlen);
