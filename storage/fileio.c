@@ -300,6 +300,16 @@ int fio_path_join(char *out, size_t cap, const char *dir, const char *name)
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
+void fio_dir_of(const char *path, char *dir, size_t n)
+{
+    snprintf(dir, n, "%s", path);
+    char *s = strrchr(dir, '/');
+    if (s)
+        *s = '\0';
+    else
+        snprintf(dir, n, ".");
+}
+
 int fio_is_file(const char *path)
 {
     struct stat st;

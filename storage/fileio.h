@@ -55,6 +55,10 @@ int fio_copy_into(const char *src, int fd);
 /* "DIR/NAME" into out (cap bytes). 0, or -1 when it does not fit. */
 int fio_path_join(char *out, size_t cap, const char *dir, const char *name);
 
+/* The folder holding path (what comes before its last '/'; "." when it has none) into
+ * dir (n bytes, truncated when it does not fit). */
+void fio_dir_of(const char *path, char *dir, size_t n);
+
 /* 1 when path is a regular file (fio_is_file) or a folder (fio_is_dir), links followed;
  * 0 otherwise, an absent path included. */
 int fio_is_file(const char *path);

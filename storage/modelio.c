@@ -27,16 +27,6 @@ const char *mio_format_name(mio_format f)
     return "?";
 }
 
-static void dir_of(const char *path, char *dir, size_t n)
-{
-    snprintf(dir, n, "%s", path);
-    char *s = strrchr(dir, '/');
-    if (s)
-        *s = '\0';
-    else
-        snprintf(dir, n, ".");
-}
-
 static int grow(mio_model *m, int n)
 {
     m->t = calloc((size_t)(n ? n : 1), sizeof *m->t);
@@ -127,7 +117,7 @@ static int open_llama2c(mio_model *m, const char *tokenizer_path, char *err, siz
     }
     if (!tokenizer_path) {
         char dir[PATH_MAX], name[64];
-        dir_of(m->path, dir, sizeof dir);
+        fio_dir_of(m->path, dir, sizeof dir);
         snprintf(name, sizeof name, "tok%d.bin", m->a.vocab_size);
         if (fio_path_join(m->tok_path, sizeof m->tok_path, dir, name) || !fio_is_file(m->tok_path))
             if (fio_path_join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.bin"))
@@ -206,7 +196,7 @@ int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *e
         return -1;
     m->format = f;
     char dir[PATH_MAX];
-    dir_of(path, dir, sizeof dir);
+    fio_dir_of(path, dir, sizeof dir);
     switch (f) {
     case MIO_HF_DIR: rc = open_safetensors(m, path, path, err, errlen); break;
     case MIO_SAFETENSORS: rc = open_safetensors(m, path, dir, err, errlen); break;

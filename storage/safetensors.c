@@ -362,12 +362,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
         return -1;
     }
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", index_path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
+    fio_dir_of(index_path, dir, sizeof dir);
     shard_names *sn = malloc(sizeof *sn);
     int n = 0, rc = -1;
     const char *k;
@@ -401,7 +396,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
     f->n_shards = n;
     for (int i = 0; i < n; i++) {
         char p[PATH_MAX];
-        if (snprintf(p, sizeof p, "%s/%s", dir, sn->name[i]) >= (int)sizeof p) {
+        if (fio_path_join(p, sizeof p, dir, sn->name[i]) < 0) {
             snprintf(err, errlen, "%s: shard path too long", index_path);
             goto out;
         }

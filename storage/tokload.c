@@ -348,9 +348,9 @@ static float *spm_scores(json_t *vocab, json_t *merges, int n)
 /* `name` in the directory of `path` into out; -1 when it does not fit. */
 static int sibling(char *out, size_t cap, const char *path, const char *name)
 {
-    const char *s = strrchr(path, '/');
-    int n = s ? snprintf(out, cap, "%.*s/%s", (int)(s - path), path, name) : snprintf(out, cap, "%s", name);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
+    char dir[PATH_MAX];
+    fio_dir_of(path, dir, sizeof dir);
+    return fio_path_join(out, cap, dir, name);
 }
 
 /* The piece a tokenizer_config.json / special_tokens_map.json entry names: a string or
