@@ -85,14 +85,14 @@ int art_path(artstore *as, const char *hex, char *out, size_t outlen)
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
 }
 
-static void to_hex(const unsigned char *d, char hex[65])
+void art_hex(const unsigned char *bytes, size_t n, char *hex)
 {
     static const char h[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        hex[2 * i] = h[d[i] >> 4];
-        hex[2 * i + 1] = h[d[i] & 15];
+    for (size_t i = 0; i < n; i++) {
+        hex[2 * i] = h[bytes[i] >> 4];
+        hex[2 * i + 1] = h[bytes[i] & 15];
     }
-    hex[64] = 0;
+    hex[2 * n] = 0;
 }
 
 void art_sha256_buf(const void *buf, size_t len, char hex[65])
@@ -101,7 +101,7 @@ void art_sha256_buf(const void *buf, size_t len, char hex[65])
     unsigned int dl = 0;
     if (!EVP_Digest(buf, len, d, &dl, EVP_sha256(), NULL) || dl != 32)
         memset(d, 0, sizeof d);
-    to_hex(d, hex);
+    art_hex(d, 32, hex);
 }
 
 /* Hash an open fd from offset 0. 0 or -1. */
@@ -135,7 +135,7 @@ static int sha256_fd(int fd, char hex[65], int64_t *size)
     if (rc == 0 && (!EVP_DigestFinal_ex(ctx, d, &dl) || dl != 32))
         rc = -1;
     if (rc == 0) {
-        to_hex(d, hex);
+        art_hex(d, 32, hex);
         *size = total;
     }
     free(buf);

@@ -249,12 +249,9 @@ static void hex_digest(EVP_MD_CTX *md, char hex[65], int *ok)
     unsigned char dig[EVP_MAX_MD_SIZE];
     unsigned int dl = 0;
     *ok = EVP_DigestFinal_ex(md, dig, &dl) == 1 && dl == 32;
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        hex[2 * i] = digits[*ok ? dig[i] >> 4 : 0];
-        hex[2 * i + 1] = digits[*ok ? dig[i] & 15 : 0];
-    }
-    hex[64] = 0;
+    if (!*ok)
+        memset(dig, 0, 32);
+    art_hex(dig, 32, hex);
 }
 
 /* A scheme the caller allows: 0, or -1 with err. *is_http set for http(s). */

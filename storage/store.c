@@ -17,6 +17,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "storage/artstore.h"
+
 #define STMT_CACHE 96
 
 struct store_conn {
@@ -74,12 +76,7 @@ int store_new_id(const char *prefix, char *out, size_t outlen)
     if (outlen < pl + 2 * sizeof r + 1)
         return -1;
     memcpy(out, prefix, pl);
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < sizeof r; i++) {
-        out[pl + 2 * i] = hex[r[i] >> 4];
-        out[pl + 2 * i + 1] = hex[r[i] & 15];
-    }
-    out[pl + 2 * sizeof r] = 0;
+    art_hex(r, sizeof r, out + pl);
     return 0;
 }
 
