@@ -60,42 +60,6 @@ int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t 
     return 0;
 }
 
-/* HF name -> GGUF name; *perm_heads > 0 when the rows must be permuted for llama.cpp's
- * interleaved RoPE. Returns 0, or -1 for an unknown name. */
-static int gguf_name(const arch *a, const char *hf, char *out, size_t cap, int *perm_heads)
-{
-    *perm_heads = 0;
-    if (!strcmp(hf, "model.embed_tokens.weight"))
-        return snprintf(out, cap, "token_embd.weight") < 0 ? -1 : 0;
-    if (!strcmp(hf, "model.norm.weight"))
-        return snprintf(out, cap, "output_norm.weight") < 0 ? -1 : 0;
-    if (!strcmp(hf, "lm_head.weight"))
-        return snprintf(out, cap, "output.weight") < 0 ? -1 : 0;
-    int layer, pos = 0;
-    if (sscanf(hf, "model.layers.%d.%n", &layer, &pos) != 1 || pos == 0 || layer < 0 || layer >= a->n_layers)
-        return -1;
-    static const struct { const char *hf, *gg; int perm; } map[] = {
-        {"input_layernorm.weight", "attn_norm.weight", 0},
-        {"self_attn.q_proj.weight", "attn_q.weight", 1},
-        {"self_attn.k_proj.weight", "attn_k.weight", 2},
-        {"self_attn.v_proj.weight", "attn_v.weight", 0},
-        {"self_attn.o_proj.weight", "attn_output.weight", 0},
-        {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
-        {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
-        {"mlp.up_proj.weight", "ffn_up.weight", 0},
-        {"mlp.down_proj.weight", "ffn_down.weight", 0},
-    };
-    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-        if (!strcmp(hf + pos, map[i].hf)) {
-            if (map[i].perm == 1)
-                *perm_heads = a->layers[layer].n_heads;
-            else if (map[i].perm == 2)
-                *perm_heads = a->layers[layer].n_kv_heads;
-            return snprintf(out, cap, "blk.%d.%s", layer, map[i].gg) < 0 ? -1 : 0;
-        }
-    return -1;
-}
-
 /* rotate_half layout -> interleaved pairs, as convert_hf_to_gguf's permute():
  * new row h*D + 2j + t takes old row h*D + t*D/2 + j. */
 static int permute_rows(float *w, int n_heads, int64_t rows, int64_t cols)
@@ -278,7 +242,7 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
     for (int i = 0; i < n; i++) {
         char gn[96];
         int ph;
-        if (gguf_name(a, t[i].name, gn, sizeof gn, &ph) < 0) {
+        if (gguf_name_for_hf(a, t[i].name, gn, sizeof gn, &ph) < 0) {
             snprintf(err, errlen, "GGUF export: tensor %s has no GGUF name", t[i].name);
             return -1;
         }
@@ -294,7 +258,7 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
     for (int i = 0; i < n; i++) {
         char gn[96];
         int ph;
-        gguf_name(a, t[i].name, gn, sizeof gn, &ph);
+        gguf_name_for_hf(a, t[i].name, gn, sizeof gn, &ph);
         float *d = exp_fetch_tensor(m, &t[i], err, errlen);
         if (!d)
             return -1;
