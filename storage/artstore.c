@@ -426,7 +426,7 @@ int art_scrub(artstore *as, int *checked, int *bad)
             !strchr("0123456789abcdef", e->d_name[1]))
             continue;
         char sub[4200];
-        if (snprintf(sub, sizeof sub, "%s/%s", top, e->d_name) >= (int)sizeof sub)
+        if (fio_path_join(sub, sizeof sub, top, e->d_name) < 0)
             continue;
         DIR *d2 = opendir(sub);
         if (!d2)
@@ -436,7 +436,7 @@ int art_scrub(artstore *as, int *checked, int *bad)
             if (!is_hex64(f->d_name) || strncmp(f->d_name, e->d_name, 2))
                 continue;
             char path[4400], got[65];
-            if (snprintf(path, sizeof path, "%s/%s", sub, f->d_name) >= (int)sizeof path)
+            if (fio_path_join(path, sizeof path, sub, f->d_name) < 0)
                 continue;
             int fd = open(path, O_RDONLY | O_CLOEXEC);
             struct stat sb;
