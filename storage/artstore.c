@@ -85,14 +85,14 @@ int art_path(artstore *as, const char *hex, char *out, size_t outlen)
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
 }
 
-static void to_hex(const unsigned char *d, char hex[65])
+void art_hex(const unsigned char *bytes, size_t n, char *hex)
 {
     static const char h[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        hex[2 * i] = h[d[i] >> 4];
-        hex[2 * i + 1] = h[d[i] & 15];
+    for (size_t i = 0; i < n; i++) {
+        hex[2 * i] = h[bytes[i] >> 4];
+        hex[2 * i + 1] = h[bytes[i] & 15];
     }
-    hex[64] = 0;
+    hex[2 * n] = 0;
 }
 
 void art_sha256_buf(const void *buf, size_t len, char hex[65])
@@ -101,7 +101,7 @@ void art_sha256_buf(const void *buf, size_t len, char hex[65])
     unsigned int dl = 0;
     if (!EVP_Digest(buf, len, d, &dl, EVP_sha256(), NULL) || dl != 32)
         memset(d, 0, sizeof d);
-    to_hex(d, hex);
+    art_hex(d, 32, hex);
 }
 
 /* Hash an open fd from offset 0. 0 or -1. */
@@ -135,7 +135,7 @@ static int sha256_fd(int fd, char hex[65], int64_t *size)
     if (rc == 0 && (!EVP_DigestFinal_ex(ctx, d, &dl) || dl != 32))
         rc = -1;
     if (rc == 0) {
-        to_hex(d, hex);
+        art_hex(d, 32, hex);
         *size = total;
     }
     free(buf);
@@ -170,39 +170,6 @@ int art_sha256_b64(const char hex[65], char *out, size_t outlen)
     return EVP_EncodeBlock((unsigned char *)out, d, 32) == 44 ? 0 : -1;
 }
 
-/* Copy src to an open dst fd. 0 or -1. */
-static int copy_into(const char *src, int dst)
-{
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0)
-        return -1;
-    char buf[1 << 16];
-    int rc = 0;
-    for (;;) {
-        ssize_t k = read(in, buf, sizeof buf);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            rc = k < 0 ? -1 : 0;
-            break;
-        }
-        for (ssize_t off = 0; off < k;) {
-            ssize_t w = write(dst, buf + off, (size_t)(k - off));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                rc = -1;
-                break;
-            }
-            off += w;
-        }
-        if (rc)
-            break;
-    }
-    close(in);
-    return rc;
-}
-
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
 {
     if (art_sha256_file(src, hex, size_bytes, err, errlen) < 0)
@@ -227,7 +194,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;
     }
-    if (copy_into(src, fd) < 0 || fsync(fd) < 0) {
+    if (fio_copy_into(src, fd) < 0 || fsync(fd) < 0) {
         snprintf(err, errlen, "copying %s: %s", src, strerror(errno));
         close(fd);
         unlink(tmp);
@@ -459,7 +426,7 @@ int art_scrub(artstore *as, int *checked, int *bad)
             !strchr("0123456789abcdef", e->d_name[1]))
             continue;
         char sub[4200];
-        if (snprintf(sub, sizeof sub, "%s/%s", top, e->d_name) >= (int)sizeof sub)
+        if (fio_path_join(sub, sizeof sub, top, e->d_name) < 0)
             continue;
         DIR *d2 = opendir(sub);
         if (!d2)
@@ -469,7 +436,7 @@ int art_scrub(artstore *as, int *checked, int *bad)
             if (!is_hex64(f->d_name) || strncmp(f->d_name, e->d_name, 2))
                 continue;
             char path[4400], got[65];
-            if (snprintf(path, sizeof path, "%s/%s", sub, f->d_name) >= (int)sizeof path)
+            if (fio_path_join(path, sizeof path, sub, f->d_name) < 0)
                 continue;
             int fd = open(path, O_RDONLY | O_CLOEXEC);
             struct stat sb;

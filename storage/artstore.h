@@ -21,6 +21,8 @@ void art_close(artstore *as);
 
 /* sha-256 of a file as 64 lowercase hex digits, and its size. Returns 0, or -1 with err. */
 int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
+/* Lowercase hex of n bytes into hex (2n + 1 bytes, NUL-terminated): digests, random ids. */
+void art_hex(const unsigned char *bytes, size_t n, char *hex);
 /* sha-256 of a buffer as hex. */
 void art_sha256_buf(const void *buf, size_t len, char hex[65]);
 /* Base64 of the raw 32-byte digest named by hex (for Repr-Digest), into out (>= 45). */

@@ -73,12 +73,9 @@ int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t 
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/arch.json", dir);
-    json_error_t je;
-    json_t *aj = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!aj) {
-        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+    json_t *aj = fio_load_json(path, JSON_REJECT_DUPLICATES, err, errlen);
+    if (!aj)
         return -1;
-    }
     arch a;
     char e2[512];
     int rc = arch_from_json(aj, &a, e2, sizeof e2);

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "storage/artstore.h"
 #include "storage/modelio.h"
 
@@ -174,16 +175,10 @@ static size_t fx_write(char *ptr, size_t size, size_t nmemb, void *u)
         s->too_big = 1;
         return 0;
     }
-    for (size_t off = 0; off < n;) {
-        ssize_t w = write(s->fd, ptr + off, n - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            snprintf(s->io_msg, sizeof s->io_msg, "write: %s", w < 0 ? strerror(errno) : "no progress");
-            s->io_err = 1;
-            return 0;
-        }
-        off += (size_t)w;
+    if (fio_write_all(s->fd, ptr, n) < 0) {
+        snprintf(s->io_msg, sizeof s->io_msg, "write: %s", strerror(errno));
+        s->io_err = 1;
+        return 0;
     }
     if (EVP_DigestUpdate(s->md, ptr, n) != 1) {
         snprintf(s->io_msg, sizeof s->io_msg, "sha256 update failed");
@@ -254,12 +249,9 @@ static void hex_digest(EVP_MD_CTX *md, char hex[65], int *ok)
     unsigned char dig[EVP_MAX_MD_SIZE];
     unsigned int dl = 0;
     *ok = EVP_DigestFinal_ex(md, dig, &dl) == 1 && dl == 32;
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        hex[2 * i] = digits[*ok ? dig[i] >> 4 : 0];
-        hex[2 * i + 1] = digits[*ok ? dig[i] & 15 : 0];
-    }
-    hex[64] = 0;
+    if (!*ok)
+        memset(dig, 0, 32);
+    art_hex(dig, 32, hex);
 }
 
 /* A scheme the caller allows: 0, or -1 with err. *is_http set for http(s). */
@@ -319,7 +311,143 @@ static int tls_failure(CURLcode cc, const char *url, const char *ca_file, const 
     }
 }
 
-/* One attempt. *resumed_mismatch is set when a digest mismatch followed a resume. */
+/* Point s's curl handle at url for this attempt: protocols (file for a local URL, else
+ * https, or http too with FETCH_ALLOW_HTTP), timeouts, TLS verification, callbacks, and a
+ * Range from s->start when resuming. cerr (CURL_ERROR_SIZE bytes) receives curl's
+ * message. 0, or -1 with err. */
+static int fx_configure(fx *s, const char *url, char *cerr, char *err, size_t errlen)
+{
+    const fetch_opts *o = s->o;
+    const char *protos = !s->is_http ? "file" : (o->flags & FETCH_ALLOW_HTTP) ? "http,https" : "https";
+    char range[32];
+    /* CURLOPT_RANGE rather than RESUME_FROM: curl then leaves a 200 answer to us (restart) */
+    snprintf(range, sizeof range, "%lld-", (long long)s->start);
+    long connect_s = o->connect_timeout_s > 0 ? o->connect_timeout_s : 30;
+    long stall_s = o->stall_timeout_s > 0 ? o->stall_timeout_s : 60;
+    CURL *c = s->c;
+    if (curl_easy_setopt(c, CURLOPT_URL, url) || curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, protos) ||
+        curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, protos) ||
+        curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L) || curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L) ||
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, fx_write) || curl_easy_setopt(c, CURLOPT_WRITEDATA, s) ||
+        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, fx_header) || curl_easy_setopt(c, CURLOPT_HEADERDATA, s) ||
+        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L) ||
+        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, fx_xferinfo) ||
+        curl_easy_setopt(c, CURLOPT_XFERINFODATA, s) ||
+        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, connect_s) ||
+        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
+        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr) ||
+        curl_easy_setopt(c, CURLOPT_USERAGENT, "autocompress") ||
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L) || curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L) ||
+        (o->ca_file && (curl_easy_setopt(c, CURLOPT_CAINFO, o->ca_file) ||
+                        curl_easy_setopt(c, CURLOPT_CAPATH, (char *)NULL))) ||
+        (s->start > 0 && curl_easy_setopt(c, CURLOPT_RANGE, range))) {
+        snprintf(err, errlen, "%.300s: libcurl rejected an option", url);
+        return -1;
+    }
+    return 0;
+}
+
+/* What the transfer that ended with cc (HTTP status code) means for the download in
+ * part: FETCH_OK when every byte is in part, or FETCH_RETRY / FETCH_FAILED /
+ * FETCH_CANCELLED with err, and *keep_part set when part is worth resuming from. */
+static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, long code, const char *cerr,
+                      int *keep_part, char *err, size_t errlen)
+{
+    fetch_opts *o = s->o;
+    if (s->cancelled) {
+        snprintf(err, errlen, "%.300s: cancelled after %lld bytes", url, (long long)s->have);
+        *keep_part = 1;
+        return FETCH_CANCELLED;
+    }
+    if (s->too_big) {
+        if (s->total > s->max)
+            snprintf(err, errlen, "%.300s: %lld bytes is larger than the limit of %lld bytes", url,
+                     (long long)s->total, (long long)s->max);
+        else
+            snprintf(err, errlen, "%.300s: larger than the limit of %lld bytes", url, (long long)s->max);
+        return FETCH_FAILED;
+    }
+    if (s->io_err) {
+        snprintf(err, errlen, "%s: %s", part, s->io_msg);
+        return FETCH_FAILED;
+    }
+    if (s->bad_range) {
+        snprintf(err, errlen, "%.300s: asked for bytes from %lld, the server sent a range from %lld; starting over",
+                 url, (long long)s->start, (long long)s->cr_start);
+        return FETCH_RETRY;
+    }
+    int complete_already = 0;
+    if (s->is_http && code >= 300) {
+        if (code == 416 && s->start > 0 && s->cr_total == s->start) {
+            complete_already = 1;     /* an earlier attempt got every byte before it stopped */
+        } else if (code == 416 && s->start > 0) {
+            snprintf(err, errlen, "%.300s: HTTP 416 for a resume at byte %lld; starting over", url,
+                     (long long)s->start);
+            return FETCH_RETRY;
+        } else {
+            snprintf(err, errlen, "%.300s: HTTP %ld", url, code);
+            int transient = code >= 500 || code == 408 || code == 429;
+            *keep_part = transient;
+            return transient ? FETCH_RETRY : FETCH_FAILED;
+        }
+    } else if (cc != CURLE_OK && tls_failure(cc, url, o->ca_file, cerr, err, errlen)) {
+        o->tls_unverified = 1;
+        return FETCH_FAILED;    /* permanent: the same certificate fails the same way next time */
+    } else if (cc != CURLE_OK) {
+        snprintf(err, errlen, "%.300s: %s after %lld bytes", url, cerr[0] ? cerr : curl_easy_strerror(cc),
+                 (long long)s->have);
+        int rc = cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT || cc == CURLE_TOO_MANY_REDIRECTS
+                     ? FETCH_FAILED : FETCH_RETRY;
+        *keep_part = rc == FETCH_RETRY;
+        return rc;
+    }
+    if (!complete_already && !s->seen_body && s->is_http && code == 200 && s->start > 0 && fx_restart(s) < 0) {
+        snprintf(err, errlen, "%s: %s", part, s->io_msg);   /* an empty 200 body */
+        return FETCH_FAILED;
+    }
+    if (s->total >= 0 && s->have != s->total && !complete_already) {
+        snprintf(err, errlen, "%.300s: got %lld of %lld bytes", url, (long long)s->have, (long long)s->total);
+        *keep_part = 1;
+        return FETCH_RETRY;
+    }
+    return FETCH_OK;
+}
+
+/* The bytes in part are the whole file: check their sha-256 against sha (when given;
+ * o->sha256 gets the digest either way), fsync, and rename part to out_path. FETCH_OK,
+ * or FETCH_FAILED with err (*resumed_mismatch when a resumed download does not match). */
+static int fx_commit(fx *s, const char *url, const char *sha, const char *part, const char *out_path,
+                     int *resumed_mismatch, char *err, size_t errlen)
+{
+    fetch_opts *o = s->o;
+    int ok;
+    hex_digest(s->md, o->sha256, &ok);
+    if (!ok) {
+        snprintf(err, errlen, "%.300s: sha256 failed", url);
+        return FETCH_FAILED;
+    }
+    if (sha && strcasecmp(o->sha256, sha)) {
+        snprintf(err, errlen, "%.300s: sha256 mismatch: got %s, expected %s", url, o->sha256, sha);
+        *resumed_mismatch = s->start > 0 && !s->restarted;
+        return FETCH_FAILED;
+    }
+    if (fsync(s->fd)) {
+        snprintf(err, errlen, "%s: fsync: %s", part, strerror(errno));
+        return FETCH_FAILED;
+    }
+    if (rename(part, out_path)) {
+        snprintf(err, errlen, "%s: rename: %s", out_path, strerror(errno));
+        return FETCH_FAILED;
+    }
+    (void)fio_fsync_parent(out_path);   /* best effort */
+    o->bytes = s->have;
+    return FETCH_OK;
+}
+
+/* One attempt at downloading url into part (resumed from what part holds) and, when it
+ * completes and matches sha, renaming it to out_path. Returns FETCH_OK, FETCH_RETRY,
+ * FETCH_FAILED or FETCH_CANCELLED with err; part is kept when it is worth resuming.
+ * *resumed_mismatch is set when a digest mismatch followed a resume. */
 static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const char *out_path, const char *part,
                       fetch_opts *o, int is_http, int *resumed_mismatch, char *err, size_t errlen)
 {
@@ -362,118 +490,17 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
     }
     s.start = s.have;
     o->resumed_from = s.start;
-    const char *protos = !is_http ? "file" : (o->flags & FETCH_ALLOW_HTTP) ? "http,https" : "https";
-    char cerr[CURL_ERROR_SIZE] = "", range[32];
-    /* CURLOPT_RANGE rather than RESUME_FROM: curl then leaves a 200 answer to us (restart) */
-    snprintf(range, sizeof range, "%lld-", (long long)s.start);
-    long connect_s = o->connect_timeout_s > 0 ? o->connect_timeout_s : 30;
-    long stall_s = o->stall_timeout_s > 0 ? o->stall_timeout_s : 60;
-    if (curl_easy_setopt(s.c, CURLOPT_URL, url) || curl_easy_setopt(s.c, CURLOPT_PROTOCOLS_STR, protos) ||
-        curl_easy_setopt(s.c, CURLOPT_REDIR_PROTOCOLS_STR, protos) ||
-        curl_easy_setopt(s.c, CURLOPT_FOLLOWLOCATION, 1L) || curl_easy_setopt(s.c, CURLOPT_MAXREDIRS, 5L) ||
-        curl_easy_setopt(s.c, CURLOPT_WRITEFUNCTION, fx_write) || curl_easy_setopt(s.c, CURLOPT_WRITEDATA, &s) ||
-        curl_easy_setopt(s.c, CURLOPT_HEADERFUNCTION, fx_header) || curl_easy_setopt(s.c, CURLOPT_HEADERDATA, &s) ||
-        curl_easy_setopt(s.c, CURLOPT_NOPROGRESS, 0L) ||
-        curl_easy_setopt(s.c, CURLOPT_XFERINFOFUNCTION, fx_xferinfo) ||
-        curl_easy_setopt(s.c, CURLOPT_XFERINFODATA, &s) ||
-        curl_easy_setopt(s.c, CURLOPT_CONNECTTIMEOUT, connect_s) ||
-        curl_easy_setopt(s.c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(s.c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
-        curl_easy_setopt(s.c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(s.c, CURLOPT_ERRORBUFFER, cerr) ||
-        curl_easy_setopt(s.c, CURLOPT_USERAGENT, "autocompress") ||
-        curl_easy_setopt(s.c, CURLOPT_SSL_VERIFYPEER, 1L) || curl_easy_setopt(s.c, CURLOPT_SSL_VERIFYHOST, 2L) ||
-        (o->ca_file && (curl_easy_setopt(s.c, CURLOPT_CAINFO, o->ca_file) ||
-                        curl_easy_setopt(s.c, CURLOPT_CAPATH, (char *)NULL))) ||
-        (s.start > 0 && curl_easy_setopt(s.c, CURLOPT_RANGE, range))) {
-        snprintf(err, errlen, "%.300s: libcurl rejected an option", url);
+    char cerr[CURL_ERROR_SIZE] = "";
+    if (fx_configure(&s, url, cerr, err, errlen) < 0)
         goto done;
-    }
     CURLcode cc = curl_easy_perform(s.c);
     long code = 0;
     curl_easy_getinfo(s.c, CURLINFO_RESPONSE_CODE, &code);
-    if (s.cancelled) {
-        snprintf(err, errlen, "%.300s: cancelled after %lld bytes", url, (long long)s.have);
-        rc = FETCH_CANCELLED;
-        keep_part = 1;
-        goto done;
+    rc = fx_outcome(&s, url, part, cc, code, cerr, &keep_part, err, errlen);
+    if (rc == FETCH_OK) {
+        rc = fx_commit(&s, url, sha, part, out_path, resumed_mismatch, err, errlen);
+        keep_part = rc == FETCH_OK;   /* renamed: nothing to remove */
     }
-    if (s.too_big) {
-        if (s.total > max_bytes)
-            snprintf(err, errlen, "%.300s: %lld bytes is larger than the limit of %lld bytes", url,
-                     (long long)s.total, (long long)max_bytes);
-        else
-            snprintf(err, errlen, "%.300s: larger than the limit of %lld bytes", url, (long long)max_bytes);
-        goto done;
-    }
-    if (s.io_err) {
-        snprintf(err, errlen, "%s: %s", part, s.io_msg);
-        goto done;
-    }
-    if (s.bad_range) {
-        snprintf(err, errlen, "%.300s: asked for bytes from %lld, the server sent a range from %lld; starting over",
-                 url, (long long)s.start, (long long)s.cr_start);
-        rc = FETCH_RETRY;
-        goto done;
-    }
-    int complete_already = 0;
-    if (is_http && code >= 300) {
-        if (code == 416 && s.start > 0 && s.cr_total == s.start) {
-            complete_already = 1;     /* an earlier attempt got every byte before it stopped */
-        } else if (code == 416 && s.start > 0) {
-            snprintf(err, errlen, "%.300s: HTTP 416 for a resume at byte %lld; starting over", url,
-                     (long long)s.start);
-            rc = FETCH_RETRY;
-            goto done;
-        } else {
-            snprintf(err, errlen, "%.300s: HTTP %ld", url, code);
-            int transient = code >= 500 || code == 408 || code == 429;
-            rc = transient ? FETCH_RETRY : FETCH_FAILED;
-            keep_part = transient;
-            goto done;
-        }
-    } else if (cc != CURLE_OK && tls_failure(cc, url, o->ca_file, cerr, err, errlen)) {
-        o->tls_unverified = 1;
-        goto done;    /* permanent: the same certificate fails the same way next time */
-    } else if (cc != CURLE_OK) {
-        snprintf(err, errlen, "%.300s: %s after %lld bytes", url, cerr[0] ? cerr : curl_easy_strerror(cc),
-                 (long long)s.have);
-        rc = cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT || cc == CURLE_TOO_MANY_REDIRECTS
-                 ? FETCH_FAILED : FETCH_RETRY;
-        keep_part = rc == FETCH_RETRY;
-        goto done;
-    }
-    if (!complete_already && !s.seen_body && is_http && code == 200 && s.start > 0 && fx_restart(&s) < 0) {
-        snprintf(err, errlen, "%s: %s", part, s.io_msg);   /* an empty 200 body */
-        goto done;
-    }
-    if (s.total >= 0 && s.have != s.total && !complete_already) {
-        snprintf(err, errlen, "%.300s: got %lld of %lld bytes", url, (long long)s.have, (long long)s.total);
-        rc = FETCH_RETRY;
-        keep_part = 1;
-        goto done;
-    }
-    int ok;
-    hex_digest(s.md, o->sha256, &ok);
-    if (!ok) {
-        snprintf(err, errlen, "%.300s: sha256 failed", url);
-        goto done;
-    }
-    if (sha && strcasecmp(o->sha256, sha)) {
-        snprintf(err, errlen, "%.300s: sha256 mismatch: got %s, expected %s", url, o->sha256, sha);
-        *resumed_mismatch = s.start > 0 && !s.restarted;
-        goto done;
-    }
-    if (fsync(s.fd)) {
-        snprintf(err, errlen, "%s: fsync: %s", part, strerror(errno));
-        goto done;
-    }
-    if (rename(part, out_path)) {
-        snprintf(err, errlen, "%s: rename: %s", out_path, strerror(errno));
-        goto done;
-    }
-    (void)fio_fsync_parent(out_path);   /* best effort */
-    o->bytes = s.have;
-    rc = FETCH_OK;
-    keep_part = 1;   /* renamed: nothing to remove */
 done:
     if (s.c)
         curl_easy_cleanup(s.c);
@@ -544,9 +571,9 @@ const char *fetch_model_file_name(const char *url, char *out, size_t outlen, cha
     }
     memcpy(out, base, bl);
     out[bl] = 0;
-    if (bl > 5 && !strcmp(out + bl - 5, ".gguf"))
+    if (bl > 5 && fio_has_suffix(out, ".gguf"))
         return "gguf";
-    if (bl > 4 && !strcmp(out + bl - 4, ".bin"))
+    if (bl > 4 && fio_has_suffix(out, ".bin"))
         return "llama2c";
     snprintf(err, errlen, "the URL's file must be a .gguf file or a llama2.c .bin checkpoint (lowercase suffix)");
     return NULL;
@@ -613,13 +640,6 @@ static fetch_service *g_service;   /* the fetcher of this process, or NULL */
 
 enum { FETCH_ATTEMPTS = 4 };
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int stopping(fetch_service *fs)
 {
     pthread_mutex_lock(&fs->mu);
@@ -651,7 +671,7 @@ static int on_progress(void *user, int64_t done, int64_t total)
     fetch_service *fs = user;
     if (stopping(fs))
         return 1;
-    double now = mono_s();
+    double now = eng_wall_s();
     if (now - fs->last_report >= 0.25) {
         fs->last_report = now;
         (void)store_model_fetch_progress(fs->st, fs->id, done, total);   /* best effort */

@@ -1,7 +1,8 @@
-/* storage/fileio.c — whole-file maps and reads (see fileio.h). */
+/* storage/fileio.c — file maps, reads, atomic writes and path helpers (see fileio.h). */
 #include "storage/fileio.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
@@ -118,18 +119,9 @@ int fio_write_atomic(const char *path, const void *data, size_t len, char *err, 
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;
     }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            snprintf(err, errlen, "%s: write: %s", tmp, strerror(errno));
-            goto fail;
-        }
-        p += w;
-        left -= (size_t)w;
+    if (fio_write_all(fd, data, len)) {
+        snprintf(err, errlen, "%s: write: %s", tmp, strerror(errno));
+        goto fail;
     }
     if (fsync(fd)) {
         snprintf(err, errlen, "%s: fsync: %s", tmp, strerror(errno));
@@ -247,4 +239,148 @@ int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, s
     int rc = fio_write_atomic(path, buf, n + 1, err, errlen);
     free(buf);
     return rc;
+}
+
+json_t *fio_load_json(const char *path, size_t flags, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, flags, &je);
+    if (!j)
+        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+    return j;
+}
+
+int fio_write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = EIO;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int fio_copy_into(const char *src, int fd)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return -1;
+    char buf[1 << 16];
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -1 : 0;
+            break;
+        }
+        if (fio_write_all(fd, buf, (size_t)r)) {
+            rc = -1;
+            break;
+        }
+    }
+    int e = errno;
+    close(in);
+    errno = e;
+    return rc;
+}
+
+int fio_path_join(char *out, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+void fio_dir_of(const char *path, char *dir, size_t n)
+{
+    snprintf(dir, n, "%s", path);
+    char *s = strrchr(dir, '/');
+    if (s)
+        *s = '\0';
+    else
+        snprintf(dir, n, ".");
+}
+
+int fio_is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int fio_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int fio_has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int fio_list_dir(const char *dir, char ***names, size_t *n)
+{
+    *names = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    char **v = NULL;
+    size_t k = 0, cap = 0;
+    struct dirent *e;
+    errno = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (k == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            char **nv = realloc(v, nc * sizeof *nv);
+            if (!nv)
+                goto oom;
+            v = nv;
+            cap = nc;
+        }
+        if (!(v[k] = strdup(e->d_name)))
+            goto oom;
+        k++;
+    }
+    int e_read = errno;
+    closedir(d);
+    if (e_read) {
+        fio_names_free(v, k);
+        errno = e_read;
+        return -1;
+    }
+    if (k)
+        qsort(v, k, sizeof *v, cmp_names);
+    *names = v;
+    *n = k;
+    return 0;
+oom:
+    closedir(d);
+    fio_names_free(v, k);
+    errno = ENOMEM;
+    return -1;
+}
+
+void fio_names_free(char **names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
 }

@@ -1,7 +1,8 @@
-/* storage/fileio.h — whole-file I/O shared by every layer that touches files: read-only
- * memory maps for the model readers (safetensors, GGUF, llama2.c), whole-file reads, and
+/* storage/fileio.h — file I/O shared by every layer that touches files: read-only
+ * memory maps for the model readers (safetensors, GGUF, llama2.c), whole-file reads,
  * atomic writes (temporary file, fsync, rename, fsync of the folder) so nothing
- * half-written is ever loaded. What the bytes mean is the caller's business.
+ * half-written is ever loaded, and the small path and folder helpers around them. What
+ * the bytes mean is the caller's business.
  */
 #ifndef AC_STORAGE_FMAP_H
 #define AC_STORAGE_FMAP_H
@@ -38,6 +39,38 @@ int fio_write_atomic(const char *path, const void *data, size_t len, char *err, 
 
 /* json_dumps(j, flags) plus a final newline, written with fio_write_atomic. j borrowed. */
 int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, size_t errlen);
+
+/* JSON document at `path` (json_load_file with `flags`, e.g. JSON_REJECT_DUPLICATES).
+ * Returns a NEW reference, or NULL with "PATH: <jansson's reason> (line N)" in err. */
+json_t *fio_load_json(const char *path, size_t flags, char *err, size_t errlen);
+
+/* write(2) until all n bytes are written (EINTR retried). 0, or -1 with errno (EIO when
+ * write makes no progress). */
+int fio_write_all(int fd, const void *buf, size_t n);
+
+/* Append the whole of file `src` to the open descriptor fd. 0, or -1 with errno (fd
+ * then holds part of the copy; src's descriptor is closed either way). */
+int fio_copy_into(const char *src, int fd);
+
+/* "DIR/NAME" into out (cap bytes). 0, or -1 when it does not fit. */
+int fio_path_join(char *out, size_t cap, const char *dir, const char *name);
+
+/* The folder holding path (what comes before its last '/'; "." when it has none) into
+ * dir (n bytes, truncated when it does not fit). */
+void fio_dir_of(const char *path, char *dir, size_t n);
+
+/* 1 when path is a regular file (fio_is_file) or a folder (fio_is_dir), links followed;
+ * 0 otherwise, an absent path included. */
+int fio_is_file(const char *path);
+int fio_is_dir(const char *path);
+
+/* 1 when s ends with suffix (a name and ".json"), else 0. */
+int fio_has_suffix(const char *s, const char *suffix);
+
+/* The names in folder dir except "." and "..", sorted by strcmp. Returns 0 with *names
+ * (a NEW array of n NEW strings; fio_names_free) and *n, or -1 with errno (nothing held). */
+int fio_list_dir(const char *dir, char ***names, size_t *n);
+void fio_names_free(char **names, size_t n);
 
 /* mkdir -p: dir and every missing folder above it (mode 0755). 0, or -1 with errno. */
 int fio_mkdirs(const char *dir);

@@ -186,6 +186,7 @@ static int parse(gguf_file *g, char *err, size_t errlen)
         g->n_kv = (int)i + 1;
         if (parse_kv(&c, &g->kv[i]))
             return -1;
+        g->kv[i].end = c.pos;
     }
     uint64_t align = 32;
     int64_t av;
@@ -407,6 +408,17 @@ int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t 
     return 0;
 }
 
+int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len)
+{
+    if (kv < 0 || kv >= g->n_kv)
+        return -1;
+    const gguf_kv *k = &g->kv[kv];
+    size_t start = (size_t)((const uint8_t *)k->key - g->base) + k->key_len + 4;   /* past the type */
+    *bytes = g->base + start;
+    *len = (size_t)(k->end - start);
+    return 0;
+}
+
 /* ---------- tensors ---------- */
 
 int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, size_t errlen)
@@ -598,23 +610,55 @@ fail:
     return -1;
 }
 
+/* llama.cpp's names for the `llama` architecture and HF's, both ways. perm: the rows are
+ * permuted for RoPE with the layer's query (1) or KV (2) head count. */
+static const struct { const char *gg, *hf; } GLOBAL_NAMES[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+static const struct { const char *gg, *hf; int perm; } LAYER_NAMES[] = {
+    {"attn_norm.weight", "input_layernorm.weight", 0},
+    {"attn_q.weight", "self_attn.q_proj.weight", 1},
+    {"attn_k.weight", "self_attn.k_proj.weight", 2},
+    {"attn_v.weight", "self_attn.v_proj.weight", 0},
+    {"attn_output.weight", "self_attn.o_proj.weight", 0},
+    {"attn_q.bias", "self_attn.q_proj.bias", 1},
+    {"attn_k.bias", "self_attn.k_proj.bias", 2},
+    {"attn_v.bias", "self_attn.v_proj.bias", 0},
+    {"ffn_norm.weight", "post_attention_layernorm.weight", 0},
+    {"ffn_gate.weight", "mlp.gate_proj.weight", 0},
+    {"ffn_up.weight", "mlp.up_proj.weight", 0},
+    {"ffn_down.weight", "mlp.down_proj.weight", 0},
+};
+
+/* name (GGUF names when from_hf is 0, HF names when 1) in the other scheme, into out.
+ * Returns 0 with *permute_heads, or -1 for a name neither table holds. */
+static int map_name(const arch *a, const char *name, int from_hf, char *out, size_t cap, int *permute_heads)
+{
+    *permute_heads = 0;
+    for (size_t k = 0; k < sizeof GLOBAL_NAMES / sizeof *GLOBAL_NAMES; k++)
+        if (!strcmp(name, from_hf ? GLOBAL_NAMES[k].hf : GLOBAL_NAMES[k].gg))
+            return snprintf(out, cap, "%s", from_hf ? GLOBAL_NAMES[k].gg : GLOBAL_NAMES[k].hf) < 0 ? -1 : 0;
+    int l, n = 0;
+    if (sscanf(name, from_hf ? "model.layers.%d.%n" : "blk.%d.%n", &l, &n) != 1 || n == 0 || l < 0 ||
+        l >= a->n_layers)
+        return -1;
+    for (size_t k = 0; k < sizeof LAYER_NAMES / sizeof *LAYER_NAMES; k++)
+        if (!strcmp(name + n, from_hf ? LAYER_NAMES[k].hf : LAYER_NAMES[k].gg)) {
+            if (LAYER_NAMES[k].perm == 1)
+                *permute_heads = a->layers[l].n_heads;
+            else if (LAYER_NAMES[k].perm == 2)
+                *permute_heads = a->layers[l].n_kv_heads;
+            return snprintf(out, cap, from_hf ? "blk.%d.%s" : "model.layers.%d.%s", l,
+                            from_hf ? LAYER_NAMES[k].gg : LAYER_NAMES[k].hf) < 0 ? -1 : 0;
+        }
+    return -1;
+}
+
 int gguf_hf_tensor(const gguf_file *g, const arch *a, int i, char *name, size_t namelen, int64_t shape[2],
                    int *ndim, int *permute_heads)
 {
-    static const struct { const char *gg, *hf; int perm; } map[] = {
-        {"attn_norm.weight", "input_layernorm.weight", 0},
-        {"attn_q.weight", "self_attn.q_proj.weight", 1},
-        {"attn_k.weight", "self_attn.k_proj.weight", 2},
-        {"attn_v.weight", "self_attn.v_proj.weight", 0},
-        {"attn_output.weight", "self_attn.o_proj.weight", 0},
-        {"attn_q.bias", "self_attn.q_proj.bias", 1},
-        {"attn_k.bias", "self_attn.k_proj.bias", 2},
-        {"attn_v.bias", "self_attn.v_proj.bias", 0},
-        {"ffn_norm.weight", "post_attention_layernorm.weight", 0},
-        {"ffn_gate.weight", "mlp.gate_proj.weight", 0},
-        {"ffn_up.weight", "mlp.up_proj.weight", 0},
-        {"ffn_down.weight", "mlp.down_proj.weight", 0},
-    };
     if (i < 0 || i >= g->n_tensors)
         return -1;
     const gguf_tensor *t = &g->t[i];
@@ -624,25 +668,12 @@ int gguf_hf_tensor(const gguf_file *g, const arch *a, int i, char *name, size_t 
     *ndim = t->n_dims;
     shape[0] = t->n_dims == 2 ? t->ne[1] : t->ne[0];
     shape[1] = t->n_dims == 2 ? t->ne[0] : 0;
-    if (!strcmp(t->name, "token_embd.weight"))
-        return snprintf(name, namelen, "model.embed_tokens.weight") < 0 ? -1 : 0;
-    if (!strcmp(t->name, "output_norm.weight"))
-        return snprintf(name, namelen, "model.norm.weight") < 0 ? -1 : 0;
-    if (!strcmp(t->name, "output.weight"))
-        return snprintf(name, namelen, "lm_head.weight") < 0 ? -1 : 0;
     if (!strcmp(t->name, "rope_freqs.weight"))
         return 1;
-    int l, n = 0;
-    if (sscanf(t->name, "blk.%d.%n", &l, &n) != 1 || n == 0 || l < 0 || l >= a->n_layers)
-        return -1;
-    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
-        if (!strcmp(t->name + n, map[k].gg)) {
-            snprintf(name, namelen, "model.layers.%d.%s", l, map[k].hf);
-            if (map[k].perm == 1)
-                *permute_heads = a->layers[l].n_heads;
-            else if (map[k].perm == 2)
-                *permute_heads = a->layers[l].n_kv_heads;
-            return 0;
-        }
-    return -1;
+    return map_name(a, t->name, 0, name, namelen, permute_heads);
+}
+
+int gguf_name_for_hf(const arch *a, const char *hf, char *out, size_t cap, int *permute_heads)
+{
+    return map_name(a, hf, 1, out, cap, permute_heads);
 }

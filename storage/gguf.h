@@ -2,7 +2,8 @@
  * F32/F16/BF16/Q8_0/Q4_0/Q4_1 dequantized to fp32. Read only (export writes GGUF in
  * storage/gguf_write.c). Every count, length and offset is checked against the file
  * before use. gguf_arch/gguf_hf_tensor map the `llama` architecture to the arch
- * descriptor and HF tensor names, undoing llama.cpp's RoPE row permutation of q/k.
+ * descriptor and HF tensor names, undoing llama.cpp's RoPE row permutation of q/k;
+ * gguf_name_for_hf names tensors the other way for the writer.
  */
 #ifndef AC_STORAGE_GGUF_H
 #define AC_STORAGE_GGUF_H
@@ -26,6 +27,7 @@ typedef struct {
     uint32_t arr_type;          /* arrays: item type */
     uint64_t arr_n;             /* arrays: item count */
     uint64_t *str_off;          /* arrays of strings: offset of each item (owned) */
+    uint64_t end;               /* offset of the byte after the value */
 } gguf_kv;
 
 typedef struct {
@@ -66,6 +68,11 @@ int gguf_arr_int(const gguf_file *g, int kv, uint64_t i, int64_t *v);
 int gguf_arr_float(const gguf_file *g, int kv, uint64_t i, double *v);
 int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t *len);
 
+/* Entry kv's value exactly as encoded after its type field, for copying it into another
+ * GGUF (ggw_kv_raw): *bytes points into the file (borrowed), *len bytes. 0, or -1 for an
+ * index out of range. */
+int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len);
+
 /* Name of a ggml type ("F32", "Q4_1", ...), or "?". */
 const char *gguf_type_name(uint32_t type);
 
@@ -83,5 +90,11 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen);
  * (e.g. rope_freqs), or -1 for an unknown name. */
 int gguf_hf_tensor(const gguf_file *g, const arch *a, int i, char *name, size_t namelen, int64_t shape[2],
                    int *ndim, int *permute_heads);
+
+/* The GGUF name of HF tensor `hf` ("model.layers.3.self_attn.q_proj.weight" ->
+ * "blk.3.attn_q.weight"), the inverse of gguf_hf_tensor, into out; *permute_heads > 0
+ * when the rows must be permuted for llama.cpp's interleaved RoPE. Returns 0, or -1 for a
+ * name the `llama` architecture does not have or a layer outside a. */
+int gguf_name_for_hf(const arch *a, const char *hf, char *out, size_t cap, int *permute_heads);
 
 #endif

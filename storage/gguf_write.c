@@ -5,6 +5,7 @@
  * converted one row at a time into a small scratch buffer.
  */
 #include "storage/gguf_write.h"
+#include "storage/fileio.h"
 #include "storage/safetensors.h"
 
 #include <errno.h>
@@ -296,26 +297,10 @@ oom:
     return -1;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    while (n > 0) {
-        ssize_t r = write(fd, b, n);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 static int write_zeros(int fd, size_t n)
 {
     static const unsigned char z[GGW_ALIGNMENT];
-    return n ? write_all(fd, z, n) : 0;
+    return n ? fio_write_all(fd, z, n) : 0;
 }
 
 int ggw_begin(ggw *w, const char *path, char *err, size_t errlen)
@@ -366,7 +351,7 @@ int ggw_begin(ggw *w, const char *path, char *err, size_t errlen)
     }
 #undef PUT
     size_t pad = (size_t)(align_up(len) - len);
-    int rc = write_all(w->fd, hdr, len) < 0 || write_zeros(w->fd, pad) < 0 ? -1 : 0;
+    int rc = fio_write_all(w->fd, hdr, len) < 0 || write_zeros(w->fd, pad) < 0 ? -1 : 0;
     free(hdr);
     if (rc < 0) {
         snprintf(err, errlen, "gguf: write %s: %s", w->tmp, strerror(errno));
@@ -417,7 +402,7 @@ int ggw_write_tensor(ggw *w, const float *data, int64_t n, char *err, size_t err
             ggw_quantize_q8_0(x, row, s);
             break;
         }
-        if (write_all(w->fd, s, rb) < 0) {
+        if (fio_write_all(w->fd, s, rb) < 0) {
             snprintf(err, errlen, "gguf: write %s: %s", w->tmp, strerror(errno));
             return -1;
         }

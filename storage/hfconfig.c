@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/fileio.h"
+
 #define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
 
 static int get_int(json_t *o, const char *k, int64_t def, int64_t *v)
@@ -116,6 +118,11 @@ static int decilm_block(json_t *bc, int l, int64_t H, int64_t C, arch *a, char *
     return 0;
 }
 
+const char *hfconfig_class(const json_t *cfg)
+{
+    return json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+}
+
 int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
@@ -123,7 +130,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         snprintf(err, errlen, "config.json: not a JSON object");
         return -1;
     }
-    const char *an = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+    const char *an = hfconfig_class(cfg);
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     int qwen2 = 0, deci = 0;
     if (an) {
@@ -258,16 +265,27 @@ fail:
 
 int hfconfig_load(const char *path, arch *a, char *err, size_t errlen)
 {
-    json_error_t je;
     memset(a, 0, sizeof *a);
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!j) {
-        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+    json_t *j = fio_load_json(path, JSON_REJECT_DUPLICATES, err, errlen);
+    if (!j)
         return -1;
-    }
     int rc = hfconfig_to_arch(j, a, err, errlen);
     json_decref(j);
     return rc;
+}
+
+json_t *hfconfig_rope_scaling(const arch *a)
+{
+    const arch_rope_scaling *s = &a->rope_scaling;
+    if (s->type == ROPE_SCALING_LINEAR || s->type == ROPE_SCALING_DYNAMIC) {
+        const char *ty = s->type == ROPE_SCALING_LINEAR ? "linear" : "dynamic";
+        return json_pack("{s:s,s:s,s:f}", "rope_type", ty, "type", ty, "factor", s->factor);
+    }
+    if (s->type == ROPE_SCALING_LLAMA3)
+        return json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", s->factor, "low_freq_factor",
+                         s->low_freq_factor, "high_freq_factor", s->high_freq_factor,
+                         "original_max_position_embeddings", s->original_max_position_embeddings);
+    return json_null();
 }
 
 json_t *hfconfig_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
@@ -295,15 +313,7 @@ json_t *hfconfig_from_arch(const arch *a, const char *torch_dtype, char *err, si
     }
     if (!qwen2 && json_object_set_new(j, "attention_bias", json_false()))
         goto oom;
-    const arch_rope_scaling *s = &a->rope_scaling;
-    json_t *rs = json_null();
-    if (s->type == ROPE_SCALING_LINEAR || s->type == ROPE_SCALING_DYNAMIC)
-        rs = json_pack("{s:s,s:s,s:f}", "rope_type", s->type == ROPE_SCALING_LINEAR ? "linear" : "dynamic", "type",
-                       s->type == ROPE_SCALING_LINEAR ? "linear" : "dynamic", "factor", s->factor);
-    else if (s->type == ROPE_SCALING_LLAMA3)
-        rs = json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", s->factor, "low_freq_factor",
-                       s->low_freq_factor, "high_freq_factor", s->high_freq_factor,
-                       "original_max_position_embeddings", s->original_max_position_embeddings);
+    json_t *rs = hfconfig_rope_scaling(a);
     if (!rs || json_object_set_new(j, "rope_scaling", rs))
         goto oom;
     return j;

@@ -2,7 +2,7 @@
  * MistralForCausalLM and Qwen2ForCausalLM (rope_scaling, tie_word_embeddings, Qwen2's
  * q/k/v bias), read and written, and DeciLMForCausalLM (Nemotron-NAS block_configs:
  * per-layer KV heads and FFN widths, attention or FFN removed), read. The writer here
- * holds uniform layers only; storage/export.c writes block_configs (DESIGN.md §8).
+ * holds uniform layers only; storage/export_decilm.c writes block_configs (DESIGN.md §8).
  */
 #ifndef AC_STORAGE_HFCONFIG_H
 #define AC_STORAGE_HFCONFIG_H
@@ -28,6 +28,15 @@ int hfconfig_decilm_intermediate_size(double ffn_mult, int hidden_size);
 /* The ffn_mult (rounded to 6 digits, as block_config.py stores it) that gives ffn_dim
  * back exactly through hfconfig_decilm_intermediate_size; -1 when none does. */
 double hfconfig_decilm_ffn_mult(int ffn_dim, int hidden_size);
+
+/* The class a config.json object names: architectures[0], borrowed from cfg; NULL when
+ * it names none. */
+const char *hfconfig_class(const json_t *cfg);
+
+/* rope_scaling of config.json for a's RoPE scaling, as transformers writes it (rope_type,
+ * and type as well for linear and dynamic); JSON null when a has none. Returns a NEW
+ * reference, or NULL on OOM. Every config.json writer uses it (DeciLM's included). */
+json_t *hfconfig_rope_scaling(const arch *a);
 
 /* config.json for a uniform arch: Qwen2ForCausalLM when attention_bias, else
  * LlamaForCausalLM. Returns a NEW reference, or NULL with a reason (non-uniform arch,

@@ -4,14 +4,12 @@
  * Absent values read "not measured" so the card never claims more than the job did.
  */
 #include "storage/modelcard.h"
+#include "storage/fileio.h"
 #include "storage/strbuf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* A JSON number (or "not measured") into buf. */
 static const char *num(const json_t *v, char *buf, size_t n)
@@ -185,42 +183,10 @@ int mc_write(const char *path, const arch *a, const json_t *report, const mc_inf
         snprintf(err, errlen, "model card: out of memory");
         return -1;
     }
-    char tmp[4096];
-    int n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (n < 0 || (size_t)n >= sizeof tmp) {
-        free(text);
-        snprintf(err, errlen, "model card: path too long");
-        return -1;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        snprintf(err, errlen, "model card: create %s: %s", tmp, strerror(errno));
-        free(text);
-        return -1;
-    }
-    size_t len = strlen(text), off = 0;
-    int rc = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = -1;
-            break;
-        }
-        off += (size_t)w;
-    }
+    char why[600];
+    int rc = fio_write_atomic(path, text, strlen(text), why, sizeof why);
     free(text);
-    if (rc < 0 || fsync(fd) < 0) {
-        snprintf(err, errlen, "model card: write %s: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
-    if (close(fd) < 0 || rename(tmp, path) < 0) {
-        snprintf(err, errlen, "model card: finish %s: %s", path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
+    if (rc < 0)
+        snprintf(err, errlen, "model card: %s", why);
+    return rc;
 }

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "storage/fileio.h"
 #include "storage/hfconfig.h"
 #include "storage/tokload.h"
 
@@ -26,29 +27,6 @@ const char *mio_format_name(mio_format f)
     return "?";
 }
 
-static int is_file(const char *p)
-{
-    struct stat st;
-    return !stat(p, &st) && S_ISREG(st.st_mode);
-}
-
-static void dir_of(const char *path, char *dir, size_t n)
-{
-    snprintf(dir, n, "%s", path);
-    char *s = strrchr(dir, '/');
-    if (s)
-        *s = '\0';
-    else
-        snprintf(dir, n, ".");
-}
-
-/* Join dir and name into out; returns 0, or -1 when it does not fit. */
-static int join(char *out, size_t n, const char *dir, const char *name)
-{
-    int w = snprintf(out, n, "%s/%s", dir, name);
-    return w < 0 || (size_t)w >= n ? -1 : 0;
-}
-
 static int grow(mio_model *m, int n)
 {
     m->t = calloc((size_t)(n ? n : 1), sizeof *m->t);
@@ -58,7 +36,7 @@ static int grow(mio_model *m, int n)
 static int open_safetensors(mio_model *m, const char *weights, const char *dir, char *err, size_t errlen)
 {
     char cfg[PATH_MAX];
-    if (join(cfg, sizeof cfg, dir, "config.json") || !is_file(cfg)) {
+    if (fio_path_join(cfg, sizeof cfg, dir, "config.json") || !fio_is_file(cfg)) {
         snprintf(err, errlen, "%s: no config.json beside the weights", dir);
         return -1;
     }
@@ -84,7 +62,7 @@ static int open_safetensors(mio_model *m, const char *weights, const char *dir, 
         t->src = i;
         m->n_tensors++;
     }
-    if (join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.json"))
+    if (fio_path_join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.json"))
         m->tok_path[0] = '\0';
     return 0;
 oom:
@@ -139,10 +117,10 @@ static int open_llama2c(mio_model *m, const char *tokenizer_path, char *err, siz
     }
     if (!tokenizer_path) {
         char dir[PATH_MAX], name[64];
-        dir_of(m->path, dir, sizeof dir);
+        fio_dir_of(m->path, dir, sizeof dir);
         snprintf(name, sizeof name, "tok%d.bin", m->a.vocab_size);
-        if (join(m->tok_path, sizeof m->tok_path, dir, name) || !is_file(m->tok_path))
-            if (join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.bin"))
+        if (fio_path_join(m->tok_path, sizeof m->tok_path, dir, name) || !fio_is_file(m->tok_path))
+            if (fio_path_join(m->tok_path, sizeof m->tok_path, dir, "tokenizer.bin"))
                 m->tok_path[0] = '\0';
     }
     return 0;
@@ -157,9 +135,9 @@ int mio_probe(const char *path, mio_format *fmt, char *err, size_t errlen)
     }
     if (S_ISDIR(st.st_mode)) {
         char w[PATH_MAX];
-        if (join(w, sizeof w, path, "config.json") || !is_file(w) ||
-            ((join(w, sizeof w, path, "model.safetensors.index.json") || !is_file(w)) &&
-             (join(w, sizeof w, path, "model.safetensors") || !is_file(w)))) {
+        if (fio_path_join(w, sizeof w, path, "config.json") || !fio_is_file(w) ||
+            ((fio_path_join(w, sizeof w, path, "model.safetensors.index.json") || !fio_is_file(w)) &&
+             (fio_path_join(w, sizeof w, path, "model.safetensors") || !fio_is_file(w)))) {
             snprintf(err, errlen, "%s: not a model directory (it needs config.json and model.safetensors or "
                                   "model.safetensors.index.json); accepted: %s", path, MIO_FORMATS);
             return -1;
@@ -194,7 +172,7 @@ int mio_probe(const char *path, mio_format *fmt, char *err, size_t errlen)
         *fmt = MIO_SAFETENSORS;
     else if (got == 28 && !l2c_header_check(head, (uint64_t)st.st_size, &h, why, sizeof why))
         *fmt = MIO_LLAMA2C;
-    else if (got >= 0 && strlen(path) > 4 && !strcmp(path + strlen(path) - 4, ".bin")) {
+    else if (got >= 0 && strlen(path) > 4 && fio_has_suffix(path, ".bin")) {
         /* named as a llama2.c checkpoint: say what is wrong with it */
         snprintf(err, errlen, "%s: %s", path, got == 28 ? why : "shorter than the 28-byte llama2.c header");
         return -1;
@@ -218,7 +196,7 @@ int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *e
         return -1;
     m->format = f;
     char dir[PATH_MAX];
-    dir_of(path, dir, sizeof dir);
+    fio_dir_of(path, dir, sizeof dir);
     switch (f) {
     case MIO_HF_DIR: rc = open_safetensors(m, path, path, err, errlen); break;
     case MIO_SAFETENSORS: rc = open_safetensors(m, path, dir, err, errlen); break;
@@ -391,7 +369,7 @@ tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)
 {
     if (m->format == MIO_GGUF && !m->tok_path[0])
         return tokload_gguf(&m->gg, err, errlen);
-    if (!m->tok_path[0] || !is_file(m->tok_path)) {
+    if (!m->tok_path[0] || !fio_is_file(m->tok_path)) {
         snprintf(err, errlen, "%s: no tokenizer found%s%s (give one with --tokenizer)", m->path,
                  m->tok_path[0] ? " at " : "", m->tok_path);
         return NULL;

@@ -310,12 +310,6 @@ int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errle
     return st_open_mem_shards(f, &buf, &len, 1, err, errlen);
 }
 
-static int ends_with(const char *s, const char *suf)
-{
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !strcmp(s + a - b, suf);
-}
-
 static int open_single(st_file *f, const char *path, char *err, size_t errlen)
 {
     if (alloc_shards(f, 1)) {
@@ -368,12 +362,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
         return -1;
     }
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", index_path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
+    fio_dir_of(index_path, dir, sizeof dir);
     shard_names *sn = malloc(sizeof *sn);
     int n = 0, rc = -1;
     const char *k;
@@ -407,7 +396,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
     f->n_shards = n;
     for (int i = 0; i < n; i++) {
         char p[PATH_MAX];
-        if (snprintf(p, sizeof p, "%s/%s", dir, sn->name[i]) >= (int)sizeof p) {
+        if (fio_path_join(p, sizeof p, dir, sn->name[i]) < 0) {
             snprintf(err, errlen, "%s: shard path too long", index_path);
             goto out;
         }
@@ -449,7 +438,7 @@ int st_open(st_file *f, const char *path, char *err, size_t errlen)
             snprintf(p, sizeof p, "%s/model.safetensors", path);
             rc = open_single(f, p, err, errlen);
         }
-    } else if (ends_with(path, ".json")) {
+    } else if (fio_has_suffix(path, ".json")) {
         rc = open_index(f, path, err, errlen);
     } else {
         rc = open_single(f, path, err, errlen);
@@ -516,22 +505,6 @@ int st_read_f32(const st_file *f, int i, float *out, int64_t n, char *err, size_
 
 /* ---------- writing ---------- */
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype, json_t *metadata,
              char *err, size_t errlen)
 {
@@ -576,7 +549,7 @@ int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype,
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if (write_all(fd, len8, 8) || write_all(fd, hdr, hl) || write_all(fd, "        ", padded - hl))
+    if (fio_write_all(fd, len8, 8) || fio_write_all(fd, hdr, hl) || fio_write_all(fd, "        ", padded - hl))
         goto ioerr;
     size_t cap = 1 << 16;
     chunk = malloc(cap * 4);
@@ -598,7 +571,7 @@ int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype,
                     chunk[2 * j + 1] = (uint8_t)(v >> 8);
                 }
             }
-            if (write_all(fd, chunk, m * st_dtype_size(dtype)))
+            if (fio_write_all(fd, chunk, m * st_dtype_size(dtype)))
                 goto ioerr;
         }
     }

@@ -5,7 +5,6 @@
  */
 #include "storage/tar.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -13,6 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "storage/fileio.h"
 
 #define TAR_BLOCK 512
 #define TAR_CHUNK (1 << 20)
@@ -23,22 +24,6 @@ struct tar_writer {
     char *path, *tmp;
     unsigned char *buf;      /* TAR_CHUNK bytes for copying */
 };
-
-static int write_all(int fd, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    while (n > 0) {
-        ssize_t w = write(fd, b, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        b += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 /* Octal field of width w (w-1 digits + NUL). Returns -1 when the value does not fit. */
 static int put_octal(char *field, size_t w, uint64_t v)
@@ -119,20 +104,11 @@ static int write_header(tar_writer *t, const char *name, char type, uint64_t siz
         sum += h[i];
     put_octal((char *)h + 148, 7, sum);
     h[155] = ' ';
-    if (write_all(t->fd, h, sizeof h) < 0) {
+    if (fio_write_all(t->fd, h, sizeof h) < 0) {
         snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
         return -1;
     }
     return 0;
-}
-
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
 }
 
 tar_writer *tar_open(const char *path, int64_t mtime, char *err, size_t errlen)
@@ -145,7 +121,7 @@ tar_writer *tar_open(const char *path, int64_t mtime, char *err, size_t errlen)
     t->fd = -1;
     t->mtime = mtime;
     size_t n = strlen(path);
-    t->path = dup_str(path);
+    t->path = strdup(path);
     t->tmp = malloc(n + 5);
     t->buf = malloc(TAR_CHUNK);
     if (!t->path || !t->tmp || !t->buf) {
@@ -172,7 +148,7 @@ static int pad_block(tar_writer *t, uint64_t size, char *err, size_t errlen)
 {
     static const unsigned char zeros[TAR_BLOCK];
     size_t rem = (size_t)(size % TAR_BLOCK);
-    if (rem && write_all(t->fd, zeros, TAR_BLOCK - rem) < 0) {
+    if (rem && fio_write_all(t->fd, zeros, TAR_BLOCK - rem) < 0) {
         snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
         return -1;
     }
@@ -208,7 +184,7 @@ int tar_add_file(tar_writer *t, const char *name, const char *src_path, char *er
             close(fd);
             return -1;
         }
-        if (write_all(t->fd, t->buf, (size_t)r) < 0) {
+        if (fio_write_all(t->fd, t->buf, (size_t)r) < 0) {
             snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
             close(fd);
             return -1;
@@ -237,42 +213,15 @@ int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen)
     return rc;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
 {
-    DIR *dp = opendir(dir);
-    if (!dp) {
+    char **names;
+    size_t n;
+    if (fio_list_dir(dir, &names, &n) < 0) {
         snprintf(err, errlen, "tar: open directory %s: %s", dir, strerror(errno));
         return -1;
     }
-    char **names = NULL;
-    size_t n = 0, cap = 0;
     int rc = -1;
-    struct dirent *e;
-    while ((e = readdir(dp))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        if (n == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            char **nn = realloc(names, nc * sizeof *nn);
-            if (!nn) {
-                snprintf(err, errlen, "tar: out of memory");
-                goto out;
-            }
-            names = nn;
-            cap = nc;
-        }
-        if (!(names[n] = dup_str(e->d_name))) {
-            snprintf(err, errlen, "tar: out of memory");
-            goto out;
-        }
-        n++;
-    }
-    qsort(names, n, sizeof *names, cmp_str);
     if (tar_add_dir(t, prefix, err, errlen) < 0)
         goto out;
     for (size_t i = 0; i < n; i++) {
@@ -293,10 +242,7 @@ int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, 
     }
     rc = 0;
 out:
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    closedir(dp);
+    fio_names_free(names, n);
     return rc;
 }
 
@@ -314,7 +260,7 @@ int tar_close(tar_writer *t, char *err, size_t errlen)
 {
     static const unsigned char zeros[2 * TAR_BLOCK];
     int rc = -1;
-    if (write_all(t->fd, zeros, sizeof zeros) < 0) {
+    if (fio_write_all(t->fd, zeros, sizeof zeros) < 0) {
         snprintf(err, errlen, "tar: write %s: %s", t->tmp, strerror(errno));
     } else if (fsync(t->fd) < 0) {
         snprintf(err, errlen, "tar: fsync %s: %s", t->tmp, strerror(errno));

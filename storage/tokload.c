@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "storage/fileio.h"
 
@@ -349,9 +348,9 @@ static float *spm_scores(json_t *vocab, json_t *merges, int n)
 /* `name` in the directory of `path` into out; -1 when it does not fit. */
 static int sibling(char *out, size_t cap, const char *path, const char *name)
 {
-    const char *s = strrchr(path, '/');
-    int n = s ? snprintf(out, cap, "%.*s/%s", (int)(s - path), path, name) : snprintf(out, cap, "%s", name);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
+    char dir[PATH_MAX];
+    fio_dir_of(path, dir, sizeof dir);
+    return fio_path_join(out, cap, dir, name);
 }
 
 /* The piece a tokenizer_config.json / special_tokens_map.json entry names: a string or
@@ -376,13 +375,13 @@ static int hf_sibling_ids(tok_tokenizer *t, const char *path, char *err, size_t 
     int *ids[2] = {&c->bos_id, &c->eos_id};
     for (size_t f = 0; f < sizeof files / sizeof *files && (c->bos_id < 0 || c->eos_id < 0); f++) {
         char p[PATH_MAX];
-        struct stat st;
-        if (sibling(p, sizeof p, path, files[f]) || stat(p, &st) || !S_ISREG(st.st_mode))
+        if (sibling(p, sizeof p, path, files[f]) || !fio_is_file(p))
             continue;
-        json_error_t je;
-        json_t *j = json_load_file(p, 0, &je);
+        json_t *j = fio_load_json(p, 0, err, errlen);
+        if (!j)
+            return -1;
         if (!json_is_object(j)) {
-            snprintf(err, errlen, "%s: %s (line %d)", p, j ? "not a JSON object" : je.text, je.line);
+            snprintf(err, errlen, "%s: not a JSON object", p);
             json_decref(j);
             return -1;
         }
@@ -421,14 +420,11 @@ static int hf_sibling_ids(tok_tokenizer *t, const char *path, char *err, size_t 
 
 tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
 {
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    json_t *j = fio_load_json(path, 0, err, errlen);
     tok_tokenizer *t = NULL;
     float *scores = NULL;
-    if (!j) {
-        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+    if (!j)
         return NULL;
-    }
     json_t *model = json_object_get(j, "model");
     const char *mtype = json_string_value(json_object_get(model, "type"));
     json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");

@@ -1,4 +1,4 @@
-/* tests/unit/test_store_jobs.c — the SQLite job store (storage/store.c): migrations,
+/* tests/unit/test_store_jobs.c — the SQLite job store (storage/store*.c): migrations,
  * job state transitions (one transaction each), idempotency records, list pagination,
  * cancel/requeue/recover, events with a cursor, artifacts and orphan detection on
  * delete, models, report merging, concurrent writers on per-thread connections, and the

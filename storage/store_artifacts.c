@@ -1,0 +1,73 @@
+/* storage/store_artifacts.c — artifact metadata (see store.h): one row per (job, name),
+ * its bytes in storage/artstore.c by sha-256. Publishing records the row and its
+ * "artifact.published" event in one transaction.
+ */
+#include "storage/store_internal.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void artifact_from_row(sqlite3_stmt *s, void *out)
+{
+    store_artifact *a = out;
+    memset(a, 0, sizeof *a);
+    sql_col_copy(s, 0, a->id, sizeof a->id);
+    sql_col_copy(s, 1, a->job_id, sizeof a->job_id);
+    sql_col_copy(s, 2, a->name, sizeof a->name);
+    sql_col_copy(s, 3, a->stage, sizeof a->stage);
+    sql_col_copy(s, 4, a->sha256, sizeof a->sha256);
+    a->size_bytes = sqlite3_column_int64(s, 5);
+    sql_col_copy(s, 6, a->content_type, sizeof a->content_type);
+    a->created_at = sqlite3_column_int64(s, 7);
+}
+
+int store_artifact_add(store *st, store_artifact *a)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c || store_new_id("art_", a->id, sizeof a->id) < 0)
+        return -1;
+    a->created_at = store_now();
+    if (sql_begin(c) < 0)
+        return -1;
+    static const char *sql = "INSERT OR REPLACE INTO artifacts(id, job_id, name, stage, sha256, "
+                             "size_bytes, content_type, created_at) VALUES (?,?,?,?,?,?,?,?)";
+    if (sql_run(c, sql, "tttttItI", a->id, a->job_id, a->name, a->stage, a->sha256, a->size_bytes,
+            a->content_type, a->created_at) < 0)
+        return sql_abandon(c, -1);
+    char msg[320];
+    snprintf(msg, sizeof msg, "artifact %s published", a->name);
+    json_t *d = json_pack("{s:s,s:s,s:s,s:I}", "id", a->id, "name", a->name, "sha256", a->sha256,
+                          "size_bytes", (json_int_t)a->size_bytes);
+    if (store_event_insert(c, a->job_id, "artifact.published", msg, d) < 0 ||
+        store_job_touch(c, a->job_id) < 0 || sql_commit(c) < 0)
+        return sql_abandon(c, -1);
+    return 0;
+}
+
+#define ART_COLS "id, job_id, name, stage, sha256, size_bytes, content_type, created_at"
+
+int store_artifact_get(store *st, const char *job_id, const char *name, store_artifact *out)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT " ART_COLS " FROM artifacts WHERE job_id=? AND name=?";
+    return sql_row(c, q, "tt", "r", job_id, name, artifact_from_row, out);
+}
+
+int store_artifact_list(store *st, const char *job_id, store_artifact **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT " ART_COLS " FROM artifacts WHERE job_id=? ORDER BY name";
+    sqlite3_stmt *s = sql_stmt(c, q, "t", job_id);
+    if (!s)
+        return -1;
+    *out = sql_rows(s, INT_MAX, sizeof **out, artifact_from_row, NULL, n, NULL);
+    return *out ? 0 : -1;
+}

@@ -1,0 +1,95 @@
+/* storage/store_internal.h — what the store_*.c files share and nothing else includes:
+ * this thread's connection, the statement helpers every query goes through, and the
+ * writes one part of the store makes inside another part's transaction. The contract for
+ * callers is storage/store.h.
+ *
+ *   store.c           open, migrations, connections, statement helpers
+ *   store_jobs.c      jobs: create, read, list, progress, finish, recover, delete
+ *   store_events.c    a job's events
+ *   store_artifacts.c artifact metadata
+ *   store_models.c    registered models and their fetches
+ *   store_outbox.c    the webhook outbox
+ *   store_idem.c      idempotency records
+ */
+#ifndef AC_STORAGE_STORE_INTERNAL_H
+#define AC_STORAGE_STORE_INTERNAL_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "storage/store.h"
+
+/* One thread's SQLite connection with its prepared-statement cache. */
+typedef struct store_conn store_conn;
+
+/* This thread's connection (opened on first use); NULL when it cannot be opened
+ * (logged). Borrowed: the store closes it. */
+store_conn *store_conn_get(store *st);
+
+/* Transactions. sql_begin starts a write transaction (BEGIN IMMEDIATE: waits for other
+ * writers up to the busy timeout); 0 or -1 (logged). sql_rollback ends one if open;
+ * sql_abandon rolls back and returns ret, the caller's status. */
+int sql_begin(store_conn *c);
+int sql_commit(store_conn *c);
+void sql_rollback(store_conn *c);
+int sql_abandon(store_conn *c, int ret);
+
+/* The rowid of the last INSERT on c, and the last error's text (borrowed). */
+int64_t sql_last_rowid(store_conn *c);
+const char *sql_errmsg(store_conn *c);
+
+/* Statement helpers. A bind format has one letter per `?` of the statement, in order:
+ *   t  const char *  text; NULL binds ''
+ *   z  const char *  text; NULL binds SQL NULL
+ *   i  int
+ *   I  int64_t       (pass an int64_t, never a plain int literal)
+ * A column format has one letter per column read, from column 0:
+ *   t  char *dst, size_t size   text copied ("" for NULL)
+ *   s  char **                  text strdup'd ("" for NULL; NULL when out of memory)
+ *   i  int *          I  int64_t *          j  json_t ** (NEW reference or NULL)
+ *   r  sql_row_reader, void *out    the whole row (alone in the format)
+ * SQL arguments must be static literals: the statement cache keys on their address. */
+
+/* Fills *out (a store_job, store_event, ...) from the current row of s. */
+typedef void (*sql_row_reader)(sqlite3_stmt *s, void *out);
+
+/* The cached statement for a static SQL literal, reset; NULL on failure (logged). */
+sqlite3_stmt *sql_prepared(store_conn *c, const char *sql);
+/* The cached statement for sql with fmt's arguments bound; NULL on failure (logged). */
+sqlite3_stmt *sql_stmt(store_conn *c, const char *sql, const char *fmt, ...);
+/* Run a statement that returns no rows (INSERT, UPDATE, DELETE) with fmt's arguments.
+ * Returns the number of rows it changed, or -1 (logged). */
+int sql_run(store_conn *c, const char *sql, const char *fmt, ...);
+/* Run a query with fmt's arguments (then cols' outputs, in that order) and read its first
+ * row. Returns 0 (outputs filled), 1 when there is no row (outputs untouched), -1 on error
+ * (a failed step is not logged; the caller reports it). */
+int sql_row(store_conn *c, const char *sql, const char *fmt, const char *cols, ...);
+/* Read the rows of s (prepared and bound; its LIMIT at most limit + 1 when it has one)
+ * into a new array of at most `limit` elements of elem_size bytes, each filled by rd
+ * (zeroed first); *has_more (when not NULL) is set when a row beyond `limit` exists.
+ * Returns the array (malloc'd, caller frees; *n elements) or NULL on error, after
+ * releasing the rows read with clear (when not NULL). s is reset either way. */
+void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void (*clear)(void *elem),
+               int *n, int *has_more);
+/* Column i of the current row: text copied into dst (n bytes, "" for NULL), or parsed as
+ * JSON (a NEW reference, NULL for NULL or bad JSON). */
+void sql_col_copy(sqlite3_stmt *s, int i, char *dst, size_t n);
+json_t *sql_col_json(sqlite3_stmt *s, int i);
+
+/* Writes made inside the caller's transaction (or alone). Each returns 0 or -1 (logged). */
+
+/* Append an event to job_id; data is stolen (a NEW reference, or NULL). */
+int store_event_insert(store_conn *c, const char *job_id, const char *type, const char *message, json_t *data);
+/* Bump a job's version and updated_at, so that its ETag changes. */
+int store_job_touch(store_conn *c, const char *id);
+/* When job id's spec has a callback_url, queue the thin terminal event `type` (status,
+ * error code and message) in the webhook outbox, due at now. 0 also when there is none. */
+int store_webhook_enqueue(store_conn *c, const char *id, const char *type, const char *status, const char *code,
+                          const char *message, int64_t now);
+/* Record idempotency key (scope, key) for job_id with the request body's sha-256 and the
+ * response to replay. Returns 0 (recorded), 1 when the key exists already (nothing
+ * written), -1 on error. */
+int store_idem_insert(store_conn *c, const char *scope, const char *key, const char *body_sha256,
+                      const char *job_id, int resp_status, const char *resp_text);
+
+#endif
