@@ -7,6 +7,7 @@
  */
 #include "compress/eval.h"
 #include "engine/clock.h"
+#include "storage/fileio.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -513,12 +514,6 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
     return rc;
 }
 
-static int ends_with(const char *s, const char *suf)
-{
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !strcmp(s + a - b, suf);
-}
-
 const char *ev_data_dir(const char *server_data_dir, char *buf, size_t len)
 {
     const char *d = getenv("AC_EVAL_DATA");
@@ -544,7 +539,7 @@ int ev_run_named(const ev_model *m, const char *task, const char *data_dir, cons
     ev_task t;
     char err[512], name[64];
     int rc;
-    if (ends_with(task, ".jsonl")) {
+    if (fio_has_suffix(task, ".jsonl")) {
         /* a user task is named after its file: /x/support.jsonl -> "support" */
         const char *base = strrchr(task, '/');
         base = base ? base + 1 : task;

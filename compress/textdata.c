@@ -101,15 +101,9 @@ static int docs_push(td_docs *d, size_t *cap, const char *s, size_t n)
     return 0;
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 static td_format detect(const char *path, const char *buf, size_t len)
 {
-    if (ends_with(path, ".jsonl") || ends_with(path, ".json"))
+    if (fio_has_suffix(path, ".jsonl") || fio_has_suffix(path, ".json"))
         return TD_FMT_JSONL;
     const char *p = buf, *end = buf + len;
     while (p < end) {
