@@ -411,31 +411,30 @@ static int summarize_groups(const ev_task *t, const run_acc *ra, ev_result *r)
 }
 
 /* The task's metrics from the items' outcomes. 0, or -1 with r->error. */
+static double mean_of(const double *x, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    return n ? s / n : 0.0;
+}
+
 static int summarize(const ev_task *t, const run_acc *ra, ev_result *r)
 {
     int n = t->n_items;
     if (t->kind == EV_KIND_MC || t->kind == EV_KIND_LOGLIK) {
         r->has_acc = 1;
-        double s = 0.0;
-        for (int i = 0; i < n; i++)
-            s += ra->acc[i];
-        r->acc = n ? s / n : 0.0;
+        r->acc = mean_of(ra->acc, n);
         r->acc_stderr = ev_stderr(ra->acc, n);
     }
     if (t->kind == EV_KIND_MC && t->report_acc_norm) {
         r->has_acc_norm = 1;
-        double s = 0.0;
-        for (int i = 0; i < n; i++)
-            s += ra->accn[i];
-        r->acc_norm = n ? s / n : 0.0;
+        r->acc_norm = mean_of(ra->accn, n);
         r->acc_norm_stderr = ev_stderr(ra->accn, n);
     }
     if (t->kind == EV_KIND_LOGLIK) {
         r->has_ppl = 1;
-        double mean = 0.0;
-        for (int i = 0; i < n; i++)
-            mean += ra->ll_item[i];
-        r->perplexity = n ? exp(-mean / n) : 0.0;
+        r->perplexity = n ? exp(-mean_of(ra->ll_item, n)) : 0.0;
     }
     if (t->kind == EV_KIND_ROLLING) {
         r->has_rolling = 1;
