@@ -110,6 +110,9 @@ def check_routes(tmp, models):
                 answers.append(json.dumps(doc["errors"]))
             assert len(set(answers)) == 1, ("403 answers differ: they tell which files exist", route, answers)
         print("403 alike for existing, missing and escaping paths on every route")
+        # nothing above left a thread blocked on the FIFO: SIGTERM ends the server promptly
+        t0 = time.time()
+        assert s.stop(timeout=20) == 0 and time.time() - t0 < 15, "the server did not stop promptly"
 
 
 def check_commands(tmp, models, text):
