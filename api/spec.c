@@ -313,15 +313,11 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
         return 422;
     }
     /* Candidates: an absolute path as is; a relative one against the data dir, then each
-     * root. An absolute path outside every root is refused before anything is looked up. */
+     * root. */
     char cand[8][4096];
     int nc = 0;
     if (path[0] == '/') {
         lex_norm(path, cand[nc++], sizeof cand[0]);
-        if (!under_any(env, cand[0])) {
-            snprintf(msg, msglen, OUTSIDE_ROOTS);
-            return 403;
-        }
     } else {
         char base[4096], tmp[8192];
         if (env->data_dir && realpath(env->data_dir, base)) {
@@ -333,21 +329,21 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
             lex_norm(tmp, cand[nc++], sizeof cand[0]);
         }
     }
+    /* What decides is where a candidate resolves, links followed (dangling ones too): an
+     * absolute path outside the roots gets the same 403 whether it exists or not, and one
+     * that reaches a root through a link (a root that is itself a link, say) is inside. */
     int inside = 0, escaped = 0;
     for (int i = 0; i < nc; i++) {
         char real[PATH_MAX];
         struct stat lst;
-        if (!under_any(env, cand[i])) {
-            /* a relative path that names something in the data dir outside the roots */
-            if (path[0] != '/' && lstat(cand[i], &lst) == 0)
+        if (resolve_lenient(cand[i], real, sizeof real, 0) || !under_any(env, real)) {
+            /* outside every root: directly, or through a link, existing or not; a relative
+             * path's data-dir candidate counts only when something is there */
+            if (path[0] == '/' || under_any(env, cand[i]) || lstat(cand[i], &lst) == 0)
                 escaped = 1;
             continue;
         }
         inside = 1;
-        if (resolve_lenient(cand[i], real, sizeof real, 0) || !under_any(env, real)) {
-            escaped = 1; /* outside every root through a link, existing or not */
-            continue;
-        }
         struct stat st;
         if (stat(real, &st) != 0)
             continue;

@@ -38,8 +38,8 @@ json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, jso
 
 /* Resolve a server path (absolute, or relative to data_dir) inside the roots into out.
  * Returns 0; 403 for `..`, a path outside every root or a symlink escaping one (one
- * message for all, whether the file exists or not: an absolute path outside the roots is
- * never looked up); 422 when it does not exist inside the roots (msg says which). */
+ * message for all, whether the file exists or not; a path that reaches a root through
+ * links is inside); 422 when it does not exist inside the roots (msg says which). */
 int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t outlen,
                       char *msg, size_t msglen);
 

@@ -257,6 +257,16 @@ static void test_paths(void **state)
     assert_int_equal(spec_resolve_path(&env, "..", out, sizeof out, msg, sizeof msg), 403);
     char hf[PATH_MAX + 64];
     snprintf(hf, sizeof hf, "%s/hf", models);
+    /* an absolute path that reaches a root through a link to it is inside */
+    char via[PATH_MAX + 64], linked[PATH_MAX + 128];
+    snprintf(via, sizeof via, "%s/via", dir);
+    assert_int_equal(symlink(models, via), 0);
+    snprintf(linked, sizeof linked, "%s/tiny.bin", via);
+    assert_int_equal(spec_resolve_path(&env, linked, out, sizeof out, msg, sizeof msg), 0);
+    snprintf(want, sizeof want, "%s/tiny.bin", models);
+    assert_string_equal(out, want);
+    snprintf(linked, sizeof linked, "%s/missing.bin", via);
+    assert_int_equal(spec_resolve_path(&env, linked, out, sizeof out, msg, sizeof msg), 422);
     char why[1024];
     assert_string_equal(spec_model_format(hf, why, sizeof why), "hf");
     assert_null(spec_model_format(models, why, sizeof why));
