@@ -116,6 +116,50 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
     }
 }
 
+/* One part choice's costs at hidden size H (index hi) for every layer: `size` heads
+ * (CM_ATTN, in KV groups of `group`) or FFN width (CM_MLP), 0 = removed; pe is the
+ * layerless model at H. Entry k of n choices. 0, or -1 with err when the calibration
+ * does not cover it. */
+static int part_costs(const cm_tables *tb, const arch *parent, int H, int part, int size, int group,
+                      const cm_prediction *pe, search_costs *costs, int hi, int L, int k, int n, char *err,
+                      size_t errlen)
+{
+    double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
+    if (size > 0) {
+        int nh = part == CM_ATTN ? size : 0, nkv = part == CM_ATTN ? size / group : 0;
+        int ffn = part == CM_MLP ? size : 0;
+        double pre_ms, dec_ms, ws_b;
+        cm_prediction p1;
+        if (cm_part_cost(tb, part, H, nh, nkv, ffn, &pre_ms, &dec_ms, &ws_b) != 0 ||
+            predict_probe(tb, parent, H, 1, nh, nkv, ffn, &p1, err, errlen) != 0) {
+            if (part == CM_ATTN)
+                snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", size, H);
+            else
+                snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", size, H);
+            return -1;
+        }
+        lat = pre_ms + dec_ms;
+        dec = dec_ms;
+        ws = ws_b;
+        mem = (double)(p1.weights + p1.request_cache - pe->weights - pe->request_cache);
+        par = (double)(p1.params - pe->params);
+    }
+    for (int l = 0; l < L; l++) {
+        size_t i = ((size_t)hi * L + l) * n + k;
+        double *t_lat = part == CM_ATTN ? costs->t[SM_LATENCY].attn : costs->t[SM_LATENCY].ffn;
+        double *t_dec = part == CM_ATTN ? costs->t[SM_DECODE].attn : costs->t[SM_DECODE].ffn;
+        double *t_mem = part == CM_ATTN ? costs->t[SM_MEMORY].attn : costs->t[SM_MEMORY].ffn;
+        double *t_ws = part == CM_ATTN ? costs->t[SM_MEMORY].ws_attn : costs->t[SM_MEMORY].ws_ffn;
+        double *t_par = part == CM_ATTN ? costs->t[SM_PARAMS].attn : costs->t[SM_PARAMS].ffn;
+        t_lat[i] = lat;
+        t_dec[i] = dec;
+        t_mem[i] = mem;
+        t_ws[i] = ws;
+        t_par[i] = par;
+    }
+    return 0;
+}
+
 /* The cost tables of the space: per limit, the fixed cost at each hidden size and each
  * part choice's cost from the calibration (the parent's layer count copies). 0, or -1
  * with err. */
@@ -138,7 +182,7 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
     costs->t[SM_MEMORY].ws_sum_of_maxima = tb->mem.workspace_combine == CM_WS_SUM_MAXIMA;
     for (int hi = 0; hi < sp->n_hidden; hi++) {
         int H = sp->hidden[hi];
-        cm_prediction pe, p1;
+        cm_prediction pe;
         if (predict_probe(tb, parent, H, 0, 0, 0, 0, &pe, err, errlen) != 0)
             goto fail;
         costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
@@ -146,56 +190,12 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
         costs->t[SM_MEMORY].fixed[hi] = (double)(pe.weights + pe.request_cache + pe.runtime_buffers);
         costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
         costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
-        for (int k = 0; k < sp->n_heads; k++) {
-            int h = sp->heads[k];
-            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
-            if (h > 0) {
-                double pre_ms, dec_ms, ws_b;
-                if (cm_part_cost(tb, CM_ATTN, H, h, h / group, 0, &pre_ms, &dec_ms, &ws_b) != 0 ||
-                    predict_probe(tb, parent, H, 1, h, h / group, 0, &p1, err, errlen) != 0) {
-                    snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", h, H);
-                    goto fail;
-                }
-                lat = pre_ms + dec_ms;
-                dec = dec_ms;
-                ws = ws_b;
-                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
-                par = (double)(p1.params - pe.params);
-            }
-            for (int l = 0; l < L; l++) {
-                size_t i = ((size_t)hi * L + l) * sp->n_heads + k;
-                costs->t[SM_LATENCY].attn[i] = lat;
-                costs->t[SM_DECODE].attn[i] = dec;
-                costs->t[SM_MEMORY].attn[i] = mem;
-                costs->t[SM_MEMORY].ws_attn[i] = ws;
-                costs->t[SM_PARAMS].attn[i] = par;
-            }
-        }
-        for (int j = 0; j < sp->n_ffn; j++) {
-            int f = sp->ffn[j];
-            double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
-            if (f > 0) {
-                double pre_ms, dec_ms, ws_b;
-                if (cm_part_cost(tb, CM_MLP, H, 0, 0, f, &pre_ms, &dec_ms, &ws_b) != 0 ||
-                    predict_probe(tb, parent, H, 1, 0, 0, f, &p1, err, errlen) != 0) {
-                    snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", f, H);
-                    goto fail;
-                }
-                lat = pre_ms + dec_ms;
-                dec = dec_ms;
-                ws = ws_b;
-                mem = (double)(p1.weights + p1.request_cache - pe.weights - pe.request_cache);
-                par = (double)(p1.params - pe.params);
-            }
-            for (int l = 0; l < L; l++) {
-                size_t i = ((size_t)hi * L + l) * sp->n_ffn + j;
-                costs->t[SM_LATENCY].ffn[i] = lat;
-                costs->t[SM_DECODE].ffn[i] = dec;
-                costs->t[SM_MEMORY].ffn[i] = mem;
-                costs->t[SM_MEMORY].ws_ffn[i] = ws;
-                costs->t[SM_PARAMS].ffn[i] = par;
-            }
-        }
+        for (int k = 0; k < sp->n_heads; k++)
+            if (part_costs(tb, parent, H, CM_ATTN, sp->heads[k], group, &pe, costs, hi, L, k, sp->n_heads, err, errlen))
+                goto fail;
+        for (int j = 0; j < sp->n_ffn; j++)
+            if (part_costs(tb, parent, H, CM_MLP, sp->ffn[j], group, &pe, costs, hi, L, j, sp->n_ffn, err, errlen))
+                goto fail;
     }
     return 0;
 oom:
