@@ -34,15 +34,25 @@ int cmj_check_keys(json_t *o, const char *at, const char *const *known, char *er
     return 0;
 }
 
-int cmj_int(json_t *o, const char *at, const char *k, int64_t lo, int64_t hi, int required,
-                   int64_t *out, char *err, size_t errlen)
+/* Member k of o into *v: 1 when present, 0 when absent and not required, -1 (err
+ * naming "at/k") when absent and required. */
+static int member(json_t *o, const char *at, const char *k, int required, json_t **v, char *err, size_t errlen)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v) {
-        if (required)
-            FAIL("%s/%s: required", at, k);
-        return 0;
-    }
+    *v = json_object_get(o, k);
+    if (*v)
+        return 1;
+    if (required)
+        FAIL("%s/%s: required", at, k);
+    return 0;
+}
+
+int cmj_int(json_t *o, const char *at, const char *k, int64_t lo, int64_t hi, int required,
+            int64_t *out, char *err, size_t errlen)
+{
+    json_t *v;
+    int have = member(o, at, k, required, &v, err, errlen);
+    if (have <= 0)
+        return have;
     if (!json_is_integer(v))
         FAIL("%s/%s: must be an integer", at, k);
     json_int_t x = json_integer_value(v);
@@ -53,7 +63,7 @@ int cmj_int(json_t *o, const char *at, const char *k, int64_t lo, int64_t hi, in
 }
 
 int cmj_i32(json_t *o, const char *at, const char *k, int lo, int hi, int required, int *out,
-                   char *err, size_t errlen)
+            char *err, size_t errlen)
 {
     int64_t x = *out;
     if (cmj_int(o, at, k, lo, hi, required, &x, err, errlen))
@@ -64,14 +74,12 @@ int cmj_i32(json_t *o, const char *at, const char *k, int lo, int hi, int requir
 
 /* A finite number >= lo. */
 int cmj_num(json_t *o, const char *at, const char *k, double lo, int required, double *out,
-                   char *err, size_t errlen)
+            char *err, size_t errlen)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v) {
-        if (required)
-            FAIL("%s/%s: required", at, k);
-        return 0;
-    }
+    json_t *v;
+    int have = member(o, at, k, required, &v, err, errlen);
+    if (have <= 0)
+        return have;
     if (!json_is_number(v))
         FAIL("%s/%s: must be a number", at, k);
     double x = json_number_value(v);
@@ -82,14 +90,12 @@ int cmj_num(json_t *o, const char *at, const char *k, double lo, int required, d
 }
 
 int cmj_str(json_t *o, const char *at, const char *k, int required, char *out, size_t outlen,
-                   char *err, size_t errlen)
+            char *err, size_t errlen)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v) {
-        if (required)
-            FAIL("%s/%s: required", at, k);
-        return 0;
-    }
+    json_t *v;
+    int have = member(o, at, k, required, &v, err, errlen);
+    if (have <= 0)
+        return have;
     if (!json_is_string(v))
         FAIL("%s/%s: must be a string", at, k);
     const char *s = json_string_value(v);

@@ -20,18 +20,18 @@ LIBS="$(pkg-config --libs jansson libpcre2-8) -lm"
 # Library sources reached from file $1 through #include "dir/name.h" (paths from the root).
 sources_of() {
     local -A seen=()
-    local todo=("$1") f h c
-    while [ ${#todo[@]} -gt 0 ]; do
-        f=${todo[0]}
-        todo=("${todo[@]:1}")
+    local queue=("$1") f h c
+    while [ ${#queue[@]} -gt 0 ]; do
+        f=${queue[0]}
+        queue=("${queue[@]:1}")
         for h in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\.h\)".*/\1/p' "$f"); do
             [ -f "$h" ] && [ -z "${seen[$h]:-}" ] || continue
             seen[$h]=1
-            todo+=("$h")
+            queue+=("$h")
             c=${h%.h}.c
             if [ -f "$c" ] && [ -z "${seen[$c]:-}" ]; then
                 seen[$c]=1
-                todo+=("$c")
+                queue+=("$c")
                 echo "$c"
             fi
         done
