@@ -487,3 +487,127 @@ int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen
     free(host_ints);
     return 0;
 }
+
+/* ---- block by block ---------------------------------------------------------------------- */
+
+struct eng_stepper {
+    eng_model *m;
+    int B, T, rows;              /* rows: sequences per pass (the workspace's batch) */
+    const int *tokens;           /* borrowed host [B*T] */
+    float *stream;               /* device [B*T, C]: the residual stream between blocks */
+    fwd_state st;
+    ws_t ws;
+    int *host_ints;              /* staging for one pass: 2*rows*T + 2*rows */
+    float *xs1[1], *head;
+};
+
+void eng_stepper_free(eng_stepper *s)
+{
+    if (!s)
+        return;
+    eng_backend *be = s->m->be;
+    eng_ws_free(be, &s->ws);
+    if (s->stream)
+        be->free(be, s->stream, F4 * (size_t)s->B * s->T * s->m->a.hidden_size);
+    free(s->host_ints);
+    free(s);
+}
+
+/* Point the state at sequences [b0, b0 + nb) of the batch: their tokens and positions
+ * uploaded, N rows. */
+static void stepper_bind(eng_stepper *s, int b0, int nb)
+{
+    eng_backend *be = s->m->be;
+    int T = s->T, n = nb * T;
+    int *dev = s->ws.i;
+    eng_fwd_upload_ints(be, dev, s->host_ints, s->tokens + (size_t)b0 * T, NULL, NULL, nb, T);
+    fwd_state *st = &s->st;
+    st->B = nb;
+    st->N = n;
+    st->tok_d = dev;
+    st->pos_d = dev + n;
+    st->pos0_d = dev + 2 * n;
+    st->lens_d = dev + 2 * n + nb;
+    st->lens_h = s->host_ints + 2 * n + nb;
+}
+
+eng_stepper *eng_stepper_new(eng_model *m, const int *tokens, int B, int T, int rows, char *err, size_t errlen)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    if (B <= 0 || T <= 0) {
+        snprintf(err, errlen, "stepper: batch %d x %d tokens is empty", B, T);
+        return NULL;
+    }
+    if (eng_check_tokens(tokens, (size_t)B * T, a->vocab_size, err, errlen) != 0)
+        return NULL;
+    if (a->rope_scaling.type == ROPE_SCALING_DYNAMIC && T > a->max_position_embeddings) {
+        snprintf(err, errlen, "stepper: dynamic RoPE scaling beyond max_position_embeddings (%d) is not "
+                 "available in this build", a->max_position_embeddings);
+        return NULL;
+    }
+    rows = rows <= 0 || rows > B ? B : rows;
+    eng_stepper *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "stepper: out of host memory");
+        return NULL;
+    }
+    s->m = m;
+    s->B = B;
+    s->T = T;
+    s->rows = rows;
+    s->tokens = tokens;
+    s->host_ints = malloc(sizeof(int) * (size_t)(2 * rows * T + 2 * rows));
+    s->stream = be->alloc(be, F4 * (size_t)B * T * a->hidden_size);
+    if (!s->host_ints || !s->stream ||
+        eng_fwd_setup(m, &s->st, &s->ws, s->host_ints, tokens, rows, T, NULL, NULL, ENG_LOGITS_NONE, NULL, NULL,
+                      s->xs1, &s->head) != 0) {
+        eng_stepper_free(s);
+        snprintf(err, errlen, "stepper: out of memory for %d x %d tokens", B, T);
+        return NULL;
+    }
+    size_t C = (size_t)a->hidden_size;
+    for (int b0 = 0; b0 < B; b0 += rows) {
+        int nb = B - b0 < rows ? B - b0 : rows;
+        stepper_bind(s, b0, nb);
+        be->embed_fwd(be, s->stream + (size_t)b0 * T * C, m->tok_emb, s->st.tok_d, nb * T, a->hidden_size);
+    }
+    return s;
+}
+
+int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, float *x_host, float *y_host, char *err,
+                      size_t errlen)
+{
+    eng_model *m = s->m;
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    if (layer < 0 || layer >= a->n_layers || (part != ENG_PART_ATTN && part != ENG_PART_MLP)) {
+        snprintf(err, errlen, "stepper: no block %d.%d in a model of %d layers", layer, part, a->n_layers);
+        return -1;
+    }
+    const arch_layer *al = &a->layers[layer];
+    int in = part == ENG_PART_ATTN ? al->n_heads * a->head_dim : al->ffn_dim;
+    if (in == 0) {
+        snprintf(err, errlen, "stepper: layer %d has no %s", layer, part == ENG_PART_ATTN ? "attention" : "MLP");
+        return -1;
+    }
+    size_t C = (size_t)a->hidden_size, T = (size_t)s->T;
+    float *scratch = s->xs1[0];   /* the workspace's own stream [rows*T, C], unused otherwise */
+    for (int b0 = 0; b0 < s->B; b0 += s->rows) {
+        int nb = s->B - b0 < s->rows ? s->B - b0 : s->rows;
+        stepper_bind(s, b0, nb);
+        float *x = s->stream + (size_t)b0 * T * C, *out = advance ? x : scratch;
+        if (part == ENG_PART_ATTN)
+            attn_block(m, &s->st, layer, x, out, &s->st.tmp);
+        else
+            mlp_block(m, &s->st, layer, x, out, &s->st.tmp);
+        size_t n = (size_t)nb * T;
+        if (x_host)
+            be->to_host(be, x_host + (size_t)b0 * T * in, part == ENG_PART_ATTN ? s->st.tmp.o : s->st.h,
+                        F4 * n * (size_t)in);
+        if (y_host)
+            be->to_host(be, y_host + (size_t)b0 * T * C, s->st.tmp.y, F4 * n * C);
+    }
+    be->sync(be);
+    return 0;
+}

@@ -217,4 +217,27 @@ size_t eng_kv_bytes_for(const arch *a, int B, int max_T);
  * and the CPU backend. teacher: the KD teacher, NULL without KD. */
 size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher);
 
+/* ---- block by block (reconstruction after pruning) -------------------------------------
+ * A stepper holds the residual stream of a fixed batch of token rows and runs the model's
+ * blocks on it one at a time, unmasked and without a cache, with the same kernels as
+ * eng_forward: the caller can read a block's projection input and output, change the
+ * block's weights, then apply it. Memory: the stream (B*T*C floats) plus eng_forward's
+ * workspace for `rows` sequences of T. */
+typedef struct eng_stepper eng_stepper;
+enum { ENG_PART_ATTN = 0, ENG_PART_MLP = 1 };
+
+/* Embed tokens [B*T] (borrowed: they must outlive the stepper) as B sequences of T
+ * tokens, processed `rows` sequences at a time (<= 0 or > B: all at once). NULL with a
+ * reason (empty batch, token out of range, out of memory). Free with eng_stepper_free. */
+eng_stepper *eng_stepper_new(eng_model *m, const int *tokens, int B, int T, int rows, char *err, size_t errlen);
+
+/* Run block (layer, part) on the current stream with the model's current weights. The
+ * projection's input (part ATTN: the heads' outputs before o_proj [B*T, Hq*D]; MLP: the
+ * gated units before down_proj [B*T, F]) is copied to x_host, its output (before the
+ * residual add) [B*T, C] to y_host; either may be NULL. advance = 1 adds the block to
+ * the stream; 0 leaves the stream as it was. 0, or -1 with a reason (no such block). */
+int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, float *x_host, float *y_host, char *err,
+                      size_t errlen);
+void eng_stepper_free(eng_stepper *s);
+
 #endif

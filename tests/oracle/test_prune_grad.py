@@ -52,43 +52,53 @@ def rope(x, theta):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def attn_block(arch, g, pre, x):
+    """The attention block of layer `pre` on stream x [T, C]: (heads' output before o_proj, o_proj output)."""
+    D = arch["head_dim"]
+    L = arch["layers"][int(pre.split(".")[2])]
+    Hq, Hkv = L["attention"]["n_heads"], L["attention"]["n_kv_heads"]
+    T = x.shape[0]
+    h = rms(x, g(pre + "input_layernorm.weight"), arch["norm_eps"])
+    q = h @ g(pre + "self_attn.q_proj.weight").T
+    k = h @ g(pre + "self_attn.k_proj.weight").T
+    v = h @ g(pre + "self_attn.v_proj.weight").T
+    if arch.get("attention_bias"):
+        q = q + g(pre + "self_attn.q_proj.bias")
+        k = k + g(pre + "self_attn.k_proj.bias")
+        v = v + g(pre + "self_attn.v_proj.bias")
+    q = rope(q.view(T, Hq, D), arch["rope_theta"])
+    k = rope(k.view(T, Hkv, D), arch["rope_theta"])
+    v = v.view(T, Hkv, D)
+    rep = Hq // Hkv
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    s = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    s = s.masked_fill(mask, float("-inf"))
+    a = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, Hq * D)
+    return a, a @ g(pre + "self_attn.o_proj.weight").T
+
+
+def mlp_block(arch, g, pre, x):
+    """The MLP block of layer `pre` on stream x [T, C]: (gated units before down_proj, down_proj output)."""
+    h = rms(x, g(pre + "post_attention_layernorm.weight"), arch["norm_eps"])
+    u = torch.nn.functional.silu(h @ g(pre + "mlp.gate_proj.weight").T) * (h @ g(pre + "mlp.up_proj.weight").T)
+    return u, u @ g(pre + "mlp.down_proj.weight").T
+
+
 def forward(arch, W, prefix, tokens):
     """Logits [B, T, V] of the model in W (dict name -> tensor)."""
-    C, D, eps = arch["hidden_size"], arch["head_dim"], arch["norm_eps"]
     g = lambda n: W[prefix + n]
     outs = []
     for row in tokens:
         x = g("model.embed_tokens.weight")[row]
-        T = x.shape[0]
         for i, L in enumerate(arch["layers"]):
             pre = "model.layers.%d." % i
             if L.get("attention"):
-                Hq, Hkv = L["attention"]["n_heads"], L["attention"]["n_kv_heads"]
-                h = rms(x, g(pre + "input_layernorm.weight"), eps)
-                q = h @ g(pre + "self_attn.q_proj.weight").T
-                k = h @ g(pre + "self_attn.k_proj.weight").T
-                v = h @ g(pre + "self_attn.v_proj.weight").T
-                if arch.get("attention_bias"):
-                    q = q + g(pre + "self_attn.q_proj.bias")
-                    k = k + g(pre + "self_attn.k_proj.bias")
-                    v = v + g(pre + "self_attn.v_proj.bias")
-                q = rope(q.view(T, Hq, D), arch["rope_theta"])
-                k = rope(k.view(T, Hkv, D), arch["rope_theta"])
-                v = v.view(T, Hkv, D)
-                rep = Hq // Hkv
-                k = k.repeat_interleave(rep, dim=1)
-                v = v.repeat_interleave(rep, dim=1)
-                s = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
-                mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
-                s = s.masked_fill(mask, float("-inf"))
-                a = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, Hq * D)
-                x = x + a @ g(pre + "self_attn.o_proj.weight").T
+                x = x + attn_block(arch, g, pre, x)[1]
             if L.get("mlp"):
-                h = rms(x, g(pre + "post_attention_layernorm.weight"), eps)
-                gate = h @ g(pre + "mlp.gate_proj.weight").T
-                up = h @ g(pre + "mlp.up_proj.weight").T
-                x = x + (torch.nn.functional.silu(gate) * up) @ g(pre + "mlp.down_proj.weight").T
-        x = rms(x, g("model.norm.weight"), eps)
+                x = x + mlp_block(arch, g, pre, x)[1]
+        x = rms(x, g("model.norm.weight"), arch["norm_eps"])
         head = g("lm_head.weight") if (prefix + "lm_head.weight") in W else g("model.embed_tokens.weight")
         outs.append(x @ head.T)
     return torch.stack(outs)

@@ -18,52 +18,7 @@
 #include "compress/rank.h"
 #include "storage/archjson.h"
 #include "engine/rng.h"
-
-static int put(FILE *f, const char *name, const float *data, int ndim, const int64_t *shape)
-{
-    int32_t n = (int32_t)strlen(name), nd = ndim;
-    int64_t cnt = 1;
-    for (int i = 0; i < ndim; i++)
-        cnt *= shape[i];
-    if (fwrite(&n, 4, 1, f) != 1 || fwrite(name, 1, (size_t)n, f) != (size_t)n || fwrite(&nd, 4, 1, f) != 1 ||
-        (ndim && fwrite(shape, 8, (size_t)ndim, f) != (size_t)ndim) ||
-        (cnt && fwrite(data, 4, (size_t)cnt, f) != (size_t)cnt))
-        return -1;
-    return 0;
-}
-
-static int put_model(FILE *f, const eng_model *m, const char *prefix, int grads)
-{
-    char nm[200];
-    for (int i = 0; i < eng_model_tensor_count(m); i++) {
-        const char *name;
-        int64_t shape[2];
-        int ndim;
-        float *data;
-        if (eng_model_tensor(m, i, &name, shape, &ndim, &data))
-            return -1;
-        int64_t n = ndim == 2 ? shape[0] * shape[1] : shape[0];
-        float *h = malloc((size_t)n * sizeof *h);
-        if (!h)
-            return -1;
-        const float *src = grads ? m->grads + (data - m->params) : data;
-        m->be->to_host(m->be, h, src, (size_t)n * sizeof *h);
-        snprintf(nm, sizeof nm, "%s%s", prefix, name);
-        int rc = put(f, nm, h, ndim, shape);
-        free(h);
-        if (rc)
-            return -1;
-    }
-    return 0;
-}
-
-static int write_arch(const char *path, const arch *a)
-{
-    json_t *j = arch_to_json(a);
-    int rc = j ? json_dump_file(j, path, JSON_SORT_KEYS | JSON_INDENT(1)) : -1;
-    json_decref(j);
-    return rc;
-}
+#include "tests/tools/records.h"
 
 int main(int argc, char **argv)
 {

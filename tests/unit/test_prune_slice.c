@@ -1,5 +1,5 @@
 /* tests/unit/test_prune_slice.c — pruning is exact slicing: pruning to the parent's own
- * arch reproduces its logits; pruning to a smaller heterogeneous arch (narrower hidden,
+ * arch reproduces its logits, and reconstruction leaves such a student bit-identical; pruning to a smaller heterogeneous arch (narrower hidden,
  * fewer KV groups, fewer query heads per group, narrower FFN, a removed layer, removed
  * attention / MLP) computes exactly what the parent computes with the matching masks;
  * targets the parent cannot yield are clear errors naming the field; a pruned model
@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "compress/prune.h"
+#include "compress/reconstruct.h"
 
 enum { V = 37, C = 24, D = 4, NL = 3, B = 2, T = 7 };
 
@@ -90,6 +91,24 @@ static void identity_case(int tie, int bias)
     double e = rel_err(lq, lp, (size_t)B * T * V);
     printf("identity prune (tie %d, bias %d): logits rel err %.3g\n", tie, bias, e);
     assert_true(e < 1e-6);
+    /* nothing pruned, nothing refit: the same logits to the bit */
+    td_stream cal = {malloc(sizeof(int) * 96), 96};
+    for (int i = 0; i < 96; i++)
+        cal.ids[i] = (i * 7 + 3) % V;
+    recon_opts ro;
+    recon_opts_default(&ro);
+    ro.T = 16;
+    recon_result rr;
+    assert_int_equal(recon_run(&p, &q, &cal, &ro, &rr, err, sizeof err), 0);
+    assert_int_equal(rr.n, 2 * NL);
+    for (int i = 0; i < rr.n; i++)
+        assert_true(!rr.p[i].pruned && !rr.p[i].refit && rr.p[i].err_after == rr.p[i].err_before);
+    float *lr = malloc(sizeof(float) * B * T * V);
+    logits_of(&q, tok, lr);
+    assert_memory_equal(lr, lq, sizeof(float) * B * T * V);
+    free(lr);
+    recon_result_free(&rr);
+    td_stream_free(&cal);
     free(lp);
     free(lq);
     eng_model_free(&q);

@@ -1,0 +1,448 @@
+/* compress/reconstruct.c — the layer-by-layer least-squares refit of a pruned student
+ * (compress/reconstruct.h). Two engine steppers, one per model, walk the same
+ * calibration rows block by block; activations come to the host, where engine/linalg
+ * accumulates X^T X and Y^T X in fp64 and solves in fp64. Each finished layer is written
+ * to ckpt_dir as layer-NNNN.safetensors (its two projections and their outcome); a rerun
+ * loads those, replays the layers through both models (the same kernels, so the same
+ * streams) and goes on with the first unfinished one.
+ */
+#include "compress/reconstruct.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress/prune.h"
+#include "engine/clock.h"
+#include "engine/linalg.h"
+#include "storage/archjson.h"
+#include "storage/fileio.h"
+#include "storage/safetensors.h"
+
+void recon_opts_default(recon_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tokens = 16384;
+    o->T = 512;
+    o->rows = 4;
+    o->damp = 0.01;
+}
+
+int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen)
+{
+    if (n < 8) {
+        snprintf(err, errlen, "the calibration text holds only %zu tokens (reconstruction needs 8)", n);
+        return -1;
+    }
+    if (n < (size_t)o->T)
+        o->T = (int)n;
+    if ((int64_t)n < o->tokens)
+        o->tokens = (int64_t)n;
+    if (o->tokens < o->T)
+        o->tokens = o->T;
+    return 0;
+}
+
+void recon_result_free(recon_result *r)
+{
+    if (r)
+        free(r->p);
+}
+
+typedef struct {
+    eng_model *P, *S;
+    eng_stepper *sp, *ss;
+    prune_select sel;
+    const recon_opts *o;
+    recon_result *r;
+    int cap;                     /* r->p capacity */
+    size_t N;
+    float *X, *Y, *Yk, *W;       /* [N, maxd], [N, C], [N, C'], [C', maxd] */
+    double *G, *R;               /* [maxd, maxd], [C', maxd] */
+    int diverged;                /* the student's stream is no longer the parent's restricted to sel */
+    int done, total;
+} rc_state;
+
+static int stopped(rc_state *s)
+{
+    return s->o->progress && s->o->progress(s->o->progress_ctx, s->done, s->total);
+}
+
+static void proj_tensor(char *buf, size_t n, int layer, int part)
+{
+    snprintf(buf, n, part == ENG_PART_ATTN ? "model.layers.%d.self_attn.o_proj.weight"
+                                           : "model.layers.%d.mlp.down_proj.weight", layer);
+}
+
+static int push(rc_state *s, const recon_proj *p)
+{
+    if (s->r->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        recon_proj *q = realloc(s->r->p, sizeof *q * (size_t)cap);
+        if (!q)
+            return -1;
+        s->r->p = q;
+        s->cap = cap;
+    }
+    s->r->p[s->r->n++] = *p;
+    return 0;
+}
+
+/* The projection's input width in the model of shape a: Hq*D or F (0 where removed). */
+static int in_width(const arch *a, int layer, int part)
+{
+    const arch_layer *l = &a->layers[layer];
+    return part == ENG_PART_ATTN ? l->n_heads * a->head_dim : l->ffn_dim;
+}
+
+/* Refit the student's projection from s->X (its input) against s->Yk. Fills rp's errors
+ * and refit flag; the model gets the new weights when they lower the error. */
+static int refit(rc_state *s, int layer, int part, recon_proj *rp, char *err, size_t errlen)
+{
+    int d = rp->in_dim, c = rp->out_dim;
+    char name[96];
+    proj_tensor(name, sizeof name, layer, part);
+    if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
+        snprintf(err, errlen, "reconstruct: the student lacks %s", name);
+        return -1;
+    }
+    rp->err_before = rp->err_after = eng_la_sq_residual(s->X, s->N, d, s->W, c, s->Yk, c);
+    if (rp->err_before < 0)
+        goto oom;
+    if (!rp->pruned)
+        return 0;
+    memset(s->G, 0, sizeof(double) * (size_t)d * d);
+    memset(s->R, 0, sizeof(double) * (size_t)c * d);
+    eng_la_gram(s->G, s->X, s->N, d);
+    if (stopped(s))
+        return 1;
+    eng_la_cross(s->R, s->Yk, c, c, s->X, d, s->N);
+    int rc = eng_la_ridge(s->G, s->R, d, c, s->o->damp, s->W, &rp->lambda);
+    if (rc < 0)
+        goto oom;
+    if (rc > 0)   /* no signal, or a singular system: the slice stays */
+        return 0;
+    double e = eng_la_sq_residual(s->X, s->N, d, s->W, c, s->Yk, c);
+    if (e < 0)
+        goto oom;
+    if (e < rp->err_before) {
+        int64_t shape[2] = {c, d};
+        if (eng_model_set_tensor(s->S, name, s->W, shape, 2, err, errlen) != 0)
+            return -1;
+        rp->err_after = e;
+        rp->refit = 1;
+    }
+    return 0;
+oom:
+    snprintf(err, errlen, "reconstruct: out of host memory");
+    return -1;
+}
+
+/* One block (part) of student layer i, cut from parent layer src. replay: only advance
+ * both streams (the layer's outcome is already known). 0, 1 when stopped, -1. */
+static int block(rc_state *s, int i, int src, int part, int replay, char *err, size_t errlen)
+{
+    int p_in = in_width(&s->P->a, src, part), t_in = in_width(&s->S->a, i, part);
+    if (!p_in)
+        return 0;
+    if (!t_in) {
+        s->diverged = 1;
+        return eng_stepper_block(s->sp, src, part, 1, NULL, NULL, err, errlen);
+    }
+    recon_proj rp = {.layer = i, .source_layer = src, .part = part, .in_dim = t_in,
+                     .out_dim = s->S->a.hidden_size, .pruned = t_in < p_in || s->diverged};
+    s->diverged |= rp.pruned;
+    if (replay)
+        return eng_stepper_block(s->sp, src, part, 1, NULL, NULL, err, errlen) ||
+               eng_stepper_block(s->ss, i, part, 1, NULL, NULL, err, errlen) ? -1 : 0;
+    if (eng_stepper_block(s->sp, src, part, 1, NULL, s->Y, err, errlen) != 0)
+        return -1;
+    if (stopped(s))
+        return 1;
+    int C = s->P->a.hidden_size, c = rp.out_dim;
+    for (size_t n = 0; n < s->N; n++)
+        for (int j = 0; j < c; j++)
+            s->Yk[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
+    for (size_t k = 0; k < s->N * (size_t)c; k++)
+        rp.target_sq += (double)s->Yk[k] * s->Yk[k];
+    /* unpruned: one pass both reads the input and advances (the weights stay) */
+    if (eng_stepper_block(s->ss, i, part, !rp.pruned, s->X, NULL, err, errlen) != 0)
+        return -1;
+    if (stopped(s))
+        return 1;
+    int rc = refit(s, i, part, &rp, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (rp.pruned && eng_stepper_block(s->ss, i, part, 1, NULL, NULL, err, errlen) != 0)
+        return -1;
+    if (push(s, &rp) != 0) {
+        snprintf(err, errlen, "reconstruct: out of host memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Parent layers between the previous kept one and src: run whole; the student lost them. */
+static int skip_parent_layers(rc_state *s, int from, int to, char *err, size_t errlen)
+{
+    for (int l = from; l < to; l++)
+        for (int part = 0; part < 2; part++)
+            if (in_width(&s->P->a, l, part)) {
+                s->diverged = 1;
+                if (eng_stepper_block(s->sp, l, part, 1, NULL, NULL, err, errlen) != 0)
+                    return -1;
+            }
+    return 0;
+}
+
+/* ---- checkpoints -------------------------------------------------------------------------- */
+
+static json_t *proj_json(const recon_proj *p)
+{
+    double rel0 = p->target_sq > 0 ? p->err_before / p->target_sq : 0;
+    double rel1 = p->target_sq > 0 ? p->err_after / p->target_sq : 0;
+    return json_pack("{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f}", "layer", p->layer, "source_layer",
+                     p->source_layer, "proj", p->part == ENG_PART_ATTN ? "o_proj" : "down_proj", "in", p->in_dim,
+                     "out", p->out_dim, "pruned", p->pruned, "refit", p->refit, "error_before", p->err_before,
+                     "error_after", p->err_after, "target_sq", p->target_sq, "rel_error_before", rel0,
+                     "rel_error_after", rel1, "lambda", p->lambda);
+}
+
+static int proj_from_json(json_t *j, recon_proj *p)
+{
+    const char *proj = NULL;
+    int pruned = 0, refit_ = 0;
+    memset(p, 0, sizeof *p);
+    if (json_unpack(j, "{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:F,s:F,s:F,s:F}", "layer", &p->layer, "source_layer",
+                    &p->source_layer, "proj", &proj, "in", &p->in_dim, "out", &p->out_dim, "pruned", &pruned,
+                    "refit", &refit_, "error_before", &p->err_before, "error_after", &p->err_after, "target_sq",
+                    &p->target_sq, "lambda", &p->lambda))
+        return -1;
+    p->part = strcmp(proj, "o_proj") ? ENG_PART_MLP : ENG_PART_ATTN;
+    p->pruned = pruned;
+    p->refit = refit_;
+    return 0;
+}
+
+static void layer_path(char *buf, size_t n, const char *dir, int i)
+{
+    snprintf(buf, n, "%s/layer-%04d.safetensors", dir, i);
+}
+
+/* Write layer i's projections as they are now and the outcomes pushed since first. */
+static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
+{
+    const arch *a = &s->S->a;
+    st_write_tensor t[2];
+    char names[2][96];
+    float *bufs[2] = {NULL, NULL};
+    int n = 0, rc = -1;
+    for (int part = 0; part < 2; part++) {
+        int d = in_width(a, i, part);
+        if (!d)
+            continue;
+        proj_tensor(names[n], sizeof names[n], i, part);
+        bufs[n] = malloc(sizeof(float) * (size_t)a->hidden_size * d);
+        if (!bufs[n] || eng_model_get_tensor(s->S, names[n], bufs[n], (int64_t)a->hidden_size * d) < 0)
+            goto out;
+        t[n] = (st_write_tensor){.name = names[n], .data = bufs[n], .shape = {a->hidden_size, d}, .ndim = 2};
+        n++;
+    }
+    json_t *outcomes = json_array();
+    for (int k = first; outcomes && k < s->r->n; k++)
+        json_array_append_new(outcomes, proj_json(&s->r->p[k]));
+    char *text = outcomes ? json_dumps(outcomes, JSON_COMPACT) : NULL;
+    json_decref(outcomes);
+    json_t *meta = text ? json_pack("{s:s}", "projections", text) : NULL;
+    free(text);
+    char path[4200];
+    layer_path(path, sizeof path, s->o->ckpt_dir, i);
+    if (meta)
+        rc = st_write(path, t, n, ST_F32, meta, err, errlen);
+    json_decref(meta);
+out:
+    if (rc != 0 && !err[0])
+        snprintf(err, errlen, "reconstruct: out of memory writing layer %d's checkpoint", i);
+    free(bufs[0]);
+    free(bufs[1]);
+    return rc;
+}
+
+/* Load layer i's checkpoint into the student and its outcomes into r. 1 when there is
+ * none, 0 when loaded, -1 when it exists but cannot be used. */
+static int load_layer(rc_state *s, int i, char *err, size_t errlen)
+{
+    char path[4200];
+    layer_path(path, sizeof path, s->o->ckpt_dir, i);
+    if (!fio_is_file(path))
+        return 1;
+    st_file f;
+    if (st_open(&f, path, err, errlen) != 0)
+        return -1;
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < f.n; k++) {
+        float *buf = malloc(sizeof(float) * (size_t)(f.t[k].numel > 0 ? f.t[k].numel : 1));
+        rc = !buf || st_read_f32(&f, k, buf, f.t[k].numel, err, errlen) ||
+             eng_model_set_tensor(s->S, f.t[k].name, buf, f.t[k].shape, f.t[k].ndim, err, errlen) ? -1 : 0;
+        free(buf);
+    }
+    const char *text = json_string_value(json_object_get(f.metadata, "projections"));
+    json_t *arr = rc == 0 && text ? json_loads(text, 0, NULL) : NULL;
+    if (rc == 0 && !json_is_array(arr))
+        rc = -1;
+    for (size_t k = 0; rc == 0 && k < json_array_size(arr); k++) {
+        recon_proj p;
+        rc = proj_from_json(json_array_get(arr, k), &p) || push(s, &p) ? -1 : 0;
+    }
+    json_decref(arr);
+    st_close(&f);
+    if (rc != 0 && !err[0])
+        snprintf(err, errlen, "%s: not a reconstruction checkpoint of this student", path);
+    return rc;
+}
+
+/* What the checkpoints depend on: options, tokens and both shapes. */
+static json_t *ckpt_key(const rc_state *s, const int *tokens)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < s->N; i++)
+        h = (h ^ (uint32_t)tokens[i]) * 1099511628211ull;
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:s,s:o,s:o}", "format", "autocompress-reconstruct-1", "tokens",
+                     (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "token_hash", hex,
+                     "parent", arch_to_json(&s->P->a), "student", arch_to_json(&s->S->a));
+}
+
+/* Make ckpt_dir hold checkpoints of this run only: a key of other options or another
+ * student clears it. 0, or -1 with a reason. */
+static int ckpt_open(rc_state *s, const int *tokens, char *err, size_t errlen)
+{
+    const char *dir = s->o->ckpt_dir;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/reconstruct.json", dir);
+    json_t *key = ckpt_key(s, tokens);
+    if (!key) {
+        snprintf(err, errlen, "reconstruct: out of memory");
+        return -1;
+    }
+    char e[256];
+    json_t *have = fio_is_file(path) ? fio_load_json(path, 0, e, sizeof e) : NULL;
+    int same = have && json_equal(have, key);
+    json_decref(have);
+    int rc = 0;
+    if (!same) {
+        if ((fio_is_dir(dir) && fio_remove_tree(dir) != 0) || fio_mkdirs(dir) != 0) {
+            snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+            rc = -1;
+        } else {
+            rc = fio_write_json(path, key, JSON_SORT_KEYS, err, errlen);
+        }
+    }
+    json_decref(key);
+    return rc;
+}
+
+/* ---- the run ---------------------------------------------------------------------------- */
+
+static int state_alloc(rc_state *s, char *err, size_t errlen)
+{
+    const arch *pa = &s->P->a, *sa = &s->S->a;
+    size_t maxd = 1;
+    for (int l = 0; l < sa->n_layers; l++)
+        for (int part = 0; part < 2; part++)
+            if ((size_t)in_width(sa, l, part) > maxd)
+                maxd = (size_t)in_width(sa, l, part);
+    size_t C = (size_t)pa->hidden_size, c = (size_t)sa->hidden_size;
+    s->X = malloc(sizeof(float) * s->N * maxd);
+    s->Y = malloc(sizeof(float) * s->N * C);
+    s->Yk = malloc(sizeof(float) * s->N * c);
+    s->W = malloc(sizeof(float) * c * maxd);
+    s->G = malloc(sizeof(double) * maxd * maxd);
+    s->R = malloc(sizeof(double) * c * maxd);
+    if (!s->X || !s->Y || !s->Yk || !s->W || !s->G || !s->R) {
+        snprintf(err, errlen, "reconstruct: out of host memory for %zu calibration tokens", s->N);
+        return -1;
+    }
+    return 0;
+}
+
+static void state_free(rc_state *s)
+{
+    eng_stepper_free(s->sp);
+    eng_stepper_free(s->ss);
+    prune_select_free(&s->sel);
+    free(s->X);
+    free(s->Y);
+    free(s->Yk);
+    free(s->W);
+    free(s->G);
+    free(s->R);
+}
+
+int recon_run(eng_model *parent, eng_model *student, const td_stream *text, const recon_opts *o, recon_result *r,
+              char *err, size_t errlen)
+{
+    double t0 = eng_wall_s();
+    memset(r, 0, sizeof *r);
+    err[0] = 0;
+    recon_opts fit = *o;
+    if (recon_opts_fit(&fit, text->n, err, errlen) != 0)
+        return -1;
+    rc_state s = {.P = parent, .S = student, .o = &fit, .r = r, .total = student->a.n_layers};
+    r->T = fit.T;
+    r->B = (int)(fit.tokens / fit.T);
+    s.N = (size_t)r->B * r->T;
+    r->tokens = (int64_t)s.N;
+    int rc = prune_select_prefix(&parent->a, &student->a, &s.sel, err, errlen);
+    if (rc == 0)
+        rc = state_alloc(&s, err, errlen);
+    if (rc == 0 && fit.ckpt_dir)
+        rc = ckpt_open(&s, text->ids, err, errlen);
+    if (rc == 0) {
+        s.sp = eng_stepper_new(parent, text->ids, r->B, r->T, fit.rows, err, errlen);
+        s.ss = s.sp ? eng_stepper_new(student, text->ids, r->B, r->T, fit.rows, err, errlen) : NULL;
+        rc = s.ss ? 0 : -1;
+    }
+    s.diverged = s.sel.n_hidden < parent->a.hidden_size;
+    int prev = -1, replay = fit.ckpt_dir != NULL;
+    for (int i = 0; rc == 0 && i < student->a.n_layers; i++) {
+        int src = student->a.layers[i].source_layer, first = r->n;
+        if (replay) {
+            rc = load_layer(&s, i, err, errlen);
+            replay = rc == 0;
+            r->resumed_layers += replay;
+            if (rc == 1)
+                rc = 0;
+        }
+        if (rc == 0)
+            rc = skip_parent_layers(&s, prev + 1, src, err, errlen);
+        for (int part = 0; rc == 0 && part < 2; part++)
+            rc = block(&s, i, src, part, replay, err, errlen);
+        prev = src;
+        if (rc == 0 && fit.ckpt_dir && !replay)
+            rc = save_layer(&s, i, first, err, errlen);
+        s.done = i + 1;
+        if (rc == 0 && stopped(&s))
+            rc = 1;
+    }
+    state_free(&s);
+    r->wall_s = eng_wall_s() - t0;
+    if (rc < 0) {
+        recon_result_free(r);
+        memset(r, 0, sizeof *r);
+    }
+    return rc;
+}
+
+json_t *recon_result_json(const recon_result *r, double damp)
+{
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < r->n; i++)
+        json_array_append_new(arr, proj_json(&r->p[i]));
+    return arr ? json_pack("{s:I,s:i,s:i,s:f,s:f,s:i,s:o}", "tokens", (json_int_t)r->tokens, "sequences", r->B,
+                           "seq_len", r->T, "damp", damp, "wall_s", r->wall_s, "resumed_layers", r->resumed_layers,
+                           "projections", arr)
+               : NULL;
+}

@@ -1,0 +1,77 @@
+/* compress/reconstruct.h — least-squares reconstruction of a pruned student: layer by
+ * layer, the calibration text runs through the dense (ranked) parent and through the
+ * student as refit so far, and every projection that reads pruned inputs (o_proj after
+ * removed heads or KV groups, down_proj after removed FFN units), or whose inputs differ
+ * from the parent's because something upstream was pruned, is refit by damped least
+ * squares against the parent's output on the same tokens (restricted to the kept hidden
+ * channels): W' = (Y^T X)(X^T X + lambda I)^-1, lambda = damp * mean diag(X^T X). The
+ * refit is kept only when it lowers the projection's squared error on those tokens.
+ * A student cut to the parent's own arch is left bit-identical.
+ */
+#ifndef AC_COMPRESS_RECONSTRUCT_H
+#define AC_COMPRESS_RECONSTRUCT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/textdata.h"
+#include "engine/model.h"
+
+typedef struct {
+    int64_t tokens;          /* calibration tokens: B sequences of T from the text's start */
+    int T;                   /* sequence length */
+    int rows;                /* sequences per engine pass (bounds the workspace) */
+    double damp;             /* lambda as a share of the Gram matrix's mean diagonal */
+    const char *ckpt_dir;    /* finished layers are kept here and resumed from; NULL: none */
+    /* optional: called between the steps of every layer with (finished layers, layers);
+     * nonzero stops the run (finished layers stay in ckpt_dir) */
+    int (*progress)(void *ctx, int done, int total);
+    void *progress_ctx;
+} recon_opts;
+
+/* 16,384 tokens as 32 x 512, 4 sequences per pass, damp 0.01, no checkpoints. */
+void recon_opts_default(recon_opts *o);
+
+/* Fit o to a text of n tokens: shorter sequences (one) when the text is shorter than T,
+ * fewer sequences when it is shorter than o->tokens. 0, or -1 with a reason when the
+ * text holds fewer than 8 tokens. */
+int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen);
+
+/* One projection's outcome. Errors are sums of squares over the calibration tokens and
+ * the kept hidden channels; target_sq is the parent output's own sum of squares. */
+typedef struct {
+    int layer, source_layer;
+    int part;                /* ENG_PART_ATTN (o_proj) or ENG_PART_MLP (down_proj) */
+    int in_dim, out_dim;     /* the refit matrix is [out_dim, in_dim] */
+    int pruned;              /* 1: inputs or upstream differ from the parent's */
+    int refit;               /* 1: the least-squares weights replaced the slice */
+    double err_before, err_after, target_sq, lambda;
+} recon_proj;
+
+typedef struct {
+    recon_proj *p;           /* [n], in layer order */
+    int n;
+    int64_t tokens;          /* B * T used */
+    int B, T;
+    int resumed_layers;      /* layers taken from ckpt_dir */
+    double wall_s;
+} recon_result;
+
+/* Reconstruct student (cut from `parent` by compress/prune.h's prefix selection; both on
+ * one backend) in place. parent is run, not changed. *r is filled on 0 and 1 (free with
+ * recon_result_free). Returns 0 when every layer is done, 1 when stopped by o->progress
+ * (the student then holds a partial refit: discard it; ckpt_dir resumes), -1 with a
+ * reason (text too short, out of memory, a checkpoint that cannot be written). */
+int recon_run(eng_model *parent, eng_model *student, const td_stream *text, const recon_opts *o, recon_result *r,
+              char *err, size_t errlen);
+
+/* {"tokens", "sequences", "seq_len", "damp", "wall_s", "resumed_layers", "projections":
+ * [{"layer", "source_layer", "proj", "in", "out", "pruned", "refit", "error_before",
+ * "error_after", "rel_error_before", "rel_error_after", "lambda"}]}: NEW reference, or
+ * NULL when out of memory. */
+json_t *recon_result_json(const recon_result *r, double damp);
+
+void recon_result_free(recon_result *r);
+
+#endif

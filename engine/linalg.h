@@ -1,0 +1,28 @@
+/* engine/linalg.h — host linear algebra for least-squares refits of a linear layer:
+ * Gram and cross products of fp32 activations accumulated in fp64, the damped normal
+ * equations solved by LAPACK's Cholesky (dposv, from the OpenBLAS the engine links) in
+ * fp64, and the squared residual of a weight matrix. Row-major throughout; weights are
+ * [out, in] as in HF.
+ */
+#ifndef AC_ENGINE_LINALG_H
+#define AC_ENGINE_LINALG_H
+
+#include <stddef.h>
+
+/* G[d,d] += X^T X for X [n, d] (ld = d). */
+void eng_la_gram(double *G, const float *X, size_t n, int d);
+
+/* R[dy,dx] += Y^T X for Y [n, dy] (rows ldy apart) and X [n, dx] (ld = dx). */
+void eng_la_cross(double *R, const float *Y, int ldy, int dy, const float *X, int dx, size_t n);
+
+/* The damped least-squares weights W [dy, d] = R (G + lambda I)^-1 with lambda = damp
+ * times the mean of G's diagonal (*lambda gets it; may be NULL). G is not changed.
+ * 0; 1 when G's diagonal is all zero (no signal) or LAPACK finds the system not
+ * positive definite; -1 when out of memory. W is untouched unless 0. */
+int eng_la_ridge(const double *G, const double *R, int d, int dy, double damp, float *W, double *lambda);
+
+/* Sum of squares of X W^T - Y over n rows: X [n, d], W [dy, d], Y [n, dy] (rows ldy
+ * apart), in fp64 (the products in fp32 blocks). -1.0 when out of memory. */
+double eng_la_sq_residual(const float *X, size_t n, int d, const float *W, int dy, const float *Y, int ldy);
+
+#endif

@@ -1,0 +1,145 @@
+/* tests/tools/recon_oracle.c — drives the least-squares reconstruction for the PyTorch
+ * oracle (tests/oracle/test_prune_reconstruct.py): a random GQA parent is pruned to a
+ * student of the chosen case and reconstructed on random calibration rows. Writes
+ * OUT.bin (tests/tools/records.h: tokens, parent.*, before.* (the slice), after.*),
+ * OUT.parent.json / OUT.student.json (arch JSON) and OUT.recon.json (the outcome).
+ * Usage: recon_oracle OUT CASE [CKPT_DIR [KILL_AFTER]], CASE one of ffn, heads, kv,
+ * mixed; with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
+ * the process SIGKILL once k layers are done. Not part of the product.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+
+#include "compress/prune.h"
+#include "compress/reconstruct.h"
+#include "engine/rng.h"
+#include "tests/tools/records.h"
+
+enum { V = 61, C = 32, D = 8, NL = 4, B = 6, T = 40 };
+
+static int kill_after = -1;
+
+static int on_progress(void *ctx, int done, int total)
+{
+    (void)ctx;
+    (void)total;
+    if (kill_after >= 0 && done >= kill_after)
+        raise(SIGKILL);
+    return 0;
+}
+
+/* The student of each case; parent layers have 8 heads in 4 KV groups (2 per group)
+ * except layer 2 (8 heads, 2 groups) and FFN widths 48, 40, 56, 44. */
+static int student_of(const char *name, const arch *pa, arch *sa)
+{
+    if (arch_copy(sa, pa))
+        return -1;
+    if (!strcmp(name, "ffn")) {
+        for (int l = 0; l < NL; l++)
+            sa->layers[l].ffn_dim = pa->layers[l].ffn_dim / 2;
+    } else if (!strcmp(name, "heads")) {   /* query heads per group 2 -> 1, groups kept */
+        for (int l = 0; l < NL; l++)
+            sa->layers[l].n_heads = sa->layers[l].n_kv_heads;
+    } else if (!strcmp(name, "kv")) {      /* whole KV groups removed */
+        sa->layers[0].n_kv_heads = 2, sa->layers[0].n_heads = 4;
+        sa->layers[2].n_kv_heads = 1, sa->layers[2].n_heads = 4;
+    } else if (!strcmp(name, "mixed")) {   /* hidden 24, a layer removed, parts removed */
+        sa->hidden_size = 24;
+        sa->n_layers = 3;
+        sa->layers[0] = (arch_layer){.source_layer = 0, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 30};
+        sa->layers[1] = (arch_layer){.source_layer = 2, .n_heads = 0, .n_kv_heads = 0, .ffn_dim = 20};
+        sa->layers[2] = (arch_layer){.source_layer = 3, .n_heads = 6, .n_kv_heads = 3, .ffn_dim = 0};
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: recon_oracle OUT CASE [CKPT_DIR [KILL_AFTER]]\n");
+        return 2;
+    }
+    const char *ckpt = argc > 3 ? argv[3] : NULL;
+    kill_after = argc > 4 ? (int)strtol(argv[4], NULL, 10) : -1;
+    char err[512];
+    arch pa, sa;
+    if (arch_init(&pa, NL))
+        return 1;
+    snprintf(pa.family, sizeof pa.family, "llama");
+    pa.vocab_size = V;
+    pa.hidden_size = C;
+    pa.head_dim = D;
+    pa.max_position_embeddings = 64;
+    pa.rope_theta = 10000.0;
+    pa.norm_eps = 1e-5;
+    int kv[NL] = {4, 4, 2, 4}, ffn[NL] = {48, 40, 56, 44};
+    for (int l = 0; l < NL; l++)
+        pa.layers[l] = (arch_layer){.source_layer = l, .n_heads = 8, .n_kv_heads = kv[l], .ffn_dim = ffn[l]};
+    if (student_of(argv[2], &pa, &sa)) {
+        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed)\n", argv[2]);
+        return 2;
+    }
+    eng_backend *be = eng_backend_cpu_new(1);
+    eng_model parent, student;
+    if (!be || eng_model_init(&parent, &pa, be, err, sizeof err)) {
+        fprintf(stderr, "recon_oracle: %s\n", err);
+        return 1;
+    }
+    eng_model_randomize(&parent, 17, 0.3f);
+    td_stream cal = {malloc(sizeof(int) * B * T), (size_t)B * T};
+    uint64_t x = 4242;
+    for (int i = 0; i < B * T; i++)
+        cal.ids[i] = (int)(eng_xorshift64star(&x) % V);
+    recon_opts o;
+    recon_opts_default(&o);
+    o.tokens = B * T;
+    o.T = T;
+    o.rows = 4;   /* two passes per block, the second one short */
+    o.ckpt_dir = ckpt;
+    o.progress = on_progress;
+    recon_result r;
+    char path[4096];
+    snprintf(path, sizeof path, "%s.bin", argv[1]);
+    FILE *f = fopen(path, "wb");
+    float ftok[B * T];
+    for (int i = 0; i < B * T; i++)
+        ftok[i] = (float)cal.ids[i];
+    int64_t shp[2] = {B, T};
+    if (!f || prune_to_arch(&parent, &sa, &student, err, sizeof err) || put(f, "tokens", ftok, 2, shp) ||
+        put_model(f, &parent, "parent.", 0) || put_model(f, &student, "before.", 0)) {
+        fprintf(stderr, "recon_oracle: %s\n", err);
+        return 1;
+    }
+    if (recon_run(&parent, &student, &cal, &o, &r, err, sizeof err) != 0) {
+        fprintf(stderr, "recon_oracle: reconstruct: %s\n", err);
+        return 1;
+    }
+    json_t *rj = recon_result_json(&r, o.damp);
+    if (put_model(f, &student, "after.", 0) || fclose(f) || !rj) {
+        fprintf(stderr, "recon_oracle: cannot write %s\n", path);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s.recon.json", argv[1]);
+    if (json_dump_file(rj, path, JSON_SORT_KEYS | JSON_INDENT(1)))
+        return 1;
+    snprintf(path, sizeof path, "%s.parent.json", argv[1]);
+    if (write_arch(path, &pa))
+        return 1;
+    snprintf(path, sizeof path, "%s.student.json", argv[1]);
+    if (write_arch(path, &sa))
+        return 1;
+    json_decref(rj);
+    recon_result_free(&r);
+    td_stream_free(&cal);
+    eng_model_free(&student);
+    eng_model_free(&parent);
+    arch_free(&pa);
+    arch_free(&sa);
+    eng_backend_free(be);
+    return 0;
+}
