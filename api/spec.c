@@ -661,6 +661,17 @@ static json_t *check_budgets(vctx *v, json_t *in)
     return out;
 }
 
+/* pruning: {reconstruct} — least-squares reconstruction of the slice, on by default. */
+static json_t *check_pruning(vctx *v, json_t *in)
+{
+    static const char *const keys[] = {"reconstruct", NULL};
+    json_t *p = member(v, in, "", "pruning", JSON_OBJECT, 0);
+    if (p)
+        only_keys(v, p, "/pruning", keys);
+    json_t *r = p ? member(v, p, "/pruning", "reconstruct", JSON_TRUE, 0) : NULL;
+    return json_pack("{s:b}", "reconstruct", r ? json_is_true(r) : 1);
+}
+
 static json_t *check_data(vctx *v, json_t *in)
 {
     json_t *d = member(v, in, "", "data", JSON_OBJECT, 0);
@@ -858,7 +869,7 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
         return finish(&v, out, status, errors);
     }
     static const char *const keys[] = {"name", "model", "target", "constraints", "method", "search_space",
-                                       "budgets", "data", "evaluation", "export", "callback_url",
+                                       "pruning", "budgets", "data", "evaluation", "export", "callback_url",
                                        "metadata", "x_test_pipeline", "x_test_sleep_ms",
                                        "x_test_artifact_bytes", NULL};
     only_keys(&v, in, "", keys);
@@ -873,6 +884,7 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
         fault(&v, 422, "/method", "must be autocompress or minitron");
     json_object_set_new(out, "method", json_string(method ? json_string_value(method) : "autocompress"));
     json_object_set_new(out, "search_space", check_search_space(&v, in));
+    json_object_set_new(out, "pruning", check_pruning(&v, in));
     json_object_set_new(out, "budgets", check_budgets(&v, in));
     json_object_set_new(out, "data", check_data(&v, in));
     json_object_set_new(out, "evaluation", check_evaluation(&v, in));

@@ -66,7 +66,7 @@ typedef struct {
 
 static int stopped(rc_state *s)
 {
-    return s->o->progress && s->o->progress(s->o->progress_ctx, s->done, s->total);
+    return s->o->progress && s->o->progress(s->o->progress_ctx, s->r, s->done, s->total);
 }
 
 static void proj_tensor(char *buf, size_t n, int layer, int part)

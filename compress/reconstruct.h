@@ -18,15 +18,18 @@
 #include "compress/textdata.h"
 #include "engine/model.h"
 
+struct recon_result;
+
 typedef struct {
     int64_t tokens;          /* calibration tokens: B sequences of T from the text's start */
     int T;                   /* sequence length */
     int rows;                /* sequences per engine pass (bounds the workspace) */
     double damp;             /* lambda as a share of the Gram matrix's mean diagonal */
     const char *ckpt_dir;    /* finished layers are kept here and resumed from; NULL: none */
-    /* optional: called between the steps of every layer with (finished layers, layers);
-     * nonzero stops the run (finished layers stay in ckpt_dir) */
-    int (*progress)(void *ctx, int done, int total);
+    /* optional: called between the steps of every layer with the outcomes so far (r->n
+     * projections, in layer order), finished layers and layers; nonzero stops the run
+     * (finished layers stay in ckpt_dir) */
+    int (*progress)(void *ctx, const struct recon_result *r, int done, int total);
     void *progress_ctx;
 } recon_opts;
 
@@ -49,7 +52,7 @@ typedef struct {
     double err_before, err_after, target_sq, lambda;
 } recon_proj;
 
-typedef struct {
+typedef struct recon_result {
     recon_proj *p;           /* [n], in layer order */
     int n;
     int64_t tokens;          /* B * T used */

@@ -66,13 +66,28 @@ int step_rank_load(const char *path, const eng_model *m, rank_result *r, char *e
     return 0;
 }
 
-int step_prune(const eng_model *ranked, const arch *target, const char *dir, json_t *manifest, char *err,
-               size_t errlen)
+int step_prune(eng_model *ranked, const arch *target, const char *dir, json_t *manifest, const td_stream *text,
+               const recon_opts *ro, recon_result *rr, char *err, size_t errlen)
 {
     eng_model student;
     if (prune_to_arch(ranked, target, &student, err, errlen) != 0)
         return -1;
-    int rc = prune_save_dir(&student, dir, manifest, err, errlen);
+    int rc = ro ? recon_run(ranked, &student, text, ro, rr, err, errlen) : 0;
+    json_t *man = rc != 0 ? NULL : manifest ? json_deep_copy(manifest) : json_object();
+    if (rc == 0) {
+        json_t *rj = ro ? recon_result_json(rr, ro->damp) : json_false();
+        if (!man || !rj || json_object_set_new(man, "reconstruction", rj) != 0) {
+            snprintf(err, errlen, "out of memory");
+            rc = -1;
+        }
+    }
+    if (rc == 0)
+        rc = prune_save_dir(&student, dir, man, err, errlen);
+    json_decref(man);
+    if (rc < 0 && ro && rr) {
+        recon_result_free(rr);
+        memset(rr, 0, sizeof *rr);
+    }
     eng_model_free(&student);
     return rc;
 }

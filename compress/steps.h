@@ -15,6 +15,7 @@
 #include "compress/calibrate.h"
 #include "compress/distill.h"
 #include "compress/rank.h"
+#include "compress/reconstruct.h"
 #include "compress/textdata.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -48,11 +49,15 @@ int step_rank(eng_model *m, const td_stream *text, const rank_opts *o, rank_resu
  * filled (free with rank_free), or -1 with a reason and nothing to free. */
 int step_rank_load(const char *path, const eng_model *m, rank_result *r, char *err, size_t errlen);
 
-/* Slice the ranked parent to target and save the student as a pruned model directory
- * (compress/prune.h) with manifest (borrowed, may be NULL) as prune.json. 0, or -1 with
- * a reason (an arch the parent cannot yield names the field at fault). */
-int step_prune(const eng_model *ranked, const arch *target, const char *dir, json_t *manifest, char *err,
-               size_t errlen);
+/* Slice the ranked parent to target, reconstruct it on text when ro is given (compress/
+ * reconstruct.h; NULL: the plain slice), and save the student as a pruned model
+ * directory (compress/prune.h) with manifest (borrowed, may be NULL) as prune.json, which
+ * gets "reconstruction": the outcome (recon_result_json), or false. *rr (may be NULL
+ * without ro) is filled on 0 and 1 (free with recon_result_free). 0 when saved, 1 when
+ * stopped by ro's progress callback (nothing saved; ro->ckpt_dir resumes), -1 with a
+ * reason (an arch the parent cannot yield names the field at fault). */
+int step_prune(eng_model *ranked, const arch *target, const char *dir, json_t *manifest, const td_stream *text,
+               const recon_opts *ro, recon_result *rr, char *err, size_t errlen);
 
 /* 1 when val (may be NULL) is long enough to validate on: more than one window of o's. */
 int step_distill_has_val(const td_stream *val, const distill_opts *o);

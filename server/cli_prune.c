@@ -1,6 +1,7 @@
 /* server/cli_prune.c — `autocompress prune MODEL --arch ARCH.json --out DIR`: rank the
  * parent on calibration text (or reuse a saved ranking), permute it so every narrower
- * choice is a prefix, slice it to the target arch and write a pruned model directory
+ * choice is a prefix, slice it to the target arch, reconstruct the slice by least squares
+ * on the calibration text (compress/reconstruct.h) and write a pruned model directory
  * (compress/prune.h) with ranking.json beside it. The text, rank and prune steps are the
  * job's (compress/steps.h); this file parses, strings them together and prints a JSON
  * summary on stdout.
@@ -29,7 +30,9 @@ static void usage(FILE *f)
             "  --calib FILE         calibration text (.txt/.raw paragraphs, c4 .jsonl, TinyStories)\n"
             "  --calib-tokens N     activation-statistics tokens (default 32768, as jobs)\n"
             "  --layer-tokens N     tokens for the layer-skip losses (default 2048; 0: skip)\n"
-            "  --ranking FILE       reuse a saved ranking instead of --calib\n"
+            "  --ranking FILE       reuse a saved ranking (then --calib serves reconstruction only)\n"
+            "  --recon-tokens N     least-squares reconstruction tokens (default 16384, as jobs)\n"
+            "  --no-reconstruct     keep the plain slice (reconstruction needs --calib)\n"
             "  --keep-kv            rank query heads inside fixed KV groups only\n"
             "  --batch B --seq T    calibration forward shape (default 4 x 256)\n"
             "  --tokenizer PATH     tokenizer override for MODEL\n"
@@ -45,11 +48,22 @@ static int on_rank_progress(void *ctx, int64_t done, int64_t total)
     return 0;
 }
 
+static int on_recon_progress(void *ctx, const recon_result *r, int done, int total)
+{
+    int *shown = ctx;
+    if (done > *shown) {
+        *shown = done;
+        fprintf(stderr, "prune: reconstructed layer %d/%d (%d projections)\n", done, total, r->n);
+    }
+    return 0;
+}
+
 typedef struct {
     const char *model, *arch_path, *out, *calib, *ranking, *tokp;
     rank_opts ro;       /* tokens (--calib-tokens), layer_tokens, B, T, keep_kv */
+    recon_opts rc;      /* tokens (--recon-tokens) */
     td_pack_opts po;    /* the document order's seed */
-    int threads;
+    int threads, reconstruct, recon_shown;
 } prune_args;
 
 /* CLI_END with *a filled, or the exit status. */
@@ -62,10 +76,15 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         {"layer-tokens", required_argument, NULL, 'l'}, {"batch", required_argument, NULL, 'b'},
         {"seq", required_argument, NULL, 's'},          {"threads", required_argument, NULL, 'j'},
         {"seed", required_argument, NULL, 'S'},         {"keep-kv", no_argument, NULL, 'K'},
+        {"recon-tokens", required_argument, NULL, 'R'}, {"no-reconstruct", no_argument, NULL, 'N'},
         {"help", no_argument, NULL, 'h'},               {0}};
     memset(a, 0, sizeof *a);
     rank_opts_default(&a->ro);
     a->ro.progress = on_rank_progress;
+    recon_opts_default(&a->rc);
+    a->rc.progress = on_recon_progress;
+    a->rc.progress_ctx = &a->recon_shown;
+    a->reconstruct = 1;
     step_text_default(&a->po, NULL);
     cli_parser p;
     int c;
@@ -88,6 +107,8 @@ static int prune_parse(int argc, char **argv, prune_args *a)
                 a->po.seed = (uint64_t)seed;
             break;
         case 'K': a->ro.keep_kv = 1; break;
+        case 'R': cli_i64(&p, 1, INT64_MAX, &a->rc.tokens); break;
+        case 'N': a->reconstruct = 0; break;
         }
     }
     if (c != CLI_END)
@@ -123,9 +144,32 @@ static int load_target(const char *path, arch *target)
     return rc ? -1 : 0;
 }
 
-/* The ranking: --ranking's, checked against the parent, or the rank step on --calib's
- * text. 0, or -1 after the message. */
-static int prune_rank(const prune_args *a, eng_model *parent, const tok_tokenizer *tok, rank_result *r)
+/* --calib's text as one stream, no validation, documents after BOS (else EOS), as long
+ * as ranking and reconstruction read. 0, or -1 after the message. */
+static int prune_text(const prune_args *a, const tok_tokenizer *tok, td_stream *cal)
+{
+    char err[1024];
+    const tok_config *tc = tok_cfg(tok);
+    int64_t need = a->ranking ? 0 : a->ro.tokens > a->ro.layer_tokens ? a->ro.tokens : a->ro.layer_tokens;
+    if (a->reconstruct && a->rc.tokens > need)
+        need = a->rc.tokens;
+    td_pack_opts po = a->po;
+    po.val_fraction = 0;
+    po.sep_token = tc->bos_id >= 0 ? tc->bos_id : tc->eos_id;
+    po.max_tokens = (size_t)(need + a->ro.T + 1);
+    if (step_text(a->calib, tok, &po, cal, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "prune: %s: %s\n", a->calib, err);
+        return -1;
+    }
+    if (cal->n < (size_t)need + 1)
+        fprintf(stderr, "prune: note: %s holds %zu tokens, fewer than the %lld asked; windows repeat\n", a->calib,
+                cal->n, (long long)need);
+    return 0;
+}
+
+/* The ranking: --ranking's, checked against the parent, or the rank step on the text.
+ * 0, or -1 after the message. */
+static int prune_rank(const prune_args *a, eng_model *parent, const td_stream *cal, rank_result *r)
 {
     char err[1024];
     if (a->ranking) {
@@ -135,31 +179,16 @@ static int prune_rank(const prune_args *a, eng_model *parent, const tok_tokenize
         }
         return 0;
     }
-    /* one stream, no validation, documents after BOS (else EOS), as long as ranking reads */
-    const tok_config *tc = tok_cfg(tok);
-    int64_t need = a->ro.tokens > a->ro.layer_tokens ? a->ro.tokens : a->ro.layer_tokens;
-    td_pack_opts po = a->po;
-    po.val_fraction = 0;
-    po.sep_token = tc->bos_id >= 0 ? tc->bos_id : tc->eos_id;
-    po.max_tokens = (size_t)(need + a->ro.T + 1);
-    td_stream cal = {0};
-    if (step_text(a->calib, tok, &po, &cal, NULL, NULL, err, sizeof err)) {
-        fprintf(stderr, "prune: %s: %s\n", a->calib, err);
-        return -1;
-    }
-    if (cal.n < (size_t)need + 1)
-        fprintf(stderr, "prune: note: %s holds %zu tokens, fewer than the %lld asked; windows repeat\n", a->calib,
-                cal.n, (long long)need);
-    int rc = step_rank(parent, &cal, &a->ro, r, err, sizeof err);
-    td_stream_free(&cal);
+    int rc = step_rank(parent, cal, &a->ro, r, err, sizeof err);
     if (rc != 0)
         fprintf(stderr, "prune: ranking: %s\n", err);
     return rc ? -1 : 0;
 }
 
-/* DIR: the pruned model (the prune step) with prune.json, and ranking.json. 0, or -1
- * after the message. */
-static int prune_write(const prune_args *a, const eng_model *parent, const arch *target, const rank_result *r)
+/* DIR: the pruned model (the prune step, reconstructed on cal unless told not to) with
+ * prune.json, and ranking.json. 0, or -1 after the message. */
+static int prune_write(const prune_args *a, eng_model *parent, const arch *target, const rank_result *r,
+                       const td_stream *cal, recon_result *rr)
 {
     char rpath[4096], err[1024];
     if ((size_t)snprintf(rpath, sizeof rpath, "%s/ranking.json", a->out) >= sizeof rpath) {
@@ -173,7 +202,9 @@ static int prune_write(const prune_args *a, const eng_model *parent, const arch 
                             r->keep_kv);
     if (!man)
         snprintf(err, sizeof err, "out of memory");
-    int rc = !man || step_prune(parent, target, a->out, man, err, sizeof err) || rank_save(r, rpath, err, sizeof err);
+    const recon_opts *ro = a->reconstruct && cal ? &a->rc : NULL;
+    int rc = !man || step_prune(parent, target, a->out, man, cal, ro, rr, err, sizeof err) ||
+             rank_save(r, rpath, err, sizeof err);
     json_decref(man);
     if (rc)
         fprintf(stderr, "prune: %s: %s\n", a->out, err);
@@ -181,7 +212,7 @@ static int prune_write(const prune_args *a, const eng_model *parent, const arch 
 }
 
 static void prune_print(const prune_args *a, const eng_model *parent, const arch *target, const rank_result *r,
-                        double rank_s, double wall_s)
+                        const recon_result *rr, double rank_s, double wall_s)
 {
     char summary[4096];
     arch_summary(target, summary, sizeof summary);
@@ -189,6 +220,8 @@ static void prune_print(const prune_args *a, const eng_model *parent, const arch
                             (json_int_t)arch_params(&parent->a), "params", (json_int_t)arch_params(target),
                             "base_loss", r->base_loss, "calibration_tokens", (json_int_t)r->tokens, "rank_s", rank_s,
                             "wall_s", wall_s);
+    if (res)
+        json_object_set_new(res, "reconstruction", rr ? recon_result_json(rr, a->rc.damp) : json_false());
     char *text = res ? json_dumps(res, JSON_SORT_KEYS) : NULL;
     if (text)
         printf("%s\n", text);
@@ -206,12 +239,14 @@ int cli_prune(int argc, char **argv)
     if (load_target(a.arch_path, &target))
         return 1;
     char err[1024];
-    int status = 1, have_parent = 0, have_rank = 0;
+    int status = 1, have_parent = 0, have_rank = 0, have_recon = 0;
     double t0 = eng_wall_s(), t_rank = 0;
     eng_backend *be = eng_backend_cpu_new(a.threads);
     eng_model parent = {0};
     tok_tokenizer *tok = NULL;
     rank_result r = {0};
+    recon_result rr = {0};
+    td_stream cal = {0};
     if (!be) {
         fprintf(stderr, "prune: cannot create the CPU backend\n");
         goto done;
@@ -225,8 +260,12 @@ int cli_prune(int argc, char **argv)
         fprintf(stderr, "prune: %s cannot be cut from %s: %s\n", a.arch_path, a.model, err);
         goto done;
     }
+    if (a.calib && prune_text(&a, tok, &cal))
+        goto done;
+    if (!a.calib && a.reconstruct)
+        fprintf(stderr, "prune: note: no calibration text (--calib): the slice is not reconstructed\n");
     t_rank = eng_wall_s();
-    if (prune_rank(&a, &parent, tok, &r))
+    if (prune_rank(&a, &parent, &cal, &r))
         goto done;
     have_rank = 1;
     t_rank = eng_wall_s() - t_rank;
@@ -234,13 +273,17 @@ int cli_prune(int argc, char **argv)
         fprintf(stderr, "prune: %s\n", err);
         goto done;
     }
-    if (prune_write(&a, &parent, &target, &r))
+    if (prune_write(&a, &parent, &target, &r, a.calib ? &cal : NULL, &rr))
         goto done;
-    prune_print(&a, &parent, &target, &r, t_rank, eng_wall_s() - t0);
+    have_recon = a.calib && a.reconstruct;
+    prune_print(&a, &parent, &target, &r, have_recon ? &rr : NULL, t_rank, eng_wall_s() - t0);
     status = 0;
 done:
+    if (have_recon)
+        recon_result_free(&rr);
     if (have_rank)
         rank_free(&r);
+    td_stream_free(&cal);
     tok_free(tok);
     if (have_parent)
         eng_model_free(&parent);

@@ -1,7 +1,9 @@
 #!/bin/bash
 # `autocompress prune` and `autocompress distill` on the real stories260K: rank on
 # TinyStories, prune to half the FFN width and one layer fewer, reuse the saved ranking
-# (same bytes), refuse impossible targets; distill with an exact token budget; a run
+# (same bytes), reconstruct by least squares by default (errors per projection in
+# prune.json, lower perplexity than the plain slice on stories it did not see, off with
+# --no-reconstruct or without text), refuse impossible targets; distill with an exact token budget; a run
 # killed with SIGKILL after a checkpoint and rerun ends with the same loss and the same
 # weights as an uninterrupted run. Env: AC_BIN, AC_SHARED.
 set -euo pipefail
@@ -66,9 +68,43 @@ python3 -c "import sys; p, h = map(float, sys.argv[1:3]); assert 1 < p < h, (p, 
 "$BIN" generate "$W/h" --prompt "Once upon a time" --max-tokens 8 --threads 1 >/dev/null 2>"$W/gh.log" \
     || { cat "$W/gh.log"; fail "generate from the snapshot"; }
 
-"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s2" --ranking "$W/s/ranking.json" --threads 1 \
-    >/dev/null 2>"$W/prune2.log" || { cat "$W/prune2.log"; fail "prune with --ranking"; }
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s2" --ranking "$W/s/ranking.json" --calib "$TEXT" \
+    --threads 1 >/dev/null 2>"$W/prune2.log" || { cat "$W/prune2.log"; fail "prune with --ranking"; }
 cmp -s "$W/s/model.safetensors" "$W/s2/model.safetensors" || fail "reused ranking gives other weights"
+# reconstruction is on by default: prune.json has every refit projection's errors, none
+# worse after than before; without it (or without text) the student is the plain slice
+python3 - "$W/s/prune.json" "$W/prune.json" <<'PY' || fail "reconstruction outcome"
+import json, sys
+rec = json.load(open(sys.argv[1]))["reconstruction"]
+assert rec["tokens"] >= 512 and len(rec["projections"]) == 8, rec
+assert all(p["error_after"] <= p["error_before"] for p in rec["projections"])
+assert any(p["refit"] and p["error_after"] < p["error_before"] for p in rec["projections"])
+assert json.load(open(sys.argv[2]))["reconstruction"]["projections"] == rec["projections"]
+PY
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s3" --ranking "$W/s/ranking.json" --calib "$TEXT" \
+    --no-reconstruct --threads 1 >"$W/p3.json" 2>"$W/prune3.log" || { cat "$W/prune3.log"; fail "--no-reconstruct"; }
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s4" --ranking "$W/s/ranking.json" --threads 1 \
+    >/dev/null 2>"$W/prune4.log" || { cat "$W/prune4.log"; fail "prune without text"; }
+grep -q "not reconstructed" "$W/prune4.log" || fail "no note that the slice is not reconstructed"
+cmp -s "$W/s3/model.safetensors" "$W/s4/model.safetensors" || fail "--no-reconstruct is not the plain slice"
+! cmp -s "$W/s/model.safetensors" "$W/s3/model.safetensors" || fail "reconstruction changed nothing"
+python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['reconstruction'] is False" "$W/s3/prune.json" \
+    || fail "prune.json of a plain slice"
+# on stories it did not see, the reconstructed student is closer to its parent than the
+# slice: reconstruct on the first 70 stories, measure on the other 30
+python3 - "$TEXT" "$W" <<'PY'
+import sys
+docs = open(sys.argv[1]).read().split("<|endoftext|>\n")
+open(sys.argv[2] + "/seen.txt", "w").write("<|endoftext|>\n".join(docs[:70]))
+open(sys.argv[2] + "/unseen.txt", "w").write("<|endoftext|>\n".join(docs[70:]))
+PY
+for r in "" --no-reconstruct; do
+    "$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/u$r" --ranking "$W/s/ranking.json" --calib "$W/seen.txt" \
+        $r --threads 1 >/dev/null 2>"$W/pu.log" || { cat "$W/pu.log"; fail "prune on seen.txt $r"; }
+done
+uppl() { "$BIN" perplexity "$1" --text "$W/unseen.txt" --ctx 128 --chunks 8 --threads 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ppl"])'; }
+python3 -c "import sys; p, r, s = map(float, sys.argv[1:4]); print('unseen ppl: parent %.2f, slice %.2f, reconstructed %.2f' % (p, s, r)); assert p < r < s" \
+    "$(uppl "$MODEL")" "$(uppl "$W/u")" "$(uppl "$W/u--no-reconstruct")" || fail "reconstruction does not lower perplexity"
 
 # impossible targets are clear errors
 if "$BIN" prune "$MODEL" --arch "$W/wide.json" --out "$W/x" --ranking "$W/s/ranking.json" 2>"$W/e1"; then

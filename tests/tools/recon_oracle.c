@@ -22,9 +22,10 @@ enum { V = 61, C = 32, D = 8, NL = 4, B = 6, T = 40 };
 
 static int kill_after = -1;
 
-static int on_progress(void *ctx, int done, int total)
+static int on_progress(void *ctx, const recon_result *r, int done, int total)
 {
     (void)ctx;
+    (void)r;
     (void)total;
     if (kill_after >= 0 && done >= kill_after)
         raise(SIGKILL);

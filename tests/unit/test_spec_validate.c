@@ -135,6 +135,7 @@ static void test_defaults(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "workload"), "prompt_tokens")), 256);
     assert_string_equal(json_string_value(json_object_get(s, "method")), "autocompress");
     assert_true(json_is_true(json_object_get(json_object_get(s, "search_space"), "depth")));
+    assert_true(json_is_true(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     assert_int_equal(json_array_size(json_object_get(s, "export")), 1);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "search_tokens")), 2000000);
     char want[PATH_MAX + 32];
@@ -156,6 +157,7 @@ static void test_full_spec(void **state)
                     "\"prompt_tokens\":1024,\"output_tokens\":128}},"
                     "\"constraints\":{\"latency_ms\":750,\"memory_gib\":1,\"throughput_tokens_per_s\":10,\"params\":1000},"
                     "\"method\":\"minitron\",\"search_space\":{\"hidden\":false,\"depth\":true},"
+                    "\"pruning\":{\"reconstruct\":false},"
                     "\"budgets\":{\"search_tokens\":10,\"distill_tokens\":0},"
                     "\"data\":{\"calibration\":\"data/text.txt\"},"
                     "\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":\"mine\",\"path\":\"data/text.txt\"}],\"limit\":5,\"seed\":1},"
@@ -168,6 +170,7 @@ static void test_full_spec(void **state)
     assert_string_equal(json_string_value(json_object_get(json_object_get(s, "model"), "format")), "hf");
     assert_false(json_is_true(json_object_get(json_object_get(s, "search_space"), "hidden")));
     assert_true(json_is_true(json_object_get(json_object_get(s, "search_space"), "ffn")));
+    assert_true(json_is_false(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     assert_int_equal(json_array_size(json_object_get(json_object_get(s, "evaluation"), "tasks")), 2);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "distill_tokens")), 0);
     json_decref(s);
@@ -179,6 +182,10 @@ static void test_shape_faults(void **state)
     expect_fault("[]", 400, "");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"colour\":1}", 400, "/colour");
     expect_fault("{\"constraints\":{\"latency_ms\":1}}", 400, "/model");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"pruning\":{\"reconstruct\":1}}", 400,
+                 "/pruning/reconstruct");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"pruning\":{\"obs\":true}}", 400, "/pruning/obs");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"pruning\":true}", 400, "/pruning");
     expect_fault("{" OK_MODEL "}", 400, "/constraints");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":\"1\"}}", 400, "/constraints/latency_ms");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":1.5}}", 400, "/constraints/params");
