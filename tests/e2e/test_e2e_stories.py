@@ -107,6 +107,13 @@ def check_report(rep, spec, limit, stages):
         if sel > budget:
             print("NOTE: minitron spent %d selection tokens for a budget of %d" % (sel, budget))
     assert rep["distillation"]["tokens"] == spec["budgets"]["distill_tokens"], rep["distillation"]
+    # pruning: reconstructed by default, every projection of the student listed, none worse
+    pr = rep["pruning"]
+    assert pr["reconstruct"] is True and pr["method"] == "least_squares", pr
+    n_proj = sum(bool(l.get("attention")) + bool(l.get("mlp")) for l in res["arch"]["layers"])
+    assert len(pr["projections"]) == n_proj and pr["tokens"] > 0, pr
+    assert all(p["error_after"] <= p["error_before"] for p in pr["projections"]), pr
+    assert any(p["refit"] for p in pr["projections"]), pr
     names = [s["name"] for s in rep["stages"]]
     assert [n for n in names if n in stages] == stages, names
     assert all(s["wall_s"] >= 0 for s in rep["stages"])
@@ -201,6 +208,9 @@ def main():
         print("job A: %.0f s, parent predicted %.3f ms, limit %.3f ms" % (time.time() - t0, lat, limit))
         _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
         check_report(rep, spec, limit, STAGES[:-1])
+        layer_events = [e for e in events(s, job["id"]) if e["type"] == "prune.reconstruct.layer"]
+        assert [e["data"]["layer"] for e in layer_events] == list(range(len(rep["result"]["arch"]["layers"]))), \
+            layer_events
         # margin_pct 10: the search aimed 10% under the limit; the report checks the limit itself
         assert rep["result"]["predicted"]["latency_ms"] <= 0.9 * limit * (1 + 1e-9), rep["result"]["predicted"]
         assert rep["limits"][0]["limit"] == limit, rep["limits"]
