@@ -467,6 +467,66 @@ static void kv_table(strbuf *b, const char *title, json_t *obj, const char *cons
     strbuf_printf(b, "</table>\n");
 }
 
+/* How the student was cut; after a least-squares reconstruction, each projection's
+ * relative error against the parent's output before and after, per layer (one chart for
+ * o_proj, one for down_proj). */
+static void pruning_section(strbuf *b, json_t *pr)
+{
+    if (!json_is_object(pr))
+        return;
+    strbuf_printf(b, "<h2>Pruning</h2>\n<p>");
+    if (!json_is_true(json_object_get(pr, "reconstruct"))) {
+        strbuf_printf(b, "The student is the plain slice of the ranked parent (pruning.reconstruct is false).</p>\n");
+        return;
+    }
+    json_t *ps = json_object_get(pr, "projections");
+    size_t n = json_array_size(ps), refit = 0, i;
+    json_t *p;
+    json_array_foreach(ps, i, p)
+        refit += json_is_true(json_object_get(p, "refit"));
+    strbuf_printf(b, "Least-squares reconstruction on ");
+    sb_count(b, json_object_get(pr, "tokens"));
+    strbuf_printf(b, " calibration tokens (damp ");
+    sb_value(b, json_object_get(pr, "damp"));
+    strbuf_printf(b, ", ");
+    sb_value(b, json_object_get(pr, "wall_s"));
+    strbuf_printf(b, " s): %zu of %zu projections refit; the others read nothing pruned or gained nothing.</p>\n",
+                  refit, n);
+    if (n > 512)
+        n = 512;
+    char (*lab)[24] = calloc(n ? n : 1, sizeof *lab);
+    const char **labels = calloc(n ? n : 1, sizeof *labels);
+    double *e0 = calloc(n ? n : 1, sizeof *e0), *e1 = calloc(n ? n : 1, sizeof *e1);
+    if (!lab || !labels || !e0 || !e1) {
+        b->oom = 1;
+        goto out;
+    }
+    static const char *const projs[] = {"o_proj", "down_proj"};
+    for (int k = 0; k < 2; k++) {
+        int m = 0;
+        for (i = 0; i < n; i++) {
+            p = json_array_get(ps, i);
+            const char *pn = json_string_value(json_object_get(p, "proj"));
+            if (!pn || strcmp(pn, projs[k]))
+                continue;
+            snprintf(lab[m], sizeof lab[m], "%lld", (long long)num(json_object_get(p, "layer"), -1));
+            labels[m] = lab[m];
+            e0[m] = num(json_object_get(p, "rel_error_before"), NAN);
+            e1[m] = num(json_object_get(p, "rel_error_after"), NAN);
+            m++;
+        }
+        char title[96];
+        snprintf(title, sizeof title, "Relative reconstruction error of %s per layer", projs[k]);
+        if (m)
+            svg_bars(b, title, labels, e0, e1, m, "slice", "refit", C_PARENT, C_RESULT, 0, "");
+    }
+out:
+    free(lab);
+    free(labels);
+    free(e0);
+    free(e1);
+}
+
 char *api_report_html(json_t *r, size_t *len)
 {
     strbuf b = {0};
@@ -514,6 +574,7 @@ char *api_report_html(json_t *r, size_t *len)
     strbuf_printf(&b, "; layers: %zu &rarr; %zu</p>\n", json_array_size(json_object_get(json_object_get(parent, "arch"), "layers")),
               json_array_size(json_object_get(json_object_get(result, "arch"), "layers")));
     accuracy_section(&b, parent, result, json_object_get(r, "pruned"));
+    pruning_section(&b, json_object_get(r, "pruning"));
 
     static const char *const mem_keys[] = {"naive_weights_plus_kv", "measured_peak", NULL};
     json_t *mem = json_object_get(r, "memory");

@@ -256,6 +256,34 @@ static void test_accuracy_labels(void **state)
     json_decref(r);
 }
 
+/* The pruning section: the refit count and one error chart per projection kind; a plain
+ * slice says so. */
+static void test_pruning_section(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(4);
+    json_object_set_new(r, "pruning",
+                        json_pack("{s:b,s:s,s:i,s:f,s:f,s:[{s:i,s:s,s:b,s:f,s:f},{s:i,s:s,s:b,s:f,s:f},"
+                                  "{s:i,s:s,s:b,s:f,s:f}]}",
+                                  "reconstruct", 1, "method", "least_squares", "tokens", 16384, "damp", 0.01,
+                                  "wall_s", 12.5, "projections", "layer", 0, "proj", "o_proj", "refit", 0,
+                                  "rel_error_before", 0.0, "rel_error_after", 0.0, "layer", 0, "proj", "down_proj",
+                                  "refit", 1, "rel_error_before", 0.4, "rel_error_after", 0.1, "layer", 1, "proj",
+                                  "o_proj", "refit", 1, "rel_error_before", 0.3, "rel_error_after", 0.2));
+    char *html = render(r);
+    assert_non_null(strstr(html, "2 of 3 projections refit"));
+    assert_non_null(strstr(html, "Relative reconstruction error of o_proj per layer"));
+    assert_non_null(strstr(html, "Relative reconstruction error of down_proj per layer"));
+    assert_non_null(strstr(html, "<title>0.4</title>"));
+    free(html);
+    json_object_set_new(json_object_get(r, "pruning"), "reconstruct", json_false());
+    html = render(r);
+    assert_non_null(strstr(html, "plain slice"));
+    assert_null(strstr(html, "reconstruction error"));
+    free(html);
+    json_decref(r);
+}
+
 /* Layer charts: 30 layers (two-digit labels at the wide spacing) and 120 layers
  * (three-digit labels at the narrow one). */
 static void test_layer_labels(void **state)
@@ -289,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_fmt_bytes),
         cmocka_unit_test(test_accuracy_labels),
         cmocka_unit_test(test_layer_labels),
+        cmocka_unit_test(test_pruning_section),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
