@@ -8,6 +8,7 @@
 #include "compress/distill.h"
 #include "compress/minitron.h"
 #include "compress/prune.h"
+#include "compress/reconstruct.h"
 #include "storage/archjson.h"
 
 static void emit(const method_opts *o, const char *type, const char *msg, json_t *data)
@@ -58,6 +59,16 @@ typedef struct {
     int trial;
 } mn_cb;
 
+/* A trial's reconstruction stops when the search is cancelled. */
+static int on_recon(void *c, const recon_result *r, int done, int total)
+{
+    const method_opts *o = c;
+    (void)r;
+    (void)done;
+    (void)total;
+    return o->cancelled ? o->cancelled(o->ud) : 0;
+}
+
 /* One Minitron++ trial: prune the ranked parent, distill briefly, validation loss. */
 static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens, char *err, size_t errlen)
 {
@@ -66,6 +77,20 @@ static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens
     eng_model student;
     if (prune_to_arch(o->parent, cand, &student, err, errlen) != 0)
         return -1;
+    if (o->reconstruct) {
+        recon_opts ro;
+        recon_opts_default(&ro);
+        ro.progress = on_recon;
+        ro.progress_ctx = (void *)o;
+        recon_result rr;
+        int rc = recon_run(o->parent, &student, o->train, &ro, &rr, err, errlen);
+        if (rc >= 0)
+            recon_result_free(&rr);
+        if (rc != 0) {
+            eng_model_free(&student);
+            return rc;
+        }
+    }
     distill_opts d;
     distill_opts_defaults(&d);
     d.tokens = cb->tokens;
@@ -105,6 +130,7 @@ void method_opts_default(method_opts *o)
     o->axes.hidden = o->axes.heads = o->axes.ffn = o->axes.depth = 1;
     o->seed = d.seed;
     o->search_tokens = 2000000;
+    o->reconstruct = 1;
 }
 
 int method_check_feasible(const arch *parent, const cm_tables *tables, const dnas_limits *limits,

@@ -24,6 +24,9 @@ typedef struct {
     int minitron;                   /* 0: AutoCompress DNAS, 1: Minitron++ */
     int64_t search_tokens;          /* DNAS budget; each Minitron++ trial distils half of it */
     int minitron_candidates;        /* frontier candidates trialled (default 4) */
+    int reconstruct;                /* Minitron++ trials: reconstruct each pruned candidate
+                                       (compress/reconstruct.h, on train) before distilling,
+                                       as the prune stage does the final student (default 1) */
     const int *layer_order;         /* [n_layers] least important first (Minitron++ depth) */
     uint64_t seed;
     double eta, lambda2_init, lr;   /* DNAS schedule overrides (0: dnas_opts_defaults) */
@@ -36,7 +39,8 @@ typedef struct {
 } method_opts;
 
 /* Defaults: every axis searched, AutoCompress DNAS, dnas_opts_defaults' seed, a budget
- * of 2,000,000 selection tokens (a job's budgets.search_tokens), no callbacks. The
+ * of 2,000,000 selection tokens (a job's budgets.search_tokens), trials reconstructed,
+ * no callbacks. The
  * parent, tables, text, limits and layer order must still be set. */
 void method_opts_default(method_opts *o);
 
