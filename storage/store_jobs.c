@@ -18,29 +18,12 @@ static void job_from_row(sqlite3_stmt *s, void *out)
 {
     store_job *j = out;
     memset(j, 0, sizeof *j);
-    j->seq = sqlite3_column_int64(s, 0);
-    sql_col_copy(s, 1, j->id, sizeof j->id);
-    sql_col_copy(s, 2, j->kind, sizeof j->kind);
-    sql_col_copy(s, 3, j->status, sizeof j->status);
-    sql_col_copy(s, 4, j->device, sizeof j->device);
-    sql_col_copy(s, 5, j->name, sizeof j->name);
-    j->spec = sql_col_json(s, 6);
-    j->stages = sql_col_json(s, 7);
-    j->stage_index = sqlite3_column_int(s, 8);
-    sql_col_copy(s, 9, j->stage, sizeof j->stage);
-    j->step = sqlite3_column_int64(s, 10);
-    j->total_steps = sqlite3_column_int64(s, 11);
-    sql_col_copy(s, 12, j->error_code, sizeof j->error_code);
-    sql_col_copy(s, 13, j->error_message, sizeof j->error_message);
-    j->report = sql_col_json(s, 14);
-    j->cancel_requested = sqlite3_column_int(s, 15);
-    j->worker_pid = sqlite3_column_int(s, 16);
-    j->attempts = sqlite3_column_int(s, 17);
-    j->version = sqlite3_column_int64(s, 18);
-    j->created_at = sqlite3_column_int64(s, 19);
-    j->started_at = sqlite3_column_int64(s, 20);
-    j->finished_at = sqlite3_column_int64(s, 21);
-    j->updated_at = sqlite3_column_int64(s, 22);
+    sql_cols(s, "ItttttjjitIIttjiiiIIIII", &j->seq, j->id, sizeof j->id, j->kind, sizeof j->kind, j->status,
+             sizeof j->status, j->device, sizeof j->device, j->name, sizeof j->name, &j->spec, &j->stages,
+             &j->stage_index, j->stage, sizeof j->stage, &j->step, &j->total_steps, j->error_code,
+             sizeof j->error_code, j->error_message, sizeof j->error_message, &j->report, &j->cancel_requested,
+             &j->worker_pid, &j->attempts, &j->version, &j->created_at, &j->started_at, &j->finished_at,
+             &j->updated_at);
     if (!j->spec)
         j->spec = json_object();
     if (!j->stages)
