@@ -270,17 +270,26 @@ static int is_terminal(const char *status)
     return !strcmp(status, "succeeded") || !strcmp(status, "failed") || !strcmp(status, "cancelled");
 }
 
+/* Begin a write transaction on this thread's connection (*c) and read job id's status.
+ * 0 inside the transaction; 1 when there is no such job, -1 on error, both with nothing
+ * left open. */
+static int begin_with_status(store *st, const char *id, store_conn **c, char status[16])
+{
+    *c = store_conn_get(st);
+    if (!*c || sql_begin(*c) < 0)
+        return -1;
+    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    int rc = sql_row(*c, q, "t", "t", id, status, (size_t)16);
+    return rc != 0 ? sql_abandon(*c, rc) : 0;
+}
 
 int store_job_finish(store *st, const char *id, const char *status, const char *code,
                      const char *message)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    store_conn *c;
     char cur[16] = "";
-    if (sql_row(c, q, "t", "t", id, cur, sizeof cur) != 0)
-        return sql_abandon(c, -1);
+    if (begin_with_status(st, id, &c, cur) != 0)
+        return -1;
     if (is_terminal(cur))
         return sql_abandon(c, 1);
     int64_t now = store_now();
@@ -413,14 +422,11 @@ int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
 {
     *orphans = NULL;
     *n_orphans = 0;
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    store_conn *c;
     char cur[16] = "";
-    int rc = sql_row(c, q, "t", "t", id, cur, sizeof cur);
+    int rc = begin_with_status(st, id, &c, cur);
     if (rc != 0)
-        return sql_abandon(c, rc);
+        return rc;
     if (!is_terminal(cur))
         return sql_abandon(c, 2);
     static const char *qo = "SELECT DISTINCT a.sha256 FROM artifacts a WHERE a.job_id=? AND NOT EXISTS "
