@@ -138,10 +138,7 @@ static void replay(api_resp *resp, const char *scope, const char *key, const cha
                     "this Idempotency-Key was already used with a different request body", NULL);
         return;
     }
-    resp->status = status;
-    resp->text = text;
-    resp->text_len = strlen(text);
-    resp->content_type = "application/json";
+    api_text(resp, status, text, strlen(text), "application/json");
     api_resp_header(resp, "Idempotent-Replayed", "true");
     json_t *j = json_loads(text, 0, NULL);
     const char *id = json_string_value(json_object_get(j, "id"));
@@ -337,11 +334,8 @@ static void list_common(api_ctx *ctx, const api_req *req, api_resp *resp, const 
     json_t *data = json_array();
     for (int i = 0; i < n; i++)
         json_array_append_new(data, render_job(&jobs[i]));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", more,
-                          "first_id", n ? json_string(jobs[0].id) : json_null(), "last_id",
-                          n ? json_string(jobs[n - 1].id) : json_null());
+    api_list(resp, data, more, n ? jobs[0].id : NULL, n ? jobs[n - 1].id : NULL);
     store_job_list_free(jobs, n);
-    api_json(resp, 200, o);
 }
 
 void h_jobs_list(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
@@ -579,11 +573,8 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
                                               "job_id", ev[i].job_id, "type", ev[i].type, "message",
                                               ev[i].message, "data", ev[i].data, "created_at",
                                               (json_int_t)ev[i].created_at));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", more,
-                          "first_id", n ? json_string(ev[0].id) : json_null(), "last_id",
-                          n ? json_string(ev[n - 1].id) : json_null());
+    api_list(resp, data, more, n ? ev[0].id : NULL, n ? ev[n - 1].id : NULL);
     store_event_list_free(ev, n);
-    api_json(resp, 200, o);
 }
 
 /* ---- report ------------------------------------------------------------------------ */
@@ -642,11 +633,8 @@ void h_artifacts_list(api_ctx *ctx, const api_req *req, const char *const *param
     json_t *data = json_array();
     for (int i = 0; i < n; i++)
         json_array_append_new(data, render_artifact(&arts[i]));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", 0, "first_id",
-                          n ? json_string(arts[0].id) : json_null(), "last_id",
-                          n ? json_string(arts[n - 1].id) : json_null());
+    api_list(resp, data, 0, n ? arts[0].id : NULL, n ? arts[n - 1].id : NULL);
     free(arts);
-    api_json(resp, 200, o);
 }
 
 /* Parse a single "bytes=" range against size. Returns 1 with [*from, *to] (inclusive),

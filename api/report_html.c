@@ -579,8 +579,5 @@ void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, 
         api_problem(resp, 500, "internal", "out of memory rendering the report", NULL);
         return;
     }
-    resp->status = 200;
-    resp->text = html;
-    resp->text_len = len;
-    resp->content_type = "text/html; charset=utf-8";
+    api_text(resp, 200, html, len, "text/html; charset=utf-8");
 }
