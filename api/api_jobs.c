@@ -109,6 +109,18 @@ static int load(api_ctx *ctx, const char *id, const char *kind, store_job *j, ap
     return rc == 0 ? 0 : -1;
 }
 
+/* The status of job id, of either kind, into status. 0, or -1 with a problem set: 404
+ * for no such job, 503 when the store cannot be read. */
+static int job_status(api_ctx *ctx, const char *id, char status[16], api_resp *resp)
+{
+    int64_t version;
+    int rc = store_job_version(ctx->st, id, &version, status);
+    if (rc != 0)
+        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
+                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
+    return rc == 0 ? 0 : -1;
+}
+
 /* ---- create ------------------------------------------------------------------------ */
 
 static int idem_key_ok(const char *k)
@@ -547,14 +559,9 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
         }
         after = x;
     }
-    int64_t version;
     char status[16];
-    int rc = store_job_version(ctx->st, params[0], &version, status);
-    if (rc != 0) {
-        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
-                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
+    if (job_status(ctx, params[0], status, resp) < 0)
         return;
-    }
     store_event *ev = NULL;
     int n = 0, more = 0;
     if (store_event_list(ctx->st, params[0], after, (int)limit, &ev, &n, &more) < 0) {
@@ -616,14 +623,9 @@ static json_t *render_artifact(const store_artifact *a)
 void h_artifacts_list(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
     (void)req;
-    int64_t version;
     char status[16];
-    int rc = store_job_version(ctx->st, params[0], &version, status);
-    if (rc != 0) {
-        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
-                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
+    if (job_status(ctx, params[0], status, resp) < 0)
         return;
-    }
     store_artifact *arts = NULL;
     int n = 0;
     if (store_artifact_list(ctx->st, params[0], &arts, &n) < 0) {
