@@ -170,6 +170,21 @@ void api_json(api_resp *resp, int status, json_t *body)
     resp->content_type = "application/json";
 }
 
+void api_list(api_resp *resp, json_t *data, int has_more, const char *first_id, const char *last_id)
+{
+    api_json(resp, 200, json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", has_more,
+                                  "first_id", first_id ? json_string(first_id) : json_null(), "last_id",
+                                  last_id ? json_string(last_id) : json_null()));
+}
+
+void api_text(api_resp *resp, int status, char *text, size_t len, const char *content_type)
+{
+    resp->status = status;
+    resp->text = text;
+    resp->text_len = len;
+    resp->content_type = content_type;
+}
+
 static const char *reason(int status)
 {
     switch (status) {
@@ -430,8 +445,5 @@ void h_metrics(api_ctx *ctx, const api_req *req, const char *const *params, api_
         api_problem(resp, 500, "internal", "metrics could not be rendered", NULL);
         return;
     }
-    resp->status = 200;
-    resp->text = t;
-    resp->text_len = len;
-    resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    api_text(resp, 200, t, len, "text/plain; version=0.0.4; charset=utf-8");
 }

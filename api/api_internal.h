@@ -24,6 +24,12 @@ int api_query_int(const api_req *req, const char *key, long long lo, long long h
 json_t *api_parse_body(const api_req *req, api_resp *resp);
 /* Set a JSON body (stolen) with status. */
 void api_json(api_resp *resp, int status, json_t *body);
+/* A 200 list page {object: "list", data, has_more, first_id, last_id}: data (an array)
+ * is stolen; the ids are copied, and NULL ones (an empty page) become null. */
+void api_list(api_resp *resp, json_t *data, int has_more, const char *first_id, const char *last_id);
+/* Set a text body with status: text (len bytes, malloc'd) is stolen; content_type is a
+ * static string. */
+void api_text(api_resp *resp, int status, char *text, size_t len, const char *content_type);
 /* The problem for a request the spec validator refused: the first fault in detail, every
  * fault in errors (stolen); code path_forbidden (403), invalid_spec (400) or
  * unprocessable_spec (422). what names the request ("spec", "estimate request"). */

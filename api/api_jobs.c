@@ -109,6 +109,18 @@ static int load(api_ctx *ctx, const char *id, const char *kind, store_job *j, ap
     return rc == 0 ? 0 : -1;
 }
 
+/* The status of job id, of either kind, into status. 0, or -1 with a problem set: 404
+ * for no such job, 503 when the store cannot be read. */
+static int job_status(api_ctx *ctx, const char *id, char status[16], api_resp *resp)
+{
+    int64_t version;
+    int rc = store_job_version(ctx->st, id, &version, status);
+    if (rc != 0)
+        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
+                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
+    return rc == 0 ? 0 : -1;
+}
+
 /* ---- create ------------------------------------------------------------------------ */
 
 static int idem_key_ok(const char *k)
@@ -138,10 +150,7 @@ static void replay(api_resp *resp, const char *scope, const char *key, const cha
                     "this Idempotency-Key was already used with a different request body", NULL);
         return;
     }
-    resp->status = status;
-    resp->text = text;
-    resp->text_len = strlen(text);
-    resp->content_type = "application/json";
+    api_text(resp, status, text, strlen(text), "application/json");
     api_resp_header(resp, "Idempotent-Replayed", "true");
     json_t *j = json_loads(text, 0, NULL);
     const char *id = json_string_value(json_object_get(j, "id"));
@@ -337,11 +346,8 @@ static void list_common(api_ctx *ctx, const api_req *req, api_resp *resp, const 
     json_t *data = json_array();
     for (int i = 0; i < n; i++)
         json_array_append_new(data, render_job(&jobs[i]));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", more,
-                          "first_id", n ? json_string(jobs[0].id) : json_null(), "last_id",
-                          n ? json_string(jobs[n - 1].id) : json_null());
+    api_list(resp, data, more, n ? jobs[0].id : NULL, n ? jobs[n - 1].id : NULL);
     store_job_list_free(jobs, n);
-    api_json(resp, 200, o);
 }
 
 void h_jobs_list(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
@@ -553,14 +559,9 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
         }
         after = x;
     }
-    int64_t version;
     char status[16];
-    int rc = store_job_version(ctx->st, params[0], &version, status);
-    if (rc != 0) {
-        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
-                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
+    if (job_status(ctx, params[0], status, resp) < 0)
         return;
-    }
     store_event *ev = NULL;
     int n = 0, more = 0;
     if (store_event_list(ctx->st, params[0], after, (int)limit, &ev, &n, &more) < 0) {
@@ -579,11 +580,8 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
                                               "job_id", ev[i].job_id, "type", ev[i].type, "message",
                                               ev[i].message, "data", ev[i].data, "created_at",
                                               (json_int_t)ev[i].created_at));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", more,
-                          "first_id", n ? json_string(ev[0].id) : json_null(), "last_id",
-                          n ? json_string(ev[n - 1].id) : json_null());
+    api_list(resp, data, more, n ? ev[0].id : NULL, n ? ev[n - 1].id : NULL);
     store_event_list_free(ev, n);
-    api_json(resp, 200, o);
 }
 
 /* ---- report ------------------------------------------------------------------------ */
@@ -625,14 +623,9 @@ static json_t *render_artifact(const store_artifact *a)
 void h_artifacts_list(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
     (void)req;
-    int64_t version;
     char status[16];
-    int rc = store_job_version(ctx->st, params[0], &version, status);
-    if (rc != 0) {
-        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
-                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
+    if (job_status(ctx, params[0], status, resp) < 0)
         return;
-    }
     store_artifact *arts = NULL;
     int n = 0;
     if (store_artifact_list(ctx->st, params[0], &arts, &n) < 0) {
@@ -642,11 +635,8 @@ void h_artifacts_list(api_ctx *ctx, const api_req *req, const char *const *param
     json_t *data = json_array();
     for (int i = 0; i < n; i++)
         json_array_append_new(data, render_artifact(&arts[i]));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", 0, "first_id",
-                          n ? json_string(arts[0].id) : json_null(), "last_id",
-                          n ? json_string(arts[n - 1].id) : json_null());
+    api_list(resp, data, 0, n ? arts[0].id : NULL, n ? arts[n - 1].id : NULL);
     free(arts);
-    api_json(resp, 200, o);
 }
 
 /* Parse a single "bytes=" range against size. Returns 1 with [*from, *to] (inclusive),

@@ -295,11 +295,8 @@ void h_models_list(api_ctx *ctx, const api_req *req, const char *const *params, 
     json_t *data = json_array();
     for (int i = 0; i < n; i++)
         json_array_append_new(data, render_model(&ms[i]));
-    json_t *o = json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", more, "first_id",
-                          n ? json_string(ms[0].id) : json_null(), "last_id",
-                          n ? json_string(ms[n - 1].id) : json_null());
+    api_list(resp, data, more, n ? ms[0].id : NULL, n ? ms[n - 1].id : NULL);
     free(ms);
-    api_json(resp, 200, o);
 }
 
 void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)

@@ -51,6 +51,23 @@ static void sb_value(strbuf *b, json_t *v)
         strbuf_printf(b, "&mdash;");
 }
 
+/* The next cell of a table row: closes the one before and shows v as sb_value does. */
+static void sb_cell(strbuf *b, json_t *v)
+{
+    strbuf_printf(b, "</td><td>");
+    sb_value(b, v);
+}
+
+/* A table row of obj's members named in cols (NULL-terminated), each as sb_value shows it. */
+static void sb_row(strbuf *b, json_t *obj, const char *const *cols)
+{
+    strbuf_printf(b, "<tr><td>");
+    sb_value(b, json_object_get(obj, cols[0]));
+    for (int i = 1; cols[i]; i++)
+        sb_cell(b, json_object_get(obj, cols[i]));
+    strbuf_printf(b, "</td></tr>\n");
+}
+
 /* v with thousands separators ("392,150,432", "-1,024") into buf. */
 static void group_digits(long long v, char *buf, size_t len)
 {
@@ -331,24 +348,12 @@ static void limits_section(strbuf *b, json_t *limits)
         n = 16;
     const char *labels[16];
     double pred[16], meas[16];
+    static const char *const cols[] = {"name", "limit", "aimed", "predicted", "measured", "holds_predicted",
+                                       "holds", NULL};
     json_array_foreach(limits, i, r) {
         if (i >= n)
             break;
-        strbuf_printf(b, "<tr><td>");
-        sb_value(b, json_object_get(r, "name"));
-        strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(r, "limit"));
-        strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(r, "aimed"));
-        strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(r, "predicted"));
-        strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(r, "measured"));
-        strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(r, "holds_predicted"));
-        strbuf_printf(b, "</td><td>");
-        sb_value(b, json_object_get(r, "holds"));
-        strbuf_printf(b, "</td></tr>\n");
+        sb_row(b, r, cols);
         double lim = num(json_object_get(r, "limit"), 0);
         labels[i] = json_is_string(json_object_get(r, "name")) ? json_string_value(json_object_get(r, "name")) : "?";
         pred[i] = lim > 0 && json_is_number(json_object_get(r, "predicted"))
@@ -359,6 +364,14 @@ static void limits_section(strbuf *b, json_t *limits)
     strbuf_printf(b, "</table>\n");
     svg_bars(b, "Predicted vs measured cost, % of each limit", labels, pred, meas, (int)n, "predicted", "measured",
              C_RESULT, C_MEAS, 100.0, "limit");
+}
+
+/* The accuracy of one model on a benchmark (its member of "accuracy") and the accuracy's
+ * standard error, as the next two cells. */
+static void acc_cells(strbuf *b, json_t *acc)
+{
+    sb_cell(b, json_object_get(acc, "acc"));
+    sb_cell(b, json_object_get(acc, "stderr"));
 }
 
 /* Parent and result per benchmark; with evaluation.pruned also the pruned-only student
@@ -384,23 +397,11 @@ static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *
             json_t *r = json_object_get(ra, k);
             strbuf_printf(b, "<tr><td>");
             sb_text(b, k);
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, json_object_get(v, "acc"));
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, json_object_get(v, "stderr"));
-            if (with_pruned) {
-                json_t *q = json_object_get(qa, k);
-                strbuf_printf(b, "</td><td>");
-                sb_value(b, json_object_get(q, "acc"));
-                strbuf_printf(b, "</td><td>");
-                sb_value(b, json_object_get(q, "stderr"));
-            }
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, json_object_get(r, "acc"));
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, json_object_get(r, "stderr"));
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, json_object_get(v, "n"));
+            acc_cells(b, v);
+            if (with_pruned)
+                acc_cells(b, json_object_get(qa, k));
+            acc_cells(b, r);
+            sb_cell(b, json_object_get(v, "n"));
             strbuf_printf(b, "</td></tr>\n");
             if (n < 64) {
                 labels[n] = k;
@@ -431,14 +432,10 @@ static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *
         json_object_foreach(pp, k, v) {
             strbuf_printf(b, "<tr><td>");
             sb_text(b, k);
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, v);
-            if (with_pruned) {
-                strbuf_printf(b, "</td><td>");
-                sb_value(b, json_object_get(qp, k));
-            }
-            strbuf_printf(b, "</td><td>");
-            sb_value(b, json_object_get(rp, k));
+            sb_cell(b, v);
+            if (with_pruned)
+                sb_cell(b, json_object_get(qp, k));
+            sb_cell(b, json_object_get(rp, k));
             strbuf_printf(b, "</td></tr>\n");
         }
         strbuf_printf(b, "</table>\n");
@@ -592,15 +589,9 @@ char *api_report_html(json_t *r, size_t *len)
     strbuf_printf(&b, "<h2>Stages</h2>\n<table><tr><th>stage</th><th>wall s</th><th>attempt</th></tr>\n");
     size_t i;
     json_t *s;
-    json_array_foreach(json_object_get(r, "stages"), i, s) {
-        strbuf_printf(&b, "<tr><td>");
-        sb_value(&b, json_object_get(s, "name"));
-        strbuf_printf(&b, "</td><td>");
-        sb_value(&b, json_object_get(s, "wall_s"));
-        strbuf_printf(&b, "</td><td>");
-        sb_value(&b, json_object_get(s, "attempt"));
-        strbuf_printf(&b, "</td></tr>\n");
-    }
+    static const char *const stage_cols[] = {"name", "wall_s", "attempt", NULL};
+    json_array_foreach(json_object_get(r, "stages"), i, s)
+        sb_row(&b, s, stage_cols);
     strbuf_printf(&b, "</table>\n</body></html>\n");
     if (b.oom) {
         free(b.s);
@@ -640,8 +631,5 @@ void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, 
         api_problem(resp, 500, "internal", "out of memory rendering the report", NULL);
         return;
     }
-    resp->status = 200;
-    resp->text = html;
-    resp->text_len = len;
-    resp->content_type = "text/html; charset=utf-8";
+    api_text(resp, 200, html, len, "text/html; charset=utf-8");
 }

@@ -158,8 +158,7 @@ void evt_task_init(ev_task *t, const char *name, ev_kind kind, int acc_norm, con
 /* ---- JSONL ------------------------------------------------------------------------ */
 
 
-/* Call fn for every non-blank line of a JSONL file. Returns 0, or -1 with err set. */
-int evt_jsonl_each(const char *path, jsonl_row_fn fn, void *u, char *err, size_t errlen)
+int evt_lines_each(const char *path, evt_line_fn fn, void *u, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -170,35 +169,11 @@ int evt_jsonl_each(const char *path, jsonl_row_fn fn, void *u, char *err, size_t
     size_t cap = 0;
     ssize_t n;
     int lineno = 0, rc = 0;
-    while ((n = getline(&line, &cap, f)) >= 0) {
+    while (!rc && (n = getline(&line, &cap, f)) >= 0) {
         lineno++;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
             line[--n] = '\0';
-        int blank = 1;
-        for (ssize_t i = 0; i < n; i++)
-            if (!isspace((unsigned char)line[i])) {
-                blank = 0;
-                break;
-            }
-        if (blank)
-            continue;
-        json_error_t je;
-        json_t *row = json_loadb(line, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-        if (!row) {
-            snprintf(err, errlen, "%s:%d: invalid JSON at column %d: %s", path, lineno, je.column, je.text);
-            rc = -1;
-            break;
-        }
-        if (!json_is_object(row)) {
-            json_decref(row);
-            snprintf(err, errlen, "%s:%d: expected a JSON object", path, lineno);
-            rc = -1;
-            break;
-        }
-        rc = fn(u, row, path, lineno, err, errlen);
-        json_decref(row);
-        if (rc)
-            break;
+        rc = fn(u, line, (size_t)n, lineno, err, errlen);
     }
     if (!rc && ferror(f)) {
         snprintf(err, errlen, "%s: read error", path);
@@ -207,6 +182,46 @@ int evt_jsonl_each(const char *path, jsonl_row_fn fn, void *u, char *err, size_t
     free(line);
     fclose(f);
     return rc;
+}
+
+typedef struct {
+    jsonl_row_fn fn;
+    void *u;
+    const char *path;
+} jsonl_lines;
+
+/* One line of a JSONL file: skipped when blank, else parsed and handed to the row function. */
+static int jsonl_line(void *u, char *line, size_t n, int lineno, char *err, size_t errlen)
+{
+    const jsonl_lines *j = u;
+    int blank = 1;
+    for (size_t i = 0; i < n; i++)
+        if (!isspace((unsigned char)line[i])) {
+            blank = 0;
+            break;
+        }
+    if (blank)
+        return 0;
+    json_error_t je;
+    json_t *row = json_loadb(line, n, JSON_REJECT_DUPLICATES, &je);
+    if (!row) {
+        snprintf(err, errlen, "%s:%d: invalid JSON at column %d: %s", j->path, lineno, je.column, je.text);
+        return -1;
+    }
+    if (!json_is_object(row)) {
+        json_decref(row);
+        snprintf(err, errlen, "%s:%d: expected a JSON object", j->path, lineno);
+        return -1;
+    }
+    int rc = j->fn(j->u, row, j->path, lineno, err, errlen);
+    json_decref(row);
+    return rc;
+}
+
+int evt_jsonl_each(const char *path, jsonl_row_fn fn, void *u, char *err, size_t errlen)
+{
+    jsonl_lines j = {fn, u, path};
+    return evt_lines_each(path, jsonl_line, &j, err, errlen);
 }
 
 /* Borrow string field `key` of obj (NUL-free check skipped: jansson strings may hold

@@ -26,6 +26,9 @@ typedef struct {
     int cap;
 } task_builder;
 
+/* One line of a text file, its line end cut off (line[n] is NUL; the text may hold other
+ * NULs), numbered from 1: 0 to go on, nonzero (err set) to stop with that status. */
+typedef int (*evt_line_fn)(void *u, char *line, size_t n, int lineno, char *err, size_t errlen);
 /* One parsed JSONL row: 0 to go on, -1 (err set) to stop. */
 typedef int (*jsonl_row_fn)(void *u, json_t *row, const char *path, int line, char *err, size_t errlen);
 
@@ -42,6 +45,9 @@ ev_item *evt_task_add(task_builder *tb, int n_choices, int line);
 int evt_choice_set(ev_item *it, int c, const char *delim, const char *text);
 /* Zero t and name it (name and source copied). */
 void evt_task_init(ev_task *t, const char *name, ev_kind kind, int acc_norm, const char *source);
+/* Call fn for every line of a text file. 0, fn's status when it stops, or -1 with err
+ * set when the file cannot be opened or read. */
+int evt_lines_each(const char *path, evt_line_fn fn, void *u, char *err, size_t errlen);
 /* Call fn for every non-blank line of a JSONL file. 0, or -1 with err naming the line. */
 int evt_jsonl_each(const char *path, jsonl_row_fn fn, void *u, char *err, size_t errlen);
 /* obj[key] as a string (borrowed) / an integer in [lo, hi]; NULL or -1 with err naming

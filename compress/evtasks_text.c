@@ -504,37 +504,36 @@ static int wikitext_add_doc(task_builder *tb, sbuf *doc, int line, const char *p
     return it->ctx ? 0 : evt_oom_at(path, line, err, errlen);
 }
 
+typedef struct {
+    task_builder tb;
+    sbuf doc;                   /* the document being read */
+    int doc_line;               /* the line it starts on */
+    const char *path;
+} wikitext_reader;
+
+/* A title line (" = Title = ", not a " = = section") ends the document before it; every
+ * line belongs to the current one. */
+static int wikitext_line(void *u, char *line, size_t n, int lineno, char *err, size_t errlen)
+{
+    wikitext_reader *w = u;
+    int rc = 0;
+    if (n >= 4 && !strncmp(line, " = ", 3) && strncmp(line, " = = ", 5) != 0) {
+        rc = wikitext_add_doc(&w->tb, &w->doc, w->doc_line, w->path, err, errlen);
+        w->doc_line = lineno;
+    }
+    evt_sb_add(&w->doc, line, n);
+    evt_sb_puts(&w->doc, "\n");
+    return rc;
+}
+
 int ev_load_wikitext(const char *raw_path, ev_task *t, char *err, size_t errlen)
 {
     evt_task_init(t, "wikitext2", EV_KIND_ROLLING, 0, raw_path);
-    task_builder tb = {.t = t};
-    FILE *f = fopen(raw_path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", raw_path, strerror(errno));
-        return -1;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    int lineno = 0, doc_line = 1, rc = 0;
-    sbuf doc = {0};
-    while ((n = getline(&line, &cap, f)) >= 0 && !rc) {
-        lineno++;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            line[--n] = '\0';
-        int title = n >= 4 && !strncmp(line, " = ", 3) && strncmp(line, " = = ", 5) != 0;
-        if (title) {
-            rc = wikitext_add_doc(&tb, &doc, doc_line, raw_path, err, errlen);
-            doc_line = lineno;
-        }
-        evt_sb_add(&doc, line, (size_t)n);
-        evt_sb_puts(&doc, "\n");
-    }
+    wikitext_reader w = {.tb = {.t = t}, .doc_line = 1, .path = raw_path};
+    int rc = evt_lines_each(raw_path, wikitext_line, &w, err, errlen);
     if (!rc)
-        rc = wikitext_add_doc(&tb, &doc, doc_line, raw_path, err, errlen);
-    free(doc.s);
-    free(line);
-    fclose(f);
+        rc = wikitext_add_doc(&w.tb, &w.doc, w.doc_line, raw_path, err, errlen);
+    free(w.doc.s);
     if (!rc && t->n_items == 0) {
         snprintf(err, errlen, "%s: no documents", raw_path);
         rc = -1;

@@ -223,105 +223,114 @@ json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin)
     return j;
 }
 
+/* A method's choice and what the search document says of it. */
+typedef struct {
+    arch arch;                  /* the chosen arch (owned) */
+    cm_prediction predicted;
+    int64_t selection_tokens;
+    int iterations;
+    int parent_feasible;
+    double wall_s;
+    json_t *extra;              /* the method's own members of the document (NEW) */
+} found;
+
+/* The AutoCompress search (DNAS). 0 with *f filled, 1 when cancelled, -1 with a reason. */
+static int run_dnas(const method_opts *o, found *f, char *err, size_t errlen)
+{
+    dnas_opts d;
+    dnas_opts_defaults(&d);
+    d.parent = o->parent;
+    d.tables = o->tables;
+    d.limits = o->limits;
+    d.axes = o->axes;
+    d.data = o->train;
+    d.search_tokens = o->search_tokens;
+    if (o->seed)
+        d.seed = o->seed;
+    if (o->eta > 0)
+        d.eta = o->eta;
+    if (o->lambda2_init > 0)
+        d.lambda2_init = o->lambda2_init;
+    if (o->lr > 0)
+        d.lr = o->lr;
+    /* The multipliers need a few hundred iterations to bring E[cost] to the limit:
+     * spend a small budget on more, smaller batches (at least 32 tokens a row). */
+    while ((int64_t)d.batch * d.seq * 256 > o->search_tokens && (d.batch > 1 || d.seq > 32)) {
+        if (d.batch > 1)
+            d.batch /= 2;
+        else
+            d.seq /= 2;
+    }
+    int iters = (int)(o->search_tokens / ((int64_t)d.batch * d.seq));
+    dnas_cb cb = {o, iters > 50 ? iters / 50 : 1};
+    d.progress = on_dnas;
+    d.progress_ctx = &cb;
+    dnas_result r;
+    int rc = dnas_run(&d, &r, err, errlen);
+    if (rc != 0)
+        return rc;
+    json_t *gaps = json_object();
+    for (int m = 0; m < SM_COUNT; m++)
+        if (r.final_gap[m] != 0)
+            json_object_set_new(gaps, search_metric_names[m], json_real(r.final_gap[m]));
+    json_t *extra = json_pack("{s:O,s:o}", "distribution", r.distribution ? r.distribution : json_null(), "final_gap",
+                              gaps);
+    *f = (found){r.arch, r.predicted, r.selection_tokens, r.iterations, r.parent_feasible, r.wall_s, extra};
+    memset(&r.arch, 0, sizeof r.arch);   /* f holds it now */
+    dnas_result_free(&r);
+    return 0;
+}
+
+/* The Minitron++ baseline. 0 with *f filled, 1 when cancelled, -1 with a reason. */
+static int run_minitron(const method_opts *o, found *f, char *err, size_t errlen)
+{
+    mn_cb cb = {o, o->search_tokens / 2 > 0 ? o->search_tokens / 2 : 1, 0};
+    mn_opts m = {.parent = &o->parent->a, .layer_order = o->layer_order, .tables = o->tables,
+                 .limits = o->limits, .axes = o->axes, .max_candidates = o->minitron_candidates,
+                 .trial = mn_trial, .trial_ctx = &cb};
+    mn_result r;
+    int rc = mn_run(&m, &r, err, errlen);
+    if (rc != 0)
+        return rc;
+    json_t *trials = json_array();
+    for (int i = 0; i < r.n_trials; i++)
+        json_array_append_new(trials, json_pack("{s:o,s:f}", "arch", arch_to_json(&r.trials[i]), "val_loss",
+                                                r.trial_loss[i]));
+    json_t *extra = json_pack("{s:o}", "trials", trials);
+    *f = (found){r.arch, r.predicted, r.selection_tokens, r.n_trials, r.parent_feasible, r.wall_s, extra};
+    memset(&r.arch, 0, sizeof r.arch);   /* f holds it now */
+    mn_result_free(&r);
+    return 0;
+}
+
 int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen)
 {
     memset(chosen, 0, sizeof *chosen);
     *doc = NULL;
-    cm_prediction pred;
-    int64_t sel = 0;
-    int iterations = 0, parent_feasible = 0;
-    double wall = 0;
-    json_t *extra = NULL;
-    if (!o->minitron) {
-        dnas_opts d;
-        dnas_opts_defaults(&d);
-        d.parent = o->parent;
-        d.tables = o->tables;
-        d.limits = o->limits;
-        d.axes = o->axes;
-        d.data = o->train;
-        d.search_tokens = o->search_tokens;
-        if (o->seed)
-            d.seed = o->seed;
-        if (o->eta > 0)
-            d.eta = o->eta;
-        if (o->lambda2_init > 0)
-            d.lambda2_init = o->lambda2_init;
-        if (o->lr > 0)
-            d.lr = o->lr;
-        /* The multipliers need a few hundred iterations to bring E[cost] to the limit:
-         * spend a small budget on more, smaller batches (at least 32 tokens a row). */
-        while ((int64_t)d.batch * d.seq * 256 > o->search_tokens && (d.batch > 1 || d.seq > 32)) {
-            if (d.batch > 1)
-                d.batch /= 2;
-            else
-                d.seq /= 2;
-        }
-        int iters = (int)(o->search_tokens / ((int64_t)d.batch * d.seq));
-        dnas_cb cb = {o, iters > 50 ? iters / 50 : 1};
-        d.progress = on_dnas;
-        d.progress_ctx = &cb;
-        dnas_result r;
-        int rc = dnas_run(&d, &r, err, errlen);
-        if (rc != 0)
-            return rc;
-        *chosen = r.arch;
-        r.arch.layers = NULL;
-        r.arch.n_layers = 0;
-        pred = r.predicted;
-        sel = r.selection_tokens;
-        iterations = r.iterations;
-        parent_feasible = r.parent_feasible;
-        wall = r.wall_s;
-        json_t *gaps = json_object();
-        for (int m = 0; m < SM_COUNT; m++)
-            if (r.final_gap[m] != 0)
-                json_object_set_new(gaps, search_metric_names[m], json_real(r.final_gap[m]));
-        extra = json_pack("{s:O,s:o}", "distribution", r.distribution ? r.distribution : json_null(), "final_gap", gaps);
-        dnas_result_free(&r);
-    } else {
-        mn_cb cb = {o, o->search_tokens / 2 > 0 ? o->search_tokens / 2 : 1, 0};
-        mn_opts m = {.parent = &o->parent->a, .layer_order = o->layer_order, .tables = o->tables,
-                     .limits = o->limits, .axes = o->axes, .max_candidates = o->minitron_candidates,
-                     .trial = mn_trial, .trial_ctx = &cb};
-        mn_result r;
-        int rc = mn_run(&m, &r, err, errlen);
-        if (rc != 0)
-            return rc;
-        *chosen = r.arch;
-        r.arch.layers = NULL;
-        r.arch.n_layers = 0;
-        pred = r.predicted;
-        sel = r.selection_tokens;
-        iterations = r.n_trials;
-        parent_feasible = r.parent_feasible;
-        wall = r.wall_s;
-        json_t *trials = json_array();
-        for (int i = 0; i < r.n_trials; i++)
-            json_array_append_new(trials, json_pack("{s:o,s:f}", "arch", arch_to_json(&r.trials[i]), "val_loss",
-                                                    r.trial_loss[i]));
-        extra = json_pack("{s:o}", "trials", trials);
-        mn_result_free(&r);
-    }
+    found f;
+    int rc = o->minitron ? run_minitron(o, &f, err, errlen) : run_dnas(o, &f, err, errlen);
+    if (rc != 0)
+        return rc;
+    *chosen = f.arch;
     char summary[8192];
     arch_summary(chosen, summary, sizeof summary);
     *doc = json_pack("{s:s,s:o,s:s,s:I,s:i,s:f,s:b,s:o}", "method", o->minitron ? "minitron" : "autocompress", "arch",
-                     arch_to_json(chosen), "summary", summary, "selection_tokens", (json_int_t)sel, "iterations",
-                     iterations, "wall_s", wall, "parent_feasible", parent_feasible, "predicted",
-                     cm_prediction_to_json(&pred));
+                     arch_to_json(chosen), "summary", summary, "selection_tokens", (json_int_t)f.selection_tokens,
+                     "iterations", f.iterations, "wall_s", f.wall_s, "parent_feasible", f.parent_feasible,
+                     "predicted", cm_prediction_to_json(&f.predicted));
     if (!*doc) {
-        json_decref(extra);
+        json_decref(f.extra);
         arch_free(chosen);
         snprintf(err, errlen, "could not build the search document (out of memory, or a predicted cost is not finite)");
         return -1;
     }
-    if (extra)
-        json_object_update(*doc, extra);
-    json_decref(extra);
+    if (f.extra)
+        json_object_update(*doc, f.extra);
+    json_decref(f.extra);
     char msg[256];
     snprintf(msg, sizeof msg, "chose %s: predicted latency %.2f ms, memory %lld bytes, %lld parameters",
-             parent_feasible ? "the parent (it meets every limit)" : "an architecture", pred.latency_ms,
-             (long long)pred.total, (long long)pred.params);
+             f.parent_feasible ? "the parent (it meets every limit)" : "an architecture", f.predicted.latency_ms,
+             (long long)f.predicted.total, (long long)f.predicted.params);
     emit(o, "search.done", msg, json_pack("{s:s}", "arch", summary));
     return 0;
 }

@@ -479,39 +479,49 @@ static double norm_cost(const search_space *sp, const search_costs *costs, const
     return s;
 }
 
+/* Step *mv to the next move of one allowed index in direction dir (-1 smaller, +1 larger)
+ * from c: the hidden size, then each kept layer's heads, then each kept layer's FFN
+ * width, then each layer's keep flag. Start from {0, -1, 0}. 1, or 0 when none is left. */
+static int next_move(const search_space *sp, search_choice *c, int dir, move *mv)
+{
+    for (;;) {
+        if (++mv->layer >= (mv->axis == 0 ? 1 : sp->n_layers)) {
+            if (++mv->axis == 4)
+                return 0;
+            mv->layer = -1;
+            continue;
+        }
+        if (mv->axis != 0 && mv->axis != 3 && !c->keep[mv->layer])
+            continue;
+        mv->to = next_index(sp, mv->axis, mv->layer, *move_slot(c, mv), dir);
+        if (mv->to >= 0)
+            return 1;
+    }
+}
+
 int search_repair(const search_dist *d, const search_costs *costs, search_choice *c)
 {
     const search_space *sp = d->sp;
-    int L = sp->n_layers;
     /* Shrink until feasible. */
     for (;;) {
         if (feasible(sp, costs, c, NULL))
             break;
         double base = norm_cost(sp, costs, c, 1), best_ratio = INFINITY;
         move best = {-1, 0, 0};
-        for (int axis = 0; axis < 4; axis++) {
-            int nl = axis == 0 ? 1 : L;
-            for (int l = 0; l < nl; l++) {
-                if (axis != 0 && axis != 3 && !c->keep[l])
-                    continue;
-                move mv = {axis, l, 0};
-                int *slot = move_slot(c, &mv), from = *slot;
-                mv.to = next_index(sp, axis, l, from, -1);
-                if (mv.to < 0)
-                    continue;
-                double loss = -move_score(d, c, &mv);
-                *slot = mv.to;
-                double saved = base - norm_cost(sp, costs, c, 1);
-                double viol_after;
-                feasible(sp, costs, c, &viol_after);
-                *slot = from;
-                if (saved <= 1e-12)
-                    continue;
-                double ratio = loss / saved;
-                if (ratio < best_ratio) {
-                    best_ratio = ratio;
-                    best = mv;
-                }
+        for (move mv = {0, -1, 0}; next_move(sp, c, -1, &mv);) {
+            int *slot = move_slot(c, &mv), from = *slot;
+            double loss = -move_score(d, c, &mv);
+            *slot = mv.to;
+            double saved = base - norm_cost(sp, costs, c, 1);
+            double viol_after;
+            feasible(sp, costs, c, &viol_after);
+            *slot = from;
+            if (saved <= 1e-12)
+                continue;
+            double ratio = loss / saved;
+            if (ratio < best_ratio) {
+                best_ratio = ratio;
+                best = mv;
             }
         }
         if (best.axis < 0) {
@@ -524,38 +534,29 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
     for (;;) {
         double base = norm_cost(sp, costs, c, 0), best_ratio = -INFINITY;
         move best = {-1, 0, 0};
-        for (int axis = 0; axis < 4; axis++) {
-            int nl = axis == 0 ? 1 : L;
-            for (int l = 0; l < nl; l++) {
-                if (axis != 0 && axis != 3 && !c->keep[l])
-                    continue;
-                move mv = {axis, l, 0};
-                int *slot = move_slot(c, &mv), from = *slot;
-                mv.to = next_index(sp, axis, l, from, +1);
-                if (mv.to < 0)
-                    continue;
-                double gain = move_score(d, c, &mv);
-                /* A layer comes back at its smallest allowed widths; later steps widen it. */
-                int sh = axis == 3 ? c->heads[l] : 0, sf = axis == 3 ? c->ffn[l] : 0;
-                if (axis == 3) {
-                    c->heads[l] = next_index(sp, 1, l, -1, +1);
-                    c->ffn[l] = next_index(sp, 2, l, -1, +1);
-                }
-                *slot = mv.to;
-                int ok = feasible(sp, costs, c, NULL);
-                double added = norm_cost(sp, costs, c, 0) - base;
-                *slot = from;
-                if (axis == 3) {
-                    c->heads[l] = sh;
-                    c->ffn[l] = sf;
-                }
-                if (!ok)
-                    continue;
-                double ratio = added > 1e-12 ? gain / added : INFINITY;
-                if (ratio > best_ratio) {
-                    best_ratio = ratio;
-                    best = mv;
-                }
+        for (move mv = {0, -1, 0}; next_move(sp, c, +1, &mv);) {
+            int l = mv.layer, *slot = move_slot(c, &mv), from = *slot;
+            double gain = move_score(d, c, &mv);
+            /* A layer comes back at its smallest allowed widths; later steps widen it. */
+            int sh = mv.axis == 3 ? c->heads[l] : 0, sf = mv.axis == 3 ? c->ffn[l] : 0;
+            if (mv.axis == 3) {
+                c->heads[l] = next_index(sp, 1, l, -1, +1);
+                c->ffn[l] = next_index(sp, 2, l, -1, +1);
+            }
+            *slot = mv.to;
+            int ok = feasible(sp, costs, c, NULL);
+            double added = norm_cost(sp, costs, c, 0) - base;
+            *slot = from;
+            if (mv.axis == 3) {
+                c->heads[l] = sh;
+                c->ffn[l] = sf;
+            }
+            if (!ok)
+                continue;
+            double ratio = added > 1e-12 ? gain / added : INFINITY;
+            if (ratio > best_ratio) {
+                best_ratio = ratio;
+                best = mv;
             }
         }
         if (best.axis < 0)

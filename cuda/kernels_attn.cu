@@ -9,6 +9,7 @@
 #include "cuda/cu_ops.h"
 
 #include <math.h>
+#include <type_traits>
 
 #define CU_ATTN_MAX_D 128
 #define KT 32          /* keys (or queries) per shared-memory tile */
@@ -225,6 +226,19 @@ __global__ void k_attn_combine(float *out, float *lse, const float *part, const 
         lse[r] = valid ? M + logf(L) : 0.0f;
 }
 
+/* Call launch(std::integral_constant<int, NACC>{}) with the accumulator count the
+ * kernels are built for that covers head dim D: 1 (D <= 32), 2 (D <= 64) or 4. */
+template <typename F>
+static void with_nacc(int D, F launch)
+{
+    if (D <= 32)
+        launch(std::integral_constant<int, 1>{});
+    else if (D <= 64)
+        launch(std::integral_constant<int, 2>{});
+    else
+        launch(std::integral_constant<int, 4>{});
+}
+
 static int attn_check(eng_backend *be, int T, int S, int Hq, int Hkv, int D)
 {
     if (D > CU_ATTN_MAX_D || D < 1 || Hkv < 1 || Hq % Hkv != 0) {
@@ -248,12 +262,9 @@ static void cu_attn_fwd(eng_backend *be, float *out, float *lse, const float *q,
     if (T > DEC_MAX_T) {
         dim3 grid((unsigned)((T + QW - 1) / QW), (unsigned)Hq, (unsigned)B);
         size_t shm = sizeof(float) * ((size_t)KT * (D + 1) + (size_t)KT * D + (size_t)QW * D);
-        if (D <= 32)
-            k_attn_fwd_tiled<1><<<grid, QW * 32, shm, c->stream>>>(out, lse, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale);
-        else if (D <= 64)
-            k_attn_fwd_tiled<2><<<grid, QW * 32, shm, c->stream>>>(out, lse, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale);
-        else
-            k_attn_fwd_tiled<4><<<grid, QW * 32, shm, c->stream>>>(out, lse, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale);
+        with_nacc(D, [&](auto n) {
+            k_attn_fwd_tiled<decltype(n)::value><<<grid, QW * 32, shm, c->stream>>>(out, lse, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale);
+        });
         CHECK_LAUNCH(be);
         return;
     }
@@ -276,12 +287,9 @@ static void cu_attn_fwd(eng_backend *be, float *out, float *lse, const float *q,
     }
     dim3 grid((unsigned)nsplit, (unsigned)Hq, (unsigned)(B * T));
     size_t shm = sizeof(float) * ((size_t)D + 2 * DEC_W + (size_t)DEC_W * D);
-    if (D <= 32)
-        k_attn_decode<1><<<grid, DEC_W * 32, shm, c->stream>>>(out, lse, part, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale, chunk);
-    else if (D <= 64)
-        k_attn_decode<2><<<grid, DEC_W * 32, shm, c->stream>>>(out, lse, part, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale, chunk);
-    else
-        k_attn_decode<4><<<grid, DEC_W * 32, shm, c->stream>>>(out, lse, part, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale, chunk);
+    with_nacc(D, [&](auto n) {
+        k_attn_decode<decltype(n)::value><<<grid, DEC_W * 32, shm, c->stream>>>(out, lse, part, q, k, v, pos0, lens, T, S, Hq, Hkv, D, scale, chunk);
+    });
     CHECK_LAUNCH(be);
     if (nsplit > 1) {
         k_attn_combine<<<(unsigned)rows, 32, 0, c->stream>>>(out, lse, part, lens, T, Hq, D, nsplit);
@@ -481,23 +489,17 @@ static void cu_attn_bwd(eng_backend *be, float *dq, float *dk, float *dv, const 
     CHECK_LAUNCH(be);
     dim3 gq((unsigned)((T + QW - 1) / QW), (unsigned)Hq, (unsigned)B);
     size_t shq = sizeof(float) * (2 * (size_t)KT * (D + 1) + 2 * (size_t)QW * D);
-    if (D <= 32)
-        k_attn_bwd_dq<1><<<gq, QW * 32, shq, c->stream>>>(dq, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
-    else if (D <= 64)
-        k_attn_bwd_dq<2><<<gq, QW * 32, shq, c->stream>>>(dq, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
-    else
-        k_attn_bwd_dq<4><<<gq, QW * 32, shq, c->stream>>>(dq, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
+    with_nacc(D, [&](auto n) {
+        k_attn_bwd_dq<decltype(n)::value><<<gq, QW * 32, shq, c->stream>>>(dq, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
+    });
     CHECK_LAUNCH(be);
     if (S <= 0)
         return;
     dim3 gk((unsigned)((S + QW - 1) / QW), (unsigned)Hkv, (unsigned)B);
     size_t shk = sizeof(float) * (2 * (size_t)KT * (D + 1) + 2 * (size_t)QW * D + 2 * KT);
-    if (D <= 32)
-        k_attn_bwd_dkdv<1><<<gk, QW * 32, shk, c->stream>>>(dk, dv, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
-    else if (D <= 64)
-        k_attn_bwd_dkdv<2><<<gk, QW * 32, shk, c->stream>>>(dk, dv, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
-    else
-        k_attn_bwd_dkdv<4><<<gk, QW * 32, shk, c->stream>>>(dk, dv, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
+    with_nacc(D, [&](auto n) {
+        k_attn_bwd_dkdv<decltype(n)::value><<<gk, QW * 32, shk, c->stream>>>(dk, dv, dout, q, k, v, lse, di, pos0, lens, T, S, Hq, Hkv, D, scale);
+    });
     CHECK_LAUNCH(be);
 }
 

@@ -1,7 +1,6 @@
 /* jobs/pstate.c — lazily built, job-wide shared state for the stages (see pstate.h). */
 #include "jobs/pstate.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -304,8 +303,6 @@ int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len)
     return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
-static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 /* Files up to this size are keyed by their content: texts, tokenizers, task files and
  * small models get copied, re-extracted or re-downloaded with new modification times,
  * and hashing them costs well under a second. Larger files by path, size and mtime. */
@@ -329,8 +326,8 @@ static int file_print(strbuf *b, const char *path, const char *name, const struc
 }
 
 /* Append the key lines (file_print) of a file, or of every regular file directly in a
- * folder (sorted), to b. 0, or -1 when the path cannot be resolved, listed or read
- * (b->oom for OOM). */
+ * folder (sorted by name; hidden ones left out), to b. 0, or -1 when the path cannot be
+ * resolved, listed or read. */
 static int fingerprint(strbuf *b, const char *path)
 {
     char real[PATH_MAX];
@@ -339,40 +336,18 @@ static int fingerprint(strbuf *b, const char *path)
         return -1;
     if (!S_ISDIR(st.st_mode))
         return file_print(b, real, "", &st);
-    DIR *d = opendir(real);
-    if (!d)
+    char **names;
+    size_t n;
+    if (fio_list_dir(real, &names, &n))
         return -1;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    while (!b->oom && (e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        if (n == cap) {
-            char **nn = realloc(names, (cap = cap ? 2 * cap : 32) * sizeof *names);
-            if (!nn) {
-                b->oom = 1;
-                break;
-            }
-            names = nn;
-        }
-        if (!(names[n] = strdup(e->d_name)))
-            b->oom = 1;
-        else
-            n++;
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, cmp_name);
     int rc = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && rc == 0; i++) {
         char p[PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", real, names[i]);
-        if (rc == 0 && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+        if (names[i][0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode))
             rc = file_print(b, p, names[i], &st);
-        free(names[i]);
     }
-    free(names);
+    fio_names_free(names, n);
     return rc;
 }
 

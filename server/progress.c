@@ -317,24 +317,33 @@ static void compose_plain(const progress_bar *pb, double now, const char *outcom
 
 /* ---- output ------------------------------------------------------------------------ */
 
-static void draw_bar(progress_bar *pb, double now)
+/* Write pb's line at now in its style: a bar over the terminal's current line (kept,
+ * with a newline, once outcome ends the stage), plain text as a line of its own.
+ * outcome is NULL while the stage runs. */
+static void put_line(progress_bar *pb, double now, const char *outcome)
 {
     char line[PB_LINE_MAX];
     line[0] = '\0';
-    compose_bar(pb, now, NULL, line, sizeof line);
-    fprintf(pb->out, "\r%s\033[K", line);
+    if (pb->bar) {
+        compose_bar(pb, now, outcome, line, sizeof line);
+        fprintf(pb->out, "\r%s\033[K%s", line, outcome ? "\n" : "");
+    } else {
+        compose_plain(pb, now, outcome, line, sizeof line);
+        fprintf(pb->out, "%s\n", line);
+    }
     fflush(pb->out);
+}
+
+static void draw_bar(progress_bar *pb, double now)
+{
+    put_line(pb, now, NULL);
     pb->drawn = 1;
     pb->last_draw = now;
 }
 
 static void emit_plain(progress_bar *pb, double now)
 {
-    char line[PB_LINE_MAX];
-    line[0] = '\0';
-    compose_plain(pb, now, NULL, line, sizeof line);
-    fprintf(pb->out, "%s\n", line);
-    fflush(pb->out);
+    put_line(pb, now, NULL);
     pb->last_line = now;
     pb->last_decile = pb->total > 0 ? (int)(percent(pb) / 10.0) : -1;
 }
@@ -343,17 +352,9 @@ static void finish_stage(progress_bar *pb, double now, const char *outcome)
 {
     if (!pb->active)
         return;
-    char line[PB_LINE_MAX], word[32];
-    line[0] = '\0';
+    char word[32];
     copy_clean(word, sizeof word, outcome && *outcome ? outcome : "done");
-    if (pb->bar) {
-        compose_bar(pb, now, word, line, sizeof line);
-        fprintf(pb->out, "\r%s\033[K\n", line);
-    } else {
-        compose_plain(pb, now, word, line, sizeof line);
-        fprintf(pb->out, "%s\n", line);
-    }
-    fflush(pb->out);
+    put_line(pb, now, word);
     pb->active = 0;
     pb->drawn = 0;
 }

@@ -351,6 +351,15 @@ static int cols_read(sqlite3_stmt *s, const char *cols, va_list *ap)
     return 0;
 }
 
+int sql_cols(sqlite3_stmt *s, const char *cols, ...)
+{
+    va_list ap;
+    va_start(ap, cols);
+    int rc = cols_read(s, cols, &ap);
+    va_end(ap);
+    return rc;
+}
+
 int sql_row(store_conn *c, const char *sql, const char *fmt, const char *cols, ...)
 {
     va_list ap;

@@ -13,14 +13,9 @@ static void artifact_from_row(sqlite3_stmt *s, void *out)
 {
     store_artifact *a = out;
     memset(a, 0, sizeof *a);
-    sql_col_copy(s, 0, a->id, sizeof a->id);
-    sql_col_copy(s, 1, a->job_id, sizeof a->job_id);
-    sql_col_copy(s, 2, a->name, sizeof a->name);
-    sql_col_copy(s, 3, a->stage, sizeof a->stage);
-    sql_col_copy(s, 4, a->sha256, sizeof a->sha256);
-    a->size_bytes = sqlite3_column_int64(s, 5);
-    sql_col_copy(s, 6, a->content_type, sizeof a->content_type);
-    a->created_at = sqlite3_column_int64(s, 7);
+    sql_cols(s, "tttttItI", a->id, sizeof a->id, a->job_id, sizeof a->job_id, a->name, sizeof a->name, a->stage,
+             sizeof a->stage, a->sha256, sizeof a->sha256, &a->size_bytes, a->content_type, sizeof a->content_type,
+             &a->created_at);
 }
 
 int store_artifact_add(store *st, store_artifact *a)

@@ -39,14 +39,9 @@ int store_event_append(store *st, const char *job_id, const char *type, const ch
 static void event_from_row(sqlite3_stmt *s, void *out)
 {
     store_event *e = out;
-    e->seq = sqlite3_column_int64(s, 0);
+    sql_cols(s, "IttsjI", &e->seq, e->job_id, sizeof e->job_id, e->type, sizeof e->type, &e->message, &e->data,
+             &e->created_at);
     snprintf(e->id, sizeof e->id, "evt_%016lld", (long long)e->seq);
-    sql_col_copy(s, 1, e->job_id, sizeof e->job_id);
-    sql_col_copy(s, 2, e->type, sizeof e->type);
-    const char *m = (const char *)sqlite3_column_text(s, 3);
-    e->message = strdup(m ? m : "");
-    e->data = sql_col_json(s, 4);
-    e->created_at = sqlite3_column_int64(s, 5);
 }
 
 static void event_clear_elem(void *e)

@@ -71,6 +71,10 @@ int sql_row(store_conn *c, const char *sql, const char *fmt, const char *cols, .
  * releasing the rows read with clear (when not NULL). s is reset either way. */
 void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void (*clear)(void *elem),
                int *n, int *has_more);
+/* Store the current row of s into the outputs cols names, in sql_row's column format
+ * (the row readers name their columns this way). 0, or -1 for a format longer than the
+ * row or with an unknown letter (a programming error). */
+int sql_cols(sqlite3_stmt *s, const char *cols, ...);
 /* Column i of the current row: text copied into dst (n bytes, "" for NULL), or parsed as
  * JSON (a NEW reference, NULL for NULL or bad JSON). */
 void sql_col_copy(sqlite3_stmt *s, int i, char *dst, size_t n);

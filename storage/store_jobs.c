@@ -18,29 +18,12 @@ static void job_from_row(sqlite3_stmt *s, void *out)
 {
     store_job *j = out;
     memset(j, 0, sizeof *j);
-    j->seq = sqlite3_column_int64(s, 0);
-    sql_col_copy(s, 1, j->id, sizeof j->id);
-    sql_col_copy(s, 2, j->kind, sizeof j->kind);
-    sql_col_copy(s, 3, j->status, sizeof j->status);
-    sql_col_copy(s, 4, j->device, sizeof j->device);
-    sql_col_copy(s, 5, j->name, sizeof j->name);
-    j->spec = sql_col_json(s, 6);
-    j->stages = sql_col_json(s, 7);
-    j->stage_index = sqlite3_column_int(s, 8);
-    sql_col_copy(s, 9, j->stage, sizeof j->stage);
-    j->step = sqlite3_column_int64(s, 10);
-    j->total_steps = sqlite3_column_int64(s, 11);
-    sql_col_copy(s, 12, j->error_code, sizeof j->error_code);
-    sql_col_copy(s, 13, j->error_message, sizeof j->error_message);
-    j->report = sql_col_json(s, 14);
-    j->cancel_requested = sqlite3_column_int(s, 15);
-    j->worker_pid = sqlite3_column_int(s, 16);
-    j->attempts = sqlite3_column_int(s, 17);
-    j->version = sqlite3_column_int64(s, 18);
-    j->created_at = sqlite3_column_int64(s, 19);
-    j->started_at = sqlite3_column_int64(s, 20);
-    j->finished_at = sqlite3_column_int64(s, 21);
-    j->updated_at = sqlite3_column_int64(s, 22);
+    sql_cols(s, "ItttttjjitIIttjiiiIIIII", &j->seq, j->id, sizeof j->id, j->kind, sizeof j->kind, j->status,
+             sizeof j->status, j->device, sizeof j->device, j->name, sizeof j->name, &j->spec, &j->stages,
+             &j->stage_index, j->stage, sizeof j->stage, &j->step, &j->total_steps, j->error_code,
+             sizeof j->error_code, j->error_message, sizeof j->error_message, &j->report, &j->cancel_requested,
+             &j->worker_pid, &j->attempts, &j->version, &j->created_at, &j->started_at, &j->finished_at,
+             &j->updated_at);
     if (!j->spec)
         j->spec = json_object();
     if (!j->stages)
@@ -287,17 +270,26 @@ static int is_terminal(const char *status)
     return !strcmp(status, "succeeded") || !strcmp(status, "failed") || !strcmp(status, "cancelled");
 }
 
+/* Begin a write transaction on this thread's connection (*c) and read job id's status.
+ * 0 inside the transaction; 1 when there is no such job, -1 on error, both with nothing
+ * left open. */
+static int begin_with_status(store *st, const char *id, store_conn **c, char status[16])
+{
+    *c = store_conn_get(st);
+    if (!*c || sql_begin(*c) < 0)
+        return -1;
+    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    int rc = sql_row(*c, q, "t", "t", id, status, (size_t)16);
+    return rc != 0 ? sql_abandon(*c, rc) : 0;
+}
 
 int store_job_finish(store *st, const char *id, const char *status, const char *code,
                      const char *message)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    store_conn *c;
     char cur[16] = "";
-    if (sql_row(c, q, "t", "t", id, cur, sizeof cur) != 0)
-        return sql_abandon(c, -1);
+    if (begin_with_status(st, id, &c, cur) != 0)
+        return -1;
     if (is_terminal(cur))
         return sql_abandon(c, 1);
     int64_t now = store_now();
@@ -430,14 +422,11 @@ int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
 {
     *orphans = NULL;
     *n_orphans = 0;
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    store_conn *c;
     char cur[16] = "";
-    int rc = sql_row(c, q, "t", "t", id, cur, sizeof cur);
+    int rc = begin_with_status(st, id, &c, cur);
     if (rc != 0)
-        return sql_abandon(c, rc);
+        return rc;
     if (!is_terminal(cur))
         return sql_abandon(c, 2);
     static const char *qo = "SELECT DISTINCT a.sha256 FROM artifacts a WHERE a.job_id=? AND NOT EXISTS "

@@ -15,21 +15,10 @@ static void model_from_row(sqlite3_stmt *s, void *out)
 {
     store_model *m = out;
     memset(m, 0, sizeof *m);
-    m->seq = sqlite3_column_int64(s, 0);
-    sql_col_copy(s, 1, m->id, sizeof m->id);
-    sql_col_copy(s, 2, m->path, sizeof m->path);
-    sql_col_copy(s, 3, m->tokenizer, sizeof m->tokenizer);
-    sql_col_copy(s, 4, m->name, sizeof m->name);
-    sql_col_copy(s, 5, m->format, sizeof m->format);
-    m->created_at = sqlite3_column_int64(s, 6);
-    sql_col_copy(s, 7, m->status, sizeof m->status);
-    sql_col_copy(s, 8, m->url, sizeof m->url);
-    sql_col_copy(s, 9, m->sha256, sizeof m->sha256);
-    m->size_bytes = sqlite3_column_int64(s, 10);
-    m->bytes_done = sqlite3_column_int64(s, 11);
-    m->bytes_total = sqlite3_column_int64(s, 12);
-    sql_col_copy(s, 13, m->error, sizeof m->error);
-    m->updated_at = sqlite3_column_int64(s, 14);
+    sql_cols(s, "ItttttItttIIItI", &m->seq, m->id, sizeof m->id, m->path, sizeof m->path, m->tokenizer,
+             sizeof m->tokenizer, m->name, sizeof m->name, m->format, sizeof m->format, &m->created_at, m->status,
+             sizeof m->status, m->url, sizeof m->url, m->sha256, sizeof m->sha256, &m->size_bytes, &m->bytes_done,
+             &m->bytes_total, m->error, sizeof m->error, &m->updated_at);
 }
 
 /* Insert m (id and times assigned). 0 or -1 (logged). */

@@ -36,6 +36,16 @@ static int set_token(tok_tokenizer *t, const char *what, int id, const char *s, 
 
 /* ---------- llama2.c ---------- */
 
+/* How a builder ends: t finalized (tok_finalize), or NULL with a reason, t freed. */
+static tok_tokenizer *finalized(tok_tokenizer *t, char *err, size_t errlen)
+{
+    if (tok_finalize(t, err, errlen)) {
+        tok_free(t);
+        return NULL;
+    }
+    return t;
+}
+
 tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, char *err, size_t errlen)
 {
     const uint8_t *p = buf;
@@ -84,9 +94,7 @@ tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, cha
     c->add_dummy_prefix = 1;
     c->escape_spaces = 0;   /* llama2.c's export turned U+2581 back into spaces */
     c->byte_fallback = n_bytes == 256;   /* else unknown bytes become <unk> */
-    if (tok_finalize(t, err, errlen))
-        goto fail;
-    return t;
+    return finalized(t, err, errlen);
 fail:
     tok_free(t);
     return NULL;
@@ -227,9 +235,7 @@ tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen)
     if (!gguf_get_int(g, "tokenizer.ggml.add_eos_token", &v)) c->add_eos = v != 0;
     if (c->add_bos && c->bos_id < 0) c->add_bos = 0;
     if (c->add_eos && c->eos_id < 0) c->add_eos = 0;
-    if (tok_finalize(t, err, errlen))
-        goto fail;
-    return t;
+    return finalized(t, err, errlen);
 fail:
     tok_free(t);
     return NULL;
