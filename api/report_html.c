@@ -498,24 +498,45 @@ static void pruning_section(strbuf *b, json_t *pr)
         b->oom = 1;
         goto out;
     }
-    static const char *const projs[] = {"o_proj", "down_proj"};
-    for (int k = 0; k < 2; k++) {
+    /* o_proj, down_proj, and the input projections (q/k/v, gate/up) summed per layer */
+    static const char *const titles[] = {"Relative reconstruction error of o_proj per layer",
+                                         "Relative reconstruction error of down_proj per layer",
+                                         "Relative reconstruction error of q/k/v and gate/up (summed) per layer"};
+    for (int k = 0; k < 3; k++) {
         int m = 0;
+        long long last = -1;
+        double t = 0;
         for (i = 0; i < n; i++) {
             p = json_array_get(ps, i);
             const char *pn = json_string_value(json_object_get(p, "proj"));
-            if (!pn || strcmp(pn, projs[k]))
+            int kind = !pn ? -1 : !strcmp(pn, "o_proj") ? 0 : !strcmp(pn, "down_proj") ? 1 : 2;
+            if (kind != k)
                 continue;
-            snprintf(lab[m], sizeof lab[m], "%lld", (long long)num(json_object_get(p, "layer"), -1));
-            labels[m] = lab[m];
-            e0[m] = num(json_object_get(p, "rel_error_before"), NAN);
-            e1[m] = num(json_object_get(p, "rel_error_after"), NAN);
-            m++;
+            long long layer = (long long)num(json_object_get(p, "layer"), -1);
+            double ts = num(json_object_get(p, "target_sq"), 0);
+            if (k < 2 || layer != last) {   /* a new bar */
+                if (k == 2 && m > 0 && t > 0)
+                    e0[m - 1] /= t, e1[m - 1] /= t;
+                snprintf(lab[m], sizeof lab[m], "%lld", layer);
+                labels[m] = lab[m];
+                e0[m] = e1[m] = 0;
+                t = 0;
+                m++;
+                last = layer;
+            }
+            if (k < 2) {
+                e0[m - 1] = num(json_object_get(p, "rel_error_before"), NAN);
+                e1[m - 1] = num(json_object_get(p, "rel_error_after"), NAN);
+            } else {
+                e0[m - 1] += num(json_object_get(p, "error_before"), 0);
+                e1[m - 1] += num(json_object_get(p, "error_after"), 0);
+                t += ts;
+            }
         }
-        char title[96];
-        snprintf(title, sizeof title, "Relative reconstruction error of %s per layer", projs[k]);
+        if (k == 2 && m > 0 && t > 0)
+            e0[m - 1] /= t, e1[m - 1] /= t;
         if (m)
-            svg_bars(b, title, labels, e0, e1, m, "slice", "refit", C_PARENT, C_RESULT, 0, "");
+            svg_bars(b, titles[k], labels, e0, e1, m, "slice", "refit", C_PARENT, C_RESULT, 0, "");
     }
 out:
     free(lab);

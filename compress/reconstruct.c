@@ -1,10 +1,12 @@
 /* compress/reconstruct.c — the layer-by-layer least-squares refit of a pruned student
  * (compress/reconstruct.h). Two engine steppers, one per model, walk the same
  * calibration rows block by block; activations come to the host, where engine/linalg
- * accumulates X^T X and Y^T X in fp64 and solves in fp64. Each finished layer is written
- * to ckpt_dir as layer-NNNN.safetensors (its two projections and their outcome); a rerun
- * loads those, replays the layers through both models (the same kernels, so the same
- * streams) and goes on with the first unfinished one.
+ * accumulates X^T X and Y^T X in fp64 and solves in fp64. A block's input projections
+ * (q/k/v, gate/up) share one solve: the map M = (Xp^T Xs)(Xs^T Xs + lambda I)^-1 from the
+ * student's normalized input Xs to the parent's Xp, so each refit is W' = W_parent[rows] M.
+ * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
+ * and their outcome); a rerun loads those, replays the layers through both models (the
+ * same kernels, so the same streams) and goes on with the first unfinished one.
  */
 #include "compress/reconstruct.h"
 
@@ -20,6 +22,15 @@
 #include "storage/fileio.h"
 #include "storage/safetensors.h"
 
+const char *const recon_proj_names[RP_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj"};
+
+static const char *const proj_fmt[RP_COUNT] = {
+    "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.mlp.gate_proj.weight",    "model.layers.%d.mlp.up_proj.weight",
+    "model.layers.%d.mlp.down_proj.weight"};
+
 void recon_opts_default(recon_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -27,6 +38,7 @@ void recon_opts_default(recon_opts *o)
     o->T = 512;
     o->rows = 4;
     o->damp = 0.01;
+    o->inputs = 1;
 }
 
 int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen)
@@ -58,8 +70,12 @@ typedef struct {
     recon_result *r;
     int cap;                     /* r->p capacity */
     size_t N;
-    float *X, *Y, *Yk, *W;       /* [N, maxd], [N, C], [N, C'], [C', maxd] */
-    double *G, *R;               /* [maxd, maxd], [C', maxd] */
+    int maxd, maxo;              /* widest refit input, widest refit output */
+    float *X, *Xs, *Xp;          /* [N, maxd] projection input; [N, C'], [N, C] normalized inputs */
+    float *Y, *T;                /* [N, C] parent projection output; [N, maxo] targets */
+    float *W, *Wn, *Wp, *M;      /* [maxo, maxd] x2, [maxo, C] parent rows, [C, C'] input map */
+    float *Wfull;                /* [widest parent input projection, C] */
+    double *G, *R;               /* [maxd, maxd], [maxo, maxd] (>= C x C') */
     int diverged;                /* the student's stream is no longer the parent's restricted to sel */
     int done, total;
 } rc_state;
@@ -67,12 +83,6 @@ typedef struct {
 static int stopped(rc_state *s)
 {
     return s->o->progress && s->o->progress(s->o->progress_ctx, s->r, s->done, s->total);
-}
-
-static void proj_tensor(char *buf, size_t n, int layer, int part)
-{
-    snprintf(buf, n, part == ENG_PART_ATTN ? "model.layers.%d.self_attn.o_proj.weight"
-                                           : "model.layers.%d.mlp.down_proj.weight", layer);
 }
 
 static int push(rc_state *s, const recon_proj *p)
@@ -96,47 +106,137 @@ static int in_width(const arch *a, int layer, int part)
     return part == ENG_PART_ATTN ? l->n_heads * a->head_dim : l->ffn_dim;
 }
 
-/* Refit the student's projection from s->X (its input) against s->Yk. Fills rp's errors
- * and refit flag; the model gets the new weights when they lower the error. */
-static int refit(rc_state *s, int layer, int part, recon_proj *rp, char *err, size_t errlen)
+static void sum_sq(const float *x, size_t n, double *out)
+{
+    double t = 0;
+    for (size_t k = 0; k < n; k++)
+        t += (double)x[k] * x[k];
+    *out = t;
+}
+
+/* Measure the student's projection rp->proj of layer rp->layer ([c, d]) on X [N, d]
+ * against T [N, c]; with Wn (may be NULL), install Wn when it lowers the error. Fills
+ * rp's errors and refit flag. 0, or -1 with a reason. */
+static int try_weights(rc_state *s, recon_proj *rp, const float *X, const float *T, const float *Wn, char *err,
+                       size_t errlen)
 {
     int d = rp->in_dim, c = rp->out_dim;
     char name[96];
-    proj_tensor(name, sizeof name, layer, part);
+    snprintf(name, sizeof name, proj_fmt[rp->proj], rp->layer);
     if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
     }
-    rp->err_before = rp->err_after = eng_la_sq_residual(s->X, s->N, d, s->W, c, s->Yk, c);
-    if (rp->err_before < 0)
-        goto oom;
+    sum_sq(T, s->N * (size_t)c, &rp->target_sq);
+    rp->err_before = rp->err_after = eng_la_sq_residual(X, s->N, d, s->W, c, T, c);
+    double e = Wn ? eng_la_sq_residual(X, s->N, d, Wn, c, T, c) : 0;
+    if (rp->err_before < 0 || e < 0) {
+        snprintf(err, errlen, "reconstruct: out of host memory");
+        return -1;
+    }
+    if (Wn && e < rp->err_before) {
+        int64_t shape[2] = {c, d};
+        if (eng_model_set_tensor(s->S, name, Wn, shape, 2, err, errlen) != 0)
+            return -1;
+        rp->err_after = e;
+        rp->refit = 1;
+    }
+    return push(s, rp) ? (snprintf(err, errlen, "reconstruct: out of host memory"), -1) : 0;
+}
+
+/* The output projection (o_proj / down_proj) from s->X (its input) against the parent's
+ * output s->Y at the kept hidden channels. */
+static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
+{
+    int d = rp->in_dim, c = rp->out_dim, C = s->P->a.hidden_size;
+    for (size_t n = 0; n < s->N; n++)
+        for (int j = 0; j < c; j++)
+            s->T[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
     if (!rp->pruned)
-        return 0;
+        return try_weights(s, rp, s->X, s->T, NULL, err, errlen);
     memset(s->G, 0, sizeof(double) * (size_t)d * d);
     memset(s->R, 0, sizeof(double) * (size_t)c * d);
     eng_la_gram(s->G, s->X, s->N, d);
     if (stopped(s))
         return 1;
-    eng_la_cross(s->R, s->Yk, c, c, s->X, d, s->N);
-    int rc = eng_la_ridge(s->G, s->R, d, c, s->o->damp, s->W, &rp->lambda);
-    if (rc < 0)
-        goto oom;
-    if (rc > 0)   /* no signal, or a singular system: the slice stays */
-        return 0;
-    double e = eng_la_sq_residual(s->X, s->N, d, s->W, c, s->Yk, c);
-    if (e < 0)
-        goto oom;
-    if (e < rp->err_before) {
-        int64_t shape[2] = {c, d};
-        if (eng_model_set_tensor(s->S, name, s->W, shape, 2, err, errlen) != 0)
-            return -1;
-        rp->err_after = e;
-        rp->refit = 1;
+    eng_la_cross(s->R, s->T, c, c, s->X, d, s->N);
+    int rc = eng_la_ridge(s->G, s->R, d, c, s->o->damp, s->Wn, &rp->lambda);
+    if (rc < 0) {
+        snprintf(err, errlen, "reconstruct: out of host memory");
+        return -1;
     }
-    return 0;
-oom:
-    snprintf(err, errlen, "reconstruct: out of host memory");
-    return -1;
+    return try_weights(s, rp, s->X, s->T, rc == 0 ? s->Wn : NULL, err, errlen);   /* rc 1: the slice stays */
+}
+
+/* The parent rows a student input projection keeps: [rows] into out, the count returned. */
+static int kept_rows(const rc_state *s, int i, int proj, int *out)
+{
+    const prune_layer_sel *l = &s->sel.layers[i];
+    int D = s->P->a.head_dim, n = 0;
+    if (proj == RP_Q)
+        for (int h = 0; h < l->nq; h++)
+            for (int j = 0; j < D; j++)
+                out[n++] = l->q[h] * D + j;
+    else if (proj == RP_K || proj == RP_V)
+        for (int g = 0; g < l->nkv; g++)
+            for (int j = 0; j < D; j++)
+                out[n++] = l->kv[g] * D + j;
+    else
+        for (int u = 0; u < l->nffn; u++)
+            out[n++] = l->ffn[u];
+    return n;
+}
+
+/* The block's input projections (q/k/v or gate/up) of student layer i, cut from parent
+ * layer src: one map M = (Xp^T Xs)(Xs^T Xs + lambda I)^-1 from s->Xs to s->Xp, then per
+ * projection W' = W_parent[kept rows] M against targets Xp W_parent[kept rows]^T. */
+static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t errlen)
+{
+    int C = s->P->a.hidden_size, c = s->S->a.hidden_size;
+    memset(s->G, 0, sizeof(double) * (size_t)c * c);
+    memset(s->R, 0, sizeof(double) * (size_t)C * c);
+    eng_la_gram(s->G, s->Xs, s->N, c);
+    if (stopped(s))
+        return 1;
+    eng_la_cross(s->R, s->Xp, C, C, s->Xs, c, s->N);
+    double lambda = 0;
+    int rc = eng_la_ridge(s->G, s->R, c, C, s->o->damp, s->M, &lambda);
+    if (rc < 0) {
+        snprintf(err, errlen, "reconstruct: out of host memory");
+        return -1;
+    }
+    int first = part == ENG_PART_ATTN ? RP_Q : RP_GATE, last = part == ENG_PART_ATTN ? RP_V : RP_UP;
+    int *rows = malloc(sizeof(int) * (size_t)s->maxo);
+    if (!rows) {
+        snprintf(err, errlen, "reconstruct: out of host memory");
+        return -1;
+    }
+    const arch_layer *pl = &s->P->a.layers[src];
+    char name[96];
+    for (int proj = first; rc >= 0 && proj <= last; proj++) {
+        int n = kept_rows(s, i, proj, rows);
+        int64_t prow = proj == RP_Q ? pl->n_heads * s->P->a.head_dim
+                     : proj <= RP_V ? pl->n_kv_heads * s->P->a.head_dim : pl->ffn_dim;
+        snprintf(name, sizeof name, proj_fmt[proj], src);
+        if (eng_model_get_tensor(s->P, name, s->Wfull, prow * C) != prow * C) {
+            snprintf(err, errlen, "reconstruct: cannot read the parent's %s", name);
+            rc = -1;
+            break;
+        }
+        for (int k = 0; k < n; k++)   /* the parent's kept rows */
+            memcpy(s->Wp + (size_t)k * C, s->Wfull + (size_t)rows[k] * C, sizeof(float) * (size_t)C);
+        eng_la_apply(s->Xp, s->N, C, s->Wp, n, s->T);
+        if (rc == 0)
+            eng_la_matmul(s->Wp, s->M, s->Wn, n, c, C);
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = proj, .in_dim = c, .out_dim = n, .pruned = 1,
+                         .lambda = lambda};
+        if (try_weights(s, &rp, s->Xs, s->T, rc == 0 ? s->Wn : NULL, err, errlen) != 0)
+            rc = -1;
+        else if (stopped(s))
+            rc = 1;
+    }
+    free(rows);
+    return rc < 0 ? -1 : rc;
 }
 
 /* One block (part) of student layer i, cut from parent layer src. replay: only advance
@@ -148,39 +248,37 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
         return 0;
     if (!t_in) {
         s->diverged = 1;
-        return eng_stepper_block(s->sp, src, part, 1, NULL, NULL, err, errlen);
+        return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen);
     }
-    recon_proj rp = {.layer = i, .source_layer = src, .part = part, .in_dim = t_in,
-                     .out_dim = s->S->a.hidden_size, .pruned = t_in < p_in || s->diverged};
+    int inputs = s->o->inputs && s->diverged;   /* the block reads a stream unlike the parent's */
+    recon_proj rp = {.layer = i, .source_layer = src, .proj = part == ENG_PART_ATTN ? RP_O : RP_DOWN,
+                     .in_dim = t_in, .out_dim = s->S->a.hidden_size, .pruned = t_in < p_in || s->diverged};
     s->diverged |= rp.pruned;
     if (replay)
-        return eng_stepper_block(s->sp, src, part, 1, NULL, NULL, err, errlen) ||
-               eng_stepper_block(s->ss, i, part, 1, NULL, NULL, err, errlen) ? -1 : 0;
-    if (eng_stepper_block(s->sp, src, part, 1, NULL, s->Y, err, errlen) != 0)
+        return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen) ||
+               eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen) ? -1 : 0;
+    eng_step_capture pc = {.norm_in = inputs ? s->Xp : NULL, .proj_out = s->Y}, sc = {.norm_in = s->Xs};
+    if (eng_stepper_block(s->sp, src, part, 1, &pc, err, errlen) != 0)
         return -1;
     if (stopped(s))
         return 1;
-    int C = s->P->a.hidden_size, c = rp.out_dim;
-    for (size_t n = 0; n < s->N; n++)
-        for (int j = 0; j < c; j++)
-            s->Yk[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
-    for (size_t k = 0; k < s->N * (size_t)c; k++)
-        rp.target_sq += (double)s->Yk[k] * s->Yk[k];
+    if (inputs) {
+        if (eng_stepper_block(s->ss, i, part, 0, &sc, err, errlen) != 0)
+            return -1;
+        int rc = refit_inputs(s, i, src, part, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
     /* unpruned: one pass both reads the input and advances (the weights stay) */
-    if (eng_stepper_block(s->ss, i, part, !rp.pruned, s->X, NULL, err, errlen) != 0)
+    sc = (eng_step_capture){.proj_in = s->X};
+    if (eng_stepper_block(s->ss, i, part, !rp.pruned, &sc, err, errlen) != 0)
         return -1;
     if (stopped(s))
         return 1;
-    int rc = refit(s, i, part, &rp, err, errlen);
+    int rc = refit_output(s, &rp, err, errlen);
     if (rc != 0)
         return rc;
-    if (rp.pruned && eng_stepper_block(s->ss, i, part, 1, NULL, NULL, err, errlen) != 0)
-        return -1;
-    if (push(s, &rp) != 0) {
-        snprintf(err, errlen, "reconstruct: out of host memory");
-        return -1;
-    }
-    return 0;
+    return rp.pruned ? eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen) : 0;
 }
 
 /* Parent layers between the previous kept one and src: run whole; the student lost them. */
@@ -190,7 +288,7 @@ static int skip_parent_layers(rc_state *s, int from, int to, char *err, size_t e
         for (int part = 0; part < 2; part++)
             if (in_width(&s->P->a, l, part)) {
                 s->diverged = 1;
-                if (eng_stepper_block(s->sp, l, part, 1, NULL, NULL, err, errlen) != 0)
+                if (eng_stepper_block(s->sp, l, part, 1, NULL, err, errlen) != 0)
                     return -1;
             }
     return 0;
@@ -203,7 +301,7 @@ static json_t *proj_json(const recon_proj *p)
     double rel0 = p->target_sq > 0 ? p->err_before / p->target_sq : 0;
     double rel1 = p->target_sq > 0 ? p->err_after / p->target_sq : 0;
     return json_pack("{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f}", "layer", p->layer, "source_layer",
-                     p->source_layer, "proj", p->part == ENG_PART_ATTN ? "o_proj" : "down_proj", "in", p->in_dim,
+                     p->source_layer, "proj", recon_proj_names[p->proj], "in", p->in_dim,
                      "out", p->out_dim, "pruned", p->pruned, "refit", p->refit, "error_before", p->err_before,
                      "error_after", p->err_after, "target_sq", p->target_sq, "rel_error_before", rel0,
                      "rel_error_after", rel1, "lambda", p->lambda);
@@ -219,7 +317,12 @@ static int proj_from_json(json_t *j, recon_proj *p)
                     "refit", &refit_, "error_before", &p->err_before, "error_after", &p->err_after, "target_sq",
                     &p->target_sq, "lambda", &p->lambda))
         return -1;
-    p->part = strcmp(proj, "o_proj") ? ENG_PART_MLP : ENG_PART_ATTN;
+    p->proj = -1;
+    for (int k = 0; k < RP_COUNT; k++)
+        if (!strcmp(proj, recon_proj_names[k]))
+            p->proj = k;
+    if (p->proj < 0)
+        return -1;
     p->pruned = pruned;
     p->refit = refit_;
     return 0;
@@ -233,20 +336,26 @@ static void layer_path(char *buf, size_t n, const char *dir, int i)
 /* Write layer i's projections as they are now and the outcomes pushed since first. */
 static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 {
-    const arch *a = &s->S->a;
-    st_write_tensor t[2];
-    char names[2][96];
-    float *bufs[2] = {NULL, NULL};
+    st_write_tensor t[RP_COUNT];
+    char names[RP_COUNT][96];
+    float *bufs[RP_COUNT] = {NULL};
     int n = 0, rc = -1;
-    for (int part = 0; part < 2; part++) {
-        int d = in_width(a, i, part);
-        if (!d)
-            continue;
-        proj_tensor(names[n], sizeof names[n], i, part);
-        bufs[n] = malloc(sizeof(float) * (size_t)a->hidden_size * d);
-        if (!bufs[n] || eng_model_get_tensor(s->S, names[n], bufs[n], (int64_t)a->hidden_size * d) < 0)
+    for (int proj = 0; proj < RP_COUNT; proj++) {
+        snprintf(names[n], sizeof names[n], proj_fmt[proj], i);
+        const char *name;
+        int64_t shape[2];
+        int ndim;
+        float *dev;
+        int k;
+        for (k = eng_model_tensor_count(s->S) - 1; k >= 0; k--)
+            if (eng_model_tensor(s->S, k, &name, shape, &ndim, &dev) == 0 && !strcmp(name, names[n]))
+                break;
+        if (k < 0)
+            continue;   /* a removed part */
+        bufs[n] = malloc(sizeof(float) * (size_t)(shape[0] * shape[1]));
+        if (!bufs[n] || eng_model_get_tensor(s->S, names[n], bufs[n], shape[0] * shape[1]) < 0)
             goto out;
-        t[n] = (st_write_tensor){.name = names[n], .data = bufs[n], .shape = {a->hidden_size, d}, .ndim = 2};
+        t[n] = (st_write_tensor){.name = names[n], .data = bufs[n], .shape = {shape[0], shape[1]}, .ndim = 2};
         n++;
     }
     json_t *outcomes = json_array();
@@ -264,8 +373,8 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 out:
     if (rc != 0 && !err[0])
         snprintf(err, errlen, "reconstruct: out of memory writing layer %d's checkpoint", i);
-    free(bufs[0]);
-    free(bufs[1]);
+    for (int k = 0; k < RP_COUNT; k++)
+        free(bufs[k]);
     return rc;
 }
 
@@ -310,8 +419,9 @@ static json_t *ckpt_key(const rc_state *s, const int *tokens)
         h = (h ^ (uint32_t)tokens[i]) * 1099511628211ull;
     char hex[32];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:s,s:o,s:o}", "format", "autocompress-reconstruct-1", "tokens",
-                     (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "token_hash", hex,
+    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-2", "tokens",
+                     (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "inputs",
+                     s->o->inputs, "token_hash", hex,
                      "parent", arch_to_json(&s->P->a), "student", arch_to_json(&s->S->a));
 }
 
@@ -349,19 +459,36 @@ static int ckpt_open(rc_state *s, const int *tokens, char *err, size_t errlen)
 static int state_alloc(rc_state *s, char *err, size_t errlen)
 {
     const arch *pa = &s->P->a, *sa = &s->S->a;
-    size_t maxd = 1;
-    for (int l = 0; l < sa->n_layers; l++)
-        for (int part = 0; part < 2; part++)
-            if ((size_t)in_width(sa, l, part) > maxd)
-                maxd = (size_t)in_width(sa, l, part);
-    size_t C = (size_t)pa->hidden_size, c = (size_t)sa->hidden_size;
+    size_t C = (size_t)pa->hidden_size, c = (size_t)sa->hidden_size, D = (size_t)pa->head_dim;
+    size_t maxd = c, maxo = c, maxp = 1;
+    for (int l = 0; l < sa->n_layers; l++) {
+        size_t q = (size_t)sa->layers[l].n_heads * D, f = (size_t)sa->layers[l].ffn_dim;
+        maxd = q > maxd ? q : maxd;
+        maxd = f > maxd ? f : maxd;
+        maxo = maxd;
+    }
+    for (int l = 0; l < pa->n_layers; l++) {
+        size_t q = (size_t)pa->layers[l].n_heads * D, f = (size_t)pa->layers[l].ffn_dim;
+        maxp = q > maxp ? q : maxp;
+        maxp = f > maxp ? f : maxp;
+    }
+    s->maxd = (int)maxd;
+    s->maxo = (int)maxo;
+    size_t nr = maxo * maxd > C * c ? maxo * maxd : C * c;
     s->X = malloc(sizeof(float) * s->N * maxd);
+    s->Xs = malloc(sizeof(float) * s->N * c);
+    s->Xp = malloc(sizeof(float) * s->N * C);
     s->Y = malloc(sizeof(float) * s->N * C);
-    s->Yk = malloc(sizeof(float) * s->N * c);
-    s->W = malloc(sizeof(float) * c * maxd);
+    s->T = malloc(sizeof(float) * s->N * maxo);
+    s->W = malloc(sizeof(float) * maxo * maxd);
+    s->Wn = malloc(sizeof(float) * maxo * maxd);
+    s->Wp = malloc(sizeof(float) * maxo * C);
+    s->M = malloc(sizeof(float) * C * c);
+    s->Wfull = malloc(sizeof(float) * maxp * C);
     s->G = malloc(sizeof(double) * maxd * maxd);
-    s->R = malloc(sizeof(double) * c * maxd);
-    if (!s->X || !s->Y || !s->Yk || !s->W || !s->G || !s->R) {
+    s->R = malloc(sizeof(double) * nr);
+    if (!s->X || !s->Xs || !s->Xp || !s->Y || !s->T || !s->W || !s->Wn || !s->Wp || !s->M || !s->Wfull || !s->G ||
+        !s->R) {
         snprintf(err, errlen, "reconstruct: out of host memory for %zu calibration tokens", s->N);
         return -1;
     }
@@ -373,10 +500,9 @@ static void state_free(rc_state *s)
     eng_stepper_free(s->sp);
     eng_stepper_free(s->ss);
     prune_select_free(&s->sel);
-    free(s->X);
-    free(s->Y);
-    free(s->Yk);
-    free(s->W);
+    float *f[] = {s->X, s->Xs, s->Xp, s->Y, s->T, s->W, s->Wn, s->Wp, s->M, s->Wfull};
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
+        free(f[k]);
     free(s->G);
     free(s->R);
 }
@@ -436,13 +562,13 @@ int recon_run(eng_model *parent, eng_model *student, const td_stream *text, cons
     return rc;
 }
 
-json_t *recon_result_json(const recon_result *r, double damp)
+json_t *recon_result_json(const recon_result *r, const recon_opts *o)
 {
     json_t *arr = json_array();
     for (int i = 0; arr && i < r->n; i++)
         json_array_append_new(arr, proj_json(&r->p[i]));
-    return arr ? json_pack("{s:I,s:i,s:i,s:f,s:f,s:i,s:o}", "tokens", (json_int_t)r->tokens, "sequences", r->B,
-                           "seq_len", r->T, "damp", damp, "wall_s", r->wall_s, "resumed_layers", r->resumed_layers,
-                           "projections", arr)
+    return arr ? json_pack("{s:I,s:i,s:i,s:f,s:b,s:f,s:i,s:o}", "tokens", (json_int_t)r->tokens, "sequences", r->B,
+                           "seq_len", r->T, "damp", o->damp, "inputs", o->inputs, "wall_s", r->wall_s,
+                           "resumed_layers", r->resumed_layers, "projections", arr)
                : NULL;
 }

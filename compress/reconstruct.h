@@ -1,12 +1,13 @@
 /* compress/reconstruct.h — least-squares reconstruction of a pruned student: layer by
  * layer, the calibration text runs through the dense (ranked) parent and through the
- * student as refit so far, and every projection that reads pruned inputs (o_proj after
- * removed heads or KV groups, down_proj after removed FFN units), or whose inputs differ
- * from the parent's because something upstream was pruned, is refit by damped least
- * squares against the parent's output on the same tokens (restricted to the kept hidden
- * channels): W' = (Y^T X)(X^T X + lambda I)^-1, lambda = damp * mean diag(X^T X). The
- * refit is kept only when it lowers the projection's squared error on those tokens.
- * A student cut to the parent's own arch is left bit-identical.
+ * student as refit so far, and every projection whose inputs differ from the parent's —
+ * o_proj after removed heads or KV groups, down_proj after removed FFN units, and any
+ * projection downstream of something pruned, q/k/v and gate/up included (they read the
+ * pruned residual stream) — is refit by damped least squares against the parent's output
+ * on the same tokens (its kept rows, and the kept hidden channels):
+ * W' = (Y^T X)(X^T X + lambda I)^-1, lambda = damp * mean diag(X^T X). A refit is kept
+ * only when it lowers that projection's squared error on those tokens. A student cut to
+ * the parent's own arch is left bit-identical.
  */
 #ifndef AC_COMPRESS_RECONSTRUCT_H
 #define AC_COMPRESS_RECONSTRUCT_H
@@ -25,6 +26,7 @@ typedef struct {
     int T;                   /* sequence length */
     int rows;                /* sequences per engine pass (bounds the workspace) */
     double damp;             /* lambda as a share of the Gram matrix's mean diagonal */
+    int inputs;              /* also refit q/k/v and gate/up (1), or only o_proj and down_proj */
     const char *ckpt_dir;    /* finished layers are kept here and resumed from; NULL: none */
     /* optional: called between the steps of every layer with the outcomes so far (r->n
      * projections, in layer order), finished layers and layers; nonzero stops the run
@@ -33,7 +35,8 @@ typedef struct {
     void *progress_ctx;
 } recon_opts;
 
-/* 16,384 tokens as 32 x 512, 4 sequences per pass, damp 0.01, no checkpoints. */
+/* 16,384 tokens as 32 x 512, 4 sequences per pass, damp 0.01, inputs refit too, no
+ * checkpoints. */
 void recon_opts_default(recon_opts *o);
 
 /* Fit o to a text of n tokens: shorter sequences (one) when the text is shorter than T,
@@ -41,11 +44,15 @@ void recon_opts_default(recon_opts *o);
  * text holds fewer than 8 tokens. */
 int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen);
 
+/* The projections, in the order a layer refits them. */
+enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_COUNT };
+extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "down_proj" */
+
 /* One projection's outcome. Errors are sums of squares over the calibration tokens and
- * the kept hidden channels; target_sq is the parent output's own sum of squares. */
+ * the projection's kept outputs; target_sq is the parent output's own sum of squares. */
 typedef struct {
     int layer, source_layer;
-    int part;                /* ENG_PART_ATTN (o_proj) or ENG_PART_MLP (down_proj) */
+    int proj;                /* RP_* */
     int in_dim, out_dim;     /* the refit matrix is [out_dim, in_dim] */
     int pruned;              /* 1: inputs or upstream differ from the parent's */
     int refit;               /* 1: the least-squares weights replaced the slice */
@@ -69,11 +76,11 @@ typedef struct recon_result {
 int recon_run(eng_model *parent, eng_model *student, const td_stream *text, const recon_opts *o, recon_result *r,
               char *err, size_t errlen);
 
-/* {"tokens", "sequences", "seq_len", "damp", "wall_s", "resumed_layers", "projections":
+/* {"tokens", "sequences", "seq_len", "damp", "inputs", "wall_s", "resumed_layers", "projections":
  * [{"layer", "source_layer", "proj", "in", "out", "pruned", "refit", "error_before",
  * "error_after", "rel_error_before", "rel_error_after", "lambda"}]}: NEW reference, or
  * NULL when out of memory. */
-json_t *recon_result_json(const recon_result *r, double damp);
+json_t *recon_result_json(const recon_result *r, const recon_opts *o);
 
 void recon_result_free(recon_result *r);
 

@@ -75,7 +75,7 @@ int step_prune(eng_model *ranked, const arch *target, const char *dir, json_t *m
     int rc = ro ? recon_run(ranked, &student, text, ro, rr, err, errlen) : 0;
     json_t *man = rc != 0 ? NULL : manifest ? json_deep_copy(manifest) : json_object();
     if (rc == 0) {
-        json_t *rj = ro ? recon_result_json(rr, ro->damp) : json_false();
+        json_t *rj = ro ? recon_result_json(rr, ro) : json_false();
         if (!man || !rj || json_object_set_new(man, "reconstruction", rj) != 0) {
             snprintf(err, errlen, "out of memory");
             rc = -1;

@@ -575,7 +575,7 @@ eng_stepper *eng_stepper_new(eng_model *m, const int *tokens, int B, int T, int 
     return s;
 }
 
-int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, float *x_host, float *y_host, char *err,
+int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const eng_step_capture *cap, char *err,
                       size_t errlen)
 {
     eng_model *m = s->m;
@@ -601,12 +601,14 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, float *x
             attn_block(m, &s->st, layer, x, out, &s->st.tmp);
         else
             mlp_block(m, &s->st, layer, x, out, &s->st.tmp);
-        size_t n = (size_t)nb * T;
-        if (x_host)
-            be->to_host(be, x_host + (size_t)b0 * T * in, part == ENG_PART_ATTN ? s->st.tmp.o : s->st.h,
+        size_t n = (size_t)nb * T, row0 = (size_t)b0 * T;
+        if (cap && cap->norm_in)
+            be->to_host(be, cap->norm_in + row0 * C, s->st.xn, F4 * n * C);
+        if (cap && cap->proj_in)
+            be->to_host(be, cap->proj_in + row0 * in, part == ENG_PART_ATTN ? s->st.tmp.o : s->st.h,
                         F4 * n * (size_t)in);
-        if (y_host)
-            be->to_host(be, y_host + (size_t)b0 * T * C, s->st.tmp.y, F4 * n * C);
+        if (cap && cap->proj_out)
+            be->to_host(be, cap->proj_out + row0 * C, s->st.tmp.y, F4 * n * C);
     }
     be->sync(be);
     return 0;

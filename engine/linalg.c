@@ -87,6 +87,20 @@ int eng_la_ridge(const double *G, const double *R, int d, int dy, double damp, f
     return info == 0 ? 0 : 1;
 }
 
+void eng_la_matmul(const float *A, const float *B, float *C, int m, int n, int k)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, B, n, 0.0f, C, n);
+}
+
+void eng_la_apply(const float *X, size_t n, int d, const float *W, int dy, float *out)
+{
+    for (size_t r0 = 0; r0 < n; r0 += LA_ROWS) {
+        int nr = (int)(n - r0 < LA_ROWS ? n - r0 : LA_ROWS);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, dy, d, 1.0f, X + r0 * d, d, W, d, 0.0f,
+                    out + r0 * dy, dy);
+    }
+}
+
 double eng_la_sq_residual(const float *X, size_t n, int d, const float *W, int dy, const float *Y, int ldy)
 {
     float *t = malloc(sizeof(float) * (size_t)LA_ROWS * dy);

@@ -21,6 +21,12 @@ void eng_la_cross(double *R, const float *Y, int ldy, int dy, const float *X, in
  * positive definite; -1 when out of memory. W is untouched unless 0. */
 int eng_la_ridge(const double *G, const double *R, int d, int dy, double damp, float *W, double *lambda);
 
+/* C [m, n] = A [m, k] B [k, n] (row-major, fp32). */
+void eng_la_matmul(const float *A, const float *B, float *C, int m, int n, int k);
+
+/* out [n, dy] = X [n, d] W^T for W [dy, d] (fp32, in blocks). */
+void eng_la_apply(const float *X, size_t n, int d, const float *W, int dy, float *out);
+
 /* Sum of squares of X W^T - Y over n rows: X [n, d], W [dy, d], Y [n, dy] (rows ldy
  * apart), in fp64 (the products in fp32 blocks). -1.0 when out of memory. */
 double eng_la_sq_residual(const float *X, size_t n, int d, const float *W, int dy, const float *Y, int ldy);

@@ -231,12 +231,18 @@ enum { ENG_PART_ATTN = 0, ENG_PART_MLP = 1 };
  * reason (empty batch, token out of range, out of memory). Free with eng_stepper_free. */
 eng_stepper *eng_stepper_new(eng_model *m, const int *tokens, int B, int T, int rows, char *err, size_t errlen);
 
-/* Run block (layer, part) on the current stream with the model's current weights. The
- * projection's input (part ATTN: the heads' outputs before o_proj [B*T, Hq*D]; MLP: the
- * gated units before down_proj [B*T, F]) is copied to x_host, its output (before the
- * residual add) [B*T, C] to y_host; either may be NULL. advance = 1 adds the block to
- * the stream; 0 leaves the stream as it was. 0, or -1 with a reason (no such block). */
-int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, float *x_host, float *y_host, char *err,
+/* What a block pass copies to the host (any may be NULL), for B*T rows: the block's
+ * normalized input (RMSNorm output) [B*T, C]; the projection's input (ATTN: the heads'
+ * outputs before o_proj [B*T, Hq*D]; MLP: the gated units before down_proj [B*T, F]);
+ * its output before the residual add [B*T, C]. */
+typedef struct {
+    float *norm_in, *proj_in, *proj_out;
+} eng_step_capture;
+
+/* Run block (layer, part) on the current stream with the model's current weights,
+ * copying what cap asks for (cap may be NULL). advance = 1 adds the block to the stream;
+ * 0 leaves the stream as it was. 0, or -1 with a reason (no such block). */
+int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const eng_step_capture *cap, char *err,
                       size_t errlen);
 void eng_stepper_free(eng_stepper *s);
 

@@ -34,10 +34,10 @@ static int on_progress(void *c, const recon_result *r, int done, int total)
             before += p->err_before;
             after += p->err_after;
             target += p->target_sq;
-            json_array_append_new(layer, json_pack("{s:s,s:b,s:f,s:f}", "proj",
-                                                   p->part == ENG_PART_ATTN ? "o_proj" : "down_proj", "refit",
-                                                   p->refit, "rel_error_before", p->target_sq > 0 ? p->err_before / p->target_sq : 0,
-                                                   "rel_error_after", p->target_sq > 0 ? p->err_after / p->target_sq : 0));
+            double t = p->target_sq > 0 ? p->target_sq : 1;
+            json_array_append_new(layer, json_pack("{s:s,s:b,s:f,s:f}", "proj", recon_proj_names[p->proj], "refit",
+                                                   p->refit, "rel_error_before", p->err_before / t,
+                                                   "rel_error_after", p->err_after / t));
         }
         char msg[256];
         snprintf(msg, sizeof msg, "reconstructed layer %d/%d: relative error %.4f -> %.4f", done, total,
@@ -84,7 +84,7 @@ static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
         recon_result_free(&rr);
         return rc;
     }
-    json_t *pr = reconstruct ? recon_result_json(&rr, ro.damp) : json_object();
+    json_t *pr = reconstruct ? recon_result_json(&rr, &ro) : json_object();
     if (pr) {
         json_object_set_new(pr, "reconstruct", json_boolean(reconstruct));
         json_object_set_new(pr, "method", json_string(reconstruct ? "least_squares" : "slice"));

@@ -1,5 +1,5 @@
 /* server/cli_eval.c — `autocompress eval MODEL --tasks ...`: load a model (any format
- * storage/modelio reads), score benchmark tasks as lm-evaluation-harness does
+ * storage/modelio reads, or a pruned or distilled snapshot folder), score benchmark tasks as lm-evaluation-harness does
  * (compress/eval), print a table and optionally write the results as JSON.
  * `--dump-prompts FILE` writes the exact context/continuation strings instead of
  * scoring (no model is loaded), for checking templates against other implementations.
@@ -16,6 +16,7 @@
 
 #include "compress/eval.h"
 #include "compress/evaltasks.h"
+#include "compress/prune.h"
 #include "compress/steps.h"
 #include "engine/backend.h"
 #include "engine/clock.h"
@@ -420,7 +421,7 @@ static int eval_model(const eval_args *a, const eval_tasks *t, const char *data_
     tok_tokenizer *tok = NULL;
     char err[1024];
     double t0 = eng_wall_s();
-    if (mio_load_model(a->model, a->tokenizer, be, &m, &tok, err, sizeof err)) {
+    if (prune_load_model(a->model, a->tokenizer, be, &m, &tok, err, sizeof err)) {
         fprintf(stderr, "eval: %s\n", err);
         eng_backend_free(be);
         return 1;

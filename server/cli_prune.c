@@ -33,6 +33,7 @@ static void usage(FILE *f)
             "  --ranking FILE       reuse a saved ranking (then --calib serves reconstruction only)\n"
             "  --recon-tokens N     least-squares reconstruction tokens (default 16384, as jobs)\n"
             "  --no-reconstruct     keep the plain slice (reconstruction needs --calib)\n"
+            "  --recon-outputs-only refit o_proj and down_proj only, not q/k/v and gate/up\n"
             "  --keep-kv            rank query heads inside fixed KV groups only\n"
             "  --batch B --seq T    calibration forward shape (default 4 x 256)\n"
             "  --tokenizer PATH     tokenizer override for MODEL\n"
@@ -77,6 +78,7 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         {"seq", required_argument, NULL, 's'},          {"threads", required_argument, NULL, 'j'},
         {"seed", required_argument, NULL, 'S'},         {"keep-kv", no_argument, NULL, 'K'},
         {"recon-tokens", required_argument, NULL, 'R'}, {"no-reconstruct", no_argument, NULL, 'N'},
+        {"recon-outputs-only", no_argument, NULL, 'O'},
         {"help", no_argument, NULL, 'h'},               {0}};
     memset(a, 0, sizeof *a);
     rank_opts_default(&a->ro);
@@ -109,6 +111,7 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         case 'K': a->ro.keep_kv = 1; break;
         case 'R': cli_i64(&p, 1, INT64_MAX, &a->rc.tokens); break;
         case 'N': a->reconstruct = 0; break;
+        case 'O': a->rc.inputs = 0; break;
         }
     }
     if (c != CLI_END)
@@ -221,7 +224,7 @@ static void prune_print(const prune_args *a, const eng_model *parent, const arch
                             "base_loss", r->base_loss, "calibration_tokens", (json_int_t)r->tokens, "rank_s", rank_s,
                             "wall_s", wall_s);
     if (res)
-        json_object_set_new(res, "reconstruction", rr ? recon_result_json(rr, a->rc.damp) : json_false());
+        json_object_set_new(res, "reconstruction", rr ? recon_result_json(rr, &a->rc) : json_false());
     char *text = res ? json_dumps(res, JSON_SORT_KEYS) : NULL;
     if (text)
         printf("%s\n", text);

@@ -68,9 +68,10 @@ score parent "$MODEL"
 step rank "$BIN" prune "$MODEL" --arch "$OUT/a30.json" --out "$OUT/rank" --calib "$CALIB" --no-reconstruct \
     --threads "$THREADS"
 for a in a30 a50; do
-    for m in slice ls; do
+    for m in slice ls lso; do
+        [ $m = lso ] && [ $a != a30 ] && continue   # outputs-only: the 30% arch, pruned only
         s=$a-$m
-        flag=; [ "$m" = slice ] && flag=--no-reconstruct
+        flag=; [ "$m" = slice ] && flag=--no-reconstruct; [ "$m" = lso ] && flag=--recon-outputs-only
         step "$s.prune" "$BIN" prune "$MODEL" --arch "$OUT/$a.json" --out "$OUT/$s" --ranking "$OUT/rank/ranking.json" \
             --calib "$CALIB" $flag --threads "$THREADS"
         score "$s.pruned" "$OUT/$s"
@@ -117,9 +118,12 @@ print("|---|---|---|---|---|---|---|---|")
 print("| parent | %s | - | %.2f | 1.00 | %.4f | 0 | - |" % (
     j("rank/prune.json")["parent_params"] if j("rank/prune.json") else "?", par[1], par[2]))
 for a, name in (("a30", "30%-cheaper (hidden 504, 27 layers)"), ("a50", "half the parameters (hidden 448, 24 layers, FFN 896)")):
-    for m, mname in (("slice", "slice"), ("ls", "reconstructed")):
+    for m, mname in (("slice", "slice"), ("lso", "reconstructed, o_proj and down_proj only"),
+                     ("ls", "reconstructed (default: every projection)")):
         s = a + "-" + m
         man = j(s + "/prune.json")
+        if man is None:
+            continue
         params = man["params"] if man else "?"
         stages = [("pruned only", s + ".pruned", s + ".prune")] + [
             ("+ %s distill tokens" % b, "%s.d%s" % (s, b), "%s.d%s" % (s, b)) for b in budgets]

@@ -111,7 +111,8 @@ def check_report(rep, spec, limit, stages):
     pr = rep["pruning"]
     assert pr["reconstruct"] is True and pr["method"] == "least_squares", pr
     n_proj = sum(bool(l.get("attention")) + bool(l.get("mlp")) for l in res["arch"]["layers"])
-    assert len(pr["projections"]) == n_proj and pr["tokens"] > 0, pr
+    outs = [p for p in pr["projections"] if p["proj"] in ("o_proj", "down_proj")]
+    assert len(outs) == n_proj and pr["tokens"] > 0 and pr["inputs"] is True, pr
     assert all(p["error_after"] <= p["error_before"] for p in pr["projections"]), pr
     assert any(p["refit"] for p in pr["projections"]), pr
     names = [s["name"] for s in rep["stages"]]

@@ -67,6 +67,10 @@ python3 -c "import sys; p, h = map(float, sys.argv[1:3]); assert 1 < p < h, (p, 
     || fail "perplexity of the heterogeneous snapshot"
 "$BIN" generate "$W/h" --prompt "Once upon a time" --max-tokens 8 --threads 1 >/dev/null 2>"$W/gh.log" \
     || { cat "$W/gh.log"; fail "generate from the snapshot"; }
+"$BIN" eval "$W/h" --tasks lambada_openai --limit 4 --data "$DATA" --threads 1 --json "$W/eh.json" >/dev/null \
+    2>"$W/eh.log" || { cat "$W/eh.log"; fail "eval of the snapshot"; }
+python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['accuracy']['lambada_openai']['n'] == 4" "$W/eh.json" \
+    || fail "eval of the snapshot scored nothing"
 
 "$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s2" --ranking "$W/s/ranking.json" --calib "$TEXT" \
     --threads 1 >/dev/null 2>"$W/prune2.log" || { cat "$W/prune2.log"; fail "prune with --ranking"; }
@@ -76,7 +80,10 @@ cmp -s "$W/s/model.safetensors" "$W/s2/model.safetensors" || fail "reused rankin
 python3 - "$W/s/prune.json" "$W/prune.json" <<'PY' || fail "reconstruction outcome"
 import json, sys
 rec = json.load(open(sys.argv[1]))["reconstruction"]
-assert rec["tokens"] >= 512 and len(rec["projections"]) == 8, rec
+ps = rec["projections"]
+assert rec["tokens"] >= 512 and sum(p["proj"] in ("o_proj", "down_proj") for p in ps) == 8, rec
+# layer 0 reads the parent's own stream; after its FFN was cut, later layers' inputs are refit too
+assert [p["proj"] for p in ps if p["layer"] == 1][:3] == ["q_proj", "k_proj", "v_proj"], rec
 assert all(p["error_after"] <= p["error_before"] for p in rec["projections"])
 assert any(p["refit"] and p["error_after"] < p["error_before"] for p in rec["projections"])
 assert json.load(open(sys.argv[2]))["reconstruction"]["projections"] == rec["projections"]

@@ -3,7 +3,9 @@
 tests/tools/recon_oracle prunes a random GQA parent (FFN units, query heads, whole KV
 groups, or hidden channels with a layer and parts removed) and reconstructs the student
 on random calibration rows. Here PyTorch walks both models layer by layer on the same
-rows, with the engine's refit weights for the layers before, and for every projection:
+rows, with the engine's refit weights for the layers before, and for every projection
+(o_proj and down_proj on the block's own inputs; q/k/v and gate/up on the normalized
+block input, against the parent's kept rows on the parent's normalized input):
   - the damped least-squares solution torch.linalg.lstsq gives on [X; sqrt(lambda) I]
     against [Y; 0] equals the engine's new weights (relative error < 1e-3), lambda
     being 1% of the mean diagonal of X^T X as the engine reports it;
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_prune_grad import attn_block, mlp_block, read_records  # noqa: E402
+from test_prune_grad import attn_block, mlp_block, read_records, rms  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
@@ -40,6 +42,43 @@ def load(out):
     return rec, pa, sa, rj
 
 
+def kept_rows(pa, sa, src, i, proj):
+    """The parent rows of an input projection that the prefix selection keeps."""
+    D, L, P = pa["head_dim"], sa["layers"][i], pa["layers"][src]
+    if proj == "q_proj":
+        hq, hkv = L["attention"]["n_heads"], L["attention"]["n_kv_heads"]
+        pr = P["attention"]["n_heads"] // P["attention"]["n_kv_heads"]
+        return [(g * pr + j) * D + d for g in range(hkv) for j in range(hq // hkv) for d in range(D)]
+    if proj in ("k_proj", "v_proj"):
+        return list(range(L["attention"]["n_kv_heads"] * D))
+    return list(range(L["mlp"]["ffn_dim"]))
+
+
+def check_fit(case, o, X, Y, before, after):
+    """One projection's outcome against PyTorch: errors, and the weights against lstsq."""
+    err = lambda w: ((X @ w.T - Y) ** 2).sum().item()
+    e0, e1 = err(before), err(after)
+    where = (case, o["layer"], o["proj"])
+    assert abs(e0 - o["error_before"]) <= 1e-3 * e0 + 1e-9, (where, e0, o["error_before"])
+    assert abs(e1 - o["error_after"]) <= 1e-3 * e1 + 1e-9, (where, e1, o["error_after"])
+    assert o["error_after"] <= o["error_before"]
+    if not o["pruned"]:
+        assert not o["refit"] and torch.equal(before, after), where
+        return None
+    lam = 0.01 * (X * X).sum().item() / X.shape[1]
+    assert abs(lam - o["lambda"]) <= 1e-3 * lam, (where, lam, o["lambda"])
+    Xa = torch.cat([X, lam ** 0.5 * torch.eye(X.shape[1])])
+    Ya = torch.cat([Y, torch.zeros(X.shape[1], Y.shape[1])])
+    ref = torch.linalg.lstsq(Xa, Ya).solution.T
+    if not o["refit"]:
+        assert torch.equal(before, after) and err(ref) >= e0 * (1 - 1e-6), where
+        return None
+    rel = ((after - ref).norm() / ref.norm()).item()
+    assert rel < 1e-3, (where, rel)
+    assert err(ref) < e0
+    return rel
+
+
 def check_case(tool, case):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, case)
@@ -50,59 +89,54 @@ def check_case(tool, case):
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
     tokens = torch.tensor(rec["tokens"], dtype=torch.long)
-    c = sa["hidden_size"]
+    c, eps = sa["hidden_size"], pa["norm_eps"]
     outcomes = {(o["layer"], o["proj"]): o for o in rj["projections"]}
     xs_p = [P("model.embed_tokens.weight")[row] for row in tokens]
     xs_s = [A("model.embed_tokens.weight")[row] for row in tokens]
     worst, refits, prev = 0.0, 0, -1
+    blocks = ((attn_block, "attention", "input_layernorm.weight", ("q_proj", "k_proj", "v_proj"), "o_proj",
+               "self_attn.%s.weight"),
+              (mlp_block, "mlp", "post_attention_layernorm.weight", ("gate_proj", "up_proj"), "down_proj",
+               "mlp.%s.weight"))
     for i, L in enumerate(sa["layers"]):
         src = L["source_layer"]
         for l in range(prev + 1, src):   # parent layers the student lost
-            for blk, key in ((attn_block, "attention"), (mlp_block, "mlp")):
+            for blk, key, *_ in blocks:
                 if pa["layers"][l].get(key):
                     xs_p = [x + blk(pa, P, "model.layers.%d." % l, x)[1] for x in xs_p]
         prev = src
-        for blk, key, proj, wname in ((attn_block, "attention", "o_proj", "self_attn.o_proj.weight"),
-                                      (mlp_block, "mlp", "down_proj", "mlp.down_proj.weight")):
+        for blk, key, norm, inputs, proj, wfmt in blocks:
             ppre, spre = "model.layers.%d." % src, "model.layers.%d." % i
             if not pa["layers"][src].get(key):
                 continue
+            Xp = torch.cat([rms(x, P(ppre + norm), eps) for x in xs_p])
             ys = [blk(pa, P, ppre, x)[1] for x in xs_p]
             xs_p = [x + y for x, y in zip(xs_p, ys)]
             if not L.get(key):
                 assert (i, proj) not in outcomes
                 continue
-            o = outcomes[(i, proj)]
+            Xs = torch.cat([rms(x, A(spre + norm), eps) for x in xs_s])
+            for ip in inputs:
+                if (i, ip) not in outcomes:
+                    continue
+                rows = kept_rows(pa, sa, src, i, ip)
+                Wp = P(ppre + wfmt % ip)[rows]
+                rel = check_fit(case, outcomes[(i, ip)], Xs, Xp @ Wp.T, W["before." + spre + wfmt % ip],
+                                A(spre + wfmt % ip))
+                if rel is not None:
+                    worst, refits = max(worst, rel), refits + 1
             X = torch.cat([blk(sa, A, spre, x)[0] for x in xs_s])
             Y = torch.cat(ys)[:, :c]
-            before, after = W["before." + spre + wname], A(spre + wname)
-            err = lambda w: ((X @ w.T - Y) ** 2).sum().item()
-            e0, e1 = err(before), err(after)
-            assert abs(e0 - o["error_before"]) <= 1e-3 * e0 + 1e-9, (case, i, proj, e0, o["error_before"])
-            assert abs(e1 - o["error_after"]) <= 1e-3 * e1 + 1e-9, (case, i, proj, e1, o["error_after"])
-            assert o["error_after"] <= o["error_before"]
-            if not o["pruned"]:
-                assert not o["refit"] and torch.equal(before, after), (case, i, proj)
-            else:
-                lam = 0.01 * (X * X).sum().item() / X.shape[1]
-                assert abs(lam - o["lambda"]) <= 1e-3 * lam, (lam, o["lambda"])
-                Xa = torch.cat([X, lam ** 0.5 * torch.eye(X.shape[1])])
-                Ya = torch.cat([Y, torch.zeros(X.shape[1], c)])
-                ref = torch.linalg.lstsq(Xa, Ya).solution.T
-                if o["refit"]:
-                    rel = ((after - ref).norm() / ref.norm()).item()
-                    worst = max(worst, rel)
-                    assert rel < 1e-3, (case, i, proj, rel)
-                    assert err(ref) < e0
-                    refits += 1
-                else:
-                    assert torch.equal(before, after) and err(ref) >= e0 * (1 - 1e-6), (case, i, proj)
+            rel = check_fit(case, outcomes[(i, proj)], X, Y, W["before." + spre + wfmt % proj], A(spre + wfmt % proj))
+            if rel is not None:
+                worst, refits = max(worst, rel), refits + 1
             xs_s = [x + blk(sa, A, spre, x)[1] for x in xs_s]
     assert refits > 0, case
-    print("%s: %d of %d projections refit, worst weight rel err vs torch.linalg.lstsq %.2g, "
+    assert any(o["proj"] == "q_proj" and o["refit"] for o in rj["projections"]), case
+    print("%s: %d of %d projections refit, worst weight rel err vs torch.linalg.lstsq %.2g; o_proj/down_proj "
           "rel error %s" % (case, refits, len(outcomes), worst,
                             ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
-                                      for o in rj["projections"])))
+                                      for o in rj["projections"] if o["proj"] in ("o_proj", "down_proj"))))
 
 
 def check_resume(tool):

@@ -120,7 +120,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "recon_oracle: reconstruct: %s\n", err);
         return 1;
     }
-    json_t *rj = recon_result_json(&r, o.damp);
+    json_t *rj = recon_result_json(&r, &o);
     if (put_model(f, &student, "after.", 0) || fclose(f) || !rj) {
         fprintf(stderr, "recon_oracle: cannot write %s\n", path);
         return 1;

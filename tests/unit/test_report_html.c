@@ -270,8 +270,16 @@ static void test_pruning_section(void **state)
                                   "rel_error_before", 0.0, "rel_error_after", 0.0, "layer", 0, "proj", "down_proj",
                                   "refit", 1, "rel_error_before", 0.4, "rel_error_after", 0.1, "layer", 1, "proj",
                                   "o_proj", "refit", 1, "rel_error_before", 0.3, "rel_error_after", 0.2));
+    json_t *ps = json_object_get(json_object_get(r, "pruning"), "projections");
+    for (int k = 0; k < 2; k++)   /* layer 1's q_proj and k_proj: one bar of (1 + 3) / (4 + 4) before */
+        json_array_append_new(ps, json_pack("{s:i,s:s,s:b,s:f,s:f,s:f}", "layer", 1, "proj", k ? "k_proj" : "q_proj",
+                                            "refit", 1, "error_before", k ? 3.0 : 1.0, "error_after", 1.0,
+                                            "target_sq", 4.0));
     char *html = render(r);
-    assert_non_null(strstr(html, "2 of 3 projections refit"));
+    assert_non_null(strstr(html, "4 of 5 projections refit"));
+    assert_non_null(strstr(html, "q/k/v and gate/up (summed) per layer"));
+    assert_non_null(strstr(html, "<title>0.5</title>"));    /* (1 + 3) / 8 */
+    assert_non_null(strstr(html, "<title>0.25</title>"));   /* (1 + 1) / 8 */
     assert_non_null(strstr(html, "Relative reconstruction error of o_proj per layer"));
     assert_non_null(strstr(html, "Relative reconstruction error of down_proj per layer"));
     assert_non_null(strstr(html, "<title>0.4</title>"));
