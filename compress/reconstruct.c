@@ -73,9 +73,10 @@ typedef struct {
     int maxd, maxo;              /* widest refit input, widest refit output */
     float *X, *Xs, *Xp;          /* [N, maxd] projection input; [N, C'], [N, C] normalized inputs */
     float *Y, *T;                /* [N, C] parent projection output; [N, maxo] targets */
-    float *W, *Wn, *Wp, *M;      /* [maxo, maxd] x2, [maxo, C] parent rows, [C, C'] input map */
+    float *W, *Wn, *Wp, *M;      /* [C', maxd] x2 (every refit matrix has C' on one side), [maxo, C]
+                                    parent rows, [C, C'] input map */
     float *Wfull;                /* [widest parent input projection, C] */
-    double *G, *R;               /* [maxd, maxd], [maxo, maxd] (>= C x C') */
+    double *G, *R;               /* [maxd, maxd], [max(C' x maxd, C x C')] */
     int diverged;                /* the student's stream is no longer the parent's restricted to sel */
     int done, total;
 } rc_state;
@@ -106,12 +107,12 @@ static int in_width(const arch *a, int layer, int part)
     return part == ENG_PART_ATTN ? l->n_heads * a->head_dim : l->ffn_dim;
 }
 
-static void sum_sq(const float *x, size_t n, double *out)
+static double sum_sq(const float *x, size_t n)
 {
     double t = 0;
     for (size_t k = 0; k < n; k++)
         t += (double)x[k] * x[k];
-    *out = t;
+    return t;
 }
 
 /* Measure the student's projection rp->proj of layer rp->layer ([c, d]) on X [N, d]
@@ -127,7 +128,7 @@ static int try_weights(rc_state *s, recon_proj *rp, const float *X, const float 
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
     }
-    sum_sq(T, s->N * (size_t)c, &rp->target_sq);
+    rp->target_sq = sum_sq(T, s->N * (size_t)c);
     rp->err_before = rp->err_after = eng_la_sq_residual(X, s->N, d, s->W, c, T, c);
     double e = Wn ? eng_la_sq_residual(X, s->N, d, Wn, c, T, c) : 0;
     if (rp->err_before < 0 || e < 0) {
@@ -141,7 +142,11 @@ static int try_weights(rc_state *s, recon_proj *rp, const float *X, const float 
         rp->err_after = e;
         rp->refit = 1;
     }
-    return push(s, rp) ? (snprintf(err, errlen, "reconstruct: out of host memory"), -1) : 0;
+    if (push(s, rp) != 0) {
+        snprintf(err, errlen, "reconstruct: out of host memory");
+        return -1;
+    }
+    return 0;
 }
 
 /* The output projection (o_proj / down_proj) from s->X (its input) against the parent's
@@ -474,14 +479,14 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     }
     s->maxd = (int)maxd;
     s->maxo = (int)maxo;
-    size_t nr = maxo * maxd > C * c ? maxo * maxd : C * c;
+    size_t nr = c * maxd > C * c ? c * maxd : C * c;
     s->X = malloc(sizeof(float) * s->N * maxd);
     s->Xs = malloc(sizeof(float) * s->N * c);
     s->Xp = malloc(sizeof(float) * s->N * C);
     s->Y = malloc(sizeof(float) * s->N * C);
     s->T = malloc(sizeof(float) * s->N * maxo);
-    s->W = malloc(sizeof(float) * maxo * maxd);
-    s->Wn = malloc(sizeof(float) * maxo * maxd);
+    s->W = malloc(sizeof(float) * c * maxd);
+    s->Wn = malloc(sizeof(float) * c * maxd);
     s->Wp = malloc(sizeof(float) * maxo * C);
     s->M = malloc(sizeof(float) * C * c);
     s->Wfull = malloc(sizeof(float) * maxp * C);
