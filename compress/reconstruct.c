@@ -1,9 +1,11 @@
 /* compress/reconstruct.c — the layer-by-layer least-squares refit of a pruned student
  * (compress/reconstruct.h). Two engine steppers, one per model, walk the same
  * calibration rows block by block; activations come to the host, where engine/linalg
- * accumulates X^T X and Y^T X in fp64 and solves in fp64. A block's input projections
- * (q/k/v, gate/up) share one solve: the map M = (Xp^T Xs)(Xs^T Xs + lambda I)^-1 from the
- * student's normalized input Xs to the parent's Xp, so each refit is W' = W_parent[rows] M.
+ * accumulates X^T X and Y^T X in fp64 and solves in fp64, damped toward the slice. A
+ * block's input projections (q/k/v, gate/up) share one solve: the map
+ * M = (Xp^T Xs + lambda P)(Xs^T Xs + lambda I)^-1 from the student's normalized input Xs
+ * to the parent's Xp, damped toward P, the kept channels' selection (M = P is the
+ * slice), so each refit is W' = W_parent[rows] M.
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -37,7 +39,7 @@ void recon_opts_default(recon_opts *o)
     o->tokens = 16384;
     o->T = 512;
     o->rows = 4;
-    o->damp = 0.01;
+    o->damp = 0.3;
     o->inputs = 1;
 }
 
@@ -76,6 +78,7 @@ typedef struct {
     float *W, *Wn, *Wp, *M;      /* [C', maxd] x2 (every refit matrix has C' on one side), [maxo, C]
                                     parent rows, [C, C'] input map */
     float *Wfull;                /* [widest parent input projection, C] */
+    float *P0;                   /* [C, C'] the kept channels' selection */
     double *G, *R;               /* [maxd, maxd], [max(C' x maxd, C x C')] */
     int diverged;                /* the student's stream is no longer the parent's restricted to sel */
     int done, total;
@@ -165,7 +168,14 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     if (stopped(s))
         return 1;
     eng_la_cross(s->R, s->T, c, c, s->X, d, s->N);
-    int rc = eng_la_ridge(s->G, s->R, d, c, s->o->damp, s->Wn, &rp->lambda);
+    /* damped toward the slice: the solve moves it only as far as the data supports */
+    char name[96];
+    snprintf(name, sizeof name, proj_fmt[rp->proj], rp->layer);
+    if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
+        snprintf(err, errlen, "reconstruct: the student lacks %s", name);
+        return -1;
+    }
+    int rc = eng_la_ridge(s->G, s->R, s->W, d, c, s->o->damp, s->Wn, &rp->lambda);
     if (rc < 0) {
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
@@ -193,8 +203,8 @@ static int kept_rows(const rc_state *s, int i, int proj, int *out)
 }
 
 /* The block's input projections (q/k/v or gate/up) of student layer i, cut from parent
- * layer src: one map M = (Xp^T Xs)(Xs^T Xs + lambda I)^-1 from s->Xs to s->Xp, then per
- * projection W' = W_parent[kept rows] M against targets Xp W_parent[kept rows]^T. */
+ * layer src: one map M = (Xp^T Xs + lambda P)(Xs^T Xs + lambda I)^-1 from s->Xs to s->Xp,
+ * then per projection W' = W_parent[kept rows] M against targets Xp W_parent[kept rows]^T. */
 static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t errlen)
 {
     int C = s->P->a.hidden_size, c = s->S->a.hidden_size;
@@ -205,7 +215,11 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
         return 1;
     eng_la_cross(s->R, s->Xp, C, C, s->Xs, c, s->N);
     double lambda = 0;
-    int rc = eng_la_ridge(s->G, s->R, c, C, s->o->damp, s->M, &lambda);
+    /* damped toward the selection of the kept channels (M = P gives the slice) */
+    memset(s->P0, 0, sizeof(float) * (size_t)C * c);
+    for (int j = 0; j < c; j++)
+        s->P0[(size_t)s->sel.hidden[j] * c + j] = 1.0f;
+    int rc = eng_la_ridge(s->G, s->R, s->P0, c, C, s->o->damp, s->M, &lambda);
     if (rc < 0) {
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
@@ -490,10 +504,11 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     s->Wp = malloc(sizeof(float) * maxo * C);
     s->M = malloc(sizeof(float) * C * c);
     s->Wfull = malloc(sizeof(float) * maxp * C);
+    s->P0 = malloc(sizeof(float) * C * c);
     s->G = malloc(sizeof(double) * maxd * maxd);
     s->R = malloc(sizeof(double) * nr);
-    if (!s->X || !s->Xs || !s->Xp || !s->Y || !s->T || !s->W || !s->Wn || !s->Wp || !s->M || !s->Wfull || !s->G ||
-        !s->R) {
+    if (!s->X || !s->Xs || !s->Xp || !s->Y || !s->T || !s->W || !s->Wn || !s->Wp || !s->M || !s->Wfull || !s->P0 ||
+        !s->G || !s->R) {
         snprintf(err, errlen, "reconstruct: out of host memory for %zu calibration tokens", s->N);
         return -1;
     }
@@ -505,7 +520,7 @@ static void state_free(rc_state *s)
     eng_stepper_free(s->sp);
     eng_stepper_free(s->ss);
     prune_select_free(&s->sel);
-    float *f[] = {s->X, s->Xs, s->Xp, s->Y, s->T, s->W, s->Wn, s->Wp, s->M, s->Wfull};
+    float *f[] = {s->X, s->Xs, s->Xp, s->Y, s->T, s->W, s->Wn, s->Wp, s->M, s->Wfull, s->P0};
     for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
         free(f[k]);
     free(s->G);

@@ -3,11 +3,12 @@
  * student as refit so far, and every projection whose inputs differ from the parent's —
  * o_proj after removed heads or KV groups, down_proj after removed FFN units, and any
  * projection downstream of something pruned, q/k/v and gate/up included (they read the
- * pruned residual stream) — is refit by damped least squares against the parent's output
- * on the same tokens (its kept rows, and the kept hidden channels):
- * W' = (Y^T X)(X^T X + lambda I)^-1, lambda = damp * mean diag(X^T X). A refit is kept
- * only when it lowers that projection's squared error on those tokens. A student cut to
- * the parent's own arch is left bit-identical.
+ * pruned residual stream) — is refit by least squares against the parent's output on the
+ * same tokens (its kept rows, and the kept hidden channels), damped toward the slice W0:
+ * W' = (Y^T X + lambda W0)(X^T X + lambda I)^-1, lambda = damp * mean diag(X^T X), the
+ * minimum of |X W'^T - Y|^2 + lambda |W' - W0|^2. A refit is kept only when it lowers
+ * that projection's squared error on those tokens. A student cut to the parent's own
+ * arch is left bit-identical.
  */
 #ifndef AC_COMPRESS_RECONSTRUCT_H
 #define AC_COMPRESS_RECONSTRUCT_H
@@ -35,7 +36,8 @@ typedef struct {
     void *progress_ctx;
 } recon_opts;
 
-/* 16,384 tokens as 32 x 512, 4 sequences per pass, damp 0.01, inputs refit too, no
+/* 16,384 tokens as 32 x 512, 4 sequences per pass, damp 0.3 (bench/results/
+ * prune_recovery.md: smaller damping overfits 16k tokens), inputs refit too, no
  * checkpoints. */
 void recon_opts_default(recon_opts *o);
 

@@ -55,7 +55,8 @@ void eng_la_cross(double *R, const float *Y, int ldy, int dy, const float *X, in
     free(t);
 }
 
-int eng_la_ridge(const double *G, const double *R, int d, int dy, double damp, float *W, double *lambda)
+int eng_la_ridge(const double *G, const double *R, const float *prior, int d, int dy, double damp, float *W,
+                 double *lambda)
 {
     double tr = 0;
     for (int i = 0; i < d; i++)
@@ -77,6 +78,8 @@ int eng_la_ridge(const double *G, const double *R, int d, int dy, double damp, f
     /* Row-major R [dy, d] is column-major R^T [d, dy]: one right-hand side per output
      * row; the solution Z = (G + lambda I)^-1 R^T, column-major [d, dy], is W row-major. */
     memcpy(B, R, sizeof(double) * (size_t)d * dy);
+    for (size_t i = 0; prior && i < (size_t)d * dy; i++)
+        B[i] += lam * prior[i];
     int info = 0;
     dposv_("L", &d, &dy, A, &d, B, &d, &info, 1);
     if (info == 0)

@@ -15,11 +15,14 @@ void eng_la_gram(double *G, const float *X, size_t n, int d);
 /* R[dy,dx] += Y^T X for Y [n, dy] (rows ldy apart) and X [n, dx] (ld = dx). */
 void eng_la_cross(double *R, const float *Y, int ldy, int dy, const float *X, int dx, size_t n);
 
-/* The damped least-squares weights W [dy, d] = R (G + lambda I)^-1 with lambda = damp
- * times the mean of G's diagonal (*lambda gets it; may be NULL). G is not changed.
+/* The damped least-squares weights W [dy, d] = (R + lambda P)(G + lambda I)^-1 with
+ * lambda = damp times the mean of G's diagonal (*lambda gets it; may be NULL): the
+ * minimum of |X W^T - Y|^2 + lambda |W - P|^2 for G = X^T X, R = Y^T X, damped toward
+ * the prior P [dy, d] (NULL: toward zero). G is not changed.
  * 0; 1 when G's diagonal is all zero (no signal) or LAPACK finds the system not
  * positive definite; -1 when out of memory. W is untouched unless 0. */
-int eng_la_ridge(const double *G, const double *R, int d, int dy, double damp, float *W, double *lambda);
+int eng_la_ridge(const double *G, const double *R, const float *prior, int d, int dy, double damp, float *W,
+                 double *lambda);
 
 /* C [m, n] = A [m, k] B [k, n] (row-major, fp32). */
 void eng_la_matmul(const float *A, const float *B, float *C, int m, int n, int k);

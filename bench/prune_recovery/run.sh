@@ -9,8 +9,9 @@
 # bench/results/prune_recovery.md.
 #
 # Knobs (environment): MODEL, CALIB (ranking and reconstruction text), DATA (distillation
-# text), DISTILL (space-separated token budgets, default "32768 262144"), LONG (the
-# students that get the budgets above the first one, default "a30-ls a30-slice"), TASKS,
+# text), DISTILL (space-separated token budgets, default "32768 262144"), STUDENTS (the
+# students distilled at the first budget, default all four), LONG (the students that
+# get the budgets above the first one, default "a30-ls a30-slice"), TASKS,
 # EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work folder, kept: a rerun
 # reuses what is there).
 set -euo pipefail
@@ -21,6 +22,7 @@ MODEL=${MODEL:-$(scripts/fetch-models.sh)}
 CALIB=${CALIB:-$AC_SHARED/data/text/c4/c4_sample.jsonl}
 DATA=${DATA:-$CALIB}
 DISTILL=${DISTILL:-32768 262144}
+STUDENTS=${STUDENTS:-a30-ls a30-slice a50-ls a50-slice}
 LONG=${LONG:-a30-ls a30-slice}
 TASKS=${TASKS:-eight}
 EVAL_LIMIT=${EVAL_LIMIT:-200}
@@ -39,12 +41,6 @@ out = sys.argv[1]
 r = json.load(open("bench/results/smollm2-135m-cpu.json"))
 json.dump(r["result"]["arch"], open(out + "/a30.json", "w"), indent=1)
 json.dump(r["parent"]["arch"], open(out + "/parent.arch.json", "w"), indent=1)
-p = dict(r["parent"]["arch"])
-# half the parameters, uniform: hidden 448, 24 of 30 layers (the last six dropped), FFN 896
-p["hidden_size"] = 448
-p["layers"] = [{"source_layer": s, "attention": {"n_heads": 9, "n_kv_heads": 3}, "mlp": {"ffn_dim": 896}}
-               for s in range(24)]
-json.dump(p, open(out + "/a50.json", "w"), indent=1)
 PY
 
 # step NAME CMD...: run once (a rerun skips what finished), wall seconds into NAME.s
@@ -67,6 +63,18 @@ score parent "$MODEL"
 # the ranking: once (it comes with a plain slice of the 30% arch, not used further)
 step rank "$BIN" prune "$MODEL" --arch "$OUT/a30.json" --out "$OUT/rank" --calib "$CALIB" --no-reconstruct \
     --threads "$THREADS"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+p = json.load(open(out + "/parent.arch.json"))
+# half the parameters, uniform: hidden 448, FFN 896, the 24 layers whose removal the
+# ranking scored costliest (the six with the lowest layer-skip loss dropped)
+skip = [l["skip"]["layer"] for l in json.load(open(out + "/rank/ranking.json"))["layers"]]
+keep = sorted(sorted(range(len(skip)), key=lambda i: -skip[i])[:24])
+p["hidden_size"] = 448
+p["layers"] = [{"source_layer": s, "attention": {"n_heads": 9, "n_kv_heads": 3}, "mlp": {"ffn_dim": 896}} for s in keep]
+json.dump(p, open(out + "/a50.json", "w"), indent=1)
+PY
 for a in a30 a50; do
     for m in slice ls lso; do
         [ $m = lso ] && [ $a != a30 ] && continue   # outputs-only: the 30% arch, pruned only
@@ -79,7 +87,7 @@ for a in a30 a50; do
 done
 first=1
 for n in $DISTILL; do
-    for s in a30-ls a30-slice a50-ls a50-slice; do
+    for s in $STUDENTS; do
         if [ $first = 0 ] && [[ " $LONG " != *" $s "* ]]; then continue; fi
         step "$s.d$n" "$BIN" distill --parent "$MODEL" --student "$OUT/$s" --data "$DATA" --tokens "$n" \
             --out "$OUT/$s-d$n" --ckpt-dir "$OUT/$s-d$n.ckpt" --threads "$THREADS"
@@ -117,7 +125,7 @@ print("| student | params | stage | WikiText-2 ppl | x parent | 8-bench avg | vs
 print("|---|---|---|---|---|---|---|---|")
 print("| parent | %s | - | %.2f | 1.00 | %.4f | 0 | - |" % (
     j("rank/prune.json")["parent_params"] if j("rank/prune.json") else "?", par[1], par[2]))
-for a, name in (("a30", "30%-cheaper (hidden 504, 27 layers)"), ("a50", "half the parameters (hidden 448, 24 layers, FFN 896)")):
+for a, name in (("a30", "30%-cheaper (hidden 504, 27 layers)"), ("a50", "half the parameters (hidden 448, 24 layers by the ranking, FFN 896)")):
     for m, mname in (("slice", "slice"), ("lso", "reconstructed, o_proj and down_proj only"),
                      ("ls", "reconstructed (default: every projection)")):
         s = a + "-" + m

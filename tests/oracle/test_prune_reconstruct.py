@@ -6,9 +6,12 @@ on random calibration rows. Here PyTorch walks both models layer by layer on the
 rows, with the engine's refit weights for the layers before, and for every projection
 (o_proj and down_proj on the block's own inputs; q/k/v and gate/up on the normalized
 block input, against the parent's kept rows on the parent's normalized input):
-  - the damped least-squares solution torch.linalg.lstsq gives on [X; sqrt(lambda) I]
-    against [Y; 0] equals the engine's new weights (relative error < 1e-3), lambda
-    being 1% of the mean diagonal of X^T X as the engine reports it;
+  - the least-squares solution damped toward the slice W0, which torch.linalg.lstsq gives
+    on [X; sqrt(lambda) I] against [Y; sqrt(lambda) W0^T], equals the engine's new weights
+    (relative error < 1e-3), lambda being `damp` times the mean diagonal of X^T X as the
+    engine reports it; for q/k/v and gate/up, the map M the same way from the student's
+    normalized input to the parent's (damped toward the kept channels' selection), and
+    W' = W_parent[kept rows] M;
   - the reported squared errors before and after are the ones PyTorch measures, and
     after <= before; a projection the engine kept (no gain) is the slice unchanged;
   - projections that read nothing pruned (inputs and upstream as the parent's) stay.
@@ -54,8 +57,10 @@ def kept_rows(pa, sa, src, i, proj):
     return list(range(L["mlp"]["ffn_dim"]))
 
 
-def check_fit(case, o, X, Y, before, after):
-    """One projection's outcome against PyTorch: errors, and the weights against lstsq."""
+def check_fit(case, o, X, Y, before, after, damp, ref_of=None):
+    """One projection's outcome against PyTorch: errors, and the weights against lstsq.
+    ref_of(lam) gives the reference weights (default: lstsq of X against Y damped toward
+    before)."""
     err = lambda w: ((X @ w.T - Y) ** 2).sum().item()
     e0, e1 = err(before), err(after)
     where = (case, o["layer"], o["proj"])
@@ -65,11 +70,9 @@ def check_fit(case, o, X, Y, before, after):
     if not o["pruned"]:
         assert not o["refit"] and torch.equal(before, after), where
         return None
-    lam = 0.01 * (X * X).sum().item() / X.shape[1]
+    lam = damp * (X * X).sum().item() / X.shape[1]
     assert abs(lam - o["lambda"]) <= 1e-3 * lam, (where, lam, o["lambda"])
-    Xa = torch.cat([X, lam ** 0.5 * torch.eye(X.shape[1])])
-    Ya = torch.cat([Y, torch.zeros(X.shape[1], Y.shape[1])])
-    ref = torch.linalg.lstsq(Xa, Ya).solution.T
+    ref = ref_of(lam) if ref_of else ridge(X, Y, before, lam)
     if not o["refit"]:
         assert torch.equal(before, after) and err(ref) >= e0 * (1 - 1e-6), where
         return None
@@ -77,6 +80,13 @@ def check_fit(case, o, X, Y, before, after):
     assert rel < 1e-3, (where, rel)
     assert err(ref) < e0
     return rel
+
+
+def ridge(X, Y, prior, lam):
+    """argmin_W |X W^T - Y|^2 + lam |W - prior|^2, by torch.linalg.lstsq."""
+    Xa = torch.cat([X, lam ** 0.5 * torch.eye(X.shape[1])])
+    Ya = torch.cat([Y, lam ** 0.5 * prior.T])
+    return torch.linalg.lstsq(Xa, Ya).solution.T
 
 
 def check_case(tool, case):
@@ -89,7 +99,7 @@ def check_case(tool, case):
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
     tokens = torch.tensor(rec["tokens"], dtype=torch.long)
-    c, eps = sa["hidden_size"], pa["norm_eps"]
+    c, eps, damp = sa["hidden_size"], pa["norm_eps"], rj["damp"]
     outcomes = {(o["layer"], o["proj"]): o for o in rj["projections"]}
     xs_p = [P("model.embed_tokens.weight")[row] for row in tokens]
     xs_s = [A("model.embed_tokens.weight")[row] for row in tokens]
@@ -121,13 +131,15 @@ def check_case(tool, case):
                     continue
                 rows = kept_rows(pa, sa, src, i, ip)
                 Wp = P(ppre + wfmt % ip)[rows]
+                sel = torch.eye(Xp.shape[1])[:, :c]   # the kept hidden channels (a prefix)
                 rel = check_fit(case, outcomes[(i, ip)], Xs, Xp @ Wp.T, W["before." + spre + wfmt % ip],
-                                A(spre + wfmt % ip))
+                                A(spre + wfmt % ip), damp, lambda lam: Wp @ ridge(Xs, Xp, sel, lam))
                 if rel is not None:
                     worst, refits = max(worst, rel), refits + 1
             X = torch.cat([blk(sa, A, spre, x)[0] for x in xs_s])
             Y = torch.cat(ys)[:, :c]
-            rel = check_fit(case, outcomes[(i, proj)], X, Y, W["before." + spre + wfmt % proj], A(spre + wfmt % proj))
+            rel = check_fit(case, outcomes[(i, proj)], X, Y, W["before." + spre + wfmt % proj], A(spre + wfmt % proj),
+                            damp)
             if rel is not None:
                 worst, refits = max(worst, rel), refits + 1
             xs_s = [x + blk(sa, A, spre, x)[1] for x in xs_s]
