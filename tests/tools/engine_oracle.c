@@ -10,41 +10,11 @@
 #include <string.h>
 
 #include "engine/model.h"
-
-static int put(FILE *f, const char *name, const float *data, int ndim, const int64_t *shape)
-{
-    int32_t n = (int32_t)strlen(name), nd = ndim;
-    int64_t cnt = 1;
-    for (int i = 0; i < ndim; i++)
-        cnt *= shape[i];
-    if (fwrite(&n, 4, 1, f) != 1 || fwrite(name, 1, (size_t)n, f) != (size_t)n || fwrite(&nd, 4, 1, f) != 1 ||
-        (ndim && fwrite(shape, 8, (size_t)ndim, f) != (size_t)ndim) ||
-        (cnt && fwrite(data, 4, (size_t)cnt, f) != (size_t)cnt))
-        return -1;
-    return 0;
-}
+#include "tests/tools/records.h"
 
 static int put1(FILE *f, const char *name, const float *data, int64_t n)
 {
     return put(f, name, data, 1, &n);
-}
-
-static int put_model(FILE *f, const eng_model *m, const char *prefix, int grads)
-{
-    char nm[160];
-    for (int i = 0; i < eng_model_tensor_count(m); i++) {
-        const char *name;
-        int64_t shape[2];
-        int ndim;
-        float *data;
-        if (eng_model_tensor(m, i, &name, shape, &ndim, &data) != 0)
-            return -1;
-        snprintf(nm, sizeof nm, "%s%s", prefix, name);
-        const float *src = grads ? m->grads + (data - m->params) : data;
-        if (put(f, nm, src, ndim, shape) != 0)
-            return -1;
-    }
-    return 0;
 }
 
 typedef struct {

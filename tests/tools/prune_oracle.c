@@ -32,15 +32,8 @@ int main(int argc, char **argv)
     enum { V = 53, C = 32, D = 8, NL = 4, B = 2, T = 9 };
     char err[512];
     arch pa, sa;
-    if (arch_init(&pa, NL))
+    if (oracle_arch(&pa, V, C, D, NL))
         return 1;
-    snprintf(pa.family, sizeof pa.family, "llama");
-    pa.vocab_size = V;
-    pa.hidden_size = C;
-    pa.head_dim = D;
-    pa.max_position_embeddings = 64;
-    pa.rope_theta = 10000.0;
-    pa.norm_eps = 1e-5;
     pa.tie_word_embeddings = 0;
     pa.attention_bias = 1;
     int heads[NL] = {6, 4, 6, 4}, kv[NL] = {2, 2, 3, 1}, ffn[NL] = {40, 24, 30, 36};

@@ -69,15 +69,8 @@ int main(int argc, char **argv)
     kill_after = argc > 4 ? (int)strtol(argv[4], NULL, 10) : -1;
     char err[512];
     arch pa, sa;
-    if (arch_init(&pa, NL))
+    if (oracle_arch(&pa, V, C, D, NL))
         return 1;
-    snprintf(pa.family, sizeof pa.family, "llama");
-    pa.vocab_size = V;
-    pa.hidden_size = C;
-    pa.head_dim = D;
-    pa.max_position_embeddings = 64;
-    pa.rope_theta = 10000.0;
-    pa.norm_eps = 1e-5;
     int kv[NL] = {4, 4, 2, 4}, ffn[NL] = {48, 40, 56, 44};
     for (int l = 0; l < NL; l++)
         pa.layers[l] = (arch_layer){.source_layer = l, .n_heads = 8, .n_kv_heads = kv[l], .ffn_dim = ffn[l]};

@@ -61,4 +61,21 @@ static inline int write_arch(const char *path, const arch *a)
     return rc;
 }
 
+/* A small Llama-family parent shape for the oracles: vocab V, hidden C, head_dim D, n
+ * layers (their parts left for the caller), 64 positions, RoPE theta 1e4, norm eps 1e-5.
+ * 0, or -1 when out of memory. */
+static inline int oracle_arch(arch *a, int V, int C, int D, int n)
+{
+    if (arch_init(a, n))
+        return -1;
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->head_dim = D;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    return 0;
+}
+
 #endif
