@@ -15,15 +15,9 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
+#include "engine/clock.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int smollm_parent(arch *a)
 {
@@ -69,20 +63,20 @@ static int ceilings(const char *device, int threads, double *gflops, double *gbp
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
         be->sync(be);
-        double t0 = now_s();
+        double t0 = eng_wall_s();
         be->gemm(be, 0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         be->sync(be);
-        double t = now_s() - t0;
+        double t = eng_wall_s() - t0;
         best = t < best ? t : best;
     }
     *gflops = 2.0 * n * (double)n * n / best / 1e9;
     best = 1e30;
     for (int r = 0; r < 5; r++) {
         be->sync(be);
-        double t0 = now_s();
+        double t0 = eng_wall_s();
         be->copy(be, y, x, mb);
         be->sync(be);
-        double t = now_s() - t0;
+        double t = eng_wall_s() - t0;
         best = t < best ? t : best;
     }
     *gbps = 2.0 * (double)mb / best / 1e9;
@@ -289,18 +283,18 @@ int main(int argc, char **argv)
         if (!cm_calibration_tables(cal, &tb, err, sizeof err)) {
             cm_prediction pr;
             int n = 2000;
-            double t0 = now_s();
+            double t0 = eng_wall_s();
             for (int k = 0; k < n; k++)
                 if (cm_predict(&tb, &parent, &pr, err, sizeof err))
                     break;
-            double per = (now_s() - t0) / n * 1e3;
+            double per = (eng_wall_s() - t0) / n * 1e3;
             char dir[] = "/tmp/ac_cmbench_XXXXXX";
             double est_ms = -1;
             if (mkdtemp(dir) && !cm_calibration_save(dir, cal, err, sizeof err)) {
                 json_t *e = NULL;
-                t0 = now_s();
+                t0 = eng_wall_s();
                 cm_estimate(&parent, &t, dir, &e, err, sizeof err);
-                est_ms = (now_s() - t0) * 1e3;
+                est_ms = (eng_wall_s() - t0) * 1e3;
                 json_decref(e);
                 char path[256];
                 cm_calibration_path(dir, json_string_value(json_object_get(cal, "id")), path, sizeof path);

@@ -12,15 +12,9 @@
 
 #include "compress/eval.h"
 #include "compress/evaltasks.h"
+#include "engine/clock.h"
 #include "engine/backend.h"
 #include "storage/modelio.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double cpu_s(void)
 {
@@ -81,13 +75,13 @@ int main(int argc, char **argv)
     eng_model m;
     tok_tokenizer *tok = NULL;
     char err[1024];
-    double t0 = now_s();
+    double t0 = eng_wall_s();
     if (mio_load_model(model, NULL, be, &m, &tok, err, sizeof err)) {
         fprintf(stderr, "eval_bench: %s\n", err);
         eng_backend_free(be);
         return 1;
     }
-    double load_s = now_s() - t0;
+    double load_s = eng_wall_s() - t0;
     ev_engine eng = {.m = &m, .tok = tok};
     ev_model em;
     if (ev_engine_model(&eng, 0, &em, err, sizeof err)) {
@@ -111,9 +105,9 @@ int main(int argc, char **argv)
         ev_task_limit(&t, items, 1234);
         int64_t tok0 = eng.tokens_forwarded;
         ev_result r;
-        double s0 = now_s(), c0 = cpu_s();
+        double s0 = eng_wall_s(), c0 = cpu_s();
         int e = ev_run_task(&em, &t, NULL, &r);
-        double wall = now_s() - s0, cpu = cpu_s() - c0;
+        double wall = eng_wall_s() - s0, cpu = cpu_s() - c0;
         if (e) {
             fprintf(stderr, "eval_bench: %s: %s\n", t.name, r.error);
             rc = 1;
