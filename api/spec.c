@@ -661,15 +661,19 @@ static json_t *check_budgets(vctx *v, json_t *in)
     return out;
 }
 
-/* pruning: {reconstruct} — least-squares reconstruction of the slice, on by default. */
-static json_t *check_pruning(vctx *v, json_t *in)
+/* pruning: {reconstruct} — least-squares reconstruction of the slice. Unless told, on
+ * only when nothing is distilled after it (budgets already normalized): measured on
+ * SmolLM2, it lowers the pruned-only perplexity and the distilled one rises
+ * (bench/results/prune_recovery.md). */
+static json_t *check_pruning(vctx *v, json_t *in, json_t *budgets)
 {
     static const char *const keys[] = {"reconstruct", NULL};
     json_t *p = member(v, in, "", "pruning", JSON_OBJECT, 0);
     if (p)
         only_keys(v, p, "/pruning", keys);
     json_t *r = p ? member(v, p, "/pruning", "reconstruct", JSON_TRUE, 0) : NULL;
-    return json_pack("{s:b}", "reconstruct", r ? json_is_true(r) : 1);
+    int distilled = json_integer_value(json_object_get(budgets, "distill_tokens")) > 0;
+    return json_pack("{s:b}", "reconstruct", r ? json_is_true(r) : !distilled);
 }
 
 static json_t *check_data(vctx *v, json_t *in)
@@ -884,8 +888,8 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
         fault(&v, 422, "/method", "must be autocompress or minitron");
     json_object_set_new(out, "method", json_string(method ? json_string_value(method) : "autocompress"));
     json_object_set_new(out, "search_space", check_search_space(&v, in));
-    json_object_set_new(out, "pruning", check_pruning(&v, in));
     json_object_set_new(out, "budgets", check_budgets(&v, in));
+    json_object_set_new(out, "pruning", check_pruning(&v, in, json_object_get(out, "budgets")));
     json_object_set_new(out, "data", check_data(&v, in));
     json_object_set_new(out, "evaluation", check_evaluation(&v, in));
     json_object_set_new(out, "export", check_export(&v, in));

@@ -130,7 +130,6 @@ void method_opts_default(method_opts *o)
     o->axes.hidden = o->axes.heads = o->axes.ffn = o->axes.depth = 1;
     o->seed = d.seed;
     o->search_tokens = 2000000;
-    o->reconstruct = 1;
 }
 
 int method_check_feasible(const arch *parent, const cm_tables *tables, const dnas_limits *limits,

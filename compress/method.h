@@ -26,7 +26,9 @@ typedef struct {
     int minitron_candidates;        /* frontier candidates trialled (default 4) */
     int reconstruct;                /* Minitron++ trials: reconstruct each pruned candidate
                                        (compress/reconstruct.h, on train) before distilling,
-                                       as the prune stage does the final student (default 1) */
+                                       as the prune stage does the final student when the spec
+                                       asks (default 0: the trials distil, and distillation
+                                       ends better from the plain slice) */
     const int *layer_order;         /* [n_layers] least important first (Minitron++ depth) */
     uint64_t seed;
     double eta, lambda2_init, lr;   /* DNAS schedule overrides (0: dnas_opts_defaults) */
@@ -39,8 +41,8 @@ typedef struct {
 } method_opts;
 
 /* Defaults: every axis searched, AutoCompress DNAS, dnas_opts_defaults' seed, a budget
- * of 2,000,000 selection tokens (a job's budgets.search_tokens), trials reconstructed,
- * no callbacks. The
+ * of 2,000,000 selection tokens (a job's budgets.search_tokens), trials not
+ * reconstructed, no callbacks. The
  * parent, tables, text, limits and layer order must still be set. */
 void method_opts_default(method_opts *o);
 

@@ -1,6 +1,6 @@
 /* jobs/stage_prune.c — the "prune" stage: slices the ranked parent to the arch the
  * search chose (compress/prune.h), reconstructs the slice by least squares on the spec's
- * calibration text unless pruning.reconstruct is false (compress/reconstruct.h), and
+ * calibration text when pruning.reconstruct says so (compress/reconstruct.h), and
  * writes the student as prune/student (a storage/ckpt.h snapshot plus prune.json).
  * Finished layers of the reconstruction are kept in prune/reconstruct, so a restarted
  * job goes on after the last one, to the same bytes; each layer is an event, and a
@@ -57,7 +57,7 @@ static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
         return -1;
     json_t *spec = job_ctx_spec(ctx);
     json_t *rec = json_object_get(json_object_get(spec, "pruning"), "reconstruct");
-    int reconstruct = !json_is_false(rec);
+    int reconstruct = json_is_true(rec);   /* the spec's, defaults filled in (api/spec.c) */
     const td_stream *train = NULL, *val;
     if (reconstruct && ps_text(ctx, "calibration", &train, &val, err, errlen) != 0)
         return -1;

@@ -59,7 +59,7 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     o.train = train;
     o.val = val;
     o.search_tokens = ps_int(ctx, "budgets.search_tokens", o.search_tokens);
-    o.reconstruct = !json_is_false(json_object_get(json_object_get(job_ctx_spec(ctx), "pruning"), "reconstruct"));
+    o.reconstruct = json_is_true(json_object_get(json_object_get(job_ctx_spec(ctx), "pruning"), "reconstruct"));
     o.event = on_event;
     o.progress = on_progress;
     o.cancelled = on_cancelled;

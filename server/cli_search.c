@@ -31,7 +31,7 @@ static void usage(FILE *f)
             "  --margin-pct X        aim X%% under latency/memory (over throughput); default: the\n"
             "                        calibration's largest held-out error, 0 when it has none\n"
             "  --method M            autocompress (default) | minitron\n"
-            "  --no-reconstruct      Minitron++ trials distil the plain slice (default: reconstructed, as jobs)\n"
+            "  --reconstruct         Minitron++ trials reconstruct each candidate before distilling it\n"
             "  --device D            cpu (default) | cuda:N;  --precision P  fp32 (default)\n"
             "  --batch B --prompt S --output N   workload (default 1, 256, 64)\n"
             "  --axes LIST           searched axes, comma separated: hidden,heads,ffn,depth (default all, as jobs)\n"
@@ -113,7 +113,7 @@ static void search_opt(cli_parser *p, int c, search_args *a)
     case 'O': a->out = p->arg; break;
     case 'j': a->json_out = 1; break;
     case 'g': cli_num(p, 0, 50, &a->margin_pct); break;
-    case 'X': mo->reconstruct = 0; break;
+    case 'X': mo->reconstruct = 1; break;
     }
 }
 
@@ -130,7 +130,7 @@ static int search_parse(int argc, char **argv, search_args *a)
         {"out", required_argument, NULL, 'O'},        {"json", no_argument, NULL, 'j'},
         {"eta", required_argument, NULL, 'e'},        {"lambda2", required_argument, NULL, 'l'},
         {"lr", required_argument, NULL, 'R'},         {"margin-pct", required_argument, NULL, 'g'},
-        {"no-reconstruct", no_argument, NULL, 'X'},
+        {"reconstruct", no_argument, NULL, 'X'},
         CLI_TARGET_OPTIONS,                           {"help", no_argument, NULL, 'h'},
         {0}};
     memset(a, 0, sizeof *a);

@@ -135,7 +135,8 @@ static void test_defaults(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "workload"), "prompt_tokens")), 256);
     assert_string_equal(json_string_value(json_object_get(s, "method")), "autocompress");
     assert_true(json_is_true(json_object_get(json_object_get(s, "search_space"), "depth")));
-    assert_true(json_is_true(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
+    /* a distilled job's default: the plain slice (distillation ends better from it) */
+    assert_true(json_is_false(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     assert_int_equal(json_array_size(json_object_get(s, "export")), 1);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "search_tokens")), 2000000);
     char want[PATH_MAX + 32];
@@ -144,6 +145,12 @@ static void test_defaults(void **state)
     assert_string_equal(json_string_value(json_object_get(m, "path")), want);
     assert_string_equal(json_string_value(json_object_get(m, "format")), "llama2c");
     assert_null(json_object_get(s, "x_test_pipeline"));
+    json_decref(s);
+    /* nothing distilled after pruning: the slice is reconstructed unless told not to */
+    s = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":40},\"budgets\":{\"distill_tokens\":0}}", 0, &status,
+            &errors);
+    assert_non_null(s);
+    assert_true(json_is_true(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     json_decref(s);
 }
 
