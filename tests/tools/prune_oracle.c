@@ -94,11 +94,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "prune_oracle: cannot write %s\n", path);
         return 1;
     }
-    snprintf(path, sizeof path, "%s.parent.json", argv[1]);
-    if (write_arch(path, &pa))
-        return 1;
-    snprintf(path, sizeof path, "%s.student.json", argv[1]);
-    if (write_arch(path, &sa))
+    if (write_archs(argv[1], &pa, &sa))
         return 1;
     printf("loss %.6f (ce %.6f, kd %.6f)\n", lr.loss, lr.ce, lr.kd);
     rank_free(&r);

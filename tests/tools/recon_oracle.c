@@ -121,11 +121,7 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s.recon.json", argv[1]);
     if (json_dump_file(rj, path, JSON_SORT_KEYS | JSON_INDENT(1)))
         return 1;
-    snprintf(path, sizeof path, "%s.parent.json", argv[1]);
-    if (write_arch(path, &pa))
-        return 1;
-    snprintf(path, sizeof path, "%s.student.json", argv[1]);
-    if (write_arch(path, &sa))
+    if (write_archs(argv[1], &pa, &sa))
         return 1;
     json_decref(rj);
     recon_result_free(&r);

@@ -61,6 +61,17 @@ static inline int write_arch(const char *path, const arch *a)
     return rc;
 }
 
+/* OUT.parent.json and OUT.student.json beside the records. 0, or -1. */
+static inline int write_archs(const char *out, const arch *parent, const arch *student)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s.parent.json", out);
+    if (write_arch(path, parent))
+        return -1;
+    snprintf(path, sizeof path, "%s.student.json", out);
+    return write_arch(path, student);
+}
+
 /* A small Llama-family parent shape for the oracles: vocab V, hidden C, head_dim D, n
  * layers (their parts left for the caller), 64 positions, RoPE theta 1e4, norm eps 1e-5.
  * 0, or -1 when out of memory. */
