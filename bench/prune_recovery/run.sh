@@ -127,7 +127,7 @@ print("| parent | %s | - | %.2f | 1.00 | %.4f | 0 | - |" % (
     j("rank/prune.json")["parent_params"] if j("rank/prune.json") else "?", par[1], par[2]))
 for a, name in (("a30", "30%-cheaper (hidden 504, 27 layers)"), ("a50", "half the parameters (hidden 448, 24 layers by the ranking, FFN 896)")):
     for m, mname in (("slice", "slice"), ("lso", "reconstructed, o_proj and down_proj only"),
-                     ("ls", "reconstructed (default: every projection)")):
+                     ("ls", "reconstructed, every projection")):
         s = a + "-" + m
         man = j(s + "/prune.json")
         if man is None:
