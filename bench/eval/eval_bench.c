@@ -8,20 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "compress/eval.h"
 #include "compress/evaltasks.h"
-#include "engine/clock.h"
+#include "compress/prune.h"
 #include "engine/backend.h"
-#include "storage/modelio.h"
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "engine/clock.h"
 
 static int arg_int(const char *s, int lo, int hi, int *out)
 {
@@ -76,7 +68,7 @@ int main(int argc, char **argv)
     tok_tokenizer *tok = NULL;
     char err[1024];
     double t0 = eng_wall_s();
-    if (mio_load_model(model, NULL, be, &m, &tok, err, sizeof err)) {
+    if (prune_load_model(model, NULL, be, &m, &tok, err, sizeof err)) {
         fprintf(stderr, "eval_bench: %s\n", err);
         eng_backend_free(be);
         return 1;
@@ -105,9 +97,9 @@ int main(int argc, char **argv)
         ev_task_limit(&t, items, 1234);
         int64_t tok0 = eng.tokens_forwarded;
         ev_result r;
-        double s0 = eng_wall_s(), c0 = cpu_s();
+        double s0 = eng_wall_s(), c0 = eng_cpu_s();
         int e = ev_run_task(&em, &t, NULL, &r);
-        double wall = eng_wall_s() - s0, cpu = cpu_s() - c0;
+        double wall = eng_wall_s() - s0, cpu = eng_cpu_s() - c0;
         if (e) {
             fprintf(stderr, "eval_bench: %s: %s\n", t.name, r.error);
             rc = 1;
