@@ -35,6 +35,12 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     int n = snprintf(buf, sizeof buf, "v1|%s|%s|%s|V%d|C%d|D%d|tie%d|bias%d|H%d|KV%d|F%d|B%d|S%d|N%d", t->device,
                      t->precision, a->family, a->vocab_size, a->hidden_size, a->head_dim, a->tie_word_embeddings,
                      a->attention_bias, maxh, maxkv, maxf, t->batch_size, t->prompt_tokens, t->output_tokens);
+    /* Another engine keys its name, KV type, threads and build too (built-in ids unchanged). */
+    if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|%s", t->engine, t->kv_cache_type, t->threads,
+                      t->engine_build);
+    if (n >= (int)sizeof buf)
+        n = (int)sizeof buf - 1;
     unsigned char md[SHA256_DIGEST_LENGTH];
     SHA256((const unsigned char *)buf, (size_t)(n < 0 ? 0 : n), md);
     int o = snprintf(id, 40, "cal_");
@@ -103,6 +109,8 @@ int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen)
 static int same_target(const cm_target *a, const cm_target *b)
 {
     return !strcmp(a->device, b->device) && !strcmp(a->precision, b->precision) &&
+           cm_target_llamacpp(a) == cm_target_llamacpp(b) && !strcmp(a->kv_cache_type, b->kv_cache_type) &&
+           a->threads == b->threads && !strcmp(a->engine_build, b->engine_build) &&
            a->batch_size == b->batch_size && a->prompt_tokens == b->prompt_tokens &&
            a->output_tokens == b->output_tokens;
 }

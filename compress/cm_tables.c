@@ -195,6 +195,8 @@ json_t *cm_tables_to_json(const cm_tables *t)
             rc |= set_new(x, "decode_scale", json_real(f->decode_scale > 0 ? f->decode_scale : 1));
         }
     }
+    if (!rc && t->width_multiple > 1)
+        rc |= set_new(o, "width_multiple", json_integer(t->width_multiple));
     if (!rc) {
         rc |= set_new(fix, "by_hidden", byh);
         byh = NULL;
@@ -214,6 +216,9 @@ json_t *cm_tables_to_json(const cm_tables *t)
                                              t->mem.kv_bytes_per_elem, "kv_overhead_bytes",
                                              (json_int_t)t->mem.kv_overhead_bytes, "runtime_bytes",
                                              (json_int_t)t->mem.runtime_bytes));
+        json_t *mo = json_object_get(o, "memory");
+        if (!rc && mo && t->mem.embed_bytes_per_param > 0)
+            rc |= set_new(mo, "embed_bytes_per_param", json_real(t->mem.embed_bytes_per_param));
     }
     json_decref(pre);
     json_decref(dec);
@@ -511,7 +516,8 @@ static int parse_fixed(json_t *fx, const char *ptr, cm_tables *t, char *err, siz
 static int parse_memory(json_t *m, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
     static const char *const keys[] = {"workspace_combine", "weight_bytes_per_param", "weight_overhead_bytes",
-                                       "kv_bytes_per_element", "kv_overhead_bytes", "runtime_bytes", NULL};
+                                       "kv_bytes_per_element", "kv_overhead_bytes", "runtime_bytes",
+                                       "embed_bytes_per_param", NULL};
     char at[128];
     snprintf(at, sizeof at, "%s/memory", ptr);
     if (!json_is_object(m))
@@ -523,7 +529,9 @@ static int parse_memory(json_t *m, const char *ptr, cm_tables *t, char *err, siz
         cmj_num(m, at, "kv_bytes_per_element", 0, 1, &t->mem.kv_bytes_per_elem, err, errlen) ||
         cmj_int(m, at, "kv_overhead_bytes", -(INT64_C(1) << 40), INT64_C(1) << 50, 1, &t->mem.kv_overhead_bytes,
                 err, errlen) ||
-        cmj_int(m, at, "runtime_bytes", 0, INT64_C(1) << 50, 1, &t->mem.runtime_bytes, err, errlen))
+        cmj_int(m, at, "runtime_bytes", 0, INT64_C(1) << 50, 1, &t->mem.runtime_bytes, err, errlen) ||
+        (json_object_get(m, "embed_bytes_per_param") &&
+         cmj_num(m, at, "embed_bytes_per_param", 0, 1, &t->mem.embed_bytes_per_param, err, errlen)))
         return -1;
     json_t *wc = json_object_get(m, "workspace_combine");
     t->mem.workspace_combine = CM_WS_MAX;
@@ -568,7 +576,7 @@ static int parse_shape(json_t *s, const char *ptr, cm_tables *t, char *err, size
 
 int cm_tables_from_json(json_t *j, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"shape", "prefill", "decode", "fixed", "memory", NULL};
+    static const char *const keys[] = {"shape", "prefill", "decode", "fixed", "memory", "width_multiple", NULL};
     cm_target keep = t->target;
     memset(t, 0, sizeof *t);
     t->target = keep;
@@ -588,7 +596,9 @@ int cm_tables_from_json(json_t *j, const char *ptr, cm_tables *t, char *err, siz
         !parse_prefill(json_object_get(j, "prefill"), ptr, t, err, errlen) &&
         !parse_decode(json_object_get(j, "decode"), ptr, t, err, errlen) &&
         !parse_fixed(json_object_get(j, "fixed"), ptr, t, err, errlen) &&
-        !parse_memory(json_object_get(j, "memory"), ptr, t, err, errlen))
+        !parse_memory(json_object_get(j, "memory"), ptr, t, err, errlen) &&
+        !(json_object_get(j, "width_multiple") &&
+          cmj_i32(j, ptr, "width_multiple", 1, 4096, 1, &t->width_multiple, err, errlen)))
         rc = 0;
     if (rc) {
         cm_tables_free(t);

@@ -22,15 +22,126 @@
 
 /* ---------- target ---------- */
 
-int cm_hidden_candidates(int C, int out[4])
+int cm_hidden_candidates_m(int C, int multiple, int out[4])
 {
-    int n = 0;
+    int n = 0, m = multiple < 8 ? 8 : multiple;
     for (int j = 4; j < 8; j++) {
-        int h = (C * j / 8) / 8 * 8;
+        int h = (C * j / 8) / m * m;
         if (h > 0 && h < C && (!n || out[n - 1] != h))
             out[n++] = h;
     }
     return n;
+}
+
+int cm_hidden_candidates(int C, int out[4])
+{
+    return cm_hidden_candidates_m(C, 8, out);
+}
+
+int cm_target_llamacpp(const cm_target *t)
+{
+    return !strcmp(t->engine, CM_ENGINE_LLAMACPP);
+}
+
+/* 1 when word w is one of the space-separated words of list. */
+static int in_list(const char *w, const char *list)
+{
+    size_t n = strlen(w);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ' ');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k == n && !strncmp(p, w, n))
+            return 1;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads,
+                    const char **field, char *why, size_t whylen)
+{
+    const char *eng = engine && *engine ? engine : CM_ENGINE_AUTOCOMPRESS;
+    *field = "engine";
+    if (!strcmp(eng, CM_ENGINE_AUTOCOMPRESS)) {
+        if (precision && !in_list(precision, CM_AUTOCOMPRESS_PRECISIONS)) {
+            *field = "precision";
+            snprintf(why, whylen, "\"%s\" is not a precision of the autocompress engine (%s)", precision,
+                     CM_AUTOCOMPRESS_PRECISIONS);
+            return -1;
+        }
+        if (kv_type) {
+            *field = "kv_cache_type";
+            snprintf(why, whylen, "only the llama.cpp engine takes a KV-cache type");
+            return -1;
+        }
+        if (threads >= 0) {
+            *field = "threads";
+            snprintf(why, whylen, "only the llama.cpp engine takes a thread count");
+            return -1;
+        }
+        return 0;
+    }
+    if (strcmp(eng, CM_ENGINE_LLAMACPP)) {
+        snprintf(why, whylen, "unknown engine \"%s\" (autocompress, llama.cpp)", eng);
+        return -1;
+    }
+    if (precision && !in_list(precision, CM_LLAMACPP_PRECISIONS)) {
+        *field = "precision";
+        snprintf(why, whylen, "\"%s\" is not a weight type llama.cpp serves here (%s)", precision,
+                 CM_LLAMACPP_PRECISIONS);
+        return -1;
+    }
+    if (kv_type && !in_list(kv_type, CM_LLAMACPP_KV_TYPES)) {
+        *field = "kv_cache_type";
+        snprintf(why, whylen, "\"%s\" is not a llama.cpp KV-cache type (%s)", kv_type, CM_LLAMACPP_KV_TYPES);
+        return -1;
+    }
+    if (threads == 0 || threads > 1024) {
+        *field = "threads";
+        snprintf(why, whylen, "%d threads: must be 1..1024 (omit it for every online CPU)", threads);
+        return -1;
+    }
+    return 0;
+}
+
+int cm_target_block(const cm_target *t, const arch *parent)
+{
+    if (!cm_target_llamacpp(t))
+        return 1;
+    const char *p = t->precision;
+    if (!strcmp(p, "q8_0") || !strcmp(p, "q4_0"))
+        return 32;
+    if (!strcmp(p, "q4_k_m") || !strcmp(p, "q5_k_m") || !strcmp(p, "q6_k"))
+        return parent && !cm_arch_fits_block(parent, 256, NULL, 0) ? 32 : 256;
+    return 1;
+}
+
+int cm_arch_fits_block(const arch *a, int block, char *why, size_t whylen)
+{
+    if (block <= 1)
+        return 1;
+    if (a->hidden_size % block) {
+        if (why)
+            snprintf(why, whylen, "hidden size %d is not a multiple of %d", a->hidden_size, block);
+        return 0;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        const arch_layer *L = &a->layers[l];
+        if ((L->n_heads * a->head_dim) % block) {
+            if (why)
+                snprintf(why, whylen, "layers[%d]: %d heads x head_dim %d = %d is not a multiple of %d", l,
+                         L->n_heads, a->head_dim, L->n_heads * a->head_dim, block);
+            return 0;
+        }
+        if (L->ffn_dim % block) {
+            if (why)
+                snprintf(why, whylen, "layers[%d]: ffn_dim %d is not a multiple of %d", l, L->ffn_dim, block);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 void cm_target_default(cm_target *t)
@@ -38,6 +149,7 @@ void cm_target_default(cm_target *t)
     memset(t, 0, sizeof *t);
     snprintf(t->device, sizeof t->device, "cpu");
     snprintf(t->precision, sizeof t->precision, "fp32");
+    snprintf(t->engine, sizeof t->engine, CM_ENGINE_AUTOCOMPRESS);
     t->batch_size = CM_DEFAULT_BATCH;
     t->prompt_tokens = CM_DEFAULT_PROMPT_TOKENS;
     t->output_tokens = CM_DEFAULT_OUTPUT_TOKENS;
@@ -45,7 +157,8 @@ void cm_target_default(cm_target *t)
 
 int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"device", "precision", "workload", NULL};
+    static const char *const keys[] = {"device", "precision", "workload", "engine", "kv_cache_type", "threads",
+                                       "engine_build", NULL};
     static const char *const wkeys[] = {"batch_size", "prompt_tokens", "output_tokens", NULL};
     char at[96];
     memset(t, 0, sizeof *t);
@@ -53,14 +166,29 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
         FAIL("%s: must be an object", ptr);
     if (cmj_check_keys(j, ptr, keys, err, errlen))
         return -1;
-    snprintf(t->precision, sizeof t->precision, "fp32");
+    snprintf(t->engine, sizeof t->engine, CM_ENGINE_AUTOCOMPRESS);
     if (cmj_str(j, ptr, "device", 1, t->device, sizeof t->device, err, errlen) ||
-        cmj_str(j, ptr, "precision", 0, t->precision, sizeof t->precision, err, errlen))
+        cmj_str(j, ptr, "engine", 0, t->engine, sizeof t->engine, err, errlen) ||
+        cmj_str(j, ptr, "precision", 0, t->precision, sizeof t->precision, err, errlen) ||
+        cmj_str(j, ptr, "kv_cache_type", 0, t->kv_cache_type, sizeof t->kv_cache_type, err, errlen) ||
+        cmj_str(j, ptr, "engine_build", 0, t->engine_build, sizeof t->engine_build, err, errlen))
+        return -1;
+    int threads = -1;
+    if (json_object_get(j, "threads") && cmj_i32(j, ptr, "threads", 1, 1024, 0, &threads, err, errlen))
         return -1;
     if (strcmp(t->device, "cpu") && strncmp(t->device, "cuda", 4))
         FAIL("%s/device: \"%s\" is not a device name (cpu, cuda:N)", ptr, t->device);
-    if (strcmp(t->precision, "fp32") && strcmp(t->precision, "bf16") && strcmp(t->precision, "fp16"))
-        FAIL("%s/precision: \"%s\" is not one of fp32, bf16, fp16", ptr, t->precision);
+    const char *field;
+    char why[160];
+    if (cm_engine_check(t->engine, *t->precision ? t->precision : NULL, *t->kv_cache_type ? t->kv_cache_type : NULL,
+                        threads, &field, why, sizeof why))
+        FAIL("%s/%s: %s", ptr, field, why);
+    int llama = cm_target_llamacpp(t);
+    if (!*t->precision)
+        snprintf(t->precision, sizeof t->precision, "%s", llama ? CM_LLAMACPP_DEFAULT_PRECISION : "fp32");
+    if (llama && !*t->kv_cache_type)
+        snprintf(t->kv_cache_type, sizeof t->kv_cache_type, CM_LLAMACPP_DEFAULT_KV_TYPE);
+    t->threads = threads > 0 ? threads : 0;
     json_t *w = json_object_get(j, "workload");
     snprintf(at, sizeof at, "%s/workload", ptr);
     if (!w)
@@ -77,9 +205,25 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
 
 json_t *cm_target_to_json(const cm_target *t)
 {
-    return json_pack("{s:s,s:s,s:{s:i,s:i,s:i}}", "device", t->device, "precision", t->precision,
-                     "workload", "batch_size", t->batch_size, "prompt_tokens", t->prompt_tokens,
-                     "output_tokens", t->output_tokens);
+    json_t *o = json_pack("{s:s,s:s,s:s,s:{s:i,s:i,s:i}}", "device", t->device, "engine",
+                          *t->engine ? t->engine : CM_ENGINE_AUTOCOMPRESS, "precision", t->precision, "workload",
+                          "batch_size", t->batch_size, "prompt_tokens", t->prompt_tokens, "output_tokens",
+                          t->output_tokens);
+    if (!o)
+        return NULL;
+    int bad = 0;
+    if (cm_target_llamacpp(t)) {
+        bad |= json_object_set_new(o, "kv_cache_type", json_string(t->kv_cache_type));
+        if (t->threads > 0)
+            bad |= json_object_set_new(o, "threads", json_integer(t->threads));
+    }
+    if (*t->engine_build)
+        bad |= json_object_set_new(o, "engine_build", json_string(t->engine_build));
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 /* ---------- interpolation ---------- */
@@ -319,6 +463,10 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
              a->vocab_size, a->head_dim, a->tie_word_embeddings, a->attention_bias, t->vocab_size, t->head_dim,
              t->tie_word_embeddings, t->attention_bias);
     int C = a->hidden_size;
+    char why[160];
+    if (t->width_multiple > 1 && !cm_arch_fits_block(a, t->width_multiple, why, sizeof why))
+        FAIL("%s: the target's weight type (%s) stores widths in blocks of %d, so the tables do not price it",
+             why, t->target.precision, t->width_multiple);
     double pre, dec, ws;
     if (cm_fixed_cost(t, C, &pre, &dec, &ws))
         FAIL("hidden_size %d lies outside the calibrated hidden sizes", C);
@@ -349,7 +497,10 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
     p->latency_ms = pre + dec;
     p->throughput_tps = dec > 0 ? B * t->target.output_tokens / dec * 1000.0 : 0;
     p->params = arch_params(a);
-    p->weights = (int64_t)llround(t->mem.weight_bytes_per_param * (double)p->params) + t->mem.weight_overhead_bytes;
+    double embed = (double)a->vocab_size * C * (a->tie_word_embeddings ? 1 : 2);
+    double ebpp = t->mem.embed_bytes_per_param > 0 ? t->mem.embed_bytes_per_param : t->mem.weight_bytes_per_param;
+    p->weights = (int64_t)llround(t->mem.weight_bytes_per_param * ((double)p->params - embed) + ebpp * embed) +
+                 t->mem.weight_overhead_bytes;
     p->request_cache = kv_elems > 0 ? (int64_t)llround(t->mem.kv_bytes_per_elem * kv_elems) + t->mem.kv_overhead_bytes : 0;
     if (t->mem.workspace_combine == CM_WS_SUM_MAXIMA)
         p->prefill_workspace = (int64_t)llround(ws_attn + ws_mlp - ws);

@@ -26,11 +26,49 @@
 
 typedef struct {
     char device[32];        /* "cpu", "cuda:0" */
-    char precision[16];     /* "fp32" (the engine's only precision on CPU) */
+    char precision[16];     /* autocompress: "fp32" (the engine's only precision on CPU);
+                               llama.cpp: the GGUF weight type (CM_LLAMACPP_PRECISIONS) */
     int batch_size;         /* B */
     int prompt_tokens;      /* S */
     int output_tokens;      /* N */
+    char engine[16];        /* serving engine: "autocompress" (also when empty) or "llama.cpp" */
+    char kv_cache_type[8];  /* llama.cpp: KV cache type (CM_LLAMACPP_KV_TYPES); "" otherwise */
+    int threads;            /* llama.cpp: threads (0 = every online CPU, resolved when measured) */
+    char engine_build[64];  /* the engine's version and build fingerprint, set where it is
+                               measured (calibration); part of a calibration's key, so a
+                               calibration never serves another engine build; "" = none */
 } cm_target;
+
+/* Engine names and what each takes (space-separated lists). */
+#define CM_ENGINE_AUTOCOMPRESS "autocompress"
+#define CM_ENGINE_LLAMACPP "llama.cpp"
+#define CM_AUTOCOMPRESS_PRECISIONS "fp32 bf16 fp16"
+#define CM_LLAMACPP_PRECISIONS "f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k"
+#define CM_LLAMACPP_KV_TYPES "f16 f32 bf16 q8_0 q4_0"
+#define CM_LLAMACPP_DEFAULT_PRECISION "f16"
+#define CM_LLAMACPP_DEFAULT_KV_TYPE "f16"
+
+/* 1 when t is served by llama.cpp. */
+int cm_target_llamacpp(const cm_target *t);
+
+/* Check an engine / precision / KV type / threads combination (precision, kv_type may be
+ * NULL = the engine's default; threads < 0 = not given). Returns 0, or -1 with the field
+ * at fault ("engine", "precision", "kv_cache_type", "threads") in *field and the reason in
+ * why. One vocabulary for the spec validator and the target parser. */
+int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads,
+                    const char **field, char *why, size_t whylen);
+
+/* The width every weight matrix's input dimension must be a multiple of for the target's
+ * weight type to store it in that type: 32 for q8_0 / q4_0, 256 for the K-quants, 1
+ * otherwise (f32, f16, bf16 and the built-in engine). When the parent (may be NULL) itself
+ * has widths that are not multiples of 256, a K-quant target gets 32: llama.cpp stores
+ * those matrices in its 32-wide fallback type for the parent too, and calibration prices
+ * that by measurement. Calibration grids and the search keep to the block. */
+int cm_target_block(const cm_target *t, const arch *parent);
+/* 1 when every weight matrix of `a` has an input width that is a multiple of `block`
+ * (hidden size; each attention's n_heads*head_dim; each FFN width), else 0 with the first
+ * offender named in why (may be NULL). */
+int cm_arch_fits_block(const arch *a, int block, char *why, size_t whylen);
 
 /* The workload every entry point assumes when a spec or command names none (the job
  * spec's documented defaults), so that a default job and a default `autocompress
@@ -44,6 +82,8 @@ typedef struct {
  * out. Returns how many (at most 4). Calibration times these; the search offers those
  * the tables cover, plus C itself. */
 int cm_hidden_candidates(int C, int out[4]);
+/* The same, each rounded down to a multiple of `multiple` (>= 8; cm_target_block). */
+int cm_hidden_candidates_m(int C, int multiple, int out[4]);
 
 /* The default target: "cpu", "fp32" and the default workload. */
 void cm_target_default(cm_target *t);
@@ -95,7 +135,8 @@ typedef struct {
 } cm_fixed;
 
 /* Memory model coefficients, measured by calibration from the engine's byte accounting.
- *   weights   = weight_bytes_per_param * params + weight_overhead_bytes
+ *   weights   = weight_bytes_per_param * (params - embedding params)
+ *               + embed_bytes_per_param * embedding params + weight_overhead_bytes
  *   cache     = kv_bytes_per_elem * sum_l 2*Hkv_l*head_dim*B*(S+N) + kv_overhead_bytes
  *   workspace, from the prefill entries' workspace_bytes (each measured on a one-layer
  *               probe holding only that part, so it includes the fixed workspace W0 of
@@ -111,6 +152,9 @@ enum { CM_WS_MAX = 0, CM_WS_SUM_MAXIMA = 1 };
 typedef struct {
     int workspace_combine;      /* CM_WS_* */
     double weight_bytes_per_param;
+    double embed_bytes_per_param;   /* embedding (and untied LM head) bytes per parameter when
+                                       the engine stores them in another type (llama.cpp's
+                                       quantizer does); 0 = weight_bytes_per_param */
     int64_t weight_overhead_bytes;
     double kv_bytes_per_elem;
     int64_t kv_overhead_bytes;
@@ -127,6 +171,9 @@ typedef struct {
     cm_fixed *fixed;
     cm_memory mem;
     char source[32];            /* "autocompress" (calibrated here) or "import" */
+    int width_multiple;         /* every weight matrix's input width must be a multiple of it
+                                   (cm_target_block; 1 or 0 = any): archs off it are outside
+                                   the tables, and the search keeps to it */
 } cm_tables;
 
 void cm_tables_free(cm_tables *t);   /* frees arrays; safe on a zeroed struct */

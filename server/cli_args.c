@@ -67,11 +67,34 @@ static int target_opt(cli_parser *p, int c)
     cm_target *t = p->target;
     switch (c) {
     case CLI_OPT_DEVICE: return cli_str(p, t->device, sizeof t->device);
-    case CLI_OPT_PRECISION: return cli_str(p, t->precision, sizeof t->precision);
+    case CLI_OPT_PRECISION: p->precision_given = 1; return cli_str(p, t->precision, sizeof t->precision);
     case CLI_OPT_BATCH: return cli_int(p, 1, 4096, &t->batch_size);
     case CLI_OPT_PROMPT: return cli_int(p, 1, 1 << 20, &t->prompt_tokens);
+    case CLI_OPT_ENGINE: return cli_str(p, t->engine, sizeof t->engine);
+    case CLI_OPT_KV_TYPE: p->kv_given = 1; return cli_str(p, t->kv_cache_type, sizeof t->kv_cache_type);
+    case CLI_OPT_ENGINE_THREADS: p->threads_given = 1; return cli_int(p, 1, 1024, &t->threads);
     default: return cli_int(p, 1, 1 << 20, &t->output_tokens);
     }
+}
+
+/* After the last option: the engine's defaults and the combination's check. */
+static int target_finish(cli_parser *p)
+{
+    cm_target *t = p->target;
+    int llama = cm_target_llamacpp(t);
+    if (llama && !p->precision_given)
+        snprintf(t->precision, sizeof t->precision, CM_LLAMACPP_DEFAULT_PRECISION);
+    if (llama && !p->kv_given)
+        snprintf(t->kv_cache_type, sizeof t->kv_cache_type, CM_LLAMACPP_DEFAULT_KV_TYPE);
+    const char *field;
+    char why[160];
+    if (cm_engine_check(t->engine, t->precision, p->kv_given ? t->kv_cache_type : NULL,
+                        p->threads_given ? t->threads : -1, &field, why, sizeof why)) {
+        cli_fail(p, "--%s: %s", !strcmp(field, "kv_cache_type") ? "kv-cache-type"
+                                : !strcmp(field, "threads") ? "engine-threads" : field, why);
+        return CLI_EXIT_USAGE;
+    }
+    return CLI_END;
 }
 
 int cli_next(cli_parser *p)
@@ -83,7 +106,7 @@ int cli_next(cli_parser *p)
         int c = getopt_long(p->argc, p->argv, p->shortopts, p->opts, &idx);
         p->arg = optarg;
         if (c == -1)
-            return CLI_END;
+            return p->target ? target_finish(p) : CLI_END;
         const char *text = optind >= 1 && optind <= p->argc ? p->argv[optind - 1] : "";
         if (c == '?') {
             if (optopt && strncmp(text, "--", 2)) {   /* an unknown short option */
@@ -122,7 +145,7 @@ int cli_next(cli_parser *p)
                 p->usage(stdout);
             return CLI_EXIT_OK;
         }
-        if (p->target && c >= CLI_OPT_DEVICE && c <= CLI_OPT_OUTPUT) {
+        if (p->target && c >= CLI_OPT_DEVICE && c < CLI_OPT_OWN) {
             target_opt(p, c);
             continue;
         }
