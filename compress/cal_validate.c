@@ -252,7 +252,8 @@ json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_res
                           lat_sum / nv, "latency_max_pct", lat_max, "memory_mape_pct", mem_sum / nv, "memory_max_pct",
                           mem_max, "naive_memory_mape_pct", naive_sum / nv, "naive_memory_max_pct", naive_max,
                           "measured_memory",
-                          strcmp(t->device, "cpu") ? "backend peak bytes (device allocations the engine accounts)"
+                          cm_target_llamacpp(t) ? "RSS high-water mark of a fresh llama.cpp process (ac-llama)"
+                          : strcmp(t->device, "cpu") ? "backend peak bytes (device allocations the engine accounts)"
                                                       : "max(backend peak bytes, process RSS high-water delta)",
                           "rows", rows);   /* rows stolen */
     if (!v)

@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "storage/archjson.h"
 #include "compress/calibrate_internal.h"
+#include "compress/llamacpp.h"
 #include "engine/clock.h"
 
 int cali_dvec_push(dvec *d, double x)
@@ -752,6 +753,12 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     else
         cal_opts_default(&r->o);
     json_t *result = NULL;
+    if (cm_target_llamacpp(t)) {
+        cal_id(t, parent, &r->o, r->id);
+        result = cal_llama_run(parent, t, &r->o, r->id, err, errlen);
+        free(r);
+        return result;
+    }
     if (!run_setup(r, err, errlen) && !run_probes(r, err, errlen) && !run_models(r, err, errlen) &&
         !run_timed(r, err, errlen) && !run_tables(r, err, errlen)) {
         json_t *validation = run_validation(r, err, errlen);
@@ -763,10 +770,14 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     return result;
 }
 
-json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target *t, const cal_opts *o,
+json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target *target, const cal_opts *o,
                        int *reused, char *err, size_t errlen)
 {
     char id[40], e2[256];
+    cm_target resolved = *target, *t = &resolved;
+    *reused = 0;
+    if (lc_target_resolve(t, err, errlen))   /* another engine's build is part of the key */
+        return NULL;
     cal_id(t, parent, o, id);
     *reused = 0;
     json_t *cal = cm_calibration_load(data_dir, id, e2, sizeof e2);

@@ -92,4 +92,9 @@ int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double
 json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_result *vres, int n_validate,
                             const cm_target *t, char *err, size_t errlen);
 
+/* Calibration inside llama.cpp (compress/cal_llama.c): the calibration document of
+ * cal_run for a llama.cpp target, under `id`. NULL with err. */
+json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o, const char *id, char *err,
+                      size_t errlen);
+
 #endif

@@ -305,8 +305,10 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
             goto out;
         res->tokenizer = 1;
     } else {
-        snprintf(res->note, sizeof res->note, "no parent given: the file carries no tokenizer metadata "
-                 "(llama.cpp cannot load it; the engine can)");
+        /* llama.cpp's vocabulary-less model: it loads and runs token ids (timing models). */
+        bad |= ggw_kv_str(w, "tokenizer.ggml.model", "none");
+        snprintf(res->note, sizeof res->note, "no parent given: the file carries no vocabulary "
+                 "(tokenizer.ggml.model \"none\": llama.cpp runs it on token ids only)");
     }
     if (bad) {
         snprintf(err, errlen, "GGUF export: metadata out of memory or duplicate key");

@@ -1,0 +1,525 @@
+/* compress/cal_llama.c — calibration inside llama.cpp: the same timing tables and memory
+ * model as the built-in engine's calibration, measured by serving random GGUF models at
+ * the target's weight type in llama.cpp (compress/llamacpp.h), one fresh process each.
+ *
+ * llama.cpp times whole requests only, so per-part costs come from repeated blocks (the
+ * method Puzzletron uses in vLLM): for each hidden size a base model of one block (the
+ * smallest attention and MLP of the grid), and for each grid entry a model of that base
+ * block followed by N copies of a block holding the entry; the entry's cost is the
+ * difference over N, per phase (prefill, and decode in context bins). An MLP entry's
+ * block has no attention (llama.cpp's deci graph runs such a layer); an attention entry's
+ * block keeps the smallest MLP (deci cannot run attention without an MLP), whose cost is
+ * taken off. What the base costs beyond its two parts is the hidden size's fixed cost.
+ * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
+ * layers fitted apart, since the quantizer may store the embedding in another type), the
+ * KV cache from its KV buffer, the workspace from its compute and output buffers, and the
+ * rest of the fresh process's RSS high-water mark as runtime. Held-out random archs (and
+ * fit archs for the phase scales) are complete models served the same way.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress/calibrate_internal.h"
+#include "compress/llamacpp.h"
+#include "engine/clock.h"
+#include "engine/rng.h"
+#include "storage/fileio.h"
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+
+#define LC_COPIES 8     /* N repeated blocks */
+#define LC_BINS 4       /* decode context bins */
+
+/* One served model, reduced: median prefill, median per-step decode in each bin. */
+typedef struct {
+    double pre, bin[LC_BINS];
+} lc_times;
+
+typedef struct {
+    const arch *parent;
+    cm_target t;
+    cal_opts o;
+    int block, n_bins;
+    int hid[8], n_hid;
+    int ah[64], akv[64], nA;      /* attention grid (non-zero, quantizable) */
+    int fw[64], nF;               /* MLP grid (non-zero, multiples of the block) */
+    char dir[4096];
+    int step, total;
+    int64_t requests;
+    int n_models;
+    dvec w_layer, w_embed, w_y, kv_x, kv_y, runtime;
+    double t_start;
+} lc_cal;
+
+static void lcal_free(lc_cal *c)
+{
+    dvec *v[] = {&c->w_layer, &c->w_embed, &c->w_y, &c->kv_x, &c->kv_y, &c->runtime};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        free(v[i]->v);
+    if (*c->dir)
+        (void)fio_remove_tree(c->dir);
+}
+
+static int tick(lc_cal *c, const char *what, char *err, size_t errlen)
+{
+    c->step++;
+    if (c->o.progress && c->o.progress(c->o.ud, what, c->step, c->total))
+        FAIL("cancelled");
+    return 0;
+}
+
+/* An arch at hidden h with n layers (heads, kv, ffn per layer), the parent's globals. */
+static int make_arch(const arch *parent, int h, int n, const int *heads, const int *kv, const int *ffn, arch *out)
+{
+    arch_layer *ls = calloc((size_t)n, sizeof *ls);
+    if (!ls)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        ls[i].source_layer = i < parent->n_layers ? i : parent->n_layers - 1;
+        ls[i].n_heads = heads[i];
+        ls[i].n_kv_heads = kv[i];
+        ls[i].ffn_dim = ffn[i];
+    }
+    arch a = *parent;
+    a.hidden_size = h;
+    a.n_layers = n;
+    a.layers = ls;
+    int rc = arch_copy(out, &a);
+    free(ls);
+    return rc;
+}
+
+static double kv_elems(const arch *a, const cm_target *t)
+{
+    double e = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].n_heads)
+            e += 2.0 * a->layers[l].n_kv_heads * a->head_dim * t->batch_size * (t->prompt_tokens + t->output_tokens);
+    return e;
+}
+
+/* Serve `a` once in llama.cpp (reps from o), reduce into *tm and the bench's fields into
+ * *r (may be NULL), and record the memory samples. 0, or -1 with err. */
+static int serve(lc_cal *c, const arch *a, int reps, lc_times *tm, ms_result *r, int64_t *workspace, char *err,
+                 size_t errlen)
+{
+    ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models};
+    lc_bench b;
+    if (lc_measure_arch(a, &c->t, &mo, c->dir, &b, err, errlen))
+        return -1;
+    c->n_models++;
+    c->requests += mo.warmup + reps;
+    int N = b.n_steps, R = b.reps, rc = -1;
+    double *x = calloc((size_t)R, sizeof(double));
+    if (!x) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < R; i++)
+        x[i] = b.prefill_ms[i];
+    tm->pre = ms_median(x, R);
+    for (int k = 0; k < c->n_bins; k++) {
+        int s0 = k * N / c->n_bins, s1 = (k + 1) * N / c->n_bins;
+        for (int i = 0; i < R; i++) {
+            double s = 0;
+            for (int st = s0; st < s1; st++)
+                s += b.decode_ms[(size_t)i * N + st];
+            x[i] = s / (s1 - s0);
+        }
+        tm->bin[k] = ms_median(x, R);
+    }
+    if (r)
+        lc_bench_result(&b, &c->t, r);
+    if (workspace)
+        *workspace = b.buf_compute + b.buf_output;
+    double embed = (double)a->vocab_size * a->hidden_size * (a->tie_word_embeddings ? 1 : 2);
+    double held = (double)(b.buf_model + b.buf_kv + b.buf_compute + b.buf_output);
+    if (cali_dvec_push(&c->w_layer, (double)arch_params(a) - embed) || cali_dvec_push(&c->w_embed, embed) ||
+        cali_dvec_push(&c->w_y, (double)b.buf_model) || cali_dvec_push(&c->kv_x, kv_elems(a, &c->t)) ||
+        cali_dvec_push(&c->kv_y, (double)b.buf_kv) || cali_dvec_push(&c->runtime, (double)b.rss_peak - held)) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(x);
+    lc_bench_free(&b);
+    return rc;
+}
+
+/* The grids the tables cover, cut to the weight type's block; the hidden sizes. */
+static int setup(lc_cal *c, char *err, size_t errlen)
+{
+    const arch *p = c->parent;
+    if (strcmp(p->family, "llama"))
+        FAIL("llama.cpp calibration: family \"%s\" is not supported (llama only)", p->family);
+    c->block = cm_target_block(&c->t, p);
+    char why[160];
+    if (c->block > 1 && !cm_arch_fits_block(p, c->block, why, sizeof why) && c->block == 32)
+        FAIL("llama.cpp at %s: the parent itself does not quantize (%s); choose f16, bf16 or f32", c->t.precision,
+             why);
+    int h[64], kv[64], f[64];
+    int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64);
+    for (int i = 0; i < nA; i++)
+        if (h[i] > 0 && (h[i] * p->head_dim) % c->block == 0) {
+            c->ah[c->nA] = h[i];
+            c->akv[c->nA++] = kv[i];
+        }
+    for (int i = 0; i < nF; i++) {
+        int w = f[i] / c->block * c->block;
+        if (w <= 0)
+            continue;
+        int dup = 0;
+        for (int k = 0; k < c->nF; k++)
+            dup |= c->fw[k] == w;
+        if (!dup)
+            c->fw[c->nF++] = w;
+    }
+    /* ascending, so [0] is the smallest */
+    for (int i = 1; i < c->nF; i++)
+        for (int k = i; k > 0 && c->fw[k - 1] > c->fw[k]; k--) {
+            int t = c->fw[k];
+            c->fw[k] = c->fw[k - 1];
+            c->fw[k - 1] = t;
+        }
+    int amin = 0;
+    for (int i = 1; i < c->nA; i++)
+        if (c->ah[i] < c->ah[amin] || (c->ah[i] == c->ah[amin] && c->akv[i] < c->akv[amin]))
+            amin = i;
+    if (amin) {
+        int t = c->ah[0], u = c->akv[0];
+        c->ah[0] = c->ah[amin];
+        c->akv[0] = c->akv[amin];
+        c->ah[amin] = t;
+        c->akv[amin] = u;
+    }
+    if (!c->nA || !c->nF)
+        FAIL("llama.cpp at %s: no attention or MLP size of the grid has widths in blocks of %d", c->t.precision,
+             c->block);
+    c->hid[c->n_hid++] = p->hidden_size;
+    for (int i = 0; i < c->o.n_hidden && i < 16 && c->n_hid < 8; i++) {
+        int w = c->o.hidden[i] / (c->block > 8 ? c->block : 8) * (c->block > 8 ? c->block : 8);
+        int dup = w <= 0 || w >= p->hidden_size;
+        for (int k = 0; k < c->n_hid; k++)
+            dup |= c->hid[k] == w;
+        if (!dup)
+            c->hid[c->n_hid++] = w;
+    }
+    c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
+    int n_fit = c->o.fit > 0 ? c->o.fit : 0;
+    c->total = c->n_hid * (1 + c->nA + c->nF) + c->o.validate + n_fit;
+    return lc_scratch_dir(c->dir, sizeof c->dir, err, errlen);
+}
+
+/* Least-squares line y = a + b x through (x[i], y[i]); one point: flat. */
+static void line_fit(const double *x, const double *y, int n, double *a, double *b)
+{
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++) {
+        sx += x[i];
+        sy += y[i];
+        sxx += x[i] * x[i];
+        sxy += x[i] * y[i];
+    }
+    double d = n * sxx - sx * sx;
+    *b = n > 1 && fabs(d) > 1e-12 ? (n * sxy - sx * sy) / d : 0;
+    *a = n > 0 ? (sy - *b * sx) / n : 0;
+}
+
+/* Fill entry e (prefill and decode) from the per-copy times d (prefill, bins). */
+static void fill_entry(const lc_cal *c, cm_entry *pe, cm_entry *de, int part, int hidden, int nh, int nkv, int ffn,
+                       const lc_times *d, int64_t ws, int samples)
+{
+    memset(pe, 0, sizeof *pe);
+    pe->part = part;
+    pe->hidden_size = hidden;
+    pe->n_heads = nh;
+    pe->n_kv_heads = nkv;
+    pe->ffn_dim = ffn;
+    pe->ms = d->pre > 0 ? d->pre : 0;
+    pe->workspace_bytes = ws;
+    pe->samples = samples;
+    *de = *pe;
+    de->ms = 0;
+    de->workspace_bytes = 0;
+    double x[LC_BINS], y[LC_BINS];
+    int N = c->t.output_tokens;
+    for (int k = 0; k < c->n_bins; k++) {
+        int s0 = k * N / c->n_bins, s1 = (k + 1) * N / c->n_bins;
+        de->ctx[k] = c->t.prompt_tokens + (s0 + s1 - 1) / 2;
+        de->ctx_ms[k] = d->bin[k] > 0 ? d->bin[k] : 0;
+        x[k] = de->ctx[k];
+        y[k] = de->ctx_ms[k];
+    }
+    de->n_ctx = c->n_bins;
+    line_fit(x, y, c->n_bins, &de->ms0, &de->ms_per_ctx);
+}
+
+static void diff_times(const lc_times *rep, const lc_times *base, const lc_times *minus, lc_times *out, int n_bins)
+{
+    out->pre = (rep->pre - base->pre) / LC_COPIES - (minus ? minus->pre : 0);
+    for (int k = 0; k < n_bins; k++)
+        out->bin[k] = (rep->bin[k] - base->bin[k]) / LC_COPIES - (minus ? minus->bin[k] : 0);
+}
+
+/* The tables of one hidden size: base, MLP entries, attention entries. */
+static int tables_at(lc_cal *c, int hi, cm_tables *tb, char *err, size_t errlen)
+{
+    int H = c->hid[hi], L = 1 + LC_COPIES;
+    int heads[1 + LC_COPIES], kv[1 + LC_COPIES], ffn[1 + LC_COPIES];
+    arch a;
+    lc_times base, rep, d, mlp_min = {0};
+    int64_t ws_base = 0, ws;
+    heads[0] = c->ah[0];
+    kv[0] = c->akv[0];
+    ffn[0] = c->fw[0];
+    if (make_arch(c->parent, H, 1, heads, kv, ffn, &a))
+        FAIL("out of memory");
+    int rc = serve(c, &a, c->o.reps, &base, NULL, &ws_base, err, errlen);
+    arch_free(&a);
+    if (rc || tick(c, "llama.cpp base block", err, errlen))
+        return -1;
+    cm_entry *pe = &tb->prefill[tb->n_prefill], *de = &tb->decode[tb->n_decode];
+    /* removed parts cost nothing in llama.cpp (the graph skips them) */
+    lc_times zero = {0};
+    fill_entry(c, pe++, de++, CM_ATTN, H, 0, 0, 0, &zero, ws_base, 0);
+    fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, 0, &zero, ws_base, 0);
+    for (int j = 0; j < c->nF; j++) {
+        for (int l = 1; l < L; l++) {
+            heads[l] = kv[l] = 0;
+            ffn[l] = c->fw[j];
+        }
+        if (make_arch(c->parent, H, L, heads, kv, ffn, &a))
+            FAIL("out of memory");
+        rc = serve(c, &a, c->o.reps, &rep, NULL, &ws, err, errlen);
+        arch_free(&a);
+        if (rc || tick(c, "llama.cpp MLP blocks", err, errlen))
+            return -1;
+        diff_times(&rep, &base, NULL, &d, c->n_bins);
+        if (j == 0)
+            mlp_min = d;
+        fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[j], &d, ws, c->o.reps);
+    }
+    for (int i = 0; i < c->nA; i++) {
+        for (int l = 1; l < L; l++) {
+            heads[l] = c->ah[i];
+            kv[l] = c->akv[i];
+            ffn[l] = c->fw[0];
+        }
+        if (make_arch(c->parent, H, L, heads, kv, ffn, &a))
+            FAIL("out of memory");
+        rc = serve(c, &a, c->o.reps, &rep, NULL, &ws, err, errlen);
+        arch_free(&a);
+        if (rc || tick(c, "llama.cpp attention blocks", err, errlen))
+            return -1;
+        diff_times(&rep, &base, &mlp_min, &d, c->n_bins);
+        fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[i], c->akv[i], 0, &d, ws, c->o.reps);
+    }
+    int n_new = 2 + c->nF + c->nA;
+    /* the base's own two parts, off its time: the fixed cost of this hidden size */
+    const cm_entry *pa = &tb->prefill[tb->n_prefill + 2 + c->nF], *da = &tb->decode[tb->n_decode + 2 + c->nF];
+    const cm_entry *pm = &tb->prefill[tb->n_prefill + 2], *dm = &tb->decode[tb->n_decode + 2];
+    cm_fixed *fx = &tb->fixed[tb->n_fixed++];
+    memset(fx, 0, sizeof *fx);
+    fx->hidden_size = H;
+    fx->prefill_other_ms = base.pre - pa->ms - pm->ms;
+    double s = 0;
+    for (int k = 0; k < c->n_bins; k++)
+        s += base.bin[k] - da->ctx_ms[k] - dm->ctx_ms[k];
+    fx->decode_other_ms = s / c->n_bins;
+    fx->prefill_scale = fx->decode_scale = 1;
+    fx->workspace_bytes = ws_base;
+    tb->n_prefill += n_new;
+    tb->n_decode += n_new;
+    return 0;
+}
+
+/* Solve the 3x3 (or 2x2 with a single hidden size) least squares of the weights:
+ * bytes = a * layer params + e * embedding params + b. */
+static void weights_fit(const lc_cal *c, cm_memory *m)
+{
+    int n = c->w_y.n;
+    double A[3][3] = {{0}}, r[3] = {0};
+    int k = c->n_hid > 1 ? 3 : 2;
+    for (int i = 0; i < n; i++) {
+        double x[3] = {c->w_layer.v[i], 1, c->w_embed.v[i]};
+        for (int p = 0; p < k; p++) {
+            r[p] += x[p] * c->w_y.v[i];
+            for (int q = 0; q < k; q++)
+                A[p][q] += x[p] * x[q];
+        }
+    }
+    /* Gaussian elimination (k <= 3, well conditioned after scaling by the diagonal) */
+    double s[3];
+    for (int p = 0; p < k; p++)
+        s[p] = A[p][p] > 0 ? sqrt(A[p][p]) : 1;
+    for (int p = 0; p < k; p++) {
+        r[p] /= s[p];
+        for (int q = 0; q < k; q++)
+            A[p][q] /= s[p] * s[q];
+    }
+    for (int p = 0; p < k; p++) {
+        double piv = A[p][p];
+        if (fabs(piv) < 1e-12)
+            continue;
+        for (int q = p + 1; q < k; q++) {
+            double f = A[q][p] / piv;
+            for (int w = p; w < k; w++)
+                A[q][w] -= f * A[p][w];
+            r[q] -= f * r[p];
+        }
+    }
+    double x[3] = {0, 0, 0};
+    for (int p = k - 1; p >= 0; p--) {
+        double v = r[p];
+        for (int q = p + 1; q < k; q++)
+            v -= A[p][q] * x[q];
+        x[p] = fabs(A[p][p]) > 1e-12 ? v / A[p][p] : 0;
+    }
+    for (int p = 0; p < k; p++)
+        x[p] /= s[p];
+    m->weight_bytes_per_param = x[0] > 0 ? x[0] : 4;
+    m->weight_overhead_bytes = (int64_t)llround(x[1]);
+    m->embed_bytes_per_param = k == 3 && x[2] > 0 ? x[2] : 0;
+}
+
+static int build_memory(lc_cal *c, cm_tables *tb)
+{
+    weights_fit(c, &tb->mem);
+    double a, b;
+    line_fit(c->kv_x.v, c->kv_y.v, c->kv_x.n, &b, &a);
+    tb->mem.kv_bytes_per_elem = a > 0 ? a : 2;
+    tb->mem.kv_overhead_bytes = (int64_t)llround(b);
+    tb->mem.workspace_combine = CM_WS_MAX;
+    double rt = cali_lower_median(&c->runtime);
+    tb->mem.runtime_bytes = rt > 0 ? (int64_t)llround(rt) : 0;
+    return 0;
+}
+
+/* A random arch llama.cpp runs at the target's block: cal_random_arch at hidden h, widths
+ * on the block, layer 0 with attention, no attention without an MLP. */
+static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
+{
+    if (cal_random_arch(c->parent, rng, out))
+        return -1;
+    out->hidden_size = h;
+    for (int l = 0; l < out->n_layers; l++) {
+        arch_layer *L = &out->layers[l];
+        if (L->n_heads && (L->n_heads * out->head_dim) % c->block) {
+            int k = (int)(eng_xorshift64(rng) % (uint64_t)c->nA);
+            L->n_heads = c->ah[k];
+            L->n_kv_heads = c->akv[k];
+        }
+        if (l == 0 && !L->n_heads) {
+            L->n_heads = c->ah[c->nA - 1];
+            L->n_kv_heads = c->akv[c->nA - 1];
+        }
+        int w = L->ffn_dim / c->block * c->block;
+        L->ffn_dim = L->ffn_dim && w < c->fw[0] ? c->fw[0] : w;
+        if (L->n_heads && !L->ffn_dim)
+            L->ffn_dim = c->fw[0];
+    }
+    return 0;
+}
+
+json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o, const char *id, char *err,
+                      size_t errlen)
+{
+    lc_cal c;
+    memset(&c, 0, sizeof c);
+    *err = 0;
+    c.parent = parent;
+    c.t = *t;
+    c.o = *o;
+    c.t_start = eng_wall_s();
+    if (c.o.reps < 1 || c.o.warmup < 0) {
+        snprintf(err, errlen, "calibration needs reps >= 1 and warmup >= 0");
+        return NULL;
+    }
+    if (lc_target_resolve(&c.t, err, errlen))
+        return NULL;
+    cm_tables tb;
+    memset(&tb, 0, sizeof tb);
+    json_t *result = NULL;
+    arch *va = NULL;
+    ms_result *vr = NULL;
+    int n_fit = o->fit > 0 ? o->fit : 0, n_all = o->validate + n_fit;
+    if (setup(&c, err, errlen))
+        goto out;
+    int per = 2 + c.nA + c.nF;
+    tb.prefill = calloc((size_t)(per * c.n_hid), sizeof *tb.prefill);
+    tb.decode = calloc((size_t)(per * c.n_hid), sizeof *tb.decode);
+    tb.fixed = calloc((size_t)c.n_hid, sizeof *tb.fixed);
+    va = calloc((size_t)(n_all > 0 ? n_all : 1), sizeof *va);
+    vr = calloc((size_t)(n_all > 0 ? n_all : 1), sizeof *vr);
+    if (!tb.prefill || !tb.decode || !tb.fixed || !va || !vr) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    tb.target = c.t;
+    snprintf(tb.family, sizeof tb.family, "%s", parent->family);
+    tb.vocab_size = parent->vocab_size;
+    tb.head_dim = parent->head_dim;
+    tb.tie_word_embeddings = parent->tie_word_embeddings;
+    tb.attention_bias = parent->attention_bias;
+    snprintf(tb.source, sizeof tb.source, "llama.cpp");
+    tb.width_multiple = c.block;
+    for (int h = 0; h < c.n_hid; h++)
+        if (tables_at(&c, h, &tb, err, errlen))
+            goto out;
+    double wall_tables = eng_wall_s() - c.t_start;
+    uint64_t rng = (o->seed ? o->seed : 1) * 0x9E3779B97F4A7C15ull + 17;
+    for (int v = 0; v < n_all; v++) {
+        lc_times tm;
+        if (random_arch(&c, &rng, c.hid[v % c.n_hid], &va[v]) ||
+            serve(&c, &va[v], o->validate_reps > 0 ? o->validate_reps : 3, &tm, &vr[v], NULL, err, errlen) ||
+            tick(&c, v < o->validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
+            goto out;
+    }
+    build_memory(&c, &tb);
+    double fit_p = 1, fit_d = 1;
+    if (n_fit && fit_scales(&tb, va + o->validate, vr + o->validate, n_fit, &fit_p, &fit_d, err, errlen))
+        goto out;
+    snprintf(tb.id, sizeof tb.id, "%s", id);
+    json_t *validation = cal_validation_json(&tb, va, vr, o->validate, &c.t, err, errlen);
+    if (!validation)
+        goto out;
+    char hl[128] = "";
+    for (int h = 0, n = 0; h < c.n_hid && n < 100; h++)
+        n += snprintf(hl + n, sizeof hl - (size_t)n, "%s%d", h ? "," : "", c.hid[h]);
+    lc_info in;
+    json_t *tables = cm_tables_to_json(&tb), *target = cm_target_to_json(&c.t);
+    double now = eng_wall_s();
+    if (tables && target && lc_probe(&in, err, errlen) == 0)
+        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:s,s:i},"
+                           "s:{s:s,s:s,s:s,s:s,s:s,s:s}}",
+                           "id", id, "status", "succeeded", "target", target, "family", parent->family, "entries",
+                           tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now - c.t_start, "tables", tables,
+                           "validation", validation, "cost", "requests", (json_int_t)c.requests,
+                           "calibration_models", c.n_models - n_all, "layers_per_model", 1 + LC_COPIES,
+                           "tables_wall_s", wall_tables, "validation_wall_s", now - c.t_start - wall_tables,
+                           "hidden_sizes", hl, "fit_archs", n_fit, "fit_prefill_factor", fit_p, "fit_decode_factor",
+                           fit_d, "method", "repeated blocks in llama.cpp (1 base block vs base + N copies)",
+                           "repeated_copies", LC_COPIES, "engine", "name", CM_ENGINE_LLAMACPP, "version",
+                           in.package_version, "ggml_commit", in.ggml_commit, "build_flags", in.build_flags,
+                           "system_info", in.system_info, "engine_build", in.fingerprint);
+    else {
+        json_decref(tables);
+        json_decref(target);
+        json_decref(validation);
+        if (!*err)
+            snprintf(err, errlen, "out of memory");
+    }
+    if (!result && !*err)
+        snprintf(err, errlen, "out of memory");
+out:
+    for (int v = 0; va && v < n_all; v++)
+        arch_free(&va[v]);
+    free(va);
+    free(vr);
+    cm_tables_free(&tb);
+    lcal_free(&c);
+    return result;
+}

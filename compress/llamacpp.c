@@ -1,0 +1,496 @@
+/* compress/llamacpp.c — llama.cpp through its measurement helper: finding and asking
+ * `ac-llama`, one fresh helper process per model (argv in, one JSON object out), random
+ * GGUF models at the target's weight type, and the measured fields from its numbers.
+ */
+#include "compress/llamacpp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <openssl/sha.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/clock.h"
+#include "storage/export.h"
+#include "storage/fileio.h"
+
+extern char **environ;
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+
+/* The longest a helper may run (a calibration model is seconds; a 70B F32 load is not
+ * served here). */
+#define LC_TIMEOUT_S 1800.0
+
+/* ---------- the helper process ---------- */
+
+/* Run the helper with argv (argv[0] = its path) and parse its stdout as one JSON object
+ * into *out (NEW). Its stderr's last line is the reason when it fails. 0, or -1 with err. */
+static int run_helper(char *const argv[], json_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int po[2], pe[2];
+    if (pipe2(po, O_CLOEXEC))
+        FAIL("llama.cpp helper: pipe: %s", strerror(errno));
+    if (pipe2(pe, O_CLOEXEC)) {
+        close(po[0]);
+        close(po[1]);
+        FAIL("llama.cpp helper: pipe: %s", strerror(errno));
+    }
+    posix_spawn_file_actions_t fa;
+    pid_t pid = -1;
+    int rc = posix_spawn_file_actions_init(&fa);
+    if (!rc)
+        rc = posix_spawn_file_actions_adddup2(&fa, po[1], 1);
+    if (!rc)
+        rc = posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
+    if (!rc)
+        rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(po[1]);
+    close(pe[1]);
+    if (rc) {
+        close(po[0]);
+        close(pe[0]);
+        FAIL("llama.cpp helper %s: cannot start: %s", argv[0], strerror(rc));
+    }
+    char *ob = NULL, eb[2048] = "";
+    size_t on = 0, ocap = 0, en = 0;
+    int open_o = 1, open_e = 1, timed_out = 0, oom = 0;
+    double deadline = eng_wall_s() + LC_TIMEOUT_S;
+    while (open_o || open_e) {
+        struct pollfd p[2] = {{.fd = open_o ? po[0] : -1, .events = POLLIN}, {.fd = open_e ? pe[0] : -1, .events = POLLIN}};
+        double left = deadline - eng_wall_s();
+        if (left <= 0) {
+            timed_out = 1;
+            break;
+        }
+        int n = poll(p, 2, left > 60 ? 60000 : (int)(left * 1000) + 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        char buf[8192];
+        if (open_o && p[0].revents) {
+            ssize_t k = read(po[0], buf, sizeof buf);
+            if (k <= 0) {
+                open_o = 0;
+            } else {
+                if (on + (size_t)k + 1 > ocap) {
+                    size_t nc = (on + (size_t)k + 1) * 2;
+                    char *nb = realloc(ob, nc);
+                    if (!nb) {
+                        oom = 1;
+                        break;
+                    }
+                    ob = nb;
+                    ocap = nc;
+                }
+                memcpy(ob + on, buf, (size_t)k);
+                on += (size_t)k;
+                ob[on] = 0;
+            }
+        }
+        if (open_e && p[1].revents) {
+            ssize_t k = read(pe[0], buf, sizeof buf);
+            if (k <= 0) {
+                open_e = 0;
+            } else {
+                /* keep the tail: the reason is the last line */
+                if ((size_t)k >= sizeof eb - 1) {
+                    memcpy(eb, buf + k - (sizeof eb - 1), sizeof eb - 1);
+                    en = sizeof eb - 1;
+                } else {
+                    if (en + (size_t)k >= sizeof eb) {
+                        size_t drop = en + (size_t)k - (sizeof eb - 1);
+                        memmove(eb, eb + drop, en - drop);
+                        en -= drop;
+                    }
+                    memcpy(eb + en, buf, (size_t)k);
+                    en += (size_t)k;
+                }
+                eb[en] = 0;
+            }
+        }
+    }
+    if (timed_out || oom)
+        kill(pid, SIGKILL);
+    close(po[0]);
+    close(pe[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    /* the last non-empty stderr line */
+    while (en > 0 && (eb[en - 1] == '\n' || eb[en - 1] == '\r'))
+        eb[--en] = 0;
+    char *last = strrchr(eb, '\n');
+    last = last ? last + 1 : eb;
+    if (timed_out || oom) {
+        free(ob);
+        FAIL("llama.cpp helper %s: %s", argv[1], timed_out ? "ran past its time limit and was killed" : "out of memory");
+    }
+    if (WIFSIGNALED(status)) {
+        free(ob);
+        FAIL("llama.cpp helper %s died with signal %d%s%s", argv[1], WTERMSIG(status), *last ? ": " : "", last);
+    }
+    json_error_t je;
+    json_t *j = ob ? json_loads(ob, 0, &je) : NULL;
+    free(ob);
+    json_t *e = j ? json_object_get(j, "error") : NULL;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !json_is_object(j) || e) {
+        if (json_is_string(e))
+            snprintf(err, errlen, "llama.cpp: %s", json_string_value(e));
+        else
+            snprintf(err, errlen, "llama.cpp helper %s failed (exit %d)%s%s", argv[1],
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1, *last ? ": " : "", last);
+        json_decref(j);
+        return -1;
+    }
+    *out = j;
+    return 0;
+}
+
+/* ---------- finding and asking the helper ---------- */
+
+static int executable(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode) && access(p, X_OK) == 0;
+}
+
+static int find_helper(char *out, size_t cap)
+{
+    const char *env = getenv("AC_LLAMA_HELPER");
+    if (env && *env) {
+        snprintf(out, cap, "%s", env);
+        return executable(out) ? 0 : -1;
+    }
+    char exe[PATH_MAX], dir[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return -1;
+    exe[n] = 0;
+    fio_dir_of(exe, dir, sizeof dir);
+    if (fio_path_join(out, cap, dir, "ac-llama") == 0 && executable(out))
+        return 0;
+    char up[PATH_MAX];
+    fio_dir_of(dir, up, sizeof up);
+    if (fio_path_join(out, cap, up, "ac-llama") == 0 && executable(out))
+        return 0;
+    return -1;
+}
+
+static void copy_str(json_t *j, const char *k, char *out, size_t cap)
+{
+    json_t *v = json_object_get(j, k);
+    snprintf(out, cap, "%s", json_is_string(v) ? json_string_value(v) : "unknown");
+}
+
+static lc_info g_info;
+static int g_info_ok;
+
+int lc_probe(lc_info *info, char *err, size_t errlen)
+{
+    if (g_info_ok) {
+        *info = g_info;
+        return 0;
+    }
+    memset(info, 0, sizeof *info);
+    if (find_helper(info->helper, sizeof info->helper))
+        FAIL("llama.cpp is not installed here: no executable ac-llama helper (AC_LLAMA_HELPER, or beside the "
+             "autocompress binary); install it with scripts/llamacpp.sh install, then make");
+    char *argv[] = {info->helper, "info", NULL};
+    json_t *j;
+    if (run_helper(argv, &j, err, errlen))
+        return -1;
+    copy_str(j, "ggml_version", info->ggml_version, sizeof info->ggml_version);
+    copy_str(j, "ggml_commit", info->ggml_commit, sizeof info->ggml_commit);
+    copy_str(j, "package_version", info->package_version, sizeof info->package_version);
+    copy_str(j, "build_flags", info->build_flags, sizeof info->build_flags);
+    copy_str(j, "system_info", info->system_info, sizeof info->system_info);
+    json_decref(j);
+    char key[1024];
+    int n = snprintf(key, sizeof key, "%s|%s|%s|%s", info->ggml_commit, info->package_version, info->build_flags,
+                     info->system_info);
+    unsigned char md[SHA256_DIGEST_LENGTH];
+    SHA256((const unsigned char *)key, (size_t)(n < 0 ? 0 : n >= (int)sizeof key ? (int)sizeof key - 1 : n), md);
+    snprintf(info->fingerprint, sizeof info->fingerprint, "llama.cpp %.12s %.12s %02x%02x%02x%02x",
+             info->package_version, info->ggml_commit, md[0], md[1], md[2], md[3]);
+    g_info = *info;
+    g_info_ok = 1;
+    return 0;
+}
+
+/* A space-separated list as a JSON array of strings. */
+static json_t *words(const char *list)
+{
+    json_t *a = json_array();
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *w = strtok_r(buf, " ", &save); a && w; w = strtok_r(NULL, " ", &save))
+        if (json_array_append_new(a, json_string(w))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+json_t *lc_engine_json(void)
+{
+    lc_info in;
+    char e[512];
+    int ok = lc_probe(&in, e, sizeof e) == 0;
+    json_t *o = json_pack("{s:s,s:b,s:o,s:o,s:s}", "name", CM_ENGINE_LLAMACPP, "present", ok, "precisions",
+                          words(CM_LLAMACPP_PRECISIONS), "kv_cache_types", words(CM_LLAMACPP_KV_TYPES),
+                          "default_precision", CM_LLAMACPP_DEFAULT_PRECISION);
+    if (!o)
+        return NULL;
+    int bad = 0;
+    if (ok) {
+        bad |= json_object_set_new(o, "version", json_string(in.package_version));
+        bad |= json_object_set_new(o, "ggml_version", json_string(in.ggml_version));
+        bad |= json_object_set_new(o, "commit", json_string(in.ggml_commit));
+        bad |= json_object_set_new(o, "build_flags", json_string(in.build_flags));
+        bad |= json_object_set_new(o, "system_info", json_string(in.system_info));
+        bad |= json_object_set_new(o, "engine_build", json_string(in.fingerprint));
+    } else {
+        bad |= json_object_set_new(o, "reason", json_string(e));
+    }
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+int lc_target_resolve(cm_target *t, char *err, size_t errlen)
+{
+    if (!cm_target_llamacpp(t))
+        return 0;
+    lc_info in;
+    if (lc_probe(&in, err, errlen))
+        return -1;
+    if (t->threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        t->threads = n > 0 ? (int)n : 1;
+    }
+    snprintf(t->engine_build, sizeof t->engine_build, "%s", in.fingerprint);
+    return 0;
+}
+
+/* ---------- quantizing and serving ---------- */
+
+int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, char *err,
+                size_t errlen)
+{
+    if (fallbacks)
+        *fallbacks = 0;
+    if (!strcmp(type, "f32")) {
+        if (!strcmp(src, dst))
+            return 0;
+        if (rename(src, dst))
+            FAIL("%s: %s", dst, strerror(errno));
+        return 0;
+    }
+    lc_info in;
+    if (lc_probe(&in, err, errlen))
+        return -1;
+    char th[16];
+    snprintf(th, sizeof th, "%d", threads > 0 ? threads : 1);
+    char *argv[] = {in.helper, "quantize", (char *)src, (char *)dst, (char *)type, "--threads", th, NULL};
+    json_t *j;
+    if (run_helper(argv, &j, err, errlen))
+        return -1;
+    json_t *fb = json_object_get(j, "fallbacks");
+    if (fallbacks && json_is_integer(fb))
+        *fallbacks = (int)json_integer_value(fb);
+    json_decref(j);
+    return 0;
+}
+
+void lc_bench_free(lc_bench *b)
+{
+    free(b->prefill_ms);
+    free(b->decode_ms);
+    memset(b, 0, sizeof *b);
+}
+
+static int64_t jint(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : json_is_number(v) ? (int64_t)json_number_value(v) : -1;
+}
+
+/* Parse the helper's bench object into b. 0, or -1 with err. */
+static int parse_bench(json_t *j, const cm_target *t, lc_bench *b, char *err, size_t errlen)
+{
+    json_t *reps = json_object_get(j, "reps"), *buf = json_object_get(j, "buffers");
+    int R = json_is_array(reps) ? (int)json_array_size(reps) : 0, N = t->output_tokens;
+    if (R <= 0 || !json_is_object(buf))
+        FAIL("llama.cpp helper: bench output without reps or buffers");
+    b->prefill_ms = calloc((size_t)R, sizeof(double));
+    b->decode_ms = calloc((size_t)R * (size_t)N, sizeof(double));
+    if (!b->prefill_ms || !b->decode_ms)
+        FAIL("out of memory");
+    b->reps = R;
+    b->n_steps = N;
+    for (int r = 0; r < R; r++) {
+        json_t *rep = json_array_get(reps, (size_t)r), *dec = json_object_get(rep, "decode_ms");
+        json_t *pre = json_object_get(rep, "prefill_ms");
+        if (!json_is_number(pre) || !json_is_array(dec) || (int)json_array_size(dec) != N)
+            FAIL("llama.cpp helper: request %d has no prefill time or not %d decode steps", r, N);
+        b->prefill_ms[r] = json_number_value(pre);
+        for (int i = 0; i < N; i++) {
+            json_t *v = json_array_get(dec, (size_t)i);
+            if (!json_is_number(v))
+                FAIL("llama.cpp helper: request %d step %d is not a number", r, i);
+            b->decode_ms[(size_t)r * N + i] = json_number_value(v);
+        }
+    }
+    b->n_params = jint(j, "n_params");
+    b->model_bytes = jint(j, "model_bytes");
+    b->buf_model = jint(buf, "model");
+    b->buf_kv = jint(buf, "kv");
+    b->buf_compute = jint(buf, "compute");
+    b->buf_output = jint(buf, "output");
+    b->rss_before_load = jint(j, "rss_before_load");
+    b->rss_peak = jint(j, "rss_peak");
+    b->threads = (int)jint(j, "threads");
+    b->n_ctx = (int)jint(j, "n_ctx");
+    json_t *lm = json_object_get(j, "load_ms");
+    b->load_ms = json_is_number(lm) ? json_number_value(lm) : 0;
+    if (b->model_bytes <= 0 || b->buf_kv < 0 || b->buf_compute < 0 || b->rss_peak <= 0)
+        FAIL("llama.cpp helper: bench output without model size, buffers or RSS");
+    if (b->buf_output < 0)
+        b->buf_output = 0;
+    return 0;
+}
+
+int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, lc_bench *b, char *err, size_t errlen)
+{
+    memset(b, 0, sizeof *b);
+    lc_info in;
+    if (lc_probe(&in, err, errlen))
+        return -1;
+    char th[16], bs[16], s[16], n[16], w[16], r[16], seed[32];
+    snprintf(th, sizeof th, "%d", t->threads > 0 ? t->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    snprintf(bs, sizeof bs, "%d", t->batch_size);
+    snprintf(s, sizeof s, "%d", t->prompt_tokens);
+    snprintf(n, sizeof n, "%d", t->output_tokens);
+    snprintf(w, sizeof w, "%d", o && o->warmup >= 0 ? o->warmup : 1);
+    snprintf(r, sizeof r, "%d", o && o->reps > 0 ? o->reps : 3);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
+    char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
+                    "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
+                    "--seed", seed, NULL};
+    json_t *j;
+    if (run_helper(argv, &j, err, errlen))
+        return -1;
+    int rc = parse_bench(j, t, b, err, errlen);
+    json_decref(j);
+    if (rc)
+        lc_bench_free(b);
+    return rc;
+}
+
+void lc_bench_result(const lc_bench *b, const cm_target *t, ms_result *r)
+{
+    memset(r, 0, sizeof *r);
+    int R = b->reps, N = b->n_steps;
+    double *lat = calloc((size_t)R, sizeof(double)), *pre = calloc((size_t)R, sizeof(double)),
+           *dec = calloc((size_t)R, sizeof(double));
+    if (lat && pre && dec) {
+        for (int i = 0; i < R; i++) {
+            double d = 0;
+            for (int k = 0; k < N; k++)
+                d += b->decode_ms[(size_t)i * N + k];
+            pre[i] = b->prefill_ms[i];
+            dec[i] = d;
+            lat[i] = pre[i] + d;
+        }
+        r->reps = R;
+        r->latency_ms = ms_median(lat, R);
+        r->latency_mad_ms = ms_mad(lat, R, r->latency_ms);
+        r->prefill_ms = ms_median(pre, R);
+        r->decode_ms = ms_median(dec, R);
+    }
+    free(lat);
+    free(pre);
+    free(dec);
+    r->throughput_tps = r->decode_ms > 0 ? 1000.0 * t->batch_size * t->output_tokens / r->decode_ms : 0;
+    r->params = b->n_params;
+    r->weights_bytes = b->model_bytes;
+    r->request_cache_bytes = b->buf_kv;
+    r->backend_peak_bytes = b->buf_model + b->buf_kv + b->buf_compute + b->buf_output;
+    r->rss_delta_bytes = b->rss_before_load > 0 ? b->rss_peak - b->rss_before_load : -1;
+    r->peak_bytes = b->rss_peak;
+}
+
+/* ---------- random models ---------- */
+
+int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen)
+{
+    const char *tmp = getenv("TMPDIR");
+    int n = snprintf(out, cap, "%s/ac-llama-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (n < 0 || (size_t)n >= cap)
+        FAIL("scratch folder path too long");
+    if (!mkdtemp(out))
+        FAIL("%s: %s", out, strerror(errno));
+    return 0;
+}
+
+int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char *dir, const char *name,
+                    char *path, size_t cap, int *fallbacks, char *err, size_t errlen)
+{
+    char an[16], f32[4096], file[256];
+    if (fallbacks)
+        *fallbacks = 0;
+    if (exp_gguf_arch(a, an, sizeof an, err, errlen))
+        return -1;
+    snprintf(file, sizeof file, "%s.f32.gguf", name);
+    if (fio_path_join(f32, sizeof f32, dir, file))
+        FAIL("scratch path too long");
+    snprintf(file, sizeof file, "%s.gguf", name);
+    if (fio_path_join(path, cap, dir, file))
+        FAIL("scratch path too long");
+    eng_backend *be = eng_backend_cpu_new(t->threads > 0 ? t->threads : 0);
+    if (!be)
+        FAIL("out of memory (CPU backend)");
+    eng_model m;
+    int rc = -1;
+    if (eng_model_init(&m, a, be, err, errlen) == 0) {
+        eng_model_randomize(&m, seed ? seed : 1, 0.02f);
+        exp_opts eo = {.dtype = EXP_FP32, .name = "autocompress-timing"};
+        exp_result res;
+        memset(&res, 0, sizeof res);
+        rc = exp_gguf_write(&m, f32, &eo, &res, err, errlen);
+        eng_model_free(&m);
+    }
+    eng_backend_free(be);
+    if (rc == 0)
+        rc = lc_quantize(f32, path, t->precision, t->threads, fallbacks, err, errlen);
+    if (strcmp(f32, path))
+        (void)unlink(f32);
+    return rc;
+}
+
+int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, const char *dir, lc_bench *b, char *err,
+                    size_t errlen)
+{
+    char path[4096];
+    memset(b, 0, sizeof *b);
+    if (lc_write_random(a, t, o && o->seed ? o->seed : 1, dir, "timing", path, sizeof path, NULL, err, errlen))
+        return -1;
+    int rc = lc_bench_gguf(path, t, o, b, err, errlen);
+    (void)unlink(path);
+    return rc;
+}

@@ -1,0 +1,90 @@
+/* compress/llamacpp.h — llama.cpp as a target engine: the measurement helper `ac-llama`
+ * (llamacpp/ac_llama.c, linked to the libllama of the pinned llama-cpp-python package)
+ * run in a fresh process per model, GGUF files at the target's weight type (quantized by
+ * llama.cpp's own quantizer), and the timings and buffers llama.cpp reports. One model per
+ * process: the idle thread pools of other contexts in one process steal the cores.
+ * docs/llamacpp.md says how the helper times a request.
+ */
+#ifndef AC_COMPRESS_LLAMACPP_H
+#define AC_COMPRESS_LLAMACPP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "compress/costmodel.h"
+#include "compress/measure.h"
+#include "engine/arch.h"
+#include "engine/model.h"
+
+/* What `ac-llama info` says about the llama.cpp build, and where the helper is. */
+typedef struct {
+    char helper[4096];          /* path of the helper program */
+    char ggml_version[64], ggml_commit[64];
+    char package_version[32];   /* llama-cpp-python version that built it */
+    char build_flags[256];      /* CMAKE_ARGS of that build */
+    char system_info[512];      /* llama_print_system_info: the CPU features it uses */
+    char fingerprint[64];       /* "llama.cpp <pkg> <commit> <sha8 of flags and system info>" */
+} lc_info;
+
+/* Find the helper (AC_LLAMA_HELPER, else `ac-llama` beside this program or one folder
+ * up) and ask it about its build. Returns 0, or -1 with the reason ("llama.cpp is not
+ * installed ...: scripts/llamacpp.sh install") in err. Cached after the first success. */
+int lc_probe(lc_info *info, char *err, size_t errlen);
+
+/* The engine object of /v1/engines for llama.cpp: {name, present, version, ...,
+ * precisions, kv_cache_types} (present false with "reason" when the helper is missing).
+ * New reference; NULL on OOM. */
+json_t *lc_engine_json(void);
+
+/* Complete a llama.cpp target where it is measured: threads 0 -> the online CPUs, and
+ * engine_build <- the helper's fingerprint. A target of another engine is left alone.
+ * Returns 0, or -1 with err (llama.cpp absent). */
+int lc_target_resolve(cm_target *t, char *err, size_t errlen);
+
+/* Write `dst` at weight type `type` (a CM_LLAMACPP_PRECISIONS word) from the F32 GGUF
+ * `src`: a copy for f32, else llama.cpp's quantizer with `threads`. *fallbacks (may be
+ * NULL) gets how many tensors llama.cpp stored in a fallback type. 0, or -1 with err. */
+int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, char *err,
+                size_t errlen);
+
+/* One model served by llama.cpp: per-request phase times and llama.cpp's buffers. */
+typedef struct {
+    int reps, n_steps;
+    double *prefill_ms;         /* [reps] */
+    double *decode_ms;          /* [reps * n_steps]: step i of request r at [r * n_steps + i] */
+    int64_t n_params, model_bytes;
+    int64_t buf_model, buf_kv, buf_compute, buf_output;   /* llama.cpp's own buffers (bytes) */
+    int64_t rss_before_load, rss_peak;                    /* the helper process */
+    double load_ms;
+    int threads, n_ctx;
+} lc_bench;
+
+void lc_bench_free(lc_bench *b);
+
+/* Serve the GGUF at `path` in a fresh helper process at t (threads, batch, prompt and
+ * output tokens, KV type) with o's warm-up, reps and seed. 0, or -1 with err. */
+int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, lc_bench *b, char *err, size_t errlen);
+
+/* The §10 measured fields of a bench: medians over reps; peak_bytes = the helper's RSS
+ * high-water mark, backend_peak_bytes = llama.cpp's buffers, rss_delta = peak minus RSS
+ * before loading. */
+void lc_bench_result(const lc_bench *b, const cm_target *t, ms_result *r);
+
+/* Write `a` with random weights (seed) as a GGUF at the target's weight type into dir
+ * (an existing scratch folder) as NAME.gguf; path (cap bytes) gets the file. Refuses an
+ * arch llama.cpp's graphs cannot run (storage/export's rules) and one whose widths the
+ * weight type cannot store (*fallbacks > 0 reported, not refused: calibration prices
+ * it). 0, or -1 with err. */
+int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char *dir, const char *name,
+                    char *path, size_t cap, int *fallbacks, char *err, size_t errlen);
+
+/* lc_write_random then lc_bench_gguf, the file removed afterwards. 0, or -1 with err. */
+int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, const char *dir, lc_bench *b, char *err,
+                    size_t errlen);
+
+/* A scratch folder for llama.cpp's model files under TMPDIR (or /tmp): mkdtemp into
+ * out. 0, or -1 with err. Remove it with fio_remove_tree. */
+int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen);
+
+#endif
