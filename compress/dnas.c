@@ -238,7 +238,10 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     sp->depth = axes->depth;
     /* Hidden candidates: eighths of the parent from one half up, multiples of 8, that the tables cover. */
     sp->n_hidden = 0;
-    int cands[4], n_cands = axes->hidden ? cm_hidden_candidates(C, cands) : 0;
+    /* The target's weight type stores widths in blocks (tables' width_multiple): every
+     * choice keeps to it, so the result never falls back to another type. */
+    int block = tb->width_multiple > 1 ? tb->width_multiple : 1;
+    int cands[4], n_cands = axes->hidden ? cm_hidden_candidates_m(C, block, cands) : 0;
     for (int j = 0; j < n_cands; j++) {
         cm_prediction p;
         char e2[256];
@@ -253,7 +256,8 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     if (zero_heads || Hmax == 0)
         sp->heads[sp->n_heads++] = 0;
     for (int h = group; h <= Hmax && sp->n_heads < SEARCH_MAX_CHOICES; h += group)
-        sp->heads[sp->n_heads++] = h;
+        if ((h * parent->head_dim) % block == 0 || h == Hmax)
+            sp->heads[sp->n_heads++] = h;
     /* FFN widths in sixteenths, multiples of 8 below the parent's; 0 = MLP removed. */
     int zero_ffn = (axes->ffn || axes->depth) && !axes->no_removed_mlp;
     sp->n_ffn = 0;
@@ -263,6 +267,8 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         int f = j == 16 ? Fmax : (Fmax * j / 16) / 8 * 8;
         if (axes->ffn_multiple > 0 && j < 16)
             f = f / axes->ffn_multiple * axes->ffn_multiple;
+        if (j < 16)
+            f = f / block * block;
         if (f > 0 && (sp->n_ffn == 0 || f > sp->ffn[sp->n_ffn - 1]))
             sp->ffn[sp->n_ffn++] = f;
     }

@@ -85,8 +85,12 @@ void ps_axes(job_ctx *ctx, dnas_axes *a)
     size_t i;
     json_t *v;
     json_array_foreach(ex, i, v)
-        if (json_is_string(v) && n < 8)
+        if (json_is_string(v) && n < 7)
             formats[n++] = json_string_value(v);
+    /* llama.cpp serves the GGUF export: its graphs' rules hold whatever else is exported */
+    json_t *eng = spec_path(ctx, "target.engine");
+    if (json_is_string(eng) && !strcmp(json_string_value(eng), CM_ENGINE_LLAMACPP))
+        formats[n++] = "gguf";
     char err[256];
     eng_model *m = ps_parent(ctx, 0, err, sizeof err);
     if (m)

@@ -3,11 +3,16 @@
  * (LlamaForCausalLM when uniform, else DeciLM block_configs), "deci" (DeciLM always),
  * "gguf" (llama.cpp) — with the same storage/export.c code as `autocompress export`.
  * HF directories are published as .tar; each artifact's size, sha-256 and whether it
- * carries the parent's tokenizer go into export/manifest.json (also published), the events and the report. Weights: bf16.
+ * carries the parent's tokenizer go into export/manifest.json (also published), the events and the report. Weights: bf16,
+ * except the GGUF of a llama.cpp target: the measure stage's model.gguf at the target's
+ * weight type, byte for byte the file that was served and measured.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/model.h"
@@ -62,6 +67,30 @@ static json_t *publish(job_ctx *ctx, const char *name, const char *path, const c
     return e;
 }
 
+/* src copied to dst (replaced). 0, or -1 with err. */
+static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
+{
+    char tmp[4500];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "export: %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    int rc = fio_copy_into(src, fd);
+    if (rc == 0 && fsync(fd))
+        rc = -1;
+    if (close(fd))
+        rc = -1;
+    if (rc == 0 && rename(tmp, dst))
+        rc = -1;
+    if (rc) {
+        snprintf(err, errlen, "export: cannot copy %s to %s: %s", src, dst, strerror(errno));
+        (void)unlink(tmp);
+    }
+    return rc;
+}
+
 static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
 {
     json_t *spec = job_ctx_spec(ctx);
@@ -107,7 +136,17 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
         exp_result res;
         char path[4400], tarp[4400], name[64];
         json_t *e = NULL;
-        if (!strcmp(f, "gguf")) {
+        const char *served = !strcmp(f, "gguf") ? job_ctx_output(ctx, "measure", "model.gguf") : NULL;
+        if (served) {
+            /* a llama.cpp target: the file the measure stage served, at the target's type */
+            snprintf(path, sizeof path, "%s/model.gguf", dir);
+            if (copy_file(served, path, err, errlen) < 0 ||
+                exp_gguf_arch(&m.a, res.model_class, sizeof res.model_class, err, errlen) < 0)
+                goto out;
+            res.tokenizer = o.parent_path != NULL;
+            res.note[0] = 0;
+            e = publish(ctx, "model.gguf", path, "application/octet-stream", f, res.model_class, err, errlen);
+        } else if (!strcmp(f, "gguf")) {
             snprintf(path, sizeof path, "%s/model.gguf", dir);
             if (exp_gguf_write(&m, path, &o, &res, err, errlen) < 0)
                 goto out;

@@ -5,19 +5,130 @@
  * The result's shape is the first arch.json found in distill/, prune/, search/. Writes
  * measure.json (the same fragment, read by the export stage); the limit rows are the
  * report's (jobs/report.c computes them from these predicted/measured objects).
+ * A llama.cpp target is measured in llama.cpp, each model in a fresh helper process: the
+ * parent with random weights, the result as the GGUF the job exports (its own weights at
+ * the target's weight type, written here as model.gguf), and the report's "engine" names
+ * the engine, its version and build, the weight type and how many tensors fell back.
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "compress/costmodel.h"
+#include "compress/llamacpp.h"
 #include "compress/measure.h"
 #include "engine/devices.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
 #include "storage/archjson.h"
+#include "storage/ckpt.h"
+#include "storage/export.h"
+#include "storage/fileio.h"
 
-/* from jobs/stage_calibrate.c */
+/* ---------- llama.cpp: the GGUF the user downloads, served where they serve ---------- */
+
+/* The job's final weights as a GGUF at the target's weight type, path in out (the
+ * stage's model.gguf, which the export stage publishes). *fallbacks from the quantizer.
+ * 0, or -1 with err; 1 when there are no weights (a search-only job). */
+static int write_result_gguf(job_ctx *ctx, const cm_target *t, char *out, size_t cap, int *fallbacks,
+                             char *note, size_t notelen, char *err, size_t errlen)
+{
+    const char *src = job_ctx_output(ctx, "distill", "student");
+    if (!src)
+        src = job_ctx_output(ctx, "prune", "student");
+    if (!src)
+        return 1;
+    char dir[4096], f32[4400];
+    snprintf(dir, sizeof dir, "%s", src);
+    json_t *model = json_object_get(job_ctx_spec(ctx), "model");
+    exp_opts o = {.dtype = EXP_FP32, .parent_path = json_string_value(json_object_get(model, "path")),
+                  .parent_tokenizer = json_string_value(json_object_get(model, "tokenizer")),
+                  .name = job_ctx_id(ctx)};
+    snprintf(f32, sizeof f32, "%s/model.f32.gguf", job_ctx_stage_dir(ctx));
+    snprintf(out, cap, "%s/model.gguf", job_ctx_stage_dir(ctx));
+    eng_backend *be = eng_backend_cpu_new(t->threads);
+    if (!be) {
+        snprintf(err, errlen, "measure: out of memory");
+        return -1;
+    }
+    eng_model m;
+    exp_result res;
+    memset(&res, 0, sizeof res);
+    int rc = ckpt_load(dir, be, &m, err, errlen);
+    if (rc == 0) {
+        char e2[512];
+        rc = exp_gguf_write(&m, f32, &o, &res, e2, sizeof e2);
+        if (rc && o.parent_path) {   /* a vocabulary GGUF cannot carry: time the weights alone */
+            o.parent_path = NULL;
+            snprintf(note, notelen, "served without the parent's vocabulary (%s)", e2);
+            rc = exp_gguf_write(&m, f32, &o, &res, err, errlen);
+        } else if (rc) {
+            snprintf(err, errlen, "%s", e2);
+        }
+        eng_model_free(&m);
+    }
+    eng_backend_free(be);
+    if (rc == 0)
+        rc = lc_quantize(f32, out, t->precision, t->threads, fallbacks, err, errlen);
+    (void)unlink(f32);
+    return rc;
+}
+
+/* The engine object of the report: name, version, build, weight type, KV type, threads. */
+static json_t *engine_json(const cm_target *t, int fallbacks, const char *note)
+{
+    lc_info in;
+    char e[256];
+    if (lc_probe(&in, e, sizeof e))
+        return NULL;
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:s}", "name", CM_ENGINE_LLAMACPP, "version",
+                          in.package_version, "commit", in.ggml_commit, "precision", t->precision, "kv_cache_type",
+                          t->kv_cache_type, "threads", t->threads, "fallback_tensors", fallbacks, "engine_build",
+                          in.fingerprint);
+    if (o && note && *note)
+        json_object_set_new(o, "note", json_string(note));
+    return o;
+}
+
+/* Predicted (from tb) and measured (llama.cpp, fresh process) objects of arch a: the GGUF
+ * at gguf when given, else random weights in a scratch folder. NULL with err. */
+static json_t *measure_llama(const cm_tables *tb, const arch *a, const char *gguf, const cm_target *t, char *err,
+                             size_t errlen)
+{
+    cm_prediction p;
+    ms_result r;
+    lc_bench b;
+    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1};
+    int have_pred = tb && cm_predict(tb, a, &p, err, errlen) == 0;
+    if (gguf) {
+        if (lc_bench_gguf(gguf, t, &o, &b, err, errlen))
+            return NULL;
+    } else {
+        char dir[4096];
+        if (lc_scratch_dir(dir, sizeof dir, err, errlen))
+            return NULL;
+        int rc = lc_measure_arch(a, t, &o, dir, &b, err, errlen);
+        (void)fio_remove_tree(dir);
+        if (rc)
+            return NULL;
+    }
+    lc_bench_result(&b, t, &r);
+    json_t *meas = ms_result_to_json(&r, t);
+    if (meas)
+        json_object_set_new(meas, "llama_cpp_buffers",
+                            json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b.buf_model, "kv",
+                                      (json_int_t)b.buf_kv, "compute", (json_int_t)b.buf_compute, "output",
+                                      (json_int_t)b.buf_output));
+    lc_bench_free(&b);
+    json_t *out = json_pack("{s:I,s:o,s:s}", "params", (json_int_t)arch_params(a), "measured", meas, "weights",
+                            gguf ? "the exported GGUF" : "random");
+    if (out && have_pred) {
+        json_object_set_new(out, "predicted", cm_prediction_to_json(&p));
+        json_object_set_new(out, "naive_weights_plus_kv_bytes", json_integer(p.naive_bytes));
+    }
+    return out;
+}
 
 /* Predicted and measured objects of one arch; NULL with err on failure. */
 static json_t *measure_one(eng_backend *be, const cm_tables *tb, const arch *a, const cm_target *t, char *err,
@@ -74,11 +185,28 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
     err[0] = 0;
     int rc = -1;
     json_t *pj = NULL, *rj = NULL;
-    eng_backend *be = eng_backend_new(t.device, err, errlen);
-    if (!be)
+    int llama = cm_target_llamacpp(&t);
+    eng_backend *be = NULL;
+    json_t *engine = NULL;
+    char gguf[4400] = "", note[600] = "";
+    int fallbacks = 0;
+    if (llama) {
+        if (lc_target_resolve(&t, err, errlen))
+            goto out;
+        int w = have_result ? write_result_gguf(ctx, &t, gguf, sizeof gguf, &fallbacks, note, sizeof note, err,
+                                                errlen)
+                            : 1;
+        if (w < 0)
+            goto out;
+        if (w > 0)
+            gguf[0] = 0;
+        engine = engine_json(&t, fallbacks, note);
+    } else if (!(be = eng_backend_new(t.device, err, errlen))) {
         goto out;
+    }
     job_progress(ctx, 0, have_result ? 2 : 1);
-    pj = measure_one(be, have_tb ? &tb : NULL, &parent, &t, err, errlen);
+    pj = llama ? measure_llama(have_tb ? &tb : NULL, &parent, NULL, &t, err, errlen)
+               : measure_one(be, have_tb ? &tb : NULL, &parent, &t, err, errlen);
     if (!pj)
         goto out;
     if (job_cancelled(ctx)) {
@@ -87,12 +215,15 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
     }
     job_progress(ctx, 1, have_result ? 2 : 1);
     if (have_result) {
-        rj = measure_one(be, have_tb ? &tb : NULL, &result, &t, err, errlen);
+        rj = llama ? measure_llama(have_tb ? &tb : NULL, &result, *gguf ? gguf : NULL, &t, err, errlen)
+                   : measure_one(be, have_tb ? &tb : NULL, &result, &t, err, errlen);
         if (!rj)
             goto out;
         job_progress(ctx, 2, 2);
     }
     json_t *frag = json_pack("{s:O}", "parent", pj);
+    if (frag && engine)
+        json_object_set(frag, "engine", engine);
     if (rj) {
         json_object_set(frag, "result", rj);
         json_t *pred = json_object_get(rj, "predicted"), *meas = json_object_get(rj, "measured");
@@ -116,6 +247,7 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
     if (rc)
         snprintf(err, errlen, "measure: cannot merge the report");
 out:
+    json_decref(engine);
     json_decref(pj);
     json_decref(rj);
     if (have_tb)
