@@ -17,6 +17,7 @@
 #include <openssl/sha.h>
 
 #include "compress/costmodel_internal.h"
+#include "compress/llamacpp.h"
 #include "storage/archjson.h"
 #include "storage/fileio.h"
 
@@ -167,6 +168,10 @@ cm_est_status cm_estimate(const arch *a, const cm_target *tg, const char *data_d
                           size_t errlen)
 {
     *out = NULL;
+    cm_target resolved = *tg;   /* another engine: its threads and the build installed here */
+    if (lc_target_resolve(&resolved, err, errlen))
+        return CM_EST_UNCOVERED;
+    tg = &resolved;
     json_t *cal = cm_calibration_find(data_dir, tg, a);
     if (!cal) {
         char id[40];

@@ -1,0 +1,137 @@
+"""llama.cpp as the target engine, end to end through HTTP on stories260K (32 + 8 tokens,
+F32 weights, 2 threads):
+- POST /v1/calibrations with target.engine "llama.cpp" calibrates inside llama.cpp: the
+  calibration names the engine, its version and build, was made by the repeated-block
+  method, and its held-out archs were measured in llama.cpp (RSS of a fresh process);
+- POST /v1/estimates with the same target is answered from that calibration;
+- a job with a latency limit at 80% of the parent's llama.cpp prediction succeeds: its
+  report names the engine, its measured latency and memory come from llama.cpp's buffers,
+  the chosen arch is one llama.cpp's graphs run (layer 0 keeps attention, no attention
+  without an MLP), and the exported GGUF is byte for byte the file that was measured; the
+  downloaded GGUF, timed again in a fresh llama-cpp-python process, is printed beside it;
+- bad input: an unknown engine, a weight type llama.cpp lacks, a KV-cache type on the
+  built-in engine are 422 naming the pointer; a server where llama.cpp is missing refuses
+  a llama.cpp job with a 422 at /target/engine that says so."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import AC_BIN, MODEL, TOK, download, env, server, stories_spec, wait_terminal  # noqa: E402
+
+TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
+          "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
+
+
+def calibrate(s):
+    body = {"model": {"path": MODEL, "tokenizer": TOK}, "target": TARGET}
+    _, _, c = s.json("POST", "/v1/calibrations", body, expect=201)
+    t0 = time.time()
+    while True:
+        _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
+        if c["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        assert time.time() - t0 < 900, c
+    assert c["status"] == "succeeded", c
+    return c
+
+
+def main():
+    s = server()
+    try:
+        s.start()
+        _, _, eng = s.json("GET", "/v1/engines", expect=200)
+        names = {e["name"]: e for e in eng["engines"]}
+        assert names["llama.cpp"]["present"] is True, names
+        version = names["llama.cpp"]["version"]
+
+        # --- bad input
+        for tgt, ptr in (({**TARGET, "engine": "vllm-nope"}, "/target/engine"),
+                         ({**TARGET, "precision": "q3_k"}, "/target/precision"),
+                         ({"device": "cpu", "kv_cache_type": "q8_0"}, "/target/kv_cache_type"),
+                         ({"device": "cpu", "engine": "autocompress", "precision": "q8_0"}, "/target/precision")):
+            st, _, body = s.json("POST", "/v1/jobs", stories_spec(target=tgt))
+            assert st == 422, (tgt, st, body)
+            assert any(e.get("pointer") == ptr for e in body.get("errors", [])), (ptr, body)
+
+        # --- calibration inside llama.cpp
+        t0 = time.time()
+        cal = calibrate(s)
+        res = cal.get("result") or cal
+        print("calibration %s in %.0f s" % (cal["id"], time.time() - t0))
+        doc = res if "tables" in res else res.get("calibration", res)
+        tg = doc["target"]
+        assert tg["engine"] == "llama.cpp" and tg["precision"] == "f32" and tg["threads"] == 2, tg
+        assert tg["engine_build"].startswith("llama.cpp " + version), (tg, version)
+        assert doc["engine"]["version"] == version and doc["engine"]["build_flags"], doc["engine"]
+        assert "repeated blocks" in doc["cost"]["method"], doc["cost"]
+        v = doc["validation"]
+        assert v["archs"] >= 1 and "llama.cpp" in v["measured_memory"], v
+        print("held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), memory MAPE %.2f%% (max %.2f%%)"
+              % (v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"]))
+
+        # --- estimate from it
+        _, _, est = s.json("POST", "/v1/estimates", {"model": {"path": MODEL, "tokenizer": TOK},
+                                                     "target": TARGET}, expect=200)
+        lat = est["predicted"]["latency_ms"]
+        assert lat > 0 and est["calibration_id"] == cal["id"].replace("job_", "cal_") or \
+            est["calibration_id"].startswith("cal_"), est
+        limit = round(0.8 * lat, 6)
+
+        # --- a job served by llama.cpp
+        spec = stories_spec(target=TARGET, constraints={"latency_ms": limit}, export=["gguf"])
+        _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
+        fin = wait_terminal(s, job["id"], 1200)
+        assert fin["status"] == "succeeded", fin
+        _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
+        e = rep["engine"]
+        assert e["name"] == "llama.cpp" and e["version"] == version and e["precision"] == "f32", e
+        assert e["fallback_tensors"] == 0, e
+        m = rep["result"]["measured"]
+        assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
+        assert rep["result"]["weights"] == "the exported GGUF", rep["result"]
+        row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
+        assert row["measured"] == m["latency_ms"] and row["holds"] == (m["latency_ms"] <= limit), row
+        layers = rep["result"]["arch"]["layers"]
+        assert layers[0]["n_heads"] > 0, layers[0]
+        assert all(not (l["n_heads"] > 0 and l["ffn_dim"] == 0) for l in layers), layers
+        print("job: limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s"
+              % (limit, row["predicted"], row["measured"], row["holds"]))
+        _, gguf = download(s, job["id"], "model.gguf")
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "model.gguf")
+            with open(p, "wb") as f:
+                f.write(gguf)
+            helper = os.path.join(os.path.dirname(AC_BIN), "ac-llama")
+            out = subprocess.run([helper, "bench", p, "--threads", "2", "--prompt", "32", "--output", "8",
+                                  "--reps", "3"], capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stderr[-2000:]
+            b = json.loads(out.stdout)
+            lats = sorted(r["prefill_ms"] + sum(r["decode_ms"]) for r in b["reps"])
+            print("downloaded GGUF in a fresh llama.cpp process: median %.3f ms (report %.3f ms)"
+                  % (lats[len(lats) // 2], m["latency_ms"]))
+            print("sha-256 %s" % hashlib.sha256(gguf).hexdigest()[:16])
+    finally:
+        s.stop()
+
+    # --- llama.cpp missing from the machine
+    s2 = server(env={**env(), "AC_LLAMA_HELPER": "/nonexistent/ac-llama"})
+    try:
+        s2.start()
+        _, _, eng = s2.json("GET", "/v1/engines", expect=200)
+        lc = {e["name"]: e for e in eng["engines"]}["llama.cpp"]
+        assert lc["present"] is False and "not installed" in lc["reason"], lc
+        st, _, body = s2.json("POST", "/v1/jobs", stories_spec(target=TARGET))
+        assert st == 422 and any(e.get("pointer") == "/target/engine" and "not installed" in e.get("detail", "")
+                                 for e in body.get("errors", [])), body
+    finally:
+        s2.stop()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
