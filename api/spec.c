@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "compress/costmodel.h"
+#include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
 #include "storage/modelio.h"
@@ -344,6 +345,65 @@ static json_t *check_model(vctx *v, json_t *in)
     return out;
 }
 
+/* 1 when the engine of a (valid) target can run on this server: the built-in engine
+ * always, llama.cpp when its helper answers (lc_probe, cached once it has). Else a 422 at
+ * /target/engine with the reason, so that no job or calibration queues for an engine
+ * that cannot run here. The one presence check of every route that takes a target. */
+static int engine_present(vctx *v, const char *engine)
+{
+    if (strcmp(engine, CM_ENGINE_LLAMACPP))
+        return 1;
+    lc_info info;
+    char err[512];
+    if (lc_probe(&info, err, sizeof err) == 0)
+        return 1;
+    fault(v, 422, "/target/engine", "%s", err);
+    return 0;
+}
+
+/* The serving engine of target t: engine, precision, kv_cache_type and threads checked
+ * together by cm_engine_check (the one vocabulary of valid combinations; a fault names
+ * /target/<field>), then the engine's presence. Fills out with the engine always and
+ * its defaults: precision fp32 (autocompress), f16 weights and KV cache (llama.cpp),
+ * threads when given. */
+static void check_engine(vctx *v, json_t *t, json_t *out)
+{
+    json_t *eng = string_field(v, t, "/target", "engine", 64, 0);
+    json_t *prec = string_field(v, t, "/target", "precision", 64, 0);
+    json_t *kv = string_field(v, t, "/target", "kv_cache_type", 64, 0);
+    json_t *th = member(v, t, "/target", "threads", JSON_INTEGER, 0);
+    if (json_object_get(t, "engine_build"))
+        fault(v, 400, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
+    static const char *const fields[] = {"engine", "precision", "kv_cache_type", "threads", NULL};
+    json_t *got[] = {eng, prec, kv, th};
+    for (int i = 0; fields[i]; i++)
+        if (json_object_get(t, fields[i]) && !got[i])
+            return;   /* a shape fault already reported: the combination means nothing */
+    const char *engine = eng ? json_string_value(eng) : "";
+    json_int_t x = th ? int_value(th) : -1;
+    int threads = !th ? -1 : x < 0 ? 0 : x > 1025 ? 1025 : (int)x;
+    const char *field;
+    char why[256], at[64];
+    if (cm_engine_check(engine, prec ? json_string_value(prec) : NULL, kv ? json_string_value(kv) : NULL, threads,
+                        &field, why, sizeof why)) {
+        snprintf(at, sizeof at, "/target/%s", field);
+        if (!strcmp(field, "threads") && x != threads && !strcmp(engine, CM_ENGINE_LLAMACPP))
+            snprintf(why, sizeof why, "%lld threads: must be 1..1024 (omit it for every online CPU)", (long long)x);
+        fault(v, 422, at, "%s", why);
+        return;
+    }
+    int llama = !strcmp(engine, CM_ENGINE_LLAMACPP);
+    json_object_set_new(out, "engine", json_string(llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS));
+    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec)
+                                                      : llama ? CM_LLAMACPP_DEFAULT_PRECISION : "fp32"));
+    if (llama) {
+        json_object_set_new(out, "kv_cache_type", json_string(kv ? json_string_value(kv) : CM_LLAMACPP_DEFAULT_KV_TYPE));
+        if (th)
+            json_object_set_new(out, "threads", json_integer(threads));
+    }
+    engine_present(v, llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS);
+}
+
 static json_t *check_target(vctx *v, json_t *in, double *device_gib)
 {
     json_t *out = json_object();
@@ -351,7 +411,8 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     json_t *empty = json_object();
     if (!t)
         t = empty;
-    static const char *const keys[] = {"device", "precision", "workload", NULL};
+    static const char *const keys[] = {"device", "engine", "precision", "kv_cache_type", "threads", "engine_build",
+                                       "workload", NULL};
     only_keys(v, t, "/target", keys);
     json_t *dev = string_field(v, t, "/target", "device", 31, 0);
     const char *device = dev ? json_string_value(dev) : "cpu";
@@ -373,11 +434,7 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
         }
     }
     json_object_set_new(out, "device", json_string(name));
-    static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
-    json_t *prec = string_field(v, t, "/target", "precision", 16, 0);
-    if (prec && !one_of(json_string_value(prec), precisions))
-        fault(v, 422, "/target/precision", "must be one of fp32, bf16, fp16");
-    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec) : "fp32"));
+    check_engine(v, t, out);
     json_t *w = member(v, t, "/target", "workload", JSON_OBJECT, 0);
     json_t *wo = json_object();
     if (!w)
