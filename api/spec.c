@@ -394,10 +394,11 @@ static void check_engine(vctx *v, json_t *t, json_t *out)
     }
     int llama = !strcmp(engine, CM_ENGINE_LLAMACPP);
     json_object_set_new(out, "engine", json_string(llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS));
-    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec)
-                                                      : llama ? CM_LLAMACPP_DEFAULT_PRECISION : "fp32"));
+    const char *dflt = llama ? CM_LLAMACPP_DEFAULT_PRECISION : CM_AUTOCOMPRESS_DEFAULT_PRECISION;
+    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec) : dflt));
     if (llama) {
-        json_object_set_new(out, "kv_cache_type", json_string(kv ? json_string_value(kv) : CM_LLAMACPP_DEFAULT_KV_TYPE));
+        json_object_set_new(out, "kv_cache_type",
+                            json_string(kv ? json_string_value(kv) : CM_LLAMACPP_DEFAULT_KV_TYPE));
         if (th)
             json_object_set_new(out, "threads", json_integer(threads));
     }
