@@ -373,13 +373,17 @@ static void check_engine(vctx *v, json_t *t, json_t *out)
     json_t *kv = string_field(v, t, "/target", "kv_cache_type", 64, 0);
     json_t *th = member(v, t, "/target", "threads", JSON_INTEGER, 0);
     if (json_object_get(t, "engine_build"))
-        fault(v, 400, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
+        fault(v, 422, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
     static const char *const fields[] = {"engine", "precision", "kv_cache_type", "threads", NULL};
     json_t *got[] = {eng, prec, kv, th};
     for (int i = 0; fields[i]; i++)
         if (json_object_get(t, fields[i]) && !got[i])
             return;   /* a shape fault already reported: the combination means nothing */
-    const char *engine = eng ? json_string_value(eng) : "";
+    const char *engine = eng ? json_string_value(eng) : CM_ENGINE_AUTOCOMPRESS;
+    if (!*engine) {   /* the C target's "" means autocompress; a request names an engine */
+        fault(v, 422, "/target/engine", "must name an engine (autocompress, llama.cpp)");
+        return;
+    }
     json_int_t x = th ? int_value(th) : -1;
     int threads = !th ? -1 : x < 0 ? 0 : x > 1025 ? 1025 : (int)x;
     const char *field;

@@ -398,7 +398,9 @@ static void test_engine_faults(void **state)
     expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":\"4\"}"), 400, "/target/threads");
     expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":2.5}"), 400, "/target/threads");
     expect_fault(WITH_TARGET("{\"engine\":7}"), 400, "/target/engine");
-    expect_fault(WITH_TARGET("{\"engine_build\":\"llama.cpp x\"}"), 400, "/target/engine_build");
+    expect_fault(WITH_TARGET("{\"engine_build\":\"llama.cpp x\"}"), 422, "/target/engine_build");
+    expect_fault(WITH_TARGET("{\"engine\":\"\"}"), 422, "/target/engine");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"\"}"), 422, "/target/precision");
     /* the message names what the engine takes */
     int status;
     json_t *errors;
