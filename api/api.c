@@ -42,6 +42,7 @@ static const route routes[] = {
     {"GET", "/v1/calibrations/{id}", h_cal_get, 0, 0},
     {"POST", "/v1/estimates", h_estimates, 0, 1},
     {"GET", "/v1/devices", h_devices, 0, 0},
+    {"GET", "/v1/engines", h_engines, 0, 0},
     {"GET", "/healthz", h_healthz, 0, 0},
     {"GET", "/readyz", h_readyz, 0, 0},
     {"GET", "/metrics", h_metrics, 0, 0},

@@ -56,6 +56,7 @@ void h_cal_create(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_cal_get(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_estimates(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_devices(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_engines(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_healthz(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_readyz(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_metrics(api_ctx *, const api_req *, const char *const *, api_resp *);

@@ -1,6 +1,6 @@
 /* api/api_misc.c — the smaller resources: /v1/models (register a server path, or a URL
  * that the server's model fetcher downloads in the background),
- * /v1/devices, /v1/estimates (the cost model), /healthz,
+ * /v1/devices, /v1/engines, /v1/estimates (the cost model), /healthz,
  * /readyz and /openapi.yaml (embedded in the binary at build time).
  */
 #include "api/api_internal.h"
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "compress/costmodel.h"
+#include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
 #include "storage/fetch.h"
@@ -321,6 +322,28 @@ void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_
     api_json(resp, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));
 }
 
+/* GET /v1/engines: the serving engines a target can name, what each takes, and whether it
+ * can run here (llama.cpp: its helper's build, or why it is absent). The built-in engine
+ * runs on the devices of /v1/devices. */
+void h_engines(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    (void)ctx;
+    (void)req;
+    (void)params;
+    json_t *builtin = json_pack("{s:s,s:b,s:o,s:s,s:s}", "name", CM_ENGINE_AUTOCOMPRESS, "present", 1, "precisions",
+                                cm_words_json(CM_AUTOCOMPRESS_PRECISIONS), "default_precision",
+                                CM_AUTOCOMPRESS_DEFAULT_PRECISION, "devices", "see /v1/devices");
+    json_t *llama = lc_engine_json();
+    json_t *body = builtin && llama ? json_pack("{s:[O,O]}", "engines", builtin, llama) : NULL;
+    json_decref(builtin);
+    json_decref(llama);
+    if (!body) {
+        api_problem(resp, 503, "out_of_memory", "out of memory; retry", NULL);
+        return;
+    }
+    api_json(resp, 200, body);
+}
+
 void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
     (void)params;
@@ -347,7 +370,10 @@ void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, ap
         json_decref(r);
         return;
     }
-    if (cm_target_from_json(json_object_get(r, "target"), "/target", &tg, err, sizeof err)) {
+    /* llama.cpp's calibrations are keyed by the threads and the build that measured them:
+     * the target is completed as calibration completes it, or none would ever be found */
+    if (cm_target_from_json(json_object_get(r, "target"), "/target", &tg, err, sizeof err) ||
+        lc_target_resolve(&tg, err, sizeof err)) {
         api_problem(resp, 422, "unprocessable_spec", err, NULL);
     } else {
         json_t *est = NULL;

@@ -2,21 +2,20 @@
  * appends {pointer, message} and raises the response status by severity (403 path
  * confinement > 400 shape and types > 422 values), so one response lists every fault.
  * Limits here are sanity bounds for a single-host service, documented in openapi.yaml.
+ * Server paths are confined to the roots by spec_path.c.
  */
 #include "api/spec.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "compress/costmodel.h"
+#include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "storage/archjson.h"
 #include "storage/modelio.h"
@@ -191,192 +190,6 @@ static int one_of(const char *s, const char *const *list)
 
 /* ---- paths ------------------------------------------------------------------------- */
 
-static int under(const char *p, const char *root)
-{
-    size_t n = strlen(root);
-    if (n == 1 && root[0] == '/')
-        return p[0] == '/';
-    return !strncmp(p, root, n) && (p[n] == '/' || p[n] == 0);
-}
-
-static int under_any(const spec_env *env, const char *p)
-{
-    for (int i = 0; i < env->n_roots; i++)
-        if (under(p, env->roots[i]))
-            return 1;
-    return 0;
-}
-
-/* Lexically normalize an absolute path (drop "." and empty components). */
-static void lex_norm(const char *in, char *out, size_t n)
-{
-    size_t k = 0;
-    const char *p = in;
-    while (*p && k + 2 < n) {
-        while (*p == '/')
-            p++;
-        const char *e = strchr(p, '/');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == 0)
-            break;
-        if (!(len == 1 && p[0] == '.')) {
-            if (k + 1 + len + 1 >= n)
-                break;
-            out[k++] = '/';
-            memcpy(out + k, p, len);
-            k += len;
-        }
-        p += len;
-    }
-    if (k == 0)
-        out[k++] = '/';
-    out[k] = 0;
-}
-
-static int has_dotdot(const char *path)
-{
-    const char *p = path;
-    while (*p) {
-        const char *e = strchr(p, '/');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == 2 && p[0] == '.' && p[1] == '.')
-            return 1;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    return 0;
-}
-
-/* What `p` (absolute, normalized) names once every symlink is followed, also where the
- * end of the chain does not exist: realpath of the deepest existing prefix plus the rest,
- * a dangling link followed to its target. So a link pointing outside the roots is known
- * as such whether or not its target exists. 0, or -1 (loop, too long). */
-static int resolve_lenient(const char *p, char *out, size_t n, int depth)
-{
-    char real[PATH_MAX];
-    if (realpath(p, real))
-        return snprintf(out, n, "%s", real) >= (int)n ? -1 : 0;
-    if (depth > 40 || strlen(p) >= PATH_MAX)
-        return -1;
-    struct stat lst;
-    char next[2 * PATH_MAX];
-    if (lstat(p, &lst) == 0 && S_ISLNK(lst.st_mode)) {
-        char t[PATH_MAX];
-        ssize_t k = readlink(p, t, sizeof t - 1);
-        if (k < 0)
-            return -1;
-        t[k] = 0;
-        if (t[0] == '/') {
-            snprintf(next, sizeof next, "%s", t);
-        } else {
-            const char *slash = strrchr(p, '/');
-            snprintf(next, sizeof next, "%.*s/%s", (int)(slash - p), p, t);
-        }
-        return resolve_lenient(next, out, n, depth + 1);
-    }
-    const char *slash = strrchr(p, '/');
-    if (!slash)
-        return -1;
-    const char *base = slash + 1;
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%.*s", slash == p ? 1 : (int)(slash - p), p);
-    if (resolve_lenient(parent, next, sizeof next, depth + 1))
-        return -1;
-    if (!strcmp(base, "..")) {
-        char *s2 = strrchr(next, '/');
-        if (s2)
-            *(s2 == next ? s2 + 1 : s2) = 0;
-        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
-    }
-    if (!base[0] || !strcmp(base, "."))
-        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
-    return snprintf(out, n, "%s/%s", strcmp(next, "/") ? next : "", base) >= (int)n ? -1 : 0;
-}
-
-/* One answer for every path that is not the caller's to read, whether or not it exists. */
-#define OUTSIDE_ROOTS "the path is outside the allowed roots (see --data-root)"
-
-int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t outlen,
-                      char *msg, size_t msglen)
-{
-    if (!path[0]) {
-        snprintf(msg, msglen, "the path is empty");
-        return 422;
-    }
-    if (has_dotdot(path)) {
-        snprintf(msg, msglen, "'..' is not allowed in server paths");
-        return 403;
-    }
-    if (strlen(path) > 3000) {
-        snprintf(msg, msglen, "the path is too long");
-        return 422;
-    }
-    /* Candidates: an absolute path as is; a relative one against the data dir, then each
-     * root. */
-    char cand[8][4096];
-    int nc = 0;
-    if (path[0] == '/') {
-        lex_norm(path, cand[nc++], sizeof cand[0]);
-    } else {
-        char base[4096], tmp[8192];
-        if (env->data_dir && realpath(env->data_dir, base)) {
-            snprintf(tmp, sizeof tmp, "%s/%s", base, path);
-            lex_norm(tmp, cand[nc++], sizeof cand[0]);
-        }
-        for (int i = 0; i < env->n_roots && nc < 8; i++) {
-            snprintf(tmp, sizeof tmp, "%s/%s", env->roots[i], path);
-            lex_norm(tmp, cand[nc++], sizeof cand[0]);
-        }
-    }
-    /* What decides is where a candidate resolves, links followed (dangling ones too): an
-     * absolute path outside the roots gets the same 403 whether it exists or not, and one
-     * that reaches a root through a link (a root that is itself a link, say) is inside. */
-    int inside = 0, escaped = 0;
-    for (int i = 0; i < nc; i++) {
-        char real[PATH_MAX];
-        struct stat lst;
-        if (resolve_lenient(cand[i], real, sizeof real, 0) || !under_any(env, real)) {
-            /* outside every root: directly, or through a link, existing or not; a relative
-             * path's data-dir candidate counts only when something is there */
-            if (path[0] == '/' || under_any(env, cand[i]) || lstat(cand[i], &lst) == 0)
-                escaped = 1;
-            continue;
-        }
-        inside = 1;
-        struct stat st;
-        if (stat(real, &st) != 0)
-            continue;
-        /* What is read is the real path, inside a root: also when the path reaches it
-         * through a link to a root (a root that is itself a symlink, say). */
-        if (access(real, R_OK) != 0) {
-            snprintf(msg, msglen, "the path is not readable by the server: %s", strerror(errno));
-            return 422;
-        }
-        if (snprintf(out, outlen, "%s", real) >= (int)outlen) {
-            snprintf(msg, msglen, "the path is too long");
-            return 422;
-        }
-        return 0;
-    }
-    if (escaped || !inside) {
-        snprintf(msg, msglen, OUTSIDE_ROOTS);
-        return 403;
-    }
-    snprintf(msg, msglen, "no such file or directory inside the allowed roots");
-    return 422;
-}
-
-const char *spec_file_kind(const char *resolved)
-{
-    struct stat st;
-    if (stat(resolved, &st))
-        return "missing";
-    return S_ISREG(st.st_mode) ? NULL : S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-           : S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-           : "a special file";
-}
-
 /* A path-valued string member: resolved and stored into out[key]. want_file: it must
  * name a regular file (never a FIFO or device, which could block the reader). */
 static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, int required, int want_file,
@@ -532,6 +345,70 @@ static json_t *check_model(vctx *v, json_t *in)
     return out;
 }
 
+/* 1 when the engine of a (valid) target can run on this server: the built-in engine
+ * always, llama.cpp when its helper answers (lc_probe, cached once it has). Else a 422 at
+ * /target/engine with the reason, so that no job or calibration queues for an engine
+ * that cannot run here. The one presence check of every route that takes a target. */
+static int engine_present(vctx *v, const char *engine)
+{
+    if (strcmp(engine, CM_ENGINE_LLAMACPP))
+        return 1;
+    lc_info info;
+    char err[512];
+    if (lc_probe(&info, err, sizeof err) == 0)
+        return 1;
+    fault(v, 422, "/target/engine", "%s", err);
+    return 0;
+}
+
+/* The serving engine of target t: engine, precision, kv_cache_type and threads checked
+ * together by cm_engine_check (the one vocabulary of valid combinations; a fault names
+ * /target/<field>), then the engine's presence. Fills out with the engine always and
+ * its defaults: precision fp32 (autocompress), f16 weights and KV cache (llama.cpp),
+ * threads when given. */
+static void check_engine(vctx *v, json_t *t, json_t *out)
+{
+    json_t *eng = string_field(v, t, "/target", "engine", 64, 0);
+    json_t *prec = string_field(v, t, "/target", "precision", 64, 0);
+    json_t *kv = string_field(v, t, "/target", "kv_cache_type", 64, 0);
+    json_t *th = member(v, t, "/target", "threads", JSON_INTEGER, 0);
+    if (json_object_get(t, "engine_build"))
+        fault(v, 422, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
+    static const char *const fields[] = {"engine", "precision", "kv_cache_type", "threads", NULL};
+    json_t *got[] = {eng, prec, kv, th};
+    for (int i = 0; fields[i]; i++)
+        if (json_object_get(t, fields[i]) && !got[i])
+            return;   /* a shape fault already reported: the combination means nothing */
+    const char *engine = eng ? json_string_value(eng) : CM_ENGINE_AUTOCOMPRESS;
+    if (!*engine) {   /* the C target's "" means autocompress; a request names an engine */
+        fault(v, 422, "/target/engine", "must name an engine (autocompress, llama.cpp)");
+        return;
+    }
+    json_int_t x = th ? int_value(th) : -1;
+    int threads = !th ? -1 : x < 0 ? 0 : x > 1025 ? 1025 : (int)x;
+    const char *field;
+    char why[256], at[64];
+    if (cm_engine_check(engine, prec ? json_string_value(prec) : NULL, kv ? json_string_value(kv) : NULL, threads,
+                        &field, why, sizeof why)) {
+        snprintf(at, sizeof at, "/target/%s", field);
+        if (!strcmp(field, "threads") && x != threads && !strcmp(engine, CM_ENGINE_LLAMACPP))
+            snprintf(why, sizeof why, "%lld threads: must be 1..1024 (omit it for every online CPU)", (long long)x);
+        fault(v, 422, at, "%s", why);
+        return;
+    }
+    int llama = !strcmp(engine, CM_ENGINE_LLAMACPP);
+    json_object_set_new(out, "engine", json_string(llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS));
+    const char *dflt = llama ? CM_LLAMACPP_DEFAULT_PRECISION : CM_AUTOCOMPRESS_DEFAULT_PRECISION;
+    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec) : dflt));
+    if (llama) {
+        json_object_set_new(out, "kv_cache_type",
+                            json_string(kv ? json_string_value(kv) : CM_LLAMACPP_DEFAULT_KV_TYPE));
+        if (th)
+            json_object_set_new(out, "threads", json_integer(threads));
+    }
+    engine_present(v, llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS);
+}
+
 static json_t *check_target(vctx *v, json_t *in, double *device_gib)
 {
     json_t *out = json_object();
@@ -539,7 +416,8 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     json_t *empty = json_object();
     if (!t)
         t = empty;
-    static const char *const keys[] = {"device", "precision", "workload", NULL};
+    static const char *const keys[] = {"device", "engine", "precision", "kv_cache_type", "threads", "engine_build",
+                                       "workload", NULL};
     only_keys(v, t, "/target", keys);
     json_t *dev = string_field(v, t, "/target", "device", 31, 0);
     const char *device = dev ? json_string_value(dev) : "cpu";
@@ -561,11 +439,7 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
         }
     }
     json_object_set_new(out, "device", json_string(name));
-    static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
-    json_t *prec = string_field(v, t, "/target", "precision", 16, 0);
-    if (prec && !one_of(json_string_value(prec), precisions))
-        fault(v, 422, "/target/precision", "must be one of fp32, bf16, fp16");
-    json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec) : "fp32"));
+    check_engine(v, t, out);
     json_t *w = member(v, t, "/target", "workload", JSON_OBJECT, 0);
     json_t *wo = json_object();
     if (!w)

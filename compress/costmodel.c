@@ -59,6 +59,23 @@ static int in_list(const char *w, const char *list)
     return 0;
 }
 
+json_t *cm_words_json(const char *list)
+{
+    json_t *a = json_array();
+    for (const char *p = list; a && *p;) {
+        const char *e = strchr(p, ' ');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k && json_array_append_new(a, json_stringn(p, k))) {
+            json_decref(a);
+            return NULL;
+        }
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return a;
+}
+
 int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads,
                     const char **field, char *why, size_t whylen)
 {
@@ -148,7 +165,7 @@ void cm_target_default(cm_target *t)
 {
     memset(t, 0, sizeof *t);
     snprintf(t->device, sizeof t->device, "cpu");
-    snprintf(t->precision, sizeof t->precision, "fp32");
+    snprintf(t->precision, sizeof t->precision, CM_AUTOCOMPRESS_DEFAULT_PRECISION);
     snprintf(t->engine, sizeof t->engine, CM_ENGINE_AUTOCOMPRESS);
     t->batch_size = CM_DEFAULT_BATCH;
     t->prompt_tokens = CM_DEFAULT_PROMPT_TOKENS;
@@ -185,7 +202,8 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
         FAIL("%s/%s: %s", ptr, field, why);
     int llama = cm_target_llamacpp(t);
     if (!*t->precision)
-        snprintf(t->precision, sizeof t->precision, "%s", llama ? CM_LLAMACPP_DEFAULT_PRECISION : "fp32");
+        snprintf(t->precision, sizeof t->precision, "%s",
+                 llama ? CM_LLAMACPP_DEFAULT_PRECISION : CM_AUTOCOMPRESS_DEFAULT_PRECISION);
     if (llama && !*t->kv_cache_type)
         snprintf(t->kv_cache_type, sizeof t->kv_cache_type, CM_LLAMACPP_DEFAULT_KV_TYPE);
     t->threads = threads > 0 ? threads : 0;

@@ -43,6 +43,7 @@ typedef struct {
 #define CM_ENGINE_AUTOCOMPRESS "autocompress"
 #define CM_ENGINE_LLAMACPP "llama.cpp"
 #define CM_AUTOCOMPRESS_PRECISIONS "fp32 bf16 fp16"
+#define CM_AUTOCOMPRESS_DEFAULT_PRECISION "fp32"
 #define CM_LLAMACPP_PRECISIONS "f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k"
 #define CM_LLAMACPP_KV_TYPES "f16 f32 bf16 q8_0 q4_0"
 #define CM_LLAMACPP_DEFAULT_PRECISION "f16"
@@ -57,6 +58,10 @@ int cm_target_llamacpp(const cm_target *t);
  * why. One vocabulary for the spec validator and the target parser. */
 int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads,
                     const char **field, char *why, size_t whylen);
+
+/* The words of one of the lists above as a JSON array of strings, for the answers that
+ * show an engine's vocabulary. New reference; NULL on OOM. */
+json_t *cm_words_json(const char *list);
 
 /* The width every weight matrix's input dimension must be a multiple of for the target's
  * weight type to store it in that type: 32 for q8_0 / q4_0, 256 for the K-quants, 1

@@ -230,27 +230,13 @@ int lc_probe(lc_info *info, char *err, size_t errlen)
     return 0;
 }
 
-/* A space-separated list as a JSON array of strings. */
-static json_t *words(const char *list)
-{
-    json_t *a = json_array();
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *save = NULL, *w = strtok_r(buf, " ", &save); a && w; w = strtok_r(NULL, " ", &save))
-        if (json_array_append_new(a, json_string(w))) {
-            json_decref(a);
-            return NULL;
-        }
-    return a;
-}
-
 json_t *lc_engine_json(void)
 {
     lc_info in;
     char e[512];
     int ok = lc_probe(&in, e, sizeof e) == 0;
     json_t *o = json_pack("{s:s,s:b,s:o,s:o,s:s}", "name", CM_ENGINE_LLAMACPP, "present", ok, "precisions",
-                          words(CM_LLAMACPP_PRECISIONS), "kv_cache_types", words(CM_LLAMACPP_KV_TYPES),
+                          cm_words_json(CM_LLAMACPP_PRECISIONS), "kv_cache_types", cm_words_json(CM_LLAMACPP_KV_TYPES),
                           "default_precision", CM_LLAMACPP_DEFAULT_PRECISION);
     if (!o)
         return NULL;

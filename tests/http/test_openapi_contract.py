@@ -114,6 +114,7 @@ def main():
         call("GET", "/metrics")
         call("GET", "/openapi.yaml")
         call("GET", "/v1/devices")
+        call("GET", "/v1/engines")
         _, _, job = call("POST", "/v1/jobs", test_spec(["test_artifact", "test_sleep"], x_test_sleep_ms=300,
                                                       x_test_artifact_bytes=100000, name="c", metadata={"a": "b"}),
                          {"Idempotency-Key": "k1"})
@@ -166,6 +167,9 @@ def main():
         call("GET", "/v1/calibrations")
         call("POST", "/v1/calibrations", {"target": {}})
         call("POST", "/v1/estimates", {"model": {"path": "models/tiny.bin"}, "target": {"device": "cpu"}})
+        call("POST", "/v1/jobs", test_spec(["test_sleep"], target={"engine": "nonsense"}))
+        call("POST", "/v1/calibrations", {"model": {"id": m["id"]}, "target": {"engine": "autocompress",
+                                                                              "kv_cache_type": "f16"}})
         call("GET", "/v1/nowhere") if False else None
         assert s.stop() == 0
     print("ok: %d responses validated against %d documented operations" % (len(checked), len(documented)))

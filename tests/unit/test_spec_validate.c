@@ -1,6 +1,8 @@
 /* tests/unit/test_spec_validate.c — the constraint spec v1 validator (api/spec.c):
  * defaults, unknown fields, types, ranges, contradictions, devices, the status ranking
- * (403 > 400 > 422) and server-path confinement (`..`, outside, symlink escape, missing).
+ * (403 > 400 > 422), server-path confinement (`..`, outside, symlink escape, missing) and
+ * the target's engine (combinations, defaults, llama.cpp absent: a helper that does not
+ * exist, then a fake one that answers `info`, in that order: a success is cached).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -132,6 +134,9 @@ static void test_defaults(void **state)
     json_t *t = json_object_get(s, "target");
     assert_string_equal(json_string_value(json_object_get(t, "device")), "cpu");
     assert_string_equal(json_string_value(json_object_get(t, "precision")), "fp32");
+    assert_string_equal(json_string_value(json_object_get(t, "engine")), "autocompress");
+    assert_null(json_object_get(t, "kv_cache_type"));
+    assert_null(json_object_get(t, "threads"));
     assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "workload"), "prompt_tokens")), 256);
     assert_string_equal(json_string_value(json_object_get(s, "method")), "autocompress");
     assert_true(json_is_true(json_object_get(json_object_get(s, "search_space"), "depth")));
@@ -370,6 +375,127 @@ static void test_calibration_request(void **state)
     json_decref(errors);
 }
 
+#define WITH_TARGET(t) "{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":" t "}"
+
+/* Combinations the engines do not take: each a fault at the field, whether or not
+ * llama.cpp is installed (the vocabulary is checked before the engine's presence). */
+static void test_engine_faults(void **state)
+{
+    (void)state;
+    expect_fault(WITH_TARGET("{\"engine\":\"nonsense\"}"), 422, "/target/engine");
+    expect_fault(WITH_TARGET("{\"engine\":\"vllm\",\"precision\":\"fp32\"}"), 422, "/target/engine");
+    expect_fault(WITH_TARGET("{\"engine\":\"autocompress\",\"precision\":\"q8_0\"}"), 422, "/target/precision");
+    expect_fault(WITH_TARGET("{\"precision\":\"f16\"}"), 422, "/target/precision");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"q3_k\"}"), 422, "/target/precision");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"fp32\"}"), 422, "/target/precision");
+    expect_fault(WITH_TARGET("{\"kv_cache_type\":\"f16\"}"), 422, "/target/kv_cache_type");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"kv_cache_type\":\"q2_k\"}"), 422, "/target/kv_cache_type");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":0}"), 422, "/target/threads");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":-3}"), 422, "/target/threads");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":1025}"), 422, "/target/threads");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":5000000000}"), 422, "/target/threads");
+    expect_fault(WITH_TARGET("{\"threads\":4}"), 422, "/target/threads");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":\"4\"}"), 400, "/target/threads");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"threads\":2.5}"), 400, "/target/threads");
+    expect_fault(WITH_TARGET("{\"engine\":7}"), 400, "/target/engine");
+    expect_fault(WITH_TARGET("{\"engine_build\":\"llama.cpp x\"}"), 422, "/target/engine_build");
+    expect_fault(WITH_TARGET("{\"engine\":\"\"}"), 422, "/target/engine");
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"\"}"), 422, "/target/precision");
+    /* the message names what the engine takes */
+    int status;
+    json_t *errors;
+    assert_null(run(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"q3_k\"}"), 0, &status, &errors));
+    const char *msg = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
+    assert_non_null(strstr(msg, "q4_k_m"));
+    json_decref(errors);
+}
+
+/* The same target through the three routes that take one: every one refuses it with the
+ * same pointer, status and message. */
+static void expect_engine_absent(const char *target)
+{
+    char text[1024];
+    spec_env env = env_of(0);
+    const char *bodies[3] = {"{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":%s}",
+                             "{" OK_MODEL ",\"target\":%s}", "{" OK_MODEL ",\"target\":%s}"};
+    for (int route = 0; route < 3; route++) {
+        snprintf(text, sizeof text, bodies[route], target);
+        json_t *in = json_loads(text, 0, NULL), *errors = NULL;
+        assert_non_null(in);
+        int status = 0;
+        json_t *s = route == 0 ? spec_validate(in, &env, &status, &errors)
+                    : route == 1 ? spec_validate_calibration(in, &env, &status, &errors)
+                                 : spec_validate_estimate(in, &env, &status, &errors);
+        json_decref(in);
+        assert_null(s);
+        assert_int_equal(status, 422);
+        assert_true(has_pointer(errors, "/target/engine"));
+        const char *msg = json_string_value(json_object_get(json_array_get(errors, 0), "message"));
+        if (!strstr(msg, "not installed"))
+            fail_msg("route %d: %s", route, msg);
+        json_decref(errors);
+    }
+}
+
+/* llama.cpp not installed (a helper that is not there): a valid llama.cpp target is a 422
+ * at /target/engine when it is posted; the built-in engine is unaffected. Runs before any
+ * successful probe (lc_probe caches one). */
+static void test_engine_absent(void **state)
+{
+    (void)state;
+    assert_int_equal(setenv("AC_LLAMA_HELPER", "/nonexistent/ac-llama", 1), 0);
+    expect_engine_absent("{\"engine\":\"llama.cpp\"}");
+    expect_engine_absent("{\"engine\":\"llama.cpp\",\"precision\":\"q4_k_m\",\"threads\":2}");
+    int status;
+    json_t *errors;
+    json_t *s = run(WITH_TARGET("{\"engine\":\"autocompress\",\"precision\":\"bf16\"}"), 0, &status, &errors);
+    assert_non_null(s);
+    json_decref(s);
+}
+
+/* llama.cpp installed (a fake helper that answers `info`): a valid target is normalized
+ * with the engine's defaults, f16 weights and KV cache, and threads only when given. */
+static void test_engine_llamacpp(void **state)
+{
+    (void)state;
+    char helper[PATH_MAX + 32];
+    snprintf(helper, sizeof helper, "%s/ac-llama", dir);
+    FILE *f = fopen(helper, "w");
+    assert_non_null(f);
+    fputs("#!/bin/sh\necho '{\"ggml_version\":\"0.0.1\",\"ggml_commit\":\"test\",\"package_version\":\"0.0-test\","
+          "\"build_flags\":\"\",\"system_info\":\"test\"}'\n", f);
+    fclose(f);
+    assert_int_equal(chmod(helper, 0755), 0);
+    assert_int_equal(setenv("AC_LLAMA_HELPER", helper, 1), 0);
+    int status;
+    json_t *errors;
+    json_t *s = run(WITH_TARGET("{\"engine\":\"llama.cpp\"}"), 0, &status, &errors);
+    if (!s) {
+        char *e = json_dumps(errors, 0);
+        fail_msg("rejected: %s", e);
+    }
+    json_t *t = json_object_get(s, "target");
+    assert_string_equal(json_string_value(json_object_get(t, "engine")), "llama.cpp");
+    assert_string_equal(json_string_value(json_object_get(t, "precision")), "f16");
+    assert_string_equal(json_string_value(json_object_get(t, "kv_cache_type")), "f16");
+    assert_null(json_object_get(t, "threads"));
+    assert_null(json_object_get(t, "engine_build"));
+    assert_string_equal(json_string_value(json_object_get(t, "device")), "cpu");
+    json_decref(s);
+    s = run(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"q4_k_m\",\"kv_cache_type\":\"q8_0\","
+                        "\"threads\":3,\"workload\":{\"batch_size\":2}}"), 0, &status, &errors);
+    assert_non_null(s);
+    t = json_object_get(s, "target");
+    assert_string_equal(json_string_value(json_object_get(t, "precision")), "q4_k_m");
+    assert_string_equal(json_string_value(json_object_get(t, "kv_cache_type")), "q8_0");
+    assert_int_equal(json_integer_value(json_object_get(t, "threads")), 3);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "workload"), "batch_size")), 2);
+    json_decref(s);
+    /* the combination is still checked once the engine is here */
+    expect_fault(WITH_TARGET("{\"engine\":\"llama.cpp\",\"precision\":\"bf16\",\"kv_cache_type\":\"f8\"}"), 422,
+                 "/target/kv_cache_type");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +508,9 @@ int main(void)
         cmocka_unit_test(test_test_fields),
         cmocka_unit_test(test_callback_url),
         cmocka_unit_test(test_calibration_request),
+        cmocka_unit_test(test_engine_faults),
+        cmocka_unit_test(test_engine_absent),
+        cmocka_unit_test(test_engine_llamacpp),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
