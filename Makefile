@@ -54,11 +54,31 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 TOOL_SRCS := $(wildcard tests/tools/*.c bench/*/*.c)
 TOOL_BINS := $(addprefix $(BUILD)/tools/,$(notdir $(TOOL_SRCS:.c=)))
 
-.PHONY: all run test test-slow test-sanitize deps clean fuzz lint
-all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS)
+# llama.cpp (the llama.cpp target engine): headers and libraries of the pinned PyPI
+# llama-cpp-python in the project venv, found lazily by scripts/llamacpp.sh.
+LLAMA_PREFIX = $(eval LLAMA_PREFIX := $(shell scripts/llamacpp.sh --prefix))$(LLAMA_PREFIX)
+
+.PHONY: all run test test-slow test-sanitize deps clean fuzz lint llamacpp llamacpp-if-present
+all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS) llamacpp-if-present
 
 deps:
 	@scripts/install-deps.sh
+	@scripts/llamacpp.sh install
+
+# The helper program ac-llama (llamacpp/ac_llama.c) beside the binary, when llama.cpp is
+# installed; without it the product reports llama.cpp as absent (GET /v1/engines).
+llamacpp-if-present:
+	@if [ -n "$(LLAMA_PREFIX)" ]; then $(MAKE) --no-print-directory $(BUILD)/ac-llama; fi
+llamacpp:
+	@[ -n "$(LLAMA_PREFIX)" ] || { echo "llama.cpp is not installed (run: scripts/llamacpp.sh install)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory $(BUILD)/ac-llama
+$(BUILD)/ac-llama: llamacpp/ac_llama.c engine/clock.c engine/clock.h engine/rng.h | $(BUILD)/.pkg-flags
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS) -I$(LLAMA_PREFIX)/include \
+	    -DAC_LLAMA_PACKAGE_VERSION='"$(shell scripts/llamacpp.sh --version)"' \
+	    -DAC_LLAMA_BUILD_FLAGS='"$(shell scripts/llamacpp.sh --build-flags)"' \
+	    $(LDFLAGS) -o $@ llamacpp/ac_llama.c engine/clock.c -L$(LLAMA_PREFIX)/llama_cpp/lib \
+	    -Wl,-rpath,$(LLAMA_PREFIX)/llama_cpp/lib -lllama -lggml -lggml-base $(PKG_LIBS) -lm
 
 # Every object waits for this check: without the packages' flags the build would fail
 # later with a missing header or undefined references that do not say why.

@@ -264,58 +264,91 @@ static void diff_times(const lc_times *rep, const lc_times *base, const lc_times
         out->bin[k] = (rep->bin[k] - base->bin[k]) / LC_COPIES - (minus ? minus->bin[k] : 0);
 }
 
+static double med3(double a, double b, double c)
+{
+    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+}
+
+/* Per phase and bin, the median of three servings. */
+static void median3(const lc_times *t, lc_times *out, int n_bins)
+{
+    out->pre = med3(t[0].pre, t[1].pre, t[2].pre);
+    for (int k = 0; k < n_bins; k++)
+        out->bin[k] = med3(t[0].bin[k], t[1].bin[k], t[2].bin[k]);
+}
+
 /* The tables of one hidden size: base, MLP entries, attention entries. */
 static int tables_at(lc_cal *c, int hi, cm_tables *tb, char *err, size_t errlen)
 {
     int H = c->hid[hi], L = 1 + LC_COPIES;
     int heads[1 + LC_COPIES], kv[1 + LC_COPIES], ffn[1 + LC_COPIES];
     arch a;
-    lc_times base, rep, d, mlp_min = {0};
+    lc_times base, d, mlp_min = {0};
     int64_t ws_base = 0, ws;
     heads[0] = c->ah[0];
     kv[0] = c->akv[0];
     ffn[0] = c->fw[0];
-    if (make_arch(c->parent, H, 1, heads, kv, ffn, &a))
+    /* Every entry is a difference against the base: it is served three times, before,
+     * between and after the entries' models, and its median taken per phase and bin, so
+     * that one slow moment does not shift every entry of the hidden size. */
+    arch base_arch;
+    lc_times bs[3];
+    int rc;
+    if (make_arch(c->parent, H, 1, heads, kv, ffn, &base_arch))
         FAIL("out of memory");
-    int rc = serve(c, &a, c->o.reps, &base, NULL, &ws_base, err, errlen);
-    arch_free(&a);
-    if (rc || tick(c, "llama.cpp base block", err, errlen))
+    if (serve(c, &base_arch, c->o.reps, &bs[0], NULL, &ws_base, err, errlen) ||
+        tick(c, "llama.cpp base block", err, errlen)) {
+        arch_free(&base_arch);
         return -1;
+    }
+    lc_times rt[64 + 64];   /* the entries' raw times: MLPs, then attentions */
+    int n_rt = 0, half = (c->nF + c->nA) / 2;
+    int64_t wsv[128];
     cm_entry *pe = &tb->prefill[tb->n_prefill], *de = &tb->decode[tb->n_decode];
     /* removed parts cost nothing in llama.cpp (the graph skips them) */
     lc_times zero = {0};
     fill_entry(c, pe++, de++, CM_ATTN, H, 0, 0, 0, &zero, ws_base, 0);
     fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, 0, &zero, ws_base, 0);
-    for (int j = 0; j < c->nF; j++) {
+    for (int e = 0; e < c->nF + c->nA; e++) {
+        int mlp = e < c->nF, k = mlp ? e : e - c->nF;
         for (int l = 1; l < L; l++) {
-            heads[l] = kv[l] = 0;
-            ffn[l] = c->fw[j];
+            heads[l] = mlp ? 0 : c->ah[k];
+            kv[l] = mlp ? 0 : c->akv[k];
+            ffn[l] = mlp ? c->fw[k] : c->fw[0];
         }
-        if (make_arch(c->parent, H, L, heads, kv, ffn, &a))
+        if (make_arch(c->parent, H, L, heads, kv, ffn, &a)) {
+            arch_free(&base_arch);
             FAIL("out of memory");
-        rc = serve(c, &a, c->o.reps, &rep, NULL, &ws, err, errlen);
+        }
+        rc = serve(c, &a, c->o.reps, &rt[n_rt], NULL, &wsv[n_rt], err, errlen);
+        n_rt++;
         arch_free(&a);
-        if (rc || tick(c, "llama.cpp MLP blocks", err, errlen))
+        if (!rc)
+            rc = tick(c, mlp ? "llama.cpp MLP blocks" : "llama.cpp attention blocks", err, errlen);
+        if (!rc && e + 1 == half)
+            rc = serve(c, &base_arch, c->o.reps, &bs[1], NULL, NULL, err, errlen);
+        if (rc) {
+            arch_free(&base_arch);
             return -1;
-        diff_times(&rep, &base, NULL, &d, c->n_bins);
-        if (j == 0)
-            mlp_min = d;
-        fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[j], &d, ws, c->o.reps);
+        }
     }
-    for (int i = 0; i < c->nA; i++) {
-        for (int l = 1; l < L; l++) {
-            heads[l] = c->ah[i];
-            kv[l] = c->akv[i];
-            ffn[l] = c->fw[0];
-        }
-        if (make_arch(c->parent, H, L, heads, kv, ffn, &a))
-            FAIL("out of memory");
-        rc = serve(c, &a, c->o.reps, &rep, NULL, &ws, err, errlen);
-        arch_free(&a);
-        if (rc || tick(c, "llama.cpp attention blocks", err, errlen))
-            return -1;
-        diff_times(&rep, &base, &mlp_min, &d, c->n_bins);
-        fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[i], c->akv[i], 0, &d, ws, c->o.reps);
+    rc = serve(c, &base_arch, c->o.reps, &bs[2], NULL, NULL, err, errlen);
+    arch_free(&base_arch);
+    if (rc)
+        return -1;
+    if (half < 1)
+        bs[1] = bs[0];
+    median3(bs, &base, c->n_bins);
+    for (int e = 0; e < c->nF + c->nA; e++) {
+        int mlp = e < c->nF, k = mlp ? e : e - c->nF;
+        diff_times(&rt[e], &base, mlp ? NULL : &mlp_min, &d, c->n_bins);
+        if (mlp && k == 0)
+            mlp_min = d;
+        ws = wsv[e];
+        if (mlp)
+            fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[k], &d, ws, c->o.reps);
+        else
+            fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[k], c->akv[k], 0, &d, ws, c->o.reps);
     }
     int n_new = 2 + c->nF + c->nA;
     /* the base's own two parts, off its time: the fixed cost of this hidden size */

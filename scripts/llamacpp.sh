@@ -1,0 +1,44 @@
+#!/bin/bash
+# llama.cpp for the llama.cpp target engine and the benchmarks' peer: PyPI llama-cpp-python
+# at one pinned version, built from source into the project venv (scripts/pyenv.sh).
+#   scripts/llamacpp.sh install       install it (a no-op when that version is there)
+#   scripts/llamacpp.sh --prefix      the site-packages folder holding include/llama.h and
+#                                     llama_cpp/lib (nothing when not installed)
+#   scripts/llamacpp.sh --version     the installed package version
+#   scripts/llamacpp.sh --build-flags the CMAKE_ARGS it was built with
+set -eu
+VERSION=0.3.36
+AC_CACHE=${AC_CACHE:-$HOME/.cache/autocompress}
+venv=$AC_CACHE/venv
+flags_file=$AC_CACHE/llamacpp-build-flags
+prefix() {
+    local py=$venv/bin/python
+    [ -x "$py" ] || return 0
+    "$py" - <<'PY' 2>/dev/null || true
+import os, sysconfig
+p = sysconfig.get_paths()["purelib"]
+if os.path.exists(os.path.join(p, "include", "llama.h")) and os.path.isdir(os.path.join(p, "llama_cpp", "lib")):
+    print(p)
+PY
+}
+installed_version() {
+    [ -x "$venv/bin/python" ] || return 0
+    "$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null || true
+}
+case "${1:-}" in
+--prefix) prefix ;;
+--version) installed_version ;;
+--build-flags) if [ -s "$flags_file" ]; then cat "$flags_file"; else echo unknown; fi ;;
+install)
+    source "$(dirname "$0")/pyenv.sh" >/dev/null
+    if [ "$(installed_version)" = "$VERSION" ] && [ -n "$(prefix)" ]; then
+        [ -s "$flags_file" ] || echo "unknown (installed before this script recorded flags)" >"$flags_file"
+        exit 0
+    fi
+    flags="-DGGML_NATIVE=ON"
+    echo "building llama.cpp (llama-cpp-python $VERSION from source, several minutes on 2 cores)" >&2
+    CMAKE_ARGS="$flags" "$venv/bin/pip" install -q "llama-cpp-python==$VERSION" >&2
+    echo "$flags" >"$flags_file"
+    ;;
+*) echo "usage: scripts/llamacpp.sh install | --prefix | --version | --build-flags" >&2; exit 2 ;;
+esac
