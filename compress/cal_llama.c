@@ -12,8 +12,9 @@
  * taken off. What the base costs beyond its two parts is the hidden size's fixed cost.
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
- * KV cache from its KV buffer, the workspace from its compute and output buffers, and the
- * rest of the fresh process's RSS high-water mark as runtime. Held-out random archs (and
+ * KV cache from its KV buffer, and the rest of the fresh process's RSS high-water mark as
+ * each part's workspace (the touched pages of the compute buffer llama.cpp reserves, and
+ * the runtime), combined as the largest over the layers. Held-out random archs (and
  * fit archs for the phase scales) are complete models served the same way.
  */
 #include <math.h>
@@ -49,13 +50,13 @@ typedef struct {
     int step, total;
     int64_t requests;
     int n_models;
-    dvec w_layer, w_embed, w_y, kv_x, kv_y, runtime;
+    dvec w_layer, w_embed, w_y, kv_x, kv_y;
     double t_start;
 } lc_cal;
 
 static void lcal_free(lc_cal *c)
 {
-    dvec *v[] = {&c->w_layer, &c->w_embed, &c->w_y, &c->kv_x, &c->kv_y, &c->runtime};
+    dvec *v[] = {&c->w_layer, &c->w_embed, &c->w_y, &c->kv_x, &c->kv_y};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++)
         free(v[i]->v);
     if (*c->dir)
@@ -132,13 +133,15 @@ static int serve(lc_cal *c, const arch *a, int reps, lc_times *tm, ms_result *r,
     }
     if (r)
         lc_bench_result(&b, &c->t, r);
+    /* What the process holds beyond weights and KV cache: the pages of llama.cpp's
+     * compute buffer the requests touch (it reserves for a full ubatch) and the runtime
+     * (libraries, threads, allocator). Measured per part; the tables' workspace. */
     if (workspace)
-        *workspace = b.buf_compute + b.buf_output;
+        *workspace = b.rss_peak - b.buf_model - b.buf_kv;
     double embed = (double)a->vocab_size * a->hidden_size * (a->tie_word_embeddings ? 1 : 2);
-    double held = (double)(b.buf_model + b.buf_kv + b.buf_compute + b.buf_output);
     if (cali_dvec_push(&c->w_layer, (double)arch_params(a) - embed) || cali_dvec_push(&c->w_embed, embed) ||
         cali_dvec_push(&c->w_y, (double)b.buf_model) || cali_dvec_push(&c->kv_x, kv_elems(a, &c->t)) ||
-        cali_dvec_push(&c->kv_y, (double)b.buf_kv) || cali_dvec_push(&c->runtime, (double)b.rss_peak - held)) {
+        cali_dvec_push(&c->kv_y, (double)b.buf_kv)) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
@@ -426,8 +429,7 @@ static int build_memory(lc_cal *c, cm_tables *tb)
     tb->mem.kv_bytes_per_elem = a > 0 ? a : 2;
     tb->mem.kv_overhead_bytes = (int64_t)llround(b);
     tb->mem.workspace_combine = CM_WS_MAX;
-    double rt = cali_lower_median(&c->runtime);
-    tb->mem.runtime_bytes = rt > 0 ? (int64_t)llround(rt) : 0;
+    tb->mem.runtime_bytes = 0;   /* inside the per-part workspace (serve) */
     return 0;
 }
 

@@ -30,7 +30,7 @@ case "${1:-}" in
 --version) installed_version ;;
 --build-flags) if [ -s "$flags_file" ]; then cat "$flags_file"; else echo unknown; fi ;;
 install)
-    source "$(dirname "$0")/pyenv.sh" >/dev/null
+    AC_SLOW=0 source "$(dirname "$0")/pyenv.sh" >/dev/null   # (its slow tier calls this script)
     if [ "$(installed_version)" = "$VERSION" ] && [ -n "$(prefix)" ]; then
         [ -s "$flags_file" ] || echo "unknown (installed before this script recorded flags)" >"$flags_file"
         exit 0

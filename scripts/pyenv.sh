@@ -13,7 +13,8 @@ fi
 AC_PYTHON=$_venv/bin/python
 export AC_PYTHON AC_CACHE
 # The slow test tier and the benchmarks compare against llama.cpp, built from source by
-# PyPI's llama-cpp-python (several minutes on 2 cores, once).
-if [ "${AC_SLOW:-0}" = 1 ] && ! "$AC_PYTHON" -c "import llama_cpp" 2>/dev/null; then
-    CMAKE_ARGS="-DGGML_NATIVE=ON" "$_venv/bin/pip" install -q llama-cpp-python >&2 || return 1
+# PyPI's llama-cpp-python at the version ac-llama links (scripts/llamacpp.sh: several
+# minutes on 2 cores, once).
+if [ "${AC_SLOW:-0}" = 1 ]; then
+    "$(dirname "${BASH_SOURCE[0]}")/llamacpp.sh" install >&2 || return 1
 fi
