@@ -5,8 +5,9 @@
 # model (fixed + per-layer costs, noisy latencies with exact medians), `build` writes the
 # import document, `calibrate --import` stores it, and `estimate` on the target it names
 # predicts the known model's latency within 1% (on grid, off grid, between hidden sizes),
-# with weights from --memory. A result file without avg_latency is refused naming the
-# file; a document with one mutated field is refused naming its JSON pointer.
+# with weights from --memory; trtllm-bench reports of the same runs build the same
+# tables. A result file without avg_latency is refused naming the file; a document with
+# one mutated field is refused naming its JSON pointer.
 # Env: AC_BIN, AC_PYTHON (the script itself needs only the standard library).
 set -euo pipefail
 BIN=${AC_BIN:?}
@@ -151,6 +152,31 @@ import json, sys
 e = json.load(open(sys.argv[1]))
 assert e['predicted']['memory_bytes']['weights'] == 2 * e['params'], e['predicted']['memory_bytes']
 " "$W/est_nomem.json" || fail "weights without --memory"
+
+# the same runs as trtllm-bench --report_json files (milliseconds) build the same tables
+"$PY" - "$W" <<'PY'
+import json, os, statistics, sys
+w = sys.argv[1]
+os.makedirs(w + "/trt")
+for f in os.listdir(w + "/results"):
+    lat = [x * 1e3 for x in json.load(open(w + "/results/" + f))["latencies"]]
+    pct = {"p50": statistics.median(lat), "p95": max(lat), "p99": max(lat), "minimum": min(lat),
+           "maximum": max(lat), "average": sum(lat) / len(lat)}
+    json.dump({"performance": {"request_latency_percentiles_ms": pct, "avg_request_latency_ms": pct["average"]},
+               "request_info": {"num_requests": len(lat)}}, open(w + "/trt/" + f, "w"))
+PY
+"$PY" "$SCRIPT" build --plan "$W/plan.json" --results "$W/trt" --out "$W/tables_trt.json" 2>"$W/build.log" ||
+    { cat "$W/build.log"; fail "build from trtllm-bench reports"; }
+"$PY" - "$W/tables_nomem.json" "$W/tables_trt.json" <<'PY' || fail "trtllm-bench reports give other tables"
+import json, sys
+a, b = (json.load(open(p))["tables"] for p in sys.argv[1:])
+for ph in ("prefill", "decode"):
+    for x, y in zip(a[ph], b[ph]):
+        xm, ym = (x["ms"], y["ms"]) if ph == "prefill" else (x["ms"][0], y["ms"][0])
+        assert abs(xm - ym) <= 1e-9 * max(1.0, xm), (ph, x, y)
+for u, v in zip(a["fixed"]["by_hidden"], b["fixed"]["by_hidden"]):
+    assert all(abs(u[k] - v[k]) < 1e-9 for k in u), (u, v)
+PY
 
 # a result file without avg_latency: refused, naming the file
 cp -r "$W/results" "$W/bad"
