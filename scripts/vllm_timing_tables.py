@@ -27,6 +27,8 @@ TABLES_FORMAT = "autocompress.timing-tables/1"
 BYTES_PER_PARAM = {"bf16": 2, "fp16": 2, "fp32": 4}
 VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 GIB = 1 << 30
+# How a vLLM version turns CUDA graphs (and torch.compile) off.
+EAGER = {"enforce-eager": ["--enforce-eager"], "O0": ["--optimization-level", "0"]}
 # The DeciLM config class vLLM and transformers load for "nemotron-nas" (trust_remote_code),
 # as storage/export_decilm.c names it.
 DECI_AUTO_MAP = {
@@ -240,7 +242,7 @@ def vllm_command(a, model_dir, out_len, result):
     cmd += ["--load-format", "dummy", "--trust-remote-code", "--dtype", VLLM_DTYPE[a.precision],
             "--input-len", str(a.prompt), "--output-len", str(out_len), "--batch-size", str(a.batch),
             "--num-iters-warmup", str(a.warmup), "--num-iters", str(a.iters)]
-    cmd += shlex.split(a.eager_flag) + ["--output-json", result]
+    cmd += EAGER[a.eager] + ["--output-json", result]
     return " ".join(shlex.quote(x) for x in cmd)
 
 
@@ -471,8 +473,8 @@ def main(argv):
     p.add_argument("--tokenizer", help="tokenizer for vLLM (default: the parent's folder when it holds one)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--eager-flag", default="--enforce-eager",
-                   help="how this vLLM turns CUDA graphs off (default --enforce-eager; newer: \"-O0\")")
+    p.add_argument("--eager", choices=sorted(EAGER), default="enforce-eager",
+                   help="CUDA graphs off with --enforce-eager (default) or, vLLM >= 0.12, --optimization-level 0")
     b = sub.add_parser("build", help="the timing-tables import document from the results")
     b.add_argument("--plan", required=True)
     b.add_argument("--results", help="folder of the benchmark JSON outputs (default: the plan's results_dir)")
