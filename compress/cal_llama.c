@@ -3,13 +3,17 @@
  * the target's weight type in llama.cpp (compress/llamacpp.h), one fresh process each.
  *
  * llama.cpp times whole requests only, so per-part costs come from repeated blocks (the
- * method Puzzletron uses in vLLM): for each hidden size a base model of one block (the
- * smallest attention and MLP of the grid), and for each grid entry a model of that base
- * block followed by N copies of a block holding the entry; the entry's cost is the
- * difference over N, per phase (prefill, and decode in context bins). An MLP entry's
- * block has no attention (llama.cpp's deci graph runs such a layer); an attention entry's
- * block keeps the smallest MLP (deci cannot run attention without an MLP), whose cost is
- * taken off. What the base costs beyond its two parts is the hidden size's fixed cost.
+ * method Puzzletron uses in vLLM): for each hidden size a base model (the grid's smallest
+ * attention and MLP, then an MLP-only layer, so that every model has layers of unequal V
+ * width as pruned archs do and llama.cpp picks the same attention kernels for all), and
+ * for each grid entry the base followed by N copies of a block holding the entry; the
+ * entry's cost is the difference over N, per phase (prefill, and decode in context bins,
+ * each bin the median of its steps). An MLP entry's block has no attention (llama.cpp's
+ * deci graph runs such a layer); an attention entry's block keeps the smallest MLP (deci
+ * cannot run attention without an MLP), whose cost is taken off. What the base costs
+ * beyond its parts is the hidden size's fixed cost. Every model is served in two passes,
+ * a fresh process each, and the smaller time of the two kept: a process is at times slow
+ * as a whole, never fast.
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
  * KV cache from its KV buffer, and the rest of the fresh process's RSS high-water mark as
@@ -30,7 +34,8 @@
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
-#define LC_COPIES 8     /* N repeated blocks */
+#define LC_COPIES 10    /* N repeated blocks */
+#define LC_BASE_SERVINGS 3   /* base servings per pass: its error enters every entry */
 #define LC_BINS 4       /* decode context bins */
 
 /* One served model, reduced: median prefill, median per-step decode in each bin. */
@@ -121,16 +126,21 @@ static int serve(lc_cal *c, const arch *a, int reps, lc_times *tm, ms_result *r,
     for (int i = 0; i < R; i++)
         x[i] = b.prefill_ms[i];
     tm->pre = ms_median(x, R);
-    for (int k = 0; k < c->n_bins; k++) {
-        int s0 = k * N / c->n_bins, s1 = (k + 1) * N / c->n_bins;
-        for (int i = 0; i < R; i++) {
-            double s = 0;
-            for (int st = s0; st < s1; st++)
-                s += b.decode_ms[(size_t)i * N + st];
-            x[i] = s / (s1 - s0);
-        }
-        tm->bin[k] = ms_median(x, R);
+    /* decode: per context bin, the median of every step of every request in it (a step
+     * preempted on a shared machine does not move it) */
+    double *steps = calloc((size_t)R * (size_t)N, sizeof(double));
+    if (!steps) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
     }
+    for (int k = 0; k < c->n_bins; k++) {
+        int s0 = k * N / c->n_bins, s1 = (k + 1) * N / c->n_bins, n = 0;
+        for (int i = 0; i < R; i++)
+            for (int st = s0; st < s1; st++)
+                steps[n++] = b.decode_ms[(size_t)i * N + st];
+        tm->bin[k] = ms_median(steps, n);
+    }
+    free(steps);
     if (r)
         lc_bench_result(&b, &c->t, r);
     /* What the process holds beyond weights and KV cache: the pages of llama.cpp's
@@ -198,6 +208,8 @@ static int setup(lc_cal *c, char *err, size_t errlen)
         c->ah[amin] = t;
         c->akv[amin] = u;
     }
+    if (c->nF + c->nA > 128)
+        FAIL("llama.cpp calibration: %d grid entries per hidden size (at most 128)", c->nF + c->nA);
     if (!c->nA || !c->nF)
         FAIL("llama.cpp at %s: no attention or MLP size of the grid has widths in blocks of %d", c->t.precision,
              c->block);
@@ -212,7 +224,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
     }
     c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
     int n_fit = c->o.fit > 0 ? c->o.fit : 0;
-    c->total = c->n_hid * (1 + c->nA + c->nF) + c->o.validate + n_fit;
+    c->total = 2 * c->n_hid * (LC_BASE_SERVINGS + c->nA + c->nF) + c->o.validate + n_fit;
     return lc_scratch_dir(c->dir, sizeof c->dir, err, errlen);
 }
 
@@ -247,7 +259,7 @@ static void fill_entry(const lc_cal *c, cm_entry *pe, cm_entry *de, int part, in
     *de = *pe;
     de->ms = 0;
     de->workspace_bytes = 0;
-    double x[LC_BINS], y[LC_BINS];
+    double x[LC_BINS] = {0}, y[LC_BINS] = {0};
     int N = c->t.output_tokens;
     for (int k = 0; k < c->n_bins; k++) {
         int s0 = k * N / c->n_bins, s1 = (k + 1) * N / c->n_bins;
@@ -258,6 +270,18 @@ static void fill_entry(const lc_cal *c, cm_entry *pe, cm_entry *de, int part, in
     }
     de->n_ctx = c->n_bins;
     line_fit(x, y, c->n_bins, &de->ms0, &de->ms_per_ctx);
+    /* a noisy line may dip below 0 at an end: the tables' rule is >= 0 at every sampled
+     * context, so it is the flat mean then */
+    int neg = 0;
+    for (int k = 0; k < c->n_bins; k++)
+        neg |= de->ms0 + de->ms_per_ctx * de->ctx[k] < 0;
+    if (neg) {
+        double m = 0;
+        for (int k = 0; k < c->n_bins; k++)
+            m += y[k];
+        de->ms0 = m / c->n_bins;
+        de->ms_per_ctx = 0;
+    }
 }
 
 static void diff_times(const lc_times *rep, const lc_times *base, const lc_times *minus, lc_times *out, int n_bins)
@@ -267,104 +291,106 @@ static void diff_times(const lc_times *rep, const lc_times *base, const lc_times
         out->bin[k] = (rep->bin[k] - base->bin[k]) / LC_COPIES - (minus ? minus->bin[k] : 0);
 }
 
-static double med3(double a, double b, double c)
+/* Per phase and bin, the smaller of two servings: a fresh process now and then is slow
+ * as a whole (placement, a neighbour's burst), never fast. */
+static void min2(lc_times *a, const lc_times *b, int n_bins)
 {
-    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
-}
-
-/* Per phase and bin, the median of three servings. */
-static void median3(const lc_times *t, lc_times *out, int n_bins)
-{
-    out->pre = med3(t[0].pre, t[1].pre, t[2].pre);
+    a->pre = b->pre < a->pre ? b->pre : a->pre;
     for (int k = 0; k < n_bins; k++)
-        out->bin[k] = med3(t[0].bin[k], t[1].bin[k], t[2].bin[k]);
+        a->bin[k] = b->bin[k] < a->bin[k] ? b->bin[k] : a->bin[k];
 }
 
-/* The tables of one hidden size: base, MLP entries, attention entries. */
+/* Layer l of the model of entry e (-1: the base): the base is the smallest attention and
+ * MLP, then an MLP-only layer (so every calibration model has layers of unequal V width,
+ * as pruned archs do, and llama.cpp picks the same attention kernels for all of them);
+ * entries add LC_COPIES blocks. */
+static void entry_layer(const lc_cal *c, int e, int l, int *h, int *kv, int *f)
+{
+    int mlp = e >= 0 && e < c->nF, k = mlp ? e : e - c->nF;
+    if (l == 0) {
+        *h = c->ah[0], *kv = c->akv[0], *f = c->fw[0];
+    } else if (l == 1 || e < 0) {
+        *h = 0, *kv = 0, *f = c->fw[0];
+    } else {
+        *h = mlp ? 0 : c->ah[k];
+        *kv = mlp ? 0 : c->akv[k];
+        *f = mlp ? c->fw[k] : c->fw[0];
+    }
+}
+
+/* Serve the model of entry e (-1: the base) at hidden H into *t (min with *t when again). */
+static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t *ws, char *err, size_t errlen)
+{
+    int n = e < 0 ? 2 : 2 + LC_COPIES, heads[2 + LC_COPIES], kv[2 + LC_COPIES], ffn[2 + LC_COPIES];
+    for (int l = 0; l < n; l++)
+        entry_layer(c, e, l, &heads[l], &kv[l], &ffn[l]);
+    arch a;
+    if (make_arch(c->parent, H, n, heads, kv, ffn, &a))
+        FAIL("out of memory");
+    lc_times now;
+    int64_t w;
+    int rc = serve(c, &a, c->o.reps, &now, NULL, &w, err, errlen);
+    arch_free(&a);
+    if (rc)
+        return -1;
+    if (again) {
+        min2(t, &now, c->n_bins);
+        *ws = w < *ws ? w : *ws;
+    } else {
+        *t = now;
+        *ws = w;
+    }
+    return tick(c, e < 0 ? "llama.cpp base block" : e < c->nF ? "llama.cpp MLP blocks" : "llama.cpp attention blocks",
+                err, errlen);
+}
+
+/* The tables of one hidden size: every model (base, MLP entries, attention entries)
+ * served in two passes, each model's phases the smaller of its two servings; an entry's
+ * cost is its model's time minus the base's over the copies (minus the smallest MLP for
+ * an attention entry). */
 static int tables_at(lc_cal *c, int hi, cm_tables *tb, char *err, size_t errlen)
 {
-    int H = c->hid[hi], L = 1 + LC_COPIES;
-    int heads[1 + LC_COPIES], kv[1 + LC_COPIES], ffn[1 + LC_COPIES];
-    arch a;
-    lc_times base, d, mlp_min = {0};
-    int64_t ws_base = 0, ws;
-    heads[0] = c->ah[0];
-    kv[0] = c->akv[0];
-    ffn[0] = c->fw[0];
-    /* Every entry is a difference against the base: it is served three times, before,
-     * between and after the entries' models, and its median taken per phase and bin, so
-     * that one slow moment does not shift every entry of the hidden size. */
-    arch base_arch;
-    lc_times bs[3];
-    int rc;
-    if (make_arch(c->parent, H, 1, heads, kv, ffn, &base_arch))
-        FAIL("out of memory");
-    if (serve(c, &base_arch, c->o.reps, &bs[0], NULL, &ws_base, err, errlen) ||
-        tick(c, "llama.cpp base block", err, errlen)) {
-        arch_free(&base_arch);
-        return -1;
+    int H = c->hid[hi], n = c->nF + c->nA;
+    lc_times base, rt[128], d, mlp_min = {0};
+    int64_t ws_base = 0, wsv[128];
+    for (int pass = 0; pass < 2; pass++) {
+        /* An error in the base moves every entry of the hidden size, and an arch of L
+         * layers sums 2L entries: it is served more often than the entries' models. */
+        for (int b = 0; b < LC_BASE_SERVINGS; b++)
+            if (serve_entry(c, H, -1, pass || b, &base, &ws_base, err, errlen))
+                return -1;
+        for (int e = 0; e < n; e++)
+            if (serve_entry(c, H, e, pass, &rt[e], &wsv[e], err, errlen))
+                return -1;
     }
-    lc_times rt[64 + 64];   /* the entries' raw times: MLPs, then attentions */
-    int n_rt = 0, half = (c->nF + c->nA) / 2;
-    int64_t wsv[128];
     cm_entry *pe = &tb->prefill[tb->n_prefill], *de = &tb->decode[tb->n_decode];
     /* removed parts cost nothing in llama.cpp (the graph skips them) */
     lc_times zero = {0};
     fill_entry(c, pe++, de++, CM_ATTN, H, 0, 0, 0, &zero, ws_base, 0);
     fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, 0, &zero, ws_base, 0);
-    for (int e = 0; e < c->nF + c->nA; e++) {
-        int mlp = e < c->nF, k = mlp ? e : e - c->nF;
-        for (int l = 1; l < L; l++) {
-            heads[l] = mlp ? 0 : c->ah[k];
-            kv[l] = mlp ? 0 : c->akv[k];
-            ffn[l] = mlp ? c->fw[k] : c->fw[0];
-        }
-        if (make_arch(c->parent, H, L, heads, kv, ffn, &a)) {
-            arch_free(&base_arch);
-            FAIL("out of memory");
-        }
-        rc = serve(c, &a, c->o.reps, &rt[n_rt], NULL, &wsv[n_rt], err, errlen);
-        n_rt++;
-        arch_free(&a);
-        if (!rc)
-            rc = tick(c, mlp ? "llama.cpp MLP blocks" : "llama.cpp attention blocks", err, errlen);
-        if (!rc && e + 1 == half)
-            rc = serve(c, &base_arch, c->o.reps, &bs[1], NULL, NULL, err, errlen);
-        if (rc) {
-            arch_free(&base_arch);
-            return -1;
-        }
-    }
-    rc = serve(c, &base_arch, c->o.reps, &bs[2], NULL, NULL, err, errlen);
-    arch_free(&base_arch);
-    if (rc)
-        return -1;
-    if (half < 1)
-        bs[1] = bs[0];
-    median3(bs, &base, c->n_bins);
-    for (int e = 0; e < c->nF + c->nA; e++) {
+    for (int e = 0; e < n; e++) {
         int mlp = e < c->nF, k = mlp ? e : e - c->nF;
         diff_times(&rt[e], &base, mlp ? NULL : &mlp_min, &d, c->n_bins);
         if (mlp && k == 0)
             mlp_min = d;
-        ws = wsv[e];
         if (mlp)
-            fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[k], &d, ws, c->o.reps);
+            fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[k], &d, wsv[e], 2 * c->o.reps);
         else
-            fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[k], c->akv[k], 0, &d, ws, c->o.reps);
+            fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[k], c->akv[k], 0, &d, wsv[e], 2 * c->o.reps);
     }
-    int n_new = 2 + c->nF + c->nA;
-    /* the base's own two parts, off its time: the fixed cost of this hidden size */
+    int n_new = 2 + n;
+    /* the base's own parts (its attention and two smallest MLPs) off its time: the fixed
+     * cost of this hidden size */
     const cm_entry *pa = &tb->prefill[tb->n_prefill + 2 + c->nF], *da = &tb->decode[tb->n_decode + 2 + c->nF];
     const cm_entry *pm = &tb->prefill[tb->n_prefill + 2], *dm = &tb->decode[tb->n_decode + 2];
     cm_fixed *fx = &tb->fixed[tb->n_fixed++];
     memset(fx, 0, sizeof *fx);
     fx->hidden_size = H;
-    fx->prefill_other_ms = base.pre - pa->ms - pm->ms;
-    double s = 0;
+    fx->prefill_other_ms = base.pre - pa->ms - 2 * pm->ms;
+    double sum = 0;
     for (int k = 0; k < c->n_bins; k++)
-        s += base.bin[k] - da->ctx_ms[k] - dm->ctx_ms[k];
-    fx->decode_other_ms = s / c->n_bins;
+        sum += base.bin[k] - da->ctx_ms[k] - 2 * dm->ctx_ms[k];
+    fx->decode_other_ms = sum / c->n_bins;
     fx->prefill_scale = fx->decode_scale = 1;
     fx->workspace_bytes = ws_base;
     tb->n_prefill += n_new;
@@ -501,18 +527,38 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     tb.attention_bias = parent->attention_bias;
     snprintf(tb.source, sizeof tb.source, "llama.cpp");
     tb.width_multiple = c.block;
-    for (int h = 0; h < c.n_hid; h++)
+    /* The random archs (held out, then fit) are served between the hidden sizes' tables,
+     * so that a machine whose speed drifts during the run (a shared or burstable host)
+     * drifts under both alike. */
+    uint64_t rng = (o->seed ? o->seed : 1) * 0x9E3779B97F4A7C15ull + 17;
+    for (int v = 0; v < n_all; v++)
+        if (random_arch(&c, &rng, c.hid[v % c.n_hid], &va[v])) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
+    /* held-out and fit archs alternate (each list in its order) */
+    int order[256], nh = 0, nf = 0;
+    if (n_all > 256) {
+        snprintf(err, errlen, "at most 256 held-out and fit archs");
+        goto out;
+    }
+    for (int k = 0; k < n_all; k++)
+        order[k] = (nf >= n_fit || (k % 2 == 0 && nh < o->validate)) ? nh++ : o->validate + nf++;
+    double wall_random = 0;
+    for (int h = 0, v = 0; h < c.n_hid; h++) {
         if (tables_at(&c, h, &tb, err, errlen))
             goto out;
-    double wall_tables = eng_wall_s() - c.t_start;
-    uint64_t rng = (o->seed ? o->seed : 1) * 0x9E3779B97F4A7C15ull + 17;
-    for (int v = 0; v < n_all; v++) {
-        lc_times tm;
-        if (random_arch(&c, &rng, c.hid[v % c.n_hid], &va[v]) ||
-            serve(&c, &va[v], o->validate_reps > 0 ? o->validate_reps : 3, &tm, &vr[v], NULL, err, errlen) ||
-            tick(&c, v < o->validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
-            goto out;
+        double t0 = eng_wall_s();
+        for (; v < (h + 1) * n_all / c.n_hid; v++) {
+            int i = order[v];
+            lc_times tm;
+            if (serve(&c, &va[i], o->validate_reps > 0 ? o->validate_reps : 3, &tm, &vr[i], NULL, err, errlen) ||
+                tick(&c, i < o->validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
+                goto out;
+        }
+        wall_random += eng_wall_s() - t0;
     }
+    double wall_tables = eng_wall_s() - c.t_start - wall_random;
     build_memory(&c, &tb);
     double fit_p = 1, fit_d = 1;
     if (n_fit && fit_scales(&tb, va + o->validate, vr + o->validate, n_fit, &fit_p, &fit_d, err, errlen))
@@ -526,6 +572,15 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
         n += snprintf(hl + n, sizeof hl - (size_t)n, "%s%d", h ? "," : "", c.hid[h]);
     lc_info in;
     json_t *tables = cm_tables_to_json(&tb), *target = cm_target_to_json(&c.t);
+    cm_tables back;   /* what is written must read back (jobs and estimates parse it) */
+    memset(&back, 0, sizeof back);
+    if (tables && cm_tables_from_json(tables, "/tables", &back, err, errlen)) {
+        json_decref(tables);
+        json_decref(target);
+        json_decref(validation);
+        goto out;
+    }
+    cm_tables_free(&back);
     double now = eng_wall_s();
     if (tables && target && lc_probe(&in, err, errlen) == 0)
         result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:s,s:i},"
@@ -534,9 +589,9 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
                            tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now - c.t_start, "tables", tables,
                            "validation", validation, "cost", "requests", (json_int_t)c.requests,
                            "calibration_models", c.n_models - n_all, "layers_per_model", 1 + LC_COPIES,
-                           "tables_wall_s", wall_tables, "validation_wall_s", now - c.t_start - wall_tables,
+                           "tables_wall_s", wall_tables, "validation_wall_s", wall_random,
                            "hidden_sizes", hl, "fit_archs", n_fit, "fit_prefill_factor", fit_p, "fit_decode_factor",
-                           fit_d, "method", "repeated blocks in llama.cpp (1 base block vs base + N copies)",
+                           fit_d, "method", "repeated blocks in llama.cpp (a base model vs base + N copies of a block)",
                            "repeated_copies", LC_COPIES, "engine", "name", CM_ENGINE_LLAMACPP, "version",
                            in.package_version, "ggml_commit", in.ggml_commit, "build_flags", in.build_flags,
                            "system_info", in.system_info, "engine_build", in.fingerprint);

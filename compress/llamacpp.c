@@ -425,7 +425,11 @@ void lc_bench_result(const lc_bench *b, const cm_target *t, ms_result *r)
 
 int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen)
 {
-    const char *tmp = getenv("TMPDIR");
+    /* Memory-backed when the machine has it: the kernel writing back hundreds of MB of
+     * just-written model files would run on the cores the next measurement times. */
+    const char *tmp = getenv("AC_SCRATCH");
+    if (!tmp || !*tmp)
+        tmp = fio_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
     int n = snprintf(out, cap, "%s/ac-llama-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (n < 0 || (size_t)n >= cap)
         FAIL("scratch folder path too long");

@@ -83,8 +83,9 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
 int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, const char *dir, lc_bench *b, char *err,
                     size_t errlen);
 
-/* A scratch folder for llama.cpp's model files under TMPDIR (or /tmp): mkdtemp into
- * out. 0, or -1 with err. Remove it with fio_remove_tree. */
+/* A scratch folder for llama.cpp's model files: under AC_SCRATCH, else /dev/shm when
+ * writable (no disk writeback competing with the timed requests), else TMPDIR or /tmp;
+ * mkdtemp into out. 0, or -1 with err. Remove it with fio_remove_tree. */
 int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen);
 
 #endif

@@ -26,7 +26,7 @@ THREADS=${THREADS:-2}
 FRACTION=${FRACTION:-0.7}
 ROUNDS=${ROUNDS:-5}
 VALIDATE=${VALIDATE:-10}
-SEARCH_TOKENS=${SEARCH_TOKENS:-16384}
+SEARCH_TOKENS=${SEARCH_TOKENS:-8192}
 OUT=${OUT:-/tmp/ac-llamacpp-target}
 RES=bench/results/llamacpp_target.md
 source scripts/pyenv.sh >/dev/null
@@ -87,6 +87,38 @@ def helper(*args):
     return json.loads(run([HELPER] + list(args)))
 
 
+def write_report(rows):
+    L = ["# llama.cpp as the target engine: SmolLM2-135M, B=1, %d + %d tokens, %d threads" % (S, N, THREADS), "",
+         "Produced by `bench/llamacpp_target/run.sh` on this machine (%s). llama.cpp %s (llama-cpp-python %s, ggml %s), "
+         "build flags `%s`; CPU features: %s." % (time.strftime("%Y-%m-%d"), info["ggml_commit"], info["package_version"],
+                                                  info["ggml_version"], info["build_flags"], info["system_info"]),
+         "", "Machine ceilings (same run): " + ceil, "",
+         "## Calibration inside llama.cpp (held-out random archs, each served in a fresh process)", "",
+         "| type | held-out archs | latency MAPE | max | memory MAPE | max | hidden sizes | MLP grid | wall s |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        v = r["v"]
+        L.append("| %s | %d | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %s | %s | %.0f |" % (
+            r["P"], v["archs"], v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"],
+            r["hid"], ",".join(map(str, r["grid"])), r["cal"]["wall_s"]))
+    L += ["", "## A job per type: latency limit %.0f%% of the parent's llama.cpp latency" % (100 * FRACTION), "",
+          "Independent timing: llama-cpp-python, one model per fresh process, parent and result alternating, "
+          "median of %d rounds (each a warm-up and the median of 3 requests)." % ROUNDS, "",
+          "| type | parent ms | limit ms | result arch | GGUF MB (parent) | fallback tensors | predicted ms | "
+          "measured by the job ms | independent: parent / result ms | holds (independent) | result/parent "
+          "independent | built-in engine's tables: result/parent |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append("| %s | %.1f | %.1f | hidden %d, %d layers | %.1f (%.1f) | %d | %.1f | %.1f | %.1f / %.1f | %s | %.3f | %.3f |"
+                 % (r["P"], r["parent_ms"], r["limit"], r["hidden"], r["layers"], r["size"] / 1e6, r["psize"] / 1e6,
+                    r["fallbacks"], r["pred"], r["meas"], r["indep_parent"], r["indep_result"],
+                    "yes" if r["indep_holds"] else "**no**", r["indep_result"] / r["indep_parent"], r["builtin_ratio"]))
+    L += ["", "The last column is what the built-in engine's fp32 tables predict for the same arch relative to the "
+          "parent: the speed-up a search priced in our own engine would have promised."]
+    open(RES, "w").write("\n".join(L) + "\n")
+    return "\n".join(L)
+
+
 ceil = open(os.path.join(OUT, "ceilings.txt")).read().strip()
 info = helper("info")
 builtin = json.load(open(os.path.join(OUT, "cal.builtin.json")))
@@ -121,10 +153,10 @@ for P in PRECS:
         specp = os.path.join(OUT, "spec.%s.json" % P)
         json.dump(spec, open(specp, "w"), indent=1)
         os.makedirs(jobdir, exist_ok=True)
-        # the job reuses the calibration above (same target, engine build, data dir)
-        env = dict(os.environ, AC_DATA_DIR=os.path.join(OUT, "data"))
+        # the job reuses the calibration above (same target, engine build and key)
+        subprocess.run(["cp", "-r", os.path.join(OUT, "data", "calibrations"), jobdir], check=True)
         t0 = time.time()
-        fin = json.loads(run([BIN, "run", specp, "--out", jobdir], env=env))
+        fin = json.loads(run([BIN, "run", specp, "--out", jobdir]))
         assert fin["status"] == "succeeded", fin
         json.dump(fin, open(os.path.join(jobdir, "job.json"), "w"), indent=1)
         print("%s: job %.0f s" % (P, time.time() - t0), flush=True)
@@ -154,34 +186,7 @@ for P in PRECS:
                      hidden=arch["hidden_size"], layers=len(arch["layers"]),
                      size=os.path.getsize(os.path.join(jobdir, "model.gguf")), psize=os.path.getsize(pg)))
     print(json.dumps({k: x for k, x in rows[-1].items() if k not in ("cal", "v")}), flush=True)
+    write_report(rows)   # after each type: a cut-short run still leaves its rows
 
-L = ["# llama.cpp as the target engine: SmolLM2-135M, B=1, %d + %d tokens, %d threads" % (S, N, THREADS), "",
-     "Produced by `bench/llamacpp_target/run.sh` on this machine (%s). llama.cpp %s (llama-cpp-python %s, ggml %s), "
-     "build flags `%s`; CPU features: %s." % (time.strftime("%Y-%m-%d"), info["ggml_commit"], info["package_version"],
-                                              info["ggml_version"], info["build_flags"], info["system_info"]),
-     "", "Machine ceilings (same run): " + ceil, "",
-     "## Calibration inside llama.cpp (held-out random archs, each served in a fresh process)", "",
-     "| type | held-out archs | latency MAPE | max | memory MAPE | max | hidden sizes | MLP grid | wall s |",
-     "|---|---|---|---|---|---|---|---|---|"]
-for r in rows:
-    v = r["v"]
-    L.append("| %s | %d | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %s | %s | %.0f |" % (
-        r["P"], v["archs"], v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"],
-        r["hid"], ",".join(map(str, r["grid"])), r["cal"]["wall_s"]))
-L += ["", "## A job per type: latency limit %.0f%% of the parent's llama.cpp latency" % (100 * FRACTION), "",
-      "Independent timing: llama-cpp-python, one model per fresh process, parent and result alternating, "
-      "median of %d rounds (each a warm-up and the median of 3 requests)." % ROUNDS, "",
-      "| type | parent ms | limit ms | result arch | GGUF MB (parent) | fallback tensors | predicted ms | "
-      "measured by the job ms | independent: parent / result ms | holds (independent) | result/parent "
-      "independent | built-in engine's tables: result/parent |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-for r in rows:
-    L.append("| %s | %.1f | %.1f | hidden %d, %d layers | %.1f (%.1f) | %d | %.1f | %.1f | %.1f / %.1f | %s | %.3f | %.3f |"
-             % (r["P"], r["parent_ms"], r["limit"], r["hidden"], r["layers"], r["size"] / 1e6, r["psize"] / 1e6,
-                r["fallbacks"], r["pred"], r["meas"], r["indep_parent"], r["indep_result"],
-                "yes" if r["indep_holds"] else "**no**", r["indep_result"] / r["indep_parent"], r["builtin_ratio"]))
-L += ["", "The last column is what the built-in engine's fp32 tables predict for the same arch relative to the "
-      "parent: the speed-up a search priced in our own engine would have promised."]
-open(RES, "w").write("\n".join(L) + "\n")
-print("\n".join(L))
+print(write_report(rows))
 PY
