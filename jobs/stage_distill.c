@@ -44,6 +44,17 @@ static int on_progress(void *c, const distill_progress *p)
 
 static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
 {
+    /* A zero budget (a latency-only result, or the slice with reconstruction alone): no
+     * distilled student; the later stages take prune/student. */
+    if (ps_int(ctx, "budgets.distill_tokens", DISTILL_DEFAULT_TOKENS) == 0) {
+        const char *why = "budgets.distill_tokens is 0: the pruned student is the result";
+        job_event(ctx, "distill.skipped", why, NULL);
+        if (job_report_merge(ctx, json_pack("{s:{s:i,s:s}}", "distillation", "tokens", 0, "skipped", why))) {
+            snprintf(err, errlen, "distill: cannot merge the report");
+            return -1;
+        }
+        return 0;
+    }
     eng_model *parent = ps_parent(ctx, 1, err, errlen);
     const td_stream *train, *val;
     if (!parent || ps_text(ctx, "distillation", &train, &val, err, errlen) != 0)

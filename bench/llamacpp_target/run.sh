@@ -36,7 +36,7 @@ mkdir -p "$OUT/data"
 build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
 [ -s "$OUT/parent.f32.gguf" ] || "$BIN" export "$MODEL" --format gguf --dtype fp32 --out "$OUT/parent.f32.gguf" >/dev/null
 # the built-in engine's calibration of the same parent and workload (for column 5)
-[ -s "$OUT/cal.builtin.json" ] || "$BIN" calibrate "$MODEL" --prompt 256 --output 64 --data-dir "$OUT/data" \
+[ -s "$OUT/cal.builtin.json" ] || "$BIN" calibrate --model "$MODEL" --prompt 256 --output 64 --data-dir "$OUT/data" \
     --json >"$OUT/cal.builtin.json"
 
 exec "$AC_PYTHON" - "$BIN" "$HELPER" "$MODEL" "$OUT" "$RES" "$THREADS" "$FRACTION" "$ROUNDS" "$VALIDATE" \
@@ -133,7 +133,7 @@ for P in PRECS:
     calp = os.path.join(OUT, "cal.%s.json" % P)
     if not os.path.exists(calp):
         t0 = time.time()
-        txt = run([BIN, "calibrate", MODEL, "--engine", "llama.cpp", "--precision", P, "--engine-threads",
+        txt = run([BIN, "calibrate", "--model", MODEL, "--engine", "llama.cpp", "--precision", P, "--engine-threads",
                    str(THREADS), "--prompt", str(S), "--output", str(N), "--validate", str(VALIDATE),
                    "--data-dir", os.path.join(OUT, "data"), "--json"])
         open(calp, "w").write(txt)

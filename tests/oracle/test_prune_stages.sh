@@ -55,3 +55,26 @@ assert r["ranking"]["tokens"] > 0 and len(r["ranking"]["layer_order"]) == 5
 print("job stages: events %s; distilled %d tokens in %d steps, final loss %.4f"
       % (len(ev), d["tokens"], d["steps"], d["final_kd_loss"]))
 PY
+
+# budgets.distill_tokens 0 (the spec allows it: a latency-only result, or pruning with
+# reconstruction alone): the distill stage is skipped, says so, and writes no student
+python3 - "$W/spec.json" "$W/spec0.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1])); s["budgets"]["distill_tokens"] = 0; json.dump(s, open(sys.argv[2], "w"))
+PY
+AC_TEST_STAGES=1 AC_TEST_ARCH="$W/arch.json" OMP_NUM_THREADS=1 "$TOOL" "$W/spec0.json" --out "$W/run0" \
+    >"$W/job0.json" 2>"$W/job0.log" || { tail -5 "$W/job0.log"; fail "a job with distill_tokens 0 did not succeed"; }
+J0=$(ls -d "$W"/run0/jobs/job_*)
+[ ! -e "$J0/distill/student" ] || fail "distill_tokens 0 wrote a distilled student"
+python3 - "$W/run0/autocompress.db" <<'PY' || fail "distill_tokens 0: events or report"
+import json, sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+status, report = c.execute("select status, report from jobs").fetchone()
+assert status == "succeeded", status
+ev = [t for (t,) in c.execute("select type from events order by seq")]
+assert "distill.skipped" in ev and "distill.progress" not in ev, ev
+d = json.loads(report)["distillation"]
+assert d["tokens"] == 0 and "distill_tokens" in d["skipped"], d
+print("distill_tokens 0: skipped (%s)" % d["skipped"])
+PY
+echo ok
