@@ -72,12 +72,12 @@ llamacpp-if-present:
 llamacpp:
 	@[ -n "$(LLAMA_PREFIX)" ] || { echo "llama.cpp is not installed (run: scripts/llamacpp.sh install)" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(BUILD)/ac-llama
-$(BUILD)/ac-llama: llamacpp/ac_llama.c engine/clock.c engine/clock.h engine/rng.h | $(BUILD)/.pkg-flags
+$(BUILD)/ac-llama: llamacpp/ac_llama.c engine/clock.c engine/clock.h engine/procstat.c engine/procstat.h engine/rng.h | $(BUILD)/.pkg-flags
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS) -I$(LLAMA_PREFIX)/include \
 	    -DAC_LLAMA_PACKAGE_VERSION='"$(shell scripts/llamacpp.sh --version)"' \
 	    -DAC_LLAMA_BUILD_FLAGS='"$(shell scripts/llamacpp.sh --build-flags)"' \
-	    $(LDFLAGS) -o $@ llamacpp/ac_llama.c engine/clock.c -L$(LLAMA_PREFIX)/llama_cpp/lib \
+	    $(LDFLAGS) -o $@ llamacpp/ac_llama.c engine/clock.c engine/procstat.c -L$(LLAMA_PREFIX)/llama_cpp/lib \
 	    -Wl,-rpath,$(LLAMA_PREFIX)/llama_cpp/lib -lllama -lggml -lggml-base $(PKG_LIBS) -lm
 
 # Every object waits for this check: without the packages' flags the build would fail

@@ -370,10 +370,8 @@ void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, ap
         json_decref(r);
         return;
     }
-    /* llama.cpp's calibrations are keyed by the threads and the build that measured them:
-     * the target is completed as calibration completes it, or none would ever be found */
-    if (cm_target_from_json(json_object_get(r, "target"), "/target", &tg, err, sizeof err) ||
-        lc_target_resolve(&tg, err, sizeof err)) {
+    /* (cm_estimate completes a llama.cpp target as calibration does: threads, build) */
+    if (cm_target_from_json(json_object_get(r, "target"), "/target", &tg, err, sizeof err)) {
         api_problem(resp, 422, "unprocessable_spec", err, NULL);
     } else {
         json_t *est = NULL;

@@ -3,6 +3,8 @@
  * Prompts are random tokens: timings do not depend on token values.
  */
 #include "compress/measure.h"
+
+#include "engine/procstat.h"
 #include "engine/rng.h"
 #include "engine/clock.h"
 
@@ -143,32 +145,14 @@ double ms_mad(const double *x, int n, double median)
     return r;
 }
 
-/* Read "Key:   N kB" from /proc/self/status. */
-static int64_t proc_status_kb(const char *key)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    char line[256];
-    int64_t v = -1;
-    size_t kl = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, kl) && line[kl] == ':') {
-            v = strtoll(line + kl + 1, NULL, 10);
-            break;
-        }
-    fclose(f);
-    return v < 0 ? -1 : v * 1024;
-}
-
 int64_t ms_rss_bytes(void)
 {
-    return proc_status_kb("VmRSS");
+    return eng_proc_status_bytes("VmRSS");
 }
 
 int64_t ms_rss_peak_bytes(void)
 {
-    return proc_status_kb("VmHWM");
+    return eng_proc_status_bytes("VmHWM");
 }
 
 int ms_rss_reset_peak(void)

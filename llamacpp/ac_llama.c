@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "engine/clock.h"
+#include "engine/procstat.h"
 #include "engine/rng.h"
 #include "ggml.h"
 #include "llama.h"
@@ -142,23 +143,6 @@ static void on_log(enum ggml_log_level level, const char *text, void *ud)
 }
 
 /* ---------- small helpers ---------- */
-
-static int64_t status_kb(const char *key)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    char line[256];
-    int64_t v = -1;
-    size_t kl = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, kl) && line[kl] == ':') {
-            v = strtoll(line + kl + 1, NULL, 10);
-            break;
-        }
-    fclose(f);
-    return v < 0 ? -1 : v * 1024;
-}
 
 /* A positive int option value in [lo, hi]; -1 when it is not one. */
 static int parse_int(const char *s, int lo, int hi)
@@ -411,7 +395,7 @@ static int cmd_bench(int argc, char **argv)
     char why[600];
     if (check_gguf(path, why, sizeof why))
         return fail(1, "%s", why);
-    int64_t rss0 = status_kb("VmRSS");
+    int64_t rss0 = eng_proc_status_bytes("VmRSS");
     double t0 = eng_wall_s();
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
@@ -441,7 +425,7 @@ static int cmd_bench(int argc, char **argv)
                     n_vocab > 0 ? "" : ", no vocabulary size");
     }
     double load_ms = (eng_wall_s() - t0) * 1000;
-    int64_t rss1 = status_kb("VmRSS");
+    int64_t rss1 = eng_proc_status_bytes("VmRSS");
     struct llama_batch b = llama_batch_init(o.batch * o.prompt, 0, 1);
     llama_token *next = calloc((size_t)o.batch, sizeof *next);
     double *dec = calloc((size_t)o.output, sizeof *dec);
@@ -483,7 +467,7 @@ static int cmd_bench(int argc, char **argv)
         (json_int_t)(g_log.model_mib * MiB + 0.5), "kv", (json_int_t)(g_log.kv_mib * MiB + 0.5), "compute",
         (json_int_t)(g_log.compute_mib * MiB + 0.5), "output", (json_int_t)(g_log.output_mib * MiB + 0.5),
         "rss_before_load", (json_int_t)rss0, "rss_after_load", (json_int_t)rss1, "rss_peak",
-        (json_int_t)status_kb("VmHWM"), "load_ms", load_ms, "reps", reps));
+        (json_int_t)eng_proc_status_bytes("VmHWM"), "load_ms", load_ms, "reps", reps));
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,23 @@
+/* engine/procstat.c — /proc/self/status fields in bytes (procstat.h). */
+#include "engine/procstat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t eng_proc_status_bytes(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int64_t v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            v = strtoll(line + kl + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v < 0 ? -1 : v * 1024;
+}
