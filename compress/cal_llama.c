@@ -13,7 +13,10 @@
  * cannot run attention without an MLP), whose cost is taken off. What the base costs
  * beyond its parts is the hidden size's fixed cost. Every model is served in two passes,
  * a fresh process each, and the smaller time of the two kept: a process is at times slow
- * as a whole, never fast.
+ * as a whole, never fast; the hidden sizes' passes take turns. The calibration models are
+ * timed cold (caches flushed before each timed step): they are smaller than the cache,
+ * the models they price are not. Held-out and fit archs (complete models, timed as
+ * served) are served once per pass too, the faster process kept.
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
  * KV cache from its KV buffer, and the rest of the fresh process's RSS high-water mark as
@@ -108,12 +111,12 @@ static double kv_elems(const arch *a, const cm_target *t)
 
 /* Serve `a` once in llama.cpp (reps from o), reduce into *tm and the bench's fields into
  * *r (may be NULL), and record the memory samples. 0, or -1 with err. */
-static int serve(lc_cal *c, const arch *a, int reps, lc_times *tm, ms_result *r, int64_t *workspace, char *err,
-                 size_t errlen)
+static int serve(lc_cal *c, const arch *a, int reps, int cold, lc_times *tm, ms_result *r, int64_t *workspace,
+                 char *err, size_t errlen)
 {
     ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models};
     lc_bench b;
-    if (lc_measure_arch(a, &c->t, &mo, c->dir, &b, err, errlen))
+    if (lc_measure_arch(a, &c->t, &mo, cold, c->dir, &b, err, errlen))
         return -1;
     c->n_models++;
     c->requests += mo.warmup + reps;
@@ -224,7 +227,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
     }
     c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
     int n_fit = c->o.fit > 0 ? c->o.fit : 0;
-    c->total = 2 * c->n_hid * (LC_BASE_SERVINGS + c->nA + c->nF) + c->o.validate + n_fit;
+    c->total = 2 * (c->n_hid * (LC_BASE_SERVINGS + c->nA + c->nF) + c->o.validate + n_fit);
     return lc_scratch_dir(c->dir, sizeof c->dir, err, errlen);
 }
 
@@ -291,6 +294,12 @@ static void diff_times(const lc_times *rep, const lc_times *base, const lc_times
         out->bin[k] = (rep->bin[k] - base->bin[k]) / LC_COPIES - (minus ? minus->bin[k] : 0);
 }
 
+/* The models of one hidden size across the passes: the base's and each entry's times. */
+typedef struct {
+    lc_times base, rt[128];
+    int64_t ws_base, ws[128];
+} lc_hid;
+
 /* Per phase and bin, the smaller of two servings: a fresh process now and then is slow
  * as a whole (placement, a neighbour's burst), never fast. */
 static void min2(lc_times *a, const lc_times *b, int n_bins)
@@ -329,7 +338,7 @@ static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t 
         FAIL("out of memory");
     lc_times now;
     int64_t w;
-    int rc = serve(c, &a, c->o.reps, &now, NULL, &w, err, errlen);
+    int rc = serve(c, &a, c->o.reps, 1, &now, NULL, &w, err, errlen);
     arch_free(&a);
     if (rc)
         return -1;
@@ -344,39 +353,46 @@ static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t 
                 err, errlen);
 }
 
-/* The tables of one hidden size: every model (base, MLP entries, attention entries)
- * served in two passes, each model's phases the smaller of its two servings; an entry's
- * cost is its model's time minus the base's over the copies (minus the smallest MLP for
- * an attention entry). */
-static int tables_at(lc_cal *c, int hi, cm_tables *tb, char *err, size_t errlen)
+/* One pass over the models of hidden size hid[hi] (base, MLP entries, attention
+ * entries), each the smaller of its servings so far. The passes of all hidden sizes
+ * alternate (cal_llama_run), so that a machine whose speed drifts during the run moves
+ * every hidden size's tables alike, not one hidden size's all at once. */
+static int pass_at(lc_cal *c, int hi, int pass, lc_hid *s, char *err, size_t errlen)
 {
     int H = c->hid[hi], n = c->nF + c->nA;
-    lc_times base, rt[128], d, mlp_min = {0};
-    int64_t ws_base = 0, wsv[128];
-    for (int pass = 0; pass < 2; pass++) {
-        /* An error in the base moves every entry of the hidden size, and an arch of L
-         * layers sums 2L entries: it is served more often than the entries' models. */
-        for (int b = 0; b < LC_BASE_SERVINGS; b++)
-            if (serve_entry(c, H, -1, pass || b, &base, &ws_base, err, errlen))
-                return -1;
-        for (int e = 0; e < n; e++)
-            if (serve_entry(c, H, e, pass, &rt[e], &wsv[e], err, errlen))
-                return -1;
-    }
+    /* An error in the base moves every entry of the hidden size, and an arch of L
+     * layers sums 2L entries: it is served more often than the entries' models. */
+    for (int b = 0; b < LC_BASE_SERVINGS; b++)
+        if (serve_entry(c, H, -1, pass || b, &s->base, &s->ws_base, err, errlen))
+            return -1;
+    for (int e = 0; e < n; e++)
+        if (serve_entry(c, H, e, pass, &s->rt[e], &s->ws[e], err, errlen))
+            return -1;
+    return 0;
+}
+
+/* The tables of hidden size hid[hi] from its models' times: an entry's cost is its
+ * model's time minus the base's over the copies (minus the smallest MLP for an attention
+ * entry). */
+static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
+{
+    int H = c->hid[hi], n = c->nF + c->nA;
+    lc_times d, mlp_min = {0};
+    const lc_times *base = &s->base;
     cm_entry *pe = &tb->prefill[tb->n_prefill], *de = &tb->decode[tb->n_decode];
     /* removed parts cost nothing in llama.cpp (the graph skips them) */
     lc_times zero = {0};
-    fill_entry(c, pe++, de++, CM_ATTN, H, 0, 0, 0, &zero, ws_base, 0);
-    fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, 0, &zero, ws_base, 0);
+    fill_entry(c, pe++, de++, CM_ATTN, H, 0, 0, 0, &zero, s->ws_base, 0);
+    fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, 0, &zero, s->ws_base, 0);
     for (int e = 0; e < n; e++) {
         int mlp = e < c->nF, k = mlp ? e : e - c->nF;
-        diff_times(&rt[e], &base, mlp ? NULL : &mlp_min, &d, c->n_bins);
+        diff_times(&s->rt[e], base, mlp ? NULL : &mlp_min, &d, c->n_bins);
         if (mlp && k == 0)
             mlp_min = d;
         if (mlp)
-            fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[k], &d, wsv[e], 2 * c->o.reps);
+            fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[k], &d, s->ws[e], 2 * c->o.reps);
         else
-            fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[k], c->akv[k], 0, &d, wsv[e], 2 * c->o.reps);
+            fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[k], c->akv[k], 0, &d, s->ws[e], 2 * c->o.reps);
     }
     int n_new = 2 + n;
     /* the base's own parts (its attention and two smallest MLPs) off its time: the fixed
@@ -386,16 +402,15 @@ static int tables_at(lc_cal *c, int hi, cm_tables *tb, char *err, size_t errlen)
     cm_fixed *fx = &tb->fixed[tb->n_fixed++];
     memset(fx, 0, sizeof *fx);
     fx->hidden_size = H;
-    fx->prefill_other_ms = base.pre - pa->ms - 2 * pm->ms;
+    fx->prefill_other_ms = base->pre - pa->ms - 2 * pm->ms;
     double sum = 0;
     for (int k = 0; k < c->n_bins; k++)
-        sum += base.bin[k] - da->ctx_ms[k] - 2 * dm->ctx_ms[k];
+        sum += base->bin[k] - da->ctx_ms[k] - 2 * dm->ctx_ms[k];
     fx->decode_other_ms = sum / c->n_bins;
     fx->prefill_scale = fx->decode_scale = 1;
-    fx->workspace_bytes = ws_base;
+    fx->workspace_bytes = s->ws_base;
     tb->n_prefill += n_new;
     tb->n_decode += n_new;
-    return 0;
 }
 
 /* Solve the 3x3 (or 2x2 with a single hidden size) least squares of the weights:
@@ -506,6 +521,8 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     json_t *result = NULL;
     arch *va = NULL;
     ms_result *vr = NULL;
+    lc_hid *hs = NULL;
+    double *plat = NULL;   /* each random arch's two process latencies */
     int n_fit = o->fit > 0 ? o->fit : 0, n_all = o->validate + n_fit;
     if (setup(&c, err, errlen))
         goto out;
@@ -545,19 +562,35 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     for (int k = 0; k < n_all; k++)
         order[k] = (nf >= n_fit || (k % 2 == 0 && nh < o->validate)) ? nh++ : o->validate + nf++;
     double wall_random = 0;
-    for (int h = 0, v = 0; h < c.n_hid; h++) {
-        if (tables_at(&c, h, &tb, err, errlen))
+    hs = calloc((size_t)c.n_hid, sizeof *hs);
+    plat = calloc((size_t)(2 * (n_all > 0 ? n_all : 1)), sizeof *plat);
+    if (!hs || !plat) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    /* both passes of every hidden size in turn, the random archs spread between them and
+     * each served once per pass: like the tables' models, the faster of two fresh
+     * processes (a process is at times slow as a whole, never fast) */
+    for (int slot = 0, v = 0; slot < 2 * c.n_hid; slot++) {
+        int pass = slot / c.n_hid, h = slot % c.n_hid;
+        if (pass_at(&c, h, pass, &hs[h], err, errlen))
             goto out;
         double t0 = eng_wall_s();
-        for (; v < (h + 1) * n_all / c.n_hid; v++) {
-            int i = order[v];
+        for (; v < (slot + 1) * 2 * n_all / (2 * c.n_hid); v++) {
+            int i = order[v % n_all], again = v >= n_all;
             lc_times tm;
-            if (serve(&c, &va[i], o->validate_reps > 0 ? o->validate_reps : 3, &tm, &vr[i], NULL, err, errlen) ||
+            ms_result r;
+            if (serve(&c, &va[i], o->validate_reps > 0 ? o->validate_reps : 3, 0, &tm, &r, NULL, err, errlen) ||
                 tick(&c, i < o->validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
                 goto out;
+            if (!again || r.latency_ms < vr[i].latency_ms)
+                vr[i] = r;
+            plat[2 * i + again] = r.latency_ms;
         }
         wall_random += eng_wall_s() - t0;
     }
+    for (int h = 0; h < c.n_hid; h++)
+        tables_at(&c, h, &hs[h], &tb);
     double wall_tables = eng_wall_s() - c.t_start - wall_random;
     build_memory(&c, &tb);
     double fit_p = 1, fit_d = 1;
@@ -567,6 +600,10 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     json_t *validation = cal_validation_json(&tb, va, vr, o->validate, &c.t, err, errlen);
     if (!validation)
         goto out;
+    json_t *rows = json_object_get(validation, "rows");
+    for (int v = 0; v < o->validate && v < (int)json_array_size(rows); v++)
+        json_object_set_new(json_array_get(rows, v), "measured_process_latencies_ms",
+                            json_pack("[f,f]", plat[2 * v], plat[2 * v + 1]));
     char hl[128] = "";
     for (int h = 0, n = 0; h < c.n_hid && n < 100; h++)
         n += snprintf(hl + n, sizeof hl - (size_t)n, "%s%d", h ? "," : "", c.hid[h]);
@@ -609,6 +646,8 @@ out:
         arch_free(&va[v]);
     free(va);
     free(vr);
+    free(hs);
+    free(plat);
     cm_tables_free(&tb);
     lcal_free(&c);
     return result;

@@ -248,13 +248,17 @@ json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_res
         return NULL;
     }
     int nv = n_validate > 0 ? n_validate : 1;
-    json_t *v = json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:o}", "archs", n_validate, "latency_mape_pct",
+    json_t *v = json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:o}", "archs", n_validate, "latency_mape_pct",
                           lat_sum / nv, "latency_max_pct", lat_max, "memory_mape_pct", mem_sum / nv, "memory_max_pct",
                           mem_max, "naive_memory_mape_pct", naive_sum / nv, "naive_memory_max_pct", naive_max,
                           "measured_memory",
                           cm_target_llamacpp(t) ? "RSS high-water mark of a fresh llama.cpp process (ac-llama)"
                           : strcmp(t->device, "cpu") ? "backend peak bytes (device allocations the engine accounts)"
                                                       : "max(backend peak bytes, process RSS high-water delta)",
+                          "measured_latency",
+                          cm_target_llamacpp(t) ? "the faster of two fresh llama.cpp processes (ac-llama), each the "
+                                                  "median of its requests"
+                                                : "median of the arch's requests, interleaved with the tables' requests",
                           "rows", rows);   /* rows stolen */
     if (!v)
         snprintf(err, errlen, "out of memory");

@@ -361,7 +361,8 @@ static int parse_bench(json_t *j, const cm_target *t, lc_bench *b, char *err, si
     return 0;
 }
 
-int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, lc_bench *b, char *err, size_t errlen)
+int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int cold, lc_bench *b, char *err,
+                  size_t errlen)
 {
     memset(b, 0, sizeof *b);
     lc_info in;
@@ -377,7 +378,7 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, lc_ben
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
     char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
                     "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
-                    "--seed", seed, NULL};
+                    "--seed", seed, cold ? "--cold" : NULL, NULL};
     json_t *j;
     if (run_helper(argv, &j, err, errlen))
         return -1;
@@ -473,14 +474,14 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
     return rc;
 }
 
-int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, const char *dir, lc_bench *b, char *err,
-                    size_t errlen)
+int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int cold, const char *dir, lc_bench *b,
+                    char *err, size_t errlen)
 {
     char path[4096];
     memset(b, 0, sizeof *b);
     if (lc_write_random(a, t, o && o->seed ? o->seed : 1, dir, "timing", path, sizeof path, NULL, err, errlen))
         return -1;
-    int rc = lc_bench_gguf(path, t, o, b, err, errlen);
+    int rc = lc_bench_gguf(path, t, o, cold, b, err, errlen);
     (void)unlink(path);
     return rc;
 }

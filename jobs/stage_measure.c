@@ -5,7 +5,8 @@
  * The result's shape is the first arch.json found in distill/, prune/, search/. Writes
  * measure.json (the same fragment, read by the export stage); the limit rows are the
  * report's (jobs/report.c computes them from these predicted/measured objects).
- * A llama.cpp target is measured in llama.cpp, each model in a fresh helper process: the
+ * A llama.cpp target is measured in llama.cpp, each model in three fresh helper processes,
+ * parent and result alternating, the median kept and every process's latency shown: the
  * parent with random weights, the result as the GGUF the job exports (its own weights at
  * the target's weight type, written here as model.gguf), and the report's "engine" names
  * the engine, its version and build, the weight type and how many tensors fell back.
@@ -101,43 +102,100 @@ static json_t *engine_json(const cm_target *t, int fallbacks, const char *note)
     return o;
 }
 
-/* Predicted (from tb) and measured (llama.cpp, fresh process) objects of arch a: the GGUF
- * at gguf when given, else random weights in a scratch folder. NULL with err. */
-static json_t *measure_llama(const cm_tables *tb, const arch *a, const char *gguf, const cm_target *t, char *err,
-                             size_t errlen)
+#define LC_ROUNDS 3   /* fresh processes per model, the models alternating */
+
+/* Predicted (from tb) and measured objects of arch a from its LC_ROUNDS benches b: the
+ * process of median latency (its phases and buffers), every process's latency beside
+ * it. exported: b served the GGUF the job exports (else random weights). NULL on OOM. */
+static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench *b, int exported,
+                              const cm_target *t)
 {
     cm_prediction p;
-    ms_result r;
-    lc_bench b;
-    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1};
-    int have_pred = tb && cm_predict(tb, a, &p, err, errlen) == 0;
-    if (gguf) {
-        if (lc_bench_gguf(gguf, t, &o, &b, err, errlen))
-            return NULL;
-    } else {
-        char dir[4096];
-        if (lc_scratch_dir(dir, sizeof dir, err, errlen))
-            return NULL;
-        int rc = lc_measure_arch(a, t, &o, dir, &b, err, errlen);
-        (void)fio_remove_tree(dir);
-        if (rc)
-            return NULL;
+    char e2[256];
+    int have_pred = tb && cm_predict(tb, a, &p, e2, sizeof e2) == 0;
+    ms_result r[LC_ROUNDS];
+    int idx[LC_ROUNDS];
+    for (int k = 0; k < LC_ROUNDS; k++) {
+        lc_bench_result(&b[k], t, &r[k]);
+        idx[k] = k;
+        for (int j = k; j > 0 && r[idx[j - 1]].latency_ms > r[idx[j]].latency_ms; j--) {
+            int x = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = x;
+        }
     }
-    lc_bench_result(&b, t, &r);
-    json_t *meas = ms_result_to_json(&r, t);
-    if (meas)
+    int m = idx[LC_ROUNDS / 2];
+    json_t *meas = ms_result_to_json(&r[m], t), *lat = json_array();
+    for (int k = 0; lat && k < LC_ROUNDS; k++)
+        if (json_array_append_new(lat, json_real(r[k].latency_ms)))
+            lat = NULL;
+    if (meas) {
         json_object_set_new(meas, "llama_cpp_buffers",
-                            json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b.buf_model, "kv",
-                                      (json_int_t)b.buf_kv, "compute", (json_int_t)b.buf_compute, "output",
-                                      (json_int_t)b.buf_output));
-    lc_bench_free(&b);
+                            json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b[m].buf_model, "kv",
+                                      (json_int_t)b[m].buf_kv, "compute", (json_int_t)b[m].buf_compute, "output",
+                                      (json_int_t)b[m].buf_output));
+        json_object_set_new(meas, "process_latencies_ms", lat);
+        json_object_set_new(meas, "method",
+                            json_string("the median of 3 fresh llama.cpp processes (ac-llama), parent and result "
+                                        "alternating; each process a warm-up and the median of 3 requests"));
+    } else {
+        json_decref(lat);
+    }
     json_t *out = json_pack("{s:I,s:o,s:s}", "params", (json_int_t)arch_params(a), "measured", meas, "weights",
-                            gguf ? "the exported GGUF" : "random");
+                            exported ? "the exported GGUF" : "random");
     if (out && have_pred) {
         json_object_set_new(out, "predicted", cm_prediction_to_json(&p));
         json_object_set_new(out, "naive_weights_plus_kv_bytes", json_integer(p.naive_bytes));
     }
     return out;
+}
+
+/* The parent (random weights at the target's type, in a scratch folder) and the result
+ * (the GGUF at gguf, random weights when gguf is "" (a search-only job); none when
+ * result is NULL) served LC_ROUNDS times each in fresh
+ * processes, alternating A B A B: a machine whose speed drifts moves both alike. *pj and
+ * *rj get their objects. 0; 1 cancelled; -1 with err. */
+static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, const arch *result, const char *gguf,
+                         const cm_target *t, json_t **pj, json_t **rj, char *err, size_t errlen)
+{
+    char dir[4096], ppath[4400], rpath[4400];
+    lc_bench pb[LC_ROUNDS], rb[LC_ROUNDS];
+    memset(pb, 0, sizeof pb);
+    memset(rb, 0, sizeof rb);
+    if (lc_scratch_dir(dir, sizeof dir, err, errlen))
+        return -1;
+    int rc = lc_write_random(parent, t, 1, dir, "parent", ppath, sizeof ppath, NULL, err, errlen) ? -1 : 0;
+    if (rc == 0 && result && !*gguf)
+        rc = lc_write_random(result, t, 2, dir, "result", rpath, sizeof rpath, NULL, err, errlen) ? -1 : 0;
+    else
+        snprintf(rpath, sizeof rpath, "%s", gguf);
+    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1};
+    int steps = LC_ROUNDS * (result ? 2 : 1), done = 0;
+    for (int k = 0; rc == 0 && k < LC_ROUNDS; k++) {
+        if (lc_bench_gguf(ppath, t, &o, 0, &pb[k], err, errlen) ||
+            (result && lc_bench_gguf(rpath, t, &o, 0, &rb[k], err, errlen))) {
+            rc = -1;
+            break;
+        }
+        done += result ? 2 : 1;
+        job_progress(ctx, done, steps);
+        if (job_cancelled(ctx))
+            rc = 1;
+    }
+    if (rc == 0) {
+        *pj = llama_measured(tb, parent, pb, 0, t);
+        *rj = result ? llama_measured(tb, result, rb, *gguf != 0, t) : NULL;
+        if (!*pj || (result && !*rj)) {
+            snprintf(err, errlen, "measure: out of memory");
+            rc = -1;
+        }
+    }
+    for (int k = 0; k < LC_ROUNDS; k++) {
+        lc_bench_free(&pb[k]);
+        lc_bench_free(&rb[k]);
+    }
+    (void)fio_remove_tree(dir);
+    return rc;
 }
 
 /* Predicted and measured objects of one arch; NULL with err on failure. */
@@ -215,22 +273,25 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
         goto out;
     }
     job_progress(ctx, 0, have_result ? 2 : 1);
-    pj = llama ? measure_llama(have_tb ? &tb : NULL, &parent, NULL, &t, err, errlen)
-               : measure_one(be, have_tb ? &tb : NULL, &parent, &t, err, errlen);
-    if (!pj)
-        goto out;
-    if (job_cancelled(ctx)) {
-        rc = 1;
-        goto out;
-    }
-    job_progress(ctx, 1, have_result ? 2 : 1);
-    if (have_result) {
-        rj = llama ? measure_llama(have_tb ? &tb : NULL, &result, *gguf ? gguf : NULL, &t, err, errlen)
-                   : measure_one(be, have_tb ? &tb : NULL, &result, &t, err, errlen);
-        if (!rj)
+    if (llama) {
+        int m = measure_llama(ctx, have_tb ? &tb : NULL, &parent, have_result ? &result : NULL, gguf, &t, &pj, &rj,
+                              err, errlen);
+        if (m) {
+            rc = m > 0 ? 1 : -1;
             goto out;
-        job_progress(ctx, 2, 2);
+        }
+    } else {
+        if (!(pj = measure_one(be, have_tb ? &tb : NULL, &parent, &t, err, errlen)))
+            goto out;
+        if (job_cancelled(ctx)) {
+            rc = 1;
+            goto out;
+        }
+        job_progress(ctx, 1, have_result ? 2 : 1);
+        if (have_result && !(rj = measure_one(be, have_tb ? &tb : NULL, &result, &t, err, errlen)))
+            goto out;
     }
+    job_progress(ctx, 2, 2);
     json_t *frag = json_pack("{s:O}", "parent", pj);
     if (frag && engine)
         json_object_set(frag, "engine", engine);

@@ -9,7 +9,7 @@
  *       llama.cpp's quantizer (TYPE f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k); OUT appears whole
  *       or not at all. {type, bytes, seconds, fallbacks} (tensors stored in a fallback type)
  *   ac-llama bench MODEL.gguf [--threads N] [--batch B] [--prompt S] [--output N]
- *                  [--warmup W] [--reps R] [--kv-type T] [--seed X] [--mmap] [--verbose]
+ *                  [--warmup W] [--reps R] [--kv-type T] [--seed X] [--mmap] [--cold] [--verbose]
  *       Requests the way llama-bench times them: W untimed then R timed requests, the
  *       cache cleared before each; a request is a prefill of B rows of S random tokens
  *       (logits of each row's last token, greedy argmax) then N decode steps of one token
@@ -18,11 +18,18 @@
  *       (--mmap maps the file instead). {model, threads, batch, prompt, output,
  *       kv_type, n_ctx, n_params, model_bytes, n_vocab, buffers{model, kv, compute,
  *       output}, rss_before_load, rss_after_load, rss_peak, load_ms, reps[{prefill_ms,
- *       decode_ms[N]}]}; buffers are llama.cpp's own, read from its log lines.
+ *       decode_ms[N]}], flush_bytes}; buffers are llama.cpp's own, read from its log lines.
+ *       --cold flushes the CPU caches before each timed llama_decode (each thread reads
+ *       its share of a buffer twice the last-level cache, outside the timer; the RSS
+ *       figures leave the buffer out): a model smaller than the cache is then timed with
+ *       its weights streaming from memory, as a served model larger than the cache has
+ *       them. Calibration's repeated-block models need it (they price the blocks of
+ *       models many times their size); served models are timed without it.
  */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,6 +203,108 @@ static const struct {
 } KVTYPES[] = {{"f16", GGML_TYPE_F16}, {"f32", GGML_TYPE_F32}, {"bf16", GGML_TYPE_BF16},
                {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}};
 
+/* ---------- cache flush (--cold) ---------- */
+
+static struct {
+    unsigned char *buf;
+    size_t bytes;
+    int threads;
+} g_flush;
+
+typedef struct {
+    const unsigned char *p;
+    size_t n;
+    unsigned sum;
+} flush_part;
+
+/* The last-level cache this machine's CPU 0 sees (sysfs, as the kernel reports it to
+ * this guest; sysconf's figure may be the host package's), else 32 MiB. */
+static size_t llc_bytes(void)
+{
+    size_t best = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[96], buf[64];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        char *got = fgets(buf, sizeof buf, f);
+        fclose(f);
+        char *end;
+        unsigned long long v = got ? strtoull(buf, &end, 10) : 0;
+        if (!v)
+            continue;
+        if (*end == 'K')
+            v <<= 10;
+        else if (*end == 'M')
+            v <<= 20;
+        if (v > best)
+            best = (size_t)v;
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (!best) {
+        long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        best = v > 0 ? (size_t)v : 0;
+    }
+#endif
+    return best ? best : (size_t)32 << 20;
+}
+
+/* Twice the last-level cache, 8 MiB .. 512 MiB, touched once (so that reading it later
+ * reads memory, not the shared zero page). 0, or -1 (out of memory). */
+static int flush_init(int threads)
+{
+    size_t n = 2 * llc_bytes();
+    n = n < ((size_t)8 << 20) ? (size_t)8 << 20 : n > ((size_t)512 << 20) ? (size_t)512 << 20 : n;
+    g_flush.buf = malloc(n);
+    if (!g_flush.buf)
+        return -1;
+    memset(g_flush.buf, 1, n);
+    g_flush.bytes = n;
+    g_flush.threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    return 0;
+}
+
+static void *flush_run(void *arg)
+{
+    flush_part *fp = arg;
+    unsigned s = 0;
+    for (size_t i = 0; i < fp->n; i += 64)
+        s += fp->p[i];
+    fp->sum = s;
+    return NULL;
+}
+
+static volatile unsigned g_flush_sink;
+
+/* Read the buffer, a share per thread (each core's private caches and the shared one
+ * end up holding the buffer, not the model). Reads only: no dirty lines to write back
+ * inside the next timed step. A thread that cannot start leaves its share to this one. */
+static void flush_caches(void)
+{
+    if (!g_flush.buf)
+        return;
+    pthread_t th[64];
+    flush_part part[64];
+    int n = g_flush.threads, started[64] = {0};
+    size_t share = g_flush.bytes / (size_t)n;
+    for (int i = 0; i < n; i++) {
+        part[i] = (flush_part){g_flush.buf + (size_t)i * share, i == n - 1 ? g_flush.bytes - (size_t)i * share : share,
+                               0};
+        started[i] = i > 0 && pthread_create(&th[i], NULL, flush_run, &part[i]) == 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (!started[i])
+            flush_run(&part[i]);
+    unsigned s = 0;
+    for (int i = 0; i < n; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        s += part[i].sum;
+    }
+    g_flush_sink = s;
+}
+
 /* ---------- info ---------- */
 
 static int cmd_info(void)
@@ -261,7 +370,7 @@ static int cmd_quantize(int argc, char **argv)
 /* ---------- bench ---------- */
 
 typedef struct {
-    int threads, batch, prompt, output, warmup, reps, mmap;
+    int threads, batch, prompt, output, warmup, reps, mmap, cold;
     const char *kv;
     uint64_t seed;
 } bench_opts;
@@ -280,6 +389,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         }
         if (!strcmp(a, "--mmap")) {
             o->mmap = 1;
+            continue;
+        }
+        if (!strcmp(a, "--cold")) {
+            o->cold = 1;
             continue;
         }
         if (!v)
@@ -353,6 +466,7 @@ static int request(struct llama_context *ctx, const bench_opts *o, int n_vocab, 
     for (int r = 0; r < o->batch; r++)
         for (int p = 0; p < o->prompt; p++)
             batch_add(b, (llama_token)(eng_splitmix64(&s) % (uint64_t)n_vocab), p, r, p == o->prompt - 1);
+    flush_caches();
     double t0 = eng_wall_s();
     if (llama_decode(ctx, *b))
         return -1;
@@ -365,6 +479,7 @@ static int request(struct llama_context *ctx, const bench_opts *o, int n_vocab, 
         b->n_tokens = 0;
         for (int r = 0; r < o->batch; r++)
             batch_add(b, next[r], o->prompt + i, r, 1);
+        flush_caches();
         t0 = eng_wall_s();
         if (llama_decode(ctx, *b))
             return -1;
@@ -396,6 +511,10 @@ static int cmd_bench(int argc, char **argv)
     if (check_gguf(path, why, sizeof why))
         return fail(1, "%s", why);
     int64_t rss0 = eng_proc_status_bytes("VmRSS");
+    /* before the model, so that every RSS figure after it holds the buffer whole */
+    if (o.cold && flush_init(o.threads))
+        return fail(1, "out of memory (the cache-flush buffer)");
+    int64_t fb = (int64_t)g_flush.bytes;
     double t0 = eng_wall_s();
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
@@ -426,6 +545,7 @@ static int cmd_bench(int argc, char **argv)
     }
     double load_ms = (eng_wall_s() - t0) * 1000;
     int64_t rss1 = eng_proc_status_bytes("VmRSS");
+    rss1 -= rss1 >= fb ? fb : 0;
     struct llama_batch b = llama_batch_init(o.batch * o.prompt, 0, 1);
     llama_token *next = calloc((size_t)o.batch, sizeof *next);
     double *dec = calloc((size_t)o.output, sizeof *dec);
@@ -455,19 +575,23 @@ static int cmd_bench(int argc, char **argv)
     free(dec);
     llama_free(ctx);
     llama_model_free(model);
+    int64_t hwm = eng_proc_status_bytes("VmHWM");
+    hwm -= hwm >= fb ? fb : 0;
+    free(g_flush.buf);
+    g_flush.buf = NULL;
     if (rc) {
         json_decref(reps);
         return rc;
     }
     const double MiB = 1024.0 * 1024.0;
     return emit(json_pack(
-        "{s:s,s:i,s:i,s:i,s:i,s:s,s:i,s:I,s:I,s:i,s:{s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:f,s:o}", "model", path, "threads",
+        "{s:s,s:i,s:i,s:i,s:i,s:s,s:i,s:I,s:I,s:i,s:{s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:f,s:o,s:I}", "model", path, "threads",
         o.threads, "batch", o.batch, "prompt", o.prompt, "output", o.output, "kv_type", o.kv, "n_ctx", (int)n_ctx,
         "n_params", (json_int_t)n_params, "model_bytes", (json_int_t)mbytes, "n_vocab", n_vocab, "buffers", "model",
         (json_int_t)(g_log.model_mib * MiB + 0.5), "kv", (json_int_t)(g_log.kv_mib * MiB + 0.5), "compute",
         (json_int_t)(g_log.compute_mib * MiB + 0.5), "output", (json_int_t)(g_log.output_mib * MiB + 0.5),
-        "rss_before_load", (json_int_t)rss0, "rss_after_load", (json_int_t)rss1, "rss_peak",
-        (json_int_t)eng_proc_status_bytes("VmHWM"), "load_ms", load_ms, "reps", reps));
+        "rss_before_load", (json_int_t)rss0, "rss_after_load", (json_int_t)rss1, "rss_peak", (json_int_t)hwm,
+        "load_ms", load_ms, "reps", reps, "flush_bytes", fb));
 }
 
 int main(int argc, char **argv)

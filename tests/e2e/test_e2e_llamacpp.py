@@ -2,10 +2,12 @@
 F32 weights, 2 threads):
 - POST /v1/calibrations with target.engine "llama.cpp" calibrates inside llama.cpp: the
   calibration names the engine, its version and build, was made by the repeated-block
-  method, and its held-out archs were measured in llama.cpp (RSS of a fresh process);
+  method, and its held-out archs were measured in llama.cpp (RSS of a fresh process, the
+  faster of two fresh processes' latencies);
 - POST /v1/estimates with the same target is answered from that calibration;
 - a job with a latency limit at 80% of the parent's llama.cpp prediction succeeds: its
-  report names the engine, its measured latency and memory come from llama.cpp's buffers,
+  report names the engine, its measured latency and memory come from llama.cpp's buffers
+  (the median of three fresh processes per model, each process's latency shown),
   the chosen arch is one llama.cpp's graphs run (layer 0 keeps attention, no attention
   without an MLP), and the exported GGUF is byte for byte the file that was measured; the
   downloaded GGUF, timed again in a fresh llama-cpp-python process, is printed beside it;
@@ -71,6 +73,7 @@ def main():
         assert "repeated blocks" in doc["cost"]["method"], doc["cost"]
         v = doc["validation"]
         assert v["archs"] >= 1 and "llama.cpp" in v["measured_memory"], v
+        assert "two fresh llama.cpp processes" in v["measured_latency"], v
         print("held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), memory MAPE %.2f%% (max %.2f%%)"
               % (v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"]))
 
@@ -92,6 +95,12 @@ def main():
         assert e["fallback_tensors"] == 0, e
         m = rep["result"]["measured"]
         assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
+        # three fresh processes per model, parent and result alternating: the median kept
+        for side in (rep["parent"]["measured"], m):
+            pl = side["process_latencies_ms"]
+            assert len(pl) == 3 and all(x > 0 for x in pl), side
+            assert abs(sorted(pl)[1] - side["latency_ms"]) < 1e-6 * side["latency_ms"], side
+            assert "3 fresh llama.cpp processes" in side["method"], side
         assert rep["result"]["weights"] == "the exported GGUF", rep["result"]
         row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
         assert row["measured"] == m["latency_ms"] and row["holds"] == (m["latency_ms"] <= limit), row

@@ -3,7 +3,8 @@
 # on the real stories260K exported to GGUF by the product:
 #  - info names ggml's version;
 #  - bench gives every rep its N positive decode steps, llama.cpp's model, KV and compute
-#    buffers from its log, and a peak RSS above the one before loading;
+#    buffers from its log, and a peak RSS above the one before loading; --cold the same,
+#    with its flush buffer left out of the RSS;
 #  - quantize to q8_0 writes the file whole (no temporary left), reports the tensors that
 #    fell back (stories260K's FFN width 172 is no multiple of 32), and bench loads it;
 #  - a missing file, a FIFO, a text file named .gguf, --reps 0, --threads abc and an
@@ -51,6 +52,19 @@ print("%s: model %d bytes, buffers %s, rss %d -> %d (peak %d), prefill %.3f ms, 
 PY
 }
 check_bench f32.json || fail "bench JSON (f32)"
+
+# --cold: the same model with the caches flushed before each timed step; the flush
+# buffer (twice the last-level cache) is left out of the RSS figures.
+"$HELPER" bench s.gguf $BENCH --cold >cold.json 2>bench.log || { cat bench.log; fail "bench --cold"; }
+check_bench cold.json || fail "bench JSON (--cold)"
+"$AC_PYTHON" - f32.json cold.json <<'PY' || fail "bench --cold: flush buffer"
+import json, sys
+w, c = (json.load(open(f)) for f in sys.argv[1:])
+assert w["flush_bytes"] == 0 and c["flush_bytes"] >= 8 << 20, (w["flush_bytes"], c["flush_bytes"])
+# without the subtraction the cold peak would sit flush_bytes (>= 8 MiB) above the warm one
+assert abs(c["rss_peak"] - w["rss_peak"]) < 4 << 20, (w["rss_peak"], c["rss_peak"], c["flush_bytes"])
+assert abs(c["rss_after_load"] - w["rss_after_load"]) < 4 << 20, (w["rss_after_load"], c["rss_after_load"])
+PY
 
 "$HELPER" quantize s.gguf s-q8_0.gguf q8_0 --threads 1 >q8.json 2>q8.log || { cat q8.log; fail "quantize"; }
 echo "quantize: $(cat q8.json)"
