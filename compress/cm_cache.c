@@ -36,10 +36,12 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     int n = snprintf(buf, sizeof buf, "v1|%s|%s|%s|V%d|C%d|D%d|tie%d|bias%d|H%d|KV%d|F%d|B%d|S%d|N%d", t->device,
                      t->precision, a->family, a->vocab_size, a->hidden_size, a->head_dim, a->tie_word_embeddings,
                      a->attention_bias, maxh, maxkv, maxf, t->batch_size, t->prompt_tokens, t->output_tokens);
-    /* Another engine keys its name, KV type, threads and build too (built-in ids unchanged). */
+    /* Another engine keys its name, KV type, threads and build too (built-in ids unchanged),
+     * and the version of its calibration method (rb2: repeated-block models timed cold,
+     * the hidden sizes' passes in turn), so that tables an older method made are not reused. */
     if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|%s", t->engine, t->kv_cache_type, t->threads,
-                      t->engine_build);
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|%s|rb2", t->engine, t->kv_cache_type,
+                      t->threads, t->engine_build);
     if (n >= (int)sizeof buf)
         n = (int)sizeof buf - 1;
     unsigned char md[SHA256_DIGEST_LENGTH];
