@@ -174,6 +174,14 @@ cm_est_status cm_estimate(const arch *a, const cm_target *tg, const char *data_d
     if (lc_target_resolve(&resolved, err, errlen))
         return CM_EST_UNCOVERED;
     tg = &resolved;
+    /* No calibration at a block type prices widths off the block (the weight type cannot
+     * store them): say so, rather than ask for a calibration that would not cover it. */
+    int block = cm_target_block(tg, a);
+    char why[160];
+    if (block > 1 && !cm_arch_fits_block(a, block, why, sizeof why)) {
+        snprintf(err, errlen, "%s at %s stores rows in blocks of %d: %s", tg->engine, tg->precision, block, why);
+        return CM_EST_UNCOVERED;
+    }
     json_t *cal = cm_calibration_find(data_dir, tg, a);
     if (!cal) {
         char id[40];

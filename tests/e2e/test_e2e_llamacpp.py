@@ -12,7 +12,8 @@ F32 weights, 2 threads):
   without an MLP), and the exported GGUF is byte for byte the file that was measured; the
   downloaded GGUF, timed again in a fresh llama-cpp-python process, is printed beside it;
 - bad input: an unknown engine, a weight type llama.cpp lacks, a KV-cache type on the
-  built-in engine are 422 naming the pointer; a server where llama.cpp is missing refuses
+  built-in engine are 422 naming the pointer; an estimate at q8_0 of an arch whose FFN
+  width q8_0 cannot store is a 422 naming the width; a server where llama.cpp is missing refuses
   a llama.cpp job with a 422 at /target/engine that says so."""
 import hashlib
 import json
@@ -59,6 +60,11 @@ def main():
             st, _, body = s.json("POST", "/v1/jobs", stories_spec(target=tgt))
             assert st == 422, (tgt, st, body)
             assert any(e.get("pointer") == ptr for e in body.get("errors", [])), (ptr, body)
+        # an arch whose widths q8_0 cannot store (stories260K's FFN 172): no calibration
+        # could price it, so the estimate says why (not "calibrate first")
+        st, _, body = s.json("POST", "/v1/estimates", {"model": {"path": MODEL, "tokenizer": TOK},
+                                                       "target": {**TARGET, "precision": "q8_0"}})
+        assert st == 422 and "ffn_dim 172 is not a multiple of 32" in json.dumps(body), (st, body)
 
         # --- calibration inside llama.cpp
         t0 = time.time()
