@@ -500,6 +500,35 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
     return 0;
 }
 
+/* Both passes of every hidden size's models in turn, the n random archs (va, in the
+ * order given; held out, then fit) spread between them and each served once per pass:
+ * like the tables' models, the faster of two fresh processes (a process is at times slow
+ * as a whole, never fast) into vr, both latencies into plat[2i], plat[2i + 1]. The time
+ * spent on the random archs is added to *wall. 0, or -1 with err. */
+static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, double *plat, const int *order, int n,
+                        double *wall, char *err, size_t errlen)
+{
+    for (int slot = 0, v = 0; slot < 2 * c->n_hid; slot++) {
+        int pass = slot / c->n_hid, h = slot % c->n_hid;
+        if (pass_at(c, h, pass, &hs[h], err, errlen))
+            return -1;
+        double t0 = eng_wall_s();
+        for (; v < (slot + 1) * 2 * n / (2 * c->n_hid); v++) {
+            int i = order[v % n], again = v >= n;
+            lc_times tm;
+            ms_result r;
+            if (serve(c, &va[i], c->o.validate_reps > 0 ? c->o.validate_reps : 3, 0, &tm, &r, NULL, err, errlen) ||
+                tick(c, i < c->o.validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
+                return -1;
+            if (!again || r.latency_ms < vr[i].latency_ms)
+                vr[i] = r;
+            plat[2 * i + again] = r.latency_ms;
+        }
+        *wall += eng_wall_s() - t0;
+    }
+    return 0;
+}
+
 json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o, const char *id, char *err,
                       size_t errlen)
 {
@@ -568,27 +597,8 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    /* both passes of every hidden size in turn, the random archs spread between them and
-     * each served once per pass: like the tables' models, the faster of two fresh
-     * processes (a process is at times slow as a whole, never fast) */
-    for (int slot = 0, v = 0; slot < 2 * c.n_hid; slot++) {
-        int pass = slot / c.n_hid, h = slot % c.n_hid;
-        if (pass_at(&c, h, pass, &hs[h], err, errlen))
-            goto out;
-        double t0 = eng_wall_s();
-        for (; v < (slot + 1) * 2 * n_all / (2 * c.n_hid); v++) {
-            int i = order[v % n_all], again = v >= n_all;
-            lc_times tm;
-            ms_result r;
-            if (serve(&c, &va[i], o->validate_reps > 0 ? o->validate_reps : 3, 0, &tm, &r, NULL, err, errlen) ||
-                tick(&c, i < o->validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
-                goto out;
-            if (!again || r.latency_ms < vr[i].latency_ms)
-                vr[i] = r;
-            plat[2 * i + again] = r.latency_ms;
-        }
-        wall_random += eng_wall_s() - t0;
-    }
+    if (serve_passes(&c, hs, va, vr, plat, order, n_all, &wall_random, err, errlen))
+        goto out;
     for (int h = 0; h < c.n_hid; h++)
         tables_at(&c, h, &hs[h], &tb);
     double wall_tables = eng_wall_s() - c.t_start - wall_random;
