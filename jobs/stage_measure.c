@@ -102,7 +102,8 @@ static json_t *engine_json(const cm_target *t, int fallbacks, const char *note)
     return o;
 }
 
-#define LC_ROUNDS 3   /* fresh processes per model, the models alternating */
+#define LC_ROUNDS 3     /* fresh processes per model, the models alternating */
+#define LC_REQUESTS 3   /* timed requests per process, after one warm-up */
 
 /* Predicted (from tb) and measured objects of arch a from its LC_ROUNDS benches b: the
  * process of median latency (its phases and buffers), every process's latency beside
@@ -135,9 +136,12 @@ static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench
                                       (json_int_t)b[m].buf_kv, "compute", (json_int_t)b[m].buf_compute, "output",
                                       (json_int_t)b[m].buf_output));
         json_object_set_new(meas, "process_latencies_ms", lat);
-        json_object_set_new(meas, "method",
-                            json_string("the median of 3 fresh llama.cpp processes (ac-llama), parent and result "
-                                        "alternating; each process a warm-up and the median of 3 requests"));
+        char how[200];
+        snprintf(how, sizeof how,
+                 "the median of %d fresh llama.cpp processes (ac-llama), parent and result alternating; each process "
+                 "a warm-up and the median of %d requests",
+                 LC_ROUNDS, LC_REQUESTS);
+        json_object_set_new(meas, "method", json_string(how));
     } else {
         json_decref(lat);
     }
@@ -169,7 +173,7 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
         rc = lc_write_random(result, t, 2, dir, "result", rpath, sizeof rpath, NULL, err, errlen) ? -1 : 0;
     else
         snprintf(rpath, sizeof rpath, "%s", gguf);
-    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1};
+    ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1};
     int steps = LC_ROUNDS * (result ? 2 : 1), done = 0;
     for (int k = 0; rc == 0 && k < LC_ROUNDS; k++) {
         if (lc_bench_gguf(ppath, t, &o, 0, &pb[k], err, errlen) ||
