@@ -39,7 +39,7 @@ def cancel_during_search(s):
         time.sleep(0.05)
     assert worker_pids(jid) == [], "a worker is still running after cancel: %s" % worker_pids(jid)
     for p in pids:
-        assert not os.path.exists("/proc/%d" % p) or open("/proc/%d/stat" % p).read().split(")")[-1].split()[0] == "Z"
+        assert process_gone(p), "worker %d is still alive after cancel" % p
     arts = artifacts(s, jid)
     stages = {a["stage"] for a in arts.values()}
     assert "search" not in stages and "search.json" not in arts, arts
@@ -51,6 +51,16 @@ def cancel_during_search(s):
     assert st == 200 and hd["content-type"].startswith("text/html"), (st, hd)
     assert b"partial report" in html and b"cancelled" in html and b"<script" not in html
     print("cancel during search: cancelled in %.2f s, artifacts %s" % (dt, sorted(arts)))
+
+
+def process_gone(pid):
+    """True when pid has exited: no /proc entry, or a zombie waiting to be reaped. The entry can go
+    between any two reads (its parent reaps it), so a vanished file counts as gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def unsupported_family(s):
