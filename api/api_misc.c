@@ -314,10 +314,13 @@ void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_
         int gpu = strncmp(d.name, "cuda", 4) == 0;
         char cc[16];
         snprintf(cc, sizeof cc, "%d.%d", d.cc_major, d.cc_minor);
-        json_array_append_new(data, json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:i}", "id", d.name, "object", "device",
-                                              "kind", gpu ? "cuda" : "cpu", "description", d.description,
-                                              "memory_bytes", (json_int_t)d.memory_bytes, "compute_capability",
-                                              gpu ? json_string(cc) : json_null(), "cores", d.cores));
+        json_t *dev = json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:i}", "id", d.name, "object", "device", "kind",
+                                gpu ? "cuda" : "cpu", "description", d.description, "memory_bytes",
+                                (json_int_t)d.memory_bytes, "compute_capability", gpu ? json_string(cc) : json_null(),
+                                "cores", d.cores);
+        if (dev && !gpu)
+            json_object_set_new(dev, "blas", json_pack("{s:s,s:s}", "kernel", d.blas_kernel, "config", d.blas_config));
+        json_array_append_new(data, dev);
     }
     api_json(resp, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));
 }

@@ -715,6 +715,12 @@ static json_t *run_result(cal_run_ctx *r, json_t *validation, char *err, size_t 
         json_decref(target);
         json_decref(validation);
     }
+    if (result && !cm_target_llamacpp(r->t) && strcmp(r->t->device, "cpu") == 0 &&
+        json_object_set_new(result, "blas", json_pack("{s:s,s:s}", "kernel", eng_blas_kernel(), "config",
+                                                      eng_blas_config())) != 0) {
+        json_decref(result);
+        result = NULL;
+    }
     if (!result)
         snprintf(err, errlen, "out of memory");
     return result;

@@ -18,6 +18,7 @@
 
 #include "compress/costmodel_internal.h"
 #include "compress/llamacpp.h"
+#include "engine/backend.h"
 #include "storage/archjson.h"
 #include "storage/fileio.h"
 
@@ -39,6 +40,10 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     /* Another engine keys its name, KV type, threads and build too (built-in ids unchanged),
      * and the version of its calibration method (rb2: repeated-block models timed cold,
      * the hidden sizes' passes in turn), so that tables an older method made are not reused. */
+    /* The CPU's tables hold for the BLAS kernel that measured them (a generic one runs GEMMs
+     * about 5x slower than the AVX-512 one on the same CPU). */
+    if (!cm_target_llamacpp(t) && strcmp(t->device, "cpu") == 0 && n > 0 && (size_t)n < sizeof buf)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|blas%s", eng_blas_kernel());
     if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|%s|rb2", t->engine, t->kv_cache_type,
                       t->threads, t->engine_build);

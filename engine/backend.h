@@ -164,6 +164,31 @@ struct eng_backend {
  * Returns a new backend, or NULL on OOM. Free with eng_backend_free. */
 eng_backend *eng_backend_cpu_new(int threads);
 
+/* ---- the CPU backend's BLAS ---------------------------------------------------------
+ * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels from the CPU's model
+ * number when the library loads. A CPU newer than the library (Emerald Rapids, model 207,
+ * under OpenBLAS 0.3.21) falls back to a generic SSE3 kernel ("Prescott") that runs GEMMs
+ * about 5x slower than the AVX-512 kernel the CPU can run. The choice is made before
+ * main, so it can only be corrected for the next exec: eng_blas_pick_kernel does that. */
+
+/* The kernel OpenBLAS runs ("SkylakeX", "Haswell", "Prescott", ...) and its build
+ * configuration string. Never NULL. */
+const char *eng_blas_kernel(void);
+const char *eng_blas_config(void);
+
+/* The kernel to ask OpenBLAS for (OPENBLAS_CORETYPE) when it detected `detected` on a CPU
+ * with these features: "SkylakeX" (AVX-512 F/BW/DQ/VL) or "Haswell" (AVX2 and FMA) when
+ * `detected` is a kernel older than the CPU's vector units (no AVX2), else NULL (keep). */
+const char *eng_blas_kernel_for(const char *detected, int avx512, int avx2_fma);
+
+/* Call first in main: when OPENBLAS_CORETYPE is unset and eng_blas_kernel_for says the
+ * detected kernel is too old for this CPU, set OPENBLAS_CORETYPE and exec this program
+ * again with the same arguments (the variable reaches every process it starts). Returns
+ * only when nothing needs to change, or when the exec fails (a warning on stderr; the
+ * program then runs on the slow kernel). Where the variable is set already, by the user
+ * or by the first exec, it is left alone, so this never execs twice. */
+void eng_blas_pick_kernel(char **argv);
+
 /* Free any backend (calls be->destroy). Safe on NULL. Leaked accounted bytes are the
  * caller's bug; tests check cur_bytes == 0 first. */
 void eng_backend_free(eng_backend *be);

@@ -55,6 +55,8 @@ static void dev_cpu_info(eng_device_info *out)
     const char *isa = "unknown";
 #endif
     snprintf(out->description, sizeof out->description, "%s CPU%s, %d cores", isa, feat, out->cores);
+    snprintf(out->blas_kernel, sizeof out->blas_kernel, "%s", eng_blas_kernel());
+    snprintf(out->blas_config, sizeof out->blas_config, "%s", eng_blas_config());
 }
 
 int eng_device_get(int i, eng_device_info *out)

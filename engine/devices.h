@@ -17,6 +17,8 @@ typedef struct {
     uint64_t memory_bytes;    /* device memory (GPU) or physical RAM (CPU) */
     int cc_major, cc_minor;   /* CUDA compute capability; 0, 0 for the CPU */
     int cores;                /* CPU: online logical cores; GPU: streaming multiprocessors */
+    char blas_kernel[32];     /* CPU: the kernel OpenBLAS runs ("SkylakeX"); "" for a GPU */
+    char blas_config[160];    /* CPU: OpenBLAS's build configuration; "" for a GPU */
 } eng_device_info;
 
 /* Number of devices: 1 (the CPU) plus the CUDA devices the driver reports (0 of those in

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/backend.h"
 #include "server/cli.h"
 
 static const struct {
@@ -35,6 +36,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -108,6 +108,7 @@ static void out2(FILE *f, const char *fmt, ...)
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     const char *device = "cpu", *out_path = NULL, *batches = "1,8";
     int S = 256, N = 64, validate = 10, vreps = 3, reps = 3, models = 2, threads = 0;
     for (int i = 1; i + 1 < argc; i += 2) {

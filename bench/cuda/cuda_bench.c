@@ -307,6 +307,7 @@ static int run_compare(const opts *o)
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     opts o = {.device = "cuda:0", .prec = "fp32", .model = NULL, .T = 512, .steps = 64, .layers = 30, .batch = 1};
     if (argc < 2) {
         fprintf(stderr, "usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n] "

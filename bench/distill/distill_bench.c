@@ -29,6 +29,7 @@ static void smol_arch(arch *a, int hidden, int ffn)
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     int threads = 2, B = 1, T = 128, steps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         long v = strtol(argv[i + 1], NULL, 10);

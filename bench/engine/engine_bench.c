@@ -136,6 +136,7 @@ static double bench_train(eng_model *m, int B, int T, int steps)
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     int threads = 0, quick = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {

@@ -28,6 +28,7 @@ static int arg_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     const char *model = NULL, *data = NULL;
     int items = 16, threads = 0, full = 500;
     for (int i = 1; i < argc; i++) {

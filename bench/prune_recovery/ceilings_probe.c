@@ -11,6 +11,7 @@
 
 int main(int argc, char **argv)
 {
+    eng_blas_pick_kernel(argv);
     int threads = argc > 1 ? (int)strtol(argv[1], NULL, 10) : 0;
     eng_backend *be = eng_backend_cpu_new(threads);
     eng_rate gf, bw;

@@ -63,6 +63,13 @@ def main():
         assert st == 200 and b"ac_http_requests_total" in body and b'ac_jobs{status="queued"}' in body, body[:500]
         st, hd, doc = s.json("GET", "/v1/devices", expect=200)
         assert doc["object"] == "list" and doc["data"][0]["id"] == "cpu" and doc["data"][0]["memory_bytes"] > 0
+        # the CPU's GEMMs run a kernel its vector units can run: never OpenBLAS's generic fallback
+        # on a CPU with AVX2 and FMA (a CPU newer than the library falls back to "Prescott")
+        blas = doc["data"][0]["blas"]
+        assert blas["kernel"] and "OpenBLAS" in blas["config"], blas
+        flags = set(open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split())
+        if {"avx2", "fma"} <= flags:
+            assert blas["kernel"] not in ("Prescott", "Core2", "Penryn", "Nehalem", "Sandybridge", "Atom"), blas
         st, hd, body = s.request("GET", "/openapi.yaml")
         assert st == 200 and body.startswith(b"openapi: 3.1"), body[:100]
         st, hd, _ = s.request("GET", "/healthz", headers={"X-Request-Id": "client-chosen.id_1"})

@@ -132,11 +132,30 @@ static void test_rope_roundtrip_and_masks(void **state)
     eng_backend_free(be);
 }
 
+/* The kernel OpenBLAS is asked for: a generic fallback on a CPU with AVX-512 or AVX2 is
+ * replaced, a kernel that fits the CPU (or a CPU without AVX2) is kept. */
+static void test_blas_kernel_for(void **state)
+{
+    (void)state;
+    assert_string_equal(eng_blas_kernel_for("Prescott", 1, 1), "SkylakeX");
+    assert_string_equal(eng_blas_kernel_for("prescott", 0, 1), "Haswell");
+    assert_string_equal(eng_blas_kernel_for("Nehalem", 0, 1), "Haswell");
+    assert_string_equal(eng_blas_kernel_for("Sandybridge", 1, 1), "SkylakeX");
+    assert_null(eng_blas_kernel_for("Prescott", 0, 0));       /* the CPU has nothing better */
+    assert_null(eng_blas_kernel_for("SkylakeX", 1, 1));
+    assert_null(eng_blas_kernel_for("Haswell", 1, 1));        /* already vector-wide enough to keep */
+    assert_null(eng_blas_kernel_for("Zen", 1, 1));
+    assert_null(eng_blas_kernel_for("SapphireRapids", 1, 1));
+    assert_null(eng_blas_kernel_for(NULL, 1, 1));
+    assert_true(eng_blas_kernel()[0] != 0 && eng_blas_config()[0] != 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_all_layouts),
         cmocka_unit_test(test_rope_roundtrip_and_masks),
+        cmocka_unit_test(test_blas_kernel_for),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
