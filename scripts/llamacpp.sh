@@ -37,7 +37,7 @@ install)
     fi
     flags="-DGGML_NATIVE=ON"
     echo "building llama.cpp (llama-cpp-python $VERSION from source, several minutes on 2 cores)" >&2
-    CMAKE_ARGS="$flags" "$venv/bin/pip" install -q "llama-cpp-python==$VERSION" >&2
+    CMAKE_ARGS="$flags" "$venv/bin/pip" install -q "llama-cpp-python==$VERSION" "numpy<2" >&2   # torch 1.13: NumPy 1 (scripts/pyenv.sh)
     echo "$flags" >"$flags_file"
     ;;
 *) echo "usage: scripts/llamacpp.sh install | --prefix | --version | --build-flags" >&2; exit 2 ;;

@@ -7,8 +7,13 @@ if [ ! -x "$_venv/bin/python" ]; then
     mkdir -p "$AC_CACHE"
     /usr/bin/python3 -m venv --system-site-packages "$_venv" || return 1
 fi
-if ! "$_venv/bin/python" -c "import tokenizers, safetensors, gguf, numpy, torch, jsonschema" 2>/dev/null; then
-    "$_venv/bin/pip" install -q tokenizers safetensors gguf jsonschema >&2 || return 1
+# Debian's torch 1.13 is built against NumPy 1: a NumPy 2 in the venv (what pip picks for
+# gguf when the venv is made before python3-numpy is installed) imports, but every tensor
+# to or from NumPy then fails ("Numpy is not available"). So the check converts one, and
+# NumPy stays below 2 (the system's 1.24 where it is installed).
+if ! "$_venv/bin/python" -c "import tokenizers, safetensors, gguf, numpy, torch, jsonschema
+torch.from_numpy(numpy.zeros(1)).numpy()" 2>/dev/null; then
+    "$_venv/bin/pip" install -q "numpy<2" tokenizers safetensors gguf jsonschema >&2 || return 1
 fi
 AC_PYTHON=$_venv/bin/python
 export AC_PYTHON AC_CACHE
