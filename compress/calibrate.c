@@ -715,9 +715,11 @@ static json_t *run_result(cal_run_ctx *r, json_t *validation, char *err, size_t 
         json_decref(target);
         json_decref(validation);
     }
+    char wait[128];
     if (result && !cm_target_llamacpp(r->t) && strcmp(r->t->device, "cpu") == 0 &&
-        json_object_set_new(result, "blas", json_pack("{s:s,s:s}", "kernel", eng_blas_kernel(), "config",
-                                                      eng_blas_config())) != 0) {
+        json_object_set_new(result, "cpu", json_pack("{s:s,s:s,s:s}", "blas_kernel", eng_blas_kernel(), "blas_config",
+                                                     eng_blas_config(), "wait_policy",
+                                                     eng_cpu_wait_policy(wait, sizeof wait))) != 0) {
         json_decref(result);
         result = NULL;
     }

@@ -189,6 +189,13 @@ const char *eng_blas_kernel_for(const char *detected, int avx512, int avx2_fma);
  * or by the first exec, it is left alone, so this never execs twice. */
 void eng_blas_pick_kernel(char **argv);
 
+/* How idle OpenMP threads wait between parallel regions, as the environment set it for this
+ * process (libgomp reads it once, at load): "OMP_WAIT_POLICY=passive" (they sleep at once:
+ * every region pays a wake-up, and decode, many small regions per token, runs at half
+ * speed), "GOMP_SPINCOUNT=30000" (spin that long, then sleep), or "default" (libgomp's
+ * own bounded spin). Both variables appear when both are set. Written into buf; returns buf. */
+const char *eng_cpu_wait_policy(char *buf, size_t len);
+
 /* Free any backend (calls be->destroy). Safe on NULL. Leaked accounted bytes are the
  * caller's bug; tests check cur_bytes == 0 first. */
 void eng_backend_free(eng_backend *be);

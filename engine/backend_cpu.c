@@ -944,6 +944,20 @@ void eng_blas_pick_kernel(char **argv)
 #endif
 }
 
+const char *eng_cpu_wait_policy(char *buf, size_t len)
+{
+    const char *pol = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    if (pol && *pol && spin && *spin)
+        snprintf(buf, len, "OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s", pol, spin);
+    else if (pol && *pol)
+        snprintf(buf, len, "OMP_WAIT_POLICY=%s", pol);
+    else if (spin && *spin)
+        snprintf(buf, len, "GOMP_SPINCOUNT=%s", spin);
+    else
+        snprintf(buf, len, "default");
+    return buf;
+}
+
 /* ---- construction -------------------------------------------------------------------- */
 
 static void cpu_to_device(eng_backend *be, void *dst, const void *src, size_t bytes)

@@ -13,7 +13,10 @@ ADDR=${AC_LISTEN:-127.0.0.1:8080}
 URL=http://$ADDR
 SHARED=${AC_SHARED:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
 DEMO=$(dirname "$0")/demo.sh
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}   # shared machines: no spinning threads
+# Idle OpenMP threads spin about 2 ms, then sleep: no core spins while the server idles,
+# and decode (many small parallel regions per token) does not pay a wake-up for each, as it
+# does under OMP_WAIT_POLICY=passive (SmolLM2 decode and training at half speed).
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-30000}
 export AC_SHARED=$SHARED                             # evaluation task data
 mkdir -p var/models/stories260K var/data
 for f in stories260K.bin tok512.bin; do

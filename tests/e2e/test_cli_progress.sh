@@ -15,7 +15,7 @@ W=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v script >/dev/null || fail "script (util-linux) is needed for the terminal half of this test"
-export OMP_WAIT_POLICY=passive AC_SHARED
+export AC_SHARED
 unset AC_PROGRESS
 
 # Under a 100-column pseudo-terminal: stdout to a file, stderr (the bar) to the terminal.

@@ -7,7 +7,6 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 BIN=$(realpath "${AC_BIN:-$here/../../build/autocompress}")
 export AC_SHARED=$(realpath "${AC_SHARED:-$here/../../../shared}")
-export OMP_WAIT_POLICY=passive
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -55,6 +55,13 @@ def parent_latency(s, target):
     _, _, est = s.json("POST", "/v1/estimates", {"arch": parent, "target": target}, expect=200)
     lat = est["predicted"]["latency_ms"]
     assert lat > 0 and est["calibration_id"] == rep["calibration_id"], (est, rep["calibration_id"])
+    # the CPU's tables name what they were measured with: the BLAS kernel and how idle threads waited
+    with open(os.path.join(s.data_dir, "calibrations", rep["calibration_id"] + ".json")) as f:
+        cpu = json.load(f)["cpu"]
+    pol, spin = os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
+    want = " ".join(x for x in ("OMP_WAIT_POLICY=%s" % pol if pol else "",
+                                "GOMP_SPINCOUNT=%s" % spin if spin else "") if x) or "default"
+    assert cpu["wait_policy"] == want and cpu["blas_kernel"] and "OpenBLAS" in cpu["blas_config"], (cpu, want)
     return lat
 
 

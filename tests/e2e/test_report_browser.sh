@@ -16,7 +16,6 @@ export AC_SHARED=$(realpath "${AC_SHARED:-$here/../../../shared}")
 if [ -z "${AC_PYTHON:-}" ]; then
     source "$here/../../scripts/pyenv.sh" >/dev/null || { echo "FAIL: no python environment"; exit 1; }
 fi
-export OMP_WAIT_POLICY=passive
 
 if ! command -v chromium >/dev/null 2>&1; then
     [ "$(id -u)" = 0 ] || { echo "FAIL: chromium is not installed and installing it needs root"; exit 1; }
