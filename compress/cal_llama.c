@@ -13,9 +13,10 @@
  * cannot run attention without an MLP), whose cost is taken off. What the base costs
  * beyond its parts is the hidden size's fixed cost. Every model is served in two passes,
  * a fresh process each, and the smaller time of the two kept: a process is at times slow
- * as a whole, never fast; the hidden sizes' passes take turns. The calibration models are
- * timed cold (caches flushed before each timed step): they are smaller than the cache,
- * the models they price are not. Held-out and fit archs (complete models, timed as
+ * as a whole, never fast; the hidden sizes' passes take turns. Before each timed step a
+ * calibration model reads the bytes by which the parent outweighs it (`ac-llama bench
+ * --flush`): its blocks then find the caches as the parent's do, whether the parent fits
+ * the last-level cache or not (flushing the whole cache over-prices a model that fits). Held-out and fit archs (complete models, timed as
  * served) are served once per pass too, the faster process kept.
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
@@ -111,12 +112,12 @@ static double kv_elems(const arch *a, const cm_target *t)
 
 /* Serve `a` once in llama.cpp (reps from o), reduce into *tm and the bench's fields into
  * *r (may be NULL), and record the memory samples. 0, or -1 with err. */
-static int serve(lc_cal *c, const arch *a, int reps, int cold, lc_times *tm, ms_result *r, int64_t *workspace,
+static int serve(lc_cal *c, const arch *a, int reps, int64_t flush, lc_times *tm, ms_result *r, int64_t *workspace,
                  char *err, size_t errlen)
 {
     ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models};
     lc_bench b;
-    if (lc_measure_arch(a, &c->t, &mo, cold, c->dir, &b, err, errlen))
+    if (lc_measure_arch(a, &c->t, &mo, flush, c->dir, &b, err, errlen))
         return -1;
     c->n_models++;
     c->requests += mo.warmup + reps;
@@ -338,7 +339,11 @@ static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t 
         FAIL("out of memory");
     lc_times now;
     int64_t w;
-    int rc = serve(c, &a, c->o.reps, 1, &now, NULL, &w, err, errlen);
+    /* the bytes by which the parent outweighs this model, read before each step: the step
+     * finds the caches as a step of the parent does (the models it prices are that size) */
+    double bpw = lc_bytes_per_weight(c->t.precision);
+    double over = ((double)arch_params(c->parent) - (double)arch_params(&a)) * bpw;
+    int rc = serve(c, &a, c->o.reps, over > 0 ? (int64_t)over : 0, &now, NULL, &w, err, errlen);
     arch_free(&a);
     if (rc)
         return -1;
@@ -517,7 +522,7 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, do
             int i = order[v % n], again = v >= n;
             lc_times tm;
             ms_result r;
-            if (serve(c, &va[i], c->o.validate_reps > 0 ? c->o.validate_reps : 3, 0, &tm, &r, NULL, err, errlen) ||
+            if (serve(c, &va[i], c->o.validate_reps > 0 ? c->o.validate_reps : 3, -1, &tm, &r, NULL, err, errlen) ||
                 tick(c, i < c->o.validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
                 return -1;
             if (!again || r.latency_ms < vr[i].latency_ms)

@@ -37,15 +37,19 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     int n = snprintf(buf, sizeof buf, "v1|%s|%s|%s|V%d|C%d|D%d|tie%d|bias%d|H%d|KV%d|F%d|B%d|S%d|N%d", t->device,
                      t->precision, a->family, a->vocab_size, a->hidden_size, a->head_dim, a->tie_word_embeddings,
                      a->attention_bias, maxh, maxkv, maxf, t->batch_size, t->prompt_tokens, t->output_tokens);
-    /* Another engine keys its name, KV type, threads and build too (built-in ids unchanged),
-     * and the version of its calibration method (rb2: repeated-block models timed cold,
-     * the hidden sizes' passes in turn), so that tables an older method made are not reused. */
     /* The CPU's tables hold for the BLAS kernel that measured them (a generic one runs GEMMs
      * about 5x slower than the AVX-512 one on the same CPU). */
-    if (!cm_target_llamacpp(t) && strcmp(t->device, "cpu") == 0 && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|blas%s", eng_blas_kernel());
+    if (!cm_target_llamacpp(t) && strcmp(t->device, "cpu") == 0 && n > 0 && (size_t)n < sizeof buf) {
+        char wait[128];   /* and for the way idle threads wait (sleeping at once halves decode) */
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|blas%s|%s", eng_blas_kernel(),
+                      eng_cpu_wait_policy(wait, sizeof wait));
+    }
+    /* Another engine keys its name, KV type, threads and build too (built-in ids unchanged),
+     * and the version of its calibration method (rb3: repeated-block models read the
+     * parent's extra bytes before each step, the hidden sizes' passes in turn), so that
+     * tables an older method made are not reused. */
     if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|%s|rb2", t->engine, t->kv_cache_type,
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|%s|rb3", t->engine, t->kv_cache_type,
                       t->threads, t->engine_build);
     if (n >= (int)sizeof buf)
         n = (int)sizeof buf - 1;

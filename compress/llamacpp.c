@@ -361,14 +361,27 @@ static int parse_bench(json_t *j, const cm_target *t, lc_bench *b, char *err, si
     return 0;
 }
 
-int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int cold, lc_bench *b, char *err,
+double lc_bytes_per_weight(const char *precision)
+{
+    static const struct {
+        const char *name;
+        double bytes;
+    } types[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"q8_0", 34.0 / 32}, {"q4_0", 18.0 / 32},
+                 {"q4_k_m", 4.89 / 8}, {"q5_k_m", 5.70 / 8}, {"q6_k", 210.0 / 256}};
+    for (size_t i = 0; precision && i < sizeof types / sizeof *types; i++)
+        if (!strcmp(types[i].name, precision))
+            return types[i].bytes;
+    return 4;
+}
+
+int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_t flush, lc_bench *b, char *err,
                   size_t errlen)
 {
     memset(b, 0, sizeof *b);
     lc_info in;
     if (lc_probe(&in, err, errlen))
         return -1;
-    char th[16], bs[16], s[16], n[16], w[16], r[16], seed[32];
+    char th[16], bs[16], s[16], n[16], w[16], r[16], seed[32], fl[32];
     snprintf(th, sizeof th, "%d", t->threads > 0 ? t->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
     snprintf(bs, sizeof bs, "%d", t->batch_size);
     snprintf(s, sizeof s, "%d", t->prompt_tokens);
@@ -376,9 +389,10 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int co
     snprintf(w, sizeof w, "%d", o && o->warmup >= 0 ? o->warmup : 1);
     snprintf(r, sizeof r, "%d", o && o->reps > 0 ? o->reps : 3);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
+    snprintf(fl, sizeof fl, "%lld", (long long)(flush > 0 ? flush : 0));
     char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
                     "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
-                    "--seed", seed, cold ? "--cold" : NULL, NULL};
+                    "--seed", seed, flush >= 0 ? "--flush" : NULL, fl, NULL};
     json_t *j;
     if (run_helper(argv, &j, err, errlen))
         return -1;
@@ -474,14 +488,14 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
     return rc;
 }
 
-int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int cold, const char *dir, lc_bench *b,
+int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int64_t flush, const char *dir, lc_bench *b,
                     char *err, size_t errlen)
 {
     char path[4096];
     memset(b, 0, sizeof *b);
     if (lc_write_random(a, t, o && o->seed ? o->seed : 1, dir, "timing", path, sizeof path, NULL, err, errlen))
         return -1;
-    int rc = lc_bench_gguf(path, t, o, cold, b, err, errlen);
+    int rc = lc_bench_gguf(path, t, o, flush, b, err, errlen);
     (void)unlink(path);
     return rc;
 }

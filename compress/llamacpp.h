@@ -63,12 +63,16 @@ typedef struct {
 void lc_bench_free(lc_bench *b);
 
 /* Serve the GGUF at `path` in a fresh helper process at t (threads, batch, prompt and
- * output tokens, KV type) with o's warm-up, reps and seed. cold: the CPU caches flushed
- * before each timed step (`ac-llama bench --cold`), for calibration's repeated-block
- * models, which price blocks of models many times their size; a served model is timed
- * with cold 0. 0, or -1 with err. */
-int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int cold, lc_bench *b, char *err,
+ * output tokens, KV type) with o's warm-up, reps and seed. flush >= 0: that many bytes
+ * read before each timed step (`ac-llama bench --flush`), for calibration's
+ * repeated-block models, which price the blocks of models larger than themselves; a
+ * served model is timed with flush -1 (nothing read). 0, or -1 with err. */
+int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_t flush, lc_bench *b, char *err,
                   size_t errlen);
+
+/* About how many bytes llama.cpp stores per weight at weight type `precision` (f32 4,
+ * q8_0 34/32, q4_k_m's mix about 4.9 bits ...); 4 for a name it does not know. */
+double lc_bytes_per_weight(const char *precision);
 
 /* The §10 measured fields of a bench: medians over reps; peak_bytes = the helper's RSS
  * high-water mark, backend_peak_bytes = llama.cpp's buffers, rss_delta = peak minus RSS
@@ -84,7 +88,7 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
                     char *path, size_t cap, int *fallbacks, char *err, size_t errlen);
 
 /* lc_write_random then lc_bench_gguf, the file removed afterwards. 0, or -1 with err. */
-int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int cold, const char *dir, lc_bench *b,
+int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int64_t flush, const char *dir, lc_bench *b,
                     char *err, size_t errlen);
 
 /* A scratch folder for llama.cpp's model files: under AC_SCRATCH, else /dev/shm when

@@ -176,8 +176,8 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
     ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1};
     int steps = LC_ROUNDS * (result ? 2 : 1), done = 0;
     for (int k = 0; rc == 0 && k < LC_ROUNDS; k++) {
-        if (lc_bench_gguf(ppath, t, &o, 0, &pb[k], err, errlen) ||
-            (result && lc_bench_gguf(rpath, t, &o, 0, &rb[k], err, errlen))) {
+        if (lc_bench_gguf(ppath, t, &o, -1, &pb[k], err, errlen) ||
+            (result && lc_bench_gguf(rpath, t, &o, -1, &rb[k], err, errlen))) {
             rc = -1;
             break;
         }

@@ -9,7 +9,8 @@
  *       llama.cpp's quantizer (TYPE f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k); OUT appears whole
  *       or not at all. {type, bytes, seconds, fallbacks} (tensors stored in a fallback type)
  *   ac-llama bench MODEL.gguf [--threads N] [--batch B] [--prompt S] [--output N]
- *                  [--warmup W] [--reps R] [--kv-type T] [--seed X] [--mmap] [--cold] [--verbose]
+ *                  [--warmup W] [--reps R] [--kv-type T] [--seed X] [--mmap] [--cold | --flush BYTES]
+ *                  [--verbose]
  *       Requests the way llama-bench times them: W untimed then R timed requests, the
  *       cache cleared before each; a request is a prefill of B rows of S random tokens
  *       (logits of each row's last token, greedy argmax) then N decode steps of one token
@@ -23,8 +24,12 @@
  *       its share of a buffer twice the last-level cache, outside the timer; the RSS
  *       figures leave the buffer out): a model smaller than the cache is then timed with
  *       its weights streaming from memory, as a served model larger than the cache has
- *       them. Calibration's repeated-block models need it (they price the blocks of
- *       models many times their size); served models are timed without it.
+ *       them. --flush BYTES reads a buffer of BYTES instead (0: none): the weights a
+ *       larger model would stream between two steps of this one. Calibration's
+ *       repeated-block models take the bytes by which the parent outweighs them, so each
+ *       step finds the caches as it would in the parent (where a model fits the cache, as
+ *       SmolLM2 fits a 260 MiB one, flushing it all would over-price it); served models
+ *       are timed without either.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -250,12 +255,16 @@ static size_t llc_bytes(void)
     return best ? best : (size_t)32 << 20;
 }
 
-/* Twice the last-level cache, 8 MiB .. 512 MiB, touched once (so that reading it later
+/* Twice the last-level cache, 8 MiB .. 512 MiB (or `bytes` when not -1), touched once (so that reading it later
  * reads memory, not the shared zero page). 0, or -1 (out of memory). */
-static int flush_init(int threads)
+static int flush_init(int threads, long long bytes)
 {
     size_t n = 2 * llc_bytes();
     n = n < ((size_t)8 << 20) ? (size_t)8 << 20 : n > ((size_t)512 << 20) ? (size_t)512 << 20 : n;
+    if (bytes >= 0)   /* --flush: exactly that many (page-rounded); none for 0 */
+        n = ((size_t)bytes + 4095) & ~(size_t)4095;
+    if (!n)
+        return 0;
     g_flush.buf = malloc(n);
     if (!g_flush.buf)
         return -1;
@@ -371,6 +380,7 @@ static int cmd_quantize(int argc, char **argv)
 
 typedef struct {
     int threads, batch, prompt, output, warmup, reps, mmap, cold;
+    long long flush;   /* --flush BYTES; -1: not given */
     const char *kv;
     uint64_t seed;
 } bench_opts;
@@ -379,7 +389,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (bench_opts){.threads = n > 0 ? (int)n : 1, .batch = 1, .prompt = 256, .output = 64, .warmup = 1,
-                      .reps = 3, .kv = "f16", .seed = 1};
+                      .reps = 3, .flush = -1, .kv = "f16", .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int *dst = NULL, lo = 1, hi = 1 << 20;
@@ -416,6 +426,13 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
             hi = 1000;
         } else if (!strcmp(a, "--kv-type")) {
             o->kv = v;
+        } else if (!strcmp(a, "--flush")) {
+            char *end;
+            errno = 0;
+            long long b = strtoll(v, &end, 10);
+            if (errno || end == v || *end || b < 0 || b > (1LL << 36))
+                return fail(2, "--flush %s: not a byte count 0..64 GiB", v);
+            o->flush = b;
         } else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;
@@ -512,7 +529,9 @@ static int cmd_bench(int argc, char **argv)
         return fail(1, "%s", why);
     int64_t rss0 = eng_proc_status_bytes("VmRSS");
     /* before the model, so that every RSS figure after it holds the buffer whole */
-    if (o.cold && flush_init(o.threads))
+    if (o.cold && o.flush >= 0)
+        return fail(2, "bench: --cold and --flush are one choice: give one");
+    if ((o.cold || o.flush >= 0) && flush_init(o.threads, o.flush))
         return fail(1, "out of memory (the cache-flush buffer)");
     int64_t fb = (int64_t)g_flush.bytes;
     double t0 = eng_wall_s();

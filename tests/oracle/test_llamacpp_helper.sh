@@ -65,6 +65,21 @@ assert w["flush_bytes"] == 0 and c["flush_bytes"] >= 8 << 20, (w["flush_bytes"],
 assert abs(c["rss_peak"] - w["rss_peak"]) < 4 << 20, (w["rss_peak"], c["rss_peak"], c["flush_bytes"])
 assert abs(c["rss_after_load"] - w["rss_after_load"]) < 4 << 20, (w["rss_after_load"], c["rss_after_load"])
 PY
+# --flush BYTES: a buffer of exactly that size (page-rounded), also left out of the RSS;
+# 0 reads nothing; with --cold, or a count that is not one, a usage error
+"$HELPER" bench s.gguf $BENCH --flush 20000000 >fl.json 2>bench.log || { cat bench.log; fail "bench --flush"; }
+check_bench fl.json || fail "bench JSON (--flush)"
+"$HELPER" bench s.gguf $BENCH --flush 0 >fl0.json 2>bench.log || { cat bench.log; fail "bench --flush 0"; }
+"$AC_PYTHON" - f32.json fl.json fl0.json <<'PY' || fail "bench --flush: buffer"
+import json, sys
+w, f, z = (json.load(open(x)) for x in sys.argv[1:])
+assert f["flush_bytes"] == (20000000 + 4095) // 4096 * 4096 and z["flush_bytes"] == 0, (f["flush_bytes"], z["flush_bytes"])
+assert abs(f["rss_peak"] - w["rss_peak"]) < 4 << 20, (w["rss_peak"], f["rss_peak"])
+PY
+for bad in "--flush 1 --cold" "--flush -1" "--flush 1x"; do
+    "$HELPER" bench s.gguf $BENCH $bad >bad.json 2>bad.log && fail "bench $bad was accepted"
+    [ $? = 2 ] && grep -q "flush" bad.log || fail "bench $bad: $(cat bad.log)"
+done
 
 "$HELPER" quantize s.gguf s-q8_0.gguf q8_0 --threads 1 >q8.json 2>q8.log || { cat q8.log; fail "quantize"; }
 echo "quantize: $(cat q8.json)"
