@@ -372,10 +372,11 @@ static void check_engine(vctx *v, json_t *t, json_t *out)
     json_t *prec = string_field(v, t, "/target", "precision", 64, 0);
     json_t *kv = string_field(v, t, "/target", "kv_cache_type", 64, 0);
     json_t *th = member(v, t, "/target", "threads", JSON_INTEGER, 0);
+    json_t *fa = string_field(v, t, "/target", "flash_attention", 16, 0);
     if (json_object_get(t, "engine_build"))
         fault(v, 422, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
-    static const char *const fields[] = {"engine", "precision", "kv_cache_type", "threads", NULL};
-    json_t *got[] = {eng, prec, kv, th};
+    static const char *const fields[] = {"engine", "precision", "kv_cache_type", "threads", "flash_attention", NULL};
+    json_t *got[] = {eng, prec, kv, th, fa};
     for (int i = 0; fields[i]; i++)
         if (json_object_get(t, fields[i]) && !got[i])
             return;   /* a shape fault already reported: the combination means nothing */
@@ -389,7 +390,7 @@ static void check_engine(vctx *v, json_t *t, json_t *out)
     const char *field;
     char why[256], at[64];
     if (cm_engine_check(engine, prec ? json_string_value(prec) : NULL, kv ? json_string_value(kv) : NULL, threads,
-                        &field, why, sizeof why)) {
+                        fa ? json_string_value(fa) : NULL, &field, why, sizeof why)) {
         snprintf(at, sizeof at, "/target/%s", field);
         if (!strcmp(field, "threads") && x != threads && !strcmp(engine, CM_ENGINE_LLAMACPP))
             snprintf(why, sizeof why, "%lld threads: must be 1..1024 (omit it for every online CPU)", (long long)x);
@@ -401,8 +402,10 @@ static void check_engine(vctx *v, json_t *t, json_t *out)
     const char *dflt = llama ? CM_LLAMACPP_DEFAULT_PRECISION : CM_AUTOCOMPRESS_DEFAULT_PRECISION;
     json_object_set_new(out, "precision", json_string(prec ? json_string_value(prec) : dflt));
     if (llama) {
-        json_object_set_new(out, "kv_cache_type",
-                            json_string(kv ? json_string_value(kv) : CM_LLAMACPP_DEFAULT_KV_TYPE));
+        const char *kvt = kv ? json_string_value(kv) : CM_LLAMACPP_DEFAULT_KV_TYPE;
+        json_object_set_new(out, "kv_cache_type", json_string(kvt));
+        json_object_set_new(out, "flash_attention",
+                            json_string(fa ? json_string_value(fa) : cm_llamacpp_default_flash(kvt)));
         if (th)
             json_object_set_new(out, "threads", json_integer(threads));
     }
@@ -416,8 +419,8 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     json_t *empty = json_object();
     if (!t)
         t = empty;
-    static const char *const keys[] = {"device", "engine", "precision", "kv_cache_type", "threads", "engine_build",
-                                       "workload", NULL};
+    static const char *const keys[] = {"device", "engine", "precision", "kv_cache_type", "threads",
+                                       "flash_attention", "engine_build", "workload", NULL};
     only_keys(v, t, "/target", keys);
     json_t *dev = string_field(v, t, "/target", "device", 31, 0);
     const char *device = dev ? json_string_value(dev) : "cpu";

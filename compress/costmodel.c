@@ -76,7 +76,12 @@ json_t *cm_words_json(const char *list)
     return a;
 }
 
-int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads,
+const char *cm_llamacpp_default_flash(const char *kv_type)
+{
+    return kv_type && (!strcmp(kv_type, "q8_0") || !strcmp(kv_type, "q4_0")) ? "on" : "off";
+}
+
+int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads, const char *flash,
                     const char **field, char *why, size_t whylen)
 {
     const char *eng = engine && *engine ? engine : CM_ENGINE_AUTOCOMPRESS;
@@ -96,6 +101,11 @@ int cm_engine_check(const char *engine, const char *precision, const char *kv_ty
         if (threads >= 0) {
             *field = "threads";
             snprintf(why, whylen, "only the llama.cpp engine takes a thread count");
+            return -1;
+        }
+        if (flash) {
+            *field = "flash_attention";
+            snprintf(why, whylen, "only the llama.cpp engine takes a flash-attention setting");
             return -1;
         }
         return 0;
@@ -118,6 +128,19 @@ int cm_engine_check(const char *engine, const char *precision, const char *kv_ty
     if (threads == 0 || threads > 1024) {
         *field = "threads";
         snprintf(why, whylen, "%d threads: must be 1..1024 (omit it for every online CPU)", threads);
+        return -1;
+    }
+    if (flash && !in_list(flash, CM_LLAMACPP_FLASH_ATTN)) {
+        *field = "flash_attention";
+        snprintf(why, whylen, "\"%s\" is not a flash-attention setting (off, on)%s", flash,
+                 !strcmp(flash, "auto") ? ": llama.cpp's auto turns it on only where every layer has one V width, "
+                                          "so it would differ between the archs one search prices; name the one "
+                                          "your server runs" : "");
+        return -1;
+    }
+    if (flash && !strcmp(flash, "off") && !strcmp(cm_llamacpp_default_flash(kv_type), "on")) {
+        *field = "flash_attention";
+        snprintf(why, whylen, "llama.cpp needs flash attention for a quantized V cache (kv_cache_type %s)", kv_type);
         return -1;
     }
     return 0;
@@ -175,7 +198,7 @@ void cm_target_default(cm_target *t)
 int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, size_t errlen)
 {
     static const char *const keys[] = {"device", "precision", "workload", "engine", "kv_cache_type", "threads",
-                                       "engine_build", NULL};
+                                       "flash_attention", "engine_build", NULL};
     static const char *const wkeys[] = {"batch_size", "prompt_tokens", "output_tokens", NULL};
     char at[96];
     memset(t, 0, sizeof *t);
@@ -188,6 +211,7 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
         cmj_str(j, ptr, "engine", 0, t->engine, sizeof t->engine, err, errlen) ||
         cmj_str(j, ptr, "precision", 0, t->precision, sizeof t->precision, err, errlen) ||
         cmj_str(j, ptr, "kv_cache_type", 0, t->kv_cache_type, sizeof t->kv_cache_type, err, errlen) ||
+        cmj_str(j, ptr, "flash_attention", 0, t->flash_attention, sizeof t->flash_attention, err, errlen) ||
         cmj_str(j, ptr, "engine_build", 0, t->engine_build, sizeof t->engine_build, err, errlen))
         return -1;
     int threads = -1;
@@ -198,7 +222,7 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
     const char *field;
     char why[160];
     if (cm_engine_check(t->engine, *t->precision ? t->precision : NULL, *t->kv_cache_type ? t->kv_cache_type : NULL,
-                        threads, &field, why, sizeof why))
+                        threads, *t->flash_attention ? t->flash_attention : NULL, &field, why, sizeof why))
         FAIL("%s/%s: %s", ptr, field, why);
     int llama = cm_target_llamacpp(t);
     if (!*t->precision)
@@ -206,6 +230,8 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
                  llama ? CM_LLAMACPP_DEFAULT_PRECISION : CM_AUTOCOMPRESS_DEFAULT_PRECISION);
     if (llama && !*t->kv_cache_type)
         snprintf(t->kv_cache_type, sizeof t->kv_cache_type, CM_LLAMACPP_DEFAULT_KV_TYPE);
+    if (llama && !*t->flash_attention)
+        snprintf(t->flash_attention, sizeof t->flash_attention, "%s", cm_llamacpp_default_flash(t->kv_cache_type));
     t->threads = threads > 0 ? threads : 0;
     json_t *w = json_object_get(j, "workload");
     snprintf(at, sizeof at, "%s/workload", ptr);
@@ -232,6 +258,9 @@ json_t *cm_target_to_json(const cm_target *t)
     int bad = 0;
     if (cm_target_llamacpp(t)) {
         bad |= json_object_set_new(o, "kv_cache_type", json_string(t->kv_cache_type));
+        bad |= json_object_set_new(o, "flash_attention",
+                                   json_string(*t->flash_attention ? t->flash_attention
+                                                                   : cm_llamacpp_default_flash(t->kv_cache_type)));
         if (t->threads > 0)
             bad |= json_object_set_new(o, "threads", json_integer(t->threads));
     }

@@ -34,6 +34,7 @@ typedef struct {
     char engine[16];        /* serving engine: "autocompress" (also when empty) or "llama.cpp" */
     char kv_cache_type[8];  /* llama.cpp: KV cache type (CM_LLAMACPP_KV_TYPES); "" otherwise */
     int threads;            /* llama.cpp: threads (0 = every online CPU, resolved when measured) */
+    char flash_attention[8];/* llama.cpp: "on" or "off" (CM_LLAMACPP_FLASH_ATTN); "" otherwise */
     char engine_build[64];  /* the engine's version and build fingerprint, set where it is
                                measured (calibration); part of a calibration's key, so a
                                calibration never serves another engine build; "" = none */
@@ -48,15 +49,22 @@ typedef struct {
 #define CM_LLAMACPP_KV_TYPES "f16 f32 bf16 q8_0 q4_0"
 #define CM_LLAMACPP_DEFAULT_PRECISION "f16"
 #define CM_LLAMACPP_DEFAULT_KV_TYPE "f16"
+/* Flash attention, as the server runs it: "off" (llama-cpp-python's default) or "on"
+ * (llama-server -fa on; a quantized V cache needs it). llama.cpp's "auto" is not one: it
+ * turns it on only for archs whose layers share one V width, so one search would price
+ * two kernels. Default: "on" with a quantized KV cache, else "off". */
+#define CM_LLAMACPP_FLASH_ATTN "off on"
+const char *cm_llamacpp_default_flash(const char *kv_type);
 
 /* 1 when t is served by llama.cpp. */
 int cm_target_llamacpp(const cm_target *t);
 
-/* Check an engine / precision / KV type / threads combination (precision, kv_type may be
- * NULL = the engine's default; threads < 0 = not given). Returns 0, or -1 with the field
- * at fault ("engine", "precision", "kv_cache_type", "threads") in *field and the reason in
- * why. One vocabulary for the spec validator and the target parser. */
-int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads,
+/* Check an engine / precision / KV type / threads / flash-attention combination
+ * (precision, kv_type, flash may be NULL = the engine's default; threads < 0 = not given).
+ * Returns 0, or -1 with the field at fault ("engine", "precision", "kv_cache_type",
+ * "threads", "flash_attention") in *field and the reason in why. One vocabulary for the
+ * spec validator and the target parsers. */
+int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads, const char *flash,
                     const char **field, char *why, size_t whylen);
 
 /* The words of one of the lists above as a JSON array of strings, for the answers that

@@ -235,9 +235,10 @@ json_t *lc_engine_json(void)
     lc_info in;
     char e[512];
     int ok = lc_probe(&in, e, sizeof e) == 0;
-    json_t *o = json_pack("{s:s,s:b,s:o,s:o,s:s}", "name", CM_ENGINE_LLAMACPP, "present", ok, "precisions",
+    json_t *o = json_pack("{s:s,s:b,s:o,s:o,s:o,s:s}", "name", CM_ENGINE_LLAMACPP, "present", ok, "precisions",
                           cm_words_json(CM_LLAMACPP_PRECISIONS), "kv_cache_types", cm_words_json(CM_LLAMACPP_KV_TYPES),
-                          "default_precision", CM_LLAMACPP_DEFAULT_PRECISION);
+                          "flash_attention", cm_words_json(CM_LLAMACPP_FLASH_ATTN), "default_precision",
+                          CM_LLAMACPP_DEFAULT_PRECISION);
     if (!o)
         return NULL;
     int bad = 0;
@@ -392,7 +393,9 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
     snprintf(fl, sizeof fl, "%lld", (long long)(flush > 0 ? flush : 0));
     char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
                     "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
-                    "--seed", seed, flush >= 0 ? "--flush" : NULL, fl, NULL};
+                    "--seed", seed, "--flash-attn",
+                    *t->flash_attention ? (char *)t->flash_attention : (char *)cm_llamacpp_default_flash(t->kv_cache_type),
+                    flush >= 0 ? "--flush" : NULL, fl, NULL};
     json_t *j;
     if (run_helper(argv, &j, err, errlen))
         return -1;

@@ -10,7 +10,7 @@
  *       or not at all. {type, bytes, seconds, fallbacks} (tensors stored in a fallback type)
  *   ac-llama bench MODEL.gguf [--threads N] [--batch B] [--prompt S] [--output N]
  *                  [--warmup W] [--reps R] [--kv-type T] [--seed X] [--mmap] [--cold | --flush BYTES]
- *                  [--verbose]
+ *                  [--flash-attn on|off|auto] [--verbose]
  *       Requests the way llama-bench times them: W untimed then R timed requests, the
  *       cache cleared before each; a request is a prefill of B rows of S random tokens
  *       (logits of each row's last token, greedy argmax) then N decode steps of one token
@@ -29,7 +29,9 @@
  *       repeated-block models take the bytes by which the parent outweighs them, so each
  *       step finds the caches as it would in the parent (where a model fits the cache, as
  *       SmolLM2 fits a 260 MiB one, flushing it all would over-price it); served models
- *       are timed without either.
+ *       are timed without either. --flash-attn: llama.cpp's flash attention (default
+ *       auto, llama.cpp's own: on only where every layer has one V width; a quantized V
+ *       cache forces it on).
  */
 #include <errno.h>
 #include <jansson.h>
@@ -381,6 +383,7 @@ static int cmd_quantize(int argc, char **argv)
 typedef struct {
     int threads, batch, prompt, output, warmup, reps, mmap, cold;
     long long flush;   /* --flush BYTES; -1: not given */
+    int flash;         /* LLAMA_FLASH_ATTN_TYPE_* */
     const char *kv;
     uint64_t seed;
 } bench_opts;
@@ -389,7 +392,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (bench_opts){.threads = n > 0 ? (int)n : 1, .batch = 1, .prompt = 256, .output = 64, .warmup = 1,
-                      .reps = 3, .flush = -1, .kv = "f16", .seed = 1};
+                      .reps = 3, .flush = -1, .flash = LLAMA_FLASH_ATTN_TYPE_AUTO, .kv = "f16", .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int *dst = NULL, lo = 1, hi = 1 << 20;
@@ -426,6 +429,15 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
             hi = 1000;
         } else if (!strcmp(a, "--kv-type")) {
             o->kv = v;
+        } else if (!strcmp(a, "--flash-attn")) {
+            if (!strcmp(v, "on"))
+                o->flash = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            else if (!strcmp(v, "off"))
+                o->flash = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+            else if (!strcmp(v, "auto"))
+                o->flash = LLAMA_FLASH_ATTN_TYPE_AUTO;
+            else
+                return fail(2, "--flash-attn %s: not on, off or auto", v);
         } else if (!strcmp(a, "--flush")) {
             char *end;
             errno = 0;
@@ -524,6 +536,9 @@ static int cmd_bench(int argc, char **argv)
             kv = (int)i;
     if (kv < 0)
         return fail(2, "--kv-type %s: not one of f16 f32 bf16 q8_0 q4_0", o.kv);
+    int quantized_kv = KVTYPES[kv].type == GGML_TYPE_Q8_0 || KVTYPES[kv].type == GGML_TYPE_Q4_0;
+    if (quantized_kv && o.flash == LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        return fail(2, "--flash-attn off: a quantized V cache (--kv-type %s) needs flash attention", o.kv);
     char why[600];
     if (check_gguf(path, why, sizeof why))
         return fail(1, "%s", why);
@@ -553,8 +568,7 @@ static int cmd_bench(int argc, char **argv)
     if ((uint32_t)(o.batch * o.prompt) > cp.n_batch)
         cp.n_batch = (uint32_t)(o.batch * o.prompt);
     cp.type_k = cp.type_v = KVTYPES[kv].type;
-    if (KVTYPES[kv].type == GGML_TYPE_Q8_0 || KVTYPES[kv].type == GGML_TYPE_Q4_0)
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;   /* a quantized V cache needs it */
+    cp.flash_attn_type = quantized_kv ? LLAMA_FLASH_ATTN_TYPE_ENABLED : o.flash;   /* a quantized V cache needs it */
     cp.no_perf = true;
     struct llama_context *ctx = n_vocab > 0 ? llama_init_from_model(model, cp) : NULL;
     if (!ctx) {

@@ -73,6 +73,9 @@ static int target_opt(cli_parser *p, int c)
     case CLI_OPT_ENGINE: return cli_str(p, t->engine, sizeof t->engine);
     case CLI_OPT_KV_TYPE: p->kv_given = 1; return cli_str(p, t->kv_cache_type, sizeof t->kv_cache_type);
     case CLI_OPT_ENGINE_THREADS: p->threads_given = 1; return cli_int(p, 1, 1024, &t->threads);
+    case CLI_OPT_FLASH_ATTN:
+        p->flash_given = 1;
+        return cli_str(p, t->flash_attention, sizeof t->flash_attention);
     default: return cli_int(p, 1, 1 << 20, &t->output_tokens);
     }
 }
@@ -89,11 +92,15 @@ static int target_finish(cli_parser *p)
     const char *field;
     char why[160];
     if (cm_engine_check(t->engine, t->precision, p->kv_given ? t->kv_cache_type : NULL,
-                        p->threads_given ? t->threads : -1, &field, why, sizeof why)) {
+                        p->threads_given ? t->threads : -1, p->flash_given ? t->flash_attention : NULL, &field, why,
+                        sizeof why)) {
         cli_fail(p, "--%s: %s", !strcmp(field, "kv_cache_type") ? "kv-cache-type"
-                                : !strcmp(field, "threads") ? "engine-threads" : field, why);
+                                : !strcmp(field, "threads") ? "engine-threads"
+                                : !strcmp(field, "flash_attention") ? "flash-attention" : field, why);
         return CLI_EXIT_USAGE;
     }
+    if (llama && !p->flash_given)
+        snprintf(t->flash_attention, sizeof t->flash_attention, "%s", cm_llamacpp_default_flash(t->kv_cache_type));
     return CLI_END;
 }
 

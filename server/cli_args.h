@@ -25,7 +25,7 @@ enum {
 /* Option values above every character: the target options, then the commands' own. */
 enum {
     CLI_OPT_DEVICE = 0x100, CLI_OPT_PRECISION, CLI_OPT_BATCH, CLI_OPT_PROMPT, CLI_OPT_OUTPUT, CLI_OPT_ENGINE,
-    CLI_OPT_KV_TYPE, CLI_OPT_ENGINE_THREADS, CLI_OPT_OWN = 0x120
+    CLI_OPT_KV_TYPE, CLI_OPT_ENGINE_THREADS, CLI_OPT_FLASH_ATTN, CLI_OPT_OWN = 0x120
 };
 
 /* The target options, for a command's option table (handled by cli_next once
@@ -35,7 +35,8 @@ enum {
         {"batch", required_argument, NULL, CLI_OPT_BATCH}, {"prompt", required_argument, NULL, CLI_OPT_PROMPT},     \
         {"output", required_argument, NULL, CLI_OPT_OUTPUT}, {"engine", required_argument, NULL, CLI_OPT_ENGINE},   \
         {"kv-cache-type", required_argument, NULL, CLI_OPT_KV_TYPE},                                             \
-        {"engine-threads", required_argument, NULL, CLI_OPT_ENGINE_THREADS}
+        {"engine-threads", required_argument, NULL, CLI_OPT_ENGINE_THREADS},                                     \
+        {"flash-attention", required_argument, NULL, CLI_OPT_FLASH_ATTN}
 
 typedef struct {
     const char *cmd;                 /* message prefix: "prune" */
@@ -45,7 +46,7 @@ typedef struct {
     char shortopts[64];              /* ":" then the short options */
     void (*usage)(FILE *f);
     cm_target *target;               /* filled by the target options (NULL: none) */
-    int precision_given, kv_given, threads_given;
+    int precision_given, kv_given, threads_given, flash_given;
     const char *arg;                 /* the current option's value (NULL when it takes none) */
     char name[64];                   /* the current option as written: "--limit", "-v" */
     int failed;                      /* a message was printed: cli_next returns CLI_EXIT_USAGE */
@@ -56,8 +57,8 @@ typedef struct {
 void cli_init(cli_parser *p, const char *cmd, int argc, char **argv, const struct option *opts,
               const char *shortopts, void (*usage)(FILE *f));
 /* Fill *t from --device, --precision, --batch (1..4096), --prompt and --output
- * (1..2^20 tokens), --engine (autocompress, llama.cpp), --kv-cache-type and
- * --engine-threads (llama.cpp); t keeps its values for the options not given. The
+ * (1..2^20 tokens), --engine (autocompress, llama.cpp), --kv-cache-type,
+ * --engine-threads and --flash-attention (llama.cpp); t keeps its values for the options not given. The
  * combination is checked (cm_engine_check) when the options end; a llama.cpp target
  * without --precision gets llama.cpp's default weight type. */
 void cli_set_target(cli_parser *p, cm_target *t);

@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/llamacpp_target/run.sh — llama.cpp as the target engine on SmolLM2-135M: for each
 # weight type (PRECISIONS, default "f32 q8_0 q4_0"), at B=1, 256 prompt + 64 output tokens
-# and THREADS (2) threads:
+# and THREADS (2) threads, flash attention FLASH (off, as llama-cpp-python serves by default):
 #   1. a calibration inside llama.cpp (`autocompress calibrate --engine llama.cpp`): its
 #      held-out latency and memory MAPE against llama.cpp's own timing, and its grid;
 #   2. the parent's llama.cpp latency: its GGUF at that type, median of ROUNDS fresh
@@ -25,10 +25,11 @@ PRECISIONS=${PRECISIONS:-f32 q8_0 q4_0}
 THREADS=${THREADS:-2}
 FRACTION=${FRACTION:-0.7}
 ROUNDS=${ROUNDS:-5}
+FLASH=${FLASH:-off}   # target.flash_attention, and llama-cpp-python's flash_attn in the independent timing
 VALIDATE=${VALIDATE:-10}
 SEARCH_TOKENS=${SEARCH_TOKENS:-8192}
 OUT=${OUT:-/tmp/ac-llamacpp-target}
-RES=bench/results/llamacpp_target.md
+RES=${RES:-bench/results/llamacpp_target.md}
 source scripts/pyenv.sh >/dev/null
 make -s -j2 all >/dev/null
 [ -x "$HELPER" ] || { echo "no $HELPER: llama.cpp is not installed (scripts/llamacpp.sh install; make)" >&2; exit 1; }
@@ -40,10 +41,10 @@ build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
     --json >"$OUT/cal.builtin.json"
 
 exec "$AC_PYTHON" - "$BIN" "$HELPER" "$MODEL" "$OUT" "$RES" "$THREADS" "$FRACTION" "$ROUNDS" "$VALIDATE" \
-    "$SEARCH_TOKENS" "$AC_SHARED" $PRECISIONS <<'PY'
+    "$SEARCH_TOKENS" "$AC_SHARED" "$FLASH" $PRECISIONS <<'PY'
 import json, os, statistics, subprocess, sys, time
-(BIN, HELPER, MODEL, OUT, RES, THREADS, FRACTION, ROUNDS, VALIDATE, SEARCH_TOKENS, SHARED), PRECS = \
-    sys.argv[1:12], sys.argv[12:]
+(BIN, HELPER, MODEL, OUT, RES, THREADS, FRACTION, ROUNDS, VALIDATE, SEARCH_TOKENS, SHARED, FLASH), PRECS = \
+    sys.argv[1:13], sys.argv[13:]
 THREADS, FRACTION, ROUNDS, VALIDATE = int(THREADS), float(FRACTION), int(ROUNDS), int(VALIDATE)
 C4 = os.path.join(SHARED, "data", "text", "c4", "c4_sample.jsonl")
 S, N = 256, 64
@@ -53,8 +54,9 @@ S, N = 256, 64
 TIMER = r'''
 import json, random, sys, time
 import llama_cpp
-path, threads, S, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-m = llama_cpp.Llama(path, n_ctx=S + N, n_threads=threads, n_threads_batch=threads, verbose=False)
+path, threads, S, N, fa = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+m = llama_cpp.Llama(path, n_ctx=S + N, n_threads=threads, n_threads_batch=threads, flash_attn=fa == "on",
+                    verbose=False)
 rng = random.Random(1)
 out = []
 for rep in range(4):
@@ -80,7 +82,7 @@ def run(cmd, **kw):
 
 
 def time_fresh(path):
-    return json.loads(run([sys.executable, "-c", TIMER, path, str(THREADS), str(S), str(N)]))["ms"]
+    return json.loads(run([sys.executable, "-c", TIMER, path, str(THREADS), str(S), str(N), FLASH]))["ms"]
 
 
 def helper(*args):
@@ -88,7 +90,7 @@ def helper(*args):
 
 
 def write_report(rows):
-    L = ["# llama.cpp as the target engine: SmolLM2-135M, B=1, %d + %d tokens, %d threads" % (S, N, THREADS), "",
+    L = ["# llama.cpp as the target engine: SmolLM2-135M, B=1, %d + %d tokens, %d threads, flash attention %s" % (S, N, THREADS, FLASH), "",
          "Produced by `bench/llamacpp_target/run.sh` on this machine (%s). llama.cpp %s (llama-cpp-python %s, ggml %s), "
          "build flags `%s`; CPU features: %s." % (time.strftime("%Y-%m-%d"), info["ggml_commit"], info["package_version"],
                                                   info["ggml_version"], info["build_flags"], info["system_info"]),
@@ -144,7 +146,7 @@ for P in PRECS:
     if not os.path.exists(calp):
         t0 = time.time()
         txt = run([BIN, "calibrate", "--model", MODEL, "--engine", "llama.cpp", "--precision", P, "--engine-threads",
-                   str(THREADS), "--prompt", str(S), "--output", str(N), "--validate", str(VALIDATE),
+                   str(THREADS), "--flash-attention", FLASH, "--prompt", str(S), "--output", str(N), "--validate", str(VALIDATE),
                    "--data-dir", os.path.join(OUT, "data"), "--json"])
         open(calp, "w").write(txt)
         print("%s: calibration %.0f s" % (P, time.time() - t0), flush=True)
@@ -159,6 +161,7 @@ for P in PRECS:
     if not os.path.exists(os.path.join(jobdir, "model.gguf")):
         spec = {"name": "llamacpp-target-" + P, "model": {"path": MODEL},
                 "target": {"device": "cpu", "engine": "llama.cpp", "precision": P, "threads": THREADS,
+                           "flash_attention": FLASH,
                            "workload": {"batch_size": 1, "prompt_tokens": S, "output_tokens": N}},
                 "constraints": {"latency_ms": limit},
                 "budgets": {"search_tokens": int(SEARCH_TOKENS), "distill_tokens": 0},

@@ -17,5 +17,15 @@ for cmd in calibrate estimate search prune distill eval export inspect generate 
         fi
     done
 done
+# the target options' values: a combination the engine does not take names the option
+for args in "--engine llama.cpp --flash-attention auto" "--engine llama.cpp --kv-cache-type q8_0 --flash-attention off" \
+            "--flash-attention on"; do
+    # shellcheck disable=SC2086
+    out=$(timeout 20 "$AC_BIN" estimate --model none.bin $args 2>&1 </dev/null)
+    rc=$?
+    if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- "--flash-attention"; then
+        echo "FAIL: estimate $args: exit $rc (want 2, naming --flash-attention): $out"; fail=1
+    fi
+done
 [ $fail = 0 ] && echo "every subcommand names an unknown option"
 exit $fail

@@ -56,10 +56,16 @@ def main():
         for tgt, ptr in (({**TARGET, "engine": "vllm-nope"}, "/target/engine"),
                          ({**TARGET, "precision": "q3_k"}, "/target/precision"),
                          ({"device": "cpu", "kv_cache_type": "q8_0"}, "/target/kv_cache_type"),
-                         ({"device": "cpu", "engine": "autocompress", "precision": "q8_0"}, "/target/precision")):
+                         ({"device": "cpu", "engine": "autocompress", "precision": "q8_0"}, "/target/precision"),
+                         # "auto" would switch kernels between the archs one search compares
+                         ({**TARGET, "flash_attention": "auto"}, "/target/flash_attention"),
+                         ({**TARGET, "kv_cache_type": "q8_0", "flash_attention": "off"}, "/target/flash_attention"),
+                         ({"device": "cpu", "flash_attention": "on"}, "/target/flash_attention")):
             st, _, body = s.json("POST", "/v1/jobs", stories_spec(target=tgt))
             assert st == 422, (tgt, st, body)
             assert any(e.get("pointer") == ptr for e in body.get("errors", [])), (ptr, body)
+        st, _, body = s.json("POST", "/v1/jobs", stories_spec(target={**TARGET, "flash_attention": "auto"}))
+        assert "V width" in json.dumps(body), body
         # an arch whose widths q8_0 cannot store (stories260K's FFN 172): no calibration
         # could price it, so the estimate says why (not "calibrate first")
         st, _, body = s.json("POST", "/v1/estimates", {"model": {"path": MODEL, "tokenizer": TOK},
@@ -74,6 +80,7 @@ def main():
         doc = res if "tables" in res else res.get("calibration", res)
         tg = doc["target"]
         assert tg["engine"] == "llama.cpp" and tg["precision"] == "f32" and tg["threads"] == 2, tg
+        assert tg["flash_attention"] == "off", tg   # the default with an f16 KV cache
         assert tg["engine_build"].startswith("llama.cpp " + version), (tg, version)
         assert doc["engine"]["version"] == version and doc["engine"]["build_flags"], doc["engine"]
         assert "repeated blocks" in doc["cost"]["method"], doc["cost"]
@@ -98,6 +105,7 @@ def main():
         _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
         e = rep["engine"]
         assert e["name"] == "llama.cpp" and e["version"] == version and e["precision"] == "f32", e
+        assert e["flash_attention"] == "off", e
         assert e["fallback_tensors"] == 0, e
         m = rep["result"]["measured"]
         assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m

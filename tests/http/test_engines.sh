@@ -15,6 +15,7 @@ engines_ok() {
                 and .default_precision == "fp32" and .devices == "see /v1/devices"'
     expect 200 '.engines[1] | .precisions == ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"]
                 and .kv_cache_types == ["f16", "f32", "bf16", "q8_0", "q4_0"] and .default_precision == "f16"
+                and .flash_attention == ["off", "on"]
                 and (.present | type) == "boolean"'
     expect 200 '.engines[1] | if .present then (.version | type) == "string" and (.engine_build | startswith("llama.cpp"))
                 and .reason == null else (.reason | type) == "string" and .engine_build == null end'

@@ -76,9 +76,13 @@ w, f, z = (json.load(open(x)) for x in sys.argv[1:])
 assert f["flush_bytes"] == (20000000 + 4095) // 4096 * 4096 and z["flush_bytes"] == 0, (f["flush_bytes"], z["flush_bytes"])
 assert abs(f["rss_peak"] - w["rss_peak"]) < 4 << 20, (w["rss_peak"], f["rss_peak"])
 PY
-for bad in "--flush 1 --cold" "--flush -1" "--flush 1x"; do
+for bad in "--flush 1 --cold" "--flush -1" "--flush 1x" "--flash-attn maybe" "--flash-attn off --kv-type q8_0"; do
     "$HELPER" bench s.gguf $BENCH $bad >bad.json 2>bad.log && fail "bench $bad was accepted"
-    [ $? = 2 ] && grep -q "flush" bad.log || fail "bench $bad: $(cat bad.log)"
+    [ $? = 2 ] && grep -q "fl" bad.log || fail "bench $bad: $(cat bad.log)"
+done
+for fa in on off; do
+    "$HELPER" bench s.gguf $BENCH --flash-attn $fa >fa.json 2>bench.log || { cat bench.log; fail "bench --flash-attn $fa"; }
+    check_bench fa.json || fail "bench JSON (--flash-attn $fa)"
 done
 
 "$HELPER" quantize s.gguf s-q8_0.gguf q8_0 --threads 1 >q8.json 2>q8.log || { cat q8.log; fail "quantize"; }
