@@ -16,8 +16,9 @@
  * as a whole, never fast; the hidden sizes' passes take turns. Before each timed step a
  * calibration model reads the bytes by which the parent outweighs it (`ac-llama bench
  * --flush`): its blocks then find the caches as the parent's do, whether the parent fits
- * the last-level cache or not (flushing the whole cache over-prices a model that fits). Held-out and fit archs (complete models, timed as
- * served) are served once per pass too, the faster process kept.
+ * the last-level cache or not (flushing the whole cache over-prices a model that fits).
+ * Held-out and fit archs (complete models, timed as served) are served once per pass
+ * too, the faster process kept.
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
  * KV cache from its KV buffer, and the rest of the fresh process's RSS high-water mark as

@@ -44,14 +44,13 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|blas%s|%s", eng_blas_kernel(),
                       eng_cpu_wait_policy(wait, sizeof wait));
     }
-    /* Another engine keys its name, KV type, threads, flash attention and build too (built-in ids unchanged),
-     * and the version of its calibration method (rb3: repeated-block models read the
-     * parent's extra bytes before each step, the hidden sizes' passes in turn), so that
-     * tables an older method made are not reused. */
+    /* Another engine keys its name, KV type, threads, flash attention and build too, and
+     * the version of its calibration method (rb3: repeated-block models read the parent's
+     * extra bytes before each step, the hidden sizes' passes in turn), so that tables an
+     * older method made are not reused. */
     if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb3", t->engine, t->kv_cache_type,
-                      t->threads, *t->flash_attention ? t->flash_attention : cm_llamacpp_default_flash(t->kv_cache_type),
-                      t->engine_build);
+                      t->threads, cm_target_flash(t), t->engine_build);
     if (n >= (int)sizeof buf)
         n = (int)sizeof buf - 1;
     unsigned char md[SHA256_DIGEST_LENGTH];

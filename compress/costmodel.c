@@ -81,6 +81,11 @@ const char *cm_llamacpp_default_flash(const char *kv_type)
     return kv_type && (!strcmp(kv_type, "q8_0") || !strcmp(kv_type, "q4_0")) ? "on" : "off";
 }
 
+const char *cm_target_flash(const cm_target *t)
+{
+    return *t->flash_attention ? t->flash_attention : cm_llamacpp_default_flash(t->kv_cache_type);
+}
+
 int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads, const char *flash,
                     const char **field, char *why, size_t whylen)
 {
@@ -258,9 +263,7 @@ json_t *cm_target_to_json(const cm_target *t)
     int bad = 0;
     if (cm_target_llamacpp(t)) {
         bad |= json_object_set_new(o, "kv_cache_type", json_string(t->kv_cache_type));
-        bad |= json_object_set_new(o, "flash_attention",
-                                   json_string(*t->flash_attention ? t->flash_attention
-                                                                   : cm_llamacpp_default_flash(t->kv_cache_type)));
+        bad |= json_object_set_new(o, "flash_attention", json_string(cm_target_flash(t)));
         if (t->threads > 0)
             bad |= json_object_set_new(o, "threads", json_integer(t->threads));
     }

@@ -55,6 +55,8 @@ typedef struct {
  * two kernels. Default: "on" with a quantized KV cache, else "off". */
 #define CM_LLAMACPP_FLASH_ATTN "off on"
 const char *cm_llamacpp_default_flash(const char *kv_type);
+/* The flash-attention setting target t runs: its own, else the default for its KV type. */
+const char *cm_target_flash(const cm_target *t);
 
 /* 1 when t is served by llama.cpp. */
 int cm_target_llamacpp(const cm_target *t);

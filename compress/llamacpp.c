@@ -393,9 +393,8 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
     snprintf(fl, sizeof fl, "%lld", (long long)(flush > 0 ? flush : 0));
     char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
                     "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
-                    "--seed", seed, "--flash-attn",
-                    *t->flash_attention ? (char *)t->flash_attention : (char *)cm_llamacpp_default_flash(t->kv_cache_type),
-                    flush >= 0 ? "--flush" : NULL, fl, NULL};
+                    "--seed", seed, "--flash-attn", (char *)cm_target_flash(t), flush >= 0 ? "--flush" : NULL, fl,
+                    NULL};
     json_t *j;
     if (run_helper(argv, &j, err, errlen))
         return -1;

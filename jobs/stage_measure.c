@@ -96,7 +96,7 @@ static json_t *engine_json(const cm_target *t, int fallbacks, const char *note)
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:s}", "name", CM_ENGINE_LLAMACPP, "version",
                           in.package_version, "commit", in.ggml_commit, "precision", t->precision, "kv_cache_type",
                           t->kv_cache_type, "flash_attention",
-                          *t->flash_attention ? t->flash_attention : cm_llamacpp_default_flash(t->kv_cache_type),
+                          cm_target_flash(t),
                           "threads", t->threads, "fallback_tensors", fallbacks, "engine_build", in.fingerprint);
     if (o && note && *note)
         json_object_set_new(o, "note", json_string(note));
