@@ -26,7 +26,7 @@ PKG_LIBS   = $(eval PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null))$
 
 CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-psabi -g $(OPT) $(ARCH) -fopenmp -fno-math-errno \
           -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(PKG_CFLAGS)
-LDLIBS = $(PKG_LIBS) -lopenblas -lm -lpthread -ldl -fopenmp
+LDLIBS = $(PKG_LIBS) -ldnnl -lopenblas -lm -lpthread -ldl -fopenmp
 ifneq ($(SANITIZE),)
   CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=$(SANITIZE)

@@ -164,6 +164,22 @@ struct eng_backend {
  * Returns a new backend, or NULL on OOM. Free with eng_backend_free. */
 eng_backend *eng_backend_cpu_new(int threads);
 
+/* GEMM precision of a CPU backend: "fp32" (OpenBLAS sgemm; the default), "bf16" or
+ * "fp16": GEMM operands rounded to 16 bits and multiplied with fp32 accumulation into the
+ * fp32 output (engine/cpu_mm16.h: oneDNN's matmul; the decode path of a few rows keeps
+ * its streaming pass over fp32 weights, rounding them as they are read). Everything
+ * else stays fp32: norms, attention, losses, master weights and optimizer state.
+ * Returns 0, or -1 with the reason in err (unknown name; the type has no hardware kernel
+ * on this CPU). */
+int eng_backend_cpu_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen);
+const char *eng_backend_cpu_precision(const eng_backend *be);   /* "fp32", "bf16", "fp16" */
+/* The first failure of a 16-bit GEMM since the precision was set ("" when none). */
+const char *eng_backend_cpu_error(const eng_backend *be);
+/* The GEMM kernel in use: oneDNN's implementation name at 16 bits, else the BLAS kernel. */
+const char *eng_backend_cpu_gemm_kernel(const eng_backend *be);
+/* Bytes of the 16-bit operand workspace (not in cur_bytes/peak_bytes); 0 at fp32. */
+size_t eng_backend_cpu_workspace_bytes(const eng_backend *be);
+
 /* ---- the CPU backend's BLAS ---------------------------------------------------------
  * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels from the CPU's model
  * number when the library loads. A CPU newer than the library (Emerald Rapids, model 207,

@@ -6,6 +6,7 @@
  * per call and GEMMs are split across the OpenMP threads (see cpu_gemm).
  */
 #include "engine/backend.h"
+#include "engine/cpu_mm16.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -160,6 +161,7 @@ static void cpu_sync(eng_backend *be)
 
 static void cpu_destroy(eng_backend *be)
 {
+    cpu_impl_free(be->impl);
     free(be);
 }
 
@@ -170,8 +172,9 @@ static void cpu_destroy(eng_backend *be)
  * accumulation chains run together). For decode shapes OpenBLAS 0.3.21's sgemm/sgemv pack or
  * block the weights: measured here, M = 1 reaches about 2x and M = 8 about 1.25x its rate. */
 #define SMALL_M 8
-static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, float *C, int ldc, int n, int K,
-                      float alpha, float beta)
+static inline __attribute__((always_inline)) void gemm_rows_r(const float *W, int ldw, const float *A, int lda,
+                                                              int M, float *C, int ldc, int n, int K, float alpha,
+                                                              float beta, int r16)
 {
     for (int o = 0; o < n; o++) {
         const float *r = W + (size_t)o * ldw;
@@ -182,7 +185,7 @@ static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, f
             float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
 #pragma omp simd reduction(+:a0, a1, a2, a3)
             for (int k = 0; k < K; k++) {
-                float w = r[k];
+                float w = r16 ? mm16_round1(r16, r[k]) : r[k];
                 a0 += w * x0[k];
                 a1 += w * x1[k];
                 a2 += w * x2[k];
@@ -198,7 +201,7 @@ static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, f
             float a = 0;
 #pragma omp simd reduction(+:a)
             for (int k = 0; k < K; k++)
-                a += r[k] * x[k];
+                a += (r16 ? mm16_round1(r16, r[k]) : r[k]) * x[k];
             acc[m] = a;
         }
         for (m = 0; m < M; m++) {
@@ -207,6 +210,20 @@ static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, f
         }
     }
 }
+
+/* r16 = 0 (fp32) or the 16-bit type the weights are rounded to as they stream (A's rows
+ * come rounded already): one specialized loop each. */
+static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, float *C, int ldc, int n, int K,
+                      float alpha, float beta, int r16)
+{
+    if (r16 == MM16_BF16)
+        gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, MM16_BF16);
+    else if (r16 == MM16_FP16)
+        gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, MM16_FP16);
+    else
+        gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, 0);
+}
+
 
 /* One thread pool only: OpenBLAS runs single-threaded and each GEMM is split into
  * column (or row) slices across the OpenMP threads. Two pools that both spin after
@@ -225,16 +242,29 @@ static void cpu_gemm(eng_backend *be, int ta, int tb, int M, int N, int K, float
     CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
     int nth = be->threads > 1 ? be->threads : 1;
     double flops = 2.0 * M * (double)N * K;
+    cpu_impl *ci = be->impl;
+    int r16 = ci ? ci->type : 0;
     if (M <= SMALL_M && tb && !ta) {
-        /* Few rows (decode): one streaming pass over the weights, split by output columns. */
+        /* Few rows (decode): one streaming pass over the weights, split by output columns.
+         * At 16 bits, the same pass on rounded operands (weights stay fp32 in memory). */
+        if (r16 && !(A = cpu_impl_round_rows(ci, A, lda, M, K))) {
+            cpu_mm16_fail(ci->mm, "out of memory for the rounded rows of a GEMM");
+            return;
+        }
+        if (r16)
+            lda = K;
         int parts = nth > 1 && flops >= 2e5 ? nth : 1;
         int chunk = ((N + parts - 1) / parts + 15) / 16 * 16;
 #pragma omp parallel for schedule(static) num_threads(parts) if (parts > 1)
         for (int p = 0; p < parts; p++) {
             int n0 = p * chunk, len = N - n0 < chunk ? N - n0 : chunk;
             if (len > 0)
-                gemm_rows(B + (size_t)n0 * ldb, ldb, A, lda, M, C + n0, ldc, len, K, alpha, beta);
+                gemm_rows(B + (size_t)n0 * ldb, ldb, A, lda, M, C + n0, ldc, len, K, alpha, beta, r16);
         }
+        return;
+    }
+    if (r16) {    /* failures are kept for eng_backend_check */
+        (void)cpu_mm16_gemm(ci->mm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     if (M == 1) {

@@ -167,16 +167,17 @@ int eng_backend_check(eng_backend *be, char *err, size_t errlen)
     if (!be)
         return 0;
     be->sync(be);
+    const char *e = "";
+    if (!strcmp(be->name, "cpu"))
+        e = eng_backend_cpu_error(be);
 #if DEV_HAVE_CUDA
-    const char *e = cu_backend_error(be);
+    else
+        e = cu_backend_error(be);
+#endif
     if (e[0]) {
         snprintf(err, errlen, "%s: %s", be->name, e);
         return -1;
     }
-#else
-    (void)err;
-    (void)errlen;
-#endif
     return 0;
 }
 
@@ -198,6 +199,8 @@ int eng_backend_set_precision(eng_backend *be, const char *precision, char *err,
         return 0;
     }
 #endif
+    if (!strcmp(be->name, "cpu"))
+        return eng_backend_cpu_set_precision(be, precision, err, errlen);
     if (!fp32) {
         snprintf(err, errlen, "%s: precision %s is not available on this backend (fp32 only)", be->name, precision);
         return -1;

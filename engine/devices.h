@@ -47,16 +47,18 @@ int eng_device_exists(const char *device, char *err, size_t errlen);
 eng_backend *eng_backend_new(const char *device, char *err, size_t errlen);
 
 /* Set the precision of `be`'s GEMMs by name: "fp32" (every backend; exact fp32, no
- * TF32), "bf16" or "fp16" (CUDA only: operands rounded to 16 bits, fp32 accumulation
- * and output; everything else stays fp32). Returns 0, or -1 with the reason in err
- * (unknown name, not available on this backend). */
+ * TF32), "bf16" or "fp16" (operands rounded to 16 bits, fp32 accumulation and output;
+ * everything else stays fp32; on the CPU through oneDNN, where this CPU has the
+ * instructions: eng_backend_cpu_set_precision). Returns 0, or -1 with the reason in err
+ * (unknown name, not available on this backend or CPU). */
 int eng_backend_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen);
 
 /* Synchronize `be` and report whether its ops have failed since it was created: CUDA
  * ops return void and record their first CUDA / cuBLAS failure (an illegal address, a
  * launch error, an unsupported shape) instead of aborting. Returns 0 when all is well,
  * or -1 with "cuda:N: <reason>" in err; then results computed on it must not be used and
- * the job should fail with that message. Always 0 for the CPU backend. */
+ * the job should fail with that message. The CPU backend fails only at 16 bits (out of
+ * memory for its operand workspace, a oneDNN error). */
 int eng_backend_check(eng_backend *be, char *err, size_t errlen);
 
 #endif

@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the command to run.
 set -e
 PKGS="build-essential pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev libcurl4-openssl-dev
-libopenblas-dev libcmocka-dev libpcre2-dev libssl-dev python3 python3-venv python3-numpy python3-torch
+libopenblas-dev libdnnl-dev libcmocka-dev libpcre2-dev libssl-dev python3 python3-venv python3-numpy python3-torch
 curl wrk valgrind sqlite3"
 missing=""
 for p in $PKGS; do

@@ -1,0 +1,378 @@
+/* engine/cpu_mm16.c — bf16/fp16 GEMMs through oneDNN's matmul primitive (see cpu_mm16.h).
+ *
+ * A oneDNN primitive is built for one shape, one layout and one alpha/beta; building it
+ * costs far more than a small multiply, so built primitives are kept in a table keyed by
+ * exactly those (a model has few distinct shapes: one per projection width and token
+ * count). oneDNN's CPU runtime in Debian is OpenMP, the engine's own: its threads are the
+ * OpenMP threads the backend set, so there is still a single thread pool.
+ */
+#include "engine/cpu_mm16.h"
+
+#include "engine/backend.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SLOTS 256            /* primitive table size (a slot is reused on collision) */
+#define PAR_CONVERT 65536    /* elements below which conversion stays on one thread */
+
+typedef struct {
+    int used;
+    int ta, tb, M, N, K, ldc;
+    uint32_t alpha, beta;    /* bit patterns */
+    dnnl_primitive_t prim;
+    dnnl_memory_t a, b, c;
+} slot;
+
+struct cpu_mm16 {
+    int type;
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    slot slots[SLOTS];
+    uint16_t *ws;            /* A then B, 16-bit, compact */
+    size_t ws_elems;
+    char impl[64];
+    char err[256];
+};
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline uint16_t to_bf16(float f)
+{
+    uint32_t u = fbits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)      /* NaN: keep it NaN (quiet) */
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline uint16_t to_fp16(float f)
+{
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+/* dst [rows, cols] compact <- src [rows, cols] with row stride ld, rounded. */
+static void convert(int type, uint16_t *dst, const float *src, int rows, int cols, int ld)
+{
+    size_t n = (size_t)rows * cols;
+#pragma omp parallel for schedule(static) if (n >= PAR_CONVERT)
+    for (int r = 0; r < rows; r++) {
+        const float *s = src + (size_t)r * ld;
+        uint16_t *d = dst + (size_t)r * cols;
+        if (type == MM16_BF16) {
+#pragma omp simd
+            for (int c = 0; c < cols; c++)
+                d[c] = to_bf16(s[c]);
+        } else {
+#pragma omp simd
+            for (int c = 0; c < cols; c++)
+                d[c] = to_fp16(s[c]);
+        }
+    }
+}
+
+static int fail(cpu_mm16 *m, const char *what, dnnl_status_t s)
+{
+    if (!m->err[0])
+        snprintf(m->err, sizeof m->err, "oneDNN %s: status %d", what, (int)s);
+    return -1;
+}
+
+static void slot_clear(slot *s)
+{
+    if (!s->used)
+        return;
+    dnnl_primitive_destroy(s->prim);
+    dnnl_memory_destroy(s->a);
+    dnnl_memory_destroy(s->b);
+    dnnl_memory_destroy(s->c);
+    memset(s, 0, sizeof *s);
+}
+
+/* Build the primitive of one shape into s (cleared on failure). Operands are compact:
+ * A is [K,M] when ta else [M,K]; B is [N,K] when tb else [K,N]; C has row stride ldc. */
+static int build(cpu_mm16 *m, slot *s, int ta, int tb, int M, int N, int K, int ldc, float alpha, float beta,
+                 const char **impl)
+{
+    dnnl_data_type_t t = m->type == MM16_BF16 ? dnnl_bf16 : dnnl_f16;
+    dnnl_memory_desc_t ad, bd, cd;
+    dnnl_dims_t adim = {M, K}, bdim = {K, N}, cdim = {M, N};
+    dnnl_dims_t ast = {ta ? 1 : K, ta ? M : 1}, bst = {tb ? 1 : N, tb ? K : 1}, cst = {ldc, 1};
+    dnnl_status_t st;
+    if ((st = dnnl_memory_desc_init_by_strides(&ad, 2, adim, t, ast)) != dnnl_success ||
+        (st = dnnl_memory_desc_init_by_strides(&bd, 2, bdim, t, bst)) != dnnl_success ||
+        (st = dnnl_memory_desc_init_by_strides(&cd, 2, cdim, dnnl_f32, cst)) != dnnl_success)
+        return fail(m, "memory descriptor", st);
+    dnnl_matmul_desc_t md;
+    if ((st = dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd)) != dnnl_success)
+        return fail(m, "matmul descriptor", st);
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = -1;
+    if ((st = dnnl_primitive_attr_create(&attr)) != dnnl_success)
+        goto out;
+    if (alpha != 1.0f && (st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha)) != dnnl_success)
+        goto out;
+    if (beta != 0.0f) {
+        if ((st = dnnl_post_ops_create(&po)) != dnnl_success || (st = dnnl_post_ops_append_sum(po, beta)) != dnnl_success ||
+            (st = dnnl_primitive_attr_set_post_ops(attr, po)) != dnnl_success)
+            goto out;
+    }
+    if ((st = dnnl_primitive_desc_create(&pd, &md, attr, m->eng, NULL)) != dnnl_success)
+        goto out;
+    if (impl && (st = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, impl)) != dnnl_success)
+        goto out;
+    if (impl)
+        snprintf(m->impl, sizeof m->impl, "%s", *impl);
+    if ((st = dnnl_primitive_create(&s->prim, pd)) != dnnl_success)
+        goto out;
+    if ((st = dnnl_memory_create(&s->a, &ad, m->eng, DNNL_MEMORY_NONE)) != dnnl_success ||
+        (st = dnnl_memory_create(&s->b, &bd, m->eng, DNNL_MEMORY_NONE)) != dnnl_success ||
+        (st = dnnl_memory_create(&s->c, &cd, m->eng, DNNL_MEMORY_NONE)) != dnnl_success) {
+        if (s->a)
+            dnnl_memory_destroy(s->a);
+        if (s->b)
+            dnnl_memory_destroy(s->b);
+        dnnl_primitive_destroy(s->prim);
+        memset(s, 0, sizeof *s);
+        goto out;
+    }
+    s->used = 1;
+    s->ta = ta, s->tb = tb, s->M = M, s->N = N, s->K = K, s->ldc = ldc;
+    s->alpha = fbits(alpha), s->beta = fbits(beta);
+    rc = 0;
+out:
+    if (rc)
+        fail(m, "matmul primitive", st);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+static unsigned slot_of(int ta, int tb, int M, int N, int K, int ldc, uint32_t a, uint32_t b)
+{
+    uint64_t h = 1469598103934665603ull;
+    const uint64_t v[] = {(uint64_t)ta, (uint64_t)tb, (uint64_t)M, (uint64_t)N, (uint64_t)K, (uint64_t)ldc, a, b};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        h = (h ^ v[i]) * 1099511628211ull;
+    return (unsigned)(h % SLOTS);
+}
+
+static int workspace(cpu_mm16 *m, size_t elems)
+{
+    if (elems <= m->ws_elems)
+        return 0;
+    size_t bytes = (elems * 2 + 63) & ~(size_t)63;
+    uint16_t *p = aligned_alloc(64, bytes);
+    if (!p) {
+        if (!m->err[0])
+            snprintf(m->err, sizeof m->err, "out of memory for a %zu-byte GEMM operand workspace", bytes);
+        return -1;
+    }
+    free(m->ws);
+    m->ws = p;
+    m->ws_elems = bytes / 2;
+    return 0;
+}
+
+int cpu_mm16_gemm(cpu_mm16 *m, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int ra = ta ? K : M, ca = ta ? M : K;
+    int rb = tb ? N : K, cb = tb ? K : N;
+    size_t na = (size_t)ra * ca, off_b = (na + 31) & ~(size_t)31, nb = (size_t)rb * cb;
+    if (workspace(m, off_b + nb))
+        return -1;
+    convert(m->type, m->ws, A, ra, ca, lda);
+    convert(m->type, m->ws + off_b, B, rb, cb, ldb);
+    uint32_t ab = fbits(alpha), bb = fbits(beta);
+    slot *s = &m->slots[slot_of(ta, tb, M, N, K, ldc, ab, bb)];
+    if (!s->used || s->ta != ta || s->tb != tb || s->M != M || s->N != N || s->K != K || s->ldc != ldc ||
+        s->alpha != ab || s->beta != bb) {
+        slot_clear(s);
+        if (build(m, s, ta, tb, M, N, K, ldc, alpha, beta, NULL))
+            return -1;
+    }
+    dnnl_status_t st;
+    if ((st = dnnl_memory_set_data_handle(s->a, m->ws)) != dnnl_success ||
+        (st = dnnl_memory_set_data_handle(s->b, m->ws + off_b)) != dnnl_success ||
+        (st = dnnl_memory_set_data_handle(s->c, C)) != dnnl_success)
+        return fail(m, "memory handle", st);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, s->a}, {DNNL_ARG_WEIGHTS, s->b}, {DNNL_ARG_DST, s->c}};
+    if ((st = dnnl_primitive_execute(s->prim, m->stream, 3, args)) != dnnl_success)
+        return fail(m, "matmul", st);
+    if ((st = dnnl_stream_wait(m->stream)) != dnnl_success)
+        return fail(m, "stream wait", st);
+    return 0;
+}
+
+cpu_mm16 *cpu_mm16_new(int type, char *err, size_t errlen)
+{
+    const char *name = type == MM16_BF16 ? "bf16" : "fp16";
+    if (type != MM16_BF16 && type != MM16_FP16) {
+        snprintf(err, errlen, "unknown 16-bit GEMM type %d", type);
+        return NULL;
+    }
+    cpu_mm16 *m = calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    m->type = type;
+    dnnl_status_t st;
+    if ((st = dnnl_engine_create(&m->eng, dnnl_cpu, 0)) != dnnl_success) {
+        snprintf(err, errlen, "oneDNN: cannot create a CPU engine (status %d)", (int)st);
+        free(m);
+        return NULL;
+    }
+    if ((st = dnnl_stream_create(&m->stream, m->eng, dnnl_stream_default_flags)) != dnnl_success) {
+        snprintf(err, errlen, "oneDNN: cannot create a stream (status %d)", (int)st);
+        dnnl_engine_destroy(m->eng);
+        free(m);
+        return NULL;
+    }
+    /* Probe: a 64x64x64 multiply. oneDNN without a kernel for the type on this CPU either
+     * refuses (unimplemented) or falls to its reference loops ("ref:any"). */
+    slot probe = {0};
+    const char *impl = NULL;
+    if (build(m, &probe, 0, 1, 64, 64, 64, 64, 1.0f, 0.0f, &impl)) {
+        snprintf(err, errlen, "%s GEMMs are not available on this CPU through oneDNN %d.%d (%s)", name,
+                 (int)dnnl_version()->major, (int)dnnl_version()->minor, m->err);
+        cpu_mm16_free(m);
+        return NULL;
+    }
+    slot_clear(&probe);
+    if (!strncmp(m->impl, "ref", 3)) {
+        snprintf(err, errlen, "%s GEMMs on this CPU would run oneDNN's reference loops (%s), slower than fp32: "
+                              "no %s instructions", name, m->impl,
+                 type == MM16_BF16 ? "AVX512-BF16 / AMX or AVX-512" : "AVX512-FP16 / AMX-FP16");
+        cpu_mm16_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void cpu_mm16_free(cpu_mm16 *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < SLOTS; i++)
+        slot_clear(&m->slots[i]);
+    if (m->stream)
+        dnnl_stream_destroy(m->stream);
+    if (m->eng)
+        dnnl_engine_destroy(m->eng);
+    free(m->ws);
+    free(m);
+}
+
+const char *cpu_mm16_error(const cpu_mm16 *m)
+{
+    return m->err;
+}
+
+void cpu_mm16_fail(cpu_mm16 *m, const char *why)
+{
+    if (!m->err[0])
+        snprintf(m->err, sizeof m->err, "%s", why);
+}
+
+size_t cpu_mm16_workspace_bytes(const cpu_mm16 *m)
+{
+    return m->ws_elems * 2;
+}
+
+const char *cpu_mm16_impl(const cpu_mm16 *m)
+{
+    return m->impl;
+}
+
+/* ---- the CPU backend's precision (be->impl) ---------------------------------------- */
+
+void cpu_impl_free(cpu_impl *ci)
+{
+    if (ci) {
+        cpu_mm16_free(ci->mm);
+        free(ci->rows);
+        free(ci);
+    }
+}
+
+/* A's M (<= SMALL_M) rows rounded to the 16-bit type into ci->rows (row stride K), or NULL
+ * when out of memory. */
+const float *cpu_impl_round_rows(cpu_impl *ci, const float *A, int lda, int M, int K)
+{
+    size_t n = (size_t)M * K;
+    if (n > ci->rows_n) {
+        float *p = realloc(ci->rows, n * sizeof *p);
+        if (!p)
+            return NULL;
+        ci->rows = p, ci->rows_n = n;
+    }
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            ci->rows[(size_t)m * K + k] = mm16_round1(ci->type, A[(size_t)m * lda + k]);
+    return ci->rows;
+}
+
+int eng_backend_cpu_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen)
+{
+    int type = !strcmp(precision, "bf16") ? MM16_BF16 : !strcmp(precision, "fp16") ? MM16_FP16 : 0;
+    if (!type && strcmp(precision, "fp32")) {
+        snprintf(err, errlen, "%s: unknown precision (expected fp32, bf16 or fp16)", precision);
+        return -1;
+    }
+    cpu_impl *ci = NULL;
+    if (type) {
+        if (!(ci = calloc(1, sizeof *ci))) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        ci->type = type;
+        if (!(ci->mm = cpu_mm16_new(type, err, errlen))) {
+            free(ci);
+            return -1;
+        }
+    }
+    cpu_impl_free(be->impl);
+    be->impl = ci;
+    return 0;
+}
+
+const char *eng_backend_cpu_precision(const eng_backend *be)
+{
+    const cpu_impl *ci = be->impl;
+    return !ci ? "fp32" : ci->type == MM16_BF16 ? "bf16" : "fp16";
+}
+
+const char *eng_backend_cpu_error(const eng_backend *be)
+{
+    const cpu_impl *ci = be->impl;
+    return ci ? cpu_mm16_error(ci->mm) : "";
+}
+
+const char *eng_backend_cpu_gemm_kernel(const eng_backend *be)
+{
+    const cpu_impl *ci = be->impl;
+    return ci ? cpu_mm16_impl(ci->mm) : eng_blas_kernel();
+}
+
+size_t eng_backend_cpu_workspace_bytes(const eng_backend *be)
+{
+    const cpu_impl *ci = be->impl;
+    return ci ? cpu_mm16_workspace_bytes(ci->mm) : 0;
+}

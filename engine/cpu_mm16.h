@@ -1,0 +1,72 @@
+/* engine/cpu_mm16.h — 16-bit GEMMs for the CPU backend (engine-private): operands
+ * rounded to bf16 (or fp16) and multiplied with fp32 accumulation into fp32 output, the
+ * same contract as the CUDA backend's CU_PREC_BF16. The multiply runs in oneDNN's matmul
+ * primitive, which picks its kernels from the CPU (AVX512-BF16 and AMX where present);
+ * a CPU on which oneDNN has only its reference kernel for a type is refused at creation,
+ * since that would be slower than fp32 and say nothing about the hardware.
+ */
+#ifndef AC_ENGINE_CPU_MM16_H
+#define AC_ENGINE_CPU_MM16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { MM16_BF16 = 1, MM16_FP16 = 2 };
+
+typedef struct cpu_mm16 cpu_mm16;
+
+/* Create for `type` (MM16_BF16 / MM16_FP16): a oneDNN CPU engine and stream, probed with
+ * a small matmul. Returns NULL with the reason in err when oneDNN cannot run that type
+ * on this CPU with a hardware kernel, or out of memory. */
+cpu_mm16 *cpu_mm16_new(int type, char *err, size_t errlen);
+void cpu_mm16_free(cpu_mm16 *m);
+
+/* C[M,N] = alpha * op(A) op(B) + beta * C with backend.h's gemm conventions (ta, tb,
+ * leading dimensions; beta = 0 ignores C's old contents). A and B are rounded to the
+ * type (round to nearest even; NaN stays NaN) into a private workspace that grows to the
+ * largest call's operands. Returns 0, or -1 with the first failure kept for
+ * cpu_mm16_error (out of memory, a oneDNN error); C is then undefined. */
+int cpu_mm16_gemm(cpu_mm16 *m, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The first failure since creation ("" when none); cpu_mm16_fail records one from a
+ * caller (kept only when none is recorded yet). */
+const char *cpu_mm16_error(const cpu_mm16 *m);
+void cpu_mm16_fail(cpu_mm16 *m, const char *why);
+
+/* Bytes held by the operand workspace (not in the backend's cur_bytes/peak_bytes). */
+size_t cpu_mm16_workspace_bytes(const cpu_mm16 *m);
+
+/* The kernel oneDNN chose for the probe ("brg:avx512_core_bf16", ...). */
+const char *cpu_mm16_impl(const cpu_mm16 *m);
+
+/* x rounded to the type and back to fp32: the rounding cpu_mm16_gemm applies, for paths
+ * that multiply in fp32 on rounded operands (bf16: round to nearest even, NaN kept). */
+static inline float mm16_round1(int type, float x)
+{
+    if (type == MM16_FP16)
+        return (float)(_Float16)x;
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u = (u & 0xffff0000u) | 0x00400000u;
+    else
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    __builtin_memcpy(&x, &u, 4);
+    return x;
+}
+
+/* The CPU backend's be->impl: the 16-bit GEMM state, present only while a 16-bit
+ * precision is set (eng_backend_cpu_set_precision). */
+typedef struct {
+    int type;            /* MM16_BF16 / MM16_FP16 */
+    cpu_mm16 *mm;
+    float *rows;         /* decode path: the few rows of A, rounded */
+    size_t rows_n;
+} cpu_impl;
+
+void cpu_impl_free(cpu_impl *ci);   /* NULL is a no-op */
+/* A's M rows rounded to ci's type into ci->rows (row stride K), or NULL when out of memory. */
+const float *cpu_impl_round_rows(cpu_impl *ci, const float *A, int lda, int M, int K);
+
+#endif
