@@ -4,8 +4,10 @@
  * (hidden 512, FFN 1152). One step = teacher forward + student forward/backward on the
  * KD loss (T=1) + AdamW with clipping, the same step bench/distill/torch_step.py times
  * in PyTorch. Also measures the machine's two ceilings in the same run: sgemm GFLOP/s
- * (1024^3 through the backend) and STREAM-triad bandwidth. Prints one JSON line.
- * Usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S]
+ * (1024^3 through the backend) and STREAM-triad bandwidth; with --precision bf16 the
+ * step's GEMMs run at bf16 (engine/cpu_mm16.h) and the bf16 GEMM ceiling is measured
+ * beside the fp32 one, each through a backend of its own precision. Prints one JSON line.
+ * Usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S] [--precision fp32|bf16|fp16]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "engine/ceilings.h"
 #include "engine/clock.h"
+#include "engine/devices.h"
 #include "engine/model.h"
 
 /* The SmolLM2-135M shape with `hidden` and every layer's FFN set as given. */
@@ -31,9 +34,12 @@ int main(int argc, char **argv)
 {
     eng_blas_pick_kernel(argv);
     int threads = 2, B = 1, T = 128, steps = 3;
+    const char *precision = "fp32";
     for (int i = 1; i + 1 < argc; i += 2) {
         long v = strtol(argv[i + 1], NULL, 10);
-        if (!strcmp(argv[i], "--threads"))
+        if (!strcmp(argv[i], "--precision"))
+            precision = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
             threads = (int)v;
         else if (!strcmp(argv[i], "--batch"))
             B = (int)v;
@@ -42,7 +48,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps"))
             steps = (int)v;
         else {
-            fprintf(stderr, "usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S]\n");
+            fprintf(stderr, "usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S] "
+                            "[--precision fp32|bf16|fp16]\n");
             return 2;
         }
     }
@@ -52,6 +59,10 @@ int main(int argc, char **argv)
     }
     char err[512];
     eng_backend *be = eng_backend_cpu_new(threads);
+    if (be && eng_backend_set_precision(be, precision, err, sizeof err)) {
+        fprintf(stderr, "distill_bench: %s\n", err);
+        return 1;
+    }
     arch pa, sa;
     smol_arch(&pa, 576, 1536);
     smol_arch(&sa, 512, 1152);
@@ -87,6 +98,10 @@ int main(int argc, char **argv)
             return 1;
         }
         eng_adamw_step(opt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1.0f, 1.0f);
+        if (eng_backend_check(be, err, sizeof err)) {
+            fprintf(stderr, "distill_bench: %s\n", err);
+            return 1;
+        }
         double dt = eng_wall_s() - t0;
         loss = lr.loss;
         if (s > 0) {
@@ -95,17 +110,22 @@ int main(int argc, char **argv)
                 best = dt;
         }
     }
-    eng_rate gf, bw;   /* wall-clock rates: this bench times its steps by the wall clock */
-    if (eng_ceil_gemm(be, 1024, 3, &gf) != 0)
+    eng_rate gf, g16 = {0, 0}, bw;   /* wall-clock rates: this bench times its steps by the wall clock */
+    eng_backend *b32 = eng_backend_cpu_new(threads);
+    if (!b32 || eng_ceil_gemm(b32, 1024, 3, &gf) != 0)
         fprintf(stderr, "distill_bench: sgemm: out of memory\n");   /* prints 0, as before */
+    eng_backend_free(b32);
+    if (strcmp(precision, "fp32") && eng_ceil_gemm(be, 1024, 3, &g16) != 0)
+        fprintf(stderr, "distill_bench: %s GEMM: out of memory\n", precision);
     if (eng_ceil_triad((size_t)64 << 20, threads, 5, &bw) != 0)
         fprintf(stderr, "distill_bench: triad: out of memory\n");
-    printf("{\"impl\": \"autocompress\", \"threads\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %d, "
+    printf("{\"impl\": \"autocompress\", \"precision\": \"%s\", \"gemm_kernel\": \"%s\", \"threads\": %d, "
+           "\"batch\": %d, \"seq\": %d, \"steps\": %d, "
            "\"best_step_s\": %.4f, \"mean_step_s\": %.4f, \"tokens_per_s\": %.2f, \"mean_tokens_per_s\": %.2f, "
            "\"loss\": %.4f, \"student_params\": %lld, \"teacher_params\": %lld, "
-           "\"sgemm_gflops\": %.1f, \"triad_gbs\": %.2f}\n",
-           threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
-           (long long)arch_params(&sa), (long long)arch_params(&pa), gf.wall, bw.wall);
+           "\"sgemm_gflops\": %.1f, \"gemm16_gflops\": %.1f, \"triad_gbs\": %.2f}\n",
+           precision, eng_backend_cpu_gemm_kernel(be), threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
+           (long long)arch_params(&sa), (long long)arch_params(&pa), gf.wall, g16.wall, bw.wall);
     free(tok);
     eng_adamw_free(opt);
     eng_model_free(&student);
