@@ -224,7 +224,6 @@ static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, f
         gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, 0);
 }
 
-
 /* One thread pool only: OpenBLAS runs single-threaded and each GEMM is split into
  * column (or row) slices across the OpenMP threads. Two pools that both spin after
  * their work (OpenBLAS' pthreads and libgomp's) starve each other on a busy machine. */

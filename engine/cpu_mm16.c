@@ -44,14 +44,6 @@ static uint32_t fbits(float f)
     return u;
 }
 
-static inline uint16_t to_bf16(float f)
-{
-    uint32_t u = fbits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)      /* NaN: keep it NaN (quiet) */
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 static inline uint16_t to_fp16(float f)
 {
     _Float16 h = (_Float16)f;
@@ -71,7 +63,7 @@ static void convert(int type, uint16_t *dst, const float *src, int rows, int col
         if (type == MM16_BF16) {
 #pragma omp simd
             for (int c = 0; c < cols; c++)
-                d[c] = to_bf16(s[c]);
+                d[c] = mm16_bf16_bits(s[c]);
         } else {
 #pragma omp simd
             for (int c = 0; c < cols; c++)

@@ -40,18 +40,23 @@ size_t cpu_mm16_workspace_bytes(const cpu_mm16 *m);
 /* The kernel oneDNN chose for the probe ("brg:avx512_core_bf16", ...). */
 const char *cpu_mm16_impl(const cpu_mm16 *m);
 
+/* x rounded to bf16 (round to nearest even; a NaN stays a quiet NaN): its 16 bits. */
+static inline uint16_t mm16_bf16_bits(float x)
+{
+    uint32_t u;
+    __builtin_memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* x rounded to the type and back to fp32: the rounding cpu_mm16_gemm applies, for paths
- * that multiply in fp32 on rounded operands (bf16: round to nearest even, NaN kept). */
+ * that multiply in fp32 on rounded operands. */
 static inline float mm16_round1(int type, float x)
 {
     if (type == MM16_FP16)
         return (float)(_Float16)x;
-    uint32_t u;
-    __builtin_memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        u = (u & 0xffff0000u) | 0x00400000u;
-    else
-        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    uint32_t u = (uint32_t)mm16_bf16_bits(x) << 16;
     __builtin_memcpy(&x, &u, 4);
     return x;
 }
