@@ -202,6 +202,7 @@ static void test_model_logits_bf16(void **state)
     small_arch(&a);
     eng_model m;
     assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+    arch_free(&a);   /* the model holds its own copy */
     eng_model_randomize(&m, 11, 0.2f);
     enum { T = 40 };
     int V = a.vocab_size, tok[T];
@@ -258,6 +259,7 @@ static void train(const char *precision, double *loss, int steps)
     eng_model st, te;
     assert_int_equal(eng_model_init(&st, &a, be, err, sizeof err), 0);
     assert_int_equal(eng_model_init(&te, &a, be, err, sizeof err), 0);
+    arch_free(&a);
     eng_model_randomize(&st, 3, 0.2f);
     eng_model_randomize(&te, 4, 0.4f);
     assert_int_equal(eng_model_enable_grads(&st), 0);
