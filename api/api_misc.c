@@ -320,6 +320,16 @@ void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_
                                 "cores", d.cores);
         if (dev && !gpu)
             json_object_set_new(dev, "blas", json_pack("{s:s,s:s}", "kernel", d.blas_kernel, "config", d.blas_config));
+        json_t *precs = json_array();
+        static const char *const names[] = {"fp32", "bf16", "fp16"};
+        char why[256];
+        for (int k = 0; k < 3; k++)
+            if (eng_device_precision(d.name, names[k], why, sizeof why) == 0)
+                json_array_append_new(precs, json_string(names[k]));
+        if (dev)
+            json_object_set_new(dev, "precisions", precs);
+        else
+            json_decref(precs);
         json_array_append_new(data, dev);
     }
     api_json(resp, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));

@@ -443,6 +443,10 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     }
     json_object_set_new(out, "device", json_string(name));
     check_engine(v, t, out);
+    json_t *prec = json_object_get(out, "precision"), *eng = json_object_get(out, "engine");
+    if (!why[0] && prec && eng && !strcmp(json_string_value(eng), CM_ENGINE_AUTOCOMPRESS) &&
+        eng_device_precision(name, json_string_value(prec), why, sizeof why))
+        fault(v, 422, "/target/precision", "%s on %s: %s", json_string_value(prec), name, why);
     json_t *w = member(v, t, "/target", "workload", JSON_OBJECT, 0);
     json_t *wo = json_object();
     if (!w)

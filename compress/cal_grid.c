@@ -69,15 +69,26 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max)
     return n;
 }
 
-eng_backend *cal_backend_new(const char *device, int threads, char *err, size_t errlen)
+eng_backend *cal_backend_new(const char *device, const char *precision, int threads, char *err, size_t errlen)
 {
+    eng_backend *be;
     if (threads > 0 && !strcmp(device, "cpu")) {
-        eng_backend *be = eng_backend_cpu_new(threads);
-        if (!be)
+        if (!(be = eng_backend_cpu_new(threads))) {
             snprintf(err, errlen, "out of memory creating the CPU backend");
-        return be;
+            return NULL;
+        }
+    } else if (!(be = eng_backend_new(device, err, errlen))) {
+        return NULL;
     }
-    return eng_backend_new(device, err, errlen);
+    if (precision && *precision && strcmp(precision, "fp32")) {
+        char why[256];
+        if (eng_backend_set_precision(be, precision, why, sizeof why)) {
+            snprintf(err, errlen, "%s on %s: %s", precision, device, why);
+            eng_backend_free(be);
+            return NULL;
+        }
+    }
+    return be;
 }
 
 void cal_opts_default(cal_opts *o)

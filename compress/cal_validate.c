@@ -87,7 +87,7 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     int reps = cs->o->validate_reps > 0 ? cs->o->validate_reps : 3;
     memset(vm, 0, sizeof *vm);
     memset(res, 0, sizeof *res);
-    vm->be = cal_backend_new(cs->t->device, cs->o->threads, e2, sizeof e2);
+    vm->be = cal_backend_new(cs->t->device, cs->t->precision, cs->o->threads, e2, sizeof e2);
     if (!vm->be) {
         snprintf(err, errlen, "%s", e2);
         return -1;

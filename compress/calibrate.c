@@ -508,10 +508,6 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
         o->warmup = 0;
     if (arch_validate(r->parent, err, errlen))
         return -1;
-    if (strcmp(r->t->precision, "fp32")) {
-        snprintf(err, errlen, "precision %s is not available in this build (the engine runs fp32)", r->t->precision);
-        return -1;
-    }
     r->t_start = eng_wall_s();
     r->fit_p = r->fit_d = 1;
     cal_state *cs = r->cs = calloc(1, sizeof *cs);
@@ -524,7 +520,7 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
     cs->rng = o->seed * 0x9E3779B97F4A7C15ULL + 1;
     cs->n_bins = r->t->output_tokens < MAX_BINS ? r->t->output_tokens : MAX_BINS;
     char e2[256];
-    cs->be = cal_backend_new(r->t->device, o->threads, e2, sizeof e2);
+    cs->be = cal_backend_new(r->t->device, r->t->precision, o->threads, e2, sizeof e2);
     if (!cs->be) {
         snprintf(err, errlen, "%s", e2);
         return -1;
@@ -717,9 +713,10 @@ static json_t *run_result(cal_run_ctx *r, json_t *validation, char *err, size_t 
     }
     char wait[128];
     if (result && !cm_target_llamacpp(r->t) && strcmp(r->t->device, "cpu") == 0 &&
-        json_object_set_new(result, "cpu", json_pack("{s:s,s:s,s:s}", "blas_kernel", eng_blas_kernel(), "blas_config",
+        json_object_set_new(result, "cpu", json_pack("{s:s,s:s,s:s,s:s}", "blas_kernel", eng_blas_kernel(), "blas_config",
                                                      eng_blas_config(), "wait_policy",
-                                                     eng_cpu_wait_policy(wait, sizeof wait))) != 0) {
+                                                     eng_cpu_wait_policy(wait, sizeof wait), "gemm_kernel",
+                                                     eng_cpu_gemm_kernel(r->t->precision))) != 0) {
         json_decref(result);
         result = NULL;
     }

@@ -44,8 +44,11 @@ void cal_opts_default(cal_opts *o);
  * calibrate` and POST /v1/calibrations calibrate unless told otherwise. */
 void cal_opts_search_hidden(cal_opts *o, const arch *parent);
 
-/* The backend for device (CPU with `threads` workers when threads > 0). NULL with err. */
-eng_backend *cal_backend_new(const char *device, int threads, char *err, size_t errlen);
+/* The backend for device (CPU with `threads` workers when threads > 0) running its GEMMs
+ * at `precision` ("fp32", "bf16", "fp16"; NULL or "" is fp32): what the built-in engine
+ * is calibrated and measured on. NULL with err (device absent, precision not available
+ * there). */
+eng_backend *cal_backend_new(const char *device, const char *precision, int threads, char *err, size_t errlen);
 
 /* The candidate grids derived from the parent (what the tables cover):
  *   attention: (g*group, g) for KV groups g = 1..KV, and (k*KV, KV) for k = 1..group,

@@ -19,6 +19,7 @@
 #include "compress/costmodel_internal.h"
 #include "compress/llamacpp.h"
 #include "engine/backend.h"
+#include "engine/devices.h"
 #include "storage/archjson.h"
 #include "storage/fileio.h"
 
@@ -43,6 +44,11 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
         char wait[128];   /* and for the way idle threads wait (sleeping at once halves decode) */
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|blas%s|%s", eng_blas_kernel(),
                       eng_cpu_wait_policy(wait, sizeof wait));
+        /* at 16 bits, for oneDNN's kernel and version too */
+        char ver[32];
+        if (strcmp(t->precision, "fp32") && n > 0 && (size_t)n < sizeof buf)
+            n += snprintf(buf + n, sizeof buf - (size_t)n, "|gemm%s|dnnl%s", eng_cpu_gemm_kernel(t->precision),
+                          eng_cpu_gemm16_version(ver, sizeof ver));
     }
     /* Another engine keys its name, KV type, threads, flash attention and build too, and
      * the version of its calibration method (rb3: repeated-block models read the parent's

@@ -179,6 +179,9 @@ const char *eng_backend_cpu_error(const eng_backend *be);
 const char *eng_backend_cpu_gemm_kernel(const eng_backend *be);
 /* Bytes of the 16-bit operand workspace (not in cur_bytes/peak_bytes); 0 at fp32. */
 size_t eng_backend_cpu_workspace_bytes(const eng_backend *be);
+/* The version of the oneDNN library the 16-bit GEMMs run ("2.6.3"), written into buf;
+ * returns buf. */
+const char *eng_cpu_gemm16_version(char *buf, size_t len);
 
 /* ---- the CPU backend's BLAS ---------------------------------------------------------
  * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels from the CPU's model

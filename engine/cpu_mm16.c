@@ -74,8 +74,11 @@ static void convert(int type, uint16_t *dst, const float *src, int rows, int col
 
 static int fail(cpu_mm16 *m, const char *what, dnnl_status_t s)
 {
+    static const char *const names[] = {"success", "out of memory", "invalid arguments", "no implementation",
+                                        "iterator ends", "runtime error", "not required"};
+    const char *name = (int)s >= 0 && (int)s < (int)(sizeof names / sizeof names[0]) ? names[s] : "error";
     if (!m->err[0])
-        snprintf(m->err, sizeof m->err, "oneDNN %s: status %d", what, (int)s);
+        snprintf(m->err, sizeof m->err, "oneDNN %s: %s (status %d)", what, name, (int)s);
     return -1;
 }
 
@@ -367,4 +370,11 @@ size_t eng_backend_cpu_workspace_bytes(const eng_backend *be)
 {
     const cpu_impl *ci = be->impl;
     return ci ? cpu_mm16_workspace_bytes(ci->mm) : 0;
+}
+
+const char *eng_cpu_gemm16_version(char *buf, size_t len)
+{
+    const dnnl_version_t *d = dnnl_version();
+    snprintf(buf, len, "%d.%d.%d", (int)d->major, (int)d->minor, (int)d->patch);
+    return buf;
 }

@@ -4,6 +4,7 @@
  */
 #include "engine/devices.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,4 +207,55 @@ int eng_backend_set_precision(eng_backend *be, const char *precision, char *err,
         return -1;
     }
     return 0;
+}
+
+/* The CPU's answer per 16-bit type, probed once per process (a oneDNN kernel exists for
+ * it on this CPU, or why not): index 0 bf16, 1 fp16. */
+static pthread_mutex_t prec_mu = PTHREAD_MUTEX_INITIALIZER;
+static int prec_known[2], prec_ok[2];
+static char prec_why[2][256], prec_kernel[2][128];
+
+int eng_device_precision(const char *device, const char *precision, char *err, size_t errlen)
+{
+    int kind, index;
+    if (eng_device_parse(device, &kind, &index, err, errlen))
+        return -1;
+    if (!strcmp(precision, "fp32"))
+        return 0;
+    int i = !strcmp(precision, "bf16") ? 0 : !strcmp(precision, "fp16") ? 1 : -1;
+    if (i < 0) {
+        snprintf(err, errlen, "%s: unknown precision (expected fp32, bf16 or fp16)", precision);
+        return -1;
+    }
+    if (kind != 0)   /* CUDA: cuBLAS runs all three; the device itself is checked where it runs */
+        return 0;
+    pthread_mutex_lock(&prec_mu);
+    if (!prec_known[i]) {
+        eng_backend *be = eng_backend_cpu_new(1);
+        if (!be) {
+            pthread_mutex_unlock(&prec_mu);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        prec_ok[i] = eng_backend_cpu_set_precision(be, precision, prec_why[i], sizeof prec_why[i]) == 0;
+        if (prec_ok[i])
+            snprintf(prec_kernel[i], sizeof prec_kernel[i], "%s", eng_backend_cpu_gemm_kernel(be));
+        eng_backend_free(be);
+        prec_known[i] = 1;
+    }
+    int ok = prec_ok[i];
+    if (!ok)
+        snprintf(err, errlen, "%s", prec_why[i]);
+    pthread_mutex_unlock(&prec_mu);
+    return ok ? 0 : -1;
+}
+
+const char *eng_cpu_gemm_kernel(const char *precision)
+{
+    char why[256];
+    if (!precision || !strcmp(precision, "fp32"))
+        return eng_blas_kernel();
+    if (eng_device_precision("cpu", precision, why, sizeof why))
+        return "";
+    return prec_kernel[!strcmp(precision, "bf16") ? 0 : 1];   /* written once, before prec_known */
 }

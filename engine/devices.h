@@ -53,6 +53,17 @@ eng_backend *eng_backend_new(const char *device, char *err, size_t errlen);
  * (unknown name, not available on this backend or CPU). */
 int eng_backend_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen);
 
+/* 0 when `device` runs GEMMs at `precision` ("fp32", "bf16", "fp16"), else -1 with the
+ * reason in err. The CPU's answer comes from a oneDNN probe made once per process (a
+ * kernel for the type on this CPU, not its reference loops); CUDA backends run all three
+ * (the device's presence is checked where it runs). Thread-safe. */
+int eng_device_precision(const char *device, const char *precision, char *err, size_t errlen);
+
+/* The kernel the CPU backend's GEMMs run at `precision`: the OpenBLAS kernel at fp32
+ * (NULL too), oneDNN's implementation at bf16/fp16 ("brg:avx512_core_bf16", ...), ""
+ * where that precision is not available. */
+const char *eng_cpu_gemm_kernel(const char *precision);
+
 /* Synchronize `be` and report whether its ops have failed since it was created: CUDA
  * ops return void and record their first CUDA / cuBLAS failure (an illegal address, a
  * launch error, an unsupported shape) instead of aborting. Returns 0 when all is well,

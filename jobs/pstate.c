@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compress/calibrate.h"
+#include "compress/costmodel.h"
 #include "compress/method.h"
 #include "compress/rank.h"
 #include "compress/steps.h"
@@ -120,13 +122,23 @@ static void free_arch(void *p)
     free(p);
 }
 
+/* The precision of the job's own backend: ranking, distillation and evaluation run at the
+ * precision the built-in engine will serve at; a llama.cpp target's weight types are not
+ * the engine's, so fp32 there. */
+static const char *ps_precision(job_ctx *ctx)
+{
+    json_t *eng = spec_path(ctx, "target.engine"), *prec = spec_path(ctx, "target.precision");
+    int builtin = !json_is_string(eng) || !strcmp(json_string_value(eng), CM_ENGINE_AUTOCOMPRESS);
+    return builtin && json_is_string(prec) ? json_string_value(prec) : "fp32";
+}
+
 eng_backend *ps_backend(job_ctx *ctx, char *err, size_t errlen)
 {
     eng_backend *be = job_ctx_get_state(ctx, "backend");
     if (be)
         return be;
     json_t *dev = spec_path(ctx, "target.device");
-    be = eng_backend_new(json_is_string(dev) ? json_string_value(dev) : "cpu", err, errlen);
+    be = cal_backend_new(json_is_string(dev) ? json_string_value(dev) : "cpu", ps_precision(ctx), 0, err, errlen);
     if (be)
         job_ctx_set_state(ctx, "backend", be, free_backend);
     return be;
@@ -364,6 +376,8 @@ int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *e
         return -1;
     strbuf b = {0};
     strbuf_printf(&b, "%s\n%s\n", kind, key);
+    if (strcmp(ps_precision(ctx), "fp32"))   /* scores and rankings computed at 16 bits are their own */
+        strbuf_printf(&b, "precision %s\n", ps_precision(ctx));
     int rc = (extra_path && fingerprint(&b, extra_path)) || fingerprint(&b, json_string_value(mp)) ||
                      (json_is_string(tp) && fingerprint(&b, json_string_value(tp))) || b.oom
                  ? -1

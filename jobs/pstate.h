@@ -62,7 +62,8 @@ int stage_job_data_dir(job_ctx *ctx, char *buf, size_t len);
  * files (the spec's model.path and model.tokenizer): each file up to 256 MiB by its
  * size and sha-256 (a copy or re-download still hits), larger ones by resolved path,
  * size and mtime. The folder is created. 0, or -1 when a file cannot be named
- * (then nothing is to be cached). */
+ * (then nothing is to be cached). The backend precision of the job is part of the key
+ * when it is not fp32. */
 int ps_cache_path(job_ctx *ctx, const char *kind, const char *key, const char *extra_path, char *path,
                   size_t len);
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "compress/costmodel.h"
+#include "compress/calibrate.h"
 #include "compress/llamacpp.h"
 #include "compress/measure.h"
 #include "engine/devices.h"
@@ -274,7 +275,7 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
         if (w > 0)
             gguf[0] = 0;
         engine = engine_json(&t, fallbacks, note);
-    } else if (!(be = eng_backend_new(t.device, err, errlen))) {
+    } else if (!(be = cal_backend_new(t.device, t.precision, 0, err, errlen))) {
         goto out;
     }
     job_progress(ctx, 0, have_result ? 2 : 1);

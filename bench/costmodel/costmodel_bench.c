@@ -43,7 +43,7 @@ static int smollm_parent(arch *a)
 /* GEMM GFLOP/s (n×n×n, best of reps) and copy GB/s (read + write, best of reps). */
 static int ceilings(const char *device, int threads, double *gflops, double *gbps, char *err, size_t errlen)
 {
-    eng_backend *be = cal_backend_new(device, threads, err, errlen);
+    eng_backend *be = cal_backend_new(device, NULL, threads, err, errlen);
     if (!be)
         return -1;
     int n = strcmp(device, "cpu") ? 4096 : 1024;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/spec.h"
+#include "engine/devices.h"
 #include "tiny_model.h"
 
 static char dir[PATH_MAX], models[PATH_MAX + 16], data[PATH_MAX + 16];
@@ -165,7 +166,7 @@ static void test_full_spec(void **state)
     int status;
     json_t *errors;
     json_t *s = run("{\"name\":\"npc\",\"model\":{\"path\":\"models/hf\"},"
-                    "\"target\":{\"device\":\"cpu\",\"precision\":\"bf16\",\"workload\":{\"batch_size\":4,"
+                    "\"target\":{\"device\":\"cpu\",\"precision\":\"fp32\",\"workload\":{\"batch_size\":4,"
                     "\"prompt_tokens\":1024,\"output_tokens\":128}},"
                     "\"constraints\":{\"latency_ms\":750,\"memory_gib\":1,\"throughput_tokens_per_s\":10,\"params\":1000},"
                     "\"method\":\"minitron\",\"search_space\":{\"hidden\":false,\"depth\":true},"
@@ -377,6 +378,33 @@ static void test_calibration_request(void **state)
 
 #define WITH_TARGET(t) "{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":" t "}"
 
+/* A 16-bit precision of the built-in engine is taken exactly where the device runs it
+ * (the CPU: where oneDNN has a kernel for it), else it is a fault naming the device. */
+static void test_precision_on_device(void **state)
+{
+    (void)state;
+    static const char *const precs[] = {"bf16", "fp16"};
+    for (int i = 0; i < 2; i++) {
+        char text[512], why[256];
+        snprintf(text, sizeof text, WITH_TARGET("{\"device\":\"cpu\",\"precision\":\"%s\"}"), precs[i]);
+        int status;
+        json_t *errors = NULL, *s = run(text, 0, &status, &errors);
+        if (eng_device_precision("cpu", precs[i], why, sizeof why) == 0) {
+            assert_non_null(s);
+            json_t *t = json_object_get(s, "target");
+            assert_string_equal(json_string_value(json_object_get(t, "precision")), precs[i]);
+            json_decref(s);
+        } else {
+            assert_null(s);
+            json_t *e = json_array_get(errors, 0);
+            assert_int_equal(status, 422);
+            assert_string_equal(json_string_value(json_object_get(e, "pointer")), "/target/precision");
+            assert_non_null(strstr(json_string_value(json_object_get(e, "message")), why));
+            json_decref(errors);
+        }
+    }
+}
+
 /* Combinations the engines do not take: each a fault at the field, whether or not
  * llama.cpp is installed (the vocabulary is checked before the engine's presence). */
 static void test_engine_faults(void **state)
@@ -501,6 +529,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_spec),
+        cmocka_unit_test(test_precision_on_device),
         cmocka_unit_test(test_shape_faults),
         cmocka_unit_test(test_value_faults),
         cmocka_unit_test(test_paths),
