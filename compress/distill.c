@@ -395,6 +395,67 @@ out:
 
 /* ---- the loop ---------------------------------------------------------------------- */
 
+/* One step's loss sums over its micro-batches (all ranks' once reduced) and their count. */
+typedef struct {
+    double loss, kd, ce;
+    int n;
+} step_stats;
+
+/* Sum the step's gradients and loss sums over the ranks. */
+static int reduce_step(eng_coll *c, eng_model *student, step_stats *st, char *err, size_t errlen)
+{
+    float sums[3] = {(float)st->loss, (float)st->kd, (float)st->ce};
+    if (c->allreduce_sum(c, student->be, student->grads, student->n_params, err, errlen) ||
+        c->allreduce_sum(c, NULL, sums, 3, err, errlen))
+        return -1;
+    st->loss = sums[0], st->kd = sums[1], st->ce = sums[2];
+    return 0;
+}
+
+/* Rank 0's stop decision, seen by every rank. */
+static int share_stop(eng_coll *c, int *stop, char *err, size_t errlen)
+{
+    float f = c->rank == 0 && *stop ? 1.0f : 0.0f;
+    if (c->allreduce_sum(c, NULL, &f, 1, err, errlen))
+        return -1;
+    *stop = f != 0.0f;
+    return 0;
+}
+
+/* One step's micro-batches: full B x T, then r/T rows of T, then one row of the rest.
+ * With ranks, micro-batch i runs on rank i mod size (every rank reads every batch, so
+ * the data cursor moves the same everywhere); the gradients and loss sums are then
+ * summed over the ranks, so the step sees the same global batch as one process. */
+static int step_micro_batches(eng_model *student, const td_stream *train, const distill_opts *o,
+                              const eng_loss_spec *ls, run_state *rs, int64_t step_tokens, int *tok, int *tgt,
+                              step_stats *st, char *err, size_t errlen)
+{
+    int rank = o->coll ? o->coll->rank : 0, size = o->coll ? o->coll->size : 1;
+    memset(st, 0, sizeof *st);
+    for (int64_t done_tok = 0; done_tok < step_tokens; st->n++) {
+        int64_t r = step_tokens - done_tok;
+        int b = 1, t = (int)(r < o->T ? r : o->T);
+        if (r >= (int64_t)o->B * o->T)
+            b = o->B;
+        else if (r >= o->T)
+            b = (int)(r / o->T);
+        if (td_batch(train, &rs->cursor, b, t, tok, tgt)) {
+            snprintf(err, errlen, "training batch failed");
+            return -1;
+        }
+        done_tok += (int64_t)b * t;
+        if (st->n % size != rank)
+            continue;
+        eng_loss_result lr;
+        if (eng_forward_backward(student, tok, b, t, ls, ENG_GRAD_WEIGHTS, &lr, err, errlen))
+            return -1;
+        st->loss += lr.loss;
+        st->kd += lr.kd;
+        st->ce += lr.ce;
+    }
+    return size > 1 ? reduce_step(o->coll, student, st, err, errlen) : 0;
+}
+
 int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, const td_stream *val,
                 const distill_opts *o, distill_result *out, char *err, size_t errlen)
 {
@@ -412,6 +473,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
                  student->a.vocab_size);
         return -1;
     }
+    int rank = o->coll ? o->coll->rank : 0;
     int64_t steps = distill_steps(o->tokens, o->B, o->T, o->accum);
     int64_t per_step = (int64_t)o->B * o->T * o->accum;
     run_state rs = {.rng = o->seed ? o->seed : 1};
@@ -429,7 +491,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
             goto done;
         }
         int n;
-        int64_t *have = list_checkpoints(o->ckpt_dir, &n, 1);
+        int64_t *have = list_checkpoints(o->ckpt_dir, &n, rank == 0);   /* one rank cleans */
         int64_t last = n > 0 ? have[n - 1] : 0;
         free(have);
         if (last > 0) {
@@ -451,68 +513,41 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     while (rs.step < steps) {
         int64_t left = o->tokens - rs.tokens;
         int64_t step_tokens = left < per_step ? left : per_step;
-        int64_t done_tok = 0;
-        int n_micro = 0;
-        double loss = 0, kd = 0, ce = 0;
+        step_stats stats;
         eng_model_zero_grads(student);
-        /* micro-batches: full B x T, then r/T rows of T, then one row of the rest */
-        int64_t plan = step_tokens;
-        int micro_total = 0;
-        while (plan > 0) {
-            int64_t take = plan >= (int64_t)o->B * o->T ? (int64_t)o->B * o->T : plan >= o->T ? (plan / o->T) * o->T : plan;
-            plan -= take;
-            micro_total++;
-        }
-        while (done_tok < step_tokens) {
-            int64_t r = step_tokens - done_tok;
-            int b, t;
-            if (r >= (int64_t)o->B * o->T) {
-                b = o->B;
-                t = o->T;
-            } else if (r >= o->T) {
-                b = (int)(r / o->T);
-                t = o->T;
-            } else {
-                b = 1;
-                t = (int)r;
-            }
-            if (td_batch(train, &rs.cursor, b, t, tok, tgt)) {
-                snprintf(err, errlen, "training batch failed");
-                goto done;
-            }
-            eng_loss_result lr;
-            if (eng_forward_backward(student, tok, b, t, &ls, ENG_GRAD_WEIGHTS, &lr, err, errlen))
-                goto done;
-            loss += lr.loss;
-            kd += lr.kd;
-            ce += lr.ce;
-            n_micro++;
-            done_tok += (int64_t)b * t;
-        }
+        if (step_micro_batches(student, train, o, &ls, &rs, step_tokens, tok, tgt, &stats, err, errlen))
+            goto done;
         double lrate = distill_lr(o, rs.step, steps);
         double gnorm = eng_adamw_step(opt, (float)lrate, o->beta1, o->beta2, o->eps, o->weight_decay, o->clip,
-                                      1.0f / (float)micro_total);
+                                      1.0f / (float)stats.n);
         rs.tokens += step_tokens;
-        rs.curve[rs.step] = loss / n_micro;
+        rs.curve[rs.step] = stats.loss / stats.n;
         rs.step++;
         distill_progress p = {.step = rs.step, .steps = steps, .tokens = rs.tokens, .total_tokens = o->tokens,
-                              .loss = loss / n_micro, .kd = kd / n_micro, .ce = ce / n_micro, .lr = lrate,
-                              .grad_norm = gnorm};
+                              .loss = stats.loss / stats.n, .kd = stats.kd / stats.n, .ce = stats.ce / stats.n,
+                              .lr = lrate, .grad_norm = gnorm};
         double el = eng_wall_s() - t0;
         p.tokens_per_s = el > 0 ? (double)(rs.tokens - tokens0) / el : 0;
         p.eta_s = p.tokens_per_s > 0 ? (double)(o->tokens - rs.tokens) / p.tokens_per_s : 0;
-        if (val && val->n > (size_t)o->T && ((o->eval_every > 0 && rs.step % o->eval_every == 0) || rs.step == steps)) {
-            if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &last_val, err, errlen))
-                goto done;
-            p.has_val = 1;
-            p.val_loss = last_val;
+        /* rank 0 validates, checkpoints and reports (the ranks' weights are the same) */
+        int stop = 0;
+        if (rank == 0) {
+            if (val && val->n > (size_t)o->T &&
+                ((o->eval_every > 0 && rs.step % o->eval_every == 0) || rs.step == steps)) {
+                if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &last_val, err, errlen))
+                    goto done;
+                p.has_val = 1;
+                p.val_loss = last_val;
+            }
+            if (o->ckpt_dir && o->ckpt_every > 0 && (rs.step % o->ckpt_every == 0 || rs.step == steps)) {
+                if (save_checkpoint(o, student, opt, &rs, err, errlen))
+                    goto done;
+                p.checkpointed = 1;
+            }
+            stop = o->progress ? o->progress(o->progress_ctx, &p) : 0;
         }
-        if (o->ckpt_dir && o->ckpt_every > 0 && (rs.step % o->ckpt_every == 0 || rs.step == steps)) {
-            if (save_checkpoint(o, student, opt, &rs, err, errlen))
-                goto done;
-            p.checkpointed = 1;
-        }
-        int stop = o->progress ? o->progress(o->progress_ctx, &p) : 0;
+        if (o->coll && o->coll->size > 1 && share_stop(o->coll, &stop, err, errlen))
+            goto done;
         if ((stop || (o->stop_after > 0 && rs.step >= o->stop_after)) && rs.step < steps) {
             rc = 1;
             break;
@@ -529,6 +564,8 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     out->loss_curve = rs.curve;
     rs.curve = NULL;
 done:
+    if (rc < 0 && o->coll && o->coll->size > 1)
+        o->coll->abort(o->coll, err);   /* the peers fail at their next collective instead of waiting */
     free(rs.curve);
     free(tok);
     free(tgt);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/collective.h"
 #include "engine/model.h"
 #include "compress/textdata.h"
 
@@ -45,6 +46,11 @@ typedef struct {
     const char *ckpt_dir;    /* folder for checkpoints (created); NULL: none */
     uint64_t seed;           /* RNG (saved in checkpoints; reserved for data sampling) */
     int64_t stop_after;      /* > 0: stop after this step as if killed (tests) */
+    eng_coll *coll;          /* data parallelism: this process is one rank of coll (NULL:
+                              * alone). Every rank runs distill_run on the same models,
+                              * streams and options; the step's micro-batches are shared
+                              * out (i mod size), gradients summed; rank 0 validates,
+                              * checkpoints and reports progress (its stop reaches all). */
     distill_progress_fn progress;
     void *progress_ctx;
 } distill_opts;

@@ -7,15 +7,19 @@
  * progress on stderr (server/progress.h: a bar on a terminal, plain lines elsewhere).
  * Packing and the distill step itself are the job's (compress/steps.h).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <jansson.h>
 
 #include "compress/prune.h"
 #include "compress/steps.h"
 #include "engine/backend.h"
+#include "engine/collective.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
@@ -37,6 +41,9 @@ static void usage(FILE *f)
             "  --eval-every N --val-tokens N validation (every 50 steps, 4096 tokens)\n"
             "  --val-fraction X              share of documents held out (default 0.1)\n"
             "  --seed N --threads N --tokenizer PATH\n"
+            "  --ranks N                     data parallel: N processes share each step's micro-batches\n"
+            "                                (--accum of them), gradients summed; the same result as one\n"
+            "                                process; --threads is per rank (default: the cores / N)\n"
             "  --max-steps N                 stop after step N (exit 0, \"complete\": false; rerun resumes)\n");
 }
 
@@ -68,7 +75,7 @@ typedef struct {
     const char *parent, *student, *data, *out, *ckdir, *tokp;
     distill_opts o;      /* distill_opts_defaults, then the flags */
     double val_fraction;
-    int threads;
+    int threads, ranks;
     char ck[4096], outp[4096];
 } distill_args;
 
@@ -107,6 +114,7 @@ static void distill_opt(cli_parser *p, int c, distill_args *a)
     case 'V': cli_i64(p, 0, INT64_MAX, &o->val_tokens); break;
     case 'E': cli_int(p, 0, INT32_MAX, &o->ckpt_every); break;
     case 'j': cli_int(p, 0, 1024, &a->threads); break;
+    case 'R': cli_int(p, 1, 64, &a->ranks); break;
     case 'S': cli_u64(p, &o->seed); break;
     case 'M': cli_i64(p, 0, INT64_MAX, &o->stop_after); break;
     }
@@ -128,8 +136,10 @@ static int distill_parse(int argc, char **argv, distill_args *a)
         {"lr-min", required_argument, NULL, 'm'},       {"weight-decay", required_argument, NULL, 'd'},
         {"clip", required_argument, NULL, 'c'},         {"temperature", required_argument, NULL, 'T'},
         {"kd-weight", required_argument, NULL, 'k'},    {"val-fraction", required_argument, NULL, 'w'},
-        {"help", no_argument, NULL, 'h'},               {0}};
+        {"ranks", required_argument, NULL, 'R'},        {"help", no_argument, NULL, 'h'},
+        {0}};
     memset(a, 0, sizeof *a);
+    a->ranks = 1;
     distill_opts_defaults(&a->o);
     a->val_fraction = 0.1;   /* the command holds out more than a job (step_text_default) */
     cli_parser p;
@@ -184,7 +194,7 @@ static void inputs_free(distill_inputs *in)
 }
 
 /* Load parent, tokenizer and student; pack the text. 0, or -1 after the message. */
-static int inputs_load(const distill_args *a, distill_inputs *in)
+static int inputs_load(const distill_args *a, distill_inputs *in, int quiet)
 {
     char err[1024];
     memset(in, 0, sizeof *in);
@@ -220,8 +230,9 @@ static int inputs_load(const distill_args *a, distill_inputs *in)
         fprintf(stderr, "distill: %s: %s\n", a->data, err);
         return -1;
     }
-    fprintf(stderr, "distill: %s: %zu documents, %zu training and %zu validation tokens; budget %lld tokens "
-                    "(%.2f epochs)\n",
+    if (!quiet)
+        fprintf(stderr, "distill: %s: %zu documents, %zu training and %zu validation tokens; budget %lld tokens "
+                        "(%.2f epochs)\n",
             a->data, n_docs, in->train.n, in->val.n, (long long)a->o.tokens,
             (double)a->o.tokens / (double)(in->train.n ? in->train.n : 1));
     return 0;
@@ -236,12 +247,97 @@ static void print_json(json_t *j)
     json_decref(j);
 }
 
+/* Rank r (> 0) of a data-parallel run: the same models, text and options, no output of
+ * its own (rank 0 reports, checkpoints and writes the result). The exit status. */
+static int run_rank(distill_args *a, eng_coll *c)
+{
+    distill_inputs in;
+    distill_result res = {0};
+    char err[1024];
+    int rc = inputs_load(a, &in, 1);
+    if (rc == 0) {
+        a->o.progress = NULL;
+        a->o.coll = c;
+        rc = distill_run(&in.parent, &in.student, &in.train, step_distill_has_val(&in.val, &a->o) ? &in.val : NULL,
+                         &a->o, &res, err, sizeof err);
+        if (rc < 0)
+            fprintf(stderr, "distill: rank %d: %s\n", c->rank, err);
+    } else {
+        c->abort(c, "could not load its inputs");
+    }
+    distill_result_free(&res);
+    inputs_free(&in);
+    return rc < 0 ? 1 : 0;
+}
+
+/* Fork ranks 1..N-1 (before this process starts any thread) and join as rank 0. Returns
+ * rank 0's handle, or NULL after the message; *kids gets the children's pids. */
+static eng_coll *start_ranks(distill_args *a, pid_t *kids, eng_coll_group **gp)
+{
+    char err[512];
+    if (a->threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        a->threads = cores > a->ranks ? (int)(cores / a->ranks) : 1;
+    }
+    eng_coll_group *g = *gp = eng_coll_cpu_group(a->ranks, 0, err, sizeof err);
+    if (!g) {
+        fprintf(stderr, "distill: %s\n", err);
+        return NULL;
+    }
+    fflush(NULL);
+    for (int r = 1; r < a->ranks; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "distill: cannot start rank %d: %s\n", r, strerror(errno));
+            return NULL;
+        }
+        if (pid == 0) {
+            eng_coll *c = eng_coll_cpu_join(g, r, err, sizeof err);
+            _exit(c ? run_rank(a, c) : 1);
+        }
+        kids[r] = pid;
+    }
+    eng_coll *c = eng_coll_cpu_join(g, 0, err, sizeof err);
+    if (!c)
+        fprintf(stderr, "distill: %s\n", err);
+    else
+        fprintf(stderr, "distill: %d ranks (processes) of %d threads each\n", a->ranks, a->threads);
+    return c;
+}
+
+/* Wait for ranks 1..N-1; 0 when each exited 0. */
+static int wait_ranks(const distill_args *a, const pid_t *kids, eng_coll *c, int failed)
+{
+    if (failed && c)
+        c->abort(c, "rank 0 failed");
+    int bad = 0;
+    for (int r = 1; r < a->ranks; r++) {
+        int st;
+        if (kids[r] <= 0)
+            continue;
+        if (waitpid(kids[r], &st, 0) != kids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            if (!failed)
+                fprintf(stderr, "distill: rank %d failed\n", r);
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
 int cli_distill(int argc, char **argv)
 {
     distill_args a;
     int pr = distill_parse(argc, argv, &a);
     if (pr != CLI_END)
         return pr;
+    pid_t kids[64] = {0};
+    eng_coll_group *group = NULL;
+    eng_coll *coll = NULL;
+    if (a.ranks > 1 && !(coll = a.o.coll = start_ranks(&a, kids, &group))) {
+        wait_ranks(&a, kids, NULL, 1);
+        eng_coll_group_release(group);
+        return 1;
+    }
     distill_display disp = {&a.o, NULL};
     a.o.progress = on_progress;
     a.o.progress_ctx = &disp;
@@ -249,7 +345,7 @@ int cli_distill(int argc, char **argv)
     char err[1024];
     distill_inputs in;
     distill_result res = {0};
-    if (inputs_load(&a, &in))
+    if (inputs_load(&a, &in, 0))
         goto done;
     int has_val = step_distill_has_val(&in.val, &a.o);
     double vp = NAN, vs0 = NAN, vs1 = NAN;
@@ -297,5 +393,11 @@ int cli_distill(int argc, char **argv)
 done:
     distill_result_free(&res);
     inputs_free(&in);
+    if (a.ranks > 1) {
+        if (wait_ranks(&a, kids, coll, status != 0))
+            status = 1;
+        coll->free(coll);
+        eng_coll_group_release(group);
+    }
     return status;
 }

@@ -159,5 +159,45 @@ fi
 [ "$(field "$W/a.json" final_loss)" = "$(field "$W/b.json" final_loss)" ] ||
     fail "loss at step 24 differs: straight $(field "$W/a.json" final_loss) resumed $(field "$W/b.json" final_loss)"
 cmp -s "$W/outA/model.safetensors" "$W/outB/model.safetensors" || fail "resumed weights differ"
+# data parallel: 2 ranks (processes) share each step's 2 micro-batches; the same run as one
+# process within fp32 reduction-order tolerance
+P=(--parent "$MODEL" --data "$TEXT" --batch 4 --seq 64 --accum 2 --ckpt-every 4 --eval-every 8 --val-tokens 512
+   --threads 1 --student "$W/s" --tokens 6000)
+"$BIN" distill "${P[@]}" --ckpt-dir "$W/ckS" --out "$W/outS" >"$W/s1.json" 2>"$W/s1.log" ||
+    { cat "$W/s1.log"; fail "distill --accum 2"; }
+"$BIN" distill "${P[@]}" --ranks 2 --ckpt-dir "$W/ckR" --out "$W/outR" >"$W/r2.json" 2>"$W/r2.log" ||
+    { cat "$W/r2.log"; fail "distill --ranks 2"; }
+grep -q "2 ranks (processes)" "$W/r2.log" || fail "no ranks line: $(cat "$W/r2.log")"
+python3 - "$W/s1.json" "$W/r2.json" <<'PY' || fail "2 ranks differ from one process"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["steps"] == b["steps"] == 12 and a["tokens"] == b["tokens"] == 6000, (a, b)
+for k in ("final_loss", "val_loss_distilled"):
+    assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), (k, a[k], b[k])
+print("distill --ranks 2: final loss %.7f vs %.7f alone; %.0f vs %.0f tok/s" %
+      (b["final_loss"], a["final_loss"], b["tokens_per_s"], a["tokens_per_s"]))
+PY
+# a rank killed mid-run: rank 0 stops within seconds naming it; a rerun resumes
+"$BIN" distill "${P[@]}" --tokens 400000 --ranks 2 --ckpt-dir "$W/ckK" --out "$W/outK" >"$W/k.json" 2>"$W/k.log" &
+pid=$!
+for _ in $(seq 1 600); do
+    [ -e "$W/ckK/step-0000000004/DONE" ] && break
+    sleep 0.05
+done
+kid=$(pgrep -P $pid | head -1)
+[ -n "$kid" ] || fail "no rank 1 process under $pid"
+kill -9 "$kid"
+t0=$(date +%s)
+set +e
+wait $pid; rc=$?
+set -e
+[ $rc -ne 0 ] || fail "rank 0 succeeded without its peer"
+[ $(( $(date +%s) - t0 )) -le 10 ] || fail "rank 0 took over 10 s to notice"
+grep -q "rank 1 (pid $kid) is gone" "$W/k.log" || { cat "$W/k.log"; fail "the failure does not name the dead rank"; }
+"$BIN" distill "${P[@]}" --tokens 400000 --ranks 2 --max-steps 8 --ckpt-dir "$W/ckK" --out "$W/outK" \
+    >"$W/k2.json" 2>"$W/k2.log" || { cat "$W/k2.log"; fail "rerun after a dead rank"; }
+[ "$(field "$W/k2.json" steps)" -gt 4 ] || fail "rerun did not go on: $(cat "$W/k2.json")"
+echo "a killed rank: rank 0 failed with \"$(grep -o 'rank 1 (pid [0-9]*) is gone' "$W/k.log")\"; the rerun went on to step $(field "$W/k2.json" steps)"
+
 echo "prune/distill CLI: resumed from step $(field "$W/b.json" resumed_from), final loss $(field "$W/b.json" final_loss) in both runs;" \
      "val loss parent $(field "$W/a.json" val_loss_parent) pruned $(field "$W/a.json" val_loss_pruned) distilled $(field "$W/a.json" val_loss_distilled)"
