@@ -27,7 +27,7 @@
 #include "engine/clock.h"
 #include "engine/collective.h"
 #include "engine/rng.h"
-#include "storage/fileio.h"
+#include "tests/tools/records.h"
 
 enum { V = 29, C = 16, D = 4, NL = 3, MAXP = 1 << 16, MAXSTEPS = 64 };
 
@@ -44,14 +44,7 @@ static rank_out dp0;           /* rank 0's result (the parent) */
 
 static void parent_arch(arch *a)
 {
-    assert_int_equal(arch_init(a, NL), 0);
-    snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = V;
-    a->hidden_size = C;
-    a->head_dim = D;
-    a->max_position_embeddings = 64;
-    a->rope_theta = 10000.0;
-    a->norm_eps = 1e-5;
+    assert_int_equal(oracle_arch(a, V, C, D, NL), 0);
     a->tie_word_embeddings = 1;
     for (int l = 0; l < NL; l++)
         a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 24};
@@ -161,32 +154,55 @@ static void test_two_ranks(void **state)
         assert_true(dp0.curve[i] == r1->curve[i]);
 }
 
-/* A rank that is gone (here: exits right after joining) fails its peer's next
- * collective within about a second, naming the rank. */
-static void test_dead_peer(void **state)
+/* Rank 1 in a forked child: joins g, then gives up with `why` and stays alive 3 s when
+ * why is set, else exits at once. The child's pid. */
+static pid_t peer(eng_coll_group *g, const char *why)
 {
-    (void)state;
     char err[512];
-    eng_coll_group *g = eng_coll_cpu_group(2, 0, err, sizeof err);
-    assert_non_null(g);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         eng_coll *c = eng_coll_cpu_join(g, 1, err, sizeof err);
+        if (c && why) {
+            c->abort(c, why);
+            sleep(3);   /* alive: the peer must fail from the abort, not from a dead pid */
+        }
         _exit(c ? 0 : 1);
     }
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);   /* gone before rank 0 even joins */
+    return pid;
+}
+
+/* Rank 0's all-reduce after peer(g, why): it fails within a few seconds; err names why. */
+static void expect_failed_reduce(eng_coll_group *g, pid_t pid, const char *want1, const char *want2)
+{
+    char err[512];
     eng_coll *c = eng_coll_cpu_join(g, 0, err, sizeof err);
     assert_non_null(c);
     float x[4] = {1, 2, 3, 4};
     double t0 = eng_wall_s();
     assert_int_equal(c->allreduce_sum(c, NULL, x, 4, err, sizeof err), -1);
     assert_true(eng_wall_s() - t0 < 5);
-    assert_non_null(strstr(err, "rank 1"));
-    assert_non_null(strstr(err, "gone"));
+    assert_non_null(strstr(err, want1));
+    assert_non_null(strstr(err, want2));
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
     c->free(c);
     eng_coll_group_release(g);
+}
+
+/* A rank that is gone (here: exits right after joining, before rank 0 joins) fails its
+ * peer's next collective within about a second, naming the rank. */
+static void test_dead_peer(void **state)
+{
+    (void)state;
+    char err[512];
+    eng_coll_group *g = eng_coll_cpu_group(2, 0, err, sizeof err);
+    assert_non_null(g);
+    pid_t pid = peer(g, NULL);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    expect_failed_reduce(g, pid, "rank 1", "gone");
 }
 
 /* A rank that gives up: its peer's collective fails with the reason. */
@@ -196,25 +212,7 @@ static void test_abort_reason(void **state)
     char err[512];
     eng_coll_group *g = eng_coll_cpu_group(2, 0, err, sizeof err);
     assert_non_null(g);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        eng_coll *c = eng_coll_cpu_join(g, 1, err, sizeof err);
-        if (c)
-            c->abort(c, "training batch failed");
-        sleep(3);   /* alive: the peer must fail from the abort, not from a dead pid */
-        _exit(0);
-    }
-    eng_coll *c = eng_coll_cpu_join(g, 0, err, sizeof err);
-    assert_non_null(c);
-    float x[4] = {1, 2, 3, 4};
-    assert_int_equal(c->allreduce_sum(c, NULL, x, 4, err, sizeof err), -1);
-    assert_non_null(strstr(err, "training batch failed"));
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    c->free(c);
-    eng_coll_group_release(g);
+    expect_failed_reduce(g, peer(g, "training batch failed"), "rank 1 gave up", "training batch failed");
 }
 
 /* One process on the same global batch: the same curve and weights within fp32
