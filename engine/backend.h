@@ -177,7 +177,11 @@ const char *eng_backend_cpu_precision(const eng_backend *be);   /* "fp32", "bf16
 const char *eng_backend_cpu_error(const eng_backend *be);
 /* The GEMM kernel in use: oneDNN's implementation name at 16 bits, else the BLAS kernel. */
 const char *eng_backend_cpu_gemm_kernel(const eng_backend *be);
-/* Bytes of the 16-bit operand workspace (not in cur_bytes/peak_bytes); 0 at fp32. */
+/* At 16 bits: [p, p+n) floats are constant until the same call with on = 0, so GEMMs
+ * reading weights from there round them once (cpu_mm16_const_begin); a no-op at fp32. */
+void eng_backend_cpu_const(eng_backend *be, const float *p, size_t n, int on);
+/* Bytes of the 16-bit operand workspace and kept copies (not in cur_bytes/peak_bytes);
+ * 0 at fp32. */
 size_t eng_backend_cpu_workspace_bytes(const eng_backend *be);
 /* The version of the oneDNN library the 16-bit GEMMs run ("2.6.3"), written into buf;
  * returns buf. */

@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SLOTS 256            /* primitive table size (a slot is reused on collision) */
+#define REGIONS 8            /* constant regions held at once */
 #define PAR_CONVERT 65536    /* elements below which conversion stays on one thread */
 
 typedef struct {
@@ -26,11 +28,30 @@ typedef struct {
     dnnl_memory_t a, b, c;
 } slot;
 
+/* A rounded copy of one matrix inside a constant region (see cpu_mm16_const_begin). */
+typedef struct {
+    const float *src;
+    int rows, cols, ld, valid;
+    uint16_t *data;          /* [rows, cols] compact */
+} c16_entry;
+
+/* A caller-declared constant range of fp32 memory (a frozen model's weights) and the
+ * rounded copies of the matrices read from it. Entries outlive an end (their buffers are
+ * reused, re-rounded on first use) until the region's slot goes to another range. */
+typedef struct {
+    const float *lo, *hi;
+    int active;
+    c16_entry *e;
+    int n, cap;
+} c16_region;
+
 struct cpu_mm16 {
     int type;
     dnnl_engine_t eng;
     dnnl_stream_t stream;
     slot slots[SLOTS];
+    c16_region regions[REGIONS];
+    size_t cache_bytes, cache_cap;
     uint16_t *ws;            /* A then B, 16-bit, compact */
     size_t ws_elems;
     char impl[64];
@@ -184,16 +205,101 @@ static int workspace(cpu_mm16 *m, size_t elems)
     return 0;
 }
 
+static void region_clear(cpu_mm16 *m, c16_region *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        m->cache_bytes -= (size_t)r->e[i].rows * r->e[i].cols * 2;
+        free(r->e[i].data);
+    }
+    free(r->e);
+    memset(r, 0, sizeof *r);
+}
+
+/* The rounded copy of B [rows, cols] (row stride ld) when B lies inside an active constant
+ * region (made on first use), else NULL: the caller rounds B into the workspace. */
+static const uint16_t *cached(cpu_mm16 *m, const float *B, int rows, int cols, int ld)
+{
+    const float *end = B + (size_t)(rows - 1) * ld + cols;
+    c16_region *r = NULL;
+    for (int i = 0; i < REGIONS && !r; i++)
+        if (m->regions[i].active && B >= m->regions[i].lo && end <= m->regions[i].hi)
+            r = &m->regions[i];
+    if (!r)
+        return NULL;
+    c16_entry *e = NULL;
+    for (int i = 0; i < r->n && !e; i++)
+        if (r->e[i].src == B && r->e[i].rows == rows && r->e[i].cols == cols && r->e[i].ld == ld)
+            e = &r->e[i];
+    if (!e) {
+        size_t bytes = (size_t)rows * cols * 2;
+        if (m->cache_bytes + bytes > m->cache_cap)
+            return NULL;
+        if (r->n == r->cap) {
+            int cap = r->cap ? 2 * r->cap : 64;
+            c16_entry *ne = realloc(r->e, (size_t)cap * sizeof *ne);
+            if (!ne)
+                return NULL;
+            r->e = ne, r->cap = cap;
+        }
+        uint16_t *d = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!d)
+            return NULL;
+        e = &r->e[r->n++];
+        *e = (c16_entry){.src = B, .rows = rows, .cols = cols, .ld = ld, .data = d};
+        m->cache_bytes += bytes;
+    }
+    if (!e->valid) {
+        convert(m->type, e->data, B, rows, cols, ld);
+        e->valid = 1;
+    }
+    return e->data;
+}
+
+void cpu_mm16_const_begin(cpu_mm16 *m, const float *p, size_t n)
+{
+    c16_region *r = NULL, *idle = NULL;
+    for (int i = 0; i < REGIONS && !r; i++)
+        if (m->regions[i].lo == p && m->regions[i].hi == p + n)
+            r = &m->regions[i];
+    for (int i = 0; i < REGIONS && !r && !idle; i++)   /* a free slot first */
+        if (!m->regions[i].lo)
+            idle = &m->regions[i];
+    for (int i = 0; i < REGIONS && !r && !idle; i++)   /* else a range no longer constant */
+        if (!m->regions[i].active)
+            idle = &m->regions[i];
+    if (!r && idle) {
+        region_clear(m, idle);
+        idle->lo = p, idle->hi = p + n;
+        r = idle;
+    }
+    if (r) {
+        r->active = 1;
+        for (int i = 0; i < r->n; i++)
+            r->e[i].valid = 0;   /* the range may have changed since its last end */
+    }
+}
+
+void cpu_mm16_const_end(cpu_mm16 *m, const float *p)
+{
+    for (int i = 0; i < REGIONS; i++)
+        if (m->regions[i].lo == p)
+            m->regions[i].active = 0;
+}
+
 int cpu_mm16_gemm(cpu_mm16 *m, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc)
 {
     int ra = ta ? K : M, ca = ta ? M : K;
     int rb = tb ? N : K, cb = tb ? K : N;
     size_t na = (size_t)ra * ca, off_b = (na + 31) & ~(size_t)31, nb = (size_t)rb * cb;
-    if (workspace(m, off_b + nb))
+    const uint16_t *b16 = cached(m, B, rb, cb, ldb);
+    if (workspace(m, b16 ? na : off_b + nb))
         return -1;
     convert(m->type, m->ws, A, ra, ca, lda);
-    convert(m->type, m->ws + off_b, B, rb, cb, ldb);
+    if (!b16) {
+        convert(m->type, m->ws + off_b, B, rb, cb, ldb);
+        b16 = m->ws + off_b;
+    }
     uint32_t ab = fbits(alpha), bb = fbits(beta);
     slot *s = &m->slots[slot_of(ta, tb, M, N, K, ldc, ab, bb)];
     if (!s->used || s->ta != ta || s->tb != tb || s->M != M || s->N != N || s->K != K || s->ldc != ldc ||
@@ -204,7 +310,7 @@ int cpu_mm16_gemm(cpu_mm16 *m, int ta, int tb, int M, int N, int K, float alpha,
     }
     dnnl_status_t st;
     if ((st = dnnl_memory_set_data_handle(s->a, m->ws)) != dnnl_success ||
-        (st = dnnl_memory_set_data_handle(s->b, m->ws + off_b)) != dnnl_success ||
+        (st = dnnl_memory_set_data_handle(s->b, (void *)b16)) != dnnl_success ||
         (st = dnnl_memory_set_data_handle(s->c, C)) != dnnl_success)
         return fail(m, "memory handle", st);
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, s->a}, {DNNL_ARG_WEIGHTS, s->b}, {DNNL_ARG_DST, s->c}};
@@ -228,6 +334,10 @@ cpu_mm16 *cpu_mm16_new(int type, char *err, size_t errlen)
         return NULL;
     }
     m->type = type;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    m->cache_cap = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 4 : (size_t)1 << 30;
+    if (m->cache_cap > (size_t)8 << 30)
+        m->cache_cap = (size_t)8 << 30;
     dnnl_status_t st;
     if ((st = dnnl_engine_create(&m->eng, dnnl_cpu, 0)) != dnnl_success) {
         snprintf(err, errlen, "oneDNN: cannot create a CPU engine (status %d)", (int)st);
@@ -267,6 +377,8 @@ void cpu_mm16_free(cpu_mm16 *m)
         return;
     for (int i = 0; i < SLOTS; i++)
         slot_clear(&m->slots[i]);
+    for (int i = 0; i < REGIONS; i++)
+        region_clear(m, &m->regions[i]);
     if (m->stream)
         dnnl_stream_destroy(m->stream);
     if (m->eng)
@@ -288,7 +400,7 @@ void cpu_mm16_fail(cpu_mm16 *m, const char *why)
 
 size_t cpu_mm16_workspace_bytes(const cpu_mm16 *m)
 {
-    return m->ws_elems * 2;
+    return m->ws_elems * 2 + m->cache_bytes;
 }
 
 const char *cpu_mm16_impl(const cpu_mm16 *m)
@@ -377,4 +489,15 @@ const char *eng_cpu_gemm16_version(char *buf, size_t len)
     const dnnl_version_t *d = dnnl_version();
     snprintf(buf, len, "%d.%d.%d", (int)d->major, (int)d->minor, (int)d->patch);
     return buf;
+}
+
+void eng_backend_cpu_const(eng_backend *be, const float *p, size_t n, int on)
+{
+    cpu_impl *ci = be->impl;
+    if (!ci)
+        return;   /* fp32 multiplies the weights as they are */
+    if (on)
+        cpu_mm16_const_begin(ci->mm, p, n);
+    else
+        cpu_mm16_const_end(ci->mm, p);
 }

@@ -29,12 +29,21 @@ void cpu_mm16_free(cpu_mm16 *m);
 int cpu_mm16_gemm(cpu_mm16 *m, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
 
+/* Declare [p, p+n) constant until cpu_mm16_const_end(m, p): a GEMM whose B operand lies
+ * inside it rounds B once into a kept copy and reuses it (a frozen teacher's weights, a
+ * student's between two optimizer steps). Nothing may write the range in between. At
+ * most 8 ranges at once (beyond that, or past a quarter of the RAM (8 GiB at most) in
+ * copies, B is rounded per call as before). */
+void cpu_mm16_const_begin(cpu_mm16 *m, const float *p, size_t n);
+void cpu_mm16_const_end(cpu_mm16 *m, const float *p);
+
 /* The first failure since creation ("" when none); cpu_mm16_fail records one from a
  * caller (kept only when none is recorded yet). */
 const char *cpu_mm16_error(const cpu_mm16 *m);
 void cpu_mm16_fail(cpu_mm16 *m, const char *why);
 
-/* Bytes held by the operand workspace (not in the backend's cur_bytes/peak_bytes). */
+/* Bytes held by the operand workspace and the constant ranges' copies (not in the
+ * backend's cur_bytes/peak_bytes). */
 size_t cpu_mm16_workspace_bytes(const cpu_mm16 *m);
 
 /* The kernel oneDNN chose for the probe ("brg:avx512_core_bf16", ...). */

@@ -259,3 +259,9 @@ const char *eng_cpu_gemm_kernel(const char *precision)
         return "";
     return prec_kernel[!strcmp(precision, "bf16") ? 0 : 1];   /* written once, before prec_known */
 }
+
+void eng_backend_const(eng_backend *be, const void *p, size_t bytes, int on)
+{
+    if (be && !strcmp(be->name, "cpu"))
+        eng_backend_cpu_const(be, p, bytes / sizeof(float), on);
+}

@@ -64,6 +64,12 @@ int eng_device_precision(const char *device, const char *precision, char *err, s
  * where that precision is not available. */
 const char *eng_cpu_gemm_kernel(const char *precision);
 
+/* Declare `bytes` of device memory at p constant (on = 1) until the same call with on =
+ * 0: the backend may keep 16-bit copies of matrices it multiplies from there (a frozen
+ * teacher, a student between optimizer steps). Nothing may write the range meanwhile. A
+ * hint: backends without such copies ignore it. */
+void eng_backend_const(eng_backend *be, const void *p, size_t bytes, int on);
+
 /* Synchronize `be` and report whether its ops have failed since it was created: CUDA
  * ops return void and record their first CUDA / cuBLAS failure (an illegal address, a
  * launch error, an unsupported shape) instead of aborting. Returns 0 when all is well,

@@ -3,7 +3,7 @@
  * 9/3 heads, FFN 1536, vocab 49152, tied), student = the ~25% cheaper pruned arch
  * (hidden 512, FFN 1152). One step = teacher forward + student forward/backward on the
  * KD loss (T=1) + AdamW with clipping, the same step bench/distill/torch_step.py times
- * in PyTorch. Also measures the machine's two ceilings in the same run: sgemm GFLOP/s
+ * in PyTorch, run by the product's loop (distill_run, one micro-batch a step). Also measures the machine's two ceilings in the same run: sgemm GFLOP/s
  * (1024^3 through the backend) and STREAM-triad bandwidth; with --precision bf16 the
  * step's GEMMs run at bf16 (engine/cpu_mm16.h) and the bf16 GEMM ceiling is measured
  * beside the fp32 one, each through a backend of its own precision. Prints one JSON line.
@@ -13,10 +13,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/distill.h"
 #include "engine/ceilings.h"
 #include "engine/clock.h"
 #include "engine/devices.h"
 #include "engine/model.h"
+#include "engine/rng.h"
+
+/* Each step's wall time, from the progress callback. */
+typedef struct {
+    double *t, last;
+    int n;
+} step_times;
+
+static int on_step(void *ctx, const distill_progress *p)
+{
+    step_times *st = ctx;
+    double now = eng_wall_s();
+    st->t[st->n++] = now - st->last;
+    st->last = now;
+    (void)p;
+    return 0;
+}
 
 /* The SmolLM2-135M shape with `hidden` and every layer's FFN set as given. */
 static void smol_arch(arch *a, int hidden, int ffn)
@@ -68,48 +86,45 @@ int main(int argc, char **argv)
     smol_arch(&sa, 512, 1152);
     eng_model teacher, student;
     if (!be || eng_model_init(&teacher, &pa, be, err, sizeof err) ||
-        eng_model_init(&student, &sa, be, err, sizeof err) || eng_model_enable_grads(&student)) {
+        eng_model_init(&student, &sa, be, err, sizeof err)) {
         fprintf(stderr, "distill_bench: %s\n", err);
         return 1;
     }
     eng_model_randomize(&teacher, 1, 0.02f);
     eng_model_randomize(&student, 2, 0.02f);
-    eng_adamw *opt = eng_adamw_new(&student);
-    int *tok = malloc(sizeof(int) * (size_t)B * T);
-    if (!opt || !tok) {
+    /* the product's loop (compress/distill.h), one B x T micro-batch a step, step 0 a
+     * warm-up; random tokens */
+    td_stream train = {malloc(sizeof(int) * ((size_t)(steps + 1) * B * T + 1)), (size_t)(steps + 1) * B * T + 1};
+    if (!train.ids) {
         fprintf(stderr, "distill_bench: out of memory\n");
         return 1;
     }
     uint64_t x = 7;
-    for (int i = 0; i < B * T; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        tok[i] = (int)(x % 49152);
+    for (size_t i = 0; i < train.n; i++)
+        train.ids[i] = (int)(eng_xorshift64(&x) % 49152);
+    distill_opts o;
+    distill_opts_defaults(&o);
+    o.B = B, o.T = T, o.accum = 1;
+    o.tokens = (int64_t)(steps + 1) * B * T;
+    o.eval_every = 0, o.ckpt_every = 0;
+    step_times st = {.t = calloc((size_t)steps + 1, sizeof(double)), .last = eng_wall_s()};
+    o.progress = on_step;
+    o.progress_ctx = &st;
+    distill_result res;
+    if (!st.t || distill_run(&teacher, &student, &train, NULL, &o, &res, err, sizeof err) ||
+        eng_backend_check(be, err, sizeof err)) {
+        fprintf(stderr, "distill_bench: %s\n", st.t ? err : "out of memory");
+        return 1;
     }
-    eng_loss_spec ls = {.kind = ENG_LOSS_KD, .teacher = &teacher, .temperature = 1.0f, .kd_weight = 1.0f};
-    double best = 1e30, total = 0, loss = 0;
-    for (int s = 0; s <= steps; s++) {   /* step 0 warms up */
-        double t0 = eng_wall_s();
-        eng_model_zero_grads(&student);
-        eng_loss_result lr;
-        if (eng_forward_backward(&student, tok, B, T, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err)) {
-            fprintf(stderr, "distill_bench: %s\n", err);
-            return 1;
-        }
-        eng_adamw_step(opt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1.0f, 1.0f);
-        if (eng_backend_check(be, err, sizeof err)) {
-            fprintf(stderr, "distill_bench: %s\n", err);
-            return 1;
-        }
-        double dt = eng_wall_s() - t0;
-        loss = lr.loss;
-        if (s > 0) {
-            total += dt;
-            if (dt < best)
-                best = dt;
-        }
+    double best = 1e30, total = 0, loss = res.final_loss;
+    for (int i = 1; i <= steps; i++) {
+        total += st.t[i];
+        best = st.t[i] < best ? st.t[i] : best;
     }
+    distill_result_free(&res);
+    td_stream_free(&train);
+    free(st.t);
+    size_t copies = eng_backend_cpu_workspace_bytes(be);   /* operand workspace + kept 16-bit weights */
     eng_rate gf, g16 = {0, 0}, bw;   /* wall-clock rates: this bench times its steps by the wall clock */
     eng_backend *b32 = eng_backend_cpu_new(threads);
     if (!b32 || eng_ceil_gemm(b32, 1024, 3, &gf) != 0)
@@ -123,11 +138,9 @@ int main(int argc, char **argv)
            "\"batch\": %d, \"seq\": %d, \"steps\": %d, "
            "\"best_step_s\": %.4f, \"mean_step_s\": %.4f, \"tokens_per_s\": %.2f, \"mean_tokens_per_s\": %.2f, "
            "\"loss\": %.4f, \"student_params\": %lld, \"teacher_params\": %lld, "
-           "\"sgemm_gflops\": %.1f, \"gemm16_gflops\": %.1f, \"triad_gbs\": %.2f}\n",
+           "\"sgemm_gflops\": %.1f, \"gemm16_gflops\": %.1f, \"triad_gbs\": %.2f, \"gemm16_copies_bytes\": %zu}\n",
            precision, eng_backend_cpu_gemm_kernel(be), threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
-           (long long)arch_params(&sa), (long long)arch_params(&pa), gf.wall, g16.wall, bw.wall);
-    free(tok);
-    eng_adamw_free(opt);
+           (long long)arch_params(&sa), (long long)arch_params(&pa), gf.wall, g16.wall, bw.wall, copies);
     eng_model_free(&student);
     eng_model_free(&teacher);
     arch_free(&pa);

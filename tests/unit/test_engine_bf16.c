@@ -144,6 +144,51 @@ static void test_gemm_bf16_all_layouts(void **state)
     eng_backend_free(be);
 }
 
+/* A GEMM whose weights lie in a range declared constant reuses one rounded copy: the
+ * same bits as rounding per call, for both layouts that read the same weights (forward
+ * x W^T, backward dY W); after the range is released, rewritten and declared again, the
+ * new weights are used, never the old copy. */
+static void test_const_weights(void **state)
+{
+    (void)state;
+    char err[256];
+    eng_backend *be = eng_backend_cpu_new(2);
+    assert_int_equal(eng_backend_set_precision(be, "bf16", err, sizeof err), 0);
+    enum { M = 24, OUT = 40, IN = 72 };
+    uint64_t rng = 5;
+    float *W = malloc(sizeof(float) * (OUT * IN + 16)), *X = malloc(sizeof(float) * M * IN);
+    float *DY = malloc(sizeof(float) * M * OUT), *C0 = malloc(sizeof(float) * M * (OUT + IN));
+    float *C1 = malloc(sizeof(float) * M * (OUT + IN));
+    assert_true(W && X && DY && C0 && C1);
+    for (int i = 0; i < OUT * IN + 16; i++)
+        W[i] = frand(&rng);
+    for (int i = 0; i < M * IN; i++)
+        X[i] = frand(&rng);
+    for (int i = 0; i < M * OUT; i++)
+        DY[i] = frand(&rng);
+    float *w = W + 16;   /* a matrix inside the range, not at its start */
+    for (int round = 0; round < 2; round++) {
+        /* y = x W^T [M, OUT] and dx = dy W [M, IN], per-call rounding first */
+        be->gemm(be, 0, 1, M, OUT, IN, 1.0f, X, IN, w, IN, 0.0f, C0, OUT);
+        be->gemm(be, 0, 0, M, IN, OUT, 1.0f, DY, OUT, w, IN, 0.0f, C0 + M * OUT, IN);
+        size_t before = eng_backend_cpu_workspace_bytes(be);
+        eng_backend_const(be, W, sizeof(float) * (OUT * IN + 16), 1);
+        for (int rep = 0; rep < 2; rep++) {
+            be->gemm(be, 0, 1, M, OUT, IN, 1.0f, X, IN, w, IN, 0.0f, C1, OUT);
+            be->gemm(be, 0, 0, M, IN, OUT, 1.0f, DY, OUT, w, IN, 0.0f, C1 + M * OUT, IN);
+            assert_memory_equal(C0, C1, sizeof(float) * (M * OUT + M * IN));
+        }
+        if (round == 0)   /* one copy of the matrix kept (the two layouts share it) */
+            assert_true(eng_backend_cpu_workspace_bytes(be) - before >= (size_t)OUT * IN * 2);
+        eng_backend_const(be, W, sizeof(float) * (OUT * IN + 16), 0);
+        assert_int_equal(eng_backend_check(be, err, sizeof err), 0);
+        for (int i = 0; i < OUT * IN; i++)   /* an optimizer step, while not constant */
+            w[i] = -2.0f * w[i] + 0.01f;
+    }
+    free(W), free(X), free(DY), free(C0), free(C1);
+    eng_backend_free(be);
+}
+
 static void test_precision_names(void **state)
 {
     (void)state;
@@ -316,6 +361,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rounding),
         cmocka_unit_test(test_gemm_bf16_all_layouts),
+        cmocka_unit_test(test_const_weights),
         cmocka_unit_test(test_precision_names),
         cmocka_unit_test(test_model_logits_bf16),
         cmocka_unit_test(test_distill_curve_bf16),
