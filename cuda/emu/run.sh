@@ -23,7 +23,7 @@ for f in engine/*.c; do
 done
 status=0
 for t in ${@:-devices nccl model ops}; do
-    $CC -o "$OUT/test_cuda_$t" tests/unit/test_cuda_$t.c "$OUT"/obj/*.o -lopenblas -lcmocka -lpcre2-8 -lm -lstdc++
+    $CC -o "$OUT/test_cuda_$t" tests/unit/test_cuda_$t.c "$OUT"/obj/*.o -ldnnl -lopenblas -lcmocka -lpcre2-8 -lm -lstdc++
     echo "== emulated test_cuda_$t"
     if ! EMU_DEVICES=${EMU_DEVICES:-2} "$OUT/test_cuda_$t"; then status=1; fi
 done
