@@ -107,6 +107,7 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     vm->inited = 1;
     res->weights_bytes = (int64_t)vm->be->cur_bytes;
     eng_model_randomize(&vm->m, cs->o->seed * 7919 + (uint64_t)cs->requests, 0.02f);
+    eng_model_const(&vm->m, 1);
     vm->kv = eng_kv_new(&vm->m, cs->t->batch_size, cs->t->prompt_tokens + cs->t->output_tokens);
     if (!vm->kv) {
         snprintf(err, errlen, "out of memory for the KV cache");

@@ -137,6 +137,7 @@ static int model_build(cal_state *cs, cal_model *cm, eng_backend *be, int random
     size_t b1 = be->cur_bytes;
     if (randomize)
         eng_model_randomize(&cm->m, cs->o->seed + (uint64_t)cs->requests, 0.02f);
+    eng_model_const(&cm->m, 1);   /* served as the engine serves: weights held still */
     cm->kv = eng_kv_new(&cm->m, cs->t->batch_size, cs->t->prompt_tokens + cs->t->output_tokens);
     if (!cm->kv) {
         snprintf(err, errlen, "out of memory for the KV cache");

@@ -20,7 +20,6 @@
 #include <jansson.h>
 
 #include "engine/clock.h"
-#include "engine/devices.h"
 #include "storage/ckpt.h"
 #include "storage/fileio.h"
 #include "storage/safetensors.h"
@@ -509,7 +508,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     if (o->kd_weight <= 0.0f)
         ls.kind = ENG_LOSS_CE;
     /* the teacher is only read: a 16-bit backend rounds its weights once for the run */
-    eng_backend_const(teacher->be, teacher->params, teacher->n_params * sizeof(float), 1);
+    eng_model_const(teacher, 1);
     double t0 = eng_wall_s();
     int64_t tokens0 = rs.tokens;
     double last_val = NAN;
@@ -519,9 +518,9 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         step_stats stats;
         eng_model_zero_grads(student);
         /* the student's weights hold still until the optimizer step */
-        eng_backend_const(student->be, student->params, student->n_params * sizeof(float), 1);
+        eng_model_const(student, 1);
         int mb = step_micro_batches(student, train, o, &ls, &rs, step_tokens, tok, tgt, &stats, err, errlen);
-        eng_backend_const(student->be, student->params, student->n_params * sizeof(float), 0);
+        eng_model_const(student, 0);
         if (mb)
             goto done;
         double lrate = distill_lr(o, rs.step, steps);
@@ -571,7 +570,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     out->loss_curve = rs.curve;
     rs.curve = NULL;
 done:
-    eng_backend_const(teacher->be, teacher->params, teacher->n_params * sizeof(float), 0);
+    eng_model_const(teacher, 0);
     if (rc < 0 && o->coll && o->coll->size > 1)
         o->coll->abort(o->coll, err);   /* the peers fail at their next collective instead of waiting */
     free(rs.curve);

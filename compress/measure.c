@@ -216,7 +216,10 @@ int ms_measure_model(eng_model *m, const cm_target *t, const ms_opts *o, ms_resu
     r->params = arch_params(&m->a);
     r->weights_bytes = (int64_t)m->be->cur_bytes;
     r->rss_delta_bytes = -1;
-    if (measure_loop(m, t, o, r, err, errlen))
+    eng_model_const(m, 1);
+    int rc = measure_loop(m, t, o, r, err, errlen);
+    eng_model_const(m, 0);
+    if (rc)
         return -1;
     r->peak_bytes = r->backend_peak_bytes;
     return 0;
@@ -237,6 +240,7 @@ int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms
     r->params = arch_params(a);
     r->weights_bytes = (int64_t)be->cur_bytes;
     eng_model_randomize(&m, o && o->seed ? o->seed : 1, 0.02f);
+    eng_model_const(&m, 1);   /* served: the weights hold still (eng_model_free ends it) */
     int rc = measure_loop(&m, t, o, r, err, errlen);
     if (rc == 0) {
         r->backend_peak_bytes = (int64_t)be->peak_bytes;

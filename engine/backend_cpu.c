@@ -167,62 +167,10 @@ static void cpu_destroy(eng_backend *be)
 
 /* ---- dense algebra ----------------------------------------------------------------- */
 
-/* C[m, o] = alpha * A[m,:] . W[o,:] + beta * C[m, o] for M (<= SMALL_M) rows of A and n rows
- * of W, one streaming pass over W (row dot products, four rows of A at a time so four
- * accumulation chains run together). For decode shapes OpenBLAS 0.3.21's sgemm/sgemv pack or
- * block the weights: measured here, M = 1 reaches about 2x and M = 8 about 1.25x its rate. */
-#define SMALL_M 8
-static inline __attribute__((always_inline)) void gemm_rows_r(const float *W, int ldw, const float *A, int lda,
-                                                              int M, float *C, int ldc, int n, int K, float alpha,
-                                                              float beta, int r16)
-{
-    for (int o = 0; o < n; o++) {
-        const float *r = W + (size_t)o * ldw;
-        float acc[SMALL_M];
-        int m = 0;
-        for (; m + 4 <= M; m += 4) {
-            const float *x0 = A + (size_t)m * lda, *x1 = x0 + lda, *x2 = x1 + lda, *x3 = x2 + lda;
-            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#pragma omp simd reduction(+:a0, a1, a2, a3)
-            for (int k = 0; k < K; k++) {
-                float w = r16 ? mm16_round1(r16, r[k]) : r[k];
-                a0 += w * x0[k];
-                a1 += w * x1[k];
-                a2 += w * x2[k];
-                a3 += w * x3[k];
-            }
-            acc[m] = a0;
-            acc[m + 1] = a1;
-            acc[m + 2] = a2;
-            acc[m + 3] = a3;
-        }
-        for (; m < M; m++) {
-            const float *x = A + (size_t)m * lda;
-            float a = 0;
-#pragma omp simd reduction(+:a)
-            for (int k = 0; k < K; k++)
-                a += (r16 ? mm16_round1(r16, r[k]) : r[k]) * x[k];
-            acc[m] = a;
-        }
-        for (m = 0; m < M; m++) {
-            float *c = C + (size_t)m * ldc + o;
-            *c = alpha * acc[m] + (beta != 0.0f ? beta * *c : 0.0f);
-        }
-    }
-}
-
-/* r16 = 0 (fp32) or the 16-bit type the weights are rounded to as they stream (A's rows
- * come rounded already): one specialized loop each. */
-static void gemm_rows(const float *W, int ldw, const float *A, int lda, int M, float *C, int ldc, int n, int K,
-                      float alpha, float beta, int r16)
-{
-    if (r16 == MM16_BF16)
-        gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, MM16_BF16);
-    else if (r16 == MM16_FP16)
-        gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, MM16_FP16);
-    else
-        gemm_rows_r(W, ldw, A, lda, M, C, ldc, n, K, alpha, beta, 0);
-}
+/* Decode shapes (M <= SMALL_M rows, weights [N, K]) take cpu_gemm_rows (cpu_mm16.h): one
+ * streaming pass over the weights. For them OpenBLAS 0.3.21's sgemm/sgemv pack or block the
+ * weights: measured here, M = 1 reaches about 2x and M = 8 about 1.25x its rate. */
+#define SMALL_M CPU_ROWS_MAX_M
 
 /* One thread pool only: OpenBLAS runs single-threaded and each GEMM is split into
  * column (or row) slices across the OpenMP threads. Two pools that both spin after
@@ -245,20 +193,23 @@ static void cpu_gemm(eng_backend *be, int ta, int tb, int M, int N, int K, float
     int r16 = ci ? ci->type : 0;
     if (M <= SMALL_M && tb && !ta) {
         /* Few rows (decode): one streaming pass over the weights, split by output columns.
-         * At 16 bits, the same pass on rounded operands (weights stay fp32 in memory). */
+         * At 16 bits, the same pass on rounded operands: the kept 16-bit copy of weights in
+         * a constant range, else the fp32 weights rounded as they stream. */
         if (r16 && !(A = cpu_impl_round_rows(ci, A, lda, M, K))) {
             cpu_mm16_fail(ci->mm, "out of memory for the rounded rows of a GEMM");
             return;
         }
         if (r16)
             lda = K;
+        const uint16_t *w16 = r16 ? cpu_mm16_const_copy(ci->mm, B, N, K, ldb) : NULL;   /* half the bytes */
         int parts = nth > 1 && flops >= 2e5 ? nth : 1;
         int chunk = ((N + parts - 1) / parts + 15) / 16 * 16;
 #pragma omp parallel for schedule(static) num_threads(parts) if (parts > 1)
         for (int p = 0; p < parts; p++) {
             int n0 = p * chunk, len = N - n0 < chunk ? N - n0 : chunk;
             if (len > 0)
-                gemm_rows(B + (size_t)n0 * ldb, ldb, A, lda, M, C + n0, ldc, len, K, alpha, beta, r16);
+                cpu_gemm_rows(r16, w16 ? NULL : B + (size_t)n0 * ldb, w16 ? w16 + (size_t)n0 * K : NULL,
+                              w16 ? K : ldb, A, lda, M, C + n0, ldc, len, K, alpha, beta);
         }
         return;
     }

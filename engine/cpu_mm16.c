@@ -1,4 +1,6 @@
-/* engine/cpu_mm16.c — bf16/fp16 GEMMs through oneDNN's matmul primitive (see cpu_mm16.h).
+/* engine/cpu_mm16.c — bf16/fp16 GEMMs through oneDNN's matmul primitive (see cpu_mm16.h),
+ * the kept 16-bit copies of weights declared constant, and the CPU backend's decode-shape
+ * kernel at every precision.
  *
  * A oneDNN primitive is built for one shape, one layout and one alpha/beta; building it
  * costs far more than a small multiply, so built primitives are kept in a table keyed by
@@ -17,7 +19,7 @@
 #include <unistd.h>
 
 #define SLOTS 256            /* primitive table size (a slot is reused on collision) */
-#define REGIONS 8            /* constant regions held at once */
+#define REGIONS 64           /* constant regions held at once */
 #define PAR_CONVERT 65536    /* elements below which conversion stays on one thread */
 
 typedef struct {
@@ -253,6 +255,111 @@ static const uint16_t *cached(cpu_mm16 *m, const float *B, int rows, int cols, i
         e->valid = 1;
     }
     return e->data;
+}
+
+const uint16_t *cpu_mm16_const_copy(cpu_mm16 *m, const float *B, int rows, int cols, int ld)
+{
+    return cached(m, B, rows, cols, ld);
+}
+
+/* w as the fp32 value of its 16 bits */
+static inline float from16(int type, uint16_t w)
+{
+    if (type == MM16_FP16) {
+        _Float16 h;
+        memcpy(&h, &w, 2);
+        return (float)h;
+    }
+    uint32_t u = (uint32_t)w << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One weight of row r at k: kept 16 bits (Wh), fp32 rounded as it is read (r16), or fp32. */
+#define ROW_W(r16, kept, wf, wh, k) ((kept) ? from16(r16, (wh)[k]) : (r16) ? mm16_round1(r16, (wf)[k]) : (wf)[k])
+
+static inline __attribute__((always_inline)) void rows_t(int r16, int kept, const float *Wf, const uint16_t *Wh,
+                                                         int ldw, const float *A, int lda, int M, float *C, int ldc,
+                                                         int n, int K, float alpha, float beta)
+{
+    int o = 0;
+    /* one row (decode B=1): eight outputs at once, eight independent sums (a single sum is
+     * bound by the add latency, not by the weight bytes); each output's own sum runs in
+     * the same order as below */
+    for (; M == 1 && o + 8 <= n; o += 8) {
+        const float *f[8];
+        const uint16_t *h[8];
+        for (int j = 0; j < 8; j++) {   /* only the given form is indexed (no offsets on NULL) */
+            f[j] = kept ? NULL : Wf + (size_t)(o + j) * ldw;
+            h[j] = kept ? Wh + (size_t)(o + j) * ldw : NULL;
+        }
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+#pragma omp simd reduction(+:a0, a1, a2, a3, a4, a5, a6, a7)
+        for (int k = 0; k < K; k++) {
+            float x = A[k];
+            a0 += ROW_W(r16, kept, f[0], h[0], k) * x;
+            a1 += ROW_W(r16, kept, f[1], h[1], k) * x;
+            a2 += ROW_W(r16, kept, f[2], h[2], k) * x;
+            a3 += ROW_W(r16, kept, f[3], h[3], k) * x;
+            a4 += ROW_W(r16, kept, f[4], h[4], k) * x;
+            a5 += ROW_W(r16, kept, f[5], h[5], k) * x;
+            a6 += ROW_W(r16, kept, f[6], h[6], k) * x;
+            a7 += ROW_W(r16, kept, f[7], h[7], k) * x;
+        }
+        float acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+        for (int j = 0; j < 8; j++)
+            C[o + j] = alpha * acc[j] + (beta != 0.0f ? beta * C[o + j] : 0.0f);
+    }
+    for (; o < n; o++) {
+        const float *f = kept ? NULL : Wf + (size_t)o * ldw;
+        const uint16_t *h = kept ? Wh + (size_t)o * ldw : NULL;
+        float acc[CPU_ROWS_MAX_M];
+        int m = 0;
+        for (; m + 4 <= M; m += 4) {   /* four rows of A: four sums run together */
+            const float *x0 = A + (size_t)m * lda, *x1 = x0 + lda, *x2 = x1 + lda, *x3 = x2 + lda;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+:a0, a1, a2, a3)
+            for (int k = 0; k < K; k++) {
+                float w = ROW_W(r16, kept, f, h, k);
+                a0 += w * x0[k];
+                a1 += w * x1[k];
+                a2 += w * x2[k];
+                a3 += w * x3[k];
+            }
+            acc[m] = a0;
+            acc[m + 1] = a1;
+            acc[m + 2] = a2;
+            acc[m + 3] = a3;
+        }
+        for (; m < M; m++) {
+            const float *x = A + (size_t)m * lda;
+            float a = 0;
+#pragma omp simd reduction(+:a)
+            for (int k = 0; k < K; k++)
+                a += ROW_W(r16, kept, f, h, k) * x[k];
+            acc[m] = a;
+        }
+        for (m = 0; m < M; m++) {
+            float *c = C + (size_t)m * ldc + o;
+            *c = alpha * acc[m] + (beta != 0.0f ? beta * *c : 0.0f);
+        }
+    }
+}
+
+void cpu_gemm_rows(int r16, const float *Wf, const uint16_t *Wh, int ldw, const float *A, int lda, int M, float *C,
+                   int ldc, int n, int K, float alpha, float beta)
+{
+    if (Wh && r16 == MM16_FP16)
+        rows_t(MM16_FP16, 1, NULL, Wh, ldw, A, lda, M, C, ldc, n, K, alpha, beta);
+    else if (Wh)
+        rows_t(MM16_BF16, 1, NULL, Wh, ldw, A, lda, M, C, ldc, n, K, alpha, beta);
+    else if (r16 == MM16_FP16)
+        rows_t(MM16_FP16, 0, Wf, NULL, ldw, A, lda, M, C, ldc, n, K, alpha, beta);
+    else if (r16 == MM16_BF16)
+        rows_t(MM16_BF16, 0, Wf, NULL, ldw, A, lda, M, C, ldc, n, K, alpha, beta);
+    else
+        rows_t(0, 0, Wf, NULL, ldw, A, lda, M, C, ldc, n, K, alpha, beta);
 }
 
 void cpu_mm16_const_begin(cpu_mm16 *m, const float *p, size_t n)

@@ -32,10 +32,23 @@ int cpu_mm16_gemm(cpu_mm16 *m, int ta, int tb, int M, int N, int K, float alpha,
 /* Declare [p, p+n) constant until cpu_mm16_const_end(m, p): a GEMM whose B operand lies
  * inside it rounds B once into a kept copy and reuses it (a frozen teacher's weights, a
  * student's between two optimizer steps). Nothing may write the range in between. At
- * most 8 ranges at once (beyond that, or past a quarter of the RAM (8 GiB at most) in
+ * most 64 ranges at once (beyond that, or past a quarter of the RAM (8 GiB at most) in
  * copies, B is rounded per call as before). */
 void cpu_mm16_const_begin(cpu_mm16 *m, const float *p, size_t n);
 void cpu_mm16_const_end(cpu_mm16 *m, const float *p);
+
+/* The kept rounded copy of B [rows, cols] (row stride ld; compact, row stride cols) when
+ * B lies in a constant range (made on first use), else NULL. */
+const uint16_t *cpu_mm16_const_copy(cpu_mm16 *m, const float *B, int rows, int cols, int ld);
+
+/* The CPU backend's decode-shape GEMM (few rows of A, weights [n, K] row-major, one
+ * streaming pass over them): C[m, o] = alpha * A[m,:] . W[o,:] + beta * C[m, o] for
+ * m < M <= CPU_ROWS_MAX_M, o < n. The weights are Wh (kept 16-bit, of type r16) when
+ * given, else Wf: fp32, rounded to r16 as they are read when r16 is set. Every form sums
+ * in the same order, so a kept copy gives the bits of rounding as it streams. */
+#define CPU_ROWS_MAX_M 8
+void cpu_gemm_rows(int r16, const float *Wf, const uint16_t *Wh, int ldw, const float *A, int lda, int M, float *C,
+                   int ldc, int n, int K, float alpha, float beta);
 
 /* The first failure since creation ("" when none); cpu_mm16_fail records one from a
  * caller (kept only when none is recorded yet). */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/devices.h"
 #include "engine/model_internal.h"
 #include "engine/rng.h"
 
@@ -218,6 +219,8 @@ void eng_model_free(eng_model *m)
         return;
     model_impl *im = m->impl;
     masks_free(m);
+    if (m->be && m->params)
+        eng_model_const(m, 0);   /* no kept copy may outlive the weights */
     if (m->be) {
         m->be->free(m->be, m->params, m->n_params * F4);
         m->be->free(m->be, m->grads, m->n_params * F4);
@@ -417,6 +420,11 @@ int eng_model_enable_masks(eng_model *m)
     k->hidden_count = (float)a->hidden_size;
     k->g_hidden_count = 0;
     return 0;
+}
+
+void eng_model_const(eng_model *m, int on)
+{
+    eng_backend_const(m->be, m->params, m->n_params * F4, on);
 }
 
 void eng_model_zero_grads(eng_model *m)

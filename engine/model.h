@@ -106,6 +106,11 @@ int eng_model_enable_grads(eng_model *m);
 int eng_model_enable_masks(eng_model *m);   /* masks set to 1.0 */
 void eng_model_zero_grads(eng_model *m);     /* weight and mask grads */
 
+/* m's weights hold still (on = 1) until eng_model_const(m, 0): served, scored, or a
+ * frozen teacher. A 16-bit backend then rounds each weight matrix once and keeps the copy
+ * (eng_backend_const). Nothing may write the weights in between; eng_model_free ends it. */
+void eng_model_const(eng_model *m, int on);
+
 /* KV cache for batch B and up to max_T positions per row. NULL on OOM. */
 typedef struct eng_kv_cache eng_kv_cache;
 eng_kv_cache *eng_kv_new(eng_model *m, int B, int max_T);

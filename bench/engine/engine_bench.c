@@ -3,7 +3,9 @@
  * prefill tokens/s (batch 1 and 8 x 512), decode tokens/s (batch 1 and 8 after a 128-token
  * prompt), training-step tokens/s (CE, forward+backward+AdamW), plus the machine's ceilings
  * measured in the same run: sgemm GFLOP/s on a large square GEMM and memory bandwidth (triad).
- * Usage: engine_bench [--threads N] [--quick]. Prints "name value unit" lines.
+ * Usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16]. Prints "name value
+ * unit" lines. At bf16/fp16 every GEMM runs at that precision (engine/cpu_mm16.h) and the
+ * 16-bit GEMM ceiling is measured beside sgemm (which runs on a fp32 backend of its own).
  * Times are process CPU seconds (CLOCK_PROCESS_CPUTIME_ID), robust to a shared, oversubscribed
  * machine for single-threaded runs; wall-clock rates are printed beside as NAME_wall.
  */
@@ -13,6 +15,7 @@
 
 #include "engine/ceilings.h"
 #include "engine/clock.h"
+#include "engine/devices.h"
 #include "engine/model.h"
 
 /* A timing: CPU seconds and wall seconds; best keeps the smallest CPU time. */
@@ -138,6 +141,7 @@ int main(int argc, char **argv)
 {
     eng_blas_pick_kernel(argv);
     int threads = 0, quick = 0;
+    const char *precision = "fp32";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             char *end;
@@ -147,10 +151,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             threads = (int)v;
+        } else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
+            precision = argv[++i];
         } else if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
         } else {
-            fprintf(stderr, "usage: engine_bench [--threads N] [--quick]\n");
+            fprintf(stderr, "usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16]\n");
             return 2;
         }
     }
@@ -162,16 +168,29 @@ int main(int argc, char **argv)
     if (eng_ceil_gemm(be, quick ? 1024 : 2048, 3, &gf) != 0)
         fprintf(stderr, "engine_bench: sgemm: out of memory\n");   /* prints 0, as before */
     printf("sgemm_gflops %.1f GFLOP/s\n", gf.cpu);
+    printf("sgemm_gflops_wall %.1f GFLOP/s\n", gf.wall);
     if (eng_ceil_triad((size_t)(quick ? 16 : 64) << 20, be->threads, 5, &bw) != 0)
         fprintf(stderr, "engine_bench: triad: out of memory\n");
     printf("triad_bandwidth %.2f GB/s\n", bw.cpu);
+    printf("triad_bandwidth_wall %.2f GB/s\n", bw.wall);
+    char err[256];
+    if (eng_backend_set_precision(be, precision, err, sizeof err))
+        die("precision", err);
+    printf("precision %s\n", precision);
+    printf("gemm_kernel %s\n", eng_backend_cpu_gemm_kernel(be));
+    if (strcmp(precision, "fp32")) {
+        eng_rate g16;
+        if (eng_ceil_gemm(be, quick ? 1024 : 2048, 3, &g16) != 0)
+            die("16-bit GEMM ceiling", "out of memory");
+        printf("gemm16_gflops %.1f GFLOP/s\n", g16.cpu);
+        printf("gemm16_gflops_wall %.1f GFLOP/s\n", g16.wall);
+    }
     fflush(stdout);
 
     arch a;
     if (arch_preset(&a, "smollm2-135m", 0) != 0)
         die("arch", "out of memory");
     eng_model m;
-    char err[256];
     if (eng_model_init(&m, &a, be, err, sizeof err) != 0)
         die("model", err);
     eng_model_randomize(&m, 1, 0.02f);
@@ -180,6 +199,7 @@ int main(int argc, char **argv)
     /* FLOPs per token for the projections (2 * non-embedding params) */
     double flop_tok = 2.0 * (double)(m.n_params - (size_t)a.vocab_size * a.hidden_size - a.hidden_size);
     int T = quick ? 128 : 512;
+    eng_model_const(&m, 1);   /* served as the product serves it: the weights hold still */
     bench_prefill(&m, 1, 64, 1);   /* warm-up */
     double p1 = bench_prefill(&m, 1, T, quick ? 1 : 2);
     printf("prefill_b1 %.1f tok/s (T=%d; %.1f GFLOP/s in projections)\n", p1, T, p1 * flop_tok / 1e9);
@@ -199,6 +219,7 @@ int main(int argc, char **argv)
     printf("decode_b8_wall %.2f tok/s\n", 8.0 * steps / last_wall);
     fflush(stdout);
     int TB = quick ? 1 : 4, TT = quick ? 64 : 256;
+    eng_model_const(&m, 0);   /* training writes them */
     double tr = bench_train(&m, TB, TT, quick ? 1 : 2);
     printf("train_step %.1f tok/s (B=%d T=%d, CE, fwd+bwd+AdamW)\n", tr, TB, TT);
     printf("train_step_wall %.1f tok/s\n", (double)TB * TT / last_wall);

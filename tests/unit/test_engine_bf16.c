@@ -146,7 +146,7 @@ static void test_gemm_bf16_all_layouts(void **state)
 
 /* A GEMM whose weights lie in a range declared constant reuses one rounded copy: the
  * same bits as rounding per call, for both layouts that read the same weights (forward
- * x W^T, backward dY W); after the range is released, rewritten and declared again, the
+ * x W^T, backward dY W) and for the decode path's few rows; after the range is released, rewritten and declared again, the
  * new weights are used, never the old copy. */
 static void test_const_weights(void **state)
 {
@@ -159,6 +159,7 @@ static void test_const_weights(void **state)
     float *W = malloc(sizeof(float) * (OUT * IN + 16)), *X = malloc(sizeof(float) * M * IN);
     float *DY = malloc(sizeof(float) * M * OUT), *C0 = malloc(sizeof(float) * M * (OUT + IN));
     float *C1 = malloc(sizeof(float) * M * (OUT + IN));
+    float D0[4 * OUT], D1[4 * OUT];
     assert_true(W && X && DY && C0 && C1);
     for (int i = 0; i < OUT * IN + 16; i++)
         W[i] = frand(&rng);
@@ -168,15 +169,22 @@ static void test_const_weights(void **state)
         DY[i] = frand(&rng);
     float *w = W + 16;   /* a matrix inside the range, not at its start */
     for (int round = 0; round < 2; round++) {
-        /* y = x W^T [M, OUT] and dx = dy W [M, IN], per-call rounding first */
+        /* y = x W^T [M, OUT] and dx = dy W [M, IN], per-call rounding first; then the
+         * decode path (3 rows: the weights streamed, rounded as they are read) */
         be->gemm(be, 0, 1, M, OUT, IN, 1.0f, X, IN, w, IN, 0.0f, C0, OUT);
         be->gemm(be, 0, 0, M, IN, OUT, 1.0f, DY, OUT, w, IN, 0.0f, C0 + M * OUT, IN);
+        be->gemm(be, 0, 1, 3, OUT, IN, 0.5f, X, IN, w, IN, 0.0f, D0, OUT);
+        be->gemm(be, 0, 1, 1, OUT, IN, 1.0f, X, IN, w, IN, 0.0f, D0 + 3 * OUT, OUT);
         size_t before = eng_backend_cpu_workspace_bytes(be);
         eng_backend_const(be, W, sizeof(float) * (OUT * IN + 16), 1);
         for (int rep = 0; rep < 2; rep++) {
             be->gemm(be, 0, 1, M, OUT, IN, 1.0f, X, IN, w, IN, 0.0f, C1, OUT);
             be->gemm(be, 0, 0, M, IN, OUT, 1.0f, DY, OUT, w, IN, 0.0f, C1 + M * OUT, IN);
             assert_memory_equal(C0, C1, sizeof(float) * (M * OUT + M * IN));
+            /* the decode path reads the kept copy: half the bytes, the same sums */
+            be->gemm(be, 0, 1, 3, OUT, IN, 0.5f, X, IN, w, IN, 0.0f, D1, OUT);
+            be->gemm(be, 0, 1, 1, OUT, IN, 1.0f, X, IN, w, IN, 0.0f, D1 + 3 * OUT, OUT);   /* B=1 */
+            assert_memory_equal(D0, D1, sizeof(float) * 4 * OUT);
         }
         if (round == 0)   /* one copy of the matrix kept (the two layouts share it) */
             assert_true(eng_backend_cpu_workspace_bytes(be) - before >= (size_t)OUT * IN * 2);
