@@ -4,15 +4,23 @@
 # CUDA unit tests (every op vs the CPU backend, the whole model vs the CPU), runs the real
 # stories260K checkpoint on cuda:0 against the CPU, measures the two ceilings (GEMM
 # TFLOP/s, device copy GB/s) and SmolLM2-135M-shaped prefill/decode tokens/s in fp32 and
-# bf16 with their share of those ceilings. Prints a table last and writes it to
-# bench/results/gpu_check-<host>-<date>.md. Exit status 0 only when every check passed.
+# bf16 with their share of those ceilings, distillation tokens/s (the product's loop) at
+# fp32 and bf16 beside the same GEMM ceilings, the cost model's held-out validation on
+# the device, and one short real job (stories260K, `autocompress run`) on it. Prints
+# progress, stops cleanly at its time limit (LIMIT_S, default 480: the steps left are
+# marked skipped), prints a table last and writes it to bench/results/gpu_h200.md on an
+# H200, else bench/results/gpu_check-<host>-<date>.md. Exit status 0 only when every
+# check that ran passed.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
 DEVICE=${DEVICE:-cuda:0}
 JOBS=$(nproc 2>/dev/null || echo 4)
 LOG=$(mktemp -d)
+LIMIT_S=${LIMIT_S:-480}
+T0=$(date +%s)
 fail=0
+left() { echo $(( LIMIT_S - ( $(date +%s) - T0 ) )); }
 say() { printf '== %s\n' "$*"; }
 
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -28,7 +36,8 @@ t0=$(date +%s)
 rm -f "$BUILD"/obj/cuda/*.o   # the Makefile's nvcc rule tracks no header dependencies
 if ! timeout 300 make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" \
         "$BUILD"/autocompress "$BUILD"/tests/test_cuda_ops "$BUILD"/tests/test_cuda_model \
-        "$BUILD"/tests/test_cuda_devices "$BUILD"/tests/test_cuda_nccl "$BUILD"/tools/cuda_bench >"$LOG/build" 2>&1; then
+        "$BUILD"/tests/test_cuda_devices "$BUILD"/tests/test_cuda_nccl "$BUILD"/tools/cuda_bench \
+        "$BUILD"/tools/distill_bench >"$LOG/build" 2>&1; then
     tail -40 "$LOG/build"
     echo "gpu_check: CUDA=1 build failed"
     exit 1
@@ -40,7 +49,14 @@ make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" "$BUILD"/tools/costmode
 
 run() {   # name timeout_s command...: runs, keeps output in $LOG/name, records failure
     local name=$1 to=$2; shift 2
-    say "$name"
+    local rest; rest=$(left)
+    if [ "$rest" -lt 20 ]; then   # the time limit: what is left is skipped, not failed
+        say "$name: SKIPPED (time limit ${LIMIT_S}s reached)"
+        echo "SKIPPED: time limit" >"$LOG/$name"
+        return 0
+    fi
+    [ "$to" -gt $((rest - 10)) ] && to=$((rest - 10))
+    say "$name (at $(( $(date +%s) - T0 )) s of ${LIMIT_S})"
     timeout "$to" "$@" >"$LOG/$name" 2>&1
     local rc=$?
     if [ $rc -eq 0 ]; then
@@ -70,11 +86,28 @@ fi
 run ceilings 120 "$BUILD"/tools/cuda_bench ceilings --device "$DEVICE"
 run smollm_fp32 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 --steps 128
 run smollm_bf16 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec bf16 --T 512 --steps 128
+# distillation: the product's loop (teacher SmolLM2-135M shape, student hidden 512)
+for p in fp32 bf16; do
+    run distill_$p 120 "$BUILD"/tools/distill_bench --device "$DEVICE" --precision $p --batch 4 --seq 256 --steps 5
+done
+# one short real job on the device: stories260K, a params limit, small budgets
+if [ -n "$STORIES" ]; then
+    DATA_DIR=$(cd "$(dirname "$STORIES")/../.." && pwd)   # server paths take no '..'
+    TXT=$DATA_DIR/text/tinystories/validation_100.txt
+    cat >"$LOG/job.json" <<EOF
+{"name": "gpu-check", "model": {"path": "$STORIES", "tokenizer": "$(dirname "$STORIES")/tok512.bin"},
+ "target": {"device": "$DEVICE", "precision": "bf16", "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}},
+ "constraints": {"params": 200000}, "budgets": {"search_tokens": 8192, "distill_tokens": 16384},
+ "data": {"calibration": "$TXT", "distillation": "$TXT"},
+ "evaluation": {"tasks": ["lambada_openai"], "limit": 10, "seed": 1234}, "export": ["gguf"]}
+EOF
+    AC_SHARED=$(dirname "$DATA_DIR") run job 150 "$BUILD"/autocompress run "$LOG/job.json" --out "$LOG/jobdir"
+fi
 # the cost model's held-out latency/memory errors on the GPU (owned by the cost-model
 # bench; cut off after 150 s so the whole check stays under 8 minutes)
-if [ -x "$BUILD"/tools/costmodel_bench ]; then
+if [ -x "$BUILD"/tools/costmodel_bench ] && [ "$(left)" -gt 60 ]; then
     say costmodel
-    timeout 150 "$BUILD"/tools/costmodel_bench --device "$DEVICE" --batch 1 --prompt 256 --output 64 >"$LOG/costmodel" 2>&1 ||
+    timeout $(( $(left) - 30 < 150 ? $(left) - 30 : 150 )) "$BUILD"/tools/costmodel_bench --device "$DEVICE" --batch 1 --prompt 256 --output 64 >"$LOG/costmodel" 2>&1 ||
         echo "costmodel_bench: exit $? (not counted as a CUDA failure; see $LOG/costmodel)"
 fi
 
@@ -89,6 +122,8 @@ F32=$(val ceilings gemm_fp32_TFLOPs); B16=$(val ceilings gemm_bf16_TFLOPs); BW=$
 NOPS=$(cat "$LOG"/test_cuda_ops "$LOG"/test_cuda_model 2>/dev/null | grep -c '^CUDA')
 mkdir -p bench/results
 OUT=bench/results/gpu_check-$(hostname -s)-$(date -u +%Y%m%dT%H%MZ).md
+case "$GPU_NAME" in *H200*) OUT=bench/results/gpu_h200.md ;; esac
+jv() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$LOG/$1" "$2" 2>/dev/null || echo "-"; }
 {
     echo "# gpu_check: $GPU_NAME (sm_$CC_NUM), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
     echo
@@ -107,6 +142,12 @@ OUT=bench/results/gpu_check-$(hostname -s)-$(date -u +%Y%m%dT%H%MZ).md
         echo "| SmolLM2-135M shape $p prefill B=1 T=512 | $(val smollm_$p prefill_tokens_per_s) tok/s, $(val smollm_$p prefill_TFLOPs) TFLOP/s = $(share "$(val smollm_$p prefill_TFLOPs)" "$C") of GEMM $p |"
         echo "| SmolLM2-135M shape $p decode B=1 ctx 512 | $(val smollm_$p decode_tokens_per_s) tok/s, $(val smollm_$p decode_GBps) GB/s = $(share "$(val smollm_$p decode_GBps)" "$BW") of copy |"
     done
+    for p in fp32 bf16; do
+        G=$(jv distill_$p sgemm_gflops); [ $p = bf16 ] && G=$(jv distill_$p gemm16_gflops)
+        echo "| distillation step $p, B=4 x 256 (teacher fwd + student fwd/bwd + AdamW) | $(jv distill_$p tokens_per_s) tok/s (best of 5 steps); GEMM ceiling through the same backend $G GFLOP/s |"
+    done
+    echo "| short job on $DEVICE (stories260K, bf16, autocompress run) | $(if [ -s "$LOG/jobdir/report.json" ]; then echo "succeeded, report.json written"; else tail -1 "$LOG/job" 2>/dev/null || echo '-'; fi) |"
+    echo "| time used | $(( $(date +%s) - T0 )) s of ${LIMIT_S} s |"
     echo "| cost model held-out errors ($DEVICE, batch 1) | $(grep -o 'latency MAPE[^;]*;[^;]*memory MAPE[^;]*' "$LOG/costmodel" 2>/dev/null | head -1 | tr -d '*' || echo '-') |"
     echo
     echo "bf16 here rounds fp32 weights to bf16 inside every GEMM call (no cached bf16 weights), so"

@@ -7,12 +7,16 @@
  * (1024^3 through the backend) and STREAM-triad bandwidth; with --precision bf16 the
  * step's GEMMs run at bf16 (engine/cpu_mm16.h) and the bf16 GEMM ceiling is measured
  * beside the fp32 one, each through a backend of its own precision. Prints one JSON line.
+ * --device cuda:N runs it on a GPU (the GEMM ceilings then through that device at 4096^3;
+ * the host triad is left out: bench/gpu_check.sh measures the device's copy bandwidth).
  * Usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S] [--precision fp32|bf16|fp16]
+ *                      [--device cpu|cuda:N]
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/calibrate.h"
 #include "compress/distill.h"
 #include "engine/ceilings.h"
 #include "engine/clock.h"
@@ -52,11 +56,13 @@ int main(int argc, char **argv)
 {
     eng_blas_pick_kernel(argv);
     int threads = 2, B = 1, T = 128, steps = 3;
-    const char *precision = "fp32";
+    const char *precision = "fp32", *device = "cpu";
     for (int i = 1; i + 1 < argc; i += 2) {
         long v = strtol(argv[i + 1], NULL, 10);
         if (!strcmp(argv[i], "--precision"))
             precision = argv[i + 1];
+        else if (!strcmp(argv[i], "--device"))
+            device = argv[i + 1];
         else if (!strcmp(argv[i], "--threads"))
             threads = (int)v;
         else if (!strcmp(argv[i], "--batch"))
@@ -67,7 +73,7 @@ int main(int argc, char **argv)
             steps = (int)v;
         else {
             fprintf(stderr, "usage: distill_bench [--threads N] [--batch B] [--seq T] [--steps S] "
-                            "[--precision fp32|bf16|fp16]\n");
+                            "[--precision fp32|bf16|fp16] [--device cpu|cuda:N]\n");
             return 2;
         }
     }
@@ -76,8 +82,9 @@ int main(int argc, char **argv)
         return 2;
     }
     char err[512];
-    eng_backend *be = eng_backend_cpu_new(threads);
-    if (be && eng_backend_set_precision(be, precision, err, sizeof err)) {
+    int cpu = !strcmp(device, "cpu");
+    eng_backend *be = cal_backend_new(device, precision, threads, err, sizeof err);
+    if (!be) {
         fprintf(stderr, "distill_bench: %s\n", err);
         return 1;
     }
@@ -124,22 +131,25 @@ int main(int argc, char **argv)
     distill_result_free(&res);
     td_stream_free(&train);
     free(st.t);
-    size_t copies = eng_backend_cpu_workspace_bytes(be);   /* operand workspace + kept 16-bit weights */
-    eng_rate gf, g16 = {0, 0}, bw;   /* wall-clock rates: this bench times its steps by the wall clock */
-    eng_backend *b32 = eng_backend_cpu_new(threads);
-    if (!b32 || eng_ceil_gemm(b32, 1024, 3, &gf) != 0)
-        fprintf(stderr, "distill_bench: sgemm: out of memory\n");   /* prints 0, as before */
+    /* operand workspace + kept 16-bit weights (CPU) */
+    size_t copies = cpu ? eng_backend_cpu_workspace_bytes(be) : 0;
+    eng_rate gf = {0, 0}, g16 = {0, 0}, bw = {0, 0};   /* wall-clock rates, as the steps are timed */
+    int n = cpu ? 1024 : 4096;
+    eng_backend *b32 = cal_backend_new(device, "fp32", threads, err, sizeof err);
+    if (!b32 || eng_ceil_gemm(b32, n, 3, &gf) != 0)
+        fprintf(stderr, "distill_bench: sgemm ceiling: %s\n", b32 ? "out of memory" : err);   /* prints 0 */
     eng_backend_free(b32);
-    if (strcmp(precision, "fp32") && eng_ceil_gemm(be, 1024, 3, &g16) != 0)
+    if (strcmp(precision, "fp32") && eng_ceil_gemm(be, n, 3, &g16) != 0)
         fprintf(stderr, "distill_bench: %s GEMM: out of memory\n", precision);
-    if (eng_ceil_triad((size_t)64 << 20, threads, 5, &bw) != 0)
+    if (cpu && eng_ceil_triad((size_t)64 << 20, threads, 5, &bw) != 0)
         fprintf(stderr, "distill_bench: triad: out of memory\n");
-    printf("{\"impl\": \"autocompress\", \"precision\": \"%s\", \"gemm_kernel\": \"%s\", \"threads\": %d, "
+    printf("{\"impl\": \"autocompress\", \"device\": \"%s\", \"precision\": \"%s\", \"gemm_kernel\": \"%s\", "
+           "\"threads\": %d, "
            "\"batch\": %d, \"seq\": %d, \"steps\": %d, "
            "\"best_step_s\": %.4f, \"mean_step_s\": %.4f, \"tokens_per_s\": %.2f, \"mean_tokens_per_s\": %.2f, "
            "\"loss\": %.4f, \"student_params\": %lld, \"teacher_params\": %lld, "
            "\"sgemm_gflops\": %.1f, \"gemm16_gflops\": %.1f, \"triad_gbs\": %.2f, \"gemm16_copies_bytes\": %zu}\n",
-           precision, eng_backend_cpu_gemm_kernel(be), threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
+           device, precision, cpu ? eng_backend_cpu_gemm_kernel(be) : "cuBLAS", threads, B, T, steps, best, total / steps, B * T / best, B * T * steps / total, loss,
            (long long)arch_params(&sa), (long long)arch_params(&pa), gf.wall, g16.wall, bw.wall, copies);
     eng_model_free(&student);
     eng_model_free(&teacher);

@@ -3,7 +3,7 @@ run in PyTorch eager (fp32, random weights, torch.set_num_threads(threads)) and,
 llama.cpp hook below, in llama.cpp (llama-cpp-python) on a SmolLM2 GGUF.
 Prints "name value unit" lines like engine_bench; rates use process CPU time (robust on a
 shared machine for single-threaded runs), NAME_wall lines the wall clock.
-Usage: bench_peers.py THREADS [--quick] [--llamacpp-only]."""
+Usage: bench_peers.py THREADS [--quick] [--llamacpp-only | --torch-only]."""
 import math
 import os
 import sys
@@ -200,7 +200,8 @@ def main():
         out("decode_b8", bench_decode(p, 8, 128, steps), 8 * steps, "prompt 128, %d steps" % steps)
         TB, TT = (1, 64) if QUICK else (4, 256)
         out("train_step", bench_train(p, TB, TT, 1 if QUICK else 2), TB * TT, "B=%d T=%d, CE, fwd+bwd+AdamW" % (TB, TT))
-    llamacpp_bench(T, steps)
+    if "--torch-only" not in sys.argv:
+        llamacpp_bench(T, steps)
 
 
 if __name__ == "__main__":

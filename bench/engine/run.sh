@@ -1,26 +1,36 @@
 #!/bin/bash
-# Engine speed against its peers in one run: BUILD/tools/engine_bench (this engine),
-# bench/engine/bench_peers.py (PyTorch eager, llama.cpp via its hook), same shapes and
-# threads. Prints a table of tokens/s, ratios, and the share of the machine ceilings reached
-# (sgemm GFLOP/s, triad GB/s measured in the same run); writes bench/results/engine.md.
-# Usage: bench/engine/run.sh [BUILD] [THREADS] [--quick]
+# Engine speed against its peers: BUILD/tools/engine_bench (this engine, at fp32 and at
+# bf16), bench/engine/bench_peers.py (PyTorch eager; llama.cpp through llama-cpp-python),
+# same shapes and threads, each in a process of its own, alternating engine fp32 / engine
+# bf16 / PyTorch / llama.cpp for ROUNDS rounds. The table gives wall-clock medians over
+# the rounds (CPU-time rates beside, in the raw output), ratios, and the share of the
+# machine ceilings reached (sgemm and bf16 GEMM GFLOP/s, triad GB/s, measured in the same
+# processes); writes bench/results/engine.md.
+# Usage: bench/engine/run.sh [BUILD] [THREADS] [--quick] ; env ROUNDS (5)
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
-THREADS=${2:-1}
+THREADS=${2:-2}
 QUICK=${3:-}
+ROUNDS=${ROUNDS:-5}
 source scripts/pyenv.sh >/dev/null
 bin=$BUILD/tools/engine_bench
 [ -x "$bin" ] || { echo "engine_bench not built: make BUILD=$BUILD $bin" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 load=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "== engine (threads $THREADS, load $load)"
-nice "$bin" --threads "$THREADS" $QUICK | tee "$tmp/engine.txt"
-echo "== peers"
-OMP_NUM_THREADS=$THREADS nice "$AC_PYTHON" bench/engine/bench_peers.py "$THREADS" $QUICK | tee "$tmp/peers.txt"
-"$AC_PYTHON" - "$tmp/engine.txt" "$tmp/peers.txt" "$THREADS" "$load" "$QUICK" <<'PY'
-import sys, datetime, platform
+for r in $(seq 1 "$ROUNDS"); do
+    "$bin" --threads "$THREADS" --precision fp32 $QUICK >"$tmp/fp32.$r"
+    "$bin" --threads "$THREADS" --precision bf16 $QUICK >"$tmp/bf16.$r"
+    OMP_NUM_THREADS=$THREADS "$AC_PYTHON" bench/engine/bench_peers.py "$THREADS" $QUICK --torch-only >"$tmp/torch.$r"
+    # a peer that crashes leaves its rows n/a and says how it ended (not the engine's failure)
+    OMP_NUM_THREADS=$THREADS "$AC_PYTHON" bench/engine/bench_peers.py "$THREADS" $QUICK --llamacpp-only \
+        >"$tmp/llama.$r" 2>"$tmp/llama.err" || echo "llamacpp_exit $? (llama.cpp's process died; see its stderr)" >>"$tmp/llama.$r"
+    echo "round $r/$ROUNDS done" >&2
+done
+"$AC_PYTHON" - "$tmp" "$ROUNDS" "$THREADS" "$load" "$QUICK" <<'PY'
+import sys, datetime, platform, statistics
+tmp, rounds, threads, load, quick = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 def read(p):
     d = {}
     for line in open(p):
@@ -29,54 +39,67 @@ def read(p):
             try:
                 d[f[0]] = float(f[1])
             except ValueError:
-                pass
+                d[f[0]] = f[1]
     return d
-e, p = read(sys.argv[1]), read(sys.argv[2])
-threads, load, quick = sys.argv[3], sys.argv[4], sys.argv[5]
-n_params = e["params"]
-weights = n_params * 4           # fp32 bytes read per decode step (tied head included once)
+runs = {k: [read("%s/%s.%d" % (tmp, k, r)) for r in range(1, rounds + 1)] for k in ("fp32", "bf16", "torch", "llama")}
+def med(kind, key):
+    v = [r[key] for r in runs[kind] if isinstance(r.get(key), float)]
+    return statistics.median(v) if v else None
+def rng(kind, key):
+    v = [r[key] for r in runs[kind] if isinstance(r.get(key), float)]
+    return "%.1f–%.1f" % (min(v), max(v)) if v else ""
+n_params = med("fp32", "params")
+weights = n_params * 4
 flop_tok = 2 * (n_params - 49152 * 576 - 576)
-rows = []
-def row(name, key, unit="tok/s", ceiling=None):
-    ours = e.get(key)
-    torch_v = p.get("torch_" + key)
-    llama_v = p.get("llamacpp_" + key)
-    r_t = "%.2fx" % (ours / torch_v) if ours and torch_v else "n/a"
-    r_l = "%.2fx" % (ours / llama_v) if ours and llama_v else "n/a"
-    share = ceiling(ours) if ceiling and ours else ""
-    rows.append("| %s | %s | %s | %s | %s | %s | %s |" % (
-        name, "%.2f" % ours if ours else "n/a", "%.2f" % torch_v if torch_v else "n/a", r_t,
-        "%.2f" % llama_v if llama_v else "n/a", r_l, share))
-gf, bw = e.get("sgemm_gflops", 0), e.get("triad_bandwidth", 0)
-fl = lambda v: "%.0f%% of sgemm" % (100 * v * flop_tok / 1e9 / gf) if gf else ""
-bwf = lambda v: "%.0f%% of triad" % (100 * v * weights / 1e9 / bw) if bw else ""
+sg = statistics.median([x for k in ("fp32", "bf16") for x in [r.get("sgemm_gflops_wall") for r in runs[k]] if x])
+g16 = med("bf16", "gemm16_gflops_wall")
+bw = statistics.median([x for k in ("fp32", "bf16") for x in [r.get("triad_bandwidth_wall") for r in runs[k]] if x])
 T = "128" if quick else "512"
-row("prefill B=1 x %s" % T, "prefill_b1", ceiling=fl)
-row("prefill B=8 x %s" % T, "prefill_b8", ceiling=fl)
-row("decode B=1 (ctx 128)", "decode_b1", ceiling=bwf)
-row("decode B=8 (ctx 128)", "decode_b8", ceiling=lambda v: "%.0f%% of triad" % (100 * v / 8 * weights / 1e9 / bw) if bw else "")
-row("train step (CE, fwd+bwd+AdamW)", "train_step", ceiling=lambda v: "%.0f%% of sgemm" % (100 * 3 * v * flop_tok / 1e9 / gf) if gf else "")
-out = []
-out.append("# Engine speed (CPU backend)\n")
-out.append("Rates use process CPU time (the machine is shared and oversubscribed; wall-clock rates are in the raw output as *_wall).")
-out.append("Measured %s UTC on %s, %s thread(s), load average at start %s%s." % (
-    datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), platform.processor() or platform.machine(), threads, load,
-    " (quick mode: T=128, fewer steps)" if quick else ""))
-out.append("Model: SmolLM2-135M shapes (hidden 576, 30 layers, 9/3 heads, head_dim 64, FFN 1536, vocab 49152, tied), fp32.")
-out.append("Machine ceilings measured in the same run: sgemm %.1f GFLOP/s (2048^3), triad %.2f GB/s.\n" % (gf, bw))
-out.append("| workload | engine | PyTorch eager | engine/torch | llama.cpp | engine/llama.cpp | share of ceiling (engine) |")
-out.append("|---|---|---|---|---|---|---|")
-out += rows
-out.append("")
-out.append("Ceiling shares: prefill and training count projection FLOPs (2 x non-embedding params per token, x3 for")
-out.append("training) against the sgemm rate; decode counts one read of all fp32 weights per step (per row for B=8: weights")
-out.append("are shared, so B=8 can exceed the single-stream bound) against triad bandwidth; a read-only stream runs")
-out.append("faster than triad's read-read-write mix, so decode B=1 can pass 100%. Training counts projections only (LM head excluded).")
-out.append("Targets (issue 3): engine/torch >= 1.5x, engine/llama.cpp >= 1/1.5 = 0.67x.")
-out.append("llama.cpp rows come from bench_peers.py's hook (llama-cpp-python on the SmolLM2 GGUF named in its output;")
-out.append("batch 8 is not measured there). Raw output:\n")
-out.append("```")
-out += [l.rstrip() for l in open(sys.argv[1])] + [l.rstrip() for l in open(sys.argv[2])]
+work = [("prefill B=1 x %s" % T, "prefill_b1", "flop"), ("prefill B=8 x %s" % T, "prefill_b8", "flop"),
+        ("decode B=1 (ctx 128)", "decode_b1", "bytes"), ("decode B=8 (ctx 128)", "decode_b8", "bytes8"),
+        ("train step (CE, fwd+bwd+AdamW)", "train_step", "train")]
+def share(kind, v, ceil_gemm, wbytes):
+    if v is None:
+        return ""
+    if kind == "flop":
+        return "%.0f%%" % (100 * v * flop_tok / 1e9 / ceil_gemm)
+    if kind == "train":
+        return "%.0f%%" % (100 * 3 * v * flop_tok / 1e9 / ceil_gemm)
+    per = wbytes if kind == "bytes" else wbytes / 8
+    return "%.0f%% of triad" % (100 * v * per / 1e9 / bw)
+f = lambda v: "%.1f" % v if v else "n/a"
+x = lambda a, b: "%.2fx" % (a / b) if a and b else "n/a"
+rows = []
+for name, key, kind in work:
+    e32, e16 = med("fp32", key + "_wall"), med("bf16", key + "_wall")
+    tv, lv = med("torch", "torch_%s_wall" % key), med("llama", "llamacpp_%s_wall" % key)
+    rows.append("| %s | %s (%s) | %s (%s) | %s | %s | %s | %s | %s | %s / %s |" % (
+        name, f(e32), rng("fp32", key + "_wall"), f(e16), rng("bf16", key + "_wall"), x(e16, e32), f(tv), x(e32, tv),
+        f(lv), x(e32, lv), share(kind, e32, sg, weights), share(kind, e16, g16, weights / 2)))
+out = ["# Engine speed (CPU backend)", "",
+       "Wall-clock tokens/s, medians over %d rounds (range in brackets); each round runs the engine at fp32, the "
+       "engine at bf16, PyTorch eager and llama.cpp, each in a process of its own, in turn." % rounds,
+       "Measured %s UTC on %s, %s threads, load average at start %s%s." % (
+           datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), platform.node(), threads, load,
+           " (quick mode: T=128, fewer steps)" if quick else ""),
+       "Model: SmolLM2-135M shapes (hidden 576, 30 layers, 9/3 heads, head_dim 64, FFN 1536, vocab 49152, tied), "
+       "random weights. bf16: GEMM operands rounded to bf16, fp32 accumulation (oneDNN %s); served models keep a "
+       "bf16 copy of their weights, so decode streams half the bytes." % runs["bf16"][0].get("gemm_kernel", "?"),
+       "Machine ceilings measured in the same processes (medians): sgemm %.1f GFLOP/s and bf16 GEMM %.1f GFLOP/s "
+       "(%s^3), triad %.2f GB/s." % (sg, g16 or 0, "1024" if quick else "2048", bw), "",
+       "| workload | engine fp32 | engine bf16 | bf16/fp32 | PyTorch eager | engine fp32/torch | llama.cpp | "
+       "engine fp32/llama.cpp | share of ceiling fp32 / bf16 |",
+       "|---|---|---|---|---|---|---|---|---|"] + rows + ["",
+       "Ceiling shares: prefill and training count projection FLOPs (2 x non-embedding params per token, x3 for "
+       "training) against the sgemm rate (fp32) or the bf16 GEMM rate (bf16); decode counts one read of all weights "
+       "per step (4 bytes a weight at fp32, 2 at bf16; per row for B=8, where weights are shared) against triad "
+       "bandwidth, which a read-only stream can pass. llama.cpp runs the SmolLM2 GGUF named in the raw output "
+       "(batch 8 and training are not measured there)%s. Raw output of the last round:" % (
+           "; on this host its process died in every round (exit %s, in llama_decode: ggml's AMX_INT8 build; "
+           "llama.cpp's own segfault, so its rows are n/a)" % int(runs["llama"][0]["llamacpp_exit"])
+           if all("llamacpp_exit" in r for r in runs["llama"]) else ""), "", "```"]
+for k in ("fp32", "bf16", "torch", "llama"):
+    out += [l.rstrip() for l in open("%s/%s.%d" % (tmp, k, rounds))]
 out.append("```")
 text = "\n".join(out) + "\n"
 open("bench/results/engine.md", "w").write(text)
