@@ -4,6 +4,8 @@
 #   OPT=-O2            optimisation flags
 #   ARCH=-march=native instruction set (CPU kernels use AVX2/AVX-512 where present)
 #   SANITIZE=address,undefined   build everything (and the tests) with sanitizers
+#   CHECK_OPS=1        debug op check: a sync and an error check after every backend op
+#                      (engine/backend.h eng_backend_check_ops; AC_CHECK_OPS=1 at run time too)
 #   CUDA=1             also build the CUDA backend in cuda/ (needs nvcc, cuBLAS, NCCL)
 #   BUILD=build        output folder (out of tree)
 #   CUDA_ARCHS="80 89 90 120"    SM targets for CUDA=1
@@ -27,6 +29,9 @@ PKG_LIBS   = $(eval PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null))$
 CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-psabi -g $(OPT) $(ARCH) -fopenmp -fno-math-errno \
           -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(PKG_CFLAGS)
 LDLIBS = $(PKG_LIBS) -ldnnl -lopenblas -lm -lpthread -ldl -fopenmp
+ifeq ($(CHECK_OPS),1)
+  CFLAGS += -DAC_CHECK_OPS
+endif
 ifneq ($(SANITIZE),)
   CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=$(SANITIZE)
@@ -72,7 +77,10 @@ llamacpp-if-present:
 llamacpp:
 	@[ -n "$(LLAMA_PREFIX)" ] || { echo "llama.cpp is not installed (run: scripts/llamacpp.sh install)" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(BUILD)/ac-llama
-$(BUILD)/ac-llama: llamacpp/ac_llama.c engine/clock.c engine/clock.h engine/procstat.c engine/procstat.h engine/rng.h | $(BUILD)/.pkg-flags
+# (rebuilt when llama.cpp is rebuilt with other flags: the helper reports them)
+LLAMA_FLAGS_FILE = $(wildcard $(or $(AC_CACHE),$(HOME)/.cache/autocompress)/llamacpp-build-flags)
+$(BUILD)/ac-llama: llamacpp/ac_llama.c engine/clock.c engine/clock.h engine/procstat.c engine/procstat.h engine/rng.h \
+                   $(LLAMA_FLAGS_FILE) | $(BUILD)/.pkg-flags
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS) -I$(LLAMA_PREFIX)/include \
 	    -DAC_LLAMA_PACKAGE_VERSION='"$(shell scripts/llamacpp.sh --version)"' \
