@@ -268,7 +268,7 @@ extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
     be->sync = cu_sync;
     be->destroy = cu_release;
     cu_ops_install(be);
-    return be;
+    return eng_backend_check_ops(be);
 }
 
 extern "C" int cu_backend_set_precision(eng_backend *be, int prec)

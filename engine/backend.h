@@ -20,6 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {   /* the CUDA backend (C++) calls the C functions below */
+#endif
+
 typedef struct eng_backend eng_backend;
 
 /* Query rows per attention tile in the CPU backend (its attention scratch per thread is
@@ -31,6 +35,7 @@ struct eng_backend {
     int threads;                 /* CPU worker threads (0 = default) */
     size_t cur_bytes, peak_bytes;/* accounted device bytes */
     void *impl;                  /* backend private state */
+    void *checks;                /* the op check's state (eng_backend_check_ops), else NULL */
 
     /* Memory. alloc returns NULL on failure (nothing accounted). Allocations are
      * 64-byte aligned and NOT zeroed. free(NULL, 0) is a no-op; `bytes` must be the
@@ -158,6 +163,20 @@ struct eng_backend {
                   float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale);
 };
 
+/* The op check of debug runs: in a build with -DAC_CHECK_OPS (make CHECK_OPS=1), or with
+ * AC_CHECK_OPS=1 in the environment, every backend the constructors return has each op
+ * wrapped so that after it the backend is synchronized and its first failure looked for
+ * (eng_backend_check): a failing kernel names itself ("after op gemm") instead of
+ * surfacing at a later sync. Slow (a sync per op); off by default.
+ *   eng_backend_ops_checked: 1 when the check is on.
+ *   eng_backend_check_ops: wraps be (when the check is on) and returns it; the
+ *       constructors call it.
+ *   eng_backend_failed_op: the first op after which a failure showed ("" when none or
+ *       unchecked). */
+int eng_backend_ops_checked(void);
+eng_backend *eng_backend_check_ops(eng_backend *be);
+const char *eng_backend_failed_op(const eng_backend *be);
+
 /* Create the CPU backend with `threads` worker threads (0: all cores). Sets the OpenMP
  * thread count for the process (process-wide) and OpenBLAS to one thread: GEMMs are
  * split across the OpenMP threads so only one thread pool ever runs.
@@ -225,5 +244,9 @@ void eng_backend_free(eng_backend *be);
 
 /* Reset the peak counter to the current bytes. */
 void eng_backend_reset_peak(eng_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -917,7 +917,7 @@ eng_backend *eng_backend_cpu_new(int threads)
     be->group_norm_sum = cpu_group_norm_sum;
     be->sumsq = cpu_sumsq;
     be->adamw = cpu_adamw;
-    return be;
+    return eng_backend_check_ops(be);
 }
 
 void eng_backend_free(eng_backend *be)

@@ -176,7 +176,11 @@ int eng_backend_check(eng_backend *be, char *err, size_t errlen)
         e = cu_backend_error(be);
 #endif
     if (e[0]) {
-        snprintf(err, errlen, "%s: %s", be->name, e);
+        const char *op = eng_backend_failed_op(be);
+        if (op[0])
+            snprintf(err, errlen, "%s: %s (first seen after op %s)", be->name, e, op);
+        else
+            snprintf(err, errlen, "%s: %s", be->name, e);
         return -1;
     }
     return 0;
