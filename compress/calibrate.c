@@ -391,11 +391,26 @@ static int build_tables(cal_state *cs, const arch *parent, cm_tables *tb, char *
     return 0;
 }
 
-/* Runtime (non-backend) bytes of model cm on CPU: RSS high water over one request above
- * the RSS before the model was built, minus the backend bytes the model accounts. */
+/* Runtime (non-backend) bytes of model cm. CPU: RSS high water over one request above
+ * the RSS before the model was built, minus the backend bytes the model accounts. A GPU:
+ * the backend's own measure of what it holds outside its accounting (CUDA context,
+ * cuBLAS workspace, 16-bit operand copies, pool slack) over one request. */
 static int runtime_sample(cal_state *cs, cal_model *cm, int64_t rss0, char *err, size_t errlen)
 {
-    if (strcmp(cs->be->name, "cpu") || rss0 < 0 || ms_rss_reset_peak())
+    if (strcmp(cs->be->name, "cpu")) {
+        double p, d;
+        eng_backend_reset_peak(cs->be);
+        (void)eng_backend_runtime_bytes(cs->be);   /* its pool slack counts from here */
+        if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
+            return -1;
+        int64_t rt = eng_backend_runtime_bytes(cs->be);
+        if (rt >= 0 && cali_dvec_push(&cs->runtime, (double)rt)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        return 0;
+    }
+    if (rss0 < 0 || ms_rss_reset_peak())
         return 0;
     size_t base = cs->be->cur_bytes;
     eng_backend_reset_peak(cs->be);

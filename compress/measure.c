@@ -4,6 +4,7 @@
  */
 #include "compress/measure.h"
 
+#include "engine/devices.h"
 #include "engine/procstat.h"
 #include "engine/rng.h"
 #include "engine/clock.h"
@@ -241,12 +242,17 @@ int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms
     r->weights_bytes = (int64_t)be->cur_bytes;
     eng_model_randomize(&m, o && o->seed ? o->seed : 1, 0.02f);
     eng_model_const(&m, 1);   /* served: the weights hold still (eng_model_free ends it) */
+    if (!is_cpu)
+        (void)eng_backend_runtime_bytes(be);   /* a GPU's pool slack counts from here */
     int rc = measure_loop(&m, t, o, r, err, errlen);
     if (rc == 0) {
         r->backend_peak_bytes = (int64_t)be->peak_bytes;
         int64_t hwm = have_rss ? ms_rss_peak_bytes() : -1;
         r->rss_delta_bytes = hwm >= 0 ? hwm - rss0 : -1;
         r->peak_bytes = r->rss_delta_bytes > r->backend_peak_bytes ? r->rss_delta_bytes : r->backend_peak_bytes;
+        int64_t rt = is_cpu ? -1 : eng_backend_runtime_bytes(be);   /* a GPU's context, workspaces, slack */
+        if (rt > 0)
+            r->peak_bytes = r->backend_peak_bytes + rt;
     }
     eng_model_free(&m);
     return rc;

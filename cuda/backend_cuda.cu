@@ -7,6 +7,7 @@
 #include "cuda/cu_ops.h"
 
 #include <nccl.h>
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,6 +186,8 @@ static void cu_release(eng_backend *be)
             (void)cudaStreamSynchronize(c->stream);
         if (c->ws)
             (void)cudaFree(c->ws);
+        if (c->blas_ws)
+            (void)cudaFree(c->blas_ws);
         if (c->red)
             (void)cudaFree(c->red);
         if (c->blas)
@@ -207,6 +210,54 @@ extern "C" size_t cu_backend_workspace_bytes(const eng_backend *be)
     if (!be || !be->impl || strncmp(be->name, "cuda", 4) != 0)
         return 0;
     return ((const cu_impl *)be->impl)->ws_bytes;
+}
+
+/* The device's used memory by NVML (which makes no CUDA context), -1 when NVML is not
+ * there. Loaded at run time: a machine without the driver's NVML still runs the rest. */
+static int64_t nvml_used_bytes(int dev)
+{
+    typedef struct {
+        unsigned long long total, free, used;
+    } nvml_memory;
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    int (*mem)(void *, nvml_memory *) = (int (*)(void *, nvml_memory *))dlsym(h, "nvmlDeviceGetMemoryInfo");
+    int (*shutdown)(void) = (int (*)(void))dlsym(h, "nvmlShutdown");
+    int64_t used = -1;
+    void *d = NULL;
+    nvml_memory m;
+    if (init && by_index && mem && shutdown && init() == 0) {
+        /* NVML numbers devices as the driver does; CUDA_VISIBLE_DEVICES may renumber
+         * them for CUDA: then the index is only right when nothing is hidden */
+        if (by_index((unsigned)dev, &d) == 0 && mem(d, &m) == 0)
+            used = (int64_t)m.used;
+        shutdown();
+    }
+    dlclose(h);
+    return used;
+}
+
+extern "C" int cu_backend_memory_items(eng_backend *be, cu_mem_items *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!be || !be->impl || strncmp(be->name, "cuda", 4) != 0 || cu_enter(be) != 0)
+        return -1;
+    cu_impl *c = cu_of(be);
+    out->context_bytes = c->context_bytes;
+    out->blas_workspace_bytes = (int64_t)c->blas_ws_bytes;
+    out->gemm16_workspace_bytes = (int64_t)c->ws_bytes;
+    cudaMemPool_t pool;
+    uint64_t high = 0;
+    CHECK_CUDA_R(be, cudaStreamSynchronize(c->stream), -1);
+    CHECK_CUDA_R(be, cudaDeviceGetDefaultMemPool(&pool, c->dev), -1);
+    CHECK_CUDA_R(be, cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high), -1);
+    out->pool_slack_bytes = high > be->peak_bytes ? (int64_t)(high - be->peak_bytes) : 0;
+    uint64_t zero = 0;   /* the next call measures from here */
+    CHECK_CUDA_R(be, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero), -1);
+    return 0;
 }
 
 #define NEW_FAIL(msg_call, why)                                                            \
@@ -233,6 +284,7 @@ extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
     be->impl = c;
     c->dev = dev;
     c->prec = CU_PREC_FP32;
+    int64_t used0 = nvml_used_bytes(dev);   /* before this process's context on dev, if any */
     cudaError_t e;
     if ((e = cudaSetDevice(dev)) != cudaSuccess)
         NEW_FAIL("cudaSetDevice", cudaGetErrorString(e));
@@ -259,6 +311,22 @@ extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
      * (CPU parity within 1e-5); bf16/fp16 GEMMs may use tensor cores. */
     if ((s = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS)
         NEW_FAIL("cublasSetMathMode", cu_blas_status_str(s));
+    /* cuBLAS's workspace is ours, so its size is known, not assumed */
+    int major = 0;
+    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess)
+        NEW_FAIL("cudaDeviceGetAttribute", cudaGetErrorString(e));
+    c->blas_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    if ((e = cudaMalloc(&c->blas_ws, c->blas_ws_bytes)) != cudaSuccess)
+        NEW_FAIL("cudaMalloc(cuBLAS workspace)", cudaGetErrorString(e));
+    if ((s = cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS)
+        NEW_FAIL("cublasSetWorkspace", cu_blas_status_str(s));
+    size_t free_b = 0, total_b = 0;
+    c->context_bytes = -1;
+    if (used0 >= 0 && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+        int64_t ctx = (int64_t)(total_b - free_b) - used0 - (int64_t)c->blas_ws_bytes - 64;
+        c->context_bytes = ctx > 0 ? ctx : -1;   /* <= 0: the context was there before */
+    }
+    (void)cudaGetLastError();
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->to_device = cu_to_device;

@@ -43,6 +43,24 @@ int cu_backend_set_precision(eng_backend *be, int prec);
  * which is not part of cur_bytes/peak_bytes; 0 for other backends. */
 size_t cu_backend_workspace_bytes(const eng_backend *be);
 
+/* The device memory a CUDA backend holds outside its accounted allocations (cur_bytes),
+ * each measured on the device: what the memory model's runtime_buffers item is made of.
+ *   context_bytes: the CUDA context: the device's used memory (NVML, before any CUDA
+ *       call of this process made the context) against cudaMemGetInfo once the context,
+ *       stream and cuBLAS handle exist, less the backend's own buffers; -1 when NVML is
+ *       not there or the context existed already (a second backend on the device).
+ *   blas_workspace_bytes: the workspace given to cuBLAS (cublasSetWorkspace: 32 MiB on
+ *       compute capability 9.x, 4 MiB before, as NVIDIA recommends), so it is known.
+ *   gemm16_workspace_bytes: the bf16/fp16 operand copies (cu_backend_workspace_bytes).
+ *   pool_slack_bytes: the memory pool's reserved high water less peak_bytes (what
+ *       cudaMallocAsync's pool rounds up and keeps), since the previous call (the call
+ *       resets the high water; reset the backend's peak with it).
+ * Returns 0, or -1 for a non-CUDA backend or a failed query (recorded). */
+typedef struct {
+    int64_t context_bytes, blas_workspace_bytes, gemm16_workspace_bytes, pool_slack_bytes;
+} cu_mem_items;
+int cu_backend_memory_items(eng_backend *be, cu_mem_items *out);
+
 /* GEMM ceiling: time `iters` row-major [M,K]x[K,N] products with operands already in
  * `prec` (CU_PREC_BF16/FP16: 16-bit A and B, fp32 C and accumulation; CU_PREC_FP32:
  * fp32, no TF32) on random data, after one warm-up. Buffers are allocated for the call

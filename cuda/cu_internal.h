@@ -20,6 +20,9 @@ typedef struct {
     cublasHandle_t blas;
     void *ws;                 /* GEMM operand conversion workspace (bf16/fp16 copies) */
     size_t ws_bytes;
+    void *blas_ws;            /* the workspace handed to cuBLAS (cublasSetWorkspace) */
+    size_t blas_ws_bytes;
+    int64_t context_bytes;    /* device memory the CUDA context took (-1: not measured) */
     int prec;                 /* CU_PREC_* */
     double *red;              /* 64 bytes of device scratch for host-returning reductions */
     cudaEvent_t ev0, ev1;

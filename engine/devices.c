@@ -269,3 +269,15 @@ void eng_backend_const(eng_backend *be, const void *p, size_t bytes, int on)
     if (be && !strcmp(be->name, "cpu"))
         eng_backend_cpu_const(be, p, bytes / sizeof(float), on);
 }
+
+int64_t eng_backend_runtime_bytes(eng_backend *be)
+{
+#if DEV_HAVE_CUDA
+    cu_mem_items m;
+    if (be && strncmp(be->name, "cuda", 4) == 0 && cu_backend_memory_items(be, &m) == 0)
+        return (m.context_bytes > 0 ? m.context_bytes : 0) + m.blas_workspace_bytes + m.gemm16_workspace_bytes +
+               m.pool_slack_bytes;
+#endif
+    (void)be;
+    return -1;
+}

@@ -70,6 +70,12 @@ const char *eng_cpu_gemm_kernel(const char *precision);
  * hint: backends without such copies ignore it. */
 void eng_backend_const(eng_backend *be, const void *p, size_t bytes, int on);
 
+/* Device memory `be` holds outside its accounted allocations, measured on the device:
+ * on a CUDA backend its CUDA context (when measured), cuBLAS workspace, 16-bit operand
+ * copies and memory-pool slack since the previous call (cu_backend_memory_items); -1 on
+ * the CPU, whose runtime memory is measured from the process's RSS instead. */
+int64_t eng_backend_runtime_bytes(eng_backend *be);
+
 /* Synchronize `be` and report whether its ops have failed since it was created: CUDA
  * ops return void and record their first CUDA / cuBLAS failure (an illegal address, a
  * launch error, an unsupported shape) instead of aborting. Returns 0 when all is well,

@@ -150,6 +150,7 @@ struct emu_blas { int x; };
 cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_blas; return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 static float ld_el(const void *p, cudaDataType_t t, size_t i)
 {
@@ -211,3 +212,5 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t) { free(p); return cudaSuccess; 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int) { *p = NULL; return cudaSuccess; }
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void *) { return cudaSuccess; }
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void *v) { *(uint64_t *)v = 0; return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = (size_t)80 << 30; return cudaSuccess; }

@@ -13,6 +13,7 @@ typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_PEDANTIC_MATH = 2 } cublasMath_t;
 cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
   const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B, cudaDataType_t bt, int ldb,

@@ -5,7 +5,7 @@ typedef enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidV
 typedef void *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
 typedef enum { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice } cudaMemcpyKind;
-typedef enum { cudaDevAttrMultiProcessorCount = 16 } cudaDeviceAttr;
+typedef enum { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrComputeCapabilityMajor = 75 } cudaDeviceAttr;
 #define cudaStreamNonBlocking 1
 struct cudaDeviceProp { char name[256]; size_t totalGlobalMem; int major, minor, multiProcessorCount; };
 cudaError_t cudaGetDeviceCount(int *n);
@@ -28,10 +28,12 @@ cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev);
 typedef struct emu_pool *cudaMemPool_t;
-typedef enum { cudaMemPoolAttrReleaseThreshold = 4 } cudaMemPoolAttr;
+typedef enum { cudaMemPoolAttrReleaseThreshold = 4, cudaMemPoolAttrReservedMemHigh = 6 } cudaMemPoolAttr;
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 template <typename T> cudaError_t cudaMallocAsync(T **p, size_t n, cudaStream_t s) { return cudaMallocAsync((void **)p, n, s); }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int dev);
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t p, size_t keep);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t p, cudaMemPoolAttr a, void *v);
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t p, cudaMemPoolAttr a, void *v);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
