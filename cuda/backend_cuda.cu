@@ -477,3 +477,107 @@ extern "C" void cu_comm_free(cu_comm *cm)
     free(cm->bes);
     free(cm);
 }
+
+
+/* ---- the NCCL collective: one process per GPU ------------------------------------ */
+
+typedef struct {
+    eng_coll *cpu;       /* borrowed: host buffers and the communicator's id */
+    eng_backend *be;     /* borrowed */
+    ncclComm_t comm;
+} nccl_coll;
+
+static int nc_allreduce(eng_coll *c, eng_backend *be, float *buf, size_t n, char *err, size_t errlen)
+{
+    nccl_coll *k = (nccl_coll *)c->impl;
+    if (!be)
+        return k->cpu->allreduce_sum(k->cpu, NULL, buf, n, err, errlen);
+    if (be != k->be || !k->comm) {
+        snprintf(err, errlen, "nccl collective (rank %d): %s", c->rank,
+                 k->comm ? "the buffer is on another backend" : "the communicator was aborted");
+        return -1;
+    }
+    if (n == 0)
+        return 0;
+    if (cu_enter(be) != 0) {
+        snprintf(err, errlen, "%s: %s", be->name, cu_backend_error(be));
+        return -1;
+    }
+    CHECK_NCCL_R(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, k->comm, cu_of(be)->stream), -1);
+    cudaError_t e = cudaStreamSynchronize(cu_of(be)->stream);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "%s: all-reduce: %s", be->name, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+static void nc_abort(eng_coll *c, const char *why)
+{
+    nccl_coll *k = (nccl_coll *)c->impl;
+    if (k->comm)
+        (void)ncclCommAbort(k->comm);
+    k->comm = NULL;
+    k->cpu->abort(k->cpu, why);
+}
+
+static void nc_free(eng_coll *c)
+{
+    if (!c)
+        return;
+    nccl_coll *k = (nccl_coll *)c->impl;
+    if (k && k->comm)
+        (void)ncclCommDestroy(k->comm);
+    free(k);
+    free(c);
+}
+
+extern "C" eng_coll *cu_coll_nccl_new(eng_coll *cpu, eng_backend *be, char *err, size_t errlen)
+{
+    if (!cpu || !be || strncmp(be->name, "cuda", 4) != 0) {
+        snprintf(err, errlen, "an NCCL collective needs a CPU group and a CUDA backend");
+        return NULL;
+    }
+    /* rank 0 makes the id; it reaches the others as byte values summed with zeros */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (cpu->rank == 0)
+        CHECK_NCCL_R(ncclGetUniqueId(&id), NULL);
+    float bytes[NCCL_UNIQUE_ID_BYTES];
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++)
+        bytes[i] = cpu->rank == 0 ? (float)(unsigned char)id.internal[i] : 0.0f;
+    if (cpu->allreduce_sum(cpu, NULL, bytes, NCCL_UNIQUE_ID_BYTES, err, errlen))
+        return NULL;
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++)
+        id.internal[i] = (char)(unsigned char)bytes[i];
+    if (cu_enter(be) != 0) {
+        snprintf(err, errlen, "%s: %s", be->name, cu_backend_error(be));
+        return NULL;
+    }
+    eng_coll *c = (eng_coll *)calloc(1, sizeof *c);
+    nccl_coll *k = (nccl_coll *)calloc(1, sizeof *k);
+    if (!c || !k) {
+        free(c);
+        free(k);
+        snprintf(err, errlen, "out of host memory");
+        return NULL;
+    }
+    ncclResult_t r = ncclCommInitRank(&k->comm, cpu->size, id, cpu->rank);
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "%s: ncclCommInitRank (rank %d of %d): %s", be->name, cpu->rank, cpu->size,
+                 ncclGetErrorString(r));
+        free(c);
+        free(k);
+        return NULL;
+    }
+    k->cpu = cpu;
+    k->be = be;
+    c->rank = cpu->rank;
+    c->size = cpu->size;
+    c->kind = "nccl";
+    c->allreduce_sum = nc_allreduce;
+    c->abort = nc_abort;
+    c->free = nc_free;
+    c->impl = k;
+    return c;
+}

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/collective.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -85,6 +86,15 @@ typedef struct cu_comm cu_comm;
 cu_comm *cu_comm_new(eng_backend **backends, int n, char *err, size_t errlen);
 int cu_allreduce_sum(cu_comm *c, float **bufs, size_t n_floats, char *err, size_t errlen);
 void cu_comm_free(cu_comm *c);
+
+/* Data parallelism with one process per GPU: this process as rank cpu->rank of
+ * cpu->size on be's device, joined by an NCCL communicator whose id travels over the CPU
+ * collective `cpu` (its processes already joined; it stays the caller's). allreduce_sum
+ * on be's device buffers runs ncclAllReduce on be's stream and waits for it (every rank
+ * gets the same bits); on host buffers (be NULL) it goes through `cpu`. abort aborts
+ * the communicator and tells the CPU group. Returns a new eng_coll ("nccl", freed with
+ * c->free), or NULL with err (not a CUDA backend, NCCL refused). */
+eng_coll *cu_coll_nccl_new(eng_coll *cpu, eng_backend *be, char *err, size_t errlen);
 
 /* The first CUDA / cuBLAS error the backend's ops met since it was created ("" when
  * none; "" for non-CUDA backends), as "file:line: call: reason". Ops return void, so a

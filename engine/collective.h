@@ -18,10 +18,14 @@
 
 #include "engine/backend.h"
 
+#ifdef __cplusplus
+extern "C" {   /* the CUDA backend's NCCL collective implements this interface */
+#endif
+
 typedef struct eng_coll eng_coll;
 struct eng_coll {
     int rank, size;
-    const char *kind;    /* "cpu-shm" */
+    const char *kind;    /* "cpu-shm", "nccl" */
     /* In place: buf (n floats on be's device; be NULL: host memory) becomes the sum over
      * ranks. 0, or -1 with the reason in err (a peer aborted or died; out of time). */
     int (*allreduce_sum)(eng_coll *c, eng_backend *be, float *buf, size_t n, char *err, size_t errlen);
@@ -46,5 +50,9 @@ void eng_coll_group_release(eng_coll_group *g);
 
 /* Seconds a collective waits for its peers before it fails (default 600). */
 void eng_coll_set_timeout(eng_coll *c, double seconds);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -281,3 +281,17 @@ int64_t eng_backend_runtime_bytes(eng_backend *be)
     (void)be;
     return -1;
 }
+
+eng_coll *eng_coll_device_new(eng_coll *cpu, eng_backend *be, char *err, size_t errlen)
+{
+    err[0] = 0;
+    if (!be || !strcmp(be->name, "cpu"))
+        return NULL;   /* host memory: the CPU collective itself */
+#if DEV_HAVE_CUDA
+    if (strncmp(be->name, "cuda", 4) == 0)
+        return cu_coll_nccl_new(cpu, be, err, errlen);
+#endif
+    (void)cpu;
+    snprintf(err, errlen, "%s: no collective for this backend", be->name);
+    return NULL;
+}

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/collective.h"
 
 typedef struct {
     char name[32];            /* "cpu", "cuda:0", ... (what eng_backend_new accepts) */
@@ -75,6 +76,12 @@ void eng_backend_const(eng_backend *be, const void *p, size_t bytes, int on);
  * copies and memory-pool slack since the previous call (cu_backend_memory_items); -1 on
  * the CPU, whose runtime memory is measured from the process's RSS instead. */
 int64_t eng_backend_runtime_bytes(eng_backend *be);
+
+/* The collective for a data-parallel rank whose buffers live on `be`, over the CPU group
+ * `cpu` this process joined: a new NCCL collective on a CUDA backend (one process per
+ * GPU; free with c->free); NULL with err "" on the CPU, whose buffers the CPU collective
+ * reduces itself; NULL with the reason in err otherwise. */
+eng_coll *eng_coll_device_new(eng_coll *cpu, eng_backend *be, char *err, size_t errlen);
 
 /* Synchronize `be` and report whether its ops have failed since it was created: CUDA
  * ops return void and record their first CUDA / cuBLAS failure (an illegal address, a

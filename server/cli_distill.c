@@ -16,10 +16,12 @@
 #include <unistd.h>
 #include <jansson.h>
 
+#include "compress/calibrate.h"
 #include "compress/prune.h"
 #include "compress/steps.h"
 #include "engine/backend.h"
 #include "engine/collective.h"
+#include "engine/devices.h"
 #include "engine/tokenizer.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
@@ -44,6 +46,8 @@ static void usage(FILE *f)
             "  --ranks N                     data parallel: N processes share each step's micro-batches\n"
             "                                (--accum of them), gradients summed; the same result as one\n"
             "                                process; --threads is per rank (default: the cores / N)\n"
+            "  --device D                    cpu (default), cuda:N, or cuda with --ranks: rank r on cuda:r,\n"
+            "                                gradients summed by NCCL\n"
             "  --max-steps N                 stop after step N (exit 0, \"complete\": false; rerun resumes)\n");
 }
 
@@ -76,6 +80,7 @@ typedef struct {
     distill_opts o;      /* distill_opts_defaults, then the flags */
     double val_fraction;
     int threads, ranks;
+    const char *device;  /* "cpu" (default), "cuda" (rank r on cuda:r), "cuda:N" */
     char ck[4096], outp[4096];
 } distill_args;
 
@@ -115,6 +120,7 @@ static void distill_opt(cli_parser *p, int c, distill_args *a)
     case 'E': cli_int(p, 0, INT32_MAX, &o->ckpt_every); break;
     case 'j': cli_int(p, 0, 1024, &a->threads); break;
     case 'R': cli_int(p, 1, 64, &a->ranks); break;
+    case 'G': a->device = p->arg; break;
     case 'S': cli_u64(p, &o->seed); break;
     case 'M': cli_i64(p, 0, INT64_MAX, &o->stop_after); break;
     }
@@ -136,10 +142,11 @@ static int distill_parse(int argc, char **argv, distill_args *a)
         {"lr-min", required_argument, NULL, 'm'},       {"weight-decay", required_argument, NULL, 'd'},
         {"clip", required_argument, NULL, 'c'},         {"temperature", required_argument, NULL, 'T'},
         {"kd-weight", required_argument, NULL, 'k'},    {"val-fraction", required_argument, NULL, 'w'},
-        {"ranks", required_argument, NULL, 'R'},        {"help", no_argument, NULL, 'h'},
-        {0}};
+        {"ranks", required_argument, NULL, 'R'},        {"device", required_argument, NULL, 'G'},
+        {"help", no_argument, NULL, 'h'},               {0}};
     memset(a, 0, sizeof *a);
     a->ranks = 1;
+    a->device = "cpu";
     distill_opts_defaults(&a->o);
     a->val_fraction = 0.1;   /* the command holds out more than a job (step_text_default) */
     cli_parser p;
@@ -179,6 +186,7 @@ typedef struct {
     int have_p, have_s;
     tok_tokenizer *tok;
     td_stream train, val;
+    eng_coll *dev_coll;  /* a GPU rank's NCCL collective (owned), else NULL */
 } distill_inputs;
 
 static void inputs_free(distill_inputs *in)
@@ -190,17 +198,33 @@ static void inputs_free(distill_inputs *in)
         eng_model_free(&in->student);
     if (in->have_p)
         eng_model_free(&in->parent);
+    if (in->dev_coll)
+        in->dev_coll->free(in->dev_coll);
     eng_backend_free(in->be);
 }
 
-/* Load parent, tokenizer and student; pack the text. 0, or -1 after the message. */
-static int inputs_load(const distill_args *a, distill_inputs *in, int quiet)
+/* Load parent, tokenizer and student; pack the text. As a rank of the CPU group cpu
+ * (NULL: alone), on the rank's device, with the collective for its buffers in a->o.coll.
+ * 0, or -1 after the message. */
+static int inputs_load(distill_args *a, distill_inputs *in, int quiet, eng_coll *cpu)
 {
-    char err[1024];
+    char err[1024], dev[32];
     memset(in, 0, sizeof *in);
-    if (!(in->be = eng_backend_cpu_new(a->threads))) {
-        fprintf(stderr, "distill: cannot create the CPU backend\n");
+    if (cpu && !strcmp(a->device, "cuda"))
+        snprintf(dev, sizeof dev, "cuda:%d", cpu->rank);   /* one process per GPU */
+    else
+        snprintf(dev, sizeof dev, "%s", a->device);
+    if (!(in->be = cal_backend_new(dev, NULL, a->threads, err, sizeof err))) {
+        fprintf(stderr, "distill: %s\n", err);
         return -1;
+    }
+    if (cpu) {
+        in->dev_coll = eng_coll_device_new(cpu, in->be, err, sizeof err);
+        if (!in->dev_coll && err[0]) {
+            fprintf(stderr, "distill: rank %d: %s\n", cpu->rank, err);
+            return -1;
+        }
+        a->o.coll = in->dev_coll ? in->dev_coll : cpu;
     }
     if (prune_load_model(a->parent, a->tokp, in->be, &in->parent, &in->tok, err, sizeof err)) {
         fprintf(stderr, "distill: parent %s: %s\n", a->parent, err);
@@ -254,10 +278,9 @@ static int run_rank(distill_args *a, eng_coll *c)
     distill_inputs in;
     distill_result res = {0};
     char err[1024];
-    int rc = inputs_load(a, &in, 1);
+    int rc = inputs_load(a, &in, 1, c);
     if (rc == 0) {
         a->o.progress = NULL;
-        a->o.coll = c;
         rc = distill_run(&in.parent, &in.student, &in.train, step_distill_has_val(&in.val, &a->o) ? &in.val : NULL,
                          &a->o, &res, err, sizeof err);
         if (rc < 0)
@@ -333,7 +356,7 @@ int cli_distill(int argc, char **argv)
     pid_t kids[64] = {0};
     eng_coll_group *group = NULL;
     eng_coll *coll = NULL;
-    if (a.ranks > 1 && !(coll = a.o.coll = start_ranks(&a, kids, &group))) {
+    if (a.ranks > 1 && !(coll = start_ranks(&a, kids, &group))) {
         wait_ranks(&a, kids, NULL, 1);
         eng_coll_group_release(group);
         return 1;
@@ -345,7 +368,7 @@ int cli_distill(int argc, char **argv)
     char err[1024];
     distill_inputs in;
     distill_result res = {0};
-    if (inputs_load(&a, &in, 0))
+    if (inputs_load(&a, &in, 0, coll))
         goto done;
     int has_val = step_distill_has_val(&in.val, &a.o);
     double vp = NAN, vs0 = NAN, vs1 = NAN;
