@@ -90,6 +90,25 @@ run smollm_bf16 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec bf
 for p in fp32 bf16; do
     run distill_$p 120 "$BUILD"/tools/distill_bench --device "$DEVICE" --precision $p --batch 4 --seq 256 --steps 5
 done
+# data-parallel distillation over the GPUs (one process each, NCCL) against one process,
+# on a stories260K student pruned here; needs two GPUs
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ -n "$STORIES" ] && [ "$NGPU" -ge 2 ]; then
+    DD=$(cd "$(dirname "$STORIES")/../.." && pwd)
+    python3 - "$LOG/dp_arch.json" <<'PY'
+import json, sys
+lay = lambda s: {"source_layer": s, "attention": {"n_heads": 8, "n_kv_heads": 4}, "mlp": {"ffn_dim": 86}}
+json.dump({"family": "llama", "vocab_size": 512, "hidden_size": 64, "head_dim": 8, "max_position_embeddings": 512,
+           "rope_theta": 10000.0, "rope_scaling": None, "norm_eps": 1e-5, "tie_word_embeddings": True,
+           "layers": [lay(s) for s in (0, 1, 3, 4)]}, open(sys.argv[1], "w"))
+PY
+    "$BUILD"/autocompress prune "$STORIES" --arch "$LOG/dp_arch.json" --out "$LOG/dp_s" \
+        --calib "$DD/text/tinystories/validation_100.txt" --calib-tokens 2048 >"$LOG/dp_prune" 2>&1
+    DPA=(--parent "$STORIES" --student "$LOG/dp_s" --data "$DD/text/tinystories/validation_100.txt" --tokens 8192
+         --batch 4 --seq 64 --accum 2 --ckpt-every 0 --eval-every 0)
+    run dp_one 90 "$BUILD"/autocompress distill "${DPA[@]}" --device cuda:0 --out "$LOG/dp_one.model"
+    run dp_two 90 "$BUILD"/autocompress distill "${DPA[@]}" --ranks 2 --device cuda --out "$LOG/dp_two.model"
+fi
 # one short real job on the device: stories260K, a params limit, small budgets
 if [ -n "$STORIES" ]; then
     DATA_DIR=$(cd "$(dirname "$STORIES")/../.." && pwd)   # server paths take no '..'
@@ -147,6 +166,9 @@ jv() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().st
         echo "| distillation step $p, B=4 x 256 (teacher fwd + student fwd/bwd + AdamW) | $(jv distill_$p tokens_per_s) tok/s (best of 5 steps); GEMM ceiling through the same backend $G GFLOP/s |"
     done
     echo "| short job on $DEVICE (stories260K, bf16, autocompress run) | $(if [ -s "$LOG/jobdir/report.json" ]; then echo "succeeded, report.json written"; else tail -1 "$LOG/job" 2>/dev/null || echo '-'; fi) |"
+    if [ -s "$LOG/dp_two" ]; then
+        echo "| distillation on 2 GPUs (NCCL) vs 1: final loss | $(jv dp_two final_loss) vs $(jv dp_one final_loss); $(jv dp_two tokens_per_s) vs $(jv dp_one tokens_per_s) tok/s |"
+    fi
     echo "| time used | $(( $(date +%s) - T0 )) s of ${LIMIT_S} s |"
     echo "| cost model held-out errors ($DEVICE, batch 1) | $(grep -o 'latency MAPE[^;]*;[^;]*memory MAPE[^;]*' "$LOG/costmodel" 2>/dev/null | head -1 | tr -d '*' || echo '-') |"
     echo
