@@ -202,6 +202,9 @@ void eng_backend_cpu_const(eng_backend *be, const float *p, size_t n, int on);
 /* Bytes of the 16-bit operand workspace and kept copies (not in cur_bytes/peak_bytes);
  * 0 at fp32. */
 size_t eng_backend_cpu_workspace_bytes(const eng_backend *be);
+/* Whether this CPU runs `precision` ("bf16", "fp16") GEMMs on a oneDNN hardware kernel:
+ * 0 with the kernel's name in kernel, or -1 with the reason in err. Creates no backend. */
+int eng_cpu_gemm16_probe(const char *precision, char *kernel, size_t kernel_len, char *err, size_t errlen);
 /* The version of the oneDNN library the 16-bit GEMMs run ("2.6.3"), written into buf;
  * returns buf. */
 const char *eng_cpu_gemm16_version(char *buf, size_t len);

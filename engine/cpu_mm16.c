@@ -608,3 +608,18 @@ void eng_backend_cpu_const(eng_backend *be, const float *p, size_t n, int on)
     else
         cpu_mm16_const_end(ci->mm, p);
 }
+
+int eng_cpu_gemm16_probe(const char *precision, char *kernel, size_t kernel_len, char *err, size_t errlen)
+{
+    int type = !strcmp(precision, "bf16") ? MM16_BF16 : !strcmp(precision, "fp16") ? MM16_FP16 : 0;
+    if (!type) {
+        snprintf(err, errlen, "%s: not a 16-bit precision (bf16, fp16)", precision);
+        return -1;
+    }
+    cpu_mm16 *m = cpu_mm16_new(type, err, errlen);
+    if (!m)
+        return -1;
+    snprintf(kernel, kernel_len, "%s", m->impl);
+    cpu_mm16_free(m);
+    return 0;
+}

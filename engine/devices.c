@@ -235,16 +235,9 @@ int eng_device_precision(const char *device, const char *precision, char *err, s
         return 0;
     pthread_mutex_lock(&prec_mu);
     if (!prec_known[i]) {
-        eng_backend *be = eng_backend_cpu_new(1);
-        if (!be) {
-            pthread_mutex_unlock(&prec_mu);
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        prec_ok[i] = eng_backend_cpu_set_precision(be, precision, prec_why[i], sizeof prec_why[i]) == 0;
-        if (prec_ok[i])
-            snprintf(prec_kernel[i], sizeof prec_kernel[i], "%s", eng_backend_cpu_gemm_kernel(be));
-        eng_backend_free(be);
+        /* oneDNN's probe alone: no backend, so the process's thread count is untouched */
+        prec_ok[i] = eng_cpu_gemm16_probe(precision, prec_kernel[i], sizeof prec_kernel[i], prec_why[i],
+                                          sizeof prec_why[i]) == 0;
         prec_known[i] = 1;
     }
     int ok = prec_ok[i];
