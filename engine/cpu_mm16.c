@@ -298,14 +298,14 @@ static inline __attribute__((always_inline)) void rows_t(int r16, int kept, cons
 #pragma omp simd reduction(+:a0, a1, a2, a3, a4, a5, a6, a7)
         for (int k = 0; k < K; k++) {
             float x = A[k];
-            a0 += ROW_W(r16, kept, f[0], h[0], k) * x;
-            a1 += ROW_W(r16, kept, f[1], h[1], k) * x;
-            a2 += ROW_W(r16, kept, f[2], h[2], k) * x;
-            a3 += ROW_W(r16, kept, f[3], h[3], k) * x;
-            a4 += ROW_W(r16, kept, f[4], h[4], k) * x;
-            a5 += ROW_W(r16, kept, f[5], h[5], k) * x;
-            a6 += ROW_W(r16, kept, f[6], h[6], k) * x;
-            a7 += ROW_W(r16, kept, f[7], h[7], k) * x;
+            a0 = __builtin_fmaf(ROW_W(r16, kept, f[0], h[0], k), x, a0);
+            a1 = __builtin_fmaf(ROW_W(r16, kept, f[1], h[1], k), x, a1);
+            a2 = __builtin_fmaf(ROW_W(r16, kept, f[2], h[2], k), x, a2);
+            a3 = __builtin_fmaf(ROW_W(r16, kept, f[3], h[3], k), x, a3);
+            a4 = __builtin_fmaf(ROW_W(r16, kept, f[4], h[4], k), x, a4);
+            a5 = __builtin_fmaf(ROW_W(r16, kept, f[5], h[5], k), x, a5);
+            a6 = __builtin_fmaf(ROW_W(r16, kept, f[6], h[6], k), x, a6);
+            a7 = __builtin_fmaf(ROW_W(r16, kept, f[7], h[7], k), x, a7);
         }
         float acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
         for (int j = 0; j < 8; j++)
