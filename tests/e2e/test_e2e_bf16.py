@@ -54,6 +54,12 @@ def main():
         assert cal["target"]["precision"] == "bf16", cal["target"]
         kernel = cal["cpu"]["gemm_kernel"]
         assert "bf16" in kernel and kernel != cal["cpu"]["blas_kernel"], cal["cpu"]
+        # the memory model counts the kept bf16 copy of every weight matrix: about 4 + 2
+        # bytes a parameter at bf16, 4 at fp32 (both measured)
+        with open(os.path.join(s.data_dir, "calibrations", r32["calibration_id"] + ".json")) as f:
+            cal32 = json.load(f)
+        w16, w32 = (c["tables"]["memory"]["weight_bytes_per_param"] for c in (cal, cal32))
+        assert 3.9 < w32 < 4.2 and 5.6 < w16 < 6.4, (w16, w32)
         # the parent is scored again at bf16 (not the fp32 job's cached scores): close to
         # fp32's, not equal to it
         ppl = rep["result"]["perplexity"]["lambada_openai"]
@@ -63,8 +69,9 @@ def main():
         lim = rep["limits"][0]
         assert lim["measured"] > 0, lim
         print("bf16 job: calibration %s (gemm %s), params %s -> %s, lambada ppl %.4g; parent %.6g at bf16, "
-              "%.6g at fp32; %s" % (rep["calibration_id"], kernel, rep["parent"]["params"], rep["result"]["params"],
-                                    ppl, p16, p32, lim))
+              "%.6g at fp32; weight bytes a parameter %.3f at bf16, %.3f at fp32; %s" % (
+                  rep["calibration_id"], kernel, rep["parent"]["params"], rep["result"]["params"], ppl, p16, p32, w16,
+                  w32, lim))
     finally:
         s.stop()
 
