@@ -12,6 +12,7 @@
 
 #include "engine/backend.h"
 
+#include <immintrin.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -522,6 +523,7 @@ void cpu_impl_free(cpu_impl *ci)
     if (ci) {
         cpu_mm16_free(ci->mm);
         free(ci->rows);
+        free(ci->rows16);
         free(ci);
     }
 }
@@ -540,7 +542,84 @@ const float *cpu_impl_round_rows(cpu_impl *ci, const float *A, int lda, int M, i
     for (int m = 0; m < M; m++)
         for (int k = 0; k < K; k++)
             ci->rows[(size_t)m * K + k] = mm16_round1(ci->type, A[(size_t)m * lda + k]);
+    static int dp = -1;   /* the same answer from every thread that asks */
+    if (dp < 0)
+        dp = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+    ci->kp = 0;
+    if (ci->type != MM16_BF16 || !dp)
+        return ci->rows;
+    int kp = (K + 31) / 32 * 32;
+    size_t n16 = (size_t)M * kp;
+    if (n16 > ci->rows16_n) {
+        uint16_t *p = aligned_alloc(64, (n16 * 2 + 63) & ~(size_t)63);
+        if (!p)
+            return ci->rows;   /* the portable kernel, without the packed rows */
+        free(ci->rows16);
+        ci->rows16 = p, ci->rows16_n = n16;
+    }
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < kp; k++)
+            ci->rows16[(size_t)m * kp + k] = k < K ? mm16_bf16_bits(A[(size_t)m * lda + k]) : 0;
+    ci->kp = kp;
     return ci->rows;
+}
+
+/* ---- AVX512-BF16 decode rows -------------------------------------------------------- */
+
+#define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+/* 32 weights of a row from k on (fewer at the tail, zeros past K) as bf16 pairs */
+DP_TARGET static inline __m512bh dp_w(const float *wf, const uint16_t *wh, int k, int K)
+{
+    int rem = K - k;
+    if (wh) {
+        __mmask32 t = rem >= 32 ? 0xffffffffu : (1u << rem) - 1;
+        return (__m512bh)_mm512_maskz_loadu_epi16(t, wh + k);
+    }
+    __mmask16 t0 = rem >= 16 ? 0xffff : (__mmask16)((1u << rem) - 1);
+    __mmask16 t1 = rem >= 32 ? 0xffff : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1) : 0;
+    __m512 lo = _mm512_maskz_loadu_ps(t0, wf + k), hi = _mm512_maskz_loadu_ps(t1, wf + k + 16);
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+DP_TARGET void cpu_gemm_rows_dp(const float *Wf, const uint16_t *Wh, int ldw, const uint16_t *A16, int kp, int M,
+                                float *C, int ldc, int n, int K, float alpha, float beta)
+{
+    int o = 0;
+    for (; M == 1 && o + 4 <= n; o += 4) {   /* one row: four outputs, four independent sums */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        size_t r = (size_t)o * ldw;
+        const float *f = Wh ? NULL : Wf + r;
+        const uint16_t *h = Wh ? Wh + r : NULL;
+        for (int k = 0; k < K; k += 32) {
+            __m512bh x = (__m512bh)_mm512_load_si512(A16 + k);
+            a0 = _mm512_dpbf16_ps(a0, x, dp_w(f, h, k, K));
+            a1 = _mm512_dpbf16_ps(a1, x, dp_w(f ? f + ldw : NULL, h ? h + ldw : NULL, k, K));
+            a2 = _mm512_dpbf16_ps(a2, x, dp_w(f ? f + 2 * (size_t)ldw : NULL, h ? h + 2 * (size_t)ldw : NULL, k, K));
+            a3 = _mm512_dpbf16_ps(a3, x, dp_w(f ? f + 3 * (size_t)ldw : NULL, h ? h + 3 * (size_t)ldw : NULL, k, K));
+        }
+        float acc[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
+                        _mm512_reduce_add_ps(a3)};
+        for (int j = 0; j < 4; j++)
+            C[o + j] = alpha * acc[j] + (beta != 0.0f ? beta * C[o + j] : 0.0f);
+    }
+    for (; o < n; o++) {   /* each output against every row of A */
+        __m512 acc[CPU_ROWS_MAX_M];
+        for (int m = 0; m < M; m++)
+            acc[m] = _mm512_setzero_ps();
+        size_t r = (size_t)o * ldw;
+        const float *f = Wh ? NULL : Wf + r;
+        const uint16_t *h = Wh ? Wh + r : NULL;
+        for (int k = 0; k < K; k += 32) {
+            __m512bh w = dp_w(f, h, k, K);
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_load_si512(A16 + (size_t)m * kp + k), w);
+        }
+        for (int m = 0; m < M; m++) {
+            float *c = C + (size_t)m * ldc + o;
+            *c = alpha * _mm512_reduce_add_ps(acc[m]) + (beta != 0.0f ? beta * *c : 0.0f);
+        }
+    }
 }
 
 int eng_backend_cpu_set_precision(eng_backend *be, const char *precision, char *err, size_t errlen)

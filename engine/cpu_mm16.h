@@ -50,6 +50,13 @@ const uint16_t *cpu_mm16_const_copy(cpu_mm16 *m, const float *B, int rows, int c
 void cpu_gemm_rows(int r16, const float *Wf, const uint16_t *Wh, int ldw, const float *A, int lda, int M, float *C,
                    int ldc, int n, int K, float alpha, float beta);
 
+/* The same at bf16 on AVX512-BF16 (vdpbf16ps, 32 products a step; products exact, sums in
+ * fp32): A16 is A as bf16 rows of stride kp (cpu_impl_round_rows' rows16), the weights
+ * Wh (kept) or Wf (rounded as read, by the instruction's round-to-nearest-even): both
+ * forms give the same bits. Denormal inputs count as zero, as the instruction does. */
+void cpu_gemm_rows_dp(const float *Wf, const uint16_t *Wh, int ldw, const uint16_t *A16, int kp, int M, float *C,
+                      int ldc, int n, int K, float alpha, float beta);
+
 /* The first failure since creation ("" when none); cpu_mm16_fail records one from a
  * caller (kept only when none is recorded yet). */
 const char *cpu_mm16_error(const cpu_mm16 *m);
@@ -90,10 +97,15 @@ typedef struct {
     cpu_mm16 *mm;
     float *rows;         /* decode path: the few rows of A, rounded */
     size_t rows_n;
+    uint16_t *rows16;    /* the same rows as bf16 pairs for AVX512-BF16 dot products
+                          * (row stride kp, zero-padded), or NULL where the CPU lacks them */
+    size_t rows16_n;
+    int kp;
 } cpu_impl;
 
 void cpu_impl_free(cpu_impl *ci);   /* NULL is a no-op */
-/* A's M rows rounded to ci's type into ci->rows (row stride K), or NULL when out of memory. */
+/* A's M rows rounded to ci's type into ci->rows (row stride K), and at bf16 on a CPU with
+ * AVX512-BF16 also packed into ci->rows16 (else that stays NULL); NULL when out of memory. */
 const float *cpu_impl_round_rows(cpu_impl *ci, const float *A, int lda, int M, int K);
 
 #endif
