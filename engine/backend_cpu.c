@@ -207,7 +207,9 @@ static void cpu_gemm(eng_backend *be, int ta, int tb, int M, int N, int K, float
 #pragma omp parallel for schedule(static) num_threads(parts) if (parts > 1)
         for (int p = 0; p < parts; p++) {
             int n0 = p * chunk, len = N - n0 < chunk ? N - n0 : chunk;
-            if (len > 0 && r16 && ci->kp)   /* bf16 on AVX512-BF16: 32 products an instruction */
+            /* one row at bf16 on AVX512-BF16: 32 products an instruction (with more rows the
+             * portable kernel measured faster: each output's sums end in M reductions) */
+            if (len > 0 && r16 && ci->kp && M == 1)
                 cpu_gemm_rows_dp(w16 ? NULL : B + (size_t)n0 * ldb, w16 ? w16 + (size_t)n0 * K : NULL,
                                  w16 ? K : ldb, ci->rows16, ci->kp, M, C + n0, ldc, len, K, alpha, beta);
             else if (len > 0)
