@@ -542,11 +542,8 @@ const float *cpu_impl_round_rows(cpu_impl *ci, const float *A, int lda, int M, i
     for (int m = 0; m < M; m++)
         for (int k = 0; k < K; k++)
             ci->rows[(size_t)m * K + k] = mm16_round1(ci->type, A[(size_t)m * lda + k]);
-    static int dp = -1;   /* the same answer from every thread that asks */
-    if (dp < 0)
-        dp = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
     ci->kp = 0;
-    if (ci->type != MM16_BF16 || !dp)
+    if (ci->type != MM16_BF16 || !__builtin_cpu_supports("avx512bf16"))
         return ci->rows;
     int kp = (K + 31) / 32 * 32;
     size_t n16 = (size_t)M * kp;
