@@ -285,9 +285,3 @@ eng_coll *eng_coll_cpu_join(eng_coll_group *g, int rank, char *err, size_t errle
     }
     return c;
 }
-
-void eng_coll_set_timeout(eng_coll *c, double seconds)
-{
-    if (c && !strcmp(c->kind, "cpu-shm"))
-        ((cpu_coll *)c->impl)->timeout_s = seconds;
-}

@@ -9,7 +9,8 @@
  * The CPU implementation ("cpu-shm") joins processes of one machine through a shared
  * anonymous mapping made before they fork: a process-shared barrier and one staging slot
  * per rank. A rank that fails calls abort (its peers' next collective fails with its
- * reason); a rank that dies (SIGKILL) is noticed by its peers within a second.
+ * reason); a rank that dies (SIGKILL) is noticed by its peers within a second; a
+ * collective waits at most 600 s for a peer that is alive but silent.
  */
 #ifndef AC_ENGINE_COLLECTIVE_H
 #define AC_ENGINE_COLLECTIVE_H
@@ -47,9 +48,6 @@ eng_coll_group *eng_coll_cpu_group(int size, size_t slot_floats, char *err, size
  * process that holds it (and eng_coll_group_release in the parent that made it). */
 eng_coll *eng_coll_cpu_join(eng_coll_group *g, int rank, char *err, size_t errlen);
 void eng_coll_group_release(eng_coll_group *g);
-
-/* Seconds a collective waits for its peers before it fails (default 600). */
-void eng_coll_set_timeout(eng_coll *c, double seconds);
 
 #ifdef __cplusplus
 }
