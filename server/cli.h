@@ -16,5 +16,6 @@ int cli_prune(int argc, char **argv);
 int cli_distill(int argc, char **argv);
 int cli_search(int argc, char **argv);
 int cli_export(int argc, char **argv);
+int cli_healthcheck(int argc, char **argv);
 
 #endif

@@ -24,6 +24,7 @@ static const struct {
     {"distill", cli_distill, "distill a pruned student from its parent"},
     {"search", cli_search, "search an architecture under deployment limits"},
     {"export", cli_export, "export a model as an HF directory or GGUF"},
+    {"healthcheck", cli_healthcheck, "exit 0 when a running server answers /healthz (container checks)"},
 };
 
 static void usage(FILE *f)
