@@ -154,6 +154,7 @@ fuzz:
 # every source file in docs/layers.md (scripts/lint.py says which rule each fault breaks).
 lint:
 	@python3 scripts/lint.py
+	@scripts/hadolint.sh
 
 clean:
 	rm -rf build build-san
