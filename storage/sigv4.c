@@ -57,9 +57,7 @@ static int kv_cmp(const void *a, const void *b)
     return c ? c : strcmp(x->value, y->value);
 }
 
-/* s percent-encoded as SigV4 asks: unreserved bytes kept, '/' kept when keep_slash,
- * every other byte %XX (upper-case hex). NEW string or NULL. */
-static char *uri_encode(const char *s, int keep_slash)
+char *sigv4_encode(const char *s, int keep_slash)
 {
     size_t n = strlen(s);
     char *o = malloc(3 * n + 1), *p = o;
@@ -201,7 +199,7 @@ static int parts_init(const sigv4_creds *cr, const sigv4_request *r, int sign_al
     }
     for (int i = 0; i < r->n_query; i++)
         if (!r->query[i].name || !*r->query[i].name ||
-            kvs_add(&p->q, uri_encode(r->query[i].name, 0), uri_encode(r->query[i].value ? r->query[i].value : "", 0)))
+            kvs_add(&p->q, sigv4_encode(r->query[i].name, 0), sigv4_encode(r->query[i].value ? r->query[i].value : "", 0)))
             goto bad;
     for (int i = 0; i < r->n_headers; i++) {
         const sigv4_pair *hp = &r->headers[i];
@@ -246,7 +244,7 @@ bad:
 static int sign_parts(const sigv4_creds *cr, const sigv4_request *r, parts *p, const char *payload, strbuf *canon,
                       strbuf *signed_h, char sig[65])
 {
-    char *path = uri_encode(r->path, 1);
+    char *path = sigv4_encode(r->path, 1);
     if (!path)
         return -1;
     strbuf_printf(canon, "%s\n%s\n", r->method, path);
@@ -402,7 +400,7 @@ int sigv4_presign_url(const sigv4_creds *cr, const sigv4_request *req, const cha
         snprintf(err, errlen, "sigv4: signing failed (out of memory or OpenSSL)");
         goto done_p;
     }
-    char *path = uri_encode(req->path, 1);
+    char *path = sigv4_encode(req->path, 1);
     strbuf_printf(&o, "%s%s?", scheme_host, path ? path : "");
     for (int i = 0; i < p.q.n; i++)
         strbuf_printf(&o, "%s=%s&", p.q.v[i].name, p.q.v[i].value);

@@ -64,6 +64,11 @@ int sigv4_sign_headers(const sigv4_creds *cr, const sigv4_request *req, char *ou
 int sigv4_presign_url(const sigv4_creds *cr, const sigv4_request *req, const char *scheme_host, long expires_s,
                       char *out, size_t outlen, char *err, size_t errlen);
 
+/* s percent-encoded as SigV4 and S3 want it on the wire: unreserved bytes (A-Z a-z 0-9
+ * - _ . ~) kept, '/' kept when keep_slash, every other byte %XX. NEW string (caller
+ * frees), NULL when out of memory. */
+char *sigv4_encode(const char *s, int keep_slash);
+
 /* The SigV4 signing key for (secret, yyyymmdd, region, service) into key[32]. 0, or -1. */
 int sigv4_signing_key(const char *secret, const char *yyyymmdd, const char *region, const char *service,
                       unsigned char key[32]);

@@ -1,0 +1,583 @@
+/* storage/s3.c — the S3-compatible object client (see s3.h): path-style or virtual-host
+ * URLs, SigV4 signed headers over libcurl, multipart uploads with per-part hashes. */
+#include "storage/s3.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "storage/artstore.h"
+#include "storage/fileio.h"
+#include "storage/sigv4.h"
+#include "storage/strbuf.h"
+
+#define MIB (1024LL * 1024)
+#define MAX_PARTS 10000
+#define XML_MAX (256 * 1024)
+
+struct s3_client {
+    char scheme[8], authority[256];   /* "https", "host:port" */
+    char bucket[64], prefix[512];
+    char region[64];
+    char *access, *secret, *token;    /* owned, wiped on close */
+    int64_t part_bytes;
+    int virtual_host;
+};
+
+static char *dup_env(const char *a, const char *b)
+{
+    const char *v = getenv(a);
+    if ((!v || !*v) && b)
+        v = getenv(b);
+    return v && *v ? strdup(v) : NULL;
+}
+
+static void wipe_free(char *s)
+{
+    if (s) {
+        memset(s, 0, strlen(s));
+        free(s);
+    }
+}
+
+void s3_close(s3_client *c)
+{
+    if (!c)
+        return;
+    wipe_free(c->access);
+    wipe_free(c->secret);
+    wipe_free(c->token);
+    free(c);
+}
+
+/* "key = value" lines of a credentials file into the client. 0, or -1 with err. */
+static int read_credentials(s3_client *c, const char *path, char *err, size_t errlen)
+{
+    size_t n;
+    char *txt = fio_read_all(path, 1 << 16, &n, err, errlen);
+    if (!txt)
+        return -1;
+    for (char *line = txt, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
+        char *eq = strchr(line, '=');
+        if (!eq || line[0] == '#' || line[0] == '[')
+            continue;
+        char *k = line, *v = eq + 1, *e = eq;
+        *eq = 0;
+        while (*k == ' ' || *k == '\t')
+            k++;
+        while (e > k && (e[-1] == ' ' || e[-1] == '\t'))
+            *--e = 0;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        for (size_t l = strlen(v); l && (v[l - 1] == ' ' || v[l - 1] == '\r' || v[l - 1] == '\t'); l--)
+            v[l - 1] = 0;
+        char **dst = !strcmp(k, "access_key") || !strcmp(k, "aws_access_key_id")       ? &c->access
+                     : !strcmp(k, "secret_key") || !strcmp(k, "aws_secret_access_key") ? &c->secret
+                     : !strcmp(k, "session_token") || !strcmp(k, "aws_session_token")  ? &c->token
+                                                                                       : NULL;
+        if (dst && *v) {
+            wipe_free(*dst);
+            *dst = strdup(v);
+        }
+    }
+    memset(txt, 0, n);
+    free(txt);
+    if (!c->access || !c->secret) {
+        snprintf(err, errlen, "%s: no access_key and secret_key lines", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_endpoint(s3_client *c, const char *ep, int allow_http, char *err, size_t errlen)
+{
+    const char *rest = NULL;
+    if (!strncmp(ep, "https://", 8)) {
+        snprintf(c->scheme, sizeof c->scheme, "https");
+        rest = ep + 8;
+    } else if (!strncmp(ep, "http://", 7) && allow_http) {
+        snprintf(c->scheme, sizeof c->scheme, "http");
+        rest = ep + 7;
+    }
+    size_t n = rest ? strcspn(rest, "/?#") : 0;
+    if (!rest || n == 0 || n >= sizeof c->authority || strpbrk(rest, "@ \t\r\n") ||
+        (rest[n] && strcmp(rest + n, "/"))) {
+        snprintf(err, errlen, "S3 endpoint \"%s\" is not %s://HOST[:PORT]", ep, allow_http ? "http(s)" : "https");
+        return -1;
+    }
+    memcpy(c->authority, rest, n);
+    c->authority[n] = 0;
+    return 0;
+}
+
+s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errlen)
+{
+    s3_options none = {0};
+    if (!o)
+        o = &none;
+    s3_client *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    const char *b = url && !strncmp(url, "s3://", 5) ? url + 5 : NULL;
+    size_t bl = b ? strcspn(b, "/") : 0;
+    if (!b || bl < 3 || bl > 63 || strspn(b, "abcdefghijklmnopqrstuvwxyz0123456789.-") < bl) {
+        snprintf(err, errlen, "artifact URL \"%s\" is not s3://BUCKET[/PREFIX] (bucket: 3-63 of a-z 0-9 . -)",
+                 url ? url : "");
+        goto fail;
+    }
+    memcpy(c->bucket, b, bl);
+    const char *p = b + bl;
+    while (*p == '/')
+        p++;
+    size_t pl = strlen(p);
+    while (pl && p[pl - 1] == '/')
+        pl--;
+    if (pl >= sizeof c->prefix) {
+        snprintf(err, errlen, "artifact URL prefix is too long");
+        goto fail;
+    }
+    memcpy(c->prefix, p, pl);
+    const char *reg = o->region;
+    char *env_reg = reg ? NULL : dup_env("AWS_REGION", "AWS_DEFAULT_REGION");
+    reg = reg ? reg : env_reg ? env_reg : "us-east-1";
+    int bad_reg = strlen(reg) >= sizeof c->region || strspn(reg, "abcdefghijklmnopqrstuvwxyz0123456789-") < strlen(reg);
+    if (!bad_reg)
+        snprintf(c->region, sizeof c->region, "%s", reg);
+    free(env_reg);
+    if (bad_reg) {
+        snprintf(err, errlen, "S3 region is not a region name (a-z 0-9 -)");
+        goto fail;
+    }
+    char *env_ep = o->endpoint ? NULL : dup_env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+    char dflt[128];
+    snprintf(dflt, sizeof dflt, "https://s3.%s.amazonaws.com", c->region);
+    int bad_ep = parse_endpoint(c, o->endpoint ? o->endpoint : env_ep ? env_ep : dflt, o->allow_http, err, errlen);
+    free(env_ep);
+    if (bad_ep)
+        goto fail;
+    c->virtual_host = o->virtual_host;
+    if (o->credentials_file) {
+        if (read_credentials(c, o->credentials_file, err, errlen))
+            goto fail;
+    } else {
+        c->access = dup_env("AWS_ACCESS_KEY_ID", NULL);
+        c->secret = dup_env("AWS_SECRET_ACCESS_KEY", NULL);
+        c->token = dup_env("AWS_SESSION_TOKEN", NULL);
+        if (!c->access || !c->secret) {
+            snprintf(err, errlen, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give a "
+                                  "credentials file");
+            goto fail;
+        }
+    }
+    c->part_bytes = o->part_bytes ? o->part_bytes : 64 * MIB;
+    if (c->part_bytes < 5 * MIB || c->part_bytes > 5120 * MIB) {
+        snprintf(err, errlen, "S3 part size %lld bytes is outside 5 MiB .. 5 GiB", (long long)c->part_bytes);
+        goto fail;
+    }
+    return c;
+fail:
+    s3_close(c);
+    return NULL;
+}
+
+/* ---- one request -------------------------------------------------------------------- */
+
+typedef struct {
+    const char *method;
+    const char *key;               /* object key under the prefix; NULL: the bucket */
+    const sigv4_pair *query;
+    int n_query;
+    const char *range;             /* "bytes=a-b" or NULL */
+    const char *body;              /* request body or NULL */
+    size_t body_len;
+    s3_sink sink;                  /* 2xx body to here (else collected) */
+    void *user;
+    /* out */
+    long status;
+    char etag[65];
+    int64_t length;                /* Content-Length of the response, -1 unknown */
+    strbuf resp;                   /* the body when not sunk (XML), at most XML_MAX */
+    int64_t sunk;
+    int sink_stopped;
+} s3_req;
+
+typedef struct {
+    const char *p;
+    size_t left;
+} reader;
+
+static size_t read_cb(char *dst, size_t size, size_t n, void *ud)
+{
+    reader *r = ud;
+    size_t k = size * n < r->left ? size * n : r->left;
+    memcpy(dst, r->p, k);
+    r->p += k;
+    r->left -= k;
+    return k;
+}
+
+static size_t header_cb(char *line, size_t size, size_t n, void *ud)
+{
+    s3_req *r = ud;
+    size_t len = size * n;
+    if (len > 5 && !strncasecmp(line, "etag:", 5)) {
+        const char *v = line + 5;
+        while (*v == ' ' || *v == '"')
+            v++;
+        size_t k = 0;
+        while (k < 64 && v + k < line + len && v[k] != '"' && v[k] != '\r' && v[k] != '\n')
+            k++;
+        memcpy(r->etag, v, k);
+        r->etag[k] = 0;
+    }
+    return len;
+}
+
+static size_t write_cb(char *p, size_t size, size_t n, void *ud)
+{
+    void **u = ud;
+    s3_req *r = u[0];
+    CURL *h = u[1];
+    size_t len = size * n;
+    long code = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    if (r->sink && code / 100 == 2) {
+        if (r->sink(r->user, p, len)) {
+            r->sink_stopped = 1;
+            return 0;
+        }
+        r->sunk += (int64_t)len;
+        return len;
+    }
+    if (r->resp.len + len <= XML_MAX)
+        strbuf_printf(&r->resp, "%.*s", (int)len, p);
+    return len;
+}
+
+/* The text of <tag>...</tag> in xml into out (n bytes); "" when absent. */
+static void xml_text(const char *xml, const char *tag, char *out, size_t n)
+{
+    char open[64], close[64];
+    snprintf(open, sizeof open, "<%s>", tag);
+    snprintf(close, sizeof close, "</%s>", tag);
+    const char *a = xml ? strstr(xml, open) : NULL;
+    const char *b = a ? strstr(a, close) : NULL;
+    out[0] = 0;
+    if (a && b) {
+        a += strlen(open);
+        size_t k = (size_t)(b - a) < n - 1 ? (size_t)(b - a) : n - 1;
+        memcpy(out, a, k);
+        out[k] = 0;
+    }
+}
+
+/* Append a header line to *l (curl copies it). 0, or -1 when out of memory. */
+static int slist_add(struct curl_slist **l, const char *line)
+{
+    struct curl_slist *n = curl_slist_append(*l, line);
+    if (!n)
+        return -1;
+    *l = n;
+    return 0;
+}
+
+static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
+{
+    char objkey[2048], path[2200], host[400], date[17], sha[65], hdr[4096];
+    int w = r->key ? snprintf(objkey, sizeof objkey, "%s%s%s", c->prefix, *c->prefix ? "/" : "", r->key) : 0;
+    if (w < 0 || (size_t)w >= sizeof objkey) {
+        snprintf(err, errlen, "S3 key too long");
+        return -1;
+    }
+    if (c->virtual_host) {
+        snprintf(host, sizeof host, "%s.%s", c->bucket, c->authority);
+        snprintf(path, sizeof path, "/%s", r->key ? objkey : "");
+    } else {
+        snprintf(host, sizeof host, "%s", c->authority);
+        snprintf(path, sizeof path, "/%s%s%s", c->bucket, r->key ? "/" : "", r->key ? objkey : "");
+    }
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!gmtime_r(&now, &tm) || !strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm)) {
+        snprintf(err, errlen, "the clock cannot be read");
+        return -1;
+    }
+    art_sha256_buf(r->body ? r->body : "", r->body ? r->body_len : 0, sha);
+    sigv4_pair hs[3] = {{"host", host}};
+    int nh = 1;
+    if (r->range)
+        hs[nh++] = (sigv4_pair){"range", r->range};
+    sigv4_creds cr = {c->access, c->secret, c->token, c->region, "s3"};
+    sigv4_request sr = {r->method, path, r->query, r->n_query, hs, nh, sha, date};
+    if (sigv4_sign_headers(&cr, &sr, hdr, sizeof hdr, NULL, 0, err, errlen))
+        return -1;
+    /* the URL: the same encoded path and query as signed */
+    strbuf url = {0};
+    char *ep = sigv4_encode(path, 1);
+    strbuf_printf(&url, "%s://%s%s", c->scheme, host, ep ? ep : "");
+    free(ep);
+    for (int i = 0; i < r->n_query; i++) {
+        char *k = sigv4_encode(r->query[i].name, 0), *v = sigv4_encode(r->query[i].value, 0);
+        strbuf_printf(&url, "%c%s%s%s", i ? '&' : '?', k ? k : "", *r->query[i].value ? "=" : "", v ? v : "");
+        free(k);
+        free(v);
+    }
+    struct curl_slist *list = NULL;
+    char line[600];
+    snprintf(line, sizeof line, "Host: %s", host);
+    int ok = !url.oom && !slist_add(&list, line) && !slist_add(&list, "Expect:");
+    if (ok && r->range) {
+        snprintf(line, sizeof line, "Range: %s", r->range);
+        ok = !slist_add(&list, line);
+    }
+    /* a POST body is XML: without a type libcurl sends it as a form, which servers parse away */
+    if (ok && !strcmp(r->method, "POST"))
+        ok = !slist_add(&list, r->body ? "Content-Type: application/xml" : "Content-Type:");
+    for (char *s = hdr, *e; ok && *s && (e = strchr(s, '\n')); s = e + 1) {
+        *e = 0;
+        ok = !slist_add(&list, s);
+    }
+    memset(hdr, 0, sizeof hdr);
+    CURL *h = ok ? curl_easy_init() : NULL;
+    int rc = -1;
+    if (!h) {
+        snprintf(err, errlen, "out of memory (libcurl)");
+        goto out;
+    }
+    reader rd = {r->body, r->body ? r->body_len : 0};
+    void *wu[2] = {r, h};
+    char cerr[CURL_ERROR_SIZE] = "";
+    r->length = -1;
+    int is_head = !strcmp(r->method, "HEAD"), is_put = !strcmp(r->method, "PUT"), is_post = !strcmp(r->method, "POST");
+    ok = curl_easy_setopt(h, CURLOPT_URL, url.s) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https") == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_HTTPHEADER, list) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 30L) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 120L) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, header_cb) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_HEADERDATA, r) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb) == CURLE_OK &&
+         curl_easy_setopt(h, CURLOPT_WRITEDATA, wu) == CURLE_OK;
+    if (ok && is_head)
+        ok = curl_easy_setopt(h, CURLOPT_NOBODY, 1L) == CURLE_OK;
+    else if (ok && is_put)
+        ok = curl_easy_setopt(h, CURLOPT_UPLOAD, 1L) == CURLE_OK &&
+             curl_easy_setopt(h, CURLOPT_READFUNCTION, read_cb) == CURLE_OK &&
+             curl_easy_setopt(h, CURLOPT_READDATA, &rd) == CURLE_OK &&
+             curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)rd.left) == CURLE_OK;
+    else if (ok && is_post)
+        ok = curl_easy_setopt(h, CURLOPT_POST, 1L) == CURLE_OK &&
+             curl_easy_setopt(h, CURLOPT_POSTFIELDS, r->body ? r->body : "") == CURLE_OK &&
+             curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)rd.left) == CURLE_OK;
+    else if (ok && strcmp(r->method, "GET"))
+        ok = curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method) == CURLE_OK;
+    CURLcode cc = ok ? curl_easy_perform(h) : CURLE_FAILED_INIT;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_off_t cl = -1;
+    if (curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl) == CURLE_OK)
+        r->length = cl;
+    curl_easy_cleanup(h);
+    const char *what = r->key ? r->key : c->bucket;
+    if (r->sink_stopped) {
+        snprintf(err, errlen, "S3 %s %s: stopped by the reader", r->method, what);
+    } else if (cc != CURLE_OK) {
+        snprintf(err, errlen, "S3 %s %s: %s", r->method, what, *cerr ? cerr : curl_easy_strerror(cc));
+    } else if (r->status / 100 != 2) {
+        char code[128], msg[256];
+        xml_text(r->resp.s, "Code", code, sizeof code);
+        xml_text(r->resp.s, "Message", msg, sizeof msg);
+        snprintf(err, errlen, "S3 %s %s: HTTP %ld%s%s%s%s", r->method, what, r->status, *code ? " " : "", code,
+                 *msg ? ": " : "", msg);
+    } else {
+        rc = 0;
+    }
+out:
+    curl_slist_free_all(list);
+    free(url.s);
+    return rc;
+}
+
+/* ---- operations --------------------------------------------------------------------- */
+
+int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char *err, size_t errlen)
+{
+    s3_req r = {.method = "HEAD", .key = key};
+    int rc = perform(c, &r, err, errlen);
+    free(r.resp.s);
+    if (rc && r.status == 404)
+        return 1;
+    if (rc)
+        return -1;
+    if (size_bytes)
+        *size_bytes = r.length;
+    if (etag)
+        memcpy(etag, r.etag, sizeof r.etag);
+    return 0;
+}
+
+int s3_get_range(s3_client *c, const char *key, int64_t offset, int64_t len, s3_sink sink, void *user, int64_t *got,
+                 char *err, size_t errlen)
+{
+    if (offset < 0 || len < 1) {
+        snprintf(err, errlen, "S3 GET %s: bad range (offset %lld, length %lld)", key, (long long)offset,
+                 (long long)len);
+        return -1;
+    }
+    char range[64];
+    snprintf(range, sizeof range, "bytes=%lld-%lld", (long long)offset, (long long)(offset + len - 1));
+    s3_req r = {.method = "GET", .key = key, .range = range, .sink = sink, .user = user};
+    int rc = perform(c, &r, err, errlen);
+    free(r.resp.s);
+    if (got)
+        *got = r.sunk;
+    return rc;
+}
+
+static int put_one(s3_client *c, s3_req *r, char *err, size_t errlen)
+{
+    int rc = perform(c, r, err, errlen);
+    free(r->resp.s);
+    r->resp = (strbuf){0};
+    return rc;
+}
+
+/* Read n bytes at off of fd into buf. 0, or -1 with err. */
+static int read_at(int fd, char *buf, int64_t n, int64_t off, const char *path, char *err, size_t errlen)
+{
+    for (int64_t done = 0; done < n;) {
+        ssize_t k = pread(fd, buf + done, (size_t)(n - done), (off_t)(off + done));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            snprintf(err, errlen, "%s: %s", path, k < 0 ? strerror(errno) : "shorter than it was");
+            return -1;
+        }
+        done += k;
+    }
+    return 0;
+}
+
+static int multipart(s3_client *c, const char *key, int fd, const char *path, int64_t size, char *buf, int64_t part,
+                     char *etag, char *err, size_t errlen)
+{
+    sigv4_pair q_init[] = {{"uploads", ""}};
+    s3_req r = {.method = "POST", .key = key, .query = q_init, .n_query = 1};
+    if (perform(c, &r, err, errlen)) {
+        free(r.resp.s);
+        return -1;
+    }
+    char id[1024];
+    xml_text(r.resp.s, "UploadId", id, sizeof id);
+    free(r.resp.s);
+    if (!*id) {
+        snprintf(err, errlen, "S3 POST %s?uploads: no UploadId in the answer", key);
+        return -1;
+    }
+    int n_parts = (int)((size + part - 1) / part), rc = -1;
+    strbuf done = {0};
+    strbuf_printf(&done, "<CompleteMultipartUpload>");
+    for (int i = 0; i < n_parts; i++) {
+        int64_t off = (int64_t)i * part, n = size - off < part ? size - off : part;
+        char num[16];
+        snprintf(num, sizeof num, "%d", i + 1);
+        sigv4_pair q[] = {{"partNumber", num}, {"uploadId", id}};
+        s3_req pr = {.method = "PUT", .key = key, .query = q, .n_query = 2, .body = buf, .body_len = (size_t)n};
+        if (read_at(fd, buf, n, off, path, err, errlen) || put_one(c, &pr, err, errlen))
+            goto cancel;
+        if (!*pr.etag) {
+            snprintf(err, errlen, "S3 PUT %s part %d: no ETag in the answer", key, i + 1);
+            goto cancel;
+        }
+        strbuf_printf(&done, "<Part><PartNumber>%d</PartNumber><ETag>\"%s\"</ETag></Part>", i + 1, pr.etag);
+    }
+    strbuf_printf(&done, "</CompleteMultipartUpload>");
+    if (done.oom) {
+        snprintf(err, errlen, "out of memory");
+        goto cancel;
+    }
+    sigv4_pair q_done[] = {{"uploadId", id}};
+    s3_req cr = {.method = "POST", .key = key, .query = q_done, .n_query = 1, .body = done.s, .body_len = done.len};
+    rc = perform(c, &cr, err, errlen);
+    /* a 200 may still carry an <Error> (S3 documents this for CompleteMultipartUpload) */
+    char code[128];
+    xml_text(cr.resp.s, "Code", code, sizeof code);
+    if (!rc && *code) {
+        snprintf(err, errlen, "S3 POST %s?uploadId: %s", key, code);
+        rc = -1;
+    }
+    if (!rc && etag) {
+        char e[80];
+        xml_text(cr.resp.s, "ETag", e, sizeof e);
+        const char *v = e;
+        size_t k = 0;
+        if (!strncmp(v, "&quot;", 6))
+            v += 6;
+        while (*v == '"')
+            v++;
+        while (k < 64 && v[k] && v[k] != '"' && v[k] != '&')
+            k++;
+        memcpy(etag, v, k);
+        etag[k] = 0;
+    }
+    free(cr.resp.s);
+    if (!rc)
+        goto out;
+cancel:;
+    char e2[256];
+    s3_req ar = {.method = "DELETE", .key = key, .query = (sigv4_pair[]){{"uploadId", id}}, .n_query = 1};
+    put_one(c, &ar, e2, sizeof e2);   /* best effort: the first error is the one reported */
+out:
+    free(done.s);
+    return rc;
+}
+
+int s3_put_file(s3_client *c, const char *key, const char *path, char *etag, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    int64_t size = st.st_size, part = c->part_bytes;
+    if (size > part && (size + part - 1) / part > MAX_PARTS)
+        part = (size + MAX_PARTS - 1) / MAX_PARTS;   /* S3 allows 10,000 parts */
+    int64_t bufn = size < part ? size : part;
+    char *buf = malloc(bufn > 0 ? (size_t)bufn : 1);
+    int rc = -1;
+    if (!buf) {
+        snprintf(err, errlen, "out of memory (a %lld-byte part)", (long long)bufn);
+    } else if (size <= part) {
+        s3_req r = {.method = "PUT", .key = key, .body = buf, .body_len = (size_t)size};
+        rc = read_at(fd, buf, size, 0, path, err, errlen) || put_one(c, &r, err, errlen) ? -1 : 0;
+        if (!rc && etag)
+            memcpy(etag, r.etag, sizeof r.etag);
+    } else {
+        rc = multipart(c, key, fd, path, size, buf, part, etag, err, errlen);
+    }
+    free(buf);
+    close(fd);
+    return rc;
+}

@@ -1,0 +1,55 @@
+/* storage/s3.h — a client for S3-compatible object storage (AWS S3, and servers that speak
+ * its API): upload a file (one PUT, or a multipart upload above the part size, aborted on
+ * failure), read an object's size and ETag, and read a byte range. Requests are signed
+ * with storage/sigv4.c, payloads hashed (x-amz-content-sha256), over libcurl. Secrets
+ * are never written to logs or error messages. The server does not use it yet: artifacts
+ * stay in the local content-addressed store (artstore.h).
+ */
+#ifndef AC_STORAGE_S3_H
+#define AC_STORAGE_S3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where to connect and how, before s3_open reads the environment for what is unset. */
+typedef struct {
+    const char *endpoint;         /* "https://host[:port]"; NULL: $AWS_ENDPOINT_URL_S3, then
+                                   * $AWS_ENDPOINT_URL, then https://s3.REGION.amazonaws.com */
+    const char *region;           /* NULL: $AWS_REGION, then $AWS_DEFAULT_REGION, then us-east-1 */
+    const char *credentials_file; /* NULL: $AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY /
+                                   * $AWS_SESSION_TOKEN; else a file of "access_key = ..",
+                                   * "secret_key = ..", optional "session_token = .." lines
+                                   * (aws_access_key_id / aws_secret_access_key /
+                                   * aws_session_token also read) */
+    int64_t part_bytes;           /* multipart above this size, in parts of this size
+                                   * (5 MiB .. 5 GiB); 0: 64 MiB */
+    int allow_http;               /* 1: plain http:// endpoints (local servers, tests) */
+    int virtual_host;             /* 1: https://BUCKET.host/key; 0 (default): host/BUCKET/key */
+} s3_options;
+
+typedef struct s3_client s3_client;
+
+/* A client for the objects under url, "s3://BUCKET[/PREFIX]". Returns a NEW client, or
+ * NULL with err naming what is wrong (a malformed URL or endpoint, no credentials, a part
+ * size out of range, an unreadable credentials file). Free with s3_close. */
+s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errlen);
+void s3_close(s3_client *c);
+
+/* Upload the regular file at path as PREFIX/key. *etag (65 bytes, may be NULL) receives the
+ * object's ETag without quotes. Parts are read, hashed and sent one at a time (memory: one
+ * part). 0, or -1 with err (HTTP status and S3's error code, or the transport's reason);
+ * a failed multipart upload is aborted so no parts are left behind. */
+int s3_put_file(s3_client *c, const char *key, const char *path, char *etag, char *err, size_t errlen);
+
+/* The object's size in bytes and ETag (no quotes; 65 bytes, may be NULL). 0, 1 when there
+ * is no such object, -1 with err. */
+int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char *err, size_t errlen);
+
+/* Bytes [offset, offset + len) of the object, handed to sink as they arrive (sink returns
+ * 0 to go on, nonzero to stop: then -1). *got (may be NULL) is the count delivered. 0, or -1
+ * with err; asking past the end returns what exists. */
+typedef int (*s3_sink)(void *user, const void *buf, size_t n);
+int s3_get_range(s3_client *c, const char *key, int64_t offset, int64_t len, s3_sink sink, void *user, int64_t *got,
+                 char *err, size_t errlen);
+
+#endif
