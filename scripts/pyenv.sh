@@ -11,9 +11,9 @@ fi
 # gguf when the venv is made before python3-numpy is installed) imports, but every tensor
 # to or from NumPy then fails ("Numpy is not available"). So the check converts one, and
 # NumPy stays below 2 (the system's 1.24 where it is installed).
-if ! "$_venv/bin/python" -c "import tokenizers, safetensors, gguf, numpy, torch, jsonschema
+if ! "$_venv/bin/python" -c "import tokenizers, safetensors, gguf, numpy, torch, jsonschema, moto.server
 torch.from_numpy(numpy.zeros(1)).numpy()" 2>/dev/null; then
-    "$_venv/bin/pip" install -q "numpy<2" tokenizers safetensors gguf jsonschema >&2 || return 1
+    "$_venv/bin/pip" install -q "numpy<2" tokenizers safetensors gguf jsonschema "moto[server]" >&2 || return 1
 fi
 AC_PYTHON=$_venv/bin/python
 export AC_PYTHON AC_CACHE

@@ -130,8 +130,7 @@ static int serve_open(serve_state *S)
     snprintf(path, sizeof path, "%s/autocompress.db", S->data_dir);
     if (!(S->st = store_open(path, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
-    snprintf(path, sizeof path, "%s/artifacts", S->data_dir);
-    if (!(S->as = art_open(path, err, sizeof err)))
+    if (!(S->as = srv_artifacts_open(cfg, S->data_dir, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
     snprintf(path, sizeof path, "%s/jobs", S->data_dir);
     if (fio_mkdirs(path) < 0)

@@ -11,6 +11,7 @@
 #include "jobs/pipeline.h"
 #include "jobs/stage.h"
 #include "server/cli.h"
+#include "server/config.h"
 #include "server/cli_args.h"
 #include "storage/artstore.h"
 #include "storage/store.h"
@@ -71,8 +72,14 @@ int cli_worker(int argc, char **argv)
         fprintf(stderr, "autocompress worker: %s\n", err);
         return 1;
     }
-    snprintf(path, sizeof path, "%s/artifacts", data_dir);
-    artstore *as = art_open(path, err, sizeof err);
+    /* the artifact store as the server opens it: its settings come through the environment */
+    srv_config cfg;
+    char *cargv[] = {"worker", NULL};
+    artstore *as = NULL;
+    if (srv_config_parse(1, cargv, &cfg, err, sizeof err) == 0) {
+        as = srv_artifacts_open(&cfg, data_dir, err, sizeof err);
+        srv_config_free(&cfg);
+    }
     if (!as) {
         fprintf(stderr, "autocompress worker: %s\n", err);
         store_close(st);

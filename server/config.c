@@ -48,6 +48,13 @@ void srv_config_usage(FILE *f)
             "                                                (tests and trusted networks)\n"
             "  --models-ca-file PATH    AC_MODELS_CA_FILE    PEM bundle of the CAs model downloads trust, in place\n"
             "                                                of the system store (private hosts, TLS inspection)\n"
+            "  --artifacts s3://B/P     AC_ARTIFACTS         keep artifacts in S3-compatible storage too (the local\n"
+            "                                                store caches them); endpoint and region from\n"
+            "                                                AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and AWS_REGION\n"
+            "                                                (default AWS, us-east-1)\n"
+            "  --s3-credentials-file P  AC_S3_CREDENTIALS_FILE access_key = / secret_key = lines (default: the\n"
+            "                                                AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY variables)\n"
+            "  --s3-allow-http          AC_S3_ALLOW_HTTP=1   accept a plain http:// S3 endpoint (local servers)\n"
             "  --print-routes           print the served routes and exit\n");
 }
 
@@ -117,6 +124,12 @@ static int apply(srv_config *c, const char *name, const char *v)
                    ? 0 : -1;
     if (!strcmp(name, "data-root"))
         return add_root(c, v);
+    if (!strcmp(name, "artifacts"))
+        return snprintf(c->artifacts, sizeof c->artifacts, "%s", v) < (int)sizeof c->artifacts &&
+                       (!*v || !strncmp(v, "s3://", 5)) ? 0 : -1;
+    if (!strcmp(name, "s3-credentials-file"))
+        return snprintf(c->s3_credentials_file, sizeof c->s3_credentials_file, "%s", v) <
+                       (int)sizeof c->s3_credentials_file ? 0 : -1;
     if (!strcmp(name, "devices"))
         return snprintf(c->devices, sizeof c->devices, "%s", v) < (int)sizeof c->devices ? 0 : -1;
     NUM("workers", workers, 1, 64)
@@ -137,6 +150,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("scrub-interval-s", scrub_interval_s, 0, 1L << 30)
     NUM("max-model-bytes", max_model_bytes, 1, 0x7fffffffffffffffL)
     NUM("allow-http-models", allow_http_models, 0, 1)
+    NUM("s3-allow-http", s3_allow_http, 0, 1)
 #undef NUM
     return -2;
 }
@@ -174,6 +188,8 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
         {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_SCRUB_INTERVAL_S", "scrub-interval-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
         {"AC_ALLOW_HTTP_MODELS", "allow-http-models"}, {"AC_MODELS_CA_FILE", "models-ca-file"},
+        {"AC_ARTIFACTS", "artifacts"}, {"AC_S3_CREDENTIALS_FILE", "s3-credentials-file"},
+        {"AC_S3_ALLOW_HTTP", "s3-allow-http"},
     };
     for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
         const char *v = getenv(envs[i].env);
@@ -209,6 +225,10 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         }
         if (!strcmp(a, "--allow-http-models")) {
             c->allow_http_models = 1;
+            continue;
+        }
+        if (!strcmp(a, "--s3-allow-http")) {
+            c->s3_allow_http = 1;
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {
@@ -259,11 +279,27 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         return -1;
     }
     snprintf(num, sizeof num, "%ld", c->retain_max_age_s);
-    if (setenv("AC_RETAIN_MAX_AGE_S", num, 1) != 0) {
+    /* and the artifact store's settings, to open it as the server does */
+    if (setenv("AC_RETAIN_MAX_AGE_S", num, 1) != 0 || setenv("AC_ARTIFACTS", c->artifacts, 1) != 0 ||
+        setenv("AC_S3_CREDENTIALS_FILE", c->s3_credentials_file, 1) != 0 ||
+        setenv("AC_S3_ALLOW_HTTP", c->s3_allow_http ? "1" : "0", 1) != 0) {
         snprintf(err, errlen, "setenv: %s", strerror(errno));
         return -1;
     }
     return 0;
+}
+
+artstore *srv_artifacts_open(const srv_config *c, const char *data_dir, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/artifacts", data_dir);
+    artstore *as = art_open(path, err, errlen);
+    if (as && *c->artifacts && art_attach_remote(as, c->artifacts, c->s3_credentials_file, c->s3_allow_http, err,
+                                                 errlen)) {
+        art_close(as);
+        return NULL;
+    }
+    return as;
 }
 
 void srv_config_free(srv_config *c)

@@ -5,6 +5,7 @@
 #ifndef AC_SERVER_CONFIG_H
 #define AC_SERVER_CONFIG_H
 
+#include "storage/artstore.h"
 #include <stddef.h>
 #include <stdio.h>
 
@@ -37,6 +38,9 @@ typedef struct {
     long max_model_bytes;        /* cap on a model download (POST /v1/models with url) */
     int allow_http_models;       /* accept http:// model URLs (tests, trusted networks) */
     char models_ca_file[4096];   /* PEM bundle model downloads trust instead of the system store; "" = system */
+    char artifacts[1024];        /* "" = local only; "s3://BUCKET[/PREFIX]": the local store caches it */
+    char s3_credentials_file[4096]; /* "" = AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY */
+    int s3_allow_http;           /* plain http:// S3 endpoints (local servers, tests) */
 } srv_config;
 
 /* Fill c from defaults, the environment and argv. Returns 0, 1 when --help was printed,
@@ -45,6 +49,11 @@ typedef struct {
  * AC_RETAIN_MAX_AGE_S) so the worker processes it starts apply them (jobs/retention.h). */
 int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t errlen);
 void srv_config_free(srv_config *c);
+
+/* The artifact store of data_dir (DATA/artifacts), backed by c->artifacts when set (see
+ * art_attach_remote). The server and its workers open it the same way. NEW store, or NULL
+ * with err. */
+artstore *srv_artifacts_open(const srv_config *c, const char *data_dir, char *err, size_t errlen);
 void srv_config_usage(FILE *f);
 
 #endif

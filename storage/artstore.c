@@ -4,6 +4,7 @@
  */
 #include "storage/artstore.h"
 #include "storage/fileio.h"
+#include "storage/s3.h"
 
 #include <errno.h>
 #include <dirent.h>
@@ -30,6 +31,8 @@ struct artstore {
     pthread_mutex_t mu;
     verified_blob *verified;
     int nverified, cap;
+    s3_client *remote;           /* NULL: local only */
+    unsigned long fetches;       /* temporary-name counter for remote fetches (under mu) */
 };
 
 static int same_state(const verified_blob *v, const struct stat *sb)
@@ -72,6 +75,7 @@ void art_close(artstore *as)
     if (!as)
         return;
     pthread_mutex_destroy(&as->mu);
+    s3_close(as->remote);
     free(as->verified);
     free(as->dir);
     free(as);
@@ -170,6 +174,109 @@ int art_sha256_b64(const char hex[65], char *out, size_t outlen)
     return EVP_EncodeBlock((unsigned char *)out, d, 32) == 44 ? 0 : -1;
 }
 
+/* ---- the remote copy (S3-compatible): written through, read through ------------------ */
+
+static void remote_key(const char *hex, char key[80])
+{
+    snprintf(key, 80, "sha256/%s", hex);
+}
+
+/* After a local commit: the object is uploaded unless the remote holds it at this size. */
+static int remote_put(artstore *as, const char *hex, int64_t size, char *err, size_t errlen)
+{
+    if (!as->remote)
+        return 0;
+    char key[80], path[4096], e[1024];
+    int64_t have = -1;
+    remote_key(hex, key);
+    int h = s3_head(as->remote, key, &have, NULL, e, sizeof e);
+    if (h == 0 && have == size)
+        return 0;
+    if (art_path(as, hex, path, sizeof path) < 0 || s3_put_file(as->remote, key, path, NULL, e, sizeof e)) {
+        snprintf(err, errlen, "artifact %s was stored here but not uploaded: %s", hex, e);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    int fd;
+    EVP_MD_CTX *md;
+} fetch_sink;
+
+static int fetch_write(void *user, const void *buf, size_t n)
+{
+    fetch_sink *f = user;
+    return fio_write_all(f->fd, buf, n) < 0 || EVP_DigestUpdate(f->md, buf, n) != 1;
+}
+
+/* A blob missing here: its remote object copied in under a temporary name, checked
+ * against its name and size, fsynced and renamed into place. 0, or -1 with err. */
+static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, size_t errlen)
+{
+    char key[80], dst[4096], dir[4096], tmp[4300], e[1024];
+    remote_key(hex, key);
+    if (art_path(as, hex, dst, sizeof dst) < 0)
+        return -1;
+    snprintf(dir, sizeof dir, "%s/sha256/%.2s", as->dir, hex);
+    pthread_mutex_lock(&as->mu);
+    unsigned long k = ++as->fetches;
+    pthread_mutex_unlock(&as->mu);
+    snprintf(tmp, sizeof tmp, "%s.fetch.%ld.%lu", dst, (long)getpid(), k);
+    if (fio_mkdirs(dir) < 0) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fetch_sink f = {fd, EVP_MD_CTX_new()};
+    int64_t got = 0;
+    int rc = -1;
+    if (fd < 0 || !f.md || EVP_DigestInit_ex(f.md, EVP_sha256(), NULL) != 1) {
+        snprintf(err, errlen, "%s: %s", tmp, fd < 0 ? strerror(errno) : "out of memory");
+    } else if (s3_get_range(as->remote, key, 0, size > 0 ? size : 1, fetch_write, &f, &got, e, sizeof e)) {
+        snprintf(err, errlen, "artifact content %s is missing here and could not be fetched: %s", hex, e);
+    } else {
+        unsigned char d[32];
+        unsigned int dl = 0;
+        char got_hex[65];
+        if (EVP_DigestFinal_ex(f.md, d, &dl) != 1 || dl != 32)
+            d[0] = (unsigned char)~d[0];
+        art_hex(d, 32, got_hex);
+        if (got != size || strcmp(got_hex, hex))
+            snprintf(err, errlen, "artifact content %s fetched from the remote store does not match its name "
+                                  "(%lld bytes, sha-256 %s): not used", hex, (long long)got, got_hex);
+        else if (fsync(fd) < 0 || rename(tmp, dst) < 0 || fio_fsync_dir(dir) < 0)
+            snprintf(err, errlen, "%s: %s", dst, strerror(errno));
+        else
+            rc = 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rc)
+        unlink(tmp);
+    EVP_MD_CTX_free(f.md);
+    return rc;
+}
+
+int art_attach_remote(artstore *as, const char *url, const char *credentials_file, int allow_http, char *err,
+                      size_t errlen)
+{
+    s3_options o = {.credentials_file = credentials_file && *credentials_file ? credentials_file : NULL,
+                    .allow_http = allow_http};
+    s3_client *c = s3_open(url, &o, err, errlen);
+    if (!c)
+        return -1;
+    char e[1024];
+    if (s3_head_bucket(c, e, sizeof e)) {
+        snprintf(err, errlen, "%s: %s", url, e);
+        s3_close(c);
+        return -1;
+    }
+    s3_close(as->remote);
+    as->remote = c;
+    return 0;
+}
+
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
 {
     if (art_sha256_file(src, hex, size_bytes, err, errlen) < 0)
@@ -186,7 +293,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
     }
     struct stat sb;
     if (stat(dst, &sb) == 0 && sb.st_size == *size_bytes)
-        return 0; /* same content already stored */
+        return remote_put(as, hex, *size_bytes, err, errlen); /* same content already stored */
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
     unlink(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -215,7 +322,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         unlink(tmp);
         return -1;
     }
-    return 0;
+    return remote_put(as, hex, *size_bytes, err, errlen);
 }
 
 static int is_verified(artstore *as, const char *hex, const struct stat *sb)
@@ -286,6 +393,11 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *er
         return -1;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && as->remote) {
+        if (remote_fetch(as, hex, expected_size, err, errlen))
+            return -1;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
     if (fd < 0) {
         char q[4200];
         struct stat qs;

@@ -19,6 +19,17 @@ typedef struct artstore artstore;
 artstore *art_open(const char *dir, char *err, size_t errlen);
 void art_close(artstore *as);
 
+/* Back the store with S3-compatible object storage at url ("s3://BUCKET[/PREFIX]"; the
+ * endpoint, region and credentials as storage/s3.h reads them, credentials_file NULL or ""
+ * for the environment's). From then on art_put also uploads each blob (as
+ * PREFIX/sha256/<hex>, skipped when already there) and fails when the upload does, and
+ * art_open_blob fetches a blob that is missing here, checked against its name before it
+ * is used: the local directory is a cache of the remote. Objects are never deleted
+ * remotely (several servers may share a bucket: expire them with a lifecycle rule).
+ * Checks that the bucket answers. 0, or -1 with err (the store is then unchanged). */
+int art_attach_remote(artstore *as, const char *url, const char *credentials_file, int allow_http, char *err,
+                      size_t errlen);
+
 /* sha-256 of a file as 64 lowercase hex digits, and its size. Returns 0, or -1 with err. */
 int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
 /* Lowercase hex of n bytes into hex (2n + 1 bytes, NUL-terminated): digests, random ids. */

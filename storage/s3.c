@@ -430,6 +430,16 @@ int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char
     return 0;
 }
 
+int s3_head_bucket(s3_client *c, char *err, size_t errlen)
+{
+    s3_req r = {.method = "HEAD"};
+    int rc = perform(c, &r, err, errlen);
+    free(r.resp.s);
+    if (rc && r.status == 404)
+        snprintf(err, errlen, "S3 bucket %s: no such bucket", c->bucket);
+    return rc;
+}
+
 int s3_get_range(s3_client *c, const char *key, int64_t offset, int64_t len, s3_sink sink, void *user, int64_t *got,
                  char *err, size_t errlen)
 {

@@ -2,8 +2,8 @@
  * its API): upload a file (one PUT, or a multipart upload above the part size, aborted on
  * failure), read an object's size and ETag, and read a byte range. Requests are signed
  * with storage/sigv4.c, payloads hashed (x-amz-content-sha256), over libcurl. Secrets
- * are never written to logs or error messages. The server does not use it yet: artifacts
- * stay in the local content-addressed store (artstore.h).
+ * are never written to logs or error messages. The artifact store uses it when the server
+ * is given --artifacts s3://... (artstore.h, docs/artifacts-s3.md).
  */
 #ifndef AC_STORAGE_S3_H
 #define AC_STORAGE_S3_H
@@ -44,6 +44,10 @@ int s3_put_file(s3_client *c, const char *key, const char *path, char *etag, cha
 /* The object's size in bytes and ETag (no quotes; 65 bytes, may be NULL). 0, 1 when there
  * is no such object, -1 with err. */
 int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char *err, size_t errlen);
+
+/* Whether the bucket exists and these credentials may use it (HEAD of the bucket). 0, or
+ * -1 with err ("no such bucket", HTTP 403, or the transport's reason). */
+int s3_head_bucket(s3_client *c, char *err, size_t errlen);
 
 /* Bytes [offset, offset + len) of the object, handed to sink as they arrive (sink returns
  * 0 to go on, nonzero to stop: then -1). *got (may be NULL) is the count delivered. 0, or -1

@@ -1,6 +1,6 @@
 #!/bin/bash
-# storage/s3.c against a real S3-compatible server (PyPI moto[server], installed into the
-# project's venv on first use): a 300 MB sparse file with data at scattered offsets is
+# storage/s3.c against a real S3-compatible server (PyPI moto[server], in the project's
+# venv: scripts/pyenv.sh): a 300 MB sparse file with data at scattered offsets is
 # uploaded in 16 MiB parts (a 19-part multipart upload, as its ETag says), read back in
 # uneven Range requests and reassembled to the same sha-256; a small file goes up in one
 # PUT; a missing object, a FIFO given as the file, a bad URL, an unreachable endpoint and
@@ -12,7 +12,6 @@ source "$(dirname "$0")/../../scripts/pyenv.sh"
 S3=$(dirname "$AC_BIN")/tools/ac_s3
 [ -x "$S3" ] || fail "no $S3 (make all builds it)"
 VBIN=$(dirname "$AC_PYTHON")
-"$AC_PYTHON" -c "import moto.server" 2>/dev/null || "$VBIN/pip" install -q "moto[server]" >&2
 port=$("$AC_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$VBIN/moto_server" -H 127.0.0.1 -p "$port" > "$tmp/moto.log" 2>&1 &
 helpers+=($!)

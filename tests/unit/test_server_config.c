@@ -14,7 +14,8 @@
 
 #include "server/config.h"
 
-static const char *const envs[] = {"AC_MAX_CONNECTIONS", "AC_PER_IP_CONNECTIONS", "AC_REQUEST_DEADLINE_S", NULL};
+static const char *const envs[] = {"AC_MAX_CONNECTIONS", "AC_PER_IP_CONNECTIONS", "AC_REQUEST_DEADLINE_S",
+                                   "AC_ARTIFACTS", "AC_S3_CREDENTIALS_FILE", "AC_S3_ALLOW_HTTP", NULL};
 
 static int setup(void **state)
 {
@@ -91,12 +92,40 @@ static void test_deadline_env_flag_and_bad_values(void **state)
     srv_config_free(&c);
 }
 
+/* --artifacts takes s3:// URLs only, and what the server was given reaches the workers
+ * through the environment (they open the artifact store the same way). */
+static void test_artifacts_settings_reach_the_workers(void **state)
+{
+    (void)state;
+    srv_config c;
+    char err[256] = "";
+    const char *a1[] = {"serve", "--artifacts", "s3://bucket/pre", "--s3-allow-http", "--s3-credentials-file",
+                        "/run/creds"};
+    assert_int_equal(parse(&c, err, sizeof err, 6, a1), 0);
+    assert_string_equal(c.artifacts, "s3://bucket/pre");
+    assert_int_equal(c.s3_allow_http, 1);
+    assert_string_equal(getenv("AC_ARTIFACTS"), "s3://bucket/pre");
+    assert_string_equal(getenv("AC_S3_CREDENTIALS_FILE"), "/run/creds");
+    assert_string_equal(getenv("AC_S3_ALLOW_HTTP"), "1");
+    srv_config_free(&c);
+    const char *a2[] = {"worker"};   /* a worker reads them back */
+    assert_int_equal(parse(&c, err, sizeof err, 1, a2), 0);
+    assert_string_equal(c.artifacts, "s3://bucket/pre");
+    assert_int_equal(c.s3_allow_http, 1);
+    srv_config_free(&c);
+    const char *a3[] = {"serve", "--artifacts", "https://bucket/pre"};
+    assert_int_equal(parse(&c, err, sizeof err, 3, a3), -1);
+    assert_non_null(strstr(err, "--artifacts"));
+    srv_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_defaults, setup),
         cmocka_unit_test_setup(test_per_ip_follows_max_unless_set, setup),
         cmocka_unit_test_setup(test_deadline_env_flag_and_bad_values, setup),
+        cmocka_unit_test_setup(test_artifacts_settings_reach_the_workers, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
