@@ -476,7 +476,7 @@ static int build_memory(lc_cal *c, cm_tables *tb)
     tb->mem.kv_bytes_per_elem = a > 0 ? a : 2;
     tb->mem.kv_overhead_bytes = (int64_t)llround(b);
     tb->mem.workspace_combine = CM_WS_MAX;
-    tb->mem.runtime_bytes = 0;   /* inside the per-part workspace (serve) */
+    tb->mem.runtime_bytes = 0;   /* inside the per-part workspace (serve); fit_memory adds what whole archs show */
     return 0;
 }
 
@@ -610,7 +610,9 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     double wall_tables = eng_wall_s() - c.t_start - wall_random;
     build_memory(&c, &tb);
     double fit_p = 1, fit_d = 1;
-    if (n_fit && fit_scales(&tb, va + o->validate, vr + o->validate, n_fit, &fit_p, &fit_d, err, errlen))
+    int64_t fit_mem = 0;
+    if (n_fit && (fit_scales(&tb, va + o->validate, vr + o->validate, n_fit, &fit_p, &fit_d, err, errlen) ||
+                  fit_memory(&tb, va + o->validate, vr + o->validate, n_fit, &fit_mem, err, errlen)))
         goto out;
     snprintf(tb.id, sizeof tb.id, "%s", id);
     json_t *validation = cal_validation_json(&tb, va, vr, o->validate, &c.t, err, errlen);
@@ -636,7 +638,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     cm_tables_free(&back);
     double now = eng_wall_s();
     if (tables && target && lc_probe(&in, err, errlen) == 0)
-        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:s,s:i},"
+        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:I,s:s,s:i},"
                            "s:{s:s,s:s,s:s,s:s,s:s,s:s}}",
                            "id", id, "status", "succeeded", "target", target, "family", parent->family, "entries",
                            tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now - c.t_start, "tables", tables,
@@ -644,7 +646,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
                            "calibration_models", c.n_models - n_all, "layers_per_model", 1 + LC_COPIES,
                            "tables_wall_s", wall_tables, "validation_wall_s", wall_random,
                            "hidden_sizes", hl, "fit_archs", n_fit, "fit_prefill_factor", fit_p, "fit_decode_factor",
-                           fit_d, "method", "repeated blocks in llama.cpp (a base model vs base + N copies of a block)",
+                           fit_d, "fit_memory_bytes", (json_int_t)fit_mem, "method", "repeated blocks in llama.cpp (a base model vs base + N copies of a block)",
                            "repeated_copies", LC_COPIES, "engine", "name", CM_ENGINE_LLAMACPP, "version",
                            in.package_version, "ggml_commit", in.ggml_commit, "build_flags", in.build_flags,
                            "system_info", in.system_info, "engine_build", in.fingerprint);

@@ -51,6 +51,29 @@ int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double
     return rc;
 }
 
+int fit_memory(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int64_t *resid_bytes, char *err,
+               size_t errlen)
+{
+    double *r = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    int rc = r ? 0 : -1, k = 0;
+    if (rc)
+        snprintf(err, errlen, "out of memory");
+    for (int i = 0; i < n && !rc; i++) {
+        cm_prediction p;
+        if (fr[i].reps <= 0 || fr[i].peak_bytes <= 0)
+            continue;
+        if (cm_predict(tb, &fa[i], &p, err, errlen))
+            rc = -1;
+        else
+            r[k++] = (double)(fr[i].peak_bytes - p.total);
+    }
+    double med = !rc && k ? ms_median(r, k) : 0;
+    *resid_bytes = med > 0 ? (int64_t)llround(med) : 0;
+    tb->mem.runtime_bytes += *resid_bytes;
+    free(r);
+    return rc;
+}
+
 static double pct_err(double pred, double meas)
 {
     return meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;

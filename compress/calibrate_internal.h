@@ -87,6 +87,13 @@ int validate_all(cal_state *cs, arch *varch, int n, cal_model *cms, int n_models
  * archs fa (measured as fr); the factors into corr_p and corr_d. 0, or -1. */
 int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double *corr_p, double *corr_d,
                char *err, size_t errlen);
+/* What the memory items miss on whole archs: the median over the n fit archs fa (measured
+ * as fr) of measured peak minus predicted total, added to tb's runtime_bytes when positive
+ * (a negative one, an over-prediction, is left alone) and returned in *resid_bytes. For
+ * engines whose memory is read from outside (llama.cpp's RSS), where per-part workspace
+ * measured on repeated-block models misses part of a whole model's. 0, or -1. */
+int fit_memory(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int64_t *resid_bytes, char *err,
+               size_t errlen);
 /* The validation object of DESIGN.md §10 (NEW) for the first n_validate archs: each
  * predicted by tb against its measurement. NULL with err on failure. */
 json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_result *vres, int n_validate,

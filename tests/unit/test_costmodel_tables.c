@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/calibrate_internal.h"
 #include "compress/costmodel.h"
 #include "storage/archjson.h"
 
@@ -458,6 +459,51 @@ static void test_target_parse(void **state)
     json_decref(j);
 }
 
+/* fit_memory: what the tables miss on whole archs (measured peak minus predicted, median
+ * over the fit archs) goes into runtime_bytes; an over-prediction and an unmeasured arch
+ * change nothing. */
+static void test_fit_memory(void **state)
+{
+    (void)state;
+    cm_tables t;
+    make_tables(&t);
+    static const int la[2][3] = {{4, 2, 64}, {2, 1, 32}}, lb[3][3] = {{2, 1, 128}, {4, 2, 32}, {0, 0, 64}};
+    arch fa[3];
+    make_arch(&fa[0], 64, 2, la);
+    make_arch(&fa[1], 128, 3, lb);
+    make_arch(&fa[2], 64, 3, lb);
+    cm_prediction p[3];
+    char err[256];
+    ms_result fr[3];
+    memset(fr, 0, sizeof fr);
+    static const int64_t extra[3] = {3000, 5000, 4000};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(cm_predict(&t, &fa[i], &p[i], err, sizeof err), 0);
+        fr[i].reps = 1;
+        fr[i].peak_bytes = p[i].total + extra[i];
+    }
+    int64_t resid = -1;
+    assert_int_equal(fit_memory(&t, fa, fr, 3, &resid, err, sizeof err), 0);
+    assert_int_equal(resid, 4000);
+    assert_int_equal(t.mem.runtime_bytes, 5000 + 4000);
+    cm_prediction q;
+    assert_int_equal(cm_predict(&t, &fa[1], &q, err, sizeof err), 0);
+    assert_int_equal(q.total, p[1].total + 4000);
+    /* over-predicted (negative residuals) and unmeasured archs: left alone */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(cm_predict(&t, &fa[i], &p[i], err, sizeof err), 0);
+        fr[i].peak_bytes = p[i].total - 1000;
+    }
+    fr[2].reps = 0;
+    fr[2].peak_bytes = q.total + 1000000;
+    assert_int_equal(fit_memory(&t, fa, fr, 3, &resid, err, sizeof err), 0);
+    assert_int_equal(resid, 0);
+    assert_int_equal(t.mem.runtime_bytes, 9000);
+    for (int i = 0; i < 3; i++)
+        arch_free(&fa[i]);
+    cm_tables_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -465,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_additive_prediction), cmocka_unit_test(test_phase_scales),
         cmocka_unit_test(test_json_round_trip),   cmocka_unit_test(test_decode_fit),
         cmocka_unit_test(test_import_accepts_and_rejects), cmocka_unit_test(test_target_parse),
+        cmocka_unit_test(test_fit_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
