@@ -135,12 +135,24 @@ static int peer_gone(pid_t pid)
     return close && (close[2] == 'Z' || close[2] == 'X');
 }
 
+/* A rank died holding the mutex: the group is over; name the rank when it can be found. */
+static void died_inside(shm_hdr *h)
+{
+    h->aborted = 1;
+    snprintf(h->why, sizeof h->why, "a rank died inside a collective");
+    for (int r = 0; r < h->size; r++)
+        if (peer_gone(h->pid[r])) {
+            snprintf(h->why, sizeof h->why, "rank %d (pid %d) is gone (it died inside a collective)", r,
+                     (int)h->pid[r]);
+            break;
+        }
+}
+
 static int lock(shm_hdr *h)
 {
     int e = pthread_mutex_lock(&h->mu);
     if (e == EOWNERDEAD) {   /* a rank died holding it: the group is over */
-        h->aborted = 1;
-        snprintf(h->why, sizeof h->why, "a rank died inside a collective");
+        died_inside(h);
         pthread_mutex_consistent(&h->mu);
         e = 0;
     }
@@ -184,8 +196,7 @@ static int barrier(eng_coll *c, char *err, size_t errlen)
             ts.tv_sec += 1;
             int e = pthread_cond_timedwait(&h->cv, &h->mu, &ts);
             if (e == EOWNERDEAD) {
-                h->aborted = 1;
-                snprintf(h->why, sizeof h->why, "a rank died inside a collective");
+                died_inside(h);
                 pthread_mutex_consistent(&h->mu);
             }
         }
