@@ -278,6 +278,38 @@ static int sign_parts(const sigv4_creds *cr, const sigv4_request *r, parts *p, c
     return 0;
 }
 
+/* A request signed: its encoded query and canonical headers, canonical request,
+ * signed-header list and signature. */
+typedef struct {
+    parts p;
+    strbuf canon, signed_h;
+    char sig[65];
+} signed_req;
+
+static void signed_free(signed_req *s)
+{
+    kvs_free(&s->p.q);
+    kvs_free(&s->p.h);
+    free(s->canon.s);
+    free(s->signed_h.s);
+}
+
+/* Sign r (every header, or host alone when !sign_all_headers) over payload into *s.
+ * 0, or -1 with err (nothing to free then). */
+static int sign_request(const sigv4_creds *cr, const sigv4_request *r, int sign_all_headers, const char *payload,
+                        signed_req *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    if (parts_init(cr, r, sign_all_headers, &s->p, err, errlen))
+        return -1;
+    if (sign_parts(cr, r, &s->p, payload, &s->canon, &s->signed_h, s->sig)) {
+        snprintf(err, errlen, "sigv4: signing failed (out of memory or OpenSSL)");
+        signed_free(s);
+        return -1;
+    }
+    return 0;
+}
+
 /* Copy the NUL-terminated s into out (outlen bytes). 0, or -1 with err. */
 static int put(const char *s, char *out, size_t outlen, const char *what, char *err, size_t errlen)
 {
@@ -315,37 +347,28 @@ int sigv4_sign_headers(const sigv4_creds *cr, const sigv4_request *req, char *ou
     sigv4_request r = *req;
     r.headers = h;
     r.n_headers = n;
-    parts p;
-    int rc = -1;
-    strbuf canon = {0}, sh = {0}, o = {0};
-    char sig[65];
-    if (parts_init(cr, &r, 1, &p, err, errlen))
-        goto done;
-    if (sign_parts(cr, &r, &p, payload, &canon, &sh, sig)) {
-        snprintf(err, errlen, "sigv4: signing failed (out of memory or OpenSSL)");
-        goto done_p;
+    signed_req sr;
+    if (sign_request(cr, &r, 1, payload, &sr, err, errlen)) {
+        free(h);
+        return -1;
     }
+    strbuf o = {0};
     strbuf_printf(&o, "Authorization: " ALGO " Credential=%s/%s,SignedHeaders=%s,Signature=%s\n", cr->access_key,
-                  p.scope, sh.s, sig);
+                  sr.p.scope, sr.signed_h.s, sr.sig);
     if (add_date)
         strbuf_printf(&o, "x-amz-date: %s\n", req->amz_date);
     if (add_sha)
         strbuf_printf(&o, "x-amz-content-sha256: %s\n", payload);
     if (add_tok)
         strbuf_printf(&o, "x-amz-security-token: %s\n", cr->session_token);
-    if (o.oom) {
+    int rc = -1;
+    if (o.oom)
         snprintf(err, errlen, "out of memory");
-        goto done_p;
-    }
-    rc = put(o.s, out, outlen, "the headers", err, errlen);
+    else
+        rc = put(o.s, out, outlen, "the headers", err, errlen);
     if (!rc && canonical)
-        rc = put(canon.s, canonical, canonical_len, "the canonical request", err, errlen);
-done_p:
-    kvs_free(&p.q);
-    kvs_free(&p.h);
-done:
-    free(canon.s);
-    free(sh.s);
+        rc = put(sr.canon.s, canonical, canonical_len, "the canonical request", err, errlen);
+    signed_free(&sr);
     if (o.s)
         OPENSSL_cleanse(o.s, o.len);
     free(o.s);
@@ -390,34 +413,24 @@ int sigv4_presign_url(const sigv4_creds *cr, const sigv4_request *req, const cha
     sigv4_request r = *req;
     r.query = q;
     r.n_query = n;
-    parts p;
-    int rc = -1;
-    strbuf canon = {0}, sh = {0}, o = {0};
-    char sig[65];
-    if (parts_init(cr, &r, 0, &p, err, errlen))
-        goto done;
-    if (sign_parts(cr, &r, &p, SIGV4_UNSIGNED, &canon, &sh, sig)) {
-        snprintf(err, errlen, "sigv4: signing failed (out of memory or OpenSSL)");
-        goto done_p;
+    signed_req sr;
+    if (sign_request(cr, &r, 0, SIGV4_UNSIGNED, &sr, err, errlen)) {
+        free(q);
+        return -1;
     }
     char *path = sigv4_encode(req->path, 1);
+    strbuf o = {0};
     strbuf_printf(&o, "%s%s?", scheme_host, path ? path : "");
-    for (int i = 0; i < p.q.n; i++)
-        strbuf_printf(&o, "%s=%s&", p.q.v[i].name, p.q.v[i].value);
-    strbuf_printf(&o, "X-Amz-Signature=%s", sig);
-    int lost = !path || o.oom;
-    free(path);
-    if (lost) {
+    for (int i = 0; i < sr.p.q.n; i++)
+        strbuf_printf(&o, "%s=%s&", sr.p.q.v[i].name, sr.p.q.v[i].value);
+    strbuf_printf(&o, "X-Amz-Signature=%s", sr.sig);
+    int rc = -1;
+    if (!path || o.oom)
         snprintf(err, errlen, "out of memory");
-        goto done_p;
-    }
-    rc = put(o.s, out, outlen, "the URL", err, errlen);
-done_p:
-    kvs_free(&p.q);
-    kvs_free(&p.h);
-done:
-    free(canon.s);
-    free(sh.s);
+    else
+        rc = put(o.s, out, outlen, "the URL", err, errlen);
+    free(path);
+    signed_free(&sr);
     free(o.s);
     free(q);
     return rc;
