@@ -1,5 +1,5 @@
-/* storage/s3.c — the S3-compatible object client (see s3.h): path-style or virtual-host
- * URLs, SigV4 signed headers over libcurl, multipart uploads with per-part hashes. */
+/* storage/s3.c — the S3-compatible object client (see s3.h): path-style URLs, SigV4 signed
+ * headers over libcurl, multipart uploads with per-part hashes. */
 #include "storage/s3.h"
 
 #include <curl/curl.h>
@@ -28,7 +28,6 @@ struct s3_client {
     char region[64];
     char *access, *secret, *token;    /* owned, wiped on close */
     int64_t part_bytes;
-    int virtual_host;
 };
 
 static char *dup_env(const char *a, const char *b)
@@ -167,7 +166,6 @@ s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errle
     free(env_ep);
     if (bad_ep)
         goto fail;
-    c->virtual_host = o->virtual_host;
     if (o->credentials_file) {
         if (read_credentials(c, o->credentials_file, err, errlen))
             goto fail;
@@ -301,13 +299,8 @@ static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
         snprintf(err, errlen, "S3 key too long");
         return -1;
     }
-    if (c->virtual_host) {
-        snprintf(host, sizeof host, "%s.%s", c->bucket, c->authority);
-        snprintf(path, sizeof path, "/%s", r->key ? objkey : "");
-    } else {
-        snprintf(host, sizeof host, "%s", c->authority);
-        snprintf(path, sizeof path, "/%s%s%s", c->bucket, r->key ? "/" : "", r->key ? objkey : "");
-    }
+    snprintf(host, sizeof host, "%s", c->authority);   /* path-style: host/BUCKET/key */
+    snprintf(path, sizeof path, "/%s%s%s", c->bucket, r->key ? "/" : "", r->key ? objkey : "");
     time_t now = time(NULL);
     struct tm tm;
     if (!gmtime_r(&now, &tm) || !strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm)) {

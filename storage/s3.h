@@ -23,8 +23,8 @@ typedef struct {
                                    * aws_session_token also read) */
     int64_t part_bytes;           /* multipart above this size, in parts of this size
                                    * (5 MiB .. 5 GiB); 0: 64 MiB */
-    int allow_http;               /* 1: plain http:// endpoints (local servers, tests) */
-    int virtual_host;             /* 1: https://BUCKET.host/key; 0 (default): host/BUCKET/key */
+    int allow_http;               /* 1: plain http:// endpoints (local servers, tests); requests
+                                   * are path-style: ENDPOINT/BUCKET/key */
 } s3_options;
 
 typedef struct s3_client s3_client;
