@@ -233,7 +233,7 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
     int rc = -1;
     if (fd < 0 || !f.md || EVP_DigestInit_ex(f.md, EVP_sha256(), NULL) != 1) {
         snprintf(err, errlen, "%s: %s", tmp, fd < 0 ? strerror(errno) : "out of memory");
-    } else if (s3_get_range(as->remote, key, 0, size > 0 ? size : 1, fetch_write, &f, &got, e, sizeof e)) {
+    } else if (size > 0 && s3_get_range(as->remote, key, 0, size, fetch_write, &f, &got, e, sizeof e)) {
         snprintf(err, errlen, "artifact content %s is missing here and could not be fetched: %s", hex, e);
     } else {
         unsigned char d[32];
