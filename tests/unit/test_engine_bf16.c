@@ -153,7 +153,11 @@ static void test_const_weights(void **state)
     (void)state;
     char err[256];
     eng_backend *be = eng_backend_cpu_new(2);
-    assert_int_equal(eng_backend_set_precision(be, "bf16", err, sizeof err), 0);
+    if (eng_backend_set_precision(be, "bf16", err, sizeof err)) {
+        assert_non_null(strstr(err, "bf16"));   /* a CPU without bf16 kernels says why */
+        eng_backend_free(be);
+        skip();
+    }
     enum { M = 24, OUT = 40, IN = 72 };
     uint64_t rng = 5;
     float *W = malloc(sizeof(float) * (OUT * IN + 16)), *X = malloc(sizeof(float) * M * IN);

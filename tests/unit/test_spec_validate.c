@@ -476,7 +476,7 @@ static void test_engine_absent(void **state)
     expect_engine_absent("{\"engine\":\"llama.cpp\",\"precision\":\"q4_k_m\",\"threads\":2}");
     int status;
     json_t *errors;
-    json_t *s = run(WITH_TARGET("{\"engine\":\"autocompress\",\"precision\":\"bf16\"}"), 0, &status, &errors);
+    json_t *s = run(WITH_TARGET("{\"engine\":\"autocompress\",\"precision\":\"fp32\"}"), 0, &status, &errors);
     assert_non_null(s);
     json_decref(s);
 }
