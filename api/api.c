@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -157,6 +158,12 @@ int api_resp_header(api_resp *r, const char *name, const char *fmt, ...)
     char *v = strdup(buf);
     if (!v)
         return -1;
+    for (int i = 0; i < r->nhdr; i++)   /* one value per name: a later call replaces it */
+        if (!strcasecmp(r->hdr[i].name, name)) {
+            free(r->hdr[i].value);
+            r->hdr[i].value = v;
+            return 0;
+        }
     r->hdr[r->nhdr].name = name;
     r->hdr[r->nhdr].value = v;
     r->nhdr++;
@@ -272,6 +279,8 @@ void api_problem(api_resp *r, int status, const char *code, const char *detail, 
         json_decref(errors);
     api_json(r, status, p);
     r->content_type = "application/problem+json";
+    if (status == 503)   /* every 503 says when to come back (a caller may set its own) */
+        api_resp_header(r, "Retry-After", "1");
 }
 
 int api_query_int(const api_req *req, const char *key, long long lo, long long hi, long long dflt,
