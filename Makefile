@@ -22,7 +22,7 @@ CUDA_ARCHS ?= 80 89 90 120
 # Package flags are read lazily, once, when a rule first needs them: the goals that
 # install packages first (run, test, test-slow) build in a sub-make started after `deps`,
 # so a fresh machine never compiles with the flags of packages it does not have yet.
-PKGS := libmicrohttpd jansson sqlite3 libcurl libpcre2-8 openssl
+PKGS := libmicrohttpd jansson sqlite3 libpq libcurl libpcre2-8 openssl
 PKG_CFLAGS = $(eval PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null))$(PKG_CFLAGS)
 PKG_LIBS   = $(eval PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null))$(PKG_LIBS)
 

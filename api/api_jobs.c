@@ -55,6 +55,8 @@ static json_t *render_job(const store_job *j)
                                                      : json_null());
     json_object_set_new(o, "cancel_requested", json_boolean(j->cancel_requested));
     json_object_set_new(o, "attempts", json_integer(j->attempts));
+    json_object_set_new(o, "runner", j->lease_owner[0] && !strcmp(j->status, "running") ? json_string(j->lease_owner)
+                                                                                         : json_null());
     if (cal) {
         json_object_set(o, "model", json_object_get(j->spec, "model"));
         json_object_set(o, "target", json_object_get(j->spec, "target"));
@@ -104,7 +106,6 @@ static int load(api_ctx *ctx, const char *id, const char *kind, store_job *j, ap
         api_problem(resp, 404, "not_found", d, NULL);
     } else if (rc < 0) {
         api_problem(resp, 503, "store_unavailable", "the job store could not be read", NULL);
-        api_resp_header(resp, "Retry-After", "1");
     }
     return rc == 0 ? 0 : -1;
 }
@@ -229,7 +230,6 @@ static void create_common(api_ctx *ctx, const api_req *req, api_resp *resp, int 
         json_decref(rendered);
         store_job_clear(&j);
         api_problem(resp, 503, "store_unavailable", "the job could not be stored; retry", NULL);
-        api_resp_header(resp, "Retry-After", "1");
         return;
     }
     if (ctx->sched)

@@ -1,6 +1,10 @@
 /* jobs/pipeline.c — a job's stage list and the worker loop that runs it (pipeline.h).
  * Every transition (stage started, stage done, terminal state) is one store transaction,
  * so a worker killed at any point leaves the job resumable at its first unfinished stage.
+ * A transition the store cannot take (a PostgreSQL server restarting) is tried again for
+ * a minute before the worker gives up. A stage's outputs stay in the job directory of
+ * the host that ran it, marked done there (STAGE/.done): a job resumed on another host
+ * first runs again the finished stages whose outputs that host lacks.
  */
 #include "jobs/pipeline.h"
 
@@ -10,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "jobs/job_ctx.h"
 #include "jobs/report.h"
@@ -53,6 +58,29 @@ static int mkdir_one(const char *p)
     return mkdir(p, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
+#define STORE_RETRIES 60
+
+/* After a store write failed: wait a second and say whether to try again (for a minute,
+ * and not once the worker was asked to stop). The writes retried are idempotent. */
+static int store_retry(int *tries)
+{
+    if (++*tries > STORE_RETRIES || job_ctx_stop_requested())
+        return 0;
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
+/* store_job_finish, tried again while the store is unavailable. 0, 1 (already terminal)
+ * or -1. */
+static int finish(store *st, const char *id, const char *status, const char *code, const char *message)
+{
+    int rc, tries = 0;
+    while ((rc = store_job_finish(st, id, status, code, message)) < 0 && store_retry(&tries))
+        ;
+    return rc;
+}
+
 /* Record the end of a run that stopped early: cancelled, or back to the queue when a
  * shutdown (not a cancel) stopped it. */
 static int finish_stopped(store *st, const char *id, const char *stage)
@@ -62,7 +90,28 @@ static int finish_stopped(store *st, const char *id, const char *stage)
         snprintf(why, sizeof why, "worker stopped by server shutdown during stage %s; will resume", stage);
         return store_job_requeue(st, id, why) < 0 ? -1 : 0;
     }
-    return store_job_finish(st, id, "cancelled", NULL, NULL) < 0 ? -1 : 0;
+    return finish(st, id, "cancelled", NULL, NULL) < 0 ? -1 : 0;
+}
+
+/* The first stage to run here: the job's first unfinished one, or an earlier finished
+ * one whose outputs this host lacks (it ran elsewhere), announced with an event. */
+static size_t first_stage_here(job_ctx *ctx, const store_job *job)
+{
+    size_t start = (size_t)job->stage_index;
+    for (size_t i = 0; i < start; i++) {
+        const char *name = json_string_value(json_array_get(job->stages, i));
+        char done[4200];
+        snprintf(done, sizeof done, "%s/%s/.done", ctx->job_dir, name ? name : "?");
+        if (!fio_is_file(done)) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "the outputs of stage %s and after are not on this host (it ran elsewhere): "
+                     "running again from it", name ? name : "?");
+            job_event(ctx, "job.stages_rerun", msg, json_pack("{s:s,s:i,s:i}", "from", name ? name : "?", "index",
+                                                              (int)i, "resume_at", (int)start));
+            return i;
+        }
+    }
+    return start;
 }
 
 /* Apply the data dir's retention policy (if any), never touching job `id`. */
@@ -121,7 +170,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
     retain(&ctx, data_dir, id);
     size_t n = json_array_size(job.stages);
     const char *last = "";
-    for (size_t i = (size_t)job.stage_index; i < n; i++) {
+    for (size_t i = first_stage_here(&ctx, &job); i < n; i++) {
         const char *name = json_string_value(json_array_get(job.stages, i));
         last = name ? name : "?";
         if (job_cancelled(&ctx)) {
@@ -132,12 +181,15 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         if (!fn) {
             char msg[200];
             snprintf(msg, sizeof msg, "stage %s is not available in this build", last);
-            result = store_job_finish(st, id, "failed", "stage_unavailable", msg) < 0 ? -1 : 0;
+            result = finish(st, id, "failed", "stage_unavailable", msg) < 0 ? -1 : 0;
             goto out;
         }
         snprintf(ctx.stage, sizeof ctx.stage, "%s", name);
         snprintf(ctx.stage_dir, sizeof ctx.stage_dir, "%s/%s", ctx.job_dir, name);
-        if (mkdir_one(ctx.stage_dir) < 0 || store_job_stage_begin(st, id, (int)i, name) < 0) {
+        int tries = 0, rc_store;
+        while ((rc_store = store_job_stage_begin(st, id, (int)i, name)) < 0 && store_retry(&tries))
+            ;
+        if (mkdir_one(ctx.stage_dir) < 0 || rc_store < 0) {
             result = -1;
             snprintf(err, errlen, "starting stage %s failed", name);
             goto out;
@@ -148,7 +200,14 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         int r = fn(&ctx, serr, sizeof serr);
         double wall = eng_wall_s() - t0;
         if (r == 0) {
-            if (store_job_stage_done(st, id, (int)i, name, wall) < 0) {
+            char done[sizeof ctx.stage_dir + 8];
+            snprintf(done, sizeof done, "%s/.done", ctx.stage_dir);
+            tries = 0;
+            if (fio_write_atomic(done, "", 0, serr, sizeof serr) < 0)   /* a resume here then runs it again */
+                job_event(&ctx, "stage.unmarked", serr, NULL);
+            while ((rc_store = store_job_stage_done(st, id, (int)i, name, wall)) < 0 && store_retry(&tries))
+                ;
+            if (rc_store < 0) {
                 snprintf(err, errlen, "recording stage %s failed", name);
                 result = -1;
                 goto out;
@@ -173,7 +232,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             else {
                 snprintf(msg, sizeof msg, "stage %s failed: %s", name, serr[0] ? serr : "no reason given");
             }
-            result = store_job_finish(st, id, "failed", full ? "disk_full" : "stage_failed", msg) < 0 ? -1 : 0;
+            result = finish(st, id, "failed", full ? "disk_full" : "stage_failed", msg) < 0 ? -1 : 0;
             goto out;
         }
     }
@@ -182,14 +241,14 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         if (job_report_finalize(&ctx, rerr, sizeof rerr) != 0) {
             char msg[1200];
             snprintf(msg, sizeof msg, "assembling the report failed: %s", rerr);
-            result = store_job_finish(st, id, "failed", "stage_failed", msg) < 0 ? -1 : 0;
+            result = finish(st, id, "failed", "stage_failed", msg) < 0 ? -1 : 0;
             goto out;
         }
     }
     /* the new artifacts may have crossed the cap: enforce it before the job is seen
      * finished, so a client that sees it succeeded sees the data dir within the cap */
     retain(&ctx, data_dir, id);
-    result = store_job_finish(st, id, "succeeded", NULL, NULL) < 0 ? -1 : 0;
+    result = finish(st, id, "succeeded", NULL, NULL) < 0 ? -1 : 0;
 out:
     if (result < 0 && !err[0])
         snprintf(err, errlen, "store update failed during stage %s", last);

@@ -1,6 +1,9 @@
 /* jobs/sched.c — the scheduler thread (sched.h). It polls every 50 ms (or when notified):
  * reap finished workers, escalate stale cancels, then claim queued jobs for free device
- * slots. Workers are forked with only async-signal-safe calls before exec.
+ * slots; every half second it reads its jobs' rows (a cancel recorded by another host's
+ * API, a job another runner took over), renews its leases every lease_s / 4 and rescues
+ * expired ones every second. Workers are forked with only async-signal-safe calls before
+ * exec.
  */
 #include "jobs/sched.h"
 #include "engine/clock.h"
@@ -29,7 +32,9 @@ typedef struct {
 
 struct sched {
     store *st;
-    char *exe, *data_dir;
+    char *exe, *data_dir, *owner;
+    int lease_s, has_llamacpp;
+    double last_renew, last_rescue, last_watch;
     char **devices;
     int n_devices, per_device, cancel_kill_ms, max_attempts;
     pthread_t thread;
@@ -100,7 +105,8 @@ static void on_exit_status(sched *s, const child *k, int status)
     store_job j;
     if (store_job_get(s->st, k->job_id, &j) != 0)
         return;
-    if (!strcmp(j.status, "running")) {
+    /* a job another runner took over (our lease ran out) is theirs to settle */
+    if (!strcmp(j.status, "running") && (!j.lease_owner[0] || !strcmp(j.lease_owner, s->owner))) {
         char reason[512], sig[32];
         const char *stage = j.stage[0] ? j.stage : "(before the first stage)";
         if (j.cancel_requested) {
@@ -157,7 +163,7 @@ static void reap(sched *s)
 
 static void claim(sched *s)
 {
-    for (int d = 0; d < s->n_devices && !s->stopping; d++) {
+    for (int d = 0; d < s->n_devices && !s->stopping && s->per_device > 0; d++) {
         for (;;) {
             int busy = 0;
             for (int i = 0; i < s->n_kids; i++)
@@ -165,7 +171,8 @@ static void claim(sched *s)
             if (busy >= s->per_device || s->n_kids >= MAX_CHILDREN)
                 break;
             store_job j;
-            int rc = store_job_claim(s->st, s->devices[d], &j);
+            store_claim cl = {s->devices[d], s->has_llamacpp, s->owner, s->lease_s};
+            int rc = store_job_claim(s->st, &cl, &j);
             if (rc != 0)
                 break;
             pid_t pid = spawn(s, j.id);
@@ -191,12 +198,57 @@ static void claim(sched *s)
     }
 }
 
+/* Read each worker's job: a cancel recorded in the store (perhaps by another host's API)
+ * is signalled to the worker; a worker whose job is no longer this runner's (its lease ran
+ * out and the job was requeued or taken over) is killed at once, so that no job runs
+ * twice. Locked by caller. */
+static void watch(sched *s)
+{
+    for (int i = 0; i < s->n_kids; i++) {
+        child *k = &s->kids[i];
+        char status[16], owner[256];
+        int cancel = 0;
+        if (store_job_runner(s->st, k->job_id, status, owner, &cancel) != 0)
+            continue;
+        int lost = !strcmp(status, "queued") || (!strcmp(status, "running") && owner[0] && strcmp(owner, s->owner));
+        if (lost) {
+            kill(-k->pid, SIGKILL);
+            kill(k->pid, SIGKILL);
+        } else if (cancel && k->cancel_at == 0 && !strcmp(status, "running")) {
+            kill(k->pid, SIGUSR1);
+            k->cancel_at = eng_wall_s();
+        }
+    }
+}
+
+/* Leases: renew this runner's, watch its workers, rescue any runner's that ran out.
+ * Locked by caller. */
+static void leases(sched *s)
+{
+    double now = eng_wall_s();
+    if (s->n_kids > 0 && now - s->last_renew >= s->lease_s / 4.0) {
+        s->last_renew = now;   /* a store that is down is tried again next period */
+        (void)store_lease_renew(s->st, s->owner, s->lease_s);
+    }
+    if (s->n_kids > 0 && now - s->last_watch >= 0.5) {
+        s->last_watch = now;
+        watch(s);
+    }
+    if (now - s->last_rescue >= 1.0 && !s->stopping) {
+        s->last_rescue = now;
+        int n = store_lease_rescue(s->st, s->max_attempts);
+        if (n > 0)
+            s->wake = 1;   /* requeued jobs may be ours to claim */
+    }
+}
+
 static void *loop(void *arg)
 {
     sched *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->exit_thread) {
         reap(s);
+        leases(s);
         claim(s);
         if (!s->wake) {
             struct timespec ts;
@@ -224,12 +276,15 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
     s->st = cfg->st;
     s->exe = strdup(cfg->exe);
     s->data_dir = strdup(cfg->data_dir);
+    s->owner = strdup(cfg->owner ? cfg->owner : "serve");
+    s->lease_s = cfg->lease_s >= 2 ? cfg->lease_s : 30;
+    s->has_llamacpp = cfg->has_llamacpp;
     s->n_devices = cfg->n_devices;
-    s->per_device = cfg->per_device > 0 ? cfg->per_device : 1;
+    s->per_device = cfg->per_device > 0 ? cfg->per_device : 0;
     s->cancel_kill_ms = cfg->cancel_kill_ms > 0 ? cfg->cancel_kill_ms : 10000;
     s->max_attempts = cfg->max_attempts > 1 ? cfg->max_attempts : 1;
     s->devices = calloc((size_t)cfg->n_devices + 1, sizeof *s->devices);
-    int ok = s->exe && s->data_dir && s->devices;
+    int ok = s->exe && s->data_dir && s->owner && s->devices;
     for (int i = 0; ok && i < cfg->n_devices; i++)
         ok = (s->devices[i] = strdup(cfg->devices[i])) != NULL;
     pthread_mutex_init(&s->mu, NULL);
@@ -242,6 +297,7 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
         free(s->devices);
         free(s->exe);
         free(s->data_dir);
+        free(s->owner);
         free(s);
         return NULL;
     }
@@ -315,6 +371,7 @@ void sched_stop(sched *s, int grace_ms)
     free(s->devices);
     free(s->exe);
     free(s->data_dir);
+    free(s->owner);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -1,9 +1,13 @@
-/* jobs/sched.h — the scheduler: a thread in the server that assigns queued jobs to
- * devices and runs each in its own worker process (`EXE worker --job ID --data-dir D`),
- * at most `per_device` at a time per device. It reaps workers and turns a worker that
- * died without recording an outcome into a failed job naming the signal or exit status
- * and the stage. Workers die with the server (PR_SET_PDEATHSIG), so a restarted server
- * can requeue whatever was left running (store_recover).
+/* jobs/sched.h — the scheduler: a thread in a runner (the server, or a worker agent on
+ * another host) that claims queued jobs for its devices and runs each in its own worker
+ * process (`EXE worker --job ID --data-dir D`), at most `per_device` at a time per
+ * device. It holds a lease on each job it runs and renews it while the worker lives; it
+ * rescues jobs whose lease ran out (any runner's); it reaps workers and turns a worker
+ * that died without recording an outcome into a requeued or failed job naming the signal
+ * or exit status and the stage; and it passes cancels recorded in the store to its
+ * workers. Workers die with their runner (PR_SET_PDEATHSIG), so a restarted runner can
+ * requeue whatever it left running (store_recover), and another runner takes over a
+ * dead one's jobs when their leases run out.
  */
 #ifndef AC_JOBS_SCHED_H
 #define AC_JOBS_SCHED_H
@@ -20,10 +24,13 @@ typedef struct {
     const char *data_dir;      /* passed to workers */
     const char *const *devices;/* device names to schedule on */
     int n_devices;
-    int per_device;            /* concurrent workers per device (>= 1) */
+    int per_device;            /* concurrent workers per device; 0 = claim nothing (an API-only server) */
     int cancel_kill_ms;        /* SIGKILL a worker this long after a cancel signal */
     int max_attempts;          /* worker starts per job: a worker that dies is requeued (resuming at
                                   its unfinished stage) until this many ran; 0 or 1 = fail at once */
+    const char *owner;         /* the runner's name (srv_runner_name): its claims and leases */
+    int lease_s;               /* lease on a running job; renewed every lease_s / 4 */
+    int has_llamacpp;          /* claim llama.cpp-target jobs too */
 } sched_config;
 
 /* Start the scheduler thread (the config's strings are copied). Returns a new scheduler,

@@ -239,7 +239,7 @@ static int job_record(store *st, json_t *spec, store_job *j)
     j->stages = job_pipeline_for("job", spec);
     store_job claimed;
     if (store_job_create(st, j, NULL, NULL, NULL, 0, NULL, err, sizeof err) < 0 ||
-        store_job_claim(st, j->device, &claimed) != 0) {
+        store_job_claim(st, &(store_claim){j->device, 1, "run", 86400}, &claimed) != 0) {
         fprintf(stderr, "autocompress run: recording the job failed: %s\n", err);
         return -1;
     }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "compress/llamacpp.h"
 #include "storage/fileio.h"
 #include "engine/devices.h"
 #include "jobs/sched.h"
@@ -31,35 +32,6 @@
 #include "storage/artstore.h"
 #include "storage/fetch.h"
 #include "storage/store.h"
-
-/* Devices to schedule on: the configured list (each must exist) or every device. */
-static int pick_devices(const char *list, char names[][32], int max, char *err, size_t errlen)
-{
-    int n = 0;
-    if (!list[0]) {
-        int count = eng_device_count();
-        for (int i = 0; i < count && n < max; i++) {
-            eng_device_info d;
-            if (eng_device_get(i, &d) == 0)
-                snprintf(names[n++], 32, "%s", d.name);
-        }
-        return n;
-    }
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *s = buf, *next; s && *s && n < max; s = next) {
-        next = strchr(s, ',');
-        if (next)
-            *next++ = 0;
-        char why[200];
-        if (!eng_device_exists(s, why, sizeof why)) {
-            snprintf(err, errlen, "--devices: %.40s: %.200s", s, why);
-            return -1;
-        }
-        snprintf(names[n++], 32, "%.31s", s);
-    }
-    return n;
-}
 
 /* Ends the process if a graceful stop has not finished within *arg seconds. */
 static void *shutdown_watchdog(void *arg)
@@ -90,6 +62,7 @@ typedef struct {
     char *roots[SRV_MAX_ROOTS];
     int n_roots;
     char data_dir[PATH_MAX];
+    char runner[PATH_MAX + 320];   /* the name this server claims jobs under */
     char devs[16][32];
     int n_dev;
     char exe[PATH_MAX];
@@ -127,20 +100,21 @@ static int serve_open(serve_state *S)
         SERVE_FAIL("%s\n", err);
     if (cfg->models_ca_file[0] && fetch_check_ca_file(cfg->models_ca_file, err, sizeof err) < 0)
         SERVE_FAIL("--models-ca-file: %s\n", err);
-    snprintf(path, sizeof path, "%s/autocompress.db", S->data_dir);
-    if (!(S->st = store_open(path, err, sizeof err)))
+    if (!(S->st = srv_store_open(cfg, S->data_dir, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
+    if (srv_runner_name("serve", S->data_dir, S->runner, sizeof S->runner) < 0)
+        SERVE_FAIL("--data-dir %s: path too long\n", S->data_dir);
     if (!(S->as = srv_artifacts_open(cfg, S->data_dir, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
     snprintf(path, sizeof path, "%s/jobs", S->data_dir);
     if (fio_mkdirs(path) < 0)
         SERVE_FAIL("%s: %s\n", path, strerror(errno));
-    int recovered = store_recover(S->st, cfg->max_attempts > 1 ? cfg->max_attempts : 1);
+    int recovered = store_recover(S->st, S->runner, cfg->max_attempts > 1 ? cfg->max_attempts : 1);
     if (recovered < 0)
         SERVE_FAIL("recovering running jobs failed\n");
     if (recovered > 0)
         log_json("warn", json_pack("{s:s,s:i}", "msg", "requeued jobs a previous server left running", "jobs", recovered));
-    int n_dev = pick_devices(cfg->devices, S->devs, 16, err, sizeof err);
+    int n_dev = srv_pick_devices(cfg->devices, S->devs, 16, err, sizeof err);
     if (n_dev <= 0)
         SERVE_FAIL("%s\n", n_dev < 0 ? err : "no devices");
     S->n_dev = n_dev;
@@ -182,7 +156,10 @@ static int serve_start(serve_state *S)
     const char *dev_ptrs[16];
     for (int i = 0; i < S->n_dev; i++)
         dev_ptrs[i] = S->devs[i];
-    sched_config sc_cfg = {S->st, S->exe, S->data_dir, dev_ptrs, S->n_dev, cfg->workers, 10000, cfg->max_attempts};
+    lc_info lc;
+    char lc_err[256];
+    sched_config sc_cfg = {S->st, S->exe, S->data_dir, dev_ptrs, S->n_dev, cfg->workers, 10000, cfg->max_attempts,
+                           S->runner, cfg->lease_s, lc_probe(&lc, lc_err, sizeof lc_err) == 0};
     if (!(S->sc = sched_start(&sc_cfg, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
     S->api = (api_ctx){
@@ -198,13 +175,16 @@ static int serve_start(serve_state *S)
     json_t *devs_j = json_array();
     for (int i = 0; i < S->n_dev; i++)
         json_array_append_new(devs_j, json_string(S->devs[i]));
-    log_json("info", json_pack("{s:s,s:s,s:i,s:s,s:o,s:o,s:i,s:i,s:b,s:b,s:i,s:s,s:i,s:i,s:i}", "msg", "listening",
+    char store_name[1024];
+    store_target_for_logs(cfg->store[0] ? cfg->store : "sqlite", store_name, sizeof store_name);
+    log_json("info", json_pack("{s:s,s:s,s:i,s:s,s:o,s:o,s:i,s:i,s:b,s:b,s:i,s:s,s:i,s:i,s:i,s:s,s:s}", "msg", "listening",
                                "host", cfg->host, "port", http_port(S->hs), "data_dir", S->data_dir, "data_roots",
                                roots_j, "devices", devs_j, "workers_per_device", cfg->workers, "http_threads",
                                cfg->threads, "auth", S->au != NULL, "test_stages", S->api.test_stages,
                                "schema_version", store_schema_version(S->st), "libmicrohttpd", http_library_version(),
                                "max_connections", cfg->max_connections, "per_ip_connections", cfg->per_ip_connections,
-                               "request_deadline_s", cfg->request_deadline_s));
+                               "request_deadline_s", cfg->request_deadline_s, "store", store_name, "runner",
+                               S->runner));
     if (S->wh)
         log_msg("info", "webhooks on (signed, retried from %d s)", cfg->webhook_retry_s);
     return 0;

@@ -2,9 +2,12 @@
 #include "server/config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "engine/devices.h"
 
 void srv_config_usage(FILE *f)
 {
@@ -12,7 +15,15 @@ void srv_config_usage(FILE *f)
             "usage: autocompress serve [options]\n"
             "  --listen HOST:PORT       AC_LISTEN            default 127.0.0.1:8080 (port 0: any free port)\n"
             "  --data-dir DIR           AC_DATA_DIR          default ./var (SQLite store, artifacts, job dirs)\n"
-            "  --workers N              AC_WORKERS           concurrent worker processes per device (1)\n"
+            "  --store URI|FILE         AC_STORE             the job store: postgresql://USER@HOST/DB (libpq's URI;\n"
+            "                                                the database must exist), shared with workers on\n"
+            "                                                other hosts, or an SQLite file (default:\n"
+            "                                                DATA/autocompress.db)\n"
+            "  --workers N              AC_WORKERS           concurrent worker processes per device (1; 0: this\n"
+            "                                                server runs no jobs, `autocompress worker` agents do)\n"
+            "  --lease-s N              AC_LEASE_S           a running job's lease (30): renewed while its worker\n"
+            "                                                lives; a job whose lease ran out (its runner died or\n"
+            "                                                lost the store) is requeued by any other runner\n"
             "  --max-attempts N         AC_MAX_ATTEMPTS      worker starts per job (3): a crashed or killed worker's\n"
             "                                                job, or one a dead server left running, is requeued\n"
             "                                                and resumes at its unfinished stage until its starts\n"
@@ -124,6 +135,8 @@ static int apply(srv_config *c, const char *name, const char *v)
                    ? 0 : -1;
     if (!strcmp(name, "data-root"))
         return add_root(c, v);
+    if (!strcmp(name, "store"))
+        return snprintf(c->store, sizeof c->store, "%s", v) < (int)sizeof c->store ? 0 : -1;
     if (!strcmp(name, "artifacts"))
         return snprintf(c->artifacts, sizeof c->artifacts, "%s", v) < (int)sizeof c->artifacts &&
                        (!*v || !strncmp(v, "s3://", 5)) ? 0 : -1;
@@ -132,7 +145,8 @@ static int apply(srv_config *c, const char *name, const char *v)
                        (int)sizeof c->s3_credentials_file ? 0 : -1;
     if (!strcmp(name, "devices"))
         return snprintf(c->devices, sizeof c->devices, "%s", v) < (int)sizeof c->devices ? 0 : -1;
-    NUM("workers", workers, 1, 64)
+    NUM("workers", workers, 0, 64)
+    NUM("lease-s", lease_s, 2, 86400)
     NUM("max-attempts", max_attempts, 1, 100)
     NUM("threads", threads, 1, 256)
     NUM("max-connections", max_connections, 1, 100000)
@@ -162,6 +176,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     c->port = 8080;
     snprintf(c->data_dir, sizeof c->data_dir, "./var");
     c->workers = 1;
+    c->lease_s = 30;
     c->max_attempts = 3;
     c->scrub_interval_s = 86400;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -188,7 +203,8 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
         {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_SCRUB_INTERVAL_S", "scrub-interval-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
         {"AC_ALLOW_HTTP_MODELS", "allow-http-models"}, {"AC_MODELS_CA_FILE", "models-ca-file"},
-        {"AC_ARTIFACTS", "artifacts"}, {"AC_S3_CREDENTIALS_FILE", "s3-credentials-file"},
+        {"AC_ARTIFACTS", "artifacts"}, {"AC_S3_CREDENTIALS_FILE", "s3-credentials-file"}, {"AC_STORE", "store"},
+        {"AC_LEASE_S", "lease-s"},
         {"AC_S3_ALLOW_HTTP", "s3-allow-http"},
     };
     for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
@@ -279,8 +295,9 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         return -1;
     }
     snprintf(num, sizeof num, "%ld", c->retain_max_age_s);
-    /* and the artifact store's settings, to open it as the server does */
+    /* and the job and artifact stores' settings, to open them as the server does */
     if (setenv("AC_RETAIN_MAX_AGE_S", num, 1) != 0 || setenv("AC_ARTIFACTS", c->artifacts, 1) != 0 ||
+        setenv("AC_STORE", c->store, 1) != 0 ||
         setenv("AC_S3_CREDENTIALS_FILE", c->s3_credentials_file, 1) != 0 ||
         setenv("AC_S3_ALLOW_HTTP", c->s3_allow_http ? "1" : "0", 1) != 0) {
         snprintf(err, errlen, "setenv: %s", strerror(errno));
@@ -300,6 +317,53 @@ artstore *srv_artifacts_open(const srv_config *c, const char *data_dir, char *er
         return NULL;
     }
     return as;
+}
+
+store *srv_store_open(const srv_config *c, const char *data_dir, char *err, size_t errlen)
+{
+    char path[4200];
+    if (*c->store)
+        return store_open(c->store, err, errlen);
+    snprintf(path, sizeof path, "%s/autocompress.db", data_dir);
+    return store_open(path, err, errlen);
+}
+
+int srv_runner_name(const char *kind, const char *data_dir, char *out, size_t n)
+{
+    char host[256] = "", real[4096];
+    if (gethostname(host, sizeof host - 1) != 0)
+        snprintf(host, sizeof host, "localhost");
+    if (!realpath(data_dir, real))
+        snprintf(real, sizeof real, "%s", data_dir);
+    return snprintf(out, n, "%s/%s/%s", kind, host, real) < (int)n ? 0 : -1;
+}
+
+int srv_pick_devices(const char *list, char names[][32], int max, char *err, size_t errlen)
+{
+    int n = 0;
+    if (!list[0]) {
+        int count = eng_device_count();
+        for (int i = 0; i < count && n < max; i++) {
+            eng_device_info d;
+            if (eng_device_get(i, &d) == 0)
+                snprintf(names[n++], 32, "%s", d.name);
+        }
+        return n;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *s = buf, *next; s && *s && n < max; s = next) {
+        next = strchr(s, ',');
+        if (next)
+            *next++ = 0;
+        char why[200];
+        if (!eng_device_exists(s, why, sizeof why)) {
+            snprintf(err, errlen, "--devices: %.40s: %.200s", s, why);
+            return -1;
+        }
+        snprintf(names[n++], 32, "%.31s", s);
+    }
+    return n;
 }
 
 void srv_config_free(srv_config *c)

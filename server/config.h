@@ -6,6 +6,7 @@
 #define AC_SERVER_CONFIG_H
 
 #include "storage/artstore.h"
+#include "storage/store.h"
 #include <stddef.h>
 #include <stdio.h>
 
@@ -15,7 +16,9 @@ typedef struct {
     char host[256];              /* listen address (IPv4/IPv6 literal or name) */
     int port;                    /* 0 = any free port (logged) */
     char data_dir[4096];
-    int workers;                 /* concurrent workers per device */
+    char store[1024];            /* "" = SQLite DATA/autocompress.db; a postgresql:// URI or an SQLite file */
+    int workers;                 /* concurrent workers per device; 0 = this process runs no jobs */
+    int lease_s;                 /* a running job's lease, renewed while its worker lives */
     int max_attempts;            /* worker starts per job before a crash fails it (>= 1) */
     char tokens_file[4096];      /* "" = no auth */
     char *roots[SRV_MAX_ROOTS];  /* --data-root (malloc'd); none = DATA/models, DATA/data */
@@ -55,5 +58,15 @@ void srv_config_free(srv_config *c);
  * with err. */
 artstore *srv_artifacts_open(const srv_config *c, const char *data_dir, char *err, size_t errlen);
 void srv_config_usage(FILE *f);
+/* The job store: c->store, or else the SQLite file DATA/autocompress.db. The server, its
+ * workers and the worker agents open it the same way. NEW store, or NULL with err. */
+store *srv_store_open(const srv_config *c, const char *data_dir, char *err, size_t errlen);
+/* Devices to schedule on: the comma-separated list (each must exist) or, when it is
+ * empty, every device present, into names (at most max). Returns how many, or -1 with
+ * err naming the device that does not exist. */
+int srv_pick_devices(const char *list, char names[][32], int max, char *err, size_t errlen);
+/* The name a runner claims jobs under (store_claim.owner): "KIND/HOST/DATA_DIR", stable
+ * across restarts of the same runner. 0, or -1 when it does not fit out. */
+int srv_runner_name(const char *kind, const char *data_dir, char *out, size_t n);
 
 #endif

@@ -1,10 +1,9 @@
-/* storage/store.c — the SQLite job store's core (see store.h, store_internal.h): open
- * and migrations, one connection per thread with a cache of prepared statements keyed by
- * the SQL literal's address, and the statement helpers every query goes through. Writes
- * run in BEGIN IMMEDIATE transactions with a busy timeout, so the server's threads and
- * the worker processes serialize on the database file, never on a process lock. The
- * tables are read and written by store_jobs.c, store_events.c, store_artifacts.c,
- * store_models.c, store_outbox.c and store_idem.c.
+/* storage/store.c — the job store's core (see store.h, store_internal.h): open and
+ * migrations, one connection per thread with a cache of prepared statements keyed by the
+ * SQL literal's address, and the statement helpers every query goes through, over either
+ * driver (store_sqlite.c, store_pg.c). A lost connection (a PostgreSQL restart) is
+ * reopened on the thread's next use. The tables are read and written by store_jobs.c,
+ * store_events.c, store_artifacts.c, store_models.c, store_outbox.c and store_idem.c.
  */
 #include "storage/store_internal.h"
 
@@ -22,37 +21,23 @@
 #define STMT_CACHE 96
 
 struct store_conn {
-    sqlite3 *db;
-    struct { const char *sql; sqlite3_stmt *st; } cache[STMT_CACHE];
+    const store_driver *drv;
+    void *db;
+    int tx;                      /* inside sql_begin .. commit/rollback */
+    struct { const char *sql; sql_stmt *st; } cache[STMT_CACHE];
     int ncache;
     store *owner;
     struct store_conn *next;
 };
 
 struct store {
-    char *path;
+    char *target;                /* the SQLite file or the postgresql:// URI */
+    const store_driver *drv;
     pthread_key_t key;
     pthread_mutex_t mu;
     store_conn *all;
     int schema_version;
 };
-
-/* Numbered migrations, embedded from storage/migrations/NNNN_*.sql (append-only: a new
- * migration is a new file plus a line here, which also makes make rebuild this file).
- * Index i is migration i+1; PRAGMA user_version records the last one applied. */
-#define MIGRATION(sym, file)                                                              \
-    __asm__(".section .rodata\n.global " #sym "\n.type " #sym ", @object\n" #sym ":\n"     \
-            ".incbin \"" file "\"\n.byte 0\n.size " #sym ", .-" #sym "\n.previous\n");      \
-    extern const char sym[];
-MIGRATION(store_migration_0001, "storage/migrations/0001_init.sql")
-MIGRATION(store_migration_0002, "storage/migrations/0002_webhooks.sql")
-MIGRATION(store_migration_0003, "storage/migrations/0003_model_fetch.sql")
-static const char *const migrations[] = {
-    store_migration_0001,
-    store_migration_0002,
-    store_migration_0003,
-};
-#define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
 int64_t store_now(void)
 {
@@ -80,12 +65,50 @@ int store_new_id(const char *prefix, char *out, size_t outlen)
     return 0;
 }
 
+int store_is_url(const char *target)
+{
+    return !strncmp(target, "postgresql://", 13) || !strncmp(target, "postgres://", 11);
+}
+
+static void conn_forget_statements(store_conn *c)
+{
+    for (int i = 0; i < c->ncache; i++) {
+        c->drv->finalize(c->cache[i].st->impl);
+        free(c->cache[i].st);
+    }
+    c->ncache = 0;
+}
+
 static void conn_close(store_conn *c)
 {
-    for (int i = 0; i < c->ncache; i++)
-        sqlite3_finalize(c->cache[i].st);
-    sqlite3_close(c->db);
+    conn_forget_statements(c);
+    c->drv->close(c->db);
     free(c);
+}
+
+/* A lost connection (the server restarted) is replaced in place, with new statements:
+ * the caller's pointer stays good. Only between transactions. 0, or -1 (logged) while
+ * the server is still away. */
+static int conn_reopen(store_conn *c)
+{
+    char err[512];
+    void *db = c->drv->open(c->owner->target, err, sizeof err);
+    if (!db) {
+        fprintf(stderr, "store: %s\n", err);
+        return -1;
+    }
+    conn_forget_statements(c);
+    c->drv->close(c->db);
+    c->db = db;
+    c->tx = 0;
+    return 0;
+}
+
+/* After a failure outside a transaction: 1 when the connection was lost and is open
+ * again, so the statement may run once more. */
+static int conn_recovered(store_conn *c)
+{
+    return !c->tx && c->drv->alive(c->db) != 0 && conn_reopen(c) == 0;
 }
 
 static void conn_unlink(store *st, store_conn *c)
@@ -113,21 +136,8 @@ static store_conn *conn_open(store *st, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    int rc = sqlite3_open_v2(st->path, &c->db,
-                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (rc != SQLITE_OK) {
-        snprintf(err, errlen, "%s: %s", st->path, c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
-        sqlite3_close(c->db);
-        free(c);
-        return NULL;
-    }
-    sqlite3_busy_timeout(c->db, 30000);
-    char *msg = NULL;
-    if (sqlite3_exec(c->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
-                     NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: %s", st->path, msg ? msg : "pragma failed");
-        sqlite3_free(msg);
-        sqlite3_close(c->db);
+    c->drv = st->drv;
+    if (!(c->db = c->drv->open(st->target, err, errlen))) {
         free(c);
         return NULL;
     }
@@ -138,9 +148,9 @@ static store_conn *conn_open(store *st, char *err, size_t errlen)
 store_conn *store_conn_get(store *st)
 {
     store_conn *c = pthread_getspecific(st->key);
-    if (c)
-        return c;
-    char err[256];
+    if (c)   /* one lost with its server is reopened here, or at its next failure */
+        return c->drv->alive(c->db) == 0 || conn_reopen(c) == 0 ? c : NULL;
+    char err[512];
     c = conn_open(st, err, sizeof err);
     if (!c) {
         fprintf(stderr, "store: %s\n", err);
@@ -157,33 +167,37 @@ store_conn *store_conn_get(store *st)
     return c;
 }
 
-sqlite3_stmt *sql_prepared(store_conn *c, const char *sql)
+/* The cached statement for a static SQL literal (SQL arguments are static literals: the
+ * cache keys on their address); NULL on failure (logged). A full cache is a programming
+ * error: every statement of the store fits. */
+static sql_stmt *prepared(store_conn *c, const char *sql)
 {
     for (int i = 0; i < c->ncache; i++)
         if (c->cache[i].sql == sql) {
-            sqlite3_reset(c->cache[i].st);
-            sqlite3_clear_bindings(c->cache[i].st);
+            c->drv->reset(c->cache[i].st->impl);
             return c->cache[i].st;
         }
-    sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &s, NULL) != SQLITE_OK) {
-        fprintf(stderr, "store: prepare failed: %s (%s)\n", sqlite3_errmsg(c->db), sql);
+    if (c->ncache == STMT_CACHE) {
+        fprintf(stderr, "store: more than %d statements (%s)\n", STMT_CACHE, sql);
         return NULL;
     }
-    if (c->ncache < STMT_CACHE) {
-        c->cache[c->ncache].sql = sql;
-        c->cache[c->ncache].st = s;
-        c->ncache++;
+    sql_stmt *s = malloc(sizeof *s);
+    if (!s || !(s->impl = c->drv->prepare(c->db, sql))) {
+        fprintf(stderr, "store: prepare failed: %s (%s)\n", s ? c->drv->errmsg(c->db) : "out of memory", sql);
+        free(s);
+        return NULL;
     }
+    s->drv = c->drv;
+    c->cache[c->ncache].sql = sql;
+    c->cache[c->ncache].st = s;
+    c->ncache++;
     return s;
 }
 
 static int exec(store_conn *c, const char *sql)
 {
-    char *msg = NULL;
-    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        fprintf(stderr, "store: %s: %s\n", sql, msg ? msg : sqlite3_errmsg(c->db));
-        sqlite3_free(msg);
+    if (c->drv->exec(c->db, sql) < 0) {
+        fprintf(stderr, "store: %s: %s\n", sql, c->drv->errmsg(c->db));
         return -1;
     }
     return 0;
@@ -191,18 +205,30 @@ static int exec(store_conn *c, const char *sql)
 
 int sql_begin(store_conn *c)
 {
-    return exec(c, "BEGIN IMMEDIATE");
+    if (c->drv->exec(c->db, c->drv->begin_sql) < 0 && !(conn_recovered(c) && exec(c, c->drv->begin_sql) == 0)) {
+        fprintf(stderr, "store: %s: %s\n", c->drv->begin_sql, c->drv->errmsg(c->db));
+        return -1;
+    }
+    c->tx = 1;
+    return 0;
 }
 
 int sql_commit(store_conn *c)
 {
-    return exec(c, "COMMIT");
+    int rc = exec(c, "COMMIT");
+    c->tx = 0;
+    if (rc < 0)
+        return -1;
+    if (c->drv->committed)
+        c->drv->committed(c->db);
+    return 0;
 }
 
 void sql_rollback(store_conn *c)
 {
-    if (!sqlite3_get_autocommit(c->db))
-        (void)sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    if (c->tx)
+        (void)c->drv->exec(c->db, "ROLLBACK");
+    c->tx = 0;
 }
 
 int sql_abandon(store_conn *c, int ret)
@@ -211,93 +237,103 @@ int sql_abandon(store_conn *c, int ret)
     return ret;
 }
 
-int64_t sql_last_rowid(store_conn *c)
-{
-    return sqlite3_last_insert_rowid(c->db);
-}
-
 const char *sql_errmsg(store_conn *c)
 {
-    return sqlite3_errmsg(c->db);
+    return c->drv->errmsg(c->db);
 }
 
-/* Step a statement that returns no rows. 0 or -1 (logged). */
-static int step_done(store_conn *c, sqlite3_stmt *s)
+/* Column i of the current row: text copied into dst (n bytes, "" for NULL), or parsed as
+ * JSON (a NEW reference, NULL for NULL or bad JSON). */
+static void col_copy(sql_stmt *s, int i, char *dst, size_t n)
 {
-    int rc = sqlite3_step(s);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
-        fprintf(stderr, "store: %s\n", sqlite3_errmsg(c->db));
-        sqlite3_reset(s);
-        return -1;
-    }
-    sqlite3_reset(s);
-    return 0;
+    const char *t = s->drv->text(s->impl, i);
+    snprintf(dst, n, "%s", t ? t : "");
 }
 
-void sql_col_copy(sqlite3_stmt *s, int i, char *dst, size_t n)
+static json_t *col_json(sql_stmt *s, int i)
 {
-    const unsigned char *t = sqlite3_column_text(s, i);
-    snprintf(dst, n, "%s", t ? (const char *)t : "");
-}
-
-json_t *sql_col_json(sqlite3_stmt *s, int i)
-{
-    const char *t = (const char *)sqlite3_column_text(s, i);
-    if (!t)
-        return NULL;
-    return json_loads(t, 0, NULL);
+    const char *t = s->drv->text(s->impl, i);
+    return t ? json_loads(t, 0, NULL) : NULL;
 }
 
 /* ---- statement helpers (formats: store_internal.h) ------------------------------------ */
 
-/* Bind fmt's arguments to s. 0 or -1 (logged). */
-static int bind_va(sqlite3_stmt *s, const char *fmt, va_list *ap)
+/* fmt's arguments (store_internal.h) as values, into p (32 at most). Returns how many, or
+ * -1 (logged) for a bad format. */
+static int params_va(const char *sql, const char *fmt, va_list *ap, sql_param p[32])
 {
     int n = (int)strlen(fmt);
-    if (n != sqlite3_bind_parameter_count(s)) {
-        fprintf(stderr, "store: %d binds for %d parameters (%s)\n", n, sqlite3_bind_parameter_count(s),
-                sqlite3_sql(s));
+    if (n > 32) {
+        fprintf(stderr, "store: %d binds (%s)\n", n, sql);
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        int rc = SQLITE_MISUSE;
-        const char *t;
+        p[i].type = 't';
+        p[i].text = NULL;
+        p[i].i = 0;
         switch (fmt[i]) {
         case 't':
-            t = va_arg(*ap, const char *);
-            rc = sqlite3_bind_text(s, i + 1, t ? t : "", -1, SQLITE_TRANSIENT);
+            p[i].text = va_arg(*ap, const char *);
+            if (!p[i].text)
+                p[i].text = "";
             break;
         case 'z':
-            t = va_arg(*ap, const char *);
-            rc = t ? sqlite3_bind_text(s, i + 1, t, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(s, i + 1);
+            p[i].text = va_arg(*ap, const char *);
             break;
         case 'i':
-            rc = sqlite3_bind_int(s, i + 1, va_arg(*ap, int));
+            p[i].type = 'I';
+            p[i].i = va_arg(*ap, int);
             break;
         case 'I':
-            rc = sqlite3_bind_int64(s, i + 1, va_arg(*ap, int64_t));
+            p[i].type = 'I';
+            p[i].i = va_arg(*ap, int64_t);
             break;
-        }
-        if (rc != SQLITE_OK) {
-            fprintf(stderr, "store: bind %d ('%c'): %s (%s)\n", i + 1, fmt[i], sqlite3_errstr(rc), sqlite3_sql(s));
+        default:
+            fprintf(stderr, "store: bind format '%c' (%s)\n", fmt[i], sql);
             return -1;
         }
     }
-    return 0;
+    return n;
 }
 
-/* The cached statement for sql with fmt's arguments bound; NULL on failure (logged). */
-static sqlite3_stmt *stmt_va(store_conn *c, const char *sql, const char *fmt, va_list *ap)
+/* The cached statement for sql with the n values p bound, run. 0 or -1 (logged). */
+static sql_stmt *run_params(store_conn *c, const char *sql, const sql_param *p, int n)
 {
-    sqlite3_stmt *s = sql_prepared(c, sql);
-    return s && bind_va(s, fmt, ap) == 0 ? s : NULL;
+    sql_stmt *s = prepared(c, sql);
+    if (!s)
+        return NULL;
+    if (n != c->drv->nparams(s->impl)) {
+        fprintf(stderr, "store: %d binds for %d parameters (%s)\n", n, c->drv->nparams(s->impl), sql);
+        return NULL;
+    }
+    if (c->drv->run(s->impl, p, n) < 0) {
+        fprintf(stderr, "store: %s (%s)\n", c->drv->errmsg(c->db), sql);
+        c->drv->reset(s->impl);
+        return NULL;
+    }
+    return s;
 }
 
-sqlite3_stmt *sql_stmt(store_conn *c, const char *sql, const char *fmt, ...)
+/* The cached statement for sql, fmt's arguments (taken from ap, which is left after
+ * them) bound and run; NULL on failure (logged). Outside a transaction a statement that
+ * failed because the connection was lost runs once more on a new one. */
+static sql_stmt *query_va(store_conn *c, const char *sql, const char *fmt, va_list *ap)
+{
+    sql_param p[32];
+    int n = params_va(sql, fmt, ap, p);
+    if (n < 0)
+        return NULL;
+    sql_stmt *s = run_params(c, sql, p, n);
+    if (!s && conn_recovered(c))
+        s = run_params(c, sql, p, n);
+    return s;
+}
+
+sql_stmt *sql_query(store_conn *c, const char *sql, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    sqlite3_stmt *s = stmt_va(c, sql, fmt, &ap);
+    sql_stmt *s = query_va(c, sql, fmt, &ap);
     va_end(ap);
     return s;
 }
@@ -306,43 +342,55 @@ int sql_run(store_conn *c, const char *sql, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    sqlite3_stmt *s = stmt_va(c, sql, fmt, &ap);
+    sql_stmt *s = query_va(c, sql, fmt, &ap);
     va_end(ap);
-    if (!s || step_done(c, s) < 0)
+    if (!s)
         return -1;
-    return sqlite3_changes(c->db);
+    int rc;
+    while ((rc = c->drv->step(s->impl)) == 1)
+        ;
+    if (rc < 0) {
+        fprintf(stderr, "store: %s (%s)\n", c->drv->errmsg(c->db), sql);
+        c->drv->reset(s->impl);
+        return -1;
+    }
+    int64_t changed = c->drv->changes(s->impl);
+    c->drv->reset(s->impl);
+    if (c->drv->committed && !c->tx)   /* a statement alone commits */
+        c->drv->committed(c->db);
+    return (int)changed;
 }
 
 /* Store the current row of s into the outputs that cols names. 0, or -1 on a bad format. */
-static int cols_read(sqlite3_stmt *s, const char *cols, va_list *ap)
+static int cols_read(sql_stmt *s, const char *cols, va_list *ap)
 {
     if (cols[0] == 'r') {
         sql_row_reader rd = va_arg(*ap, sql_row_reader);
         rd(s, va_arg(*ap, void *));
         return 0;
     }
-    if ((int)strlen(cols) > sqlite3_column_count(s))
+    if ((int)strlen(cols) > s->drv->ncols(s->impl))
         return -1;
     for (int i = 0; cols[i]; i++) {
         switch (cols[i]) {
         case 't': {
             char *dst = va_arg(*ap, char *);
-            sql_col_copy(s, i, dst, va_arg(*ap, size_t));
+            col_copy(s, i, dst, va_arg(*ap, size_t));
             break;
         }
         case 's': {
-            const char *t = (const char *)sqlite3_column_text(s, i);
+            const char *t = s->drv->text(s->impl, i);
             *va_arg(*ap, char **) = strdup(t ? t : "");
             break;
         }
         case 'i':
-            *va_arg(*ap, int *) = sqlite3_column_int(s, i);
+            *va_arg(*ap, int *) = (int)s->drv->integer(s->impl, i);
             break;
         case 'I':
-            *va_arg(*ap, int64_t *) = sqlite3_column_int64(s, i);
+            *va_arg(*ap, int64_t *) = s->drv->integer(s->impl, i);
             break;
         case 'j':
-            *va_arg(*ap, json_t **) = sql_col_json(s, i);
+            *va_arg(*ap, json_t **) = col_json(s, i);
             break;
         default:
             return -1;
@@ -351,7 +399,7 @@ static int cols_read(sqlite3_stmt *s, const char *cols, va_list *ap)
     return 0;
 }
 
-int sql_cols(sqlite3_stmt *s, const char *cols, ...)
+int sql_cols(sql_stmt *s, const char *cols, ...)
 {
     va_list ap;
     va_start(ap, cols);
@@ -364,28 +412,28 @@ int sql_row(store_conn *c, const char *sql, const char *fmt, const char *cols, .
 {
     va_list ap;
     va_start(ap, cols);
-    sqlite3_stmt *s = stmt_va(c, sql, fmt, &ap);
-    int rc = s ? sqlite3_step(s) : SQLITE_ERROR;
-    if (rc == SQLITE_ROW && cols_read(s, cols, &ap) < 0)
-        rc = SQLITE_MISUSE;
+    sql_stmt *s = query_va(c, sql, fmt, &ap);
+    int rc = s ? c->drv->step(s->impl) : -1;
+    if (rc == 1 && cols_read(s, cols, &ap) < 0)
+        rc = -1;
     va_end(ap);
     if (s)
-        sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : -1;
+        c->drv->reset(s->impl);
+    return rc == 1 ? 0 : rc == 0 ? 1 : -1;
 }
 
-void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void (*clear)(void *elem),
+void *sql_rows(sql_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void (*clear)(void *elem),
                int *n, int *has_more)
 {
     *n = 0;
     size_t cap = limit < 16 ? (size_t)limit + 1 : 16;
     char *arr = calloc(cap, elem_size);
     if (!arr) {
-        sqlite3_reset(s);
+        s->drv->reset(s->impl);
         return NULL;
     }
     int k = 0, rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    while ((rc = s->drv->step(s->impl)) == 1) {
         if (k == limit) {
             if (has_more)
                 *has_more = 1;
@@ -394,7 +442,7 @@ void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, 
         if ((size_t)k == cap) {
             char *na = realloc(arr, 2 * cap * elem_size);
             if (!na) {
-                rc = SQLITE_NOMEM;
+                rc = -1;
                 break;
             }
             memset(na + cap * elem_size, 0, cap * elem_size);
@@ -403,8 +451,8 @@ void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, 
         }
         rd(s, arr + (size_t)k++ * elem_size);
     }
-    sqlite3_reset(s);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    s->drv->reset(s->impl);
+    if (rc < 0) {
         for (int i = 0; clear && i < k; i++)
             clear(arr + (size_t)i * elem_size);
         free(arr);
@@ -417,57 +465,75 @@ void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, 
 /* Apply the migrations the database lacks, each in one exclusive transaction (concurrent
  * openers wait). Returns the schema version afterwards, or -1 (with err when the schema
  * is newer than this build or a migration failed). */
-static int migrate(store_conn *c, const char *path, char *err, size_t errlen)
+static int migrate(store_conn *c, const char *what, char *err, size_t errlen)
 {
+    const store_driver *d = c->drv;
     for (;;) {
-        if (exec(c, "BEGIN EXCLUSIVE") < 0)
+        if (exec(c, d->migrate_begin_sql) < 0)
             return -1;
-        sqlite3_stmt *s = NULL;
-        if (sqlite3_prepare_v2(c->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK)
-            return sql_abandon(c, -1);
-        int version = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
-        sqlite3_finalize(s);
-        if (version < 0 || version > N_MIGRATIONS) {
-            snprintf(err, errlen, "%s: schema version %d is newer than this build (%d)", path,
-                     version, N_MIGRATIONS);
+        c->tx = 1;
+        int version = d->schema_version(c->db);
+        if (version < 0) {
+            snprintf(err, errlen, "%s: reading the schema version failed: %s", what, d->errmsg(c->db));
             return sql_abandon(c, -1);
         }
-        if (version == N_MIGRATIONS)
+        if (version > d->n_migrations) {
+            snprintf(err, errlen, "%s: schema version %d is newer than this build (%d)", what, version,
+                     d->n_migrations);
+            return sql_abandon(c, -1);
+        }
+        if (version == d->n_migrations)
             return sql_commit(c) < 0 ? -1 : version;
-        if (exec(c, migrations[version]) < 0) {
-            snprintf(err, errlen, "%s: migration %d failed", path, version + 1);
+        if (exec(c, d->migrations[version]) < 0) {
+            snprintf(err, errlen, "%s: migration %d failed: %s", what, version + 1, d->errmsg(c->db));
             return sql_abandon(c, -1);
         }
-        char pv[64];
-        snprintf(pv, sizeof pv, "PRAGMA user_version=%d", version + 1);
-        if (exec(c, pv) < 0 || sql_commit(c) < 0)
+        if (d->set_schema_version(c->db, version + 1) < 0 || sql_commit(c) < 0)
             return sql_abandon(c, -1);
     }
 }
 
-store *store_open(const char *path, char *err, size_t errlen)
+void store_target_for_logs(const char *target, char *out, size_t n)
+{
+    const char *scheme = strstr(target, "://");
+    const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+    const char *colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
+    if (!colon)
+        snprintf(out, n, "%s", target);
+    else
+        snprintf(out, n, "%.*s:***%s", (int)(colon - target), target, at);
+    /* a password given as a parameter ("?password=...") is cut off with what follows */
+    char *pw = strstr(out, "password=");
+    if (pw)
+        snprintf(pw, n - (size_t)(pw - out), "password=***");
+}
+
+store *store_open(const char *target, char *err, size_t errlen)
 {
     store *st = calloc(1, sizeof *st);
-    if (!st || !(st->path = strdup(path))) {
+    if (!st || !(st->target = strdup(target))) {
         free(st);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    st->drv = store_is_url(target) ? &store_pg_driver : &store_sqlite_driver;
+    char what[1024];
+    store_target_for_logs(target, what, sizeof what);
     pthread_mutex_init(&st->mu, NULL);
     if (pthread_key_create(&st->key, conn_destructor) != 0) {
         snprintf(err, errlen, "pthread_key_create failed");
-        free(st->path);
+        free(st->target);
         free(st);
         return NULL;
     }
     store_conn *c = conn_open(st, err, errlen);
     if (!c) {
         pthread_key_delete(st->key);
-        free(st->path);
+        free(st->target);
         free(st);
         return NULL;
     }
-    int version = migrate(c, path, err, errlen);
+    int version = migrate(c, what, err, errlen);
     if (version < 0)
         goto fail;
     st->schema_version = version;
@@ -477,10 +543,10 @@ store *store_open(const char *path, char *err, size_t errlen)
     return st;
 fail:
     if (!err[0])
-        snprintf(err, errlen, "%s: cannot initialise the database", path);
+        snprintf(err, errlen, "%s: cannot initialise the database", what);
     conn_close(c);
     pthread_key_delete(st->key);
-    free(st->path);
+    free(st->target);
     free(st);
     return NULL;
 }
@@ -501,7 +567,7 @@ void store_close(store *st)
     pthread_setspecific(st->key, NULL);
     pthread_key_delete(st->key);
     pthread_mutex_destroy(&st->mu);
-    free(st->path);
+    free(st->target);
     free(st);
 }
 
@@ -510,12 +576,13 @@ int store_schema_version(store *st)
     return st->schema_version;
 }
 
+const char *store_backend(store *st)
+{
+    return st->drv->name;
+}
+
 int64_t store_data_version(store *st)
 {
     store_conn *c = store_conn_get(st);
-    if (!c)
-        return -1;
-    static const char *q = "PRAGMA data_version";
-    int64_t v = -1;
-    return sql_row(c, q, "", "I", &v) == 0 ? v : -1;
+    return c ? c->drv->data_version(c->db) : -1;
 }

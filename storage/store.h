@@ -1,11 +1,12 @@
-/* storage/store.h — the durable job store: SQLite in WAL mode (synchronous=FULL) holding
- * jobs (and calibrations, which are jobs of kind "calibration"), events, artifact
- * metadata, idempotency keys and registered models. Every state change is one
- * transaction, so a job is always in exactly one durable state; a terminal state also
- * queues its webhook (outbox) in that transaction. Schema changes are
- * numbered migrations applied at open (PRAGMA user_version records the last one).
- * Thread-safe: each thread gets its own SQLite connection; several processes (server and
- * workers) share the file through SQLite's locking.
+/* storage/store.h — the durable job store: jobs (and calibrations, which are jobs of
+ * kind "calibration"), events, artifact metadata, idempotency keys and registered models.
+ * Two backends behind this one interface: SQLite in WAL mode (synchronous=FULL), a file
+ * under the data directory (the default), and PostgreSQL (a postgresql:// URI), which
+ * workers on other hosts share. Every state change is one transaction, so a job is always
+ * in exactly one durable state; a terminal state also queues its webhook (outbox) in that
+ * transaction. Schema changes are numbered migrations, the same in both dialects, applied
+ * at open. Thread-safe: each thread gets its own connection; several processes (server
+ * and workers) share the database.
  */
 #ifndef AC_STORAGE_STORE_H
 #define AC_STORAGE_STORE_H
@@ -37,7 +38,18 @@ typedef struct {
     int attempts;                /* times a worker was started */
     int64_t version;             /* bumps on every change: the ETag */
     int64_t created_at, started_at, finished_at, updated_at; /* Unix s, 0 = unset */
+    char engine[16];             /* the target's serving engine: "autocompress" | "llama.cpp" */
+    char lease_owner[256];       /* the runner holding a running job ("" otherwise) */
+    int64_t lease_expires_at;    /* Unix s its lease runs out; 0 = none */
 } store_job;
+
+/* Who claims a job and for how long (store_job_claim). */
+typedef struct {
+    const char *device;          /* the device the job targets ("cpu", "cuda:0") */
+    int has_llamacpp;            /* 1: this runner can also run llama.cpp-target jobs */
+    const char *owner;           /* the runner: "serve/HOST/DATA_DIR" or "worker/HOST/DATA_DIR" */
+    int lease_s;                 /* the lease it holds, renewed by store_lease_renew */
+} store_claim;
 
 typedef struct {
     int64_t seq;
@@ -79,9 +91,17 @@ typedef struct {
     int64_t updated_at;
 } store_model;
 
-/* Open (creating if needed) the database at path, set WAL and apply migrations.
- * Returns a new store (store_close), or NULL with a reason in err. */
-store *store_open(const char *path, char *err, size_t errlen);
+/* Open the store at target: a PostgreSQL URI (postgresql://... or postgres://..., libpq's
+ * form; the database must exist) or else an SQLite file (created if needed, WAL set).
+ * Applies the migrations the database lacks. Returns a new store (store_close), or NULL
+ * with a reason in err (a URI's password never appears in it). */
+store *store_open(const char *target, char *err, size_t errlen);
+/* 1 when target names a PostgreSQL database rather than an SQLite file. */
+int store_is_url(const char *target);
+/* target as logs may show it: a URI's password replaced by "***", into out (n bytes). */
+void store_target_for_logs(const char *target, char *out, size_t n);
+/* "sqlite" or "postgresql". */
+const char *store_backend(store *st);
 /* Close every connection this store opened in this process. */
 void store_close(store *st);
 /* The schema version after migrations (the number of the last migration applied). */
@@ -120,10 +140,18 @@ int store_job_list(store *st, const char *kind, const char *after, int limit,
                    store_job **out, int *n, int *has_more);
 void store_job_list_free(store_job *jobs, int n);
 
-/* Scheduler: atomically move the oldest queued job on `device` to running (attempts+1,
- * started_at, "job.started" event). Returns 0 with the job in out, 1 when none is
- * queued, -1 on error. */
-int store_job_claim(store *st, const char *device, store_job *out);
+/* Scheduler: atomically move the oldest queued job on cl->device whose engine this runner
+ * has to running (attempts+1, started_at, the runner's lease, "job.started" event). Two
+ * runners never claim one job (PostgreSQL: FOR UPDATE SKIP LOCKED; SQLite: the write
+ * lock). Returns 0 with the job in out, 1 when none is queued, -1 on error. */
+int store_job_claim(store *st, const store_claim *cl, store_job *out);
+/* Renew the lease of every job `owner` is running, to lease_s from now. Returns how many
+ * jobs it holds, or -1. */
+int store_lease_renew(store *st, const char *owner, int lease_s);
+/* The rescuer: every running job whose lease ran out (its runner died or lost the
+ * database) is settled as store_recover settles them, failing with code lease_expired
+ * when its starts are spent. Returns how many changed, or -1. */
+int store_lease_rescue(store *st, int max_attempts);
 /* Record the worker's pid on a running job. Returns 0 or -1. */
 int store_job_set_pid(store *st, const char *id, int pid);
 /* Worker: stage number `index` (name) begins: sets stage and progress 0/0, event
@@ -143,14 +171,19 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
  * restart or shutdown), keeping stage_index so it resumes at the first unfinished stage;
  * event "job.requeued" with `reason`. Returns 0, 1 when not running, -1 on error. */
 int store_job_requeue(store *st, const char *id, const char *reason);
-/* At server start, every job left running by a server that died: a pending cancel is
+/* At a runner's start, every job it (owner: the same name as its claims) left running
+ * when it died, and any left without a lease by an older server: a pending cancel is
  * finished, a job that has had max_attempts worker starts fails (code server_lost), the
- * rest are requeued to resume at their stage. Returns how many were handled, or -1. */
-int store_recover(store *st, int max_attempts);
+ * rest are requeued to resume at their stage. Jobs other runners hold are left to their
+ * leases. Returns how many were handled, or -1. */
+int store_recover(store *st, const char *owner, int max_attempts);
 /* Cancel: a queued job becomes cancelled at once; a running one gets cancel_requested
  * (event "job.cancel_requested"); a terminal one is unchanged. Returns 0 (out filled
  * with the job afterwards), 1 when absent, -1 on error. */
 int store_job_cancel(store *st, const char *id, store_job *out);
+/* A runner's cheap look at its job: status, lease owner and whether a cancel was asked.
+ * 0, 1 absent, -1 error. */
+int store_job_runner(store *st, const char *id, char status[16], char owner[256], int *cancel_requested);
 /* 1 when cancellation was requested for job id, 0 when not, -1 on error. */
 int store_job_cancel_requested(store *st, const char *id);
 /* Delete a terminal job with its events, artifacts and idempotency records. The sha-256

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void artifact_from_row(sqlite3_stmt *s, void *out)
+static void artifact_from_row(sql_stmt *s, void *out)
 {
     store_artifact *a = out;
     memset(a, 0, sizeof *a);
@@ -26,8 +26,14 @@ int store_artifact_add(store *st, store_artifact *a)
     a->created_at = store_now();
     if (sql_begin(c) < 0)
         return -1;
-    static const char *sql = "INSERT OR REPLACE INTO artifacts(id, job_id, name, stage, sha256, "
-                             "size_bytes, content_type, created_at) VALUES (?,?,?,?,?,?,?,?)";
+    /* the job's row first: its events are appended under its lock (store_events.c) */
+    if (store_job_touch(c, a->job_id) < 0)
+        return sql_abandon(c, -1);
+    static const char *sql = "INSERT INTO artifacts(id, job_id, name, stage, sha256, size_bytes, content_type, "
+                             "created_at) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (job_id, name) DO UPDATE SET "
+                             "id=excluded.id, stage=excluded.stage, sha256=excluded.sha256, "
+                             "size_bytes=excluded.size_bytes, content_type=excluded.content_type, "
+                             "created_at=excluded.created_at";
     if (sql_run(c, sql, "tttttItI", a->id, a->job_id, a->name, a->stage, a->sha256, a->size_bytes,
             a->content_type, a->created_at) < 0)
         return sql_abandon(c, -1);
@@ -35,8 +41,7 @@ int store_artifact_add(store *st, store_artifact *a)
     snprintf(msg, sizeof msg, "artifact %s published", a->name);
     json_t *d = json_pack("{s:s,s:s,s:s,s:I}", "id", a->id, "name", a->name, "sha256", a->sha256,
                           "size_bytes", (json_int_t)a->size_bytes);
-    if (store_event_insert(c, a->job_id, "artifact.published", msg, d) < 0 ||
-        store_job_touch(c, a->job_id) < 0 || sql_commit(c) < 0)
+    if (store_event_insert(c, a->job_id, "artifact.published", msg, d) < 0 || sql_commit(c) < 0)
         return sql_abandon(c, -1);
     return 0;
 }
@@ -60,7 +65,7 @@ int store_artifact_list(store *st, const char *job_id, store_artifact **out, int
     if (!c)
         return -1;
     static const char *q = "SELECT " ART_COLS " FROM artifacts WHERE job_id=? ORDER BY name";
-    sqlite3_stmt *s = sql_stmt(c, q, "t", job_id);
+    sql_stmt *s = sql_query(c, q, "t", job_id);
     if (!s)
         return -1;
     *out = sql_rows(s, INT_MAX, sizeof **out, artifact_from_row, NULL, n, NULL);

@@ -36,7 +36,7 @@ int store_event_append(store *st, const char *job_id, const char *type, const ch
     return 0;
 }
 
-static void event_from_row(sqlite3_stmt *s, void *out)
+static void event_from_row(sql_stmt *s, void *out)
 {
     store_event *e = out;
     sql_cols(s, "IttsjI", &e->seq, e->job_id, sizeof e->job_id, e->type, sizeof e->type, &e->message, &e->data,
@@ -60,7 +60,7 @@ int store_event_list(store *st, const char *job_id, int64_t after_seq, int limit
         return -1;
     static const char *sql = "SELECT seq, job_id, type, message, data, created_at FROM events "
                              "WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?";
-    sqlite3_stmt *s = sql_stmt(c, sql, "tIi", job_id, after_seq, limit + 1);
+    sql_stmt *s = sql_query(c, sql, "tIi", job_id, after_seq, limit + 1);
     if (!s)
         return -1;
     *out = sql_rows(s, limit, sizeof **out, event_from_row, event_clear_elem, n, has_more);

@@ -7,14 +7,11 @@
 int store_idem_insert(store_conn *c, const char *scope, const char *key, const char *body_sha256,
                       const char *job_id, int resp_status, const char *resp_text)
 {
-    static const char *q = "SELECT 1 FROM idempotency WHERE scope=? AND key=?";
-    int rc = sql_row(c, q, "tt", "", scope, key);
-    if (rc <= 0)
-        return rc < 0 ? -1 : 1;
+    /* a key another request recorded first, even one committing right now, changes nothing */
     static const char *ins = "INSERT INTO idempotency(scope, key, body_sha256, job_id, status, "
-                             "response, created_at) VALUES (?,?,?,?,?,?,?)";
-    return sql_run(c, ins, "ttttitI", scope, key, body_sha256, job_id, resp_status, resp_text, store_now()) < 0
-               ? -1 : 0;
+                             "response, created_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT (scope, key) DO NOTHING";
+    int changed = sql_run(c, ins, "ttttitI", scope, key, body_sha256, job_id, resp_status, resp_text, store_now());
+    return changed < 0 ? -1 : changed == 0 ? 1 : 0;
 }
 
 int store_idem_get(store *st, const char *scope, const char *key, char sha256_out[65],

@@ -1,9 +1,16 @@
 /* storage/store_internal.h — what the store_*.c files share and nothing else includes:
- * this thread's connection, the statement helpers every query goes through, and the
- * writes one part of the store makes inside another part's transaction. The contract for
- * callers is storage/store.h.
+ * this thread's connection, the statement helpers every query goes through, the two
+ * database drivers behind them, and the writes one part of the store makes inside another
+ * part's transaction. The contract for callers is storage/store.h.
+ *
+ * SQL is written once, in the dialect SQLite and PostgreSQL share: `?` parameters,
+ * ON CONFLICT upserts, RETURNING. A row read to be changed in the same transaction ends
+ * in FOR UPDATE (or FOR UPDATE SKIP LOCKED) as its last clause: PostgreSQL locks the row;
+ * SQLite drops the clause, its write transactions already holding the database's lock.
  *
  *   store.c           open, migrations, connections, statement helpers
+ *   store_sqlite.c    the SQLite driver (the default: a file under the data directory)
+ *   store_pg.c        the PostgreSQL driver (libpq; a fleet's shared store)
  *   store_jobs.c      jobs: create, read, list, progress, finish, recover, delete
  *   store_events.c    a job's events
  *   store_artifacts.c artifact metadata
@@ -14,28 +21,79 @@
 #ifndef AC_STORAGE_STORE_INTERNAL_H
 #define AC_STORAGE_STORE_INTERNAL_H
 
-#include <sqlite3.h>
 #include <stdint.h>
 
 #include "storage/store.h"
 
-/* One thread's SQLite connection with its prepared-statement cache. */
+/* One thread's database connection with its prepared-statement cache. */
 typedef struct store_conn store_conn;
+/* A prepared statement of one connection, with its bound values and current row: the
+ * driver's own statement (impl) and the driver that reads it. */
+typedef struct sql_stmt {
+    const struct store_driver *drv;
+    void *impl;
+} sql_stmt;
+
+/* One bound value: type 't' (text; NULL is SQL NULL) or 'I' (integer). */
+typedef struct {
+    char type;
+    const char *text;
+    int64_t i;
+} sql_param;
+
+/* A database driver. db is the driver's connection, s its statement; every call that
+ * fails leaves its reason for errmsg. Statements belong to the connection that prepared
+ * them. */
+typedef struct store_driver {
+    const char *name;                                     /* "sqlite" | "postgresql" */
+    /* A new connection to target (a file path or a postgresql:// URI), or NULL with err. */
+    void *(*open)(const char *target, char *err, size_t errlen);
+    void (*close)(void *db);
+    /* 0 while the connection can be used; -1 when it is lost (it is then reopened). */
+    int (*alive)(void *db);
+    /* Run SQL that takes no parameters and returns no rows (several statements allowed). */
+    int (*exec)(void *db, const char *sql);
+    void *(*prepare)(void *db, const char *sql);          /* NULL on failure */
+    void (*finalize)(void *s);
+    /* Bind n values and run (SQLite runs at the first step). 0 or -1. */
+    int (*run)(void *s, const sql_param *p, int n);
+    int (*nparams)(void *s);
+    int (*step)(void *s);                                 /* 1 a row, 0 no more, -1 error */
+    void (*reset)(void *s);                               /* done with the rows */
+    int (*ncols)(void *s);
+    const char *(*text)(void *s, int i);                  /* NULL for SQL NULL; borrowed */
+    int64_t (*integer)(void *s, int i);
+    int64_t (*changes)(void *s);                          /* rows the last run changed */
+    const char *(*errmsg)(void *db);
+    const char *begin_sql;                                /* a write transaction */
+    /* Migrations: the exclusive transaction, the version read and written inside it. */
+    const char *migrate_begin_sql;
+    int (*schema_version)(void *db);                      /* -1 on error */
+    int (*set_schema_version)(void *db, int v);
+    const char *const *migrations;
+    int n_migrations;
+    /* The change counter (store_data_version) and its bump after each commit (NULL when
+     * the database keeps it itself). */
+    int64_t (*data_version)(void *db);
+    void (*committed)(void *db);
+} store_driver;
+
+extern const store_driver store_sqlite_driver;
+extern const store_driver store_pg_driver;
 
 /* This thread's connection (opened on first use); NULL when it cannot be opened
  * (logged). Borrowed: the store closes it. */
 store_conn *store_conn_get(store *st);
 
-/* Transactions. sql_begin starts a write transaction (BEGIN IMMEDIATE: waits for other
- * writers up to the busy timeout); 0 or -1 (logged). sql_rollback ends one if open;
+/* Transactions. sql_begin starts a write transaction (SQLite: BEGIN IMMEDIATE, waiting
+ * for other writers up to the busy timeout; PostgreSQL: BEGIN); 0 or -1 (logged). sql_rollback ends one if open;
  * sql_abandon rolls back and returns ret, the caller's status. */
 int sql_begin(store_conn *c);
 int sql_commit(store_conn *c);
 void sql_rollback(store_conn *c);
 int sql_abandon(store_conn *c, int ret);
 
-/* The rowid of the last INSERT on c, and the last error's text (borrowed). */
-int64_t sql_last_rowid(store_conn *c);
+/* The last error's text (borrowed). */
 const char *sql_errmsg(store_conn *c);
 
 /* Statement helpers. A bind format has one letter per `?` of the statement, in order:
@@ -51,12 +109,11 @@ const char *sql_errmsg(store_conn *c);
  * SQL arguments must be static literals: the statement cache keys on their address. */
 
 /* Fills *out (a store_job, store_event, ...) from the current row of s. */
-typedef void (*sql_row_reader)(sqlite3_stmt *s, void *out);
+typedef void (*sql_row_reader)(sql_stmt *s, void *out);
 
-/* The cached statement for a static SQL literal, reset; NULL on failure (logged). */
-sqlite3_stmt *sql_prepared(store_conn *c, const char *sql);
-/* The cached statement for sql with fmt's arguments bound; NULL on failure (logged). */
-sqlite3_stmt *sql_stmt(store_conn *c, const char *sql, const char *fmt, ...);
+/* The cached statement for sql with fmt's arguments bound (and run, on PostgreSQL);
+ * NULL on failure (logged). Read its rows with sql_rows. */
+sql_stmt *sql_query(store_conn *c, const char *sql, const char *fmt, ...);
 /* Run a statement that returns no rows (INSERT, UPDATE, DELETE) with fmt's arguments.
  * Returns the number of rows it changed, or -1 (logged). */
 int sql_run(store_conn *c, const char *sql, const char *fmt, ...);
@@ -69,16 +126,12 @@ int sql_row(store_conn *c, const char *sql, const char *fmt, const char *cols, .
  * (zeroed first); *has_more (when not NULL) is set when a row beyond `limit` exists.
  * Returns the array (malloc'd, caller frees; *n elements) or NULL on error, after
  * releasing the rows read with clear (when not NULL). s is reset either way. */
-void *sql_rows(sqlite3_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void (*clear)(void *elem),
+void *sql_rows(sql_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void (*clear)(void *elem),
                int *n, int *has_more);
 /* Store the current row of s into the outputs cols names, in sql_row's column format
  * (the row readers name their columns this way). 0, or -1 for a format longer than the
  * row or with an unknown letter (a programming error). */
-int sql_cols(sqlite3_stmt *s, const char *cols, ...);
-/* Column i of the current row: text copied into dst (n bytes, "" for NULL), or parsed as
- * JSON (a NEW reference, NULL for NULL or bad JSON). */
-void sql_col_copy(sqlite3_stmt *s, int i, char *dst, size_t n);
-json_t *sql_col_json(sqlite3_stmt *s, int i);
+int sql_cols(sql_stmt *s, const char *cols, ...);
 
 /* Writes made inside the caller's transaction (or alone). Each returns 0 or -1 (logged). */
 

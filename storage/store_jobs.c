@@ -5,6 +5,7 @@
  */
 #include "storage/store_internal.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,18 +13,19 @@
 #define JOB_COLS                                                                             \
     "seq, id, kind, status, device, name, spec, stages, stage_index, stage, step, total_steps, " \
     "error_code, error_message, report, cancel_requested, worker_pid, attempts, version, "     \
-    "created_at, started_at, finished_at, updated_at"
+    "created_at, started_at, finished_at, updated_at, engine, lease_owner, lease_expires_at"
 
-static void job_from_row(sqlite3_stmt *s, void *out)
+static void job_from_row(sql_stmt *s, void *out)
 {
     store_job *j = out;
     memset(j, 0, sizeof *j);
-    sql_cols(s, "ItttttjjitIIttjiiiIIIII", &j->seq, j->id, sizeof j->id, j->kind, sizeof j->kind, j->status,
+    sql_cols(s, "ItttttjjitIIttjiiiIIIIIttI", &j->seq, j->id, sizeof j->id, j->kind, sizeof j->kind, j->status,
              sizeof j->status, j->device, sizeof j->device, j->name, sizeof j->name, &j->spec, &j->stages,
              &j->stage_index, j->stage, sizeof j->stage, &j->step, &j->total_steps, j->error_code,
              sizeof j->error_code, j->error_message, sizeof j->error_message, &j->report, &j->cancel_requested,
              &j->worker_pid, &j->attempts, &j->version, &j->created_at, &j->started_at, &j->finished_at,
-             &j->updated_at);
+             &j->updated_at, j->engine, sizeof j->engine, j->lease_owner, sizeof j->lease_owner,
+             &j->lease_expires_at);
     if (!j->spec)
         j->spec = json_object();
     if (!j->stages)
@@ -104,11 +106,15 @@ int store_job_create(store *st, store_job *j, const char *idem_scope, const char
         }
     }
     int64_t now = j->created_at ? j->created_at : store_now();
-    static const char *ins = "INSERT INTO jobs(id, kind, status, device, name, spec, stages, "
-                             "created_at, updated_at) VALUES (?,?,'queued',?,?,?,?,?,?)";
-    if (sql_run(c, ins, "ttttttII", j->id, j->kind, j->device, j->name, spec, stages, now, now) < 0)
+    if (!j->engine[0]) {   /* the target's engine decides which runners may claim it */
+        const char *e = json_string_value(json_object_get(json_object_get(j->spec, "target"), "engine"));
+        snprintf(j->engine, sizeof j->engine, "%s", e ? e : "autocompress");
+    }
+    static const char *ins = "INSERT INTO jobs(id, kind, status, device, name, spec, stages, created_at, updated_at, "
+                             "engine) VALUES (?,?,'queued',?,?,?,?,?,?,?) RETURNING seq";
+    if (sql_row(c, ins, "ttttttIIt", "I", j->id, j->kind, j->device, j->name, spec, stages, now, now, j->engine,
+                &j->seq) != 0)
         goto fail;
-    j->seq = sql_last_rowid(c);
     if (store_event_insert(c, j->id, "job.created", "job queued", NULL) < 0 || sql_commit(c) < 0)
         goto fail;
     snprintf(j->status, sizeof j->status, "queued");
@@ -142,7 +148,7 @@ int store_job_list(store *st, const char *kind, const char *after, int limit,
             return rc;
     }
     static const char *sql = "SELECT " JOB_COLS " FROM jobs WHERE kind=? AND seq<? ORDER BY seq DESC LIMIT ?";
-    sqlite3_stmt *s = sql_stmt(c, sql, "tIi", kind, after_seq, limit + 1);
+    sql_stmt *s = sql_query(c, sql, "tIi", kind, after_seq, limit + 1);
     if (!s)
         return -1;
     *out = sql_rows(s, limit, sizeof **out, job_from_row, job_clear_elem, n, has_more);
@@ -156,23 +162,35 @@ void store_job_list_free(store_job *jobs, int n)
     free(jobs);
 }
 
-int store_job_claim(store *st, const char *device, store_job *out)
+int store_job_claim(store *st, const store_claim *cl, store_job *out)
 {
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
-    static const char *q = "SELECT id FROM jobs WHERE status='queued' AND device=? ORDER BY seq LIMIT 1";
+    /* PostgreSQL: a job another runner is claiming right now is skipped, not waited for */
+    static const char *q = "SELECT id FROM jobs WHERE status='queued' AND device=? AND (engine='autocompress' OR ?=1) "
+                           "ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED";
     char id[48] = "";
-    int rc = sql_row(c, q, "t", "t", device, id, sizeof id);
+    int rc = sql_row(c, q, "ti", "t", cl->device, cl->has_llamacpp ? 1 : 0, id, sizeof id);
     if (rc != 0)
         return sql_abandon(c, rc);
     int64_t now = store_now();
     static const char *u = "UPDATE jobs SET status='running', attempts=attempts+1, worker_pid=0, "
-                           "started_at=CASE WHEN started_at=0 THEN ? ELSE started_at END, "
-                           "version=version+1, updated_at=? WHERE id=?";
-    if (sql_run(c, u, "IIt", now, now, id) < 0 || store_event_insert(c, id, "job.started", "worker starting", NULL) < 0)
+                           "started_at=CASE WHEN started_at=0 THEN ? ELSE started_at END, lease_owner=?, "
+                           "lease_expires_at=?, version=version+1, updated_at=? WHERE id=?";
+    char msg[300];
+    snprintf(msg, sizeof msg, "worker starting on %s", cl->owner);
+    if (sql_run(c, u, "ItIIt", now, cl->owner, now + cl->lease_s, now, id) < 0 ||
+        store_event_insert(c, id, "job.started", msg, json_pack("{s:s}", "runner", cl->owner)) < 0)
         return sql_abandon(c, -1);
     return commit_job(c, id, out);
+}
+
+int store_lease_renew(store *st, const char *owner, int lease_s)
+{
+    store_conn *c = store_conn_get(st);
+    static const char *u = "UPDATE jobs SET lease_expires_at=? WHERE lease_owner=? AND status='running'";
+    return c ? sql_run(c, u, "It", store_now() + lease_s, owner) : -1;
 }
 
 int store_job_set_pid(store *st, const char *id, int pid)
@@ -210,7 +228,7 @@ int store_job_stage_begin(store *st, const char *id, int index, const char *name
 static int report_update(store_conn *c, const char *id, json_t *fragment, const char *append_stage,
                          double wall_s, int attempt)
 {
-    static const char *q = "SELECT report FROM jobs WHERE id=?";
+    static const char *q = "SELECT report FROM jobs WHERE id=? FOR UPDATE";
     json_t *r = NULL;
     if (sql_row(c, q, "t", "j", id, &r) != 0)
         return -1;
@@ -278,7 +296,7 @@ static int begin_with_status(store *st, const char *id, store_conn **c, char sta
     *c = store_conn_get(st);
     if (!*c || sql_begin(*c) < 0)
         return -1;
-    static const char *q = "SELECT status FROM jobs WHERE id=?";
+    static const char *q = "SELECT status FROM jobs WHERE id=? FOR UPDATE";
     int rc = sql_row(*c, q, "t", "t", id, status, (size_t)16);
     return rc != 0 ? sql_abandon(*c, rc) : 0;
 }
@@ -293,8 +311,8 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
     if (is_terminal(cur))
         return sql_abandon(c, 1);
     int64_t now = store_now();
-    static const char *u = "UPDATE jobs SET status=?, error_code=?, error_message=?, worker_pid=0, "
-                           "finished_at=?, version=version+1, updated_at=? WHERE id=?";
+    static const char *u = "UPDATE jobs SET status=?, error_code=?, error_message=?, worker_pid=0, lease_owner='', "
+                           "lease_expires_at=0, finished_at=?, version=version+1, updated_at=? WHERE id=?";
     if (sql_run(c, u, "tttIIt", status, code, message, now, now, id) < 0)
         return sql_abandon(c, -1);
     char type[48];
@@ -314,8 +332,8 @@ int store_job_requeue(store *st, const char *id, const char *reason)
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
-    static const char *u = "UPDATE jobs SET status='queued', worker_pid=0, version=version+1, "
-                           "updated_at=? WHERE id=? AND status='running'";
+    static const char *u = "UPDATE jobs SET status='queued', worker_pid=0, lease_owner='', lease_expires_at=0, "
+                           "version=version+1, updated_at=? WHERE id=? AND status='running'";
     int changed = sql_run(c, u, "It", store_now(), id);
     if (changed < 0)
         return sql_abandon(c, -1);
@@ -326,59 +344,73 @@ int store_job_requeue(store *st, const char *id, const char *reason)
     return 0;
 }
 
-int store_recover(store *st, int max_attempts)
+/* A running job whose runner is gone, as store_recover and store_lease_rescue read it. */
+typedef struct {
+    char id[48], stage[64];
+    int cancel, attempts;
+} left_job;
+
+static void left_from_row(sql_stmt *s, void *out)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c)
+    left_job *l = out;
+    sql_cols(s, "tiit", l->id, sizeof l->id, &l->cancel, &l->attempts, l->stage, sizeof l->stage);
+}
+
+/* Settle each job of s's rows (id, cancel_requested, attempts, stage), whose runner is
+ * gone for `why`: a pending cancel is finished; a job that has had max_attempts starts
+ * fails with `code`; the rest go back to the queue to resume at their stage. Returns how
+ * many changed, or -1. */
+static int settle_left(store *st, sql_stmt *s, int max_attempts, const char *why, const char *code)
+{
+    int n = 0;
+    left_job *left = sql_rows(s, INT_MAX, sizeof *left, left_from_row, NULL, &n, NULL);
+    if (!left)
         return -1;
-    static const char *q = "SELECT id, cancel_requested, attempts, stage FROM jobs WHERE status='running' "
-                           "ORDER BY seq";
-    sqlite3_stmt *s = sql_prepared(c, q);
-    if (!s)
-        return -1;
-    struct left { char id[48], stage[64]; int cancel, attempts; } *left = NULL;
-    int n = 0, cap = 0, rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            void *a = realloc(left, (size_t)cap * sizeof *left);
-            if (!a) {
-                sqlite3_reset(s);
-                free(left);
-                return -1;
-            }
-            left = a;
-        }
-        sql_col_copy(s, 0, left[n].id, sizeof left[n].id);
-        left[n].cancel = sqlite3_column_int(s, 1);
-        left[n].attempts = sqlite3_column_int(s, 2);
-        sql_col_copy(s, 3, left[n].stage, sizeof left[n].stage);
-        n++;
-    }
-    sqlite3_reset(s);
     int done = 0;
     for (int i = 0; i < n; i++) {
-        const struct left *l = &left[i];
+        const left_job *l = &left[i];
         int r;
-        char msg[400];
+        char msg[600];
+        const char *stage = l->stage[0] ? l->stage : "(before the first stage)";
         if (l->cancel) {
             r = store_job_finish(st, l->id, "cancelled", NULL, NULL);
         } else if (l->attempts >= max_attempts) {
-            /* every start counts: a job whose worker takes the server down must not loop */
-            snprintf(msg, sizeof msg, "the server stopped while the job was running, during stage %s, after %d of "
-                     "%d attempts (--max-attempts)", l->stage[0] ? l->stage : "(before the first stage)",
-                     l->attempts, max_attempts);
-            r = store_job_finish(st, l->id, "failed", "server_lost", msg);
+            /* every start counts: a job whose worker takes its runner down must not loop */
+            snprintf(msg, sizeof msg, "%s while the job was running, during stage %s, after %d of %d attempts "
+                     "(--max-attempts)", why, stage, l->attempts, max_attempts);
+            r = store_job_finish(st, l->id, "failed", code, msg);
         } else {
-            snprintf(msg, sizeof msg, "server restarted while the job was running; resuming at the first "
-                     "unfinished stage (attempt %d of %d)", l->attempts + 1, max_attempts);
+            snprintf(msg, sizeof msg, "%s while the job was running; resuming at the first unfinished stage "
+                     "(attempt %d of %d)", why, l->attempts + 1, max_attempts);
             r = store_job_requeue(st, l->id, msg);
         }
         if (r == 0)
             done++;
     }
     free(left);
-    return rc == SQLITE_DONE ? done : -1;
+    return done;
+}
+
+int store_recover(store *st, const char *owner, int max_attempts)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT id, cancel_requested, attempts, stage FROM jobs WHERE status='running' "
+                           "AND (lease_owner=? OR lease_owner='') ORDER BY seq";
+    sql_stmt *s = sql_query(c, q, "t", owner);
+    return s ? settle_left(st, s, max_attempts, "the server stopped", "server_lost") : -1;
+}
+
+int store_lease_rescue(store *st, int max_attempts)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT id, cancel_requested, attempts, stage FROM jobs WHERE status='running' "
+                           "AND lease_expires_at>0 AND lease_expires_at<? ORDER BY seq";
+    sql_stmt *s = sql_query(c, q, "I", store_now());
+    return s ? settle_left(st, s, max_attempts, "its runner stopped renewing the lease", "lease_expired") : -1;
 }
 
 int store_job_cancel(store *st, const char *id, store_job *out)
@@ -386,7 +418,7 @@ int store_job_cancel(store *st, const char *id, store_job *out)
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
-    static const char *q = "SELECT status, cancel_requested FROM jobs WHERE id=?";
+    static const char *q = "SELECT status, cancel_requested FROM jobs WHERE id=? FOR UPDATE";
     char cur[16] = "";
     int requested = 0;
     int rc = sql_row(c, q, "t", "ti", id, cur, sizeof cur, &requested);
@@ -408,6 +440,15 @@ int store_job_cancel(store *st, const char *id, store_job *out)
     return commit_job(c, id, out);
 }
 
+int store_job_runner(store *st, const char *id, char status[16], char owner[256], int *cancel_requested)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT status, lease_owner, cancel_requested FROM jobs WHERE id=?";
+    return sql_row(c, q, "t", "tti", id, status, (size_t)16, owner, (size_t)256, cancel_requested);
+}
+
 int store_job_cancel_requested(store *st, const char *id)
 {
     store_conn *c = store_conn_get(st);
@@ -416,6 +457,16 @@ int store_job_cancel_requested(store *st, const char *id)
     static const char *q = "SELECT cancel_requested FROM jobs WHERE id=?";
     int v = -1;
     return sql_row(c, q, "t", "i", id, &v) == 0 ? v : -1;
+}
+
+static void sha_from_row(sql_stmt *s, void *out)
+{
+    sql_cols(s, "s", (char **)out);
+}
+
+static void free_elem(void *p)
+{
+    free(*(char **)p);
 }
 
 int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
@@ -431,24 +482,11 @@ int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
         return sql_abandon(c, 2);
     static const char *qo = "SELECT DISTINCT a.sha256 FROM artifacts a WHERE a.job_id=? AND NOT EXISTS "
                             "(SELECT 1 FROM artifacts b WHERE b.sha256=a.sha256 AND b.job_id<>a.job_id)";
-    sqlite3_stmt *s = sql_stmt(c, qo, "t", id);
-    if (!s)
-        goto fail;
-    char **list = NULL;
+    sql_stmt *s = sql_query(c, qo, "t", id);
     int n = 0;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        char **nl = realloc(list, (size_t)(n + 1) * sizeof *nl);
-        const char *t = (const char *)sqlite3_column_text(s, 0);
-        if (!nl)
-            break;
-        list = nl;
-        list[n] = strdup(t ? t : "");
-        if (list[n])
-            n++;
-    }
-    sqlite3_reset(s);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        goto fail_list;
+    char **list = s ? sql_rows(s, INT_MAX, sizeof *list, sha_from_row, free_elem, &n, NULL) : NULL;
+    if (!list)
+        goto fail;
     static const char *d1 = "DELETE FROM events WHERE job_id=?";
     static const char *d2 = "DELETE FROM artifacts WHERE job_id=?";
     static const char *d3 = "DELETE FROM idempotency WHERE job_id=?";
@@ -460,6 +498,8 @@ int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans)
             goto fail_list;
     if (sql_commit(c) < 0)
         goto fail_list;
+    if (n == 0)
+        free(list), list = NULL;
     *orphans = list;
     *n_orphans = n;
     return 0;
@@ -483,6 +523,17 @@ int store_report_merge(store *st, const char *id, json_t *fragment)
     return 0;
 }
 
+typedef struct {
+    char status[16];
+    int64_t n;
+} status_count;
+
+static void count_from_row(sql_stmt *s, void *out)
+{
+    status_count *sc = out;
+    sql_cols(s, "tI", sc->status, sizeof sc->status, &sc->n);
+}
+
 int store_job_counts(store *st, int64_t out[5])
 {
     static const char *names[5] = {"queued", "running", "succeeded", "failed", "cancelled"};
@@ -491,18 +542,17 @@ int store_job_counts(store *st, int64_t out[5])
     if (!c)
         return -1;
     static const char *q = "SELECT status, count(*) FROM jobs GROUP BY status";
-    sqlite3_stmt *s = sql_prepared(c, q);
-    if (!s)
+    sql_stmt *s = sql_query(c, q, "");
+    int n = 0;
+    status_count *rows = s ? sql_rows(s, 8, sizeof *rows, count_from_row, NULL, &n, NULL) : NULL;
+    if (!rows)
         return -1;
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        const char *t = (const char *)sqlite3_column_text(s, 0);
+    for (int k = 0; k < n; k++)
         for (int i = 0; i < 5; i++)
-            if (t && !strcmp(t, names[i]))
-                out[i] = sqlite3_column_int64(s, 1);
-    }
-    sqlite3_reset(s);
-    return rc == SQLITE_DONE ? 0 : -1;
+            if (!strcmp(rows[k].status, names[i]))
+                out[i] = rows[k].n;
+    free(rows);
+    return 0;
 }
 
 int store_job_touch(store_conn *c, const char *id)

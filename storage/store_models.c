@@ -11,7 +11,7 @@
 #define MODEL_COLS "seq, id, path, tokenizer, name, format, created_at, status, url, sha256, size_bytes, " \
                    "bytes_done, bytes_total, error, updated_at"
 
-static void model_from_row(sqlite3_stmt *s, void *out)
+static void model_from_row(sql_stmt *s, void *out)
 {
     store_model *m = out;
     memset(m, 0, sizeof *m);
@@ -34,13 +34,10 @@ static int model_insert(store_conn *c, store_model *m)
     }
     static const char *sql = "INSERT INTO models(id, path, tokenizer, name, format, created_at, status, url, sha256, "
                              "size_bytes, bytes_done, bytes_total, error, updated_at) "
-                             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
-    if (sql_run(c, sql, "tttttItttIIItI", m->id, m->path, m->tokenizer, m->name, m->format, m->created_at,
-            m->status, m->url, m->sha256, m->size_bytes, m->bytes_done, m->bytes_total, m->error,
-            m->updated_at) < 0)
-        return -1;
-    m->seq = sql_last_rowid(c);
-    return 0;
+                             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING seq";
+    return sql_row(c, sql, "tttttItttIIItI", "I", m->id, m->path, m->tokenizer, m->name, m->format, m->created_at,
+                   m->status, m->url, m->sha256, m->size_bytes, m->bytes_done, m->bytes_total, m->error,
+                   m->updated_at, &m->seq) == 0 ? 0 : -1;
 }
 
 int store_model_add(store *st, store_model *m)
@@ -54,7 +51,7 @@ int store_model_add(store *st, store_model *m)
 /* The model with this sha256 on connection c: 0 found, 1 absent, -1 error. */
 static int model_by_sha(store_conn *c, const char *sha, store_model *out)
 {
-    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE sha256=?";
+    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE sha256=? FOR UPDATE";
     return sql_row(c, q, "t", "r", sha, model_from_row, out);
 }
 
@@ -166,7 +163,7 @@ int store_model_list(store *st, const char *after, int limit, store_model **out,
         after_seq = m.seq;
     }
     static const char *q = "SELECT " MODEL_COLS " FROM models WHERE seq<? ORDER BY seq DESC LIMIT ?";
-    sqlite3_stmt *s = sql_stmt(c, q, "Ii", after_seq, limit + 1);
+    sql_stmt *s = sql_query(c, q, "Ii", after_seq, limit + 1);
     if (!s)
         return -1;
     *out = sql_rows(s, limit, sizeof **out, model_from_row, NULL, n, has_more);

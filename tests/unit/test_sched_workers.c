@@ -2,7 +2,9 @@
  * programs (shell scripts that behave like a crashing, exiting, slow or signal-handling
  * worker): exit status and signals become failed jobs naming them, at most `per_device`
  * workers run per device and devices run in parallel, a cancel reaches the worker at
- * once, and stop() sends SIGTERM and requeues jobs left running.
+ * once, and stop() sends SIGTERM and requeues jobs left running; a cancel recorded only
+ * in the store (another host's API) reaches the worker, and a worker whose job another
+ * runner took over is killed without touching the job.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -92,7 +94,7 @@ static store_job wait_leave(const char *id, const char *from, double timeout)
 
 static sched *start_attempts(const char *exe, const char *const *devs, int ndev, int per_device, int max_attempts)
 {
-    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts};
+    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts, "runner-here", 30, 0};
     char err[256];
     sched *s = sched_start(&cfg, err, sizeof err);
     assert_non_null(s);
@@ -249,6 +251,46 @@ static void test_cancel_and_stop(void **state)
     store_job_clear(&j);
 }
 
+static void test_store_cancel_and_takeover(void **state)
+{
+    (void)state;
+    char exe[128];
+    script("w4.sh", "trap 'exit 0' USR1\nsleep 30 &\nwait", exe, sizeof exe);
+    char a[48], b[48];
+    mk("t1", a);
+    mk("t2", b);
+    const char *devs[] = {"t1", "t2"};
+    sched *s = start(exe, devs, 2, 1);
+    store_job j = wait_leave(a, "queued", 10);
+    assert_string_equal(j.lease_owner, "runner-here");
+    store_job_clear(&j);
+    j = wait_leave(b, "queued", 10);
+    store_job_clear(&j);
+    usleep(200000); /* let the shells install their traps */
+    /* a cancel recorded in the store alone, as another host's API records it */
+    double t0 = now_s();
+    assert_int_equal(store_job_cancel(st, a, &j), 0);
+    store_job_clear(&j);
+    j = wait_leave(a, "running", 5);
+    assert_string_equal(j.status, "cancelled");
+    assert_true(now_s() - t0 < 2.0);
+    store_job_clear(&j);
+    /* b's lease was rescued and another runner claimed it: this runner's worker must go */
+    assert_int_equal(store_job_requeue(st, b, "test: lease ran out"), 0);
+    store_claim other = {"t2", 0, "runner-elsewhere", 30};
+    assert_int_equal(store_job_claim(st, &other, &j), 0);
+    store_job_clear(&j);
+    t0 = now_s();
+    while (sched_running(s) > 0 && now_s() - t0 < 5)
+        usleep(20000);
+    assert_int_equal(sched_running(s), 0);
+    assert_int_equal(store_job_get(st, b, &j), 0);
+    assert_string_equal(j.status, "running");               /* still the other runner's */
+    assert_string_equal(j.lease_owner, "runner-elsewhere");
+    store_job_clear(&j);
+    sched_stop(s, 1000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_retry_policy),
         cmocka_unit_test(test_per_device_limit),
         cmocka_unit_test(test_cancel_and_stop),
+        cmocka_unit_test(test_store_cancel_and_takeover),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

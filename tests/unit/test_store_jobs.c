@@ -1,8 +1,10 @@
-/* tests/unit/test_store_jobs.c — the SQLite job store (storage/store*.c): migrations,
- * job state transitions (one transaction each), idempotency records, list pagination,
- * cancel/requeue/recover, events with a cursor, artifacts and orphan detection on
- * delete, models, report merging, concurrent writers on per-thread connections, and the
- * change counter behind long-polls.
+/* tests/unit/test_store_jobs.c — the job store (storage/store*.c): migrations, job
+ * state transitions (one transaction each), idempotency records, list pagination,
+ * cancel/requeue/recover, leases (renewal, rescue, the engine a runner has), concurrent
+ * claims, events with a cursor, artifacts and orphan detection on delete, models, report
+ * merging, concurrent writers on per-thread connections, and the change counter behind
+ * long-polls. SQLite by default; with AC_TEST_STORE=postgresql://... (an empty database:
+ * tests/run_all.sh makes one) the same tests run against PostgreSQL.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,13 +19,17 @@
 
 #include "storage/store.h"
 
-static char dir[64], dbpath[128];
+static char dir[64], dbpath[1024];
 
 static int setup(void **state)
 {
     snprintf(dir, sizeof dir, "/tmp/ac-store-XXXXXX");
     assert_non_null(mkdtemp(dir));
-    snprintf(dbpath, sizeof dbpath, "%s/t.db", dir);
+    const char *pg = getenv("AC_TEST_STORE");
+    if (pg && *pg)
+        snprintf(dbpath, sizeof dbpath, "%s", pg);
+    else
+        snprintf(dbpath, sizeof dbpath, "%s/t.db", dir);
     char err[256] = "";
     store *st = store_open(dbpath, err, sizeof err);
     if (!st)
@@ -40,15 +46,16 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* Create a queued job on device with a 3-stage pipeline; id into out. */
-static void mk(store *st, const char *device, char *out)
+/* Create a queued job on device with a 3-stage pipeline and the target's engine (NULL:
+ * none named, the built-in one); id into out. */
+static void mk_engine(store *st, const char *device, const char *engine, char *out)
 {
     store_job j;
     memset(&j, 0, sizeof j);
     assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
     snprintf(j.kind, sizeof j.kind, "job");
     snprintf(j.device, sizeof j.device, "%s", device);
-    j.spec = json_pack("{s:s}", "name", "x");
+    j.spec = engine ? json_pack("{s:s,s:{s:s}}", "name", "x", "target", "engine", engine) : json_pack("{s:s}", "name", "x");
     j.stages = json_pack("[s,s,s]", "a", "b", "c");
     char err[256];
     assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
@@ -57,14 +64,32 @@ static void mk(store *st, const char *device, char *out)
     store_job_clear(&j);
 }
 
+static void mk(store *st, const char *device, char *out)
+{
+    mk_engine(st, device, NULL, out);
+}
+
+/* Claim as runner `owner` with a lease of lease_s (built-in engine only). */
+static int claim_as(store *st, const char *device, const char *owner, int lease_s, store_job *j)
+{
+    store_claim cl = {device, 0, owner, lease_s};
+    return store_job_claim(st, &cl, j);
+}
+
+static int claim(store *st, const char *device, store_job *j)
+{
+    return claim_as(st, device, "test-runner", 30, j);
+}
+
 static void test_migrations(void **state)
 {
     store *st = *state;
-    assert_int_equal(store_schema_version(st), 3);
+    assert_int_equal(store_schema_version(st), 4);
+    assert_string_equal(store_backend(st), strncmp(dbpath, "postgres", 8) ? "sqlite" : "postgresql");
     char err[256];
     store *again = store_open(dbpath, err, sizeof err); /* re-open: nothing to migrate */
     assert_non_null(again);
-    assert_int_equal(store_schema_version(again), 3);
+    assert_int_equal(store_schema_version(again), 4);
     store_close(again);
 }
 
@@ -77,11 +102,11 @@ static void test_recover_counts_attempts(void **state)
     mk(st, "recover-dev", id);
     store_job j;
     for (int attempt = 1; attempt <= 2; attempt++) {
-        assert_int_equal(store_job_claim(st, "recover-dev", &j), 0);
+        assert_int_equal(claim(st, "recover-dev", &j), 0);
         assert_int_equal(j.attempts, attempt);
         store_job_clear(&j);
         assert_int_equal(store_job_stage_begin(st, id, 0, "a"), 0);
-        assert_int_equal(store_recover(st, 2), 1);   /* the server died */
+        assert_int_equal(store_recover(st, "test-runner", 2), 1);   /* the server died */
         assert_int_equal(store_job_get(st, id, &j), 0);
         assert_string_equal(j.status, attempt < 2 ? "queued" : "failed");
         if (attempt == 2) {
@@ -90,7 +115,7 @@ static void test_recover_counts_attempts(void **state)
         }
         store_job_clear(&j);
     }
-    assert_int_equal(store_job_claim(st, "recover-dev", &j), 1);   /* nothing to run again */
+    assert_int_equal(claim(st, "recover-dev", &j), 1);   /* nothing to run again */
 }
 
 static void test_ids(void **state)
@@ -118,15 +143,15 @@ static void test_lifecycle(void **state)
     store_job_clear(&j);
     assert_int_equal(store_job_get(st, "job_nope", &j), 1);
 
-    assert_int_equal(store_job_claim(st, "cuda:0", &j), 1); /* wrong device */
-    assert_int_equal(store_job_claim(st, "cpu", &j), 0);
+    assert_int_equal(claim(st, "cuda:0", &j), 1); /* wrong device */
+    assert_int_equal(claim(st, "cpu", &j), 0);
     assert_string_equal(j.id, id);
     assert_string_equal(j.status, "running");
     assert_int_equal(j.attempts, 1);
     assert_true(j.started_at > 0);
     assert_true(j.version > v0);
     store_job_clear(&j);
-    assert_int_equal(store_job_claim(st, "cpu", &j), 1); /* nothing else queued */
+    assert_int_equal(claim(st, "cpu", &j), 1); /* nothing else queued */
 
     assert_int_equal(store_job_set_pid(st, id, 4242), 0);
     assert_int_equal(store_job_stage_begin(st, id, 0, "a"), 0);
@@ -147,14 +172,14 @@ static void test_lifecycle(void **state)
     store_job_clear(&j);
 
     /* server restart: requeue keeps the stage index; claim again resumes there */
-    assert_int_equal(store_recover(st, 5), 1);
+    assert_int_equal(store_recover(st, "test-runner", 5), 1);
     assert_int_equal(store_job_get(st, id, &j), 0);
     assert_string_equal(j.status, "queued");
     assert_int_equal(j.stage_index, 1);
     assert_int_equal(j.worker_pid, 0);
     store_job_clear(&j);
     assert_int_equal(store_job_requeue(st, id, "x"), 1); /* not running */
-    assert_int_equal(store_job_claim(st, "cpu", &j), 0);
+    assert_int_equal(claim(st, "cpu", &j), 0);
     assert_int_equal(j.attempts, 2);
     assert_int_equal(j.stage_index, 1);
     store_job_clear(&j);
@@ -194,7 +219,7 @@ static void test_cancel(void **state)
     mk(st, "cancel-dev", q);
     mk(st, "cancel-dev", r);
     store_job j;
-    assert_int_equal(store_job_claim(st, "cancel-dev", &j), 0);
+    assert_int_equal(claim(st, "cancel-dev", &j), 0);
     assert_string_equal(j.id, q); /* oldest first */
     store_job_clear(&j);
     assert_int_equal(store_job_cancel(st, r, &j), 0); /* queued: cancelled at once */
@@ -207,7 +232,7 @@ static void test_cancel(void **state)
     assert_int_equal(store_job_cancel_requested(st, q), 1);
     assert_int_equal(store_job_cancel(st, "job_missing", &j), 1);
     /* a dead server with a cancel pending: recover finishes the cancel */
-    assert_int_equal(store_recover(st, 5), 1);
+    assert_int_equal(store_recover(st, "test-runner", 5), 1);
     assert_int_equal(store_job_get(st, q, &j), 0);
     assert_string_equal(j.status, "cancelled");
     store_job_clear(&j);
@@ -391,9 +416,9 @@ static void test_webhook_outbox(void **state)
     assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
     mk(st, "hook-dev", plain);
     store_job c;
-    assert_int_equal(store_job_claim(st, "hook-dev", &c), 0);
+    assert_int_equal(claim(st, "hook-dev", &c), 0);
     store_job_clear(&c);
-    assert_int_equal(store_job_claim(st, "hook-dev", &c), 0);
+    assert_int_equal(claim(st, "hook-dev", &c), 0);
     store_job_clear(&c);
     store_webhook *w;
     int n;
@@ -475,6 +500,103 @@ static void test_concurrent_writers(void **state)
     store_job_list_free(jobs, n);
 }
 
+/* Leases: a runner's recovery leaves other runners' jobs alone; a renewed lease holds; a
+ * lease that ran out is rescued by anyone (requeued, the start counted), then claimed by
+ * another runner; when the starts are spent it fails as lease_expired. */
+static void test_leases(void **state)
+{
+    store *st = *state;
+    char id[48];
+    mk(st, "lease-dev", id);
+    store_job j;
+    assert_int_equal(claim_as(st, "lease-dev", "host-a", 1, &j), 0);
+    assert_string_equal(j.lease_owner, "host-a");
+    assert_true(j.lease_expires_at >= j.started_at + 1);
+    store_job_clear(&j);
+    assert_int_equal(store_recover(st, "host-b", 3), 0);      /* not B's job */
+    assert_int_equal(store_lease_rescue(st, 3), 0);           /* not expired yet */
+    assert_int_equal(store_lease_renew(st, "host-a", 1), 1);  /* A holds one job */
+    assert_int_equal(store_lease_renew(st, "host-b", 1), 0);
+    char status[16], owner[256];
+    int cancel = -1;
+    assert_int_equal(store_job_runner(st, id, status, owner, &cancel), 0);
+    assert_string_equal(status, "running");
+    assert_string_equal(owner, "host-a");
+    assert_int_equal(cancel, 0);
+    sleep(3);                                                  /* A died: its lease runs out */
+    assert_int_equal(store_lease_rescue(st, 2), 1);
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "queued");
+    assert_string_equal(j.lease_owner, "");
+    store_job_clear(&j);
+    assert_int_equal(claim_as(st, "lease-dev", "host-b", 1, &j), 0);
+    assert_string_equal(j.lease_owner, "host-b");
+    assert_int_equal(j.attempts, 2);
+    store_job_clear(&j);
+    sleep(3);
+    assert_int_equal(store_lease_rescue(st, 2), 1);           /* 2 of 2 starts: failed */
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "failed");
+    assert_string_equal(j.error_code, "lease_expired");
+    store_job_clear(&j);
+    store_event *ev;
+    int n, more;
+    assert_int_equal(store_event_list(st, id, 0, 100, &ev, &n, &more), 0);
+    int requeued = 0;
+    for (int i = 0; i < n; i++)
+        requeued += !strcmp(ev[i].type, "job.requeued") && strstr(ev[i].message, "lease") != NULL;
+    assert_int_equal(requeued, 1);
+    store_event_list_free(ev, n);
+}
+
+/* A llama.cpp-target job goes only to a runner that has llama.cpp. */
+static void test_claim_engine(void **state)
+{
+    store *st = *state;
+    char id[48];
+    mk_engine(st, "engine-dev", "llama.cpp", id);
+    store_job j;
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.engine, "llama.cpp");
+    store_job_clear(&j);
+    store_claim without = {"engine-dev", 0, "r", 30}, with = {"engine-dev", 1, "r", 30};
+    assert_int_equal(store_job_claim(st, &without, &j), 1);
+    assert_int_equal(store_job_claim(st, &with, &j), 0);
+    assert_string_equal(j.id, id);
+    store_job_clear(&j);
+}
+
+/* Claims from many threads (connections) at once: every job is claimed exactly once. */
+#define CLAIM_JOBS 60
+static char claim_ids[CLAIM_JOBS][48];
+static int claimed_by[CLAIM_JOBS];
+
+static void *claimer(void *st)
+{
+    store_job j;
+    while (claim_as(st, "claim-dev", "racer", 30, &j) == 0) {
+        for (int i = 0; i < CLAIM_JOBS; i++)
+            if (!strcmp(claim_ids[i], j.id))
+                __atomic_add_fetch(&claimed_by[i], 1, __ATOMIC_SEQ_CST);
+        store_job_clear(&j);
+    }
+    return NULL;
+}
+
+static void test_concurrent_claims(void **state)
+{
+    store *st = *state;
+    for (int i = 0; i < CLAIM_JOBS; i++)
+        mk(st, "claim-dev", claim_ids[i]);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, claimer, st), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < CLAIM_JOBS; i++)
+        assert_int_equal(claimed_by[i], 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -489,6 +611,9 @@ int main(void)
         cmocka_unit_test(test_models_and_report),
         cmocka_unit_test(test_webhook_outbox),
         cmocka_unit_test(test_concurrent_writers),
+        cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_claim_engine),
+        cmocka_unit_test(test_concurrent_claims),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

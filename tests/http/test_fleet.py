@@ -1,0 +1,204 @@
+"""Many hosts on one machine, over a real PostgreSQL server (tests/tools/pg.sh): an API
+server that runs no jobs (--workers 0) and two worker agents (`autocompress worker
+--store postgresql://...`), each with a data directory of its own, as two hosts would be.
+  - 50 queued jobs are drained by both agents, each job run exactly once;
+  - a cancel posted to the API reaches the job on an agent within seconds;
+  - kill -9 of the agent running a job: its lease runs out, the other agent takes the job
+    over, runs again the finished stage whose outputs stayed on the dead host, and the
+    artifact equals that of an uninterrupted run;
+  - an agent connected as the worker role of docs/fleet.md (its SQL is read from there)
+    runs jobs, and that role cannot create one;
+  - PostgreSQL killed while a job runs and started again: meanwhile the API answers 503
+    with Retry-After; afterwards the job finishes, each stage run once, nothing lost.
+# store: own PostgreSQL (not run again in tests/run_all.sh's PostgreSQL pass)
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from acserver import AC_BIN, Server, test_spec  # noqa: E402
+
+PG = os.path.join(os.path.dirname(__file__), "..", "tools", "pg.sh")
+
+
+def pg(*args):
+    return subprocess.run(["bash", PG] + list(args), check=True, capture_output=True, text=True).stdout.strip()
+
+
+class Agent:
+    def __init__(self, store, root, name):
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir)
+        self.log_path = os.path.join(root, name + ".log")
+        env = dict(os.environ, AC_TEST_STAGES="1", AC_STORE="")
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([AC_BIN, "worker", "--store", store, "--devices", "cpu", "--data-dir", self.dir,
+                                      "--lease-s", "3"], stdout=self.log, stderr=self.log, env=env)
+        self.runner = None
+        t0 = time.time()
+        while time.time() - t0 < 15 and not self.runner:
+            assert self.proc.poll() is None, "agent exited:\n" + self.text()
+            for line in self.text().splitlines():
+                if '"worker agent ready"' in line:
+                    self.runner = json.loads(line)["runner"]
+            time.sleep(0.05)
+        assert self.runner, "agent did not start:\n" + self.text()
+
+    def text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+        text = self.text()
+        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            assert bad not in text, "sanitizer report in the agent log:\n" + text[-4000:]
+
+
+def events(s, job_id):
+    _, _, doc = s.json("GET", "/v1/jobs/%s/events?limit=1000" % job_id, expect=200)
+    return doc["data"]
+
+
+def runners(evs):
+    return [e["data"]["runner"] for e in evs if e["type"] == "job.started"]
+
+
+def blob_sha(s, job_id):
+    _, _, doc = s.json("GET", "/v1/jobs/%s/artifacts" % job_id, expect=200)
+    return {a["name"]: a["sha256"] for a in doc["data"]}["blob.bin"]
+
+
+def drain_and_takeover(s, store, root):
+    a, b = Agent(store, root, "host-a"), Agent(store, root, "host-b")
+    try:
+        ids = [s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=100), expect=201)[2]["id"]
+               for _ in range(50)]
+        for i in ids:
+            j = s.wait_status(i, ("succeeded", "failed", "cancelled"), timeout=120)
+            assert j["status"] == "succeeded", j
+        seen = {}
+        for i in ids:
+            evs = events(s, i)
+            started = [e for e in evs if e["type"] == "stage.started"]
+            assert len(runners(evs)) == 1 and len(started) == 1, (i, evs)
+            seen[runners(evs)[0]] = seen.get(runners(evs)[0], 0) + 1
+        assert set(seen) == {a.runner, b.runner}, seen
+        print("ok: 50 jobs drained, each run once: %s" % seen)
+
+        # a cancel posted to the API reaches the job on whichever agent runs it
+        cid = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=60000), expect=201)[2]["id"]
+        s.wait_stage(cid, "test_sleep", timeout=20)
+        t0 = time.time()
+        s.json("POST", "/v1/jobs/%s/cancel" % cid, expect=200)
+        j = s.wait_status(cid, ("cancelled",), timeout=10)
+        print("ok: cancel reached the agent in %.2f s" % (time.time() - t0))
+
+        # the reference: the same job, uninterrupted
+        spec = test_spec(["test_artifact", "test_sleep"], x_test_sleep_ms=6000, x_test_artifact_bytes=300000)
+        ref = s.json("POST", "/v1/jobs", spec, expect=201)[2]["id"]
+        assert s.wait_status(ref, ("succeeded", "failed"), timeout=60)["status"] == "succeeded"
+        jid = s.json("POST", "/v1/jobs", spec, expect=201)[2]["id"]
+        s.wait_stage(jid, "test_sleep", timeout=20)
+        first = runners(events(s, jid))[0]
+        victim, other = (a, b) if first == a.runner else (b, a)
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        t0 = time.time()
+        j = s.wait_status(jid, ("succeeded", "failed"), timeout=60)
+        assert j["status"] == "succeeded", j
+        evs = events(s, jid)
+        assert runners(evs) == [victim.runner, other.runner], runners(evs)
+        assert [e for e in evs if e["type"] == "job.requeued" and "lease" in e["message"]], evs
+        rerun = [e for e in evs if e["type"] == "job.stages_rerun"]
+        assert len(rerun) == 1 and rerun[0]["data"]["from"] == "test_artifact", rerun
+        _, _, doc = s.json("GET", "/v1/jobs/" + jid, expect=200)
+        assert doc["attempts"] == 2, doc
+        assert blob_sha(s, jid) == blob_sha(s, ref)
+        print("ok: kill -9 of %s: %s took the job over, finished in %.1f s, artifact equal to the uninterrupted run"
+              % (victim.runner, other.runner, time.time() - t0))
+    finally:
+        for x in (a, b):
+            x.stop()
+
+
+def worker_role(s, store, root):
+    """docs/fleet.md's worker role: it runs jobs, it cannot create them."""
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "fleet.md")).read()
+    sql = re.search(r"```sql\n(.*?)```", doc, re.S).group(1).replace("'...'", "'worker-secret'")
+    subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", store, "-c", sql], check=True, capture_output=True)
+    as_worker = store.replace("user=postgres", "user=ac_worker")
+    agent = Agent(as_worker, root, "host-role")
+    try:
+        jid = s.json("POST", "/v1/jobs", test_spec(["test_sleep", "test_artifact"], x_test_sleep_ms=100,
+                                                   x_test_artifact_bytes=1000), expect=201)[2]["id"]
+        j = s.wait_status(jid, ("succeeded", "failed"), timeout=30)
+        assert j["status"] == "succeeded" and runners(events(s, jid)) == [agent.runner], (j, events(s, jid))
+    finally:
+        agent.stop()
+    p = subprocess.run(["psql", as_worker, "-c", "INSERT INTO jobs(id, kind, status, device, spec, stages, "
+                        "created_at, updated_at) VALUES ('job_x', 'job', 'queued', 'cpu', '{}', '[]', 0, 0)"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "permission denied" in p.stderr, (p.returncode, p.stderr)
+    print("ok: the worker role ran a job and may not create one")
+
+
+def store_restart(root):
+    """The API server (running its own jobs) while PostgreSQL is killed and restarted."""
+    pgdir = tempfile.mkdtemp(prefix="ac-pg-")   # its parents must be open to the postgres user
+    base = pg("start", pgdir)
+    store = pg("newdb", base, "ac_fleet_restart")
+    try:
+        with Server(env={"AC_STORE": store}) as s:
+            jid = s.json("POST", "/v1/jobs", test_spec(["test_sleep", "test_sleep"], x_test_sleep_ms=3000),
+                         expect=201)[2]["id"]
+            s.wait_stage(jid, "test_sleep", timeout=20)
+            pg("kill", pgdir)
+            st, hd, doc = s.json("GET", "/v1/jobs/" + jid)
+            assert st == 503 and hd.get("retry-after"), (st, hd, doc)
+            st, hd, doc = s.json("POST", "/v1/jobs", test_spec(["test_sleep"]))
+            assert st == 503 and hd.get("retry-after") and doc["code"] == "store_unavailable", (st, doc)
+            st, hd, _ = s.json("GET", "/readyz")
+            assert st == 503, st
+            time.sleep(2)
+            pg("start", pgdir)
+            j = s.wait_status(jid, ("succeeded", "failed", "cancelled"), timeout=60)
+            assert j["status"] == "succeeded" and j["attempts"] == 1, j
+            evs = events(s, jid)
+            kinds = [e["type"] for e in evs]
+            assert kinds.count("job.started") == 1 and kinds.count("stage.started") == 2, kinds
+            assert kinds.count("stage.completed") == 2 and kinds.count("job.succeeded") == 1, kinds
+            print("ok: PostgreSQL killed and restarted mid-job: 503 with Retry-After meanwhile, the job ran once")
+            s.stop()
+    finally:
+        pg("stop", pgdir)
+        subprocess.run(["rm", "-rf", pgdir])
+
+
+def main():
+    root = tempfile.mkdtemp(prefix="ac-fleet-")
+    pgdir = tempfile.mkdtemp(prefix="ac-pg-")
+    base = pg("start", pgdir)
+    try:
+        store = pg("newdb", base, "ac_fleet")
+        with Server(args=["--workers", "0"], env={"AC_STORE": store}) as s:
+            drain_and_takeover(s, store, root)
+            worker_role(s, store, root)
+            s.stop()
+    finally:
+        pg("stop", pgdir)
+        subprocess.run(["rm", "-rf", pgdir])
+    store_restart(root)
+    subprocess.run(["rm", "-rf", root])
+
+
+if __name__ == "__main__":
+    main()
