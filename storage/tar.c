@@ -1,7 +1,7 @@
-/* storage/tar.c — streaming POSIX ustar writer (see tar.h).
+/* storage/tar.c — streaming POSIX ustar writer and reader (see tar.h).
  *
  * Layout: per member a 512-byte header, the data padded to 512 bytes; two zero blocks
- * close the archive. Only regular files and directories are written.
+ * close the archive. Only regular files and directories are written or read.
  */
 #include "storage/tar.h"
 
@@ -246,6 +246,46 @@ out:
     return rc;
 }
 
+int tar_add_all(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
+{
+    char **names;
+    size_t n;
+    if (fio_list_dir(dir, &names, &n) < 0) {
+        snprintf(err, errlen, "tar: open directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    if (tar_add_dir(t, prefix, err, errlen) < 0)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        char src[4096], member[1024];
+        int a = snprintf(src, sizeof src, "%s/%s", dir, names[i]);
+        int b = snprintf(member, sizeof member, "%s/%s", prefix, names[i]);
+        if (a < 0 || (size_t)a >= sizeof src || b < 0 || (size_t)b >= sizeof member) {
+            snprintf(err, errlen, "tar: path too long: %s/%s", dir, names[i]);
+            goto out;
+        }
+        struct stat st;
+        if (lstat(src, &st) < 0) {
+            snprintf(err, errlen, "tar: %s: %s", src, strerror(errno));
+            goto out;
+        }
+        int r = -1;
+        if (S_ISDIR(st.st_mode))
+            r = tar_add_all(t, member, src, err, errlen);
+        else if (S_ISREG(st.st_mode))
+            r = tar_add_file(t, member, src, err, errlen);
+        else
+            snprintf(err, errlen, "tar: %s is not a regular file or a folder", src);
+        if (r < 0)
+            goto out;
+    }
+    rc = 0;
+out:
+    fio_names_free(names, n);
+    return rc;
+}
+
 static void tar_free(tar_writer *t)
 {
     if (t->fd >= 0)
@@ -290,4 +330,161 @@ void tar_abort(tar_writer *t)
     }
     unlink(t->tmp);
     tar_free(t);
+}
+
+/* ---- the reader ------------------------------------------------------------------------ */
+
+/* Read exactly n bytes. 0, or -1 (errno; 0 at a premature end of the stream). */
+static int read_full(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = 0;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* A numeric header field: octal digits (space or NUL ended) or GNU base-256. */
+static int get_number(const unsigned char *f, size_t w, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (f[0] & 0x80) {
+        for (size_t i = 1; i < w; i++) {
+            if (v >> 56)
+                return -1;
+            v = v << 8 | f[i];
+        }
+        *out = v;
+        return 0;
+    }
+    size_t i = 0;
+    while (i < w && f[i] == ' ')
+        i++;
+    for (; i < w && f[i] >= '0' && f[i] <= '7'; i++) {
+        if (v >> 60)
+            return -1;
+        v = v << 3 | (uint64_t)(f[i] - '0');
+    }
+    if (i < w && f[i] != 0 && f[i] != ' ')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* A member name that stays inside the destination: relative, no "." or ".." component. */
+static int name_safe(const char *name)
+{
+    if (!name[0] || name[0] == '/')
+        return 0;
+    for (const char *s = name; *s;) {
+        const char *e = strchr(s, '/');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        if ((len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.') || (len == 0 && e && e[1]))
+            return 0;
+        s += len + (e ? 1 : 0);
+    }
+    return 1;
+}
+
+/* Copy size bytes of member data from fd to a new file at path, then skip the padding. */
+static int extract_file(int fd, const char *path, uint64_t size, unsigned char *buf, char *err, size_t errlen)
+{
+    int out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (out < 0) {
+        snprintf(err, errlen, "tar: create %s: %s", path, strerror(errno));
+        return -1;
+    }
+    uint64_t left = size + (TAR_BLOCK - size % TAR_BLOCK) % TAR_BLOCK, data = size;
+    int rc = 0;
+    while (left > 0 && rc == 0) {
+        size_t k = left < TAR_CHUNK ? (size_t)left : TAR_CHUNK;
+        if (read_full(fd, buf, k) < 0) {
+            snprintf(err, errlen, "tar: %s", errno ? strerror(errno) : "the archive ends inside a member");
+            rc = -1;
+        } else if (data > 0 && fio_write_all(out, buf, data < k ? (size_t)data : k) < 0) {
+            snprintf(err, errlen, "tar: write %s: %s", path, strerror(errno));
+            rc = -1;
+        }
+        data -= data < k ? data : k;
+        left -= k;
+    }
+    if (close(out) < 0 && rc == 0) {
+        snprintf(err, errlen, "tar: close %s: %s", path, strerror(errno));
+        rc = -1;
+    }
+    return rc;
+}
+
+int tar_extract(int fd, const char *dest, char *err, size_t errlen)
+{
+    unsigned char *buf = malloc(TAR_CHUNK);
+    if (!buf) {
+        snprintf(err, errlen, "tar: out of memory");
+        return -1;
+    }
+    int rc = -1;
+    for (;;) {
+        unsigned char h[TAR_BLOCK];
+        if (read_full(fd, h, sizeof h) < 0) {
+            snprintf(err, errlen, "tar: %s", errno ? strerror(errno) : "the archive ends without its closing blocks");
+            break;
+        }
+        int zero = 1;
+        for (int i = 0; i < TAR_BLOCK && zero; i++)
+            zero = h[i] == 0;
+        if (zero) {
+            rc = 0;
+            break;
+        }
+        uint64_t sum = 0, want, size;
+        for (int i = 0; i < TAR_BLOCK; i++)
+            sum += i >= 148 && i < 156 ? ' ' : h[i];
+        char name[260];
+        snprintf(name, sizeof name, "%.155s%s%.100s", (const char *)h + 345, h[345] ? "/" : "", (const char *)h);
+        size_t nl = strlen(name);
+        while (nl > 1 && name[nl - 1] == '/')   /* a folder's trailing slash */
+            name[--nl] = 0;
+        if (get_number(h + 148, 8, &want) < 0 || want != sum || get_number(h + 124, 12, &size) < 0) {
+            snprintf(err, errlen, "tar: a damaged header (member '%s')", name);
+            break;
+        }
+        if (!name_safe(name)) {
+            snprintf(err, errlen, "tar: member '%s' would land outside the destination", name);
+            break;
+        }
+        char path[4400];
+        if (snprintf(path, sizeof path, "%s/%s", dest, name) >= (int)sizeof path) {
+            snprintf(err, errlen, "tar: path too long: %s/%s", dest, name);
+            break;
+        }
+        char dir[4400];
+        fio_dir_of(path, dir, sizeof dir);
+        if (h[156] == '5') {
+            if (fio_mkdirs(path) < 0) {
+                snprintf(err, errlen, "tar: mkdir %s: %s", path, strerror(errno));
+                break;
+            }
+        } else if (h[156] == '0' || h[156] == 0) {
+            if (fio_mkdirs(dir) < 0) {
+                snprintf(err, errlen, "tar: mkdir %s: %s", dir, strerror(errno));
+                break;
+            }
+            if (extract_file(fd, path, size, buf, err, errlen) < 0)
+                break;
+        } else {
+            snprintf(err, errlen, "tar: member '%s' is neither a file nor a folder (type '%c')", name, h[156]);
+            break;
+        }
+    }
+    free(buf);
+    return rc;
 }

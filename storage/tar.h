@@ -1,5 +1,7 @@
 /* storage/tar.h — a streaming POSIX ustar writer, used to package an exported HF
- * directory as one downloadable artifact.
+ * directory as one downloadable artifact and a stage's outputs for another host, and the
+ * reader that unpacks the latter (regular files and folders only, never outside the
+ * destination).
  *
  * Files are copied into the archive in fixed-size chunks (never read whole). Names longer
  * than 100 bytes are split into ustar's prefix/name fields (up to 255 bytes in all); a
@@ -32,6 +34,17 @@ int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen);
  * recursion; sub-directories are an error) as "PREFIX/filename", after a directory entry
  * for PREFIX. Returns 0, or -1 with a reason in err. */
 int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen);
+
+/* Append folder `dir` whole as PREFIX: its files and sub-folders, recursively, each
+ * folder's names sorted. Anything but regular files and folders (links, devices) is an
+ * error. Returns 0, or -1 with a reason in err. */
+int tar_add_all(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen);
+/* Unpack the archive read from fd into the existing folder dest: folders and regular
+ * files (created, never overwritten), up to the closing zero block. A member named with
+ * an absolute path or a "." or ".." component, another member type, a damaged header or a
+ * truncated archive is an error. Returns 0, or -1 with a reason in err (what was unpacked
+ * before stays: unpack into a fresh folder). */
+int tar_extract(int fd, const char *dest, char *err, size_t errlen);
 
 /* Finish the archive (two zero blocks), fsync, rename path.tmp to path and free the
  * writer. Returns 0, or -1 with a reason in err (the temporary file is removed). The
