@@ -2,9 +2,11 @@
  * Every transition (stage started, stage done, terminal state) is one store transaction,
  * so a worker killed at any point leaves the job resumable at its first unfinished stage.
  * A transition the store cannot take (a PostgreSQL server restarting) is tried again for
- * a minute before the worker gives up. A stage's outputs stay in the job directory of
- * the host that ran it, marked done there (STAGE/.done): a job resumed on another host
- * first runs again the finished stages whose outputs that host lacks.
+ * a minute before the worker gives up. A stage's outputs are files in the job directory
+ * of the host that ran it, marked done there (STAGE/.done); with a remote artifact store
+ * they are also published as the artifact stage-outputs.STAGE.tar. A job resumed on
+ * another host fetches the outputs of its finished stages from there, or, where none were
+ * published, runs those stages again.
  */
 #include "jobs/pipeline.h"
 
@@ -20,7 +22,9 @@
 #include "jobs/report.h"
 #include "jobs/retention.h"
 #include "jobs/stage.h"
+#include "storage/artstore.h"
 #include "storage/fileio.h"
+#include "storage/tar.h"
 #include "engine/clock.h"
 
 json_t *job_pipeline_for(const char *kind, json_t *spec)
@@ -93,8 +97,68 @@ static int finish_stopped(store *st, const char *id, const char *stage)
     return finish(st, id, "cancelled", NULL, NULL) < 0 ? -1 : 0;
 }
 
+/* With a remote artifact store: publish the finished stage's folder (ctx->stage_dir, its
+ * .done marker included) as artifact stage-outputs.STAGE.tar, for a host that takes the
+ * job over. A failure costs only that stage's rerun there: it is an event, not an error. */
+static void share_stage(job_ctx *ctx, const char *name)
+{
+    if (!art_has_remote(ctx->as))
+        return;
+    char path[sizeof ctx->job_dir + 80], art[80], err[1024] = "";
+    snprintf(path, sizeof path, "%s/.%s.outputs.tar", ctx->job_dir, name);
+    snprintf(art, sizeof art, "stage-outputs.%s.tar", name);
+    tar_writer *t = tar_open(path, 0, err, sizeof err);
+    int ok = t != NULL;
+    if (ok && tar_add_all(t, name, ctx->stage_dir, err, sizeof err) < 0) {
+        tar_abort(t);
+        ok = 0;
+    }
+    ok = ok && tar_close(t, err, sizeof err) == 0 && job_publish(ctx, art, path, "application/x-tar", err, sizeof err) == 0;
+    unlink(path);
+    if (!ok)
+        job_event(ctx, "stage.outputs_unshared", err, json_pack("{s:s}", "stage", name));
+}
+
+/* The outputs of finished stage `name`, published by the host that ran it (share_stage),
+ * unpacked into this job directory, done. 0, or -1 when none were published or they
+ * cannot be had (said in an event): the stage then runs again here. */
+static int fetch_stage(job_ctx *ctx, const char *name)
+{
+    store_artifact a;
+    char art[80], err[1024] = "", tmp[sizeof ctx->job_dir + 80], dir[sizeof ctx->job_dir + 80];
+    char got[sizeof tmp + 80];
+    snprintf(art, sizeof art, "stage-outputs.%s.tar", name);
+    if (!art_has_remote(ctx->as) || store_artifact_get(ctx->st, ctx->id, art, &a) != 0)
+        return -1;
+    snprintf(tmp, sizeof tmp, "%s/.%s.fetch", ctx->job_dir, name);
+    snprintf(dir, sizeof dir, "%s/%s", ctx->job_dir, name);
+    snprintf(got, sizeof got, "%s/%s", tmp, name);
+    int fd = -1, rc = -1;
+    if (fio_remove_tree(tmp) < 0 || mkdir(tmp, 0755) < 0)
+        snprintf(err, sizeof err, "%.900s: %s", tmp, strerror(errno));
+    else if ((fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, err, sizeof err)) >= 0 &&
+             tar_extract(fd, tmp, err, sizeof err) == 0) {
+        if (fio_remove_tree(dir) < 0 || rename(got, dir) < 0)
+            snprintf(err, sizeof err, "%.900s: %s", dir, strerror(errno));
+        else
+            rc = 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    (void)fio_remove_tree(tmp);
+    char msg[1400];
+    if (rc == 0)
+        snprintf(msg, sizeof msg, "the outputs of stage %s came from the host that ran it (%s)", name, art);
+    else
+        snprintf(msg, sizeof msg, "the outputs of stage %s could not be fetched (%s): running it again", name, err);
+    job_event(ctx, rc == 0 ? "job.stage_fetched" : "job.stage_unfetched", msg,
+              json_pack("{s:s,s:s,s:I}", "stage", name, "sha256", a.sha256, "size_bytes", (json_int_t)a.size_bytes));
+    return rc;
+}
+
 /* The first stage to run here: the job's first unfinished one, or an earlier finished
- * one whose outputs this host lacks (it ran elsewhere), announced with an event. */
+ * one whose outputs this host lacks (it ran elsewhere) and cannot fetch, announced with
+ * an event. */
 static size_t first_stage_here(job_ctx *ctx, const store_job *job)
 {
     size_t start = (size_t)job->stage_index;
@@ -102,7 +166,7 @@ static size_t first_stage_here(job_ctx *ctx, const store_job *job)
         const char *name = json_string_value(json_array_get(job->stages, i));
         char done[4200];
         snprintf(done, sizeof done, "%s/%s/.done", ctx->job_dir, name ? name : "?");
-        if (!fio_is_file(done)) {
+        if (!fio_is_file(done) && !(name && fetch_stage(ctx, name) == 0 && fio_is_file(done))) {
             char msg[300];
             snprintf(msg, sizeof msg, "the outputs of stage %s and after are not on this host (it ran elsewhere): "
                      "running again from it", name ? name : "?");
@@ -205,6 +269,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             tries = 0;
             if (fio_write_atomic(done, "", 0, serr, sizeof serr) < 0)   /* a resume here then runs it again */
                 job_event(&ctx, "stage.unmarked", serr, NULL);
+            share_stage(&ctx, name);
             while ((rc_store = store_job_stage_done(st, id, (int)i, name, wall)) < 0 && store_retry(&tries))
                 ;
             if (rc_store < 0) {

@@ -258,6 +258,11 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
     return rc;
 }
 
+int art_has_remote(const artstore *as)
+{
+    return as->remote != NULL;
+}
+
 int art_attach_remote(artstore *as, const char *url, const char *credentials_file, int allow_http, char *err,
                       size_t errlen)
 {

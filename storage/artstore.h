@@ -29,6 +29,9 @@ void art_close(artstore *as);
  * Checks that the bucket answers. 0, or -1 with err (the store is then unchanged). */
 int art_attach_remote(artstore *as, const char *url, const char *credentials_file, int allow_http, char *err,
                       size_t errlen);
+/* 1 when the store writes through to a remote one (art_attach_remote), so that what it
+ * holds can be read on other hosts. */
+int art_has_remote(const artstore *as);
 
 /* sha-256 of a file as 64 lowercase hex digits, and its size. Returns 0, or -1 with err. */
 int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen);

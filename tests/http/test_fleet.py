@@ -5,7 +5,9 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
   - a cancel posted to the API reaches the job on an agent within seconds;
   - kill -9 of the agent running a job: its lease runs out, the other agent takes the job
     over, runs again the finished stage whose outputs stayed on the dead host, and the
-    artifact equals that of an uninterrupted run;
+    artifact equals that of an uninterrupted run; with an S3 artifact store (moto) the
+    agent taking over fetches that stage's outputs instead and resumes at the unfinished
+    stage;
   - an agent connected as the worker role of docs/fleet.md (its SQL is read from there)
     runs jobs, and that role cannot create one;
   - PostgreSQL killed while a job runs and started again: meanwhile the API answers 503
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from acserver import AC_BIN, Server, test_spec  # noqa: E402
@@ -32,15 +35,16 @@ def pg(*args):
 
 
 class Agent:
-    def __init__(self, store, root, name):
+    def __init__(self, store, root, name, args=(), env=None):
         self.dir = os.path.join(root, name)
         os.makedirs(self.dir)
         self.log_path = os.path.join(root, name + ".log")
-        env = dict(os.environ, AC_TEST_STAGES="1", AC_STORE="")
+        env = dict(os.environ, AC_TEST_STAGES="1", AC_STORE="", **(env or {}))
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([AC_BIN, "worker", "--store", store, "--devices", "cpu", "--data-dir", self.dir,
-                                      "--lease-s", "3"], stdout=self.log, stderr=self.log, env=env)
+                                      "--lease-s", "3"] + list(args), stdout=self.log, stderr=self.log, env=env)
         self.runner = None
+        self.name = name
         t0 = time.time()
         while time.time() - t0 < 15 and not self.runner:
             assert self.proc.poll() is None, "agent exited:\n" + self.text()
@@ -77,6 +81,29 @@ def blob_sha(s, job_id):
     return {a["name"]: a["sha256"] for a in doc["data"]}["blob.bin"]
 
 
+TAKEOVER_SPEC = test_spec(["test_artifact", "test_sleep"], x_test_sleep_ms=6000, x_test_artifact_bytes=300000)
+
+
+def takeover(s, a, b):
+    """kill -9 the agent that runs a job in its second stage; the other one finishes it.
+    Returns the job's events."""
+    jid = s.json("POST", "/v1/jobs", TAKEOVER_SPEC, expect=201)[2]["id"]
+    s.wait_stage(jid, "test_sleep", timeout=20)
+    first = runners(events(s, jid))[0]
+    victim, other = (a, b) if first == a.runner else (b, a)
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    t0 = time.time()
+    j = s.wait_status(jid, ("succeeded", "failed"), timeout=60)
+    assert j["status"] == "succeeded" and j["attempts"] == 2, j
+    evs = events(s, jid)
+    assert runners(evs) == [victim.runner, other.runner], runners(evs)
+    assert [e for e in evs if e["type"] == "job.requeued" and "lease" in e["message"]], evs
+    print("ok: kill -9 of %s: %s took the job over and finished it in %.1f s" % (victim.name, other.name,
+                                                                                  time.time() - t0))
+    return jid, evs
+
+
 def drain_and_takeover(s, store, root):
     a, b = Agent(store, root, "host-a"), Agent(store, root, "host-b")
     try:
@@ -103,31 +130,53 @@ def drain_and_takeover(s, store, root):
         print("ok: cancel reached the agent in %.2f s" % (time.time() - t0))
 
         # the reference: the same job, uninterrupted
-        spec = test_spec(["test_artifact", "test_sleep"], x_test_sleep_ms=6000, x_test_artifact_bytes=300000)
-        ref = s.json("POST", "/v1/jobs", spec, expect=201)[2]["id"]
+        ref = s.json("POST", "/v1/jobs", TAKEOVER_SPEC, expect=201)[2]["id"]
         assert s.wait_status(ref, ("succeeded", "failed"), timeout=60)["status"] == "succeeded"
-        jid = s.json("POST", "/v1/jobs", spec, expect=201)[2]["id"]
-        s.wait_stage(jid, "test_sleep", timeout=20)
-        first = runners(events(s, jid))[0]
-        victim, other = (a, b) if first == a.runner else (b, a)
-        victim.proc.send_signal(signal.SIGKILL)
-        victim.proc.wait()
-        t0 = time.time()
-        j = s.wait_status(jid, ("succeeded", "failed"), timeout=60)
-        assert j["status"] == "succeeded", j
-        evs = events(s, jid)
-        assert runners(evs) == [victim.runner, other.runner], runners(evs)
-        assert [e for e in evs if e["type"] == "job.requeued" and "lease" in e["message"]], evs
+        # no shared artifact store: the finished stage runs again on the new host
+        jid, evs = takeover(s, a, b)
         rerun = [e for e in evs if e["type"] == "job.stages_rerun"]
         assert len(rerun) == 1 and rerun[0]["data"]["from"] == "test_artifact", rerun
-        _, _, doc = s.json("GET", "/v1/jobs/" + jid, expect=200)
-        assert doc["attempts"] == 2, doc
         assert blob_sha(s, jid) == blob_sha(s, ref)
-        print("ok: kill -9 of %s: %s took the job over, finished in %.1f s, artifact equal to the uninterrupted run"
-              % (victim.runner, other.runner, time.time() - t0))
+        print("ok: ... it ran test_artifact again (its outputs were on the dead host); artifact equal to the "
+              "uninterrupted run's")
+        return blob_sha(s, ref)
     finally:
         for x in (a, b):
             x.stop()
+
+
+def takeover_with_s3(s, store, root, ref_sha):
+    """Agents writing through to one S3 bucket (moto): the new host fetches the finished
+    stage's outputs and resumes at the unfinished one."""
+    port = subprocess.run([sys.executable, "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); "
+                           "print(s.getsockname()[1])"], capture_output=True, text=True, check=True).stdout.strip()
+    moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
+                             "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ep = "http://127.0.0.1:" + port
+    agents = []
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(urllib.request.Request(ep + "/ac-fleet", method="PUT"), timeout=5).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        env = {"AWS_ENDPOINT_URL": ep, "AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "TopSecret42"}
+        args = ["--artifacts", "s3://ac-fleet/x", "--s3-allow-http"]
+        agents = [Agent(store, root, "host-c", args, env), Agent(store, root, "host-d", args, env)]
+        jid, evs = takeover(s, *agents)
+        kinds = [e["type"] for e in evs]
+        assert "job.stage_fetched" in kinds and "job.stages_rerun" not in kinds, kinds
+        started = [e["data"]["stage"] for e in evs if e["type"] == "stage.started"]
+        assert started == ["test_artifact", "test_sleep", "test_sleep"], started   # resumed at the unfinished one
+        assert blob_sha(s, jid) == ref_sha
+        print("ok: ... with an S3 artifact store it fetched test_artifact's outputs and resumed at test_sleep; "
+              "artifact equal to the uninterrupted run's")
+    finally:
+        for x in agents:
+            x.stop()
+        moto.terminate()
+        moto.wait()
 
 
 def worker_role(s, store, root):
@@ -190,7 +239,8 @@ def main():
     try:
         store = pg("newdb", base, "ac_fleet")
         with Server(args=["--workers", "0"], env={"AC_STORE": store}) as s:
-            drain_and_takeover(s, store, root)
+            ref_sha = drain_and_takeover(s, store, root)
+            takeover_with_s3(s, store, root, ref_sha)
             worker_role(s, store, root)
             s.stop()
     finally:
