@@ -46,7 +46,9 @@ results=()
 run_case() {   # run_case STORE_KIND AGENTS
     local kind=$1 agents=$2 dir=$tmp/$1-$2 store
     mkdir -p "$dir/api/models"
-    head -c 64 /dev/zero > "$dir/api/models/tiny.bin"
+    # the smallest llama2.c checkpoint the model probe takes (the test stages never load it)
+    python3 -c 'import struct, sys; sys.stdout.buffer.write(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 4) + bytes(936 * 4))' \
+        > "$dir/api/models/tiny.bin"
     if [ "$kind" = postgresql ]; then
         store=$(tests/tools/pg.sh newdb "$pg_base" "ac_fleet_$agents")
     else
@@ -62,6 +64,7 @@ run_case() {   # run_case STORE_KIND AGENTS
         id=$(curl -s -X POST "$url/v1/jobs" -H 'Content-Type: application/json' -d \
             '{"model":{"path":"models/tiny.bin"},"constraints":{"latency_ms":50},"x_test_pipeline":["test_sleep"],"x_test_sleep_ms":50}' |
             sed -n 's/^{"id":"\([a-z_0-9]*\)".*/\1/p')
+        [ -n "$id" ] || { echo "$kind/$agents: POST /v1/jobs failed" >&2; cat "$dir/api.log" >&2; exit 1; }
         [ -n "$first" ] || first=$id
     done
     local apids=() t0 t1
