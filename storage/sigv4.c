@@ -210,8 +210,10 @@ static int parts_init(const sigv4_creds *cr, const sigv4_request *r, int sign_al
         if (kvs_add(&p->h, lower_dup(hp->name), header_trim(hp->value ? hp->value : "")))
             goto bad;
     }
-    qsort(p->q.v, (size_t)p->q.n, sizeof(kv), kv_cmp);
-    qsort(p->h.v, (size_t)p->h.n, sizeof(kv), kv_cmp);
+    if (p->q.n > 1)   /* an empty list has no array, and qsort takes none */
+        qsort(p->q.v, (size_t)p->q.n, sizeof(kv), kv_cmp);
+    if (p->h.n > 1)
+        qsort(p->h.v, (size_t)p->h.n, sizeof(kv), kv_cmp);
     /* duplicates of one header: one line, values joined by ',' in the order sorted */
     int w = 0;
     for (int i = 0; i < p->h.n; i++) {
