@@ -213,7 +213,9 @@ int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen)
     return rc;
 }
 
-int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
+/* The folder dir as PREFIX: its regular files, and with `recursive` its sub-folders
+ * whole (tar_add_tree, tar_add_all). */
+static int add_folder(tar_writer *t, const char *prefix, const char *dir, int recursive, char *err, size_t errlen)
 {
     char **names;
     size_t n;
@@ -233,11 +235,17 @@ int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, 
             goto out;
         }
         struct stat st;
-        if (stat(src, &st) < 0 || !S_ISREG(st.st_mode)) {
-            snprintf(err, errlen, "tar: %s is not a regular file (sub-directories are not packaged)", src);
-            goto out;
-        }
-        if (tar_add_file(t, member, src, err, errlen) < 0)
+        int r = -1;
+        if ((recursive ? lstat(src, &st) : stat(src, &st)) < 0)   /* a whole tree keeps no links */
+            snprintf(err, errlen, "tar: %s: %s", src, strerror(errno));
+        else if (S_ISREG(st.st_mode))
+            r = tar_add_file(t, member, src, err, errlen);
+        else if (S_ISDIR(st.st_mode) && recursive)
+            r = add_folder(t, member, src, 1, err, errlen);
+        else
+            snprintf(err, errlen, "tar: %s is not a regular file%s", src,
+                     recursive ? " or a folder" : " (sub-directories are not packaged)");
+        if (r < 0)
             goto out;
     }
     rc = 0;
@@ -246,44 +254,14 @@ out:
     return rc;
 }
 
+int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
+{
+    return add_folder(t, prefix, dir, 0, err, errlen);
+}
+
 int tar_add_all(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
 {
-    char **names;
-    size_t n;
-    if (fio_list_dir(dir, &names, &n) < 0) {
-        snprintf(err, errlen, "tar: open directory %s: %s", dir, strerror(errno));
-        return -1;
-    }
-    int rc = -1;
-    if (tar_add_dir(t, prefix, err, errlen) < 0)
-        goto out;
-    for (size_t i = 0; i < n; i++) {
-        char src[4096], member[1024];
-        int a = snprintf(src, sizeof src, "%s/%s", dir, names[i]);
-        int b = snprintf(member, sizeof member, "%s/%s", prefix, names[i]);
-        if (a < 0 || (size_t)a >= sizeof src || b < 0 || (size_t)b >= sizeof member) {
-            snprintf(err, errlen, "tar: path too long: %s/%s", dir, names[i]);
-            goto out;
-        }
-        struct stat st;
-        if (lstat(src, &st) < 0) {
-            snprintf(err, errlen, "tar: %s: %s", src, strerror(errno));
-            goto out;
-        }
-        int r = -1;
-        if (S_ISDIR(st.st_mode))
-            r = tar_add_all(t, member, src, err, errlen);
-        else if (S_ISREG(st.st_mode))
-            r = tar_add_file(t, member, src, err, errlen);
-        else
-            snprintf(err, errlen, "tar: %s is not a regular file or a folder", src);
-        if (r < 0)
-            goto out;
-    }
-    rc = 0;
-out:
-    fio_names_free(names, n);
-    return rc;
+    return add_folder(t, prefix, dir, 1, err, errlen);
 }
 
 static void tar_free(tar_writer *t)

@@ -220,21 +220,30 @@ static void test_per_device_limit(void **state)
     assert_true(g2_overlap);
 }
 
-static void test_cancel_and_stop(void **state)
+/* A scheduler on devices d1 and d2, each running one job (ids into a and b) in the
+ * worker script `body` (name: its file). */
+static sched *two_running(const char *name, const char *body, const char *d1, const char *d2, char a[48], char b[48])
 {
-    (void)state;
     char exe[128];
-    script("w3.sh", "trap 'exit 0' USR1\ntrap 'exit 0' TERM\nsleep 30 &\nwait", exe, sizeof exe);
-    char a[48], b[48];
-    mk("c1", a);
-    mk("c2", b);
-    const char *devs[] = {"c1", "c2"};
+    script(name, body, exe, sizeof exe);
+    mk(d1, a);
+    mk(d2, b);
+    const char *devs[] = {d1, d2};
     sched *s = start(exe, devs, 2, 1);
     store_job j = wait_leave(a, "queued", 10);
     store_job_clear(&j);
     j = wait_leave(b, "queued", 10);
     store_job_clear(&j);
     usleep(200000); /* let the shells install their traps */
+    return s;
+}
+
+static void test_cancel_and_stop(void **state)
+{
+    (void)state;
+    char a[48], b[48];
+    sched *s = two_running("w3.sh", "trap 'exit 0' USR1\ntrap 'exit 0' TERM\nsleep 30 &\nwait", "c1", "c2", a, b);
+    store_job j;
     assert_int_equal(store_job_cancel(st, a, &j), 0);
     store_job_clear(&j);
     double t0 = now_s();
@@ -254,19 +263,12 @@ static void test_cancel_and_stop(void **state)
 static void test_store_cancel_and_takeover(void **state)
 {
     (void)state;
-    char exe[128];
-    script("w4.sh", "trap 'exit 0' USR1\nsleep 30 &\nwait", exe, sizeof exe);
     char a[48], b[48];
-    mk("t1", a);
-    mk("t2", b);
-    const char *devs[] = {"t1", "t2"};
-    sched *s = start(exe, devs, 2, 1);
-    store_job j = wait_leave(a, "queued", 10);
+    sched *s = two_running("w4.sh", "trap 'exit 0' USR1\nsleep 30 &\nwait", "t1", "t2", a, b);
+    store_job j;
+    assert_int_equal(store_job_get(st, a, &j), 0);
     assert_string_equal(j.lease_owner, "runner-here");
     store_job_clear(&j);
-    j = wait_leave(b, "queued", 10);
-    store_job_clear(&j);
-    usleep(200000); /* let the shells install their traps */
     /* a cancel recorded in the store alone, as another host's API records it */
     double t0 = now_s();
     assert_int_equal(store_job_cancel(st, a, &j), 0);
