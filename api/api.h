@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <jansson.h>
 
+#include "engine/devices.h"
 #include "jobs/sched.h"
 #include "storage/artstore.h"
 #include "storage/store.h"
@@ -31,6 +32,7 @@ typedef struct {
     int64_t started_at;          /* Unix s */
     volatile int shutting_down;  /* readyz answers 503 */
     int (*suspended_count)(void);/* long-polls parked now (for /metrics); may be NULL */
+    const char *runner;          /* this server's name in the runners registry; NULL when it runs no jobs */
 } api_ctx;
 
 #define API_MAX_HEADERS 12
@@ -92,6 +94,11 @@ void api_problem(api_resp *r, int status, const char *code, const char *detail, 
 /* Copy in to out (capacity n), each byte that is not part of valid UTF-8 and each control
  * byte replaced by '?': what a problem may echo of a client's input. */
 void api_utf8_clean(const char *in, char *out, size_t n);
+
+/* Device d as /v1/devices lists it: {id, object, kind, description, memory_bytes,
+ * compute_capability, cores, precisions, blas (CPU)}. Also what a runner registers
+ * (store_runner_beat). NEW reference, or NULL on OOM. */
+json_t *api_device_json(const eng_device_info *d);
 
 /* Metrics the server feeds: one finished request. */
 void api_metrics_observe(int status, double seconds);

@@ -300,38 +300,56 @@ void h_models_list(api_ctx *ctx, const api_req *req, const char *const *params, 
     free(ms);
 }
 
+json_t *api_device_json(const eng_device_info *d)
+{
+    int gpu = strncmp(d->name, "cuda", 4) == 0;
+    char cc[16];
+    snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
+    json_t *dev = json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:i}", "id", d->name, "object", "device", "kind",
+                            gpu ? "cuda" : "cpu", "description", d->description, "memory_bytes",
+                            (json_int_t)d->memory_bytes, "compute_capability", gpu ? json_string(cc) : json_null(),
+                            "cores", d->cores);
+    if (!dev)
+        return NULL;
+    if (!gpu)
+        json_object_set_new(dev, "blas", json_pack("{s:s,s:s}", "kernel", d->blas_kernel, "config", d->blas_config));
+    json_t *precs = json_array();
+    static const char *const names[] = {"fp32", "bf16", "fp16"};
+    char why[256];
+    for (int k = 0; k < 3; k++)
+        if (eng_device_precision(d->name, names[k], why, sizeof why) == 0)
+            json_array_append_new(precs, json_string(names[k]));
+    json_object_set_new(dev, "precisions", precs);
+    return dev;
+}
+
+/* GET /v1/devices: this server's devices, then those the other runners sharing its store
+ * offer (worker agents on other hosts), each with its runner. */
 void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
-    (void)ctx;
     (void)req;
     (void)params;
     json_t *data = json_array();
     int n = eng_device_count();
     for (int i = 0; i < n; i++) {
         eng_device_info d;
-        if (eng_device_get(i, &d) < 0)
-            continue;
-        int gpu = strncmp(d.name, "cuda", 4) == 0;
-        char cc[16];
-        snprintf(cc, sizeof cc, "%d.%d", d.cc_major, d.cc_minor);
-        json_t *dev = json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:i}", "id", d.name, "object", "device", "kind",
-                                gpu ? "cuda" : "cpu", "description", d.description, "memory_bytes",
-                                (json_int_t)d.memory_bytes, "compute_capability", gpu ? json_string(cc) : json_null(),
-                                "cores", d.cores);
-        if (dev && !gpu)
-            json_object_set_new(dev, "blas", json_pack("{s:s,s:s}", "kernel", d.blas_kernel, "config", d.blas_config));
-        json_t *precs = json_array();
-        static const char *const names[] = {"fp32", "bf16", "fp16"};
-        char why[256];
-        for (int k = 0; k < 3; k++)
-            if (eng_device_precision(d.name, names[k], why, sizeof why) == 0)
-                json_array_append_new(precs, json_string(names[k]));
-        if (dev)
-            json_object_set_new(dev, "precisions", precs);
-        else
-            json_decref(precs);
-        json_array_append_new(data, dev);
+        if (eng_device_get(i, &d) == 0)
+            json_array_append_new(data, api_device_json(&d));
     }
+    json_t *runners = store_runners(ctx->st, store_now() - STORE_RUNNER_FRESH_S);
+    size_t i, k;
+    json_t *r, *dev;
+    json_array_foreach(runners, i, r) {
+        const char *name = json_string_value(json_object_get(r, "name"));
+        if (ctx->runner && name && !strcmp(name, ctx->runner))
+            continue;
+        json_array_foreach(json_object_get(json_object_get(r, "info"), "devices"), k, dev) {
+            json_t *copy = json_deep_copy(dev);
+            json_object_set_new(copy, "runner", json_string(name ? name : ""));
+            json_array_append_new(data, copy);
+        }
+    }
+    json_decref(runners);
     api_json(resp, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));
 }
 

@@ -345,11 +345,36 @@ static json_t *check_model(vctx *v, json_t *in)
     return out;
 }
 
-/* 1 when the engine of a (valid) target can run on this server: the built-in engine
- * always, llama.cpp when its helper answers (lc_probe, cached once it has). Else a 422 at
- * /target/engine with the reason, so that no job or calibration queues for an engine
- * that cannot run here. The one presence check of every route that takes a target. */
-static int engine_present(vctx *v, const char *engine)
+/* The device `name` as a live runner sharing the store offers it (a worker agent on
+ * another host: storage/store.h's runners registry), and in *llamacpp whether a runner
+ * with that device also has llama.cpp. A NEW reference, or NULL when none offers it. */
+static json_t *fleet_device(vctx *v, const char *name, int *llamacpp)
+{
+    *llamacpp = 0;
+    json_t *runners = v->env->st ? store_runners(v->env->st, store_now() - STORE_RUNNER_FRESH_S) : NULL;
+    json_t *found = NULL, *r, *d, *e;
+    size_t i, k, m;
+    json_array_foreach(runners, i, r) {
+        json_t *info = json_object_get(r, "info");
+        json_array_foreach(json_object_get(info, "devices"), k, d) {
+            if (!json_is_string(json_object_get(d, "id")) || strcmp(json_string_value(json_object_get(d, "id")), name))
+                continue;
+            if (!found)
+                found = json_incref(d);
+            json_array_foreach(json_object_get(info, "engines"), m, e)
+                *llamacpp |= json_is_string(e) && !strcmp(json_string_value(e), CM_ENGINE_LLAMACPP);
+        }
+    }
+    json_decref(runners);
+    return found;
+}
+
+/* 1 when the engine of a (valid) target can run on device: the built-in engine always,
+ * llama.cpp when its helper answers here (lc_probe, cached once it has) or a runner
+ * sharing the store has it with that device. Else a 422 at /target/engine with the
+ * reason, so that no job or calibration queues for an engine that cannot run. The one
+ * presence check of every route that takes a target. */
+static int engine_present(vctx *v, const char *engine, const char *device)
 {
     if (strcmp(engine, CM_ENGINE_LLAMACPP))
         return 1;
@@ -357,7 +382,11 @@ static int engine_present(vctx *v, const char *engine)
     char err[512];
     if (lc_probe(&info, err, sizeof err) == 0)
         return 1;
-    fault(v, 422, "/target/engine", "%s", err);
+    int fleet = 0;
+    json_decref(fleet_device(v, device, &fleet));
+    if (fleet)
+        return 1;
+    fault(v, 422, "/target/engine", "%s; no worker agent sharing the store has it either", err);
     return 0;
 }
 
@@ -366,7 +395,7 @@ static int engine_present(vctx *v, const char *engine)
  * /target/<field>), then the engine's presence. Fills out with the engine always and
  * its defaults: precision fp32 (autocompress), f16 weights and KV cache (llama.cpp),
  * threads when given. */
-static void check_engine(vctx *v, json_t *t, json_t *out)
+static void check_engine(vctx *v, json_t *t, json_t *out, const char *device)
 {
     json_t *eng = string_field(v, t, "/target", "engine", 64, 0);
     json_t *prec = string_field(v, t, "/target", "precision", 64, 0);
@@ -409,7 +438,7 @@ static void check_engine(vctx *v, json_t *t, json_t *out)
         if (th)
             json_object_set_new(out, "threads", json_integer(threads));
     }
-    engine_present(v, llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS);
+    engine_present(v, llama ? CM_ENGINE_LLAMACPP : CM_ENGINE_AUTOCOMPRESS, device);
 }
 
 static json_t *check_target(vctx *v, json_t *in, double *device_gib)
@@ -428,25 +457,43 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     snprintf(name, sizeof name, "%s", !strcmp(device, "cuda") ? "cuda:0" : device);
     char why[256] = "";
     *device_gib = 0;
+    json_t *remote = NULL;   /* the device as a worker agent on another host offers it */
+    int fleet_llamacpp, local = 0;
     if (!json_object_get(t, "device") || dev) {
         int kind, idx;
-        if (eng_device_parse(name, &kind, &idx, why, sizeof why) < 0 || !eng_device_exists(name, why, sizeof why)) {
+        if (eng_device_parse(name, &kind, &idx, why, sizeof why) < 0) {
             fault(v, 422, "/target/device", "unknown device '%s': %s", device, why);
-        } else {
+        } else if ((local = eng_device_exists(name, why, sizeof why))) {
             int n = eng_device_count();
             for (int i = 0; i < n; i++) {
                 eng_device_info info;
                 if (eng_device_get(i, &info) == 0 && !strcmp(info.name, name))
                     *device_gib = (double)info.memory_bytes / (1024.0 * 1024 * 1024);
             }
+        } else if ((remote = fleet_device(v, name, &fleet_llamacpp))) {
+            *device_gib = (double)json_integer_value(json_object_get(remote, "memory_bytes")) / (1024.0 * 1024 * 1024);
+            why[0] = 0;
+        } else {
+            fault(v, 422, "/target/device", "unknown device '%s': %s; no worker agent sharing the store offers it",
+                  device, why);
         }
     }
     json_object_set_new(out, "device", json_string(name));
-    check_engine(v, t, out);
+    check_engine(v, t, out, name);
     json_t *prec = json_object_get(out, "precision"), *eng = json_object_get(out, "engine");
-    if (!why[0] && prec && eng && !strcmp(json_string_value(eng), CM_ENGINE_AUTOCOMPRESS) &&
-        eng_device_precision(name, json_string_value(prec), why, sizeof why))
-        fault(v, 422, "/target/precision", "%s on %s: %s", json_string_value(prec), name, why);
+    if (!why[0] && prec && eng && !strcmp(json_string_value(eng), CM_ENGINE_AUTOCOMPRESS)) {
+        const char *p = json_string_value(prec);
+        int offered = 0;
+        size_t i;
+        json_t *x;
+        json_array_foreach(json_object_get(remote, "precisions"), i, x) offered |= !strcmp(json_string_value(x), p);
+        if (remote && !offered)
+            fault(v, 422, "/target/precision", "%s on %s: the worker agents that have it offer only the precisions "
+                  "of /v1/devices", p, name);
+        else if (!remote && eng_device_precision(name, p, why, sizeof why))
+            fault(v, 422, "/target/precision", "%s on %s: %s", p, name, why);
+    }
+    json_decref(remote);
     json_t *w = member(v, t, "/target", "workload", JSON_OBJECT, 0);
     json_t *wo = json_object();
     if (!w)

@@ -32,7 +32,7 @@ typedef struct {
 
 struct sched {
     store *st;
-    char *exe, *data_dir, *owner;
+    char *exe, *data_dir, *owner, *info;
     int lease_s, has_llamacpp;
     double last_renew, last_rescue, last_watch;
     char **devices;
@@ -221,14 +221,18 @@ static void watch(sched *s)
     }
 }
 
-/* Leases: renew this runner's, watch its workers, rescue any runner's that ran out.
- * Locked by caller. */
+/* Leases: renew this runner's (and its row in the runners registry), watch its workers,
+ * rescue any runner's that ran out. Locked by caller. */
 static void leases(sched *s)
 {
     double now = eng_wall_s();
-    if (s->n_kids > 0 && now - s->last_renew >= s->lease_s / 4.0) {
+    double period = s->lease_s / 4.0 < STORE_RUNNER_BEAT_S ? s->lease_s / 4.0 : STORE_RUNNER_BEAT_S;
+    if (now - s->last_renew >= period) {
         s->last_renew = now;   /* a store that is down is tried again next period */
-        (void)store_lease_renew(s->st, s->owner, s->lease_s);
+        if (s->n_kids > 0)
+            (void)store_lease_renew(s->st, s->owner, s->lease_s);
+        if (s->info)
+            (void)store_runner_beat(s->st, s->owner, s->info);
     }
     if (s->n_kids > 0 && now - s->last_watch >= 0.5) {
         s->last_watch = now;
@@ -277,6 +281,7 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
     s->exe = strdup(cfg->exe);
     s->data_dir = strdup(cfg->data_dir);
     s->owner = strdup(cfg->owner ? cfg->owner : "serve");
+    s->info = cfg->info ? strdup(cfg->info) : NULL;
     s->lease_s = cfg->lease_s >= 2 ? cfg->lease_s : 30;
     s->has_llamacpp = cfg->has_llamacpp;
     s->n_devices = cfg->n_devices;
@@ -284,7 +289,7 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
     s->cancel_kill_ms = cfg->cancel_kill_ms > 0 ? cfg->cancel_kill_ms : 10000;
     s->max_attempts = cfg->max_attempts > 1 ? cfg->max_attempts : 1;
     s->devices = calloc((size_t)cfg->n_devices + 1, sizeof *s->devices);
-    int ok = s->exe && s->data_dir && s->owner && s->devices;
+    int ok = s->exe && s->data_dir && s->owner && s->devices && (s->info || !cfg->info);
     for (int i = 0; ok && i < cfg->n_devices; i++)
         ok = (s->devices[i] = strdup(cfg->devices[i])) != NULL;
     pthread_mutex_init(&s->mu, NULL);
@@ -298,6 +303,7 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
         free(s->exe);
         free(s->data_dir);
         free(s->owner);
+        free(s->info);
         free(s);
         return NULL;
     }
@@ -372,6 +378,9 @@ void sched_stop(sched *s, int grace_ms)
     free(s->exe);
     free(s->data_dir);
     free(s->owner);
+    if (s->info)
+        (void)store_runner_gone(s->st, s->owner);
+    free(s->info);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

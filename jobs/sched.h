@@ -31,6 +31,8 @@ typedef struct {
     const char *owner;         /* the runner's name (srv_runner_name): its claims and leases */
     int lease_s;               /* lease on a running job; renewed every lease_s / 4 */
     int has_llamacpp;          /* claim llama.cpp-target jobs too */
+    const char *info;          /* what the runner offers (store_runner_beat), registered while the
+                                  scheduler runs; NULL: not registered (a server that runs no jobs) */
 } sched_config;
 
 /* Start the scheduler thread (the config's strings are copied). Returns a new scheduler,

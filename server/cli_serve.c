@@ -158,14 +158,19 @@ static int serve_start(serve_state *S)
         dev_ptrs[i] = S->devs[i];
     lc_info lc;
     char lc_err[256];
+    int has_llamacpp = lc_probe(&lc, lc_err, sizeof lc_err) == 0;
+    /* a server that runs jobs is a runner other servers sharing the store can see */
+    char *info = cfg->workers > 0 ? srv_runner_info(S->devs, S->n_dev, cfg->workers, has_llamacpp) : NULL;
     sched_config sc_cfg = {S->st, S->exe, S->data_dir, dev_ptrs, S->n_dev, cfg->workers, 10000, cfg->max_attempts,
-                           S->runner, cfg->lease_s, lc_probe(&lc, lc_err, sizeof lc_err) == 0};
-    if (!(S->sc = sched_start(&sc_cfg, err, sizeof err)))
+                           S->runner, cfg->lease_s, has_llamacpp, info};
+    S->sc = sched_start(&sc_cfg, err, sizeof err);
+    free(info);
+    if (!S->sc)
         SERVE_FAIL("%s\n", err);
     S->api = (api_ctx){
         .st = S->st, .as = S->as, .sched = S->sc, .data_dir = S->data_dir, .roots = S->roots,
         .n_roots = S->n_roots, .test_stages = stages_test_enabled(), .webhooks = S->wh != NULL,
-        .max_wait_s = cfg->max_wait_s, .started_at = store_now(),
+        .max_wait_s = cfg->max_wait_s, .started_at = store_now(), .runner = cfg->workers > 0 ? S->runner : NULL,
     };
     if (!(S->hs = http_start(cfg, &S->api, S->au, err, sizeof err)))
         SERVE_FAIL("%s\n", err);

@@ -100,9 +100,13 @@ static int worker_agent(int argc, char **argv)
     lc_info lc;
     char lc_err[256];
     int has_llamacpp = lc_probe(&lc, lc_err, sizeof lc_err) == 0;
-    sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, cfg.workers > 0 ? cfg.workers : 1, 10000,
-                           cfg.max_attempts, runner, cfg.lease_s, has_llamacpp};
-    if (!(sc = sched_start(&sc_cfg, err, sizeof err))) {
+    int slots = cfg.workers > 0 ? cfg.workers : 1;
+    char *info = srv_runner_info(devs, n_dev, slots, has_llamacpp);
+    sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, slots, 10000, cfg.max_attempts, runner, cfg.lease_s,
+                           has_llamacpp, info};
+    sc = info ? sched_start(&sc_cfg, err, sizeof err) : NULL;
+    free(info);
+    if (!sc) {
         fprintf(stderr, "autocompress worker: %s\n", err);
         goto out;
     }

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api/api.h"
+#include "compress/costmodel.h"
 #include "engine/devices.h"
 
 void srv_config_usage(FILE *f)
@@ -364,6 +366,25 @@ int srv_pick_devices(const char *list, char names[][32], int max, char *err, siz
         snprintf(names[n++], 32, "%.31s", s);
     }
     return n;
+}
+
+char *srv_runner_info(char names[][32], int n, int per_device, int has_llamacpp)
+{
+    json_t *devs = json_array(), *info;
+    int count = eng_device_count();
+    for (int i = 0; i < count; i++) {
+        eng_device_info d;
+        for (int k = 0; k < n && eng_device_get(i, &d) == 0; k++)
+            if (!strcmp(d.name, names[k]))
+                json_array_append_new(devs, api_device_json(&d));
+    }
+    info = json_pack("{s:o,s:[s],s:i}", "devices", devs, "engines", CM_ENGINE_AUTOCOMPRESS, "workers_per_device",
+                     per_device);
+    if (info && has_llamacpp)
+        json_array_append_new(json_object_get(info, "engines"), json_string(CM_ENGINE_LLAMACPP));
+    char *text = info ? json_dumps(info, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(info);
+    return text;
 }
 
 void srv_config_free(srv_config *c)

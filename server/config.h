@@ -65,6 +65,10 @@ store *srv_store_open(const srv_config *c, const char *data_dir, char *err, size
  * empty, every device present, into names (at most max). Returns how many, or -1 with
  * err naming the device that does not exist. */
 int srv_pick_devices(const char *list, char names[][32], int max, char *err, size_t errlen);
+/* What a runner offers, for the runners registry (store_runner_beat): its devices
+ * (names, n of them) as /v1/devices renders them, its engines and workers per device.
+ * A malloc'd JSON text, or NULL on OOM. */
+char *srv_runner_info(char names[][32], int n, int per_device, int has_llamacpp);
 /* The name a runner claims jobs under (store_claim.owner): "KIND/HOST/DATA_DIR", stable
  * across restarts of the same runner. 0, or -1 when it does not fit out. */
 int srv_runner_name(const char *kind, const char *data_dir, char *out, size_t n);

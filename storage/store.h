@@ -258,6 +258,21 @@ void store_webhook_list_free(store_webhook *w, int n);
 int store_webhook_result(store *st, const char *id, const char *job_id, int delivered, int give_up,
                          int64_t next_at, const char *error);
 
+/* A runner writes its registry row at least this often (s), and one not seen for
+ * STORE_RUNNER_FRESH_S is taken to be gone. */
+#define STORE_RUNNER_BEAT_S 10
+#define STORE_RUNNER_FRESH_S 60
+
+/* The runners registry: each runner (a server that runs jobs, a worker agent) says what
+ * it offers as a JSON object info (borrowed text: {"devices": [...], "engines": [...],
+ * "workers_per_device": N}), when it starts and with each lease renewal. 0 or -1. */
+int store_runner_beat(store *st, const char *name, const char *info);
+/* A runner that stops removes its row. 0 or -1. */
+int store_runner_gone(store *st, const char *name);
+/* The runners seen after seen_after (Unix s), by name: a NEW array of {name, seen_at,
+ * info}, or NULL on error. */
+json_t *store_runners(store *st, int64_t seen_after);
+
 /* A number that changes whenever another connection (any process) committed to the
  * database since this thread's previous call; used to wake long-polls. -1 on error. */
 int64_t store_data_version(store *st);

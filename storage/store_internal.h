@@ -17,6 +17,7 @@
  *   store_models.c    registered models and their fetches
  *   store_outbox.c    the webhook outbox
  *   store_idem.c      idempotency records
+ *   store_runners.c   the runners registry (what each host offers)
  */
 #ifndef AC_STORAGE_STORE_INTERNAL_H
 #define AC_STORAGE_STORE_INTERNAL_H

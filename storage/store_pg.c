@@ -23,11 +23,13 @@ MIGRATION(store_pg_migration_0001, "storage/migrations/pg/0001_init.sql")
 MIGRATION(store_pg_migration_0002, "storage/migrations/pg/0002_webhooks.sql")
 MIGRATION(store_pg_migration_0003, "storage/migrations/pg/0003_model_fetch.sql")
 MIGRATION(store_pg_migration_0004, "storage/migrations/pg/0004_leases.sql")
+MIGRATION(store_pg_migration_0005, "storage/migrations/pg/0005_runners.sql")
 static const char *const migrations[] = {
     store_pg_migration_0001,
     store_pg_migration_0002,
     store_pg_migration_0003,
     store_pg_migration_0004,
+    store_pg_migration_0005,
 };
 
 #define PG_MAX_PARAMS 32

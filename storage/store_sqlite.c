@@ -22,11 +22,13 @@ MIGRATION(store_migration_0001, "storage/migrations/0001_init.sql")
 MIGRATION(store_migration_0002, "storage/migrations/0002_webhooks.sql")
 MIGRATION(store_migration_0003, "storage/migrations/0003_model_fetch.sql")
 MIGRATION(store_migration_0004, "storage/migrations/0004_leases.sql")
+MIGRATION(store_migration_0005, "storage/migrations/0005_runners.sql")
 static const char *const migrations[] = {
     store_migration_0001,
     store_migration_0002,
     store_migration_0003,
     store_migration_0004,
+    store_migration_0005,
 };
 
 typedef struct {

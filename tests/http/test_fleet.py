@@ -8,6 +8,9 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
     artifact equals that of an uninterrupted run; with an S3 artifact store (moto) the
     agent taking over fetches that stage's outputs instead and resumes at the unfinished
     stage;
+  - the API, on a host without a GPU, takes jobs for a GPU that a live worker agent offers
+    (its row in the runners registry), lists that device, refuses a precision the device
+    lacks, and refuses the device again once the agent is gone;
   - an agent connected as the worker role of docs/fleet.md (its SQL is read from there)
     runs jobs, and that role cannot create one;
   - PostgreSQL killed while a job runs and started again: meanwhile the API answers 503
@@ -187,6 +190,10 @@ def worker_role(s, store, root):
     as_worker = store.replace("user=postgres", "user=ac_worker")
     agent = Agent(as_worker, root, "host-role")
     try:
+        t0 = time.time()   # its registry row (written with the role's grants) makes its devices visible
+        while not [d for d in s.json("GET", "/v1/devices", expect=200)[2]["data"] if d.get("runner") == agent.runner]:
+            assert time.time() - t0 < 10, "the role's agent never registered: " + agent.text()[-2000:]
+            time.sleep(0.1)
         jid = s.json("POST", "/v1/jobs", test_spec(["test_sleep", "test_artifact"], x_test_sleep_ms=100,
                                                    x_test_artifact_bytes=1000), expect=201)[2]["id"]
         j = s.wait_status(jid, ("succeeded", "failed"), timeout=30)
@@ -198,6 +205,38 @@ def worker_role(s, store, root):
                        capture_output=True, text=True)
     assert p.returncode != 0 and "permission denied" in p.stderr, (p.returncode, p.stderr)
     print("ok: the worker role ran a job and may not create one")
+
+
+GPU_HOST = {"devices": [{"id": "cuda:0", "object": "device", "kind": "cuda", "description": "NVIDIA H100 80GB HBM3",
+                         "memory_bytes": 85520809984, "compute_capability": "9.0", "cores": 132,
+                         "precisions": ["fp32", "bf16"]}],
+            "engines": ["autocompress"], "workers_per_device": 1}
+
+
+def fleet_devices(s, store):
+    """A GPU that only a worker agent on another host has (its registry row, written as
+    that agent would write it)."""
+    gpu_job = test_spec(["test_sleep"], target={"device": "cuda:0", "precision": "bf16"})
+    st, _, doc = s.json("POST", "/v1/jobs", gpu_job)
+    assert st == 422 and any(e["pointer"] == "/target/device" for e in doc["errors"]), doc
+    assert "no worker agent" in json.dumps(doc), doc
+    def beat(seen):
+        sql = ("INSERT INTO runners(name, info, started_at, seen_at) VALUES ('worker/gpu-host/var', '%s', %d, %d) "
+               "ON CONFLICT (name) DO UPDATE SET seen_at=excluded.seen_at" % (json.dumps(GPU_HOST), seen, seen))
+        subprocess.run(["psql", "-q", store, "-c", sql], check=True, capture_output=True)
+    beat(int(time.time()))
+    _, _, devs = s.json("GET", "/v1/devices", expect=200)
+    remote = [d for d in devs["data"] if d.get("runner") == "worker/gpu-host/var"]
+    assert [d["id"] for d in remote] == ["cuda:0"], devs
+    _, _, job = s.json("POST", "/v1/jobs", gpu_job, expect=201)
+    assert job["device"] == "cuda:0" and job["status"] == "queued", job
+    st, _, doc = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], target={"device": "cuda:0", "precision": "fp16"}))
+    assert st == 422 and any(e["pointer"] == "/target/precision" for e in doc["errors"]), doc
+    s.json("POST", "/v1/jobs/%s/cancel" % job["id"], expect=200)
+    beat(int(time.time()) - 3600)   # the agent stopped renewing its row an hour ago
+    st, _, doc = s.json("POST", "/v1/jobs", gpu_job)
+    assert st == 422, (st, doc)
+    print("ok: a GPU only a live worker agent has is listed and taken; gone with the agent")
 
 
 def store_restart(root):
@@ -241,6 +280,7 @@ def main():
         with Server(args=["--workers", "0"], env={"AC_STORE": store}) as s:
             ref_sha = drain_and_takeover(s, store, root)
             takeover_with_s3(s, store, root, ref_sha)
+            fleet_devices(s, store)
             worker_role(s, store, root)
             s.stop()
     finally:

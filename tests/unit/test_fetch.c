@@ -621,7 +621,7 @@ static void test_fetcher_resumes(void **state)
     path_of(db, sizeof db, "fetcher.db");
     store *st = store_open(db, err, sizeof err);
     assert_non_null(st);
-    assert_int_equal(store_schema_version(st), 4);
+    assert_int_equal(store_schema_version(st), 5);
 
     /* as a server would leave it: registered, "fetching", a third downloaded */
     store_model *m = calloc(1, sizeof *m);

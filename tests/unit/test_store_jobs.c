@@ -84,12 +84,12 @@ static int claim(store *st, const char *device, store_job *j)
 static void test_migrations(void **state)
 {
     store *st = *state;
-    assert_int_equal(store_schema_version(st), 4);
+    assert_int_equal(store_schema_version(st), 5);
     assert_string_equal(store_backend(st), strncmp(dbpath, "postgres", 8) ? "sqlite" : "postgresql");
     char err[256];
     store *again = store_open(dbpath, err, sizeof err); /* re-open: nothing to migrate */
     assert_non_null(again);
-    assert_int_equal(store_schema_version(again), 4);
+    assert_int_equal(store_schema_version(again), 5);
     store_close(again);
 }
 
@@ -549,6 +549,30 @@ static void test_leases(void **state)
     store_event_list_free(ev, n);
 }
 
+/* The runners registry: a beat writes or refreshes a runner's row; the list holds the
+ * runners seen after a moment, by name; a runner that stops is gone from it. */
+static void test_runners(void **state)
+{
+    store *st = *state;
+    assert_int_equal(store_runner_beat(st, "worker/b/x", "{\"devices\":[{\"id\":\"cuda:0\"}]}"), 0);
+    assert_int_equal(store_runner_beat(st, "worker/a/x", "{\"devices\":[],\"engines\":[\"autocompress\"]}"), 0);
+    assert_int_equal(store_runner_beat(st, "worker/b/x", "{\"devices\":[{\"id\":\"cuda:1\"}]}"), 0);
+    json_t *r = store_runners(st, store_now() - 5);
+    assert_non_null(r);
+    assert_int_equal(json_array_size(r), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r, 0), "name")), "worker/a/x");
+    json_t *dev = json_array_get(json_object_get(json_object_get(json_array_get(r, 1), "info"), "devices"), 0);
+    assert_string_equal(json_string_value(json_object_get(dev, "id")), "cuda:1");   /* the latest beat */
+    json_decref(r);
+    r = store_runners(st, store_now() + 5);   /* none seen after the future */
+    assert_int_equal(json_array_size(r), 0);
+    json_decref(r);
+    assert_int_equal(store_runner_gone(st, "worker/a/x"), 0);
+    r = store_runners(st, 0);
+    assert_int_equal(json_array_size(r), 1);
+    json_decref(r);
+}
+
 /* A llama.cpp-target job goes only to a runner that has llama.cpp. */
 static void test_claim_engine(void **state)
 {
@@ -613,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_concurrent_writers),
         cmocka_unit_test(test_leases),
         cmocka_unit_test(test_claim_engine),
+        cmocka_unit_test(test_runners),
         cmocka_unit_test(test_concurrent_claims),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
