@@ -17,6 +17,7 @@
 #include "engine/devices.h"
 #include "storage/archjson.h"
 #include "storage/fetch.h"
+#include "storage/fileio.h"
 
 /* openapi/openapi.yaml, embedded (NUL-terminated). The Makefile names the YAML as a
  * prerequisite of this object, so editing it rebuilds the binary. */
@@ -353,6 +354,45 @@ void h_devices(api_ctx *ctx, const api_req *req, const char *const *params, api_
     api_json(resp, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));
 }
 
+/* Calibrations made on other hosts (worker agents sharing the store): every calibrate
+ * stage publishes its calibration as the artifact timing_tables.json; the newest jobs' and
+ * calibration requests' ones that this data directory's cache lacks are copied into it,
+ * so that estimates find them. Returns how many were added. */
+static int import_calibrations(api_ctx *ctx)
+{
+    static const char *const kinds[] = {"calibration", "job"};
+    int added = 0;
+    for (int k = 0; k < 2; k++) {
+        store_job *jobs = NULL;
+        int n = 0, more = 0;
+        if (store_job_list(ctx->st, kinds[k], NULL, 200, &jobs, &n, &more) != 0)
+            continue;
+        for (int i = 0; i < n; i++) {
+            const char *id = json_string_value(json_object_get(jobs[i].report, "calibration_id"));
+            char path[4096], err[256];
+            store_artifact a;
+            if (!id || cm_calibration_path(ctx->data_dir, id, path, sizeof path) || fio_is_file(path) ||
+                store_artifact_get(ctx->st, jobs[i].id, "timing_tables.json", &a) != 0)
+                continue;
+            int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, err, sizeof err);
+            FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+            json_error_t je;
+            json_t *cal = f ? json_loadf(f, JSON_REJECT_DUPLICATES, &je) : NULL;
+            if (f)
+                fclose(f);
+            else if (fd >= 0)
+                close(fd);
+            if (cal && json_is_string(json_object_get(cal, "id")) &&
+                !strcmp(json_string_value(json_object_get(cal, "id")), id) &&
+                cm_calibration_save(ctx->data_dir, cal, err, sizeof err) == 0)
+                added++;
+            json_decref(cal);
+        }
+        store_job_list_free(jobs, n);
+    }
+    return added;
+}
+
 /* GET /v1/engines: the serving engines a target can name, what each takes, and whether it
  * can run here (llama.cpp: its helper's build, or why it is absent). The built-in engine
  * runs on the devices of /v1/devices. */
@@ -406,7 +446,10 @@ void h_estimates(api_ctx *ctx, const api_req *req, const char *const *params, ap
         api_problem(resp, 422, "unprocessable_spec", err, NULL);
     } else {
         json_t *est = NULL;
-        switch (cm_estimate(&a, &tg, ctx->data_dir, &est, err, sizeof err)) {
+        cm_est_status es = cm_estimate(&a, &tg, ctx->data_dir, &est, err, sizeof err);
+        if (es == CM_EST_UNCALIBRATED && import_calibrations(ctx) > 0)
+            es = cm_estimate(&a, &tg, ctx->data_dir, &est, err, sizeof err);
+        switch (es) {
         case CM_EST_OK: api_json(resp, 200, est); break;
         case CM_EST_UNCALIBRATED: api_problem(resp, 409, "calibration_required", err, NULL); break;
         case CM_EST_UNCOVERED: api_problem(resp, 422, "invalid_estimate", err, NULL); break;

@@ -8,6 +8,8 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
     artifact equals that of an uninterrupted run; with an S3 artifact store (moto) the
     agent taking over fetches that stage's outputs instead and resumes at the unfinished
     stage;
+  - a calibration run by an agent serves the API's estimates (its timing tables come
+    through the artifact store);
   - the API, on a host without a GPU, takes jobs for a GPU that a live worker agent offers
     (its row in the runners registry), lists that device, refuses a precision the device
     lacks, and refuses the device again once the agent is gone;
@@ -20,6 +22,7 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +34,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from acserver import AC_BIN, Server, test_spec  # noqa: E402
 
 PG = os.path.join(os.path.dirname(__file__), "..", "tools", "pg.sh")
+SHARED = os.path.abspath(os.environ.get("AC_SHARED") or os.path.join(os.path.dirname(__file__), "..", "..", "..",
+                                                                      "shared"))
 
 
 def pg(*args):
@@ -148,24 +153,46 @@ def drain_and_takeover(s, store, root):
             x.stop()
 
 
-def takeover_with_s3(s, store, root, ref_sha):
-    """Agents writing through to one S3 bucket (moto): the new host fetches the finished
-    stage's outputs and resumes at the unfinished one."""
+def start_moto():
+    """A local S3 server (PyPI moto) with bucket ac-fleet: (process, the settings that point
+    a runner at it)."""
     port = subprocess.run([sys.executable, "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); "
                            "print(s.getsockname()[1])"], capture_output=True, text=True, check=True).stdout.strip()
     moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
                              "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ep = "http://127.0.0.1:" + port
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(urllib.request.Request(ep + "/ac-fleet", method="PUT"), timeout=5).read()
+            break
+        except OSError:
+            time.sleep(0.2)
+    env = {"AWS_ENDPOINT_URL": ep, "AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "TopSecret42"}
+    return moto, env, ["--artifacts", "s3://ac-fleet/x", "--s3-allow-http"]
+
+
+def calibrate_elsewhere(s, agent_runner):
+    """A calibration request run by an agent: the API (which runs no jobs) then answers
+    estimates from it."""
+    model = os.path.join(s.data_dir, "models", "stories260K.bin")
+    shutil.copy(os.path.join(SHARED, "data", "models", "stories260K", "stories260K.bin"), model)
+    req = {"model": {"path": "models/stories260K.bin"},
+           "target": {"device": "cpu", "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}}
+    _, _, cal = s.json("POST", "/v1/calibrations", req, expect=202)
+    j = s.wait_status(cal["id"], ("succeeded", "failed", "cancelled"), timeout=300, kind="calibrations")
+    assert j["status"] == "succeeded" and j["result"]["id"].startswith("cal_"), j
+    assert runners(events(s, cal["id"])) == [agent_runner], events(s, cal["id"])
+    _, _, est = s.json("POST", "/v1/estimates", req, expect=200)
+    assert est["calibration_id"] == j["result"]["id"] and est["predicted"]["latency_ms"] > 0, est
+    print("ok: a calibration run on an agent answers the API's estimates (%.2f ms predicted)"
+          % est["predicted"]["latency_ms"])
+
+
+def takeover_with_s3(s, store, root, ref_sha, env, args):
+    """Agents writing through to the S3 bucket the API reads: the new host fetches the
+    finished stage's outputs and resumes at the unfinished one."""
     agents = []
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(urllib.request.Request(ep + "/ac-fleet", method="PUT"), timeout=5).read()
-                break
-            except OSError:
-                time.sleep(0.2)
-        env = {"AWS_ENDPOINT_URL": ep, "AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "TopSecret42"}
-        args = ["--artifacts", "s3://ac-fleet/x", "--s3-allow-http"]
         agents = [Agent(store, root, "host-c", args, env), Agent(store, root, "host-d", args, env)]
         jid, evs = takeover(s, *agents)
         kinds = [e["type"] for e in evs]
@@ -175,11 +202,10 @@ def takeover_with_s3(s, store, root, ref_sha):
         assert blob_sha(s, jid) == ref_sha
         print("ok: ... with an S3 artifact store it fetched test_artifact's outputs and resumed at test_sleep; "
               "artifact equal to the uninterrupted run's")
+        calibrate_elsewhere(s, [a for a in agents if a.proc.poll() is None][0].runner)
     finally:
         for x in agents:
             x.stop()
-        moto.terminate()
-        moto.wait()
 
 
 def worker_role(s, store, root):
@@ -275,15 +301,18 @@ def main():
     root = tempfile.mkdtemp(prefix="ac-fleet-")
     pgdir = tempfile.mkdtemp(prefix="ac-pg-")
     base = pg("start", pgdir)
+    moto, s3_env, s3_args = start_moto()
     try:
         store = pg("newdb", base, "ac_fleet")
-        with Server(args=["--workers", "0"], env={"AC_STORE": store}) as s:
+        with Server(args=["--workers", "0"] + s3_args, env=dict(s3_env, AC_STORE=store, AC_SHARED=SHARED)) as s:
             ref_sha = drain_and_takeover(s, store, root)
-            takeover_with_s3(s, store, root, ref_sha)
+            takeover_with_s3(s, store, root, ref_sha, dict(s3_env, AC_SHARED=SHARED), s3_args)
             fleet_devices(s, store)
             worker_role(s, store, root)
             s.stop()
     finally:
+        moto.terminate()
+        moto.wait()
         pg("stop", pgdir)
         subprocess.run(["rm", "-rf", pgdir])
     store_restart(root)
