@@ -2,7 +2,9 @@
 # The images' commands run as plain processes (no container engine here): for each of
 # docker/Dockerfile and docker/Dockerfile.cuda, its ENTRYPOINT + CMD with its ENV (the
 # listen address moved to a free loopback port, the data directory to a scratch one)
-# serves, its HEALTHCHECK command then exits 0, and SIGTERM stops the server cleanly.
+# serves, its HEALTHCHECK command then exits 0, and SIGTERM stops the server cleanly; then
+# the compose file's fleet commands (below).
+# store: own PostgreSQL (not run again in tests/run_all.sh's PostgreSQL pass)
 set -eu
 source "$(dirname "$0")/acserver.sh"
 cd "$(dirname "$0")/../.."
@@ -40,3 +42,49 @@ PY
     SPID=""
     echo "ok: $df: '${entry[*]}' served and '${check[*]}' passed"
 done
+
+# docker/compose.yaml's fleet profile: the API that runs no jobs and the worker agent, each
+# command run as a plain process against a throwaway PostgreSQL server (the compose file's
+# S3 and database addresses exist only inside compose): the API answers its health check
+# and lists the agent's CPU as the agent's, and both stop on SIGTERM.
+compose_command() {   # the command of compose service $1, words on one line
+    python3 - docker/compose.yaml "$1" <<'PY'
+import json, re, sys
+svc = None
+for line in open(sys.argv[1]):
+    m = re.match(r"^  ([a-z0-9-]+):\s*$", line)
+    if m:
+        svc = m.group(1)
+    m = re.match(r"^    command: (\[.*\])", line)
+    if m and svc == sys.argv[2]:
+        print(" ".join(json.loads(m.group(1))))
+PY
+}
+read -r -a api_cmd < <(compose_command api-fleet)
+read -r -a worker_cmd < <(compose_command worker)
+[ "${api_cmd[0]:-}" = serve ] && [ "${worker_cmd[0]:-}" = worker ] || fail "compose fleet commands: ${api_cmd[*]} / ${worker_cmd[*]}"
+pgdir=$(mktemp -d /tmp/ac-pg-XXXXXX)
+helpers_pg() { tests/tools/pg.sh stop "$pgdir"; rm -rf "$pgdir"; }
+trap 'helpers_pg; cleanup' EXIT
+store=$(tests/tools/pg.sh newdb "$(tests/tools/pg.sh start "$pgdir")" ac_compose)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$tmp/fleet-api" "$tmp/fleet-worker"
+AC_STORE=$store AC_LISTEN=127.0.0.1:$port AC_DATA_DIR=$tmp/fleet-api "$AC_BIN" "${api_cmd[@]}" > "$tmp/api.log" 2>&1 &
+SPID=$!
+AC_STORE=$store AC_DATA_DIR=$tmp/fleet-worker "$AC_BIN" "${worker_cmd[@]}" > "$tmp/worker.log" 2>&1 &
+WPID=$!
+helpers+=("$WPID")
+ok=0
+for _ in $(seq 100); do
+    if AC_LISTEN=127.0.0.1:$port "$AC_BIN" healthcheck --ready 2>/dev/null &&
+        curl -s "http://127.0.0.1:$port/v1/devices" | jq -e '[.data[] | select(.runner != null and .id == "cpu")] | length == 1' >/dev/null; then
+        ok=1; break
+    fi
+    kill -0 "$SPID" 2>/dev/null && kill -0 "$WPID" 2>/dev/null || { cat "$tmp/api.log" "$tmp/worker.log"; fail "a fleet command exited"; }
+    sleep 0.1
+done
+[ $ok = 1 ] || { cat "$tmp/api.log" "$tmp/worker.log"; fail "the fleet API never listed the agent's CPU"; }
+kill -TERM "$WPID"; wait "$WPID" || fail "the worker agent exited $? on SIGTERM"
+kill -TERM "$SPID"; wait "$SPID" || fail "the fleet API exited $? on SIGTERM"
+SPID=""
+echo "ok: compose fleet: '${api_cmd[*]}' and '${worker_cmd[*]}' on PostgreSQL; the API lists the agent's CPU"
