@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,16 @@ static void conn_close(store_conn *c)
     free(c);
 }
 
+/* Why a connection could not be opened, said at most once every 10 s per process: while
+ * a database is down every thread's every call fails the same way. */
+static void say_unreachable(const char *err)
+{
+    static _Atomic int64_t last;
+    int64_t now = store_now(), was = last;
+    if (now - was >= 10 && atomic_compare_exchange_strong(&last, &was, now))
+        fprintf(stderr, "store: %s (said again in 10 s while it lasts)\n", err);
+}
+
 /* A lost connection (the server restarted) is replaced in place, with new statements:
  * the caller's pointer stays good. Only between transactions. 0, or -1 (logged) while
  * the server is still away. */
@@ -94,7 +105,7 @@ static int conn_reopen(store_conn *c)
     char err[512];
     void *db = c->drv->open(c->owner->target, err, sizeof err);
     if (!db) {
-        fprintf(stderr, "store: %s\n", err);
+        say_unreachable(err);
         return -1;
     }
     conn_forget_statements(c);
@@ -153,7 +164,7 @@ store_conn *store_conn_get(store *st)
     char err[512];
     c = conn_open(st, err, sizeof err);
     if (!c) {
-        fprintf(stderr, "store: %s\n", err);
+        say_unreachable(err);
         return NULL;
     }
     if (pthread_setspecific(st->key, c) != 0) {
