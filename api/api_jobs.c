@@ -383,9 +383,13 @@ static void get_common(api_ctx *ctx, const api_req *req, const char *id, api_res
     int64_t version;
     char status[16];
     int rc = store_job_version(ctx->st, id, &version, status);
+    if (rc < 0) {   /* the store did not answer: not a 404, whatever a second read would say */
+        api_problem(resp, 503, "store_unavailable", "the job store could not be read", NULL);
+        return;
+    }
     if (rc != 0) {
         store_job j;
-        if (load(ctx, id, kind, &j, resp) == 0) /* kind mismatch or error: load answers */
+        if (load(ctx, id, kind, &j, resp) == 0) /* kind mismatch: load answers */
             store_job_clear(&j);
         if (!resp->status)
             api_problem(resp, 404, "not_found", "no such job", NULL);
