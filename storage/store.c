@@ -216,7 +216,7 @@ static int exec(store_conn *c, const char *sql)
 
 int sql_begin(store_conn *c)
 {
-    if (c->drv->exec(c->db, c->drv->begin_sql) < 0 && !(conn_recovered(c) && exec(c, c->drv->begin_sql) == 0)) {
+    if (c->drv->exec(c->db, c->drv->begin_sql) < 0 && !(conn_recovered(c) && c->drv->exec(c->db, c->drv->begin_sql) == 0)) {
         fprintf(stderr, "store: %s: %s\n", c->drv->begin_sql, c->drv->errmsg(c->db));
         return -1;
     }

@@ -37,6 +37,7 @@ static const char *const migrations[] = {
 typedef struct {
     PGconn *conn;
     int next_stmt;               /* names of prepared statements: s1, s2, ... */
+    int lost;                    /* a call failed without an answer from the server */
     char err[512];
 } pg_db;
 
@@ -48,6 +49,15 @@ typedef struct {
     int row;                     /* the current row; -1 before the first step */
     int64_t changed;
 } pg_stmt;
+
+/* After a failed call with result r (may be NULL): an error the server did not send (no
+ * SQLSTATE: the socket closed, the server crashed) means the connection is gone, whatever
+ * PQstatus says yet. */
+static void note_failure(pg_db *d, const PGresult *r)
+{
+    if (!r || !PQresultErrorField(r, PG_DIAG_SQLSTATE) || PQstatus(d->conn) != CONNECTION_OK)
+        d->lost = 1;
+}
 
 static void set_err(pg_db *d, const char *msg)
 {
@@ -98,7 +108,8 @@ static void pg_close(void *p)
 
 static int pg_alive(void *p)
 {
-    return PQstatus(((pg_db *)p)->conn) == CONNECTION_OK ? 0 : -1;
+    pg_db *d = p;
+    return !d->lost && PQstatus(d->conn) == CONNECTION_OK ? 0 : -1;
 }
 
 static int pg_exec(void *p, const char *sql)
@@ -107,8 +118,10 @@ static int pg_exec(void *p, const char *sql)
     PGresult *r = PQexec(d->conn, sql);
     ExecStatusType t = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
     int ok = t == PGRES_COMMAND_OK || t == PGRES_TUPLES_OK;
-    if (!ok)
+    if (!ok) {
         set_err(d, PQerrorMessage(d->conn));
+        note_failure(d, r);
+    }
     PQclear(r);
     return ok ? 0 : -1;
 }
@@ -153,6 +166,7 @@ static void *pg_prepare(void *p, const char *sql)
     free(text);
     if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
         set_err(d, PQerrorMessage(d->conn));
+        note_failure(d, r);
         PQclear(r);
         free(s);
         return NULL;
@@ -246,6 +260,7 @@ static int pg_run(void *p, const sql_param *v, int n)
     ExecStatusType t = s->res ? PQresultStatus(s->res) : PGRES_FATAL_ERROR;
     if (t != PGRES_TUPLES_OK && t != PGRES_COMMAND_OK) {
         set_err(s->db, PQerrorMessage(s->db->conn));
+        note_failure(s->db, s->res);
         pg_reset(s);
         return -1;
     }
@@ -304,10 +319,12 @@ static int64_t query_int(pg_db *d, const char *sql)
 {
     PGresult *r = PQexec(d->conn, sql);
     int64_t v = -1;
-    if (r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+    if (r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0)) {
         v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    else
+    } else {
         set_err(d, PQerrorMessage(d->conn));
+        note_failure(d, r);
+    }
     PQclear(r);
     return v;
 }
