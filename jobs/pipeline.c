@@ -11,6 +11,7 @@
 #include "jobs/pipeline.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -156,6 +157,59 @@ static int fetch_stage(job_ctx *ctx, const char *name)
     return rc;
 }
 
+/* A model registered by URL is read from this host's own copy, DATA/models/SHA/FILE as
+ * the fetcher lays it out: on the host whose server fetched it that is the fetched file;
+ * a worker agent elsewhere takes it from the artifact store (where the fetcher put it)
+ * the first time. This run's spec then names that copy. 0, or -1 with err. */
+static int localize_model(job_ctx *ctx, const char *data_dir, char *err, size_t errlen)
+{
+    json_t *mj = json_object_get(ctx->spec, "model");
+    const char *id = json_string_value(json_object_get(mj, "id"));
+    const char *path = json_string_value(json_object_get(mj, "path"));
+    store_model *m = id && path ? malloc(sizeof *m) : NULL;
+    if (!m || store_model_get(ctx->st, id, m) != 0 || !m->url[0] || !m->sha256[0]) {
+        free(m);
+        return 0;   /* a model by path (every host reads it there), or an id the spec check already judged */
+    }
+    const char *file = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    char local[4400], dir[4400], blob[4400], tmp[4500];
+    snprintf(local, sizeof local, "%s/models/%s/%s", data_dir, m->sha256, file);
+    fio_dir_of(local, dir, sizeof dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", local, (int)getpid());
+    int rc = 0;
+    if (strcmp(local, path) && !fio_is_file(local)) {
+        int fd = -1, out = -1;
+        rc = -1;
+        if (!art_has_remote(ctx->as)) {
+            snprintf(err, errlen, "model %s (%s) was fetched on the API's host into %s: this host has no copy, and "
+                     "no shared artifact store (--artifacts s3://...) to take one from", id, m->url, path);
+        } else if ((fd = art_open_blob(ctx->as, m->sha256, m->bytes_total, err, errlen)) >= 0) {
+            /* the blob is here now, checked against its name: copied beside its final name, then renamed */
+            if (art_path(ctx->as, m->sha256, blob, sizeof blob) == 0 && fio_mkdirs(dir) == 0 &&
+                (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) >= 0 &&
+                fio_copy_into(blob, out) == 0 && fsync(out) == 0)
+                rc = 0;
+            if ((out >= 0 && close(out) < 0) || (rc == 0 && rename(tmp, local) < 0))
+                rc = -1;
+            if (rc < 0) {
+                snprintf(err, errlen, "copying model %s to %.3000s: %s", id, local, strerror(errno));
+                unlink(tmp);
+            }
+            close(fd);
+        }
+        if (rc == 0) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "model %s taken from the artifact store into this host's copy", id);
+            job_event(ctx, "model.localized", msg,
+                      json_pack("{s:s,s:s,s:s}", "model", id, "sha256", m->sha256, "path", local));
+        }
+    }
+    if (rc == 0)
+        json_object_set_new(mj, "path", json_string(local));
+    free(m);
+    return rc;
+}
+
 /* The first stage to run here: the job's first unfinished one, or an earlier finished
  * one whose outputs this host lacks (it ran elsewhere) and cannot fetch, announced with
  * an event. */
@@ -231,6 +285,12 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         return 0;
     }
     int result = 0;
+    char merr[4400] = "";
+    if (localize_model(&ctx, data_dir, merr, sizeof merr) < 0) {
+        result = finish(st, id, "failed", "model_unavailable", merr) < 0 ? -1 : 0;
+        store_job_clear(&job);
+        return result;
+    }
     retain(&ctx, data_dir, id);
     size_t n = json_array_size(job.stages);
     const char *last = "";

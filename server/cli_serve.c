@@ -146,7 +146,7 @@ static int serve_start(serve_state *S)
     /* Models registered by URL download in the background; any left "fetching" by a
      * previous server resume from their .part now. */
     const char *ca_file = cfg->models_ca_file[0] ? cfg->models_ca_file : NULL;
-    if (!(S->fetcher = fetch_service_start(S->st, cfg->allow_http_models ? FETCH_ALLOW_HTTP : 0, cfg->max_model_bytes,
+    if (!(S->fetcher = fetch_service_start(S->st, S->as, cfg->allow_http_models ? FETCH_ALLOW_HTTP : 0, cfg->max_model_bytes,
                                            ca_file, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
     if (!(S->scrub = scrub_start(S->as, cfg->scrub_interval_s, err, sizeof err)) && err[0])

@@ -623,6 +623,7 @@ int fetch_model_path(const char *data_dir, const char *sha256_hex, const char *f
 
 struct fetch_service {
     store *st;
+    artstore *as;        /* NULL, or where a ready model is also put when it is remote */
     unsigned flags;
     int64_t max_bytes;
     char *ca_file;       /* NULL: the system CA store */
@@ -704,6 +705,19 @@ static int check_model(const store_model *m, char *err, size_t errlen)
     return rc;
 }
 
+/* A model verified ready: also put into a remote artifact store, by its sha-256, so that
+ * worker agents on other hosts take their copy from there (jobs/pipeline.c). Then
+ * recorded ready (or failed, with bad's reason). */
+static void fetch_ready(fetch_service *fs, const store_model *m, int bad, int64_t size, const char *why)
+{
+    char hex[65], err[1024] = "";
+    int64_t put_size = 0;
+    if (!bad && fs->as && art_has_remote(fs->as) && art_put(fs->as, m->path, hex, &put_size, err, sizeof err) < 0)
+        fprintf(stderr, "fetch: model %s is ready here but not in the artifact store (hosts without it cannot run "
+                        "its jobs): %s\n", m->id, err);
+    (void)store_model_fetch_done(fs->st, m->id, bad ? "failed" : "ready", size, why);
+}
+
 /* Fetch one model to a final state (or leave it fetching when stopping). */
 static void fetch_one(fetch_service *fs, const store_model *m)
 {
@@ -722,7 +736,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
             int bad = check_model(m, err, sizeof err);
             if (bad)
                 unlink(m->path);
-            (void)store_model_fetch_done(fs->st, m->id, bad ? "failed" : "ready", size, err);
+            fetch_ready(fs, m, bad, size, err);
             return;
         }
         unlink(m->path);
@@ -752,7 +766,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
             int bad = check_model(m, err, sizeof err);
             if (bad)
                 unlink(m->path);
-            (void)store_model_fetch_done(fs->st, m->id, bad ? "failed" : "ready", o.bytes, err);
+            fetch_ready(fs, m, bad, o.bytes, err);
             return;
         }
         if (rc != FETCH_RETRY || attempt == FETCH_ATTEMPTS)
@@ -782,8 +796,8 @@ static void *fetch_main(void *arg)
     return NULL;
 }
 
-fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, const char *ca_file,
-                                   char *err, size_t errlen)
+fetch_service *fetch_service_start(store *st, artstore *as, unsigned flags, int64_t max_model_bytes,
+                                   const char *ca_file, char *err, size_t errlen)
 {
     if (ca_file && fetch_check_ca_file(ca_file, err, errlen) < 0)
         return NULL;
@@ -800,6 +814,7 @@ fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_
         return NULL;
     }
     fs->st = st;
+    fs->as = as;
     fs->flags = flags & FETCH_ALLOW_HTTP;
     fs->max_bytes = max_model_bytes;
     if (ca_file && !(fs->ca_file = strdup(ca_file))) {

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "storage/artstore.h"
 #include "storage/store.h"
 
 /* fetch_url results. */
@@ -90,10 +91,12 @@ typedef struct fetch_service fetch_service;
  * --models-ca-file). flags are FETCH_ALLOW_HTTP or 0 (file:// is never allowed here);
  * max_model_bytes caps every download; ca_file is the PEM bundle every https download
  * trusts in place of the system store (NULL: the system store; copied, and checked with
- * fetch_check_ca_file). At most one fetcher runs per process. Returns a new handle
+ * fetch_check_ca_file). With as (borrowed, may be NULL) writing through to a remote
+ * store, a ready model is also put there, for the worker agents of other hosts. At most
+ * one fetcher runs per process. Returns a new handle
  * (fetch_service_stop), or NULL with a reason in err. */
-fetch_service *fetch_service_start(store *st, unsigned flags, int64_t max_model_bytes, const char *ca_file,
-                                   char *err, size_t errlen);
+fetch_service *fetch_service_start(store *st, artstore *as, unsigned flags, int64_t max_model_bytes,
+                                   const char *ca_file, char *err, size_t errlen);
 /* Stop the thread: an unfinished download keeps its .part and its model stays
  * "fetching", so the next start resumes it. NULL is a no-op. */
 void fetch_service_stop(fetch_service *fs);

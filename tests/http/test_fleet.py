@@ -10,6 +10,8 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
     stage;
   - a calibration run by an agent serves the API's estimates (its timing tables come
     through the artifact store);
+  - a model registered by URL (fetched by the API) reaches an agent through the artifact
+    store, into the agent's own data directory;
   - the API, on a host without a GPU, takes jobs for a GPU that a live worker agent offers
     (its row in the runners registry), lists that device, refuses a precision the device
     lacks, and refuses the device again once the agent is gone;
@@ -19,6 +21,9 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
     with Retry-After; afterwards the job finishes, each stage run once, nothing lost.
 # store: own PostgreSQL (not run again in tests/run_all.sh's PostgreSQL pass)
 """
+import functools
+import hashlib
+import http.server
 import json
 import os
 import re
@@ -27,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -188,6 +194,34 @@ def calibrate_elsewhere(s, agent_runner):
           % est["predicted"]["latency_ms"])
 
 
+def model_by_url(s, agent):
+    """A model the API fetched by URL: the agent running its job takes its own copy."""
+    src = os.path.join(SHARED, "data", "models", "stories260K", "stories260K.bin")
+    sha = hashlib.sha256(open(src, "rb").read()).hexdigest()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.path.dirname(src))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/stories260K.bin" % httpd.server_address[1]
+        _, _, m = s.json("POST", "/v1/models", {"url": url, "sha256": sha, "name": "stories"}, expect=202)
+        t0 = time.time()
+        while m["status"] != "ready":
+            assert m["status"] == "fetching" and time.time() - t0 < 60, m
+            time.sleep(0.1)
+            _, _, m = s.json("GET", "/v1/models/" + m["id"], expect=200)
+        jid = s.json("POST", "/v1/jobs", dict(test_spec(["test_sleep"], x_test_sleep_ms=100), model={"id": m["id"]}),
+                     expect=201)[2]["id"]
+        j = s.wait_status(jid, ("succeeded", "failed"), timeout=60)
+        assert j["status"] == "succeeded", j
+        evs = events(s, jid)
+        assert runners(evs) == [agent.runner] and [e for e in evs if e["type"] == "model.localized"], evs
+        copy = os.path.join(agent.dir, "models", sha, "stories260K.bin")
+        assert hashlib.sha256(open(copy, "rb").read()).hexdigest() == sha, copy
+        print("ok: a model the API fetched by URL reached the agent through the artifact store")
+    finally:
+        httpd.shutdown()
+
+
 def takeover_with_s3(s, store, root, ref_sha, env, args):
     """Agents writing through to the S3 bucket the API reads: the new host fetches the
     finished stage's outputs and resumes at the unfinished one."""
@@ -202,7 +236,9 @@ def takeover_with_s3(s, store, root, ref_sha, env, args):
         assert blob_sha(s, jid) == ref_sha
         print("ok: ... with an S3 artifact store it fetched test_artifact's outputs and resumed at test_sleep; "
               "artifact equal to the uninterrupted run's")
-        calibrate_elsewhere(s, [a for a in agents if a.proc.poll() is None][0].runner)
+        alive = [a for a in agents if a.proc.poll() is None][0]
+        calibrate_elsewhere(s, alive.runner)
+        model_by_url(s, alive)
     finally:
         for x in agents:
             x.stop()
@@ -304,7 +340,7 @@ def main():
     moto, s3_env, s3_args = start_moto()
     try:
         store = pg("newdb", base, "ac_fleet")
-        with Server(args=["--workers", "0"] + s3_args, env=dict(s3_env, AC_STORE=store, AC_SHARED=SHARED)) as s:
+        with Server(args=["--workers", "0", "--allow-http-models"] + s3_args, env=dict(s3_env, AC_STORE=store, AC_SHARED=SHARED)) as s:
             ref_sha = drain_and_takeover(s, store, root)
             takeover_with_s3(s, store, root, ref_sha, dict(s3_env, AC_SHARED=SHARED), s3_args)
             fleet_devices(s, store)

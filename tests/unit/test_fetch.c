@@ -546,12 +546,12 @@ static void test_ca_files(void **state)
     path_of(db, sizeof db, "ca.db");
     store *st = store_open(db, err, sizeof err);
     assert_non_null(st);
-    assert_null(fetch_service_start(st, 0, 1 << 20, "/nonexistent/ca.pem", err, sizeof err));
+    assert_null(fetch_service_start(st, NULL, 0, 1 << 20, "/nonexistent/ca.pem", err, sizeof err));
     assert_non_null(strstr(err, "/nonexistent/ca.pem"));
     unsigned flags;
     int64_t cap;
     assert_int_equal(fetch_service_policy(&flags, &cap), -1);
-    fetch_service *fs = fetch_service_start(st, 0, 1 << 20, cert, err, sizeof err);
+    fetch_service *fs = fetch_service_start(st, NULL, 0, 1 << 20, cert, err, sizeof err);
     assert_non_null(fs);
     fetch_service_stop(fs);
     store_close(st);
@@ -653,7 +653,7 @@ static void test_fetcher_resumes(void **state)
     unsigned flags;
     int64_t cap;
     assert_int_equal(fetch_service_policy(&flags, &cap), -1);
-    fetch_service *fs = fetch_service_start(st, FETCH_ALLOW_HTTP, 1 << 30, NULL, err, sizeof err);
+    fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP, 1 << 30, NULL, err, sizeof err);
     assert_non_null(fs);
     assert_int_equal(fetch_service_policy(&flags, &cap), 0);
     assert_int_equal(flags, FETCH_ALLOW_HTTP);
