@@ -145,7 +145,7 @@ test-slow: deps
 	@AC_SLOW=1 BUILD=$(BUILD) tests/run_all.sh
 
 test-sanitize:
-	@$(MAKE) --no-print-directory test SANITIZE=address,undefined OPT=-O1
+	@AC_PG=store $(MAKE) --no-print-directory test SANITIZE=address,undefined OPT=-O1
 
 fuzz:
 	@tests/fuzz/build.sh

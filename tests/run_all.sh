@@ -51,8 +51,9 @@ run_scripts() {
         for t in tests/$d/test_*.sh tests/$d/test_*.py; do
             [ -f "$t" ] || continue
             [ -n "$filter" ] && ! grep -qE "$filter" "$t" && continue
-            # a test that brings its own PostgreSQL server runs once, in the first pass
-            [ -n "$prefix" ] && grep -q '^# store: own PostgreSQL' "$t" && continue
+            # a test that brings its own PostgreSQL server, or uses the store only in passing,
+            # runs once, in the first pass
+            [ -n "$prefix" ] && grep -qE '^# store: (own PostgreSQL|incidental)' "$t" && continue
             local name="$prefix$d/$(basename "$t")"
             [ -n "$pattern" ] && [[ "$name" != *$pattern* ]] && continue
             if slow_tier "$t"; then
@@ -68,14 +69,16 @@ run_scripts() {
 run_scripts "" http oracle e2e
 # The PostgreSQL pass: the store's unit test, and every HTTP and e2e test that starts its
 # servers through tests/http/acserver.{py,sh}, again with the job store in a throwaway
-# PostgreSQL server (tests/tools/pg.sh), a database per data directory. AC_PG=0 skips it.
+# PostgreSQL server (tests/tools/pg.sh), a database per data directory. AC_PG=0 skips it,
+# AC_PG=store runs only the store's unit test (make test-sanitize: the sanitized PostgreSQL
+# paths are test_fleet's, in the first pass).
 if [ "${AC_PG:-1}" != 0 ]; then
     pgdir=$(mktemp -d /tmp/ac-pg-XXXXXX)
     if AC_TEST_PG=$(tests/tools/pg.sh start "$pgdir" 2>"$pgdir/start.err"); then
         export AC_TEST_PG
         db=$(tests/tools/pg.sh newdb "$AC_TEST_PG" ac_unit_store)
         run_one "pg/unit/test_store_jobs" env AC_TEST_STORE="$db" "$BUILD/tests/test_store_jobs"
-        run_scripts "pg/" http e2e -- 'acserver|e2e_common'
+        [ "${AC_PG:-1}" = store ] || run_scripts "pg/" http e2e -- 'acserver|e2e_common'
         unset AC_TEST_PG
     else
         fail=$((fail+1)); failed+=("pg/start"); printf 'FAIL %-48s\n' "pg/start"; sed 's/^/    | /' "$pgdir/start.err"

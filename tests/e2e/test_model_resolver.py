@@ -11,6 +11,7 @@ so answers say nothing about which files exist outside the roots.
 
 search and run on SmolLM2 calibrate its full shape (minutes on 2 cores): they are run
 on the stories260K formats here; the SmolLM2 job is bench/job/smollm2.sh.
+# store: incidental (model formats and paths; not run again in the PostgreSQL pass)
 """
 import json
 import os
