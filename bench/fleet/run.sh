@@ -90,7 +90,7 @@ run_case() {   # run_case STORE_KIND AGENTS
     runners=$(cat "$dir"/host*.log | grep -c '"msg":"worker agent ready"' || true)
     printf '%-10s %6d agents %3d slots  %4d jobs in %6.1f s  %7s jobs/s  %7s status reads/s (p99 %s)\n' \
         "$kind" "$agents" "$((agents * SLOTS))" "$JOBS" "$wall" "$rate" "$rps" "$p99"
-    results+=("| $kind | $agents | $((agents * SLOTS)) | $JOBS | $wall | $rate | $rps | $p99 |")
+    results+=("| $kind | $agents | $((agents * SLOTS)) | $JOBS | $(printf '%.1f' "$wall") | $rate | $rps | $p99 |")
     [ "$runners" = "$agents" ] || { echo "only $runners of $agents agents started" >&2; exit 1; }
 }
 
