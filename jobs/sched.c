@@ -374,12 +374,12 @@ void sched_stop(sched *s, int grace_ms)
     pthread_join(s->thread, NULL);
     for (int i = 0; i < s->n_devices; i++)
         free(s->devices[i]);
+    if (s->info)   /* its row goes before its name does */
+        (void)store_runner_gone(s->st, s->owner);
     free(s->devices);
     free(s->exe);
     free(s->data_dir);
     free(s->owner);
-    if (s->info)
-        (void)store_runner_gone(s->st, s->owner);
     free(s->info);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
