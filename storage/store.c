@@ -66,7 +66,8 @@ int store_new_id(const char *prefix, char *out, size_t outlen)
     return 0;
 }
 
-int store_is_url(const char *target)
+/* 1 when target names a PostgreSQL database rather than an SQLite file. */
+static int is_url(const char *target)
 {
     return !strncmp(target, "postgresql://", 13) || !strncmp(target, "postgres://", 11);
 }
@@ -307,7 +308,7 @@ static int params_va(const char *sql, const char *fmt, va_list *ap, sql_param p[
     return n;
 }
 
-/* The cached statement for sql with the n values p bound, run. 0 or -1 (logged). */
+/* The cached statement for sql with the n values p bound, run; NULL on failure (logged). */
 static sql_stmt *run_params(store_conn *c, const char *sql, const sql_param *p, int n)
 {
     sql_stmt *s = prepared(c, sql);
@@ -527,7 +528,7 @@ store *store_open(const char *target, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    st->drv = store_is_url(target) ? &store_pg_driver : &store_sqlite_driver;
+    st->drv = is_url(target) ? &store_pg_driver : &store_sqlite_driver;
     char what[1024];
     store_target_for_logs(target, what, sizeof what);
     pthread_mutex_init(&st->mu, NULL);

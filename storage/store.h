@@ -96,8 +96,6 @@ typedef struct {
  * Applies the migrations the database lacks. Returns a new store (store_close), or NULL
  * with a reason in err (a URI's password never appears in it). */
 store *store_open(const char *target, char *err, size_t errlen);
-/* 1 when target names a PostgreSQL database rather than an SQLite file. */
-int store_is_url(const char *target);
 /* target as logs may show it: a URI's password replaced by "***", into out (n bytes). */
 void store_target_for_logs(const char *target, char *out, size_t n);
 /* "sqlite" or "postgresql". */
