@@ -102,8 +102,9 @@ def takeover(s, a, b):
     """kill -9 the agent that runs a job in its second stage; the other one finishes it.
     Returns the job's events."""
     jid = s.json("POST", "/v1/jobs", TAKEOVER_SPEC, expect=201)[2]["id"]
-    s.wait_stage(jid, "test_sleep", timeout=20)
+    running = s.wait_stage(jid, "test_sleep", timeout=20)
     first = runners(events(s, jid))[0]
+    assert running["runner"] == first, (running, first)   # the job names the runner holding it
     victim, other = (a, b) if first == a.runner else (b, a)
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait()
