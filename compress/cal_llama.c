@@ -56,7 +56,7 @@ typedef struct {
     int hid[8], n_hid;
     int ah[64], akv[64], nA;      /* attention grid (non-zero, quantizable) */
     int fw[64], nF;               /* MLP grid (non-zero, multiples of the block) */
-    char dir[4096];
+    char dir[4096], ppath[4400];  /* scratch folder; the parent's GGUF (the anchor) */
     int step, total;
     int64_t requests;
     int n_models;
@@ -229,8 +229,12 @@ static int setup(lc_cal *c, char *err, size_t errlen)
     }
     c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
     int n_fit = c->o.fit > 0 ? c->o.fit : 0;
-    c->total = 2 * (c->n_hid * (LC_BASE_SERVINGS + c->nA + c->nF) + c->o.validate + n_fit);
-    return lc_scratch_dir(c->dir, sizeof c->dir, err, errlen);
+    c->total = 2 * (c->n_hid * (LC_BASE_SERVINGS + c->nA + c->nF) + 2 * (c->o.validate + n_fit));
+    if (lc_scratch_dir(c->dir, sizeof c->dir, err, errlen))
+        return -1;
+    /* the parent, served before each serving of a random arch: the anchor a job's search
+     * takes (compress/servecheck.h), so the held-out rows check the prediction jobs make */
+    return lc_write_random(p, &c->t, 1, c->dir, "anchor", c->ppath, sizeof c->ppath, NULL, err, errlen);
 }
 
 /* Least-squares line y = a + b x through (x[i], y[i]); one point: flat. */
@@ -506,13 +510,19 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
     return 0;
 }
 
+/* Each serving of a random arch and of the parent just before it (the anchor). */
+typedef struct {
+    ms_result arch, parent;
+} lc_pair;
+
 /* Both passes of every hidden size's models in turn, the n random archs (va, in the
- * order given; held out, then fit) spread between them and each served once per pass:
- * like the tables' models, the faster of two fresh processes (a process is at times slow
- * as a whole, never fast) into vr, both latencies into plat[2i], plat[2i + 1]. The time
- * spent on the random archs is added to *wall. 0, or -1 with err. */
-static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, double *plat, const int *order, int n,
-                        double *wall, char *err, size_t errlen)
+ * order given; held out, then fit) spread between them and each served once per pass,
+ * right after the parent: like the tables' models, the faster of two fresh processes (a
+ * process is at times slow as a whole, never fast) into vr, both servings and the
+ * parent's beside them into pairs[2i], pairs[2i + 1]. The time spent on the random
+ * archs is added to *wall. 0, or -1 with err. */
+static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, lc_pair *pairs, const int *order,
+                        int n, double *wall, char *err, size_t errlen)
 {
     for (int slot = 0, v = 0; slot < 2 * c->n_hid; slot++) {
         int pass = slot / c->n_hid, h = slot % c->n_hid;
@@ -520,17 +530,73 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, do
             return -1;
         double t0 = eng_wall_s();
         for (; v < (slot + 1) * 2 * n / (2 * c->n_hid); v++) {
-            int i = order[v % n], again = v >= n;
+            int i = order[v % n], again = v >= n, reps = c->o.validate_reps > 0 ? c->o.validate_reps : 3;
             lc_times tm;
             ms_result r;
-            if (serve(c, &va[i], c->o.validate_reps > 0 ? c->o.validate_reps : 3, -1, &tm, &r, NULL, err, errlen) ||
+            lc_bench pb;
+            ms_opts po = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + 1};
+            int prc = lc_bench_gguf(c->ppath, &c->t, &po, -1, &pb, err, errlen);
+            if (prc == 0)
+                lc_bench_result(&pb, &c->t, &pairs[2 * i + again].parent);
+            lc_bench_free(&pb);
+            if (prc || tick(c, "llama.cpp parent (anchor)", err, errlen) ||
+                serve(c, &va[i], reps, -1, &tm, &r, NULL, err, errlen) ||
                 tick(c, i < c->o.validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
                 return -1;
+            c->requests += c->o.warmup + reps;
             if (!again || r.latency_ms < vr[i].latency_ms)
                 vr[i] = r;
-            plat[2 * i + again] = r.latency_ms;
+            pairs[2 * i + again].arch = r;
         }
         *wall += eng_wall_s() - t0;
+    }
+    return 0;
+}
+
+/* The held-out archs as a job's search prices them (compress/servecheck.h): the tables'
+ * prediction with each phase scaled by the parent's measured over predicted time, the
+ * parent served just before the arch. Per arch, the mean over its servings of that
+ * anchored prediction against the mean of its served latencies; the rows get
+ * "anchored" and the summary latency_anchored_mape_pct / latency_anchored_max_pct. */
+static int anchored_validation(const cm_tables *tb, const arch *parent, const arch *va, const lc_pair *pairs,
+                               int n, json_t *validation, char *err, size_t errlen)
+{
+    cm_prediction pp;
+    if (cm_predict(tb, parent, &pp, err, errlen))
+        return -1;
+    if (pp.prefill_ms <= 0 || pp.decode_ms <= 0)
+        return 0;   /* nothing to scale by */
+    json_t *rows = json_object_get(validation, "rows");
+    double sum = 0, max = 0;
+    for (int v = 0; v < n; v++) {
+        cm_prediction p;
+        if (cm_predict(tb, &va[v], &p, err, errlen))
+            return -1;
+        double pred = 0, meas = 0;
+        for (int k = 0; k < 2; k++) {
+            const lc_pair *x = &pairs[2 * v + k];
+            pred += (p.prefill_ms * x->parent.prefill_ms / pp.prefill_ms + p.decode_ms * x->parent.decode_ms / pp.decode_ms) / 2;
+            meas += x->arch.latency_ms / 2;
+        }
+        double e = meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
+        sum += e;
+        max = e > max ? e : max;
+        json_t *a = json_pack("{s:f,s:f,s:f,s:[f,f]}", "predicted_latency_ms", pred, "measured_latency_ms", meas,
+                              "latency_error_pct", e, "parent_process_latencies_ms", pairs[2 * v].parent.latency_ms,
+                              pairs[2 * v + 1].parent.latency_ms);
+        if (!a || json_object_set_new(json_array_get(rows, (size_t)v), "anchored", a)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    if (json_object_set_new(validation, "latency_anchored_mape_pct", json_real(n > 0 ? sum / n : 0)) ||
+        json_object_set_new(validation, "latency_anchored_max_pct", json_real(max)) ||
+        json_object_set_new(validation, "anchored_latency",
+                            json_string("the tables' phases scaled by the parent's measured over predicted time, the "
+                                        "parent served just before the arch; the mean over the arch's two servings "
+                                        "against the mean of its two measured latencies"))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
     }
     return 0;
 }
@@ -557,7 +623,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     arch *va = NULL;
     ms_result *vr = NULL;
     lc_hid *hs = NULL;
-    double *plat = NULL;   /* each random arch's two process latencies */
+    lc_pair *pairs = NULL;   /* each random arch's two servings, the parent's beside them */
     int n_fit = o->fit > 0 ? o->fit : 0, n_all = o->validate + n_fit;
     if (setup(&c, err, errlen))
         goto out;
@@ -598,12 +664,12 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
         order[k] = (nf >= n_fit || (k % 2 == 0 && nh < o->validate)) ? nh++ : o->validate + nf++;
     double wall_random = 0;
     hs = calloc((size_t)c.n_hid, sizeof *hs);
-    plat = calloc((size_t)(2 * (n_all > 0 ? n_all : 1)), sizeof *plat);
-    if (!hs || !plat) {
+    pairs = calloc((size_t)(2 * (n_all > 0 ? n_all : 1)), sizeof *pairs);
+    if (!hs || !pairs) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (serve_passes(&c, hs, va, vr, plat, order, n_all, &wall_random, err, errlen))
+    if (serve_passes(&c, hs, va, vr, pairs, order, n_all, &wall_random, err, errlen))
         goto out;
     for (int h = 0; h < c.n_hid; h++)
         tables_at(&c, h, &hs[h], &tb);
@@ -621,7 +687,11 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     json_t *rows = json_object_get(validation, "rows");
     for (int v = 0; v < o->validate && v < (int)json_array_size(rows); v++)
         json_object_set_new(json_array_get(rows, v), "measured_process_latencies_ms",
-                            json_pack("[f,f]", plat[2 * v], plat[2 * v + 1]));
+                            json_pack("[f,f]", pairs[2 * v].arch.latency_ms, pairs[2 * v + 1].arch.latency_ms));
+    if (anchored_validation(&tb, parent, va, pairs, o->validate, validation, err, errlen)) {
+        json_decref(validation);
+        goto out;
+    }
     char hl[128] = "";
     for (int h = 0, n = 0; h < c.n_hid && n < 100; h++)
         n += snprintf(hl + n, sizeof hl - (size_t)n, "%s%d", h ? "," : "", c.hid[h]);
@@ -665,7 +735,7 @@ out:
     free(va);
     free(vr);
     free(hs);
-    free(plat);
+    free(pairs);
     cm_tables_free(&tb);
     lcal_free(&c);
     return result;

@@ -106,6 +106,30 @@ int cmj_str(json_t *o, const char *at, const char *k, int required, char *out, s
 }
 
 /* ---------- tables <-> JSON ---------- */
+int cm_tables_copy(cm_tables *dst, const cm_tables *src)
+{
+    *dst = *src;
+    dst->prefill = malloc(sizeof *dst->prefill * (size_t)(src->n_prefill > 0 ? src->n_prefill : 1));
+    dst->decode = malloc(sizeof *dst->decode * (size_t)(src->n_decode > 0 ? src->n_decode : 1));
+    dst->fixed = malloc(sizeof *dst->fixed * (size_t)(src->n_fixed > 0 ? src->n_fixed : 1));
+    if (!dst->prefill || !dst->decode || !dst->fixed) {
+        cm_tables_free(dst);
+        return -1;
+    }
+    memcpy(dst->prefill, src->prefill, sizeof *dst->prefill * (size_t)src->n_prefill);
+    memcpy(dst->decode, src->decode, sizeof *dst->decode * (size_t)src->n_decode);
+    memcpy(dst->fixed, src->fixed, sizeof *dst->fixed * (size_t)src->n_fixed);
+    return 0;
+}
+
+void cm_tables_rescale(cm_tables *t, double prefill, double decode)
+{
+    for (int f = 0; f < t->n_fixed; f++) {
+        t->fixed[f].prefill_scale = (t->fixed[f].prefill_scale > 0 ? t->fixed[f].prefill_scale : 1) * prefill;
+        t->fixed[f].decode_scale = (t->fixed[f].decode_scale > 0 ? t->fixed[f].decode_scale : 1) * decode;
+    }
+}
+
 
 void cm_tables_free(cm_tables *t)
 {

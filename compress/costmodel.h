@@ -192,6 +192,11 @@ typedef struct {
 } cm_tables;
 
 void cm_tables_free(cm_tables *t);   /* frees arrays; safe on a zeroed struct */
+/* A deep copy of src into dst (free with cm_tables_free). 0, or -1 on OOM (dst zeroed). */
+int cm_tables_copy(cm_tables *dst, const cm_tables *src);
+/* Multiply every time of each phase by its factor (the fixed entries' phase scales):
+ * the tables' level moved to a machine measured faster or slower than at calibration. */
+void cm_tables_rescale(cm_tables *t, double prefill, double decode);
 
 /* Tables <-> JSON (the "tables" object of a calibration, docs/timing-tables.md).
  * cm_tables_to_json: new reference, NULL on OOM.

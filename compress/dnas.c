@@ -453,9 +453,27 @@ static json_t *distribution_json(const search_dist *d)
     return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, sp->n_hidden), "layers", layers);
 }
 
+/* Over which limits do the costs x (latency, decode, bytes, params) go? Each one's table
+ * limit is tightened by the excess times `more` (< 1, so that the repair moves). 1 when
+ * every active limit holds. */
+static int within(search_costs *costs, const double *limits, const double *x, double more)
+{
+    int ok = 1;
+    for (int m = 0; m < SM_COUNT; m++) {
+        search_table *t = &costs->t[m];
+        if (t->active && x[m] > limits[m]) {
+            ok = 0;
+            t->limit *= limits[m] / x[m] * more;
+        }
+    }
+    return ok;
+}
+
 /* Decode argmax, repair against the tables, and confirm with the full prediction; when
  * the prediction disagrees with the additive tables (it adds terms the tables cannot
- * split), tighten that limit by the disagreement and repair again. */
+ * split), tighten that limit by the disagreement and repair again. With a check, the
+ * arch the prediction accepts is then served (o->check) and, measured over a limit,
+ * repaired again the same way; after DNAS_CHECKS checks the prediction decides. */
 static int decode_and_repair(const search_dist *d, search_costs *costs, const dnas_opts *o, const arch *parent,
                              dnas_result *r, char *err, size_t errlen)
 {
@@ -469,7 +487,7 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
     for (int m = 0; m < SM_COUNT; m++)
         limits[m] = costs->t[m].limit;
     int rc = -1;
-    for (int attempt = 0; attempt < 8; attempt++) {
+    for (int attempt = 0; attempt < 8 + 2 * DNAS_CHECKS; attempt++) {
         search_decode_argmax(d, &c);
         if (search_repair(d, costs, &c) != 0) {
             dnas_describe_infeasible(sp, costs, err, errlen);
@@ -481,15 +499,19 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
             break;
         double actual[SM_COUNT] = {r->predicted.latency_ms, r->predicted.decode_ms, (double)r->predicted.total,
                                    (double)r->predicted.params};
-        int ok = 1;
-        for (int m = 0; m < SM_COUNT; m++) {
-            search_table *t = &costs->t[m];
-            if (t->active && actual[m] > limits[m]) {
-                ok = 0;
-                t->limit *= limits[m] / actual[m] * 0.999;
-            }
+        if (!within(costs, limits, actual, 0.999))
+            continue;
+        if (!o->check || r->checks >= DNAS_CHECKS) {
+            rc = 0;
+            break;
         }
-        if (ok) {
+        cm_prediction m;
+        if (o->check(o->check_ud, &r->arch, &r->predicted, &m, err, errlen))
+            break;
+        r->checks++;
+        double measured[SM_COUNT] = {m.latency_ms, m.decode_ms, (double)m.total, (double)m.params};
+        r->checked_within = within(costs, limits, measured, 0.99);
+        if (r->checked_within) {
             rc = 0;
             break;
         }

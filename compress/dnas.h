@@ -76,7 +76,16 @@ typedef struct {
     uint64_t seed;
     dnas_progress_fn progress;
     void *progress_ctx;
+    /* The arch served where it will run (may be NULL; compress/servecheck.h): *measured
+     * gets its latency_ms, decode_ms, total (peak bytes) and params as measured. The
+     * repaired arch is checked up to DNAS_CHECKS times; a limit the measurement breaks
+     * is tightened by the measured excess and the arch repaired again. 0, or -1 with err. */
+    int (*check)(void *ud, const arch *a, const cm_prediction *predicted, cm_prediction *measured, char *err,
+                 size_t errlen);
+    void *check_ud;
 } dnas_opts;
+
+#define DNAS_CHECKS 3
 
 /* Defaults for the schedule knobs: tau 1 -> 0.1, Adam lr 0.1 on the logits, eta 0.3,
  * lambda2 from 3, 10% warm-up, batch 4 x 128 (method_run shrinks it for small budgets). */
@@ -90,6 +99,8 @@ typedef struct {
     double wall_s;
     int parent_feasible;        /* 1: the parent met every limit; arch is the parent's */
     json_t *distribution;       /* final probabilities per axis (new reference) */
+    int checks;                 /* archs served by opts.check */
+    int checked_within;         /* 1: the last check measured the returned arch within every limit */
     double final_gap[SM_COUNT]; /* E[cost]/limit - 1 at the last iteration (active limits) */
 } dnas_result;
 

@@ -438,6 +438,44 @@ void lc_bench_result(const lc_bench *b, const cm_target *t, ms_result *r)
     r->peak_bytes = b->rss_peak;
 }
 
+int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const ms_opts *o, int rounds,
+                         lc_bench *ab, lc_bench *bb, int (*tick)(void *ud, int done), void *ud, char *err,
+                         size_t errlen)
+{
+    memset(ab, 0, sizeof *ab * (size_t)rounds);
+    if (bb)
+        memset(bb, 0, sizeof *bb * (size_t)rounds);
+    for (int k = 0; k < rounds; k++) {
+        if (lc_bench_gguf(a, t, o, -1, &ab[k], err, errlen) || (b && lc_bench_gguf(b, t, o, -1, &bb[k], err, errlen)))
+            return -1;
+        if (tick && tick(ud, k + 1))
+            return 1;
+    }
+    return 0;
+}
+
+int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r)
+{
+    int idx[64];
+    ms_result rr[64];
+    n = n < 64 ? n : 64;
+    for (int k = 0; k < n; k++) {
+        lc_bench_result(&b[k], t, &rr[k]);
+        idx[k] = k;
+        for (int j = k; j > 0 && rr[idx[j - 1]].latency_ms > rr[idx[j]].latency_ms; j--) {
+            int x = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = x;
+        }
+    }
+    int m = n > 0 ? idx[n / 2] : 0;
+    if (n > 0)
+        *r = rr[m];
+    else
+        memset(r, 0, sizeof *r);
+    return m;
+}
+
 /* ---------- random models ---------- */
 
 int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen)

@@ -70,6 +70,18 @@ void lc_bench_free(lc_bench *b);
 int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_t flush, lc_bench *b, char *err,
                   size_t errlen);
 
+/* Serve the GGUF files a and b (b may be NULL) `rounds` times each, every serving a
+ * fresh process, alternating a b a b (a machine whose speed drifts moves both alike),
+ * with o's warm-up and requests: benches into ab[rounds] and bb[rounds] (free each with
+ * lc_bench_free, also after a failure). tick (may be NULL) runs after each round with
+ * the rounds done; a non-zero return stops there (1). 0, 1 stopped, or -1 with err. */
+int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const ms_opts *o, int rounds,
+                         lc_bench *ab, lc_bench *bb, int (*tick)(void *ud, int done), void *ud, char *err,
+                         size_t errlen);
+
+/* The process of median latency among n benches: its index, and its §10 fields in *r. */
+int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r);
+
 /* About how many bytes llama.cpp stores per weight at weight type `precision` (f32 4,
  * q8_0 34/32, q4_k_m's mix about 4.9 bits ...); 4 for a name it does not know. */
 double lc_bytes_per_weight(const char *precision);

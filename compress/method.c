@@ -9,6 +9,7 @@
 #include "compress/minitron.h"
 #include "compress/prune.h"
 #include "compress/reconstruct.h"
+#include "compress/servecheck.h"
 #include "storage/archjson.h"
 
 static void emit(const method_opts *o, const char *type, const char *msg, json_t *data)
@@ -187,7 +188,9 @@ void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *ax
         tighten(limits, given_pct, given_pct, aimed);
         return;
     }
-    double lat = validation_max_pct(validation, "latency_max_pct");
+    double lat = validation_max_pct(validation, "latency_anchored_max_pct");
+    if (lat < 0)
+        lat = validation_max_pct(validation, "latency_max_pct");
     double mem = validation_max_pct(validation, "memory_max_pct");
     if (lat < 0 || mem < 0) {
         snprintf(margin->source, sizeof margin->source, "none: the calibration has no held-out validation");
@@ -233,8 +236,31 @@ typedef struct {
     json_t *extra;              /* the method's own members of the document (NEW) */
 } found;
 
+typedef struct {
+    const method_opts *o;
+    sc_check *sc;
+} served_cb;
+
+/* DNAS's check: the arch served in the target engine beside the parent. */
+static int on_check(void *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
+{
+    served_cb *cb = c;
+    if (cb->o->cancelled && cb->o->cancelled(cb->o->ud)) {
+        snprintf(err, errlen, "cancelled");
+        return -1;
+    }
+    if (sc_measure(cb->sc, a, pred, m, err, errlen))
+        return -1;
+    char msg[256];
+    snprintf(msg, sizeof msg, "served the chosen arch in llama.cpp: %.1f ms (predicted %.1f), %.1f MiB peak",
+             m->latency_ms, pred->latency_ms, m->total / 1048576.0);
+    json_t *checks = json_object_get(sc_doc(cb->sc), "checks");
+    emit(cb->o, "search.check", msg, json_deep_copy(json_array_get(checks, json_array_size(checks) - 1)));
+    return 0;
+}
+
 /* The AutoCompress search (DNAS). 0 with *f filled, 1 when cancelled, -1 with a reason. */
-static int run_dnas(const method_opts *o, found *f, char *err, size_t errlen)
+static int run_dnas(const method_opts *o, sc_check *sc, found *f, char *err, size_t errlen)
 {
     dnas_opts d;
     dnas_opts_defaults(&d);
@@ -264,6 +290,11 @@ static int run_dnas(const method_opts *o, found *f, char *err, size_t errlen)
     dnas_cb cb = {o, iters > 50 ? iters / 50 : 1};
     d.progress = on_dnas;
     d.progress_ctx = &cb;
+    served_cb scb = {o, sc};
+    if (sc) {
+        d.check = on_check;
+        d.check_ud = &scb;
+    }
     dnas_result r;
     int rc = dnas_run(&d, &r, err, errlen);
     if (rc != 0)
@@ -274,6 +305,9 @@ static int run_dnas(const method_opts *o, found *f, char *err, size_t errlen)
             json_object_set_new(gaps, search_metric_names[m], json_real(r.final_gap[m]));
     json_t *extra = json_pack("{s:O,s:o}", "distribution", r.distribution ? r.distribution : json_null(), "final_gap",
                               gaps);
+    if (extra && r.checks)
+        json_object_set_new(extra, "checks", json_pack("{s:i,s:b}", "served", r.checks, "last_within",
+                                                        r.checked_within));
     *f = (found){r.arch, r.predicted, r.selection_tokens, r.iterations, r.parent_feasible, r.wall_s, extra};
     memset(&r.arch, 0, sizeof r.arch);   /* f holds it now */
     dnas_result_free(&r);
@@ -302,12 +336,14 @@ static int run_minitron(const method_opts *o, found *f, char *err, size_t errlen
     return 0;
 }
 
-int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen)
+/* Run the method (DNAS checked through sc when not NULL). On 0, *chosen holds the arch
+ * and *doc the search document; 1 when cancelled, -1 with a reason. */
+static int method_run(const method_opts *o, sc_check *sc, arch *chosen, json_t **doc, char *err, size_t errlen)
 {
     memset(chosen, 0, sizeof *chosen);
     *doc = NULL;
     found f;
-    int rc = o->minitron ? run_minitron(o, &f, err, errlen) : run_dnas(o, &f, err, errlen);
+    int rc = o->minitron ? run_minitron(o, &f, err, errlen) : run_dnas(o, sc, &f, err, errlen);
     if (rc != 0)
         return rc;
     *chosen = f.arch;
@@ -353,9 +389,39 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
         rank_layer_order(r, order);
         run.layer_order = order;
     }
-    int rc = method_run(&run, chosen, doc, err, errlen);
+    sc_check sc;
+    cm_tables anchored;
+    memset(&sc, 0, sizeof sc);
+    memset(&anchored, 0, sizeof anchored);
+    int rc = 0;
+    if (o->served) {
+        emit(o, "search.anchor", "serving the parent in llama.cpp: the tables' level at this machine's speed now",
+             NULL);
+        rc = sc_open(&sc, &o->parent->a, o->served, err, errlen) || sc_anchor(&sc, o->tables, &anchored, err, errlen)
+                 ? -1
+                 : 0;
+        run.tables = &anchored;
+        if (rc == 0) {
+            json_t *an = json_object_get(sc_doc(&sc), "anchor");
+            char msg[256];
+            snprintf(msg, sizeof msg, "the parent served in %.1f ms against %.1f predicted: prefill x%.3f, decode x%.3f",
+                     json_number_value(json_object_get(an, "parent_measured_ms")),
+                     json_number_value(json_object_get(an, "parent_predicted_ms")),
+                     json_number_value(json_object_get(an, "prefill_scale")),
+                     json_number_value(json_object_get(an, "decode_scale")));
+            emit(o, "search.anchor", msg, json_deep_copy(an));
+        }
+    }
+    if (rc == 0)
+        rc = method_run(&run, o->served ? &sc : NULL, chosen, doc, err, errlen);
+    if (rc < 0 && o->cancelled && o->cancelled(o->ud))
+        rc = 1;   /* a check stopped by the cancel */
     free(order);
     if (rc == 0)
         json_object_set_new(*doc, "aim", method_aim_json(&o->limits, margin));
+    if (rc == 0 && o->served)
+        json_object_set(*doc, "served", sc_doc(&sc));
+    cm_tables_free(&anchored);
+    sc_close(&sc);
     return rc;
 }

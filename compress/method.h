@@ -32,6 +32,9 @@ typedef struct {
     const int *layer_order;         /* [n_layers] least important first (Minitron++ depth) */
     uint64_t seed;
     double eta, lambda2_init, lr;   /* DNAS schedule overrides (0: dnas_opts_defaults) */
+    const cm_target *served;        /* a llama.cpp target: method_search anchors the tables
+                                       to the parent served there now and serves the archs
+                                       DNAS settles on (compress/servecheck.h); NULL: none */
     /* Callbacks (any may be NULL). event: type, message and data (stolen). progress:
      * step of total. cancelled: non-zero stops the search (return 1). */
     void (*event)(void *ud, const char *type, const char *message, json_t *data);
@@ -57,7 +60,9 @@ int method_check_feasible(const arch *parent, const cm_tables *tables, const dna
  * over the limit; the search therefore aims under latency and throughput by
  * margin.latency_pct and under memory by memory_pct (params is exact). given_pct >= 0
  * (the user's margin) sets both (source "spec"); given_pct < 0 takes the largest error
- * the calibration measured on its held-out archs for each quantity (validation:
+ * the calibration measured on its held-out archs for each quantity (for latency the
+ * error of the anchored predictions when the calibration measured them, as a search
+ * anchored to the parent predicts; validation:
  * the calibration's "validation" object, borrowed, may be NULL; source "calibration"),
  * or 0 when there is no validation, or when no arch of the space meets the tightened
  * limits (source "none: ..."; a later feasibility check then names the limits as
@@ -72,17 +77,20 @@ void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *ax
  * throughput_tokens_per_s?, memory_gib?}. New reference (NULL: no memory). */
 json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin);
 
-/* Run the search. On 0, *chosen holds the arch (free with arch_free) and *doc a NEW
- * search document {method, arch, summary, selection_tokens, iterations, wall_s,
- * parent_feasible, predicted, distribution | trials, final_gap}. Returns 1 when
- * cancelled, -1 with a reason (an infeasible spec names the cheapest costs). */
-int method_run(const method_opts *o, arch *chosen, json_t **doc, char *err, size_t errlen);
-
 /* The search step as the job's search stage and `autocompress search` both take it:
- * o->limits already hold the aim (method_aim) and margin says how it was picked. For
+ * o->limits already hold the aim (method_aim) and margin says how it was picked. With
+ * o->served, the tables are first anchored to the parent served in llama.cpp, both
+ * methods search with the anchored tables, and DNAS's result is served before it is
+ * returned (repaired when measured over the aim); the document's "served" holds the
+ * anchor and every check (Minitron++'s result is not checked: its candidates are whole
+ * uniform archs trialled by distillation, with no repair step to take a measurement). For
  * Minitron++ the layer order (least important first) comes from the ranking r
- * (borrowed; may be NULL for DNAS), not from o->layer_order. method_run, then the aim
- * (method_aim_json) goes into the document as "aim". Same contract as method_run. */
+ * (borrowed; may be NULL for DNAS), not from o->layer_order. The aim (method_aim_json)
+ * goes into the document as "aim". On 0, *chosen holds the arch (free with arch_free)
+ * and *doc a NEW search document {method, arch, summary, selection_tokens, iterations,
+ * wall_s, parent_feasible, predicted, distribution | trials, final_gap, aim, served?}.
+ * Returns 1 when cancelled, -1 with a reason (an infeasible spec names the cheapest
+ * costs). */
 int method_search(const method_opts *o, const rank_result *r, const method_margin *margin, arch *chosen,
                   json_t **doc, char *err, size_t errlen);
 

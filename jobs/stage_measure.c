@@ -116,22 +116,15 @@ static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench
     cm_prediction p;
     char e2[256];
     int have_pred = tb && cm_predict(tb, a, &p, e2, sizeof e2) == 0;
-    ms_result r[LC_ROUNDS];
-    int idx[LC_ROUNDS];
-    for (int k = 0; k < LC_ROUNDS; k++) {
-        lc_bench_result(&b[k], t, &r[k]);
-        idx[k] = k;
-        for (int j = k; j > 0 && r[idx[j - 1]].latency_ms > r[idx[j]].latency_ms; j--) {
-            int x = idx[j];
-            idx[j] = idx[j - 1];
-            idx[j - 1] = x;
-        }
-    }
-    int m = idx[LC_ROUNDS / 2];
-    json_t *meas = ms_result_to_json(&r[m], t), *lat = json_array();
-    for (int k = 0; lat && k < LC_ROUNDS; k++)
-        if (json_array_append_new(lat, json_real(r[k].latency_ms)))
+    ms_result med;
+    int m = lc_bench_median(b, LC_ROUNDS, t, &med);
+    json_t *meas = ms_result_to_json(&med, t), *lat = json_array();
+    for (int k = 0; lat && k < LC_ROUNDS; k++) {
+        ms_result r;
+        lc_bench_result(&b[k], t, &r);
+        if (json_array_append_new(lat, json_real(r.latency_ms)))
             lat = NULL;
+    }
     if (meas) {
         json_object_set_new(meas, "llama_cpp_buffers",
                             json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b[m].buf_model, "kv",
@@ -156,6 +149,12 @@ static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench
     return out;
 }
 
+static int round_done(void *ud, int done)
+{
+    job_progress(ud, done, LC_ROUNDS);
+    return job_cancelled(ud);
+}
+
 /* The parent (random weights at the target's type, in a scratch folder) and the result
  * (the GGUF at gguf, random weights when gguf is "" (a search-only job); none when
  * result is NULL) served LC_ROUNDS times each in fresh
@@ -176,18 +175,9 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
     else
         snprintf(rpath, sizeof rpath, "%s", gguf);
     ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1};
-    int steps = LC_ROUNDS * (result ? 2 : 1), done = 0;
-    for (int k = 0; rc == 0 && k < LC_ROUNDS; k++) {
-        if (lc_bench_gguf(ppath, t, &o, -1, &pb[k], err, errlen) ||
-            (result && lc_bench_gguf(rpath, t, &o, -1, &rb[k], err, errlen))) {
-            rc = -1;
-            break;
-        }
-        done += result ? 2 : 1;
-        job_progress(ctx, done, steps);
-        if (job_cancelled(ctx))
-            rc = 1;
-    }
+    if (rc == 0)
+        rc = lc_bench_alternating(ppath, result ? rpath : NULL, t, &o, LC_ROUNDS, pb, result ? rb : NULL, round_done,
+                                  ctx, err, errlen);
     if (rc == 0) {
         *pj = llama_measured(tb, parent, pb, 0, t);
         *rj = result ? llama_measured(tb, result, rb, *gguf != 0, t) : NULL;
@@ -256,6 +246,14 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
         have_tb = cm_calibration_tables(cal, &tb, err, errlen) == 0;
         json_decref(cal);
     }
+    /* the level the search priced at: its anchor (the parent served then) */
+    const char *sp = job_ctx_output(ctx, "search", "search.json");
+    json_t *sdoc = sp && have_tb ? json_load_file(sp, 0, NULL) : NULL;
+    json_t *an = json_object_get(json_object_get(sdoc, "served"), "anchor");
+    if (an)
+        cm_tables_rescale(&tb, json_number_value(json_object_get(an, "prefill_scale")),
+                          json_number_value(json_object_get(an, "decode_scale")));
+    json_decref(sdoc);
     err[0] = 0;
     int rc = -1;
     json_t *pj = NULL, *rj = NULL;

@@ -64,6 +64,11 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     o.progress = on_progress;
     o.cancelled = on_cancelled;
     o.ud = ctx;
+    cm_target t;
+    if (stage_job_target(ctx, &t, err, errlen))
+        return -1;
+    if (cm_target_llamacpp(&t))
+        o.served = &tables->target;   /* anchored to the parent served now, the result checked there */
     method_margin margin;
     ps_axes(ctx, &o.axes);
     ps_limits(ctx, &parent->a, tables, &o.axes, &o.limits, &margin);
@@ -96,11 +101,12 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
         rc = job_publish(ctx, "search.json", path, "application/json", err, errlen);
     }
     if (rc == 0)
-        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O,s:O*}}", "search", "selection_tokens",
+        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O,s:O*,s:O*}}", "search", "selection_tokens",
                                              json_object_get(doc, "selection_tokens"), "wall_s",
                                              json_object_get(doc, "wall_s"), "iterations",
                                              json_object_get(doc, "iterations"), "aim",
-                                             json_object_get(doc, "aim")));
+                                             json_object_get(doc, "aim"), "served",
+                                             json_object_get(doc, "served")));
     json_decref(doc);
     arch_free(&chosen);
     return rc;

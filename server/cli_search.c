@@ -233,6 +233,19 @@ static void search_print(const search_args *a, json_t *doc, const arch *chosen)
            (long long)json_integer_value(json_object_get(json_object_get(p, "memory_bytes"), "total")));
     printf("selection_tokens: %lld\n", (long long)json_integer_value(json_object_get(doc, "selection_tokens")));
     printf("wall_s:           %.1f\n", json_number_value(json_object_get(doc, "wall_s")));
+    json_t *an = json_object_get(json_object_get(doc, "served"), "anchor"),
+           *checks = json_object_get(json_object_get(doc, "served"), "checks");
+    if (an)
+        printf("anchor:           parent served in %.1f ms, predicted %.1f by the calibration\n",
+               json_number_value(json_object_get(an, "parent_measured_ms")),
+               json_number_value(json_object_get(an, "parent_predicted_ms")));
+    for (size_t i = 0; i < json_array_size(checks); i++) {
+        json_t *c = json_array_get(checks, i);
+        printf("served check %zu:   %.1f ms (predicted %.1f), %s\n", i + 1,
+               json_number_value(json_object_get(c, "latency_ms")),
+               json_number_value(json_object_get(c, "predicted_latency_ms")),
+               json_string_value(json_object_get(c, "arch")));
+    }
 }
 
 int cli_search(int argc, char **argv)
@@ -254,6 +267,8 @@ int cli_search(int argc, char **argv)
     mo.train = &in.train;
     mo.val = &in.val;
     mo.event = on_event;
+    if (cm_target_llamacpp(&in.tables.target))
+        mo.served = &in.tables.target;   /* anchored to the parent served now, the result checked there */
     method_margin margin;
     method_aim(&in.parent.a, &in.tables, &mo.axes, json_object_get(in.cal, "validation"), a.margin_pct,
                &a.mo.limits, &mo.limits, &margin);

@@ -99,15 +99,21 @@ def write_report(rows):
          "The machine's own spread: each held-out arch is served in two fresh processes; the last columns give "
          "how far apart the two are (|a - b| / min(a, b), median and max over the archs). A prediction cannot be "
          "checked closer than the measurement repeats.", "",
-         "| type | held-out archs | latency MAPE | max | memory MAPE | max | hidden sizes | MLP grid | wall s | "
-         "two processes apart: median | max |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         "Anchored: the prediction a job's search makes, the tables' phases scaled by the parent's measured over "
+         "predicted time (the parent served just before each serving of the arch), against the mean of the arch's "
+         "two servings.", "",
+         "| type | held-out archs | latency MAPE | max | anchored MAPE | max | memory MAPE | max | hidden sizes | "
+         "MLP grid | wall s | two processes apart: median | max |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         v = r["v"]
         sp = sorted(abs(a - b) / min(a, b) * 100 for a, b in
                     (x["measured_process_latencies_ms"] for x in v["rows"] if "measured_process_latencies_ms" in x))
-        L.append("| %s | %d | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %s | %s | %.0f | %s | %s |" % (
-            r["P"], v["archs"], v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"],
+        L.append("| %s | %d | %.2f%% | %.2f%% | %s | %s | %.2f%% | %.2f%% | %s | %s | %.0f | %s | %s |" % (
+            r["P"], v["archs"], v["latency_mape_pct"], v["latency_max_pct"],
+            "%.2f%%" % v["latency_anchored_mape_pct"] if "latency_anchored_mape_pct" in v else "-",
+            "%.2f%%" % v["latency_anchored_max_pct"] if "latency_anchored_max_pct" in v else "-",
+            v["memory_mape_pct"], v["memory_max_pct"],
             r["hid"], ",".join(map(str, r["grid"])), r["cal"]["wall_s"],
             "%.1f%%" % statistics.median(sp) if sp else "-", "%.1f%%" % sp[-1] if sp else "-"))
     L += ["", "## A job per type: latency limit %.0f%% of the parent's llama.cpp latency" % (100 * FRACTION), "",
@@ -124,9 +130,24 @@ def write_report(rows):
                     ", ".join("%.0f" % x for x in r.get("procs", [])), r["indep_parent"], r["indep_result"],
                     "yes" if r["indep_holds"] else "**no**", r["indep_result"] / r["indep_parent"], r["builtin_ratio"]))
     L += ["", "Aimed: the latency the search aimed at, the limit less the calibration's largest held-out error "
-          "(the margin the job takes by default). The last column is what the built-in engine's fp32 tables predict "
-          "for the same arch relative to the parent: the speed-up a search priced in our own engine would have "
-          "promised."]
+          "(anchored, when the calibration measured it: the margin the job takes by default). The last column is "
+          "what the built-in engine's fp32 tables predict for the same arch relative to the parent: the speed-up a "
+          "search priced in our own engine would have promised.", "",
+          "### The search, served: anchor and checks", "",
+          "| type | parent predicted by the calibration ms | parent served at the anchor ms (3 processes) | prefill x | "
+          "decode x | checks: predicted -> served ms | last check within the aim |",
+          "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sv = r.get("served") or {}
+        an = sv.get("anchor")
+        if not an:
+            L.append("| %s | - | - | - | - | - | - |" % r["P"])
+            continue
+        L.append("| %s | %.1f | %.1f (%s) | %.3f | %.3f | %s | %s |" % (
+            r["P"], an["parent_predicted_ms"], an["parent_measured_ms"],
+            ", ".join("%.0f" % x for x in an["process_latencies_ms"]), an["prefill_scale"], an["decode_scale"],
+            "; ".join("%.1f -> %.1f" % (c.get("predicted_latency_ms", 0), c["latency_ms"]) for c in sv.get("checks", [])),
+            "yes" if r.get("checks", {}).get("last_within") else "no"))
     open(RES, "w").write("\n".join(L) + "\n")
     return "\n".join(L)
 
@@ -195,9 +216,10 @@ for P in PRECS:
     v = cal["validation"]
     grid = sorted({e["ffn_dim"] for e in cal["tables"]["prefill"] if e["part"] == "mlp"})
     hid = cal["cost"]["hidden_sizes"]
-    aim = json.load(open(os.path.join(jobdir, "search.json"))).get("aim", {})
+    sdoc = json.load(open(os.path.join(jobdir, "search.json")))
+    aim = sdoc.get("aim", {})
     rows.append(dict(P=P, cal=cal, v=v, grid=grid, hid=hid, parent_ms=parent_ms, limit=limit, pred=row["predicted"],
-                     aimed=aim.get("latency_ms"),
+                     aimed=aim.get("latency_ms"), served=sdoc.get("served"), checks=sdoc.get("checks", {}),
                      procs=rep["result"]["measured"].get("process_latencies_ms", []),
                      meas=row["measured"], holds=row["holds"], indep_parent=pa, indep_result=pb,
                      indep_holds=pb <= limit, builtin_ratio=est["predicted"]["latency_ms"] /
@@ -205,7 +227,7 @@ for P in PRECS:
                      params=rep["result"]["params"] if "params" in rep["result"] else None,
                      hidden=arch["hidden_size"], layers=len(arch["layers"]),
                      size=os.path.getsize(os.path.join(jobdir, "model.gguf")), psize=os.path.getsize(pg)))
-    print(json.dumps({k: x for k, x in rows[-1].items() if k not in ("cal", "v")}), flush=True)
+    print(json.dumps({k: x for k, x in rows[-1].items() if k not in ("cal", "v", "served")}), flush=True)
     write_report(rows)   # after each type: a cut-short run still leaves its rows
 
 print(write_report(rows))

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import AC_BIN, MODEL, TOK, download, env, server, stories_spec, wait_terminal  # noqa: E402
+from e2e_common import AC_BIN, MODEL, TOK, download, env, events, server, stories_spec, wait_terminal  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
@@ -87,8 +87,17 @@ def main():
         v = doc["validation"]
         assert v["archs"] >= 1 and "llama.cpp" in v["measured_memory"], v
         assert "two fresh llama.cpp processes" in v["measured_latency"], v
-        print("held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), memory MAPE %.2f%% (max %.2f%%)"
-              % (v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"]))
+        # each held-out arch also as an anchored search prices it: the parent served just
+        # before each of its servings
+        assert v["latency_anchored_max_pct"] >= v["latency_anchored_mape_pct"] >= 0, v
+        for r in v["rows"]:
+            a = r["anchored"]
+            assert a["predicted_latency_ms"] > 0 and len(a["parent_process_latencies_ms"]) == 2, r
+            assert abs(a["measured_latency_ms"] - sum(r["measured_process_latencies_ms"]) / 2) < 1e-6 * a[
+                "measured_latency_ms"], r
+        print("held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), anchored %.2f%% (max %.2f%%), memory MAPE "
+              "%.2f%% (max %.2f%%)" % (v["latency_mape_pct"], v["latency_max_pct"], v["latency_anchored_mape_pct"],
+                                       v["latency_anchored_max_pct"], v["memory_mape_pct"], v["memory_max_pct"]))
 
         # --- estimate from it
         _, _, est = s.json("POST", "/v1/estimates", {"model": {"path": MODEL, "tokenizer": TOK},
@@ -116,6 +125,21 @@ def main():
             assert abs(sorted(pl)[1] - side["latency_ms"]) < 1e-6 * side["latency_ms"], side
             assert "3 fresh llama.cpp processes" in side["method"], side
         assert rep["result"]["weights"] == "the exported GGUF", rep["result"]
+        # the search anchored its tables to the parent served in llama.cpp then, and served
+        # the arch it settled on (repairing one measured over the aim) before returning it
+        sv = rep["search"]["served"]
+        an = sv["anchor"]
+        assert len(an["process_latencies_ms"]) == 3 and an["parent_measured_ms"] == sorted(
+            an["process_latencies_ms"])[1], an
+        assert an["prefill_scale"] > 0 and an["decode_scale"] > 0, an
+        assert sv["checks"], sv
+        last = sv["checks"][-1]
+        assert len(last["process_latencies_ms"]) == 3 and len(last["parent_process_latencies_ms"]) == 3, last
+        # priced at the anchor's level: the median ratio to the parent times its anchored latency
+        assert last["ratio_to_parent"] > 0 and abs(last["latency_ms"] - last["ratio_to_parent"] * an[
+            "parent_measured_ms"]) < 1e-6 * last["latency_ms"], (last, an)
+        types = [ev["type"] for ev in events(s, job["id"])]
+        assert "search.anchor" in types and "search.check" in types, types
         row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
         assert row["measured"] == m["latency_ms"] and row["holds"] == (m["latency_ms"] <= limit), row
         layers = rep["result"]["arch"]["layers"]

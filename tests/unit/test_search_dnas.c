@@ -150,6 +150,67 @@ static void test_params_limit_sits_at_limit(void **state)
     dnas_result_free(&r);
 }
 
+/* A served check that measures `factor` times the tables' prediction (an engine the
+ * tables under- or over-price), counting its calls; factor 0 fails. */
+typedef struct {
+    double factor;
+    int calls;
+} fake_engine;
+
+static int fake_check(void *ud, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
+{
+    fake_engine *f = ud;
+    f->calls++;
+    if (f->factor <= 0) {
+        snprintf(err, errlen, "llama.cpp helper died");
+        return -1;
+    }
+    *m = *pred;
+    m->latency_ms = pred->latency_ms * f->factor;
+    m->decode_ms = pred->decode_ms * f->factor;
+    m->params = arch_params(a);
+    return 0;
+}
+
+/* The arch the prediction accepts is served; measured over the latency limit it is
+ * repaired until a check holds (the tables 30% under the engine: two or three checks);
+ * measured within, it is returned after one; a failing check fails the search. */
+static void test_served_check_repairs(void **state)
+{
+    world *w = *state;
+    dnas_opts o;
+    opts(w, &o);
+    cm_prediction pp;
+    char err[1024] = "";
+    assert_int_equal(cm_predict(&w->tables, &w->parent.a, &pp, err, sizeof err), 0);
+    o.limits.latency_ms = 0.75 * pp.latency_ms;
+    fake_engine slow = {1.3, 0};
+    o.check = fake_check;
+    o.check_ud = &slow;
+    dnas_result r;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    printf("tables 30%% under: %d checks, predicted %.4f ms, measured %.4f ms, limit %.4f ms\n", r.checks,
+           r.predicted.latency_ms, 1.3 * r.predicted.latency_ms, o.limits.latency_ms);
+    assert_int_equal(r.checks, slow.calls);
+    assert_true(r.checks >= 2 && r.checks <= DNAS_CHECKS);
+    assert_true(r.checked_within);
+    assert_true(1.3 * r.predicted.latency_ms <= o.limits.latency_ms);
+    dnas_result_free(&r);
+
+    fake_engine fast = {0.9, 0};
+    o.check_ud = &fast;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    assert_int_equal(r.checks, 1);
+    assert_true(r.checked_within);
+    assert_true(r.predicted.latency_ms <= o.limits.latency_ms);
+    dnas_result_free(&r);
+
+    fake_engine dead = {0, 0};
+    o.check_ud = &dead;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "helper died"));
+}
+
 /* Minitron++ frontier: uniform, feasible, largest first. */
 static void test_minitron_frontier(void **state)
 {
@@ -183,6 +244,7 @@ int main(void)
         cmocka_unit_test(test_parent_meets_limits),
         cmocka_unit_test(test_infeasible_names_cheapest),
         cmocka_unit_test(test_params_limit_sits_at_limit),
+        cmocka_unit_test(test_served_check_repairs),
         cmocka_unit_test(test_minitron_frontier),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

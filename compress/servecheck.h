@@ -1,0 +1,53 @@
+/* compress/servecheck.h — a search checked where the result will be served (llama.cpp
+ * targets): the parent served at the start anchors the tables to the machine's speed
+ * now, and the archs the search settles on are served beside the parent before they
+ * are returned (compress/dnas.h repairs one the measurement puts over a limit).
+ *
+ * Why: a calibration's tables are right in their ratios (an arch against the parent)
+ * far more often than in their level. A shared or burstable host runs 10-40% faster or
+ * slower from one half hour to the next (bench/results/llamacpp_target.md), and a job
+ * may reuse a calibration made days before. The anchor scales each phase of the tables
+ * by the parent's measured over predicted time; a check serves the arch and the parent
+ * in fresh processes, alternating, and prices the arch as the median of its ratios to
+ * the parent times the parent's latency at the anchor, so a machine whose speed moves
+ * between the anchor and the check moves both sides alike.
+ */
+#ifndef AC_COMPRESS_SERVECHECK_H
+#define AC_COMPRESS_SERVECHECK_H
+
+#include <stddef.h>
+#include <jansson.h>
+
+#include "compress/costmodel.h"
+#include "engine/arch.h"
+
+#define SC_ROUNDS 3   /* fresh processes per model at the anchor and at each check */
+
+typedef struct {
+    cm_target t;                /* the llama.cpp target, resolved */
+    const arch *parent;         /* borrowed */
+    char dir[4096], ppath[4400];
+    double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
+    json_t *doc;                /* {anchor: {...}, checks: [...]} */
+} sc_check;
+
+/* Ready a check of target t (llama.cpp) for `parent`: its GGUF at the target's weight
+ * type (random weights) in a scratch folder. 0, or -1 with err (sc_close anyway). */
+int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size_t errlen);
+
+/* Serve the parent SC_ROUNDS times and write into *out a copy of tb whose prefill and
+ * decode times are scaled so that it predicts the parent's medians. 0, or -1 with err. */
+int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_t errlen);
+
+/* Serve `a` (random weights) and the parent SC_ROUNDS times each, alternating, and fill
+ * *m as measured: latency_ms and decode_ms priced from a's ratios to the parent at the
+ * anchor's level, total = a's peak bytes (its median process), params. The check and
+ * the tables' prediction `pred` (may be NULL) join the document. 0, or -1 with err. */
+int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen);
+
+/* The document (borrowed; NULL before sc_open). */
+json_t *sc_doc(const sc_check *c);
+
+void sc_close(sc_check *c);
+
+#endif
