@@ -42,6 +42,7 @@
 #define LC_COPIES 10    /* N repeated blocks */
 #define LC_BASE_SERVINGS 3   /* base servings per pass: its error enters every entry */
 #define LC_BINS 4       /* decode context bins */
+#define LC_FIT_PER_HIDDEN 3   /* fit archs per hidden size, at least */
 
 /* One served model, reduced: median prefill, median per-step decode in each bin. */
 typedef struct {
@@ -228,8 +229,6 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->hid[c->n_hid++] = w;
     }
     c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
-    int n_fit = c->o.fit > 0 ? c->o.fit : 0;
-    c->total = 2 * (c->n_hid * (LC_BASE_SERVINGS + c->nA + c->nF) + 2 * (c->o.validate + n_fit));
     if (lc_scratch_dir(c->dir, sizeof c->dir, err, errlen))
         return -1;
     /* the parent, served before each serving of a random arch: the anchor a job's search
@@ -510,43 +509,43 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
     return 0;
 }
 
-/* Each serving of a random arch and of the parent just before it (the anchor). */
-typedef struct {
-    ms_result arch, parent;
-} lc_pair;
-
 /* Both passes of every hidden size's models in turn, the n random archs (va, in the
- * order given; held out, then fit) spread between them and each served once per pass,
- * right after the parent: like the tables' models, the faster of two fresh processes (a
- * process is at times slow as a whole, never fast) into vr, both servings and the
- * parent's beside them into pairs[2i], pairs[2i + 1]. The time spent on the random
- * archs is added to *wall. 0, or -1 with err. */
-static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, lc_pair *pairs, const int *order,
-                        int n, double *wall, char *err, size_t errlen)
+ * order given; held out, then fit) spread between them and each served once per pass:
+ * like the tables' models, the faster of two fresh processes (a process is at times slow
+ * as a whole, never fast) into vr, both servings into as[2i], as[2i + 1]. Before each
+ * slot's random archs the parent is served once (par[], *n_par): the level a job's
+ * anchor measures (compress/servecheck.h). The time spent on the random archs and the
+ * parent is added to *wall. 0, or -1 with err. */
+static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, ms_result *as, ms_result *par,
+                        int *n_par, const int *order, int n, double *wall, char *err, size_t errlen)
 {
+    int reps = c->o.validate_reps > 0 ? c->o.validate_reps : 3;
     for (int slot = 0, v = 0; slot < 2 * c->n_hid; slot++) {
         int pass = slot / c->n_hid, h = slot % c->n_hid;
         if (pass_at(c, h, pass, &hs[h], err, errlen))
             return -1;
         double t0 = eng_wall_s();
-        for (; v < (slot + 1) * 2 * n / (2 * c->n_hid); v++) {
-            int i = order[v % n], again = v >= n, reps = c->o.validate_reps > 0 ? c->o.validate_reps : 3;
-            lc_times tm;
-            ms_result r;
+        if (n > 0) {
             lc_bench pb;
             ms_opts po = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + 1};
             int prc = lc_bench_gguf(c->ppath, &c->t, &po, -1, &pb, err, errlen);
             if (prc == 0)
-                lc_bench_result(&pb, &c->t, &pairs[2 * i + again].parent);
+                lc_bench_result(&pb, &c->t, &par[(*n_par)++]);
             lc_bench_free(&pb);
-            if (prc || tick(c, "llama.cpp parent (anchor)", err, errlen) ||
-                serve(c, &va[i], reps, -1, &tm, &r, NULL, err, errlen) ||
+            c->requests += c->o.warmup + reps;
+            if (prc || tick(c, "llama.cpp parent (anchor)", err, errlen))
+                return -1;
+        }
+        for (; v < (slot + 1) * 2 * n / (2 * c->n_hid); v++) {
+            int i = order[v % n], again = v >= n;
+            lc_times tm;
+            ms_result r;
+            if (serve(c, &va[i], reps, -1, &tm, &r, NULL, err, errlen) ||
                 tick(c, i < c->o.validate ? "llama.cpp held-out archs" : "llama.cpp fit archs", err, errlen))
                 return -1;
-            c->requests += c->o.warmup + reps;
             if (!again || r.latency_ms < vr[i].latency_ms)
                 vr[i] = r;
-            pairs[2 * i + again].arch = r;
+            as[2 * i + again] = r;
         }
         *wall += eng_wall_s() - t0;
     }
@@ -555,16 +554,26 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, lc
 
 /* The held-out archs as a job's search prices them (compress/servecheck.h): the tables'
  * prediction with each phase scaled by the parent's measured over predicted time, the
- * parent served just before the arch. Per arch, the mean over its servings of that
- * anchored prediction against the mean of its served latencies; the rows get
- * "anchored" and the summary latency_anchored_mape_pct / latency_anchored_max_pct. */
-static int anchored_validation(const cm_tables *tb, const arch *parent, const arch *va, const lc_pair *pairs,
-                               int n, json_t *validation, char *err, size_t errlen)
+ * parent's measured time the median of its servings in this run (par), against the mean
+ * of the arch's two servings (as: a job's check and measure stage take medians, not the
+ * faster process). The rows get "anchored", the summary latency_anchored_mape_pct,
+ * latency_anchored_max_pct and the parent's level. */
+static int anchored_validation(const cm_tables *tb, const arch *parent, const arch *va, const ms_result *as,
+                               const ms_result *par, int n_par, int n, json_t *validation, char *err,
+                               size_t errlen)
 {
     cm_prediction pp;
     if (cm_predict(tb, parent, &pp, err, errlen))
         return -1;
-    if (pp.prefill_ms <= 0 || pp.decode_ms <= 0)
+    double lp[64], lpre[64], ldec[64];
+    for (int k = 0; k < n_par && k < 64; k++) {
+        lp[k] = par[k].latency_ms;
+        lpre[k] = par[k].prefill_ms;
+        ldec[k] = par[k].decode_ms;
+    }
+    n_par = n_par < 64 ? n_par : 64;
+    double mp = ms_median(lpre, n_par), md = ms_median(ldec, n_par), ml = ms_median(lp, n_par);
+    if (n_par < 1 || pp.prefill_ms <= 0 || pp.decode_ms <= 0 || mp <= 0 || md <= 0)
         return 0;   /* nothing to scale by */
     json_t *rows = json_object_get(validation, "rows");
     double sum = 0, max = 0;
@@ -572,29 +581,32 @@ static int anchored_validation(const cm_tables *tb, const arch *parent, const ar
         cm_prediction p;
         if (cm_predict(tb, &va[v], &p, err, errlen))
             return -1;
-        double pred = 0, meas = 0;
-        for (int k = 0; k < 2; k++) {
-            const lc_pair *x = &pairs[2 * v + k];
-            pred += (p.prefill_ms * x->parent.prefill_ms / pp.prefill_ms + p.decode_ms * x->parent.decode_ms / pp.decode_ms) / 2;
-            meas += x->arch.latency_ms / 2;
-        }
+        double pred = p.prefill_ms * mp / pp.prefill_ms + p.decode_ms * md / pp.decode_ms;
+        double meas = (as[2 * v].latency_ms + as[2 * v + 1].latency_ms) / 2;
         double e = meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
         sum += e;
         max = e > max ? e : max;
-        json_t *a = json_pack("{s:f,s:f,s:f,s:[f,f]}", "predicted_latency_ms", pred, "measured_latency_ms", meas,
-                              "latency_error_pct", e, "parent_process_latencies_ms", pairs[2 * v].parent.latency_ms,
-                              pairs[2 * v + 1].parent.latency_ms);
+        json_t *a = json_pack("{s:f,s:f,s:f}", "predicted_latency_ms", pred, "measured_latency_ms", meas,
+                              "latency_error_pct", e);
         if (!a || json_object_set_new(json_array_get(rows, (size_t)v), "anchored", a)) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
     }
+    json_t *pl = json_array();
+    for (int k = 0; pl && k < n_par; k++)
+        if (json_array_append_new(pl, json_real(lp[k]))) {
+            json_decref(pl);
+            pl = NULL;
+        }
     if (json_object_set_new(validation, "latency_anchored_mape_pct", json_real(n > 0 ? sum / n : 0)) ||
         json_object_set_new(validation, "latency_anchored_max_pct", json_real(max)) ||
-        json_object_set_new(validation, "anchored_latency",
-                            json_string("the tables' phases scaled by the parent's measured over predicted time, the "
-                                        "parent served just before the arch; the mean over the arch's two servings "
-                                        "against the mean of its two measured latencies"))) {
+        json_object_set_new(validation, "anchor",
+                            json_pack("{s:f,s:f,s:o*,s:s}", "parent_predicted_ms", pp.latency_ms,
+                                      "parent_measured_ms", ml, "parent_process_latencies_ms", pl, "method",
+                                      "the tables' phases scaled by the parent's measured (the median of its "
+                                      "servings in this run, one before each slot of random archs) over predicted "
+                                      "time, against the mean of the arch's two servings"))) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -623,10 +635,16 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     arch *va = NULL;
     ms_result *vr = NULL;
     lc_hid *hs = NULL;
-    lc_pair *pairs = NULL;   /* each random arch's two servings, the parent's beside them */
-    int n_fit = o->fit > 0 ? o->fit : 0, n_all = o->validate + n_fit;
+    ms_result *as = NULL, par[64];   /* each random arch's two servings; the parent's servings */
+    int n_par = 0;
+    int n_fit = 0, n_all = 0;
+    json_t *fit_hid = NULL;   /* the fit archs' phase factors per hidden size */
     if (setup(&c, err, errlen))
         goto out;
+    /* fit archs: at least LC_FIT_PER_HIDDEN at each hidden size (fit_scales_by_hidden) */
+    n_fit = o->fit > 0 ? (o->fit > LC_FIT_PER_HIDDEN * c.n_hid ? o->fit : LC_FIT_PER_HIDDEN * c.n_hid) : 0;
+    n_all = o->validate + n_fit;
+    c.total = 2 * (c.n_hid * (LC_BASE_SERVINGS + c.nA + c.nF) + n_all) + (n_all ? 2 * c.n_hid : 0);
     int per = 2 + c.nA + c.nF;
     tb.prefill = calloc((size_t)(per * c.n_hid), sizeof *tb.prefill);
     tb.decode = calloc((size_t)(per * c.n_hid), sizeof *tb.decode);
@@ -664,12 +682,12 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
         order[k] = (nf >= n_fit || (k % 2 == 0 && nh < o->validate)) ? nh++ : o->validate + nf++;
     double wall_random = 0;
     hs = calloc((size_t)c.n_hid, sizeof *hs);
-    pairs = calloc((size_t)(2 * (n_all > 0 ? n_all : 1)), sizeof *pairs);
-    if (!hs || !pairs) {
+    as = calloc((size_t)(2 * (n_all > 0 ? n_all : 1)), sizeof *as);
+    if (!hs || !as) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (serve_passes(&c, hs, va, vr, pairs, order, n_all, &wall_random, err, errlen))
+    if (serve_passes(&c, hs, va, vr, as, par, &n_par, order, n_all, &wall_random, err, errlen))
         goto out;
     for (int h = 0; h < c.n_hid; h++)
         tables_at(&c, h, &hs[h], &tb);
@@ -677,7 +695,8 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     build_memory(&c, &tb);
     double fit_p = 1, fit_d = 1;
     int64_t fit_mem = 0;
-    if (n_fit && (fit_scales(&tb, va + o->validate, vr + o->validate, n_fit, &fit_p, &fit_d, err, errlen) ||
+    if (n_fit && (fit_scales_by_hidden(&tb, va + o->validate, vr + o->validate, n_fit, LC_FIT_PER_HIDDEN - 1,
+                                       &fit_p, &fit_d, &fit_hid, err, errlen) ||
                   fit_memory(&tb, va + o->validate, vr + o->validate, n_fit, &fit_mem, err, errlen)))
         goto out;
     snprintf(tb.id, sizeof tb.id, "%s", id);
@@ -687,8 +706,8 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     json_t *rows = json_object_get(validation, "rows");
     for (int v = 0; v < o->validate && v < (int)json_array_size(rows); v++)
         json_object_set_new(json_array_get(rows, v), "measured_process_latencies_ms",
-                            json_pack("[f,f]", pairs[2 * v].arch.latency_ms, pairs[2 * v + 1].arch.latency_ms));
-    if (anchored_validation(&tb, parent, va, pairs, o->validate, validation, err, errlen)) {
+                            json_pack("[f,f]", as[2 * v].latency_ms, as[2 * v + 1].latency_ms));
+    if (anchored_validation(&tb, parent, va, as, par, n_par, o->validate, validation, err, errlen)) {
         json_decref(validation);
         goto out;
     }
@@ -708,7 +727,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     cm_tables_free(&back);
     double now = eng_wall_s();
     if (tables && target && lc_probe(&in, err, errlen) == 0)
-        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:I,s:s,s:i},"
+        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:O*,s:I,s:s,s:i},"
                            "s:{s:s,s:s,s:s,s:s,s:s,s:s}}",
                            "id", id, "status", "succeeded", "target", target, "family", parent->family, "entries",
                            tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now - c.t_start, "tables", tables,
@@ -716,7 +735,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
                            "calibration_models", c.n_models - n_all, "layers_per_model", 1 + LC_COPIES,
                            "tables_wall_s", wall_tables, "validation_wall_s", wall_random,
                            "hidden_sizes", hl, "fit_archs", n_fit, "fit_prefill_factor", fit_p, "fit_decode_factor",
-                           fit_d, "fit_memory_bytes", (json_int_t)fit_mem, "method", "repeated blocks in llama.cpp (a base model vs base + N copies of a block)",
+                           fit_d, "fit_by_hidden", fit_hid, "fit_memory_bytes", (json_int_t)fit_mem, "method", "repeated blocks in llama.cpp (a base model vs base + N copies of a block)",
                            "repeated_copies", LC_COPIES, "engine", "name", CM_ENGINE_LLAMACPP, "version",
                            in.package_version, "ggml_commit", in.ggml_commit, "build_flags", in.build_flags,
                            "system_info", in.system_info, "engine_build", in.fingerprint);
@@ -735,7 +754,8 @@ out:
     free(va);
     free(vr);
     free(hs);
-    free(pairs);
+    free(as);
+    json_decref(fit_hid);
     cm_tables_free(&tb);
     lcal_free(&c);
     return result;

@@ -87,6 +87,11 @@ int validate_all(cal_state *cs, arch *varch, int n, cal_model *cms, int n_models
  * archs fa (measured as fr); the factors into corr_p and corr_d. 0, or -1. */
 int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double *corr_p, double *corr_d,
                char *err, size_t errlen);
+/* The same per hidden size: a calibrated hidden size with at least min_n fit archs of its
+ * own gets their median ratios, the others the pooled ones (into corr_p, corr_d). *by
+ * (may be NULL) gets a NEW array [{hidden_size, archs, prefill, decode}]. 0, or -1. */
+int fit_scales_by_hidden(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int min_n, double *corr_p,
+                         double *corr_d, json_t **by, char *err, size_t errlen);
 /* What the memory items miss on whole archs: the median over the n fit archs fa (measured
  * as fr) of measured peak minus predicted total, added to tb's runtime_bytes when positive
  * (a negative one, an over-prediction, is left alone) and returned in *resid_bytes. For

@@ -52,11 +52,12 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     }
     /* Another engine keys its name, KV type, threads, flash attention and build too, and
      * the version of its calibration method (rb3: repeated-block models read the parent's
-     * extra bytes before each step, the hidden sizes' passes in turn; rb4: the held-out
-     * archs are also checked as anchored searches price them), so that tables an older
-     * method made are not reused. */
+     * extra bytes before each step, the hidden sizes' passes in turn; rb5: the parent
+     * served between the random archs, whose held-out rows are also checked as anchored
+     * searches price them, and the fit archs' phase factors per hidden size), so that
+     * tables an older method made are not reused. */
     if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb4", t->engine, t->kv_cache_type,
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb5", t->engine, t->kv_cache_type,
                       t->threads, cm_target_flash(t), t->engine_build);
     if (n >= (int)sizeof buf)
         n = (int)sizeof buf - 1;

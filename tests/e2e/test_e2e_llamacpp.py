@@ -87,12 +87,18 @@ def main():
         v = doc["validation"]
         assert v["archs"] >= 1 and "llama.cpp" in v["measured_memory"], v
         assert "two fresh llama.cpp processes" in v["measured_latency"], v
-        # each held-out arch also as an anchored search prices it: the parent served just
-        # before each of its servings
+        # each held-out arch also as an anchored search prices it: the tables scaled to the
+        # parent's level, the parent served once before each slot of random archs
         assert v["latency_anchored_max_pct"] >= v["latency_anchored_mape_pct"] >= 0, v
+        pl = v["anchor"]["parent_process_latencies_ms"]
+        assert len(pl) == 2 * len(doc["cost"]["hidden_sizes"].split(",")), v["anchor"]
+        assert v["anchor"]["parent_measured_ms"] == sorted(pl)[len(pl) // 2] or len(pl) % 2 == 0, v["anchor"]
+        # the fit archs set each hidden size's phase factors (at least three archs each)
+        fb = doc["cost"]["fit_by_hidden"]
+        assert len(fb) == len(pl) // 2 and all(f["archs"] >= 3 for f in fb), fb
         for r in v["rows"]:
             a = r["anchored"]
-            assert a["predicted_latency_ms"] > 0 and len(a["parent_process_latencies_ms"]) == 2, r
+            assert a["predicted_latency_ms"] > 0, r
             assert abs(a["measured_latency_ms"] - sum(r["measured_process_latencies_ms"]) / 2) < 1e-6 * a[
                 "measured_latency_ms"], r
         print("held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), anchored %.2f%% (max %.2f%%), memory MAPE "

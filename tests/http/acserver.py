@@ -2,6 +2,7 @@
 loopback port (port 0; the port is read from the server's "listening" log line) with a
 fresh data directory, talk to it with http.client, stop it gracefully or with kill -9.
 Not a test itself (no test_ prefix)."""
+import atexit
 import hashlib
 import http.client
 import json
@@ -49,6 +50,7 @@ def store_for(data_dir):
 class Server:
     def __init__(self, data_dir=None, args=(), env=None, test_stages=True):
         self.tmp = tempfile.mkdtemp(prefix="ac-http-")
+        atexit.register(self.cleanup)   # also for tests that never reach their own cleanup
         self.data_dir = data_dir or os.path.join(self.tmp, "var")
         self.args = list(args)
         self.env = dict(os.environ)

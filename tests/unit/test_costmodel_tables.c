@@ -271,6 +271,36 @@ static void test_phase_scales(void **state)
     cm_tables_free(&t);
 }
 
+/* The anchor's tables: a deep copy (the original unchanged after the copy is rescaled)
+ * whose phases, rescaled, predict every arch's phases times the factors, at every hidden
+ * size, and the same memory. */
+static void test_copy_rescale(void **state)
+{
+    (void)state;
+    cm_tables t, u;
+    make_tables(&t);
+    t.fixed[1].decode_scale = 1.5;
+    assert_int_equal(cm_tables_copy(&u, &t), 0);
+    assert_ptr_not_equal(u.fixed, t.fixed);
+    cm_tables_rescale(&u, 1.2, 0.8);
+    static const int layers[2][3] = {{4, 2, 128}, {2, 1, 32}};
+    char err[256];
+    for (int h = 64; h <= 96; h += 16) {
+        arch a;
+        make_arch(&a, h, 2, layers);
+        cm_prediction p, q;
+        assert_int_equal(cm_predict(&t, &a, &p, err, sizeof err), 0);
+        assert_int_equal(cm_predict(&u, &a, &q, err, sizeof err), 0);
+        assert_true(fabs(q.prefill_ms - 1.2 * p.prefill_ms) < 1e-9 * p.prefill_ms);
+        assert_true(fabs(q.decode_ms - 0.8 * p.decode_ms) < 1e-9 * p.decode_ms);
+        assert_int_equal(q.total, p.total);
+        arch_free(&a);
+    }
+    assert_true(t.fixed[1].decode_scale == 1.5 && fabs(u.fixed[1].decode_scale - 1.2) < 1e-12);
+    cm_tables_free(&u);
+    cm_tables_free(&t);
+}
+
 static void test_json_round_trip(void **state)
 {
     (void)state;
@@ -511,7 +541,7 @@ int main(void)
         cmocka_unit_test(test_additive_prediction), cmocka_unit_test(test_phase_scales),
         cmocka_unit_test(test_json_round_trip),   cmocka_unit_test(test_decode_fit),
         cmocka_unit_test(test_import_accepts_and_rejects), cmocka_unit_test(test_target_parse),
-        cmocka_unit_test(test_fit_memory),
+        cmocka_unit_test(test_fit_memory),        cmocka_unit_test(test_copy_rescale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
