@@ -100,7 +100,7 @@ def write_report(rows):
          "how far apart the two are (|a - b| / min(a, b), median and max over the archs). A prediction cannot be "
          "checked closer than the measurement repeats.", "",
          "Anchored: the prediction a job's search makes, the tables' phases scaled by the parent's measured over "
-         "predicted time (the parent served just before each serving of the arch), against the mean of the arch's "
+         "predicted time (the median of the parent's servings in the same run, one before each slot of random archs), against the mean of the arch's "
          "two servings.", "",
          "| type | held-out archs | latency MAPE | max | anchored MAPE | max | memory MAPE | max | hidden sizes | "
          "MLP grid | wall s | two processes apart: median | max |",
