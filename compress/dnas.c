@@ -487,16 +487,34 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
     for (int m = 0; m < SM_COUNT; m++)
         limits[m] = costs->t[m].limit;
     int rc = -1;
+    arch served;                /* the last arch a check served, kept when the next cannot be */
+    cm_prediction served_pred;
+    memset(&served, 0, sizeof served);
     for (int attempt = 0; attempt < 8 + 2 * DNAS_CHECKS; attempt++) {
         search_decode_argmax(d, &c);
-        if (search_repair(d, costs, &c) != 0) {
-            dnas_describe_infeasible(sp, costs, err, errlen);
+        int bad = search_repair(d, costs, &c) != 0;
+        if (!bad) {
+            arch_free(&r->arch);
+            bad = search_choice_arch(sp, &c, parent, &r->arch) != 0 ||
+                  cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0 ? -1 : (o->check && r->arch.n_layers < 1);
+        }
+        /* A limit tightened by the checks until no arch of the space (or none with a layer
+         * left) meets it: the space cannot hold the limit as served. The last arch served
+         * is returned, measured over it (checked_within 0; the measure stage reports it). */
+        if (bad && r->checks > 0) {
+            arch_free(&r->arch);
+            r->arch = served;
+            r->predicted = served_pred;
+            memset(&served, 0, sizeof served);
+            err[0] = 0;
+            rc = 0;
             break;
         }
-        arch_free(&r->arch);
-        if (search_choice_arch(sp, &c, parent, &r->arch) != 0 ||
-            cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0)
+        if (bad) {
+            if (bad > 0)
+                dnas_describe_infeasible(sp, costs, err, errlen);
             break;
+        }
         double actual[SM_COUNT] = {r->predicted.latency_ms, r->predicted.decode_ms, (double)r->predicted.total,
                                    (double)r->predicted.params};
         if (!within(costs, limits, actual, 0.999))
@@ -509,6 +527,12 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         if (o->check(o->check_ud, &r->arch, &r->predicted, &m, err, errlen))
             break;
         r->checks++;
+        arch_free(&served);
+        if (arch_copy(&served, &r->arch)) {
+            snprintf(err, errlen, "out of memory");
+            break;
+        }
+        served_pred = r->predicted;
         double measured[SM_COUNT] = {m.latency_ms, m.decode_ms, (double)m.total, (double)m.params};
         r->checked_within = within(costs, limits, measured, 0.99);
         if (r->checked_within) {
@@ -518,6 +542,7 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
     }
     if (rc != 0 && !err[0])
         snprintf(err, errlen, "the repaired architecture still violates a limit under the full prediction");
+    arch_free(&served);
     for (int m = 0; m < SM_COUNT; m++)
         costs->t[m].limit = limits[m];
     search_choice_free(&c);

@@ -205,6 +205,18 @@ static void test_served_check_repairs(void **state)
     assert_true(r.predicted.latency_ms <= o.limits.latency_ms);
     dnas_result_free(&r);
 
+    /* served 50x slower than predicted: no arch of the space meets the limit as served;
+     * the last arch served comes back, marked as measured over it */
+    fake_engine hopeless = {50, 0};
+    o.check_ud = &hopeless;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    printf("50x: %d checks, last within %d, %d layers\n", r.checks, r.checked_within, r.arch.n_layers);
+    assert_true(r.checks >= 1 && r.checks <= DNAS_CHECKS);
+    assert_false(r.checked_within);
+    assert_true(r.arch.n_layers >= 1);
+    assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
+    dnas_result_free(&r);
+
     fake_engine dead = {0, 0};
     o.check_ud = &dead;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), -1);
