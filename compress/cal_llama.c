@@ -231,8 +231,8 @@ static int setup(lc_cal *c, char *err, size_t errlen)
     c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
     if (lc_scratch_dir(c->dir, sizeof c->dir, err, errlen))
         return -1;
-    /* the parent, served before each serving of a random arch: the anchor a job's search
-     * takes (compress/servecheck.h), so the held-out rows check the prediction jobs make */
+    /* the parent, served once before each slot of random archs: the level a job's search
+     * anchors to (compress/servecheck.h), so the held-out rows check the prediction jobs make */
     return lc_write_random(p, &c->t, 1, c->dir, "anchor", c->ppath, sizeof c->ppath, NULL, err, errlen);
 }
 
@@ -572,15 +572,25 @@ static int anchored_validation(const cm_tables *tb, const arch *parent, const ar
         ldec[k] = par[k].decode_ms;
     }
     n_par = n_par < 64 ? n_par : 64;
+    json_t *pl = json_array();   /* in serving order: ms_median sorts lp */
+    for (int k = 0; pl && k < n_par; k++)
+        if (json_array_append_new(pl, json_real(lp[k]))) {
+            json_decref(pl);
+            pl = NULL;
+        }
     double mp = ms_median(lpre, n_par), md = ms_median(ldec, n_par), ml = ms_median(lp, n_par);
-    if (n_par < 1 || pp.prefill_ms <= 0 || pp.decode_ms <= 0 || mp <= 0 || md <= 0)
+    if (n_par < 1 || pp.prefill_ms <= 0 || pp.decode_ms <= 0 || mp <= 0 || md <= 0) {
+        json_decref(pl);
         return 0;   /* nothing to scale by */
+    }
     json_t *rows = json_object_get(validation, "rows");
     double sum = 0, max = 0;
     for (int v = 0; v < n; v++) {
         cm_prediction p;
-        if (cm_predict(tb, &va[v], &p, err, errlen))
+        if (cm_predict(tb, &va[v], &p, err, errlen)) {
+            json_decref(pl);
             return -1;
+        }
         double pred = p.prefill_ms * mp / pp.prefill_ms + p.decode_ms * md / pp.decode_ms;
         double meas = (as[2 * v].latency_ms + as[2 * v + 1].latency_ms) / 2;
         double e = meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
@@ -589,16 +599,11 @@ static int anchored_validation(const cm_tables *tb, const arch *parent, const ar
         json_t *a = json_pack("{s:f,s:f,s:f}", "predicted_latency_ms", pred, "measured_latency_ms", meas,
                               "latency_error_pct", e);
         if (!a || json_object_set_new(json_array_get(rows, (size_t)v), "anchored", a)) {
+            json_decref(pl);
             snprintf(err, errlen, "out of memory");
             return -1;
         }
     }
-    json_t *pl = json_array();
-    for (int k = 0; pl && k < n_par; k++)
-        if (json_array_append_new(pl, json_real(lp[k]))) {
-            json_decref(pl);
-            pl = NULL;
-        }
     if (json_object_set_new(validation, "latency_anchored_mape_pct", json_real(n > 0 ? sum / n : 0)) ||
         json_object_set_new(validation, "latency_anchored_max_pct", json_real(max)) ||
         json_object_set_new(validation, "anchor",

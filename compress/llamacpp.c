@@ -454,6 +454,20 @@ int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const
     return 0;
 }
 
+json_t *lc_bench_latencies_json(const lc_bench *b, int n, const cm_target *t)
+{
+    json_t *a = json_array();
+    for (int k = 0; a && k < n; k++) {
+        ms_result r;
+        lc_bench_result(&b[k], t, &r);
+        if (json_array_append_new(a, json_real(r.latency_ms))) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    return a;
+}
+
 int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r)
 {
     int idx[64];

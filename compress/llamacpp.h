@@ -79,6 +79,9 @@ int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const
                          lc_bench *ab, lc_bench *bb, int (*tick)(void *ud, int done), void *ud, char *err,
                          size_t errlen);
 
+/* Each of n benches' median request latency, as a NEW JSON array (NULL on OOM). */
+json_t *lc_bench_latencies_json(const lc_bench *b, int n, const cm_target *t);
+
 /* The process of median latency among n benches: its index, and its §10 fields in *r. */
 int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r);
 

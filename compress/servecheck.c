@@ -33,20 +33,6 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size
     return 0;
 }
 
-static json_t *latencies(const lc_bench *b, int n, const cm_target *t)
-{
-    json_t *a = json_array();
-    for (int k = 0; a && k < n; k++) {
-        ms_result r;
-        lc_bench_result(&b[k], t, &r);
-        if (json_array_append_new(a, json_real(r.latency_ms))) {
-            json_decref(a);
-            a = NULL;
-        }
-    }
-    return a;
-}
-
 int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -60,7 +46,7 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     json_t *lat = NULL;
     if (rc == 0) {
         lc_bench_median(pb, SC_ROUNDS, &c->t, &m);
-        lat = latencies(pb, SC_ROUNDS, &c->t);
+        lat = lc_bench_latencies_json(pb, SC_ROUNDS, &c->t);
     }
     for (int k = 0; k < SC_ROUNDS; k++)
         lc_bench_free(&pb[k]);
@@ -129,8 +115,8 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
         arch_summary(a, summary, sizeof summary);
         row = json_pack("{s:s,s:f,s:f,s:f,s:I,s:o*,s:o*}", "arch", summary, "ratio_to_parent", ratio,
                         "latency_ms", m->latency_ms, "decode_ms", m->decode_ms, "peak_memory_bytes",
-                        (json_int_t)m->total, "process_latencies_ms", latencies(ab, SC_ROUNDS, &c->t),
-                        "parent_process_latencies_ms", latencies(pb, SC_ROUNDS, &c->t));
+                        (json_int_t)m->total, "process_latencies_ms", lc_bench_latencies_json(ab, SC_ROUNDS, &c->t),
+                        "parent_process_latencies_ms", lc_bench_latencies_json(pb, SC_ROUNDS, &c->t));
         if (row && pred) {
             json_object_set_new(row, "predicted_latency_ms", json_real(pred->latency_ms));
             json_object_set_new(row, "predicted_memory_bytes", json_integer(pred->total));

@@ -118,13 +118,7 @@ static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench
     int have_pred = tb && cm_predict(tb, a, &p, e2, sizeof e2) == 0;
     ms_result med;
     int m = lc_bench_median(b, LC_ROUNDS, t, &med);
-    json_t *meas = ms_result_to_json(&med, t), *lat = json_array();
-    for (int k = 0; lat && k < LC_ROUNDS; k++) {
-        ms_result r;
-        lc_bench_result(&b[k], t, &r);
-        if (json_array_append_new(lat, json_real(r.latency_ms)))
-            lat = NULL;
-    }
+    json_t *meas = ms_result_to_json(&med, t), *lat = lc_bench_latencies_json(b, LC_ROUNDS, t);
     if (meas) {
         json_object_set_new(meas, "llama_cpp_buffers",
                             json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b[m].buf_model, "kv",
