@@ -442,6 +442,65 @@ static void cu_bias_add(eng_backend *be, float *y, const float *b, int N, int M)
     CHECK_LAUNCH(be);
 }
 
+/* ---- rows (MoE routing) ------------------------------------------------------------- */
+__global__ void k_gather_rows(float *out, const float *x, const int *idx, const float *w, int n, int C)
+{
+    GRID_STRIDE(i, (size_t)n * C)
+    {
+        size_t r = i / C, c = i % C;
+        out[i] = (w ? w[r] : 1.0f) * x[(size_t)idx[r] * C + c];
+    }
+}
+static void cu_gather_rows(eng_backend *be, float *out, const float *x, const int *idx, const float *w, int n, int C)
+{
+    if (n <= 0 || C <= 0 || cu_enter(be) != 0)
+        return;
+    k_gather_rows<<<grid_for((size_t)n * C), NT, 0, cu_of(be)->stream>>>(out, x, idx, w, n, C);
+    CHECK_LAUNCH(be);
+}
+/* idx distinct within a call: no two threads write one element */
+__global__ void k_scatter_rows(float *y, const float *x, const int *idx, const float *w, int n, int C)
+{
+    GRID_STRIDE(i, (size_t)n * C)
+    {
+        size_t r = i / C, c = i % C;
+        y[(size_t)idx[r] * C + c] += (w ? w[r] : 1.0f) * x[i];
+    }
+}
+static void cu_scatter_rows_acc(eng_backend *be, float *y, const float *x, const int *idx, const float *w, int n,
+                                int C)
+{
+    if (n <= 0 || C <= 0 || cu_enter(be) != 0)
+        return;
+    k_scatter_rows<<<grid_for((size_t)n * C), NT, 0, cu_of(be)->stream>>>(y, x, idx, w, n, C);
+    CHECK_LAUNCH(be);
+}
+/* one block of NT threads per row, a shared-memory tree sum */
+__global__ void k_rows_dot(float *out, const float *a, const float *b, int C)
+{
+    __shared__ float part[NT];
+    size_t r = blockIdx.x;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += a[r * C + c] * b[r * C + c];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k /= 2) {
+        if ((int)threadIdx.x < k)
+            part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        out[r] = part[0];
+}
+static void cu_rows_dot(eng_backend *be, float *out, const float *a, const float *b, int n, int C)
+{
+    if (n <= 0 || C <= 0 || cu_enter(be) != 0)
+        return;
+    k_rows_dot<<<(unsigned)n, NT, 0, cu_of(be)->stream>>>(out, a, b, C);
+    CHECK_LAUNCH(be);
+}
+
 /* y[n,g,d] = x[n,g,d] * m[g] (y may alias x). */
 __global__ void k_mask(float *y, const float *x, const float *m, int N, int G, int D)
 {
@@ -620,6 +679,9 @@ void cu_ops_install(eng_backend *be)
     be->group_norm_sum = cu_group_norm_sum;
     be->sumsq = cu_sumsq;
     be->adamw = cu_adamw;
+    be->gather_rows = cu_gather_rows;
+    be->scatter_rows_acc = cu_scatter_rows_acc;
+    be->rows_dot = cu_rows_dot;
     cu_attn_install(be);
 }
 

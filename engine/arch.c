@@ -86,8 +86,9 @@ int arch_equal(const arch *a, const arch *b)
 int arch_validate(const arch *a, char *err, size_t errlen)
 {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
-    if (strcmp(a->family, "llama") != 0)
-        BAD("family: unsupported family \"%s\" (supported: llama)", a->family);
+    int moe_family = !strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe");
+    if (strcmp(a->family, "llama") != 0 && !moe_family)
+        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe)", a->family);
     if (a->vocab_size <= 0 || a->vocab_size > (1 << 22))
         BAD("vocab_size: %d is out of range [1, 4194304]", a->vocab_size);
     if (a->hidden_size <= 0 || a->hidden_size > (1 << 16))
@@ -118,8 +119,29 @@ int arch_validate(const arch *a, char *err, size_t errlen)
         }
         if (l->ffn_dim < 0 || l->ffn_dim > (1 << 20))
             BAD("layers[%d].mlp.ffn_dim: %d is out of range [0, 1048576]", i, l->ffn_dim);
-        if (l->moe.n_experts || l->mamba.n_heads)
-            BAD("layers[%d]: moe and mamba blocks are not supported by family \"llama\"", i);
+        if (l->mamba.n_heads)
+            BAD("layers[%d]: mamba blocks are not supported by family \"%s\"", i, a->family);
+        const arch_moe *e = &l->moe;
+        if (e->n_experts && !moe_family)
+            BAD("layers[%d]: moe blocks are not supported by family \"%s\"", i, a->family);
+        if (e->n_experts < 0 || e->n_experts > 4096)
+            BAD("layers[%d].moe.n_experts: %d is out of range [0, 4096]", i, e->n_experts);
+        if (e->n_experts) {
+            if (l->ffn_dim)
+                BAD("layers[%d]: a layer holds a dense MLP or an MoE, not both", i);
+            if (e->top_k < 1 || e->top_k > e->n_experts)
+                BAD("layers[%d].moe.top_k: %d must be in [1, n_experts=%d]", i, e->top_k, e->n_experts);
+            if (e->expert_ffn_dim < 1 || e->expert_ffn_dim > (1 << 20))
+                BAD("layers[%d].moe.expert_ffn_dim: %d is out of range [1, 1048576]", i, e->expert_ffn_dim);
+            if (e->shared_ffn_dim < 0 || e->shared_ffn_dim > (1 << 20))
+                BAD("layers[%d].moe.shared_ffn_dim: %d is out of range [0, 1048576]", i, e->shared_ffn_dim);
+            if (e->shared_ffn_dim && strcmp(a->family, "qwen2_moe"))
+                BAD("layers[%d].moe.shared_ffn_dim: family \"%s\" has no shared expert", i, a->family);
+            if (e->norm_topk != 0 && e->norm_topk != 1)
+                BAD("layers[%d].moe.norm_topk: must be 0 or 1", i);
+        } else if (e->top_k || e->expert_ffn_dim || e->shared_ffn_dim || e->norm_topk) {
+            BAD("layers[%d].moe: fields set without experts", i);
+        }
     }
     return 0;
 #undef BAD
@@ -143,16 +165,31 @@ int64_t arch_params(const arch *a)
         }
         if (l->ffn_dim > 0)
             n += C + 3 * C * (int64_t)l->ffn_dim;    /* ffn norm, gate, up, down */
+        if (l->moe.n_experts > 0) {
+            const arch_moe *e = &l->moe;
+            n += C + (int64_t)e->n_experts * C;      /* ffn norm, router */
+            n += (int64_t)e->n_experts * 3 * C * e->expert_ffn_dim;
+            if (e->shared_ffn_dim > 0)
+                n += 3 * C * (int64_t)e->shared_ffn_dim + C;   /* shared expert and its gate */
+        }
     }
     return n;
+}
+
+int arch_has_moe(const arch *a)
+{
+    for (int i = 0; i < a->n_layers; i++)
+        if (a->layers[i].moe.n_experts > 0)
+            return 1;
+    return 0;
 }
 
 int arch_is_uniform(const arch *a)
 {
     for (int i = 0; i < a->n_layers; i++) {
         const arch_layer *l = &a->layers[i], *f = &a->layers[0];
-        if (l->n_heads == 0 || l->ffn_dim == 0 || l->n_heads != f->n_heads ||
-            l->n_kv_heads != f->n_kv_heads || l->ffn_dim != f->ffn_dim)
+        if (l->n_heads == 0 || !arch_layer_has_mlp(l) || l->n_heads != f->n_heads ||
+            l->n_kv_heads != f->n_kv_heads || l->ffn_dim != f->ffn_dim || memcmp(&l->moe, &f->moe, sizeof l->moe))
             return 0;
     }
     return 1;
@@ -172,6 +209,9 @@ size_t arch_summary(const arch *a, char *buf, size_t len)
             n = snprintf(part, sizeof part, " | L%d a- f", l->source_layer);
         if (l->ffn_dim)
             snprintf(part + n, sizeof part - (size_t)n, "%d", l->ffn_dim);
+        else if (l->moe.n_experts)
+            snprintf(part + n, sizeof part - (size_t)n, "e%d/%dx%d%s", l->moe.n_experts, l->moe.top_k,
+                     l->moe.expert_ffn_dim, l->moe.shared_ffn_dim ? "+s" : "");
         else
             snprintf(part + n, sizeof part - (size_t)n, "-");
         size_t pl = strlen(part);

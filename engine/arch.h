@@ -14,9 +14,15 @@
 
 #define ARCH_FAMILY_MAX 32
 
-/* Mixture-of-experts block (family "mixtral"/"qwen_moe"); n_experts == 0: absent. */
+/* Mixture-of-experts MLP (families "mixtral", "qwen2_moe"); n_experts == 0: absent. A layer
+ * holds either a dense MLP (ffn_dim > 0) or an MoE, never both. The router is a linear
+ * map to n_experts logits, softmax over all experts, the top_k kept; norm_topk = 1
+ * renormalizes the kept probabilities to sum 1 (Mixtral always; Qwen2-MoE's
+ * norm_topk_prob). Experts are SwiGLU MLPs of width expert_ffn_dim. shared_ffn_dim > 0
+ * (qwen2_moe): a shared SwiGLU expert every token runs, scaled by sigmoid of its own
+ * one-row gate. top_k <= n_experts. */
 typedef struct {
-    int n_experts, top_k, expert_ffn_dim, shared_ffn_dim;
+    int n_experts, top_k, expert_ffn_dim, shared_ffn_dim, norm_topk;
 } arch_moe;
 
 /* Mamba-2 mixer (family "nemotron_h"); n_heads == 0: absent. */
@@ -28,8 +34,8 @@ typedef struct {
     int source_layer;   /* index of the parent layer this layer came from */
     int n_heads;        /* query heads; 0 = attention removed */
     int n_kv_heads;     /* key/value heads; n_heads % n_kv_heads == 0 */
-    int ffn_dim;        /* SwiGLU intermediate width; 0 = MLP removed */
-    arch_moe moe;       /* later families; zeroed for llama */
+    int ffn_dim;        /* SwiGLU intermediate width; 0 = MLP removed (or an MoE) */
+    arch_moe moe;       /* MoE families; zeroed for llama */
     arch_mamba mamba;   /* later families; zeroed for llama */
 } arch_layer;
 
@@ -43,7 +49,8 @@ typedef struct {
 } arch_rope_scaling;
 
 typedef struct {
-    char family[ARCH_FAMILY_MAX];   /* "llama" (Llama 2/3, Mistral, Qwen2, SmolLM) */
+    char family[ARCH_FAMILY_MAX];   /* "llama" (Llama 2/3, Mistral, Qwen2, SmolLM), "mixtral",
+                                       "qwen2_moe" */
     int vocab_size;
     int hidden_size;
     int head_dim;
@@ -84,7 +91,13 @@ int arch_validate(const arch *a, char *err, size_t errlen);
 /* Number of parameters, embedding and (untied) LM head included. */
 int64_t arch_params(const arch *a);
 
-/* 1 if every layer has the same heads, kv heads and ffn_dim and none is removed. */
+/* 1 when the layer has an MLP: dense (ffn_dim > 0) or mixture of experts. */
+static inline int arch_layer_has_mlp(const arch_layer *l) { return l->ffn_dim > 0 || l->moe.n_experts > 0; }
+
+/* 1 if some layer is a mixture of experts. */
+int arch_has_moe(const arch *a);
+
+/* 1 if every layer has the same heads, kv heads, ffn_dim and MoE shape and none is removed. */
 int arch_is_uniform(const arch *a);
 
 /* Compact per-layer string, e.g. "h576 | a9/3 f1536 | a- f768 | ...". Writes at most

@@ -154,6 +154,16 @@ struct eng_backend {
     void (*group_norm_sum)(eng_backend *be, float *out, const float *x, int N, int G, int D);
     double (*sumsq)(eng_backend *be, const float *x, size_t n);   /* host result: sum x^2 (synchronizes) */
 
+    /* ---- rows (mixture-of-experts routing: each expert runs one GEMM on its tokens) --------
+     * gather_rows: out[i,:] = w[i] * x[idx[i],:] for i < n (out [n,C] out, may not alias x).
+     * scatter_rows_acc: y[idx[i],:] += w[i] * x[i,:] (acc); the idx of one call are distinct.
+     *   idx [n] device int; w [n] device float, NULL: every w[i] = 1.
+     * rows_dot: out[i] = sum_c a[i,c] * b[i,c] over [n,C] rows (out [n]). */
+    void (*gather_rows)(eng_backend *be, float *out, const float *x, const int *idx, const float *w, int n, int C);
+    void (*scatter_rows_acc)(eng_backend *be, float *y, const float *x, const int *idx, const float *w, int n,
+                             int C);
+    void (*rows_dot)(eng_backend *be, float *out, const float *a, const float *b, int n, int C);
+
     /* ---- optimizer ---------------------------------------------------------------------
      * AdamW over n parameters, decoupled weight decay, with g' = g * gscale:
      *   m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;

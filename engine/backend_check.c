@@ -116,6 +116,13 @@ CHECKED(mask_bwd,
 CHECKED(bias_add, (eng_backend *be, float *y, const float *b, int N, int M), (be, y, b, N, M))
 CHECKED(colsum_acc, (eng_backend *be, float *out, const float *x, int N, int M), (be, out, x, N, M))
 CHECKED(group_norm_sum, (eng_backend *be, float *out, const float *x, int N, int G, int D), (be, out, x, N, G, D))
+CHECKED(gather_rows,
+        (eng_backend *be, float *out, const float *x, const int *idx, const float *w, int n, int C),
+        (be, out, x, idx, w, n, C))
+CHECKED(scatter_rows_acc,
+        (eng_backend *be, float *y, const float *x, const int *idx, const float *w, int n, int C),
+        (be, y, x, idx, w, n, C))
+CHECKED(rows_dot, (eng_backend *be, float *out, const float *a, const float *b, int n, int C), (be, out, a, b, n, C))
 CHECKED_R(double, sumsq, (eng_backend *be, const float *x, size_t n), (be, x, n))
 CHECKED(adamw,
         (eng_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
@@ -181,6 +188,9 @@ eng_backend *eng_backend_check_ops(eng_backend *be)
     be->group_norm_sum = chk_group_norm_sum;
     be->sumsq = chk_sumsq;
     be->adamw = chk_adamw;
+    be->gather_rows = chk_gather_rows;
+    be->scatter_rows_acc = chk_scatter_rows_acc;
+    be->rows_dot = chk_rows_dot;
     be->destroy = chk_destroy;
     return be;
 }

@@ -852,6 +852,45 @@ static double cpu_sumsq(eng_backend *be, const float *x, size_t n)
     return s;
 }
 
+static void cpu_gather_rows(eng_backend *be, float *out, const float *x, const int *idx, const float *w, int n, int C)
+{
+    (void)be;
+#pragma omp parallel for schedule(static) PAR_IF((double)n * C)
+    for (int i = 0; i < n; i++) {
+        const float *xr = x + (size_t)idx[i] * C;
+        float *o = out + (size_t)i * C, s = w ? w[i] : 1.0f;
+#pragma omp simd
+        for (int c = 0; c < C; c++)
+            o[c] = s * xr[c];
+    }
+}
+
+static void cpu_scatter_rows_acc(eng_backend *be, float *y, const float *x, const int *idx, const float *w, int n,
+                                 int C)
+{
+    (void)be;
+#pragma omp parallel for schedule(static) PAR_IF((double)n * C)
+    for (int i = 0; i < n; i++) {
+        float *yr = y + (size_t)idx[i] * C, s = w ? w[i] : 1.0f;
+        const float *xr = x + (size_t)i * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++)
+            yr[c] += s * xr[c];
+    }
+}
+
+static void cpu_rows_dot(eng_backend *be, float *out, const float *a, const float *b, int n, int C)
+{
+    (void)be;
+#pragma omp parallel for schedule(static) PAR_IF((double)n * C)
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int c = 0; c < C; c++)
+            s += (double)a[(size_t)i * C + c] * b[(size_t)i * C + c];
+        out[i] = (float)s;
+    }
+}
+
 static void cpu_adamw(eng_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                       float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale)
 {
@@ -922,6 +961,9 @@ eng_backend *eng_backend_cpu_new(int threads)
     be->group_norm_sum = cpu_group_norm_sum;
     be->sumsq = cpu_sumsq;
     be->adamw = cpu_adamw;
+    be->gather_rows = cpu_gather_rows;
+    be->scatter_rows_acc = cpu_scatter_rows_acc;
+    be->rows_dot = cpu_rows_dot;
     return eng_backend_check_ops(be);
 }
 

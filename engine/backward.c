@@ -25,7 +25,7 @@ static int count_blocks(const arch *a)
 {
     int n = 0;
     for (int l = 0; l < a->n_layers; l++)
-        n += (a->layers[l].n_heads > 0) + (a->layers[l].ffn_dim > 0);
+        n += (a->layers[l].n_heads > 0) + arch_layer_has_mlp(&a->layers[l]);
     return n;
 }
 
@@ -47,6 +47,8 @@ static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int
             s.saved += N * (1 + 2 * qd + 2 * kvd + (size_t)ly->n_heads + (with_masks ? 2 * C : C));
         if (ly->ffn_dim)
             s.saved += N * (1 + 2 * (size_t)ly->ffn_dim + (with_masks ? 2 * C : C));
+        if (ly->moe.n_experts)   /* rstd and y: the backward routes and runs the experts again */
+            s.saved += N * (1 + (with_masks ? 2 * C : C));
     }
     /* backward scratch: dx, dyb, xn, dxn [N,C] + max(attention: om, dO, dq (qd), dk, dv (kvd);
      * mlp: z, zm, dz (F)) + the masked head output of the forward (qd, masks) */
@@ -69,6 +71,8 @@ size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_mod
     /* on top of it, at different times: the backward's attention tiles (threads x 2 x
      * ENG_CPU_ATTN_ROWS x T floats; the forward's are half), or the teacher's forward */
     size_t extra = attn ? (size_t)threads * 2 * ENG_CPU_ATTN_ROWS * T * F4 : 0;
+    size_t moe = eng_moe_scratch_bytes(&m->a, B * T, 1);   /* an MoE block's backward (its forward's is less) */
+    extra = moe > extra ? moe : extra;
     if (teacher) {
         size_t tw = eng_fwd_bytes(&teacher->a, B, T, 0, ENG_LOGITS_NONE, threads, 0, teacher != m && teacher->masks);
         extra = tw > extra ? tw : extra;
@@ -90,6 +94,7 @@ typedef struct {
     float *dx, *dyb, *xn, *dxn, *big;   /* big: block-specific scratch */
     float *d_neff;                      /* device scalar */
     int gw, gm;                         /* weight grads, mask grads wanted */
+    int oom;                            /* an MoE block found no memory for its scratch */
 } bwd_state;
 
 /* Backward of the residual update and hidden mask: dx holds d x_out on entry and
@@ -157,6 +162,16 @@ static void mlp_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, con
     int N = st->N, C = a->hidden_size, F = a->layers[l].ffn_dim;
     const float *dy = residual_bwd(m, st, bs, A, st->mk ? st->mk->mlp_gate + l : NULL,
                                    bs->gm ? m->masks->g_mlp_gate + l : NULL);
+    if (a->layers[l].moe.n_experts) {
+        be->rmsnorm_fwd(be, bs->xn, NULL, x_in, L->ffn_norm, N, C, st->n_eff, (float)a->norm_eps);
+        if (eng_moe_bwd(m, l, st->mk, bs->xn, dy, bs->dxn, N, bs->gw, bs->gm) != 0) {
+            bs->oom = 1;
+            be->zero(be, bs->dxn, F4 * (size_t)N * C);
+        }
+        be->rmsnorm_bwd(be, bs->dx, bs->gw ? G->ffn_norm : NULL, bs->gm ? bs->d_neff : NULL, bs->dxn, x_in,
+                        L->ffn_norm, A->rstd, N, C, st->n_eff);
+        return;
+    }
     float *z = bs->big, *zm = z + (size_t)N * F, *dz = zm + (size_t)N * F;
     be->swiglu_fwd(be, z, A->gate, A->up, (size_t)N * F);
     const float *zr = z;
@@ -195,6 +210,12 @@ static int teacher_final(eng_model *t, const int *tokens, int B, int T, int unma
         return -1;
     }
     eng_fwd_layers(t, &st);
+    if (st.oom) {
+        eng_ws_free(t->be, &ws);
+        free(host_ints);
+        snprintf(err, errlen, "teacher forward: out of memory for the expert scratch of %d x %d tokens", B, T);
+        return -1;
+    }
     t->be->rmsnorm_fwd(t->be, out, NULL, st.xs[0], t->final_norm, st.N, t->a.hidden_size, st.n_eff,
                        (float)t->a.norm_eps);
     eng_ws_free(t->be, &ws);
@@ -339,6 +360,15 @@ static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC)
                 p += N * C;
             }
         }
+        if (ly->moe.n_experts) {
+            blk_act *A = &w->acts[blk++];
+            A->rstd = p; p += N;
+            A->y = p; p += N * C;
+            if (m->masks) {
+                A->r = p;
+                p += N * C;
+            }
+        }
         if (ly->ffn_dim) {
             blk_act *A = &w->acts[blk++];
             A->rstd = p; p += N;
@@ -474,7 +504,7 @@ static void train_layers_bwd(eng_model *m, train_ws *w, fwd_state *st)
     bwd_state *bs = &w->bs;
     int blk = w->nb;
     for (int l = a->n_layers - 1; l >= 0; l--) {
-        if (a->layers[l].ffn_dim) {
+        if (arch_layer_has_mlp(&a->layers[l])) {
             blk--;
             mlp_bwd_block(m, st, bs, l, w->xs[blk], &w->acts[blk]);
         }
@@ -525,8 +555,13 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
         const int *tgt_d = train_forward(m, &w, &st, tokens, loss->targets, B, T);
         double sum_ce = 0, sum_kd = 0;
         train_loss_bwd(m, &w, &st, loss, tgt_d, w_ce, w_kd, count, &sum_ce, &sum_kd);
-        train_layers_bwd(m, &w, &st);
+        if (!st.oom)
+            train_layers_bwd(m, &w, &st);
         be->sync(be);
+        if (st.oom || w.bs.oom) {
+            snprintf(err, errlen, "forward_backward: out of memory for the expert scratch of %d x %d tokens", B, T);
+            rc = -1;
+        }
         out->tokens = count;
         out->ce = sum_ce / count;
         out->kd = sum_kd / count;

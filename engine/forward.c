@@ -10,7 +10,8 @@
  *   0 for NONE) + max(C, Hm, F) when stats are collected (+ N*qd when masks are enabled:
  *   the masked head outputs), + ints 2N + 2B (tokens, positions, first positions, lengths),
  *   + inside attention: threads * ENG_CPU_ATTN_ROWS * S floats of tile scratch (S = T, or
- *   max_T with a cache; CPU backend). eng_forward_workspace_bytes computes exactly this
+ *   max_T with a cache; CPU backend), or instead, at another moment, an MoE block's scratch
+ *   (engine/moe.c), whichever is larger. eng_forward_workspace_bytes computes exactly this
  *   sum; the tests check it against the measured peak.
  * Statistics: hidden_abs sums both norm outputs of a layer (attention and MLP input).
  */
@@ -36,8 +37,13 @@ eng_act_stats *eng_stats_new(const eng_model *m)
     s->ffn_abs = calloc((size_t)(L ? L : 1), sizeof *s->ffn_abs);
     s->head_norm = calloc((size_t)(L ? L : 1), sizeof *s->head_norm);
     s->hidden_abs = calloc((size_t)a->hidden_size, sizeof *s->hidden_abs);
-    int bad = !s->ffn_abs || !s->head_norm || !s->hidden_abs;
+    s->expert_mass = calloc((size_t)(L ? L : 1), sizeof *s->expert_mass);
+    s->expert_tokens = calloc((size_t)(L ? L : 1), sizeof *s->expert_tokens);
+    int bad = !s->ffn_abs || !s->head_norm || !s->hidden_abs || !s->expert_mass || !s->expert_tokens;
     for (int l = 0; !bad && l < L; l++) {
+        size_t e = (size_t)a->layers[l].moe.n_experts;
+        if (e && (!(s->expert_mass[l] = calloc(e, sizeof(double))) || !(s->expert_tokens[l] = calloc(e, sizeof(double)))))
+            bad = 1;
         if (a->layers[l].ffn_dim && !(s->ffn_abs[l] = calloc((size_t)a->layers[l].ffn_dim, sizeof(double))))
             bad = 1;
         if (a->layers[l].n_heads && !(s->head_norm[l] = calloc((size_t)a->layers[l].n_heads, sizeof(double))))
@@ -59,7 +65,13 @@ void eng_stats_free(eng_act_stats *s, int n_layers)
             free(s->ffn_abs[l]);
         if (s->head_norm)
             free(s->head_norm[l]);
+        if (s->expert_mass)
+            free(s->expert_mass[l]);
+        if (s->expert_tokens)
+            free(s->expert_tokens[l]);
     }
+    free(s->expert_mass);
+    free(s->expert_tokens);
     free(s->ffn_abs);
     free(s->head_norm);
     free(s->hidden_abs);
@@ -161,6 +173,14 @@ static void mlp_block(eng_model *m, fwd_state *st, int l, const float *x_in, flo
     be->rmsnorm_fwd(be, st->xn, A->rstd, x_in, L->ffn_norm, N, C, st->n_eff, (float)a->norm_eps);
     if (st->stats)
         stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
+    if (a->layers[l].moe.n_experts) {
+        if (eng_moe_fwd(m, l, st->mk, st->xn, A->y, N, st->stats) != 0) {
+            st->oom = 1;
+            be->zero(be, A->y, F4 * (size_t)N * C);
+        }
+        residual(m, st, x_out, x_in, A->y, st->mk ? st->mk->mlp_gate + l : NULL, A->r);
+        return;
+    }
     linear(be, A->gate, st->xn, L->w_gate, NULL, N, F, C);
     linear(be, A->up, st->xn, L->w_up, NULL, N, F, C);
     be->swiglu_fwd(be, st->h, A->gate, A->up, (size_t)N * F);
@@ -191,7 +211,7 @@ void eng_fwd_layers(eng_model *m, fwd_state *st)
     int blk = 0;
     for (int l = 0; l < a->n_layers; l++) {
         for (int part = 0; part < 2; part++) {
-            int present = part == 0 ? a->layers[l].n_heads > 0 : a->layers[l].ffn_dim > 0;
+            int present = part == 0 ? a->layers[l].n_heads > 0 : arch_layer_has_mlp(&a->layers[l]);
             double t0 = 0;
             if (st->layer_ns) {
                 be->sync(be);
@@ -245,9 +265,10 @@ size_t eng_fwd_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
     int attn = 0;
     for (int l = 0; l < a->n_layers; l++)
         attn |= a->layers[l].n_heads > 0;
+    size_t tiles = attn ? (size_t)(threads > 0 ? threads : 1) * ENG_CPU_ATTN_ROWS * S * F4 : 0;
+    size_t moe = eng_moe_scratch_bytes(a, B * T, 0);   /* held at another time than the tiles */
     return fwd_floats(a, B, T, logits_mode, with_stats, with_masks) * F4 +
-           (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) +
-           (attn ? (size_t)(threads > 0 ? threads : 1) * ENG_CPU_ATTN_ROWS * S * F4 : 0);
+           (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) + (tiles > moe ? tiles : moe);
 }
 
 size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
@@ -467,6 +488,13 @@ int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen
     st.layer_ns = args->layer_ns;
     st.fixed_ns = args->fixed_ns;
     eng_fwd_layers(m, &st);
+    if (st.oom) {
+        eng_ws_free(be, &ws);
+        free(stat_host);
+        free(host_ints);
+        snprintf(err, errlen, "forward: out of memory for the expert scratch of %d x %d tokens", B, T);
+        return -1;
+    }
     double t0 = eng_wall_s();
     lm_head(m, &st, st.xs[0], head, args->logits_mode, args->logits, st.n_eff);
     if (args->fixed_ns) {
@@ -586,6 +614,11 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         return -1;
     }
     const arch_layer *al = &a->layers[layer];
+    if (part == ENG_PART_MLP && al->moe.n_experts) {
+        snprintf(err, errlen, "stepper: layer %d's MLP is a mixture of experts: block-by-block reconstruction of "
+                 "experts is not available in this build", layer);
+        return -1;
+    }
     int in = part == ENG_PART_ATTN ? al->n_heads * a->head_dim : al->ffn_dim;
     if (in == 0) {
         snprintf(err, errlen, "stepper: layer %d has no %s", layer, part == ENG_PART_ATTN ? "attention" : "MLP");

@@ -5,7 +5,7 @@
  *
  * Memory (floats are 4 bytes): weights arch_params(a) floats, one allocation, + head_dim/2
  * floats of RoPE frequencies (eng_model_init); grads the same again (eng_model_enable_grads);
- * masks 2 x (C + sum Hq + sum F + 2L) (eng_model_enable_masks). Accounting counts requested
+ * masks 2 x (C + sum Hq + sum F + 2L + sum E) (eng_model_enable_masks). Accounting counts requested
  * bytes; the CPU backend rounds blocks >= 2 MiB up to 2 MiB (huge pages), so resident
  * memory may exceed it by < 2 MiB per large block.
  */
@@ -28,6 +28,7 @@ static int add_tensor(model_impl *im, int cap, size_t *off, int slot, int layer,
     if (im->n_tens >= cap)
         return -1;
     tensor_ent *t = &im->tens[im->n_tens++];
+    t->expert = -1;
     snprintf(t->name, sizeof t->name, "%s", name);
     t->shape[0] = d0;
     t->shape[1] = d1;
@@ -37,6 +38,41 @@ static int add_tensor(model_impl *im, int cap, size_t *off, int slot, int layer,
     t->off = *off;
     *off += (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
     return 0;
+}
+
+/* An MoE block's tensors in its family's HF names: Mixtral's block_sparse_moe (gate, experts.e.w1
+ * gate / w2 down / w3 up) or Qwen2-MoE's mlp (gate, experts.e.{gate,up,down}_proj, shared_expert,
+ * shared_expert_gate). */
+static void add_moe(model_impl *im, int cap, size_t *off, const arch *a, int l)
+{
+    const arch_moe *e = &a->layers[l].moe;
+    int64_t C = a->hidden_size, F = e->expert_ffn_dim, S = e->shared_ffn_dim;
+    int mixtral = !strcmp(a->family, "mixtral");
+    char nm[96];
+    snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", l);
+    add_tensor(im, cap, off, SL_FNORM, l, nm, C, 0);
+    snprintf(nm, sizeof nm, "model.layers.%d.%s.gate.weight", l, mixtral ? "block_sparse_moe" : "mlp");
+    add_tensor(im, cap, off, SL_ROUTER, l, nm, e->n_experts, C);
+    static const char *const mx[3] = {"w1", "w3", "w2"}, *const qw[3] = {"gate_proj", "up_proj", "down_proj"};
+    static const int slots[3] = {SL_XG, SL_XU, SL_XD};
+    for (int x = 0; x < e->n_experts; x++)
+        for (int k = 0; k < 3; k++) {
+            if (mixtral)
+                snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, x, mx[k]);
+            else
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, x, qw[k]);
+            if (add_tensor(im, cap, off, slots[k], l, nm, k == 2 ? C : F, k == 2 ? F : C) == 0)
+                im->tens[im->n_tens - 1].expert = x;
+        }
+    if (S > 0) {
+        static const int sslots[3] = {SL_SG, SL_SU, SL_SD};
+        for (int k = 0; k < 3; k++) {
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_expert.%s.weight", l, qw[k]);
+            add_tensor(im, cap, off, sslots[k], l, nm, k == 2 ? C : S, k == 2 ? S : C);
+        }
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        add_tensor(im, cap, off, SL_SGATE, l, nm, 1, C);
+    }
 }
 
 /* Lay out every tensor in HF order; the tied lm_head gets no entry. Returns floats. */
@@ -69,6 +105,8 @@ static size_t build_table(model_impl *im, const arch *a, int cap)
             T(SL_WU, "mlp.up_proj.weight", F, C);
             T(SL_WD, "mlp.down_proj.weight", C, F);
         }
+        if (ly->moe.n_experts > 0)
+            add_moe(im, cap, &off, a, l);
 #undef T
     }
     add_tensor(im, cap, &off, SL_NORM, -1, "model.norm.weight", C, 0);
@@ -77,11 +115,17 @@ static size_t build_table(model_impl *im, const arch *a, int cap)
     return off;
 }
 
-/* Point layer views, embedding, norm and head into `base` (params or grads). */
-static void carve(const model_impl *im, const arch *a, float *base, eng_layer *ls,
+/* Point layer views, embedding, norm and head into `base` (params or grads); xp holds
+ * 3 pointers per expert of every layer (the layers' `experts` arrays). */
+static void carve(const model_impl *im, const arch *a, float *base, eng_layer *ls, float **xp,
                   float **emb, float **norm, float **lm)
 {
     memset(ls, 0, sizeof *ls * (size_t)(a->n_layers ? a->n_layers : 1));
+    for (int l = 0, o = 0; l < a->n_layers; l++)
+        if (a->layers[l].moe.n_experts) {
+            ls[l].experts = xp + o;
+            o += 3 * a->layers[l].moe.n_experts;
+        }
     *lm = NULL;
     for (int i = 0; i < im->n_tens; i++) {
         const tensor_ent *t = &im->tens[i];
@@ -103,6 +147,14 @@ static void carve(const model_impl *im, const arch *a, float *base, eng_layer *l
         case SL_WG: L->w_gate = p; break;
         case SL_WU: L->w_up = p; break;
         case SL_WD: L->w_down = p; break;
+        case SL_ROUTER: L->router = p; break;
+        case SL_XG: L->experts[3 * t->expert] = p; break;
+        case SL_XU: L->experts[3 * t->expert + 1] = p; break;
+        case SL_XD: L->experts[3 * t->expert + 2] = p; break;
+        case SL_SG: L->sh_gate = p; break;
+        case SL_SU: L->sh_up = p; break;
+        case SL_SD: L->sh_down = p; break;
+        case SL_SGATE: L->sh_router = p; break;
         }
     }
     if (!*lm)
@@ -160,11 +212,16 @@ int eng_model_init(eng_model *m, const arch *a, eng_backend *be, char *err, size
     if (!im)
         goto oom;
     m->impl = im;
-    int cap = 3 + 12 * a->n_layers;
+    int cap = table_cap(a);
     im->tens = calloc((size_t)cap, sizeof *im->tens);
-    m->layers = calloc((size_t)(a->n_layers ? a->n_layers : 1), sizeof *m->layers);
-    m->glayers = calloc((size_t)(a->n_layers ? a->n_layers : 1), sizeof *m->glayers);
-    if (!im->tens || !m->layers || !m->glayers)
+    m->layers = calloc((size_t)(a->n_layers > 0 ? a->n_layers : 1), sizeof *m->layers);
+    m->glayers = calloc((size_t)(a->n_layers > 0 ? a->n_layers : 1), sizeof *m->glayers);
+    size_t nx = 1;
+    for (int l = 0; l < a->n_layers; l++)
+        nx += 3 * (size_t)a->layers[l].moe.n_experts;
+    im->xptr = calloc(nx, sizeof *im->xptr);
+    im->gxptr = calloc(nx, sizeof *im->gxptr);
+    if (!im->tens || !m->layers || !m->glayers || !im->xptr || !im->gxptr)
         goto oom;
     m->n_params = build_table(im, a, cap);
     if ((int64_t)m->n_params != arch_params(a)) {
@@ -177,7 +234,7 @@ int eng_model_init(eng_model *m, const arch *a, eng_backend *be, char *err, size
     if (!m->params)
         goto oom;
     be->zero(be, m->params, m->n_params * F4);
-    carve(im, a, m->params, m->layers, &m->tok_emb, &m->final_norm, &m->lm_head);
+    carve(im, a, m->params, m->layers, im->xptr, &m->tok_emb, &m->final_norm, &m->lm_head);
     set_norms_to_one(m);
     int half = a->head_dim / 2;
     float *host = malloc(F4 * (size_t)half);
@@ -209,6 +266,8 @@ static void masks_free(eng_model *m)
     free(k->g_head);
     free(k->ffn);
     free(k->g_ffn);
+    free(k->expert);
+    free(k->g_expert);
     free(k);
     m->masks = NULL;
 }
@@ -227,8 +286,11 @@ void eng_model_free(eng_model *m)
         if (im)
             m->be->free(m->be, im->inv_freq, im->inv_freq_bytes);
     }
-    if (im)
+    if (im) {
         free(im->tens);
+        free(im->xptr);
+        free(im->gxptr);
+    }
     free(im);
     free(m->layers);
     free(m->glayers);
@@ -300,7 +362,7 @@ int eng_arch_tensors(const arch *a, eng_tensor_desc **out, char *err, size_t err
     *out = NULL;
     if (arch_validate(a, err, errlen) != 0)
         return -1;
-    int cap = 3 + 12 * a->n_layers;
+    int cap = table_cap(a);
     model_impl im = {0};
     im.tens = calloc((size_t)cap, sizeof *im.tens);
     eng_tensor_desc *d = calloc((size_t)cap, sizeof *d);
@@ -366,7 +428,8 @@ int eng_model_enable_grads(eng_model *m)
     if (!m->grads)
         return -1;
     m->be->zero(m->be, m->grads, m->n_params * F4);
-    carve(m->impl, &m->a, m->grads, m->glayers, &m->g_tok_emb, &m->g_final_norm, &m->g_lm_head);
+    model_impl *im = m->impl;
+    carve(im, &m->a, m->grads, m->glayers, im->gxptr, &m->g_tok_emb, &m->g_final_norm, &m->g_lm_head);
     return 0;
 }
 
@@ -378,7 +441,7 @@ int eng_model_enable_masks(eng_model *m)
     int L = a->n_layers;
     size_t count = (size_t)a->hidden_size + 2 * (size_t)L;
     for (int l = 0; l < L; l++)
-        count += (size_t)a->layers[l].n_heads + (size_t)a->layers[l].ffn_dim;
+        count += (size_t)a->layers[l].n_heads + (size_t)a->layers[l].ffn_dim + (size_t)a->layers[l].moe.n_experts;
     eng_masks *k = calloc(1, sizeof *k);
     if (!k)
         return -1;
@@ -390,9 +453,12 @@ int eng_model_enable_masks(eng_model *m)
     k->g_head = calloc(nl, sizeof *k->g_head);
     k->ffn = calloc(nl, sizeof *k->ffn);
     k->g_ffn = calloc(nl, sizeof *k->g_ffn);
+    k->expert = calloc(nl, sizeof *k->expert);
+    k->g_expert = calloc(nl, sizeof *k->g_expert);
     k->block = m->be->alloc(m->be, im->masks_bytes);
     k->grad_block = m->be->alloc(m->be, im->masks_bytes);
-    if (!k->head || !k->g_head || !k->ffn || !k->g_ffn || !k->block || !k->grad_block) {
+    if (!k->head || !k->g_head || !k->ffn || !k->g_ffn || !k->expert || !k->g_expert || !k->block ||
+        !k->grad_block) {
         masks_free(m);
         return -1;
     }
@@ -417,6 +483,13 @@ int eng_model_enable_masks(eng_model *m)
     o += (size_t)L;
     k->mlp_gate = k->block + o;
     k->g_mlp_gate = k->grad_block + o;
+    o += (size_t)L;
+    for (int l = 0; l < L; l++) {
+        int e = a->layers[l].moe.n_experts;
+        k->expert[l] = e ? k->block + o : NULL;
+        k->g_expert[l] = e ? k->grad_block + o : NULL;
+        o += (size_t)e;
+    }
     k->hidden_count = (float)a->hidden_size;
     k->g_hidden_count = 0;
     return 0;

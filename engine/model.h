@@ -26,6 +26,12 @@ typedef struct {
     float *ffn_norm;             /* [C] */
     float *w_gate, *w_up;        /* [F, C] */
     float *w_down;               /* [C, F] */
+    /* mixture of experts (arch_moe; NULL without): router [E, C]; experts[3e + 0/1/2] the
+     * gate [Fe, C], up [Fe, C] and down [C, Fe] of expert e; the shared expert [Fs, C],
+     * [Fs, C], [C, Fs] and its gate [1, C] (qwen2_moe). ffn_norm is the block's norm. */
+    float *router;
+    float **experts;
+    float *sh_gate, *sh_up, *sh_down, *sh_router;
 } eng_layer;
 
 /* Multiplicative masks used by ranking and search (all 1.0 = the plain model).
@@ -36,7 +42,10 @@ typedef struct {
  *                        kept channel count) instead of C.
  *   head[l][Hq_l]        scales each query head's attention output before o_proj.
  *   ffn[l][F_l]          scales each gated intermediate unit before down_proj.
- *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth). */
+ *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth).
+ *   expert[l][E_l]       scales each expert's output (MoE layers), after the block.
+ * Block order: hidden, then per layer head and ffn, then attn_gate, mlp_gate, then per
+ * MoE layer its expert masks. */
 typedef struct {
     float *block, *grad_block;   /* one allocation each, count floats */
     size_t count;
@@ -45,6 +54,8 @@ typedef struct {
     float **ffn, **g_ffn;
     float *attn_gate, *g_attn_gate;   /* [n_layers] */
     float *mlp_gate, *g_mlp_gate;     /* [n_layers] */
+    float **expert, **g_expert;  /* [n_layers] pointers to [E_l] (NULL without MoE): scales each
+                                    expert's routing weight, after the top-k choice */
     float hidden_count;          /* sum of hidden mask; C by default. Host value. */
     float g_hidden_count;        /* d loss / d hidden_count (host), from backward */
 } eng_masks;
@@ -124,9 +135,13 @@ void eng_kv_free(eng_kv_cache *kv);
  *   ffn_abs[l][F_l]    sum |silu(gate)*up|
  *   head_norm[l][Hq_l] sum of the L2 norm of each head's attention output
  *   hidden_abs[C]      sum |x| of each layer's normalized input, all layers
+ *   expert_mass[l][E_l]   sum over the tokens routed to each expert of the L2 norm of the
+ *                      expert's output (before its routing weight); MoE layers only
+ *   expert_tokens[l][E_l] tokens routed to each expert
  *   tokens             number of tokens accumulated */
 typedef struct {
     double **ffn_abs, **head_norm, *hidden_abs;
+    double **expert_mass, **expert_tokens;
     int64_t tokens;
 } eng_act_stats;
 eng_act_stats *eng_stats_new(const eng_model *m);

@@ -17,12 +17,13 @@
 
 /* The role of a tensor in its layer (or the model); carve() points eng_layer views by it. */
 enum { SL_EMB, SL_ANORM, SL_WQ, SL_WK, SL_WV, SL_BQ, SL_BK, SL_BV, SL_WO, SL_FNORM, SL_WG,
-       SL_WU, SL_WD, SL_NORM, SL_LM };
+       SL_WU, SL_WD, SL_NORM, SL_LM, SL_ROUTER, SL_XG, SL_XU, SL_XD, SL_SG, SL_SU, SL_SD, SL_SGATE };
 
 typedef struct {
     char name[96];
     int64_t shape[2];
     int ndim, slot, layer;       /* layer -1: not in a layer */
+    int expert;                  /* SL_XG/XU/XD: the expert's index in its layer */
     size_t off;                  /* float offset into params / grads */
 } tensor_ent;
 
@@ -33,6 +34,7 @@ typedef struct {
     float *inv_freq;             /* device [D/2] */
     size_t inv_freq_bytes;
     size_t masks_bytes;
+    float **xptr, **gxptr;       /* experts' weight and gradient views: 3 per expert, all layers */
 } model_impl;
 
 /* ---- KV cache (kvcache.c; forward.c appends to it) -------------------------------------- */
@@ -51,18 +53,29 @@ static inline int imax(int a, int b) { return a > b ? a : b; }
 
 typedef struct {
     int qd, kvd, f, hq;          /* maxima over layers: Hq*D, Hkv*D, F, Hq */
+    int e;                       /* most experts in a layer (0: no MoE) */
 } dims_max;
 
 static inline dims_max max_dims(const arch *a)
 {
-    dims_max d = {0, 0, 0, 0};
+    dims_max d = {0, 0, 0, 0, 0};
     for (int l = 0; l < a->n_layers; l++) {
         d.qd = imax(d.qd, a->layers[l].n_heads * a->head_dim);
         d.kvd = imax(d.kvd, a->layers[l].n_kv_heads * a->head_dim);
         d.f = imax(d.f, a->layers[l].ffn_dim);
         d.hq = imax(d.hq, a->layers[l].n_heads);
+        d.e = imax(d.e, a->layers[l].moe.n_experts);
     }
     return d;
+}
+
+/* Tensor-table capacity for arch a (entries, not floats). */
+static inline int table_cap(const arch *a)
+{
+    int cap = 3 + 12 * a->n_layers;
+    for (int l = 0; l < a->n_layers; l++)
+        cap += 3 * a->layers[l].moe.n_experts + 8;
+    return cap;
 }
 
 /* ---- forward state (forward.c; backward.c runs the same forward with saved activations) -- */
@@ -87,6 +100,7 @@ typedef struct {
     blk_act tmp;                                  /* inference scratch */
     double *layer_ns, *fixed_ns;
     eng_act_stats *stats;
+    int oom;                                      /* an MoE block found no memory for its scratch */
 } fwd_state;
 
 /* A call's backend workspace: one float and one int allocation. */
@@ -125,5 +139,17 @@ int eng_fwd_setup(eng_model *m, fwd_state *st, ws_t *ws, int *host_ints, const i
 /* Embedding and all layers. Training (st->acts set): block i reads xs[i] and writes
  * xs[i+1], the final stream is xs[n_blocks]; inference updates xs[0] in place. */
 void eng_fwd_layers(eng_model *m, fwd_state *st);
+
+/* ---- mixture of experts (moe.c) --------------------------------------------------------- */
+
+/* The MoE of layer l on normalized rows xn [N, C] into y [N, C] (out), masks applied when the
+ * model has them, statistics added when stats. 0, or -1 out of memory. */
+int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats);
+/* Its backward: dy [N, C] the gradient of y; dxn [N, C] out; weight grads (gw) and expert-mask
+ * grads (gm) accumulate. Routes and runs the experts again. 0, or -1 out of memory. */
+int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const float *dy, float *dxn, int N,
+                int gw, int gm);
+/* The largest scratch either allocates for N rows in any layer of a (train: the backward's). */
+size_t eng_moe_scratch_bytes(const arch *a, int N, int train);
 
 #endif

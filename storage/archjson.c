@@ -66,10 +66,10 @@ json_t *arch_to_json(const arch *a)
         else
             rc |= obj_set(lo, "mlp", json_null());
         if (l->moe.n_experts > 0)
-            rc |= obj_set(lo, "moe", json_pack("{s:i,s:i,s:i,s:i}", "n_experts", l->moe.n_experts,
+            rc |= obj_set(lo, "moe", json_pack("{s:i,s:i,s:i,s:i,s:b}", "n_experts", l->moe.n_experts,
                                                "top_k", l->moe.top_k, "expert_ffn_dim",
                                                l->moe.expert_ffn_dim, "shared_ffn_dim",
-                                               l->moe.shared_ffn_dim));
+                                               l->moe.shared_ffn_dim, "norm_topk_prob", l->moe.norm_topk));
         if (l->mamba.n_heads > 0)
             rc |= obj_set(lo, "mamba", json_pack("{s:i,s:i,s:i,s:i,s:i}", "n_heads", l->mamba.n_heads,
                                                  "head_dim", l->mamba.head_dim, "d_state",
@@ -212,7 +212,7 @@ static int parse_layer(perr *pe, json_t *lo, int i, arch_layer *l)
     static const char *const keys[] = {"source_layer", "attention", "mlp", "moe", "mamba", NULL};
     static const char *const akeys[] = {"n_heads", "n_kv_heads", NULL};
     static const char *const mkeys[] = {"ffn_dim", NULL};
-    static const char *const ekeys[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", NULL};
+    static const char *const ekeys[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "norm_topk_prob", NULL};
     static const char *const bkeys[] = {"n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", NULL};
     char at[64], sub[80];
     snprintf(at, sizeof at, "/layers/%d", i);
@@ -256,7 +256,8 @@ static int parse_layer(perr *pe, json_t *lo, int i, arch_layer *l)
             get_int(pe, moe, sub, "n_experts", 1, 4096, 1, &l->moe.n_experts) ||
             get_int(pe, moe, sub, "top_k", 1, 4096, 1, &l->moe.top_k) ||
             get_int(pe, moe, sub, "expert_ffn_dim", 1, 1 << 20, 1, &l->moe.expert_ffn_dim) ||
-            get_int(pe, moe, sub, "shared_ffn_dim", 0, 1 << 20, 0, &l->moe.shared_ffn_dim))
+            get_int(pe, moe, sub, "shared_ffn_dim", 0, 1 << 20, 0, &l->moe.shared_ffn_dim) ||
+            get_bool(pe, moe, sub, "norm_topk_prob", 0, &l->moe.norm_topk))
             return -1;
     }
     json_t *mam = json_object_get(lo, "mamba");

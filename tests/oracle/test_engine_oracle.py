@@ -236,11 +236,10 @@ def run_case(tool, idx, a, ta, B, T, masks, tau, kdw, seed):
         tg = split_masks(a, block.grad)
         parts = [("hidden", cg["hidden"], tg["hidden"]), ("attn_gate", cg["attn_gate"], tg["attn_gate"]),
                  ("mlp_gate", cg["mlp_gate"], tg["mlp_gate"])]
-        for l in range(len(a["layers"])):
-            if cg["head"][l].numel():
-                parts.append(("head[%d]" % l, cg["head"][l], tg["head"][l]))
-            if cg["ffn"][l].numel():
-                parts.append(("ffn[%d]" % l, cg["ffn"][l], tg["ffn"][l]))
+        for key in [k for k, v in cg.items() if isinstance(v, list)]:   # head, ffn (expert in MoE)
+            for l in range(len(a["layers"])):
+                if cg[key][l].numel():
+                    parts.append(("%s[%d]" % (key, l), cg[key][l], tg[key][l]))
         worst = 0.0
         for nm, c, r in parts:
             e = rel(c, r)

@@ -29,13 +29,14 @@ static int read_arch(FILE *f, arch *a, char *line, size_t len)
     int V, C, D, tied, bias, L, rs = 0;
     double theta, eps, fac = 0, lo = 0, hi = 0;
     int orig = 0;
+    char family[ARCH_FAMILY_MAX] = "llama";
     if (!fgets(line, (int)len, f) ||
-        sscanf(line, "%d %d %d %lf %lf %d %d %d %lf %lf %lf %d %d", &V, &C, &D, &theta, &eps, &tied, &bias, &rs,
-               &fac, &lo, &hi, &orig, &L) != 13)
+        sscanf(line, "%d %d %d %lf %lf %d %d %d %lf %lf %lf %d %d %31s", &V, &C, &D, &theta, &eps, &tied, &bias, &rs,
+               &fac, &lo, &hi, &orig, &L, family) < 13)
         return -1;
     if (arch_init(a, L) != 0)
         return -1;
-    snprintf(a->family, sizeof a->family, "llama");
+    snprintf(a->family, sizeof a->family, "%s", family);
     a->vocab_size = V;
     a->hidden_size = C;
     a->head_dim = D;
@@ -50,8 +51,10 @@ static int read_arch(FILE *f, arch *a, char *line, size_t len)
     a->rope_scaling.high_freq_factor = hi;
     a->rope_scaling.original_max_position_embeddings = orig;
     for (int l = 0; l < L; l++) {
+        arch_layer *y = &a->layers[l];
         if (!fgets(line, (int)len, f) ||
-            sscanf(line, "%d %d %d", &a->layers[l].n_heads, &a->layers[l].n_kv_heads, &a->layers[l].ffn_dim) != 3)
+            sscanf(line, "%d %d %d %d %d %d %d %d", &y->n_heads, &y->n_kv_heads, &y->ffn_dim, &y->moe.n_experts,
+                   &y->moe.top_k, &y->moe.expert_ffn_dim, &y->moe.shared_ffn_dim, &y->moe.norm_topk) < 3)
             return -1;
         a->layers[l].source_layer = l;
     }
@@ -59,8 +62,9 @@ static int read_arch(FILE *f, arch *a, char *line, size_t len)
 }
 
 /* Config: line 1 "B T masks seed temperature kd_weight", then the student arch, then the
- * teacher arch; an arch is "V C D theta eps tied bias rope_type factor low high orig L"
- * followed by L lines "n_heads n_kv_heads ffn_dim". */
+ * teacher arch; an arch is "V C D theta eps tied bias rope_type factor low high orig L [family]"
+ * followed by L lines "n_heads n_kv_heads ffn_dim [n_experts top_k expert_ffn_dim shared_ffn_dim
+ * norm_topk]". */
 static int read_cfg(const char *path, cfg *c)
 {
     FILE *f = fopen(path, "r");

@@ -1,0 +1,395 @@
+/* engine/moe.c — the mixture-of-experts MLP (arch_moe): softmax router with top-k choice
+ * (renormalized when norm_topk), SwiGLU experts each run as one GEMM over the tokens routed to
+ * it (gathered rows, results scattered back with their routing weights), the Qwen2-MoE shared
+ * expert with its sigmoid gate, the expert masks of the search, the ranking statistics, and
+ * the backward of all of it. The routing itself (softmax, top-k, per-expert token lists) runs
+ * on the host over the [N, E] router logits; the GEMMs and row moves run on the backend.
+ * Training saves nothing of the block but its input: the backward routes and runs the experts
+ * again (eng_moe_bwd), so a block costs two expert passes and no [N*k, F] activations.
+ *
+ * Memory: one backend scratch per call, freed before return (eng_moe_scratch_bytes):
+ * floats N*(E + k + 1 + 2C + 3F) forward, + N*(2C + 3F + E) in backward (F = max of the
+ * expert and shared widths), ints N*(k + 1); host arrays of the same order.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model_internal.h"
+
+static int moe_width(const arch_moe *e)
+{
+    return e->expert_ffn_dim > e->shared_ffn_dim ? e->expert_ffn_dim : e->shared_ffn_dim;
+}
+
+static size_t scratch_floats(const arch_moe *e, size_t N, size_t C, int train)
+{
+    size_t F = (size_t)moe_width(e), E = (size_t)e->n_experts, k = (size_t)e->top_k;
+    size_t n = N * (E + k + 1 + 2 * C + 3 * F);
+    if (train)
+        n += N * (2 * C + 3 * F + E);
+    return n;
+}
+
+size_t eng_moe_scratch_bytes(const arch *a, int N, int train)
+{
+    size_t best = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        const arch_moe *e = &a->layers[l].moe;
+        if (!e->n_experts)
+            continue;
+        size_t b = scratch_floats(e, (size_t)N, (size_t)a->hidden_size, train) * F4 +
+                   (size_t)N * ((size_t)e->top_k + 1) * sizeof(int);
+        best = b > best ? b : best;
+    }
+    return best;
+}
+
+/* One call's routing and buffers. */
+typedef struct {
+    int N, C, E, k, F;
+    /* host */
+    float *prob;                 /* [N, E] softmax of the router logits */
+    int *sel;                    /* [N, k] chosen experts, by falling probability */
+    float *wraw;                 /* [N, k] routing weights (renormalized when norm_topk) */
+    float *mask;                 /* [E] expert masks (1 without masks) */
+    int *cnt, *off;              /* [E] tokens per expert, offset of its list */
+    int *order;                  /* [N*k] token rows, grouped by expert; then [N] identity */
+    int *slot;                   /* [N*k] (row*k + slot) of each list entry */
+    float *wl;                   /* [N*k] weight of each list entry: wraw * mask */
+    float *hbuf;                 /* [max(N*k, N*E, 2N)] host staging */
+    double *dp;                  /* [k] */
+    /* device */
+    float *dev;
+    size_t dev_bytes;
+    int *idev;
+    size_t idev_bytes;
+    float *logits, *wl_d, *sg, *X, *Y, *g, *u, *h;   /* forward */
+    float *dY, *dX, *dh, *dg, *du, *dlog;           /* backward */
+} moe_call;
+
+static void call_free(eng_backend *be, moe_call *c)
+{
+    be->free(be, c->dev, c->dev ? c->dev_bytes : 0);
+    be->free(be, c->idev, c->idev ? c->idev_bytes : 0);
+    free(c->prob);
+    free(c->sel);
+    free(c->wraw);
+    free(c->mask);
+    free(c->cnt);
+    free(c->off);
+    free(c->order);
+    free(c->slot);
+    free(c->wl);
+    free(c->hbuf);
+    free(c->dp);
+}
+
+static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train)
+{
+    eng_backend *be = m->be;
+    const arch_moe *e = &m->a.layers[l].moe;
+    memset(c, 0, sizeof *c);
+    c->N = N;
+    c->C = m->a.hidden_size;
+    c->E = e->n_experts;
+    c->k = e->top_k;
+    c->F = moe_width(e);
+    size_t nk = (size_t)N * c->k, ne = (size_t)N * c->E;
+    c->prob = malloc(F4 * ne);
+    c->sel = malloc(sizeof(int) * nk);
+    c->wraw = malloc(F4 * nk);
+    c->mask = malloc(F4 * (size_t)c->E);
+    c->cnt = calloc((size_t)c->E, sizeof(int));
+    c->off = calloc((size_t)c->E, sizeof(int));
+    c->order = malloc(sizeof(int) * (nk + (size_t)N));
+    c->slot = malloc(sizeof(int) * nk);
+    c->wl = malloc(F4 * nk);
+    size_t hb = nk > ne ? nk : ne;
+    c->hbuf = malloc(F4 * (hb > 2 * (size_t)N ? hb : 2 * (size_t)N));
+    c->dp = malloc(sizeof(double) * (size_t)c->k);
+    c->dev_bytes = scratch_floats(e, (size_t)N, (size_t)c->C, train) * F4;
+    c->idev_bytes = sizeof(int) * (nk + (size_t)N);
+    c->dev = be->alloc(be, c->dev_bytes);
+    c->idev = be->alloc(be, c->idev_bytes);
+    if (!c->prob || !c->sel || !c->wraw || !c->mask || !c->cnt || !c->off || !c->order || !c->slot || !c->wl ||
+        !c->hbuf || !c->dp || !c->dev || !c->idev) {
+        call_free(be, c);
+        return -1;
+    }
+    size_t n = (size_t)N, C = (size_t)c->C, F = (size_t)c->F;
+    float *p = c->dev;
+    c->logits = p; p += n * c->E;
+    c->wl_d = p; p += nk;
+    c->sg = p; p += n;
+    c->X = p; p += n * C;
+    c->Y = p; p += n * C;
+    c->g = p; p += n * F;
+    c->u = p; p += n * F;
+    c->h = p; p += n * F;
+    if (train) {
+        c->dY = p; p += n * C;
+        c->dX = p; p += n * C;
+        c->dh = p; p += n * F;
+        c->dg = p; p += n * F;
+        c->du = p; p += n * F;
+        c->dlog = p;
+    }
+    return 0;
+}
+
+/* Router logits of xn [N, C], softmax, top-k, per-expert lists; uploads the lists, their
+ * weights and the identity rows. */
+static void route(eng_model *m, int l, const eng_masks *mk, const float *xn, moe_call *c)
+{
+    eng_backend *be = m->be;
+    const eng_layer *L = &m->layers[l];
+    const arch_moe *e = &m->a.layers[l].moe;
+    int N = c->N, E = c->E, k = c->k, C = c->C;
+    be->gemm(be, 0, 1, N, E, C, 1.0f, xn, C, L->router, C, 0.0f, c->logits, E);
+    be->to_host(be, c->prob, c->logits, F4 * (size_t)N * E);
+    if (mk)
+        be->to_host(be, c->mask, mk->expert[l], F4 * (size_t)E);
+    else
+        for (int x = 0; x < E; x++)
+            c->mask[x] = 1.0f;
+    memset(c->cnt, 0, sizeof(int) * (size_t)E);
+    for (int n = 0; n < N; n++) {
+        float *p = c->prob + (size_t)n * E;
+        double mx = p[0], z = 0;
+        for (int x = 1; x < E; x++)
+            mx = p[x] > mx ? p[x] : mx;
+        for (int x = 0; x < E; x++)
+            z += exp((double)p[x] - mx);
+        for (int x = 0; x < E; x++)
+            p[x] = (float)(exp((double)p[x] - mx) / z);
+        int *s = c->sel + (size_t)n * k;
+        float *w = c->wraw + (size_t)n * k;
+        double sum = 0;
+        for (int j = 0; j < k; j++) {   /* k passes: the largest not yet taken, lower index on ties */
+            int best = -1;
+            for (int x = 0; x < E; x++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++)
+                    taken |= s[i] == x;
+                if (!taken && (best < 0 || p[x] > p[best]))
+                    best = x;
+            }
+            s[j] = best;
+            w[j] = p[best];
+            sum += p[best];
+            c->cnt[best]++;
+        }
+        if (e->norm_topk)
+            for (int j = 0; j < k; j++)
+                w[j] = (float)(w[j] / sum);
+    }
+    for (int x = 0, o = 0; x < E; x++) {
+        c->off[x] = o;
+        o += c->cnt[x];
+    }
+    int *fill = (int *)c->hbuf;   /* per-expert fill counters, for now */
+    memset(fill, 0, sizeof(int) * (size_t)E);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            int x = c->sel[(size_t)n * k + j], at = c->off[x] + fill[x]++;
+            c->order[at] = n;
+            c->slot[at] = n * k + j;
+            c->wl[at] = c->wraw[(size_t)n * k + j] * c->mask[x];
+        }
+    for (int n = 0; n < N; n++)
+        c->order[(size_t)N * k + n] = n;
+    be->to_device(be, c->idev, c->order, sizeof(int) * ((size_t)N * k + N));
+    be->to_device(be, c->wl_d, c->wl, F4 * (size_t)N * k);
+}
+
+/* One SwiGLU expert on n gathered rows X [n, C] into Y [n, C] (g, u, h kept). */
+static void expert_fwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, int F,
+                       int n)
+{
+    int C = c->C;
+    be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wg, C, 0.0f, c->g, F);
+    be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wu, C, 0.0f, c->u, F);
+    be->swiglu_fwd(be, c->h, c->g, c->u, (size_t)n * F);
+    be->gemm(be, 0, 1, n, C, F, 1.0f, c->h, F, wd, F, 0.0f, c->Y, C);
+}
+
+/* The shared expert's gate for every row: sg [N] = sigmoid(xn . w), device and host (hbuf). */
+static void shared_gate(eng_backend *be, moe_call *c, const float *xn, const float *w)
+{
+    int N = c->N;
+    be->gemm(be, 0, 1, N, 1, c->C, 1.0f, xn, c->C, w, c->C, 0.0f, c->sg, 1);
+    be->to_host(be, c->hbuf, c->sg, F4 * (size_t)N);
+    for (int n = 0; n < N; n++)
+        c->hbuf[n] = (float)(1.0 / (1.0 + exp(-(double)c->hbuf[n])));
+    be->to_device(be, c->sg, c->hbuf, F4 * (size_t)N);
+}
+
+static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, int x)
+{
+    int n = c->cnt[x];
+    be->rows_dot(be, c->g, c->Y, c->Y, n, c->C);   /* g is dead after the expert */
+    be->to_host(be, c->hbuf, c->g, F4 * (size_t)n);
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += sqrt((double)c->hbuf[i]);
+    st->expert_mass[l][x] += s;
+    st->expert_tokens[l][x] += n;
+}
+
+int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats)
+{
+    eng_backend *be = m->be;
+    const eng_layer *L = &m->layers[l];
+    const arch_moe *e = &m->a.layers[l].moe;
+    moe_call c;
+    if (call_alloc(m, &c, l, N, 0) != 0)
+        return -1;
+    route(m, l, mk, xn, &c);
+    int C = c.C, F = e->expert_ffn_dim;
+    be->zero(be, y, F4 * (size_t)N * C);
+    for (int x = 0; x < c.E; x++) {
+        int n = c.cnt[x];
+        if (!n)
+            continue;
+        const int *rows = c.idev + c.off[x];
+        be->gather_rows(be, c.X, xn, rows, NULL, n, C);
+        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n);
+        be->scatter_rows_acc(be, y, c.Y, rows, c.wl_d + c.off[x], n, C);
+        if (stats)
+            add_stats(be, &c, stats, l, x);
+    }
+    if (e->shared_ffn_dim) {
+        const int *ident = c.idev + (size_t)N * c.k;
+        shared_gate(be, &c, xn, L->sh_router);
+        be->copy(be, c.X, xn, F4 * (size_t)N * C);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N);
+        be->scatter_rows_acc(be, y, c.Y, ident, c.sg, N, C);
+    }
+    call_free(be, &c);
+    return 0;
+}
+
+/* Backward of one SwiGLU expert on n rows: X, g, u, h from expert_fwd; dY [n, C] the
+ * gradient of its (weighted) output. Accumulates weight grads (G* may be NULL) and writes
+ * dX [n, C]. */
+static void expert_bwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, float *Gg,
+                       float *Gu, float *Gd, int F, int n)
+{
+    int C = c->C;
+    be->gemm(be, 0, 0, n, F, C, 1.0f, c->dY, C, wd, F, 0.0f, c->dh, F);
+    if (Gd)
+        be->gemm(be, 1, 0, C, F, n, 1.0f, c->dY, C, c->h, F, 1.0f, Gd, F);
+    be->swiglu_bwd(be, c->dg, c->du, c->dh, c->g, c->u, (size_t)n * F);
+    if (Gg) {
+        be->gemm(be, 1, 0, F, C, n, 1.0f, c->dg, F, c->X, C, 1.0f, Gg, C);
+        be->gemm(be, 1, 0, F, C, n, 1.0f, c->du, F, c->X, C, 1.0f, Gu, C);
+    }
+    be->gemm(be, 0, 0, n, C, F, 1.0f, c->dg, F, wg, C, 0.0f, c->dX, C);
+    be->gemm(be, 0, 0, n, C, F, 1.0f, c->du, F, wu, C, 1.0f, c->dX, C);
+}
+
+/* d loss / d router logits from d loss / d routing weight (per row and slot, in dw [N*k]):
+ * through the renormalization (norm_topk) and the softmax. Into hbuf [N, E]. */
+static void router_grad(const arch_moe *e, moe_call *c, const float *dw)
+{
+    int N = c->N, E = c->E, k = c->k;
+    for (int n = 0; n < N; n++) {
+        const float *p = c->prob + (size_t)n * E, *w = c->wraw + (size_t)n * k, *g = dw + (size_t)n * k;
+        const int *s = c->sel + (size_t)n * k;
+        float *dl = c->hbuf + (size_t)n * E;
+        double *dp = c->dp, S = 0, gw = 0;
+        for (int j = 0; j < k; j++) {
+            S += p[s[j]];
+            gw += (double)g[j] * w[j];
+        }
+        for (int j = 0; j < k; j++)
+            dp[j] = e->norm_topk ? ((double)g[j] - gw) / S : g[j];
+        double dot = 0;
+        for (int j = 0; j < k; j++)
+            dot += dp[j] * p[s[j]];
+        for (int x = 0; x < E; x++)
+            dl[x] = (float)(-(double)p[x] * dot);
+        for (int j = 0; j < k; j++)
+            dl[s[j]] += (float)(p[s[j]] * dp[j]);
+    }
+}
+
+int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const float *dy, float *dxn, int N,
+                int gw, int gm)
+{
+    eng_backend *be = m->be;
+    const eng_layer *L = &m->layers[l];
+    eng_layer *G = &m->glayers[l];
+    const arch_moe *e = &m->a.layers[l].moe;
+    moe_call c;
+    if (call_alloc(m, &c, l, N, 1) != 0)
+        return -1;
+    route(m, l, mk, xn, &c);
+    int C = c.C, F = e->expert_ffn_dim, E = c.E, k = c.k;
+    float *dw = malloc(F4 * (size_t)N * k);
+    double *dmask = calloc((size_t)E, sizeof *dmask);
+    if (!dw || !dmask) {
+        free(dw);
+        free(dmask);
+        call_free(be, &c);
+        return -1;
+    }
+    be->zero(be, dxn, F4 * (size_t)N * C);
+    for (int x = 0; x < E; x++) {
+        int n = c.cnt[x];
+        if (!n)
+            continue;
+        const int *rows = c.idev + c.off[x];
+        float **W = L->experts + 3 * x, **GW = gw ? G->experts + 3 * x : NULL;
+        be->gather_rows(be, c.X, xn, rows, NULL, n, C);
+        expert_fwd(be, &c, W[0], W[1], W[2], F, n);
+        be->gather_rows(be, c.dY, dy, rows, NULL, n, C);
+        be->rows_dot(be, c.dlog, c.dY, c.Y, n, C);   /* d loss / d (its weight) per row */
+        be->to_host(be, c.hbuf, c.dlog, F4 * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            int at = c.off[x] + i;
+            dw[c.slot[at]] = c.hbuf[i] * c.mask[x];
+            dmask[x] += (double)c.hbuf[i] * c.wraw[c.slot[at]];
+        }
+        be->gather_rows(be, c.dY, dy, rows, c.wl_d + c.off[x], n, C);
+        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n);
+        be->scatter_rows_acc(be, dxn, c.dX, rows, NULL, n, C);
+    }
+    router_grad(e, &c, dw);
+    be->to_device(be, c.dlog, c.hbuf, F4 * (size_t)N * E);
+    if (gw)
+        be->gemm(be, 1, 0, E, C, N, 1.0f, c.dlog, E, xn, C, 1.0f, G->router, C);
+    be->gemm(be, 0, 0, N, C, E, 1.0f, c.dlog, E, L->router, C, 1.0f, dxn, C);
+    if (e->shared_ffn_dim) {
+        const int *ident = c.idev + (size_t)N * k;
+        int S = e->shared_ffn_dim;
+        shared_gate(be, &c, xn, L->sh_router);
+        be->copy(be, c.X, xn, F4 * (size_t)N * C);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N);
+        be->rows_dot(be, c.dlog, dy, c.Y, N, C);     /* d loss / d gate value */
+        float *dsg = c.hbuf + (size_t)N;              /* hbuf[0, N) holds the gate values */
+        be->to_host(be, dsg, c.dlog, F4 * (size_t)N);
+        for (int n = 0; n < N; n++)
+            dsg[n] *= c.hbuf[n] * (1.0f - c.hbuf[n]);
+        be->to_device(be, c.dlog, dsg, F4 * (size_t)N);
+        if (gw)
+            be->gemm(be, 1, 0, 1, C, N, 1.0f, c.dlog, 1, xn, C, 1.0f, G->sh_router, C);
+        be->gemm(be, 0, 0, N, C, 1, 1.0f, c.dlog, 1, L->sh_router, C, 1.0f, dxn, C);
+        be->gather_rows(be, c.dY, dy, ident, c.sg, N, C);
+        expert_bwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, gw ? G->sh_gate : NULL, gw ? G->sh_up : NULL,
+                   gw ? G->sh_down : NULL, S, N);
+        be->add(be, dxn, dxn, c.dX, (size_t)N * C);
+    }
+    if (gm && mk) {
+        be->to_host(be, c.hbuf, m->masks->g_expert[l], F4 * (size_t)E);
+        for (int x = 0; x < E; x++)
+            c.hbuf[x] += (float)dmask[x];
+        be->to_device(be, m->masks->g_expert[l], c.hbuf, F4 * (size_t)E);
+    }
+    free(dw);
+    free(dmask);
+    call_free(be, &c);
+    return 0;
+}
