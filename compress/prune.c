@@ -26,6 +26,7 @@ void prune_select_free(prune_select *s)
         free(s->layers[i].q);
         free(s->layers[i].kv);
         free(s->layers[i].ffn);
+        free(s->layers[i].exp);
     }
     free(s->layers);
     memset(s, 0, sizeof *s);
@@ -62,8 +63,25 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
             BAD("layers[%d].source_layer: %d does not follow %d (source layers must increase)", i, tl->source_layer, prev);
         prev = tl->source_layer;
         const arch_layer *pl = &p->layers[tl->source_layer];
-        if (tl->moe.n_experts || tl->mamba.n_heads)
-            BAD("layers[%d]: MoE and Mamba parts cannot be pruned by this build", i);
+        if (tl->mamba.n_heads)
+            BAD("layers[%d]: Mamba parts cannot be pruned by this build", i);
+        const arch_moe *te = &tl->moe, *pe = &pl->moe;
+        if (te->n_experts) {
+            if (!pe->n_experts)
+                BAD("layers[%d].moe: parent layer %d has no experts", i, tl->source_layer);
+            if (te->n_experts > pe->n_experts)
+                BAD("layers[%d].moe.n_experts: %d is more than parent layer %d's %d", i, te->n_experts,
+                    tl->source_layer, pe->n_experts);
+            if (te->top_k > pe->top_k)
+                BAD("layers[%d].moe.top_k: %d is more than parent layer %d's %d", i, te->top_k, tl->source_layer,
+                    pe->top_k);
+            if (te->expert_ffn_dim != pe->expert_ffn_dim || te->shared_ffn_dim != pe->shared_ffn_dim)
+                BAD("layers[%d].moe: expert widths %d/%d differ from parent layer %d's %d/%d (experts are kept or "
+                    "dropped whole in this build)", i, te->expert_ffn_dim, te->shared_ffn_dim, tl->source_layer,
+                    pe->expert_ffn_dim, pe->shared_ffn_dim);
+            if (te->norm_topk != pe->norm_topk)
+                BAD("layers[%d].moe.norm_topk: differs from parent layer %d's", i, tl->source_layer);
+        }
         if (tl->n_heads > 0) {
             if (pl->n_heads == 0)
                 BAD("layers[%d].n_heads: parent layer %d has no attention", i, tl->source_layer);
@@ -127,6 +145,11 @@ int prune_select_prefix(const arch *p, const arch *t, prune_select *sel, char *e
             if (!ls->ffn)
                 goto oom;
         }
+        if (tl->moe.n_experts > 0) {
+            ls->nexp = tl->moe.n_experts;
+            if (!(ls->exp = iota_new(ls->nexp)))
+                goto oom;
+        }
     }
     return 0;
 oom:
@@ -150,7 +173,8 @@ static inline int64_t axis_src(const axis_map *a, int64_t i)
 }
 
 typedef enum {
-    T_EMB, T_LMHEAD, T_FNORM, T_ANORM, T_MNORM, T_Q, T_K, T_V, T_QB, T_KB, T_VB, T_O, T_GATE, T_UP, T_DOWN
+    T_EMB, T_LMHEAD, T_FNORM, T_ANORM, T_MNORM, T_Q, T_K, T_V, T_QB, T_KB, T_VB, T_O, T_GATE, T_UP, T_DOWN,
+    T_ROUTER, T_XG, T_XU, T_XD, T_SG, T_SU, T_SD, T_SGATE
 } tkind;
 
 static const struct {
@@ -163,12 +187,54 @@ static const struct {
     {"self_attn.k_proj.bias", T_KB},         {"self_attn.v_proj.bias", T_VB},
     {"self_attn.o_proj.weight", T_O},        {"mlp.gate_proj.weight", T_GATE},
     {"mlp.up_proj.weight", T_UP},            {"mlp.down_proj.weight", T_DOWN},
+    {"block_sparse_moe.gate.weight", T_ROUTER}, {"mlp.gate.weight", T_ROUTER},
+    {"mlp.shared_expert.gate_proj.weight", T_SG}, {"mlp.shared_expert.up_proj.weight", T_SU},
+    {"mlp.shared_expert.down_proj.weight", T_SD}, {"mlp.shared_expert_gate.weight", T_SGATE},
 };
 
-/* Parse an HF tensor name into a kind and layer (-1 for globals). 0, or -1 if unknown. */
-static int parse_name(const char *name, tkind *kind, int *layer, const char **suffix)
+/* An expert's tensor: "<moe>.experts.<e>.<w>" with <moe> Mixtral's block_sparse_moe or
+ * Qwen2-MoE's mlp, <w> w1/w3/w2 or gate/up/down_proj. */
+static const struct {
+    const char *suffix;
+    tkind kind;
+} expert_names[] = {
+    {"w1.weight", T_XG}, {"w3.weight", T_XU}, {"w2.weight", T_XD},
+    {"gate_proj.weight", T_XG}, {"up_proj.weight", T_XU}, {"down_proj.weight", T_XD},
+};
+
+/* rest (after "model.layers.L.") as an expert tensor: kind, expert index, its "<moe>." prefix
+ * length and "<w>" suffix. 0, or -1 when it is none. */
+static int parse_expert(const char *rest, tkind *kind, int *expert, int *prefix_len, const char **suffix)
+{
+    static const char *const moes[] = {"block_sparse_moe.experts.", "mlp.experts."};
+    for (size_t m = 0; m < 2; m++) {
+        size_t n = strlen(moes[m]);
+        if (strncmp(rest, moes[m], n))
+            continue;
+        char *end;
+        long e = strtol(rest + n, &end, 10);
+        if (end == rest + n || *end != '.' || e < 0 || e > 4096)
+            return -1;
+        for (size_t i = 0; i < sizeof expert_names / sizeof *expert_names; i++)
+            if (!strcmp(end + 1, expert_names[i].suffix)) {
+                *kind = expert_names[i].kind;
+                *expert = (int)e;
+                *prefix_len = (int)(n - strlen("experts."));
+                *suffix = expert_names[i].suffix;
+                return 0;
+            }
+        return -1;
+    }
+    return -1;
+}
+
+/* Parse an HF tensor name into a kind and layer (-1 for globals), and the name of the
+ * tensor it comes from in the parent (layer ls->src, expert ls->exp[e]) into pname.
+ * 0, or -1 if unknown. */
+static int parse_name(const char *name, const prune_select *sel, tkind *kind, int *layer, char *pname, size_t cap)
 {
     *layer = -1;
+    snprintf(pname, cap, "%s", name);
     if (!strcmp(name, "model.embed_tokens.weight")) {
         *kind = T_EMB;
         return 0;
@@ -188,14 +254,51 @@ static int parse_name(const char *name, tkind *kind, int *layer, const char **su
     long l = strtol(name + sizeof pre - 1, &end, 10);
     if (end == name + sizeof pre - 1 || *end != '.' || l < 0 || l > 1 << 20)
         return -1;
+    if (l >= sel->n_layers)
+        return -1;
+    const prune_layer_sel *ls = &sel->layers[l];
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++)
         if (!strcmp(end + 1, layer_names[i].suffix)) {
             *kind = layer_names[i].kind;
             *layer = (int)l;
-            *suffix = layer_names[i].suffix;
+            snprintf(pname, cap, "model.layers.%d.%s", ls->src, layer_names[i].suffix);
             return 0;
         }
-    return -1;
+    int e, plen;
+    const char *suffix;
+    if (parse_expert(end + 1, kind, &e, &plen, &suffix) || e >= ls->nexp)
+        return -1;
+    *layer = (int)l;
+    snprintf(pname, cap, "model.layers.%d.%.*sexperts.%d.%s", ls->src, plen, end + 1, ls->exp[e], suffix);
+    return 0;
+}
+
+/* The gather of one tensor of kind k: its row and column maps and the parent tensor's shape. */
+static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const prune_layer_sel *ls,
+                        axis_map *rows, axis_map *cols, int64_t *src_rows, int64_t *src_cols)
+{
+    const arch_layer *pl = ls ? &pa->layers[ls->src] : NULL;
+    const int64_t C = pa->hidden_size, D = pa->head_dim;
+    const axis_map hid = {sel->hidden, 1}, none = {NULL, 1};
+    *rows = *cols = none;
+    *src_cols = 1;
+    switch (k) {
+    case T_EMB: case T_LMHEAD: *cols = hid; *src_rows = pa->vocab_size; *src_cols = C; break;
+    case T_FNORM: case T_ANORM: case T_MNORM: *rows = hid; *src_rows = C; break;
+    case T_Q: *rows = (axis_map){ls->q, (int)D}; *cols = hid; *src_rows = pl->n_heads * D; *src_cols = C; break;
+    case T_K: case T_V: *rows = (axis_map){ls->kv, (int)D}; *cols = hid; *src_rows = pl->n_kv_heads * D; *src_cols = C; break;
+    case T_QB: *rows = (axis_map){ls->q, (int)D}; *src_rows = pl->n_heads * D; break;
+    case T_KB: case T_VB: *rows = (axis_map){ls->kv, (int)D}; *src_rows = pl->n_kv_heads * D; break;
+    case T_O: *rows = hid; *cols = (axis_map){ls->q, (int)D}; *src_rows = C; *src_cols = pl->n_heads * D; break;
+    case T_GATE: case T_UP: *rows = (axis_map){ls->ffn, 1}; *cols = hid; *src_rows = pl->ffn_dim; *src_cols = C; break;
+    case T_DOWN: *rows = hid; *cols = (axis_map){ls->ffn, 1}; *src_rows = C; *src_cols = pl->ffn_dim; break;
+    case T_ROUTER: *rows = (axis_map){ls->exp, 1}; *cols = hid; *src_rows = pl->moe.n_experts; *src_cols = C; break;
+    case T_XG: case T_XU: *cols = hid; *src_rows = pl->moe.expert_ffn_dim; *src_cols = C; break;
+    case T_XD: *rows = hid; *src_rows = C; *src_cols = pl->moe.expert_ffn_dim; break;
+    case T_SG: case T_SU: *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;
+    case T_SD: *rows = hid; *src_rows = C; *src_cols = pl->moe.shared_ffn_dim; break;
+    case T_SGATE: *cols = hid; *src_rows = 1; *src_cols = C; break;
+    }
 }
 
 int prune_gather(const eng_model *parent, const arch *target, const prune_select *sel,
@@ -234,12 +337,15 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
                 snprintf(err, errlen, "layers[%d]: FFN unit %d out of range", l, ls->ffn[i]);
                 return -1;
             }
+        for (int i = 0; i < ls->nexp; i++)
+            if (ls->exp[i] < 0 || ls->exp[i] >= pl->moe.n_experts) {
+                snprintf(err, errlen, "layers[%d]: expert %d out of range", l, ls->exp[i]);
+                return -1;
+            }
     }
     if (eng_model_init(out, target, parent->be, err, errlen))
         return -1;
     eng_backend *be = parent->be;
-    const int D = pa->head_dim;
-    int64_t C = pa->hidden_size;
     float *src = NULL, *dst = NULL;
     int64_t src_cap = 0, dst_cap = 0;
     int nt = eng_model_tensor_count(out);
@@ -254,32 +360,14 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
         }
         tkind kind;
         int layer;
-        const char *suffix = NULL;
-        if (parse_name(name, &kind, &layer, &suffix)) {
+        char pname[160];
+        if (parse_name(name, sel, &kind, &layer, pname, sizeof pname)) {
             snprintf(err, errlen, "tensor %s: not known to pruning", name);
             goto fail;
         }
-        const prune_layer_sel *ls = layer >= 0 ? &sel->layers[layer] : NULL;
-        const arch_layer *pl = ls ? &pa->layers[ls->src] : NULL;
-        axis_map hid = {sel->hidden, 1}, none = {NULL, 1};
-        axis_map rows = none, cols = none;
+        axis_map rows, cols;
         int64_t src_rows = 0, src_cols = 1;
-        switch (kind) {
-        case T_EMB: case T_LMHEAD: rows = none; cols = hid; src_rows = pa->vocab_size; src_cols = C; break;
-        case T_FNORM: case T_ANORM: case T_MNORM: rows = hid; src_rows = C; break;
-        case T_Q: rows = (axis_map){ls->q, D}; cols = hid; src_rows = (int64_t)pl->n_heads * D; src_cols = C; break;
-        case T_K: case T_V: rows = (axis_map){ls->kv, D}; cols = hid; src_rows = (int64_t)pl->n_kv_heads * D; src_cols = C; break;
-        case T_QB: rows = (axis_map){ls->q, D}; src_rows = (int64_t)pl->n_heads * D; break;
-        case T_KB: case T_VB: rows = (axis_map){ls->kv, D}; src_rows = (int64_t)pl->n_kv_heads * D; break;
-        case T_O: rows = hid; cols = (axis_map){ls->q, D}; src_rows = C; src_cols = (int64_t)pl->n_heads * D; break;
-        case T_GATE: case T_UP: rows = (axis_map){ls->ffn, 1}; cols = hid; src_rows = pl->ffn_dim; src_cols = C; break;
-        case T_DOWN: rows = hid; cols = (axis_map){ls->ffn, 1}; src_rows = C; src_cols = pl->ffn_dim; break;
-        }
-        char pname[160];
-        if (layer >= 0)
-            snprintf(pname, sizeof pname, "model.layers.%d.%s", ls->src, suffix);
-        else
-            snprintf(pname, sizeof pname, "%s", name);
+        gather_axes(kind, pa, sel, layer >= 0 ? &sel->layers[layer] : NULL, &rows, &cols, &src_rows, &src_cols);
         int64_t src_n = src_rows * src_cols;
         if (src_n > src_cap) {
             free(src);

@@ -4,7 +4,8 @@
  * order) and pruning (keeping a prefix of the ranked units): a selection names, for the
  * hidden channels and for each target layer, which parent units land where. Pruning
  * assumes the parent is already permuted by compress/rank (keeping width w = keeping
- * the first w units); it never reranks. Llama family only.
+ * the first w units); it never reranks. Llama family and the MoE families (experts kept or
+ * dropped whole, with their router rows; expert widths are not pruned by this build).
  */
 #ifndef AC_COMPRESS_PRUNE_H
 #define AC_COMPRESS_PRUNE_H
@@ -20,8 +21,9 @@
  * ffn[i] a parent FFN unit, hidden[i] a parent hidden channel. */
 typedef struct {
     int src;                 /* parent layer */
-    int nq, nkv, nffn;
+    int nq, nkv, nffn, nexp;
     int *q, *kv, *ffn;       /* [nq], [nkv], [nffn]; NULL when 0 */
+    int *exp;                /* [nexp] parent experts (MoE layers); NULL when 0 */
 } prune_layer_sel;
 
 typedef struct {
@@ -37,14 +39,16 @@ void prune_select_free(prune_select *s);
  * bias, RoPE and norm settings; hidden and every layer's widths no wider than the source
  * layer's; KV heads no more than the parent's and query heads per KV head no more than
  * the parent's group; source layers in range and strictly increasing; attention / MLP
- * present in the parent where the target keeps them). Returns 0, or -1 with a message
+ * present in the parent where the target keeps them; an MoE layer keeps no more experts than
+ * its source, a top_k no larger than its source's, the same expert and shared widths and
+ * norm_topk). Returns 0, or -1 with a message
  * naming the offending field ("layers[2].ffn_dim: 900 is wider than parent layer 3's
  * 768") in err. */
 int prune_check(const arch *parent, const arch *target, char *err, size_t errlen);
 
 /* The prefix selection of `target` from a ranked parent: the first hidden channels, the
  * first kv groups of each layer and the first n_heads/n_kv_heads query heads within
- * each kept group, the first ffn units. Runs prune_check first. Returns 0 with *sel
+ * each kept group, the first ffn units, the first experts. Runs prune_check first. Returns 0 with *sel
  * filled (free with prune_select_free), or -1 with a reason in err. */
 int prune_select_prefix(const arch *parent, const arch *target, prune_select *sel,
                         char *err, size_t errlen);

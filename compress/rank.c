@@ -28,6 +28,9 @@ void rank_free(rank_result *r)
         free(L->head_perm);
         free(L->group_score);
         free(L->group_perm);
+        free(L->expert_score);
+        free(L->expert_perm);
+        free(L->expert_share);
     }
     free(r->layers);
     memset(r, 0, sizeof *r);
@@ -52,6 +55,15 @@ static int rank_alloc(rank_result *r, const arch *a)
         L->n_heads = al->n_heads;
         L->n_kv_heads = al->n_heads ? al->n_kv_heads : 0;
         L->ffn_dim = al->ffn_dim;
+        L->n_experts = al->moe.n_experts;
+        size_t ne = (size_t)(L->n_experts > 0 ? L->n_experts : 1);
+        L->expert_score = calloc(ne, sizeof(double));
+        L->expert_perm = calloc(ne, sizeof(int));
+        L->expert_share = calloc(ne, sizeof(double));
+        if (!L->expert_score || !L->expert_perm || !L->expert_share)
+            return -1;
+        for (int i = 0; i < L->n_experts; i++)
+            L->expert_perm[i] = i;
         size_t nf = (size_t)(L->ffn_dim > 0 ? L->ffn_dim : 1), nh = (size_t)(L->n_heads > 0 ? L->n_heads : 1),
                ng = (size_t)(L->n_kv_heads > 0 ? L->n_kv_heads : 1);
         L->ffn_score = calloc(nf, sizeof(double));
@@ -116,7 +128,8 @@ static int rank_sort(rank_result *r)
         return -1;
     for (int l = 0; l < r->n_layers; l++) {
         rank_layer *L = &r->layers[l];
-        if (sort_desc(L->ffn_score, NULL, L->ffn_dim, L->ffn_perm))
+        if (sort_desc(L->ffn_score, NULL, L->ffn_dim, L->ffn_perm) ||
+            sort_desc(L->expert_score, NULL, L->n_experts, L->expert_perm))
             return -1;
         if (L->n_heads == 0)
             continue;
@@ -271,6 +284,13 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             L->ffn_score[i] = st->ffn_abs[l][i] * inv;
         for (int i = 0; i < L->n_heads; i++)
             L->head_score[i] = st->head_norm[l][i] * inv;
+        double slots = 0;
+        for (int i = 0; i < L->n_experts; i++)
+            slots += st->expert_tokens[l][i];
+        for (int i = 0; i < L->n_experts; i++) {
+            L->expert_score[i] = st->expert_mass[l][i] * inv;
+            L->expert_share[i] = slots > 0 ? st->expert_tokens[l][i] / slots : 0;
+        }
     }
     if (n_layer_b) {
         if (!m->masks && eng_model_enable_masks(m)) {
@@ -286,7 +306,8 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             double loss;
             for (int which = 0; which < 3; which++) {
                 int attn = which != 1, mlp = which != 0;
-                if ((attn && !mlp && a->layers[l].n_heads == 0) || (mlp && !attn && a->layers[l].ffn_dim == 0)) {
+                if ((attn && !mlp && a->layers[l].n_heads == 0) ||
+                    (mlp && !attn && !arch_layer_has_mlp(&a->layers[l]))) {
                     done += n_layer_b;
                     continue;
                 }
@@ -350,7 +371,7 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
     for (int l = 0; l < a->n_layers; l++) {
         const rank_layer *L = &r->layers[l];
         const arch_layer *al = &a->layers[l];
-        if (L->ffn_dim != al->ffn_dim || L->n_heads != al->n_heads ||
+        if (L->ffn_dim != al->ffn_dim || L->n_heads != al->n_heads || L->n_experts != al->moe.n_experts ||
             (al->n_heads && L->n_kv_heads != al->n_kv_heads)) {
             snprintf(err, errlen, "ranking layer %d (heads %d/%d, ffn %d) does not match the model's (%d/%d, %d)",
                      l, L->n_heads, L->n_kv_heads, L->ffn_dim, al->n_heads, al->n_kv_heads, al->ffn_dim);
@@ -389,7 +410,9 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen)
         ls->q = dup_ints(L->head_perm, ls->nq);
         ls->kv = dup_ints(L->group_perm, ls->nkv);
         ls->ffn = dup_ints(L->ffn_perm, ls->nffn);
-        if (!ls->q || !ls->kv || !ls->ffn)
+        ls->nexp = L->n_experts;
+        ls->exp = dup_ints(L->expert_perm, ls->nexp);
+        if (!ls->q || !ls->kv || !ls->ffn || !ls->exp)
             goto oom;
     }
     eng_model tmp;
@@ -470,6 +493,13 @@ json_t *rank_to_json(const rank_result *r)
                               score_perm(L->head_score, L->head_perm, L->n_heads), "groups",
                               score_perm(L->group_score, L->group_perm, L->n_kv_heads), "skip", "attention",
                               L->skip_attn, "mlp", L->skip_mlp, "layer", L->skip_layer);
+        if (o && L->n_experts &&
+            json_object_set_new(o, "experts", json_pack("{s:i,s:o*,s:o*}", "n_experts", L->n_experts, "score_perm",
+                                                        score_perm(L->expert_score, L->expert_perm, L->n_experts),
+                                                        "share", dbl_array(L->expert_share, L->n_experts)))) {
+            json_decref(o);
+            o = NULL;
+        }
         if (!o || json_array_append_new(layers, o)) {
             json_decref(layers);
             return NULL;
@@ -542,6 +572,13 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
         a.layers[l].n_heads = (int)h;
         a.layers[l].n_kv_heads = (int)kv;
         a.layers[l].ffn_dim = (int)f;
+        json_int_t e = json_integer_value(json_object_get(json_object_get(o, "experts"), "n_experts"));
+        if (e < 0 || e > 4096) {
+            arch_free(&a);
+            snprintf(err, errlen, "ranking: layers[%d] has an invalid expert count", l);
+            return -1;
+        }
+        a.layers[l].moe.n_experts = (int)e;
     }
     int rc = rank_alloc(out, &a);
     arch_free(&a);
@@ -578,6 +615,15 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
                              L->group_perm[i / grp]);
                     goto fail;
                 }
+        }
+        if (L->n_experts) {
+            json_t *ex = json_object_get(o, "experts"), *sh = json_object_get(ex, "share");
+            snprintf(where, sizeof where, "layers[%d].experts", l);
+            if (read_score_perm(json_object_get(ex, "score_perm"), L->n_experts, L->expert_score, L->expert_perm,
+                                where, err, errlen))
+                goto fail;
+            for (int i = 0; i < L->n_experts; i++)
+                L->expert_share[i] = json_number_value(json_array_get(sh, (size_t)i));
         }
         json_t *sk = json_object_get(o, "skip");
         L->skip_attn = json_number_value(json_object_get(sk, "attention"));

@@ -2,7 +2,8 @@
  * permutation that makes every narrower choice a prefix (DESIGN.md §4).
  *
  * Scores: FFN unit = mean |silu(gate)*up|; query head = mean L2 norm of its attention
- * output, KV group = sum over its query heads; hidden channel = mean |x| of the
+ * output, KV group = sum over its query heads; expert (MoE layers) = its routed output
+ * mass, the L2 norm of its output summed over the tokens routed to it, per token; hidden channel = mean |x| of the
  * normalized layer inputs; layer = calibration loss increase when its attention, its MLP
  * or both are skipped (gates at 0). Permutations sort units by descending score (ties by
  * index); query heads are sorted inside their KV group, groups by group score.
@@ -26,6 +27,10 @@ typedef struct {
     int *head_perm;                     /* [n_heads]: group-consistent (see rank_apply) */
     double *group_score;                /* [n_kv_heads] */
     int *group_perm;                    /* [n_kv_heads] */
+    int n_experts;                      /* MoE layers: the parent layer's experts */
+    double *expert_score;               /* [n_experts] */
+    int *expert_perm;                   /* [n_experts] */
+    double *expert_share;               /* [n_experts]: share of routed token slots */
     double skip_attn, skip_mlp, skip_layer;  /* loss increase (nats/token) when skipped */
 } rank_layer;
 
@@ -73,7 +78,8 @@ void rank_free(rank_result *r);
 int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errlen);
 
 /* Reorder m's weights in place by r's permutations (hidden channels across every
- * tensor, KV groups with their query heads, query heads within groups, FFN units).
+ * tensor, KV groups with their query heads, query heads within groups, FFN units,
+ * experts with their router rows).
  * The model computes the same function afterwards (up to float summation order).
  * Masks, when enabled, are not reordered: they must be all 1.0 (as rank_compute leaves
  * them). Apply a ranking once: a second rank_apply permutes again. Returns 0, or -1 with

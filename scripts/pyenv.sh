@@ -16,7 +16,19 @@ torch.from_numpy(numpy.zeros(1)).numpy()" 2>/dev/null; then
     "$_venv/bin/pip" install -q "numpy<2" tokenizers safetensors gguf jsonschema "moto[server]" >&2 || return 1
 fi
 AC_PYTHON=$_venv/bin/python
-export AC_PYTHON AC_CACHE
+# transformers 4.40.2, the reference for the HF families (Llama, Mixtral, Qwen2-MoE), needs
+# tokenizers 0.19, older than the one above: a second environment on the same system torch.
+_tfvenv=$AC_CACHE/tfvenv
+if [ ! -x "$_tfvenv/bin/python" ]; then
+    /usr/bin/python3 -m venv --system-site-packages "$_tfvenv" || return 1
+fi
+if ! "$_tfvenv/bin/python" -c "import transformers, numpy, torch
+assert transformers.__version__ == '4.40.2'
+torch.from_numpy(numpy.zeros(1)).numpy()" 2>/dev/null; then
+    "$_tfvenv/bin/pip" install -q "numpy<2" transformers==4.40.2 >&2 || return 1
+fi
+AC_TF_PYTHON=$_tfvenv/bin/python
+export AC_PYTHON AC_TF_PYTHON AC_CACHE
 # The slow test tier and the benchmarks compare against llama.cpp, built from source by
 # PyPI's llama-cpp-python at the version ac-llama links (scripts/llamacpp.sh: several
 # minutes on 2 cores, once).

@@ -26,8 +26,13 @@ static int first_attention_heads(const arch *a)
 
 int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t cap, char *err, size_t errlen)
 {
+    if (!strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe")) {
+        /* the family's own class; block_configs carry layers that differ (storage/hfconfig_moe.c) */
+        snprintf(cls, cap, "%s", !strcmp(a->family, "mixtral") ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM");
+        return 0;
+    }
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "HF export: family '%s' is not supported (llama only)", a->family);
+        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe)", a->family);
         return -1;
     }
     if (a->n_layers > 0 && arch_is_uniform(a)) {

@@ -184,6 +184,11 @@ static json_t *load_json_file(const char *path)
 static int hf_choose_class(const arch *a, const char *asked, const json_t *pconf, char *cls, size_t cap,
                            char *err, size_t errlen)
 {
+    if (asked && strcmp(a->family, "llama")) {
+        snprintf(err, errlen, "HF export: a %s model is written in its own family's class; the class \"%s\" "
+                 "does not hold experts", a->family, asked);
+        return -1;
+    }
     if (asked && !strcmp(asked, "llama") && !arch_is_uniform(a)) {
         snprintf(err, errlen, "HF export: LlamaForCausalLM holds uniform layers only and this arch differs "
                  "per layer or removes parts; export it as \"deci\" or \"gguf\"");

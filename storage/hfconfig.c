@@ -1,8 +1,8 @@
 /* storage/hfconfig.c — config.json reader and writer for the Llama-style families, and
- * the reader of DeciLM's block_configs. Defaults follow transformers'
- * LlamaConfig/MistralConfig/Qwen2Config where a field is absent; fields that change the
- * math but that the engine lacks (sliding windows that bind, MoE keys, DeciLM linear
- * replacements) are refused rather than ignored.
+ * the reader of DeciLM's block_configs (the MoE families: storage/hfconfig_moe.c).
+ * Defaults follow transformers' LlamaConfig/MistralConfig/Qwen2Config where a field is
+ * absent; fields that change the math but that the engine lacks (sliding windows that
+ * bind, DeciLM's MoE and linear replacements) are refused rather than ignored.
  */
 #include "storage/hfconfig.h"
 
@@ -132,15 +132,18 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     }
     const char *an = hfconfig_class(cfg);
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
-    int qwen2 = 0, deci = 0;
-    if (an) {
+    int qwen2 = 0, deci = 0, moe = hfconfig_moe_family(an, mt);
+    if (moe) {
+        qwen2 = moe == 2;   /* Qwen2-MoE's attention is Qwen2's: q/k/v bias */
+    } else if (an) {
         if (!strcmp(an, "Qwen2ForCausalLM"))
             qwen2 = 1;
         else if (!strcmp(an, "DeciLMForCausalLM"))
             deci = 1;
         else if (strcmp(an, "LlamaForCausalLM") && strcmp(an, "MistralForCausalLM")) {
             snprintf(err, errlen, "config.json: architectures: \"%s\" is not supported "
-                                  "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, DeciLMForCausalLM)", an);
+                                  "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, DeciLMForCausalLM, "
+                                  "MixtralForCausalLM, Qwen2MoeForCausalLM)", an);
             return -1;
         }
     } else if (mt) {
@@ -150,7 +153,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
             deci = 1;
         else if (strcmp(mt, "llama") && strcmp(mt, "mistral")) {
             snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2, "
-                                  "nemotron-nas)", mt);
+                                  "nemotron-nas, mixtral, qwen2_moe)", mt);
             return -1;
         }
     } else {
@@ -163,7 +166,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         BAD("vocab_size: missing or out of range");
     if (get_int(cfg, "hidden_size", -1, &C) || C <= 0 || C > 65536)
         BAD("hidden_size: missing or out of range");
-    if (!deci && (get_int(cfg, "intermediate_size", -1, &F) || F <= 0 || F > (1 << 20)))
+    if (!deci && !moe && (get_int(cfg, "intermediate_size", -1, &F) || F <= 0 || F > (1 << 20)))
         BAD("intermediate_size: missing or out of range");
     if (get_int(cfg, "num_hidden_layers", -1, &L) || L < 0 || L > 1024)
         BAD("num_hidden_layers: missing or out of range");
@@ -193,7 +196,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     if (use_sw && swv > 0 && swv < P)
         BAD("sliding_window: %lld is shorter than max_position_embeddings; sliding-window attention is not supported",
             (long long)swv);
-    json_t *bc = json_object_get(cfg, "block_configs");
+    json_t *bc = moe ? NULL : json_object_get(cfg, "block_configs");
     if (deci && (!json_is_array(bc) || (int64_t)json_array_size(bc) != L))
         BAD("block_configs: must list num_hidden_layers=%lld blocks", (long long)L);
     json_t *src = json_object_get(cfg, "autocompress_source_layers");
@@ -225,6 +228,8 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
             goto fail;
         }
     }
+    if (moe && hfconfig_moe_layers(cfg, moe, a, H, KV, err, errlen))
+        goto fail;
     json_t *rs = json_object_get(cfg, "rope_scaling");
     if (rs && !json_is_null(rs)) {
         const char *ty = json_string_value(json_object_get(rs, "rope_type"));
@@ -290,6 +295,8 @@ json_t *hfconfig_rope_scaling(const arch *a)
 
 json_t *hfconfig_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
 {
+    if (strcmp(a->family, "llama"))
+        return hfconfig_moe_from_arch(a, torch_dtype, err, errlen);
     if (a->n_layers == 0 || !arch_is_uniform(a)) {
         snprintf(err, errlen, "config.json holds uniform layers only; this arch differs per layer or removes parts "
                               "(export it as DeciLM or GGUF)");

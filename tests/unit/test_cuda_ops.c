@@ -344,6 +344,36 @@ static void test_embedding(void **state)
     GPU->free(GPU, tg, (size_t)N * 4);
 }
 
+/* The MoE row ops: gather with and without weights, scatter-add into distinct rows, row dots. */
+static void test_rows(void **state)
+{
+    (void)state;
+    int R = 150, C = 300, n = 97;
+    int idx[97];
+    for (int i = 0; i < n; i++)
+        idx[i] = (i * 37 + 5) % R;   /* distinct: 37 is prime to 150 */
+    int *ic = ints_on(CPU, idx, n), *ig = ints_on(GPU, idx, n);
+    pair x = pair_rand((size_t)R * C, -1, 1), w = pair_rand((size_t)n, 0, 1), out = pair_rand((size_t)n * C, -1, 1);
+    CPU->gather_rows(CPU, out.c, x.c, ic, NULL, n, C);
+    GPU->gather_rows(GPU, out.g, x.g, ig, NULL, n, C);
+    check_pair("gather_rows", &out, 0.0);
+    CPU->gather_rows(CPU, out.c, x.c, ic, w.c, n, C);
+    GPU->gather_rows(GPU, out.g, x.g, ig, w.g, n, C);
+    check_pair("gather_rows_w", &out, TOL32);
+    CPU->scatter_rows_acc(CPU, x.c, out.c, ic, w.c, n, C);
+    GPU->scatter_rows_acc(GPU, x.g, out.g, ig, w.g, n, C);
+    check_pair("scatter_rows_acc", &x, TOL32);
+    pair d = pair_rand((size_t)n, -1, 1);
+    CPU->rows_dot(CPU, d.c, out.c, x.c, n, C);
+    GPU->rows_dot(GPU, d.g, out.g, x.g, n, C);
+    check_pair("rows_dot", &d, TOL32);
+    pair *all[] = {&x, &w, &out, &d};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(all[i]);
+    CPU->free(CPU, ic, (size_t)n * 4);
+    GPU->free(GPU, ig, (size_t)n * 4);
+}
+
 /* ---- attention --------------------------------------------------------------------- */
 
 /* One forward + backward case. pos0/lens per row on the host; S the KV length. */
@@ -609,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rows),
         cmocka_unit_test(test_attention_prefill),
         cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_losses),

@@ -15,8 +15,9 @@
 
 #include "engine/model.h"
 
-/* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention. */
-static void tiny_arch(arch *a, int tied, int bias)
+/* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention; with moe,
+ * a Qwen2-MoE whose layers 0 and 2 are mixtures of experts (one with a shared expert). */
+static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
 {
     assert_int_equal(arch_init(a, 4), 0);
     snprintf(a->family, sizeof a->family, "llama");
@@ -35,6 +36,17 @@ static void tiny_arch(arch *a, int tied, int bias)
         a->layers[l].n_kv_heads = cfg[l][1];
         a->layers[l].ffn_dim = cfg[l][2];
     }
+    if (moe) {
+        snprintf(a->family, sizeof a->family, "qwen2_moe");
+        a->layers[0].ffn_dim = a->layers[2].ffn_dim = 0;
+        a->layers[0].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6, .shared_ffn_dim = 5};
+        a->layers[2].moe = (arch_moe){.n_experts = 3, .top_k = 1, .expert_ffn_dim = 7, .norm_topk = 1};
+    }
+}
+
+static void tiny_arch(arch *a, int tied, int bias)
+{
+    tiny_arch_moe(a, tied, bias, 0);
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
@@ -48,11 +60,10 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     return d;
 }
 
-static void test_kv_decode_matches_full(void **state)
+static void kv_decode_matches_full(int moe)
 {
-    (void)state;
     arch a;
-    tiny_arch(&a, 0, 1);
+    tiny_arch_moe(&a, 0, 1, moe);
     eng_backend *be = eng_backend_cpu_new(2);
     eng_model m;
     char err[256];
@@ -114,6 +125,19 @@ static void test_kv_decode_matches_full(void **state)
     free(last);
 }
 
+static void test_kv_decode_matches_full(void **state)
+{
+    (void)state;
+    kv_decode_matches_full(0);
+}
+
+/* The experts run per token: prefill, chunks and single-token decode route alike. */
+static void test_kv_decode_matches_full_moe(void **state)
+{
+    (void)state;
+    kv_decode_matches_full(1);
+}
+
 static void test_padding_isolated(void **state)
 {
     (void)state;
@@ -165,11 +189,10 @@ static void test_padding_isolated(void **state)
     free(l1);
 }
 
-static void test_workspace_prediction_and_accounting(void **state)
+static void workspace_prediction_and_accounting(int moe)
 {
-    (void)state;
     arch a;
-    tiny_arch(&a, 0, 0);
+    tiny_arch_moe(&a, 0, 0, moe);
     eng_backend *be = eng_backend_cpu_new(2);
     eng_model m;
     char err[256];
@@ -227,6 +250,19 @@ static void test_workspace_prediction_and_accounting(void **state)
     eng_backend_free(be);
     arch_free(&a);
     free(logits);
+}
+
+static void test_workspace_prediction_and_accounting(void **state)
+{
+    (void)state;
+    workspace_prediction_and_accounting(0);
+}
+
+/* The experts' scratch (forward, and the backward's larger one) is in the prediction. */
+static void test_workspace_prediction_moe(void **state)
+{
+    (void)state;
+    workspace_prediction_and_accounting(1);
 }
 
 static void test_tensors_and_errors(void **state)
@@ -341,6 +377,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_decode_matches_full),
+        cmocka_unit_test(test_kv_decode_matches_full_moe),
+        cmocka_unit_test(test_workspace_prediction_moe),
         cmocka_unit_test(test_padding_isolated),
         cmocka_unit_test(test_workspace_prediction_and_accounting),
         cmocka_unit_test(test_tensors_and_errors),
