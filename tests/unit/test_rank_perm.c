@@ -3,6 +3,9 @@
  * score and keep query heads inside their KV group; the JSON artifact round-trips and
  * reapplies to the same weights; a prefix prune after ranking keeps the top-scored
  * units; the layer-skip score equals the loss change of actually removing the layer.
+ * MoE (Qwen2-MoE): experts rank by routed output mass and move with their router rows;
+ * pruning to the parent's own arch is the identity; expert pruning keeps the top experts;
+ * what cannot be cut from the parent is refused with its field named.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -274,6 +277,109 @@ static void test_keep_kv(void **state)
     assert_non_null(strstr(err, "calibration"));
 }
 
+/* Qwen2-MoE parent: MoE, dense, MoE (one with a shared expert). */
+static void moe_arch(arch *a)
+{
+    parent_arch(a);
+    snprintf(a->family, sizeof a->family, "qwen2_moe");
+    a->attention_bias = 1;
+    a->layers[0].ffn_dim = a->layers[2].ffn_dim = 0;
+    a->layers[0].moe = (arch_moe){.n_experts = 6, .top_k = 2, .expert_ffn_dim = 8, .shared_ffn_dim = 10};
+    a->layers[2].moe = (arch_moe){.n_experts = 5, .top_k = 2, .expert_ffn_dim = 6, .norm_topk = 1};
+}
+
+static void test_moe_experts(void **state)
+{
+    (void)state;
+    char err[256];
+    eng_backend *be = eng_backend_cpu_new(1);
+    arch a;
+    moe_arch(&a);
+    eng_model p, q, s;
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 11, 0.3f);
+    td_stream calib = calib_stream(600);
+    rank_opts o = {.tokens = 4 * B * T, .layer_tokens = B * T, .B = B, .T = T};
+    rank_result r;
+    assert_int_equal(rank_compute(&p, &calib, &o, &r, err, sizeof err), 0);
+    for (int l = 0; l < NL; l += 2) {
+        rank_layer *L = &r.layers[l];
+        assert_int_equal(L->n_experts, a.layers[l].moe.n_experts);
+        double share = 0;
+        for (int i = 0; i < L->n_experts; i++) {
+            share += L->expert_share[i];
+            if (i)
+                assert_true(L->expert_score[L->expert_perm[i - 1]] >= L->expert_score[L->expert_perm[i]]);
+        }
+        assert_true(fabs(share - 1) < 1e-9);   /* every token fills top_k slots */
+        assert_true(L->expert_score[L->expert_perm[0]] > 0);
+    }
+    int tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = calib.ids[50 + i];
+    float *l0 = malloc(sizeof(float) * B * T * V), *l1 = malloc(sizeof(float) * B * T * V);
+    logits_of(&p, tok, l0);
+    /* pruning to the parent's own arch is the identity */
+    assert_int_equal(prune_to_arch(&p, &a, &q, err, sizeof err), 0);
+    logits_of(&q, tok, l1);
+    assert_memory_equal(l0, l1, sizeof(float) * B * T * V);
+    /* the ranked copy computes the same function; the router's first row is the top expert's */
+    assert_int_equal(rank_apply(&q, &r, err, sizeof err), 0);
+    logits_of(&q, tok, l1);
+    double e = rel_err(l1, l0, (size_t)B * T * V);
+    printf("MoE permuted parent vs parent: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5);
+    float r0[6 * C], r1[6 * C];
+    assert_int_equal(eng_model_get_tensor(&p, "model.layers.0.mlp.gate.weight", r0, 6 * C), 6 * C);
+    assert_int_equal(eng_model_get_tensor(&q, "model.layers.0.mlp.gate.weight", r1, 6 * C), 6 * C);
+    for (int i = 0; i < 6; i++)
+        assert_true(r1[i * C] == r0[r.layers[0].expert_perm[i] * C + r.hidden_perm[0]]);
+    /* keep the top 3 experts of layer 0, top-1 routing in layer 2 of 2 experts */
+    arch t;
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[0].moe.n_experts = 3;
+    t.layers[2].moe.n_experts = 2;
+    t.layers[2].moe.top_k = 1;
+    assert_int_equal(prune_to_arch(&q, &t, &s, err, sizeof err), 0);
+    float x0[8 * C], x1[8 * C];
+    int top = r.layers[0].expert_perm[1];
+    char name[96];
+    snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", top);
+    assert_int_equal(eng_model_get_tensor(&p, name, x0, 8 * C), 8 * C);
+    assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.experts.1.up_proj.weight", x1, 8 * C), 8 * C);
+    assert_true(x1[0] == x0[r.hidden_perm[0]]);
+    assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.experts.3.up_proj.weight", x1, 8 * C), -1);
+    eng_model_free(&s);
+    /* the ranking's JSON keeps the experts */
+    json_t *j = rank_to_json(&r);
+    rank_result r2;
+    assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
+    json_decref(j);
+    assert_memory_equal(r2.layers[2].expert_perm, r.layers[2].expert_perm, 5 * sizeof(int));
+    rank_free(&r2);
+    /* refused: more experts, a larger top-k, other expert widths */
+    t.layers[2].moe.n_experts = 6;
+    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layers[2].moe.n_experts"));
+    t.layers[2].moe.n_experts = 5;
+    t.layers[0].moe.top_k = 3;
+    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "top_k"));
+    t.layers[0].moe.top_k = 2;
+    t.layers[0].moe.expert_ffn_dim = 4;
+    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "expert widths"));
+    arch_free(&t);
+    rank_free(&r);
+    free(l0);
+    free(l1);
+    eng_model_free(&q);
+    eng_model_free(&p);
+    td_stream_free(&calib);
+    arch_free(&a);
+    eng_backend_free(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_json_roundtrip),
         cmocka_unit_test(test_layer_skip_matches_removal),
         cmocka_unit_test(test_keep_kv),
+        cmocka_unit_test(test_moe_experts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
