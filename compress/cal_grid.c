@@ -50,22 +50,58 @@ int cal_grid_attention(const arch *parent, int *heads, int *kv, int max)
     return n;
 }
 
+/* The parent's first MoE layer (NULL: none) and its most experts. */
+static const arch_moe *moe_shape(const arch *p, int *most)
+{
+    const arch_moe *first = NULL;
+    *most = 0;
+    for (int i = 0; i < p->n_layers; i++) {
+        const arch_moe *e = &p->layers[i].moe;
+        if (e->n_experts && !first)
+            first = e;
+        *most = e->n_experts > *most ? e->n_experts : *most;
+    }
+    return first;
+}
+
+void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
+{
+    int most;
+    const arch_moe *e = moe_shape(parent, &most);
+    l->ffn_dim = code > 0 ? code : 0;
+    memset(&l->moe, 0, sizeof l->moe);
+    if (code < 0 && e) {
+        l->moe = *e;
+        l->moe.n_experts = -code;
+        l->moe.top_k = e->top_k < -code ? e->top_k : -code;
+    }
+}
+
 int cal_grid_mlp(const arch *parent, int *ffn, int max)
 {
-    int H, KV, F, n = 0;
+    int H, KV, F, n = 0, most;
     parent_dims(parent, &H, &KV, &F);
-    if (!F)
-        return 0;
-    int low = (F / 32) / 8 * 8;
-    if (low < 8)
-        low = F < 8 ? F : 8;
-    if (n < max)
-        ffn[n++] = low;
-    for (int k = 1; k <= 8 && n < max; k++) {
-        int f = k == 8 ? F : (F * k / 8) / 8 * 8;
-        if (f > ffn[n - 1])
-            ffn[n++] = f;
+    if (F) {
+        int low = (F / 32) / 8 * 8;
+        if (low < 8)
+            low = F < 8 ? F : 8;
+        if (n < max)
+            ffn[n++] = low;
+        for (int k = 1; k <= 8 && n < max; k++) {
+            int f = k == 8 ? F : (F * k / 8) / 8 * 8;
+            if (f > ffn[n - 1])
+                ffn[n++] = f;
+        }
     }
+    if (moe_shape(parent, &most))
+        for (int k = 1, last = 0; k <= 16 && n < max; k++) {
+            int c = most <= 16 ? k : (most * k + 15) / 16;   /* every count, or sixteenths rounded up */
+            if (c > most)
+                break;
+            if (c > last)
+                ffn[n++] = -c;
+            last = c;
+        }
     return n;
 }
 
@@ -137,7 +173,10 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
                 l->n_kv_heads = g;
             }
         }
-        if (F && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
+        const arch_moe *pe = &parent->layers[i].moe;
+        if (pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
+            cal_mlp_apply(parent, -(1 + (int)(eng_xorshift64(rng) % (uint64_t)pe->n_experts)), l);
+        } else if (F && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)
                 lo = 1;
@@ -147,7 +186,7 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
             if (l->ffn_dim > F)
                 l->ffn_dim = F;
         }
-        if (!l->n_heads && !l->ffn_dim)
+        if (!l->n_heads && !arch_layer_has_mlp(l))
             continue;
         n++;
     }

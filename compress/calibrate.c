@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "storage/archjson.h"
 #include "compress/calibrate_internal.h"
+#include "compress/costmodel_internal.h"
 #include "compress/llamacpp.h"
 #include "engine/clock.h"
 
@@ -49,14 +50,34 @@ double cali_dvec_median(dvec *d, double *mad)
 }
 
 
+/* The entry key of a part: attention (nh, nkv) or the MLP grid code ffn (cal_mlp_apply). */
+static cm_entry entry_key(cal_state *cs, int part, int hidden, int nh, int nkv, int ffn)
+{
+    cm_entry k;
+    memset(&k, 0, sizeof k);
+    k.part = part;
+    k.hidden_size = hidden;
+    k.n_heads = nh;
+    k.n_kv_heads = nkv;
+    if (part == CM_MLP) {
+        arch_layer l;
+        memset(&l, 0, sizeof l);
+        cal_mlp_apply(cs->parent, ffn, &l);
+        k.ffn_dim = l.ffn_dim;
+        k.n_experts = l.moe.n_experts;
+        k.top_k = l.moe.top_k;
+        k.expert_ffn_dim = l.moe.expert_ffn_dim;
+        k.shared_ffn_dim = l.moe.shared_ffn_dim;
+    }
+    return k;
+}
+
 static int find_entry(cal_state *cs, int part, int hidden, int nh, int nkv, int ffn)
 {
-    for (int i = 0; i < cs->n_e; i++) {
-        const cm_entry *k = &cs->e[i].key;
-        if (k->part == part && k->hidden_size == hidden && k->n_heads == nh && k->n_kv_heads == nkv &&
-            k->ffn_dim == ffn)
+    cm_entry want = entry_key(cs, part, hidden, nh, nkv, ffn);
+    for (int i = 0; i < cs->n_e; i++)
+        if (cm_same_key(&cs->e[i].key, &want))
             return i;
-    }
     return -1;
 }
 
@@ -69,11 +90,7 @@ static int add_entry(cal_state *cs, int part, int hidden, int nh, int nkv, int f
         return -1;
     acc_entry *e = &cs->e[cs->n_e];
     memset(e, 0, sizeof *e);
-    e->key.part = part;
-    e->key.hidden_size = hidden;
-    e->key.n_heads = nh;
-    e->key.n_kv_heads = nkv;
-    e->key.ffn_dim = ffn;
+    e->key = entry_key(cs, part, hidden, nh, nkv, ffn);
     e->ws = -1;
     return cs->n_e++;
 }
@@ -265,9 +282,9 @@ static int layout_model(cal_state *cs, cal_model *cm, const arch *parent, int hi
         l->source_layer = i;
         l->n_heads = ai < nA ? ah[ai] : 0;
         l->n_kv_heads = ai < nA ? akv[ai] : 0;
-        l->ffn_dim = fi < nF ? fw[fi] : 0;
+        cal_mlp_apply(parent, fi < nF ? fw[fi] : 0, l);
         cm->attn_entry[i] = add_entry(cs, CM_ATTN, hidden, l->n_heads, l->n_kv_heads, 0);
-        cm->mlp_entry[i] = add_entry(cs, CM_MLP, hidden, 0, 0, l->ffn_dim);
+        cm->mlp_entry[i] = add_entry(cs, CM_MLP, hidden, 0, 0, fi < nF ? fw[fi] : 0);
         if (cm->attn_entry[i] < 0 || cm->mlp_entry[i] < 0) {
             snprintf(err, errlen, "too many timing-table entries (max %d)", MAX_ENTRIES);
             return -1;
@@ -291,7 +308,7 @@ static int64_t probe_workspace(cal_state *cs, const arch *parent, int hidden, in
     memset(&l, 0, sizeof l);
     l.n_heads = part == CM_ATTN || part == 2 ? nh : 0;
     l.n_kv_heads = part == CM_ATTN || part == 2 ? nkv : 0;
-    l.ffn_dim = part == CM_MLP || part == 2 ? ffn : 0;
+    cal_mlp_apply(parent, part == CM_MLP || part == 2 ? ffn : 0, &l);
     a.hidden_size = hidden;
     a.n_layers = part < 0 ? 0 : 1;
     a.layers = part < 0 ? NULL : &l;
@@ -554,6 +571,7 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
         return -1;
     }
     cs->t = r->t;
+    cs->parent = r->parent;
     cs->o = o;
     cs->rng = o->seed * 0x9E3779B97F4A7C15ULL + 1;
     cs->n_bins = r->t->output_tokens < MAX_BINS ? r->t->output_tokens : MAX_BINS;

@@ -53,11 +53,18 @@ eng_backend *cal_backend_new(const char *device, const char *precision, int thre
 /* The candidate grids derived from the parent (what the tables cover):
  *   attention: (g*group, g) for KV groups g = 1..KV, and (k*KV, KV) for k = 1..group,
  *              where KV and group are the parent's (largest) KV heads and group size;
- *   mlp: widths k*F/8 (k = 1..8, multiples of 8) plus the low end F/32;
+ *   mlp: widths k*F/8 (k = 1..8, multiples of 8) plus the low end F/32; for a parent with
+ *        MoE layers then the codes -n for n experts (n = 1.., up to the most experts, at
+ *        most 16 points), see cal_mlp_apply;
  *   removed parts (size 0) for both.
  * Writes at most max entries into heads/kv (attention) or ffn; returns the count. */
 int cal_grid_attention(const arch *parent, int *heads, int *kv, int max);
 int cal_grid_mlp(const arch *parent, int *ffn, int max);
+
+/* An MLP grid code into layer l's MLP fields: code > 0 a dense FFN of that width; code < 0
+ * an MoE of -code experts shaped as parent's first MoE layer (widths, norm_topk; top_k
+ * capped at the expert count); 0 none. */
+void cal_mlp_apply(const arch *parent, int code, arch_layer *l);
 
 /* Calibrate `parent`'s family and shape on target t using backend device t->device.
  * Returns a NEW reference to the calibration object of DESIGN.md §10 (id, status

@@ -52,6 +52,7 @@ typedef struct {
 typedef struct {
     const cm_target *t;
     const cal_opts *o;
+    const arch *parent;           /* the MLP grid codes' MoE shape (cal_mlp_apply) */
     eng_backend *be;
     acc_entry e[MAX_ENTRIES];
     int n_e;

@@ -161,6 +161,10 @@ static json_t *entry_key_json(const cm_entry *e)
         rc |= set_new(o, "n_kv_heads", json_integer(e->n_kv_heads));
     } else {
         rc |= set_new(o, "ffn_dim", json_integer(e->ffn_dim));
+        if (e->n_experts)
+            rc |= set_new(o, "moe", json_pack("{s:i,s:i,s:i,s:i}", "n_experts", e->n_experts, "top_k", e->top_k,
+                                              "expert_ffn_dim", e->expert_ffn_dim, "shared_ffn_dim",
+                                              e->shared_ffn_dim));
     }
     if (rc) {
         json_decref(o);
@@ -296,7 +300,8 @@ int cm_same_key(const cm_entry *a, const cm_entry *b)
     if (a->part != b->part || a->hidden_size != b->hidden_size)
         return 0;
     return a->part == CM_ATTN ? a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads
-                              : a->ffn_dim == b->ffn_dim;
+                              : a->ffn_dim == b->ffn_dim && a->n_experts == b->n_experts && a->top_k == b->top_k &&
+                                    a->expert_ffn_dim == b->expert_ffn_dim && a->shared_ffn_dim == b->shared_ffn_dim;
 }
 
 static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, size_t errlen)
@@ -329,6 +334,22 @@ static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, si
             FAIL("%s: n_heads/n_kv_heads not allowed on an mlp entry", at);
         if (cmj_i32(x, at, "ffn_dim", 0, 1 << 24, 1, &e->ffn_dim, err, errlen))
             return -1;
+        json_t *moe = json_object_get(x, "moe");
+        if (moe) {
+            static const char *const mk[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", NULL};
+            char mat[160];
+            snprintf(mat, sizeof mat, "%s/moe", at);
+            if (!json_is_object(moe))
+                FAIL("%s: must be an object", mat);
+            if (cmj_check_keys(moe, mat, mk, err, errlen) ||
+                cmj_i32(moe, mat, "n_experts", 1, 4096, 1, &e->n_experts, err, errlen) ||
+                cmj_i32(moe, mat, "top_k", 1, e->n_experts, 1, &e->top_k, err, errlen) ||
+                cmj_i32(moe, mat, "expert_ffn_dim", 1, 1 << 24, 1, &e->expert_ffn_dim, err, errlen) ||
+                cmj_i32(moe, mat, "shared_ffn_dim", 0, 1 << 24, 1, &e->shared_ffn_dim, err, errlen))
+                return -1;
+            if (e->ffn_dim)
+                FAIL("%s/ffn_dim: must be 0 on an MoE entry", at);
+        }
     }
     return 0;
 }
@@ -384,7 +405,7 @@ static int prefill_fields(json_t *x, const char *at, cm_entry *e, const cm_table
 
 static int parse_prefill(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "ms",
+    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "moe", "ms",
                                        "mad_ms", "workspace_bytes", "samples", NULL};
     return parse_entries(arr, ptr, "prefill", keys, prefill_fields, t, &t->prefill, &t->n_prefill, err, errlen);
 }
@@ -461,7 +482,7 @@ static int decode_fields(json_t *x, const char *at, cm_entry *e, const cm_tables
 
 static int parse_decode(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "contexts",
+    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "moe", "contexts",
                                        "ms", "mad_ms", "ms_at_context_0", "ms_per_context", "samples", NULL};
     if (parse_entries(arr, ptr, "decode", keys, decode_fields, t, &t->decode, &t->n_decode, err, errlen))
         return -1;

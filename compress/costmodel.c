@@ -325,12 +325,13 @@ static const cm_entry *find_decode(const cm_tables *t, const cm_entry *pre)
 #define MAX_GRID 256
 
 /* Grid points of one part at one hidden size along one axis, sorted by x:
- *   mlp: x = ffn_dim (nonzero entries);
+ *   mlp: x = ffn_dim (nonzero dense entries); with moe, x = n_experts over the MoE entries
+ *        of moe's top_k and widths;
  *   attention axis 0: entries with n_kv_heads == nkv, x = n_heads;
  *   attention axis 1: entries with the same group size n_heads/n_kv_heads, x = n_kv_heads.
  * ys[j] are the entry values (prefill ms, decode ms over the workload, workspace). */
-static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, int nkv, double *xs,
-                   double ys[3][MAX_GRID])
+static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, int nkv, const arch_moe *moe,
+                   double *xs, double ys[3][MAX_GRID])
 {
     int n = 0;
     for (int i = 0; i < t->n_prefill && n < MAX_GRID; i++) {
@@ -338,7 +339,12 @@ static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, i
         if (e->part != part || e->hidden_size != hidden)
             continue;
         double x;
-        if (part == CM_MLP) {
+        if (part == CM_MLP && moe) {
+            if (!e->n_experts || e->top_k != moe->top_k || e->expert_ffn_dim != moe->expert_ffn_dim ||
+                e->shared_ffn_dim != moe->shared_ffn_dim)
+                continue;
+            x = e->n_experts;
+        } else if (part == CM_MLP) {
             if (e->ffn_dim == 0)
                 continue;
             x = e->ffn_dim;
@@ -370,15 +376,16 @@ static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, i
 }
 
 /* Part cost at an exact calibrated hidden size. 0, or -1 outside the grid. */
-static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, double out[3])
+static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
+                          double out[3])
 {
     double xs[MAX_GRID], ys[3][MAX_GRID];
-    if ((part == CM_ATTN && nh == 0) || (part == CM_MLP && ffn == 0)) {
+    if ((part == CM_ATTN && nh == 0) || (part == CM_MLP && ffn == 0 && !moe)) {
         /* Removed: an explicit size-0 entry if calibrated, else nothing runs. */
         for (int i = 0; i < t->n_prefill; i++) {
             const cm_entry *e = &t->prefill[i];
             if (e->part == part && e->hidden_size == hidden &&
-                (part == CM_ATTN ? e->n_heads == 0 : e->ffn_dim == 0)) {
+                (part == CM_ATTN ? e->n_heads == 0 : e->ffn_dim == 0 && e->n_experts == 0)) {
                 entry_values(t, e, find_decode(t, e), out);
                 return 0;
             }
@@ -387,8 +394,8 @@ static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int 
         return 0;
     }
     for (int axis = 0; axis < (part == CM_ATTN ? 2 : 1); axis++) {
-        int n = collect(t, part, hidden, axis, nh, nkv, xs, ys);
-        double x = part == CM_MLP ? ffn : axis == 0 ? nh : nkv;
+        int n = collect(t, part, hidden, axis, nh, nkv, moe, xs, ys);
+        double x = part == CM_MLP ? (moe ? moe->n_experts : ffn) : axis == 0 ? nh : nkv;
         int ok = n > 0;
         for (int j = 0; ok && j < 3; j++)
             ok = !interp(xs, ys[j], n, x, &out[j]);
@@ -445,18 +452,19 @@ static void scales_at(const cm_tables *t, int lo, int hi, double w, double *sp, 
     *sd = da + w * (db - da);
 }
 
-int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
-                 double *prefill_ms, double *decode_ms, double *workspace_bytes)
+/* cm_part_cost, cm_moe_cost: one part (moe: an MoE MLP) at a hidden size. */
+static int part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
+                     const arch_moe *moe, double *prefill_ms, double *decode_ms, double *workspace_bytes)
 {
     int lo, hi;
     double w, a[3], b[3], sp, sd;
     if (hidden_bracket(t, hidden, &lo, &hi, &w))
         return -1;
     scales_at(t, lo, hi, w, &sp, &sd);
-    if (part_at_hidden(t, part, lo, n_heads, n_kv_heads, ffn_dim, a))
+    if (part_at_hidden(t, part, lo, n_heads, n_kv_heads, ffn_dim, moe, a))
         return -1;
     if (hi != lo) {
-        if (part_at_hidden(t, part, hi, n_heads, n_kv_heads, ffn_dim, b))
+        if (part_at_hidden(t, part, hi, n_heads, n_kv_heads, ffn_dim, moe, b))
             return -1;
         for (int j = 0; j < 3; j++)
             a[j] += w * (b[j] - a[j]);
@@ -468,6 +476,20 @@ int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv
     if (workspace_bytes)
         *workspace_bytes = a[2];
     return 0;
+}
+
+int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
+                 double *prefill_ms, double *decode_ms, double *workspace_bytes)
+{
+    return part_cost(t, part, hidden, n_heads, n_kv_heads, ffn_dim, NULL, prefill_ms, decode_ms, workspace_bytes);
+}
+
+int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
+                double *workspace_bytes)
+{
+    if (!moe || moe->n_experts <= 0)
+        return -1;
+    return part_cost(t, CM_MLP, hidden, 0, 0, 0, moe, prefill_ms, decode_ms, workspace_bytes);
 }
 
 static const cm_fixed *fixed_at(const cm_tables *t, int h)
@@ -532,8 +554,13 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
         dec += ld;
         ws_max = lw > ws_max ? lw : ws_max;
         ws_attn = lw > ws_attn ? lw : ws_attn;
-        if (cm_part_cost(t, CM_MLP, C, 0, 0, l->ffn_dim, &lp, &ld, &lw))
+        if (l->moe.n_experts ? cm_moe_cost(t, C, &l->moe, &lp, &ld, &lw)
+                             : cm_part_cost(t, CM_MLP, C, 0, 0, l->ffn_dim, &lp, &ld, &lw)) {
+            if (l->moe.n_experts)
+                FAIL("layers[%d].moe (%d experts, top %d, widths %d/%d) lies outside the timing tables", i,
+                     l->moe.n_experts, l->moe.top_k, l->moe.expert_ffn_dim, l->moe.shared_ffn_dim);
             FAIL("layers[%d].mlp (ffn_dim %d) lies outside the timing tables", i, l->ffn_dim);
+        }
         pre += lp;
         dec += ld;
         ws_max = lw > ws_max ? lw : ws_max;

@@ -126,6 +126,8 @@ typedef struct {
     int hidden_size;
     int n_heads, n_kv_heads;    /* attention (0, 0 = removed) */
     int ffn_dim;                /* mlp (0 = removed) */
+    int n_experts, top_k, expert_ffn_dim, shared_ffn_dim;   /* an MoE mlp (n_experts > 0; ffn_dim 0):
+                                   n_experts experts of top_k routing, the layer's widths */
     double ms, mad_ms;          /* prefill */
     int64_t workspace_bytes;    /* prefill */
     double ms0, ms_per_ctx;     /* decode fit */
@@ -264,6 +266,10 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
  * with n_kv_heads. Any output pointer may be NULL. Returns 0, or -1 outside the tables. */
 int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
                  double *prefill_ms, double *decode_ms, double *workspace_bytes);
+/* The same for an MoE MLP of shape `moe` (n_experts > 0): interpolated over the expert
+ * count between entries of the same top_k and widths. 0, or -1 outside the tables. */
+int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
+                double *workspace_bytes);
 
 /* Costs outside the layers at a hidden size (interpolated): prefill ms, decode ms over
  * the N steps, prefill workspace bytes. Returns 0, or -1 outside the tables. */

@@ -38,7 +38,8 @@ void dnas_space_free(search_space *sp, search_costs *costs)
 {
     free(sp->allowed_heads);
     free(sp->allowed_ffn);
-    sp->allowed_heads = sp->allowed_ffn = NULL;
+    free(sp->moe);
+    sp->allowed_heads = sp->allowed_ffn = sp->moe = NULL;
     for (int m = 0; m < SM_COUNT; m++) {
         free(costs->t[m].fixed);   /* one block per metric, see alloc_table */
         memset(&costs->t[m], 0, sizeof costs->t[m]);
@@ -63,8 +64,10 @@ static int alloc_table(search_table *t, const search_space *sp, int with_ws)
     return 0;
 }
 
-/* An arch with the parent's globals, hidden size `hidden` and the given layers. */
-static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, int kv, int ffn, arch *out)
+/* An arch with the parent's globals, hidden size `hidden` and the given layers: ffn > 0 a
+ * dense FFN, ffn < 0 an MoE of -ffn experts shaped as `moe` (top-k capped). */
+static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, int kv, int ffn, const arch_moe *moe,
+                      arch *out)
 {
     if (arch_init(out, n_layers) != 0)
         return -1;
@@ -78,16 +81,21 @@ static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, i
         layers[i].source_layer = i;
         layers[i].n_heads = heads;
         layers[i].n_kv_heads = kv;
-        layers[i].ffn_dim = ffn;
+        layers[i].ffn_dim = ffn > 0 ? ffn : 0;
+        if (ffn < 0 && moe) {
+            layers[i].moe = *moe;
+            layers[i].moe.n_experts = -ffn;
+            layers[i].moe.top_k = moe->top_k < -ffn ? moe->top_k : -ffn;
+        }
     }
     return 0;
 }
 
 static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, int n_layers, int heads, int kv,
-                         int ffn, cm_prediction *p, char *err, size_t errlen)
+                         int ffn, const arch_moe *moe, cm_prediction *p, char *err, size_t errlen)
 {
     arch a;
-    if (probe_arch(parent, hidden, n_layers, heads, kv, ffn, &a) != 0) {
+    if (probe_arch(parent, hidden, n_layers, heads, kv, ffn, moe, &a) != 0) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -116,24 +124,35 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
     }
 }
 
-/* One part choice's costs at hidden size H (index hi) for every layer: `size` heads
- * (CM_ATTN, in KV groups of `group`) or FFN width (CM_MLP), 0 = removed; pe is the
- * layerless model at H. Entry k of n choices. 0, or -1 with err when the calibration
+/* One part choice's costs at hidden size H (index hi), written for every layer of its kind
+ * (attention: all; MLP: the MoE layers when moe, the others when not): `size` heads
+ * (CM_ATTN, in KV groups of `group`), FFN width or expert count (CM_MLP), 0 = removed; pe is
+ * the layerless model at H. Entry k of n choices. 0, or -1 with err when the calibration
  * does not cover it. */
-static int part_costs(const cm_tables *tb, const arch *parent, int H, int part, int size, int group,
-                      const cm_prediction *pe, search_costs *costs, int hi, int L, int k, int n, char *err,
-                      size_t errlen)
+static int part_costs(const cm_tables *tb, const search_space *sp, const arch *parent, int H, int part, int size,
+                      const arch_moe *moe, const cm_prediction *pe, search_costs *costs, int hi, int k, int n,
+                      char *err, size_t errlen)
 {
     double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
+    int L = sp->n_layers, group = sp->group;
     if (size > 0) {
         int nh = part == CM_ATTN ? size : 0, nkv = part == CM_ATTN ? size / group : 0;
-        int ffn = part == CM_MLP ? size : 0;
+        int ffn = part == CM_MLP ? (moe ? -size : size) : 0;
         double pre_ms, dec_ms, ws_b;
         cm_prediction p1;
-        if (cm_part_cost(tb, part, H, nh, nkv, ffn, &pre_ms, &dec_ms, &ws_b) != 0 ||
-            predict_probe(tb, parent, H, 1, nh, nkv, ffn, &p1, err, errlen) != 0) {
+        arch_moe m1;
+        if (moe) {
+            m1 = *moe;
+            m1.n_experts = size;
+            m1.top_k = moe->top_k < size ? moe->top_k : size;
+        }
+        int rc = moe ? cm_moe_cost(tb, H, &m1, &pre_ms, &dec_ms, &ws_b)
+                     : cm_part_cost(tb, part, H, nh, nkv, ffn, &pre_ms, &dec_ms, &ws_b);
+        if (rc != 0 || predict_probe(tb, parent, H, 1, nh, nkv, ffn, moe, &p1, err, errlen) != 0) {
             if (part == CM_ATTN)
                 snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", size, H);
+            else if (moe)
+                snprintf(err, errlen, "the calibration does not cover an MoE of %d experts at hidden %d", size, H);
             else
                 snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", size, H);
             return -1;
@@ -145,6 +164,8 @@ static int part_costs(const cm_tables *tb, const arch *parent, int H, int part, 
         par = (double)(p1.params - pe->params);
     }
     for (int l = 0; l < L; l++) {
+        if (part == CM_MLP && (sp->moe && sp->moe[l]) != (moe != NULL))
+            continue;
         size_t i = ((size_t)hi * L + l) * n + k;
         double *t_lat = part == CM_ATTN ? costs->t[SM_LATENCY].attn : costs->t[SM_LATENCY].ffn;
         double *t_dec = part == CM_ATTN ? costs->t[SM_DECODE].attn : costs->t[SM_DECODE].ffn;
@@ -160,13 +181,22 @@ static int part_costs(const cm_tables *tb, const arch *parent, int H, int part, 
     return 0;
 }
 
+/* The first MoE layer's shape (NULL: the parent has none). */
+static const arch_moe *parent_moe(const arch *parent)
+{
+    for (int l = 0; l < parent->n_layers; l++)
+        if (parent->layers[l].moe.n_experts)
+            return &parent->layers[l].moe;
+    return NULL;
+}
+
 /* The cost tables of the space: per limit, the fixed cost at each hidden size and each
  * part choice's cost from the calibration (the parent's layer count copies). 0, or -1
  * with err. */
 static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const search_space *sp,
                        search_costs *costs, char *err, size_t errlen)
 {
-    int L = sp->n_layers, group = sp->group;
+    const arch_moe *moe = parent_moe(parent);
     costs->t[SM_LATENCY].active = lim->latency_ms > 0;
     costs->t[SM_LATENCY].limit = lim->latency_ms;
     costs->t[SM_DECODE].active = lim->throughput_tps > 0;
@@ -183,7 +213,7 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
     for (int hi = 0; hi < sp->n_hidden; hi++) {
         int H = sp->hidden[hi];
         cm_prediction pe;
-        if (predict_probe(tb, parent, H, 0, 0, 0, 0, &pe, err, errlen) != 0)
+        if (predict_probe(tb, parent, H, 0, 0, 0, 0, NULL, &pe, err, errlen) != 0)
             goto fail;
         costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
         costs->t[SM_DECODE].fixed[hi] = pe.decode_ms;
@@ -191,10 +221,15 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
         costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
         costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
         for (int k = 0; k < sp->n_heads; k++)
-            if (part_costs(tb, parent, H, CM_ATTN, sp->heads[k], group, &pe, costs, hi, L, k, sp->n_heads, err, errlen))
+            if (part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, &pe, costs, hi, k, sp->n_heads, err,
+                           errlen))
                 goto fail;
         for (int j = 0; j < sp->n_ffn; j++)
-            if (part_costs(tb, parent, H, CM_MLP, sp->ffn[j], group, &pe, costs, hi, L, j, sp->n_ffn, err, errlen))
+            if (sp->ffn[j] >= 0 &&
+                part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, &pe, costs, hi, j, sp->n_ffn, err, errlen))
+                goto fail;
+        for (int j = 0; moe && j < sp->n_exp; j++)
+            if (part_costs(tb, sp, parent, H, CM_MLP, sp->exp[j], moe, &pe, costs, hi, j, sp->n_ffn, err, errlen))
                 goto fail;
     }
     return 0;
@@ -245,7 +280,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     for (int j = 0; j < n_cands; j++) {
         cm_prediction p;
         char e2[256];
-        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, &p, e2, sizeof e2) != 0)
+        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, NULL, &p, e2, sizeof e2) != 0)
             continue;   /* not calibrated at this hidden size */
         sp->hidden[sp->n_hidden++] = cands[j];
     }
@@ -272,6 +307,29 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         if (f > 0 && (sp->n_ffn == 0 || f > sp->ffn[sp->n_ffn - 1]))
             sp->ffn[sp->n_ffn++] = f;
     }
+    /* MoE layers: every expert count up to the most (evenly spaced when that is more than
+       the axis holds); 0 = MLP removed. The MLP axis is as long as the longer list. */
+    int nf_dense = sp->n_ffn, Emax = 0;
+    sp->moe = calloc((size_t)L, 1);
+    if (!sp->moe)
+        goto oom;
+    for (int l = 0; l < L; l++) {
+        sp->moe[l] = parent->layers[l].moe.n_experts > 0;
+        Emax = parent->layers[l].moe.n_experts > Emax ? parent->layers[l].moe.n_experts : Emax;
+    }
+    sp->n_exp = 0;
+    if (Emax && zero_ffn)
+        sp->exp[sp->n_exp++] = 0;
+    for (int c = 1, room = SEARCH_MAX_CHOICES - 1 - sp->n_exp; Emax && c <= room; c++) {
+        int e = Emax <= room ? c : (Emax * c + room - 1) / room;
+        if (!sp->n_exp || e > sp->exp[sp->n_exp - 1])
+            sp->exp[sp->n_exp++] = e;
+    }
+    if (sp->n_exp > sp->n_ffn) {
+        for (int j = sp->n_ffn; j < sp->n_exp; j++)
+            sp->ffn[j] = -1;   /* no dense choice here */
+        sp->n_ffn = sp->n_exp;
+    }
     sp->allowed_heads = calloc((size_t)L * sp->n_heads, 1);
     sp->allowed_ffn = calloc((size_t)L * sp->n_ffn, 1);
     if (!sp->allowed_heads || !sp->allowed_ffn)
@@ -287,8 +345,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             sp->allowed_heads[l * sp->n_heads + k] = (unsigned char)ok;
         }
         for (int j = 0; j < sp->n_ffn; j++) {
-            int f = sp->ffn[j];
-            int ok = axes->ffn ? f <= pl->ffn_dim : (f == pl->ffn_dim || (f == 0 && zero_ffn));
+            int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
+            int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
+                     (axes->ffn ? f <= mine : (f == mine || (f == 0 && zero_ffn)));
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
         }
         if (pl->ffn_dim && !axes->ffn) {
@@ -338,23 +397,25 @@ void dnas_describe_infeasible(const search_space *sp, const search_costs *costs,
 
 /* Offsets of the mask arrays inside the masks block (device pointers on any backend). */
 typedef struct {
-    size_t hidden, *head, *ffn, attn_gate, mlp_gate;
+    size_t hidden, *head, *ffn, *exp, attn_gate, mlp_gate;
 } mask_offsets;
 
 static int mask_offsets_init(const eng_model *m, mask_offsets *o)
 {
     const eng_masks *k = m->masks;
     int L = m->a.n_layers;
-    o->head = calloc((size_t)L * 2, sizeof(size_t));
+    o->head = calloc((size_t)L * 3, sizeof(size_t));
     if (!o->head)
         return -1;
     o->ffn = o->head + L;
+    o->exp = o->head + 2 * L;
     o->hidden = (size_t)(k->hidden - k->block);
     o->attn_gate = (size_t)(k->attn_gate - k->block);
     o->mlp_gate = (size_t)(k->mlp_gate - k->block);
     for (int l = 0; l < L; l++) {
         o->head[l] = k->head[l] ? (size_t)(k->head[l] - k->block) : (size_t)-1;
         o->ffn[l] = k->ffn[l] ? (size_t)(k->ffn[l] - k->block) : (size_t)-1;
+        o->exp[l] = k->expert[l] ? (size_t)(k->expert[l] - k->block) : (size_t)-1;
     }
     return 0;
 }
@@ -392,6 +453,14 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                         v += d->p_ffn[l * sp->n_ffn + k];
                 host[o->ffn[l] + j] = (float)v;
             }
+        if (o->exp[l] != (size_t)-1)   /* ranked experts: expert e kept with P(count > e) */
+            for (int e = 0; e < pl->moe.n_experts; e++) {
+                double v = 0;
+                for (int k = 0; k < sp->n_exp; k++)
+                    if (sp->exp[k] > e)
+                        v += d->p_ffn[l * sp->n_ffn + k];
+                host[o->exp[l] + e] = (float)v;
+            }
         host[o->attn_gate + l] = (float)d->p_keep[l * 2 + 1];
         host[o->mlp_gate + l] = (float)d->p_keep[l * 2 + 1];
     }
@@ -428,6 +497,13 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
                     s += g[o->ffn[l] + j];
                 d->g_ffn[l * sp->n_ffn + k] += s;
             }
+        if (o->exp[l] != (size_t)-1)
+            for (int k = 0; k < sp->n_exp; k++) {
+                double s = 0;
+                for (int e = 0; e < sp->exp[k] && e < pl->moe.n_experts; e++)
+                    s += g[o->exp[l] + e];
+                d->g_ffn[l * sp->n_ffn + k] += s;
+            }
         if (sp->depth)
             d->g_keep[l * 2 + 1] += g[o->attn_gate + l] + g[o->mlp_gate + l];
     }
@@ -437,7 +513,8 @@ static json_t *probs_json(const double *p, const int *sizes, int n)
 {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++)
-        json_array_append_new(a, json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]));
+        if (sizes[i] >= 0)   /* an MLP axis longer than this layer's list */
+            json_array_append_new(a, json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]));
     return a;
 }
 
@@ -448,7 +525,9 @@ static json_t *distribution_json(const search_dist *d)
     for (int l = 0; layers && l < sp->n_layers; l++)
         json_array_append_new(layers, json_pack("{s:i,s:o,s:o,s:f}", "layer", l,
                                                 "heads", probs_json(d->p_heads + l * sp->n_heads, sp->heads, sp->n_heads),
-                                                "ffn", probs_json(d->p_ffn + l * sp->n_ffn, sp->ffn, sp->n_ffn),
+                                                sp->moe && sp->moe[l] ? "experts" : "ffn",
+                                                probs_json(d->p_ffn + l * sp->n_ffn, sp->moe && sp->moe[l] ? sp->exp
+                                                           : sp->ffn, sp->moe && sp->moe[l] ? sp->n_exp : sp->n_ffn),
                                                 "keep", d->p_keep[l * 2 + 1]));
     return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, sp->n_hidden), "layers", layers);
 }

@@ -11,7 +11,7 @@
 #include <time.h>
 
 typedef struct {
-    int hidden, heads, ffn, depth;
+    int hidden, heads, ffn, experts, depth;
     int64_t params;
     int feasible;
 } mn_cand;
@@ -26,7 +26,8 @@ void mn_result_free(mn_result *r)
     memset(r, 0, sizeof *r);
 }
 
-int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int depth, arch *out)
+int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int experts,
+                    int depth, arch *out)
 {
     int L = parent->n_layers;
     if (depth < 0 || depth > L)
@@ -60,7 +61,13 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
         o->source_layer = parent->layers[l].source_layer;
         o->n_heads = heads;
         o->n_kv_heads = heads / group;
-        o->ffn_dim = ffn;
+        if (parent->layers[l].moe.n_experts) {
+            o->moe = parent->layers[l].moe;
+            o->moe.n_experts = experts;
+            o->moe.top_k = o->moe.top_k < experts ? o->moe.top_k : experts;
+        } else {
+            o->ffn_dim = ffn;
+        }
     }
     free(keep);
     return 0;
@@ -85,6 +92,40 @@ static int meets(const dnas_limits *lim, const cm_prediction *p)
     return 1;
 }
 
+/* 1 when (dense width f, expert count e) is the parent's own MLP (its first layer of each
+ * kind, as for the heads). */
+static int uniform_mlp_is_parent(const arch *parent, int f, int e)
+{
+    int seen_f = 0, seen_e = 0;
+    for (int l = 0; l < parent->n_layers; l++) {
+        const arch_layer *y = &parent->layers[l];
+        if (y->ffn_dim && !seen_f++ && y->ffn_dim != f)
+            return 0;
+        if (y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
+            return 0;
+    }
+    return 1;
+}
+
+/* Keep, in text, the predicted costs of the infeasible candidate closest to the limits. */
+static void note_violation(const dnas_limits *lim, const cm_prediction *p, double *best, char *text, size_t cap)
+{
+    double v = 0;
+    if (lim->latency_ms > 0)
+        v += p->latency_ms / lim->latency_ms;
+    if (lim->memory_bytes > 0)
+        v += (double)p->total / lim->memory_bytes;
+    if (lim->params > 0)
+        v += (double)p->params / lim->params;
+    if (lim->throughput_tps > 0)
+        v += lim->throughput_tps / p->throughput_tps;
+    if (*best < 0 || v < *best) {
+        *best = v;
+        snprintf(text, cap, "latency_ms %.4g, throughput_tokens_per_s %.4g, memory_bytes %lld, params %lld",
+                 p->latency_ms, p->throughput_tps, (long long)p->total, (long long)p->params);
+    }
+}
+
 int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -94,7 +135,14 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
     if (dnas_space_build(o->parent, o->tables, &o->limits, &o->axes, &sp, &costs, err, errlen) != 0)
         return -1;
     int L = o->parent->n_layers, min_depth = o->axes.depth ? (L + 1) / 2 : L;
-    size_t cap = (size_t)sp.n_hidden * sp.n_heads * sp.n_ffn * (L - min_depth + 1);
+    int dense = 0, moe = 0;
+    for (int l = 0; l < L; l++) {
+        dense |= o->parent->layers[l].ffn_dim > 0;
+        moe |= o->parent->layers[l].moe.n_experts > 0;
+    }
+    /* dense widths and expert counts searched apart: each MLP kind uniform across its layers */
+    int nF = dense ? sp.n_ffn : 1, nE = moe ? sp.n_exp : 1;
+    size_t cap = (size_t)sp.n_hidden * sp.n_heads * nF * nE * (L - min_depth + 1);
     mn_cand *c = calloc(cap ? cap : 1, sizeof *c);
     if (!c) {
         dnas_space_free(&sp, &costs);
@@ -106,49 +154,31 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
     char cheapest[512] = "";
     for (int hi = 0; hi < sp.n_hidden; hi++)
         for (int k = 0; k < sp.n_heads; k++)
-            for (int j = 0; j < sp.n_ffn; j++)
-                for (int depth = min_depth; depth <= L; depth++) {
-                    int h = sp.heads[k], f = sp.ffn[j];
-                    if (h == 0 || f == 0)
-                        continue;   /* uniform candidates keep both parts in every layer */
-                    if (!o->axes.heads && h != o->parent->layers[0].n_heads)
-                        continue;
-                    if (!o->axes.ffn && f != o->parent->layers[0].ffn_dim)
-                        continue;
-                    arch a;
-                    cm_prediction p;
-                    char e2[256];
-                    if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, depth, &a) != 0)
-                        continue;
-                    int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
-                    arch_free(&a);
-                    if (rc != 0)
-                        continue;
-                    mn_cand *x = &c[n++];
-                    x->hidden = sp.hidden[hi];
-                    x->heads = h;
-                    x->ffn = f;
-                    x->depth = depth;
-                    x->params = p.params;
-                    x->feasible = meets(&o->limits, &p);
-                    if (!x->feasible) {
-                        double v = 0;
-                        if (o->limits.latency_ms > 0)
-                            v += p.latency_ms / o->limits.latency_ms;
-                        if (o->limits.memory_bytes > 0)
-                            v += (double)p.total / o->limits.memory_bytes;
-                        if (o->limits.params > 0)
-                            v += (double)p.params / o->limits.params;
-                        if (o->limits.throughput_tps > 0)
-                            v += o->limits.throughput_tps / p.throughput_tps;
-                        if (best_violation < 0 || v < best_violation) {
-                            best_violation = v;
-                            snprintf(cheapest, sizeof cheapest,
-                                     "latency_ms %.4g, throughput_tokens_per_s %.4g, memory_bytes %lld, params %lld",
-                                     p.latency_ms, p.throughput_tps, (long long)p.total, (long long)p.params);
-                        }
+            for (int j = 0; j < nF; j++)
+                for (int x = 0; x < nE; x++)
+                    for (int depth = min_depth; depth <= L; depth++) {
+                        int h = sp.heads[k], f = dense ? sp.ffn[j] : 0, e = moe ? sp.exp[x] : 0;
+                        if (h == 0 || (dense && f <= 0) || (moe && e <= 0))
+                            continue;   /* uniform candidates keep both parts in every layer */
+                        if (!o->axes.heads && h != o->parent->layers[0].n_heads)
+                            continue;
+                        if (!o->axes.ffn && !uniform_mlp_is_parent(o->parent, f, e))
+                            continue;
+                        arch a;
+                        cm_prediction p;
+                        char e2[256];
+                        if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, depth, &a) != 0)
+                            continue;
+                        int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
+                        arch_free(&a);
+                        if (rc != 0)
+                            continue;
+                        mn_cand *y = &c[n++];
+                        *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .depth = depth,
+                                       .params = p.params, .feasible = meets(&o->limits, &p)};
+                        if (!y->feasible)
+                            note_violation(&o->limits, &p, &best_violation, cheapest, sizeof cheapest);
                     }
-                }
     /* Keep the feasible candidates no other feasible candidate dominates. */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -159,8 +189,9 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             if (j == i || !c[j].feasible)
                 continue;
             if (c[j].hidden >= c[i].hidden && c[j].heads >= c[i].heads && c[j].ffn >= c[i].ffn &&
-                c[j].depth >= c[i].depth &&
-                (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn || c[j].depth > c[i].depth))
+                c[j].experts >= c[i].experts && c[j].depth >= c[i].depth &&
+                (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn ||
+                 c[j].experts > c[i].experts || c[j].depth > c[i].depth))
                 dominated = 1;
         }
         if (!dominated)
@@ -183,7 +214,8 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
         return -1;
     }
     for (int i = 0; i < want; i++)
-        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].depth, &arr[i]) != 0) {
+        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].depth,
+                            &arr[i]) != 0) {
             for (int k = 0; k < i; k++)
                 arch_free(&arr[k]);
             free(arr);

@@ -45,11 +45,12 @@ typedef struct {
 
 void mn_result_free(mn_result *r);
 
-/* The uniform candidate of (hidden, heads, ffn, depth): the `depth` most important
- * layers kept in their order, each with `heads` query heads (heads/group KV heads) and
- * FFN width `ffn`. Returns 0 or -1 (OOM). */
-int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int depth,
-                    arch *out);
+/* The uniform candidate of (hidden, heads, ffn, experts, depth): the `depth` most important
+ * layers kept in their order, each with `heads` query heads (heads/group KV heads), dense
+ * layers with FFN width `ffn`, MoE layers with `experts` experts (top-k capped at it; the
+ * same count in every layer, as Minitron prunes experts). Returns 0 or -1 (OOM). */
+int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int experts,
+                    int depth, arch *out);
 
 /* Frontier candidates, best first (largest predicted parameter count), at most `max`.
  * *out is a new array of n archs (free each with arch_free, then the array).

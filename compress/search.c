@@ -570,11 +570,18 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
     return 0;
 }
 
+int search_mlp_size(const search_space *sp, int l, int j)
+{
+    if (sp->moe && sp->moe[l])
+        return j < sp->n_exp ? sp->exp[j] : -1;
+    return j < sp->n_ffn ? sp->ffn[j] : -1;
+}
+
 int search_choice_arch(const search_space *sp, const search_choice *c, const arch *parent, arch *out)
 {
     int kept = 0;
     for (int l = 0; l < sp->n_layers; l++)
-        if (c->keep[l] && (sp->heads[c->heads[l]] > 0 || sp->ffn[c->ffn[l]] > 0))
+        if (c->keep[l] && (sp->heads[c->heads[l]] > 0 || search_mlp_size(sp, l, c->ffn[l]) > 0))
             kept++;
     arch tmp = *parent;
     tmp.layers = NULL;
@@ -588,15 +595,23 @@ int search_choice_arch(const search_space *sp, const search_choice *c, const arc
     out->hidden_size = sp->hidden[c->hidden];
     int i = 0;
     for (int l = 0; l < sp->n_layers; l++) {
-        int h = sp->heads[c->heads[l]], f = sp->ffn[c->ffn[l]];
-        if (!c->keep[l] || (h == 0 && f == 0))
+        int h = sp->heads[c->heads[l]], f = search_mlp_size(sp, l, c->ffn[l]);
+        if (!c->keep[l] || (h == 0 && f <= 0))
             continue;
         arch_layer *o = &out->layers[i++];
         memset(o, 0, sizeof *o);
         o->source_layer = parent->layers[l].source_layer;
         o->n_heads = h;
         o->n_kv_heads = h ? h / sp->group : 0;
-        o->ffn_dim = f;
+        if (sp->moe && sp->moe[l]) {
+            if (f > 0) {
+                o->moe = parent->layers[l].moe;
+                o->moe.n_experts = f;
+                o->moe.top_k = o->moe.top_k < f ? o->moe.top_k : f;
+            }
+        } else {
+            o->ffn_dim = f > 0 ? f : 0;
+        }
     }
     return 0;
 }

@@ -4,7 +4,8 @@
  * and the greedy repair that lands a decoded arch at (never over) every limit.
  *
  * Axes: the global hidden size, and per layer the attention head count (in KV-group
- * units, 0 = removed), the FFN width (0 = removed) and keep/remove. Every axis is a
+ * units, 0 = removed), the MLP's size (FFN width, or the expert count of an MoE layer;
+ * 0 = removed) and keep/remove. Every axis is a
  * categorical choice over a candidate list; its relaxed probabilities turn into soft
  * prefix masks on ranked units (m_j = P(size > j)). This module knows tables and
  * probabilities only: the DNAS driver (compress/dnas.c) runs the supernet, and
@@ -33,6 +34,9 @@ typedef struct {
     int n_hidden, hidden[SEARCH_MAX_CHOICES];
     int n_heads, heads[SEARCH_MAX_CHOICES];   /* heads[0] == 0 when removal allowed */
     int n_ffn, ffn[SEARCH_MAX_CHOICES];       /* ffn[0] == 0 when removal allowed */
+    int n_exp, exp[SEARCH_MAX_CHOICES];       /* MoE layers: expert counts (exp[0] == 0 when removal allowed) */
+    unsigned char *moe;                       /* [n_layers] 1: layer l's MLP is an MoE; its MLP axis
+                                                 chooses exp[j] (j < n_exp), else ffn[j] */
     int group;                                /* query heads per KV head */
     int depth;                                /* 1: per-layer keep/remove is searched */
     unsigned char *allowed_heads;             /* [n_layers*n_heads] 1 = choice allowed */
@@ -133,8 +137,13 @@ void search_choice_cheapest(const search_space *sp, search_choice *c);
 /* The parent: every axis at its largest allowed size, all layers kept. */
 void search_choice_parent(const search_space *sp, search_choice *c);
 
+/* The MLP size of choice j in layer l: an FFN width, or an MoE layer's expert count
+ * (-1: no such choice in that layer's list). */
+int search_mlp_size(const search_space *sp, int l, int j);
+
 /* Build the arch of a choice from the parent (same globals; hidden size, per-layer
- * heads/kv heads/ffn; removed layers absent, source_layer kept). Returns 0 or -1. */
+ * heads/kv heads/ffn or expert count (top-k capped at it); removed layers absent,
+ * source_layer kept). Returns 0 or -1. */
 int search_choice_arch(const search_space *sp, const search_choice *c, const arch *parent, arch *out);
 
 #endif
