@@ -320,7 +320,8 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     sp->n_exp = 0;
     if (Emax && zero_ffn)
         sp->exp[sp->n_exp++] = 0;
-    for (int c = 1, room = SEARCH_MAX_CHOICES - 1 - sp->n_exp; Emax && c <= room; c++) {
+    int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, steps = Emax < room ? Emax : room;
+    for (int c = 1; c <= steps; c++) {
         int e = Emax <= room ? c : (Emax * c + room - 1) / room;
         if (!sp->n_exp || e > sp->exp[sp->n_exp - 1])
             sp->exp[sp->n_exp++] = e;
