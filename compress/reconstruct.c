@@ -110,6 +110,12 @@ static int in_width(const arch *a, int layer, int part)
     return part == ENG_PART_ATTN ? l->n_heads * a->head_dim : l->ffn_dim;
 }
 
+/* 1 when the part is an MoE MLP: run as it is (its experts are not refitted). */
+static int is_moe(const arch *a, int layer, int part)
+{
+    return part == ENG_PART_MLP && a->layers[layer].moe.n_experts > 0;
+}
+
 static double sum_sq(const float *x, size_t n)
 {
     double t = 0;
@@ -262,6 +268,13 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
  * both streams (the layer's outcome is already known). 0, 1 when stopped, -1. */
 static int block(rc_state *s, int i, int src, int part, int replay, char *err, size_t errlen)
 {
+    if (is_moe(&s->P->a, src, part)) {   /* experts kept or dropped whole: both streams run it as it is */
+        const arch_moe *pm = &s->P->a.layers[src].moe, *sm = &s->S->a.layers[i].moe;
+        int kept = sm->n_experts > 0;
+        s->diverged |= !kept || sm->n_experts != pm->n_experts || sm->top_k != pm->top_k;
+        return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen) ||
+               (kept && eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen)) ? -1 : 0;
+    }
     int p_in = in_width(&s->P->a, src, part), t_in = in_width(&s->S->a, i, part);
     if (!p_in)
         return 0;
@@ -305,7 +318,7 @@ static int skip_parent_layers(rc_state *s, int from, int to, char *err, size_t e
 {
     for (int l = from; l < to; l++)
         for (int part = 0; part < 2; part++)
-            if (in_width(&s->P->a, l, part)) {
+            if (in_width(&s->P->a, l, part) || is_moe(&s->P->a, l, part)) {
                 s->diverged = 1;
                 if (eng_stepper_block(s->sp, l, part, 1, NULL, err, errlen) != 0)
                     return -1;

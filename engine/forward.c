@@ -614,13 +614,13 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         return -1;
     }
     const arch_layer *al = &a->layers[layer];
-    if (part == ENG_PART_MLP && al->moe.n_experts) {
-        snprintf(err, errlen, "stepper: layer %d's MLP is a mixture of experts: block-by-block reconstruction of "
-                 "experts is not available in this build", layer);
+    if (part == ENG_PART_MLP && al->moe.n_experts && cap && cap->proj_in) {
+        snprintf(err, errlen, "stepper: layer %d's MLP is a mixture of experts: its experts' inputs are not "
+                 "captured in this build", layer);
         return -1;
     }
     int in = part == ENG_PART_ATTN ? al->n_heads * a->head_dim : al->ffn_dim;
-    if (in == 0) {
+    if (in == 0 && !(part == ENG_PART_MLP && al->moe.n_experts)) {
         snprintf(err, errlen, "stepper: layer %d has no %s", layer, part == ENG_PART_ATTN ? "attention" : "MLP");
         return -1;
     }
@@ -644,5 +644,10 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
             be->to_host(be, cap->proj_out + row0 * C, s->st.tmp.y, F4 * n * C);
     }
     be->sync(be);
+    if (s->st.oom) {
+        s->st.oom = 0;
+        snprintf(err, errlen, "stepper: out of memory for the expert scratch of layer %d", layer);
+        return -1;
+    }
     return 0;
 }
