@@ -106,6 +106,17 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
 
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)
 {
+    if (strcmp(parent->family, "llama")) {
+        /* Mixtral / Qwen2-MoE configs (storage/hfconfig_moe.c): head_dim = hidden / heads and
+           one query-head count for every layer; per-layer KV heads, MLPs and experts are
+           block_configs. (GGUF does not hold these families in this build: refused at load.) */
+        for (int i = 0; i < n; i++)
+            if (!strcmp(formats[i], "hf")) {
+                axes->keep_query_heads = 1;
+                axes->hidden = 0;
+            }
+        return;
+    }
     int ffn256 = 1;
     for (int l = 0; l < parent->n_layers; l++)
         if (parent->layers[l].ffn_dim % 256)
@@ -318,7 +329,8 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         Emax = parent->layers[l].moe.n_experts > Emax ? parent->layers[l].moe.n_experts : Emax;
     }
     sp->n_exp = 0;
-    if (Emax && zero_ffn)
+    int zero_exp = (axes->experts || axes->depth) && !axes->no_removed_mlp;
+    if (Emax && zero_exp)
         sp->exp[sp->n_exp++] = 0;
     int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, steps = Emax < room ? Emax : room;
     for (int c = 1; c <= steps; c++) {
@@ -347,8 +359,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         }
         for (int j = 0; j < sp->n_ffn; j++) {
             int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
+            int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
             int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
-                     (axes->ffn ? f <= mine : (f == mine || (f == 0 && zero_ffn)));
+                     (searched ? f <= mine : (f == mine || (f == 0 && zero)));
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
         }
         if (pl->ffn_dim && !axes->ffn) {

@@ -32,6 +32,7 @@ typedef struct {
 /* Which axes are searched (spec "search_space"). */
 typedef struct {
     int hidden, heads, ffn, depth;
+    int experts;                /* per-layer expert counts of MoE layers */
     /* What the requested export formats can express (DESIGN.md §8); the search space
      * is cut to it so that export never has to change the chosen arch. */
     int keep_query_heads;       /* 1: query heads per layer stay the parent's (DeciLM) */
@@ -46,7 +47,8 @@ typedef struct {
  * results and DeciLM otherwise: a hidden-only search stays uniform and is left alone;
  * with per-layer axes the DeciLM rules apply when the parent's FFN widths are multiples
  * of 256 (else DeciLM cannot hold any heterogeneous result and export reports it).
- * GGUF removes attention and MLP only with their layer. */
+ * GGUF removes attention and MLP only with their layer. An MoE family's "hf" (its own class,
+ * block_configs for what differs per layer) keeps query heads and the hidden size. */
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */

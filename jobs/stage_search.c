@@ -18,6 +18,14 @@ static int stage_load(job_ctx *ctx, char *err, size_t errlen)
     eng_model *m = ps_parent(ctx, 0, err, errlen);
     if (!m)
         return -1;
+    json_t *ex = json_object_get(job_ctx_spec(ctx), "export"), *v;
+    size_t i;
+    json_array_foreach(ex, i, v)
+        if (strcmp(m->a.family, "llama") && json_is_string(v) && !strcmp(json_string_value(v), "gguf")) {
+            snprintf(err, errlen, "export gguf: writing a %s model as GGUF is not available in this build; ask for "
+                     "\"hf\" (its own config class, block_configs where layers differ)", m->a.family);
+            return -1;
+        }
     char summary[8192];
     arch_summary(&m->a, summary, sizeof summary);
     char msg[512];

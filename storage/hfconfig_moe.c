@@ -210,6 +210,13 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
         return NULL;
     }
     int mixtral = !strcmp(a->family, "mixtral");
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].n_heads && a->layers[l].n_heads != att->n_heads) {
+            snprintf(err, errlen, "config.json: layer %d has %d query heads, layer before it %d: the %s config holds "
+                     "one query-head count (block_configs vary KV heads only)", l, a->layers[l].n_heads,
+                     att->n_heads, a->family);
+            return NULL;
+        }
     if (att->n_heads * a->head_dim != a->hidden_size) {
         snprintf(err, errlen, "config.json: %s derives head_dim as hidden_size/num_attention_heads (%d/%d), "
                  "but the arch has head_dim %d", mixtral ? "Mixtral" : "Qwen2-MoE", a->hidden_size, att->n_heads, a->head_dim);
