@@ -273,8 +273,12 @@ static int layout_model(cal_state *cs, cal_model *cm, const arch *parent, int hi
     cm->a.n_layers = L;
     cm->a.layers = layers;
     int nA1 = nA + 1, nF1 = nF + 1;   /* last choice = removed */
+    int stride = 1;                   /* a stride prime to nF1: the MLP choices of L >= nF1 layers cover the grid */
+    for (int c = 7; c > 1 && stride == 1; c -= 2)
+        if (nF1 % c)
+            stride = c;
     for (int i = 0; i < L; i++) {
-        int ai = (i + 3 * k) % nA1, fi = (i * 7 + 5 * k + 1) % nF1;
+        int ai = (i + 3 * k) % nA1, fi = (i * stride + 5 * k + 1) % nF1;
         if (ai == nA && fi == nF)
             fi = (fi + 1 + k) % nF;
         arch_layer *l = &cm->a.layers[i];

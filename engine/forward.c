@@ -5,14 +5,14 @@
  * Memory (floats are 4 bytes; N = B*T; qd = max_l Hq*D, kvd = max_l Hkv*D, F = max_l F_l,
  * Hm = max_l Hq; R = rows of the LM head at once). eng_forward holds one workspace for the
  * call, freed before return:
- *   N*(3C + 2qd + 2kvd + 3F + 1) floats (x, xn, y, q, o, k, v, gate, up, h, rstd)
+ *   N*(3C + 2qd + 2kvd + 1) + max(3N*F, MoE) floats (x, xn, y, q, o, k, v, rstd; the MLP region:
+ *   gate, up, h, or the largest MoE block's scratch floats and ints, engine/moe.c)
  *   + R*(2C + V) for the head (R = B for LOGITS_LAST, min(N, ENG_LOGIT_CHUNK_ROWS) for ALL,
  *   0 for NONE) + max(C, Hm, F) when stats are collected (+ N*qd when masks are enabled:
  *   the masked head outputs), + ints 2N + 2B (tokens, positions, first positions, lengths),
  *   + inside attention: threads * ENG_CPU_ATTN_ROWS * S floats of tile scratch (S = T, or
- *   max_T with a cache; CPU backend), or instead, at another moment, an MoE block's scratch
- *   (engine/moe.c), whichever is larger. eng_forward_workspace_bytes computes exactly this
- *   sum; the tests check it against the measured peak.
+ *   max_T with a cache; CPU backend). eng_forward_workspace_bytes computes exactly this sum;
+ *   the tests check it against the measured peak.
  * Statistics: hidden_abs sums both norm outputs of a layer (attention and MLP input).
  */
 #include "engine/model.h"
@@ -174,7 +174,7 @@ static void mlp_block(eng_model *m, fwd_state *st, int l, const float *x_in, flo
     if (st->stats)
         stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
     if (a->layers[l].moe.n_experts) {
-        if (eng_moe_fwd(m, l, st->mk, st->xn, A->y, N, st->stats) != 0) {
+        if (eng_moe_fwd(m, l, st->mk, st->xn, A->y, N, st->stats, st->moe_f, st->moe_i) != 0) {
             st->oom = 1;
             be->zero(be, A->y, F4 * (size_t)N * C);
         }
@@ -243,12 +243,21 @@ static int head_rows(int B, int N, int logits_mode)
     return 0;
 }
 
+/* The MLP region: the dense SwiGLU's gate, up and h (N*F each), or, sharing it, the
+ * largest MoE block's scratch (its floats, then its ints). */
+static size_t mlp_floats(const arch *a, size_t N, dims_max d)
+{
+    size_t dense = 3 * N * (size_t)d.f, moe = eng_moe_scratch_floats(a, (int)N, 0);
+    moe += moe ? eng_moe_scratch_ints(a, (int)N) : 0;
+    return dense > moe ? dense : moe;
+}
+
 /* Float count of the inference workspace (excluding ints and attention scratch). */
 static size_t fwd_floats(const arch *a, int B, int T, int logits_mode, int with_stats, int with_masks)
 {
     dims_max d = max_dims(a);
     size_t N = (size_t)B * T, C = (size_t)a->hidden_size;
-    size_t n = N * (3 * C + 2 * (size_t)d.qd + 2 * (size_t)d.kvd + 3 * (size_t)d.f + 1);
+    size_t n = N * (3 * C + 2 * (size_t)d.qd + 2 * (size_t)d.kvd + 1) + mlp_floats(a, N, d);
     size_t R = (size_t)head_rows(B, (int)N, logits_mode);
     n += R * (2 * C + (size_t)a->vocab_size);
     if (with_stats)
@@ -266,9 +275,8 @@ size_t eng_fwd_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
     for (int l = 0; l < a->n_layers; l++)
         attn |= a->layers[l].n_heads > 0;
     size_t tiles = attn ? (size_t)(threads > 0 ? threads : 1) * ENG_CPU_ATTN_ROWS * S * F4 : 0;
-    size_t moe = eng_moe_scratch_bytes(a, B * T, 0);   /* held at another time than the tiles */
     return fwd_floats(a, B, T, logits_mode, with_stats, with_masks) * F4 +
-           (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) + (tiles > moe ? tiles : moe);
+           (2 * (size_t)B * T + 2 * (size_t)B) * sizeof(int) + tiles;
 }
 
 size_t eng_forward_workspace_bytes(const arch *a, int B, int T, int kv_max_T, int logits_mode,
@@ -351,9 +359,14 @@ int eng_fwd_setup(eng_model *m, fwd_state *st, ws_t *ws, int *host_ints, const i
     st->tmp.o = p; p += N * (size_t)d.qd;
     st->tmp.k = p; p += N * (size_t)d.kvd;
     st->tmp.v = p; p += N * (size_t)d.kvd;
-    st->tmp.gate = p; p += N * (size_t)d.f;
-    st->tmp.up = p; p += N * (size_t)d.f;
-    st->h = p; p += N * (size_t)d.f;
+    st->tmp.gate = p;
+    st->tmp.up = p + N * (size_t)d.f;
+    st->h = p + 2 * N * (size_t)d.f;
+    if (eng_moe_scratch_floats(a, (int)N, 0)) {   /* an MoE block's scratch shares the dense MLP's */
+        st->moe_f = p;
+        st->moe_i = (int *)(p + eng_moe_scratch_floats(a, (int)N, 0));
+    }
+    p += mlp_floats(a, N, d);
     if (mk) {
         st->om = p;
         p += N * (size_t)d.qd;

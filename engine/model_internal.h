@@ -101,6 +101,8 @@ typedef struct {
     double *layer_ns, *fixed_ns;
     eng_act_stats *stats;
     int oom;                                      /* an MoE block found no memory for its scratch */
+    float *moe_f;                                 /* MoE scratch in the workspace (NULL: per call) */
+    int *moe_i;
 } fwd_state;
 
 /* A call's backend workspace: one float and one int allocation. */
@@ -142,14 +144,19 @@ void eng_fwd_layers(eng_model *m, fwd_state *st);
 
 /* ---- mixture of experts (moe.c) --------------------------------------------------------- */
 
-/* The MoE of layer l on normalized rows xn [N, C] into y [N, C] (out), masks applied when the
- * model has them, statistics added when stats. 0, or -1 out of memory. */
-int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats);
+/* The MoE of layer l on normalized rows xn [N, C] into y [N, C] (out), masks mk applied (NULL:
+ * none), statistics added when stats. fws / iws: scratch of eng_moe_scratch_floats(.., 0) /
+ * _ints for N rows (NULL: allocated for the call). 0, or -1 out of memory. */
+int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats,
+                float *fws, int *iws);
 /* Its backward: dy [N, C] the gradient of y; dxn [N, C] out; weight grads (gw) and expert-mask
  * grads (gm) accumulate. Routes and runs the experts again. 0, or -1 out of memory. */
 int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const float *dy, float *dxn, int N,
                 int gw, int gm);
-/* The largest scratch either allocates for N rows in any layer of a (train: the backward's). */
+/* The largest scratch either allocates for N rows in any layer of a (train: the backward's),
+ * in bytes, and the forward's floats and ints apart. */
 size_t eng_moe_scratch_bytes(const arch *a, int N, int train);
+size_t eng_moe_scratch_floats(const arch *a, int N, int train);
+size_t eng_moe_scratch_ints(const arch *a, int N);
 
 #endif

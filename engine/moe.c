@@ -7,9 +7,10 @@
  * Training saves nothing of the block but its input: the backward routes and runs the experts
  * again (eng_moe_bwd), so a block costs two expert passes and no [N*k, F] activations.
  *
- * Memory: one backend scratch per call, freed before return (eng_moe_scratch_bytes):
- * floats N*(E + k + 1 + 2C + 3F) forward, + N*(2C + 3F + E) in backward (F = max of the
- * expert and shared widths), ints N*(k + 1); host arrays of the same order.
+ * Memory: floats N*(E + k + 1 + 2C + 3F) forward, + N*(2C + 3F + E) in backward (F = max of
+ * the expert and shared widths), ints N*(k + 1); host arrays of the same order. Inference
+ * passes its share of the forward workspace (eng_fwd_setup holds it for the call); the
+ * training forward and the backward allocate theirs per call (eng_moe_scratch_bytes).
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +31,28 @@ static size_t scratch_floats(const arch_moe *e, size_t N, size_t C, int train)
     if (train)
         n += N * (2 * C + 3 * F + E);
     return n;
+}
+
+size_t eng_moe_scratch_floats(const arch *a, int N, int train)
+{
+    size_t best = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].moe.n_experts) {
+            size_t b = scratch_floats(&a->layers[l].moe, (size_t)N, (size_t)a->hidden_size, train);
+            best = b > best ? b : best;
+        }
+    return best;
+}
+
+size_t eng_moe_scratch_ints(const arch *a, int N)
+{
+    size_t best = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].moe.n_experts) {
+            size_t b = (size_t)N * ((size_t)a->layers[l].moe.top_k + 1);
+            best = b > best ? b : best;
+        }
+    return best;
 }
 
 size_t eng_moe_scratch_bytes(const arch *a, int N, int train)
@@ -65,14 +88,17 @@ typedef struct {
     size_t dev_bytes;
     int *idev;
     size_t idev_bytes;
+    int borrowed;                /* dev and idev are the caller's (inference workspace) */
     float *logits, *wl_d, *sg, *X, *Y, *g, *u, *h;   /* forward */
     float *dY, *dX, *dh, *dg, *du, *dlog;           /* backward */
 } moe_call;
 
 static void call_free(eng_backend *be, moe_call *c)
 {
-    be->free(be, c->dev, c->dev ? c->dev_bytes : 0);
-    be->free(be, c->idev, c->idev ? c->idev_bytes : 0);
+    if (!c->borrowed) {
+        be->free(be, c->dev, c->dev ? c->dev_bytes : 0);
+        be->free(be, c->idev, c->idev ? c->idev_bytes : 0);
+    }
     free(c->prob);
     free(c->sel);
     free(c->wraw);
@@ -86,7 +112,8 @@ static void call_free(eng_backend *be, moe_call *c)
     free(c->dp);
 }
 
-static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train)
+/* Host arrays, and the device scratch: fdev/idev when given (borrowed), else allocated. */
+static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float *fdev, int *idev)
 {
     eng_backend *be = m->be;
     const arch_moe *e = &m->a.layers[l].moe;
@@ -111,8 +138,9 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train)
     c->dp = malloc(sizeof(double) * (size_t)c->k);
     c->dev_bytes = scratch_floats(e, (size_t)N, (size_t)c->C, train) * F4;
     c->idev_bytes = sizeof(int) * (nk + (size_t)N);
-    c->dev = be->alloc(be, c->dev_bytes);
-    c->idev = be->alloc(be, c->idev_bytes);
+    c->borrowed = fdev && idev;
+    c->dev = c->borrowed ? fdev : be->alloc(be, c->dev_bytes);
+    c->idev = c->borrowed ? idev : be->alloc(be, c->idev_bytes);
     if (!c->prob || !c->sel || !c->wraw || !c->mask || !c->cnt || !c->off || !c->order || !c->slot || !c->wl ||
         !c->hbuf || !c->dp || !c->dev || !c->idev) {
         call_free(be, c);
@@ -238,13 +266,14 @@ static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, in
     st->expert_tokens[l][x] += n;
 }
 
-int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats)
+int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats,
+                float *fws, int *iws)
 {
     eng_backend *be = m->be;
     const eng_layer *L = &m->layers[l];
     const arch_moe *e = &m->a.layers[l].moe;
     moe_call c;
-    if (call_alloc(m, &c, l, N, 0) != 0)
+    if (call_alloc(m, &c, l, N, 0, fws, iws) != 0)
         return -1;
     route(m, l, mk, xn, &c);
     int C = c.C, F = e->expert_ffn_dim;
@@ -324,7 +353,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     eng_layer *G = &m->glayers[l];
     const arch_moe *e = &m->a.layers[l].moe;
     moe_call c;
-    if (call_alloc(m, &c, l, N, 1) != 0)
+    if (call_alloc(m, &c, l, N, 1, NULL, NULL) != 0)
         return -1;
     route(m, l, mk, xn, &c);
     int C = c.C, F = e->expert_ffn_dim, E = c.E, k = c.k;

@@ -43,6 +43,19 @@ static void tiny_parent(arch *a, int L)
     }
 }
 
+/* A Qwen2-MoE parent: layers 0 and 2 are MoEs of 4 experts (top 2, a shared expert), the
+ * others dense. */
+static void tiny_moe_parent(arch *a, int L)
+{
+    tiny_parent(a, L);
+    snprintf(a->family, sizeof a->family, "qwen2_moe");
+    a->attention_bias = 1;
+    for (int i = 0; i < L; i += 2) {
+        a->layers[i].ffn_dim = 0;
+        a->layers[i].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 32, .shared_ffn_dim = 48};
+    }
+}
+
 static cm_target tiny_target(void)
 {
     cm_target t;
@@ -81,11 +94,13 @@ static void test_grids(void **state)
     arch_free(&p);
 }
 
-static void test_memory_matches_engine_accounting(void **state)
+static void memory_matches_engine_accounting(int moe)
 {
-    (void)state;
     arch p;
-    tiny_parent(&p, 4);
+    if (moe)
+        tiny_moe_parent(&p, 4);
+    else
+        tiny_parent(&p, 4);
     cm_target t = tiny_target();
     cal_opts o;
     cal_opts_default(&o);
@@ -151,10 +166,37 @@ static void test_memory_matches_engine_accounting(void **state)
         assert_true(mr.latency_ms > 0);
         arch_free(&a);
     }
+    if (moe) {   /* an entry per expert count, top-k capped at it; a per-layer MoE arch is priced */
+        for (int e = 1; e <= 4; e++) {
+            arch_moe m = p.layers[0].moe;
+            m.n_experts = e;
+            m.top_k = e < 2 ? e : 2;
+            double pre, dec;
+            assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &m, &pre, &dec, NULL), 0);
+            assert_true(pre > 0 && dec > 0);
+        }
+        arch_moe k3 = p.layers[0].moe;
+        k3.top_k = 3;   /* no entry of top-3 routing */
+        assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &k3, NULL, NULL, NULL), -1);
+    }
     eng_backend_free(be);
     cm_tables_free(&tb);
     json_decref(cal);
     arch_free(&p);
+}
+
+static void test_memory_matches_engine_accounting(void **state)
+{
+    (void)state;
+    memory_matches_engine_accounting(0);
+}
+
+/* The same for a mixture-of-experts parent: the grid's expert counts, the held-out archs'
+ * per-layer expert counts, the experts' scratch in the workspace. */
+static void test_memory_matches_engine_accounting_moe(void **state)
+{
+    (void)state;
+    memory_matches_engine_accounting(1);
 }
 
 /* Fit archs (random archs that set the phase scales) are counted in the cost, drawn
@@ -269,6 +311,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grids),
         cmocka_unit_test(test_memory_matches_engine_accounting),
+        cmocka_unit_test(test_memory_matches_engine_accounting_moe),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
