@@ -92,16 +92,16 @@ static int meets(const dnas_limits *lim, const cm_prediction *p)
     return 1;
 }
 
-/* 1 when (dense width f, expert count e) is the parent's own MLP (its first layer of each
- * kind, as for the heads). */
-static int uniform_mlp_is_parent(const arch *parent, int f, int e)
+/* 1 when the axes allow (dense width f, expert count e): a kind not searched keeps the
+ * parent's own size (its first layer of that kind, as for the heads). */
+static int uniform_mlp_allowed(const arch *parent, const dnas_axes *axes, int f, int e)
 {
     int seen_f = 0, seen_e = 0;
     for (int l = 0; l < parent->n_layers; l++) {
         const arch_layer *y = &parent->layers[l];
-        if (y->ffn_dim && !seen_f++ && y->ffn_dim != f)
+        if (!axes->ffn && y->ffn_dim && !seen_f++ && y->ffn_dim != f)
             return 0;
-        if (y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
+        if (!axes->experts && y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
             return 0;
     }
     return 1;
@@ -162,7 +162,7 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
                             continue;   /* uniform candidates keep both parts in every layer */
                         if (!o->axes.heads && h != o->parent->layers[0].n_heads)
                             continue;
-                        if (!o->axes.ffn && !uniform_mlp_is_parent(o->parent, f, e))
+                        if (!uniform_mlp_allowed(o->parent, &o->axes, f, e))
                             continue;
                         arch a;
                         cm_prediction p;

@@ -2,7 +2,9 @@
  * a real (small) calibration: a parent that meets the limits comes back whole, limits no
  * arch can meet fail early naming the cheapest costs, and a parameter limit at 60% of
  * the parent yields an arch under the limit and close to it, for both methods' shared
- * grid. Parameter limits are exact, so the assertions do not depend on timing noise. */
+ * grid. Parameter limits are exact, so the assertions do not depend on timing noise.
+ * A Mixtral parent: the search chooses an expert count per layer (top-k capped at it) under
+ * the limit; Minitron++ keeps one count in every layer. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -250,6 +252,86 @@ static void test_minitron_frontier(void **state)
     free(c);
 }
 
+/* A ranked-free Mixtral parent of 3 layers, 6 experts (top 2) each, and its calibration. */
+static void test_moe_expert_counts(void **state)
+{
+    world *w = *state;
+    arch a;
+    assert_int_equal(arch_init(&a, 3), 0);
+    a = (arch){.family = "mixtral", .vocab_size = 96, .hidden_size = 32, .head_dim = 8,
+               .max_position_embeddings = 256, .rope_theta = 10000, .norm_eps = 1e-5, .tie_word_embeddings = 1,
+               .n_layers = 3, .layers = a.layers};
+    for (int l = 0; l < 3; l++)
+        a.layers[l] = (arch_layer){.source_layer = l, .n_heads = 4, .n_kv_heads = 2,
+                                   .moe = {.n_experts = 6, .top_k = 2, .expert_ffn_dim = 16, .norm_topk = 1}};
+    char err[1024];
+    eng_model m;
+    assert_int_equal(eng_model_init(&m, &a, w->be, err, sizeof err), 0);
+    eng_model_randomize(&m, 5, 0.3f);
+    cm_target t = {.device = "cpu", .precision = "fp32", .batch_size = 1, .prompt_tokens = 16, .output_tokens = 4};
+    cal_opts co;
+    cal_opts_default(&co);
+    co.reps = 1;
+    co.warmup = 0;
+    co.n_models = 1;
+    co.validate = 0;
+    co.fit = 0;
+    json_t *cal = cal_run(&a, &t, &co, err, sizeof err);
+    if (!cal)
+        fail_msg("calibration failed: %s", err);
+    cm_tables tb;
+    assert_int_equal(cm_calibration_tables(cal, &tb, err, sizeof err), 0);
+    json_decref(cal);
+    dnas_opts o;
+    opts(w, &o);
+    o.parent = &m;
+    o.tables = &tb;
+    o.axes = (dnas_axes){.experts = 1};
+    double parent = (double)arch_params(&a);
+    o.limits.params = 0.7 * parent;
+    dnas_result r;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    char s[1024];
+    arch_summary(&r.arch, s, sizeof s);
+    printf("MoE: chosen %s: %.0f params (limit %.0f, parent %.0f)\n", s, (double)arch_params(&r.arch),
+           o.limits.params, parent);
+    assert_true(arch_params(&r.arch) <= o.limits.params && arch_params(&r.arch) >= 0.85 * o.limits.params);
+    assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
+    int total = 0;
+    for (int l = 0; l < r.arch.n_layers; l++) {
+        const arch_layer *y = &r.arch.layers[l];
+        assert_int_equal(y->n_heads, 4);   /* heads not searched */
+        assert_int_equal(y->ffn_dim, 0);
+        if (y->moe.n_experts) {
+            assert_true(y->moe.n_experts <= 6);
+            assert_int_equal(y->moe.top_k, y->moe.n_experts < 2 ? y->moe.n_experts : 2);
+            assert_int_equal(y->moe.expert_ffn_dim, 16);
+        }
+        total += y->moe.n_experts;
+    }
+    assert_true(total < 18);
+    json_t *layers = json_object_get(r.distribution, "layers");
+    assert_non_null(json_object_get(json_array_get(layers, 0), "experts"));
+    dnas_result_free(&r);
+    /* Minitron++: one expert count for every layer */
+    mn_opts mo = {.parent = &a, .tables = &tb, .max_candidates = 3, .limits = {.params = 0.7 * parent},
+                  .axes = {.experts = 1}};
+    arch *c = NULL;
+    int n = 0;
+    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++) {
+        for (int l = 0; l < c[i].n_layers; l++)
+            assert_int_equal(c[i].layers[l].moe.n_experts, c[i].layers[0].moe.n_experts);
+        assert_true(arch_params(&c[i]) <= 0.7 * parent);
+        arch_free(&c[i]);
+    }
+    free(c);
+    cm_tables_free(&tb);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -258,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_params_limit_sits_at_limit),
         cmocka_unit_test(test_served_check_repairs),
         cmocka_unit_test(test_minitron_frontier),
+        cmocka_unit_test(test_moe_expert_counts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
