@@ -346,12 +346,105 @@ static void test_modelio_round_trip(void **state)
     eng_backend_free(be);
 }
 
+/* Mixtral and Qwen2-MoE config.json: the family's fields (defaults as transformers'), dense
+ * layers by mlp_only_layers and decoder_sparse_step, per-layer experts through block_configs,
+ * round trips, and what is refused. */
+static void test_hfconfig_moe(void **state)
+{
+    (void)state;
+    arch a, b;
+    char err[256];
+    json_t *j = json_loads("{\"architectures\":[\"MixtralForCausalLM\"],\"vocab_size\":32000,\"hidden_size\":4096,"
+                           "\"intermediate_size\":14336,\"num_hidden_layers\":32,\"num_attention_heads\":32,"
+                           "\"num_key_value_heads\":8,\"num_local_experts\":8,\"num_experts_per_tok\":2,"
+                           "\"max_position_embeddings\":32768,\"rope_theta\":1e6,\"sliding_window\":null}", 0, NULL);
+    assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), 0);
+    assert_string_equal(a.family, "mixtral");
+    assert_int_equal(a.layers[31].moe.n_experts, 8);
+    assert_int_equal(a.layers[31].moe.top_k, 2);
+    assert_int_equal(a.layers[31].moe.expert_ffn_dim, 14336);
+    assert_int_equal(a.layers[31].moe.norm_topk, 1);
+    assert_int_equal(a.layers[31].ffn_dim, 0);
+    assert_false(a.attention_bias);
+    assert_int_equal(arch_params(&a), 46702792704LL);   /* Mixtral-8x7B's 46.7B */
+    json_decref(j);
+    /* per-layer experts and a removed attention: block_configs, read back the same */
+    a.layers[3].moe.n_experts = 5;
+    a.layers[7].moe.n_experts = 1;
+    a.layers[7].moe.top_k = 1;
+    a.layers[9].n_heads = a.layers[9].n_kv_heads = 0;
+    a.layers[11].n_kv_heads = 4;
+    json_t *back = hfconfig_from_arch(&a, "bfloat16", err, sizeof err);
+    assert_non_null(back);
+    assert_true(json_is_array(json_object_get(back, "block_configs")));
+    assert_int_equal(hfconfig_to_arch(back, &b, err, sizeof err), 0);
+    assert_true(arch_equal(&a, &b));
+    json_decref(back);
+    arch_free(&b);
+    a.layers[5].n_heads = 16;   /* per-layer query heads: not in these configs */
+    a.layers[5].n_kv_heads = 4;
+    assert_null(hfconfig_from_arch(&a, NULL, err, sizeof err));
+    assert_non_null(strstr(err, "query-head"));
+    arch_free(&a);
+    /* Qwen2-MoE: transformers' defaults, dense layers by decoder_sparse_step / mlp_only_layers */
+    j = json_loads("{\"model_type\":\"qwen2_moe\",\"vocab_size\":151936,\"hidden_size\":2048,\"num_hidden_layers\":4,"
+                   "\"num_attention_heads\":16,\"num_key_value_heads\":16,\"decoder_sparse_step\":2,"
+                   "\"tie_word_embeddings\":false}", 0, NULL);
+    assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), 0);
+    assert_string_equal(a.family, "qwen2_moe");
+    assert_true(a.attention_bias);
+    assert_int_equal(a.layers[0].ffn_dim, 5632);
+    assert_int_equal(a.layers[1].moe.n_experts, 60);
+    assert_int_equal(a.layers[1].moe.top_k, 4);
+    assert_int_equal(a.layers[1].moe.expert_ffn_dim, 1408);
+    assert_int_equal(a.layers[1].moe.shared_ffn_dim, 5632);
+    assert_int_equal(a.layers[1].moe.norm_topk, 0);
+    back = hfconfig_from_arch(&a, NULL, err, sizeof err);
+    assert_int_equal(json_integer_value(json_object_get(back, "decoder_sparse_step")), 2);
+    assert_null(json_object_get(back, "block_configs"));
+    assert_int_equal(hfconfig_to_arch(back, &b, err, sizeof err), 0);
+    assert_true(arch_equal(&a, &b));
+    json_decref(back);
+    arch_free(&b);
+    json_decref(j);
+    a.layers[2].moe = a.layers[1].moe;   /* dense only at 0: mlp_only_layers */
+    a.layers[2].ffn_dim = 0;
+    back = hfconfig_from_arch(&a, NULL, err, sizeof err);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(back, "mlp_only_layers"), 0)), 0);
+    assert_int_equal(hfconfig_to_arch(back, &b, err, sizeof err), 0);
+    assert_true(arch_equal(&a, &b));
+    json_decref(back);
+    arch_free(&b);
+    arch_free(&a);
+    static const struct { const char *cfg, *needle; } bad[] = {
+        {"{\"model_type\":\"qwen2_moe\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"num_experts\":4,\"num_experts_per_tok\":6}", "exceeds"},
+        {"{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"num_local_experts\":\"8\"}", "MoE fields"},
+        {"{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"block_configs\":[{\"attention\":{\"n_heads_in_group\":2},\"ffn\":{\"moe\":{\"num_local_experts\":2}}}]}",
+         "block_configs"},
+        {"{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+         "\"block_configs\":[{\"attention\":{\"n_heads_in_group\":2},\"ffn\":{\"moe\":{\"num_local_experts\":2}}}]}",
+         "num_experts_per_tok"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        j = json_loads(bad[i].cfg, 0, NULL);
+        assert_non_null(j);
+        assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), -1);
+        if (!strstr(err, bad[i].needle))
+            fail_msg("config %zu: \"%s\" lacks \"%s\"", i, err, bad[i].needle);
+        json_decref(j);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_hfconfig),
         cmocka_unit_test(test_hfconfig_decilm),
+        cmocka_unit_test(test_hfconfig_moe),
         cmocka_unit_test(test_modelio_round_trip),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
