@@ -277,8 +277,20 @@ static int layout_model(cal_state *cs, cal_model *cm, const arch *parent, int hi
     for (int c = 7; c > 1 && stride == 1; c -= 2)
         if (nF1 % c)
             stride = c;
+    /* the attention offset that puts no removed attention beside a removed MLP (such a
+       layer would be empty), so that both removed entries are timed */
+    int shift = 0;
+    for (int sh = 0; sh < nA1; sh++) {
+        int clash = 0;
+        for (int i = 0; i < L; i++)
+            clash |= (i + 3 * k + sh) % nA1 == nA && (i * stride + 5 * k + 1) % nF1 == nF;
+        if (!clash) {
+            shift = sh;
+            break;
+        }
+    }
     for (int i = 0; i < L; i++) {
-        int ai = (i + 3 * k) % nA1, fi = (i * stride + 5 * k + 1) % nF1;
+        int ai = (i + 3 * k + shift) % nA1, fi = (i * stride + 5 * k + 1) % nF1;
         if (ai == nA && fi == nF)
             fi = (fi + 1 + k) % nF;
         arch_layer *l = &cm->a.layers[i];

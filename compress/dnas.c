@@ -329,7 +329,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         Emax = parent->layers[l].moe.n_experts > Emax ? parent->layers[l].moe.n_experts : Emax;
     }
     sp->n_exp = 0;
-    int zero_exp = (axes->experts || axes->depth) && !axes->no_removed_mlp;
+    int zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
     if (Emax && zero_exp)
         sp->exp[sp->n_exp++] = 0;
     int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, steps = Emax < room ? Emax : room;

@@ -509,19 +509,21 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
         double base = norm_cost(sp, costs, c, 1), best_ratio = INFINITY;
         move best = {-1, 0, 0};
         for (move mv = {0, -1, 0}; next_move(sp, c, -1, &mv);) {
-            int *slot = move_slot(c, &mv), from = *slot;
-            double loss = -move_score(d, c, &mv);
-            *slot = mv.to;
-            double saved = base - norm_cost(sp, costs, c, 1);
-            double viol_after;
-            feasible(sp, costs, c, &viol_after);
-            *slot = from;
-            if (saved <= 1e-12)
-                continue;
-            double ratio = loss / saved;
-            if (ratio < best_ratio) {
-                best_ratio = ratio;
-                best = mv;
+            /* every smaller size of the axis, not only the next: a cost that is not monotone
+               in the size (measured tables; an expert count's latency) must not stop the repair */
+            for (move to = mv; to.to >= 0; to.to = to.axis == 3 ? -1 : next_index(sp, to.axis, to.layer, to.to, -1)) {
+                int *slot = move_slot(c, &to), from = *slot;
+                double loss = -move_score(d, c, &to);
+                *slot = to.to;
+                double saved = base - norm_cost(sp, costs, c, 1);
+                *slot = from;
+                if (saved <= 1e-12)
+                    continue;
+                double ratio = loss / saved;
+                if (ratio < best_ratio) {
+                    best_ratio = ratio;
+                    best = to;
+                }
             }
         }
         if (best.axis < 0) {

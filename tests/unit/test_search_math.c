@@ -241,6 +241,42 @@ static void test_repair_parent_when_feasible(void **state)
     free(f.buf);
 }
 
+/* A cost that is not monotone in the size (a measured expert count's latency): from the
+ * parent (3.1), the next size down costs 3.0 and the one below it 3.2, both over the limit
+ * 2.0; the repair must reach size 1 (1.0) rather than give up. */
+static void test_repair_jumps_non_monotone(void **state)
+{
+    (void)state;
+    search_space sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_layers = 1;
+    sp.n_hidden = 1;
+    sp.hidden[0] = 64;
+    sp.n_heads = 1;
+    sp.heads[0] = 2;
+    sp.n_ffn = 5;
+    for (int j = 0; j < 5; j++)
+        sp.ffn[j] = j;
+    sp.group = 2;
+    double fixed = 0.1, attn = 0, ffn[5] = {0.5, 1.0, 3.2, 3.0, 3.1};
+    search_costs costs;
+    memset(&costs, 0, sizeof costs);
+    costs.t[SM_LATENCY] = (search_table){.active = 1, .limit = 2.0, .fixed = &fixed, .attn = &attn, .ffn = ffn};
+    for (int m = 1; m < SM_COUNT; m++)
+        costs.t[m] = (search_table){.fixed = &fixed, .attn = &attn, .ffn = ffn};
+    search_dist d;
+    assert_int_equal(search_dist_init(&d, &sp, 0.0), 0);
+    search_choice c;
+    assert_int_equal(search_choice_init(&c, &sp), 0);
+    search_choice_parent(&sp, &c);
+    assert_int_equal(c.ffn[0], 4);
+    assert_int_equal(search_repair(&d, &costs, &c), 0);
+    assert_true(search_choice_cost(&sp, &costs.t[SM_LATENCY], &c) <= 2.0);
+    assert_int_equal(c.ffn[0], 1);   /* and grown back as far as the limit allows */
+    search_choice_free(&c);
+    search_dist_free(&d);
+}
+
 /* Multipliers: lambda1 follows the sign of the gap (and may go negative), lambda2 grows. */
 static void test_penalty_multipliers(void **state)
 {
@@ -273,6 +309,7 @@ int main(void)
         cmocka_unit_test(test_expected_matches_exact_at_one_hot),
         cmocka_unit_test(test_repair_random),
         cmocka_unit_test(test_repair_parent_when_feasible),
+        cmocka_unit_test(test_repair_jumps_non_monotone),
         cmocka_unit_test(test_penalty_multipliers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
