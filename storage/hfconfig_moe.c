@@ -204,9 +204,17 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
         if (!dense && a->layers[l].ffn_dim)
             dense = &a->layers[l];
     }
-    if (!e || !att) {
-        snprintf(err, errlen, "config.json: a %s config needs at least one MoE layer and one attention layer",
-                 a->family);
+    /* With no MoE or no attention layer left, the top-level fields only need to be valid:
+       block_configs say what every layer holds. */
+    arch_moe none = {0};
+    arch_layer no_att = {.n_heads = a->head_dim > 0 ? a->hidden_size / a->head_dim : 0};
+    no_att.n_kv_heads = no_att.n_heads;
+    const arch_moe *em = e ? &e->moe : &none;
+    if (!att)
+        att = &no_att;
+    if (att->n_heads <= 0) {
+        snprintf(err, errlen, "config.json: hidden_size %d is not a multiple of head_dim %d", a->hidden_size,
+                 a->head_dim);
         return NULL;
     }
     int mixtral = !strcmp(a->family, "mixtral");
@@ -231,19 +239,19 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
                           "rope_theta", a->rope_theta, "rms_norm_eps", a->norm_eps,
                           "tie_word_embeddings", a->tie_word_embeddings, "hidden_act", "silu",
                           "torch_dtype", torch_dtype ? torch_dtype : "float32", "use_cache", 1,
-                          "num_experts_per_tok", e->moe.top_k, "output_router_logits", 0,
+                          "num_experts_per_tok", em->top_k ? em->top_k : 1, "output_router_logits", 0,
                           "rope_scaling", hfconfig_rope_scaling(a));
     int rc = !j;
     if (j && mixtral) {
-        rc |= json_object_set_new(j, "intermediate_size", json_integer(e->moe.expert_ffn_dim));
-        rc |= json_object_set_new(j, "num_local_experts", json_integer(e->moe.n_experts));
+        rc |= json_object_set_new(j, "intermediate_size", json_integer(e ? em->expert_ffn_dim : dense ? dense->ffn_dim : 1));
+        rc |= json_object_set_new(j, "num_local_experts", json_integer(em->n_experts ? em->n_experts : 1));
         rc |= json_object_set_new(j, "sliding_window", json_null());
     } else if (j) {
-        rc |= json_object_set_new(j, "intermediate_size", json_integer(dense ? dense->ffn_dim : e->moe.expert_ffn_dim));
-        rc |= json_object_set_new(j, "moe_intermediate_size", json_integer(e->moe.expert_ffn_dim));
-        rc |= json_object_set_new(j, "shared_expert_intermediate_size", json_integer(e->moe.shared_ffn_dim));
-        rc |= json_object_set_new(j, "num_experts", json_integer(e->moe.n_experts));
-        rc |= json_object_set_new(j, "norm_topk_prob", json_boolean(e->moe.norm_topk));
+        rc |= json_object_set_new(j, "intermediate_size", json_integer(dense ? dense->ffn_dim : e ? em->expert_ffn_dim : 1));
+        rc |= json_object_set_new(j, "moe_intermediate_size", json_integer(e ? em->expert_ffn_dim : 1));
+        rc |= json_object_set_new(j, "shared_expert_intermediate_size", json_integer(em->shared_ffn_dim));
+        rc |= json_object_set_new(j, "num_experts", json_integer(em->n_experts));
+        rc |= json_object_set_new(j, "norm_topk_prob", json_boolean(em->norm_topk));
         /* dense layers: by decoder_sparse_step when they fit its pattern (every reader has it),
            else mlp_only_layers (transformers >= 4.41) */
         int step = 0;

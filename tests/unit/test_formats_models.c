@@ -381,6 +381,30 @@ static void test_hfconfig_moe(void **state)
     assert_true(arch_equal(&a, &b));
     json_decref(back);
     arch_free(&b);
+    /* no attention layer left, no MoE left: block_configs still say it all */
+    assert_int_equal(arch_copy(&b, &a), 0);
+    for (int l = 0; l < b.n_layers; l++) {
+        b.layers[l].n_heads = b.layers[l].n_kv_heads = 0;
+        if (l % 2) {
+            memset(&b.layers[l].moe, 0, sizeof b.layers[l].moe);
+            b.layers[l].ffn_dim = 256;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        back = hfconfig_from_arch(&b, NULL, err, sizeof err);
+        if (!back)
+            fail_msg("%s", err);
+        arch c;
+        assert_int_equal(hfconfig_to_arch(back, &c, err, sizeof err), 0);
+        assert_true(arch_equal(&b, &c));
+        arch_free(&c);
+        json_decref(back);
+        for (int l = 0; l < b.n_layers; l += 2) {   /* then no MoE either */
+            memset(&b.layers[l].moe, 0, sizeof b.layers[l].moe);
+            b.layers[l].ffn_dim = 512;
+        }
+    }
+    arch_free(&b);
     a.layers[5].n_heads = 16;   /* per-layer query heads: not in these configs */
     a.layers[5].n_kv_heads = 4;
     assert_null(hfconfig_from_arch(&a, NULL, err, sizeof err));
