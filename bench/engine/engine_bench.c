@@ -3,8 +3,10 @@
  * prefill tokens/s (batch 1 and 8 x 512), decode tokens/s (batch 1 and 8 after a 128-token
  * prompt), training-step tokens/s (CE, forward+backward+AdamW), plus the machine's ceilings
  * measured in the same run: sgemm GFLOP/s on a large square GEMM and memory bandwidth (triad).
- * Usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16]. Prints "name value
- * unit" lines. At bf16/fp16 every GEMM runs at that precision (engine/cpu_mm16.h) and the
+ * Usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16] [--model PATH]. Prints
+ * "name value unit" lines. --model: that model's weights and shape instead (any format the
+ * product loads; a mixture of experts counts the parameters a token runs through, its router
+ * and top-k experts, for FLOP/s and weight bytes). At bf16/fp16 every GEMM runs at that precision (engine/cpu_mm16.h) and the
  * 16-bit GEMM ceiling is measured beside sgemm (which runs on a fp32 backend of its own).
  * Times are process CPU seconds (CLOCK_PROCESS_CPUTIME_ID), robust to a shared, oversubscribed
  * machine for single-threaded runs; wall-clock rates are printed beside as NAME_wall.
@@ -17,6 +19,7 @@
 #include "engine/clock.h"
 #include "engine/devices.h"
 #include "engine/model.h"
+#include "storage/export.h"
 
 /* A timing: CPU seconds and wall seconds; best keeps the smallest CPU time. */
 typedef struct {
@@ -141,7 +144,7 @@ int main(int argc, char **argv)
 {
     eng_blas_pick_kernel(argv);
     int threads = 0, quick = 0;
-    const char *precision = "fp32";
+    const char *precision = "fp32", *model = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             char *end;
@@ -155,8 +158,10 @@ int main(int argc, char **argv)
             precision = argv[++i];
         } else if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+            model = argv[++i];
         } else {
-            fprintf(stderr, "usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16]\n");
+            fprintf(stderr, "usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16] [--model PATH]\n");
             return 2;
         }
     }
@@ -188,16 +193,30 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     arch a;
-    if (arch_preset(&a, "smollm2-135m", 0) != 0)
-        die("arch", "out of memory");
     eng_model m;
-    if (eng_model_init(&m, &a, be, err, sizeof err) != 0)
-        die("model", err);
-    eng_model_randomize(&m, 1, 0.02f);
-    double weight_bytes = (double)m.n_params * 4;
+    if (model) {
+        if (exp_load_model(model, be, &m, err, sizeof err) != 0)
+            die(model, err);
+        if (arch_copy(&a, &m.a) != 0)
+            die("arch", "out of memory");
+    } else {
+        if (arch_preset(&a, "smollm2-135m", 0) != 0)
+            die("arch", "out of memory");
+        if (eng_model_init(&m, &a, be, err, sizeof err) != 0)
+            die("model", err);
+        eng_model_randomize(&m, 1, 0.02f);
+    }
+    /* the parameters a token runs through: an MoE layer's top-k experts, not all */
+    double active = (double)m.n_params;
+    for (int l = 0; l < a.n_layers; l++) {
+        const arch_moe *e = &a.layers[l].moe;
+        active -= (double)(e->n_experts - e->top_k) * 3.0 * a.hidden_size * e->expert_ffn_dim;
+    }
+    double weight_bytes = active * 4;
     printf("params %zu\n", m.n_params);
-    /* FLOPs per token for the projections (2 * non-embedding params) */
-    double flop_tok = 2.0 * (double)(m.n_params - (size_t)a.vocab_size * a.hidden_size - a.hidden_size);
+    printf("active_params %.0f\n", active);
+    /* FLOPs per token for the projections (2 * non-embedding active params) */
+    double flop_tok = 2.0 * (active - (double)a.vocab_size * a.hidden_size - a.hidden_size);
     int T = quick ? 128 : 512;
     eng_model_const(&m, 1);   /* served as the product serves it: the weights hold still */
     bench_prefill(&m, 1, 64, 1);   /* warm-up */
