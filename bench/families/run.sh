@@ -103,7 +103,7 @@ for name, m in (("dense SmolLM2-135M", dense), ("MoEfied (no training)", moe), (
     p = os.path.join(tmp, "ppl." + os.path.basename(m)) if m else ""
     if m and os.path.exists(p) and os.path.getsize(p):
         j = json.load(open(p))
-        rows.append("| %s | %.2f | %d |" % (name, j["perplexity"], j.get("tokens", 0)))
+        rows.append("| %s | %.2f | %d |" % (name, j["ppl"], j["tokens_scored"]))
 if rows:
     out += ["", "## Quality steps (WikiText-2 test, 40 chunks of 512, second halves scored)", "",
             "| model | perplexity | tokens scored |", "|---|---:|---:|"] + rows
