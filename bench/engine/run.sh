@@ -31,23 +31,10 @@ done
 "$AC_PYTHON" - "$tmp" "$ROUNDS" "$THREADS" "$load" "$QUICK" <<'PY'
 import sys, datetime, platform, statistics
 tmp, rounds, threads, load, quick = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-def read(p):
-    d = {}
-    for line in open(p):
-        f = line.split()
-        if len(f) >= 2:
-            try:
-                d[f[0]] = float(f[1])
-            except ValueError:
-                d[f[0]] = f[1]
-    return d
-runs = {k: [read("%s/%s.%d" % (tmp, k, r)) for r in range(1, rounds + 1)] for k in ("fp32", "bf16", "torch", "llama")}
-def med(kind, key):
-    v = [r[key] for r in runs[kind] if isinstance(r.get(key), float)]
-    return statistics.median(v) if v else None
-def rng(kind, key):
-    v = [r[key] for r in runs[kind] if isinstance(r.get(key), float)]
-    return "%.1f–%.1f" % (min(v), max(v)) if v else ""
+sys.path.insert(0, "bench")
+from rounds import Rounds
+R = Rounds(tmp, rounds, ("fp32", "bf16", "torch", "llama"))
+runs, med, rng = R.runs, R.med, R.rng
 n_params = med("fp32", "params")
 weights = n_params * 4
 flop_tok = 2 * (n_params - 49152 * 576 - 576)

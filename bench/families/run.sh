@@ -40,23 +40,10 @@ done
 import json, os, statistics, sys, datetime
 tmp, rounds, threads, load, moe, dense, dist = sys.argv[1:8]
 rounds = int(rounds)
-def read(p):
-    d = {}
-    for line in open(p):
-        f = line.split()
-        if len(f) >= 2:
-            try:
-                d[f[0]] = float(f[1])
-            except ValueError:
-                d[f[0]] = f[1]
-    return d
-runs = {k: [read("%s/%s.%d" % (tmp, k, r)) for r in range(1, rounds + 1)] for k in ("engine", "torch")}
-def med(k, key):
-    v = [r[key] for r in runs[k] if isinstance(r.get(key), float)]
-    return statistics.median(v) if v else None
-def rng(k, key):
-    v = [r[key] for r in runs[k] if isinstance(r.get(key), float)]
-    return "%.1f–%.1f" % (min(v), max(v)) if v else ""
+sys.path.insert(0, "bench")
+from rounds import Rounds
+R = Rounds(tmp, rounds, ("engine", "torch"))
+runs, med, rng = R.runs, R.med, R.rng
 e = runs["engine"][0]
 active, params = e["active_params"], e["params"]
 cfg = json.load(open(os.path.join(moe, "config.json")))
