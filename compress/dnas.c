@@ -109,12 +109,18 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
     if (strcmp(parent->family, "llama")) {
         /* Mixtral / Qwen2-MoE configs (storage/hfconfig_moe.c): head_dim = hidden / heads and
            one query-head count for every layer; per-layer KV heads, MLPs and experts are
-           block_configs. (GGUF does not hold these families in this build: refused at load.) */
-        for (int i = 0; i < n; i++)
-            if (!strcmp(formats[i], "hf")) {
+           block_configs. llama.cpp (storage/export_gguf_moe.c) holds one shape for every
+           layer: only whole layers may go. */
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "gguf")) {
                 axes->keep_query_heads = 1;
                 axes->hidden = 0;
             }
+            if (!strcmp(formats[i], "gguf")) {
+                axes->heads = axes->ffn = axes->experts = 0;
+                axes->no_removed_attention = axes->no_removed_mlp = 1;
+            }
+        }
         return;
     }
     int ffn256 = 1;

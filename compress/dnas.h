@@ -48,7 +48,8 @@ typedef struct {
  * with per-layer axes the DeciLM rules apply when the parent's FFN widths are multiples
  * of 256 (else DeciLM cannot hold any heterogeneous result and export reports it).
  * GGUF removes attention and MLP only with their layer. An MoE family's "hf" (its own class,
- * block_configs for what differs per layer) keeps query heads and the hidden size. */
+ * block_configs for what differs per layer) keeps query heads and the hidden size; its "gguf"
+ * (one shape for every layer in llama.cpp) searches depth only. */
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */

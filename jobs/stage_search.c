@@ -12,6 +12,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stages.h"
 #include "storage/archjson.h"
+#include "storage/export.h"
 
 static int stage_load(job_ctx *ctx, char *err, size_t errlen)
 {
@@ -20,10 +21,12 @@ static int stage_load(job_ctx *ctx, char *err, size_t errlen)
         return -1;
     json_t *ex = json_object_get(job_ctx_spec(ctx), "export"), *v;
     size_t i;
-    json_array_foreach(ex, i, v)
-        if (strcmp(m->a.family, "llama") && json_is_string(v) && !strcmp(json_string_value(v), "gguf")) {
-            snprintf(err, errlen, "export gguf: writing a %s model as GGUF is not available in this build; ask for "
-                     "\"hf\" (its own config class, block_configs where layers differ)", m->a.family);
+    char an[16], why[512];
+    json_array_foreach(ex, i, v)   /* an MoE parent llama.cpp cannot hold: every result would fail at export */
+        if (strcmp(m->a.family, "llama") && json_is_string(v) && !strcmp(json_string_value(v), "gguf") &&
+            exp_gguf_arch(&m->a, an, sizeof an, why, sizeof why) != 0) {
+            snprintf(err, errlen, "export gguf: the parent cannot be written as GGUF, so no pruned form of it can: %s",
+                     why);
             return -1;
         }
     char summary[8192];

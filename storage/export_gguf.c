@@ -16,8 +16,10 @@
 
 int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
 {
+    if (!strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe"))
+        return exp_gguf_moe_arch(a, arch_name, cap, err, errlen);
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama only)", a->family);
+        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe)", a->family);
         return -1;
     }
     if (a->attention_bias) {
@@ -83,6 +85,11 @@ static int permute_rows(float *w, int n_heads, int64_t rows, int64_t cols)
     return 0;
 }
 
+static ggw_type weight_type(exp_dtype d)
+{
+    return d == EXP_FP32 ? GGW_F32 : d == EXP_FP16 ? GGW_F16 : d == EXP_Q8_0 ? GGW_Q8_0 : GGW_BF16;
+}
+
 static uint32_t gguf_file_type(exp_dtype d)
 {
     switch (d) {
@@ -117,6 +124,8 @@ static int gguf_put_arch(ggw *w, const arch *a, const char *an, const exp_opts *
         bad |= ggw_kv_str(w, K("rope.scaling.type"), "linear");
         bad |= ggw_kv_f32(w, K("rope.scaling.factor"), (float)a->rope_scaling.factor);
     }
+    if (strcmp(a->family, "llama"))
+        return bad | exp_gguf_moe_keys(w, a, an);
     if (!strcmp(an, "llama")) {
         bad |= ggw_kv_u32(w, K("feed_forward_length"), (uint32_t)a->layers[0].ffn_dim);
         bad |= ggw_kv_u32(w, K("attention.head_count"), (uint32_t)a->layers[0].n_heads);
@@ -237,8 +246,7 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
                             const char *path, char *err, size_t errlen)
 {
     const arch *a = &m->a;
-    ggw_type wt = dtype == EXP_FP32 ? GGW_F32 : dtype == EXP_FP16 ? GGW_F16
-                : dtype == EXP_Q8_0 ? GGW_Q8_0 : GGW_BF16;
+    ggw_type wt = weight_type(dtype);
     for (int i = 0; i < n; i++) {
         char gn[96];
         int ph;
@@ -314,8 +322,13 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
         snprintf(err, errlen, "GGUF export: metadata out of memory or duplicate key");
         goto out;
     }
-    if (exp_list_tensors(m, &t, &n, err, errlen) < 0 || gguf_put_tensors(w, m, t, n, o->dtype, path, err, errlen) < 0)
+    if (strcmp(a->family, "llama")) {
+        if (exp_gguf_moe_tensors(w, m, an, weight_type(o->dtype), path, err, errlen) < 0)
+            goto out;
+    } else if (exp_list_tensors(m, &t, &n, err, errlen) < 0 ||
+               gguf_put_tensors(w, m, t, n, o->dtype, path, err, errlen) < 0) {
         goto out;
+    }
     rc = 0;
 out:
     free(t);

@@ -5,7 +5,7 @@
  * of CTX tokens scores its second half) and raw logits. Token ids come from a text file
  * of whitespace-separated integers, so tokenization stays on the peer's side.
  *
- *   export_interop MODEL [--arch A.json] [--gguf OUT --dtype D] [--hf DIR --dtype D]
+ *   export_interop MODEL [--arch A.json] [--no-vocab] [--gguf OUT --dtype D] [--hf DIR --dtype D]
  *                  [--greedy IDS N] [--ppl IDS CTX CHUNKS] [--logits IDS OUT.f32]
  */
 #include <math.h>
@@ -163,9 +163,12 @@ int main(int argc, char **argv)
     }
     eng_model *cur = &m;
     const char *dtype = "fp32";
+    int no_vocab = 0;   /* GGUF without a vocabulary (a parent without tokenizer files) */
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
-        if (!strcmp(o, "--dtype") && i + 1 < argc) {
+        if (!strcmp(o, "--no-vocab")) {
+            no_vocab = 1;
+        } else if (!strcmp(o, "--dtype") && i + 1 < argc) {
             dtype = argv[++i];
         } else if (!strcmp(o, "--arch") && i + 1 < argc) {
             FILE *f = fopen(argv[++i], "rb");
@@ -182,7 +185,7 @@ int main(int argc, char **argv)
             arch_free(&a);
             cur = &p;
         } else if ((!strcmp(o, "--gguf") || !strcmp(o, "--hf")) && i + 1 < argc) {
-            exp_opts eo = {.dtype = (exp_dtype)exp_dtype_parse(dtype), .parent_path = argv[1]};
+            exp_opts eo = {.dtype = (exp_dtype)exp_dtype_parse(dtype), .parent_path = no_vocab ? NULL : argv[1]};
             exp_result r;
             int rc = !strcmp(o, "--gguf") ? exp_gguf_write(cur, argv[i + 1], &eo, &r, err, sizeof err)
                                           : exp_hf_write(cur, argv[i + 1], &eo, &r, err, sizeof err);

@@ -1,0 +1,234 @@
+/* storage/export_gguf_moe.c — GGUF of the mixture-of-experts families, as llama.cpp reads
+ * them: Mixtral as its `llama` architecture with experts (interleaved RoPE: q/k rows
+ * permuted), Qwen2-MoE as `qwen2moe` (NeoX RoPE, q/k/v biases, a shared expert with its
+ * sigmoid gate). Each layer's experts are stacked into 3-D tensors ffn_{gate,up,down}_exps
+ * [E][F][C] (GGUF ne = {C, F, E}; down {F, C, E}), the router is ffn_gate_inp. llama.cpp
+ * holds one expert count, top-k and width for every layer, no dense layer in these
+ * architectures, and renormalizes the top-k weights for `llama` and never for `qwen2moe`:
+ * other archs are refused with the reason.
+ */
+#include "storage/export_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/gguf_write.h"
+
+int exp_gguf_moe_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
+{
+    int mixtral = !strcmp(a->family, "mixtral");
+    if (a->n_layers == 0 || !a->layers[0].moe.n_experts) {
+        snprintf(err, errlen, "GGUF export: llama.cpp's %s needs every layer to be a mixture of experts",
+                 mixtral ? "llama (Mixtral)" : "qwen2moe");
+        return -1;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        const arch_layer *y = &a->layers[l], *f = &a->layers[0];
+        if (!y->n_heads || y->n_heads != f->n_heads || y->n_kv_heads != f->n_kv_heads || y->ffn_dim ||
+            memcmp(&y->moe, &f->moe, sizeof y->moe)) {
+            snprintf(err, errlen, "GGUF export: layer %d differs from layer 0 (heads, experts, widths or a removed "
+                     "part); llama.cpp holds one shape for every layer of an MoE model (export \"hf\" instead)", l);
+            return -1;
+        }
+    }
+    if (a->rope_scaling.type != ROPE_SCALING_NONE) {
+        snprintf(err, errlen, "GGUF export: RoPE scaling of MoE families is not written in this build");
+        return -1;
+    }
+    if (mixtral) {
+        snprintf(arch_name, cap, "llama");
+        return 0;
+    }
+    const arch_moe *e = &a->layers[0].moe;
+    if (e->norm_topk) {
+        snprintf(err, errlen, "GGUF export: llama.cpp's qwen2moe never renormalizes the top-k weights, and this "
+                 "model does (norm_topk_prob)");
+        return -1;
+    }
+    if (!e->shared_ffn_dim) {
+        snprintf(err, errlen, "GGUF export: llama.cpp's qwen2moe needs a shared expert");
+        return -1;
+    }
+    if (a->layers[0].n_heads * a->head_dim != a->hidden_size) {
+        snprintf(err, errlen, "GGUF export: llama.cpp's qwen2moe needs heads x head_dim = hidden size");
+        return -1;
+    }
+    snprintf(arch_name, cap, "qwen2moe");
+    return 0;
+}
+
+int exp_gguf_moe_keys(ggw *w, const arch *a, const char *an)
+{
+    char key[128];
+    const arch_moe *e = &a->layers[0].moe;
+#define K(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
+    int bad = 0;
+    bad |= ggw_kv_u32(w, K("feed_forward_length"), (uint32_t)e->expert_ffn_dim);
+    bad |= ggw_kv_u32(w, K("attention.head_count"), (uint32_t)a->layers[0].n_heads);
+    bad |= ggw_kv_u32(w, K("attention.head_count_kv"), (uint32_t)a->layers[0].n_kv_heads);
+    bad |= ggw_kv_u32(w, K("expert_count"), (uint32_t)e->n_experts);
+    bad |= ggw_kv_u32(w, K("expert_used_count"), (uint32_t)e->top_k);
+    if (!strcmp(an, "qwen2moe")) {
+        bad |= ggw_kv_u32(w, K("expert_feed_forward_length"), (uint32_t)e->expert_ffn_dim);
+        bad |= ggw_kv_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)e->shared_ffn_dim);
+    }
+#undef K
+    return bad;
+}
+
+/* One GGUF tensor: its name, shape, and where its values come from (HF names; `stack`
+ * experts' tensors one after the other: "...experts.%d.<w>"). */
+typedef struct {
+    char name[96];
+    int64_t ne[3];
+    int ndim;
+    char hf[128];
+    int stack;        /* experts stacked (the HF name holds %d), else 0 */
+    int permute;      /* q/k rows to interleave, for this many heads (0: none) */
+} moe_tensor;
+
+static int add(moe_tensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf,
+               int stack, int permute)
+{
+    moe_tensor *x = &t[(*n)++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->ne[0] = n0;
+    x->ne[1] = n1;
+    x->ne[2] = n2;
+    x->ndim = n2 ? 3 : n1 ? 2 : 1;
+    snprintf(x->hf, sizeof x->hf, "%s", hf);
+    x->stack = stack;
+    x->permute = permute;
+    return 0;
+}
+
+/* The tensors in llama.cpp's names, in order. Returns the count written into t. */
+static int moe_tensors(const arch *a, const char *an, moe_tensor *t)
+{
+    int qwen = !strcmp(an, "qwen2moe"), n = 0;
+    const arch_layer *y = &a->layers[0];
+    int64_t C = a->hidden_size, V = a->vocab_size, D = a->head_dim, F = y->moe.expert_ffn_dim,
+            S = y->moe.shared_ffn_dim, E = y->moe.n_experts, Q = (int64_t)y->n_heads * D,
+            KVD = (int64_t)y->n_kv_heads * D;
+    char g[96], h[128];
+    add(t, &n, "token_embd.weight", C, V, 0, "model.embed_tokens.weight", 0, 0);
+    add(t, &n, "output_norm.weight", C, 0, 0, "model.norm.weight", 0, 0);
+    /* qwen2moe needs output.weight even when tied; llama falls back to token_embd */
+    if (!a->tie_word_embeddings || qwen)
+        add(t, &n, "output.weight", C, V, 0, a->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+            0, 0);
+    const char *moe = qwen ? "mlp" : "block_sparse_moe";
+    for (int l = 0; l < a->n_layers; l++) {
+#define T(gg, n0, n1, n2, hh, stack, perm) do { snprintf(g, sizeof g, "blk.%d.%s", l, gg); \
+        snprintf(h, sizeof h, "model.layers.%d.%s", l, hh); add(t, &n, g, n0, n1, n2, h, stack, perm); } while (0)
+        T("attn_norm.weight", C, 0, 0, "input_layernorm.weight", 0, 0);
+        T("attn_q.weight", C, Q, 0, "self_attn.q_proj.weight", 0, qwen ? 0 : y->n_heads);
+        T("attn_k.weight", C, KVD, 0, "self_attn.k_proj.weight", 0, qwen ? 0 : y->n_kv_heads);
+        T("attn_v.weight", C, KVD, 0, "self_attn.v_proj.weight", 0, 0);
+        if (a->attention_bias) {
+            T("attn_q.bias", Q, 0, 0, "self_attn.q_proj.bias", 0, 0);
+            T("attn_k.bias", KVD, 0, 0, "self_attn.k_proj.bias", 0, 0);
+            T("attn_v.bias", KVD, 0, 0, "self_attn.v_proj.bias", 0, 0);
+        }
+        T("attn_output.weight", Q, C, 0, "self_attn.o_proj.weight", 0, 0);
+        T("ffn_norm.weight", C, 0, 0, "post_attention_layernorm.weight", 0, 0);
+        char r[64];
+        snprintf(r, sizeof r, "%s.gate.weight", moe);
+        T("ffn_gate_inp.weight", C, E, 0, r, 0, 0);
+        static const char *const mx[3] = {"w1", "w3", "w2"}, *const qw[3] = {"gate_proj", "up_proj", "down_proj"};
+        static const char *const gn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+        for (int k = 0; k < 3; k++) {
+            snprintf(r, sizeof r, "%s.experts.%%d.%s.weight", moe, qwen ? qw[k] : mx[k]);
+            T(gn[k], k == 2 ? F : C, k == 2 ? C : F, E, r, 1, 0);
+        }
+        if (qwen) {
+            T("ffn_gate_inp_shexp.weight", C, 0, 0, "mlp.shared_expert_gate.weight", 0, 0);
+            T("ffn_gate_shexp.weight", C, S, 0, "mlp.shared_expert.gate_proj.weight", 0, 0);
+            T("ffn_up_shexp.weight", C, S, 0, "mlp.shared_expert.up_proj.weight", 0, 0);
+            T("ffn_down_shexp.weight", S, C, 0, "mlp.shared_expert.down_proj.weight", 0, 0);
+        }
+#undef T
+    }
+    return n;
+}
+
+/* rotate_half layout -> interleaved pairs (as convert_hf_to_gguf's permute). */
+static int interleave(float *w, int n_heads, int64_t rows, int64_t cols)
+{
+    int64_t D = rows / n_heads;
+    float *tmp = malloc((size_t)(D * cols) * sizeof *tmp);
+    if (!tmp)
+        return -1;
+    for (int hd = 0; hd < n_heads; hd++) {
+        float *blk = w + (int64_t)hd * D * cols;
+        memcpy(tmp, blk, (size_t)(D * cols) * sizeof *tmp);
+        for (int64_t j = 0; j < D / 2; j++)
+            for (int s = 0; s < 2; s++)
+                memcpy(blk + (2 * j + s) * cols, tmp + (s * (D / 2) + j) * cols, (size_t)cols * sizeof *tmp);
+    }
+    free(tmp);
+    return 0;
+}
+
+/* The values of tensor x (NEW buffer), read from m. NULL with err. */
+static float *fetch(const eng_model *m, const moe_tensor *x, char *err, size_t errlen)
+{
+    int64_t per = x->ne[0] * (x->ndim > 1 ? x->ne[1] : 1), count = x->stack ? x->ne[2] : 1;
+    float *d = malloc((size_t)(per * count) * sizeof *d);
+    if (!d) {
+        snprintf(err, errlen, "GGUF export: out of memory");
+        return NULL;
+    }
+    for (int64_t e = 0; e < count; e++) {
+        char hf[160];
+        if (x->stack)
+            snprintf(hf, sizeof hf, x->hf, (int)e);
+        else
+            snprintf(hf, sizeof hf, "%s", x->hf);
+        if (eng_model_get_tensor(m, hf, d + e * per, per) != per) {
+            snprintf(err, errlen, "GGUF export: tensor %s is missing or of another size", hf);
+            free(d);
+            return NULL;
+        }
+    }
+    if (x->permute && interleave(d, x->permute, x->ne[1], x->ne[0]) < 0) {
+        snprintf(err, errlen, "GGUF export: out of memory");
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+int exp_gguf_moe_tensors(ggw *w, const eng_model *m, const char *an, int wt, const char *path, char *err,
+                         size_t errlen)
+{
+    const arch *a = &m->a;
+    moe_tensor *t = calloc((size_t)(3 + 17 * a->n_layers), sizeof *t);
+    if (!t) {
+        snprintf(err, errlen, "GGUF export: out of memory");
+        return -1;
+    }
+    int n = moe_tensors(a, an, t), rc = -1;
+    for (int i = 0; i < n; i++) {
+        ggw_type tt = t[i].ndim == 1 ? GGW_F32 : (ggw_type)wt;
+        if (tt == GGW_Q8_0 && t[i].ne[0] % GGW_QK8_0)
+            tt = GGW_F16;
+        if (ggw_tensor(w, t[i].name, t[i].ne, t[i].ndim, tt, err, errlen) < 0)
+            goto out;
+    }
+    if (ggw_begin(w, path, err, errlen) < 0)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        float *d = fetch(m, &t[i], err, errlen);
+        int64_t count = t[i].ne[0] * (t[i].ndim > 1 ? t[i].ne[1] : 1) * (t[i].ndim > 2 ? t[i].ne[2] : 1);
+        int wr = d ? ggw_write_tensor(w, d, count, err, errlen) : -1;
+        free(d);
+        if (wr < 0)
+            goto out;
+    }
+    rc = ggw_finish(w, err, errlen);
+out:
+    free(t);
+    return rc;
+}
