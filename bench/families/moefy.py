@@ -179,6 +179,7 @@ def main():
                           moe_intermediate_size=(F - a.shared) // a.experts,
                           shared_expert_intermediate_size=a.shared, decoder_sparse_step=1,
                           bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, torch_dtype="float32")
+    qcfg.architectures = ["Qwen2MoeForCausalLM"]
     os.makedirs(a.out, exist_ok=True)
     qcfg.save_pretrained(a.out)
     save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(a.out, "model.safetensors"),

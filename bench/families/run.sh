@@ -9,7 +9,8 @@
 # the quality steps of the MoE model (dense parent, MoEfied, distilled) as WikiText-2
 # perplexity. llama.cpp is not a peer here: GGUF export of MoE families is not built.
 # Writes bench/results/families.md.
-# Usage: bench/families/run.sh MOE_DIR [DENSE_DIR] [DISTILLED_DIR] [BUILD] [THREADS]; env ROUNDS (5)
+# Usage: bench/families/run.sh MOE_DIR [DENSE_DIR] [DISTILLED_DIR] [BUILD] [THREADS]; env ROUNDS (5),
+# OUT (raw outputs, /tmp/ac-families), REPORT_ONLY=1 (the table again from OUT's outputs)
 set -eu
 cd "$(dirname "$0")/../.."
 MOE=$1
@@ -21,9 +22,13 @@ ROUNDS=${ROUNDS:-5}
 source scripts/pyenv.sh >/dev/null
 bin=$BUILD/tools/engine_bench
 [ -x "$bin" ] || { echo "engine_bench not built: make BUILD=$BUILD $bin" >&2; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+tmp=${OUT:-/tmp/ac-families}   # raw outputs, kept
+rm -rf "$tmp"
+mkdir -p "$tmp"
 load=$(cut -d' ' -f1-3 /proc/loadavg)
+[ "${REPORT_ONLY:-0}" = 1 ] && load=$(cat "$tmp/load" 2>/dev/null || echo "$load")
+[ "${REPORT_ONLY:-0}" = 1 ] || {
+echo "$load" >"$tmp/load"
 for r in $(seq 1 "$ROUNDS"); do
     "$bin" --threads "$THREADS" --model "$MOE" >"$tmp/engine.$r"
     OMP_NUM_THREADS=$THREADS "$AC_TF_PYTHON" bench/families/peer_torch.py "$MOE" "$THREADS" >"$tmp/torch.$r" 2>/dev/null
@@ -36,6 +41,7 @@ for m in "$DENSE" "$MOE" "$DIST"; do
 done
 "$BUILD/autocompress" calibrate --model "$MOE" --threads "$THREADS" --validate 10 --fit 6 --no-hidden \
     --data-dir "$tmp/var" --no-cache --json >"$tmp/cal.json" 2>/dev/null
+}
 "$AC_PYTHON" - "$tmp" "$ROUNDS" "$THREADS" "$load" "$MOE" "$DENSE" "$DIST" <<'PY'
 import json, os, statistics, sys, datetime
 tmp, rounds, threads, load, moe, dense, dist = sys.argv[1:8]
@@ -52,7 +58,7 @@ flop_tok = 2 * (active - V * C - C)
 sg, bw = med("engine", "sgemm_gflops_wall"), med("engine", "triad_bandwidth_wall")
 out = ["# Model families: the MoE made from SmolLM2-135M, CPU", ""]
 out.append("Model: %s (%s, %d layers, %d experts of %d, top %d, shared expert %d; %.1fM parameters, %.1fM "
-           "run per token). %s" % (moe, cfg["architectures"][0], cfg["num_hidden_layers"], cfg["num_experts"],
+           "run per token). %s" % (moe, cfg["model_type"], cfg["num_hidden_layers"], cfg["num_experts"],
                                    cfg["moe_intermediate_size"], cfg["num_experts_per_tok"],
                                    cfg["shared_expert_intermediate_size"], params / 1e6, active / 1e6,
                                    datetime.date.today().isoformat()))

@@ -10,7 +10,10 @@
 # FRACTION (0.75), MARGIN (constraints.margin_pct; unset: the product's default, the
 # calibration's largest held-out error), PROMPT (256), OUTPUT (64), PPL_CHUNKS (16), WORK (work dir), and
 # SHARED_CACHE: a folder with calibrations/, rankcache/ and evalcache/ to reuse (e.g. the one
-# bench/search_compare/run.sh fills).
+# bench/search_compare/run.sh fills). Another parent (MODEL, an HF or pruned directory: the MoE
+# bench/families/moefy.py makes): TITLE, RES (results path without extension), EXPORT (gguf),
+# TASKS (comma list; default the eight), HIDDEN_SEARCH (1; 0: no hidden-size search, as MoE
+# families' HF export needs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${AC_BIN:-$PWD/build/autocompress}
@@ -19,14 +22,18 @@ MODEL=${MODEL:-$(scripts/fetch-models.sh)}
 SEARCH_TOKENS=${SEARCH_TOKENS:-32768}
 DISTILL_TOKENS=${DISTILL_TOKENS:-65536}
 EVAL_LIMIT=${EVAL_LIMIT:-200}
-FRACTION=${FRACTION:-0.75}
+export FRACTION=${FRACTION:-0.75}
 MARGIN=${MARGIN:-}
 PROMPT=${PROMPT:-256}
 OUTPUT=${OUTPUT:-64}
 PPL_CHUNKS=${PPL_CHUNKS:-16}
 WORK=${WORK:-/tmp/ac-smollm2-job}
 SHARED_CACHE=${SHARED_CACHE:-}
-RES=bench/results/smollm2-135m-cpu
+RES=${RES:-bench/results/smollm2-135m-cpu}
+TITLE=${TITLE:-SmolLM2-135M-Instruct}
+EXPORT=${EXPORT:-gguf}
+TASKS=${TASKS:-arc_easy,arc_challenge,piqa,hellaswag,winogrande,boolq,openbookqa,lambada_openai}
+export HIDDEN_SEARCH=${HIDDEN_SEARCH:-1}
 WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 C4=$AC_SHARED/data/text/c4/c4_sample.jsonl
 
@@ -56,21 +63,20 @@ done
 URL=http://127.0.0.1:$port
 
 python3 - "$URL" "$WORK" "$MODEL" "$C4" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
-    "$OUTPUT" "$MARGIN" <<'PY'
+    "$OUTPUT" "$MARGIN" "$EXPORT" "$TASKS" "$HIDDEN_SEARCH" <<'PY'
 import json, sys, time, urllib.request
-url, work, model, c4, st, dt, lim, frac, prompt, output, margin = sys.argv[1:12]
+url, work, model, c4, st, dt, lim, frac, prompt, output, margin, export, tasks, hidden = sys.argv[1:15]
 par = json.load(open(f"{work}/parent_estimate.json"))["predicted"]
 spec = {"name": "smollm2-135m-cpu-latency", "model": {"path": model},
         "target": {"device": "cpu", "precision": "fp32",
                    "workload": {"batch_size": 1, "prompt_tokens": int(prompt), "output_tokens": int(output)}},
         "constraints": {"latency_ms": round(float(frac) * par["latency_ms"], 3)},
         "method": "autocompress",
-        "search_space": {"hidden": True, "heads": True, "ffn": True, "depth": True},
+        "search_space": {"hidden": hidden == "1", "heads": True, "ffn": True, "experts": True, "depth": True},
         "budgets": {"search_tokens": int(st), "distill_tokens": int(dt)},
         "data": {"calibration": c4, "distillation": c4},
-        "evaluation": {"tasks": ["arc_easy", "arc_challenge", "piqa", "hellaswag", "winogrande", "boolq",
-                                 "openbookqa", "lambada_openai"], "limit": int(lim), "seed": 1234, "pruned": True},
-        "export": ["gguf"]}
+        "evaluation": {"tasks": tasks.split(","), "limit": int(lim), "seed": 1234, "pruned": True},
+        "export": export.split(",")}
 if margin:
     spec["constraints"]["margin_pct"] = float(margin)
 json.dump(spec, open(f"{work}/spec.json", "w"), indent=1)
@@ -108,6 +114,10 @@ gguf=$(python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); print(next((
 if [ -n "$gguf" ]; then
     curl -sf -o "$WORK/$gguf" "$URL/v1/jobs/$jid/artifacts/$gguf"
     "$BIN" perplexity "$WORK/$gguf" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$WORK/ppl_result.json" || true
+elif curl -sf -o "$WORK/model-hf.tar" "$URL/v1/jobs/$jid/artifacts/model-hf.tar"; then
+    mkdir -p "$WORK/hf" && tar -xf "$WORK/model-hf.tar" -C "$WORK/hf"
+    hfdir=$(dirname "$(find "$WORK/hf" -name config.json | head -1)")
+    "$BIN" perplexity "$hfdir" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$WORK/ppl_result.json" || true
 fi
 "$BIN" perplexity "$MODEL" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$WORK/ppl_parent.json" || true
 [ -d "$jobdir/prune/student" ] &&
@@ -115,9 +125,10 @@ fi
 kill $srv 2>/dev/null || true
 cp "$WORK/report.json" "$RES.json"
 cp "$WORK/report.html" "$RES.html"
-python3 - "$WORK" "$(( $(date +%s) - t0 ))" "$PPL_CHUNKS" "$gguf" <<'PY' | tee "$RES.md"
+python3 - "$WORK" "$(( $(date +%s) - t0 ))" "$PPL_CHUNKS" "$gguf" "$TITLE" "$RES" <<'PY' | tee "$RES.md"
 import json, sys, os
-work, wall, chunks, gguf = sys.argv[1:5]
+work, wall, chunks, gguf, title, res_path = sys.argv[1:7]
+base = os.path.basename(res_path)
 r = json.load(open(f"{work}/report.json"))
 spec = json.load(open(f"{work}/spec.json"))
 arts = json.load(open(f"{work}/artifacts.json"))
@@ -141,16 +152,16 @@ def acc(m, t):
 
 
 par, res, pru = r.get("parent", {}), r.get("result", {}), r.get("pruned", {})
-print("# SmolLM2-135M-Instruct, one full job through the REST API (CPU target)\n")
+print(f"# {title}, one full job through the REST API (CPU target)\n")
 print(f"Job `{r.get('job_id')}`: {r.get('status')}; {int(wall) / 60:.1f} min wall for the whole script. "
-      f"Files: `smollm2-135m-cpu.json` (GET /v1/jobs/{{id}}/report) and `smollm2-135m-cpu.html` "
+      f"Files: `{base}.json` (GET /v1/jobs/{{id}}/report) and `{base}.html` "
       f"(GET /v1/jobs/{{id}}/report.html). Produced by `bench/job/smollm2.sh`.\n")
 w = spec["target"]["workload"]
 aim = r.get("search", {}).get("aim", {})
-print(f"Spec: latency ≤ {spec['constraints']['latency_ms']} ms (75% of the parent's predicted latency; the search "
+print(f"Spec: latency ≤ {spec['constraints']['latency_ms']} ms ({float(os.environ.get('FRACTION', 0.75)):.0%} of the parent's predicted latency; the search "
       f"aims {aim.get('margin', {}).get('latency_pct', 0):.2f}% under it, margin from {aim.get('source', '?')}) at batch "
       f"{w['batch_size']}, {w['prompt_tokens']} prompt + {w['output_tokens']} output tokens; method "
-      f"{spec['method']} over hidden size, heads, FFN widths and depth; budgets {spec['budgets']['search_tokens']} "
+      f"{spec['method']} over {', '.join(k for k, v in spec['search_space'].items() if v)}; budgets {spec['budgets']['search_tokens']} "
       f"selection and {spec['budgets']['distill_tokens']} distillation tokens of C4; evaluation "
       f"{spec['evaluation']['limit']} items per task (seed 1234); export {', '.join(spec['export'])}.\n")
 print("| | parent | pruned only | pruned + distilled |")
@@ -163,7 +174,7 @@ print(f"| measured latency (ms) | {(par.get('measured') or {}).get('latency_ms',
 print(f"| WikiText-2 perplexity ({chunks} x 512) | {ppl('parent')} | {ppl('pruned')} | {ppl('result')} |")
 for t in spec["evaluation"]["tasks"]:
     print(f"| {t} acc | {acc(par, t)} | {acc(pru, t)} | {acc(res, t)} |")
-print(f"| **eight-benchmark average** | {avg(par)} | {avg(pru)} | {avg(res)} |\n")
+print(f"| **{len(spec['evaluation']['tasks'])}-benchmark average** | {avg(par)} | {avg(pru)} | {avg(res)} |\n")
 for l in r.get("limits", []):
     print(f"- limit {l.get('name')} ≤ {l.get('limit')} (aimed at {l.get('aimed')}): predicted {l.get('predicted')}, "
           f"measured {l.get('measured')}, holds: {l.get('holds')}")
@@ -175,7 +186,8 @@ print(f"- search: {s.get('selection_tokens')} selection tokens, {s.get('wall_s',
 print("- wall time per stage (s): " + ", ".join(f"{x['name']} {x.get('wall_s', 0):.0f}" for x in r.get("stages", [])))
 a = res.get("arch", {})
 print(f"- result arch: hidden {a.get('hidden_size')}, {len(a.get('layers', []))} layers: " +
-      " ".join(f"{(x.get('attention') or {}).get('n_heads', 0)}/{(x.get('mlp') or {}).get('ffn_dim', 0)}"
+      " ".join(f"{(x.get('attention') or {}).get('n_heads', 0)}/" +
+               (f"e{x['moe']['n_experts']}" if x.get('moe') else f"{(x.get('mlp') or {}).get('ffn_dim', 0)}")
                for x in a.get("layers", [])))
 print(f"- artifacts: " + ", ".join(f"{x['name']} ({x.get('size_bytes')} B)" for x in arts.get("data", [])))
 PY
