@@ -23,8 +23,7 @@ source scripts/pyenv.sh >/dev/null
 bin=$BUILD/tools/engine_bench
 [ -x "$bin" ] || { echo "engine_bench not built: make BUILD=$BUILD $bin" >&2; exit 1; }
 tmp=${OUT:-/tmp/ac-families}   # raw outputs, kept
-rm -rf "$tmp"
-mkdir -p "$tmp"
+[ "${REPORT_ONLY:-0}" = 1 ] || { rm -rf "$tmp"; mkdir -p "$tmp"; }
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 [ "${REPORT_ONLY:-0}" = 1 ] && load=$(cat "$tmp/load" 2>/dev/null || echo "$load")
 [ "${REPORT_ONLY:-0}" = 1 ] || {
@@ -78,8 +77,10 @@ out.append("| decode b1 (prompt 128) | %.2f (%s) | %.2f (%s) | %.2fx | %.0f%% of
     d_e, rng("engine", "decode_b1_wall"), d_t, rng("torch", "decode_b1_wall"), d_e / d_t,
     100 * d_e * active * 4 / 1e9 / bw, d_e * active * 4 / 1e9))
 out.append("")
-out.append("PyTorch: %s. CPU-time rates are in the raw outputs (engine_bench NAME, peer NAME_cpu)." %
-           runs["torch"][0].get("peer", "transformers"))
+peer = next((l.split(None, 1)[1].strip() for l in open(os.path.join(tmp, "torch.1")) if l.startswith("peer ")), "?")
+out.append("Peer: %s (eager, fp32). CPU-time rates are in the raw outputs (engine_bench NAME, peer NAME_cpu). "
+           "llama.cpp is not in this table: the MoEfied model renormalizes its top-k weights "
+           "(norm_topk_prob), which llama.cpp's qwen2moe never does, so its GGUF export is refused." % peer)
 cal = json.load(open(os.path.join(tmp, "cal.json")))
 v = cal.get("validation", {})
 out.append("")
@@ -100,6 +101,12 @@ for name, m in (("dense SmolLM2-135M", dense), ("MoEfied (no training)", moe), (
 if rows:
     out += ["", "## Quality steps (WikiText-2 test, 40 chunks of 512, second halves scored)", "",
             "| model | perplexity | tokens scored |", "|---|---:|---:|"] + rows
+    man = os.path.join(dist, "prune.json") if dist else ""
+    if man and os.path.exists(man):
+        m = json.load(open(man))
+        out += ["", "The distilled model: `autocompress distill` from the dense parent, %s tokens of C4 (%s steps). "
+                "bench/families/moefy.py's header says how the MoE was made; its per-layer errors are in the "
+                "MoE directory's moefy.json." % (m.get("distill_tokens"), m.get("distill_steps"))]
 out.append("")
 print("\n".join(out))
 open("bench/results/families.md", "w").write("\n".join(out) + "\n")
