@@ -184,10 +184,13 @@ static json_t *load_json_file(const char *path)
 static int hf_choose_class(const arch *a, const char *asked, const json_t *pconf, char *cls, size_t cap,
                            char *err, size_t errlen)
 {
-    if (asked && strcmp(a->family, "llama")) {
-        snprintf(err, errlen, "HF export: a %s model is written in its own family's class; the class \"%s\" "
-                 "does not hold experts", a->family, asked);
-        return -1;
+    if (asked && strcmp(a->family, "llama")) {   /* "hf" (asked "llama") is the family's own class here */
+        if (!strcmp(asked, "deci")) {
+            snprintf(err, errlen, "HF export: a %s model is written in its own family's class (\"hf\"); DeciLM "
+                     "does not hold experts", a->family);
+            return -1;
+        }
+        return exp_hf_class(a, pconf, cls, cap, err, errlen);
     }
     if (asked && !strcmp(asked, "llama") && !arch_is_uniform(a)) {
         snprintf(err, errlen, "HF export: LlamaForCausalLM holds uniform layers only and this arch differs "
