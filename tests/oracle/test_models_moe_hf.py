@@ -5,7 +5,8 @@ transformers itself (save_pretrained, safetensors; Qwen2-MoE's dense layers come
 decoder_sparse_step, as 4.40.2 has no mlp_only_layers). Checks:
   - `inspect --json` reads the family, per-layer experts, top-k, widths and dense layers;
   - the engine's logits equal transformers' (fp32);
-  - our HF export of the unpruned model loads back in transformers with the same logits;
+  - our HF export of the unpruned model loads back in transformers with the same logits,
+    `autocompress export --format hf` writes the family's class and DeciLM is refused;
   - pruning experts uniformly (router rows sliced with them, top-k capped) gives the logits
     of a transformers model built with that many experts from the same sliced weights;
   - pruning experts per layer writes block_configs (ffn.moe) and the export reloads in the
@@ -145,6 +146,15 @@ def case(tmp, tag, cfg, cls, fam, seed):
     e = rel(tf_logits(back), ref)
     check(type(back).__name__ == cls.__name__ and e < 1e-4,
           "%s: HF export loads in transformers as %s, logits equal (rel err %.2e)" % (tag, cls.__name__, e))
+
+    # The CLI's export: "hf" is the family's class, DeciLM is refused
+    cli = os.path.join(tmp, tag + "-cli")
+    run([AC, "export", d, "--format", "hf", "--dtype", "fp32", "--out", cli])
+    conf = json.load(open(os.path.join(cli, "config.json")))
+    r = run([AC, "export", d, "--format", "deci", "--out", os.path.join(tmp, tag + "-deci")], expect=1)
+    check(conf["architectures"] == [cls.__name__] and "DeciLM" in r.stderr,
+          "%s: `export --format hf` writes %s, deci is refused (%s)" % (tag, conf["architectures"][0],
+                                                                       r.stderr.strip()[:60]))
 
     # Uniform expert pruning: 3 of the experts per MoE layer, top-k kept at 2.
     L = cfg.num_hidden_layers
