@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/model_internal.h"
+#include "engine/moe.h"
 
 static int count_blocks(const arch *a)
 {

@@ -24,6 +24,7 @@
 
 #include "engine/clock.h"
 #include "engine/model_internal.h"
+#include "engine/moe.h"
 
 /* ---- statistics ---------------------------------------------------------------------- */
 

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/moe.h"
+
 #include "engine/model_internal.h"
 
 static int moe_width(const arch_moe *e)

@@ -12,6 +12,7 @@
 
 #include "engine/tokenizer.h"
 #include "storage/gguf.h"
+#include "storage/export_gguf_moe.h"
 #include "storage/gguf_write.h"
 
 int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)

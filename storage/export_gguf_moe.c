@@ -7,6 +7,8 @@
  * architectures, and renormalizes the top-k weights for `llama` and never for `qwen2moe`:
  * other archs are refused with the reason.
  */
+#include "storage/export_gguf_moe.h"
+
 #include "storage/export_internal.h"
 
 #include <stdio.h>

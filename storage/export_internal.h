@@ -73,14 +73,4 @@ int exp_decilm_check(const arch *a, char *err, size_t errlen);
 int exp_hf_tokenizer_files(const char *parent, const char *tok_path, int parent_gguf, int max_pos,
                            const char *dir, json_t *conf, exp_result *res, char *err, size_t errlen);
 
-/* GGUF of an MoE family (storage/export_gguf_moe.c): the llama.cpp architecture's name
- * ("llama" for Mixtral, "qwen2moe"), or -1 with the reason llama.cpp cannot hold the arch;
- * the architecture's expert keys; the tensors (declared, then written to path with weight
- * type wt, a ggw_type). Each 0, or -1 (keys: nonzero on OOM). */
-struct ggw;
-int exp_gguf_moe_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen);
-int exp_gguf_moe_keys(struct ggw *w, const arch *a, const char *an);
-int exp_gguf_moe_tensors(struct ggw *w, const eng_model *m, const char *an, int wt, const char *path, char *err,
-                         size_t errlen);
-
 #endif

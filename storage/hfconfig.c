@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "storage/fileio.h"
+#include "storage/hfconfig_moe.h"
 
 #define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
 

@@ -12,17 +12,6 @@
 
 #include "engine/arch.h"
 
-/* ---- mixture-of-experts families (storage/hfconfig_moe.c) ----
- * hfconfig_moe_family: 1 Mixtral, 2 Qwen2-MoE, 0 neither (by architectures[0], else model_type).
- * hfconfig_moe_layers: sets a's family and each layer's attention (H query, KV key/value heads)
- * and MLP (dense or MoE) from the family's fields or from block_configs (a has n_layers
- * layers with source_layer set). 0, or -1 with err.
- * hfconfig_moe_from_arch: config.json of an MoE-family arch (block_configs when its layers
- * differ). NEW reference, or NULL with err. */
-int hfconfig_moe_family(const char *cls, const char *model_type);
-int hfconfig_moe_layers(json_t *cfg, int fam, arch *a, int64_t H, int64_t KV, char *err, size_t errlen);
-json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen);
-
 /* Parse a config.json object (borrowed) into a (must not own memory; owns the layers
  * on success, arch_free). Source layers come from "autocompress_source_layers" when
  * present (our exports record them), else 0..n-1. Returns 0, or -1 with

@@ -11,6 +11,8 @@
  * shared_expert_intermediate_dim}}; transformers' own classes cannot hold such a model,
  * this reader and the project's engine can.
  */
+#include "storage/hfconfig_moe.h"
+
 #include "storage/hfconfig.h"
 
 #include <stdio.h>
