@@ -50,31 +50,13 @@ int cal_grid_attention(const arch *parent, int *heads, int *kv, int max)
     return n;
 }
 
-/* The parent's first MoE layer (NULL: none) and its most experts. */
-static const arch_moe *moe_shape(const arch *p, int *most)
-{
-    const arch_moe *first = NULL;
-    *most = 0;
-    for (int i = 0; i < p->n_layers; i++) {
-        const arch_moe *e = &p->layers[i].moe;
-        if (e->n_experts && !first)
-            first = e;
-        *most = e->n_experts > *most ? e->n_experts : *most;
-    }
-    return first;
-}
-
 void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
 {
-    int most;
-    const arch_moe *e = moe_shape(parent, &most);
+    const arch_moe *e = arch_first_moe(parent, NULL);
     l->ffn_dim = code > 0 ? code : 0;
     memset(&l->moe, 0, sizeof l->moe);
-    if (code < 0 && e) {
-        l->moe = *e;
-        l->moe.n_experts = -code;
-        l->moe.top_k = e->top_k < -code ? e->top_k : -code;
-    }
+    if (code < 0 && e)
+        l->moe = arch_moe_keep(e, -code);
 }
 
 int cal_grid_mlp(const arch *parent, int *ffn, int max)
@@ -93,7 +75,7 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max)
                 ffn[n++] = f;
         }
     }
-    if (moe_shape(parent, &most))
+    if (arch_first_moe(parent, &most))
         for (int k = 1, last = 0; k <= 16 && n < max; k++) {
             int c = most <= 16 ? k : (most * k + 15) / 16;   /* every count, or sixteenths rounded up */
             if (c > most)

@@ -60,17 +60,11 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb5", t->engine, t->kv_cache_type,
                       t->threads, cm_target_flash(t), t->engine_build);
     /* MoE: the most experts, and the first MoE layer's top-k and widths (the grid's shape) */
-    for (int i = 0, done = 0; !done && i < a->n_layers && n > 0 && (size_t)n < sizeof buf; i++) {
-        const arch_moe *e = &a->layers[i].moe;
-        if (!e->n_experts)
-            continue;
-        int maxe = 0;
-        for (int j = 0; j < a->n_layers; j++)
-            maxe = a->layers[j].moe.n_experts > maxe ? a->layers[j].moe.n_experts : maxe;
+    int maxe;
+    const arch_moe *e = arch_first_moe(a, &maxe);
+    if (e && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d", maxe, e->top_k, e->expert_ffn_dim,
                       e->shared_ffn_dim, e->norm_topk);
-        done = 1;
-    }
     if (n >= (int)sizeof buf)
         n = (int)sizeof buf - 1;
     unsigned char md[SHA256_DIGEST_LENGTH];

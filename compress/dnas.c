@@ -82,11 +82,8 @@ static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, i
         layers[i].n_heads = heads;
         layers[i].n_kv_heads = kv;
         layers[i].ffn_dim = ffn > 0 ? ffn : 0;
-        if (ffn < 0 && moe) {
-            layers[i].moe = *moe;
-            layers[i].moe.n_experts = -ffn;
-            layers[i].moe.top_k = moe->top_k < -ffn ? moe->top_k : -ffn;
-        }
+        if (ffn < 0 && moe)
+            layers[i].moe = arch_moe_keep(moe, -ffn);
     }
     return 0;
 }
@@ -157,12 +154,7 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
         int ffn = part == CM_MLP ? (moe ? -size : size) : 0;
         double pre_ms, dec_ms, ws_b;
         cm_prediction p1;
-        arch_moe m1;
-        if (moe) {
-            m1 = *moe;
-            m1.n_experts = size;
-            m1.top_k = moe->top_k < size ? moe->top_k : size;
-        }
+        arch_moe m1 = moe ? arch_moe_keep(moe, size) : (arch_moe){0};
         int rc = moe ? cm_moe_cost(tb, H, &m1, &pre_ms, &dec_ms, &ws_b)
                      : cm_part_cost(tb, part, H, nh, nkv, ffn, &pre_ms, &dec_ms, &ws_b);
         if (rc != 0 || predict_probe(tb, parent, H, 1, nh, nkv, ffn, moe, &p1, err, errlen) != 0) {
@@ -198,22 +190,13 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
     return 0;
 }
 
-/* The first MoE layer's shape (NULL: the parent has none). */
-static const arch_moe *parent_moe(const arch *parent)
-{
-    for (int l = 0; l < parent->n_layers; l++)
-        if (parent->layers[l].moe.n_experts)
-            return &parent->layers[l].moe;
-    return NULL;
-}
-
 /* The cost tables of the space: per limit, the fixed cost at each hidden size and each
  * part choice's cost from the calibration (the parent's layer count copies). 0, or -1
  * with err. */
 static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const search_space *sp,
                        search_costs *costs, char *err, size_t errlen)
 {
-    const arch_moe *moe = parent_moe(parent);
+    const arch_moe *moe = arch_first_moe(parent, NULL);
     costs->t[SM_LATENCY].active = lim->latency_ms > 0;
     costs->t[SM_LATENCY].limit = lim->latency_ms;
     costs->t[SM_DECODE].active = lim->throughput_tps > 0;
@@ -330,10 +313,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     sp->moe = calloc((size_t)L, 1);
     if (!sp->moe)
         goto oom;
-    for (int l = 0; l < L; l++) {
+    arch_first_moe(parent, &Emax);
+    for (int l = 0; l < L; l++)
         sp->moe[l] = parent->layers[l].moe.n_experts > 0;
-        Emax = parent->layers[l].moe.n_experts > Emax ? parent->layers[l].moe.n_experts : Emax;
-    }
     sp->n_exp = 0;
     int zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
     if (Emax && zero_exp)

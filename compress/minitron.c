@@ -61,13 +61,10 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
         o->source_layer = parent->layers[l].source_layer;
         o->n_heads = heads;
         o->n_kv_heads = heads / group;
-        if (parent->layers[l].moe.n_experts) {
-            o->moe = parent->layers[l].moe;
-            o->moe.n_experts = experts;
-            o->moe.top_k = o->moe.top_k < experts ? o->moe.top_k : experts;
-        } else {
+        if (parent->layers[l].moe.n_experts)
+            o->moe = arch_moe_keep(&parent->layers[l].moe, experts);
+        else
             o->ffn_dim = ffn;
-        }
     }
     free(keep);
     return 0;

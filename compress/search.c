@@ -606,11 +606,8 @@ int search_choice_arch(const search_space *sp, const search_choice *c, const arc
         o->n_heads = h;
         o->n_kv_heads = h ? h / sp->group : 0;
         if (sp->moe && sp->moe[l]) {
-            if (f > 0) {
-                o->moe = parent->layers[l].moe;
-                o->moe.n_experts = f;
-                o->moe.top_k = o->moe.top_k < f ? o->moe.top_k : f;
-            }
+            if (f > 0)
+                o->moe = arch_moe_keep(&parent->layers[l].moe, f);
         } else {
             o->ffn_dim = f > 0 ? f : 0;
         }

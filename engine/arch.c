@@ -176,12 +176,27 @@ int64_t arch_params(const arch *a)
     return n;
 }
 
-int arch_has_moe(const arch *a)
+const arch_moe *arch_first_moe(const arch *a, int *most)
 {
-    for (int i = 0; i < a->n_layers; i++)
-        if (a->layers[i].moe.n_experts > 0)
-            return 1;
-    return 0;
+    const arch_moe *first = NULL;
+    int m = 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_moe *e = &a->layers[i].moe;
+        if (e->n_experts && !first)
+            first = e;
+        m = e->n_experts > m ? e->n_experts : m;
+    }
+    if (most)
+        *most = m;
+    return first;
+}
+
+arch_moe arch_moe_keep(const arch_moe *e, int n)
+{
+    arch_moe k = *e;
+    k.n_experts = n;
+    k.top_k = e->top_k < n ? e->top_k : n;
+    return k;
 }
 
 int arch_is_uniform(const arch *a)

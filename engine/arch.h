@@ -94,8 +94,13 @@ int64_t arch_params(const arch *a);
 /* 1 when the layer has an MLP: dense (ffn_dim > 0) or mixture of experts. */
 static inline int arch_layer_has_mlp(const arch_layer *l) { return l->ffn_dim > 0 || l->moe.n_experts > 0; }
 
-/* 1 if some layer is a mixture of experts. */
-int arch_has_moe(const arch *a);
+/* The first MoE layer's shape (NULL: no layer is a mixture of experts); *most (may be NULL)
+ * gets the most experts of any layer. */
+const arch_moe *arch_first_moe(const arch *a, int *most);
+
+/* Shape e with n experts, top-k capped at n (pruning keeps the first n; routing cannot pick
+ * more experts than there are). */
+arch_moe arch_moe_keep(const arch_moe *e, int n);
 
 /* 1 if every layer has the same heads, kv heads, ffn_dim and MoE shape and none is removed. */
 int arch_is_uniform(const arch *a);

@@ -140,21 +140,12 @@ int hfconfig_moe_layers(json_t *cfg, int fam, arch *a, int64_t H, int64_t KV, ch
     return 0;
 }
 
-/* The first MoE layer and first attention layer of a (their fields head the config). */
-static const arch_layer *first_moe(const arch *a)
-{
-    for (int l = 0; l < a->n_layers; l++)
-        if (a->layers[l].moe.n_experts)
-            return &a->layers[l];
-    return NULL;
-}
-
 /* 1 when the family's own fields describe every layer: attention on with the first layer's
  * heads, every MoE like the first; dense MLPs only in Qwen2-MoE (its mlp_only_layers), all of
  * one width. Anything else needs block_configs. */
 static int moe_uniform(const arch *a)
 {
-    const arch_layer *e = first_moe(a);
+    const arch_moe *e = arch_first_moe(a, NULL);
     int qwen = !strcmp(a->family, "qwen2_moe"), dense = 0;
     for (int l = 0; l < a->n_layers; l++) {
         const arch_layer *y = &a->layers[l];
@@ -165,7 +156,7 @@ static int moe_uniform(const arch *a)
             if (!qwen || (dense && y->ffn_dim != dense))
                 return 0;
             dense = y->ffn_dim;
-        } else if (memcmp(&y->moe, &e->moe, sizeof y->moe)) {
+        } else if (memcmp(&y->moe, e, sizeof y->moe)) {
             return 0;
         }
     }
@@ -199,7 +190,8 @@ static json_t *moe_blocks(const arch *a)
 
 json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
 {
-    const arch_layer *e = first_moe(a), *att = NULL, *dense = NULL;
+    const arch_moe *e = arch_first_moe(a, NULL);
+    const arch_layer *att = NULL, *dense = NULL;
     for (int l = 0; l < a->n_layers; l++) {
         if (!att && a->layers[l].n_heads)
             att = &a->layers[l];
@@ -211,7 +203,7 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
     arch_moe none = {0};
     arch_layer no_att = {.n_heads = a->head_dim > 0 ? a->hidden_size / a->head_dim : 0};
     no_att.n_kv_heads = no_att.n_heads;
-    const arch_moe *em = e ? &e->moe : &none;
+    const arch_moe *em = e ? e : &none;
     if (!att)
         att = &no_att;
     if (att->n_heads <= 0) {
