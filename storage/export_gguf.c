@@ -63,9 +63,7 @@ int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t 
     return 0;
 }
 
-/* rotate_half layout -> interleaved pairs, as convert_hf_to_gguf's permute():
- * new row h*D + 2j + t takes old row h*D + t*D/2 + j. */
-static int permute_rows(float *w, int n_heads, int64_t rows, int64_t cols)
+int exp_permute_rows(float *w, int n_heads, int64_t rows, int64_t cols)
 {
     if (n_heads <= 0 || rows % n_heads)
         return -1;
@@ -271,7 +269,7 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
         float *d = exp_fetch_tensor(m, &t[i], err, errlen);
         if (!d)
             return -1;
-        if (ph > 0 && permute_rows(d, ph, t[i].shape[0], t[i].ndim == 2 ? t[i].shape[1] : 1) < 0) {
+        if (ph > 0 && exp_permute_rows(d, ph, t[i].shape[0], t[i].ndim == 2 ? t[i].shape[1] : 1) < 0) {
             snprintf(err, errlen, "GGUF export: cannot permute %s for %d heads", t[i].name, ph);
             free(d);
             return -1;

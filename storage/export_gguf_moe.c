@@ -90,7 +90,7 @@ typedef struct {
     int permute;      /* q/k rows to interleave, for this many heads (0: none) */
 } moe_tensor;
 
-static int add(moe_tensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf,
+static void add(moe_tensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf,
                int stack, int permute)
 {
     moe_tensor *x = &t[(*n)++];
@@ -102,7 +102,6 @@ static int add(moe_tensor *t, int *n, const char *name, int64_t n0, int64_t n1, 
     snprintf(x->hf, sizeof x->hf, "%s", hf);
     x->stack = stack;
     x->permute = permute;
-    return 0;
 }
 
 /* The tensors in llama.cpp's names, in order. Returns the count written into t. */
@@ -155,24 +154,6 @@ static int moe_tensors(const arch *a, const char *an, moe_tensor *t)
     return n;
 }
 
-/* rotate_half layout -> interleaved pairs (as convert_hf_to_gguf's permute). */
-static int interleave(float *w, int n_heads, int64_t rows, int64_t cols)
-{
-    int64_t D = rows / n_heads;
-    float *tmp = malloc((size_t)(D * cols) * sizeof *tmp);
-    if (!tmp)
-        return -1;
-    for (int hd = 0; hd < n_heads; hd++) {
-        float *blk = w + (int64_t)hd * D * cols;
-        memcpy(tmp, blk, (size_t)(D * cols) * sizeof *tmp);
-        for (int64_t j = 0; j < D / 2; j++)
-            for (int s = 0; s < 2; s++)
-                memcpy(blk + (2 * j + s) * cols, tmp + (s * (D / 2) + j) * cols, (size_t)cols * sizeof *tmp);
-    }
-    free(tmp);
-    return 0;
-}
-
 /* The values of tensor x (NEW buffer), read from m. NULL with err. */
 static float *fetch(const eng_model *m, const moe_tensor *x, char *err, size_t errlen)
 {
@@ -194,8 +175,8 @@ static float *fetch(const eng_model *m, const moe_tensor *x, char *err, size_t e
             return NULL;
         }
     }
-    if (x->permute && interleave(d, x->permute, x->ne[1], x->ne[0]) < 0) {
-        snprintf(err, errlen, "GGUF export: out of memory");
+    if (x->permute && exp_permute_rows(d, x->permute, x->ne[1], x->ne[0]) < 0) {
+        snprintf(err, errlen, "GGUF export: cannot permute %s for %d heads", x->hf, x->permute);
         free(d);
         return NULL;
     }

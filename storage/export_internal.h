@@ -58,6 +58,12 @@ int exp_write_json(const char *path, const json_t *j, char *err, size_t errlen);
 int exp_spm_pieces(const tok_tokenizer *t, char ***pieces, size_t **lens);
 void exp_free_pieces(char **pieces, size_t *lens, int n);
 
+/* q/k rows from the rotate_half layout to interleaved pairs, as convert_hf_to_gguf's
+ * permute() for llama.cpp's RoPE: new row h*D + 2j + t takes old row h*D + t*D/2 + j, for
+ * n_heads heads of D = rows/n_heads rows of `cols` values (storage/export_gguf.c). 0, or -1
+ * (rows not in heads of even size, OOM). */
+int exp_permute_rows(float *w, int n_heads, int64_t rows, int64_t cols);
+
 /* Whether DeciLM block_configs can state `a` (one query head count, FFN widths that
  * ffn_mult gives back, no dynamic RoPE, no empty layer). 0, or -1 with the layer and the
  * reason in err. */
