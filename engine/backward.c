@@ -72,7 +72,7 @@ size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_mod
     /* on top of it, at different times: the backward's attention tiles (threads x 2 x
      * ENG_CPU_ATTN_ROWS x T floats; the forward's are half), or the teacher's forward */
     size_t extra = attn ? (size_t)threads * 2 * ENG_CPU_ATTN_ROWS * T * F4 : 0;
-    size_t moe = eng_moe_scratch_bytes(&m->a, B * T, 1);   /* an MoE block's backward (its forward's is less) */
+    size_t moe = eng_moe_bwd_scratch_bytes(&m->a, B * T);   /* an MoE block's backward (its forward's is less) */
     extra = moe > extra ? moe : extra;
     if (teacher) {
         size_t tw = eng_fwd_bytes(&teacher->a, B, T, 0, ENG_LOGITS_NONE, threads, 0, teacher != m && teacher->masks);

@@ -10,7 +10,8 @@
  * Memory: floats N*(E + k + 1 + 2C + 3F) forward, + N*(2C + 3F + E) in backward (F = max of
  * the expert and shared widths), ints N*(k + 1); host arrays of the same order. Inference
  * passes its share of the forward workspace (eng_fwd_setup holds it for the call); the
- * training forward and the backward allocate theirs per call (eng_moe_scratch_bytes).
+ * training forward and the backward allocate theirs per call (the backward's, the larger:
+ * eng_moe_bwd_scratch_bytes).
  */
 #include <math.h>
 #include <stdio.h>
@@ -57,14 +58,14 @@ size_t eng_moe_scratch_ints(const arch *a, int N)
     return best;
 }
 
-size_t eng_moe_scratch_bytes(const arch *a, int N, int train)
+size_t eng_moe_bwd_scratch_bytes(const arch *a, int N)
 {
     size_t best = 0;
     for (int l = 0; l < a->n_layers; l++) {
         const arch_moe *e = &a->layers[l].moe;
         if (!e->n_experts)
             continue;
-        size_t b = scratch_floats(e, (size_t)N, (size_t)a->hidden_size, train) * F4 +
+        size_t b = scratch_floats(e, (size_t)N, (size_t)a->hidden_size, 1) * F4 +
                    (size_t)N * ((size_t)e->top_k + 1) * sizeof(int);
         best = b > best ? b : best;
     }

@@ -17,9 +17,10 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
  * grads (gm) accumulate. Routes and runs the experts again. 0, or -1 out of memory. */
 int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const float *dy, float *dxn, int N,
                 int gw, int gm);
-/* The largest scratch either allocates for N rows in any layer of a (train: the backward's),
- * in bytes, and the forward's floats and ints apart. */
-size_t eng_moe_scratch_bytes(const arch *a, int N, int train);
+/* Bytes of the largest scratch a backward allocates for N rows in any layer of a (more than
+ * a training forward's), and the forward's floats and ints apart (train: with the backward's
+ * buffers). */
+size_t eng_moe_bwd_scratch_bytes(const arch *a, int N);
 size_t eng_moe_scratch_floats(const arch *a, int N, int train);
 size_t eng_moe_scratch_ints(const arch *a, int N);
 
