@@ -83,12 +83,46 @@ int arch_equal(const arch *a, const arch *b)
     return 1;
 }
 
+int arch_mlp_gated(const arch *a) { return strcmp(a->family, "nemotron_h") != 0; }
+
+int arch_rope(const arch *a) { return strcmp(a->family, "nemotron_h") != 0; }
+
+/* A layer's Mamba-2 mixer: absent (all zero), or every dimension in range with the heads
+ * split evenly over the groups, and no attention beside it. */
+static int mamba_validate(const arch_layer *l, int i, int hybrid, const char *family, char *err, size_t errlen)
+{
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+    const arch_mamba *m = &l->mamba;
+    if (!m->n_heads) {
+        if (m->head_dim || m->d_state || m->n_groups || m->conv_kernel)
+            BAD("layers[%d].mamba: fields set without heads", i);
+        return 0;
+    }
+    if (!hybrid)
+        BAD("layers[%d]: mamba blocks are not supported by family \"%s\"", i, family);
+    if (m->n_heads < 0 || m->n_heads > 4096)
+        BAD("layers[%d].mamba.n_heads: %d is out of range [0, 4096]", i, m->n_heads);
+    if (m->head_dim < 1 || m->head_dim > 1024)
+        BAD("layers[%d].mamba.head_dim: %d is out of range [1, 1024]", i, m->head_dim);
+    if (m->d_state < 1 || m->d_state > 1024)
+        BAD("layers[%d].mamba.d_state: %d is out of range [1, 1024]", i, m->d_state);
+    if (m->n_groups < 1 || m->n_heads % m->n_groups)
+        BAD("layers[%d].mamba.n_groups: %d must divide n_heads=%d", i, m->n_groups, m->n_heads);
+    if (m->conv_kernel < 1 || m->conv_kernel > 16)
+        BAD("layers[%d].mamba.conv_kernel: %d is out of range [1, 16]", i, m->conv_kernel);
+    if (l->n_heads)
+        BAD("layers[%d]: a layer holds attention or a mamba mixer, not both", i);
+    return 0;
+#undef BAD
+}
+
 int arch_validate(const arch *a, char *err, size_t errlen)
 {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
     int moe_family = !strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe");
-    if (strcmp(a->family, "llama") != 0 && !moe_family)
-        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe)", a->family);
+    int hybrid = !strcmp(a->family, "nemotron_h");
+    if (strcmp(a->family, "llama") != 0 && !moe_family && !hybrid)
+        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe, nemotron_h)", a->family);
     if (a->vocab_size <= 0 || a->vocab_size > (1 << 22))
         BAD("vocab_size: %d is out of range [1, 4194304]", a->vocab_size);
     if (a->hidden_size <= 0 || a->hidden_size > (1 << 16))
@@ -103,6 +137,8 @@ int arch_validate(const arch *a, char *err, size_t errlen)
         BAD("norm_eps: must be in (0, 1)");
     if (a->n_layers < 0 || a->n_layers > 1024)
         BAD("layers: %d layers is out of range [0, 1024]", a->n_layers);
+    if (hybrid && a->attention_bias)
+        BAD("attention_bias: nemotron_h attention carries no bias");
     for (int i = 0; i < a->n_layers; i++) {
         const arch_layer *l = &a->layers[i];
         if (l->source_layer < 0)
@@ -119,11 +155,16 @@ int arch_validate(const arch *a, char *err, size_t errlen)
         }
         if (l->ffn_dim < 0 || l->ffn_dim > (1 << 20))
             BAD("layers[%d].mlp.ffn_dim: %d is out of range [0, 1048576]", i, l->ffn_dim);
-        if (l->mamba.n_heads)
-            BAD("layers[%d]: mamba blocks are not supported by family \"%s\"", i, a->family);
+        if (mamba_validate(l, i, hybrid, a->family, err, errlen) != 0)
+            return -1;
         const arch_moe *e = &l->moe;
+        if (e->n_experts && hybrid)
+            BAD("layers[%d]: nemotron_h MoE layers (sigmoid routing with a correction bias, grouped top-k, "
+                "squared-ReLU experts) are not built yet", i);
         if (e->n_experts && !moe_family)
             BAD("layers[%d]: moe blocks are not supported by family \"%s\"", i, a->family);
+        if (hybrid && (l->n_heads > 0) + (l->mamba.n_heads > 0) + (l->ffn_dim > 0) > 1)
+            BAD("layers[%d]: a nemotron_h layer holds one block (attention, mamba or mlp)", i);
         if (e->n_experts < 0 || e->n_experts > 4096)
             BAD("layers[%d].moe.n_experts: %d is out of range [0, 4096]", i, e->n_experts);
         if (e->n_experts) {
@@ -163,8 +204,15 @@ int64_t arch_params(const arch *a)
             if (a->attention_bias)
                 n += q + 2 * kv;
         }
-        if (l->ffn_dim > 0)
-            n += C + 3 * C * (int64_t)l->ffn_dim;    /* ffn norm, gate, up, down */
+        if (l->ffn_dim > 0)   /* ffn norm, gate (SwiGLU), up, down */
+            n += C + (arch_mlp_gated(a) ? 3 : 2) * C * (int64_t)l->ffn_dim;
+        if (l->mamba.n_heads > 0) {
+            const arch_mamba *m = &l->mamba;
+            int64_t di = arch_mamba_inner(m), cd = arch_mamba_conv_dim(m), H = m->n_heads;
+            n += C + C * (di + cd + H);              /* norm, in_proj (z, xBC, dt) */
+            n += cd * (m->conv_kernel + 1);          /* conv1d weight and bias */
+            n += 3 * H + di + di * C;                /* dt_bias, A_log, D, gated norm, out_proj */
+        }
         if (l->moe.n_experts > 0) {
             const arch_moe *e = &l->moe;
             n += C + (int64_t)e->n_experts * C;      /* ffn norm, router */
@@ -220,6 +268,8 @@ size_t arch_summary(const arch *a, char *buf, size_t len)
         char part[64];
         if (l->n_heads)
             n = snprintf(part, sizeof part, " | L%d a%d/%d f", l->source_layer, l->n_heads, l->n_kv_heads);
+        else if (l->mamba.n_heads)
+            n = snprintf(part, sizeof part, " | L%d m%dx%d f", l->source_layer, l->mamba.n_heads, l->mamba.head_dim);
         else
             n = snprintf(part, sizeof part, " | L%d a- f", l->source_layer);
         if (l->ffn_dim)

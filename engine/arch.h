@@ -25,10 +25,22 @@ typedef struct {
     int n_experts, top_k, expert_ffn_dim, shared_ffn_dim, norm_topk;
 } arch_moe;
 
-/* Mamba-2 mixer (family "nemotron_h"); n_heads == 0: absent. */
+/* Mamba-2 mixer (family "nemotron_h"); n_heads == 0: absent. It takes the attention's
+ * place in its layer (a layer holds attention or a Mamba mixer, not both). d_inner =
+ * n_heads*head_dim; in_proj maps hidden to z (d_inner), xBC (conv_dim = d_inner +
+ * 2*n_groups*d_state) and dt (n_heads); a depthwise causal conv of conv_kernel taps (with
+ * bias) and SiLU run over xBC; head h reads B and C of group h / (n_heads/n_groups);
+ * the SSM state of a head is head_dim x d_state. */
 typedef struct {
     int n_heads, head_dim, d_state, n_groups, conv_kernel;
 } arch_mamba;
+
+/* d_inner and conv_dim of a Mamba mixer (0 when absent). */
+static inline int arch_mamba_inner(const arch_mamba *m) { return m->n_heads * m->head_dim; }
+static inline int arch_mamba_conv_dim(const arch_mamba *m)
+{
+    return m->n_heads ? m->n_heads * m->head_dim + 2 * m->n_groups * m->d_state : 0;
+}
 
 typedef struct {
     int source_layer;   /* index of the parent layer this layer came from */
@@ -50,7 +62,9 @@ typedef struct {
 
 typedef struct {
     char family[ARCH_FAMILY_MAX];   /* "llama" (Llama 2/3, Mistral, Qwen2, SmolLM), "mixtral",
-                                       "qwen2_moe" */
+                                       "qwen2_moe", "nemotron_h" (hybrid Mamba-2: every layer
+                                       holds one block, attention without RoPE, squared-ReLU MLPs
+                                       of up and down only) */
     int vocab_size;
     int hidden_size;
     int head_dim;
@@ -93,6 +107,15 @@ int64_t arch_params(const arch *a);
 
 /* 1 when the layer has an MLP: dense (ffn_dim > 0) or mixture of experts. */
 static inline int arch_layer_has_mlp(const arch_layer *l) { return l->ffn_dim > 0 || l->moe.n_experts > 0; }
+
+/* 1 when the layer has a token mixer: attention or a Mamba-2 mixer. */
+static inline int arch_layer_has_mixer(const arch_layer *l) { return l->n_heads > 0 || l->mamba.n_heads > 0; }
+
+/* Family traits. arch_mlp_gated: dense MLPs are SwiGLU (gate, up, down) rather than
+ * squared ReLU (up, down; nemotron_h). arch_rope: attention rotates q and k (nemotron_h's
+ * does not: its Mamba layers carry position). */
+int arch_mlp_gated(const arch *a);
+int arch_rope(const arch *a);
 
 /* The first MoE layer's shape (NULL: no layer is a mixture of experts); *most (may be NULL)
  * gets the most experts of any layer. */

@@ -164,6 +164,54 @@ struct eng_backend {
                              int C);
     void (*rows_dot)(eng_backend *be, float *out, const float *a, const float *b, int n, int C);
 
+    /* ---- Mamba-2 mixer (arch_mamba; engine/mamba.c) ------------------------------------
+     * Shapes of one layer: H heads of P channels, G groups, state size S (d_state), conv
+     * kernel K; di = H*P, cd = di + 2*G*S (the xBC channels: x [di], then B [G*S], then C
+     * [G*S]); rows are [B, T] token-major. lens [B] (device int): valid tokens of a row
+     * (right padding beyond them; NULL: all T).
+     * ssm_conv_fwd: depthwise causal conv with bias, then SiLU, over xbc_in [B,T,cd]:
+     *   pre[t,c] = bias[c] + sum_k w[c,k] * in[t-(K-1)+k, c], where in[<0] is the row's
+     *   history: state [B, K-1, cd] (oldest first), or zeros when state is NULL;
+     *   y [B,T,cd] out = silu(pre). With a state, it is updated to the K-1 inputs before
+     *   position lens[b] of the history followed by the row's valid inputs.
+     * ssm_conv_bwd (no history: training): dx [B,T,cd] out; dw [cd,K] and dbias [cd] acc.
+     * ssm_scan_fwd: per row, head h (group g = h / (H/G)) and step t < lens[b]:
+     *   dt = softplus(dt_raw[t,h] + dt_bias[h]), A = -exp(A_log[h]),
+     *   s = exp(dt*A) * s + dt * x[t,h,:] (outer) B[t,g,:]; s [P,S] is state[b,h] ([B,H,P,S]
+     *   in/out: the state before the first step, zeros for a fresh start), left holding the
+     *   state after lens[b] steps;
+     *   y[t,h,p] out = sum_s s[p,s] * C[t,g,s] + Dskip[h] * x[t,h,p]; padded steps: y = 0.
+     *   x, B, C are read from xbc [B,T,cd]; dt_raw [B,T,H]; y [B,T,di].
+     *   ckpt (may be NULL) [B, ceil(T/chunk), H, P, S] out: the state before every chunk of
+     *   `chunk` steps, for the backward.
+     * ssm_scan_bwd (training, zero start): given dy [B,T,di] and the forward's inputs and
+     *   ckpt: dxbc [B,T,cd] out, ddt_raw [B,T,H] out, ddt_bias, dA_log, dD [H] acc. It
+     *   recomputes each chunk's states from its checkpoint into scratch of
+     *   B * H * (chunk + 2) * P * S floats (the caller's).
+     * gated_norm_fwd: g = y * silu(z) over [N, di], then RMS-normalized within each of G
+     *   groups of di/G channels: rstd [N,G] out = 1/sqrt(mean(g^2) + eps); out [N,di] =
+     *   g * rstd * w.
+     * gated_norm_bwd: given dout: dy [N,di] out, dz [N,di] out, dw [di] acc (may be NULL). */
+    void (*ssm_conv_fwd)(eng_backend *be, float *y, const float *x, const float *w, const float *bias,
+                         float *state, const int *lens, int B, int T, int cd, int K);
+    void (*ssm_conv_bwd)(eng_backend *be, float *dx, float *dw, float *dbias, const float *dy, const float *x,
+                         const float *w, const float *bias, int B, int T, int cd, int K);
+    void (*ssm_scan_fwd)(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
+                         const float *dt_bias, const float *A_log, const float *Dskip, float *state,
+                         const int *lens, int B, int T, int H, int P, int G, int S, int chunk);
+    void (*ssm_scan_bwd)(eng_backend *be, float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log,
+                         float *dD, const float *dy, const float *xbc, const float *dt_raw, const float *dt_bias,
+                         const float *A_log, const float *Dskip, const float *ckpt, float *scratch,
+                         int B, int T, int H, int P, int G, int S, int chunk);
+    void (*gated_norm_fwd)(eng_backend *be, float *out, float *rstd, const float *y, const float *z,
+                           const float *w, int N, int di, int G, float eps);
+    void (*gated_norm_bwd)(eng_backend *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                           const float *z, const float *w, const float *rstd, int N, int di, int G);
+    /* Squared ReLU (nemotron_h's MLP): fwd h = max(u, 0)^2 (out); bwd du = dh * 2 max(u, 0) (out,
+     * may alias dh). */
+    void (*relu2_fwd)(eng_backend *be, float *h, const float *u, size_t n);
+    void (*relu2_bwd)(eng_backend *be, float *du, const float *dh, const float *u, size_t n);
+
     /* ---- optimizer ---------------------------------------------------------------------
      * AdamW over n parameters, decoupled weight decay, with g' = g * gscale:
      *   m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;

@@ -128,6 +128,35 @@ CHECKED(adamw,
         (eng_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
         float eps, float wd, float bc1, float bc2, float gscale),
         (be, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale))
+CHECKED(ssm_conv_fwd,
+        (eng_backend *be, float *y, const float *x, const float *w, const float *bias, float *state,
+        const int *lens, int B, int T, int cd, int K),
+        (be, y, x, w, bias, state, lens, B, T, cd, K))
+CHECKED(ssm_conv_bwd,
+        (eng_backend *be, float *dx, float *dw, float *dbias, const float *dy, const float *x, const float *w,
+        const float *bias, int B, int T, int cd, int K),
+        (be, dx, dw, dbias, dy, x, w, bias, B, T, cd, K))
+CHECKED(ssm_scan_fwd,
+        (eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw, const float *dt_bias,
+        const float *A_log, const float *Dskip, float *state, const int *lens, int B, int T, int H, int P, int G,
+        int S, int chunk),
+        (be, y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip, state, lens, B, T, H, P, G, S, chunk))
+CHECKED(ssm_scan_bwd,
+        (eng_backend *be, float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD, const float *dy,
+        const float *xbc, const float *dt_raw, const float *dt_bias, const float *A_log, const float *Dskip,
+        const float *ckpt, float *scratch, int B, int T, int H, int P, int G, int S, int chunk),
+        (be, dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw, dt_bias, A_log, Dskip, ckpt, scratch, B, T, H, P,
+        G, S, chunk))
+CHECKED(gated_norm_fwd,
+        (eng_backend *be, float *out, float *rstd, const float *y, const float *z, const float *w, int N, int di,
+        int G, float eps),
+        (be, out, rstd, y, z, w, N, di, G, eps))
+CHECKED(gated_norm_bwd,
+        (eng_backend *be, float *dy, float *dz, float *dw, const float *dout, const float *y, const float *z,
+        const float *w, const float *rstd, int N, int di, int G),
+        (be, dy, dz, dw, dout, y, z, w, rstd, N, di, G))
+CHECKED(relu2_fwd, (eng_backend *be, float *h, const float *u, size_t n), (be, h, u, n))
+CHECKED(relu2_bwd, (eng_backend *be, float *du, const float *dh, const float *u, size_t n), (be, du, dh, u, n))
 
 static void chk_destroy(eng_backend *be)
 {
@@ -191,6 +220,17 @@ eng_backend *eng_backend_check_ops(eng_backend *be)
     be->gather_rows = chk_gather_rows;
     be->scatter_rows_acc = chk_scatter_rows_acc;
     be->rows_dot = chk_rows_dot;
+    /* ops a backend may lack (the model refuses the layers that need them) stay absent */
+#define OPT(name) be->name = be->name ? chk_##name : NULL
+    OPT(ssm_conv_fwd);
+    OPT(ssm_conv_bwd);
+    OPT(ssm_scan_fwd);
+    OPT(ssm_scan_bwd);
+    OPT(gated_norm_fwd);
+    OPT(gated_norm_bwd);
+    OPT(relu2_fwd);
+    OPT(relu2_bwd);
+#undef OPT
     be->destroy = chk_destroy;
     return be;
 }

@@ -7,6 +7,7 @@
  */
 #include "engine/backend.h"
 #include "engine/cpu_mm16.h"
+#include "engine/cpu_ssm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -964,6 +965,7 @@ eng_backend *eng_backend_cpu_new(int threads)
     be->gather_rows = cpu_gather_rows;
     be->scatter_rows_acc = cpu_scatter_rows_acc;
     be->rows_dot = cpu_rows_dot;
+    cpu_ssm_install(be);
     return eng_backend_check_ops(be);
 }
 

@@ -5,8 +5,10 @@
  * Memory: one workspace held for the call, freed before return (eng_train_workspace_bytes
  * computes exactly this; N = B*T, qd/kvd/F the maxima over layers, R = min(N,
  * ENG_LOGIT_CHUNK_ROWS)): residual chain (blocks+1) * N*C; per attention block N*(1 + 2 Hq*D
- * + 2 Hkv*D + Hq + C) (rstd, q, o, k, v, lse, y) and per MLP block N*(1 + 2F_l + C) (rstd,
- * gate, up, y), each + N*C (r) when masks are enabled; backward scratch N*(4C + max(3qd +
+ * + 2 Hkv*D + Hq + C) (rstd, q, o, k, v, lse, y), per MLP block N*(1 + 2F_l + C) (rstd,
+ * gate, up, y), per MoE or Mamba-2 block N*(1 + C) (rstd, y: their backward runs them again
+ * from the block's input, with scratch of its own: eng_moe_bwd_scratch_bytes,
+ * eng_mamba_bwd_bytes), each + N*C (r) when masks are enabled; backward scratch N*(4C + max(3qd +
  * 2kvd, 3F)) + 1; loss chunks R*(2C + 1 + 2V) (+ R*V teacher logits and N*C_teacher teacher
  * stream with KD) + 2R; ints 3N + 2B; attention tile scratch threads * 2 * ENG_CPU_ATTN_ROWS
  * * T (backward; the forward's is half). With KD the teacher's forward runs first while this
@@ -20,13 +22,14 @@
 #include <string.h>
 
 #include "engine/model_internal.h"
+#include "engine/mamba.h"
 #include "engine/moe.h"
 
 static int count_blocks(const arch *a)
 {
     int n = 0;
     for (int l = 0; l < a->n_layers; l++)
-        n += (a->layers[l].n_heads > 0) + arch_layer_has_mlp(&a->layers[l]);
+        n += arch_layer_has_mixer(&a->layers[l]) + arch_layer_has_mlp(&a->layers[l]);
     return n;
 }
 
@@ -49,6 +52,8 @@ static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int
         if (ly->ffn_dim)
             s.saved += N * (1 + 2 * (size_t)ly->ffn_dim + (with_masks ? 2 * C : C));
         if (ly->moe.n_experts)   /* rstd and y: the backward routes and runs the experts again */
+            s.saved += N * (1 + (with_masks ? 2 * C : C));
+        if (ly->mamba.n_heads)   /* rstd and y: the backward runs the mixer again */
             s.saved += N * (1 + (with_masks ? 2 * C : C));
     }
     /* backward scratch: dx, dyb, xn, dxn [N,C] + max(attention: om, dO, dq (qd), dk, dv (kvd);
@@ -74,6 +79,8 @@ size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_mod
     size_t extra = attn ? (size_t)threads * 2 * ENG_CPU_ATTN_ROWS * T * F4 : 0;
     size_t moe = eng_moe_bwd_scratch_bytes(&m->a, B * T);   /* an MoE block's backward (its forward's is less) */
     extra = moe > extra ? moe : extra;
+    size_t mamba = eng_mamba_bwd_bytes(&m->a, B, T);        /* a Mamba block's backward (likewise) */
+    extra = mamba > extra ? mamba : extra;
     if (teacher) {
         size_t tw = eng_fwd_bytes(&teacher->a, B, T, 0, ENG_LOGITS_NONE, threads, 0, teacher != m && teacher->masks);
         extra = tw > extra ? tw : extra;
@@ -139,8 +146,10 @@ static void attn_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, co
         be->mask_bwd(be, dO, bs->gm ? m->masks->g_head[l] : NULL, dO, A->o, st->mk->head[l], N, Hq, D);
     be->attn_bwd(be, dq, dk, dv, dO, A->q, A->k, A->v, A->o, A->lse, st->pos0_d, st->lens_d, st->B, st->T, st->T,
                  Hq, Hkv, D, (float)(1.0 / sqrt((double)D)));
-    be->rope_bwd(be, dq, st->pos_d, im->inv_freq, N, Hq, D);
-    be->rope_bwd(be, dk, st->pos_d, im->inv_freq, N, Hkv, D);
+    if (arch_rope(a)) {
+        be->rope_bwd(be, dq, st->pos_d, im->inv_freq, N, Hq, D);
+        be->rope_bwd(be, dk, st->pos_d, im->inv_freq, N, Hkv, D);
+    }
     if (bs->gw && L->bq) {
         be->colsum_acc(be, G->bq, dq, N, qd);
         be->colsum_acc(be, G->bk, dk, N, kvd);
@@ -151,6 +160,23 @@ static void attn_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, co
     linear_bwd(be, bs->dxn, 1.0f, bs->gw ? G->wk : NULL, dk, bs->xn, L->wk, N, kvd, C);
     linear_bwd(be, bs->dxn, 1.0f, bs->gw ? G->wv : NULL, dv, bs->xn, L->wv, N, kvd, C);
     be->rmsnorm_bwd(be, bs->dx, bs->gw ? G->attn_norm : NULL, bs->gm ? bs->d_neff : NULL, bs->dxn, x_in,
+                    L->attn_norm, A->rstd, N, C, st->n_eff);
+}
+
+static void mamba_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, const float *x_in, blk_act *A)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    const eng_layer *L = &m->layers[l];
+    int N = st->N, C = a->hidden_size;
+    const float *dy = residual_bwd(m, st, bs, A, st->mk ? st->mk->attn_gate + l : NULL,
+                                   bs->gm ? m->masks->g_attn_gate + l : NULL);
+    be->rmsnorm_fwd(be, bs->xn, NULL, x_in, L->attn_norm, N, C, st->n_eff, (float)a->norm_eps);
+    if (eng_mamba_bwd(m, st, l, bs->xn, dy, bs->dxn, bs->gw, bs->gm) != 0) {
+        bs->oom = 1;
+        be->zero(be, bs->dxn, F4 * (size_t)N * C);
+    }
+    be->rmsnorm_bwd(be, bs->dx, bs->gw ? m->glayers[l].attn_norm : NULL, bs->gm ? bs->d_neff : NULL, bs->dxn, x_in,
                     L->attn_norm, A->rstd, N, C, st->n_eff);
 }
 
@@ -174,7 +200,11 @@ static void mlp_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, con
         return;
     }
     float *z = bs->big, *zm = z + (size_t)N * F, *dz = zm + (size_t)N * F;
-    be->swiglu_fwd(be, z, A->gate, A->up, (size_t)N * F);
+    int gated = arch_mlp_gated(a);
+    if (gated)
+        be->swiglu_fwd(be, z, A->gate, A->up, (size_t)N * F);
+    else
+        be->relu2_fwd(be, z, A->up, (size_t)N * F);
     const float *zr = z;
     if (st->mk) {
         be->mask_fwd(be, zm, z, st->mk->ffn[l], N, F, 1);
@@ -184,10 +214,14 @@ static void mlp_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, con
     if (st->mk)
         be->mask_bwd(be, dz, bs->gm ? m->masks->g_ffn[l] : NULL, dz, z, st->mk->ffn[l], N, F, 1);
     float *dgate = z, *dup = zm;   /* z and zm are dead now */
-    be->swiglu_bwd(be, dgate, dup, dz, A->gate, A->up, (size_t)N * F);
+    if (gated)
+        be->swiglu_bwd(be, dgate, dup, dz, A->gate, A->up, (size_t)N * F);
+    else
+        be->relu2_bwd(be, dup, dz, A->up, (size_t)N * F);
     be->rmsnorm_fwd(be, bs->xn, NULL, x_in, L->ffn_norm, N, C, st->n_eff, (float)a->norm_eps);
-    linear_bwd(be, bs->dxn, 0.0f, bs->gw ? G->w_gate : NULL, dgate, bs->xn, L->w_gate, N, F, C);
-    linear_bwd(be, bs->dxn, 1.0f, bs->gw ? G->w_up : NULL, dup, bs->xn, L->w_up, N, F, C);
+    if (gated)
+        linear_bwd(be, bs->dxn, 0.0f, bs->gw ? G->w_gate : NULL, dgate, bs->xn, L->w_gate, N, F, C);
+    linear_bwd(be, bs->dxn, gated ? 1.0f : 0.0f, bs->gw ? G->w_up : NULL, dup, bs->xn, L->w_up, N, F, C);
     be->rmsnorm_bwd(be, bs->dx, bs->gw ? G->ffn_norm : NULL, bs->gm ? bs->d_neff : NULL, bs->dxn, x_in,
                     L->ffn_norm, A->rstd, N, C, st->n_eff);
 }
@@ -361,7 +395,7 @@ static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC)
                 p += N * C;
             }
         }
-        if (ly->moe.n_experts) {
+        if (ly->mamba.n_heads || ly->moe.n_experts) {   /* the mixer's, then the MLP's (one per layer) */
             blk_act *A = &w->acts[blk++];
             A->rstd = p; p += N;
             A->y = p; p += N * C;
@@ -508,6 +542,10 @@ static void train_layers_bwd(eng_model *m, train_ws *w, fwd_state *st)
         if (arch_layer_has_mlp(&a->layers[l])) {
             blk--;
             mlp_bwd_block(m, st, bs, l, w->xs[blk], &w->acts[blk]);
+        }
+        if (a->layers[l].mamba.n_heads) {
+            blk--;
+            mamba_bwd_block(m, st, bs, l, w->xs[blk], &w->acts[blk]);
         }
         if (a->layers[l].n_heads) {
             blk--;

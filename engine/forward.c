@@ -1,11 +1,13 @@
-/* engine/forward.c — inference: embedding, attention and SwiGLU blocks with masks, the LM
- * head, prefill and decode through a KV cache, and the ranking statistics. Training runs
+/* engine/forward.c — inference: embedding, attention (or Mamba-2, engine/mamba.c) and MLP
+ * blocks (SwiGLU, squared ReLU, or experts: engine/moe.c) with masks, the LM head, prefill and
+ * decode through a cache, and the ranking statistics. Training runs
  * the same blocks (eng_fwd_setup, eng_fwd_layers) with saved activations: backward.c.
  *
  * Memory (floats are 4 bytes; N = B*T; qd = max_l Hq*D, kvd = max_l Hkv*D, F = max_l F_l,
  * Hm = max_l Hq; R = rows of the LM head at once). eng_forward holds one workspace for the
  * call, freed before return:
- *   N*(3C + 2qd + 2kvd + 1) + max(3N*F, MoE) floats (x, xn, y, q, o, k, v, rstd; the MLP region:
+ *   N*(3C + 1) + max(N*(2qd + 2kvd), Mamba) + max(3N*F, MoE) floats (x, xn, y, rstd; the mixer
+ *   region: q, o, k, v, or the largest Mamba-2 mixer's scratch, engine/mamba.c; the MLP region:
  *   gate, up, h, or the largest MoE block's scratch floats and ints, engine/moe.c)
  *   + R*(2C + V) for the head (R = B for LOGITS_LAST, min(N, ENG_LOGIT_CHUNK_ROWS) for ALL,
  *   0 for NONE) + max(C, Hm, F) when stats are collected (+ N*qd when masks are enabled:
@@ -24,6 +26,7 @@
 
 #include "engine/clock.h"
 #include "engine/model_internal.h"
+#include "engine/mamba.h"
 #include "engine/moe.h"
 
 /* ---- statistics ---------------------------------------------------------------------- */
@@ -47,7 +50,7 @@ eng_act_stats *eng_stats_new(const eng_model *m)
             bad = 1;
         if (a->layers[l].ffn_dim && !(s->ffn_abs[l] = calloc((size_t)a->layers[l].ffn_dim, sizeof(double))))
             bad = 1;
-        if (a->layers[l].n_heads && !(s->head_norm[l] = calloc((size_t)a->layers[l].n_heads, sizeof(double))))
+        if (mixer_heads(&a->layers[l]) && !(s->head_norm[l] = calloc((size_t)mixer_heads(&a->layers[l]), sizeof(double))))
             bad = 1;
     }
     if (bad) {
@@ -81,8 +84,7 @@ void eng_stats_free(eng_act_stats *s, int n_layers)
 
 /* ---- blocks ---------------------------------------------------------------------------- */
 
-/* Accumulate out[G] += per-group norms of x [N, G*D] over valid rows into host doubles. */
-static void stats_add(eng_model *m, fwd_state *st, double *acc, const float *x, int G, int D)
+void eng_stats_add(eng_model *m, fwd_state *st, double *acc, const float *x, int G, int D)
 {
     eng_backend *be = m->be;
     be->zero(be, st->stat, F4 * (size_t)G);
@@ -133,12 +135,14 @@ static void attn_block(eng_model *m, fwd_state *st, int l, const float *x_in, fl
     int Hq = a->layers[l].n_heads, Hkv = a->layers[l].n_kv_heads, qd = Hq * D, kvd = Hkv * D;
     be->rmsnorm_fwd(be, st->xn, A->rstd, x_in, L->attn_norm, N, C, st->n_eff, (float)a->norm_eps);
     if (st->stats)
-        stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
+        eng_stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
     linear(be, A->q, st->xn, L->wq, L->bq, N, qd, C);
     linear(be, A->k, st->xn, L->wk, L->bk, N, kvd, C);
     linear(be, A->v, st->xn, L->wv, L->bv, N, kvd, C);
-    be->rope_fwd(be, A->q, st->pos_d, im->inv_freq, N, Hq, D);
-    be->rope_fwd(be, A->k, st->pos_d, im->inv_freq, N, Hkv, D);
+    if (arch_rope(a)) {
+        be->rope_fwd(be, A->q, st->pos_d, im->inv_freq, N, Hq, D);
+        be->rope_fwd(be, A->k, st->pos_d, im->inv_freq, N, Hkv, D);
+    }
     const float *K = A->k, *V = A->v;
     int S = st->T;
     if (st->kv) {
@@ -155,13 +159,29 @@ static void attn_block(eng_model *m, fwd_state *st, int l, const float *x_in, fl
     be->attn_fwd(be, A->o, A->lse, A->q, K, V, st->pos0_d, st->lens_d, st->B, st->T, S, Hq, Hkv, D,
                  (float)(1.0 / sqrt((double)D)));
     if (st->stats)
-        stats_add(m, st, st->stats->head_norm[l], A->o, Hq, D);
+        eng_stats_add(m, st, st->stats->head_norm[l], A->o, Hq, D);
     const float *om = A->o;
     if (st->mk) {
         be->mask_fwd(be, st->om, A->o, st->mk->head[l], N, Hq, D);
         om = st->om;
     }
     linear(be, A->y, om, L->wo, NULL, N, C, qd);
+    residual(m, st, x_out, x_in, A->y, st->mk ? st->mk->attn_gate + l : NULL, A->r);
+}
+
+/* A Mamba-2 mixer in the token mixer's place (engine/mamba.c). */
+static void mamba_block(eng_model *m, fwd_state *st, int l, const float *x_in, float *x_out, blk_act *A)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int N = st->N, C = a->hidden_size;
+    be->rmsnorm_fwd(be, st->xn, A->rstd, x_in, m->layers[l].attn_norm, N, C, st->n_eff, (float)a->norm_eps);
+    if (st->stats)
+        eng_stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
+    if (eng_mamba_fwd(m, st, l, st->xn, A->y, st->mamba_f) != 0) {
+        st->oom = 1;
+        be->zero(be, A->y, F4 * (size_t)N * C);
+    }
     residual(m, st, x_out, x_in, A->y, st->mk ? st->mk->attn_gate + l : NULL, A->r);
 }
 
@@ -173,7 +193,7 @@ static void mlp_block(eng_model *m, fwd_state *st, int l, const float *x_in, flo
     int N = st->N, C = a->hidden_size, F = a->layers[l].ffn_dim;
     be->rmsnorm_fwd(be, st->xn, A->rstd, x_in, L->ffn_norm, N, C, st->n_eff, (float)a->norm_eps);
     if (st->stats)
-        stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
+        eng_stats_add(m, st, st->stats->hidden_abs, st->xn, C, 1);
     if (a->layers[l].moe.n_experts) {
         if (eng_moe_fwd(m, l, st->mk, st->xn, A->y, N, st->stats, st->moe_f, st->moe_i) != 0) {
             st->oom = 1;
@@ -182,11 +202,15 @@ static void mlp_block(eng_model *m, fwd_state *st, int l, const float *x_in, flo
         residual(m, st, x_out, x_in, A->y, st->mk ? st->mk->mlp_gate + l : NULL, A->r);
         return;
     }
-    linear(be, A->gate, st->xn, L->w_gate, NULL, N, F, C);
     linear(be, A->up, st->xn, L->w_up, NULL, N, F, C);
-    be->swiglu_fwd(be, st->h, A->gate, A->up, (size_t)N * F);
+    if (arch_mlp_gated(a)) {
+        linear(be, A->gate, st->xn, L->w_gate, NULL, N, F, C);
+        be->swiglu_fwd(be, st->h, A->gate, A->up, (size_t)N * F);
+    } else {
+        be->relu2_fwd(be, st->h, A->up, (size_t)N * F);
+    }
     if (st->stats)
-        stats_add(m, st, st->stats->ffn_abs[l], st->h, F, 1);
+        eng_stats_add(m, st, st->stats->ffn_abs[l], st->h, F, 1);
     if (st->mk)
         be->mask_fwd(be, st->h, st->h, st->mk->ffn[l], N, F, 1);
     linear(be, A->y, st->h, L->w_down, NULL, N, C, F);
@@ -212,7 +236,7 @@ void eng_fwd_layers(eng_model *m, fwd_state *st)
     int blk = 0;
     for (int l = 0; l < a->n_layers; l++) {
         for (int part = 0; part < 2; part++) {
-            int present = part == 0 ? a->layers[l].n_heads > 0 : arch_layer_has_mlp(&a->layers[l]);
+            int present = part == 0 ? arch_layer_has_mixer(&a->layers[l]) : arch_layer_has_mlp(&a->layers[l]);
             double t0 = 0;
             if (st->layer_ns) {
                 be->sync(be);
@@ -221,10 +245,12 @@ void eng_fwd_layers(eng_model *m, fwd_state *st)
             if (present) {
                 blk_act *A = st->acts ? &st->acts[blk] : &st->tmp;
                 float *xin = st->acts ? st->xs[blk] : st->xs[0], *xout = st->acts ? st->xs[blk + 1] : st->xs[0];
-                if (part == 0)
-                    attn_block(m, st, l, xin, xout, A);
-                else
+                if (part == 1)
                     mlp_block(m, st, l, xin, xout, A);
+                else if (a->layers[l].mamba.n_heads)
+                    mamba_block(m, st, l, xin, xout, A);
+                else
+                    attn_block(m, st, l, xin, xout, A);
                 blk++;
             }
             if (st->layer_ns) {
@@ -253,12 +279,20 @@ static size_t mlp_floats(const arch *a, size_t N, dims_max d)
     return dense > moe ? dense : moe;
 }
 
+/* The token mixer's region: attention's q, o, k and v, or, sharing it, the largest Mamba
+ * mixer's scratch (engine/mamba.c). */
+static size_t mixer_floats(const arch *a, int B, int T, dims_max d)
+{
+    size_t attn = (size_t)B * T * (2 * (size_t)d.qd + 2 * (size_t)d.kvd), mamba = eng_mamba_fwd_floats(a, B, T);
+    return attn > mamba ? attn : mamba;
+}
+
 /* Float count of the inference workspace (excluding ints and attention scratch). */
 static size_t fwd_floats(const arch *a, int B, int T, int logits_mode, int with_stats, int with_masks)
 {
     dims_max d = max_dims(a);
     size_t N = (size_t)B * T, C = (size_t)a->hidden_size;
-    size_t n = N * (3 * C + 2 * (size_t)d.qd + 2 * (size_t)d.kvd + 1) + mlp_floats(a, N, d);
+    size_t n = N * (3 * C + 1) + mixer_floats(a, B, T, d) + mlp_floats(a, N, d);
     size_t R = (size_t)head_rows(B, (int)N, logits_mode);
     n += R * (2 * C + (size_t)a->vocab_size);
     if (with_stats)
@@ -356,10 +390,12 @@ int eng_fwd_setup(eng_model *m, fwd_state *st, ws_t *ws, int *host_ints, const i
     st->xn = p; p += N * C;
     st->tmp.y = p; p += N * C;
     st->tmp.rstd = p; p += N;
-    st->tmp.q = p; p += N * (size_t)d.qd;
-    st->tmp.o = p; p += N * (size_t)d.qd;
-    st->tmp.k = p; p += N * (size_t)d.kvd;
-    st->tmp.v = p; p += N * (size_t)d.kvd;
+    st->tmp.q = p;
+    st->tmp.o = p + N * (size_t)d.qd;
+    st->tmp.k = p + 2 * N * (size_t)d.qd;
+    st->tmp.v = p + 2 * N * (size_t)d.qd + N * (size_t)d.kvd;
+    st->mamba_f = eng_mamba_fwd_floats(a, B, T) ? p : NULL;   /* a Mamba mixer's scratch shares attention's */
+    p += mixer_floats(a, B, T, d);
     st->tmp.gate = p;
     st->tmp.up = p + N * (size_t)d.f;
     st->h = p + 2 * N * (size_t)d.f;
@@ -506,7 +542,8 @@ int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen
         eng_ws_free(be, &ws);
         free(stat_host);
         free(host_ints);
-        snprintf(err, errlen, "forward: out of memory for the expert scratch of %d x %d tokens", B, T);
+        snprintf(err, errlen, "forward: out of memory for the scratch of an MoE or Mamba block of %d x %d tokens", B,
+                 T);
         return -1;
     }
     double t0 = eng_wall_s();
@@ -628,13 +665,14 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         return -1;
     }
     const arch_layer *al = &a->layers[layer];
-    if (part == ENG_PART_MLP && al->moe.n_experts && cap && cap->proj_in) {
-        snprintf(err, errlen, "stepper: layer %d's MLP is a mixture of experts: its experts' inputs are not "
-                 "captured in this build", layer);
+    if (((part == ENG_PART_MLP && al->moe.n_experts) || (part == ENG_PART_ATTN && al->mamba.n_heads)) && cap &&
+        cap->proj_in) {
+        snprintf(err, errlen, "stepper: layer %d's %s: its projection inputs are not captured in this build", layer,
+                 part == ENG_PART_MLP ? "MLP is a mixture of experts" : "mixer is a Mamba-2 mixer");
         return -1;
     }
     int in = part == ENG_PART_ATTN ? al->n_heads * a->head_dim : al->ffn_dim;
-    if (in == 0 && !(part == ENG_PART_MLP && al->moe.n_experts)) {
+    if (in == 0 && !(part == ENG_PART_MLP && al->moe.n_experts) && !(part == ENG_PART_ATTN && al->mamba.n_heads)) {
         snprintf(err, errlen, "stepper: layer %d has no %s", layer, part == ENG_PART_ATTN ? "attention" : "MLP");
         return -1;
     }
@@ -644,7 +682,9 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         int nb = s->B - b0 < s->rows ? s->B - b0 : s->rows;
         stepper_bind(s, b0, nb);
         float *x = s->stream + (size_t)b0 * T * C, *out = advance ? x : scratch;
-        if (part == ENG_PART_ATTN)
+        if (part == ENG_PART_ATTN && al->mamba.n_heads)
+            mamba_block(m, &s->st, layer, x, out, &s->st.tmp);
+        else if (part == ENG_PART_ATTN)
             attn_block(m, &s->st, layer, x, out, &s->st.tmp);
         else
             mlp_block(m, &s->st, layer, x, out, &s->st.tmp);
@@ -660,7 +700,7 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
     be->sync(be);
     if (s->st.oom) {
         s->st.oom = 0;
-        snprintf(err, errlen, "stepper: out of memory for the expert scratch of layer %d", layer);
+        snprintf(err, errlen, "stepper: out of memory for the scratch of layer %d's MoE or Mamba block", layer);
         return -1;
     }
     return 0;

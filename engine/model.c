@@ -5,7 +5,7 @@
  *
  * Memory (floats are 4 bytes): weights arch_params(a) floats, one allocation, + head_dim/2
  * floats of RoPE frequencies (eng_model_init); grads the same again (eng_model_enable_grads);
- * masks 2 x (C + sum Hq + sum F + 2L + sum E) (eng_model_enable_masks). Accounting counts requested
+ * masks 2 x (C + sum H + sum F + 2L + sum E) (eng_model_enable_masks; H: attention or Mamba heads). Accounting counts requested
  * bytes; the CPU backend rounds blocks >= 2 MiB up to 2 MiB (huge pages), so resident
  * memory may exceed it by < 2 MiB per large block.
  */
@@ -75,16 +75,57 @@ static void add_moe(model_impl *im, int cap, size_t *off, const arch *a, int l)
     }
 }
 
+/* A nemotron_h layer's block in its HF names (backbone.layers.l.norm and .mixer.*): attention
+ * (q/k/v/o_proj), a Mamba-2 mixer (in_proj, conv1d, dt_bias, A_log, D, norm, out_proj; the
+ * conv weight [cd, 1, K] of the checkpoint is held as [cd, K]) or a squared-ReLU MLP
+ * (up_proj, down_proj). The norm takes the slot of the part the block fills. */
+static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int l)
+{
+    const arch_layer *ly = &a->layers[l];
+    int64_t C = a->hidden_size, D = a->head_dim, F = ly->ffn_dim;
+    char nm[96];
+#define T(slot, suffix, d0, d1) do { snprintf(nm, sizeof nm, "backbone.layers.%d.%s", l, suffix); \
+        add_tensor(im, cap, off, slot, l, nm, d0, d1); } while (0)
+    T(arch_layer_has_mixer(ly) ? SL_ANORM : SL_FNORM, "norm.weight", C, 0);
+    if (ly->n_heads > 0) {
+        int64_t q = (int64_t)ly->n_heads * D, kv = (int64_t)ly->n_kv_heads * D;
+        T(SL_WQ, "mixer.q_proj.weight", q, C);
+        T(SL_WK, "mixer.k_proj.weight", kv, C);
+        T(SL_WV, "mixer.v_proj.weight", kv, C);
+        T(SL_WO, "mixer.o_proj.weight", C, q);
+    } else if (ly->mamba.n_heads > 0) {
+        const arch_mamba *mb = &ly->mamba;
+        int64_t di = arch_mamba_inner(mb), cd = arch_mamba_conv_dim(mb), H = mb->n_heads;
+        T(SL_MIN, "mixer.in_proj.weight", di + cd + H, C);
+        T(SL_MCONVW, "mixer.conv1d.weight", cd, mb->conv_kernel);
+        T(SL_MCONVB, "mixer.conv1d.bias", cd, 0);
+        T(SL_MDTB, "mixer.dt_bias", H, 0);
+        T(SL_MALOG, "mixer.A_log", H, 0);
+        T(SL_MD, "mixer.D", H, 0);
+        T(SL_MNORM, "mixer.norm.weight", di, 0);
+        T(SL_MOUT, "mixer.out_proj.weight", C, di);
+    } else if (F > 0) {
+        T(SL_WU, "mixer.up_proj.weight", F, C);
+        T(SL_WD, "mixer.down_proj.weight", C, F);
+    }
+#undef T
+}
+
 /* Lay out every tensor in HF order; the tied lm_head gets no entry. Returns floats. */
 static size_t build_table(model_impl *im, const arch *a, int cap)
 {
     size_t off = 0;
     int64_t C = a->hidden_size, D = a->head_dim, V = a->vocab_size;
+    int hybrid = !strcmp(a->family, "nemotron_h");
     char nm[96];
-    add_tensor(im, cap, &off, SL_EMB, -1, "model.embed_tokens.weight", V, C);
+    add_tensor(im, cap, &off, SL_EMB, -1, hybrid ? "backbone.embeddings.weight" : "model.embed_tokens.weight", V, C);
     for (int l = 0; l < a->n_layers; l++) {
         const arch_layer *ly = &a->layers[l];
         int64_t q = (int64_t)ly->n_heads * D, kv = (int64_t)ly->n_kv_heads * D, F = ly->ffn_dim;
+        if (hybrid) {
+            add_hybrid(im, cap, &off, a, l);
+            continue;
+        }
 #define T(slot, suffix, d0, d1) do { snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); \
         add_tensor(im, cap, &off, slot, l, nm, d0, d1); } while (0)
         if (ly->n_heads > 0) {
@@ -109,7 +150,7 @@ static size_t build_table(model_impl *im, const arch *a, int cap)
             add_moe(im, cap, &off, a, l);
 #undef T
     }
-    add_tensor(im, cap, &off, SL_NORM, -1, "model.norm.weight", C, 0);
+    add_tensor(im, cap, &off, SL_NORM, -1, hybrid ? "backbone.norm_f.weight" : "model.norm.weight", C, 0);
     if (!a->tie_word_embeddings)
         add_tensor(im, cap, &off, SL_LM, -1, "lm_head.weight", V, C);
     return off;
@@ -155,6 +196,14 @@ static void carve(const model_impl *im, const arch *a, float *base, eng_layer *l
         case SL_SU: L->sh_up = p; break;
         case SL_SD: L->sh_down = p; break;
         case SL_SGATE: L->sh_router = p; break;
+        case SL_MIN: L->in_proj = p; break;
+        case SL_MCONVW: L->conv_w = p; break;
+        case SL_MCONVB: L->conv_b = p; break;
+        case SL_MDTB: L->dt_bias = p; break;
+        case SL_MALOG: L->A_log = p; break;
+        case SL_MD: L->Dskip = p; break;
+        case SL_MNORM: L->m_norm = p; break;
+        case SL_MOUT: L->out_proj = p; break;
         }
     }
     if (!*lm)
@@ -195,7 +244,7 @@ static void set_norms_to_one(eng_model *m)
     model_impl *im = m->impl;
     for (int i = 0; i < im->n_tens; i++) {
         tensor_ent *t = &im->tens[i];
-        if (t->slot == SL_ANORM || t->slot == SL_FNORM || t->slot == SL_NORM)
+        if (t->slot == SL_ANORM || t->slot == SL_FNORM || t->slot == SL_NORM || t->slot == SL_MNORM)
             set_const(m, m->params + t->off, 1.0f, (size_t)t->shape[0]);
     }
 }
@@ -208,6 +257,15 @@ int eng_model_init(eng_model *m, const arch *a, eng_backend *be, char *err, size
     if (arch_copy(&m->a, a) != 0)
         goto oom;
     m->be = be;
+    if (!be->ssm_scan_fwd || !be->relu2_fwd)
+        for (int l = 0; l < a->n_layers; l++)
+            if (a->layers[l].mamba.n_heads || (a->layers[l].ffn_dim && !arch_mlp_gated(a))) {
+                snprintf(err, errlen, "layers[%d]: the %s backend has no %s kernels in this build", l, be->name,
+                         a->layers[l].mamba.n_heads ? "Mamba-2" : "squared-ReLU");
+                arch_free(&m->a);
+                memset(m, 0, sizeof *m);
+                return -1;
+            }
     model_impl *im = calloc(1, sizeof *im);
     if (!im)
         goto oom;
@@ -311,7 +369,8 @@ void eng_model_randomize(eng_model *m, uint64_t seed, float std)
     for (int i = 0; i < im->n_tens; i++) {
         const tensor_ent *t = &im->tens[i];
         size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
-        float base = (t->slot == SL_ANORM || t->slot == SL_FNORM || t->slot == SL_NORM) ? 1.0f : 0.0f;
+        float base = (t->slot == SL_ANORM || t->slot == SL_FNORM || t->slot == SL_NORM || t->slot == SL_MNORM) ? 1.0f
+                                                                                                         : 0.0f;
         for (size_t o = 0; o < n; o += chunk) {
             size_t c = n - o < chunk ? n - o : chunk;
             for (size_t j = 0; j < c; j++)
@@ -441,7 +500,7 @@ int eng_model_enable_masks(eng_model *m)
     int L = a->n_layers;
     size_t count = (size_t)a->hidden_size + 2 * (size_t)L;
     for (int l = 0; l < L; l++)
-        count += (size_t)a->layers[l].n_heads + (size_t)a->layers[l].ffn_dim + (size_t)a->layers[l].moe.n_experts;
+        count += (size_t)mixer_heads(&a->layers[l]) + (size_t)a->layers[l].ffn_dim + (size_t)a->layers[l].moe.n_experts;
     eng_masks *k = calloc(1, sizeof *k);
     if (!k)
         return -1;
@@ -470,7 +529,7 @@ int eng_model_enable_masks(eng_model *m)
     k->g_hidden = k->grad_block + o;
     o += (size_t)a->hidden_size;
     for (int l = 0; l < L; l++) {
-        int h = a->layers[l].n_heads, f = a->layers[l].ffn_dim;
+        int h = mixer_heads(&a->layers[l]), f = a->layers[l].ffn_dim;
         k->head[l] = h ? k->block + o : NULL;
         k->g_head[l] = h ? k->grad_block + o : NULL;
         o += (size_t)h;

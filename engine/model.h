@@ -32,6 +32,10 @@ typedef struct {
     float *router;
     float **experts;
     float *sh_gate, *sh_up, *sh_down, *sh_router;
+    /* Mamba-2 mixer (arch_mamba; NULL without), attn_norm its block's norm: in_proj
+     * [di + cd + H, C] (rows z, xBC, dt), conv_w [cd, K], conv_b [cd], dt_bias, A_log,
+     * Dskip [H], m_norm [di] (the gated norm's weight), out_proj [C, di]. */
+    float *in_proj, *conv_w, *conv_b, *dt_bias, *A_log, *Dskip, *m_norm, *out_proj;
 } eng_layer;
 
 /* Multiplicative masks used by ranking and search (all 1.0 = the plain model).
@@ -40,9 +44,11 @@ typedef struct {
  *   hidden[C]            scales the residual stream after the embedding and after every
  *                        residual add; RMSNorm divides by hidden_count (the expected
  *                        kept channel count) instead of C.
- *   head[l][Hq_l]        scales each query head's attention output before o_proj.
+ *   head[l][Hq_l]        scales each query head's attention output before o_proj (a Mamba
+ *                        layer: each Mamba head's gated-norm output before out_proj).
  *   ffn[l][F_l]          scales each gated intermediate unit before down_proj.
- *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth).
+ *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth); attn_gate
+ *                        gates the layer's token mixer, attention or Mamba.
  *   expert[l][E_l]       scales each expert's output (MoE layers), after the block.
  * Block order: hidden, then per layer head and ffn, then attn_gate, mlp_gate, then per
  * MoE layer its expert masks. */

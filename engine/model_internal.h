@@ -17,7 +17,8 @@
 
 /* The role of a tensor in its layer (or the model); carve() points eng_layer views by it. */
 enum { SL_EMB, SL_ANORM, SL_WQ, SL_WK, SL_WV, SL_BQ, SL_BK, SL_BV, SL_WO, SL_FNORM, SL_WG,
-       SL_WU, SL_WD, SL_NORM, SL_LM, SL_ROUTER, SL_XG, SL_XU, SL_XD, SL_SG, SL_SU, SL_SD, SL_SGATE };
+       SL_WU, SL_WD, SL_NORM, SL_LM, SL_ROUTER, SL_XG, SL_XU, SL_XD, SL_SG, SL_SU, SL_SD, SL_SGATE,
+       SL_MIN, SL_MCONVW, SL_MCONVB, SL_MDTB, SL_MALOG, SL_MD, SL_MNORM, SL_MOUT };
 
 typedef struct {
     char name[96];
@@ -44,6 +45,8 @@ struct eng_kv_cache {
     int B, max_T;
     int *len;                    /* host [B] */
     float **k, **v;              /* [n_layers] device [B, max_T, Hkv*D]; NULL where no attention */
+    float **conv, **ssm;         /* [n_layers] device [B, K-1, cd] and [B, H, P, S]: a Mamba layer's
+                                    conv history and SSM state (NULL elsewhere) */
     size_t bytes;
 };
 
@@ -56,6 +59,9 @@ typedef struct {
     int e;                       /* most experts in a layer (0: no MoE) */
 } dims_max;
 
+/* Heads of a layer's token mixer: attention query heads, or Mamba heads (0: removed). */
+static inline int mixer_heads(const arch_layer *l) { return l->n_heads ? l->n_heads : l->mamba.n_heads; }
+
 static inline dims_max max_dims(const arch *a)
 {
     dims_max d = {0, 0, 0, 0, 0};
@@ -63,7 +69,7 @@ static inline dims_max max_dims(const arch *a)
         d.qd = imax(d.qd, a->layers[l].n_heads * a->head_dim);
         d.kvd = imax(d.kvd, a->layers[l].n_kv_heads * a->head_dim);
         d.f = imax(d.f, a->layers[l].ffn_dim);
-        d.hq = imax(d.hq, a->layers[l].n_heads);
+        d.hq = imax(d.hq, mixer_heads(&a->layers[l]));
         d.e = imax(d.e, a->layers[l].moe.n_experts);
     }
     return d;
@@ -102,6 +108,7 @@ typedef struct {
     eng_act_stats *stats;
     int oom;                                      /* an MoE block found no memory for its scratch */
     float *moe_f;                                 /* MoE scratch in the workspace (NULL: per call) */
+    float *mamba_f;                               /* Mamba scratch in the workspace (NULL: per call) */
     int *moe_i;
 } fwd_state;
 
@@ -123,6 +130,9 @@ int eng_check_tokens(const int *tokens, size_t n, int V, char *err, size_t errle
  * copy, kept: lens_h points into it). ints: [tok N | pos N | pos0 B | lens B]. */
 void eng_fwd_upload_ints(eng_backend *be, int *dev, int *host, const int *tokens, const int *lens,
                          const eng_kv_cache *kv, int B, int T);
+
+/* Add per-group L2 norms of x [N, G*D] over st's valid rows to acc[G] (host doubles). */
+void eng_stats_add(eng_model *m, fwd_state *st, double *acc, const float *x, int G, int D);
 
 /* Bytes of eng_forward's workspace (see forward.c's header); with_masks adds the masked
  * head outputs. */

@@ -15,8 +15,9 @@
 
 #include "engine/model.h"
 
-/* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention; with moe,
- * a Qwen2-MoE whose layers 0 and 2 are mixtures of experts (one with a shared expert). */
+/* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention; with moe
+ * == 1, a Qwen2-MoE whose layers 0 and 2 are mixtures of experts (one with a shared expert);
+ * with moe == 2, a Nemotron-H hybrid "M*-M": Mamba-2 mixers of two shapes in layers 0 and 3. */
 static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
 {
     assert_int_equal(arch_init(a, 4), 0);
@@ -36,11 +37,18 @@ static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
         a->layers[l].n_kv_heads = cfg[l][1];
         a->layers[l].ffn_dim = cfg[l][2];
     }
-    if (moe) {
+    if (moe == 1) {
         snprintf(a->family, sizeof a->family, "qwen2_moe");
         a->layers[0].ffn_dim = a->layers[2].ffn_dim = 0;
         a->layers[0].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6, .shared_ffn_dim = 5};
         a->layers[2].moe = (arch_moe){.n_experts = 3, .top_k = 1, .expert_ffn_dim = 7, .norm_topk = 1};
+    }
+    if (moe == 2) {
+        snprintf(a->family, sizeof a->family, "nemotron_h");
+        a->attention_bias = 0;
+        a->layers[0] = (arch_layer){.source_layer = 0, .mamba = {4, 6, 5, 2, 4}};
+        a->layers[1].ffn_dim = 0;
+        a->layers[3] = (arch_layer){.source_layer = 3, .mamba = {6, 2, 3, 3, 3}};
     }
 }
 
@@ -138,11 +146,17 @@ static void test_kv_decode_matches_full_moe(void **state)
     kv_decode_matches_full(1);
 }
 
-static void test_padding_isolated(void **state)
+/* Prefill, chunks and single-token decode carry the Mamba-2 conv and SSM states. */
+static void test_kv_decode_matches_full_hybrid(void **state)
 {
     (void)state;
+    kv_decode_matches_full(2);
+}
+
+static void padding_isolated(int moe)
+{
     arch a;
-    tiny_arch(&a, 1, 0);
+    tiny_arch_moe(&a, 1, 0, moe);
     eng_backend *be = eng_backend_cpu_new(2);
     eng_model m;
     char err[256];
@@ -187,6 +201,19 @@ static void test_padding_isolated(void **state)
     arch_free(&a);
     free(lb);
     free(l1);
+}
+
+static void test_padding_isolated(void **state)
+{
+    (void)state;
+    padding_isolated(0);
+}
+
+/* A row's padding never reaches its valid tokens through the conv or the scan either. */
+static void test_padding_isolated_hybrid(void **state)
+{
+    (void)state;
+    padding_isolated(2);
 }
 
 static void workspace_prediction_and_accounting(int moe)
@@ -263,6 +290,14 @@ static void test_workspace_prediction_moe(void **state)
 {
     (void)state;
     workspace_prediction_and_accounting(1);
+}
+
+/* The Mamba-2 scratch (the forward's in the mixer region, the backward's per call) and the
+ * cache's conv and SSM states are in the predictions. */
+static void test_workspace_prediction_hybrid(void **state)
+{
+    (void)state;
+    workspace_prediction_and_accounting(2);
 }
 
 static void test_tensors_and_errors(void **state)
@@ -380,6 +415,9 @@ int main(void)
         cmocka_unit_test(test_kv_decode_matches_full_moe),
         cmocka_unit_test(test_workspace_prediction_moe),
         cmocka_unit_test(test_padding_isolated),
+        cmocka_unit_test(test_padding_isolated_hybrid),
+        cmocka_unit_test(test_kv_decode_matches_full_hybrid),
+        cmocka_unit_test(test_workspace_prediction_hybrid),
         cmocka_unit_test(test_workspace_prediction_and_accounting),
         cmocka_unit_test(test_tensors_and_errors),
         cmocka_unit_test(test_stats_and_timings),

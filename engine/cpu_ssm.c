@@ -1,0 +1,313 @@
+/* engine/cpu_ssm.c — the CPU backend's Mamba-2 ops (contracts in engine/backend.h): the
+ * depthwise causal conv with its history, the selective-state scan run step by step per
+ * head (the recurrent form of the SSD scan; a chunked quadratic form is a speed-up, not
+ * another result), the group-gated RMSNorm and squared ReLU. Sums of squares and
+ * reductions over steps accumulate in double where they feed a gradient.
+ */
+#include "engine/cpu_ssm.h"
+
+#include <math.h>
+#include <string.h>
+
+#define PAR_MIN 32768
+#define PAR_IF(work) if ((double)(work) >= PAR_MIN)
+
+static inline float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+/* torch's softplus (threshold 20: linear above). */
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* ---- depthwise causal conv ------------------------------------------------------------ */
+
+/* Input i of row b at channel c: x for i >= 0, the history (or zero) before. */
+static inline float conv_in(const float *x, const float *hist, int b, int T, int cd, int K, int i, int c)
+{
+    if (i >= 0)
+        return x[((size_t)b * T + i) * cd + c];
+    return hist ? hist[((size_t)b * (K - 1) + (K - 1) + i) * cd + c] : 0.0f;
+}
+
+static void cpu_ssm_conv_fwd(eng_backend *be, float *y, const float *x, const float *w, const float *bias,
+                             float *state, const int *lens, int B, int T, int cd, int K)
+{
+    (void)be;
+#pragma omp parallel for schedule(static) PAR_IF((double)B * T * cd * K)
+    for (int n = 0; n < B * T; n++) {
+        int b = n / T, t = n % T;
+        float *yr = y + (size_t)n * cd;
+        for (int c = 0; c < cd; c++) {
+            float acc = bias ? bias[c] : 0.0f;
+            for (int k = 0; k < K; k++)
+                acc += w[(size_t)c * K + k] * conv_in(x, state, b, T, cd, K, t - (K - 1) + k, c);
+            yr[c] = acc * sigm(acc);
+        }
+    }
+    if (!state || K < 2)
+        return;
+    for (int b = 0; b < B; b++) {   /* the K-1 inputs before position lens[b] */
+        int len = lens ? lens[b] : T;
+        float *h = state + (size_t)b * (K - 1) * cd;
+        for (int c = 0; c < cd; c++) {
+            float keep[16];
+            for (int j = 0; j < K - 1; j++)
+                keep[j] = conv_in(x, state, b, T, cd, K, len - (K - 1) + j, c);
+            for (int j = 0; j < K - 1; j++)
+                h[(size_t)j * cd + c] = keep[j];
+        }
+    }
+}
+
+static void cpu_ssm_conv_bwd(eng_backend *be, float *dx, float *dw, float *dbias, const float *dy, const float *x,
+                             const float *w, const float *bias, int B, int T, int cd, int K)
+{
+    (void)be;
+    memset(dx, 0, sizeof(float) * (size_t)B * T * cd);
+#pragma omp parallel for schedule(static) PAR_IF((double)B * T * cd * K)
+    for (int c0 = 0; c0 < cd; c0 += 16) {
+        int c1 = c0 + 16 < cd ? c0 + 16 : cd;
+        for (int c = c0; c < c1; c++) {
+            double gw[16] = {0}, gb = 0;
+            for (int b = 0; b < B; b++)
+                for (int t = T - 1; t >= 0; t--) {
+                    float pre = bias ? bias[c] : 0.0f;
+                    for (int k = 0; k < K; k++)
+                        pre += w[(size_t)c * K + k] * conv_in(x, NULL, b, T, cd, K, t - (K - 1) + k, c);
+                    float s = sigm(pre);
+                    float dp = dy[((size_t)b * T + t) * cd + c] * s * (1.0f + pre * (1.0f - s));
+                    gb += dp;
+                    for (int k = 0; k < K; k++) {
+                        int i = t - (K - 1) + k;
+                        if (i < 0)
+                            continue;
+                        dx[((size_t)b * T + i) * cd + c] += w[(size_t)c * K + k] * dp;
+                        gw[k] += (double)dp * x[((size_t)b * T + i) * cd + c];
+                    }
+                }
+            for (int k = 0; k < K; k++)
+                dw[(size_t)c * K + k] += (float)gw[k];
+            if (dbias)
+                dbias[c] += (float)gb;
+        }
+    }
+}
+
+/* ---- selective-state scan -------------------------------------------------------------- */
+
+/* One step of head h's state s [P,S]: s = da*s + dt*x (outer) Bg; y = s Cg + Dh*x. */
+static void scan_step(float *s, float *y, const float *x, const float *Bg, const float *Cg, float dt, float da,
+                      float Dh, int P, int S)
+{
+    for (int p = 0; p < P; p++) {
+        float *sr = s + (size_t)p * S, xp = dt * x[p], acc = 0;
+#pragma omp simd reduction(+:acc)
+        for (int j = 0; j < S; j++) {
+            sr[j] = sr[j] * da + xp * Bg[j];
+            acc += sr[j] * Cg[j];
+        }
+        if (y)
+            y[p] = acc + Dh * x[p];
+    }
+}
+
+static void cpu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
+                             const float *dt_bias, const float *A_log, const float *Dskip, float *state,
+                             const int *lens, int B, int T, int H, int P, int G, int S, int chunk)
+{
+    (void)be;
+    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk;
+    size_t ps = (size_t)P * S;
+#pragma omp parallel for schedule(static) PAR_IF((double)B * T * H * ps)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H, g = h / hpg, len = lens ? lens[b] : T;
+        float *s = state + (size_t)bh * ps, A = -expf(A_log[h]);
+        for (int t = 0; t < T; t++) {
+            const float *row = xbc + ((size_t)b * T + t) * cd;
+            float *yr = y + ((size_t)b * T + t) * di + (size_t)h * P;
+            if (ckpt && t % chunk == 0)
+                memcpy(ckpt + (((size_t)b * nch + t / chunk) * H + h) * ps, s, sizeof(float) * ps);
+            if (t >= len) {
+                memset(yr, 0, sizeof(float) * (size_t)P);
+                continue;
+            }
+            float dt = softplus(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]);
+            scan_step(s, yr, row + (size_t)h * P, row + di + (size_t)g * S, row + di + (size_t)(G + g) * S, dt,
+                      expf(dt * A), Dskip[h], P, S);
+        }
+    }
+}
+
+/* The backward of one head over one chunk [t0, t1), states st[0] (before t0) .. st[t1-t0]
+ * recomputed; dS [P,S] carries d(state) from the future and leaves holding d(state before t0). */
+static void scan_bwd_chunk(float *dxbc, float *ddt_raw, double *acc, float *dS, const float *st, const float *dy,
+                           const float *xbc, const float *dt_raw, float dtb, float A, float Dh, int b, int h, int g,
+                           int t0, int t1, int T, int H, int P, int G, int S)
+{
+    int di = H * P, cd = di + 2 * G * S;
+    size_t ps = (size_t)P * S;
+    for (int t = t1 - 1; t >= t0; t--) {
+        size_t row = (size_t)b * T + t;
+        const float *x = xbc + row * cd + (size_t)h * P, *Bg = xbc + row * cd + di + (size_t)g * S;
+        const float *Cg = Bg + (size_t)G * S, *gy = dy + row * di + (size_t)h * P;
+        const float *sn = st + (size_t)(t - t0 + 1) * ps, *sp = st + (size_t)(t - t0) * ps;
+        float *dx = dxbc + row * cd + (size_t)h * P, *dB = dxbc + row * cd + di + (size_t)g * S;
+        float *dC = dB + (size_t)G * S;
+        float v = dt_raw[row * H + h] + dtb, dt = softplus(v), da = expf(dt * A);
+        double ddt = 0, dda = 0;
+        for (int p = 0; p < P; p++) {
+            float *d = dS + (size_t)p * S, gp = gy[p], xp = x[p];
+            const float *s1 = sn + (size_t)p * S, *s0 = sp + (size_t)p * S;
+            double sb = 0, ss = 0;
+            for (int j = 0; j < S; j++) {
+                dC[j] += s1[j] * gp;
+                d[j] += gp * Cg[j];
+                sb += (double)d[j] * Bg[j];
+                ss += (double)d[j] * s0[j];
+                dB[j] += dt * d[j] * xp;
+                d[j] *= da;
+            }
+            acc[2] += (double)gp * xp;                 /* dD */
+            dx[p] = Dh * gp + dt * (float)sb;
+            ddt += sb * xp;
+            dda += ss;
+        }
+        ddt += dda * da * A;
+        acc[1] += dda * da * dt;                       /* d A */
+        float gv = (float)ddt * sigm(v);
+        ddt_raw[row * H + h] = gv;
+        acc[0] += gv;                                  /* d dt_bias */
+    }
+}
+
+static void cpu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD,
+                             const float *dy, const float *xbc, const float *dt_raw, const float *dt_bias,
+                             const float *A_log, const float *Dskip, const float *ckpt, float *scratch, int B, int T,
+                             int H, int P, int G, int S, int chunk)
+{
+    (void)be;
+    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk;
+    size_t ps = (size_t)P * S;
+    for (size_t row = 0; row < (size_t)B * T; row++)   /* B and C gradients sum over a group's heads */
+        memset(dxbc + row * cd + di, 0, sizeof(float) * 2 * (size_t)G * S);
+#pragma omp parallel for schedule(static) PAR_IF((double)B * T * H * ps)
+    for (int bg = 0; bg < B * G; bg++) {
+        int b = bg / G, g = bg % G;
+        for (int h = g * hpg; h < (g + 1) * hpg; h++) {
+            float *st = scratch + ((size_t)b * H + h) * (size_t)(chunk + 2) * ps, *dS = st + (size_t)(chunk + 1) * ps;
+            float A = -expf(A_log[h]);
+            double acc[3] = {0, 0, 0};
+            memset(dS, 0, sizeof(float) * ps);
+            for (int c = nch - 1; c >= 0; c--) {
+                int t0 = c * chunk, t1 = t0 + chunk < T ? t0 + chunk : T;
+                memcpy(st, ckpt + (((size_t)b * nch + c) * H + h) * ps, sizeof(float) * ps);
+                for (int t = t0; t < t1; t++) {
+                    const float *row = xbc + ((size_t)b * T + t) * cd;
+                    float *s = st + (size_t)(t - t0 + 1) * ps, dt = softplus(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]);
+                    memcpy(s, s - ps, sizeof(float) * ps);
+                    scan_step(s, NULL, row + (size_t)h * P, row + di + (size_t)g * S, row + di + (size_t)(G + g) * S, dt,
+                              expf(dt * A), 0, P, S);
+                }
+                scan_bwd_chunk(dxbc, ddt_raw, acc, dS, st, dy, xbc, dt_raw, dt_bias[h], A, Dskip[h], b, h, g, t0, t1, T,
+                               H, P, G, S);
+            }
+#pragma omp critical(ssm_scan_bwd)
+            {
+                ddt_bias[h] += (float)acc[0];
+                dA_log[h] += (float)(acc[1] * A);
+                dD[h] += (float)acc[2];
+            }
+        }
+    }
+}
+
+/* ---- gated RMSNorm ------------------------------------------------------------------------- */
+
+static void cpu_gated_norm_fwd(eng_backend *be, float *out, float *rstd, const float *y, const float *z,
+                               const float *w, int N, int di, int G, float eps)
+{
+    (void)be;
+    int gs = di / G;
+#pragma omp parallel for schedule(static) PAR_IF((double)N * di)
+    for (int n = 0; n < N; n++) {
+        const float *yr = y + (size_t)n * di, *zr = z + (size_t)n * di;
+        float *o = out + (size_t)n * di;
+        for (int g = 0; g < G; g++) {
+            double ss = 0;
+            for (int c = g * gs; c < (g + 1) * gs; c++) {
+                o[c] = yr[c] * zr[c] * sigm(zr[c]);
+                ss += (double)o[c] * o[c];
+            }
+            float r = (float)(1.0 / sqrt(ss / gs + eps));
+            rstd[(size_t)n * G + g] = r;
+            for (int c = g * gs; c < (g + 1) * gs; c++)
+                o[c] *= r * w[c];
+        }
+    }
+}
+
+static void cpu_gated_norm_bwd(eng_backend *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                               const float *z, const float *w, const float *rstd, int N, int di, int G)
+{
+    (void)be;
+    int gs = di / G;
+#pragma omp parallel for schedule(static) PAR_IF((double)N * di)
+    for (int n = 0; n < N; n++) {
+        const float *yr = y + (size_t)n * di, *zr = z + (size_t)n * di, *gr = dout + (size_t)n * di;
+        for (int g = 0; g < G; g++) {
+            float r = rstd[(size_t)n * G + g];
+            double dot = 0;
+            for (int c = g * gs; c < (g + 1) * gs; c++)
+                dot += (double)gr[c] * w[c] * yr[c] * zr[c] * sigm(zr[c]);
+            float k = (float)((double)r * r * r / gs * dot);
+            for (int c = g * gs; c < (g + 1) * gs; c++) {
+                float s = sigm(zr[c]), gate = zr[c] * s, gv = yr[c] * gate;
+                float dg = r * w[c] * gr[c] - gv * k;
+                dy[(size_t)n * di + c] = dg * gate;
+                dz[(size_t)n * di + c] = dg * yr[c] * s * (1.0f + zr[c] * (1.0f - s));
+            }
+        }
+    }
+    if (!dw)
+        return;
+#pragma omp parallel for schedule(static) PAR_IF((double)N * di)
+    for (int c0 = 0; c0 < di; c0 += 64) {
+        int c1 = c0 + 64 < di ? c0 + 64 : di;
+        double acc[64] = {0};
+        for (int n = 0; n < N; n++)
+            for (int c = c0; c < c1; c++) {
+                size_t i = (size_t)n * di + c;
+                acc[c - c0] += (double)dout[i] * y[i] * z[i] * sigm(z[i]) * rstd[(size_t)n * G + c / gs];
+            }
+        for (int c = c0; c < c1; c++)
+            dw[c] += (float)acc[c - c0];
+    }
+}
+
+/* ---- squared ReLU ----------------------------------------------------------------------------- */
+
+static void cpu_relu2_fwd(eng_backend *be, float *h, const float *u, size_t n)
+{
+    (void)be;
+#pragma omp parallel for simd schedule(static) PAR_IF(n)
+    for (size_t i = 0; i < n; i++)
+        h[i] = u[i] > 0 ? u[i] * u[i] : 0.0f;
+}
+
+static void cpu_relu2_bwd(eng_backend *be, float *du, const float *dh, const float *u, size_t n)
+{
+    (void)be;
+#pragma omp parallel for simd schedule(static) PAR_IF(n)
+    for (size_t i = 0; i < n; i++)
+        du[i] = u[i] > 0 ? 2.0f * u[i] * dh[i] : 0.0f;
+}
+
+void cpu_ssm_install(eng_backend *be)
+{
+    be->ssm_conv_fwd = cpu_ssm_conv_fwd;
+    be->ssm_conv_bwd = cpu_ssm_conv_bwd;
+    be->ssm_scan_fwd = cpu_ssm_scan_fwd;
+    be->ssm_scan_bwd = cpu_ssm_scan_bwd;
+    be->gated_norm_fwd = cpu_gated_norm_fwd;
+    be->gated_norm_bwd = cpu_gated_norm_bwd;
+    be->relu2_fwd = cpu_relu2_fwd;
+    be->relu2_bwd = cpu_relu2_bwd;
+}
