@@ -31,8 +31,13 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
         snprintf(cls, cap, "%s", !strcmp(a->family, "mixtral") ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM");
         return 0;
     }
+    if (!strcmp(a->family, "nemotron_h")) {   /* one shape per block kind: storage/hfconfig_hybrid.c */
+        snprintf(cls, cap, "NemotronHForCausalLM");
+        return 0;
+    }
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe)", a->family);
+        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h)",
+                 a->family);
         return -1;
     }
     if (a->n_layers > 0 && arch_is_uniform(a)) {

@@ -95,6 +95,11 @@ static int write_shard(const eng_model *m, const shard_plan *p, int s, const cha
         ws[k].ndim = p->t[i].ndim;
         ws[k].shape[0] = p->t[i].shape[0];
         ws[k].shape[1] = p->t[i].shape[1];
+        if (fio_has_suffix(p->t[i].name, ".conv1d.weight")) {   /* Mamba-2's depthwise conv: [cd, 1, K] */
+            ws[k].ndim = 3;
+            ws[k].shape[1] = 1;
+            ws[k].shape[2] = p->t[i].shape[1];
+        }
         k++;
         if (json_object_set_new(wmap, p->t[i].name, json_string(fname)) < 0)
             failed = 1;

@@ -1,5 +1,7 @@
 /* storage/hfconfig.c — config.json reader and writer for the Llama-style families, and
- * the reader of DeciLM's block_configs (the MoE families: storage/hfconfig_moe.c).
+ * the reader of DeciLM's block_configs (the MoE families: storage/hfconfig_moe.c; Nemotron-H:
+ * storage/hfconfig_hybrid.c). The reader takes the non-finite numbers Python's json writes
+ * (Infinity, NaN: NVIDIA's configs carry them) as null.
  * Defaults follow transformers' LlamaConfig/MistralConfig/Qwen2Config where a field is
  * absent; fields that change the math but that the engine lacks (sliding windows that
  * bind, DeciLM's MoE and linear replacements) are refused rather than ignored.
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "storage/fileio.h"
+#include "storage/hfconfig_hybrid.h"
 #include "storage/hfconfig_moe.h"
 
 #define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
@@ -133,6 +136,8 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     }
     const char *an = hfconfig_class(cfg);
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+    if (hfconfig_hybrid_is(an, mt))
+        return hfconfig_hybrid_to_arch(cfg, a, err, errlen);
     int qwen2 = 0, deci = 0, moe = hfconfig_moe_family(an, mt);
     if (moe) {
         qwen2 = moe == 2;   /* Qwen2-MoE's attention is Qwen2's: q/k/v bias */
@@ -144,7 +149,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         else if (strcmp(an, "LlamaForCausalLM") && strcmp(an, "MistralForCausalLM")) {
             snprintf(err, errlen, "config.json: architectures: \"%s\" is not supported "
                                   "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, DeciLMForCausalLM, "
-                                  "MixtralForCausalLM, Qwen2MoeForCausalLM)", an);
+                                  "MixtralForCausalLM, Qwen2MoeForCausalLM, NemotronHForCausalLM)", an);
             return -1;
         }
     } else if (mt) {
@@ -154,7 +159,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
             deci = 1;
         else if (strcmp(mt, "llama") && strcmp(mt, "mistral")) {
             snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2, "
-                                  "nemotron-nas, mixtral, qwen2_moe)", mt);
+                                  "nemotron-nas, mixtral, qwen2_moe, nemotron_h)", mt);
             return -1;
         }
     } else {
@@ -269,12 +274,59 @@ fail:
     return -1;
 }
 
+/* text with the non-finite numbers Python's json writes (Infinity, -Infinity, NaN) outside
+ * strings replaced by null: a NEW buffer, or NULL out of memory. */
+static char *finite_json(const char *text, size_t len)
+{
+    char *out = malloc(2 * len + 1), *o = out;
+    if (!out)
+        return NULL;
+    int in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_str) {
+            *o++ = c;
+            if (c == '\\' && i + 1 < len)
+                *o++ = text[++i];
+            else if (c == '"')
+                in_str = 0;
+            continue;
+        }
+        static const char *const bad[] = {"-Infinity", "Infinity", "NaN"};
+        size_t k = 0;
+        while (k < 3 && strncmp(text + i, bad[k], strlen(bad[k])))
+            k++;
+        if (k < 3) {
+            memcpy(o, "null", 4);
+            o += 4;
+            i += strlen(bad[k]) - 1;
+            continue;
+        }
+        in_str = c == '"';
+        *o++ = c;
+    }
+    *o = '\0';
+    return out;
+}
+
 int hfconfig_load(const char *path, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
-    json_t *j = fio_load_json(path, JSON_REJECT_DUPLICATES, err, errlen);
-    if (!j)
+    size_t len = 0;
+    char *text = fio_read_all(path, 16u << 20, &len, err, errlen), *clean = text ? finite_json(text, len) : NULL;
+    free(text);
+    if (!clean) {
+        if (text)
+            snprintf(err, errlen, "%s: out of memory", path);
         return -1;
+    }
+    json_error_t je;
+    json_t *j = json_loads(clean, JSON_REJECT_DUPLICATES, &je);
+    free(clean);
+    if (!j) {
+        snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        return -1;
+    }
     int rc = hfconfig_to_arch(j, a, err, errlen);
     json_decref(j);
     return rc;
@@ -296,6 +348,8 @@ json_t *hfconfig_rope_scaling(const arch *a)
 
 json_t *hfconfig_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
 {
+    if (!strcmp(a->family, "nemotron_h"))
+        return hfconfig_hybrid_from_arch(a, torch_dtype, err, errlen);
     if (strcmp(a->family, "llama"))
         return hfconfig_moe_from_arch(a, torch_dtype, err, errlen);
     if (a->n_layers == 0 || !arch_is_uniform(a)) {

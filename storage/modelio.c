@@ -49,14 +49,16 @@ static int open_safetensors(mio_model *m, const char *weights, const char *dir, 
         mio_tensor *t = &m->t[m->n_tensors];
         if (strstr(s->name, "rotary_emb.inv_freq"))
             continue;   /* recomputed by the engine */
-        if (s->ndim < 1 || s->ndim > 2) {
+        /* [n, 1, k]: a depthwise conv's weight (Mamba-2's conv1d), held as [n, k] */
+        int conv = s->ndim == 3 && s->shape[1] == 1;
+        if ((s->ndim < 1 || s->ndim > 2) && !conv) {
             snprintf(err, errlen, "%s: tensor %s has %d dimensions", weights, s->name, s->ndim);
             return -1;
         }
         snprintf(t->name, sizeof t->name, "%s", s->name);
-        t->ndim = s->ndim;
+        t->ndim = conv ? 2 : s->ndim;
         t->shape[0] = s->shape[0];
-        t->shape[1] = s->ndim == 2 ? s->shape[1] : 0;
+        t->shape[1] = conv ? s->shape[2] : s->ndim == 2 ? s->shape[1] : 0;
         t->dtype = st_dtype_name(s->dtype);
         t->nbytes = s->end - s->begin;
         t->src = i;

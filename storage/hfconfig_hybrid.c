@@ -1,0 +1,233 @@
+/* storage/hfconfig_hybrid.c — config.json of NVIDIA's hybrid Mamba-2 family
+ * (NemotronHForCausalLM), read and written. Every layer is one pre-norm block named by
+ * hybrid_override_pattern: "M" a Mamba-2 mixer (mamba_num_heads x mamba_head_dim, n_groups,
+ * ssm_state_size, conv_kernel), "*" attention without RoPE (num_attention_heads,
+ * num_key_value_heads, head_dim), "-" a squared-ReLU MLP of intermediate_size, "E" an MoE
+ * (refused: sigmoid routing is not built). Newer configs state the pattern as
+ * layers_block_type ("mamba"/"linear_attention", "attention"/"full_attention", "mlp", "moe");
+ * both are read, the pattern string is written. Defaults are NemotronHConfig's. The
+ * checkpoints' time_step_limit [0.0, Infinity] reaches here with the Infinity read as null
+ * (storage/hfconfig.c): no clamp, which is what the engine runs; any other limit is refused.
+ */
+#include "storage/hfconfig_hybrid.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "storage/hfconfig.h"
+
+#define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
+
+static int int_or(json_t *o, const char *k, int64_t def, int64_t lo, int64_t hi, int64_t *v)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) {
+        *v = def;
+        return 0;
+    }
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return -1;
+    *v = json_integer_value(x);
+    return 0;
+}
+
+/* 1 when field k is absent, null or equal to want (a boolean), else 0. */
+static int bool_is(json_t *o, const char *k, int want)
+{
+    json_t *x = json_object_get(o, k);
+    return !x || json_is_null(x) || (json_is_boolean(x) && json_is_true(x) == want);
+}
+
+/* 1 when string field k is absent, null or want. */
+static int str_is(json_t *o, const char *k, const char *want)
+{
+    json_t *x = json_object_get(o, k);
+    return !x || json_is_null(x) || (json_is_string(x) && !strcmp(json_string_value(x), want));
+}
+
+int hfconfig_hybrid_is(const char *cls, const char *model_type)
+{
+    if (cls)
+        return !strcmp(cls, "NemotronHForCausalLM");
+    return model_type && !strcmp(model_type, "nemotron_h");
+}
+
+/* The layer pattern into pat (NUL-terminated, cap bytes): hybrid_override_pattern, or
+ * layers_block_type mapped to its letters. 0, or -1 with err. */
+static int read_pattern(json_t *cfg, char *pat, size_t cap, char *err, size_t errlen)
+{
+    json_t *p = json_object_get(cfg, "hybrid_override_pattern"), *lt = json_object_get(cfg, "layers_block_type");
+    if (json_is_string(p)) {
+        const char *s = json_string_value(p);
+        size_t n = strlen(s);
+        if (n == 0 || n >= cap || strspn(s, "M*-E") != n) {
+            snprintf(err, errlen, "config.json: hybrid_override_pattern: \"%.40s\" must be 1 to %zu of M, *, - and E", s,
+                     cap - 1);
+            return -1;
+        }
+        memcpy(pat, s, n + 1);
+        return 0;
+    }
+    if (!json_is_array(lt) || json_array_size(lt) == 0 || json_array_size(lt) >= cap) {
+        snprintf(err, errlen, "config.json: hybrid_override_pattern or layers_block_type: one is needed");
+        return -1;
+    }
+    static const char *const names[] = {"mamba", "linear_attention", "attention", "full_attention", "mlp", "moe"};
+    static const char letters[] = "MM**-E";
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+        const char *s = json_string_value(json_array_get(lt, i));
+        size_t k = 0;
+        while (s && k < 6 && strcmp(s, names[k]))
+            k++;
+        if (!s || k == 6) {
+            snprintf(err, errlen, "config.json: layers_block_type[%zu]: must be one of mamba, attention, mlp, moe", i);
+            return -1;
+        }
+        pat[i] = letters[k];
+        pat[i + 1] = '\0';
+    }
+    return 0;
+}
+
+/* time_step_limit: absent, or [0, Infinity] (Infinity read as null, or a number at least 1e30). */
+static int no_dt_clamp(json_t *cfg)
+{
+    json_t *t = json_object_get(cfg, "time_step_limit");
+    if (!t || json_is_null(t))
+        return 1;
+    if (!json_is_array(t) || json_array_size(t) != 2)
+        return 0;
+    json_t *lo = json_array_get(t, 0), *hi = json_array_get(t, 1);
+    return json_is_number(lo) && json_number_value(lo) == 0 &&
+           (json_is_null(hi) || (json_is_number(hi) && json_number_value(hi) >= 1e30));
+}
+
+int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    char pat[1025];
+    if (read_pattern(cfg, pat, sizeof pat, err, errlen))
+        return -1;
+    int64_t L = (int64_t)strlen(pat), V, C, F, H, KV, D, P, MH, MP, S, G, K, nl;
+    double eps = 1e-5;
+    json_t *e = json_object_get(cfg, "layer_norm_epsilon");
+    if (int_or(cfg, "vocab_size", 131072, 1, 1 << 22, &V))
+        BAD("vocab_size: out of range");
+    if (int_or(cfg, "hidden_size", 4096, 1, 65536, &C))
+        BAD("hidden_size: out of range");
+    if (int_or(cfg, "num_hidden_layers", L, L, L, &nl))
+        BAD("num_hidden_layers: must equal the pattern's %lld layers", (long long)L);
+    if (int_or(cfg, "intermediate_size", 21504, 1, 1 << 20, &F))
+        BAD("intermediate_size: out of range");
+    if (int_or(cfg, "num_attention_heads", 32, 1, 1024, &H))
+        BAD("num_attention_heads: out of range");
+    if (int_or(cfg, "num_key_value_heads", 8, 1, H, &KV) || H % KV)
+        BAD("num_key_value_heads: must divide num_attention_heads");
+    if (int_or(cfg, "head_dim", C / H, 2, 1024, &D) || D % 2)
+        BAD("head_dim: must be even and in [2, 1024]");
+    if (int_or(cfg, "max_position_embeddings", 4096, 1, 1 << 30, &P))
+        BAD("max_position_embeddings: out of range");
+    if (int_or(cfg, "mamba_num_heads", 128, 1, 4096, &MH) || int_or(cfg, "mamba_head_dim", 64, 1, 1024, &MP) ||
+        int_or(cfg, "ssm_state_size", 128, 1, 1024, &S) || int_or(cfg, "n_groups", 8, 1, MH, &G) ||
+        int_or(cfg, "conv_kernel", 4, 1, 16, &K))
+        BAD("mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups, conv_kernel: out of range");
+    if (MH % G)
+        BAD("n_groups: %lld does not divide mamba_num_heads %lld", (long long)G, (long long)MH);
+    if (e && !json_is_null(e) && (!json_is_number(e) || !(json_number_value(e) > 0 && json_number_value(e) < 1)))
+        BAD("layer_norm_epsilon: must be a number in (0, 1)");
+    if (e && json_is_number(e))
+        eps = json_number_value(e);
+    if (!bool_is(cfg, "attention_bias", 0) || !bool_is(cfg, "mlp_bias", 0) || !bool_is(cfg, "use_bias", 0))
+        BAD("attention_bias, mlp_bias, use_bias: biased projections are not supported for nemotron_h");
+    if (!bool_is(cfg, "use_conv_bias", 1))
+        BAD("use_conv_bias: a Mamba conv without bias is not supported");
+    if (!str_is(cfg, "mlp_hidden_act", "relu2") || !str_is(cfg, "mamba_hidden_act", "silu"))
+        BAD("mlp_hidden_act, mamba_hidden_act: only relu2 and silu are supported");
+    if (!no_dt_clamp(cfg))
+        BAD("time_step_limit: clamping dt is not supported (the engine runs [0, Infinity])");
+    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie))
+        BAD("tie_word_embeddings: must be true or false");
+    json_t *src = json_object_get(cfg, "autocompress_source_layers");
+    if (src && !json_is_null(src) && (!json_is_array(src) || (int64_t)json_array_size(src) != L))
+        BAD("autocompress_source_layers: must list the pattern's %lld layers", (long long)L);
+    if (arch_init(a, (int)L)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(a->family, sizeof a->family, "nemotron_h");
+    a->vocab_size = (int)V;
+    a->hidden_size = (int)C;
+    a->head_dim = (int)D;
+    a->max_position_embeddings = (int)P;
+    a->rope_theta = 10000.0;   /* unused: no RoPE in this family */
+    a->norm_eps = eps;
+    a->tie_word_embeddings = tie ? json_is_true(tie) : 0;
+    for (int l = 0; l < L; l++) {
+        json_t *s = json_array_get(src, (size_t)l);
+        if (s && (!json_is_integer(s) || json_integer_value(s) < 0 || json_integer_value(s) > 1 << 20))
+            BAD("autocompress_source_layers[%d]: must be a layer index", l);
+        arch_layer *y = &a->layers[l];
+        *y = (arch_layer){.source_layer = s ? (int)json_integer_value(s) : l};
+        if (pat[l] == 'E')
+            BAD("hybrid_override_pattern: layer %d is an MoE (E); nemotron_h MoE layers (sigmoid routing with a "
+                "correction bias, grouped top-k, squared-ReLU experts) are not built yet", l);
+        if (pat[l] == 'M')
+            y->mamba = (arch_mamba){(int)MH, (int)MP, (int)S, (int)G, (int)K};
+        else if (pat[l] == '*')
+            y->n_heads = (int)H, y->n_kv_heads = (int)KV;
+        else
+            y->ffn_dim = (int)F;
+    }
+    char msg[256];
+    if (arch_validate(a, msg, sizeof msg))
+        BAD("%s", msg);
+    return 0;
+fail:
+    arch_free(a);
+    return -1;
+}
+
+json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
+{
+    const arch_layer *att = NULL, *mlp = NULL, *mam = NULL;
+    char pat[1025] = {0};
+    if (a->n_layers == 0 || a->n_layers >= (int)sizeof pat) {
+        snprintf(err, errlen, "config.json: a nemotron_h config holds 1 to %zu layers", sizeof pat - 1);
+        return NULL;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        const arch_layer *y = &a->layers[l], **first = y->mamba.n_heads ? &mam : y->n_heads ? &att : &mlp;
+        pat[l] = y->mamba.n_heads ? 'M' : y->n_heads ? '*' : '-';
+        if (!*first)
+            *first = y;
+        int same = y->mamba.n_heads ? !memcmp(&y->mamba, &mam->mamba, sizeof y->mamba)
+                   : y->n_heads     ? y->n_heads == att->n_heads && y->n_kv_heads == att->n_kv_heads
+                                    : y->ffn_dim == mlp->ffn_dim;
+        if (!same) {
+            snprintf(err, errlen, "config.json: NemotronHForCausalLM gives every %s layer one shape, and layer %d "
+                     "differs from the first; export this arch as GGUF", pat[l] == 'M' ? "Mamba" :
+                     pat[l] == '*' ? "attention" : "MLP", l);
+            return NULL;
+        }
+    }
+    arch_mamba mz = {128, 64, 128, 8, 4}, mb = mam ? mam->mamba : mz;
+    json_t *j = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b,s:s,s:s,"
+                          "s:b,s:b,s:b,s:b,s:b,s:s}",
+                          "architectures", "NemotronHForCausalLM", "model_type", "nemotron_h",
+                          "vocab_size", a->vocab_size, "hidden_size", a->hidden_size,
+                          "intermediate_size", mlp ? mlp->ffn_dim : 1, "num_hidden_layers", a->n_layers,
+                          "hybrid_override_pattern", pat,
+                          "num_attention_heads", att ? att->n_heads : 1, "num_key_value_heads", att ? att->n_kv_heads : 1,
+                          "head_dim", a->head_dim, "max_position_embeddings", a->max_position_embeddings,
+                          "mamba_num_heads", mb.n_heads, "mamba_head_dim", mb.head_dim, "ssm_state_size", mb.d_state,
+                          "n_groups", mb.n_groups, "conv_kernel", mb.conv_kernel,
+                          "layer_norm_epsilon", a->norm_eps, "tie_word_embeddings", a->tie_word_embeddings,
+                          "mlp_hidden_act", "relu2", "mamba_hidden_act", "silu",
+                          "attention_bias", 0, "mlp_bias", 0, "use_bias", 0, "use_conv_bias", 1, "use_cache", 1,
+                          "torch_dtype", torch_dtype ? torch_dtype : "float32");
+    if (!j)
+        snprintf(err, errlen, "config.json: out of memory");
+    return j;
+}
