@@ -1,7 +1,7 @@
 /* compress/prune.c — checking a target arch against its parent and gathering the
  * target's tensors from the parent's by index maps. Works tensor by tensor through host
  * copies (one parent tensor and one target tensor alive at a time), so it runs on any
- * backend. Only the Llama family's tensor names are known.
+ * backend. The Llama, MoE and Nemotron-H families' tensor names are known.
  */
 #include "compress/prune.h"
 
@@ -27,6 +27,7 @@ void prune_select_free(prune_select *s)
         free(s->layers[i].kv);
         free(s->layers[i].ffn);
         free(s->layers[i].exp);
+        free(s->layers[i].mh);
     }
     free(s->layers);
     memset(s, 0, sizeof *s);
@@ -63,8 +64,19 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
             BAD("layers[%d].source_layer: %d does not follow %d (source layers must increase)", i, tl->source_layer, prev);
         prev = tl->source_layer;
         const arch_layer *pl = &p->layers[tl->source_layer];
-        if (tl->mamba.n_heads)
-            BAD("layers[%d]: Mamba parts cannot be pruned by this build", i);
+        const arch_mamba *tm = &tl->mamba, *pm = &pl->mamba;
+        if (tm->n_heads) {
+            if (!pm->n_heads)
+                BAD("layers[%d].mamba: parent layer %d has no Mamba mixer", i, tl->source_layer);
+            if (tm->n_heads > pm->n_heads)
+                BAD("layers[%d].mamba.n_heads: %d is more than parent layer %d's %d", i, tm->n_heads,
+                    tl->source_layer, pm->n_heads);
+            if (tm->head_dim != pm->head_dim || tm->d_state != pm->d_state || tm->n_groups != pm->n_groups ||
+                tm->conv_kernel != pm->conv_kernel)
+                BAD("layers[%d].mamba: head_dim, d_state, n_groups and conv_kernel must be parent layer %d's "
+                    "(%d, %d, %d, %d): only Mamba heads are pruned in this build", i, tl->source_layer, pm->head_dim,
+                    pm->d_state, pm->n_groups, pm->conv_kernel);
+        }
         const arch_moe *te = &tl->moe, *pe = &pl->moe;
         if (te->n_experts) {
             if (!pe->n_experts)
@@ -150,6 +162,15 @@ int prune_select_prefix(const arch *p, const arch *t, prune_select *sel, char *e
             if (!(ls->exp = iota_new(ls->nexp)))
                 goto oom;
         }
+        if (tl->mamba.n_heads > 0) {   /* the first heads of every group */
+            int G = tl->mamba.n_groups, tg = tl->mamba.n_heads / G, pg = pl->mamba.n_heads / G;
+            ls->nm = tl->mamba.n_heads;
+            if (!(ls->mh = malloc((size_t)ls->nm * sizeof *ls->mh)))
+                goto oom;
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < tg; j++)
+                    ls->mh[g * tg + j] = g * pg + j;
+        }
     }
     return 0;
 oom:
@@ -174,8 +195,43 @@ static inline int64_t axis_src(const axis_map *a, int64_t i)
 
 typedef enum {
     T_EMB, T_LMHEAD, T_FNORM, T_ANORM, T_MNORM, T_Q, T_K, T_V, T_QB, T_KB, T_VB, T_O, T_GATE, T_UP, T_DOWN,
-    T_ROUTER, T_XG, T_XU, T_XD, T_SG, T_SU, T_SD, T_SGATE
+    T_ROUTER, T_XG, T_XU, T_XD, T_SG, T_SU, T_SD, T_SGATE,
+    T_MIN, T_MCONVW, T_MCONVB, T_MHEAD, T_MGNORM, T_MOUT
 } tkind;
+
+/* Nemotron-H's names after "backbone.layers.L." (the block norm is the layer's only one). */
+static const struct {
+    const char *suffix;
+    tkind kind;
+} hybrid_names[] = {
+    {"norm.weight", T_ANORM},              {"mixer.q_proj.weight", T_Q},      {"mixer.k_proj.weight", T_K},
+    {"mixer.v_proj.weight", T_V},          {"mixer.o_proj.weight", T_O},      {"mixer.up_proj.weight", T_UP},
+    {"mixer.down_proj.weight", T_DOWN},    {"mixer.in_proj.weight", T_MIN},   {"mixer.conv1d.weight", T_MCONVW},
+    {"mixer.conv1d.bias", T_MCONVB},       {"mixer.dt_bias", T_MHEAD},        {"mixer.A_log", T_MHEAD},
+    {"mixer.D", T_MHEAD},                  {"mixer.norm.weight", T_MGNORM},   {"mixer.out_proj.weight", T_MOUT},
+};
+
+/* A Mamba layer's kept rows of in_proj (in_rows: z, x, B, C, dt) or of the conv (x, B, C)
+ * in the parent's numbering: the kept heads' P rows of z and x, every row of B and C, the
+ * kept heads' dt rows. A NEW array, or NULL out of memory. */
+static int *mamba_rows(const arch_mamba *pm, const prune_layer_sel *ls, int in_rows)
+{
+    int P = pm->head_dim, GS = pm->n_groups * pm->d_state, dip = pm->n_heads * P, dit = ls->nm * P;
+    int n = in_rows ? 2 * dit + 2 * GS + ls->nm : dit + 2 * GS, k = 0;
+    int *r = malloc((size_t)n * sizeof *r);
+    if (!r)
+        return NULL;
+    int base = in_rows ? dip : 0;   /* where x starts in the parent (after z in in_proj) */
+    for (int part = in_rows ? 0 : 1; part < 2; part++)   /* z (in_proj only), then x */
+        for (int h = 0; h < ls->nm; h++)
+            for (int p = 0; p < P; p++)
+                r[k++] = (part ? base : 0) + ls->mh[h] * P + p;
+    for (int i = 0; i < 2 * GS; i++)
+        r[k++] = base + dip + i;
+    for (int h = 0; in_rows && h < ls->nm; h++)
+        r[k++] = base + dip + 2 * GS + ls->mh[h];
+    return r;
+}
 
 static const struct {
     const char *suffix;
@@ -235,7 +291,7 @@ static int parse_name(const char *name, const prune_select *sel, tkind *kind, in
 {
     *layer = -1;
     snprintf(pname, cap, "%s", name);
-    if (!strcmp(name, "model.embed_tokens.weight")) {
+    if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "backbone.embeddings.weight")) {
         *kind = T_EMB;
         return 0;
     }
@@ -243,9 +299,24 @@ static int parse_name(const char *name, const prune_select *sel, tkind *kind, in
         *kind = T_LMHEAD;
         return 0;
     }
-    if (!strcmp(name, "model.norm.weight")) {
+    if (!strcmp(name, "model.norm.weight") || !strcmp(name, "backbone.norm_f.weight")) {
         *kind = T_FNORM;
         return 0;
+    }
+    static const char hpre[] = "backbone.layers.";
+    if (!strncmp(name, hpre, sizeof hpre - 1)) {
+        char *e;
+        long l = strtol(name + sizeof hpre - 1, &e, 10);
+        if (e == name + sizeof hpre - 1 || *e != '.' || l < 0 || l >= sel->n_layers)
+            return -1;
+        for (size_t i = 0; i < sizeof hybrid_names / sizeof *hybrid_names; i++)
+            if (!strcmp(e + 1, hybrid_names[i].suffix)) {
+                *kind = hybrid_names[i].kind;
+                *layer = (int)l;
+                snprintf(pname, cap, "backbone.layers.%d.%s", sel->layers[l].src, hybrid_names[i].suffix);
+                return 0;
+            }
+        return -1;
     }
     static const char pre[] = "model.layers.";
     if (strncmp(name, pre, sizeof pre - 1))
@@ -273,9 +344,10 @@ static int parse_name(const char *name, const prune_select *sel, tkind *kind, in
     return 0;
 }
 
-/* The gather of one tensor of kind k: its row and column maps and the parent tensor's shape. */
+/* The gather of one tensor of kind k: its row and column maps and the parent tensor's shape;
+ * mrows: the Mamba layer's in_proj or conv rows (mamba_rows) for T_MIN, T_MCONVW, T_MCONVB. */
 static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const prune_layer_sel *ls,
-                        axis_map *rows, axis_map *cols, int64_t *src_rows, int64_t *src_cols)
+                        const int *mrows, axis_map *rows, axis_map *cols, int64_t *src_rows, int64_t *src_cols)
 {
     const arch_layer *pl = ls ? &pa->layers[ls->src] : NULL;
     const int64_t C = pa->hidden_size, D = pa->head_dim;
@@ -298,6 +370,20 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     case T_SG: case T_SU: *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;
     case T_SD: *rows = hid; *src_rows = C; *src_cols = pl->moe.shared_ffn_dim; break;
     case T_SGATE: *cols = hid; *src_rows = 1; *src_cols = C; break;
+    case T_MIN:
+        *rows = (axis_map){mrows, 1}, *cols = hid, *src_cols = C;
+        *src_rows = arch_mamba_inner(&pl->mamba) + arch_mamba_conv_dim(&pl->mamba) + pl->mamba.n_heads;
+        break;
+    case T_MCONVW: case T_MCONVB:
+        *rows = (axis_map){mrows, 1}, *src_rows = arch_mamba_conv_dim(&pl->mamba);
+        *src_cols = k == T_MCONVW ? pl->mamba.conv_kernel : 1;
+        break;
+    case T_MHEAD: *rows = (axis_map){ls->mh, 1}; *src_rows = pl->mamba.n_heads; break;
+    case T_MGNORM: *rows = (axis_map){ls->mh, pl->mamba.head_dim}; *src_rows = arch_mamba_inner(&pl->mamba); break;
+    case T_MOUT:
+        *rows = hid, *cols = (axis_map){ls->mh, pl->mamba.head_dim}, *src_rows = C;
+        *src_cols = arch_mamba_inner(&pl->mamba);
+        break;
     }
 }
 
@@ -342,11 +428,19 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
                 snprintf(err, errlen, "layers[%d]: expert %d out of range", l, ls->exp[i]);
                 return -1;
             }
+        int G = pl->mamba.n_groups;
+        for (int i = 0; i < ls->nm; i++)   /* a head stays in its group: B and C are the group's */
+            if (ls->mh[i] < 0 || ls->mh[i] >= pl->mamba.n_heads ||
+                ls->mh[i] / (pl->mamba.n_heads / G) != i / (ls->nm / G)) {
+                snprintf(err, errlen, "layers[%d]: Mamba head %d is not in its group", l, ls->mh[i]);
+                return -1;
+            }
     }
     if (eng_model_init(out, target, parent->be, err, errlen))
         return -1;
     eng_backend *be = parent->be;
     float *src = NULL, *dst = NULL;
+    int *mrows = NULL;
     int64_t src_cap = 0, dst_cap = 0;
     int nt = eng_model_tensor_count(out);
     for (int ti = 0; ti < nt; ti++) {
@@ -367,7 +461,13 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
         }
         axis_map rows, cols;
         int64_t src_rows = 0, src_cols = 1;
-        gather_axes(kind, pa, sel, layer >= 0 ? &sel->layers[layer] : NULL, &rows, &cols, &src_rows, &src_cols);
+        free(mrows);
+        mrows = NULL;
+        if ((kind == T_MIN || kind == T_MCONVW || kind == T_MCONVB) &&
+            !(mrows = mamba_rows(&pa->layers[sel->layers[layer].src].mamba, &sel->layers[layer], kind == T_MIN)))
+            goto oom;
+        gather_axes(kind, pa, sel, layer >= 0 ? &sel->layers[layer] : NULL, mrows, &rows, &cols, &src_rows,
+                    &src_cols);
         int64_t src_n = src_rows * src_cols;
         if (src_n > src_cap) {
             free(src);
@@ -418,12 +518,14 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
     }
     free(src);
     free(dst);
+    free(mrows);
     return 0;
 oom:
     snprintf(err, errlen, "out of memory gathering tensors");
 fail:
     free(src);
     free(dst);
+    free(mrows);
     eng_model_free(out);
     return -1;
 }
@@ -470,17 +572,16 @@ int prune_save_dir(const eng_model *m, const char *dir, json_t *manifest, char *
     }
     if (ckpt_save(m, dir, err, errlen))
         return -1;
-    if (arch_is_uniform(&m->a)) {
-        char cerr[256];
-        json_t *cfg = hfconfig_from_arch(&m->a, "float32", cerr, sizeof cerr);
-        if (cfg) {
-            int rc = write_json(path, cfg, err, errlen);
-            json_decref(cfg);
-            if (rc)
-                return -1;
-        }
+    char cerr[256];
+    json_t *cfg = arch_is_uniform(&m->a) || !strcmp(m->a.family, "nemotron_h")
+                      ? hfconfig_from_arch(&m->a, "float32", cerr, sizeof cerr) : NULL;
+    if (cfg) {
+        int rc = write_json(path, cfg, err, errlen);
+        json_decref(cfg);
+        if (rc)
+            return -1;
     } else {
-        unlink(path);   /* a stale config from an earlier uniform save would lie */
+        unlink(path);   /* a stale config from an earlier save would lie */
     }
     if (manifest) {
         snprintf(path, sizeof path, "%s/prune.json", dir);

@@ -4,8 +4,11 @@
  * order) and pruning (keeping a prefix of the ranked units): a selection names, for the
  * hidden channels and for each target layer, which parent units land where. Pruning
  * assumes the parent is already permuted by compress/rank (keeping width w = keeping
- * the first w units); it never reranks. Llama family and the MoE families (experts kept or
- * dropped whole, with their router rows; expert widths are not pruned by this build).
+ * the first w units); it never reranks. Llama family, the MoE families (experts kept or
+ * dropped whole, with their router rows; expert widths are not pruned by this build) and
+ * Nemotron-H (Mamba heads kept the same number per group, with their z, x and dt rows of
+ * in_proj, conv channels of x, dt_bias, A_log, D, gated-norm weights and out_proj columns;
+ * B, C, head_dim and the state size are not pruned).
  */
 #ifndef AC_COMPRESS_PRUNE_H
 #define AC_COMPRESS_PRUNE_H
@@ -21,9 +24,11 @@
  * ffn[i] a parent FFN unit, hidden[i] a parent hidden channel. */
 typedef struct {
     int src;                 /* parent layer */
-    int nq, nkv, nffn, nexp;
+    int nq, nkv, nffn, nexp, nm;
     int *q, *kv, *ffn;       /* [nq], [nkv], [nffn]; NULL when 0 */
     int *exp;                /* [nexp] parent experts (MoE layers); NULL when 0 */
+    int *mh;                 /* [nm] parent Mamba heads (Mamba layers; target head h of group g is
+                                parent head mh[h], in group g too); NULL when 0 */
 } prune_layer_sel;
 
 typedef struct {
@@ -41,14 +46,16 @@ void prune_select_free(prune_select *s);
  * the parent's group; source layers in range and strictly increasing; attention / MLP
  * present in the parent where the target keeps them; an MoE layer keeps no more experts than
  * its source, a top_k no larger than its source's, the same expert and shared widths and
- * norm_topk). Returns 0, or -1 with a message
+ * norm_topk; a Mamba layer keeps no more heads than its source, with its head_dim, state
+ * size, groups and conv kernel). Returns 0, or -1 with a message
  * naming the offending field ("layers[2].ffn_dim: 900 is wider than parent layer 3's
  * 768") in err. */
 int prune_check(const arch *parent, const arch *target, char *err, size_t errlen);
 
 /* The prefix selection of `target` from a ranked parent: the first hidden channels, the
  * first kv groups of each layer and the first n_heads/n_kv_heads query heads within
- * each kept group, the first ffn units, the first experts. Runs prune_check first. Returns 0 with *sel
+ * each kept group, the first ffn units, the first experts, the first Mamba heads of each
+ * group. Runs prune_check first. Returns 0 with *sel
  * filled (free with prune_select_free), or -1 with a reason in err. */
 int prune_select_prefix(const arch *parent, const arch *target, prune_select *sel,
                         char *err, size_t errlen);
@@ -68,7 +75,8 @@ int prune_to_arch(const eng_model *parent, const arch *target, eng_model *out,
 /* ---- pruned model directories --------------------------------------------------------
  * A storage/ckpt.h snapshot (arch.json + model.safetensors, F32, HF names) plus
  * DIR/prune.json   manifest: {"parent": path, "tokenizer": path|null, ...}
- * DIR/config.json  HF config, only when the arch is uniform (then DIR is an HF dir too)
+ * DIR/config.json  HF config, only when the arch is uniform or a Nemotron-H whose blocks of a
+ *                  kind share one shape (then DIR is an HF dir too)
  * A heterogeneous arch has no HF config form; load DIR with prune_load_dir or
  * storage/ckpt.h's ckpt_load. */
 

@@ -31,6 +31,8 @@ void rank_free(rank_result *r)
         free(L->expert_score);
         free(L->expert_perm);
         free(L->expert_share);
+        free(L->mamba_score);
+        free(L->mamba_perm);
     }
     free(r->layers);
     memset(r, 0, sizeof *r);
@@ -64,6 +66,14 @@ static int rank_alloc(rank_result *r, const arch *a)
             return -1;
         for (int i = 0; i < L->n_experts; i++)
             L->expert_perm[i] = i;
+        L->n_mamba = al->mamba.n_heads;
+        L->n_mgroups = al->mamba.n_heads ? al->mamba.n_groups : 0;
+        L->mamba_score = calloc((size_t)(L->n_mamba > 0 ? L->n_mamba : 1), sizeof(double));
+        L->mamba_perm = calloc((size_t)(L->n_mamba > 0 ? L->n_mamba : 1), sizeof(int));
+        if (!L->mamba_score || !L->mamba_perm)
+            return -1;
+        for (int i = 0; i < L->n_mamba; i++)
+            L->mamba_perm[i] = i;
         size_t nf = (size_t)(L->ffn_dim > 0 ? L->ffn_dim : 1), nh = (size_t)(L->n_heads > 0 ? L->n_heads : 1),
                ng = (size_t)(L->n_kv_heads > 0 ? L->n_kv_heads : 1);
         L->ffn_score = calloc(nf, sizeof(double));
@@ -131,6 +141,13 @@ static int rank_sort(rank_result *r)
         if (sort_desc(L->ffn_score, NULL, L->ffn_dim, L->ffn_perm) ||
             sort_desc(L->expert_score, NULL, L->n_experts, L->expert_perm))
             return -1;
+        for (int g = 0, per = L->n_mgroups ? L->n_mamba / L->n_mgroups : 0; g < L->n_mgroups; g++) {
+            int members[4096];   /* <= n_heads <= 4096 (arch_validate) */
+            for (int j = 0; j < per; j++)
+                members[j] = g * per + j;
+            if (sort_desc(L->mamba_score, members, per, L->mamba_perm + g * per))
+                return -1;
+        }
         if (L->n_heads == 0)
             continue;
         int grp = L->n_heads / L->n_kv_heads;
@@ -284,6 +301,8 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             L->ffn_score[i] = st->ffn_abs[l][i] * inv;
         for (int i = 0; i < L->n_heads; i++)
             L->head_score[i] = st->head_norm[l][i] * inv;
+        for (int i = 0; i < L->n_mamba; i++)
+            L->mamba_score[i] = st->head_norm[l][i] * inv;
         double slots = 0;
         for (int i = 0; i < L->n_experts; i++)
             slots += st->expert_tokens[l][i];
@@ -306,7 +325,7 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             double loss;
             for (int which = 0; which < 3; which++) {
                 int attn = which != 1, mlp = which != 0;
-                if ((attn && !mlp && a->layers[l].n_heads == 0) ||
+                if ((attn && !mlp && !arch_layer_has_mixer(&a->layers[l])) ||
                     (mlp && !attn && !arch_layer_has_mlp(&a->layers[l]))) {
                     done += n_layer_b;
                     continue;
@@ -372,7 +391,8 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
         const rank_layer *L = &r->layers[l];
         const arch_layer *al = &a->layers[l];
         if (L->ffn_dim != al->ffn_dim || L->n_heads != al->n_heads || L->n_experts != al->moe.n_experts ||
-            (al->n_heads && L->n_kv_heads != al->n_kv_heads)) {
+            (al->n_heads && L->n_kv_heads != al->n_kv_heads) || L->n_mamba != al->mamba.n_heads ||
+            (L->n_mamba && L->n_mgroups != al->mamba.n_groups)) {
             snprintf(err, errlen, "ranking layer %d (heads %d/%d, ffn %d) does not match the model's (%d/%d, %d)",
                      l, L->n_heads, L->n_kv_heads, L->ffn_dim, al->n_heads, al->n_kv_heads, al->ffn_dim);
             return -1;
@@ -412,7 +432,9 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen)
         ls->ffn = dup_ints(L->ffn_perm, ls->nffn);
         ls->nexp = L->n_experts;
         ls->exp = dup_ints(L->expert_perm, ls->nexp);
-        if (!ls->q || !ls->kv || !ls->ffn || !ls->exp)
+        ls->nm = L->n_mamba;
+        ls->mh = dup_ints(L->mamba_perm, ls->nm);
+        if (!ls->q || !ls->kv || !ls->ffn || !ls->exp || !ls->mh)
             goto oom;
     }
     eng_model tmp;
@@ -500,6 +522,13 @@ json_t *rank_to_json(const rank_result *r)
             json_decref(o);
             o = NULL;
         }
+        if (o && L->n_mamba &&
+            json_object_set_new(o, "mamba", json_pack("{s:i,s:i,s:o*}", "n_heads", L->n_mamba, "n_groups",
+                                                      L->n_mgroups, "score_perm",
+                                                      score_perm(L->mamba_score, L->mamba_perm, L->n_mamba)))) {
+            json_decref(o);
+            o = NULL;
+        }
         if (!o || json_array_append_new(layers, o)) {
             json_decref(layers);
             return NULL;
@@ -579,6 +608,15 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
             return -1;
         }
         a.layers[l].moe.n_experts = (int)e;
+        json_t *mo = json_object_get(o, "mamba");
+        json_int_t mh = json_integer_value(json_object_get(mo, "n_heads")), mg = json_integer_value(json_object_get(mo, "n_groups"));
+        if (mh < 0 || mh > 4096 || (mh && (mg < 1 || mh % mg))) {
+            arch_free(&a);
+            snprintf(err, errlen, "ranking: layers[%d] has invalid Mamba heads or groups", l);
+            return -1;
+        }
+        a.layers[l].mamba.n_heads = (int)mh;
+        a.layers[l].mamba.n_groups = (int)mg;
     }
     int rc = rank_alloc(out, &a);
     arch_free(&a);
@@ -624,6 +662,18 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
                 goto fail;
             for (int i = 0; i < L->n_experts; i++)
                 L->expert_share[i] = json_number_value(json_array_get(sh, (size_t)i));
+        }
+        if (L->n_mamba) {
+            snprintf(where, sizeof where, "layers[%d].mamba", l);
+            if (read_score_perm(json_object_get(json_object_get(o, "mamba"), "score_perm"), L->n_mamba, L->mamba_score,
+                                L->mamba_perm, where, err, errlen))
+                goto fail;
+            int per = L->n_mamba / L->n_mgroups;
+            for (int i = 0; i < L->n_mamba; i++)
+                if (L->mamba_perm[i] / per != i / per) {
+                    snprintf(err, errlen, "layers[%d].mamba: head %d is not in group %d", l, L->mamba_perm[i], i / per);
+                    goto fail;
+                }
         }
         json_t *sk = json_object_get(o, "skip");
         L->skip_attn = json_number_value(json_object_get(sk, "attention"));

@@ -3,7 +3,9 @@
  *
  * Scores: FFN unit = mean |silu(gate)*up|; query head = mean L2 norm of its attention
  * output, KV group = sum over its query heads; expert (MoE layers) = its routed output
- * mass, the L2 norm of its output summed over the tokens routed to it, per token; hidden channel = mean |x| of the
+ * mass, the L2 norm of its output summed over the tokens routed to it, per token; Mamba head =
+ * mean L2 norm of its gated-norm output (what out_proj reads of it), ranked inside its group
+ * (a group's B and C serve its heads, so every group keeps the same count); hidden channel = mean |x| of the
  * normalized layer inputs; layer = calibration loss increase when its attention, its MLP
  * or both are skipped (gates at 0). Permutations sort units by descending score (ties by
  * index); query heads are sorted inside their KV group, groups by group score.
@@ -31,6 +33,9 @@ typedef struct {
     double *expert_score;               /* [n_experts] */
     int *expert_perm;                   /* [n_experts] */
     double *expert_share;               /* [n_experts]: share of routed token slots */
+    int n_mamba, n_mgroups;             /* Mamba layers: the parent layer's heads and groups */
+    double *mamba_score;                /* [n_mamba] */
+    int *mamba_perm;                    /* [n_mamba]: heads sorted inside their group, groups in place */
     double skip_attn, skip_mlp, skip_layer;  /* loss increase (nats/token) when skipped */
 } rank_layer;
 
@@ -79,7 +84,7 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
 
 /* Reorder m's weights in place by r's permutations (hidden channels across every
  * tensor, KV groups with their query heads, query heads within groups, FFN units,
- * experts with their router rows).
+ * experts with their router rows, Mamba heads within groups).
  * The model computes the same function afterwards (up to float summation order).
  * Masks, when enabled, are not reordered: they must be all 1.0 (as rank_compute leaves
  * them). Apply a ranking once: a second rank_apply permutes again. Returns 0, or -1 with
@@ -89,7 +94,8 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
 /* JSON form: {"version":1, "hidden_size", "n_layers", "tokens", "layer_tokens", "keep_kv",
  * "base_loss", "hidden": {"score":[], "perm":[]}, "layers": [{"n_heads", "n_kv_heads",
  * "ffn_dim", "ffn": {"score", "perm"}, "heads": {"score", "perm"}, "groups": {"score",
- * "perm"}, "skip": {"attention", "mlp", "layer"}}]}. rank_to_json returns a NEW
+ * "perm"}, "skip": {"attention", "mlp", "layer"}, MoE layers "experts": {"n_experts",
+ * "score_perm", "share"}, Mamba layers "mamba": {"n_heads", "n_groups", "score_perm"}}]}. rank_to_json returns a NEW
  * reference (NULL on OOM); rank_from_json checks every permutation is one. */
 json_t *rank_to_json(const rank_result *r);
 int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen);

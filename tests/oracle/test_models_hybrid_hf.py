@@ -1,0 +1,271 @@
+"""Oracle: Nemotron-H checkpoints in Hugging Face's layout, read, pruned and written. A tiny
+random NemotronHForCausalLM ("M*M-M": Mamba-2, attention, Mamba-2, MLP, Mamba-2) is written here
+as the Hub's checkpoints are: config.json by Python's json (hybrid_override_pattern, and
+time_step_limit [0.0, Infinity], which is not JSON but is what NVIDIA publishes), safetensors
+with backbone.* names and the conv1d weight as [conv_dim, 1, K]. The reference is the float64
+Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). transformers
+4.40.2 has no Nemotron-H class, so that reference stands in for it. Checks:
+  - `inspect --json` reads the pattern, the Mamba shape, heads and widths;
+  - the engine's logits on the checkpoint equal the reference's;
+  - our HF export writes NemotronHForCausalLM with the pattern and a [cd, 1, K] conv weight,
+    and reloads with identical logits;
+  - pruning to the parent's own arch is the identity (bit-identical logits);
+  - pruning Mamba heads (the first of each group) equals the reference on weights sliced here
+    by hand (z, x and dt rows of in_proj, x conv channels, dt_bias, A_log, D, gated-norm weight,
+    out_proj columns; B and C whole), with attention heads and MLP units cut as well; its HF
+    export reloads with the same logits;
+  - ranking (prune with calibration text) keeps heads inside their groups: the ranked parent
+    computes the parent's logits;
+  - configs the engine cannot run are refused naming the field (an MoE layer "E", a dt clamp).
+Random weights: no quality claim. Run with $AC_PYTHON."""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_engine_oracle_hybrid as hy  # noqa: E402
+
+torch.set_default_dtype(torch.float64)
+AC = os.environ["AC_BIN"]
+TOOL = os.path.join(os.path.dirname(AC), "tools", "export_interop")
+SHARED = os.environ.get("AC_SHARED", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared"))
+TOK = os.path.join(SHARED, "data", "models", "stories260K", "tok512.bin")
+TEXT = os.path.join(SHARED, "data", "text", "tinystories", "validation_100.txt")
+IDS = [3, 17, 42, 5, 9, 61, 0, 33, 8, 27, 50, 12, 7, 44, 19, 2, 38, 60, 21, 14, 301, 77, 499]
+CFG = dict(V=512, C=32, H=4, KV=2, D=8, F=40, MH=8, MP=4, S=6, G=2, K=4, pattern="M*M-M")
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def run(args, expect=0):
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != expect:
+        raise AssertionError("%s -> %d (expected %d): %s" % (" ".join(args), r.returncode, expect, r.stderr[-2000:]))
+    return r
+
+
+def write_safetensors(path, tensors):
+    header, off, blobs = {}, 0, []
+    for name, t in tensors.items():
+        b = t.to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def layers_of(c, mh=None, heads=None, ffn=None, kv=None):
+    out = []
+    for ch in c["pattern"]:
+        if ch == "M":
+            out.append((0, 0, 0, 0, 0, 0, 0, 0, mh or c["MH"], c["MP"], c["S"], c["G"], c["K"]))
+        elif ch == "*":
+            out.append((heads or c["H"], kv or c["KV"], 0))
+        else:
+            out.append((0, 0, ffn or c["F"]))
+    return out
+
+
+def ref_arch(c, **kw):
+    return {"V": c["V"], "C": c["C"], "D": c["D"], "eps": 1e-5, "tied": 0, "family": "nemotron_h",
+            "layers": layers_of(c, **kw)}
+
+
+def make_checkpoint(d, c, seed=7):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.3):
+        return torch.randn(*shape, generator=g) * std
+
+    C, di, cd = c["C"], c["MH"] * c["MP"], c["MH"] * c["MP"] + 2 * c["G"] * c["S"]
+    W = {"backbone.embeddings.weight": rnd(c["V"], C, std=1.0)}
+    for l, ch in enumerate(c["pattern"]):
+        p = "backbone.layers.%d." % l
+        W[p + "norm.weight"] = 1 + rnd(C, std=0.1)
+        if ch == "M":
+            W[p + "mixer.in_proj.weight"] = rnd(di + cd + c["MH"], C)
+            W[p + "mixer.conv1d.weight"] = rnd(cd, 1, c["K"], std=0.5)
+            W[p + "mixer.conv1d.bias"] = rnd(cd, std=0.1)
+            W[p + "mixer.dt_bias"] = rnd(c["MH"], std=0.5)
+            W[p + "mixer.A_log"] = torch.log(torch.arange(1, c["MH"] + 1, dtype=torch.float64))
+            W[p + "mixer.D"] = 1 + rnd(c["MH"], std=0.1)
+            W[p + "mixer.norm.weight"] = 1 + rnd(di, std=0.1)
+            W[p + "mixer.out_proj.weight"] = rnd(C, di)
+        elif ch == "*":
+            for n, rows in (("q", c["H"]), ("k", c["KV"]), ("v", c["KV"])):
+                W[p + "mixer.%s_proj.weight" % n] = rnd(rows * c["D"], C)
+            W[p + "mixer.o_proj.weight"] = rnd(C, c["H"] * c["D"])
+        else:
+            W[p + "mixer.up_proj.weight"] = rnd(c["F"], C)
+            W[p + "mixer.down_proj.weight"] = rnd(C, c["F"])
+    W["backbone.norm_f.weight"] = 1 + rnd(C, std=0.1)
+    W["lm_head.weight"] = rnd(c["V"], C)
+    W = {k: v.to(torch.float32).to(torch.float64) for k, v in W.items()}   # the values the file holds
+    os.makedirs(d, exist_ok=True)
+    conf = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": c["V"],
+            "hidden_size": C, "intermediate_size": c["F"], "num_hidden_layers": len(c["pattern"]),
+            "hybrid_override_pattern": c["pattern"], "num_attention_heads": c["H"],
+            "num_key_value_heads": c["KV"], "head_dim": c["D"], "mamba_num_heads": c["MH"],
+            "mamba_head_dim": c["MP"], "ssm_state_size": c["S"], "n_groups": c["G"], "conv_kernel": c["K"],
+            "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "mlp_hidden_act": "relu2",
+            "mamba_hidden_act": "silu", "use_bias": False, "use_conv_bias": True, "residual_in_fp32": False,
+            "time_step_limit": [0.0, float("inf")], "time_step_min": 0.001, "chunk_size": 128,
+            "torch_dtype": "float32"}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(conf, f)   # writes Infinity, as the published configs carry it
+    write_safetensors(os.path.join(d, "model.safetensors"), W)
+    return W, conf
+
+
+def ref_logits(c, W, **kw):
+    Wr = {k: (v[:, 0, :] if k.endswith("conv1d.weight") else v) for k, v in W.items()}
+    with torch.no_grad():
+        return hy.model_forward(ref_arch(c, **kw), Wr, torch.tensor([IDS])).numpy()[0]
+
+
+def engine_logits(path, tmp, tag, *extra):
+    out = os.path.join(tmp, tag + ".f32")
+    r = run([TOOL, path] + list(extra) + ["--logits", os.path.join(tmp, "ids.txt"), out])
+    return np.fromfile(out, dtype=np.float32).reshape(len(IDS), -1), r
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6))
+
+
+def sliced(c, W, mh, heads, ffn):
+    """The parent's weights cut by hand to mh Mamba heads (the first of each group), the first
+    heads/KV groups of attention, the first ffn units."""
+    P, G, S, H = c["MP"], c["G"], c["S"], c["MH"]
+    di, GS = H * P, G * S
+    keep = [g * (H // G) + j for g in range(G) for j in range(mh // G)]
+    ch = [h * P + p for h in keep for p in range(P)]
+    out = {}
+    for k, v in W.items():
+        if "mixer.in_proj" in k:
+            rows = ch + [di + i for i in ch] + list(range(2 * di, 2 * di + 2 * GS)) + [2 * di + 2 * GS + h for h in keep]
+            v = v[rows]
+        elif "mixer.conv1d" in k:
+            v = v[ch + list(range(di, di + 2 * GS))]
+        elif k.endswith(("mixer.dt_bias", "mixer.A_log", "mixer.D")):
+            v = v[keep]
+        elif k.endswith("mixer.norm.weight"):
+            v = v[ch]
+        elif "mixer.out_proj" in k:
+            v = v[:, ch]
+        elif k.endswith("mixer.q_proj.weight"):   # the first KV group and its query heads
+            v = v[:heads * c["D"]]
+        elif k.endswith(("mixer.k_proj.weight", "mixer.v_proj.weight")):
+            v = v[:c["D"]]
+        elif k.endswith("mixer.o_proj.weight"):
+            v = v[:, :heads * c["D"]]
+        elif k.endswith("mixer.up_proj.weight"):
+            v = v[:ffn]
+        elif k.endswith("mixer.down_proj.weight"):
+            v = v[:, :ffn]
+        out[k] = v
+    return out
+
+
+def check_refusals(tmp, conf):
+    for tag, change, needle in (("moe", {"hybrid_override_pattern": "M*E-M"}, "MoE"),
+                                ("clamp", {"time_step_limit": [0.001, 0.1]}, "time_step_limit"),
+                                ("act", {"mlp_hidden_act": "gelu"}, "mlp_hidden_act")):
+        d = os.path.join(tmp, "bad-" + tag)
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(dict(conf, **change), f)
+        os.symlink(os.path.join(tmp, "parent", "model.safetensors"), os.path.join(d, "model.safetensors"))
+        r = run([AC, "inspect", d], expect=1)
+        check(needle in r.stderr, "refused, naming %s: %s" % (needle, r.stderr.strip()[-160:]))
+
+
+def main():
+    c = CFG
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "ids.txt"), "w") as f:
+            f.write(" ".join(map(str, IDS)))
+        d = os.path.join(tmp, "parent")
+        W, conf = make_checkpoint(d, c)
+        a = json.loads(run([AC, "inspect", d, "--json"]).stdout)
+        ly = a["layers"]
+        check(a["family"] == "nemotron_h" and len(ly) == 5 and ly[0]["mamba"] == {
+            "n_heads": 8, "head_dim": 4, "d_state": 6, "n_groups": 2, "conv_kernel": 4} and ly[0]["attention"] is None
+              and ly[1]["attention"] == {"n_heads": 4, "n_kv_heads": 2} and ly[3]["mlp"] == {"ffn_dim": 40},
+              "inspect reads the pattern M*M-M, the Mamba shape, heads and widths")
+        ref = ref_logits(c, W)
+        eng, _ = engine_logits(d, tmp, "parent")
+        e = rel(eng, ref)
+        check(e < 1e-4, "engine logits on the checkpoint = float64 reference (rel err %.2e)" % e)
+
+        x = os.path.join(tmp, "export")
+        _, r = engine_logits(d, tmp, "x", "--hf", x)
+        xc = json.load(open(os.path.join(x, "config.json")))
+        hdr = json.loads(open(os.path.join(x, "model.safetensors"), "rb").read()[8:][:struct.unpack(
+            "<Q", open(os.path.join(x, "model.safetensors"), "rb").read(8))[0]])
+        check(xc["architectures"] == ["NemotronHForCausalLM"] and xc["hybrid_override_pattern"] == "M*M-M" and
+              hdr["backbone.layers.0.mixer.conv1d.weight"]["shape"] == [56, 1, 4],
+              "HF export: NemotronHForCausalLM, pattern M*M-M, conv1d weight [56, 1, 4]")
+        back, _ = engine_logits(x, tmp, "xb")
+        check(np.array_equal(back, eng), "the export reloads with identical logits")
+
+        ap = os.path.join(tmp, "same.json")
+        with open(ap, "w") as f:
+            f.write(run([AC, "inspect", d, "--json"]).stdout)
+        same, _ = engine_logits(d, tmp, "same", "--arch", ap)
+        check(np.array_equal(same, eng), "pruning to the parent's own arch is the identity (bit-identical logits)")
+
+        cut = dict(a, layers=[dict(l) for l in a["layers"]])
+        for l in cut["layers"]:
+            if l.get("mamba"):
+                l["mamba"] = dict(l["mamba"], n_heads=4)
+        cut["layers"][1]["attention"] = {"n_heads": 2, "n_kv_heads": 1}
+        cut["layers"][3]["mlp"] = {"ffn_dim": 24}
+        cp = os.path.join(tmp, "cut.json")
+        with open(cp, "w") as f:
+            json.dump(cut, f)
+        px = os.path.join(tmp, "pruned-hf")
+        pe, _ = engine_logits(d, tmp, "cut", "--arch", cp, "--hf", px)
+        pr = ref_logits(c, sliced(c, W, 4, 2, 24), mh=4, heads=2, ffn=24, kv=1)
+        e = rel(pe, pr)
+        check(e < 1e-4, "pruned to 4 Mamba heads (2 per group), 2 query heads, 24 MLP units = the reference on "
+                        "weights sliced by hand (rel err %.2e)" % e)
+        pb, _ = engine_logits(px, tmp, "cutb")
+        check(np.array_equal(pb, pe) and json.load(open(os.path.join(px, "config.json")))["mamba_num_heads"] == 4,
+              "the pruned model's HF export (mamba_num_heads 4) reloads with the same logits")
+
+        rk = os.path.join(tmp, "ranked")
+        r = run([AC, "prune", d, "--arch", ap, "--out", rk, "--tokenizer", TOK, "--calib", TEXT, "--calib-tokens",
+                 "512", "--layer-tokens", "0", "--batch", "2", "--seq", "64", "--no-reconstruct"])
+        rj = json.load(open(os.path.join(rk, "ranking.json"))) if os.path.exists(os.path.join(rk, "ranking.json")) \
+            else None
+        ranked, _ = engine_logits(rk, tmp, "ranked")
+        e = rel(ranked, eng)
+        perm = rj["layers"][0]["mamba"]["score_perm"]["perm"] if rj else None
+        check(e < 1e-5 and (perm is None or all(p // 4 == i // 4 for i, p in enumerate(perm))),
+              "ranked in place (heads permuted inside their groups: %s), the parent's logits (rel err %.2e)" %
+              (perm, e))
+        check_refusals(tmp, conf)
+    if failures:
+        print("FAIL:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("PASS: Nemotron-H read, pruned and written")
+
+
+if __name__ == "__main__":
+    main()
