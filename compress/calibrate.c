@@ -579,6 +579,13 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
         o->warmup = 0;
     if (arch_validate(r->parent, err, errlen))
         return -1;
+    for (int l = 0; l < r->parent->n_layers; l++)
+        if (r->parent->layers[l].mamba.n_heads) {
+            snprintf(err, errlen, "calibration: layer %d is a Mamba-2 mixer, and the cost model has no Mamba entries "
+                     "in this build: nemotron_h models run, rank, prune and export (prune, export, perplexity, eval), "
+                     "but cannot be priced for a search or a job yet", l);
+            return -1;
+        }
     r->t_start = eng_wall_s();
     r->fit_p = r->fit_d = 1;
     cal_state *cs = r->cs = calloc(1, sizeof *cs);

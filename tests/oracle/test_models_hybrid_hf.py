@@ -16,7 +16,8 @@ Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). tr
     export reloads with the same logits;
   - ranking (prune with calibration text) keeps heads inside their groups: the ranked parent
     computes the parent's logits;
-  - configs the engine cannot run are refused naming the field (an MoE layer "E", a dt clamp).
+  - configs the engine cannot run are refused naming the field (an MoE layer "E", a dt clamp);
+    what is not built for the family yet says so (calibration, GGUF export).
 Random weights: no quality claim. Run with $AC_PYTHON."""
 import json
 import math
@@ -261,6 +262,12 @@ def main():
               "ranked in place (heads permuted inside their groups: %s), the parent's logits (rel err %.2e)" %
               (perm, e))
         check_refusals(tmp, conf)
+        r = run([AC, "calibrate", "--model", d, "--data-dir", os.path.join(tmp, "dd"), "--prompt", "8", "--output",
+                 "2"], expect=1)
+        check("Mamba" in r.stderr and "not" in r.stderr,
+              "calibration says the cost model has no Mamba entries yet: %s" % r.stderr.strip()[-120:])
+        r = run([AC, "export", d, "--out", os.path.join(tmp, "x.gguf"), "--format", "gguf"], expect=1)
+        check("nemotron_h" in r.stderr, "GGUF export refuses the family by name: %s" % r.stderr.strip()[-100:])
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         sys.exit(1)
