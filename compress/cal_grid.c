@@ -27,12 +27,46 @@ static void parent_dims(const arch *p, int *H, int *KV, int *F)
     }
 }
 
+/* The Mamba part of the mixer grid: codes (m, -1) for m Mamba heads, multiples of the
+ * groups up to the most heads (every multiple, or sixteenths rounded up to one). */
+static int grid_mamba(const arch *parent, int *heads, int *kv, int n, int max)
+{
+    int most;
+    const arch_mamba *mb = arch_first_mamba(parent, &most);
+    if (!mb)
+        return n;
+    int G = mb->n_groups, steps = most / G;
+    for (int k = 1, last = 0; k <= 16 && n < max; k++) {
+        int c = G * (steps <= 16 ? k : (steps * k + 15) / 16);
+        if (c > most)
+            break;
+        if (c > last) {
+            heads[n] = c;
+            kv[n++] = -1;
+        }
+        last = c;
+    }
+    return n;
+}
+
+void cal_mixer_apply(const arch *parent, int nh, int nkv, arch_layer *l)
+{
+    const arch_mamba *mb = arch_first_mamba(parent, NULL);
+    memset(&l->mamba, 0, sizeof l->mamba);
+    l->n_heads = nkv >= 0 ? nh : 0;
+    l->n_kv_heads = nkv >= 0 ? nkv : 0;
+    if (nkv < 0 && nh > 0 && mb) {
+        l->mamba = *mb;
+        l->mamba.n_heads = nh;
+    }
+}
+
 int cal_grid_attention(const arch *parent, int *heads, int *kv, int max)
 {
     int H, KV, F, n = 0;
     parent_dims(parent, &H, &KV, &F);
     if (!H)
-        return 0;
+        return grid_mamba(parent, heads, kv, 0, max);
     int group = H / KV;
     for (int g = 1; g <= KV && n < max; g++) {
         heads[n] = g * group;
@@ -47,7 +81,7 @@ int cal_grid_attention(const arch *parent, int *heads, int *kv, int max)
             kv[n++] = KV;
         }
     }
-    return n;
+    return grid_mamba(parent, heads, kv, n, max);
 }
 
 void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
@@ -133,7 +167,7 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
 {
     int H, KV, F;
     parent_dims(parent, &H, &KV, &F);
-    int group = H && KV ? H / KV : 1;
+    int group = H && KV ? H / KV : 1, hybrid = !strcmp(parent->family, "nemotron_h");   /* blocks where the parent's are */
     arch_layer *tmp = calloc((size_t)(parent->n_layers > 0 ? parent->n_layers : 1), sizeof *tmp);
     if (!tmp)
         return -1;
@@ -144,7 +178,11 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
         arch_layer *l = &tmp[n];
         memset(l, 0, sizeof *l);
         l->source_layer = i;
-        if (H && eng_xorshift64(rng) % 7 != 0) {
+        const arch_mamba *pm = &parent->layers[i].mamba;
+        if (pm->n_heads && eng_xorshift64(rng) % 7 != 0) {   /* a Mamba layer: a head count per group */
+            int per = pm->n_heads / pm->n_groups;
+            cal_mixer_apply(parent, pm->n_groups * (1 + (int)(eng_xorshift64(rng) % (uint64_t)per)), -1, l);
+        } else if (H && !pm->n_heads && (!hybrid || parent->layers[i].n_heads) && eng_xorshift64(rng) % 7 != 0) {
             if (eng_xorshift64(rng) % 5 == 0) {
                 int k = 1 + (int)(eng_xorshift64(rng) % (uint64_t)group);
                 l->n_heads = k * KV;
@@ -156,9 +194,10 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
             }
         }
         const arch_moe *pe = &parent->layers[i].moe;
+        int mlp_here = !hybrid || parent->layers[i].ffn_dim > 0;
         if (pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
             cal_mlp_apply(parent, -(1 + (int)(eng_xorshift64(rng) % (uint64_t)pe->n_experts)), l);
-        } else if (F && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
+        } else if (F && mlp_here && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || !arch_layer_has_mixer(l))) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)
                 lo = 1;
@@ -168,7 +207,7 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
             if (l->ffn_dim > F)
                 l->ffn_dim = F;
         }
-        if (!l->n_heads && !arch_layer_has_mlp(l))
+        if (!arch_layer_has_mixer(l) && !arch_layer_has_mlp(l))
             continue;
         n++;
     }

@@ -50,16 +50,22 @@ double cali_dvec_median(dvec *d, double *mad)
 }
 
 
-/* The entry key of a part: attention (nh, nkv) or the MLP grid code ffn (cal_mlp_apply). */
+/* The entry key of a part: the mixer grid code (nh, nkv) (cal_mixer_apply) or the MLP grid
+ * code ffn (cal_mlp_apply). */
 static cm_entry entry_key(cal_state *cs, int part, int hidden, int nh, int nkv, int ffn)
 {
     cm_entry k;
     memset(&k, 0, sizeof k);
     k.part = part;
     k.hidden_size = hidden;
-    k.n_heads = nh;
-    k.n_kv_heads = nkv;
-    if (part == CM_MLP) {
+    if (part == CM_ATTN) {
+        arch_layer l;
+        memset(&l, 0, sizeof l);
+        cal_mixer_apply(cs->parent, nh, nkv, &l);
+        k.n_heads = l.n_heads;
+        k.n_kv_heads = l.n_kv_heads;
+        k.mamba = l.mamba;
+    } else {
         arch_layer l;
         memset(&l, 0, sizeof l);
         cal_mlp_apply(cs->parent, ffn, &l);
@@ -124,12 +130,7 @@ static void state_free(cal_state *cs)
 
 static double kv_elems(const arch *a, const cm_target *t)
 {
-    double e = 0;
-    for (int i = 0; i < a->n_layers; i++)
-        if (a->layers[i].n_heads)
-            e += 2.0 * a->layers[i].n_kv_heads * a->head_dim * t->batch_size *
-                 (double)(t->prompt_tokens + t->output_tokens);
-    return e;
+    return cm_cache_elems(a, t->batch_size, t->prompt_tokens + t->output_tokens);
 }
 
 static void model_free(cal_model *cm)
@@ -296,10 +297,9 @@ static int layout_model(cal_state *cs, cal_model *cm, const arch *parent, int hi
         arch_layer *l = &cm->a.layers[i];
         memset(l, 0, sizeof *l);
         l->source_layer = i;
-        l->n_heads = ai < nA ? ah[ai] : 0;
-        l->n_kv_heads = ai < nA ? akv[ai] : 0;
+        cal_mixer_apply(parent, ai < nA ? ah[ai] : 0, ai < nA ? akv[ai] : 0, l);
         cal_mlp_apply(parent, fi < nF ? fw[fi] : 0, l);
-        cm->attn_entry[i] = add_entry(cs, CM_ATTN, hidden, l->n_heads, l->n_kv_heads, 0);
+        cm->attn_entry[i] = add_entry(cs, CM_ATTN, hidden, ai < nA ? ah[ai] : 0, ai < nA ? akv[ai] : 0, 0);
         cm->mlp_entry[i] = add_entry(cs, CM_MLP, hidden, 0, 0, fi < nF ? fw[fi] : 0);
         if (cm->attn_entry[i] < 0 || cm->mlp_entry[i] < 0) {
             snprintf(err, errlen, "too many timing-table entries (max %d)", MAX_ENTRIES);
@@ -322,8 +322,7 @@ static int64_t probe_workspace(cal_state *cs, const arch *parent, int hidden, in
     arch a = *parent;
     arch_layer l;
     memset(&l, 0, sizeof l);
-    l.n_heads = part == CM_ATTN || part == 2 ? nh : 0;
-    l.n_kv_heads = part == CM_ATTN || part == 2 ? nkv : 0;
+    cal_mixer_apply(parent, part == CM_ATTN || part == 2 ? nh : 0, part == CM_ATTN || part == 2 ? nkv : 0, &l);
     cal_mlp_apply(parent, part == CM_MLP || part == 2 ? ffn : 0, &l);
     a.hidden_size = hidden;
     a.n_layers = part < 0 ? 0 : 1;
@@ -579,13 +578,6 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
         o->warmup = 0;
     if (arch_validate(r->parent, err, errlen))
         return -1;
-    for (int l = 0; l < r->parent->n_layers; l++)
-        if (r->parent->layers[l].mamba.n_heads) {
-            snprintf(err, errlen, "calibration: layer %d is a Mamba-2 mixer, and the cost model has no Mamba entries "
-                     "in this build: nemotron_h models run, rank, prune and export (prune, export, perplexity, eval), "
-                     "but cannot be priced for a search or a job yet", l);
-            return -1;
-        }
     r->t_start = eng_wall_s();
     r->fit_p = r->fit_d = 1;
     cal_state *cs = r->cs = calloc(1, sizeof *cs);
@@ -837,6 +829,12 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     else
         cal_opts_default(&r->o);
     json_t *result = NULL;
+    if (cm_target_llamacpp(t) && arch_first_mamba(parent, NULL)) {
+        snprintf(err, errlen, "llama.cpp target: this build writes no GGUF of the nemotron_h family, so its Mamba-2 "
+                 "layers cannot be timed in llama.cpp (target.engine \"autocompress\" can)");
+        free(r);
+        return NULL;
+    }
     if (cm_target_llamacpp(t)) {
         cal_id(t, parent, &r->o, r->id);
         result = cal_llama_run(parent, t, &r->o, r->id, err, errlen);

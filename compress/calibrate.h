@@ -56,9 +56,15 @@ eng_backend *cal_backend_new(const char *device, const char *precision, int thre
  *   mlp: widths k*F/8 (k = 1..8, multiples of 8) plus the low end F/32; for a parent with
  *        MoE layers then the codes -n for n experts (n = 1.., up to the most experts, at
  *        most 16 points), see cal_mlp_apply;
+ *   for a parent with Mamba-2 layers the attention grid goes on with the codes (m, -1) for m
+ *   Mamba heads (multiples of the groups, at most 16 points), see cal_mixer_apply;
  *   removed parts (size 0) for both.
  * Writes at most max entries into heads/kv (attention) or ffn; returns the count. */
 int cal_grid_attention(const arch *parent, int *heads, int *kv, int max);
+/* A mixer grid point into layer l's mixer fields: nkv >= 0 attention of nh query and nkv
+ * KV heads (0, 0: none); nkv < 0 a Mamba-2 mixer of nh heads shaped as the parent's first
+ * Mamba layer. */
+void cal_mixer_apply(const arch *parent, int nh, int nkv, arch_layer *l);
 int cal_grid_mlp(const arch *parent, int *ffn, int max);
 
 /* An MLP grid code into layer l's MLP fields: code > 0 a dense FFN of that width; code < 0

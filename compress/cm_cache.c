@@ -65,6 +65,12 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     if (e && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d", maxe, e->top_k, e->expert_ffn_dim,
                       e->shared_ffn_dim, e->norm_topk);
+    /* Mamba-2: the most heads and the first Mamba layer's shape (the grid's) */
+    int most;
+    const arch_mamba *mb = arch_first_mamba(a, &most);
+    if (mb && n > 0 && (size_t)n < sizeof buf)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|M%d|P%d|S%d|G%d|K%d", most, mb->head_dim, mb->d_state,
+                      mb->n_groups, mb->conv_kernel);
     if (n >= (int)sizeof buf)
         n = (int)sizeof buf - 1;
     unsigned char md[SHA256_DIGEST_LENGTH];

@@ -159,6 +159,11 @@ static json_t *entry_key_json(const cm_entry *e)
     if (e->part == CM_ATTN) {
         rc |= set_new(o, "n_heads", json_integer(e->n_heads));
         rc |= set_new(o, "n_kv_heads", json_integer(e->n_kv_heads));
+        const arch_mamba *m = &e->mamba;
+        if (m->n_heads)
+            rc |= set_new(o, "mamba", json_pack("{s:i,s:i,s:i,s:i,s:i}", "n_heads", m->n_heads, "head_dim",
+                                                m->head_dim, "d_state", m->d_state, "n_groups", m->n_groups,
+                                                "conv_kernel", m->conv_kernel));
     } else {
         rc |= set_new(o, "ffn_dim", json_integer(e->ffn_dim));
         if (e->n_experts)
@@ -299,7 +304,8 @@ int cm_same_key(const cm_entry *a, const cm_entry *b)
 {
     if (a->part != b->part || a->hidden_size != b->hidden_size)
         return 0;
-    return a->part == CM_ATTN ? a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads
+    return a->part == CM_ATTN ? a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
+                                    !memcmp(&a->mamba, &b->mamba, sizeof a->mamba)
                               : a->ffn_dim == b->ffn_dim && a->n_experts == b->n_experts && a->top_k == b->top_k &&
                                     a->expert_ffn_dim == b->expert_ffn_dim && a->shared_ffn_dim == b->shared_ffn_dim;
 }
@@ -329,6 +335,26 @@ static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, si
             FAIL("%s/n_kv_heads: must be 0 exactly when n_heads is 0", at);
         if (e->n_heads && e->n_heads % e->n_kv_heads)
             FAIL("%s/n_kv_heads: %d does not divide n_heads %d", at, e->n_kv_heads, e->n_heads);
+        json_t *mb = json_object_get(x, "mamba");
+        if (mb) {
+            static const char *const mk[] = {"n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", NULL};
+            char mat[160];
+            arch_mamba *m = &e->mamba;
+            snprintf(mat, sizeof mat, "%s/mamba", at);
+            if (!json_is_object(mb))
+                FAIL("%s: must be an object", mat);
+            if (cmj_check_keys(mb, mat, mk, err, errlen) ||
+                cmj_i32(mb, mat, "n_heads", 1, 4096, 1, &m->n_heads, err, errlen) ||
+                cmj_i32(mb, mat, "head_dim", 1, 1024, 1, &m->head_dim, err, errlen) ||
+                cmj_i32(mb, mat, "d_state", 1, 1024, 1, &m->d_state, err, errlen) ||
+                cmj_i32(mb, mat, "n_groups", 1, m->n_heads, 1, &m->n_groups, err, errlen) ||
+                cmj_i32(mb, mat, "conv_kernel", 1, 16, 1, &m->conv_kernel, err, errlen))
+                return -1;
+            if (m->n_heads % m->n_groups)
+                FAIL("%s/n_groups: %d does not divide n_heads %d", mat, m->n_groups, m->n_heads);
+            if (e->n_heads)
+                FAIL("%s/n_heads: must be 0 on a Mamba entry", at);
+        }
     } else {
         if (json_object_get(x, "n_heads") || json_object_get(x, "n_kv_heads"))
             FAIL("%s: n_heads/n_kv_heads not allowed on an mlp entry", at);
@@ -405,8 +431,8 @@ static int prefill_fields(json_t *x, const char *at, cm_entry *e, const cm_table
 
 static int parse_prefill(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "moe", "ms",
-                                       "mad_ms", "workspace_bytes", "samples", NULL};
+    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "moe", "mamba",
+                                       "ms", "mad_ms", "workspace_bytes", "samples", NULL};
     return parse_entries(arr, ptr, "prefill", keys, prefill_fields, t, &t->prefill, &t->n_prefill, err, errlen);
 }
 
@@ -482,8 +508,9 @@ static int decode_fields(json_t *x, const char *at, cm_entry *e, const cm_tables
 
 static int parse_decode(json_t *arr, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "moe", "contexts",
-                                       "ms", "mad_ms", "ms_at_context_0", "ms_per_context", "samples", NULL};
+    static const char *const keys[] = {"part", "hidden_size", "n_heads", "n_kv_heads", "ffn_dim", "moe", "mamba",
+                                       "contexts", "ms", "mad_ms", "ms_at_context_0", "ms_per_context", "samples",
+                                       NULL};
     if (parse_entries(arr, ptr, "decode", keys, decode_fields, t, &t->decode, &t->n_decode, err, errlen))
         return -1;
     for (int k = 0; k < t->n_prefill; k++) {

@@ -327,11 +327,12 @@ static const cm_entry *find_decode(const cm_tables *t, const cm_entry *pre)
 /* Grid points of one part at one hidden size along one axis, sorted by x:
  *   mlp: x = ffn_dim (nonzero dense entries); with moe, x = n_experts over the MoE entries
  *        of moe's top_k and widths;
+ *   attention with mb (a Mamba-2 mixer): x = Mamba heads over the entries of mb's shape;
  *   attention axis 0: entries with n_kv_heads == nkv, x = n_heads;
  *   attention axis 1: entries with the same group size n_heads/n_kv_heads, x = n_kv_heads.
  * ys[j] are the entry values (prefill ms, decode ms over the workload, workspace). */
 static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, int nkv, const arch_moe *moe,
-                   double *xs, double ys[3][MAX_GRID])
+                   const arch_mamba *mb, double *xs, double ys[3][MAX_GRID])
 {
     int n = 0;
     for (int i = 0; i < t->n_prefill && n < MAX_GRID; i++) {
@@ -339,7 +340,13 @@ static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, i
         if (e->part != part || e->hidden_size != hidden)
             continue;
         double x;
-        if (part == CM_MLP && moe) {
+        if (part == CM_ATTN && mb) {
+            const arch_mamba *em = &e->mamba;
+            if (!em->n_heads || em->head_dim != mb->head_dim || em->d_state != mb->d_state ||
+                em->n_groups != mb->n_groups || em->conv_kernel != mb->conv_kernel)
+                continue;
+            x = em->n_heads;
+        } else if (part == CM_MLP && moe) {
             if (!e->n_experts || e->top_k != moe->top_k || e->expert_ffn_dim != moe->expert_ffn_dim ||
                 e->shared_ffn_dim != moe->shared_ffn_dim)
                 continue;
@@ -377,15 +384,15 @@ static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, i
 
 /* Part cost at an exact calibrated hidden size. 0, or -1 outside the grid. */
 static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
-                          double out[3])
+                          const arch_mamba *mb, double out[3])
 {
     double xs[MAX_GRID], ys[3][MAX_GRID];
-    if ((part == CM_ATTN && nh == 0) || (part == CM_MLP && ffn == 0 && !moe)) {
+    if ((part == CM_ATTN && nh == 0 && !mb) || (part == CM_MLP && ffn == 0 && !moe)) {
         /* Removed: an explicit size-0 entry if calibrated, else nothing runs. */
         for (int i = 0; i < t->n_prefill; i++) {
             const cm_entry *e = &t->prefill[i];
             if (e->part == part && e->hidden_size == hidden &&
-                (part == CM_ATTN ? e->n_heads == 0 : e->ffn_dim == 0 && e->n_experts == 0)) {
+                (part == CM_ATTN ? e->n_heads == 0 && e->mamba.n_heads == 0 : e->ffn_dim == 0 && e->n_experts == 0)) {
                 entry_values(t, e, find_decode(t, e), out);
                 return 0;
             }
@@ -393,9 +400,9 @@ static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int 
         out[0] = out[1] = out[2] = 0;
         return 0;
     }
-    for (int axis = 0; axis < (part == CM_ATTN ? 2 : 1); axis++) {
-        int n = collect(t, part, hidden, axis, nh, nkv, moe, xs, ys);
-        double x = part == CM_MLP ? (moe ? moe->n_experts : ffn) : axis == 0 ? nh : nkv;
+    for (int axis = 0; axis < (part == CM_ATTN && !mb ? 2 : 1); axis++) {
+        int n = collect(t, part, hidden, axis, nh, nkv, moe, mb, xs, ys);
+        double x = part == CM_MLP ? (moe ? moe->n_experts : ffn) : mb ? mb->n_heads : axis == 0 ? nh : nkv;
         int ok = n > 0;
         for (int j = 0; ok && j < 3; j++)
             ok = !interp(xs, ys[j], n, x, &out[j]);
@@ -454,17 +461,18 @@ static void scales_at(const cm_tables *t, int lo, int hi, double w, double *sp, 
 
 /* cm_part_cost, cm_moe_cost: one part (moe: an MoE MLP) at a hidden size. */
 static int part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
-                     const arch_moe *moe, double *prefill_ms, double *decode_ms, double *workspace_bytes)
+                     const arch_moe *moe, const arch_mamba *mb, double *prefill_ms, double *decode_ms,
+                     double *workspace_bytes)
 {
     int lo, hi;
     double w, a[3], b[3], sp, sd;
     if (hidden_bracket(t, hidden, &lo, &hi, &w))
         return -1;
     scales_at(t, lo, hi, w, &sp, &sd);
-    if (part_at_hidden(t, part, lo, n_heads, n_kv_heads, ffn_dim, moe, a))
+    if (part_at_hidden(t, part, lo, n_heads, n_kv_heads, ffn_dim, moe, mb, a))
         return -1;
     if (hi != lo) {
-        if (part_at_hidden(t, part, hi, n_heads, n_kv_heads, ffn_dim, moe, b))
+        if (part_at_hidden(t, part, hi, n_heads, n_kv_heads, ffn_dim, moe, mb, b))
             return -1;
         for (int j = 0; j < 3; j++)
             a[j] += w * (b[j] - a[j]);
@@ -481,7 +489,30 @@ static int part_cost(const cm_tables *t, int part, int hidden, int n_heads, int 
 int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
                  double *prefill_ms, double *decode_ms, double *workspace_bytes)
 {
-    return part_cost(t, part, hidden, n_heads, n_kv_heads, ffn_dim, NULL, prefill_ms, decode_ms, workspace_bytes);
+    return part_cost(t, part, hidden, n_heads, n_kv_heads, ffn_dim, NULL, NULL, prefill_ms, decode_ms,
+                     workspace_bytes);
+}
+
+int cm_mamba_cost(const cm_tables *t, int hidden, const arch_mamba *mb, double *prefill_ms, double *decode_ms,
+                  double *workspace_bytes)
+{
+    if (!mb || mb->n_heads <= 0)
+        return -1;
+    return part_cost(t, CM_ATTN, hidden, 0, 0, 0, NULL, mb, prefill_ms, decode_ms, workspace_bytes);
+}
+
+double cm_cache_elems(const arch *a, int B, int T)
+{
+    double e = 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_layer *l = &a->layers[i];
+        if (l->n_heads)
+            e += 2.0 * l->n_kv_heads * a->head_dim * B * (double)T;
+        if (l->mamba.n_heads)
+            e += (double)B * ((l->mamba.conv_kernel - 1) * (double)arch_mamba_conv_dim(&l->mamba) +
+                              (double)l->mamba.n_heads * l->mamba.head_dim * l->mamba.d_state);
+    }
+    return e;
 }
 
 int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
@@ -489,7 +520,7 @@ int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *pre
 {
     if (!moe || moe->n_experts <= 0)
         return -1;
-    return part_cost(t, CM_MLP, hidden, 0, 0, 0, moe, prefill_ms, decode_ms, workspace_bytes);
+    return part_cost(t, CM_MLP, hidden, 0, 0, 0, moe, NULL, prefill_ms, decode_ms, workspace_bytes);
 }
 
 static const cm_fixed *fixed_at(const cm_tables *t, int h)
@@ -547,9 +578,15 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
     for (int i = 0; i < a->n_layers; i++) {
         const arch_layer *l = &a->layers[i];
         double lp, ld, lw;
-        if (cm_part_cost(t, CM_ATTN, C, l->n_heads, l->n_kv_heads, 0, &lp, &ld, &lw))
+        if (l->mamba.n_heads ? cm_mamba_cost(t, C, &l->mamba, &lp, &ld, &lw)
+                             : cm_part_cost(t, CM_ATTN, C, l->n_heads, l->n_kv_heads, 0, &lp, &ld, &lw)) {
+            if (l->mamba.n_heads)
+                FAIL("layers[%d].mamba (%d heads of %d, state %d, %d groups, conv %d) lies outside the timing tables",
+                     i, l->mamba.n_heads, l->mamba.head_dim, l->mamba.d_state, l->mamba.n_groups,
+                     l->mamba.conv_kernel);
             FAIL("layers[%d].attention (%d heads, %d kv heads) lies outside the timing tables", i, l->n_heads,
                  l->n_kv_heads);
+        }
         pre += lp;
         dec += ld;
         ws_max = lw > ws_max ? lw : ws_max;
@@ -565,9 +602,8 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
         dec += ld;
         ws_max = lw > ws_max ? lw : ws_max;
         ws_mlp = lw > ws_mlp ? lw : ws_mlp;
-        if (l->n_heads)
-            kv_elems += 2.0 * l->n_kv_heads * a->head_dim * B * T;
     }
+    kv_elems = cm_cache_elems(a, (int)B, (int)T);
     p->prefill_ms = pre;
     p->decode_ms = dec;
     p->decode_ms_per_token = dec / t->target.output_tokens;
@@ -608,10 +644,9 @@ int cm_load_arch(const char *path, arch *a, char *err, size_t errlen)
     struct stat st;
     if (n > 5 && !strcmp(path + n - 5, ".json") && !stat(path, &st) && S_ISREG(st.st_mode)) {
         /* a shape alone: an arch JSON (DESIGN.md §10) or an HF config.json */
-        json_error_t je;
-        json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+        json_t *j = hfconfig_read_json(path, err, errlen);   /* NVIDIA's configs carry Infinity */
         if (!j)
-            FAIL("%s:%d: %s", path, je.line, je.text);
+            return -1;
         int rc;
         char e2[400];
         if (json_object_get(j, "layers"))

@@ -11,7 +11,8 @@
  *   throughput   generated tokens per second at batch B during decode:
  *                B * output_tokens / (sum of decode-step times).
  *   memory       peak bytes while serving the request: weights + request cache (KV for
- *                B×(S+N) positions) + prefill workspace + runtime buffers.
+ *                B×(S+N) positions, Mamba conv and SSM states) + prefill workspace + runtime
+ *                buffers.
  */
 #ifndef AC_COMPRESS_COSTMODEL_H
 #define AC_COMPRESS_COSTMODEL_H
@@ -128,6 +129,8 @@ typedef struct {
     int ffn_dim;                /* mlp (0 = removed) */
     int n_experts, top_k, expert_ffn_dim, shared_ffn_dim;   /* an MoE mlp (n_experts > 0; ffn_dim 0):
                                    n_experts experts of top_k routing, the layer's widths */
+    arch_mamba mamba;           /* a Mamba-2 mixer in the attention's part (mamba.n_heads > 0;
+                                   n_heads, n_kv_heads 0): its heads and shape */
     double ms, mad_ms;          /* prefill */
     int64_t workspace_bytes;    /* prefill */
     double ms0, ms_per_ctx;     /* decode fit */
@@ -154,7 +157,7 @@ typedef struct {
 /* Memory model coefficients, measured by calibration from the engine's byte accounting.
  *   weights   = weight_bytes_per_param * (params - embedding params)
  *               + embed_bytes_per_param * embedding params + weight_overhead_bytes
- *   cache     = kv_bytes_per_elem * sum_l 2*Hkv_l*head_dim*B*(S+N) + kv_overhead_bytes
+ *   cache     = kv_bytes_per_elem * cm_cache_elems(arch, B, S+N) + kv_overhead_bytes
  *   workspace, from the prefill entries' workspace_bytes (each measured on a one-layer
  *               probe holding only that part, so it includes the fixed workspace W0 of
  *               the zero-layer probe, fixed.workspace_bytes), by the combination rule
@@ -270,6 +273,16 @@ int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv
  * count between entries of the same top_k and widths. 0, or -1 outside the tables. */
 int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
                 double *workspace_bytes);
+
+/* The same for a Mamba-2 mixer of shape `mb` (n_heads > 0): interpolated over the head count
+ * between entries of the same head_dim, state size, groups and conv kernel. 0, or -1 outside. */
+int cm_mamba_cost(const cm_tables *t, int hidden, const arch_mamba *mb, double *prefill_ms, double *decode_ms,
+                  double *workspace_bytes);
+
+/* Elements of a's request cache for B rows of T positions: keys and values of every
+ * attention layer (2 * Hkv * head_dim * B * T) and the conv history and SSM state of every
+ * Mamba layer (B * ((K-1) * conv_dim + H * head_dim * d_state), independent of T). */
+double cm_cache_elems(const arch *a, int B, int T);
 
 /* Costs outside the layers at a hidden size (interpolated): prefill ms, decode ms over
  * the N steps, prefill workspace bytes. Returns 0, or -1 outside the tables. */

@@ -376,6 +376,11 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     method_opts run = *o;
     int *order = NULL;
     run.layer_order = NULL;
+    if (o->parent && arch_first_mamba(&o->parent->a, NULL)) {
+        snprintf(err, errlen, "the parent has Mamba-2 layers, and the search space has no Mamba head axis "
+                 "in this build; calibrate, estimate, prune (with an arch) and export work on nemotron_h models");
+        return -1;
+    }
     if (o->minitron) {
         if (!r) {
             snprintf(err, errlen, "the ranking is missing: Minitron++ drops layers in its order");

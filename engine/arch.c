@@ -163,8 +163,6 @@ int arch_validate(const arch *a, char *err, size_t errlen)
                 "squared-ReLU experts) are not built yet", i);
         if (e->n_experts && !moe_family)
             BAD("layers[%d]: moe blocks are not supported by family \"%s\"", i, a->family);
-        if (hybrid && (l->n_heads > 0) + (l->mamba.n_heads > 0) + (l->ffn_dim > 0) > 1)
-            BAD("layers[%d]: a nemotron_h layer holds one block (attention, mamba or mlp)", i);
         if (e->n_experts < 0 || e->n_experts > 4096)
             BAD("layers[%d].moe.n_experts: %d is out of range [0, 4096]", i, e->n_experts);
         if (e->n_experts) {
@@ -233,6 +231,21 @@ const arch_moe *arch_first_moe(const arch *a, int *most)
         if (e->n_experts && !first)
             first = e;
         m = e->n_experts > m ? e->n_experts : m;
+    }
+    if (most)
+        *most = m;
+    return first;
+}
+
+const arch_mamba *arch_first_mamba(const arch *a, int *most)
+{
+    const arch_mamba *first = NULL;
+    int m = 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const arch_mamba *x = &a->layers[i].mamba;
+        if (x->n_heads && !first)
+            first = x;
+        m = x->n_heads > m ? x->n_heads : m;
     }
     if (most)
         *most = m;

@@ -62,9 +62,10 @@ typedef struct {
 
 typedef struct {
     char family[ARCH_FAMILY_MAX];   /* "llama" (Llama 2/3, Mistral, Qwen2, SmolLM), "mixtral",
-                                       "qwen2_moe", "nemotron_h" (hybrid Mamba-2: every layer
-                                       holds one block, attention without RoPE, squared-ReLU MLPs
-                                       of up and down only) */
+                                       "qwen2_moe", "nemotron_h" (hybrid Mamba-2: attention without
+                                       RoPE, squared-ReLU MLPs of up and down only; a checkpoint's
+                                       layer holds one block, the engine's may hold a mixer and an
+                                       MLP, as calibration's timing models do) */
     int vocab_size;
     int hidden_size;
     int head_dim;
@@ -120,6 +121,10 @@ int arch_rope(const arch *a);
 /* The first MoE layer's shape (NULL: no layer is a mixture of experts); *most (may be NULL)
  * gets the most experts of any layer. */
 const arch_moe *arch_first_moe(const arch *a, int *most);
+
+/* The first Mamba layer's shape (NULL: none); *most (may be NULL) gets the most Mamba heads
+ * of any layer. */
+const arch_mamba *arch_first_mamba(const arch *a, int *most);
 
 /* Shape e with n experts, top-k capped at n (pruning keeps the first n; routing cannot pick
  * more experts than there are). */

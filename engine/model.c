@@ -78,7 +78,9 @@ static void add_moe(model_impl *im, int cap, size_t *off, const arch *a, int l)
 /* A nemotron_h layer's block in its HF names (backbone.layers.l.norm and .mixer.*): attention
  * (q/k/v/o_proj), a Mamba-2 mixer (in_proj, conv1d, dt_bias, A_log, D, norm, out_proj; the
  * conv weight [cd, 1, K] of the checkpoint is held as [cd, K]) or a squared-ReLU MLP
- * (up_proj, down_proj). The norm takes the slot of the part the block fills. */
+ * (up_proj, down_proj). The norm takes the slot of the part the block fills. A layer holding
+ * a mixer and an MLP (calibration's timing models; no checkpoint has one) names the MLP's
+ * block mlp_norm, mlp.up_proj, mlp.down_proj. */
 static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int l)
 {
     const arch_layer *ly = &a->layers[l];
@@ -87,6 +89,7 @@ static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int 
 #define T(slot, suffix, d0, d1) do { snprintf(nm, sizeof nm, "backbone.layers.%d.%s", l, suffix); \
         add_tensor(im, cap, off, slot, l, nm, d0, d1); } while (0)
     T(arch_layer_has_mixer(ly) ? SL_ANORM : SL_FNORM, "norm.weight", C, 0);
+    int both = arch_layer_has_mixer(ly) && F > 0;   /* the MLP's tensors in a block of their own */
     if (ly->n_heads > 0) {
         int64_t q = (int64_t)ly->n_heads * D, kv = (int64_t)ly->n_kv_heads * D;
         T(SL_WQ, "mixer.q_proj.weight", q, C);
@@ -104,9 +107,12 @@ static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int 
         T(SL_MD, "mixer.D", H, 0);
         T(SL_MNORM, "mixer.norm.weight", di, 0);
         T(SL_MOUT, "mixer.out_proj.weight", C, di);
-    } else if (F > 0) {
-        T(SL_WU, "mixer.up_proj.weight", F, C);
-        T(SL_WD, "mixer.down_proj.weight", C, F);
+    }
+    if (F > 0) {
+        if (both)
+            T(SL_FNORM, "mlp_norm.weight", C, 0);
+        T(SL_WU, both ? "mlp.up_proj.weight" : "mixer.up_proj.weight", F, C);
+        T(SL_WD, both ? "mlp.down_proj.weight" : "mixer.down_proj.weight", C, F);
     }
 #undef T
 }

@@ -309,24 +309,31 @@ static char *finite_json(const char *text, size_t len)
     return out;
 }
 
-int hfconfig_load(const char *path, arch *a, char *err, size_t errlen)
+json_t *hfconfig_read_json(const char *path, char *err, size_t errlen)
 {
-    memset(a, 0, sizeof *a);
     size_t len = 0;
     char *text = fio_read_all(path, 16u << 20, &len, err, errlen), *clean = text ? finite_json(text, len) : NULL;
+    int oom = text && !clean;
     free(text);
     if (!clean) {
-        if (text)
+        if (oom)
             snprintf(err, errlen, "%s: out of memory", path);
-        return -1;
+        return NULL;
     }
     json_error_t je;
     json_t *j = json_loads(clean, JSON_REJECT_DUPLICATES, &je);
     free(clean);
-    if (!j) {
+    if (!j)
         snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+    return j;
+}
+
+int hfconfig_load(const char *path, arch *a, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    json_t *j = hfconfig_read_json(path, err, errlen);
+    if (!j)
         return -1;
-    }
     int rc = hfconfig_to_arch(j, a, err, errlen);
     json_decref(j);
     return rc;

@@ -18,6 +18,11 @@
  * "config.json: field: reason" in err and nothing to free. */
 int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen);
 
+/* The JSON document at `path` (at most 16 MiB, duplicate keys refused), the non-finite
+ * numbers Python's json writes (Infinity, -Infinity, NaN) read as null: a NEW reference, or
+ * NULL with "PATH: reason" in err. Every reader of a config.json goes through it. */
+json_t *hfconfig_read_json(const char *path, char *err, size_t errlen);
+
 /* Read and parse the file at `path`. Same contract. */
 int hfconfig_load(const char *path, arch *a, char *err, size_t errlen);
 

@@ -199,6 +199,11 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
     }
     for (int l = 0; l < a->n_layers; l++) {
         const arch_layer *y = &a->layers[l], **first = y->mamba.n_heads ? &mam : y->n_heads ? &att : &mlp;
+        if (arch_layer_has_mixer(y) && y->ffn_dim) {
+            snprintf(err, errlen, "config.json: layer %d holds a mixer and an MLP; a NemotronHForCausalLM layer "
+                     "holds one block", l);
+            return NULL;
+        }
         pat[l] = y->mamba.n_heads ? 'M' : y->n_heads ? '*' : '-';
         if (!*first)
             *first = y;

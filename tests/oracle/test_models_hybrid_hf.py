@@ -17,7 +17,9 @@ Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). tr
   - ranking (prune with calibration text) keeps heads inside their groups: the ranked parent
     computes the parent's logits;
   - configs the engine cannot run are refused naming the field (an MoE layer "E", a dt clamp);
-    what is not built for the family yet says so (calibration, GGUF export).
+    what is not built for the family yet says so (the search's Mamba axis, GGUF export);
+  - calibration times Mamba mixers per head count, held-out hybrids validate, an estimate
+    prices the Mamba conv and SSM states in the request cache exactly.
 Random weights: no quality claim. Run with $AC_PYTHON."""
 import json
 import math
@@ -196,6 +198,37 @@ def check_refusals(tmp, conf):
         check(needle in r.stderr, "refused, naming %s: %s" % (needle, r.stderr.strip()[-160:]))
 
 
+def check_cost_model(tmp, d, cut):
+    """Calibration times Mamba mixers per head count; estimates price pruned hybrids; the
+    search, which has no Mamba axis yet, says so."""
+    dd = os.path.join(tmp, "dd")
+    cal = json.loads(run([AC, "calibrate", "--model", d, "--no-hidden", "--models", "1", "--reps", "1", "--validate",
+                          "3", "--fit", "0", "--prompt", "8", "--output", "4", "--data-dir", dd, "--json"]).stdout)
+    mam = sorted(e["mamba"]["n_heads"] for e in cal["tables"]["prefill"] if e.get("mamba"))
+    check(mam == [2, 4, 6, 8] and all(e["mamba"]["n_groups"] == 2 for e in cal["tables"]["prefill"] if e.get("mamba")),
+          "calibration times the Mamba mixer at 2, 4, 6 and 8 heads (multiples of the 2 groups): %s" % mam)
+    rows = cal["validation"]["rows"]
+    check(len(rows) == 3 and any(l.get("mamba") and l["mamba"]["n_heads"] < 8 for r in rows for l in r["arch"]["layers"]),
+          "held-out validation serves %d hybrid archs with pruned Mamba heads (latency MAPE %.1f%%)" %
+          (len(rows), cal["validation"]["latency_mape_pct"]))
+    st = [r for r in rows if r["predicted_memory_items"]["memory_bytes"]["request_cache"] > 0]
+    est = json.loads(run([AC, "estimate", "--arch", cut, "--data-dir", dd, "--prompt", "8", "--output", "4",
+                          "--json"]).stdout)
+    mb = est["predicted"]["memory_bytes"]
+    # the cut arch's cache: attention 2*1*8*(8+4) + Mamba layers 3 * ((4-1)*(16+24) + 4*4*6) elements, fp32
+    want = 4 * (2 * 1 * 8 * 12 + 3 * (3 * 40 + 4 * 4 * 6))
+    check(mb["request_cache"] == want and len(st) == len(rows),
+          "the request cache prices the Mamba conv and SSM states exactly (%d bytes)" % mb["request_cache"])
+    par = json.loads(run([AC, "estimate", "--arch", os.path.join(d, "config.json"), "--data-dir", dd, "--prompt", "8",
+                          "--output", "4", "--json"]).stdout)
+    check(par["predicted"]["latency_ms"] > est["predicted"]["latency_ms"] and par["params"] > est["params"],
+          "estimate reads the published config.json (Infinity in time_step_limit); the parent prices above the cut "
+          "(%.3f > %.3f ms)" % (par["predicted"]["latency_ms"], est["predicted"]["latency_ms"]))
+    r = run([AC, "search", d, "--params", "30000", "--calib", TEXT, "--tokenizer", TOK, "--search-tokens", "256",
+             "--rank-tokens", "256", "--data-dir", dd, "--prompt", "8", "--output", "4"], expect=1)
+    check("Mamba head axis" in r.stderr, "the search says it has no Mamba head axis yet: %s" % r.stderr.strip()[-90:])
+
+
 def main():
     c = CFG
     with tempfile.TemporaryDirectory() as tmp:
@@ -262,10 +295,7 @@ def main():
               "ranked in place (heads permuted inside their groups: %s), the parent's logits (rel err %.2e)" %
               (perm, e))
         check_refusals(tmp, conf)
-        r = run([AC, "calibrate", "--model", d, "--data-dir", os.path.join(tmp, "dd"), "--prompt", "8", "--output",
-                 "2"], expect=1)
-        check("Mamba" in r.stderr and "not" in r.stderr,
-              "calibration says the cost model has no Mamba entries yet: %s" % r.stderr.strip()[-120:])
+        check_cost_model(tmp, d, cp)
         r = run([AC, "export", d, "--out", os.path.join(tmp, "x.gguf"), "--format", "gguf"], expect=1)
         check("nemotron_h" in r.stderr, "GGUF export refuses the family by name: %s" % r.stderr.strip()[-100:])
     if failures:
