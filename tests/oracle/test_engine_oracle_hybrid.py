@@ -91,16 +91,23 @@ def model_forward(a, W, tokens, masks=None, hidden_count=None):
         hq, hkv, ffn, mam = lay[0], lay[1], lay[2], lay[8:13] or (0,)
         h = norm(x, W[p + "norm.weight"])
         hm = masks["head"][l] if masks is not None else None
-        if mam[0]:
-            y, gate = mamba_mixer(W, p + "mixer.", h, mam, hm, a["eps"]), "attn_gate"
-        elif hq:
-            y, gate = attention(W, p + "mixer.", h, hq, hkv, a["D"], hm), "attn_gate"
+        if mam[0] or hq:
+            if mam[0]:
+                y = mamba_mixer(W, p + "mixer.", h, mam, hm, a["eps"])
+            else:
+                y = attention(W, p + "mixer.", h, hq, hkv, a["D"], hm)
+            x = (x + masks["attn_gate"][l] * y) * masks["hidden"] if masks is not None else x + y
+            if not ffn:
+                continue
+            # a mixer and an MLP in one layer (the engine's timing models): the MLP's own block
+            h, pre = norm(x, W[p + "mlp_norm.weight"]), p + "mlp."
         else:
-            u = F.relu(h @ W[p + "mixer.up_proj.weight"].T) ** 2
-            if masks is not None:
-                u = u * masks["ffn"][l]
-            y, gate = u @ W[p + "mixer.down_proj.weight"].T, "mlp_gate"
-        x = (x + masks[gate][l] * y) * masks["hidden"] if masks is not None else x + y
+            pre = p + "mixer."
+        u = F.relu(h @ W[pre + "up_proj.weight"].T) ** 2
+        if masks is not None:
+            u = u * masks["ffn"][l]
+        y = u @ W[pre + "down_proj.weight"].T
+        x = (x + masks["mlp_gate"][l] * y) * masks["hidden"] if masks is not None else x + y
     h = norm(x, W["backbone.norm_f.weight"])
     lm = W["backbone.embeddings.weight"] if a["tied"] else W["lm_head.weight"]
     return h @ lm.T
@@ -130,15 +137,16 @@ def arch_lines(a):
 
 
 def random_hybrid(rng, pattern, V, C, D, tied=0, mamba=None):
-    """Layers for a pattern of M (Mamba-2), * (attention), - (MLP)."""
+    """Layers for a pattern of M (Mamba-2), * (attention), - (MLP), m (Mamba-2 and an MLP), a
+    (attention and an MLP)."""
     H, P, S, G, K = mamba or (rng.choice([4, 6]), rng.choice([3, 4]), rng.choice([4, 5]), 2, rng.choice([2, 4]))
     layers = []
     for c in pattern:
-        if c == "M":
-            layers.append((0, 0, 0, 0, 0, 0, 0, 0, H, P, S, G, K))
-        elif c == "*":
+        if c in "Mm":   # m: a Mamba mixer and an MLP in one layer
+            layers.append((0, 0, rng.choice([6, 11]) if c == "m" else 0, 0, 0, 0, 0, 0, H, P, S, G, K))
+        elif c in "*a":   # a: attention and an MLP in one layer
             hkv = rng.choice([1, 2])
-            layers.append((hkv * rng.choice([1, 2]), hkv, 0))
+            layers.append((hkv * rng.choice([1, 2]), hkv, rng.choice([6, 11]) if c == "a" else 0))
         else:
             layers.append((0, 0, rng.choice([6, 11])))
     return {"V": V, "C": C, "D": D, "theta": 10000.0, "eps": 1e-5, "tied": tied, "bias": 0,
@@ -157,6 +165,8 @@ def main():
         # longer than the scan's checkpoint interval (32 steps): the backward's recompute crosses chunks
         ("MM-", 1, (2, 45), 0, (6, 3, 4, 3, 3)),
         ("*M-", 1, (3, 5), 1, (2, 8, 3, 1, 1)),
+        # the engine's two-block layers (calibration's timing models): Mamba + MLP, attention + MLP
+        ("m*a-", 1, (2, 6), 0, (4, 3, 4, 2, 2)),
     ]
     failures = []
     for i, (pattern, masks, (B, T), tied, shape) in enumerate(cases):
