@@ -39,7 +39,8 @@ void dnas_space_free(search_space *sp, search_costs *costs)
     free(sp->allowed_heads);
     free(sp->allowed_ffn);
     free(sp->moe);
-    sp->allowed_heads = sp->allowed_ffn = sp->moe = NULL;
+    free(sp->mamba);
+    sp->allowed_heads = sp->allowed_ffn = sp->moe = sp->mamba = NULL;
     for (int m = 0; m < SM_COUNT; m++) {
         free(costs->t[m].fixed);   /* one block per metric, see alloc_table */
         memset(&costs->t[m], 0, sizeof costs->t[m]);
@@ -65,9 +66,10 @@ static int alloc_table(search_table *t, const search_space *sp, int with_ws)
 }
 
 /* An arch with the parent's globals, hidden size `hidden` and the given layers: ffn > 0 a
- * dense FFN, ffn < 0 an MoE of -ffn experts shaped as `moe` (top-k capped). */
+ * dense FFN, ffn < 0 an MoE of -ffn experts shaped as `moe` (top-k capped); with mb, heads
+ * Mamba heads of mb's shape instead of attention. */
 static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, int kv, int ffn, const arch_moe *moe,
-                      arch *out)
+                      const arch_mamba *mb, arch *out)
 {
     if (arch_init(out, n_layers) != 0)
         return -1;
@@ -79,8 +81,12 @@ static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, i
     for (int i = 0; i < n_layers; i++) {
         memset(&layers[i], 0, sizeof layers[i]);
         layers[i].source_layer = i;
-        layers[i].n_heads = heads;
-        layers[i].n_kv_heads = kv;
+        layers[i].n_heads = mb ? 0 : heads;
+        layers[i].n_kv_heads = mb ? 0 : kv;
+        if (mb && heads > 0) {
+            layers[i].mamba = *mb;
+            layers[i].mamba.n_heads = heads;
+        }
         layers[i].ffn_dim = ffn > 0 ? ffn : 0;
         if (ffn < 0 && moe)
             layers[i].moe = arch_moe_keep(moe, -ffn);
@@ -89,10 +95,11 @@ static int probe_arch(const arch *parent, int hidden, int n_layers, int heads, i
 }
 
 static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, int n_layers, int heads, int kv,
-                         int ffn, const arch_moe *moe, cm_prediction *p, char *err, size_t errlen)
+                         int ffn, const arch_moe *moe, const arch_mamba *mb, cm_prediction *p, char *err,
+                         size_t errlen)
 {
     arch a;
-    if (probe_arch(parent, hidden, n_layers, heads, kv, ffn, moe, &a) != 0) {
+    if (probe_arch(parent, hidden, n_layers, heads, kv, ffn, moe, mb, &a) != 0) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -103,6 +110,17 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
 
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)
 {
+    if (!strcmp(parent->family, "nemotron_h")) {
+        /* NemotronHForCausalLM (storage/hfconfig_hybrid.c) gives every attention layer one head
+           count and every MLP one width: the hidden size, the Mamba head count (global) and whole
+           layers may change. No GGUF of the family is written (the export refuses it). */
+        for (int i = 0; i < n; i++)
+            if (!strcmp(formats[i], "hf")) {
+                axes->heads = axes->ffn = 0;
+                axes->keep_query_heads = 1;
+            }
+        return;
+    }
     if (strcmp(parent->family, "llama")) {
         /* Mixtral / Qwen2-MoE configs (storage/hfconfig_moe.c): head_dim = hidden / heads and
            one query-head count for every layer; per-layer KV heads, MLPs and experts are
@@ -144,21 +162,26 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
  * the layerless model at H. Entry k of n choices. 0, or -1 with err when the calibration
  * does not cover it. */
 static int part_costs(const cm_tables *tb, const search_space *sp, const arch *parent, int H, int part, int size,
-                      const arch_moe *moe, const cm_prediction *pe, search_costs *costs, int hi, int k, int n,
-                      char *err, size_t errlen)
+                      const arch_moe *moe, const arch_mamba *mb, const cm_prediction *pe, search_costs *costs, int hi,
+                      int k, int n, char *err, size_t errlen)
 {
     double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
     int L = sp->n_layers, group = sp->group;
     if (size > 0) {
-        int nh = part == CM_ATTN ? size : 0, nkv = part == CM_ATTN ? size / group : 0;
+        int nh = part == CM_ATTN ? size : 0, nkv = part == CM_ATTN && !mb ? size / group : 0;
         int ffn = part == CM_MLP ? (moe ? -size : size) : 0;
         double pre_ms, dec_ms, ws_b;
         cm_prediction p1;
         arch_moe m1 = moe ? arch_moe_keep(moe, size) : (arch_moe){0};
+        arch_mamba b1 = mb ? *mb : (arch_mamba){0};
+        b1.n_heads = mb ? size : 0;
         int rc = moe ? cm_moe_cost(tb, H, &m1, &pre_ms, &dec_ms, &ws_b)
-                     : cm_part_cost(tb, part, H, nh, nkv, ffn, &pre_ms, &dec_ms, &ws_b);
-        if (rc != 0 || predict_probe(tb, parent, H, 1, nh, nkv, ffn, moe, &p1, err, errlen) != 0) {
-            if (part == CM_ATTN)
+                 : mb ? cm_mamba_cost(tb, H, &b1, &pre_ms, &dec_ms, &ws_b)
+                      : cm_part_cost(tb, part, H, nh, nkv, ffn, &pre_ms, &dec_ms, &ws_b);
+        if (rc != 0 || predict_probe(tb, parent, H, 1, nh, nkv, ffn, moe, mb, &p1, err, errlen) != 0) {
+            if (mb)
+                snprintf(err, errlen, "the calibration does not cover a Mamba mixer of %d heads at hidden %d", size, H);
+            else if (part == CM_ATTN)
                 snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", size, H);
             else if (moe)
                 snprintf(err, errlen, "the calibration does not cover an MoE of %d experts at hidden %d", size, H);
@@ -174,6 +197,8 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
     }
     for (int l = 0; l < L; l++) {
         if (part == CM_MLP && (sp->moe && sp->moe[l]) != (moe != NULL))
+            continue;
+        if (part == CM_ATTN && (sp->mamba && sp->mamba[l]) != (mb != NULL))
             continue;
         size_t i = ((size_t)hi * L + l) * n + k;
         double *t_lat = part == CM_ATTN ? costs->t[SM_LATENCY].attn : costs->t[SM_LATENCY].ffn;
@@ -197,6 +222,7 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
                        search_costs *costs, char *err, size_t errlen)
 {
     const arch_moe *moe = arch_first_moe(parent, NULL);
+    const arch_mamba *mb = arch_first_mamba(parent, NULL);
     costs->t[SM_LATENCY].active = lim->latency_ms > 0;
     costs->t[SM_LATENCY].limit = lim->latency_ms;
     costs->t[SM_DECODE].active = lim->throughput_tps > 0;
@@ -213,7 +239,7 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
     for (int hi = 0; hi < sp->n_hidden; hi++) {
         int H = sp->hidden[hi];
         cm_prediction pe;
-        if (predict_probe(tb, parent, H, 0, 0, 0, 0, NULL, &pe, err, errlen) != 0)
+        if (predict_probe(tb, parent, H, 0, 0, 0, 0, NULL, NULL, &pe, err, errlen) != 0)
             goto fail;
         costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
         costs->t[SM_DECODE].fixed[hi] = pe.decode_ms;
@@ -221,15 +247,20 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
         costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
         costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
         for (int k = 0; k < sp->n_heads; k++)
-            if (part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, &pe, costs, hi, k, sp->n_heads, err,
+            if (sp->heads[k] >= 0 && part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, NULL, &pe, costs, hi,
+                                                k, sp->n_heads, err, errlen))
+                goto fail;
+        for (int k = 0; mb && k < sp->n_mam; k++)
+            if (part_costs(tb, sp, parent, H, CM_ATTN, sp->mam[k], NULL, mb, &pe, costs, hi, k, sp->n_heads, err,
                            errlen))
                 goto fail;
         for (int j = 0; j < sp->n_ffn; j++)
-            if (sp->ffn[j] >= 0 &&
-                part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, &pe, costs, hi, j, sp->n_ffn, err, errlen))
+            if (sp->ffn[j] >= 0 && part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, NULL, &pe, costs, hi, j,
+                                              sp->n_ffn, err, errlen))
                 goto fail;
         for (int j = 0; moe && j < sp->n_exp; j++)
-            if (part_costs(tb, sp, parent, H, CM_MLP, sp->exp[j], moe, &pe, costs, hi, j, sp->n_ffn, err, errlen))
+            if (part_costs(tb, sp, parent, H, CM_MLP, sp->exp[j], moe, NULL, &pe, costs, hi, j, sp->n_ffn, err,
+                           errlen))
                 goto fail;
     }
     return 0;
@@ -238,6 +269,44 @@ oom:
     return -1;
 fail:
     return -1;
+}
+
+/* The global Mamba head axis: every multiple of the groups up to the parent's heads (evenly
+ * spaced when more than the axis holds), the heads axis padded to its length. Every Mamba
+ * layer of the parent must share one shape. 0, or -1 with err. */
+static int mamba_axis(const arch *parent, search_space *sp, char *err, size_t errlen)
+{
+    int L = parent->n_layers, most;
+    const arch_mamba *mb = arch_first_mamba(parent, &most);
+    sp->mamba = calloc((size_t)L, 1);
+    if (!sp->mamba) {
+        snprintf(err, errlen, "out of memory building the search space");
+        return -1;
+    }
+    sp->n_mam = 0;
+    if (!mb)
+        return 0;
+    for (int l = 0; l < L; l++) {
+        const arch_mamba *x = &parent->layers[l].mamba;
+        sp->mamba[l] = x->n_heads > 0;
+        if (x->n_heads && memcmp(x, mb, sizeof *x)) {
+            snprintf(err, errlen, "layers[%d].mamba: %d heads differ from the first Mamba layer's %d; the search's "
+                     "Mamba axis is one head count for every Mamba layer", l, x->n_heads, mb->n_heads);
+            return -1;
+        }
+    }
+    int G = mb->n_groups, steps = most / G, room = SEARCH_MAX_CHOICES - 1;
+    for (int c = 1; c <= steps && c <= room; c++) {
+        int m = G * (steps <= room ? c : (steps * c + room - 1) / room);
+        if (!sp->n_mam || m > sp->mam[sp->n_mam - 1])
+            sp->mam[sp->n_mam++] = m;
+    }
+    if (sp->n_mam > sp->n_heads) {
+        for (int k = sp->n_heads; k < sp->n_mam; k++)
+            sp->heads[k] = -1;   /* no attention choice here */
+        sp->n_heads = sp->n_mam;
+    }
+    return 0;
 }
 
 int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const dnas_axes *axes,
@@ -280,15 +349,20 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     for (int j = 0; j < n_cands; j++) {
         cm_prediction p;
         char e2[256];
-        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, NULL, &p, e2, sizeof e2) != 0)
+        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, NULL, NULL, &p, e2, sizeof e2) != 0)
             continue;   /* not calibrated at this hidden size */
         sp->hidden[sp->n_hidden++] = cands[j];
     }
     sp->hidden[sp->n_hidden++] = C;
     /* Heads in KV groups; 0 = attention removed. */
     int zero_heads = (axes->heads || axes->depth) && !axes->no_removed_attention;
+    int gap_heads = 0, gap_ffn = 0;   /* layers the parent left without attention (or Mamba) / an MLP */
+    for (int l = 0; l < L; l++) {
+        gap_heads |= !arch_layer_has_mixer(&parent->layers[l]);
+        gap_ffn |= !arch_layer_has_mlp(&parent->layers[l]);
+    }
     sp->n_heads = 0;
-    if (zero_heads || Hmax == 0)
+    if (zero_heads || Hmax == 0 || gap_heads)
         sp->heads[sp->n_heads++] = 0;
     for (int h = group; h <= Hmax && sp->n_heads < SEARCH_MAX_CHOICES; h += group)
         if ((h * parent->head_dim) % block == 0 || h == Hmax)
@@ -296,7 +370,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     /* FFN widths in sixteenths, multiples of 8 below the parent's; 0 = MLP removed. */
     int zero_ffn = (axes->ffn || axes->depth) && !axes->no_removed_mlp;
     sp->n_ffn = 0;
-    if (zero_ffn || Fmax == 0)
+    if (zero_ffn || Fmax == 0 || gap_ffn)
         sp->ffn[sp->n_ffn++] = 0;
     for (int j = 1; j <= 16 && Fmax > 0; j++) {
         int f = j == 16 ? Fmax : (Fmax * j / 16) / 8 * 8;
@@ -331,6 +405,10 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             sp->ffn[j] = -1;   /* no dense choice here */
         sp->n_ffn = sp->n_exp;
     }
+    if (mamba_axis(parent, sp, err, errlen) != 0) {
+        dnas_space_free(sp, costs);
+        return -1;
+    }
     sp->allowed_heads = calloc((size_t)L * sp->n_heads, 1);
     sp->allowed_ffn = calloc((size_t)L * sp->n_ffn, 1);
     if (!sp->allowed_heads || !sp->allowed_ffn)
@@ -338,9 +416,15 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     for (int l = 0; l < L; l++) {
         const arch_layer *pl = &parent->layers[l];
         for (int k = 0; k < sp->n_heads; k++) {
-            int h = sp->heads[k], ok;
-            if (!axes->heads || axes->keep_query_heads)
-                ok = h == pl->n_heads || (h == 0 && zero_heads);
+            int h = search_mixer_size(sp, l, k), ok;
+            if (sp->mamba[l])   /* the global Mamba axis: a count per group, never 0 (the layer goes whole) */
+                ok = h > 0 && (axes->mamba ? h <= pl->mamba.n_heads : h == pl->mamba.n_heads);
+            else if (h < 0)
+                ok = 0;
+            else if (h == 0)   /* a layer without attention keeps none; one with it drops it where allowed */
+                ok = pl->n_heads == 0 || zero_heads;
+            else if (!axes->heads || axes->keep_query_heads)
+                ok = h == pl->n_heads;
             else
                 ok = h <= pl->n_heads;
             sp->allowed_heads[l * sp->n_heads + k] = (unsigned char)ok;
@@ -349,7 +433,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
             int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
             int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
-                     (searched ? f <= mine : (f == mine || (f == 0 && zero)));
+                     (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine);
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
         }
         if (pl->ffn_dim && !axes->ffn) {
@@ -439,7 +523,18 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
     m->masks->hidden_count = (float)count;
     for (int l = 0; l < sp->n_layers; l++) {
         const arch_layer *pl = &m->a.layers[l];
-        if (o->head[l] != (size_t)-1)
+        if (o->head[l] != (size_t)-1 && sp->mamba && sp->mamba[l]) {
+            /* ranked inside their group: head h is position h % per of its group, kept with
+               P(count / groups > position) */
+            int G = pl->mamba.n_groups, per = pl->mamba.n_heads / G;
+            for (int q = 0; q < pl->mamba.n_heads; q++) {
+                double v = 0;
+                for (int k = 0; k < sp->n_mam; k++)
+                    if (sp->mam[k] / G > q % per)
+                        v += d->p_heads[l * sp->n_heads + k];
+                host[o->head[l] + q] = (float)v;
+            }
+        } else if (o->head[l] != (size_t)-1) {
             for (int q = 0; q < pl->n_heads; q++) {
                 double v = 0;
                 for (int k = 0; k < sp->n_heads; k++)
@@ -447,6 +542,7 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                         v += d->p_heads[l * sp->n_heads + k];
                 host[o->head[l] + q] = (float)v;
             }
+        }
         if (o->ffn[l] != (size_t)-1)
             for (int j = 0; j < pl->ffn_dim; j++) {
                 double v = 0;
@@ -485,13 +581,23 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
     free(cum);
     for (int l = 0; l < sp->n_layers; l++) {
         const arch_layer *pl = &m->a.layers[l];
-        if (o->head[l] != (size_t)-1)
+        if (o->head[l] != (size_t)-1 && sp->mamba && sp->mamba[l]) {
+            int G = pl->mamba.n_groups, per = pl->mamba.n_heads / G;
+            for (int k = 0; k < sp->n_mam; k++) {
+                double s = 0;
+                for (int q = 0; q < pl->mamba.n_heads; q++)
+                    if (q % per < sp->mam[k] / G)
+                        s += g[o->head[l] + q];
+                d->g_heads[l * sp->n_heads + k] += s;
+            }
+        } else if (o->head[l] != (size_t)-1) {
             for (int k = 0; k < sp->n_heads; k++) {
                 double s = 0;
                 for (int q = 0; q < sp->heads[k] && q < pl->n_heads; q++)
                     s += g[o->head[l] + q];
                 d->g_heads[l * sp->n_heads + k] += s;
             }
+        }
         if (o->ffn[l] != (size_t)-1)
             for (int k = 0; k < sp->n_ffn; k++) {
                 double s = 0;
@@ -526,7 +632,10 @@ static json_t *distribution_json(const search_dist *d)
     json_t *layers = json_array();
     for (int l = 0; layers && l < sp->n_layers; l++)
         json_array_append_new(layers, json_pack("{s:i,s:o,s:o,s:f}", "layer", l,
-                                                "heads", probs_json(d->p_heads + l * sp->n_heads, sp->heads, sp->n_heads),
+                                                sp->mamba && sp->mamba[l] ? "mamba_heads" : "heads",
+                                                probs_json(d->p_heads + l * sp->n_heads, sp->mamba && sp->mamba[l]
+                                                           ? sp->mam : sp->heads, sp->mamba && sp->mamba[l]
+                                                           ? sp->n_mam : sp->n_heads),
                                                 sp->moe && sp->moe[l] ? "experts" : "ffn",
                                                 probs_json(d->p_ffn + l * sp->n_ffn, sp->moe && sp->moe[l] ? sp->exp
                                                            : sp->ffn, sp->moe && sp->moe[l] ? sp->n_exp : sp->n_ffn),

@@ -33,6 +33,7 @@ typedef struct {
 typedef struct {
     int hidden, heads, ffn, depth;
     int experts;                /* per-layer expert counts of MoE layers */
+    int mamba;                  /* the Mamba head count (one for every Mamba layer) */
     /* What the requested export formats can express (DESIGN.md §8); the search space
      * is cut to it so that export never has to change the chosen arch. */
     int keep_query_heads;       /* 1: query heads per layer stay the parent's (DeciLM) */
@@ -49,7 +50,9 @@ typedef struct {
  * of 256 (else DeciLM cannot hold any heterogeneous result and export reports it).
  * GGUF removes attention and MLP only with their layer. An MoE family's "hf" (its own class,
  * block_configs for what differs per layer) keeps query heads and the hidden size; its "gguf"
- * (one shape for every layer in llama.cpp) searches depth only. */
+ * (one shape for every layer in llama.cpp) searches depth only. Nemotron-H's "hf" keeps the
+ * attention heads and MLP widths (one of each for the whole model) and searches the hidden
+ * size, the Mamba head count and depth. */
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */

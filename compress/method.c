@@ -128,7 +128,7 @@ void method_opts_default(method_opts *o)
     dnas_opts d;
     dnas_opts_defaults(&d);
     memset(o, 0, sizeof *o);
-    o->axes.hidden = o->axes.heads = o->axes.ffn = o->axes.experts = o->axes.depth = 1;
+    o->axes.hidden = o->axes.heads = o->axes.ffn = o->axes.experts = o->axes.mamba = o->axes.depth = 1;
     o->seed = d.seed;
     o->search_tokens = 2000000;
 }
@@ -376,11 +376,6 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     method_opts run = *o;
     int *order = NULL;
     run.layer_order = NULL;
-    if (o->parent && arch_first_mamba(&o->parent->a, NULL)) {
-        snprintf(err, errlen, "the parent has Mamba-2 layers, and the search space has no Mamba head axis "
-                 "in this build; calibrate, estimate, prune (with an arch) and export work on nemotron_h models");
-        return -1;
-    }
     if (o->minitron) {
         if (!r) {
             snprintf(err, errlen, "the ranking is missing: Minitron++ drops layers in its order");

@@ -11,7 +11,7 @@
 #include <time.h>
 
 typedef struct {
-    int hidden, heads, ffn, experts, depth;
+    int hidden, heads, ffn, experts, mamba, depth;
     int64_t params;
     int feasible;
 } mn_cand;
@@ -27,7 +27,7 @@ void mn_result_free(mn_result *r)
 }
 
 int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int experts,
-                    int depth, arch *out)
+                    int mamba, int depth, arch *out)
 {
     int L = parent->n_layers;
     if (depth < 0 || depth > L)
@@ -46,7 +46,7 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
     out->layers = layers;
     out->n_layers = depth;
     out->hidden_size = hidden;
-    int group = 1;
+    int group = 1, hybrid = !strcmp(parent->family, "nemotron_h");   /* blocks where the parent's are */
     for (int l = 0; l < L; l++)
         if (parent->layers[l].n_heads) {
             group = parent->layers[l].n_heads / parent->layers[l].n_kv_heads;
@@ -56,17 +56,32 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
     for (int l = 0; l < L; l++) {
         if (!keep[l])
             continue;
+        const arch_layer *pl = &parent->layers[l];
         arch_layer *o = &layers[i++];
         memset(o, 0, sizeof *o);
-        o->source_layer = parent->layers[l].source_layer;
-        o->n_heads = heads;
-        o->n_kv_heads = heads / group;
-        if (parent->layers[l].moe.n_experts)
-            o->moe = arch_moe_keep(&parent->layers[l].moe, experts);
-        else
+        o->source_layer = pl->source_layer;
+        if (pl->mamba.n_heads) {
+            o->mamba = pl->mamba;
+            o->mamba.n_heads = mamba;
+        } else if (pl->n_heads || !hybrid) {
+            o->n_heads = heads;
+            o->n_kv_heads = heads / group;
+        }
+        if (pl->moe.n_experts)
+            o->moe = arch_moe_keep(&pl->moe, experts);
+        else if (pl->ffn_dim || !hybrid)
             o->ffn_dim = ffn;
     }
     free(keep);
+    return 0;
+}
+
+/* The first attention layer's query heads (0: none). */
+static int first_heads(const arch *parent)
+{
+    for (int l = 0; l < parent->n_layers; l++)
+        if (parent->layers[l].n_heads)
+            return parent->layers[l].n_heads;
     return 0;
 }
 
@@ -132,14 +147,19 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
     if (dnas_space_build(o->parent, o->tables, &o->limits, &o->axes, &sp, &costs, err, errlen) != 0)
         return -1;
     int L = o->parent->n_layers, min_depth = o->axes.depth ? (L + 1) / 2 : L;
-    int dense = 0, moe = 0;
+    int dense = 0, moe = 0, attn = 0, mamba = 0, own_mamba = 0;
     for (int l = 0; l < L; l++) {
-        dense |= o->parent->layers[l].ffn_dim > 0;
-        moe |= o->parent->layers[l].moe.n_experts > 0;
+        const arch_layer *pl = &o->parent->layers[l];
+        dense |= pl->ffn_dim > 0;
+        moe |= pl->moe.n_experts > 0;
+        attn |= pl->n_heads > 0;
+        mamba |= pl->mamba.n_heads > 0;
+        own_mamba = own_mamba ? own_mamba : pl->mamba.n_heads;
     }
-    /* dense widths and expert counts searched apart: each MLP kind uniform across its layers */
-    int nF = dense ? sp.n_ffn : 1, nE = moe ? sp.n_exp : 1;
-    size_t cap = (size_t)sp.n_hidden * sp.n_heads * nF * nE * (L - min_depth + 1);
+    /* dense widths, expert counts, attention and Mamba heads searched apart: each kind uniform
+       across its layers */
+    int nF = dense ? sp.n_ffn : 1, nE = moe ? sp.n_exp : 1, nA = attn ? sp.n_heads : 1, nM = mamba ? sp.n_mam : 1;
+    size_t cap = (size_t)sp.n_hidden * nA * nF * nE * nM * (L - min_depth + 1);
     mn_cand *c = calloc(cap ? cap : 1, sizeof *c);
     if (!c) {
         dnas_space_free(&sp, &costs);
@@ -149,33 +169,36 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
     size_t n = 0;
     double best_violation = -1;
     char cheapest[512] = "";
-    for (int hi = 0; hi < sp.n_hidden; hi++)
-        for (int k = 0; k < sp.n_heads; k++)
-            for (int j = 0; j < nF; j++)
-                for (int x = 0; x < nE; x++)
-                    for (int depth = min_depth; depth <= L; depth++) {
-                        int h = sp.heads[k], f = dense ? sp.ffn[j] : 0, e = moe ? sp.exp[x] : 0;
-                        if (h == 0 || (dense && f <= 0) || (moe && e <= 0))
-                            continue;   /* uniform candidates keep both parts in every layer */
-                        if (!o->axes.heads && h != o->parent->layers[0].n_heads)
-                            continue;
-                        if (!uniform_mlp_allowed(o->parent, &o->axes, f, e))
-                            continue;
-                        arch a;
-                        cm_prediction p;
-                        char e2[256];
-                        if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, depth, &a) != 0)
-                            continue;
-                        int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
-                        arch_free(&a);
-                        if (rc != 0)
-                            continue;
-                        mn_cand *y = &c[n++];
-                        *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .depth = depth,
-                                       .params = p.params, .feasible = meets(&o->limits, &p)};
-                        if (!y->feasible)
-                            note_violation(&o->limits, &p, &best_violation, cheapest, sizeof cheapest);
-                    }
+    for (size_t i = 0; i < cap / (size_t)(L - min_depth + 1); i++)
+        for (int depth = min_depth; depth <= L; depth++) {
+            size_t r = i;
+            int x = (int)(r % (size_t)nE), hi, k, j, q;
+            r /= (size_t)nE;
+            q = (int)(r % (size_t)nM), r /= (size_t)nM;
+            j = (int)(r % (size_t)nF), r /= (size_t)nF;
+            k = (int)(r % (size_t)nA), hi = (int)(r / (size_t)nA);
+            int h = attn ? sp.heads[k] : 0, f = dense ? sp.ffn[j] : 0, e = moe ? sp.exp[x] : 0, mh = mamba ? sp.mam[q] : 0;
+            if ((attn && h <= 0) || (dense && f <= 0) || (moe && e <= 0))
+                continue;   /* uniform candidates keep every part of every kept layer */
+            if ((!o->axes.heads && attn && h != first_heads(o->parent)) || (!o->axes.mamba && mh != own_mamba))
+                continue;
+            if (!uniform_mlp_allowed(o->parent, &o->axes, f, e))
+                continue;
+            arch a;
+            cm_prediction p;
+            char e2[256];
+            if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, mh, depth, &a) != 0)
+                continue;
+            int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
+            arch_free(&a);
+            if (rc != 0)
+                continue;
+            mn_cand *y = &c[n++];
+            *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .mamba = mh, .depth = depth,
+                           .params = p.params, .feasible = meets(&o->limits, &p)};
+            if (!y->feasible)
+                note_violation(&o->limits, &p, &best_violation, cheapest, sizeof cheapest);
+        }
     /* Keep the feasible candidates no other feasible candidate dominates. */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -186,9 +209,9 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             if (j == i || !c[j].feasible)
                 continue;
             if (c[j].hidden >= c[i].hidden && c[j].heads >= c[i].heads && c[j].ffn >= c[i].ffn &&
-                c[j].experts >= c[i].experts && c[j].depth >= c[i].depth &&
+                c[j].experts >= c[i].experts && c[j].mamba >= c[i].mamba && c[j].depth >= c[i].depth &&
                 (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn ||
-                 c[j].experts > c[i].experts || c[j].depth > c[i].depth))
+                 c[j].experts > c[i].experts || c[j].mamba > c[i].mamba || c[j].depth > c[i].depth))
                 dominated = 1;
         }
         if (!dominated)
@@ -211,8 +234,8 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
         return -1;
     }
     for (int i = 0; i < want; i++)
-        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].depth,
-                            &arr[i]) != 0) {
+        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].mamba,
+                            c[i].depth, &arr[i]) != 0) {
             for (int k = 0; k < i; k++)
                 arch_free(&arr[k]);
             free(arr);

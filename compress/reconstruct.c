@@ -110,10 +110,21 @@ static int in_width(const arch *a, int layer, int part)
     return part == ENG_PART_ATTN ? l->n_heads * a->head_dim : l->ffn_dim;
 }
 
-/* 1 when the part is an MoE MLP: run as it is (its experts are not refitted). */
-static int is_moe(const arch *a, int layer, int part)
+/* 1 when the part runs as it is, nothing refitted: an MoE MLP (experts kept or dropped whole)
+ * or a Mamba-2 mixer (heads cut, out_proj not refitted in this build). */
+static int as_is(const arch *a, int layer, int part)
 {
-    return part == ENG_PART_MLP && a->layers[layer].moe.n_experts > 0;
+    const arch_layer *l = &a->layers[layer];
+    return part == ENG_PART_MLP ? l->moe.n_experts > 0 : l->mamba.n_heads > 0;
+}
+
+/* 1 when student layer i's as-is part differs from parent layer src's (or is gone). */
+static int as_is_changed(const arch *pa, int src, const arch *sa, int i, int part)
+{
+    const arch_layer *p = &pa->layers[src], *t = &sa->layers[i];
+    if (part == ENG_PART_MLP)
+        return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k;
+    return t->mamba.n_heads != p->mamba.n_heads;
 }
 
 static double sum_sq(const float *x, size_t n)
@@ -268,10 +279,9 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
  * both streams (the layer's outcome is already known). 0, 1 when stopped, -1. */
 static int block(rc_state *s, int i, int src, int part, int replay, char *err, size_t errlen)
 {
-    if (is_moe(&s->P->a, src, part)) {   /* experts kept or dropped whole: both streams run it as it is */
-        const arch_moe *pm = &s->P->a.layers[src].moe, *sm = &s->S->a.layers[i].moe;
-        int kept = sm->n_experts > 0;
-        s->diverged |= !kept || sm->n_experts != pm->n_experts || sm->top_k != pm->top_k;
+    if (as_is(&s->P->a, src, part)) {   /* both streams run it as it is */
+        int kept = as_is(&s->S->a, i, part);
+        s->diverged |= as_is_changed(&s->P->a, src, &s->S->a, i, part);
         return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen) ||
                (kept && eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen)) ? -1 : 0;
     }
@@ -318,7 +328,7 @@ static int skip_parent_layers(rc_state *s, int from, int to, char *err, size_t e
 {
     for (int l = from; l < to; l++)
         for (int part = 0; part < 2; part++)
-            if (in_width(&s->P->a, l, part) || is_moe(&s->P->a, l, part)) {
+            if (in_width(&s->P->a, l, part) || as_is(&s->P->a, l, part)) {
                 s->diverged = 1;
                 if (eng_stepper_block(s->sp, l, part, 1, NULL, err, errlen) != 0)
                     return -1;

@@ -88,13 +88,32 @@ static void softmax_masked(const double *z, double *p, int n, const unsigned cha
         p[i] /= s;
 }
 
+/* The first Mamba layer (its heads axis stands for all of them), or -1. */
+static int first_mamba(const search_space *sp)
+{
+    for (int l = 0; sp->mamba && l < sp->n_layers; l++)
+        if (sp->mamba[l])
+            return l;
+    return -1;
+}
+
+/* 1 when layer l's heads axis is a copy of the global Mamba axis (a Mamba layer after the first). */
+static int tied(const search_space *sp, int l)
+{
+    return sp->mamba && sp->mamba[l] && l != first_mamba(sp);
+}
+
 void search_dist_probs(search_dist *d, double tau, uint64_t *rng)
 {
     const search_space *sp = d->sp;
+    int fm = first_mamba(sp);
     softmax_masked(d->logit_hidden, d->p_hidden, sp->n_hidden, NULL, tau, rng);
     for (int l = 0; l < sp->n_layers; l++) {
-        softmax_masked(d->logit_heads + l * sp->n_heads, d->p_heads + l * sp->n_heads, sp->n_heads,
-                       sp->allowed_heads ? sp->allowed_heads + l * sp->n_heads : NULL, tau, rng);
+        if (tied(sp, l))   /* one draw for the global Mamba axis */
+            memcpy(d->p_heads + l * sp->n_heads, d->p_heads + fm * sp->n_heads, sizeof(double) * sp->n_heads);
+        else
+            softmax_masked(d->logit_heads + l * sp->n_heads, d->p_heads + l * sp->n_heads, sp->n_heads,
+                           sp->allowed_heads ? sp->allowed_heads + l * sp->n_heads : NULL, tau, rng);
         softmax_masked(d->logit_ffn + l * sp->n_ffn, d->p_ffn + l * sp->n_ffn, sp->n_ffn,
                        sp->allowed_ffn ? sp->allowed_ffn + l * sp->n_ffn : NULL, tau, rng);
         if (sp->depth) {
@@ -341,10 +360,15 @@ void search_dist_logit_grads(const search_dist *d, double tau, double *gz_hidden
                              double *gz_ffn, double *gz_keep)
 {
     const search_space *sp = d->sp;
+    int fm = first_mamba(sp);
+    double gm[SEARCH_MAX_CHOICES] = {0};   /* the global Mamba axis: every Mamba layer's gradient */
+    for (int l = 0; fm >= 0 && l < sp->n_layers; l++)
+        for (int k = 0; sp->mamba[l] && k < sp->n_heads; k++)
+            gm[k] += d->g_heads[l * sp->n_heads + k];
     chain_softmax(d->p_hidden, d->g_hidden, gz_hidden, sp->n_hidden, tau);
     for (int l = 0; l < sp->n_layers; l++) {
-        chain_softmax(d->p_heads + l * sp->n_heads, d->g_heads + l * sp->n_heads, gz_heads + l * sp->n_heads,
-                      sp->n_heads, tau);
+        chain_softmax(d->p_heads + l * sp->n_heads, sp->mamba && sp->mamba[l] ? gm : d->g_heads + l * sp->n_heads,
+                      gz_heads + l * sp->n_heads, sp->n_heads, tau);
         chain_softmax(d->p_ffn + l * sp->n_ffn, d->g_ffn + l * sp->n_ffn, gz_ffn + l * sp->n_ffn, sp->n_ffn, tau);
         if (sp->depth)
             chain_softmax(d->p_keep + l * 2, d->g_keep + l * 2, gz_keep + l * 2, 2, tau);
@@ -414,6 +438,18 @@ static int *move_slot(search_choice *c, const move *mv)
     case 2: return &c->ffn[mv->layer];
     default: return &c->keep[mv->layer];
     }
+}
+
+/* Set the move's slot to v; the global Mamba axis sets every Mamba layer's heads. */
+static void move_set(const search_space *sp, search_choice *c, const move *mv, int v)
+{
+    if (mv->axis == 1 && sp->mamba && sp->mamba[mv->layer]) {
+        for (int l = 0; l < sp->n_layers; l++)
+            if (sp->mamba[l])
+                c->heads[l] = v;
+        return;
+    }
+    *move_slot(c, mv) = v;
 }
 
 static double move_score(const search_dist *d, const search_choice *c, const move *mv)
@@ -491,7 +527,9 @@ static int next_move(const search_space *sp, search_choice *c, int dir, move *mv
             mv->layer = -1;
             continue;
         }
-        if (mv->axis != 0 && mv->axis != 3 && !c->keep[mv->layer])
+        if (mv->axis == 1 && tied(sp, mv->layer))
+            continue;   /* the global Mamba axis moves at its first layer */
+        if (mv->axis != 0 && mv->axis != 3 && !c->keep[mv->layer] && !(mv->axis == 1 && sp->mamba && sp->mamba[mv->layer]))
             continue;
         mv->to = next_index(sp, mv->axis, mv->layer, *move_slot(c, mv), dir);
         if (mv->to >= 0)
@@ -512,11 +550,11 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
             /* every smaller size of the axis, not only the next: a cost that is not monotone
                in the size (measured tables; an expert count's latency) must not stop the repair */
             for (move to = mv; to.to >= 0; to.to = to.axis == 3 ? -1 : next_index(sp, to.axis, to.layer, to.to, -1)) {
-                int *slot = move_slot(c, &to), from = *slot;
+                int from = *move_slot(c, &to);
                 double loss = -move_score(d, c, &to);
-                *slot = to.to;
+                move_set(sp, c, &to, to.to);
                 double saved = base - norm_cost(sp, costs, c, 1);
-                *slot = from;
+                move_set(sp, c, &to, from);
                 if (saved <= 1e-12)
                     continue;
                 double ratio = loss / saved;
@@ -530,25 +568,27 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
             search_choice_cheapest(sp, c);
             return -1;
         }
-        *move_slot(c, &best) = best.to;
+        move_set(sp, c, &best, best.to);
     }
     /* Grow while some step keeps every limit. */
     for (;;) {
         double base = norm_cost(sp, costs, c, 0), best_ratio = -INFINITY;
         move best = {-1, 0, 0};
         for (move mv = {0, -1, 0}; next_move(sp, c, +1, &mv);) {
-            int l = mv.layer, *slot = move_slot(c, &mv), from = *slot;
+            int l = mv.layer, from = *move_slot(c, &mv);
             double gain = move_score(d, c, &mv);
-            /* A layer comes back at its smallest allowed widths; later steps widen it. */
+            /* A layer comes back at its smallest allowed widths (a Mamba layer at the global
+               count); later steps widen it. */
             int sh = mv.axis == 3 ? c->heads[l] : 0, sf = mv.axis == 3 ? c->ffn[l] : 0;
             if (mv.axis == 3) {
-                c->heads[l] = next_index(sp, 1, l, -1, +1);
+                if (!(sp->mamba && sp->mamba[l]))
+                    c->heads[l] = next_index(sp, 1, l, -1, +1);
                 c->ffn[l] = next_index(sp, 2, l, -1, +1);
             }
-            *slot = mv.to;
+            move_set(sp, c, &mv, mv.to);
             int ok = feasible(sp, costs, c, NULL);
             double added = norm_cost(sp, costs, c, 0) - base;
-            *slot = from;
+            move_set(sp, c, &mv, from);
             if (mv.axis == 3) {
                 c->heads[l] = sh;
                 c->ffn[l] = sf;
@@ -564,10 +604,11 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
         if (best.axis < 0)
             break;
         if (best.axis == 3) {
-            c->heads[best.layer] = next_index(sp, 1, best.layer, -1, +1);
+            if (!(sp->mamba && sp->mamba[best.layer]))
+                c->heads[best.layer] = next_index(sp, 1, best.layer, -1, +1);
             c->ffn[best.layer] = next_index(sp, 2, best.layer, -1, +1);
         }
-        *move_slot(c, &best) = best.to;
+        move_set(sp, c, &best, best.to);
     }
     return 0;
 }
@@ -579,11 +620,18 @@ int search_mlp_size(const search_space *sp, int l, int j)
     return j < sp->n_ffn ? sp->ffn[j] : -1;
 }
 
+int search_mixer_size(const search_space *sp, int l, int k)
+{
+    if (sp->mamba && sp->mamba[l])
+        return k < sp->n_mam ? sp->mam[k] : -1;
+    return k < sp->n_heads ? sp->heads[k] : -1;
+}
+
 int search_choice_arch(const search_space *sp, const search_choice *c, const arch *parent, arch *out)
 {
     int kept = 0;
     for (int l = 0; l < sp->n_layers; l++)
-        if (c->keep[l] && (sp->heads[c->heads[l]] > 0 || search_mlp_size(sp, l, c->ffn[l]) > 0))
+        if (c->keep[l] && (search_mixer_size(sp, l, c->heads[l]) > 0 || search_mlp_size(sp, l, c->ffn[l]) > 0))
             kept++;
     arch tmp = *parent;
     tmp.layers = NULL;
@@ -597,14 +645,21 @@ int search_choice_arch(const search_space *sp, const search_choice *c, const arc
     out->hidden_size = sp->hidden[c->hidden];
     int i = 0;
     for (int l = 0; l < sp->n_layers; l++) {
-        int h = sp->heads[c->heads[l]], f = search_mlp_size(sp, l, c->ffn[l]);
-        if (!c->keep[l] || (h == 0 && f <= 0))
+        int h = search_mixer_size(sp, l, c->heads[l]), f = search_mlp_size(sp, l, c->ffn[l]);
+        if (!c->keep[l] || (h <= 0 && f <= 0))
             continue;
         arch_layer *o = &out->layers[i++];
         memset(o, 0, sizeof *o);
         o->source_layer = parent->layers[l].source_layer;
-        o->n_heads = h;
-        o->n_kv_heads = h ? h / sp->group : 0;
+        if (sp->mamba && sp->mamba[l]) {
+            if (h > 0) {
+                o->mamba = parent->layers[l].mamba;
+                o->mamba.n_heads = h;
+            }
+        } else {
+            o->n_heads = h > 0 ? h : 0;
+            o->n_kv_heads = h > 0 ? h / sp->group : 0;
+        }
         if (sp->moe && sp->moe[l]) {
             if (f > 0)
                 o->moe = arch_moe_keep(&parent->layers[l].moe, f);

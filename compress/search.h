@@ -4,8 +4,9 @@
  * and the greedy repair that lands a decoded arch at (never over) every limit.
  *
  * Axes: the global hidden size, and per layer the attention head count (in KV-group
- * units, 0 = removed), the MLP's size (FFN width, or the expert count of an MoE layer;
- * 0 = removed) and keep/remove. Every axis is a
+ * units, 0 = removed; a Mamba-2 layer's head count instead, one count for every Mamba
+ * layer), the MLP's size (FFN width, or the expert count of an MoE layer; 0 = removed)
+ * and keep/remove. Every axis is a
  * categorical choice over a candidate list; its relaxed probabilities turn into soft
  * prefix masks on ranked units (m_j = P(size > j)). This module knows tables and
  * probabilities only: the DNAS driver (compress/dnas.c) runs the supernet, and
@@ -37,6 +38,11 @@ typedef struct {
     int n_exp, exp[SEARCH_MAX_CHOICES];       /* MoE layers: expert counts (exp[0] == 0 when removal allowed) */
     unsigned char *moe;                       /* [n_layers] 1: layer l's MLP is an MoE; its MLP axis
                                                  chooses exp[j] (j < n_exp), else ffn[j] */
+    int n_mam, mam[SEARCH_MAX_CHOICES];       /* Mamba layers: head counts (multiples of the groups) */
+    unsigned char *mamba;                     /* [n_layers] 1: layer l's mixer is Mamba-2; its heads axis
+                                                 chooses mam[k] (k < n_mam), else heads[k]. The Mamba
+                                                 layers' heads axes are one global axis: tied logits,
+                                                 probabilities and choices, moved together */
     int group;                                /* query heads per KV head */
     int depth;                                /* 1: per-layer keep/remove is searched */
     unsigned char *allowed_heads;             /* [n_layers*n_heads] 1 = choice allowed */
@@ -140,6 +146,9 @@ void search_choice_parent(const search_space *sp, search_choice *c);
 /* The MLP size of choice j in layer l: an FFN width, or an MoE layer's expert count
  * (-1: no such choice in that layer's list). */
 int search_mlp_size(const search_space *sp, int l, int j);
+/* The mixer size of choice k in layer l: attention heads, or a Mamba layer's head count
+ * (-1: no such choice in that layer's list). */
+int search_mixer_size(const search_space *sp, int l, int k);
 
 /* Build the arch of a choice from the parent (same globals; hidden size, per-layer
  * heads/kv heads/ffn or expert count (top-k capped at it); removed layers absent,

@@ -17,9 +17,10 @@ Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). tr
   - ranking (prune with calibration text) keeps heads inside their groups: the ranked parent
     computes the parent's logits;
   - configs the engine cannot run are refused naming the field (an MoE layer "E", a dt clamp);
-    what is not built for the family yet says so (the search's Mamba axis, GGUF export);
+    what is not built for the family yet says so (GGUF export);
   - calibration times Mamba mixers per head count, held-out hybrids validate, an estimate
-    prices the Mamba conv and SSM states in the request cache exactly.
+    prices the Mamba conv and SSM states in the request cache exactly, and both methods
+    search one Mamba head count for every Mamba layer.
 Random weights: no quality claim. Run with $AC_PYTHON."""
 import json
 import math
@@ -199,8 +200,8 @@ def check_refusals(tmp, conf):
 
 
 def check_cost_model(tmp, d, cut):
-    """Calibration times Mamba mixers per head count; estimates price pruned hybrids; the
-    search, which has no Mamba axis yet, says so."""
+    """Calibration times Mamba mixers per head count; estimates price pruned hybrids; both
+    methods search the global Mamba head count."""
     dd = os.path.join(tmp, "dd")
     cal = json.loads(run([AC, "calibrate", "--model", d, "--no-hidden", "--models", "1", "--reps", "1", "--validate",
                           "3", "--fit", "0", "--prompt", "8", "--output", "4", "--data-dir", dd, "--json"]).stdout)
@@ -224,9 +225,16 @@ def check_cost_model(tmp, d, cut):
     check(par["predicted"]["latency_ms"] > est["predicted"]["latency_ms"] and par["params"] > est["params"],
           "estimate reads the published config.json (Infinity in time_step_limit); the parent prices above the cut "
           "(%.3f > %.3f ms)" % (par["predicted"]["latency_ms"], est["predicted"]["latency_ms"]))
-    r = run([AC, "search", d, "--params", "30000", "--calib", TEXT, "--tokenizer", TOK, "--search-tokens", "256",
-             "--rank-tokens", "256", "--data-dir", dd, "--prompt", "8", "--output", "4"], expect=1)
-    check("Mamba head axis" in r.stderr, "the search says it has no Mamba head axis yet: %s" % r.stderr.strip()[-90:])
+    for method in ("autocompress", "minitron"):
+        r = run([AC, "search", d, "--method", method, "--axes", "mamba_heads", "--params", str(int(0.95 * par["params"])),
+                 "--calib", TEXT, "--tokenizer", TOK, "--search-tokens", "1024", "--rank-tokens", "256", "--data-dir", dd,
+                 "--prompt", "8", "--output", "4", "--json"])
+        got = json.loads(r.stdout)["arch"]["layers"]
+        mh = [l["mamba"]["n_heads"] for l in got if l.get("mamba")]
+        check(len(mh) == 3 and len(set(mh)) == 1 and mh[0] < 8 and mh[0] % 2 == 0 and len(got) == 5 and
+              got[1]["attention"] == {"n_heads": 4, "n_kv_heads": 2} and got[3]["mlp"] == {"ffn_dim": 40},
+              "%s: the Mamba axis alone meets 95%% of the parameters with one head count for every Mamba layer: %s" %
+              (method, mh))
 
 
 def main():

@@ -211,6 +211,68 @@ static void test_repair_random(void **state)
     }
 }
 
+/* The global Mamba axis: layers 0, 2 and 4 are Mamba layers whose heads axes are one. The
+ * Gumbel-noised probabilities are one draw for all of them; the logit gradient of each is the
+ * whole axis's (the finite difference through the first one, which the others copy); repair
+ * moves them together, so every decoded and repaired choice has one Mamba head count. */
+static void test_mamba_axis_tied(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 50; trial++) {
+        fixture f;
+        make_fixture_mode(&f, 5, trial % 2, trial % 3 == 0, trial % 5 == 0);
+        unsigned char mamba[5] = {1, 0, 1, 0, 1};
+        f.sp.mamba = mamba;
+        f.sp.n_mam = 4;
+        for (int k = 0; k < 4; k++)
+            f.sp.mam[k] = 2 * (k + 1);
+        search_dist d;
+        assert_int_equal(search_dist_init(&d, &f.sp, 0.0), 0);
+        size_t n = 3 + 5 * (4 + 5 + 2);
+        for (size_t i = 0; i < n; i++)
+            d.logit_hidden[i] = urand() * 4 - 2;
+        for (int l = 2; l < 5; l += 2)   /* the optimizer keeps tied logits equal */
+            memcpy(d.logit_heads + l * 4, d.logit_heads, 4 * sizeof(double));
+        uint64_t rng = 1234 + (uint64_t)trial;
+        search_dist_probs(&d, 0.8, &rng);
+        for (int l = 2; l < 5; l += 2)
+            assert_memory_equal(d.p_heads + l * 4, d.p_heads, 4 * sizeof(double));
+        const search_table *t = &f.costs.t[SM_LATENCY];
+        search_dist_probs(&d, 0.8, NULL);
+        search_expected_cost(&d, t, 20.0, 1.0);
+        double gz[3 + 5 * 11];
+        search_dist_logit_grads(&d, 0.8, gz, gz + 3, gz + 3 + 20, gz + 3 + 45);
+        for (int k = 0; k < 4; k++) {
+            double z = d.logit_heads[k], h = 1e-5;
+            d.logit_heads[k] = z + h;
+            double fp = objective(&d, t, 0.8);
+            d.logit_heads[k] = z - h;
+            double fm = objective(&d, t, 0.8);
+            d.logit_heads[k] = z;
+            double fd = (fp - fm) / (2 * h);
+            assert_true(fabs(fd - gz[3 + k]) <= 1e-5 * fmax(1e-3, fabs(fd)));
+            assert_true(gz[3 + 2 * 4 + k] == gz[3 + k] && gz[3 + 4 * 4 + k] == gz[3 + k]);
+        }
+        search_choice c, parent;
+        assert_int_equal(search_choice_init(&c, &f.sp), 0);
+        assert_int_equal(search_choice_init(&parent, &f.sp), 0);
+        search_choice_parent(&f.sp, &parent);
+        t = &f.costs.t[SM_MEMORY];
+        for (int m = 0; m < SM_COUNT; m++)
+            f.costs.t[m].active = m == SM_MEMORY;
+        f.costs.t[SM_MEMORY].limit = search_choice_cost(&f.sp, t, &parent) * (0.3 + 0.6 * urand());
+        search_decode_argmax(&d, &c);
+        assert_true(c.heads[0] == c.heads[2] && c.heads[2] == c.heads[4]);
+        if (search_repair(&d, &f.costs, &c) == 0)
+            assert_true(search_choice_cost(&f.sp, t, &c) <= f.costs.t[SM_MEMORY].limit);
+        assert_true(c.heads[0] == c.heads[2] && c.heads[2] == c.heads[4]);
+        search_choice_free(&c);
+        search_choice_free(&parent);
+        search_dist_free(&d);
+        free(f.buf);
+    }
+}
+
 /* With limits the parent meets, repair grows every axis back to the parent. */
 static void test_repair_parent_when_feasible(void **state)
 {
@@ -308,6 +370,7 @@ int main(void)
         cmocka_unit_test(test_grad_workspace_sum_of_maxima),
         cmocka_unit_test(test_expected_matches_exact_at_one_hot),
         cmocka_unit_test(test_repair_random),
+        cmocka_unit_test(test_mamba_axis_tied),
         cmocka_unit_test(test_repair_parent_when_feasible),
         cmocka_unit_test(test_repair_jumps_non_monotone),
         cmocka_unit_test(test_penalty_multipliers),
