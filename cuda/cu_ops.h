@@ -9,5 +9,7 @@
 void cu_ops_install(eng_backend *be);
 /* Attention forward/backward (kernels_attn.cu). */
 void cu_attn_install(eng_backend *be);
+/* Mamba-2 conv, scan and gated norm, squared ReLU (kernels_ssm.cu). */
+void cu_ssm_install(eng_backend *be);
 
 #endif

@@ -683,6 +683,7 @@ void cu_ops_install(eng_backend *be)
     be->scatter_rows_acc = cu_scatter_rows_acc;
     be->rows_dot = cu_rows_dot;
     cu_attn_install(be);
+    cu_ssm_install(be);
 }
 
 /* ---- GEMM ceiling benchmark -------------------------------------------------------- */

@@ -374,6 +374,84 @@ static void test_rows(void **state)
     GPU->free(GPU, ig, (size_t)n * 4);
 }
 
+/* The Mamba-2 ops: conv with and without history (its update at row lengths), the scan with
+ * checkpoints and lengths, its backward from those checkpoints, the gated norm both ways,
+ * squared ReLU. B and C of a group are shared by its heads (atomics on the GPU). */
+static void test_ssm(void **state)
+{
+    (void)state;
+    int B = 2, T = 37, H = 6, P = 5, G = 3, S = 7, K = 4, chunk = 16;
+    int di = H * P, cd = di + 2 * G * S, N = B * T, nch = (T + chunk - 1) / chunk;
+    int lens[2] = {T, 29};
+    int *lc = ints_on(CPU, lens, B), *lg = ints_on(GPU, lens, B);
+    pair x = pair_rand((size_t)N * cd, -1, 1), w = pair_rand((size_t)cd * K, -0.5f, 0.5f), bias = pair_rand((size_t)cd, -0.2f, 0.2f);
+    pair hist = pair_rand((size_t)B * (K - 1) * cd, -1, 1), y = pair_rand((size_t)N * cd, -1, 1);
+    CPU->ssm_conv_fwd(CPU, y.c, x.c, w.c, bias.c, hist.c, lc, B, T, cd, K);
+    GPU->ssm_conv_fwd(GPU, y.g, x.g, w.g, bias.g, hist.g, lg, B, T, cd, K);
+    check_pair("ssm_conv_fwd", &y, TOL32);
+    check_pair("ssm_conv_fwd_state", &hist, TOL32);
+    CPU->ssm_conv_fwd(CPU, y.c, x.c, w.c, bias.c, NULL, NULL, B, T, cd, K);
+    GPU->ssm_conv_fwd(GPU, y.g, x.g, w.g, bias.g, NULL, NULL, B, T, cd, K);
+    check_pair("ssm_conv_fwd_nohist", &y, TOL32);
+    pair dy = pair_rand((size_t)N * cd, -1, 1), dx = pair_rand((size_t)N * cd, -1, 1);
+    pair dw = pair_rand((size_t)cd * K, -1, 1), db = pair_rand((size_t)cd, -1, 1);
+    CPU->ssm_conv_bwd(CPU, dx.c, dw.c, db.c, dy.c, x.c, w.c, bias.c, B, T, cd, K);
+    GPU->ssm_conv_bwd(GPU, dx.g, dw.g, db.g, dy.g, x.g, w.g, bias.g, B, T, cd, K);
+    check_pair("ssm_conv_bwd_dx", &dx, TOL32);
+    check_pair("ssm_conv_bwd_dw", &dw, TOL32);
+    check_pair("ssm_conv_bwd_dbias", &db, TOL32);
+    pair dt = pair_rand((size_t)N * H, -2, 1), dtb = pair_rand((size_t)H, -1, 1), alog = pair_rand((size_t)H, -1, 1.5f);
+    pair Dk = pair_rand((size_t)H, 0.5f, 1.5f), st = pair_rand((size_t)B * H * P * S, -1, 1);
+    pair ys = pair_rand((size_t)N * di, -1, 1), ck = pair_rand((size_t)B * nch * H * P * S, -1, 1);
+    CPU->ssm_scan_fwd(CPU, ys.c, ck.c, y.c, dt.c, dtb.c, alog.c, Dk.c, st.c, lc, B, T, H, P, G, S, chunk);
+    GPU->ssm_scan_fwd(GPU, ys.g, ck.g, y.g, dt.g, dtb.g, alog.g, Dk.g, st.g, lg, B, T, H, P, G, S, chunk);
+    check_pair("ssm_scan_fwd", &ys, TOL32);
+    check_pair("ssm_scan_fwd_state", &st, TOL32);
+    check_pair("ssm_scan_fwd_ckpt", &ck, TOL32);
+    CPU->zero(CPU, st.c, st.n * 4);   /* the backward's zero start: checkpoints of all T steps */
+    GPU->zero(GPU, st.g, st.n * 4);
+    CPU->ssm_scan_fwd(CPU, ys.c, ck.c, y.c, dt.c, dtb.c, alog.c, Dk.c, st.c, NULL, B, T, H, P, G, S, chunk);
+    GPU->ssm_scan_fwd(GPU, ys.g, ck.g, y.g, dt.g, dtb.g, alog.g, Dk.g, st.g, NULL, B, T, H, P, G, S, chunk);
+    pair_sync_to_gpu(&ck);
+    pair gy = pair_rand((size_t)N * di, -1, 1), dxbc = pair_rand((size_t)N * cd, -1, 1), ddt = pair_rand((size_t)N * H, -1, 1);
+    pair gdtb = pair_rand((size_t)H, -1, 1), galog = pair_rand((size_t)H, -1, 1), gD = pair_rand((size_t)H, -1, 1);
+    pair scr = pair_rand((size_t)B * H * (chunk + 2) * P * S, -1, 1);
+    CPU->ssm_scan_bwd(CPU, dxbc.c, ddt.c, gdtb.c, galog.c, gD.c, gy.c, y.c, dt.c, dtb.c, alog.c, Dk.c, ck.c, scr.c, B, T,
+                      H, P, G, S, chunk);
+    GPU->ssm_scan_bwd(GPU, dxbc.g, ddt.g, gdtb.g, galog.g, gD.g, gy.g, y.g, dt.g, dtb.g, alog.g, Dk.g, ck.g, scr.g, B, T,
+                      H, P, G, S, chunk);
+    check_pair("ssm_scan_bwd_dxbc", &dxbc, TOL32);
+    check_pair("ssm_scan_bwd_ddt", &ddt, TOL32);
+    check_pair("ssm_scan_bwd_ddt_bias", &gdtb, TOL32);
+    check_pair("ssm_scan_bwd_dA_log", &galog, TOL32);
+    check_pair("ssm_scan_bwd_dD", &gD, TOL32);
+    pair z = pair_rand((size_t)N * di, -2, 2), nw = pair_rand((size_t)di, 0.5f, 1.5f), out = pair_rand((size_t)N * di, -1, 1);
+    pair rs = pair_rand((size_t)N * G, -1, 1);
+    CPU->gated_norm_fwd(CPU, out.c, rs.c, ys.c, z.c, nw.c, N, di, G, 1e-5f);
+    GPU->gated_norm_fwd(GPU, out.g, rs.g, ys.g, z.g, nw.g, N, di, G, 1e-5f);
+    check_pair("gated_norm_fwd", &out, TOL32);
+    check_pair("gated_norm_fwd_rstd", &rs, TOL32);
+    pair_sync_to_gpu(&rs);
+    pair gdy = pair_rand((size_t)N * di, -1, 1), gdz = pair_rand((size_t)N * di, -1, 1), gnw = pair_rand((size_t)di, -1, 1);
+    CPU->gated_norm_bwd(CPU, gdy.c, gdz.c, gnw.c, gy.c, ys.c, z.c, nw.c, rs.c, N, di, G);
+    GPU->gated_norm_bwd(GPU, gdy.g, gdz.g, gnw.g, gy.g, ys.g, z.g, nw.g, rs.g, N, di, G);
+    check_pair("gated_norm_bwd_dy", &gdy, TOL32);
+    check_pair("gated_norm_bwd_dz", &gdz, TOL32);
+    check_pair("gated_norm_bwd_dw", &gnw, TOL32);
+    CPU->relu2_fwd(CPU, out.c, z.c, out.n);
+    GPU->relu2_fwd(GPU, out.g, z.g, out.n);
+    check_pair("relu2_fwd", &out, TOL32);
+    CPU->relu2_bwd(CPU, gdy.c, gy.c, z.c, gdy.n);
+    GPU->relu2_bwd(GPU, gdy.g, gy.g, z.g, gdy.n);
+    check_pair("relu2_bwd", &gdy, TOL32);
+    pair *all[] = {&x, &w, &bias, &hist, &y, &dy, &dx, &dw, &db, &dt, &dtb, &alog, &Dk, &st, &ys, &ck, &gy, &dxbc,
+                   &ddt, &gdtb, &galog, &gD, &scr, &z, &nw, &out, &rs, &gdy, &gdz, &gnw};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(all[i]);
+    CPU->free(CPU, lc, (size_t)B * 4);
+    GPU->free(GPU, lg, (size_t)B * 4);
+}
+
 /* ---- attention --------------------------------------------------------------------- */
 
 /* One forward + backward case. pos0/lens per row on the host; S the KV length. */
@@ -640,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_ssm),
         cmocka_unit_test(test_attention_prefill),
         cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_losses),

@@ -1,0 +1,368 @@
+/* cuda/kernels_ssm.cu — the Mamba-2 ops on the GPU (contracts in engine/backend.h, CPU
+ * reference engine/cpu_ssm.c): the depthwise causal conv with its history, the
+ * selective-state scan (one thread per state row: head h, channel p; the steps in order), its
+ * backward from the checkpoints (B, C, dt and the per-head parameter gradients summed with
+ * atomics), the group-gated RMSNorm and squared ReLU. Straightforward kernels: the first
+ * correct GPU path, not yet the chunked SSD kernels of mamba_ssm.
+ */
+#include "cuda/cu_internal.h"
+#include "cuda/cu_ops.h"
+
+#include <math.h>
+
+#define NT 256
+
+static unsigned blocks_for(size_t n)
+{
+    size_t b = (n + NT - 1) / NT;
+    return (unsigned)(b ? (b > 65535u * 16u ? 65535u * 16u : b) : 1);
+}
+
+#define GRID_STRIDE(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
+__device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* ---- conv ------------------------------------------------------------------------------ */
+
+__device__ __forceinline__ float conv_in(const float *x, const float *hist, int b, int T, int cd, int K, int i, int c)
+{
+    if (i >= 0)
+        return x[((size_t)b * T + i) * cd + c];
+    return hist ? hist[((size_t)b * (K - 1) + (K - 1) + i) * cd + c] : 0.0f;
+}
+
+__global__ void k_conv_fwd(float *y, const float *x, const float *w, const float *bias, const float *state, int B,
+                           int T, int cd, int K)
+{
+    GRID_STRIDE(i, (size_t)B * T * cd) {
+        int c = (int)(i % cd), n = (int)(i / cd), b = n / T, t = n % T;
+        float acc = bias ? bias[c] : 0.0f;
+        for (int k = 0; k < K; k++)
+            acc += w[(size_t)c * K + k] * conv_in(x, state, b, T, cd, K, t - (K - 1) + k, c);
+        y[i] = acc * sigm(acc);
+    }
+}
+
+__global__ void k_conv_state(float *state, const float *x, const int *lens, int B, int T, int cd, int K)
+{
+    GRID_STRIDE(i, (size_t)B * cd) {
+        int c = (int)(i % cd), b = (int)(i / cd), len = lens ? lens[b] : T;
+        float keep[16];
+        for (int j = 0; j < K - 1; j++)
+            keep[j] = conv_in(x, state, b, T, cd, K, len - (K - 1) + j, c);
+        for (int j = 0; j < K - 1; j++)
+            state[((size_t)b * (K - 1) + j) * cd + c] = keep[j];
+    }
+}
+
+static void cu_ssm_conv_fwd(eng_backend *be, float *y, const float *x, const float *w, const float *bias, float *state,
+                            const int *lens, int B, int T, int cd, int K)
+{
+    if (cu_enter(be) != 0)
+        return;
+    cudaStream_t st = cu_of(be)->stream;
+    k_conv_fwd<<<blocks_for((size_t)B * T * cd), NT, 0, st>>>(y, x, w, bias, state, B, T, cd, K);
+    CHECK_LAUNCH(be);
+    if (state && K > 1) {
+        k_conv_state<<<blocks_for((size_t)B * cd), NT, 0, st>>>(state, x, lens, B, T, cd, K);
+        CHECK_LAUNCH(be);
+    }
+}
+
+/* d pre-activation at step t of row b, channel c (no history: training). */
+__device__ __forceinline__ float conv_dpre(const float *dy, const float *x, const float *w, const float *bias, int b,
+                                           int T, int cd, int K, int t, int c)
+{
+    float pre = bias ? bias[c] : 0.0f;
+    for (int k = 0; k < K; k++)
+        pre += w[(size_t)c * K + k] * conv_in(x, NULL, b, T, cd, K, t - (K - 1) + k, c);
+    float s = sigm(pre);
+    return dy[((size_t)b * T + t) * cd + c] * s * (1.0f + pre * (1.0f - s));
+}
+
+__global__ void k_conv_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *bias, int B,
+                              int T, int cd, int K)
+{
+    GRID_STRIDE(i, (size_t)B * T * cd) {
+        int c = (int)(i % cd), n = (int)(i / cd), b = n / T, s = n % T;
+        float acc = 0;
+        for (int k = 0; k < K; k++) {
+            int t = s + (K - 1) - k;
+            if (t < T)
+                acc += w[(size_t)c * K + k] * conv_dpre(dy, x, w, bias, b, T, cd, K, t, c);
+        }
+        dx[i] = acc;
+    }
+}
+
+__global__ void k_conv_bwd_dw(float *dw, float *dbias, const float *dy, const float *x, const float *w,
+                              const float *bias, int B, int T, int cd, int K)
+{
+    GRID_STRIDE(c, (size_t)cd) {
+        double gw[16] = {0}, gb = 0;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                float dp = conv_dpre(dy, x, w, bias, b, T, cd, K, t, (int)c);
+                gb += dp;
+                for (int k = 0; k < K; k++) {
+                    int i = t - (K - 1) + k;
+                    if (i >= 0)
+                        gw[k] += (double)dp * x[((size_t)b * T + i) * cd + c];
+                }
+            }
+        for (int k = 0; k < K; k++)
+            dw[c * K + k] += (float)gw[k];
+        if (dbias)
+            dbias[c] += (float)gb;
+    }
+}
+
+static void cu_ssm_conv_bwd(eng_backend *be, float *dx, float *dw, float *dbias, const float *dy, const float *x,
+                            const float *w, const float *bias, int B, int T, int cd, int K)
+{
+    if (cu_enter(be) != 0)
+        return;
+    cudaStream_t st = cu_of(be)->stream;
+    k_conv_bwd_dx<<<blocks_for((size_t)B * T * cd), NT, 0, st>>>(dx, dy, x, w, bias, B, T, cd, K);
+    CHECK_LAUNCH(be);
+    k_conv_bwd_dw<<<blocks_for((size_t)cd), NT, 0, st>>>(dw, dbias, dy, x, w, bias, B, T, cd, K);
+    CHECK_LAUNCH(be);
+}
+
+/* ---- scan ------------------------------------------------------------------------------ */
+
+/* One thread per state row (b, h, p): s[p, :] lives in `state`. */
+__global__ void k_scan_fwd(float *y, float *ckpt, const float *xbc, const float *dt_raw, const float *dt_bias,
+                           const float *A_log, const float *Dskip, float *state, const int *lens, int B, int T, int H,
+                           int P, int G, int S, int chunk)
+{
+    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk;
+    GRID_STRIDE(i, (size_t)B * H * P) {
+        int p = (int)(i % P), bh = (int)(i / P), b = bh / H, h = bh % H, g = h / hpg, len = lens ? lens[b] : T;
+        float *s = state + (size_t)i * S, A = -expf(A_log[h]);
+        for (int t = 0; t < T; t++) {
+            const float *row = xbc + ((size_t)b * T + t) * cd;
+            float *yr = y + ((size_t)b * T + t) * di + (size_t)h * P + p;
+            if (ckpt && t % chunk == 0)
+                for (int j = 0; j < S; j++)
+                    ckpt[((((size_t)b * nch + t / chunk) * H + h) * P + p) * S + j] = s[j];
+            if (t >= len) {
+                *yr = 0;
+                continue;
+            }
+            float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
+            float xp = row[h * P + p], xd = dt * xp, acc = 0;
+            const float *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
+            for (int j = 0; j < S; j++) {
+                s[j] = s[j] * da + xd * Bg[j];
+                acc += s[j] * Cg[j];
+            }
+            *yr = acc + Dskip[h] * xp;
+        }
+    }
+}
+
+static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
+                            const float *dt_bias, const float *A_log, const float *Dskip, float *state, const int *lens,
+                            int B, int T, int H, int P, int G, int S, int chunk)
+{
+    if (cu_enter(be) != 0)
+        return;
+    k_scan_fwd<<<blocks_for((size_t)B * H * P), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log,
+                                                                          Dskip, state, lens, B, T, H, P, G, S, chunk);
+    CHECK_LAUNCH(be);
+}
+
+/* One thread per state row (b, h, p), its rows of the chunk's states and of dS in scratch. */
+__global__ void k_scan_bwd(float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD, const float *dy,
+                           const float *xbc, const float *dt_raw, const float *dt_bias, const float *A_log,
+                           const float *Dskip, const float *ckpt, float *scratch, int B, int T, int H, int P, int G,
+                           int S, int chunk)
+{
+    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk;
+    size_t ps = (size_t)P * S;
+    GRID_STRIDE(i, (size_t)B * H * P) {
+        int p = (int)(i % P), bh = (int)(i / P), b = bh / H, h = bh % H, g = h / hpg;
+        float *st = scratch + (size_t)bh * (chunk + 2) * ps + (size_t)p * S, *dS = st + (size_t)(chunk + 1) * ps;
+        float A = -expf(A_log[h]), Dh = Dskip[h];
+        double accA = 0, accD = 0;
+        for (int j = 0; j < S; j++)
+            dS[j] = 0;
+        for (int c = nch - 1; c >= 0; c--) {
+            int t0 = c * chunk, t1 = t0 + chunk < T ? t0 + chunk : T;
+            for (int j = 0; j < S; j++)
+                st[j] = ckpt[((((size_t)b * nch + c) * H + h) * P + p) * S + j];
+            for (int t = t0; t < t1; t++) {   /* the chunk's states again, row p */
+                const float *row = xbc + ((size_t)b * T + t) * cd;
+                float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
+                float xd = dt * row[h * P + p];
+                const float *Bg = row + di + (size_t)g * S;
+                float *s0 = st + (size_t)(t - t0) * ps, *s1 = s0 + ps;
+                for (int j = 0; j < S; j++)
+                    s1[j] = s0[j] * da + xd * Bg[j];
+            }
+            for (int t = t1 - 1; t >= t0; t--) {
+                size_t rw = (size_t)b * T + t;
+                const float *row = xbc + rw * cd, *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
+                const float *s1 = st + (size_t)(t - t0 + 1) * ps, *s0 = s1 - ps;
+                float v = dt_raw[rw * H + h] + dt_bias[h], dt = softplus_f(v), da = expf(dt * A);
+                float gp = dy[rw * di + (size_t)h * P + p], xp = row[h * P + p];
+                float *dB = dxbc + rw * cd + di + (size_t)g * S, *dC = dB + (size_t)G * S;
+                double sb = 0, ss = 0;
+                for (int j = 0; j < S; j++) {
+                    atomicAdd(dC + j, s1[j] * gp);
+                    dS[j] += gp * Cg[j];
+                    sb += (double)dS[j] * Bg[j];
+                    ss += (double)dS[j] * s0[j];
+                    atomicAdd(dB + j, dt * dS[j] * xp);
+                    dS[j] *= da;
+                }
+                accD += (double)gp * xp;
+                dxbc[rw * cd + (size_t)h * P + p] = Dh * gp + dt * (float)sb;
+                accA += ss * da * dt;
+                float gv = (float)(sb * xp + ss * da * A) * sigm(v);
+                atomicAdd(ddt_raw + rw * H + h, gv);
+                atomicAdd(ddt_bias + h, gv);
+            }
+        }
+        atomicAdd(dA_log + h, (float)(accA * A));
+        atomicAdd(dD + h, (float)accD);
+    }
+}
+
+static void cu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD,
+                            const float *dy, const float *xbc, const float *dt_raw, const float *dt_bias,
+                            const float *A_log, const float *Dskip, const float *ckpt, float *scratch, int B, int T,
+                            int H, int P, int G, int S, int chunk)
+{
+    if (cu_enter(be) != 0)
+        return;
+    cudaStream_t st = cu_of(be)->stream;
+    size_t cd = (size_t)H * P + 2 * (size_t)G * S;
+    CHECK_CUDA(be, cudaMemsetAsync(dxbc, 0, sizeof(float) * (size_t)B * T * cd, st));
+    CHECK_CUDA(be, cudaMemsetAsync(ddt_raw, 0, sizeof(float) * (size_t)B * T * H, st));
+    k_scan_bwd<<<blocks_for((size_t)B * H * P), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw,
+                                                              dt_bias, A_log, Dskip, ckpt, scratch, B, T, H, P, G, S,
+                                                              chunk);
+    CHECK_LAUNCH(be);
+}
+
+/* ---- gated norm and squared ReLU ----------------------------------------------------------- */
+
+__global__ void k_gnorm_fwd(float *out, float *rstd, const float *y, const float *z, const float *w, int N, int di,
+                            int G, float eps)
+{
+    int gs = di / G;
+    GRID_STRIDE(i, (size_t)N * G) {
+        size_t n = i / G, g = i % G, base = n * di + g * gs;
+        double ss = 0;
+        for (int c = 0; c < gs; c++) {
+            float zc = z[base + c], v = y[base + c] * zc * sigm(zc);
+            out[base + c] = v;
+            ss += (double)v * v;
+        }
+        float r = (float)(1.0 / sqrt(ss / gs + eps));
+        rstd[i] = r;
+        for (int c = 0; c < gs; c++)
+            out[base + c] *= r * w[g * gs + c];
+    }
+}
+
+__global__ void k_gnorm_bwd(float *dy, float *dz, const float *dout, const float *y, const float *z, const float *w,
+                            const float *rstd, int N, int di, int G)
+{
+    int gs = di / G;
+    GRID_STRIDE(i, (size_t)N * G) {
+        size_t n = i / G, g = i % G, base = n * di + g * gs;
+        float r = rstd[i];
+        double dot = 0;
+        for (int c = 0; c < gs; c++) {
+            float zc = z[base + c];
+            dot += (double)dout[base + c] * w[g * gs + c] * y[base + c] * zc * sigm(zc);
+        }
+        float k = (float)((double)r * r * r / gs * dot);
+        for (int c = 0; c < gs; c++) {
+            float zc = z[base + c], s = sigm(zc), gate = zc * s, gv = y[base + c] * gate;
+            float dg = r * w[g * gs + c] * dout[base + c] - gv * k;
+            dy[base + c] = dg * gate;
+            dz[base + c] = dg * y[base + c] * s * (1.0f + zc * (1.0f - s));
+        }
+    }
+}
+
+__global__ void k_gnorm_dw(float *dw, const float *dout, const float *y, const float *z, const float *rstd, int N,
+                           int di, int G)
+{
+    int gs = di / G;
+    GRID_STRIDE(c, (size_t)di) {
+        double acc = 0;
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)n * di + c;
+            acc += (double)dout[i] * y[i] * z[i] * sigm(z[i]) * rstd[(size_t)n * G + c / gs];
+        }
+        dw[c] += (float)acc;
+    }
+}
+
+static void cu_gated_norm_fwd(eng_backend *be, float *out, float *rstd, const float *y, const float *z, const float *w,
+                              int N, int di, int G, float eps)
+{
+    if (cu_enter(be) != 0)
+        return;
+    k_gnorm_fwd<<<blocks_for((size_t)N * G), NT, 0, cu_of(be)->stream>>>(out, rstd, y, z, w, N, di, G, eps);
+    CHECK_LAUNCH(be);
+}
+
+static void cu_gated_norm_bwd(eng_backend *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                              const float *z, const float *w, const float *rstd, int N, int di, int G)
+{
+    if (cu_enter(be) != 0)
+        return;
+    cudaStream_t st = cu_of(be)->stream;
+    k_gnorm_bwd<<<blocks_for((size_t)N * G), NT, 0, st>>>(dy, dz, dout, y, z, w, rstd, N, di, G);
+    CHECK_LAUNCH(be);
+    if (dw) {
+        k_gnorm_dw<<<blocks_for((size_t)di), NT, 0, st>>>(dw, dout, y, z, rstd, N, di, G);
+        CHECK_LAUNCH(be);
+    }
+}
+
+__global__ void k_relu2_fwd(float *h, const float *u, size_t n)
+{
+    GRID_STRIDE(i, n) h[i] = u[i] > 0 ? u[i] * u[i] : 0.0f;
+}
+
+__global__ void k_relu2_bwd(float *du, const float *dh, const float *u, size_t n)
+{
+    GRID_STRIDE(i, n) du[i] = u[i] > 0 ? 2.0f * u[i] * dh[i] : 0.0f;
+}
+
+static void cu_relu2_fwd(eng_backend *be, float *h, const float *u, size_t n)
+{
+    if (!n || cu_enter(be) != 0)
+        return;
+    k_relu2_fwd<<<blocks_for(n), NT, 0, cu_of(be)->stream>>>(h, u, n);
+    CHECK_LAUNCH(be);
+}
+
+static void cu_relu2_bwd(eng_backend *be, float *du, const float *dh, const float *u, size_t n)
+{
+    if (!n || cu_enter(be) != 0)
+        return;
+    k_relu2_bwd<<<blocks_for(n), NT, 0, cu_of(be)->stream>>>(du, dh, u, n);
+    CHECK_LAUNCH(be);
+}
+
+void cu_ssm_install(eng_backend *be)
+{
+    be->ssm_conv_fwd = cu_ssm_conv_fwd;
+    be->ssm_conv_bwd = cu_ssm_conv_bwd;
+    be->ssm_scan_fwd = cu_ssm_scan_fwd;
+    be->ssm_scan_bwd = cu_ssm_scan_bwd;
+    be->gated_norm_fwd = cu_gated_norm_fwd;
+    be->gated_norm_bwd = cu_gated_norm_bwd;
+    be->relu2_fwd = cu_relu2_fwd;
+    be->relu2_bwd = cu_relu2_bwd;
+}
