@@ -65,6 +65,9 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     if (e && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d", maxe, e->top_k, e->expert_ffn_dim,
                       e->shared_ffn_dim, e->norm_topk);
+    if (e && e->sigmoid && n > 0 && (size_t)n < sizeof buf)   /* Nemotron-H's router */
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|sg|g%d|tg%d|rs%.9g", e->n_group, e->topk_group,
+                      e->routed_scale);
     /* Mamba-2: the most heads and the first Mamba layer's shape (the grid's) */
     int most;
     const arch_mamba *mb = arch_first_mamba(a, &most);

@@ -112,11 +112,11 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
 {
     if (!strcmp(parent->family, "nemotron_h")) {
         /* NemotronHForCausalLM (storage/hfconfig_hybrid.c) gives every attention layer one head
-           count and every MLP one width: the hidden size, the Mamba head count (global) and whole
-           layers may change. No GGUF of the family is written (the export refuses it). */
+           count, every MLP one width and every MoE one shape: the hidden size, the Mamba head count
+           (global) and whole layers may change. No GGUF of the family is written (the export refuses it). */
         for (int i = 0; i < n; i++)
             if (!strcmp(formats[i], "hf")) {
-                axes->heads = axes->ffn = 0;
+                axes->heads = axes->ffn = axes->experts = 0;
                 axes->keep_query_heads = 1;
             }
         return;
@@ -432,6 +432,8 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         for (int j = 0; j < sp->n_ffn; j++) {
             int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
             int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
+            if (sp->moe[l] && arch_moe_grouped(&pl->moe))
+                searched = 0;   /* grouped routing keeps its experts (prune_check) */
             int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
                      (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine);
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;

@@ -113,7 +113,7 @@ static int uniform_mlp_allowed(const arch *parent, const dnas_axes *axes, int f,
         const arch_layer *y = &parent->layers[l];
         if (!axes->ffn && y->ffn_dim && !seen_f++ && y->ffn_dim != f)
             return 0;
-        if (!axes->experts && y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
+        if ((!axes->experts || arch_moe_grouped(&y->moe)) && y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
             return 0;
     }
     return 1;

@@ -93,6 +93,12 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
                     pe->expert_ffn_dim, pe->shared_ffn_dim);
             if (te->norm_topk != pe->norm_topk)
                 BAD("layers[%d].moe.norm_topk: differs from parent layer %d's", i, tl->source_layer);
+            if (te->sigmoid != pe->sigmoid || te->routed_scale != pe->routed_scale)
+                BAD("layers[%d].moe: routing differs from parent layer %d's", i, tl->source_layer);
+            if (pe->n_group > 1 && (te->n_experts != pe->n_experts || te->n_group != pe->n_group ||
+                                    te->topk_group != pe->topk_group))
+                BAD("layers[%d].moe.n_experts: parent layer %d routes in %d groups; its experts are kept whole in "
+                    "this build", i, tl->source_layer, pe->n_group);
         }
         if (tl->n_heads > 0) {
             if (pl->n_heads == 0)
@@ -196,7 +202,7 @@ static inline int64_t axis_src(const axis_map *a, int64_t i)
 typedef enum {
     T_EMB, T_LMHEAD, T_FNORM, T_ANORM, T_MNORM, T_Q, T_K, T_V, T_QB, T_KB, T_VB, T_O, T_GATE, T_UP, T_DOWN,
     T_ROUTER, T_XG, T_XU, T_XD, T_SG, T_SU, T_SD, T_SGATE,
-    T_MIN, T_MCONVW, T_MCONVB, T_MHEAD, T_MGNORM, T_MOUT
+    T_MIN, T_MCONVW, T_MCONVB, T_MHEAD, T_MGNORM, T_MOUT, T_RBIAS
 } tkind;
 
 /* Nemotron-H's names after "backbone.layers.L." (the block norm is the layer's only one). */
@@ -209,6 +215,8 @@ static const struct {
     {"mixer.down_proj.weight", T_DOWN},    {"mixer.in_proj.weight", T_MIN},   {"mixer.conv1d.weight", T_MCONVW},
     {"mixer.conv1d.bias", T_MCONVB},       {"mixer.dt_bias", T_MHEAD},        {"mixer.A_log", T_MHEAD},
     {"mixer.D", T_MHEAD},                  {"mixer.norm.weight", T_MGNORM},   {"mixer.out_proj.weight", T_MOUT},
+    {"mixer.gate.weight", T_ROUTER},       {"mixer.gate.e_score_correction_bias", T_RBIAS},
+    {"mixer.shared_experts.up_proj.weight", T_SU}, {"mixer.shared_experts.down_proj.weight", T_SD},
 };
 
 /* A Mamba layer's kept rows of in_proj (in_rows: z, x, B, C, dt) or of the conv (x, B, C)
@@ -316,7 +324,18 @@ static int parse_name(const char *name, const prune_select *sel, tkind *kind, in
                 snprintf(pname, cap, "backbone.layers.%d.%s", sel->layers[l].src, hybrid_names[i].suffix);
                 return 0;
             }
-        return -1;
+        static const char xp[] = "mixer.experts.";   /* Nemotron-H's experts: up_proj, down_proj */
+        char *end2;
+        long x = strncmp(e + 1, xp, sizeof xp - 1) ? -1 : strtol(e + 1 + sizeof xp - 1, &end2, 10);
+        if (x < 0 || x >= sel->layers[l].nexp || *end2 != '.')
+            return -1;
+        if (strcmp(end2 + 1, "up_proj.weight") && strcmp(end2 + 1, "down_proj.weight"))
+            return -1;
+        *kind = end2[1] == 'u' ? T_XU : T_XD;
+        *layer = (int)l;
+        snprintf(pname, cap, "backbone.layers.%d.mixer.experts.%d.%s", sel->layers[l].src, sel->layers[l].exp[x],
+                 end2 + 1);
+        return 0;
     }
     static const char pre[] = "model.layers.";
     if (strncmp(name, pre, sizeof pre - 1))
@@ -365,6 +384,7 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     case T_GATE: case T_UP: *rows = (axis_map){ls->ffn, 1}; *cols = hid; *src_rows = pl->ffn_dim; *src_cols = C; break;
     case T_DOWN: *rows = hid; *cols = (axis_map){ls->ffn, 1}; *src_rows = C; *src_cols = pl->ffn_dim; break;
     case T_ROUTER: *rows = (axis_map){ls->exp, 1}; *cols = hid; *src_rows = pl->moe.n_experts; *src_cols = C; break;
+    case T_RBIAS: *rows = (axis_map){ls->exp, 1}; *src_rows = pl->moe.n_experts; break;
     case T_XG: case T_XU: *cols = hid; *src_rows = pl->moe.expert_ffn_dim; *src_cols = C; break;
     case T_XD: *rows = hid; *src_rows = C; *src_cols = pl->moe.expert_ffn_dim; break;
     case T_SG: case T_SU: *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;

@@ -116,6 +116,33 @@ static int mamba_validate(const arch_layer *l, int i, int hybrid, const char *fa
 #undef BAD
 }
 
+/* A layer's routing fields: sigmoid routing (with its groups and scale) in nemotron_h, softmax
+ * routing (those fields zero) elsewhere. */
+static int moe_routing_validate(const arch_moe *e, int i, int hybrid, char *err, size_t errlen)
+{
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+    if (!e->n_experts)
+        return 0;
+    if (!hybrid) {
+        if (e->sigmoid || e->n_group || e->topk_group || e->routed_scale != 0)
+            BAD("layers[%d].moe: sigmoid routing (groups, routed scale) belongs to nemotron_h", i);
+        return 0;
+    }
+    if (e->sigmoid != 1)
+        BAD("layers[%d].moe: nemotron_h routes by sigmoid scores", i);
+    if (e->n_group < 1 || e->n_experts % e->n_group)
+        BAD("layers[%d].moe.n_group: %d must divide n_experts=%d", i, e->n_group, e->n_experts);
+    if (e->topk_group < 1 || e->topk_group > e->n_group)
+        BAD("layers[%d].moe.topk_group: %d must be in [1, n_group=%d]", i, e->topk_group, e->n_group);
+    if (e->top_k > e->topk_group * (e->n_experts / e->n_group))
+        BAD("layers[%d].moe.top_k: %d is more than the %d experts of the kept groups", i, e->top_k,
+            e->topk_group * (e->n_experts / e->n_group));
+    if (!(e->routed_scale > 0 && e->routed_scale < 1e6))
+        BAD("layers[%d].moe.routed_scaling_factor: must be positive", i);
+    return 0;
+#undef BAD
+}
+
 int arch_validate(const arch *a, char *err, size_t errlen)
 {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
@@ -158,10 +185,9 @@ int arch_validate(const arch *a, char *err, size_t errlen)
         if (mamba_validate(l, i, hybrid, a->family, err, errlen) != 0)
             return -1;
         const arch_moe *e = &l->moe;
-        if (e->n_experts && hybrid)
-            BAD("layers[%d]: nemotron_h MoE layers (sigmoid routing with a correction bias, grouped top-k, "
-                "squared-ReLU experts) are not built yet", i);
-        if (e->n_experts && !moe_family)
+        if (moe_routing_validate(e, i, hybrid, err, errlen) != 0)
+            return -1;
+        if (e->n_experts && !moe_family && !hybrid)
             BAD("layers[%d]: moe blocks are not supported by family \"%s\"", i, a->family);
         if (e->n_experts < 0 || e->n_experts > 4096)
             BAD("layers[%d].moe.n_experts: %d is out of range [0, 4096]", i, e->n_experts);
@@ -174,11 +200,12 @@ int arch_validate(const arch *a, char *err, size_t errlen)
                 BAD("layers[%d].moe.expert_ffn_dim: %d is out of range [1, 1048576]", i, e->expert_ffn_dim);
             if (e->shared_ffn_dim < 0 || e->shared_ffn_dim > (1 << 20))
                 BAD("layers[%d].moe.shared_ffn_dim: %d is out of range [0, 1048576]", i, e->shared_ffn_dim);
-            if (e->shared_ffn_dim && strcmp(a->family, "qwen2_moe"))
+            if (e->shared_ffn_dim && strcmp(a->family, "qwen2_moe") && !hybrid)
                 BAD("layers[%d].moe.shared_ffn_dim: family \"%s\" has no shared expert", i, a->family);
             if (e->norm_topk != 0 && e->norm_topk != 1)
                 BAD("layers[%d].moe.norm_topk: must be 0 or 1", i);
-        } else if (e->top_k || e->expert_ffn_dim || e->shared_ffn_dim || e->norm_topk) {
+        } else if (e->top_k || e->expert_ffn_dim || e->shared_ffn_dim || e->norm_topk || e->sigmoid || e->n_group ||
+                   e->topk_group || e->routed_scale != 0) {
             BAD("layers[%d].moe: fields set without experts", i);
         }
     }
@@ -213,10 +240,12 @@ int64_t arch_params(const arch *a)
         }
         if (l->moe.n_experts > 0) {
             const arch_moe *e = &l->moe;
+            int64_t mats = e->sigmoid ? 2 : 3;       /* squared-ReLU experts: up, down */
             n += C + (int64_t)e->n_experts * C;      /* ffn norm, router */
-            n += (int64_t)e->n_experts * 3 * C * e->expert_ffn_dim;
-            if (e->shared_ffn_dim > 0)
-                n += 3 * C * (int64_t)e->shared_ffn_dim + C;   /* shared expert and its gate */
+            n += e->sigmoid ? e->n_experts : 0;      /* the choice's correction bias */
+            n += (int64_t)e->n_experts * mats * C * e->expert_ffn_dim;
+            if (e->shared_ffn_dim > 0)               /* shared expert (and Qwen2-MoE's gate row) */
+                n += mats * C * (int64_t)e->shared_ffn_dim + (e->sigmoid ? 0 : C);
         }
     }
     return n;
@@ -257,6 +286,10 @@ arch_moe arch_moe_keep(const arch_moe *e, int n)
     arch_moe k = *e;
     k.n_experts = n;
     k.top_k = e->top_k < n ? e->top_k : n;
+    if (e->sigmoid && e->n_group > 1 && n % e->n_group == 0) {   /* as many in every group */
+        int per = n / e->n_group;
+        k.top_k = k.top_k < e->topk_group * per ? k.top_k : e->topk_group * per;
+    }
     return k;
 }
 

@@ -14,15 +14,25 @@
 
 #define ARCH_FAMILY_MAX 32
 
-/* Mixture-of-experts MLP (families "mixtral", "qwen2_moe"); n_experts == 0: absent. A layer
- * holds either a dense MLP (ffn_dim > 0) or an MoE, never both. The router is a linear
- * map to n_experts logits, softmax over all experts, the top_k kept; norm_topk = 1
- * renormalizes the kept probabilities to sum 1 (Mixtral always; Qwen2-MoE's
- * norm_topk_prob). Experts are SwiGLU MLPs of width expert_ffn_dim. shared_ffn_dim > 0
- * (qwen2_moe): a shared SwiGLU expert every token runs, scaled by sigmoid of its own
- * one-row gate. top_k <= n_experts. */
+/* Mixture-of-experts MLP (families "mixtral", "qwen2_moe", "nemotron_h"); n_experts == 0:
+ * absent. A layer holds either a dense MLP (ffn_dim > 0) or an MoE, never both. The router is
+ * a linear map to n_experts logits.
+ * Softmax routing (sigmoid == 0: Mixtral, Qwen2-MoE): softmax over all experts, the top_k
+ * kept; norm_topk = 1 renormalizes the kept probabilities to sum 1 (Mixtral always; Qwen2-MoE's
+ * norm_topk_prob). Experts are SwiGLU MLPs of width expert_ffn_dim; shared_ffn_dim > 0
+ * (qwen2_moe): a shared SwiGLU expert every token runs, scaled by sigmoid of its own one-row
+ * gate.
+ * Sigmoid routing (sigmoid == 1: Nemotron-H): scores sigmoid(logits); the choice reads the
+ * scores plus a per-expert correction bias (a tensor of the layer), in n_group groups of whose
+ * topk_group best (by the sum of each group's two best biased scores) the top_k experts are
+ * taken; the weights are the unbiased scores, normalized to sum 1 when norm_topk, times
+ * routed_scale. Experts are squared-ReLU MLPs (up, down); shared_ffn_dim > 0: a shared one
+ * every token runs, added unweighted.
+ * top_k <= n_experts. */
 typedef struct {
     int n_experts, top_k, expert_ffn_dim, shared_ffn_dim, norm_topk;
+    int sigmoid, n_group, topk_group;   /* 0, 0, 0 with softmax routing */
+    double routed_scale;                /* 0 with softmax routing */
 } arch_moe;
 
 /* Mamba-2 mixer (family "nemotron_h"); n_heads == 0: absent. It takes the attention's
@@ -126,8 +136,12 @@ const arch_moe *arch_first_moe(const arch *a, int *most);
  * of any layer. */
 const arch_mamba *arch_first_mamba(const arch *a, int *most);
 
+/* 1 when e's expert count cannot be pruned in this build: grouped sigmoid routing (its groups
+ * would need the same count each). */
+static inline int arch_moe_grouped(const arch_moe *e) { return e->sigmoid && e->n_group > 1; }
+
 /* Shape e with n experts, top-k capped at n (pruning keeps the first n; routing cannot pick
- * more experts than there are). */
+ * more experts than there are; with groups, than the kept groups hold). */
 arch_moe arch_moe_keep(const arch_moe *e, int n);
 
 /* 1 if every layer has the same heads, kv heads, ffn_dim and MoE shape and none is removed. */

@@ -89,7 +89,7 @@ static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int 
 #define T(slot, suffix, d0, d1) do { snprintf(nm, sizeof nm, "backbone.layers.%d.%s", l, suffix); \
         add_tensor(im, cap, off, slot, l, nm, d0, d1); } while (0)
     T(arch_layer_has_mixer(ly) ? SL_ANORM : SL_FNORM, "norm.weight", C, 0);
-    int both = arch_layer_has_mixer(ly) && F > 0;   /* the MLP's tensors in a block of their own */
+    int both = arch_layer_has_mixer(ly) && arch_layer_has_mlp(ly);   /* the MLP's tensors in a block of their own */
     if (ly->n_heads > 0) {
         int64_t q = (int64_t)ly->n_heads * D, kv = (int64_t)ly->n_kv_heads * D;
         T(SL_WQ, "mixer.q_proj.weight", q, C);
@@ -107,6 +107,29 @@ static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int 
         T(SL_MD, "mixer.D", H, 0);
         T(SL_MNORM, "mixer.norm.weight", di, 0);
         T(SL_MOUT, "mixer.out_proj.weight", C, di);
+    }
+    if (ly->moe.n_experts > 0) {   /* Nemotron-H's MoE: sigmoid router with its bias, squared-ReLU experts */
+        const arch_moe *e = &ly->moe;
+        if (both)
+            T(SL_FNORM, "mlp_norm.weight", C, 0);
+        const char *pre = both ? "mlp" : "mixer";
+        char sfx[64];
+        snprintf(sfx, sizeof sfx, "%s.gate.weight", pre);
+        T(SL_ROUTER, sfx, e->n_experts, C);
+        snprintf(sfx, sizeof sfx, "%s.gate.e_score_correction_bias", pre);
+        T(SL_RBIAS, sfx, e->n_experts, 0);
+        for (int x = 0; x < e->n_experts; x++)
+            for (int k = 0; k < 2; k++) {
+                snprintf(sfx, sizeof sfx, "%s.experts.%d.%s_proj.weight", pre, x, k ? "down" : "up");
+                T(k ? SL_XD : SL_XU, sfx, k ? C : e->expert_ffn_dim, k ? e->expert_ffn_dim : C);
+                im->tens[im->n_tens - 1].expert = x;
+            }
+        if (e->shared_ffn_dim > 0) {
+            snprintf(sfx, sizeof sfx, "%s.shared_experts.up_proj.weight", pre);
+            T(SL_SU, sfx, e->shared_ffn_dim, C);
+            snprintf(sfx, sizeof sfx, "%s.shared_experts.down_proj.weight", pre);
+            T(SL_SD, sfx, C, e->shared_ffn_dim);
+        }
     }
     if (F > 0) {
         if (both)
@@ -210,6 +233,7 @@ static void carve(const model_impl *im, const arch *a, float *base, eng_layer *l
         case SL_MD: L->Dskip = p; break;
         case SL_MNORM: L->m_norm = p; break;
         case SL_MOUT: L->out_proj = p; break;
+        case SL_RBIAS: L->router_bias = p; break;
         }
     }
     if (!*lm)
@@ -265,7 +289,7 @@ int eng_model_init(eng_model *m, const arch *a, eng_backend *be, char *err, size
     m->be = be;
     if (!be->ssm_scan_fwd || !be->relu2_fwd)
         for (int l = 0; l < a->n_layers; l++)
-            if (a->layers[l].mamba.n_heads || (a->layers[l].ffn_dim && !arch_mlp_gated(a))) {
+            if (a->layers[l].mamba.n_heads || (a->layers[l].ffn_dim && !arch_mlp_gated(a)) || a->layers[l].moe.sigmoid) {
                 snprintf(err, errlen, "layers[%d]: the %s backend has no %s kernels in this build", l, be->name,
                          a->layers[l].mamba.n_heads ? "Mamba-2" : "squared-ReLU");
                 arch_free(&m->a);

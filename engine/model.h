@@ -30,7 +30,8 @@ typedef struct {
      * gate [Fe, C], up [Fe, C] and down [C, Fe] of expert e; the shared expert [Fs, C],
      * [Fs, C], [C, Fs] and its gate [1, C] (qwen2_moe). ffn_norm is the block's norm. */
     float *router;
-    float **experts;
+    float *router_bias;          /* [E] the choice's correction bias (sigmoid routing; NULL otherwise) */
+    float **experts;             /* squared-ReLU experts (sigmoid routing): experts[3e] NULL */
     float *sh_gate, *sh_up, *sh_down, *sh_router;
     /* Mamba-2 mixer (arch_mamba; NULL without), attn_norm its block's norm: in_proj
      * [di + cd + H, C] (rows z, xBC, dt), conv_w [cd, K], conv_b [cd], dt_bias, A_log,

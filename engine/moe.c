@@ -1,7 +1,8 @@
 /* engine/moe.c — the mixture-of-experts MLP (arch_moe): softmax router with top-k choice
- * (renormalized when norm_topk), SwiGLU experts each run as one GEMM over the tokens routed to
- * it (gathered rows, results scattered back with their routing weights), the Qwen2-MoE shared
- * expert with its sigmoid gate, the expert masks of the search, the ranking statistics, and
+ * (renormalized when norm_topk), or Nemotron-H's sigmoid router (correction bias for the choice,
+ * grouped top-k, routed scale); SwiGLU or squared-ReLU experts each run as one GEMM over the
+ * tokens routed to it (gathered rows, results scattered back with their routing weights), the
+ * Qwen2-MoE shared expert with its sigmoid gate (Nemotron-H's ungated), the expert masks of the search, the ranking statistics, and
  * the backward of all of it. The routing itself (softmax, top-k, per-expert token lists) runs
  * on the host over the [N, E] router logits; the GEMMs and row moves run on the backend.
  * Training saves nothing of the block but its input: the backward routes and runs the experts
@@ -80,6 +81,7 @@ typedef struct {
     int *sel;                    /* [N, k] chosen experts, by falling probability */
     float *wraw;                 /* [N, k] routing weights (renormalized when norm_topk) */
     float *mask;                 /* [E] expert masks (1 without masks) */
+    float *bias;                 /* [E] the choice's correction bias (sigmoid routing) */
     int *cnt, *off;              /* [E] tokens per expert, offset of its list */
     int *order;                  /* [N*k] token rows, grouped by expert; then [N] identity */
     int *slot;                   /* [N*k] (row*k + slot) of each list entry */
@@ -106,6 +108,7 @@ static void call_free(eng_backend *be, moe_call *c)
     free(c->sel);
     free(c->wraw);
     free(c->mask);
+    free(c->bias);
     free(c->cnt);
     free(c->off);
     free(c->order);
@@ -131,6 +134,7 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     c->sel = malloc(sizeof(int) * nk);
     c->wraw = malloc(F4 * nk);
     c->mask = malloc(F4 * (size_t)c->E);
+    c->bias = malloc(F4 * (size_t)c->E);
     c->cnt = calloc((size_t)c->E, sizeof(int));
     c->off = calloc((size_t)c->E, sizeof(int));
     c->order = malloc(sizeof(int) * (nk + (size_t)N));
@@ -144,7 +148,7 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     c->borrowed = fdev && idev;
     c->dev = c->borrowed ? fdev : be->alloc(be, c->dev_bytes);
     c->idev = c->borrowed ? idev : be->alloc(be, c->idev_bytes);
-    if (!c->prob || !c->sel || !c->wraw || !c->mask || !c->cnt || !c->off || !c->order || !c->slot || !c->wl ||
+    if (!c->prob || !c->sel || !c->wraw || !c->mask || !c->bias || !c->cnt || !c->off || !c->order || !c->slot || !c->wl ||
         !c->hbuf || !c->dp || !c->dev || !c->idev) {
         call_free(be, c);
         return -1;
@@ -170,8 +174,66 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     return 0;
 }
 
-/* Router logits of xn [N, C], softmax, top-k, per-expert lists; uploads the lists, their
- * weights and the identity rows. */
+/* Sigmoid routing (Nemotron-H): prob <- sigmoid(logits); per row the choice by biased scores
+ * in the best groups, the weights from the unbiased scores (normalized when norm_topk, then
+ * times routed_scale). Fills sel, wraw and the per-expert counts. */
+static void route_sigmoid(const arch_moe *e, moe_call *c, const float *bias)
+{
+    int N = c->N, E = c->E, k = c->k, ng = e->n_group, per = E / ng;
+    for (int n = 0; n < N; n++) {
+        float *p = c->prob + (size_t)n * E;
+        for (int x = 0; x < E; x++)
+            p[x] = (float)(1.0 / (1.0 + exp(-(double)p[x])));
+        float *ch = c->hbuf;   /* biased scores, experts of dropped groups at -inf */
+        for (int x = 0; x < E; x++)
+            ch[x] = p[x] + (bias ? bias[x] : 0.0f);
+        if (e->topk_group < ng) {
+            float gs[256];   /* group scores: the sum of each group's two best */
+            for (int g = 0; g < ng && g < 256; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (int x = g * per; x < (g + 1) * per; x++)
+                    if (ch[x] > a) {
+                        b = a;
+                        a = ch[x];
+                    } else if (ch[x] > b) {
+                        b = ch[x];
+                    }
+                gs[g] = per > 1 ? a + b : a;
+            }
+            for (int t = 0; t < ng - e->topk_group; t++) {   /* drop the worst groups */
+                int worst = -1;
+                for (int g = 0; g < ng; g++)
+                    if (gs[g] != INFINITY && (worst < 0 || gs[g] < gs[worst]))
+                        worst = g;
+                gs[worst] = INFINITY;
+                for (int x = worst * per; x < (worst + 1) * per; x++)
+                    ch[x] = -INFINITY;
+            }
+        }
+        int *s = c->sel + (size_t)n * k;
+        float *w = c->wraw + (size_t)n * k;
+        double sum = 0;
+        for (int j = 0; j < k; j++) {   /* the largest biased score not yet taken, lower index on ties */
+            int best = -1;
+            for (int x = 0; x < E; x++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++)
+                    taken |= s[i] == x;
+                if (!taken && (best < 0 || ch[x] > ch[best]))
+                    best = x;
+            }
+            s[j] = best;
+            w[j] = p[best];
+            sum += p[best];
+            c->cnt[best]++;
+        }
+        for (int j = 0; j < k; j++)
+            w[j] = (float)((e->norm_topk ? w[j] / (sum + 1e-20) : w[j]) * e->routed_scale);
+    }
+}
+
+/* Router logits of xn [N, C], softmax (or sigmoid routing), top-k, per-expert lists; uploads
+ * the lists, their weights and the identity rows. */
 static void route(eng_model *m, int l, const eng_masks *mk, const float *xn, moe_call *c)
 {
     eng_backend *be = m->be;
@@ -180,13 +242,17 @@ static void route(eng_model *m, int l, const eng_masks *mk, const float *xn, moe
     int N = c->N, E = c->E, k = c->k, C = c->C;
     be->gemm(be, 0, 1, N, E, C, 1.0f, xn, C, L->router, C, 0.0f, c->logits, E);
     be->to_host(be, c->prob, c->logits, F4 * (size_t)N * E);
+    if (L->router_bias)
+        be->to_host(be, c->bias, L->router_bias, F4 * (size_t)E);
     if (mk)
         be->to_host(be, c->mask, mk->expert[l], F4 * (size_t)E);
     else
         for (int x = 0; x < E; x++)
             c->mask[x] = 1.0f;
     memset(c->cnt, 0, sizeof(int) * (size_t)E);
-    for (int n = 0; n < N; n++) {
+    if (e->sigmoid)
+        route_sigmoid(e, c, L->router_bias ? c->bias : NULL);
+    for (int n = 0; !e->sigmoid && n < N; n++) {
         float *p = c->prob + (size_t)n * E;
         double mx = p[0], z = 0;
         for (int x = 1; x < E; x++)
@@ -235,14 +301,19 @@ static void route(eng_model *m, int l, const eng_masks *mk, const float *xn, moe
     be->to_device(be, c->wl_d, c->wl, F4 * (size_t)N * k);
 }
 
-/* One SwiGLU expert on n gathered rows X [n, C] into Y [n, C] (g, u, h kept). */
+/* One expert on n gathered rows X [n, C] into Y [n, C] (g, u, h kept): SwiGLU, or squared ReLU
+ * of up alone when wg is NULL (Nemotron-H). */
 static void expert_fwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, int F,
                        int n)
 {
     int C = c->C;
-    be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wg, C, 0.0f, c->g, F);
     be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wu, C, 0.0f, c->u, F);
-    be->swiglu_fwd(be, c->h, c->g, c->u, (size_t)n * F);
+    if (wg) {
+        be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wg, C, 0.0f, c->g, F);
+        be->swiglu_fwd(be, c->h, c->g, c->u, (size_t)n * F);
+    } else {
+        be->relu2_fwd(be, c->h, c->u, (size_t)n * F);
+    }
     be->gemm(be, 0, 1, n, C, F, 1.0f, c->h, F, wd, F, 0.0f, c->Y, C);
 }
 
@@ -292,20 +363,21 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
         if (stats)
             add_stats(be, &c, stats, l, x);
     }
-    if (e->shared_ffn_dim) {
+    if (e->shared_ffn_dim) {   /* Qwen2-MoE's gated by sigmoid of its own row; Nemotron-H's added as it is */
         const int *ident = c.idev + (size_t)N * c.k;
-        shared_gate(be, &c, xn, L->sh_router);
+        if (L->sh_router)
+            shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
         expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N);
-        be->scatter_rows_acc(be, y, c.Y, ident, c.sg, N, C);
+        be->scatter_rows_acc(be, y, c.Y, ident, L->sh_router ? c.sg : NULL, N, C);
     }
     call_free(be, &c);
     return 0;
 }
 
-/* Backward of one SwiGLU expert on n rows: X, g, u, h from expert_fwd; dY [n, C] the
- * gradient of its (weighted) output. Accumulates weight grads (G* may be NULL) and writes
- * dX [n, C]. */
+/* Backward of one expert on n rows (SwiGLU, or squared ReLU when wg is NULL): X, g, u, h from
+ * expert_fwd; dY [n, C] the gradient of its (weighted) output. Accumulates weight grads (Gu
+ * NULL: none) and writes dX [n, C]. */
 static void expert_bwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, float *Gg,
                        float *Gu, float *Gd, int F, int n)
 {
@@ -313,13 +385,18 @@ static void expert_bwd(eng_backend *be, moe_call *c, const float *wg, const floa
     be->gemm(be, 0, 0, n, F, C, 1.0f, c->dY, C, wd, F, 0.0f, c->dh, F);
     if (Gd)
         be->gemm(be, 1, 0, C, F, n, 1.0f, c->dY, C, c->h, F, 1.0f, Gd, F);
-    be->swiglu_bwd(be, c->dg, c->du, c->dh, c->g, c->u, (size_t)n * F);
-    if (Gg) {
-        be->gemm(be, 1, 0, F, C, n, 1.0f, c->dg, F, c->X, C, 1.0f, Gg, C);
+    if (wg)
+        be->swiglu_bwd(be, c->dg, c->du, c->dh, c->g, c->u, (size_t)n * F);
+    else
+        be->relu2_bwd(be, c->du, c->dh, c->u, (size_t)n * F);
+    if (Gu) {
+        if (wg)
+            be->gemm(be, 1, 0, F, C, n, 1.0f, c->dg, F, c->X, C, 1.0f, Gg, C);
         be->gemm(be, 1, 0, F, C, n, 1.0f, c->du, F, c->X, C, 1.0f, Gu, C);
     }
-    be->gemm(be, 0, 0, n, C, F, 1.0f, c->dg, F, wg, C, 0.0f, c->dX, C);
-    be->gemm(be, 0, 0, n, C, F, 1.0f, c->du, F, wu, C, 1.0f, c->dX, C);
+    if (wg)
+        be->gemm(be, 0, 0, n, C, F, 1.0f, c->dg, F, wg, C, 0.0f, c->dX, C);
+    be->gemm(be, 0, 0, n, C, F, 1.0f, c->du, F, wu, C, wg ? 1.0f : 0.0f, c->dX, C);
 }
 
 /* d loss / d router logits from d loss / d routing weight (per row and slot, in dw [N*k]):
@@ -327,7 +404,23 @@ static void expert_bwd(eng_backend *be, moe_call *c, const float *wg, const floa
 static void router_grad(const arch_moe *e, moe_call *c, const float *dw)
 {
     int N = c->N, E = c->E, k = c->k;
-    for (int n = 0; n < N; n++) {
+    for (int n = 0; e->sigmoid && n < N; n++) {   /* w_j = scale * s_j (/ sum of the chosen s) */
+        const float *p = c->prob + (size_t)n * E, *w = c->wraw + (size_t)n * k, *g = dw + (size_t)n * k;
+        const int *s = c->sel + (size_t)n * k;
+        float *dl = c->hbuf + (size_t)n * E;
+        double S = 1e-20, gw = 0;
+        for (int j = 0; j < k; j++) {
+            S += p[s[j]];
+            gw += (double)g[j] * w[j];
+        }
+        memset(dl, 0, F4 * (size_t)E);   /* the choice has no gradient; unchosen scores none */
+        for (int j = 0; j < k; j++) {
+            double ds = e->norm_topk ? e->routed_scale / S * ((double)g[j] - gw / e->routed_scale)
+                                     : e->routed_scale * (double)g[j];
+            dl[s[j]] = (float)(ds * p[s[j]] * (1.0 - p[s[j]]));
+        }
+    }
+    for (int n = 0; !e->sigmoid && n < N; n++) {
         const float *p = c->prob + (size_t)n * E, *w = c->wraw + (size_t)n * k, *g = dw + (size_t)n * k;
         const int *s = c->sel + (size_t)n * k;
         float *dl = c->hbuf + (size_t)n * E;
@@ -386,7 +479,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
             dmask[x] += (double)c.hbuf[i] * c.wraw[c.slot[at]];
         }
         be->gather_rows(be, c.dY, dy, rows, c.wl_d + c.off[x], n, C);
-        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n);
+        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n);   /* W[0] NULL: relu2 */
         be->scatter_rows_acc(be, dxn, c.dX, rows, NULL, n, C);
     }
     router_grad(e, &c, dw);
@@ -394,7 +487,14 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     if (gw)
         be->gemm(be, 1, 0, E, C, N, 1.0f, c.dlog, E, xn, C, 1.0f, G->router, C);
     be->gemm(be, 0, 0, N, C, E, 1.0f, c.dlog, E, L->router, C, 1.0f, dxn, C);
-    if (e->shared_ffn_dim) {
+    if (e->shared_ffn_dim && !L->sh_router) {   /* Nemotron-H: the shared expert added as it is */
+        be->copy(be, c.X, xn, F4 * (size_t)N * C);
+        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N);
+        be->copy(be, c.dY, dy, F4 * (size_t)N * C);
+        expert_bwd(be, &c, NULL, L->sh_up, L->sh_down, NULL, gw ? G->sh_up : NULL, gw ? G->sh_down : NULL,
+                   e->shared_ffn_dim, N);
+        be->add(be, dxn, dxn, c.dX, (size_t)N * C);
+    } else if (e->shared_ffn_dim) {
         const int *ident = c.idev + (size_t)N * k;
         int S = e->shared_ffn_dim;
         shared_gate(be, &c, xn, L->sh_router);

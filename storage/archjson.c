@@ -65,11 +65,16 @@ json_t *arch_to_json(const arch *a)
             rc |= obj_set(lo, "mlp", json_pack("{s:i}", "ffn_dim", l->ffn_dim));
         else
             rc |= obj_set(lo, "mlp", json_null());
-        if (l->moe.n_experts > 0)
-            rc |= obj_set(lo, "moe", json_pack("{s:i,s:i,s:i,s:i,s:b}", "n_experts", l->moe.n_experts,
-                                               "top_k", l->moe.top_k, "expert_ffn_dim",
-                                               l->moe.expert_ffn_dim, "shared_ffn_dim",
-                                               l->moe.shared_ffn_dim, "norm_topk_prob", l->moe.norm_topk));
+        if (l->moe.n_experts > 0) {
+            json_t *mo = json_pack("{s:i,s:i,s:i,s:i,s:b}", "n_experts", l->moe.n_experts, "top_k", l->moe.top_k,
+                                   "expert_ffn_dim", l->moe.expert_ffn_dim, "shared_ffn_dim", l->moe.shared_ffn_dim,
+                                   "norm_topk_prob", l->moe.norm_topk);
+            if (mo && l->moe.sigmoid)   /* Nemotron-H's router */
+                rc |= obj_set(mo, "router", json_pack("{s:s,s:i,s:i,s:f}", "scores", "sigmoid", "n_group",
+                                                      l->moe.n_group, "topk_group", l->moe.topk_group,
+                                                      "routed_scaling_factor", l->moe.routed_scale));
+            rc |= obj_set(lo, "moe", mo);
+        }
         if (l->mamba.n_heads > 0)
             rc |= obj_set(lo, "mamba", json_pack("{s:i,s:i,s:i,s:i,s:i}", "n_heads", l->mamba.n_heads,
                                                  "head_dim", l->mamba.head_dim, "d_state",
@@ -212,7 +217,9 @@ static int parse_layer(perr *pe, json_t *lo, int i, arch_layer *l)
     static const char *const keys[] = {"source_layer", "attention", "mlp", "moe", "mamba", NULL};
     static const char *const akeys[] = {"n_heads", "n_kv_heads", NULL};
     static const char *const mkeys[] = {"ffn_dim", NULL};
-    static const char *const ekeys[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "norm_topk_prob", NULL};
+    static const char *const ekeys[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "norm_topk_prob",
+                                        "router", NULL};
+    static const char *const rkeys[] = {"scores", "n_group", "topk_group", "routed_scaling_factor", NULL};
     static const char *const bkeys[] = {"n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", NULL};
     char at[64], sub[80];
     snprintf(at, sizeof at, "/layers/%d", i);
@@ -259,6 +266,23 @@ static int parse_layer(perr *pe, json_t *lo, int i, arch_layer *l)
             get_int(pe, moe, sub, "shared_ffn_dim", 0, 1 << 20, 0, &l->moe.shared_ffn_dim) ||
             get_bool(pe, moe, sub, "norm_topk_prob", 0, &l->moe.norm_topk))
             return -1;
+        json_t *ro = json_object_get(moe, "router");
+        char rsub[96];
+        snprintf(rsub, sizeof rsub, "%s/router", sub);
+        if (ro && !json_is_null(ro)) {
+            const char *sc = json_string_value(json_object_get(ro, "scores"));
+            if (!json_is_object(ro))
+                FAIL(pe, "%s: must be an object or null", rsub);
+            if (check_keys(pe, ro, rsub, rkeys))
+                return -1;
+            if (!sc || strcmp(sc, "sigmoid"))
+                FAIL(pe, "%s/scores: must be \"sigmoid\" (softmax routing has no router object)", rsub);
+            l->moe.sigmoid = 1;
+            if (get_int(pe, ro, rsub, "n_group", 1, 4096, 1, &l->moe.n_group) ||
+                get_int(pe, ro, rsub, "topk_group", 1, 4096, 1, &l->moe.topk_group) ||
+                get_num(pe, ro, rsub, "routed_scaling_factor", 1, &l->moe.routed_scale))
+                return -1;
+        }
     }
     json_t *mam = json_object_get(lo, "mamba");
     snprintf(sub, sizeof sub, "%s/mamba", at);

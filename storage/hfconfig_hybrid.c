@@ -2,8 +2,10 @@
  * (NemotronHForCausalLM), read and written. Every layer is one pre-norm block named by
  * hybrid_override_pattern: "M" a Mamba-2 mixer (mamba_num_heads x mamba_head_dim, n_groups,
  * ssm_state_size, conv_kernel), "*" attention without RoPE (num_attention_heads,
- * num_key_value_heads, head_dim), "-" a squared-ReLU MLP of intermediate_size, "E" an MoE
- * (refused: sigmoid routing is not built). Newer configs state the pattern as
+ * num_key_value_heads, head_dim), "-" a squared-ReLU MLP of intermediate_size, "E" an MoE of
+ * squared-ReLU experts behind a sigmoid router (n_routed_experts, num_experts_per_tok,
+ * moe_intermediate_size, a shared expert, n_group/topk_group, routed_scaling_factor,
+ * norm_topk_prob; a latent MoE is refused). Newer configs state the pattern as
  * layers_block_type ("mamba"/"linear_attention", "attention"/"full_attention", "mlp", "moe");
  * both are read, the pattern string is written. Defaults are NemotronHConfig's. The
  * checkpoints' time_step_limit [0.0, Infinity] reaches here with the Infinity read as null
@@ -103,6 +105,44 @@ static int no_dt_clamp(json_t *cfg)
            (json_is_null(hi) || (json_is_number(hi) && json_number_value(hi) >= 1e30));
 }
 
+/* The MoE layers' shape (NemotronHConfig's defaults): n_routed_experts squared-ReLU experts of
+ * moe_intermediate_size, top num_experts_per_tok in topk_group of n_group groups, sigmoid
+ * scores normalized (norm_topk_prob) and times routed_scaling_factor, a shared expert of
+ * moe_shared_expert_intermediate_size when n_shared_experts. A latent MoE is refused. */
+static int read_moe(json_t *cfg, arch_moe *e, char *err, size_t errlen)
+{
+    int64_t E, k, Fe, Fs, ns, ng, tg;
+    double scale = 1.0;
+    json_t *sc = json_object_get(cfg, "routed_scaling_factor"), *nt = json_object_get(cfg, "norm_topk_prob");
+    json_t *lat = json_object_get(cfg, "moe_latent_size");
+    memset(e, 0, sizeof *e);
+    if (int_or(cfg, "n_routed_experts", 8, 1, 4096, &E) || int_or(cfg, "num_experts_per_tok", 2, 1, E, &k) ||
+        int_or(cfg, "moe_intermediate_size", 7688, 1, 1 << 20, &Fe) ||
+        int_or(cfg, "moe_shared_expert_intermediate_size", 7688, 0, 1 << 20, &Fs) ||
+        int_or(cfg, "n_shared_experts", 1, 0, 1, &ns) || int_or(cfg, "n_group", 1, 1, E, &ng) ||
+        int_or(cfg, "topk_group", 1, 1, ng, &tg)) {
+        snprintf(err, errlen, "config.json: n_routed_experts, num_experts_per_tok, moe_intermediate_size, "
+                 "moe_shared_expert_intermediate_size, n_shared_experts (0 or 1), n_group, topk_group: out of range");
+        return -1;
+    }
+    if (sc && !json_is_null(sc) && (!json_is_number(sc) || !((scale = json_number_value(sc)) > 0))) {
+        snprintf(err, errlen, "config.json: routed_scaling_factor: must be a positive number");
+        return -1;
+    }
+    if (nt && !json_is_null(nt) && !json_is_boolean(nt)) {
+        snprintf(err, errlen, "config.json: norm_topk_prob: must be true or false");
+        return -1;
+    }
+    if (lat && !json_is_null(lat)) {
+        snprintf(err, errlen, "config.json: moe_latent_size: latent MoE projections are not supported");
+        return -1;
+    }
+    *e = (arch_moe){.n_experts = (int)E, .top_k = (int)k, .expert_ffn_dim = (int)Fe, .shared_ffn_dim = ns ? (int)Fs : 0,
+                    .norm_topk = nt ? json_is_true(nt) : 1, .sigmoid = 1, .n_group = (int)ng, .topk_group = (int)tg,
+                    .routed_scale = scale};
+    return 0;
+}
+
 int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
@@ -156,6 +196,8 @@ int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    arch_moe moe;
+    int have_moe = 0;
     snprintf(a->family, sizeof a->family, "nemotron_h");
     a->vocab_size = (int)V;
     a->hidden_size = (int)C;
@@ -170,10 +212,12 @@ int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
             BAD("autocompress_source_layers[%d]: must be a layer index", l);
         arch_layer *y = &a->layers[l];
         *y = (arch_layer){.source_layer = s ? (int)json_integer_value(s) : l};
-        if (pat[l] == 'E')
-            BAD("hybrid_override_pattern: layer %d is an MoE (E); nemotron_h MoE layers (sigmoid routing with a "
-                "correction bias, grouped top-k, squared-ReLU experts) are not built yet", l);
-        if (pat[l] == 'M')
+        if (pat[l] == 'E') {
+            if (!have_moe && read_moe(cfg, &moe, err, errlen))
+                goto fail;
+            have_moe = 1;
+            y->moe = moe;
+        } else if (pat[l] == 'M')
             y->mamba = (arch_mamba){(int)MH, (int)MP, (int)S, (int)G, (int)K};
         else if (pat[l] == '*')
             y->n_heads = (int)H, y->n_kv_heads = (int)KV;
@@ -197,23 +241,26 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
         snprintf(err, errlen, "config.json: a nemotron_h config holds 1 to %zu layers", sizeof pat - 1);
         return NULL;
     }
+    const arch_layer *moe = NULL;
     for (int l = 0; l < a->n_layers; l++) {
-        const arch_layer *y = &a->layers[l], **first = y->mamba.n_heads ? &mam : y->n_heads ? &att : &mlp;
+        const arch_layer *y = &a->layers[l];
+        const arch_layer **first = y->mamba.n_heads ? &mam : y->n_heads ? &att : y->moe.n_experts ? &moe : &mlp;
         if (arch_layer_has_mixer(y) && y->ffn_dim) {
             snprintf(err, errlen, "config.json: layer %d holds a mixer and an MLP; a NemotronHForCausalLM layer "
                      "holds one block", l);
             return NULL;
         }
-        pat[l] = y->mamba.n_heads ? 'M' : y->n_heads ? '*' : '-';
+        pat[l] = y->mamba.n_heads ? 'M' : y->n_heads ? '*' : y->moe.n_experts ? 'E' : '-';
         if (!*first)
             *first = y;
-        int same = y->mamba.n_heads ? !memcmp(&y->mamba, &mam->mamba, sizeof y->mamba)
-                   : y->n_heads     ? y->n_heads == att->n_heads && y->n_kv_heads == att->n_kv_heads
-                                    : y->ffn_dim == mlp->ffn_dim;
+        int same = y->mamba.n_heads    ? !memcmp(&y->mamba, &mam->mamba, sizeof y->mamba)
+                   : y->n_heads        ? y->n_heads == att->n_heads && y->n_kv_heads == att->n_kv_heads
+                   : y->moe.n_experts ? !memcmp(&y->moe, &moe->moe, sizeof y->moe)
+                                       : y->ffn_dim == mlp->ffn_dim;
         if (!same) {
             snprintf(err, errlen, "config.json: NemotronHForCausalLM gives every %s layer one shape, and layer %d "
-                     "differs from the first; export this arch as GGUF", pat[l] == 'M' ? "Mamba" :
-                     pat[l] == '*' ? "attention" : "MLP", l);
+                     "differs from the first", pat[l] == 'M' ? "Mamba" : pat[l] == '*' ? "attention" :
+                     pat[l] == 'E' ? "MoE" : "MLP", l);
             return NULL;
         }
     }
@@ -232,6 +279,19 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
                           "mlp_hidden_act", "relu2", "mamba_hidden_act", "silu",
                           "attention_bias", 0, "mlp_bias", 0, "use_bias", 0, "use_conv_bias", 1, "use_cache", 1,
                           "torch_dtype", torch_dtype ? torch_dtype : "float32");
+    if (j && moe) {
+        const arch_moe *e = &moe->moe;
+        json_t *mo = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b}", "n_routed_experts", e->n_experts,
+                               "num_experts_per_tok", e->top_k, "moe_intermediate_size", e->expert_ffn_dim,
+                               "moe_shared_expert_intermediate_size", e->shared_ffn_dim ? e->shared_ffn_dim : 1,
+                               "n_shared_experts", e->shared_ffn_dim ? 1 : 0, "n_group", e->n_group, "topk_group",
+                               e->topk_group, "routed_scaling_factor", e->routed_scale, "norm_topk_prob", e->norm_topk);
+        if (!mo || json_object_update(j, mo)) {
+            json_decref(j);
+            j = NULL;
+        }
+        json_decref(mo);
+    }
     if (!j)
         snprintf(err, errlen, "config.json: out of memory");
     return j;

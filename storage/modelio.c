@@ -33,6 +33,18 @@ static int grow(mio_model *m, int n)
     return m->t ? 0 : -1;
 }
 
+/* A Nemotron-H checkpoint's tensor name as the engine spells it: transformers' newer saves use
+ * "model." for "backbone.", NVIDIA's older ones "embedding" for "embeddings". */
+static void nemotron_name(char *out, size_t cap, const char *name)
+{
+    const char *rest = !strncmp(name, "model.", 6) ? name + 6 : !strncmp(name, "backbone.", 9) ? name + 9 : NULL;
+    if (!rest) {
+        snprintf(out, cap, "%s", name);
+        return;
+    }
+    snprintf(out, cap, "backbone.%s", !strcmp(rest, "embedding.weight") ? "embeddings.weight" : rest);
+}
+
 static int open_safetensors(mio_model *m, const char *weights, const char *dir, char *err, size_t errlen)
 {
     char cfg[PATH_MAX];
@@ -49,13 +61,19 @@ static int open_safetensors(mio_model *m, const char *weights, const char *dir, 
         mio_tensor *t = &m->t[m->n_tensors];
         if (strstr(s->name, "rotary_emb.inv_freq"))
             continue;   /* recomputed by the engine */
+        int hybrid = !strcmp(m->a.family, "nemotron_h");
+        if (hybrid && !strncmp(s->name, "mtp.", 4))
+            continue;   /* Nemotron's multi-token-prediction head: not part of the model served */
         /* [n, 1, k]: a depthwise conv's weight (Mamba-2's conv1d), held as [n, k] */
         int conv = s->ndim == 3 && s->shape[1] == 1;
         if ((s->ndim < 1 || s->ndim > 2) && !conv) {
             snprintf(err, errlen, "%s: tensor %s has %d dimensions", weights, s->name, s->ndim);
             return -1;
         }
-        snprintf(t->name, sizeof t->name, "%s", s->name);
+        if (hybrid)   /* one spelling of Nemotron-H's names: backbone.*, backbone.embeddings */
+            nemotron_name(t->name, sizeof t->name, s->name);
+        else
+            snprintf(t->name, sizeof t->name, "%s", s->name);
         t->ndim = conv ? 2 : s->ndim;
         t->shape[0] = s->shape[0];
         t->shape[1] = conv ? s->shape[2] : s->ndim == 2 ? s->shape[1] : 0;

@@ -1,6 +1,8 @@
 """End to end through HTTP on a hybrid Mamba-2 parent: a tiny Nemotron-H (random weights written
 here as the Hub's checkpoints are: NemotronHForCausalLM config.json with hybrid_override_pattern
-"M*M-M-M" and time_step_limit [0.0, Infinity], backbone.* safetensors, conv1d [cd, 1, K];
+"M*MEM-M" (an MoE layer of 8 squared-ReLU experts behind a sigmoid router with its correction
+bias, top 2, a shared expert, routed scale 2.5) and time_step_limit [0.0, Infinity], backbone.*
+safetensors, conv1d [cd, 1, K];
 stories260K's tokenizer). A job with an impossible latency limit fails at rank and leaves the
 calibration that prices the parent (POST /v1/estimates; its tables time Mamba mixers per head
 count). A job with a latency limit at 90% of the parent's predicted latency and a parameter
@@ -27,7 +29,8 @@ from e2e_common import AC_BIN, DATA, TEXT, TOK, download, server, tar_member, wa
 
 C, V, H, KV, D, F = 64, 512, 4, 2, 16, 128
 MH, MP, S, G, K = 8, 8, 16, 2, 4
-PATTERN = "M*M-M-M"
+E, TOPK, FE, FS = 8, 2, 32, 48
+PATTERN = "M*MEM-M"
 
 
 def make_model(d):
@@ -50,6 +53,14 @@ def make_model(d):
             w[p + "mixer.D"] = np.ones(MH)
             w[p + "mixer.norm.weight"] = np.ones(di)
             w[p + "mixer.out_proj.weight"] = lin(C, di)
+        elif ch == "E":
+            w[p + "mixer.gate.weight"] = lin(E, C) * 4
+            w[p + "mixer.gate.e_score_correction_bias"] = rng.normal(0, 0.1, E)
+            for e in range(E):
+                w[p + "mixer.experts.%d.up_proj.weight" % e] = lin(FE, C)
+                w[p + "mixer.experts.%d.down_proj.weight" % e] = lin(C, FE)
+            w[p + "mixer.shared_experts.up_proj.weight"] = lin(FS, C)
+            w[p + "mixer.shared_experts.down_proj.weight"] = lin(C, FS)
         elif ch == "*":
             for n, o in (("q", H * D), ("k", KV * D), ("v", KV * D)):
                 w[p + "mixer.%s_proj.weight" % n] = lin(o, C)
@@ -65,7 +76,9 @@ def make_model(d):
            "mamba_head_dim": MP, "ssm_state_size": S, "n_groups": G, "conv_kernel": K, "layer_norm_epsilon": 1e-5,
            "max_position_embeddings": 256, "tie_word_embeddings": False, "mlp_hidden_act": "relu2",
            "mamba_hidden_act": "silu", "use_conv_bias": True, "time_step_limit": [0.0, float("inf")],
-           "torch_dtype": "float32"}
+           "n_routed_experts": E, "num_experts_per_tok": TOPK, "moe_intermediate_size": FE,
+           "moe_shared_expert_intermediate_size": FS, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5,
+           "norm_topk_prob": True, "torch_dtype": "float32"}
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
 
@@ -118,7 +131,8 @@ def main():
             t.extractall(out)   # our own tarball (its member names are checked by test_tar)
         cfgs = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f == "config.json"]
         conf = json.loads(tar_member(blob, "config.json"))
-        pat = "".join("M" if y.get("mamba") else "*" if y.get("attention") else "-" for y in arch["layers"])
+        pat = "".join("M" if y.get("mamba") else "*" if y.get("attention") else "E" if y.get("moe") else "-"
+                      for y in arch["layers"])
         assert conf["architectures"] == ["NemotronHForCausalLM"] and conf["mamba_num_heads"] == heads[0] and \
             conf["hybrid_override_pattern"] == pat, conf
         back = json.loads(subprocess.run([AC_BIN, "inspect", os.path.dirname(cfgs[0]), "--json"], capture_output=True,

@@ -74,6 +74,38 @@ def attention(W, p, h, hq, hkv, D, head_mask):
     return o.reshape(B, T, hq * D) @ W[p + "o_proj.weight"].T
 
 
+def moe_nemotron(W, p, h, lay, em):
+    """Nemotron-H's MoE (modeling_nemotron_h.py's router and experts): sigmoid scores, the choice by
+    scores + e_score_correction_bias within the topk_group best groups (each group scored by the sum
+    of its two best biased scores), weights from the unbiased scores, normalized (+1e-20) when
+    norm_topk, times routed_scaling_factor; squared-ReLU experts; a shared expert added as it is.
+    Every expert runs on every token here, weighted by its (zero when not chosen) routing weight."""
+    E, k, Fe, Fs, norm = lay[3:8]
+    ng, tg, scale = lay[14], lay[15], lay[16]
+    s = torch.sigmoid(h @ W[p + "gate.weight"].T)
+    choice = s + W[p + "gate.e_score_correction_bias"]
+    if tg < ng:
+        grp = choice.view(*choice.shape[:-1], ng, E // ng).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(grp).scatter(-1, grp.topk(tg, dim=-1)[1], 1.0)
+        choice = choice.masked_fill(keep.repeat_interleave(E // ng, -1) == 0, float("-inf"))
+    topi = choice.topk(k, dim=-1)[1]
+    topw = s.gather(-1, topi)
+    if norm:
+        topw = topw / (topw.sum(-1, keepdim=True) + 1e-20)
+    topw = topw * scale
+    if em is not None:
+        topw = topw * em[topi]
+    y = torch.zeros_like(h)
+    for e in range(E):
+        w = (topw * (topi == e)).sum(-1)
+        q = p + "experts.%d." % e
+        y = y + w[..., None] * (F.relu(h @ W[q + "up_proj.weight"].T) ** 2) @ W[q + "down_proj.weight"].T
+    if Fs:
+        y = y + (F.relu(h @ W[p + "shared_experts.up_proj.weight"].T) ** 2) @ W[p + "shared_experts.down_proj.weight"].T
+    # the bias only chooses (an index has no gradient): its gradient is zero, as the engine's
+    return y + 0.0 * W[p + "gate.e_score_correction_bias"].sum()
+
+
 def model_forward(a, W, tokens, masks=None, hidden_count=None):
     if a.get("family") != "nemotron_h":
         return dense_forward(a, W, tokens, masks, hidden_count)
@@ -103,6 +135,10 @@ def model_forward(a, W, tokens, masks=None, hidden_count=None):
             h, pre = norm(x, W[p + "mlp_norm.weight"]), p + "mlp."
         else:
             pre = p + "mixer."
+        if len(lay) > 3 and lay[3]:   # an MoE
+            y = moe_nemotron(W, pre, h, lay, masks["expert"][l] if masks is not None else None)
+            x = (x + masks["mlp_gate"][l] * y) * masks["hidden"] if masks is not None else x + y
+            continue
         u = F.relu(h @ W[pre + "up_proj.weight"].T) ** 2
         if masks is not None:
             u = u * masks["ffn"][l]
@@ -123,6 +159,10 @@ def split_masks(a, block):
         m["ffn"].append(block[o:o + lay[2]]); o += lay[2]
     m["attn_gate"] = block[o:o + L]; o += L
     m["mlp_gate"] = block[o:o + L]; o += L
+    m["expert"] = []
+    for lay in a["layers"]:
+        e = lay[3] if len(lay) > 3 else 0
+        m["expert"].append(block[o:o + e]); o += e
     assert o == block.numel()
     return m
 
@@ -144,6 +184,10 @@ def random_hybrid(rng, pattern, V, C, D, tied=0, mamba=None):
     for c in pattern:
         if c in "Mm":   # m: a Mamba mixer and an MLP in one layer
             layers.append((0, 0, rng.choice([6, 11]) if c == "m" else 0, 0, 0, 0, 0, 0, H, P, S, G, K))
+        elif c == "E":   # Nemotron-H's MoE: 6 experts top 2 in 3 groups of which 2 kept, a shared expert
+            ng, tg = (3, 2) if rng.random() < 0.5 else (1, 1)
+            layers.append((0, 0, 0, 6, 2, rng.choice([4, 7]), rng.choice([0, 5]), rng.choice([0, 1]), 0, 0, 0, 0, 0, 1,
+                           ng, tg, rng.choice([1.0, 2.5])))
         elif c in "*a":   # a: attention and an MLP in one layer
             hkv = rng.choice([1, 2])
             layers.append((hkv * rng.choice([1, 2]), hkv, rng.choice([6, 11]) if c == "a" else 0))
@@ -167,6 +211,9 @@ def main():
         ("*M-", 1, (3, 5), 1, (2, 8, 3, 1, 1)),
         # the engine's two-block layers (calibration's timing models): Mamba + MLP, attention + MLP
         ("m*a-", 1, (2, 6), 0, (4, 3, 4, 2, 2)),
+        # Nemotron-H's MoE layers: sigmoid routing, correction bias, grouped top-k, routed scale
+        ("ME*E", 1, (2, 7), 0, None),
+        ("EME", 0, (1, 9), 1, (4, 4, 6, 4, 4)),
     ]
     failures = []
     for i, (pattern, masks, (B, T), tied, shape) in enumerate(cases):

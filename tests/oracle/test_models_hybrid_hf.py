@@ -73,10 +73,13 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def layers_of(c, mh=None, heads=None, ffn=None, kv=None):
+def layers_of(c, mh=None, heads=None, ffn=None, kv=None, experts=None):
     out = []
     for ch in c["pattern"]:
-        if ch == "M":
+        if ch == "E":
+            E = experts or c["E"]
+            out.append((0, 0, 0, E, min(c["k"], E), c["Fe"], c["Fs"], 1, 0, 0, 0, 0, 0, 1, c["ng"], c["tg"], c["scale"]))
+        elif ch == "M":
             out.append((0, 0, 0, 0, 0, 0, 0, 0, mh or c["MH"], c["MP"], c["S"], c["G"], c["K"]))
         elif ch == "*":
             out.append((heads or c["H"], kv or c["KV"], 0))
@@ -110,6 +113,14 @@ def make_checkpoint(d, c, seed=7):
             W[p + "mixer.D"] = 1 + rnd(c["MH"], std=0.1)
             W[p + "mixer.norm.weight"] = 1 + rnd(di, std=0.1)
             W[p + "mixer.out_proj.weight"] = rnd(C, di)
+        elif ch == "E":
+            W[p + "mixer.gate.weight"] = rnd(c["E"], C, std=1.0)
+            W[p + "mixer.gate.e_score_correction_bias"] = rnd(c["E"], std=0.3)
+            for e in range(c["E"]):
+                W[p + "mixer.experts.%d.up_proj.weight" % e] = rnd(c["Fe"], C)
+                W[p + "mixer.experts.%d.down_proj.weight" % e] = rnd(C, c["Fe"])
+            W[p + "mixer.shared_experts.up_proj.weight"] = rnd(c["Fs"], C)
+            W[p + "mixer.shared_experts.down_proj.weight"] = rnd(C, c["Fs"])
         elif ch == "*":
             for n, rows in (("q", c["H"]), ("k", c["KV"]), ("v", c["KV"])):
                 W[p + "mixer.%s_proj.weight" % n] = rnd(rows * c["D"], C)
@@ -130,6 +141,11 @@ def make_checkpoint(d, c, seed=7):
             "mamba_hidden_act": "silu", "use_bias": False, "use_conv_bias": True, "residual_in_fp32": False,
             "time_step_limit": [0.0, float("inf")], "time_step_min": 0.001, "chunk_size": 128,
             "torch_dtype": "float32"}
+    if "E" in c["pattern"]:
+        conf.update({"n_routed_experts": c["E"], "num_experts_per_tok": c["k"], "moe_intermediate_size": c["Fe"],
+                     "moe_shared_expert_intermediate_size": c["Fs"], "n_shared_experts": 1, "n_group": c["ng"],
+                     "topk_group": c["tg"], "routed_scaling_factor": c["scale"], "norm_topk_prob": True,
+                     "moe_latent_size": None})
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(conf, f)   # writes Infinity, as the published configs carry it
     write_safetensors(os.path.join(d, "model.safetensors"), W)
@@ -187,7 +203,7 @@ def sliced(c, W, mh, heads, ffn):
 
 
 def check_refusals(tmp, conf):
-    for tag, change, needle in (("moe", {"hybrid_override_pattern": "M*E-M"}, "MoE"),
+    for tag, change, needle in (("latent", {"hybrid_override_pattern": "M*E-M", "moe_latent_size": 16}, "latent"),
                                 ("clamp", {"time_step_limit": [0.001, 0.1]}, "time_step_limit"),
                                 ("act", {"mlp_hidden_act": "gelu"}, "mlp_hidden_act")):
         d = os.path.join(tmp, "bad-" + tag)
@@ -197,6 +213,75 @@ def check_refusals(tmp, conf):
         os.symlink(os.path.join(tmp, "parent", "model.safetensors"), os.path.join(d, "model.safetensors"))
         r = run([AC, "inspect", d], expect=1)
         check(needle in r.stderr, "refused, naming %s: %s" % (needle, r.stderr.strip()[-160:]))
+
+
+MOE = dict(CFG, pattern="ME*E-", E=6, k=2, Fe=12, Fs=10, ng=1, tg=1, scale=2.5)
+
+
+def sliced_experts(c, W, keep):
+    """The parent's MoE layers cut by hand to experts `keep` (router rows and bias with them)."""
+    out = dict(W)
+    for l, ch in enumerate(c["pattern"]):
+        if ch != "E":
+            continue
+        p = "backbone.layers.%d.mixer." % l
+        out[p + "gate.weight"] = W[p + "gate.weight"][keep]
+        out[p + "gate.e_score_correction_bias"] = W[p + "gate.e_score_correction_bias"][keep]
+        for i, e in enumerate(keep):
+            for w in ("up_proj", "down_proj"):
+                out[p + "experts.%d.%s.weight" % (i, w)] = W[p + "experts.%d.%s.weight" % (e, w)]
+        for e in range(len(keep), c["E"]):
+            for w in ("up_proj", "down_proj"):
+                out.pop(p + "experts.%d.%s.weight" % (e, w))
+    return out
+
+
+def check_moe(tmp):
+    """Nemotron-H's MoE layers: sigmoid router with its correction bias, squared-ReLU experts,
+    a shared expert, routed_scaling_factor; read, computed, written, pruned and ranked."""
+    c = MOE
+    d = os.path.join(tmp, "moe-parent")
+    W, conf = make_checkpoint(d, c, seed=9)
+    a = json.loads(run([AC, "inspect", d, "--json"]).stdout)
+    mo = a["layers"][1]["moe"]
+    check(mo["n_experts"] == 6 and mo["top_k"] == 2 and mo["shared_ffn_dim"] == 10 and
+          mo["router"] == {"scores": "sigmoid", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5},
+          "inspect reads the MoE layers: 6 squared-ReLU experts, top 2, sigmoid router, scale 2.5: %s" % mo)
+    ref = ref_logits(c, W)
+    eng, _ = engine_logits(d, tmp, "moe")
+    e = rel(eng, ref)
+    check(e < 1e-4, "MoE checkpoint: engine logits = float64 reference (rel err %.2e)" % e)
+    x = os.path.join(tmp, "moe-export")
+    engine_logits(d, tmp, "moe-x", "--hf", x)
+    xc = json.load(open(os.path.join(x, "config.json")))
+    back, _ = engine_logits(x, tmp, "moe-xb")
+    check(np.array_equal(back, eng) and xc["n_routed_experts"] == 6 and xc["routed_scaling_factor"] == 2.5 and
+          xc["hybrid_override_pattern"] == "ME*E-", "the MoE model's HF export reloads with identical logits")
+    cut = dict(a, layers=[dict(l) for l in a["layers"]])
+    for l in cut["layers"]:
+        if l.get("moe"):
+            l["moe"] = dict(l["moe"], n_experts=4)
+    cp = os.path.join(tmp, "moe-cut.json")
+    with open(cp, "w") as f:
+        json.dump(cut, f)
+    pe, _ = engine_logits(d, tmp, "moe-cut", "--arch", cp)
+    pr = ref_logits(c, sliced_experts(c, W, [0, 1, 2, 3]), experts=4)
+    e = rel(pe, pr)
+    check(e < 1e-4, "pruned to 4 of 6 experts (router rows and correction bias with them) = the reference on "
+                    "weights sliced by hand (rel err %.2e)" % e)
+    ap = os.path.join(tmp, "moe-same.json")
+    with open(ap, "w") as f:
+        json.dump(a, f)
+    rk = os.path.join(tmp, "moe-ranked")
+    run([AC, "prune", d, "--arch", ap, "--out", rk, "--tokenizer", TOK, "--calib", TEXT, "--calib-tokens", "512",
+         "--layer-tokens", "0", "--batch", "2", "--seq", "64", "--no-reconstruct"])
+    ranked, _ = engine_logits(rk, tmp, "moe-ranked")
+    e = rel(ranked, eng)
+    check(e < 1e-5, "experts ranked in place (routed output mass) keep the parent's logits (rel err %.2e)" % e)
+    g = os.path.join(tmp, "moe-grouped")
+    make_checkpoint(g, dict(c, ng=3, tg=2), seed=9)
+    r = run([TOOL, g, "--arch", cp, "--logits", os.path.join(tmp, "ids.txt"), os.path.join(tmp, "g.f32")], expect=1)
+    check("groups" in r.stderr, "grouped routing keeps its experts whole: %s" % r.stderr.strip()[-110:])
 
 
 def check_cost_model(tmp, d, cut):
@@ -303,6 +388,7 @@ def main():
               "ranked in place (heads permuted inside their groups: %s), the parent's logits (rel err %.2e)" %
               (perm, e))
         check_refusals(tmp, conf)
+        check_moe(tmp)
         check_cost_model(tmp, d, cp)
         r = run([AC, "export", d, "--out", os.path.join(tmp, "x.gguf"), "--format", "gguf"], expect=1)
         check("nemotron_h" in r.stderr, "GGUF export refuses the family by name: %s" % r.stderr.strip()[-100:])
