@@ -830,8 +830,9 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         cal_opts_default(&r->o);
     json_t *result = NULL;
     if (cm_target_llamacpp(t) && arch_first_mamba(parent, NULL)) {
-        snprintf(err, errlen, "llama.cpp target: this build writes no GGUF of the nemotron_h family, so its Mamba-2 "
-                 "layers cannot be timed in llama.cpp (target.engine \"autocompress\" can)");
+        snprintf(err, errlen, "llama.cpp target: calibrating Mamba-2 layers in llama.cpp is not built (its timing "
+                 "models pair a mixer and an MLP in a layer, which llama.cpp's nemotron_h cannot hold); "
+                 "target.engine \"autocompress\" calibrates them, and the GGUF export runs in llama.cpp");
         free(r);
         return NULL;
     }

@@ -12,6 +12,7 @@
 
 #include "engine/tokenizer.h"
 #include "storage/gguf.h"
+#include "storage/export_gguf_hybrid.h"
 #include "storage/export_gguf_moe.h"
 #include "storage/gguf_write.h"
 
@@ -19,8 +20,11 @@ int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t 
 {
     if (!strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe"))
         return exp_gguf_moe_arch(a, arch_name, cap, err, errlen);
+    if (!strcmp(a->family, "nemotron_h"))
+        return exp_gguf_hybrid_arch(a, arch_name, cap, err, errlen);
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe)", a->family);
+        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h)",
+                 a->family);
         return -1;
     }
     if (a->attention_bias) {
@@ -123,6 +127,8 @@ static int gguf_put_arch(ggw *w, const arch *a, const char *an, const exp_opts *
         bad |= ggw_kv_str(w, K("rope.scaling.type"), "linear");
         bad |= ggw_kv_f32(w, K("rope.scaling.factor"), (float)a->rope_scaling.factor);
     }
+    if (!strcmp(a->family, "nemotron_h"))
+        return bad | exp_gguf_hybrid_keys(w, a, an);
     if (strcmp(a->family, "llama"))
         return bad | exp_gguf_moe_keys(w, a, an);
     if (!strcmp(an, "llama")) {
@@ -321,7 +327,10 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
         snprintf(err, errlen, "GGUF export: metadata out of memory or duplicate key");
         goto out;
     }
-    if (strcmp(a->family, "llama")) {
+    if (!strcmp(a->family, "nemotron_h")) {
+        if (exp_gguf_hybrid_tensors(w, m, weight_type(o->dtype), path, err, errlen) < 0)
+            goto out;
+    } else if (strcmp(a->family, "llama")) {
         if (exp_gguf_moe_tensors(w, m, an, weight_type(o->dtype), path, err, errlen) < 0)
             goto out;
     } else if (exp_list_tensors(m, &t, &n, err, errlen) < 0 ||

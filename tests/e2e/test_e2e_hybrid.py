@@ -1,6 +1,6 @@
 """End to end through HTTP on a hybrid Mamba-2 parent: a tiny Nemotron-H (random weights written
 here as the Hub's checkpoints are: NemotronHForCausalLM config.json with hybrid_override_pattern
-"M*MEM-M" (an MoE layer of 8 squared-ReLU experts behind a sigmoid router with its correction
+"M*MEMEM" (MoE layers of 8 squared-ReLU experts behind a sigmoid router with its correction
 bias, top 2, a shared expert, routed scale 2.5) and time_step_limit [0.0, Infinity], backbone.*
 safetensors, conv1d [cd, 1, K];
 stories260K's tokenizer). A job with an impossible latency limit fails at rank and leaves the
@@ -12,7 +12,7 @@ report's arch is a nemotron_h arch with one Mamba head count for every Mamba lay
 of the groups and below the parent's, its predicted costs are
 within the limits, the measured ones are reported with `holds`, and the HF export is a
 NemotronHForCausalLM config whose mamba_num_heads and pattern are the report's, which loads back
-(`autocompress inspect`) as the same arch. Random weights: no quality claim."""
+(`autocompress inspect`) as the same arch, and the GGUF export is llama.cpp's nemotron_h_moe. Random weights: no quality claim."""
 import io
 import json
 import os
@@ -30,7 +30,7 @@ from e2e_common import AC_BIN, DATA, TEXT, TOK, download, server, tar_member, wa
 C, V, H, KV, D, F = 64, 512, 4, 2, 16, 128
 MH, MP, S, G, K = 8, 8, 16, 2, 4
 E, TOPK, FE, FS = 8, 2, 32, 48
-PATTERN = "M*MEM-M"
+PATTERN = "M*MEMEM"
 
 
 def make_model(d):
@@ -90,7 +90,7 @@ def spec(model, constraints):
             "constraints": constraints, "budgets": {"search_tokens": 8192, "distill_tokens": 4096},
             "search_space": {"hidden": False, "depth": False},
             "data": {"calibration": TEXT, "distillation": TEXT},
-            "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["hf"]}
+            "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["hf", "gguf"]}
 
 
 def main():
@@ -139,6 +139,8 @@ def main():
                                          text=True, check=True).stdout)
         back = back.get("arch", back)
         assert [y.get("mamba") for y in back["layers"]] == [y.get("mamba") for y in arch["layers"]], back
+        _, gguf = download(s, job["id"], "model.gguf")   # llama.cpp runs it: tests/oracle/test_export_llamacpp_hybrid.py
+        assert gguf[:4] == b"GGUF" and b"nemotron_h_moe" in gguf[:4096], "the GGUF export is llama.cpp's nemotron_h_moe"
         print("PASS: Mamba heads %d (of %d), pattern %s, hidden %d under latency %.3f ms and %d params, exported "
               "and reloaded" % (heads[0], MH, pat, arch["hidden_size"], lim["latency_ms"], lim["params"]))
 
