@@ -16,7 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/export_internal.h"
 #include "storage/gguf_write.h"
+
+/* How a tensor's values are written: as they are, -exp of each (A from A_log, kept F32), or kept
+ * F32 (the conv and the SSM vectors, as llama.cpp's converter keeps them). */
+enum { PLAIN = 0, NEG_EXP = 1, KEEP_F32 = 2 };
 
 int exp_gguf_hybrid_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
 {
@@ -112,55 +117,32 @@ int exp_gguf_hybrid_keys(ggw *w, const arch *a, const char *an)
     return bad;
 }
 
-/* One GGUF tensor, where its values come from (HF name; `stack`: experts' tensors one after
- * the other, the name holding %d) and a transform (NEG_EXP: -exp of each value). */
-enum { PLAIN = 0, NEG_EXP = 1 };
-
-typedef struct {
-    char name[96], hf[128];
-    int64_t ne[3];
-    int ndim, stack, xform;
-} hy_tensor;
-
-static void add(hy_tensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf, int stack,
-                int xform)
-{
-    hy_tensor *x = &t[(*n)++];
-    snprintf(x->name, sizeof x->name, "%s", name);
-    snprintf(x->hf, sizeof x->hf, "%s", hf);
-    x->ne[0] = n0;
-    x->ne[1] = n1;
-    x->ne[2] = n2;
-    x->ndim = n2 ? 3 : n1 ? 2 : 1;
-    x->stack = stack;
-    x->xform = xform;
-}
-
 /* The tensors in llama.cpp's names, in order. Returns the count written into t. */
-static int hy_tensors(const arch *a, hy_tensor *t)
+static int hy_tensors(const arch *a, exp_gtensor *t)
 {
     int64_t C = a->hidden_size, V = a->vocab_size, D = a->head_dim;
     int n = 0;
     char g[96], h[128];
-    add(t, &n, "token_embd.weight", C, V, 0, "backbone.embeddings.weight", 0, PLAIN);
-    add(t, &n, "output_norm.weight", C, 0, 0, "backbone.norm_f.weight", 0, PLAIN);
-    add(t, &n, "output.weight", C, V, 0, a->tie_word_embeddings ? "backbone.embeddings.weight" : "lm_head.weight", 0,
-        PLAIN);
+    exp_gtensor_add(t, &n, "token_embd.weight", C, V, 0, "backbone.embeddings.weight", 0);
+    exp_gtensor_add(t, &n, "output_norm.weight", C, 0, 0, "backbone.norm_f.weight", 0);
+    exp_gtensor_add(t, &n, "output.weight", C, V, 0,
+                    a->tie_word_embeddings ? "backbone.embeddings.weight" : "lm_head.weight", 0);
     for (int l = 0; l < a->n_layers; l++) {
         const arch_layer *y = &a->layers[l];
 #define T(gg, n0, n1, n2, hh, stack, xf) do { snprintf(g, sizeof g, "blk.%d.%s", l, gg); \
-        snprintf(h, sizeof h, "backbone.layers.%d.%s", l, hh); add(t, &n, g, n0, n1, n2, h, stack, xf); } while (0)
+        snprintf(h, sizeof h, "backbone.layers.%d.%s", l, hh); exp_gtensor_add(t, &n, g, n0, n1, n2, h, stack); \
+        t[n - 1].neg_exp = (xf) == NEG_EXP; t[n - 1].f32 = (xf) != PLAIN; } while (0)
         T("attn_norm.weight", C, 0, 0, "norm.weight", 0, PLAIN);
         if (y->mamba.n_heads) {
             const arch_mamba *mb = &y->mamba;
             int64_t H = mb->n_heads, di = arch_mamba_inner(mb), cd = arch_mamba_conv_dim(mb);
             T("ssm_in.weight", C, di + cd + H, 0, "mixer.in_proj.weight", 0, PLAIN);
-            T("ssm_conv1d.weight", mb->conv_kernel, cd, 0, "mixer.conv1d.weight", 0, PLAIN);
+            T("ssm_conv1d.weight", mb->conv_kernel, cd, 0, "mixer.conv1d.weight", 0, KEEP_F32);
             T("ssm_conv1d.bias", cd, 0, 0, "mixer.conv1d.bias", 0, PLAIN);
             T("ssm_dt.bias", H, 0, 0, "mixer.dt_bias", 0, PLAIN);
             T("ssm_a", 1, H, 0, "mixer.A_log", 0, NEG_EXP);
-            T("ssm_d", 1, H, 0, "mixer.D", 0, PLAIN);
-            T("ssm_norm.weight", di / mb->n_groups, mb->n_groups, 0, "mixer.norm.weight", 0, PLAIN);
+            T("ssm_d", 1, H, 0, "mixer.D", 0, KEEP_F32);
+            T("ssm_norm.weight", di / mb->n_groups, mb->n_groups, 0, "mixer.norm.weight", 0, KEEP_F32);
             T("ssm_out.weight", di, C, 0, "mixer.out_proj.weight", 0, PLAIN);
         } else if (y->n_heads) {
             int64_t Q = (int64_t)y->n_heads * D, KVD = (int64_t)y->n_kv_heads * D;
@@ -187,69 +169,15 @@ static int hy_tensors(const arch *a, hy_tensor *t)
     return n;
 }
 
-static int64_t numel(const hy_tensor *x)
-{
-    return x->ne[0] * (x->ndim > 1 ? x->ne[1] : 1) * (x->ndim > 2 ? x->ne[2] : 1);
-}
-
-/* The values of tensor x (NEW buffer), read from m and transformed. NULL with err. */
-static float *fetch(const eng_model *m, const hy_tensor *x, char *err, size_t errlen)
-{
-    int64_t count = x->stack ? x->ne[2] : 1, per = numel(x) / count;
-    float *d = malloc((size_t)numel(x) * sizeof *d);
-    if (!d) {
-        snprintf(err, errlen, "GGUF export: out of memory");
-        return NULL;
-    }
-    for (int64_t e = 0; e < count; e++) {
-        char hf[160];
-        if (x->stack)
-            snprintf(hf, sizeof hf, x->hf, (int)e);
-        else
-            snprintf(hf, sizeof hf, "%s", x->hf);
-        if (eng_model_get_tensor(m, hf, d + e * per, per) != per) {
-            snprintf(err, errlen, "GGUF export: tensor %s is missing or of another size", hf);
-            free(d);
-            return NULL;
-        }
-    }
-    if (x->xform == NEG_EXP)
-        for (int64_t i = 0; i < numel(x); i++)
-            d[i] = -expf(d[i]);
-    return d;
-}
-
 int exp_gguf_hybrid_tensors(ggw *w, const eng_model *m, int wt, const char *path, char *err, size_t errlen)
 {
     const arch *a = &m->a;
-    hy_tensor *t = calloc((size_t)(3 + 9 * a->n_layers), sizeof *t);
+    exp_gtensor *t = calloc((size_t)(3 + 9 * a->n_layers), sizeof *t);
     if (!t) {
         snprintf(err, errlen, "GGUF export: out of memory");
         return -1;
     }
-    int n = hy_tensors(a, t), rc = -1;
-    for (int i = 0; i < n; i++) {
-        /* the norms, biases, A and D stay F32 (llama.cpp's converter keeps 1-D and SSM vectors so) */
-        const char *nm = t[i].name;
-        int small = t[i].ndim == 1 || strstr(nm, ".ssm_a") || strstr(nm, ".ssm_d") || strstr(nm, ".ssm_norm") ||
-                    strstr(nm, ".ssm_conv1d");
-        ggw_type tt = small ? GGW_F32 : (ggw_type)wt;
-        if (tt == GGW_Q8_0 && t[i].ne[0] % GGW_QK8_0)
-            tt = GGW_F16;
-        if (ggw_tensor(w, t[i].name, t[i].ne, t[i].ndim, tt, err, errlen) < 0)
-            goto out;
-    }
-    if (ggw_begin(w, path, err, errlen) < 0)
-        goto out;
-    for (int i = 0; i < n; i++) {
-        float *d = fetch(m, &t[i], err, errlen);
-        int wr = d ? ggw_write_tensor(w, d, numel(&t[i]), err, errlen) : -1;
-        free(d);
-        if (wr < 0)
-            goto out;
-    }
-    rc = ggw_finish(w, err, errlen);
-out:
+    int rc = exp_gguf_write_list(w, m, t, hy_tensors(a, t), wt, path, err, errlen);
     free(t);
     return rc;
 }

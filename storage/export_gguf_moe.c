@@ -11,6 +11,7 @@
 
 #include "storage/export_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,33 +80,22 @@ int exp_gguf_moe_keys(ggw *w, const arch *a, const char *an)
     return bad;
 }
 
-/* One GGUF tensor: its name, shape, and where its values come from (HF names; `stack`
- * experts' tensors one after the other: "...experts.%d.<w>"). */
-typedef struct {
-    char name[96];
-    int64_t ne[3];
-    int ndim;
-    char hf[128];
-    int stack;        /* experts stacked (the HF name holds %d), else 0 */
-    int permute;      /* q/k rows to interleave, for this many heads (0: none) */
-} moe_tensor;
-
-static void add(moe_tensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf,
-               int stack, int permute)
+void exp_gtensor_add(exp_gtensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf,
+                     int stack)
 {
-    moe_tensor *x = &t[(*n)++];
+    exp_gtensor *x = &t[(*n)++];
+    memset(x, 0, sizeof *x);
     snprintf(x->name, sizeof x->name, "%s", name);
+    snprintf(x->hf, sizeof x->hf, "%s", hf);
     x->ne[0] = n0;
     x->ne[1] = n1;
     x->ne[2] = n2;
     x->ndim = n2 ? 3 : n1 ? 2 : 1;
-    snprintf(x->hf, sizeof x->hf, "%s", hf);
     x->stack = stack;
-    x->permute = permute;
 }
 
 /* The tensors in llama.cpp's names, in order. Returns the count written into t. */
-static int moe_tensors(const arch *a, const char *an, moe_tensor *t)
+static int moe_tensors(const arch *a, const char *an, exp_gtensor *t)
 {
     int qwen = !strcmp(an, "qwen2moe"), n = 0;
     const arch_layer *y = &a->layers[0];
@@ -113,16 +103,17 @@ static int moe_tensors(const arch *a, const char *an, moe_tensor *t)
             S = y->moe.shared_ffn_dim, E = y->moe.n_experts, Q = (int64_t)y->n_heads * D,
             KVD = (int64_t)y->n_kv_heads * D;
     char g[96], h[128];
-    add(t, &n, "token_embd.weight", C, V, 0, "model.embed_tokens.weight", 0, 0);
-    add(t, &n, "output_norm.weight", C, 0, 0, "model.norm.weight", 0, 0);
+    exp_gtensor_add(t, &n, "token_embd.weight", C, V, 0, "model.embed_tokens.weight", 0);
+    exp_gtensor_add(t, &n, "output_norm.weight", C, 0, 0, "model.norm.weight", 0);
     /* qwen2moe needs output.weight even when tied; llama falls back to token_embd */
     if (!a->tie_word_embeddings || qwen)
-        add(t, &n, "output.weight", C, V, 0, a->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
-            0, 0);
+        exp_gtensor_add(t, &n, "output.weight", C, V, 0,
+                        a->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", 0);
     const char *moe = qwen ? "mlp" : "block_sparse_moe";
     for (int l = 0; l < a->n_layers; l++) {
 #define T(gg, n0, n1, n2, hh, stack, perm) do { snprintf(g, sizeof g, "blk.%d.%s", l, gg); \
-        snprintf(h, sizeof h, "model.layers.%d.%s", l, hh); add(t, &n, g, n0, n1, n2, h, stack, perm); } while (0)
+        snprintf(h, sizeof h, "model.layers.%d.%s", l, hh); exp_gtensor_add(t, &n, g, n0, n1, n2, h, stack); \
+        t[n - 1].permute = perm; } while (0)
         T("attn_norm.weight", C, 0, 0, "input_layernorm.weight", 0, 0);
         T("attn_q.weight", C, Q, 0, "self_attn.q_proj.weight", 0, qwen ? 0 : y->n_heads);
         T("attn_k.weight", C, KVD, 0, "self_attn.k_proj.weight", 0, qwen ? 0 : y->n_kv_heads);
@@ -154,11 +145,16 @@ static int moe_tensors(const arch *a, const char *an, moe_tensor *t)
     return n;
 }
 
-/* The values of tensor x (NEW buffer), read from m. NULL with err. */
-static float *fetch(const eng_model *m, const moe_tensor *x, char *err, size_t errlen)
+static int64_t gt_numel(const exp_gtensor *x)
 {
-    int64_t per = x->ne[0] * (x->ndim > 1 ? x->ne[1] : 1), count = x->stack ? x->ne[2] : 1;
-    float *d = malloc((size_t)(per * count) * sizeof *d);
+    return x->ne[0] * (x->ndim > 1 ? x->ne[1] : 1) * (x->ndim > 2 ? x->ne[2] : 1);
+}
+
+/* The values of tensor x (NEW buffer), read from m and transformed. NULL with err. */
+static float *gt_fetch(const eng_model *m, const exp_gtensor *x, char *err, size_t errlen)
+{
+    int64_t count = x->stack ? x->ne[2] : 1, per = gt_numel(x) / count;
+    float *d = malloc((size_t)gt_numel(x) * sizeof *d);
     if (!d) {
         snprintf(err, errlen, "GGUF export: out of memory");
         return NULL;
@@ -180,38 +176,43 @@ static float *fetch(const eng_model *m, const moe_tensor *x, char *err, size_t e
         free(d);
         return NULL;
     }
+    for (int64_t i = 0; x->neg_exp && i < gt_numel(x); i++)
+        d[i] = -expf(d[i]);
     return d;
+}
+
+int exp_gguf_write_list(ggw *w, const eng_model *m, const exp_gtensor *t, int n, int wt, const char *path, char *err,
+                        size_t errlen)
+{
+    for (int i = 0; i < n; i++) {
+        ggw_type tt = t[i].ndim == 1 || t[i].f32 ? GGW_F32 : (ggw_type)wt;
+        if (tt == GGW_Q8_0 && t[i].ne[0] % GGW_QK8_0)
+            tt = GGW_F16;
+        if (ggw_tensor(w, t[i].name, t[i].ne, t[i].ndim, tt, err, errlen) < 0)
+            return -1;
+    }
+    if (ggw_begin(w, path, err, errlen) < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        float *d = gt_fetch(m, &t[i], err, errlen);
+        int wr = d ? ggw_write_tensor(w, d, gt_numel(&t[i]), err, errlen) : -1;
+        free(d);
+        if (wr < 0)
+            return -1;
+    }
+    return ggw_finish(w, err, errlen);
 }
 
 int exp_gguf_moe_tensors(ggw *w, const eng_model *m, const char *an, int wt, const char *path, char *err,
                          size_t errlen)
 {
     const arch *a = &m->a;
-    moe_tensor *t = calloc((size_t)(3 + 17 * a->n_layers), sizeof *t);
+    exp_gtensor *t = calloc((size_t)(3 + 17 * a->n_layers), sizeof *t);
     if (!t) {
         snprintf(err, errlen, "GGUF export: out of memory");
         return -1;
     }
-    int n = moe_tensors(a, an, t), rc = -1;
-    for (int i = 0; i < n; i++) {
-        ggw_type tt = t[i].ndim == 1 ? GGW_F32 : (ggw_type)wt;
-        if (tt == GGW_Q8_0 && t[i].ne[0] % GGW_QK8_0)
-            tt = GGW_F16;
-        if (ggw_tensor(w, t[i].name, t[i].ne, t[i].ndim, tt, err, errlen) < 0)
-            goto out;
-    }
-    if (ggw_begin(w, path, err, errlen) < 0)
-        goto out;
-    for (int i = 0; i < n; i++) {
-        float *d = fetch(m, &t[i], err, errlen);
-        int64_t count = t[i].ne[0] * (t[i].ndim > 1 ? t[i].ne[1] : 1) * (t[i].ndim > 2 ? t[i].ne[2] : 1);
-        int wr = d ? ggw_write_tensor(w, d, count, err, errlen) : -1;
-        free(d);
-        if (wr < 0)
-            goto out;
-    }
-    rc = ggw_finish(w, err, errlen);
-out:
+    int rc = exp_gguf_write_list(w, m, t, moe_tensors(a, an, t), wt, path, err, errlen);
     free(t);
     return rc;
 }

@@ -8,7 +8,8 @@
  *   export_hf.c      the HF directory writer
  *   export_tok.c     tokenizer.json and the tokenizer files of an HF export
  *   export_gguf.c    the GGUF writer
- *   export_gguf_moe.c  its MoE families (llama with experts, qwen2moe)
+ *   export_gguf_moe.c  its MoE families (llama with experts, qwen2moe) and the tensor-list writer
+ *   export_gguf_hybrid.c  Nemotron-H (nemotron_h, nemotron_h_moe)
  *   export_verify.c  SHA256SUMS, verification, loading an export back
  */
 #ifndef AC_STORAGE_EXPORT_INTERNAL_H
@@ -17,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <jansson.h>
+
+#include "storage/gguf_write.h"
 
 #include "storage/export.h"
 #include "storage/modelio.h"
@@ -63,6 +66,28 @@ void exp_free_pieces(char **pieces, size_t *lens, int n);
  * n_heads heads of D = rows/n_heads rows of `cols` values (storage/export_gguf.c). 0, or -1
  * (rows not in heads of even size, OOM). */
 int exp_permute_rows(float *w, int n_heads, int64_t rows, int64_t cols);
+
+/* A GGUF tensor of the MoE and hybrid writers (storage/export_gguf_moe.c): its llama.cpp name
+ * and shape (ggml ne order), where its values come from (an HF name; stack: the experts'
+ * tensors one after the other, the name holding %d) and what is done to them on the way
+ * (permute: q/k rows interleaved for this many heads; neg_exp: -exp of each value). 1-D tensors
+ * and those marked f32 stay F32, as llama.cpp's converter keeps them. */
+typedef struct {
+    char name[96], hf[128];
+    int64_t ne[3];
+    int ndim, stack, permute, neg_exp, f32;
+} exp_gtensor;
+
+/* Append tensor `name` {n0[, n1[, n2]]} from hf to t[*n] (stack as above; permute, neg_exp and
+ * f32 zero, for the caller to set on t[*n - 1]). */
+void exp_gtensor_add(exp_gtensor *t, int *n, const char *name, int64_t n0, int64_t n1, int64_t n2, const char *hf,
+                     int stack);
+
+/* Declare the n tensors of t in w with weight type wt (a ggw_type; rows not divisible into
+ * Q8_0 blocks fall back to F16, as llama.cpp's quantizer does), then write the file at path,
+ * each tensor's values read from m and transformed. 0, or -1 with err. */
+int exp_gguf_write_list(ggw *w, const eng_model *m, const exp_gtensor *t, int n, int wt, const char *path, char *err,
+                        size_t errlen);
 
 /* Whether DeciLM block_configs can state `a` (one query head count, FFN widths that
  * ffn_mult gives back, no dynamic RoPE, no empty layer). 0, or -1 with the layer and the

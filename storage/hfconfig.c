@@ -44,6 +44,19 @@ static int get_num(json_t *o, const char *k, double def, double *v)
     return 0;
 }
 
+int hfconfig_int_in(json_t *o, const char *k, int64_t def, int64_t lo, int64_t hi, int64_t *v)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) {
+        *v = def;
+        return 0;
+    }
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return -1;
+    *v = json_integer_value(x);
+    return 0;
+}
+
 int hfconfig_decilm_intermediate_size(double ffn_mult, int hidden_size)
 {
     int64_t v = (int64_t)(2.0 * ffn_mult * (double)hidden_size / 3.0);

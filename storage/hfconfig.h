@@ -34,6 +34,10 @@ int hfconfig_decilm_intermediate_size(double ffn_mult, int hidden_size);
  * back exactly through hfconfig_decilm_intermediate_size; -1 when none does. */
 double hfconfig_decilm_ffn_mult(int ffn_dim, int hidden_size);
 
+/* Integer field k of object o: def when absent or null; 0, or -1 when it is not an integer in
+ * [lo, hi]. The family readers' one field reader (storage/hfconfig_moe.c, hfconfig_hybrid.c). */
+int hfconfig_int_in(json_t *o, const char *k, int64_t def, int64_t lo, int64_t hi, int64_t *v);
+
 /* The class a config.json object names: architectures[0], borrowed from cfg; NULL when
  * it names none. */
 const char *hfconfig_class(const json_t *cfg);

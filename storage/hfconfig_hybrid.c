@@ -21,18 +21,6 @@
 
 #define BAD(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); goto fail; } while (0)
 
-static int int_or(json_t *o, const char *k, int64_t def, int64_t lo, int64_t hi, int64_t *v)
-{
-    json_t *x = json_object_get(o, k);
-    if (!x || json_is_null(x)) {
-        *v = def;
-        return 0;
-    }
-    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
-        return -1;
-    *v = json_integer_value(x);
-    return 0;
-}
 
 /* 1 when field k is absent, null or equal to want (a boolean), else 0. */
 static int bool_is(json_t *o, const char *k, int want)
@@ -116,11 +104,11 @@ static int read_moe(json_t *cfg, arch_moe *e, char *err, size_t errlen)
     json_t *sc = json_object_get(cfg, "routed_scaling_factor"), *nt = json_object_get(cfg, "norm_topk_prob");
     json_t *lat = json_object_get(cfg, "moe_latent_size");
     memset(e, 0, sizeof *e);
-    if (int_or(cfg, "n_routed_experts", 8, 1, 4096, &E) || int_or(cfg, "num_experts_per_tok", 2, 1, E, &k) ||
-        int_or(cfg, "moe_intermediate_size", 7688, 1, 1 << 20, &Fe) ||
-        int_or(cfg, "moe_shared_expert_intermediate_size", 7688, 0, 1 << 20, &Fs) ||
-        int_or(cfg, "n_shared_experts", 1, 0, 1, &ns) || int_or(cfg, "n_group", 1, 1, E, &ng) ||
-        int_or(cfg, "topk_group", 1, 1, ng, &tg)) {
+    if (hfconfig_int_in(cfg, "n_routed_experts", 8, 1, 4096, &E) || hfconfig_int_in(cfg, "num_experts_per_tok", 2, 1, E, &k) ||
+        hfconfig_int_in(cfg, "moe_intermediate_size", 7688, 1, 1 << 20, &Fe) ||
+        hfconfig_int_in(cfg, "moe_shared_expert_intermediate_size", 7688, 0, 1 << 20, &Fs) ||
+        hfconfig_int_in(cfg, "n_shared_experts", 1, 0, 1, &ns) || hfconfig_int_in(cfg, "n_group", 1, 1, E, &ng) ||
+        hfconfig_int_in(cfg, "topk_group", 1, 1, ng, &tg)) {
         snprintf(err, errlen, "config.json: n_routed_experts, num_experts_per_tok, moe_intermediate_size, "
                  "moe_shared_expert_intermediate_size, n_shared_experts (0 or 1), n_group, topk_group: out of range");
         return -1;
@@ -152,25 +140,25 @@ int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     int64_t L = (int64_t)strlen(pat), V, C, F, H, KV, D, P, MH, MP, S, G, K, nl;
     double eps = 1e-5;
     json_t *e = json_object_get(cfg, "layer_norm_epsilon");
-    if (int_or(cfg, "vocab_size", 131072, 1, 1 << 22, &V))
+    if (hfconfig_int_in(cfg, "vocab_size", 131072, 1, 1 << 22, &V))
         BAD("vocab_size: out of range");
-    if (int_or(cfg, "hidden_size", 4096, 1, 65536, &C))
+    if (hfconfig_int_in(cfg, "hidden_size", 4096, 1, 65536, &C))
         BAD("hidden_size: out of range");
-    if (int_or(cfg, "num_hidden_layers", L, L, L, &nl))
+    if (hfconfig_int_in(cfg, "num_hidden_layers", L, L, L, &nl))
         BAD("num_hidden_layers: must equal the pattern's %lld layers", (long long)L);
-    if (int_or(cfg, "intermediate_size", 21504, 1, 1 << 20, &F))
+    if (hfconfig_int_in(cfg, "intermediate_size", 21504, 1, 1 << 20, &F))
         BAD("intermediate_size: out of range");
-    if (int_or(cfg, "num_attention_heads", 32, 1, 1024, &H))
+    if (hfconfig_int_in(cfg, "num_attention_heads", 32, 1, 1024, &H))
         BAD("num_attention_heads: out of range");
-    if (int_or(cfg, "num_key_value_heads", 8, 1, H, &KV) || H % KV)
+    if (hfconfig_int_in(cfg, "num_key_value_heads", 8, 1, H, &KV) || H % KV)
         BAD("num_key_value_heads: must divide num_attention_heads");
-    if (int_or(cfg, "head_dim", C / H, 2, 1024, &D) || D % 2)
+    if (hfconfig_int_in(cfg, "head_dim", C / H, 2, 1024, &D) || D % 2)
         BAD("head_dim: must be even and in [2, 1024]");
-    if (int_or(cfg, "max_position_embeddings", 4096, 1, 1 << 30, &P))
+    if (hfconfig_int_in(cfg, "max_position_embeddings", 4096, 1, 1 << 30, &P))
         BAD("max_position_embeddings: out of range");
-    if (int_or(cfg, "mamba_num_heads", 128, 1, 4096, &MH) || int_or(cfg, "mamba_head_dim", 64, 1, 1024, &MP) ||
-        int_or(cfg, "ssm_state_size", 128, 1, 1024, &S) || int_or(cfg, "n_groups", 8, 1, MH, &G) ||
-        int_or(cfg, "conv_kernel", 4, 1, 16, &K))
+    if (hfconfig_int_in(cfg, "mamba_num_heads", 128, 1, 4096, &MH) || hfconfig_int_in(cfg, "mamba_head_dim", 64, 1, 1024, &MP) ||
+        hfconfig_int_in(cfg, "ssm_state_size", 128, 1, 1024, &S) || hfconfig_int_in(cfg, "n_groups", 8, 1, MH, &G) ||
+        hfconfig_int_in(cfg, "conv_kernel", 4, 1, 16, &K))
         BAD("mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups, conv_kernel: out of range");
     if (MH % G)
         BAD("n_groups: %lld does not divide mamba_num_heads %lld", (long long)G, (long long)MH);

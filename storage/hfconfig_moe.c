@@ -18,18 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static int int_or(json_t *o, const char *k, int64_t def, int64_t lo, int64_t hi, int64_t *v)
-{
-    json_t *x = json_object_get(o, k);
-    if (!x || json_is_null(x)) {
-        *v = def;
-        return 0;
-    }
-    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
-        return -1;
-    *v = json_integer_value(x);
-    return 0;
-}
 
 int hfconfig_moe_family(const char *cls, const char *model_type)
 {
@@ -50,7 +38,7 @@ static int moe_block(json_t *b, int l, int64_t H, arch_layer *y, char *err, size
     }
     if (!json_is_true(json_object_get(at, "no_op"))) {
         int64_t g;
-        if (int_or(at, "n_heads_in_group", -1, 1, H, &g) || g < 1 || H % g) {
+        if (hfconfig_int_in(at, "n_heads_in_group", -1, 1, H, &g) || g < 1 || H % g) {
             snprintf(err, errlen, "config.json: block_configs[%d].attention.n_heads_in_group: must divide "
                      "num_attention_heads (%lld)", l, (long long)H);
             return -1;
@@ -63,9 +51,9 @@ static int moe_block(json_t *b, int l, int64_t H, arch_layer *y, char *err, size
     json_t *moe = json_object_get(ff, "moe");
     if (json_is_object(moe)) {
         int64_t e, k, f, s;
-        if (int_or(moe, "num_local_experts", -1, 1, 4096, &e) || int_or(moe, "num_experts_per_tok", -1, 1, e, &k) ||
-            int_or(moe, "expert_intermediate_dim", -1, 1, 1 << 20, &f) ||
-            int_or(moe, "shared_expert_intermediate_dim", 0, 0, 1 << 20, &s) || e < 1 || k < 1 || f < 1) {
+        if (hfconfig_int_in(moe, "num_local_experts", -1, 1, 4096, &e) || hfconfig_int_in(moe, "num_experts_per_tok", -1, 1, e, &k) ||
+            hfconfig_int_in(moe, "expert_intermediate_dim", -1, 1, 1 << 20, &f) ||
+            hfconfig_int_in(moe, "shared_expert_intermediate_dim", 0, 0, 1 << 20, &s) || e < 1 || k < 1 || f < 1) {
             snprintf(err, errlen, "config.json: block_configs[%d].ffn.moe: needs num_local_experts, "
                      "num_experts_per_tok (<= the experts), expert_intermediate_dim in range", l);
             return -1;
@@ -77,7 +65,7 @@ static int moe_block(json_t *b, int l, int64_t H, arch_layer *y, char *err, size
         return 0;
     }
     int64_t f;
-    if (int_or(ff, "intermediate_size", -1, 1, 1 << 20, &f) || f < 1) {
+    if (hfconfig_int_in(ff, "intermediate_size", -1, 1, 1 << 20, &f) || f < 1) {
         snprintf(err, errlen, "config.json: block_configs[%d].ffn: needs moe, intermediate_size or no_op", l);
         return -1;
     }
@@ -90,12 +78,12 @@ int hfconfig_moe_layers(json_t *cfg, int fam, arch *a, int64_t H, int64_t KV, ch
     int64_t F, E, k, Fe, S, step;
     int mixtral = fam == 1;
     snprintf(a->family, sizeof a->family, "%s", mixtral ? "mixtral" : "qwen2_moe");
-    if (int_or(cfg, "intermediate_size", mixtral ? 14336 : 5632, 1, 1 << 20, &F) ||
-        int_or(cfg, mixtral ? "num_local_experts" : "num_experts", mixtral ? 8 : 60, 0, 4096, &E) ||
-        int_or(cfg, "num_experts_per_tok", mixtral ? 2 : 4, 1, 4096, &k) ||
-        int_or(cfg, "moe_intermediate_size", 1408, 1, 1 << 20, &Fe) ||
-        int_or(cfg, "shared_expert_intermediate_size", 5632, 0, 1 << 20, &S) ||
-        int_or(cfg, "decoder_sparse_step", 1, 1, 1024, &step)) {
+    if (hfconfig_int_in(cfg, "intermediate_size", mixtral ? 14336 : 5632, 1, 1 << 20, &F) ||
+        hfconfig_int_in(cfg, mixtral ? "num_local_experts" : "num_experts", mixtral ? 8 : 60, 0, 4096, &E) ||
+        hfconfig_int_in(cfg, "num_experts_per_tok", mixtral ? 2 : 4, 1, 4096, &k) ||
+        hfconfig_int_in(cfg, "moe_intermediate_size", 1408, 1, 1 << 20, &Fe) ||
+        hfconfig_int_in(cfg, "shared_expert_intermediate_size", 5632, 0, 1 << 20, &S) ||
+        hfconfig_int_in(cfg, "decoder_sparse_step", 1, 1, 1024, &step)) {
         snprintf(err, errlen, "config.json: the MoE fields (intermediate sizes, expert counts, decoder_sparse_step) "
                  "must be integers in range");
         return -1;
