@@ -320,13 +320,22 @@ static int64_t probe_workspace(cal_state *cs, const arch *parent, int hidden, in
     cal_model cm;
     memset(&cm, 0, sizeof cm);
     arch a = *parent;
-    arch_layer l;
-    memset(&l, 0, sizeof l);
-    cal_mixer_apply(parent, part == CM_ATTN || part == 2 ? nh : 0, part == CM_ATTN || part == 2 ? nkv : 0, &l);
-    cal_mlp_apply(parent, part == CM_MLP || part == 2 ? ffn : 0, &l);
+    arch_layer l[2];
+    memset(l, 0, sizeof l);
+    cal_mixer_apply(parent, part == CM_ATTN || part == 2 ? nh : 0, part == CM_ATTN || part == 2 ? nkv : 0, &l[0]);
+    cal_mlp_apply(parent, part == CM_MLP || part == 2 ? ffn : 0, &l[0]);
     a.hidden_size = hidden;
     a.n_layers = part < 0 ? 0 : 1;
-    a.layers = part < 0 ? NULL : &l;
+    a.layers = part < 0 ? NULL : l;
+    int gh[64], gk[64], ng = part == CM_ATTN && nkv < 0 ? cal_grid_attention(parent, gh, gk, 64) : 0;
+    if (ng > 0 && gk[0] > 0) {
+        /* A Mamba mixer beside the parent's attention: the engine holds one mixer region (the
+           larger) and adds the attention's tiles while it runs, so the entry is probed with the
+           smallest attention in a second layer and its workspace carries them (a Mamba-only arch
+           is priced the tiles too: on the safe side). */
+        cal_mixer_apply(parent, gh[0], gk[0], &l[1]);
+        a.n_layers = 2;
+    }
     int64_t ws = -1;
     double p, d;
     if (arch_copy(&cm.a, &a)) {
@@ -665,11 +674,13 @@ static int run_probes(cal_run_ctx *r, char *err, size_t errlen)
                 return -1;
         }
     }
-    int votes_sum = 0, votes_max = 0;
+    int votes_sum = 0, votes_max = 0, va = nA - 1;
+    while (va > 0 && akv[va] < 0)
+        va--;   /* the largest attention (a Mamba entry's probe holds an attention layer too) */
     for (int h = 0; h < r->n_hid && nA && nF; h++) {
-        int ea = find_entry(cs, CM_ATTN, hid[h], ah[nA - 1], akv[nA - 1], 0);
+        int ea = find_entry(cs, CM_ATTN, hid[h], ah[va], akv[va], 0);
         int ef = find_entry(cs, CM_MLP, hid[h], 0, 0, fw[nF - 1]);
-        int64_t both = probe_workspace(cs, r->parent, hid[h], 2, ah[nA - 1], akv[nA - 1], fw[nF - 1], err, errlen);
+        int64_t both = probe_workspace(cs, r->parent, hid[h], 2, ah[va], akv[va], fw[nF - 1], err, errlen);
         if (both < 0 || cali_tick(cs, "workspace probe", err, errlen))
             return -1;
         int64_t w0 = cs->f[h].ws, wa = cs->e[ea].ws, wf = cs->e[ef].ws;

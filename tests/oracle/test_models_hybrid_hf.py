@@ -298,6 +298,13 @@ def check_cost_model(tmp, d, cut):
           "held-out validation serves %d hybrid archs with pruned Mamba heads (latency MAPE %.1f%%)" %
           (len(rows), cal["validation"]["latency_mape_pct"]))
     st = [r for r in rows if r["predicted_memory_items"]["memory_bytes"]["request_cache"] > 0]
+    exact = True   # the engine's own bytes: weights + cache + workspace, as measured (attention's tiles included)
+    for r in rows:
+        it = r["predicted_memory_items"]["memory_bytes"]
+        pb, mb_ = it["weights"] + it["request_cache"] + it["prefill_workspace"], r["measured_backend_peak_bytes"]
+        attn = any(l.get("attention") for l in r["arch"]["layers"])
+        exact &= pb == mb_ if attn else pb >= mb_   # Mamba-only: the tiles priced, on the safe side
+    check(exact, "held-out hybrids: predicted backend bytes equal the engine's measured peak (>= where no attention is left)")
     est = json.loads(run([AC, "estimate", "--arch", cut, "--data-dir", dd, "--prompt", "8", "--output", "4",
                           "--json"]).stdout)
     mb = est["predicted"]["memory_bytes"]
