@@ -1,15 +1,16 @@
 #!/bin/bash
 # Model families, hybrid Mamba-2: a random Nemotron-H-shaped model (bench/families/make_hybrid.py,
-# ~126M parameters, written once into the model cache) served by this engine
+# 128.6M parameters, written once into the model cache) served by this engine
 # (BUILD/tools/engine_bench --model) and by PyTorch eager (bench/families/peer_torch_hybrid.py:
 # the family written in PyTorch, chunked SSD prefill and recurrent decode, as transformers' torch
 # path computes it; transformers 4.40.2 has no Nemotron-H class), same threads, each in a process
-# of its own, alternating engine / PyTorch for ROUNDS rounds: prefill (1 x 512) and decode
+# of its own, alternating engine / PyTorch / llama.cpp for ROUNDS rounds: prefill (1 x 512) and decode
 # (batch 1 after a 128-token prompt) tokens/s, wall-clock medians, with the machine's ceilings
-# (sgemm GFLOP/s, triad GB/s) measured in the engine's processes. The peer's logits are checked
-# against the engine's first (prefill and decode paths). Then the cost model's held-out error
-# on random archs of that parent with cut Mamba heads (autocompress calibrate). llama.cpp is not
-# a peer: GGUF export of the family is not built. Random weights: timing only.
+# (sgemm GFLOP/s, triad GB/s) measured in the engine's processes. The PyTorch peer's logits are checked
+# against the engine's first (prefill and decode paths); llama.cpp's nemotron_h serves the
+# engine's own F32 GGUF export of it (BUILD/ac-llama bench, F32 KV cache) as the third. Then the
+# cost model's held-out error on random archs of that parent with cut Mamba heads (autocompress
+# calibrate). Random weights: timing only.
 # Writes bench/results/families-hybrid.md.
 # Usage: bench/families/hybrid.sh [BUILD] [THREADS]; env ROUNDS (5), OUT (raw outputs,
 # /tmp/ac-hybrid), REPORT_ONLY=1 (the table again from OUT's outputs)
@@ -33,9 +34,24 @@ seq 1 300 | awk '{print ($1 * 7919 + 13) % 32000}' | tr '\n' ' ' >"$tmp/ids.txt"
 "$BUILD/tools/export_interop" "$MODEL" --logits "$tmp/ids.txt" "$tmp/engine.f32" >/dev/null
 OMP_NUM_THREADS=$THREADS "$AC_PYTHON" bench/families/peer_torch_hybrid.py "$MODEL" "$THREADS" \
     --check "$tmp/engine.f32" "$tmp/ids.txt" >"$tmp/check" 2>&1
+# llama.cpp's nemotron_h on the engine's own F32 GGUF export (no vocabulary: token ids), F32 KV cache
+"$BUILD/tools/export_interop" "$MODEL" --no-vocab --gguf "$tmp/model.gguf" --dtype fp32 >/dev/null
+llama_round() {   # prefill 1 x 512, decode 32 steps after a 128-token prompt: "name value unit" lines
+    local p d
+    p=$("$BUILD/ac-llama" bench "$tmp/model.gguf" --threads "$THREADS" --prompt 512 --output 1 --warmup 1 --reps 2 \
+        --kv-type f32)
+    d=$("$BUILD/ac-llama" bench "$tmp/model.gguf" --threads "$THREADS" --prompt 128 --output 32 --warmup 1 --reps 1 \
+        --kv-type f32)
+    "$AC_PYTHON" -c 'import json, sys
+p, d = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print("prefill_b1_wall %.1f tok/s" % (512 / (min(r["prefill_ms"] for r in p["reps"]) / 1000)))
+dm = d["reps"][0]["decode_ms"]
+print("decode_b1_wall %.2f tok/s" % (len(dm) / (sum(dm) / 1000)))' "$p" "$d"
+}
 for r in $(seq 1 "$ROUNDS"); do
     "$bin" --threads "$THREADS" --model "$MODEL" >"$tmp/engine.$r"
     OMP_NUM_THREADS=$THREADS "$AC_PYTHON" bench/families/peer_torch_hybrid.py "$MODEL" "$THREADS" >"$tmp/torch.$r" 2>/dev/null
+    llama_round >"$tmp/llama.$r"
     echo "round $r/$ROUNDS done" >&2
 done
 "$BUILD/autocompress" calibrate --model "$MODEL" --threads "$THREADS" --validate 10 --fit 6 --no-hidden \
@@ -47,7 +63,7 @@ tmp, rounds, threads, load, model = sys.argv[1:6]
 rounds = int(rounds)
 sys.path.insert(0, "bench")
 from rounds import Rounds
-R = Rounds(tmp, rounds, ("engine", "torch"))
+R = Rounds(tmp, rounds, ("engine", "torch", "llama"))
 runs, med, rng = R.runs, R.med, R.rng
 e = runs["engine"][0]
 params = e["params"]
@@ -67,19 +83,27 @@ out.append("Model: bench/families/make_hybrid.py (`%s`, %d layers: %d Mamba-2 mi
                datetime.date.today().isoformat()))
 out.append("")
 out.append("Machine ceilings measured in the engine's processes (medians): sgemm %.1f GFLOP/s, triad %.2f GB/s. "
-           "%s threads, %d rounds alternating engine / PyTorch, each in a process of its own; load average "
+           "%s threads, %d rounds alternating engine / PyTorch / llama.cpp, each in a process of its own; load average "
            "before: %s." % (sg, bw, threads, rounds, load))
 out.append("")
-out.append("| phase | autocompress tok/s (median, range) | PyTorch eager tok/s (median, range) | ratio | engine share of ceiling |")
-out.append("|---|---:|---:|---:|---:|")
-p_e, p_t = med("engine", "prefill_b1_wall"), med("torch", "prefill_b1_wall")
-d_e, d_t = med("engine", "decode_b1_wall"), med("torch", "decode_b1_wall")
-out.append("| prefill 1 x 512 | %.1f (%s) | %.1f (%s) | %.2fx | %.0f%% of sgemm (%.1f GFLOP/s in projections) |" % (
-    p_e, rng("engine", "prefill_b1_wall"), p_t, rng("torch", "prefill_b1_wall"), p_e / p_t,
-    100 * p_e * flop_tok / 1e9 / sg, p_e * flop_tok / 1e9))
-out.append("| decode b1 (prompt 128) | %.2f (%s) | %.2f (%s) | %.2fx | %.0f%% of triad (%.2f GB/s of weights) |" % (
-    d_e, rng("engine", "decode_b1_wall"), d_t, rng("torch", "decode_b1_wall"), d_e / d_t,
-    100 * d_e * params * 4 / 1e9 / bw, d_e * params * 4 / 1e9))
+out.append("| phase | autocompress tok/s (median, range) | llama.cpp F32 tok/s | PyTorch eager tok/s | vs llama.cpp | "
+           "vs PyTorch | engine share of ceiling |")
+out.append("|---|---:|---:|---:|---:|---:|---:|")
+p_e, p_t, p_l = med("engine", "prefill_b1_wall"), med("torch", "prefill_b1_wall"), med("llama", "prefill_b1_wall")
+d_e, d_t, d_l = med("engine", "decode_b1_wall"), med("torch", "decode_b1_wall"), med("llama", "decode_b1_wall")
+out.append("| prefill 1 x 512 | %.1f (%s) | %.1f (%s) | %.1f (%s) | %.2fx | %.2fx | %.0f%% of sgemm (%.1f GFLOP/s in "
+           "projections) |" % (p_e, rng("engine", "prefill_b1_wall"), p_l, rng("llama", "prefill_b1_wall"), p_t,
+                               rng("torch", "prefill_b1_wall"), p_e / p_l, p_e / p_t, 100 * p_e * flop_tok / 1e9 / sg,
+                               p_e * flop_tok / 1e9))
+out.append("| decode b1 (prompt 128) | %.2f (%s) | %.2f (%s) | %.2f (%s) | %.2fx | %.2fx | %.0f%% of triad (%.2f GB/s "
+           "of weights) |" % (d_e, rng("engine", "decode_b1_wall"), d_l, rng("llama", "decode_b1_wall"), d_t,
+                              rng("torch", "decode_b1_wall"), d_e / d_l, d_e / d_t, 100 * d_e * params * 4 / 1e9 / bw,
+                              d_e * params * 4 / 1e9))
+out.append("")
+out.append("llama.cpp: llama-cpp-python 0.3.36's libllama through BUILD/ac-llama bench (one process per run, "
+           "llama-bench's timing), its nemotron_h on the engine's own F32 GGUF export with an F32 KV cache "
+           "(tests/oracle/test_export_llamacpp_hybrid.py: the same logits within 1.7e-5); prefill the best of 2 "
+           "requests of 512 tokens, decode 32 steps after 128.")
 out.append("")
 out.append("Peer: bench/families/peer_torch_hybrid.py on PyTorch %s (eager, fp32): its logits equal the engine's "
            "on 300 tokens within %s (prefill, chunked SSD) and %s (decode through its state cache), relative to "
