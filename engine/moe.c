@@ -82,6 +82,7 @@ typedef struct {
     float *wraw;                 /* [N, k] routing weights (renormalized when norm_topk) */
     float *mask;                 /* [E] expert masks (1 without masks) */
     float *bias;                 /* [E] the choice's correction bias (sigmoid routing) */
+    float *gscore;               /* [E] group scores of one row (grouped routing; n_group <= E) */
     int *cnt, *off;              /* [E] tokens per expert, offset of its list */
     int *order;                  /* [N*k] token rows, grouped by expert; then [N] identity */
     int *slot;                   /* [N*k] (row*k + slot) of each list entry */
@@ -109,6 +110,7 @@ static void call_free(eng_backend *be, moe_call *c)
     free(c->wraw);
     free(c->mask);
     free(c->bias);
+    free(c->gscore);
     free(c->cnt);
     free(c->off);
     free(c->order);
@@ -135,6 +137,7 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     c->wraw = malloc(F4 * nk);
     c->mask = malloc(F4 * (size_t)c->E);
     c->bias = malloc(F4 * (size_t)c->E);
+    c->gscore = malloc(F4 * (size_t)c->E);
     c->cnt = calloc((size_t)c->E, sizeof(int));
     c->off = calloc((size_t)c->E, sizeof(int));
     c->order = malloc(sizeof(int) * (nk + (size_t)N));
@@ -148,7 +151,7 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     c->borrowed = fdev && idev;
     c->dev = c->borrowed ? fdev : be->alloc(be, c->dev_bytes);
     c->idev = c->borrowed ? idev : be->alloc(be, c->idev_bytes);
-    if (!c->prob || !c->sel || !c->wraw || !c->mask || !c->bias || !c->cnt || !c->off || !c->order || !c->slot || !c->wl ||
+    if (!c->prob || !c->sel || !c->wraw || !c->mask || !c->bias || !c->gscore || !c->cnt || !c->off || !c->order || !c->slot || !c->wl ||
         !c->hbuf || !c->dp || !c->dev || !c->idev) {
         call_free(be, c);
         return -1;
@@ -188,8 +191,8 @@ static void route_sigmoid(const arch_moe *e, moe_call *c, const float *bias)
         for (int x = 0; x < E; x++)
             ch[x] = p[x] + (bias ? bias[x] : 0.0f);
         if (e->topk_group < ng) {
-            float gs[256];   /* group scores: the sum of each group's two best */
-            for (int g = 0; g < ng && g < 256; g++) {
+            float *gs = c->gscore;   /* group scores: the sum of each group's two best */
+            for (int g = 0; g < ng; g++) {
                 float a = -INFINITY, b = -INFINITY;
                 for (int x = g * per; x < (g + 1) * per; x++)
                     if (ch[x] > a) {

@@ -300,6 +300,46 @@ static void test_workspace_prediction_hybrid(void **state)
     workspace_prediction_and_accounting(2);
 }
 
+/* Grouped routing with more groups than 256: with one expert per group and as many groups
+ * kept as experts chosen, the choice is plain top-k, so the logits equal one group's. */
+static void test_moe_many_groups(void **state)
+{
+    (void)state;
+    arch a[2];
+    eng_model m[2];
+    char err[256];
+    eng_backend *be = eng_backend_cpu_new(1);
+    float lg[2][3 * 16];
+    int toks[3] = {1, 7, 12};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(arch_init(&a[i], 1), 0);
+        snprintf(a[i].family, sizeof a[i].family, "nemotron_h");
+        a[i].vocab_size = 16;
+        a[i].hidden_size = 8;
+        a[i].head_dim = 4;
+        a[i].max_position_embeddings = 64;
+        a[i].rope_theta = 10000;
+        a[i].norm_eps = 1e-5;
+        a[i].layers[0].moe = (arch_moe){.n_experts = 300, .top_k = 3, .expert_ffn_dim = 2, .norm_topk = 1,
+                                        .sigmoid = 1, .n_group = i ? 300 : 1, .topk_group = i ? 3 : 1,
+                                        .routed_scale = 2.0};
+        assert_int_equal(eng_model_init(&m[i], &a[i], be, err, sizeof err), 0);
+    }
+    eng_model_randomize(&m[0], 5, 0.5f);
+    assert_int_equal(m[0].n_params, m[1].n_params);
+    be->copy(be, m[1].params, m[0].params, m[0].n_params * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        eng_fwd_args fa = {.tokens = toks, .B = 1, .T = 3, .logits_mode = ENG_LOGITS_ALL, .logits = lg[i]};
+        assert_int_equal(eng_forward(&m[i], &fa, err, sizeof err), 0);
+    }
+    assert_memory_equal(lg[0], lg[1], sizeof lg[0]);
+    for (int i = 0; i < 2; i++) {
+        eng_model_free(&m[i]);
+        arch_free(&a[i]);
+    }
+    eng_backend_free(be);
+}
+
 static void test_tensors_and_errors(void **state)
 {
     (void)state;
@@ -418,6 +458,7 @@ int main(void)
         cmocka_unit_test(test_padding_isolated_hybrid),
         cmocka_unit_test(test_kv_decode_matches_full_hybrid),
         cmocka_unit_test(test_workspace_prediction_hybrid),
+        cmocka_unit_test(test_moe_many_groups),
         cmocka_unit_test(test_workspace_prediction_and_accounting),
         cmocka_unit_test(test_tensors_and_errors),
         cmocka_unit_test(test_stats_and_timings),
