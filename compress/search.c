@@ -109,7 +109,7 @@ void search_dist_probs(search_dist *d, double tau, uint64_t *rng)
     int fm = first_mamba(sp);
     softmax_masked(d->logit_hidden, d->p_hidden, sp->n_hidden, NULL, tau, rng);
     for (int l = 0; l < sp->n_layers; l++) {
-        if (tied(sp, l))   /* one draw for the global Mamba axis */
+        if (sp->mamba && sp->mamba[l] && l != fm)   /* one draw for the global Mamba axis */
             memcpy(d->p_heads + l * sp->n_heads, d->p_heads + fm * sp->n_heads, sizeof(double) * sp->n_heads);
         else
             softmax_masked(d->logit_heads + l * sp->n_heads, d->p_heads + l * sp->n_heads, sp->n_heads,

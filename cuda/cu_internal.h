@@ -39,6 +39,19 @@ const char *cu_blas_status_str(cublasStatus_t s);
 /* Make the backend's device current for this host thread; 0 or -1 (recorded). */
 int cu_enter(eng_backend *be);
 
+/* 1-D launches of the kernel files: NT threads per block, enough blocks for n elements
+ * (capped: grid-stride loops cover the rest). */
+#define NT 256
+static inline unsigned grid_for(size_t n)
+{
+    size_t b = (n + NT - 1) / NT;
+    if (b > 65535u * 16u)
+        b = 65535u * 16u;
+    return (unsigned)(b ? b : 1);
+}
+#define GRID_STRIDE(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
 #define CHECK_CUDA_R(be, call, ret)                                                        \
     do {                                                                                   \
         cudaError_t e_ = (call);                                                           \

@@ -12,16 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#define NT 256   /* threads per block for 1-D kernels */
 #define CU_TWO_PI 6.283185307179586476925286766559   /* 2*M_PI (M_PI is not ISO C++) */
-
-static unsigned grid_for(size_t n)
-{
-    size_t b = (n + NT - 1) / NT;
-    if (b > 65535u * 16u)
-        b = 65535u * 16u;   /* grid-stride loops cover the rest */
-    return (unsigned)(b ? b : 1);
-}
 
 /* ---- GEMM -------------------------------------------------------------------------- */
 
@@ -222,8 +213,6 @@ static void cu_rope_bwd(eng_backend *be, float *dx, const int *pos, const float 
 
 /* ---- SwiGLU and embedding ---------------------------------------------------------- */
 
-#define GRID_STRIDE(i, n) \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 __global__ void k_swiglu_fwd(float *h, const float *gate, const float *up, size_t n)
 {

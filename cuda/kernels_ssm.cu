@@ -10,17 +10,6 @@
 
 #include <math.h>
 
-#define NT 256
-
-static unsigned blocks_for(size_t n)
-{
-    size_t b = (n + NT - 1) / NT;
-    return (unsigned)(b ? (b > 65535u * 16u ? 65535u * 16u : b) : 1);
-}
-
-#define GRID_STRIDE(i, n) \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 __device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
@@ -63,10 +52,10 @@ static void cu_ssm_conv_fwd(eng_backend *be, float *y, const float *x, const flo
     if (cu_enter(be) != 0)
         return;
     cudaStream_t st = cu_of(be)->stream;
-    k_conv_fwd<<<blocks_for((size_t)B * T * cd), NT, 0, st>>>(y, x, w, bias, state, B, T, cd, K);
+    k_conv_fwd<<<grid_for((size_t)B * T * cd), NT, 0, st>>>(y, x, w, bias, state, B, T, cd, K);
     CHECK_LAUNCH(be);
     if (state && K > 1) {
-        k_conv_state<<<blocks_for((size_t)B * cd), NT, 0, st>>>(state, x, lens, B, T, cd, K);
+        k_conv_state<<<grid_for((size_t)B * cd), NT, 0, st>>>(state, x, lens, B, T, cd, K);
         CHECK_LAUNCH(be);
     }
 }
@@ -125,9 +114,9 @@ static void cu_ssm_conv_bwd(eng_backend *be, float *dx, float *dw, float *dbias,
     if (cu_enter(be) != 0)
         return;
     cudaStream_t st = cu_of(be)->stream;
-    k_conv_bwd_dx<<<blocks_for((size_t)B * T * cd), NT, 0, st>>>(dx, dy, x, w, bias, B, T, cd, K);
+    k_conv_bwd_dx<<<grid_for((size_t)B * T * cd), NT, 0, st>>>(dx, dy, x, w, bias, B, T, cd, K);
     CHECK_LAUNCH(be);
-    k_conv_bwd_dw<<<blocks_for((size_t)cd), NT, 0, st>>>(dw, dbias, dy, x, w, bias, B, T, cd, K);
+    k_conv_bwd_dw<<<grid_for((size_t)cd), NT, 0, st>>>(dw, dbias, dy, x, w, bias, B, T, cd, K);
     CHECK_LAUNCH(be);
 }
 
@@ -170,7 +159,7 @@ static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float 
 {
     if (cu_enter(be) != 0)
         return;
-    k_scan_fwd<<<blocks_for((size_t)B * H * P), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log,
+    k_scan_fwd<<<grid_for((size_t)B * H * P), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log,
                                                                           Dskip, state, lens, B, T, H, P, G, S, chunk);
     CHECK_LAUNCH(be);
 }
@@ -243,7 +232,7 @@ static void cu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float 
     size_t cd = (size_t)H * P + 2 * (size_t)G * S;
     CHECK_CUDA(be, cudaMemsetAsync(dxbc, 0, sizeof(float) * (size_t)B * T * cd, st));
     CHECK_CUDA(be, cudaMemsetAsync(ddt_raw, 0, sizeof(float) * (size_t)B * T * H, st));
-    k_scan_bwd<<<blocks_for((size_t)B * H * P), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw,
+    k_scan_bwd<<<grid_for((size_t)B * H * P), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw,
                                                               dt_bias, A_log, Dskip, ckpt, scratch, B, T, H, P, G, S,
                                                               chunk);
     CHECK_LAUNCH(be);
@@ -311,7 +300,7 @@ static void cu_gated_norm_fwd(eng_backend *be, float *out, float *rstd, const fl
 {
     if (cu_enter(be) != 0)
         return;
-    k_gnorm_fwd<<<blocks_for((size_t)N * G), NT, 0, cu_of(be)->stream>>>(out, rstd, y, z, w, N, di, G, eps);
+    k_gnorm_fwd<<<grid_for((size_t)N * G), NT, 0, cu_of(be)->stream>>>(out, rstd, y, z, w, N, di, G, eps);
     CHECK_LAUNCH(be);
 }
 
@@ -321,10 +310,10 @@ static void cu_gated_norm_bwd(eng_backend *be, float *dy, float *dz, float *dw, 
     if (cu_enter(be) != 0)
         return;
     cudaStream_t st = cu_of(be)->stream;
-    k_gnorm_bwd<<<blocks_for((size_t)N * G), NT, 0, st>>>(dy, dz, dout, y, z, w, rstd, N, di, G);
+    k_gnorm_bwd<<<grid_for((size_t)N * G), NT, 0, st>>>(dy, dz, dout, y, z, w, rstd, N, di, G);
     CHECK_LAUNCH(be);
     if (dw) {
-        k_gnorm_dw<<<blocks_for((size_t)di), NT, 0, st>>>(dw, dout, y, z, rstd, N, di, G);
+        k_gnorm_dw<<<grid_for((size_t)di), NT, 0, st>>>(dw, dout, y, z, rstd, N, di, G);
         CHECK_LAUNCH(be);
     }
 }
@@ -343,7 +332,7 @@ static void cu_relu2_fwd(eng_backend *be, float *h, const float *u, size_t n)
 {
     if (!n || cu_enter(be) != 0)
         return;
-    k_relu2_fwd<<<blocks_for(n), NT, 0, cu_of(be)->stream>>>(h, u, n);
+    k_relu2_fwd<<<grid_for(n), NT, 0, cu_of(be)->stream>>>(h, u, n);
     CHECK_LAUNCH(be);
 }
 
@@ -351,7 +340,7 @@ static void cu_relu2_bwd(eng_backend *be, float *du, const float *dh, const floa
 {
     if (!n || cu_enter(be) != 0)
         return;
-    k_relu2_bwd<<<blocks_for(n), NT, 0, cu_of(be)->stream>>>(du, dh, u, n);
+    k_relu2_bwd<<<grid_for(n), NT, 0, cu_of(be)->stream>>>(du, dh, u, n);
     CHECK_LAUNCH(be);
 }
 

@@ -16,11 +16,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* Loops with less work than this many elements run on the calling thread: a parallel
- * region costs a barrier, which dominates small (decode-sized) ops. */
-#define PAR_MIN 32768
-#define PAR_IF(work) if ((double)(work) >= PAR_MIN)
-
 /* exp over 16 floats at once with GCC vector extensions (libm's expf does not vectorize
  * without -ffast-math): Cephes' range reduction and degree-6 polynomial, about 1 ulp on
  * [-87, 88]; inputs are clamped to that range (exp(-87.3) ~ 1e-38 stands for 0). */

@@ -9,9 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-#define PAR_MIN 32768
-#define PAR_IF(work) if ((double)(work) >= PAR_MIN)
-
 static inline float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 /* torch's softplus (threshold 20: linear above). */

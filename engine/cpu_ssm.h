@@ -8,6 +8,12 @@
 
 #include "engine/backend.h"
 
+/* The CPU backend's threshold (backend_cpu.c and cpu_ssm.c): loops with less work than this
+ * many elements run on the calling thread, as a parallel region costs a barrier, which
+ * dominates small (decode-sized) ops. */
+#define PAR_MIN 32768
+#define PAR_IF(work) if ((double)(work) >= PAR_MIN)
+
 /* Point be's Mamba-2 and squared-ReLU ops at the CPU implementations. */
 void cpu_ssm_install(eng_backend *be);
 
