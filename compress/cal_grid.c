@@ -167,7 +167,7 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
 {
     int H, KV, F;
     parent_dims(parent, &H, &KV, &F);
-    int group = H && KV ? H / KV : 1, hybrid = !strcmp(parent->family, "nemotron_h");   /* blocks where the parent's are */
+    int group = H && KV ? H / KV : 1, hybrid = arch_hybrid(parent);   /* blocks where the parent's are */
     arch_layer *tmp = calloc((size_t)(parent->n_layers > 0 ? parent->n_layers : 1), sizeof *tmp);
     if (!tmp)
         return -1;

@@ -247,6 +247,11 @@ int cali_request(cal_state *cs, cal_model *cm, int record, char *err, size_t err
     return 0;
 }
 
+/* The mixer grid's choices: its nA entries and a removed mixer, except for a parent without
+ * MLPs (mamba2), whose layer without a mixer would be empty: an arch prices that by leaving the
+ * layer out, so the entry is never needed (and no calibration model could time it). */
+static int mixer_choices(int nA, int nF) { return nF ? nA + 1 : nA; }
+
 /* Calibration model k at hidden size `hidden`: layer i takes attention choice and MLP
  * choice from rotating offsets so that every grid point (removed included) appears. */
 static int layout_model(cal_state *cs, cal_model *cm, const arch *parent, int hidden, int k, int L, const int *ah,
@@ -273,7 +278,7 @@ static int layout_model(cal_state *cs, cal_model *cm, const arch *parent, int hi
     cm->a.hidden_size = hidden;
     cm->a.n_layers = L;
     cm->a.layers = layers;
-    int nA1 = nA + 1, nF1 = nF + 1;   /* last choice = removed */
+    int nA1 = mixer_choices(nA, nF), nF1 = nF + 1;   /* last choice = removed */
     int stride = 1;                   /* a stride prime to nF1: the MLP choices of L >= nF1 layers cover the grid */
     for (int c = 7; c > 1 && stride == 1; c -= 2)
         if (nF1 % c)
@@ -651,7 +656,7 @@ static int run_probes(cal_run_ctx *r, char *err, size_t errlen)
         f->ws = probe_workspace(cs, r->parent, hid[h], -1, 0, 0, 0, err, errlen);
         if (f->ws < 0 || cali_tick(cs, "workspace probe", err, errlen))
             return -1;
-        for (int i = 0; i < nA + 1; i++) {
+        for (int i = 0; i < mixer_choices(nA, nF); i++) {
             int nh = i < nA ? ah[i] : 0, nk = i < nA ? akv[i] : 0;
             int ei = add_entry(cs, CM_ATTN, hid[h], nh, nk, 0);
             if (ei < 0) {

@@ -110,7 +110,7 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
 
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)
 {
-    if (!strcmp(parent->family, "nemotron_h")) {
+    if (arch_hybrid(parent)) {
         /* NemotronHForCausalLM (storage/hfconfig_hybrid.c) gives every attention layer one head
            count, every MLP one width and every MoE one shape: the hidden size, the Mamba head count
            (global) and whole layers may change. llama.cpp's nemotron_h (storage/export_gguf_hybrid.c)

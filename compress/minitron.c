@@ -46,7 +46,7 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
     out->layers = layers;
     out->n_layers = depth;
     out->hidden_size = hidden;
-    int group = 1, hybrid = !strcmp(parent->family, "nemotron_h");   /* blocks where the parent's are */
+    int group = 1, hybrid = arch_hybrid(parent);   /* blocks where the parent's are */
     for (int l = 0; l < L; l++)
         if (parent->layers[l].n_heads) {
             group = parent->layers[l].n_heads / parent->layers[l].n_kv_heads;

@@ -593,7 +593,7 @@ int prune_save_dir(const eng_model *m, const char *dir, json_t *manifest, char *
     if (ckpt_save(m, dir, err, errlen))
         return -1;
     char cerr[256];
-    json_t *cfg = arch_is_uniform(&m->a) || !strcmp(m->a.family, "nemotron_h")
+    json_t *cfg = arch_is_uniform(&m->a) || arch_hybrid(&m->a)
                       ? hfconfig_from_arch(&m->a, "float32", cerr, sizeof cerr) : NULL;
     if (cfg) {
         int rc = write_json(path, cfg, err, errlen);

@@ -87,6 +87,8 @@ int arch_mlp_gated(const arch *a) { return strcmp(a->family, "nemotron_h") != 0;
 
 int arch_rope(const arch *a) { return strcmp(a->family, "nemotron_h") != 0; }
 
+int arch_hybrid(const arch *a) { return !strcmp(a->family, "nemotron_h") || !strcmp(a->family, "mamba2"); }
+
 /* A layer's Mamba-2 mixer: absent (all zero), or every dimension in range with the heads
  * split evenly over the groups, and no attention beside it. */
 static int mamba_validate(const arch_layer *l, int i, int hybrid, const char *family, char *err, size_t errlen)
@@ -147,9 +149,10 @@ int arch_validate(const arch *a, char *err, size_t errlen)
 {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
     int moe_family = !strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe");
-    int hybrid = !strcmp(a->family, "nemotron_h");
+    int hybrid = arch_hybrid(a), mamba_only = !strcmp(a->family, "mamba2");
     if (strcmp(a->family, "llama") != 0 && !moe_family && !hybrid)
-        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe, nemotron_h)", a->family);
+        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe, nemotron_h, mamba2)",
+            a->family);
     if (a->vocab_size <= 0 || a->vocab_size > (1 << 22))
         BAD("vocab_size: %d is out of range [1, 4194304]", a->vocab_size);
     if (a->hidden_size <= 0 || a->hidden_size > (1 << 16))
@@ -184,6 +187,8 @@ int arch_validate(const arch *a, char *err, size_t errlen)
             BAD("layers[%d].mlp.ffn_dim: %d is out of range [0, 1048576]", i, l->ffn_dim);
         if (mamba_validate(l, i, hybrid, a->family, err, errlen) != 0)
             return -1;
+        if (mamba_only && (l->n_heads || arch_layer_has_mlp(l)))
+            BAD("layers[%d]: family \"mamba2\" holds Mamba-2 mixers only (attention and MLPs: nemotron_h)", i);
         const arch_moe *e = &l->moe;
         if (moe_routing_validate(e, i, hybrid, err, errlen) != 0)
             return -1;

@@ -35,7 +35,7 @@ typedef struct {
     double routed_scale;                /* 0 with softmax routing */
 } arch_moe;
 
-/* Mamba-2 mixer (family "nemotron_h"); n_heads == 0: absent. It takes the attention's
+/* Mamba-2 mixer (families "nemotron_h", "mamba2"); n_heads == 0: absent. It takes the attention's
  * place in its layer (a layer holds attention or a Mamba mixer, not both). d_inner =
  * n_heads*head_dim; in_proj maps hidden to z (d_inner), xBC (conv_dim = d_inner +
  * 2*n_groups*d_state) and dt (n_heads); a depthwise causal conv of conv_kernel taps (with
@@ -75,7 +75,8 @@ typedef struct {
                                        "qwen2_moe", "nemotron_h" (hybrid Mamba-2: attention without
                                        RoPE, squared-ReLU MLPs of up and down only; a checkpoint's
                                        layer holds one block, the engine's may hold a mixer and an
-                                       MLP, as calibration's timing models do) */
+                                       MLP, as calibration's timing models do), "mamba2" (Mamba-2 mixers
+                                       only, each a layer: Mamba2ForCausalLM, state-spaces/mamba2) */
     int vocab_size;
     int hidden_size;
     int head_dim;
@@ -127,6 +128,10 @@ static inline int arch_layer_has_mixer(const arch_layer *l) { return l->n_heads 
  * does not: its Mamba layers carry position). */
 int arch_mlp_gated(const arch *a);
 int arch_rope(const arch *a);
+
+/* 1 for the Mamba-2 families (nemotron_h, mamba2): a checkpoint's layer is one pre-norm block
+ * (backbone.layers.N.norm, .mixer), where the parent has its blocks. */
+int arch_hybrid(const arch *a);
 
 /* The first MoE layer's shape (NULL: no layer is a mixture of experts); *most (may be NULL)
  * gets the most experts of any layer. */

@@ -145,7 +145,7 @@ static size_t build_table(model_impl *im, const arch *a, int cap)
 {
     size_t off = 0;
     int64_t C = a->hidden_size, D = a->head_dim, V = a->vocab_size;
-    int hybrid = !strcmp(a->family, "nemotron_h");
+    int hybrid = arch_hybrid(a);
     char nm[96];
     add_tensor(im, cap, &off, SL_EMB, -1, hybrid ? "backbone.embeddings.weight" : "model.embed_tokens.weight", V, C);
     for (int l = 0; l < a->n_layers; l++) {

@@ -31,12 +31,13 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
         snprintf(cls, cap, "%s", !strcmp(a->family, "mixtral") ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM");
         return 0;
     }
-    if (!strcmp(a->family, "nemotron_h")) {   /* one shape per block kind: storage/hfconfig_hybrid.c */
-        snprintf(cls, cap, "NemotronHForCausalLM");
+    if (arch_hybrid(a)) {   /* one shape per block kind: storage/hfconfig_hybrid.c */
+        snprintf(cls, cap, "%s", !strcmp(a->family, "mamba2") ? "Mamba2ForCausalLM" : "NemotronHForCausalLM");
         return 0;
     }
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h)",
+        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h, "
+                 "mamba2)",
                  a->family);
         return -1;
     }
@@ -182,10 +183,12 @@ json_t *exp_hf_config(const arch *a, const char *cls, exp_dtype dtype, const jso
     } else if (!(c = decilm_config(a, cls, dtype))) {
         goto oom;
     }
-    rc |= set(c, "mlp_bias", json_false());
-    rc |= set(c, "attention_dropout", json_real(0.0));
+    if (strcmp(a->family, "mamba2")) {   /* the attention families' fields (Mamba2Config has none of them) */
+        rc |= set(c, "mlp_bias", json_false());
+        rc |= set(c, "attention_dropout", json_real(0.0));
+        rc |= set(c, "pretraining_tp", json_integer(1));
+    }
     rc |= set(c, "initializer_range", json_real(0.02));
-    rc |= set(c, "pretraining_tp", json_integer(1));
     json_t *src = json_array();
     for (int i = 0; src && i < a->n_layers; i++)
         rc |= json_array_append_new(src, json_integer(a->layers[i].source_layer));

@@ -20,10 +20,11 @@ int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t 
 {
     if (!strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe"))
         return exp_gguf_moe_arch(a, arch_name, cap, err, errlen);
-    if (!strcmp(a->family, "nemotron_h"))
+    if (arch_hybrid(a))
         return exp_gguf_hybrid_arch(a, arch_name, cap, err, errlen);
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h)",
+        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h, "
+                 "mamba2)",
                  a->family);
         return -1;
     }
@@ -127,7 +128,7 @@ static int gguf_put_arch(ggw *w, const arch *a, const char *an, const exp_opts *
         bad |= ggw_kv_str(w, K("rope.scaling.type"), "linear");
         bad |= ggw_kv_f32(w, K("rope.scaling.factor"), (float)a->rope_scaling.factor);
     }
-    if (!strcmp(a->family, "nemotron_h"))
+    if (arch_hybrid(a))
         return bad | exp_gguf_hybrid_keys(w, a, an);
     if (strcmp(a->family, "llama"))
         return bad | exp_gguf_moe_keys(w, a, an);
@@ -327,7 +328,7 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
         snprintf(err, errlen, "GGUF export: metadata out of memory or duplicate key");
         goto out;
     }
-    if (!strcmp(a->family, "nemotron_h")) {
+    if (arch_hybrid(a)) {
         if (exp_gguf_hybrid_tensors(w, m, weight_type(o->dtype), path, err, errlen) < 0)
             goto out;
     } else if (strcmp(a->family, "llama")) {

@@ -1,5 +1,7 @@
-/* storage/export_gguf_hybrid.c — GGUF of Nemotron-H as llama.cpp reads it (its `nemotron_h` and
- * `nemotron_h_moe` architectures, src/models/nemotron-h.cpp): every layer one block behind
+/* storage/export_gguf_hybrid.c — GGUF of the Mamba-2 families as llama.cpp reads them: Nemotron-H
+ * (its `nemotron_h` and `nemotron_h_moe` architectures, src/models/nemotron-h.cpp) and Mamba-2
+ * (`mamba2`, src/models/mamba2.cpp: the same Mamba layers and ssm.* keys, no attention or
+ * feed-forward keys). Nemotron-H: every layer one block behind
  * blk.N.attn_norm; a layer is a Mamba-2 mixer where its attention.head_count_kv and
  * feed_forward_length entries are both 0, attention where only the latter is, a feed-forward
  * block (a dense squared-ReLU MLP, or in nemotron_h_moe an MoE) otherwise. The Mamba shape
@@ -59,7 +61,8 @@ int exp_gguf_hybrid_arch(const arch *a, char *arch_name, size_t cap, char *err, 
         snprintf(err, errlen, "GGUF export: llama.cpp needs fewer expert groups than experts");
         return -1;
     }
-    snprintf(arch_name, cap, "%s", moe ? "nemotron_h_moe" : "nemotron_h");
+    int mamba_only = !strcmp(a->family, "mamba2");
+    snprintf(arch_name, cap, "%s", mamba_only ? "mamba2" : moe ? "nemotron_h_moe" : "nemotron_h");
     return 0;
 }
 
@@ -75,6 +78,7 @@ int exp_gguf_hybrid_keys(ggw *w, const arch *a, const char *an)
             heads = a->layers[l].n_heads;
             break;
         }
+    int blocks = strcmp(an, "mamba2") != 0;   /* mamba2: Mamba mixers only, the ssm.* keys and the rms epsilon */
     int32_t *ff = malloc((size_t)L * sizeof *ff), *kv = malloc((size_t)L * sizeof *kv), *hq = malloc((size_t)L * sizeof *hq);
     if (!ff || !kv || !hq)
         bad = 1;
@@ -84,7 +88,7 @@ int exp_gguf_hybrid_keys(ggw *w, const arch *a, const char *an)
         kv[l] = y->n_kv_heads;
         hq[l] = y->n_heads ? y->n_heads : heads;   /* nonzero everywhere: llama.cpp reads layer 0's */
     }
-    if (!bad) {
+    if (!bad && blocks) {
         bad |= ggw_kv_arr_i32(w, K("feed_forward_length"), ff, (size_t)L);
         bad |= ggw_kv_arr_i32(w, K("attention.head_count_kv"), kv, (size_t)L);
         bad |= ggw_kv_arr_i32(w, K("attention.head_count"), hq, (size_t)L);
@@ -92,7 +96,8 @@ int exp_gguf_hybrid_keys(ggw *w, const arch *a, const char *an)
     free(ff);
     free(kv);
     free(hq);
-    bad |= ggw_kv_f32(w, K("attention.layer_norm_epsilon"), (float)a->norm_eps);
+    if (blocks)
+        bad |= ggw_kv_f32(w, K("attention.layer_norm_epsilon"), (float)a->norm_eps);
     if (mb) {
         bad |= ggw_kv_u32(w, K("ssm.conv_kernel"), (uint32_t)mb->conv_kernel);
         bad |= ggw_kv_u32(w, K("ssm.state_size"), (uint32_t)mb->d_state);

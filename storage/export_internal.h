@@ -9,7 +9,7 @@
  *   export_tok.c     tokenizer.json and the tokenizer files of an HF export
  *   export_gguf.c    the GGUF writer
  *   export_gguf_moe.c  its MoE families (llama with experts, qwen2moe) and the tensor-list writer
- *   export_gguf_hybrid.c  Nemotron-H (nemotron_h, nemotron_h_moe)
+ *   export_gguf_hybrid.c  Nemotron-H (nemotron_h, nemotron_h_moe), Mamba-2 (mamba2)
  *   export_verify.c  SHA256SUMS, verification, loading an export back
  */
 #ifndef AC_STORAGE_EXPORT_INTERNAL_H

@@ -149,7 +149,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     }
     const char *an = hfconfig_class(cfg);
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
-    if (hfconfig_hybrid_is(an, mt))
+    if (hfconfig_hybrid_is(cfg, an, mt))
         return hfconfig_hybrid_to_arch(cfg, a, err, errlen);
     int qwen2 = 0, deci = 0, moe = hfconfig_moe_family(an, mt);
     if (moe) {
@@ -162,7 +162,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         else if (strcmp(an, "LlamaForCausalLM") && strcmp(an, "MistralForCausalLM")) {
             snprintf(err, errlen, "config.json: architectures: \"%s\" is not supported "
                                   "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, DeciLMForCausalLM, "
-                                  "MixtralForCausalLM, Qwen2MoeForCausalLM, NemotronHForCausalLM)", an);
+                                  "MixtralForCausalLM, Qwen2MoeForCausalLM, NemotronHForCausalLM, Mamba2ForCausalLM)", an);
             return -1;
         }
     } else if (mt) {
@@ -172,7 +172,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
             deci = 1;
         else if (strcmp(mt, "llama") && strcmp(mt, "mistral")) {
             snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2, "
-                                  "nemotron-nas, mixtral, qwen2_moe, nemotron_h)", mt);
+                                  "nemotron-nas, mixtral, qwen2_moe, nemotron_h, mamba2)", mt);
             return -1;
         }
     } else {
@@ -368,7 +368,7 @@ json_t *hfconfig_rope_scaling(const arch *a)
 
 json_t *hfconfig_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
 {
-    if (!strcmp(a->family, "nemotron_h"))
+    if (arch_hybrid(a))
         return hfconfig_hybrid_from_arch(a, torch_dtype, err, errlen);
     if (strcmp(a->family, "llama"))
         return hfconfig_moe_from_arch(a, torch_dtype, err, errlen);

@@ -1,5 +1,6 @@
-/* storage/hfconfig_hybrid.c — config.json of NVIDIA's hybrid Mamba-2 family
- * (NemotronHForCausalLM), read and written. Every layer is one pre-norm block named by
+/* storage/hfconfig_hybrid.c — config.json of the Mamba-2 families, read and written: NVIDIA's
+ * hybrid (NemotronHForCausalLM, family nemotron_h) and the plain Mamba-2 model (Mamba2ForCausalLM
+ * or mamba_ssm's config, family mamba2; at the end of the file). Every layer is one pre-norm block named by
  * hybrid_override_pattern: "M" a Mamba-2 mixer (mamba_num_heads x mamba_head_dim, n_groups,
  * ssm_state_size, conv_kernel), "*" attention without RoPE (num_attention_heads,
  * num_key_value_heads, head_dim), "-" a squared-ReLU MLP of intermediate_size, "E" an MoE of
@@ -36,11 +37,13 @@ static int str_is(json_t *o, const char *k, const char *want)
     return !x || json_is_null(x) || (json_is_string(x) && !strcmp(json_string_value(x), want));
 }
 
-int hfconfig_hybrid_is(const char *cls, const char *model_type)
+int hfconfig_hybrid_is(json_t *cfg, const char *cls, const char *model_type)
 {
     if (cls)
-        return !strcmp(cls, "NemotronHForCausalLM");
-    return model_type && !strcmp(model_type, "nemotron_h");
+        return !strcmp(cls, "NemotronHForCausalLM") || !strcmp(cls, "Mamba2ForCausalLM");
+    if (model_type)
+        return !strcmp(model_type, "nemotron_h") || !strcmp(model_type, "mamba2");
+    return json_object_get(cfg, "ssm_cfg") && json_object_get(cfg, "d_model");   /* mamba_ssm's MambaConfig */
 }
 
 /* The layer pattern into pat (NUL-terminated, cap bytes): hybrid_override_pattern, or
@@ -131,9 +134,14 @@ static int read_moe(json_t *cfg, arch_moe *e, char *err, size_t errlen)
     return 0;
 }
 
+static int mamba2_to_arch(json_t *cfg, arch *a, char *err, size_t errlen);
+
 int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
+    const char *cls = hfconfig_class(cfg), *mt = json_string_value(json_object_get(cfg, "model_type"));
+    if (cls ? strcmp(cls, "NemotronHForCausalLM") != 0 : !mt || strcmp(mt, "nemotron_h") != 0)
+        return mamba2_to_arch(cfg, a, err, errlen);
     char pat[1025];
     if (read_pattern(cfg, pat, sizeof pat, err, errlen))
         return -1;
@@ -221,8 +229,12 @@ fail:
     return -1;
 }
 
+static json_t *mamba2_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen);
+
 json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
 {
+    if (!strcmp(a->family, "mamba2"))
+        return mamba2_from_arch(a, torch_dtype, err, errlen);
     const arch_layer *att = NULL, *mlp = NULL, *mam = NULL;
     char pat[1025] = {0};
     if (a->n_layers == 0 || a->n_layers >= (int)sizeof pat) {
@@ -280,6 +292,142 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
         }
         json_decref(mo);
     }
+    if (!j)
+        snprintf(err, errlen, "config.json: out of memory");
+    return j;
+}
+
+/* Mamba-2 models: transformers' Mamba2ForCausalLM (Mamba2Config's defaults), or mamba_ssm's own
+ * config.json (state-spaces/mamba2-*: d_model, n_layer, ssm_cfg {"layer": "Mamba2", ...}, the
+ * vocabulary padded to pad_vocab_size_multiple as its embedding is). Every layer a Mamba-2 mixer
+ * behind an RMSNorm; d_inner = expand * hidden = heads * head_dim. The gated norm runs per group
+ * of d_inner / n_groups channels, as mamba_ssm and llama.cpp run it (transformers' torch path
+ * normalizes the whole row; the two agree at n_groups 1, which the published checkpoints use). */
+static int mamba2_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
+{
+    int ssm = !hfconfig_class(cfg) && !json_object_get(cfg, "model_type");   /* mamba_ssm's MambaConfig */
+    json_t *sc = ssm ? json_object_get(cfg, "ssm_cfg") : cfg, *ex = json_object_get(sc, "expand");
+    json_t *tie = json_object_get(cfg, ssm ? "tie_embeddings" : "tie_word_embeddings");
+    json_t *e = json_object_get(cfg, "layer_norm_epsilon"), *attn = json_object_get(cfg, "attn_layer_idx");
+    int64_t V, C, L, MH, MP, S, G, K, pad, dff;
+    double expand = 2, eps = 1e-5;
+    if (!json_is_object(sc))
+        BAD("ssm_cfg: must be an object");
+    if (ssm && !str_is(sc, "layer", "Mamba2"))
+        BAD("ssm_cfg.layer: only \"Mamba2\" layers are supported");
+    if (ssm && !json_object_get(sc, "layer"))
+        BAD("ssm_cfg.layer: absent means Mamba-1 in mamba_ssm, which is not supported");
+    if (hfconfig_int_in(cfg, ssm ? "d_model" : "hidden_size", ssm ? 2560 : 4096, 1, 65536, &C) ||
+        hfconfig_int_in(cfg, ssm ? "n_layer" : "num_hidden_layers", 64, 1, 1024, &L) ||
+        hfconfig_int_in(cfg, "vocab_size", ssm ? 50277 : 32768, 1, 1 << 22, &V) ||
+        hfconfig_int_in(cfg, "pad_vocab_size_multiple", ssm ? 8 : 1, 1, 1024, &pad))
+        BAD("%s, %s, vocab_size, pad_vocab_size_multiple: out of range",
+            ssm ? "d_model" : "hidden_size", ssm ? "n_layer" : "num_hidden_layers");
+    if (hfconfig_int_in(cfg, "d_intermediate", 0, 0, 0, &dff))
+        BAD("d_intermediate: MLPs between the Mamba mixers are not supported (must be 0)");
+    if (attn && !json_is_null(attn) && !(json_is_array(attn) && json_array_size(attn) == 0))
+        BAD("attn_layer_idx: attention layers in a Mamba-2 model are not supported");
+    if (ex && !json_is_null(ex) && (!json_is_number(ex) || !((expand = json_number_value(ex)) > 0) || expand > 64))
+        BAD("expand: must be a positive number");
+    if (hfconfig_int_in(sc, ssm ? "headdim" : "head_dim", 64, 1, 1024, &MP) ||
+        hfconfig_int_in(sc, ssm ? "d_state" : "state_size", 128, 1, 1024, &S) ||
+        hfconfig_int_in(sc, ssm ? "ngroups" : "n_groups", ssm ? 1 : 8, 1, 4096, &G) ||
+        hfconfig_int_in(sc, ssm ? "d_conv" : "conv_kernel", 4, 1, 16, &K))
+        BAD("head_dim, state_size, n_groups, conv_kernel: out of range");
+    int64_t di = (int64_t)(expand * (double)C);
+    if (ssm ? di % MP != 0 : hfconfig_int_in(cfg, "num_heads", 128, 1, 4096, &MH))
+        BAD("%s: out of range, or not dividing expand * hidden", ssm ? "ssm_cfg.headdim" : "num_heads");
+    if (ssm)
+        MH = di / MP;
+    if (MH * MP != di || MH > 4096)
+        BAD("expand: expand * hidden (%lld) must equal num_heads * head_dim (%lld)", (long long)di, (long long)(MH * MP));
+    if (MH % G)
+        BAD("n_groups: %lld does not divide the %lld heads", (long long)G, (long long)MH);
+    if (e && !json_is_null(e) && (!json_is_number(e) || !((eps = json_number_value(e)) > 0 && eps < 1)))
+        BAD("layer_norm_epsilon: must be a number in (0, 1)");
+    if (!bool_is(sc, ssm ? "bias" : "use_bias", 0))
+        BAD("%s: a biased in_proj/out_proj is not supported", ssm ? "ssm_cfg.bias" : "use_bias");
+    if (!bool_is(sc, ssm ? "conv_bias" : "use_conv_bias", 1))
+        BAD("use_conv_bias: a Mamba conv without bias is not supported");
+    if (!bool_is(cfg, "rms_norm", 1) || (ssm && (!bool_is(sc, "rmsnorm", 1) || !bool_is(sc, "norm_before_gate", 0) ||
+                                                 !bool_is(sc, "D_has_hdim", 0))))
+        BAD("rms_norm, ssm_cfg.rmsnorm, norm_before_gate, D_has_hdim: only RMSNorm, the gated norm after the gate "
+            "and one D per head are supported");
+    if (!str_is(cfg, "hidden_act", "silu") || (ssm && !str_is(sc, "activation", "swish") && !str_is(sc, "activation", "silu")))
+        BAD("hidden_act: only silu is supported");
+    json_t *lim = json_object_get(sc, "dt_limit");
+    if (ssm ? lim && !json_is_null(lim) && !(json_is_array(lim) && json_array_size(lim) == 2 &&
+                                             json_number_value(json_array_get(lim, 0)) == 0 &&
+                                             (json_is_null(json_array_get(lim, 1)) ||
+                                              json_number_value(json_array_get(lim, 1)) >= 1e30))
+            : !no_dt_clamp(cfg))
+        BAD("%s: clamping dt is not supported (the engine runs [0, Infinity])", ssm ? "dt_limit" : "time_step_limit");
+    if (tie && !json_is_boolean(tie))
+        BAD("%s: must be true or false", ssm ? "tie_embeddings" : "tie_word_embeddings");
+    json_t *src = json_object_get(cfg, "autocompress_source_layers");
+    if (src && !json_is_null(src) && (!json_is_array(src) || (int64_t)json_array_size(src) != L))
+        BAD("autocompress_source_layers: must list the %lld layers", (long long)L);
+    if (arch_init(a, (int)L)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(a->family, sizeof a->family, "mamba2");
+    a->vocab_size = (int)((V + pad - 1) / pad * pad);
+    a->hidden_size = (int)C;
+    a->head_dim = 64;            /* unused: no attention in this family */
+    a->max_position_embeddings = 1 << 20;   /* no position limit (llama.cpp's converter writes 2^20 too) */
+    a->rope_theta = 10000.0;     /* unused */
+    a->norm_eps = eps;
+    a->tie_word_embeddings = tie ? json_is_true(tie) : ssm;
+    for (int l = 0; l < L; l++) {
+        json_t *s = json_array_get(src, (size_t)l);
+        if (s && (!json_is_integer(s) || json_integer_value(s) < 0 || json_integer_value(s) > 1 << 20))
+            BAD("autocompress_source_layers[%d]: must be a layer index", l);
+        a->layers[l] = (arch_layer){.source_layer = s ? (int)json_integer_value(s) : l,
+                                    .mamba = {(int)MH, (int)MP, (int)S, (int)G, (int)K}};
+    }
+    char msg[256];
+    if (arch_validate(a, msg, sizeof msg))
+        BAD("%s", msg);
+    return 0;
+fail:
+    arch_free(a);
+    return -1;
+}
+
+/* Mamba2ForCausalLM's config.json: one Mamba shape for every layer. expand is the float whose
+ * int(expand * hidden) is d_inner, as transformers sizes the mixer (it checks the product
+ * against num_heads * head_dim); time_step_limit is left at its default (0, inf). */
+static json_t *mamba2_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
+{
+    const arch_mamba *mb = arch_first_mamba(a, NULL);
+    if (!mb || a->n_layers == 0) {
+        snprintf(err, errlen, "config.json: a Mamba2ForCausalLM has Mamba layers");
+        return NULL;
+    }
+    for (int l = 0; l < a->n_layers; l++)
+        if (memcmp(&a->layers[l].mamba, mb, sizeof *mb) || a->layers[l].n_heads || arch_layer_has_mlp(&a->layers[l])) {
+            snprintf(err, errlen, "config.json: Mamba2ForCausalLM gives every layer one Mamba mixer of one shape, "
+                     "and layer %d differs from the first", l);
+            return NULL;
+        }
+    int di = arch_mamba_inner(mb), C = a->hidden_size;
+    double expand = (double)di / C;
+    if (expand * C != (double)di) {
+        snprintf(err, errlen, "config.json: expand = %d / %d has no exact double; transformers would size the mixer "
+                 "%d wide", di, C, (int)(expand * C));
+        return NULL;
+    }
+    json_t *j = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o,s:f,s:b,s:b,s:b,s:s,s:b,s:b,s:i,s:b,s:s}",
+                          "architectures", "Mamba2ForCausalLM", "model_type", "mamba2", "vocab_size", a->vocab_size,
+                          "hidden_size", C, "num_hidden_layers", a->n_layers, "num_heads", mb->n_heads,
+                          "head_dim", mb->head_dim, "state_size", mb->d_state, "n_groups", mb->n_groups,
+                          "conv_kernel", mb->conv_kernel,
+                          "expand", di % C ? json_real(expand) : json_integer(di / C),
+                          "layer_norm_epsilon", a->norm_eps, "tie_word_embeddings", a->tie_word_embeddings,
+                          "use_bias", 0, "use_conv_bias", 1, "hidden_act", "silu", "rms_norm", 1,
+                          "residual_in_fp32", 1, "chunk_size", 256, "use_cache", 1,
+                          "torch_dtype", torch_dtype ? torch_dtype : "float32");
     if (!j)
         snprintf(err, errlen, "config.json: out of memory");
     return j;

@@ -61,7 +61,7 @@ static int open_safetensors(mio_model *m, const char *weights, const char *dir, 
         mio_tensor *t = &m->t[m->n_tensors];
         if (strstr(s->name, "rotary_emb.inv_freq"))
             continue;   /* recomputed by the engine */
-        int hybrid = !strcmp(m->a.family, "nemotron_h");
+        int hybrid = arch_hybrid(&m->a);
         if (hybrid && !strncmp(s->name, "mtp.", 4))
             continue;   /* Nemotron's multi-token-prediction head: not part of the model served */
         /* [n, 1, k]: a depthwise conv's weight (Mamba-2's conv1d), held as [n, k] */

@@ -129,6 +129,12 @@ cfg("seed_qwen2_bias", architectures=["Qwen2ForCausalLM"], vocab_size=151936, hi
     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, use_sliding_window=False,
     sliding_window=4096, max_position_embeddings=4096, tie_word_embeddings=False,
     rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+cfg("seed_mamba2_hf", architectures=["Mamba2ForCausalLM"], model_type="mamba2", vocab_size=512, hidden_size=32,
+    num_hidden_layers=2, num_heads=8, head_dim=4, expand=1, state_size=6, n_groups=2, conv_kernel=4,
+    layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True, rms_norm=True, tie_word_embeddings=False)
+cfg("seed_mamba2_ssm", d_model=32, d_intermediate=0, n_layer=2, vocab_size=500, pad_vocab_size_multiple=16,
+    ssm_cfg={"layer": "Mamba2", "d_state": 6, "headdim": 4, "ngroups": 1, "expand": 2}, attn_layer_idx=[],
+    rms_norm=True, tie_embeddings=True)
 cfg("hostile_1gib_claim", architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=5632,
     num_hidden_layers=4, num_attention_heads=16, vocab_size=32000, tie_word_embeddings=True)
 

@@ -1,10 +1,11 @@
 # tier: slow (needs llama-cpp-python built from PyPI; run with make test-slow)
-"""GGUF exports of Nemotron-H run in llama.cpp (llama-cpp-python's nemotron_h and nemotron_h_moe)
-as in the engine.
+"""GGUF exports of Nemotron-H and Mamba-2 run in llama.cpp (llama-cpp-python's nemotron_h,
+nemotron_h_moe and mamba2) as in the engine.
 
 Tiny random checkpoints written as the Hub's (tests/oracle/test_models_hybrid_hf.py's writer): a
 dense hybrid "M*M-M" (Mamba-2, attention, squared-ReLU MLP) and an MoE hybrid "ME*EM" (sigmoid
-router with its correction bias, routed scale 2.5, a shared expert), each exported as F32 GGUF by
+router with its correction bias, routed scale 2.5, a shared expert) and a Mamba2ForCausalLM of
+four Mamba-2 layers in two groups (tests/oracle/test_models_mamba2_hf.py's writer), each exported as F32 GGUF by
 the engine side (tests/tools/export_interop --no-vocab: llama.cpp runs token ids), also after
 pruning Mamba heads. llama.cpp scores the same 39 token ids with an F32 KV cache, in batches of 8
 so that its conv and SSM states carry across batches: every position's logits agree with the
@@ -28,6 +29,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_models_hybrid_hf as hf  # noqa: E402
+import test_models_mamba2_hf as m2  # noqa: E402
 
 IDS = [3, 17, 42, 5, 9, 61, 0, 33, 8, 27, 50, 12, 7, 44, 19, 2, 38, 60, 21, 14, 301, 77, 499, 100, 200, 300, 400, 1,
        2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
@@ -57,9 +59,9 @@ def llama_logits(gguf):
     return np.array(llm.scores[:len(IDS)])
 
 
-def case(tmp, tag, c, cut=None):
+def case(tmp, tag, c, cut=None, make=hf.make_checkpoint):
     d = os.path.join(tmp, tag)
-    hf.make_checkpoint(d, c, seed=21)
+    make(d, c, seed=21)
     arch = None
     if cut:
         a = json.loads(subprocess.run([hf.AC, "inspect", d, "--json"], capture_output=True, text=True,
@@ -86,6 +88,8 @@ def main():
         moe = dict(hf.MOE, pattern="ME*EM")
         case(tmp, "moe", moe)
         case(tmp, "moe-grouped", dict(moe, ng=3, tg=2))
+        case(tmp, "mamba2", m2.CFG, make=m2.make_mamba2)
+        case(tmp, "mamba2-cut", m2.CFG, cut=4, make=m2.make_mamba2)
         d = os.path.join(tmp, "mixed")
         hf.make_checkpoint(d, hf.MOE, seed=21)   # "ME*E-": a dense MLP beside MoE layers
         _, _, r = engine_and_gguf(d, tmp, "mixed", expect=3)
@@ -94,7 +98,7 @@ def main():
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         sys.exit(1)
-    print("PASS: Nemotron-H's GGUF exports compute the engine's logits in llama.cpp")
+    print("PASS: Nemotron-H's and Mamba-2's GGUF exports compute the engine's logits in llama.cpp")
 
 
 if __name__ == "__main__":
