@@ -249,6 +249,7 @@ static const struct {
     {"self_attn.q_proj.weight", T_Q},        {"self_attn.k_proj.weight", T_K},
     {"self_attn.v_proj.weight", T_V},        {"self_attn.q_proj.bias", T_QB},
     {"self_attn.k_proj.bias", T_KB},         {"self_attn.v_proj.bias", T_VB},
+    {"self_attn.q_norm.weight", T_QB},       {"self_attn.k_norm.weight", T_KB},   /* OLMoE: per q/k channel */
     {"self_attn.o_proj.weight", T_O},        {"mlp.gate_proj.weight", T_GATE},
     {"mlp.up_proj.weight", T_UP},            {"mlp.down_proj.weight", T_DOWN},
     {"block_sparse_moe.gate.weight", T_ROUTER}, {"mlp.gate.weight", T_ROUTER},

@@ -87,6 +87,13 @@ int arch_mlp_gated(const arch *a) { return strcmp(a->family, "nemotron_h") != 0;
 
 int arch_rope(const arch *a) { return strcmp(a->family, "nemotron_h") != 0; }
 
+int arch_qk_norm(const arch *a) { return !strcmp(a->family, "olmoe"); }
+
+int arch_moe_family(const arch *a)
+{
+    return !strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe") || !strcmp(a->family, "olmoe");
+}
+
 int arch_hybrid(const arch *a) { return !strcmp(a->family, "nemotron_h") || !strcmp(a->family, "mamba2"); }
 
 /* A layer's Mamba-2 mixer: absent (all zero), or every dimension in range with the heads
@@ -148,10 +155,11 @@ static int moe_routing_validate(const arch_moe *e, int i, int hybrid, char *err,
 int arch_validate(const arch *a, char *err, size_t errlen)
 {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
-    int moe_family = !strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe");
+    int moe_family = arch_moe_family(a);
     int hybrid = arch_hybrid(a), mamba_only = !strcmp(a->family, "mamba2");
     if (strcmp(a->family, "llama") != 0 && !moe_family && !hybrid)
-        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe, nemotron_h, mamba2)",
+        BAD("family: unsupported family \"%s\" (supported: llama, mixtral, qwen2_moe, olmoe, nemotron_h, "
+            "mamba2)",
             a->family);
     if (a->vocab_size <= 0 || a->vocab_size > (1 << 22))
         BAD("vocab_size: %d is out of range [1, 4194304]", a->vocab_size);
@@ -233,6 +241,8 @@ int64_t arch_params(const arch *a)
             n += C * q + 2 * C * kv + q * C;         /* q, k, v, o */
             if (a->attention_bias)
                 n += q + 2 * kv;
+            if (arch_qk_norm(a))
+                n += q + kv;                         /* q_norm, k_norm */
         }
         if (l->ffn_dim > 0)   /* ffn norm, gate (SwiGLU), up, down */
             n += C + (arch_mlp_gated(a) ? 3 : 2) * C * (int64_t)l->ffn_dim;

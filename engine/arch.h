@@ -14,7 +14,7 @@
 
 #define ARCH_FAMILY_MAX 32
 
-/* Mixture-of-experts MLP (families "mixtral", "qwen2_moe", "nemotron_h"); n_experts == 0:
+/* Mixture-of-experts MLP (families "mixtral", "qwen2_moe", "olmoe", "nemotron_h"); n_experts == 0:
  * absent. A layer holds either a dense MLP (ffn_dim > 0) or an MoE, never both. The router is
  * a linear map to n_experts logits.
  * Softmax routing (sigmoid == 0: Mixtral, Qwen2-MoE): softmax over all experts, the top_k
@@ -72,7 +72,8 @@ typedef struct {
 
 typedef struct {
     char family[ARCH_FAMILY_MAX];   /* "llama" (Llama 2/3, Mistral, Qwen2, SmolLM), "mixtral",
-                                       "qwen2_moe", "nemotron_h" (hybrid Mamba-2: attention without
+                                       "qwen2_moe", "olmoe" (OLMoE: softmax MoE, q and k RMS-normed
+                                       over their whole rows), "nemotron_h" (hybrid Mamba-2: attention without
                                        RoPE, squared-ReLU MLPs of up and down only; a checkpoint's
                                        layer holds one block, the engine's may hold a mixer and an
                                        MLP, as calibration's timing models do), "mamba2" (Mamba-2 mixers
@@ -128,6 +129,13 @@ static inline int arch_layer_has_mixer(const arch_layer *l) { return l->n_heads 
  * does not: its Mamba layers carry position). */
 int arch_mlp_gated(const arch *a);
 int arch_rope(const arch *a);
+
+/* 1 when attention RMS-normalizes its q and k projections over their whole rows (Hq*D and
+ * Hkv*D wide, one weight per channel) before RoPE: OLMoE's q_norm and k_norm. */
+int arch_qk_norm(const arch *a);
+
+/* 1 for the softmax-routed MoE families (mixtral, qwen2_moe, olmoe). */
+int arch_moe_family(const arch *a);
 
 /* 1 for the Mamba-2 families (nemotron_h, mamba2): a checkpoint's layer is one pre-norm block
  * (backbone.layers.N.norm, .mixer), where the parent has its blocks. */

@@ -48,7 +48,8 @@ static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int
         const arch_layer *ly = &a->layers[l];
         size_t qd = (size_t)ly->n_heads * a->head_dim, kvd = (size_t)ly->n_kv_heads * a->head_dim;
         if (ly->n_heads)
-            s.saved += N * (1 + 2 * qd + 2 * kvd + (size_t)ly->n_heads + (with_masks ? 2 * C : C));
+            s.saved += N * (1 + 2 * qd + 2 * kvd + (size_t)ly->n_heads + (with_masks ? 2 * C : C) +
+                            (arch_qk_norm(a) ? 2 : 0));
         if (ly->ffn_dim)
             s.saved += N * (1 + 2 * (size_t)ly->ffn_dim + (with_masks ? 2 * C : C));
         if (ly->moe.n_experts)   /* rstd and y: the backward routes and runs the experts again */
@@ -123,6 +124,20 @@ static const float *residual_bwd(eng_model *m, fwd_state *st, bwd_state *bs, blk
     return bs->dyb;
 }
 
+/* d (the gradient at a normalized q or k, [N, W]) becomes the gradient at the projection's
+ * output: the projection xn W^T (+ b) is recomputed into raw, the norm's backward written into
+ * draw (both [N, W] scratch) and copied back; dnw (may be NULL) accumulates the norm weight's. */
+static void qk_norm_bwd(eng_backend *be, float *d, float *raw, float *draw, const float *xn, const float *Wp,
+                        const float *b, const float *nw, float *dnw, const float *rstd, int N, int W, int C)
+{
+    be->gemm(be, 0, 1, N, W, C, 1.0f, xn, C, Wp, C, 0.0f, raw, W);
+    if (b)
+        be->bias_add(be, raw, b, N, W);
+    be->zero(be, draw, F4 * (size_t)N * W);
+    be->rmsnorm_bwd(be, draw, dnw, NULL, d, raw, nw, rstd, N, W, (float)W);
+    be->copy(be, d, draw, F4 * (size_t)N * W);
+}
+
 static void attn_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, const float *x_in, blk_act *A)
 {
     eng_backend *be = m->be;
@@ -150,12 +165,16 @@ static void attn_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, co
         be->rope_bwd(be, dq, st->pos_d, im->inv_freq, N, Hq, D);
         be->rope_bwd(be, dk, st->pos_d, im->inv_freq, N, Hkv, D);
     }
+    be->rmsnorm_fwd(be, bs->xn, NULL, x_in, L->attn_norm, N, C, st->n_eff, (float)a->norm_eps);
+    if (L->q_norm) {   /* through the q/k norms: the projections again into om, their gradients into dO */
+        qk_norm_bwd(be, dq, om, dO, bs->xn, L->wq, L->bq, L->q_norm, bs->gw ? G->q_norm : NULL, A->qrstd, N, qd, C);
+        qk_norm_bwd(be, dk, om, dO, bs->xn, L->wk, L->bk, L->k_norm, bs->gw ? G->k_norm : NULL, A->krstd, N, kvd, C);
+    }
     if (bs->gw && L->bq) {
         be->colsum_acc(be, G->bq, dq, N, qd);
         be->colsum_acc(be, G->bk, dk, N, kvd);
         be->colsum_acc(be, G->bv, dv, N, kvd);
     }
-    be->rmsnorm_fwd(be, bs->xn, NULL, x_in, L->attn_norm, N, C, st->n_eff, (float)a->norm_eps);
     linear_bwd(be, bs->dxn, 0.0f, bs->gw ? G->wq : NULL, dq, bs->xn, L->wq, N, qd, C);
     linear_bwd(be, bs->dxn, 1.0f, bs->gw ? G->wk : NULL, dk, bs->xn, L->wk, N, kvd, C);
     linear_bwd(be, bs->dxn, 1.0f, bs->gw ? G->wv : NULL, dv, bs->xn, L->wv, N, kvd, C);
@@ -390,6 +409,10 @@ static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC)
             A->v = p; p += N * kvd;
             A->lse = p; p += N * (size_t)ly->n_heads;
             A->y = p; p += N * C;
+            if (arch_qk_norm(a)) {
+                A->qrstd = p; p += N;
+                A->krstd = p; p += N;
+            }
             if (m->masks) {
                 A->r = p;
                 p += N * C;

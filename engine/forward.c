@@ -139,6 +139,12 @@ static void attn_block(eng_model *m, fwd_state *st, int l, const float *x_in, fl
     linear(be, A->q, st->xn, L->wq, L->bq, N, qd, C);
     linear(be, A->k, st->xn, L->wk, L->bk, N, kvd, C);
     linear(be, A->v, st->xn, L->wv, L->bv, N, kvd, C);
+    if (L->q_norm) {   /* OLMoE: q and k normalized over their whole rows (A->o: free until attention) */
+        be->rmsnorm_fwd(be, A->o, A->qrstd, A->q, L->q_norm, N, qd, (float)qd, (float)a->norm_eps);
+        be->copy(be, A->q, A->o, F4 * (size_t)N * qd);
+        be->rmsnorm_fwd(be, A->o, A->krstd, A->k, L->k_norm, N, kvd, (float)kvd, (float)a->norm_eps);
+        be->copy(be, A->k, A->o, F4 * (size_t)N * kvd);
+    }
     if (arch_rope(a)) {
         be->rope_fwd(be, A->q, st->pos_d, im->inv_freq, N, Hq, D);
         be->rope_fwd(be, A->k, st->pos_d, im->inv_freq, N, Hkv, D);

@@ -167,6 +167,10 @@ static size_t build_table(model_impl *im, const arch *a, int cap)
                 T(SL_BK, "self_attn.k_proj.bias", kv, 0);
                 T(SL_BV, "self_attn.v_proj.bias", kv, 0);
             }
+            if (arch_qk_norm(a)) {
+                T(SL_QNORM, "self_attn.q_norm.weight", q, 0);
+                T(SL_KNORM, "self_attn.k_norm.weight", kv, 0);
+            }
             T(SL_WO, "self_attn.o_proj.weight", C, q);
         }
         if (F > 0) {
@@ -212,6 +216,8 @@ static void carve(const model_impl *im, const arch *a, float *base, eng_layer *l
         case SL_BQ: L->bq = p; break;
         case SL_BK: L->bk = p; break;
         case SL_BV: L->bv = p; break;
+        case SL_QNORM: L->q_norm = p; break;
+        case SL_KNORM: L->k_norm = p; break;
         case SL_WO: L->wo = p; break;
         case SL_FNORM: L->ffn_norm = p; break;
         case SL_WG: L->w_gate = p; break;
@@ -399,8 +405,9 @@ void eng_model_randomize(eng_model *m, uint64_t seed, float std)
     for (int i = 0; i < im->n_tens; i++) {
         const tensor_ent *t = &im->tens[i];
         size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
-        float base = (t->slot == SL_ANORM || t->slot == SL_FNORM || t->slot == SL_NORM || t->slot == SL_MNORM) ? 1.0f
-                                                                                                         : 0.0f;
+        int norm = t->slot == SL_ANORM || t->slot == SL_FNORM || t->slot == SL_NORM || t->slot == SL_MNORM ||
+                   t->slot == SL_QNORM || t->slot == SL_KNORM;
+        float base = norm ? 1.0f : 0.0f;
         for (size_t o = 0; o < n; o += chunk) {
             size_t c = n - o < chunk ? n - o : chunk;
             for (size_t j = 0; j < c; j++)

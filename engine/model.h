@@ -22,6 +22,7 @@ typedef struct {
     float *attn_norm;            /* [C] */
     float *wq, *wk, *wv;         /* [Hq*D, C], [Hkv*D, C], [Hkv*D, C] */
     float *bq, *bk, *bv;         /* [Hq*D], [Hkv*D], [Hkv*D]; NULL unless attention_bias */
+    float *q_norm, *k_norm;      /* [Hq*D], [Hkv*D]; NULL unless arch_qk_norm */
     float *wo;                   /* [C, Hq*D] */
     float *ffn_norm;             /* [C] */
     float *w_gate, *w_up;        /* [F, C] */

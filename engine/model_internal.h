@@ -18,7 +18,7 @@
 /* The role of a tensor in its layer (or the model); carve() points eng_layer views by it. */
 enum { SL_EMB, SL_ANORM, SL_WQ, SL_WK, SL_WV, SL_BQ, SL_BK, SL_BV, SL_WO, SL_FNORM, SL_WG,
        SL_WU, SL_WD, SL_NORM, SL_LM, SL_ROUTER, SL_XG, SL_XU, SL_XD, SL_SG, SL_SU, SL_SD, SL_SGATE,
-       SL_MIN, SL_MCONVW, SL_MCONVB, SL_MDTB, SL_MALOG, SL_MD, SL_MNORM, SL_MOUT, SL_RBIAS };
+       SL_MIN, SL_MCONVW, SL_MCONVB, SL_MDTB, SL_MALOG, SL_MD, SL_MNORM, SL_MOUT, SL_RBIAS, SL_QNORM, SL_KNORM };
 
 typedef struct {
     char name[96];
@@ -78,7 +78,7 @@ static inline dims_max max_dims(const arch *a)
 /* Tensor-table capacity for arch a (entries, not floats). */
 static inline int table_cap(const arch *a)
 {
-    int cap = 3 + 12 * a->n_layers;
+    int cap = 3 + 14 * a->n_layers;
     for (int l = 0; l < a->n_layers; l++)
         cap += 3 * a->layers[l].moe.n_experts + 8;
     return cap;
@@ -90,6 +90,7 @@ static inline int table_cap(const arch *a)
  * every present block its own (the saved activations). */
 typedef struct {
     float *rstd, *q, *k, *v, *o, *lse, *r, *y, *gate, *up;
+    float *qrstd, *krstd;        /* q/k norms' rstd (arch_qk_norm; training only, else NULL) */
 } blk_act;
 
 typedef struct {

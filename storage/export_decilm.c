@@ -26,9 +26,10 @@ static int first_attention_heads(const arch *a)
 
 int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t cap, char *err, size_t errlen)
 {
-    if (!strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe")) {
+    if (arch_moe_family(a)) {
         /* the family's own class; block_configs carry layers that differ (storage/hfconfig_moe.c) */
-        snprintf(cls, cap, "%s", !strcmp(a->family, "mixtral") ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM");
+        snprintf(cls, cap, "%s", !strcmp(a->family, "mixtral") ? "MixtralForCausalLM" : !strcmp(a->family, "olmoe")
+                                 ? "OlmoeForCausalLM" : "Qwen2MoeForCausalLM");
         return 0;
     }
     if (arch_hybrid(a)) {   /* one shape per block kind: storage/hfconfig_hybrid.c */
@@ -36,7 +37,7 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
         return 0;
     }
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h, "
+        snprintf(err, errlen, "HF export: family '%s' is not supported (llama, mixtral, qwen2_moe, olmoe, nemotron_h, "
                  "mamba2)",
                  a->family);
         return -1;

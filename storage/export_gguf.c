@@ -18,12 +18,12 @@
 
 int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
 {
-    if (!strcmp(a->family, "mixtral") || !strcmp(a->family, "qwen2_moe"))
+    if (arch_moe_family(a))
         return exp_gguf_moe_arch(a, arch_name, cap, err, errlen);
     if (arch_hybrid(a))
         return exp_gguf_hybrid_arch(a, arch_name, cap, err, errlen);
     if (strcmp(a->family, "llama") != 0) {
-        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe, nemotron_h, "
+        snprintf(err, errlen, "GGUF export: family '%s' is not supported (llama, mixtral, qwen2_moe, olmoe, nemotron_h, "
                  "mamba2)",
                  a->family);
         return -1;

@@ -1,10 +1,10 @@
 /* storage/export_gguf_moe.c — GGUF of the mixture-of-experts families, as llama.cpp reads
  * them: Mixtral as its `llama` architecture with experts (interleaved RoPE: q/k rows
  * permuted), Qwen2-MoE as `qwen2moe` (NeoX RoPE, q/k/v biases, a shared expert with its
- * sigmoid gate). Each layer's experts are stacked into 3-D tensors ffn_{gate,up,down}_exps
+ * sigmoid gate), OLMoE as `olmoe` (NeoX RoPE, attn_q_norm / attn_k_norm). Each layer's experts are stacked into 3-D tensors ffn_{gate,up,down}_exps
  * [E][F][C] (GGUF ne = {C, F, E}; down {F, C, E}), the router is ffn_gate_inp. llama.cpp
  * holds one expert count, top-k and width for every layer, no dense layer in these
- * architectures, and renormalizes the top-k weights for `llama` and never for `qwen2moe`:
+ * architectures, and renormalizes the top-k weights for `llama` and never for `qwen2moe` or `olmoe`:
  * other archs are refused with the reason.
  */
 #include "storage/export_gguf_moe.h"
@@ -20,10 +20,10 @@
 
 int exp_gguf_moe_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
 {
-    int mixtral = !strcmp(a->family, "mixtral");
+    int mixtral = !strcmp(a->family, "mixtral"), olmoe = !strcmp(a->family, "olmoe");
     if (a->n_layers == 0 || !a->layers[0].moe.n_experts) {
         snprintf(err, errlen, "GGUF export: llama.cpp's %s needs every layer to be a mixture of experts",
-                 mixtral ? "llama (Mixtral)" : "qwen2moe");
+                 mixtral ? "llama (Mixtral)" : olmoe ? "olmoe" : "qwen2moe");
         return -1;
     }
     for (int l = 0; l < a->n_layers; l++) {
@@ -45,9 +45,18 @@ int exp_gguf_moe_arch(const arch *a, char *arch_name, size_t cap, char *err, siz
     }
     const arch_moe *e = &a->layers[0].moe;
     if (e->norm_topk) {
-        snprintf(err, errlen, "GGUF export: llama.cpp's qwen2moe never renormalizes the top-k weights, and this "
-                 "model does (norm_topk_prob)");
+        snprintf(err, errlen, "GGUF export: llama.cpp's %s never renormalizes the top-k weights, and this "
+                 "model does (norm_topk_prob)", olmoe ? "olmoe" : "qwen2moe");
         return -1;
+    }
+    if (olmoe) {   /* src/models/olmoe.cpp: q, k_norm and o_proj sized by the hidden size */
+        if (a->layers[0].n_heads * a->head_dim != a->hidden_size || a->layers[0].n_kv_heads != a->layers[0].n_heads) {
+            snprintf(err, errlen, "GGUF export: llama.cpp's olmoe needs heads x head_dim = hidden size and as many "
+                     "KV heads as query heads (it sizes q, k_norm and o_proj by the hidden size)");
+            return -1;
+        }
+        snprintf(arch_name, cap, "olmoe");
+        return 0;
     }
     if (!e->shared_ffn_dim) {
         snprintf(err, errlen, "GGUF export: llama.cpp's qwen2moe needs a shared expert");
@@ -97,7 +106,7 @@ void exp_gtensor_add(exp_gtensor *t, int *n, const char *name, int64_t n0, int64
 /* The tensors in llama.cpp's names, in order. Returns the count written into t. */
 static int moe_tensors(const arch *a, const char *an, exp_gtensor *t)
 {
-    int qwen = !strcmp(an, "qwen2moe"), n = 0;
+    int qwen = !strcmp(an, "qwen2moe"), olmoe = !strcmp(an, "olmoe"), n = 0;
     const arch_layer *y = &a->layers[0];
     int64_t C = a->hidden_size, V = a->vocab_size, D = a->head_dim, F = y->moe.expert_ffn_dim,
             S = y->moe.shared_ffn_dim, E = y->moe.n_experts, Q = (int64_t)y->n_heads * D,
@@ -105,23 +114,27 @@ static int moe_tensors(const arch *a, const char *an, exp_gtensor *t)
     char g[96], h[128];
     exp_gtensor_add(t, &n, "token_embd.weight", C, V, 0, "model.embed_tokens.weight", 0);
     exp_gtensor_add(t, &n, "output_norm.weight", C, 0, 0, "model.norm.weight", 0);
-    /* qwen2moe needs output.weight even when tied; llama falls back to token_embd */
-    if (!a->tie_word_embeddings || qwen)
+    /* qwen2moe and olmoe need output.weight even when tied; llama falls back to token_embd */
+    if (!a->tie_word_embeddings || qwen || olmoe)
         exp_gtensor_add(t, &n, "output.weight", C, V, 0,
                         a->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", 0);
-    const char *moe = qwen ? "mlp" : "block_sparse_moe";
+    const char *moe = qwen || olmoe ? "mlp" : "block_sparse_moe";
     for (int l = 0; l < a->n_layers; l++) {
 #define T(gg, n0, n1, n2, hh, stack, perm) do { snprintf(g, sizeof g, "blk.%d.%s", l, gg); \
         snprintf(h, sizeof h, "model.layers.%d.%s", l, hh); exp_gtensor_add(t, &n, g, n0, n1, n2, h, stack); \
         t[n - 1].permute = perm; } while (0)
         T("attn_norm.weight", C, 0, 0, "input_layernorm.weight", 0, 0);
-        T("attn_q.weight", C, Q, 0, "self_attn.q_proj.weight", 0, qwen ? 0 : y->n_heads);
-        T("attn_k.weight", C, KVD, 0, "self_attn.k_proj.weight", 0, qwen ? 0 : y->n_kv_heads);
+        T("attn_q.weight", C, Q, 0, "self_attn.q_proj.weight", 0, qwen || olmoe ? 0 : y->n_heads);
+        T("attn_k.weight", C, KVD, 0, "self_attn.k_proj.weight", 0, qwen || olmoe ? 0 : y->n_kv_heads);
         T("attn_v.weight", C, KVD, 0, "self_attn.v_proj.weight", 0, 0);
         if (a->attention_bias) {
             T("attn_q.bias", Q, 0, 0, "self_attn.q_proj.bias", 0, 0);
             T("attn_k.bias", KVD, 0, 0, "self_attn.k_proj.bias", 0, 0);
             T("attn_v.bias", KVD, 0, 0, "self_attn.v_proj.bias", 0, 0);
+        }
+        if (olmoe) {
+            T("attn_q_norm.weight", Q, 0, 0, "self_attn.q_norm.weight", 0, 0);
+            T("attn_k_norm.weight", KVD, 0, 0, "self_attn.k_norm.weight", 0, 0);
         }
         T("attn_output.weight", Q, C, 0, "self_attn.o_proj.weight", 0, 0);
         T("ffn_norm.weight", C, 0, 0, "post_attention_layernorm.weight", 0, 0);
@@ -131,7 +144,7 @@ static int moe_tensors(const arch *a, const char *an, exp_gtensor *t)
         static const char *const mx[3] = {"w1", "w3", "w2"}, *const qw[3] = {"gate_proj", "up_proj", "down_proj"};
         static const char *const gn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
         for (int k = 0; k < 3; k++) {
-            snprintf(r, sizeof r, "%s.experts.%%d.%s.weight", moe, qwen ? qw[k] : mx[k]);
+            snprintf(r, sizeof r, "%s.experts.%%d.%s.weight", moe, qwen || olmoe ? qw[k] : mx[k]);
             T(gn[k], k == 2 ? F : C, k == 2 ? C : F, E, r, 1, 0);
         }
         if (qwen) {

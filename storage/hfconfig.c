@@ -162,7 +162,8 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         else if (strcmp(an, "LlamaForCausalLM") && strcmp(an, "MistralForCausalLM")) {
             snprintf(err, errlen, "config.json: architectures: \"%s\" is not supported "
                                   "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, DeciLMForCausalLM, "
-                                  "MixtralForCausalLM, Qwen2MoeForCausalLM, NemotronHForCausalLM, Mamba2ForCausalLM)", an);
+                                  "MixtralForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM, NemotronHForCausalLM, "
+                                  "Mamba2ForCausalLM)", an);
             return -1;
         }
     } else if (mt) {
@@ -172,7 +173,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
             deci = 1;
         else if (strcmp(mt, "llama") && strcmp(mt, "mistral")) {
             snprintf(err, errlen, "config.json: model_type: \"%s\" is not supported (llama, mistral, qwen2, "
-                                  "nemotron-nas, mixtral, qwen2_moe, nemotron_h, mamba2)", mt);
+                                  "nemotron-nas, mixtral, qwen2_moe, olmoe, nemotron_h, mamba2)", mt);
             return -1;
         }
     } else {
@@ -197,9 +198,9 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         BAD("head_dim: out of range");
     if (get_int(cfg, "max_position_embeddings", 2048, &P) || P <= 0 || P > (1 << 30))
         BAD("max_position_embeddings: out of range");
-    if (get_num(cfg, "rope_theta", 10000.0, &theta))
+    if (get_num(cfg, "rope_theta", moe ? hfconfig_moe_default(moe, "rope_theta") : 10000.0, &theta))
         BAD("rope_theta: must be a number");
-    if (get_num(cfg, "rms_norm_eps", 1e-6, &eps))
+    if (get_num(cfg, "rms_norm_eps", moe ? hfconfig_moe_default(moe, "rms_norm_eps") : 1e-6, &eps))
         BAD("rms_norm_eps: must be a number");
     json_t *tie = json_object_get(cfg, "tie_word_embeddings");
     if (tie && !json_is_boolean(tie))

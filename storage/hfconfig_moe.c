@@ -3,8 +3,10 @@
  * intermediate_size, top num_experts_per_tok renormalized) and Qwen2MoeForCausalLM (MoE
  * layers of moe_intermediate_size experts plus a shared expert of
  * shared_expert_intermediate_size; norm_topk_prob; dense layers of intermediate_size where
- * mlp_only_layers or decoder_sparse_step say; q/k/v bias). Defaults are transformers'
- * MixtralConfig / Qwen2MoeConfig ones. A pruned arch whose layers differ carries
+ * mlp_only_layers or decoder_sparse_step say; q/k/v bias) and OlmoeForCausalLM (every layer an
+ * MoE of num_experts experts of intermediate_size, norm_topk_prob, no shared expert; q and k
+ * RMS-normed over their rows; clip_qkv refused). Defaults are transformers' MixtralConfig /
+ * Qwen2MoeConfig / OlmoeConfig ones. A pruned arch whose layers differ carries
  * block_configs as NVIDIA Model Optimizer writes them for heterogeneous MoE models: per
  * layer attention {no_op | n_heads_in_group} and ffn {no_op | intermediate_size |
  * moe {num_local_experts, num_experts_per_tok, expert_intermediate_dim,
@@ -22,10 +24,19 @@
 int hfconfig_moe_family(const char *cls, const char *model_type)
 {
     if (cls)
-        return !strcmp(cls, "MixtralForCausalLM") ? 1 : !strcmp(cls, "Qwen2MoeForCausalLM") ? 2 : 0;
+        return !strcmp(cls, "MixtralForCausalLM") ? 1 : !strcmp(cls, "Qwen2MoeForCausalLM") ? 2
+               : !strcmp(cls, "OlmoeForCausalLM") ? 3 : 0;
     if (model_type)
-        return !strcmp(model_type, "mixtral") ? 1 : !strcmp(model_type, "qwen2_moe") ? 2 : 0;
+        return !strcmp(model_type, "mixtral") ? 1 : !strcmp(model_type, "qwen2_moe") ? 2
+               : !strcmp(model_type, "olmoe") ? 3 : 0;
     return 0;
+}
+
+double hfconfig_moe_default(int fam, const char *field)
+{
+    if (!strcmp(field, "rms_norm_eps"))   /* MixtralConfig, OlmoeConfig: 1e-5; Qwen2MoeConfig: 1e-6 */
+        return fam == 2 ? 1e-6 : 1e-5;
+    return fam == 1 ? 1e6 : 10000.0;      /* rope_theta: MixtralConfig 1e6, the others 10000 */
 }
 
 /* block_configs[l] of an MoE family into y (attention heads H in the config). */
@@ -76,11 +87,16 @@ static int moe_block(json_t *b, int l, int64_t H, arch_layer *y, char *err, size
 int hfconfig_moe_layers(json_t *cfg, int fam, arch *a, int64_t H, int64_t KV, char *err, size_t errlen)
 {
     int64_t F, E, k, Fe, S, step;
-    int mixtral = fam == 1;
-    snprintf(a->family, sizeof a->family, "%s", mixtral ? "mixtral" : "qwen2_moe");
-    if (hfconfig_int_in(cfg, "intermediate_size", mixtral ? 14336 : 5632, 1, 1 << 20, &F) ||
-        hfconfig_int_in(cfg, mixtral ? "num_local_experts" : "num_experts", mixtral ? 8 : 60, 0, 4096, &E) ||
-        hfconfig_int_in(cfg, "num_experts_per_tok", mixtral ? 2 : 4, 1, 4096, &k) ||
+    int mixtral = fam == 1, olmoe = fam == 3;
+    snprintf(a->family, sizeof a->family, "%s", mixtral ? "mixtral" : olmoe ? "olmoe" : "qwen2_moe");
+    json_t *clip = json_object_get(cfg, "clip_qkv");
+    if (olmoe && clip && !json_is_null(clip)) {
+        snprintf(err, errlen, "config.json: clip_qkv: clamping q, k and v is not supported");
+        return -1;
+    }
+    if (hfconfig_int_in(cfg, "intermediate_size", mixtral ? 14336 : olmoe ? 2048 : 5632, 1, 1 << 20, &F) ||
+        hfconfig_int_in(cfg, mixtral ? "num_local_experts" : "num_experts", mixtral ? 8 : olmoe ? 64 : 60, 0, 4096, &E) ||
+        hfconfig_int_in(cfg, "num_experts_per_tok", mixtral ? 2 : olmoe ? 8 : 4, 1, 4096, &k) ||
         hfconfig_int_in(cfg, "moe_intermediate_size", 1408, 1, 1 << 20, &Fe) ||
         hfconfig_int_in(cfg, "shared_expert_intermediate_size", 5632, 0, 1 << 20, &S) ||
         hfconfig_int_in(cfg, "decoder_sparse_step", 1, 1, 1024, &step)) {
@@ -97,6 +113,10 @@ int hfconfig_moe_layers(json_t *cfg, int fam, arch *a, int64_t H, int64_t KV, ch
         return -1;
     }
     int norm = mixtral ? 1 : nt && json_is_true(nt);
+    if (olmoe && E == 0) {
+        snprintf(err, errlen, "config.json: num_experts: OLMoE needs at least one expert");
+        return -1;
+    }
     if (!mixtral && E > 0 && k > E) {
         snprintf(err, errlen, "config.json: num_experts_per_tok %lld exceeds num_experts %lld", (long long)k,
                  (long long)E);
@@ -112,14 +132,15 @@ int hfconfig_moe_layers(json_t *cfg, int fam, arch *a, int64_t H, int64_t KV, ch
         } else {
             y->n_heads = (int)H;
             y->n_kv_heads = (int)KV;
-            int dense = !mixtral && (E == 0 || (l + 1) % step != 0);
-            for (size_t i = 0; !mixtral && only && i < json_array_size(only); i++)
+            int qwen = !mixtral && !olmoe;   /* OLMoE: every layer an MoE of intermediate_size experts */
+            int dense = qwen && (E == 0 || (l + 1) % step != 0);
+            for (size_t i = 0; qwen && only && i < json_array_size(only); i++)
                 dense |= json_integer_value(json_array_get(only, i)) == l;
             if (dense) {
                 y->ffn_dim = (int)F;
             } else {
-                y->moe = (arch_moe){.n_experts = (int)E, .top_k = (int)k, .expert_ffn_dim = (int)(mixtral ? F : Fe),
-                                    .shared_ffn_dim = mixtral ? 0 : (int)S};
+                y->moe = (arch_moe){.n_experts = (int)E, .top_k = (int)k, .expert_ffn_dim = (int)(qwen ? Fe : F),
+                                    .shared_ffn_dim = qwen ? (int)S : 0};
             }
         }
         if (y->moe.n_experts)
@@ -199,7 +220,8 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
                  a->head_dim);
         return NULL;
     }
-    int mixtral = !strcmp(a->family, "mixtral");
+    int mixtral = !strcmp(a->family, "mixtral"), olmoe = !strcmp(a->family, "olmoe");
+    const char *cls = mixtral ? "MixtralForCausalLM" : olmoe ? "OlmoeForCausalLM" : "Qwen2MoeForCausalLM";
     for (int l = 0; l < a->n_layers; l++)
         if (a->layers[l].n_heads && a->layers[l].n_heads != att->n_heads) {
             snprintf(err, errlen, "config.json: layer %d has %d query heads, layer before it %d: the %s config holds "
@@ -209,12 +231,11 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
         }
     if (att->n_heads * a->head_dim != a->hidden_size) {
         snprintf(err, errlen, "config.json: %s derives head_dim as hidden_size/num_attention_heads (%d/%d), "
-                 "but the arch has head_dim %d", mixtral ? "Mixtral" : "Qwen2-MoE", a->hidden_size, att->n_heads, a->head_dim);
+                 "but the arch has head_dim %d", cls, a->hidden_size, att->n_heads, a->head_dim);
         return NULL;
     }
     json_t *j = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:b,s:s,s:s,s:b,s:i,s:b,s:o}",
-                          "architectures", mixtral ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM",
-                          "model_type", mixtral ? "mixtral" : "qwen2_moe", "vocab_size", a->vocab_size,
+                          "architectures", cls, "model_type", a->family, "vocab_size", a->vocab_size,
                           "hidden_size", a->hidden_size, "num_hidden_layers", a->n_layers,
                           "num_attention_heads", att->n_heads, "num_key_value_heads", att->n_kv_heads,
                           "head_dim", a->head_dim, "max_position_embeddings", a->max_position_embeddings,
@@ -228,6 +249,12 @@ json_t *hfconfig_moe_from_arch(const arch *a, const char *torch_dtype, char *err
         rc |= json_object_set_new(j, "intermediate_size", json_integer(e ? em->expert_ffn_dim : dense ? dense->ffn_dim : 1));
         rc |= json_object_set_new(j, "num_local_experts", json_integer(em->n_experts ? em->n_experts : 1));
         rc |= json_object_set_new(j, "sliding_window", json_null());
+    } else if (j && olmoe) {
+        rc |= json_object_set_new(j, "intermediate_size", json_integer(e ? em->expert_ffn_dim : 1));
+        rc |= json_object_set_new(j, "num_experts", json_integer(em->n_experts ? em->n_experts : 1));
+        rc |= json_object_set_new(j, "norm_topk_prob", json_boolean(em->norm_topk));
+        rc |= json_object_set_new(j, "clip_qkv", json_null());
+        rc |= json_object_set_new(j, "attention_bias", json_false());
     } else if (j) {
         rc |= json_object_set_new(j, "intermediate_size", json_integer(dense ? dense->ffn_dim : e ? em->expert_ffn_dim : 1));
         rc |= json_object_set_new(j, "moe_intermediate_size", json_integer(e ? em->expert_ffn_dim : 1));

@@ -135,6 +135,10 @@ cfg("seed_mamba2_hf", architectures=["Mamba2ForCausalLM"], model_type="mamba2", 
 cfg("seed_mamba2_ssm", d_model=32, d_intermediate=0, n_layer=2, vocab_size=500, pad_vocab_size_multiple=16,
     ssm_cfg={"layer": "Mamba2", "d_state": 6, "headdim": 4, "ngroups": 1, "expand": 2}, attn_layer_idx=[],
     rms_norm=True, tie_embeddings=True)
+cfg("seed_olmoe", architectures=["OlmoeForCausalLM"], model_type="olmoe", vocab_size=512, hidden_size=32,
+    intermediate_size=12, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=6,
+    num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=None, rms_norm_eps=1e-5, rope_theta=10000.0,
+    tie_word_embeddings=False)
 cfg("hostile_1gib_claim", architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=5632,
     num_hidden_layers=4, num_attention_heads=16, vocab_size=32000, tie_word_embeddings=True)
 

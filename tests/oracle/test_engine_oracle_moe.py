@@ -1,7 +1,9 @@
 """Engine oracle for the mixture-of-experts families: an independent float64 PyTorch
 implementation of Mixtral's block_sparse_moe (softmax router, top-k renormalized, SwiGLU
 experts w1/w3/w2) and Qwen2-MoE's mlp (top-k with or without norm_topk_prob, a shared expert
-scaled by sigmoid of its own gate), beside attention layers and dense MLP layers, with the
+scaled by sigmoid of its own gate) and OLMoE's (top-k with or without norm_topk_prob, no shared
+expert; attention RMS-normalizes q and k over their whole rows with q_norm / k_norm before RoPE),
+beside attention layers and dense MLP layers, with the
 search masks (the expert masks scale each chosen expert's routing weight). Every expert runs
 on every token here and is weighted by its (zero when not chosen) routing weight: no token
 grouping, so the engine's gather / GEMM / scatter path is checked against plain algebra.
@@ -105,6 +107,9 @@ def attn_only(one, W, p, x, masks, l, B, T, n_eff):
     q, k, v = (h @ W[p + "self_attn.%s_proj.weight" % n].T for n in "qkv")
     if one["bias"]:
         q, k, v = (t + W[p + "self_attn.%s_proj.bias" % n] for t, n in zip((q, k, v), "qkv"))
+    if one.get("family") == "olmoe":   # whole-row RMSNorm of q and k (all heads together)
+        q, k = (t * torch.rsqrt((t * t).mean(-1, keepdim=True) + one["eps"]) * W[p + "self_attn.%s_norm.weight" % n]
+                for t, n in ((q, "q"), (k, "k")))
     q, k, v = q.view(B, T, hq, D), k.view(B, T, hkv, D), v.view(B, T, hkv, D)
     q = q * cos + base.rotate_half(q) * sin
     k = k * cos + base.rotate_half(k) * sin
@@ -153,7 +158,7 @@ def random_moe_arch(rng, fam, V, C, D, n_layers, dense=(), no_attn=(), tied=1):
             continue
         E = rng.choice([3, 4, 6])
         k = rng.choice([1, 2]) if E > 3 else 2
-        shared = rng.choice([5, 9]) if fam == "qwen2_moe" else 0
+        shared = rng.choice([5, 9]) if fam == "qwen2_moe" else 0   # none in Mixtral and OLMoE
         norm = 1 if fam == "mixtral" else rng.choice([0, 1])
         layers.append((hq, hkv, 0, E, k, rng.choice([4, 7, 10]), shared, norm))
     return {"V": V, "C": C, "D": D, "theta": 10000.0, "eps": 1e-5, "tied": tied, "bias": int(fam == "qwen2_moe"),
@@ -171,6 +176,8 @@ def main():
         ("mixtral", dict(n_layers=3, dense=(1,), no_attn=(2,), tied=0), 1, (3, 5)),
         ("qwen2_moe", dict(n_layers=2), 1, (2, 9)),
         ("qwen2_moe", dict(n_layers=3, dense=(0,), tied=0), 0, (1, 40)),
+        ("olmoe", dict(n_layers=2, tied=0), 1, (2, 7)),
+        ("olmoe", dict(n_layers=3, no_attn=(1,)), 0, (1, 33)),
     ]
     failures = []
     for i, (fam, opts, masks, (B, T)) in enumerate(cases):

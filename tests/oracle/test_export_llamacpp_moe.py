@@ -3,11 +3,14 @@
 
 Tiny random models written here (config.json + safetensors): a Mixtral (GGUF arch `llama`
 with experts; interleaved RoPE) and a Qwen2-MoE with a shared expert and q/k/v biases (GGUF
-`qwen2moe`; norm_topk_prob false, as llama.cpp computes it). Each is exported as F32 GGUF by
+`qwen2moe`; norm_topk_prob false, as llama.cpp computes it), and an OLMoE (GGUF `olmoe`: q and
+k RMS-normed over their rows; tests/oracle/test_models_olmoe_hf.py's writer), whole and with
+its experts cut to 4 of 6. Each is exported as F32 GGUF by
 the engine side (tests/tools/export_interop --no-vocab: llama.cpp runs token ids) and llama.cpp
 scores the same 24 token ids: every position's logits agree with the engine's (max abs
 difference under 1e-3 of the logits' scale). Archs llama.cpp cannot hold are refused by the
-exporter with the reason: per-layer expert counts, a renormalizing Qwen2-MoE, a dense layer.
+exporter with the reason: per-layer expert counts, a renormalizing Qwen2-MoE, a dense layer,
+an OLMoE with fewer KV heads than query heads (llama.cpp sizes k_norm by the hidden size).
 """
 import json
 import os
@@ -23,6 +26,9 @@ except ImportError:
     print("FAIL: llama_cpp (llama-cpp-python) is not importable from", sys.executable)
     sys.exit(1)
 from safetensors.numpy import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_models_olmoe_hf as olmoe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AC_BIN = os.environ.get("AC_BIN", os.path.join(ROOT, "build", "autocompress"))
@@ -91,8 +97,9 @@ def engine_and_gguf(d, tmp, tag, arch=None):
     return subprocess.run(cmd, capture_output=True, text=True), out, gg
 
 
-def llama_logits(gguf):
-    llm = Llama(model_path=gguf, n_ctx=64, n_threads=2, logits_all=True, verbose=False, n_batch=64)
+def llama_logits(gguf, f32_cache=False):
+    kv = dict(type_k=0, type_v=0) if f32_cache else {}   # GGML_TYPE_F32; llama.cpp's default is F16
+    llm = Llama(model_path=gguf, n_ctx=64, n_threads=2, logits_all=True, verbose=False, n_batch=64, **kv)
     llm.eval(IDS)
     return np.array(llm.scores[:len(IDS)], dtype=np.float32)
 
@@ -124,6 +131,32 @@ def main():
                 r, _, gg = engine_and_gguf(d, tmp, "het", ap)
                 check(r.returncode == 3 and "one shape for every layer" in r.stdout and not os.path.exists(gg),
                       "per-layer expert counts are refused for GGUF: " + r.stdout.strip()[:100])
+        d = os.path.join(tmp, "olmoe")
+        olmoe.make_checkpoint(d)
+        a = json.loads(subprocess.run([AC_BIN, "inspect", d, "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+        a = a.get("arch", a)
+        olmoe.make_checkpoint(os.path.join(tmp, "olmoe-gqa"), kv=2)
+        for tag, change in (("olmoe", None), ("olmoe-cut", dict(n_experts=4)), ("olmoe-gqa", "kv")):
+            ap = None
+            if change == "kv":
+                d = os.path.join(tmp, "olmoe-gqa")
+            elif change:
+                b = dict(a, layers=[dict(l) for l in a["layers"]])
+                for l in b["layers"]:
+                    l["moe"] = dict(l["moe"], **change)
+                ap = os.path.join(tmp, tag + ".json")
+                json.dump(b, open(ap, "w"))
+            r, out, gg = engine_and_gguf(d, tmp, tag, ap)
+            if change == "kv":
+                check(r.returncode == 3 and "KV heads" in r.stdout and not os.path.exists(gg),
+                      "refused for llama.cpp's olmoe: " + (r.stdout + r.stderr).strip()[:160])
+                continue
+            eng = np.fromfile(out, dtype=np.float32).reshape(len(IDS), -1)
+            diff, scale = float(np.abs(eng - llama_logits(gg, f32_cache=True)).max()), float(np.abs(eng).max())
+            check(r.returncode == 0 and diff < 1e-4 * scale and "class=olmoe" in r.stdout,
+                  "%s: llama.cpp logits (F32 KV cache) = engine logits on the GGUF export (max |diff| %.2e, logits up "
+                  "to %.1f)" % (tag, diff, scale))
         for kw, tag, needle in ((dict(norm=True), "qn", "renormalizes"), (dict(dense_layer=1), "qd", "differs")):
             d = os.path.join(tmp, tag)
             make(d, "qwen2_moe", **kw)

@@ -17,7 +17,8 @@
 
 /* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention; with moe
  * == 1, a Qwen2-MoE whose layers 0 and 2 are mixtures of experts (one with a shared expert);
- * with moe == 2, a Nemotron-H hybrid "M*-M": Mamba-2 mixers of two shapes in layers 0 and 3. */
+ * with moe == 2, a Nemotron-H hybrid "M*-M": Mamba-2 mixers of two shapes in layers 0 and 3;
+ * with moe == 3, an OLMoE (q and k RMS-normed over their rows) with MoE layers 0 and 2. */
 static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
 {
     assert_int_equal(arch_init(a, 4), 0);
@@ -41,6 +42,13 @@ static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
         snprintf(a->family, sizeof a->family, "qwen2_moe");
         a->layers[0].ffn_dim = a->layers[2].ffn_dim = 0;
         a->layers[0].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6, .shared_ffn_dim = 5};
+        a->layers[2].moe = (arch_moe){.n_experts = 3, .top_k = 1, .expert_ffn_dim = 7, .norm_topk = 1};
+    }
+    if (moe == 3) {
+        snprintf(a->family, sizeof a->family, "olmoe");
+        a->attention_bias = 0;
+        a->layers[0].ffn_dim = a->layers[2].ffn_dim = 0;
+        a->layers[0].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6};
         a->layers[2].moe = (arch_moe){.n_experts = 3, .top_k = 1, .expert_ffn_dim = 7, .norm_topk = 1};
     }
     if (moe == 2) {
@@ -144,6 +152,13 @@ static void test_kv_decode_matches_full_moe(void **state)
 {
     (void)state;
     kv_decode_matches_full(1);
+}
+
+/* The cache holds k after its norm (OLMoE's q_norm / k_norm run per token). */
+static void test_kv_decode_matches_full_olmoe(void **state)
+{
+    (void)state;
+    kv_decode_matches_full(3);
 }
 
 /* Prefill, chunks and single-token decode carry the Mamba-2 conv and SSM states. */
@@ -290,6 +305,13 @@ static void test_workspace_prediction_moe(void **state)
 {
     (void)state;
     workspace_prediction_and_accounting(1);
+}
+
+/* OLMoE's q/k norms: weights in the layout, their saved rstd in the training workspace. */
+static void test_workspace_prediction_olmoe(void **state)
+{
+    (void)state;
+    workspace_prediction_and_accounting(3);
 }
 
 /* The Mamba-2 scratch (the forward's in the mixer region, the backward's per call) and the
@@ -457,7 +479,9 @@ int main(void)
         cmocka_unit_test(test_padding_isolated),
         cmocka_unit_test(test_padding_isolated_hybrid),
         cmocka_unit_test(test_kv_decode_matches_full_hybrid),
+        cmocka_unit_test(test_kv_decode_matches_full_olmoe),
         cmocka_unit_test(test_workspace_prediction_hybrid),
+        cmocka_unit_test(test_workspace_prediction_olmoe),
         cmocka_unit_test(test_moe_many_groups),
         cmocka_unit_test(test_workspace_prediction_and_accounting),
         cmocka_unit_test(test_tensors_and_errors),
