@@ -74,6 +74,7 @@ static cm_entry entry_key(cal_state *cs, int part, int hidden, int nh, int nkv, 
         k.top_k = l.moe.top_k;
         k.expert_ffn_dim = l.moe.expert_ffn_dim;
         k.shared_ffn_dim = l.moe.shared_ffn_dim;
+        k.latent_dim = l.moe.latent_dim;
     }
     return k;
 }

@@ -166,10 +166,13 @@ static json_t *entry_key_json(const cm_entry *e)
                                                 "conv_kernel", m->conv_kernel));
     } else {
         rc |= set_new(o, "ffn_dim", json_integer(e->ffn_dim));
-        if (e->n_experts)
-            rc |= set_new(o, "moe", json_pack("{s:i,s:i,s:i,s:i}", "n_experts", e->n_experts, "top_k", e->top_k,
+        json_t *mo = e->n_experts ? json_pack("{s:i,s:i,s:i,s:i}", "n_experts", e->n_experts, "top_k", e->top_k,
                                               "expert_ffn_dim", e->expert_ffn_dim, "shared_ffn_dim",
-                                              e->shared_ffn_dim));
+                                              e->shared_ffn_dim) : NULL;
+        if (mo && e->latent_dim)
+            rc |= set_new(mo, "latent_dim", json_integer(e->latent_dim));
+        if (e->n_experts)
+            rc |= set_new(o, "moe", mo);
     }
     if (rc) {
         json_decref(o);
@@ -307,7 +310,8 @@ int cm_same_key(const cm_entry *a, const cm_entry *b)
     return a->part == CM_ATTN ? a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
                                     !memcmp(&a->mamba, &b->mamba, sizeof a->mamba)
                               : a->ffn_dim == b->ffn_dim && a->n_experts == b->n_experts && a->top_k == b->top_k &&
-                                    a->expert_ffn_dim == b->expert_ffn_dim && a->shared_ffn_dim == b->shared_ffn_dim;
+                                    a->expert_ffn_dim == b->expert_ffn_dim && a->shared_ffn_dim == b->shared_ffn_dim &&
+                                    a->latent_dim == b->latent_dim;
 }
 
 static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, size_t errlen)
@@ -362,7 +366,8 @@ static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, si
             return -1;
         json_t *moe = json_object_get(x, "moe");
         if (moe) {
-            static const char *const mk[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", NULL};
+            static const char *const mk[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "latent_dim",
+                                             NULL};
             char mat[160];
             snprintf(mat, sizeof mat, "%s/moe", at);
             if (!json_is_object(moe))
@@ -371,7 +376,8 @@ static int parse_entry_key(json_t *x, const char *at, cm_entry *e, char *err, si
                 cmj_i32(moe, mat, "n_experts", 1, 4096, 1, &e->n_experts, err, errlen) ||
                 cmj_i32(moe, mat, "top_k", 1, e->n_experts, 1, &e->top_k, err, errlen) ||
                 cmj_i32(moe, mat, "expert_ffn_dim", 1, 1 << 24, 1, &e->expert_ffn_dim, err, errlen) ||
-                cmj_i32(moe, mat, "shared_ffn_dim", 0, 1 << 24, 1, &e->shared_ffn_dim, err, errlen))
+                cmj_i32(moe, mat, "shared_ffn_dim", 0, 1 << 24, 1, &e->shared_ffn_dim, err, errlen) ||
+                cmj_i32(moe, mat, "latent_dim", 0, 65536, 0, &e->latent_dim, err, errlen))
                 return -1;
             if (e->ffn_dim)
                 FAIL("%s/ffn_dim: must be 0 on an MoE entry", at);

@@ -348,7 +348,7 @@ static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, i
             x = em->n_heads;
         } else if (part == CM_MLP && moe) {
             if (!e->n_experts || e->top_k != moe->top_k || e->expert_ffn_dim != moe->expert_ffn_dim ||
-                e->shared_ffn_dim != moe->shared_ffn_dim)
+                e->shared_ffn_dim != moe->shared_ffn_dim || e->latent_dim != moe->latent_dim)
                 continue;
             x = e->n_experts;
         } else if (part == CM_MLP) {

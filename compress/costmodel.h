@@ -129,6 +129,7 @@ typedef struct {
     int ffn_dim;                /* mlp (0 = removed) */
     int n_experts, top_k, expert_ffn_dim, shared_ffn_dim;   /* an MoE mlp (n_experts > 0; ffn_dim 0):
                                    n_experts experts of top_k routing, the layer's widths */
+    int latent_dim;             /* the MoE's latent (LatentMoE; 0 without) */
     arch_mamba mamba;           /* a Mamba-2 mixer in the attention's part (mamba.n_heads > 0;
                                    n_heads, n_kv_heads 0): its heads and shape */
     double ms, mad_ms;          /* prefill */

@@ -95,6 +95,9 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
                 BAD("layers[%d].moe.norm_topk: differs from parent layer %d's", i, tl->source_layer);
             if (te->sigmoid != pe->sigmoid || te->routed_scale != pe->routed_scale)
                 BAD("layers[%d].moe: routing differs from parent layer %d's", i, tl->source_layer);
+            if (te->latent_dim != pe->latent_dim)
+                BAD("layers[%d].moe.latent_dim: %d differs from parent layer %d's %d (the latent is not pruned in "
+                    "this build)", i, te->latent_dim, tl->source_layer, pe->latent_dim);
             if (pe->n_group > 1 && (te->n_experts != pe->n_experts || te->n_group != pe->n_group ||
                                     te->topk_group != pe->topk_group))
                 BAD("layers[%d].moe.n_experts: parent layer %d routes in %d groups; its experts are kept whole in "
@@ -202,7 +205,7 @@ static inline int64_t axis_src(const axis_map *a, int64_t i)
 typedef enum {
     T_EMB, T_LMHEAD, T_FNORM, T_ANORM, T_MNORM, T_Q, T_K, T_V, T_QB, T_KB, T_VB, T_O, T_GATE, T_UP, T_DOWN,
     T_ROUTER, T_XG, T_XU, T_XD, T_SG, T_SU, T_SD, T_SGATE,
-    T_MIN, T_MCONVW, T_MCONVB, T_MHEAD, T_MGNORM, T_MOUT, T_RBIAS
+    T_MIN, T_MCONVW, T_MCONVB, T_MHEAD, T_MGNORM, T_MOUT, T_RBIAS, T_LATIN, T_LATOUT
 } tkind;
 
 /* Nemotron-H's names after "backbone.layers.L." (the block norm is the layer's only one). */
@@ -217,6 +220,7 @@ static const struct {
     {"mixer.D", T_MHEAD},                  {"mixer.norm.weight", T_MGNORM},   {"mixer.out_proj.weight", T_MOUT},
     {"mixer.gate.weight", T_ROUTER},       {"mixer.gate.e_score_correction_bias", T_RBIAS},
     {"mixer.shared_experts.up_proj.weight", T_SU}, {"mixer.shared_experts.down_proj.weight", T_SD},
+    {"mixer.fc1_latent_proj.weight", T_LATIN},    {"mixer.fc2_latent_proj.weight", T_LATOUT},
 };
 
 /* A Mamba layer's kept rows of in_proj (in_rows: z, x, B, C, dt) or of the conv (x, B, C)
@@ -386,8 +390,17 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     case T_DOWN: *rows = hid; *cols = (axis_map){ls->ffn, 1}; *src_rows = C; *src_cols = pl->ffn_dim; break;
     case T_ROUTER: *rows = (axis_map){ls->exp, 1}; *cols = hid; *src_rows = pl->moe.n_experts; *src_cols = C; break;
     case T_RBIAS: *rows = (axis_map){ls->exp, 1}; *src_rows = pl->moe.n_experts; break;
-    case T_XG: case T_XU: *cols = hid; *src_rows = pl->moe.expert_ffn_dim; *src_cols = C; break;
-    case T_XD: *rows = hid; *src_rows = C; *src_cols = pl->moe.expert_ffn_dim; break;
+    /* a LatentMoE's experts read and write the latent, which the hidden size's cut leaves whole */
+    case T_XG: case T_XU:
+        *cols = pl->moe.latent_dim ? none : hid, *src_rows = pl->moe.expert_ffn_dim;
+        *src_cols = arch_moe_io(&pl->moe, (int)C);
+        break;
+    case T_XD:
+        *rows = pl->moe.latent_dim ? none : hid, *src_rows = arch_moe_io(&pl->moe, (int)C);
+        *src_cols = pl->moe.expert_ffn_dim;
+        break;
+    case T_LATIN: *cols = hid; *src_rows = pl->moe.latent_dim; *src_cols = C; break;
+    case T_LATOUT: *rows = hid; *src_rows = C; *src_cols = pl->moe.latent_dim; break;
     case T_SG: case T_SU: *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;
     case T_SD: *rows = hid; *src_rows = C; *src_cols = pl->moe.shared_ffn_dim; break;
     case T_SGATE: *cols = hid; *src_rows = 1; *src_cols = C; break;

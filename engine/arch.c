@@ -133,8 +133,8 @@ static int moe_routing_validate(const arch_moe *e, int i, int hybrid, char *err,
     if (!e->n_experts)
         return 0;
     if (!hybrid) {
-        if (e->sigmoid || e->n_group || e->topk_group || e->routed_scale != 0)
-            BAD("layers[%d].moe: sigmoid routing (groups, routed scale) belongs to nemotron_h", i);
+        if (e->sigmoid || e->n_group || e->topk_group || e->routed_scale != 0 || e->latent_dim)
+            BAD("layers[%d].moe: sigmoid routing (groups, routed scale) and latent experts belong to nemotron_h", i);
         return 0;
     }
     if (e->sigmoid != 1)
@@ -148,6 +148,8 @@ static int moe_routing_validate(const arch_moe *e, int i, int hybrid, char *err,
             e->topk_group * (e->n_experts / e->n_group));
     if (!(e->routed_scale > 0 && e->routed_scale < 1e6))
         BAD("layers[%d].moe.routed_scaling_factor: must be positive", i);
+    if (e->latent_dim < 0 || e->latent_dim > 65536)
+        BAD("layers[%d].moe.latent_dim: %d is out of range [0, 65536]", i, e->latent_dim);
     return 0;
 #undef BAD
 }
@@ -218,7 +220,7 @@ int arch_validate(const arch *a, char *err, size_t errlen)
             if (e->norm_topk != 0 && e->norm_topk != 1)
                 BAD("layers[%d].moe.norm_topk: must be 0 or 1", i);
         } else if (e->top_k || e->expert_ffn_dim || e->shared_ffn_dim || e->norm_topk || e->sigmoid || e->n_group ||
-                   e->topk_group || e->routed_scale != 0) {
+                   e->topk_group || e->routed_scale != 0 || e->latent_dim) {
             BAD("layers[%d].moe: fields set without experts", i);
         }
     }
@@ -258,7 +260,8 @@ int64_t arch_params(const arch *a)
             int64_t mats = e->sigmoid ? 2 : 3;       /* squared-ReLU experts: up, down */
             n += C + (int64_t)e->n_experts * C;      /* ffn norm, router */
             n += e->sigmoid ? e->n_experts : 0;      /* the choice's correction bias */
-            n += (int64_t)e->n_experts * mats * C * e->expert_ffn_dim;
+            n += (int64_t)e->n_experts * mats * arch_moe_io(e, (int)C) * e->expert_ffn_dim;
+            n += 2 * C * (int64_t)e->latent_dim;     /* fc1_latent_proj, fc2_latent_proj */
             if (e->shared_ffn_dim > 0)               /* shared expert (and Qwen2-MoE's gate row) */
                 n += mats * C * (int64_t)e->shared_ffn_dim + (e->sigmoid ? 0 : C);
         }

@@ -27,13 +27,20 @@
  * topk_group best (by the sum of each group's two best biased scores) the top_k experts are
  * taken; the weights are the unbiased scores, normalized to sum 1 when norm_topk, times
  * routed_scale. Experts are squared-ReLU MLPs (up, down); shared_ffn_dim > 0: a shared one
- * every token runs, added unweighted.
+ * every token runs, added unweighted. latent_dim > 0 (Nemotron-H's LatentMoE, Nemotron 3
+ * Super): the routed experts run in a latent space, the block's input projected to it by
+ * fc1_latent_proj [latent, C] and their weighted sum back by fc2_latent_proj [C, latent]; the
+ * router and the shared expert read the full width.
  * top_k <= n_experts. */
 typedef struct {
     int n_experts, top_k, expert_ffn_dim, shared_ffn_dim, norm_topk;
     int sigmoid, n_group, topk_group;   /* 0, 0, 0 with softmax routing */
     double routed_scale;                /* 0 with softmax routing */
+    int latent_dim;                     /* 0: the experts read and write the hidden size */
 } arch_moe;
+
+/* The width the routed experts read and write: the latent, else the hidden size C. */
+static inline int arch_moe_io(const arch_moe *e, int C) { return e->latent_dim ? e->latent_dim : C; }
 
 /* Mamba-2 mixer (families "nemotron_h", "mamba2"); n_heads == 0: absent. It takes the attention's
  * place in its layer (a layer holds attention or a Mamba mixer, not both). d_inner =

@@ -118,10 +118,17 @@ static void add_hybrid(model_impl *im, int cap, size_t *off, const arch *a, int 
         T(SL_ROUTER, sfx, e->n_experts, C);
         snprintf(sfx, sizeof sfx, "%s.gate.e_score_correction_bias", pre);
         T(SL_RBIAS, sfx, e->n_experts, 0);
+        int64_t io = arch_moe_io(e, (int)C);   /* the experts' width: the latent, else C */
+        if (e->latent_dim) {
+            snprintf(sfx, sizeof sfx, "%s.fc1_latent_proj.weight", pre);
+            T(SL_LATIN, sfx, io, C);
+            snprintf(sfx, sizeof sfx, "%s.fc2_latent_proj.weight", pre);
+            T(SL_LATOUT, sfx, C, io);
+        }
         for (int x = 0; x < e->n_experts; x++)
             for (int k = 0; k < 2; k++) {
                 snprintf(sfx, sizeof sfx, "%s.experts.%d.%s_proj.weight", pre, x, k ? "down" : "up");
-                T(k ? SL_XD : SL_XU, sfx, k ? C : e->expert_ffn_dim, k ? e->expert_ffn_dim : C);
+                T(k ? SL_XD : SL_XU, sfx, k ? io : e->expert_ffn_dim, k ? e->expert_ffn_dim : io);
                 im->tens[im->n_tens - 1].expert = x;
             }
         if (e->shared_ffn_dim > 0) {
@@ -217,6 +224,8 @@ static void carve(const model_impl *im, const arch *a, float *base, eng_layer *l
         case SL_BK: L->bk = p; break;
         case SL_BV: L->bv = p; break;
         case SL_QNORM: L->q_norm = p; break;
+        case SL_LATIN: L->lat_in = p; break;
+        case SL_LATOUT: L->lat_out = p; break;
         case SL_KNORM: L->k_norm = p; break;
         case SL_WO: L->wo = p; break;
         case SL_FNORM: L->ffn_norm = p; break;

@@ -32,6 +32,7 @@ typedef struct {
      * [Fs, C], [C, Fs] and its gate [1, C] (qwen2_moe). ffn_norm is the block's norm. */
     float *router;
     float *router_bias;          /* [E] the choice's correction bias (sigmoid routing; NULL otherwise) */
+    float *lat_in, *lat_out;     /* [latent, C], [C, latent]: LatentMoE's projections (NULL without) */
     float **experts;             /* squared-ReLU experts (sigmoid routing): experts[3e] NULL */
     float *sh_gate, *sh_up, *sh_down, *sh_router;
     /* Mamba-2 mixer (arch_mamba; NULL without), attn_norm its block's norm: in_proj

@@ -18,7 +18,8 @@
 /* The role of a tensor in its layer (or the model); carve() points eng_layer views by it. */
 enum { SL_EMB, SL_ANORM, SL_WQ, SL_WK, SL_WV, SL_BQ, SL_BK, SL_BV, SL_WO, SL_FNORM, SL_WG,
        SL_WU, SL_WD, SL_NORM, SL_LM, SL_ROUTER, SL_XG, SL_XU, SL_XD, SL_SG, SL_SU, SL_SD, SL_SGATE,
-       SL_MIN, SL_MCONVW, SL_MCONVB, SL_MDTB, SL_MALOG, SL_MD, SL_MNORM, SL_MOUT, SL_RBIAS, SL_QNORM, SL_KNORM };
+       SL_MIN, SL_MCONVW, SL_MCONVB, SL_MDTB, SL_MALOG, SL_MD, SL_MNORM, SL_MOUT, SL_RBIAS, SL_QNORM, SL_KNORM,
+       SL_LATIN, SL_LATOUT };
 
 typedef struct {
     char name[96];
@@ -80,7 +81,7 @@ static inline int table_cap(const arch *a)
 {
     int cap = 3 + 14 * a->n_layers;
     for (int l = 0; l < a->n_layers; l++)
-        cap += 3 * a->layers[l].moe.n_experts + 8;
+        cap += 3 * a->layers[l].moe.n_experts + 10;
     return cap;
 }
 

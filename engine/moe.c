@@ -8,8 +8,13 @@
  * Training saves nothing of the block but its input: the backward routes and runs the experts
  * again (eng_moe_bwd), so a block costs two expert passes and no [N*k, F] activations.
  *
- * Memory: floats N*(E + k + 1 + 2C + 3F) forward, + N*(2C + 3F + E) in backward (F = max of
- * the expert and shared widths), ints N*(k + 1); host arrays of the same order. Inference
+ * LatentMoE (arch_moe.latent_dim, Nemotron 3 Super): the experts read the block's input projected
+ * to the latent (fc1_latent_proj) and their weighted sum is projected back (fc2_latent_proj);
+ * the router and the shared expert read the full width.
+ *
+ * Memory: floats N*(E + k + 1 + 2C' + 3F + 2Lt) forward, + N*(2C' + 3F + E + 2Lt) in backward
+ * (F = max of the expert and shared widths, Lt the latent (0 without), C' = max(C, Lt)), ints
+ * N*(k + 1); host arrays of the same order. Inference
  * passes its share of the forward workspace (eng_fwd_setup holds it for the call); the
  * training forward and the backward allocate theirs per call (the backward's, the larger:
  * eng_moe_bwd_scratch_bytes).
@@ -30,10 +35,11 @@ static int moe_width(const arch_moe *e)
 
 static size_t scratch_floats(const arch_moe *e, size_t N, size_t C, int train)
 {
-    size_t F = (size_t)moe_width(e), E = (size_t)e->n_experts, k = (size_t)e->top_k;
-    size_t n = N * (E + k + 1 + 2 * C + 3 * F);
+    size_t F = (size_t)moe_width(e), E = (size_t)e->n_experts, k = (size_t)e->top_k, Lt = (size_t)e->latent_dim;
+    size_t Cm = C > Lt ? C : Lt;
+    size_t n = N * (E + k + 1 + 2 * Cm + 3 * F + 2 * Lt);
     if (train)
-        n += N * (2 * C + 3 * F + E);
+        n += N * (2 * Cm + 3 * F + E + 2 * Lt);
     return n;
 }
 
@@ -76,6 +82,7 @@ size_t eng_moe_bwd_scratch_bytes(const arch *a, int N)
 /* One call's routing and buffers. */
 typedef struct {
     int N, C, E, k, F;
+    int D;                       /* the routed experts' width: the latent, else C */
     /* host */
     float *prob;                 /* [N, E] softmax of the router logits */
     int *sel;                    /* [N, k] chosen experts, by falling probability */
@@ -95,8 +102,10 @@ typedef struct {
     int *idev;
     size_t idev_bytes;
     int borrowed;                /* dev and idev are the caller's (inference workspace) */
-    float *logits, *wl_d, *sg, *X, *Y, *g, *u, *h;   /* forward */
+    float *logits, *wl_d, *sg, *X, *Y, *g, *u, *h;   /* forward; X, Y [N, max(C, D)] */
+    float *XL, *YL;                                 /* [N, D] latent input and output (LatentMoE) */
     float *dY, *dX, *dh, *dg, *du, *dlog;           /* backward */
+    float *dYL, *dXL;                               /* [N, D] their gradients (LatentMoE) */
 } moe_call;
 
 static void call_free(eng_backend *be, moe_call *c)
@@ -131,6 +140,7 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     c->E = e->n_experts;
     c->k = e->top_k;
     c->F = moe_width(e);
+    c->D = arch_moe_io(e, c->C);
     size_t nk = (size_t)N * c->k, ne = (size_t)N * c->E;
     c->prob = malloc(F4 * ne);
     c->sel = malloc(sizeof(int) * nk);
@@ -156,7 +166,7 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
         call_free(be, c);
         return -1;
     }
-    size_t n = (size_t)N, C = (size_t)c->C, F = (size_t)c->F;
+    size_t n = (size_t)N, C = (size_t)(c->C > c->D ? c->C : c->D), F = (size_t)c->F, Lt = (size_t)e->latent_dim;
     float *p = c->dev;
     c->logits = p; p += n * c->E;
     c->wl_d = p; p += nk;
@@ -166,12 +176,16 @@ static int call_alloc(eng_model *m, moe_call *c, int l, int N, int train, float 
     c->g = p; p += n * F;
     c->u = p; p += n * F;
     c->h = p; p += n * F;
+    c->XL = p; p += n * Lt;
+    c->YL = p; p += n * Lt;
     if (train) {
         c->dY = p; p += n * C;
         c->dX = p; p += n * C;
         c->dh = p; p += n * F;
         c->dg = p; p += n * F;
         c->du = p; p += n * F;
+        c->dYL = p; p += n * Lt;
+        c->dXL = p; p += n * Lt;
         c->dlog = p;
     }
     return 0;
@@ -305,11 +319,10 @@ static void route(eng_model *m, int l, const eng_masks *mk, const float *xn, moe
 }
 
 /* One expert on n gathered rows X [n, C] into Y [n, C] (g, u, h kept): SwiGLU, or squared ReLU
- * of up alone when wg is NULL (Nemotron-H). */
+ * of up alone when wg is NULL (Nemotron-H). C: its width (the latent for LatentMoE's experts). */
 static void expert_fwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, int F,
-                       int n)
+                       int n, int C)
 {
-    int C = c->C;
     be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wu, C, 0.0f, c->u, F);
     if (wg) {
         be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wg, C, 0.0f, c->g, F);
@@ -334,7 +347,7 @@ static void shared_gate(eng_backend *be, moe_call *c, const float *xn, const flo
 static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, int x)
 {
     int n = c->cnt[x];
-    be->rows_dot(be, c->g, c->Y, c->Y, n, c->C);   /* g is dead after the expert */
+    be->rows_dot(be, c->g, c->Y, c->Y, n, c->D);   /* g is dead after the expert; a latent expert's own output */
     be->to_host(be, c->hbuf, c->g, F4 * (size_t)n);
     double s = 0;
     for (int i = 0; i < n; i++)
@@ -353,25 +366,35 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
     if (call_alloc(m, &c, l, N, 0, fws, iws) != 0)
         return -1;
     route(m, l, mk, xn, &c);
-    int C = c.C, F = e->expert_ffn_dim;
+    int C = c.C, D = c.D, F = e->expert_ffn_dim;
+    const float *src = xn;   /* what the experts read and where their sum goes: the latent, else the block */
+    float *dst = y;
     be->zero(be, y, F4 * (size_t)N * C);
+    if (L->lat_in) {
+        be->gemm(be, 0, 1, N, D, C, 1.0f, xn, C, L->lat_in, C, 0.0f, c.XL, D);
+        be->zero(be, c.YL, F4 * (size_t)N * D);
+        src = c.XL;
+        dst = c.YL;
+    }
     for (int x = 0; x < c.E; x++) {
         int n = c.cnt[x];
         if (!n)
             continue;
         const int *rows = c.idev + c.off[x];
-        be->gather_rows(be, c.X, xn, rows, NULL, n, C);
-        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n);
-        be->scatter_rows_acc(be, y, c.Y, rows, c.wl_d + c.off[x], n, C);
+        be->gather_rows(be, c.X, src, rows, NULL, n, D);
+        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D);
+        be->scatter_rows_acc(be, dst, c.Y, rows, c.wl_d + c.off[x], n, D);
         if (stats)
             add_stats(be, &c, stats, l, x);
     }
+    if (L->lat_out)
+        be->gemm(be, 0, 1, N, C, D, 1.0f, c.YL, D, L->lat_out, D, 0.0f, y, C);
     if (e->shared_ffn_dim) {   /* Qwen2-MoE's gated by sigmoid of its own row; Nemotron-H's added as it is */
         const int *ident = c.idev + (size_t)N * c.k;
         if (L->sh_router)
             shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C);
         be->scatter_rows_acc(be, y, c.Y, ident, L->sh_router ? c.sg : NULL, N, C);
     }
     call_free(be, &c);
@@ -380,11 +403,10 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
 
 /* Backward of one expert on n rows (SwiGLU, or squared ReLU when wg is NULL): X, g, u, h from
  * expert_fwd; dY [n, C] the gradient of its (weighted) output. Accumulates weight grads (Gu
- * NULL: none) and writes dX [n, C]. */
+ * NULL: none) and writes dX [n, C]. C: its width, as in expert_fwd. */
 static void expert_bwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, float *Gg,
-                       float *Gu, float *Gd, int F, int n)
+                       float *Gu, float *Gd, int F, int n, int C)
 {
-    int C = c->C;
     be->gemm(be, 0, 0, n, F, C, 1.0f, c->dY, C, wd, F, 0.0f, c->dh, F);
     if (Gd)
         be->gemm(be, 1, 0, C, F, n, 1.0f, c->dY, C, c->h, F, 1.0f, Gd, F);
@@ -455,7 +477,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     if (call_alloc(m, &c, l, N, 1, NULL, NULL) != 0)
         return -1;
     route(m, l, mk, xn, &c);
-    int C = c.C, F = e->expert_ffn_dim, E = c.E, k = c.k;
+    int C = c.C, D = c.D, F = e->expert_ffn_dim, E = c.E, k = c.k;
     float *dw = malloc(F4 * (size_t)N * k);
     double *dmask = calloc((size_t)E, sizeof *dmask);
     if (!dw || !dmask) {
@@ -465,25 +487,45 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         return -1;
     }
     be->zero(be, dxn, F4 * (size_t)N * C);
+    const float *src = xn, *dsum = dy;   /* the experts' input and their sum's gradient (latent, else the block's) */
+    float *dsrc = dxn;
+    if (L->lat_in) {   /* LatentMoE: y = (sum of weighted experts on x fc1^T) fc2^T */
+        be->gemm(be, 0, 1, N, D, C, 1.0f, xn, C, L->lat_in, C, 0.0f, c.XL, D);
+        be->gemm(be, 0, 0, N, D, C, 1.0f, dy, C, L->lat_out, D, 0.0f, c.dYL, D);
+        be->zero(be, c.YL, F4 * (size_t)N * D);
+        be->zero(be, c.dXL, F4 * (size_t)N * D);
+        src = c.XL;
+        dsum = c.dYL;
+        dsrc = c.dXL;
+    }
     for (int x = 0; x < E; x++) {
         int n = c.cnt[x];
         if (!n)
             continue;
         const int *rows = c.idev + c.off[x];
         float **W = L->experts + 3 * x, **GW = gw ? G->experts + 3 * x : NULL;
-        be->gather_rows(be, c.X, xn, rows, NULL, n, C);
-        expert_fwd(be, &c, W[0], W[1], W[2], F, n);
-        be->gather_rows(be, c.dY, dy, rows, NULL, n, C);
-        be->rows_dot(be, c.dlog, c.dY, c.Y, n, C);   /* d loss / d (its weight) per row */
+        be->gather_rows(be, c.X, src, rows, NULL, n, D);
+        expert_fwd(be, &c, W[0], W[1], W[2], F, n, D);
+        if (L->lat_in)   /* the latent sum again, for fc2's gradient */
+            be->scatter_rows_acc(be, c.YL, c.Y, rows, c.wl_d + c.off[x], n, D);
+        be->gather_rows(be, c.dY, dsum, rows, NULL, n, D);
+        be->rows_dot(be, c.dlog, c.dY, c.Y, n, D);   /* d loss / d (its weight) per row */
         be->to_host(be, c.hbuf, c.dlog, F4 * (size_t)n);
         for (int i = 0; i < n; i++) {
             int at = c.off[x] + i;
             dw[c.slot[at]] = c.hbuf[i] * c.mask[x];
             dmask[x] += (double)c.hbuf[i] * c.wraw[c.slot[at]];
         }
-        be->gather_rows(be, c.dY, dy, rows, c.wl_d + c.off[x], n, C);
-        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n);   /* W[0] NULL: relu2 */
-        be->scatter_rows_acc(be, dxn, c.dX, rows, NULL, n, C);
+        be->gather_rows(be, c.dY, dsum, rows, c.wl_d + c.off[x], n, D);
+        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n, D);   /* W[0] NULL: relu2 */
+        be->scatter_rows_acc(be, dsrc, c.dX, rows, NULL, n, D);
+    }
+    if (L->lat_in) {
+        if (gw) {
+            be->gemm(be, 1, 0, C, D, N, 1.0f, dy, C, c.YL, D, 1.0f, G->lat_out, D);
+            be->gemm(be, 1, 0, D, C, N, 1.0f, c.dXL, D, xn, C, 1.0f, G->lat_in, C);
+        }
+        be->gemm(be, 0, 0, N, C, D, 1.0f, c.dXL, D, L->lat_in, C, 1.0f, dxn, C);
     }
     router_grad(e, &c, dw);
     be->to_device(be, c.dlog, c.hbuf, F4 * (size_t)N * E);
@@ -492,17 +534,17 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     be->gemm(be, 0, 0, N, C, E, 1.0f, c.dlog, E, L->router, C, 1.0f, dxn, C);
     if (e->shared_ffn_dim && !L->sh_router) {   /* Nemotron-H: the shared expert added as it is */
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N);
+        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C);
         be->copy(be, c.dY, dy, F4 * (size_t)N * C);
         expert_bwd(be, &c, NULL, L->sh_up, L->sh_down, NULL, gw ? G->sh_up : NULL, gw ? G->sh_down : NULL,
-                   e->shared_ffn_dim, N);
+                   e->shared_ffn_dim, N, C);
         be->add(be, dxn, dxn, c.dX, (size_t)N * C);
     } else if (e->shared_ffn_dim) {
         const int *ident = c.idev + (size_t)N * k;
         int S = e->shared_ffn_dim;
         shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N, C);
         be->rows_dot(be, c.dlog, dy, c.Y, N, C);     /* d loss / d gate value */
         float *dsg = c.hbuf + (size_t)N;              /* hbuf[0, N) holds the gate values */
         be->to_host(be, dsg, c.dlog, F4 * (size_t)N);
@@ -514,7 +556,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         be->gemm(be, 0, 0, N, C, 1, 1.0f, c.dlog, 1, L->sh_router, C, 1.0f, dxn, C);
         be->gather_rows(be, c.dY, dy, ident, c.sg, N, C);
         expert_bwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, gw ? G->sh_gate : NULL, gw ? G->sh_up : NULL,
-                   gw ? G->sh_down : NULL, S, N);
+                   gw ? G->sh_down : NULL, S, N, C);
         be->add(be, dxn, dxn, c.dX, (size_t)N * C);
     }
     if (gm && mk) {

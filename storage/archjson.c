@@ -73,6 +73,8 @@ json_t *arch_to_json(const arch *a)
                 rc |= obj_set(mo, "router", json_pack("{s:s,s:i,s:i,s:f}", "scores", "sigmoid", "n_group",
                                                       l->moe.n_group, "topk_group", l->moe.topk_group,
                                                       "routed_scaling_factor", l->moe.routed_scale));
+            if (mo && l->moe.latent_dim)   /* LatentMoE: the experts' width */
+                rc |= obj_set(mo, "latent_dim", json_integer(l->moe.latent_dim));
             rc |= obj_set(lo, "moe", mo);
         }
         if (l->mamba.n_heads > 0)
@@ -218,7 +220,7 @@ static int parse_layer(perr *pe, json_t *lo, int i, arch_layer *l)
     static const char *const akeys[] = {"n_heads", "n_kv_heads", NULL};
     static const char *const mkeys[] = {"ffn_dim", NULL};
     static const char *const ekeys[] = {"n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "norm_topk_prob",
-                                        "router", NULL};
+                                        "router", "latent_dim", NULL};
     static const char *const rkeys[] = {"scores", "n_group", "topk_group", "routed_scaling_factor", NULL};
     static const char *const bkeys[] = {"n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", NULL};
     char at[64], sub[80];
@@ -264,7 +266,8 @@ static int parse_layer(perr *pe, json_t *lo, int i, arch_layer *l)
             get_int(pe, moe, sub, "top_k", 1, 4096, 1, &l->moe.top_k) ||
             get_int(pe, moe, sub, "expert_ffn_dim", 1, 1 << 20, 1, &l->moe.expert_ffn_dim) ||
             get_int(pe, moe, sub, "shared_ffn_dim", 0, 1 << 20, 0, &l->moe.shared_ffn_dim) ||
-            get_bool(pe, moe, sub, "norm_topk_prob", 0, &l->moe.norm_topk))
+            get_bool(pe, moe, sub, "norm_topk_prob", 0, &l->moe.norm_topk) ||
+            get_int(pe, moe, sub, "latent_dim", 1, 65536, 0, &l->moe.latent_dim))
             return -1;
         json_t *ro = json_object_get(moe, "router");
         char rsub[96];

@@ -9,7 +9,8 @@
  * layer. Mamba tensors: ssm_in [z | xBC | dt], ssm_conv1d {K, conv_dim} with its bias,
  * ssm_dt.bias, ssm_a = -exp(A_log) and ssm_d as {1, H}, ssm_norm {d_inner/G, G}, ssm_out. MoE:
  * ffn_gate_inp, exp_probs_b.bias (the correction bias), experts stacked into ffn_{up,down}_exps,
- * the shared expert ffn_{up,down}_shexp. No RoPE in this family, so q and k go unpermuted.
+ * the shared expert ffn_{up,down}_shexp; LatentMoE's projections ffn_latent_{down,up} with
+ * moe_latent_size. No RoPE in this family, so q and k go unpermuted.
  */
 #include "storage/export_gguf_hybrid.h"
 
@@ -117,6 +118,8 @@ int exp_gguf_hybrid_keys(ggw *w, const arch *a, const char *an)
         bad |= ggw_kv_u32(w, K("expert_group_count"), grouped ? (uint32_t)moe->n_group : 1u);
         bad |= ggw_kv_u32(w, K("expert_group_used_count"), grouped ? (uint32_t)moe->topk_group : 1u);
         bad |= ggw_kv_u32(w, K("expert_gating_func"), 2u);   /* sigmoid */
+        if (moe->latent_dim)
+            bad |= ggw_kv_u32(w, K("moe_latent_size"), (uint32_t)moe->latent_dim);
     }
 #undef K
     return bad;
@@ -157,10 +160,15 @@ static int hy_tensors(const arch *a, exp_gtensor *t)
             T("attn_output.weight", Q, C, 0, "mixer.o_proj.weight", 0, PLAIN);
         } else if (y->moe.n_experts) {
             const arch_moe *e = &y->moe;
+            int64_t io = arch_moe_io(e, (int)C);   /* the experts' width (LatentMoE: the latent) */
             T("ffn_gate_inp.weight", C, e->n_experts, 0, "mixer.gate.weight", 0, PLAIN);
             T("exp_probs_b.bias", e->n_experts, 0, 0, "mixer.gate.e_score_correction_bias", 0, PLAIN);
-            T("ffn_up_exps.weight", C, e->expert_ffn_dim, e->n_experts, "mixer.experts.%d.up_proj.weight", 1, PLAIN);
-            T("ffn_down_exps.weight", e->expert_ffn_dim, C, e->n_experts, "mixer.experts.%d.down_proj.weight", 1, PLAIN);
+            if (e->latent_dim) {
+                T("ffn_latent_down.weight", C, io, 0, "mixer.fc1_latent_proj.weight", 0, PLAIN);
+                T("ffn_latent_up.weight", io, C, 0, "mixer.fc2_latent_proj.weight", 0, PLAIN);
+            }
+            T("ffn_up_exps.weight", io, e->expert_ffn_dim, e->n_experts, "mixer.experts.%d.up_proj.weight", 1, PLAIN);
+            T("ffn_down_exps.weight", e->expert_ffn_dim, io, e->n_experts, "mixer.experts.%d.down_proj.weight", 1, PLAIN);
             if (e->shared_ffn_dim) {
                 T("ffn_up_shexp.weight", C, e->shared_ffn_dim, 0, "mixer.shared_experts.up_proj.weight", 0, PLAIN);
                 T("ffn_down_shexp.weight", e->shared_ffn_dim, C, 0, "mixer.shared_experts.down_proj.weight", 0, PLAIN);

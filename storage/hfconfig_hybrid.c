@@ -6,9 +6,9 @@
  * num_key_value_heads, head_dim), "-" a squared-ReLU MLP of intermediate_size, "E" an MoE of
  * squared-ReLU experts behind a sigmoid router (n_routed_experts, num_experts_per_tok,
  * moe_intermediate_size, a shared expert, n_group/topk_group, routed_scaling_factor,
- * norm_topk_prob; a latent MoE is refused). Newer configs state the pattern as
- * layers_block_type ("mamba"/"linear_attention", "attention"/"full_attention", "mlp", "moe");
- * both are read, the pattern string is written. Defaults are NemotronHConfig's. The
+ * norm_topk_prob; moe_latent_size: LatentMoE, the experts in a latent space). Newer configs
+ * state the pattern as layers_block_type ("mamba"/"linear_attention", "attention"/
+ * "full_attention", "mlp", "moe"); both are read, the pattern string is written. Defaults are NemotronHConfig's. The
  * checkpoints' time_step_limit [0.0, Infinity] reaches here with the Infinity read as null
  * (storage/hfconfig.c): no clamp, which is what the engine runs; any other limit is refused.
  */
@@ -99,7 +99,8 @@ static int no_dt_clamp(json_t *cfg)
 /* The MoE layers' shape (NemotronHConfig's defaults): n_routed_experts squared-ReLU experts of
  * moe_intermediate_size, top num_experts_per_tok in topk_group of n_group groups, sigmoid
  * scores normalized (norm_topk_prob) and times routed_scaling_factor, a shared expert of
- * moe_shared_expert_intermediate_size when n_shared_experts. A latent MoE is refused. */
+ * moe_shared_expert_intermediate_size when n_shared_experts, the experts in a latent of
+ * moe_latent_size when it is set (Nemotron 3 Super's LatentMoE). */
 static int read_moe(json_t *cfg, arch_moe *e, char *err, size_t errlen)
 {
     int64_t E, k, Fe, Fs, ns, ng, tg;
@@ -124,13 +125,14 @@ static int read_moe(json_t *cfg, arch_moe *e, char *err, size_t errlen)
         snprintf(err, errlen, "config.json: norm_topk_prob: must be true or false");
         return -1;
     }
-    if (lat && !json_is_null(lat)) {
-        snprintf(err, errlen, "config.json: moe_latent_size: latent MoE projections are not supported");
+    int64_t Lt = 0;
+    if (lat && !json_is_null(lat) && (!json_is_integer(lat) || (Lt = json_integer_value(lat)) < 1 || Lt > 65536)) {
+        snprintf(err, errlen, "config.json: moe_latent_size: must be null or an integer in [1, 65536]");
         return -1;
     }
     *e = (arch_moe){.n_experts = (int)E, .top_k = (int)k, .expert_ffn_dim = (int)Fe, .shared_ffn_dim = ns ? (int)Fs : 0,
                     .norm_topk = nt ? json_is_true(nt) : 1, .sigmoid = 1, .n_group = (int)ng, .topk_group = (int)tg,
-                    .routed_scale = scale};
+                    .routed_scale = scale, .latent_dim = (int)Lt};
     return 0;
 }
 
@@ -281,11 +283,12 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
                           "torch_dtype", torch_dtype ? torch_dtype : "float32");
     if (j && moe) {
         const arch_moe *e = &moe->moe;
-        json_t *mo = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b}", "n_routed_experts", e->n_experts,
+        json_t *mo = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b,s:o}", "n_routed_experts", e->n_experts,
                                "num_experts_per_tok", e->top_k, "moe_intermediate_size", e->expert_ffn_dim,
                                "moe_shared_expert_intermediate_size", e->shared_ffn_dim ? e->shared_ffn_dim : 1,
                                "n_shared_experts", e->shared_ffn_dim ? 1 : 0, "n_group", e->n_group, "topk_group",
-                               e->topk_group, "routed_scaling_factor", e->routed_scale, "norm_topk_prob", e->norm_topk);
+                               e->topk_group, "routed_scaling_factor", e->routed_scale, "norm_topk_prob", e->norm_topk,
+                               "moe_latent_size", e->latent_dim ? json_integer(e->latent_dim) : json_null());
         if (!mo || json_object_update(j, mo)) {
             json_decref(j);
             j = NULL;

@@ -79,9 +79,12 @@ def moe_nemotron(W, p, h, lay, em):
     scores + e_score_correction_bias within the topk_group best groups (each group scored by the sum
     of its two best biased scores), weights from the unbiased scores, normalized (+1e-20) when
     norm_topk, times routed_scaling_factor; squared-ReLU experts; a shared expert added as it is.
+    LatentMoE (lay[17] > 0, Nemotron 3 Super): the experts read h fc1_latent_proj^T and their sum
+    goes back through fc2_latent_proj; router and shared expert read h.
     Every expert runs on every token here, weighted by its (zero when not chosen) routing weight."""
     E, k, Fe, Fs, norm = lay[3:8]
     ng, tg, scale = lay[14], lay[15], lay[16]
+    latent = len(lay) > 17 and lay[17]
     s = torch.sigmoid(h @ W[p + "gate.weight"].T)
     choice = s + W[p + "gate.e_score_correction_bias"]
     if tg < ng:
@@ -95,11 +98,14 @@ def moe_nemotron(W, p, h, lay, em):
     topw = topw * scale
     if em is not None:
         topw = topw * em[topi]
-    y = torch.zeros_like(h)
+    he = h @ W[p + "fc1_latent_proj.weight"].T if latent else h
+    y = torch.zeros_like(he)
     for e in range(E):
         w = (topw * (topi == e)).sum(-1)
         q = p + "experts.%d." % e
-        y = y + w[..., None] * (F.relu(h @ W[q + "up_proj.weight"].T) ** 2) @ W[q + "down_proj.weight"].T
+        y = y + w[..., None] * (F.relu(he @ W[q + "up_proj.weight"].T) ** 2) @ W[q + "down_proj.weight"].T
+    if latent:
+        y = y @ W[p + "fc2_latent_proj.weight"].T
     if Fs:
         y = y + (F.relu(h @ W[p + "shared_experts.up_proj.weight"].T) ** 2) @ W[p + "shared_experts.down_proj.weight"].T
     # the bias only chooses (an index has no gradient): its gradient is zero, as the engine's
@@ -184,10 +190,10 @@ def random_hybrid(rng, pattern, V, C, D, tied=0, mamba=None):
     for c in pattern:
         if c in "Mm":   # m: a Mamba mixer and an MLP in one layer
             layers.append((0, 0, rng.choice([6, 11]) if c == "m" else 0, 0, 0, 0, 0, 0, H, P, S, G, K))
-        elif c == "E":   # Nemotron-H's MoE: 6 experts top 2 in 3 groups of which 2 kept, a shared expert
-            ng, tg = (3, 2) if rng.random() < 0.5 else (1, 1)
+        elif c in "EL":   # Nemotron-H's MoE: 6 experts top 2 in 3 groups of which 2 kept, a shared expert;
+            ng, tg = (3, 2) if rng.random() < 0.5 else (1, 1)   # L: LatentMoE (experts in a latent of 5 or 9)
             layers.append((0, 0, 0, 6, 2, rng.choice([4, 7]), rng.choice([0, 5]), rng.choice([0, 1]), 0, 0, 0, 0, 0, 1,
-                           ng, tg, rng.choice([1.0, 2.5])))
+                           ng, tg, rng.choice([1.0, 2.5]), rng.choice([5, 9]) if c == "L" else 0))
         elif c in "*a":   # a: attention and an MLP in one layer
             hkv = rng.choice([1, 2])
             layers.append((hkv * rng.choice([1, 2]), hkv, rng.choice([6, 11]) if c == "a" else 0))
@@ -214,6 +220,9 @@ def main():
         # Nemotron-H's MoE layers: sigmoid routing, correction bias, grouped top-k, routed scale
         ("ME*E", 1, (2, 7), 0, None),
         ("EME", 0, (1, 9), 1, (4, 4, 6, 4, 4)),
+        # LatentMoE (Nemotron 3 Super): the experts in a latent space, projected in and out
+        ("ML*L", 1, (2, 7), 0, None),
+        ("LMEL", 0, (1, 12), 1, None),
     ]
     failures = []
     for i, (pattern, masks, (B, T), tied, shape) in enumerate(cases):

@@ -4,7 +4,8 @@ nemotron_h_moe and mamba2) as in the engine.
 
 Tiny random checkpoints written as the Hub's (tests/oracle/test_models_hybrid_hf.py's writer): a
 dense hybrid "M*M-M" (Mamba-2, attention, squared-ReLU MLP) and an MoE hybrid "ME*EM" (sigmoid
-router with its correction bias, routed scale 2.5, a shared expert) and a Mamba2ForCausalLM of
+router with its correction bias, routed scale 2.5, a shared expert; also with its experts in a
+latent of 12, LatentMoE's ffn_latent_down/up around them) and a Mamba2ForCausalLM of
 four Mamba-2 layers in two groups (tests/oracle/test_models_mamba2_hf.py's writer), each exported as F32 GGUF by
 the engine side (tests/tools/export_interop --no-vocab: llama.cpp runs token ids), also after
 pruning Mamba heads. llama.cpp scores the same 39 token ids with an F32 KV cache, in batches of 8
@@ -88,6 +89,7 @@ def main():
         moe = dict(hf.MOE, pattern="ME*EM")
         case(tmp, "moe", moe)
         case(tmp, "moe-grouped", dict(moe, ng=3, tg=2))
+        case(tmp, "moe-latent", dict(moe, Lt=12))   # Nemotron 3 Super's LatentMoE
         case(tmp, "mamba2", m2.CFG, make=m2.make_mamba2)
         case(tmp, "mamba2-cut", m2.CFG, cut=4, make=m2.make_mamba2)
         d = os.path.join(tmp, "mixed")

@@ -16,7 +16,9 @@ Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). tr
     export reloads with the same logits;
   - ranking (prune with calibration text) keeps heads inside their groups: the ranked parent
     computes the parent's logits;
-  - configs the engine cannot run are refused naming the field (an MoE layer "E", a dt clamp);
+  - LatentMoE (moe_latent_size, Nemotron 3 Super): read, equal to the reference, written, and
+    pruned (experts; the hidden size through fc1/fc2_latent_proj, the latent experts whole);
+  - configs the engine cannot run are refused naming the field (a bad moe_latent_size, a dt clamp);
     the GGUF export is llama.cpp's nemotron_h;
   - calibration times Mamba mixers per head count, held-out hybrids validate, an estimate
     prices the Mamba conv and SSM states in the request cache exactly, and both methods
@@ -78,7 +80,8 @@ def layers_of(c, mh=None, heads=None, ffn=None, kv=None, experts=None):
     for ch in c["pattern"]:
         if ch == "E":
             E = experts or c["E"]
-            out.append((0, 0, 0, E, min(c["k"], E), c["Fe"], c["Fs"], 1, 0, 0, 0, 0, 0, 1, c["ng"], c["tg"], c["scale"]))
+            out.append((0, 0, 0, E, min(c["k"], E), c["Fe"], c["Fs"], 1, 0, 0, 0, 0, 0, 1, c["ng"], c["tg"], c["scale"],
+                        c.get("Lt", 0)))
         elif ch == "M":
             out.append((0, 0, 0, 0, 0, 0, 0, 0, mh or c["MH"], c["MP"], c["S"], c["G"], c["K"]))
         elif ch == "*":
@@ -116,9 +119,13 @@ def make_checkpoint(d, c, seed=7):
         elif ch == "E":
             W[p + "mixer.gate.weight"] = rnd(c["E"], C, std=1.0)
             W[p + "mixer.gate.e_score_correction_bias"] = rnd(c["E"], std=0.3)
+            io = c.get("Lt") or C   # LatentMoE: the experts in the latent
+            if c.get("Lt"):
+                W[p + "mixer.fc1_latent_proj.weight"] = rnd(io, C)
+                W[p + "mixer.fc2_latent_proj.weight"] = rnd(C, io)
             for e in range(c["E"]):
-                W[p + "mixer.experts.%d.up_proj.weight" % e] = rnd(c["Fe"], C)
-                W[p + "mixer.experts.%d.down_proj.weight" % e] = rnd(C, c["Fe"])
+                W[p + "mixer.experts.%d.up_proj.weight" % e] = rnd(c["Fe"], io)
+                W[p + "mixer.experts.%d.down_proj.weight" % e] = rnd(io, c["Fe"])
             W[p + "mixer.shared_experts.up_proj.weight"] = rnd(c["Fs"], C)
             W[p + "mixer.shared_experts.down_proj.weight"] = rnd(C, c["Fs"])
         elif ch == "*":
@@ -145,7 +152,7 @@ def make_checkpoint(d, c, seed=7):
         conf.update({"n_routed_experts": c["E"], "num_experts_per_tok": c["k"], "moe_intermediate_size": c["Fe"],
                      "moe_shared_expert_intermediate_size": c["Fs"], "n_shared_experts": 1, "n_group": c["ng"],
                      "topk_group": c["tg"], "routed_scaling_factor": c["scale"], "norm_topk_prob": True,
-                     "moe_latent_size": None})
+                     "moe_latent_size": c.get("Lt")})
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(conf, f)   # writes Infinity, as the published configs carry it
     write_safetensors(os.path.join(d, "model.safetensors"), W)
@@ -203,7 +210,8 @@ def sliced(c, W, mh, heads, ffn):
 
 
 def check_refusals(tmp, conf):
-    for tag, change, needle in (("latent", {"hybrid_override_pattern": "M*E-M", "moe_latent_size": 16}, "latent"),
+    for tag, change, needle in (("latent", {"hybrid_override_pattern": "M*E-M", "moe_latent_size": 2.5},
+                                 "moe_latent_size"),
                                 ("clamp", {"time_step_limit": [0.001, 0.1]}, "time_step_limit"),
                                 ("act", {"mlp_hidden_act": "gelu"}, "mlp_hidden_act")):
         d = os.path.join(tmp, "bad-" + tag)
@@ -282,6 +290,60 @@ def check_moe(tmp):
     make_checkpoint(g, dict(c, ng=3, tg=2), seed=9)
     r = run([TOOL, g, "--arch", cp, "--logits", os.path.join(tmp, "ids.txt"), os.path.join(tmp, "g.f32")], expect=1)
     check("groups" in r.stderr, "grouped routing keeps its experts whole: %s" % r.stderr.strip()[-110:])
+
+
+def hidden_cut(c, W, h):
+    """The parent's weights cut by hand to the first h hidden channels (every tensor reading or
+    writing the residual stream; a LatentMoE's experts keep their latent)."""
+    C, out = c["C"], {}
+    for k, v in W.items():
+        if k.endswith(("norm.weight", "norm_f.weight")) and "mixer." not in k:
+            v = v[:h]
+        elif k.endswith(("embeddings.weight", "lm_head.weight", "in_proj.weight", "gate.weight", "fc1_latent_proj.weight",
+                         "q_proj.weight", "k_proj.weight", "v_proj.weight")) or \
+                (k.endswith("up_proj.weight") and ".experts." not in k):
+            v = v[:, :h]
+        elif k.endswith(("out_proj.weight", "fc2_latent_proj.weight", "o_proj.weight")) or \
+                (k.endswith("down_proj.weight") and ".experts." not in k):
+            v = v[:h]
+        elif ".experts." in k and not c.get("Lt"):
+            v = v[:, :h] if k.endswith("up_proj.weight") else v[:h]
+        out[k] = v
+    assert out["backbone.embeddings.weight"].shape[1] == h and C > h
+    return out
+
+
+def check_latent(tmp):
+    """LatentMoE (Nemotron 3 Super): the experts in a latent of 12, fc1/fc2_latent_proj around them;
+    read, computed, written, pruned (experts; the hidden size, which the latent keeps)."""
+    c = dict(MOE, Lt=12)
+    d = os.path.join(tmp, "latent-parent")
+    W, conf = make_checkpoint(d, c, seed=13)
+    a = json.loads(run([AC, "inspect", d, "--json"]).stdout)
+    check(a["layers"][1]["moe"].get("latent_dim") == 12, "inspect reads moe_latent_size 12: %s" % a["layers"][1]["moe"])
+    eng, _ = engine_logits(d, tmp, "latent")
+    e = rel(eng, ref_logits(c, W))
+    check(e < 1e-4, "LatentMoE checkpoint: engine logits = float64 reference (rel err %.2e)" % e)
+    x = os.path.join(tmp, "latent-export")
+    engine_logits(d, tmp, "latent-x", "--hf", x)
+    back, _ = engine_logits(x, tmp, "latent-xb")
+    check(np.array_equal(back, eng) and json.load(open(os.path.join(x, "config.json")))["moe_latent_size"] == 12,
+          "the LatentMoE model's HF export (moe_latent_size 12) reloads with identical logits")
+    cut = dict(a, hidden_size=24, layers=[dict(l) for l in a["layers"]])
+    for l in cut["layers"]:
+        if l.get("moe"):
+            l["moe"] = dict(l["moe"], n_experts=4)
+    cp = os.path.join(tmp, "latent-cut.json")
+    with open(cp, "w") as f:
+        json.dump(cut, f)
+    px = os.path.join(tmp, "latent-pruned")
+    pe, _ = engine_logits(d, tmp, "latent-cut", "--arch", cp, "--hf", px)
+    pr = ref_logits(dict(c, C=24), hidden_cut(c, sliced_experts(c, W, [0, 1, 2, 3]), 24), experts=4)
+    e = rel(pe, pr)
+    pb, _ = engine_logits(px, tmp, "latent-cutb")
+    check(e < 1e-4 and np.array_equal(pb, pe),
+          "hidden 32 -> 24 (fc1 columns and fc2 rows cut, the latent experts whole) and 4 of 6 experts = the reference "
+          "on weights sliced by hand (rel err %.2e); the export reloads with the same logits" % e)
 
 
 def check_cost_model(tmp, d, cut):
@@ -396,6 +458,7 @@ def main():
               (perm, e))
         check_refusals(tmp, conf)
         check_moe(tmp)
+        check_latent(tmp)
         check_cost_model(tmp, d, cp)
         r = run([AC, "export", d, "--out", os.path.join(tmp, "x.gguf"), "--format", "gguf", "--dtype", "fp32",
                  "--tokenizer", TOK])

@@ -53,11 +53,11 @@ static int read_arch(FILE *f, arch *a, char *line, size_t len)
     for (int l = 0; l < L; l++) {
         arch_layer *y = &a->layers[l];
         if (!fgets(line, (int)len, f) ||
-            sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %lf", &y->n_heads, &y->n_kv_heads, &y->ffn_dim,
+            sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %lf %d", &y->n_heads, &y->n_kv_heads, &y->ffn_dim,
                    &y->moe.n_experts, &y->moe.top_k, &y->moe.expert_ffn_dim, &y->moe.shared_ffn_dim, &y->moe.norm_topk,
                    &y->mamba.n_heads, &y->mamba.head_dim, &y->mamba.d_state, &y->mamba.n_groups,
                    &y->mamba.conv_kernel, &y->moe.sigmoid, &y->moe.n_group, &y->moe.topk_group,
-                   &y->moe.routed_scale) < 3)
+                   &y->moe.routed_scale, &y->moe.latent_dim) < 3)
             return -1;
         a->layers[l].source_layer = l;
     }
@@ -68,7 +68,7 @@ static int read_arch(FILE *f, arch *a, char *line, size_t len)
  * teacher arch; an arch is "V C D theta eps tied bias rope_type factor low high orig L [family]"
  * followed by L lines "n_heads n_kv_heads ffn_dim [n_experts top_k expert_ffn_dim shared_ffn_dim
  * norm_topk [mamba_heads head_dim d_state n_groups conv_kernel [sigmoid n_group topk_group
- * routed_scale]]]". */
+ * routed_scale [latent_dim]]]]". */
 static int read_cfg(const char *path, cfg *c)
 {
     FILE *f = fopen(path, "r");

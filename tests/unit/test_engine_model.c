@@ -18,7 +18,8 @@
 /* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention; with moe
  * == 1, a Qwen2-MoE whose layers 0 and 2 are mixtures of experts (one with a shared expert);
  * with moe == 2, a Nemotron-H hybrid "M*-M": Mamba-2 mixers of two shapes in layers 0 and 3;
- * with moe == 3, an OLMoE (q and k RMS-normed over their rows) with MoE layers 0 and 2. */
+ * with moe == 3, an OLMoE (q and k RMS-normed over their rows) with MoE layers 0 and 2;
+ * with moe == 4, the hybrid of 2 whose layer 2 is a LatentMoE (experts in a latent of 10). */
 static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
 {
     assert_int_equal(arch_init(a, 4), 0);
@@ -51,13 +52,17 @@ static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
         a->layers[0].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6};
         a->layers[2].moe = (arch_moe){.n_experts = 3, .top_k = 1, .expert_ffn_dim = 7, .norm_topk = 1};
     }
-    if (moe == 2) {
+    if (moe == 2 || moe == 4) {
         snprintf(a->family, sizeof a->family, "nemotron_h");
         a->attention_bias = 0;
         a->layers[0] = (arch_layer){.source_layer = 0, .mamba = {4, 6, 5, 2, 4}};
         a->layers[1].ffn_dim = 0;
         a->layers[3] = (arch_layer){.source_layer = 3, .mamba = {6, 2, 3, 3, 3}};
     }
+    if (moe == 4)
+        a->layers[2] = (arch_layer){.source_layer = 2, .moe = {.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6,
+                                    .shared_ffn_dim = 5, .norm_topk = 1, .sigmoid = 1, .n_group = 1,
+                                    .topk_group = 1, .routed_scale = 2.5, .latent_dim = 10}};
 }
 
 static void tiny_arch(arch *a, int tied, int bias)
@@ -152,6 +157,13 @@ static void test_kv_decode_matches_full_moe(void **state)
 {
     (void)state;
     kv_decode_matches_full(1);
+}
+
+/* LatentMoE routes per token like any MoE: prefill, chunks and decode agree. */
+static void test_kv_decode_matches_full_latent(void **state)
+{
+    (void)state;
+    kv_decode_matches_full(4);
 }
 
 /* The cache holds k after its norm (OLMoE's q_norm / k_norm run per token). */
@@ -305,6 +317,13 @@ static void test_workspace_prediction_moe(void **state)
 {
     (void)state;
     workspace_prediction_and_accounting(1);
+}
+
+/* LatentMoE's latent buffers are in the forward and backward scratch the predictions count. */
+static void test_workspace_prediction_latent(void **state)
+{
+    (void)state;
+    workspace_prediction_and_accounting(4);
 }
 
 /* OLMoE's q/k norms: weights in the layout, their saved rstd in the training workspace. */
@@ -480,8 +499,10 @@ int main(void)
         cmocka_unit_test(test_padding_isolated_hybrid),
         cmocka_unit_test(test_kv_decode_matches_full_hybrid),
         cmocka_unit_test(test_kv_decode_matches_full_olmoe),
+        cmocka_unit_test(test_kv_decode_matches_full_latent),
         cmocka_unit_test(test_workspace_prediction_hybrid),
         cmocka_unit_test(test_workspace_prediction_olmoe),
+        cmocka_unit_test(test_workspace_prediction_latent),
         cmocka_unit_test(test_moe_many_groups),
         cmocka_unit_test(test_workspace_prediction_and_accounting),
         cmocka_unit_test(test_tensors_and_errors),
