@@ -30,6 +30,7 @@ import os
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 
 import numpy as np
@@ -60,6 +61,29 @@ def run(args, expect=0):
     if r.returncode != expect:
         raise AssertionError("%s -> %d (expected %d): %s" % (" ".join(args), r.returncode, expect, r.stderr[-2000:]))
     return r
+
+
+def run_job(model, tmp, tag, params, export):
+    """A whole job without the server (`autocompress run`: rank, calibrate, search, prune, distill,
+    evaluate, measure, export) under a parameter limit. Returns the report and its folder."""
+    out = os.path.join(tmp, tag + "-job")
+    spec = {"name": tag, "model": {"path": model, "tokenizer": TOK},
+            "target": {"device": "cpu", "precision": "fp32",
+                       "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}},
+            "constraints": {"params": params}, "budgets": {"search_tokens": 4096, "distill_tokens": 2048},
+            "data": {"calibration": TEXT, "distillation": TEXT},
+            "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": export}
+    sp = os.path.join(tmp, tag + "-spec.json")
+    with open(sp, "w") as f:
+        json.dump(spec, f)
+    run([AC, "run", sp, "--out", out])
+    return json.load(open(os.path.join(out, "report.json"))), out
+
+
+def tar_config(tar):
+    """The config.json inside an HF export's tarball, as text."""
+    with tarfile.open(tar) as t:
+        return next(t.extractfile(m).read() for m in t.getmembers() if m.name.endswith("/config.json"))
 
 
 def write_safetensors(path, tensors):

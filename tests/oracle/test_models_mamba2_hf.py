@@ -14,6 +14,7 @@ Checks:
     hand, and its export (num_heads 4, expand 0.5) reloads with the same logits;
   - what the engine cannot run is refused naming the field (Mamba-1, MLPs, attention layers,
     an expand that disagrees with the heads);
+  - a job (`autocompress run`) under a parameter limit runs every stage and exports both formats;
   - calibration times the mixer per head count, an estimate prices the conv and SSM state,
     both methods search one head count for every layer, and the GGUF export is llama.cpp's
     mamba2 (tests/oracle/test_export_llamacpp_hybrid.py runs it).
@@ -21,6 +22,7 @@ Random weights: no quality claim. Run with $AC_PYTHON."""
 import json
 import os
 import sys
+import tarfile
 import tempfile
 
 import numpy as np
@@ -120,6 +122,26 @@ def check_cost_model(tmp, d, cut):
               "%s: one Mamba head count for every layer meets 95%% of the parameters: %s" % (method, mh))
 
 
+def run_job_checked(tmp, d):
+    """A job on the Mamba-2 parent under 85% of its parameters: every stage runs, the limit holds as
+    measured, and both exports come back (the HF one reloads as the report's arch)."""
+    rep, jd = hf.run_job(d, tmp, "m2", 43000, ["hf", "gguf"])
+    res = rep["result"]["arch"]
+    lim = rep["limits"][0]
+    tar = os.path.join(jd, "model-hf.tar")
+    x = os.path.join(tmp, "m2-job-x")
+    os.makedirs(x)
+    with tarfile.open(tar) as t:
+        t.extractall(x)
+    back = json.loads(hf.run([hf.AC, "inspect", os.path.join(x, "model-hf"), "--json"]).stdout)
+    gg = open(os.path.join(jd, "model.gguf"), "rb").read(4096)
+    check(res["family"] == "mamba2" and lim["holds"] and lim["measured"] <= 43000 and
+          [l["mamba"] for l in back["layers"]] == [l["mamba"] for l in res["layers"]] and b"mamba2" in gg,
+          "a job under 43,000 parameters (of %d) succeeds: %d layers of %d heads, %d parameters measured; its HF "
+          "export reloads as the report's arch, its GGUF is mamba2" % (
+              rep["parent"]["params"], len(res["layers"]), res["layers"][0]["mamba"]["n_heads"], lim["measured"]))
+
+
 def main():
     c = CFG
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,6 +195,7 @@ def main():
               "mamba_ssm's layout (d_model, ssm_cfg, vocabulary 500 padded to 512, tied embedding.weight): "
               "logits = reference (rel err %.2e)" % e)
 
+        run_job_checked(tmp, d)
         check_refusals(tmp, d, conf, sd, sconf)
         check_cost_model(tmp, d, cp)
         hf.run([hf.AC, "export", d, "--out", os.path.join(tmp, "x.gguf"), "--format", "gguf", "--dtype", "fp32",

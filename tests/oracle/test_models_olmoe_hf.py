@@ -13,6 +13,7 @@ whole-row q/k RMSNorm before RoPE). Checks:
     experts' cut (its export reloads) and refuses the heads' (head_dim = hidden / heads);
   - ranking in place (heads and experts permuted, the norms' channels with them) keeps the
     parent's logits;
+  - a job (`autocompress run`) under a parameter limit runs every stage and exports both formats;
   - clip_qkv is refused naming the field; the GGUF export is llama.cpp's olmoe
     (tests/oracle/test_export_llamacpp_moe.py runs it).
 Random weights: no quality claim. Run with $AC_PYTHON."""
@@ -161,6 +162,15 @@ def main():
         check(e < 1e-5, "ranked in place (heads and experts permuted, the norms' channels with them; layer 0 heads %s), "
                         "the parent's logits (rel err %.2e)" % (perm, e))
 
+        rep, jd = hf.run_job(d, tmp, "olmoe", 50000, ["hf", "gguf"])
+        res, lim = rep["result"]["arch"], rep["limits"][0]
+        xc = json.loads(hf.tar_config(os.path.join(jd, "model-hf.tar")))
+        gg = open(os.path.join(jd, "model.gguf"), "rb").read(4096)
+        check(res["family"] == "olmoe" and lim["holds"] and lim["measured"] <= 50000 and
+              xc["architectures"] == ["OlmoeForCausalLM"] and xc["num_hidden_layers"] == len(res["layers"]) and
+              b"olmoe" in gg, "a job under 50,000 parameters (of %d) succeeds with %d layers of %d experts (%d "
+              "measured), exported as OlmoeForCausalLM and llama.cpp's olmoe" % (
+                  rep["parent"]["params"], len(res["layers"]), res["layers"][0]["moe"]["n_experts"], lim["measured"]))
         b = os.path.join(tmp, "bad-clip")
         os.makedirs(b)
         with open(os.path.join(b, "config.json"), "w") as f:
