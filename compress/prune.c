@@ -5,6 +5,7 @@
  */
 #include "compress/prune.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,9 @@ void prune_select_free(prune_select *s)
     memset(s, 0, sizeof *s);
 }
 
+/* 1 when a and b are the same number to float precision. */
+static int same_f32(double a, double b) { return fabs(a - b) <= 1e-6 * fmax(fabs(a), fabs(b)); }
+
 int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
 {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
@@ -49,10 +53,12 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
         BAD("tie_word_embeddings: target %d differs from the parent's %d", t->tie_word_embeddings, p->tie_word_embeddings);
     if (p->attention_bias != t->attention_bias)
         BAD("attention_bias: target %d differs from the parent's %d", t->attention_bias, p->attention_bias);
-    if (p->rope_theta != t->rope_theta || memcmp(&p->rope_scaling, &t->rope_scaling, sizeof p->rope_scaling))
+    /* equal to float precision: a GGUF parent stores them as f32 (1e-5 is 9.99999975e-06 there),
+       an arch written from its HF checkpoint as the decimal */
+    if (!same_f32(p->rope_theta, t->rope_theta) || memcmp(&p->rope_scaling, &t->rope_scaling, sizeof p->rope_scaling))
         BAD("rope_theta/rope_scaling: target differs from the parent's");
-    if (p->norm_eps != t->norm_eps)
-        BAD("norm_eps: target %g differs from the parent's %g", t->norm_eps, p->norm_eps);
+    if (!same_f32(p->norm_eps, t->norm_eps))
+        BAD("norm_eps: target %.9g differs from the parent's %.9g", t->norm_eps, p->norm_eps);
     if (t->hidden_size > p->hidden_size)
         BAD("hidden_size: %d is wider than the parent's %d", t->hidden_size, p->hidden_size);
     int prev = -1;
@@ -688,3 +694,4 @@ int prune_load_model(const char *path, const char *tokenizer_path, eng_backend *
     json_decref(man);
     return 0;
 }
+

@@ -3,6 +3,7 @@
  * 1M keys and tensors, 4 dimensions, names up to 95 bytes.
  */
 #include "storage/gguf.h"
+#include "storage/gguf_families.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -423,24 +424,34 @@ int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len)
 
 int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, size_t errlen)
 {
+    return gguf_read_f32_sub(g, i, 0, 1, out, n, err, errlen);
+}
+
+int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out, int64_t n, char *err, size_t errlen)
+{
     if (i < 0 || i >= g->n_tensors) {
         snprintf(err, errlen, "tensor index %d out of range", i);
         return -1;
     }
     const gguf_tensor *t = &g->t[i];
-    if (n < t->numel) {
+    if (n_sub < 1 || sub < 0 || sub >= n_sub || t->numel % n_sub || t->nbytes % (uint64_t)n_sub) {
+        snprintf(err, errlen, "%s: part %d of %d does not divide the tensor", t->name, sub, n_sub);
+        return -1;
+    }
+    int64_t numel = t->numel / n_sub;
+    if (n < numel) {
         snprintf(err, errlen, "%s: output buffer too small", t->name);
         return -1;
     }
-    const uint8_t *p = g->base + t->offset;
-    int64_t nb = t->numel / 32;
+    const uint8_t *p = g->base + t->offset + (uint64_t)sub * (t->nbytes / (uint64_t)n_sub);
+    int64_t nb = numel / 32;
     switch (t->type) {
     case GGML_F32:
-        memcpy(out, p, (size_t)t->numel * 4);
+        memcpy(out, p, (size_t)numel * 4);
         break;
     case GGML_F16:
     case GGML_BF16:
-        for (int64_t k = 0; k < t->numel; k++) {
+        for (int64_t k = 0; k < numel; k++) {
             uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
             out[k] = t->type == GGML_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
         }
@@ -483,8 +494,7 @@ int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, s
 
 /* ---------- llama architecture ---------- */
 
-/* Per-layer value: an array key (one entry per layer) or a scalar. */
-static int layer_val(const gguf_file *g, const char *key, int layer, int n_layers, int64_t *v, char *err, size_t errlen)
+int gguf_layer_int(const gguf_file *g, const char *key, int layer, int n_layers, int64_t *v, char *err, size_t errlen)
 {
     uint32_t ty;
     uint64_t n;
@@ -503,7 +513,7 @@ static int layer_val(const gguf_file *g, const char *key, int layer, int n_layer
     return 0;
 }
 
-static int gguf_tensor_index(const gguf_file *g, const char *name)
+int gguf_tensor_index(const gguf_file *g, const char *name)
 {
     for (int i = 0; i < g->n_tensors; i++)
         if (!strcmp(g->t[i].name, name))
@@ -522,13 +532,19 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
         return -1;
     }
     /* "deci" (llama.cpp's DeciLM) uses the llama keys and tensors under its own prefix,
-     * with per-layer arrays and zero counts for removed parts. */
-    if (!(al == 5 && !memcmp(an, "llama", 5)) && !(al == 4 && !memcmp(an, "deci", 4))) {
-        snprintf(err, errlen, "GGUF: architecture \"%.*s\" is not supported (llama, deci)", (int)(al < 40 ? al : 40),
-                 an);
+     * with per-layer arrays and zero counts for removed parts. The MoE and Mamba-2 families
+     * (and llama with experts: Mixtral) are storage/gguf_families.c's. */
+    snprintf(archname, sizeof archname, "%.*s", (int)(al < sizeof archname - 1 ? al : sizeof archname - 1), an);
+    int64_t n_exp = 0;
+    if (!strcmp(archname, "llama"))
+        (void)gguf_get_int(g, "llama.expert_count", &n_exp);
+    if (gguf_family_known(archname) || n_exp > 0)
+        return gguf_family_arch(g, archname, a, err, errlen);
+    if (strcmp(archname, "llama") && strcmp(archname, "deci")) {
+        snprintf(err, errlen, "GGUF: architecture \"%.*s\" is not supported (llama, deci, %s)", (int)(al < 40 ? al : 40),
+                 an, GGUF_FAMILIES);
         return -1;
     }
-    snprintf(archname, sizeof archname, "%.*s", (int)al, an);
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, archname), key)
     int64_t L, C, ctx = 2048, V = 0, D = 0;
     double theta = 10000.0, eps = 1e-5;
@@ -566,13 +582,13 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
     int64_t h0 = 0;
     for (int l = 0; l < L; l++) {
         int64_t h, kvh, f;
-        if (layer_val(g, KEY("attention.head_count"), l, (int)L, &h, err, errlen))
+        if (gguf_layer_int(g, KEY("attention.head_count"), l, (int)L, &h, err, errlen))
             goto fail;
         if (gguf_find(g, KEY("attention.head_count_kv")) < 0)
             kvh = h;   /* no GQA */
-        else if (layer_val(g, key, l, (int)L, &kvh, err, errlen))
+        else if (gguf_layer_int(g, key, l, (int)L, &kvh, err, errlen))
             goto fail;
-        if (layer_val(g, KEY("feed_forward_length"), l, (int)L, &f, err, errlen))
+        if (gguf_layer_int(g, KEY("feed_forward_length"), l, (int)L, &f, err, errlen))
             goto fail;
         if (h < 0 || h > 1024 || kvh < 0 || kvh > 1024 || f < 0 || f > (1 << 20)) {
             snprintf(err, errlen, "GGUF: layer %d: head counts or feed_forward_length out of range", l);

@@ -79,9 +79,21 @@ const char *gguf_type_name(uint32_t type);
 /* Dequantize tensor i (GGUF layout, no renaming) into out (capacity n floats). 0 or -1. */
 int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, size_t errlen);
 
+/* The same for part `sub` of tensor i cut into n_sub equal parts along its slowest dimension
+ * (one expert of a stacked ffn_*_exps tensor). 0 or -1. */
+int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out, int64_t n, char *err, size_t errlen);
+
+/* Index of the tensor named `name`, or -1. */
+int gguf_tensor_index(const gguf_file *g, const char *name);
+
+/* A per-layer integer: an array key with one entry per layer, or a scalar for all. 0, or -1
+ * with err. */
+int gguf_layer_int(const gguf_file *g, const char *key, int layer, int n_layers, int64_t *v, char *err, size_t errlen);
+
 /* The arch of a `llama` GGUF (per-layer arrays for head_count, head_count_kv and
- * feed_forward_length honoured; tied embeddings when there is no output.weight).
- * a must not own memory. Returns 0, or -1 with a reason. */
+ * feed_forward_length honoured; tied embeddings when there is no output.weight), or of the
+ * MoE and Mamba-2 families' (storage/gguf_families.h). a must not own memory. Returns 0, or -1
+ * with a reason. */
 int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen);
 
 /* HF name and shape of tensor i ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight",

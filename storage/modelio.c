@@ -5,6 +5,7 @@
 #include "storage/modelio.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "storage/fileio.h"
+#include "storage/gguf_families.h"
 #include "storage/hfconfig.h"
 #include "storage/tokload.h"
 
@@ -90,27 +92,51 @@ oom:
     return -1;
 }
 
+/* GGUF tensor i's HF tensors (np parts) appended to m's table (room made by open_gguf). */
+static void gguf_parts_into(mio_model *m, int i, const gguf_hf_part *p, int np)
+{
+    for (int k = 0; k < np; k++) {
+        mio_tensor *t = &m->t[m->n_tensors++];
+        snprintf(t->name, sizeof t->name, "%s", p[k].name);
+        memcpy(t->shape, p[k].shape, sizeof t->shape);
+        t->ndim = p[k].ndim;
+        t->permute_heads = p[k].permute_heads;
+        t->neg_exp = p[k].neg_exp;
+        t->sub = p[k].sub;
+        t->n_sub = p[k].n_sub;
+        t->dtype = gguf_type_name(m->gg.t[i].type);
+        t->nbytes = m->gg.t[i].nbytes / (uint64_t)p[k].n_sub;
+        t->src = i;
+    }
+}
+
 static int open_gguf(mio_model *m, char *err, size_t errlen)
 {
     if (gguf_open(&m->gg, m->path, err, errlen) || gguf_arch(&m->gg, &m->a, err, errlen))
         return -1;
-    if (grow(m, m->gg.n_tensors)) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    for (int i = 0; i < m->gg.n_tensors; i++) {
-        mio_tensor *t = &m->t[m->n_tensors];
-        int rc = gguf_hf_tensor(&m->gg, &m->a, i, t->name, sizeof t->name, t->shape, &t->ndim, &t->permute_heads);
-        if (rc < 0) {
-            snprintf(err, errlen, "%s: tensor %s is not part of a llama model", m->path, m->gg.t[i].name);
+    int64_t total = 0;   /* HF tensors: a stacked expert tensor holds one per expert */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < m->gg.n_tensors; i++) {
+            gguf_hf_part *p;
+            int np;
+            char why[256];
+            int rc = gguf_hf_parts(&m->gg, &m->a, i, &p, &np, why, sizeof why);
+            if (rc < 0) {
+                snprintf(err, errlen, "%s: %s", m->path, why);
+                return -1;
+            }
+            if (rc > 0)
+                continue;
+            if (pass == 0)
+                total += np;
+            else
+                gguf_parts_into(m, i, p, np);
+            free(p);
+        }
+        if (pass == 0 && (total > (1 << 24) || grow(m, (int)total))) {
+            snprintf(err, errlen, "out of memory");
             return -1;
         }
-        if (rc > 0)
-            continue;
-        t->dtype = gguf_type_name(m->gg.t[i].type);
-        t->nbytes = m->gg.t[i].nbytes;
-        t->src = i;
-        m->n_tensors++;
     }
     m->tok_path[0] = '\0';
     return 0;
@@ -259,8 +285,17 @@ int mio_read_tensor(const mio_model *m, int i, float *out, int64_t n, char *err,
     const mio_tensor *t = &m->t[i];
     switch (m->format) {
     case MIO_GGUF:
-        if (gguf_read_f32(&m->gg, t->src, out, n, err, errlen))
+        if (gguf_read_f32_sub(&m->gg, t->src, t->n_sub > 1 ? t->sub : 0, t->n_sub > 1 ? t->n_sub : 1, out, n, err,
+                              errlen))
             return -1;
+        for (int64_t k = 0; t->neg_exp && k < numel_of(t); k++) {
+            if (!(out[k] < 0)) {
+                snprintf(err, errlen, "%s: llama.cpp stores -exp(A_log), which is negative; found %g", t->name,
+                         (double)out[k]);
+                return -1;
+            }
+            out[k] = logf(-out[k]);
+        }
         if (t->permute_heads &&
             l2c_unpermute_rope_rows(out, t->shape[0], t->ndim == 2 ? t->shape[1] : 1, t->permute_heads)) {
             snprintf(err, errlen, "%s: %lld rows do not split into %d RoPE heads", t->name, (long long)t->shape[0],

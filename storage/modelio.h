@@ -28,6 +28,8 @@ typedef struct {
     uint64_t nbytes;            /* stored bytes */
     int src;                    /* index in the format's own table */
     int permute_heads;          /* GGUF q/k: rows to un-permute for RoPE */
+    int neg_exp;                /* GGUF ssm_a: stored -exp(A_log), read back as A_log */
+    int sub, n_sub;             /* GGUF stacked experts: part sub of n_sub (n_sub 1: whole) */
 } mio_tensor;
 
 typedef struct {
