@@ -109,15 +109,16 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max)
                 ffn[n++] = f;
         }
     }
-    if (arch_first_moe(parent, &most))
-        for (int k = 1, last = 0; k <= 16 && n < max; k++) {
-            int c = most <= 16 ? k : (most * k + 15) / 16;   /* every count, or sixteenths rounded up */
-            if (c > most)
-                break;
-            if (c > last)
-                ffn[n++] = -c;
-            last = c;
-        }
+    const arch_moe *e = arch_first_moe(parent, &most);
+    int st = e && arch_moe_grouped(e) ? e->n_group : 1;   /* grouped routing: as many per group */
+    for (int k = 1, last = 0; e && k <= 16 && n < max; k++) {
+        int c = most <= 16 * st ? k * st : ((most * k + 15) / 16 + st - 1) / st * st;   /* every count, or sixteenths */
+        if (c > most)
+            break;
+        if (c > last && (st == 1 || arch_moe_count_ok(e, c)))
+            ffn[n++] = -c;
+        last = c;
+    }
     return n;
 }
 
@@ -196,7 +197,9 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
         const arch_moe *pe = &parent->layers[i].moe;
         int mlp_here = !hybrid || parent->layers[i].ffn_dim > 0;
         if (pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
-            cal_mlp_apply(parent, -(1 + (int)(eng_xorshift64(rng) % (uint64_t)pe->n_experts)), l);
+            int st = arch_moe_grouped(pe) ? pe->n_group : 1, c = st * (1 + (int)(eng_xorshift64(rng) %
+                                                                                  (uint64_t)(pe->n_experts / st)));
+            cal_mlp_apply(parent, -(arch_moe_count_ok(pe, c) ? c : pe->n_experts), l);
         } else if (F && mlp_here && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || !arch_layer_has_mixer(l))) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)

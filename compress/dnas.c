@@ -313,6 +313,33 @@ static int mamba_axis(const arch *parent, search_space *sp, char *err, size_t er
     return 0;
 }
 
+/* The MoE layers' expert counts: every count up to the most (evenly spaced when that is more
+ * than the axis holds) that the first MoE layer can keep (grouped routing: as many per group),
+ * 0 = MLP removed when zero; sp->moe marks the MoE layers. 0, or -1 out of memory. */
+static int expert_axis(const arch *parent, search_space *sp, int zero)
+{
+    int L = parent->n_layers, Emax = 0;
+    sp->moe = calloc((size_t)(L > 0 ? L : 1), 1);
+    if (!sp->moe)
+        return -1;
+    const arch_moe *first = arch_first_moe(parent, &Emax);
+    arch_moe most = first ? *first : (arch_moe){0};   /* the first layer's routing, the most experts */
+    most.n_experts = Emax;
+    for (int l = 0; l < L; l++)
+        sp->moe[l] = parent->layers[l].moe.n_experts > 0;
+    sp->n_exp = 0;
+    if (Emax && zero)
+        sp->exp[sp->n_exp++] = 0;
+    int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, st = arch_moe_grouped(&most) ? most.n_group : 1;
+    int steps = Emax / st < room ? Emax / st : room;
+    for (int c = 1; c <= steps; c++) {
+        int e = Emax / st <= room ? c * st : ((Emax * c + room - 1) / room + st - 1) / st * st;
+        if ((!sp->n_exp || e > sp->exp[sp->n_exp - 1]) && arch_moe_count_ok(&most, e))
+            sp->exp[sp->n_exp++] = e;
+    }
+    return 0;
+}
+
 int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const dnas_axes *axes,
                      search_space *sp, search_costs *costs, char *err, size_t errlen)
 {
@@ -385,25 +412,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         if (f > 0 && (sp->n_ffn == 0 || f > sp->ffn[sp->n_ffn - 1]))
             sp->ffn[sp->n_ffn++] = f;
     }
-    /* MoE layers: every expert count up to the most (evenly spaced when that is more than
-       the axis holds); 0 = MLP removed. The MLP axis is as long as the longer list. */
-    int nf_dense = sp->n_ffn, Emax = 0;
-    sp->moe = calloc((size_t)L, 1);
-    if (!sp->moe)
+    int nf_dense = sp->n_ffn, zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
+    if (expert_axis(parent, sp, zero_exp) != 0)
         goto oom;
-    arch_first_moe(parent, &Emax);
-    for (int l = 0; l < L; l++)
-        sp->moe[l] = parent->layers[l].moe.n_experts > 0;
-    sp->n_exp = 0;
-    int zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
-    if (Emax && zero_exp)
-        sp->exp[sp->n_exp++] = 0;
-    int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, steps = Emax < room ? Emax : room;
-    for (int c = 1; c <= steps; c++) {
-        int e = Emax <= room ? c : (Emax * c + room - 1) / room;
-        if (!sp->n_exp || e > sp->exp[sp->n_exp - 1])
-            sp->exp[sp->n_exp++] = e;
-    }
     if (sp->n_exp > sp->n_ffn) {
         for (int j = sp->n_ffn; j < sp->n_exp; j++)
             sp->ffn[j] = -1;   /* no dense choice here */
@@ -436,10 +447,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         for (int j = 0; j < sp->n_ffn; j++) {
             int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
             int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
-            if (sp->moe[l] && arch_moe_grouped(&pl->moe))
-                searched = 0;   /* grouped routing keeps its experts (prune_check) */
             int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
-                     (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine);
+                     (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine) &&
+                     (!sp->moe[l] || f == 0 || arch_moe_count_ok(&pl->moe, f));   /* grouped: as many per group */
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
         }
         if (pl->ffn_dim && !axes->ffn) {
@@ -512,6 +522,13 @@ static int mask_offsets_init(const eng_model *m, mask_offsets *o)
     return 0;
 }
 
+/* The routing groups whose experts a layer keeps as many of (grouped routing), else 1; a layer
+ * without experts: 1. */
+static int moe_groups(const arch_layer *l)
+{
+    return l->moe.n_experts && arch_moe_grouped(&l->moe) ? l->moe.n_group : 1;
+}
+
 /* Soft prefix masks from the probabilities: unit j kept with P(size > j). */
 static void fill_masks(const search_dist *d, const eng_model *m, const mask_offsets *o, float *host)
 {
@@ -557,14 +574,16 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                         v += d->p_ffn[l * sp->n_ffn + k];
                 host[o->ffn[l] + j] = (float)v;
             }
-        if (o->exp[l] != (size_t)-1)   /* ranked experts: expert e kept with P(count > e) */
-            for (int e = 0; e < pl->moe.n_experts; e++) {
-                double v = 0;
-                for (int k = 0; k < sp->n_exp; k++)
-                    if (sp->exp[k] > e)
-                        v += d->p_ffn[l * sp->n_ffn + k];
-                host[o->exp[l] + e] = (float)v;
-            }
+        /* ranked experts: expert e kept with P(count > e); with grouped routing the j-th of each
+           group with P(count / groups > j) (ranked inside their groups, pruned as many per group) */
+        for (int e = 0, G = moe_groups(pl), per = pl->moe.n_experts / G; o->exp[l] != (size_t)-1 &&
+                                                                         e < pl->moe.n_experts; e++) {
+            double v = 0;
+            for (int k = 0; k < sp->n_exp; k++)
+                if (sp->exp[k] / G > e % per)
+                    v += d->p_ffn[l * sp->n_ffn + k];
+            host[o->exp[l] + e] = (float)v;
+        }
         host[o->attn_gate + l] = (float)d->p_keep[l * 2 + 1];
         host[o->mlp_gate + l] = (float)d->p_keep[l * 2 + 1];
     }
@@ -611,13 +630,14 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
                     s += g[o->ffn[l] + j];
                 d->g_ffn[l * sp->n_ffn + k] += s;
             }
-        if (o->exp[l] != (size_t)-1)
-            for (int k = 0; k < sp->n_exp; k++) {
-                double s = 0;
-                for (int e = 0; e < sp->exp[k] && e < pl->moe.n_experts; e++)
+        for (int k = 0, G = moe_groups(pl), per = pl->moe.n_experts / G; o->exp[l] != (size_t)-1 && k < sp->n_exp;
+             k++) {
+            double s = 0;
+            for (int e = 0; e < pl->moe.n_experts; e++)
+                if (e % per < sp->exp[k] / G)
                     s += g[o->exp[l] + e];
-                d->g_ffn[l * sp->n_ffn + k] += s;
-            }
+            d->g_ffn[l * sp->n_ffn + k] += s;
+        }
         if (sp->depth)
             d->g_keep[l * 2 + 1] += g[o->attn_gate + l] + g[o->mlp_gate + l];
     }

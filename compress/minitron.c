@@ -105,7 +105,8 @@ static int meets(const dnas_limits *lim, const cm_prediction *p)
 }
 
 /* 1 when the axes allow (dense width f, expert count e): a kind not searched keeps the
- * parent's own size (its first layer of that kind, as for the heads). */
+ * parent's own size (its first layer of that kind, as for the heads); every MoE layer can keep
+ * e experts. */
 static int uniform_mlp_allowed(const arch *parent, const dnas_axes *axes, int f, int e)
 {
     int seen_f = 0, seen_e = 0;
@@ -113,8 +114,10 @@ static int uniform_mlp_allowed(const arch *parent, const dnas_axes *axes, int f,
         const arch_layer *y = &parent->layers[l];
         if (!axes->ffn && y->ffn_dim && !seen_f++ && y->ffn_dim != f)
             return 0;
-        if ((!axes->experts || arch_moe_grouped(&y->moe)) && y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
+        if (!axes->experts && y->moe.n_experts && !seen_e++ && y->moe.n_experts != e)
             return 0;
+        if (y->moe.n_experts && e > 0 && !arch_moe_count_ok(&y->moe, e))
+            return 0;   /* grouped routing: as many per group */
     }
     return 1;
 }

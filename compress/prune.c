@@ -104,10 +104,15 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
             if (te->latent_dim != pe->latent_dim)
                 BAD("layers[%d].moe.latent_dim: %d differs from parent layer %d's %d (the latent is not pruned in "
                     "this build)", i, te->latent_dim, tl->source_layer, pe->latent_dim);
-            if (pe->n_group > 1 && (te->n_experts != pe->n_experts || te->n_group != pe->n_group ||
-                                    te->topk_group != pe->topk_group))
-                BAD("layers[%d].moe.n_experts: parent layer %d routes in %d groups; its experts are kept whole in "
-                    "this build", i, tl->source_layer, pe->n_group);
+            /* grouped routing: the groups stay, each keeping as many experts (and two at least where
+               groups are dropped: a group's score is the sum of its two best, as HF computes it) */
+            if (te->n_group != pe->n_group || te->topk_group != pe->topk_group)
+                BAD("layers[%d].moe: n_group/topk_group %d/%d differ from parent layer %d's %d/%d", i, te->n_group,
+                    te->topk_group, tl->source_layer, pe->n_group, pe->topk_group);
+            if (!arch_moe_count_ok(pe, te->n_experts))
+                BAD("layers[%d].moe.n_experts: %d; parent layer %d routes in %d groups, which keep as many experts "
+                    "each (a multiple of %d%s)", i, te->n_experts, tl->source_layer, pe->n_group, pe->n_group,
+                    pe->topk_group < pe->n_group ? ", two at least per group" : "");
         }
         if (tl->n_heads > 0) {
             if (pl->n_heads == 0)
@@ -172,10 +177,15 @@ int prune_select_prefix(const arch *p, const arch *t, prune_select *sel, char *e
             if (!ls->ffn)
                 goto oom;
         }
-        if (tl->moe.n_experts > 0) {
+        if (tl->moe.n_experts > 0) {   /* the first experts (of every routing group) */
+            int G = arch_moe_grouped(&pl->moe) ? pl->moe.n_group : 1, tg = tl->moe.n_experts / G;
+            int pg = pl->moe.n_experts / G;
             ls->nexp = tl->moe.n_experts;
-            if (!(ls->exp = iota_new(ls->nexp)))
+            if (!(ls->exp = malloc((size_t)ls->nexp * sizeof *ls->exp)))
                 goto oom;
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < tg; j++)
+                    ls->exp[g * tg + j] = g * pg + j;
         }
         if (tl->mamba.n_heads > 0) {   /* the first heads of every group */
             int G = tl->mamba.n_groups, tg = tl->mamba.n_heads / G, pg = pl->mamba.n_heads / G;

@@ -66,6 +66,7 @@ static int rank_alloc(rank_result *r, const arch *a)
             return -1;
         for (int i = 0; i < L->n_experts; i++)
             L->expert_perm[i] = i;
+        L->n_egroups = arch_moe_grouped(&al->moe) ? al->moe.n_group : 1;
         L->n_mamba = al->mamba.n_heads;
         L->n_mgroups = al->mamba.n_heads ? al->mamba.n_groups : 0;
         L->mamba_score = calloc((size_t)(L->n_mamba > 0 ? L->n_mamba : 1), sizeof(double));
@@ -138,9 +139,17 @@ static int rank_sort(rank_result *r)
         return -1;
     for (int l = 0; l < r->n_layers; l++) {
         rank_layer *L = &r->layers[l];
-        if (sort_desc(L->ffn_score, NULL, L->ffn_dim, L->ffn_perm) ||
-            sort_desc(L->expert_score, NULL, L->n_experts, L->expert_perm))
+        if (sort_desc(L->ffn_score, NULL, L->ffn_dim, L->ffn_perm))
             return -1;
+        /* experts in their routing groups: a group's membership is part of the routing, so an
+           expert moved to another group would change the model */
+        for (int g = 0, per = L->n_experts / L->n_egroups; L->n_experts && g < L->n_egroups; g++) {
+            int members[4096];   /* <= n_experts <= 4096 (arch_validate) */
+            for (int j = 0; j < per; j++)
+                members[j] = g * per + j;
+            if (sort_desc(L->expert_score, members, per, L->expert_perm + g * per))
+                return -1;
+        }
         for (int g = 0, per = L->n_mgroups ? L->n_mamba / L->n_mgroups : 0; g < L->n_mgroups; g++) {
             int members[4096];   /* <= n_heads <= 4096 (arch_validate) */
             for (int j = 0; j < per; j++)
@@ -516,7 +525,8 @@ json_t *rank_to_json(const rank_result *r)
                               score_perm(L->group_score, L->group_perm, L->n_kv_heads), "skip", "attention",
                               L->skip_attn, "mlp", L->skip_mlp, "layer", L->skip_layer);
         if (o && L->n_experts &&
-            json_object_set_new(o, "experts", json_pack("{s:i,s:o*,s:o*}", "n_experts", L->n_experts, "score_perm",
+            json_object_set_new(o, "experts", json_pack("{s:i,s:i,s:o*,s:o*}", "n_experts", L->n_experts, "n_groups",
+                                                        L->n_egroups, "score_perm",
                                                         score_perm(L->expert_score, L->expert_perm, L->n_experts),
                                                         "share", dbl_array(L->expert_share, L->n_experts)))) {
             json_decref(o);
@@ -601,13 +611,16 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
         a.layers[l].n_heads = (int)h;
         a.layers[l].n_kv_heads = (int)kv;
         a.layers[l].ffn_dim = (int)f;
-        json_int_t e = json_integer_value(json_object_get(json_object_get(o, "experts"), "n_experts"));
-        if (e < 0 || e > 4096) {
+        json_t *ex = json_object_get(o, "experts"), *eg = json_object_get(ex, "n_groups");
+        json_int_t e = json_integer_value(json_object_get(ex, "n_experts")), ng = eg ? json_integer_value(eg) : 1;
+        if (e < 0 || e > 4096 || ng < 1 || (e && e % ng)) {
             arch_free(&a);
-            snprintf(err, errlen, "ranking: layers[%d] has an invalid expert count", l);
+            snprintf(err, errlen, "ranking: layers[%d] has an invalid expert or group count", l);
             return -1;
         }
         a.layers[l].moe.n_experts = (int)e;
+        if (ng > 1)   /* grouped routing (rank_init reads the groups from it) */
+            a.layers[l].moe.sigmoid = 1, a.layers[l].moe.n_group = (int)ng;
         json_t *mo = json_object_get(o, "mamba");
         json_int_t mh = json_integer_value(json_object_get(mo, "n_heads")), mg = json_integer_value(json_object_get(mo, "n_groups"));
         if (mh < 0 || mh > 4096 || (mh && (mg < 1 || mh % mg))) {
@@ -660,8 +673,14 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
             if (read_score_perm(json_object_get(ex, "score_perm"), L->n_experts, L->expert_score, L->expert_perm,
                                 where, err, errlen))
                 goto fail;
-            for (int i = 0; i < L->n_experts; i++)
+            for (int i = 0, per = L->n_experts / L->n_egroups; i < L->n_experts; i++) {
                 L->expert_share[i] = json_number_value(json_array_get(sh, (size_t)i));
+                if (L->expert_perm[i] / per != i / per) {
+                    snprintf(err, errlen, "layers[%d].experts: expert %d is not in routing group %d", l,
+                             L->expert_perm[i], i / per);
+                    goto fail;
+                }
+            }
         }
         if (L->n_mamba) {
             snprintf(where, sizeof where, "layers[%d].mamba", l);

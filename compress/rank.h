@@ -30,8 +30,9 @@ typedef struct {
     double *group_score;                /* [n_kv_heads] */
     int *group_perm;                    /* [n_kv_heads] */
     int n_experts;                      /* MoE layers: the parent layer's experts */
+    int n_egroups;                      /* their routing groups (grouped sigmoid routing; else 1) */
     double *expert_score;               /* [n_experts] */
-    int *expert_perm;                   /* [n_experts] */
+    int *expert_perm;                   /* [n_experts]: sorted inside their routing group, groups in place */
     double *expert_share;               /* [n_experts]: share of routed token slots */
     int n_mamba, n_mgroups;             /* Mamba layers: the parent layer's heads and groups */
     double *mamba_score;                /* [n_mamba] */

@@ -156,9 +156,21 @@ const arch_moe *arch_first_moe(const arch *a, int *most);
  * of any layer. */
 const arch_mamba *arch_first_mamba(const arch *a, int *most);
 
-/* 1 when e's expert count cannot be pruned in this build: grouped sigmoid routing (its groups
- * would need the same count each). */
+/* 1 for grouped sigmoid routing: the experts sit in n_group groups, a pruned layer keeps as
+ * many in each. */
 static inline int arch_moe_grouped(const arch_moe *e) { return e->sigmoid && e->n_group > 1; }
+
+/* 1 when a layer shaped e may keep n of its experts: 1 <= n <= n_experts and, with grouped
+ * routing, as many per group, two at least where groups are dropped (a group's score is the
+ * sum of its two best, as HF computes it). */
+static inline int arch_moe_count_ok(const arch_moe *e, int n)
+{
+    if (n < 1 || n > e->n_experts)
+        return 0;
+    if (!arch_moe_grouped(e))
+        return 1;
+    return n % e->n_group == 0 && (e->topk_group >= e->n_group || n / e->n_group >= 2);
+}
 
 /* Shape e with n experts, top-k capped at n (pruning keeps the first n; routing cannot pick
  * more experts than there are; with groups, than the kept groups hold). */

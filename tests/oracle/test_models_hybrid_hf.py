@@ -310,10 +310,58 @@ def check_moe(tmp):
     ranked, _ = engine_logits(rk, tmp, "moe-ranked")
     e = rel(ranked, eng)
     check(e < 1e-5, "experts ranked in place (routed output mass) keep the parent's logits (rel err %.2e)" % e)
+    check_grouped(tmp, dict(c, E=12, ng=3, tg=2))
+
+
+def check_grouped(tmp, c):
+    """Grouped routing (12 experts in 3 groups, the best 2 groups kept): ranking sorts experts
+    inside their groups, pruning keeps as many in each."""
     g = os.path.join(tmp, "moe-grouped")
-    make_checkpoint(g, dict(c, ng=3, tg=2), seed=9)
-    r = run([TOOL, g, "--arch", cp, "--logits", os.path.join(tmp, "ids.txt"), os.path.join(tmp, "g.f32")], expect=1)
-    check("groups" in r.stderr, "grouped routing keeps its experts whole: %s" % r.stderr.strip()[-110:])
+    W, _ = make_checkpoint(g, c, seed=9)
+    a = json.loads(run([AC, "inspect", g, "--json"]).stdout)
+    eng, _ = engine_logits(g, tmp, "grouped")
+
+    def cut_to(n, tag):
+        b = dict(a, layers=[dict(l, moe=dict(l["moe"], n_experts=n)) if l.get("moe") else l for l in a["layers"]])
+        p = os.path.join(tmp, tag + ".json")
+        with open(p, "w") as f:
+            json.dump(b, f)
+        return p
+    pe, _ = engine_logits(g, tmp, "grouped-6", "--arch", cut_to(6, "grouped-6"))
+    e = rel(pe, ref_logits(c, sliced_experts(c, W, [0, 1, 4, 5, 8, 9]), experts=6))
+    check(e < 1e-4, "grouped routing cut to 6 of 12 experts, the first 2 of each of the 3 groups (router rows and "
+                    "bias with them) = the reference on weights sliced by hand (rel err %.2e)" % e)
+    for n, needle in ((4, "n_group"), (3, "two at least")):
+        r = run([TOOL, g, "--arch", cut_to(n, "grouped-%d" % n), "--logits", os.path.join(tmp, "ids.txt"),
+                 os.path.join(tmp, "g.f32")], expect=1)
+        check(needle in r.stderr, "%d experts in 3 groups refused: %s" % (n, r.stderr.strip()[-120:]))
+    ap = os.path.join(tmp, "grouped-same.json")
+    with open(ap, "w") as f:
+        json.dump(a, f)
+    rk = os.path.join(tmp, "grouped-ranked")
+    run([AC, "prune", g, "--arch", ap, "--out", rk, "--tokenizer", TOK, "--calib", TEXT, "--calib-tokens", "512",
+         "--layer-tokens", "0", "--batch", "2", "--seq", "64", "--no-reconstruct"])
+    perm = json.load(open(os.path.join(rk, "ranking.json")))["layers"][1]["experts"]["score_perm"]["perm"]
+    ranked, _ = engine_logits(rk, tmp, "grouped-ranked")
+    e = rel(ranked, eng)
+    check(e < 1e-5 and all(p // 4 == i // 4 for i, p in enumerate(perm)),
+          "ranked in place, experts sorted inside their routing groups (%s), the parent's logits (rel err %.2e; "
+          "sorting across groups changed them by 1.3)" % (perm, e))
+    dd = os.path.join(tmp, "dd-grouped")
+    cal = json.loads(run([AC, "calibrate", "--model", g, "--no-hidden", "--models", "1", "--reps", "1", "--validate",
+                          "2", "--fit", "0", "--prompt", "8", "--output", "4", "--data-dir", dd, "--json"]).stdout)
+    counts = sorted(x["moe"]["n_experts"] for x in cal["tables"]["prefill"] if x.get("moe"))
+    check(counts == [6, 9, 12], "calibration times 6, 9 and 12 experts (multiples of the 3 groups, two at least in "
+                                "each): %s" % counts)
+    par = json.loads(run([AC, "estimate", "--arch", os.path.join(g, "config.json"), "--data-dir", dd, "--prompt", "8",
+                          "--output", "4", "--json"]).stdout)["params"]
+    for method in ("autocompress", "minitron"):
+        r = run([AC, "search", g, "--method", method, "--axes", "experts", "--params", str(int(0.9 * par)), "--calib",
+                 TEXT, "--tokenizer", TOK, "--search-tokens", "1024", "--rank-tokens", "256", "--data-dir", dd,
+                 "--prompt", "8", "--output", "4", "--json"])
+        got = [l["moe"]["n_experts"] for l in json.loads(r.stdout)["arch"]["layers"] if l.get("moe")]
+        check(len(got) == 2 and all(n in (6, 9) for n in got) and (method == "autocompress" or len(set(got)) == 1),
+              "%s under 90%% of the parameters: expert counts %s, as many in each group" % (method, got))
 
 
 def hidden_cut(c, W, h):
