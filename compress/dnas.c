@@ -112,12 +112,13 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
 {
     if (arch_hybrid(parent)) {
         /* NemotronHForCausalLM (storage/hfconfig_hybrid.c) gives every attention layer one head
-           count, every MLP one width and every MoE one shape: the hidden size, the Mamba head count
-           (global) and whole layers may change. llama.cpp's nemotron_h (storage/export_gguf_hybrid.c)
-           takes per-layer attention heads and MLP widths but one MoE shape. */
+           count and every MLP one width (its MoE layers' expert counts go in block_configs): the
+           hidden size, the Mamba head count (global), expert counts and whole layers may change.
+           llama.cpp's nemotron_h (storage/export_gguf_hybrid.c) takes per-layer attention heads
+           and MLP widths but one MoE shape. */
         for (int i = 0; i < n; i++) {
             if (!strcmp(formats[i], "hf")) {
-                axes->heads = axes->ffn = axes->experts = 0;
+                axes->heads = axes->ffn = 0;
                 axes->keep_query_heads = 1;
             }
             if (!strcmp(formats[i], "gguf"))   /* llama.cpp: per-layer heads and widths, one MoE shape */

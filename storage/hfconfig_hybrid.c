@@ -138,6 +138,31 @@ static int read_moe(json_t *cfg, arch_moe *e, char *err, size_t errlen)
 
 static int mamba2_to_arch(json_t *cfg, arch *a, char *err, size_t errlen);
 
+/* An MoE layer's own expert counts and widths from its block_configs entry (NULL: the config's),
+ * as NVIDIA Model Optimizer writes heterogeneous MoE models: {"ffn": {"moe":
+ * {num_local_experts, num_experts_per_tok, expert_intermediate_dim,
+ * shared_expert_intermediate_dim}}}; the routing stays the config's. 0, or -1 with err. */
+static int layer_moe(json_t *b, int l, arch_moe *e, char *err, size_t errlen)
+{
+    json_t *mo = json_object_get(json_object_get(b, "ffn"), "moe");
+    if (!b)
+        return 0;
+    int64_t E, k, F, S;
+    if (!json_is_object(mo) || hfconfig_int_in(mo, "num_local_experts", e->n_experts, 1, 4096, &E) ||
+        hfconfig_int_in(mo, "num_experts_per_tok", e->top_k < E ? e->top_k : E, 1, E, &k) ||
+        hfconfig_int_in(mo, "expert_intermediate_dim", e->expert_ffn_dim, 1, 1 << 20, &F) ||
+        hfconfig_int_in(mo, "shared_expert_intermediate_dim", e->shared_ffn_dim, 0, 1 << 20, &S)) {
+        snprintf(err, errlen, "config.json: block_configs[%d].ffn.moe: needs num_local_experts, num_experts_per_tok "
+                 "(<= the experts), expert_intermediate_dim, shared_expert_intermediate_dim in range", l);
+        return -1;
+    }
+    e->n_experts = (int)E;
+    e->top_k = (int)k;
+    e->expert_ffn_dim = (int)F;
+    e->shared_ffn_dim = (int)S;
+    return 0;
+}
+
 int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
@@ -187,9 +212,11 @@ int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
     json_t *tie = json_object_get(cfg, "tie_word_embeddings");
     if (tie && !json_is_boolean(tie))
         BAD("tie_word_embeddings: must be true or false");
-    json_t *src = json_object_get(cfg, "autocompress_source_layers");
+    json_t *src = json_object_get(cfg, "autocompress_source_layers"), *bc = json_object_get(cfg, "block_configs");
     if (src && !json_is_null(src) && (!json_is_array(src) || (int64_t)json_array_size(src) != L))
         BAD("autocompress_source_layers: must list the pattern's %lld layers", (long long)L);
+    if (bc && !json_is_null(bc) && (!json_is_array(bc) || (int64_t)json_array_size(bc) != L))
+        BAD("block_configs: must list the pattern's %lld layers", (long long)L);
     if (arch_init(a, (int)L)) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -215,6 +242,8 @@ int hfconfig_hybrid_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
                 goto fail;
             have_moe = 1;
             y->moe = moe;
+            if (layer_moe(json_array_get(json_object_get(cfg, "block_configs"), (size_t)l), l, &y->moe, err, errlen))
+                goto fail;
         } else if (pat[l] == 'M')
             y->mamba = (arch_mamba){(int)MH, (int)MP, (int)S, (int)G, (int)K};
         else if (pat[l] == '*')
@@ -232,6 +261,39 @@ fail:
 }
 
 static json_t *mamba2_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen);
+
+/* 1 when two MoE layers route alike (their counts and widths may differ: block_configs). */
+static int same_routing(const arch_moe *x, const arch_moe *y)
+{
+    return x->norm_topk == y->norm_topk && x->sigmoid == y->sigmoid && x->n_group == y->n_group &&
+           x->topk_group == y->topk_group && x->routed_scale == y->routed_scale && x->latent_dim == y->latent_dim;
+}
+
+/* block_configs for the MoE layers' own counts and widths (the other layers' entries empty), or
+ * NULL (nothing to add: every MoE layer like the first, or OOM: *oom set). */
+static json_t *moe_block_configs(const arch *a, const arch_moe *first, int *oom)
+{
+    int differ = 0;
+    *oom = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        differ |= a->layers[l].moe.n_experts && memcmp(&a->layers[l].moe, first, sizeof *first);
+    if (!differ)
+        return NULL;
+    json_t *bc = json_array();
+    for (int l = 0; bc && l < a->n_layers; l++) {
+        const arch_moe *e = &a->layers[l].moe;
+        json_t *b = e->n_experts ? json_pack("{s:{s:{s:i,s:i,s:i,s:i}}}", "ffn", "moe", "num_local_experts", e->n_experts,
+                                             "num_experts_per_tok", e->top_k, "expert_intermediate_dim",
+                                             e->expert_ffn_dim, "shared_expert_intermediate_dim", e->shared_ffn_dim)
+                                 : json_object();
+        if (!b || json_array_append_new(bc, b)) {
+            json_decref(bc);
+            bc = NULL;
+        }
+    }
+    *oom = !bc;
+    return bc;
+}
 
 json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *err, size_t errlen)
 {
@@ -257,12 +319,12 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
             *first = y;
         int same = y->mamba.n_heads    ? !memcmp(&y->mamba, &mam->mamba, sizeof y->mamba)
                    : y->n_heads        ? y->n_heads == att->n_heads && y->n_kv_heads == att->n_kv_heads
-                   : y->moe.n_experts ? !memcmp(&y->moe, &moe->moe, sizeof y->moe)
+                   : y->moe.n_experts ? same_routing(&y->moe, &moe->moe)   /* counts and widths: block_configs */
                                        : y->ffn_dim == mlp->ffn_dim;
         if (!same) {
-            snprintf(err, errlen, "config.json: NemotronHForCausalLM gives every %s layer one shape, and layer %d "
+            snprintf(err, errlen, "config.json: NemotronHForCausalLM gives every %s layer one %s, and layer %d "
                      "differs from the first", pat[l] == 'M' ? "Mamba" : pat[l] == '*' ? "attention" :
-                     pat[l] == 'E' ? "MoE" : "MLP", l);
+                     pat[l] == 'E' ? "MoE" : "MLP", pat[l] == 'E' ? "routing" : "shape", l);
             return NULL;
         }
     }
@@ -289,7 +351,9 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
                                "n_shared_experts", e->shared_ffn_dim ? 1 : 0, "n_group", e->n_group, "topk_group",
                                e->topk_group, "routed_scaling_factor", e->routed_scale, "norm_topk_prob", e->norm_topk,
                                "moe_latent_size", e->latent_dim ? json_integer(e->latent_dim) : json_null());
-        if (!mo || json_object_update(j, mo)) {
+        int oom;
+        json_t *bc = moe_block_configs(a, e, &oom);
+        if (!mo || json_object_update(j, mo) || oom || (bc && json_object_set_new(j, "block_configs", bc))) {
             json_decref(j);
             j = NULL;
         }

@@ -12,7 +12,10 @@ report's arch is a nemotron_h arch with one Mamba head count for every Mamba lay
 of the groups and below the parent's, its predicted costs are
 within the limits, the measured ones are reported with `holds`, and the HF export is a
 NemotronHForCausalLM config whose mamba_num_heads and pattern are the report's, which loads back
-(`autocompress inspect`) as the same arch, and the GGUF export is llama.cpp's nemotron_h_moe. Random weights: no quality claim."""
+(`autocompress inspect`) as the same arch, and the GGUF export is llama.cpp's nemotron_h_moe. A
+third job exporting "hf" alone under 90% of the parameters ends with expert counts that differ per
+MoE layer, written as NemotronH block_configs and reloaded as the report's arch (llama.cpp's GGUF
+holds one count, so with "gguf" asked the experts stay). Random weights: no quality claim."""
 import io
 import json
 import os
@@ -83,14 +86,14 @@ def make_model(d):
         json.dump(cfg, f)
 
 
-def spec(model, constraints):
+def spec(model, constraints, export=("hf", "gguf")):
     return {"name": "e2e-hybrid", "model": {"path": model, "tokenizer": TOK},
             "target": {"device": "cpu", "precision": "fp32",
                        "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}},
             "constraints": constraints, "budgets": {"search_tokens": 8192, "distill_tokens": 4096},
             "search_space": {"hidden": False, "depth": False},
             "data": {"calibration": TEXT, "distillation": TEXT},
-            "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["hf", "gguf"]}
+            "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": list(export)}
 
 
 def main():
@@ -115,7 +118,8 @@ def main():
         _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
         arch = rep["result"]["arch"]
         heads = [y["mamba"]["n_heads"] for y in arch["layers"] if y.get("mamba")]
-        print("result: %s" % [(y["source_layer"], y.get("attention"), y.get("mlp"), y.get("mamba", {}).get("n_heads"))
+        print("result: %s" % [(y["source_layer"], y.get("attention"), y.get("mlp"), y.get("mamba", {}).get("n_heads"),
+                               (y.get("moe") or {}).get("n_experts"))
                                for y in arch["layers"]])
         assert arch["family"] == "nemotron_h", arch
         assert heads and len(set(heads)) == 1 and heads[0] % G == 0 and heads[0] < MH, \
@@ -141,8 +145,40 @@ def main():
         assert [y.get("mamba") for y in back["layers"]] == [y.get("mamba") for y in arch["layers"]], back
         _, gguf = download(s, job["id"], "model.gguf")   # llama.cpp runs it: tests/oracle/test_export_llamacpp_hybrid.py
         assert gguf[:4] == b"GGUF" and b"nemotron_h_moe" in gguf[:4096], "the GGUF export is llama.cpp's nemotron_h_moe"
+        experts = per_layer_experts(s, model, params, tmp)
         print("PASS: Mamba heads %d (of %d), pattern %s, hidden %d under latency %.3f ms and %d params, exported "
-              "and reloaded" % (heads[0], MH, pat, arch["hidden_size"], lim["latency_ms"], lim["params"]))
+              "and reloaded; with \"hf\" alone, experts per layer %s" % (heads[0], MH, pat, arch["hidden_size"],
+                                                                         lim["latency_ms"], lim["params"], experts))
+
+
+def per_layer_experts(s, model, params, tmp):
+    """A job exporting "hf" alone (NemotronH block_configs hold per-layer expert counts; llama.cpp's
+    GGUF holds one) under 90% of the parameters: the search varies the MoE layers' expert counts,
+    the export carries them and reloads as the report's arch."""
+    lim = {"params": int(0.9 * params)}   # exact, so the search is the same on every machine
+    _, _, job = s.json("POST", "/v1/jobs", spec(model, lim, export=("hf",)), expect=201)
+    fin = wait_terminal(s, job["id"], 1200)
+    assert fin["status"] == "succeeded", fin
+    _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
+    arch = rep["result"]["arch"]
+    experts = [y["moe"]["n_experts"] for y in arch["layers"] if y.get("moe")]
+    assert len(set(experts)) > 1 and all(0 < n <= E for n in experts), \
+        "expert counts that differ per layer: %s" % experts
+    assert all(x["predicted"] <= x["limit"] * (1 + 1e-9) and "holds" in x for x in rep["limits"]), rep["limits"]
+    _, blob = download(s, job["id"], "model-hf.tar")
+    conf = json.loads(tar_member(blob, "config.json"))
+    bl = [b["ffn"]["moe"]["num_local_experts"] for b in conf["block_configs"] if b.get("ffn")]
+    assert bl == experts, (bl, experts)
+    out = os.path.join(tmp, "export-experts")
+    with tarfile.open(fileobj=io.BytesIO(blob)) as t:
+        t.extractall(out)
+    cfg = [r for r, _, fs in os.walk(out) for f in fs if f == "config.json"][0]
+    back = json.loads(subprocess.run([AC_BIN, "inspect", cfg, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    back = back.get("arch", back)
+    assert [(y.get("moe") or {}).get("n_experts") for y in back["layers"]] == \
+        [(y.get("moe") or {}).get("n_experts") for y in arch["layers"]], back
+    return experts
 
 
 if __name__ == "__main__":

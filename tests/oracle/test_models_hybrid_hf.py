@@ -359,9 +359,20 @@ def check_grouped(tmp, c):
         r = run([AC, "search", g, "--method", method, "--axes", "experts", "--params", str(int(0.9 * par)), "--calib",
                  TEXT, "--tokenizer", TOK, "--search-tokens", "1024", "--rank-tokens", "256", "--data-dir", dd,
                  "--prompt", "8", "--output", "4", "--json"])
-        got = [l["moe"]["n_experts"] for l in json.loads(r.stdout)["arch"]["layers"] if l.get("moe")]
+        res = json.loads(r.stdout)["arch"]
+        got = [l["moe"]["n_experts"] for l in res["layers"] if l.get("moe")]
         check(len(got) == 2 and all(n in (6, 9) for n in got) and (method == "autocompress" or len(set(got)) == 1),
               "%s under 90%% of the parameters: expert counts %s, as many in each group" % (method, got))
+        if method == "autocompress" and len(set(got)) == 2:   # per-layer counts: NemotronH's block_configs
+            rp, x = os.path.join(tmp, "grouped-dnas.json"), os.path.join(tmp, "grouped-dnas-hf")
+            with open(rp, "w") as f:
+                json.dump(res, f)
+            pe, _ = engine_logits(g, tmp, "grouped-dnas", "--arch", rp, "--hf", x)
+            xc = json.load(open(os.path.join(x, "config.json")))
+            back, _ = engine_logits(x, tmp, "grouped-dnas-b")
+            bl = [b["ffn"]["moe"]["num_local_experts"] for b in xc.get("block_configs", []) if b.get("ffn")]
+            check(bl == got and np.array_equal(back, pe), "the per-layer expert counts go out as NemotronH "
+                  "block_configs %s and reload with the same logits" % bl)
 
 
 def hidden_cut(c, W, h):
