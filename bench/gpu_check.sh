@@ -11,12 +11,16 @@
 # marked skipped), prints a table last and writes it to bench/results/gpu_h200.md on an
 # H200, else bench/results/gpu_check-<host>-<date>.md. Exit status 0 only when every
 # check that ran passed.
+# PREBUILT=1: compile nothing; the binaries in $BUILD were built on another machine with
+# the same CUDA major version (`make CUDA=1 CUDA_ARCHS=<this GPU's SM> ARCH=-march=x86-64-v3`)
+# and carried here, for GPU machines without the project's packages; their libraries then
+# come from LD_LIBRARY_PATH.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
 DEVICE=${DEVICE:-cuda:0}
 JOBS=$(nproc 2>/dev/null || echo 4)
-LOG=$(mktemp -d)
+LOG=${GPU_LOG:-$(mktemp -d)}   # GPU_LOG: keep the logs there
 LIMIT_S=${LIMIT_S:-480}
 T0=$(date +%s)
 fail=0
@@ -33,19 +37,27 @@ ARCHS=${CUDA_ARCHS:-$CC_NUM}
 say "GPU: $GPU_NAME (sm_$CC_NUM), building for: $ARCHS"
 
 t0=$(date +%s)
-rm -f "$BUILD"/obj/cuda/*.o   # the Makefile's nvcc rule tracks no header dependencies
-if ! timeout 300 make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" \
-        "$BUILD"/autocompress "$BUILD"/tests/test_cuda_ops "$BUILD"/tests/test_cuda_model \
-        "$BUILD"/tests/test_cuda_devices "$BUILD"/tests/test_cuda_nccl "$BUILD"/tools/cuda_bench \
-        "$BUILD"/tools/distill_bench >"$LOG/build" 2>&1; then
-    tail -40 "$LOG/build"
-    echo "gpu_check: CUDA=1 build failed"
-    exit 1
+if [ "${PREBUILT:-0}" = 1 ]; then
+    for b in autocompress tests/test_cuda_ops tests/test_cuda_model tests/test_cuda_devices tests/test_cuda_nccl \
+             tools/cuda_bench tools/distill_bench; do
+        [ -x "$BUILD/$b" ] || { echo "gpu_check: PREBUILT=1 but $BUILD/$b is missing"; exit 1; }
+    done
+    say "prebuilt binaries in $BUILD"
+else
+    rm -f "$BUILD"/obj/cuda/*.o   # the Makefile's nvcc rule tracks no header dependencies
+    if ! timeout 300 make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" \
+            "$BUILD"/autocompress "$BUILD"/tests/test_cuda_ops "$BUILD"/tests/test_cuda_model \
+            "$BUILD"/tests/test_cuda_devices "$BUILD"/tests/test_cuda_nccl "$BUILD"/tools/cuda_bench \
+            "$BUILD"/tools/distill_bench >"$LOG/build" 2>&1; then
+        tail -40 "$LOG/build"
+        echo "gpu_check: CUDA=1 build failed"
+        exit 1
+    fi
+    say "build: $(( $(date +%s) - t0 )) s"
+    # the cost model's bench belongs to another area: optional here
+    make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" "$BUILD"/tools/costmodel_bench >>"$LOG/build" 2>&1 ||
+        echo "costmodel_bench did not build: its row will be empty"
 fi
-say "build: $(( $(date +%s) - t0 )) s"
-# the cost model's bench belongs to another area: optional here
-make -j"$JOBS" CUDA=1 BUILD="$BUILD" CUDA_ARCHS="$ARCHS" "$BUILD"/tools/costmodel_bench >>"$LOG/build" 2>&1 ||
-    echo "costmodel_bench did not build: its row will be empty"
 
 run() {   # name timeout_s command...: runs, keeps output in $LOG/name, records failure
     local name=$1 to=$2; shift 2
@@ -86,6 +98,12 @@ fi
 run ceilings 120 "$BUILD"/tools/cuda_bench ceilings --device "$DEVICE"
 run smollm_fp32 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 --steps 128
 run smollm_bf16 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec bf16 --T 512 --steps 128
+# the Nemotron-H-shaped hybrids (random weights): Mamba-2 mixers, attention, and MLPs or
+# sigmoid-routed MoE layers (bench/cuda/*.json)
+for h in hybrid moe; do
+    run nemotron_${h}_fp32 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 --steps 128 \
+        --arch bench/cuda/nemotron_h_$h.json
+done
 # distillation: the product's loop (teacher SmolLM2-135M shape, student hidden 512)
 for p in fp32 bf16; do
     run distill_$p 120 "$BUILD"/tools/distill_bench --device "$DEVICE" --precision $p --batch 4 --seq 256 --steps 5
@@ -149,9 +167,10 @@ jv() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().st
     echo "| check | result |"
     echo "|---|---|"
     echo "| op/model comparisons vs CPU | $NOPS checked; failures: $fail step(s) failed |"
-    echo "| worst fp32 op (tol 1e-5) | $(worst test_cuda_ops '^(gemm_fp32|rms|rope|attn|swiglu|embed|xent|kl|add|axpy|scale|dot|sumsq|fill|bias|colsum|mask|group|adamw)') |"
+    echo "| worst fp32 op (tol 1e-5) | $(worst test_cuda_ops '^(gemm_fp32|rms|rope|attn|swiglu|embed|xent|kl|add|axpy|scale|dot|sumsq|fill|bias|colsum|mask|group|adamw|ssm|gated|relu2)') |"
     echo "| worst bf16/fp16 GEMM (tol 1e-2) | $(worst test_cuda_ops '^gemm_(bf16|fp16)') |"
     echo "| worst whole-model (tol 1e-4) | $(worst test_cuda_model '.') |"
+    echo "| worst whole-model per family (tol 1e-4) | llama $(worst test_cuda_model '^[a-z_0-9]+$'); qwen2_moe $(worst test_cuda_model '^qwen2_moe/'); olmoe $(worst test_cuda_model '^olmoe/'); nemotron_h $(worst test_cuda_model '^nemotron_h/') |"
     echo "| stories260K greedy tokens equal to CPU | $(val stories greedy_tokens_equal)/$(val stories model_tokens); logits max rel err decode $(val stories decode_logits_max_rel_err), prefill $(val stories prefill_logits_max_rel_err) |"
     echo "| ceiling: GEMM fp32 (no TF32) | ${F32:-?} TFLOP/s |"
     echo "| ceiling: GEMM bf16 (fp32 acc) | ${B16:-?} TFLOP/s |"
@@ -160,6 +179,10 @@ jv() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().st
         C=$F32; [ $p = bf16 ] && C=$B16
         echo "| SmolLM2-135M shape $p prefill B=1 T=512 | $(val smollm_$p prefill_tokens_per_s) tok/s, $(val smollm_$p prefill_TFLOPs) TFLOP/s = $(share "$(val smollm_$p prefill_TFLOPs)" "$C") of GEMM $p |"
         echo "| SmolLM2-135M shape $p decode B=1 ctx 512 | $(val smollm_$p decode_tokens_per_s) tok/s, $(val smollm_$p decode_GBps) GB/s = $(share "$(val smollm_$p decode_GBps)" "$BW") of copy |"
+    done
+    for h in hybrid moe; do
+        echo "| Nemotron-H-shaped $h (bench/cuda/nemotron_h_$h.json, $(val nemotron_${h}_fp32 params) params) fp32 prefill B=1 T=512 | $(val nemotron_${h}_fp32 prefill_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 prefill_TFLOPs) TFLOP/s = $(share "$(val nemotron_${h}_fp32 prefill_TFLOPs)" "$F32") of GEMM fp32 |"
+        echo "| Nemotron-H-shaped $h fp32 decode B=1 ctx 512 | $(val nemotron_${h}_fp32 decode_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 decode_GBps) GB/s = $(share "$(val nemotron_${h}_fp32 decode_GBps)" "$BW") of copy |"
     done
     for p in fp32 bf16; do
         G=$(jv distill_$p sgemm_gflops); [ $p = bf16 ] && G=$(jv distill_$p gemm16_gflops)

@@ -1,10 +1,11 @@
 /* bench/cuda/cuda_bench.c — GPU measurements for bench/gpu_check.sh: the two ceilings
- * (GEMM TFLOP/s, device copy GB/s), SmolLM2-135M-shaped prefill and decode tokens/s
- * with their share of those ceilings, and a real checkpoint (stories260K) run on a
- * device against the CPU backend. Prints "KEY value" lines. Also runs on "cpu" (for
- * checking the tool itself). Not part of the product.
+ * (GEMM TFLOP/s, device copy GB/s), prefill and decode tokens/s of a SmolLM2-135M-shaped
+ * model (or of any arch JSON with random weights: --arch, e.g. the Nemotron-H-shaped
+ * hybrids beside this file) with their share of those ceilings, and a real checkpoint
+ * (stories260K) run on a device against the CPU backend. Prints "KEY value" lines. Also
+ * runs on "cpu" (for checking the tool itself). Not part of the product.
  * Usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n]
- *        [--steps n] [--layers n] [--batch n] [--model PATH]
+ *        [--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE]
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,13 +16,15 @@
 #include "engine/clock.h"
 #include "engine/devices.h"
 #include "engine/model.h"
+#include "storage/archjson.h"
+#include "storage/fileio.h"
 #include "storage/modelio.h"
 #if defined(AC_CUDA) && AC_CUDA
 #include "cuda/backend_cuda.h"
 #endif
 
 typedef struct {
-    const char *device, *prec, *model;
+    const char *device, *prec, *model, *arch;
     int T, steps, layers, batch;
 } opts;
 
@@ -99,6 +102,44 @@ static int cmp_double(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
+/* Matmul weights one token passes through: projections, the routed experts it runs
+ * (top_k of them), shared experts, latent projections, router, Mamba in/out projections,
+ * and the LM head. */
+static double active_linear(const arch *a)
+{
+    double C = a->hidden_size, D = a->head_dim, g = arch_mlp_gated(a) ? 3.0 : 2.0, lin = C * a->vocab_size;
+    for (int l = 0; l < a->n_layers; l++) {
+        const arch_layer *L = &a->layers[l];
+        const arch_mamba *m = &L->mamba;
+        const arch_moe *e = &L->moe;
+        lin += C * D * (2.0 * L->n_heads + 2.0 * L->n_kv_heads) + g * C * L->ffn_dim;
+        if (m->n_heads)
+            lin += C * (2.0 * arch_mamba_inner(m) + arch_mamba_conv_dim(m) + m->n_heads);
+        if (e->n_experts)
+            lin += C * e->n_experts + e->top_k * g * arch_moe_io(e, (int)C) * e->expert_ffn_dim +
+                   g * C * e->shared_ffn_dim + 2.0 * C * e->latent_dim;
+    }
+    return lin;
+}
+
+static int load_arch(const opts *o, arch *a)
+{
+    if (!o->arch)
+        return arch_preset(a, "smollm2-135m", o->layers) == 0 ? 0 : (fprintf(stderr, "cuda_bench: out of memory\n"), -1);
+    char err[256];
+    size_t n = 0;
+    char *text = fio_read_all(o->arch, 1 << 20, &n, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "cuda_bench: %s\n", err);
+        return -1;
+    }
+    int rc = arch_from_json_text(text, n, a, err, sizeof err);
+    free(text);
+    if (rc != 0)
+        fprintf(stderr, "cuda_bench: %s: %s\n", o->arch, err);
+    return rc;
+}
+
 static int run_model(const opts *o)
 {
     char err[256];
@@ -111,10 +152,8 @@ static int run_model(const opts *o)
         return 1;
     arch a;
     eng_model m;
-    if (arch_preset(&a, "smollm2-135m", o->layers) != 0) {
-        fprintf(stderr, "cuda_bench: model: out of memory\n");
+    if (load_arch(o, &a) != 0)
         return 1;
-    }
     if (eng_model_init(&m, &a, be, err, sizeof err) != 0) {
         fprintf(stderr, "cuda_bench: model: %s\n", err);
         return 1;
@@ -165,14 +204,10 @@ static int run_model(const opts *o)
     }
     qsort(runs, (size_t)o->steps, sizeof *runs, cmp_double);
     double step_s = runs[o->steps / 2];
-    /* work: matmul FLOPs 2 * (non-embedding params + LM head) per token, plus causal
-     * attention 2 * 2 * Hq*D * (keys per query) per token and layer */
-    double lin = 0;
-    for (int l = 0; l < a.n_layers; l++) {
-        const arch_layer *L = &a.layers[l];
-        lin += (double)C * a.head_dim * (2.0 * L->n_heads + 2.0 * L->n_kv_heads) + 3.0 * C * L->ffn_dim;
-    }
-    lin += (double)C * V;
+    /* work: matmul FLOPs 2 * (active matmul weights) per token, plus causal attention
+     * 2 * 2 * Hq*D * (keys per query) per token and layer (the Mamba scan's few FLOPs
+     * per token are left out) */
+    double lin = active_linear(&a);
     double attn_pf = 0;
     for (int l = 0; l < a.n_layers; l++)
         attn_pf += 4.0 * a.layers[l].n_heads * a.head_dim * (T + 1) / 2.0;   /* mean keys per query */
@@ -181,10 +216,15 @@ static int run_model(const opts *o)
     printf("prefill_tokens_per_s %.1f\n", B * T / prefill_s);
     printf("prefill_ms %.3f\n", prefill_s * 1e3);
     printf("prefill_TFLOPs %.3f\n", pf_flops / prefill_s / 1e12);
-    /* decode bytes per step: every weight once (fp32) + the KV cache read */
+    /* decode bytes per step: every active weight once (fp32) + the KV cache read + the
+     * Mamba states read and written */
     double kv_bytes = 0;
-    for (int l = 0; l < a.n_layers; l++)
+    for (int l = 0; l < a.n_layers; l++) {
+        const arch_mamba *mb = &a.layers[l].mamba;
         kv_bytes += 2.0 * 4.0 * B * (T + o->steps / 2.0) * a.layers[l].n_kv_heads * a.head_dim;
+        kv_bytes += 2.0 * 4.0 * B * ((double)arch_mamba_inner(mb) * mb->d_state +
+                                     (double)arch_mamba_conv_dim(mb) * (mb->conv_kernel > 0 ? mb->conv_kernel - 1 : 0));
+    }
     double w_bytes = 4.0 * (lin + (double)C * (2 * a.n_layers + 1));
     printf("decode_tokens_per_s %.1f\n", B / step_s);
     printf("decode_ms_per_step %.3f\n", step_s * 1e3);
@@ -308,10 +348,10 @@ static int run_compare(const opts *o)
 int main(int argc, char **argv)
 {
     eng_blas_pick_kernel(argv);
-    opts o = {.device = "cuda:0", .prec = "fp32", .model = NULL, .T = 512, .steps = 64, .layers = 30, .batch = 1};
+    opts o = {.device = "cuda:0", .prec = "fp32", .model = NULL, .arch = NULL, .T = 512, .steps = 64, .layers = 30, .batch = 1};
     if (argc < 2) {
         fprintf(stderr, "usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n] "
-                        "[--steps n] [--layers n] [--batch n] [--model PATH]\n");
+                        "[--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE]\n");
         return 2;
     }
     for (int i = 2; i < argc; i++) {
@@ -323,6 +363,8 @@ int main(int argc, char **argv)
             o.prec = v;
         else if (!bad && strcmp(k, "--model") == 0)
             o.model = v;
+        else if (!bad && strcmp(k, "--arch") == 0)
+            o.arch = v;
         else if (!bad && strcmp(k, "--T") == 0)
             bad = parse_int(v, &o.T);
         else if (!bad && strcmp(k, "--steps") == 0)

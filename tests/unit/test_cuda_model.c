@@ -1,8 +1,12 @@
 /* tests/unit/test_cuda_model.c — the whole model on the CUDA backend against the CPU
- * backend: a small heterogeneous Llama (removed attention, removed MLP, GQA, head dim
- * 8 as in stories260K) with identical random weights on both; prefill logits, KV-cache
- * decode, forward+backward (CE and KD, weight and mask gradients) and an AdamW step.
- * End-to-end tolerance 1e-4 relative to each tensor's max. Skips without a GPU.
+ * backend, for each family the engine runs: a small heterogeneous Llama (removed
+ * attention, removed MLP, GQA, head dim 8 as in stories260K), a Qwen2-MoE (softmax
+ * routing, a shared expert, attention bias), an OLMoE (q/k RMS-normed over their rows)
+ * and a Nemotron-H hybrid (Mamba-2 mixers of two shapes, attention, a sigmoid-routed
+ * grouped LatentMoE with a shared expert), with identical random weights on both;
+ * prefill logits, cache decode, forward+backward (CE and KD, weight and mask gradients:
+ * experts and Mamba heads included) and an AdamW step. End-to-end tolerance 1e-4
+ * relative to each tensor's max. Skips without a GPU.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -25,10 +29,15 @@
 
 static eng_backend *CPU, *GPU;
 
-static void make_arch(arch *a)
+enum { FAM_LLAMA, FAM_QWEN2_MOE, FAM_OLMOE, FAM_NEMOTRON_H, N_FAM };
+static const char *const FAM_NAME[N_FAM] = {"llama", "qwen2_moe", "olmoe", "nemotron_h"};
+static const int FAM_ID[N_FAM] = {FAM_LLAMA, FAM_QWEN2_MOE, FAM_OLMOE, FAM_NEMOTRON_H};
+
+static void make_arch(arch *a, int fam)
 {
-    assert_int_equal(arch_init(a, 3), 0);
-    snprintf(a->family, sizeof a->family, "llama");
+    int nl = fam == FAM_NEMOTRON_H ? 4 : 3;
+    assert_int_equal(arch_init(a, nl), 0);
+    snprintf(a->family, sizeof a->family, "%s", FAM_NAME[fam]);
     a->vocab_size = 97;
     a->hidden_size = 48;
     a->head_dim = 8;
@@ -41,10 +50,28 @@ static void make_arch(arch *a)
         {.source_layer = 1, .n_heads = 0, .n_kv_heads = 0, .ffn_dim = 40},
         {.source_layer = 2, .n_heads = 4, .n_kv_heads = 4, .ffn_dim = 0},
     };
-    memcpy(a->layers, L, sizeof L);
+    if (fam == FAM_QWEN2_MOE || fam == FAM_OLMOE) {
+        L[0].ffn_dim = L[1].ffn_dim = 0;
+        L[0].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 12,
+                              .shared_ffn_dim = fam == FAM_QWEN2_MOE ? 10 : 0};
+        L[1].moe = (arch_moe){.n_experts = 3, .top_k = 1, .expert_ffn_dim = 14, .norm_topk = 1};
+        a->attention_bias = fam == FAM_QWEN2_MOE;
+        a->tie_word_embeddings = 0;
+    }
+    if (fam == FAM_NEMOTRON_H) {
+        /* "M*EM": Mamba (8 heads of 6, 2 groups), attention alone, LatentMoE, Mamba (4 of 12) */
+        a->layers[0] = (arch_layer){.source_layer = 0, .mamba = {8, 6, 16, 2, 4}};
+        a->layers[1] = (arch_layer){.source_layer = 1, .n_heads = 6, .n_kv_heads = 2};
+        a->layers[2] = (arch_layer){.source_layer = 2, .moe = {.n_experts = 8, .top_k = 2, .expert_ffn_dim = 12,
+                                    .shared_ffn_dim = 10, .norm_topk = 1, .sigmoid = 1, .n_group = 2,
+                                    .topk_group = 1, .routed_scale = 2.5, .latent_dim = 24}};
+        a->layers[3] = (arch_layer){.source_layer = 3, .mamba = {4, 12, 8, 1, 4}};
+    } else {
+        memcpy(a->layers, L, sizeof L);
+    }
     char err[256];
     if (arch_validate(a, err, sizeof err) != 0)
-        fail_msg("arch: %s", err);
+        fail_msg("%s arch: %s", FAM_NAME[fam], err);
 }
 
 static double max_rel(const float *g, const float *c, size_t n)
@@ -60,6 +87,16 @@ static double max_rel(const float *g, const float *c, size_t n)
     return cmax > 0 ? dmax / cmax : dmax;
 }
 
+static int FAM = FAM_LLAMA;   /* the family the running test checks (its cmocka state) */
+
+/* "family/what" for the families after the first (whose names stay as they were) */
+static const char *fam_name(const char *what)
+{
+    static char buf[96];
+    snprintf(buf, sizeof buf, "%s/%s", FAM_NAME[FAM], what);
+    return buf;
+}
+
 static void check(const char *what, double err, double tol)
 {
 #if defined(AC_CUDA) && AC_CUDA
@@ -67,9 +104,9 @@ static void check(const char *what, double err, double tol)
     if (e[0])
         fail_msg("%s: CUDA error: %s", what, e);
 #endif
-    printf("CUDAMODEL %-26s %.3e %.0e\n", what, err, tol);
+    printf("CUDAMODEL %-38s %.3e %.0e\n", FAM == FAM_LLAMA ? what : fam_name(what), err, tol);
     if (!(err <= tol))
-        fail_msg("%s: max relative error %.3e above %.0e", what, err, tol);
+        fail_msg("%s %s: max relative error %.3e above %.0e", FAM_NAME[FAM], what, err, tol);
 }
 
 typedef struct {
@@ -80,7 +117,7 @@ typedef struct {
 static void twins_init(twins *t)
 {
     char err[256];
-    make_arch(&t->a);
+    make_arch(&t->a, FAM);
     if (eng_model_init(&t->c, &t->a, CPU, err, sizeof err) != 0)
         fail_msg("cpu model: %s", err);
     if (eng_model_init(&t->g, &t->a, GPU, err, sizeof err) != 0)
@@ -106,7 +143,7 @@ static void tokens_fill(int *tok, int n, int V, uint64_t seed)
 
 static void test_prefill_logits(void **state)
 {
-    (void)state;
+    FAM = *(const int *)*state;
     twins t;
     twins_init(&t);
     enum { B = 2, T = 19 };
@@ -135,7 +172,7 @@ static void test_prefill_logits(void **state)
 
 static void test_kv_decode(void **state)
 {
-    (void)state;
+    FAM = *(const int *)*state;
     twins t;
     twins_init(&t);
     enum { B = 2, P = 13, STEPS = 4 };
@@ -228,7 +265,7 @@ static void compare_grads(twins *t, const char *tag)
 
 static void test_train_step(void **state)
 {
-    (void)state;
+    FAM = *(const int *)*state;
     twins t, teacher;
     twins_init(&t);
     twins_init(&teacher);
@@ -307,13 +344,26 @@ int main(void)
         fprintf(stderr, "cpu backend: out of memory\n");
         return 1;
     }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefill_logits),
-        cmocka_unit_test(test_kv_decode),
-        cmocka_unit_test(test_train_step),
-        cmocka_unit_test(test_no_leaks),
-    };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    struct CMUnitTest tests[3 * N_FAM + 1];
+    int n = 0;
+    for (int f = 0; f < N_FAM; f++) {
+        const struct CMUnitTest fam[3] = {
+            cmocka_unit_test_prestate(test_prefill_logits, (void *)&FAM_ID[f]),
+            cmocka_unit_test_prestate(test_kv_decode, (void *)&FAM_ID[f]),
+            cmocka_unit_test_prestate(test_train_step, (void *)&FAM_ID[f]),
+        };
+        for (int i = 0; i < 3; i++) {
+            tests[n] = fam[i];
+            char *nm = malloc(64);
+            assert_non_null(nm);
+            snprintf(nm, 64, "%s_%s", fam[i].name, FAM_NAME[f]);
+            tests[n++].name = nm;
+        }
+    }
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_no_leaks);
+    int rc = _cmocka_run_group_tests("test_cuda_model", tests, (size_t)n, NULL, NULL);
+    for (int i = 0; i < n - 1; i++)
+        free((char *)tests[i].name);
     eng_backend_free(GPU);
     eng_backend_free(CPU);
     return rc;
