@@ -102,7 +102,7 @@ run smollm_bf16 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec bf
 # sigmoid-routed MoE layers (bench/cuda/*.json)
 for h in hybrid moe; do
     run nemotron_${h}_fp32 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 --steps 128 \
-        --arch bench/cuda/nemotron_h_$h.json
+        --arch bench/cuda/nemotron_h_$h.json --train
 done
 # distillation: the product's loop (teacher SmolLM2-135M shape, student hidden 512)
 for p in fp32 bf16; do
@@ -183,6 +183,7 @@ jv() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().st
     for h in hybrid moe; do
         echo "| Nemotron-H-shaped $h (bench/cuda/nemotron_h_$h.json, $(val nemotron_${h}_fp32 params) params) fp32 prefill B=1 T=512 | $(val nemotron_${h}_fp32 prefill_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 prefill_TFLOPs) TFLOP/s = $(share "$(val nemotron_${h}_fp32 prefill_TFLOPs)" "$F32") of GEMM fp32 |"
         echo "| Nemotron-H-shaped $h fp32 decode B=1 ctx 512 | $(val nemotron_${h}_fp32 decode_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 decode_GBps) GB/s = $(share "$(val nemotron_${h}_fp32 decode_GBps)" "$BW") of copy |"
+        echo "| Nemotron-H-shaped $h fp32 training step B=1 T=512 (CE fwd+bwd) | $(val nemotron_${h}_fp32 train_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 train_TFLOPs) TFLOP/s = $(share "$(val nemotron_${h}_fp32 train_TFLOPs)" "$F32") of GEMM fp32 |"
     done
     for p in fp32 bf16; do
         G=$(jv distill_$p sgemm_gflops); [ $p = bf16 ] && G=$(jv distill_$p gemm16_gflops)

@@ -1,9 +1,9 @@
 /* cuda/kernels_ssm.cu — the Mamba-2 ops on the GPU (contracts in engine/backend.h, CPU
  * reference engine/cpu_ssm.c): the depthwise causal conv with its history, the
- * selective-state scan (one thread per state row: head h, channel p; the steps in order), its
- * backward from the checkpoints (B, C, dt and the per-head parameter gradients summed with
- * atomics), the group-gated RMSNorm and squared ReLU. Straightforward kernels: the first
- * correct GPU path, not yet the chunked SSD kernels of mamba_ssm.
+ * selective-state scan (one warp per state row: head h, channel p, the state's columns over
+ * the lanes; the steps in order), its backward from the checkpoints (likewise; B, C, dt
+ * and the per-head parameter gradients summed with atomics), the group-gated
+ * RMSNorm and squared ReLU. Not yet the chunked SSD kernels of mamba_ssm.
  */
 #include "cuda/cu_internal.h"
 #include "cuda/cu_ops.h"
@@ -122,7 +122,8 @@ static void cu_ssm_conv_bwd(eng_backend *be, float *dx, float *dw, float *dbias,
 
 /* ---- scan ------------------------------------------------------------------------------ */
 
-/* One thread per state row (b, h, p): s[p, :] lives in `state`. */
+/* One thread per state row (b, h, p): s[p, :] lives in `state`. For states wider than
+ * k_scan_fwd_warp holds in registers. */
 __global__ void k_scan_fwd(float *y, float *ckpt, const float *xbc, const float *dt_raw, const float *dt_bias,
                            const float *A_log, const float *Dskip, float *state, const int *lens, int B, int T, int H,
                            int P, int G, int S, int chunk)
@@ -153,18 +154,79 @@ __global__ void k_scan_fwd(float *y, float *ckpt, const float *xbc, const float 
     }
 }
 
+/* One warp per state row (b, h, p), the row's S columns over the lanes (SCAN_REGS per lane,
+ * in registers): each step's update and its dot with C run in parallel and reduce by
+ * shuffles, so B*H*P*32 threads work where k_scan_fwd has B*H*P. For S <= 32 * SCAN_REGS. */
+#define SCAN_REGS 8
+__global__ void k_scan_fwd_warp(float *y, float *ckpt, const float *xbc, const float *dt_raw, const float *dt_bias,
+                                const float *A_log, const float *Dskip, float *state, const int *lens, int B, int T,
+                                int H, int P, int G, int S, int chunk)
+{
+    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk, lane = threadIdx.x & 31;
+    size_t rows = (size_t)B * H * P;
+    for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; i < rows;
+         i += (size_t)gridDim.x * blockDim.x / 32) {
+        int p = (int)(i % P), bh = (int)(i / P), b = bh / H, h = bh % H, g = h / hpg, len = lens ? lens[b] : T;
+        float *s = state + i * S, A = -expf(A_log[h]), Dh = Dskip[h], dtb = dt_bias[h], r[SCAN_REGS];
+#pragma unroll
+        for (int k = 0; k < SCAN_REGS; k++)
+            r[k] = lane + 32 * k < S ? s[lane + 32 * k] : 0.0f;
+        for (int t = 0; t < T; t++) {
+            const float *row = xbc + ((size_t)b * T + t) * cd;
+            if (ckpt && t % chunk == 0) {
+                float *ck = ckpt + ((((size_t)b * nch + t / chunk) * H + h) * P + p) * S;
+#pragma unroll
+                for (int k = 0; k < SCAN_REGS; k++)
+                    if (lane + 32 * k < S)
+                        ck[lane + 32 * k] = r[k];
+            }
+            if (t >= len) {
+                if (lane == 0)
+                    y[((size_t)b * T + t) * di + (size_t)h * P + p] = 0;
+                continue;
+            }
+            float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dtb), da = expf(dt * A);
+            float xp = row[h * P + p], xd = dt * xp, acc = 0;
+            const float *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
+#pragma unroll
+            for (int k = 0; k < SCAN_REGS; k++) {
+                int j = lane + 32 * k;
+                if (j < S) {
+                    r[k] = r[k] * da + xd * Bg[j];
+                    acc += r[k] * Cg[j];
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0)
+                y[((size_t)b * T + t) * di + (size_t)h * P + p] = acc + Dh * xp;
+        }
+#pragma unroll
+        for (int k = 0; k < SCAN_REGS; k++)
+            if (lane + 32 * k < S)
+                s[lane + 32 * k] = r[k];
+    }
+}
+
 static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
                             const float *dt_bias, const float *A_log, const float *Dskip, float *state, const int *lens,
                             int B, int T, int H, int P, int G, int S, int chunk)
 {
     if (cu_enter(be) != 0)
         return;
-    k_scan_fwd<<<grid_for((size_t)B * H * P), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log,
+    size_t rows = (size_t)B * H * P;
+    if (S <= 32 * SCAN_REGS)
+        k_scan_fwd_warp<<<grid_for(rows * 32), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log,
                                                                           Dskip, state, lens, B, T, H, P, G, S, chunk);
+    else
+        k_scan_fwd<<<grid_for(rows), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip, state,
+                                                                 lens, B, T, H, P, G, S, chunk);
     CHECK_LAUNCH(be);
 }
 
-/* One thread per state row (b, h, p), its rows of the chunk's states and of dS in scratch. */
+/* One thread per state row (b, h, p), its rows of the chunk's states and of dS in scratch.
+ * For states wider than k_scan_bwd_warp holds in registers. */
 __global__ void k_scan_bwd(float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD, const float *dy,
                            const float *xbc, const float *dt_raw, const float *dt_bias, const float *A_log,
                            const float *Dskip, const float *ckpt, float *scratch, int B, int T, int H, int P, int G,
@@ -221,6 +283,81 @@ __global__ void k_scan_bwd(float *dxbc, float *ddt_raw, float *ddt_bias, float *
     }
 }
 
+/* k_scan_bwd with one warp per state row, the row's columns over the lanes (dS in
+ * registers, the chunk's recomputed states in scratch, each lane its own columns), the
+ * row's sums over the columns reduced by shuffles. For S <= 32 * SCAN_REGS. */
+__global__ void k_scan_bwd_warp(float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD,
+                                const float *dy, const float *xbc, const float *dt_raw, const float *dt_bias,
+                                const float *A_log, const float *Dskip, const float *ckpt, float *scratch, int B, int T,
+                                int H, int P, int G, int S, int chunk)
+{
+    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk, lane = threadIdx.x & 31;
+    size_t ps = (size_t)P * S, rows = (size_t)B * H * P;
+    for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; i < rows;
+         i += (size_t)gridDim.x * blockDim.x / 32) {
+        int p = (int)(i % P), bh = (int)(i / P), b = bh / H, h = bh % H, g = h / hpg;
+        float *st = scratch + (size_t)bh * (chunk + 2) * ps + (size_t)p * S, dS[SCAN_REGS];
+        float A = -expf(A_log[h]), Dh = Dskip[h];
+        double accA = 0, accD = 0;
+#pragma unroll
+        for (int k = 0; k < SCAN_REGS; k++)
+            dS[k] = 0;
+        for (int c = nch - 1; c >= 0; c--) {
+            int t0 = c * chunk, t1 = t0 + chunk < T ? t0 + chunk : T;
+            const float *ck = ckpt + ((((size_t)b * nch + c) * H + h) * P + p) * S;
+            for (int j = lane; j < S; j += 32)
+                st[j] = ck[j];
+            for (int t = t0; t < t1; t++) {   /* the chunk's states again, row p, this lane's columns */
+                const float *row = xbc + ((size_t)b * T + t) * cd;
+                float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
+                float xd = dt * row[h * P + p];
+                const float *Bg = row + di + (size_t)g * S;
+                float *s0 = st + (size_t)(t - t0) * ps, *s1 = s0 + ps;
+                for (int j = lane; j < S; j += 32)
+                    s1[j] = s0[j] * da + xd * Bg[j];
+            }
+            for (int t = t1 - 1; t >= t0; t--) {
+                size_t rw = (size_t)b * T + t;
+                const float *row = xbc + rw * cd, *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
+                const float *s1 = st + (size_t)(t - t0 + 1) * ps, *s0 = s1 - ps;
+                float v = dt_raw[rw * H + h] + dt_bias[h], dt = softplus_f(v), da = expf(dt * A);
+                float gp = dy[rw * di + (size_t)h * P + p], xp = row[h * P + p];
+                float *dB = dxbc + rw * cd + di + (size_t)g * S, *dC = dB + (size_t)G * S;
+                double sb = 0, ss = 0;
+#pragma unroll
+                for (int k = 0; k < SCAN_REGS; k++) {
+                    int j = lane + 32 * k;
+                    if (j < S) {
+                        atomicAdd(dC + j, s1[j] * gp);
+                        dS[k] += gp * Cg[j];
+                        sb += (double)dS[k] * Bg[j];
+                        ss += (double)dS[k] * s0[j];
+                        atomicAdd(dB + j, dt * dS[k] * xp);
+                        dS[k] *= da;
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    sb += __shfl_xor_sync(0xffffffffu, sb, o);
+                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                }
+                if (lane == 0) {
+                    accD += (double)gp * xp;
+                    dxbc[rw * cd + (size_t)h * P + p] = Dh * gp + dt * (float)sb;
+                    accA += ss * da * dt;
+                    float gv = (float)(sb * xp + ss * da * A) * sigm(v);
+                    atomicAdd(ddt_raw + rw * H + h, gv);
+                    atomicAdd(ddt_bias + h, gv);
+                }
+            }
+        }
+        if (lane == 0) {
+            atomicAdd(dA_log + h, (float)(accA * A));
+            atomicAdd(dD + h, (float)accD);
+        }
+    }
+}
+
 static void cu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD,
                             const float *dy, const float *xbc, const float *dt_raw, const float *dt_bias,
                             const float *A_log, const float *Dskip, const float *ckpt, float *scratch, int B, int T,
@@ -232,9 +369,14 @@ static void cu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float 
     size_t cd = (size_t)H * P + 2 * (size_t)G * S;
     CHECK_CUDA(be, cudaMemsetAsync(dxbc, 0, sizeof(float) * (size_t)B * T * cd, st));
     CHECK_CUDA(be, cudaMemsetAsync(ddt_raw, 0, sizeof(float) * (size_t)B * T * H, st));
-    k_scan_bwd<<<grid_for((size_t)B * H * P), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw,
-                                                              dt_bias, A_log, Dskip, ckpt, scratch, B, T, H, P, G, S,
-                                                              chunk);
+    size_t rows = (size_t)B * H * P;
+    if (S <= 32 * SCAN_REGS)
+        k_scan_bwd_warp<<<grid_for(rows * 32), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw,
+                                                            dt_bias, A_log, Dskip, ckpt, scratch, B, T, H, P, G, S,
+                                                            chunk);
+    else
+        k_scan_bwd<<<grid_for(rows), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw, dt_bias,
+                                                  A_log, Dskip, ckpt, scratch, B, T, H, P, G, S, chunk);
     CHECK_LAUNCH(be);
 }
 

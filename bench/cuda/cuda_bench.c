@@ -5,7 +5,8 @@
  * (stories260K) run on a device against the CPU backend. Prints "KEY value" lines. Also
  * runs on "cpu" (for checking the tool itself). Not part of the product.
  * Usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n]
- *        [--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE]
+ *        [--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE] [--train]
+ * --train: also a training step's tokens/s (forward + backward of CE) on the prompt.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,7 +26,7 @@
 
 typedef struct {
     const char *device, *prec, *model, *arch;
-    int T, steps, layers, batch;
+    int T, steps, layers, batch, train;
 } opts;
 
 static int parse_int(const char *s, int *out)
@@ -230,6 +231,35 @@ static int run_model(const opts *o)
     printf("decode_ms_per_step %.3f\n", step_s * 1e3);
     printf("decode_GBps %.1f\n", (w_bytes + kv_bytes) / step_s / 1e9);
     printf("peak_bytes %zu\n", be->peak_bytes);
+    /* a training step (forward + backward of next-token CE, weight gradients) on the same
+     * B x T tokens: median of 3 after one warm-up; 3 x the forward's matmul FLOPs */
+    if (o->train) {
+        int *tgt = malloc(sizeof(int) * (size_t)B * T);
+        if (!tgt || eng_model_enable_grads(&m) != 0) {
+            fprintf(stderr, "cuda_bench: train: out of memory\n");
+            return 1;
+        }
+        for (int i = 0; i < B * T; i++)
+            tgt[i] = (i % T == T - 1) ? -1 : tok[i + 1];
+        eng_loss_spec ce = {.kind = ENG_LOSS_CE, .targets = tgt};
+        eng_loss_result lr;
+        for (int r = -1; r < 3; r++) {
+            eng_model_zero_grads(&m);
+            be->sync(be);
+            double t0 = eng_wall_s();
+            if (eng_forward_backward(&m, tok, B, T, &ce, ENG_GRAD_WEIGHTS, &lr, err, sizeof err) != 0) {
+                fprintf(stderr, "cuda_bench: train: %s\n", err);
+                return 1;
+            }
+            be->sync(be);
+            if (r >= 0)
+                runs[r] = eng_wall_s() - t0;
+        }
+        qsort(runs, 3, sizeof *runs, cmp_double);
+        printf("train_tokens_per_s %.1f\n", B * T / runs[1]);
+        printf("train_TFLOPs %.3f\n", 3.0 * pf_flops / runs[1] / 1e12);
+        free(tgt);
+    }
     if (eng_backend_check(be, err, sizeof err) != 0) {
         fprintf(stderr, "cuda_bench: %s\n", err);
         return 1;
@@ -351,11 +381,15 @@ int main(int argc, char **argv)
     opts o = {.device = "cuda:0", .prec = "fp32", .model = NULL, .arch = NULL, .T = 512, .steps = 64, .layers = 30, .batch = 1};
     if (argc < 2) {
         fprintf(stderr, "usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n] "
-                        "[--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE]\n");
+                        "[--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE] [--train]\n");
         return 2;
     }
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(k, "--train") == 0) {   /* a flag: no value */
+            o.train = 1;
+            continue;
+        }
         int bad = !v;
         if (!bad && strcmp(k, "--device") == 0)
             o.device = v;

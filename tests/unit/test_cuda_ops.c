@@ -377,6 +377,44 @@ static void test_rows(void **state)
 /* The Mamba-2 ops: conv with and without history (its update at row lengths), the scan with
  * checkpoints and lengths, its backward from those checkpoints, the gated norm both ways,
  * squared ReLU. B and C of a group are shared by its heads (atomics on the GPU). */
+/* The scan forward (state, checkpoints, padded rows) and backward at one shape; names
+ * "ssm_scan_{fwd,bwd}_TAG...". */
+static void scan_case(int B, int T, int H, int P, int G, int S, int chunk, int *lc, int *lg, const char *tag)
+{
+    int di = H * P, cd = di + 2 * G * S, N = B * T, nch = (T + chunk - 1) / chunk;
+    pair x = pair_rand((size_t)N * cd, -1, 1), y = pair_rand((size_t)N * di, -1, 1);
+    pair st = pair_rand((size_t)B * H * P * S, -1, 1), ck = pair_rand((size_t)B * nch * H * P * S, -1, 1);
+    pair dt = pair_rand((size_t)N * H, -2, 1), dtb = pair_rand((size_t)H, -1, 1), alog = pair_rand((size_t)H, -1, 1.5f);
+    pair Dk = pair_rand((size_t)H, 0.5f, 1.5f);
+    char name[64];
+#define NAME(what) (snprintf(name, sizeof name, "ssm_scan_%s_%s", what, tag), name)
+    CPU->ssm_scan_fwd(CPU, y.c, ck.c, x.c, dt.c, dtb.c, alog.c, Dk.c, st.c, lc, B, T, H, P, G, S, chunk);
+    GPU->ssm_scan_fwd(GPU, y.g, ck.g, x.g, dt.g, dtb.g, alog.g, Dk.g, st.g, lg, B, T, H, P, G, S, chunk);
+    check_pair(NAME("fwd"), &y, TOL32);
+    check_pair(NAME("fwd_state"), &st, TOL32);
+    check_pair(NAME("fwd_ckpt"), &ck, TOL32);
+    CPU->zero(CPU, st.c, st.n * 4);
+    GPU->zero(GPU, st.g, st.n * 4);
+    CPU->ssm_scan_fwd(CPU, y.c, ck.c, x.c, dt.c, dtb.c, alog.c, Dk.c, st.c, NULL, B, T, H, P, G, S, chunk);
+    pair_sync_to_gpu(&ck);
+    pair gy = pair_rand((size_t)N * di, -1, 1), dx = pair_rand((size_t)N * cd, -1, 1), ddt = pair_rand((size_t)N * H, -1, 1);
+    pair gdtb = pair_rand((size_t)H, -1, 1), galog = pair_rand((size_t)H, -1, 1), gD = pair_rand((size_t)H, -1, 1);
+    pair scr = pair_rand((size_t)B * H * (chunk + 2) * P * S, -1, 1);
+    CPU->ssm_scan_bwd(CPU, dx.c, ddt.c, gdtb.c, galog.c, gD.c, gy.c, x.c, dt.c, dtb.c, alog.c, Dk.c, ck.c, scr.c, B, T, H,
+                      P, G, S, chunk);
+    GPU->ssm_scan_bwd(GPU, dx.g, ddt.g, gdtb.g, galog.g, gD.g, gy.g, x.g, dt.g, dtb.g, alog.g, Dk.g, ck.g, scr.g, B, T, H,
+                      P, G, S, chunk);
+    check_pair(NAME("bwd_dxbc"), &dx, TOL32);
+    check_pair(NAME("bwd_ddt"), &ddt, TOL32);
+    check_pair(NAME("bwd_ddt_bias"), &gdtb, TOL32);
+    check_pair(NAME("bwd_dA_log"), &galog, TOL32);
+    check_pair(NAME("bwd_dD"), &gD, TOL32);
+#undef NAME
+    pair *all[] = {&x, &y, &st, &ck, &dt, &dtb, &alog, &Dk, &gy, &dx, &ddt, &gdtb, &galog, &gD, &scr};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(all[i]);
+}
+
 static void test_ssm(void **state)
 {
     (void)state;
@@ -425,6 +463,9 @@ static void test_ssm(void **state)
     check_pair("ssm_scan_bwd_ddt_bias", &gdtb, TOL32);
     check_pair("ssm_scan_bwd_dA_log", &galog, TOL32);
     check_pair("ssm_scan_bwd_dD", &gD, TOL32);
+    /* states of several register rows per lane (S 80) and wider than the registers (S 260) */
+    scan_case(B, T, H, 3, G, 80, chunk, lc, lg, "s80");
+    scan_case(B, T, H, 3, G, 260, chunk, lc, lg, "s260");
     pair z = pair_rand((size_t)N * di, -2, 2), nw = pair_rand((size_t)di, 0.5f, 1.5f), out = pair_rand((size_t)N * di, -1, 1);
     pair rs = pair_rand((size_t)N * G, -1, 1);
     CPU->gated_norm_fwd(CPU, out.c, rs.c, ys.c, z.c, nw.c, N, di, G, 1e-5f);
