@@ -182,13 +182,11 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     res->request_cache_bytes = (int64_t)vm->be->cur_bytes - res->weights_bytes;
     double p, d;
     eng_backend_reset_peak(vm->be);
+    ms_peak_open(vm->be);
     int have_rss = is_cpu && rss0 >= 0 && ms_rss_reset_peak() == 0;
     if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
         return -1;
-    res->backend_peak_bytes = (int64_t)vm->be->peak_bytes;
-    int64_t hwm = have_rss ? ms_rss_peak_bytes() : -1;
-    res->rss_delta_bytes = hwm >= 0 ? hwm - rss0 : -1;
-    res->peak_bytes = res->rss_delta_bytes > res->backend_peak_bytes ? res->rss_delta_bytes : res->backend_peak_bytes;
+    ms_peak_close(vm->be, rss0, have_rss ? ms_rss_peak_bytes() : -1, res);
     res->params = arch_params(va);
     cs->heldout_s += eng_wall_s() - t0;
     return cali_tick(cs, "held-out build + memory", err, errlen);

@@ -211,19 +211,20 @@ out:
     return rc;
 }
 
-int ms_measure_model(eng_model *m, const cm_target *t, const ms_opts *o, ms_result *r, char *err, size_t errlen)
+void ms_peak_open(eng_backend *be)
 {
-    memset(r, 0, sizeof *r);
-    r->params = arch_params(&m->a);
-    r->weights_bytes = (int64_t)m->be->cur_bytes;
-    r->rss_delta_bytes = -1;
-    eng_model_const(m, 1);
-    int rc = measure_loop(m, t, o, r, err, errlen);
-    eng_model_const(m, 0);
-    if (rc)
-        return -1;
-    r->peak_bytes = r->backend_peak_bytes;
-    return 0;
+    if (strcmp(be->name, "cpu") != 0)
+        (void)eng_backend_runtime_bytes(be);   /* a GPU's pool slack counts from here */
+}
+
+void ms_peak_close(eng_backend *be, int64_t rss0, int64_t hwm, ms_result *r)
+{
+    r->backend_peak_bytes = (int64_t)be->peak_bytes;
+    r->rss_delta_bytes = hwm >= 0 && rss0 >= 0 ? hwm - rss0 : -1;
+    r->peak_bytes = r->rss_delta_bytes > r->backend_peak_bytes ? r->rss_delta_bytes : r->backend_peak_bytes;
+    int64_t rt = strcmp(be->name, "cpu") ? eng_backend_runtime_bytes(be) : -1;   /* context, workspaces, slack */
+    if (rt > 0)
+        r->peak_bytes = r->backend_peak_bytes + rt;
 }
 
 int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
@@ -242,18 +243,10 @@ int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms
     r->weights_bytes = (int64_t)be->cur_bytes;
     eng_model_randomize(&m, o && o->seed ? o->seed : 1, 0.02f);
     eng_model_const(&m, 1);   /* served: the weights hold still (eng_model_free ends it) */
-    if (!is_cpu)
-        (void)eng_backend_runtime_bytes(be);   /* a GPU's pool slack counts from here */
+    ms_peak_open(be);
     int rc = measure_loop(&m, t, o, r, err, errlen);
-    if (rc == 0) {
-        r->backend_peak_bytes = (int64_t)be->peak_bytes;
-        int64_t hwm = have_rss ? ms_rss_peak_bytes() : -1;
-        r->rss_delta_bytes = hwm >= 0 ? hwm - rss0 : -1;
-        r->peak_bytes = r->rss_delta_bytes > r->backend_peak_bytes ? r->rss_delta_bytes : r->backend_peak_bytes;
-        int64_t rt = is_cpu ? -1 : eng_backend_runtime_bytes(be);   /* a GPU's context, workspaces, slack */
-        if (rt > 0)
-            r->peak_bytes = r->backend_peak_bytes + rt;
-    }
+    if (rc == 0)
+        ms_peak_close(be, rss0, have_rss ? ms_rss_peak_bytes() : -1, r);
     eng_model_free(&m);
     return rc;
 }

@@ -63,9 +63,15 @@ typedef struct {
 int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
                     char *err, size_t errlen);
 
-/* Measure a model that already exists (given weights, e.g. the pruned result).
- * weights_bytes is taken as the backend bytes held before the call. rss_delta is -1. */
-int ms_measure_model(eng_model *m, const cm_target *t, const ms_opts *o, ms_result *r, char *err, size_t errlen);
+/* The measured peak of requests on be, one rule for every measurement: ms_peak_open before
+ * the requests (a GPU's pool high water starts there), ms_peak_close after them: it fills
+ * backend_peak_bytes, rss_delta_bytes (hwm - rss0: the RSS high water above the RSS before
+ * the model; -1 when either is -1) and peak_bytes: on CPU the larger of the two, on a GPU
+ * the backend's peak plus the memory it holds outside its accounting (the process's CUDA
+ * context, workspaces, the pool's slack: eng_backend_runtime_bytes), which the memory
+ * model's runtime item predicts. */
+void ms_peak_open(eng_backend *be);
+void ms_peak_close(eng_backend *be, int64_t rss0, int64_t hwm, ms_result *r);
 
 /* The §10 "measured" object {latency_ms, throughput_tokens_per_s, peak_memory_bytes,
  * backend_peak_bytes, rss_delta_bytes, prefill_ms, decode_ms_per_token, reps}.

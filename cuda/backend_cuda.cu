@@ -80,23 +80,23 @@ extern "C" int cu_device_query(int dev, char *desc, size_t desclen, uint64_t *me
 
 /* ---- memory ---------------------------------------------------------------------- */
 
-/* Allocation is stream-ordered from the device's memory pool (cudaMallocAsync), so the
- * per-call workspaces of the model do not pay a cudaMalloc and a device-wide sync each
- * time. cur_bytes/peak_bytes count live allocations; the pool may keep freed memory
- * cached (nvidia-smi shows more), and is trimmed and retried once when it runs out. */
+/* Allocation is stream-ordered from the backend's own memory pool (cudaMallocFromPoolAsync),
+ * so the per-call workspaces of the model do not pay a cudaMalloc and a device-wide sync
+ * each time. cur_bytes/peak_bytes count live allocations; the pool keeps freed memory
+ * cached (nvidia-smi shows more), is trimmed and retried once when it runs out, and goes
+ * back to the device with the backend: a pool of its own, so that its high water (the
+ * memory items' slack) is this backend's alone, and a freed backend holds nothing. */
 static void *cu_alloc(eng_backend *be, size_t bytes)
 {
     cu_impl *c = cu_of(be);
     if (cu_enter(be) != 0)
         return NULL;
     void *p = NULL;
-    cudaError_t e = cudaMallocAsync(&p, bytes ? bytes : 1, c->stream);
+    cudaError_t e = cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, c->pool, c->stream);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
-        cudaMemPool_t pool;
-        if (cudaStreamSynchronize(c->stream) == cudaSuccess &&
-            cudaDeviceGetDefaultMemPool(&pool, c->dev) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
-            e = cudaMallocAsync(&p, bytes ? bytes : 1, c->stream);
+        if (cudaStreamSynchronize(c->stream) == cudaSuccess && cudaMemPoolTrimTo(c->pool, 0) == cudaSuccess)
+            e = cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, c->pool, c->stream);
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();   /* out of memory is not sticky; callers report it */
@@ -198,6 +198,8 @@ static void cu_release(eng_backend *be)
             (void)cudaEventDestroy(c->ev1);
         if (c->stream)
             (void)cudaStreamDestroy(c->stream);
+        if (c->pool)   /* its memory back to the device (at once: every free has run) */
+            (void)cudaMemPoolDestroy(c->pool);
         (void)cudaGetLastError();
         free(c);
     }
@@ -214,6 +216,11 @@ extern "C" size_t cu_backend_workspace_bytes(const eng_backend *be)
 
 /* The device's used memory by NVML (which makes no CUDA context), -1 when NVML is not
  * there. Loaded at run time: a machine without the driver's NVML still runs the rest. */
+/* The CUDA context's device memory per device, as the first backend on it measured (0
+ * unknown): the later backends of the process find the context made. */
+enum { CU_CTX_DEVICES = 64 };
+static int64_t ctx_bytes_seen[CU_CTX_DEVICES];
+
 static int64_t nvml_used_bytes(int dev)
 {
     typedef struct {
@@ -249,14 +256,12 @@ extern "C" int cu_backend_memory_items(eng_backend *be, cu_mem_items *out)
     out->context_bytes = c->context_bytes;
     out->blas_workspace_bytes = (int64_t)c->blas_ws_bytes;
     out->gemm16_workspace_bytes = (int64_t)c->ws_bytes;
-    cudaMemPool_t pool;
     uint64_t high = 0;
     CHECK_CUDA_R(be, cudaStreamSynchronize(c->stream), -1);
-    CHECK_CUDA_R(be, cudaDeviceGetDefaultMemPool(&pool, c->dev), -1);
-    CHECK_CUDA_R(be, cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high), -1);
+    CHECK_CUDA_R(be, cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &high), -1);
     out->pool_slack_bytes = high > be->peak_bytes ? (int64_t)(high - be->peak_bytes) : 0;
     uint64_t zero = 0;   /* the next call measures from here */
-    CHECK_CUDA_R(be, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero), -1);
+    CHECK_CUDA_R(be, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &zero), -1);
     return 0;
 }
 
@@ -295,11 +300,15 @@ extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
     cublasStatus_t s;
     if ((e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         NEW_FAIL("cudaDeviceGetAttribute", cudaGetErrorString(e));
-    /* keep freed pool memory cached across synchronizations (see cu_alloc) */
-    cudaMemPool_t pool;
+    /* the backend's pool, keeping freed memory cached across synchronizations (see cu_alloc) */
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
     uint64_t keep = UINT64_MAX;
-    if ((e = cudaDeviceGetDefaultMemPool(&pool, dev)) != cudaSuccess ||
-        (e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess)
+    if ((e = cudaMemPoolCreate(&c->pool, &props)) != cudaSuccess ||
+        (e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess)
         NEW_FAIL("memory pool", cudaGetErrorString(e));
     if ((e = cudaMalloc((void **)&c->red, 64)) != cudaSuccess)
         NEW_FAIL("cudaMalloc(reduction scalar)", cudaGetErrorString(e));
@@ -325,6 +334,14 @@ extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
     if (used0 >= 0 && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
         int64_t ctx = (int64_t)(total_b - free_b) - used0 - (int64_t)c->blas_ws_bytes - 64;
         c->context_bytes = ctx > 0 ? ctx : -1;   /* <= 0: the context was there before */
+    }
+    /* The context is the process's, made once per device: a later backend on the device
+     * reports the size the first one measured, since a process serving the model pays it. */
+    if (dev >= 0 && dev < CU_CTX_DEVICES) {
+        if (c->context_bytes > 0)
+            __atomic_store_n(&ctx_bytes_seen[dev], c->context_bytes, __ATOMIC_RELAXED);
+        else if (__atomic_load_n(&ctx_bytes_seen[dev], __ATOMIC_RELAXED) > 0)
+            c->context_bytes = __atomic_load_n(&ctx_bytes_seen[dev], __ATOMIC_RELAXED);
     }
     (void)cudaGetLastError();
     be->alloc = cu_alloc;

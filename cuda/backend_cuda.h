@@ -48,8 +48,9 @@ size_t cu_backend_workspace_bytes(const eng_backend *be);
  * each measured on the device: what the memory model's runtime_buffers item is made of.
  *   context_bytes: the CUDA context: the device's used memory (NVML, before any CUDA
  *       call of this process made the context) against cudaMemGetInfo once the context,
- *       stream and cuBLAS handle exist, less the backend's own buffers; -1 when NVML is
- *       not there or the context existed already (a second backend on the device).
+ *       stream and cuBLAS handle exist, less the backend's own buffers; a later backend
+ *       on the device (the context made already) reports what the process's first
+ *       measured; -1 when NVML is not there.
  *   blas_workspace_bytes: the workspace given to cuBLAS (cublasSetWorkspace: 32 MiB on
  *       compute capability 9.x, 4 MiB before, as NVIDIA recommends), so it is known.
  *   gemm16_workspace_bytes: the bf16/fp16 operand copies (cu_backend_workspace_bytes).

@@ -17,6 +17,7 @@ typedef struct {
     int dev;
     int sms;                  /* streaming multiprocessors of the device */
     cudaStream_t stream;
+    cudaMemPool_t pool;       /* the backend's own stream-ordered pool (cu_alloc) */
     cublasHandle_t blas;
     void *ws;                 /* GEMM operand conversion workspace (bf16/fp16 copies) */
     size_t ws_bytes;

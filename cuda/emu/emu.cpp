@@ -213,7 +213,9 @@ ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
 const char *ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "success" : "emulated nccl error"; }
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return emu_malloc(p, n); }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t) { free(p); return cudaSuccess; }
-cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int) { *p = NULL; return cudaSuccess; }
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *p, const cudaMemPoolProps *) { *p = NULL; return cudaSuccess; }
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t) { return cudaSuccess; }
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t, cudaStream_t) { return emu_malloc(p, n); }
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void *) { return cudaSuccess; }
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void *v) { *(uint64_t *)v = 0; return cudaSuccess; }

@@ -306,10 +306,38 @@ static void test_estimate_needs_calibration(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* One peak rule for every measurement: on CPU the larger of the backend's peak and the RSS
+ * high water above the RSS before the model; an unknown RSS leaves the backend's. */
+static void test_peak_rule(void **state)
+{
+    (void)state;
+    char err[256];
+    eng_backend *be = eng_backend_new("cpu", err, sizeof err);
+    assert_non_null(be);
+    void *buf = be->alloc(be, 1 << 20);
+    assert_non_null(buf);
+    be->free(be, buf, 1 << 20);
+    int64_t bp = (int64_t)be->peak_bytes;
+    assert_true(bp >= 1 << 20);
+    ms_result r;
+    ms_peak_open(be);
+    ms_peak_close(be, 1000, 1000 + 3 * bp, &r);
+    assert_int_equal(r.backend_peak_bytes, bp);
+    assert_int_equal(r.rss_delta_bytes, 3 * bp);
+    assert_int_equal(r.peak_bytes, 3 * bp);
+    ms_peak_close(be, 1000, 1000 + bp / 2, &r);
+    assert_int_equal(r.peak_bytes, bp);
+    ms_peak_close(be, -1, 5 * bp, &r);
+    assert_int_equal(r.rss_delta_bytes, -1);
+    assert_int_equal(r.peak_bytes, bp);
+    eng_backend_free(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grids),
+        cmocka_unit_test(test_peak_rule),
         cmocka_unit_test(test_memory_matches_engine_accounting),
         cmocka_unit_test(test_memory_matches_engine_accounting_moe),
         cmocka_unit_test(test_fit_archs),

@@ -13,6 +13,9 @@
 #include <cmocka.h>
 
 #include "engine/devices.h"
+#if defined(AC_CUDA) && AC_CUDA
+#include "cuda/backend_cuda.h"
+#endif
 
 static void test_cpu_is_device_zero(void **state)
 {
@@ -118,6 +121,20 @@ static void test_cuda_devices_listed(void **state)
     int64_t rt = eng_backend_runtime_bytes(be);
     assert_true(rt >= ((int64_t)4 << 20));
     printf("cuda:0 runtime memory outside the backend's accounting: %.1f MiB\n", (double)rt / (1 << 20));
+#if defined(AC_CUDA) && AC_CUDA
+    /* the context is the process's: a second backend on the device reports the size the
+     * first measured (a fresh process serving the model pays it), not -1 */
+    cu_mem_items m1, m2;
+    assert_int_equal(cu_backend_memory_items(be, &m1), 0);
+    eng_backend_free(be);
+    be = eng_backend_new("cuda:0", err, sizeof err);
+    if (!be)
+        fail_msg("cuda:0 again: %s", err);
+    assert_int_equal(cu_backend_memory_items(be, &m2), 0);
+    printf("cuda:0 context: %.1f MiB, then %.1f MiB for a second backend\n", (double)m1.context_bytes / (1 << 20),
+           (double)m2.context_bytes / (1 << 20));
+    assert_true(m2.context_bytes == m1.context_bytes);
+#endif
     eng_backend_free(be);
     be = eng_backend_new("cpu", err, sizeof err);
     assert_int_equal(eng_backend_runtime_bytes(be), -1);   /* the CPU's is measured from its RSS */

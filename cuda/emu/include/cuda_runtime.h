@@ -32,7 +32,18 @@ typedef enum { cudaMemPoolAttrReleaseThreshold = 4, cudaMemPoolAttrReservedMemHi
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 template <typename T> cudaError_t cudaMallocAsync(T **p, size_t n, cudaStream_t s) { return cudaMallocAsync((void **)p, n, s); }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
-cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int dev);
+typedef enum { cudaMemAllocationTypePinned = 1 } cudaMemAllocationType;
+typedef enum { cudaMemLocationTypeDevice = 1 } cudaMemLocationType;
+typedef struct {
+    cudaMemAllocationType allocType;
+    struct {
+        cudaMemLocationType type;
+        int id;
+    } location;
+} cudaMemPoolProps;
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *p, const cudaMemPoolProps *props);
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t p);
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t s);
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t p, size_t keep);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t p, cudaMemPoolAttr a, void *v);
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t p, cudaMemPoolAttr a, void *v);
