@@ -153,15 +153,17 @@ static void scan_bwd_chunk(float *dxbc, float *ddt_raw, double *acc, float *dS, 
         for (int p = 0; p < P; p++) {
             float *d = dS + (size_t)p * S, gp = gy[p], xp = x[p];
             const float *s1 = sn + (size_t)p * S, *s0 = sp + (size_t)p * S;
-            double sb = 0, ss = 0;
+            float sbf = 0, ssf = 0, dxp = dt * xp;   /* one row's sums in float lanes (S terms) */
+#pragma omp simd reduction(+:sbf, ssf)
             for (int j = 0; j < S; j++) {
                 dC[j] += s1[j] * gp;
-                d[j] += gp * Cg[j];
-                sb += (double)d[j] * Bg[j];
-                ss += (double)d[j] * s0[j];
-                dB[j] += dt * d[j] * xp;
-                d[j] *= da;
+                float dj = d[j] + gp * Cg[j];
+                sbf += dj * Bg[j];
+                ssf += dj * s0[j];
+                dB[j] += dxp * dj;
+                d[j] = dj * da;
             }
+            double sb = sbf, ss = ssf;
             acc[2] += (double)gp * xp;                 /* dD */
             dx[p] = Dh * gp + dt * (float)sb;
             ddt += sb * xp;
