@@ -34,6 +34,21 @@ int exp_gguf_hybrid_arch(const arch *a, char *arch_name, size_t cap, char *err, 
         snprintf(err, errlen, "GGUF export: the arch has no layers");
         return -1;
     }
+    if (moe && moe->n_experts < 2) {   /* it asserts more experts than groups (one group at least) */
+        snprintf(err, errlen, "GGUF export: %d expert; llama.cpp's nemotron_h_moe needs 2 or more", moe->n_experts);
+        return -1;
+    }
+    if (!mb) {   /* it reads the ssm.* keys and makes a recurrent-state buffer in any case */
+        snprintf(err, errlen, "GGUF export: the arch has no Mamba layer; llama.cpp's nemotron_h needs one");
+        return -1;
+    }
+    int attn = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        attn += a->layers[l].n_heads > 0;
+    if (!attn && !strcmp(a->family, "nemotron_h")) {   /* and a KV cache: it fails an assertion without */
+        snprintf(err, errlen, "GGUF export: the arch has no attention layer; llama.cpp's nemotron_h needs one");
+        return -1;
+    }
     for (int l = 0; l < a->n_layers; l++) {
         const arch_layer *y = &a->layers[l];
         int blocks = (y->n_heads > 0) + (y->mamba.n_heads > 0) + arch_layer_has_mlp(y);

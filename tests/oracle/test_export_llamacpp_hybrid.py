@@ -60,16 +60,18 @@ def llama_logits(gguf):
     return np.array(llm.scores[:len(IDS)])
 
 
-def case(tmp, tag, c, cut=None, make=hf.make_checkpoint):
+def case(tmp, tag, c, cut=None, make=hf.make_checkpoint, experts=None):
     d = os.path.join(tmp, tag)
     make(d, c, seed=21)
     arch = None
-    if cut:
+    if cut or experts:
         a = json.loads(subprocess.run([hf.AC, "inspect", d, "--json"], capture_output=True, text=True,
                                       check=True).stdout)
         for y in a["layers"]:
-            if y.get("mamba"):
+            if y.get("mamba") and cut:
                 y["mamba"]["n_heads"] = cut
+            if y.get("moe") and experts:
+                y["moe"]["n_experts"], y["moe"]["top_k"] = experts, min(experts, y["moe"]["top_k"])
         arch = os.path.join(tmp, tag + "-cut.json")
         with open(arch, "w") as f:
             json.dump(a, f)
@@ -88,6 +90,7 @@ def main():
         case(tmp, "dense-cut", hf.CFG, cut=4)
         moe = dict(hf.MOE, pattern="ME*EM")
         case(tmp, "moe", moe)
+        case(tmp, "moe-two", moe, experts=2)
         case(tmp, "moe-grouped", dict(moe, ng=3, tg=2))
         case(tmp, "moe-latent", dict(moe, Lt=12))   # Nemotron 3 Super's LatentMoE
         case(tmp, "mamba2", m2.CFG, make=m2.make_mamba2)

@@ -343,6 +343,28 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err, "q8_0"));
     eng_model_free(&m);
     arch_free(&a);
+    /* a nemotron_h without Mamba layers: llama.cpp's graph reads ssm.* and makes a
+     * recurrent-state buffer in any case (it fails an assertion without one) */
+    make_arch(&a, 32, 8, 2, Q, 1);
+    snprintf(a.family, sizeof a.family, "nemotron_h");
+    a.layers[0].ffn_dim = 0;
+    a.layers[1].n_heads = a.layers[1].n_kv_heads = 0;
+    assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no Mamba layer"));
+    a.layers[1].mamba = (arch_mamba){.n_heads = 4, .head_dim = 8, .d_state = 16, .n_groups = 1, .conv_kernel = 4};
+    a.layers[1].ffn_dim = 0;
+    if (exp_gguf_arch(&a, an, sizeof an, err, sizeof err) != 0)
+        fail_msg("nemotron_h with a Mamba layer: %s", err);
+    /* one expert: llama.cpp asserts more experts than expert groups */
+    a.layers[0].n_heads = a.layers[0].n_kv_heads = 0;
+    a.layers[0].moe = (arch_moe){.n_experts = 1, .top_k = 1, .expert_ffn_dim = 32, .norm_topk = 1, .sigmoid = 1,
+                                 .n_group = 1, .topk_group = 1, .routed_scale = 1};
+    assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), -1);
+    assert_non_null(strstr(err, "2 or more"));
+    a.layers[0].moe.n_experts = 2;
+    assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), -1);   /* no attention now */
+    assert_non_null(strstr(err, "no attention layer"));
+    arch_free(&a);
 }
 
 static void test_ffn_mult(void **state)
