@@ -93,6 +93,31 @@ void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
         l->moe = arch_moe_keep(e, -code);
 }
 
+cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv, int ffn)
+{
+    cm_entry k;
+    arch_layer l;
+    memset(&k, 0, sizeof k);
+    memset(&l, 0, sizeof l);
+    k.part = part;
+    k.hidden_size = hidden;
+    if (part == CM_ATTN) {
+        cal_mixer_apply(parent, nh, nkv, &l);
+        k.n_heads = l.n_heads;
+        k.n_kv_heads = l.n_kv_heads;
+        k.mamba = l.mamba;
+    } else {
+        cal_mlp_apply(parent, ffn, &l);
+        k.ffn_dim = l.ffn_dim;
+        k.n_experts = l.moe.n_experts;
+        k.top_k = l.moe.top_k;
+        k.expert_ffn_dim = l.moe.expert_ffn_dim;
+        k.shared_ffn_dim = l.moe.shared_ffn_dim;
+        k.latent_dim = l.moe.latent_dim;
+    }
+    return k;
+}
+
 int cal_grid_mlp(const arch *parent, int *ffn, int max)
 {
     int H, KV, F, n = 0, most;

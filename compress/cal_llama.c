@@ -54,9 +54,14 @@ typedef struct {
     cm_target t;
     cal_opts o;
     int block, n_bins;
+    int hybrid;                   /* one block per layer (nemotron_h), else deci's layers */
     int hid[8], n_hid;
-    int ah[64], akv[64], nA;      /* attention grid (non-zero, quantizable) */
-    int fw[64], nF;               /* MLP grid (non-zero, multiples of the block) */
+    int ah[64], akv[64], nA;      /* mixer grid codes (non-zero, quantizable; cal_mixer_apply):
+                                     attention, and (m, -1) for m Mamba heads; [0] the base's */
+    int fw[64], nF;               /* dense MLP widths (multiples of the block), ascending */
+    int fe[64], nE;               /* MoE expert counts (the parent's shape, cal_mlp_apply -n) */
+    int mref;                     /* nemotron_h with Mamba: the mixer code ([mref] of ah) of the
+                                     base's Mamba layer (the smallest head count); -1 none */
     char dir[4096], ppath[4400];  /* scratch folder; the parent's GGUF (the anchor) */
     int step, total;
     int64_t requests;
@@ -82,17 +87,17 @@ static int tick(lc_cal *c, const char *what, char *err, size_t errlen)
     return 0;
 }
 
-/* An arch at hidden h with n layers (heads, kv, ffn per layer), the parent's globals. */
-static int make_arch(const arch *parent, int h, int n, const int *heads, const int *kv, const int *ffn, arch *out)
+/* An arch at hidden h with n layers, each a mixer grid code (mh, mkv) and an MLP grid code
+ * (mlp) of the parent's grids (cal_mixer_apply, cal_mlp_apply), the parent's globals. */
+static int make_arch(const arch *parent, int h, int n, const int *mh, const int *mkv, const int *mlp, arch *out)
 {
     arch_layer *ls = calloc((size_t)n, sizeof *ls);
     if (!ls)
         return -1;
     for (int i = 0; i < n; i++) {
         ls[i].source_layer = i < parent->n_layers ? i : parent->n_layers - 1;
-        ls[i].n_heads = heads[i];
-        ls[i].n_kv_heads = kv[i];
-        ls[i].ffn_dim = ffn[i];
+        cal_mixer_apply(parent, mh[i], mkv[i], &ls[i]);
+        cal_mlp_apply(parent, mlp[i], &ls[i]);
     }
     arch a = *parent;
     a.hidden_size = h;
@@ -103,14 +108,27 @@ static int make_arch(const arch *parent, int h, int n, const int *heads, const i
     return rc;
 }
 
-static double kv_elems(const arch *a, const cm_target *t)
+/* 1 when the grid point's layer (mixer code nh, nkv; MLP code ffn) quantizes at the block. */
+static int code_fits(const lc_cal *c, int nh, int nkv, int ffn)
 {
-    double e = 0;
-    for (int l = 0; l < a->n_layers; l++)
-        if (a->layers[l].n_heads)
-            e += 2.0 * a->layers[l].n_kv_heads * a->head_dim * t->batch_size * (t->prompt_tokens + t->output_tokens);
-    return e;
+    arch_layer l;
+    memset(&l, 0, sizeof l);
+    cal_mixer_apply(c->parent, nh, nkv, &l);
+    cal_mlp_apply(c->parent, ffn, &l);
+    arch one = *c->parent;
+    one.n_layers = 1;
+    one.layers = &l;
+    return cm_arch_fits_block(&one, c->block, NULL, 0);
 }
+
+/* The attention KV elements of a's request cache, and in *state the Mamba state's
+ * (llama.cpp's RS buffer holds that in f32 beside the KV cache of the target's type). */
+static double kv_elems(const arch *a, const cm_target *t, double *state)
+{
+    return cm_cache_elems(a, t->batch_size, t->prompt_tokens + t->output_tokens, state) - *state;
+}
+
+#define LC_STATE_BYTES 4.0   /* llama.cpp's recurrent state type: f32 */
 
 /* Serve `a` once in llama.cpp (reps from o), reduce into *tm and the bench's fields into
  * *r (may be NULL), and record the memory samples. 0, or -1 with err. */
@@ -119,8 +137,13 @@ static int serve(lc_cal *c, const arch *a, int reps, int64_t flush, lc_times *tm
 {
     ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models};
     lc_bench b;
-    if (lc_measure_arch(a, &c->t, &mo, flush, c->dir, &b, err, errlen))
+    if (lc_measure_arch(a, &c->t, &mo, flush, c->dir, &b, err, errlen)) {
+        char sum[512];   /* which model: the calibration serves hundreds */
+        arch_summary(a, sum, sizeof sum);
+        size_t n = strlen(err);
+        snprintf(err + n, errlen > n ? errlen - n : 0, " (serving %s)", sum);
         return -1;
+    }
     c->n_models++;
     c->requests += mo.warmup + reps;
     int N = b.n_steps, R = b.reps, rc = -1;
@@ -154,10 +177,11 @@ static int serve(lc_cal *c, const arch *a, int reps, int64_t flush, lc_times *tm
      * (libraries, threads, allocator). Measured per part; the tables' workspace. */
     if (workspace)
         *workspace = b.rss_peak - b.buf_model - b.buf_kv;
-    double embed = (double)a->vocab_size * a->hidden_size * (a->tie_word_embeddings ? 1 : 2);
+    double embed = (double)a->vocab_size * a->hidden_size * (a->tie_word_embeddings ? 1 : 2), st;
+    double kv = kv_elems(a, &c->t, &st);
     if (cali_dvec_push(&c->w_layer, (double)arch_params(a) - embed) || cali_dvec_push(&c->w_embed, embed) ||
-        cali_dvec_push(&c->w_y, (double)b.buf_model) || cali_dvec_push(&c->kv_x, kv_elems(a, &c->t)) ||
-        cali_dvec_push(&c->kv_y, (double)b.buf_kv)) {
+        cali_dvec_push(&c->w_y, (double)b.buf_model) || cali_dvec_push(&c->kv_x, kv) ||
+        cali_dvec_push(&c->kv_y, (double)b.buf_kv - LC_STATE_BYTES * st)) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
@@ -172,8 +196,10 @@ out:
 static int setup(lc_cal *c, char *err, size_t errlen)
 {
     const arch *p = c->parent;
-    if (strcmp(p->family, "llama"))
-        FAIL("llama.cpp calibration: family \"%s\" is not supported (llama only)", p->family);
+    if (strcmp(p->family, "llama") && strcmp(p->family, "nemotron_h"))
+        FAIL("llama.cpp calibration: family \"%s\" is not built (llama and nemotron_h are: llama.cpp's deci and "
+             "nemotron_h graphs take the per-layer shapes the repeated-block models need)", p->family);
+    c->hybrid = arch_hybrid(p);
     c->block = cm_target_block(&c->t, p);
     char why[160];
     if (c->block > 1 && !cm_arch_fits_block(p, c->block, why, sizeof why) && c->block == 32)
@@ -182,11 +208,16 @@ static int setup(lc_cal *c, char *err, size_t errlen)
     int h[64], kv[64], f[64];
     int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64);
     for (int i = 0; i < nA; i++)
-        if (h[i] > 0 && (h[i] * p->head_dim) % c->block == 0) {
+        if (h[i] > 0 && code_fits(c, h[i], kv[i], 0)) {
             c->ah[c->nA] = h[i];
             c->akv[c->nA++] = kv[i];
         }
     for (int i = 0; i < nF; i++) {
+        if (f[i] < 0) {   /* an expert count (llama.cpp's nemotron_h_moe holds 2 or more) */
+            if (f[i] <= -2 && code_fits(c, 0, 0, f[i]))
+                c->fe[c->nE++] = -f[i];
+            continue;
+        }
         int w = f[i] / c->block * c->block;
         if (w <= 0)
             continue;
@@ -203,21 +234,36 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->fw[k] = c->fw[k - 1];
             c->fw[k - 1] = t;
         }
-    int amin = 0;
-    for (int i = 1; i < c->nA; i++)
-        if (c->ah[i] < c->ah[amin] || (c->ah[i] == c->ah[amin] && c->akv[i] < c->akv[amin]))
+    /* the base's mixer: the smallest attention (a Mamba head count is one for the whole
+     * llama.cpp model, so the base holds none, and the Mamba entries' copies are its only
+     * Mamba layers) */
+    int amin = -1;
+    for (int i = 0; i < c->nA; i++)
+        if (c->akv[i] >= 0 && (amin < 0 || c->ah[i] < c->ah[amin] || (c->ah[i] == c->ah[amin] && c->akv[i] < c->akv[amin])))
             amin = i;
-    if (amin) {
+    if (amin > 0) {
         int t = c->ah[0], u = c->akv[0];
         c->ah[0] = c->ah[amin];
         c->akv[0] = c->akv[amin];
         c->ah[amin] = t;
         c->akv[amin] = u;
     }
-    if (c->nF + c->nA > 128)
-        FAIL("llama.cpp calibration: %d grid entries per hidden size (at most 128)", c->nF + c->nA);
-    if (!c->nA || !c->nF)
-        FAIL("llama.cpp at %s: no attention or MLP size of the grid has widths in blocks of %d", c->t.precision,
+    c->mref = -1;   /* llama.cpp's nemotron_h needs a Mamba layer in every model */
+    for (int i = 0; i < c->nA; i++)
+        if (c->akv[i] < 0 && (c->mref < 0 || c->ah[i] < c->ah[c->mref]))
+            c->mref = i;
+    if (c->nF + c->nE + c->nA > 128)
+        FAIL("llama.cpp calibration: %d grid entries per hidden size (at most 128)", c->nF + c->nE + c->nA);
+    if (amin < 0)
+        FAIL("llama.cpp calibration of a parent without attention layers is not built (its models difference "
+             "against a base of one attention layer)");
+    if (!c->hybrid && !c->nF)
+        FAIL("llama.cpp at %s: no MLP size of the grid has widths in blocks of %d", c->t.precision, c->block);
+    if (arch_first_moe(p, NULL) && !c->nE)
+        FAIL("llama.cpp at %s: the parent's expert widths are not multiples of the weight type's block (%d)",
+             c->t.precision, c->block);
+    if (arch_first_mamba(p, NULL) && c->mref < 0)
+        FAIL("llama.cpp at %s: no Mamba head count of the grid has d_inner in blocks of %d", c->t.precision,
              c->block);
     c->hid[c->n_hid++] = p->hidden_size;
     for (int i = 0; i < c->o.n_hidden && i < 16 && c->n_hid < 8; i++) {
@@ -251,16 +297,11 @@ static void line_fit(const double *x, const double *y, int n, double *a, double 
     *a = n > 0 ? (sy - *b * sx) / n : 0;
 }
 
-/* Fill entry e (prefill and decode) from the per-copy times d (prefill, bins). */
-static void fill_entry(const lc_cal *c, cm_entry *pe, cm_entry *de, int part, int hidden, int nh, int nkv, int ffn,
-                       const lc_times *d, int64_t ws, int samples)
+/* Fill the entry of key `key` (prefill and decode) from the per-copy times d (prefill, bins). */
+static void fill_entry(const lc_cal *c, cm_entry *pe, cm_entry *de, const cm_entry *key, const lc_times *d, int64_t ws,
+                       int samples)
 {
-    memset(pe, 0, sizeof *pe);
-    pe->part = part;
-    pe->hidden_size = hidden;
-    pe->n_heads = nh;
-    pe->n_kv_heads = nkv;
-    pe->ffn_dim = ffn;
+    *pe = *key;
     pe->ms = d->pre > 0 ? d->pre : 0;
     pe->workspace_bytes = ws;
     pe->samples = samples;
@@ -301,8 +342,8 @@ static void diff_times(const lc_times *rep, const lc_times *base, const lc_times
 
 /* The models of one hidden size across the passes: the base's and each entry's times. */
 typedef struct {
-    lc_times base, rt[128];
-    int64_t ws_base, ws[128];
+    lc_times base, rt[128], mbase[128];   /* mbase: a Mamba entry's own base */
+    int64_t ws_base, ws[128], ws_mbase[128];
 } lc_hid;
 
 /* Per phase and bin, the smaller of two servings: a fresh process now and then is slow
@@ -314,32 +355,69 @@ static void min2(lc_times *a, const lc_times *b, int n_bins)
         a->bin[k] = b->bin[k] < a->bin[k] ? b->bin[k] : a->bin[k];
 }
 
-/* Layer l of the model of entry e (-1: the base): the base is the smallest attention and
- * MLP, then an MLP-only layer (so every calibration model has layers of unequal V width,
- * as pruned archs do, and llama.cpp picks the same attention kernels for all of them);
- * entries add LC_COPIES blocks. */
-static void entry_layer(const lc_cal *c, int e, int l, int *h, int *kv, int *f)
+/* Entries of a hidden size: the dense MLP widths, the expert counts, the mixers. */
+static int n_entries(const lc_cal *c) { return c->nF + c->nE + c->nA; }
+
+/* 1 when entry e is a Mamba mixer's (its model needs a base of its own head count). */
+static int mamba_entry(const lc_cal *c, int e)
 {
-    int mlp = e >= 0 && e < c->nF, k = mlp ? e : e - c->nF;
-    if (l == 0) {
-        *h = c->ah[0], *kv = c->akv[0], *f = c->fw[0];
-    } else if (l == 1 || e < 0) {
-        *h = 0, *kv = 0, *f = c->fw[0];
+    return e >= c->nF + c->nE && c->akv[e - c->nF - c->nE] < 0;
+}
+
+/* Layers of the base model: deci: the smallest attention and MLP, then an MLP-only layer
+ * (so every calibration model has layers of unequal V width, as pruned archs do, and
+ * llama.cpp picks the same attention kernels for all of them); one block per layer
+ * (nemotron_h): the smallest attention alone, the smallest dense MLP alone if any, and a
+ * Mamba layer if the parent has them: llama.cpp's nemotron_h needs one in every model, and
+ * its head count is the model's, so a Mamba entry's base holds the entry's head count and
+ * every other base the smallest (mref). */
+static int base_layers(const lc_cal *c)
+{
+    return c->hybrid ? 1 + (c->nF > 0) + (c->mref >= 0) : 2;
+}
+
+/* Layer l of the model of entry e as grid codes (e = -1: the base; e <= -2: the base of
+ * Mamba entry -2 - e): the base's layers, then LC_COPIES blocks of the entry (deci: an
+ * attention keeps the smallest MLP, since deci cannot run attention without one;
+ * nemotron_h: each block alone). */
+static void entry_layer(const lc_cal *c, int e, int l, int *mh, int *mkv, int *mlp)
+{
+    int nb = base_layers(c), own = e <= -2 ? -2 - e : e;
+    *mh = *mkv = *mlp = 0;
+    if (l < nb) {
+        if (l == 0) {
+            *mh = c->ah[0];
+            *mkv = c->akv[0];
+            *mlp = c->hybrid ? 0 : c->fw[0];
+        } else if (!c->hybrid || (l == 1 && c->nF)) {
+            *mlp = c->fw[0];
+        } else {   /* nemotron_h's Mamba layer */
+            int k = own >= 0 && mamba_entry(c, own) ? own - c->nF - c->nE : c->mref;
+            *mh = c->ah[k];
+            *mkv = c->akv[k];
+        }
+        return;
+    }
+    if (e < c->nF) {
+        *mlp = c->fw[e];
+    } else if (e < c->nF + c->nE) {
+        *mlp = -c->fe[e - c->nF];
     } else {
-        *h = mlp ? 0 : c->ah[k];
-        *kv = mlp ? 0 : c->akv[k];
-        *f = mlp ? c->fw[k] : c->fw[0];
+        *mh = c->ah[e - c->nF - c->nE];
+        *mkv = c->akv[e - c->nF - c->nE];
+        *mlp = c->hybrid ? 0 : c->fw[0];
     }
 }
 
 /* Serve the model of entry e (-1: the base) at hidden H into *t (min with *t when again). */
 static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t *ws, char *err, size_t errlen)
 {
-    int n = e < 0 ? 2 : 2 + LC_COPIES, heads[2 + LC_COPIES], kv[2 + LC_COPIES], ffn[2 + LC_COPIES];
+    int nb = base_layers(c), n = e < 0 ? nb : nb + LC_COPIES, mh[3 + LC_COPIES], mkv[3 + LC_COPIES],
+        mlp[3 + LC_COPIES];
     for (int l = 0; l < n; l++)
-        entry_layer(c, e, l, &heads[l], &kv[l], &ffn[l]);
+        entry_layer(c, e, l, &mh[l], &mkv[l], &mlp[l]);
     arch a;
-    if (make_arch(c->parent, H, n, heads, kv, ffn, &a))
+    if (make_arch(c->parent, H, n, mh, mkv, mlp, &a))
         FAIL("out of memory");
     lc_times now;
     int64_t w;
@@ -358,8 +436,8 @@ static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t 
         *t = now;
         *ws = w;
     }
-    return tick(c, e < 0 ? "llama.cpp base block" : e < c->nF ? "llama.cpp MLP blocks" : "llama.cpp attention blocks",
-                err, errlen);
+    return tick(c, e == -1 ? "llama.cpp base block" : e < 0 ? "llama.cpp Mamba bases" : e < c->nF ? "llama.cpp MLP blocks"
+                : e < c->nF + c->nE ? "llama.cpp MoE blocks" : "llama.cpp mixer blocks", err, errlen);
 }
 
 /* One pass over the models of hidden size hid[hi] (base, MLP entries, attention
@@ -368,53 +446,59 @@ static int serve_entry(lc_cal *c, int H, int e, int again, lc_times *t, int64_t 
  * every hidden size's tables alike, not one hidden size's all at once. */
 static int pass_at(lc_cal *c, int hi, int pass, lc_hid *s, char *err, size_t errlen)
 {
-    int H = c->hid[hi], n = c->nF + c->nA;
+    int H = c->hid[hi], n = n_entries(c);
     /* An error in the base moves every entry of the hidden size, and an arch of L
      * layers sums 2L entries: it is served more often than the entries' models. */
     for (int b = 0; b < LC_BASE_SERVINGS; b++)
         if (serve_entry(c, H, -1, pass || b, &s->base, &s->ws_base, err, errlen))
             return -1;
     for (int e = 0; e < n; e++)
-        if (serve_entry(c, H, e, pass, &s->rt[e], &s->ws[e], err, errlen))
+        if (serve_entry(c, H, e, pass, &s->rt[e], &s->ws[e], err, errlen) ||
+            (mamba_entry(c, e) && serve_entry(c, H, -2 - e, pass, &s->mbase[e], &s->ws_mbase[e], err, errlen)))
             return -1;
     return 0;
 }
 
 /* The tables of hidden size hid[hi] from its models' times: an entry's cost is its
- * model's time minus the base's over the copies (minus the smallest MLP for an attention
- * entry). */
+ * model's time minus the base's over the copies (deci: minus the smallest MLP for an
+ * attention entry, whose blocks hold one). */
 static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
 {
-    int H = c->hid[hi], n = c->nF + c->nA;
+    int H = c->hid[hi], n = n_entries(c), samples = 2 * c->o.reps;
     lc_times d, mlp_min = {0};
     const lc_times *base = &s->base;
     cm_entry *pe = &tb->prefill[tb->n_prefill], *de = &tb->decode[tb->n_decode];
     /* removed parts cost nothing in llama.cpp (the graph skips them) */
     lc_times zero = {0};
-    fill_entry(c, pe++, de++, CM_ATTN, H, 0, 0, 0, &zero, s->ws_base, 0);
-    fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, 0, &zero, s->ws_base, 0);
+    cm_entry k0 = cal_entry_key(c->parent, CM_ATTN, H, 0, 0, 0), k1 = cal_entry_key(c->parent, CM_MLP, H, 0, 0, 0);
+    fill_entry(c, pe++, de++, &k0, &zero, s->ws_base, 0);
+    fill_entry(c, pe++, de++, &k1, &zero, s->ws_base, 0);
     for (int e = 0; e < n; e++) {
-        int mlp = e < c->nF, k = mlp ? e : e - c->nF;
-        diff_times(&s->rt[e], base, mlp ? NULL : &mlp_min, &d, c->n_bins);
-        if (mlp && k == 0)
+        int mixer = e >= c->nF + c->nE, k = e - c->nF - c->nE;
+        diff_times(&s->rt[e], mamba_entry(c, e) ? &s->mbase[e] : base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
+                   c->n_bins);
+        if (e == 0 && c->nF)
             mlp_min = d;
-        if (mlp)
-            fill_entry(c, pe++, de++, CM_MLP, H, 0, 0, c->fw[k], &d, s->ws[e], 2 * c->o.reps);
-        else
-            fill_entry(c, pe++, de++, CM_ATTN, H, c->ah[k], c->akv[k], 0, &d, s->ws[e], 2 * c->o.reps);
+        cm_entry key = mixer ? cal_entry_key(c->parent, CM_ATTN, H, c->ah[k], c->akv[k], 0)
+                             : cal_entry_key(c->parent, CM_MLP, H, 0, 0, e < c->nF ? c->fw[e] : -c->fe[e - c->nF]);
+        fill_entry(c, pe++, de++, &key, &d, s->ws[e], samples);
     }
     int n_new = 2 + n;
-    /* the base's own parts (its attention and two smallest MLPs) off its time: the fixed
-     * cost of this hidden size */
-    const cm_entry *pa = &tb->prefill[tb->n_prefill + 2 + c->nF], *da = &tb->decode[tb->n_decode + 2 + c->nF];
+    /* the base's own parts (its attention, its smallest MLPs: two in deci, none or one alone
+     * in nemotron_h, and nemotron_h's Mamba layer) off its time: the fixed cost of this
+     * hidden size */
+    int n_mlp = c->hybrid ? c->nF > 0 : 2, at = 2 + c->nF + c->nE, mr = c->mref >= 0 ? at + c->mref : at;
+    const cm_entry *pa = &tb->prefill[tb->n_prefill + at], *da = &tb->decode[tb->n_decode + at];
     const cm_entry *pm = &tb->prefill[tb->n_prefill + 2], *dm = &tb->decode[tb->n_decode + 2];
+    const cm_entry *pr = &tb->prefill[tb->n_prefill + mr], *dr = &tb->decode[tb->n_decode + mr];
+    double nr = c->mref >= 0;
     cm_fixed *fx = &tb->fixed[tb->n_fixed++];
     memset(fx, 0, sizeof *fx);
     fx->hidden_size = H;
-    fx->prefill_other_ms = base->pre - pa->ms - 2 * pm->ms;
+    fx->prefill_other_ms = base->pre - pa->ms - n_mlp * pm->ms - nr * pr->ms;
     double sum = 0;
     for (int k = 0; k < c->n_bins; k++)
-        sum += base->bin[k] - da->ctx_ms[k] - 2 * dm->ctx_ms[k];
+        sum += base->bin[k] - da->ctx_ms[k] - n_mlp * dm->ctx_ms[k] - nr * dr->ctx_ms[k];
     fx->decode_other_ms = sum / c->n_bins;
     fx->prefill_scale = fx->decode_scale = 1;
     fx->workspace_bytes = s->ws_base;
@@ -477,6 +561,7 @@ static int build_memory(lc_cal *c, cm_tables *tb)
     double a, b;
     line_fit(c->kv_x.v, c->kv_y.v, c->kv_x.n, &b, &a);
     tb->mem.kv_bytes_per_elem = a > 0 ? a : 2;
+    tb->mem.state_bytes_per_elem = arch_first_mamba(c->parent, NULL) ? LC_STATE_BYTES : 0;
     tb->mem.kv_overhead_bytes = (int64_t)llround(b);
     tb->mem.workspace_combine = CM_WS_MAX;
     tb->mem.runtime_bytes = 0;   /* inside the per-part workspace (serve); fit_memory adds what whole archs show */
@@ -484,26 +569,50 @@ static int build_memory(lc_cal *c, cm_tables *tb)
 }
 
 /* A random arch llama.cpp runs at the target's block: cal_random_arch at hidden h, widths
- * on the block, layer 0 with attention, no attention without an MLP. */
+ * on the block; deci: layer 0 with attention, no attention without an MLP; nemotron_h: one
+ * Mamba head count and one expert count for the model (llama.cpp holds one of each). */
 static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
 {
-    if (cal_random_arch(c->parent, rng, out))
-        return -1;
+    for (int tries = 0;; tries++) {   /* llama.cpp's nemotron_h needs a Mamba and an attention layer */
+        if (cal_random_arch(c->parent, rng, out))
+            return -1;
+        int attn = 0;
+        for (int l = 0; l < out->n_layers; l++)
+            attn += out->layers[l].n_heads > 0;
+        if (c->mref < 0 || (arch_first_mamba(out, NULL) && attn) || tries == 64)
+            break;
+        arch_free(out);
+    }
     out->hidden_size = h;
+    int attn[64], mamba[64], na = 0, nm = 0, experts = 0;
+    for (int k = 0; k < c->nA; k++) {
+        if (c->akv[k] >= 0)
+            attn[na++] = k;
+        else
+            mamba[nm++] = k;
+    }
+    int mh = nm ? c->ah[mamba[eng_xorshift64(rng) % (uint64_t)nm]] : 0;
     for (int l = 0; l < out->n_layers; l++) {
         arch_layer *L = &out->layers[l];
         if (L->n_heads && (L->n_heads * out->head_dim) % c->block) {
-            int k = (int)(eng_xorshift64(rng) % (uint64_t)c->nA);
+            int k = attn[eng_xorshift64(rng) % (uint64_t)na];
             L->n_heads = c->ah[k];
             L->n_kv_heads = c->akv[k];
         }
-        if (l == 0 && !L->n_heads) {
-            L->n_heads = c->ah[c->nA - 1];
-            L->n_kv_heads = c->akv[c->nA - 1];
+        if (L->mamba.n_heads)
+            L->mamba.n_heads = mh;
+        if (L->moe.n_experts) {
+            if (!experts)
+                experts = c->fe[eng_xorshift64(rng) % (uint64_t)c->nE];
+            L->moe = arch_moe_keep(arch_first_moe(c->parent, NULL), experts);
+        }
+        if (!c->hybrid && l == 0 && !L->n_heads) {
+            L->n_heads = c->ah[attn[na - 1]];
+            L->n_kv_heads = c->akv[attn[na - 1]];
         }
         int w = L->ffn_dim / c->block * c->block;
         L->ffn_dim = L->ffn_dim && w < c->fw[0] ? c->fw[0] : w;
-        if (L->n_heads && !L->ffn_dim)
+        if (!c->hybrid && L->n_heads && !L->ffn_dim)
             L->ffn_dim = c->fw[0];
     }
     return 0;
@@ -649,8 +758,11 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     /* fit archs: at least LC_FIT_PER_HIDDEN at each hidden size (fit_scales_by_hidden) */
     n_fit = o->fit > 0 ? (o->fit > LC_FIT_PER_HIDDEN * c.n_hid ? o->fit : LC_FIT_PER_HIDDEN * c.n_hid) : 0;
     n_all = o->validate + n_fit;
-    c.total = 2 * (c.n_hid * (LC_BASE_SERVINGS + c.nA + c.nF) + n_all) + (n_all ? 2 * c.n_hid : 0);
-    int per = 2 + c.nA + c.nF;
+    int n_mb = 0;   /* the Mamba entries' own bases */
+    for (int e = 0; e < n_entries(&c); e++)
+        n_mb += mamba_entry(&c, e);
+    c.total = 2 * (c.n_hid * (LC_BASE_SERVINGS + n_entries(&c) + n_mb) + n_all) + (n_all ? 2 * c.n_hid : 0);
+    int per = 2 + n_entries(&c);
     tb.prefill = calloc((size_t)(per * c.n_hid), sizeof *tb.prefill);
     tb.decode = calloc((size_t)(per * c.n_hid), sizeof *tb.decode);
     tb.fixed = calloc((size_t)c.n_hid, sizeof *tb.fixed);

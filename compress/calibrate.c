@@ -50,33 +50,9 @@ double cali_dvec_median(dvec *d, double *mad)
 }
 
 
-/* The entry key of a part: the mixer grid code (nh, nkv) (cal_mixer_apply) or the MLP grid
- * code ffn (cal_mlp_apply). */
 static cm_entry entry_key(cal_state *cs, int part, int hidden, int nh, int nkv, int ffn)
 {
-    cm_entry k;
-    memset(&k, 0, sizeof k);
-    k.part = part;
-    k.hidden_size = hidden;
-    if (part == CM_ATTN) {
-        arch_layer l;
-        memset(&l, 0, sizeof l);
-        cal_mixer_apply(cs->parent, nh, nkv, &l);
-        k.n_heads = l.n_heads;
-        k.n_kv_heads = l.n_kv_heads;
-        k.mamba = l.mamba;
-    } else {
-        arch_layer l;
-        memset(&l, 0, sizeof l);
-        cal_mlp_apply(cs->parent, ffn, &l);
-        k.ffn_dim = l.ffn_dim;
-        k.n_experts = l.moe.n_experts;
-        k.top_k = l.moe.top_k;
-        k.expert_ffn_dim = l.moe.expert_ffn_dim;
-        k.shared_ffn_dim = l.moe.shared_ffn_dim;
-        k.latent_dim = l.moe.latent_dim;
-    }
-    return k;
+    return cal_entry_key(cs->parent, part, hidden, nh, nkv, ffn);
 }
 
 static int find_entry(cal_state *cs, int part, int hidden, int nh, int nkv, int ffn)
@@ -131,7 +107,7 @@ static void state_free(cal_state *cs)
 
 static double kv_elems(const arch *a, const cm_target *t)
 {
-    return cm_cache_elems(a, t->batch_size, t->prompt_tokens + t->output_tokens);
+    return cm_cache_elems(a, t->batch_size, t->prompt_tokens + t->output_tokens, NULL);
 }
 
 static void model_free(cal_model *cm)
@@ -846,13 +822,6 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     else
         cal_opts_default(&r->o);
     json_t *result = NULL;
-    if (cm_target_llamacpp(t) && arch_first_mamba(parent, NULL)) {
-        snprintf(err, errlen, "llama.cpp target: calibrating Mamba-2 layers in llama.cpp is not built (its timing "
-                 "models pair a mixer and an MLP in a layer, which llama.cpp's nemotron_h cannot hold); "
-                 "target.engine \"autocompress\" calibrates them, and the GGUF export runs in llama.cpp");
-        free(r);
-        return NULL;
-    }
     if (cm_target_llamacpp(t)) {
         cal_id(t, parent, &r->o, r->id);
         result = cal_llama_run(parent, t, &r->o, r->id, err, errlen);

@@ -72,6 +72,11 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max);
  * capped at the expert count); 0 none. */
 void cal_mlp_apply(const arch *parent, int code, arch_layer *l);
 
+/* The timing-table entry key (part, hidden size and the part's shape; no times) of a grid
+ * point: part CM_ATTN the mixer code (nh, nkv) (cal_mixer_apply), CM_MLP the MLP code ffn
+ * (cal_mlp_apply). */
+cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv, int ffn);
+
 /* Calibrate `parent`'s family and shape on target t using backend device t->device.
  * Returns a NEW reference to the calibration object of DESIGN.md §10 (id, status
  * "succeeded", target, family, entries, wall_s, tables, validation), or NULL with a

@@ -255,6 +255,8 @@ json_t *cm_tables_to_json(const cm_tables *t)
         json_t *mo = json_object_get(o, "memory");
         if (!rc && mo && t->mem.embed_bytes_per_param > 0)
             rc |= set_new(mo, "embed_bytes_per_param", json_real(t->mem.embed_bytes_per_param));
+        if (!rc && mo && t->mem.state_bytes_per_elem > 0)
+            rc |= set_new(mo, "state_bytes_per_element", json_real(t->mem.state_bytes_per_elem));
     }
     json_decref(pre);
     json_decref(dec);
@@ -595,7 +597,7 @@ static int parse_memory(json_t *m, const char *ptr, cm_tables *t, char *err, siz
 {
     static const char *const keys[] = {"workspace_combine", "weight_bytes_per_param", "weight_overhead_bytes",
                                        "kv_bytes_per_element", "kv_overhead_bytes", "runtime_bytes",
-                                       "embed_bytes_per_param", NULL};
+                                       "embed_bytes_per_param", "state_bytes_per_element", NULL};
     char at[128];
     snprintf(at, sizeof at, "%s/memory", ptr);
     if (!json_is_object(m))
@@ -609,7 +611,9 @@ static int parse_memory(json_t *m, const char *ptr, cm_tables *t, char *err, siz
                 err, errlen) ||
         cmj_int(m, at, "runtime_bytes", 0, INT64_C(1) << 50, 1, &t->mem.runtime_bytes, err, errlen) ||
         (json_object_get(m, "embed_bytes_per_param") &&
-         cmj_num(m, at, "embed_bytes_per_param", 0, 1, &t->mem.embed_bytes_per_param, err, errlen)))
+         cmj_num(m, at, "embed_bytes_per_param", 0, 1, &t->mem.embed_bytes_per_param, err, errlen)) ||
+        (json_object_get(m, "state_bytes_per_element") &&
+         cmj_num(m, at, "state_bytes_per_element", 0, 1, &t->mem.state_bytes_per_elem, err, errlen)))
         return -1;
     json_t *wc = json_object_get(m, "workspace_combine");
     t->mem.workspace_combine = CM_WS_MAX;

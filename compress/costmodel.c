@@ -185,6 +185,19 @@ int cm_arch_fits_block(const arch *a, int block, char *why, size_t whylen)
                 snprintf(why, whylen, "layers[%d]: ffn_dim %d is not a multiple of %d", l, L->ffn_dim, block);
             return 0;
         }
+        if (arch_mamba_inner(&L->mamba) % block) {   /* out_proj's rows */
+            if (why)
+                snprintf(why, whylen, "layers[%d]: Mamba %d heads x head_dim %d = %d is not a multiple of %d", l,
+                         L->mamba.n_heads, L->mamba.head_dim, arch_mamba_inner(&L->mamba), block);
+            return 0;
+        }
+        const arch_moe *e = &L->moe;
+        if (e->n_experts && (e->expert_ffn_dim % block || e->shared_ffn_dim % block || e->latent_dim % block)) {
+            if (why)
+                snprintf(why, whylen, "layers[%d]: expert widths %d (shared %d, latent %d) are not multiples of %d",
+                         l, e->expert_ffn_dim, e->shared_ffn_dim, e->latent_dim, block);
+            return 0;
+        }
     }
     return 1;
 }
@@ -501,18 +514,29 @@ int cm_mamba_cost(const cm_tables *t, int hidden, const arch_mamba *mb, double *
     return part_cost(t, CM_ATTN, hidden, 0, 0, 0, NULL, mb, prefill_ms, decode_ms, workspace_bytes);
 }
 
-double cm_cache_elems(const arch *a, int B, int T)
+double cm_cache_elems(const arch *a, int B, int T, double *state)
 {
-    double e = 0;
+    double e = 0, s = 0;
     for (int i = 0; i < a->n_layers; i++) {
         const arch_layer *l = &a->layers[i];
         if (l->n_heads)
             e += 2.0 * l->n_kv_heads * a->head_dim * B * (double)T;
         if (l->mamba.n_heads)
-            e += (double)B * ((l->mamba.conv_kernel - 1) * (double)arch_mamba_conv_dim(&l->mamba) +
+            s += (double)B * ((l->mamba.conv_kernel - 1) * (double)arch_mamba_conv_dim(&l->mamba) +
                               (double)l->mamba.n_heads * l->mamba.head_dim * l->mamba.d_state);
     }
-    return e;
+    if (state)
+        *state = s;
+    return e + s;
+}
+
+int64_t cm_cache_bytes(const cm_memory *m, const arch *a, int B, int T)
+{
+    double st, all = cm_cache_elems(a, B, T, &st);
+    if (!(all > 0))
+        return 0;
+    double sb = m->state_bytes_per_elem > 0 ? m->state_bytes_per_elem : m->kv_bytes_per_elem;
+    return (int64_t)llround(m->kv_bytes_per_elem * (all - st) + sb * st) + m->kv_overhead_bytes;
 }
 
 int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
@@ -603,7 +627,7 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
         ws_max = lw > ws_max ? lw : ws_max;
         ws_mlp = lw > ws_mlp ? lw : ws_mlp;
     }
-    kv_elems = cm_cache_elems(a, (int)B, (int)T);
+    kv_elems = cm_cache_elems(a, (int)B, (int)T, NULL);
     p->prefill_ms = pre;
     p->decode_ms = dec;
     p->decode_ms_per_token = dec / t->target.output_tokens;
@@ -614,7 +638,7 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
     double ebpp = t->mem.embed_bytes_per_param > 0 ? t->mem.embed_bytes_per_param : t->mem.weight_bytes_per_param;
     p->weights = (int64_t)llround(t->mem.weight_bytes_per_param * ((double)p->params - embed) + ebpp * embed) +
                  t->mem.weight_overhead_bytes;
-    p->request_cache = kv_elems > 0 ? (int64_t)llround(t->mem.kv_bytes_per_elem * kv_elems) + t->mem.kv_overhead_bytes : 0;
+    p->request_cache = cm_cache_bytes(&t->mem, a, (int)B, (int)T);
     if (t->mem.workspace_combine == CM_WS_SUM_MAXIMA)
         p->prefill_workspace = (int64_t)llround(ws_attn + ws_mlp - ws);
     else

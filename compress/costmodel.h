@@ -82,8 +82,9 @@ json_t *cm_words_json(const char *list);
  * that by measurement. Calibration grids and the search keep to the block. */
 int cm_target_block(const cm_target *t, const arch *parent);
 /* 1 when every weight matrix of `a` has an input width that is a multiple of `block`
- * (hidden size; each attention's n_heads*head_dim; each FFN width), else 0 with the first
- * offender named in why (may be NULL). */
+ * (hidden size; each attention's n_heads*head_dim; each FFN width; each Mamba mixer's
+ * d_inner, out_proj's input; each MoE's expert, shared-expert and latent widths), else 0
+ * with the first offender named in why (may be NULL). */
 int cm_arch_fits_block(const arch *a, int block, char *why, size_t whylen);
 
 /* The workload every entry point assumes when a spec or command names none (the job
@@ -158,7 +159,10 @@ typedef struct {
 /* Memory model coefficients, measured by calibration from the engine's byte accounting.
  *   weights   = weight_bytes_per_param * (params - embedding params)
  *               + embed_bytes_per_param * embedding params + weight_overhead_bytes
- *   cache     = kv_bytes_per_elem * cm_cache_elems(arch, B, S+N) + kv_overhead_bytes
+ *   cache     = kv_bytes_per_elem * (attention KV elements) + state_bytes_per_elem * (Mamba
+ *               conv and SSM state elements) + kv_overhead_bytes (cm_cache_elems; the state
+ *               at kv_bytes_per_elem when state_bytes_per_elem is 0: llama.cpp keeps the
+ *               recurrent state in f32 beside an f16 KV cache, this engine both in fp32)
  *   workspace, from the prefill entries' workspace_bytes (each measured on a one-layer
  *               probe holding only that part, so it includes the fixed workspace W0 of
  *               the zero-layer probe, fixed.workspace_bytes), by the combination rule
@@ -178,6 +182,7 @@ typedef struct {
                                        quantizer does); 0 = weight_bytes_per_param */
     int64_t weight_overhead_bytes;
     double kv_bytes_per_elem;
+    double state_bytes_per_elem;    /* the Mamba state's (0 = kv_bytes_per_elem) */
     int64_t kv_overhead_bytes;
     int64_t runtime_bytes;
 } cm_memory;
@@ -282,8 +287,12 @@ int cm_mamba_cost(const cm_tables *t, int hidden, const arch_mamba *mb, double *
 
 /* Elements of a's request cache for B rows of T positions: keys and values of every
  * attention layer (2 * Hkv * head_dim * B * T) and the conv history and SSM state of every
- * Mamba layer (B * ((K-1) * conv_dim + H * head_dim * d_state), independent of T). */
-double cm_cache_elems(const arch *a, int B, int T);
+ * Mamba layer (B * ((K-1) * conv_dim + H * head_dim * d_state), independent of T). With
+ * state non-NULL it receives the Mamba part, which the sum includes. */
+double cm_cache_elems(const arch *a, int B, int T, double *state);
+
+/* The request cache's bytes under memory model m (CM memory: cache). */
+int64_t cm_cache_bytes(const cm_memory *m, const arch *a, int B, int T);
 
 /* Costs outside the layers at a hidden size (interpolated): prefill ms, decode ms over
  * the N steps, prefill workspace bytes. Returns 0, or -1 outside the tables. */

@@ -108,59 +108,6 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
     return rc;
 }
 
-void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)
-{
-    if (arch_hybrid(parent)) {
-        /* NemotronHForCausalLM (storage/hfconfig_hybrid.c) gives every attention layer one head
-           count and every MLP one width (its MoE layers' expert counts go in block_configs): the
-           hidden size, the Mamba head count (global), expert counts and whole layers may change.
-           llama.cpp's nemotron_h (storage/export_gguf_hybrid.c) takes per-layer attention heads
-           and MLP widths but one MoE shape. */
-        for (int i = 0; i < n; i++) {
-            if (!strcmp(formats[i], "hf")) {
-                axes->heads = axes->ffn = 0;
-                axes->keep_query_heads = 1;
-            }
-            if (!strcmp(formats[i], "gguf"))   /* llama.cpp: per-layer heads and widths, one MoE shape */
-                axes->experts = 0;
-        }
-        return;
-    }
-    if (strcmp(parent->family, "llama")) {
-        /* Mixtral / Qwen2-MoE configs (storage/hfconfig_moe.c): head_dim = hidden / heads and
-           one query-head count for every layer; per-layer KV heads, MLPs and experts are
-           block_configs. llama.cpp (storage/export_gguf_moe.c) holds one shape for every
-           layer: only whole layers may go. */
-        for (int i = 0; i < n; i++) {
-            if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "gguf")) {
-                axes->keep_query_heads = 1;
-                axes->hidden = 0;
-            }
-            if (!strcmp(formats[i], "gguf")) {
-                axes->heads = axes->ffn = axes->experts = 0;
-                axes->no_removed_attention = axes->no_removed_mlp = 1;
-            }
-        }
-        return;
-    }
-    int ffn256 = 1;
-    for (int l = 0; l < parent->n_layers; l++)
-        if (parent->layers[l].ffn_dim % 256)
-            ffn256 = 0;
-    int per_layer = axes->heads || axes->ffn || axes->depth;
-    for (int i = 0; i < n; i++) {
-        int deci = !strcmp(formats[i], "deci") || (!strcmp(formats[i], "hf") && per_layer && ffn256);
-        if (deci) {
-            axes->keep_query_heads = 1;
-            axes->hidden = 0;          /* DeciLM needs hidden = heads * head_dim */
-            axes->ffn_multiple = 256;  /* its intermediate sizes are multiples of 256 */
-        } else if (!strcmp(formats[i], "gguf")) {
-            axes->no_removed_attention = 1;
-            axes->no_removed_mlp = 1;
-        }
-    }
-}
-
 /* One part choice's costs at hidden size H (index hi), written for every layer of its kind
  * (attention: all; MLP: the MoE layers when moe, the others when not): `size` heads
  * (CM_ATTN, in KV groups of `group`), FFN width or expert count (CM_MLP), 0 = removed; pe is
@@ -314,10 +261,11 @@ static int mamba_axis(const arch *parent, search_space *sp, char *err, size_t er
     return 0;
 }
 
-/* The MoE layers' expert counts: every count up to the most (evenly spaced when that is more
- * than the axis holds) that the first MoE layer can keep (grouped routing: as many per group),
- * 0 = MLP removed when zero; sp->moe marks the MoE layers. 0, or -1 out of memory. */
-static int expert_axis(const arch *parent, search_space *sp, int zero)
+/* The MoE layers' expert counts: every count up to the most (evenly spaced beyond the axis)
+ * that the first MoE layer can keep (grouped: as many per group); not searched, the parent's
+ * own (a llama.cpp calibration prices no single expert); 0 = MLP removed when zero; sp->moe
+ * marks the MoE layers. 0, or -1 out of memory. */
+static int expert_axis(const arch *parent, search_space *sp, int zero, int searched)
 {
     int L = parent->n_layers, Emax = 0;
     sp->moe = calloc((size_t)(L > 0 ? L : 1), 1);
@@ -331,6 +279,14 @@ static int expert_axis(const arch *parent, search_space *sp, int zero)
     sp->n_exp = 0;
     if (Emax && zero)
         sp->exp[sp->n_exp++] = 0;
+    for (int e = 1; !searched && e <= Emax && sp->n_exp < SEARCH_MAX_CHOICES; e++)   /* the parent's, ascending */
+        for (int l = 0; l < L; l++)
+            if (parent->layers[l].moe.n_experts == e) {
+                sp->exp[sp->n_exp++] = e;
+                break;
+            }
+    if (!searched)
+        return 0;
     int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, st = arch_moe_grouped(&most) ? most.n_group : 1;
     int steps = Emax / st < room ? Emax / st : room;
     for (int c = 1; c <= steps; c++) {
@@ -414,7 +370,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             sp->ffn[sp->n_ffn++] = f;
     }
     int nf_dense = sp->n_ffn, zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
-    if (expert_axis(parent, sp, zero_exp) != 0)
+    if (expert_axis(parent, sp, zero_exp, axes->experts) != 0)
         goto oom;
     if (sp->n_exp > sp->n_ffn) {
         for (int j = sp->n_ffn; j < sp->n_exp; j++)

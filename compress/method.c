@@ -1,4 +1,5 @@
-/* compress/method.c — dispatch between the two search methods and the search document. */
+/* compress/method.c — dispatch between the two search methods, the search document, and
+ * what the export formats let both methods search (dnas_axes_for_exports). */
 #include "compress/method.h"
 
 #include <stdio.h>
@@ -424,4 +425,57 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     cm_tables_free(&anchored);
     sc_close(&sc);
     return rc;
+}
+
+void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)
+{
+    if (arch_hybrid(parent)) {
+        /* NemotronHForCausalLM (storage/hfconfig_hybrid.c): one head count, one MLP width
+           (expert counts in block_configs); hidden size, Mamba heads, experts and layers may
+           change. llama.cpp's nemotron_h: per-layer heads and widths, one MoE shape. */
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(formats[i], "hf")) {
+                axes->heads = axes->ffn = 0;
+                axes->keep_query_heads = 1;
+            }
+            if (!strcmp(formats[i], "gguf")) {   /* llama.cpp: per-layer heads and widths, one MoE shape */
+                axes->experts = 0;
+                axes->no_removed_attention = 1;   /* its graph needs an attention layer (a KV cache) */
+            }
+        }
+        return;
+    }
+    if (strcmp(parent->family, "llama")) {
+        /* Mixtral / Qwen2-MoE configs (storage/hfconfig_moe.c): head_dim = hidden / heads and
+           one query-head count for every layer; per-layer KV heads, MLPs and experts are
+           block_configs. llama.cpp (storage/export_gguf_moe.c) holds one shape for every
+           layer: only whole layers may go. */
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "gguf")) {
+                axes->keep_query_heads = 1;
+                axes->hidden = 0;
+            }
+            if (!strcmp(formats[i], "gguf")) {
+                axes->heads = axes->ffn = axes->experts = 0;
+                axes->no_removed_attention = axes->no_removed_mlp = 1;
+            }
+        }
+        return;
+    }
+    int ffn256 = 1;
+    for (int l = 0; l < parent->n_layers; l++)
+        if (parent->layers[l].ffn_dim % 256)
+            ffn256 = 0;
+    int per_layer = axes->heads || axes->ffn || axes->depth;
+    for (int i = 0; i < n; i++) {
+        int deci = !strcmp(formats[i], "deci") || (!strcmp(formats[i], "hf") && per_layer && ffn256);
+        if (deci) {
+            axes->keep_query_heads = 1;
+            axes->hidden = 0;          /* DeciLM needs hidden = heads * head_dim */
+            axes->ffn_multiple = 256;  /* its intermediate sizes are multiples of 256 */
+        } else if (!strcmp(formats[i], "gguf")) {
+            axes->no_removed_attention = 1;
+            axes->no_removed_mlp = 1;
+        }
+    }
 }

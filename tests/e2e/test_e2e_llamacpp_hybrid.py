@@ -1,0 +1,90 @@
+"""llama.cpp as the target engine for a Nemotron-H hybrid (Mamba-2 mixers, attention, a dense
+MLP and sigmoid-routed MoE layers; random weights, the tiny model of test_e2e_hybrid.py),
+end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
+- POST /v1/calibrations with target.engine "llama.cpp" calibrates inside llama.cpp by
+  repeated blocks of llama.cpp's nemotron_h graph, one block per layer: the tables hold
+  entries for every Mamba head count, every expert count, attention and dense MLP widths,
+  and the memory model keeps the recurrent state at f32 (llama.cpp's RS buffer) beside the
+  KV cache; the held-out random archs (one Mamba head count and one expert count each, as
+  llama.cpp holds) were measured in fresh llama.cpp processes, their memory predicted
+  within 5%;
+- POST /v1/estimates with the same target is answered from that calibration;
+- a job with a latency limit at 90% of the parent's llama.cpp prediction, exporting GGUF,
+  succeeds: its report names the engine, the measured latency comes from llama.cpp, the
+  limit row says whether it holds, and the result keeps one Mamba head count and one expert
+  count (what the GGUF holds).
+Random weights: no quality claim."""
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import DATA, TEXT, TOK, server, wait_terminal  # noqa: E402
+from test_e2e_hybrid import make_model  # noqa: E402
+
+TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
+          "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "hybrid")
+        make_model(model)
+        s = server(args=["--data-root", DATA, "--data-root", tmp])
+        try:
+            s.start()
+            body = {"model": {"path": model, "tokenizer": TOK}, "target": TARGET}
+            _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
+            t0 = time.time()
+            while c["status"] not in ("succeeded", "failed", "cancelled"):
+                _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
+                assert time.time() - t0 < 900, c
+            assert c["status"] == "succeeded", c
+            res = c.get("result") or c
+            cal = res if "tables" in res else res.get("calibration", res)
+            assert cal["engine"]["name"] == "llama.cpp", cal["engine"]
+            tb = cal["tables"]
+            mamba = sorted({e["mamba"]["n_heads"] for e in tb["prefill"] if e.get("mamba")})
+            experts = sorted({e["moe"]["n_experts"] for e in tb["prefill"] if e.get("moe")})
+            attn = sorted({e["n_heads"] for e in tb["prefill"] if e.get("n_heads")})
+            assert mamba and experts and attn, (mamba, experts, attn)
+            assert tb["memory"]["state_bytes_per_element"] == 4, tb["memory"]
+            v = cal["validation"]
+            assert v["archs"] >= 4 and v["memory_mape_pct"] < 5, v
+            print("tables: Mamba heads %s, experts %s, attention heads %s; held-out in llama.cpp: latency MAPE "
+                  "%.2f%% (max %.2f%%), memory MAPE %.2f%% (max %.2f%%)"
+                  % (mamba, experts, attn, v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"],
+                     v["memory_max_pct"]))
+
+            _, _, est = s.json("POST", "/v1/estimates", body, expect=200)
+            lat = est["predicted"]["latency_ms"]
+            assert lat > 0 and est["calibration_id"] == cal["id"], (est, cal["id"])
+            limit = round(0.9 * lat, 6)
+            spec = {"name": "e2e-llamacpp-hybrid", "model": {"path": model, "tokenizer": TOK}, "target": TARGET,
+                    "constraints": {"latency_ms": limit}, "budgets": {"search_tokens": 8192, "distill_tokens": 4096},
+                    "search_space": {"hidden": False, "depth": False},
+                    "data": {"calibration": TEXT, "distillation": TEXT},
+                    "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
+            _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
+            fin = wait_terminal(s, job["id"], 1200)
+            assert fin["status"] == "succeeded", fin
+            _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
+            assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["precision"] == "f32", rep["engine"]
+            m = rep["result"]["measured"]
+            assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
+            row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
+            assert row["measured"] == m["latency_ms"] and row["holds"] == (m["latency_ms"] <= limit), row
+            layers = rep["result"]["arch"]["layers"]
+            mh = {l["mamba"]["n_heads"] for l in layers if l.get("mamba")}
+            ne = {l["moe"]["n_experts"] for l in layers if l.get("moe")}
+            assert len(mh) <= 1 and len(ne) <= 1, layers
+            print("job: limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s; Mamba heads %s, "
+                  "experts %s" % (limit, row["predicted"], row["measured"], row["holds"], mh, ne))
+        finally:
+            s.stop()
+    print("PASS: llama.cpp calibration, estimate and job on a Nemotron-H hybrid")
+
+
+if __name__ == "__main__":
+    main()
