@@ -1,9 +1,9 @@
 /* cuda/kernels_ssm.cu — the Mamba-2 ops on the GPU (contracts in engine/backend.h, CPU
  * reference engine/cpu_ssm.c): the depthwise causal conv with its history, the
  * selective-state scan (one warp per state row: head h, channel p, the state's columns over
- * the lanes; the steps in order), its backward from the checkpoints (likewise; B, C, dt
- * and the per-head parameter gradients summed with atomics), the group-gated
- * RMSNorm and squared ReLU. Not yet the chunked SSD kernels of mamba_ssm.
+ * the lanes, states up to 256 wide; the steps in order), its backward from the checkpoints
+ * (likewise; B, C, dt and the per-head parameter gradients summed with atomics), the
+ * group-gated RMSNorm and squared ReLU. Not yet the chunked SSD kernels of mamba_ssm.
  */
 #include "cuda/cu_internal.h"
 #include "cuda/cu_ops.h"
@@ -122,42 +122,22 @@ static void cu_ssm_conv_bwd(eng_backend *be, float *dx, float *dw, float *dbias,
 
 /* ---- scan ------------------------------------------------------------------------------ */
 
-/* One thread per state row (b, h, p): s[p, :] lives in `state`. For states wider than
- * k_scan_fwd_warp holds in registers. */
-__global__ void k_scan_fwd(float *y, float *ckpt, const float *xbc, const float *dt_raw, const float *dt_bias,
-                           const float *A_log, const float *Dskip, float *state, const int *lens, int B, int T, int H,
-                           int P, int G, int S, int chunk)
-{
-    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk;
-    GRID_STRIDE(i, (size_t)B * H * P) {
-        int p = (int)(i % P), bh = (int)(i / P), b = bh / H, h = bh % H, g = h / hpg, len = lens ? lens[b] : T;
-        float *s = state + (size_t)i * S, A = -expf(A_log[h]);
-        for (int t = 0; t < T; t++) {
-            const float *row = xbc + ((size_t)b * T + t) * cd;
-            float *yr = y + ((size_t)b * T + t) * di + (size_t)h * P + p;
-            if (ckpt && t % chunk == 0)
-                for (int j = 0; j < S; j++)
-                    ckpt[((((size_t)b * nch + t / chunk) * H + h) * P + p) * S + j] = s[j];
-            if (t >= len) {
-                *yr = 0;
-                continue;
-            }
-            float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
-            float xp = row[h * P + p], xd = dt * xp, acc = 0;
-            const float *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
-            for (int j = 0; j < S; j++) {
-                s[j] = s[j] * da + xd * Bg[j];
-                acc += s[j] * Cg[j];
-            }
-            *yr = acc + Dskip[h] * xp;
-        }
-    }
-}
-
-/* One warp per state row (b, h, p), the row's S columns over the lanes (SCAN_REGS per lane,
- * in registers): each step's update and its dot with C run in parallel and reduce by
- * shuffles, so B*H*P*32 threads work where k_scan_fwd has B*H*P. For S <= 32 * SCAN_REGS. */
+/* The scan, one warp per state row (b, h, p), the row's S columns over the lanes (SCAN_REGS
+ * per lane, in registers): each step's update and its dot with C run in parallel and
+ * reduce by shuffles, B*H*P*32 threads in all (one thread per row left an H200 at 0.8% of
+ * its GEMM ceiling in a hybrid's prefill). For S <= 32 * SCAN_REGS. */
 #define SCAN_REGS 8
+
+/* A state wider than the registers hold is refused (recorded on the backend): 1 then. */
+static int scan_too_wide(eng_backend *be, int S)
+{
+    if (S <= 32 * SCAN_REGS)
+        return 0;
+    char why[96];
+    snprintf(why, sizeof why, "Mamba state size %d above %d (not built on CUDA)", S, 32 * SCAN_REGS);
+    cu_set_error(be, __FILE__, __LINE__, "ssm scan", why);
+    return 1;
+}
 __global__ void k_scan_fwd_warp(float *y, float *ckpt, const float *xbc, const float *dt_raw, const float *dt_bias,
                                 const float *A_log, const float *Dskip, float *state, const int *lens, int B, int T,
                                 int H, int P, int G, int S, int chunk)
@@ -215,77 +195,18 @@ static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float 
 {
     if (cu_enter(be) != 0)
         return;
+    if (scan_too_wide(be, S))
+        return;
     size_t rows = (size_t)B * H * P;
-    if (S <= 32 * SCAN_REGS)
-        k_scan_fwd_warp<<<grid_for(rows * 32), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log,
-                                                                          Dskip, state, lens, B, T, H, P, G, S, chunk);
-    else
-        k_scan_fwd<<<grid_for(rows), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip, state,
-                                                                 lens, B, T, H, P, G, S, chunk);
+    k_scan_fwd_warp<<<grid_for(rows * 32), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip,
+                                                                      state, lens, B, T, H, P, G, S, chunk);
     CHECK_LAUNCH(be);
 }
 
-/* One thread per state row (b, h, p), its rows of the chunk's states and of dS in scratch.
- * For states wider than k_scan_bwd_warp holds in registers. */
-__global__ void k_scan_bwd(float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD, const float *dy,
-                           const float *xbc, const float *dt_raw, const float *dt_bias, const float *A_log,
-                           const float *Dskip, const float *ckpt, float *scratch, int B, int T, int H, int P, int G,
-                           int S, int chunk)
-{
-    int di = H * P, cd = di + 2 * G * S, hpg = H / G, nch = (T + chunk - 1) / chunk;
-    size_t ps = (size_t)P * S;
-    GRID_STRIDE(i, (size_t)B * H * P) {
-        int p = (int)(i % P), bh = (int)(i / P), b = bh / H, h = bh % H, g = h / hpg;
-        float *st = scratch + (size_t)bh * (chunk + 2) * ps + (size_t)p * S, *dS = st + (size_t)(chunk + 1) * ps;
-        float A = -expf(A_log[h]), Dh = Dskip[h];
-        double accA = 0, accD = 0;
-        for (int j = 0; j < S; j++)
-            dS[j] = 0;
-        for (int c = nch - 1; c >= 0; c--) {
-            int t0 = c * chunk, t1 = t0 + chunk < T ? t0 + chunk : T;
-            for (int j = 0; j < S; j++)
-                st[j] = ckpt[((((size_t)b * nch + c) * H + h) * P + p) * S + j];
-            for (int t = t0; t < t1; t++) {   /* the chunk's states again, row p */
-                const float *row = xbc + ((size_t)b * T + t) * cd;
-                float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
-                float xd = dt * row[h * P + p];
-                const float *Bg = row + di + (size_t)g * S;
-                float *s0 = st + (size_t)(t - t0) * ps, *s1 = s0 + ps;
-                for (int j = 0; j < S; j++)
-                    s1[j] = s0[j] * da + xd * Bg[j];
-            }
-            for (int t = t1 - 1; t >= t0; t--) {
-                size_t rw = (size_t)b * T + t;
-                const float *row = xbc + rw * cd, *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
-                const float *s1 = st + (size_t)(t - t0 + 1) * ps, *s0 = s1 - ps;
-                float v = dt_raw[rw * H + h] + dt_bias[h], dt = softplus_f(v), da = expf(dt * A);
-                float gp = dy[rw * di + (size_t)h * P + p], xp = row[h * P + p];
-                float *dB = dxbc + rw * cd + di + (size_t)g * S, *dC = dB + (size_t)G * S;
-                double sb = 0, ss = 0;
-                for (int j = 0; j < S; j++) {
-                    atomicAdd(dC + j, s1[j] * gp);
-                    dS[j] += gp * Cg[j];
-                    sb += (double)dS[j] * Bg[j];
-                    ss += (double)dS[j] * s0[j];
-                    atomicAdd(dB + j, dt * dS[j] * xp);
-                    dS[j] *= da;
-                }
-                accD += (double)gp * xp;
-                dxbc[rw * cd + (size_t)h * P + p] = Dh * gp + dt * (float)sb;
-                accA += ss * da * dt;
-                float gv = (float)(sb * xp + ss * da * A) * sigm(v);
-                atomicAdd(ddt_raw + rw * H + h, gv);
-                atomicAdd(ddt_bias + h, gv);
-            }
-        }
-        atomicAdd(dA_log + h, (float)(accA * A));
-        atomicAdd(dD + h, (float)accD);
-    }
-}
-
-/* k_scan_bwd with one warp per state row, the row's columns over the lanes (dS in
- * registers, the chunk's recomputed states in scratch, each lane its own columns), the
- * row's sums over the columns reduced by shuffles. For S <= 32 * SCAN_REGS. */
+/* The scan's backward from the checkpoints, one warp per state row (b, h, p), the row's
+ * columns over the lanes: dS in registers, the chunk's recomputed states in scratch (each
+ * lane its own columns), the row's sums over the columns reduced by shuffles. For S <=
+ * 32 * SCAN_REGS. */
 __global__ void k_scan_bwd_warp(float *dxbc, float *ddt_raw, float *ddt_bias, float *dA_log, float *dD,
                                 const float *dy, const float *xbc, const float *dt_raw, const float *dt_bias,
                                 const float *A_log, const float *Dskip, const float *ckpt, float *scratch, int B, int T,
@@ -365,18 +286,15 @@ static void cu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float 
 {
     if (cu_enter(be) != 0)
         return;
+    if (scan_too_wide(be, S))
+        return;
     cudaStream_t st = cu_of(be)->stream;
     size_t cd = (size_t)H * P + 2 * (size_t)G * S;
     CHECK_CUDA(be, cudaMemsetAsync(dxbc, 0, sizeof(float) * (size_t)B * T * cd, st));
     CHECK_CUDA(be, cudaMemsetAsync(ddt_raw, 0, sizeof(float) * (size_t)B * T * H, st));
     size_t rows = (size_t)B * H * P;
-    if (S <= 32 * SCAN_REGS)
-        k_scan_bwd_warp<<<grid_for(rows * 32), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw,
-                                                            dt_bias, A_log, Dskip, ckpt, scratch, B, T, H, P, G, S,
-                                                            chunk);
-    else
-        k_scan_bwd<<<grid_for(rows), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw, dt_bias,
-                                                  A_log, Dskip, ckpt, scratch, B, T, H, P, G, S, chunk);
+    k_scan_bwd_warp<<<grid_for(rows * 32), NT, 0, st>>>(dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw, dt_bias,
+                                                        A_log, Dskip, ckpt, scratch, B, T, H, P, G, S, chunk);
     CHECK_LAUNCH(be);
 }
 

@@ -5,7 +5,7 @@ bias, top 2, a shared expert, routed scale 2.5) and time_step_limit [0.0, Infini
 safetensors, conv1d [cd, 1, K];
 stories260K's tokenizer). A job with an impossible latency limit fails at rank and leaves the
 calibration that prices the parent (POST /v1/estimates; its tables time Mamba mixers per head
-count). A job with a latency limit at 90% of the parent's predicted latency and a parameter
+count). A job with a latency limit at 95% of the parent's predicted latency and a parameter
 limit at 85% of its parameters (the Mamba head count searched; attention heads and MLP widths
 stay, as NemotronHForCausalLM holds one of each; hidden size and depth held) then succeeds: its
 report's arch is a nemotron_h arch with one Mamba head count for every Mamba layer, a multiple
@@ -111,7 +111,9 @@ def main():
         lat, params = est["predicted"]["latency_ms"], rep["parent"]["params"]
         print("parent: %.3f ms predicted, %d params" % (lat, params))
 
-        lim = {"latency_ms": 0.9 * lat, "params": int(0.85 * params), "margin_pct": 5}
+        # the tiny model's cheapest arch predicts about 0.86 of the parent (fixed costs
+        # dominate): 0.9 less the 5% margin sat on that edge and failed by calibration noise
+        lim = {"latency_ms": 0.95 * lat, "params": int(0.85 * params), "margin_pct": 5}
         _, _, job = s.json("POST", "/v1/jobs", spec(model, lim), expect=201)
         fin = wait_terminal(s, job["id"], 1200)
         assert fin["status"] == "succeeded", fin

@@ -463,9 +463,27 @@ static void test_ssm(void **state)
     check_pair("ssm_scan_bwd_ddt_bias", &gdtb, TOL32);
     check_pair("ssm_scan_bwd_dA_log", &galog, TOL32);
     check_pair("ssm_scan_bwd_dD", &gD, TOL32);
-    /* states of several register rows per lane (S 80) and wider than the registers (S 260) */
+    /* a state of several register rows per lane (S 80); the widest the registers hold (256) */
     scan_case(B, T, H, 3, G, 80, chunk, lc, lg, "s80");
-    scan_case(B, T, H, 3, G, 260, chunk, lc, lg, "s260");
+    scan_case(B, T, H, 3, G, 256, chunk, lc, lg, "s256");
+#if defined(AC_CUDA) && AC_CUDA
+    {   /* wider is refused with the reason, on a backend of its own (errors stay) */
+        char e2[256];
+        eng_backend *g2 = eng_backend_new("cuda:0", e2, sizeof e2);
+        assert_non_null(g2);
+        int S2 = 260, di2 = H * 3, cd2 = di2 + 2 * G * S2;
+        float *x2 = g2->alloc(g2, (size_t)N * cd2 * 4), *y2 = g2->alloc(g2, (size_t)N * di2 * 4);
+        float *p2 = g2->alloc(g2, (size_t)(B * T * H + 3 * H + B * H * 3 * S2) * 4);
+        assert_true(x2 && y2 && p2);
+        g2->ssm_scan_fwd(g2, y2, NULL, x2, p2, p2, p2, p2, p2 + B * T * H + 3 * H, NULL, B, T, H, 3, G, S2, chunk);
+        assert_non_null(strstr(cu_backend_error(g2), "state size 260 above 256"));
+        printf("CUDAOP %-28s refused: %s\n", "ssm_scan_fwd_s260", cu_backend_error(g2));
+        g2->free(g2, x2, (size_t)N * cd2 * 4);
+        g2->free(g2, y2, (size_t)N * di2 * 4);
+        g2->free(g2, p2, (size_t)(B * T * H + 3 * H + B * H * 3 * S2) * 4);
+        eng_backend_free(g2);
+    }
+#endif
     pair z = pair_rand((size_t)N * di, -2, 2), nw = pair_rand((size_t)di, 0.5f, 1.5f), out = pair_rand((size_t)N * di, -1, 1);
     pair rs = pair_rand((size_t)N * G, -1, 1);
     CPU->gated_norm_fwd(CPU, out.c, rs.c, ys.c, z.c, nw.c, N, di, G, 1e-5f);
