@@ -6,7 +6,7 @@ not being built), hidden 768, Mamba 24 heads of 64 (d_inner 2 x hidden), state 1
 conv 4; attention 12 query / 2 KV heads of 64; MLP 2048; vocab 32000, untied. 128.6M
 parameters. Random weights (std 1/sqrt(fan-in); A_log = log(1..H), dt_bias so that dt starts
 near 0.01-0.1 as Mamba initializes it): a shape for timing and the cost model, no quality.
-usage: make_hybrid.py OUT_DIR"""
+usage: make_hybrid.py OUT_DIR [VOCAB]  (VOCAB 512: stories260K's tokenizer fits, for jobs)"""
 import json
 import math
 import os
@@ -22,7 +22,9 @@ PATTERN = "M-M-M*M-M-M-M-M*M-M-"
 
 
 def main():
+    global V
     out = sys.argv[1]
+    V = int(sys.argv[2]) if len(sys.argv) > 2 else V
     rng = np.random.default_rng(2026)
     di, cd = MH * MP, MH * MP + 2 * G * S
 
