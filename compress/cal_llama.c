@@ -54,7 +54,8 @@ typedef struct {
     cm_target t;
     cal_opts o;
     int block, n_bins;
-    int hybrid;                   /* one block per layer (nemotron_h), else deci's layers */
+    int hybrid;                   /* one block per layer (nemotron_h, mamba2), else deci's layers */
+    int attn;                     /* the base holds an attention layer (not mamba2's) */
     int hid[8], n_hid;
     int ah[64], akv[64], nA;      /* mixer grid codes (non-zero, quantizable; cal_mixer_apply):
                                      attention, and (m, -1) for m Mamba heads; [0] the base's */
@@ -91,7 +92,7 @@ static int tick(lc_cal *c, const char *what, char *err, size_t errlen)
  * (mlp) of the parent's grids (cal_mixer_apply, cal_mlp_apply), the parent's globals. */
 static int make_arch(const arch *parent, int h, int n, const int *mh, const int *mkv, const int *mlp, arch *out)
 {
-    arch_layer *ls = calloc((size_t)n, sizeof *ls);
+    arch_layer *ls = n > 0 ? calloc((size_t)n, sizeof *ls) : NULL;
     if (!ls)
         return -1;
     for (int i = 0; i < n; i++) {
@@ -196,9 +197,10 @@ out:
 static int setup(lc_cal *c, char *err, size_t errlen)
 {
     const arch *p = c->parent;
-    if (strcmp(p->family, "llama") && strcmp(p->family, "nemotron_h"))
-        FAIL("llama.cpp calibration: family \"%s\" is not built (llama and nemotron_h are: llama.cpp's deci and "
-             "nemotron_h graphs take the per-layer shapes the repeated-block models need)", p->family);
+    if (strcmp(p->family, "llama") && strcmp(p->family, "nemotron_h") && strcmp(p->family, "mamba2"))
+        FAIL("llama.cpp calibration: family \"%s\" is not built (llama, nemotron_h and mamba2 are: llama.cpp's "
+             "deci, nemotron_h and mamba2 graphs take the per-layer shapes the repeated-block models need)",
+             p->family);
     c->hybrid = arch_hybrid(p);
     c->block = cm_target_block(&c->t, p);
     char why[160];
@@ -254,9 +256,10 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->mref = i;
     if (c->nF + c->nE + c->nA > 128)
         FAIL("llama.cpp calibration: %d grid entries per hidden size (at most 128)", c->nF + c->nE + c->nA);
-    if (amin < 0)
-        FAIL("llama.cpp calibration of a parent without attention layers is not built (its models difference "
-             "against a base of one attention layer)");
+    c->attn = amin >= 0;
+    if (!c->attn && strcmp(p->family, "mamba2"))   /* nemotron_h makes a KV cache in any case */
+        FAIL("llama.cpp calibration of a nemotron_h parent without attention layers is not built (llama.cpp's "
+             "nemotron_h needs one in every model)");
     if (!c->hybrid && !c->nF)
         FAIL("llama.cpp at %s: no MLP size of the grid has widths in blocks of %d", c->t.precision, c->block);
     if (arch_first_moe(p, NULL) && !c->nE)
@@ -373,7 +376,7 @@ static int mamba_entry(const lc_cal *c, int e)
  * every other base the smallest (mref). */
 static int base_layers(const lc_cal *c)
 {
-    return c->hybrid ? 1 + (c->nF > 0) + (c->mref >= 0) : 2;
+    return c->hybrid ? c->attn + (c->nF > 0) + (c->mref >= 0) : 2;
 }
 
 /* Layer l of the model of entry e as grid codes (e = -1: the base; e <= -2: the base of
@@ -385,13 +388,13 @@ static void entry_layer(const lc_cal *c, int e, int l, int *mh, int *mkv, int *m
     int nb = base_layers(c), own = e <= -2 ? -2 - e : e;
     *mh = *mkv = *mlp = 0;
     if (l < nb) {
-        if (l == 0) {
+        if (l == 0 && (!c->hybrid || c->attn)) {
             *mh = c->ah[0];
             *mkv = c->akv[0];
             *mlp = c->hybrid ? 0 : c->fw[0];
-        } else if (!c->hybrid || (l == 1 && c->nF)) {
+        } else if (!c->hybrid || (l == c->attn && c->nF)) {
             *mlp = c->fw[0];
-        } else {   /* nemotron_h's Mamba layer */
+        } else {   /* the hybrid's Mamba layer */
             int k = own >= 0 && mamba_entry(c, own) ? own - c->nF - c->nE : c->mref;
             *mh = c->ah[k];
             *mkv = c->akv[k];
@@ -488,6 +491,7 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
      * in nemotron_h, and nemotron_h's Mamba layer) off its time: the fixed cost of this
      * hidden size */
     int n_mlp = c->hybrid ? c->nF > 0 : 2, at = 2 + c->nF + c->nE, mr = c->mref >= 0 ? at + c->mref : at;
+    double na = !c->hybrid || c->attn;   /* mamba2's base has no attention */
     const cm_entry *pa = &tb->prefill[tb->n_prefill + at], *da = &tb->decode[tb->n_decode + at];
     const cm_entry *pm = &tb->prefill[tb->n_prefill + 2], *dm = &tb->decode[tb->n_decode + 2];
     const cm_entry *pr = &tb->prefill[tb->n_prefill + mr], *dr = &tb->decode[tb->n_decode + mr];
@@ -495,10 +499,10 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
     cm_fixed *fx = &tb->fixed[tb->n_fixed++];
     memset(fx, 0, sizeof *fx);
     fx->hidden_size = H;
-    fx->prefill_other_ms = base->pre - pa->ms - n_mlp * pm->ms - nr * pr->ms;
+    fx->prefill_other_ms = base->pre - na * pa->ms - n_mlp * pm->ms - nr * pr->ms;
     double sum = 0;
     for (int k = 0; k < c->n_bins; k++)
-        sum += base->bin[k] - da->ctx_ms[k] - n_mlp * dm->ctx_ms[k] - nr * dr->ctx_ms[k];
+        sum += base->bin[k] - na * da->ctx_ms[k] - n_mlp * dm->ctx_ms[k] - nr * dr->ctx_ms[k];
     fx->decode_other_ms = sum / c->n_bins;
     fx->prefill_scale = fx->decode_scale = 1;
     fx->workspace_bytes = s->ws_base;
@@ -579,7 +583,7 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
         int attn = 0;
         for (int l = 0; l < out->n_layers; l++)
             attn += out->layers[l].n_heads > 0;
-        if (c->mref < 0 || (arch_first_mamba(out, NULL) && attn) || tries == 64)
+        if (c->mref < 0 || (arch_first_mamba(out, NULL) && (attn || !c->attn)) || tries == 64)
             break;
         arch_free(out);
     }
@@ -594,7 +598,7 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
     int mh = nm ? c->ah[mamba[eng_xorshift64(rng) % (uint64_t)nm]] : 0;
     for (int l = 0; l < out->n_layers; l++) {
         arch_layer *L = &out->layers[l];
-        if (L->n_heads && (L->n_heads * out->head_dim) % c->block) {
+        if (L->n_heads && na && (L->n_heads * out->head_dim) % c->block) {
             int k = attn[eng_xorshift64(rng) % (uint64_t)na];
             L->n_heads = c->ah[k];
             L->n_kv_heads = c->akv[k];

@@ -15,7 +15,10 @@ end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
   more under the sanitizers), exporting GGUF,
   succeeds: its report names the engine, the measured latency comes from llama.cpp and
   holds, the params limit holds, and the result keeps one Mamba head count and one expert
-  count (what the GGUF holds) and an attention layer.
+  count (what the GGUF holds) and an attention layer;
+- a Mamba-2 model (llama.cpp's mamba2 graph: Mamba mixers only) calibrates in llama.cpp too
+  (a base of one Mamba layer per head count), is estimated from it, and a job cut by a
+  params limit holds its limits measured in llama.cpp.
 Random weights: no quality claim."""
 import os
 import subprocess
@@ -27,8 +30,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import AC_BIN, DATA, TEXT, TOK, server, wait_terminal  # noqa: E402
 from test_e2e_hybrid import make_model  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+os.environ.setdefault("AC_BIN", AC_BIN)   # the oracle's checkpoint writers read it
+import test_models_mamba2_hf as m2  # noqa: E402
+
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
+
+
+def calibrate(s, body):
+    _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
+    t0 = time.time()
+    while c["status"] not in ("succeeded", "failed", "cancelled"):
+        _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
+        assert time.time() - t0 < 900, c
+    assert c["status"] == "succeeded", c
+    res = c.get("result") or c
+    return res if "tables" in res else res.get("calibration", res)
 
 
 def main():
@@ -39,14 +57,7 @@ def main():
         try:
             s.start()
             body = {"model": {"path": model, "tokenizer": TOK}, "target": TARGET}
-            _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
-            t0 = time.time()
-            while c["status"] not in ("succeeded", "failed", "cancelled"):
-                _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
-                assert time.time() - t0 < 900, c
-            assert c["status"] == "succeeded", c
-            res = c.get("result") or c
-            cal = res if "tables" in res else res.get("calibration", res)
+            cal = calibrate(s, body)
             assert cal["engine"]["name"] == "llama.cpp", cal["engine"]
             tb = cal["tables"]
             mamba = sorted({e["mamba"]["n_heads"] for e in tb["prefill"] if e.get("mamba")})
@@ -92,9 +103,37 @@ def main():
             assert len(mh) == 1 and len(ne) <= 1 and any(l.get("attention") for l in layers), layers
             print("job: limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s; Mamba heads %s, "
                   "experts %s" % (limit, row["predicted"], row["measured"], row["holds"], mh, ne))
+
+            # a Mamba-2 parent: every layer a Mamba mixer, llama.cpp's mamba2 graph
+            m2dir = os.path.join(tmp, "mamba2")
+            m2.make_mamba2(m2dir, m2.CFG)
+            body = {"model": {"path": m2dir, "tokenizer": TOK}, "target": TARGET}
+            cal = calibrate(s, body)
+            tb, v = cal["tables"], cal["validation"]
+            mamba = sorted({e["mamba"]["n_heads"] for e in tb["prefill"] if e.get("mamba")})
+            assert len(mamba) >= 2 and not any(e.get("n_heads") or e.get("ffn_dim") for e in tb["prefill"]), mamba
+            assert tb["memory"]["state_bytes_per_element"] == 4 and v["memory_mape_pct"] < 5, (tb["memory"], v)
+            _, _, est = s.json("POST", "/v1/estimates", body, expect=200)
+            assert est["predicted"]["latency_ms"] > 0 and est["calibration_id"] == cal["id"], est
+            print("mamba2: Mamba heads %s; held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), memory MAPE "
+                  "%.2f%% (max %.2f%%)" % (mamba, v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"],
+                                           v["memory_max_pct"]))
+            out = subprocess.run([AC_BIN, "inspect", m2dir], capture_output=True, text=True, check=True).stdout
+            p2 = int(out.split("parameters:")[1].split()[0])
+            lim = {"latency_ms": round(3.0 * est["predicted"]["latency_ms"], 6), "params": int(0.9 * p2)}
+            _, _, job = s.json("POST", "/v1/jobs", dict(spec, name="e2e-llamacpp-mamba2", model=body["model"],
+                                                        constraints=lim), expect=201)
+            fin = wait_terminal(s, job["id"], 1200)
+            assert fin["status"] == "succeeded", fin
+            _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
+            rows = {r["name"]: r for r in rep["limits"]}
+            assert rep["engine"]["name"] == "llama.cpp" and all(r["holds"] for r in rows.values()), rows
+            mh = {l["mamba"]["n_heads"] for l in rep["result"]["arch"]["layers"] if l.get("mamba")}
+            print("mamba2 job: Mamba heads %s, latency measured in llama.cpp %.3f ms (limit %.3f), params %d (limit %d)"
+                  % (mh, rows["latency_ms"]["measured"], lim["latency_ms"], rows["params"]["measured"], lim["params"]))
         finally:
             s.stop()
-    print("PASS: llama.cpp calibration, estimate and job on a Nemotron-H hybrid")
+    print("PASS: llama.cpp calibration, estimate and job on a Nemotron-H hybrid and on a Mamba-2 model")
 
 
 if __name__ == "__main__":
