@@ -58,10 +58,11 @@ typedef struct {
     int attn;                     /* the base holds an attention layer (not mamba2's) */
     int hid[8], n_hid;
     int ah[64], akv[64], nA;      /* mixer grid codes (non-zero, quantizable; cal_mixer_apply):
-                                     attention, and (m, -1) for m Mamba heads; [0] the base's */
+                                     attention, and (m, -1) for m Mamba heads; [0] the base's
+                                     attention when there is one */
     int fw[64], nF;               /* dense MLP widths (multiples of the block), ascending */
     int fe[64], nE;               /* MoE expert counts (the parent's shape, cal_mlp_apply -n) */
-    int mref;                     /* nemotron_h with Mamba: the mixer code ([mref] of ah) of the
+    int mref;                     /* a parent with Mamba: the mixer code ([mref] of ah) of the
                                      base's Mamba layer (the smallest head count); -1 none */
     char dir[4096], ppath[4400];  /* scratch folder; the parent's GGUF (the anchor) */
     int step, total;
@@ -236,9 +237,8 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->fw[k] = c->fw[k - 1];
             c->fw[k - 1] = t;
         }
-    /* the base's mixer: the smallest attention (a Mamba head count is one for the whole
-     * llama.cpp model, so the base holds none, and the Mamba entries' copies are its only
-     * Mamba layers) */
+    /* the base's attention: the smallest (its Mamba layer, mref below, is the smallest head
+     * count; a Mamba entry's base holds the entry's, llama.cpp holding one per model) */
     int amin = -1;
     for (int i = 0; i < c->nA; i++)
         if (c->akv[i] >= 0 && (amin < 0 || c->ah[i] < c->ah[amin] || (c->ah[i] == c->ah[amin] && c->akv[i] < c->akv[amin])))
@@ -361,10 +361,12 @@ static void min2(lc_times *a, const lc_times *b, int n_bins)
 /* Entries of a hidden size: the dense MLP widths, the expert counts, the mixers. */
 static int n_entries(const lc_cal *c) { return c->nF + c->nE + c->nA; }
 
-/* 1 when entry e is a Mamba mixer's (its model needs a base of its own head count). */
-static int mamba_entry(const lc_cal *c, int e)
+/* 1 when entry e is a Mamba mixer's other than the base's head count (mref): its model
+ * needs a base of its own head count. */
+static int own_base(const lc_cal *c, int e)
 {
-    return e >= c->nF + c->nE && c->akv[e - c->nF - c->nE] < 0;
+    int k = e - c->nF - c->nE;
+    return k >= 0 && c->akv[k] < 0 && k != c->mref;
 }
 
 /* Layers of the base model: deci: the smallest attention and MLP, then an MLP-only layer
@@ -395,7 +397,7 @@ static void entry_layer(const lc_cal *c, int e, int l, int *mh, int *mkv, int *m
         } else if (!c->hybrid || (l == c->attn && c->nF)) {
             *mlp = c->fw[0];
         } else {   /* the hybrid's Mamba layer */
-            int k = own >= 0 && mamba_entry(c, own) ? own - c->nF - c->nE : c->mref;
+            int k = own >= 0 && own_base(c, own) ? own - c->nF - c->nE : c->mref;
             *mh = c->ah[k];
             *mkv = c->akv[k];
         }
@@ -457,7 +459,7 @@ static int pass_at(lc_cal *c, int hi, int pass, lc_hid *s, char *err, size_t err
             return -1;
     for (int e = 0; e < n; e++)
         if (serve_entry(c, H, e, pass, &s->rt[e], &s->ws[e], err, errlen) ||
-            (mamba_entry(c, e) && serve_entry(c, H, -2 - e, pass, &s->mbase[e], &s->ws_mbase[e], err, errlen)))
+            (own_base(c, e) && serve_entry(c, H, -2 - e, pass, &s->mbase[e], &s->ws_mbase[e], err, errlen)))
             return -1;
     return 0;
 }
@@ -478,7 +480,7 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
     fill_entry(c, pe++, de++, &k1, &zero, s->ws_base, 0);
     for (int e = 0; e < n; e++) {
         int mixer = e >= c->nF + c->nE, k = e - c->nF - c->nE;
-        diff_times(&s->rt[e], mamba_entry(c, e) ? &s->mbase[e] : base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
+        diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
                    c->n_bins);
         if (e == 0 && c->nF)
             mlp_min = d;
@@ -573,17 +575,18 @@ static int build_memory(lc_cal *c, cm_tables *tb)
 }
 
 /* A random arch llama.cpp runs at the target's block: cal_random_arch at hidden h, widths
- * on the block; deci: layer 0 with attention, no attention without an MLP; nemotron_h: one
- * Mamba head count and one expert count for the model (llama.cpp holds one of each). */
+ * on the block; deci: layer 0 with attention, no attention without an MLP; nemotron_h and
+ * mamba2: one Mamba head count and one expert count for the model (llama.cpp holds one of
+ * each), and the blocks llama.cpp's graph needs in every model. */
 static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
 {
     for (int tries = 0;; tries++) {   /* llama.cpp's nemotron_h needs a Mamba and an attention layer */
         if (cal_random_arch(c->parent, rng, out))
             return -1;
-        int attn = 0;
+        int n_attn = 0;
         for (int l = 0; l < out->n_layers; l++)
-            attn += out->layers[l].n_heads > 0;
-        if (c->mref < 0 || (arch_first_mamba(out, NULL) && (attn || !c->attn)) || tries == 64)
+            n_attn += out->layers[l].n_heads > 0;
+        if (c->mref < 0 || (arch_first_mamba(out, NULL) && (n_attn || !c->attn)) || tries == 64)
             break;
         arch_free(out);
     }
@@ -764,7 +767,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     n_all = o->validate + n_fit;
     int n_mb = 0;   /* the Mamba entries' own bases */
     for (int e = 0; e < n_entries(&c); e++)
-        n_mb += mamba_entry(&c, e);
+        n_mb += own_base(&c, e);
     c.total = 2 * (c.n_hid * (LC_BASE_SERVINGS + n_entries(&c) + n_mb) + n_all) + (n_all ? 2 * c.n_hid : 0);
     int per = 2 + n_entries(&c);
     tb.prefill = calloc((size_t)(per * c.n_hid), sizeof *tb.prefill);

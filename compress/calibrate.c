@@ -443,7 +443,7 @@ static int runtime_sample(cal_state *cs, cal_model *cm, int64_t rss0, char *err,
     if (strcmp(cs->be->name, "cpu")) {
         double p, d;
         eng_backend_reset_peak(cs->be);
-        (void)eng_backend_runtime_bytes(cs->be);   /* its pool slack counts from here */
+        ms_peak_open(cs->be);
         if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
             return -1;
         int64_t rt = eng_backend_runtime_bytes(cs->be);
