@@ -665,7 +665,7 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
     memset(&served, 0, sizeof served);
     for (int attempt = 0; attempt < 8 + 2 * DNAS_CHECKS; attempt++) {
         search_decode_argmax(d, &c);
-        int bad = search_repair(d, costs, &c) != 0;
+        int bad = search_repair(d, costs, &c) != 0, repaired = !bad;
         if (!bad) {
             arch_free(&r->arch);
             bad = search_choice_arch(sp, &c, parent, &r->arch) != 0 ||
@@ -684,8 +684,10 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
             break;
         }
         if (bad) {
-            if (bad > 0)
+            if (bad > 0 && !repaired)
                 dnas_describe_infeasible(sp, costs, err, errlen);
+            else if (bad > 0)
+                snprintf(err, errlen, "no architecture that keeps a layer meets the limits");
             break;
         }
         double actual[SM_COUNT] = {r->predicted.latency_ms, r->predicted.decode_ms, (double)r->predicted.total,

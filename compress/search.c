@@ -565,8 +565,13 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
             }
         }
         if (best.axis < 0) {
+            /* No single move saves (a smaller hidden size can price the kept layers
+             * higher than a larger one, a layer measured at 0 saves nothing removed):
+             * the cheapest choice, when it meets the limits, is where growing starts. */
             search_choice_cheapest(sp, c);
-            return -1;
+            if (!feasible(sp, costs, c, NULL))
+                return -1;
+            break;
         }
         move_set(sp, c, &best, best.to);
     }

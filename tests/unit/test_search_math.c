@@ -339,6 +339,44 @@ static void test_repair_jumps_non_monotone(void **state)
     search_dist_free(&d);
 }
 
+/* Stuck for single moves, feasible for the cheapest: at the larger hidden size the layer is
+ * priced 0 (a measured entry clamped at 0 by noise) and the fixed cost is over the limit;
+ * the smaller hidden size alone prices the layer above the limit, and removing the layer
+ * alone saves nothing. The cheapest choice (smaller hidden, no layer) meets the limit, so
+ * the repair must not report the space infeasible. */
+static void test_repair_when_single_moves_stall(void **state)
+{
+    (void)state;
+    search_space sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_layers = 1;
+    sp.n_hidden = 2;
+    sp.hidden[0] = 64;
+    sp.hidden[1] = 128;
+    sp.n_heads = 1;
+    sp.heads[0] = 2;
+    sp.n_ffn = 1;
+    sp.ffn[0] = 64;
+    sp.group = 2;
+    sp.depth = 1;
+    double fixed[2] = {1.75, 2.3}, attn[2] = {1.0, 0.0}, ffn[2] = {0.0, 0.0};
+    search_costs costs;
+    memset(&costs, 0, sizeof costs);
+    costs.t[SM_LATENCY] = (search_table){.active = 1, .limit = 2.2, .fixed = fixed, .attn = attn, .ffn = ffn};
+    for (int m = 1; m < SM_COUNT; m++)
+        costs.t[m] = (search_table){.fixed = fixed, .attn = attn, .ffn = ffn};
+    search_dist d;
+    assert_int_equal(search_dist_init(&d, &sp, 0.0), 0);
+    search_choice c;
+    assert_int_equal(search_choice_init(&c, &sp), 0);
+    search_choice_parent(&sp, &c);
+    assert_true(search_choice_cost(&sp, &costs.t[SM_LATENCY], &c) > 2.2);
+    assert_int_equal(search_repair(&d, &costs, &c), 0);
+    assert_true(search_choice_cost(&sp, &costs.t[SM_LATENCY], &c) <= 2.2);
+    search_choice_free(&c);
+    search_dist_free(&d);
+}
+
 /* Multipliers: lambda1 follows the sign of the gap (and may go negative), lambda2 grows. */
 static void test_penalty_multipliers(void **state)
 {
@@ -373,6 +411,7 @@ int main(void)
         cmocka_unit_test(test_mamba_axis_tied),
         cmocka_unit_test(test_repair_parent_when_feasible),
         cmocka_unit_test(test_repair_jumps_non_monotone),
+        cmocka_unit_test(test_repair_when_single_moves_stall),
         cmocka_unit_test(test_penalty_multipliers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
