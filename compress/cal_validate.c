@@ -111,8 +111,21 @@ int fit_memory(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int64_
             r[k++] = (double)(fr[i].peak_bytes - p.total);
     }
     double med = !rc && k ? ms_median(r, k) : 0;
-    *resid_bytes = med > 0 ? (int64_t)llround(med) : 0;
-    tb->mem.runtime_bytes += *resid_bytes;
+    int64_t d = (int64_t)llround(med);
+    *resid_bytes = 0;
+    if (d > 0) {
+        tb->mem.runtime_bytes += d;
+        *resid_bytes = d;
+    } else if (d < 0 && tb->mem.workspace_combine == CM_WS_MAX) {
+        /* over-predicted: the largest part's workspace, measured on a model of more layers
+         * than the whole archs hold, is what sets the total; every part's and the fixed
+         * workspace lowered alike (none below 0) lowers that maximum by as much */
+        for (int i = 0; i < tb->n_prefill; i++)
+            tb->prefill[i].workspace_bytes = tb->prefill[i].workspace_bytes > -d ? tb->prefill[i].workspace_bytes + d : 0;
+        for (int i = 0; i < tb->n_fixed; i++)
+            tb->fixed[i].workspace_bytes = tb->fixed[i].workspace_bytes > -d ? tb->fixed[i].workspace_bytes + d : 0;
+        *resid_bytes = d;
+    }
     free(r);
     return rc;
 }

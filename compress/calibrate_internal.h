@@ -94,8 +94,10 @@ int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double
 int fit_scales_by_hidden(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int min_n, double *corr_p,
                          double *corr_d, json_t **by, char *err, size_t errlen);
 /* What the memory items miss on whole archs: the median over the n fit archs fa (measured
- * as fr) of measured peak minus predicted total, added to tb's runtime_bytes when positive
- * (a negative one, an over-prediction, is left alone) and returned in *resid_bytes. For
+ * as fr) of measured peak minus predicted total, added to tb's runtime_bytes when positive;
+ * when negative (an over-prediction) and workspaces combine as a maximum, taken off every
+ * part's and fixed workspace (none below 0: the maximum drops by as much); returned in
+ * *resid_bytes (negative when taken off). For
  * engines whose memory is read from outside (llama.cpp's RSS), where per-part workspace
  * measured on repeated-block models misses part of a whole model's. 0, or -1. */
 int fit_memory(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int64_t *resid_bytes, char *err,

@@ -490,8 +490,8 @@ static void test_target_parse(void **state)
 }
 
 /* fit_memory: what the tables miss on whole archs (measured peak minus predicted, median
- * over the fit archs) goes into runtime_bytes; an over-prediction and an unmeasured arch
- * change nothing. */
+ * over the fit archs) goes into runtime_bytes; an over-prediction comes off the workspaces
+ * when they combine as a maximum, else changes nothing; an unmeasured arch is left out. */
 static void test_fit_memory(void **state)
 {
     (void)state;
@@ -519,16 +519,31 @@ static void test_fit_memory(void **state)
     cm_prediction q;
     assert_int_equal(cm_predict(&t, &fa[1], &q, err, sizeof err), 0);
     assert_int_equal(q.total, p[1].total + 4000);
-    /* over-predicted (negative residuals) and unmeasured archs: left alone */
+    /* over-predicted (negative residuals; an unmeasured arch left out): with workspaces
+     * combined as a maximum, taken off the workspaces, so each arch's prediction drops by
+     * the median over-prediction */
     for (int i = 0; i < 3; i++) {
         assert_int_equal(cm_predict(&t, &fa[i], &p[i], err, sizeof err), 0);
-        fr[i].peak_bytes = p[i].total - 1000;
+        fr[i].peak_bytes = p[i].total - 1000 * (i + 1);
     }
     fr[2].reps = 0;
     fr[2].peak_bytes = q.total + 1000000;
     assert_int_equal(fit_memory(&t, fa, fr, 3, &resid, err, sizeof err), 0);
-    assert_int_equal(resid, 0);
+    assert_int_equal(resid, -1500);
     assert_int_equal(t.mem.runtime_bytes, 9000);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(cm_predict(&t, &fa[i], &q, err, sizeof err), 0);
+        assert_int_equal(q.total, p[i].total - 1500);
+    }
+    /* summed maxima: an over-prediction is left alone */
+    t.mem.workspace_combine = CM_WS_SUM_MAXIMA;
+    assert_int_equal(cm_predict(&t, &fa[0], &p[0], err, sizeof err), 0);
+    fr[0].peak_bytes = fr[1].peak_bytes = p[0].total - 800;
+    fr[1].reps = 0;
+    assert_int_equal(fit_memory(&t, fa, fr, 2, &resid, err, sizeof err), 0);
+    assert_int_equal(resid, 0);
+    assert_int_equal(cm_predict(&t, &fa[0], &q, err, sizeof err), 0);
+    assert_int_equal(q.total, p[0].total);
     for (int i = 0; i < 3; i++)
         arch_free(&fa[i]);
     cm_tables_free(&t);
