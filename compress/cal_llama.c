@@ -19,6 +19,11 @@
  * the last-level cache or not (flushing the whole cache over-prices a model that fits).
  * Held-out and fit archs (complete models, timed as served) are served once per pass
  * too, the faster process kept.
+ * Mixtral, Qwen2-MoE and OLMoE ("paired": llama.cpp's llama, qwen2moe and olmoe graphs
+ * hold one shape, attention beside experts, for every layer of a model) are calibrated at
+ * the parent's hidden size and heads, one block = one whole layer: a model per expert
+ * count (its base one layer at that count), the layer priced whole on its expert entry
+ * (its attention entry 0: the two are never apart in a model llama.cpp runs).
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
  * KV cache from its KV buffer, and the rest of the fresh process's RSS high-water mark as
@@ -35,6 +40,7 @@
 #include "compress/llamacpp.h"
 #include "engine/clock.h"
 #include "engine/rng.h"
+#include "storage/export.h"
 #include "storage/fileio.h"
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
@@ -55,6 +61,9 @@ typedef struct {
     cal_opts o;
     int block, n_bins;
     int hybrid;                   /* one block per layer (nemotron_h, mamba2), else deci's layers */
+    int paired;                   /* Mixtral, Qwen2-MoE, OLMoE: one shape, attention and experts,
+                                     for every layer (llama.cpp's llama, qwen2moe, olmoe) */
+    int eref;                     /* paired: the base's expert count ([eref] of fe, the parent's) */
     int attn;                     /* the base holds an attention layer (not mamba2's) */
     int hid[8], n_hid;
     int ah[64], akv[64], nA;      /* mixer grid codes (non-zero, quantizable; cal_mixer_apply):
@@ -198,18 +207,25 @@ out:
 static int setup(lc_cal *c, char *err, size_t errlen)
 {
     const arch *p = c->parent;
-    if (strcmp(p->family, "llama") && strcmp(p->family, "nemotron_h") && strcmp(p->family, "mamba2"))
-        FAIL("llama.cpp calibration: family \"%s\" is not built (llama, nemotron_h and mamba2 are: llama.cpp's "
-             "deci, nemotron_h and mamba2 graphs take the per-layer shapes the repeated-block models need)",
-             p->family);
+    c->paired = arch_moe_family(p);
+    char an[16], why[512];
+    if (c->paired && exp_gguf_arch(p, an, sizeof an, why, sizeof why))
+        FAIL("llama.cpp calibration: %s", why);
+    if (!c->paired && strcmp(p->family, "llama") && strcmp(p->family, "nemotron_h") && strcmp(p->family, "mamba2"))
+        FAIL("llama.cpp calibration: family \"%s\" is not built (llama, mixtral, qwen2_moe, olmoe, nemotron_h and "
+             "mamba2 are)", p->family);
     c->hybrid = arch_hybrid(p);
     c->block = cm_target_block(&c->t, p);
-    char why[160];
     if (c->block > 1 && !cm_arch_fits_block(p, c->block, why, sizeof why) && c->block == 32)
         FAIL("llama.cpp at %s: the parent itself does not quantize (%s); choose f16, bf16 or f32", c->t.precision,
              why);
     int h[64], kv[64], f[64];
     int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64);
+    if (c->paired) {   /* the parent's attention only: llama.cpp holds one head count per model */
+        h[0] = p->layers[0].n_heads;
+        kv[0] = p->layers[0].n_kv_heads;
+        nA = 1;
+    }
     for (int i = 0; i < nA; i++)
         if (h[i] > 0 && code_fits(c, h[i], kv[i], 0)) {
             c->ah[c->nA] = h[i];
@@ -260,16 +276,22 @@ static int setup(lc_cal *c, char *err, size_t errlen)
     if (!c->attn && strcmp(p->family, "mamba2"))   /* nemotron_h makes a KV cache in any case */
         FAIL("llama.cpp calibration of a nemotron_h parent without attention layers is not built (llama.cpp's "
              "nemotron_h needs one in every model)");
-    if (!c->hybrid && !c->nF)
+    if (!c->hybrid && !c->paired && !c->nF)
         FAIL("llama.cpp at %s: no MLP size of the grid has widths in blocks of %d", c->t.precision, c->block);
     if (arch_first_moe(p, NULL) && !c->nE)
         FAIL("llama.cpp at %s: the parent's expert widths are not multiples of the weight type's block (%d)",
              c->t.precision, c->block);
+    c->eref = -1;   /* paired: the base holds the parent's expert count */
+    for (int i = 0; c->paired && i < c->nE; i++)
+        if (c->fe[i] == p->layers[0].moe.n_experts)
+            c->eref = i;
+    if (c->paired && (c->eref < 0 || !c->nA))
+        FAIL("llama.cpp at %s: the parent's layer does not quantize in blocks of %d", c->t.precision, c->block);
     if (arch_first_mamba(p, NULL) && c->mref < 0)
         FAIL("llama.cpp at %s: no Mamba head count of the grid has d_inner in blocks of %d", c->t.precision,
              c->block);
     c->hid[c->n_hid++] = p->hidden_size;
-    for (int i = 0; i < c->o.n_hidden && i < 16 && c->n_hid < 8; i++) {
+    for (int i = 0; !c->paired && i < c->o.n_hidden && i < 16 && c->n_hid < 8; i++) {
         int w = c->o.hidden[i] / (c->block > 8 ? c->block : 8) * (c->block > 8 ? c->block : 8);
         int dup = w <= 0 || w >= p->hidden_size;
         for (int k = 0; k < c->n_hid; k++)
@@ -366,8 +388,13 @@ static int n_entries(const lc_cal *c) { return c->nF + c->nE + c->nA; }
 static int own_base(const lc_cal *c, int e)
 {
     int k = e - c->nF - c->nE;
+    if (c->paired)   /* an expert count other than the base's: llama.cpp holds one per model */
+        return e >= c->nF && k < 0 && e - c->nF != c->eref;
     return k >= 0 && c->akv[k] < 0 && k != c->mref;
 }
+
+/* 1 when entry e is served (paired: the attention entry is not: priced with the experts). */
+static int served_entry(const lc_cal *c, int e) { return !c->paired || e < c->nF + c->nE; }
 
 /* Layers of the base model: deci: the smallest attention and MLP, then an MLP-only layer
  * (so every calibration model has layers of unequal V width, as pruned archs do, and
@@ -378,7 +405,7 @@ static int own_base(const lc_cal *c, int e)
  * every other base the smallest (mref). */
 static int base_layers(const lc_cal *c)
 {
-    return c->hybrid ? c->attn + (c->nF > 0) + (c->mref >= 0) : 2;
+    return c->paired ? 1 : c->hybrid ? c->attn + (c->nF > 0) + (c->mref >= 0) : 2;
 }
 
 /* Layer l of the model of entry e as grid codes (e = -1: the base; e <= -2: the base of
@@ -389,6 +416,13 @@ static void entry_layer(const lc_cal *c, int e, int l, int *mh, int *mkv, int *m
 {
     int nb = base_layers(c), own = e <= -2 ? -2 - e : e;
     *mh = *mkv = *mlp = 0;
+    if (c->paired) {   /* every layer the parent's attention beside experts of one count */
+        int k = l >= nb && e >= c->nF ? e - c->nF : own >= 0 && own_base(c, own) ? own - c->nF : c->eref;
+        *mh = c->ah[0];
+        *mkv = c->akv[0];
+        *mlp = -c->fe[k];
+        return;
+    }
     if (l < nb) {
         if (l == 0 && (!c->hybrid || c->attn)) {
             *mh = c->ah[0];
@@ -458,7 +492,9 @@ static int pass_at(lc_cal *c, int hi, int pass, lc_hid *s, char *err, size_t err
         if (serve_entry(c, H, -1, pass || b, &s->base, &s->ws_base, err, errlen))
             return -1;
     for (int e = 0; e < n; e++)
-        if (serve_entry(c, H, e, pass, &s->rt[e], &s->ws[e], err, errlen) ||
+        if (!served_entry(c, e))
+            s->ws[e] = s->ws_base;
+        else if (serve_entry(c, H, e, pass, &s->rt[e], &s->ws[e], err, errlen) ||
             (own_base(c, e) && serve_entry(c, H, -2 - e, pass, &s->mbase[e], &s->ws_mbase[e], err, errlen)))
             return -1;
     return 0;
@@ -480,22 +516,26 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
     fill_entry(c, pe++, de++, &k1, &zero, s->ws_base, 0);
     for (int e = 0; e < n; e++) {
         int mixer = e >= c->nF + c->nE, k = e - c->nF - c->nE;
-        diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
-                   c->n_bins);
+        if (!served_entry(c, e))
+            d = zero;
+        else
+            diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
+                       c->n_bins);
         if (e == 0 && c->nF)
             mlp_min = d;
         cm_entry key = mixer ? cal_entry_key(c->parent, CM_ATTN, H, c->ah[k], c->akv[k], 0)
                              : cal_entry_key(c->parent, CM_MLP, H, 0, 0, e < c->nF ? c->fw[e] : -c->fe[e - c->nF]);
-        fill_entry(c, pe++, de++, &key, &d, s->ws[e], samples);
+        fill_entry(c, pe++, de++, &key, &d, s->ws[e], served_entry(c, e) ? samples : 0);
     }
     int n_new = 2 + n;
     /* the base's own parts (its attention, its smallest MLPs: two in deci, none or one alone
-     * in nemotron_h, and nemotron_h's Mamba layer) off its time: the fixed cost of this
-     * hidden size */
-    int n_mlp = c->hybrid ? c->nF > 0 : 2, at = 2 + c->nF + c->nE, mr = c->mref >= 0 ? at + c->mref : at;
+     * in nemotron_h, and nemotron_h's Mamba layer; paired: its one layer, on the expert
+     * entry of its count) off its time: the fixed cost of this hidden size */
+    int n_mlp = c->paired ? 1 : c->hybrid ? c->nF > 0 : 2, at = 2 + c->nF + c->nE,
+        mr = c->mref >= 0 ? at + c->mref : at, mi = c->paired ? 2 + c->nF + c->eref : 2;
     double na = !c->hybrid || c->attn;   /* mamba2's base has no attention */
     const cm_entry *pa = &tb->prefill[tb->n_prefill + at], *da = &tb->decode[tb->n_decode + at];
-    const cm_entry *pm = &tb->prefill[tb->n_prefill + 2], *dm = &tb->decode[tb->n_decode + 2];
+    const cm_entry *pm = &tb->prefill[tb->n_prefill + mi], *dm = &tb->decode[tb->n_decode + mi];
     const cm_entry *pr = &tb->prefill[tb->n_prefill + mr], *dr = &tb->decode[tb->n_decode + mr];
     double nr = c->mref >= 0;
     cm_fixed *fx = &tb->fixed[tb->n_fixed++];
@@ -577,7 +617,8 @@ static int build_memory(lc_cal *c, cm_tables *tb)
 /* A random arch llama.cpp runs at the target's block: cal_random_arch at hidden h, widths
  * on the block; deci: layer 0 with attention, no attention without an MLP; nemotron_h and
  * mamba2: one Mamba head count and one expert count for the model (llama.cpp holds one of
- * each), and the blocks llama.cpp's graph needs in every model. */
+ * each), and the blocks llama.cpp's graph needs in every model; paired: its depth and one
+ * expert count, every layer the parent's otherwise. */
 static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
 {
     for (int tries = 0;; tries++) {   /* llama.cpp's nemotron_h needs a Mamba and an attention layer */
@@ -591,6 +632,16 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
         arch_free(out);
     }
     out->hidden_size = h;
+    if (c->paired) {   /* one shape for every layer: the parent's attention, one expert count */
+        arch_moe e = arch_moe_keep(arch_first_moe(c->parent, NULL), c->fe[eng_xorshift64(rng) % (uint64_t)c->nE]);
+        for (int l = 0; l < out->n_layers; l++) {
+            out->layers[l].n_heads = c->ah[0];
+            out->layers[l].n_kv_heads = c->akv[0];
+            out->layers[l].ffn_dim = 0;
+            out->layers[l].moe = e;
+        }
+        return 0;
+    }
     int attn[64], mamba[64], na = 0, nm = 0, experts = 0;
     for (int k = 0; k < c->nA; k++) {
         if (c->akv[k] >= 0)
@@ -765,10 +816,10 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     /* fit archs: at least LC_FIT_PER_HIDDEN at each hidden size (fit_scales_by_hidden) */
     n_fit = o->fit > 0 ? (o->fit > LC_FIT_PER_HIDDEN * c.n_hid ? o->fit : LC_FIT_PER_HIDDEN * c.n_hid) : 0;
     n_all = o->validate + n_fit;
-    int n_mb = 0;   /* the Mamba entries' own bases */
+    int n_mb = 0;   /* the models served per hidden size and pass: entries, their own bases */
     for (int e = 0; e < n_entries(&c); e++)
-        n_mb += own_base(&c, e);
-    c.total = 2 * (c.n_hid * (LC_BASE_SERVINGS + n_entries(&c) + n_mb) + n_all) + (n_all ? 2 * c.n_hid : 0);
+        n_mb += served_entry(&c, e) + own_base(&c, e);
+    c.total = 2 * (c.n_hid * (LC_BASE_SERVINGS + n_mb) + n_all) + (n_all ? 2 * c.n_hid : 0);
     int per = 2 + n_entries(&c);
     tb.prefill = calloc((size_t)(per * c.n_hid), sizeof *tb.prefill);
     tb.decode = calloc((size_t)(per * c.n_hid), sizeof *tb.decode);

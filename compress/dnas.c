@@ -170,6 +170,19 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
 /* The cost tables of the space: per limit, the fixed cost at each hidden size and each
  * part choice's cost from the calibration (the parent's layer count copies). 0, or -1
  * with err. */
+/* 1 when some layer may take choice k of the heads (axis 1) or MLP (axis 2) list: a choice
+ * none may take is never priced (a calibration need not cover it: llama.cpp's MoE graphs
+ * hold the parent's heads only). */
+static int some_layer_allows(const search_space *sp, int axis, int k)
+{
+    const unsigned char *ok = axis == 1 ? sp->allowed_heads : sp->allowed_ffn;
+    int n = axis == 1 ? sp->n_heads : sp->n_ffn;
+    for (int l = 0; l < sp->n_layers; l++)
+        if (!ok || ok[l * n + k])
+            return 1;
+    return 0;
+}
+
 static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const search_space *sp,
                        search_costs *costs, char *err, size_t errlen)
 {
@@ -199,7 +212,7 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
         costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
         costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
         for (int k = 0; k < sp->n_heads; k++)
-            if (sp->heads[k] >= 0 && part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, NULL, &pe, costs, hi,
+            if (sp->heads[k] >= 0 && some_layer_allows(sp, 1, k) && part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, NULL, &pe, costs, hi,
                                                 k, sp->n_heads, err, errlen))
                 goto fail;
         for (int k = 0; mb && k < sp->n_mam; k++)
@@ -207,7 +220,7 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
                            errlen))
                 goto fail;
         for (int j = 0; j < sp->n_ffn; j++)
-            if (sp->ffn[j] >= 0 && part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, NULL, &pe, costs, hi, j,
+            if (sp->ffn[j] >= 0 && some_layer_allows(sp, 2, j) && part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, NULL, &pe, costs, hi, j,
                                               sp->n_ffn, err, errlen))
                 goto fail;
         for (int j = 0; moe && j < sp->n_exp; j++)

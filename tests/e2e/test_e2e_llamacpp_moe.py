@@ -1,0 +1,161 @@
+"""llama.cpp as the target engine for mixture-of-experts parents whose every layer pairs
+attention with experts (Qwen2-MoE with a shared expert, Mixtral; random weights), end to end
+through HTTP at F32, 32 + 8 tokens, 2 threads. llama.cpp's qwen2moe and llama graphs hold one
+shape for every layer of a model, so:
+- POST /v1/calibrations with target.engine "llama.cpp" calibrates inside llama.cpp by
+  repeated whole layers at the parent's hidden size and heads, one model per expert count:
+  the tables hold the parent's attention (priced 0: it is never apart from its experts in a
+  model llama.cpp runs) and an entry per expert count from 2 up to the parent's, and the
+  held-out random archs (a depth and one expert count each) were measured in fresh
+  llama.cpp processes, their memory predicted within 5%;
+- POST /v1/estimates with the same target is answered from that calibration, and the parent's
+  prediction is within a factor of two of what llama.cpp measured for it (the anchor);
+- a job with a params limit that one layer's removal meets and a latency limit (3x the
+  parent's llama.cpp prediction: the tiny model's requests are mostly fixed costs), exporting
+  GGUF, succeeds: the report names the engine, latency measured in llama.cpp holds, the params
+  limit holds, and the result keeps the parent's shape in every layer (what the GGUF holds);
+- the same calibration for a Mixtral parent (llama.cpp's llama graph with experts).
+Random weights: no quality claim."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from safetensors.numpy import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import AC_BIN, DATA, TEXT, TOK, server, wait_terminal  # noqa: E402
+
+TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
+          "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
+C, V, L, H, KV, D = 64, 512, 4, 4, 2, 16
+E, K, FE, FS = 6, 2, 32, 48
+
+
+def make_model(d, fam):
+    rng = np.random.default_rng(5 if fam == "qwen2_moe" else 6)
+    qwen = fam == "qwen2_moe"
+    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, C)), "model.norm.weight": np.ones(C)}
+
+    def lin(o, i):
+        return rng.normal(0, 1.0 / np.sqrt(i), (o, i))
+    for l in range(L):
+        p = "model.layers.%d." % l
+        w[p + "input_layernorm.weight"] = np.ones(C)
+        w[p + "post_attention_layernorm.weight"] = np.ones(C)
+        for n, o in (("q", H * D), ("k", KV * D), ("v", KV * D)):
+            w[p + "self_attn.%s_proj.weight" % n] = lin(o, C)
+            if qwen:
+                w[p + "self_attn.%s_proj.bias" % n] = rng.normal(0, 0.1, o)
+        w[p + "self_attn.o_proj.weight"] = lin(C, H * D)
+        m = p + ("mlp." if qwen else "block_sparse_moe.")
+        w[m + "gate.weight"] = lin(E, C) * 4
+        names = ("gate_proj", "up_proj", "down_proj") if qwen else ("w1", "w3", "w2")
+        for e in range(E):
+            for n, sh in zip(names, ((FE, C), (FE, C), (C, FE))):
+                w[m + "experts.%d.%s.weight" % (e, n)] = lin(*sh)
+        if qwen:
+            for n, sh in (("gate_proj", (FS, C)), ("up_proj", (FS, C)), ("down_proj", (C, FS))):
+                w[p + "mlp.shared_expert.%s.weight" % n] = lin(*sh)
+            w[p + "mlp.shared_expert_gate.weight"] = lin(1, C)
+    os.makedirs(d, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()},
+              os.path.join(d, "model.safetensors"))
+    cfg = {"vocab_size": V, "hidden_size": C, "num_hidden_layers": L, "num_attention_heads": H,
+           "num_key_value_heads": KV, "num_experts_per_tok": K, "max_position_embeddings": 256,
+           "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "torch_dtype": "float32"}
+    if qwen:
+        cfg.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=E, intermediate_size=FE,
+                   moe_intermediate_size=FE, shared_expert_intermediate_size=FS, norm_topk_prob=False,
+                   decoder_sparse_step=1, mlp_only_layers=[])
+    else:
+        cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=E,
+                   intermediate_size=FE)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def calibrate(s, body):
+    _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
+    t0 = time.time()
+    while c["status"] not in ("succeeded", "failed", "cancelled"):
+        _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
+        assert time.time() - t0 < 900, c
+    assert c["status"] == "succeeded", c
+    res = c.get("result") or c
+    return res if "tables" in res else res.get("calibration", res)
+
+
+def check_calibration(s, model, fam):
+    body = {"model": {"path": model, "tokenizer": TOK}, "target": TARGET}
+    cal = calibrate(s, body)
+    assert cal["engine"]["name"] == "llama.cpp" and cal["family"] == fam, (cal["engine"], cal["family"])
+    tb = cal["tables"]
+    experts = sorted({e["moe"]["n_experts"] for e in tb["prefill"] if e.get("moe")})
+    attn = [e for e in tb["prefill"] if e.get("n_heads")]
+    assert experts == list(range(2, E + 1)), experts
+    assert len(attn) == 1 and attn[0]["n_heads"] == H and attn[0]["ms"] == 0, attn
+    assert all(e["ms"] > 0 for e in tb["prefill"] if e.get("moe")), tb["prefill"]
+    assert {f["hidden_size"] for f in tb["fixed"]["by_hidden"]} == {C}, tb["fixed"]
+    v = cal["validation"]
+    assert v["archs"] >= 4 and v["memory_mape_pct"] < 5, v
+    for r in v["rows"]:   # held-out archs: one expert count for the whole model
+        counts = {y["moe"]["n_experts"] for y in r["arch"]["layers"]}
+        assert len(counts) == 1 and all(y.get("attention") for y in r["arch"]["layers"]), r["arch"]
+    _, _, est = s.json("POST", "/v1/estimates", body, expect=200)
+    lat = est["predicted"]["latency_ms"]
+    assert lat > 0 and est["calibration_id"] == cal["id"], (est, cal["id"])
+    measured = v["anchor"]["parent_measured_ms"]
+    assert 0.5 * measured < lat < 2 * measured, (lat, measured)
+    print("%s: experts %s; held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), memory MAPE %.2f%% (max %.2f%%); "
+          "parent predicted %.3f ms, served %.3f ms" % (fam, experts, v["latency_mape_pct"], v["latency_max_pct"],
+                                                       v["memory_mape_pct"], v["memory_max_pct"], lat, measured))
+    return lat
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "qwen2moe")
+        make_model(model, "qwen2_moe")
+        s = server(args=["--data-root", DATA, "--data-root", tmp])
+        try:
+            s.start()
+            lat = check_calibration(s, model, "qwen2_moe")
+            out = subprocess.run([AC_BIN, "inspect", model], capture_output=True, text=True, check=True).stdout
+            params = int(out.split("parameters:")[1].split()[0])
+            limit = round(3.0 * lat, 6)
+            spec = {"name": "e2e-llamacpp-moe", "model": {"path": model, "tokenizer": TOK}, "target": TARGET,
+                    "constraints": {"latency_ms": limit, "params": int(0.85 * params)},
+                    "budgets": {"search_tokens": 8192, "distill_tokens": 4096},
+                    "data": {"calibration": TEXT, "distillation": TEXT},
+                    "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
+            _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
+            fin = wait_terminal(s, job["id"], 1200)
+            assert fin["status"] == "succeeded", fin
+            _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
+            assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["precision"] == "f32", rep["engine"]
+            m = rep["result"]["measured"]
+            assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
+            rows = {r["name"]: r for r in rep["limits"]}
+            row = rows["latency_ms"]
+            assert row["measured"] == m["latency_ms"] and row["holds"] and m["latency_ms"] <= limit, row
+            assert rows["params"]["holds"] and rows["params"]["measured"] <= int(0.85 * params), rows["params"]
+            layers = rep["result"]["arch"]["layers"]
+            shapes = {json.dumps([y.get("attention"), y.get("moe")], sort_keys=True) for y in layers}
+            assert 1 <= len(layers) < L and len(shapes) == 1, layers
+            print("job: %d of %d layers, limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s"
+                  % (len(layers), L, limit, row["predicted"], row["measured"], row["holds"]))
+
+            model = os.path.join(tmp, "mixtral")
+            make_model(model, "mixtral")
+            check_calibration(s, model, "mixtral")
+        finally:
+            s.stop()
+    print("PASS: llama.cpp calibration, estimate and job on Qwen2-MoE; calibration and estimate on Mixtral")
+
+
+if __name__ == "__main__":
+    main()
