@@ -170,15 +170,16 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
 /* The cost tables of the space: per limit, the fixed cost at each hidden size and each
  * part choice's cost from the calibration (the parent's layer count copies). 0, or -1
  * with err. */
-/* 1 when some layer may take choice k of the heads (axis 1) or MLP (axis 2) list: a choice
- * none may take is never priced (a calibration need not cover it: llama.cpp's MoE graphs
- * hold the parent's heads only). */
-static int some_layer_allows(const search_space *sp, int axis, int k)
+/* 1 when some layer of the kind (axis 1: Mamba when other, else attention; axis 2: MoE when
+ * other, else a dense MLP) may take choice k of the heads or MLP list: a choice none may take
+ * is never priced (a calibration need not cover it: a llama.cpp MoE calibration holds the
+ * parent's heads and 2 experts or more). */
+static int some_layer_allows(const search_space *sp, int axis, int k, int other)
 {
-    const unsigned char *ok = axis == 1 ? sp->allowed_heads : sp->allowed_ffn;
+    const unsigned char *ok = axis == 1 ? sp->allowed_heads : sp->allowed_ffn, *kind = axis == 1 ? sp->mamba : sp->moe;
     int n = axis == 1 ? sp->n_heads : sp->n_ffn;
     for (int l = 0; l < sp->n_layers; l++)
-        if (!ok || ok[l * n + k])
+        if ((kind && kind[l]) == other && (!ok || ok[l * n + k]))
             return 1;
     return 0;
 }
@@ -212,19 +213,19 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
         costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
         costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
         for (int k = 0; k < sp->n_heads; k++)
-            if (sp->heads[k] >= 0 && some_layer_allows(sp, 1, k) && part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, NULL, &pe, costs, hi,
+            if (sp->heads[k] >= 0 && some_layer_allows(sp, 1, k, 0) && part_costs(tb, sp, parent, H, CM_ATTN, sp->heads[k], NULL, NULL, &pe, costs, hi,
                                                 k, sp->n_heads, err, errlen))
                 goto fail;
         for (int k = 0; mb && k < sp->n_mam; k++)
-            if (part_costs(tb, sp, parent, H, CM_ATTN, sp->mam[k], NULL, mb, &pe, costs, hi, k, sp->n_heads, err,
+            if (some_layer_allows(sp, 1, k, 1) && part_costs(tb, sp, parent, H, CM_ATTN, sp->mam[k], NULL, mb, &pe, costs, hi, k, sp->n_heads, err,
                            errlen))
                 goto fail;
         for (int j = 0; j < sp->n_ffn; j++)
-            if (sp->ffn[j] >= 0 && some_layer_allows(sp, 2, j) && part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, NULL, &pe, costs, hi, j,
+            if (sp->ffn[j] >= 0 && some_layer_allows(sp, 2, j, 0) && part_costs(tb, sp, parent, H, CM_MLP, sp->ffn[j], NULL, NULL, &pe, costs, hi, j,
                                               sp->n_ffn, err, errlen))
                 goto fail;
         for (int j = 0; moe && j < sp->n_exp; j++)
-            if (part_costs(tb, sp, parent, H, CM_MLP, sp->exp[j], moe, NULL, &pe, costs, hi, j, sp->n_ffn, err,
+            if (some_layer_allows(sp, 2, j, 1) && part_costs(tb, sp, parent, H, CM_MLP, sp->exp[j], moe, NULL, &pe, costs, hi, j, sp->n_ffn, err,
                            errlen))
                 goto fail;
     }
@@ -385,6 +386,17 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     int nf_dense = sp->n_ffn, zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
     if (expert_axis(parent, sp, zero_exp, axes->experts) != 0)
         goto oom;
+    sp->tie_exp = axes->experts && axes->uniform_experts;
+    for (int l = 0, e0 = 0; sp->tie_exp && l < L; l++) {
+        int e = parent->layers[l].moe.n_experts;
+        if (e && e0 && e != e0) {
+            snprintf(err, errlen, "layers[%d].moe: %d experts differ from the first MoE layer's %d; the export "
+                     "holds one expert count for every layer, and so does the search", l, e, e0);
+            dnas_space_free(sp, costs);
+            return -1;
+        }
+        e0 = e0 ? e0 : e;
+    }
     if (sp->n_exp > sp->n_ffn) {
         for (int j = sp->n_ffn; j < sp->n_exp; j++)
             sp->ffn[j] = -1;   /* no dense choice here */
@@ -419,6 +431,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
             int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
                      (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine) &&
+                     (!sp->moe[l] || f == 0 || f == mine || f >= axes->min_experts) &&
                      (!sp->moe[l] || f == 0 || arch_moe_count_ok(&pl->moe, f));   /* grouped: as many per group */
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
         }

@@ -40,6 +40,8 @@ typedef struct {
     int ffn_multiple;           /* > 0: FFN widths are multiples of it or the parent's (DeciLM: 256) */
     int no_removed_attention;   /* 1: attention goes only with its whole layer (GGUF) */
     int no_removed_mlp;         /* 1: the MLP goes only with its whole layer (GGUF) */
+    int uniform_experts;        /* 1: one expert count for every MoE layer (GGUF: llama.cpp holds one) */
+    int min_experts;            /* > 0: MoE layers keep at least this many experts (GGUF: 2) */
 } dnas_axes;
 
 /* Restrict axes to what every export format in `formats` ("hf", "deci", "gguf") can
@@ -50,9 +52,10 @@ typedef struct {
  * of 256 (else DeciLM cannot hold any heterogeneous result and export reports it).
  * GGUF removes attention and MLP only with their layer. An MoE family's "hf" (its own class,
  * block_configs for what differs per layer) keeps query heads and the hidden size; its "gguf"
- * (one shape for every layer in llama.cpp) searches depth only. Nemotron-H's "hf" keeps the
- * attention heads and MLP widths (one of each for the whole model) and searches the hidden
- * size, the Mamba head count and depth. */
+ * (one shape for every layer in llama.cpp) searches depth and one expert count for the model.
+ * Nemotron-H's "hf" keeps the attention heads and MLP widths (one of each for the whole model)
+ * and searches the hidden size, the Mamba head count and depth; its "gguf" one expert count.
+ * A GGUF's MoE layers keep 2 experts or more (llama.cpp's graphs assert it). */
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */

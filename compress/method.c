@@ -439,7 +439,8 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
                 axes->keep_query_heads = 1;
             }
             if (!strcmp(formats[i], "gguf")) {   /* llama.cpp: per-layer heads and widths, one MoE shape */
-                axes->experts = 0;
+                axes->uniform_experts = 1;
+                axes->min_experts = 2;
                 axes->no_removed_attention = 1;   /* its graph needs an attention layer (a KV cache) */
             }
         }
@@ -449,14 +450,16 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
         /* Mixtral / Qwen2-MoE configs (storage/hfconfig_moe.c): head_dim = hidden / heads and
            one query-head count for every layer; per-layer KV heads, MLPs and experts are
            block_configs. llama.cpp (storage/export_gguf_moe.c) holds one shape for every
-           layer: only whole layers may go. */
+           layer: whole layers may go, and one expert count serves every layer. */
         for (int i = 0; i < n; i++) {
             if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "gguf")) {
                 axes->keep_query_heads = 1;
                 axes->hidden = 0;
             }
             if (!strcmp(formats[i], "gguf")) {
-                axes->heads = axes->ffn = axes->experts = 0;
+                axes->heads = axes->ffn = 0;
+                axes->uniform_experts = 1;
+                axes->min_experts = 2;
                 axes->no_removed_attention = axes->no_removed_mlp = 1;
             }
         }

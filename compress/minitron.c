@@ -118,6 +118,8 @@ static int uniform_mlp_allowed(const arch *parent, const dnas_axes *axes, int f,
             return 0;
         if (y->moe.n_experts && e > 0 && !arch_moe_count_ok(&y->moe, e))
             return 0;   /* grouped routing: as many per group */
+        if (y->moe.n_experts && e > 0 && e < axes->min_experts && e != y->moe.n_experts)
+            return 0;   /* GGUF: llama.cpp's graphs need 2 or more */
     }
     return 1;
 }

@@ -97,25 +97,46 @@ static int first_mamba(const search_space *sp)
     return -1;
 }
 
-/* 1 when layer l's heads axis is a copy of the global Mamba axis (a Mamba layer after the first). */
-static int tied(const search_space *sp, int l)
+/* The first MoE layer when their MLP axes are one (tie_exp), or -1. */
+static int first_moe(const search_space *sp)
 {
-    return sp->mamba && sp->mamba[l] && l != first_mamba(sp);
+    for (int l = 0; sp->tie_exp && sp->moe && l < sp->n_layers; l++)
+        if (sp->moe[l])
+            return l;
+    return -1;
+}
+
+/* 1 when layer l's axis (1 heads, 2 MLP) is part of a global axis: the Mamba head count,
+ * or the expert count when tied. */
+static int global_axis(const search_space *sp, int axis, int l)
+{
+    if (axis == 1)
+        return sp->mamba && sp->mamba[l];
+    return axis == 2 && sp->tie_exp && sp->moe && sp->moe[l];
+}
+
+/* 1 when layer l's axis is a copy of a global axis (a layer of its kind after the first). */
+static int tied(const search_space *sp, int axis, int l)
+{
+    return global_axis(sp, axis, l) && l != (axis == 1 ? first_mamba(sp) : first_moe(sp));
 }
 
 void search_dist_probs(search_dist *d, double tau, uint64_t *rng)
 {
     const search_space *sp = d->sp;
-    int fm = first_mamba(sp);
+    int fm = first_mamba(sp), fe = first_moe(sp);
     softmax_masked(d->logit_hidden, d->p_hidden, sp->n_hidden, NULL, tau, rng);
     for (int l = 0; l < sp->n_layers; l++) {
-        if (sp->mamba && sp->mamba[l] && l != fm)   /* one draw for the global Mamba axis */
+        if (tied(sp, 1, l))   /* one draw for the global Mamba axis */
             memcpy(d->p_heads + l * sp->n_heads, d->p_heads + fm * sp->n_heads, sizeof(double) * sp->n_heads);
         else
             softmax_masked(d->logit_heads + l * sp->n_heads, d->p_heads + l * sp->n_heads, sp->n_heads,
                            sp->allowed_heads ? sp->allowed_heads + l * sp->n_heads : NULL, tau, rng);
-        softmax_masked(d->logit_ffn + l * sp->n_ffn, d->p_ffn + l * sp->n_ffn, sp->n_ffn,
-                       sp->allowed_ffn ? sp->allowed_ffn + l * sp->n_ffn : NULL, tau, rng);
+        if (tied(sp, 2, l))   /* one draw for the tied expert count */
+            memcpy(d->p_ffn + l * sp->n_ffn, d->p_ffn + fe * sp->n_ffn, sizeof(double) * sp->n_ffn);
+        else
+            softmax_masked(d->logit_ffn + l * sp->n_ffn, d->p_ffn + l * sp->n_ffn, sp->n_ffn,
+                           sp->allowed_ffn ? sp->allowed_ffn + l * sp->n_ffn : NULL, tau, rng);
         if (sp->depth) {
             softmax_masked(d->logit_keep + l * 2, d->p_keep + l * 2, 2, NULL, tau, rng);
         } else {
@@ -360,16 +381,20 @@ void search_dist_logit_grads(const search_dist *d, double tau, double *gz_hidden
                              double *gz_ffn, double *gz_keep)
 {
     const search_space *sp = d->sp;
-    int fm = first_mamba(sp);
-    double gm[SEARCH_MAX_CHOICES] = {0};   /* the global Mamba axis: every Mamba layer's gradient */
-    for (int l = 0; fm >= 0 && l < sp->n_layers; l++)
-        for (int k = 0; sp->mamba[l] && k < sp->n_heads; k++)
+    /* the global axes: every layer's gradient of its kind */
+    double gm[SEARCH_MAX_CHOICES] = {0}, ge[SEARCH_MAX_CHOICES] = {0};
+    for (int l = 0; l < sp->n_layers; l++) {
+        for (int k = 0; global_axis(sp, 1, l) && k < sp->n_heads; k++)
             gm[k] += d->g_heads[l * sp->n_heads + k];
+        for (int j = 0; global_axis(sp, 2, l) && j < sp->n_ffn; j++)
+            ge[j] += d->g_ffn[l * sp->n_ffn + j];
+    }
     chain_softmax(d->p_hidden, d->g_hidden, gz_hidden, sp->n_hidden, tau);
     for (int l = 0; l < sp->n_layers; l++) {
-        chain_softmax(d->p_heads + l * sp->n_heads, sp->mamba && sp->mamba[l] ? gm : d->g_heads + l * sp->n_heads,
+        chain_softmax(d->p_heads + l * sp->n_heads, global_axis(sp, 1, l) ? gm : d->g_heads + l * sp->n_heads,
                       gz_heads + l * sp->n_heads, sp->n_heads, tau);
-        chain_softmax(d->p_ffn + l * sp->n_ffn, d->g_ffn + l * sp->n_ffn, gz_ffn + l * sp->n_ffn, sp->n_ffn, tau);
+        chain_softmax(d->p_ffn + l * sp->n_ffn, global_axis(sp, 2, l) ? ge : d->g_ffn + l * sp->n_ffn,
+                      gz_ffn + l * sp->n_ffn, sp->n_ffn, tau);
         if (sp->depth)
             chain_softmax(d->p_keep + l * 2, d->g_keep + l * 2, gz_keep + l * 2, 2, tau);
         else
@@ -440,13 +465,14 @@ static int *move_slot(search_choice *c, const move *mv)
     }
 }
 
-/* Set the move's slot to v; the global Mamba axis sets every Mamba layer's heads. */
+/* Set the move's slot to v; a global axis sets every layer of its kind (the Mamba layers'
+ * heads, the tied MoE layers' expert counts). */
 static void move_set(const search_space *sp, search_choice *c, const move *mv, int v)
 {
-    if (mv->axis == 1 && sp->mamba && sp->mamba[mv->layer]) {
+    if ((mv->axis == 1 || mv->axis == 2) && global_axis(sp, mv->axis, mv->layer)) {
         for (int l = 0; l < sp->n_layers; l++)
-            if (sp->mamba[l])
-                c->heads[l] = v;
+            if (global_axis(sp, mv->axis, l))
+                *(mv->axis == 1 ? &c->heads[l] : &c->ffn[l]) = v;
         return;
     }
     *move_slot(c, mv) = v;
@@ -527,9 +553,9 @@ static int next_move(const search_space *sp, search_choice *c, int dir, move *mv
             mv->layer = -1;
             continue;
         }
-        if (mv->axis == 1 && tied(sp, mv->layer))
-            continue;   /* the global Mamba axis moves at its first layer */
-        if (mv->axis != 0 && mv->axis != 3 && !c->keep[mv->layer] && !(mv->axis == 1 && sp->mamba && sp->mamba[mv->layer]))
+        if ((mv->axis == 1 || mv->axis == 2) && tied(sp, mv->axis, mv->layer))
+            continue;   /* a global axis moves at its first layer */
+        if ((mv->axis == 1 || mv->axis == 2) && !c->keep[mv->layer] && !global_axis(sp, mv->axis, mv->layer))
             continue;
         mv->to = next_index(sp, mv->axis, mv->layer, *move_slot(c, mv), dir);
         if (mv->to >= 0)
@@ -582,13 +608,14 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
         for (move mv = {0, -1, 0}; next_move(sp, c, +1, &mv);) {
             int l = mv.layer, from = *move_slot(c, &mv);
             double gain = move_score(d, c, &mv);
-            /* A layer comes back at its smallest allowed widths (a Mamba layer at the global
-               count); later steps widen it. */
+            /* A layer comes back at its smallest allowed widths (at a global axis's count
+               where it has one); later steps widen it. */
             int sh = mv.axis == 3 ? c->heads[l] : 0, sf = mv.axis == 3 ? c->ffn[l] : 0;
             if (mv.axis == 3) {
-                if (!(sp->mamba && sp->mamba[l]))
+                if (!global_axis(sp, 1, l))
                     c->heads[l] = next_index(sp, 1, l, -1, +1);
-                c->ffn[l] = next_index(sp, 2, l, -1, +1);
+                if (!global_axis(sp, 2, l))
+                    c->ffn[l] = next_index(sp, 2, l, -1, +1);
             }
             move_set(sp, c, &mv, mv.to);
             int ok = feasible(sp, costs, c, NULL);
@@ -609,9 +636,10 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
         if (best.axis < 0)
             break;
         if (best.axis == 3) {
-            if (!(sp->mamba && sp->mamba[best.layer]))
+            if (!global_axis(sp, 1, best.layer))
                 c->heads[best.layer] = next_index(sp, 1, best.layer, -1, +1);
-            c->ffn[best.layer] = next_index(sp, 2, best.layer, -1, +1);
+            if (!global_axis(sp, 2, best.layer))
+                c->ffn[best.layer] = next_index(sp, 2, best.layer, -1, +1);
         }
         move_set(sp, c, &best, best.to);
     }

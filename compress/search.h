@@ -43,6 +43,9 @@ typedef struct {
                                                  chooses mam[k] (k < n_mam), else heads[k]. The Mamba
                                                  layers' heads axes are one global axis: tied logits,
                                                  probabilities and choices, moved together */
+    int tie_exp;                              /* 1: the MoE layers' MLP axes are one global axis (one
+                                                 expert count for the model: llama.cpp's GGUF), tied
+                                                 as the Mamba layers' heads axes are */
     int group;                                /* query heads per KV head */
     int depth;                                /* 1: per-layer keep/remove is searched */
     unsigned char *allowed_heads;             /* [n_layers*n_heads] 1 = choice allowed */

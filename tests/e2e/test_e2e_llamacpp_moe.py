@@ -10,10 +10,12 @@ shape for every layer of a model, so:
   llama.cpp processes, their memory predicted within 5%;
 - POST /v1/estimates with the same target is answered from that calibration, and the parent's
   prediction is within a factor of two of what llama.cpp measured for it (the anchor);
-- a job with a params limit that one layer's removal meets and a latency limit (3x the
-  parent's llama.cpp prediction: the tiny model's requests are mostly fixed costs), exporting
-  GGUF, succeeds: the report names the engine, latency measured in llama.cpp holds, the params
-  limit holds, and the result keeps the parent's shape in every layer (what the GGUF holds);
+- a job searching expert counts (not depth) with a params limit at 85% of the parent's (two
+  experts fewer in every layer meet it) and a latency limit (3x the parent's llama.cpp
+  prediction: the tiny model's requests are mostly fixed costs), exporting GGUF, succeeds:
+  the report names the engine, latency measured in llama.cpp holds, the params limit holds,
+  and the result has one expert count below the parent's for every layer (llama.cpp's GGUF
+  holds one), at least 2, top-k within it;
 - the same calibration for a Mixtral parent (llama.cpp's llama graph with experts).
 Random weights: no quality claim."""
 import json
@@ -130,6 +132,7 @@ def main():
             spec = {"name": "e2e-llamacpp-moe", "model": {"path": model, "tokenizer": TOK}, "target": TARGET,
                     "constraints": {"latency_ms": limit, "params": int(0.85 * params)},
                     "budgets": {"search_tokens": 8192, "distill_tokens": 4096},
+                    "search_space": {"hidden": False, "depth": False},
                     "data": {"calibration": TEXT, "distillation": TEXT},
                     "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
             _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
@@ -145,9 +148,13 @@ def main():
             assert rows["params"]["holds"] and rows["params"]["measured"] <= int(0.85 * params), rows["params"]
             layers = rep["result"]["arch"]["layers"]
             shapes = {json.dumps([y.get("attention"), y.get("moe")], sort_keys=True) for y in layers}
-            assert 1 <= len(layers) < L and len(shapes) == 1, layers
-            print("job: %d of %d layers, limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s"
-                  % (len(layers), L, limit, row["predicted"], row["measured"], row["holds"]))
+            ne = layers[0]["moe"]["n_experts"]
+            assert len(layers) == L and len(shapes) == 1 and 2 <= ne < E, layers
+            assert layers[0]["moe"]["top_k"] == min(K, ne), layers[0]
+            print("parent measured %s, result %s" % (rep["parent"]["measured"].get("process_latencies_ms"),
+                                                     m.get("process_latencies_ms")))
+            print("job: %d experts of %d in every layer, limit %.3f ms, predicted %.3f ms, measured in llama.cpp "
+                  "%.3f ms, holds %s" % (ne, E, limit, row["predicted"], row["measured"], row["holds"]))
 
             model = os.path.join(tmp, "mixtral")
             make_model(model, "mixtral")
