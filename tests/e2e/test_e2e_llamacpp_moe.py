@@ -9,7 +9,7 @@ shape for every layer of a model, so:
   held-out random archs (a depth and one expert count each) were measured in fresh
   llama.cpp processes, their memory predicted within 5%;
 - POST /v1/estimates with the same target is answered from that calibration, and the parent's
-  prediction is within a factor of two of what llama.cpp measured for it (the anchor);
+  prediction is within a factor of three of what llama.cpp measured for it (the anchor);
 - a job searching expert counts (not depth) with a params limit at 85% of the parent's (two
   experts fewer in every layer meet it) and a latency limit (3x the parent's llama.cpp
   prediction: the tiny model's requests are mostly fixed costs), exporting GGUF, succeeds:
@@ -111,7 +111,7 @@ def check_calibration(s, model, fam):
     lat = est["predicted"]["latency_ms"]
     assert lat > 0 and est["calibration_id"] == cal["id"], (est, cal["id"])
     measured = v["anchor"]["parent_measured_ms"]
-    assert 0.5 * measured < lat < 2 * measured, (lat, measured)
+    assert measured / 3 < lat < 3 * measured, (lat, measured)
     print("%s: experts %s; held-out in llama.cpp: latency MAPE %.2f%% (max %.2f%%), memory MAPE %.2f%% (max %.2f%%); "
           "parent predicted %.3f ms, served %.3f ms" % (fam, experts, v["latency_mape_pct"], v["latency_max_pct"],
                                                        v["memory_mape_pct"], v["memory_max_pct"], lat, measured))
