@@ -66,6 +66,19 @@ def wait_terminal(s, jid, timeout):
     raise AssertionError("job %s not finished after %ss: %s" % (jid, timeout, j))
 
 
+def calibrate(s, body):
+    """POST /v1/calibrations and wait (15 minutes at most) for it to succeed: the calibration
+    document (tables, validation, engine)."""
+    _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
+    t0 = time.time()
+    while c["status"] not in ("succeeded", "failed", "cancelled"):
+        _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
+        assert time.time() - t0 < 900, c
+    assert c["status"] == "succeeded", c
+    res = c.get("result") or c
+    return res if "tables" in res else res.get("calibration", res)
+
+
 def events(s, jid):
     _, _, ev = s.json("GET", "/v1/jobs/%s/events?limit=1000" % jid, expect=200)
     return ev["data"]

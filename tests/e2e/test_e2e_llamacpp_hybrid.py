@@ -24,10 +24,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import AC_BIN, DATA, TEXT, TOK, server, wait_terminal  # noqa: E402
+from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, server, wait_terminal  # noqa: E402
 from test_e2e_hybrid import make_model  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
@@ -36,17 +35,6 @@ import test_models_mamba2_hf as m2  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
-
-
-def calibrate(s, body):
-    _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
-    t0 = time.time()
-    while c["status"] not in ("succeeded", "failed", "cancelled"):
-        _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
-        assert time.time() - t0 < 900, c
-    assert c["status"] == "succeeded", c
-    res = c.get("result") or c
-    return res if "tables" in res else res.get("calibration", res)
 
 
 def main():

@@ -23,72 +23,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-
-import numpy as np
-from safetensors.numpy import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import AC_BIN, DATA, TEXT, TOK, server, wait_terminal  # noqa: E402
+from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, server, wait_terminal  # noqa: E402
+from test_e2e_moe import K, L, H, C, make_model  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
-C, V, L, H, KV, D = 64, 512, 4, 4, 2, 16
-E, K, FE, FS = 6, 2, 32, 48
-
-
-def make_model(d, fam):
-    rng = np.random.default_rng(5 if fam == "qwen2_moe" else 6)
-    qwen = fam == "qwen2_moe"
-    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, C)), "model.norm.weight": np.ones(C)}
-
-    def lin(o, i):
-        return rng.normal(0, 1.0 / np.sqrt(i), (o, i))
-    for l in range(L):
-        p = "model.layers.%d." % l
-        w[p + "input_layernorm.weight"] = np.ones(C)
-        w[p + "post_attention_layernorm.weight"] = np.ones(C)
-        for n, o in (("q", H * D), ("k", KV * D), ("v", KV * D)):
-            w[p + "self_attn.%s_proj.weight" % n] = lin(o, C)
-            if qwen:
-                w[p + "self_attn.%s_proj.bias" % n] = rng.normal(0, 0.1, o)
-        w[p + "self_attn.o_proj.weight"] = lin(C, H * D)
-        m = p + ("mlp." if qwen else "block_sparse_moe.")
-        w[m + "gate.weight"] = lin(E, C) * 4
-        names = ("gate_proj", "up_proj", "down_proj") if qwen else ("w1", "w3", "w2")
-        for e in range(E):
-            for n, sh in zip(names, ((FE, C), (FE, C), (C, FE))):
-                w[m + "experts.%d.%s.weight" % (e, n)] = lin(*sh)
-        if qwen:
-            for n, sh in (("gate_proj", (FS, C)), ("up_proj", (FS, C)), ("down_proj", (C, FS))):
-                w[p + "mlp.shared_expert.%s.weight" % n] = lin(*sh)
-            w[p + "mlp.shared_expert_gate.weight"] = lin(1, C)
-    os.makedirs(d, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()},
-              os.path.join(d, "model.safetensors"))
-    cfg = {"vocab_size": V, "hidden_size": C, "num_hidden_layers": L, "num_attention_heads": H,
-           "num_key_value_heads": KV, "num_experts_per_tok": K, "max_position_embeddings": 256,
-           "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "torch_dtype": "float32"}
-    if qwen:
-        cfg.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=E, intermediate_size=FE,
-                   moe_intermediate_size=FE, shared_expert_intermediate_size=FS, norm_topk_prob=False,
-                   decoder_sparse_step=1, mlp_only_layers=[])
-    else:
-        cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=E,
-                   intermediate_size=FE)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-
-
-def calibrate(s, body):
-    _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
-    t0 = time.time()
-    while c["status"] not in ("succeeded", "failed", "cancelled"):
-        _, _, c = s.json("GET", "/v1/calibrations/%s?wait=10" % c["id"], expect=200, timeout=40)
-        assert time.time() - t0 < 900, c
-    assert c["status"] == "succeeded", c
-    res = c.get("result") or c
-    return res if "tables" in res else res.get("calibration", res)
+E = 6
 
 
 def check_calibration(s, model, fam):
@@ -121,7 +63,7 @@ def check_calibration(s, model, fam):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "qwen2moe")
-        make_model(model, "qwen2_moe")
+        make_model(model, "qwen2_moe", E, ())
         s = server(args=["--data-root", DATA, "--data-root", tmp])
         try:
             s.start()
@@ -157,7 +99,7 @@ def main():
                   "%.3f ms, holds %s" % (ne, E, limit, row["predicted"], row["measured"], row["holds"]))
 
             model = os.path.join(tmp, "mixtral")
-            make_model(model, "mixtral")
+            make_model(model, "mixtral", E, ())
             check_calibration(s, model, "mixtral")
         finally:
             s.stop()

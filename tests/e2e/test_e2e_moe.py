@@ -27,9 +27,11 @@ C, V, L, H, KV, D = 64, 512, 4, 4, 2, 16
 E, K, FE, FS, FD = 8, 2, 32, 48, 96
 
 
-def make_model(d):
-    """Layers 0, 1, 3: MoE; layer 2: dense (mlp_only_layers)."""
-    rng = np.random.default_rng(7)
+def make_model(d, fam="qwen2_moe", experts=E, dense=(2,)):
+    """Qwen2-MoE (a shared expert, q/k/v biases; layers in `dense` are dense MLPs:
+    mlp_only_layers) or Mixtral (fam "mixtral": no shared expert, no biases, every layer MoE)."""
+    qwen = fam == "qwen2_moe"
+    rng = np.random.default_rng(7 if qwen else 6)
     w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, C)), "model.norm.weight": np.ones(C)}
 
     def lin(o, i):
@@ -40,30 +42,38 @@ def make_model(d):
         w[p + "post_attention_layernorm.weight"] = np.ones(C)
         for n, o in (("q", H * D), ("k", KV * D), ("v", KV * D)):
             w[p + "self_attn.%s_proj.weight" % n] = lin(o, C)
-            w[p + "self_attn.%s_proj.bias" % n] = rng.normal(0, 0.1, o)
+            if qwen:
+                w[p + "self_attn.%s_proj.bias" % n] = rng.normal(0, 0.1, o)
         w[p + "self_attn.o_proj.weight"] = lin(C, H * D)
-        if l == 2:
+        if l in dense:
             w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = lin(FD, C), lin(FD, C)
             w[p + "mlp.down_proj.weight"] = lin(C, FD)
             continue
-        w[p + "mlp.gate.weight"] = lin(E, C) * 4
-        for e in range(E):
-            q = p + "mlp.experts.%d." % e
-            w[q + "gate_proj.weight"], w[q + "up_proj.weight"] = lin(FE, C), lin(FE, C)
-            w[q + "down_proj.weight"] = lin(C, FE)
-        q = p + "mlp.shared_expert."
-        w[q + "gate_proj.weight"], w[q + "up_proj.weight"] = lin(FS, C), lin(FS, C)
-        w[q + "down_proj.weight"] = lin(C, FS)
-        w[p + "mlp.shared_expert_gate.weight"] = lin(1, C)
+        m = p + ("mlp." if qwen else "block_sparse_moe.")
+        w[m + "gate.weight"] = lin(experts, C) * 4
+        names = ("gate_proj", "up_proj", "down_proj") if qwen else ("w1", "w3", "w2")
+        for e in range(experts):
+            q = m + "experts.%d." % e
+            w[q + names[0] + ".weight"], w[q + names[1] + ".weight"] = lin(FE, C), lin(FE, C)
+            w[q + names[2] + ".weight"] = lin(C, FE)
+        if qwen:
+            q = p + "mlp.shared_expert."
+            w[q + "gate_proj.weight"], w[q + "up_proj.weight"] = lin(FS, C), lin(FS, C)
+            w[q + "down_proj.weight"] = lin(C, FS)
+            w[p + "mlp.shared_expert_gate.weight"] = lin(1, C)
     os.makedirs(d, exist_ok=True)
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()},
               os.path.join(d, "model.safetensors"))
-    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": V, "hidden_size": C,
-           "intermediate_size": FD, "moe_intermediate_size": FE, "shared_expert_intermediate_size": FS,
-           "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV, "num_experts": E,
-           "num_experts_per_tok": K, "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [2],
-           "max_position_embeddings": 256, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-           "tie_word_embeddings": True, "torch_dtype": "float32"}
+    cfg = {"vocab_size": V, "hidden_size": C, "num_hidden_layers": L, "num_attention_heads": H,
+           "num_key_value_heads": KV, "num_experts_per_tok": K, "max_position_embeddings": 256,
+           "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "torch_dtype": "float32"}
+    if qwen:
+        cfg.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", intermediate_size=FD,
+                   moe_intermediate_size=FE, shared_expert_intermediate_size=FS, num_experts=experts,
+                   norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=list(dense))
+    else:
+        cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
+                   intermediate_size=FE)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
 

@@ -211,47 +211,61 @@ static void test_repair_random(void **state)
     }
 }
 
-/* The global Mamba axis: layers 0, 2 and 4 are Mamba layers whose heads axes are one. The
- * Gumbel-noised probabilities are one draw for all of them; the logit gradient of each is the
- * whole axis's (the finite difference through the first one, which the others copy); repair
- * moves them together, so every decoded and repaired choice has one Mamba head count. */
-static void test_mamba_axis_tied(void **state)
+/* A global axis over layers 0, 2 and 4: the Mamba layers' heads axes (the Mamba head count),
+ * or the MoE layers' MLP axes tied (one expert count for the model, as llama.cpp's GGUF
+ * holds). The Gumbel-noised probabilities are one draw for all of them (another layer's
+ * axis its own); the logit gradient of each is the whole axis's (the finite difference
+ * through the first one, which the others copy); repair moves them together, so every
+ * decoded and repaired choice has one size on the axis. */
+static void check_global_axis(int experts)
 {
-    (void)state;
+    int n_axis = experts ? 5 : 4;   /* the axis's choices: MLP widths / head counts */
     for (int trial = 0; trial < 50; trial++) {
         fixture f;
         make_fixture_mode(&f, 5, trial % 2, trial % 3 == 0, trial % 5 == 0);
-        unsigned char mamba[5] = {1, 0, 1, 0, 1};
-        f.sp.mamba = mamba;
-        f.sp.n_mam = 4;
-        for (int k = 0; k < 4; k++)
-            f.sp.mam[k] = 2 * (k + 1);
+        unsigned char kind[5] = {1, 0, 1, 0, 1};
+        if (experts) {
+            f.sp.moe = kind;
+            f.sp.tie_exp = 1;
+            f.sp.n_exp = 5;
+            for (int j = 0; j < 5; j++)
+                f.sp.exp[j] = 2 * j;
+        } else {
+            f.sp.mamba = kind;
+            f.sp.n_mam = 4;
+            for (int k = 0; k < 4; k++)
+                f.sp.mam[k] = 2 * (k + 1);
+        }
         search_dist d;
         assert_int_equal(search_dist_init(&d, &f.sp, 0.0), 0);
         size_t n = 3 + 5 * (4 + 5 + 2);
         for (size_t i = 0; i < n; i++)
             d.logit_hidden[i] = urand() * 4 - 2;
+        double *logit = experts ? d.logit_ffn : d.logit_heads;
         for (int l = 2; l < 5; l += 2)   /* the optimizer keeps tied logits equal */
-            memcpy(d.logit_heads + l * 4, d.logit_heads, 4 * sizeof(double));
+            memcpy(logit + l * n_axis, logit, n_axis * sizeof(double));
         uint64_t rng = 1234 + (uint64_t)trial;
         search_dist_probs(&d, 0.8, &rng);
+        const double *p = experts ? d.p_ffn : d.p_heads;
         for (int l = 2; l < 5; l += 2)
-            assert_memory_equal(d.p_heads + l * 4, d.p_heads, 4 * sizeof(double));
+            assert_memory_equal(p + l * n_axis, p, n_axis * sizeof(double));
+        assert_memory_not_equal(p + n_axis, p, n_axis * sizeof(double));   /* layer 1: its own draw */
         const search_table *t = &f.costs.t[SM_LATENCY];
         search_dist_probs(&d, 0.8, NULL);
         search_expected_cost(&d, t, 20.0, 1.0);
         double gz[3 + 5 * 11];
         search_dist_logit_grads(&d, 0.8, gz, gz + 3, gz + 3 + 20, gz + 3 + 45);
-        for (int k = 0; k < 4; k++) {
-            double z = d.logit_heads[k], h = 1e-5;
-            d.logit_heads[k] = z + h;
+        const double *g = experts ? gz + 3 + 20 : gz + 3;
+        for (int k = 0; k < n_axis; k++) {
+            double z = logit[k], h = 1e-5;
+            logit[k] = z + h;
             double fp = objective(&d, t, 0.8);
-            d.logit_heads[k] = z - h;
+            logit[k] = z - h;
             double fm = objective(&d, t, 0.8);
-            d.logit_heads[k] = z;
+            logit[k] = z;
             double fd = (fp - fm) / (2 * h);
-            assert_true(fabs(fd - gz[3 + k]) <= 1e-5 * fmax(1e-3, fabs(fd)));
-            assert_true(gz[3 + 2 * 4 + k] == gz[3 + k] && gz[3 + 4 * 4 + k] == gz[3 + k]);
+            assert_true(fabs(fd - g[k]) <= 1e-5 * fmax(1e-3, fabs(fd)));
+            assert_true(g[2 * n_axis + k] == g[k] && g[4 * n_axis + k] == g[k]);
         }
         search_choice c, parent;
         assert_int_equal(search_choice_init(&c, &f.sp), 0);
@@ -262,10 +276,11 @@ static void test_mamba_axis_tied(void **state)
             f.costs.t[m].active = m == SM_MEMORY;
         f.costs.t[SM_MEMORY].limit = search_choice_cost(&f.sp, t, &parent) * (0.3 + 0.6 * urand());
         search_decode_argmax(&d, &c);
-        assert_true(c.heads[0] == c.heads[2] && c.heads[2] == c.heads[4]);
+        const int *ch = experts ? c.ffn : c.heads;
+        assert_true(ch[0] == ch[2] && ch[2] == ch[4]);
         if (search_repair(&d, &f.costs, &c) == 0)
             assert_true(search_choice_cost(&f.sp, t, &c) <= f.costs.t[SM_MEMORY].limit);
-        assert_true(c.heads[0] == c.heads[2] && c.heads[2] == c.heads[4]);
+        assert_true(ch[0] == ch[2] && ch[2] == ch[4]);
         search_choice_free(&c);
         search_choice_free(&parent);
         search_dist_free(&d);
@@ -273,69 +288,8 @@ static void test_mamba_axis_tied(void **state)
     }
 }
 
-/* The tied expert axis (one expert count for the model, as llama.cpp's GGUF holds): layers
- * 0, 2 and 4 are MoE layers whose MLP axes are one. As the Mamba axis: one draw, the whole
- * axis's gradient on each, and every decoded and repaired choice one count; the dense
- * layers' axes stay their own. */
-static void test_expert_axis_tied(void **state)
-{
-    (void)state;
-    for (int trial = 0; trial < 50; trial++) {
-        fixture f;
-        make_fixture_mode(&f, 5, trial % 2, trial % 3 == 0, trial % 5 == 0);
-        unsigned char moe[5] = {1, 0, 1, 0, 1};
-        f.sp.moe = moe;
-        f.sp.tie_exp = 1;
-        f.sp.n_exp = 5;
-        for (int j = 0; j < 5; j++)
-            f.sp.exp[j] = 2 * j;
-        search_dist d;
-        assert_int_equal(search_dist_init(&d, &f.sp, 0.0), 0);
-        size_t n = 3 + 5 * (4 + 5 + 2);
-        for (size_t i = 0; i < n; i++)
-            d.logit_hidden[i] = urand() * 4 - 2;
-        for (int l = 2; l < 5; l += 2)   /* the optimizer keeps tied logits equal */
-            memcpy(d.logit_ffn + l * 5, d.logit_ffn, 5 * sizeof(double));
-        uint64_t rng = 99 + (uint64_t)trial;
-        search_dist_probs(&d, 0.8, &rng);
-        for (int l = 2; l < 5; l += 2)
-            assert_memory_equal(d.p_ffn + l * 5, d.p_ffn, 5 * sizeof(double));
-        assert_memory_not_equal(d.p_ffn + 5, d.p_ffn, 5 * sizeof(double));   /* a dense layer: its own draw */
-        const search_table *t = &f.costs.t[SM_LATENCY];
-        search_dist_probs(&d, 0.8, NULL);
-        search_expected_cost(&d, t, 20.0, 1.0);
-        double gz[3 + 5 * 11];
-        search_dist_logit_grads(&d, 0.8, gz, gz + 3, gz + 3 + 20, gz + 3 + 45);
-        for (int j = 0; j < 5; j++) {
-            double z = d.logit_ffn[j], h = 1e-5;
-            d.logit_ffn[j] = z + h;
-            double fp = objective(&d, t, 0.8);
-            d.logit_ffn[j] = z - h;
-            double fm = objective(&d, t, 0.8);
-            d.logit_ffn[j] = z;
-            double fd = (fp - fm) / (2 * h);
-            assert_true(fabs(fd - gz[3 + 20 + j]) <= 1e-5 * fmax(1e-3, fabs(fd)));
-            assert_true(gz[3 + 20 + 2 * 5 + j] == gz[3 + 20 + j] && gz[3 + 20 + 4 * 5 + j] == gz[3 + 20 + j]);
-        }
-        search_choice c, parent;
-        assert_int_equal(search_choice_init(&c, &f.sp), 0);
-        assert_int_equal(search_choice_init(&parent, &f.sp), 0);
-        search_choice_parent(&f.sp, &parent);
-        t = &f.costs.t[SM_MEMORY];
-        for (int m = 0; m < SM_COUNT; m++)
-            f.costs.t[m].active = m == SM_MEMORY;
-        f.costs.t[SM_MEMORY].limit = search_choice_cost(&f.sp, t, &parent) * (0.3 + 0.6 * urand());
-        search_decode_argmax(&d, &c);
-        assert_true(c.ffn[0] == c.ffn[2] && c.ffn[2] == c.ffn[4]);
-        if (search_repair(&d, &f.costs, &c) == 0)
-            assert_true(search_choice_cost(&f.sp, t, &c) <= f.costs.t[SM_MEMORY].limit);
-        assert_true(c.ffn[0] == c.ffn[2] && c.ffn[2] == c.ffn[4]);
-        search_choice_free(&c);
-        search_choice_free(&parent);
-        search_dist_free(&d);
-        free(f.buf);
-    }
-}
+static void test_mamba_axis_tied(void **state) { (void)state; check_global_axis(0); }
+static void test_expert_axis_tied(void **state) { (void)state; check_global_axis(1); }
 
 /* With limits the parent meets, repair grows every axis back to the parent. */
 static void test_repair_parent_when_feasible(void **state)

@@ -1,12 +1,14 @@
-"""bench/families/llamacpp_hybrid.py — llama.cpp as the target engine for the Nemotron-H-shaped
-hybrid of bench/families/make_hybrid.py (128.6M parameters, random weights: timing only):
+"""bench/families/llamacpp_job.py — llama.cpp as the target engine for a family model of
+random weights (timing only): the Nemotron-H-shaped hybrid of bench/families/make_hybrid.py,
+or the Qwen2-MoE at SmolLM2-135M's dimensions of bench/families/make_moe.py:
 a calibration inside llama.cpp through HTTP (2 threads, B=1, 256 + 64 tokens, the parent's
 hidden size) and its held-out errors, then a job with a latency limit at 70% of the parent's
 llama.cpp prediction exporting GGUF, and the parent's and the result's GGUF timed again
 independently (BUILD/ac-llama bench, a fresh process each, parent and result alternating,
 ROUNDS rounds of a warm-up and 3 requests, medians). Prints the machine's ceilings (sgemm
 GFLOP/s, triad GB/s: BUILD/tools/ceilings_probe, 2 threads) measured first, and markdown tables.
-usage: llamacpp_hybrid.py MODEL_DIR (make_hybrid.py OUT 512: a vocabulary stories260K's tokenizer covers) [PRECISION] [ROUNDS]   (env AC_BIN, AC_SHARED)"""
+usage: llamacpp_job.py MODEL_DIR (make_hybrid.py / make_moe.py OUT 512: a vocabulary stories260K's tokenizer
+covers) [PRECISION] [ROUNDS]   (env AC_BIN, AC_SHARED)"""
 import json
 import os
 import statistics
@@ -41,7 +43,7 @@ def main():
             t0 = time.time()
             # a job under an impossible limit calibrates the parent's hidden size (a calibration
             # request would calibrate every hidden size a default job searches) and stops at rank
-            spec = {"name": "bench-llamacpp-hybrid", "model": {"path": model, "tokenizer": TOK}, "target": target,
+            spec = {"name": "bench-llamacpp-job", "model": {"path": model, "tokenizer": TOK}, "target": target,
                     "search_space": {"hidden": False}, "constraints": {"latency_ms": 0.001},
                     "budgets": {"search_tokens": 16384, "distill_tokens": 8192},
                     "data": {"calibration": TEXT, "distillation": TEXT},
@@ -77,6 +79,7 @@ def main():
             out.append(serve_ms(helper, res_path))
     arch = rep["result"]["arch"]["layers"]
     mh = sorted({l["mamba"]["n_heads"] for l in arch if l.get("mamba")})
+    ne = sorted({l["moe"]["n_experts"] for l in arch if l.get("moe")})
     attn = [l["attention"]["n_heads"] for l in arch if l.get("attention")]
     ffn = [l["mlp"]["ffn_dim"] for l in arch if l.get("mlp")]
     print("Machine ceilings (measured first, 2 threads): " + "; ".join(ceil.splitlines()))
@@ -87,13 +90,13 @@ def main():
           % (prec, v["archs"], v["latency_mape_pct"], v["latency_max_pct"], v["memory_mape_pct"], v["memory_max_pct"],
              v["naive_memory_mape_pct"], cal_s))
     print()
-    print("| parent predicted ms | limit ms | result: Mamba heads, attention heads, MLP widths, layers | job predicted "
+    print("| parent predicted ms | limit ms | result: Mamba heads, expert counts, attention heads, MLP widths, layers | job predicted "
           "/ measured ms | holds (job) | independent parent / result ms (median of %d) | result/parent | job s |"
           % rounds)
     print("|---|---|---|---|---|---|---|---|")
     pm, rm = statistics.median(par), statistics.median(out)
-    print("| %.1f | %.1f | %s, %s, %s, %d | %.1f / %.1f | %s | %.1f / %.1f (%.1f-%.1f / %.1f-%.1f) | %.3f | %.0f |"
-          % (lat, limit, mh, attn, ffn, len(arch), row["predicted"], row["measured"], row["holds"], pm, rm,
+    print("| %.1f | %.1f | %s, %s, %s, %s, %d | %.1f / %.1f | %s | %.1f / %.1f (%.1f-%.1f / %.1f-%.1f) | %.3f | %.0f |"
+          % (lat, limit, mh, ne, attn, ffn, len(arch), row["predicted"], row["measured"], row["holds"], pm, rm,
              min(par), max(par), min(out), max(out), rm / pm, job_s))
 
 
