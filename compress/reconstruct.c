@@ -6,6 +6,9 @@
  * M = (Xp^T Xs + lambda P)(Xs^T Xs + lambda I)^-1 from the student's normalized input Xs
  * to the parent's Xp, damped toward P, the kept channels' selection (M = P is the
  * slice), so each refit is W' = W_parent[rows] M.
+ * A Mamba-2 mixer is refit the same way: in_proj's kept rows (the kept heads' z, x and dt
+ * rows, every B and C row) by the input map, out_proj on the gated norm's output. An MoE
+ * runs as it is (experts kept or dropped whole).
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -25,13 +28,20 @@
 #include "storage/safetensors.h"
 
 const char *const recon_proj_names[RP_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                 "down_proj"};
+                                                 "down_proj", "in_proj", "out_proj"};
 
-static const char *const proj_fmt[RP_COUNT] = {
-    "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
-    "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
-    "model.layers.%d.mlp.gate_proj.weight",    "model.layers.%d.mlp.up_proj.weight",
-    "model.layers.%d.mlp.down_proj.weight"};
+/* The engine's name of projection proj of layer l in a model of shape a (engine/model.c):
+ * model.layers.l.self_attn.* and .mlp.*, or Nemotron-H's and Mamba-2's
+ * backbone.layers.l.mixer.* (a layer holding a mixer and an MLP names the MLP's mlp.*). */
+static void proj_name(const arch *a, int l, int proj, char *out, size_t cap)
+{
+    int mlp = proj >= RP_GATE && proj <= RP_DOWN;
+    if (arch_hybrid(a))
+        snprintf(out, cap, "backbone.layers.%d.%s.%s.weight", l,
+                 mlp && arch_layer_has_mixer(&a->layers[l]) ? "mlp" : "mixer", recon_proj_names[proj]);
+    else
+        snprintf(out, cap, "model.layers.%d.%s.%s.weight", l, mlp ? "mlp" : "self_attn", recon_proj_names[proj]);
+}
 
 void recon_opts_default(recon_opts *o)
 {
@@ -75,7 +85,7 @@ typedef struct {
     int maxd, maxo;              /* widest refit input, widest refit output */
     float *X, *Xs, *Xp;          /* [N, maxd] projection input; [N, C'], [N, C] normalized inputs */
     float *Y, *T;                /* [N, C] parent projection output; [N, maxo] targets */
-    float *W, *Wn, *Wp, *M;      /* [C', maxd] x2 (every refit matrix has C' on one side), [maxo, C]
+    float *W, *Wn, *Wp, *M;      /* [C', maxo] x2 (every refit matrix has C' on one side), [maxo, C]
                                     parent rows, [C, C'] input map */
     float *Wfull;                /* [widest parent input projection, C] */
     float *P0;                   /* [C, C'] the kept channels' selection */
@@ -103,28 +113,33 @@ static int push(rc_state *s, const recon_proj *p)
     return 0;
 }
 
-/* The projection's input width in the model of shape a: Hq*D or F (0 where removed). */
+/* The output projection's input width in the model of shape a: Hq*D, a Mamba mixer's H*P,
+ * or F (0 where removed). */
 static int in_width(const arch *a, int layer, int part)
 {
     const arch_layer *l = &a->layers[layer];
-    return part == ENG_PART_ATTN ? l->n_heads * a->head_dim : l->ffn_dim;
+    if (part == ENG_PART_ATTN)
+        return l->mamba.n_heads ? arch_mamba_inner(&l->mamba) : l->n_heads * a->head_dim;
+    return l->ffn_dim;
 }
 
-/* 1 when the part runs as it is, nothing refitted: an MoE MLP (experts kept or dropped whole)
- * or a Mamba-2 mixer (heads cut, out_proj not refitted in this build). */
+/* Rows of a Mamba mixer's in_proj: z and x (H*P each), B and C (G*S each), dt (H). */
+static int in_proj_rows(const arch_mamba *m)
+{
+    return arch_mamba_inner(m) + arch_mamba_conv_dim(m) + m->n_heads;
+}
+
+/* 1 when the part runs as it is, nothing refitted: an MoE MLP (experts kept or dropped whole). */
 static int as_is(const arch *a, int layer, int part)
 {
-    const arch_layer *l = &a->layers[layer];
-    return part == ENG_PART_MLP ? l->moe.n_experts > 0 : l->mamba.n_heads > 0;
+    return part == ENG_PART_MLP && a->layers[layer].moe.n_experts > 0;
 }
 
 /* 1 when student layer i's as-is part differs from parent layer src's (or is gone). */
-static int as_is_changed(const arch *pa, int src, const arch *sa, int i, int part)
+static int as_is_changed(const arch *pa, int src, const arch *sa, int i)
 {
     const arch_layer *p = &pa->layers[src], *t = &sa->layers[i];
-    if (part == ENG_PART_MLP)
-        return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k;
-    return t->mamba.n_heads != p->mamba.n_heads;
+    return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k;
 }
 
 static double sum_sq(const float *x, size_t n)
@@ -143,7 +158,7 @@ static int try_weights(rc_state *s, recon_proj *rp, const float *X, const float 
 {
     int d = rp->in_dim, c = rp->out_dim;
     char name[96];
-    snprintf(name, sizeof name, proj_fmt[rp->proj], rp->layer);
+    proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
     if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
@@ -187,7 +202,7 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     eng_la_cross(s->R, s->T, c, c, s->X, d, s->N);
     /* damped toward the slice: the solve moves it only as far as the data supports */
     char name[96];
-    snprintf(name, sizeof name, proj_fmt[rp->proj], rp->layer);
+    proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
     if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
@@ -200,11 +215,26 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     return try_weights(s, rp, s->X, s->T, rc == 0 ? s->Wn : NULL, err, errlen);   /* rc 1: the slice stays */
 }
 
-/* The parent rows a student input projection keeps: [rows] into out, the count returned. */
+/* The parent rows a student input projection keeps: [rows] into out, the count returned.
+ * in_proj: z and x of the kept heads (head h is parent head mh[h]), every B and C row, dt
+ * of the kept heads, in the student's order. */
 static int kept_rows(const rc_state *s, int i, int proj, int *out)
 {
     const prune_layer_sel *l = &s->sel.layers[i];
     int D = s->P->a.head_dim, n = 0;
+    if (proj == RP_IN) {
+        const arch_mamba *m = &s->P->a.layers[l->src].mamba;
+        int P = m->head_dim, di = arch_mamba_inner(m), bc = 2 * m->n_groups * m->d_state;
+        for (int part = 0; part < 2; part++)   /* z, then x */
+            for (int h = 0; h < l->nm; h++)
+                for (int j = 0; j < P; j++)
+                    out[n++] = part * di + l->mh[h] * P + j;
+        for (int k = 0; k < bc; k++)
+            out[n++] = 2 * di + k;
+        for (int h = 0; h < l->nm; h++)
+            out[n++] = 2 * di + bc + l->mh[h];
+        return n;
+    }
     if (proj == RP_Q)
         for (int h = 0; h < l->nq; h++)
             for (int j = 0; j < D; j++)
@@ -241,19 +271,21 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
     }
-    int first = part == ENG_PART_ATTN ? RP_Q : RP_GATE, last = part == ENG_PART_ATTN ? RP_V : RP_UP;
+    const arch_layer *pl = &s->P->a.layers[src];
+    int mamba = part == ENG_PART_ATTN && pl->mamba.n_heads;
+    int first = mamba ? RP_IN : part == ENG_PART_ATTN ? RP_Q : arch_mlp_gated(&s->P->a) ? RP_GATE : RP_UP;
+    int last = mamba ? RP_IN : part == ENG_PART_ATTN ? RP_V : RP_UP;
     int *rows = malloc(sizeof(int) * (size_t)s->maxo);
     if (!rows) {
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
     }
-    const arch_layer *pl = &s->P->a.layers[src];
     char name[96];
     for (int proj = first; rc >= 0 && proj <= last; proj++) {
         int n = kept_rows(s, i, proj, rows);
-        int64_t prow = proj == RP_Q ? pl->n_heads * s->P->a.head_dim
+        int64_t prow = proj == RP_IN ? in_proj_rows(&pl->mamba) : proj == RP_Q ? pl->n_heads * s->P->a.head_dim
                      : proj <= RP_V ? pl->n_kv_heads * s->P->a.head_dim : pl->ffn_dim;
-        snprintf(name, sizeof name, proj_fmt[proj], src);
+        proj_name(&s->P->a, src, proj, name, sizeof name);
         if (eng_model_get_tensor(s->P, name, s->Wfull, prow * C) != prow * C) {
             snprintf(err, errlen, "reconstruct: cannot read the parent's %s", name);
             rc = -1;
@@ -281,7 +313,7 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
 {
     if (as_is(&s->P->a, src, part)) {   /* both streams run it as it is */
         int kept = as_is(&s->S->a, i, part);
-        s->diverged |= as_is_changed(&s->P->a, src, &s->S->a, i, part);
+        s->diverged |= as_is_changed(&s->P->a, src, &s->S->a, i);
         return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen) ||
                (kept && eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen)) ? -1 : 0;
     }
@@ -293,7 +325,9 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
         return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen);
     }
     int inputs = s->o->inputs && s->diverged;   /* the block reads a stream unlike the parent's */
-    recon_proj rp = {.layer = i, .source_layer = src, .proj = part == ENG_PART_ATTN ? RP_O : RP_DOWN,
+    int mamba = part == ENG_PART_ATTN && s->P->a.layers[src].mamba.n_heads;
+    int out = mamba ? RP_OUT : part == ENG_PART_ATTN ? RP_O : RP_DOWN;
+    recon_proj rp = {.layer = i, .source_layer = src, .proj = out,
                      .in_dim = t_in, .out_dim = s->S->a.hidden_size, .pruned = t_in < p_in || s->diverged};
     s->diverged |= rp.pruned;
     if (replay)
@@ -383,7 +417,7 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
     float *bufs[RP_COUNT] = {NULL};
     int n = 0, rc = -1;
     for (int proj = 0; proj < RP_COUNT; proj++) {
-        snprintf(names[n], sizeof names[n], proj_fmt[proj], i);
+        proj_name(&s->S->a, i, proj, names[n], sizeof names[n]);
         const char *name;
         int64_t shape[2];
         int ndim;
@@ -503,14 +537,18 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     const arch *pa = &s->P->a, *sa = &s->S->a;
     size_t C = (size_t)pa->hidden_size, c = (size_t)sa->hidden_size, D = (size_t)pa->head_dim;
     size_t maxd = c, maxo = c, maxp = 1;
-    for (int l = 0; l < sa->n_layers; l++) {
-        size_t q = (size_t)sa->layers[l].n_heads * D, f = (size_t)sa->layers[l].ffn_dim;
+    for (int l = 0; l < sa->n_layers; l++) {   /* a Mamba mixer: out_proj reads H*P, in_proj writes more rows */
+        const arch_layer *y = &sa->layers[l];
+        size_t q = y->mamba.n_heads ? (size_t)arch_mamba_inner(&y->mamba) : (size_t)y->n_heads * D;
+        size_t f = (size_t)y->ffn_dim, r = y->mamba.n_heads ? (size_t)in_proj_rows(&y->mamba) : 0;
         maxd = q > maxd ? q : maxd;
         maxd = f > maxd ? f : maxd;
-        maxo = maxd;
+        maxo = r > maxo ? r : maxo;
     }
+    maxo = maxd > maxo ? maxd : maxo;
     for (int l = 0; l < pa->n_layers; l++) {
-        size_t q = (size_t)pa->layers[l].n_heads * D, f = (size_t)pa->layers[l].ffn_dim;
+        const arch_layer *y = &pa->layers[l];
+        size_t q = y->mamba.n_heads ? (size_t)in_proj_rows(&y->mamba) : (size_t)y->n_heads * D, f = (size_t)y->ffn_dim;
         maxp = q > maxp ? q : maxp;
         maxp = f > maxp ? f : maxp;
     }
@@ -522,8 +560,8 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     s->Xp = malloc(sizeof(float) * s->N * C);
     s->Y = malloc(sizeof(float) * s->N * C);
     s->T = malloc(sizeof(float) * s->N * maxo);
-    s->W = malloc(sizeof(float) * c * maxd);
-    s->Wn = malloc(sizeof(float) * c * maxd);
+    s->W = malloc(sizeof(float) * c * maxo);
+    s->Wn = malloc(sizeof(float) * c * maxo);
     s->Wp = malloc(sizeof(float) * maxo * C);
     s->M = malloc(sizeof(float) * C * c);
     s->Wfull = malloc(sizeof(float) * maxp * C);

@@ -46,9 +46,10 @@ void recon_opts_default(recon_opts *o);
  * text holds fewer than 8 tokens. */
 int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen);
 
-/* The projections, in the order a layer refits them. */
-enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_COUNT };
-extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "down_proj" */
+/* The projections, in the order a layer refits them: attention, the MLP, a Mamba-2 mixer's
+ * in_proj (z, x, B, C and dt rows: one map of the block's input) and out_proj. */
+enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_IN, RP_OUT, RP_COUNT };
+extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "down_proj", "in_proj", "out_proj" */
 
 /* One projection's outcome. Errors are sums of squares over the calibration tokens and
  * the projection's kept outputs; target_sq is the parent output's own sum of squares. */

@@ -671,13 +671,13 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         return -1;
     }
     const arch_layer *al = &a->layers[layer];
-    if (((part == ENG_PART_MLP && al->moe.n_experts) || (part == ENG_PART_ATTN && al->mamba.n_heads)) && cap &&
-        cap->proj_in) {
-        snprintf(err, errlen, "stepper: layer %d's %s: its projection inputs are not captured in this build", layer,
-                 part == ENG_PART_MLP ? "MLP is a mixture of experts" : "mixer is a Mamba-2 mixer");
+    if (part == ENG_PART_MLP && al->moe.n_experts && cap && cap->proj_in) {
+        snprintf(err, errlen, "stepper: layer %d's MLP is a mixture of experts: its projection inputs are not "
+                 "captured in this build", layer);
         return -1;
     }
-    int in = part == ENG_PART_ATTN ? al->n_heads * a->head_dim : al->ffn_dim;
+    int in = part == ENG_PART_ATTN ? (al->mamba.n_heads ? arch_mamba_inner(&al->mamba) : al->n_heads * a->head_dim)
+                                   : al->ffn_dim;
     if (in == 0 && !(part == ENG_PART_MLP && al->moe.n_experts) && !(part == ENG_PART_ATTN && al->mamba.n_heads)) {
         snprintf(err, errlen, "stepper: layer %d has no %s", layer, part == ENG_PART_ATTN ? "attention" : "MLP");
         return -1;
@@ -697,9 +697,14 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         size_t n = (size_t)nb * T, row0 = (size_t)b0 * T;
         if (cap && cap->norm_in)
             be->to_host(be, cap->norm_in + row0 * C, s->st.xn, F4 * n * C);
+        const float *pin = part == ENG_PART_MLP ? s->st.h
+                         : al->mamba.n_heads ? eng_mamba_out_input(m, &s->st, layer) : s->st.tmp.o;
+        if (cap && cap->proj_in && !pin) {
+            snprintf(err, errlen, "stepper: layer %d's Mamba mixer ran without the workspace's scratch", layer);
+            return -1;
+        }
         if (cap && cap->proj_in)
-            be->to_host(be, cap->proj_in + row0 * in, part == ENG_PART_ATTN ? s->st.tmp.o : s->st.h,
-                        F4 * n * (size_t)in);
+            be->to_host(be, cap->proj_in + row0 * in, pin, F4 * n * (size_t)in);
         if (cap && cap->proj_out)
             be->to_host(be, cap->proj_out + row0 * C, s->st.tmp.y, F4 * n * C);
     }

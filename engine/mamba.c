@@ -135,6 +135,13 @@ int eng_mamba_fwd(eng_model *m, fwd_state *st, int l, const float *xn, float *y,
     return 0;
 }
 
+const float *eng_mamba_out_input(const eng_model *m, const fwd_state *st, int l)
+{
+    if (!st->mamba_f)
+        return NULL;
+    return carve_fwd(st->mamba_f, dims_of(&m->a.layers[l].mamba), (size_t)st->B, (size_t)st->T).g;
+}
+
 int eng_mamba_bwd(eng_model *m, fwd_state *st, int l, const float *xn, const float *dy, float *dxn, int gw, int gm)
 {
     eng_backend *be = m->be;

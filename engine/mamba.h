@@ -20,6 +20,9 @@ int eng_mamba_fwd(eng_model *m, fwd_state *st, int l, const float *xn, float *y,
  * grads (gm) accumulate. Runs the mixer again from xn (training: no cache). 0, or -1 out of
  * memory. */
 int eng_mamba_bwd(eng_model *m, fwd_state *st, int l, const float *xn, const float *dy, float *dxn, int gw, int gm);
+/* out_proj's input [N, di] of the last eng_mamba_fwd of layer l on st's rows (the gated norm's
+ * output, head masks applied): inside st's Mamba scratch, NULL when the call had none. */
+const float *eng_mamba_out_input(const eng_model *m, const fwd_state *st, int l);
 /* Floats of the largest forward scratch of any Mamba layer of a for a batch B x T, and bytes
  * of the largest backward scratch (0 without Mamba layers). */
 size_t eng_mamba_fwd_floats(const arch *a, int B, int T);

@@ -262,7 +262,8 @@ eng_stepper *eng_stepper_new(eng_model *m, const int *tokens, int B, int T, int 
 
 /* What a block pass copies to the host (any may be NULL), for B*T rows: the block's
  * normalized input (RMSNorm output) [B*T, C]; the projection's input (ATTN: the heads'
- * outputs before o_proj [B*T, Hq*D]; MLP: the gated units before down_proj [B*T, F]);
+ * outputs before o_proj [B*T, Hq*D], a Mamba-2 mixer's gated-norm output before out_proj
+ * [B*T, H*P]; MLP: the gated units before down_proj [B*T, F]; not an MoE's);
  * its output before the residual add [B*T, C]. */
 typedef struct {
     float *norm_in, *proj_in, *proj_out;

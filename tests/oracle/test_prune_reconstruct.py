@@ -15,6 +15,11 @@ block input, against the parent's kept rows on the parent's normalized input):
   - the reported squared errors before and after are the ones PyTorch measures, and
     after <= before; a projection the engine kept (no gain) is the slice unchanged;
   - projections that read nothing pruned (inputs and upstream as the parent's) stay.
+The same on a Nemotron-H parent ("M*M-": Mamba-2 mixers, attention without RoPE, a
+squared-ReLU MLP; test_engine_oracle_hybrid.py's PyTorch blocks), cut in hidden size, Mamba
+heads (one of two per group), query heads and MLP units: a Mamba mixer's in_proj (the kept
+heads' z, x and dt rows, every B and C row) by the input map, its out_proj on the gated
+norm's output; up_proj alone on the MLP's input side.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through. Env: AC_BIN.
 """
@@ -29,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_prune_grad import attn_block, mlp_block, read_records, rms  # noqa: E402
+from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
@@ -151,6 +157,102 @@ def check_case(tool, case):
                                       for o in rj["projections"] if o["proj"] in ("o_proj", "down_proj"))))
 
 
+def hybrid_block(arch, g, pre, x):
+    """Nemotron-H block of layer `pre` (backbone.layers.l.) on stream x [T, C]: (its output
+    projection's input, its output), the input taken by an identity output projection."""
+    L = arch["layers"][int(pre.split(".")[2])]
+    h = rms(x, g(pre + "norm.weight"), arch["norm_eps"])[None]
+    W = {n: g(pre + "mixer." + n) for n in MIXER_NAMES[kind_of(L)]}
+    if kind_of(L) == "mamba":
+        m = L["mamba"]
+        mm = (m["n_heads"], m["head_dim"], m["d_state"], m["n_groups"], m["conv_kernel"])
+        f = lambda W: mamba_mixer(W, "", h, mm, None, arch["norm_eps"])[0]
+        out = "out_proj.weight"
+    elif kind_of(L) == "attention":
+        a = L["attention"]
+        f = lambda W: hybrid_attention(W, "", h, a["n_heads"], a["n_kv_heads"], arch["head_dim"], None)[0]
+        out = "o_proj.weight"
+    else:
+        f = lambda W: torch.relu(h[0] @ W["up_proj.weight"].T) ** 2 @ W["down_proj.weight"].T
+        out = "down_proj.weight"
+    n_in = W[out].shape[1]
+    return f(dict(W, **{out: torch.eye(n_in)})), f(W)
+
+
+MIXER_NAMES = {"mamba": ("in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight",
+                         "out_proj.weight"),
+               "attention": ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"),
+               "mlp": ("up_proj.weight", "down_proj.weight")}
+HYBRID_PROJ = {"mamba": (("in_proj",), "out_proj"), "attention": (("q_proj", "k_proj", "v_proj"), "o_proj"),
+               "mlp": (("up_proj",), "down_proj")}
+
+
+def kind_of(L):
+    return "mamba" if L.get("mamba") else "attention" if L.get("attention") else "mlp"
+
+
+def hybrid_rows(pa, sa, src, i, proj):
+    """The parent rows a student input projection keeps (the prefix selection: in_proj's kept
+    heads are the first of each group)."""
+    if proj != "in_proj":
+        return kept_rows(pa, sa, src, i, proj)
+    mp, ms = pa["layers"][src]["mamba"], sa["layers"][i]["mamba"]
+    P, G, S = mp["head_dim"], mp["n_groups"], mp["d_state"]
+    di, hpg_p, hpg_s = mp["n_heads"] * P, mp["n_heads"] // G, ms["n_heads"] // G
+    heads = [g * hpg_p + j for g in range(G) for j in range(hpg_s)]
+    return ([h * P + j for h in heads for j in range(P)] + [di + h * P + j for h in heads for j in range(P)] +
+            list(range(2 * di, 2 * di + 2 * G * S)) + [2 * di + 2 * G * S + h for h in heads])
+
+
+def check_hybrid(tool):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "hybrid")
+        p = run_tool(tool, out, "hybrid")
+        assert p.returncode == 0, p.stderr.decode()
+        rec, pa, sa, rj = load(out)
+    W = {k: torch.tensor(v) for k, v in rec.items()}
+    P = lambda n: W["parent." + n]
+    A = lambda n: W["after." + n]
+    tokens = torch.tensor(rec["tokens"], dtype=torch.long)
+    c, damp = sa["hidden_size"], rj["damp"]
+    outcomes = {(o["layer"], o["proj"]): o for o in rj["projections"]}
+    xs_p = [P("backbone.embeddings.weight")[row] for row in tokens]
+    xs_s = [A("backbone.embeddings.weight")[row] for row in tokens]
+    worst, refits = 0.0, 0
+    for i, L in enumerate(sa["layers"]):
+        src, kind = L["source_layer"], kind_of(L)
+        ppre, spre = "backbone.layers.%d." % src, "backbone.layers.%d." % i
+        Xp = torch.cat([rms(x, P(ppre + "norm.weight"), pa["norm_eps"]) for x in xs_p])
+        Xs = torch.cat([rms(x, A(spre + "norm.weight"), pa["norm_eps"]) for x in xs_s])
+        ys = [hybrid_block(pa, P, ppre, x)[1] for x in xs_p]
+        xs_p = [x + y for x, y in zip(xs_p, ys)]
+        inputs, proj = HYBRID_PROJ[kind]
+        for ip in inputs:
+            if (i, ip) not in outcomes:   # the stream still the parent's restricted: inputs not refit
+                continue
+            o = outcomes[(i, ip)]
+            rows = hybrid_rows(pa, sa, src, i, ip)
+            Wp = P(ppre + "mixer.%s.weight" % ip)[rows]
+            sel = torch.eye(Xp.shape[1])[:, :c]
+            rel = check_fit("hybrid", o, Xs, Xp @ Wp.T, W["before." + spre + "mixer.%s.weight" % ip],
+                            A(spre + "mixer.%s.weight" % ip), damp, lambda lam: Wp @ ridge(Xs, Xp, sel, lam))
+            if rel is not None:
+                worst, refits = max(worst, rel), refits + 1
+        X = torch.cat([hybrid_block(sa, A, spre, x)[0] for x in xs_s])
+        Y = torch.cat(ys)[:, :c]
+        rel = check_fit("hybrid", outcomes[(i, proj)], X, Y, W["before." + spre + "mixer.%s.weight" % proj],
+                        A(spre + "mixer.%s.weight" % proj), damp)
+        if rel is not None:
+            worst, refits = max(worst, rel), refits + 1
+        xs_s = [x + hybrid_block(sa, A, spre, x)[1] for x in xs_s]
+    done = {(o["proj"], o["refit"]) for o in rj["projections"]}
+    assert ("in_proj", True) in done and ("out_proj", True) in done, done
+    print("hybrid: %d of %d projections refit (Mamba in_proj and out_proj among them), worst weight rel err vs "
+          "torch.linalg.lstsq %.2g; out_proj rel error %s" % (
+              refits, len(outcomes), worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
+                                                      for o in rj["projections"] if o["proj"] == "out_proj")))
+
+
 def check_resume(tool):
     with tempfile.TemporaryDirectory() as d:
         straight, resumed, ck = os.path.join(d, "a"), os.path.join(d, "b"), os.path.join(d, "ckpt")
@@ -178,6 +280,7 @@ def main():
         return 1
     for case in ("ffn", "heads", "kv", "mixed"):
         check_case(tool, case)
+    check_hybrid(tool)
     check_resume(tool)
     return 0
 

@@ -4,7 +4,10 @@
  * OUT.bin (tests/tools/records.h: tokens, parent.*, before.* (the slice), after.*),
  * OUT.parent.json / OUT.student.json (arch JSON) and OUT.recon.json (the outcome).
  * Usage: recon_oracle OUT CASE [CKPT_DIR [KILL_AFTER]], CASE one of ffn, heads, kv,
- * mixed; with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
+ * mixed, or hybrid (a Nemotron-H parent "M*M-": Mamba-2 mixers of 4 heads of 4 in 2 groups,
+ * state 4, conv 4; attention of 8 heads in 4 KV groups, no RoPE; a squared-ReLU MLP of 40;
+ * the student keeps hidden 24, 2 Mamba heads (one per group), 4 query heads and an MLP of
+ * 20); with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
  * the process SIGKILL once k layers are done. Not part of the product.
  */
 #include <signal.h>
@@ -47,6 +50,16 @@ static int student_of(const char *name, const arch *pa, arch *sa)
     } else if (!strcmp(name, "kv")) {      /* whole KV groups removed */
         sa->layers[0].n_kv_heads = 2, sa->layers[0].n_heads = 4;
         sa->layers[2].n_kv_heads = 1, sa->layers[2].n_heads = 4;
+    } else if (!strcmp(name, "hybrid")) {
+        sa->hidden_size = 24;
+        for (int l = 0; l < NL; l++) {
+            arch_layer *y = &sa->layers[l];
+            if (y->mamba.n_heads)
+                y->mamba.n_heads = 2;
+            if (y->n_heads)
+                y->n_heads = y->n_kv_heads;
+            y->ffn_dim /= 2;
+        }
     } else if (!strcmp(name, "mixed")) {   /* hidden 24, a layer removed, parts removed */
         sa->hidden_size = 24;
         sa->n_layers = 3;
@@ -74,8 +87,21 @@ int main(int argc, char **argv)
     int kv[NL] = {4, 4, 2, 4}, ffn[NL] = {48, 40, 56, 44};
     for (int l = 0; l < NL; l++)
         pa.layers[l] = (arch_layer){.source_layer = l, .n_heads = 8, .n_kv_heads = kv[l], .ffn_dim = ffn[l]};
+    if (!strcmp(argv[2], "hybrid")) {   /* "M*M-" */
+        snprintf(pa.family, sizeof pa.family, "nemotron_h");
+        for (int l = 0; l < NL; l++) {
+            arch_layer y = {.source_layer = l};
+            if (l == 0 || l == 2)
+                y.mamba = (arch_mamba){.n_heads = 4, .head_dim = 4, .d_state = 4, .n_groups = 2, .conv_kernel = 4};
+            else if (l == 1)
+                y.n_heads = 8, y.n_kv_heads = 4;
+            else
+                y.ffn_dim = 40;
+            pa.layers[l] = y;
+        }
+    }
     if (student_of(argv[2], &pa, &sa)) {
-        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed)\n", argv[2]);
+        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid)\n", argv[2]);
         return 2;
     }
     eng_backend *be = eng_backend_cpu_new(1);
