@@ -64,6 +64,8 @@ def main():
             job_s = time.time() - t0
             _, _, rep = s.json("GET", "/v1/jobs/%s/report" % j["id"], expect=200)
             row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
+            sdoc = rep.get("search") or {}
+            served = sdoc.get("served") or {}
             _, gguf = download(s, j["id"], "model.gguf")
         finally:
             s.stop()
@@ -98,6 +100,15 @@ def main():
     print("| %.1f | %.1f | %s, %s, %s, %s, %d | %.1f / %.1f | %s | %.1f / %.1f (%.1f-%.1f / %.1f-%.1f) | %.3f | %.0f |"
           % (lat, limit, mh, ne, attn, ffn, len(arch), row["predicted"], row["measured"], row["holds"], pm, rm,
              min(par), max(par), min(out), max(out), rm / pm, job_s))
+
+
+    print()
+    print("The search's aim and its served checks (each arch in a fresh llama.cpp process beside the parent):")
+    print("aim: %s" % json.dumps(sdoc.get("aim")))
+    print("anchor: %s" % json.dumps(served.get("anchor")))
+    for c in served.get("checks", []):
+        print("- predicted %.1f ms, served %.1f ms (x%.3f of the parent): %s" % (
+            c.get("predicted_latency_ms", 0), c["latency_ms"], c["ratio_to_parent"], c["arch"][:120]))
 
 
 if __name__ == "__main__":
