@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, server, wait_terminal  # noqa: E402
+from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, llamacpp_job, server  # noqa: E402
 from test_e2e_hybrid import make_model  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
@@ -74,17 +74,8 @@ def main():
                     "search_space": {"hidden": False, "depth": False},
                     "data": {"calibration": TEXT, "distillation": TEXT},
                     "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
-            _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
-            fin = wait_terminal(s, job["id"], 1200)
-            assert fin["status"] == "succeeded", fin
-            _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
-            assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["precision"] == "f32", rep["engine"]
-            m = rep["result"]["measured"]
-            assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
-            rows = {r["name"]: r for r in rep["limits"]}
-            row = rows["latency_ms"]
-            assert row["measured"] == m["latency_ms"] and row["holds"] and m["latency_ms"] <= limit, row
-            assert rows["params"]["holds"] and rows["params"]["measured"] <= int(0.85 * params), rows["params"]
+            rep = llamacpp_job(s, spec)
+            row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
             layers = rep["result"]["arch"]["layers"]
             mh = {l["mamba"]["n_heads"] for l in layers if l.get("mamba")}
             ne = {l["moe"]["n_experts"] for l in layers if l.get("moe")}
@@ -109,13 +100,8 @@ def main():
             out = subprocess.run([AC_BIN, "inspect", m2dir], capture_output=True, text=True, check=True).stdout
             p2 = int(out.split("parameters:")[1].split()[0])
             lim = {"latency_ms": round(3.0 * est["predicted"]["latency_ms"], 6), "params": int(0.9 * p2)}
-            _, _, job = s.json("POST", "/v1/jobs", dict(spec, name="e2e-llamacpp-mamba2", model=body["model"],
-                                                        constraints=lim), expect=201)
-            fin = wait_terminal(s, job["id"], 1200)
-            assert fin["status"] == "succeeded", fin
-            _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
+            rep = llamacpp_job(s, dict(spec, name="e2e-llamacpp-mamba2", model=body["model"], constraints=lim))
             rows = {r["name"]: r for r in rep["limits"]}
-            assert rep["engine"]["name"] == "llama.cpp" and all(r["holds"] for r in rows.values()), rows
             mh = {l["mamba"]["n_heads"] for l in rep["result"]["arch"]["layers"] if l.get("mamba")}
             print("mamba2 job: Mamba heads %s, latency measured in llama.cpp %.3f ms (limit %.3f), params %d (limit %d)"
                   % (mh, rows["latency_ms"]["measured"], lim["latency_ms"], rows["params"]["measured"], lim["params"]))

@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, server, wait_terminal  # noqa: E402
+from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, llamacpp_job, server  # noqa: E402
 from test_e2e_moe import K, L, H, C, make_model  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
@@ -77,17 +77,9 @@ def main():
                     "search_space": {"hidden": False, "depth": False},
                     "data": {"calibration": TEXT, "distillation": TEXT},
                     "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
-            _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
-            fin = wait_terminal(s, job["id"], 1200)
-            assert fin["status"] == "succeeded", fin
-            _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
-            assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["precision"] == "f32", rep["engine"]
+            rep = llamacpp_job(s, spec)
             m = rep["result"]["measured"]
-            assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
-            rows = {r["name"]: r for r in rep["limits"]}
-            row = rows["latency_ms"]
-            assert row["measured"] == m["latency_ms"] and row["holds"] and m["latency_ms"] <= limit, row
-            assert rows["params"]["holds"] and rows["params"]["measured"] <= int(0.85 * params), rows["params"]
+            row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
             layers = rep["result"]["arch"]["layers"]
             shapes = {json.dumps([y.get("attention"), y.get("moe")], sort_keys=True) for y in layers}
             ne = layers[0]["moe"]["n_experts"]

@@ -95,18 +95,24 @@ def ridge(X, Y, prior, lam):
     return torch.linalg.lstsq(Xa, Ya).solution.T
 
 
-def check_case(tool, case):
+def run_case(tool, case):
+    """The tool's run of a case: weights W (parent., before., after.), the tokens, both archs,
+    the outcome and its projections by (layer, proj)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, case)
         p = run_tool(tool, out, case)
         assert p.returncode == 0, p.stderr.decode()
         rec, pa, sa, rj = load(out)
     W = {k: torch.tensor(v) for k, v in rec.items()}
+    return (W, torch.tensor(rec["tokens"], dtype=torch.long), pa, sa, rj,
+            {(o["layer"], o["proj"]): o for o in rj["projections"]})
+
+
+def check_case(tool, case):
+    W, tokens, pa, sa, rj, outcomes = run_case(tool, case)
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
-    tokens = torch.tensor(rec["tokens"], dtype=torch.long)
     c, eps, damp = sa["hidden_size"], pa["norm_eps"], rj["damp"]
-    outcomes = {(o["layer"], o["proj"]): o for o in rj["projections"]}
     xs_p = [P("model.embed_tokens.weight")[row] for row in tokens]
     xs_s = [A("model.embed_tokens.weight")[row] for row in tokens]
     worst, refits, prev = 0.0, 0, -1
@@ -205,17 +211,10 @@ def hybrid_rows(pa, sa, src, i, proj):
 
 
 def check_hybrid(tool):
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "hybrid")
-        p = run_tool(tool, out, "hybrid")
-        assert p.returncode == 0, p.stderr.decode()
-        rec, pa, sa, rj = load(out)
-    W = {k: torch.tensor(v) for k, v in rec.items()}
+    W, tokens, pa, sa, rj, outcomes = run_case(tool, "hybrid")
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
-    tokens = torch.tensor(rec["tokens"], dtype=torch.long)
     c, damp = sa["hidden_size"], rj["damp"]
-    outcomes = {(o["layer"], o["proj"]): o for o in rj["projections"]}
     xs_p = [P("backbone.embeddings.weight")[row] for row in tokens]
     xs_s = [A("backbone.embeddings.weight")[row] for row in tokens]
     worst, refits = 0.0, 0
