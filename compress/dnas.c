@@ -671,8 +671,13 @@ static int within(search_costs *costs, const double *limits, const double *x, do
 /* Decode argmax, repair against the tables, and confirm with the full prediction; when
  * the prediction disagrees with the additive tables (it adds terms the tables cannot
  * split), tighten that limit by the disagreement and repair again. With a check, the
- * arch the prediction accepts is then served (o->check) and, measured over a limit,
- * repaired again the same way; after DNAS_CHECKS checks the prediction decides. */
+ * arch the prediction accepts is then served (o->check) and judged against the served
+ * limits (o->served_limits, else the search's): measured over one, the target is
+ * tightened by the measured excess and the arch repaired again; measured within with
+ * room left and a check to spare, the target is loosened by the room (the search's aim
+ * carries the prediction's margin, which a measurement no longer needs) and the larger
+ * arch served in turn, the last arch served within being kept should it not hold. After
+ * DNAS_CHECKS checks the last arch served within (or, none being, the prediction) decides. */
 static int decode_and_repair(const search_dist *d, search_costs *costs, const dnas_opts *o, const arch *parent,
                              dnas_result *r, char *err, size_t errlen)
 {
@@ -682,14 +687,23 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    double limits[SM_COUNT];
-    for (int m = 0; m < SM_COUNT; m++)
-        limits[m] = costs->t[m].limit;
+    double limits[SM_COUNT], target[SM_COUNT], served_lim[SM_COUNT];
+    for (int m = 0; m < SM_COUNT; m++) {
+        limits[m] = target[m] = costs->t[m].limit;
+        served_lim[m] = limits[m];
+    }
+    if (o->served_limits.latency_ms > 0)
+        served_lim[SM_LATENCY] = o->served_limits.latency_ms;
+    if (o->served_limits.throughput_tps > 0)   /* the decode table is in ms: the floor's ceiling */
+        served_lim[SM_DECODE] = limits[SM_DECODE] * o->limits.throughput_tps / o->served_limits.throughput_tps;
+    if (o->served_limits.memory_bytes > 0)
+        served_lim[SM_MEMORY] = o->served_limits.memory_bytes;
     int rc = -1;
-    arch served;                /* the last arch a check served, kept when the next cannot be */
-    cm_prediction served_pred;
+    arch served, best;          /* the last arch a check served; the last one served within */
+    cm_prediction served_pred, best_pred;
     memset(&served, 0, sizeof served);
-    for (int attempt = 0; attempt < 8 + 2 * DNAS_CHECKS; attempt++) {
+    memset(&best, 0, sizeof best);
+    for (int attempt = 0; attempt < 8 + 3 * DNAS_CHECKS; attempt++) {
         search_decode_argmax(d, &c);
         int bad = search_repair(d, costs, &c) != 0, repaired = !bad;
         if (!bad) {
@@ -697,14 +711,16 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
             bad = search_choice_arch(sp, &c, parent, &r->arch) != 0 ||
                   cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0 ? -1 : (o->check && r->arch.n_layers < 1);
         }
-        /* A limit tightened by the checks until no arch of the space (or none with a layer
+        /* A target tightened by the checks until no arch of the space (or none with a layer
          * left) meets it: the space cannot hold the limit as served. The last arch served
-         * is returned, measured over it (checked_within 0; the measure stage reports it). */
+         * within, else the last served, is returned (checked_within 0 for the latter; the
+         * measure stage reports it). */
         if (bad && r->checks > 0) {
             arch_free(&r->arch);
-            r->arch = served;
-            r->predicted = served_pred;
-            memset(&served, 0, sizeof served);
+            r->checked_within = best.layers != NULL;
+            r->arch = best.layers ? best : served;
+            r->predicted = best.layers ? best_pred : served_pred;
+            memset(best.layers ? &best : &served, 0, sizeof served);
             err[0] = 0;
             rc = 0;
             break;
@@ -718,9 +734,25 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         }
         double actual[SM_COUNT] = {r->predicted.latency_ms, r->predicted.decode_ms, (double)r->predicted.total,
                                    (double)r->predicted.params};
-        if (!within(costs, limits, actual, 0.999))
+        if (!within(costs, target, actual, 0.999))
             continue;
+        if (best.layers && arch_equal(&r->arch, &best)) {   /* loosened, and nothing larger fits */
+            arch_free(&r->arch);
+            r->arch = best;
+            r->predicted = best_pred;
+            memset(&best, 0, sizeof best);
+            r->checked_within = 1;
+            rc = 0;
+            break;
+        }
         if (!o->check || r->checks >= DNAS_CHECKS) {
+            if (best.layers) {   /* the checks are spent: what was served within decides */
+                arch_free(&r->arch);
+                r->arch = best;
+                r->predicted = best_pred;
+                memset(&best, 0, sizeof best);
+                r->checked_within = 1;
+            }
             rc = 0;
             break;
         }
@@ -735,8 +767,43 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         }
         served_pred = r->predicted;
         double measured[SM_COUNT] = {m.latency_ms, m.decode_ms, (double)m.total, (double)m.params};
-        r->checked_within = within(costs, limits, measured, 0.99);
-        if (r->checked_within) {
+        int ok = 1, room = 0;
+        for (int k = 0; k < SM_COUNT; k++)
+            if (costs->t[k].active && measured[k] > served_lim[k] * 0.99)
+                ok = 0;
+        if (!ok) {   /* tighten the target (and the tables' limit) by the measured excess */
+            for (int k = 0; k < SM_COUNT; k++)
+                if (costs->t[k].active && measured[k] > served_lim[k] * 0.99) {
+                    double f = served_lim[k] / measured[k] * 0.99;
+                    target[k] *= f;
+                    costs->t[k].limit *= f;
+                }
+            r->checked_within = 0;
+            continue;
+        }
+        r->checked_within = 1;
+        arch_free(&best);
+        best = served;
+        best_pred = served_pred;
+        memset(&served, 0, sizeof served);
+        if (arch_copy(&served, &best)) {
+            snprintf(err, errlen, "out of memory");
+            break;
+        }
+        /* within: loosen by the room a measured limit leaves (3% or more), while a check
+           remains to serve the larger arch */
+        for (int k = 0; r->checks < DNAS_CHECKS && k < SM_COUNT; k++)
+            if (costs->t[k].active && k != SM_PARAMS && measured[k] > 0 && measured[k] < served_lim[k] * 0.97) {
+                double f = served_lim[k] / measured[k] * 0.99;
+                target[k] *= f;
+                costs->t[k].limit *= f;
+                room = 1;
+            }
+        if (!room) {
+            arch_free(&r->arch);
+            r->arch = best;
+            r->predicted = best_pred;
+            memset(&best, 0, sizeof best);
             rc = 0;
             break;
         }
@@ -744,6 +811,7 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
     if (rc != 0 && !err[0])
         snprintf(err, errlen, "the repaired architecture still violates a limit under the full prediction");
     arch_free(&served);
+    arch_free(&best);
     for (int m = 0; m < SM_COUNT; m++)
         costs->t[m].limit = limits[m];
     search_choice_free(&c);

@@ -88,10 +88,16 @@ typedef struct {
     /* The arch served where it will run (may be NULL; compress/servecheck.h): *measured
      * gets its latency_ms, decode_ms, total (peak bytes) and params as measured. The
      * repaired arch is checked up to DNAS_CHECKS times; a limit the measurement breaks
-     * is tightened by the measured excess and the arch repaired again. 0, or -1 with err. */
+     * is tightened by the measured excess and the arch repaired again, one it meets with
+     * 3% or more to spare is loosened by the room and the larger arch checked in turn (the
+     * last arch measured within is kept). 0, or -1 with err. */
     int (*check)(void *ud, const arch *a, const cm_prediction *predicted, cm_prediction *measured, char *err,
                  size_t errlen);
     void *check_ud;
+    /* What a served measurement must meet (fields 0: the search's limits): the limits as
+     * given, less the measurement's own spread. `limits` is then the aim (less the
+     * prediction's margin), and a measurement within with room left loosens it. */
+    dnas_limits served_limits;
 } dnas_opts;
 
 #define DNAS_CHECKS 3

@@ -2,11 +2,13 @@
  * what the export formats let both methods search (dnas_axes_for_exports). */
 #include "compress/method.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compress/distill.h"
+#include "compress/measure.h"
 #include "compress/minitron.h"
 #include "compress/prune.h"
 #include "compress/reconstruct.h"
@@ -179,10 +181,31 @@ static double validation_max_pct(json_t *validation, const char *key)
     return x < 0 ? 0 : x > 50 ? 50 : x;
 }
 
+/* The median over the calibration's held-out archs of how far apart their two fresh
+ * processes' latencies are, |a - b| / min(a, b) in percent, within [1, 10]; 3 without them. */
+static double process_spread_pct(json_t *validation)
+{
+    json_t *rows = json_object_get(validation, "rows");
+    size_t n = json_array_size(rows), k = 0;
+    double *v = malloc(sizeof(double) * (n ? n : 1)), pct = 3;
+    for (size_t i = 0; v && i < n; i++) {
+        json_t *pl = json_object_get(json_array_get(rows, i), "measured_process_latencies_ms");
+        double a = json_number_value(json_array_get(pl, 0)), b = json_number_value(json_array_get(pl, 1));
+        if (json_array_size(pl) == 2 && a > 0 && b > 0)
+            v[k++] = 100.0 * fabs(a - b) / (a < b ? a : b);
+    }
+    if (k)
+        pct = ms_median(v, (int)k);
+    free(v);
+    return pct < 1 ? 1 : pct > 10 ? 10 : pct;
+}
+
 void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *axes, json_t *validation,
                 double given_pct, const dnas_limits *limits, dnas_limits *aimed, method_margin *margin)
 {
     memset(margin, 0, sizeof *margin);
+    margin->given = *limits;
+    margin->served_pct = process_spread_pct(validation);
     if (given_pct >= 0) {
         margin->latency_pct = margin->memory_pct = given_pct;
         snprintf(margin->source, sizeof margin->source, "spec");
@@ -213,8 +236,8 @@ void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *ax
 
 json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin)
 {
-    json_t *j = json_pack("{s:{s:f,s:f},s:s}", "margin", "latency_pct", margin->latency_pct, "memory_pct",
-                          margin->memory_pct, "source", margin->source);
+    json_t *j = json_pack("{s:{s:f,s:f,s:f},s:s}", "margin", "latency_pct", margin->latency_pct, "memory_pct",
+                          margin->memory_pct, "served_pct", margin->served_pct, "source", margin->source);
     if (!j)
         return NULL;
     if (aimed->latency_ms > 0)
@@ -261,7 +284,8 @@ static int on_check(void *c, const arch *a, const cm_prediction *pred, cm_predic
 }
 
 /* The AutoCompress search (DNAS). 0 with *f filled, 1 when cancelled, -1 with a reason. */
-static int run_dnas(const method_opts *o, sc_check *sc, found *f, char *err, size_t errlen)
+static int run_dnas(const method_opts *o, sc_check *sc, const method_margin *margin, found *f, char *err,
+                    size_t errlen)
 {
     dnas_opts d;
     dnas_opts_defaults(&d);
@@ -295,6 +319,12 @@ static int run_dnas(const method_opts *o, sc_check *sc, found *f, char *err, siz
     if (sc) {
         d.check = on_check;
         d.check_ud = &scb;
+        if (margin) {   /* a measurement is judged against the limits as given, less its own spread */
+            double keep = 1.0 - margin->served_pct / 100.0;
+            d.served_limits.latency_ms = margin->given.latency_ms * keep;
+            d.served_limits.throughput_tps = margin->given.throughput_tps / keep;
+            d.served_limits.memory_bytes = margin->given.memory_bytes * keep;
+        }
     }
     dnas_result r;
     int rc = dnas_run(&d, &r, err, errlen);
@@ -339,12 +369,13 @@ static int run_minitron(const method_opts *o, found *f, char *err, size_t errlen
 
 /* Run the method (DNAS checked through sc when not NULL). On 0, *chosen holds the arch
  * and *doc the search document; 1 when cancelled, -1 with a reason. */
-static int method_run(const method_opts *o, sc_check *sc, arch *chosen, json_t **doc, char *err, size_t errlen)
+static int method_run(const method_opts *o, sc_check *sc, const method_margin *margin, arch *chosen, json_t **doc,
+                      char *err, size_t errlen)
 {
     memset(chosen, 0, sizeof *chosen);
     *doc = NULL;
     found f;
-    int rc = o->minitron ? run_minitron(o, &f, err, errlen) : run_dnas(o, sc, &f, err, errlen);
+    int rc = o->minitron ? run_minitron(o, &f, err, errlen) : run_dnas(o, sc, margin, &f, err, errlen);
     if (rc != 0)
         return rc;
     *chosen = f.arch;
@@ -414,7 +445,7 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
         }
     }
     if (rc == 0)
-        rc = method_run(&run, o->served ? &sc : NULL, chosen, doc, err, errlen);
+        rc = method_run(&run, o->served ? &sc : NULL, margin, chosen, doc, err, errlen);
     if (rc < 0 && o->cancelled && o->cancelled(o->ud))
         rc = 1;   /* a check stopped by the cancel */
     free(order);

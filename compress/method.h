@@ -70,10 +70,14 @@ int method_check_feasible(const arch *parent, const cm_tables *tables, const dna
 typedef struct {
     double latency_pct, memory_pct;
     char source[112];
+    dnas_limits given;          /* the limits as given */
+    double served_pct;          /* a served check's margin under them: the calibration's two fresh
+                                   processes' spread (median over its held-out archs), 1..10%; 3%
+                                   without one */
 } method_margin;
 void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *axes, json_t *validation,
                 double given_pct, const dnas_limits *limits, dnas_limits *aimed, method_margin *margin);
-/* The aim as JSON: {margin: {latency_pct, memory_pct}, source, latency_ms?,
+/* The aim as JSON: {margin: {latency_pct, memory_pct, served_pct}, source, latency_ms?,
  * throughput_tokens_per_s?, memory_gib?}. New reference (NULL: no memory). */
 json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin);
 

@@ -82,14 +82,15 @@ def calibrate(s, body):
 def llamacpp_job(s, spec):
     """POST a job served by llama.cpp (target.engine "llama.cpp", F32) with a latency and a
     params limit and wait for it to succeed: its report names the engine, its measured numbers
-    come from llama.cpp's buffers, and both limits hold as measured. The report."""
+    come from llama.cpp's buffers (a KV buffer only where the model has attention), and both
+    limits hold as measured. The report."""
     _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
     fin = wait_terminal(s, job["id"], 1200)
     assert fin["status"] == "succeeded", fin
     _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
     assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["precision"] == "f32", rep["engine"]
     m = rep["result"]["measured"]
-    assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] > 0, m
+    assert m["llama_cpp_buffers"]["model"] > 0 and m["llama_cpp_buffers"]["kv"] >= 0, m
     rows = {r["name"]: r for r in rep["limits"]}
     lim = spec["constraints"]
     row = rows["latency_ms"]

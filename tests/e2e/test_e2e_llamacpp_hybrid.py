@@ -75,6 +75,7 @@ def main():
                     "data": {"calibration": TEXT, "distillation": TEXT},
                     "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
             rep = llamacpp_job(s, spec)
+            assert rep["result"]["measured"]["llama_cpp_buffers"]["kv"] > 0, rep["result"]["measured"]
             row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
             layers = rep["result"]["arch"]["layers"]
             mh = {l["mamba"]["n_heads"] for l in layers if l.get("mamba")}

@@ -79,6 +79,7 @@ def main():
                     "evaluation": {"tasks": ["arc_easy"], "limit": 8, "seed": 1234}, "export": ["gguf"]}
             rep = llamacpp_job(s, spec)
             m = rep["result"]["measured"]
+            assert m["llama_cpp_buffers"]["kv"] > 0, m
             row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
             layers = rep["result"]["arch"]["layers"]
             shapes = {json.dumps([y.get("attention"), y.get("moe")], sort_keys=True) for y in layers}

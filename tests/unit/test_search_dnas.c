@@ -157,6 +157,7 @@ static void test_params_limit_sits_at_limit(void **state)
 typedef struct {
     double factor;
     int calls;
+    double first;   /* the first arch's measured latency */
 } fake_engine;
 
 static int fake_check(void *ud, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
@@ -169,6 +170,8 @@ static int fake_check(void *ud, const arch *a, const cm_prediction *pred, cm_pre
     }
     *m = *pred;
     m->latency_ms = pred->latency_ms * f->factor;
+    if (f->calls == 1)
+        f->first = m->latency_ms;
     m->decode_ms = pred->decode_ms * f->factor;
     m->params = arch_params(a);
     return 0;
@@ -176,7 +179,9 @@ static int fake_check(void *ud, const arch *a, const cm_prediction *pred, cm_pre
 
 /* The arch the prediction accepts is served; measured over the latency limit it is
  * repaired until a check holds (the tables 30% under the engine: two or three checks);
- * measured within, it is returned after one; a failing check fails the search. */
+ * measured within with room (the tables 10% over the engine), the target is loosened and
+ * the larger arch served in turn, the result measured within and no smaller than the
+ * first; a failing check fails the search. */
 static void test_served_check_repairs(void **state)
 {
     world *w = *state;
@@ -186,7 +191,7 @@ static void test_served_check_repairs(void **state)
     char err[1024] = "";
     assert_int_equal(cm_predict(&w->tables, &w->parent.a, &pp, err, sizeof err), 0);
     o.limits.latency_ms = 0.75 * pp.latency_ms;
-    fake_engine slow = {1.3, 0};
+    fake_engine slow = {1.3, 0, 0};
     o.check = fake_check;
     o.check_ud = &slow;
     dnas_result r;
@@ -199,17 +204,22 @@ static void test_served_check_repairs(void **state)
     assert_true(1.3 * r.predicted.latency_ms <= o.limits.latency_ms);
     dnas_result_free(&r);
 
-    fake_engine fast = {0.9, 0};
+    fake_engine fast = {0.9, 0, 0};
     o.check_ud = &fast;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
-    assert_int_equal(r.checks, 1);
+    printf("tables 10%% over: %d checks, first served %.4f ms, returned predicted %.4f measured %.4f ms, limit "
+           "%.4f ms\n", r.checks, fast.first, r.predicted.latency_ms, 0.9 * r.predicted.latency_ms,
+           o.limits.latency_ms);
+    assert_int_equal(r.checks, fast.calls);
+    assert_true(r.checks >= 2 && r.checks <= DNAS_CHECKS);
     assert_true(r.checked_within);
-    assert_true(r.predicted.latency_ms <= o.limits.latency_ms);
+    assert_true(0.9 * r.predicted.latency_ms <= 0.99 * o.limits.latency_ms);
+    assert_true(0.9 * r.predicted.latency_ms >= fast.first);
     dnas_result_free(&r);
 
     /* served 50x slower than predicted: no arch of the space meets the limit as served;
      * the last arch served comes back, marked as measured over it */
-    fake_engine hopeless = {50, 0};
+    fake_engine hopeless = {50, 0, 0};
     o.check_ud = &hopeless;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
     printf("50x: %d checks, last within %d, %d layers\n", r.checks, r.checked_within, r.arch.n_layers);
@@ -219,7 +229,7 @@ static void test_served_check_repairs(void **state)
     assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
     dnas_result_free(&r);
 
-    fake_engine dead = {0, 0};
+    fake_engine dead = {0, 0, 0};
     o.check_ud = &dead;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), -1);
     assert_non_null(strstr(err, "helper died"));
