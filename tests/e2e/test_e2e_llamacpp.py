@@ -138,14 +138,21 @@ def main():
         assert len(an["process_latencies_ms"]) == 3 and an["parent_measured_ms"] == sorted(
             an["process_latencies_ms"])[1], an
         assert an["prefill_scale"] > 0 and an["decode_scale"] > 0, an
-        assert sv["checks"], sv
-        last = sv["checks"][-1]
-        assert len(last["process_latencies_ms"]) == 3 and len(last["parent_process_latencies_ms"]) == 3, last
-        # priced at the anchor's level: the median ratio to the parent times its anchored latency
-        assert last["ratio_to_parent"] > 0 and abs(last["latency_ms"] - last["ratio_to_parent"] * an[
-            "parent_measured_ms"]) < 1e-6 * last["latency_ms"], (last, an)
         types = [ev["type"] for ev in events(s, job["id"])]
-        assert "search.anchor" in types and "search.check" in types, types
+        assert "search.anchor" in types, types
+        if not sv["checks"]:
+            # the parent served at the anchor within the limit (the machine faster than when it
+            # calibrated, as under a test suite's neighbours): the search returns it unchecked
+            assert rep["result"]["params"] == rep["parent"]["params"], (sv, rep["result"]["params"])
+            print("the parent met the limit at the anchor (%.3f ms served, %.3f predicted): returned unchecked"
+                  % (an["parent_measured_ms"], an["parent_predicted_ms"]))
+        else:
+            last = sv["checks"][-1]
+            assert len(last["process_latencies_ms"]) == 3 and len(last["parent_process_latencies_ms"]) == 3, last
+            # priced at the anchor's level: the median ratio to the parent times its anchored latency
+            assert last["ratio_to_parent"] > 0 and abs(last["latency_ms"] - last["ratio_to_parent"] * an[
+                "parent_measured_ms"]) < 1e-6 * last["latency_ms"], (last, an)
+            assert "search.check" in types, types
         row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
         assert row["measured"] == m["latency_ms"] and row["holds"] == (m["latency_ms"] <= limit), row
         layers = rep["result"]["arch"]["layers"]
