@@ -206,7 +206,8 @@ void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *ax
     memset(margin, 0, sizeof *margin);
     margin->given = *limits;
     margin->served_pct = process_spread_pct(validation);
-    if (given_pct >= 0) {
+    if (given_pct >= 0) {   /* the user's margin holds for a measurement too */
+        margin->served_pct = given_pct > margin->served_pct ? given_pct : margin->served_pct;
         margin->latency_pct = margin->memory_pct = given_pct;
         snprintf(margin->source, sizeof margin->source, "spec");
         tighten(limits, given_pct, given_pct, aimed);

@@ -73,7 +73,7 @@ typedef struct {
     dnas_limits given;          /* the limits as given */
     double served_pct;          /* a served check's margin under them: the calibration's two fresh
                                    processes' spread (median over its held-out archs), 1..10%; 3%
-                                   without one */
+                                   without one; the user's margin when that is larger */
 } method_margin;
 void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *axes, json_t *validation,
                 double given_pct, const dnas_limits *limits, dnas_limits *aimed, method_margin *margin);

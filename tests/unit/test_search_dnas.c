@@ -17,6 +17,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/dnas.h"
+#include "compress/method.h"
 #include "compress/minitron.h"
 #include "engine/rng.h"
 
@@ -342,6 +343,30 @@ static void test_moe_expert_counts(void **state)
     arch_free(&a);
 }
 
+/* The aim's served margin: the median over the held-out archs of their two fresh processes'
+ * spread (4%, 2%, 5% -> 4), a larger user margin instead, the limits as given kept. */
+static void test_aim_served_margin(void **state)
+{
+    (void)state;
+    json_t *v = json_pack("{s:i,s:f,s:f,s:[{s:[f,f]},{s:[f,f]},{s:[f,f]}]}", "archs", 3, "latency_anchored_max_pct",
+                          20.0, "memory_max_pct", 1.0, "rows", "measured_process_latencies_ms", 100.0, 104.0,
+                          "measured_process_latencies_ms", 51.0, 50.0, "measured_process_latencies_ms", 10.0, 10.5);
+    assert_non_null(v);
+    dnas_limits lim = {.latency_ms = 100}, aimed;
+    method_margin mg;
+    method_aim(NULL, NULL, NULL, v, -1, &lim, &aimed, &mg);
+    assert_true(fabs(mg.served_pct - 4.0) < 1e-9);
+    assert_true(fabs(mg.latency_pct - 20.0) < 1e-9 && fabs(aimed.latency_ms - 80.0) < 1e-9);
+    assert_true(mg.given.latency_ms == 100);
+    method_aim(NULL, NULL, NULL, v, 12, &lim, &aimed, &mg);
+    assert_true(fabs(mg.served_pct - 12.0) < 1e-9 && fabs(aimed.latency_ms - 88.0) < 1e-9);
+    method_aim(NULL, NULL, NULL, v, 2, &lim, &aimed, &mg);
+    assert_true(fabs(mg.served_pct - 4.0) < 1e-9);
+    method_aim(NULL, NULL, NULL, NULL, -1, &lim, &aimed, &mg);   /* no validation: 3% */
+    assert_true(fabs(mg.served_pct - 3.0) < 1e-9 && aimed.latency_ms == 100);
+    json_decref(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_infeasible_names_cheapest),
         cmocka_unit_test(test_params_limit_sits_at_limit),
         cmocka_unit_test(test_served_check_repairs),
+        cmocka_unit_test(test_aim_served_margin),
         cmocka_unit_test(test_minitron_frontier),
         cmocka_unit_test(test_moe_expert_counts),
     };
