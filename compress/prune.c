@@ -422,7 +422,7 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     case T_SGATE: *cols = hid; *src_rows = 1; *src_cols = C; break;
     case T_MIN:
         *rows = (axis_map){mrows, 1}, *cols = hid, *src_cols = C;
-        *src_rows = arch_mamba_inner(&pl->mamba) + arch_mamba_conv_dim(&pl->mamba) + pl->mamba.n_heads;
+        *src_rows = arch_mamba_in_rows(&pl->mamba);
         break;
     case T_MCONVW: case T_MCONVB:
         *rows = (axis_map){mrows, 1}, *src_rows = arch_mamba_conv_dim(&pl->mamba);

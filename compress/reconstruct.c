@@ -123,12 +123,6 @@ static int in_width(const arch *a, int layer, int part)
     return l->ffn_dim;
 }
 
-/* Rows of a Mamba mixer's in_proj: z and x (H*P each), B and C (G*S each), dt (H). */
-static int in_proj_rows(const arch_mamba *m)
-{
-    return arch_mamba_inner(m) + arch_mamba_conv_dim(m) + m->n_heads;
-}
-
 /* 1 when the part runs as it is, nothing refitted: an MoE MLP (experts kept or dropped whole). */
 static int as_is(const arch *a, int layer, int part)
 {
@@ -283,7 +277,7 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
     char name[96];
     for (int proj = first; rc >= 0 && proj <= last; proj++) {
         int n = kept_rows(s, i, proj, rows);
-        int64_t prow = proj == RP_IN ? in_proj_rows(&pl->mamba) : proj == RP_Q ? pl->n_heads * s->P->a.head_dim
+        int64_t prow = proj == RP_IN ? arch_mamba_in_rows(&pl->mamba) : proj == RP_Q ? pl->n_heads * s->P->a.head_dim
                      : proj <= RP_V ? pl->n_kv_heads * s->P->a.head_dim : pl->ffn_dim;
         proj_name(&s->P->a, src, proj, name, sizeof name);
         if (eng_model_get_tensor(s->P, name, s->Wfull, prow * C) != prow * C) {
@@ -540,7 +534,7 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     for (int l = 0; l < sa->n_layers; l++) {   /* a Mamba mixer: out_proj reads H*P, in_proj writes more rows */
         const arch_layer *y = &sa->layers[l];
         size_t q = y->mamba.n_heads ? (size_t)arch_mamba_inner(&y->mamba) : (size_t)y->n_heads * D;
-        size_t f = (size_t)y->ffn_dim, r = y->mamba.n_heads ? (size_t)in_proj_rows(&y->mamba) : 0;
+        size_t f = (size_t)y->ffn_dim, r = y->mamba.n_heads ? (size_t)arch_mamba_in_rows(&y->mamba) : 0;
         maxd = q > maxd ? q : maxd;
         maxd = f > maxd ? f : maxd;
         maxo = r > maxo ? r : maxo;
@@ -548,7 +542,7 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     maxo = maxd > maxo ? maxd : maxo;
     for (int l = 0; l < pa->n_layers; l++) {
         const arch_layer *y = &pa->layers[l];
-        size_t q = y->mamba.n_heads ? (size_t)in_proj_rows(&y->mamba) : (size_t)y->n_heads * D, f = (size_t)y->ffn_dim;
+        size_t q = y->mamba.n_heads ? (size_t)arch_mamba_in_rows(&y->mamba) : (size_t)y->n_heads * D, f = (size_t)y->ffn_dim;
         maxp = q > maxp ? q : maxp;
         maxp = f > maxp ? f : maxp;
     }

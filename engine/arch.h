@@ -58,6 +58,11 @@ static inline int arch_mamba_conv_dim(const arch_mamba *m)
 {
     return m->n_heads ? m->n_heads * m->head_dim + 2 * m->n_groups * m->d_state : 0;
 }
+/* Rows of its in_proj: z (d_inner), xBC (conv_dim), dt (one per head). */
+static inline int arch_mamba_in_rows(const arch_mamba *m)
+{
+    return arch_mamba_inner(m) + arch_mamba_conv_dim(m) + m->n_heads;
+}
 
 typedef struct {
     int source_layer;   /* index of the parent layer this layer came from */
