@@ -338,13 +338,11 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         }
         r->checked_within = 1;
         arch_free(&best);
-        best = served;
-        best_pred = served_pred;
-        memset(&served, 0, sizeof served);
-        if (arch_copy(&served, &best)) {
+        if (arch_copy(&best, &served)) {
             snprintf(err, errlen, "out of memory");
             break;
         }
+        best_pred = served_pred;
         /* within: loosen by the room a measured limit leaves (3% or more), while a check
            remains to serve the larger arch */
         for (int k = 0; r->checks < DNAS_CHECKS && k < SM_COUNT; k++)
