@@ -321,6 +321,32 @@ static void test_repair_parent_when_feasible(void **state)
     free(f.buf);
 }
 
+/* One layer of one head count (2, one KV group), hidden sizes 64, 128, ... and FFN widths
+ * 64, 128, ...: the tables written by hand index them. */
+static void one_layer_space(search_space *sp, int n_hidden, int n_ffn)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->n_layers = 1;
+    sp->n_hidden = n_hidden;
+    for (int h = 0; h < n_hidden; h++)
+        sp->hidden[h] = 64 * (h + 1);
+    sp->n_heads = 1;
+    sp->heads[0] = 2;
+    sp->n_ffn = n_ffn;
+    for (int j = 0; j < n_ffn; j++)
+        sp->ffn[j] = 64 * (j + 1);
+    sp->group = 2;
+}
+
+/* Costs with a latency limit only, every metric reading the same hand-written tables. */
+static void latency_costs(search_costs *costs, double limit, double *fixed, double *attn, double *ffn)
+{
+    memset(costs, 0, sizeof *costs);
+    costs->t[SM_LATENCY] = (search_table){.active = 1, .limit = limit, .fixed = fixed, .attn = attn, .ffn = ffn};
+    for (int m = 1; m < SM_COUNT; m++)
+        costs->t[m] = (search_table){.fixed = fixed, .attn = attn, .ffn = ffn};
+}
+
 /* A cost that is not monotone in the size (a measured expert count's latency): from the
  * parent (3.1), the next size down costs 3.0 and the one below it 3.2, both over the limit
  * 2.0; the repair must reach size 1 (1.0) rather than give up. */
@@ -328,22 +354,10 @@ static void test_repair_jumps_non_monotone(void **state)
 {
     (void)state;
     search_space sp;
-    memset(&sp, 0, sizeof sp);
-    sp.n_layers = 1;
-    sp.n_hidden = 1;
-    sp.hidden[0] = 64;
-    sp.n_heads = 1;
-    sp.heads[0] = 2;
-    sp.n_ffn = 5;
-    for (int j = 0; j < 5; j++)
-        sp.ffn[j] = j;
-    sp.group = 2;
+    one_layer_space(&sp, 1, 5);
     double fixed = 0.1, attn = 0, ffn[5] = {0.5, 1.0, 3.2, 3.0, 3.1};
     search_costs costs;
-    memset(&costs, 0, sizeof costs);
-    costs.t[SM_LATENCY] = (search_table){.active = 1, .limit = 2.0, .fixed = &fixed, .attn = &attn, .ffn = ffn};
-    for (int m = 1; m < SM_COUNT; m++)
-        costs.t[m] = (search_table){.fixed = &fixed, .attn = &attn, .ffn = ffn};
+    latency_costs(&costs, 2.0, &fixed, &attn, ffn);
     search_dist d;
     assert_int_equal(search_dist_init(&d, &sp, 0.0), 0);
     search_choice c;
@@ -366,23 +380,11 @@ static void test_repair_when_single_moves_stall(void **state)
 {
     (void)state;
     search_space sp;
-    memset(&sp, 0, sizeof sp);
-    sp.n_layers = 1;
-    sp.n_hidden = 2;
-    sp.hidden[0] = 64;
-    sp.hidden[1] = 128;
-    sp.n_heads = 1;
-    sp.heads[0] = 2;
-    sp.n_ffn = 1;
-    sp.ffn[0] = 64;
-    sp.group = 2;
+    one_layer_space(&sp, 2, 1);
     sp.depth = 1;
     double fixed[2] = {1.75, 2.3}, attn[2] = {1.0, 0.0}, ffn[2] = {0.0, 0.0};
     search_costs costs;
-    memset(&costs, 0, sizeof costs);
-    costs.t[SM_LATENCY] = (search_table){.active = 1, .limit = 2.2, .fixed = fixed, .attn = attn, .ffn = ffn};
-    for (int m = 1; m < SM_COUNT; m++)
-        costs.t[m] = (search_table){.fixed = fixed, .attn = attn, .ffn = ffn};
+    latency_costs(&costs, 2.2, fixed, attn, ffn);
     search_dist d;
     assert_int_equal(search_dist_init(&d, &sp, 0.0), 0);
     search_choice c;
