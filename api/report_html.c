@@ -489,8 +489,8 @@ static void pruning_section(strbuf *b, json_t *pr)
     sb_value(b, json_object_get(pr, "wall_s"));
     strbuf_printf(b, " s): %zu of %zu projections refit; the others read nothing pruned or gained nothing.</p>\n",
                   refit, n);
-    if (n > 512)
-        n = 512;
+    if (n > 16384)   /* an MoE layer lists every expert's input projections */
+        n = 16384;
     char (*lab)[24] = calloc(n ? n : 1, sizeof *lab);
     const char **labels = calloc(n ? n : 1, sizeof *labels);
     double *e0 = calloc(n ? n : 1, sizeof *e0), *e1 = calloc(n ? n : 1, sizeof *e1);
@@ -498,10 +498,11 @@ static void pruning_section(strbuf *b, json_t *pr)
         b->oom = 1;
         goto out;
     }
-    /* o_proj, down_proj, and the input projections (q/k/v, gate/up) summed per layer */
+    /* o_proj, down_proj, and the input projections (q/k/v, gate/up, in_proj, an MoE's) summed per layer */
     static const char *const titles[] = {"Relative reconstruction error of o_proj per layer",
                                          "Relative reconstruction error of down_proj per layer",
-                                         "Relative reconstruction error of q/k/v and gate/up (summed) per layer"};
+                                         "Relative reconstruction error of the input projections (q/k/v, gate/up, in_proj, an "
+                                         "MoE's router and experts; summed) per layer"};
     for (int k = 0; k < 3; k++) {
         int m = 0;
         long long last = -1;

@@ -8,7 +8,9 @@
  * slice), so each refit is W' = W_parent[rows] M.
  * A Mamba-2 mixer is refit the same way: in_proj's kept rows (the kept heads' z, x and dt
  * rows, every B and C row) by the input map, out_proj on the gated norm's output. An MoE
- * runs as it is (experts kept or dropped whole).
+ * block's input projections (router, experts' gate/up, shared expert's gate/up and gate,
+ * a latent's fc1) are refit by the same input map; its experts' outputs are not refit
+ * (experts are kept or dropped whole).
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -27,10 +29,12 @@
 #include "storage/fileio.h"
 #include "storage/safetensors.h"
 
-const char *const recon_proj_names[RP_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                 "down_proj", "in_proj", "out_proj"};
+const char *const recon_proj_names[RP_COUNT] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj", "out_proj", "router",
+    "experts.gate_proj", "experts.up_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
+    "shared_expert_gate", "fc1_latent_proj"};
 
-/* The engine's name of projection proj of layer l in a model of shape a (engine/model.c):
+/* The engine's name of projection proj (< RP_ROUTER) of layer l in a model of shape a (engine/model.c):
  * model.layers.l.self_attn.* and .mlp.*, or Nemotron-H's and Mamba-2's
  * backbone.layers.l.mixer.* (a layer holding a mixer and an MLP names the MLP's mlp.*). */
 static void proj_name(const arch *a, int l, int proj, char *out, size_t cap)
@@ -123,7 +127,7 @@ static int in_width(const arch *a, int layer, int part)
     return l->ffn_dim;
 }
 
-/* 1 when the part runs as it is, nothing refitted: an MoE MLP (experts kept or dropped whole). */
+/* 1 when the part is an MoE: experts kept or dropped whole, only its input projections refit. */
 static int as_is(const arch *a, int layer, int part)
 {
     return part == ENG_PART_MLP && a->layers[layer].moe.n_experts > 0;
@@ -144,15 +148,13 @@ static double sum_sq(const float *x, size_t n)
     return t;
 }
 
-/* Measure the student's projection rp->proj of layer rp->layer ([c, d]) on X [N, d]
+/* Measure the student's projection `name` (rp->proj of layer rp->layer, [c, d]) on X [N, d]
  * against T [N, c]; with Wn (may be NULL), install Wn when it lowers the error. Fills
  * rp's errors and refit flag. 0, or -1 with a reason. */
-static int try_weights(rc_state *s, recon_proj *rp, const float *X, const float *T, const float *Wn, char *err,
-                       size_t errlen)
+static int try_weights(rc_state *s, recon_proj *rp, const char *name, const float *X, const float *T,
+                       const float *Wn, char *err, size_t errlen)
 {
     int d = rp->in_dim, c = rp->out_dim;
-    char name[96];
-    proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
     if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
@@ -186,8 +188,10 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     for (size_t n = 0; n < s->N; n++)
         for (int j = 0; j < c; j++)
             s->T[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
+    char name[96];
+    proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
     if (!rp->pruned)
-        return try_weights(s, rp, s->X, s->T, NULL, err, errlen);
+        return try_weights(s, rp, name, s->X, s->T, NULL, err, errlen);
     memset(s->G, 0, sizeof(double) * (size_t)d * d);
     memset(s->R, 0, sizeof(double) * (size_t)c * d);
     eng_la_gram(s->G, s->X, s->N, d);
@@ -195,8 +199,6 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
         return 1;
     eng_la_cross(s->R, s->T, c, c, s->X, d, s->N);
     /* damped toward the slice: the solve moves it only as far as the data supports */
-    char name[96];
-    proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
     if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
@@ -206,7 +208,7 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
     }
-    return try_weights(s, rp, s->X, s->T, rc == 0 ? s->Wn : NULL, err, errlen);   /* rc 1: the slice stays */
+    return try_weights(s, rp, name, s->X, s->T, rc == 0 ? s->Wn : NULL, err, errlen);   /* rc 1: the slice stays */
 }
 
 /* The parent rows a student input projection keeps: [rows] into out, the count returned.
@@ -243,28 +245,60 @@ static int kept_rows(const rc_state *s, int i, int proj, int *out)
     return n;
 }
 
-/* The block's input projections (q/k/v or gate/up) of student layer i, cut from parent
- * layer src: one map M = (Xp^T Xs + lambda P)(Xs^T Xs + lambda I)^-1 from s->Xs to s->Xp,
- * then per projection W' = W_parent[kept rows] M against targets Xp W_parent[kept rows]^T. */
-static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t errlen)
+/* The map M = (Xp^T Xs + lambda P)(Xs^T Xs + lambda I)^-1 from the student's normalized
+ * block input s->Xs to the parent's s->Xp, damped toward P, the kept channels' selection
+ * (M = P gives the slice), into s->M. 0, 1 when the solve failed (the slices stay) or the
+ * run was stopped (*stop set), -1 with a reason. */
+static int input_map(rc_state *s, double *lambda, int *stop, char *err, size_t errlen)
 {
     int C = s->P->a.hidden_size, c = s->S->a.hidden_size;
     memset(s->G, 0, sizeof(double) * (size_t)c * c);
     memset(s->R, 0, sizeof(double) * (size_t)C * c);
     eng_la_gram(s->G, s->Xs, s->N, c);
-    if (stopped(s))
+    if ((*stop = stopped(s)))
         return 1;
     eng_la_cross(s->R, s->Xp, C, C, s->Xs, c, s->N);
-    double lambda = 0;
-    /* damped toward the selection of the kept channels (M = P gives the slice) */
     memset(s->P0, 0, sizeof(float) * (size_t)C * c);
     for (int j = 0; j < c; j++)
         s->P0[(size_t)s->sel.hidden[j] * c + j] = 1.0f;
-    int rc = eng_la_ridge(s->G, s->R, s->P0, c, C, s->o->damp, s->M, &lambda);
-    if (rc < 0) {
+    int rc = eng_la_ridge(s->G, s->R, s->P0, c, C, s->o->damp, s->M, lambda);
+    if (rc < 0)
         snprintf(err, errlen, "reconstruct: out of host memory");
+    return rc;
+}
+
+/* One input projection `name` of student layer i: the parent's `pname` (prow rows of C),
+ * its rows[0..n) kept; W' = W_parent[rows] M (when solved) against the targets
+ * Xp W_parent[rows]^T. 0, 1 when stopped, -1. */
+static int refit_input(rc_state *s, recon_proj *rp, const char *name, const char *pname, int64_t prow,
+                       const int *rows, int n, int solved, char *err, size_t errlen)
+{
+    int C = s->P->a.hidden_size, c = s->S->a.hidden_size;
+    if (eng_model_get_tensor(s->P, pname, s->Wfull, prow * C) != prow * C) {
+        snprintf(err, errlen, "reconstruct: cannot read the parent's %s", pname);
         return -1;
     }
+    for (int k = 0; k < n; k++)   /* the parent's kept rows */
+        memcpy(s->Wp + (size_t)k * C, s->Wfull + (size_t)rows[k] * C, sizeof(float) * (size_t)C);
+    eng_la_apply(s->Xp, s->N, C, s->Wp, n, s->T);
+    if (solved)
+        eng_la_matmul(s->Wp, s->M, s->Wn, n, c, C);
+    rp->in_dim = c;
+    rp->out_dim = n;
+    rp->pruned = 1;
+    if (try_weights(s, rp, name, s->Xs, s->T, solved ? s->Wn : NULL, err, errlen) != 0)
+        return -1;
+    return stopped(s);
+}
+
+/* The block's input projections (q/k/v or gate/up, a Mamba mixer's in_proj) of student
+ * layer i, cut from parent layer src, by the input map. */
+static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t errlen)
+{
+    double lambda = 0;
+    int stop = 0, rc = input_map(s, &lambda, &stop, err, errlen);
+    if (rc < 0 || stop)
+        return rc;
     const arch_layer *pl = &s->P->a.layers[src];
     int mamba = part == ENG_PART_ATTN && pl->mamba.n_heads;
     int first = mamba ? RP_IN : part == ENG_PART_ATTN ? RP_Q : arch_mlp_gated(&s->P->a) ? RP_GATE : RP_UP;
@@ -274,42 +308,83 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
     }
-    char name[96];
-    for (int proj = first; rc >= 0 && proj <= last; proj++) {
+    int solved = rc == 0;
+    rc = 0;
+    char name[96], pname[96];
+    for (int proj = first; rc == 0 && proj <= last; proj++) {
         int n = kept_rows(s, i, proj, rows);
         int64_t prow = proj == RP_IN ? arch_mamba_in_rows(&pl->mamba) : proj == RP_Q ? pl->n_heads * s->P->a.head_dim
                      : proj <= RP_V ? pl->n_kv_heads * s->P->a.head_dim : pl->ffn_dim;
-        proj_name(&s->P->a, src, proj, name, sizeof name);
-        if (eng_model_get_tensor(s->P, name, s->Wfull, prow * C) != prow * C) {
-            snprintf(err, errlen, "reconstruct: cannot read the parent's %s", name);
+        proj_name(&s->P->a, src, proj, pname, sizeof pname);
+        proj_name(&s->S->a, i, proj, name, sizeof name);
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = proj, .expert = -1, .lambda = lambda};
+        rc = refit_input(s, &rp, name, pname, prow, rows, n, solved, err, errlen);
+    }
+    free(rows);
+    return rc;
+}
+
+/* Student layer i's MoE block (cut from parent layer src) by the input map: the router
+ * (its kept experts' rows), each kept expert's and the shared expert's input projections
+ * and the shared expert's gate, each against the same projection of the parent's. */
+static int refit_moe_inputs(rc_state *s, int i, int src, char *err, size_t errlen)
+{
+    double lambda = 0;
+    int stop = 0, rc = input_map(s, &lambda, &stop, err, errlen);
+    if (rc < 0 || stop)
+        return rc;
+    int solved = rc == 0;
+    int ns = eng_model_moe_inputs(s->S, i, NULL, 0), np = eng_model_moe_inputs(s->P, src, NULL, 0);
+    eng_moe_input *si = calloc((size_t)ns + 1, sizeof *si), *pi = calloc((size_t)np + 1, sizeof *pi);
+    int *rows = malloc(sizeof(int) * (size_t)s->maxo);
+    rc = si && pi && rows ? 0 : -1;
+    if (rc != 0)
+        snprintf(err, errlen, "reconstruct: out of host memory");
+    if (rc == 0) {
+        eng_model_moe_inputs(s->S, i, si, ns);
+        eng_model_moe_inputs(s->P, src, pi, np);
+    }
+    const prune_layer_sel *l = &s->sel.layers[i];
+    for (int k = 0; rc == 0 && k < ns; k++) {
+        int pe = si[k].expert >= 0 ? l->exp[si[k].expert] : -1, j = 0;
+        while (j < np && (pi[j].kind != si[k].kind || pi[j].expert != pe))
+            j++;
+        int n = (int)si[k].rows;
+        if (j == np || (si[k].kind == ENG_MOE_ROUTER ? n != l->nexp : pi[j].rows != n)) {
+            snprintf(err, errlen, "reconstruct: the parent's layer %d has no projection like the student's %s", src,
+                     si[k].name);
             rc = -1;
             break;
         }
-        for (int k = 0; k < n; k++)   /* the parent's kept rows */
-            memcpy(s->Wp + (size_t)k * C, s->Wfull + (size_t)rows[k] * C, sizeof(float) * (size_t)C);
-        eng_la_apply(s->Xp, s->N, C, s->Wp, n, s->T);
-        if (rc == 0)
-            eng_la_matmul(s->Wp, s->M, s->Wn, n, c, C);
-        recon_proj rp = {.layer = i, .source_layer = src, .proj = proj, .in_dim = c, .out_dim = n, .pruned = 1,
+        for (int r = 0; r < n; r++)   /* the router's kept experts' rows; all rows of the others */
+            rows[r] = si[k].kind == ENG_MOE_ROUTER ? l->exp[r] : r;
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_ROUTER + si[k].kind, .expert = si[k].expert,
                          .lambda = lambda};
-        if (try_weights(s, &rp, s->Xs, s->T, rc == 0 ? s->Wn : NULL, err, errlen) != 0)
-            rc = -1;
-        else if (stopped(s))
-            rc = 1;
+        rc = refit_input(s, &rp, si[k].name, pi[j].name, pi[j].rows, rows, n, solved, err, errlen);
     }
+    free(si);
+    free(pi);
     free(rows);
-    return rc < 0 ? -1 : rc;
+    return rc;
 }
 
 /* One block (part) of student layer i, cut from parent layer src. replay: only advance
  * both streams (the layer's outcome is already known). 0, 1 when stopped, -1. */
 static int block(rc_state *s, int i, int src, int part, int replay, char *err, size_t errlen)
 {
-    if (as_is(&s->P->a, src, part)) {   /* both streams run it as it is */
-        int kept = as_is(&s->S->a, i, part);
+    if (as_is(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, nothing else */
+        int kept = as_is(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
+        eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
+        if (eng_stepper_block(s->sp, src, part, 1, inputs ? &pc : NULL, err, errlen) != 0)
+            return -1;
+        if (inputs) {
+            int rc = stopped(s) ? 1 : eng_stepper_block(s->ss, i, part, 0, &sc, err, errlen) != 0 ? -1
+                   : refit_moe_inputs(s, i, src, err, errlen);
+            if (rc != 0)
+                return rc;
+        }
         s->diverged |= as_is_changed(&s->P->a, src, &s->S->a, i);
-        return eng_stepper_block(s->sp, src, part, 1, NULL, err, errlen) ||
-               (kept && eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen)) ? -1 : 0;
+        return kept && eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen) != 0 ? -1 : 0;
     }
     int p_in = in_width(&s->P->a, src, part), t_in = in_width(&s->S->a, i, part);
     if (!p_in)
@@ -321,7 +396,7 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
     int inputs = s->o->inputs && s->diverged;   /* the block reads a stream unlike the parent's */
     int mamba = part == ENG_PART_ATTN && s->P->a.layers[src].mamba.n_heads;
     int out = mamba ? RP_OUT : part == ENG_PART_ATTN ? RP_O : RP_DOWN;
-    recon_proj rp = {.layer = i, .source_layer = src, .proj = out,
+    recon_proj rp = {.layer = i, .source_layer = src, .proj = out, .expert = -1,
                      .in_dim = t_in, .out_dim = s->S->a.hidden_size, .pruned = t_in < p_in || s->diverged};
     s->diverged |= rp.pruned;
     if (replay)
@@ -370,11 +445,16 @@ static json_t *proj_json(const recon_proj *p)
 {
     double rel0 = p->target_sq > 0 ? p->err_before / p->target_sq : 0;
     double rel1 = p->target_sq > 0 ? p->err_after / p->target_sq : 0;
-    return json_pack("{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f}", "layer", p->layer, "source_layer",
+    json_t *j = json_pack("{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f}", "layer", p->layer, "source_layer",
                      p->source_layer, "proj", recon_proj_names[p->proj], "in", p->in_dim,
                      "out", p->out_dim, "pruned", p->pruned, "refit", p->refit, "error_before", p->err_before,
                      "error_after", p->err_after, "target_sq", p->target_sq, "rel_error_before", rel0,
                      "rel_error_after", rel1, "lambda", p->lambda);
+    if (j && p->expert >= 0 && json_object_set_new(j, "expert", json_integer(p->expert)) != 0) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
 }
 
 static int proj_from_json(json_t *j, recon_proj *p)
@@ -382,6 +462,7 @@ static int proj_from_json(json_t *j, recon_proj *p)
     const char *proj = NULL;
     int pruned = 0, refit_ = 0;
     memset(p, 0, sizeof *p);
+    p->expert = -1;
     if (json_unpack(j, "{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:F,s:F,s:F,s:F}", "layer", &p->layer, "source_layer",
                     &p->source_layer, "proj", &proj, "in", &p->in_dim, "out", &p->out_dim, "pruned", &pruned,
                     "refit", &refit_, "error_before", &p->err_before, "error_after", &p->err_after, "target_sq",
@@ -393,6 +474,10 @@ static int proj_from_json(json_t *j, recon_proj *p)
             p->proj = k;
     if (p->proj < 0)
         return -1;
+    json_t *e = json_object_get(j, "expert");
+    if (e && (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 1 << 20))
+        return -1;
+    p->expert = e ? (int)json_integer_value(e) : -1;
     p->pruned = pruned;
     p->refit = refit_;
     return 0;
@@ -403,24 +488,32 @@ static void layer_path(char *buf, size_t n, const char *dir, int i)
     snprintf(buf, n, "%s/layer-%04d.safetensors", dir, i);
 }
 
-/* Write layer i's projections as they are now and the outcomes pushed since first. */
+/* Write layer i's projections as they are now (those named by proj_name and an MoE's
+ * inputs) and the outcomes pushed since first. */
 static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 {
-    st_write_tensor t[RP_COUNT];
-    char names[RP_COUNT][96];
-    float *bufs[RP_COUNT] = {NULL};
-    int n = 0, rc = -1;
-    for (int proj = 0; proj < RP_COUNT; proj++) {
-        proj_name(&s->S->a, i, proj, names[n], sizeof names[n]);
+    int nm = eng_model_moe_inputs(s->S, i, NULL, 0), cap = RP_ROUTER + nm, n = 0, rc = -1;
+    st_write_tensor *t = calloc((size_t)cap, sizeof *t);
+    char (*names)[96] = calloc((size_t)cap, sizeof *names);
+    float **bufs = calloc((size_t)cap, sizeof *bufs);
+    eng_moe_input *mi = calloc((size_t)nm + 1, sizeof *mi);
+    if (!t || !names || !bufs || !mi)
+        goto out;
+    eng_model_moe_inputs(s->S, i, mi, nm);
+    for (int k = 0; k < cap; k++) {
+        if (k < RP_ROUTER)
+            proj_name(&s->S->a, i, k, names[n], sizeof names[n]);
+        else
+            snprintf(names[n], sizeof names[n], "%s", mi[k - RP_ROUTER].name);
         const char *name;
         int64_t shape[2];
         int ndim;
         float *dev;
-        int k;
-        for (k = eng_model_tensor_count(s->S) - 1; k >= 0; k--)
-            if (eng_model_tensor(s->S, k, &name, shape, &ndim, &dev) == 0 && !strcmp(name, names[n]))
+        int j;
+        for (j = eng_model_tensor_count(s->S) - 1; j >= 0; j--)
+            if (eng_model_tensor(s->S, j, &name, shape, &ndim, &dev) == 0 && !strcmp(name, names[n]))
                 break;
-        if (k < 0)
+        if (j < 0)
             continue;   /* a removed part */
         bufs[n] = malloc(sizeof(float) * (size_t)(shape[0] * shape[1]));
         if (!bufs[n] || eng_model_get_tensor(s->S, names[n], bufs[n], shape[0] * shape[1]) < 0)
@@ -430,7 +523,10 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
     }
     json_t *outcomes = json_array();
     for (int k = first; outcomes && k < s->r->n; k++)
-        json_array_append_new(outcomes, proj_json(&s->r->p[k]));
+        if (json_array_append_new(outcomes, proj_json(&s->r->p[k])) != 0) {
+            json_decref(outcomes);
+            outcomes = NULL;
+        }
     char *text = outcomes ? json_dumps(outcomes, JSON_COMPACT) : NULL;
     json_decref(outcomes);
     json_t *meta = text ? json_pack("{s:s}", "projections", text) : NULL;
@@ -443,8 +539,12 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 out:
     if (rc != 0 && !err[0])
         snprintf(err, errlen, "reconstruct: out of memory writing layer %d's checkpoint", i);
-    for (int k = 0; k < RP_COUNT; k++)
+    for (int k = 0; bufs && k < cap; k++)
         free(bufs[k]);
+    free(bufs);
+    free(names);
+    free(t);
+    free(mi);
     return rc;
 }
 
@@ -489,7 +589,7 @@ static json_t *ckpt_key(const rc_state *s, const int *tokens)
         h = (h ^ (uint32_t)tokens[i]) * 1099511628211ull;
     char hex[32];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-2", "tokens",
+    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-3", "tokens",
                      (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "inputs",
                      s->o->inputs, "token_hash", hex,
                      "parent", arch_to_json(&s->P->a), "student", arch_to_json(&s->S->a));
@@ -526,6 +626,15 @@ static int ckpt_open(rc_state *s, const int *tokens, char *err, size_t errlen)
 
 /* ---- the run ---------------------------------------------------------------------------- */
 
+/* The most rows of an MoE block's input projections (router, experts, shared expert, latent). */
+static size_t moe_rows(const arch_moe *e)
+{
+    int r = e->n_experts;
+    r = e->expert_ffn_dim > r ? e->expert_ffn_dim : r;
+    r = e->shared_ffn_dim > r ? e->shared_ffn_dim : r;
+    return (size_t)(e->latent_dim > r ? e->latent_dim : r);
+}
+
 static int state_alloc(rc_state *s, char *err, size_t errlen)
 {
     const arch *pa = &s->P->a, *sa = &s->S->a;
@@ -538,6 +647,7 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
         maxd = q > maxd ? q : maxd;
         maxd = f > maxd ? f : maxd;
         maxo = r > maxo ? r : maxo;
+        maxo = moe_rows(&y->moe) > maxo ? moe_rows(&y->moe) : maxo;
     }
     maxo = maxd > maxo ? maxd : maxo;
     for (int l = 0; l < pa->n_layers; l++) {
@@ -545,6 +655,7 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
         size_t q = y->mamba.n_heads ? (size_t)arch_mamba_in_rows(&y->mamba) : (size_t)y->n_heads * D, f = (size_t)y->ffn_dim;
         maxp = q > maxp ? q : maxp;
         maxp = f > maxp ? f : maxp;
+        maxp = moe_rows(&y->moe) > maxp ? moe_rows(&y->moe) : maxp;
     }
     s->maxd = (int)maxd;
     s->maxo = (int)maxo;

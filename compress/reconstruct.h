@@ -3,7 +3,8 @@
  * student as refit so far, and every projection whose inputs differ from the parent's —
  * o_proj after removed heads or KV groups, down_proj after removed FFN units, and any
  * projection downstream of something pruned, q/k/v and gate/up included (they read the
- * pruned residual stream) — is refit by least squares against the parent's output on the
+ * pruned residual stream; an MoE block's router, experts' and shared expert's input
+ * projections likewise) — is refit by least squares against the parent's output on the
  * same tokens (its kept rows, and the kept hidden channels), damped toward the slice W0:
  * W' = (Y^T X + lambda W0)(X^T X + lambda I)^-1, lambda = damp * mean diag(X^T X), the
  * minimum of |X W'^T - Y|^2 + lambda |W' - W0|^2. A refit is kept only when it lowers
@@ -47,15 +48,20 @@ void recon_opts_default(recon_opts *o);
 int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen);
 
 /* The projections, in the order a layer refits them: attention, the MLP, a Mamba-2 mixer's
- * in_proj (z, x, B, C and dt rows: one map of the block's input) and out_proj. */
-enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_IN, RP_OUT, RP_COUNT };
-extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "down_proj", "in_proj", "out_proj" */
+ * in_proj (z, x, B, C and dt rows: one map of the block's input) and out_proj; an MoE
+ * block's inputs (engine/model.h's eng_moe_input kinds, in that order from RP_ROUTER):
+ * the router, each expert's gate and up projections, the shared expert's gate and up
+ * projections and its gate, a latent MoE's fc1_latent_proj. */
+enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_IN, RP_OUT, RP_ROUTER, RP_XGATE, RP_XUP, RP_SGATE,
+       RP_SUP, RP_SGATEW, RP_LATIN, RP_COUNT };
+extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "out_proj", "router", "experts.gate_proj" ... */
 
 /* One projection's outcome. Errors are sums of squares over the calibration tokens and
  * the projection's kept outputs; target_sq is the parent output's own sum of squares. */
 typedef struct {
     int layer, source_layer;
     int proj;                /* RP_* */
+    int expert;              /* RP_XGATE, RP_XUP: the expert's index in the student's layer; else -1 */
     int in_dim, out_dim;     /* the refit matrix is [out_dim, in_dim] */
     int pruned;              /* 1: inputs or upstream differ from the parent's */
     int refit;               /* 1: the least-squares weights replaced the slice */
@@ -81,7 +87,8 @@ int recon_run(eng_model *parent, eng_model *student, const td_stream *text, cons
 
 /* {"tokens", "sequences", "seq_len", "damp", "inputs", "wall_s", "resumed_layers", "projections":
  * [{"layer", "source_layer", "proj", "in", "out", "pruned", "refit", "error_before",
- * "error_after", "rel_error_before", "rel_error_after", "lambda"}]}: NEW reference, or
+ * "error_after", "rel_error_before", "rel_error_after", "lambda"} and "expert" for an
+ * expert's projections]}: NEW reference, or
  * NULL when out of memory. */
 json_t *recon_result_json(const recon_result *r, const recon_opts *o);
 

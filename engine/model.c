@@ -513,6 +513,29 @@ int eng_model_tensor(const eng_model *m, int i, const char **name, int64_t shape
     return 0;
 }
 
+int eng_model_moe_inputs(const eng_model *m, int l, eng_moe_input *out, int cap)
+{
+    const model_impl *im = m->impl;
+    if (l < 0 || l >= m->a.n_layers || !m->a.layers[l].moe.n_experts)
+        return 0;
+    int latent = m->a.layers[l].moe.latent_dim > 0, n = 0;
+    for (int i = 0; i < im->n_tens; i++) {
+        const tensor_ent *t = &im->tens[i];
+        int kind = t->slot == SL_ROUTER ? ENG_MOE_ROUTER : t->slot == SL_XG && !latent ? ENG_MOE_XGATE
+                 : t->slot == SL_XU && !latent ? ENG_MOE_XUP : t->slot == SL_SG ? ENG_MOE_SGATE
+                 : t->slot == SL_SU ? ENG_MOE_SUP : t->slot == SL_SGATE ? ENG_MOE_SGATEW
+                 : t->slot == SL_LATIN ? ENG_MOE_LATENT : -1;
+        if (t->layer != l || kind < 0)
+            continue;
+        if (n < cap)
+            out[n] = (eng_moe_input){.name = t->name, .kind = kind,
+                                     .expert = kind == ENG_MOE_XGATE || kind == ENG_MOE_XUP ? t->expert : -1,
+                                     .rows = t->shape[0]};
+        n++;
+    }
+    return n;
+}
+
 int64_t eng_model_get_tensor(const eng_model *m, const char *hf_name, float *out, int64_t n)
 {
     const tensor_ent *t = find_tensor(m, hf_name);

@@ -117,6 +117,22 @@ int eng_arch_tensors(const arch *a, eng_tensor_desc **out, char *err, size_t err
 int eng_model_tensor_count(const eng_model *m);
 int eng_model_tensor(const eng_model *m, int i, const char **name, int64_t shape[2], int *ndim, float **data);
 
+/* The projections of layer l's MoE block that read the block's normalized input [N, C],
+ * in HF order: the router, each expert's gate and up projections (behind a latent, the
+ * latent's fc1_latent_proj instead: the experts read the latent), the shared expert's gate
+ * and up projections and its gate. kind tells them apart, expert is the expert's index in
+ * its layer (-1 for the others), rows the projection's output rows. */
+enum { ENG_MOE_ROUTER, ENG_MOE_XGATE, ENG_MOE_XUP, ENG_MOE_SGATE, ENG_MOE_SUP, ENG_MOE_SGATEW, ENG_MOE_LATENT };
+typedef struct {
+    const char *name;            /* borrowed, valid while the model lives */
+    int kind, expert;
+    int64_t rows;
+} eng_moe_input;
+
+/* Fill out[0..cap) with layer l's MoE input projections; returns how many the layer has
+ * (0: not an MoE layer, or no such layer), which may exceed cap. */
+int eng_model_moe_inputs(const eng_model *m, int l, eng_moe_input *out, int cap);
+
 /* Copy a tensor (by HF name) to host memory `out` (its element count must fit `n`).
  * Returns the element count, or -1 when absent. */
 int64_t eng_model_get_tensor(const eng_model *m, const char *hf_name, float *out, int64_t n);

@@ -13,7 +13,8 @@
 # students distilled at the first budget, default all four), LONG (the students that
 # get the budgets above the first one, default "a30-ls a30-slice"), TASKS,
 # EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work folder, kept: a rerun
-# reuses what is there).
+# reuses what is there), ARCHS (default "a30 a50") and METHODS (default "slice ls lso":
+# the pruned-only students made), RES (the table written).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${AC_BIN:-$PWD/build/autocompress}
@@ -30,7 +31,9 @@ PPL_CHUNKS=${PPL_CHUNKS:-16}
 THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/ac-prune-recovery}
 WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
-RES=bench/results/prune_recovery.md
+RES=${RES:-bench/results/prune_recovery.md}
+ARCHS=${ARCHS:-a30 a50}
+METHODS=${METHODS:-slice ls lso}
 mkdir -p "$OUT"
 make -s -j2 all >/dev/null
 build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
@@ -75,8 +78,8 @@ p["hidden_size"] = 448
 p["layers"] = [{"source_layer": s, "attention": {"n_heads": 9, "n_kv_heads": 3}, "mlp": {"ffn_dim": 896}} for s in keep]
 json.dump(p, open(out + "/a50.json", "w"), indent=1)
 PY
-for a in a30 a50; do
-    for m in slice ls lso; do
+for a in $ARCHS; do
+    for m in $METHODS; do
         [ $m = lso ] && [ $a != a30 ] && continue   # outputs-only: the 30% arch, pruned only
         s=$a-$m
         flag=; [ "$m" = slice ] && flag=--no-reconstruct; [ "$m" = lso ] && flag=--recon-outputs-only

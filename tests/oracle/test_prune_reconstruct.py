@@ -20,8 +20,12 @@ squared-ReLU MLP; test_engine_oracle_hybrid.py's PyTorch blocks), cut in hidden 
 heads (one of two per group), query heads and MLP units: a Mamba mixer's in_proj (the kept
 heads' z, x and dt rows, every B and C row) by the input map, its out_proj on the gated
 norm's output; up_proj alone on the MLP's input side.
+And on a Qwen2-MoE parent (attention and an MoE with a shared expert in every layer;
+test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts and query heads:
+the router (its kept experts' rows), every kept expert's gate_proj and up_proj, the shared
+expert's and its gate by the input map, as q/k/v are.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
-same weights, byte for byte, as a run straight through. Env: AC_BIN.
+same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
 """
 import json
 import os
@@ -35,6 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_prune_grad import attn_block, mlp_block, read_records, rms  # noqa: E402
 from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer  # noqa: E402
+from test_engine_oracle_moe import moe_block  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
@@ -86,6 +91,14 @@ def check_fit(case, o, X, Y, before, after, damp, ref_of=None):
     assert rel < 1e-3, (where, rel)
     assert err(ref) < e0
     return rel
+
+
+def check_input(case, o, Xs, Xp, Wp, before, after, damp):
+    """An input projection's outcome: the parent's kept rows Wp on the parent's normalized input
+    Xp are the targets; the reference is Wp M, M the map from Xs to Xp damped toward the kept
+    channels' selection (a prefix)."""
+    sel = torch.eye(Xp.shape[1])[:, :Xs.shape[1]]
+    return check_fit(case, o, Xs, Xp @ Wp.T, before, after, damp, lambda lam: Wp @ ridge(Xs, Xp, sel, lam))
 
 
 def ridge(X, Y, prior, lam):
@@ -141,11 +154,9 @@ def check_case(tool, case):
             for ip in inputs:
                 if (i, ip) not in outcomes:
                     continue
-                rows = kept_rows(pa, sa, src, i, ip)
-                Wp = P(ppre + wfmt % ip)[rows]
-                sel = torch.eye(Xp.shape[1])[:, :c]   # the kept hidden channels (a prefix)
-                rel = check_fit(case, outcomes[(i, ip)], Xs, Xp @ Wp.T, W["before." + spre + wfmt % ip],
-                                A(spre + wfmt % ip), damp, lambda lam: Wp @ ridge(Xs, Xp, sel, lam))
+                Wp = P(ppre + wfmt % ip)[kept_rows(pa, sa, src, i, ip)]
+                rel = check_input(case, outcomes[(i, ip)], Xs, Xp, Wp, W["before." + spre + wfmt % ip],
+                                  A(spre + wfmt % ip), damp)
                 if rel is not None:
                     worst, refits = max(worst, rel), refits + 1
             X = torch.cat([blk(sa, A, spre, x)[0] for x in xs_s])
@@ -230,11 +241,9 @@ def check_hybrid(tool):
             if (i, ip) not in outcomes:   # the stream still the parent's restricted: inputs not refit
                 continue
             o = outcomes[(i, ip)]
-            rows = hybrid_rows(pa, sa, src, i, ip)
-            Wp = P(ppre + "mixer.%s.weight" % ip)[rows]
-            sel = torch.eye(Xp.shape[1])[:, :c]
-            rel = check_fit("hybrid", o, Xs, Xp @ Wp.T, W["before." + spre + "mixer.%s.weight" % ip],
-                            A(spre + "mixer.%s.weight" % ip), damp, lambda lam: Wp @ ridge(Xs, Xp, sel, lam))
+            Wp = P(ppre + "mixer.%s.weight" % ip)[hybrid_rows(pa, sa, src, i, ip)]
+            rel = check_input("hybrid", o, Xs, Xp, Wp, W["before." + spre + "mixer.%s.weight" % ip],
+                              A(spre + "mixer.%s.weight" % ip), damp)
             if rel is not None:
                 worst, refits = max(worst, rel), refits + 1
         X = torch.cat([hybrid_block(sa, A, spre, x)[0] for x in xs_s])
@@ -252,16 +261,75 @@ def check_hybrid(tool):
                                                       for o in rj["projections"] if o["proj"] == "out_proj")))
 
 
-def check_resume(tool):
+def check_moe(tool):
+    W, tokens, pa, sa, rj, _ = run_case(tool, "moe")
+    outcomes = {(o["layer"], o["proj"], o.get("expert")): o for o in rj["projections"]}
+    P = lambda n: W["parent." + n]
+    A = lambda n: W["after." + n]
+    view = lambda pre: {k[len(pre):]: v for k, v in W.items() if k.startswith(pre)}
+    Pw, Aw = view("parent."), view("after.")
+    c, eps, damp = sa["hidden_size"], pa["norm_eps"], rj["damp"]
+
+    def moe_y(arch, Wd, l, h):
+        m = arch["layers"][l]["moe"]
+        lay = (1, 0, 0, m["n_experts"], m["top_k"], 0, m["shared_ffn_dim"], m["norm_topk_prob"])
+        return moe_block({"family": arch["family"]}, Wd, l, h, lay, None)
+
+    xs_p = [P("model.embed_tokens.weight")[row] for row in tokens]
+    xs_s = [A("model.embed_tokens.weight")[row] for row in tokens]
+    worst, refits, checked = 0.0, 0, 0
+    for i, L in enumerate(sa["layers"]):
+        pre = "model.layers.%d." % i   # no layer removed: student layer i is parent layer i
+        Xp = torch.cat([rms(x, P(pre + "input_layernorm.weight"), eps) for x in xs_p])
+        Xs = torch.cat([rms(x, A(pre + "input_layernorm.weight"), eps) for x in xs_s])
+        fits = []
+        for ip in ("q_proj", "k_proj", "v_proj"):
+            n = pre + "self_attn.%s.weight" % ip
+            fits.append(check_input("moe", outcomes[(i, ip, None)], Xs, Xp, P(n)[kept_rows(pa, sa, i, i, ip)],
+                                    W["before." + n], A(n), damp))
+        ys = [attn_block(pa, P, pre, x)[1] for x in xs_p]
+        n = pre + "self_attn.o_proj.weight"
+        fits.append(check_fit("moe", outcomes[(i, "o_proj", None)], torch.cat([attn_block(sa, A, pre, x)[0] for x in xs_s]),
+                              torch.cat(ys)[:, :c], W["before." + n], A(n), damp))
+        xs_p = [x + y for x, y in zip(xs_p, ys)]
+        xs_s = [x + attn_block(sa, A, pre, x)[1] for x in xs_s]
+        Xp = torch.cat([rms(x, P(pre + "post_attention_layernorm.weight"), eps) for x in xs_p])
+        Xs = torch.cat([rms(x, A(pre + "post_attention_layernorm.weight"), eps) for x in xs_s])
+        E = L["moe"]["n_experts"]
+        inputs = [("router", None, "mlp.gate.weight", list(range(E)))]   # the first experts' rows
+        inputs += [("experts." + w, e, "mlp.experts.%d.%s.weight" % (e, w), None)
+                   for e in range(E) for w in ("gate_proj", "up_proj")]
+        inputs += [("shared_expert." + w, None, "mlp.shared_expert.%s.weight" % w, None) for w in ("gate_proj", "up_proj")]
+        inputs += [("shared_expert_gate", None, "mlp.shared_expert_gate.weight", None)]
+        for proj, e, name, rows in inputs:
+            Wp = P(pre + name) if rows is None else P(pre + name)[rows]
+            fits.append(check_input("moe", outcomes[(i, proj, e)], Xs, Xp, Wp, W["before." + pre + name],
+                                    A(pre + name), damp))
+        checked += len(fits)
+        for rel in fits:
+            if rel is not None:
+                worst, refits = max(worst, rel), refits + 1
+        xs_p = [x + moe_y(pa, Pw, i, rms(x, P(pre + "post_attention_layernorm.weight"), eps)) for x in xs_p]
+        xs_s = [x + moe_y(sa, Aw, i, rms(x, A(pre + "post_attention_layernorm.weight"), eps)) for x in xs_s]
+    assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
+    done = {o["proj"] for o in rj["projections"] if o["refit"]}
+    assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj"} <= done, done
+    print("moe: %d of %d projections refit (router, experts, shared expert among them), worst weight rel err vs "
+          "torch.linalg.lstsq %.2g; router rel error %s" % (
+              refits, checked, worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
+                                                for o in rj["projections"] if o["proj"] == "router")))
+
+
+def check_resume(tool, case, layers):
     with tempfile.TemporaryDirectory() as d:
         straight, resumed, ck = os.path.join(d, "a"), os.path.join(d, "b"), os.path.join(d, "ckpt")
-        p = run_tool(tool, straight, "mixed")
+        p = run_tool(tool, straight, case)
         assert p.returncode == 0, p.stderr.decode()
-        p = run_tool(tool, resumed, "mixed", ck, "2")
+        p = run_tool(tool, resumed, case, ck, "2")
         assert p.returncode == -9, (p.returncode, p.stderr.decode())
         assert sorted(f for f in os.listdir(ck) if f.startswith("layer-")) == \
             ["layer-0000.safetensors", "layer-0001.safetensors"]
-        p = run_tool(tool, resumed, "mixed", ck)
+        p = run_tool(tool, resumed, case, ck)
         assert p.returncode == 0, p.stderr.decode()
         a, b = read_records(straight + ".bin"), read_records(resumed + ".bin")
         names = [n for n in a if n.startswith("after.")]
@@ -269,7 +337,7 @@ def check_resume(tool):
         ra, rb = json.load(open(straight + ".recon.json")), json.load(open(resumed + ".recon.json"))
         assert rb["resumed_layers"] == 2 and ra["resumed_layers"] == 0
         assert ra["projections"] == rb["projections"]
-    print("killed after 2 of 3 layers and resumed: the same %d tensors, byte for byte" % len(names))
+    print("%s: killed after 2 of %d layers and resumed: the same %d tensors, byte for byte" % (case, layers, len(names)))
 
 
 def main():
@@ -280,7 +348,9 @@ def main():
     for case in ("ffn", "heads", "kv", "mixed"):
         check_case(tool, case)
     check_hybrid(tool)
-    check_resume(tool)
+    check_moe(tool)
+    check_resume(tool, "mixed", 3)
+    check_resume(tool, "moe", 4)
     return 0
 
 

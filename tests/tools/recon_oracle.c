@@ -7,7 +7,9 @@
  * mixed, or hybrid (a Nemotron-H parent "M*M-": Mamba-2 mixers of 4 heads of 4 in 2 groups,
  * state 4, conv 4; attention of 8 heads in 4 KV groups, no RoPE; a squared-ReLU MLP of 40;
  * the student keeps hidden 24, 2 Mamba heads (one per group), 4 query heads and an MLP of
- * 20); with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
+ * 20), or moe (a Qwen2-MoE parent: every layer attention and an MoE of 6 experts of 12, top 2,
+ * with a shared expert of 16, layer 1 norm_topk_prob; the student keeps hidden 24, 4, 6, 3
+ * and 5 experts, and one query head per KV group); with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
  * the process SIGKILL once k layers are done. Not part of the product.
  */
 #include <signal.h>
@@ -60,6 +62,13 @@ static int student_of(const char *name, const arch *pa, arch *sa)
                 y->n_heads = y->n_kv_heads;
             y->ffn_dim /= 2;
         }
+    } else if (!strcmp(name, "moe")) {
+        sa->hidden_size = 24;
+        static const int kept[NL] = {4, 6, 3, 5};
+        for (int l = 0; l < NL; l++) {
+            sa->layers[l].moe.n_experts = kept[l];
+            sa->layers[l].n_heads = sa->layers[l].n_kv_heads;
+        }
     } else if (!strcmp(name, "mixed")) {   /* hidden 24, a layer removed, parts removed */
         sa->hidden_size = 24;
         sa->n_layers = 3;
@@ -100,8 +109,17 @@ int main(int argc, char **argv)
             pa.layers[l] = y;
         }
     }
+    if (!strcmp(argv[2], "moe")) {
+        snprintf(pa.family, sizeof pa.family, "qwen2_moe");
+        pa.attention_bias = 1;
+        for (int l = 0; l < NL; l++) {
+            pa.layers[l].ffn_dim = 0;
+            pa.layers[l].moe = (arch_moe){.n_experts = 6, .top_k = 2, .expert_ffn_dim = 12, .shared_ffn_dim = 16,
+                                          .norm_topk = l == 1};
+        }
+    }
     if (student_of(argv[2], &pa, &sa)) {
-        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid)\n", argv[2]);
+        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid, moe)\n", argv[2]);
         return 2;
     }
     eng_backend *be = eng_backend_cpu_new(1);

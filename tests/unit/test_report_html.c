@@ -277,7 +277,7 @@ static void test_pruning_section(void **state)
                                             "target_sq", 4.0));
     char *html = render(r);
     assert_non_null(strstr(html, "4 of 5 projections refit"));
-    assert_non_null(strstr(html, "q/k/v and gate/up (summed) per layer"));
+    assert_non_null(strstr(html, "Relative reconstruction error of the input projections"));
     assert_non_null(strstr(html, "<title>0.5</title>"));    /* (1 + 3) / 8 */
     assert_non_null(strstr(html, "<title>0.25</title>"));   /* (1 + 1) / 8 */
     assert_non_null(strstr(html, "Relative reconstruction error of o_proj per layer"));
