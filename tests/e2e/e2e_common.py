@@ -158,6 +158,12 @@ def worker_pids(job_id):
 
 def report_validator():
     """A function that raises when a report does not validate against the Report schema."""
+    return schema_validator("/components/schemas/Report", "report")
+
+
+def schema_validator(pointer, what):
+    """A function that raises when a JSON value does not validate against the schema at
+    `pointer` in openapi/openapi.yaml (`what` names it in the message)."""
     import yaml
     try:
         import jsonschema  # noqa: F401
@@ -169,11 +175,11 @@ def report_validator():
     with open(os.path.join(ROOT, "openapi", "openapi.yaml")) as f:
         doc = yaml.safe_load(f)
     registry = Registry().with_resource("urn:openapi", Resource.from_contents(doc, default_specification=DRAFT202012))
-    schema = {"$ref": "urn:openapi#/components/schemas/Report"}
+    schema = {"$ref": "urn:openapi#" + pointer}
     v = Draft202012Validator(schema, registry=registry)
 
-    def check(report):
-        errs = sorted(v.iter_errors(report), key=lambda e: list(e.path))
-        assert not errs, "report does not match the Report schema: %s" % [
-            (list(e.path), e.message[:200]) for e in errs[:5]]
+    def check(value):
+        errs = sorted(v.iter_errors(value), key=lambda e: list(e.path))
+        assert not errs, "%s does not match the schema %s: %s" % (what, pointer, [
+            (list(e.path), e.message[:200]) for e in errs[:5]])
     return check

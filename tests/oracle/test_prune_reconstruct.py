@@ -42,6 +42,11 @@ from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer
 from test_engine_oracle_moe import moe_block  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+from e2e_common import schema_validator  # noqa: E402
+
+check_projection = schema_validator("/components/schemas/Report/properties/pruning/properties/projections/items",
+                                    "a reconstruction's projection")
 
 
 def run_tool(tool, out, case, *extra):
@@ -110,12 +115,15 @@ def ridge(X, Y, prior, lam):
 
 def run_case(tool, case):
     """The tool's run of a case: weights W (parent., before., after.), the tokens, both archs,
-    the outcome and its projections by (layer, proj)."""
+    the outcome and its projections by (layer, proj). Each projection's record must fit the
+    Report schema's (openapi/openapi.yaml)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, case)
         p = run_tool(tool, out, case)
         assert p.returncode == 0, p.stderr.decode()
         rec, pa, sa, rj = load(out)
+    for o in rj["projections"]:
+        check_projection(o)
     W = {k: torch.tensor(v) for k, v in rec.items()}
     return (W, torch.tensor(rec["tokens"], dtype=torch.long), pa, sa, rj,
             {(o["layer"], o["proj"]): o for o in rj["projections"]})
