@@ -14,7 +14,8 @@
 # get the budgets above the first one, default "a30-ls a30-slice"), TASKS,
 # EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work folder, kept: a rerun
 # reuses what is there), ARCHS (default "a30 a50") and METHODS (default "slice ls lso":
-# the pruned-only students made), RES (the table written).
+# the pruned-only students made), PRUNED_EVAL (1; 0: pruned-only students get the
+# perplexity alone), RES (the table written).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${AC_BIN:-$PWD/build/autocompress}
@@ -34,6 +35,7 @@ WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 RES=${RES:-bench/results/prune_recovery.md}
 ARCHS=${ARCHS:-a30 a50}
 METHODS=${METHODS:-slice ls lso}
+PRUNED_EVAL=${PRUNED_EVAL:-1}
 mkdir -p "$OUT"
 make -s -j2 all >/dev/null
 build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
@@ -46,18 +48,10 @@ json.dump(r["result"]["arch"], open(out + "/a30.json", "w"), indent=1)
 json.dump(r["parent"]["arch"], open(out + "/parent.arch.json", "w"), indent=1)
 PY
 
-# step NAME CMD...: run once (a rerun skips what finished), wall seconds into NAME.s
-step() {
-    local name=$1; shift
-    [ -s "$OUT/$name.s" ] && return 0
-    local t0; t0=$(date +%s.%N)
-    "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" || { tail -5 "$OUT/$name.log"; echo "step $name failed" >&2; exit 1; }
-    python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$(date +%s.%N)" \
-        >"$OUT/$name.s"
-    echo "$name: $(cat "$OUT/$name.s") s"
-}
-score() {   # score NAME MODEL_PATH: perplexity and the benchmarks
+source bench/prune_recovery/steps.sh
+score() {   # score NAME MODEL_PATH [ppl]: perplexity and the benchmarks (with "ppl": perplexity only)
     step "$1.ppl" "$BIN" perplexity "$2" --text "$WIKI" --chunks "$PPL_CHUNKS" --threads "$THREADS" --json
+    [ "${3:-}" = ppl ] && return 0
     step "$1.eval" "$BIN" eval "$2" --tasks "$TASKS" --limit "$EVAL_LIMIT" --seed 1234 --threads "$THREADS" \
         --json "$OUT/$1.eval.json"
 }
@@ -85,7 +79,7 @@ for a in $ARCHS; do
         flag=; [ "$m" = slice ] && flag=--no-reconstruct; [ "$m" = lso ] && flag=--recon-outputs-only
         step "$s.prune" "$BIN" prune "$MODEL" --arch "$OUT/$a.json" --out "$OUT/$s" --ranking "$OUT/rank/ranking.json" \
             --calib "$CALIB" $flag --threads "$THREADS"
-        score "$s.pruned" "$OUT/$s"
+        score "$s.pruned" "$OUT/$s" $([ "$PRUNED_EVAL" = 1 ] || echo ppl)
     done
 done
 first=1
