@@ -23,7 +23,9 @@ norm's output; up_proj alone on the MLP's input side.
 And on a Qwen2-MoE parent (attention and an MoE with a shared expert in every layer;
 test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts and query heads:
 the router (its kept experts' rows), every kept expert's gate_proj and up_proj, the shared
-expert's and its gate by the input map, as q/k/v are.
+expert's and its gate by the input map, as q/k/v are; and on a Nemotron-H parent ("*E*E":
+sigmoid routing in groups, a shared expert, the last MoE a LatentMoE) the router, the experts'
+up_proj (the first experts of every group kept) and, behind the latent, fc1_latent_proj.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
 """
@@ -38,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_prune_grad import attn_block, mlp_block, read_records, rms  # noqa: E402
-from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer  # noqa: E402
+from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer, moe_nemotron  # noqa: E402
 from test_engine_oracle_moe import moe_block  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
@@ -213,7 +215,35 @@ HYBRID_PROJ = {"mamba": (("in_proj",), "out_proj"), "attention": (("q_proj", "k_
 
 
 def kind_of(L):
-    return "mamba" if L.get("mamba") else "attention" if L.get("attention") else "mlp"
+    return "mamba" if L.get("mamba") else "attention" if L.get("attention") else "moe" if L.get("moe") else "mlp"
+
+
+def nemotron_moe_y(arch, W, pre, h):
+    """A Nemotron-H MoE block's output on h (test_engine_oracle_hybrid's reference): W the
+    weights by name, pre the layer's prefix in W ("parent.backbone.layers.1.")."""
+    m = arch["layers"][int(pre.split(".")[-2])]["moe"]
+    r = m["router"]
+    lay = (0, 0, 0, m["n_experts"], m["top_k"], m["expert_ffn_dim"], m["shared_ffn_dim"], int(m["norm_topk_prob"]),
+           0, 0, 0, 0, 0, 1, r["n_group"], r["topk_group"], r["routed_scaling_factor"], m.get("latent_dim", 0))
+    view = {k[len(pre):]: v for k, v in W.items() if k.startswith(pre)}
+    return moe_nemotron(view, "mixer.", h, lay, None)
+
+
+def nemotron_moe_inputs(pa, sa, src, i):
+    """A Nemotron-H MoE layer's input projections: (proj, expert, student name, parent name, parent
+    rows or None for all); the kept experts are the first of every routing group."""
+    m, mp = sa["layers"][i]["moe"], pa["layers"][src]["moe"]
+    G = mp["router"]["n_group"]
+    exp = [g * (mp["n_experts"] // G) + j for g in range(G) for j in range(m["n_experts"] // G)]
+    out = [("router", None, "gate.weight", "gate.weight", exp)]
+    if m.get("latent_dim"):
+        out.append(("fc1_latent_proj", None, "fc1_latent_proj.weight", "fc1_latent_proj.weight", None))
+    else:
+        out += [("experts.up_proj", e, "experts.%d.up_proj.weight" % e, "experts.%d.up_proj.weight" % x, None)
+                for e, x in enumerate(exp)]
+    if m["shared_ffn_dim"]:
+        out.append(("shared_expert.up_proj", None, "shared_experts.up_proj.weight", "shared_experts.up_proj.weight", None))
+    return out
 
 
 def hybrid_rows(pa, sa, src, i, proj):
@@ -229,19 +259,31 @@ def hybrid_rows(pa, sa, src, i, proj):
             list(range(2 * di, 2 * di + 2 * G * S)) + [2 * di + 2 * G * S + h for h in heads])
 
 
-def check_hybrid(tool):
-    W, tokens, pa, sa, rj, outcomes = run_case(tool, "hybrid")
+def check_hybrid(tool, case="hybrid"):
+    W, tokens, pa, sa, rj, outcomes = run_case(tool, case)
+    moe_outcomes = {(o["layer"], o["proj"], o.get("expert")): o for o in rj["projections"]}
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
-    c, damp = sa["hidden_size"], rj["damp"]
+    c, damp, eps = sa["hidden_size"], rj["damp"], pa["norm_eps"]
     xs_p = [P("backbone.embeddings.weight")[row] for row in tokens]
     xs_s = [A("backbone.embeddings.weight")[row] for row in tokens]
-    worst, refits = 0.0, 0
+    worst, refits, checked = 0.0, 0, 0
     for i, L in enumerate(sa["layers"]):
         src, kind = L["source_layer"], kind_of(L)
         ppre, spre = "backbone.layers.%d." % src, "backbone.layers.%d." % i
-        Xp = torch.cat([rms(x, P(ppre + "norm.weight"), pa["norm_eps"]) for x in xs_p])
-        Xs = torch.cat([rms(x, A(spre + "norm.weight"), pa["norm_eps"]) for x in xs_s])
+        Xp = torch.cat([rms(x, P(ppre + "norm.weight"), eps) for x in xs_p])
+        Xs = torch.cat([rms(x, A(spre + "norm.weight"), eps) for x in xs_s])
+        if kind == "moe":   # its input projections by the input map, then both streams through it
+            for proj, e, sname, pname, rows in nemotron_moe_inputs(pa, sa, src, i):
+                Wp = P(ppre + "mixer." + pname)
+                rel = check_input(case, moe_outcomes[(i, proj, e)], Xs, Xp, Wp if rows is None else Wp[rows],
+                                  W["before." + spre + "mixer." + sname], A(spre + "mixer." + sname), damp)
+                checked += 1
+                if rel is not None:
+                    worst, refits = max(worst, rel), refits + 1
+            xs_p = [x + nemotron_moe_y(pa, W, "parent." + ppre, rms(x, P(ppre + "norm.weight"), eps)) for x in xs_p]
+            xs_s = [x + nemotron_moe_y(sa, W, "after." + spre, rms(x, A(spre + "norm.weight"), eps)) for x in xs_s]
+            continue
         ys = [hybrid_block(pa, P, ppre, x)[1] for x in xs_p]
         xs_p = [x + y for x, y in zip(xs_p, ys)]
         inputs, proj = HYBRID_PROJ[kind]
@@ -250,23 +292,26 @@ def check_hybrid(tool):
                 continue
             o = outcomes[(i, ip)]
             Wp = P(ppre + "mixer.%s.weight" % ip)[hybrid_rows(pa, sa, src, i, ip)]
-            rel = check_input("hybrid", o, Xs, Xp, Wp, W["before." + spre + "mixer.%s.weight" % ip],
+            rel = check_input(case, o, Xs, Xp, Wp, W["before." + spre + "mixer.%s.weight" % ip],
                               A(spre + "mixer.%s.weight" % ip), damp)
+            checked += 1
             if rel is not None:
                 worst, refits = max(worst, rel), refits + 1
         X = torch.cat([hybrid_block(sa, A, spre, x)[0] for x in xs_s])
         Y = torch.cat(ys)[:, :c]
-        rel = check_fit("hybrid", outcomes[(i, proj)], X, Y, W["before." + spre + "mixer.%s.weight" % proj],
+        rel = check_fit(case, outcomes[(i, proj)], X, Y, W["before." + spre + "mixer.%s.weight" % proj],
                         A(spre + "mixer.%s.weight" % proj), damp)
+        checked += 1
         if rel is not None:
             worst, refits = max(worst, rel), refits + 1
         xs_s = [x + hybrid_block(sa, A, spre, x)[1] for x in xs_s]
+    assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {(o["proj"], o["refit"]) for o in rj["projections"]}
-    assert ("in_proj", True) in done and ("out_proj", True) in done, done
-    print("hybrid: %d of %d projections refit (Mamba in_proj and out_proj among them), worst weight rel err vs "
-          "torch.linalg.lstsq %.2g; out_proj rel error %s" % (
-              refits, len(outcomes), worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
-                                                      for o in rj["projections"] if o["proj"] == "out_proj")))
+    need = ("router", "experts.up_proj", "fc1_latent_proj", "shared_expert.up_proj") if case == "hybrid_moe" \
+        else ("in_proj", "out_proj")
+    assert all((p, True) in done for p in need), done
+    print("%s: %d of %d projections refit (%s among them), worst weight rel err vs torch.linalg.lstsq %.2g" % (
+        case, refits, checked, ", ".join(need), worst))
 
 
 def check_moe(tool):
@@ -356,6 +401,7 @@ def main():
     for case in ("ffn", "heads", "kv", "mixed"):
         check_case(tool, case)
     check_hybrid(tool)
+    check_hybrid(tool, "hybrid_moe")
     check_moe(tool)
     check_resume(tool, "mixed", 3)
     check_resume(tool, "moe", 4)

@@ -9,7 +9,11 @@
  * the student keeps hidden 24, 2 Mamba heads (one per group), 4 query heads and an MLP of
  * 20), or moe (a Qwen2-MoE parent: every layer attention and an MoE of 6 experts of 12, top 2,
  * with a shared expert of 16, layer 1 norm_topk_prob; the student keeps hidden 24, 4, 6, 3
- * and 5 experts, and one query head per KV group); with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
+ * and 5 experts, and one query head per KV group), or hybrid_moe (a Nemotron-H parent "*E*E":
+ * attention as above, MoE layers of 9 and 6 squared-ReLU experts of 12, top 2, sigmoid routing
+ * in 3 groups of which 2 chosen, routed scale 2.5, a shared expert of 10, the last one a
+ * LatentMoE of latent 16; the student keeps hidden 24, one query head per KV group, 6 experts
+ * (two per group) in layer 1 and all 6 in layer 3); with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
  * the process SIGKILL once k layers are done. Not part of the product.
  */
 #include <signal.h>
@@ -62,6 +66,11 @@ static int student_of(const char *name, const arch *pa, arch *sa)
                 y->n_heads = y->n_kv_heads;
             y->ffn_dim /= 2;
         }
+    } else if (!strcmp(name, "hybrid_moe")) {
+        sa->hidden_size = 24;
+        for (int l = 0; l < NL; l++)
+            sa->layers[l].n_heads = sa->layers[l].n_kv_heads;
+        sa->layers[1].moe.n_experts = 6;
     } else if (!strcmp(name, "moe")) {
         sa->hidden_size = 24;
         static const int kept[NL] = {4, 6, 3, 5};
@@ -109,6 +118,19 @@ int main(int argc, char **argv)
             pa.layers[l] = y;
         }
     }
+    if (!strcmp(argv[2], "hybrid_moe")) {   /* "*E*E" */
+        snprintf(pa.family, sizeof pa.family, "nemotron_h");
+        for (int l = 0; l < NL; l++) {
+            arch_layer y = {.source_layer = l};
+            if (l % 2 == 0)
+                y.n_heads = 8, y.n_kv_heads = 4;
+            else
+                y.moe = (arch_moe){.n_experts = l == 1 ? 9 : 6, .top_k = 2, .expert_ffn_dim = 12, .shared_ffn_dim = 10,
+                                   .norm_topk = 1, .sigmoid = 1, .n_group = 3, .topk_group = 2,
+                                   .routed_scale = 2.5, .latent_dim = l == 3 ? 16 : 0};
+            pa.layers[l] = y;
+        }
+    }
     if (!strcmp(argv[2], "moe")) {
         snprintf(pa.family, sizeof pa.family, "qwen2_moe");
         pa.attention_bias = 1;
@@ -119,7 +141,7 @@ int main(int argc, char **argv)
         }
     }
     if (student_of(argv[2], &pa, &sa)) {
-        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid, moe)\n", argv[2]);
+        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid, moe, hybrid_moe)\n", argv[2]);
         return 2;
     }
     eng_backend *be = eng_backend_cpu_new(1);
