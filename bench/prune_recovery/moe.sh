@@ -62,14 +62,11 @@ build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
 
 python3 - "$OUT" "$MOE" "$PPL_CHUNKS" "${OLD_LABEL:-$OLD_BIN}" <<'PY' | tee "$RES"
 import datetime, json, math, os, sys
+sys.path.insert(0, "bench/prune_recovery")
+from outputs import Outputs
 out, moe, chunks, old = sys.argv[1:5]
 texts = ("wiki", "shakespeare", "tinystories")
-def j(p):
-    p = os.path.join(out, p)
-    return json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else None
-def wall(n):
-    p = os.path.join(out, n + ".s")
-    return float(open(p).read()) if os.path.exists(p) else None
+j, wall = Outputs(out).json, Outputs(out).wall
 par = {t: j("parent.ppl.%s.out" % t)["ppl"] for t in texts}
 cfg = json.load(open(os.path.join(moe, "config.json")))
 print("# Reconstruction on a mixture of experts: the MoE made from SmolLM2-135M, pruned (CPU)\n")
