@@ -292,6 +292,27 @@ static void test_pruning_section(void **state)
     json_decref(r);
 }
 
+/* An MoE student's report lists every expert's input projections: 30 layers of 20 records
+ * (600), the last layer's bar in the input-projection chart too. */
+static void test_pruning_section_moe(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(4), *ps = json_array();
+    for (int l = 0; l < 30; l++)
+        for (int x = 0; x < 20; x++)
+            json_array_append_new(ps, json_pack("{s:i,s:s,s:i,s:b,s:f,s:f,s:f}", "layer", l, "proj",
+                                                "experts.gate_proj", "expert", x, "refit", 1, "error_before",
+                                                l == 29 ? 2.3 : 1.0, "error_after", 0.5, "target_sq", 4.0));
+    json_object_set_new(r, "pruning", json_pack("{s:b,s:s,s:o}", "reconstruct", 1, "method", "least_squares",
+                                                "projections", ps));
+    char *html = render(r);
+    assert_non_null(strstr(html, "600 of 600 projections refit"));
+    assert_non_null(strstr(html, "<title>0.25</title>"));   /* layers 0-28: 20 / 80 */
+    assert_non_null(strstr(html, "<title>0.575</title>"));   /* layer 29: 46 / 80 */
+    free(html);
+    json_decref(r);
+}
+
 /* Layer charts: 30 layers (two-digit labels at the wide spacing) and 120 layers
  * (three-digit labels at the narrow one). */
 static void test_layer_labels(void **state)
@@ -326,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_accuracy_labels),
         cmocka_unit_test(test_layer_labels),
         cmocka_unit_test(test_pruning_section),
+        cmocka_unit_test(test_pruning_section_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
