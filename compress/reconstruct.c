@@ -128,13 +128,13 @@ static int in_width(const arch *a, int layer, int part)
 }
 
 /* 1 when the part is an MoE: experts kept or dropped whole, only its input projections refit. */
-static int as_is(const arch *a, int layer, int part)
+static int moe_part(const arch *a, int layer, int part)
 {
     return part == ENG_PART_MLP && a->layers[layer].moe.n_experts > 0;
 }
 
-/* 1 when student layer i's as-is part differs from parent layer src's (or is gone). */
-static int as_is_changed(const arch *pa, int src, const arch *sa, int i)
+/* 1 when student layer i's MoE keeps other experts or top_k than parent layer src's (or is gone). */
+static int moe_changed(const arch *pa, int src, const arch *sa, int i)
 {
     const arch_layer *p = &pa->layers[src], *t = &sa->layers[i];
     return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k;
@@ -372,8 +372,8 @@ static int refit_moe_inputs(rc_state *s, int i, int src, char *err, size_t errle
  * both streams (the layer's outcome is already known). 0, 1 when stopped, -1. */
 static int block(rc_state *s, int i, int src, int part, int replay, char *err, size_t errlen)
 {
-    if (as_is(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, nothing else */
-        int kept = as_is(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
+    if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, nothing else */
+        int kept = moe_part(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
         if (eng_stepper_block(s->sp, src, part, 1, inputs ? &pc : NULL, err, errlen) != 0)
             return -1;
@@ -383,7 +383,7 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
             if (rc != 0)
                 return rc;
         }
-        s->diverged |= as_is_changed(&s->P->a, src, &s->S->a, i);
+        s->diverged |= moe_changed(&s->P->a, src, &s->S->a, i);
         return kept && eng_stepper_block(s->ss, i, part, 1, NULL, err, errlen) != 0 ? -1 : 0;
     }
     int p_in = in_width(&s->P->a, src, part), t_in = in_width(&s->S->a, i, part);
@@ -431,7 +431,7 @@ static int skip_parent_layers(rc_state *s, int from, int to, char *err, size_t e
 {
     for (int l = from; l < to; l++)
         for (int part = 0; part < 2; part++)
-            if (in_width(&s->P->a, l, part) || as_is(&s->P->a, l, part)) {
+            if (in_width(&s->P->a, l, part) || moe_part(&s->P->a, l, part)) {
                 s->diverged = 1;
                 if (eng_stepper_block(s->sp, l, part, 1, NULL, err, errlen) != 0)
                     return -1;
