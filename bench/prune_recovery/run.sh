@@ -95,14 +95,11 @@ done
 
 python3 - "$OUT" "$DISTILL" "$MODEL" "$CALIB" "$DATA" "$EVAL_LIMIT" "$PPL_CHUNKS" <<'PY' | tee "$RES"
 import json, os, sys, datetime
+sys.path.insert(0, "bench/prune_recovery")
+from outputs import Outputs
 out, budgets, model, calib, data, limit, chunks = sys.argv[1:8]
 budgets = budgets.split()
-def j(name):
-    p = os.path.join(out, name)
-    return json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else None
-def wall(name):
-    p = os.path.join(out, name + ".s")
-    return float(open(p).read()) if os.path.exists(p) else None
+j, wall = Outputs(out).json, Outputs(out).wall
 def row(label, key):
     ppl = j(key + ".ppl.out")
     ev = j(key + ".eval.json")
