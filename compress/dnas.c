@@ -71,16 +71,16 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
 {
     const search_space *sp = d->sp;
     int C = m->a.hidden_size;
-    double count = 0;
     for (int c = 0; c < C; c++) {
         double v = 0;
         for (int h = 0; h < sp->n_hidden; h++)
             if (sp->hidden[h] > c)
                 v += d->p_hidden[h];
         host[o->hidden + c] = (float)v;
-        count += v;
     }
-    m->masks->hidden_count = (float)count;
+    /* RMSNorm keeps dividing by C: the masked stream is the student whose norm gains pruning
+       scales by sqrt(C/C') (prune_gather) */
+    m->masks->hidden_count = (float)C;
     for (int l = 0; l < sp->n_layers; l++) {
         const arch_layer *pl = &m->a.layers[l];
         if (o->head[l] != (size_t)-1 && sp->mamba && sp->mamba[l]) {
@@ -131,13 +131,12 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
 {
     const search_space *sp = d->sp;
     int C = m->a.hidden_size;
-    double gcount = m->masks->g_hidden_count;
     double *cum = malloc(((size_t)C + 1) * sizeof *cum);
     if (!cum)
         return;
     cum[0] = 0;
     for (int c = 0; c < C; c++)
-        cum[c + 1] = cum[c] + g[o->hidden + c] + gcount;   /* hidden_count = sum of the mask */
+        cum[c + 1] = cum[c] + g[o->hidden + c];
     for (int h = 0; h < sp->n_hidden; h++)
         d->g_hidden[h] += cum[sp->hidden[h] > C ? C : sp->hidden[h]];
     free(cum);

@@ -564,6 +564,15 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
                 drow[j] = srow[sj];
             }
         }
+        if ((kind == T_FNORM || kind == T_ANORM || kind == T_MNORM) && target->hidden_size < pa->hidden_size) {
+            /* RMSNorm over C' of the C channels: the kept channels carry nearly all of the
+               stream's energy, so the student's rms is sqrt(C/C') times the parent's; the gain
+               gives it back (the student then equals the parent with the cut channels zeroed,
+               the search's masked model) */
+            float g = (float)sqrt((double)pa->hidden_size / target->hidden_size);
+            for (int64_t i = 0; i < out_n; i++)
+                dst[i] *= g;
+        }
         be->to_device(be, dev, dst, (size_t)out_n * sizeof *dst);
     }
     free(src);

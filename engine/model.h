@@ -45,8 +45,10 @@ typedef struct {
  * One backend allocation; grads (same layout) are filled by eng_forward_backward
  * when ENG_GRAD_MASKS is asked for.
  *   hidden[C]            scales the residual stream after the embedding and after every
- *                        residual add; RMSNorm divides by hidden_count (the expected
- *                        kept channel count) instead of C.
+ *                        residual add; RMSNorm divides by hidden_count, C by default
+ *                        (the search keeps C: a student sliced to C' channels with its
+ *                        norm gains scaled by sqrt(C/C'), as pruning does, computes this
+ *                        masked model; another count prices the slice without that scale).
  *   head[l][Hq_l]        scales each query head's attention output before o_proj (a Mamba
  *                        layer: each Mamba head's gated-norm output before out_proj).
  *   ffn[l][F_l]          scales each gated intermediate unit before down_proj.
@@ -65,7 +67,7 @@ typedef struct {
     float *mlp_gate, *g_mlp_gate;     /* [n_layers] */
     float **expert, **g_expert;  /* [n_layers] pointers to [E_l] (NULL without MoE): scales each
                                     expert's routing weight, after the top-k choice */
-    float hidden_count;          /* sum of hidden mask; C by default. Host value. */
+    float hidden_count;          /* RMSNorm's divisor; C by default. Host value. */
     float g_hidden_count;        /* d loss / d hidden_count (host), from backward */
 } eng_masks;
 
