@@ -437,10 +437,9 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     }
 }
 
-int prune_gather(const eng_model *parent, const arch *target, const prune_select *sel,
-                 eng_model *out, char *err, size_t errlen)
+/* A selection that every gather can follow: 0, or -1 with err naming what is out of range. */
+static int check_select(const arch *pa, const arch *target, const prune_select *sel, char *err, size_t errlen)
 {
-    const arch *pa = &parent->a;
     if (sel->n_layers != target->n_layers || sel->n_hidden != target->hidden_size) {
         snprintf(err, errlen, "pruning selection does not match the target arch");
         return -1;
@@ -486,7 +485,14 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
                 return -1;
             }
     }
-    if (eng_model_init(out, target, parent->be, err, errlen))
+    return 0;
+}
+
+int prune_gather(const eng_model *parent, const arch *target, const prune_select *sel,
+                 eng_model *out, char *err, size_t errlen)
+{
+    const arch *pa = &parent->a;
+    if (check_select(pa, target, sel, err, errlen) || eng_model_init(out, target, parent->be, err, errlen))
         return -1;
     eng_backend *be = parent->be;
     float *src = NULL, *dst = NULL;
