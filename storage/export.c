@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "storage/fileio.h"
+#include "storage/hfconfig.h"
 
 int exp_dtype_parse(const char *s)
 {
@@ -47,7 +48,7 @@ exp_result *exp_result_clear(exp_result *res, exp_result *scratch)
 
 int exp_write_json(const char *path, const json_t *j, char *err, size_t errlen)
 {
-    return fio_write_json(path, j, JSON_INDENT(2) | JSON_REAL_PRECISION(15), err, errlen);
+    return fio_write_json(path, j, JSON_INDENT(2) | JSON_REAL_PRECISION(EXPORT_REAL_DIGITS), err, errlen);
 }
 
 int exp_list_tensors(const eng_model *m, exp_tensor **out, int *n, char *err, size_t errlen)

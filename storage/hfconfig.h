@@ -12,6 +12,9 @@
 
 #include "engine/arch.h"
 
+/* Significant digits of the reals in an exported config.json (exp_write_json). */
+#define EXPORT_REAL_DIGITS 15
+
 /* Parse a config.json object (borrowed) into a (must not own memory; owns the layers
  * on success, arch_free). Source layers come from "autocompress_source_layers" when
  * present (our exports record them), else 0..n-1. Returns 0, or -1 with

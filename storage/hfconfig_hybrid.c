@@ -15,7 +15,9 @@
 #include "storage/hfconfig_hybrid.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "storage/hfconfig.h"
@@ -462,6 +464,27 @@ fail:
     return -1;
 }
 
+/* expand for d_inner di over hidden C as config.json holds it: the double of a decimal of
+ * EXPORT_REAL_DIGITS significant digits (what the file keeps) whose int(expand * C) is di,
+ * as transformers sizes the mixer. di / C itself can print as a decimal just under it
+ * (32 / 24 -> 1.33333333333333, times 24 = 31.99...): then one unit of the last digit up.
+ * 0, or -1 when no such decimal exists. */
+static int mamba2_expand(int di, int C, double *out)
+{
+    double v = (double)di / C;
+    for (int i = 0; i < 3; i++) {
+        char buf[40];
+        snprintf(buf, sizeof buf, "%.*g", EXPORT_REAL_DIGITS, v);
+        double back = strtod(buf, NULL);
+        if ((int64_t)(back * C) == di) {
+            *out = back;
+            return 0;
+        }
+        v = back + pow(10.0, floor(log10(back)) - (EXPORT_REAL_DIGITS - 1));
+    }
+    return -1;
+}
+
 /* Mamba2ForCausalLM's config.json: one Mamba shape for every layer. expand is the float whose
  * int(expand * hidden) is d_inner, as transformers sizes the mixer (it checks the product
  * against num_heads * head_dim); time_step_limit is left at its default (0, inf). */
@@ -479,10 +502,10 @@ static json_t *mamba2_from_arch(const arch *a, const char *torch_dtype, char *er
             return NULL;
         }
     int di = arch_mamba_inner(mb), C = a->hidden_size;
-    double expand = (double)di / C;
-    if (expand * C != (double)di) {
-        snprintf(err, errlen, "config.json: expand = %d / %d has no exact double; transformers would size the mixer "
-                 "%d wide", di, C, (int)(expand * C));
+    double expand;
+    if (mamba2_expand(di, C, &expand)) {
+        snprintf(err, errlen, "config.json: expand = %d / %d has no %d-digit decimal that transformers sizes the "
+                 "mixer %d wide from", di, C, EXPORT_REAL_DIGITS, di);
         return NULL;
     }
     json_t *j = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o,s:f,s:b,s:b,s:b,s:s,s:b,s:b,s:i,s:b,s:s}",

@@ -94,6 +94,37 @@ static void test_llama2c(void **state)
     free(b);
 }
 
+/* A Mamba2ForCausalLM whose d_inner is no whole multiple of hidden (32 over 24, as a hidden
+ * cut leaves it): its config.json, written with the export's digits, reads back the same. */
+static void test_hfconfig_mamba2_expand(void **state)
+{
+    (void)state;
+    arch a, b;
+    char err[256];
+    json_t *j = json_loads("{\"architectures\":[\"Mamba2ForCausalLM\"],\"vocab_size\":512,\"hidden_size\":24,"
+                           "\"num_hidden_layers\":2,\"num_heads\":8,\"head_dim\":4,\"state_size\":16,"
+                           "\"n_groups\":2,\"conv_kernel\":4,\"expand\":1.3333333333333333,"
+                           "\"layer_norm_epsilon\":1e-05,\"tie_word_embeddings\":true}", 0, NULL);
+    assert_non_null(j);
+    if (hfconfig_to_arch(j, &a, err, sizeof err))
+        fail_msg("%s", err);
+    json_t *back = hfconfig_from_arch(&a, NULL, err, sizeof err);
+    if (!back)
+        fail_msg("%s", err);
+    char *text = json_dumps(back, JSON_REAL_PRECISION(EXPORT_REAL_DIGITS));
+    json_t *re = json_loads(text, 0, NULL);
+    assert_non_null(re);
+    if (hfconfig_to_arch(re, &b, err, sizeof err))
+        fail_msg("%s: %s", text, err);
+    assert_true(arch_equal(&a, &b));
+    free(text);
+    json_decref(re);
+    json_decref(back);
+    json_decref(j);
+    arch_free(&a);
+    arch_free(&b);
+}
+
 static void test_hfconfig(void **state)
 {
     (void)state;
@@ -467,6 +498,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_hfconfig),
+        cmocka_unit_test(test_hfconfig_mamba2_expand),
         cmocka_unit_test(test_hfconfig_decilm),
         cmocka_unit_test(test_hfconfig_moe),
         cmocka_unit_test(test_modelio_round_trip),
