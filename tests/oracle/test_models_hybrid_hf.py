@@ -377,11 +377,12 @@ def check_grouped(tmp, c):
 
 def hidden_cut(c, W, h):
     """The parent's weights cut by hand to the first h hidden channels (every tensor reading or
-    writing the residual stream; a LatentMoE's experts keep their latent)."""
+    writing the residual stream; a LatentMoE's experts keep their latent). The residual
+    stream's norms keep the parent's scale: their gains times sqrt(C / h)."""
     C, out = c["C"], {}
     for k, v in W.items():
         if k.endswith(("norm.weight", "norm_f.weight")) and "mixer." not in k:
-            v = v[:h]
+            v = v[:h] * math.sqrt(C / h)
         elif k.endswith(("embeddings.weight", "lm_head.weight", "in_proj.weight", "gate.weight", "fc1_latent_proj.weight",
                          "q_proj.weight", "k_proj.weight", "v_proj.weight")) or \
                 (k.endswith("up_proj.weight") and ".experts." not in k):
