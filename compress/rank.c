@@ -238,6 +238,7 @@ void rank_opts_default(rank_opts *o)
     memset(o, 0, sizeof *o);
     o->tokens = 32768;
     o->layer_tokens = 2048;
+    o->obs_tokens = 16384;
     o->B = 4;
     o->T = 256;
 }
@@ -256,6 +257,8 @@ int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen)
         o->tokens = (int64_t)n;
     if ((int64_t)n < o->layer_tokens)
         o->layer_tokens = (int64_t)n;
+    if ((int64_t)n < o->obs_tokens)
+        o->obs_tokens = (int64_t)n;
     return 0;
 }
 
@@ -280,7 +283,8 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
     int64_t per = (int64_t)o->B * o->T;
     int n_stat = (int)((o->tokens + per - 1) / per);
     int n_layer_b = o->layer_tokens > 0 ? (int)((o->layer_tokens + per - 1) / per) : 0;
-    int64_t total_fwd = n_stat + (n_layer_b ? (int64_t)n_layer_b * (1 + 3 * a->n_layers) : 0), done = 0;
+    int64_t total_fwd = n_stat + (n_layer_b ? (int64_t)n_layer_b * (1 + 3 * a->n_layers) : 0) +
+                        (o->ffn_obs ? a->n_layers : 0), done = 0;
     int *tok = malloc((size_t)per * sizeof *tok), *tgt = malloc((size_t)per * sizeof *tgt);
     float *logits = n_layer_b ? malloc((size_t)per * (size_t)a->vocab_size * sizeof *logits) : NULL;
     eng_act_stats *st = eng_stats_new(m);
@@ -361,6 +365,13 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             }
         }
         out->layer_tokens = (int64_t)n_layer_b * per;
+    }
+    if (o->ffn_obs) {
+        int rc = rank_obs_ffn(m, calib, o, out, done, total_fwd, err, errlen);
+        if (rc == 1)
+            goto stopped;
+        if (rc)
+            goto fail;
     }
     if (rank_sort(out)) {
         snprintf(err, errlen, "out of memory sorting");
@@ -544,9 +555,10 @@ json_t *rank_to_json(const rank_result *r)
             return NULL;
         }
     }
-    return json_pack("{s:i,s:i,s:i,s:I,s:I,s:b,s:f,s:o*,s:o}", "version", 1, "hidden_size", r->hidden_size,
+    return json_pack("{s:i,s:i,s:i,s:I,s:I,s:b,s:s,s:f,s:o*,s:o}", "version", 1, "hidden_size", r->hidden_size,
                      "n_layers", r->n_layers, "tokens", (json_int_t)r->tokens, "layer_tokens",
-                     (json_int_t)r->layer_tokens, "keep_kv", r->keep_kv, "base_loss",
+                     (json_int_t)r->layer_tokens, "keep_kv", r->keep_kv, "ffn_order",
+                     r->ffn_obs ? "obs" : "activation", "base_loss",
                      isfinite(r->base_loss) ? r->base_loss : 0.0, "hidden",
                      score_perm(r->hidden_score, r->hidden_perm, r->hidden_size), "layers", layers);
 }
@@ -641,6 +653,8 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
     out->tokens = json_integer_value(json_object_get(j, "tokens"));
     out->layer_tokens = json_integer_value(json_object_get(j, "layer_tokens"));
     out->keep_kv = json_is_true(json_object_get(j, "keep_kv"));
+    const char *fo = json_string_value(json_object_get(j, "ffn_order"));
+    out->ffn_obs = fo && !strcmp(fo, "obs");
     out->base_loss = json_number_value(json_object_get(j, "base_loss"));
     if (read_score_perm(hidden, out->hidden_size, out->hidden_score, out->hidden_perm, "hidden", err, errlen))
         goto fail;

@@ -9,6 +9,7 @@
  * normalized layer inputs; layer = calibration loss increase when its attention, its MLP
  * or both are skipped (gates at 0). Permutations sort units by descending score (ties by
  * index); query heads are sorted inside their KV group, groups by group score.
+ * With ffn_obs the FFN units are ordered by greedy OBS instead (rank_obs_ffn).
  * A ranking is saved as JSON (scores + permutations) and reused for the same parent.
  */
 #ifndef AC_COMPRESS_RANK_H
@@ -49,6 +50,7 @@ typedef struct {
     int64_t tokens;                     /* tokens behind the activation scores */
     int64_t layer_tokens;               /* tokens behind the layer scores (0: not computed) */
     int keep_kv;                        /* 1: KV heads were held fixed (heads ranked inside groups only) */
+    int ffn_obs;                        /* 1: FFN units in greedy OBS order (rank_obs_ffn) */
 } rank_result;
 
 typedef struct {
@@ -56,6 +58,8 @@ typedef struct {
     int64_t layer_tokens;   /* tokens for the layer-skip losses (0: skip that part) */
     int B, T;               /* batch rows and sequence length of calibration forwards */
     int keep_kv;            /* 1: rank query heads inside fixed KV groups only */
+    int ffn_obs;            /* 1: order dense FFN units by greedy OBS (rank_obs_ffn) */
+    int64_t obs_tokens;     /* calibration tokens behind its Grams */
     /* optional progress: called after every forward with (done, total forwards); a
      * non-zero return stops the ranking (rank_compute then returns 1) */
     int (*progress)(void *ctx, int64_t done, int64_t total);
@@ -80,6 +84,21 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
                  char *err, size_t errlen);
 void rank_free(rank_result *r);
 
+/* FFN units by ZipLM's greedy OBS rule instead of activations (compress/rank_obs.c): for
+ * every dense FFN layer of m, the Gram of down_proj's inputs on o->obs_tokens tokens of
+ * `text` (sequences of 512, from its start), then the greedy removal order; each unit's
+ * ffn_score becomes the step that removed it (0 = first; later = more important), so
+ * rank_sort puts the last removed first. MoE layers keep their activation scores.
+ * progress (o's) is called after each layer with (done + layers so far, total).
+ * 0 (r->ffn_obs set), 1 when stopped, or -1 with a reason. */
+int rank_obs_ffn(eng_model *m, const td_stream *text, const rank_opts *o, rank_result *r, int64_t done, int64_t total,
+                 char *err, size_t errlen);
+
+/* The greedy OBS removal order of the F input columns of W [C, F] (fp32, row-major) under
+ * the Gram G [F, F] (damped by 1% of its mean diagonal): step[j] = the step removing
+ * column j (0..F-1). 0; 1 when G is not positive definite; -1 out of memory. */
+int rank_obs_order(const double *G, const float *W, int C, int F, double *step);
+
 /* 0 if r was computed for a model of m's shape, else -1 with the mismatch in err. */
 int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errlen);
 
@@ -92,7 +111,7 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
  * a reason in err (shape mismatch, out of memory). */
 int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
 
-/* JSON form: {"version":1, "hidden_size", "n_layers", "tokens", "layer_tokens", "keep_kv",
+/* JSON form: {"version":1, "hidden_size", "n_layers", "tokens", "layer_tokens", "keep_kv", "ffn_order",
  * "base_loss", "hidden": {"score":[], "perm":[]}, "layers": [{"n_heads", "n_kv_heads",
  * "ffn_dim", "ffn": {"score", "perm"}, "heads": {"score", "perm"}, "groups": {"score",
  * "perm"}, "skip": {"attention", "mlp", "layer"}, MoE layers "experts": {"n_experts",

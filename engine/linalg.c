@@ -14,6 +14,8 @@ enum { LA_ROWS = 512 };
 /* LAPACK (Fortran calling convention; the trailing length is gfortran's hidden one). */
 extern void dposv_(const char *uplo, const int *n, const int *nrhs, double *a, const int *lda, double *b,
                    const int *ldb, int *info, size_t uplo_len);
+extern void dpotrf_(const char *uplo, const int *n, double *a, const int *lda, int *info, size_t uplo_len);
+extern void dpotri_(const char *uplo, const int *n, double *a, const int *lda, int *info, size_t uplo_len);
 
 void eng_la_gram(double *G, const float *X, size_t n, int d)
 {
@@ -121,4 +123,30 @@ double eng_la_sq_residual(const float *X, size_t n, int d, const float *W, int d
     }
     free(t);
     return s;
+}
+
+int eng_la_spd_inverse(double *A, int d, double damp, double *lambda)
+{
+    double tr = 0;
+    for (int i = 0; i < d; i++)
+        tr += A[(size_t)i * d + i];
+    if (!(tr > 0))
+        return 1;
+    double lam = damp * tr / d;
+    if (lambda)
+        *lambda = lam;
+    for (int i = 0; i < d; i++)
+        A[(size_t)i * d + i] += lam;
+    int info = 0;
+    /* row-major symmetric = column-major symmetric: "L" of one is "U" of the other, and
+       the result's other triangle is filled from it below */
+    dpotrf_("L", &d, A, &d, &info, 1);
+    if (info == 0)
+        dpotri_("L", &d, A, &d, &info, 1);
+    if (info != 0)
+        return 1;
+    for (int i = 0; i < d; i++)   /* column-major lower = row-major upper: copy it down */
+        for (int j = i + 1; j < d; j++)
+            A[(size_t)j * d + i] = A[(size_t)i * d + j];
+    return 0;
 }

@@ -24,6 +24,12 @@ void eng_la_cross(double *R, const float *Y, int ldy, int dy, const float *X, in
 int eng_la_ridge(const double *G, const double *R, const float *prior, int d, int dy, double damp, float *W,
                  double *lambda);
 
+/* A [d, d] (symmetric, row-major) := (A + lambda I)^-1 in place, lambda = damp times the
+ * mean of A's diagonal (*lambda gets it; may be NULL), by LAPACK's Cholesky (dpotrf,
+ * dpotri) in fp64. 0; 1 when the diagonal is all zero or the matrix is not positive
+ * definite (A is then clobbered). */
+int eng_la_spd_inverse(double *A, int d, double damp, double *lambda);
+
 /* C [m, n] = A [m, k] B [k, n] (row-major, fp32). */
 void eng_la_matmul(const float *A, const float *B, float *C, int m, int n, int k);
 

@@ -35,6 +35,8 @@ static void usage(FILE *f)
             "  --no-reconstruct     keep the plain slice (reconstruction needs --calib)\n"
             "  --recon-outputs-only refit o_proj and down_proj only, not q/k/v and gate/up\n"
             "  --keep-kv            rank query heads inside fixed KV groups only\n"
+            "  --ffn-obs            order FFN units by ZipLM's greedy OBS rule on down_proj's input\n"
+            "                       Grams (16384 tokens) instead of their mean activation\n"
             "  --batch B --seq T    calibration forward shape (default 4 x 256)\n"
             "  --tokenizer PATH     tokenizer override for MODEL\n"
             "  --seed N             document order of the calibration text (default 1234)\n"
@@ -78,7 +80,7 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         {"seq", required_argument, NULL, 's'},          {"threads", required_argument, NULL, 'j'},
         {"seed", required_argument, NULL, 'S'},         {"keep-kv", no_argument, NULL, 'K'},
         {"recon-tokens", required_argument, NULL, 'R'}, {"no-reconstruct", no_argument, NULL, 'N'},
-        {"recon-outputs-only", no_argument, NULL, 'O'},
+        {"recon-outputs-only", no_argument, NULL, 'O'}, {"ffn-obs", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},               {0}};
     memset(a, 0, sizeof *a);
     rank_opts_default(&a->ro);
@@ -109,6 +111,7 @@ static int prune_parse(int argc, char **argv, prune_args *a)
                 a->po.seed = (uint64_t)seed;
             break;
         case 'K': a->ro.keep_kv = 1; break;
+        case 'F': a->ro.ffn_obs = 1; break;
         case 'R': cli_i64(&p, 1, INT64_MAX, &a->rc.tokens); break;
         case 'N': a->reconstruct = 0; break;
         case 'O': a->rc.inputs = 0; break;

@@ -277,6 +277,42 @@ static void test_keep_kv(void **state)
     assert_non_null(strstr(err, "calibration"));
 }
 
+/* FFN units in greedy OBS order: every layer's scores are the removal steps 0..F-1, the
+ * permutation puts the last removed first, and the JSON keeps the order's name. */
+static void test_ffn_obs(void **state)
+{
+    fixture *f = *state;
+    char err[256];
+    rank_opts o = {.tokens = B * T, .B = B, .T = T, .ffn_obs = 1, .obs_tokens = 512};
+    rank_result r, back;
+    if (rank_compute(&f->p, &f->calib, &o, &r, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(r.ffn_obs, 1);
+    int differs = 0;
+    for (int l = 0; l < NL; l++) {
+        const rank_layer *L = &r.layers[l];
+        int *seen = calloc((size_t)L->ffn_dim, sizeof *seen);
+        for (int i = 0; i < L->ffn_dim; i++) {
+            double st = L->ffn_score[i];
+            assert_true(st >= 0 && st < L->ffn_dim && st == floor(st));
+            seen[(int)st]++;
+            assert_true(L->ffn_score[L->ffn_perm[i]] == L->ffn_dim - 1 - i);
+            differs |= L->ffn_perm[i] != f->r.layers[l].ffn_perm[i];
+        }
+        for (int i = 0; i < L->ffn_dim; i++)
+            assert_int_equal(seen[i], 1);
+        free(seen);
+    }
+    assert_true(differs);   /* not the activation order */
+    json_t *j = rank_to_json(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "ffn_order")), "obs");
+    assert_int_equal(rank_from_json(j, &back, err, sizeof err), 0);
+    assert_int_equal(back.ffn_obs, 1);
+    json_decref(j);
+    rank_free(&back);
+    rank_free(&r);
+}
+
 /* Qwen2-MoE parent: MoE, dense, MoE (one with a shared expert). */
 static void moe_arch(arch *a)
 {
@@ -388,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_json_roundtrip),
         cmocka_unit_test(test_layer_skip_matches_removal),
         cmocka_unit_test(test_keep_kv),
+        cmocka_unit_test(test_ffn_obs),
         cmocka_unit_test(test_moe_experts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
