@@ -5,7 +5,8 @@ else pruned, in float64 PyTorch: the parent, the channel slice (channels ranked 
 (RMSNorm weights folded into the next projections, one orthogonal Q for every layer, the
 first KEEP principal directions kept), with the head untied (the rotated head is
 E*diag(g)*Q, no longer the embedding) or kept tied with the rotated final norm's diagonal.
-WikiText-2 raw test, 8 x 256 tokens; calibration 32 x 256 tokens of C4 (8 used).
+WikiText-2 raw test, 8 x 256 tokens; calibration 32 x 256 tokens of C4 (8 used). Each slice
+also with the residual norms' gains x sqrt(C/KEEP), as the product slices.
 usage: python rotation_probe.py MODEL.gguf WIKI.raw KEEP   (the project venv: gguf,
 llama_cpp for the tokenizer; docs/pruning.md has the numbers)"""
 import json, math, os, sys, time
@@ -90,7 +91,11 @@ def slice_model(M, idx, head_sep=False):
     for p in M["l"]:
         S["l"].append(dict(an=p["an"][idx], fn=p["fn"][idx], q=p["q"][:, idx], k=p["k"][:, idx], v=p["v"][:, idx], o=p["o"][idx], g=p["g"][:, idx], u=p["u"][:, idx], d=p["d"][idx]))
     return S
-print("channel slice %d: ppl %.2f" % (keep, ppl(slice_model(P, idx), ev)), flush=True)
+Sc = slice_model(P, idx)
+print("channel slice %d: ppl %.2f" % (keep, ppl(Sc, ev)), flush=True)
+sc = math.sqrt(C / keep)   # the product's slice: residual norms' gains x sqrt(C/C')
+Sc["on"] = Sc["on"] * sc; Sc["l"] = [dict(p, an=p["an"] * sc, fn=p["fn"] * sc) for p in Sc["l"]]
+print("channel slice %d, norm scale %.3f: ppl %.2f" % (keep, sc, ppl(Sc, ev)), flush=True)
 # fold norms, rotate by PCA of residual stream
 F = {"emb": P["emb"].clone(), "on": torch.ones(C, dtype=torch.float64), "l": []}
 F["head"] = P["head"] * P["on"][None]
