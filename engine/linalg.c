@@ -57,17 +57,27 @@ void eng_la_cross(double *R, const float *Y, int ldy, int dy, const float *X, in
     free(t);
 }
 
-int eng_la_ridge(const double *G, const double *R, const float *prior, int d, int dy, double damp, float *W,
-                 double *lambda)
+/* lambda = damp times the mean of G's diagonal (also into *out when out is set): 0, or 1
+ * when the diagonal is all zero (no signal). */
+static int damping(const double *G, int d, double damp, double *lam, double *out)
 {
     double tr = 0;
     for (int i = 0; i < d; i++)
         tr += G[(size_t)i * d + i];
     if (!(tr > 0))
         return 1;
-    double lam = damp * tr / d;
-    if (lambda)
-        *lambda = lam;
+    *lam = damp * tr / d;
+    if (out)
+        *out = *lam;
+    return 0;
+}
+
+int eng_la_ridge(const double *G, const double *R, const float *prior, int d, int dy, double damp, float *W,
+                 double *lambda)
+{
+    double lam;
+    if (damping(G, d, damp, &lam, lambda))
+        return 1;
     double *A = malloc(sizeof(double) * (size_t)d * d), *B = malloc(sizeof(double) * (size_t)d * dy);
     if (!A || !B) {
         free(A);
@@ -127,14 +137,9 @@ double eng_la_sq_residual(const float *X, size_t n, int d, const float *W, int d
 
 int eng_la_spd_inverse(double *A, int d, double damp, double *lambda)
 {
-    double tr = 0;
-    for (int i = 0; i < d; i++)
-        tr += A[(size_t)i * d + i];
-    if (!(tr > 0))
+    double lam;
+    if (damping(A, d, damp, &lam, lambda))
         return 1;
-    double lam = damp * tr / d;
-    if (lambda)
-        *lambda = lam;
     for (int i = 0; i < d; i++)
         A[(size_t)i * d + i] += lam;
     int info = 0;
