@@ -1,5 +1,5 @@
-/* compress/rank_obs.c — FFN units ordered by ZipLM's greedy OBS rule (rank.h's
- * RANK_FFN_OBS): per layer, the Gram H = XᵀX of down_proj's inputs X on calibration text
+/* compress/rank_obs.c — FFN units ordered by ZipLM's greedy OBS rule (rank_opts.ffn_obs,
+ * `prune --ffn-obs`): per layer, the Gram H = XᵀX of down_proj's inputs X on calibration text
  * (the parent, block by block: eng_stepper), then units removed one at a time, each the
  * column j of W = down_proj with the least ‖W[:,j]‖² / [H⁻¹]ⱼⱼ (the output error its
  * removal costs once the other columns are refit), W and H⁻¹ updated after each
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/reconstruct.h"
 #include "engine/linalg.h"
 
 #define OBS_DAMP 0.01
@@ -97,19 +98,6 @@ int rank_obs_order(const double *G, const float *W, int C, int F, double *step)
     return rc;
 }
 
-/* W [C, F] := layer l's down_proj (Llama-family or Nemotron-H names). 0, or -1 if absent. */
-static int get_down(const eng_model *m, int l, float *W, int C, int F)
-{
-    static const char *const fmt[] = {"model.layers.%d.mlp.down_proj.weight", "backbone.layers.%d.mixer.down_proj.weight"};
-    for (size_t i = 0; i < sizeof fmt / sizeof *fmt; i++) {
-        char name[96];
-        snprintf(name, sizeof name, fmt[i], l);
-        if (eng_model_get_tensor(m, name, W, (int64_t)C * F) == (int64_t)C * F)
-            return 0;
-    }
-    return -1;
-}
-
 int rank_obs_ffn(eng_model *m, const td_stream *text, const rank_opts *o, rank_result *r, int64_t done, int64_t total,
                  char *err, size_t errlen)
 {
@@ -146,8 +134,10 @@ int rank_obs_ffn(eng_model *m, const td_stream *text, const rank_opts *o, rank_r
         }
         if (!F)
             continue;
-        if (get_down(m, l, W, C, F)) {
-            snprintf(err, errlen, "layers[%d]: no down_proj of %d x %d for the OBS ranking", l, C, F);
+        char name[128];
+        recon_proj_name(a, l, RP_DOWN, name, sizeof name);
+        if (eng_model_get_tensor(m, name, W, (int64_t)C * F) != (int64_t)C * F) {
+            snprintf(err, errlen, "layers[%d]: no %s of %d x %d for the OBS ranking", l, name, C, F);
             rc = -1;
             break;
         }

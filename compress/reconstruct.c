@@ -34,10 +34,7 @@ const char *const recon_proj_names[RP_COUNT] = {
     "experts.gate_proj", "experts.up_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
     "shared_expert_gate", "fc1_latent_proj"};
 
-/* The engine's name of projection proj (< RP_ROUTER) of layer l in a model of shape a (engine/model.c):
- * model.layers.l.self_attn.* and .mlp.*, or Nemotron-H's and Mamba-2's
- * backbone.layers.l.mixer.* (a layer holding a mixer and an MLP names the MLP's mlp.*). */
-static void proj_name(const arch *a, int l, int proj, char *out, size_t cap)
+void recon_proj_name(const arch *a, int l, int proj, char *out, size_t cap)
 {
     int mlp = proj >= RP_GATE && proj <= RP_DOWN;
     if (arch_hybrid(a))
@@ -189,7 +186,7 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
         for (int j = 0; j < c; j++)
             s->T[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
     char name[96];
-    proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
+    recon_proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
     if (!rp->pruned)
         return try_weights(s, rp, name, s->X, s->T, NULL, err, errlen);
     memset(s->G, 0, sizeof(double) * (size_t)d * d);
@@ -315,8 +312,8 @@ static int refit_inputs(rc_state *s, int i, int src, int part, char *err, size_t
         int n = kept_rows(s, i, proj, rows);
         int64_t prow = proj == RP_IN ? arch_mamba_in_rows(&pl->mamba) : proj == RP_Q ? pl->n_heads * s->P->a.head_dim
                      : proj <= RP_V ? pl->n_kv_heads * s->P->a.head_dim : pl->ffn_dim;
-        proj_name(&s->P->a, src, proj, pname, sizeof pname);
-        proj_name(&s->S->a, i, proj, name, sizeof name);
+        recon_proj_name(&s->P->a, src, proj, pname, sizeof pname);
+        recon_proj_name(&s->S->a, i, proj, name, sizeof name);
         recon_proj rp = {.layer = i, .source_layer = src, .proj = proj, .expert = -1, .lambda = lambda};
         rc = refit_input(s, &rp, name, pname, prow, rows, n, solved, err, errlen);
     }
@@ -488,7 +485,7 @@ static void layer_path(char *buf, size_t n, const char *dir, int i)
     snprintf(buf, n, "%s/layer-%04d.safetensors", dir, i);
 }
 
-/* Write layer i's projections as they are now (those named by proj_name and an MoE's
+/* Write layer i's projections as they are now (those named by recon_proj_name and an MoE's
  * inputs) and the outcomes pushed since first. */
 static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 {
@@ -502,7 +499,7 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
     eng_model_moe_inputs(s->S, i, mi, nm);
     for (int k = 0; k < cap; k++) {
         if (k < RP_ROUTER)
-            proj_name(&s->S->a, i, k, names[n], sizeof names[n]);
+            recon_proj_name(&s->S->a, i, k, names[n], sizeof names[n]);
         else
             snprintf(names[n], sizeof names[n], "%s", mi[k - RP_ROUTER].name);
         const char *name;

@@ -56,6 +56,11 @@ enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_IN, RP_OUT, RP_ROUTER
        RP_SUP, RP_SGATEW, RP_LATIN, RP_COUNT };
 extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "out_proj", "router", "experts.gate_proj" ... */
 
+/* The engine's name of projection proj (< RP_ROUTER) of layer l in a model of shape a
+ * (engine/model.c): model.layers.l.self_attn.* and .mlp.*, or Nemotron-H's and Mamba-2's
+ * backbone.layers.l.mixer.* (a layer holding a mixer and an MLP names the MLP's mlp.*). */
+void recon_proj_name(const arch *a, int l, int proj, char *out, size_t cap);
+
 /* One projection's outcome. Errors are sums of squares over the calibration tokens and
  * the projection's kept outputs; target_sq is the parent output's own sum of squares. */
 typedef struct {
