@@ -29,6 +29,8 @@ void prune_select_free(prune_select *s)
         free(s->layers[i].ffn);
         free(s->layers[i].exp);
         free(s->layers[i].mh);
+        free(s->layers[i].ef);
+        free(s->layers[i].sf);
     }
     free(s->layers);
     memset(s, 0, sizeof *s);
@@ -93,10 +95,13 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
             if (te->top_k > pe->top_k)
                 BAD("layers[%d].moe.top_k: %d is more than parent layer %d's %d", i, te->top_k, tl->source_layer,
                     pe->top_k);
-            if (te->expert_ffn_dim != pe->expert_ffn_dim || te->shared_ffn_dim != pe->shared_ffn_dim)
-                BAD("layers[%d].moe: expert widths %d/%d differ from parent layer %d's %d/%d (experts are kept or "
-                    "dropped whole in this build)", i, te->expert_ffn_dim, te->shared_ffn_dim, tl->source_layer,
-                    pe->expert_ffn_dim, pe->shared_ffn_dim);
+            if (te->expert_ffn_dim > pe->expert_ffn_dim)
+                BAD("layers[%d].moe.expert_ffn_dim: %d is wider than parent layer %d's %d", i, te->expert_ffn_dim,
+                    tl->source_layer, pe->expert_ffn_dim);
+            if (te->shared_ffn_dim > pe->shared_ffn_dim || (pe->shared_ffn_dim && !te->shared_ffn_dim))
+                BAD("layers[%d].moe.shared_ffn_dim: %d; parent layer %d's shared expert is %d wide (a shared "
+                    "expert is kept, narrowed or not, and none is added)", i, te->shared_ffn_dim, tl->source_layer,
+                    pe->shared_ffn_dim);
             if (te->norm_topk != pe->norm_topk)
                 BAD("layers[%d].moe.norm_topk: differs from parent layer %d's", i, tl->source_layer);
             if (te->sigmoid != pe->sigmoid || te->routed_scale != pe->routed_scale)
@@ -316,9 +321,10 @@ static int parse_expert(const char *rest, tkind *kind, int *expert, int *prefix_
 /* Parse an HF tensor name into a kind and layer (-1 for globals), and the name of the
  * tensor it comes from in the parent (layer ls->src, expert ls->exp[e]) into pname.
  * 0, or -1 if unknown. */
-static int parse_name(const char *name, const prune_select *sel, tkind *kind, int *layer, char *pname, size_t cap)
+static int parse_name(const char *name, const prune_select *sel, tkind *kind, int *layer, int *expert, char *pname,
+                      size_t cap)
 {
-    *layer = -1;
+    *layer = *expert = -1;
     snprintf(pname, cap, "%s", name);
     if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "backbone.embeddings.weight")) {
         *kind = T_EMB;
@@ -354,6 +360,7 @@ static int parse_name(const char *name, const prune_select *sel, tkind *kind, in
             return -1;
         *kind = end2[1] == 'u' ? T_XU : T_XD;
         *layer = (int)l;
+        *expert = (int)x;
         snprintf(pname, cap, "backbone.layers.%d.mixer.experts.%d.%s", sel->layers[l].src, sel->layers[l].exp[x],
                  end2 + 1);
         return 0;
@@ -380,18 +387,21 @@ static int parse_name(const char *name, const prune_select *sel, tkind *kind, in
     if (parse_expert(end + 1, kind, &e, &plen, &suffix) || e >= ls->nexp)
         return -1;
     *layer = (int)l;
+    *expert = e;
     snprintf(pname, cap, "model.layers.%d.%.*sexperts.%d.%s", ls->src, plen, end + 1, ls->exp[e], suffix);
     return 0;
 }
 
 /* The gather of one tensor of kind k: its row and column maps and the parent tensor's shape;
- * mrows: the Mamba layer's in_proj or conv rows (mamba_rows) for T_MIN, T_MCONVW, T_MCONVB. */
+ * mrows: the Mamba layer's in_proj or conv rows (mamba_rows) for T_MIN, T_MCONVW, T_MCONVB;
+ * x: the target expert of T_XG, T_XU, T_XD. */
 static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const prune_layer_sel *ls,
-                        const int *mrows, axis_map *rows, axis_map *cols, int64_t *src_rows, int64_t *src_cols)
+                        const int *mrows, int x, axis_map *rows, axis_map *cols, int64_t *src_rows, int64_t *src_cols)
 {
     const arch_layer *pl = ls ? &pa->layers[ls->src] : NULL;
     const int64_t C = pa->hidden_size, D = pa->head_dim;
     const axis_map hid = {sel->hidden, 1}, none = {NULL, 1};
+    const axis_map eu = {ls && ls->ef && x >= 0 ? ls->ef + (size_t)x * ls->nef : NULL, 1}, su = {ls ? ls->sf : NULL, 1};
     *rows = *cols = none;
     *src_cols = 1;
     switch (k) {
@@ -408,17 +418,17 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     case T_RBIAS: *rows = (axis_map){ls->exp, 1}; *src_rows = pl->moe.n_experts; break;
     /* a LatentMoE's experts read and write the latent, which the hidden size's cut leaves whole */
     case T_XG: case T_XU:
-        *cols = pl->moe.latent_dim ? none : hid, *src_rows = pl->moe.expert_ffn_dim;
+        *rows = eu, *cols = pl->moe.latent_dim ? none : hid, *src_rows = pl->moe.expert_ffn_dim;
         *src_cols = arch_moe_io(&pl->moe, (int)C);
         break;
     case T_XD:
-        *rows = pl->moe.latent_dim ? none : hid, *src_rows = arch_moe_io(&pl->moe, (int)C);
+        *rows = pl->moe.latent_dim ? none : hid, *cols = eu, *src_rows = arch_moe_io(&pl->moe, (int)C);
         *src_cols = pl->moe.expert_ffn_dim;
         break;
     case T_LATIN: *cols = hid; *src_rows = pl->moe.latent_dim; *src_cols = C; break;
     case T_LATOUT: *rows = hid; *src_rows = C; *src_cols = pl->moe.latent_dim; break;
-    case T_SG: case T_SU: *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;
-    case T_SD: *rows = hid; *src_rows = C; *src_cols = pl->moe.shared_ffn_dim; break;
+    case T_SG: case T_SU: *rows = su; *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;
+    case T_SD: *rows = hid; *cols = su; *src_rows = C; *src_cols = pl->moe.shared_ffn_dim; break;
     case T_SGATE: *cols = hid; *src_rows = 1; *src_cols = C; break;
     case T_MIN:
         *rows = (axis_map){mrows, 1}, *cols = hid, *src_cols = C;
@@ -477,6 +487,16 @@ static int check_select(const arch *pa, const arch *target, const prune_select *
                 snprintf(err, errlen, "layers[%d]: expert %d out of range", l, ls->exp[i]);
                 return -1;
             }
+        for (int i = 0; ls->ef && i < ls->nexp * ls->nef; i++)
+            if (ls->ef[i] < 0 || ls->ef[i] >= pl->moe.expert_ffn_dim) {
+                snprintf(err, errlen, "layers[%d]: expert unit %d out of range", l, ls->ef[i]);
+                return -1;
+            }
+        for (int i = 0; ls->sf && i < ls->nsf; i++)
+            if (ls->sf[i] < 0 || ls->sf[i] >= pl->moe.shared_ffn_dim) {
+                snprintf(err, errlen, "layers[%d]: shared expert unit %d out of range", l, ls->sf[i]);
+                return -1;
+            }
         int G = pl->mamba.n_groups;
         for (int i = 0; i < ls->nm; i++)   /* a head stays in its group: B and C are the group's */
             if (ls->mh[i] < 0 || ls->mh[i] >= pl->mamba.n_heads ||
@@ -509,9 +529,9 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
             goto fail;
         }
         tkind kind;
-        int layer;
+        int layer, expert;
         char pname[160];
-        if (parse_name(name, sel, &kind, &layer, pname, sizeof pname)) {
+        if (parse_name(name, sel, &kind, &layer, &expert, pname, sizeof pname)) {
             snprintf(err, errlen, "tensor %s: not known to pruning", name);
             goto fail;
         }
@@ -522,7 +542,7 @@ int prune_gather(const eng_model *parent, const arch *target, const prune_select
         if ((kind == T_MIN || kind == T_MCONVW || kind == T_MCONVB) &&
             !(mrows = mamba_rows(&pa->layers[sel->layers[layer].src].mamba, &sel->layers[layer], kind == T_MIN)))
             goto oom;
-        gather_axes(kind, pa, sel, layer >= 0 ? &sel->layers[layer] : NULL, mrows, &rows, &cols, &src_rows,
+        gather_axes(kind, pa, sel, layer >= 0 ? &sel->layers[layer] : NULL, mrows, expert, &rows, &cols, &src_rows,
                     &src_cols);
         int64_t src_n = src_rows * src_cols;
         if (src_n > src_cap) {

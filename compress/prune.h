@@ -5,7 +5,8 @@
  * hidden channels and for each target layer, which parent units land where. Pruning
  * assumes the parent is already permuted by compress/rank (keeping width w = keeping
  * the first w units); it never reranks. Llama family, the MoE families (experts kept or
- * dropped whole, with their router rows; expert widths are not pruned by this build) and
+ * dropped with their router rows, every kept expert cut to the layer's expert width, each by
+ * its own unit order, and the shared expert to its width) and
  * Nemotron-H (Mamba heads kept the same number per group, with their z, x and dt rows of
  * in_proj, conv channels of x, dt_bias, A_log, D, gated-norm weights and out_proj columns;
  * B, C, head_dim and the state size are not pruned).
@@ -29,6 +30,10 @@ typedef struct {
     int *exp;                /* [nexp] parent experts (MoE layers); NULL when 0 */
     int *mh;                 /* [nm] parent Mamba heads (Mamba layers; target head h of group g is
                                 parent head mh[h], in group g too); NULL when 0 */
+    int nef, nsf;            /* expert and shared-expert units kept (0 with ef / sf NULL) */
+    int *ef;                 /* [nexp*nef]: unit u of target expert e is unit ef[e*nef + u] of parent
+                                expert exp[e]; NULL: the first units of each */
+    int *sf;                 /* [nsf] the shared expert's units; NULL: its first units */
 } prune_layer_sel;
 
 typedef struct {
@@ -45,8 +50,8 @@ void prune_select_free(prune_select *s);
  * layer's; KV heads no more than the parent's and query heads per KV head no more than
  * the parent's group; source layers in range and strictly increasing; attention / MLP
  * present in the parent where the target keeps them; an MoE layer keeps no more experts than
- * its source, a top_k no larger than its source's, the same expert and shared widths and
- * norm_topk; a Mamba layer keeps no more heads than its source, with its head_dim, state
+ * its source, a top_k no larger than its source's, expert and shared widths no wider than
+ * its source's (a shared expert is kept, narrowed or not) and the same norm_topk; a Mamba layer keeps no more heads than its source, with its head_dim, state
  * size, groups and conv kernel). Returns 0, or -1 with a message
  * naming the offending field ("layers[2].ffn_dim: 900 is wider than parent layer 3's
  * 768") in err. */

@@ -31,6 +31,10 @@ void rank_free(rank_result *r)
         free(L->expert_score);
         free(L->expert_perm);
         free(L->expert_share);
+        free(L->unit_score);
+        free(L->unit_perm);
+        free(L->shared_score);
+        free(L->shared_perm);
         free(L->mamba_score);
         free(L->mamba_perm);
     }
@@ -66,6 +70,19 @@ static int rank_alloc(rank_result *r, const arch *a)
             return -1;
         for (int i = 0; i < L->n_experts; i++)
             L->expert_perm[i] = i;
+        L->expert_ffn = L->n_experts ? al->moe.expert_ffn_dim : 0;
+        L->shared_ffn = L->n_experts ? al->moe.shared_ffn_dim : 0;
+        size_t nu = (size_t)L->n_experts * (size_t)L->expert_ffn, ns = (size_t)L->shared_ffn;
+        L->unit_score = calloc(nu ? nu : 1, sizeof(double));
+        L->unit_perm = calloc(nu ? nu : 1, sizeof(int));
+        L->shared_score = calloc(ns ? ns : 1, sizeof(double));
+        L->shared_perm = calloc(ns ? ns : 1, sizeof(int));
+        if (!L->unit_score || !L->unit_perm || !L->shared_score || !L->shared_perm)
+            return -1;
+        for (size_t i = 0; i < nu; i++)
+            L->unit_perm[i] = (int)(i % (size_t)L->expert_ffn);
+        for (size_t i = 0; i < ns; i++)
+            L->shared_perm[i] = (int)i;
         L->n_egroups = arch_moe_grouped(&al->moe) ? al->moe.n_group : 1;
         L->n_mamba = al->mamba.n_heads;
         L->n_mgroups = al->mamba.n_heads ? al->mamba.n_groups : 0;
@@ -150,6 +167,13 @@ static int rank_sort(rank_result *r)
             if (sort_desc(L->expert_score, members, per, L->expert_perm + g * per))
                 return -1;
         }
+        for (int x = 0; x < L->n_experts; x++) {   /* each expert's units, in its own order */
+            size_t at = (size_t)x * L->expert_ffn;
+            if (sort_desc(L->unit_score + at, NULL, L->expert_ffn, L->unit_perm + at))
+                return -1;
+        }
+        if (sort_desc(L->shared_score, NULL, L->shared_ffn, L->shared_perm))
+            return -1;
         for (int g = 0, per = L->n_mgroups ? L->n_mamba / L->n_mgroups : 0; g < L->n_mgroups; g++) {
             int members[4096];   /* <= n_heads <= 4096 (arch_validate) */
             for (int j = 0; j < per; j++)
@@ -323,6 +347,10 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             L->expert_score[i] = st->expert_mass[l][i] * inv;
             L->expert_share[i] = slots > 0 ? st->expert_tokens[l][i] / slots : 0;
         }
+        for (size_t i = 0; i < (size_t)L->n_experts * L->expert_ffn; i++)
+            L->unit_score[i] = st->expert_unit[l][i] * inv;
+        for (int i = 0; i < L->shared_ffn; i++)
+            L->shared_score[i] = st->shared_unit[l][i] * inv;
     }
     if (n_layer_b) {
         if (!m->masks && eng_model_enable_masks(m)) {
@@ -410,6 +438,13 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
     for (int l = 0; l < a->n_layers; l++) {
         const rank_layer *L = &r->layers[l];
         const arch_layer *al = &a->layers[l];
+        if (L->n_experts &&
+            (L->expert_ffn != al->moe.expert_ffn_dim || L->shared_ffn != al->moe.shared_ffn_dim)) {
+            snprintf(err, errlen, "ranking layer %d orders experts of %d units (shared %d), the model's have %d (%d)%s",
+                     l, L->expert_ffn, L->shared_ffn, al->moe.expert_ffn_dim, al->moe.shared_ffn_dim,
+                     L->expert_ffn ? "" : ": a ranking without expert units, rank the parent again");
+            return -1;
+        }
         if (L->ffn_dim != al->ffn_dim || L->n_heads != al->n_heads || L->n_experts != al->moe.n_experts ||
             (al->n_heads && L->n_kv_heads != al->n_kv_heads) || L->n_mamba != al->mamba.n_heads ||
             (L->n_mamba && L->n_mgroups != al->mamba.n_groups)) {
@@ -452,6 +487,14 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen)
         ls->ffn = dup_ints(L->ffn_perm, ls->nffn);
         ls->nexp = L->n_experts;
         ls->exp = dup_ints(L->expert_perm, ls->nexp);
+        ls->nef = L->n_experts ? L->expert_ffn : 0;   /* target expert e is parent expert exp[e] */
+        ls->nsf = L->shared_ffn;
+        ls->ef = malloc(sizeof(int) * ((size_t)ls->nexp * ls->nef + 1));
+        ls->sf = dup_ints(L->shared_perm, ls->nsf);
+        for (int e = 0; ls->ef && ls->exp && e < ls->nexp; e++)
+            memcpy(ls->ef + (size_t)e * ls->nef, L->unit_perm + (size_t)ls->exp[e] * ls->nef, sizeof(int) * (size_t)ls->nef);
+        if (!ls->ef || !ls->sf)
+            goto oom;
         ls->nm = L->n_mamba;
         ls->mh = dup_ints(L->mamba_perm, ls->nm);
         if (!ls->q || !ls->kv || !ls->ffn || !ls->exp || !ls->mh)
@@ -522,6 +565,29 @@ static json_t *score_perm(const double *s, const int *p, int n)
     return json_pack("{s:o*,s:o*}", "score", dbl_array(s, n), "perm", int_array(p, n));
 }
 
+/* A MoE layer's "experts" object. NEW reference, NULL out of memory. */
+static json_t *experts_json(const rank_layer *L)
+{
+    json_t *units = json_array();
+    for (int x = 0; units && x < L->n_experts; x++) {
+        size_t at = (size_t)x * L->expert_ffn;
+        if (json_array_append_new(units, score_perm(L->unit_score + at, L->unit_perm + at, L->expert_ffn))) {
+            json_decref(units);
+            units = NULL;
+        }
+    }
+    json_t *o = json_pack("{s:i,s:i,s:o*,s:o*,s:i,s:o*,s:i}", "n_experts", L->n_experts, "n_groups", L->n_egroups,
+                          "score_perm", score_perm(L->expert_score, L->expert_perm, L->n_experts), "share",
+                          dbl_array(L->expert_share, L->n_experts), "expert_ffn_dim", L->expert_ffn, "units", units,
+                          "shared_ffn_dim", L->shared_ffn);
+    if (o && L->shared_ffn &&
+        json_object_set_new(o, "shared", score_perm(L->shared_score, L->shared_perm, L->shared_ffn))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 json_t *rank_to_json(const rank_result *r)
 {
     json_t *layers = json_array();
@@ -535,11 +601,7 @@ json_t *rank_to_json(const rank_result *r)
                               score_perm(L->head_score, L->head_perm, L->n_heads), "groups",
                               score_perm(L->group_score, L->group_perm, L->n_kv_heads), "skip", "attention",
                               L->skip_attn, "mlp", L->skip_mlp, "layer", L->skip_layer);
-        if (o && L->n_experts &&
-            json_object_set_new(o, "experts", json_pack("{s:i,s:i,s:o*,s:o*}", "n_experts", L->n_experts, "n_groups",
-                                                        L->n_egroups, "score_perm",
-                                                        score_perm(L->expert_score, L->expert_perm, L->n_experts),
-                                                        "share", dbl_array(L->expert_share, L->n_experts)))) {
+        if (o && L->n_experts && json_object_set_new(o, "experts", experts_json(L))) {
             json_decref(o);
             o = NULL;
         }
@@ -630,7 +692,16 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
             snprintf(err, errlen, "ranking: layers[%d] has an invalid expert or group count", l);
             return -1;
         }
+        json_t *ef = json_object_get(ex, "expert_ffn_dim"), *sf = json_object_get(ex, "shared_ffn_dim");
+        json_int_t fe = ef ? json_integer_value(ef) : 0, fs = sf ? json_integer_value(sf) : 0;
+        if (fe < 0 || fs < 0 || fe > (1 << 20) || fs > (1 << 20) || (e && ef && fe < 1)) {
+            arch_free(&a);
+            snprintf(err, errlen, "ranking: layers[%d].experts has invalid unit counts", l);
+            return -1;
+        }
         a.layers[l].moe.n_experts = (int)e;
+        a.layers[l].moe.expert_ffn_dim = (int)fe;   /* 0 when absent: rank_check asks for a new ranking */
+        a.layers[l].moe.shared_ffn_dim = (int)fs;
         if (ng > 1)   /* grouped routing (rank_init reads the groups from it) */
             a.layers[l].moe.sigmoid = 1, a.layers[l].moe.n_group = (int)ng;
         json_t *mo = json_object_get(o, "mamba");
@@ -695,6 +766,22 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
                     goto fail;
                 }
             }
+            json_t *units = json_object_get(ex, "units");
+            if (L->expert_ffn && (int)json_array_size(units) != L->n_experts) {
+                snprintf(err, errlen, "layers[%d].experts.units: must hold one order per expert", l);
+                goto fail;
+            }
+            for (int x = 0; L->expert_ffn && x < L->n_experts; x++) {
+                size_t at = (size_t)x * L->expert_ffn;
+                snprintf(where, sizeof where, "layers[%d].experts.units[%d]", l, x);
+                if (read_score_perm(json_array_get(units, (size_t)x), L->expert_ffn, L->unit_score + at,
+                                    L->unit_perm + at, where, err, errlen))
+                    goto fail;
+            }
+            snprintf(where, sizeof where, "layers[%d].experts.shared", l);
+            if (L->shared_ffn && read_score_perm(json_object_get(ex, "shared"), L->shared_ffn, L->shared_score,
+                                                 L->shared_perm, where, err, errlen))
+                goto fail;
         }
         if (L->n_mamba) {
             snprintf(where, sizeof where, "layers[%d].mamba", l);

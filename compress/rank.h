@@ -35,6 +35,12 @@ typedef struct {
     double *expert_score;               /* [n_experts] */
     int *expert_perm;                   /* [n_experts]: sorted inside their routing group, groups in place */
     double *expert_share;               /* [n_experts]: share of routed token slots */
+    int expert_ffn, shared_ffn;         /* MoE layers: the parent's expert and shared-expert widths */
+    double *unit_score;                 /* [n_experts*expert_ffn]: expert x's unit u at x*expert_ffn + u,
+                                           experts in the parent's numbering */
+    int *unit_perm;                     /* [n_experts*expert_ffn]: each expert's units by falling score */
+    double *shared_score;               /* [shared_ffn] */
+    int *shared_perm;                   /* [shared_ffn] */
     int n_mamba, n_mgroups;             /* Mamba layers: the parent layer's heads and groups */
     double *mamba_score;                /* [n_mamba] */
     int *mamba_perm;                    /* [n_mamba]: heads sorted inside their group, groups in place */
@@ -104,7 +110,8 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
 
 /* Reorder m's weights in place by r's permutations (hidden channels across every
  * tensor, KV groups with their query heads, query heads within groups, FFN units,
- * experts with their router rows, Mamba heads within groups).
+ * experts with their router rows, each expert's units and the shared expert's, Mamba heads
+ * within groups).
  * The model computes the same function afterwards (up to float summation order).
  * Masks, when enabled, are not reordered: they must be all 1.0 (as rank_compute leaves
  * them). Apply a ranking once: a second rank_apply permutes again. Returns 0, or -1 with
@@ -115,7 +122,8 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
  * "base_loss", "hidden": {"score":[], "perm":[]}, "layers": [{"n_heads", "n_kv_heads",
  * "ffn_dim", "ffn": {"score", "perm"}, "heads": {"score", "perm"}, "groups": {"score",
  * "perm"}, "skip": {"attention", "mlp", "layer"}, MoE layers "experts": {"n_experts",
- * "score_perm", "share"}, Mamba layers "mamba": {"n_heads", "n_groups", "score_perm"}}]}. rank_to_json returns a NEW
+ * "score_perm", "share", "expert_ffn_dim", "units": [{"score", "perm"} per expert, parent
+ * numbering], "shared_ffn_dim", "shared": {"score", "perm"} (with a shared expert)}, Mamba layers "mamba": {"n_heads", "n_groups", "score_perm"}}]}. rank_to_json returns a NEW
  * reference (NULL on OOM); rank_from_json checks every permutation is one. */
 json_t *rank_to_json(const rank_result *r);
 int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen);

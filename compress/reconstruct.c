@@ -134,7 +134,8 @@ static int moe_part(const arch *a, int layer, int part)
 static int moe_changed(const arch *pa, int src, const arch *sa, int i)
 {
     const arch_layer *p = &pa->layers[src], *t = &sa->layers[i];
-    return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k;
+    return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k ||
+           t->moe.expert_ffn_dim != p->moe.expert_ffn_dim || t->moe.shared_ffn_dim != p->moe.shared_ffn_dim;
 }
 
 static double sum_sq(const float *x, size_t n)
@@ -347,14 +348,17 @@ static int refit_moe_inputs(rc_state *s, int i, int src, char *err, size_t errle
         while (j < np && (pi[j].kind != si[k].kind || pi[j].expert != pe))
             j++;
         int n = (int)si[k].rows;
-        if (j == np || (si[k].kind == ENG_MOE_ROUTER ? n != l->nexp : pi[j].rows != n)) {
+        if (j == np || (si[k].kind == ENG_MOE_ROUTER ? n != l->nexp : pi[j].rows < n)) {
             snprintf(err, errlen, "reconstruct: the parent's layer %d has no projection like the student's %s", src,
                      si[k].name);
             rc = -1;
             break;
         }
-        for (int r = 0; r < n; r++)   /* the router's kept experts' rows; all rows of the others */
-            rows[r] = si[k].kind == ENG_MOE_ROUTER ? l->exp[r] : r;
+        int xk = si[k].kind, unit = xk == ENG_MOE_XGATE || xk == ENG_MOE_XUP, shared = xk == ENG_MOE_SGATE || xk == ENG_MOE_SUP;
+        for (int r = 0; r < n; r++)   /* the router's kept experts' rows, an expert's kept units', all of the others */
+            rows[r] = xk == ENG_MOE_ROUTER ? l->exp[r]
+                    : unit && l->ef ? l->ef[(size_t)si[k].expert * l->nef + r]
+                    : shared && l->sf ? l->sf[r] : r;
         recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_ROUTER + si[k].kind, .expert = si[k].expert,
                          .lambda = lambda};
         rc = refit_input(s, &rp, si[k].name, pi[j].name, pi[j].rows, rows, n, solved, err, errlen);

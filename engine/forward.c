@@ -43,10 +43,24 @@ eng_act_stats *eng_stats_new(const eng_model *m)
     s->hidden_abs = calloc((size_t)a->hidden_size, sizeof *s->hidden_abs);
     s->expert_mass = calloc((size_t)(L ? L : 1), sizeof *s->expert_mass);
     s->expert_tokens = calloc((size_t)(L ? L : 1), sizeof *s->expert_tokens);
-    int bad = !s->ffn_abs || !s->head_norm || !s->hidden_abs || !s->expert_mass || !s->expert_tokens;
+    s->expert_unit = calloc((size_t)(L ? L : 1), sizeof *s->expert_unit);
+    s->shared_unit = calloc((size_t)(L ? L : 1), sizeof *s->shared_unit);
+    size_t widest = 1;
+    for (int l = 0; l < L; l++) {
+        const arch_moe *e = &a->layers[l].moe;
+        size_t w = (size_t)(e->expert_ffn_dim > e->shared_ffn_dim ? e->expert_ffn_dim : e->shared_ffn_dim);
+        widest = e->n_experts && w > widest ? w : widest;
+    }
+    s->unit_host = malloc(widest * sizeof(float));
+    int bad = !s->ffn_abs || !s->head_norm || !s->hidden_abs || !s->expert_mass || !s->expert_tokens ||
+              !s->expert_unit || !s->shared_unit || !s->unit_host;
     for (int l = 0; !bad && l < L; l++) {
-        size_t e = (size_t)a->layers[l].moe.n_experts;
-        if (e && (!(s->expert_mass[l] = calloc(e, sizeof(double))) || !(s->expert_tokens[l] = calloc(e, sizeof(double)))))
+        const arch_moe *m = &a->layers[l].moe;
+        size_t e = (size_t)m->n_experts;
+        if (e && (!(s->expert_mass[l] = calloc(e, sizeof(double))) || !(s->expert_tokens[l] = calloc(e, sizeof(double))) ||
+                  !(s->expert_unit[l] = calloc(e * (size_t)m->expert_ffn_dim, sizeof(double)))))
+            bad = 1;
+        if (e && m->shared_ffn_dim && !(s->shared_unit[l] = calloc((size_t)m->shared_ffn_dim, sizeof(double))))
             bad = 1;
         if (a->layers[l].ffn_dim && !(s->ffn_abs[l] = calloc((size_t)a->layers[l].ffn_dim, sizeof(double))))
             bad = 1;
@@ -73,7 +87,14 @@ void eng_stats_free(eng_act_stats *s, int n_layers)
             free(s->expert_mass[l]);
         if (s->expert_tokens)
             free(s->expert_tokens[l]);
+        if (s->expert_unit)
+            free(s->expert_unit[l]);
+        if (s->shared_unit)
+            free(s->shared_unit[l]);
     }
+    free(s->expert_unit);
+    free(s->shared_unit);
+    free(s->unit_host);
     free(s->expert_mass);
     free(s->expert_tokens);
     free(s->ffn_abs);

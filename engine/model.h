@@ -165,10 +165,16 @@ void eng_kv_free(eng_kv_cache *kv);
  *   expert_mass[l][E_l]   sum over the tokens routed to each expert of the L2 norm of the
  *                      expert's output (before its routing weight); MoE layers only
  *   expert_tokens[l][E_l] tokens routed to each expert
- *   tokens             number of tokens accumulated */
+ *   expert_unit[l][E_l*Fe_l] sum over the tokens routed to expert x of |unit u's activation|
+ *                      (squared ReLU, or silu(gate)*up), at [x*Fe_l + u]
+ *   shared_unit[l][Fs_l]  sum |unit activation| of the shared expert, every token
+ *   tokens             number of tokens accumulated
+ * unit_host: host staging for one expert's unit sums (the widest expert). */
 typedef struct {
     double **ffn_abs, **head_norm, *hidden_abs;
     double **expert_mass, **expert_tokens;
+    double **expert_unit, **shared_unit;
+    float *unit_host;
     int64_t tokens;
 } eng_act_stats;
 eng_act_stats *eng_stats_new(const eng_model *m);

@@ -344,9 +344,21 @@ static void shared_gate(eng_backend *be, moe_call *c, const float *xn, const flo
     be->to_device(be, c->sg, c->hbuf, F4 * (size_t)N);
 }
 
-static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, int x)
+/* acc[F] += the column sums of |h| over the first n rows of c->h [n, F] (c->u is dead after
+ * the expert and holds the device sums). */
+static void add_unit_sums(eng_backend *be, moe_call *c, eng_act_stats *st, double *acc, int n, int F)
+{
+    be->zero(be, c->u, F4 * (size_t)F);
+    be->group_norm_sum(be, c->u, c->h, n, F, 1);
+    be->to_host(be, st->unit_host, c->u, F4 * (size_t)F);
+    for (int u = 0; u < F; u++)
+        acc[u] += st->unit_host[u];
+}
+
+static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, int x, int F)
 {
     int n = c->cnt[x];
+    add_unit_sums(be, c, st, st->expert_unit[l] + (size_t)x * F, n, F);
     be->rows_dot(be, c->g, c->Y, c->Y, n, c->D);   /* g is dead after the expert; a latent expert's own output */
     be->to_host(be, c->hbuf, c->g, F4 * (size_t)n);
     double s = 0;
@@ -385,7 +397,7 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
         expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D);
         be->scatter_rows_acc(be, dst, c.Y, rows, c.wl_d + c.off[x], n, D);
         if (stats)
-            add_stats(be, &c, stats, l, x);
+            add_stats(be, &c, stats, l, x, F);
     }
     if (L->lat_out)
         be->gemm(be, 0, 1, N, C, D, 1.0f, c.YL, D, L->lat_out, D, 0.0f, y, C);
@@ -396,6 +408,8 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
         expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C);
         be->scatter_rows_acc(be, y, c.Y, ident, L->sh_router ? c.sg : NULL, N, C);
+        if (stats)
+            add_unit_sums(be, &c, stats, stats->shared_unit[l], N, e->shared_ffn_dim);
     }
     call_free(be, &c);
     return 0;

@@ -61,7 +61,7 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
     /* The ranking depends only on the parent, the calibration text and these options:
      * an earlier job's is reused (<data>/rankcache/, jobs/pstate.h ps_cache_path). */
     char key[256], cpath[4400];
-    snprintf(key, sizeof key, "autocompress-rank-1 tokens %lld layer_tokens %lld B %d T %d", (long long)o.tokens,
+    snprintf(key, sizeof key, "autocompress-rank-2 tokens %lld layer_tokens %lld B %d T %d", (long long)o.tokens,
              (long long)o.layer_tokens, o.B, o.T);
     json_t *cal_text = json_object_get(json_object_get(job_ctx_spec(ctx), "data"), "calibration");
     int cacheable = json_is_string(cal_text) &&

@@ -16,6 +16,8 @@ Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). tr
     export reloads with the same logits;
   - ranking (prune with calibration text) keeps heads inside their groups: the ranked parent
     computes the parent's logits;
+  - MoE layers: experts cut to fewer units each and the shared expert narrowed equal the
+    reference on weights sliced by hand, and the ranking orders every expert's units;
   - LatentMoE (moe_latent_size, Nemotron 3 Super): read, equal to the reference, written, and
     pruned (experts; the hidden size through fc1/fc2_latent_proj, the latent experts whole);
   - configs the engine cannot run are refused naming the field (a bad moe_latent_size, a dt clamp);
@@ -99,12 +101,13 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def layers_of(c, mh=None, heads=None, ffn=None, kv=None, experts=None):
+def layers_of(c, mh=None, heads=None, ffn=None, kv=None, experts=None, fe=None, fs=None):
     out = []
     for ch in c["pattern"]:
         if ch == "E":
             E = experts or c["E"]
-            out.append((0, 0, 0, E, min(c["k"], E), c["Fe"], c["Fs"], 1, 0, 0, 0, 0, 0, 1, c["ng"], c["tg"], c["scale"],
+            out.append((0, 0, 0, E, min(c["k"], E), fe or c["Fe"], fs or c["Fs"], 1, 0, 0, 0, 0, 0, 1, c["ng"], c["tg"],
+                        c["scale"],
                         c.get("Lt", 0)))
         elif ch == "M":
             out.append((0, 0, 0, 0, 0, 0, 0, 0, mh or c["MH"], c["MP"], c["S"], c["G"], c["K"]))
@@ -268,6 +271,22 @@ def sliced_experts(c, W, keep):
     return out
 
 
+def sliced_units(c, W, fe, fs):
+    """The parent's MoE layers cut by hand to each expert's first fe units and the shared
+    expert's first fs (up_proj rows, down_proj columns)."""
+    out = dict(W)
+    for l, ch in enumerate(c["pattern"]):
+        if ch != "E":
+            continue
+        p = "backbone.layers.%d.mixer." % l
+        for e in range(c["E"]):
+            out[p + "experts.%d.up_proj.weight" % e] = W[p + "experts.%d.up_proj.weight" % e][:fe]
+            out[p + "experts.%d.down_proj.weight" % e] = W[p + "experts.%d.down_proj.weight" % e][:, :fe]
+        out[p + "shared_experts.up_proj.weight"] = W[p + "shared_experts.up_proj.weight"][:fs]
+        out[p + "shared_experts.down_proj.weight"] = W[p + "shared_experts.down_proj.weight"][:, :fs]
+    return out
+
+
 def check_moe(tmp):
     """Nemotron-H's MoE layers: sigmoid router with its correction bias, squared-ReLU experts,
     a shared expert, routed_scaling_factor; read, computed, written, pruned and ranked."""
@@ -301,6 +320,19 @@ def check_moe(tmp):
     e = rel(pe, pr)
     check(e < 1e-4, "pruned to 4 of 6 experts (router rows and correction bias with them) = the reference on "
                     "weights sliced by hand (rel err %.2e)" % e)
+    for l in cut["layers"]:
+        if l.get("moe"):
+            l["moe"] = dict(l["moe"], n_experts=6, expert_ffn_dim=7, shared_ffn_dim=6)
+    with open(cp, "w") as f:
+        json.dump(cut, f)
+    x = os.path.join(tmp, "moe-narrow")
+    pe, _ = engine_logits(d, tmp, "moe-narrow", "--arch", cp, "--hf", x)
+    e = rel(pe, ref_logits(c, sliced_units(c, W, 7, 6), fe=7, fs=6))
+    xc = json.load(open(os.path.join(x, "config.json")))
+    back, _ = engine_logits(x, tmp, "moe-narrow-b")
+    check(e < 1e-4 and xc["moe_intermediate_size"] == 7 and xc["moe_shared_expert_intermediate_size"] == 6 and
+          np.array_equal(back, pe), "experts cut to 7 of 12 units and the shared expert to 6 of 10 = the reference "
+          "on weights sliced by hand (rel err %.2e); its HF export reloads with identical logits" % e)
     ap = os.path.join(tmp, "moe-same.json")
     with open(ap, "w") as f:
         json.dump(a, f)
@@ -310,6 +342,10 @@ def check_moe(tmp):
     ranked, _ = engine_logits(rk, tmp, "moe-ranked")
     e = rel(ranked, eng)
     check(e < 1e-5, "experts ranked in place (routed output mass) keep the parent's logits (rel err %.2e)" % e)
+    units = json.load(open(os.path.join(rk, "ranking.json")))["layers"][1]["experts"]
+    check(len(units["units"]) == 6 and sorted(units["units"][0]["perm"]) == list(range(12)) and
+          sorted(units["shared"]["perm"]) == list(range(10)),
+          "the ranking orders each expert's 12 units and the shared expert's 10")
     check_grouped(tmp, dict(c, E=12, ng=3, tg=2))
 
 

@@ -21,9 +21,9 @@ heads (one of two per group), query heads and MLP units: a Mamba mixer's in_proj
 heads' z, x and dt rows, every B and C row) by the input map, its out_proj on the gated
 norm's output; up_proj alone on the MLP's input side.
 And on a Qwen2-MoE parent (attention and an MoE with a shared expert in every layer;
-test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts and query heads:
-the router (its kept experts' rows), every kept expert's gate_proj and up_proj, the shared
-expert's and its gate by the input map, as q/k/v are; and on a Nemotron-H parent ("*E*E":
+test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts, expert and shared
+expert widths and query heads: the router (its kept experts' rows), every kept expert's
+gate_proj and up_proj (its kept units' rows), the shared expert's and its gate by the input map, as q/k/v are; and on a Nemotron-H parent ("*E*E":
 sigmoid routing in groups, a shared expert, the last MoE a LatentMoE) the router, the experts'
 up_proj (the first experts of every group kept) and, behind the latent, fc1_latent_proj.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
@@ -348,11 +348,12 @@ def check_moe(tool):
         xs_s = [x + attn_block(sa, A, pre, x)[1] for x in xs_s]
         Xp = torch.cat([rms(x, P(pre + "post_attention_layernorm.weight"), eps) for x in xs_p])
         Xs = torch.cat([rms(x, A(pre + "post_attention_layernorm.weight"), eps) for x in xs_s])
-        E = L["moe"]["n_experts"]
+        E, fe, fs = L["moe"]["n_experts"], L["moe"]["expert_ffn_dim"], L["moe"]["shared_ffn_dim"]
         inputs = [("router", None, "mlp.gate.weight", list(range(E)))]   # the first experts' rows
-        inputs += [("experts." + w, e, "mlp.experts.%d.%s.weight" % (e, w), None)
+        inputs += [("experts." + w, e, "mlp.experts.%d.%s.weight" % (e, w), list(range(fe)))   # their first units
                    for e in range(E) for w in ("gate_proj", "up_proj")]
-        inputs += [("shared_expert." + w, None, "mlp.shared_expert.%s.weight" % w, None) for w in ("gate_proj", "up_proj")]
+        inputs += [("shared_expert." + w, None, "mlp.shared_expert.%s.weight" % w, list(range(fs)))
+                   for w in ("gate_proj", "up_proj")]
         inputs += [("shared_expert_gate", None, "mlp.shared_expert_gate.weight", None)]
         for proj, e, name, rows in inputs:
             Wp = P(pre + name) if rows is None else P(pre + name)[rows]

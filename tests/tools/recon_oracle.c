@@ -9,7 +9,8 @@
  * the student keeps hidden 24, 2 Mamba heads (one per group), 4 query heads and an MLP of
  * 20), or moe (a Qwen2-MoE parent: every layer attention and an MoE of 6 experts of 12, top 2,
  * with a shared expert of 16, layer 1 norm_topk_prob; the student keeps hidden 24, 4, 6, 3
- * and 5 experts, and one query head per KV group), or hybrid_moe (a Nemotron-H parent "*E*E":
+ * and 5 experts, and one query head per KV group; layer 0's experts keep 8 units and its shared
+ * expert 10, layer 2's experts 6), or hybrid_moe (a Nemotron-H parent "*E*E":
  * attention as above, MoE layers of 9 and 6 squared-ReLU experts of 12, top 2, sigmoid routing
  * in 3 groups of which 2 chosen, routed scale 2.5, a shared expert of 10, the last one a
  * LatentMoE of latent 16; the student keeps hidden 24, one query head per KV group, 6 experts
@@ -78,6 +79,9 @@ static int student_of(const char *name, const arch *pa, arch *sa)
             sa->layers[l].moe.n_experts = kept[l];
             sa->layers[l].n_heads = sa->layers[l].n_kv_heads;
         }
+        sa->layers[0].moe.expert_ffn_dim = 8;   /* narrower experts, and shared expert */
+        sa->layers[0].moe.shared_ffn_dim = 10;
+        sa->layers[2].moe.expert_ffn_dim = 6;
     } else if (!strcmp(name, "mixed")) {   /* hidden 24, a layer removed, parts removed */
         sa->hidden_size = 24;
         sa->n_layers = 3;

@@ -5,7 +5,10 @@
  * units; the layer-skip score equals the loss change of actually removing the layer.
  * MoE (Qwen2-MoE): experts rank by routed output mass and move with their router rows;
  * pruning to the parent's own arch is the identity; expert pruning keeps the top experts;
- * what cannot be cut from the parent is refused with its field named.
+ * each expert's units (and the shared expert's) rank by routed activation and move with
+ * their rows and columns, and a student with narrower experts equals the ranked parent with
+ * the cut units' down_proj columns zeroed; what cannot be cut from the parent is refused
+ * with its field named.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -383,7 +386,7 @@ static void test_moe_experts(void **state)
     snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", top);
     assert_int_equal(eng_model_get_tensor(&p, name, x0, 8 * C), 8 * C);
     assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.experts.1.up_proj.weight", x1, 8 * C), 8 * C);
-    assert_true(x1[0] == x0[r.hidden_perm[0]]);
+    assert_true(x1[0] == x0[r.layers[0].unit_perm[top * 8] * C + r.hidden_perm[0]]);   /* its best unit first */
     assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.experts.3.up_proj.weight", x1, 8 * C), -1);
     eng_model_free(&s);
     /* the ranking's JSON keeps the experts */
@@ -402,9 +405,135 @@ static void test_moe_experts(void **state)
     assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
     assert_non_null(strstr(err, "top_k"));
     t.layers[0].moe.top_k = 2;
-    t.layers[0].moe.expert_ffn_dim = 4;
+    t.layers[0].moe.expert_ffn_dim = 9;
     assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "expert widths"));
+    assert_non_null(strstr(err, "layers[0].moe.expert_ffn_dim"));
+    t.layers[0].moe.expert_ffn_dim = 8;
+    t.layers[0].moe.shared_ffn_dim = 0;
+    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layers[0].moe.shared_ffn_dim"));
+    arch_free(&t);
+    rank_free(&r);
+    free(l0);
+    free(l1);
+    eng_model_free(&q);
+    eng_model_free(&p);
+    td_stream_free(&calib);
+    arch_free(&a);
+    eng_backend_free(be);
+}
+
+/* Zero, in m (CPU backend: host memory), the down_proj columns of every unit at or past the
+ * kept widths: layer 0's experts keep we0 units and its shared expert ws0, layer 2's we2. */
+static void zero_cut_units(eng_model *m, int we0, int ws0, int we2)
+{
+    for (int i = 0; i < eng_model_tensor_count(m); i++) {
+        const char *name;
+        int64_t shape[2];
+        int nd, layer, keep = -1;
+        float *w;
+        assert_int_equal(eng_model_tensor(m, i, &name, shape, &nd, &w), 0);
+        if (sscanf(name, "model.layers.%d.", &layer) != 1 || !strstr(name, "down_proj"))
+            continue;
+        if (strstr(name, "mlp.experts."))
+            keep = layer == 0 ? we0 : we2;
+        else if (strstr(name, "shared_expert."))
+            keep = ws0;
+        for (int64_t r = 0; keep >= 0 && r < shape[0]; r++)
+            for (int64_t c = keep; c < shape[1]; c++)
+                w[r * shape[1] + c] = 0.0f;
+    }
+}
+
+static void test_moe_expert_units(void **state)
+{
+    (void)state;
+    char err[256];
+    eng_backend *be = eng_backend_cpu_new(1);
+    arch a;
+    moe_arch(&a);
+    eng_model p, q, s;
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 12, 0.3f);
+    td_stream calib = calib_stream(600);
+    rank_opts o = {.tokens = 4 * B * T, .B = B, .T = T};
+    rank_result r;
+    assert_int_equal(rank_compute(&p, &calib, &o, &r, err, sizeof err), 0);
+    rank_layer *L0 = &r.layers[0], *L2 = &r.layers[2];
+    assert_int_equal(L0->expert_ffn, 8);
+    assert_int_equal(L0->shared_ffn, 10);
+    assert_int_equal(L2->expert_ffn, 6);
+    assert_int_equal(L2->shared_ffn, 0);
+    for (int x = 0; x < 6; x++) {   /* each expert's units by falling score, each a permutation */
+        const int *pu = L0->unit_perm + x * 8;
+        const double *su = L0->unit_score + x * 8;
+        int seen = 0;
+        for (int u = 0; u < 8; u++) {
+            seen |= 1 << pu[u];
+            if (u)
+                assert_true(su[pu[u - 1]] >= su[pu[u]]);
+        }
+        assert_int_equal(seen, 0xff);
+        assert_true(su[pu[0]] > 0);   /* every expert is routed some tokens here */
+    }
+    for (int u = 1; u < 10; u++)
+        assert_true(L0->shared_score[L0->shared_perm[u - 1]] >= L0->shared_score[L0->shared_perm[u]]);
+    assert_true(L0->shared_score[L0->shared_perm[0]] > 0);
+    /* the ranked parent computes the same function, each expert's first unit its best */
+    int tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = calib.ids[70 + i];
+    float *l0 = malloc(sizeof(float) * B * T * V), *l1 = malloc(sizeof(float) * B * T * V);
+    logits_of(&p, tok, l0);
+    assert_int_equal(prune_to_arch(&p, &a, &q, err, sizeof err), 0);
+    assert_int_equal(rank_apply(&q, &r, err, sizeof err), 0);
+    logits_of(&q, tok, l1);
+    assert_true(rel_err(l1, l0, (size_t)B * T * V) < 1e-5);
+    float x0[8 * C], x1[8 * C];
+    char name[96];
+    int top = L0->expert_perm[0];
+    snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", top);
+    assert_int_equal(eng_model_get_tensor(&p, name, x0, 8 * C), 8 * C);
+    assert_int_equal(eng_model_get_tensor(&q, "model.layers.0.mlp.experts.0.up_proj.weight", x1, 8 * C), 8 * C);
+    for (int u = 0; u < 8; u++)
+        assert_true(x1[u * C] == x0[L0->unit_perm[top * 8 + u] * C + r.hidden_perm[0]]);
+    float s0[10 * C], s1[10 * C];
+    assert_int_equal(eng_model_get_tensor(&p, "model.layers.0.mlp.shared_expert.up_proj.weight", s0, 10 * C), 10 * C);
+    assert_int_equal(eng_model_get_tensor(&q, "model.layers.0.mlp.shared_expert.up_proj.weight", s1, 10 * C), 10 * C);
+    assert_true(s1[0] == s0[L0->shared_perm[0] * C + r.hidden_perm[0]]);
+    /* narrower experts (and shared expert) = the ranked parent with the cut units zeroed */
+    arch t;
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[0].moe.expert_ffn_dim = 5;
+    t.layers[0].moe.shared_ffn_dim = 6;
+    t.layers[2].moe.expert_ffn_dim = 3;
+    assert_int_equal(prune_to_arch(&q, &t, &s, err, sizeof err), 0);
+    assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.experts.0.up_proj.weight", x0, 8 * C), 5 * C);
+    assert_memory_equal(x0, x1, sizeof(float) * 5 * C);   /* its best five units */
+    logits_of(&s, tok, l0);
+    zero_cut_units(&q, 5, 6, 3);
+    logits_of(&q, tok, l1);
+    double e = rel_err(l0, l1, (size_t)B * T * V);
+    printf("narrower experts vs the parent with cut units zeroed: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5);
+    eng_model_free(&s);
+    /* the ranking's JSON keeps every order; one without expert units asks for a new ranking */
+    json_t *j = rank_to_json(&r);
+    rank_result r2;
+    assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
+    assert_memory_equal(r2.layers[0].unit_perm, L0->unit_perm, 6 * 8 * sizeof(int));
+    assert_memory_equal(r2.layers[2].unit_perm, L2->unit_perm, 5 * 6 * sizeof(int));
+    assert_memory_equal(r2.layers[0].shared_perm, L0->shared_perm, 10 * sizeof(int));
+    assert_int_equal(rank_check(&r2, &p, err, sizeof err), 0);
+    rank_free(&r2);
+    json_t *ex = json_object_get(json_array_get(json_object_get(j, "layers"), 0), "experts");
+    json_object_del(ex, "expert_ffn_dim");
+    json_object_del(ex, "units");
+    assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
+    assert_int_equal(rank_check(&r2, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "rank the parent again"));
+    rank_free(&r2);
+    json_decref(j);
     arch_free(&t);
     rank_free(&r);
     free(l0);
@@ -426,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_keep_kv),
         cmocka_unit_test(test_ffn_obs),
         cmocka_unit_test(test_moe_experts),
+        cmocka_unit_test(test_moe_expert_units),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
