@@ -89,8 +89,23 @@ void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
     const arch_moe *e = arch_first_moe(parent, NULL);
     l->ffn_dim = code > 0 ? code : 0;
     memset(&l->moe, 0, sizeof l->moe);
-    if (code < 0 && e)
-        l->moe = arch_moe_keep(e, -code);
+    if (code < 0 && e) {
+        l->moe = arch_moe_keep(e, -code % CAL_MOE_BASE);
+        if (-code / CAL_MOE_BASE)
+            l->moe.expert_ffn_dim = -code / CAL_MOE_BASE;
+    }
+}
+
+int cal_moe_widths(int F, int w[3])
+{
+    int n = 0;
+    for (int k = 1; k <= 3; k++) {
+        int f = F * k / 4;
+        f = F >= 64 ? f / 8 * 8 : f;
+        if (f >= 1 && f < F && (!n || f > w[n - 1]))
+            w[n++] = f;
+    }
+    return n;
 }
 
 cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv, int ffn)
@@ -118,7 +133,7 @@ cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv
     return k;
 }
 
-int cal_grid_mlp(const arch *parent, int *ffn, int max)
+int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths)
 {
     int H, KV, F, n = 0, most;
     parent_dims(parent, &H, &KV, &F);
@@ -136,14 +151,23 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max)
     }
     const arch_moe *e = arch_first_moe(parent, &most);
     int st = e && arch_moe_grouped(e) ? e->n_group : 1;   /* grouped routing: as many per group */
-    for (int k = 1, last = 0; e && k <= 16 && n < max; k++) {
+    int cnt[16], nc = 0;
+    for (int k = 1, last = 0; e && k <= 16; k++) {
         int c = most <= 16 * st ? k * st : ((most * k + 15) / 16 + st - 1) / st * st;   /* every count, or sixteenths */
         if (c > most)
             break;
         if (c > last && (st == 1 || arch_moe_count_ok(e, c)))
-            ffn[n++] = -c;
+            cnt[nc++] = c;
         last = c;
     }
+    /* narrower experts first (up to 5 of the counts, evenly spread, the most among them), then
+       every count at the parent's width: the grid ends with the parent's own MLP */
+    int w[3], nw = e && moe_widths ? cal_moe_widths(e->expert_ffn_dim, w) : 0;
+    for (int i = 0; i < nw; i++)
+        for (int j = 0, take = nc < 5 ? nc : 5; j < take && n < max; j++)
+            ffn[n++] = cal_moe_code(cnt[take == 1 ? nc - 1 : j * (nc - 1) / (take - 1)], w[i]);
+    for (int i = 0; i < nc && n < max; i++)
+        ffn[n++] = cal_moe_code(cnt[i], 0);
     return n;
 }
 
@@ -189,7 +213,7 @@ void cal_opts_search_hidden(cal_opts *o, const arch *parent)
         o->hidden[o->n_hidden++] = c[i];
 }
 
-int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
+int cal_random_arch(const arch *parent, uint64_t *rng, arch *out, int moe_widths)
 {
     int H, KV, F;
     parent_dims(parent, &H, &KV, &F);
@@ -224,7 +248,9 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out)
         if (pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || l->n_heads == 0)) {
             int st = arch_moe_grouped(pe) ? pe->n_group : 1, c = st * (1 + (int)(eng_xorshift64(rng) %
                                                                                   (uint64_t)(pe->n_experts / st)));
-            cal_mlp_apply(parent, -(arch_moe_count_ok(pe, c) ? c : pe->n_experts), l);
+            int w[3], nw = moe_widths ? cal_moe_widths(pe->expert_ffn_dim, w) : 0;
+            int pick = nw ? (int)(eng_xorshift64(rng) % (uint64_t)(nw + 1)) : nw;   /* nw: the parent's width */
+            cal_mlp_apply(parent, cal_moe_code(arch_moe_count_ok(pe, c) ? c : pe->n_experts, pick < nw ? w[pick] : 0), l);
         } else if (F && mlp_here && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || !arch_layer_has_mixer(l))) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)

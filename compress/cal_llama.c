@@ -220,7 +220,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
         FAIL("llama.cpp at %s: the parent itself does not quantize (%s); choose f16, bf16 or f32", c->t.precision,
              why);
     int h[64], kv[64], f[64];
-    int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64);
+    int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64, 0);
     if (c->paired) {   /* the parent's attention only: llama.cpp holds one head count per model */
         h[0] = p->layers[0].n_heads;
         kv[0] = p->layers[0].n_kv_heads;
@@ -622,7 +622,7 @@ static int build_memory(lc_cal *c, cm_tables *tb)
 static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
 {
     for (int tries = 0;; tries++) {   /* llama.cpp's nemotron_h needs a Mamba and an attention layer */
-        if (cal_random_arch(c->parent, rng, out))
+        if (cal_random_arch(c->parent, rng, out, 0))
             return -1;
         int n_attn = 0;
         for (int l = 0; l < out->n_layers; l++)

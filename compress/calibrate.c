@@ -588,7 +588,7 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
         return -1;
     }
     r->nA = cal_grid_attention(r->parent, r->ah, r->akv, 64);
-    r->nF = cal_grid_mlp(r->parent, r->fw, 64);
+    r->nF = cal_grid_mlp(r->parent, r->fw, 64, 1);
     r->hid[r->n_hid++] = r->parent->hidden_size;
     for (int i = 0; i < o->n_hidden && i < 16; i++)
         if (o->hidden[i] > 0 && o->hidden[i] != r->parent->hidden_size)
@@ -714,7 +714,7 @@ static int run_timed(cal_run_ctx *r, char *err, size_t errlen)
         /* two streams, so the held-out archs do not depend on the fit count */
         uint64_t vr = r->o.seed * 0xD1B54A32D192ED03ULL + 7, fr = r->o.seed * 0xA24BAED4963EE407ULL + 3;
         for (int vi = 0; vi < r->n_all; vi++) {
-            if (cal_random_arch(r->parent, vi < r->o.validate ? &vr : &fr, &r->varch[vi])) {
+            if (cal_random_arch(r->parent, vi < r->o.validate ? &vr : &fr, &r->varch[vi], 1)) {
                 snprintf(err, errlen, "out of memory");
                 return -1;
             }

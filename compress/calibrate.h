@@ -54,8 +54,10 @@ eng_backend *cal_backend_new(const char *device, const char *precision, int thre
  *   attention: (g*group, g) for KV groups g = 1..KV, and (k*KV, KV) for k = 1..group,
  *              where KV and group are the parent's (largest) KV heads and group size;
  *   mlp: widths k*F/8 (k = 1..8, multiples of 8) plus the low end F/32; for a parent with
- *        MoE layers then the codes -n for n experts (n = 1.., up to the most experts, at
- *        most 16 points), see cal_mlp_apply;
+ *        MoE layers then (with moe_widths) up to 5 of the expert counts below (the most among
+ *        them) at each narrower width of cal_moe_widths, then the codes of n experts (n = 1..,
+ *        up to the most experts, at most 16 points) at the parent's expert width
+ *        (cal_moe_code): the last code is the parent's MLP;
  *   for a parent with Mamba-2 layers the attention grid goes on with the codes (m, -1) for m
  *   Mamba heads (multiples of the groups, at most 16 points), see cal_mixer_apply;
  *   removed parts (size 0) for both.
@@ -65,11 +67,20 @@ int cal_grid_attention(const arch *parent, int *heads, int *kv, int max);
  * KV heads (0, 0: none); nkv < 0 a Mamba-2 mixer of nh heads shaped as the parent's first
  * Mamba layer. */
 void cal_mixer_apply(const arch *parent, int nh, int nkv, arch_layer *l);
-int cal_grid_mlp(const arch *parent, int *ffn, int max);
+int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths);
+
+/* The narrower routed-expert widths a calibration prices besides an expert width F: F/4,
+ * F/2 and 3F/4 (multiples of 8 from F = 64 on), distinct, ascending, below F; the count. */
+int cal_moe_widths(int F, int w[3]);
+
+/* MLP grid codes of MoE blocks: -(width * CAL_MOE_BASE + n) for n experts of `width` units
+ * (0: the parent's width). */
+#define CAL_MOE_BASE 8192
+static inline int cal_moe_code(int n, int width) { return -(width * CAL_MOE_BASE + n); }
 
 /* An MLP grid code into layer l's MLP fields: code > 0 a dense FFN of that width; code < 0
- * an MoE of -code experts shaped as parent's first MoE layer (widths, norm_topk; top_k
- * capped at the expert count); 0 none. */
+ * an MoE (cal_moe_code) shaped as parent's first MoE layer (widths, norm_topk; top_k capped
+ * at the expert count); 0 none. */
 void cal_mlp_apply(const arch *parent, int code, arch_layer *l);
 
 /* The timing-table entry key (part, hidden size and the part's shape; no times) of a grid
@@ -89,8 +100,9 @@ json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target
                        int *reused, char *err, size_t errlen);
 
 /* A random heterogeneous arch derived from parent (per-layer heads in KV-group units,
- * FFN widths in multiples of 8, removed attention / MLP / layers), reproducible from
- * *rng. Returns 0 or -1 (OOM). */
-int cal_random_arch(const arch *parent, uint64_t *rng, arch *out);
+ * FFN widths in multiples of 8, expert counts, with moe_widths expert widths of
+ * cal_moe_widths too, removed attention / MLP / layers), reproducible from *rng. Returns 0
+ * or -1 (OOM). */
+int cal_random_arch(const arch *parent, uint64_t *rng, arch *out, int moe_widths);
 
 #endif

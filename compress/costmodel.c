@@ -425,6 +425,52 @@ static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int 
     return -1;
 }
 
+int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max)
+{
+    int n = 0;
+    for (int i = 0; i < t->n_prefill; i++) {
+        const cm_entry *e = &t->prefill[i];
+        if (e->part != CM_MLP || !e->n_experts || e->top_k != moe->top_k || e->shared_ffn_dim != moe->shared_ffn_dim ||
+            e->latent_dim != moe->latent_dim)
+            continue;
+        int k = 0, x = e->expert_ffn_dim;
+        while (k < n && w[k] < x)
+            k++;
+        if ((k < n && w[k] == x) || n >= max)
+            continue;
+        memmove(w + k + 1, w + k, sizeof *w * (size_t)(n - k));
+        w[k] = x;
+        n++;
+    }
+    return n;
+}
+
+/* A part at an exact calibrated hidden size; an MoE whose expert width lies between two
+ * calibrated widths interpolated linearly between them (each over the expert count). */
+static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
+                     const arch_mamba *mb, double out[3])
+{
+    if (part_at_hidden(t, part, hidden, nh, nkv, ffn, moe, mb, out) == 0)
+        return 0;
+    if (part != CM_MLP || !moe)
+        return -1;
+    int w[MAX_GRID], n = cm_moe_widths(t, moe, w, MAX_GRID), x = moe->expert_ffn_dim;
+    for (int i = 1; i < n; i++) {
+        if (!(w[i - 1] < x && x < w[i]))
+            continue;
+        arch_moe a = *moe, b = *moe;
+        double ya[3], yb[3], f = (double)(x - w[i - 1]) / (w[i] - w[i - 1]);
+        a.expert_ffn_dim = w[i - 1];
+        b.expert_ffn_dim = w[i];
+        if (part_at_hidden(t, part, hidden, 0, 0, 0, &a, NULL, ya) || part_at_hidden(t, part, hidden, 0, 0, 0, &b, NULL, yb))
+            return -1;
+        for (int j = 0; j < 3; j++)
+            out[j] = ya[j] + f * (yb[j] - ya[j]);
+        return 0;
+    }
+    return -1;
+}
+
 /* Sorted distinct calibrated hidden sizes (from fixed/by_hidden). */
 static int hidden_sizes(const cm_tables *t, int *hs)
 {
@@ -482,10 +528,10 @@ static int part_cost(const cm_tables *t, int part, int hidden, int n_heads, int 
     if (hidden_bracket(t, hidden, &lo, &hi, &w))
         return -1;
     scales_at(t, lo, hi, w, &sp, &sd);
-    if (part_at_hidden(t, part, lo, n_heads, n_kv_heads, ffn_dim, moe, mb, a))
+    if (at_hidden(t, part, lo, n_heads, n_kv_heads, ffn_dim, moe, mb, a))
         return -1;
     if (hi != lo) {
-        if (part_at_hidden(t, part, hi, n_heads, n_kv_heads, ffn_dim, moe, mb, b))
+        if (at_hidden(t, part, hi, n_heads, n_kv_heads, ffn_dim, moe, mb, b))
             return -1;
         for (int j = 0; j < 3; j++)
             a[j] += w * (b[j] - a[j]);

@@ -276,12 +276,17 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
 int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv_heads, int ffn_dim,
                  double *prefill_ms, double *decode_ms, double *workspace_bytes);
 /* The same for an MoE MLP of shape `moe` (n_experts > 0): interpolated over the expert
- * count between entries of the same top_k and widths. 0, or -1 outside the tables. */
+ * count between entries of the same top_k and widths, and linearly between the two
+ * calibrated expert widths around moe's. 0, or -1 outside the tables. */
 int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
                 double *workspace_bytes);
 
 /* The same for a Mamba-2 mixer of shape `mb` (n_heads > 0): interpolated over the head count
  * between entries of the same head_dim, state size, groups and conv kernel. 0, or -1 outside. */
+/* The routed-expert widths the tables price for MoE blocks shaped as `moe` (its top_k, shared
+ * and latent widths), ascending and distinct, into w[0..max); returns their count. */
+int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max);
+
 int cm_mamba_cost(const cm_tables *t, int hidden, const arch_mamba *mb, double *prefill_ms, double *decode_ms,
                   double *workspace_bytes);
 

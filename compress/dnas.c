@@ -66,6 +66,12 @@ static int moe_groups(const arch_layer *l)
     return l->moe.n_experts && arch_moe_grouped(&l->moe) ? l->moe.n_group : 1;
 }
 
+/* The routed experts' width of MoE choice k in parent layer pl. */
+static int moe_width(const search_space *sp, const arch_layer *pl, int k)
+{
+    return sp->expw[k] ? sp->expw[k] : pl->moe.expert_ffn_dim;
+}
+
 /* Soft prefix masks from the probabilities: unit j kept with P(size > j). */
 static void fill_masks(const search_dist *d, const eng_model *m, const mask_offsets *o, float *host)
 {
@@ -103,7 +109,7 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                 host[o->head[l] + q] = (float)v;
             }
         }
-        if (o->ffn[l] != (size_t)-1)
+        if (o->ffn[l] != (size_t)-1 && pl->ffn_dim)
             for (int j = 0; j < pl->ffn_dim; j++) {
                 double v = 0;
                 for (int k = 0; k < sp->n_ffn; k++)
@@ -111,6 +117,15 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                         v += d->p_ffn[l * sp->n_ffn + k];
                 host[o->ffn[l] + j] = (float)v;
             }
+        /* the routed experts' units (each expert ranked by its own order): unit j kept with
+           P(width > j); the removed MoE's choice leaves them to the expert masks */
+        for (int j = 0; o->ffn[l] != (size_t)-1 && !pl->ffn_dim && j < pl->moe.expert_ffn_dim; j++) {
+            double v = 0;
+            for (int k = 0; k < sp->n_exp; k++)
+                if (!sp->exp[k] || moe_width(sp, pl, k) > j)
+                    v += d->p_ffn[l * sp->n_ffn + k];
+            host[o->ffn[l] + j] = (float)v;
+        }
         /* ranked experts: expert e kept with P(count > e); with grouped routing the j-th of each
            group with P(count / groups > j) (ranked inside their groups, pruned as many per group) */
         for (int e = 0, G = moe_groups(pl), per = pl->moe.n_experts / G; o->exp[l] != (size_t)-1 &&
@@ -159,13 +174,19 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
                 d->g_heads[l * sp->n_heads + k] += s;
             }
         }
-        if (o->ffn[l] != (size_t)-1)
+        if (o->ffn[l] != (size_t)-1 && pl->ffn_dim)
             for (int k = 0; k < sp->n_ffn; k++) {
                 double s = 0;
                 for (int j = 0; j < sp->ffn[k] && j < pl->ffn_dim; j++)
                     s += g[o->ffn[l] + j];
                 d->g_ffn[l * sp->n_ffn + k] += s;
             }
+        for (int k = 0; o->ffn[l] != (size_t)-1 && !pl->ffn_dim && k < sp->n_exp; k++) {
+            double s = 0;
+            for (int j = 0, w = sp->exp[k] ? moe_width(sp, pl, k) : pl->moe.expert_ffn_dim; j < w; j++)
+                s += g[o->ffn[l] + j];
+            d->g_ffn[l * sp->n_ffn + k] += s;
+        }
         for (int k = 0, G = moe_groups(pl), per = pl->moe.n_experts / G; o->exp[l] != (size_t)-1 && k < sp->n_exp;
              k++) {
             double s = 0;
@@ -179,12 +200,15 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
     }
 }
 
-static json_t *probs_json(const double *p, const int *sizes, int n)
+/* widths: an MoE layer's expert widths beside its counts (NULL elsewhere; 0: its own). */
+static json_t *probs_json(const double *p, const int *sizes, const int *widths, int n)
 {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++)
         if (sizes[i] >= 0)   /* an MLP axis longer than this layer's list */
-            json_array_append_new(a, json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]));
+            json_array_append_new(a, widths && widths[i] ? json_pack("{s:i,s:i,s:f}", "size", sizes[i], "width",
+                                                                     widths[i], "p", p[i])
+                                                         : json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]));
     return a;
 }
 
@@ -196,13 +220,14 @@ static json_t *distribution_json(const search_dist *d)
         json_array_append_new(layers, json_pack("{s:i,s:o,s:o,s:f}", "layer", l,
                                                 sp->mamba && sp->mamba[l] ? "mamba_heads" : "heads",
                                                 probs_json(d->p_heads + l * sp->n_heads, sp->mamba && sp->mamba[l]
-                                                           ? sp->mam : sp->heads, sp->mamba && sp->mamba[l]
+                                                           ? sp->mam : sp->heads, NULL, sp->mamba && sp->mamba[l]
                                                            ? sp->n_mam : sp->n_heads),
                                                 sp->moe && sp->moe[l] ? "experts" : "ffn",
                                                 probs_json(d->p_ffn + l * sp->n_ffn, sp->moe && sp->moe[l] ? sp->exp
-                                                           : sp->ffn, sp->moe && sp->moe[l] ? sp->n_exp : sp->n_ffn),
+                                                           : sp->ffn, sp->moe && sp->moe[l] ? sp->expw : NULL,
+                                                           sp->moe && sp->moe[l] ? sp->n_exp : sp->n_ffn),
                                                 "keep", d->p_keep[l * 2 + 1]));
-    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, sp->n_hidden), "layers", layers);
+    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, NULL, sp->n_hidden), "layers", layers);
 }
 
 /* Over which limits do the costs x (latency, decode, bytes, params) go? Each one's table

@@ -90,11 +90,15 @@ static int predict_probe(const cm_tables *tb, const arch *parent, int hidden, in
  * the layerless model at H. Entry k of n choices. 0, or -1 with err when the calibration
  * does not cover it. */
 static int part_costs(const cm_tables *tb, const search_space *sp, const arch *parent, int H, int part, int size,
-                      const arch_moe *moe, const arch_mamba *mb, const cm_prediction *pe, search_costs *costs, int hi,
+                      const arch_moe *moe_in, const arch_mamba *mb, const cm_prediction *pe, search_costs *costs, int hi,
                       int k, int n, char *err, size_t errlen)
 {
     double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
     int L = sp->n_layers, group = sp->group;
+    arch_moe mw = moe_in ? *moe_in : (arch_moe){0};   /* at choice k's expert width */
+    if (moe_in && sp->expw[k])
+        mw.expert_ffn_dim = sp->expw[k];
+    const arch_moe *moe = moe_in ? &mw : NULL;
     if (size > 0) {
         int nh = part == CM_ATTN ? size : 0, nkv = part == CM_ATTN && !mb ? size / group : 0;
         int ffn = part == CM_MLP ? (moe ? -size : size) : 0;
@@ -112,7 +116,8 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
             else if (part == CM_ATTN)
                 snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", size, H);
             else if (moe)
-                snprintf(err, errlen, "the calibration does not cover an MoE of %d experts at hidden %d", size, H);
+                snprintf(err, errlen, "the calibration does not cover an MoE of %d experts of %d units at hidden %d", size,
+                         moe->expert_ffn_dim, H);
             else
                 snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", size, H);
             return -1;
@@ -251,11 +256,40 @@ static int mamba_axis(const arch *parent, search_space *sp, char *err, size_t er
     return 0;
 }
 
-/* The MoE layers' expert counts: every count up to the most (evenly spaced beyond the axis)
- * that the first MoE layer can keep (grouped: as many per group); not searched, the parent's
- * own (a llama.cpp calibration prices no single expert); 0 = MLP removed when zero; sp->moe
- * marks the MoE layers. 0, or -1 out of memory. */
-static int expert_axis(const arch *parent, search_space *sp, int zero, int searched)
+/* The widths the routed experts may take: those the tables price for the first MoE layer's
+ * shape up to its width (which is among them), when searched and every MoE layer has that
+ * width; else just the layer's own (0). Into w; the count. */
+static int expert_widths(const arch *parent, const cm_tables *tb, int searched, int *w)
+{
+    const arch_moe *first = arch_first_moe(parent, NULL);
+    int n = 0, uniform = first != NULL, cal[SEARCH_MAX_CHOICES];
+    for (int l = 0; first && l < parent->n_layers; l++)
+        uniform &= !parent->layers[l].moe.n_experts || parent->layers[l].moe.expert_ffn_dim == first->expert_ffn_dim;
+    int nc = searched && uniform ? cm_moe_widths(tb, first, cal, SEARCH_MAX_CHOICES) : 0, own = 0;
+    for (int i = 0; i < nc; i++)
+        if (cal[i] < first->expert_ffn_dim)
+            w[n++] = cal[i];
+        else
+            own |= cal[i] == first->expert_ffn_dim;
+    if (!own)
+        n = 0;   /* the tables do not price the parent's own width at this shape: widths stay */
+    w[n++] = 0;
+    return n;
+}
+
+/* Units of a choice (count x width, the layer's own width for 0), for ordering. */
+static long expert_units(const arch_moe *m, int count, int width)
+{
+    return (long)count * (width ? width : m->expert_ffn_dim);
+}
+
+/* The MoE layers' choices: expert counts (every count up to the most, evenly spaced beyond
+ * the axis, that the first MoE layer can keep, grouped: as many per group; not searched,
+ * the parent's own: a llama.cpp calibration prices no single expert), each at every width
+ * of expert_widths, ascending in expert units (counts thinned until they fit); 0 = MLP
+ * removed when zero; sp->moe marks the MoE layers. 0, or -1 out of memory. */
+static int expert_axis(const arch *parent, const cm_tables *tb, search_space *sp, int zero, int searched,
+                       int widths_searched)
 {
     int L = parent->n_layers, Emax = 0;
     sp->moe = calloc((size_t)(L > 0 ? L : 1), 1);
@@ -269,21 +303,45 @@ static int expert_axis(const arch *parent, search_space *sp, int zero, int searc
     sp->n_exp = 0;
     if (Emax && zero)
         sp->exp[sp->n_exp++] = 0;
-    for (int e = 1; !searched && e <= Emax && sp->n_exp < SEARCH_MAX_CHOICES; e++)   /* the parent's, ascending */
+    int cnt[SEARCH_MAX_CHOICES], nc = 0, w[SEARCH_MAX_CHOICES], nw = Emax ? expert_widths(parent, tb, widths_searched, w) : 0;
+    for (int e = 1; !searched && e <= Emax && nc < SEARCH_MAX_CHOICES; e++)   /* the parent's, ascending */
         for (int l = 0; l < L; l++)
             if (parent->layers[l].moe.n_experts == e) {
-                sp->exp[sp->n_exp++] = e;
+                cnt[nc++] = e;
                 break;
             }
-    if (!searched)
-        return 0;
     int room = SEARCH_MAX_CHOICES - 1 - sp->n_exp, st = arch_moe_grouped(&most) ? most.n_group : 1;
     int steps = Emax / st < room ? Emax / st : room;
-    for (int c = 1; c <= steps; c++) {
+    for (int c = 1; searched && c <= steps; c++) {
         int e = Emax / st <= room ? c * st : ((Emax * c + room - 1) / room + st - 1) / st * st;
-        if ((!sp->n_exp || e > sp->exp[sp->n_exp - 1]) && arch_moe_count_ok(&most, e))
-            sp->exp[sp->n_exp++] = e;
+        if ((!nc || e > cnt[nc - 1]) && arch_moe_count_ok(&most, e))
+            cnt[nc++] = e;
     }
+    while (nc * nw > room) {   /* every other count, the most kept */
+        int k = 0;
+        for (int i = nc - 1; i >= 0; i -= 2)
+            cnt[k++] = cnt[i];
+        for (int i = 0; i < k / 2; i++) {
+            int t = cnt[i];
+            cnt[i] = cnt[k - 1 - i];
+            cnt[k - 1 - i] = t;
+        }
+        nc = k;
+    }
+    int base = sp->n_exp;
+    for (int i = 0; i < nc; i++)
+        for (int j = 0; j < nw; j++) {   /* insertion by units, then count */
+            int at = sp->n_exp++;
+            long u = expert_units(&most, cnt[i], w[j]);
+            while (at > base && (expert_units(&most, sp->exp[at - 1], sp->expw[at - 1]) > u ||
+                                 (expert_units(&most, sp->exp[at - 1], sp->expw[at - 1]) == u && sp->exp[at - 1] > cnt[i]))) {
+                sp->exp[at] = sp->exp[at - 1];
+                sp->expw[at] = sp->expw[at - 1];
+                at--;
+            }
+            sp->exp[at] = cnt[i];
+            sp->expw[at] = w[j];
+        }
     return 0;
 }
 
@@ -360,9 +418,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             sp->ffn[sp->n_ffn++] = f;
     }
     int nf_dense = sp->n_ffn, zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
-    if (expert_axis(parent, sp, zero_exp, axes->experts) != 0)
+    if (expert_axis(parent, tb, sp, zero_exp, axes->experts, axes->expert_widths) != 0)
         goto oom;
-    sp->tie_exp = axes->experts && axes->uniform_experts;
+    sp->tie_exp = (axes->experts || axes->expert_widths) && axes->uniform_experts;
     for (int l = 0, e0 = 0; sp->tie_exp && l < L; l++) {
         int e = parent->layers[l].moe.n_experts;
         if (e && e0 && e != e0) {
@@ -405,7 +463,8 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         for (int j = 0; j < sp->n_ffn; j++) {
             int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
             int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
-            int ok = (sp->moe[l] || j < nf_dense) && f >= 0 &&
+            int fw = search_mlp_width(sp, l, j);
+            int ok = (sp->moe[l] || j < nf_dense) && f >= 0 && fw <= pl->moe.expert_ffn_dim &&
                      (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine) &&
                      (!sp->moe[l] || f == 0 || f == mine || f >= axes->min_experts) &&
                      (!sp->moe[l] || f == 0 || arch_moe_count_ok(&pl->moe, f));   /* grouped: as many per group */

@@ -5,13 +5,14 @@
 #include "compress/minitron.h"
 #include "engine/clock.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 typedef struct {
-    int hidden, heads, ffn, experts, mamba, depth;
+    int hidden, heads, ffn, experts, ewidth, mamba, depth;   /* ewidth: the routed experts' (0: the parent's) */
     int64_t params;
     int feasible;
 } mn_cand;
@@ -27,7 +28,7 @@ void mn_result_free(mn_result *r)
 }
 
 int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int experts,
-                    int mamba, int depth, arch *out)
+                    int ewidth, int mamba, int depth, arch *out)
 {
     int L = parent->n_layers;
     if (depth < 0 || depth > L)
@@ -67,9 +68,10 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
             o->n_heads = heads;
             o->n_kv_heads = heads / group;
         }
-        if (pl->moe.n_experts)
+        if (pl->moe.n_experts) {
             o->moe = arch_moe_keep(&pl->moe, experts);
-        else if (pl->ffn_dim || !hybrid)
+            o->moe.expert_ffn_dim = ewidth > 0 ? ewidth : pl->moe.expert_ffn_dim;
+        } else if (pl->ffn_dim || !hybrid)
             o->ffn_dim = ffn;
     }
     free(keep);
@@ -183,6 +185,7 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             j = (int)(r % (size_t)nF), r /= (size_t)nF;
             k = (int)(r % (size_t)nA), hi = (int)(r / (size_t)nA);
             int h = attn ? sp.heads[k] : 0, f = dense ? sp.ffn[j] : 0, e = moe ? sp.exp[x] : 0, mh = mamba ? sp.mam[q] : 0;
+            int ew = moe ? sp.expw[x] : 0;
             if ((attn && h <= 0) || (dense && f <= 0) || (moe && e <= 0))
                 continue;   /* uniform candidates keep every part of every kept layer */
             if ((!o->axes.heads && attn && h != first_heads(o->parent)) || (!o->axes.mamba && mh != own_mamba))
@@ -192,15 +195,15 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             arch a;
             cm_prediction p;
             char e2[256];
-            if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, mh, depth, &a) != 0)
+            if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, ew, mh, depth, &a) != 0)
                 continue;
             int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
             arch_free(&a);
             if (rc != 0)
                 continue;
             mn_cand *y = &c[n++];
-            *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .mamba = mh, .depth = depth,
-                           .params = p.params, .feasible = meets(&o->limits, &p)};
+            *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .ewidth = ew, .mamba = mh,
+                           .depth = depth, .params = p.params, .feasible = meets(&o->limits, &p)};
             if (!y->feasible)
                 note_violation(&o->limits, &p, &best_violation, cheapest, sizeof cheapest);
         }
@@ -213,10 +216,11 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
         for (size_t j = 0; j < n && !dominated; j++) {
             if (j == i || !c[j].feasible)
                 continue;
+            int wj = c[j].ewidth ? c[j].ewidth : INT_MAX, wi = c[i].ewidth ? c[i].ewidth : INT_MAX;
             if (c[j].hidden >= c[i].hidden && c[j].heads >= c[i].heads && c[j].ffn >= c[i].ffn &&
-                c[j].experts >= c[i].experts && c[j].mamba >= c[i].mamba && c[j].depth >= c[i].depth &&
+                c[j].experts >= c[i].experts && wj >= wi && c[j].mamba >= c[i].mamba && c[j].depth >= c[i].depth &&
                 (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn ||
-                 c[j].experts > c[i].experts || c[j].mamba > c[i].mamba || c[j].depth > c[i].depth))
+                 c[j].experts > c[i].experts || wj > wi || c[j].mamba > c[i].mamba || c[j].depth > c[i].depth))
                 dominated = 1;
         }
         if (!dominated)
@@ -239,8 +243,8 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
         return -1;
     }
     for (int i = 0; i < want; i++)
-        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].mamba,
-                            c[i].depth, &arr[i]) != 0) {
+        if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].ewidth,
+                            c[i].mamba, c[i].depth, &arr[i]) != 0) {
             for (int k = 0; k < i; k++)
                 arch_free(&arr[k]);
             free(arr);

@@ -36,6 +36,8 @@ typedef struct {
     int n_heads, heads[SEARCH_MAX_CHOICES];   /* heads[0] == 0 when removal allowed */
     int n_ffn, ffn[SEARCH_MAX_CHOICES];       /* ffn[0] == 0 when removal allowed */
     int n_exp, exp[SEARCH_MAX_CHOICES];       /* MoE layers: expert counts (exp[0] == 0 when removal allowed) */
+    int expw[SEARCH_MAX_CHOICES];             /* and the routed experts' width of choice j (0: the layer's
+                                                 own); the choices ascend in expert units (count x width) */
     unsigned char *moe;                       /* [n_layers] 1: layer l's MLP is an MoE; its MLP axis
                                                  chooses exp[j] (j < n_exp), else ffn[j] */
     int n_mam, mam[SEARCH_MAX_CHOICES];       /* Mamba layers: head counts (multiples of the groups) */
@@ -149,6 +151,8 @@ void search_choice_parent(const search_space *sp, search_choice *c);
 /* The MLP size of choice j in layer l: an FFN width, or an MoE layer's expert count
  * (-1: no such choice in that layer's list). */
 int search_mlp_size(const search_space *sp, int l, int j);
+/* The routed experts' width of choice j in MoE layer l (0: the layer's own; 0 elsewhere). */
+int search_mlp_width(const search_space *sp, int l, int j);
 /* The mixer size of choice k in layer l: attention heads, or a Mamba layer's head count
  * (-1: no such choice in that layer's list). */
 int search_mixer_size(const search_space *sp, int l, int k);

@@ -132,6 +132,11 @@ int64_t arch_params(const arch *a);
 
 /* 1 when the layer has an MLP: dense (ffn_dim > 0) or mixture of experts. */
 static inline int arch_layer_has_mlp(const arch_layer *l) { return l->ffn_dim > 0 || l->moe.n_experts > 0; }
+/* The MLP's unit width: a dense FFN's, else an MoE's routed experts' (0 without an MLP). */
+static inline int arch_layer_units(const arch_layer *l)
+{
+    return l->ffn_dim > 0 ? l->ffn_dim : l->moe.n_experts > 0 ? l->moe.expert_ffn_dim : 0;
+}
 
 /* 1 when the layer has a token mixer: attention or a Mamba-2 mixer. */
 static inline int arch_layer_has_mixer(const arch_layer *l) { return l->n_heads > 0 || l->mamba.n_heads > 0; }

@@ -569,7 +569,8 @@ int eng_model_enable_masks(eng_model *m)
     int L = a->n_layers;
     size_t count = (size_t)a->hidden_size + 2 * (size_t)L;
     for (int l = 0; l < L; l++)
-        count += (size_t)mixer_heads(&a->layers[l]) + (size_t)a->layers[l].ffn_dim + (size_t)a->layers[l].moe.n_experts;
+        count += (size_t)mixer_heads(&a->layers[l]) + (size_t)arch_layer_units(&a->layers[l]) +
+                 (size_t)a->layers[l].moe.n_experts;
     eng_masks *k = calloc(1, sizeof *k);
     if (!k)
         return -1;
@@ -598,7 +599,7 @@ int eng_model_enable_masks(eng_model *m)
     k->g_hidden = k->grad_block + o;
     o += (size_t)a->hidden_size;
     for (int l = 0; l < L; l++) {
-        int h = mixer_heads(&a->layers[l]), f = a->layers[l].ffn_dim;
+        int h = mixer_heads(&a->layers[l]), f = arch_layer_units(&a->layers[l]);
         k->head[l] = h ? k->block + o : NULL;
         k->g_head[l] = h ? k->grad_block + o : NULL;
         o += (size_t)h;

@@ -51,7 +51,9 @@ typedef struct {
  *                        masked model; another count prices the slice without that scale).
  *   head[l][Hq_l]        scales each query head's attention output before o_proj (a Mamba
  *                        layer: each Mamba head's gated-norm output before out_proj).
- *   ffn[l][F_l]          scales each gated intermediate unit before down_proj.
+ *   ffn[l][F_l]          scales each gated intermediate unit before down_proj; an MoE layer:
+ *                        unit u of every routed expert alike (F_l = expert_ffn_dim; each
+ *                        expert's units ranked by its own order), the shared expert unmasked.
  *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth); attn_gate
  *                        gates the layer's token mixer, attention or Mamba.
  *   expert[l][E_l]       scales each expert's output (MoE layers), after the block.

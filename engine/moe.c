@@ -319,9 +319,10 @@ static void route(eng_model *m, int l, const eng_masks *mk, const float *xn, moe
 }
 
 /* One expert on n gathered rows X [n, C] into Y [n, C] (g, u, h kept): SwiGLU, or squared ReLU
- * of up alone when wg is NULL (Nemotron-H). C: its width (the latent for LatentMoE's experts). */
+ * of up alone when wg is NULL (Nemotron-H). C: its width (the latent for LatentMoE's experts).
+ * um [F]: unit masks (NULL: none). */
 static void expert_fwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, int F,
-                       int n, int C)
+                       int n, int C, const float *um)
 {
     be->gemm(be, 0, 1, n, F, C, 1.0f, c->X, C, wu, C, 0.0f, c->u, F);
     if (wg) {
@@ -330,6 +331,8 @@ static void expert_fwd(eng_backend *be, moe_call *c, const float *wg, const floa
     } else {
         be->relu2_fwd(be, c->h, c->u, (size_t)n * F);
     }
+    if (um)   /* the search's unit masks: h keeps the masked units */
+        be->mask_fwd(be, c->h, c->h, um, n, F, 1);
     be->gemm(be, 0, 1, n, C, F, 1.0f, c->h, F, wd, F, 0.0f, c->Y, C);
 }
 
@@ -379,6 +382,7 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
         return -1;
     route(m, l, mk, xn, &c);
     int C = c.C, D = c.D, F = e->expert_ffn_dim;
+    const float *um = mk ? mk->ffn[l] : NULL;
     const float *src = xn;   /* what the experts read and where their sum goes: the latent, else the block */
     float *dst = y;
     be->zero(be, y, F4 * (size_t)N * C);
@@ -394,7 +398,7 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
             continue;
         const int *rows = c.idev + c.off[x];
         be->gather_rows(be, c.X, src, rows, NULL, n, D);
-        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D);
+        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D, um);
         be->scatter_rows_acc(be, dst, c.Y, rows, c.wl_d + c.off[x], n, D);
         if (stats)
             add_stats(be, &c, stats, l, x, F);
@@ -406,7 +410,7 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
         if (L->sh_router)
             shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C, NULL);
         be->scatter_rows_acc(be, y, c.Y, ident, L->sh_router ? c.sg : NULL, N, C);
         if (stats)
             add_unit_sums(be, &c, stats, stats->shared_unit[l], N, e->shared_ffn_dim);
@@ -417,13 +421,21 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
 
 /* Backward of one expert on n rows (SwiGLU, or squared ReLU when wg is NULL): X, g, u, h from
  * expert_fwd; dY [n, C] the gradient of its (weighted) output. Accumulates weight grads (Gu
- * NULL: none) and writes dX [n, C]. C: its width, as in expert_fwd. */
+ * NULL: none) and writes dX [n, C]. C: its width, as in expert_fwd. um: its unit masks (as in
+ * expert_fwd), their gradient accumulated into gum (may be NULL). */
 static void expert_bwd(eng_backend *be, moe_call *c, const float *wg, const float *wu, const float *wd, float *Gg,
-                       float *Gu, float *Gd, int F, int n, int C)
+                       float *Gu, float *Gd, int F, int n, int C, const float *um, float *gum)
 {
     be->gemm(be, 0, 0, n, F, C, 1.0f, c->dY, C, wd, F, 0.0f, c->dh, F);
     if (Gd)
-        be->gemm(be, 1, 0, C, F, n, 1.0f, c->dY, C, c->h, F, 1.0f, Gd, F);
+        be->gemm(be, 1, 0, C, F, n, 1.0f, c->dY, C, c->h, F, 1.0f, Gd, F);   /* h as masked */
+    if (um) {   /* the unmasked h (into dg, free until the activation's backward) for the masks' gradient */
+        if (wg)
+            be->swiglu_fwd(be, c->dg, c->g, c->u, (size_t)n * F);
+        else
+            be->relu2_fwd(be, c->dg, c->u, (size_t)n * F);
+        be->mask_bwd(be, c->dh, gum, c->dh, c->dg, um, n, F, 1);
+    }
     if (wg)
         be->swiglu_bwd(be, c->dg, c->du, c->dh, c->g, c->u, (size_t)n * F);
     else
@@ -492,6 +504,8 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         return -1;
     route(m, l, mk, xn, &c);
     int C = c.C, D = c.D, F = e->expert_ffn_dim, E = c.E, k = c.k;
+    const float *um = mk ? mk->ffn[l] : NULL;
+    float *gum = um && gm ? m->masks->g_ffn[l] : NULL;
     float *dw = malloc(F4 * (size_t)N * k);
     double *dmask = calloc((size_t)E, sizeof *dmask);
     if (!dw || !dmask) {
@@ -519,7 +533,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         const int *rows = c.idev + c.off[x];
         float **W = L->experts + 3 * x, **GW = gw ? G->experts + 3 * x : NULL;
         be->gather_rows(be, c.X, src, rows, NULL, n, D);
-        expert_fwd(be, &c, W[0], W[1], W[2], F, n, D);
+        expert_fwd(be, &c, W[0], W[1], W[2], F, n, D, um);
         if (L->lat_in)   /* the latent sum again, for fc2's gradient */
             be->scatter_rows_acc(be, c.YL, c.Y, rows, c.wl_d + c.off[x], n, D);
         be->gather_rows(be, c.dY, dsum, rows, NULL, n, D);
@@ -531,7 +545,8 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
             dmask[x] += (double)c.hbuf[i] * c.wraw[c.slot[at]];
         }
         be->gather_rows(be, c.dY, dsum, rows, c.wl_d + c.off[x], n, D);
-        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n, D);   /* W[0] NULL: relu2 */
+        expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n, D, um,
+                   gum);   /* W[0] NULL: relu2 */
         be->scatter_rows_acc(be, dsrc, c.dX, rows, NULL, n, D);
     }
     if (L->lat_in) {
@@ -548,17 +563,17 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     be->gemm(be, 0, 0, N, C, E, 1.0f, c.dlog, E, L->router, C, 1.0f, dxn, C);
     if (e->shared_ffn_dim && !L->sh_router) {   /* Nemotron-H: the shared expert added as it is */
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C);
+        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C, NULL);
         be->copy(be, c.dY, dy, F4 * (size_t)N * C);
         expert_bwd(be, &c, NULL, L->sh_up, L->sh_down, NULL, gw ? G->sh_up : NULL, gw ? G->sh_down : NULL,
-                   e->shared_ffn_dim, N, C);
+                   e->shared_ffn_dim, N, C, NULL, NULL);
         be->add(be, dxn, dxn, c.dX, (size_t)N * C);
     } else if (e->shared_ffn_dim) {
         const int *ident = c.idev + (size_t)N * k;
         int S = e->shared_ffn_dim;
         shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N, C);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N, C, NULL);
         be->rows_dot(be, c.dlog, dy, c.Y, N, C);     /* d loss / d gate value */
         float *dsg = c.hbuf + (size_t)N;              /* hbuf[0, N) holds the gate values */
         be->to_host(be, dsg, c.dlog, F4 * (size_t)N);
@@ -570,7 +585,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         be->gemm(be, 0, 0, N, C, 1, 1.0f, c.dlog, 1, L->sh_router, C, 1.0f, dxn, C);
         be->gather_rows(be, c.dY, dy, ident, c.sg, N, C);
         expert_bwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, gw ? G->sh_gate : NULL, gw ? G->sh_up : NULL,
-                   gw ? G->sh_down : NULL, S, N, C);
+                   gw ? G->sh_down : NULL, S, N, C, NULL, NULL);
         be->add(be, dxn, dxn, c.dX, (size_t)N * C);
     }
     if (gm && mk) {

@@ -74,14 +74,15 @@ def attention(W, p, h, hq, hkv, D, head_mask):
     return o.reshape(B, T, hq * D) @ W[p + "o_proj.weight"].T
 
 
-def moe_nemotron(W, p, h, lay, em):
+def moe_nemotron(W, p, h, lay, em, um=None):
     """Nemotron-H's MoE (modeling_nemotron_h.py's router and experts): sigmoid scores, the choice by
     scores + e_score_correction_bias within the topk_group best groups (each group scored by the sum
     of its two best biased scores), weights from the unbiased scores, normalized (+1e-20) when
     norm_topk, times routed_scaling_factor; squared-ReLU experts; a shared expert added as it is.
     LatentMoE (lay[17] > 0, Nemotron 3 Super): the experts read h fc1_latent_proj^T and their sum
     goes back through fc2_latent_proj; router and shared expert read h.
-    Every expert runs on every token here, weighted by its (zero when not chosen) routing weight."""
+    Every expert runs on every token here, weighted by its (zero when not chosen) routing weight;
+    em scales the chosen experts' weights, um unit u of every routed expert (the search's masks)."""
     E, k, Fe, Fs, norm = lay[3:8]
     ng, tg, scale = lay[14], lay[15], lay[16]
     latent = len(lay) > 17 and lay[17]
@@ -103,7 +104,8 @@ def moe_nemotron(W, p, h, lay, em):
     for e in range(E):
         w = (topw * (topi == e)).sum(-1)
         q = p + "experts.%d." % e
-        y = y + w[..., None] * (F.relu(he @ W[q + "up_proj.weight"].T) ** 2) @ W[q + "down_proj.weight"].T
+        z = F.relu(he @ W[q + "up_proj.weight"].T) ** 2
+        y = y + w[..., None] * (z if um is None else z * um) @ W[q + "down_proj.weight"].T
     if latent:
         y = y @ W[p + "fc2_latent_proj.weight"].T
     if Fs:
@@ -142,7 +144,8 @@ def model_forward(a, W, tokens, masks=None, hidden_count=None):
         else:
             pre = p + "mixer."
         if len(lay) > 3 and lay[3]:   # an MoE
-            y = moe_nemotron(W, pre, h, lay, masks["expert"][l] if masks is not None else None)
+            y = moe_nemotron(W, pre, h, lay, masks["expert"][l] if masks is not None else None,
+                             masks["ffn"][l] if masks is not None else None)
             x = (x + masks["mlp_gate"][l] * y) * masks["hidden"] if masks is not None else x + y
             continue
         u = F.relu(h @ W[pre + "up_proj.weight"].T) ** 2
@@ -162,7 +165,8 @@ def split_masks(a, block):
     for lay in a["layers"]:
         heads = lay[0] or (lay[8] if len(lay) > 8 else 0)
         m["head"].append(block[o:o + heads]); o += heads
-        m["ffn"].append(block[o:o + lay[2]]); o += lay[2]
+        f = lay[2] or (lay[5] if len(lay) > 3 and lay[3] else 0)   # an MoE: its experts' unit masks
+        m["ffn"].append(block[o:o + f]); o += f
     m["attn_gate"] = block[o:o + L]; o += L
     m["mlp_gate"] = block[o:o + L]; o += L
     m["expert"] = []

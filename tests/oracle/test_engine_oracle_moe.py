@@ -4,11 +4,12 @@ experts w1/w3/w2) and Qwen2-MoE's mlp (top-k with or without norm_topk_prob, a s
 scaled by sigmoid of its own gate) and OLMoE's (top-k with or without norm_topk_prob, no shared
 expert; attention RMS-normalizes q and k over their whole rows with q_norm / k_norm before RoPE),
 beside attention layers and dense MLP layers, with the
-search masks (the expert masks scale each chosen expert's routing weight). Every expert runs
+search masks (the expert masks scale each chosen expert's routing weight, the unit masks unit u
+of every routed expert, the shared expert unmasked). Every expert runs
 on every token here and is weighted by its (zero when not chosen) routing weight: no token
 grouping, so the engine's gather / GEMM / scatter path is checked against plain algebra.
 Checks: logits (rel err < 1e-5), CE and KD losses, every weight gradient and every mask
-gradient, expert masks included (rel err < 1e-4).
+gradient, expert and unit masks included (rel err < 1e-4).
 Run with $AC_PYTHON; the driver is BUILD/tools/engine_oracle (tests/tools/engine_oracle.c)."""
 import os
 import random
@@ -32,8 +33,9 @@ def moe_names(fam, l):
                                          for w in ("gate_proj", "up_proj", "down_proj")]
 
 
-def swiglu(h, wg, wu, wd):
-    return (F.silu(h @ wg.T) * (h @ wu.T)) @ wd.T
+def swiglu(h, wg, wu, wd, um=None):
+    z = F.silu(h @ wg.T) * (h @ wu.T)
+    return (z if um is None else z * um) @ wd.T
 
 
 def moe_block(a, W, l, h, lay, masks):
@@ -43,12 +45,14 @@ def moe_block(a, W, l, h, lay, masks):
     topw, topi = prob.topk(k, dim=-1)
     if norm:
         topw = topw / topw.sum(-1, keepdim=True)
+    um = None
     if masks is not None:
         topw = topw * masks["expert"][l][topi]
+        um = masks["ffn"][l]   # unit u of every routed expert
     y = torch.zeros_like(h)
     for e in range(E):
         w = (topw * (topi == e)).sum(-1)
-        y = y + w[..., None] * swiglu(h, *[W[n] for n in experts(e)])
+        y = y + w[..., None] * swiglu(h, *[W[n] for n in experts(e)], um)
     if S:
         p = "model.layers.%d.mlp." % l
         g = torch.sigmoid(h @ W[p + "shared_expert_gate.weight"].T)
@@ -129,7 +133,8 @@ def split_masks(a, block):
     m = {"hidden": block[:C], "head": [], "ffn": [], "expert": []}
     for lay in a["layers"]:
         m["head"].append(block[o:o + lay[0]]); o += lay[0]
-        m["ffn"].append(block[o:o + lay[2]]); o += lay[2]
+        f = lay[2] or (lay[5] if len(lay) > 3 and lay[3] else 0)   # an MoE: its experts' unit masks
+        m["ffn"].append(block[o:o + f]); o += f
     m["attn_gate"] = block[o:o + L]; o += L
     m["mlp_gate"] = block[o:o + L]; o += L
     for lay in a["layers"]:

@@ -77,7 +77,7 @@ static void test_grids(void **state)
     p.layers[0].n_kv_heads = 3;
     p.layers[0].ffn_dim = 1536;
     int h[16], kv[16], f[16];
-    int na = cal_grid_attention(&p, h, kv, 16), nf = cal_grid_mlp(&p, f, 16);
+    int na = cal_grid_attention(&p, h, kv, 16), nf = cal_grid_mlp(&p, f, 16, 1);
     /* kv groups (3,1) (6,2) (9,3) then kv fixed at 3: (3,3) (6,3) */
     assert_int_equal(na, 5);
     assert_int_equal(h[0], 3);
@@ -91,6 +91,21 @@ static void test_grids(void **state)
     assert_int_equal(f[0], 48);
     assert_int_equal(f[1], 192);
     assert_int_equal(f[8], 1536);
+    arch_free(&p);
+    /* an MoE of 4 experts of 32 units: 5 of the counts at 8, 16 and 24 units, then every count at 32 */
+    tiny_moe_parent(&p, 2);
+    int g[64], ng = cal_grid_mlp(&p, g, 64, 1), dense = 0;
+    while (g[dense] > 0)
+        dense++;
+    assert_int_equal(ng - dense, 3 * 4 + 4);
+    arch_layer l;
+    cal_mlp_apply(&p, g[dense], &l);
+    assert_true(l.moe.n_experts == 1 && l.moe.expert_ffn_dim == 8 && l.moe.top_k == 1 && l.moe.shared_ffn_dim == 48);
+    cal_mlp_apply(&p, g[dense + 7], &l);
+    assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 16 && l.moe.top_k == 2);
+    cal_mlp_apply(&p, g[ng - 1], &l);
+    assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 32);
+    assert_int_equal(cal_grid_mlp(&p, g, 64, 0) - dense, 4);   /* no narrower experts (llama.cpp's grid) */
     arch_free(&p);
 }
 
@@ -124,8 +139,8 @@ static void memory_matches_engine_accounting(int moe)
     if (cm_calibration_tables(cal, &tb, err, sizeof err))
         fail_msg("tables: %s", err);
     /* grid: 3 attention sizes + removed, 4 mlp widths (8, 32, 64, ..., 128) + removed */
-    int h[16], kv[16], f[16];
-    int na = cal_grid_attention(&p, h, kv, 16), nf = cal_grid_mlp(&p, f, 16);
+    int h[64], kv[64], f[64];
+    int na = cal_grid_attention(&p, h, kv, 64), nf = cal_grid_mlp(&p, f, 64, 1);
     assert_int_equal(tb.n_prefill, na + 1 + nf + 1);
     assert_int_equal(json_integer_value(json_object_get(cal, "entries")), 2 * (na + nf + 2) + 2);
     for (int i = 0; i < tb.n_prefill; i++)
@@ -146,7 +161,7 @@ static void memory_matches_engine_accounting(int moe)
     uint64_t rng = 12345;
     for (int k = 0; k < 4; k++) {
         arch a;
-        assert_int_equal(cal_random_arch(&p, &rng, &a), 0);
+        assert_int_equal(cal_random_arch(&p, &rng, &a, 1), 0);
         cm_prediction pr;
         ms_result mr;
         ms_opts mo = {.warmup = 0, .reps = 1, .seed = 3};
@@ -178,6 +193,24 @@ static void memory_matches_engine_accounting(int moe)
         arch_moe k3 = p.layers[0].moe;
         k3.top_k = 3;   /* no entry of top-3 routing */
         assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &k3, NULL, NULL, NULL), -1);
+        /* narrower experts: 8, 16 and 24 of 32 units priced; between two, linear */
+        int w[8];
+        assert_int_equal(cm_moe_widths(&tb, &p.layers[0].moe, w, 8), 4);
+        assert_int_equal(w[0], 8);
+        assert_int_equal(w[2], 24);
+        assert_int_equal(w[3], 32);
+        double c[3][2];
+        for (int i = 0; i < 3; i++) {
+            arch_moe m = p.layers[0].moe;
+            m.n_experts = 3;   /* an uncalibrated count at the narrower widths: interpolated in both */
+            m.expert_ffn_dim = 16 + 4 * i;
+            assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &m, &c[i][0], &c[i][1], NULL), 0);
+        }
+        assert_true(fabs(c[1][0] - (c[0][0] + c[2][0]) / 2) <= 1e-9 * c[1][0]);
+        assert_true(fabs(c[1][1] - (c[0][1] + c[2][1]) / 2) <= 1e-9 * c[1][1]);
+        arch_moe wide = p.layers[0].moe;
+        wide.expert_ffn_dim = 40;   /* wider than any priced */
+        assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &wide, NULL, NULL, NULL), -1);
     }
     eng_backend_free(be);
     cm_tables_free(&tb);

@@ -4,7 +4,8 @@
  * the parent yields an arch under the limit and close to it, for both methods' shared
  * grid. Parameter limits are exact, so the assertions do not depend on timing noise.
  * A Mixtral parent: the search chooses an expert count per layer (top-k capped at it) under
- * the limit; Minitron++ keeps one count in every layer. */
+ * the limit, and with expert widths an expert count and width per layer among the widths
+ * the calibration priced; Minitron++ keeps one count (and width) in every layer. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -335,6 +336,46 @@ static void test_moe_expert_counts(void **state)
         for (int l = 0; l < c[i].n_layers; l++)
             assert_int_equal(c[i].layers[l].moe.n_experts, c[i].layers[0].moe.n_experts);
         assert_true(arch_params(&c[i]) <= 0.7 * parent);
+        arch_free(&c[i]);
+    }
+    free(c);
+    /* expert widths too: the space pairs every count with the priced widths (4, 8, 12 and the
+       parent's 16 units), ascending in expert units; both methods choose among them */
+    search_space sp;
+    search_costs costs;
+    dnas_axes ax = {.experts = 1, .expert_widths = 1};
+    assert_int_equal(dnas_space_build(&a, &tb, &o.limits, &ax, &sp, &costs, err, sizeof err), 0);
+    assert_int_equal(sp.n_exp, 6 * 4);
+    for (int j = 1; j < sp.n_exp; j++)
+        assert_true(sp.exp[j - 1] * (sp.expw[j - 1] ? sp.expw[j - 1] : 16) <= sp.exp[j] * (sp.expw[j] ? sp.expw[j] : 16));
+    assert_true(sp.exp[sp.n_exp - 1] == 6 && sp.expw[sp.n_exp - 1] == 0);   /* the parent's last */
+    dnas_space_free(&sp, &costs);
+    o.axes = ax;
+    o.limits.params = 0.6 * parent;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    arch_summary(&r.arch, s, sizeof s);
+    printf("MoE with expert widths: chosen %s: %.0f params (limit %.0f)\n", s, (double)arch_params(&r.arch),
+           o.limits.params);
+    assert_true(arch_params(&r.arch) <= o.limits.params && arch_params(&r.arch) >= 0.85 * o.limits.params);
+    assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
+    for (int l = 0; l < r.arch.n_layers; l++) {
+        int fe = r.arch.layers[l].moe.expert_ffn_dim;
+        assert_true(fe == 4 || fe == 8 || fe == 12 || fe == 16);
+    }
+    json_t *ch = json_object_get(json_array_get(json_object_get(r.distribution, "layers"), 0), "experts");
+    int widths = 0;
+    for (size_t i = 0; i < json_array_size(ch); i++)
+        widths += json_object_get(json_array_get(ch, i), "width") != NULL;
+    assert_int_equal(widths, 6 * 3);   /* the narrower choices name their width */
+    dnas_result_free(&r);
+    mo.axes = ax;
+    mo.limits.params = 0.6 * parent;
+    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++) {
+        for (int l = 0; l < c[i].n_layers; l++)
+            assert_int_equal(c[i].layers[l].moe.expert_ffn_dim, c[i].layers[0].moe.expert_ffn_dim);
+        assert_true(arch_params(&c[i]) <= 0.6 * parent);
         arch_free(&c[i]);
     }
     free(c);
