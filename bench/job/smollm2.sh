@@ -13,7 +13,7 @@
 # bench/search_compare/run.sh fills). Another parent (MODEL, an HF or pruned directory: the MoE
 # bench/families/moefy.py makes): TITLE, RES (results path without extension), EXPORT (gguf),
 # TASKS (comma list; default the eight), HIDDEN_SEARCH (1; 0: no hidden-size search, as MoE
-# families' HF export needs).
+# families' HF export needs), EXPERT_WIDTHS (1; 0: MoE layers keep their experts' width).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${AC_BIN:-$PWD/build/autocompress}
@@ -34,6 +34,7 @@ TITLE=${TITLE:-SmolLM2-135M-Instruct}
 EXPORT=${EXPORT:-gguf}
 TASKS=${TASKS:-arc_easy,arc_challenge,piqa,hellaswag,winogrande,boolq,openbookqa,lambada_openai}
 export HIDDEN_SEARCH=${HIDDEN_SEARCH:-1}
+EXPERT_WIDTHS=${EXPERT_WIDTHS:-1}
 WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 C4=$AC_SHARED/data/text/c4/c4_sample.jsonl
 
@@ -63,16 +64,17 @@ done
 URL=http://127.0.0.1:$port
 
 python3 - "$URL" "$WORK" "$MODEL" "$C4" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
-    "$OUTPUT" "$MARGIN" "$EXPORT" "$TASKS" "$HIDDEN_SEARCH" <<'PY'
+    "$OUTPUT" "$MARGIN" "$EXPORT" "$TASKS" "$HIDDEN_SEARCH" "$EXPERT_WIDTHS" <<'PY'
 import json, sys, time, urllib.request
-url, work, model, c4, st, dt, lim, frac, prompt, output, margin, export, tasks, hidden = sys.argv[1:15]
+url, work, model, c4, st, dt, lim, frac, prompt, output, margin, export, tasks, hidden, widths = sys.argv[1:16]
 par = json.load(open(f"{work}/parent_estimate.json"))["predicted"]
 spec = {"name": "smollm2-135m-cpu-latency", "model": {"path": model},
         "target": {"device": "cpu", "precision": "fp32",
                    "workload": {"batch_size": 1, "prompt_tokens": int(prompt), "output_tokens": int(output)}},
         "constraints": {"latency_ms": round(float(frac) * par["latency_ms"], 3)},
         "method": "autocompress",
-        "search_space": {"hidden": hidden == "1", "heads": True, "ffn": True, "experts": True, "depth": True},
+        "search_space": {"hidden": hidden == "1", "heads": True, "ffn": True, "experts": True,
+                         "expert_widths": widths == "1", "depth": True},
         "budgets": {"search_tokens": int(st), "distill_tokens": int(dt)},
         "data": {"calibration": c4, "distillation": c4},
         "evaluation": {"tasks": tasks.split(","), "limit": int(lim), "seed": 1234, "pruned": True},
@@ -187,7 +189,8 @@ print("- wall time per stage (s): " + ", ".join(f"{x['name']} {x.get('wall_s', 0
 a = res.get("arch", {})
 print(f"- result arch: hidden {a.get('hidden_size')}, {len(a.get('layers', []))} layers: " +
       " ".join(f"{(x.get('attention') or {}).get('n_heads', 0)}/" +
-               (f"e{x['moe']['n_experts']}" if x.get('moe') else f"{(x.get('mlp') or {}).get('ffn_dim', 0)}")
+               (f"e{x['moe']['n_experts']}x{x['moe']['expert_ffn_dim']}" if x.get('moe')
+                else f"{(x.get('mlp') or {}).get('ffn_dim', 0)}")
                for x in a.get("layers", [])))
 print(f"- artifacts: " + ", ".join(f"{x['name']} ({x.get('size_bytes')} B)" for x in arts.get("data", [])))
 PY

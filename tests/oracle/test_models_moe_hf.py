@@ -9,8 +9,10 @@ decoder_sparse_step, as 4.40.2 has no mlp_only_layers). Checks:
     `autocompress export --format hf` writes the family's class and DeciLM is refused;
   - pruning experts uniformly (router rows sliced with them, top-k capped) gives the logits
     of a transformers model built with that many experts from the same sliced weights;
-  - pruning experts per layer writes block_configs (ffn.moe) and the export reloads in the
-    engine with the same logits.
+  - cutting every expert (and the shared expert) to its first units gives the logits of a
+    transformers model of those intermediate sizes on the sliced weights;
+  - pruning experts and their widths per layer writes block_configs (ffn.moe) and the export
+    reloads in the engine with the same logits.
 Runs under $AC_TF_PYTHON (scripts/pyenv.sh); re-executes itself there when started elsewhere."""
 import json
 import os
@@ -132,6 +134,21 @@ def sliced_state(model, fam, keep):
     return out
 
 
+def narrowed_state(model, fe, fs):
+    """The transformers state dict with every expert's first fe units (gate/up rows, down
+    columns) and the shared expert's first fs."""
+    out = {}
+    for k, v in model.state_dict().items():
+        v = v.clone()
+        w = fe if ".experts." in k else fs if ".shared_expert." in k else 0
+        if w and any(k.endswith(x) for x in ("w1.weight", "w3.weight", "gate_proj.weight", "up_proj.weight")):
+            v = v[:w]
+        elif w and any(k.endswith(x) for x in ("w2.weight", "down_proj.weight")):
+            v = v[:, :w]
+        out[k] = v
+    return out
+
+
 def case(tmp, tag, cfg, cls, fam, seed):
     model, d = make(tmp, tag, cfg, cls, seed)
     check_inspect(d, cfg, fam, tag)
@@ -175,22 +192,46 @@ def case(tmp, tag, cfg, cls, fam, seed):
     check(e < 1e-4, "%s: %d experts kept per layer = transformers model of %d experts on the sliced weights "
           "(rel err %.2e)" % (tag, n, n, e))
 
-    # Per-layer expert counts and top-k: block_configs, reloaded by the engine.
+    # Narrower experts (and shared expert): each keeps its first units, as transformers' model of
+    # those intermediate sizes computes on the sliced weights.
+    fe = (cfg.intermediate_size if fam == "mixtral" else cfg.moe_intermediate_size) // 2
+    fs = getattr(cfg, "shared_expert_intermediate_size", 0) // 2
+    for ly in arch["layers"]:
+        if ly.get("moe"):
+            ly["moe"].update(n_experts=cfg.num_local_experts if fam == "mixtral" else cfg.num_experts,
+                             expert_ffn_dim=fe, shared_ffn_dim=fs)
+    ap = os.path.join(tmp, tag + "-w.json")
+    json.dump(arch, open(ap, "w"))
+    eng_w, _ = engine_logits(d, tmp, tag + "-w", "--arch", ap)
+    wcfg = cls.config_class.from_dict(cfg.to_dict())
+    setattr(wcfg, "intermediate_size" if fam == "mixtral" else "moe_intermediate_size", fe)
+    if fs:
+        wcfg.shared_expert_intermediate_size = fs
+    wm = cls(wcfg).eval()
+    wm.load_state_dict(narrowed_state(model, fe, fs))
+    e = rel(eng_w, tf_logits(wm))
+    check(e < 1e-4, "%s: experts cut to %d units%s = transformers' model of that width on the sliced weights "
+          "(rel err %.2e)" % (tag, fe, " and the shared expert to %d" % fs if fs else "", e))
+
+    # Per-layer expert counts, top-k and widths: block_configs, reloaded by the engine.
     counts = [2, 3, 1, 2]
-    for ly, c in zip(arch["layers"], counts):
+    widths = [fe, fe + 2, 2 * fe, fe]
+    for ly, c, w in zip(arch["layers"], counts, widths):
         if ly.get("moe"):
             ly["moe"]["n_experts"] = c
             ly["moe"]["top_k"] = min(ly["moe"]["top_k"], c)
+            ly["moe"]["expert_ffn_dim"] = w
     ap = os.path.join(tmp, tag + "-h.json")
     json.dump(arch, open(ap, "w"))
     het = os.path.join(tmp, tag + "-het")
     eng_h, r = engine_logits(d, tmp, tag + "-h", "--arch", ap, "--hf", het)
     conf = json.load(open(os.path.join(het, "config.json")))
     bc = conf.get("block_configs") or []
-    got = [b["ffn"].get("moe", {}).get("num_local_experts") for b in bc]
-    want = [c if ly.get("moe") else None for ly, c in zip(arch["layers"], counts)]
+    got = [(b["ffn"].get("moe", {}).get("num_local_experts"), b["ffn"].get("moe", {}).get("expert_intermediate_dim"))
+           for b in bc]
+    want = [(c, w) if ly.get("moe") else (None, None) for ly, c, w in zip(arch["layers"], counts, widths)]
     check(conf["architectures"] == [cls.__name__] and got == want,
-          "%s: per-layer experts %s written as block_configs ffn.moe (%s)" % (tag, want, got))
+          "%s: per-layer experts and widths %s written as block_configs ffn.moe (%s)" % (tag, want, got))
     eng_b, _ = engine_logits(het, tmp, tag + "-hb")
     e = rel(eng_b, eng_h)
     check(e < 1e-6, "%s: the per-layer export reloads with the pruned model's logits (rel err %.2e)" % (tag, e))
