@@ -5,7 +5,7 @@ Tiny random models written here (config.json + safetensors): a Mixtral (GGUF arc
 with experts; interleaved RoPE) and a Qwen2-MoE with a shared expert and q/k/v biases (GGUF
 `qwen2moe`; norm_topk_prob false, as llama.cpp computes it), and an OLMoE (GGUF `olmoe`: q and
 k RMS-normed over their rows; tests/oracle/test_models_olmoe_hf.py's writer), whole and with
-its experts cut to 4 of 6. Each is exported as F32 GGUF by
+its experts cut to 4 of 6, and to 4 of 6 each cut to half its units. Each is exported as F32 GGUF by
 the engine side (tests/tools/export_interop --no-vocab: llama.cpp runs token ids) and llama.cpp
 scores the same 24 token ids: every position's logits agree with the engine's (max abs
 difference under 1e-3 of the logits' scale). Archs llama.cpp cannot hold are refused by the
@@ -137,7 +137,9 @@ def main():
                                       check=True).stdout)
         a = a.get("arch", a)
         olmoe.make_checkpoint(os.path.join(tmp, "olmoe-gqa"), kv=2)
-        for tag, change in (("olmoe", None), ("olmoe-cut", dict(n_experts=4)), ("olmoe-gqa", "kv")):
+        half = a["layers"][0]["moe"]["expert_ffn_dim"] // 2   # every expert cut to its first units
+        for tag, change in (("olmoe", None), ("olmoe-cut", dict(n_experts=4)),
+                            ("olmoe-narrow", dict(n_experts=4, expert_ffn_dim=half)), ("olmoe-gqa", "kv")):
             ap = None
             if change == "kv":
                 d = os.path.join(tmp, "olmoe-gqa")
