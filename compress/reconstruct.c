@@ -9,8 +9,9 @@
  * A Mamba-2 mixer is refit the same way: in_proj's kept rows (the kept heads' z, x and dt
  * rows, every B and C row) by the input map, out_proj on the gated norm's output. An MoE
  * block's input projections (router, experts' gate/up, shared expert's gate/up and gate,
- * a latent's fc1) are refit by the same input map; its experts' outputs are not refit
- * (experts are kept or dropped whole).
+ * a latent's fc1) are refit by the same input map; where the experts were narrowed, each
+ * kept expert's down_proj is refit on the tokens the student routes to it, its kept units'
+ * activations against the parent expert's output on the same tokens.
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -32,7 +33,7 @@
 const char *const recon_proj_names[RP_COUNT] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj", "out_proj", "router",
     "experts.gate_proj", "experts.up_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
-    "shared_expert_gate", "fc1_latent_proj"};
+    "shared_expert_gate", "fc1_latent_proj", "experts.down_proj"};
 
 void recon_proj_name(const arch *a, int l, int proj, char *out, size_t cap)
 {
@@ -149,7 +150,7 @@ static double sum_sq(const float *x, size_t n)
 /* Measure the student's projection `name` (rp->proj of layer rp->layer, [c, d]) on X [N, d]
  * against T [N, c]; with Wn (may be NULL), install Wn when it lowers the error. Fills
  * rp's errors and refit flag. 0, or -1 with a reason. */
-static int try_weights(rc_state *s, recon_proj *rp, const char *name, const float *X, const float *T,
+static int try_weights(rc_state *s, recon_proj *rp, const char *name, const float *X, const float *T, size_t N,
                        const float *Wn, char *err, size_t errlen)
 {
     int d = rp->in_dim, c = rp->out_dim;
@@ -157,9 +158,9 @@ static int try_weights(rc_state *s, recon_proj *rp, const char *name, const floa
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
         return -1;
     }
-    rp->target_sq = sum_sq(T, s->N * (size_t)c);
-    rp->err_before = rp->err_after = eng_la_sq_residual(X, s->N, d, s->W, c, T, c);
-    double e = Wn ? eng_la_sq_residual(X, s->N, d, Wn, c, T, c) : 0;
+    rp->target_sq = sum_sq(T, N * (size_t)c);
+    rp->err_before = rp->err_after = eng_la_sq_residual(X, N, d, s->W, c, T, c);
+    double e = Wn ? eng_la_sq_residual(X, N, d, Wn, c, T, c) : 0;
     if (rp->err_before < 0 || e < 0) {
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
@@ -178,24 +179,18 @@ static int try_weights(rc_state *s, recon_proj *rp, const char *name, const floa
     return 0;
 }
 
-/* The output projection (o_proj / down_proj) from s->X (its input) against the parent's
- * output s->Y at the kept hidden channels. */
-static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
+/* The student's projection `name` ([c, d] = rp's out and in) refit by damped least squares
+ * from X [N, d] to T [N, c]. 0, 1 when stopped, -1. */
+static int solve_output(rc_state *s, recon_proj *rp, const char *name, const float *X, const float *T, size_t N,
+                        char *err, size_t errlen)
 {
-    int d = rp->in_dim, c = rp->out_dim, C = s->P->a.hidden_size;
-    for (size_t n = 0; n < s->N; n++)
-        for (int j = 0; j < c; j++)
-            s->T[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
-    char name[96];
-    recon_proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
-    if (!rp->pruned)
-        return try_weights(s, rp, name, s->X, s->T, NULL, err, errlen);
+    int d = rp->in_dim, c = rp->out_dim;
     memset(s->G, 0, sizeof(double) * (size_t)d * d);
     memset(s->R, 0, sizeof(double) * (size_t)c * d);
-    eng_la_gram(s->G, s->X, s->N, d);
+    eng_la_gram(s->G, X, N, d);
     if (stopped(s))
         return 1;
-    eng_la_cross(s->R, s->T, c, c, s->X, d, s->N);
+    eng_la_cross(s->R, T, c, c, X, d, N);
     /* damped toward the slice: the solve moves it only as far as the data supports */
     if (eng_model_get_tensor(s->S, name, s->W, (int64_t)c * d) != (int64_t)c * d) {
         snprintf(err, errlen, "reconstruct: the student lacks %s", name);
@@ -206,7 +201,57 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
         snprintf(err, errlen, "reconstruct: out of host memory");
         return -1;
     }
-    return try_weights(s, rp, name, s->X, s->T, rc == 0 ? s->Wn : NULL, err, errlen);   /* rc 1: the slice stays */
+    return try_weights(s, rp, name, X, T, N, rc == 0 ? s->Wn : NULL, err, errlen);   /* rc 1: the slice stays */
+}
+
+/* The output projection (o_proj / down_proj) from s->X (its input) against the parent's
+ * output s->Y at the kept hidden channels. */
+static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
+{
+    int c = rp->out_dim, C = s->P->a.hidden_size;
+    for (size_t n = 0; n < s->N; n++)
+        for (int j = 0; j < c; j++)
+            s->T[n * c + j] = s->Y[n * C + s->sel.hidden[j]];
+    char name[96];
+    recon_proj_name(&s->S->a, rp->layer, rp->proj, name, sizeof name);
+    if (!rp->pruned)
+        return try_weights(s, rp, name, s->X, s->T, s->N, NULL, err, errlen);
+    return solve_output(s, rp, name, s->X, s->T, s->N, err, errlen);
+}
+
+/* Where student layer i's experts are narrower than parent layer src's: each kept expert's
+ * down_proj from its kept units' activations (student stream s->Xs, the tokens the student
+ * routes to it) to the parent expert's output on the same tokens (parent stream s->Xp), at
+ * the kept channels (a latent MoE's experts write the whole latent). 0, 1 when stopped, -1. */
+static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t errlen)
+{
+    const arch_moe *se = &s->S->a.layers[i].moe, *pe = &s->P->a.layers[src].moe;
+    const prune_layer_sel *l = &s->sel.layers[i];
+    int F = se->expert_ffn_dim, C = s->P->a.hidden_size, D = arch_moe_io(pe, C), c = arch_moe_io(se, s->S->a.hidden_size);
+    int *rows = malloc(sizeof(int) * s->N);
+    float *Yp = malloc(sizeof(float) * s->N * (size_t)D);
+    int rc = rows && Yp ? 0 : -1;
+    if (rc)
+        snprintf(err, errlen, "reconstruct: out of host memory");
+    for (int e = 0; rc == 0 && e < se->n_experts; e++) {
+        const char *name = eng_model_expert_down(s->S, i, e);
+        int n = eng_moe_expert_io(s->S, i, e, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
+        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, l->exp[e], s->Xp, (int)s->N, rows, n, NULL, NULL,
+                                                           Yp) != n)) {
+            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, e);
+            rc = -1;
+            break;
+        }
+        for (int r = 0; r < n; r++)
+            for (int j = 0; j < c; j++)
+                s->T[(size_t)r * c + j] = Yp[(size_t)r * D + (pe->latent_dim ? j : s->sel.hidden[j])];
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_XDOWN, .expert = e, .in_dim = F, .out_dim = c,
+                         .pruned = 1};
+        rc = n > 0 ? solve_output(s, &rp, name, s->X, s->T, (size_t)n, err, errlen) : 0;
+    }
+    free(rows);
+    free(Yp);
+    return rc;
 }
 
 /* The parent rows a student input projection keeps: [rows] into out, the count returned.
@@ -284,7 +329,7 @@ static int refit_input(rc_state *s, recon_proj *rp, const char *name, const char
     rp->in_dim = c;
     rp->out_dim = n;
     rp->pruned = 1;
-    if (try_weights(s, rp, name, s->Xs, s->T, solved ? s->Wn : NULL, err, errlen) != 0)
+    if (try_weights(s, rp, name, s->Xs, s->T, s->N, solved ? s->Wn : NULL, err, errlen) != 0)
         return -1;
     return stopped(s);
 }
@@ -373,14 +418,17 @@ static int refit_moe_inputs(rc_state *s, int i, int src, char *err, size_t errle
  * both streams (the layer's outcome is already known). 0, 1 when stopped, -1. */
 static int block(rc_state *s, int i, int src, int part, int replay, char *err, size_t errlen)
 {
-    if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, nothing else */
+    if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, narrowed experts' outputs */
         int kept = moe_part(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
+        int narrow = kept && !replay && s->S->a.layers[i].moe.expert_ffn_dim < s->P->a.layers[src].moe.expert_ffn_dim;
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
-        if (eng_stepper_block(s->sp, src, part, 1, inputs ? &pc : NULL, err, errlen) != 0)
+        if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow ? &pc : NULL, err, errlen) != 0)
             return -1;
-        if (inputs) {
+        if (inputs || narrow) {
             int rc = stopped(s) ? 1 : eng_stepper_block(s->ss, i, part, 0, &sc, err, errlen) != 0 ? -1
-                   : refit_moe_inputs(s, i, src, err, errlen);
+                   : inputs ? refit_moe_inputs(s, i, src, err, errlen) : 0;
+            if (rc == 0 && narrow)
+                rc = refit_expert_outputs(s, i, src, err, errlen);
             if (rc != 0)
                 return rc;
         }
@@ -489,11 +537,12 @@ static void layer_path(char *buf, size_t n, const char *dir, int i)
     snprintf(buf, n, "%s/layer-%04d.safetensors", dir, i);
 }
 
-/* Write layer i's projections as they are now (those named by recon_proj_name and an MoE's
- * inputs) and the outcomes pushed since first. */
+/* Write layer i's projections as they are now (those named by recon_proj_name, an MoE's
+ * inputs and its experts' outputs) and the outcomes pushed since first. */
 static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 {
-    int nm = eng_model_moe_inputs(s->S, i, NULL, 0), cap = RP_ROUTER + nm, n = 0, rc = -1;
+    int nm = eng_model_moe_inputs(s->S, i, NULL, 0), nx = s->S->a.layers[i].moe.n_experts;
+    int cap = RP_ROUTER + nm + nx, n = 0, rc = -1;
     st_write_tensor *t = calloc((size_t)cap, sizeof *t);
     char (*names)[96] = calloc((size_t)cap, sizeof *names);
     float **bufs = calloc((size_t)cap, sizeof *bufs);
@@ -504,8 +553,12 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
     for (int k = 0; k < cap; k++) {
         if (k < RP_ROUTER)
             recon_proj_name(&s->S->a, i, k, names[n], sizeof names[n]);
-        else
+        else if (k < RP_ROUTER + nm)
             snprintf(names[n], sizeof names[n], "%s", mi[k - RP_ROUTER].name);
+        else   /* the experts' down projections */
+            snprintf(names[n], sizeof names[n], "%s",
+                     eng_model_expert_down(s->S, i, k - RP_ROUTER - nm) ? eng_model_expert_down(s->S, i, k - RP_ROUTER - nm)
+                                                                      : "");
         const char *name;
         int64_t shape[2];
         int ndim;
@@ -590,7 +643,7 @@ static json_t *ckpt_key(const rc_state *s, const int *tokens)
         h = (h ^ (uint32_t)tokens[i]) * 1099511628211ull;
     char hex[32];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-3", "tokens",
+    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-4", "tokens",
                      (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "inputs",
                      s->o->inputs, "token_hash", hex,
                      "parent", arch_to_json(&s->P->a), "student", arch_to_json(&s->S->a));
@@ -640,7 +693,7 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
 {
     const arch *pa = &s->P->a, *sa = &s->S->a;
     size_t C = (size_t)pa->hidden_size, c = (size_t)sa->hidden_size, D = (size_t)pa->head_dim;
-    size_t maxd = c, maxo = c, maxp = 1;
+    size_t maxd = c, maxo = c, maxp = 1, cw = c;   /* cw: the widest refit output side (a latent's) */
     for (int l = 0; l < sa->n_layers; l++) {   /* a Mamba mixer: out_proj reads H*P, in_proj writes more rows */
         const arch_layer *y = &sa->layers[l];
         size_t q = y->mamba.n_heads ? (size_t)arch_mamba_inner(&y->mamba) : (size_t)y->n_heads * D;
@@ -649,6 +702,8 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
         maxd = f > maxd ? f : maxd;
         maxo = r > maxo ? r : maxo;
         maxo = moe_rows(&y->moe) > maxo ? moe_rows(&y->moe) : maxo;
+        maxd = (size_t)y->moe.expert_ffn_dim > maxd ? (size_t)y->moe.expert_ffn_dim : maxd;   /* an expert's down_proj */
+        cw = (size_t)y->moe.latent_dim > cw ? (size_t)y->moe.latent_dim : cw;
     }
     maxo = maxd > maxo ? maxd : maxo;
     for (int l = 0; l < pa->n_layers; l++) {
@@ -660,14 +715,14 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
     }
     s->maxd = (int)maxd;
     s->maxo = (int)maxo;
-    size_t nr = c * maxd > C * c ? c * maxd : C * c;
+    size_t nr = cw * maxd > C * c ? cw * maxd : C * c;
     s->X = malloc(sizeof(float) * s->N * maxd);
     s->Xs = malloc(sizeof(float) * s->N * c);
     s->Xp = malloc(sizeof(float) * s->N * C);
     s->Y = malloc(sizeof(float) * s->N * C);
     s->T = malloc(sizeof(float) * s->N * maxo);
-    s->W = malloc(sizeof(float) * c * maxo);
-    s->Wn = malloc(sizeof(float) * c * maxo);
+    s->W = malloc(sizeof(float) * cw * maxo);
+    s->Wn = malloc(sizeof(float) * cw * maxo);
     s->Wp = malloc(sizeof(float) * maxo * C);
     s->M = malloc(sizeof(float) * C * c);
     s->Wfull = malloc(sizeof(float) * maxp * C);

@@ -51,9 +51,10 @@ int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen);
  * in_proj (z, x, B, C and dt rows: one map of the block's input) and out_proj; an MoE
  * block's inputs (engine/model.h's eng_moe_input kinds, in that order from RP_ROUTER):
  * the router, each expert's gate and up projections, the shared expert's gate and up
- * projections and its gate, a latent MoE's fc1_latent_proj. */
+ * projections and its gate, a latent MoE's fc1_latent_proj; then, where the experts were
+ * narrowed, each kept expert's down projection (RP_XDOWN). */
 enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_IN, RP_OUT, RP_ROUTER, RP_XGATE, RP_XUP, RP_SGATE,
-       RP_SUP, RP_SGATEW, RP_LATIN, RP_COUNT };
+       RP_SUP, RP_SGATEW, RP_LATIN, RP_XDOWN, RP_COUNT };
 extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "out_proj", "router", "experts.gate_proj" ... */
 
 /* The engine's name of projection proj (< RP_ROUTER) of layer l in a model of shape a
@@ -66,7 +67,7 @@ void recon_proj_name(const arch *a, int l, int proj, char *out, size_t cap);
 typedef struct {
     int layer, source_layer;
     int proj;                /* RP_* */
-    int expert;              /* RP_XGATE, RP_XUP: the expert's index in the student's layer; else -1 */
+    int expert;              /* RP_XGATE, RP_XUP, RP_XDOWN: the expert's index in the student's layer; else -1 */
     int in_dim, out_dim;     /* the refit matrix is [out_dim, in_dim] */
     int pruned;              /* 1: inputs or upstream differ from the parent's */
     int refit;               /* 1: the least-squares weights replaced the slice */

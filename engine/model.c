@@ -536,6 +536,15 @@ int eng_model_moe_inputs(const eng_model *m, int l, eng_moe_input *out, int cap)
     return n;
 }
 
+const char *eng_model_expert_down(const eng_model *m, int l, int x)
+{
+    const model_impl *im = m->impl;
+    for (int i = 0; i < im->n_tens; i++)
+        if (im->tens[i].slot == SL_XD && im->tens[i].layer == l && im->tens[i].expert == x)
+            return im->tens[i].name;
+    return NULL;
+}
+
 int64_t eng_model_get_tensor(const eng_model *m, const char *hf_name, float *out, int64_t n)
 {
     const tensor_ent *t = find_tensor(m, hf_name);

@@ -137,6 +137,17 @@ typedef struct {
  * (0: not an MoE layer, or no such layer), which may exceed cap. */
 int eng_model_moe_inputs(const eng_model *m, int l, eng_moe_input *out, int cap);
 
+/* The name of expert x's output projection in MoE layer l (borrowed), or NULL. */
+const char *eng_model_expert_down(const eng_model *m, int l, int x);
+
+/* Expert x of MoE layer l on rows of the normalized block input xn [N, C] (host): with rows
+ * NULL, the rows the router sends to it (written to routed, capacity N; their count is n);
+ * on those rows (or rows[0..n)) its units' activations h [n, F] (before down_proj, F its
+ * width) and its output y [n, D] (D: the latent, else C; before the routing weight), either
+ * may be NULL. Returns the row count, or -1 (no such expert, out of memory). */
+int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const int *rows, int n, int *routed,
+                      float *h, float *y);
+
 /* Copy a tensor (by HF name) to host memory `out` (its element count must fit `n`).
  * Returns the element count, or -1 when absent. */
 int64_t eng_model_get_tensor(const eng_model *m, const char *hf_name, float *out, int64_t n);

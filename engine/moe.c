@@ -419,6 +419,50 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
     return 0;
 }
 
+int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const int *rows, int n, int *routed,
+                      float *h, float *y)
+{
+    eng_backend *be = m->be;
+    const eng_layer *L = &m->layers[l];
+    const arch_moe *e = l >= 0 && l < m->a.n_layers ? &m->a.layers[l].moe : NULL;
+    moe_call c;
+    if (!e || x < 0 || x >= e->n_experts || N <= 0 || call_alloc(m, &c, l, N, 0, NULL, NULL) != 0)
+        return -1;
+    int C = c.C, D = c.D, F = e->expert_ffn_dim, rc = -1;
+    float *xd = be->alloc(be, F4 * (size_t)N * C);
+    if (!xd)
+        goto done;
+    be->to_device(be, xd, xn, F4 * (size_t)N * C);
+    for (int i = 0; rows && i < n; i++)
+        if (rows[i] < 0 || rows[i] >= N)
+            goto done;
+    if (!rows) {
+        route(m, l, NULL, xd, &c);
+        n = c.cnt[x];
+        memcpy(routed, c.order + c.off[x], sizeof(int) * (size_t)n);
+        rows = routed;
+    }
+    if (n > 0) {
+        const float *src = xd;
+        if (L->lat_in) {
+            be->gemm(be, 0, 1, N, D, C, 1.0f, xd, C, L->lat_in, C, 0.0f, c.XL, D);
+            src = c.XL;
+        }
+        be->to_device(be, c.idev, rows, sizeof(int) * (size_t)n);
+        be->gather_rows(be, c.X, src, c.idev, NULL, n, D);
+        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D, NULL);
+        if (h)
+            be->to_host(be, h, c.h, F4 * (size_t)n * F);
+        if (y)
+            be->to_host(be, y, c.Y, F4 * (size_t)n * D);
+    }
+    rc = n;
+done:
+    be->free(be, xd, xd ? F4 * (size_t)N * C : 0);
+    call_free(be, &c);
+    return rc;
+}
+
 /* Backward of one expert on n rows (SwiGLU, or squared ReLU when wg is NULL): X, g, u, h from
  * expert_fwd; dY [n, C] the gradient of its (weighted) output. Accumulates weight grads (Gu
  * NULL: none) and writes dX [n, C]. C: its width, as in expert_fwd. um: its unit masks (as in

@@ -74,6 +74,20 @@ def attention(W, p, h, hq, hkv, D, head_mask):
     return o.reshape(B, T, hq * D) @ W[p + "o_proj.weight"].T
 
 
+def nemotron_route(W, p, h, lay):
+    """Nemotron-H's routing of h: the chosen experts [.., k] and their sigmoid scores (unnormalized)."""
+    E, k = lay[3:5]
+    ng, tg = lay[14], lay[15]
+    s = torch.sigmoid(h @ W[p + "gate.weight"].T)
+    choice = s + W[p + "gate.e_score_correction_bias"]
+    if tg < ng:
+        grp = choice.view(*choice.shape[:-1], ng, E // ng).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(grp).scatter(-1, grp.topk(tg, dim=-1)[1], 1.0)
+        choice = choice.masked_fill(keep.repeat_interleave(E // ng, -1) == 0, float("-inf"))
+    topi = choice.topk(k, dim=-1)[1]
+    return topi, s.gather(-1, topi)
+
+
 def moe_nemotron(W, p, h, lay, em, um=None):
     """Nemotron-H's MoE (modeling_nemotron_h.py's router and experts): sigmoid scores, the choice by
     scores + e_score_correction_bias within the topk_group best groups (each group scored by the sum
@@ -84,16 +98,9 @@ def moe_nemotron(W, p, h, lay, em, um=None):
     Every expert runs on every token here, weighted by its (zero when not chosen) routing weight;
     em scales the chosen experts' weights, um unit u of every routed expert (the search's masks)."""
     E, k, Fe, Fs, norm = lay[3:8]
-    ng, tg, scale = lay[14], lay[15], lay[16]
+    scale = lay[16]
     latent = len(lay) > 17 and lay[17]
-    s = torch.sigmoid(h @ W[p + "gate.weight"].T)
-    choice = s + W[p + "gate.e_score_correction_bias"]
-    if tg < ng:
-        grp = choice.view(*choice.shape[:-1], ng, E // ng).topk(2, dim=-1)[0].sum(-1)
-        keep = torch.zeros_like(grp).scatter(-1, grp.topk(tg, dim=-1)[1], 1.0)
-        choice = choice.masked_fill(keep.repeat_interleave(E // ng, -1) == 0, float("-inf"))
-    topi = choice.topk(k, dim=-1)[1]
-    topw = s.gather(-1, topi)
+    topi, topw = nemotron_route(W, p, h, lay)
     if norm:
         topw = topw / (topw.sum(-1, keepdim=True) + 1e-20)
     topw = topw * scale

@@ -23,9 +23,12 @@ norm's output; up_proj alone on the MLP's input side.
 And on a Qwen2-MoE parent (attention and an MoE with a shared expert in every layer;
 test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts, expert and shared
 expert widths and query heads: the router (its kept experts' rows), every kept expert's
-gate_proj and up_proj (its kept units' rows), the shared expert's and its gate by the input map, as q/k/v are; and on a Nemotron-H parent ("*E*E":
-sigmoid routing in groups, a shared expert, the last MoE a LatentMoE) the router, the experts'
-up_proj (the first experts of every group kept) and, behind the latent, fc1_latent_proj.
+gate_proj and up_proj (its kept units' rows), the shared expert's and its gate by the input
+map, as q/k/v are, and each narrowed expert's down_proj on the tokens the student routes to it
+(its units' activations against the parent expert's output on those tokens); and on a Nemotron-H
+parent ("*E*E": sigmoid routing in groups, a shared expert, the last MoE a LatentMoE; experts
+narrowed in both) the router, the experts' up_proj (the first experts of every group kept),
+behind the latent fc1_latent_proj, and the experts' down_proj (the latent one's whole).
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
 """
@@ -40,8 +43,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_prune_grad import attn_block, mlp_block, read_records, rms  # noqa: E402
-from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer, moe_nemotron  # noqa: E402
-from test_engine_oracle_moe import moe_block  # noqa: E402
+from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer, moe_nemotron, nemotron_route  # noqa: E402
+from test_engine_oracle_moe import moe_block, swiglu  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
@@ -218,15 +222,43 @@ def kind_of(L):
     return "mamba" if L.get("mamba") else "attention" if L.get("attention") else "moe" if L.get("moe") else "mlp"
 
 
+def nemotron_lay(arch, l):
+    m = arch["layers"][l]["moe"]
+    r = m["router"]
+    return (0, 0, 0, m["n_experts"], m["top_k"], m["expert_ffn_dim"], m["shared_ffn_dim"], int(m["norm_topk_prob"]),
+            0, 0, 0, 0, 0, 1, r["n_group"], r["topk_group"], r["routed_scaling_factor"], m.get("latent_dim", 0))
+
+
 def nemotron_moe_y(arch, W, pre, h):
     """A Nemotron-H MoE block's output on h (test_engine_oracle_hybrid's reference): W the
     weights by name, pre the layer's prefix in W ("parent.backbone.layers.1.")."""
-    m = arch["layers"][int(pre.split(".")[-2])]["moe"]
-    r = m["router"]
-    lay = (0, 0, 0, m["n_experts"], m["top_k"], m["expert_ffn_dim"], m["shared_ffn_dim"], int(m["norm_topk_prob"]),
-           0, 0, 0, 0, 0, 1, r["n_group"], r["topk_group"], r["routed_scaling_factor"], m.get("latent_dim", 0))
     view = {k[len(pre):]: v for k, v in W.items() if k.startswith(pre)}
-    return moe_nemotron(view, "mixer.", h, lay, None)
+    return moe_nemotron(view, "mixer.", h, nemotron_lay(arch, int(pre.split(".")[-2])), None)
+
+
+def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
+    """A narrowed Nemotron-H MoE layer's expert outputs: (student expert, its squared-ReLU
+    units on the tokens the student routes to it, the parent expert's output on them at the
+    kept channels (a latent's whole), the student's down_proj name)."""
+    ms, mp = sa["layers"][i]["moe"], pa["layers"][src]["moe"]
+    G = mp["router"]["n_group"]
+    exp = [g * (mp["n_experts"] // G) + j for g in range(G) for j in range(ms["n_experts"] // G)]
+    sv = {k[len("after."):]: v for k, v in W.items() if k.startswith("after.")}
+    spre, ppre = "backbone.layers.%d.mixer." % i, "backbone.layers.%d.mixer." % src
+    topi = nemotron_route(sv, spre, Xs, nemotron_lay(sa, i))[0]
+    lat = ms.get("latent_dim", 0)
+    hs = Xs @ W["after." + spre + "fc1_latent_proj.weight"].T if lat else Xs
+    hp = Xp @ W["parent." + ppre + "fc1_latent_proj.weight"].T if lat else Xp
+    out = []
+    for e, x in enumerate(exp):
+        rows = (topi == e).any(-1)
+        if not rows.any():   # no token: nothing to fit, no record
+            continue
+        Hs = torch.relu(hs[rows] @ W["after." + spre + "experts.%d.up_proj.weight" % e].T) ** 2
+        Yp = (torch.relu(hp[rows] @ W["parent." + ppre + "experts.%d.up_proj.weight" % x].T) ** 2) @ \
+            W["parent." + ppre + "experts.%d.down_proj.weight" % x].T
+        out.append((e, Hs, Yp if lat else Yp[:, :c], spre + "experts.%d.down_proj.weight" % e))
+    return out
 
 
 def nemotron_moe_inputs(pa, sa, src, i):
@@ -239,10 +271,11 @@ def nemotron_moe_inputs(pa, sa, src, i):
     if m.get("latent_dim"):
         out.append(("fc1_latent_proj", None, "fc1_latent_proj.weight", "fc1_latent_proj.weight", None))
     else:
-        out += [("experts.up_proj", e, "experts.%d.up_proj.weight" % e, "experts.%d.up_proj.weight" % x, None)
-                for e, x in enumerate(exp)]
+        out += [("experts.up_proj", e, "experts.%d.up_proj.weight" % e, "experts.%d.up_proj.weight" % x,
+                 list(range(m["expert_ffn_dim"]))) for e, x in enumerate(exp)]   # the first units of each
     if m["shared_ffn_dim"]:
-        out.append(("shared_expert.up_proj", None, "shared_experts.up_proj.weight", "shared_experts.up_proj.weight", None))
+        out.append(("shared_expert.up_proj", None, "shared_experts.up_proj.weight", "shared_experts.up_proj.weight",
+                    list(range(m["shared_ffn_dim"]))))
     return out
 
 
@@ -281,6 +314,13 @@ def check_hybrid(tool, case="hybrid"):
                 checked += 1
                 if rel is not None:
                     worst, refits = max(worst, rel), refits + 1
+            if L["moe"]["expert_ffn_dim"] < pa["layers"][src]["moe"]["expert_ffn_dim"]:
+                for e, Hs, Yp, name in nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
+                    rel = check_fit(case, moe_outcomes[(i, "experts.down_proj", e)], Hs, Yp, W["before." + name],
+                                    A(name), damp)
+                    checked += 1
+                    if rel is not None:
+                        worst, refits = max(worst, rel), refits + 1
             xs_p = [x + nemotron_moe_y(pa, W, "parent." + ppre, rms(x, P(ppre + "norm.weight"), eps)) for x in xs_p]
             xs_s = [x + nemotron_moe_y(sa, W, "after." + spre, rms(x, A(spre + "norm.weight"), eps)) for x in xs_s]
             continue
@@ -307,7 +347,7 @@ def check_hybrid(tool, case="hybrid"):
         xs_s = [x + hybrid_block(sa, A, spre, x)[1] for x in xs_s]
     assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {(o["proj"], o["refit"]) for o in rj["projections"]}
-    need = ("router", "experts.up_proj", "fc1_latent_proj", "shared_expert.up_proj") if case == "hybrid_moe" \
+    need = ("router", "experts.up_proj", "fc1_latent_proj", "shared_expert.up_proj", "experts.down_proj") if case == "hybrid_moe" \
         else ("in_proj", "out_proj")
     assert all((p, True) in done for p in need), done
     print("%s: %d of %d projections refit (%s among them), worst weight rel err vs torch.linalg.lstsq %.2g" % (
@@ -359,6 +399,17 @@ def check_moe(tool):
             Wp = P(pre + name) if rows is None else P(pre + name)[rows]
             fits.append(check_input("moe", outcomes[(i, proj, e)], Xs, Xp, Wp, W["before." + pre + name],
                                     A(pre + name), damp))
+        if fe < pa["layers"][i]["moe"]["expert_ffn_dim"]:   # narrowed experts: each one's down_proj
+            topi = (Xs @ A(pre + "mlp.gate.weight").T).softmax(-1).topk(L["moe"]["top_k"], dim=-1)[1]
+            for e in range(E):
+                rows = (topi == e).any(-1)
+                if not rows.any():   # no token: nothing to fit, no record
+                    continue
+                x = "mlp.experts.%d." % e
+                Hs = F.silu(Xs[rows] @ A(pre + x + "gate_proj.weight").T) * (Xs[rows] @ A(pre + x + "up_proj.weight").T)
+                Yp = swiglu(Xp[rows], *[P(pre + x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
+                fits.append(check_fit("moe", outcomes[(i, "experts.down_proj", e)], Hs, Yp[:, :c],
+                                      W["before." + pre + x + "down_proj.weight"], A(pre + x + "down_proj.weight"), damp))
         checked += len(fits)
         for rel in fits:
             if rel is not None:
@@ -367,7 +418,7 @@ def check_moe(tool):
         xs_s = [x + moe_y(sa, Aw, i, rms(x, A(pre + "post_attention_layernorm.weight"), eps)) for x in xs_s]
     assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {o["proj"] for o in rj["projections"] if o["refit"]}
-    assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj"} <= done, done
+    assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj", "experts.down_proj"} <= done, done
     print("moe: %d of %d projections refit (router, experts, shared expert among them), worst weight rel err vs "
           "torch.linalg.lstsq %.2g; router rel error %s" % (
               refits, checked, worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
