@@ -33,7 +33,7 @@
 const char *const recon_proj_names[RP_COUNT] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj", "out_proj", "router",
     "experts.gate_proj", "experts.up_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
-    "shared_expert_gate", "fc1_latent_proj", "experts.down_proj"};
+    "shared_expert_gate", "fc1_latent_proj", "experts.down_proj", "shared_expert.down_proj"};
 
 void recon_proj_name(const arch *a, int l, int proj, char *out, size_t cap)
 {
@@ -219,34 +219,39 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     return solve_output(s, rp, name, s->X, s->T, s->N, err, errlen);
 }
 
-/* Where student layer i's experts are narrower than parent layer src's: each kept expert's
- * down_proj from its kept units' activations (student stream s->Xs, the tokens the student
- * routes to it) to the parent expert's output on the same tokens (parent stream s->Xp), at
- * the kept channels (a latent MoE's experts write the whole latent). 0, 1 when stopped, -1. */
+/* Where student layer i's experts (or shared expert) are narrower than parent layer src's:
+ * each kept expert's down_proj from its kept units' activations (student stream s->Xs, the
+ * tokens the student routes to it) to the parent expert's output on the same tokens (parent
+ * stream s->Xp), at the kept channels (a latent MoE's experts write the whole latent); the
+ * shared expert's on every token (its output before its gate). 0, 1 when stopped, -1. */
 static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t errlen)
 {
     const arch_moe *se = &s->S->a.layers[i].moe, *pe = &s->P->a.layers[src].moe;
     const prune_layer_sel *l = &s->sel.layers[i];
-    int F = se->expert_ffn_dim, C = s->P->a.hidden_size, D = arch_moe_io(pe, C), c = arch_moe_io(se, s->S->a.hidden_size);
+    int C = s->P->a.hidden_size, c = s->S->a.hidden_size;
     int *rows = malloc(sizeof(int) * s->N);
-    float *Yp = malloc(sizeof(float) * s->N * (size_t)D);
+    float *Yp = malloc(sizeof(float) * s->N * (size_t)(pe->latent_dim > C ? pe->latent_dim : C));
     int rc = rows && Yp ? 0 : -1;
     if (rc)
         snprintf(err, errlen, "reconstruct: out of host memory");
-    for (int e = 0; rc == 0 && e < se->n_experts; e++) {
-        const char *name = eng_model_expert_down(s->S, i, e);
-        int n = eng_moe_expert_io(s->S, i, e, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
-        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, l->exp[e], s->Xp, (int)s->N, rows, n, NULL, NULL,
-                                                           Yp) != n)) {
-            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, e);
+    int first = se->expert_ffn_dim < pe->expert_ffn_dim ? 0 : se->n_experts;   /* the shared expert is e == n_experts */
+    int last = se->shared_ffn_dim < pe->shared_ffn_dim ? se->n_experts : se->n_experts - 1;
+    for (int e = first; rc == 0 && e <= last; e++) {
+        int sh = e == se->n_experts, x = sh ? -1 : e, lat = !sh && pe->latent_dim;
+        int D = lat ? pe->latent_dim : C, cw = lat ? pe->latent_dim : c;
+        const char *name = eng_model_expert_down(s->S, i, x);
+        int n = eng_moe_expert_io(s->S, i, x, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
+        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, sh ? -1 : l->exp[e], s->Xp, (int)s->N, rows, n,
+                                                           NULL, NULL, Yp) != n)) {
+            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, x);
             rc = -1;
             break;
         }
         for (int r = 0; r < n; r++)
-            for (int j = 0; j < c; j++)
-                s->T[(size_t)r * c + j] = Yp[(size_t)r * D + (pe->latent_dim ? j : s->sel.hidden[j])];
-        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_XDOWN, .expert = e, .in_dim = F, .out_dim = c,
-                         .pruned = 1};
+            for (int j = 0; j < cw; j++)
+                s->T[(size_t)r * cw + j] = Yp[(size_t)r * D + (lat ? j : s->sel.hidden[j])];
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = sh ? RP_SDOWN : RP_XDOWN, .expert = x,
+                         .in_dim = sh ? se->shared_ffn_dim : se->expert_ffn_dim, .out_dim = cw, .pruned = 1};
         rc = n > 0 ? solve_output(s, &rp, name, s->X, s->T, (size_t)n, err, errlen) : 0;
     }
     free(rows);
@@ -420,7 +425,8 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
 {
     if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, narrowed experts' outputs */
         int kept = moe_part(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
-        int narrow = kept && !replay && s->S->a.layers[i].moe.expert_ffn_dim < s->P->a.layers[src].moe.expert_ffn_dim;
+        const arch_moe *sm = &s->S->a.layers[i].moe, *pm = &s->P->a.layers[src].moe;
+        int narrow = kept && !replay && (sm->expert_ffn_dim < pm->expert_ffn_dim || sm->shared_ffn_dim < pm->shared_ffn_dim);
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
         if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow ? &pc : NULL, err, errlen) != 0)
             return -1;
@@ -542,7 +548,7 @@ static void layer_path(char *buf, size_t n, const char *dir, int i)
 static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
 {
     int nm = eng_model_moe_inputs(s->S, i, NULL, 0), nx = s->S->a.layers[i].moe.n_experts;
-    int cap = RP_ROUTER + nm + nx, n = 0, rc = -1;
+    int cap = RP_ROUTER + nm + nx + (nx > 0), n = 0, rc = -1;   /* the experts' outputs, then the shared one's */
     st_write_tensor *t = calloc((size_t)cap, sizeof *t);
     char (*names)[96] = calloc((size_t)cap, sizeof *names);
     float **bufs = calloc((size_t)cap, sizeof *bufs);
@@ -555,10 +561,11 @@ static int save_layer(rc_state *s, int i, int first, char *err, size_t errlen)
             recon_proj_name(&s->S->a, i, k, names[n], sizeof names[n]);
         else if (k < RP_ROUTER + nm)
             snprintf(names[n], sizeof names[n], "%s", mi[k - RP_ROUTER].name);
-        else   /* the experts' down projections */
-            snprintf(names[n], sizeof names[n], "%s",
-                     eng_model_expert_down(s->S, i, k - RP_ROUTER - nm) ? eng_model_expert_down(s->S, i, k - RP_ROUTER - nm)
-                                                                      : "");
+        else {   /* the experts' down projections, then the shared expert's (-1) */
+            int x = k - RP_ROUTER - nm < nx ? k - RP_ROUTER - nm : -1;
+            const char *xd = eng_model_expert_down(s->S, i, x);
+            snprintf(names[n], sizeof names[n], "%s", xd ? xd : "");
+        }
         const char *name;
         int64_t shape[2];
         int ndim;
@@ -703,6 +710,7 @@ static int state_alloc(rc_state *s, char *err, size_t errlen)
         maxo = r > maxo ? r : maxo;
         maxo = moe_rows(&y->moe) > maxo ? moe_rows(&y->moe) : maxo;
         maxd = (size_t)y->moe.expert_ffn_dim > maxd ? (size_t)y->moe.expert_ffn_dim : maxd;   /* an expert's down_proj */
+        maxd = (size_t)y->moe.shared_ffn_dim > maxd ? (size_t)y->moe.shared_ffn_dim : maxd;
         cw = (size_t)y->moe.latent_dim > cw ? (size_t)y->moe.latent_dim : cw;
     }
     maxo = maxd > maxo ? maxd : maxo;

@@ -52,9 +52,10 @@ int recon_opts_fit(recon_opts *o, size_t n, char *err, size_t errlen);
  * block's inputs (engine/model.h's eng_moe_input kinds, in that order from RP_ROUTER):
  * the router, each expert's gate and up projections, the shared expert's gate and up
  * projections and its gate, a latent MoE's fc1_latent_proj; then, where the experts were
- * narrowed, each kept expert's down projection (RP_XDOWN). */
+ * narrowed, each kept expert's down projection (RP_XDOWN), and a narrowed shared expert's
+ * (RP_SDOWN). */
 enum { RP_Q, RP_K, RP_V, RP_O, RP_GATE, RP_UP, RP_DOWN, RP_IN, RP_OUT, RP_ROUTER, RP_XGATE, RP_XUP, RP_SGATE,
-       RP_SUP, RP_SGATEW, RP_LATIN, RP_XDOWN, RP_COUNT };
+       RP_SUP, RP_SGATEW, RP_LATIN, RP_XDOWN, RP_SDOWN, RP_COUNT };
 extern const char *const recon_proj_names[RP_COUNT];   /* "q_proj" ... "out_proj", "router", "experts.gate_proj" ... */
 
 /* The engine's name of projection proj (< RP_ROUTER) of layer l in a model of shape a

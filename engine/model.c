@@ -540,7 +540,8 @@ const char *eng_model_expert_down(const eng_model *m, int l, int x)
 {
     const model_impl *im = m->impl;
     for (int i = 0; i < im->n_tens; i++)
-        if (im->tens[i].slot == SL_XD && im->tens[i].layer == l && im->tens[i].expert == x)
+        if (im->tens[i].layer == l &&
+            (x < 0 ? im->tens[i].slot == SL_SD : im->tens[i].slot == SL_XD && im->tens[i].expert == x))
             return im->tens[i].name;
     return NULL;
 }

@@ -137,11 +137,13 @@ typedef struct {
  * (0: not an MoE layer, or no such layer), which may exceed cap. */
 int eng_model_moe_inputs(const eng_model *m, int l, eng_moe_input *out, int cap);
 
-/* The name of expert x's output projection in MoE layer l (borrowed), or NULL. */
+/* The name of expert x's output projection in MoE layer l (x -1: the shared expert's;
+ * borrowed), or NULL. */
 const char *eng_model_expert_down(const eng_model *m, int l, int x);
 
 /* Expert x of MoE layer l on rows of the normalized block input xn [N, C] (host): with rows
- * NULL, the rows the router sends to it (written to routed, capacity N; their count is n);
+ * NULL, the rows the router sends to it (written to routed, capacity N; their count is n;
+ * x -1: the shared expert, every row, its output before its gate);
  * on those rows (or rows[0..n)) its units' activations h [n, F] (before down_proj, F its
  * width) and its output y [n, D] (D: the latent, else C; before the routing weight), either
  * may be NULL. Returns the row count, or -1 (no such expert, out of memory). */

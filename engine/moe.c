@@ -426,9 +426,10 @@ int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const 
     const eng_layer *L = &m->layers[l];
     const arch_moe *e = l >= 0 && l < m->a.n_layers ? &m->a.layers[l].moe : NULL;
     moe_call c;
-    if (!e || x < 0 || x >= e->n_experts || N <= 0 || call_alloc(m, &c, l, N, 0, NULL, NULL) != 0)
+    if (!e || x < -1 || x >= e->n_experts || (x < 0 && !e->shared_ffn_dim) || N <= 0 ||
+        call_alloc(m, &c, l, N, 0, NULL, NULL) != 0)
         return -1;
-    int C = c.C, D = c.D, F = e->expert_ffn_dim, rc = -1;
+    int shared = x < 0, C = c.C, D = shared ? c.C : c.D, F = shared ? e->shared_ffn_dim : e->expert_ffn_dim, rc = -1;
     float *xd = be->alloc(be, F4 * (size_t)N * C);
     if (!xd)
         goto done;
@@ -436,7 +437,12 @@ int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const 
     for (int i = 0; rows && i < n; i++)
         if (rows[i] < 0 || rows[i] >= N)
             goto done;
-    if (!rows) {
+    if (!rows && shared) {
+        n = N;
+        for (int i = 0; i < N; i++)
+            routed[i] = i;
+        rows = routed;
+    } else if (!rows) {
         route(m, l, NULL, xd, &c);
         n = c.cnt[x];
         memcpy(routed, c.order + c.off[x], sizeof(int) * (size_t)n);
@@ -444,13 +450,16 @@ int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const 
     }
     if (n > 0) {
         const float *src = xd;
-        if (L->lat_in) {
+        if (L->lat_in && !shared) {
             be->gemm(be, 0, 1, N, D, C, 1.0f, xd, C, L->lat_in, C, 0.0f, c.XL, D);
             src = c.XL;
         }
         be->to_device(be, c.idev, rows, sizeof(int) * (size_t)n);
         be->gather_rows(be, c.X, src, c.idev, NULL, n, D);
-        expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D, NULL);
+        if (shared)
+            expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, F, n, D, NULL);
+        else
+            expert_fwd(be, &c, L->experts[3 * x], L->experts[3 * x + 1], L->experts[3 * x + 2], F, n, D, NULL);
         if (h)
             be->to_host(be, h, c.h, F4 * (size_t)n * F);
         if (y)

@@ -25,7 +25,8 @@ test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts, expert 
 expert widths and query heads: the router (its kept experts' rows), every kept expert's
 gate_proj and up_proj (its kept units' rows), the shared expert's and its gate by the input
 map, as q/k/v are, and each narrowed expert's down_proj on the tokens the student routes to it
-(its units' activations against the parent expert's output on those tokens); and on a Nemotron-H
+(its units' activations against the parent expert's output on those tokens), the narrowed
+shared expert's on every token; and on a Nemotron-H
 parent ("*E*E": sigmoid routing in groups, a shared expert, the last MoE a LatentMoE; experts
 narrowed in both) the router, the experts' up_proj (the first experts of every group kept),
 behind the latent fc1_latent_proj, and the experts' down_proj (the latent one's whole).
@@ -258,6 +259,11 @@ def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
         Yp = (torch.relu(hp[rows] @ W["parent." + ppre + "experts.%d.up_proj.weight" % x].T) ** 2) @ \
             W["parent." + ppre + "experts.%d.down_proj.weight" % x].T
         out.append((e, Hs, Yp if lat else Yp[:, :c], spre + "experts.%d.down_proj.weight" % e))
+    if ms["shared_ffn_dim"] < mp["shared_ffn_dim"]:   # the shared expert: every token
+        Hs = torch.relu(Xs @ W["after." + spre + "shared_experts.up_proj.weight"].T) ** 2
+        Yp = (torch.relu(Xp @ W["parent." + ppre + "shared_experts.up_proj.weight"].T) ** 2) @ \
+            W["parent." + ppre + "shared_experts.down_proj.weight"].T
+        out.append((None, Hs, Yp[:, :c], spre + "shared_experts.down_proj.weight"))
     return out
 
 
@@ -316,8 +322,8 @@ def check_hybrid(tool, case="hybrid"):
                     worst, refits = max(worst, rel), refits + 1
             if L["moe"]["expert_ffn_dim"] < pa["layers"][src]["moe"]["expert_ffn_dim"]:
                 for e, Hs, Yp, name in nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
-                    rel = check_fit(case, moe_outcomes[(i, "experts.down_proj", e)], Hs, Yp, W["before." + name],
-                                    A(name), damp)
+                    proj = "experts.down_proj" if e is not None else "shared_expert.down_proj"
+                    rel = check_fit(case, moe_outcomes[(i, proj, e)], Hs, Yp, W["before." + name], A(name), damp)
                     checked += 1
                     if rel is not None:
                         worst, refits = max(worst, rel), refits + 1
@@ -410,6 +416,12 @@ def check_moe(tool):
                 Yp = swiglu(Xp[rows], *[P(pre + x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
                 fits.append(check_fit("moe", outcomes[(i, "experts.down_proj", e)], Hs, Yp[:, :c],
                                       W["before." + pre + x + "down_proj.weight"], A(pre + x + "down_proj.weight"), damp))
+        if fs < pa["layers"][i]["moe"]["shared_ffn_dim"]:   # a narrowed shared expert: every token, before its gate
+            x = pre + "mlp.shared_expert."
+            Hs = F.silu(Xs @ A(x + "gate_proj.weight").T) * (Xs @ A(x + "up_proj.weight").T)
+            Yp = swiglu(Xp, *[P(x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
+            fits.append(check_fit("moe", outcomes[(i, "shared_expert.down_proj", None)], Hs, Yp[:, :c],
+                                  W["before." + x + "down_proj.weight"], A(x + "down_proj.weight"), damp))
         checked += len(fits)
         for rel in fits:
             if rel is not None:
