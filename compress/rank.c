@@ -654,6 +654,41 @@ static int read_score_perm(json_t *o, int n, double *s, int *p, const char *wher
     return 0;
 }
 
+/* Layer l's "experts" object into L (allocated for it): the experts' order and shares, each
+ * expert's unit order and the shared expert's. 0, or -1 with err. */
+static int read_experts(json_t *ex, rank_layer *L, int l, char *err, size_t errlen)
+{
+    char where[64];
+    json_t *sh = json_object_get(ex, "share");
+    snprintf(where, sizeof where, "layers[%d].experts", l);
+    if (read_score_perm(json_object_get(ex, "score_perm"), L->n_experts, L->expert_score, L->expert_perm, where, err,
+                        errlen))
+        return -1;
+    for (int i = 0, per = L->n_experts / L->n_egroups; i < L->n_experts; i++) {
+        L->expert_share[i] = json_number_value(json_array_get(sh, (size_t)i));
+        if (L->expert_perm[i] / per != i / per) {
+            snprintf(err, errlen, "layers[%d].experts: expert %d is not in routing group %d", l, L->expert_perm[i],
+                     i / per);
+            return -1;
+        }
+    }
+    json_t *units = json_object_get(ex, "units");
+    if (L->expert_ffn && (int)json_array_size(units) != L->n_experts) {
+        snprintf(err, errlen, "layers[%d].experts.units: must hold one order per expert", l);
+        return -1;
+    }
+    for (int x = 0; L->expert_ffn && x < L->n_experts; x++) {
+        size_t at = (size_t)x * L->expert_ffn;
+        snprintf(where, sizeof where, "layers[%d].experts.units[%d]", l, x);
+        if (read_score_perm(json_array_get(units, (size_t)x), L->expert_ffn, L->unit_score + at, L->unit_perm + at,
+                            where, err, errlen))
+            return -1;
+    }
+    snprintf(where, sizeof where, "layers[%d].experts.shared", l);
+    return L->shared_ffn && read_score_perm(json_object_get(ex, "shared"), L->shared_ffn, L->shared_score,
+                                            L->shared_perm, where, err, errlen) ? -1 : 0;
+}
+
 int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -752,37 +787,8 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
                     goto fail;
                 }
         }
-        if (L->n_experts) {
-            json_t *ex = json_object_get(o, "experts"), *sh = json_object_get(ex, "share");
-            snprintf(where, sizeof where, "layers[%d].experts", l);
-            if (read_score_perm(json_object_get(ex, "score_perm"), L->n_experts, L->expert_score, L->expert_perm,
-                                where, err, errlen))
-                goto fail;
-            for (int i = 0, per = L->n_experts / L->n_egroups; i < L->n_experts; i++) {
-                L->expert_share[i] = json_number_value(json_array_get(sh, (size_t)i));
-                if (L->expert_perm[i] / per != i / per) {
-                    snprintf(err, errlen, "layers[%d].experts: expert %d is not in routing group %d", l,
-                             L->expert_perm[i], i / per);
-                    goto fail;
-                }
-            }
-            json_t *units = json_object_get(ex, "units");
-            if (L->expert_ffn && (int)json_array_size(units) != L->n_experts) {
-                snprintf(err, errlen, "layers[%d].experts.units: must hold one order per expert", l);
-                goto fail;
-            }
-            for (int x = 0; L->expert_ffn && x < L->n_experts; x++) {
-                size_t at = (size_t)x * L->expert_ffn;
-                snprintf(where, sizeof where, "layers[%d].experts.units[%d]", l, x);
-                if (read_score_perm(json_array_get(units, (size_t)x), L->expert_ffn, L->unit_score + at,
-                                    L->unit_perm + at, where, err, errlen))
-                    goto fail;
-            }
-            snprintf(where, sizeof where, "layers[%d].experts.shared", l);
-            if (L->shared_ffn && read_score_perm(json_object_get(ex, "shared"), L->shared_ffn, L->shared_score,
-                                                 L->shared_perm, where, err, errlen))
-                goto fail;
-        }
+        if (L->n_experts && read_experts(json_object_get(o, "experts"), L, l, err, errlen))
+            goto fail;
         if (L->n_mamba) {
             snprintf(where, sizeof where, "layers[%d].mamba", l);
             if (read_score_perm(json_object_get(json_object_get(o, "mamba"), "score_perm"), L->n_mamba, L->mamba_score,
