@@ -285,7 +285,30 @@ static void svg_bars(strbuf *b, const char *title, const char *const *labels, co
     strbuf_printf(b, "</text></svg></figure>\n");
 }
 
-/* Per-layer kept FFN width and heads: parent vs result (by source layer). */
+/* One per-layer field (layers[].obj.key) of the parent (by index) into p and of the result
+ * (by source layer; a layer removed keeps 0) into r, n entries. 1 when any parent layer has it. */
+static int layer_field(json_t *pl, json_t *rl, int have_result, size_t n, const char *obj, const char *key, double *p,
+                       double *r)
+{
+    int any = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = json_object_get(json_array_get(pl, i), obj);
+        p[i] = num(json_object_get(o, key), 0);
+        any |= o != NULL && json_is_object(o);
+        r[i] = have_result ? 0 : NAN;
+    }
+    size_t i;
+    json_t *l;
+    json_array_foreach(rl, i, l) {
+        long long src = (long long)num(json_object_get(l, "source_layer"), -1);
+        if (src >= 0 && (size_t)src < n)
+            r[src] = num(json_object_get(json_object_get(l, obj), key), 0);
+    }
+    return any;
+}
+
+/* Per-layer kept FFN width and heads (and, where the parent has them, experts, the routed
+ * experts' width and Mamba heads): parent vs result (by source layer). */
 static void layer_charts(strbuf *b, json_t *parent_arch, json_t *result_arch)
 {
     json_t *pl = json_object_get(parent_arch, "layers"), *rl = json_object_get(result_arch, "layers");
@@ -298,38 +321,33 @@ static void layer_charts(strbuf *b, json_t *parent_arch, json_t *result_arch)
         n = 256;
     char (*lab)[16] = calloc(n, sizeof *lab);
     const char **labels = calloc(n, sizeof *labels);
-    double *pf = calloc(n, sizeof *pf), *rf = calloc(n, sizeof *rf), *ph = calloc(n, sizeof *ph),
-           *rh = calloc(n, sizeof *rh);
-    if (!lab || !labels || !pf || !rf || !ph || !rh) {
+    double *pv = calloc(n, sizeof *pv), *rv = calloc(n, sizeof *rv);
+    if (!lab || !labels || !pv || !rv) {
         b->oom = 1;
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        json_t *l = json_array_get(pl, i);
         snprintf(lab[i], sizeof lab[i], "%zu", i);
         labels[i] = lab[i];
-        pf[i] = num(json_object_get(json_object_get(l, "mlp"), "ffn_dim"), 0);
-        ph[i] = num(json_object_get(json_object_get(l, "attention"), "n_heads"), 0);
-        rf[i] = rh[i] = result_arch ? 0 : NAN;   /* a removed layer keeps nothing */
     }
-    size_t i;
-    json_t *l;
-    json_array_foreach(rl, i, l) {
-        long long src = (long long)num(json_object_get(l, "source_layer"), -1);
-        if (src < 0 || (size_t)src >= n)
-            continue;
-        rf[src] = num(json_object_get(json_object_get(l, "mlp"), "ffn_dim"), 0);
-        rh[src] = num(json_object_get(json_object_get(l, "attention"), "n_heads"), 0);
-    }
-    svg_bars(b, "Kept FFN width per layer", labels, pf, rf, (int)n, "parent", "result", C_PARENT, C_RESULT, 0, "");
-    svg_bars(b, "Attention heads per layer", labels, ph, rh, (int)n, "parent", "result", C_PARENT, C_RESULT, 0, "");
+    static const struct {
+        const char *obj, *key, *title;
+        int always;
+    } charts[] = {
+        {"mlp", "ffn_dim", "Kept FFN width per layer", 1},
+        {"attention", "n_heads", "Attention heads per layer", 1},
+        {"moe", "n_experts", "Experts kept per MoE layer", 0},
+        {"moe", "expert_ffn_dim", "Routed experts' width per MoE layer", 0},
+        {"mamba", "n_heads", "Mamba heads per layer", 0},
+    };
+    for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++)
+        if (layer_field(pl, rl, result_arch != NULL, n, charts[c].obj, charts[c].key, pv, rv) || charts[c].always)
+            svg_bars(b, charts[c].title, labels, pv, rv, (int)n, "parent", "result", C_PARENT, C_RESULT, 0, "");
 out:
     free(lab);
     free(labels);
-    free(pf);
-    free(rf);
-    free(ph);
-    free(rh);
+    free(pv);
+    free(rv);
 }
 
 static void limits_section(strbuf *b, json_t *limits)

@@ -313,6 +313,37 @@ static void test_pruning_section_moe(void **state)
     json_decref(r);
 }
 
+/* An MoE parent's report charts the experts kept and the routed experts' width per layer
+ * (a dense one's does not). */
+static void test_layer_charts_moe(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(3);
+    char *html = render(r);
+    assert_null(strstr(html, "Experts kept per MoE layer"));
+    free(html);
+    json_t *pl = json_array(), *rl = json_array();
+    for (int i = 0; i < 3; i++)
+        json_array_append_new(pl, json_pack("{s:{s:i},s:{s:i,s:i}}", "attention", "n_heads", 9, "moe", "n_experts", 8,
+                                            "expert_ffn_dim", 128));
+    json_array_append_new(rl, json_pack("{s:i,s:{s:i},s:{s:i,s:i}}", "source_layer", 0, "attention", "n_heads", 9,
+                                        "moe", "n_experts", 6, "expert_ffn_dim", 96));
+    json_array_append_new(rl, json_pack("{s:i,s:{s:i},s:{s:i,s:i}}", "source_layer", 2, "attention", "n_heads", 9,
+                                        "moe", "n_experts", 8, "expert_ffn_dim", 32));
+    json_object_set_new(json_object_get(json_object_get(r, "parent"), "arch"), "layers", pl);
+    json_object_set_new(json_object_get(json_object_get(r, "result"), "arch"), "layers", rl);
+    html = render(r);
+    const char *e = strstr(html, "Experts kept per MoE layer"), *w = strstr(html, "Routed experts' width per MoE layer");
+    assert_non_null(e);
+    assert_non_null(w);
+    assert_non_null(strstr(e, "<title>6</title>"));
+    assert_non_null(strstr(w, "<title>96</title>"));
+    assert_non_null(strstr(w, "<title>32</title>"));
+    assert_null(strstr(html, "Mamba heads per layer"));
+    free(html);
+    json_decref(r);
+}
+
 /* Layer charts: 30 layers (two-digit labels at the wide spacing) and 120 layers
  * (three-digit labels at the narrow one). */
 static void test_layer_labels(void **state)
@@ -348,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_layer_labels),
         cmocka_unit_test(test_pruning_section),
         cmocka_unit_test(test_pruning_section_moe),
+        cmocka_unit_test(test_layer_charts_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
