@@ -386,9 +386,12 @@ def check_grouped(tmp, c):
     dd = os.path.join(tmp, "dd-grouped")
     cal = json.loads(run([AC, "calibrate", "--model", g, "--no-hidden", "--models", "1", "--reps", "1", "--validate",
                           "2", "--fit", "0", "--prompt", "8", "--output", "4", "--data-dir", dd, "--json"]).stdout)
-    counts = sorted(x["moe"]["n_experts"] for x in cal["tables"]["prefill"] if x.get("moe"))
-    check(counts == [6, 9, 12], "calibration times 6, 9 and 12 experts (multiples of the 3 groups, two at least in "
-                                "each): %s" % counts)
+    moe = [x["moe"] for x in cal["tables"]["prefill"] if x.get("moe")]
+    counts = sorted(m["n_experts"] for m in moe if m["expert_ffn_dim"] == c["Fe"])
+    narrow = sorted({m["expert_ffn_dim"] for m in moe} - {c["Fe"]})
+    check(counts == [6, 9, 12] and narrow == [3, 6, 9] and all(m["n_experts"] in (6, 9, 12) for m in moe),
+          "calibration times 6, 9 and 12 experts (multiples of the 3 groups, two at least in each): %s, and "
+          "narrower experts of %s units" % (counts, narrow))
     par = json.loads(run([AC, "estimate", "--arch", os.path.join(g, "config.json"), "--data-dir", dd, "--prompt", "8",
                           "--output", "4", "--json"]).stdout)["params"]
     for method in ("autocompress", "minitron"):
