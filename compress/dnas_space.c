@@ -319,22 +319,17 @@ static int expert_axis(const arch *parent, const cm_tables *tb, search_space *sp
     }
     while (nc * nw > room) {   /* every other count, the most kept */
         int k = 0;
-        for (int i = nc - 1; i >= 0; i -= 2)
+        for (int i = (nc - 1) % 2; i < nc; i += 2)
             cnt[k++] = cnt[i];
-        for (int i = 0; i < k / 2; i++) {
-            int t = cnt[i];
-            cnt[i] = cnt[k - 1 - i];
-            cnt[k - 1 - i] = t;
-        }
         nc = k;
     }
     int base = sp->n_exp;
     for (int i = 0; i < nc; i++)
         for (int j = 0; j < nw; j++) {   /* insertion by units, then count */
             int at = sp->n_exp++;
-            long u = expert_units(&most, cnt[i], w[j]);
-            while (at > base && (expert_units(&most, sp->exp[at - 1], sp->expw[at - 1]) > u ||
-                                 (expert_units(&most, sp->exp[at - 1], sp->expw[at - 1]) == u && sp->exp[at - 1] > cnt[i]))) {
+            long u = expert_units(&most, cnt[i], w[j]), v;
+            while (at > base && ((v = expert_units(&most, sp->exp[at - 1], sp->expw[at - 1])) > u ||
+                                 (v == u && sp->exp[at - 1] > cnt[i]))) {
                 sp->exp[at] = sp->exp[at - 1];
                 sp->expw[at] = sp->expw[at - 1];
                 at--;

@@ -449,13 +449,12 @@ int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const 
         rows = routed;
     }
     if (n > 0) {
-        const float *src = xd;
-        if (L->lat_in && !shared) {
-            be->gemm(be, 0, 1, N, D, C, 1.0f, xd, C, L->lat_in, C, 0.0f, c.XL, D);
-            src = c.XL;
-        }
         be->to_device(be, c.idev, rows, sizeof(int) * (size_t)n);
-        be->gather_rows(be, c.X, src, c.idev, NULL, n, D);
+        be->gather_rows(be, c.X, xd, c.idev, NULL, n, C);
+        if (L->lat_in && !shared) {   /* only the chosen rows into the latent */
+            be->gemm(be, 0, 1, n, D, C, 1.0f, c.X, C, L->lat_in, C, 0.0f, c.XL, D);
+            be->copy(be, c.X, c.XL, F4 * (size_t)n * D);
+        }
         if (shared)
             expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, F, n, D, NULL);
         else
