@@ -17,6 +17,7 @@
 #include "compress/costmodel.h"
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
+#include "engine/rng.h"
 #include "storage/archjson.h"
 #include "storage/modelio.h"
 
@@ -669,7 +670,7 @@ static json_t *check_evaluation(vctx *v, json_t *in)
     }
     json_object_set_new(out, "tasks", tout);
     int_field(v, e, "/evaluation", "limit", 1, 10000000, 500, 0, out);
-    int_field(v, e, "/evaluation", "seed", 0, INT32_MAX, 1234, 0, out);
+    int_field(v, e, "/evaluation", "seed", 0, INT32_MAX, ENG_DEFAULT_SEED, 0, out);
     json_t *pr = member(v, e, "/evaluation", "pruned", JSON_TRUE, 0);
     json_object_set_new(out, "pruned", json_boolean(pr && json_is_true(pr)));
     json_decref(empty);
@@ -801,8 +802,8 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
         return finish(&v, out, status, errors);
     }
     static const char *const keys[] = {"name", "model", "target", "constraints", "method", "search_space",
-                                       "pruning", "budgets", "data", "evaluation", "export", "callback_url",
-                                       "metadata", "x_test_pipeline", "x_test_sleep_ms",
+                                       "pruning", "budgets", "seed", "data", "evaluation", "export",
+                                       "callback_url", "metadata", "x_test_pipeline", "x_test_sleep_ms",
                                        "x_test_artifact_bytes", NULL};
     only_keys(&v, in, "", keys);
     check_name(&v, in, out);
@@ -818,6 +819,9 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     json_object_set_new(out, "search_space", check_search_space(&v, in));
     json_object_set_new(out, "budgets", check_budgets(&v, in));
     json_object_set_new(out, "pruning", check_pruning(&v, in, json_object_get(out, "budgets")));
+    /* the search's and distillation's draws (DNAS samples, Minitron++ trials' and the final
+     * distillation's text order): another seed repeats the job as an independent run */
+    int_field(&v, in, "", "seed", 1, INT32_MAX, ENG_DEFAULT_SEED, 0, out);
     json_object_set_new(out, "data", check_data(&v, in));
     json_object_set_new(out, "evaluation", check_evaluation(&v, in));
     json_object_set_new(out, "export", check_export(&v, in));

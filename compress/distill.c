@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "engine/clock.h"
+#include "engine/rng.h"
 #include "storage/ckpt.h"
 #include "storage/fileio.h"
 #include "storage/safetensors.h"
@@ -44,7 +45,7 @@ void distill_opts_defaults(distill_opts *o)
     o->val_tokens = 4096;
     o->ckpt_every = 50;
     o->keep_ckpts = 2;
-    o->seed = 1234;
+    o->seed = ENG_DEFAULT_SEED;
 }
 
 void distill_result_free(distill_result *r)

@@ -6,6 +6,7 @@
  */
 #include "compress/dnas.h"
 #include "engine/clock.h"
+#include "engine/rng.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ void dnas_opts_defaults(dnas_opts *o)
     o->eta = 0.3;
     o->lambda2_init = 3.0;
     o->warmup_frac = 0.1;
-    o->seed = 1234;
+    o->seed = ENG_DEFAULT_SEED;
 }
 
 void dnas_result_free(dnas_result *r)

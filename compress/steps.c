@@ -7,11 +7,12 @@
 #include <string.h>
 
 #include "compress/prune.h"
+#include "engine/rng.h"
 
 void step_text_default(td_pack_opts *o, const tok_tokenizer *tok)
 {
     memset(o, 0, sizeof *o);
-    o->seed = 1234;
+    o->seed = ENG_DEFAULT_SEED;
     o->val_fraction = 0.05;
     o->sep_token = tok ? tok_cfg(tok)->bos_id : -1;
     o->max_tokens = 8u << 20;
@@ -121,7 +122,7 @@ int step_distill(eng_model *teacher, eng_model *student, const td_stream *train,
 void step_eval_default(step_eval_opts *o)
 {
     o->limit = 0;
-    o->seed = 1234;
+    o->seed = ENG_DEFAULT_SEED;
     o->n_fewshot = -1;
     o->max_task_bytes = (size_t)64 << 20;
 }

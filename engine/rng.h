@@ -9,6 +9,11 @@
 #include <math.h>
 #include <stdint.h>
 
+/* The seed every module's draws start from unless told otherwise (a job's spec `seed`
+ * and evaluation.seed default to it): text packing order, DNAS samples, distillation
+ * order, evaluation samples. */
+#define ENG_DEFAULT_SEED 1234
+
 /* splitmix64: advances *s by the golden-ratio increment; every state (0 too) is fine. */
 static inline uint64_t eng_splitmix64(uint64_t *s)
 {

@@ -70,6 +70,7 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
     distill_opts o;
     distill_opts_defaults(&o);
     o.tokens = ps_int(ctx, "budgets.distill_tokens", DISTILL_DEFAULT_TOKENS);
+    o.seed = (uint64_t)ps_int(ctx, "seed", (long long)o.seed);
     int64_t steps = distill_steps(o.tokens, o.B, o.T, o.accum);
     o.warmup_steps = steps / 20 < 100 ? (steps / 20 > 0 ? steps / 20 : 1) : 100;
     o.eval_every = steps / 10 > 50 ? (int)(steps / 10) : 50;
@@ -95,9 +96,10 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
         distill_result_free(&r);
     if (rc != 0)
         return rc;
-    json_t *d = json_pack("{s:I,s:f,s:f,s:I,s:I}", "tokens", (json_int_t)r.tokens, "final_kd_loss",
+    json_t *d = json_pack("{s:I,s:f,s:f,s:I,s:I,s:I}", "tokens", (json_int_t)r.tokens, "final_kd_loss",
                           isfinite(r.final_loss) ? r.final_loss : 0.0, "wall_s", r.wall_s, "steps",
-                          (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from);
+                          (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from, "seed",
+                          (json_int_t)o.seed);
     if (d && isfinite(r.final_val_loss))
         json_object_set_new(d, "val_loss", json_real(r.final_val_loss));
     job_report_merge(ctx, json_pack("{s:o}", "distillation", d));

@@ -70,6 +70,7 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     o.train = train;
     o.val = val;
     o.search_tokens = ps_int(ctx, "budgets.search_tokens", o.search_tokens);
+    o.seed = (uint64_t)ps_int(ctx, "seed", (long long)o.seed);
     o.reconstruct = json_is_true(json_object_get(json_object_get(job_ctx_spec(ctx), "pruning"), "reconstruct"));
     o.event = on_event;
     o.progress = on_progress;
@@ -112,10 +113,10 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
         rc = job_publish(ctx, "search.json", path, "application/json", err, errlen);
     }
     if (rc == 0)
-        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O,s:O*,s:O*}}", "search", "selection_tokens",
+        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O,s:I,s:O*,s:O*}}", "search", "selection_tokens",
                                              json_object_get(doc, "selection_tokens"), "wall_s",
                                              json_object_get(doc, "wall_s"), "iterations",
-                                             json_object_get(doc, "iterations"), "aim",
+                                             json_object_get(doc, "iterations"), "seed", (json_int_t)o.seed, "aim",
                                              json_object_get(doc, "aim"), "served",
                                              json_object_get(doc, "served")));
     json_decref(doc);

@@ -15,7 +15,9 @@
 # one whose WikiText-2 perplexity is measured), PPL_CHUNKS, OUT, TAG, MARGIN_PCT (the
 # specs' constraints.margin_pct; unset: the product's default, the calibration's largest
 # held-out error; the recorded SmolLM2 table ran before that default, as MARGIN_PCT=0
-# does now). The four jobs share
+# does now), SEED (the specs' seed: the search's and distillation's draws; unset: the
+# product's default, 1234; rerun with another SEED and the same OUT's shared dir copied
+# to repeat the comparison on the same calibration). The four jobs share
 # one calibration, one ranking and one scoring of the parent (the data dir's caches).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,6 +39,7 @@ WIKI=$SHARED/data/text/wikitext-2-raw/wiki.test.raw
 OUT=${OUT:-/tmp/ac-search-compare}
 TAG=${TAG:-}
 MARGIN_PCT=${MARGIN_PCT:-}
+SEED=${SEED:-}
 RESULT=bench/results/search_compare${TAG:+-$TAG}.md
 mkdir -p "$OUT/shared/evalcache" "$OUT/shared/rankcache"
 t0=$(date +%s)
@@ -44,9 +47,9 @@ echo "calibrating the target once (cached in $OUT/shared) ..." >&2
 # the calibration every job reuses, and the parent's predicted costs the limits come from
 bench/calibrate_parent.sh "$BIN" "$MODEL" "$OUT/shared" "$OUT" "$PROMPT" "$OUTPUT"
 python3 - "$OUT" "$MODEL" "$CALIB" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
-    "$OUTPUT" "$TASKS" "$EXPORT" "$MARGIN_PCT" <<'PY'
+    "$OUTPUT" "$TASKS" "$EXPORT" "$MARGIN_PCT" "$SEED" <<'PY'
 import json, sys, os
-out, model, calib, st, dt, lim, frac, prompt, output, tasks, export, margin = sys.argv[1:13]
+out, model, calib, st, dt, lim, frac, prompt, output, tasks, export, margin, seed = sys.argv[1:14]
 p = json.load(open(os.path.join(out, "parent_estimate.json")))["predicted"]
 limits = {"latency": {"latency_ms": round(float(frac) * p["latency_ms"], 4)},
           "memory": {"memory_gib": float(frac) * p["memory_bytes"]["total"] / 2**30}}
@@ -64,6 +67,8 @@ for lname, cons in limits.items():
                 "data": {"calibration": calib, "distillation": calib},
                 "evaluation": {"tasks": tasks.split(","), "limit": int(lim), "seed": 1234},
                 "export": [x for x in export.split(",") if x]}
+        if seed:
+            spec["seed"] = int(seed)
         json.dump(spec, open(os.path.join(out, f"spec-{lname}-{method}.json"), "w"), indent=2)
 PY
 "$BIN" perplexity "$MODEL" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$OUT/parent_ppl.json" || true
@@ -83,9 +88,9 @@ for l in latency memory; do
     done
 done
 python3 - "$OUT" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$MODEL" "$PROMPT" "$OUTPUT" "$(( $(date +%s) - t0 ))" \
-    "$PPL_CHUNKS" <<'PY' | tee "$RESULT"
+    "$PPL_CHUNKS" "${SEED:-1234}" <<'PY' | tee "$RESULT"
 import json, sys, os
-out, st, dt, lim, model, prompt, output, wall, chunks = sys.argv[1:10]
+out, st, dt, lim, model, prompt, output, wall, chunks, seed = sys.argv[1:11]
 cal = json.load(open(os.path.join(out, "calibration.json")))
 par = json.load(open(os.path.join(out, "parent_estimate.json")))["predicted"]
 
@@ -111,7 +116,8 @@ print(f"Model `{os.path.basename(model)}`; target cpu fp32, batch 1, {prompt} pr
       f"One calibration `{cal.get('id')}` ({cal.get('entries')} entries, {cal.get('wall_s', 0):.0f} s) serves both methods. "
       f"Parent predicted latency {par['latency_ms']:.2f} ms, memory {par['memory_bytes']['total']/2**20:.1f} MiB. "
       f"Budgets: DNAS search {st} tokens; Minitron++ 4 frontier candidates x {int(st)//2} tokens; final distillation "
-      f"{dt} tokens for both; evaluation {lim} items per task (seed 1234, the parent scored once and shared); "
+      f"{dt} tokens for both; job seed {seed} (the search's and distillation's draws); evaluation {lim} items "
+      f"per task (seed 1234, the parent scored once and shared); "
       f"WikiText-2 perplexity of the exported GGUF on {chunks} x 512-token chunks (llama.cpp's method). "
       f"Whole comparison: {int(wall)/60:.1f} min wall.\n")
 print("| limit | method | arch: hidden, layers heads/ffn | params | latency pred / meas (ms) | memory pred / meas (MiB) "

@@ -114,6 +114,9 @@ def check_report(rep, spec, limit, stages):
         if sel > budget:
             print("NOTE: minitron spent %d selection tokens for a budget of %d" % (sel, budget))
     assert rep["distillation"]["tokens"] == spec["budgets"]["distill_tokens"], rep["distillation"]
+    # the spec's seed (default 1234) drives the search's and the distillation's draws
+    assert rep["search"]["seed"] == rep["distillation"]["seed"] == spec.get("seed", 1234), \
+        (rep["search"], rep["distillation"])
     # pruning: a distilled job keeps the plain slice unless the spec asks for the
     # reconstruction; reconstructed, every projection of the student is listed, none worse
     pr = rep["pruning"]
@@ -212,7 +215,7 @@ def main():
         # (GGUF: no attention-only layers, attention in layer 0; HF: uniform layers;
         # DeciLM: FFN widths on the ffn_mult grid, which stories260K's 172 is not).
         spec = stories_spec(constraints={"latency_ms": limit, "margin_pct": 10}, export=[],
-                            pruning={"reconstruct": True})
+                            pruning={"reconstruct": True}, seed=7)
         t0 = time.time()
         _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
         fin = wait_terminal(s, job["id"], 900)

@@ -145,6 +145,7 @@ static void test_defaults(void **state)
     assert_true(json_is_false(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     assert_int_equal(json_array_size(json_object_get(s, "export")), 1);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "search_tokens")), 2000000);
+    assert_int_equal(json_integer_value(json_object_get(s, "seed")), 1234);
     char want[PATH_MAX + 32];
     snprintf(want, sizeof want, "%s/tiny.bin", models);
     json_t *m = json_object_get(s, "model");
@@ -171,7 +172,7 @@ static void test_full_spec(void **state)
                     "\"constraints\":{\"latency_ms\":750,\"memory_gib\":1,\"throughput_tokens_per_s\":10,\"params\":1000},"
                     "\"method\":\"minitron\",\"search_space\":{\"hidden\":false,\"depth\":true},"
                     "\"pruning\":{\"reconstruct\":false},"
-                    "\"budgets\":{\"search_tokens\":10,\"distill_tokens\":0},"
+                    "\"budgets\":{\"search_tokens\":10,\"distill_tokens\":0},\"seed\":7,"
                     "\"data\":{\"calibration\":\"data/text.txt\"},"
                     "\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":\"mine\",\"path\":\"data/text.txt\"}],\"limit\":5,\"seed\":1},"
                     "\"export\":[\"gguf\",\"deci\"],\"metadata\":{\"team\":\"npc\"}}",
@@ -186,6 +187,7 @@ static void test_full_spec(void **state)
     assert_true(json_is_false(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     assert_int_equal(json_array_size(json_object_get(json_object_get(s, "evaluation"), "tasks")), 2);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(s, "budgets"), "distill_tokens")), 0);
+    assert_int_equal(json_integer_value(json_object_get(s, "seed")), 7);
     json_decref(s);
 }
 
@@ -234,6 +236,8 @@ static void test_value_faults(void **state)
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"search_space\":{\"hidden\":false,\"heads\":false,"
                  "\"ffn\":false,\"experts\":false,\"expert_widths\":false,\"mamba_heads\":false,\"depth\":false}}", 422, "/search_space");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"budgets\":{\"search_tokens\":0}}", 422, "/budgets/search_tokens");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"seed\":0}", 422, "/seed");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"seed\":\"7\"}", 400, "/seed");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"piqa\",\"piqa\"]}}", 422,
                  "/evaluation/tasks/1");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"limit\":-4}}", 422, "/evaluation/limit");
