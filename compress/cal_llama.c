@@ -22,8 +22,10 @@
  * Mixtral, Qwen2-MoE and OLMoE ("paired": llama.cpp's llama, qwen2moe and olmoe graphs
  * hold one shape, attention beside experts, for every layer of a model) are calibrated at
  * the parent's hidden size and heads, one block = one whole layer: a model per expert
- * count (its base one layer at that count), the layer priced whole on its expert entry
- * (its attention entry 0: the two are never apart in a model llama.cpp runs).
+ * block, a count at the parent's expert width or at a narrower one of cal_moe_widths (its
+ * base one layer of that block), the layer priced whole on its expert entry (its attention
+ * entry 0: the two are never apart in a model llama.cpp runs). Every model holds one
+ * count and one width, as a GGUF of those families does.
  * Memory comes from llama.cpp's own buffers: weights from its model buffer (embedding and
  * layers fitted apart, since the quantizer may store the embedding in another type), the
  * KV cache from its KV buffer, and the rest of the fresh process's RSS high-water mark as
@@ -49,6 +51,7 @@
 #define LC_BASE_SERVINGS 3   /* base servings per pass: its error enters every entry */
 #define LC_BINS 4       /* decode context bins */
 #define LC_FIT_PER_HIDDEN 3   /* fit archs per hidden size, at least */
+#define LC_RETRIES 2    /* extra servings of an entry priced <= 0 (retry_implausible) */
 
 /* One served model, reduced: median prefill, median per-step decode in each bin. */
 typedef struct {
@@ -70,11 +73,13 @@ typedef struct {
                                      attention, and (m, -1) for m Mamba heads; [0] the base's
                                      attention when there is one */
     int fw[64], nF;               /* dense MLP widths (multiples of the block), ascending */
-    int fe[64], nE;               /* MoE expert counts (the parent's shape, cal_mlp_apply -n) */
+    int fe[64], nE;               /* MoE blocks: cal_moe_code grid codes (n experts of a width,
+                                     0 the parent's; cal_mlp_apply) */
     int mref;                     /* a parent with Mamba: the mixer code ([mref] of ah) of the
                                      base's Mamba layer (the smallest head count); -1 none */
     char dir[4096], ppath[4400];  /* scratch folder; the parent's GGUF (the anchor) */
     int step, total;
+    int retries;                  /* entries served again (retry_implausible) */
     int64_t requests;
     int n_models;
     dvec w_layer, w_embed, w_y, kv_x, kv_y;
@@ -220,7 +225,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
         FAIL("llama.cpp at %s: the parent itself does not quantize (%s); choose f16, bf16 or f32", c->t.precision,
              why);
     int h[64], kv[64], f[64];
-    int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64, 0);
+    int nA = cal_grid_attention(p, h, kv, 64), nF = cal_grid_mlp(p, f, 64, 1);
     if (c->paired) {   /* the parent's attention only: llama.cpp holds one head count per model */
         h[0] = p->layers[0].n_heads;
         kv[0] = p->layers[0].n_kv_heads;
@@ -232,9 +237,9 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->akv[c->nA++] = kv[i];
         }
     for (int i = 0; i < nF; i++) {
-        if (f[i] < 0) {   /* an expert count (llama.cpp's nemotron_h_moe holds 2 or more) */
-            if (f[i] <= -2 && code_fits(c, 0, 0, f[i]))
-                c->fe[c->nE++] = -f[i];
+        if (f[i] < 0) {   /* experts of a width (llama.cpp's nemotron_h_moe holds 2 or more) */
+            if (-f[i] % CAL_MOE_BASE >= 2 && code_fits(c, 0, 0, f[i]))
+                c->fe[c->nE++] = f[i];
             continue;
         }
         int w = f[i] / c->block * c->block;
@@ -283,7 +288,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
              c->t.precision, c->block);
     c->eref = -1;   /* paired: the base holds the parent's expert count */
     for (int i = 0; c->paired && i < c->nE; i++)
-        if (c->fe[i] == p->layers[0].moe.n_experts)
+        if (c->fe[i] == cal_moe_code(p->layers[0].moe.n_experts, 0))
             c->eref = i;
     if (c->paired && (c->eref < 0 || !c->nA))
         FAIL("llama.cpp at %s: the parent's layer does not quantize in blocks of %d", c->t.precision, c->block);
@@ -420,7 +425,7 @@ static void entry_layer(const lc_cal *c, int e, int l, int *mh, int *mkv, int *m
         int k = l >= nb && e >= c->nF ? e - c->nF : own >= 0 && own_base(c, own) ? own - c->nF : c->eref;
         *mh = c->ah[0];
         *mkv = c->akv[0];
-        *mlp = -c->fe[k];
+        *mlp = c->fe[k];
         return;
     }
     if (l < nb) {
@@ -440,7 +445,7 @@ static void entry_layer(const lc_cal *c, int e, int l, int *mh, int *mkv, int *m
     if (e < c->nF) {
         *mlp = c->fw[e];
     } else if (e < c->nF + c->nE) {
-        *mlp = -c->fe[e - c->nF];
+        *mlp = c->fe[e - c->nF];
     } else {
         *mh = c->ah[e - c->nF - c->nE];
         *mkv = c->akv[e - c->nF - c->nE];
@@ -524,7 +529,7 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
         if (e == 0 && c->nF)
             mlp_min = d;
         cm_entry key = mixer ? cal_entry_key(c->parent, CM_ATTN, H, c->ah[k], c->akv[k], 0)
-                             : cal_entry_key(c->parent, CM_MLP, H, 0, 0, e < c->nF ? c->fw[e] : -c->fe[e - c->nF]);
+                             : cal_entry_key(c->parent, CM_MLP, H, 0, 0, e < c->nF ? c->fw[e] : c->fe[e - c->nF]);
         fill_entry(c, pe++, de++, &key, &d, s->ws[e], served_entry(c, e) ? samples : 0);
     }
     int n_new = 2 + n;
@@ -632,13 +637,12 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
         arch_free(out);
     }
     out->hidden_size = h;
-    if (c->paired) {   /* one shape for every layer: the parent's attention, one expert count */
-        arch_moe e = arch_moe_keep(arch_first_moe(c->parent, NULL), c->fe[eng_xorshift64(rng) % (uint64_t)c->nE]);
+    if (c->paired) {   /* one shape for every layer: the parent's attention, one expert block */
+        int code = c->fe[eng_xorshift64(rng) % (uint64_t)c->nE];
         for (int l = 0; l < out->n_layers; l++) {
             out->layers[l].n_heads = c->ah[0];
             out->layers[l].n_kv_heads = c->akv[0];
-            out->layers[l].ffn_dim = 0;
-            out->layers[l].moe = e;
+            cal_mlp_apply(c->parent, code, &out->layers[l]);
         }
         return 0;
     }
@@ -662,7 +666,7 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
         if (L->moe.n_experts) {
             if (!experts)
                 experts = c->fe[eng_xorshift64(rng) % (uint64_t)c->nE];
-            L->moe = arch_moe_keep(arch_first_moe(c->parent, NULL), experts);
+            cal_mlp_apply(c->parent, experts, L);
         }
         if (!c->hybrid && l == 0 && !L->n_heads) {
             L->n_heads = c->ah[attn[na - 1]];
@@ -676,13 +680,51 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
     return 0;
 }
 
+/* 1 when entry e of hidden size s measured no slower than its base in some phase (its
+ * cost would be clipped to 0: a base process slow as a whole, or the entry's fast). */
+static int implausible(const lc_cal *c, const lc_hid *s, int e)
+{
+    lc_times d, mlp_min = {0};
+    int mixer = e >= c->nF + c->nE;
+    if (!served_entry(c, e))
+        return 0;
+    if (mixer && !c->hybrid && c->nF)
+        diff_times(&s->rt[0], &s->base, NULL, &mlp_min, c->n_bins);
+    diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : &s->base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
+               c->n_bins);
+    int bad = d.pre <= 0;
+    for (int k = 0; k < c->n_bins; k++)
+        bad |= d.bin[k] <= 0;
+    return bad;
+}
+
+/* Serve the implausible entries (implausible) again with their own base, up to
+ * LC_RETRIES times each, keeping the smaller times: with many entries (MoE blocks of
+ * several counts and widths) one of them now and then meets a slow process on its base's
+ * side, and a block priced 0 is one the search would take for free. 0, or -1 with err. */
+static int retry_implausible(lc_cal *c, lc_hid *hs, char *err, size_t errlen)
+{
+    for (int h = 0; h < c->n_hid; h++)
+        for (int e = 0; e < n_entries(c); e++)
+            for (int r = 0; r < LC_RETRIES && implausible(c, &hs[h], e); r++) {
+                c->total += 1 + own_base(c, e);
+                c->retries++;
+                if (serve_entry(c, c->hid[h], e, 1, &hs[h].rt[e], &hs[h].ws[e], err, errlen) ||
+                    (own_base(c, e) &&
+                     serve_entry(c, c->hid[h], -2 - e, 1, &hs[h].mbase[e], &hs[h].ws_mbase[e], err, errlen)))
+                    return -1;
+            }
+    return 0;
+}
+
 /* Both passes of every hidden size's models in turn, the n random archs (va, in the
  * order given; held out, then fit) spread between them and each served once per pass:
  * like the tables' models, the faster of two fresh processes (a process is at times slow
  * as a whole, never fast) into vr, both servings into as[2i], as[2i + 1]. Before each
  * slot's random archs the parent is served once (par[], *n_par): the level a job's
  * anchor measures (compress/servecheck.h). The time spent on the random archs and the
- * parent is added to *wall. 0, or -1 with err. */
+ * parent is added to *wall. Then the entries priced <= 0 are served again
+ * (retry_implausible). 0, or -1 with err. */
 static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, ms_result *as, ms_result *par,
                         int *n_par, const int *order, int n, double *wall, char *err, size_t errlen)
 {
@@ -716,7 +758,7 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, ms
         }
         *wall += eng_wall_s() - t0;
     }
-    return 0;
+    return retry_implausible(c, hs, err, errlen);
 }
 
 /* The held-out archs as a job's search prices them (compress/servecheck.h): the tables'
@@ -902,7 +944,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     cm_tables_free(&back);
     double now = eng_wall_s();
     if (tables && target && lc_probe(&in, err, errlen) == 0)
-        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:O*,s:I,s:s,s:i},"
+        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:f,s:f,s:O*,s:I,s:s,s:i,s:i},"
                            "s:{s:s,s:s,s:s,s:s,s:s,s:s}}",
                            "id", id, "status", "succeeded", "target", target, "family", parent->family, "entries",
                            tb.n_prefill + tb.n_decode + 2 * tb.n_fixed, "wall_s", now - c.t_start, "tables", tables,
@@ -911,8 +953,8 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
                            "tables_wall_s", wall_tables, "validation_wall_s", wall_random,
                            "hidden_sizes", hl, "fit_archs", n_fit, "fit_prefill_factor", fit_p, "fit_decode_factor",
                            fit_d, "fit_by_hidden", fit_hid, "fit_memory_bytes", (json_int_t)fit_mem, "method", "repeated blocks in llama.cpp (a base model vs base + N copies of a block)",
-                           "repeated_copies", LC_COPIES, "engine", "name", CM_ENGINE_LLAMACPP, "version",
-                           in.package_version, "ggml_commit", in.ggml_commit, "build_flags", in.build_flags,
+                           "repeated_copies", LC_COPIES, "retried_entries", c.retries, "engine", "name",
+                           CM_ENGINE_LLAMACPP, "version", in.package_version, "ggml_commit", in.ggml_commit, "build_flags", in.build_flags,
                            "system_info", in.system_info, "engine_build", in.fingerprint);
     else {
         json_decref(tables);

@@ -15,7 +15,7 @@ end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
   more under the sanitizers), exporting GGUF,
   succeeds: its report names the engine, the measured latency comes from llama.cpp and
   holds, the params limit holds, and the result keeps one Mamba head count and one expert
-  count (what the GGUF holds) and an attention layer;
+  count and width (what the GGUF holds) and an attention layer;
 - a Mamba-2 model (llama.cpp's mamba2 graph: Mamba mixers only) calibrates in llama.cpp too
   (a base of one Mamba layer per head count), is estimated from it, and a job cut by a
   params limit holds its limits measured in llama.cpp.
@@ -80,9 +80,10 @@ def main():
             layers = rep["result"]["arch"]["layers"]
             mh = {l["mamba"]["n_heads"] for l in layers if l.get("mamba")}
             ne = {l["moe"]["n_experts"] for l in layers if l.get("moe")}
-            assert len(mh) == 1 and len(ne) <= 1 and any(l.get("attention") for l in layers), layers
+            nw = {l["moe"]["expert_ffn_dim"] for l in layers if l.get("moe")}
+            assert len(mh) == 1 and len(ne) <= 1 and len(nw) <= 1 and any(l.get("attention") for l in layers), layers
             print("job: limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s; Mamba heads %s, "
-                  "experts %s" % (limit, row["predicted"], row["measured"], row["holds"], mh, ne))
+                  "experts %s of %s units" % (limit, row["predicted"], row["measured"], row["holds"], mh, ne, nw))
 
             # a Mamba-2 parent: every layer a Mamba mixer, llama.cpp's mamba2 graph
             m2dir = os.path.join(tmp, "mamba2")

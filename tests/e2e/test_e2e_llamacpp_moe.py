@@ -3,19 +3,20 @@ attention with experts (Qwen2-MoE with a shared expert, Mixtral; random weights)
 through HTTP at F32, 32 + 8 tokens, 2 threads. llama.cpp's qwen2moe and llama graphs hold one
 shape for every layer of a model, so:
 - POST /v1/calibrations with target.engine "llama.cpp" calibrates inside llama.cpp by
-  repeated whole layers at the parent's hidden size and heads, one model per expert count:
+  repeated whole layers at the parent's hidden size and heads, one model per expert block:
   the tables hold the parent's attention (priced 0: it is never apart from its experts in a
-  model llama.cpp runs) and an entry per expert count from 2 up to the parent's, and the
-  held-out random archs (a depth and one expert count each) were measured in fresh
-  llama.cpp processes, their memory predicted within 5%;
+  model llama.cpp runs), an entry per expert count from 2 up to the parent's at its expert
+  width, and counts at 1/4, 1/2 and 3/4 of that width; the held-out random archs (a depth
+  and one expert count and width each) were measured in fresh llama.cpp processes, their
+  memory predicted within 5%;
 - POST /v1/estimates with the same target is answered from that calibration, and the parent's
   prediction is within a factor of three of what llama.cpp measured for it (the anchor);
 - a job searching expert counts (not depth) with a params limit at 85% of the parent's (two
   experts fewer in every layer meet it) and a latency limit (3x the parent's llama.cpp
   prediction: the tiny model's requests are mostly fixed costs), exporting GGUF, succeeds:
   the report names the engine, latency measured in llama.cpp holds, the params limit holds,
-  and the result has one expert count below the parent's for every layer (llama.cpp's GGUF
-  holds one), at least 2, top-k within it;
+  and the result has one expert block for every layer (llama.cpp's GGUF holds one), fewer
+  experts (at least 2, top-k within them) or narrower ones than the parent's;
 - the same calibration for a Mixtral parent (llama.cpp's llama graph with experts).
 Random weights: no quality claim."""
 import json
@@ -26,7 +27,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, llamacpp_job, server  # noqa: E402
-from test_e2e_moe import K, L, H, C, make_model  # noqa: E402
+from test_e2e_moe import K, L, H, C, FE, make_model  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
@@ -39,16 +40,21 @@ def check_calibration(s, model, fam):
     assert cal["engine"]["name"] == "llama.cpp" and cal["family"] == fam, (cal["engine"], cal["family"])
     tb = cal["tables"]
     experts = sorted({e["moe"]["n_experts"] for e in tb["prefill"] if e.get("moe")})
+    widths = sorted({e["moe"]["expert_ffn_dim"] for e in tb["prefill"] if e.get("moe")})
     attn = [e for e in tb["prefill"] if e.get("n_heads")]
     assert experts == list(range(2, E + 1)), experts
+    assert widths == [FE // 4, FE // 2, 3 * FE // 4, FE], widths
     assert len(attn) == 1 and attn[0]["n_heads"] == H and attn[0]["ms"] == 0, attn
     assert all(e["ms"] > 0 for e in tb["prefill"] if e.get("moe")), tb["prefill"]
     assert {f["hidden_size"] for f in tb["fixed"]["by_hidden"]} == {C}, tb["fixed"]
     v = cal["validation"]
     assert v["archs"] >= 4 and v["memory_mape_pct"] < 5, v
-    for r in v["rows"]:   # held-out archs: one expert count for the whole model
-        counts = {y["moe"]["n_experts"] for y in r["arch"]["layers"]}
-        assert len(counts) == 1 and all(y.get("attention") for y in r["arch"]["layers"]), r["arch"]
+    drawn = set()
+    for r in v["rows"]:   # held-out archs: one expert count and width for the whole model
+        blocks = {(y["moe"]["n_experts"], y["moe"]["expert_ffn_dim"]) for y in r["arch"]["layers"]}
+        assert len(blocks) == 1 and all(y.get("attention") for y in r["arch"]["layers"]), r["arch"]
+        drawn |= blocks
+    assert len({w for _, w in drawn}) > 1, drawn   # widths are validated, not only counts
     _, _, est = s.json("POST", "/v1/estimates", body, expect=200)
     lat = est["predicted"]["latency_ms"]
     assert lat > 0 and est["calibration_id"] == cal["id"], (est, cal["id"])
@@ -83,13 +89,15 @@ def main():
             row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
             layers = rep["result"]["arch"]["layers"]
             shapes = {json.dumps([y.get("attention"), y.get("moe")], sort_keys=True) for y in layers}
-            ne = layers[0]["moe"]["n_experts"]
-            assert len(layers) == L and len(shapes) == 1 and 2 <= ne < E, layers
+            ne, fe = layers[0]["moe"]["n_experts"], layers[0]["moe"]["expert_ffn_dim"]
+            assert len(layers) == L and len(shapes) == 1 and 2 <= ne <= E and fe <= FE, layers
+            assert (ne, fe) != (E, FE), layers[0]
             assert layers[0]["moe"]["top_k"] == min(K, ne), layers[0]
             print("parent measured %s, result %s" % (rep["parent"]["measured"].get("process_latencies_ms"),
                                                      m.get("process_latencies_ms")))
-            print("job: %d experts of %d in every layer, limit %.3f ms, predicted %.3f ms, measured in llama.cpp "
-                  "%.3f ms, holds %s" % (ne, E, limit, row["predicted"], row["measured"], row["holds"]))
+            print("job: %d experts of %d units (parent %d of %d) in every layer, limit %.3f ms, predicted %.3f ms, "
+                  "measured in llama.cpp %.3f ms, holds %s" % (ne, fe, E, FE, limit, row["predicted"], row["measured"],
+                                                                row["holds"]))
 
             model = os.path.join(tmp, "mixtral")
             make_model(model, "mixtral", E, ())
