@@ -761,72 +761,6 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, ms
     return retry_implausible(c, hs, err, errlen);
 }
 
-/* The held-out archs as a job's search prices them (compress/servecheck.h): the tables'
- * prediction with each phase scaled by the parent's measured over predicted time, the
- * parent's measured time the median of its servings in this run (par), against the mean
- * of the arch's two servings (as: a job's check and measure stage take medians, not the
- * faster process). The rows get "anchored", the summary latency_anchored_mape_pct,
- * latency_anchored_max_pct and the parent's level. */
-static int anchored_validation(const cm_tables *tb, const arch *parent, const arch *va, const ms_result *as,
-                               const ms_result *par, int n_par, int n, json_t *validation, char *err,
-                               size_t errlen)
-{
-    cm_prediction pp;
-    if (cm_predict(tb, parent, &pp, err, errlen))
-        return -1;
-    double lp[64], lpre[64], ldec[64];
-    for (int k = 0; k < n_par && k < 64; k++) {
-        lp[k] = par[k].latency_ms;
-        lpre[k] = par[k].prefill_ms;
-        ldec[k] = par[k].decode_ms;
-    }
-    n_par = n_par < 64 ? n_par : 64;
-    json_t *pl = json_array();   /* in serving order: ms_median sorts lp */
-    for (int k = 0; pl && k < n_par; k++)
-        if (json_array_append_new(pl, json_real(lp[k]))) {
-            json_decref(pl);
-            pl = NULL;
-        }
-    double mp = ms_median(lpre, n_par), md = ms_median(ldec, n_par), ml = ms_median(lp, n_par);
-    if (n_par < 1 || pp.prefill_ms <= 0 || pp.decode_ms <= 0 || mp <= 0 || md <= 0) {
-        json_decref(pl);
-        return 0;   /* nothing to scale by */
-    }
-    json_t *rows = json_object_get(validation, "rows");
-    double sum = 0, max = 0;
-    for (int v = 0; v < n; v++) {
-        cm_prediction p;
-        if (cm_predict(tb, &va[v], &p, err, errlen)) {
-            json_decref(pl);
-            return -1;
-        }
-        double pred = p.prefill_ms * mp / pp.prefill_ms + p.decode_ms * md / pp.decode_ms;
-        double meas = (as[2 * v].latency_ms + as[2 * v + 1].latency_ms) / 2;
-        double e = meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
-        sum += e;
-        max = e > max ? e : max;
-        json_t *a = json_pack("{s:f,s:f,s:f}", "predicted_latency_ms", pred, "measured_latency_ms", meas,
-                              "latency_error_pct", e);
-        if (!a || json_object_set_new(json_array_get(rows, (size_t)v), "anchored", a)) {
-            json_decref(pl);
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-    }
-    if (json_object_set_new(validation, "latency_anchored_mape_pct", json_real(n > 0 ? sum / n : 0)) ||
-        json_object_set_new(validation, "latency_anchored_max_pct", json_real(max)) ||
-        json_object_set_new(validation, "anchor",
-                            json_pack("{s:f,s:f,s:o*,s:s}", "parent_predicted_ms", pp.latency_ms,
-                                      "parent_measured_ms", ml, "parent_process_latencies_ms", pl, "method",
-                                      "the tables' phases scaled by the parent's measured (the median of its "
-                                      "servings in this run, one before each slot of random archs) over predicted "
-                                      "time, against the mean of the arch's two servings"))) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    return 0;
-}
-
 json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o, const char *id, char *err,
                       size_t errlen)
 {
@@ -924,7 +858,7 @@ json_t *cal_llama_run(const arch *parent, const cm_target *t, const cal_opts *o,
     for (int v = 0; v < o->validate && v < (int)json_array_size(rows); v++)
         json_object_set_new(json_array_get(rows, v), "measured_process_latencies_ms",
                             json_pack("[f,f]", as[2 * v].latency_ms, as[2 * v + 1].latency_ms));
-    if (anchored_validation(&tb, parent, va, as, par, n_par, o->validate, validation, err, errlen)) {
+    if (cal_anchored_validation(&tb, parent, va, as, par, n_par, o->validate, n_fit, validation, err, errlen)) {
         json_decref(validation);
         goto out;
     }

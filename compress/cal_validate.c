@@ -342,3 +342,104 @@ json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_res
         snprintf(err, errlen, "out of memory");
     return v;
 }
+
+/* The level of the archs a search compares, per phase: the median over the fit archs of
+ * the mean of each one's two servings (as: a job's checks and measure stage take medians,
+ * not the faster process) over the tables' prediction, into *lp, *ld. 0 (both 0 when there
+ * are no fit archs), or -1 with err. */
+static int fit_level(const cm_tables *tb, const arch *va, const ms_result *as, int from, int n, double *lp,
+                     double *ld, char *err, size_t errlen)
+{
+    double rp[256], rd[256];
+    int k = 0;
+    *lp = *ld = 0;
+    for (int v = from; v < from + n && k < 256; v++) {
+        cm_prediction p;
+        if (cm_predict(tb, &va[v], &p, err, errlen))
+            return -1;
+        double mp = (as[2 * v].prefill_ms + as[2 * v + 1].prefill_ms) / 2,
+               md = (as[2 * v].decode_ms + as[2 * v + 1].decode_ms) / 2;
+        if (p.prefill_ms > 0 && p.decode_ms > 0 && mp > 0 && md > 0) {
+            rp[k] = mp / p.prefill_ms;
+            rd[k++] = md / p.decode_ms;
+        }
+    }
+    if (k) {
+        *lp = ms_median(rp, k);
+        *ld = ms_median(rd, k);
+    }
+    return 0;
+}
+
+/* The held-out archs as a job's search prices them (calibrate_internal.h). */
+int cal_anchored_validation(cm_tables *tb, const arch *parent, const arch *va, const ms_result *as,
+                               const ms_result *par, int n_par, int n, int n_fit, json_t *validation, char *err,
+                               size_t errlen)
+{
+    cm_prediction pp;
+    if (cm_predict(tb, parent, &pp, err, errlen))
+        return -1;
+    double lp[64], lpre[64], ldec[64];
+    for (int k = 0; k < n_par && k < 64; k++) {
+        lp[k] = par[k].latency_ms;
+        lpre[k] = par[k].prefill_ms;
+        ldec[k] = par[k].decode_ms;
+    }
+    n_par = n_par < 64 ? n_par : 64;
+    json_t *pl = json_array();   /* in serving order: ms_median sorts lp */
+    for (int k = 0; pl && k < n_par; k++)
+        if (json_array_append_new(pl, json_real(lp[k]))) {
+            json_decref(pl);
+            pl = NULL;
+        }
+    double mp = ms_median(lpre, n_par), md = ms_median(ldec, n_par), ml = ms_median(lp, n_par);
+    if (n_par < 1 || pp.prefill_ms <= 0 || pp.decode_ms <= 0 || mp <= 0 || md <= 0) {
+        json_decref(pl);
+        return 0;   /* nothing to scale by */
+    }
+    double sp = mp / pp.prefill_ms, sd = md / pp.decode_ms, fp, fd;
+    if (fit_level(tb, va, as, n, n_fit, &fp, &fd, err, errlen)) {
+        json_decref(pl);
+        return -1;
+    }
+    tb->parent_bias_prefill = fp > 0 ? sp / fp : 0;
+    tb->parent_bias_decode = fd > 0 ? sd / fd : 0;
+    double bp = tb->parent_bias_prefill > 0 ? tb->parent_bias_prefill : 1,
+           bd = tb->parent_bias_decode > 0 ? tb->parent_bias_decode : 1;
+    json_t *rows = json_object_get(validation, "rows");
+    double sum = 0, max = 0;
+    for (int v = 0; v < n; v++) {
+        cm_prediction p;
+        if (cm_predict(tb, &va[v], &p, err, errlen)) {
+            json_decref(pl);
+            return -1;
+        }
+        double pred = p.prefill_ms * sp / bp + p.decode_ms * sd / bd;
+        double meas = (as[2 * v].latency_ms + as[2 * v + 1].latency_ms) / 2;
+        double e = meas > 0 ? 100.0 * fabs(pred - meas) / meas : 0;
+        sum += e;
+        max = e > max ? e : max;
+        json_t *a = json_pack("{s:f,s:f,s:f}", "predicted_latency_ms", pred, "measured_latency_ms", meas,
+                              "latency_error_pct", e);
+        if (!a || json_object_set_new(json_array_get(rows, (size_t)v), "anchored", a)) {
+            json_decref(pl);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    if (json_object_set_new(validation, "latency_anchored_mape_pct", json_real(n > 0 ? sum / n : 0)) ||
+        json_object_set_new(validation, "latency_anchored_max_pct", json_real(max)) ||
+        json_object_set_new(validation, "anchor",
+                            json_pack("{s:f,s:f,s:o*,s:{s:f,s:f},s:s}", "parent_predicted_ms", pp.latency_ms,
+                                      "parent_measured_ms", ml, "parent_process_latencies_ms", pl, "parent_bias",
+                                      "prefill", bp, "decode", bd, "method",
+                                      "the tables' phases scaled by the parent's measured (the median of its "
+                                      "servings in this run, one before each slot of random archs) over predicted "
+                                      "time, divided by the parent's bias (that ratio over the fit archs' median of "
+                                      "measured, the mean of two servings, over predicted), against the mean of the "
+                                      "arch's two servings"))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}

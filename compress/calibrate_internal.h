@@ -93,6 +93,23 @@ int fit_scales(cm_tables *tb, const arch *fa, const ms_result *fr, int n, double
  * (may be NULL) gets a NEW array [{hidden_size, archs, prefill, decode}]. 0, or -1. */
 int fit_scales_by_hidden(cm_tables *tb, const arch *fa, const ms_result *fr, int n, int min_n, double *corr_p,
                          double *corr_d, json_t **by, char *err, size_t errlen);
+
+/* A llama.cpp calibration's held-out archs as a job's search prices them
+ * (compress/servecheck.h): the tables' prediction with each phase scaled by the parent's
+ * measured over predicted time (the median of its n_par servings in the run, par) divided
+ * by the parent's bias, against the mean of the arch's two servings (as[2v], as[2v + 1]: a
+ * job's check and measure stage take medians, not the faster process). The bias, which
+ * jobs divide their anchor by (tb->parent_bias_*, set here), is the parent's ratio over
+ * the fit archs' level (the median over va[n .. n + n_fit) of the same ratio): the parent,
+ * the arch with the most layers and the largest parts, sits further from the tables than
+ * the archs a search compares (bench/results/llamacpp_target-avx512.md: 42% at q4_0
+ * against 4% for the held-out archs), and scaling them all by it over-prices them; without
+ * fit archs the bias is 1. The n held-out rows of validation get "anchored", the summary
+ * latency_anchored_mape_pct, latency_anchored_max_pct and the parent's level ("anchor").
+ * 0, or -1 with err. */
+int cal_anchored_validation(cm_tables *tb, const arch *parent, const arch *va, const ms_result *as,
+                            const ms_result *par, int n_par, int n, int n_fit, json_t *validation, char *err,
+                            size_t errlen);
 /* What the memory items miss on whole archs: the median over the n fit archs fa (measured
  * as fr) of measured peak minus predicted total, added to tb's runtime_bytes when positive;
  * when negative (an over-prediction) and workspaces combine as a maximum, taken off every

@@ -233,6 +233,9 @@ json_t *cm_tables_to_json(const cm_tables *t)
     }
     if (!rc && t->width_multiple > 1)
         rc |= set_new(o, "width_multiple", json_integer(t->width_multiple));
+    if (!rc && t->parent_bias_prefill > 0 && t->parent_bias_decode > 0)
+        rc |= set_new(o, "parent_bias",
+                      json_pack("{s:f,s:f}", "prefill", t->parent_bias_prefill, "decode", t->parent_bias_decode));
     if (!rc) {
         rc |= set_new(fix, "by_hidden", byh);
         byh = NULL;
@@ -656,9 +659,28 @@ static int parse_shape(json_t *s, const char *ptr, cm_tables *t, char *err, size
     return 0;
 }
 
+/* The optional parent_bias {prefill, decode}: both positive. */
+static int parse_parent_bias(json_t *b, const char *ptr, cm_tables *t, char *err, size_t errlen)
+{
+    static const char *const keys[] = {"prefill", "decode", NULL};
+    char at[128];
+    snprintf(at, sizeof at, "%s/parent_bias", ptr);
+    if (!b)
+        return 0;
+    if (!json_is_object(b))
+        FAIL("%s: must be an object", at);
+    if (cmj_check_keys(b, at, keys, err, errlen) || cmj_num(b, at, "prefill", 0, 1, &t->parent_bias_prefill, err, errlen) ||
+        cmj_num(b, at, "decode", 0, 1, &t->parent_bias_decode, err, errlen))
+        return -1;
+    if (t->parent_bias_prefill <= 0 || t->parent_bias_decode <= 0)
+        FAIL("%s: both phases must be positive", at);
+    return 0;
+}
+
 int cm_tables_from_json(json_t *j, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"shape", "prefill", "decode", "fixed", "memory", "width_multiple", NULL};
+    static const char *const keys[] = {"shape", "prefill", "decode", "fixed", "memory", "width_multiple",
+                                       "parent_bias", NULL};
     cm_target keep = t->target;
     memset(t, 0, sizeof *t);
     t->target = keep;
@@ -680,7 +702,8 @@ int cm_tables_from_json(json_t *j, const char *ptr, cm_tables *t, char *err, siz
         !parse_fixed(json_object_get(j, "fixed"), ptr, t, err, errlen) &&
         !parse_memory(json_object_get(j, "memory"), ptr, t, err, errlen) &&
         !(json_object_get(j, "width_multiple") &&
-          cmj_i32(j, ptr, "width_multiple", 1, 4096, 1, &t->width_multiple, err, errlen)))
+          cmj_i32(j, ptr, "width_multiple", 1, 4096, 1, &t->width_multiple, err, errlen)) &&
+        !parse_parent_bias(json_object_get(j, "parent_bias"), ptr, t, err, errlen))
         rc = 0;
     if (rc) {
         cm_tables_free(t);

@@ -200,6 +200,12 @@ typedef struct {
     int width_multiple;         /* every weight matrix's input width must be a multiple of it
                                    (cm_target_block; 1 or 0 = any): archs off it are outside
                                    the tables, and the search keeps to it */
+    double parent_bias_prefill, parent_bias_decode;
+                                /* llama.cpp calibrations: per phase, the parent's measured over
+                                   predicted time relative to the fit archs' (0 = 1): how much
+                                   further the served parent sits from the tables than the
+                                   archs a search compares; an anchor (compress/servecheck.h)
+                                   divides the parent's ratio by it */
 } cm_tables;
 
 void cm_tables_free(cm_tables *t);   /* frees arrays; safe on a zeroed struct */

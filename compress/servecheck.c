@@ -60,18 +60,24 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     c->parent_ms = m.latency_ms;
     c->parent_prefill_ms = m.prefill_ms;
     c->parent_decode_ms = m.decode_ms;
-    double sp = m.prefill_ms / p.prefill_ms, sd = m.decode_ms / p.decode_ms;
+    /* the parent's own distance from the tables, as its calibration measured it against the
+     * archs a search compares, is not the machine's: only the rest moves the tables */
+    double bp = tb->parent_bias_prefill > 0 ? tb->parent_bias_prefill : 1,
+           bd = tb->parent_bias_decode > 0 ? tb->parent_bias_decode : 1;
+    double sp = m.prefill_ms / p.prefill_ms / bp, sd = m.decode_ms / p.decode_ms / bd;
     if (cm_tables_copy(out, tb)) {
         json_decref(lat);
         FAIL("out of memory");
     }
     cm_tables_rescale(out, sp, sd);
-    json_t *a = json_pack("{s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:s}", "parent_predicted_ms", p.latency_ms,
+    json_t *a = json_pack("{s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:{s:f,s:f},s:s}", "parent_predicted_ms", p.latency_ms,
                           "parent_measured_ms", m.latency_ms, "parent_measured_prefill_ms", m.prefill_ms,
                           "parent_measured_decode_ms", m.decode_ms, "parent_predicted_decode_ms", p.decode_ms,
-                          "process_latencies_ms", lat, "prefill_scale", sp, "decode_scale", sd, "method",
+                          "process_latencies_ms", lat, "prefill_scale", sp, "decode_scale", sd, "parent_bias",
+                          "prefill", bp, "decode", bd, "method",
                           "the parent (random weights at the target's type) in fresh llama.cpp processes, the median; "
-                          "each phase of the tables scaled by measured over predicted");
+                          "each phase of the tables scaled by measured over predicted, divided by the parent's bias "
+                          "(its calibration's: the parent's ratio over the fit archs')");
     if (!a || json_object_set_new(c->doc, "anchor", a)) {
         cm_tables_free(out);
         FAIL("out of memory");

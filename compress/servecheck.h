@@ -7,7 +7,9 @@
  * far more often than in their level. A shared or burstable host runs 10-40% faster or
  * slower from one half hour to the next (bench/results/llamacpp_target.md), and a job
  * may reuse a calibration made days before. The anchor scales each phase of the tables
- * by the parent's measured over predicted time; a check serves the arch and the parent
+ * by the parent's measured over predicted time, divided by the parent's bias (the tables'
+ * parent_bias: how much further from the tables its calibration served the parent than the
+ * fit archs, which a search's archs resemble); a check serves the arch and the parent
  * in fresh processes, alternating, and prices the arch as the median of its ratios to
  * the parent times the parent's latency at the anchor, so a machine whose speed moves
  * between the anchor and the check moves both sides alike.
@@ -36,7 +38,8 @@ typedef struct {
 int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size_t errlen);
 
 /* Serve the parent SC_ROUNDS times and write into *out a copy of tb whose prefill and
- * decode times are scaled so that it predicts the parent's medians. 0, or -1 with err. */
+ * decode times are scaled so that it predicts the parent's medians divided by tb's parent
+ * bias (1 when tb has none). 0, or -1 with err. */
 int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_t errlen);
 
 /* Serve `a` (random weights) and the parent SC_ROUNDS times each, alternating, and fill

@@ -14,7 +14,9 @@ F32 weights, 2 threads):
 - bad input: an unknown engine, a weight type llama.cpp lacks, a KV-cache type on the
   built-in engine are 422 naming the pointer; an estimate at q8_0 of an arch whose FFN
   width q8_0 cannot store is a 422 naming the width; a server where llama.cpp is missing refuses
-  a llama.cpp job with a 422 at /target/engine that says so."""
+  a llama.cpp job with a 422 at /target/engine that says so;
+- the calibration's tables are valid under the schema docs/timing-tables.md gives for an
+  import (the door for tables measured elsewhere), llama.cpp's fields included."""
 import hashlib
 import json
 import os
@@ -23,11 +25,21 @@ import sys
 import tempfile
 import time
 
+import jsonschema
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import AC_BIN, MODEL, TOK, download, env, events, server, stories_spec, wait_terminal  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
+
+
+def tables_schema():
+    """TimingTables from docs/timing-tables.md's JSON Schema block."""
+    md = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "timing-tables.md")).read()
+    block = md.split("### JSON Schema", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(block)["TimingTables"]
 
 
 def calibrate(s):
@@ -96,6 +108,13 @@ def main():
         # the fit archs set each hidden size's phase factors (at least three archs each)
         fb = doc["cost"]["fit_by_hidden"]
         assert len(fb) == len(pl) // 2 and all(f["archs"] >= 3 for f in fb), fb
+        # the parent's bias (its ratio to the tables over the fit archs'), which jobs' anchors
+        # divide by, travels with the tables
+        bias = v["anchor"]["parent_bias"]
+        assert bias["prefill"] > 0 and bias["decode"] > 0, v["anchor"]
+        for ph in ("prefill", "decode"):
+            assert abs(doc["tables"]["parent_bias"][ph] - bias[ph]) < 1e-9 * bias[ph], (doc["tables"]["parent_bias"], bias)
+        jsonschema.validate(doc["tables"], tables_schema())
         for r in v["rows"]:
             a = r["anchored"]
             assert a["predicted_latency_ms"] > 0, r
@@ -138,6 +157,10 @@ def main():
         assert len(an["process_latencies_ms"]) == 3 and an["parent_measured_ms"] == sorted(
             an["process_latencies_ms"])[1], an
         assert an["prefill_scale"] > 0 and an["decode_scale"] > 0, an
+        # each phase moved by the parent served now over its prediction, less the parent's own bias
+        assert an["parent_bias"] == bias, (an["parent_bias"], bias)
+        assert abs(an["decode_scale"] - an["parent_measured_decode_ms"] / an["parent_predicted_decode_ms"] /
+                   bias["decode"]) < 1e-6 * an["decode_scale"], an
         types = [ev["type"] for ev in events(s, job["id"])]
         assert "search.anchor" in types, types
         if not sv["checks"]:

@@ -323,6 +323,18 @@ static void test_json_round_trip(void **state)
     assert_true(fabs(p.latency_ms - q.latency_ms) < 1e-9 * p.latency_ms);
     assert_int_equal(p.total, q.total);
     assert_int_equal(u.mem.workspace_combine, CM_WS_SUM_MAXIMA);
+    assert_true(u.parent_bias_prefill == 0 && u.parent_bias_decode == 0);   /* none written, none read */
+    assert_null(json_object_get(j, "parent_bias"));
+    json_decref(j);
+    cm_tables_free(&u);
+    /* a llama.cpp calibration's parent bias travels with its tables (a job's anchor reads it) */
+    t.parent_bias_prefill = 1.25;
+    t.parent_bias_decode = 0.875;
+    j = cm_tables_to_json(&t);
+    u.target = t.target;
+    if (cm_tables_from_json(j, "/tables", &u, err, sizeof err))
+        fail_msg("%s", err);
+    assert_true(u.parent_bias_prefill == 1.25 && u.parent_bias_decode == 0.875);
     json_decref(j);
     arch_free(&a);
     cm_tables_free(&t);
@@ -442,6 +454,14 @@ static void test_import_accepts_and_rejects(void **state)
     json_object_set_new(json_object_get(json_object_get(doc, "tables"), "shape"), "tie_word_embeddings",
                         json_integer(1));
     expect_reject(doc, "/tables/shape/tie_word_embeddings");
+
+    doc = import_doc();
+    json_object_set_new(json_object_get(doc, "tables"), "parent_bias", json_pack("{s:f,s:f}", "prefill", 0.0, "decode", 1.0));
+    expect_reject(doc, "/tables/parent_bias: both phases must be positive");
+
+    doc = import_doc();
+    json_object_set_new(json_object_get(doc, "tables"), "parent_bias", json_pack("{s:f}", "prefill", 1.0));
+    expect_reject(doc, "/tables/parent_bias/decode: required");
 
     doc = json_array();
     expect_reject(doc, "must be a JSON object");
