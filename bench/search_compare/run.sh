@@ -17,7 +17,10 @@
 # held-out error; the recorded SmolLM2 table ran before that default, as MARGIN_PCT=0
 # does now), SEED (the specs' seed: the search's and distillation's draws; unset: the
 # product's default, 1234; rerun with another SEED and the same OUT's shared dir copied
-# to repeat the comparison on the same calibration). The four jobs share
+# to repeat the comparison on the same calibration), LIMITS (default "latency memory":
+# which limits' jobs run), TABLE_ONLY=1 (no jobs: the table of what OUT holds),
+# RECONSTRUCT (the specs' pruning.reconstruct, true or false; unset: the product's default,
+# which for a job that distils is the plain slice, docs/pruning.md §2). The four jobs share
 # one calibration, one ranking and one scoring of the parent (the data dir's caches).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +43,9 @@ OUT=${OUT:-/tmp/ac-search-compare}
 TAG=${TAG:-}
 MARGIN_PCT=${MARGIN_PCT:-}
 SEED=${SEED:-}
+LIMITS=${LIMITS:-latency memory}
+TABLE_ONLY=${TABLE_ONLY:-}
+RECONSTRUCT=${RECONSTRUCT:-}
 RESULT=bench/results/search_compare${TAG:+-$TAG}.md
 mkdir -p "$OUT/shared/evalcache" "$OUT/shared/rankcache"
 t0=$(date +%s)
@@ -47,9 +53,9 @@ echo "calibrating the target once (cached in $OUT/shared) ..." >&2
 # the calibration every job reuses, and the parent's predicted costs the limits come from
 bench/calibrate_parent.sh "$BIN" "$MODEL" "$OUT/shared" "$OUT" "$PROMPT" "$OUTPUT"
 python3 - "$OUT" "$MODEL" "$CALIB" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
-    "$OUTPUT" "$TASKS" "$EXPORT" "$MARGIN_PCT" "$SEED" <<'PY'
+    "$OUTPUT" "$TASKS" "$EXPORT" "$MARGIN_PCT" "$SEED" "$RECONSTRUCT" <<'PY'
 import json, sys, os
-out, model, calib, st, dt, lim, frac, prompt, output, tasks, export, margin, seed = sys.argv[1:14]
+out, model, calib, st, dt, lim, frac, prompt, output, tasks, export, margin, seed, recon = sys.argv[1:15]
 p = json.load(open(os.path.join(out, "parent_estimate.json")))["predicted"]
 limits = {"latency": {"latency_ms": round(float(frac) * p["latency_ms"], 4)},
           "memory": {"memory_gib": float(frac) * p["memory_bytes"]["total"] / 2**30}}
@@ -69,10 +75,14 @@ for lname, cons in limits.items():
                 "export": [x for x in export.split(",") if x]}
         if seed:
             spec["seed"] = int(seed)
+        if recon:
+            spec["pruning"] = {"reconstruct": recon == "true"}
         json.dump(spec, open(os.path.join(out, f"spec-{lname}-{method}.json"), "w"), indent=2)
 PY
-"$BIN" perplexity "$MODEL" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$OUT/parent_ppl.json" || true
-for l in latency memory; do
+[ -n "$TABLE_ONLY" ] || [ -s "$OUT/parent_ppl.json" ] ||
+    "$BIN" perplexity "$MODEL" --text "$WIKI" --chunks "$PPL_CHUNKS" --json > "$OUT/parent_ppl.json" || true
+for l in $LIMITS; do
+    [ -z "$TABLE_ONLY" ] || break
     for m in autocompress minitron; do
         d=$OUT/$l-$m
         rm -rf "$d"; mkdir -p "$d"
@@ -147,7 +157,8 @@ for l in ("latency", "memory"):
         srch = r.get("search", {})
         wall_s = next((x.get("wall_s", 0) for x in r.get("stages", []) if x.get("name") == "search"), 0)
         rows[(l, m)] = (avg, srch.get("selection_tokens", 0))
-        print(f"| {l} | {m} | h{a.get('hidden_size')}, {len(layers)}L: {summ} | {res.get('params', 0)} | "
+        start = (r.get("pruning") or {}).get("method", "?")   # what distillation started from
+        print(f"| {l} | {m} ({start}) | h{a.get('hidden_size')}, {len(layers)}L: {summ} | {res.get('params', 0)} | "
               f"{pred.get('latency_ms', 0):.2f} / {meas.get('latency_ms', 0):.2f} | {mem_p:.2f} / {mem_m:.2f} | "
               f"{srch.get('selection_tokens', 0)} | {wall_s:.0f} | {vl:.4f} | "
               f"{'—' if avg is None else f'{avg:.4f}'} | {ppl(os.path.join(d, 'ppl.json'))} | {per_task(res.get('accuracy', {}))} |")
