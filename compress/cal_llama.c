@@ -79,7 +79,7 @@ typedef struct {
                                      base's Mamba layer (the smallest head count); -1 none */
     char dir[4096], ppath[4400];  /* scratch folder; the parent's GGUF (the anchor) */
     int step, total;
-    int retries;                  /* entries served again (retry_implausible) */
+    int retries;                  /* entries served again (retry_implausible), once each */
     int64_t requests;
     int n_models;
     dvec w_layer, w_embed, w_y, kv_x, kv_y;
@@ -680,8 +680,8 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
     return 0;
 }
 
-/* 1 when entry e of hidden size s measured no slower than its base in some phase (its
- * cost would be clipped to 0: a base process slow as a whole, or the entry's fast). */
+/* 1 when entry e of hidden size s measured no slower than its reference in some phase (its
+ * cost would be clipped to 0: a process on its reference's side slow as a whole). */
 static int implausible(const lc_cal *c, const lc_hid *s, int e)
 {
     lc_times d, mlp_min = {0};
@@ -698,22 +698,37 @@ static int implausible(const lc_cal *c, const lc_hid *s, int e)
     return bad;
 }
 
-/* Serve the implausible entries (implausible) again with their own base, up to
- * LC_RETRIES times each, keeping the smaller times: with many entries (MoE blocks of
- * several counts and widths) one of them now and then meets a slow process on its base's
- * side, and a block priced 0 is one the search would take for free. 0, or -1 with err. */
+/* Entry e of hidden size hid[h] served again with what its cost is measured against (its
+ * own base or the shared one, and for an attention entry beside MLP entries the MLP entry
+ * it stands on, rt[0]), each keeping the smaller time. 0, or -1 with err. */
+static int serve_again(lc_cal *c, int h, lc_hid *s, int e, char *err, size_t errlen)
+{
+    int H = c->hid[h], own = own_base(c, e), on_mlp = e >= c->nF + c->nE && !c->hybrid && c->nF;
+    c->total += 2 + on_mlp;
+    if (serve_entry(c, H, e, 1, &s->rt[e], &s->ws[e], err, errlen) ||
+        (own ? serve_entry(c, H, -2 - e, 1, &s->mbase[e], &s->ws_mbase[e], err, errlen)
+             : serve_entry(c, H, -1, 1, &s->base, &s->ws_base, err, errlen)) ||
+        (on_mlp && serve_entry(c, H, 0, 1, &s->rt[0], &s->ws[0], err, errlen)))
+        return -1;
+    return 0;
+}
+
+/* Serve the implausible entries (implausible) again (serve_again), up to LC_RETRIES times
+ * each: with many entries (MoE blocks of several counts and widths) one of them now and
+ * then meets a slow process on its reference's side (a process is at times slow as a
+ * whole, never fast), and a block priced 0 is one the search would take for free. The
+ * entries served again are counted in c->retries. 0, or -1 with err. */
 static int retry_implausible(lc_cal *c, lc_hid *hs, char *err, size_t errlen)
 {
     for (int h = 0; h < c->n_hid; h++)
-        for (int e = 0; e < n_entries(c); e++)
-            for (int r = 0; r < LC_RETRIES && implausible(c, &hs[h], e); r++) {
-                c->total += 1 + own_base(c, e);
-                c->retries++;
-                if (serve_entry(c, c->hid[h], e, 1, &hs[h].rt[e], &hs[h].ws[e], err, errlen) ||
-                    (own_base(c, e) &&
-                     serve_entry(c, c->hid[h], -2 - e, 1, &hs[h].mbase[e], &hs[h].ws_mbase[e], err, errlen)))
+        for (int e = 0; e < n_entries(c); e++) {
+            if (!implausible(c, &hs[h], e))
+                continue;
+            c->retries++;
+            for (int r = 0; r < LC_RETRIES && implausible(c, &hs[h], e); r++)
+                if (serve_again(c, h, &hs[h], e, err, errlen))
                     return -1;
-            }
+        }
     return 0;
 }
 

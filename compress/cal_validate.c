@@ -373,8 +373,8 @@ static int fit_level(const cm_tables *tb, const arch *va, const ms_result *as, i
 
 /* The held-out archs as a job's search prices them (calibrate_internal.h). */
 int cal_anchored_validation(cm_tables *tb, const arch *parent, const arch *va, const ms_result *as,
-                               const ms_result *par, int n_par, int n, int n_fit, json_t *validation, char *err,
-                               size_t errlen)
+                            const ms_result *par, int n_par, int n, int n_fit, json_t *validation, char *err,
+                            size_t errlen)
 {
     cm_prediction pp;
     if (cm_predict(tb, parent, &pp, err, errlen))
@@ -404,6 +404,15 @@ int cal_anchored_validation(cm_tables *tb, const arch *parent, const arch *va, c
     }
     tb->parent_bias_prefill = fp > 0 ? sp / fp : 0;
     tb->parent_bias_decode = fd > 0 ? sd / fd : 0;
+    double far = CM_PARENT_BIAS_MAX, bx = tb->parent_bias_prefill, by = tb->parent_bias_decode;
+    if ((bx > 0 && (bx > far || bx < 1 / far)) || (by > 0 && (by > far || by < 1 / far))) {
+        json_decref(pl);
+        snprintf(err, errlen,
+                 "llama.cpp: the parent measured %.3gx (prefill) and %.3gx (decode) its prediction, the fit archs "
+                 "%.3gx and %.3gx: the tables do not price the parent (its bias is beyond %gx)",
+                 sp, sd, fp, fd, far);
+        return -1;
+    }
     double bp = tb->parent_bias_prefill > 0 ? tb->parent_bias_prefill : 1,
            bd = tb->parent_bias_decode > 0 ? tb->parent_bias_decode : 1;
     json_t *rows = json_object_get(validation, "rows");
@@ -436,8 +445,8 @@ int cal_anchored_validation(cm_tables *tb, const arch *parent, const arch *va, c
                                       "the tables' phases scaled by the parent's measured (the median of its "
                                       "servings in this run, one before each slot of random archs) over predicted "
                                       "time, divided by the parent's bias (that ratio over the fit archs' median of "
-                                      "measured, the mean of two servings, over predicted), against the mean of the "
-                                      "arch's two servings"))) {
+                                      "measured, the mean of two servings, over predicted): in the calibration, the "
+                                      "tables times the fit archs' level; against the mean of the arch's two servings"))) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }

@@ -54,18 +54,20 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
      * the version of its calibration method (rb3: repeated-block models read the parent's
      * extra bytes before each step, the hidden sizes' passes in turn; rb5: the parent
      * served between the random archs, whose held-out rows are also checked as anchored
-     * searches price them, and the fit archs' phase factors per hidden size), so that
-     * tables an older method made are not reused. */
+     * searches price them, and the fit archs' phase factors per hidden size; rb6: MoE blocks
+     * at narrower expert widths too, entries priced 0 or less served again, and the
+     * parent's bias over the fit archs), so that tables an older method made are not
+     * reused. */
     if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb5", t->engine, t->kv_cache_type,
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb6", t->engine, t->kv_cache_type,
                       t->threads, cm_target_flash(t), t->engine_build);
     /* MoE: the most experts, and the first MoE layer's top-k and widths (the grid's shape;
-     * w2: the built-in engine's grid prices narrower experts too) */
+     * w2: the grid prices narrower experts too) */
     int maxe;
     const arch_moe *e = arch_first_moe(a, &maxe);
     if (e && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d%s", maxe, e->top_k, e->expert_ffn_dim,
-                      e->shared_ffn_dim, e->norm_topk, cm_target_llamacpp(t) ? "" : "|w2");
+                      e->shared_ffn_dim, e->norm_topk, "|w2");
     if (e && e->sigmoid && n > 0 && (size_t)n < sizeof buf)   /* Nemotron-H's router */
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|sg|g%d|tg%d|rs%.9g", e->n_group, e->topk_group,
                       e->routed_scale);

@@ -659,7 +659,7 @@ static int parse_shape(json_t *s, const char *ptr, cm_tables *t, char *err, size
     return 0;
 }
 
-/* The optional parent_bias {prefill, decode}: both positive. */
+/* The optional parent_bias {prefill, decode}: both within CM_PARENT_BIAS_MAX of 1. */
 static int parse_parent_bias(json_t *b, const char *ptr, cm_tables *t, char *err, size_t errlen)
 {
     static const char *const keys[] = {"prefill", "decode", NULL};
@@ -672,8 +672,10 @@ static int parse_parent_bias(json_t *b, const char *ptr, cm_tables *t, char *err
     if (cmj_check_keys(b, at, keys, err, errlen) || cmj_num(b, at, "prefill", 0, 1, &t->parent_bias_prefill, err, errlen) ||
         cmj_num(b, at, "decode", 0, 1, &t->parent_bias_decode, err, errlen))
         return -1;
-    if (t->parent_bias_prefill <= 0 || t->parent_bias_decode <= 0)
-        FAIL("%s: both phases must be positive", at);
+    double lo = 1 / CM_PARENT_BIAS_MAX, hi = CM_PARENT_BIAS_MAX;
+    if (t->parent_bias_prefill < lo || t->parent_bias_prefill > hi || t->parent_bias_decode < lo ||
+        t->parent_bias_decode > hi)
+        FAIL("%s: both phases must lie in [%g, %g]", at, lo, hi);
     return 0;
 }
 

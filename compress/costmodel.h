@@ -205,8 +205,13 @@ typedef struct {
                                    predicted time relative to the fit archs' (0 = 1): how much
                                    further the served parent sits from the tables than the
                                    archs a search compares; an anchor (compress/servecheck.h)
-                                   divides the parent's ratio by it */
+                                   divides the parent's ratio by it; within CM_PARENT_BIAS_MAX
+                                   of 1 either way */
 } cm_tables;
+
+/* The most a parent bias may differ from 1, as a factor either way: further, the tables do
+ * not price the parent, and a calibration that finds it fails. */
+#define CM_PARENT_BIAS_MAX 10.0
 
 void cm_tables_free(cm_tables *t);   /* frees arrays; safe on a zeroed struct */
 /* A deep copy of src into dst (free with cm_tables_free). 0, or -1 on OOM (dst zeroed). */

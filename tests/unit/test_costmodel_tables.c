@@ -457,7 +457,11 @@ static void test_import_accepts_and_rejects(void **state)
 
     doc = import_doc();
     json_object_set_new(json_object_get(doc, "tables"), "parent_bias", json_pack("{s:f,s:f}", "prefill", 0.0, "decode", 1.0));
-    expect_reject(doc, "/tables/parent_bias: both phases must be positive");
+    expect_reject(doc, "/tables/parent_bias: both phases must lie in [0.1, 10]");
+
+    doc = import_doc();   /* a bias no calibration can write: the anchor would scale by it unchecked */
+    json_object_set_new(json_object_get(doc, "tables"), "parent_bias", json_pack("{s:f,s:f}", "prefill", 1.0, "decode", 1e-300));
+    expect_reject(doc, "/tables/parent_bias: both phases must lie in [0.1, 10]");
 
     doc = import_doc();
     json_object_set_new(json_object_get(doc, "tables"), "parent_bias", json_pack("{s:f}", "prefill", 1.0));
