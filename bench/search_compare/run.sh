@@ -18,7 +18,9 @@
 # does now), SEED (the specs' seed: the search's and distillation's draws; unset: the
 # product's default, 1234; rerun with another SEED and the same OUT's shared dir copied
 # to repeat the comparison on the same calibration), LIMITS (default "latency memory":
-# which limits' jobs run), TABLE_ONLY=1 (no jobs: the table of what OUT holds),
+# which limits' jobs run and are tabled), TABLE_ONLY=1 (no jobs and no new specs: the table
+# of what OUT holds for LIMITS, each job's seed read from its report; the cached calibration
+# and estimate are read again),
 # RECONSTRUCT (the specs' pruning.reconstruct, true or false; unset: the product's default,
 # which for a job that distils is the plain slice, docs/pruning.md §2). The four jobs share
 # one calibration, one ranking and one scoring of the parent (the data dir's caches).
@@ -47,12 +49,16 @@ LIMITS=${LIMITS:-latency memory}
 TABLE_ONLY=${TABLE_ONLY:-}
 RECONSTRUCT=${RECONSTRUCT:-}
 RESULT=bench/results/search_compare${TAG:+-$TAG}.md
+case "$RECONSTRUCT" in
+    ""|true|false) ;;
+    *) echo "RECONSTRUCT must be true or false (or unset), not '$RECONSTRUCT'" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT/shared/evalcache" "$OUT/shared/rankcache"
 t0=$(date +%s)
 echo "calibrating the target once (cached in $OUT/shared) ..." >&2
 # the calibration every job reuses, and the parent's predicted costs the limits come from
 bench/calibrate_parent.sh "$BIN" "$MODEL" "$OUT/shared" "$OUT" "$PROMPT" "$OUTPUT"
-python3 - "$OUT" "$MODEL" "$CALIB" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
+[ -n "$TABLE_ONLY" ] || python3 - "$OUT" "$MODEL" "$CALIB" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$FRACTION" "$PROMPT" \
     "$OUTPUT" "$TASKS" "$EXPORT" "$MARGIN_PCT" "$SEED" "$RECONSTRUCT" <<'PY'
 import json, sys, os
 out, model, calib, st, dt, lim, frac, prompt, output, tasks, export, margin, seed, recon = sys.argv[1:15]
@@ -97,10 +103,11 @@ for l in $LIMITS; do
         fi
     done
 done
-python3 - "$OUT" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$MODEL" "$PROMPT" "$OUTPUT" "$(( $(date +%s) - t0 ))" \
-    "$PPL_CHUNKS" "${SEED:-1234}" <<'PY' | tee "$RESULT"
+python3 - "$OUT" "$SEARCH_TOKENS" "$DISTILL_TOKENS" "$EVAL_LIMIT" "$MODEL" "$PROMPT" "$OUTPUT" "${TABLE_ONLY:+-}$(( $(date +%s) - t0 ))" \
+    "$PPL_CHUNKS" "$LIMITS" <<'PY' | tee "$RESULT"
 import json, sys, os
-out, st, dt, lim, model, prompt, output, wall, chunks, seed = sys.argv[1:11]
+out, st, dt, lim, model, prompt, output, wall, chunks, limits = sys.argv[1:11]
+limits = limits.split()
 cal = json.load(open(os.path.join(out, "calibration.json")))
 par = json.load(open(os.path.join(out, "parent_estimate.json")))["predicted"]
 
@@ -117,6 +124,17 @@ def ppl(path):
     return f"{j['ppl']:.2f}" if j and "ppl" in j else "—"
 
 
+def seed_text():
+    """The seeds the tabled jobs ran with, as their reports name them."""
+    seeds = set()
+    for l in limits:
+        for m in ("autocompress", "minitron"):
+            r = load(os.path.join(out, f"{l}-{m}", "report.json"))
+            if r and (r.get("search") or {}).get("seed") is not None:
+                seeds.add(r["search"]["seed"])
+    return ", ".join(str(s) for s in sorted(seeds)) or "unknown"
+
+
 def per_task(acc):
     return ", ".join(f"{k} {v['acc']:.3f}" for k, v in sorted(acc.items()) if isinstance(v, dict) and "acc" in v)
 
@@ -126,15 +144,15 @@ print(f"Model `{os.path.basename(model)}`; target cpu fp32, batch 1, {prompt} pr
       f"One calibration `{cal.get('id')}` ({cal.get('entries')} entries, {cal.get('wall_s', 0):.0f} s) serves both methods. "
       f"Parent predicted latency {par['latency_ms']:.2f} ms, memory {par['memory_bytes']['total']/2**20:.1f} MiB. "
       f"Budgets: DNAS search {st} tokens; Minitron++ 4 frontier candidates x {int(st)//2} tokens; final distillation "
-      f"{dt} tokens for both; job seed {seed} (the search's and distillation's draws); evaluation {lim} items "
+      f"{dt} tokens for both; job seed {seed_text()} (the search's and distillation's draws); evaluation {lim} items "
       f"per task (seed 1234, the parent scored once and shared); "
       f"WikiText-2 perplexity of the exported GGUF on {chunks} x 512-token chunks (llama.cpp's method). "
-      f"Whole comparison: {int(wall)/60:.1f} min wall.\n")
+      + (f"Whole comparison: {int(wall)/60:.1f} min wall." if not wall.startswith("-") else "") + "\n")
 print("| limit | method | arch: hidden, layers heads/ffn | params | latency pred / meas (ms) | memory pred / meas (MiB) "
       "| selection tokens | search s | distill val loss | task avg | wiki ppl | per task |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 rows, parent = {}, None
-for l in ("latency", "memory"):
+for l in limits:
     for m in ("autocompress", "minitron"):
         d = os.path.join(out, f"{l}-{m}")
         job = load(os.path.join(d, "job.json"))
@@ -170,7 +188,7 @@ if parent:
           f"{'—' if avg is None else f'{avg:.4f}'} | {ppl(os.path.join(out, 'parent_ppl.json'))} | "
           f"{per_task(parent.get('accuracy', {}))} |")
 print()
-for l in ("latency", "memory"):
+for l in limits:
     a, b = rows.get((l, "autocompress")), rows.get((l, "minitron"))
     if a and b and a[0] is not None and b[0] is not None and a[1]:
         print(f"- {l} limit: AutoCompress task average {a[0]:.4f} vs Minitron++ {b[0]:.4f} "
