@@ -22,7 +22,9 @@
 # of what OUT holds for LIMITS, each job's seed read from its report; the cached calibration
 # and estimate are read again),
 # RECONSTRUCT (the specs' pruning.reconstruct, true or false; unset: the product's default,
-# which for a job that distils is the plain slice, docs/pruning.md §2). The four jobs share
+# which for a job that distils is the plain slice, docs/pruning.md §2). Runs with other
+# seeds into other OUTs: `bench/search_compare/seeds.py OUT1 OUT2 ...` tables each job's
+# seeds with their mean and spread, and the methods' gap per seed. The four jobs share
 # one calibration, one ranking and one scoring of the parent (the data dir's caches).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
