@@ -505,14 +505,31 @@ static int pass_at(lc_cal *c, int hi, int pass, lc_hid *s, char *err, size_t err
     return 0;
 }
 
-/* The tables of hidden size hid[hi] from its models' times: an entry's cost is its
- * model's time minus the base's over the copies (deci: minus the smallest MLP for an
- * attention entry, whose blocks hold one). */
+/* The cost of entry e of hidden size s: its model's time minus its reference's (its own
+ * base or the shared one) over the copies, and for an attention entry of deci beside MLP
+ * entries also minus the smallest MLP entry's cost (its blocks stand on one); zero for an
+ * entry not served (paired: priced with the experts). The tables (tables_at) and the retry
+ * of entries priced <= 0 (implausible) both read it, so they cannot disagree. */
+static void entry_cost(const lc_cal *c, const lc_hid *s, int e, lc_times *d)
+{
+    lc_times mlp_min = {0};
+    int mixer = e >= c->nF + c->nE;
+    if (!served_entry(c, e)) {
+        *d = mlp_min;
+        return;
+    }
+    if (mixer && !c->hybrid && c->nF)
+        entry_cost(c, s, 0, &mlp_min);
+    diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : &s->base, mixer && !c->hybrid ? &mlp_min : NULL, d,
+               c->n_bins);
+}
+
+/* The tables of hidden size hid[hi] from its models' times: each entry at its cost
+ * (entry_cost), the base's own parts off the base's time as the fixed cost. */
 static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
 {
     int H = c->hid[hi], n = n_entries(c), samples = 2 * c->o.reps;
-    lc_times d, mlp_min = {0};
-    const lc_times *base = &s->base;
+    lc_times d;
     cm_entry *pe = &tb->prefill[tb->n_prefill], *de = &tb->decode[tb->n_decode];
     /* removed parts cost nothing in llama.cpp (the graph skips them) */
     lc_times zero = {0};
@@ -521,13 +538,7 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
     fill_entry(c, pe++, de++, &k1, &zero, s->ws_base, 0);
     for (int e = 0; e < n; e++) {
         int mixer = e >= c->nF + c->nE, k = e - c->nF - c->nE;
-        if (!served_entry(c, e))
-            d = zero;
-        else
-            diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
-                       c->n_bins);
-        if (e == 0 && c->nF)
-            mlp_min = d;
+        entry_cost(c, s, e, &d);
         cm_entry key = mixer ? cal_entry_key(c->parent, CM_ATTN, H, c->ah[k], c->akv[k], 0)
                              : cal_entry_key(c->parent, CM_MLP, H, 0, 0, e < c->nF ? c->fw[e] : c->fe[e - c->nF]);
         fill_entry(c, pe++, de++, &key, &d, s->ws[e], served_entry(c, e) ? samples : 0);
@@ -546,10 +557,10 @@ static void tables_at(lc_cal *c, int hi, const lc_hid *s, cm_tables *tb)
     cm_fixed *fx = &tb->fixed[tb->n_fixed++];
     memset(fx, 0, sizeof *fx);
     fx->hidden_size = H;
-    fx->prefill_other_ms = base->pre - na * pa->ms - n_mlp * pm->ms - nr * pr->ms;
+    fx->prefill_other_ms = s->base.pre - na * pa->ms - n_mlp * pm->ms - nr * pr->ms;
     double sum = 0;
     for (int k = 0; k < c->n_bins; k++)
-        sum += base->bin[k] - na * da->ctx_ms[k] - n_mlp * dm->ctx_ms[k] - nr * dr->ctx_ms[k];
+        sum += s->base.bin[k] - na * da->ctx_ms[k] - n_mlp * dm->ctx_ms[k] - nr * dr->ctx_ms[k];
     fx->decode_other_ms = sum / c->n_bins;
     fx->prefill_scale = fx->decode_scale = 1;
     fx->workspace_bytes = s->ws_base;
@@ -684,14 +695,10 @@ static int random_arch(lc_cal *c, uint64_t *rng, int h, arch *out)
  * cost would be clipped to 0: a process on its reference's side slow as a whole). */
 static int implausible(const lc_cal *c, const lc_hid *s, int e)
 {
-    lc_times d, mlp_min = {0};
-    int mixer = e >= c->nF + c->nE;
+    lc_times d;
     if (!served_entry(c, e))
         return 0;
-    if (mixer && !c->hybrid && c->nF)
-        diff_times(&s->rt[0], &s->base, NULL, &mlp_min, c->n_bins);
-    diff_times(&s->rt[e], own_base(c, e) ? &s->mbase[e] : &s->base, mixer && !c->hybrid ? &mlp_min : NULL, &d,
-               c->n_bins);
+    entry_cost(c, s, e, &d);
     int bad = d.pre <= 0;
     for (int k = 0; k < c->n_bins; k++)
         bad |= d.bin[k] <= 0;
