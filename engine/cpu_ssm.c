@@ -1,8 +1,14 @@
 /* engine/cpu_ssm.c — the CPU backend's Mamba-2 ops (contracts in engine/backend.h): the
  * depthwise causal conv with its history, the selective-state scan run step by step per
- * head (the recurrent form of the SSD scan; a chunked quadratic form is a speed-up, not
- * another result), the group-gated RMSNorm and squared ReLU. Sums of squares and
- * reductions over steps accumulate in double where they feed a gradient.
+ * head (the recurrent form of the SSD scan, two steps per pass over the state, four state
+ * rows at a time, in fused multiply-adds), the group-gated RMSNorm and squared ReLU. Sums
+ * of squares and reductions over steps accumulate in double where they feed a gradient.
+ *
+ * The chunked (quadratic) form of the scan is not built for the CPU: at the shapes of
+ * Nemotron-H (head_dim 64, state 128, chunks of 32 or more) it does 1.1-1.2x the
+ * multiply-adds of the recurrence, in small GEMMs of 32-256 rows, and the recurrence here
+ * runs at 40-50% of the machine's sgemm rate and takes under a tenth of a hybrid's prefill
+ * (bench/engine/engine_bench.c's ssm_scan line; docs/families.md).
  */
 #include "engine/cpu_ssm.h"
 
@@ -90,19 +96,100 @@ static void cpu_ssm_conv_bwd(eng_backend *be, float *dx, float *dw, float *dbias
 
 /* ---- selective-state scan -------------------------------------------------------------- */
 
-/* One step of head h's state s [P,S]: s = da*s + dt*x (outer) Bg; y = s Cg + Dh*x. */
+/* One step of head h's state s [P,S]: s = da*s + dt*x (outer) Bg; y = s Cg + Dh*x. Four rows
+ * at a time: their dot products with Cg are four independent chains of vector adds, where
+ * one row alone waits on the add's latency at every vector of S (and each vector of Bg and
+ * Cg is loaded once for the four). */
 static void scan_step(float *s, float *y, const float *x, const float *Bg, const float *Cg, float dt, float da,
                       float Dh, int P, int S)
 {
-    for (int p = 0; p < P; p++) {
+    int p = 0;
+    for (; p + 4 <= P; p += 4) {
+        float *r0 = s + (size_t)p * S, *r1 = r0 + S, *r2 = r1 + S, *r3 = r2 + S;
+        float x0 = dt * x[p], x1 = dt * x[p + 1], x2 = dt * x[p + 2], x3 = dt * x[p + 3];
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+:a0, a1, a2, a3)
+        for (int j = 0; j < S; j++) {
+            float b = Bg[j], c = Cg[j];
+            r0[j] = fmaf(r0[j], da, x0 * b);
+            r1[j] = fmaf(r1[j], da, x1 * b);
+            r2[j] = fmaf(r2[j], da, x2 * b);
+            r3[j] = fmaf(r3[j], da, x3 * b);
+            a0 = fmaf(r0[j], c, a0);
+            a1 = fmaf(r1[j], c, a1);
+            a2 = fmaf(r2[j], c, a2);
+            a3 = fmaf(r3[j], c, a3);
+        }
+        if (y) {
+            y[p] = a0 + Dh * x[p];
+            y[p + 1] = a1 + Dh * x[p + 1];
+            y[p + 2] = a2 + Dh * x[p + 2];
+            y[p + 3] = a3 + Dh * x[p + 3];
+        }
+    }
+    for (; p < P; p++) {
         float *sr = s + (size_t)p * S, xp = dt * x[p], acc = 0;
 #pragma omp simd reduction(+:acc)
         for (int j = 0; j < S; j++) {
-            sr[j] = sr[j] * da + xp * Bg[j];
-            acc += sr[j] * Cg[j];
+            sr[j] = fmaf(sr[j], da, xp * Bg[j]);
+            acc = fmaf(sr[j], Cg[j], acc);
         }
         if (y)
             y[p] = acc + Dh * x[p];
+    }
+}
+
+/* Two steps (t, t + 1) of head h's state in one pass over it: each row is loaded and stored
+ * once for both (the state is larger than the L1 cache, so a step's time is its traffic),
+ * and each step's arithmetic is scan_step's, in the same order: the same result. */
+static void scan_pair(float *s, float *y0, float *y1, const float *x0, const float *x1, const float *B0,
+                      const float *C0, const float *B1, const float *C1, float dt0, float da0, float dt1, float da1,
+                      float Dh, int P, int S)
+{
+    int p = 0;
+    for (; p + 4 <= P; p += 4) {
+        float *r0 = s + (size_t)p * S, *r1 = r0 + S, *r2 = r1 + S, *r3 = r2 + S;
+        float u0 = dt0 * x0[p], u1 = dt0 * x0[p + 1], u2 = dt0 * x0[p + 2], u3 = dt0 * x0[p + 3];
+        float v0 = dt1 * x1[p], v1 = dt1 * x1[p + 1], v2 = dt1 * x1[p + 2], v3 = dt1 * x1[p + 3];
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+#pragma omp simd reduction(+:a0, a1, a2, a3, c0, c1, c2, c3)
+        for (int j = 0; j < S; j++) {
+            float b = B0[j], c = C0[j], bb = B1[j], cc = C1[j];
+            float s0 = fmaf(r0[j], da0, u0 * b), s1 = fmaf(r1[j], da0, u1 * b), s2 = fmaf(r2[j], da0, u2 * b),
+                  s3 = fmaf(r3[j], da0, u3 * b);
+            a0 = fmaf(s0, c, a0);
+            a1 = fmaf(s1, c, a1);
+            a2 = fmaf(s2, c, a2);
+            a3 = fmaf(s3, c, a3);
+            r0[j] = s0 = fmaf(s0, da1, v0 * bb);
+            r1[j] = s1 = fmaf(s1, da1, v1 * bb);
+            r2[j] = s2 = fmaf(s2, da1, v2 * bb);
+            r3[j] = s3 = fmaf(s3, da1, v3 * bb);
+            c0 = fmaf(s0, cc, c0);
+            c1 = fmaf(s1, cc, c1);
+            c2 = fmaf(s2, cc, c2);
+            c3 = fmaf(s3, cc, c3);
+        }
+        y0[p] = a0 + Dh * x0[p];
+        y0[p + 1] = a1 + Dh * x0[p + 1];
+        y0[p + 2] = a2 + Dh * x0[p + 2];
+        y0[p + 3] = a3 + Dh * x0[p + 3];
+        y1[p] = c0 + Dh * x1[p];
+        y1[p + 1] = c1 + Dh * x1[p + 1];
+        y1[p + 2] = c2 + Dh * x1[p + 2];
+        y1[p + 3] = c3 + Dh * x1[p + 3];
+    }
+    for (; p < P; p++) {
+        float *sr = s + (size_t)p * S, u = dt0 * x0[p], v = dt1 * x1[p], a = 0, c = 0;
+#pragma omp simd reduction(+:a, c)
+        for (int j = 0; j < S; j++) {
+            float s0 = fmaf(sr[j], da0, u * B0[j]);
+            a = fmaf(s0, C0[j], a);
+            sr[j] = s0 = fmaf(s0, da1, v * B1[j]);
+            c = fmaf(s0, C1[j], c);
+        }
+        y0[p] = a + Dh * x0[p];
+        y1[p] = c + Dh * x1[p];
     }
 }
 
@@ -127,6 +214,15 @@ static void cpu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float
                 continue;
             }
             float dt = softplus(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]);
+            if (t + 1 < len && !(ckpt && (t + 1) % chunk == 0)) {   /* t + 1 in the same pass */
+                const float *nx = row + cd;
+                float dt1 = softplus(dt_raw[((size_t)b * T + t + 1) * H + h] + dt_bias[h]);
+                scan_pair(s, yr, yr + di, row + (size_t)h * P, nx + (size_t)h * P, row + di + (size_t)g * S,
+                          row + di + (size_t)(G + g) * S, nx + di + (size_t)g * S, nx + di + (size_t)(G + g) * S,
+                          dt, expf(dt * A), dt1, expf(dt1 * A), Dskip[h], P, S);
+                t++;
+                continue;
+            }
             scan_step(s, yr, row + (size_t)h * P, row + di + (size_t)g * S, row + di + (size_t)(G + g) * S, dt,
                       expf(dt * A), Dskip[h], P, S);
         }

@@ -1,7 +1,9 @@
 /* bench/engine/engine_bench.c — engine speed on a SmolLM2-135M-shaped model with random
  * weights (hidden 576, 30 layers, 9/3 heads, head_dim 64, FFN 1536, vocab 49152, tied):
  * prefill tokens/s (batch 1 and 8 x 512), decode tokens/s (batch 1 and 8 after a 128-token
- * prompt), training-step tokens/s (CE, forward+backward+AdamW), plus the machine's ceilings
+ * prompt), training-step tokens/s (CE, forward+backward+AdamW), for a model with Mamba-2
+ * mixers the selective-state scan of one mixer at batch 1 and its share of the prefill,
+ * plus the machine's ceilings
  * measured in the same run: sgemm GFLOP/s on a large square GEMM and memory bandwidth (triad).
  * Usage: engine_bench [--threads N] [--quick] [--precision fp32|bf16|fp16] [--model PATH]. Prints
  * "name value unit" lines. --model: that model's weights and shape instead (any format the
@@ -103,6 +105,57 @@ static double bench_decode(eng_model *m, int B, int P, int steps)
     free(tok);
     free(logits);
     return (double)B * steps / dt.cpu;
+}
+
+/* The selective-state scan of the first Mamba layer's shape (ssm_scan_fwd) over B x T steps
+ * of random inputs, best of reps: CPU seconds per call (last_wall its wall seconds); *flop
+ * the multiply-adds counted as 2 per state element per step (the update and the readout). */
+static double bench_scan(eng_model *m, int B, int T, int reps, double *flop)
+{
+    const arch_mamba *mb = NULL;
+    for (int l = 0; l < m->a.n_layers && !mb; l++)
+        mb = m->a.layers[l].mamba.n_heads ? &m->a.layers[l].mamba : NULL;
+    if (!mb)
+        return 0;
+    eng_backend *be = m->be;
+    int H = mb->n_heads, P = mb->head_dim, G = mb->n_groups, S = mb->d_state, di = H * P, cd = di + 2 * G * S;
+    size_t nx = (size_t)B * T * cd, nd = (size_t)B * T * H, ny = (size_t)B * T * di, ns = (size_t)B * H * P * S;
+    float *hx = malloc(sizeof(float) * (nx + nd + 3 * (size_t)H));
+    float *x = be->alloc(be, sizeof(float) * (nx + nd + 3 * (size_t)H)), *y = be->alloc(be, sizeof(float) * ny),
+          *st = be->alloc(be, sizeof(float) * ns);
+    if (!hx || !x || !y || !st)
+        die("scan", "out of memory");
+    unsigned r = 1;
+    for (size_t i = 0; i < nx + nd; i++) {
+        r = r * 1103515245u + 12345u;
+        hx[i] = (float)((r >> 8) & 0xffff) / 65536.0f - 0.5f;
+    }
+    for (int h = 0; h < H; h++) {   /* dt_bias, A_log, D */
+        hx[nx + nd + h] = -2.0f;
+        hx[nx + nd + H + h] = (float)h / H;
+        hx[nx + nd + 2 * H + h] = 1.0f;
+    }
+    be->to_device(be, x, hx, sizeof(float) * (nx + nd + 3 * (size_t)H));
+    const float *dt = x + nx, *dtb = dt + nd;
+    double best = 1e30;
+    for (int k = 0; k < reps; k++) {
+        be->zero(be, st, sizeof(float) * ns);
+        be->sync(be);
+        tm_t t0 = tm_start();
+        be->ssm_scan_fwd(be, y, NULL, x, dt, dtb, dtb + H, dtb + 2 * H, st, NULL, B, T, H, P, G, S, 32);
+        be->sync(be);
+        tm_t d = tm_since(t0);
+        if (d.cpu < best) {
+            best = d.cpu;
+            last_wall = d.wall;
+        }
+    }
+    be->free(be, x, sizeof(float) * (nx + nd + 3 * (size_t)H));
+    be->free(be, y, sizeof(float) * ny);
+    be->free(be, st, sizeof(float) * ns);
+    free(hx);
+    *flop = 4.0 * B * T * H * P * S;
+    return best;
 }
 
 static double bench_train(eng_model *m, int B, int T, int steps)
@@ -224,6 +277,17 @@ int main(int argc, char **argv)
     printf("prefill_b1 %.1f tok/s (T=%d; %.1f GFLOP/s in projections)\n", p1, T, p1 * flop_tok / 1e9);
     printf("prefill_b1_wall %.1f tok/s\n", T / last_wall);
     fflush(stdout);
+    double p1_wall = last_wall, scan_flop = 0, sc = bench_scan(&m, 1, T, 3, &scan_flop);
+    if (sc > 0) {   /* the scan's share of the prefill: every Mamba layer runs one */
+        int nm = 0;
+        for (int l = 0; l < a.n_layers; l++)
+            nm += a.layers[l].mamba.n_heads > 0;
+        printf("ssm_scan_b1 %.2f ms per Mamba layer (T=%d; %.1f GFLOP/s, %.0f%% of sgemm)\n", sc * 1e3, T,
+               scan_flop / sc / 1e9, 100 * scan_flop / sc / 1e9 / gf.cpu);
+        printf("ssm_scan_b1_wall %.2f ms per Mamba layer, x %d layers = %.0f%% of prefill_b1_wall\n", last_wall * 1e3,
+               nm, 100 * nm * last_wall / p1_wall);
+        fflush(stdout);
+    }
     double p8 = bench_prefill(&m, 8, T, 1);
     printf("prefill_b8 %.1f tok/s (T=%d; %.1f GFLOP/s in projections)\n", p8, T, p8 * flop_tok / 1e9);
     printf("prefill_b8_wall %.1f tok/s\n", 8.0 * T / last_wall);

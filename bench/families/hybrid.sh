@@ -108,7 +108,8 @@ out.append("")
 out.append("Peer: bench/families/peer_torch_hybrid.py on PyTorch %s (eager, fp32): its logits equal the engine's "
            "on 300 tokens within %s (prefill, chunked SSD) and %s (decode through its state cache), relative to "
            "the largest logit. CPU-time rates are in the raw outputs (engine_bench NAME, peer NAME_cpu). The "
-           "engine's prefill runs the scan step by step per head (a chunked SSD prefill is not built): the "
+           "engine's prefill runs the scan's recurrence (a chunked SSD prefill is not built; engine_bench's "
+           "ssm_scan_b1 lines give the scan's rate and its share of the prefill): the "
            "projections are GEMMs, the scan is %d heads x %d x %d state per token per Mamba layer." % (
                next((l.split()[2].rstrip(",") for l in open(os.path.join(tmp, "torch.1")) if l.startswith("peer ")), "?"),
                chk.get("check_prefill_rel_err", "?"), chk.get("check_decode_rel_err", "?"), cfg["mamba_num_heads"],
