@@ -21,6 +21,9 @@
 # which limits' jobs run and are tabled), TABLE_ONLY=1 (no jobs and no new specs: the table
 # of what OUT holds for LIMITS, each job's seed read from its report; the cached calibration
 # and estimate are read again),
+# KEEP_DONE=1 (a job whose folder in OUT holds a succeeded job.json is kept, not run again:
+# a comparison cut off after some of its jobs goes on with the rest; the wall time printed
+# is then this run's),
 # RECONSTRUCT (the specs' pruning.reconstruct, true or false; unset: the product's default,
 # which for a job that distils is the plain slice, docs/pruning.md §2). Runs with other
 # seeds into other OUTs: `bench/search_compare/seeds.py OUT1 OUT2 ...` tables each job's
@@ -49,6 +52,7 @@ MARGIN_PCT=${MARGIN_PCT:-}
 SEED=${SEED:-}
 LIMITS=${LIMITS:-latency memory}
 TABLE_ONLY=${TABLE_ONLY:-}
+KEEP_DONE=${KEEP_DONE:-}
 RECONSTRUCT=${RECONSTRUCT:-}
 RESULT=bench/results/search_compare${TAG:+-$TAG}.md
 case "$RECONSTRUCT" in
@@ -93,6 +97,11 @@ for l in $LIMITS; do
     [ -z "$TABLE_ONLY" ] || break
     for m in autocompress minitron; do
         d=$OUT/$l-$m
+        if [ -n "$KEEP_DONE" ] && python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("status") != "succeeded")' \
+            "$d/job.json" 2>/dev/null; then
+            echo "keeping $l / $m (succeeded in $d)" >&2
+            continue
+        fi
         rm -rf "$d"; mkdir -p "$d"
         cp -r "$OUT/shared/calibrations" "$d/"
         ln -s "$OUT/shared/evalcache" "$d/evalcache"
