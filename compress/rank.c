@@ -230,31 +230,96 @@ static double ce_sum(const float *logits, const int *targets, int64_t N, int V)
     return total;
 }
 
-static void set_gate(eng_model *m, float *gates, int l, float val)
+/* Run layers [l0, l1) on the stepper's stream, layer l0 with its mixer (attention or
+ * Mamba) or its MLP left out as skip says (bit 0: the mixer, bit 1: the MLP). */
+static int run_layers(eng_stepper *s, const arch *a, int l0, int l1, int skip, char *err, size_t errlen)
 {
-    m->be->to_device(m->be, gates + l, &val, sizeof val);
+    for (int l = l0; l < l1; l++)
+        for (int part = 0; part < 2; part++) {
+            int has = part == ENG_PART_ATTN ? arch_layer_has_mixer(&a->layers[l]) : arch_layer_has_mlp(&a->layers[l]);
+            if (has && !(l == l0 && (skip >> part & 1)) && eng_stepper_block(s, l, part, 1, NULL, err, errlen))
+                return -1;
+        }
+    return 0;
 }
 
-/* Calibration CE over layer_tokens tokens from the stream's start. */
-static int calib_loss(eng_model *m, const td_stream *s, const rank_opts *o, int n_batches, int *tok, int *tgt,
-                      float *logits, double *loss, char *err, size_t errlen)
+/* The layer-skip losses (base_loss; each layer's skip_attn, skip_mlp, skip_layer) on
+ * n_batches calibration batches, block by block (eng_stepper): the stream at each layer's
+ * input is kept, so a variant runs only the layers from the one it leaves out, about half
+ * the model on average where a masked forward of the whole model ran before. Each batch's
+ * variants tick *done. 0, 1 when the progress callback stops it, or -1 with err. */
+static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o, int n_batches, int *tok, int *tgt,
+                       float *logits, rank_result *out, int64_t *done, int64_t total, char *err, size_t errlen)
 {
+    const arch *a = &m->a;
+    eng_backend *be = m->be;
+    int L = a->n_layers, V = a->vocab_size;
+    int64_t per = (int64_t)o->B * o->T;
+    size_t bytes = sizeof(float) * (size_t)per * (size_t)a->hidden_size;
+    double *sum = calloc((size_t)(3 * L + 1), sizeof *sum);   /* [which * L + l], base at 3L */
+    float *keep = be->alloc(be, bytes);
+    eng_stepper *s = NULL;
+    int rc = -1;
     uint64_t cursor = 0;
-    double total = 0;
-    int64_t count = 0;
-    for (int b = 0; b < n_batches; b++) {
-        if (td_batch(s, &cursor, o->B, o->T, tok, tgt)) {
-            snprintf(err, errlen, "calibration stream too short (%zu tokens) for T=%d", s->n, o->T);
-            return -1;
-        }
-        eng_fwd_args fa = {.tokens = tok, .B = o->B, .T = o->T, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
-        if (eng_forward(m, &fa, err, errlen))
-            return -1;
-        total += ce_sum(logits, tgt, (int64_t)o->B * o->T, m->a.vocab_size);
-        count += (int64_t)o->B * o->T;
+    if (!sum || !keep) {
+        snprintf(err, errlen, "out of memory for the layer-skip losses");
+        goto done;
     }
-    *loss = total / (double)count;
-    return 0;
+    for (int b = 0; b < n_batches; b++) {
+        if (td_batch(calib, &cursor, o->B, o->T, tok, tgt)) {
+            snprintf(err, errlen, "calibration stream too short (%zu tokens) for T=%d", calib->n, o->T);
+            goto done;
+        }
+        if (!(s = eng_stepper_new(m, tok, o->B, o->T, o->B, err, errlen)))
+            goto done;
+        for (int l = 0; l < L; l++) {
+            eng_stepper_stream(s, keep, 0);   /* layer l's input */
+            for (int which = 0; which < 3; which++) {   /* leave out: the mixer, the MLP, both */
+                int skip = which == 0 ? 1 : which == 1 ? 2 : 3;
+                if ((which == 0 && !arch_layer_has_mixer(&a->layers[l])) ||
+                    (which == 1 && !arch_layer_has_mlp(&a->layers[l]))) {
+                    ++*done;
+                    continue;
+                }
+                eng_stepper_stream(s, keep, 1);
+                if (run_layers(s, a, l, L, skip, err, errlen) || eng_stepper_logits(s, logits, err, errlen))
+                    goto done;
+                sum[which * L + l] += ce_sum(logits, tgt, per, V);
+                if (o->progress && o->progress(o->progress_ctx, ++*done, total)) {
+                    rc = 1;
+                    goto done;
+                }
+            }
+            eng_stepper_stream(s, keep, 1);   /* on to layer l + 1's input */
+            if (run_layers(s, a, l, l + 1, 0, err, errlen))
+                goto done;
+        }
+        if (eng_stepper_logits(s, logits, err, errlen))
+            goto done;
+        sum[3 * L] += ce_sum(logits, tgt, per, V);
+        eng_stepper_free(s);
+        s = NULL;
+        if (o->progress && o->progress(o->progress_ctx, ++*done, total)) {
+            rc = 1;
+            goto done;
+        }
+    }
+    double count = (double)per * n_batches;
+    out->base_loss = sum[3 * L] / count;
+    for (int l = 0; l < L; l++) {
+        rank_layer *R = &out->layers[l];
+        R->skip_attn = arch_layer_has_mixer(&a->layers[l]) ? sum[l] / count - out->base_loss : 0;
+        R->skip_mlp = arch_layer_has_mlp(&a->layers[l]) ? sum[L + l] / count - out->base_loss : 0;
+        R->skip_layer = sum[2 * L + l] / count - out->base_loss;
+    }
+    out->layer_tokens = per * n_batches;
+    rc = 0;
+done:
+    eng_stepper_free(s);
+    if (keep)
+        be->free(be, keep, bytes);
+    free(sum);
+    return rc;
 }
 
 void rank_opts_default(rank_opts *o)
@@ -353,46 +418,11 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             L->shared_score[i] = st->shared_unit[l][i] * inv;
     }
     if (n_layer_b) {
-        if (!m->masks && eng_model_enable_masks(m)) {
-            snprintf(err, errlen, "out of memory enabling masks");
+        int rc = skip_losses(m, calib, o, n_layer_b, tok, tgt, logits, out, &done, total_fwd, err, errlen);
+        if (rc == 1)
+            goto stopped;
+        if (rc)
             goto fail;
-        }
-        eng_masks *mk = m->masks;
-        if (calib_loss(m, calib, o, n_layer_b, tok, tgt, logits, &out->base_loss, err, errlen))
-            goto fail;
-        done += n_layer_b;
-        for (int l = 0; l < a->n_layers; l++) {
-            rank_layer *L = &out->layers[l];
-            double loss;
-            for (int which = 0; which < 3; which++) {
-                int attn = which != 1, mlp = which != 0;
-                if ((attn && !mlp && !arch_layer_has_mixer(&a->layers[l])) ||
-                    (mlp && !attn && !arch_layer_has_mlp(&a->layers[l]))) {
-                    done += n_layer_b;
-                    continue;
-                }
-                if (attn)
-                    set_gate(m, mk->attn_gate, l, 0.0f);
-                if (mlp)
-                    set_gate(m, mk->mlp_gate, l, 0.0f);
-                int rc = calib_loss(m, calib, o, n_layer_b, tok, tgt, logits, &loss, err, errlen);
-                set_gate(m, mk->attn_gate, l, 1.0f);
-                set_gate(m, mk->mlp_gate, l, 1.0f);
-                if (rc)
-                    goto fail;
-                double d = loss - out->base_loss;
-                if (which == 0)
-                    L->skip_attn = d;
-                else if (which == 1)
-                    L->skip_mlp = d;
-                else
-                    L->skip_layer = d;
-                done += n_layer_b;
-                if (o->progress && o->progress(o->progress_ctx, done, total_fwd))
-                    goto stopped;
-            }
-        }
-        out->layer_tokens = (int64_t)n_layer_b * per;
     }
     if (o->ffn_obs) {
         int rc = rank_obs_ffn(m, calib, o, out, done, total_fwd, err, errlen);

@@ -605,6 +605,8 @@ struct eng_stepper {
     ws_t ws;
     int *host_ints;              /* staging for one pass: 2*rows*T + 2*rows */
     float *xs1[1], *head;
+    float *logit_ws;             /* device: eng_stepper_logits' rows (made on first use) */
+    size_t logit_bytes;
 };
 
 void eng_stepper_free(eng_stepper *s)
@@ -613,6 +615,8 @@ void eng_stepper_free(eng_stepper *s)
         return;
     eng_backend *be = s->m->be;
     eng_ws_free(be, &s->ws);
+    if (s->logit_ws)
+        be->free(be, s->logit_ws, s->logit_bytes);
     if (s->stream)
         be->free(be, s->stream, F4 * (size_t)s->B * s->T * s->m->a.hidden_size);
     free(s->host_ints);
@@ -735,5 +739,40 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
         snprintf(err, errlen, "stepper: out of memory for the scratch of layer %d's MoE or Mamba block", layer);
         return -1;
     }
+    return 0;
+}
+
+int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper)
+{
+    eng_backend *be = s->m->be;
+    size_t bytes = F4 * (size_t)s->B * s->T * s->m->a.hidden_size;
+    if (to_stepper)
+        be->copy(be, s->stream, dev, bytes);
+    else
+        be->copy(be, dev, s->stream, bytes);
+    return 0;
+}
+
+int eng_stepper_logits(eng_stepper *s, float *logits_host, char *err, size_t errlen)
+{
+    eng_model *m = s->m;
+    eng_backend *be = m->be;
+    size_t C = (size_t)m->a.hidden_size, V = (size_t)m->a.vocab_size, T = (size_t)s->T;
+    int R = head_rows(s->rows, s->rows * s->T, ENG_LOGITS_ALL);
+    if (!s->logit_ws) {   /* lm_head's rows: their stream, their normed stream, their logits */
+        s->logit_bytes = F4 * (size_t)R * (2 * C + V);
+        s->logit_ws = be->alloc(be, s->logit_bytes);
+        if (!s->logit_ws) {
+            snprintf(err, errlen, "stepper: out of memory for the logits of %d rows", R);
+            return -1;
+        }
+    }
+    for (int b0 = 0; b0 < s->B; b0 += s->rows) {
+        int nb = s->B - b0 < s->rows ? s->B - b0 : s->rows;
+        stepper_bind(s, b0, nb);
+        lm_head(m, &s->st, s->stream + (size_t)b0 * T * C, s->logit_ws, ENG_LOGITS_ALL,
+                logits_host + (size_t)b0 * T * V, s->st.n_eff);
+    }
+    be->sync(be);
     return 0;
 }

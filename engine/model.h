@@ -315,4 +315,13 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
                       size_t errlen);
 void eng_stepper_free(eng_stepper *s);
 
+/* Copy the stepper's stream [B*T, C] to the device buffer dev (to_stepper 0) or from it
+ * (1): a caller keeps the stream at a block boundary and runs several continuations from
+ * it. 0. */
+int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper);
+
+/* The final norm and LM head on the current stream: logits_host [B*T, V] (every row,
+ * as eng_forward's ENG_LOGITS_ALL). 0, or -1 with a reason (out of memory). */
+int eng_stepper_logits(eng_stepper *s, float *logits_host, char *err, size_t errlen);
+
 #endif

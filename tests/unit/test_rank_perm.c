@@ -2,7 +2,8 @@
  * computes the same function (prefix permutation invariance); permutations sort by
  * score and keep query heads inside their KV group; the JSON artifact round-trips and
  * reapplies to the same weights; a prefix prune after ranking keeps the top-scored
- * units; the layer-skip score equals the loss change of actually removing the layer.
+ * units; the layer-skip scores (the layer, its attention, its MLP) equal the loss change
+ * of actually removing it.
  * MoE (Qwen2-MoE): experts rank by routed output mass and move with their router rows;
  * pruning to the parent's own arch is the identity; expert pruning keeps the top experts;
  * each expert's units (and the shared expert's) rank by routed activation and move with
@@ -253,6 +254,26 @@ static void test_layer_skip_matches_removal(void **state)
         eng_model_free(&s);
         arch_free(&t);
     }
+    /* the attention-only and MLP-only scores: the loss change of removing that block */
+    for (int l = 0; l < NL; l++)
+        for (int part = 0; part < 2; part++) {
+            arch t;
+            assert_int_equal(arch_copy(&t, &f->a), 0);
+            if (part == 0)
+                t.layers[l].n_heads = t.layers[l].n_kv_heads = 0;
+            else
+                t.layers[l].ffn_dim = 0;
+            eng_model s;
+            assert_int_equal(prune_to_arch(&f->p, &t, &s, err, sizeof err), 0);
+            double loss;
+            assert_int_equal(distill_eval_loss(&s, &f->calib, B, T, f->r.layer_tokens, &loss, err, sizeof err), 0);
+            double want = f->r.base_loss + (part == 0 ? f->r.layers[l].skip_attn : f->r.layers[l].skip_mlp);
+            printf("drop layer %d's %s: pruned loss %.6f, base + skip score %.6f\n", l, part ? "MLP" : "attention",
+                   loss, want);
+            assert_true(fabs(loss - want) < 1e-4 * (1 + fabs(want)));
+            eng_model_free(&s);
+            arch_free(&t);
+        }
     double parent_loss;
     assert_int_equal(distill_eval_loss(&f->p, &f->calib, B, T, f->r.layer_tokens, &parent_loss, err, sizeof err), 0);
     assert_true(fabs(parent_loss - f->r.base_loss) < 1e-5 * (1 + parent_loss));
