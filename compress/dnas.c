@@ -262,7 +262,8 @@ static void take_best(dnas_result *r, arch *best, const cm_prediction *pred)
  * split), tighten that limit by the disagreement and repair again. With a check, the
  * arch the prediction accepts is then served (o->check) and judged against the served
  * limits (o->served_limits, else the search's): measured over one, the target is
- * tightened by the measured excess and the arch repaired again; measured within with
+ * tightened to the served arch's prediction less the measured excess and the arch
+ * repaired again; measured within with
  * room left and a check to spare, the target is loosened by the room (the search's aim
  * carries the prediction's margin, which a measurement no longer needs) and the larger
  * arch served in turn, the last arch served within being kept should it not hold. After
@@ -354,9 +355,13 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         if (!ok) {   /* tighten the target (and the tables' limit) by the measured excess */
             for (int k = 0; k < SM_COUNT; k++)
                 if (costs->t[k].active && measured[k] > served_lim[k] * 0.99) {
+                    /* to the served arch's own prediction times the excess: the space is
+                     * discrete, so the arch may sit well under the target, and the target
+                     * times the excess could let the next arch measure over again */
                     double f = served_lim[k] / measured[k] * 0.99;
-                    target[k] *= f;
-                    costs->t[k].limit *= f;
+                    double to = actual[k] > 0 && actual[k] < target[k] ? actual[k] * f : target[k] * f;
+                    costs->t[k].limit *= to / target[k];
+                    target[k] = to;
                 }
             r->checked_within = 0;
             continue;
