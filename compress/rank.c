@@ -212,24 +212,6 @@ static int rank_sort(rank_result *r)
     return 0;
 }
 
-/* Mean next-token cross-entropy of logits [N,V] against targets [N] (host). */
-static double ce_sum(const float *logits, const int *targets, int64_t N, int V)
-{
-    double total = 0;
-    for (int64_t n = 0; n < N; n++) {
-        const float *z = logits + n * V;
-        float mx = z[0];
-        for (int v = 1; v < V; v++)
-            if (z[v] > mx)
-                mx = z[v];
-        double s = 0;
-        for (int v = 0; v < V; v++)
-            s += exp((double)z[v] - mx);
-        total += log(s) + mx - z[targets[n]];
-    }
-    return total;
-}
-
 /* Run layers [l0, l1) on the stepper's stream, layer l0 with its mixer (attention or
  * Mamba) or its MLP left out as skip says (bit 0: the mixer, bit 1: the MLP). */
 static int run_layers(eng_stepper *s, const arch *a, int l0, int l1, int skip, char *err, size_t errlen)
@@ -249,11 +231,11 @@ static int run_layers(eng_stepper *s, const arch *a, int l0, int l1, int skip, c
  * the model on average where a masked forward of the whole model ran before. Each batch's
  * variants tick *done. 0, 1 when the progress callback stops it, or -1 with err. */
 static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o, int n_batches, int *tok, int *tgt,
-                       float *logits, rank_result *out, int64_t *done, int64_t total, char *err, size_t errlen)
+                       rank_result *out, int64_t *done, int64_t total, char *err, size_t errlen)
 {
     const arch *a = &m->a;
     eng_backend *be = m->be;
-    int L = a->n_layers, V = a->vocab_size;
+    int L = a->n_layers;
     int64_t per = (int64_t)o->B * o->T;
     size_t bytes = sizeof(float) * (size_t)per * (size_t)a->hidden_size;
     double *sum = calloc((size_t)(3 * L + 1), sizeof *sum);   /* [which * L + l], base at 3L */
@@ -282,9 +264,10 @@ static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o,
                     continue;
                 }
                 eng_stepper_stream(s, keep, 1);
-                if (run_layers(s, a, l, L, skip, err, errlen) || eng_stepper_logits(s, logits, err, errlen))
+                double ce;
+                if (run_layers(s, a, l, L, skip, err, errlen) || eng_stepper_loss(s, tgt, &ce, err, errlen))
                     goto done;
-                sum[which * L + l] += ce_sum(logits, tgt, per, V);
+                sum[which * L + l] += ce;
                 if (o->progress && o->progress(o->progress_ctx, ++*done, total)) {
                     rc = 1;
                     goto done;
@@ -294,9 +277,10 @@ static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o,
             if (run_layers(s, a, l, l + 1, 0, err, errlen))
                 goto done;
         }
-        if (eng_stepper_logits(s, logits, err, errlen))
+        double ce;
+        if (eng_stepper_loss(s, tgt, &ce, err, errlen))
             goto done;
-        sum[3 * L] += ce_sum(logits, tgt, per, V);
+        sum[3 * L] += ce;
         eng_stepper_free(s);
         s = NULL;
         if (o->progress && o->progress(o->progress_ctx, ++*done, total)) {
@@ -375,9 +359,8 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
     int64_t total_fwd = n_stat + (n_layer_b ? (int64_t)n_layer_b * (1 + 3 * a->n_layers) : 0) +
                         (o->ffn_obs ? a->n_layers : 0), done = 0;
     int *tok = malloc((size_t)per * sizeof *tok), *tgt = malloc((size_t)per * sizeof *tgt);
-    float *logits = n_layer_b ? malloc((size_t)per * (size_t)a->vocab_size * sizeof *logits) : NULL;
     eng_act_stats *st = eng_stats_new(m);
-    if (!tok || !tgt || (n_layer_b && !logits) || !st) {
+    if (!tok || !tgt || !st) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -418,7 +401,7 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             L->shared_score[i] = st->shared_unit[l][i] * inv;
     }
     if (n_layer_b) {
-        int rc = skip_losses(m, calib, o, n_layer_b, tok, tgt, logits, out, &done, total_fwd, err, errlen);
+        int rc = skip_losses(m, calib, o, n_layer_b, tok, tgt, out, &done, total_fwd, err, errlen);
         if (rc == 1)
             goto stopped;
         if (rc)
@@ -438,13 +421,11 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
     eng_stats_free(st, a->n_layers);
     free(tok);
     free(tgt);
-    free(logits);
     return 0;
 stopped:
     eng_stats_free(st, a->n_layers);
     free(tok);
     free(tgt);
-    free(logits);
     rank_free(out);
     return 1;
 fail:
@@ -452,7 +433,6 @@ fail:
         eng_stats_free(st, a->n_layers);
     free(tok);
     free(tgt);
-    free(logits);
     rank_free(out);
     return -1;
 }

@@ -753,26 +753,40 @@ int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper)
     return 0;
 }
 
-int eng_stepper_logits(eng_stepper *s, float *logits_host, char *err, size_t errlen)
+int eng_stepper_loss(eng_stepper *s, const int *targets, double *sum, char *err, size_t errlen)
 {
     eng_model *m = s->m;
     eng_backend *be = m->be;
-    size_t C = (size_t)m->a.hidden_size, V = (size_t)m->a.vocab_size, T = (size_t)s->T;
-    int R = head_rows(s->rows, s->rows * s->T, ENG_LOGITS_ALL);
-    if (!s->logit_ws) {   /* lm_head's rows: their stream, their normed stream, their logits */
-        s->logit_bytes = F4 * (size_t)R * (2 * C + V);
+    const arch *a = &m->a;
+    int C = a->hidden_size, V = a->vocab_size, N = s->B * s->T;
+    int R = N < ENG_LOGIT_CHUNK_ROWS ? N : ENG_LOGIT_CHUNK_ROWS;
+    if (!s->logit_ws) {   /* R rows: normed stream, logits, losses, targets */
+        s->logit_bytes = F4 * (size_t)R * ((size_t)C + V + 2);
         s->logit_ws = be->alloc(be, s->logit_bytes);
         if (!s->logit_ws) {
             snprintf(err, errlen, "stepper: out of memory for the logits of %d rows", R);
             return -1;
         }
     }
-    for (int b0 = 0; b0 < s->B; b0 += s->rows) {
-        int nb = s->B - b0 < s->rows ? s->B - b0 : s->rows;
-        stepper_bind(s, b0, nb);
-        lm_head(m, &s->st, s->stream + (size_t)b0 * T * C, s->logit_ws, ENG_LOGITS_ALL,
-                logits_host + (size_t)b0 * T * V, s->st.n_eff);
+    float *hn = s->logit_ws, *lg = hn + (size_t)R * C, *loss = lg + (size_t)R * V, *host = malloc(F4 * (size_t)R);
+    int *tg = (int *)(loss + R);
+    if (!host) {
+        snprintf(err, errlen, "stepper: out of host memory");
+        return -1;
     }
-    be->sync(be);
+    double total = 0;
+    for (int r0 = 0; r0 < N; r0 += R) {
+        int r = N - r0 < R ? N - r0 : R;
+        be->rmsnorm_fwd(be, hn, NULL, s->stream + (size_t)r0 * C, m->final_norm, r, C, s->st.n_eff,
+                        (float)a->norm_eps);
+        be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+        be->to_device(be, tg, targets + r0, sizeof(int) * (size_t)r);
+        be->xent(be, loss, NULL, 0.0f, lg, tg, r, V);
+        be->to_host(be, host, loss, F4 * (size_t)r);
+        for (int i = 0; i < r; i++)   /* in row order: the same sum on every backend's threads */
+            total += host[i];
+    }
+    free(host);
+    *sum = total;
     return 0;
 }

@@ -320,8 +320,9 @@ void eng_stepper_free(eng_stepper *s);
  * it. 0. */
 int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper);
 
-/* The final norm and LM head on the current stream: logits_host [B*T, V] (every row,
- * as eng_forward's ENG_LOGITS_ALL). 0, or -1 with a reason (out of memory). */
-int eng_stepper_logits(eng_stepper *s, float *logits_host, char *err, size_t errlen);
+/* The final norm, LM head and softmax cross-entropy (the backend's xent) on the current
+ * stream against targets [B*T] (host; -1: a row not counted): *sum the rows' losses,
+ * summed in row order. 0, or -1 with a reason (out of memory). */
+int eng_stepper_loss(eng_stepper *s, const int *targets, double *sum, char *err, size_t errlen);
 
 #endif
