@@ -93,14 +93,11 @@ int distill_eval_loss(eng_model *m, const td_stream *s, int B, int T, int64_t to
         want = 1;
     if (want > windows)
         want = windows;
-    int V = m->a.vocab_size;
     int rows = B < want ? B : (int)want;
     int *tok = malloc((size_t)rows * T * sizeof *tok), *tgt = malloc((size_t)rows * T * sizeof *tgt);
-    float *logits = malloc((size_t)rows * T * (size_t)V * sizeof *logits);
-    if (!tok || !tgt || !logits) {
+    if (!tok || !tgt) {
         free(tok);
         free(tgt);
-        free(logits);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -110,33 +107,22 @@ int distill_eval_loss(eng_model *m, const td_stream *s, int B, int T, int64_t to
     int rc = 0;
     while (done < want && !rc) {
         int b = (int)(want - done < rows ? want - done : rows);
+        double sum = 0;
         if (td_batch(s, &cursor, b, T, tok, tgt)) {
             snprintf(err, errlen, "evaluation batch failed");
             rc = -1;
             break;
         }
-        eng_fwd_args fa = {.tokens = tok, .B = b, .T = T, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
-        if (eng_forward(m, &fa, err, errlen)) {
+        if (eng_forward_loss(m, tok, tgt, b, T, &sum, err, errlen)) {
             rc = -1;
             break;
         }
-        for (int64_t n = 0; n < (int64_t)b * T; n++) {
-            const float *z = logits + n * V;
-            float mx = z[0];
-            for (int v = 1; v < V; v++)
-                if (z[v] > mx)
-                    mx = z[v];
-            double se = 0;
-            for (int v = 0; v < V; v++)
-                se += exp((double)z[v] - mx);
-            total += log(se) + mx - z[tgt[n]];
-        }
+        total += sum;
         count += (int64_t)b * T;
         done += b;
     }
     free(tok);
     free(tgt);
-    free(logits);
     if (!rc)
         *loss = total / (double)count;
     return rc;

@@ -790,3 +790,27 @@ int eng_stepper_loss(eng_stepper *s, const int *targets, double *sum, char *err,
     *sum = total;
     return 0;
 }
+
+int eng_forward_loss(eng_model *m, const int *tokens, const int *targets, int B, int T, double *sum, char *err,
+                     size_t errlen)
+{
+    if (m->masks) {
+        snprintf(err, errlen, "forward loss: the model has search masks enabled (a loss of the masked model "
+                 "goes through eng_forward)");
+        return -1;
+    }
+    eng_stepper *s = eng_stepper_new(m, tokens, B, T, B, err, errlen);
+    if (!s)
+        return -1;
+    int rc = 0;
+    for (int l = 0; l < m->a.n_layers && !rc; l++) {
+        if (arch_layer_has_mixer(&m->a.layers[l]))
+            rc = eng_stepper_block(s, l, ENG_PART_ATTN, 1, NULL, err, errlen);
+        if (!rc && arch_layer_has_mlp(&m->a.layers[l]))
+            rc = eng_stepper_block(s, l, ENG_PART_MLP, 1, NULL, err, errlen);
+    }
+    if (!rc)
+        rc = eng_stepper_loss(s, targets, sum, err, errlen);
+    eng_stepper_free(s);
+    return rc;
+}

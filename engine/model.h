@@ -325,4 +325,10 @@ int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper);
  * summed in row order. 0, or -1 with a reason (out of memory). */
 int eng_stepper_loss(eng_stepper *s, const int *targets, double *sum, char *err, size_t errlen);
 
+/* The summed next-token cross-entropy of the model (no search masks) on B sequences of T
+ * tokens against targets [B*T] (host; -1: not counted): a forward whose loss is taken on
+ * the device (eng_stepper_loss), no logits returned. 0, or -1 with a reason. */
+int eng_forward_loss(eng_model *m, const int *tokens, const int *targets, int B, int T, double *sum, char *err,
+                     size_t errlen);
+
 #endif

@@ -318,22 +318,6 @@ static void perplexity_usage(FILE *f)
                "  token after the first scored once. --chunks limits the number of chunks/windows.\n");
 }
 
-/* Add -log p(target | logits row) for `count` rows of logits. */
-static void score_rows(const float *logits, int V, const int *targets, int count, double *nll)
-{
-    for (int r = 0; r < count; r++) {
-        const float *row = logits + (size_t)r * (size_t)V;
-        float mx = row[0];
-        for (int v = 1; v < V; v++)
-            if (row[v] > mx)
-                mx = row[v];
-        double s = 0;
-        for (int v = 0; v < V; v++)
-            s += exp((double)row[v] - mx);
-        *nll += log(s) + mx - row[targets[r]];
-    }
-}
-
 typedef struct {
     const char *path, *text_path, *tokpath;
     long ctx, stride, max_chunks, threads;
@@ -386,11 +370,12 @@ typedef struct {
 } ppl_sum;
 
 /* llama.cpp: chunk i = tokens[i*ctx, (i+1)*ctx), first token -> BOS, score j in
- * [ctx/2, ctx-1). logits holds [ctx, V]. 0, or -1 after printing the reason. */
-static int ppl_chunks(loaded *L, const perplexity_args *a, const int *toks, size_t nt, float *logits, ppl_sum *s)
+ * [ctx/2, ctx-1) (the loss taken in the engine: eng_forward_loss). 0, or -1 after printing
+ * the reason. */
+static int ppl_chunks(loaded *L, const perplexity_args *a, const int *toks, size_t nt, ppl_sum *s)
 {
     const tok_config *tc = tok_cfg(L->tok);
-    int V = L->m.a.vocab_size, first = (int)(a->ctx / 2);
+    int first = (int)(a->ctx / 2);
     long ctx = a->ctx, n_chunk = (long)nt / ctx;
     char err[512];
     if (a->max_chunks > 0 && a->max_chunks < n_chunk)
@@ -399,8 +384,10 @@ static int ppl_chunks(loaded *L, const perplexity_args *a, const int *toks, size
         fprintf(stderr, "autocompress perplexity: %zu tokens are fewer than one chunk of %ld\n", nt, ctx);
         return -1;
     }
-    int *input = malloc((size_t)ctx * sizeof *input);
-    if (!input) {
+    int *input = malloc((size_t)ctx * sizeof *input), *target = malloc((size_t)ctx * sizeof *target);
+    if (!input || !target) {
+        free(input);
+        free(target);
         fprintf(stderr, "autocompress perplexity: out of memory\n");
         return -1;
     }
@@ -408,41 +395,50 @@ static int ppl_chunks(loaded *L, const perplexity_args *a, const int *toks, size
         memcpy(input, toks + c * ctx, (size_t)ctx * sizeof *input);
         if (tc->add_bos && tc->bos_id >= 0)
             input[0] = tc->bos_id;
-        eng_fwd_args fa = {.tokens = input, .B = 1, .T = (int)ctx, .logits_mode = ENG_LOGITS_ALL, .logits = logits};
-        if (eng_forward(&L->m, &fa, err, sizeof err)) {
+        for (long j = 0; j < ctx; j++)
+            target[j] = j >= first && j < ctx - 1 ? toks[c * ctx + j + 1] : -1;
+        double nll;
+        if (eng_forward_loss(&L->m, input, target, 1, (int)ctx, &nll, err, sizeof err)) {
             fprintf(stderr, "autocompress perplexity: %s\n", err);
             free(input);
+            free(target);
             return -1;
         }
-        int count = (int)ctx - 1 - first;
-        score_rows(logits + (size_t)first * (size_t)V, V, toks + c * ctx + first + 1, count, &s->nll);
-        s->scored += count;
+        s->nll += nll;
+        s->scored += (int)ctx - 1 - first;
         s->chunks++;
         if (!a->as_json)
             fprintf(stderr, "[%ld] %.4f\n", c + 1, exp(s->nll / (double)s->scored));
     }
     free(input);
+    free(target);
     return 0;
 }
 
 /* Sliding windows [b, b+ctx) advancing by the stride, each target scored by the first
  * window that reaches it. 0, or -1 after printing the reason. */
-static int ppl_sliding(loaded *L, const perplexity_args *a, const int *toks, size_t nt, float *logits, ppl_sum *s)
+static int ppl_sliding(loaded *L, const perplexity_args *a, const int *toks, size_t nt, ppl_sum *s)
 {
-    int V = L->m.a.vocab_size;
     long prev_end = 0;
     char err[512];
+    int *target = malloc((size_t)a->ctx * sizeof *target);
+    if (!target) {
+        fprintf(stderr, "autocompress perplexity: out of memory\n");
+        return -1;
+    }
     for (long b = 0; b < (long)nt - 1; b += a->stride) {
         long e = b + a->ctx < (long)nt ? b + a->ctx : (long)nt;
         long from = prev_end > b + 1 ? prev_end : b + 1;   /* first target position */
-        eng_fwd_args fa = {.tokens = toks + b, .B = 1, .T = (int)(e - b), .logits_mode = ENG_LOGITS_ALL,
-                           .logits = logits};
-        if (eng_forward(&L->m, &fa, err, sizeof err)) {
+        for (long p = 0; p < e - b; p++)   /* position p predicts token b + p + 1 */
+            target[p] = b + p + 1 >= from && b + p + 1 < e ? toks[b + p + 1] : -1;
+        double nll;
+        if (eng_forward_loss(&L->m, toks + b, target, 1, (int)(e - b), &nll, err, sizeof err)) {
             fprintf(stderr, "autocompress perplexity: %s\n", err);
+            free(target);
             return -1;
         }
         if (e > from) {
-            score_rows(logits + (size_t)(from - 1 - b) * (size_t)V, V, toks + from, (int)(e - from), &s->nll);
+            s->nll += nll;
             s->scored += e - from;
         }
         prev_end = e;
@@ -450,6 +446,7 @@ static int ppl_sliding(loaded *L, const perplexity_args *a, const int *toks, siz
         if ((a->max_chunks > 0 && s->chunks >= a->max_chunks) || e == (long)nt)
             break;
     }
+    free(target);
     return 0;
 }
 
@@ -485,7 +482,6 @@ int cli_perplexity(int argc, char **argv)
     }
     int *toks = NULL, rc = 1;
     size_t nt = 0;
-    float *logits = NULL;
     ppl_sum sum = {0};
     if (a.ctx > L.m.a.max_position_embeddings) {
         fprintf(stderr, "autocompress perplexity: --ctx %ld exceeds the model's context %d\n", a.ctx,
@@ -496,13 +492,8 @@ int cli_perplexity(int argc, char **argv)
         fprintf(stderr, "autocompress perplexity: %s\n", err);
         goto out;
     }
-    logits = malloc((size_t)a.ctx * (size_t)L.m.a.vocab_size * sizeof *logits);
-    if (!logits) {
-        fprintf(stderr, "autocompress perplexity: out of memory\n");
-        goto out;
-    }
     double t0 = eng_wall_s();
-    if ((a.stride ? ppl_sliding : ppl_chunks)(&L, &a, toks, nt, logits, &sum))
+    if ((a.stride ? ppl_sliding : ppl_chunks)(&L, &a, toks, nt, &sum))
         goto out;
     if (sum.scored == 0) {
         fprintf(stderr, "autocompress perplexity: no tokens to score\n");
@@ -513,7 +504,6 @@ int cli_perplexity(int argc, char **argv)
 out:
     free(text);
     free(toks);
-    free(logits);
     unload(&L);
     return rc;
 }
