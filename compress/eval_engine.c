@@ -148,6 +148,15 @@ out:
     return rc;
 }
 
+/* The positions of row r whose logits its members score: their longest continuation. */
+static int row_tail(const ev_request *reqs, const int *members, const int *mstart, int r)
+{
+    int tail = 1;
+    for (int k = mstart[r]; k < mstart[r + 1]; k++)
+        tail = reqs[members[k]].n_cont > tail ? reqs[members[k]].n_cont : tail;
+    return tail;
+}
+
 static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t errlen)
 {
     ev_engine *e = user;
@@ -167,7 +176,7 @@ static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t err
     int *order = malloc((size_t)n * sizeof *order);
     int *members = malloc((size_t)n * sizeof *members);   /* requests grouped by row */
     int *mstart = malloc((size_t)(n + 1) * sizeof *mstart);
-    int *toks = NULL, *lens = NULL;
+    int *toks = NULL, *lens = NULL, *pos = NULL;
     float *logits = NULL;   /* e->logits, borrowed */
     int rc = -1, nr = 0;
     if (!rows || !bucket || !row_of || !order || !members || !mstart) {
@@ -222,53 +231,52 @@ static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t err
             i0++;
             continue;
         }
-        int B = 1;
+        /* rows while the tokens fit (within the logits budget too, as when every position's
+         * logits came back: larger batches measured slower on the CPU); each row's scored
+         * tail is its members' longest continuation */
+        int B = 1, n_scored = row_tail(reqs, members, mstart, order[i0]);
         while (i0 + B < nr && B < 256 && (B + 1) * T <= tok_cap && (B + 1) * T <= max_rows_logits)
-            B++;
+            n_scored += row_tail(reqs, members, mstart, order[i0 + B++]);
         /* one scored position per row (all members continue by one token): LAST */
-        int last = 1;
-        for (int b = 0; b < B && last; b++) {
-            int r = order[i0 + b];
-            for (int k = mstart[r]; k < mstart[r + 1]; k++)
-                if (reqs[members[k]].n_cont != 1)
-                    last = 0;
-        }
-        size_t need = (size_t)B * (last ? 1 : T) * V;
+        int last = n_scored == B;
+        size_t need = (size_t)n_scored * V;
         free(toks);
         free(lens);
+        free(pos);
         toks = calloc((size_t)B * T, sizeof *toks);
         lens = malloc((size_t)B * sizeof *lens);
+        pos = malloc((size_t)n_scored * sizeof *pos);
         if (need > e->logits_floats) {
             free(e->logits);
             e->logits = malloc(need * sizeof *e->logits);
             e->logits_floats = e->logits ? need : 0;
         }
         logits = e->logits;
-        if (!toks || !lens || !logits) {
+        if (!toks || !lens || !pos || !logits) {
             snprintf(err, errlen, "out of memory for a batch of %d x %d", B, T);
             goto out;
         }
-        for (int b = 0; b < B; b++) {
+        for (int b = 0, k = 0; b < B; b++) {
             const eng_row *row = &rows[order[i0 + b]];
             const ev_request *q = &reqs[row->req];
             for (int t = 0; t < row->len; t++)
                 toks[(size_t)b * T + t] = row_tok(q, t);
             lens[b] = row->len;
+            for (int t = row->len - row_tail(reqs, members, mstart, order[i0 + b]); t < row->len; t++)
+                pos[k++] = b * T + t;
         }
         eng_fwd_args a = {.tokens = toks, .B = B, .T = T, .lens = lens,
-                          .logits_mode = last ? ENG_LOGITS_LAST : ENG_LOGITS_ALL, .logits = logits};
+                          .logits_mode = last ? ENG_LOGITS_LAST : ENG_LOGITS_ROWS, .logits = logits,
+                          .logit_rows = pos, .n_logit_rows = n_scored};
         if (eng_forward(e->m, &a, err, errlen))
             goto out;
         e->forwards++;
         e->tokens_forwarded += (int64_t)B * T;
-        for (int b = 0; b < B; b++) {
-            int r = order[i0 + b];
-            for (int k = mstart[r]; k < mstart[r + 1]; k++) {
-                if (last)   /* row b's last valid position: its one scored token */
-                    score_from_logits(&reqs[members[k]], logits + (size_t)b * V, 1, V);
-                else
-                    score_from_logits(&reqs[members[k]], logits + (size_t)b * T * V, rows[r].len, V);
-            }
+        for (int b = 0, off = 0; b < B; b++) {   /* row b's logits: its tail, at off */
+            int r = order[i0 + b], tail = row_tail(reqs, members, mstart, r);
+            for (int k = mstart[r]; k < mstart[r + 1]; k++)
+                score_from_logits(&reqs[members[k]], logits + (size_t)off * V, tail, V);
+            off += tail;
         }
         i0 += B;
     }
@@ -282,6 +290,7 @@ out:
     free(mstart);
     free(toks);
     free(lens);
+    free(pos);
     return rc;
 }
 

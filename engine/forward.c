@@ -9,7 +9,7 @@
  *   N*(3C + 1) + max(N*(2qd + 2kvd), Mamba) + max(3N*F, MoE) floats (x, xn, y, rstd; the mixer
  *   region: q, o, k, v, or the largest Mamba-2 mixer's scratch, engine/mamba.c; the MLP region:
  *   gate, up, h, or the largest MoE block's scratch floats and ints, engine/moe.c)
- *   + R*(2C + V) for the head (R = B for LOGITS_LAST, min(N, ENG_LOGIT_CHUNK_ROWS) for ALL,
+ *   + R*(2C + V) for the head (R = B for LOGITS_LAST, min(N, ENG_LOGIT_CHUNK_ROWS) for ALL and ROWS,
  *   0 for NONE) + max(C, Hm, F) when stats are collected (+ N*qd when masks are enabled:
  *   the masked head outputs), + ints 2N + 2B (tokens, positions, first positions, lengths),
  *   + inside attention: threads * ENG_CPU_ATTN_ROWS * S floats of tile scratch (S = T, or
@@ -292,7 +292,7 @@ static int head_rows(int B, int N, int logits_mode)
 {
     if (logits_mode == ENG_LOGITS_LAST)
         return B;
-    if (logits_mode == ENG_LOGITS_ALL)
+    if (logits_mode == ENG_LOGITS_ALL || logits_mode == ENG_LOGITS_ROWS)
         return N < ENG_LOGIT_CHUNK_ROWS ? N : ENG_LOGIT_CHUNK_ROWS;
     return 0;
 }
@@ -446,6 +446,25 @@ int eng_fwd_setup(eng_model *m, fwd_state *st, ws_t *ws, int *host_ints, const i
     return 0;
 }
 
+/* ROWS: the logits of the positions rows[0..n) of the final stream x [N,C], gathered R at
+ * a time into the head's first R*C floats (the head is ALL's: R*(2C+V)). */
+static void lm_head_rows(eng_model *m, fwd_state *st, const float *x, float *head, const int *rows, int n,
+                         float *logits_host, float n_eff)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    int C = a->hidden_size, V = a->vocab_size, R = head_rows(st->B, st->N, ENG_LOGITS_ROWS);
+    float *xg = head, *hn = head + (size_t)R * C, *lg = hn + (size_t)R * C;
+    for (int r0 = 0; r0 < n; r0 += R) {
+        int r = n - r0 < R ? n - r0 : R;
+        for (int i = 0; i < r; i++)
+            be->copy(be, xg + (size_t)i * C, x + (size_t)rows[r0 + i] * C, F4 * (size_t)C);
+        be->rmsnorm_fwd(be, hn, NULL, xg, m->final_norm, r, C, n_eff, (float)a->norm_eps);
+        be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+        be->to_host(be, logits_host + (size_t)r0 * V, lg, F4 * (size_t)r * V);
+    }
+}
+
 /* Logits for rows of the final stream x [N,C]: LAST gathers each row's last valid token. */
 static void lm_head(eng_model *m, fwd_state *st, const float *x, float *head, int logits_mode,
                     float *logits_host, float n_eff)
@@ -494,6 +513,18 @@ static int fwd_check_args(const eng_model *m, const eng_fwd_args *args, char *er
     if (args->logits_mode != ENG_LOGITS_NONE && !args->logits) {
         snprintf(err, errlen, "forward: logits requested without an output buffer");
         return -1;
+    }
+    if (args->logits_mode == ENG_LOGITS_ROWS) {
+        if (args->n_logit_rows < 0 || (args->n_logit_rows > 0 && !args->logit_rows)) {
+            snprintf(err, errlen, "forward: %d logit rows asked without their positions", args->n_logit_rows);
+            return -1;
+        }
+        for (int i = 0; i < args->n_logit_rows; i++)
+            if (args->logit_rows[i] < 0 || args->logit_rows[i] >= B * T) {
+                snprintf(err, errlen, "forward: logit row %d is position %d, outside the batch's %d", i,
+                         args->logit_rows[i], B * T);
+                return -1;
+            }
     }
     if (eng_check_tokens(args->tokens, (size_t)B * T, a->vocab_size, err, errlen) != 0)
         return -1;
@@ -574,7 +605,10 @@ int eng_forward(eng_model *m, const eng_fwd_args *args, char *err, size_t errlen
         return -1;
     }
     double t0 = eng_wall_s();
-    lm_head(m, &st, st.xs[0], head, args->logits_mode, args->logits, st.n_eff);
+    if (args->logits_mode == ENG_LOGITS_ROWS)
+        lm_head_rows(m, &st, st.xs[0], head, args->logit_rows, args->n_logit_rows, args->logits, st.n_eff);
+    else
+        lm_head(m, &st, st.xs[0], head, args->logits_mode, args->logits, st.n_eff);
     if (args->fixed_ns) {
         be->sync(be);
         args->fixed_ns[1] = (eng_wall_s() - t0) * 1e9;

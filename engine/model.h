@@ -195,7 +195,7 @@ typedef struct {
 eng_act_stats *eng_stats_new(const eng_model *m);
 void eng_stats_free(eng_act_stats *s, int n_layers);
 
-enum { ENG_LOGITS_NONE = 0, ENG_LOGITS_ALL = 1, ENG_LOGITS_LAST = 2 };
+enum { ENG_LOGITS_NONE = 0, ENG_LOGITS_ALL = 1, ENG_LOGITS_LAST = 2, ENG_LOGITS_ROWS = 3 };
 
 typedef struct {
     const int *tokens;      /* [B*T] host */
@@ -203,7 +203,11 @@ typedef struct {
     const int *lens;        /* [B] valid tokens per row (right padding); NULL: all T */
     eng_kv_cache *kv;       /* NULL: positions start at 0, nothing cached */
     int logits_mode;        /* ENG_LOGITS_* */
-    float *logits;          /* host: [B,T,V] (ALL) or [B,V] (LAST: each row's last valid) */
+    float *logits;          /* host: [B,T,V] (ALL), [B,V] (LAST: each row's last valid) or
+                               [n_logit_rows,V] (ROWS) */
+    const int *logit_rows;  /* ROWS: the positions b*T + t whose logits are wanted, in order
+                               (the LM head runs on those alone: a scorer's continuations) */
+    int n_logit_rows;
     double *layer_ns;       /* optional [n_layers*2]: attention, mlp wall ns (synced) */
     double *fixed_ns;       /* optional [2]: embedding, final norm + lm head */
     eng_act_stats *stats;   /* optional: accumulate ranking statistics */

@@ -256,14 +256,25 @@ static void workspace_prediction_and_accounting(int moe)
     int toks[3 * 9];
     for (int i = 0; i < 27; i++)
         toks[i] = i % a.vocab_size;
-    float *logits = malloc(sizeof(float) * 27 * a.vocab_size);
-    int modes[3] = {ENG_LOGITS_ALL, ENG_LOGITS_LAST, ENG_LOGITS_NONE};
-    for (int i = 0; i < 3; i++) {
+    float *logits = malloc(sizeof(float) * 27 * a.vocab_size), *all = malloc(sizeof(float) * 27 * a.vocab_size);
+    assert_non_null(logits);
+    assert_non_null(all);
+    /* ROWS: the logits of the positions asked for, in their order, are ALL's rows */
+    int want[5] = {26, 0, 5, 13, 14};
+    int modes[4] = {ENG_LOGITS_ALL, ENG_LOGITS_LAST, ENG_LOGITS_NONE, ENG_LOGITS_ROWS};
+    for (int i = 0; i < 4; i++) {
         size_t base = be->cur_bytes;
         eng_backend_reset_peak(be);
-        eng_fwd_args fa = {.tokens = toks, .B = 3, .T = 9, .logits_mode = modes[i], .logits = logits};
+        eng_fwd_args fa = {.tokens = toks, .B = 3, .T = 9, .logits_mode = modes[i], .logits = logits,
+                           .logit_rows = want, .n_logit_rows = 5};
         assert_int_equal(eng_forward(&m, &fa, err, sizeof err), 0);
         assert_int_equal(be->cur_bytes, base);
+        if (modes[i] == ENG_LOGITS_ALL)
+            memcpy(all, logits, sizeof(float) * 27 * a.vocab_size);
+        for (int k = 0; modes[i] == ENG_LOGITS_ROWS && k < 5; k++)
+            for (int v = 0; v < a.vocab_size; v++)
+                assert_float_equal(logits[(size_t)k * a.vocab_size + v], all[(size_t)want[k] * a.vocab_size + v],
+                                   1e-5);
         print_message("mode %d: peak %zu predicted %zu\n", modes[i], be->peak_bytes - base,
                       eng_forward_workspace_bytes(&a, 3, 9, 0, modes[i], be->threads, 0));
         assert_int_equal(be->peak_bytes - base, eng_forward_workspace_bytes(&a, 3, 9, 0, modes[i], be->threads, 0));
@@ -304,6 +315,7 @@ static void workspace_prediction_and_accounting(int moe)
     eng_backend_free(be);
     arch_free(&a);
     free(logits);
+    free(all);
 }
 
 static void test_workspace_prediction_and_accounting(void **state)
@@ -425,6 +437,17 @@ static void test_tensors_and_errors(void **state)
     eng_fwd_args fa = {.tokens = toks, .B = 1, .T = 2, .logits_mode = ENG_LOGITS_NONE};
     assert_int_equal(eng_forward(&m, &fa, err, sizeof err), -1);
     assert_non_null(strstr(err, "out of range"));
+    /* logits asked for at a position outside the batch, or without the positions */
+    toks[1] = 3;
+    float lg[2 * 37];
+    int far[1] = {2};
+    eng_fwd_args fr = {.tokens = toks, .B = 1, .T = 2, .logits_mode = ENG_LOGITS_ROWS, .logits = lg,
+                       .logit_rows = far, .n_logit_rows = 1};
+    assert_int_equal(eng_forward(&m, &fr, err, sizeof err), -1);
+    assert_non_null(strstr(err, "logit row 0 is position 2"));
+    fr.logit_rows = NULL;
+    assert_int_equal(eng_forward(&m, &fr, err, sizeof err), -1);
+    assert_non_null(strstr(err, "without their positions"));
     eng_model_free(&m);
     assert_int_equal(be->cur_bytes, 0);
     /* Dynamic RoPE scaling past the trained length is refused, not silently wrong. */
