@@ -212,19 +212,6 @@ static int rank_sort(rank_result *r)
     return 0;
 }
 
-/* Run layers [l0, l1) on the stepper's stream, layer l0 with its mixer (attention or
- * Mamba) or its MLP left out as skip says (bit 0: the mixer, bit 1: the MLP). */
-static int run_layers(eng_stepper *s, const arch *a, int l0, int l1, int skip, char *err, size_t errlen)
-{
-    for (int l = l0; l < l1; l++)
-        for (int part = 0; part < 2; part++) {
-            int has = part == ENG_PART_ATTN ? arch_layer_has_mixer(&a->layers[l]) : arch_layer_has_mlp(&a->layers[l]);
-            if (has && !(l == l0 && (skip >> part & 1)) && eng_stepper_block(s, l, part, 1, NULL, err, errlen))
-                return -1;
-        }
-    return 0;
-}
-
 /* The layer-skip losses (base_loss; each layer's skip_attn, skip_mlp, skip_layer) on
  * n_batches calibration batches, block by block (eng_stepper): the stream at each layer's
  * input is kept, so a variant runs only the layers from the one it leaves out, about half
@@ -256,8 +243,7 @@ static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o,
             goto done;
         for (int l = 0; l < L; l++) {
             eng_stepper_stream(s, keep, 0);   /* layer l's input */
-            for (int which = 0; which < 3; which++) {   /* leave out: the mixer, the MLP, both */
-                int skip = which == 0 ? 1 : which == 1 ? 2 : 3;
+            for (int which = 0; which < 3; which++) {   /* leave out (skip bits which + 1): mixer, MLP, both */
                 if ((which == 0 && !arch_layer_has_mixer(&a->layers[l])) ||
                     (which == 1 && !arch_layer_has_mlp(&a->layers[l]))) {
                     ++*done;
@@ -265,7 +251,7 @@ static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o,
                 }
                 eng_stepper_stream(s, keep, 1);
                 double ce;
-                if (run_layers(s, a, l, L, skip, err, errlen) || eng_stepper_loss(s, tgt, &ce, err, errlen))
+                if (eng_stepper_run(s, l, L, which + 1, err, errlen) || eng_stepper_loss(s, tgt, &ce, err, errlen))
                     goto done;
                 sum[which * L + l] += ce;
                 if (o->progress && o->progress(o->progress_ctx, ++*done, total)) {
@@ -274,7 +260,7 @@ static int skip_losses(eng_model *m, const td_stream *calib, const rank_opts *o,
                 }
             }
             eng_stepper_stream(s, keep, 1);   /* on to layer l + 1's input */
-            if (run_layers(s, a, l, l + 1, 0, err, errlen))
+            if (eng_stepper_run(s, l, l + 1, 0, err, errlen))
                 goto done;
         }
         double ce;

@@ -446,6 +446,15 @@ int eng_fwd_setup(eng_model *m, fwd_state *st, ws_t *ws, int *host_ints, const i
     return 0;
 }
 
+/* The final norm and LM head on r rows of the stream x [r,C]: hn [r,C], lg [r,V] (device). */
+static void head_logits(eng_model *m, const float *x, int r, float n_eff, float *hn, float *lg)
+{
+    const arch *a = &m->a;
+    int C = a->hidden_size, V = a->vocab_size;
+    m->be->rmsnorm_fwd(m->be, hn, NULL, x, m->final_norm, r, C, n_eff, (float)a->norm_eps);
+    m->be->gemm(m->be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+}
+
 /* ROWS: the logits of the positions rows[0..n) of the final stream x [N,C], gathered R at
  * a time into the head's first R*C floats (the head is ALL's: R*(2C+V)). */
 static void lm_head_rows(eng_model *m, fwd_state *st, const float *x, float *head, const int *rows, int n,
@@ -459,8 +468,7 @@ static void lm_head_rows(eng_model *m, fwd_state *st, const float *x, float *hea
         int r = n - r0 < R ? n - r0 : R;
         for (int i = 0; i < r; i++)
             be->copy(be, xg + (size_t)i * C, x + (size_t)rows[r0 + i] * C, F4 * (size_t)C);
-        be->rmsnorm_fwd(be, hn, NULL, xg, m->final_norm, r, C, n_eff, (float)a->norm_eps);
-        be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+        head_logits(m, xg, r, n_eff, hn, lg);
         be->to_host(be, logits_host + (size_t)r0 * V, lg, F4 * (size_t)r * V);
     }
 }
@@ -481,8 +489,7 @@ static void lm_head(eng_model *m, fwd_state *st, const float *x, float *head, in
             else
                 be->copy(be, xg + (size_t)b * C, x + ((size_t)b * T + last) * C, F4 * (size_t)C);
         }
-        be->rmsnorm_fwd(be, hn, NULL, xg, m->final_norm, B, C, n_eff, (float)a->norm_eps);
-        be->gemm(be, 0, 1, B, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+        head_logits(m, xg, B, n_eff, hn, lg);
         be->to_host(be, logits_host, lg, F4 * (size_t)B * V);
         for (int b = 0; b < B; b++)
             if (st->lens_h[b] <= 0)
@@ -492,8 +499,7 @@ static void lm_head(eng_model *m, fwd_state *st, const float *x, float *head, in
         float *hn = head + (size_t)R * C, *lg = hn + (size_t)R * C;
         for (int r0 = 0; r0 < N; r0 += R) {
             int r = N - r0 < R ? N - r0 : R;
-            be->rmsnorm_fwd(be, hn, NULL, x + (size_t)r0 * C, m->final_norm, r, C, n_eff, (float)a->norm_eps);
-            be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+            head_logits(m, x + (size_t)r0 * C, r, n_eff, hn, lg);
             be->to_host(be, logits_host + (size_t)r0 * V, lg, F4 * (size_t)r * V);
         }
     }
@@ -639,7 +645,7 @@ struct eng_stepper {
     ws_t ws;
     int *host_ints;              /* staging for one pass: 2*rows*T + 2*rows */
     float *xs1[1], *head;
-    float *logit_ws;             /* device: eng_stepper_logits' rows (made on first use) */
+    float *logit_ws;             /* device: eng_stepper_loss's rows (made on first use) */
     size_t logit_bytes;
 };
 
@@ -776,7 +782,7 @@ int eng_stepper_block(eng_stepper *s, int layer, int part, int advance, const en
     return 0;
 }
 
-int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper)
+void eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper)
 {
     eng_backend *be = s->m->be;
     size_t bytes = F4 * (size_t)s->B * s->T * s->m->a.hidden_size;
@@ -784,6 +790,17 @@ int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper)
         be->copy(be, s->stream, dev, bytes);
     else
         be->copy(be, dev, s->stream, bytes);
+}
+
+int eng_stepper_run(eng_stepper *s, int l0, int l1, int skip, char *err, size_t errlen)
+{
+    const arch *a = &s->m->a;
+    for (int l = l0; l < l1; l++)
+        for (int part = 0; part < 2; part++) {
+            int has = part == ENG_PART_ATTN ? arch_layer_has_mixer(&a->layers[l]) : arch_layer_has_mlp(&a->layers[l]);
+            if (has && !(l == l0 && (skip >> part & 1)) && eng_stepper_block(s, l, part, 1, NULL, err, errlen))
+                return -1;
+        }
     return 0;
 }
 
@@ -811,9 +828,7 @@ int eng_stepper_loss(eng_stepper *s, const int *targets, double *sum, char *err,
     double total = 0;
     for (int r0 = 0; r0 < N; r0 += R) {
         int r = N - r0 < R ? N - r0 : R;
-        be->rmsnorm_fwd(be, hn, NULL, s->stream + (size_t)r0 * C, m->final_norm, r, C, s->st.n_eff,
-                        (float)a->norm_eps);
-        be->gemm(be, 0, 1, r, V, C, 1.0f, hn, C, m->lm_head, C, 0.0f, lg, V);
+        head_logits(m, s->stream + (size_t)r0 * C, r, s->st.n_eff, hn, lg);
         be->to_device(be, tg, targets + r0, sizeof(int) * (size_t)r);
         be->xent(be, loss, NULL, 0.0f, lg, tg, r, V);
         be->to_host(be, host, loss, F4 * (size_t)r);
@@ -836,15 +851,8 @@ int eng_forward_loss(eng_model *m, const int *tokens, const int *targets, int B,
     eng_stepper *s = eng_stepper_new(m, tokens, B, T, B, err, errlen);
     if (!s)
         return -1;
-    int rc = 0;
-    for (int l = 0; l < m->a.n_layers && !rc; l++) {
-        if (arch_layer_has_mixer(&m->a.layers[l]))
-            rc = eng_stepper_block(s, l, ENG_PART_ATTN, 1, NULL, err, errlen);
-        if (!rc && arch_layer_has_mlp(&m->a.layers[l]))
-            rc = eng_stepper_block(s, l, ENG_PART_MLP, 1, NULL, err, errlen);
-    }
-    if (!rc)
-        rc = eng_stepper_loss(s, targets, sum, err, errlen);
+    int rc = eng_stepper_run(s, 0, m->a.n_layers, 0, err, errlen) || eng_stepper_loss(s, targets, sum, err, errlen)
+                 ? -1 : 0;
     eng_stepper_free(s);
     return rc;
 }

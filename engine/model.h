@@ -321,8 +321,13 @@ void eng_stepper_free(eng_stepper *s);
 
 /* Copy the stepper's stream [B*T, C] to the device buffer dev (to_stepper 0) or from it
  * (1): a caller keeps the stream at a block boundary and runs several continuations from
- * it. 0. */
-int eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper);
+ * it. */
+void eng_stepper_stream(eng_stepper *s, float *dev, int to_stepper);
+
+/* Run layers [l0, l1) whole on the stream (advancing it), the blocks a layer has, except
+ * that layer l0 leaves out what skip says (bit 0: its mixer, attention or Mamba; bit 1: its
+ * MLP). 0, or -1 with a reason. */
+int eng_stepper_run(eng_stepper *s, int l0, int l1, int skip, char *err, size_t errlen);
 
 /* The final norm, LM head and softmax cross-entropy (the backend's xent) on the current
  * stream against targets [B*T] (host; -1: a row not counted): *sum the rows' losses,
