@@ -35,6 +35,7 @@ static int eng_tokenize(void *user, const char *text, size_t len, int **ids, int
 typedef struct {
     int req;          /* the first request with this input: its tokens define the row */
     int len;          /* input length */
+    int tail;         /* its scored positions, the last: its requests' longest continuation */
     uint64_t hash;
     int next;         /* hash chain */
 } eng_row;
@@ -104,16 +105,13 @@ static void score_from_logits(ev_request *q, const float *lg, int len, int V)
 
 /* Long row alone, in chunks through a KV cache so logits stay within budget. */
 static int eng_row_chunked(ev_engine *e, ev_request *reqs, const int *members, int n_members, int len,
-                           int chunk, char *err, size_t errlen)
+                           int tail, int chunk, char *err, size_t errlen)
 {
     int V = e->m->a.vocab_size;
     const ev_request *q0 = &reqs[members[0]];
     int *toks = malloc((size_t)len * sizeof *toks);
     float *lg = malloc((size_t)chunk * V * sizeof *lg);
-    /* logits kept for the scored tail only: the longest continuation among members */
-    int tail = 0;
-    for (int k = 0; k < n_members; k++)
-        tail = reqs[members[k]].n_cont > tail ? reqs[members[k]].n_cont : tail;
+    /* logits kept for the scored tail only */
     float *tl = malloc((size_t)tail * V * sizeof *tl);
     eng_kv_cache *kv = eng_kv_new(e->m, 1, len);
     int rc = -1;
@@ -146,15 +144,6 @@ out:
     free(lg);
     free(tl);
     return rc;
-}
-
-/* The positions of row r whose logits its members score: their longest continuation. */
-static int row_tail(const ev_request *reqs, const int *members, const int *mstart, int r)
-{
-    int tail = 1;
-    for (int k = mstart[r]; k < mstart[r + 1]; k++)
-        tail = reqs[members[k]].n_cont > tail ? reqs[members[k]].n_cont : tail;
-    return tail;
 }
 
 static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t errlen)
@@ -198,10 +187,12 @@ static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t err
                 break;
         if (r < 0) {
             r = nr++;
-            rows[r] = (eng_row){.req = i, .len = q->n_ctx + q->n_cont - 1, .hash = h, .next = bucket[b]};
+            rows[r] = (eng_row){.req = i, .len = q->n_ctx + q->n_cont - 1, .tail = q->n_cont, .hash = h,
+                                .next = bucket[b]};
             bucket[b] = r;
         } else {
             e->shared++;
+            rows[r].tail = q->n_cont > rows[r].tail ? q->n_cont : rows[r].tail;
         }
         row_of[i] = r;
     }
@@ -225,20 +216,17 @@ static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t err
         int T = rows[order[i0]].len;
         if (T > max_rows_logits) {
             int r = order[i0];
-            if (eng_row_chunked(e, reqs, members + mstart[r], mstart[r + 1] - mstart[r], T,
+            if (eng_row_chunked(e, reqs, members + mstart[r], mstart[r + 1] - mstart[r], T, rows[r].tail,
                                 max_rows_logits, err, errlen))
                 goto out;
             i0++;
             continue;
         }
         /* rows while the tokens fit (within the logits budget too, as when every position's
-         * logits came back: larger batches measured slower on the CPU); each row's scored
-         * tail is its members' longest continuation */
-        int B = 1, n_scored = row_tail(reqs, members, mstart, order[i0]);
+         * logits came back: larger batches measured slower on the CPU) */
+        int B = 1, n_scored = rows[order[i0]].tail;
         while (i0 + B < nr && B < 256 && (B + 1) * T <= tok_cap && (B + 1) * T <= max_rows_logits)
-            n_scored += row_tail(reqs, members, mstart, order[i0 + B++]);
-        /* one scored position per row (all members continue by one token): LAST */
-        int last = n_scored == B;
+            n_scored += rows[order[i0 + B++]].tail;
         size_t need = (size_t)n_scored * V;
         free(toks);
         free(lens);
@@ -262,21 +250,21 @@ static int eng_loglik(void *user, ev_request *reqs, int n, char *err, size_t err
             for (int t = 0; t < row->len; t++)
                 toks[(size_t)b * T + t] = row_tok(q, t);
             lens[b] = row->len;
-            for (int t = row->len - row_tail(reqs, members, mstart, order[i0 + b]); t < row->len; t++)
+            for (int t = row->len - row->tail; t < row->len; t++)
                 pos[k++] = b * T + t;
         }
         eng_fwd_args a = {.tokens = toks, .B = B, .T = T, .lens = lens,
-                          .logits_mode = last ? ENG_LOGITS_LAST : ENG_LOGITS_ROWS, .logits = logits,
+                          .logits_mode = ENG_LOGITS_ROWS, .logits = logits,
                           .logit_rows = pos, .n_logit_rows = n_scored};
         if (eng_forward(e->m, &a, err, errlen))
             goto out;
         e->forwards++;
         e->tokens_forwarded += (int64_t)B * T;
         for (int b = 0, off = 0; b < B; b++) {   /* row b's logits: its tail, at off */
-            int r = order[i0 + b], tail = row_tail(reqs, members, mstart, r);
+            int r = order[i0 + b];
             for (int k = mstart[r]; k < mstart[r + 1]; k++)
-                score_from_logits(&reqs[members[k]], logits + (size_t)off * V, tail, V);
-            off += tail;
+                score_from_logits(&reqs[members[k]], logits + (size_t)off * V, rows[r].tail, V);
+            off += rows[r].tail;
         }
         i0 += B;
     }
