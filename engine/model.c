@@ -5,7 +5,7 @@
  *
  * Memory (floats are 4 bytes): weights arch_params(a) floats, one allocation, + head_dim/2
  * floats of RoPE frequencies (eng_model_init); grads the same again (eng_model_enable_grads);
- * masks 2 x (C + sum H + sum F + 2L + sum E) (eng_model_enable_masks; H: attention or Mamba heads). Accounting counts requested
+ * masks 2 x (C + sum H + sum F + 2L + sum E + sum S) (eng_model_enable_masks; H: attention or Mamba heads). Accounting counts requested
  * bytes; the CPU backend rounds blocks >= 2 MiB up to 2 MiB (huge pages), so resident
  * memory may exceed it by < 2 MiB per large block.
  */
@@ -371,6 +371,8 @@ static void masks_free(eng_model *m)
     free(k->g_ffn);
     free(k->expert);
     free(k->g_expert);
+    free(k->shared);
+    free(k->g_shared);
     free(k);
     m->masks = NULL;
 }
@@ -580,7 +582,7 @@ int eng_model_enable_masks(eng_model *m)
     size_t count = (size_t)a->hidden_size + 2 * (size_t)L;
     for (int l = 0; l < L; l++)
         count += (size_t)mixer_heads(&a->layers[l]) + (size_t)arch_layer_units(&a->layers[l]) +
-                 (size_t)a->layers[l].moe.n_experts;
+                 (size_t)a->layers[l].moe.n_experts + (size_t)a->layers[l].moe.shared_ffn_dim;
     eng_masks *k = calloc(1, sizeof *k);
     if (!k)
         return -1;
@@ -594,9 +596,11 @@ int eng_model_enable_masks(eng_model *m)
     k->g_ffn = calloc(nl, sizeof *k->g_ffn);
     k->expert = calloc(nl, sizeof *k->expert);
     k->g_expert = calloc(nl, sizeof *k->g_expert);
+    k->shared = calloc(nl, sizeof *k->shared);
+    k->g_shared = calloc(nl, sizeof *k->g_shared);
     k->block = m->be->alloc(m->be, im->masks_bytes);
     k->grad_block = m->be->alloc(m->be, im->masks_bytes);
-    if (!k->head || !k->g_head || !k->ffn || !k->g_ffn || !k->expert || !k->g_expert || !k->block ||
+    if (!k->head || !k->g_head || !k->ffn || !k->g_ffn || !k->expert || !k->g_expert || !k->shared || !k->g_shared || !k->block ||
         !k->grad_block) {
         masks_free(m);
         return -1;
@@ -628,6 +632,12 @@ int eng_model_enable_masks(eng_model *m)
         k->expert[l] = e ? k->block + o : NULL;
         k->g_expert[l] = e ? k->grad_block + o : NULL;
         o += (size_t)e;
+    }
+    for (int l = 0; l < L; l++) {
+        int sh = a->layers[l].moe.shared_ffn_dim;
+        k->shared[l] = sh ? k->block + o : NULL;
+        k->g_shared[l] = sh ? k->grad_block + o : NULL;
+        o += (size_t)sh;
     }
     k->hidden_count = (float)a->hidden_size;
     k->g_hidden_count = 0;

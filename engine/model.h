@@ -57,8 +57,10 @@ typedef struct {
  *   attn_gate[l], mlp_gate[l]  scale the block's residual contribution (depth); attn_gate
  *                        gates the layer's token mixer, attention or Mamba.
  *   expert[l][E_l]       scales each expert's output (MoE layers), after the block.
+ *   shared[l][S_l]       scales each unit of the layer's shared expert before its down
+ *                        projection (MoE layers with one; S_l = shared_ffn_dim).
  * Block order: hidden, then per layer head and ffn, then attn_gate, mlp_gate, then per
- * MoE layer its expert masks. */
+ * MoE layer its expert masks, then per shared expert its unit masks. */
 typedef struct {
     float *block, *grad_block;   /* one allocation each, count floats */
     size_t count;
@@ -69,6 +71,7 @@ typedef struct {
     float *mlp_gate, *g_mlp_gate;     /* [n_layers] */
     float **expert, **g_expert;  /* [n_layers] pointers to [E_l] (NULL without MoE): scales each
                                     expert's routing weight, after the top-k choice */
+    float **shared, **g_shared;  /* [n_layers] pointers to [S_l] (NULL without a shared expert) */
     float hidden_count;          /* RMSNorm's divisor; C by default. Host value. */
     float g_hidden_count;        /* d loss / d hidden_count (host), from backward */
 } eng_masks;

@@ -2,8 +2,9 @@
  * (renormalized when norm_topk), or Nemotron-H's sigmoid router (correction bias for the choice,
  * grouped top-k, routed scale); SwiGLU or squared-ReLU experts each run as one GEMM over the
  * tokens routed to it (gathered rows, results scattered back with their routing weights), the
- * Qwen2-MoE shared expert with its sigmoid gate (Nemotron-H's ungated), the expert masks of the search, the ranking statistics, and
- * the backward of all of it. The routing itself (softmax, top-k, per-expert token lists) runs
+ * Qwen2-MoE shared expert with its sigmoid gate (Nemotron-H's ungated), the search's masks
+ * (experts, routed units, shared-expert units), the ranking statistics, and the backward of all
+ * of it. The routing itself (softmax, top-k, per-expert token lists) runs
  * on the host over the [N, E] router logits; the GEMMs and row moves run on the backend.
  * Training saves nothing of the block but its input: the backward routes and runs the experts
  * again (eng_moe_bwd), so a block costs two expert passes and no [N*k, F] activations.
@@ -410,7 +411,7 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
         if (L->sh_router)
             shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C, NULL);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C, mk ? mk->shared[l] : NULL);
         be->scatter_rows_acc(be, y, c.Y, ident, L->sh_router ? c.sg : NULL, N, C);
         if (stats)
             add_unit_sums(be, &c, stats, stats->shared_unit[l], N, e->shared_ffn_dim);
@@ -613,19 +614,21 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     if (gw)
         be->gemm(be, 1, 0, E, C, N, 1.0f, c.dlog, E, xn, C, 1.0f, G->router, C);
     be->gemm(be, 0, 0, N, C, E, 1.0f, c.dlog, E, L->router, C, 1.0f, dxn, C);
+    const float *sm = mk ? mk->shared[l] : NULL;   /* the shared expert's unit masks and their gradient */
+    float *gsm = sm && gm ? m->masks->g_shared[l] : NULL;
     if (e->shared_ffn_dim && !L->sh_router) {   /* Nemotron-H: the shared expert added as it is */
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C, NULL);
+        expert_fwd(be, &c, NULL, L->sh_up, L->sh_down, e->shared_ffn_dim, N, C, sm);
         be->copy(be, c.dY, dy, F4 * (size_t)N * C);
         expert_bwd(be, &c, NULL, L->sh_up, L->sh_down, NULL, gw ? G->sh_up : NULL, gw ? G->sh_down : NULL,
-                   e->shared_ffn_dim, N, C, NULL, NULL);
+                   e->shared_ffn_dim, N, C, sm, gsm);
         be->add(be, dxn, dxn, c.dX, (size_t)N * C);
     } else if (e->shared_ffn_dim) {
         const int *ident = c.idev + (size_t)N * k;
         int S = e->shared_ffn_dim;
         shared_gate(be, &c, xn, L->sh_router);
         be->copy(be, c.X, xn, F4 * (size_t)N * C);
-        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N, C, NULL);
+        expert_fwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, S, N, C, sm);
         be->rows_dot(be, c.dlog, dy, c.Y, N, C);     /* d loss / d gate value */
         float *dsg = c.hbuf + (size_t)N;              /* hbuf[0, N) holds the gate values */
         be->to_host(be, dsg, c.dlog, F4 * (size_t)N);
@@ -637,7 +640,7 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         be->gemm(be, 0, 0, N, C, 1, 1.0f, c.dlog, 1, L->sh_router, C, 1.0f, dxn, C);
         be->gather_rows(be, c.dY, dy, ident, c.sg, N, C);
         expert_bwd(be, &c, L->sh_gate, L->sh_up, L->sh_down, gw ? G->sh_gate : NULL, gw ? G->sh_up : NULL,
-                   gw ? G->sh_down : NULL, S, N, C, NULL, NULL);
+                   gw ? G->sh_down : NULL, S, N, C, sm, gsm);
         be->add(be, dxn, dxn, c.dX, (size_t)N * C);
     }
     if (gm && mk) {

@@ -5,11 +5,11 @@ scaled by sigmoid of its own gate) and OLMoE's (top-k with or without norm_topk_
 expert; attention RMS-normalizes q and k over their whole rows with q_norm / k_norm before RoPE),
 beside attention layers and dense MLP layers, with the
 search masks (the expert masks scale each chosen expert's routing weight, the unit masks unit u
-of every routed expert, the shared expert unmasked). Every expert runs
+of every routed expert, the shared-expert masks each unit of the shared expert). Every expert runs
 on every token here and is weighted by its (zero when not chosen) routing weight: no token
 grouping, so the engine's gather / GEMM / scatter path is checked against plain algebra.
 Checks: logits (rel err < 1e-5), CE and KD losses, every weight gradient and every mask
-gradient, expert and unit masks included (rel err < 1e-4).
+gradient, expert, unit and shared-expert masks included (rel err < 1e-4).
 Run with $AC_PYTHON; the driver is BUILD/tools/engine_oracle (tests/tools/engine_oracle.c)."""
 import os
 import random
@@ -45,10 +45,11 @@ def moe_block(a, W, l, h, lay, masks):
     topw, topi = prob.topk(k, dim=-1)
     if norm:
         topw = topw / topw.sum(-1, keepdim=True)
-    um = None
+    um = sm = None
     if masks is not None:
         topw = topw * masks["expert"][l][topi]
         um = masks["ffn"][l]   # unit u of every routed expert
+        sm = masks["shared"][l]
     y = torch.zeros_like(h)
     for e in range(E):
         w = (topw * (topi == e)).sum(-1)
@@ -56,7 +57,7 @@ def moe_block(a, W, l, h, lay, masks):
     if S:
         p = "model.layers.%d.mlp." % l
         g = torch.sigmoid(h @ W[p + "shared_expert_gate.weight"].T)
-        y = y + g * swiglu(h, *[W[p + "shared_expert.%s.weight" % n] for n in ("gate_proj", "up_proj", "down_proj")])
+        y = y + g * swiglu(h, *[W[p + "shared_expert.%s.weight" % n] for n in ("gate_proj", "up_proj", "down_proj")], sm)
     return y
 
 
@@ -140,6 +141,10 @@ def split_masks(a, block):
     for lay in a["layers"]:
         e = lay[3] if len(lay) > 3 else 0
         m["expert"].append(block[o:o + e]); o += e
+    m["shared"] = []
+    for lay in a["layers"]:   # the shared experts' unit masks
+        s = lay[6] if len(lay) > 3 and lay[3] else 0
+        m["shared"].append(block[o:o + s]); o += s
     assert o == block.numel()
     return m
 
