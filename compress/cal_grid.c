@@ -89,7 +89,10 @@ void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
     const arch_moe *e = arch_first_moe(parent, NULL);
     l->ffn_dim = code > 0 ? code : 0;
     memset(&l->moe, 0, sizeof l->moe);
-    if (code < 0 && e) {
+    if (code < 0 && e && cal_moe_is_shared(code)) {
+        l->moe = *e;
+        l->moe.shared_ffn_dim = -code - CAL_MOE_SHARED;
+    } else if (code < 0 && e) {
         l->moe = arch_moe_keep(e, -code % CAL_MOE_BASE);
         if (-code / CAL_MOE_BASE)
             l->moe.expert_ffn_dim = -code / CAL_MOE_BASE;
@@ -166,6 +169,11 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths)
     for (int i = 0; i < nw; i++)
         for (int j = 0, take = nc < 5 ? nc : 5; j < take && n < max; j++)
             ffn[n++] = cal_moe_code(cnt[take == 1 ? nc - 1 : j * (nc - 1) / (take - 1)], w[i]);
+    /* the shared expert at each narrower width, beside the parent's experts (the cost model
+       adds its difference to any count and width: cm_moe_cost) */
+    int s[3], ns = e && moe_widths && e->shared_ffn_dim ? cal_moe_widths(e->shared_ffn_dim, s) : 0;
+    for (int i = 0; i < ns && n < max; i++)
+        ffn[n++] = cal_moe_shared_code(s[i]);
     for (int i = 0; i < nc && n < max; i++)
         ffn[n++] = cal_moe_code(cnt[i], 0);
     return n;
@@ -251,6 +259,10 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out, int moe_widths
             int w[3], nw = moe_widths ? cal_moe_widths(pe->expert_ffn_dim, w) : 0;
             int pick = nw ? (int)(eng_xorshift64(rng) % (uint64_t)(nw + 1)) : nw;   /* nw: the parent's width */
             cal_mlp_apply(parent, cal_moe_code(arch_moe_count_ok(pe, c) ? c : pe->n_experts, pick < nw ? w[pick] : 0), l);
+            int sw[3], ns = moe_widths && pe->shared_ffn_dim ? cal_moe_widths(pe->shared_ffn_dim, sw) : 0;
+            int sp = ns ? (int)(eng_xorshift64(rng) % (uint64_t)(ns + 1)) : ns;   /* ns: the parent's shared width */
+            if (sp < ns)
+                l->moe.shared_ffn_dim = sw[sp];
         } else if (F && mlp_here && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || !arch_layer_has_mixer(l))) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)

@@ -237,8 +237,9 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->akv[c->nA++] = kv[i];
         }
     for (int i = 0; i < nF; i++) {
-        if (f[i] < 0) {   /* experts of a width (llama.cpp's nemotron_h_moe holds 2 or more) */
-            if (-f[i] % CAL_MOE_BASE >= 2 && code_fits(c, 0, 0, f[i]))
+        if (f[i] < 0) {   /* experts of a width (llama.cpp's nemotron_h_moe holds 2 or more); the
+                             parent's shared expert only (its width is not priced here) */
+            if (!cal_moe_is_shared(f[i]) && -f[i] % CAL_MOE_BASE >= 2 && code_fits(c, 0, 0, f[i]))
                 c->fe[c->nE++] = f[i];
             continue;
         }

@@ -57,7 +57,9 @@ eng_backend *cal_backend_new(const char *device, const char *precision, int thre
  *        MoE layers then (with moe_widths) up to 5 of the expert counts below (the most among
  *        them) at each narrower width of cal_moe_widths, then the codes of n experts (n = 1..,
  *        up to the most experts, at most 16 points) at the parent's expert width
- *        (cal_moe_code): the last code is the parent's MLP;
+ *        (cal_moe_code): the last code is the parent's MLP; with moe_widths and a shared
+ *        expert, the parent's MoE with its shared expert at each narrower width of
+ *        cal_moe_widths comes before those (cal_moe_shared_code);
  *   for a parent with Mamba-2 layers the attention grid goes on with the codes (m, -1) for m
  *   Mamba heads (multiples of the groups, at most 16 points), see cal_mixer_apply;
  *   removed parts (size 0) for both.
@@ -74,9 +76,13 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths);
 int cal_moe_widths(int F, int w[3]);
 
 /* MLP grid codes of MoE blocks: -(width * CAL_MOE_BASE + n) for n experts of `width` units
- * (0: the parent's width). */
+ * (0: the parent's width), the parent's shared expert; -(CAL_MOE_SHARED + s) the parent's
+ * first MoE layer with its shared expert s units wide (cal_moe_shared_code). */
 #define CAL_MOE_BASE 8192
+#define CAL_MOE_SHARED (1 << 30)
 static inline int cal_moe_code(int n, int width) { return -(width * CAL_MOE_BASE + n); }
+static inline int cal_moe_shared_code(int s) { return -(CAL_MOE_SHARED + s); }
+static inline int cal_moe_is_shared(int code) { return code <= -CAL_MOE_SHARED; }
 
 /* An MLP grid code into layer l's MLP fields: code > 0 a dense FFN of that width; code < 0
  * an MoE (cal_moe_code) shaped as parent's first MoE layer (widths, norm_topk; top_k capped
@@ -100,8 +106,8 @@ json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target
                        int *reused, char *err, size_t errlen);
 
 /* A random heterogeneous arch derived from parent (per-layer heads in KV-group units,
- * FFN widths in multiples of 8, expert counts, with moe_widths expert widths of
- * cal_moe_widths too, removed attention / MLP / layers), reproducible from *rng. Returns 0
+ * FFN widths in multiples of 8, expert counts, with moe_widths expert and shared-expert
+ * widths of cal_moe_widths too, removed attention / MLP / layers), reproducible from *rng. Returns 0
  * or -1 (OOM). */
 int cal_random_arch(const arch *parent, uint64_t *rng, arch *out, int moe_widths);
 

@@ -425,35 +425,49 @@ static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int 
     return -1;
 }
 
+/* x into the ascending distinct list w[0..*n) of at most max. */
+static void insert_distinct(int *w, int *n, int max, int x)
+{
+    int k = 0;
+    while (k < *n && w[k] < x)
+        k++;
+    if ((k < *n && w[k] == x) || *n >= max)
+        return;
+    memmove(w + k + 1, w + k, sizeof *w * (size_t)(*n - k));
+    w[k] = x;
+    (*n)++;
+}
+
 int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max)
 {
     int n = 0;
     for (int i = 0; i < t->n_prefill; i++) {
         const cm_entry *e = &t->prefill[i];
-        if (e->part != CM_MLP || !e->n_experts || e->top_k != moe->top_k || e->shared_ffn_dim != moe->shared_ffn_dim ||
-            e->latent_dim != moe->latent_dim)
-            continue;
-        int k = 0, x = e->expert_ffn_dim;
-        while (k < n && w[k] < x)
-            k++;
-        if ((k < n && w[k] == x) || n >= max)
-            continue;
-        memmove(w + k + 1, w + k, sizeof *w * (size_t)(n - k));
-        w[k] = x;
-        n++;
+        if (e->part == CM_MLP && e->n_experts && e->top_k == moe->top_k && e->shared_ffn_dim == moe->shared_ffn_dim &&
+            e->latent_dim == moe->latent_dim)
+            insert_distinct(w, &n, max, e->expert_ffn_dim);
     }
     return n;
 }
 
-/* A part at an exact calibrated hidden size; an MoE whose expert width lies between two
- * calibrated widths interpolated linearly between them (each over the expert count). */
-static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
-                     const arch_mamba *mb, double out[3])
+int cm_moe_shared_widths(const cm_tables *t, const arch_moe *moe, int *w, int max)
 {
-    if (part_at_hidden(t, part, hidden, nh, nkv, ffn, moe, mb, out) == 0)
+    int n = 0;
+    for (int i = 0; i < t->n_prefill; i++) {
+        const cm_entry *e = &t->prefill[i];
+        if (e->part == CM_MLP && e->n_experts && e->latent_dim == moe->latent_dim && e->shared_ffn_dim)
+            insert_distinct(w, &n, max, e->shared_ffn_dim);
+    }
+    return n;
+}
+
+/* An MoE at an exact calibrated hidden size and shared width: its expert width calibrated,
+ * or between two calibrated widths, interpolated linearly between them (each over the expert
+ * count). */
+static int moe_at_hidden(const cm_tables *t, int hidden, const arch_moe *moe, double out[3])
+{
+    if (part_at_hidden(t, CM_MLP, hidden, 0, 0, 0, moe, NULL, out) == 0)
         return 0;
-    if (part != CM_MLP || !moe)
-        return -1;
     int w[MAX_GRID], n = cm_moe_widths(t, moe, w, MAX_GRID), x = moe->expert_ffn_dim;
     for (int i = 1; i < n; i++) {
         if (!(w[i - 1] < x && x < w[i]))
@@ -462,10 +476,84 @@ static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, 
         double ya[3], yb[3], f = (double)(x - w[i - 1]) / (w[i] - w[i - 1]);
         a.expert_ffn_dim = w[i - 1];
         b.expert_ffn_dim = w[i];
-        if (part_at_hidden(t, part, hidden, 0, 0, 0, &a, NULL, ya) || part_at_hidden(t, part, hidden, 0, 0, 0, &b, NULL, yb))
+        if (part_at_hidden(t, CM_MLP, hidden, 0, 0, 0, &a, NULL, ya) ||
+            part_at_hidden(t, CM_MLP, hidden, 0, 0, 0, &b, NULL, yb))
             return -1;
         for (int j = 0; j < 3; j++)
             out[j] = ya[j] + f * (yb[j] - ya[j]);
+        return 0;
+    }
+    return -1;
+}
+
+/* The shared-expert curve: the costs of entries of one routed shape (count, width, top-k; any
+ * top-k: the shared expert runs on every token whatever the routing; moe's latent) at hidden
+ * over their shared widths, at shared width s (interpolated
+ * linearly between calibrated ones). Into out for the first routed shape that has s0 among
+ * its shared widths and brackets s, with at0 its costs at s0. 0, or -1. */
+static int shared_curve(const cm_tables *t, int hidden, const arch_moe *moe, int s0, int s, double out[3],
+                        double at0[3])
+{
+    for (int i = 0; i < t->n_prefill; i++) {
+        const cm_entry *r = &t->prefill[i];
+        if (r->part != CM_MLP || r->hidden_size != hidden || !r->n_experts || r->latent_dim != moe->latent_dim ||
+            r->shared_ffn_dim != s0)
+            continue;
+        double lo_v[3], hi_v[3];
+        int lo = -1, hi = -1;   /* the calibrated shared widths around s at r's routed shape */
+        for (int j = 0; j < t->n_prefill; j++) {
+            const cm_entry *e = &t->prefill[j];
+            if (e->part != CM_MLP || e->hidden_size != hidden || e->n_experts != r->n_experts ||
+                e->top_k != r->top_k || e->expert_ffn_dim != r->expert_ffn_dim || e->latent_dim != r->latent_dim)
+                continue;
+            int x = e->shared_ffn_dim;
+            if (x <= s && (lo < 0 || x > lo)) {
+                lo = x;
+                entry_values(t, e, find_decode(t, e), lo_v);
+            }
+            if (x >= s && (hi < 0 || x < hi)) {
+                hi = x;
+                entry_values(t, e, find_decode(t, e), hi_v);
+            }
+        }
+        if (lo < 0 || hi < 0)
+            continue;
+        double f = hi > lo ? (double)(s - lo) / (hi - lo) : 0;
+        entry_values(t, r, find_decode(t, r), at0);
+        for (int j = 0; j < 3; j++)
+            out[j] = lo_v[j] + f * (hi_v[j] - lo_v[j]);
+        return 0;
+    }
+    return -1;
+}
+
+/* A part at an exact calibrated hidden size. An MoE whose shared expert is not calibrated at
+ * its count and width: the cost at a shared width that is (s0) plus the difference the
+ * calibration measured between s0 and its own shared width at another routed shape (the
+ * grid's: the parent's experts, cal_grid_mlp). The shared expert runs on every token beside
+ * the routed ones, so its cost adds; held-out validation measures what that misses. */
+static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
+                     const arch_mamba *mb, double out[3])
+{
+    if (part != CM_MLP || !moe)
+        return part_at_hidden(t, part, hidden, nh, nkv, ffn, moe, mb, out);
+    if (moe_at_hidden(t, hidden, moe, out) == 0)
+        return 0;
+    for (int i = 0; moe->shared_ffn_dim && i < t->n_prefill; i++) {
+        const cm_entry *e = &t->prefill[i];
+        if (e->part != CM_MLP || e->hidden_size != hidden || !e->n_experts || e->latent_dim != moe->latent_dim ||
+            !e->shared_ffn_dim || e->shared_ffn_dim == moe->shared_ffn_dim)
+            continue;
+        arch_moe b = *moe;
+        b.shared_ffn_dim = e->shared_ffn_dim;
+        double base[3], at_s[3], at_s0[3];
+        if (moe_at_hidden(t, hidden, &b, base) ||
+            shared_curve(t, hidden, moe, e->shared_ffn_dim, moe->shared_ffn_dim, at_s, at_s0))
+            continue;
+        for (int j = 0; j < 3; j++)
+            out[j] = base[j] + at_s[j] - at_s0[j];
+        if (out[2] < 0)
+            out[2] = 0;
         return 0;
     }
     return -1;

@@ -288,15 +288,23 @@ int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv
                  double *prefill_ms, double *decode_ms, double *workspace_bytes);
 /* The same for an MoE MLP of shape `moe` (n_experts > 0): interpolated over the expert
  * count between entries of the same top_k and widths, and linearly between the two
- * calibrated expert widths around moe's. 0, or -1 outside the tables. */
+ * calibrated expert widths around moe's. A shared-expert width the tables hold at other
+ * routed shapes only (the calibration prices narrower shared experts beside the parent's
+ * experts): the cost at a calibrated shared width plus the difference measured between the
+ * two widths there. 0, or -1 outside the tables. */
 int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
                 double *workspace_bytes);
 
-/* The same for a Mamba-2 mixer of shape `mb` (n_heads > 0): interpolated over the head count
- * between entries of the same head_dim, state size, groups and conv kernel. 0, or -1 outside. */
 /* The routed-expert widths the tables price for MoE blocks shaped as `moe` (its top_k, shared
  * and latent widths), ascending and distinct, into w[0..max); returns their count. */
 int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max);
+/* The shared-expert widths the tables price for MoE blocks of moe's latent (at any routed
+ * shape; cm_moe_cost carries them to the others), ascending and distinct; the count. */
+int cm_moe_shared_widths(const cm_tables *t, const arch_moe *moe, int *w, int max);
+
+/* The same as cm_moe_cost for a Mamba-2 mixer of shape `mb` (n_heads > 0): interpolated over
+ * the head count between entries of the same head_dim, state size, groups and conv kernel.
+ * 0, or -1 outside. */
 
 int cm_mamba_cost(const cm_tables *t, int hidden, const arch_mamba *mb, double *prefill_ms, double *decode_ms,
                   double *workspace_bytes);

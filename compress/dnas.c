@@ -37,18 +37,19 @@ void dnas_result_free(dnas_result *r)
 
 /* Offsets of the mask arrays inside the masks block (device pointers on any backend). */
 typedef struct {
-    size_t hidden, *head, *ffn, *exp, attn_gate, mlp_gate;
+    size_t hidden, *head, *ffn, *exp, *sh, attn_gate, mlp_gate;
 } mask_offsets;
 
 static int mask_offsets_init(const eng_model *m, mask_offsets *o)
 {
     const eng_masks *k = m->masks;
     int L = m->a.n_layers;
-    o->head = calloc((size_t)L * 3, sizeof(size_t));
+    o->head = calloc((size_t)L * 4, sizeof(size_t));
     if (!o->head)
         return -1;
     o->ffn = o->head + L;
     o->exp = o->head + 2 * L;
+    o->sh = o->head + 3 * L;
     o->hidden = (size_t)(k->hidden - k->block);
     o->attn_gate = (size_t)(k->attn_gate - k->block);
     o->mlp_gate = (size_t)(k->mlp_gate - k->block);
@@ -56,6 +57,7 @@ static int mask_offsets_init(const eng_model *m, mask_offsets *o)
         o->head[l] = k->head[l] ? (size_t)(k->head[l] - k->block) : (size_t)-1;
         o->ffn[l] = k->ffn[l] ? (size_t)(k->ffn[l] - k->block) : (size_t)-1;
         o->exp[l] = k->expert[l] ? (size_t)(k->expert[l] - k->block) : (size_t)-1;
+        o->sh[l] = k->shared[l] ? (size_t)(k->shared[l] - k->block) : (size_t)-1;
     }
     return 0;
 }
@@ -71,6 +73,12 @@ static int moe_groups(const arch_layer *l)
 static int moe_width(const search_space *sp, const arch_layer *pl, int k)
 {
     return sp->expw[k] ? sp->expw[k] : pl->moe.expert_ffn_dim;
+}
+
+/* The shared expert's width of MoE choice k in parent layer pl (0 when the choice removes the MLP). */
+static int moe_shared(const search_space *sp, const arch_layer *pl, int k)
+{
+    return !sp->exp[k] ? 0 : sp->shw[k] ? sp->shw[k] : pl->moe.shared_ffn_dim;
 }
 
 /* Soft prefix masks from the probabilities: unit j kept with P(size > j). */
@@ -137,6 +145,15 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                     v += d->p_ffn[l * sp->n_ffn + k];
             host[o->exp[l] + e] = (float)v;
         }
+        /* the shared expert's units (ranked): unit j kept with P(shared width > j); a removed MLP
+           removes it too */
+        for (int j = 0; o->sh[l] != (size_t)-1 && j < pl->moe.shared_ffn_dim; j++) {
+            double v = 0;
+            for (int k = 0; k < sp->n_exp; k++)
+                if (moe_shared(sp, pl, k) > j)
+                    v += d->p_ffn[l * sp->n_ffn + k];
+            host[o->sh[l] + j] = (float)v;
+        }
         host[o->attn_gate + l] = (float)d->p_keep[l * 2 + 1];
         host[o->mlp_gate + l] = (float)d->p_keep[l * 2 + 1];
     }
@@ -196,20 +213,32 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
                     s += g[o->exp[l] + e];
             d->g_ffn[l * sp->n_ffn + k] += s;
         }
+        for (int k = 0; o->sh[l] != (size_t)-1 && k < sp->n_exp; k++) {
+            double s = 0;
+            for (int j = 0, w = moe_shared(sp, pl, k); j < w; j++)
+                s += g[o->sh[l] + j];
+            d->g_ffn[l * sp->n_ffn + k] += s;
+        }
         if (sp->depth)
             d->g_keep[l * 2 + 1] += g[o->attn_gate + l] + g[o->mlp_gate + l];
     }
 }
 
-/* widths: an MoE layer's expert widths beside its counts (NULL elsewhere; 0: its own). */
-static json_t *probs_json(const double *p, const int *sizes, const int *widths, int n)
+/* widths, shared: an MoE layer's expert and shared-expert widths beside its counts (NULL
+ * elsewhere; 0: its own). */
+static json_t *probs_json(const double *p, const int *sizes, const int *widths, const int *shared, int n)
 {
     json_t *a = json_array();
-    for (int i = 0; a && i < n; i++)
-        if (sizes[i] >= 0)   /* an MLP axis longer than this layer's list */
-            json_array_append_new(a, widths && widths[i] ? json_pack("{s:i,s:i,s:f}", "size", sizes[i], "width",
-                                                                     widths[i], "p", p[i])
-                                                         : json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]));
+    for (int i = 0; a && i < n; i++) {
+        if (sizes[i] < 0)   /* an MLP axis longer than this layer's list */
+            continue;
+        json_t *o = json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]);
+        if (o && widths && widths[i])
+            json_object_set_new(o, "width", json_integer(widths[i]));
+        if (o && shared && shared[i])
+            json_object_set_new(o, "shared_width", json_integer(shared[i]));
+        json_array_append_new(a, o);
+    }
     return a;
 }
 
@@ -221,14 +250,16 @@ static json_t *distribution_json(const search_dist *d)
         json_array_append_new(layers, json_pack("{s:i,s:o,s:o,s:f}", "layer", l,
                                                 sp->mamba && sp->mamba[l] ? "mamba_heads" : "heads",
                                                 probs_json(d->p_heads + l * sp->n_heads, sp->mamba && sp->mamba[l]
-                                                           ? sp->mam : sp->heads, NULL, sp->mamba && sp->mamba[l]
+                                                           ? sp->mam : sp->heads, NULL, NULL, sp->mamba && sp->mamba[l]
                                                            ? sp->n_mam : sp->n_heads),
                                                 sp->moe && sp->moe[l] ? "experts" : "ffn",
                                                 probs_json(d->p_ffn + l * sp->n_ffn, sp->moe && sp->moe[l] ? sp->exp
                                                            : sp->ffn, sp->moe && sp->moe[l] ? sp->expw : NULL,
+                                                           sp->moe && sp->moe[l] ? sp->shw : NULL,
                                                            sp->moe && sp->moe[l] ? sp->n_exp : sp->n_ffn),
                                                 "keep", d->p_keep[l * 2 + 1]));
-    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, NULL, sp->n_hidden), "layers", layers);
+    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, NULL, NULL, sp->n_hidden), "layers",
+                     layers);
 }
 
 /* Over which limits do the costs x (latency, decode, bytes, params) go? Each one's table

@@ -34,6 +34,7 @@ typedef struct {
     int hidden, heads, ffn, depth;
     int experts;                /* per-layer expert counts of MoE layers */
     int expert_widths;          /* per-layer routed-expert widths of MoE layers (those the tables price) */
+    int shared_widths;          /* per-layer shared-expert widths of MoE layers (those the tables price) */
     int mamba;                  /* the Mamba head count (one for every Mamba layer) */
     /* What the requested export formats can express (DESIGN.md §8); the search space
      * is cut to it so that export never has to change the chosen arch. */

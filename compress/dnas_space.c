@@ -95,9 +95,11 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
 {
     double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
     int L = sp->n_layers, group = sp->group;
-    arch_moe mw = moe_in ? *moe_in : (arch_moe){0};   /* at choice k's expert width */
+    arch_moe mw = moe_in ? *moe_in : (arch_moe){0};   /* at choice k's expert and shared widths */
     if (moe_in && sp->expw[k])
         mw.expert_ffn_dim = sp->expw[k];
+    if (moe_in && sp->shw[k])
+        mw.shared_ffn_dim = sp->shw[k];
     const arch_moe *moe = moe_in ? &mw : NULL;
     if (size > 0) {
         int nh = part == CM_ATTN ? size : 0, nkv = part == CM_ATTN && !mb ? size / group : 0;
@@ -116,8 +118,8 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
             else if (part == CM_ATTN)
                 snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", size, H);
             else if (moe)
-                snprintf(err, errlen, "the calibration does not cover an MoE of %d experts of %d units at hidden %d", size,
-                         moe->expert_ffn_dim, H);
+                snprintf(err, errlen, "the calibration does not cover an MoE of %d experts of %d units (shared expert "
+                         "%d) at hidden %d", size, moe->expert_ffn_dim, moe->shared_ffn_dim, H);
             else
                 snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", size, H);
             return -1;
@@ -277,19 +279,37 @@ static int expert_widths(const arch *parent, const cm_tables *tb, int searched, 
     return n;
 }
 
-/* Units of a choice (count x width, the layer's own width for 0), for ordering. */
-static long expert_units(const arch_moe *m, int count, int width)
+/* The widths the shared expert may take: those the tables price for the first MoE layer's
+ * shape below its own, when searched and every MoE layer has that shared width; and 0 (the
+ * layer's own). Into w; the count. */
+static int shared_widths(const arch *parent, const cm_tables *tb, int searched, int *w)
 {
-    return (long)count * (width ? width : m->expert_ffn_dim);
+    const arch_moe *first = arch_first_moe(parent, NULL);
+    int n = 0, uniform = first != NULL && first->shared_ffn_dim > 0, cal[SEARCH_MAX_CHOICES];
+    for (int l = 0; uniform && l < parent->n_layers; l++)
+        uniform &= !parent->layers[l].moe.n_experts || parent->layers[l].moe.shared_ffn_dim == first->shared_ffn_dim;
+    int nc = searched && uniform ? cm_moe_shared_widths(tb, first, cal, SEARCH_MAX_CHOICES) : 0;
+    for (int i = 0; i < nc; i++)
+        if (cal[i] < first->shared_ffn_dim)
+            w[n++] = cal[i];
+    w[n++] = 0;
+    return n;
+}
+
+/* Units of a choice (count x width + shared width, the layer's own widths for 0), for ordering. */
+static long expert_units(const arch_moe *m, int count, int width, int shared)
+{
+    return (long)count * (width ? width : m->expert_ffn_dim) + (shared ? shared : m->shared_ffn_dim);
 }
 
 /* The MoE layers' choices: expert counts (every count up to the most, evenly spaced beyond
  * the axis, that the first MoE layer can keep, grouped: as many per group; not searched,
  * the parent's own: a llama.cpp calibration prices no single expert), each at every width
- * of expert_widths, ascending in expert units (counts thinned until they fit); 0 = MLP
- * removed when zero; sp->moe marks the MoE layers. 0, or -1 out of memory. */
+ * of expert_widths and every shared width of shared_widths, ascending in expert units
+ * (counts thinned until they fit); 0 = MLP removed when zero; sp->moe marks the MoE layers.
+ * 0, or -1 out of memory. */
 static int expert_axis(const arch *parent, const cm_tables *tb, search_space *sp, int zero, int searched,
-                       int widths_searched)
+                       int widths_searched, int shared_searched)
 {
     int L = parent->n_layers, Emax = 0;
     sp->moe = calloc((size_t)(L > 0 ? L : 1), 1);
@@ -304,6 +324,7 @@ static int expert_axis(const arch *parent, const cm_tables *tb, search_space *sp
     if (Emax && zero)
         sp->exp[sp->n_exp++] = 0;
     int cnt[SEARCH_MAX_CHOICES], nc = 0, w[SEARCH_MAX_CHOICES], nw = Emax ? expert_widths(parent, tb, widths_searched, w) : 0;
+    int s[SEARCH_MAX_CHOICES], ns = Emax ? shared_widths(parent, tb, shared_searched, s) : 0;
     for (int e = 1; !searched && e <= Emax && nc < SEARCH_MAX_CHOICES; e++)   /* the parent's, ascending */
         for (int l = 0; l < L; l++)
             if (parent->layers[l].moe.n_experts == e) {
@@ -317,25 +338,38 @@ static int expert_axis(const arch *parent, const cm_tables *tb, search_space *sp
         if ((!nc || e > cnt[nc - 1]) && arch_moe_count_ok(&most, e))
             cnt[nc++] = e;
     }
-    while (nc * nw > room) {   /* every other count, the most kept */
-        int k = 0;
-        for (int i = (nc - 1) % 2; i < nc; i += 2)
-            cnt[k++] = cnt[i];
-        nc = k;
+    /* too many: counts thinned to 8 or fewer, then the widest narrower shared and routed widths
+       dropped down to one narrower each (the layer's own kept), then counts thinned further, then
+       the last narrower widths dropped */
+    while (nc * nw * ns > room) {
+        if (nc <= 8 && (ns > 2 || (nc == 1 && ns > 1))) {
+            ns--;
+            s[ns - 1] = 0;
+        } else if (nc <= 8 && (nw > 2 || (nc == 1 && nw > 1))) {
+            nw--;
+            w[nw - 1] = 0;
+        } else {   /* every other count, the most kept */
+            int k = 0;
+            for (int i = (nc - 1) % 2; i < nc; i += 2)
+                cnt[k++] = cnt[i];
+            nc = k;
+        }
     }
     int base = sp->n_exp;
     for (int i = 0; i < nc; i++)
-        for (int j = 0; j < nw; j++) {   /* insertion by units, then count */
-            int at = sp->n_exp++;
-            long u = expert_units(&most, cnt[i], w[j]), v;
-            while (at > base && ((v = expert_units(&most, sp->exp[at - 1], sp->expw[at - 1])) > u ||
+        for (int j = 0; j < nw * ns; j++) {   /* insertion by units, then count */
+            int at = sp->n_exp++, wj = w[j / ns], sj = s[j % ns];
+            long u = expert_units(&most, cnt[i], wj, sj), v;
+            while (at > base && ((v = expert_units(&most, sp->exp[at - 1], sp->expw[at - 1], sp->shw[at - 1])) > u ||
                                  (v == u && sp->exp[at - 1] > cnt[i]))) {
                 sp->exp[at] = sp->exp[at - 1];
                 sp->expw[at] = sp->expw[at - 1];
+                sp->shw[at] = sp->shw[at - 1];
                 at--;
             }
             sp->exp[at] = cnt[i];
-            sp->expw[at] = w[j];
+            sp->expw[at] = wj;
+            sp->shw[at] = sj;
         }
     return 0;
 }
@@ -413,9 +447,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             sp->ffn[sp->n_ffn++] = f;
     }
     int nf_dense = sp->n_ffn, zero_exp = axes->depth && !axes->no_removed_mlp;   /* an MoE goes whole only with depth */
-    if (expert_axis(parent, tb, sp, zero_exp, axes->experts, axes->expert_widths) != 0)
+    if (expert_axis(parent, tb, sp, zero_exp, axes->experts, axes->expert_widths, axes->shared_widths) != 0)
         goto oom;
-    sp->tie_exp = (axes->experts || axes->expert_widths) && axes->uniform_experts;
+    sp->tie_exp = (axes->experts || axes->expert_widths || axes->shared_widths) && axes->uniform_experts;
     for (int l = 0, e0 = 0; sp->tie_exp && l < L; l++) {
         int e = parent->layers[l].moe.n_experts;
         if (e && e0 && e != e0) {
@@ -458,8 +492,9 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         for (int j = 0; j < sp->n_ffn; j++) {
             int f = search_mlp_size(sp, l, j), mine = sp->moe[l] ? pl->moe.n_experts : pl->ffn_dim;
             int searched = sp->moe[l] ? axes->experts : axes->ffn, zero = sp->moe[l] ? zero_exp : zero_ffn;
-            int fw = search_mlp_width(sp, l, j);
+            int fw = search_mlp_width(sp, l, j), sw = search_mlp_shared(sp, l, j);
             int ok = (sp->moe[l] || j < nf_dense) && f >= 0 && fw <= pl->moe.expert_ffn_dim &&
+                     sw <= pl->moe.shared_ffn_dim &&
                      (f == 0 ? mine == 0 || zero : searched ? f <= mine : f == mine) &&
                      (!sp->moe[l] || f == 0 || f == mine || f >= axes->min_experts) &&
                      (!sp->moe[l] || f == 0 || arch_moe_count_ok(&pl->moe, f));   /* grouped: as many per group */

@@ -12,7 +12,8 @@
 #include <time.h>
 
 typedef struct {
-    int hidden, heads, ffn, experts, ewidth, mamba, depth;   /* ewidth: the routed experts' (0: the parent's) */
+    int hidden, heads, ffn, experts, ewidth, swidth, mamba, depth;   /* ewidth, swidth: the routed and shared
+                                                                        experts' widths (0: the parent's) */
     int64_t params;
     int feasible;
 } mn_cand;
@@ -28,7 +29,7 @@ void mn_result_free(mn_result *r)
 }
 
 int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int experts,
-                    int ewidth, int mamba, int depth, arch *out)
+                    int ewidth, int swidth, int mamba, int depth, arch *out)
 {
     int L = parent->n_layers;
     if (depth < 0 || depth > L)
@@ -71,6 +72,8 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
         if (pl->moe.n_experts) {
             o->moe = arch_moe_keep(&pl->moe, experts);
             o->moe.expert_ffn_dim = ewidth > 0 ? ewidth : pl->moe.expert_ffn_dim;
+            if (swidth > 0 && pl->moe.shared_ffn_dim)
+                o->moe.shared_ffn_dim = swidth;
         } else if (pl->ffn_dim || !hybrid)
             o->ffn_dim = ffn;
     }
@@ -185,7 +188,7 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             j = (int)(r % (size_t)nF), r /= (size_t)nF;
             k = (int)(r % (size_t)nA), hi = (int)(r / (size_t)nA);
             int h = attn ? sp.heads[k] : 0, f = dense ? sp.ffn[j] : 0, e = moe ? sp.exp[x] : 0, mh = mamba ? sp.mam[q] : 0;
-            int ew = moe ? sp.expw[x] : 0;
+            int ew = moe ? sp.expw[x] : 0, sw = moe ? sp.shw[x] : 0;
             if ((attn && h <= 0) || (dense && f <= 0) || (moe && e <= 0))
                 continue;   /* uniform candidates keep every part of every kept layer */
             if ((!o->axes.heads && attn && h != first_heads(o->parent)) || (!o->axes.mamba && mh != own_mamba))
@@ -195,14 +198,15 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             arch a;
             cm_prediction p;
             char e2[256];
-            if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, ew, mh, depth, &a) != 0)
+            if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, ew, sw, mh, depth, &a) != 0)
                 continue;
             int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
             arch_free(&a);
             if (rc != 0)
                 continue;
             mn_cand *y = &c[n++];
-            *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .ewidth = ew, .mamba = mh,
+            *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .ewidth = ew, .swidth = sw,
+                           .mamba = mh,
                            .depth = depth, .params = p.params, .feasible = meets(&o->limits, &p)};
             if (!y->feasible)
                 note_violation(&o->limits, &p, &best_violation, cheapest, sizeof cheapest);
@@ -217,10 +221,12 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             if (j == i || !c[j].feasible)
                 continue;
             int wj = c[j].ewidth ? c[j].ewidth : INT_MAX, wi = c[i].ewidth ? c[i].ewidth : INT_MAX;
+            int sj = c[j].swidth ? c[j].swidth : INT_MAX, si = c[i].swidth ? c[i].swidth : INT_MAX;
             if (c[j].hidden >= c[i].hidden && c[j].heads >= c[i].heads && c[j].ffn >= c[i].ffn &&
-                c[j].experts >= c[i].experts && wj >= wi && c[j].mamba >= c[i].mamba && c[j].depth >= c[i].depth &&
+                c[j].experts >= c[i].experts && wj >= wi && sj >= si && c[j].mamba >= c[i].mamba &&
+                c[j].depth >= c[i].depth &&
                 (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn ||
-                 c[j].experts > c[i].experts || wj > wi || c[j].mamba > c[i].mamba || c[j].depth > c[i].depth))
+                 c[j].experts > c[i].experts || wj > wi || sj > si || c[j].mamba > c[i].mamba || c[j].depth > c[i].depth))
                 dominated = 1;
         }
         if (!dominated)
@@ -244,7 +250,7 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
     }
     for (int i = 0; i < want; i++)
         if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].ewidth,
-                            c[i].mamba, c[i].depth, &arr[i]) != 0) {
+                            c[i].swidth, c[i].mamba, c[i].depth, &arr[i]) != 0) {
             for (int k = 0; k < i; k++)
                 arch_free(&arr[k]);
             free(arr);

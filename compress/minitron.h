@@ -45,14 +45,15 @@ typedef struct {
 
 void mn_result_free(mn_result *r);
 
-/* The uniform candidate of (hidden, heads, ffn, experts, ewidth, mamba, depth): the `depth` most
- * important layers kept in their order, each with `heads` query heads (heads/group KV heads),
- * dense layers with FFN width `ffn`, MoE layers with `experts` experts (top-k capped at it; the
- * same count in every layer, as Minitron prunes experts) of `ewidth` units each (0: the
- * layer's own), Mamba layers with `mamba` heads.
+/* The uniform candidate of (hidden, heads, ffn, experts, ewidth, swidth, mamba, depth): the
+ * `depth` most important layers kept in their order, each with `heads` query heads (heads/group
+ * KV heads), dense layers with FFN width `ffn`, MoE layers with `experts` experts (top-k capped
+ * at it; the same count in every layer, as Minitron prunes experts) of `ewidth` units each and
+ * a shared expert (where the layer has one) of `swidth` (0: the layer's own widths), Mamba
+ * layers with `mamba` heads.
  * A nemotron_h layer keeps only the blocks its parent layer has. Returns 0 or -1 (OOM). */
 int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int heads, int ffn, int experts,
-                    int ewidth, int mamba, int depth, arch *out);
+                    int ewidth, int swidth, int mamba, int depth, arch *out);
 
 /* Frontier candidates, best first (largest predicted parameter count), at most `max`.
  * *out is a new array of n archs (free each with arch_free, then the array).

@@ -658,6 +658,11 @@ int search_mlp_width(const search_space *sp, int l, int j)
     return sp->moe && sp->moe[l] && j >= 0 && j < sp->n_exp ? sp->expw[j] : 0;
 }
 
+int search_mlp_shared(const search_space *sp, int l, int j)
+{
+    return sp->moe && sp->moe[l] && j >= 0 && j < sp->n_exp ? sp->shw[j] : 0;
+}
+
 int search_mixer_size(const search_space *sp, int l, int k)
 {
     if (sp->mamba && sp->mamba[l])
@@ -699,11 +704,13 @@ int search_choice_arch(const search_space *sp, const search_choice *c, const arc
             o->n_kv_heads = h > 0 ? h / sp->group : 0;
         }
         if (sp->moe && sp->moe[l]) {
-            int w = search_mlp_width(sp, l, c->ffn[l]);
+            int w = search_mlp_width(sp, l, c->ffn[l]), s = search_mlp_shared(sp, l, c->ffn[l]);
             if (f > 0)
                 o->moe = arch_moe_keep(&parent->layers[l].moe, f);
             if (f > 0 && w > 0)
                 o->moe.expert_ffn_dim = w;
+            if (f > 0 && s > 0)
+                o->moe.shared_ffn_dim = s;
         } else {
             o->ffn_dim = f > 0 ? f : 0;
         }

@@ -37,7 +37,9 @@ typedef struct {
     int n_ffn, ffn[SEARCH_MAX_CHOICES];       /* ffn[0] == 0 when removal allowed */
     int n_exp, exp[SEARCH_MAX_CHOICES];       /* MoE layers: expert counts (exp[0] == 0 when removal allowed) */
     int expw[SEARCH_MAX_CHOICES];             /* and the routed experts' width of choice j (0: the layer's
-                                                 own); the choices ascend in expert units (count x width) */
+                                                 own) */
+    int shw[SEARCH_MAX_CHOICES];              /* and its shared expert's width (0: the layer's own); the
+                                                 choices ascend in expert units (count x width + shared) */
     unsigned char *moe;                       /* [n_layers] 1: layer l's MLP is an MoE; its MLP axis
                                                  chooses exp[j] (j < n_exp), else ffn[j] */
     int n_mam, mam[SEARCH_MAX_CHOICES];       /* Mamba layers: head counts (multiples of the groups) */
@@ -153,6 +155,8 @@ void search_choice_parent(const search_space *sp, search_choice *c);
 int search_mlp_size(const search_space *sp, int l, int j);
 /* The routed experts' width of choice j in MoE layer l (0: the layer's own; 0 elsewhere). */
 int search_mlp_width(const search_space *sp, int l, int j);
+/* Its shared expert's width (0: the layer's own; 0 elsewhere). */
+int search_mlp_shared(const search_space *sp, int l, int j);
 /* The mixer size of choice k in layer l: attention heads, or a Mamba layer's head count
  * (-1: no such choice in that layer's list). */
 int search_mixer_size(const search_space *sp, int l, int k);

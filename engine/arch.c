@@ -338,9 +338,12 @@ size_t arch_summary(const arch *a, char *buf, size_t len)
             n = snprintf(part, sizeof part, " | L%d a- f", l->source_layer);
         if (l->ffn_dim)
             snprintf(part + n, sizeof part - (size_t)n, "%d", l->ffn_dim);
+        else if (l->moe.n_experts && l->moe.shared_ffn_dim)   /* +s: the shared expert's width */
+            snprintf(part + n, sizeof part - (size_t)n, "e%d/%dx%d+s%d", l->moe.n_experts, l->moe.top_k,
+                     l->moe.expert_ffn_dim, l->moe.shared_ffn_dim);
         else if (l->moe.n_experts)
-            snprintf(part + n, sizeof part - (size_t)n, "e%d/%dx%d%s", l->moe.n_experts, l->moe.top_k,
-                     l->moe.expert_ffn_dim, l->moe.shared_ffn_dim ? "+s" : "");
+            snprintf(part + n, sizeof part - (size_t)n, "e%d/%dx%d", l->moe.n_experts, l->moe.top_k,
+                     l->moe.expert_ffn_dim);
         else
             snprintf(part + n, sizeof part - (size_t)n, "-");
         size_t pl = strlen(part);

@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "  --device D            cpu (default) | cuda:N;  --precision P  fp32 (default)\n"
             "  --batch B --prompt S --output N   workload (default 1, 256, 64)\n"
             "  --axes LIST           searched axes, comma separated: hidden,heads,ffn,experts,\n"
-            "                        expert_widths,mamba_heads,depth\n"
+            "                        expert_widths,shared_expert_widths,mamba_heads,depth\n"
             "                        (default all, as jobs)\n"
             "  --calib FILE          calibration text (required)\n"
             "  --search-tokens N     architecture-selection budget (default 262144)\n"
@@ -64,7 +64,8 @@ typedef struct {
     int json_out;
 } search_args;
 
-/* --axes hidden,heads,ffn,experts,expert_widths,mamba_heads,depth. 0, or -1 after the message. */
+/* --axes hidden,heads,ffn,experts,expert_widths,shared_expert_widths,mamba_heads,depth. 0, or -1
+ * after the message. */
 static int parse_axes(cli_parser *p, dnas_axes *axes)
 {
     memset(axes, 0, sizeof *axes);
@@ -80,13 +81,15 @@ static int parse_axes(cli_parser *p, dnas_axes *axes)
             axes->experts = 1;
         else if (n == 13 && !strncmp(s, "expert_widths", 13))
             axes->expert_widths = 1;
+        else if (n == 20 && !strncmp(s, "shared_expert_widths", 20))
+            axes->shared_widths = 1;
         else if (n == 11 && !strncmp(s, "mamba_heads", 11))
             axes->mamba = 1;
         else if (n == 5 && !strncmp(s, "depth", 5))
             axes->depth = 1;
         else
-            return cli_fail(p, "unknown axis '%.*s' (hidden, heads, ffn, experts, expert_widths, mamba_heads, depth)",
-                            (int)n, s);
+            return cli_fail(p, "unknown axis '%.*s' (hidden, heads, ffn, experts, expert_widths, "
+                            "shared_expert_widths, mamba_heads, depth)", (int)n, s);
         s += n + (s[n] == ',');
     }
     return 0;

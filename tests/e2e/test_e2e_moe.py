@@ -6,9 +6,10 @@ with a latency limit at 85% of the parent's predicted latency and a parameter li
 of its parameters (heads, FFN widths and expert counts searched; not the hidden size nor
 depth) then succeeds: its report's arch is a qwen2_moe arch whose expert counts
 differ between layers (top-k capped at each count), its predicted latency and parameters
-are within the limits, the measured ones are reported with `holds`, and the HF export is a
-Qwen2MoeForCausalLM config with block_configs whose per-layer experts are the report's, and
-it loads back (`autocompress inspect`) as the same arch."""
+are within the limits, the measured ones are reported with `holds`, the search offered the
+shared expert's narrower widths, and the HF export is a Qwen2MoeForCausalLM config with
+block_configs whose per-layer experts and shared-expert widths are the report's, and it loads
+back (`autocompress inspect`) as the same arch."""
 import io
 import json
 import os
@@ -131,12 +132,21 @@ def main():
         assert conf["architectures"] == ["Qwen2MoeForCausalLM"], conf
         got = [b["ffn"].get("moe", {}).get("num_local_experts") for b in conf["block_configs"]]
         assert got == counts, (got, counts)
+        shared = [y["moe"]["shared_ffn_dim"] if y.get("moe") else None for y in arch["layers"]]
+        got = [b["ffn"].get("moe", {}).get("shared_expert_intermediate_dim") for b in conf["block_configs"]]
+        assert got == shared, (got, shared)
+        # the search offered narrower shared experts among those the calibration priced (12, 24,
+        # 36; 8 counts x 3 routed widths x 2 shared widths fill the axis)
+        _, sblob = download(s, job["id"], "search.json")
+        offered = {c.get("shared_width") for y in json.loads(sblob)["distribution"]["layers"]
+                   for c in y.get("experts", [])} - {None}
+        assert offered and offered <= {12, 24, 36}, offered
         back = json.loads(subprocess.run([AC_BIN, "inspect", os.path.dirname(cfgs[0]), "--json"], capture_output=True,
                                          text=True, check=True).stdout)
         back = back.get("arch", back)
         assert [y.get("moe") for y in back["layers"]] == [y.get("moe") for y in arch["layers"]], back
-        print("PASS: per-layer experts %s under latency %.3f ms and %d params, exported and reloaded" % (
-            counts, lim["latency_ms"], lim["params"]))
+        print("PASS: per-layer experts %s (shared experts %s) under latency %.3f ms and %d params, exported and "
+              "reloaded" % (counts, shared, lim["latency_ms"], lim["params"]))
 
 
 if __name__ == "__main__":

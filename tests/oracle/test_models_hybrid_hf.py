@@ -387,11 +387,16 @@ def check_grouped(tmp, c):
     cal = json.loads(run([AC, "calibrate", "--model", g, "--no-hidden", "--models", "1", "--reps", "1", "--validate",
                           "2", "--fit", "0", "--prompt", "8", "--output", "4", "--data-dir", dd, "--json"]).stdout)
     moe = [x["moe"] for x in cal["tables"]["prefill"] if x.get("moe")]
-    counts = sorted(m["n_experts"] for m in moe if m["expert_ffn_dim"] == c["Fe"])
+    counts = sorted(m["n_experts"] for m in moe if m["expert_ffn_dim"] == c["Fe"] and m["shared_ffn_dim"] == c["Fs"])
     narrow = sorted({m["expert_ffn_dim"] for m in moe} - {c["Fe"]})
-    check(counts == [6, 9, 12] and narrow == [3, 6, 9] and all(m["n_experts"] in (6, 9, 12) for m in moe),
-          "calibration times 6, 9 and 12 experts (multiples of the 3 groups, two at least in each): %s, and "
-          "narrower experts of %s units" % (counts, narrow))
+    shared = sorted((m["shared_ffn_dim"], m["n_experts"], m["expert_ffn_dim"]) for m in moe
+                    if m["shared_ffn_dim"] != c["Fs"])
+    want = sorted({c["Fs"] * k // 4 for k in (1, 2, 3)} - {0, c["Fs"]})
+    check(counts == [6, 9, 12] and narrow == [3, 6, 9] and all(m["n_experts"] in (6, 9, 12) for m in moe) and
+          shared == [(w, 12, c["Fe"]) for w in want],
+          "calibration times 6, 9 and 12 experts (multiples of the 3 groups, two at least in each): %s, narrower "
+          "experts of %s units, and the 12 experts beside a shared expert of %s units (the parent's %d)" % (
+              counts, narrow, [x[0] for x in shared], c["Fs"]))
     par = json.loads(run([AC, "estimate", "--arch", os.path.join(g, "config.json"), "--data-dir", dd, "--prompt", "8",
                           "--output", "4", "--json"]).stdout)["params"]
     for method in ("autocompress", "minitron"):

@@ -92,19 +92,26 @@ static void test_grids(void **state)
     assert_int_equal(f[1], 192);
     assert_int_equal(f[8], 1536);
     arch_free(&p);
-    /* an MoE of 4 experts of 32 units: 5 of the counts at 8, 16 and 24 units, then every count at 32 */
+    /* an MoE of 4 experts of 32 units and a shared expert of 48: 5 of the counts at 8, 16 and 24
+       units, the 4 experts beside a shared expert of 12, 24 and 36, then every count at 32 */
     tiny_moe_parent(&p, 2);
     int g[64], ng = cal_grid_mlp(&p, g, 64, 1), dense = 0;
     while (g[dense] > 0)
         dense++;
-    assert_int_equal(ng - dense, 3 * 4 + 4);
+    assert_int_equal(ng - dense, 3 * 4 + 3 + 4);
     arch_layer l;
     cal_mlp_apply(&p, g[dense], &l);
     assert_true(l.moe.n_experts == 1 && l.moe.expert_ffn_dim == 8 && l.moe.top_k == 1 && l.moe.shared_ffn_dim == 48);
     cal_mlp_apply(&p, g[dense + 7], &l);
     assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 16 && l.moe.top_k == 2);
+    for (int i = 0; i < 3; i++) {
+        assert_true(cal_moe_is_shared(g[dense + 12 + i]));
+        cal_mlp_apply(&p, g[dense + 12 + i], &l);
+        assert_true(l.moe.n_experts == 4 && l.moe.top_k == 2 && l.moe.expert_ffn_dim == 32 &&
+                    l.moe.shared_ffn_dim == 12 * (i + 1));
+    }
     cal_mlp_apply(&p, g[ng - 1], &l);
-    assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 32);
+    assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 32 && l.moe.shared_ffn_dim == 48);
     assert_int_equal(cal_grid_mlp(&p, g, 64, 0) - dense, 4);   /* no narrower experts (llama.cpp's grid) */
     arch_free(&p);
 }

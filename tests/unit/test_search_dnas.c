@@ -5,7 +5,8 @@
  * grid. Parameter limits are exact, so the assertions do not depend on timing noise.
  * A Mixtral parent: the search chooses an expert count per layer (top-k capped at it) under
  * the limit, and with expert widths an expert count and width per layer among the widths
- * the calibration priced; Minitron++ keeps one count (and width) in every layer. */
+ * the calibration priced; Minitron++ keeps one count (and width) in every layer. A Qwen2-MoE
+ * parent: a shared-expert width per layer, priced from the calibration's shared entries. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -270,22 +271,20 @@ static void test_minitron_frontier(void **state)
     free(c);
 }
 
-/* A ranked-free Mixtral parent of 3 layers, 6 experts (top 2) each, and its calibration. */
-static void test_moe_expert_counts(void **state)
+/* A parent of 3 layers of 4 heads and an MoE shaped as e (family fam), random weights, and
+ * its calibration (one model, no held-out archs). */
+static void moe_parent(world *w, const char *fam, arch_moe e, arch *a, eng_model *m, cm_tables *tb)
 {
-    world *w = *state;
-    arch a;
-    assert_int_equal(arch_init(&a, 3), 0);
-    a = (arch){.family = "mixtral", .vocab_size = 96, .hidden_size = 32, .head_dim = 8,
-               .max_position_embeddings = 256, .rope_theta = 10000, .norm_eps = 1e-5, .tie_word_embeddings = 1,
-               .n_layers = 3, .layers = a.layers};
+    assert_int_equal(arch_init(a, 3), 0);
+    *a = (arch){.vocab_size = 96, .hidden_size = 32, .head_dim = 8, .max_position_embeddings = 256,
+                .rope_theta = 10000, .norm_eps = 1e-5, .tie_word_embeddings = 1, .n_layers = 3, .layers = a->layers,
+                .attention_bias = !strcmp(fam, "qwen2_moe")};
+    snprintf(a->family, sizeof a->family, "%s", fam);
     for (int l = 0; l < 3; l++)
-        a.layers[l] = (arch_layer){.source_layer = l, .n_heads = 4, .n_kv_heads = 2,
-                                   .moe = {.n_experts = 6, .top_k = 2, .expert_ffn_dim = 16, .norm_topk = 1}};
+        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 4, .n_kv_heads = 2, .moe = e};
     char err[1024];
-    eng_model m;
-    assert_int_equal(eng_model_init(&m, &a, w->be, err, sizeof err), 0);
-    eng_model_randomize(&m, 5, 0.3f);
+    assert_int_equal(eng_model_init(m, a, w->be, err, sizeof err), 0);
+    eng_model_randomize(m, 5, 0.3f);
     cm_target t = {.device = "cpu", .precision = "fp32", .batch_size = 1, .prompt_tokens = 16, .output_tokens = 4};
     cal_opts co;
     cal_opts_default(&co);
@@ -294,12 +293,22 @@ static void test_moe_expert_counts(void **state)
     co.n_models = 1;
     co.validate = 0;
     co.fit = 0;
-    json_t *cal = cal_run(&a, &t, &co, err, sizeof err);
+    json_t *cal = cal_run(a, &t, &co, err, sizeof err);
     if (!cal)
         fail_msg("calibration failed: %s", err);
-    cm_tables tb;
-    assert_int_equal(cm_calibration_tables(cal, &tb, err, sizeof err), 0);
+    assert_int_equal(cm_calibration_tables(cal, tb, err, sizeof err), 0);
     json_decref(cal);
+}
+
+/* A ranked-free Mixtral parent of 3 layers, 6 experts (top 2) each, and its calibration. */
+static void test_moe_expert_counts(void **state)
+{
+    world *w = *state;
+    arch a;
+    eng_model m;
+    cm_tables tb;
+    moe_parent(w, "mixtral", (arch_moe){.n_experts = 6, .top_k = 2, .expert_ffn_dim = 16, .norm_topk = 1}, &a, &m, &tb);
+    char err[1024];
     dnas_opts o;
     opts(w, &o);
     o.parent = &m;
@@ -390,6 +399,99 @@ static void test_moe_expert_counts(void **state)
     arch_free(&a);
 }
 
+/* A Qwen2-MoE parent with a shared expert (24 units beside 6 experts of 16): the calibration
+ * prices the shared expert at 6, 12 and 18 units beside the parent's experts; the cost model
+ * carries the measured difference to every count; the space pairs each count with every
+ * shared width; DNAS chooses a shared width per layer among them and Minitron++ one for the
+ * model. */
+static void test_moe_shared_widths(void **state)
+{
+    world *w = *state;
+    arch a;
+    eng_model m;
+    cm_tables tb;
+    moe_parent(w, "qwen2_moe", (arch_moe){.n_experts = 6, .top_k = 2, .expert_ffn_dim = 16, .shared_ffn_dim = 24}, &a,
+               &m, &tb);
+    char err[1024];
+    int sw[8], nsw = cm_moe_shared_widths(&tb, &a.layers[0].moe, sw, 8);
+    assert_int_equal(nsw, 4);
+    assert_true(sw[0] == 6 && sw[1] == 12 && sw[2] == 18 && sw[3] == 24);
+    /* 3 experts with a 12-unit shared expert: priced at 24 units plus the difference measured
+       between 24 and 12 beside the parent's 6 experts */
+    arch_moe e3 = arch_moe_keep(&a.layers[0].moe, 3), e3s = e3, e6s = a.layers[0].moe;
+    e3s.shared_ffn_dim = e6s.shared_ffn_dim = 12;
+    double p3, d3, p3s, d3s, p6, d6, p6s, d6s;
+    assert_int_equal(cm_moe_cost(&tb, 32, &e3, &p3, &d3, NULL), 0);
+    assert_int_equal(cm_moe_cost(&tb, 32, &e3s, &p3s, &d3s, NULL), 0);
+    assert_int_equal(cm_moe_cost(&tb, 32, &a.layers[0].moe, &p6, &d6, NULL), 0);
+    assert_int_equal(cm_moe_cost(&tb, 32, &e6s, &p6s, &d6s, NULL), 0);
+    assert_true(fabs(p3s - (p3 + p6s - p6)) < 1e-9 * (1 + fabs(p3)) && fabs(d3s - (d3 + d6s - d6)) < 1e-9 * (1 + fabs(d3)));
+    arch_moe bad = e3;
+    bad.shared_ffn_dim = 3;   /* below every calibrated shared width: outside the tables */
+    assert_int_equal(cm_moe_cost(&tb, 32, &bad, &p3, &d3, NULL), -1);
+    dnas_opts o;
+    opts(w, &o);
+    o.parent = &m;
+    o.tables = &tb;
+    double parent = (double)arch_params(&a);
+    o.limits.params = 0.6 * parent;
+    search_space sp;
+    search_costs costs;
+    dnas_axes ax = {.experts = 1, .shared_widths = 1};
+    if (dnas_space_build(&a, &tb, &o.limits, &ax, &sp, &costs, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(sp.n_exp, 6 * 4);
+    for (int j = 1; j < sp.n_exp; j++) {
+        assert_int_equal(sp.expw[j], 0);
+        assert_true(sp.exp[j - 1] * 16 + (sp.shw[j - 1] ? sp.shw[j - 1] : 24) <= sp.exp[j] * 16 + (sp.shw[j] ? sp.shw[j] : 24));
+    }
+    assert_true(sp.exp[sp.n_exp - 1] == 6 && sp.shw[sp.n_exp - 1] == 0);   /* the parent's last */
+    dnas_space_free(&sp, &costs);
+    /* not searched: the parent's shared width only */
+    ax.shared_widths = 0;
+    assert_int_equal(dnas_space_build(&a, &tb, &o.limits, &ax, &sp, &costs, err, sizeof err), 0);
+    assert_int_equal(sp.n_exp, 6);
+    for (int j = 0; j < sp.n_exp; j++)
+        assert_int_equal(sp.shw[j], 0);
+    dnas_space_free(&sp, &costs);
+    ax.shared_widths = 1;
+    o.axes = ax;
+    dnas_result r;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    char s[1024];
+    arch_summary(&r.arch, s, sizeof s);
+    printf("MoE with shared widths: chosen %s: %.0f params (limit %.0f)\n", s, (double)arch_params(&r.arch),
+           o.limits.params);
+    assert_true(arch_params(&r.arch) <= o.limits.params && arch_params(&r.arch) >= 0.85 * o.limits.params);
+    assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
+    for (int l = 0; l < r.arch.n_layers; l++) {
+        int fs = r.arch.layers[l].moe.shared_ffn_dim;
+        assert_true(fs == 6 || fs == 12 || fs == 18 || fs == 24);
+        assert_int_equal(r.arch.layers[l].moe.expert_ffn_dim, 16);
+    }
+    json_t *ch = json_object_get(json_array_get(json_object_get(r.distribution, "layers"), 0), "experts");
+    int named = 0;
+    for (size_t i = 0; i < json_array_size(ch); i++)
+        named += json_object_get(json_array_get(ch, i), "shared_width") != NULL;
+    assert_int_equal(named, 6 * 3);   /* the narrower choices name their shared width */
+    dnas_result_free(&r);
+    mn_opts mo = {.parent = &a, .tables = &tb, .max_candidates = 3, .limits = {.params = 0.6 * parent}, .axes = ax};
+    arch *c = NULL;
+    int n = 0;
+    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++) {
+        for (int l = 0; l < c[i].n_layers; l++)
+            assert_int_equal(c[i].layers[l].moe.shared_ffn_dim, c[i].layers[0].moe.shared_ffn_dim);
+        assert_true(arch_params(&c[i]) <= 0.6 * parent);
+        arch_free(&c[i]);
+    }
+    free(c);
+    cm_tables_free(&tb);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
 /* The aim's served margin: the median over the held-out archs of their two fresh processes'
  * spread (4%, 2%, 5% -> 4), a larger user margin instead, the limits as given kept. */
 static void test_aim_served_margin(void **state)
@@ -424,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_aim_served_margin),
         cmocka_unit_test(test_minitron_frontier),
         cmocka_unit_test(test_moe_expert_counts),
+        cmocka_unit_test(test_moe_shared_widths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
