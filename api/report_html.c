@@ -308,7 +308,8 @@ static int layer_field(json_t *pl, json_t *rl, int have_result, size_t n, const 
 }
 
 /* Per-layer kept FFN width and heads (and, where the parent has them, experts, the routed
- * experts' width and Mamba heads): parent vs result (by source layer). */
+ * experts' width, the shared expert's width and Mamba heads): parent vs result (by source
+ * layer). */
 static void layer_charts(strbuf *b, json_t *parent_arch, json_t *result_arch)
 {
     json_t *pl = json_object_get(parent_arch, "layers"), *rl = json_object_get(result_arch, "layers");
@@ -332,17 +333,22 @@ static void layer_charts(strbuf *b, json_t *parent_arch, json_t *result_arch)
     }
     static const struct {
         const char *obj, *key, *title;
-        int always;
+        int always, valued;   /* valued: drawn only where some parent layer has the field above 0 */
     } charts[] = {
-        {"mlp", "ffn_dim", "Kept FFN width per layer", 1},
-        {"attention", "n_heads", "Attention heads per layer", 1},
-        {"moe", "n_experts", "Experts kept per MoE layer", 0},
-        {"moe", "expert_ffn_dim", "Routed experts' width per MoE layer", 0},
-        {"mamba", "n_heads", "Mamba heads per layer", 0},
+        {"mlp", "ffn_dim", "Kept FFN width per layer", 1, 0},
+        {"attention", "n_heads", "Attention heads per layer", 1, 0},
+        {"moe", "n_experts", "Experts kept per MoE layer", 0, 0},
+        {"moe", "expert_ffn_dim", "Routed experts' width per MoE layer", 0, 0},
+        {"moe", "shared_ffn_dim", "Shared expert's width per MoE layer", 0, 1},
+        {"mamba", "n_heads", "Mamba heads per layer", 0, 0},
     };
-    for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++)
-        if (layer_field(pl, rl, result_arch != NULL, n, charts[c].obj, charts[c].key, pv, rv) || charts[c].always)
+    for (size_t c = 0; c < sizeof charts / sizeof charts[0]; c++) {
+        int any = layer_field(pl, rl, result_arch != NULL, n, charts[c].obj, charts[c].key, pv, rv), valued = 0;
+        for (size_t i = 0; i < n; i++)
+            valued |= pv[i] > 0;
+        if ((any && (valued || !charts[c].valued)) || charts[c].always)
             svg_bars(b, charts[c].title, labels, pv, rv, (int)n, "parent", "result", C_PARENT, C_RESULT, 0, "");
+    }
 out:
     free(lab);
     free(labels);

@@ -324,8 +324,8 @@ static void test_layer_charts_moe(void **state)
     free(html);
     json_t *pl = json_array(), *rl = json_array();
     for (int i = 0; i < 3; i++)
-        json_array_append_new(pl, json_pack("{s:{s:i},s:{s:i,s:i}}", "attention", "n_heads", 9, "moe", "n_experts", 8,
-                                            "expert_ffn_dim", 128));
+        json_array_append_new(pl, json_pack("{s:{s:i},s:{s:i,s:i,s:i}}", "attention", "n_heads", 9, "moe", "n_experts",
+                                            8, "expert_ffn_dim", 128, "shared_ffn_dim", 0));
     json_array_append_new(rl, json_pack("{s:i,s:{s:i},s:{s:i,s:i}}", "source_layer", 0, "attention", "n_heads", 9,
                                         "moe", "n_experts", 6, "expert_ffn_dim", 96));
     json_array_append_new(rl, json_pack("{s:i,s:{s:i},s:{s:i,s:i}}", "source_layer", 2, "attention", "n_heads", 9,
@@ -340,6 +340,17 @@ static void test_layer_charts_moe(void **state)
     assert_non_null(strstr(w, "<title>96</title>"));
     assert_non_null(strstr(w, "<title>32</title>"));
     assert_null(strstr(html, "Mamba heads per layer"));
+    assert_null(strstr(html, "Shared expert's width per MoE layer"));   /* no shared expert in the parent */
+    free(html);
+    /* a parent with shared experts of 512 units, the result's narrowed to 384 in layer 2 */
+    for (int i = 0; i < 3; i++)
+        json_object_set_new(json_object_get(json_array_get(pl, (size_t)i), "moe"), "shared_ffn_dim", json_integer(512));
+    json_object_set_new(json_object_get(json_array_get(rl, 0), "moe"), "shared_ffn_dim", json_integer(512));
+    json_object_set_new(json_object_get(json_array_get(rl, 1), "moe"), "shared_ffn_dim", json_integer(384));
+    html = render(r);
+    const char *s = strstr(html, "Shared expert's width per MoE layer");
+    assert_non_null(s);
+    assert_non_null(strstr(s, "<title>384</title>"));
     free(html);
     json_decref(r);
 }
