@@ -9,6 +9,8 @@
 #   CUDA=1             also build the CUDA backend in cuda/ (needs nvcc, cuBLAS, NCCL)
 #   BUILD=build        output folder (out of tree)
 #   CUDA_ARCHS="80 89 90 120"    SM targets for CUDA=1
+#   JOBS=N             parallel compiles of the builds that run, test and test-slow start (the
+#                      machine's cores)
 CC       ?= gcc
 BUILD    ?= build
 OPT      ?= -O2
@@ -18,6 +20,7 @@ CUDA     ?= 0
 NVCC     ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
 CUDA_ARCHS ?= 80 89 90 120
+JOBS     ?= $(shell nproc 2>/dev/null || echo 1)
 
 # Package flags are read lazily, once, when a rule first needs them: the goals that
 # install packages first (run, test, test-slow) build in a sub-make started after `deps`,
@@ -131,21 +134,22 @@ $(foreach t,$(TOOL_SRCS),$(eval $(call tool_rule,$(t))))
 # package flags only then (a fresh machine has none before `deps`).
 # make run: build, then start the server with its embedded defaults and run the demo against it.
 run: deps
-	@$(MAKE) --no-print-directory $(BUILD)/autocompress
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/autocompress
 	@scripts/run.sh $(BUILD)/autocompress
 
 # make test: unit tests, black-box HTTP tests and numerical oracles; closes with "N passed, N failed".
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@BUILD=$(BUILD) tests/run_all.sh
 
 # The slow tier too: llama.cpp (PyPI llama-cpp-python, built from source) and SmolLM2 checks.
 test-slow: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@AC_SLOW=1 BUILD=$(BUILD) tests/run_all.sh
 
+# (scripts marked "# sanitize: once" run in make test only: tests/run_all.sh)
 test-sanitize:
-	@AC_PG=store $(MAKE) --no-print-directory test SANITIZE=address,undefined OPT=-O1
+	@AC_PG=store AC_SANITIZED=1 $(MAKE) --no-print-directory test SANITIZE=address,undefined OPT=-O1
 
 fuzz:
 	@tests/fuzz/build.sh

@@ -23,6 +23,10 @@ pass=0; fail=0; skip=0; failed=()
 # Scripts marked "# tier: slow" (they need llama.cpp built from PyPI or the SmolLM2
 # model and take minutes) run only with AC_SLOW=1 (make test-slow).
 slow_tier() { grep -q '^# tier: slow' "$1" && [ "${AC_SLOW:-0}" != 1 ]; }
+# Scripts marked "# sanitize: once" (minutes under ASan, their C paths sanitized by other
+# tests) are left out of the sanitized pass (make test-sanitize sets AC_SANITIZED=1), so
+# that CI stays within its time.
+sanitized_once() { grep -q '^# sanitize: once' "$1" && [ "${AC_SANITIZED:-0}" = 1 ]; }
 run_one() {
     local name=$1; shift
     [ -n "$pattern" ] && [[ "$name" != *$pattern* ]] && return
@@ -58,6 +62,9 @@ run_scripts() {
             [ -n "$pattern" ] && [[ "$name" != *$pattern* ]] && continue
             if slow_tier "$t"; then
                 skip=$((skip+1)); printf 'SKIP %-48s (slow tier: make test-slow)\n' "$name"; continue
+            fi
+            if sanitized_once "$t"; then
+                skip=$((skip+1)); printf 'SKIP %-48s (runs unsanitized only: make test)\n' "$name"; continue
             fi
             case $t in
             *.sh) run_one "$name" bash "$t" ;;

@@ -16,6 +16,7 @@ NemotronHForCausalLM config whose mamba_num_heads and pattern are the report's, 
 third job exporting "hf" alone under 90% of the parameters ends with expert counts that differ per
 MoE layer, written as NemotronH block_configs and reloaded as the report's arch (llama.cpp's GGUF
 holds one count, so with "gguf" asked the experts stay). Random weights: no quality claim."""
+# store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
 import io
 import json
 import os

@@ -17,6 +17,7 @@ F32 weights, 2 threads):
   a llama.cpp job with a 422 at /target/engine that says so;
 - the calibration's tables are valid under the schema docs/timing-tables.md gives for an
   import (the door for tables measured elsewhere), llama.cpp's fields included."""
+# store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
 import hashlib
 import json
 import os

@@ -20,6 +20,8 @@ end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
   (a base of one Mamba layer per head count), is estimated from it, and a job cut by a
   params limit holds its limits measured in llama.cpp.
 Random weights: no quality claim."""
+# store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
+# sanitize: once (83 s under ASan; its job path is test_e2e_llamacpp's, its GGUF export test_models_gguf_families')
 import os
 import subprocess
 import sys

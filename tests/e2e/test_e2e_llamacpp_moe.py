@@ -19,6 +19,8 @@ shape for every layer of a model, so:
   experts (at least 2, top-k within them) or narrower ones than the parent's;
 - the same calibration for a Mixtral parent (llama.cpp's llama graph with experts).
 Random weights: no quality claim."""
+# store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
+# sanitize: once (49 s under ASan; its job path is test_e2e_llamacpp's, its GGUF export test_models_gguf_families')
 import json
 import os
 import subprocess

@@ -10,6 +10,7 @@ are within the limits, the measured ones are reported with `holds`, the search o
 shared expert's narrower widths, and the HF export is a Qwen2MoeForCausalLM config with
 block_configs whose per-layer experts and shared-expert widths are the report's, and it loads
 back (`autocompress inspect`) as the same arch."""
+# store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
 import io
 import json
 import os

@@ -14,6 +14,7 @@ perplexity, eval, export, estimate); calibrate, prune, distill, run and search, 
 shape on 2 cores, run on stories260K in all three formats (its GGUF written by `export`). The
 SmolLM2 job is bench/job/smollm2.sh.
 # store: incidental (model formats and paths; not run again in the PostgreSQL pass)
+# sanitize: once (58 s under ASan: pipelines other tests sanitize; the format probe is the format tests')
 """
 import json
 import os

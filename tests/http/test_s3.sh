@@ -6,6 +6,7 @@
 # PUT; a missing object, a FIFO given as the file, a bad URL, an unreachable endpoint and
 # missing credentials each fail naming the cause, and the secret key never appears in
 # what is printed. (moto does not check signatures: unit/test_sigv4 checks those.)
+# store: incidental (the S3 client alone, no server; not run again in the PostgreSQL pass)
 set -eu
 source "$(dirname "$0")/acserver.sh"
 source "$(dirname "$0")/../../scripts/pyenv.sh"
