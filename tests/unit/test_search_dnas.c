@@ -300,6 +300,28 @@ static void moe_parent(world *w, const char *fam, arch_moe e, arch *a, eng_model
     json_decref(cal);
 }
 
+/* Minitron++'s frontier under mo: at least one candidate, each within mo's parameter limit,
+ * every MoE layer of a candidate shaped as its first (one count, width and shared width). */
+static void uniform_frontier(const mn_opts *mo)
+{
+    char err[1024];
+    arch *c = NULL;
+    int n = 0;
+    assert_int_equal(mn_frontier(mo, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++) {
+        const arch_moe *f = &c[i].layers[0].moe;
+        for (int l = 0; l < c[i].n_layers; l++) {
+            const arch_moe *e = &c[i].layers[l].moe;
+            assert_true(e->n_experts == f->n_experts && e->top_k == f->top_k &&
+                        e->expert_ffn_dim == f->expert_ffn_dim && e->shared_ffn_dim == f->shared_ffn_dim);
+        }
+        assert_true(arch_params(&c[i]) <= mo->limits.params);
+        arch_free(&c[i]);
+    }
+    free(c);
+}
+
 /* A ranked-free Mixtral parent of 3 layers, 6 experts (top 2) each, and its calibration. */
 static void test_moe_expert_counts(void **state)
 {
@@ -343,17 +365,7 @@ static void test_moe_expert_counts(void **state)
     /* Minitron++: one expert count for every layer */
     mn_opts mo = {.parent = &a, .tables = &tb, .max_candidates = 3, .limits = {.params = 0.7 * parent},
                   .axes = {.experts = 1}};
-    arch *c = NULL;
-    int n = 0;
-    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
-    assert_true(n >= 1);
-    for (int i = 0; i < n; i++) {
-        for (int l = 0; l < c[i].n_layers; l++)
-            assert_int_equal(c[i].layers[l].moe.n_experts, c[i].layers[0].moe.n_experts);
-        assert_true(arch_params(&c[i]) <= 0.7 * parent);
-        arch_free(&c[i]);
-    }
-    free(c);
+    uniform_frontier(&mo);
     /* expert widths too: the space pairs every count with the priced widths (4, 8, 12 and the
        parent's 16 units), ascending in expert units; both methods choose among them */
     search_space sp;
@@ -385,15 +397,7 @@ static void test_moe_expert_counts(void **state)
     dnas_result_free(&r);
     mo.axes = ax;
     mo.limits.params = 0.6 * parent;
-    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
-    assert_true(n >= 1);
-    for (int i = 0; i < n; i++) {
-        for (int l = 0; l < c[i].n_layers; l++)
-            assert_int_equal(c[i].layers[l].moe.expert_ffn_dim, c[i].layers[0].moe.expert_ffn_dim);
-        assert_true(arch_params(&c[i]) <= 0.6 * parent);
-        arch_free(&c[i]);
-    }
-    free(c);
+    uniform_frontier(&mo);
     cm_tables_free(&tb);
     eng_model_free(&m);
     arch_free(&a);
@@ -476,17 +480,7 @@ static void test_moe_shared_widths(void **state)
     assert_int_equal(named, 6 * 3);   /* the narrower choices name their shared width */
     dnas_result_free(&r);
     mn_opts mo = {.parent = &a, .tables = &tb, .max_candidates = 3, .limits = {.params = 0.6 * parent}, .axes = ax};
-    arch *c = NULL;
-    int n = 0;
-    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
-    assert_true(n >= 1);
-    for (int i = 0; i < n; i++) {
-        for (int l = 0; l < c[i].n_layers; l++)
-            assert_int_equal(c[i].layers[l].moe.shared_ffn_dim, c[i].layers[0].moe.shared_ffn_dim);
-        assert_true(arch_params(&c[i]) <= 0.6 * parent);
-        arch_free(&c[i]);
-    }
-    free(c);
+    uniform_frontier(&mo);
     cm_tables_free(&tb);
     eng_model_free(&m);
     arch_free(&a);
