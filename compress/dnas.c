@@ -233,31 +233,41 @@ static json_t *probs_json(const double *p, const int *sizes, const int *widths, 
         if (sizes[i] < 0)   /* an MLP axis longer than this layer's list */
             continue;
         json_t *o = json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]);
-        if (o && widths && widths[i])
-            json_object_set_new(o, "width", json_integer(widths[i]));
-        if (o && shared && shared[i])
-            json_object_set_new(o, "shared_width", json_integer(shared[i]));
-        json_array_append_new(a, o);
+        if (!o || (widths && widths[i] && json_object_set_new(o, "width", json_integer(widths[i]))) ||
+            (shared && shared[i] && json_object_set_new(o, "shared_width", json_integer(shared[i])))) {
+            json_decref(o);
+            json_decref(a);
+            return NULL;
+        }
+        if (json_array_append_new(a, o)) {
+            json_decref(a);
+            return NULL;
+        }
     }
     return a;
 }
 
+/* The final probabilities per axis, as the search document's "distribution": new
+ * reference, NULL on OOM. */
 static json_t *distribution_json(const search_dist *d)
 {
     const search_space *sp = d->sp;
     json_t *layers = json_array();
-    for (int l = 0; layers && l < sp->n_layers; l++)
-        json_array_append_new(layers, json_pack("{s:i,s:o,s:o,s:f}", "layer", l,
-                                                sp->mamba && sp->mamba[l] ? "mamba_heads" : "heads",
-                                                probs_json(d->p_heads + l * sp->n_heads, sp->mamba && sp->mamba[l]
-                                                           ? sp->mam : sp->heads, NULL, NULL, sp->mamba && sp->mamba[l]
-                                                           ? sp->n_mam : sp->n_heads),
-                                                sp->moe && sp->moe[l] ? "experts" : "ffn",
-                                                probs_json(d->p_ffn + l * sp->n_ffn, sp->moe && sp->moe[l] ? sp->exp
-                                                           : sp->ffn, sp->moe && sp->moe[l] ? sp->expw : NULL,
-                                                           sp->moe && sp->moe[l] ? sp->shw : NULL,
-                                                           sp->moe && sp->moe[l] ? sp->n_exp : sp->n_ffn),
-                                                "keep", d->p_keep[l * 2 + 1]));
+    for (int l = 0; layers && l < sp->n_layers; l++) {
+        int mam = sp->mamba && sp->mamba[l], moe = sp->moe && sp->moe[l];
+        /* json_pack steals both axes, and fails when either is NULL */
+        json_t *layer = json_pack("{s:i,s:o,s:o,s:f}", "layer", l, mam ? "mamba_heads" : "heads",
+                                  probs_json(d->p_heads + l * sp->n_heads, mam ? sp->mam : sp->heads, NULL, NULL,
+                                             mam ? sp->n_mam : sp->n_heads),
+                                  moe ? "experts" : "ffn",
+                                  probs_json(d->p_ffn + l * sp->n_ffn, moe ? sp->exp : sp->ffn, moe ? sp->expw : NULL,
+                                             moe ? sp->shw : NULL, moe ? sp->n_exp : sp->n_ffn),
+                                  "keep", d->p_keep[l * 2 + 1]);
+        if (!layer || json_array_append_new(layers, layer)) {
+            json_decref(layers);
+            return NULL;
+        }
+    }
     return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, NULL, NULL, sp->n_hidden), "layers",
                      layers);
 }
@@ -639,7 +649,10 @@ int dnas_run(const dnas_opts *o, dnas_result *r, char *err, size_t errlen)
         }
     }
     search_dist_probs(&w->d, o->tau_min, NULL);
-    r->distribution = distribution_json(&w->d);
+    if (!(r->distribution = distribution_json(&w->d))) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
     if (decode_and_repair(&w->d, &w->costs, o, pa, r, err, errlen) != 0)
         goto out;
     rc = 0;
