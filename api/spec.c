@@ -519,7 +519,7 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
     if (!c)
         return out;
     static const char *const keys[] = {"latency_ms", "throughput_tokens_per_s", "memory_gib", "params", "margin_pct",
-                                       NULL};
+                                       "served_check", NULL};
     only_keys(v, c, "/constraints", keys);
     int any = 0;
     for (int i = 0; i < 3; i++) {
@@ -554,7 +554,10 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
         else
             json_object_set_new(out, "margin_pct", json_real(x));
     }
-    if (!any && (json_object_size(c) == 0 || mg))
+    json_t *sc = member(v, c, "/constraints", "served_check", JSON_TRUE, 0);
+    if (sc)
+        json_object_set_new(out, "served_check", json_boolean(json_is_true(sc)));
+    if (!any && (json_object_size(c) == 0 || mg || sc))
         fault(v, 422, "/constraints", "give at least one of latency_ms, throughput_tokens_per_s, memory_gib, params");
     return out;
 }

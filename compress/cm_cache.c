@@ -145,6 +145,9 @@ int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen)
     json_t *idj = json_object_get(cal, "id");
     if (json_is_string(idj))
         snprintf(t->id, sizeof t->id, "%s", json_string_value(idj));
+    json_t *src = json_object_get(cal, "source");   /* "import": measured in another engine */
+    if (json_is_string(src) && !strcmp(json_string_value(src), "import"))
+        snprintf(t->source, sizeof t->source, "import");
     return 0;
 }
 

@@ -251,8 +251,9 @@ json_t *cm_calibration_load(const char *data_dir, const char *id, char *err, siz
  * Returns 0, or -1 with a reason. */
 int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t errlen);
 
-/* Parse a calibration object's target and tables into t (id copied). 0, or -1 with a
- * pointer-named reason. */
+/* Parse a calibration object's target and tables into t (id copied; source "import"
+ * when the calibration says so, else "autocompress"). 0, or -1 with a pointer-named
+ * reason. */
 int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen);
 
 /* Find a cached calibration whose tables cover `a` on target t (same device,

@@ -267,6 +267,12 @@ typedef struct {
     sc_check *sc;
 } served_cb;
 
+/* The engine a served check runs in, for messages. */
+static const char *served_engine(const cm_target *t)
+{
+    return cm_target_llamacpp(t) ? "llama.cpp" : "the built-in engine";
+}
+
 /* DNAS's check: the arch served in the target engine beside the parent. */
 static int on_check(void *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
 {
@@ -278,8 +284,8 @@ static int on_check(void *c, const arch *a, const cm_prediction *pred, cm_predic
     if (sc_measure(cb->sc, a, pred, m, err, errlen))
         return -1;
     char msg[256];
-    snprintf(msg, sizeof msg, "served the chosen arch in llama.cpp: %.1f ms (predicted %.1f), %.1f MiB peak",
-             m->latency_ms, pred->latency_ms, m->total / 1048576.0);
+    snprintf(msg, sizeof msg, "served the chosen arch in %s: %.1f ms (predicted %.1f), %.1f MiB peak",
+             served_engine(cb->o->served), m->latency_ms, pred->latency_ms, m->total / 1048576.0);
     json_t *checks = json_object_get(sc_doc(cb->sc), "checks");
     emit(cb->o, "search.check", msg, json_deep_copy(json_array_get(checks, json_array_size(checks) - 1)));
     return 0;
@@ -429,15 +435,16 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     memset(&anchored, 0, sizeof anchored);
     int rc = 0;
     if (o->served) {
-        emit(o, "search.anchor", "serving the parent in llama.cpp: the tables' level at this machine's speed now",
-             NULL);
+        char msg[256];
+        snprintf(msg, sizeof msg, "serving the parent in %s: the tables' level at this machine's speed now",
+                 served_engine(o->served));
+        emit(o, "search.anchor", msg, NULL);
         rc = sc_open(&sc, &o->parent->a, o->served, err, errlen) || sc_anchor(&sc, o->tables, &anchored, err, errlen)
                  ? -1
                  : 0;
         run.tables = &anchored;
         if (rc == 0) {
             json_t *an = json_object_get(sc_doc(&sc), "anchor");
-            char msg[256];
             snprintf(msg, sizeof msg, "the parent served in %.1f ms against %.1f predicted: prefill x%.3f, decode x%.3f",
                      json_number_value(json_object_get(an, "parent_measured_ms")),
                      json_number_value(json_object_get(an, "parent_predicted_ms")),
@@ -446,10 +453,20 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
             emit(o, "search.anchor", msg, json_deep_copy(an));
         }
     }
+    int anchored_ok = rc == 0 && o->served;
     if (rc == 0)
         rc = method_run(&run, o->served ? &sc : NULL, margin, chosen, doc, err, errlen);
     if (rc < 0 && o->cancelled && o->cancelled(o->ud))
         rc = 1;   /* a check stopped by the cancel */
+    if (rc < 0 && anchored_ok) {   /* say at which speed the tables were priced */
+        json_t *an = json_object_get(sc_doc(&sc), "anchor");
+        size_t n = strlen(err);
+        snprintf(err + n, errlen > n ? errlen - n : 0,
+                 " (priced at this machine's speed now: the parent served in %.3f ms against %.3f predicted by "
+                 "the calibration)",
+                 json_number_value(json_object_get(an, "parent_measured_ms")),
+                 json_number_value(json_object_get(an, "parent_predicted_ms")));
+    }
     free(order);
     if (rc == 0)
         json_object_set_new(*doc, "aim", method_aim_json(&o->limits, margin));
@@ -458,6 +475,11 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     cm_tables_free(&anchored);
     sc_close(&sc);
     return rc;
+}
+
+const cm_target *method_served_target(const cm_tables *tables)
+{
+    return strcmp(tables->source, "import") ? &tables->target : NULL;
 }
 
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent)

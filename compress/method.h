@@ -32,9 +32,10 @@ typedef struct {
     const int *layer_order;         /* [n_layers] least important first (Minitron++ depth) */
     uint64_t seed;
     double eta, lambda2_init, lr;   /* DNAS schedule overrides (0: dnas_opts_defaults) */
-    const cm_target *served;        /* a llama.cpp target: method_search anchors the tables
-                                       to the parent served there now and serves the archs
-                                       DNAS settles on (compress/servecheck.h); NULL: none */
+    const cm_target *served;        /* the target to serve on (method_served_target):
+                                       method_search anchors the tables to the parent served
+                                       there now and serves the archs DNAS settles on
+                                       (compress/servecheck.h); NULL: none */
     /* Callbacks (any may be NULL). event: type, message and data (stolen). progress:
      * step of total. cancelled: non-zero stops the search (return 1). */
     void (*event)(void *ud, const char *type, const char *message, json_t *data);
@@ -81,9 +82,14 @@ void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *ax
  * throughput_tokens_per_s?, memory_gib?}. New reference (NULL: no memory). */
 json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin);
 
+/* The target a search with these tables serves its anchor and checks on (method_opts.
+ * served): theirs when they were measured here, by calibration in the built-in engine or
+ * in llama.cpp; NULL for tables imported from an engine this product does not run. */
+const cm_target *method_served_target(const cm_tables *tables);
+
 /* The search step as the job's search stage and `autocompress search` both take it:
  * o->limits already hold the aim (method_aim) and margin says how it was picked. With
- * o->served, the tables are first anchored to the parent served in llama.cpp, both
+ * o->served, the tables are first anchored to the parent served on that target, both
  * methods search with the anchored tables, and DNAS's result is served before it is
  * returned (repaired when measured over the aim); the document's "served" holds the
  * anchor and every check (Minitron++'s result is not checked: its candidates are whole

@@ -1,5 +1,6 @@
 /* compress/servecheck.c — a search checked where the result will be served: the
- * parent's anchor and the checks of chosen archs in llama.cpp (servecheck.h).
+ * parent's anchor and the checks of chosen archs, in llama.cpp or the built-in engine
+ * (servecheck.h).
  */
 #include "compress/servecheck.h"
 
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compress/calibrate.h"
 #include "compress/llamacpp.h"
 #include "compress/measure.h"
 #include "storage/fileio.h"
@@ -21,16 +23,40 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size
     memset(c, 0, sizeof *c);
     c->t = *t;
     c->parent = parent;
-    if (!cm_target_llamacpp(t))
-        FAIL("a served check needs a llama.cpp target");
-    if (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(c->dir, sizeof c->dir, err, errlen))
+    if (!cm_target_llamacpp(t)) {
+        if (!(c->be = cal_backend_new(t->device, t->precision, 0, err, errlen)))
+            return -1;
+    } else if (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(c->dir, sizeof c->dir, err, errlen) ||
+               lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, err, errlen)) {
         return -1;
-    if (lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, err, errlen))
-        return -1;
+    }
     c->doc = json_pack("{s:[]}", "checks");
     if (!c->doc)
         FAIL("out of memory");
     return 0;
+}
+
+/* The parent served at the anchor: *m its median serving, *lat each serving's latency
+ * (llama.cpp: every process; NULL for the built-in engine, whose one model serves the
+ * requests and reports their medians). 0, or -1 with err. */
+static int serve_parent(sc_check *c, ms_result *m, json_t **lat, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    *lat = NULL;
+    if (c->be) {
+        ms_opts o = serve_opts;
+        o.reps = SC_ROUNDS;
+        return ms_measure_arch(c->be, c->parent, &c->t, &o, m, err, errlen);
+    }
+    lc_bench pb[SC_ROUNDS];
+    int rc = lc_bench_alternating(c->ppath, NULL, &c->t, &serve_opts, SC_ROUNDS, pb, NULL, NULL, NULL, err, errlen);
+    if (rc == 0) {
+        lc_bench_median(pb, SC_ROUNDS, &c->t, m);
+        *lat = lc_bench_latencies_json(pb, SC_ROUNDS, &c->t);
+    }
+    for (int k = 0; k < SC_ROUNDS; k++)
+        lc_bench_free(&pb[k]);
+    return rc ? -1 : 0;
 }
 
 int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_t errlen)
@@ -39,18 +65,9 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     cm_prediction p;
     if (cm_predict(tb, c->parent, &p, err, errlen))
         return -1;
-    lc_bench pb[SC_ROUNDS];
-    int rc = lc_bench_alternating(c->ppath, NULL, &c->t, &serve_opts, SC_ROUNDS, pb, NULL, NULL, NULL, err, errlen);
     ms_result m;
-    memset(&m, 0, sizeof m);
-    json_t *lat = NULL;
-    if (rc == 0) {
-        lc_bench_median(pb, SC_ROUNDS, &c->t, &m);
-        lat = lc_bench_latencies_json(pb, SC_ROUNDS, &c->t);
-    }
-    for (int k = 0; k < SC_ROUNDS; k++)
-        lc_bench_free(&pb[k]);
-    if (rc)
+    json_t *lat;
+    if (serve_parent(c, &m, &lat, err, errlen))
         return -1;
     if (m.prefill_ms <= 0 || m.decode_ms <= 0 || p.prefill_ms <= 0 || p.decode_ms <= 0) {
         json_decref(lat);
@@ -70,14 +87,21 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
         FAIL("out of memory");
     }
     cm_tables_rescale(out, sp, sd);
-    json_t *a = json_pack("{s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:{s:f,s:f},s:s}", "parent_predicted_ms", p.latency_ms,
+    const char *how = c->be ? "the parent (random weights) served in this process on the target's device, the "
+                              "median of its requests after a warm-up"
+                            : "the parent (random weights at the target's type) in fresh llama.cpp processes, "
+                              "the median";
+    char method[512];
+    snprintf(method, sizeof method,
+             "%s; each phase of the tables scaled by measured over predicted, divided by the parent's bias "
+             "(its calibration's: the parent's ratio over the fit archs'; 1 without one)",
+             how);
+    json_t *a = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:{s:f,s:f},s:s}", "engine",
+                          c->be ? CM_ENGINE_AUTOCOMPRESS : CM_ENGINE_LLAMACPP, "parent_predicted_ms", p.latency_ms,
                           "parent_measured_ms", m.latency_ms, "parent_measured_prefill_ms", m.prefill_ms,
                           "parent_measured_decode_ms", m.decode_ms, "parent_predicted_decode_ms", p.decode_ms,
                           "process_latencies_ms", lat, "prefill_scale", sp, "decode_scale", sd, "parent_bias",
-                          "prefill", bp, "decode", bd, "method",
-                          "the parent (random weights at the target's type) in fresh llama.cpp processes, the median; "
-                          "each phase of the tables scaled by measured over predicted, divided by the parent's bias "
-                          "(its calibration's: the parent's ratio over the fit archs')");
+                          "prefill", bp, "decode", bd, "method", method);
     if (!a || json_object_set_new(c->doc, "anchor", a)) {
         cm_tables_free(out);
         FAIL("out of memory");
@@ -85,58 +109,90 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     return 0;
 }
 
+/* Serve `a` (seed: its random weights) and the parent SC_ROUNDS times each, alternating a
+ * round of the parent then one of a: ar[k] and pr[k] the k-th servings. 0, or -1 with err. */
+static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, ms_result *pr, char *err,
+                      size_t errlen)
+{
+    if (c->be) {
+        ms_opts oa = serve_opts;
+        oa.seed = seed;
+        for (int k = 0; k < SC_ROUNDS; k++)
+            if (ms_measure_arch(c->be, c->parent, &c->t, &serve_opts, &pr[k], err, errlen) ||
+                ms_measure_arch(c->be, a, &c->t, &oa, &ar[k], err, errlen))
+                return -1;
+        return 0;
+    }
+    char path[4400];
+    if (lc_write_random(a, &c->t, seed, c->dir, "check", path, sizeof path, NULL, err, errlen))
+        return -1;
+    lc_bench pb[SC_ROUNDS], ab[SC_ROUNDS];
+    int rc = lc_bench_alternating(c->ppath, path, &c->t, &serve_opts, SC_ROUNDS, pb, ab, NULL, NULL, err, errlen);
+    (void)unlink(path);
+    for (int k = 0; k < SC_ROUNDS; k++) {
+        if (rc == 0) {
+            lc_bench_result(&ab[k], &c->t, &ar[k]);
+            lc_bench_result(&pb[k], &c->t, &pr[k]);
+        }
+        lc_bench_free(&pb[k]);
+        lc_bench_free(&ab[k]);
+    }
+    return rc ? -1 : 0;
+}
+
+/* The latencies of n servings, as a NEW JSON array (NULL on OOM). */
+static json_t *latencies_json(const ms_result *r, int n)
+{
+    json_t *j = json_array();
+    for (int k = 0; j && k < n; k++)
+        if (json_array_append_new(j, json_real(r[k].latency_ms))) {
+            json_decref(j);
+            return NULL;
+        }
+    return j;
+}
+
 int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     if (c->parent_ms <= 0)
         FAIL("a served check needs the anchor first");
-    char path[4400];
     int n = (int)json_array_size(json_object_get(c->doc, "checks"));
-    if (lc_write_random(a, &c->t, 2 + (uint64_t)n, c->dir, "check", path, sizeof path, NULL, err, errlen))
+    ms_result ar[SC_ROUNDS], pr[SC_ROUNDS];
+    if (serve_pair(c, a, 2 + (uint64_t)n, ar, pr, err, errlen))
         return -1;
-    lc_bench pb[SC_ROUNDS], ab[SC_ROUNDS];
-    int rc = lc_bench_alternating(c->ppath, path, &c->t, &serve_opts, SC_ROUNDS, pb, ab, NULL, NULL, err, errlen);
-    (void)unlink(path);
-    json_t *row = NULL;
-    if (rc == 0) {
-        double rl[SC_ROUNDS], rd[SC_ROUNDS];
-        for (int k = 0; k < SC_ROUNDS; k++) {
-            ms_result x, y;
-            lc_bench_result(&ab[k], &c->t, &x);
-            lc_bench_result(&pb[k], &c->t, &y);
-            rl[k] = y.latency_ms > 0 ? x.latency_ms / y.latency_ms : 0;
-            rd[k] = y.decode_ms > 0 ? x.decode_ms / y.decode_ms : 0;
-        }
-        ms_result med;
-        lc_bench_median(ab, SC_ROUNDS, &c->t, &med);
-        double ratio = ms_median(rl, SC_ROUNDS), dratio = ms_median(rd, SC_ROUNDS);
-        m->latency_ms = ratio * c->parent_ms;
-        m->decode_ms = dratio * c->parent_decode_ms;
-        m->prefill_ms = m->latency_ms - m->decode_ms;
-        m->decode_ms_per_token = c->t.output_tokens > 0 ? m->decode_ms / c->t.output_tokens : 0;
-        m->throughput_tps = m->decode_ms > 0 ? 1000.0 * c->t.batch_size * c->t.output_tokens / m->decode_ms : 0;
-        m->total = med.peak_bytes;
-        m->params = arch_params(a);
-        char summary[1024];
-        arch_summary(a, summary, sizeof summary);
-        row = json_pack("{s:s,s:f,s:f,s:f,s:I,s:o*,s:o*}", "arch", summary, "ratio_to_parent", ratio,
-                        "latency_ms", m->latency_ms, "decode_ms", m->decode_ms, "peak_memory_bytes",
-                        (json_int_t)m->total, "process_latencies_ms", lc_bench_latencies_json(ab, SC_ROUNDS, &c->t),
-                        "parent_process_latencies_ms", lc_bench_latencies_json(pb, SC_ROUNDS, &c->t));
-        if (row && pred) {
-            json_object_set_new(row, "predicted_latency_ms", json_real(pred->latency_ms));
-            json_object_set_new(row, "predicted_memory_bytes", json_integer(pred->total));
-        }
-        if (!row || json_array_append_new(json_object_get(c->doc, "checks"), row)) {
-            snprintf(err, errlen, "out of memory");
-            rc = -1;
-        }
-    }
+    double rl[SC_ROUNDS], rd[SC_ROUNDS], al[SC_ROUNDS];
     for (int k = 0; k < SC_ROUNDS; k++) {
-        lc_bench_free(&pb[k]);
-        lc_bench_free(&ab[k]);
+        rl[k] = pr[k].latency_ms > 0 ? ar[k].latency_ms / pr[k].latency_ms : 0;
+        rd[k] = pr[k].decode_ms > 0 ? ar[k].decode_ms / pr[k].decode_ms : 0;
+        al[k] = ar[k].latency_ms;
     }
-    return rc ? -1 : 0;
+    double mid = ms_median(al, SC_ROUNDS);   /* a's median serving gives its peak */
+    int med = 0;
+    for (int k = 0; k < SC_ROUNDS; k++)
+        if (ar[k].latency_ms == mid)
+            med = k;
+    double ratio = ms_median(rl, SC_ROUNDS), dratio = ms_median(rd, SC_ROUNDS);
+    m->latency_ms = ratio * c->parent_ms;
+    m->decode_ms = dratio * c->parent_decode_ms;
+    m->prefill_ms = m->latency_ms - m->decode_ms;
+    m->decode_ms_per_token = c->t.output_tokens > 0 ? m->decode_ms / c->t.output_tokens : 0;
+    m->throughput_tps = m->decode_ms > 0 ? 1000.0 * c->t.batch_size * c->t.output_tokens / m->decode_ms : 0;
+    m->total = ar[med].peak_bytes;
+    m->params = arch_params(a);
+    char summary[1024];
+    arch_summary(a, summary, sizeof summary);
+    json_t *row = json_pack("{s:s,s:f,s:f,s:f,s:I,s:o*,s:o*}", "arch", summary, "ratio_to_parent", ratio,
+                            "latency_ms", m->latency_ms, "decode_ms", m->decode_ms, "peak_memory_bytes",
+                            (json_int_t)m->total, "process_latencies_ms", latencies_json(ar, SC_ROUNDS),
+                            "parent_process_latencies_ms", latencies_json(pr, SC_ROUNDS));
+    if (row && pred) {
+        json_object_set_new(row, "predicted_latency_ms", json_real(pred->latency_ms));
+        json_object_set_new(row, "predicted_memory_bytes", json_integer(pred->total));
+    }
+    if (!row || json_array_append_new(json_object_get(c->doc, "checks"), row))
+        FAIL("out of memory");
+    return 0;
 }
 
 json_t *sc_doc(const sc_check *c)
@@ -146,6 +202,7 @@ json_t *sc_doc(const sc_check *c)
 
 void sc_close(sc_check *c)
 {
+    eng_backend_free(c->be);
     if (*c->dir)
         (void)fio_remove_tree(c->dir);
     json_decref(c->doc);

@@ -1,7 +1,11 @@
-/* compress/servecheck.h — a search checked where the result will be served (llama.cpp
- * targets): the parent served at the start anchors the tables to the machine's speed
- * now, and the archs the search settles on are served beside the parent before they
- * are returned (compress/dnas.h repairs one the measurement puts over a limit).
+/* compress/servecheck.h — a search checked where the result will be served: the parent
+ * served at the start anchors the tables to the machine's speed now, and the archs the
+ * search settles on are served beside the parent before they are returned
+ * (compress/dnas.h repairs one the measurement puts over a limit). A llama.cpp target
+ * serves each model in fresh helper processes; the built-in engine serves it in this
+ * process on the target's device, with the request loop the measure stage uses
+ * (compress/measure.h). Tables imported from another engine are not checked here
+ * (method_served_target).
  *
  * Why: a calibration's tables are right in their ratios (an arch against the parent)
  * far more often than in their level. A shared or burstable host runs 10-40% faster or
@@ -10,7 +14,7 @@
  * by the parent's measured over predicted time, divided by the parent's bias (the tables'
  * parent_bias: how much further from the tables its calibration served the parent than the
  * fit archs, which a search's archs resemble); a check serves the arch and the parent
- * in fresh processes, alternating, and prices the arch as the median of its ratios to
+ * alternating, round by round, and prices the arch as the median of its ratios to
  * the parent times the parent's latency at the anchor, so a machine whose speed moves
  * between the anchor and the check moves both sides alike.
  */
@@ -22,19 +26,24 @@
 
 #include "compress/costmodel.h"
 #include "engine/arch.h"
+#include "engine/backend.h"
 
-#define SC_ROUNDS 3   /* fresh processes per model at the anchor and at each check */
+#define SC_ROUNDS 3   /* servings per model at the anchor and at each check (llama.cpp: fresh
+                         processes; built-in: a warm-up and a request each, the anchor's
+                         requests on one model) */
 
 typedef struct {
-    cm_target t;                /* the llama.cpp target, resolved */
+    cm_target t;                /* the target (llama.cpp: resolved) */
     const arch *parent;         /* borrowed */
-    char dir[4096], ppath[4400];
+    eng_backend *be;            /* the built-in engine's backend (NULL for llama.cpp) */
+    char dir[4096], ppath[4400];/* llama.cpp: scratch folder, the parent's GGUF */
     double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
     json_t *doc;                /* {anchor: {...}, checks: [...]} */
 } sc_check;
 
-/* Ready a check of target t (llama.cpp) for `parent`: its GGUF at the target's weight
- * type (random weights) in a scratch folder. 0, or -1 with err (sc_close anyway). */
+/* Ready a check of target t for `parent`: for llama.cpp its GGUF at the target's weight
+ * type (random weights) in a scratch folder, for the built-in engine a backend on the
+ * target's device and precision. 0, or -1 with err (sc_close anyway). */
 int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size_t errlen);
 
 /* Serve the parent SC_ROUNDS times and write into *out a copy of tb whose prefill and
@@ -44,7 +53,7 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
 
 /* Serve `a` (random weights) and the parent SC_ROUNDS times each, alternating, and fill
  * *m as measured: latency_ms and decode_ms priced from a's ratios to the parent at the
- * anchor's level, total = a's peak bytes (its median process), params. The check and
+ * anchor's level, total = a's peak bytes (its median round), params. The check and
  * the tables' prediction `pred` (may be NULL) join the document. 0, or -1 with err. */
 int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen);
 

@@ -30,6 +30,8 @@ static void usage(FILE *f)
             "options:\n"
             "  --margin-pct X        aim X%% under latency/memory (over throughput); default: the\n"
             "                        calibration's largest held-out error, 0 when it has none\n"
+            "  --no-served-check     search with the tables as calibrated: no anchor on the parent\n"
+            "                        served now, no check of the result (as constraints.served_check)\n"
             "  --method M            autocompress (default) | minitron\n"
             "  --reconstruct         Minitron++ trials reconstruct each candidate before distilling it\n"
             "  --device D            cpu (default) | cuda:N;  --precision P  fp32 (default)\n"
@@ -62,6 +64,7 @@ typedef struct {
     rank_opts ro;
     double margin_pct;   /* -1: the calibration's */
     int json_out;
+    int no_served;       /* --no-served-check */
 } search_args;
 
 /* --axes hidden,heads,ffn,experts,expert_widths,shared_expert_widths,mamba_heads,depth. 0, or -1
@@ -126,6 +129,7 @@ static void search_opt(cli_parser *p, int c, search_args *a)
     case 'j': a->json_out = 1; break;
     case 'g': cli_num(p, 0, 50, &a->margin_pct); break;
     case 'X': mo->reconstruct = 1; break;
+    case 'Z': a->no_served = 1; break;
     }
 }
 
@@ -142,7 +146,7 @@ static int search_parse(int argc, char **argv, search_args *a)
         {"out", required_argument, NULL, 'O'},        {"json", no_argument, NULL, 'j'},
         {"eta", required_argument, NULL, 'e'},        {"lambda2", required_argument, NULL, 'l'},
         {"lr", required_argument, NULL, 'R'},         {"margin-pct", required_argument, NULL, 'g'},
-        {"reconstruct", no_argument, NULL, 'X'},
+        {"reconstruct", no_argument, NULL, 'X'},     {"no-served-check", no_argument, NULL, 'Z'},
         CLI_TARGET_OPTIONS,                           {"help", no_argument, NULL, 'h'},
         {0}};
     memset(a, 0, sizeof *a);
@@ -279,8 +283,8 @@ int cli_search(int argc, char **argv)
     mo.train = &in.train;
     mo.val = &in.val;
     mo.event = on_event;
-    if (cm_target_llamacpp(&in.tables.target))
-        mo.served = &in.tables.target;   /* anchored to the parent served now, the result checked there */
+    if (!a.no_served)   /* anchored to the parent served now, the result checked there */
+        mo.served = method_served_target(&in.tables);
     method_margin margin;
     method_aim(&in.parent.a, &in.tables, &mo.axes, json_object_get(in.cal, "validation"), a.margin_pct,
                &a.mo.limits, &mo.limits, &margin);

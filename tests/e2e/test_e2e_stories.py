@@ -76,7 +76,10 @@ def check_report(rep, spec, limit, stages):
     assert set(rows) == {"latency_ms"}, rows
     r = rows["latency_ms"]
     assert abs(r["limit"] - limit) < 1e-9 * limit, r
-    assert r["predicted"] is not None and r["predicted"] <= limit and r["holds_predicted"] is True, r
+    assert r["predicted"] is not None and r["holds_predicted"] == (r["predicted"] <= limit), r
+    if not (rep["search"].get("served") or {}).get("checks"):
+        # unchecked, the prediction decides; a served check judges the measurement instead
+        assert r["holds_predicted"] is True, r
     assert r["measured"] is not None and r["measured"] > 0, r
     assert r["holds"] == (r["measured"] <= limit), r
     assert r["predicted"] == rep["result"]["predicted"]["latency_ms"]
@@ -214,25 +217,51 @@ def main():
         # is not exported: the exporters cannot yet represent every arch the search picks
         # (GGUF: no attention-only layers, attention in layer 0; HF: uniform layers;
         # DeciLM: FFN widths on the ffn_mult grid, which stories260K's 172 is not).
-        spec = stories_spec(constraints={"latency_ms": limit, "margin_pct": 10}, export=[],
+        # Half the parent's predicted latency: the search anchors the tables to the parent as
+        # served at the job's start, and at a looser limit a machine that has sped up since
+        # the calibration (a test suite's neighbours come and go) finds the parent within it.
+        limit_a = round(0.5 * lat, 6)
+        spec = stories_spec(constraints={"latency_ms": limit_a, "margin_pct": 10}, export=[],
                             pruning={"reconstruct": True}, seed=7)
         t0 = time.time()
         _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
         fin = wait_terminal(s, job["id"], 900)
         assert fin["status"] == "succeeded", fin
         assert "export" not in fin["stages"], fin["stages"]
-        print("job A: %.0f s, parent predicted %.3f ms, limit %.3f ms" % (time.time() - t0, lat, limit))
+        print("job A: %.0f s, parent predicted %.3f ms, limit %.3f ms" % (time.time() - t0, lat, limit_a))
         _, _, rep = s.json("GET", "/v1/jobs/%s/report" % job["id"], expect=200)
-        check_report(rep, spec, limit, STAGES[:-1])
+        check_report(rep, spec, limit_a, STAGES[:-1])
         layer_events = [e for e in events(s, job["id"]) if e["type"] == "prune.reconstruct.layer"]
         assert [e["data"]["layer"] for e in layer_events] == list(range(len(rep["result"]["arch"]["layers"]))), \
             layer_events
         # margin_pct 10: the search aimed 10% under the limit; the report checks the limit itself
-        assert rep["result"]["predicted"]["latency_ms"] <= 0.9 * limit * (1 + 1e-9), rep["result"]["predicted"]
-        assert rep["limits"][0]["limit"] == limit, rep["limits"]
+        assert rep["limits"][0]["limit"] == limit_a, rep["limits"]
         aim = rep["search"]["aim"]
         assert aim["source"] == "spec" and aim["margin"]["latency_pct"] == 10, aim
-        assert abs(rep["limits"][0]["aimed"] - 0.9 * limit) < 1e-9 * limit, rep["limits"]
+        assert abs(rep["limits"][0]["aimed"] - 0.9 * limit_a) < 1e-9 * limit_a, rep["limits"]
+        # the search anchored the tables to the parent served in the built-in engine then
+        # (each phase by measured over predicted; no parent bias in a built-in calibration),
+        # and served what it settled on beside the parent before returning it
+        sv = rep["search"]["served"]
+        an = sv["anchor"]
+        assert an["engine"] == "autocompress" and an["parent_bias"] == {"prefill": 1, "decode": 1}, an
+        assert abs(an["decode_scale"] - an["parent_measured_decode_ms"] / an["parent_predicted_decode_ms"]) < \
+            1e-6 * an["decode_scale"], an
+        types = [e["type"] for e in events(s, job["id"])]
+        assert "search.anchor" in types, types
+        _, sj = download(s, job["id"], "search.json")
+        sj = json.loads(sj)
+        assert sv["checks"], sv   # the parent does not meet the limit: what DNAS settled on was served
+        assert "search.check" in types and sj["checks"]["served"] == len(sv["checks"]), (types, sj["checks"])
+        for c in sv["checks"]:   # priced at the anchor's level: the median ratio times the parent's
+            assert len(c["process_latencies_ms"]) == len(c["parent_process_latencies_ms"]) == 3, c
+            assert abs(c["latency_ms"] - c["ratio_to_parent"] * an["parent_measured_ms"]) < 1e-6 * c["latency_ms"]
+        served_limit = limit_a * (1 - aim["margin"]["served_pct"] / 100)
+        if sj["checks"]["last_within"]:   # the result is an arch measured within, less the spread
+            row = [c for c in sv["checks"] if c["arch"] == sj["summary"]]
+            assert row and row[-1]["latency_ms"] <= 0.99 * served_limit * (1 + 1e-9), (row, served_limit)
+        print("job A: %d served checks: %s" % (len(sv["checks"]), [(round(c["predicted_latency_ms"], 3),
+                                                                   round(c["latency_ms"], 3)) for c in sv["checks"]]))
         check_html(s, job["id"])
         arts = artifacts(s, job["id"])
         _, rj = download(s, job["id"], "report.json")
@@ -250,8 +279,11 @@ def main():
         os.makedirs(copy_dir, exist_ok=True)
         parent_copy = os.path.join(copy_dir, "stories260K.bin")
         shutil.copyfile(MODEL, parent_copy)
-        spec_c = stories_spec(model={"path": parent_copy, "tokenizer": TOK}, constraints={"latency_ms": limit},
-                              method="minitron", export=["hf"],
+        # served_check false: the tables as calibrated decide, so job B and D (this spec again)
+        # choose C's arch whatever the machine's speed at their start, and their resumed
+        # models can be compared with C's byte for byte
+        spec_c = stories_spec(model={"path": parent_copy, "tokenizer": TOK},
+                              constraints={"latency_ms": limit, "served_check": False}, method="minitron", export=["hf"],
                               evaluation={"tasks": ["arc_easy", "lambada_openai"], "limit": 10, "seed": 1234,
                                           "pruned": True})
         _, _, jc = s.json("POST", "/v1/jobs", spec_c, expect=201)
@@ -259,6 +291,7 @@ def main():
         assert fin["status"] == "succeeded", fin
         _, _, rep_c = s.json("GET", "/v1/jobs/%s/report" % jc["id"], expect=200)
         check_report(rep_c, spec_c, limit, STAGES)
+        assert "served" not in rep_c["search"] and "search.anchor" not in [e["type"] for e in events(s, jc["id"])]
         # no margin_pct: the search aims under the limit by the largest latency error the
         # job's calibration measured on its held-out archs (or at the limit itself when
         # only the limit leaves an arch, and the report says so)

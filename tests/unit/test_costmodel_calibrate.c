@@ -2,7 +2,8 @@
  * configs: the grid is covered, the memory items predicted from the calibrated model
  * equal the engine's byte accounting on held-out random archs (weights, KV cache and
  * backend peak exactly), the validation block has the §10 shape, and the estimate
- * path answers 409 before and 200 after a calibration is cached.
+ * path answers 409 before and 200 after a calibration is cached; a search's anchor and
+ * check serve in the built-in engine and scale the tables to the parent as served.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +21,8 @@
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
 #include "compress/measure.h"
+#include "compress/method.h"
+#include "compress/servecheck.h"
 #include "engine/devices.h"
 #include "engine/model.h"
 #include "storage/archjson.h"
@@ -116,6 +119,25 @@ static void test_grids(void **state)
     arch_free(&p);
 }
 
+/* A quick calibration of p on t: one rep, one model per size, `validate` held-out archs
+ * served once, `fit` fit archs (-1: the default). Fails the test when it cannot run. */
+static json_t *quick_calibration(const arch *p, const cm_target *t, int validate, int fit)
+{
+    cal_opts o;
+    cal_opts_default(&o);
+    o.reps = 1;
+    o.n_models = 1;
+    o.validate = validate;
+    o.validate_reps = 1;
+    if (fit >= 0)
+        o.fit = fit;
+    char err[512];
+    json_t *cal = cal_run(p, t, &o, err, sizeof err);
+    if (!cal)
+        fail_msg("cal_run: %s", err);
+    return cal;
+}
+
 static void memory_matches_engine_accounting(int moe)
 {
     arch p;
@@ -124,16 +146,8 @@ static void memory_matches_engine_accounting(int moe)
     else
         tiny_parent(&p, 4);
     cm_target t = tiny_target();
-    cal_opts o;
-    cal_opts_default(&o);
-    o.reps = 1;
-    o.n_models = 1;
-    o.validate = 3;
-    o.validate_reps = 1;
     char err[512];
-    json_t *cal = cal_run(&p, &t, &o, err, sizeof err);
-    if (!cal)
-        fail_msg("cal_run: %s", err);
+    json_t *cal = quick_calibration(&p, &t, 3, -1);
     /* the §10 shape */
     assert_string_equal(json_string_value(json_object_get(cal, "status")), "succeeded");
     assert_int_equal(strncmp(json_string_value(json_object_get(cal, "id")), "cal_", 4), 0);
@@ -250,17 +264,7 @@ static void test_fit_archs(void **state)
     cm_target t = tiny_target();
     json_t *cal[2];
     for (int k = 0; k < 2; k++) {
-        cal_opts o;
-        cal_opts_default(&o);
-        o.reps = 1;
-        o.n_models = 1;
-        o.validate = 2;
-        o.validate_reps = 1;
-        o.fit = k ? 2 : 0;   /* 2 fit archs in all */
-        char err[512];
-        cal[k] = cal_run(&p, &t, &o, err, sizeof err);
-        if (!cal[k])
-            fail_msg("cal_run: %s", err);
+        cal[k] = quick_calibration(&p, &t, 2, k ? 2 : 0);   /* 2 fit archs in all */
         json_t *cost = json_object_get(cal[k], "cost");
         assert_int_equal(json_integer_value(json_object_get(cost, "fit_archs")), k ? 2 : 0);
         double fp = json_number_value(json_object_get(cost, "fit_prefill_factor"));
@@ -289,6 +293,71 @@ static void test_fit_archs(void **state)
                             json_string_value(json_object_get(json_array_get(r1, i), "summary")));
     json_decref(cal[0]);
     json_decref(cal[1]);
+    arch_free(&p);
+}
+
+/* The built-in engine's anchor and check (compress/servecheck.h): tables made on a host
+ * twice as fast in prefill and four times in decode as this one are scaled to the parent
+ * as served now, exactly (no parent bias: 1); a check prices an arch from its ratios to
+ * the parent at the anchor's level and carries its own peak; imported tables are not
+ * served here. */
+static void test_served_anchor_builtin(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 4);
+    cm_target t = tiny_target();
+    char err[512];
+    json_t *cal = quick_calibration(&p, &t, 2, -1);
+    cm_tables tb, anchored;
+    if (cm_calibration_tables(cal, &tb, err, sizeof err))
+        fail_msg("tables: %s", err);
+    assert_ptr_equal(method_served_target(&tb), &tb.target);
+    cm_tables_rescale(&tb, 0.5, 0.25);
+    sc_check sc;
+    if (sc_open(&sc, &p, &tb.target, err, sizeof err) || sc_anchor(&sc, &tb, &anchored, err, sizeof err))
+        fail_msg("anchor: %s", err);
+    json_t *an = json_object_get(sc_doc(&sc), "anchor");
+    assert_string_equal(json_string_value(json_object_get(an, "engine")), "autocompress");
+    double mp = json_number_value(json_object_get(an, "parent_measured_prefill_ms"));
+    double md = json_number_value(json_object_get(an, "parent_measured_decode_ms"));
+    assert_true(mp > 0 && md > 0);
+    assert_true(json_number_value(json_object_get(an, "parent_measured_ms")) > 0);   /* medians, each its own */
+    cm_prediction pp, pa;
+    assert_int_equal(cm_predict(&tb, &p, &pp, err, sizeof err), 0);
+    assert_int_equal(cm_predict(&anchored, &p, &pa, err, sizeof err), 0);
+    assert_true(fabs(pa.prefill_ms - mp) < 1e-6 * mp && fabs(pa.decode_ms - md) < 1e-6 * md);
+    assert_true(fabs(json_number_value(json_object_get(an, "prefill_scale")) - mp / pp.prefill_ms) < 1e-6 * mp / pp.prefill_ms);
+    assert_int_equal(pa.total, pp.total);   /* memory is not a speed */
+    /* a check: the arch at the anchor's level, its own peak */
+    uint64_t rng = 99;
+    arch a;
+    assert_int_equal(cal_random_arch(&p, &rng, &a, 1), 0);
+    cm_prediction pred, m;
+    assert_int_equal(cm_predict(&anchored, &a, &pred, err, sizeof err), 0);
+    if (sc_measure(&sc, &a, &pred, &m, err, sizeof err))
+        fail_msg("check: %s", err);
+    json_t *row = json_array_get(json_object_get(sc_doc(&sc), "checks"), 0);
+    assert_non_null(row);
+    double ratio = json_number_value(json_object_get(row, "ratio_to_parent"));
+    double pm = json_number_value(json_object_get(an, "parent_measured_ms"));
+    assert_true(ratio > 0 && fabs(m.latency_ms - ratio * pm) < 1e-6 * m.latency_ms);
+    assert_int_equal(json_array_size(json_object_get(row, "process_latencies_ms")), SC_ROUNDS);
+    assert_int_equal(json_array_size(json_object_get(row, "parent_process_latencies_ms")), SC_ROUNDS);
+    assert_int_equal(m.params, arch_params(&a));
+    assert_true(m.total >= pred.weights + pred.request_cache);
+    sc_close(&sc);
+    /* tables measured in another engine: no anchor here */
+    json_object_set_new(cal, "source", json_string("import"));
+    cm_tables imp;
+    if (cm_calibration_tables(cal, &imp, err, sizeof err))
+        fail_msg("tables: %s", err);
+    assert_null(method_served_target(&imp));
+    cm_tables_free(&imp);
+    arch_free(&a);
+    cm_tables_free(&anchored);
+    cm_tables_free(&tb);
+    json_decref(cal);
     arch_free(&p);
 }
 
@@ -381,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_memory_matches_engine_accounting),
         cmocka_unit_test(test_memory_matches_engine_accounting_moe),
         cmocka_unit_test(test_fit_archs),
+        cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

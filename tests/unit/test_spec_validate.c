@@ -159,6 +159,11 @@ static void test_defaults(void **state)
     assert_non_null(s);
     assert_true(json_is_true(json_object_get(json_object_get(s, "pruning"), "reconstruct")));
     json_decref(s);
+    /* served checks: on unless the spec turns them off (kept as given) */
+    s = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":40,\"served_check\":false}}", 0, &status, &errors);
+    assert_non_null(s);
+    assert_true(json_is_false(json_object_get(json_object_get(s, "constraints"), "served_check")));
+    json_decref(s);
 }
 
 static void test_full_spec(void **state)
@@ -225,6 +230,8 @@ static void test_value_faults(void **state)
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1,\"margin_pct\":-1}}", 422, "/constraints/margin_pct");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"margin_pct\":5}}", 422, "/constraints");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1,\"margin_pct\":\"5\"}}", 400, "/constraints/margin_pct");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1,\"served_check\":1}}", 400, "/constraints/served_check");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"served_check\":false}}", 422, "/constraints");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"tpu\"}}", 422, "/target/device");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"cuda:99\"}}", 422, "/target/device");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"precision\":\"fp8\"}}", 422, "/target/precision");
