@@ -390,6 +390,66 @@ static void limits_section(strbuf *b, json_t *limits)
              C_RESULT, C_MEAS, 100.0, "limit");
 }
 
+/* Milliseconds to a tenth, or a dash. */
+static void sb_ms(strbuf *b, json_t *v)
+{
+    if (json_is_number(v))
+        strbuf_printf(b, "%.1f", json_number_value(v));
+    else
+        strbuf_printf(b, "&mdash;");
+}
+
+/* What the search served (report.search.served): the parent at the anchor against the
+ * calibration, the scales that moved the tables, and each arch served beside the parent
+ * with its prediction at the anchor. A search that served nothing says why it may not. */
+static void served_section(strbuf *b, json_t *search)
+{
+    if (!json_is_object(search))
+        return;
+    json_t *sv = json_object_get(search, "served"), *an = json_object_get(sv, "anchor");
+    strbuf_printf(b, "<h2>Served during the search</h2>\n<p>");
+    if (!json_is_object(an)) {
+        strbuf_printf(b, "Nothing: the search used the tables as calibrated (constraints.served_check false, or "
+                         "tables imported from an engine this server does not run).</p>\n");
+        return;
+    }
+    json_t *eng = json_object_get(an, "engine");
+    strbuf_printf(b, "The parent served in ");
+    sb_ms(b, json_object_get(an, "parent_measured_ms"));
+    strbuf_printf(b, " ms (");
+    sb_text(b, json_is_string(eng) ? json_string_value(eng) : "llama.cpp");   /* engine: since the built-in one serves too */
+    strbuf_printf(b, ") against ");
+    sb_ms(b, json_object_get(an, "parent_predicted_ms"));
+    strbuf_printf(b, " ms predicted by the calibration: the tables' prefill times were scaled by ");
+    sb_value(b, json_object_get(an, "prefill_scale"));
+    strbuf_printf(b, " and their decode times by ");
+    sb_value(b, json_object_get(an, "decode_scale"));
+    strbuf_printf(b, " before the search.</p>\n");
+    json_t *checks = json_object_get(sv, "checks");
+    if (json_array_size(checks) == 0) {
+        strbuf_printf(b, "<p>No arch was served beside it (the parent met the limits at the anchor, or the "
+                         "method does not check its result).</p>\n");
+        return;
+    }
+    strbuf_printf(b, "<table><tr><th>arch served</th><th>ratio to the parent</th><th>latency ms</th>"
+                     "<th>predicted ms</th><th>peak memory</th></tr>\n");
+    size_t i;
+    json_t *c;
+    json_array_foreach(checks, i, c) {
+        strbuf_printf(b, "<tr><td>");
+        sb_value(b, json_object_get(c, "arch"));
+        sb_cell(b, json_object_get(c, "ratio_to_parent"));
+        strbuf_printf(b, "</td><td>");
+        sb_ms(b, json_object_get(c, "latency_ms"));
+        strbuf_printf(b, "</td><td>");
+        sb_ms(b, json_object_get(c, "predicted_latency_ms"));
+        strbuf_printf(b, "</td><td>");
+        sb_bytes(b, json_object_get(c, "peak_memory_bytes"));
+        strbuf_printf(b, "</td></tr>\n");
+    }
+    strbuf_printf(b, "</table>\n");
+}
+
 /* The accuracy of one model on a benchmark (its member of "accuracy") and the accuracy's
  * standard error, as the next two cells. */
 static void acc_cells(strbuf *b, json_t *acc)
@@ -608,6 +668,7 @@ char *api_report_html(json_t *r, size_t *len)
     strbuf_printf(&b, "</td></tr>\n</table>\n");
 
     limits_section(&b, json_object_get(r, "limits"));
+    served_section(&b, json_object_get(r, "search"));
     strbuf_printf(&b, "<h2>Architecture</h2>\n");
     layer_charts(&b, json_object_get(parent, "arch"), json_object_get(result, "arch"));
     strbuf_printf(&b, "<p>hidden size: ");

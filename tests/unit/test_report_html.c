@@ -292,6 +292,37 @@ static void test_pruning_section(void **state)
     json_decref(r);
 }
 
+/* What the search served: the anchor's numbers and a row per check; a search that
+ * served nothing says so; a report without a search has no such section. */
+static void test_served_section(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(4);
+    json_object_set_new(r, "search", json_pack("{s:i,s:{s:{s:s,s:f,s:f,s:f,s:f},s:[{s:s,s:f,s:f,s:f,s:i}]}}",
+                                               "selection_tokens", 4096, "served", "anchor", "engine",
+                                               "autocompress", "parent_measured_ms", 4222.5,
+                                               "parent_predicted_ms", 4027.5, "prefill_scale", 0.75,
+                                               "decode_scale", 1.25, "checks", "arch", "h576 | L0 a9/3 f1536",
+                                               "ratio_to_parent", 0.5, "latency_ms", 2111.25,
+                                               "predicted_latency_ms", 2342.5, "peak_memory_bytes", 1048576));
+    char *html = render(r);
+    const char *sec = strstr(html, "Served during the search");
+    assert_non_null(sec);
+    assert_non_null(strstr(sec, "The parent served in 4222.5 ms (autocompress) against 4027.5 ms predicted"));
+    assert_non_null(strstr(sec, "scaled by 0.75 and their decode times by 1.25"));
+    assert_non_null(strstr(sec, "<tr><td>h576 | L0 a9/3 f1536</td><td>0.5</td><td>2111.2</td><td>2342.5</td>"));
+    free(html);
+    json_object_del(json_object_get(r, "search"), "served");
+    html = render(r);
+    assert_non_null(strstr(html, "used the tables as calibrated"));
+    free(html);
+    json_object_del(r, "search");
+    html = render(r);
+    assert_null(strstr(html, "Served during the search"));
+    free(html);
+    json_decref(r);
+}
+
 /* An MoE student's report lists every expert's input projections: 30 layers of 20 records
  * (600), the last layer's bar in the input-projection chart too. */
 static void test_pruning_section_moe(void **state)
@@ -389,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_accuracy_labels),
         cmocka_unit_test(test_layer_labels),
         cmocka_unit_test(test_pruning_section),
+        cmocka_unit_test(test_served_section),
         cmocka_unit_test(test_pruning_section_moe),
         cmocka_unit_test(test_layer_charts_moe),
     };
