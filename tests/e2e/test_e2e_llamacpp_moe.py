@@ -6,7 +6,8 @@ shape for every layer of a model, so:
   repeated whole layers at the parent's hidden size and heads, one model per expert block:
   the tables hold the parent's attention (priced 0: it is never apart from its experts in a
   model llama.cpp runs), an entry per expert count from 2 up to the parent's at its expert
-  width, and counts at 1/4, 1/2 and 3/4 of that width; the held-out random archs (a depth
+  width, and counts at 1/4, 1/2 and 3/4 of that width, and (Qwen2-MoE) the parent's experts
+  beside a shared expert of 1/4, 1/2 and 3/4 of its width; the held-out random archs (a depth
   and one expert count and width each) were measured in fresh llama.cpp processes, their
   memory predicted within 5%;
 - POST /v1/estimates with the same target is answered from that calibration, and the parent's
@@ -16,7 +17,8 @@ shape for every layer of a model, so:
   prediction: the tiny model's requests are mostly fixed costs), exporting GGUF, succeeds:
   the report names the engine, latency measured in llama.cpp holds, the params limit holds,
   and the result has one expert block for every layer (llama.cpp's GGUF holds one), fewer
-  experts (at least 2, top-k within them) or narrower ones than the parent's;
+  experts (at least 2, top-k within them), narrower ones or a narrower shared expert than
+  the parent's;
 - the same calibration for a Mixtral parent (llama.cpp's llama graph with experts).
 Random weights: no quality claim."""
 # store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
@@ -29,7 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, llamacpp_job, server  # noqa: E402
-from test_e2e_moe import K, L, H, C, FE, make_model  # noqa: E402
+from test_e2e_moe import K, L, H, C, FE, FS, make_model  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
           "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}
@@ -46,6 +48,10 @@ def check_calibration(s, model, fam):
     attn = [e for e in tb["prefill"] if e.get("n_heads")]
     assert experts == list(range(2, E + 1)), experts
     assert widths == [FE // 4, FE // 2, 3 * FE // 4, FE], widths
+    # Qwen2-MoE's shared expert at 1/4, 1/2 and 3/4 of its width beside the parent's experts
+    # (one shared width per model, as the GGUF holds it); Mixtral has none
+    shared = sorted({e["moe"]["shared_ffn_dim"] for e in tb["prefill"] if e.get("moe")})
+    assert shared == ([FS // 4, FS // 2, 3 * FS // 4, FS] if fam == "qwen2_moe" else [0]), shared
     assert len(attn) == 1 and attn[0]["n_heads"] == H and attn[0]["ms"] == 0, attn
     assert all(e["ms"] > 0 for e in tb["prefill"] if e.get("moe")), tb["prefill"]
     assert {f["hidden_size"] for f in tb["fixed"]["by_hidden"]} == {C}, tb["fixed"]
@@ -91,15 +97,15 @@ def main():
             row = {r["name"]: r for r in rep["limits"]}["latency_ms"]
             layers = rep["result"]["arch"]["layers"]
             shapes = {json.dumps([y.get("attention"), y.get("moe")], sort_keys=True) for y in layers}
-            ne, fe = layers[0]["moe"]["n_experts"], layers[0]["moe"]["expert_ffn_dim"]
-            assert len(layers) == L and len(shapes) == 1 and 2 <= ne <= E and fe <= FE, layers
-            assert (ne, fe) != (E, FE), layers[0]
+            ne, fe, fs = (layers[0]["moe"][k] for k in ("n_experts", "expert_ffn_dim", "shared_ffn_dim"))
+            assert len(layers) == L and len(shapes) == 1 and 2 <= ne <= E and fe <= FE and fs <= FS, layers
+            assert (ne, fe, fs) != (E, FE, FS), layers[0]
             assert layers[0]["moe"]["top_k"] == min(K, ne), layers[0]
             print("parent measured %s, result %s" % (rep["parent"]["measured"].get("process_latencies_ms"),
                                                      m.get("process_latencies_ms")))
-            print("job: %d experts of %d units (parent %d of %d) in every layer, limit %.3f ms, predicted %.3f ms, "
-                  "measured in llama.cpp %.3f ms, holds %s" % (ne, fe, E, FE, limit, row["predicted"], row["measured"],
-                                                                row["holds"]))
+            print("job: %d experts of %d units and a shared expert of %d (parent %d of %d, %d) in every layer, limit "
+                  "%.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s"
+                  % (ne, fe, fs, E, FE, FS, limit, row["predicted"], row["measured"], row["holds"]))
 
             model = os.path.join(tmp, "mixtral")
             make_model(model, "mixtral", E, ())
