@@ -408,6 +408,13 @@ static void served_section(strbuf *b, json_t *search)
         return;
     json_t *sv = json_object_get(search, "served"), *an = json_object_get(sv, "anchor");
     strbuf_printf(b, "<h2>Served during the search</h2>\n<p>");
+    json_t *skipped = json_object_get(sv, "skipped");
+    if (json_is_string(skipped)) {
+        strbuf_printf(b, "Nothing: the parent was not served (");
+        sb_text(b, json_string_value(skipped));
+        strbuf_printf(b, "); the search used the tables as calibrated.</p>\n");
+        return;
+    }
     if (!json_is_object(an)) {
         strbuf_printf(b, "Nothing: the search used the tables as calibrated (constraints.served_check false, or "
                          "tables imported from an engine this server does not run).</p>\n");

@@ -433,17 +433,26 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     cm_tables anchored;
     memset(&sc, 0, sizeof sc);
     memset(&anchored, 0, sizeof anchored);
-    int rc = 0;
-    if (o->served) {
-        char msg[256];
+    int rc = 0, served = o->served != NULL;
+    if (served) {
+        char msg[768];
         snprintf(msg, sizeof msg, "serving the parent in %s: the tables' level at this machine's speed now",
                  served_engine(o->served));
         emit(o, "search.anchor", msg, NULL);
-        rc = sc_open(&sc, &o->parent->a, o->served, err, errlen) || sc_anchor(&sc, o->tables, &anchored, err, errlen)
-                 ? -1
-                 : 0;
-        run.tables = &anchored;
-        if (rc == 0) {
+        rc = sc_open(&sc, &o->parent->a, o->served, err, errlen) ? -1 : sc_anchor(&sc, o->tables, &anchored, err, errlen);
+        if (rc == 1) {   /* not served here: the tables as calibrated decide, and the document says why */
+            snprintf(msg, sizeof msg, "the parent is not served: %s; the search uses the tables as calibrated", err);
+            emit(o, "search.anchor", msg, NULL);
+            if (json_object_set_new(sc_doc(&sc), "skipped", json_string(err))) {
+                snprintf(err, errlen, "out of memory");
+                rc = -1;
+            } else {
+                err[0] = 0;
+                rc = 0;
+                served = 0;
+            }
+        } else if (rc == 0) {
+            run.tables = &anchored;
             json_t *an = json_object_get(sc_doc(&sc), "anchor");
             snprintf(msg, sizeof msg, "the parent served in %.1f ms against %.1f predicted: prefill x%.3f, decode x%.3f",
                      json_number_value(json_object_get(an, "parent_measured_ms")),
@@ -453,12 +462,11 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
             emit(o, "search.anchor", msg, json_deep_copy(an));
         }
     }
-    int anchored_ok = rc == 0 && o->served;
     if (rc == 0)
-        rc = method_run(&run, o->served ? &sc : NULL, margin, chosen, doc, err, errlen);
+        rc = method_run(&run, served ? &sc : NULL, margin, chosen, doc, err, errlen);
     if (rc < 0 && o->cancelled && o->cancelled(o->ud))
         rc = 1;   /* a check stopped by the cancel */
-    if (rc < 0 && anchored_ok) {   /* say at which speed the tables were priced */
+    if (rc < 0 && served && run.tables == &anchored) {   /* say at which speed the tables were priced */
         json_t *an = json_object_get(sc_doc(&sc), "anchor");
         size_t n = strlen(err);
         snprintf(err + n, errlen > n ? errlen - n : 0,
@@ -470,7 +478,7 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
     free(order);
     if (rc == 0)
         json_object_set_new(*doc, "aim", method_aim_json(&o->limits, margin));
-    if (rc == 0 && o->served)
+    if (rc == 0 && o->served)   /* the anchor and checks, or why the parent was not served */
         json_object_set(*doc, "served", sc_doc(&sc));
     cm_tables_free(&anchored);
     sc_close(&sc);

@@ -89,7 +89,9 @@ const cm_target *method_served_target(const cm_tables *tables);
 
 /* The search step as the job's search stage and `autocompress search` both take it:
  * o->limits already hold the aim (method_aim) and margin says how it was picked. With
- * o->served, the tables are first anchored to the parent served on that target, both
+ * o->served, the tables are first anchored to the parent served on that target (unless
+ * sc_anchor finds the machine cannot hold the parent beside the search: the document's
+ * served.skipped says so and the tables as calibrated decide), both
  * methods search with the anchored tables, and DNAS's result is served before it is
  * returned (repaired when measured over the aim); the document's "served" holds the
  * anchor and every check (Minitron++'s result is not checked: its candidates are whole

@@ -5,9 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-int64_t eng_proc_status_bytes(const char *key)
+/* The "KEY:   N kB" line of the file at path, in bytes; -1 when unreadable or absent. */
+static int64_t kb_line(const char *path, const char *key)
 {
-    FILE *f = fopen("/proc/self/status", "r");
+    FILE *f = fopen(path, "r");
     if (!f)
         return -1;
     char line[256];
@@ -20,4 +21,14 @@ int64_t eng_proc_status_bytes(const char *key)
         }
     fclose(f);
     return v < 0 ? -1 : v * 1024;
+}
+
+int64_t eng_proc_status_bytes(const char *key)
+{
+    return kb_line("/proc/self/status", key);
+}
+
+int64_t eng_mem_available_bytes(void)
+{
+    return kb_line("/proc/meminfo", "MemAvailable");
 }

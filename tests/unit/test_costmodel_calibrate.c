@@ -25,6 +25,7 @@
 #include "compress/servecheck.h"
 #include "engine/devices.h"
 #include "engine/model.h"
+#include "engine/procstat.h"
 #include "storage/archjson.h"
 
 static void tiny_parent(arch *a, int L)
@@ -347,6 +348,21 @@ static void test_served_anchor_builtin(void **state)
     assert_int_equal(m.params, arch_params(&a));
     assert_true(m.total >= pred.weights + pred.request_cache);
     sc_close(&sc);
+    /* a parent this machine's memory cannot serve beside the search: not served (1), said why */
+    cm_tables huge;
+    assert_int_equal(cm_tables_copy(&huge, &tb), 0);
+    huge.mem.weight_bytes_per_param *= 1e9;
+    cm_prediction ph;
+    assert_int_equal(cm_predict(&huge, &p, &ph, err, sizeof err), 0);
+    assert_true(ph.total > eng_mem_available_bytes());
+    if (sc_open(&sc, &p, &tb.target, err, sizeof err))
+        fail_msg("open: %s", err);
+    cm_tables unused;
+    assert_int_equal(sc_anchor(&sc, &huge, &unused, err, sizeof err), 1);
+    assert_non_null(strstr(err, "GiB available"));
+    assert_null(json_object_get(sc_doc(&sc), "anchor"));
+    sc_close(&sc);
+    cm_tables_free(&huge);
     /* tables measured in another engine: no anchor here */
     json_object_set_new(cal, "source", json_string("import"));
     cm_tables imp;

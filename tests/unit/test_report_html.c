@@ -312,6 +312,11 @@ static void test_served_section(void **state)
     assert_non_null(strstr(sec, "scaled by 0.75 and their decode times by 1.25"));
     assert_non_null(strstr(sec, "<tr><td>h576 | L0 a9/3 f1536</td><td>0.5</td><td>2111.2</td><td>2342.5</td>"));
     free(html);
+    json_object_set_new(json_object_get(r, "search"), "served", json_pack("{s:[],s:s}", "checks", "skipped",
+                                                                        "no memory <here>"));
+    html = render(r);
+    assert_non_null(strstr(html, "the parent was not served (no memory &lt;here&gt;)"));
+    free(html);
     json_object_del(json_object_get(r, "search"), "served");
     html = render(r);
     assert_non_null(strstr(html, "used the tables as calibrated"));
