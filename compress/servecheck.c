@@ -12,7 +12,7 @@
 #include "compress/calibrate.h"
 #include "compress/llamacpp.h"
 #include "compress/measure.h"
-#include "engine/procstat.h"
+#include "engine/devices.h"
 #include "storage/fileio.h"
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
@@ -67,11 +67,11 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     if (cm_predict(tb, c->parent, &p, err, errlen))
         return -1;
     /* the built-in engine serves in this process, beside the search's own parent and
-       supernet: on a CPU whose memory cannot hold another parent, it is not served */
-    int64_t avail = c->be && !strcmp(c->be->name, "cpu") ? eng_mem_available_bytes() : -1;
+       supernet: on a device whose free memory cannot hold another parent, it is not served */
+    int64_t avail = c->be ? eng_device_free_bytes(c->t.device) : -1;
     if (avail >= 0 && p.total > avail) {
-        snprintf(err, errlen, "serving it beside the search needs about %.2f GiB, the machine has %.2f GiB available",
-                 p.total / 1073741824.0, avail / 1073741824.0);
+        snprintf(err, errlen, "serving it beside the search needs about %.2f GiB, %s has %.2f GiB available",
+                 p.total / 1073741824.0, c->t.device, avail / 1073741824.0);
         return 1;
     }
     ms_result m;

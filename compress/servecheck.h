@@ -48,10 +48,10 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size
 
 /* Serve the parent SC_ROUNDS times and write into *out a copy of tb whose prefill and
  * decode times are scaled so that it predicts the parent's medians divided by tb's parent
- * bias (1 when tb has none). 0; 1 with the reason in err and nothing served when the
- * built-in engine on a CPU whose available memory (MemAvailable) is below the parent's
- * predicted serving memory (it would be a second copy beside the search's; a GPU's free
- * memory is not checked); or -1 with err. */
+ * bias (1 when tb has none). 0; 1 with the reason in err and nothing served when, on the
+ * built-in engine, the device's free memory (eng_device_free_bytes) is below the parent's
+ * predicted serving memory (it would be a second copy beside the search's); or -1 with
+ * err. */
 int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_t errlen);
 
 /* Serve `a` (random weights) and the parent SC_ROUNDS times each, alternating, and fill

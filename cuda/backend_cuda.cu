@@ -78,6 +78,23 @@ extern "C" int cu_device_query(int dev, char *desc, size_t desclen, uint64_t *me
     return 0;
 }
 
+extern "C" int cu_device_free(int dev, uint64_t *free_bytes)
+{
+    int cur = 0;
+    size_t f = 0, t = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    cudaError_t e = cudaMemGetInfo(&f, &t);
+    if (cudaSetDevice(cur) != cudaSuccess || e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    *free_bytes = (uint64_t)f;
+    return 0;
+}
+
 /* ---- memory ---------------------------------------------------------------------- */
 
 /* Allocation is stream-ordered from the backend's own memory pool (cudaMallocFromPoolAsync),

@@ -26,6 +26,10 @@ int cu_device_count(void);
 int cu_device_query(int dev, char *desc, size_t desclen, uint64_t *memory_bytes,
                     int *cc_major, int *cc_minor, int *sms);
 
+/* The memory free on device `dev` now (cudaMemGetInfo: what a new allocation there can
+ * still get) into *free_bytes. Returns 0, or -1 when the driver refuses the query. */
+int cu_device_free(int dev, uint64_t *free_bytes);
+
 /* Create the backend on device `dev` ("cuda:dev"): a stream, a cuBLAS handle and a
  * precision setting. Returns a new backend (free with eng_backend_free, which calls its
  * destroy hook; device buffers still allocated through it are not freed, free them

@@ -1,5 +1,6 @@
 /* engine/devices.c — device enumeration and backend creation by name. The CPU is
- * described from sysconf and the compiler's CPU feature probe (no files are read);
+ * described from sysconf and the compiler's CPU feature probe (its free memory from
+ * /proc/meminfo, engine/procstat.h);
  * CUDA devices come from cuda/backend_cuda.h when built with AC_CUDA=1.
  */
 #include "engine/devices.h"
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "engine/procstat.h"
 
 #if defined(AC_CUDA) && AC_CUDA
 #include "cuda/backend_cuda.h"
@@ -81,6 +84,22 @@ int eng_device_get(int i, eng_device_info *out)
 #else
     return -1;
 #endif
+}
+
+int64_t eng_device_free_bytes(const char *device)
+{
+    int kind, index;
+    char err[160];
+    if (eng_device_parse(device, &kind, &index, err, sizeof err))
+        return -1;
+    if (kind == 0)
+        return eng_mem_available_bytes();
+#if DEV_HAVE_CUDA
+    uint64_t f = 0;
+    if (index < dev_cuda_count() && cu_device_free(index, &f) == 0)
+        return (int64_t)f;
+#endif
+    return -1;
 }
 
 int eng_device_parse(const char *device, int *kind, int *index, char *err, size_t errlen)

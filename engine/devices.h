@@ -32,6 +32,11 @@ int eng_device_count(void);
  * eng_device_info.) */
 int eng_device_get(int i, eng_device_info *out);
 
+/* The memory a new allocation on `device` can still get now, in bytes: the CPU's
+ * MemAvailable (engine/procstat.h), a GPU's free memory as its driver reports it; -1
+ * when unknown (an unknown or absent device, a refused query). */
+int64_t eng_device_free_bytes(const char *device);
+
 /* Parse a device name: "cpu" -> *kind 0, *index 0; "cuda" or "cuda:N" -> *kind 1,
  * *index N. Returns 0, or -1 with a message in err for anything else (no range check
  * against present devices: see eng_device_exists). */

@@ -25,7 +25,6 @@
 #include "compress/servecheck.h"
 #include "engine/devices.h"
 #include "engine/model.h"
-#include "engine/procstat.h"
 #include "storage/archjson.h"
 
 static void tiny_parent(arch *a, int L)
@@ -354,7 +353,7 @@ static void test_served_anchor_builtin(void **state)
     huge.mem.weight_bytes_per_param *= 1e9;
     cm_prediction ph;
     assert_int_equal(cm_predict(&huge, &p, &ph, err, sizeof err), 0);
-    assert_true(ph.total > eng_mem_available_bytes());
+    assert_true(ph.total > eng_device_free_bytes("cpu"));
     if (sc_open(&sc, &p, &tb.target, err, sizeof err))
         fail_msg("open: %s", err);
     cm_tables unused;

@@ -31,6 +31,14 @@ static void test_cpu_is_device_zero(void **state)
     assert_int_equal(eng_device_get(-1, &d), -1);
     assert_int_equal(eng_device_get(eng_device_count(), &d), -1);
     assert_string_equal(d.name, "");   /* zeroed on failure */
+    /* free memory now: the CPU's within its RAM; an unknown device's unknown */
+    assert_int_equal(eng_device_get(0, &d), 0);
+    int64_t f = eng_device_free_bytes("cpu");
+    assert_true(f > 0 && (uint64_t)f <= d.memory_bytes);
+    assert_int_equal(eng_device_free_bytes("tpu"), -1);
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", eng_device_count() - 1);   /* one past the last GPU */
+    assert_int_equal(eng_device_free_bytes(name), -1);
 }
 
 static void test_parse(void **state)
@@ -104,6 +112,8 @@ static void test_cuda_devices_listed(void **state)
         assert_true(d.memory_bytes > ((uint64_t)1 << 30));
         assert_true(d.cores > 0);
         assert_true(d.description[0] != '\0');
+        int64_t f = eng_device_free_bytes(d.name);
+        assert_true(f > 0 && (uint64_t)f <= d.memory_bytes);
         printf("device %s: %s, %.1f GiB, sm_%d%d, %d SMs\n", d.name, d.description,
                (double)d.memory_bytes / (1 << 30), d.cc_major, d.cc_minor, d.cores);
     }
