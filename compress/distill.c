@@ -464,6 +464,10 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     int64_t steps = distill_steps(o->tokens, o->B, o->T, o->accum);
     int64_t per_step = (int64_t)o->B * o->T * o->accum;
     run_state rs = {.rng = o->seed ? o->seed : 1};
+    /* the seed picks where in the text the first batch starts; the batches then run on in
+       order, wrapping (td_batch): two seeds distil on differently ordered text, one seed
+       twice on the same (a resumed run takes the cursor from its checkpoint) */
+    rs.cursor = eng_xorshift64(&rs.rng) % (uint64_t)(train->n - (size_t)o->T);
     rs.curve = calloc((size_t)steps + 1, sizeof *rs.curve);
     int *tok = malloc((size_t)o->B * o->T * sizeof *tok), *tgt = malloc((size_t)o->B * o->T * sizeof *tgt);
     eng_adamw *opt = NULL;

@@ -44,7 +44,8 @@ typedef struct {
     int ckpt_every;          /* steps between checkpoints (0: none) */
     int keep_ckpts;          /* completed checkpoints kept (>= 1) */
     const char *ckpt_dir;    /* folder for checkpoints (created); NULL: none */
-    uint64_t seed;           /* RNG (saved in checkpoints; reserved for data sampling) */
+    uint64_t seed;           /* where in the text the first batch starts (then in order,
+                                wrapping); the RNG is saved in checkpoints */
     int64_t stop_after;      /* > 0: stop after this step as if killed (tests) */
     eng_coll *coll;          /* data parallelism: this process is one rank of coll (NULL:
                               * alone). Every rank runs distill_run on the same models,
