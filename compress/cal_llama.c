@@ -237,11 +237,10 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->akv[c->nA++] = kv[i];
         }
     for (int i = 0; i < nF; i++) {
-        if (f[i] < 0) {   /* experts of a width (llama.cpp's nemotron_h_moe holds 2 or more); the
-                             parent's experts beside a narrower shared expert in the paired
-                             families (Qwen2-MoE: one shared width per model, as the GGUF holds
-                             it); nemotron_h keeps the parent's shared expert */
-            int ok = cal_moe_is_shared(f[i]) ? c->paired : -f[i] % CAL_MOE_BASE >= 2;
+        if (f[i] < 0) {   /* experts of a width (llama.cpp's nemotron_h_moe holds 2 or more), and
+                             the parent's experts beside a narrower shared expert (one shared
+                             width per model, as the GGUF holds it) */
+            int ok = cal_moe_is_shared(f[i]) || -f[i] % CAL_MOE_BASE >= 2;
             if (ok && code_fits(c, 0, 0, f[i]))
                 c->fe[c->nE++] = f[i];
             continue;

@@ -62,14 +62,16 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb6", t->engine, t->kv_cache_type,
                       t->threads, cm_target_flash(t), t->engine_build);
     /* MoE: the most experts, and the first MoE layer's top-k and widths (the grid's shape;
-     * w2: the grid prices narrower experts too; w3: and narrower shared experts, in the
-     * built-in engine and in llama.cpp's paired families, not in its nemotron_h) */
+     * w2: the grid prices narrower experts too; w3: and narrower shared experts; w4: in
+     * llama.cpp's nemotron_h too) */
     int maxe;
     const arch_moe *e = arch_first_moe(a, &maxe);
     if (e && n > 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d%s", maxe, e->top_k, e->expert_ffn_dim,
                       e->shared_ffn_dim, e->norm_topk,
-                      e->shared_ffn_dim && (!cm_target_llamacpp(t) || arch_moe_family(a)) ? "|w3" : "|w2");
+                      !e->shared_ffn_dim                             ? "|w2"
+                      : cm_target_llamacpp(t) && !arch_moe_family(a) ? "|w4"
+                                                                     : "|w3");
     if (e && e->sigmoid && n > 0 && (size_t)n < sizeof buf)   /* Nemotron-H's router */
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|sg|g%d|tg%d|rs%.9g", e->n_group, e->topk_group,
                       e->routed_scale);

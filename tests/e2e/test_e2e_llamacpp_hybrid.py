@@ -4,7 +4,8 @@ end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
 - POST /v1/calibrations with target.engine "llama.cpp" calibrates inside llama.cpp by
   repeated blocks of llama.cpp's nemotron_h graph, one block per layer: the tables hold
   entries for every Mamba head count, every expert count, attention and dense MLP widths,
-  and the memory model keeps the recurrent state at f32 (llama.cpp's RS buffer) beside the
+  the shared expert at 1/4, 1/2 and 3/4 of its width beside the parent's experts (one
+  shared width per model, as the GGUF holds it), and the memory model keeps the recurrent state at f32 (llama.cpp's RS buffer) beside the
   KV cache; the held-out random archs (one Mamba head count and one expert count each, as
   llama.cpp holds) were measured in fresh llama.cpp processes, their memory predicted
   within 5%;
@@ -14,8 +15,9 @@ end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
   fresh processes' times, to which a job anchors its tables, spread by tens of percent,
   more under the sanitizers), exporting GGUF,
   succeeds: its report names the engine, the measured latency comes from llama.cpp and
-  holds, the params limit holds, and the result keeps one Mamba head count and one expert
-  count and width (what the GGUF holds) and an attention layer;
+  holds, the params limit holds, and the result keeps one Mamba head count, one expert
+  count, width and shared width at most the parent's (what the GGUF holds) and an attention
+  layer;
 - a Mamba-2 model (llama.cpp's mamba2 graph: Mamba mixers only) calibrates in llama.cpp too
   (a base of one Mamba layer per head count), is estimated from it, and a job cut by a
   params limit holds its limits measured in llama.cpp.
@@ -29,7 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import AC_BIN, DATA, TEXT, TOK, calibrate, llamacpp_job, server  # noqa: E402
-from test_e2e_hybrid import make_model  # noqa: E402
+from test_e2e_hybrid import FS, make_model  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 os.environ.setdefault("AC_BIN", AC_BIN)   # the oracle's checkpoint writers read it
@@ -54,6 +56,10 @@ def main():
             experts = sorted({e["moe"]["n_experts"] for e in tb["prefill"] if e.get("moe")})
             attn = sorted({e["n_heads"] for e in tb["prefill"] if e.get("n_heads")})
             assert mamba and experts and attn, (mamba, experts, attn)
+            # the parent's experts beside a shared expert of 1/4, 1/2 and 3/4 of its width (one
+            # shared width per model, as llama.cpp's nemotron_h holds it)
+            shared = sorted({e["moe"]["shared_ffn_dim"] for e in tb["prefill"] if e.get("moe")})
+            assert shared == [FS // 4, FS // 2, 3 * FS // 4, FS], shared
             assert tb["memory"]["state_bytes_per_element"] == 4, tb["memory"]
             v = cal["validation"]
             assert v["archs"] >= 4 and v["memory_mape_pct"] < 5, v
@@ -83,9 +89,12 @@ def main():
             mh = {l["mamba"]["n_heads"] for l in layers if l.get("mamba")}
             ne = {l["moe"]["n_experts"] for l in layers if l.get("moe")}
             nw = {l["moe"]["expert_ffn_dim"] for l in layers if l.get("moe")}
+            ns = {l["moe"]["shared_ffn_dim"] for l in layers if l.get("moe")}
             assert len(mh) == 1 and len(ne) <= 1 and len(nw) <= 1 and any(l.get("attention") for l in layers), layers
+            assert len(ns) <= 1 and all(0 < s <= FS for s in ns), ns
             print("job: limit %.3f ms, predicted %.3f ms, measured in llama.cpp %.3f ms, holds %s; Mamba heads %s, "
-                  "experts %s of %s units" % (limit, row["predicted"], row["measured"], row["holds"], mh, ne, nw))
+                  "experts %s of %s units, shared expert %s" % (limit, row["predicted"], row["measured"], row["holds"],
+                                                                 mh, ne, nw, ns))
 
             # a Mamba-2 parent: every layer a Mamba mixer, llama.cpp's mamba2 graph
             m2dir = os.path.join(tmp, "mamba2")
