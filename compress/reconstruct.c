@@ -11,7 +11,9 @@
  * block's input projections (router, experts' gate/up, shared expert's gate/up and gate,
  * a latent's fc1) are refit by the same input map; where the experts were narrowed, each
  * kept expert's down_proj is refit on the tokens the student routes to it, its kept units'
- * activations against the parent expert's output on the same tokens.
+ * activations against the parent expert's output on the same tokens; where the block lost
+ * experts or width, the shared expert's down_proj against what the parent's block output
+ * leaves after the student's routed experts (it compensates the experts removed).
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -219,11 +221,10 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     return solve_output(s, rp, name, s->X, s->T, s->N, err, errlen);
 }
 
-/* Where student layer i's experts (or shared expert) are narrower than parent layer src's:
- * each kept expert's down_proj from its kept units' activations (student stream s->Xs, the
- * tokens the student routes to it) to the parent expert's output on the same tokens (parent
- * stream s->Xp), at the kept channels (a latent MoE's experts write the whole latent); the
- * shared expert's on every token (its output before its gate). 0, 1 when stopped, -1. */
+/* Where student layer i's experts are narrower than parent layer src's: each kept expert's
+ * down_proj from its kept units' activations (student stream s->Xs, the tokens the student
+ * routes to it) to the parent expert's output on the same tokens (parent stream s->Xp), at
+ * the kept channels (a latent MoE's experts write the whole latent). 0, 1 when stopped, -1. */
 static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t errlen)
 {
     const arch_moe *se = &s->S->a.layers[i].moe, *pe = &s->P->a.layers[src].moe;
@@ -234,28 +235,70 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
     int rc = rows && Yp ? 0 : -1;
     if (rc)
         snprintf(err, errlen, "reconstruct: out of host memory");
-    int first = se->expert_ffn_dim < pe->expert_ffn_dim ? 0 : se->n_experts;   /* the shared expert is e == n_experts */
-    int last = se->shared_ffn_dim < pe->shared_ffn_dim ? se->n_experts : se->n_experts - 1;
-    for (int e = first; rc == 0 && e <= last; e++) {
-        int sh = e == se->n_experts, x = sh ? -1 : e, lat = !sh && pe->latent_dim;
-        int D = lat ? pe->latent_dim : C, cw = lat ? pe->latent_dim : c;
-        const char *name = eng_model_expert_down(s->S, i, x);
-        int n = eng_moe_expert_io(s->S, i, x, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
-        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, sh ? -1 : l->exp[e], s->Xp, (int)s->N, rows, n,
-                                                           NULL, NULL, Yp) != n)) {
-            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, x);
+    for (int e = 0; rc == 0 && e < se->n_experts; e++) {
+        int lat = pe->latent_dim > 0, D = lat ? pe->latent_dim : C, cw = lat ? pe->latent_dim : c;
+        const char *name = eng_model_expert_down(s->S, i, e);
+        int n = eng_moe_expert_io(s->S, i, e, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
+        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, l->exp[e], s->Xp, (int)s->N, rows, n, NULL,
+                                                           NULL, Yp) != n)) {
+            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, e);
             rc = -1;
             break;
         }
         for (int r = 0; r < n; r++)
             for (int j = 0; j < cw; j++)
                 s->T[(size_t)r * cw + j] = Yp[(size_t)r * D + (lat ? j : s->sel.hidden[j])];
-        recon_proj rp = {.layer = i, .source_layer = src, .proj = sh ? RP_SDOWN : RP_XDOWN, .expert = x,
-                         .in_dim = sh ? se->shared_ffn_dim : se->expert_ffn_dim, .out_dim = cw, .pruned = 1};
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_XDOWN, .expert = e, .in_dim = se->expert_ffn_dim,
+                         .out_dim = cw, .pruned = 1};
         rc = n > 0 ? solve_output(s, &rp, name, s->X, s->T, (size_t)n, err, errlen) : 0;
     }
     free(rows);
     free(Yp);
+    return rc;
+}
+
+/* Where student layer i's MoE lost experts, routed width or top-k, or its shared expert
+ * narrowed: the shared expert's down_proj, on every token, from its units' activations times
+ * its gate (student stream s->Xs) to what the parent's block output (parent stream s->Xp)
+ * leaves after the student's routed experts, at the kept channels. So the shared expert
+ * takes up what the removed experts, and the tokens routed elsewhere without them, no longer
+ * give, as far as its units span it. 0, 1 when stopped, -1. */
+static int refit_shared_output(rc_state *s, int i, int src, char *err, size_t errlen)
+{
+    const arch_moe *se = &s->S->a.layers[i].moe;
+    int C = s->P->a.hidden_size, c = s->S->a.hidden_size, N = (int)s->N;
+    const char *name = eng_model_expert_down(s->S, i, -1);
+    int *rows = malloc(sizeof(int) * s->N);
+    float *Yp = s->Y, *Sp = malloc(sizeof(float) * s->N * (size_t)C), *Ys = malloc(sizeof(float) * s->N * (size_t)c);
+    float *gp = malloc(sizeof(float) * s->N), *gs = malloc(sizeof(float) * s->N);
+    int rc = rows && Sp && Ys && gp && gs ? 0 : -1;
+    if (rc)
+        snprintf(err, errlen, "reconstruct: out of host memory");
+    else if (!name || eng_moe_routed(s->P, src, s->Xp, N, Yp, gp) != 0 ||
+             eng_moe_expert_io(s->P, src, -1, s->Xp, N, NULL, 0, rows, NULL, Sp) != N ||
+             eng_moe_routed(s->S, i, s->Xs, N, Ys, gs) != 0 ||
+             eng_moe_expert_io(s->S, i, -1, s->Xs, N, NULL, 0, rows, s->X, NULL) != N) {
+        snprintf(err, errlen, "reconstruct: layer %d: out of memory running the MoE block", i);
+        rc = -1;
+    }
+    for (size_t n = 0; rc == 0 && n < s->N; n++) {
+        for (int j = 0; j < c; j++) {
+            size_t at = n * (size_t)C + (size_t)s->sel.hidden[j];
+            s->T[n * (size_t)c + (size_t)j] = Yp[at] + gp[n] * Sp[at] - Ys[n * (size_t)c + (size_t)j];
+        }
+        for (int u = 0; u < se->shared_ffn_dim; u++)
+            s->X[n * (size_t)se->shared_ffn_dim + (size_t)u] *= gs[n];
+    }
+    if (rc == 0) {
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_SDOWN, .expert = -1,
+                         .in_dim = se->shared_ffn_dim, .out_dim = c, .pruned = 1};
+        rc = stopped(s) ? 1 : solve_output(s, &rp, name, s->X, s->T, s->N, err, errlen);
+    }
+    free(rows);
+    free(Sp);
+    free(Ys);
+    free(gp);
+    free(gs);
     return rc;
 }
 
@@ -426,15 +469,18 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
     if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, narrowed experts' outputs */
         int kept = moe_part(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
         const arch_moe *sm = &s->S->a.layers[i].moe, *pm = &s->P->a.layers[src].moe;
-        int narrow = kept && !replay && (sm->expert_ffn_dim < pm->expert_ffn_dim || sm->shared_ffn_dim < pm->shared_ffn_dim);
+        int narrow = kept && !replay && sm->expert_ffn_dim < pm->expert_ffn_dim;
+        int shared = kept && !replay && sm->shared_ffn_dim && moe_changed(&s->P->a, src, &s->S->a, i);
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
-        if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow ? &pc : NULL, err, errlen) != 0)
+        if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow || shared ? &pc : NULL, err, errlen) != 0)
             return -1;
-        if (inputs || narrow) {
+        if (inputs || narrow || shared) {
             int rc = stopped(s) ? 1 : eng_stepper_block(s->ss, i, part, 0, &sc, err, errlen) != 0 ? -1
                    : inputs ? refit_moe_inputs(s, i, src, err, errlen) : 0;
             if (rc == 0 && narrow)
                 rc = refit_expert_outputs(s, i, src, err, errlen);
+            if (rc == 0 && shared)   /* last: it fits what the routed experts, as refit, leave */
+                rc = refit_shared_output(s, i, src, err, errlen);
             if (rc != 0)
                 return rc;
         }

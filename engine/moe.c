@@ -372,8 +372,10 @@ static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, in
     st->expert_tokens[l][x] += n;
 }
 
-int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats,
-                float *fws, int *iws)
+/* The block on device rows xn [N, C] into y [N, C]; shared 0: without the shared expert, its
+ * gate per row written to gate_host [N] (1 where it has none; may be NULL). */
+static int moe_forward(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N,
+                       eng_act_stats *stats, float *fws, int *iws, int shared, float *gate_host)
 {
     eng_backend *be = m->be;
     const eng_layer *L = &m->layers[l];
@@ -406,7 +408,14 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
     }
     if (L->lat_out)
         be->gemm(be, 0, 1, N, C, D, 1.0f, c.YL, D, L->lat_out, D, 0.0f, y, C);
-    if (e->shared_ffn_dim) {   /* Qwen2-MoE's gated by sigmoid of its own row; Nemotron-H's added as it is */
+    if (!shared && gate_host) {
+        int gated = e->shared_ffn_dim && L->sh_router;
+        if (gated)
+            shared_gate(be, &c, xn, L->sh_router);
+        for (int n = 0; n < N; n++)
+            gate_host[n] = gated ? c.hbuf[n] : 1.0f;
+    }
+    if (e->shared_ffn_dim && shared) {   /* Qwen2-MoE's gated by sigmoid of its own row; Nemotron-H's added as it is */
         const int *ident = c.idev + (size_t)N * c.k;
         if (L->sh_router)
             shared_gate(be, &c, xn, L->sh_router);
@@ -418,6 +427,32 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
     }
     call_free(be, &c);
     return 0;
+}
+
+int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float *y, int N, eng_act_stats *stats,
+                float *fws, int *iws)
+{
+    return moe_forward(m, l, mk, xn, y, N, stats, fws, iws, 1, NULL);
+}
+
+int eng_moe_routed(eng_model *m, int l, const float *xn, int N, float *y, float *gate)
+{
+    eng_backend *be = m->be;
+    const arch_moe *e = l >= 0 && l < m->a.n_layers ? &m->a.layers[l].moe : NULL;
+    if (!e || !e->n_experts || N <= 0)
+        return -1;
+    size_t bytes = F4 * (size_t)N * m->a.hidden_size;
+    float *xd = be->alloc(be, bytes), *yd = be->alloc(be, bytes);
+    int rc = xd && yd ? 0 : -1;
+    if (rc == 0) {
+        be->to_device(be, xd, xn, bytes);
+        rc = moe_forward(m, l, NULL, xd, yd, N, NULL, NULL, NULL, 0, gate);
+    }
+    if (rc == 0)
+        be->to_host(be, y, yd, bytes);
+    be->free(be, xd, xd ? bytes : 0);
+    be->free(be, yd, yd ? bytes : 0);
+    return rc;
 }
 
 int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const int *rows, int n, int *routed,

@@ -1,15 +1,17 @@
 #!/bin/bash
 # bench/prune_recovery/moe.sh — least-squares reconstruction on a mixture-of-experts parent
 # with real weights: the MoE made from SmolLM2-135M by bench/families/moefy.py (Qwen2-MoE, 8
-# experts of 128, top 2, shared expert 512), cut to 6 experts per layer, with the hidden
-# size kept (576) and cut (504); each student as the plain slice and reconstructed (router,
-# experts' and shared expert's input projections included), and, with OLD_BIN (an
-# autocompress built before the MoE input refit, e.g. commit 3728108), reconstructed the
-# old way (the MoE blocks run as they are). Perplexity (llama.cpp's chunk method, 16 x 512)
-# on three texts unlike the calibration text (C4): WikiText-2, Shakespeare, TinyStories.
-# Writes bench/results/prune_recovery-moe.md.
+# experts of 128, top 2, shared expert 512), cut to 6 and to 4 experts per layer with the
+# hidden size kept (576), and to 6 with it cut (504); each student as the plain slice and
+# reconstructed (router, experts' and shared expert's input projections, and the shared
+# expert's down_proj compensating the experts removed), and, with OLD_BIN (an autocompress
+# built before a change to the reconstruction, e.g. commit 44a7932, before the compensation),
+# reconstructed by that build. Perplexity (llama.cpp's chunk method, 16 x 512) on three texts
+# unlike the calibration text (C4): WikiText-2, Shakespeare, TinyStories. The ranking skips
+# the layer-skip losses (no student drops a layer).
 # Usage: bench/prune_recovery/moe.sh MOE_DIR; env OLD_BIN (and OLD_LABEL, its name in the table), OUT (work folder, kept: a rerun
-# reuses what is there; default /tmp/ac-prune-moe), THREADS (all cores), PPL_CHUNKS (16).
+# reuses what is there; default /tmp/ac-prune-moe), THREADS (all cores), PPL_CHUNKS (16), ARCHS (default
+# "e6 e4 h504e6"), RES (default bench/results/prune_recovery-moe.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MOE=$1
@@ -22,7 +24,8 @@ PPL_CHUNKS=${PPL_CHUNKS:-16}
 CALIB=$AC_SHARED/data/text/c4/c4_sample.jsonl
 T=$AC_SHARED/data/text
 TEXTS="wiki:$T/wikitext-2-raw/wiki.test.raw shakespeare:$T/tinyshakespeare/input.txt tinystories:$T/tinystories/validation_100.txt"
-RES=bench/results/prune_recovery-moe.md
+RES=${RES:-bench/results/prune_recovery-moe.md}
+ARCHS=${ARCHS:-e6 e4 h504e6}
 mkdir -p "$OUT"
 source bench/prune_recovery/steps.sh
 make -s -j2 all >/dev/null
@@ -31,13 +34,13 @@ make -s -j2 all >/dev/null
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-for name, hidden in (("e6", None), ("h504e6", 504)):
+for name, hidden, experts in (("e6", None, 6), ("e4", None, 4), ("h504e6", 504, 6)):
     a = json.load(open(out + "/parent.arch.json"))
     if hidden:
         a["hidden_size"] = hidden
     for l in a["layers"]:
         if l.get("moe"):
-            l["moe"]["n_experts"] = 6
+            l["moe"]["n_experts"] = experts
     json.dump(a, open("%s/%s.json" % (out, name), "w"), indent=1)
 PY
 ppl() {   # ppl NAME MODEL
@@ -47,8 +50,8 @@ ppl() {   # ppl NAME MODEL
 }
 ppl parent "$MOE"
 step rank "$BIN" prune "$MOE" --arch "$OUT/h504e6.json" --out "$OUT/rank" --calib "$CALIB" --no-reconstruct \
-    --threads "$THREADS"
-for a in e6 h504e6; do
+    --layer-tokens 0 --threads "$THREADS"
+for a in $ARCHS; do
     for m in slice ls old; do
         b=$BIN; flag=
         [ $m = slice ] && flag=--no-reconstruct
@@ -71,7 +74,7 @@ par = {t: j("parent.ppl.%s.out" % t)["ppl"] for t in texts}
 cfg = json.load(open(os.path.join(moe, "config.json")))
 print("# Reconstruction on a mixture of experts: the MoE made from SmolLM2-135M, pruned (CPU)\n")
 print("%s on the 2-core machine. Parent `%s` (%s, %d layers, %d experts of %d, top %d, shared expert %d), made by "
-      "bench/families/moefy.py from SmolLM2-135M-Instruct and not distilled. Ranking (32,768 tokens) and reconstruction "
+      "bench/families/moefy.py from SmolLM2-135M-Instruct and not distilled. Ranking (32,768 tokens, no layer-skip losses) and reconstruction "
       "(16,384 tokens) on C4; perplexity %s x 512 (llama.cpp's chunk method) on three other texts. Produced by "
       "`bench/prune_recovery/moe.sh`.\n" % (datetime.date.today(), os.path.basename(moe.rstrip("/")), cfg["model_type"],
                                             cfg["num_hidden_layers"], cfg["num_experts"],
@@ -80,10 +83,11 @@ print("%s on the 2-core machine. Parent `%s` (%s, %d layers, %d experts of %d, t
 print("| student | params | method | WikiText-2 | Shakespeare | TinyStories | geo. mean x parent | prune wall s |")
 print("|---|---|---|---|---|---|---|---|")
 print("| parent | - | - | %s | - | - |" % " | ".join("%.2f" % par[t] for t in texts))
-names = {"e6": "6 of 8 experts per layer, hidden 576", "h504e6": "6 of 8 experts per layer, hidden 504"}
-methods = (("slice", "slice"), ("old", "reconstructed, MoE blocks as they are (%s)" % (old or "old build")),
-           ("ls", "reconstructed, MoE inputs too"))
-for a in ("e6", "h504e6"):
+names = {"e6": "6 of 8 experts per layer, hidden 576", "e4": "4 of 8 experts per layer, hidden 576",
+         "h504e6": "6 of 8 experts per layer, hidden 504"}
+methods = (("slice", "slice"), ("old", "reconstructed by %s" % (old or "the old build")),
+           ("ls", "reconstructed, the shared expert compensating"))
+for a in ("e6", "e4", "h504e6"):
     for m, mname in methods:
         man = j("%s-%s/prune.json" % (a, m))
         if man is None:

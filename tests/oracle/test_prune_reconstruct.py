@@ -25,11 +25,14 @@ test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts, expert 
 expert widths and query heads: the router (its kept experts' rows), every kept expert's
 gate_proj and up_proj (its kept units' rows), the shared expert's and its gate by the input
 map, as q/k/v are, and each narrowed expert's down_proj on the tokens the student routes to it
-(its units' activations against the parent expert's output on those tokens), the narrowed
-shared expert's on every token; and on a Nemotron-H
+(its units' activations against the parent expert's output on those tokens), and in every
+layer that lost experts or width the shared expert's down_proj on every token (its units
+times its gate against the parent block's output less the student's routed experts: it
+compensates the experts removed); and on a Nemotron-H
 parent ("*E*E": sigmoid routing in groups, a shared expert, the last MoE a LatentMoE; experts
 narrowed in both) the router, the experts' up_proj (the first experts of every group kept),
-behind the latent fc1_latent_proj, and the experts' down_proj (the latent one's whole).
+behind the latent fc1_latent_proj, the experts' down_proj (the latent one's whole) and the
+shared expert's down_proj the same way.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
 """
@@ -259,12 +262,22 @@ def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
         Yp = (torch.relu(hp[rows] @ W["parent." + ppre + "experts.%d.up_proj.weight" % x].T) ** 2) @ \
             W["parent." + ppre + "experts.%d.down_proj.weight" % x].T
         out.append((e, Hs, Yp if lat else Yp[:, :c], spre + "experts.%d.down_proj.weight" % e))
-    if ms["shared_ffn_dim"] < mp["shared_ffn_dim"]:   # the shared expert: every token
-        Hs = torch.relu(Xs @ W["after." + spre + "shared_experts.up_proj.weight"].T) ** 2
-        Yp = (torch.relu(Xp @ W["parent." + ppre + "shared_experts.up_proj.weight"].T) ** 2) @ \
-            W["parent." + ppre + "shared_experts.down_proj.weight"].T
-        out.append((None, Hs, Yp[:, :c], spre + "shared_experts.down_proj.weight"))
     return out
+
+
+def moe_changed(pm, sm):
+    return any(pm[k] != sm[k] for k in ("n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim"))
+
+
+def nemotron_shared_down(pa, sa, W, src, i, Xs, Xp, c):
+    """A changed Nemotron-H MoE layer's shared expert: (its squared-ReLU units on every token,
+    the parent block's output at the kept channels less the student's routed experts (the
+    student's block as refit, less its shared expert), the student's down_proj name)."""
+    spre, ppre = "backbone.layers.%d." % i, "backbone.layers.%d." % src
+    n = "mixer.shared_experts.%s_proj.weight"
+    Hs = torch.relu(Xs @ W["after." + spre + n % "up"].T) ** 2
+    routed = nemotron_moe_y(sa, W, "after." + spre, Xs) - Hs @ W["after." + spre + n % "down"].T
+    return Hs, nemotron_moe_y(pa, W, "parent." + ppre, Xp)[:, :c] - routed, spre + n % "down"
 
 
 def nemotron_moe_inputs(pa, sa, src, i):
@@ -306,7 +319,7 @@ def check_hybrid(tool, case="hybrid"):
     c, damp, eps = sa["hidden_size"], rj["damp"], pa["norm_eps"]
     xs_p = [P("backbone.embeddings.weight")[row] for row in tokens]
     xs_s = [A("backbone.embeddings.weight")[row] for row in tokens]
-    worst, refits, checked = 0.0, 0, 0
+    worst, refits, checked, shared_fits = 0.0, 0, 0, 0
     for i, L in enumerate(sa["layers"]):
         src, kind = L["source_layer"], kind_of(L)
         ppre, spre = "backbone.layers.%d." % src, "backbone.layers.%d." % i
@@ -320,13 +333,19 @@ def check_hybrid(tool, case="hybrid"):
                 checked += 1
                 if rel is not None:
                     worst, refits = max(worst, rel), refits + 1
+            fits = []
             if L["moe"]["expert_ffn_dim"] < pa["layers"][src]["moe"]["expert_ffn_dim"]:
-                for e, Hs, Yp, name in nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
-                    proj = "experts.down_proj" if e is not None else "shared_expert.down_proj"
-                    rel = check_fit(case, moe_outcomes[(i, proj, e)], Hs, Yp, W["before." + name], A(name), damp)
-                    checked += 1
-                    if rel is not None:
-                        worst, refits = max(worst, rel), refits + 1
+                fits += [(moe_outcomes[(i, "experts.down_proj", e)], Hs, Yp, name)
+                         for e, Hs, Yp, name in nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c)]
+            if L["moe"]["shared_ffn_dim"] and moe_changed(pa["layers"][src]["moe"], L["moe"]):
+                fits.append((moe_outcomes[(i, "shared_expert.down_proj", None)],)
+                            + nemotron_shared_down(pa, sa, W, src, i, Xs, Xp, c))
+                shared_fits += 1
+            for o, Hs, Yp, name in fits:
+                rel = check_fit(case, o, Hs, Yp, W["before." + name], A(name), damp)
+                checked += 1
+                if rel is not None:
+                    worst, refits = max(worst, rel), refits + 1
             xs_p = [x + nemotron_moe_y(pa, W, "parent." + ppre, rms(x, P(ppre + "norm.weight"), eps)) for x in xs_p]
             xs_s = [x + nemotron_moe_y(sa, W, "after." + spre, rms(x, A(spre + "norm.weight"), eps)) for x in xs_s]
             continue
@@ -353,9 +372,10 @@ def check_hybrid(tool, case="hybrid"):
         xs_s = [x + hybrid_block(sa, A, spre, x)[1] for x in xs_s]
     assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {(o["proj"], o["refit"]) for o in rj["projections"]}
-    need = ("router", "experts.up_proj", "fc1_latent_proj", "shared_expert.up_proj", "experts.down_proj") if case == "hybrid_moe" \
-        else ("in_proj", "out_proj")
+    need = ("router", "experts.up_proj", "fc1_latent_proj", "shared_expert.up_proj", "experts.down_proj",
+            "shared_expert.down_proj") if case == "hybrid_moe" else ("in_proj", "out_proj")
     assert all((p, True) in done for p in need), done
+    assert shared_fits == (2 if case == "hybrid_moe" else 0), shared_fits   # both MoE layers changed
     print("%s: %d of %d projections refit (%s among them), worst weight rel err vs torch.linalg.lstsq %.2g" % (
         case, refits, checked, ", ".join(need), worst))
 
@@ -376,7 +396,7 @@ def check_moe(tool):
 
     xs_p = [P("model.embed_tokens.weight")[row] for row in tokens]
     xs_s = [A("model.embed_tokens.weight")[row] for row in tokens]
-    worst, refits, checked = 0.0, 0, 0
+    worst, refits, checked, shared_fits = 0.0, 0, 0, 0
     for i, L in enumerate(sa["layers"]):
         pre = "model.layers.%d." % i   # no layer removed: student layer i is parent layer i
         Xp = torch.cat([rms(x, P(pre + "input_layernorm.weight"), eps) for x in xs_p])
@@ -416,12 +436,18 @@ def check_moe(tool):
                 Yp = swiglu(Xp[rows], *[P(pre + x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
                 fits.append(check_fit("moe", outcomes[(i, "experts.down_proj", e)], Hs, Yp[:, :c],
                                       W["before." + pre + x + "down_proj.weight"], A(pre + x + "down_proj.weight"), damp))
-        if fs < pa["layers"][i]["moe"]["shared_ffn_dim"]:   # a narrowed shared expert: every token, before its gate
+        if moe_changed(pa["layers"][i]["moe"], L["moe"]):
+            # the shared expert, every token: its units times its gate against what the parent's
+            # block output leaves after the student's routed experts (its block as refit, less
+            # its shared expert's gated output)
             x = pre + "mlp.shared_expert."
             Hs = F.silu(Xs @ A(x + "gate_proj.weight").T) * (Xs @ A(x + "up_proj.weight").T)
-            Yp = swiglu(Xp, *[P(x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
-            fits.append(check_fit("moe", outcomes[(i, "shared_expert.down_proj", None)], Hs, Yp[:, :c],
-                                  W["before." + x + "down_proj.weight"], A(x + "down_proj.weight"), damp))
+            g = torch.sigmoid(Xs @ A(pre + "mlp.shared_expert_gate.weight").T)
+            routed = moe_y(sa, Aw, i, Xs) - g * (Hs @ A(x + "down_proj.weight").T)
+            fits.append(check_fit("moe", outcomes[(i, "shared_expert.down_proj", None)], g * Hs,
+                                  moe_y(pa, Pw, i, Xp)[:, :c] - routed, W["before." + x + "down_proj.weight"],
+                                  A(x + "down_proj.weight"), damp))
+            shared_fits += 1
         checked += len(fits)
         for rel in fits:
             if rel is not None:
@@ -430,7 +456,9 @@ def check_moe(tool):
         xs_s = [x + moe_y(sa, Aw, i, rms(x, A(pre + "post_attention_layernorm.weight"), eps)) for x in xs_s]
     assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {o["proj"] for o in rj["projections"] if o["refit"]}
-    assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj", "experts.down_proj"} <= done, done
+    assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj", "experts.down_proj",
+            "shared_expert.down_proj"} <= done, done
+    assert shared_fits == 3, shared_fits   # layers 0, 2 and 3 lost experts; layer 1 kept its 6
     print("moe: %d of %d projections refit (router, experts, shared expert among them), worst weight rel err vs "
           "torch.linalg.lstsq %.2g; router rel error %s" % (
               refits, checked, worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
