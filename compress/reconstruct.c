@@ -11,9 +11,10 @@
  * block's input projections (router, experts' gate/up, shared expert's gate/up and gate,
  * a latent's fc1) are refit by the same input map; where the experts were narrowed, each
  * kept expert's down_proj is refit on the tokens the student routes to it, its kept units'
- * activations against the parent expert's output on the same tokens; where the block lost
- * experts or width, the shared expert's down_proj against what the parent's block output
- * leaves after the student's routed experts (it compensates the experts removed).
+ * activations against the parent expert's output on the same tokens, a narrowed shared
+ * expert's on every token; or, with compensate, where the block lost experts or width, the
+ * shared expert's down_proj against what the parent's block output leaves after the
+ * student's routed experts (it takes up what the experts removed gave).
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -224,7 +225,9 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
 /* Where student layer i's experts are narrower than parent layer src's: each kept expert's
  * down_proj from its kept units' activations (student stream s->Xs, the tokens the student
  * routes to it) to the parent expert's output on the same tokens (parent stream s->Xp), at
- * the kept channels (a latent MoE's experts write the whole latent). 0, 1 when stopped, -1. */
+ * the kept channels (a latent MoE's experts write the whole latent); without compensation,
+ * a narrowed shared expert's likewise on every token (its output before its gate). 0, 1 when
+ * stopped, -1. */
 static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t errlen)
 {
     const arch_moe *se = &s->S->a.layers[i].moe, *pe = &s->P->a.layers[src].moe;
@@ -235,21 +238,24 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
     int rc = rows && Yp ? 0 : -1;
     if (rc)
         snprintf(err, errlen, "reconstruct: out of host memory");
-    for (int e = 0; rc == 0 && e < se->n_experts; e++) {
-        int lat = pe->latent_dim > 0, D = lat ? pe->latent_dim : C, cw = lat ? pe->latent_dim : c;
-        const char *name = eng_model_expert_down(s->S, i, e);
-        int n = eng_moe_expert_io(s->S, i, e, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
-        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, l->exp[e], s->Xp, (int)s->N, rows, n, NULL,
-                                                           NULL, Yp) != n)) {
-            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, e);
+    int first = se->expert_ffn_dim < pe->expert_ffn_dim ? 0 : se->n_experts;   /* the shared expert is e == n_experts */
+    int last = !s->o->compensate && se->shared_ffn_dim < pe->shared_ffn_dim ? se->n_experts : se->n_experts - 1;
+    for (int e = first; rc == 0 && e <= last; e++) {
+        int sh = e == se->n_experts, x = sh ? -1 : e, lat = !sh && pe->latent_dim;
+        int D = lat ? pe->latent_dim : C, cw = lat ? pe->latent_dim : c;
+        const char *name = eng_model_expert_down(s->S, i, x);
+        int n = eng_moe_expert_io(s->S, i, x, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
+        if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, sh ? -1 : l->exp[e], s->Xp, (int)s->N, rows, n,
+                                                           NULL, NULL, Yp) != n)) {
+            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, x);
             rc = -1;
             break;
         }
         for (int r = 0; r < n; r++)
             for (int j = 0; j < cw; j++)
                 s->T[(size_t)r * cw + j] = Yp[(size_t)r * D + (lat ? j : s->sel.hidden[j])];
-        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_XDOWN, .expert = e, .in_dim = se->expert_ffn_dim,
-                         .out_dim = cw, .pruned = 1};
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = sh ? RP_SDOWN : RP_XDOWN, .expert = x,
+                         .in_dim = sh ? se->shared_ffn_dim : se->expert_ffn_dim, .out_dim = cw, .pruned = 1};
         rc = n > 0 ? solve_output(s, &rp, name, s->X, s->T, (size_t)n, err, errlen) : 0;
     }
     free(rows);
@@ -257,8 +263,8 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
     return rc;
 }
 
-/* Where student layer i's MoE lost experts, routed width or top-k, or its shared expert
- * narrowed: the shared expert's down_proj, on every token, from its units' activations times
+/* With compensation, where student layer i's MoE lost experts, routed width or top-k, or its
+ * shared expert narrowed: the shared expert's down_proj, on every token, from its units' activations times
  * its gate (student stream s->Xs) to what the parent's block output (parent stream s->Xp)
  * leaves after the student's routed experts, at the kept channels. So the shared expert
  * takes up what the removed experts, and the tokens routed elsewhere without them, no longer
@@ -469,8 +475,10 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
     if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, narrowed experts' outputs */
         int kept = moe_part(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
         const arch_moe *sm = &s->S->a.layers[i].moe, *pm = &s->P->a.layers[src].moe;
-        int narrow = kept && !replay && sm->expert_ffn_dim < pm->expert_ffn_dim;
-        int shared = kept && !replay && sm->shared_ffn_dim && moe_changed(&s->P->a, src, &s->S->a, i);
+        int comp = s->o->compensate, shared = comp && kept && !replay && sm->shared_ffn_dim &&
+                                                  moe_changed(&s->P->a, src, &s->S->a, i);
+        int narrow = kept && !replay && (sm->expert_ffn_dim < pm->expert_ffn_dim ||
+                                         (!comp && sm->shared_ffn_dim < pm->shared_ffn_dim));
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
         if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow || shared ? &pc : NULL, err, errlen) != 0)
             return -1;

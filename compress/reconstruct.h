@@ -29,6 +29,9 @@ typedef struct {
     int rows;                /* sequences per engine pass (bounds the workspace) */
     double damp;             /* lambda as a share of the Gram matrix's mean diagonal */
     int inputs;              /* also refit q/k/v and gate/up (1), or only o_proj and down_proj */
+    int compensate;          /* 1: an MoE block that lost experts or width refits its shared expert's
+                                down_proj to the parent block's output less the student's routed
+                                experts; 0: a narrowed shared expert's to its parent's own output */
     const char *ckpt_dir;    /* finished layers are kept here and resumed from; NULL: none */
     /* optional: called between the steps of every layer with the outcomes so far (r->n
      * projections, in layer order), finished layers and layers; nonzero stops the run
@@ -38,8 +41,8 @@ typedef struct {
 } recon_opts;
 
 /* 16,384 tokens as 32 x 512, 4 sequences per pass, damp 0.3 (bench/results/
- * prune_recovery.md: smaller damping overfits 16k tokens), inputs refit too, no
- * checkpoints. */
+ * prune_recovery.md: smaller damping overfits 16k tokens), inputs refit too, experts not
+ * compensated (bench/results/prune_recovery-moe-compensation.md), no checkpoints. */
 void recon_opts_default(recon_opts *o);
 
 /* Fit o to a text of n tokens: shorter sequences (one) when the text is shorter than T,

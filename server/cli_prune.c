@@ -34,6 +34,9 @@ static void usage(FILE *f)
             "  --recon-tokens N     least-squares reconstruction tokens (default 16384, as jobs)\n"
             "  --no-reconstruct     keep the plain slice (reconstruction needs --calib)\n"
             "  --recon-outputs-only refit o_proj and down_proj only, not q/k/v and gate/up\n"
+            "  --compensate-experts an MoE layer that lost experts refits its shared expert's down_proj\n"
+            "                       to the parent block's output less the routed experts (off by\n"
+            "                       default: bench/results/prune_recovery-moe-compensation.md)\n"
             "  --keep-kv            rank query heads inside fixed KV groups only\n"
             "  --ffn-obs            order FFN units by ZipLM's greedy OBS rule on down_proj's input\n"
             "                       Grams (16384 tokens) instead of their mean activation\n"
@@ -81,7 +84,8 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         {"seed", required_argument, NULL, 'S'},         {"keep-kv", no_argument, NULL, 'K'},
         {"recon-tokens", required_argument, NULL, 'R'}, {"no-reconstruct", no_argument, NULL, 'N'},
         {"recon-outputs-only", no_argument, NULL, 'O'}, {"ffn-obs", no_argument, NULL, 'F'},
-        {"help", no_argument, NULL, 'h'},               {0}};
+        {"compensate-experts", no_argument, NULL, 'E'}, {"help", no_argument, NULL, 'h'},
+        {0}};
     memset(a, 0, sizeof *a);
     rank_opts_default(&a->ro);
     a->ro.progress = on_rank_progress;
@@ -115,6 +119,7 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         case 'R': cli_i64(&p, 1, INT64_MAX, &a->rc.tokens); break;
         case 'N': a->reconstruct = 0; break;
         case 'O': a->rc.inputs = 0; break;
+        case 'E': a->rc.compensate = 1; break;
         }
     }
     if (c != CLI_END)

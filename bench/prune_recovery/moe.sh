@@ -3,10 +3,10 @@
 # with real weights: the MoE made from SmolLM2-135M by bench/families/moefy.py (Qwen2-MoE, 8
 # experts of 128, top 2, shared expert 512), cut to 6 and to 4 experts per layer with the
 # hidden size kept (576), and to 6 with it cut (504); each student as the plain slice and
-# reconstructed (router, experts' and shared expert's input projections, and the shared
-# expert's down_proj compensating the experts removed), and, with OLD_BIN (an autocompress
-# built before a change to the reconstruction, e.g. commit 44a7932, before the compensation),
-# reconstructed by that build. Perplexity (llama.cpp's chunk method, 16 x 512) on three texts
+# reconstructed as jobs do (router, experts' and shared expert's input projections) and with
+# --compensate-experts (the shared expert's down_proj refit to the parent block's output less
+# the routed experts), and, with OLD_BIN (an autocompress built before a change to the
+# reconstruction), reconstructed by that build. Perplexity (llama.cpp's chunk method, 16 x 512) on three texts
 # unlike the calibration text (C4): WikiText-2, Shakespeare, TinyStories. The ranking skips
 # the layer-skip losses (no student drops a layer).
 # Usage: bench/prune_recovery/moe.sh MOE_DIR; env OLD_BIN (and OLD_LABEL, its name in the table), OUT (work folder, kept: a rerun
@@ -52,9 +52,10 @@ ppl parent "$MOE"
 step rank "$BIN" prune "$MOE" --arch "$OUT/h504e6.json" --out "$OUT/rank" --calib "$CALIB" --no-reconstruct \
     --layer-tokens 0 --threads "$THREADS"
 for a in $ARCHS; do
-    for m in slice ls old; do
+    for m in slice ls comp old; do
         b=$BIN; flag=
         [ $m = slice ] && flag=--no-reconstruct
+        [ $m = comp ] && flag=--compensate-experts
         if [ $m = old ]; then [ -n "$OLD_BIN" ] || continue; b=$OLD_BIN; fi
         step "$a-$m.prune" "$b" prune "$MOE" --arch "$OUT/$a.json" --out "$OUT/$a-$m" --ranking "$OUT/rank/ranking.json" \
             --calib "$CALIB" $flag --threads "$THREADS"
@@ -86,7 +87,7 @@ print("| parent | - | - | %s | - | - |" % " | ".join("%.2f" % par[t] for t in te
 names = {"e6": "6 of 8 experts per layer, hidden 576", "e4": "4 of 8 experts per layer, hidden 576",
          "h504e6": "6 of 8 experts per layer, hidden 504"}
 methods = (("slice", "slice"), ("old", "reconstructed by %s" % (old or "the old build")),
-           ("ls", "reconstructed, the shared expert compensating"))
+           ("ls", "reconstructed (MoE inputs too)"), ("comp", "reconstructed, --compensate-experts"))
 for a in ("e6", "e4", "h504e6"):
     for m, mname in methods:
         man = j("%s-%s/prune.json" % (a, m))

@@ -25,14 +25,14 @@ test_engine_oracle_moe.py's PyTorch block), cut in hidden size, experts, expert 
 expert widths and query heads: the router (its kept experts' rows), every kept expert's
 gate_proj and up_proj (its kept units' rows), the shared expert's and its gate by the input
 map, as q/k/v are, and each narrowed expert's down_proj on the tokens the student routes to it
-(its units' activations against the parent expert's output on those tokens), and in every
-layer that lost experts or width the shared expert's down_proj on every token (its units
-times its gate against the parent block's output less the student's routed experts: it
-compensates the experts removed); and on a Nemotron-H
+(its units' activations against the parent expert's output on those tokens), and the narrowed
+shared expert's on every token; with compensation on (CASE+comp), in every layer that lost
+experts or width the shared expert's down_proj on every token instead (its units times its
+gate against the parent block's output less the student's routed experts); and on a Nemotron-H
 parent ("*E*E": sigmoid routing in groups, a shared expert, the last MoE a LatentMoE; experts
 narrowed in both) the router, the experts' up_proj (the first experts of every group kept),
 behind the latent fc1_latent_proj, the experts' down_proj (the latent one's whole) and the
-shared expert's down_proj the same way.
+shared expert's down_proj the same two ways.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
 """
@@ -243,7 +243,8 @@ def nemotron_moe_y(arch, W, pre, h):
 def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
     """A narrowed Nemotron-H MoE layer's expert outputs: (student expert, its squared-ReLU
     units on the tokens the student routes to it, the parent expert's output on them at the
-    kept channels (a latent's whole), the student's down_proj name)."""
+    kept channels (a latent's whole), the student's down_proj name); without compensation
+    a narrowed shared expert's too (None: every token, against the parent's own)."""
     ms, mp = sa["layers"][i]["moe"], pa["layers"][src]["moe"]
     G = mp["router"]["n_group"]
     exp = [g * (mp["n_experts"] // G) + j for g in range(G) for j in range(ms["n_experts"] // G)]
@@ -263,6 +264,16 @@ def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
             W["parent." + ppre + "experts.%d.down_proj.weight" % x].T
         out.append((e, Hs, Yp if lat else Yp[:, :c], spre + "experts.%d.down_proj.weight" % e))
     return out
+
+
+def nemotron_shared_own(pa, sa, W, src, i, Xs, Xp, c):
+    """Without compensation, a narrowed Nemotron-H shared expert: (its squared-ReLU units on
+    every token, the parent shared expert's output at the kept channels, its down_proj name)."""
+    spre, ppre = "backbone.layers.%d.mixer." % i, "backbone.layers.%d.mixer." % src
+    Hs = torch.relu(Xs @ W["after." + spre + "shared_experts.up_proj.weight"].T) ** 2
+    Yp = (torch.relu(Xp @ W["parent." + ppre + "shared_experts.up_proj.weight"].T) ** 2) @ \
+        W["parent." + ppre + "shared_experts.down_proj.weight"].T
+    return Hs, Yp[:, :c], spre + "shared_experts.down_proj.weight"
 
 
 def moe_changed(pm, sm):
@@ -313,6 +324,7 @@ def hybrid_rows(pa, sa, src, i, proj):
 
 def check_hybrid(tool, case="hybrid"):
     W, tokens, pa, sa, rj, outcomes = run_case(tool, case)
+    comp = case.endswith("+comp")
     moe_outcomes = {(o["layer"], o["proj"], o.get("expert")): o for o in rj["projections"]}
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
@@ -337,9 +349,13 @@ def check_hybrid(tool, case="hybrid"):
             if L["moe"]["expert_ffn_dim"] < pa["layers"][src]["moe"]["expert_ffn_dim"]:
                 fits += [(moe_outcomes[(i, "experts.down_proj", e)], Hs, Yp, name)
                          for e, Hs, Yp, name in nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c)]
-            if L["moe"]["shared_ffn_dim"] and moe_changed(pa["layers"][src]["moe"], L["moe"]):
+            if comp and L["moe"]["shared_ffn_dim"] and moe_changed(pa["layers"][src]["moe"], L["moe"]):
                 fits.append((moe_outcomes[(i, "shared_expert.down_proj", None)],)
                             + nemotron_shared_down(pa, sa, W, src, i, Xs, Xp, c))
+                shared_fits += 1
+            elif not comp and L["moe"]["shared_ffn_dim"] < pa["layers"][src]["moe"]["shared_ffn_dim"]:
+                fits.append((moe_outcomes[(i, "shared_expert.down_proj", None)],)
+                            + nemotron_shared_own(pa, sa, W, src, i, Xs, Xp, c))
                 shared_fits += 1
             for o, Hs, Yp, name in fits:
                 rel = check_fit(case, o, Hs, Yp, W["before." + name], A(name), damp)
@@ -373,15 +389,16 @@ def check_hybrid(tool, case="hybrid"):
     assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {(o["proj"], o["refit"]) for o in rj["projections"]}
     need = ("router", "experts.up_proj", "fc1_latent_proj", "shared_expert.up_proj", "experts.down_proj",
-            "shared_expert.down_proj") if case == "hybrid_moe" else ("in_proj", "out_proj")
+            "shared_expert.down_proj") if case.startswith("hybrid_moe") else ("in_proj", "out_proj")
     assert all((p, True) in done for p in need), done
-    assert shared_fits == (2 if case == "hybrid_moe" else 0), shared_fits   # both MoE layers changed
+    # compensating: both MoE layers changed; else the shared expert narrowed in layer 1 only
+    assert shared_fits == (0 if case == "hybrid" else 2 if comp else 1), shared_fits
     print("%s: %d of %d projections refit (%s among them), worst weight rel err vs torch.linalg.lstsq %.2g" % (
         case, refits, checked, ", ".join(need), worst))
 
 
-def check_moe(tool):
-    W, tokens, pa, sa, rj, _ = run_case(tool, "moe")
+def check_moe(tool, comp=False):
+    W, tokens, pa, sa, rj, _ = run_case(tool, "moe+comp" if comp else "moe")
     outcomes = {(o["layer"], o["proj"], o.get("expert")): o for o in rj["projections"]}
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
@@ -436,8 +453,16 @@ def check_moe(tool):
                 Yp = swiglu(Xp[rows], *[P(pre + x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
                 fits.append(check_fit("moe", outcomes[(i, "experts.down_proj", e)], Hs, Yp[:, :c],
                                       W["before." + pre + x + "down_proj.weight"], A(pre + x + "down_proj.weight"), damp))
-        if moe_changed(pa["layers"][i]["moe"], L["moe"]):
-            # the shared expert, every token: its units times its gate against what the parent's
+        if not comp and fs < pa["layers"][i]["moe"]["shared_ffn_dim"]:
+            # a narrowed shared expert: every token, before its gate, against the parent's own
+            x = pre + "mlp.shared_expert."
+            Hs = F.silu(Xs @ A(x + "gate_proj.weight").T) * (Xs @ A(x + "up_proj.weight").T)
+            Yp = swiglu(Xp, *[P(x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
+            fits.append(check_fit("moe", outcomes[(i, "shared_expert.down_proj", None)], Hs, Yp[:, :c],
+                                  W["before." + x + "down_proj.weight"], A(x + "down_proj.weight"), damp))
+            shared_fits += 1
+        if comp and moe_changed(pa["layers"][i]["moe"], L["moe"]):
+            # compensating, the shared expert on every token: its units times its gate against what the parent's
             # block output leaves after the student's routed experts (its block as refit, less
             # its shared expert's gated output)
             x = pre + "mlp.shared_expert."
@@ -458,10 +483,11 @@ def check_moe(tool):
     done = {o["proj"] for o in rj["projections"] if o["refit"]}
     assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj", "experts.down_proj",
             "shared_expert.down_proj"} <= done, done
-    assert shared_fits == 3, shared_fits   # layers 0, 2 and 3 lost experts; layer 1 kept its 6
-    print("moe: %d of %d projections refit (router, experts, shared expert among them), worst weight rel err vs "
+    # compensating: layers 0, 2 and 3 lost experts (layer 1 kept its 6); else layer 0's narrowed
+    assert shared_fits == (3 if comp else 1), shared_fits
+    print("moe%s: %d of %d projections refit (router, experts, shared expert among them), worst weight rel err vs "
           "torch.linalg.lstsq %.2g; router rel error %s" % (
-              refits, checked, worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
+              "+comp" if comp else "", refits, checked, worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
                                                 for o in rj["projections"] if o["proj"] == "router")))
 
 
@@ -494,9 +520,12 @@ def main():
         check_case(tool, case)
     check_hybrid(tool)
     check_hybrid(tool, "hybrid_moe")
+    check_hybrid(tool, "hybrid_moe+comp")
     check_moe(tool)
+    check_moe(tool, comp=True)
     check_resume(tool, "mixed", 3)
     check_resume(tool, "moe", 4)
+    check_resume(tool, "moe+comp", 4)
     return 0
 
 

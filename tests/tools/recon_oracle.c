@@ -15,7 +15,8 @@
  * in 3 groups of which 2 chosen, routed scale 2.5, a shared expert of 10, the last one a
  * LatentMoE of latent 16; the student keeps hidden 24, one query head per KV group, 6 experts
  * (two per group) of 8 units and a shared expert of 7 in layer 1, and all 6, of 6 units, in
- * layer 3); with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
+ * layer 3); CASE+comp (moe+comp, hybrid_moe+comp): the same with recon_opts.compensate on;
+ * with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
  * the process SIGKILL once k layers are done. Not part of the product.
  */
 #include <signal.h>
@@ -106,6 +107,13 @@ int main(int argc, char **argv)
     }
     const char *ckpt = argc > 3 ? argv[3] : NULL;
     kill_after = argc > 4 ? (int)strtol(argv[4], NULL, 10) : -1;
+    char cs[64];   /* CASE+comp: the MoE cases with compensate on */
+    snprintf(cs, sizeof cs, "%s", argv[2]);
+    char *plus = strstr(cs, "+comp");
+    int compensate = plus && !plus[5];
+    if (compensate)
+        *plus = 0;
+    argv[2] = cs;
     char err[512];
     arch pa, sa;
     if (oracle_arch(&pa, V, C, D, NL))
@@ -169,6 +177,7 @@ int main(int argc, char **argv)
     o.T = T;
     o.rows = 4;   /* two passes per block, the second one short */
     o.ckpt_dir = ckpt;
+    o.compensate = compensate;
     o.progress = on_progress;
     recon_result r;
     char path[4096];
