@@ -264,8 +264,8 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
 }
 
 /* With compensation, where student layer i's MoE lost experts, routed width or top-k, or its
- * shared expert narrowed: the shared expert's down_proj, on every token, from its units' activations times
- * its gate (student stream s->Xs) to what the parent's block output (parent stream s->Xp)
+ * shared expert narrowed: the shared expert's down_proj, on every token, from its units'
+ * activations times its gate (student stream s->Xs) to what the parent's block output (parent stream s->Xp)
  * leaves after the student's routed experts, at the kept channels. So the shared expert
  * takes up what the removed experts, and the tokens routed elsewhere without them, no longer
  * give, as far as its units span it. 0, 1 when stopped, -1. */
@@ -275,23 +275,20 @@ static int refit_shared_output(rc_state *s, int i, int src, char *err, size_t er
     int C = s->P->a.hidden_size, c = s->S->a.hidden_size, N = (int)s->N;
     const char *name = eng_model_expert_down(s->S, i, -1);
     int *rows = malloc(sizeof(int) * s->N);
-    float *Yp = s->Y, *Sp = malloc(sizeof(float) * s->N * (size_t)C), *Ys = malloc(sizeof(float) * s->N * (size_t)c);
-    float *gp = malloc(sizeof(float) * s->N), *gs = malloc(sizeof(float) * s->N);
-    int rc = rows && Sp && Ys && gp && gs ? 0 : -1;
+    float *Yp = s->Y, *Ys = malloc(sizeof(float) * s->N * (size_t)c), *gs = malloc(sizeof(float) * s->N);
+    int rc = rows && Ys && gs ? 0 : -1;
     if (rc)
         snprintf(err, errlen, "reconstruct: out of host memory");
-    else if (!name || eng_moe_routed(s->P, src, s->Xp, N, Yp, gp) != 0 ||
-             eng_moe_expert_io(s->P, src, -1, s->Xp, N, NULL, 0, rows, NULL, Sp) != N ||
-             eng_moe_routed(s->S, i, s->Xs, N, Ys, gs) != 0 ||
+    else if (!name || eng_moe_block(s->P, src, s->Xp, N, 1, Yp, NULL) != 0 ||
+             eng_moe_block(s->S, i, s->Xs, N, 0, Ys, gs) != 0 ||
              eng_moe_expert_io(s->S, i, -1, s->Xs, N, NULL, 0, rows, s->X, NULL) != N) {
         snprintf(err, errlen, "reconstruct: layer %d: out of memory running the MoE block", i);
         rc = -1;
     }
     for (size_t n = 0; rc == 0 && n < s->N; n++) {
-        for (int j = 0; j < c; j++) {
-            size_t at = n * (size_t)C + (size_t)s->sel.hidden[j];
-            s->T[n * (size_t)c + (size_t)j] = Yp[at] + gp[n] * Sp[at] - Ys[n * (size_t)c + (size_t)j];
-        }
+        for (int j = 0; j < c; j++)
+            s->T[n * (size_t)c + (size_t)j] =
+                Yp[n * (size_t)C + (size_t)s->sel.hidden[j]] - Ys[n * (size_t)c + (size_t)j];
         for (int u = 0; u < se->shared_ffn_dim; u++)
             s->X[n * (size_t)se->shared_ffn_dim + (size_t)u] *= gs[n];
     }
@@ -301,9 +298,7 @@ static int refit_shared_output(rc_state *s, int i, int src, char *err, size_t er
         rc = stopped(s) ? 1 : solve_output(s, &rp, name, s->X, s->T, s->N, err, errlen);
     }
     free(rows);
-    free(Sp);
     free(Ys);
-    free(gp);
     free(gs);
     return rc;
 }

@@ -153,12 +153,12 @@ const char *eng_model_expert_down(const eng_model *m, int l, int x);
 int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const int *rows, int n, int *routed,
                       float *h, float *y);
 
-/* MoE layer l's routed experts on rows of the normalized block input xn [N, C] (host): their
- * routed, weighted sum y [N, C] (through a LatentMoE's latent projections), the block's output
- * less its shared expert's; gate [N] (may be NULL): the weight the shared expert's output
- * takes on each row (Qwen2-MoE's sigmoid gate; 1 where there is no gate or no shared expert).
- * 0, or -1 (not an MoE layer, out of memory). */
-int eng_moe_routed(eng_model *m, int l, const float *xn, int N, float *y, float *gate);
+/* MoE layer l on rows of the normalized block input xn [N, C] (host): its output y [N, C];
+ * shared 0: without its shared expert (the routed experts' weighted sum, through a
+ * LatentMoE's latent projections), and gate [N] (may be NULL) the weight the shared expert's
+ * output takes on each row (Qwen2-MoE's sigmoid gate; 1 where there is no gate or no shared
+ * expert). 0, or -1 (not an MoE layer, out of memory). */
+int eng_moe_block(eng_model *m, int l, const float *xn, int N, int shared, float *y, float *gate);
 
 /* Copy a tensor (by HF name) to host memory `out` (its element count must fit `n`).
  * Returns the element count, or -1 when absent. */

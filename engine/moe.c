@@ -435,7 +435,7 @@ int eng_moe_fwd(eng_model *m, int l, const eng_masks *mk, const float *xn, float
     return moe_forward(m, l, mk, xn, y, N, stats, fws, iws, 1, NULL);
 }
 
-int eng_moe_routed(eng_model *m, int l, const float *xn, int N, float *y, float *gate)
+int eng_moe_block(eng_model *m, int l, const float *xn, int N, int shared, float *y, float *gate)
 {
     eng_backend *be = m->be;
     const arch_moe *e = l >= 0 && l < m->a.n_layers ? &m->a.layers[l].moe : NULL;
@@ -446,7 +446,7 @@ int eng_moe_routed(eng_model *m, int l, const float *xn, int N, float *y, float 
     int rc = xd && yd ? 0 : -1;
     if (rc == 0) {
         be->to_device(be, xd, xn, bytes);
-        rc = moe_forward(m, l, NULL, xd, yd, N, NULL, NULL, NULL, 0, gate);
+        rc = moe_forward(m, l, NULL, xd, yd, N, NULL, NULL, NULL, shared, gate);
     }
     if (rc == 0)
         be->to_host(be, y, yd, bytes);
