@@ -97,8 +97,12 @@ typedef struct eng_model {
 int eng_model_init(eng_model *m, const arch *a, eng_backend *be, char *err, size_t errlen);
 void eng_model_free(eng_model *m);
 
-/* Fill random weights (normal, std) from seed; for tests and oracles. */
+/* Fill random weights (normal, std) from seed; for tests, oracles and measurements. */
 void eng_model_randomize(eng_model *m, uint64_t seed, float std);
+
+/* eng_model_randomize that asks stop(ud) (may be NULL) after each 2^20 values drawn:
+ * 1 when it said stop (the weights then part drawn), else 0. */
+int eng_model_randomize_until(eng_model *m, uint64_t seed, float std, int (*stop)(void *ud), void *ud);
 
 /* Copy host fp32 data into the tensor named by its HF name, checking the shape.
  * Returns 0, or -1 naming the tensor and the mismatch in err. */

@@ -23,6 +23,13 @@ static inline uint64_t eng_splitmix64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* The splitmix64 state k draws after state s: a counter, so any draw of a stream is
+ * reached at once (a stream filled in parallel pieces is the sequential one, bit for bit). */
+static inline uint64_t eng_splitmix64_skip(uint64_t s, uint64_t k)
+{
+    return s + k * 0x9E3779B97F4A7C15ull;
+}
+
 /* xorshift64 (13, 7, 17): returns the new state. A zero state (never reached otherwise)
  * is replaced by the golden-ratio constant first. */
 static inline uint64_t eng_xorshift64(uint64_t *s)
@@ -59,7 +66,8 @@ static inline double eng_rng_open01(uint64_t x)
     return ((x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-/* A standard normal from two splitmix64 draws (Box-Muller, cosine branch). */
+/* A standard normal from two splitmix64 draws (Box-Muller, cosine branch): the k-th
+ * normal of a stream starts at eng_splitmix64_skip(s, 2k). */
 static inline double eng_rng_normal(uint64_t *s)
 {
     double u1 = eng_rng_open01(eng_splitmix64(s));

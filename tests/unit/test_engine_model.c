@@ -13,7 +13,10 @@
 
 #include <cmocka.h>
 
+#include <omp.h>
+
 #include "engine/model.h"
+#include "engine/rng.h"
 
 /* A heterogeneous tiny arch: GQA, a layer without MLP, a layer without attention; with moe
  * == 1, a Qwen2-MoE whose layers 0 and 2 are mixtures of experts (one with a shared expert);
@@ -68,6 +71,68 @@ static void tiny_arch_moe(arch *a, int tied, int bias, int moe)
 static void tiny_arch(arch *a, int tied, int bias)
 {
     tiny_arch_moe(a, tied, bias, 0);
+}
+
+/* Random weights are one splitmix64 stream of normals over the tensors in order (the
+ * sequential draw below), whatever the thread count: eng_model_randomize fills them in
+ * parallel pieces, here across a piece and a 2^20-value block of the embedding
+ * (50000 x 24 values) and on the small tensors after it. */
+/* A stop hook counting its questions; stops when the count starts negative. */
+static int count_asks(void *ud)
+{
+    int *n = ud;
+    return (*n)++ < 0;
+}
+
+static void test_randomize_one_stream(void **state)
+{
+    (void)state;
+    arch a;
+    tiny_arch_moe(&a, 0, 1, 1);
+    a.vocab_size = 50000;
+    const uint64_t seed = 11;
+    const float std = 0.3f;
+    for (int threads = 1; threads <= 2; threads++) {
+        omp_set_num_threads(threads);
+        eng_backend *be = eng_backend_cpu_new(threads);
+        eng_model m;
+        char err[256];
+        assert_int_equal(eng_model_init(&m, &a, be, err, sizeof err), 0);
+        eng_model_randomize(&m, seed, std);
+        uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
+        size_t checked = 0, bad = 0;
+        for (int i = 0; i < eng_model_tensor_count(&m); i++) {
+            const char *name;
+            int64_t shape[2];
+            int nd;
+            float *x;
+            assert_int_equal(eng_model_tensor(&m, i, &name, shape, &nd, &x), 0);
+            size_t n = (size_t)shape[0] * (size_t)(nd == 2 ? shape[1] : 1);
+            float base = strstr(name, "norm") ? 1.0f : 0.0f;
+            for (size_t j = 0; j < n; j++, checked++) {
+                float want = base + std * (float)eng_rng_normal(&s);
+                bad += memcmp(&want, &x[j], sizeof want) != 0;
+            }
+        }
+        assert_true(checked > (size_t)1 << 20);
+        assert_int_equal(bad, 0);
+        /* asked after each 2^20 values: never stopping draws the same; stopping ends it */
+        int asks[2] = {0, 0};
+        eng_model_randomize(&m, seed + 1, std);
+        assert_int_equal(eng_model_randomize_until(&m, seed, std, count_asks, &asks[0]), 0);
+        assert_true(asks[0] >= 1 && (size_t)asks[0] <= checked >> 20);   /* at most one per 2^20 values */
+        float *x0;
+        assert_int_equal(eng_model_tensor(&m, 0, NULL, NULL, NULL, &x0), 0);
+        uint64_t s1 = seed * 0x2545F4914F6CDD1Dull + 1;
+        float w0 = 0.0f + std * (float)eng_rng_normal(&s1);
+        assert_memory_equal(&w0, x0, sizeof w0);
+        asks[1] = -1;   /* stop at the first question */
+        assert_int_equal(eng_model_randomize_until(&m, seed, std, count_asks, &asks[1]), 1);
+        eng_model_free(&m);
+        eng_backend_free(be);
+    }
+    omp_set_num_threads(2);
+    arch_free(&a);
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
@@ -515,6 +580,7 @@ static void test_stats_and_timings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_randomize_one_stream),
         cmocka_unit_test(test_kv_decode_matches_full),
         cmocka_unit_test(test_kv_decode_matches_full_moe),
         cmocka_unit_test(test_workspace_prediction_moe),
