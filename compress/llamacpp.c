@@ -33,9 +33,14 @@ extern char **environ;
 
 /* ---------- the helper process ---------- */
 
+/* How often a helper's run asks the measurement's cancel hook (ms_opts). */
+#define LC_CANCEL_POLL_MS 100
+
 /* Run the helper with argv (argv[0] = its path) and parse its stdout as one JSON object
- * into *out (NEW). Its stderr's last line is the reason when it fails. 0, or -1 with err. */
-static int run_helper(char *const argv[], json_t **out, char *err, size_t errlen)
+ * into *out (NEW). Its stderr's last line is the reason when it fails. o (may be NULL):
+ * its cancel hook is asked every LC_CANCEL_POLL_MS while the helper runs; when it says
+ * stop, the helper is killed and the run fails with err "cancelled". 0, or -1 with err. */
+static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     int po[2], pe[2];
@@ -65,7 +70,8 @@ static int run_helper(char *const argv[], json_t **out, char *err, size_t errlen
     }
     char *ob = NULL, eb[2048] = "";
     size_t on = 0, ocap = 0, en = 0;
-    int open_o = 1, open_e = 1, timed_out = 0, oom = 0;
+    int open_o = 1, open_e = 1, timed_out = 0, oom = 0, cancelled = 0;
+    int poll_ms = o && o->cancelled ? LC_CANCEL_POLL_MS : 60000;
     double deadline = eng_wall_s() + LC_TIMEOUT_S;
     while (open_o || open_e) {
         struct pollfd p[2] = {{.fd = open_o ? po[0] : -1, .events = POLLIN}, {.fd = open_e ? pe[0] : -1, .events = POLLIN}};
@@ -74,7 +80,11 @@ static int run_helper(char *const argv[], json_t **out, char *err, size_t errlen
             timed_out = 1;
             break;
         }
-        int n = poll(p, 2, left > 60 ? 60000 : (int)(left * 1000) + 1);
+        if (ms_cancelled(o)) {
+            cancelled = 1;
+            break;
+        }
+        int n = poll(p, 2, left * 1000 > poll_ms ? poll_ms : (int)(left * 1000) + 1);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -122,7 +132,7 @@ static int run_helper(char *const argv[], json_t **out, char *err, size_t errlen
             }
         }
     }
-    if (timed_out || oom)
+    if (timed_out || oom || cancelled)
         kill(pid, SIGKILL);
     close(po[0]);
     close(pe[0]);
@@ -134,6 +144,10 @@ static int run_helper(char *const argv[], json_t **out, char *err, size_t errlen
         eb[--en] = 0;
     char *last = strrchr(eb, '\n');
     last = last ? last + 1 : eb;
+    if (cancelled) {
+        free(ob);
+        FAIL("cancelled");
+    }
     if (timed_out || oom) {
         free(ob);
         FAIL("llama.cpp helper %s: %s", argv[1], timed_out ? "ran past its time limit and was killed" : "out of memory");
@@ -210,7 +224,7 @@ int lc_probe(lc_info *info, char *err, size_t errlen)
              "autocompress binary); install it with scripts/llamacpp.sh install, then make");
     char *argv[] = {info->helper, "info", NULL};
     json_t *j;
-    if (run_helper(argv, &j, err, errlen))
+    if (run_helper(argv, NULL, &j, err, errlen))
         return -1;
     copy_str(j, "ggml_version", info->ggml_version, sizeof info->ggml_version);
     copy_str(j, "ggml_commit", info->ggml_commit, sizeof info->ggml_commit);
@@ -295,7 +309,7 @@ int lc_quantize(const char *src, const char *dst, const char *type, int threads,
     snprintf(th, sizeof th, "%d", threads > 0 ? threads : 1);
     char *argv[] = {in.helper, "quantize", (char *)src, (char *)dst, (char *)type, "--threads", th, NULL};
     json_t *j;
-    if (run_helper(argv, &j, err, errlen))
+    if (run_helper(argv, NULL, &j, err, errlen))
         return -1;
     json_t *fb = json_object_get(j, "fallbacks");
     if (fallbacks && json_is_integer(fb))
@@ -396,7 +410,7 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
                     "--seed", seed, "--flash-attn", (char *)cm_target_flash(t), flush >= 0 ? "--flush" : NULL, fl,
                     NULL};
     json_t *j;
-    if (run_helper(argv, &j, err, errlen))
+    if (run_helper(argv, o, &j, err, errlen))
         return -1;
     int rc = parse_bench(j, t, b, err, errlen);
     json_decref(j);

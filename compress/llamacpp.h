@@ -66,7 +66,8 @@ void lc_bench_free(lc_bench *b);
  * output tokens, KV type) with o's warm-up, reps and seed. flush >= 0: that many bytes
  * read before each timed step (`ac-llama bench --flush`), for calibration's
  * repeated-block models, which price the blocks of models larger than themselves; a
- * served model is timed with flush -1 (nothing read). 0, or -1 with err. */
+ * served model is timed with flush -1 (nothing read). o's cancel hook (measure.h) kills
+ * the helper when it says stop: -1 with err "cancelled". 0, or -1 with err. */
 int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_t flush, lc_bench *b, char *err,
                   size_t errlen);
 

@@ -61,8 +61,14 @@ static void argmax_rows(const float *logits, int B, int V, int *out)
     }
 }
 
-int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
-                   double *prefill_ms, double *decode_ms, char *err, size_t errlen)
+int ms_cancelled(const ms_opts *o)
+{
+    return o && o->cancelled && o->cancelled(o->cancel_ud) ? 1 : 0;
+}
+
+/* ms_run_request, asking o's cancel hook between decode steps. */
+static int run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
+                       const ms_opts *o, double *prefill_ms, double *decode_ms, char *err, size_t errlen)
 {
     int B = t->batch_size, S = t->prompt_tokens, N = t->output_tokens, V = m->a.vocab_size;
     int L = m->a.n_layers;
@@ -98,6 +104,10 @@ int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t 
     fa.T = 1;
     fa.tokens = next;
     for (int s = 0; s < N; s++) {
+        if (ms_cancelled(o)) {
+            snprintf(err, errlen, "cancelled");
+            goto out;
+        }
         double s0 = now_ns();
         if (tr) {
             fa.layer_ns = tr->decode_layer_ns + (size_t)s * L * 2;
@@ -118,6 +128,12 @@ out:
     free(next);
     free(logits);
     return rc;
+}
+
+int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
+                   double *prefill_ms, double *decode_ms, char *err, size_t errlen)
+{
+    return run_request(m, kv, t, rng, tr, NULL, prefill_ms, decode_ms, err, errlen);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -187,7 +203,11 @@ static int measure_loop(eng_model *m, const cm_target *t, const ms_opts *o, ms_r
     }
     for (int i = 0; i < warm + reps; i++) {
         double p, d;
-        if (ms_run_request(m, kv, t, &rng, NULL, &p, &d, err, errlen))
+        if (ms_cancelled(o)) {
+            snprintf(err, errlen, "cancelled");
+            goto out;
+        }
+        if (run_request(m, kv, t, &rng, NULL, o, &p, &d, err, errlen))
             goto out;
         if (i >= warm) {
             pre[i - warm] = p;
@@ -241,7 +261,11 @@ int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms
         return -1;
     r->params = arch_params(a);
     r->weights_bytes = (int64_t)be->cur_bytes;
-    eng_model_randomize(&m, o && o->seed ? o->seed : 1, 0.02f);
+    if (eng_model_randomize_until(&m, o && o->seed ? o->seed : 1, 0.02f, o ? o->cancelled : NULL,
+                                  o ? o->cancel_ud : NULL)) {
+        eng_model_free(&m);
+        FAIL("cancelled");
+    }
     eng_model_const(&m, 1);   /* served: the weights hold still (eng_model_free ends it) */
     ms_peak_open(be);
     int rc = measure_loop(&m, t, o, r, err, errlen);

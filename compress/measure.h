@@ -43,7 +43,18 @@ typedef struct {
     int warmup;          /* untimed requests first (default 1) */
     int reps;            /* timed requests (default 3) */
     uint64_t seed;       /* weights and prompts */
+    /* Optional: non-zero stops the measurement, which then fails with err "cancelled".
+     * Asked while the random weights are drawn (after each 2^20 values), before every
+     * request and between its decode steps; while a llama.cpp helper serves
+     * (compress/llamacpp.h), every 100 ms, and the helper is killed when it says stop.
+     * A served model's request can take seconds, many on a loaded host: a cancel or a
+     * shutdown must not wait for the rest of the measurement. */
+    int (*cancelled)(void *ud);
+    void *cancel_ud;
 } ms_opts;
+
+/* o's cancel hook asked now: 1 when it says stop, else 0 (also without o or a hook). */
+int ms_cancelled(const ms_opts *o);
 
 typedef struct {
     int reps;

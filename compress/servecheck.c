@@ -17,7 +17,12 @@
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
-static const ms_opts serve_opts = {.warmup = 1, .reps = 3, .seed = 1};
+/* How a check serves each model: a warm-up, 3 requests; the weights' seed and c's cancel
+ * hook. */
+static ms_opts serve_opts(const sc_check *c, uint64_t seed)
+{
+    return (ms_opts){.warmup = 1, .reps = 3, .seed = seed, .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
+}
 
 int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size_t errlen)
 {
@@ -44,13 +49,13 @@ static int serve_parent(sc_check *c, ms_result *m, json_t **lat, char *err, size
 {
     memset(m, 0, sizeof *m);
     *lat = NULL;
+    ms_opts o = serve_opts(c, 1);
     if (c->be) {
-        ms_opts o = serve_opts;
         o.reps = SC_ROUNDS;
         return ms_measure_arch(c->be, c->parent, &c->t, &o, m, err, errlen);
     }
     lc_bench pb[SC_ROUNDS];
-    int rc = lc_bench_alternating(c->ppath, NULL, &c->t, &serve_opts, SC_ROUNDS, pb, NULL, NULL, NULL, err, errlen);
+    int rc = lc_bench_alternating(c->ppath, NULL, &c->t, &o, SC_ROUNDS, pb, NULL, NULL, NULL, err, errlen);
     if (rc == 0) {
         lc_bench_median(pb, SC_ROUNDS, &c->t, m);
         *lat = lc_bench_latencies_json(pb, SC_ROUNDS, &c->t);
@@ -123,11 +128,10 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
 static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, ms_result *pr, char *err,
                       size_t errlen)
 {
+    ms_opts op = serve_opts(c, 1), oa = serve_opts(c, seed);
     if (c->be) {
-        ms_opts oa = serve_opts;
-        oa.seed = seed;
         for (int k = 0; k < SC_ROUNDS; k++)
-            if (ms_measure_arch(c->be, c->parent, &c->t, &serve_opts, &pr[k], err, errlen) ||
+            if (ms_measure_arch(c->be, c->parent, &c->t, &op, &pr[k], err, errlen) ||
                 ms_measure_arch(c->be, a, &c->t, &oa, &ar[k], err, errlen))
                 return -1;
         return 0;
@@ -136,7 +140,7 @@ static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, 
     if (lc_write_random(a, &c->t, seed, c->dir, "check", path, sizeof path, NULL, err, errlen))
         return -1;
     lc_bench pb[SC_ROUNDS], ab[SC_ROUNDS];
-    int rc = lc_bench_alternating(c->ppath, path, &c->t, &serve_opts, SC_ROUNDS, pb, ab, NULL, NULL, err, errlen);
+    int rc = lc_bench_alternating(c->ppath, path, &c->t, &op, SC_ROUNDS, pb, ab, NULL, NULL, err, errlen);
     (void)unlink(path);
     for (int k = 0; k < SC_ROUNDS; k++) {
         if (rc == 0) {

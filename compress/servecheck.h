@@ -39,6 +39,10 @@ typedef struct {
     char dir[4096], ppath[4400];/* llama.cpp: scratch folder, the parent's GGUF */
     double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
     json_t *doc;                /* {anchor: {...}, checks: [...]} */
+    /* Optional, set after sc_open: non-zero stops a serving under way (ms_opts), and the
+     * anchor or check then fails with err "cancelled". */
+    int (*cancelled)(void *ud);
+    void *cancel_ud;
 } sc_check;
 
 /* Ready a check of target t for `parent`: for llama.cpp its GGUF at the target's weight

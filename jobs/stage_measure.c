@@ -149,6 +149,13 @@ static int round_done(void *ud, int done)
     return job_cancelled(ud);
 }
 
+/* A measurement's cancel hook (ms_opts): the job's cancel or shutdown stops a serving
+ * under way. */
+static int serving_cancelled(void *ctx)
+{
+    return job_cancelled(ctx);
+}
+
 /* The parent (random weights at the target's type, in a scratch folder) and the result
  * (the GGUF at gguf, random weights when gguf is "" (a search-only job); none when
  * result is NULL) served LC_ROUNDS times each in fresh
@@ -168,7 +175,7 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
         rc = lc_write_random(result, t, 2, dir, "result", rpath, sizeof rpath, NULL, err, errlen) ? -1 : 0;
     else
         snprintf(rpath, sizeof rpath, "%s", gguf);
-    ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1};
+    ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1, .cancelled = serving_cancelled, .cancel_ud = ctx};
     if (rc == 0)
         rc = lc_bench_alternating(ppath, result ? rpath : NULL, t, &o, LC_ROUNDS, pb, result ? rb : NULL, round_done,
                                   ctx, err, errlen);
@@ -189,12 +196,12 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
 }
 
 /* Predicted and measured objects of one arch; NULL with err on failure. */
-static json_t *measure_one(eng_backend *be, const cm_tables *tb, const arch *a, const cm_target *t, char *err,
-                           size_t errlen)
+static json_t *measure_one(job_ctx *ctx, eng_backend *be, const cm_tables *tb, const arch *a, const cm_target *t,
+                           char *err, size_t errlen)
 {
     cm_prediction p;
     ms_result r;
-    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1};
+    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = serving_cancelled, .cancel_ud = ctx};
     int have_pred = tb && cm_predict(tb, a, &p, err, errlen) == 0;
     if (ms_measure_arch(be, a, t, &o, &r, err, errlen))
         return NULL;
@@ -279,14 +286,14 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
             goto out;
         }
     } else {
-        if (!(pj = measure_one(be, have_tb ? &tb : NULL, &parent, &t, err, errlen)))
+        if (!(pj = measure_one(ctx, be, have_tb ? &tb : NULL, &parent, &t, err, errlen)))
             goto out;
         if (job_cancelled(ctx)) {
             rc = 1;
             goto out;
         }
         job_progress(ctx, 1, have_result ? 2 : 1);
-        if (have_result && !(rj = measure_one(be, have_tb ? &tb : NULL, &result, &t, err, errlen)))
+        if (have_result && !(rj = measure_one(ctx, be, have_tb ? &tb : NULL, &result, &t, err, errlen)))
             goto out;
     }
     job_progress(ctx, 2, 2);

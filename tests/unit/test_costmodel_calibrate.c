@@ -376,6 +376,84 @@ static void test_served_anchor_builtin(void **state)
     arch_free(&p);
 }
 
+/* A cancel hook that says stop at its stop_at-th question (never when 0), counting them. */
+typedef struct {
+    int calls, stop_at;
+} stop_counter;
+
+static int stop_when(void *ud)
+{
+    stop_counter *c = ud;
+    c->calls++;
+    return c->stop_at > 0 && c->calls >= c->stop_at;
+}
+
+/* A measurement asks its cancel hook before every request and before every decode step,
+ * and stops at once when it says so: err "cancelled", nothing left allocated. A served
+ * check's anchor and check stop the same way and record nothing. (A cancel or shutdown
+ * waited for the rest of a measurement: seconds per request for a served SmolLM2, minutes
+ * on a loaded host.) */
+static void test_measure_cancel(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 2);
+    cm_target t = tiny_target();
+    char err[512];
+    eng_backend *be = eng_backend_new("cpu", err, sizeof err);
+    assert_non_null(be);
+    const int N = t.output_tokens, asks = 1 + N;   /* per request: before it, before each step */
+    stop_counter never = {0, 0};
+    ms_result r;
+    ms_opts o = {.warmup = 1, .reps = 2, .seed = 3, .cancelled = stop_when, .cancel_ud = &never};
+    if (ms_measure_arch(be, &p, &t, &o, &r, err, sizeof err))
+        fail_msg("measure: %s", err);
+    assert_int_equal(never.calls, 3 * asks);
+    assert_true(r.latency_ms > 0);
+    int stops[] = {1, 2 + N / 2, asks + 1, 3 * asks};   /* before any request, mid-decode, request 2, last step */
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) {
+        stop_counter c = {0, stops[i]};
+        o.cancel_ud = &c;
+        err[0] = 0;
+        assert_int_equal(ms_measure_arch(be, &p, &t, &o, &r, err, sizeof err), -1);
+        assert_string_equal(err, "cancelled");
+        assert_int_equal(c.calls, stops[i]);
+        assert_int_equal(be->cur_bytes, 0);
+    }
+    /* served checks: the anchor stops mid-serving and anchors nothing */
+    json_t *cal = quick_calibration(&p, &t, 2, -1);
+    cm_tables tb, anchored;
+    if (cm_calibration_tables(cal, &tb, err, sizeof err))
+        fail_msg("tables: %s", err);
+    sc_check sc;
+    if (sc_open(&sc, &p, &tb.target, err, sizeof err))
+        fail_msg("open: %s", err);
+    stop_counter c = {0, asks + 2};
+    sc.cancelled = stop_when;
+    sc.cancel_ud = &c;
+    assert_int_equal(sc_anchor(&sc, &tb, &anchored, err, sizeof err), -1);
+    assert_string_equal(err, "cancelled");
+    assert_int_equal(c.calls, asks + 2);
+    assert_null(json_object_get(sc_doc(&sc), "anchor"));
+    /* anchored, then a check stopped in its second model's serving: no row */
+    c = (stop_counter){0, 0};
+    if (sc_anchor(&sc, &tb, &anchored, err, sizeof err))
+        fail_msg("anchor: %s", err);
+    assert_int_equal(c.calls, (1 + SC_ROUNDS) * asks);
+    c = (stop_counter){0, 4 * asks + 1};
+    cm_prediction m;
+    assert_int_equal(sc_measure(&sc, &p, NULL, &m, err, sizeof err), -1);
+    assert_string_equal(err, "cancelled");
+    assert_int_equal(c.calls, 4 * asks + 1);
+    assert_int_equal(json_array_size(json_object_get(sc_doc(&sc), "checks")), 0);
+    sc_close(&sc);
+    cm_tables_free(&anchored);
+    cm_tables_free(&tb);
+    json_decref(cal);
+    eng_backend_free(be);
+    arch_free(&p);
+}
+
 static void test_estimate_needs_calibration(void **state)
 {
     (void)state;
@@ -466,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_memory_matches_engine_accounting_moe),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
+        cmocka_unit_test(test_measure_cancel),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

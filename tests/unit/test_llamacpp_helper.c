@@ -1,0 +1,118 @@
+/* tests/unit/test_llamacpp_helper.c — how a llama.cpp measurement ends when its cancel
+ * hook says stop (compress/llamacpp.h, ms_opts): the helper process serving the model is
+ * killed within about the hook's polling period, the bench fails with "cancelled", and no
+ * helper is left running. The helper here is a stand-in script (AC_LLAMA_HELPER) that
+ * answers `info` and, for `bench`, writes its pid and sleeps a minute: the real helper
+ * serves one model for seconds, or minutes on a loaded host, and a cancel or a shutdown
+ * must not wait for it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "compress/llamacpp.h"
+#include "compress/measure.h"
+#include "engine/clock.h"
+#include "storage/fileio.h"
+
+static char g_dir[] = "/tmp/ac_lchelper_XXXXXX";
+static char g_pidfile[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (!mkdtemp(g_dir))
+        return -1;
+    char helper[256];
+    snprintf(helper, sizeof helper, "%s/ac-llama", g_dir);
+    snprintf(g_pidfile, sizeof g_pidfile, "%s/bench.pid", g_dir);
+    FILE *f = fopen(helper, "w");
+    if (!f)
+        return -1;
+    fprintf(f,
+            "#!/bin/sh\n"
+            "case \"$1\" in\n"
+            "info) echo '{\"ggml_version\":\"stand-in\",\"ggml_commit\":\"0\",\"package_version\":\"0\","
+            "\"build_flags\":\"\",\"system_info\":\"\"}' ;;\n"
+            "bench) echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
+            "*) echo \"unknown command $1\" >&2; exit 2 ;;\n"
+            "esac\n",
+            g_pidfile, g_pidfile, g_pidfile);
+    if (fclose(f) || chmod(helper, 0755))
+        return -1;
+    return setenv("AC_LLAMA_HELPER", helper, 1);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return fio_remove_tree(g_dir);
+}
+
+/* Stop once the stand-in has started serving (its pid file is there) and `after` seconds
+ * have passed since. */
+typedef struct {
+    double started, after;
+    int calls;
+} stop_later;
+
+static int stop_when_serving(void *ud)
+{
+    stop_later *s = ud;
+    s->calls++;
+    if (s->started == 0 && access(g_pidfile, F_OK) == 0)
+        s->started = eng_wall_s();
+    return s->started > 0 && eng_wall_s() - s->started >= s->after;
+}
+
+static void test_cancel_kills_helper(void **state)
+{
+    (void)state;
+    cm_target t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "cpu");
+    snprintf(t.precision, sizeof t.precision, "f32");
+    t.batch_size = 1;
+    t.prompt_tokens = 8;
+    t.output_tokens = 4;
+    t.threads = 1;
+    stop_later s = {0, 0.3, 0};
+    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = stop_when_serving, .cancel_ud = &s};
+    lc_bench b;
+    char err[512] = "";
+    double t0 = eng_wall_s();
+    assert_int_equal(lc_bench_gguf("/nonexistent.gguf", &t, &o, -1, &b, err, sizeof err), -1);
+    double took = eng_wall_s() - t0;
+    assert_string_equal(err, "cancelled");
+    assert_true(s.started > 0);
+    assert_true(s.calls >= 2);
+    /* the helper would sleep 60 s: it was killed, and reaped */
+    assert_true(took < 10);
+    FILE *f = fopen(g_pidfile, "r");
+    assert_non_null(f);
+    int pid = 0;
+    assert_int_equal(fscanf(f, "%d", &pid), 1);
+    fclose(f);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, 0), -1);
+    assert_int_equal(errno, ESRCH);
+    lc_bench_free(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cancel_kills_helper),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
