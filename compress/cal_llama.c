@@ -151,7 +151,8 @@ static double kv_elems(const arch *a, const cm_target *t, double *state)
 static int serve(lc_cal *c, const arch *a, int reps, int64_t flush, lc_times *tm, ms_result *r, int64_t *workspace,
                  char *err, size_t errlen)
 {
-    ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models};
+    ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models,
+                  .cancelled = c->o.cancelled, .cancel_ud = c->o.ud};
     lc_bench b;
     if (lc_measure_arch(a, &c->t, &mo, flush, c->dir, &b, err, errlen)) {
         char sum[512];   /* which model: the calibration serves hundreds */
@@ -761,7 +762,8 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, ms
         double t0 = eng_wall_s();
         if (n > 0) {
             lc_bench pb;
-            ms_opts po = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + 1};
+            ms_opts po = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + 1, .cancelled = c->o.cancelled,
+                          .cancel_ud = c->o.ud};
             int prc = lc_bench_gguf(c->ppath, &c->t, &po, -1, &pb, err, errlen);
             if (prc == 0)
                 lc_bench_result(&pb, &c->t, &par[(*n_par)++]);

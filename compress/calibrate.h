@@ -33,6 +33,9 @@ typedef struct {
     /* Optional progress hook: returns non-zero to cancel (calibration then fails with
      * "cancelled"). step counts requests. */
     int (*progress)(void *ud, const char *what, int step, int total);
+    /* Optional, with the same ud: non-zero cancels too, asked while a llama.cpp helper
+     * serves (ms_opts.cancelled), where no request ends for seconds. */
+    int (*cancelled)(void *ud);
     void *ud;
 } cal_opts;
 
