@@ -822,21 +822,41 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     else
         cal_opts_default(&r->o);
     json_t *result = NULL;
+    ms_host_mark mark;
+    ms_host_mark_now(&mark);
     if (cm_target_llamacpp(t)) {
         cal_id(t, parent, &r->o, r->id);
         result = cal_llama_run(parent, t, &r->o, r->id, err, errlen);
-        free(r);
-        return result;
+    } else {
+        if (!run_setup(r, err, errlen) && !run_probes(r, err, errlen) && !run_models(r, err, errlen) &&
+            !run_timed(r, err, errlen) && !run_tables(r, err, errlen)) {
+            json_t *validation = run_validation(r, err, errlen);
+            if (validation)
+                result = run_result(r, validation, err, errlen);
+        }
+        run_free(r);
     }
-    if (!run_setup(r, err, errlen) && !run_probes(r, err, errlen) && !run_models(r, err, errlen) &&
-        !run_timed(r, err, errlen) && !run_tables(r, err, errlen)) {
-        json_t *validation = run_validation(r, err, errlen);
-        if (validation)
-            result = run_result(r, validation, err, errlen);
-    }
-    run_free(r);
     free(r);
+    ms_host_load load;
+    ms_host_load_since(&mark, &load);
+    if (result && json_object_set_new(result, "host_load", ms_host_load_json(&load))) {
+        json_decref(result);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     return result;
+}
+
+int cal_contended_note(const json_t *cal, int reused, char *msg, size_t cap)
+{
+    char load[256];
+    if (!ms_host_load_note(json_object_get(cal, "host_load"), load, sizeof load))
+        return 0;
+    snprintf(msg, cap,
+             "%s beside other work: %s; timings taken so are slow and uneven, and the tables' level and their "
+             "held-out errors with them. Calibrate again on a quiet machine (autocompress calibrate --no-cache)",
+             reused ? "the cached calibration was made" : "calibrated", load);
+    return 1;
 }
 
 json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target *target, const cal_opts *o,

@@ -99,14 +99,19 @@ cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv
 
 /* Calibrate `parent`'s family and shape on target t using backend device t->device.
  * Returns a NEW reference to the calibration object of DESIGN.md §10 (id, status
- * "succeeded", target, family, entries, wall_s, tables, validation), or NULL with a
- * reason in err (device absent, out of memory, engine failure, cancelled). */
+ * "succeeded", target, family, entries, wall_s, tables, validation, host_load: the
+ * machine's load from other work meanwhile, compress/measure.h), or NULL with a reason in
+ * err (device absent, out of memory, engine failure, cancelled). */
 json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *o, char *err, size_t errlen);
 
 /* A cached calibration for (t, parent) under data_dir if present, else run and save it.
  * *reused says which. Same return contract as cal_run. */
 json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target *t, const cal_opts *o,
                        int *reused, char *err, size_t errlen);
+
+/* When calibration cal was made beside other work (its host_load contended): 1 and what
+ * that means for its timings in msg (reused: it came from the cache); else 0. */
+int cal_contended_note(const json_t *cal, int reused, char *msg, size_t cap);
 
 /* A random heterogeneous arch derived from parent (per-layer heads in KV-group units,
  * FFN widths in multiples of 8, expert counts, with moe_widths expert and shared-expert

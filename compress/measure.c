@@ -162,6 +162,56 @@ double ms_mad(const double *x, int n, double median)
     return r;
 }
 
+void ms_host_mark_now(ms_host_mark *m)
+{
+    memset(m, 0, sizeof *m);
+    m->own_cpu_s = eng_proc_cpu_s();
+    m->ok = eng_cpu_ticks_now(&m->ticks) == 0 && m->own_cpu_s >= 0;
+    m->wall_s = eng_wall_s();
+}
+
+void ms_host_load_since(const ms_host_mark *m, ms_host_load *out)
+{
+    memset(out, 0, sizeof *out);
+    ms_host_mark now;
+    ms_host_mark_now(&now);
+    out->wall_s = now.wall_s - m->wall_s;
+    double total = (double)(now.ticks.total - m->ticks.total), hz = eng_cpu_tick_hz();
+    if (!m->ok || !now.ok || total <= 0 || out->wall_s <= 0)
+        return;
+    double busy = (double)(now.ticks.busy - m->ticks.busy) / total,
+           own = (now.own_cpu_s - m->own_cpu_s) * hz / total;   /* shares of all cores' time */
+    out->known = 1;
+    out->others_cpu_pct = busy > own ? 100.0 * (busy - own) : 0;
+    out->steal_pct = 100.0 * (double)(now.ticks.steal - m->ticks.steal) / total;
+    out->cores = (int)lround(total / hz / out->wall_s);
+}
+
+int ms_host_contended(const ms_host_load *l)
+{
+    return l->known && l->others_cpu_pct + l->steal_pct >= MS_CONTENDED_PCT;
+}
+
+json_t *ms_host_load_json(const ms_host_load *l)
+{
+    if (!l->known)
+        return json_pack("{s:b}", "known", 0);
+    return json_pack("{s:f,s:f,s:i,s:f,s:b,s:s}", "others_cpu_pct", l->others_cpu_pct, "steal_pct", l->steal_pct,
+                     "cores", l->cores, "wall_s", l->wall_s, "contended", ms_host_contended(l), "method",
+                     "/proc/stat: all processes' CPU time less this one's and its waited-for children's, and the "
+                     "hypervisor's steal, each as a share of all cores' time over the stretch");
+}
+
+int ms_host_load_note(const json_t *hl, char *buf, size_t cap)
+{
+    if (!json_is_true(json_object_get(hl, "contended")))
+        return 0;
+    snprintf(buf, cap, "other processes took %.0f%% of the cores' time and the hypervisor %.0f%% (over %.0f s)",
+             json_number_value(json_object_get(hl, "others_cpu_pct")),
+             json_number_value(json_object_get(hl, "steal_pct")), json_number_value(json_object_get(hl, "wall_s")));
+    return 1;
+}
+
 int64_t ms_rss_bytes(void)
 {
     return eng_proc_status_bytes("VmRSS");

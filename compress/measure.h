@@ -13,6 +13,7 @@
 
 #include "compress/costmodel.h"
 #include "engine/model.h"
+#include "engine/procstat.h"
 
 /* Per-step timings of one request (optional; arrays owned by the trace).
  *   prefill_layer_ns [L*2]      attention, mlp of each layer during the prefill
@@ -95,6 +96,41 @@ json_t *ms_result_to_json(const ms_result *r, const cm_target *t);
 int64_t ms_rss_bytes(void);
 int64_t ms_rss_peak_bytes(void);
 int ms_rss_reset_peak(void);
+
+/* The machine's load from other work over a stretch of measuring (a calibration, a
+ * served check, the measure stage). Timings taken beside other work are slow and
+ * uneven: on a 2-core machine beside a 2-thread job, llama.cpp's threads wait on each
+ * other in a spin and a calibration that takes 37 s alone was at 36% after 15 minutes
+ * (docs/llamacpp.md). From /proc/stat: everything's CPU time less this process's (and
+ * its waited-for children's: llama.cpp helpers), and the time a hypervisor stole, each a
+ * share of all cores' time. */
+typedef struct {
+    int ok;
+    eng_cpu_ticks ticks;
+    double own_cpu_s, wall_s;
+} ms_host_mark;
+
+typedef struct {
+    int known;               /* 0 where /proc/stat or this process's CPU time is unreadable */
+    double others_cpu_pct;   /* other processes' CPU time, % of all cores' time */
+    double steal_pct;        /* taken by the hypervisor, % of all cores' time */
+    double wall_s;
+    int cores;
+} ms_host_load;
+
+/* Other work at or above this share of the cores' time (others + steal) makes a
+ * measurement contended: it is said in the results and an event. */
+#define MS_CONTENDED_PCT 10.0
+
+void ms_host_mark_now(ms_host_mark *m);
+void ms_host_load_since(const ms_host_mark *m, ms_host_load *out);
+int ms_host_contended(const ms_host_load *l);
+/* {others_cpu_pct, steal_pct, cores, wall_s, contended, method}, or {known: false}. NEW
+ * reference, NULL on OOM. */
+json_t *ms_host_load_json(const ms_host_load *l);
+/* When host load hl (ms_host_load_json's object) was contended: 1 and "other processes
+ * took X% of the cores' time and the hypervisor Y% (over Z s)" in buf; else 0. */
+int ms_host_load_note(const json_t *hl, char *buf, size_t cap);
 
 /* Median and median absolute deviation of x[n] (x is reordered). */
 double ms_median(double *x, int n);

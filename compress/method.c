@@ -273,6 +273,15 @@ static const char *served_engine(const cm_target *t)
     return cm_target_llamacpp(t) ? "llama.cpp" : "the built-in engine";
 }
 
+/* Append to msg that the serving recorded in obj (its host_load) was beside other work. */
+static void served_load_note(const json_t *obj, char *msg, size_t cap)
+{
+    char load[256];
+    size_t n = strlen(msg);
+    if (ms_host_load_note(json_object_get(obj, "host_load"), load, sizeof load))
+        snprintf(msg + n, cap > n ? cap - n : 0, "; served beside other work (%s): slow and uneven", load);
+}
+
 /* DNAS's check: the arch served in the target engine beside the parent. */
 static int on_check(void *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
 {
@@ -283,11 +292,12 @@ static int on_check(void *c, const arch *a, const cm_prediction *pred, cm_predic
     }
     if (sc_measure(cb->sc, a, pred, m, err, errlen))
         return -1;
-    char msg[256];
+    char msg[512];
     snprintf(msg, sizeof msg, "served the chosen arch in %s: %.1f ms (predicted %.1f), %.1f MiB peak",
              served_engine(cb->o->served), m->latency_ms, pred->latency_ms, m->total / 1048576.0);
-    json_t *checks = json_object_get(sc_doc(cb->sc), "checks");
-    emit(cb->o, "search.check", msg, json_deep_copy(json_array_get(checks, json_array_size(checks) - 1)));
+    json_t *checks = json_object_get(sc_doc(cb->sc), "checks"), *row = json_array_get(checks, json_array_size(checks) - 1);
+    served_load_note(row, msg, sizeof msg);
+    emit(cb->o, "search.check", msg, json_deep_copy(row));
     return 0;
 }
 
@@ -463,6 +473,7 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
                      json_number_value(json_object_get(an, "parent_predicted_ms")),
                      json_number_value(json_object_get(an, "prefill_scale")),
                      json_number_value(json_object_get(an, "decode_scale")));
+            served_load_note(an, msg, sizeof msg);
             emit(o, "search.anchor", msg, json_deep_copy(an));
         }
     }

@@ -81,8 +81,12 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     }
     ms_result m;
     json_t *lat;
+    ms_host_mark mark;
+    ms_host_mark_now(&mark);
     if (serve_parent(c, &m, &lat, err, errlen))
         return -1;
+    ms_host_load load;
+    ms_host_load_since(&mark, &load);
     if (m.prefill_ms <= 0 || m.decode_ms <= 0 || p.prefill_ms <= 0 || p.decode_ms <= 0) {
         json_decref(lat);
         FAIL("anchor: the parent's phases measured %.3f + %.3f ms against %.3f + %.3f predicted", m.prefill_ms,
@@ -110,12 +114,12 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
              "%s; each phase of the tables scaled by measured over predicted, divided by the parent's bias "
              "(its calibration's: the parent's ratio over the fit archs'; 1 without one)",
              how);
-    json_t *a = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:{s:f,s:f},s:s}", "engine",
+    json_t *a = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:{s:f,s:f},s:s,s:o*}", "engine",
                           c->be ? CM_ENGINE_AUTOCOMPRESS : CM_ENGINE_LLAMACPP, "parent_predicted_ms", p.latency_ms,
                           "parent_measured_ms", m.latency_ms, "parent_measured_prefill_ms", m.prefill_ms,
                           "parent_measured_decode_ms", m.decode_ms, "parent_predicted_decode_ms", p.decode_ms,
                           "process_latencies_ms", lat, "prefill_scale", sp, "decode_scale", sd, "parent_bias",
-                          "prefill", bp, "decode", bd, "method", method);
+                          "prefill", bp, "decode", bd, "method", method, "host_load", ms_host_load_json(&load));
     if (!a || json_object_set_new(c->doc, "anchor", a)) {
         cm_tables_free(out);
         FAIL("out of memory");
@@ -172,8 +176,12 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
         FAIL("a served check needs the anchor first");
     int n = (int)json_array_size(json_object_get(c->doc, "checks"));
     ms_result ar[SC_ROUNDS], pr[SC_ROUNDS];
+    ms_host_mark mark;
+    ms_host_mark_now(&mark);
     if (serve_pair(c, a, 2 + (uint64_t)n, ar, pr, err, errlen))
         return -1;
+    ms_host_load load;
+    ms_host_load_since(&mark, &load);
     double rl[SC_ROUNDS], rd[SC_ROUNDS], al[SC_ROUNDS];
     for (int k = 0; k < SC_ROUNDS; k++) {
         rl[k] = pr[k].latency_ms > 0 ? ar[k].latency_ms / pr[k].latency_ms : 0;
@@ -195,10 +203,11 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
     m->params = arch_params(a);
     char summary[1024];
     arch_summary(a, summary, sizeof summary);
-    json_t *row = json_pack("{s:s,s:f,s:f,s:f,s:I,s:o*,s:o*}", "arch", summary, "ratio_to_parent", ratio,
+    json_t *row = json_pack("{s:s,s:f,s:f,s:f,s:I,s:o*,s:o*,s:o*}", "arch", summary, "ratio_to_parent", ratio,
                             "latency_ms", m->latency_ms, "decode_ms", m->decode_ms, "peak_memory_bytes",
                             (json_int_t)m->total, "process_latencies_ms", latencies_json(ar, SC_ROUNDS),
-                            "parent_process_latencies_ms", latencies_json(pr, SC_ROUNDS));
+                            "parent_process_latencies_ms", latencies_json(pr, SC_ROUNDS), "host_load",
+                            ms_host_load_json(&load));
     if (row && pred) {
         json_object_set_new(row, "predicted_latency_ms", json_real(pred->latency_ms));
         json_object_set_new(row, "predicted_memory_bytes", json_integer(pred->total));

@@ -95,12 +95,16 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
         job_event(ctx, "calibrate.done", reused ? "reused a cached calibration" : "calibrated the target",
                   json_pack("{s:s,s:b,s:O?,s:f}", "calibration_id", id, "reused", reused, "entries",
                             json_object_get(cal, "entries"), "wall_s", wall));
-        json_t *summary = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?,s:O?}", "archs", json_object_get(v, "archs"),
+        char note[600];
+        if (cal_contended_note(cal, reused, note, sizeof note))
+            job_event(ctx, "calibrate.contended", note, json_deep_copy(json_object_get(cal, "host_load")));
+        json_t *summary = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?,s:O?,s:O?}", "archs", json_object_get(v, "archs"),
                                     "latency_mape_pct", json_object_get(v, "latency_mape_pct"), "latency_max_pct",
                                     json_object_get(v, "latency_max_pct"), "memory_mape_pct",
                                     json_object_get(v, "memory_mape_pct"), "memory_max_pct",
                                     json_object_get(v, "memory_max_pct"), "naive_memory_mape_pct",
-                                    json_object_get(v, "naive_memory_mape_pct"));
+                                    json_object_get(v, "naive_memory_mape_pct"), "host_load",
+                                    json_object_get(cal, "host_load"));
         job_report_merge(ctx, json_pack("{s:s,s:o?}", "calibration_id", id, "calibration_validation", summary));
         rc = 0;
     }

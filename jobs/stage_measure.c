@@ -278,6 +278,8 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
         goto out;
     }
     job_progress(ctx, 0, have_result ? 2 : 1);
+    ms_host_mark mark;
+    ms_host_mark_now(&mark);
     if (llama) {
         int m = measure_llama(ctx, have_tb ? &tb : NULL, &parent, have_result ? &result : NULL, gguf, &t, &pj, &rj,
                               err, errlen);
@@ -297,6 +299,19 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
             goto out;
     }
     job_progress(ctx, 2, 2);
+    /* the machine's load from other work over both measurements (they alternate) */
+    ms_host_load load;
+    ms_host_load_since(&mark, &load);
+    json_t *hl = ms_host_load_json(&load);
+    json_object_set(json_object_get(pj, "measured"), "host_load", hl);
+    if (rj)
+        json_object_set(json_object_get(rj, "measured"), "host_load", hl);
+    char load_note[300], msg[400];
+    if (ms_host_load_note(hl, load_note, sizeof load_note)) {
+        snprintf(msg, sizeof msg, "measured beside other work: %s; these timings are slow and uneven", load_note);
+        job_event(ctx, "measure.contended", msg, json_deep_copy(hl));
+    }
+    json_decref(hl);
     json_t *frag = json_pack("{s:O}", "parent", pj);
     if (frag && engine)
         json_object_set(frag, "engine", engine);

@@ -268,6 +268,9 @@ int cli_calibrate(int argc, char **argv)
         fprintf(stderr, "calibrate: %s\n", err);
         return 1;
     }
+    char note[600];
+    if (cal_contended_note(cal, reused, note, sizeof note))
+        fprintf(stderr, "calibrate: warning: %s\n", note);
     if (ca.as_json) {
         json_object_set_new(cal, "reused", json_boolean(reused));
         json_dumpf(cal, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);

@@ -84,6 +84,10 @@ def check_report(rep, spec, limit, stages):
     assert r["holds"] == (r["measured"] <= limit), r
     assert r["predicted"] == rep["result"]["predicted"]["latency_ms"]
     assert r["measured"] == rep["result"]["measured"]["latency_ms"]
+    # the machine's load from other work over the measurements: one stretch for both
+    hl = rep["result"]["measured"]["host_load"]
+    assert hl == rep["parent"]["measured"]["host_load"] and hl["wall_s"] > 0, hl
+    assert 0 <= hl["others_cpu_pct"] <= 100 and hl["contended"] == (hl["others_cpu_pct"] + hl["steal_pct"] >= 10), hl
     if not r["holds"]:
         print("NOTE: measured latency %.3f ms exceeds the %.3f ms limit (predicted %.3f ms) — the report says "
               "holds=false; the machine is loaded (measured under load, predicted from the calibration)"
@@ -249,6 +253,9 @@ def main():
             1e-6 * an["decode_scale"], an
         types = [e["type"] for e in events(s, job["id"])]
         assert "search.anchor" in types, types
+        assert ("measure.contended" in types) == rep["result"]["measured"]["host_load"]["contended"], types
+        for x in [an] + sv["checks"]:   # each serving records the machine's load from other work
+            assert x["host_load"]["wall_s"] > 0 and 0 <= x["host_load"]["others_cpu_pct"] <= 100, x
         _, sj = download(s, job["id"], "search.json")
         sj = json.loads(sj)
         assert sv["checks"], sv   # the parent does not meet the limit: what DNAS settled on was served
@@ -296,6 +303,7 @@ def main():
         # job's calibration measured on its held-out archs (or at the limit itself when
         # only the limit leaves an arch, and the report says so)
         aim, val = rep_c["search"]["aim"], rep_c["calibration_validation"]
+        assert isinstance(val["host_load"]["contended"], bool), val   # how busy the machine was calibrating
         row = rep_c["limits"][0]
         if aim["source"] == "calibration":
             assert abs(aim["margin"]["latency_pct"] - min(val["latency_max_pct"], 50)) < 1e-9, (aim, val)

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "compress/calibrate.h"
@@ -23,6 +25,7 @@
 #include "compress/measure.h"
 #include "compress/method.h"
 #include "compress/servecheck.h"
+#include "engine/clock.h"
 #include "engine/devices.h"
 #include "engine/model.h"
 #include "storage/archjson.h"
@@ -454,6 +457,58 @@ static void test_measure_cancel(void **state)
     arch_free(&p);
 }
 
+/* The machine's load from other work: a process spinning beside a stretch of measuring
+ * (not this one's, not yet waited for) is counted, about one core's share, and makes the
+ * stretch contended; a calibration records its own stretch's load. */
+static void test_host_load(void **state)
+{
+    (void)state;
+    ms_host_mark mark;
+    ms_host_mark_now(&mark);
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) {
+        double t0 = eng_wall_s();
+        volatile double x = 0;
+        while (eng_wall_s() - t0 < 5)
+            x += 1;
+        _exit(0);
+    }
+    usleep(800 * 1000);
+    ms_host_load load;
+    ms_host_load_since(&mark, &load);
+    kill(kid, SIGKILL);
+    waitpid(kid, NULL, 0);
+    assert_int_equal(load.known, 1);
+    assert_true(load.cores >= 1);
+    assert_true(load.wall_s >= 0.79);
+    assert_true(load.others_cpu_pct >= 0.6 * 100.0 / load.cores);   /* the spinning child: one core */
+    assert_true(load.others_cpu_pct <= 100.0 + 1e-9 && load.steal_pct >= 0);
+    assert_true(ms_host_contended(&load));
+    json_t *hl = ms_host_load_json(&load);
+    char note[256] = "";
+    assert_int_equal(ms_host_load_note(hl, note, sizeof note), 1);
+    assert_non_null(strstr(note, "other processes took"));
+    assert_true(json_is_true(json_object_get(hl, "contended")));
+    json_decref(hl);
+    /* a calibration carries its stretch's load; a contended one says so in a note */
+    arch p;
+    tiny_parent(&p, 2);
+    cm_target t = tiny_target();
+    json_t *cal = quick_calibration(&p, &t, 0, -1);
+    json_t *cl = json_object_get(cal, "host_load");
+    assert_true(json_is_number(json_object_get(cl, "others_cpu_pct")));
+    assert_true(json_is_boolean(json_object_get(cl, "contended")));
+    json_object_set_new(cl, "contended", json_true());
+    char msg[600];
+    assert_int_equal(cal_contended_note(cal, 1, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "the cached calibration was made beside other work"));
+    json_object_set_new(cl, "contended", json_false());
+    assert_int_equal(cal_contended_note(cal, 0, msg, sizeof msg), 0);
+    json_decref(cal);
+    arch_free(&p);
+}
+
 static void test_estimate_needs_calibration(void **state)
 {
     (void)state;
@@ -545,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_measure_cancel),
+        cmocka_unit_test(test_host_load),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
