@@ -313,7 +313,8 @@ static int setup(lc_cal *c, char *err, size_t errlen)
         return -1;
     /* the parent, served once before each slot of random archs: the level a job's search
      * anchors to (compress/servecheck.h), so the held-out rows check the prediction jobs make */
-    return lc_write_random(p, &c->t, 1, c->dir, "anchor", c->ppath, sizeof c->ppath, NULL, err, errlen);
+    ms_opts stop = {.cancelled = c->o.cancelled, .cancel_ud = c->o.ud};
+    return lc_write_random(p, &c->t, 1, c->dir, "anchor", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen);
 }
 
 /* Least-squares line y = a + b x through (x[i], y[i]); one point: flat. */

@@ -823,7 +823,7 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         cal_opts_default(&r->o);
     json_t *result = NULL;
     ms_host_mark mark;
-    ms_host_mark_now(&mark);
+    ms_host_mark_now(&mark, cm_target_llamacpp(t) ? t->threads : r->o.threads);
     if (cm_target_llamacpp(t)) {
         cal_id(t, parent, &r->o, r->id);
         result = cal_llama_run(parent, t, &r->o, r->id, err, errlen);

@@ -99,9 +99,10 @@ cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv
 
 /* Calibrate `parent`'s family and shape on target t using backend device t->device.
  * Returns a NEW reference to the calibration object of DESIGN.md §10 (id, status
- * "succeeded", target, family, entries, wall_s, tables, validation, host_load: the
- * machine's load from other work meanwhile, compress/measure.h), or NULL with a reason in
- * err (device absent, out of memory, engine failure, cancelled). */
+ * "succeeded", target, family, entries, wall_s, tables, validation) with its extras
+ * (docs/timing-tables.md; host_load: the machine's load from other work meanwhile,
+ * compress/measure.h), or NULL with a reason in err (device absent, out of memory,
+ * engine failure, cancelled). */
 json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *o, char *err, size_t errlen);
 
 /* A cached calibration for (t, parent) under data_dir if present, else run and save it.

@@ -290,8 +290,9 @@ int lc_target_resolve(cm_target *t, char *err, size_t errlen)
 
 /* ---------- quantizing and serving ---------- */
 
-int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, char *err,
-                size_t errlen)
+/* lc_quantize, the helper stopped by stop's cancel hook (may be NULL). */
+static int quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks,
+                    const ms_opts *stop, char *err, size_t errlen)
 {
     if (fallbacks)
         *fallbacks = 0;
@@ -309,13 +310,19 @@ int lc_quantize(const char *src, const char *dst, const char *type, int threads,
     snprintf(th, sizeof th, "%d", threads > 0 ? threads : 1);
     char *argv[] = {in.helper, "quantize", (char *)src, (char *)dst, (char *)type, "--threads", th, NULL};
     json_t *j;
-    if (run_helper(argv, NULL, &j, err, errlen))
+    if (run_helper(argv, stop, &j, err, errlen))
         return -1;
     json_t *fb = json_object_get(j, "fallbacks");
     if (fallbacks && json_is_integer(fb))
         *fallbacks = (int)json_integer_value(fb);
     json_decref(j);
     return 0;
+}
+
+int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, char *err,
+                size_t errlen)
+{
+    return quantize(src, dst, type, threads, fallbacks, NULL, err, errlen);
 }
 
 void lc_bench_free(lc_bench *b)
@@ -461,7 +468,7 @@ int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const
         memset(bb, 0, sizeof *bb * (size_t)rounds);
     for (int k = 0; k < rounds; k++) {
         if (lc_bench_gguf(a, t, o, -1, &ab[k], err, errlen) || (b && lc_bench_gguf(b, t, o, -1, &bb[k], err, errlen)))
-            return -1;
+            return ms_cancelled(o) ? 1 : -1;   /* o's hook stopped a serving (err "cancelled") */
         if (tick && tick(ud, k + 1))
             return 1;
     }
@@ -522,7 +529,7 @@ int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen)
 }
 
 int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char *dir, const char *name,
-                    char *path, size_t cap, int *fallbacks, char *err, size_t errlen)
+                    char *path, size_t cap, int *fallbacks, const ms_opts *stop, char *err, size_t errlen)
 {
     char an[16], f32[4096], file[256];
     if (fallbacks)
@@ -541,16 +548,21 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
     eng_model m;
     int rc = -1;
     if (eng_model_init(&m, a, be, err, errlen) == 0) {
-        eng_model_randomize(&m, seed ? seed : 1, 0.02f);
-        exp_opts eo = {.dtype = EXP_FP32, .name = "autocompress-timing"};
-        exp_result res;
-        memset(&res, 0, sizeof res);
-        rc = exp_gguf_write(&m, f32, &eo, &res, err, errlen);
+        int drawn = eng_model_randomize_until(&m, seed ? seed : 1, 0.02f, stop ? stop->cancelled : NULL,
+                                              stop ? stop->cancel_ud : NULL);
+        if (drawn == 0) {
+            exp_opts eo = {.dtype = EXP_FP32, .name = "autocompress-timing"};
+            exp_result res;
+            memset(&res, 0, sizeof res);
+            rc = exp_gguf_write(&m, f32, &eo, &res, err, errlen);
+        } else {
+            snprintf(err, errlen, drawn > 0 ? "cancelled" : "out of memory drawing random weights");
+        }
         eng_model_free(&m);
     }
     eng_backend_free(be);
     if (rc == 0)
-        rc = lc_quantize(f32, path, t->precision, t->threads, fallbacks, err, errlen);
+        rc = quantize(f32, path, t->precision, t->threads, fallbacks, stop, err, errlen);
     if (strcmp(f32, path))
         (void)unlink(f32);
     return rc;
@@ -561,7 +573,7 @@ int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int64_t
 {
     char path[4096];
     memset(b, 0, sizeof *b);
-    if (lc_write_random(a, t, o && o->seed ? o->seed : 1, dir, "timing", path, sizeof path, NULL, err, errlen))
+    if (lc_write_random(a, t, o && o->seed ? o->seed : 1, dir, "timing", path, sizeof path, NULL, o, err, errlen))
         return -1;
     int rc = lc_bench_gguf(path, t, o, flush, b, err, errlen);
     (void)unlink(path);

@@ -75,7 +75,8 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
  * fresh process, alternating a b a b (a machine whose speed drifts moves both alike),
  * with o's warm-up and requests: benches into ab[rounds] and bb[rounds] (free each with
  * lc_bench_free, also after a failure). tick (may be NULL) runs after each round with
- * the rounds done; a non-zero return stops there (1). 0, 1 stopped, or -1 with err. */
+ * the rounds done; a non-zero return stops there (1); so does o's cancel hook, within a
+ * serving. 0, 1 stopped, or -1 with err. */
 int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const ms_opts *o, int rounds,
                          lc_bench *ab, lc_bench *bb, int (*tick)(void *ud, int done), void *ud, char *err,
                          size_t errlen);
@@ -99,9 +100,10 @@ void lc_bench_result(const lc_bench *b, const cm_target *t, ms_result *r);
  * (an existing scratch folder) as NAME.gguf; path (cap bytes) gets the file. Refuses an
  * arch llama.cpp's graphs cannot run (storage/export's rules) and one whose widths the
  * weight type cannot store (*fallbacks > 0 reported, not refused: calibration prices
- * it). 0, or -1 with err. */
+ * it). stop (may be NULL): its cancel hook (measure.h) stops the drawing and the
+ * quantizer (err "cancelled"). 0, or -1 with err. */
 int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char *dir, const char *name,
-                    char *path, size_t cap, int *fallbacks, char *err, size_t errlen);
+                    char *path, size_t cap, int *fallbacks, const ms_opts *stop, char *err, size_t errlen);
 
 /* lc_write_random then lc_bench_gguf, the file removed afterwards. 0, or -1 with err. */
 int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int64_t flush, const char *dir, lc_bench *b,

@@ -103,10 +103,15 @@ static int run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint6
         tr->prefill_wall_ns = t1 - t0;
     fa.T = 1;
     fa.tokens = next;
+    double asked_ns = 0;   /* the cancel hook's own time, not the decode's */
     for (int s = 0; s < N; s++) {
-        if (ms_cancelled(o)) {
-            snprintf(err, errlen, "cancelled");
-            goto out;
+        if (o && o->cancelled) {
+            double a0 = now_ns();
+            if (ms_cancelled(o)) {
+                snprintf(err, errlen, "cancelled");
+                goto out;
+            }
+            asked_ns += now_ns() - a0;
         }
         double s0 = now_ns();
         if (tr) {
@@ -121,7 +126,7 @@ static int run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint6
     }
     double t2 = now_ns();
     *prefill_ms = (t1 - t0) / 1e6;
-    *decode_ms = (t2 - t1) / 1e6;
+    *decode_ms = (t2 - t1 - asked_ns) / 1e6;
     rc = 0;
 out:
     free(tokens);
@@ -162,9 +167,10 @@ double ms_mad(const double *x, int n, double median)
     return r;
 }
 
-void ms_host_mark_now(ms_host_mark *m)
+void ms_host_mark_now(ms_host_mark *m, int threads)
 {
     memset(m, 0, sizeof *m);
+    m->threads = threads > 0 ? threads : 0;
     m->own_cpu_s = eng_proc_cpu_s();
     m->ok = eng_cpu_ticks_now(&m->ticks) == 0 && m->own_cpu_s >= 0;
     m->wall_s = eng_wall_s();
@@ -174,32 +180,48 @@ void ms_host_load_since(const ms_host_mark *m, ms_host_load *out)
 {
     memset(out, 0, sizeof *out);
     ms_host_mark now;
-    ms_host_mark_now(&now);
+    ms_host_mark_now(&now, 0);
     out->wall_s = now.wall_s - m->wall_s;
-    double total = (double)(now.ticks.total - m->ticks.total), hz = eng_cpu_tick_hz();
-    if (!m->ok || !now.ok || total <= 0 || out->wall_s <= 0)
+    out->too_short = out->wall_s < MS_HOST_MIN_S;
+    /* signed: a counter can go backwards (iowait; a CPU taken offline drops its counts) */
+    int64_t total = (int64_t)(now.ticks.total - m->ticks.total), busy = (int64_t)(now.ticks.busy - m->ticks.busy),
+            steal = (int64_t)(now.ticks.steal - m->ticks.steal);
+    double hz = eng_cpu_tick_hz();
+    if (!m->ok || !now.ok || total <= 0 || busy < 0 || steal < 0 || out->wall_s <= 0)
         return;
-    double busy = (double)(now.ticks.busy - m->ticks.busy) / total,
-           own = (now.own_cpu_s - m->own_cpu_s) * hz / total;   /* shares of all cores' time */
+    double own = (now.own_cpu_s - m->own_cpu_s) * hz;   /* in ticks */
+    long cores = lround((double)total / hz / out->wall_s);
     out->known = 1;
-    out->others_cpu_pct = busy > own ? 100.0 * (busy - own) : 0;
-    out->steal_pct = 100.0 * (double)(now.ticks.steal - m->ticks.steal) / total;
-    out->cores = (int)lround(total / hz / out->wall_s);
+    out->others_cpu_pct = busy > own ? 100.0 * ((double)busy - own) / (double)total : 0;
+    out->steal_pct = 100.0 * (double)steal / (double)total;
+    out->cores = cores < 1 ? 1 : cores > 65536 ? 65536 : (int)cores;
+    out->threads = m->threads > 0 && m->threads < out->cores ? m->threads : out->cores;
 }
 
 int ms_host_contended(const ms_host_load *l)
 {
-    return l->known && l->others_cpu_pct + l->steal_pct >= MS_CONTENDED_PCT;
+    if (!l->known || l->too_short)
+        return 0;
+    double others = (l->others_cpu_pct + l->steal_pct) / 100.0 * l->cores;   /* cores kept busy */
+    return others >= l->cores - l->threads + MS_HOST_SLACK_CORES;
+}
+
+int ms_target_threads(const cm_target *t)
+{
+    return cm_target_llamacpp(t) ? t->threads : 0;
 }
 
 json_t *ms_host_load_json(const ms_host_load *l)
 {
     if (!l->known)
-        return json_pack("{s:b}", "known", 0);
-    return json_pack("{s:f,s:f,s:i,s:f,s:b,s:s}", "others_cpu_pct", l->others_cpu_pct, "steal_pct", l->steal_pct,
-                     "cores", l->cores, "wall_s", l->wall_s, "contended", ms_host_contended(l), "method",
+        return json_pack("{s:b,s:f}", "known", 0, "wall_s", l->wall_s);
+    return json_pack("{s:b,s:f,s:f,s:i,s:i,s:f,s:b,s:b,s:s}", "known", 1, "others_cpu_pct", l->others_cpu_pct,
+                     "steal_pct", l->steal_pct, "cores", l->cores, "threads", l->threads, "wall_s", l->wall_s,
+                     "too_short", l->too_short, "contended", ms_host_contended(l), "method",
                      "/proc/stat: all processes' CPU time less this one's and its waited-for children's, and the "
-                     "hypervisor's steal, each as a share of all cores' time over the stretch");
+                     "hypervisor's steal, each as a share of all cores' time over the stretch; contended when, "
+                     "over 1 s or more, they kept more cores busy than the measurement's threads left idle, by a "
+                     "quarter core or more");
 }
 
 int ms_host_load_note(const json_t *hl, char *buf, size_t cap)
@@ -311,10 +333,11 @@ int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms
         return -1;
     r->params = arch_params(a);
     r->weights_bytes = (int64_t)be->cur_bytes;
-    if (eng_model_randomize_until(&m, o && o->seed ? o->seed : 1, 0.02f, o ? o->cancelled : NULL,
-                                  o ? o->cancel_ud : NULL)) {
+    int drawn = eng_model_randomize_until(&m, o && o->seed ? o->seed : 1, 0.02f, o ? o->cancelled : NULL,
+                                          o ? o->cancel_ud : NULL);
+    if (drawn) {
         eng_model_free(&m);
-        FAIL("cancelled");
+        FAIL("%s", drawn > 0 ? "cancelled" : "out of memory drawing random weights");
     }
     eng_model_const(&m, 1);   /* served: the weights hold still (eng_model_free ends it) */
     ms_peak_open(be);

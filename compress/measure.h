@@ -105,28 +105,37 @@ int ms_rss_reset_peak(void);
  * its waited-for children's: llama.cpp helpers), and the time a hypervisor stole, each a
  * share of all cores' time. */
 typedef struct {
-    int ok;
+    int ok, threads;
     eng_cpu_ticks ticks;
     double own_cpu_s, wall_s;
 } ms_host_mark;
 
 typedef struct {
-    int known;               /* 0 where /proc/stat or this process's CPU time is unreadable */
+    int known;               /* 0 where /proc/stat or this process's CPU time is unreadable,
+                                or its counts went backwards (CPU hotplug) */
     double others_cpu_pct;   /* other processes' CPU time, % of all cores' time */
     double steal_pct;        /* taken by the hypervisor, % of all cores' time */
     double wall_s;
-    int cores;
+    int cores, threads;      /* the machine's; the measurement's (all cores when 0 was given) */
+    int too_short;           /* under MS_HOST_MIN_S: its 10 ms ticks are too coarse to judge */
 } ms_host_load;
 
-/* Other work at or above this share of the cores' time (others + steal) makes a
- * measurement contended: it is said in the results and an event. */
-#define MS_CONTENDED_PCT 10.0
+/* A measurement is contended when, over MS_HOST_MIN_S or more, other work (and the
+ * hypervisor) kept more cores busy than the measurement's threads left idle, by
+ * MS_HOST_SLACK_CORES or more: its threads then wait for cores (spin-waiting ones for
+ * each other). It is said in the results and an event. */
+#define MS_HOST_MIN_S 1.0
+#define MS_HOST_SLACK_CORES 0.25
 
-void ms_host_mark_now(ms_host_mark *m);
+/* Start a stretch whose measurement runs `threads` threads (0: all cores). */
+void ms_host_mark_now(ms_host_mark *m, int threads);
 void ms_host_load_since(const ms_host_mark *m, ms_host_load *out);
 int ms_host_contended(const ms_host_load *l);
-/* {others_cpu_pct, steal_pct, cores, wall_s, contended, method}, or {known: false}. NEW
- * reference, NULL on OOM. */
+/* The threads a measurement on target t runs: llama.cpp's t->threads, else 0 (the
+ * built-in engine's backend takes every core). */
+int ms_target_threads(const cm_target *t);
+/* {known, others_cpu_pct, steal_pct, cores, threads, wall_s, too_short, contended,
+ * method}, or {known: false, wall_s}. NEW reference, NULL on OOM. */
 json_t *ms_host_load_json(const ms_host_load *l);
 /* When host load hl (ms_host_load_json's object) was contended: 1 and "other processes
  * took X% of the cores' time and the hypervisor Y% (over Z s)" in buf; else 0. */

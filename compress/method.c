@@ -449,10 +449,8 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
         snprintf(msg, sizeof msg, "serving the parent in %s: the tables' level at this machine's speed now",
                  served_engine(o->served));
         emit(o, "search.anchor", msg, NULL);
-        rc = sc_open(&sc, &o->parent->a, o->served, err, errlen) ? -1 : 0;
-        sc.cancelled = o->cancelled;   /* a cancel stops a serving under way */
-        sc.cancel_ud = o->ud;
-        if (rc == 0)
+        rc = sc_open(&sc, &o->parent->a, o->served, o->cancelled, o->ud, err, errlen) ? -1 : 0;
+        if (rc == 0)   /* the job's cancel stops a serving under way */
             rc = sc_anchor(&sc, o->tables, &anchored, err, errlen);
         if (rc == 1) {   /* not served here: the tables as calibrated decide, and the document says why */
             snprintf(msg, sizeof msg, "the parent is not served: %s; the search uses the tables as calibrated", err);

@@ -24,16 +24,20 @@ static ms_opts serve_opts(const sc_check *c, uint64_t seed)
     return (ms_opts){.warmup = 1, .reps = 3, .seed = seed, .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
 }
 
-int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size_t errlen)
+int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled)(void *ud), void *cancel_ud,
+            char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     c->t = *t;
     c->parent = parent;
+    c->cancelled = cancelled;
+    c->cancel_ud = cancel_ud;
+    ms_opts stop = serve_opts(c, 1);
     if (!cm_target_llamacpp(t)) {
         if (!(c->be = cal_backend_new(t->device, t->precision, 0, err, errlen)))
             return -1;
     } else if (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(c->dir, sizeof c->dir, err, errlen) ||
-               lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, err, errlen)) {
+               lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen)) {
         return -1;
     }
     c->doc = json_pack("{s:[]}", "checks");
@@ -82,7 +86,7 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     ms_result m;
     json_t *lat;
     ms_host_mark mark;
-    ms_host_mark_now(&mark);
+    ms_host_mark_now(&mark, ms_target_threads(&c->t));
     if (serve_parent(c, &m, &lat, err, errlen))
         return -1;
     ms_host_load load;
@@ -141,7 +145,7 @@ static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, 
         return 0;
     }
     char path[4400];
-    if (lc_write_random(a, &c->t, seed, c->dir, "check", path, sizeof path, NULL, err, errlen))
+    if (lc_write_random(a, &c->t, seed, c->dir, "check", path, sizeof path, NULL, &oa, err, errlen))
         return -1;
     lc_bench pb[SC_ROUNDS], ab[SC_ROUNDS];
     int rc = lc_bench_alternating(c->ppath, path, &c->t, &op, SC_ROUNDS, pb, ab, NULL, NULL, err, errlen);
@@ -177,7 +181,7 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
     int n = (int)json_array_size(json_object_get(c->doc, "checks"));
     ms_result ar[SC_ROUNDS], pr[SC_ROUNDS];
     ms_host_mark mark;
-    ms_host_mark_now(&mark);
+    ms_host_mark_now(&mark, ms_target_threads(&c->t));
     if (serve_pair(c, a, 2 + (uint64_t)n, ar, pr, err, errlen))
         return -1;
     ms_host_load load;

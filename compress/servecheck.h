@@ -39,16 +39,19 @@ typedef struct {
     char dir[4096], ppath[4400];/* llama.cpp: scratch folder, the parent's GGUF */
     double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
     json_t *doc;                /* {anchor: {...}, checks: [...]} */
-    /* Optional, set after sc_open: non-zero stops a serving under way (ms_opts), and the
-     * anchor or check then fails with err "cancelled". */
+    /* Optional (sc_open's): non-zero stops a serving under way (ms_opts), and the anchor
+     * or check then fails with err "cancelled". */
     int (*cancelled)(void *ud);
     void *cancel_ud;
 } sc_check;
 
 /* Ready a check of target t for `parent`: for llama.cpp its GGUF at the target's weight
  * type (random weights) in a scratch folder, for the built-in engine a backend on the
- * target's device and precision. 0, or -1 with err (sc_close anyway). */
-int sc_open(sc_check *c, const arch *parent, const cm_target *t, char *err, size_t errlen);
+ * target's device and precision. cancelled (may be NULL) with cancel_ud: the job's
+ * cancel hook, asked in every serving and in writing a GGUF. 0, or -1 with err (sc_close
+ * anyway). */
+int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled)(void *ud), void *cancel_ud,
+            char *err, size_t errlen);
 
 /* Serve the parent SC_ROUNDS times and write into *out a copy of tb whose prefill and
  * decode times are scaled so that it predicts the parent's medians divided by tb's parent

@@ -411,7 +411,7 @@ void eng_model_randomize(eng_model *m, uint64_t seed, float std)
 int eng_model_randomize_until(eng_model *m, uint64_t seed, float std, int (*stop)(void *ud), void *ud)
 {
     /* Matrices and biases ~ N(0, std); norm weights ~ 1 + N(0, std) so that their
-     * gradients are exercised by tests. Deterministic in seed: the model's values, in
+     * gradients are exercised by tests (out of memory: nothing drawn, silently). Deterministic in seed: the model's values, in
      * tensor order, are one splitmix64 stream of normals. Drawn in parallel pieces of
      * that stream (each jumps to its first draw), the same bits on any thread count; a
      * served 135M-parameter model took 5 s on one thread, and measurements build one per
@@ -422,7 +422,7 @@ int eng_model_randomize_until(eng_model *m, uint64_t seed, float std, int (*stop
     const size_t block = (size_t)1 << 20, piece = (size_t)1 << 14;
     float *buf = malloc(F4 * block);
     if (!buf)
-        return 0;
+        return -1;
     for (int i = 0; i < im->n_tens; i++) {
         const tensor_ent *t = &im->tens[i];
         size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);

@@ -101,7 +101,8 @@ void eng_model_free(eng_model *m);
 void eng_model_randomize(eng_model *m, uint64_t seed, float std);
 
 /* eng_model_randomize that asks stop(ud) (may be NULL) after each 2^20 values drawn:
- * 1 when it said stop (the weights then part drawn), else 0. */
+ * 0 drawn, 1 when it said stop (the weights then part drawn), -1 out of memory (none
+ * drawn). */
 int eng_model_randomize_until(eng_model *m, uint64_t seed, float std, int (*stop)(void *ud), void *ud);
 
 /* Copy host fp32 data into the tensor named by its HF name, checking the shape.

@@ -165,6 +165,11 @@ int job_cancelled(job_ctx *ctx)
     return sig_cancel != 0;
 }
 
+int job_cancelled_hook(void *ctx)
+{
+    return job_cancelled(ctx);
+}
+
 int job_ctx_cancel_requested(void) { return sig_cancel != 0; }
 
 int job_artifact_name_ok(const char *name)

@@ -61,6 +61,8 @@ void job_set_observer(job_observer_fn fn, void *ud);
 void job_observe_stage(job_ctx *ctx, const char *type);
 /* 1 when cancellation was requested; stages check it between steps. */
 int job_cancelled(job_ctx *ctx);
+/* job_cancelled for a callback whose user data is the job_ctx (a cancel hook). */
+int job_cancelled_hook(void *ctx);
 /* Publish a finished file under the stage directory as a downloadable artifact
  * (sha-256 computed, metadata committed). Returns 0, or -1 with a reason in err. */
 int job_publish(job_ctx *ctx, const char *name, const char *path, const char *content_type,

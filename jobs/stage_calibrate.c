@@ -50,11 +50,6 @@ static int progress_hook(void *ud, const char *what, int step, int total)
     return job_cancelled(ctx);
 }
 
-static int cancel_hook(void *ud)
-{
-    return job_cancelled(ud);
-}
-
 static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
 {
     arch a;
@@ -71,7 +66,7 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
     cal_opts o;
     cal_opts_default(&o);
     o.progress = progress_hook;
-    o.cancelled = cancel_hook;
+    o.cancelled = job_cancelled_hook;
     o.ud = ctx;
     /* a hidden-size search needs a table per candidate hidden size; a calibration
      * request (no search space) calibrates what a default job searches */

@@ -149,13 +149,6 @@ static int round_done(void *ud, int done)
     return job_cancelled(ud);
 }
 
-/* A measurement's cancel hook (ms_opts): the job's cancel or shutdown stops a serving
- * under way. */
-static int serving_cancelled(void *ctx)
-{
-    return job_cancelled(ctx);
-}
-
 /* The parent (random weights at the target's type, in a scratch folder) and the result
  * (the GGUF at gguf, random weights when gguf is "" (a search-only job); none when
  * result is NULL) served LC_ROUNDS times each in fresh
@@ -170,12 +163,12 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
     memset(rb, 0, sizeof rb);
     if (lc_scratch_dir(dir, sizeof dir, err, errlen))
         return -1;
-    int rc = lc_write_random(parent, t, 1, dir, "parent", ppath, sizeof ppath, NULL, err, errlen) ? -1 : 0;
+    ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1, .cancelled = job_cancelled_hook, .cancel_ud = ctx};
+    int rc = lc_write_random(parent, t, 1, dir, "parent", ppath, sizeof ppath, NULL, &o, err, errlen) ? -1 : 0;
     if (rc == 0 && result && !*gguf)
-        rc = lc_write_random(result, t, 2, dir, "result", rpath, sizeof rpath, NULL, err, errlen) ? -1 : 0;
+        rc = lc_write_random(result, t, 2, dir, "result", rpath, sizeof rpath, NULL, &o, err, errlen) ? -1 : 0;
     else
         snprintf(rpath, sizeof rpath, "%s", gguf);
-    ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1, .cancelled = serving_cancelled, .cancel_ud = ctx};
     if (rc == 0)
         rc = lc_bench_alternating(ppath, result ? rpath : NULL, t, &o, LC_ROUNDS, pb, result ? rb : NULL, round_done,
                                   ctx, err, errlen);
@@ -201,7 +194,7 @@ static json_t *measure_one(job_ctx *ctx, eng_backend *be, const cm_tables *tb, c
 {
     cm_prediction p;
     ms_result r;
-    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = serving_cancelled, .cancel_ud = ctx};
+    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = job_cancelled_hook, .cancel_ud = ctx};
     int have_pred = tb && cm_predict(tb, a, &p, err, errlen) == 0;
     if (ms_measure_arch(be, a, t, &o, &r, err, errlen))
         return NULL;
@@ -279,7 +272,7 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
     }
     job_progress(ctx, 0, have_result ? 2 : 1);
     ms_host_mark mark;
-    ms_host_mark_now(&mark);
+    ms_host_mark_now(&mark, ms_target_threads(&t));
     if (llama) {
         int m = measure_llama(ctx, have_tb ? &tb : NULL, &parent, have_result ? &result : NULL, gguf, &t, &pj, &rj,
                               err, errlen);

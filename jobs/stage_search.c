@@ -51,11 +51,6 @@ static void on_progress(void *ud, int64_t step, int64_t total)
     job_progress(ud, step, total);
 }
 
-static int on_cancelled(void *ud)
-{
-    return job_cancelled(ud);
-}
-
 static int stage_search(job_ctx *ctx, char *err, size_t errlen)
 {
     const cm_tables *tables = ps_tables(ctx, err, errlen);
@@ -74,7 +69,7 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
     o.reconstruct = json_is_true(json_object_get(json_object_get(job_ctx_spec(ctx), "pruning"), "reconstruct"));
     o.event = on_event;
     o.progress = on_progress;
-    o.cancelled = on_cancelled;
+    o.cancelled = job_cancelled_hook;
     o.ud = ctx;
     /* anchored to the parent served now, the result checked there, unless the spec trusts
        the calibration as made (constraints.served_check false: reproducible from the seed) */

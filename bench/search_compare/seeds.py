@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/search_compare/seeds.py OUT [OUT ...] — the comparison repeated with other seeds:
 each OUT is a run.sh output folder (same calibration, another SEED). Prints, per limit and
-method, each seed's eight-benchmark average, WikiText-2 perplexity and measured latency,
+method, each seed's eight-benchmark average, WikiText-2 perplexity and measured latency (or peak
+memory, at the memory limit),
 their mean and spread (max - min), and AutoCompress minus Minitron++ per seed, so that a
 gap can be read against the seeds' noise. Markdown on stdout; nothing is written."""
 import json
@@ -30,6 +31,7 @@ def job(out, limit, method):
     p = load(os.path.join(d, "ppl.json")) or {}
     return {"seed": (r.get("search") or {}).get("seed"), "avg": res.get("average"), "items": items,
             "ppl": p.get("ppl"), "ms": (res.get("measured") or {}).get("latency_ms"),
+            "mib": ((res.get("measured") or {}).get("peak_memory_bytes") or 0) / 2**20 or None,
             "holds": bool(r.get("limits")) and all(x.get("holds") for x in r["limits"])}
 
 
@@ -47,7 +49,7 @@ def main():
         sys.exit("usage: seeds.py OUT [OUT ...]")
     limits = [lim for lim in ("latency", "memory") if any(job(o, lim, "autocompress") for o in outs)]
     print("| limit | method | seeds | task avg per seed | mean (spread) | wiki ppl per seed | mean (spread) "
-          "| measured ms per seed | holds |")
+          "| measured per seed (latency: ms, memory: MiB) | holds |")
     print("|---|---|---|---|---|---|---|---|---|")
     for lim in limits:
         for m in ("autocompress", "minitron"):
@@ -56,7 +58,8 @@ def main():
             seeds = ", ".join(str(j["seed"]) for j in js)
             avgs = ", ".join(f"{j['avg']:.4f}" for j in js)
             ppls = ", ".join(f"{j['ppl']:.1f}" if j["ppl"] else "—" for j in js)
-            ms = ", ".join(f"{j['ms']:.1f}" for j in js if j["ms"])
+            key = "ms" if lim == "latency" else "mib"
+            ms = ", ".join(f"{j[key]:.1f}" for j in js if j[key])
             holds = ", ".join("yes" if j["holds"] else "no" for j in js)
             print(f"| {lim} | {m} | {seeds} | {avgs} | {stats([j['avg'] for j in js])} | {ppls} | "
                   f"{stats([j['ppl'] for j in js])} | {ms} | {holds} |")

@@ -318,7 +318,7 @@ static void test_served_anchor_builtin(void **state)
     assert_ptr_equal(method_served_target(&tb), &tb.target);
     cm_tables_rescale(&tb, 0.5, 0.25);
     sc_check sc;
-    if (sc_open(&sc, &p, &tb.target, err, sizeof err) || sc_anchor(&sc, &tb, &anchored, err, sizeof err))
+    if (sc_open(&sc, &p, &tb.target, NULL, NULL, err, sizeof err) || sc_anchor(&sc, &tb, &anchored, err, sizeof err))
         fail_msg("anchor: %s", err);
     json_t *an = json_object_get(sc_doc(&sc), "anchor");
     assert_string_equal(json_string_value(json_object_get(an, "engine")), "autocompress");
@@ -357,7 +357,7 @@ static void test_served_anchor_builtin(void **state)
     cm_prediction ph;
     assert_int_equal(cm_predict(&huge, &p, &ph, err, sizeof err), 0);
     assert_true(ph.total > eng_device_free_bytes("cpu"));
-    if (sc_open(&sc, &p, &tb.target, err, sizeof err))
+    if (sc_open(&sc, &p, &tb.target, NULL, NULL, err, sizeof err))
         fail_msg("open: %s", err);
     cm_tables unused;
     assert_int_equal(sc_anchor(&sc, &huge, &unused, err, sizeof err), 1);
@@ -429,10 +429,10 @@ static void test_measure_cancel(void **state)
     if (cm_calibration_tables(cal, &tb, err, sizeof err))
         fail_msg("tables: %s", err);
     sc_check sc;
-    if (sc_open(&sc, &p, &tb.target, err, sizeof err))
+    if (sc_open(&sc, &p, &tb.target, NULL, NULL, err, sizeof err))
         fail_msg("open: %s", err);
     stop_counter c = {0, asks + 2};
-    sc.cancelled = stop_when;
+    sc.cancelled = stop_when;   /* what sc_open's hook arguments set */
     sc.cancel_ud = &c;
     assert_int_equal(sc_anchor(&sc, &tb, &anchored, err, sizeof err), -1);
     assert_string_equal(err, "cancelled");
@@ -458,13 +458,14 @@ static void test_measure_cancel(void **state)
 }
 
 /* The machine's load from other work: a process spinning beside a stretch of measuring
- * (not this one's, not yet waited for) is counted, about one core's share, and makes the
- * stretch contended; a calibration records its own stretch's load. */
+ * (not this one's, not yet waited for) is counted, about one core's share, and makes a
+ * stretch on every core contended; what contended means on other shapes of load; a
+ * calibration records its own stretch's load. */
 static void test_host_load(void **state)
 {
     (void)state;
     ms_host_mark mark;
-    ms_host_mark_now(&mark);
+    ms_host_mark_now(&mark, 0);
     pid_t kid = fork();
     assert_true(kid >= 0);
     if (kid == 0) {
@@ -474,17 +475,32 @@ static void test_host_load(void **state)
             x += 1;
         _exit(0);
     }
-    usleep(800 * 1000);
+    usleep(1200 * 1000);
     ms_host_load load;
     ms_host_load_since(&mark, &load);
     kill(kid, SIGKILL);
     waitpid(kid, NULL, 0);
     assert_int_equal(load.known, 1);
     assert_true(load.cores >= 1);
-    assert_true(load.wall_s >= 0.79);
+    assert_true(load.wall_s >= 1.19 && !load.too_short);
+    assert_int_equal(load.threads, load.cores);   /* 0: every core */
     assert_true(load.others_cpu_pct >= 0.6 * 100.0 / load.cores);   /* the spinning child: one core */
     assert_true(load.others_cpu_pct <= 100.0 + 1e-9 && load.steal_pct >= 0);
     assert_true(ms_host_contended(&load));
+    /* the rule: others' busy cores against the cores the measurement leaves idle */
+    ms_host_load h = {.known = 1, .others_cpu_pct = 12.5, .wall_s = 5, .cores = 16, .threads = 2};
+    assert_false(ms_host_contended(&h));   /* 2 cores busy, 14 idle */
+    h.threads = 16;
+    assert_true(ms_host_contended(&h));    /* every core the measurement's */
+    h.others_cpu_pct = 1.0;                /* 0.16 of a core: within the slack */
+    assert_false(ms_host_contended(&h));
+    h.steal_pct = 1.0;                     /* the hypervisor's share counts alike */
+    assert_true(ms_host_contended(&h));
+    h.too_short = 1;                       /* ticks too coarse to judge */
+    assert_false(ms_host_contended(&h));
+    h.too_short = 0;
+    h.known = 0;
+    assert_false(ms_host_contended(&h));
     json_t *hl = ms_host_load_json(&load);
     char note[256] = "";
     assert_int_equal(ms_host_load_note(hl, note, sizeof note), 1);

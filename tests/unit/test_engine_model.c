@@ -73,10 +73,6 @@ static void tiny_arch(arch *a, int tied, int bias)
     tiny_arch_moe(a, tied, bias, 0);
 }
 
-/* Random weights are one splitmix64 stream of normals over the tensors in order (the
- * sequential draw below), whatever the thread count: eng_model_randomize fills them in
- * parallel pieces, here across a piece and a 2^20-value block of the embedding
- * (50000 x 24 values) and on the small tensors after it. */
 /* A stop hook counting its questions; stops when the count starts negative. */
 static int count_asks(void *ud)
 {
@@ -84,6 +80,10 @@ static int count_asks(void *ud)
     return (*n)++ < 0;
 }
 
+/* Random weights are one splitmix64 stream of normals over the tensors in order (the
+ * sequential draw below), whatever the thread count: eng_model_randomize fills them in
+ * parallel pieces, here across a piece and a 2^20-value block of the embedding
+ * (50000 x 24 values) and on the small tensors after it. */
 static void test_randomize_one_stream(void **state)
 {
     (void)state;
@@ -92,6 +92,7 @@ static void test_randomize_one_stream(void **state)
     a.vocab_size = 50000;
     const uint64_t seed = 11;
     const float std = 0.3f;
+    int was = omp_get_max_threads();
     for (int threads = 1; threads <= 2; threads++) {
         omp_set_num_threads(threads);
         eng_backend *be = eng_backend_cpu_new(threads);
@@ -131,7 +132,7 @@ static void test_randomize_one_stream(void **state)
         eng_model_free(&m);
         eng_backend_free(be);
     }
-    omp_set_num_threads(2);
+    omp_set_num_threads(was);
     arch_free(&a);
 }
 
