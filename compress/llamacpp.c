@@ -290,9 +290,8 @@ int lc_target_resolve(cm_target *t, char *err, size_t errlen)
 
 /* ---------- quantizing and serving ---------- */
 
-/* lc_quantize, the helper stopped by stop's cancel hook (may be NULL). */
-static int quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks,
-                    const ms_opts *stop, char *err, size_t errlen)
+int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, const ms_opts *stop,
+                char *err, size_t errlen)
 {
     if (fallbacks)
         *fallbacks = 0;
@@ -317,12 +316,6 @@ static int quantize(const char *src, const char *dst, const char *type, int thre
         *fallbacks = (int)json_integer_value(fb);
     json_decref(j);
     return 0;
-}
-
-int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, char *err,
-                size_t errlen)
-{
-    return quantize(src, dst, type, threads, fallbacks, NULL, err, errlen);
 }
 
 void lc_bench_free(lc_bench *b)
@@ -562,7 +555,7 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
     }
     eng_backend_free(be);
     if (rc == 0)
-        rc = quantize(f32, path, t->precision, t->threads, fallbacks, stop, err, errlen);
+        rc = lc_quantize(f32, path, t->precision, t->threads, fallbacks, stop, err, errlen);
     if (strcmp(f32, path))
         (void)unlink(f32);
     return rc;

@@ -44,9 +44,10 @@ int lc_target_resolve(cm_target *t, char *err, size_t errlen);
 
 /* Write `dst` at weight type `type` (a CM_LLAMACPP_PRECISIONS word) from the F32 GGUF
  * `src`: a copy for f32, else llama.cpp's quantizer with `threads`. *fallbacks (may be
- * NULL) gets how many tensors llama.cpp stored in a fallback type. 0, or -1 with err. */
-int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, char *err,
-                size_t errlen);
+ * NULL) gets how many tensors llama.cpp stored in a fallback type. stop (may be NULL):
+ * its cancel hook (measure.h) kills the quantizer (err "cancelled"). 0, or -1 with err. */
+int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, const ms_opts *stop,
+                char *err, size_t errlen);
 
 /* One model served by llama.cpp: per-request phase times and llama.cpp's buffers. */
 typedef struct {

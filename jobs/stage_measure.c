@@ -74,7 +74,8 @@ static int write_result_gguf(job_ctx *ctx, const cm_target *t, char *out, size_t
     }
     eng_backend_free(be);
     if (rc == 0)
-        rc = lc_quantize(f32, out, t->precision, t->threads, fallbacks, err, errlen);
+        rc = lc_quantize(f32, out, t->precision, t->threads, fallbacks,
+                         &(ms_opts){.cancelled = job_cancelled_hook, .cancel_ud = ctx}, err, errlen);
     (void)unlink(f32);
     /* on disk before it is timed: the kernel's writeback would run on the timed cores */
     int fd = rc == 0 ? open(out, O_RDONLY | O_CLOEXEC) : -1;
