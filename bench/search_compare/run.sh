@@ -205,4 +205,11 @@ for l in limits:
         print(f"- {l} limit: AutoCompress task average {a[0]:.4f} vs Minitron++ {b[0]:.4f} "
               f"({'higher' if a[0] > b[0] else 'not higher'}), with {a[1]} vs {b[1]} selection tokens "
               f"({b[1] / a[1]:.1f}x fewer).")
+for l in limits:   # the measure stage's record of other work beside it (host_load)
+    for m in ("autocompress", "minitron"):
+        hl = ((((load(os.path.join(out, f"{l}-{m}", "report.json")) or {}).get("result") or {}).get("measured")
+               or {}).get("host_load") or {})
+        if hl.get("contended"):
+            print(f"- {l} / {m}: measured beside other work (other processes {hl['others_cpu_pct']:.0f}% of "
+                  f"the cores' time over {hl['wall_s']:.0f} s): its measured latencies are slow and uneven.")
 PY
