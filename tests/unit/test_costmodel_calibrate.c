@@ -484,7 +484,8 @@ static void test_host_load(void **state)
     assert_true(load.cores >= 1);
     assert_true(load.wall_s >= 1.19 && !load.too_short);
     assert_int_equal(load.threads, load.cores);   /* 0: every core */
-    assert_true(load.others_cpu_pct >= 0.6 * 100.0 / load.cores);   /* the spinning child: one core */
+    /* the spinning child: about one core, less what a hypervisor stole from it */
+    assert_true(load.others_cpu_pct + load.steal_pct >= 0.6 * 100.0 / load.cores);
     assert_true(load.others_cpu_pct <= 100.0 + 1e-9 && load.steal_pct >= 0);
     assert_true(ms_host_contended(&load));
     /* the rule: others' busy cores against the cores the measurement leaves idle */
