@@ -95,6 +95,14 @@ static void lcal_free(lc_cal *c)
         (void)fio_remove_tree(c->dir);
 }
 
+/* How the calibration serves a model in llama.cpp: its warm-up, reps timed requests, the
+ * weights' and prompts' seed, and the job's cancel hook (asked while the helper runs). */
+static ms_opts serve_opts(const lc_cal *c, int reps, uint64_t seed)
+{
+    return (ms_opts){.warmup = c->o.warmup, .reps = reps, .seed = seed, .cancelled = c->o.cancelled,
+                     .cancel_ud = c->o.ud};
+}
+
 static int tick(lc_cal *c, const char *what, char *err, size_t errlen)
 {
     c->step++;
@@ -151,8 +159,7 @@ static double kv_elems(const arch *a, const cm_target *t, double *state)
 static int serve(lc_cal *c, const arch *a, int reps, int64_t flush, lc_times *tm, ms_result *r, int64_t *workspace,
                  char *err, size_t errlen)
 {
-    ms_opts mo = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + (uint64_t)c->n_models,
-                  .cancelled = c->o.cancelled, .cancel_ud = c->o.ud};
+    ms_opts mo = serve_opts(c, reps, c->o.seed + (uint64_t)c->n_models);
     lc_bench b;
     if (lc_measure_arch(a, &c->t, &mo, flush, c->dir, &b, err, errlen)) {
         char sum[512];   /* which model: the calibration serves hundreds */
@@ -313,7 +320,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
         return -1;
     /* the parent, served once before each slot of random archs: the level a job's search
      * anchors to (compress/servecheck.h), so the held-out rows check the prediction jobs make */
-    ms_opts stop = {.cancelled = c->o.cancelled, .cancel_ud = c->o.ud};
+    ms_opts stop = serve_opts(c, 0, 1);
     return lc_write_random(p, &c->t, 1, c->dir, "anchor", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen);
 }
 
@@ -763,8 +770,7 @@ static int serve_passes(lc_cal *c, lc_hid *hs, const arch *va, ms_result *vr, ms
         double t0 = eng_wall_s();
         if (n > 0) {
             lc_bench pb;
-            ms_opts po = {.warmup = c->o.warmup, .reps = reps, .seed = c->o.seed + 1, .cancelled = c->o.cancelled,
-                          .cancel_ud = c->o.ud};
+            ms_opts po = serve_opts(c, reps, c->o.seed + 1);
             int prc = lc_bench_gguf(c->ppath, &c->t, &po, -1, &pb, err, errlen);
             if (prc == 0)
                 lc_bench_result(&pb, &c->t, &par[(*n_par)++]);
