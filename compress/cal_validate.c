@@ -185,7 +185,8 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
         return -1;
     vm->inited = 1;
     res->weights_bytes = (int64_t)vm->be->cur_bytes;
-    eng_model_randomize(&vm->m, cs->o->seed * 7919 + (uint64_t)cs->requests, 0.02f);
+    if (cali_randomize(cs, &vm->m, cs->o->seed * 7919 + (uint64_t)cs->requests, err, errlen))
+        return -1;
     eng_model_const(&vm->m, 1);
     vm->kv = eng_kv_new(&vm->m, cs->t->batch_size, cs->t->prompt_tokens + cs->t->output_tokens);
     if (!vm->kv) {
@@ -197,7 +198,7 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     eng_backend_reset_peak(vm->be);
     ms_peak_open(vm->be);
     int have_rss = is_cpu && rss0 >= 0 && ms_rss_reset_peak() == 0;
-    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
+    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen))
         return -1;
     ms_peak_close(vm->be, rss0, have_rss ? ms_rss_peak_bytes() : -1, res);
     res->params = arch_params(va);
@@ -212,7 +213,7 @@ static int vmodel_request(cal_state *cs, vmodel *vm, cal_model *cm, char *err, s
     if (cali_request(cs, cm, 1, err, errlen) || cali_tick(cs, "calibration request", err, errlen))
         return -1;
     double t0 = eng_wall_s();
-    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen) ||
+    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen) ||
         cali_tick(cs, "held-out request", err, errlen))
         return -1;
     cs->heldout_s += eng_wall_s() - t0;

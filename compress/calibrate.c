@@ -148,8 +148,8 @@ static int model_build(cal_state *cs, cal_model *cm, eng_backend *be, int random
         return -1;
     cm->inited = 1;
     size_t b1 = be->cur_bytes;
-    if (randomize)
-        eng_model_randomize(&cm->m, cs->o->seed + (uint64_t)cs->requests, 0.02f);
+    if (randomize && cali_randomize(cs, &cm->m, cs->o->seed + (uint64_t)cs->requests, err, errlen))
+        return -1;
     eng_model_const(&cm->m, 1);   /* served as the engine serves: weights held still */
     cm->kv = eng_kv_new(&cm->m, cs->t->batch_size, cs->t->prompt_tokens + cs->t->output_tokens);
     if (!cm->kv) {
@@ -163,6 +163,14 @@ static int model_build(cal_state *cs, cal_model *cm, eng_backend *be, int random
         return -1;
     }
     return 0;
+}
+
+int cali_randomize(cal_state *cs, eng_model *m, uint64_t seed, char *err, size_t errlen)
+{
+    int rc = eng_model_randomize_until(m, seed, 0.02f, cs->o->cancelled, cs->o->ud);
+    if (rc)
+        snprintf(err, errlen, "%s", rc > 0 ? "cancelled" : "out of memory drawing random weights");
+    return rc ? -1 : 0;
 }
 
 int cali_tick(cal_state *cs, const char *what, char *err, size_t errlen)
@@ -182,7 +190,7 @@ int cali_request(cal_state *cs, cal_model *cm, int record, char *err, size_t err
 {
     double p, d;
     int L = cm->a.n_layers, N = cs->t->output_tokens;
-    if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, &cs->tr, &p, &d, err, errlen))
+    if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, &cs->tr, &cs->stop, &p, &d, err, errlen))
         return -1;
     cs->requests++;
     cm->requests++;
@@ -327,7 +335,7 @@ static int64_t probe_workspace(cal_state *cs, const arch *parent, int hidden, in
     if (model_build(cs, &cm, cs->be, 0, err, errlen) == 0) {
         size_t base = cs->be->cur_bytes, kept0 = kept_bytes(cs);
         eng_backend_reset_peak(cs->be);
-        if (ms_run_request(&cm.m, cm.kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen) == 0) {
+        if (ms_run_request(&cm.m, cm.kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen) == 0) {
             ws = (int64_t)(cs->be->peak_bytes - base);
             count_kept(cs, kept0);
         }
@@ -444,7 +452,7 @@ static int runtime_sample(cal_state *cs, cal_model *cm, int64_t rss0, char *err,
         double p, d;
         eng_backend_reset_peak(cs->be);
         ms_peak_open(cs->be);
-        if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
+        if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen))
             return -1;
         int64_t rt = eng_backend_runtime_bytes(cs->be);
         if (rt >= 0 && cali_dvec_push(&cs->runtime, (double)rt)) {
@@ -459,7 +467,7 @@ static int runtime_sample(cal_state *cs, cal_model *cm, int64_t rss0, char *err,
     size_t base = cs->be->cur_bytes;
     eng_backend_reset_peak(cs->be);
     double p, d;
-    if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, NULL, &p, &d, err, errlen))
+    if (ms_run_request(&cm->m, cm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen))
         return -1;
     count_kept(cs, kept0);
     int64_t hwm = ms_rss_peak_bytes();
@@ -579,6 +587,7 @@ static int run_setup(cal_run_ctx *r, char *err, size_t errlen)
     cs->t = r->t;
     cs->parent = r->parent;
     cs->o = o;
+    cs->stop = (ms_opts){.cancelled = o->cancelled, .cancel_ud = o->ud};
     cs->rng = o->seed * 0x9E3779B97F4A7C15ULL + 1;
     cs->n_bins = r->t->output_tokens < MAX_BINS ? r->t->output_tokens : MAX_BINS;
     char e2[256];

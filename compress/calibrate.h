@@ -33,8 +33,10 @@ typedef struct {
     /* Optional progress hook: returns non-zero to cancel (calibration then fails with
      * "cancelled"). step counts requests. */
     int (*progress)(void *ud, const char *what, int step, int total);
-    /* Optional, with the same ud: non-zero cancels too, asked while a llama.cpp helper
-     * serves (ms_opts.cancelled), where no request ends for seconds. */
+    /* Optional, with the same ud: non-zero cancels too, asked where no request ends for
+     * seconds: while a model's random weights are drawn and between the decode steps of
+     * each request (the built-in engine), while a llama.cpp helper serves
+     * (ms_opts.cancelled). */
     int (*cancelled)(void *ud);
     void *ud;
 } cal_opts;

@@ -52,6 +52,7 @@ typedef struct {
 typedef struct {
     const cm_target *t;
     const cal_opts *o;
+    ms_opts stop;                 /* o's cancel hook, asked between decode steps of every request */
     const arch *parent;           /* the MLP grid codes' MoE shape (cal_mlp_apply) */
     eng_backend *be;
     acc_entry e[MAX_ENTRIES];
@@ -75,6 +76,9 @@ int cali_dvec_push(dvec *d, double x);
 double cali_dvec_median(dvec *d, double *mad);
 /* The lower median of the samples (0 when there are none). */
 double cali_lower_median(dvec *d);
+/* Random weights for a calibration model (std 0.02 from seed), asking o's cancel hook as
+ * they are drawn. 0, or -1 with err "cancelled" or out of memory. */
+int cali_randomize(cal_state *cs, eng_model *m, uint64_t seed, char *err, size_t errlen);
 /* One unit of progress; non-zero (err "cancelled") when the progress hook asks to stop. */
 int cali_tick(cal_state *cs, const char *what, char *err, size_t errlen);
 /* One request on calibration model cm; record: its timings feed the tables. 0, or -1. */

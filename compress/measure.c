@@ -66,9 +66,8 @@ int ms_cancelled(const ms_opts *o)
     return o && o->cancelled && o->cancelled(o->cancel_ud) ? 1 : 0;
 }
 
-/* ms_run_request, asking o's cancel hook between decode steps. */
-static int run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
-                       const ms_opts *o, double *prefill_ms, double *decode_ms, char *err, size_t errlen)
+int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
+                   const ms_opts *o, double *prefill_ms, double *decode_ms, char *err, size_t errlen)
 {
     int B = t->batch_size, S = t->prompt_tokens, N = t->output_tokens, V = m->a.vocab_size;
     int L = m->a.n_layers;
@@ -133,12 +132,6 @@ out:
     free(next);
     free(logits);
     return rc;
-}
-
-int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
-                   double *prefill_ms, double *decode_ms, char *err, size_t errlen)
-{
-    return run_request(m, kv, t, rng, tr, NULL, prefill_ms, decode_ms, err, errlen);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -279,7 +272,7 @@ static int measure_loop(eng_model *m, const cm_target *t, const ms_opts *o, ms_r
             snprintf(err, errlen, "cancelled");
             goto out;
         }
-        if (run_request(m, kv, t, &rng, NULL, o, &p, &d, err, errlen))
+        if (ms_run_request(m, kv, t, &rng, NULL, o, &p, &d, err, errlen))
             goto out;
         if (i >= warm) {
             pre[i - warm] = p;

@@ -32,14 +32,6 @@ typedef struct {
 int ms_trace_init(ms_trace *tr, int n_layers, int n_steps);
 void ms_trace_free(ms_trace *tr);
 
-/* One request on model m at target t (B, S, N): random prompt tokens from *rng, a
- * prefill (logits of each row's last token), greedy next tokens, N decode steps.
- * kv must hold B rows of S+N positions; it is reset first. tr (optional) receives the
- * engine's per-part timings. *prefill_ms / *decode_ms get wall times (decode: all N
- * steps). Returns 0, or -1 with the engine's reason in err. */
-int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
-                   double *prefill_ms, double *decode_ms, char *err, size_t errlen);
-
 typedef struct {
     int warmup;          /* untimed requests first (default 1) */
     int reps;            /* timed requests (default 3) */
@@ -56,6 +48,16 @@ typedef struct {
 
 /* o's cancel hook asked now: 1 when it says stop, else 0 (also without o or a hook). */
 int ms_cancelled(const ms_opts *o);
+
+/* One request on model m at target t (B, S, N): random prompt tokens from *rng, a
+ * prefill (logits of each row's last token), greedy next tokens, N decode steps.
+ * kv must hold B rows of S+N positions; it is reset first. tr (optional) receives the
+ * engine's per-part timings. *prefill_ms / *decode_ms get wall times (decode: all N
+ * steps). stop (may be NULL): its cancel hook is asked before each decode step (its own
+ * time kept out of the decode's), and the request then fails with err "cancelled".
+ * Returns 0, or -1 with the engine's reason in err. */
+int ms_run_request(eng_model *m, eng_kv_cache *kv, const cm_target *t, uint64_t *rng, ms_trace *tr,
+                   const ms_opts *stop, double *prefill_ms, double *decode_ms, char *err, size_t errlen);
 
 typedef struct {
     int reps;

@@ -457,6 +457,44 @@ static void test_measure_cancel(void **state)
     arch_free(&p);
 }
 
+/* The built-in engine's calibration asks its cancel hook inside its work, not only between
+ * requests: while each model's random weights are drawn and before every decode step of
+ * every request (a calibration model of a real parent takes seconds per request). Stopped
+ * at the first, a middle or the last question, it fails at once with err "cancelled". */
+static void test_calibrate_cancel(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 2);
+    cm_target t = tiny_target();
+    cal_opts o;
+    cal_opts_default(&o);
+    o.reps = 1;
+    o.n_models = 1;
+    o.validate = 2;
+    o.validate_reps = 1;
+    o.cancelled = stop_when;
+    stop_counter never = {0, 0};
+    o.ud = &never;
+    char err[512];
+    json_t *cal = cal_run(&p, &t, &o, err, sizeof err);
+    if (!cal)
+        fail_msg("cal_run: %s", err);
+    /* two held-out archs alone ask before every step of their requests, one at least each */
+    assert_true(never.calls >= 2 * (1 + o.validate_reps) * t.output_tokens);
+    json_decref(cal);
+    int stops[] = {1, never.calls / 2, never.calls};
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) {
+        stop_counter c = {0, stops[i]};
+        o.ud = &c;
+        err[0] = 0;
+        assert_null(cal_run(&p, &t, &o, err, sizeof err));
+        assert_string_equal(err, "cancelled");
+        assert_int_equal(c.calls, stops[i]);
+    }
+    arch_free(&p);
+}
+
 /* The machine's load from other work: a process spinning beside a stretch of measuring
  * (not this one's, not yet waited for) is counted, about one core's share, and makes a
  * stretch on every core contended; what contended means on other shapes of load; a
@@ -617,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_measure_cancel),
+        cmocka_unit_test(test_calibrate_cancel),
         cmocka_unit_test(test_host_load),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
