@@ -31,6 +31,7 @@ void prune_select_free(prune_select *s)
         free(s->layers[i].mh);
         free(s->layers[i].ef);
         free(s->layers[i].sf);
+        free(s->layers[i].lat);
     }
     free(s->layers);
     memset(s, 0, sizeof *s);
@@ -106,9 +107,9 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
                 BAD("layers[%d].moe.norm_topk: differs from parent layer %d's", i, tl->source_layer);
             if (te->sigmoid != pe->sigmoid || te->routed_scale != pe->routed_scale)
                 BAD("layers[%d].moe: routing differs from parent layer %d's", i, tl->source_layer);
-            if (te->latent_dim != pe->latent_dim)
-                BAD("layers[%d].moe.latent_dim: %d differs from parent layer %d's %d (the latent is not pruned in "
-                    "this build)", i, te->latent_dim, tl->source_layer, pe->latent_dim);
+            if (te->latent_dim > pe->latent_dim || (pe->latent_dim > 0) != (te->latent_dim > 0))
+                BAD("layers[%d].moe.latent_dim: %d; parent layer %d's experts run in a latent of %d (a latent is "
+                    "kept, narrowed or not, and none is added)", i, te->latent_dim, tl->source_layer, pe->latent_dim);
             /* grouped routing: the groups stay, each keeping as many experts (and two at least where
                groups are dropped: a group's score is the sum of its two best, as HF computes it) */
             if (te->n_group != pe->n_group || te->topk_group != pe->topk_group)
@@ -402,6 +403,7 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     const int64_t C = pa->hidden_size, D = pa->head_dim;
     const axis_map hid = {sel->hidden, 1}, none = {NULL, 1};
     const axis_map eu = {ls && ls->ef && x >= 0 ? ls->ef + (size_t)x * ls->nef : NULL, 1}, su = {ls ? ls->sf : NULL, 1};
+    const axis_map lat = {ls ? ls->lat : NULL, 1};
     *rows = *cols = none;
     *src_cols = 1;
     switch (k) {
@@ -416,17 +418,17 @@ static void gather_axes(tkind k, const arch *pa, const prune_select *sel, const 
     case T_DOWN: *rows = hid; *cols = (axis_map){ls->ffn, 1}; *src_rows = C; *src_cols = pl->ffn_dim; break;
     case T_ROUTER: *rows = (axis_map){ls->exp, 1}; *cols = hid; *src_rows = pl->moe.n_experts; *src_cols = C; break;
     case T_RBIAS: *rows = (axis_map){ls->exp, 1}; *src_rows = pl->moe.n_experts; break;
-    /* a LatentMoE's experts read and write the latent, which the hidden size's cut leaves whole */
+    /* a LatentMoE's experts read and write the latent's kept channels, not the hidden size's */
     case T_XG: case T_XU:
-        *rows = eu, *cols = pl->moe.latent_dim ? none : hid, *src_rows = pl->moe.expert_ffn_dim;
+        *rows = eu, *cols = pl->moe.latent_dim ? lat : hid, *src_rows = pl->moe.expert_ffn_dim;
         *src_cols = arch_moe_io(&pl->moe, (int)C);
         break;
     case T_XD:
-        *rows = pl->moe.latent_dim ? none : hid, *cols = eu, *src_rows = arch_moe_io(&pl->moe, (int)C);
+        *rows = pl->moe.latent_dim ? lat : hid, *cols = eu, *src_rows = arch_moe_io(&pl->moe, (int)C);
         *src_cols = pl->moe.expert_ffn_dim;
         break;
-    case T_LATIN: *cols = hid; *src_rows = pl->moe.latent_dim; *src_cols = C; break;
-    case T_LATOUT: *rows = hid; *src_rows = C; *src_cols = pl->moe.latent_dim; break;
+    case T_LATIN: *rows = lat; *cols = hid; *src_rows = pl->moe.latent_dim; *src_cols = C; break;
+    case T_LATOUT: *rows = hid; *cols = lat; *src_rows = C; *src_cols = pl->moe.latent_dim; break;
     case T_SG: case T_SU: *rows = su; *cols = hid; *src_rows = pl->moe.shared_ffn_dim; *src_cols = C; break;
     case T_SD: *rows = hid; *cols = su; *src_rows = C; *src_cols = pl->moe.shared_ffn_dim; break;
     case T_SGATE: *cols = hid; *src_rows = 1; *src_cols = C; break;
@@ -495,6 +497,16 @@ static int check_select(const arch *pa, const arch *target, const prune_select *
         for (int i = 0; ls->sf && i < ls->nsf; i++)
             if (ls->sf[i] < 0 || ls->sf[i] >= pl->moe.shared_ffn_dim) {
                 snprintf(err, errlen, "layers[%d]: shared expert unit %d out of range", l, ls->sf[i]);
+                return -1;
+            }
+        if (ls->lat && ls->nlat < target->layers[l].moe.latent_dim) {
+            snprintf(err, errlen, "layers[%d]: %d latent channels selected for a latent of %d", l, ls->nlat,
+                     target->layers[l].moe.latent_dim);
+            return -1;
+        }
+        for (int i = 0; ls->lat && i < ls->nlat; i++)
+            if (ls->lat[i] < 0 || ls->lat[i] >= pl->moe.latent_dim) {
+                snprintf(err, errlen, "layers[%d]: latent channel %d out of range", l, ls->lat[i]);
                 return -1;
             }
         int G = pl->mamba.n_groups;

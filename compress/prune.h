@@ -34,6 +34,8 @@ typedef struct {
     int *ef;                 /* [nexp*nef]: unit u of target expert e is unit ef[e*nef + u] of parent
                                 expert exp[e]; NULL: the first units of each */
     int *sf;                 /* [nsf] the shared expert's units; NULL: its first units */
+    int nlat;                /* a LatentMoE's latent channels kept (0 with lat NULL) */
+    int *lat;                /* [nlat] the latent channels (parent numbering); NULL: the first */
 } prune_layer_sel;
 
 typedef struct {
@@ -50,8 +52,9 @@ void prune_select_free(prune_select *s);
  * layer's; KV heads no more than the parent's and query heads per KV head no more than
  * the parent's group; source layers in range and strictly increasing; attention / MLP
  * present in the parent where the target keeps them; an MoE layer keeps no more experts than
- * its source, a top_k no larger than its source's, expert and shared widths no wider than
- * its source's (a shared expert is kept, narrowed or not) and the same norm_topk; a Mamba layer keeps no more heads than its source, with its head_dim, state
+ * its source, a top_k no larger than its source's, expert and shared widths and a latent no
+ * wider than its source's (a shared expert is kept, narrowed or not; a latent too) and the
+ * same norm_topk; a Mamba layer keeps no more heads than its source, with its head_dim, state
  * size, groups and conv kernel). Returns 0, or -1 with a message
  * naming the offending field ("layers[2].ffn_dim: 900 is wider than parent layer 3's
  * 768") in err. */
@@ -59,8 +62,8 @@ int prune_check(const arch *parent, const arch *target, char *err, size_t errlen
 
 /* The prefix selection of `target` from a ranked parent: the first hidden channels, the
  * first kv groups of each layer and the first n_heads/n_kv_heads query heads within
- * each kept group, the first ffn units, the first experts, the first Mamba heads of each
- * group. Runs prune_check first. Returns 0 with *sel
+ * each kept group, the first ffn units, the first experts, the first latent channels, the
+ * first Mamba heads of each group. Runs prune_check first. Returns 0 with *sel
  * filled (free with prune_select_free), or -1 with a reason in err. */
 int prune_select_prefix(const arch *parent, const arch *target, prune_select *sel,
                         char *err, size_t errlen);

@@ -35,6 +35,8 @@ void rank_free(rank_result *r)
         free(L->unit_perm);
         free(L->shared_score);
         free(L->shared_perm);
+        free(L->latent_score);
+        free(L->latent_perm);
         free(L->mamba_score);
         free(L->mamba_perm);
     }
@@ -83,6 +85,13 @@ static int rank_alloc(rank_result *r, const arch *a)
             L->unit_perm[i] = (int)(i % (size_t)L->expert_ffn);
         for (size_t i = 0; i < ns; i++)
             L->shared_perm[i] = (int)i;
+        L->latent = L->n_experts ? al->moe.latent_dim : 0;
+        L->latent_score = calloc((size_t)(L->latent > 0 ? L->latent : 1), sizeof(double));
+        L->latent_perm = calloc((size_t)(L->latent > 0 ? L->latent : 1), sizeof(int));
+        if (!L->latent_score || !L->latent_perm)
+            return -1;
+        for (int i = 0; i < L->latent; i++)
+            L->latent_perm[i] = i;
         L->n_egroups = arch_moe_grouped(&al->moe) ? al->moe.n_group : 1;
         L->n_mamba = al->mamba.n_heads;
         L->n_mgroups = al->mamba.n_heads ? al->mamba.n_groups : 0;
@@ -172,7 +181,8 @@ static int rank_sort(rank_result *r)
             if (sort_desc(L->unit_score + at, NULL, L->expert_ffn, L->unit_perm + at))
                 return -1;
         }
-        if (sort_desc(L->shared_score, NULL, L->shared_ffn, L->shared_perm))
+        if (sort_desc(L->shared_score, NULL, L->shared_ffn, L->shared_perm) ||
+            sort_desc(L->latent_score, NULL, L->latent, L->latent_perm))
             return -1;
         for (int g = 0, per = L->n_mgroups ? L->n_mamba / L->n_mgroups : 0; g < L->n_mgroups; g++) {
             int members[4096];   /* <= n_heads <= 4096 (arch_validate) */
@@ -321,6 +331,17 @@ int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen)
     return 0;
 }
 
+/* A LatentMoE layer's latent channel scores from its sums (eng_act_stats.latent_abs): each
+ * channel's share of the input side's total plus its share of the output side's. */
+static void latent_scores(rank_layer *L, const double *sums)
+{
+    double in = 0, out = 0;
+    for (int j = 0; sums && j < L->latent; j++)
+        in += sums[j], out += sums[L->latent + j];
+    for (int j = 0; sums && j < L->latent; j++)
+        L->latent_score[j] = (in > 0 ? sums[j] / in : 0) + (out > 0 ? sums[L->latent + j] / out : 0);
+}
+
 int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_result *out, char *err,
                  size_t errlen)
 {
@@ -385,6 +406,7 @@ int rank_compute(eng_model *m, const td_stream *calib, const rank_opts *o, rank_
             L->unit_score[i] = st->expert_unit[l][i] * inv;
         for (int i = 0; i < L->shared_ffn; i++)
             L->shared_score[i] = st->shared_unit[l][i] * inv;
+        latent_scores(L, st->latent_abs[l]);
     }
     if (n_layer_b) {
         int rc = skip_losses(m, calib, o, n_layer_b, tok, tgt, out, &done, total_fwd, err, errlen);
@@ -441,6 +463,12 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
                      L->expert_ffn ? "" : ": a ranking without expert units, rank the parent again");
             return -1;
         }
+        if (L->n_experts && L->latent != al->moe.latent_dim) {
+            snprintf(err, errlen, "ranking layer %d orders a latent of %d channels, the model's experts have %d%s", l,
+                     L->latent, al->moe.latent_dim, L->latent ? "" : ": a ranking without latent channels, rank the "
+                     "parent again");
+            return -1;
+        }
         if (L->ffn_dim != al->ffn_dim || L->n_heads != al->n_heads || L->n_experts != al->moe.n_experts ||
             (al->n_heads && L->n_kv_heads != al->n_kv_heads) || L->n_mamba != al->mamba.n_heads ||
             (L->n_mamba && L->n_mgroups != al->mamba.n_groups)) {
@@ -493,7 +521,9 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen)
             goto oom;
         ls->nm = L->n_mamba;
         ls->mh = dup_ints(L->mamba_perm, ls->nm);
-        if (!ls->q || !ls->kv || !ls->ffn || !ls->exp || !ls->mh)
+        ls->nlat = L->latent;
+        ls->lat = dup_ints(L->latent_perm, ls->nlat);
+        if (!ls->q || !ls->kv || !ls->ffn || !ls->exp || !ls->mh || !ls->lat)
             goto oom;
     }
     eng_model tmp;
@@ -576,8 +606,10 @@ static json_t *experts_json(const rank_layer *L)
                           "score_perm", score_perm(L->expert_score, L->expert_perm, L->n_experts), "share",
                           dbl_array(L->expert_share, L->n_experts), "expert_ffn_dim", L->expert_ffn, "units", units,
                           "shared_ffn_dim", L->shared_ffn);
-    if (o && L->shared_ffn &&
-        json_object_set_new(o, "shared", score_perm(L->shared_score, L->shared_perm, L->shared_ffn))) {
+    if (o && ((L->shared_ffn &&
+               json_object_set_new(o, "shared", score_perm(L->shared_score, L->shared_perm, L->shared_ffn))) ||
+              (L->latent && (json_object_set_new(o, "latent_dim", json_integer(L->latent)) ||
+                             json_object_set_new(o, "latent", score_perm(L->latent_score, L->latent_perm, L->latent)))))) {
         json_decref(o);
         return NULL;
     }
@@ -681,8 +713,12 @@ static int read_experts(json_t *ex, rank_layer *L, int l, char *err, size_t errl
             return -1;
     }
     snprintf(where, sizeof where, "layers[%d].experts.shared", l);
-    return L->shared_ffn && read_score_perm(json_object_get(ex, "shared"), L->shared_ffn, L->shared_score,
-                                            L->shared_perm, where, err, errlen) ? -1 : 0;
+    if (L->shared_ffn && read_score_perm(json_object_get(ex, "shared"), L->shared_ffn, L->shared_score,
+                                         L->shared_perm, where, err, errlen))
+        return -1;
+    snprintf(where, sizeof where, "layers[%d].experts.latent", l);
+    return L->latent && read_score_perm(json_object_get(ex, "latent"), L->latent, L->latent_score, L->latent_perm,
+                                        where, err, errlen) ? -1 : 0;
 }
 
 int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
@@ -725,7 +761,8 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
         }
         json_t *ef = json_object_get(ex, "expert_ffn_dim"), *sf = json_object_get(ex, "shared_ffn_dim");
         json_int_t fe = ef ? json_integer_value(ef) : 0, fs = sf ? json_integer_value(sf) : 0;
-        if (fe < 0 || fs < 0 || fe > (1 << 20) || fs > (1 << 20) || (e && ef && fe < 1)) {
+        json_int_t lt = json_integer_value(json_object_get(ex, "latent_dim"));
+        if (fe < 0 || fs < 0 || fe > (1 << 20) || fs > (1 << 20) || (e && ef && fe < 1) || lt < 0 || lt > 65536) {
             arch_free(&a);
             snprintf(err, errlen, "ranking: layers[%d].experts has invalid unit counts", l);
             return -1;
@@ -733,6 +770,7 @@ int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen)
         a.layers[l].moe.n_experts = (int)e;
         a.layers[l].moe.expert_ffn_dim = (int)fe;   /* 0 when absent: rank_check asks for a new ranking */
         a.layers[l].moe.shared_ffn_dim = (int)fs;
+        a.layers[l].moe.latent_dim = (int)lt;   /* 0 when absent: rank_check asks for a new ranking */
         if (ng > 1)   /* grouped routing (rank_init reads the groups from it) */
             a.layers[l].moe.sigmoid = 1, a.layers[l].moe.n_group = (int)ng;
         json_t *mo = json_object_get(o, "mamba");

@@ -5,7 +5,10 @@
  * output, KV group = sum over its query heads; expert (MoE layers) = its routed output
  * mass, the L2 norm of its output summed over the tokens routed to it, per token; Mamba head =
  * mean L2 norm of its gated-norm output (what out_proj reads of it), ranked inside its group
- * (a group's B and C serve its heads, so every group keeps the same count); hidden channel = mean |x| of the
+ * (a group's B and C serve its heads, so every group keeps the same count); LatentMoE latent
+ * channel = its share of the mean |x| of the experts' latent input (fc1_latent_proj's output)
+ * plus its share of the mean |x| of their weighted latent sum (what fc2_latent_proj reads): a
+ * channel the experts neither read nor write is dropped first; hidden channel = mean |x| of the
  * normalized layer inputs; layer = calibration loss increase when its attention, its MLP
  * or both are skipped (gates at 0). Permutations sort units by descending score (ties by
  * index); query heads are sorted inside their KV group, groups by group score.
@@ -41,6 +44,9 @@ typedef struct {
     int *unit_perm;                     /* [n_experts*expert_ffn]: each expert's units by falling score */
     double *shared_score;               /* [shared_ffn] */
     int *shared_perm;                   /* [shared_ffn] */
+    int latent;                         /* LatentMoE layers: the parent's latent width (else 0) */
+    double *latent_score;               /* [latent] */
+    int *latent_perm;                   /* [latent]: latent channels by falling score */
     int n_mamba, n_mgroups;             /* Mamba layers: the parent layer's heads and groups */
     double *mamba_score;                /* [n_mamba] */
     int *mamba_perm;                    /* [n_mamba]: heads sorted inside their group, groups in place */
@@ -110,8 +116,8 @@ int rank_check(const rank_result *r, const eng_model *m, char *err, size_t errle
 
 /* Reorder m's weights in place by r's permutations (hidden channels across every
  * tensor, KV groups with their query heads, query heads within groups, FFN units,
- * experts with their router rows, each expert's units and the shared expert's, Mamba heads
- * within groups).
+ * experts with their router rows, each expert's units and the shared expert's, a LatentMoE's
+ * latent channels, Mamba heads within groups).
  * The model computes the same function afterwards (up to float summation order).
  * Masks, when enabled, are not reordered: they must be all 1.0 (as rank_compute leaves
  * them). Apply a ranking once: a second rank_apply permutes again. Returns 0, or -1 with
@@ -123,7 +129,8 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
  * "ffn_dim", "ffn": {"score", "perm"}, "heads": {"score", "perm"}, "groups": {"score",
  * "perm"}, "skip": {"attention", "mlp", "layer"}, MoE layers "experts": {"n_experts",
  * "score_perm", "share", "expert_ffn_dim", "units": [{"score", "perm"} per expert, parent
- * numbering], "shared_ffn_dim", "shared": {"score", "perm"} (with a shared expert)}, Mamba layers "mamba": {"n_heads", "n_groups", "score_perm"}}]}. rank_to_json returns a NEW
+ * numbering], "shared_ffn_dim", "shared": {"score", "perm"} (with a shared expert), "latent_dim", "latent":
+ * {"score", "perm"} (LatentMoE)}, Mamba layers "mamba": {"n_heads", "n_groups", "score_perm"}}]}. rank_to_json returns a NEW
  * reference (NULL on OOM); rank_from_json checks every permutation is one. */
 json_t *rank_to_json(const rank_result *r);
 int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen);

@@ -9,9 +9,11 @@
  * A Mamba-2 mixer is refit the same way: in_proj's kept rows (the kept heads' z, x and dt
  * rows, every B and C row) by the input map, out_proj on the gated norm's output. An MoE
  * block's input projections (router, experts' gate/up, shared expert's gate/up and gate,
- * a latent's fc1) are refit by the same input map; where the experts were narrowed, each
- * kept expert's down_proj is refit on the tokens the student routes to it, its kept units'
- * activations against the parent expert's output on the same tokens, a narrowed shared
+ * a latent's fc1, its kept latent rows) are refit by the same input map; where the experts
+ * were narrowed, or their latent, each kept expert's down_proj is refit on the tokens the
+ * student routes to it, its kept units' activations against the parent expert's output on
+ * the same tokens (a LatentMoE's fc2_latent_proj stays the slice of its kept latent
+ * columns), a narrowed shared
  * expert's on every token; or, with compensate, where the block lost experts or width, the
  * shared expert's down_proj against what the parent's block output leaves after the
  * student's routed experts (it takes up what the experts removed gave).
@@ -134,12 +136,14 @@ static int moe_part(const arch *a, int layer, int part)
     return part == ENG_PART_MLP && a->layers[layer].moe.n_experts > 0;
 }
 
-/* 1 when student layer i's MoE keeps other experts or top_k than parent layer src's (or is gone). */
+/* 1 when student layer i's MoE keeps other experts, top_k, widths or latent than parent layer
+ * src's (or is gone). */
 static int moe_changed(const arch *pa, int src, const arch *sa, int i)
 {
     const arch_layer *p = &pa->layers[src], *t = &sa->layers[i];
     return !t->moe.n_experts || t->moe.n_experts != p->moe.n_experts || t->moe.top_k != p->moe.top_k ||
-           t->moe.expert_ffn_dim != p->moe.expert_ffn_dim || t->moe.shared_ffn_dim != p->moe.shared_ffn_dim;
+           t->moe.expert_ffn_dim != p->moe.expert_ffn_dim || t->moe.shared_ffn_dim != p->moe.shared_ffn_dim ||
+           t->moe.latent_dim != p->moe.latent_dim;
 }
 
 static double sum_sq(const float *x, size_t n)
@@ -222,10 +226,11 @@ static int refit_output(rc_state *s, recon_proj *rp, char *err, size_t errlen)
     return solve_output(s, rp, name, s->X, s->T, s->N, err, errlen);
 }
 
-/* Where student layer i's experts are narrower than parent layer src's: each kept expert's
- * down_proj from its kept units' activations (student stream s->Xs, the tokens the student
- * routes to it) to the parent expert's output on the same tokens (parent stream s->Xp), at
- * the kept channels (a latent MoE's experts write the whole latent); without compensation,
+/* Where student layer i's experts are narrower than parent layer src's, or read and write a
+ * narrower latent: each kept expert's down_proj from its kept units' activations (student
+ * stream s->Xs, the tokens the student routes to it) to the parent expert's output on the
+ * same tokens (parent stream s->Xp), at the kept channels (of the hidden size, or of a
+ * LatentMoE's latent: its experts write the latent); without compensation,
  * a narrowed shared expert's likewise on every token (its output before its gate). 0, 1 when
  * stopped, -1. */
 static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t errlen)
@@ -238,11 +243,12 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
     int rc = rows && Yp ? 0 : -1;
     if (rc)
         snprintf(err, errlen, "reconstruct: out of host memory");
-    int first = se->expert_ffn_dim < pe->expert_ffn_dim ? 0 : se->n_experts;   /* the shared expert is e == n_experts */
+    int first = se->expert_ffn_dim < pe->expert_ffn_dim || se->latent_dim < pe->latent_dim
+                    ? 0 : se->n_experts;   /* the shared expert is e == n_experts */
     int last = !s->o->compensate && se->shared_ffn_dim < pe->shared_ffn_dim ? se->n_experts : se->n_experts - 1;
     for (int e = first; rc == 0 && e <= last; e++) {
         int sh = e == se->n_experts, x = sh ? -1 : e, lat = !sh && pe->latent_dim;
-        int D = lat ? pe->latent_dim : C, cw = lat ? pe->latent_dim : c;
+        int D = lat ? pe->latent_dim : C, cw = lat ? se->latent_dim : c;
         const char *name = eng_model_expert_down(s->S, i, x);
         int n = eng_moe_expert_io(s->S, i, x, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
         if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, sh ? -1 : l->exp[e], s->Xp, (int)s->N, rows, n,
@@ -253,7 +259,7 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
         }
         for (int r = 0; r < n; r++)
             for (int j = 0; j < cw; j++)
-                s->T[(size_t)r * cw + j] = Yp[(size_t)r * D + (lat ? j : s->sel.hidden[j])];
+                s->T[(size_t)r * cw + j] = Yp[(size_t)r * D + (!lat ? s->sel.hidden[j] : l->lat ? l->lat[j] : j)];
         recon_proj rp = {.layer = i, .source_layer = src, .proj = sh ? RP_SDOWN : RP_XDOWN, .expert = x,
                          .in_dim = sh ? se->shared_ffn_dim : se->expert_ffn_dim, .out_dim = cw, .pruned = 1};
         rc = n > 0 ? solve_output(s, &rp, name, s->X, s->T, (size_t)n, err, errlen) : 0;
@@ -452,7 +458,7 @@ static int refit_moe_inputs(rc_state *s, int i, int src, char *err, size_t errle
         for (int r = 0; r < n; r++)   /* the router's kept experts' rows, an expert's kept units', all of the others */
             rows[r] = xk == ENG_MOE_ROUTER ? l->exp[r]
                     : unit && l->ef ? l->ef[(size_t)si[k].expert * l->nef + r]
-                    : shared && l->sf ? l->sf[r] : r;
+                    : shared && l->sf ? l->sf[r] : xk == ENG_MOE_LATENT && l->lat ? l->lat[r] : r;
         recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_ROUTER + si[k].kind, .expert = si[k].expert,
                          .lambda = lambda};
         rc = refit_input(s, &rp, si[k].name, pi[j].name, pi[j].rows, rows, n, solved, err, errlen);
@@ -472,7 +478,7 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
         const arch_moe *sm = &s->S->a.layers[i].moe, *pm = &s->P->a.layers[src].moe;
         int comp = s->o->compensate, shared = comp && kept && !replay && sm->shared_ffn_dim &&
                                                   moe_changed(&s->P->a, src, &s->S->a, i);
-        int narrow = kept && !replay && (sm->expert_ffn_dim < pm->expert_ffn_dim ||
+        int narrow = kept && !replay && (sm->expert_ffn_dim < pm->expert_ffn_dim || sm->latent_dim < pm->latent_dim ||
                                          (!comp && sm->shared_ffn_dim < pm->shared_ffn_dim));
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
         if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow || shared ? &pc : NULL, err, errlen) != 0)

@@ -45,15 +45,17 @@ eng_act_stats *eng_stats_new(const eng_model *m)
     s->expert_tokens = calloc((size_t)(L ? L : 1), sizeof *s->expert_tokens);
     s->expert_unit = calloc((size_t)(L ? L : 1), sizeof *s->expert_unit);
     s->shared_unit = calloc((size_t)(L ? L : 1), sizeof *s->shared_unit);
+    s->latent_abs = calloc((size_t)(L ? L : 1), sizeof *s->latent_abs);
     size_t widest = 1;
     for (int l = 0; l < L; l++) {
         const arch_moe *e = &a->layers[l].moe;
         size_t w = (size_t)(e->expert_ffn_dim > e->shared_ffn_dim ? e->expert_ffn_dim : e->shared_ffn_dim);
+        w = (size_t)e->latent_dim > w ? (size_t)e->latent_dim : w;
         widest = e->n_experts && w > widest ? w : widest;
     }
     s->unit_host = malloc(widest * sizeof(float));
     int bad = !s->ffn_abs || !s->head_norm || !s->hidden_abs || !s->expert_mass || !s->expert_tokens ||
-              !s->expert_unit || !s->shared_unit || !s->unit_host;
+              !s->expert_unit || !s->shared_unit || !s->latent_abs || !s->unit_host;
     for (int l = 0; !bad && l < L; l++) {
         const arch_moe *m = &a->layers[l].moe;
         size_t e = (size_t)m->n_experts;
@@ -61,6 +63,8 @@ eng_act_stats *eng_stats_new(const eng_model *m)
                   !(s->expert_unit[l] = calloc(e * (size_t)m->expert_ffn_dim, sizeof(double)))))
             bad = 1;
         if (e && m->shared_ffn_dim && !(s->shared_unit[l] = calloc((size_t)m->shared_ffn_dim, sizeof(double))))
+            bad = 1;
+        if (e && m->latent_dim && !(s->latent_abs[l] = calloc(2 * (size_t)m->latent_dim, sizeof(double))))
             bad = 1;
         if (a->layers[l].ffn_dim && !(s->ffn_abs[l] = calloc((size_t)a->layers[l].ffn_dim, sizeof(double))))
             bad = 1;
@@ -91,9 +95,12 @@ void eng_stats_free(eng_act_stats *s, int n_layers)
             free(s->expert_unit[l]);
         if (s->shared_unit)
             free(s->shared_unit[l]);
+        if (s->latent_abs)
+            free(s->latent_abs[l]);
     }
     free(s->expert_unit);
     free(s->shared_unit);
+    free(s->latent_abs);
     free(s->unit_host);
     free(s->expert_mass);
     free(s->expert_tokens);

@@ -198,12 +198,15 @@ void eng_kv_free(eng_kv_cache *kv);
  *   expert_unit[l][E_l*Fe_l] sum over the tokens routed to expert x of |unit u's activation|
  *                      (squared ReLU, or silu(gate)*up), at [x*Fe_l + u]
  *   shared_unit[l][Fs_l]  sum |unit activation| of the shared expert, every token
+ *   latent_abs[l][2*D_l]  LatentMoE layers (latent D_l): sum |x| of each latent channel of the
+ *                      experts' input (fc1_latent_proj's output) at [j], and of their weighted
+ *                      sum (what fc2_latent_proj reads) at [D_l + j]; NULL for other layers
  *   tokens             number of tokens accumulated
- * unit_host: host staging for one expert's unit sums (the widest expert). */
+ * unit_host: host staging for one expert's unit sums or a latent's (the widest). */
 typedef struct {
     double **ffn_abs, **head_norm, *hidden_abs;
     double **expert_mass, **expert_tokens;
-    double **expert_unit, **shared_unit;
+    double **expert_unit, **shared_unit, **latent_abs;
     float *unit_host;
     int64_t tokens;
 } eng_act_stats;

@@ -348,15 +348,22 @@ static void shared_gate(eng_backend *be, moe_call *c, const float *xn, const flo
     be->to_device(be, c->sg, c->hbuf, F4 * (size_t)N);
 }
 
+/* acc[F] += the column sums of |x| over the n rows of x [n, F], summed on the device into
+ * tmp [F] (dead space). */
+static void add_col_sums(eng_backend *be, eng_act_stats *st, double *acc, float *tmp, const float *x, int n, int F)
+{
+    be->zero(be, tmp, F4 * (size_t)F);
+    be->group_norm_sum(be, tmp, x, n, F, 1);
+    be->to_host(be, st->unit_host, tmp, F4 * (size_t)F);
+    for (int u = 0; u < F; u++)
+        acc[u] += st->unit_host[u];
+}
+
 /* acc[F] += the column sums of |h| over the first n rows of c->h [n, F] (c->u is dead after
  * the expert and holds the device sums). */
 static void add_unit_sums(eng_backend *be, moe_call *c, eng_act_stats *st, double *acc, int n, int F)
 {
-    be->zero(be, c->u, F4 * (size_t)F);
-    be->group_norm_sum(be, c->u, c->h, n, F, 1);
-    be->to_host(be, st->unit_host, c->u, F4 * (size_t)F);
-    for (int u = 0; u < F; u++)
-        acc[u] += st->unit_host[u];
+    add_col_sums(be, st, acc, c->u, c->h, n, F);
 }
 
 static void add_stats(eng_backend *be, moe_call *c, eng_act_stats *st, int l, int x, int F)
@@ -391,6 +398,8 @@ static int moe_forward(eng_model *m, int l, const eng_masks *mk, const float *xn
     be->zero(be, y, F4 * (size_t)N * C);
     if (L->lat_in) {
         be->gemm(be, 0, 1, N, D, C, 1.0f, xn, C, L->lat_in, C, 0.0f, c.XL, D);
+        if (stats)   /* the latent's input channels; YL is not written yet */
+            add_col_sums(be, stats, stats->latent_abs[l], c.YL, c.XL, N, D);
         be->zero(be, c.YL, F4 * (size_t)N * D);
         src = c.XL;
         dst = c.YL;
@@ -406,8 +415,11 @@ static int moe_forward(eng_model *m, int l, const eng_masks *mk, const float *xn
         if (stats)
             add_stats(be, &c, stats, l, x, F);
     }
-    if (L->lat_out)
+    if (L->lat_out) {
         be->gemm(be, 0, 1, N, C, D, 1.0f, c.YL, D, L->lat_out, D, 0.0f, y, C);
+        if (stats)   /* its output channels; the experts are done with XL */
+            add_col_sums(be, stats, stats->latent_abs[l] + D, c.XL, c.YL, N, D);
+    }
     if (!shared && gate_host) {
         int gated = e->shared_ffn_dim && L->sh_router;
         if (gated)

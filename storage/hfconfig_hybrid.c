@@ -326,7 +326,7 @@ json_t *hfconfig_hybrid_from_arch(const arch *a, const char *torch_dtype, char *
         if (!same) {
             snprintf(err, errlen, "config.json: NemotronHForCausalLM gives every %s layer one %s, and layer %d "
                      "differs from the first", pat[l] == 'M' ? "Mamba" : pat[l] == '*' ? "attention" :
-                     pat[l] == 'E' ? "MoE" : "MLP", pat[l] == 'E' ? "routing" : "shape", l);
+                     pat[l] == 'E' ? "MoE" : "MLP", pat[l] == 'E' ? "routing and latent" : "shape", l);
             return NULL;
         }
     }

@@ -6,7 +6,7 @@ Tiny random checkpoints written as the Hub's (tests/oracle/test_models_hybrid_hf
 dense hybrid "M*M-M" (Mamba-2, attention, squared-ReLU MLP) and an MoE hybrid "ME*EM" (sigmoid
 router with its correction bias, routed scale 2.5, a shared expert, also cut to half its width;
 also with its experts in a
-latent of 12, LatentMoE's ffn_latent_down/up around them) and a Mamba2ForCausalLM of
+latent of 12, LatentMoE's ffn_latent_down/up around them, also cut to a latent of 8) and a Mamba2ForCausalLM of
 four Mamba-2 layers in two groups (tests/oracle/test_models_mamba2_hf.py's writer), each exported as F32 GGUF by
 the engine side (tests/tools/export_interop --no-vocab: llama.cpp runs token ids), also after
 pruning Mamba heads. llama.cpp scores the same 39 token ids with an F32 KV cache, in batches of 8
@@ -61,11 +61,11 @@ def llama_logits(gguf):
     return np.array(llm.scores[:len(IDS)])
 
 
-def case(tmp, tag, c, cut=None, make=hf.make_checkpoint, experts=None, shared=None):
+def case(tmp, tag, c, cut=None, make=hf.make_checkpoint, experts=None, shared=None, latent=None):
     d = os.path.join(tmp, tag)
     make(d, c, seed=21)
     arch = None
-    if cut or experts or shared:
+    if cut or experts or shared or latent:
         a = json.loads(subprocess.run([hf.AC, "inspect", d, "--json"], capture_output=True, text=True,
                                       check=True).stdout)
         for y in a["layers"]:
@@ -75,6 +75,8 @@ def case(tmp, tag, c, cut=None, make=hf.make_checkpoint, experts=None, shared=No
                 y["moe"]["n_experts"], y["moe"]["top_k"] = experts, min(experts, y["moe"]["top_k"])
             if y.get("moe") and shared:   # one shared width for every layer, as the GGUF holds it
                 y["moe"]["shared_ffn_dim"] = shared
+            if y.get("moe") and latent:   # one latent for every layer, as the GGUF holds it
+                y["moe"]["latent_dim"] = latent
         arch = os.path.join(tmp, tag + "-cut.json")
         with open(arch, "w") as f:
             json.dump(a, f)
@@ -97,6 +99,7 @@ def main():
         case(tmp, "moe-shared-cut", moe, shared=hf.MOE["Fs"] // 2)   # the search's narrower shared expert
         case(tmp, "moe-grouped", dict(moe, ng=3, tg=2))
         case(tmp, "moe-latent", dict(moe, Lt=12))   # Nemotron 3 Super's LatentMoE
+        case(tmp, "moe-latent-cut", dict(moe, Lt=12), latent=8)   # its latent pruned
         case(tmp, "mamba2", m2.CFG, make=m2.make_mamba2)
         case(tmp, "mamba2-cut", m2.CFG, cut=4, make=m2.make_mamba2)
         d = os.path.join(tmp, "mixed")

@@ -19,7 +19,8 @@ Nemotron-H of tests/oracle/test_engine_oracle_hybrid.py (SSD quadratic form). tr
   - MoE layers: experts cut to fewer units each and the shared expert narrowed equal the
     reference on weights sliced by hand, and the ranking orders every expert's units;
   - LatentMoE (moe_latent_size, Nemotron 3 Super): read, equal to the reference, written, and
-    pruned (experts; the hidden size through fc1/fc2_latent_proj, the latent experts whole);
+    pruned (experts; the hidden size through fc1/fc2_latent_proj, the latent experts whole; the
+    latent itself: fc1's rows, the experts' up columns and down rows, fc2's columns);
   - configs the engine cannot run are refused naming the field (a bad moe_latent_size, a dt clamp);
     the GGUF export is llama.cpp's nemotron_h;
   - calibration times Mamba mixers per head count, held-out hybrids validate, an estimate
@@ -441,9 +442,24 @@ def hidden_cut(c, W, h):
     return out
 
 
+def latent_cut(W, k):
+    """A LatentMoE's weights cut by hand to the first k latent channels: fc1_latent_proj's rows,
+    every expert's up_proj columns and down_proj rows, fc2_latent_proj's columns."""
+    out = {}
+    for n, v in W.items():
+        if n.endswith("fc1_latent_proj.weight"):
+            v = v[:k]
+        elif n.endswith("fc2_latent_proj.weight"):
+            v = v[:, :k]
+        elif ".mixer.experts." in n:
+            v = v[:, :k] if n.endswith("up_proj.weight") else v[:k]
+        out[n] = v
+    return out
+
+
 def check_latent(tmp):
     """LatentMoE (Nemotron 3 Super): the experts in a latent of 12, fc1/fc2_latent_proj around them;
-    read, computed, written, pruned (experts; the hidden size, which the latent keeps)."""
+    read, computed, written, pruned (experts; the hidden size, which the latent keeps; the latent)."""
     c = dict(MOE, Lt=12)
     d = os.path.join(tmp, "latent-parent")
     W, conf = make_checkpoint(d, c, seed=13)
@@ -472,6 +488,20 @@ def check_latent(tmp):
     check(e < 1e-4 and np.array_equal(pb, pe),
           "hidden 32 -> 24 (fc1 columns and fc2 rows cut, the latent experts whole) and 4 of 6 experts = the reference "
           "on weights sliced by hand (rel err %.2e); the export reloads with the same logits" % e)
+    narrow = dict(a, layers=[dict(l) for l in a["layers"]])
+    for l in narrow["layers"]:
+        if l.get("moe"):
+            l["moe"] = dict(l["moe"], latent_dim=8)
+    cp = os.path.join(tmp, "latent-narrow.json")
+    with open(cp, "w") as f:
+        json.dump(narrow, f)
+    px = os.path.join(tmp, "latent-narrowed")
+    pe, _ = engine_logits(d, tmp, "latent-narrow", "--arch", cp, "--hf", px)
+    e = rel(pe, ref_logits(dict(c, Lt=8), latent_cut(W, 8)))
+    pb, _ = engine_logits(px, tmp, "latent-narrowb")
+    check(e < 1e-4 and np.array_equal(pb, pe) and json.load(open(os.path.join(px, "config.json")))["moe_latent_size"] == 8,
+          "latent 12 -> 8 (fc1 rows, the experts' up_proj columns and down_proj rows, fc2 columns cut) = the reference "
+          "on weights sliced by hand (rel err %.2e); its HF export (moe_latent_size 8) reloads with the same logits" % e)
 
 
 def check_cost_model(tmp, d, cut):

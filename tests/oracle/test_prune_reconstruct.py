@@ -30,8 +30,9 @@ shared expert's on every token; with compensation on (CASE+comp), in every layer
 experts or width the shared expert's down_proj on every token instead (its units times its
 gate against the parent block's output less the student's routed experts); and on a Nemotron-H
 parent ("*E*E": sigmoid routing in groups, a shared expert, the last MoE a LatentMoE; experts
-narrowed in both) the router, the experts' up_proj (the first experts of every group kept),
-behind the latent fc1_latent_proj, the experts' down_proj (the latent one's whole) and the
+narrowed in both, the latent cut from 16 to 12) the router, the experts' up_proj (the first
+experts of every group kept), behind the latent fc1_latent_proj (its first rows), the experts'
+down_proj (the latent one's on the first latent channels) and the
 shared expert's down_proj the same two ways.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
@@ -243,7 +244,7 @@ def nemotron_moe_y(arch, W, pre, h):
 def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
     """A narrowed Nemotron-H MoE layer's expert outputs: (student expert, its squared-ReLU
     units on the tokens the student routes to it, the parent expert's output on them at the
-    kept channels (a latent's whole), the student's down_proj name); without compensation
+    kept channels (of the hidden size, or the first of a latent), the student's down_proj name); without compensation
     a narrowed shared expert's too (None: every token, against the parent's own)."""
     ms, mp = sa["layers"][i]["moe"], pa["layers"][src]["moe"]
     G = mp["router"]["n_group"]
@@ -262,7 +263,7 @@ def nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c):
         Hs = torch.relu(hs[rows] @ W["after." + spre + "experts.%d.up_proj.weight" % e].T) ** 2
         Yp = (torch.relu(hp[rows] @ W["parent." + ppre + "experts.%d.up_proj.weight" % x].T) ** 2) @ \
             W["parent." + ppre + "experts.%d.down_proj.weight" % x].T
-        out.append((e, Hs, Yp if lat else Yp[:, :c], spre + "experts.%d.down_proj.weight" % e))
+        out.append((e, Hs, Yp[:, :lat or c], spre + "experts.%d.down_proj.weight" % e))
     return out
 
 
@@ -277,7 +278,8 @@ def nemotron_shared_own(pa, sa, W, src, i, Xs, Xp, c):
 
 
 def moe_changed(pm, sm):
-    return any(pm[k] != sm[k] for k in ("n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim"))
+    return any(pm.get(k, 0) != sm.get(k, 0) for k in ("n_experts", "top_k", "expert_ffn_dim", "shared_ffn_dim",
+                                                      "latent_dim"))
 
 
 def nemotron_shared_down(pa, sa, W, src, i, Xs, Xp, c):
@@ -299,7 +301,8 @@ def nemotron_moe_inputs(pa, sa, src, i):
     exp = [g * (mp["n_experts"] // G) + j for g in range(G) for j in range(m["n_experts"] // G)]
     out = [("router", None, "gate.weight", "gate.weight", exp)]
     if m.get("latent_dim"):
-        out.append(("fc1_latent_proj", None, "fc1_latent_proj.weight", "fc1_latent_proj.weight", None))
+        out.append(("fc1_latent_proj", None, "fc1_latent_proj.weight", "fc1_latent_proj.weight",
+                    list(range(m["latent_dim"]))))   # the first latent channels
     else:
         out += [("experts.up_proj", e, "experts.%d.up_proj.weight" % e, "experts.%d.up_proj.weight" % x,
                  list(range(m["expert_ffn_dim"]))) for e, x in enumerate(exp)]   # the first units of each
@@ -346,7 +349,8 @@ def check_hybrid(tool, case="hybrid"):
                 if rel is not None:
                     worst, refits = max(worst, rel), refits + 1
             fits = []
-            if L["moe"]["expert_ffn_dim"] < pa["layers"][src]["moe"]["expert_ffn_dim"]:
+            pm = pa["layers"][src]["moe"]
+            if L["moe"]["expert_ffn_dim"] < pm["expert_ffn_dim"] or L["moe"].get("latent_dim", 0) < pm.get("latent_dim", 0):
                 fits += [(moe_outcomes[(i, "experts.down_proj", e)], Hs, Yp, name)
                          for e, Hs, Yp, name in nemotron_expert_downs(pa, sa, W, src, i, Xs, Xp, c)]
             if comp and L["moe"]["shared_ffn_dim"] and moe_changed(pa["layers"][src]["moe"], L["moe"]):

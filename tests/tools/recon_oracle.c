@@ -14,8 +14,8 @@
  * attention as above, MoE layers of 9 and 6 squared-ReLU experts of 12, top 2, sigmoid routing
  * in 3 groups of which 2 chosen, routed scale 2.5, a shared expert of 10, the last one a
  * LatentMoE of latent 16; the student keeps hidden 24, one query head per KV group, 6 experts
- * (two per group) of 8 units and a shared expert of 7 in layer 1, and all 6, of 6 units, in
- * layer 3); CASE+comp (moe+comp, hybrid_moe+comp): the same with recon_opts.compensate on;
+ * (two per group) of 8 units and a shared expert of 7 in layer 1, and all 6, of 6 units, in a
+ * latent of 12, in layer 3); CASE+comp (moe+comp, hybrid_moe+comp): the same with recon_opts.compensate on;
  * with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
  * the process SIGKILL once k layers are done. Not part of the product.
  */
@@ -77,6 +77,7 @@ static int student_of(const char *name, const arch *pa, arch *sa)
         sa->layers[1].moe.expert_ffn_dim = 8;   /* narrower experts, the latent one's too */
         sa->layers[1].moe.shared_ffn_dim = 7;
         sa->layers[3].moe.expert_ffn_dim = 6;
+        sa->layers[3].moe.latent_dim = 12;   /* and a narrower latent */
     } else if (!strcmp(name, "moe")) {
         sa->hidden_size = 24;
         static const int kept[NL] = {4, 6, 3, 5};

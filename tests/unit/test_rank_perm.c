@@ -10,6 +10,8 @@
  * their rows and columns, and a student with narrower experts equals the ranked parent with
  * the cut units' down_proj columns zeroed; what cannot be cut from the parent is refused
  * with its field named.
+ * LatentMoE (Nemotron-H): the latent's channels rank and move the same way, and a narrower
+ * latent equals the ranked parent with the cut channels zeroed.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -566,6 +568,150 @@ static void test_moe_expert_units(void **state)
     eng_backend_free(be);
 }
 
+/* A Nemotron-H parent whose layer 2 is a LatentMoE (4 experts of 6 in a latent of 10, a shared
+ * expert of 5), between Mamba mixers and attention. */
+static void latent_arch(arch *a)
+{
+    parent_arch(a);
+    arch_free(a);
+    assert_int_equal(arch_init(a, 4), 0);
+    snprintf(a->family, sizeof a->family, "nemotron_h");
+    a->vocab_size = V;
+    a->hidden_size = C;
+    a->head_dim = 8;
+    a->max_position_embeddings = 64;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    a->layers[0] = (arch_layer){.source_layer = 0, .mamba = {4, 6, 5, 2, 4}};
+    a->layers[1] = (arch_layer){.source_layer = 1, .n_heads = 3, .n_kv_heads = 3};
+    a->layers[2] = (arch_layer){.source_layer = 2, .moe = {.n_experts = 4, .top_k = 2, .expert_ffn_dim = 6,
+                                .shared_ffn_dim = 5, .norm_topk = 1, .sigmoid = 1, .n_group = 1, .topk_group = 1,
+                                .routed_scale = 2.5, .latent_dim = 10}};
+    a->layers[3] = (arch_layer){.source_layer = 3, .mamba = {6, 2, 3, 3, 3}};
+}
+
+/* Zero, in m (CPU backend: host memory), the latent channels at or past `keep` of layer 2:
+ * fc1_latent_proj's rows (the experts read 0 there) and fc2_latent_proj's columns (what they
+ * write there is dropped). */
+static void zero_cut_latent(eng_model *m, int keep)
+{
+    for (int i = 0; i < eng_model_tensor_count(m); i++) {
+        const char *name;
+        int64_t shape[2];
+        int nd;
+        float *w;
+        assert_int_equal(eng_model_tensor(m, i, &name, shape, &nd, &w), 0);
+        int in = !strcmp(name, "backbone.layers.2.mixer.fc1_latent_proj.weight");
+        if (!in && strcmp(name, "backbone.layers.2.mixer.fc2_latent_proj.weight"))
+            continue;
+        for (int64_t r = 0; r < shape[0]; r++)
+            for (int64_t c = 0; c < shape[1]; c++)
+                if ((in ? r : c) >= keep)
+                    w[r * shape[1] + c] = 0.0f;
+    }
+}
+
+/* A LatentMoE's latent channels rank by their share of the experts' latent input plus their
+ * share of the experts' weighted latent output, move with fc1's rows, the experts' up_proj
+ * columns and down_proj rows and fc2's columns (the permuted parent computes the same
+ * function), and a student with a narrower latent equals the ranked parent with the cut
+ * channels zeroed on both sides; the JSON keeps the order; a ranking without it is refused,
+ * and so are a wider latent and none. */
+static void test_latent_channels(void **state)
+{
+    (void)state;
+    char err[256];
+    eng_backend *be = eng_backend_cpu_new(1);
+    arch a;
+    latent_arch(&a);
+    if (arch_validate(&a, err, sizeof err))
+        fail_msg("arch: %s", err);
+    eng_model p, q, s;
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 17, 0.3f);
+    td_stream calib = calib_stream(600);
+    rank_opts o = {.tokens = 4 * B * T, .B = B, .T = T};
+    rank_result r;
+    assert_int_equal(rank_compute(&p, &calib, &o, &r, err, sizeof err), 0);
+    const rank_layer *L = &r.layers[2];
+    assert_int_equal(L->latent, 10);
+    double sum = 0;
+    for (int j = 0; j < 10; j++) {
+        sum += L->latent_score[j];
+        if (j)
+            assert_true(L->latent_score[L->latent_perm[j - 1]] >= L->latent_score[L->latent_perm[j]]);
+    }
+    assert_true(fabs(sum - 2) < 1e-9);   /* a share of each side */
+    assert_true(L->latent_perm[0] != 0 || L->latent_perm[1] != 1);   /* random weights: not the identity */
+    int tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = calib.ids[50 + i];
+    float *l0 = malloc(sizeof(float) * B * T * V), *l1 = malloc(sizeof(float) * B * T * V);
+    logits_of(&p, tok, l0);
+    assert_int_equal(prune_to_arch(&p, &a, &q, err, sizeof err), 0);
+    assert_int_equal(rank_apply(&q, &r, err, sizeof err), 0);
+    logits_of(&q, tok, l1);
+    double e = rel_err(l1, l0, (size_t)B * T * V);
+    printf("LatentMoE permuted parent vs parent: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5);
+    float f0[10 * C], f1[10 * C];
+    const char *fc1 = "backbone.layers.2.mixer.fc1_latent_proj.weight";
+    assert_int_equal(eng_model_get_tensor(&p, fc1, f0, 10 * C), 10 * C);
+    assert_int_equal(eng_model_get_tensor(&q, fc1, f1, 10 * C), 10 * C);
+    for (int j = 0; j < 10; j++)   /* row j of the ranked fc1 is the parent's row latent_perm[j] */
+        assert_true(f1[j * C] == f0[L->latent_perm[j] * C + r.hidden_perm[0]]);
+    /* a latent of 6: the ranked parent with channels 6.. zeroed on both sides */
+    arch t;
+    assert_int_equal(arch_copy(&t, &a), 0);
+    t.layers[2].moe.latent_dim = 6;
+    assert_int_equal(prune_to_arch(&q, &t, &s, err, sizeof err), 0);
+    float *l2 = malloc(sizeof(float) * B * T * V);
+    logits_of(&s, tok, l1);
+    zero_cut_latent(&q, 6);
+    logits_of(&q, tok, l2);
+    e = rel_err(l1, l2, (size_t)B * T * V);
+    printf("latent 10 -> 6 vs the ranked parent with the cut channels zeroed: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5 && rel_err(l1, l0, (size_t)B * T * V) > 1e-3);
+    float x0[6 * 10], x1[6 * 6];
+    assert_int_equal(eng_model_get_tensor(&q, "backbone.layers.2.mixer.experts.1.up_proj.weight", x0, 60), 60);
+    assert_int_equal(eng_model_get_tensor(&s, "backbone.layers.2.mixer.experts.1.up_proj.weight", x1, 36), 36);
+    for (int u = 0; u < 6; u++)
+        for (int j = 0; j < 6; j++)
+            assert_true(x1[u * 6 + j] == x0[u * 10 + j]);
+    eng_model_free(&s);
+    /* the ranking's JSON keeps the latent's order; one without it asks for a new ranking */
+    json_t *j = rank_to_json(&r);
+    rank_result r2;
+    assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
+    assert_memory_equal(r2.layers[2].latent_perm, L->latent_perm, 10 * sizeof(int));
+    assert_int_equal(rank_check(&r2, &p, err, sizeof err), 0);
+    rank_free(&r2);
+    json_t *ex = json_object_get(json_array_get(json_object_get(j, "layers"), 2), "experts");
+    assert_int_equal(json_object_del(ex, "latent_dim") | json_object_del(ex, "latent"), 0);
+    assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
+    assert_int_equal(rank_check(&r2, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "rank the parent again"));
+    rank_free(&r2);
+    json_decref(j);
+    /* refused: a wider latent, none */
+    t.layers[2].moe.latent_dim = 11;
+    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layers[2].moe.latent_dim"));
+    t.layers[2].moe.latent_dim = 0;
+    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layers[2].moe.latent_dim"));
+    arch_free(&t);
+    rank_free(&r);
+    free(l0);
+    free(l1);
+    free(l2);
+    eng_model_free(&q);
+    eng_model_free(&p);
+    td_stream_free(&calib);
+    arch_free(&a);
+    eng_backend_free(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -577,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_ffn_obs),
         cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_moe_expert_units),
+        cmocka_unit_test(test_latent_channels),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
