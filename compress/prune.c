@@ -707,11 +707,12 @@ int prune_load_dir(const char *dir, eng_backend *be, eng_model *m, json_t **mani
         *manifest = NULL;
     if (ckpt_load(dir, be, m, err, errlen))
         return -1;
-    if (manifest) {
-        char path[4096];
-        json_error_t je;
-        snprintf(path, sizeof path, "%s/prune.json", dir);
-        *manifest = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/prune.json", dir);
+    if (manifest && stat(path, &st) == 0 && !(*manifest = fio_load_json(path, JSON_REJECT_DUPLICATES, err, errlen))) {
+        eng_model_free(m);   /* a manifest there but unreadable: its parent and tokenizer are unknown */
+        return -1;
     }
     return 0;
 }

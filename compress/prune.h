@@ -96,7 +96,8 @@ int prune_save_dir(const eng_model *m, const char *dir, json_t *manifest, char *
 int prune_is_dir(const char *path);
 
 /* Load dir into m (uninitialized) on be; *manifest (may be NULL) gets a NEW reference to
- * prune.json's object (or NULL when absent). 0, or -1 with a reason (nothing to free). */
+ * prune.json's object (or NULL when absent; a prune.json that is not a regular file of
+ * JSON fails the load). 0, or -1 with a reason (nothing to free). */
 int prune_load_dir(const char *dir, eng_backend *be, eng_model *m, json_t **manifest, char *err, size_t errlen);
 
 /* Load any model: a pruned directory (tokenizer from its manifest's "tokenizer" or

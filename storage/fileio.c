@@ -7,6 +7,7 @@
 #include <ftw.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,22 +15,54 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
+}
+
+/* path opened for reading if it is a regular file, without blocking on a FIFO (opened
+ * O_NONBLOCK, which regular files ignore, and checked before any read): the descriptor
+ * with *st filled, or -1 with "PATH: <strerror>", or with "PATH: not WHAT (KIND, not a
+ * regular file)" (what NULL: "PATH: not a regular file (KIND)") in err. */
+static int open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, st)) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        if (what)
+            snprintf(err, errlen, "%s: not %s (%s, not a regular file)", path, what, file_kind(st->st_mode));
+        else
+            snprintf(err, errlen, "%s: not a regular file (%s)", path, file_kind(st->st_mode));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int fio_map(const char *path, size_t min_len, const char *what, void **map, size_t *len, char *err,
               size_t errlen)
 {
     *map = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
     struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (size_t)st.st_size < min_len) {
+    int fd = open_regular(path, what, &st, err, errlen);
+    if (fd < 0)
+        return -1;
+    if ((size_t)st.st_size < min_len) {
         if (what)
-            snprintf(err, errlen, "%s: not %s (too short or not a file)", path, what);
+            snprintf(err, errlen, "%s: not %s (too short: %lld bytes)", path, what, (long long)st.st_size);
         else
-            snprintf(err, errlen, "%s: not a regular file", path);
+            snprintf(err, errlen, "%s: too short (%lld bytes)", path, (long long)st.st_size);
         close(fd);
         return -1;
     }
@@ -62,9 +95,19 @@ void fio_err_path(char *err, size_t errlen, const char *path)
 
 char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    struct stat st;
+    int fd = open_regular(path, NULL, &st, err, errlen);
+    if (fd < 0)
+        return NULL;
+    if (max_bytes && (uint64_t)st.st_size >= max_bytes) {
+        snprintf(err, errlen, "%s: larger than %zu bytes", path, max_bytes);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -243,8 +286,13 @@ int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, s
 
 json_t *fio_load_json(const char *path, size_t flags, char *err, size_t errlen)
 {
+    size_t n;
+    char *text = fio_read_all(path, FIO_MAX_JSON_BYTES, &n, err, errlen);
+    if (!text)
+        return NULL;
     json_error_t je;
-    json_t *j = json_load_file(path, flags, &je);
+    json_t *j = json_loadb(text, n, flags, &je);
+    free(text);
     if (!j)
         snprintf(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
     return j;

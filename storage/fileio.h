@@ -11,8 +11,10 @@
 #include <jansson.h>
 
 /* Map `path` read-only (MAP_PRIVATE). The file must be a regular file of at least
- * `min_len` bytes; otherwise err reads "PATH: not WHAT (too short or not a file)" with
- * `what` (e.g. "a GGUF file"), or "PATH: not a regular file" when what is NULL.
+ * `min_len` bytes; otherwise err reads "PATH: not WHAT (too short: N bytes)" or "PATH: not
+ * WHAT (a FIFO, not a regular file)" with `what` (e.g. "a GGUF file"), or "PATH: too short
+ * (N bytes)" or "PATH: not a regular file (a FIFO)" when what is NULL. A FIFO or a device is
+ * refused before anything is read from it (it never blocks the caller).
  * An empty file (allowed when min_len is 0) gives *map = NULL, *len = 0.
  * Returns 0 with a new map in *map and *len (release with fio_unmap), or -1 with a message
  * in err (*map = NULL, *len = 0, nothing held). */
@@ -26,10 +28,11 @@ void fio_unmap(void *map, size_t len);
  * not name the file). */
 void fio_err_path(char *err, size_t errlen, const char *path);
 
-/* Read all of `path` into a new NUL-terminated buffer (the NUL is not counted in *len).
- * A file of max_bytes bytes or more is refused (max_bytes 0: no limit). Returns the
- * buffer (caller frees), or NULL with "PATH: <strerror>", "PATH: larger than N bytes",
- * "PATH: out of memory" or "PATH: read error" in err. */
+/* Read all of `path`, a regular file, into a new NUL-terminated buffer (the NUL is not
+ * counted in *len). A file of max_bytes bytes or more is refused (max_bytes 0: no limit), and
+ * so is anything but a regular file (a FIFO, a device: nothing is read from it). Returns the
+ * buffer (caller frees), or NULL with "PATH: <strerror>", "PATH: not a regular file (a
+ * FIFO)", "PATH: larger than N bytes", "PATH: out of memory" or "PATH: read error" in err. */
 char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
 
 /* Write len bytes to `path` atomically: into "PATH.tmp.PID", fsync, rename over path,
@@ -40,8 +43,12 @@ int fio_write_atomic(const char *path, const void *data, size_t len, char *err, 
 /* json_dumps(j, flags) plus a final newline, written with fio_write_atomic. j borrowed. */
 int fio_write_json(const char *path, const json_t *j, size_t flags, char *err, size_t errlen);
 
-/* JSON document at `path` (json_load_file with `flags`, e.g. JSON_REJECT_DUPLICATES).
- * Returns a NEW reference, or NULL with "PATH: <jansson's reason> (line N)" in err. */
+/* The most bytes fio_load_json reads: configs, arch and manifest files, indexes. */
+#define FIO_MAX_JSON_BYTES ((size_t)256 << 20)
+
+/* JSON document in the regular file `path` (fio_read_all, then jansson with `flags`, e.g.
+ * JSON_REJECT_DUPLICATES). Returns a NEW reference, or NULL with fio_read_all's message or
+ * "PATH: <jansson's reason> (line N)" in err. */
 json_t *fio_load_json(const char *path, size_t flags, char *err, size_t errlen);
 
 /* write(2) until all n bytes are written (EINTR retried). 0, or -1 with errno (EIO when

@@ -353,11 +353,14 @@ static int shard_names_add(shard_names *sn, const char *s)
 
 static int open_index(st_file *f, const char *index_path, char *err, size_t errlen)
 {
-    json_error_t je;
-    json_t *ix = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    char why[512];
+    json_t *ix = fio_load_json(index_path, JSON_REJECT_DUPLICATES, why, sizeof why);
     json_t *wm = ix ? json_object_get(ix, "weight_map") : NULL;
     if (!json_is_object(wm)) {
-        snprintf(err, errlen, "%s: not a safetensors index (%s)", index_path, ix ? "no weight_map object" : je.text);
+        if (ix)
+            snprintf(err, errlen, "%s: not a safetensors index (no weight_map object)", index_path);
+        else
+            snprintf(err, errlen, "not a safetensors index: %s", why);
         json_decref(ix);
         return -1;
     }
@@ -432,7 +435,7 @@ int st_open(st_file *f, const char *path, char *err, size_t errlen)
     if (S_ISDIR(st.st_mode)) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
-        if (!access(p, R_OK)) {
+        if (!stat(p, &st)) {   /* there, whatever it is: a FIFO or a folder is refused by name */
             rc = open_index(f, p, err, errlen);
         } else {
             snprintf(p, sizeof p, "%s/model.safetensors", path);

@@ -1,7 +1,8 @@
 /* tests/unit/test_formats_hostile.c — hostile model and tokenizer files, found by fuzzing
  * and by hand: each is refused with an error that names the cause, in bounded time
  * (an alarm turns a hang into a failure) and bounded memory (peak RSS from getrusage).
- * The same files, where small, are in the fuzz corpora (tests/fuzz/make_seeds.py). */
+ * The same files, where small, are in the fuzz corpora (tests/fuzz/make_seeds.py). FIFOs and
+ * devices where a model folder holds files are refused by name, never read. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,8 @@
 
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "storage/ckpt.h"
+#include "storage/fileio.h"
 #include "storage/modelio.h"
 #include "storage/tokload.h"
 
@@ -281,6 +284,61 @@ static void test_tokenizer_json_duplicate_ids(void **state)
     tok_free(t);
 }
 
+/* A FIFO or a device where a model directory holds a file: refused naming it, never opened
+ * for a blocking read (the alarm turns a hang into a failure). The index of an HF folder,
+ * a shard it names, a pruned folder's arch.json and model.safetensors, and /dev/zero given
+ * as any file that is read whole. */
+static void test_fifos_inside_model_dirs(void **state)
+{
+    (void)state;
+    char d[160], p[224], err[512];
+    static const char cfg[] = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                              "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"vocab_size\":16}";
+    eng_backend *be = eng_backend_cpu_new(1);
+    eng_model m;
+    alarm(20);
+    /* the index is a FIFO */
+    snprintf(d, sizeof d, "%s/fifo_index", tmpdir);
+    assert_int_equal(mkdir(d, 0755), 0);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    write_file(p, cfg, strlen(cfg));
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    write_file(p, "\x02\0\0\0\0\0\0\0{}", 10);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    assert_int_equal(mio_load_model(d, NULL, be, &m, NULL, err, sizeof err), -1);
+    if (!strstr(err, "model.safetensors.index.json: not a regular file (a FIFO)"))
+        fail_msg("FIFO index: \"%s\"", err);
+    /* a shard the index names is a FIFO */
+    assert_int_equal(unlink(p), 0);
+    static const char ix[] = "{\"weight_map\":{\"model.norm.weight\":\"model-00001-of-00001.safetensors\"}}";
+    write_file(p, ix, strlen(ix));
+    snprintf(p, sizeof p, "%s/model-00001-of-00001.safetensors", d);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    assert_int_equal(mio_load_model(d, NULL, be, &m, NULL, err, sizeof err), -1);
+    if (!strstr(err, "model-00001-of-00001.safetensors: not a regular file (a FIFO)"))
+        fail_msg("FIFO shard: \"%s\"", err);
+    /* a pruned folder's arch.json, then its weights */
+    snprintf(d, sizeof d, "%s/fifo_ckpt", tmpdir);
+    assert_int_equal(mkdir(d, 0755), 0);
+    snprintf(p, sizeof p, "%s/arch.json", d);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    write_file(p, "\x02\0\0\0\0\0\0\0{}", 10);
+    assert_int_equal(ckpt_load(d, be, &m, err, sizeof err), -1);
+    if (!strstr(err, "arch.json: not a regular file (a FIFO)"))
+        fail_msg("FIFO arch.json: \"%s\"", err);
+    /* whole-file reads of a device */
+    size_t n;
+    assert_null(fio_read_all("/dev/zero", 0, &n, err, sizeof err));
+    if (!strstr(err, "/dev/zero: not a regular file (a character device)"))
+        fail_msg("/dev/zero: \"%s\"", err);
+    assert_null(fio_load_json("/dev/zero", 0, err, sizeof err));
+    assert_non_null(strstr(err, "a character device"));
+    alarm(0);
+    eng_backend_free(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -289,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
         cmocka_unit_test(test_token_over_size_limit),
         cmocka_unit_test(test_tokenizer_json_duplicate_ids),
+        cmocka_unit_test(test_fifos_inside_model_dirs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -295,6 +295,18 @@ static void test_dir_roundtrip(void **state)
     assert_null(tok);
     assert_int_equal(prune_load_model(dir, NULL, be, &r, NULL, err, sizeof err), 0);
     eng_model_free(&r);
+    /* a manifest cut short fails the load naming it (it was read as no manifest: "names no parent") */
+    char mp[640];
+    snprintf(mp, sizeof mp, "%s/prune.json", dir);
+    FILE *f = fopen(mp, "w");
+    assert_non_null(f);
+    assert_true(fputs("{\"parent\": \"/nonexistent/par", f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    json_t *none = NULL;
+    assert_int_equal(prune_load_dir(dir, be, &r, &none, err, sizeof err), -1);
+    assert_null(none);
+    assert_non_null(strstr(err, "prune.json: "));
+    assert_null(strstr(err, "names no parent"));
     /* uniform: config.json appears */
     for (int l = 0; l < NL; l++)
         t.layers[l] = (arch_layer){.source_layer = l, .n_heads = 2, .n_kv_heads = 2, .ffn_dim = 12};
