@@ -251,6 +251,28 @@ void api_utf8_clean(const char *in, char *out, size_t n)
     out[k] = 0;
 }
 
+void api_fault_append(json_t *errors, const char *pointer, const char *message)
+{
+    char p[600], m[1100];
+    api_utf8_clean(pointer, p, sizeof p);
+    api_utf8_clean(message, m, sizeof m);
+    json_array_append_new(errors, json_pack("{s:s,s:s}", "pointer", p, "message", m));
+}
+
+void api_ptr_join(char *out, size_t n, const char *parent, const char *key)
+{
+    size_t k = (size_t)snprintf(out, n, "%s/", parent);
+    for (const char *p = key; *p && k + 3 < n; p++) {
+        if (*p == '~' || *p == '/') {
+            out[k++] = '~';
+            out[k++] = *p == '~' ? '0' : '1';
+        } else {
+            out[k++] = *p;
+        }
+    }
+    out[k < n ? k : n - 1] = 0;
+}
+
 /* At most this many faults are listed; the rest are counted. */
 #define API_MAX_ERRORS 100
 

@@ -95,6 +95,15 @@ void api_problem(api_resp *r, int status, const char *code, const char *detail, 
  * byte replaced by '?': what a problem may echo of a client's input. */
 void api_utf8_clean(const char *in, char *out, size_t n);
 
+/* Append {pointer, message} to the array errors, both cleaned by api_utf8_clean: a
+ * message cut inside a character, or a client's key that is not UTF-8, still lists its
+ * fault (jansson refuses invalid UTF-8, and the fault was dropped while its status stood). */
+void api_fault_append(json_t *errors, const char *pointer, const char *message);
+
+/* The JSON pointer of parent + "/" + key into out (capacity n), key escaped per RFC 6901
+ * ('~' as "~0", '/' as "~1"), cut at n. */
+void api_ptr_join(char *out, size_t n, const char *parent, const char *key);
+
 /* Device d as /v1/devices lists it: {id, object, kind, description, memory_bytes,
  * compute_capability, cores, precisions, blas (CPU)}. Also what a runner registers
  * (store_runner_beat). NEW reference, or NULL on OOM. */

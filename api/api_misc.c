@@ -50,7 +50,7 @@ static json_t *render_model(const store_model *m)
  * (403 over 400 over 422). */
 static void reg_fault(json_t *errors, int *status, int st, const char *ptr, const char *msg)
 {
-    json_array_append_new(errors, json_pack("{s:s,s:s}", "pointer", ptr, "message", msg));
+    api_fault_append(errors, ptr, msg);
     if (!*status || st == 403 || (st == 400 && *status == 422))
         *status = st;
 }
@@ -163,7 +163,7 @@ static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
     if (file[0] && m->sha256[0] && fetch_model_path(ctx->data_dir, m->sha256, file, m->path, sizeof m->path) < 0)
         FAULT(422, "/url", "the model cache path is too long");
 #undef FAULT
-    if (json_array_size(errors)) {
+    if (json_array_size(errors) || status) {
         reg_problem(resp, status, errors);
         free(m);
         return;
@@ -213,7 +213,7 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
                         !strcmp(key, "url") || (by_url && (!strcmp(key, "sha256") || !strcmp(key, "size_bytes")));
             if (!known) {
                 char p[300];
-                snprintf(p, sizeof p, "/%.200s", key);
+                api_ptr_join(p, sizeof p, "", key);
                 FAULT(400, p, !strcmp(key, "sha256") || !strcmp(key, "size_bytes") ? "only with url" : "unknown field");
             }
         }
@@ -248,7 +248,7 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
     }
 #undef FAULT
     json_decref(body);
-    if (json_array_size(errors)) {
+    if (json_array_size(errors) || status) {
         reg_problem(resp, status, errors);
         return;
     }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api.h"
 #include "compress/costmodel.h"
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
@@ -41,28 +42,11 @@ static void fault(vctx *v, int status, const char *pointer, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    json_array_append_new(v->errors, json_pack("{s:s,s:s}", "pointer", pointer, "message", msg));
+    api_fault_append(v->errors, pointer, msg);
     if (!v->status || severity(status) > severity(v->status))
         v->status = status;
 }
 
-/* JSON pointer of parent + "/" + key (key escaped per RFC 6901). */
-static void ptr_join(char *out, size_t n, const char *parent, const char *key)
-{
-    size_t k = (size_t)snprintf(out, n, "%s/", parent);
-    for (const char *p = key; *p && k + 3 < n; p++) {
-        if (*p == '~') {
-            out[k++] = '~';
-            out[k++] = '0';
-        } else if (*p == '/') {
-            out[k++] = '~';
-            out[k++] = '1';
-        } else {
-            out[k++] = *p;
-        }
-    }
-    out[k < n ? k : n - 1] = 0;
-}
 
 static void ptr_index(char *out, size_t n, const char *parent, size_t i)
 {
@@ -80,7 +64,7 @@ static void only_keys(vctx *v, json_t *obj, const char *ptr, const char *const *
             ok = !strcmp(key, allowed[i]);
         if (!ok) {
             char p[512];
-            ptr_join(p, sizeof p, ptr, key);
+            api_ptr_join(p, sizeof p, ptr, key);
             fault(v, 400, p, "unknown field '%s'", key);
         }
     }
@@ -92,7 +76,7 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
                       int required)
 {
     char p[512];
-    ptr_join(p, sizeof p, ptr, key);
+    api_ptr_join(p, sizeof p, ptr, key);
     json_t *m = json_object_get(obj, key);
     if (!m) {
         if (required)
@@ -152,7 +136,7 @@ static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, js
     json_int_t x = int_value(m);
     if (x < lo || x > hi) {
         char p[512];
-        ptr_join(p, sizeof p, ptr, key);
+        api_ptr_join(p, sizeof p, ptr, key);
         fault(v, 422, p, "must be between %lld and %lld (got %lld)", (long long)lo, (long long)hi,
               (long long)x);
         return;
@@ -174,7 +158,7 @@ static json_t *string_field(vctx *v, json_t *obj, const char *ptr, const char *k
     json_t *m = member(v, obj, ptr, key, JSON_STRING, required);
     if (m && !utf8_ok_len(m, maxlen)) {
         char p[512];
-        ptr_join(p, sizeof p, ptr, key);
+        api_ptr_join(p, sizeof p, ptr, key);
         fault(v, 422, p, "must be at most %zu bytes of UTF-8, without NUL bytes", maxlen);
         return NULL;
     }
@@ -200,7 +184,7 @@ static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, i
     if (!m)
         return;
     char p[512], resolved[4096], msg[256];
-    ptr_join(p, sizeof p, ptr, key);
+    api_ptr_join(p, sizeof p, ptr, key);
     int rc = spec_resolve_path(v->env, json_string_value(m), resolved, sizeof resolved, msg, sizeof msg);
     if (rc) {
         fault(v, rc, p, "%s", msg);
@@ -237,7 +221,7 @@ static void model_path(vctx *v, json_t *obj, const char *ptr, json_t *out)
     json_t *p = json_object_get(out, "path");
     char why[1024], at[256];
     const char *fmt = p ? spec_model_format(json_string_value(p), why, sizeof why) : NULL;
-    ptr_join(at, sizeof at, ptr, "path");
+    api_ptr_join(at, sizeof at, ptr, "path");
     if (p && !fmt)
         fault(v, 422, at, "%s", why);
     else if (fmt)
@@ -529,7 +513,7 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
         any = 1;
         double x = num(m);
         char p[128];
-        ptr_join(p, sizeof p, "/constraints", keys[i]);
+        api_ptr_join(p, sizeof p, "/constraints", keys[i]);
         if (!(x > 0) || !isfinite(x) || x > 1e9) {
             fault(v, 422, p, "must be a positive number no larger than 1e9");
             continue;
@@ -724,7 +708,7 @@ static json_t *check_metadata(vctx *v, json_t *in)
     json_t *val;
     json_object_foreach(m, k, val) {
         char p[512];
-        ptr_join(p, sizeof p, "/metadata", k);
+        api_ptr_join(p, sizeof p, "/metadata", k);
         if (strlen(k) == 0 || strlen(k) > 64)
             fault(v, 422, p, "keys are 1 to 64 bytes of UTF-8");
         else if (!json_is_string(val))
@@ -749,7 +733,7 @@ static void check_test_fields(vctx *v, json_t *in, json_t *out)
         for (int i = 0; tk[i]; i++)
             if (json_object_get(in, tk[i])) {
                 char p[64];
-                ptr_join(p, sizeof p, "", tk[i]);
+                api_ptr_join(p, sizeof p, "", tk[i]);
                 fault(v, 400, p, "unknown field '%s'", tk[i]);
             }
         return;
@@ -785,7 +769,7 @@ static void check_name(vctx *v, json_t *in, json_t *out)
 
 static json_t *finish(vctx *v, json_t *out, int *status, json_t **errors)
 {
-    if (json_array_size(v->errors) > 0) {
+    if (json_array_size(v->errors) > 0 || v->status) {   /* a fault counts even if listing it ran out of memory */
         json_decref(out);
         *status = v->status;
         *errors = v->errors;
