@@ -599,6 +599,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
 }
 
+/* in, up to `stop` (0: its end), as the inside of a JSON string into out (n bytes): quotes
+ * and backslashes escaped, control and non-ASCII bytes as \u00XX; cut to fit. */
+static void log_escape(const char *in, char stop, char *out, size_t n)
+{
+    size_t k = 0;
+    for (const char *p = in ? in : ""; *p && *p != stop && k + 8 < n; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\') {
+            out[k++] = '\\';
+            out[k++] = (char)c;
+        } else if (c < 0x20 || c >= 0x7f) {
+            k += (size_t)snprintf(out + k, n - k, "\\u%04x", c);
+        } else {
+            out[k++] = (char)c;
+        }
+    }
+    out[k] = 0;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe)
 {
@@ -627,20 +646,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         }
     }
     /* The access log line, formatted by hand (this runs for every request). */
-    char path[600];
-    size_t k = 0;
-    for (const char *p = r->uri; *p && *p != '?' && k + 8 < sizeof path; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\') {
-            path[k++] = '\\';
-            path[k++] = (char)c;
-        } else if (c < 0x20 || c >= 0x7f) {
-            k += (size_t)snprintf(path + k, sizeof path - k, "\\u%04x", c);
-        } else {
-            path[k++] = (char)c;
-        }
-    }
-    path[k] = 0;
+    char path[600], method[120];
+    log_escape(r->uri, '?', path, sizeof path);
+    log_escape(r->method, 0, method, sizeof method);   /* a client's method is any token, quotes included */
     const char *term = cut                                         ? "deadline"
                        : toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? NULL
                        : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timeout"
@@ -652,7 +660,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     int n = snprintf(line, sizeof line,
                      "{\"ts\":%lld.%06ld,\"level\":\"%s\",\"msg\":\"request\",\"method\":\"%s\",\"path\":\"%s\","
                      "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s%s}\n",
-                     (long long)ts.tv_sec, ts.tv_nsec / 1000, r->status >= 500 ? "error" : "info", r->method, path,
+                     (long long)ts.tv_sec, ts.tv_nsec / 1000, r->status >= 500 ? "error" : "info", method, path,
                      r->status, (unsigned long long)r->bytes, dur * 1000.0, r->request_id[0] ? r->request_id : "-",
                      addr, by, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
     if (n > 0) {

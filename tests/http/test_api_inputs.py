@@ -226,6 +226,14 @@ def main():
         st, hd, doc = post(s, "/v1/jobs", dict(base, model={"id": m["id"]}))
         assert st == 201 and doc["spec"]["model"]["path"].endswith("/models/hf"), doc
 
+        # a key cut inside a character in its fault's pointer is still a fault (it was dropped: 201)
+        check_problem(*post(s, "/v1/models", {"path": "models/tiny.bin", "\u20ac" * 100: 1}), 400)
+
+        # a method with quotes is escaped in the access log, not spliced into it
+        st, _ = raw_exchange(s.port, b'X","level":"x /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: hostile.method\r\n'
+                             b'Connection: close\r\n\r\n', b"")
+        assert st is None or st >= 400, st
+
         # --- estimates: an empty request is the client's fault, never 5xx
         st, hd, doc = post(s, "/v1/estimates", {})
         assert 400 <= st < 500, (st, doc)
@@ -245,6 +253,8 @@ def main():
         mine = [l for l in access if l["request_id"] == "client-chosen.id_1"]
         assert len(mine) == 1 and mine[0]["path"] == "/healthz" and mine[0]["status"] == 200, mine
         assert any(l["status"] == 413 for l in access) and any(l["method"] == "PUT" for l in access)
+        hostile = [l for l in access if l["request_id"] == "hostile.method"]
+        assert len(hostile) == 1 and hostile[0]["method"] == 'X","level":"x' and hostile[0]["level"] == "info", hostile
         assert any(l.get("msg") == "shutting down" for l in lines)
     print("ok")
 
