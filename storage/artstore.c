@@ -297,8 +297,13 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         return -1;
     }
     struct stat sb;
-    if (stat(dst, &sb) == 0 && sb.st_size == *size_bytes)
-        return remote_put(as, hex, *size_bytes, err, errlen); /* same content already stored */
+    if (stat(dst, &sb) == 0 && sb.st_size == *size_bytes) {
+        char have[65], e2[256];
+        int64_t n = 0;
+        if (art_sha256_file(dst, have, &n, e2, sizeof e2) == 0 && n == *size_bytes && !strcmp(have, hex))
+            return remote_put(as, hex, *size_bytes, err, errlen); /* the same content, stored intact */
+        (void)art_quarantine(as, hex);   /* a stored copy that lost its content: set aside, then replaced */
+    }
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
     unlink(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

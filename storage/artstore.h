@@ -43,8 +43,9 @@ void art_sha256_buf(const void *buf, size_t len, char hex[65]);
 int art_sha256_b64(const char hex[65], char *out, size_t outlen);
 
 /* Add the file at src (left in place) to the store: hashed, then hard-linked or copied
- * to a temporary name, fsynced and renamed into place. Returns 0 with the digest and
- * size, or -1 with err. */
+ * to a temporary name, fsynced and renamed into place. Content already stored is hashed
+ * again and kept only if intact; a stored copy that rotted is set aside (art_quarantine)
+ * and replaced by this one. Returns 0 with the digest and size, or -1 with err. */
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
 /* Open a blob for reading. The first open in this process re-hashes it and refuses a
  * blob whose content no longer matches its name. Returns an fd (caller closes), or -1
