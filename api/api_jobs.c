@@ -387,6 +387,9 @@ static void get_common(api_ctx *ctx, const api_req *req, const char *id, api_res
         api_problem(resp, 503, "store_unavailable", "the job store could not be read", NULL);
         return;
     }
+    /* every id carries its kind ("job_", "cal_"): one of the other kind is not parked */
+    if (rc == 0 && strncmp(id, strcmp(kind, "job") ? "cal_" : "job_", 4))
+        rc = 1;
     if (rc != 0) {
         store_job j;
         if (load(ctx, id, kind, &j, resp) == 0) /* kind mismatch: load answers */

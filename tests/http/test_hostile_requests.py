@@ -2,8 +2,8 @@
 never truncates the path; undecodable bytes in an id still get a whole problem
 document that does not echo them; a body with thousands of faults gets a bounded
 problem; empty and blank Idempotency-Key headers are refused; an integer written as
-179639.0 is the integer 179639; a wait beyond the server's cap is capped, and "evt_" is
-not an event cursor."""
+179639.0 is the integer 179639; a wait beyond the server's cap is capped, a wait on an id
+of the other kind is a 404 at once, and "evt_" is not an event cursor."""
 import json
 import os
 import socket
@@ -73,6 +73,15 @@ def main():
         t0 = time.time()
         st, _, doc = s.json("GET", "/v1/jobs/%s?wait=3600" % jid)   # terminal: answers at once
         assert st == 200 and time.time() - t0 < 5, (st, doc)
+        # a running job asked for as a calibration (or the other way round): 404 at once, not
+        # after the wait (it was parked like its own kind's and answered 404 at the deadline)
+        _, _, run = s.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=30000), expect=201)
+        s.wait_status(run["id"], ("running",))
+        t0 = time.time()
+        st, hd, doc = s.json("GET", "/v1/calibrations/%s?wait=5" % run["id"])
+        check_problem(st, hd, doc, 404, "not_found")
+        assert time.time() - t0 < 2, time.time() - t0
+        s.json("POST", "/v1/jobs/%s/cancel" % run["id"], expect=200)
         st, hd, doc = s.json("GET", "/v1/jobs/%s/events?after=evt_" % jid)
         check_problem(st, hd, doc, 400, "invalid_parameter")
         # --- an integral real is an integer
