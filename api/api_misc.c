@@ -156,8 +156,11 @@ static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
             FAULT(400, "/tokenizer", "must be a string");
         } else {
             int rc = spec_resolve_path(&env, json_string_value(x), m->tokenizer, sizeof m->tokenizer, msg, sizeof msg);
-            if (rc)
-                FAULT(rc, "/tokenizer", msg);
+            const char *kind = rc ? NULL : spec_file_kind(m->tokenizer);
+            if (kind)   /* as a path registration's and a job's tokenizer: a file, never opened here */
+                snprintf(msg, sizeof msg, "not a regular file (%s)", kind);
+            if (rc || kind)
+                FAULT(rc ? rc : 422, "/tokenizer", msg);
         }
     }
     if (file[0] && m->sha256[0] && fetch_model_path(ctx->data_dir, m->sha256, file, m->path, sizeof m->path) < 0)

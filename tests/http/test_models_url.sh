@@ -5,7 +5,8 @@
 # sha256 fails with both digests named; jobs get a 422 naming the state of a model that
 # is fetching or failed; SIGTERM during a stalled download is prompt and the model is
 # still fetching after a restart; http:// needs --allow-http-models; --max-model-bytes
-# fails an oversized download. Responses are validated against openapi.yaml's Model.
+# fails an oversized download; a tokenizer that is not a regular file is a 422. Responses
+# are validated against openapi.yaml's Model.
 set -eu
 PY=${AC_PYTHON:-python3}
 SRC=$AC_SHARED/data/models/stories260K
@@ -41,6 +42,14 @@ DATA=$tmp/var
 start_server "$DATA" --allow-http-models
 cp "$SRC/tok512.bin" "$DATA/models/tok512.bin"
 URL=http://127.0.0.1:$FP/stories260K.bin
+
+# a tokenizer that is a FIFO or a folder is refused now, as for a path registration (it was
+# accepted, and the job's load stage failed later naming --tokenizer)
+mkfifo "$DATA/models/tok.fifo"
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\", \"tokenizer\": \"models/tok.fifo\"}"
+expect 422 '.errors[0].pointer == "/tokenizer" and (.errors[0].message | contains("a FIFO"))'
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\", \"tokenizer\": \"models\"}"
+expect 422 '.errors[0].pointer == "/tokenizer" and (.errors[0].message | contains("a directory"))'
 
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\", \"name\": \"stories\", \"tokenizer\": \"models/tok512.bin\"}"
 expect 202 ".status == \"fetching\" and .url == \"$URL\" and .sha256 == \"$SHA\" and .error == null"
