@@ -358,8 +358,8 @@ int ev_task_limit(ev_task *t, int limit, uint64_t seed)
 
 /* ---- fetch by URL ----------------------------------------------------------------- */
 
-int ev_fetch_url(const char *url, const char *sha256_hex, size_t max_bytes, const char *out_path, char *err,
-                 size_t errlen)
+int ev_fetch_url(const char *url, const char *sha256_hex, size_t max_bytes, const char *out_path, int allow_private,
+                 char *err, size_t errlen)
 {
     if (!sha256_hex || strlen(sha256_hex) != 64 || strspn(sha256_hex, "0123456789abcdefABCDEF") != 64) {
         snprintf(err, errlen, "%s: a sha256 (64 hex digits) is required to fetch a task by URL", url);
@@ -367,7 +367,7 @@ int ev_fetch_url(const char *url, const char *sha256_hex, size_t max_bytes, cons
     }
     /* file:// too: the command line reads local files anyway; the evaluate stage refuses
      * every scheme but http(s) before it gets here */
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_FILE};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_FILE | (allow_private ? FETCH_ALLOW_PRIVATE : 0u)};
     int64_t max = max_bytes > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max_bytes;
     if (fetch_url(url, sha256_hex, max, out_path, &o, err, errlen) == FETCH_OK)
         return 0;

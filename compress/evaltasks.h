@@ -118,9 +118,12 @@ char *ev_wikitext_detokenize(const char *text);
 int ev_utf8_len(const char *s);
 
 /* Download url into out_path (written to a temporary file, verified, then renamed) with
- * at most max_bytes; sha256_hex (64 hex digits) is required and checked. Returns 0, or
- * -1 with a reason (HTTP status, size limit, digest mismatch) in err. */
-int ev_fetch_url(const char *url, const char *sha256_hex, size_t max_bytes, const char *out_path,
+ * at most max_bytes; sha256_hex (64 hex digits) is required and checked. allow_private:
+ * connections may go to non-public addresses (FETCH_ALLOW_PRIVATE: the command line, a
+ * server started with --allow-private-model-hosts); else a URL or a redirect that leads
+ * there is refused. Returns 0, or -1 with a reason (HTTP status, size limit, digest
+ * mismatch, a refused address) in err. */
+int ev_fetch_url(const char *url, const char *sha256_hex, size_t max_bytes, const char *out_path, int allow_private,
                  char *err, size_t errlen);
 
 #endif

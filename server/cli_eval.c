@@ -110,7 +110,7 @@ static int fetch_task(const char *spec, size_t max_bytes, char **path, char **na
         return -1;
     }
     close(fd);
-    if (ev_fetch_url(url, h + 8, max_bytes, tmpl, err, errlen)) {
+    if (ev_fetch_url(url, h + 8, max_bytes, tmpl, 1, err, errlen)) {   /* the user's own network */
         unlink(tmpl);
         free(url);
         return -1;

@@ -146,13 +146,15 @@ static int serve_start(serve_state *S)
     /* Models registered by URL download in the background; any left "fetching" by a
      * previous server resume from their .part now. */
     const char *ca_file = cfg->models_ca_file[0] ? cfg->models_ca_file : NULL;
-    if (!(S->fetcher = fetch_service_start(S->st, S->as, cfg->allow_http_models ? FETCH_ALLOW_HTTP : 0, cfg->max_model_bytes,
-                                           ca_file, err, sizeof err)))
+    unsigned fflags = (cfg->allow_http_models ? FETCH_ALLOW_HTTP : 0u) |
+                      (cfg->allow_private_model_hosts ? FETCH_ALLOW_PRIVATE : 0u);
+    if (!(S->fetcher = fetch_service_start(S->st, S->as, fflags, cfg->max_model_bytes, ca_file, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
     if (!(S->scrub = scrub_start(S->as, cfg->scrub_interval_s, err, sizeof err)) && err[0])
         SERVE_FAIL("%s\n", err);
-    log_msg("info", "model fetcher on (https%s, at most %ld bytes a model, CAs: %s)",
-            cfg->allow_http_models ? " and http" : "", cfg->max_model_bytes, ca_file ? ca_file : "system store");
+    log_msg("info", "model fetcher on (https%s, at most %ld bytes a model, CAs: %s, %s)",
+            cfg->allow_http_models ? " and http" : "", cfg->max_model_bytes, ca_file ? ca_file : "system store",
+            cfg->allow_private_model_hosts ? "private addresses too" : "public addresses only");
     const char *dev_ptrs[16];
     for (int i = 0; i < S->n_dev; i++)
         dev_ptrs[i] = S->devs[i];

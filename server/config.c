@@ -59,6 +59,10 @@ void srv_config_usage(FILE *f)
             "  --max-model-bytes N      AC_MAX_MODEL_BYTES   cap on a model fetched by URL (68719476736 = 64 GiB)\n"
             "  --allow-http-models      AC_ALLOW_HTTP_MODELS=1 accept plain http:// model URLs, not only https://\n"
             "                                                (tests and trusted networks)\n"
+            "  --allow-private-model-hosts AC_ALLOW_PRIVATE_MODEL_HOSTS=1 let model and task downloads connect\n"
+            "                                                to loopback, private and link-local addresses; without\n"
+            "                                                it every connection, redirects included, must go to a\n"
+            "                                                public address (tests, private mirrors)\n"
             "  --models-ca-file PATH    AC_MODELS_CA_FILE    PEM bundle of the CAs model downloads trust, in place\n"
             "                                                of the system store (private hosts, TLS inspection)\n"
             "  --artifacts s3://B/P     AC_ARTIFACTS         keep artifacts in S3-compatible storage too (the local\n"
@@ -166,6 +170,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("scrub-interval-s", scrub_interval_s, 0, 1L << 30)
     NUM("max-model-bytes", max_model_bytes, 1, 0x7fffffffffffffffL)
     NUM("allow-http-models", allow_http_models, 0, 1)
+    NUM("allow-private-model-hosts", allow_private_model_hosts, 0, 1)
     NUM("s3-allow-http", s3_allow_http, 0, 1)
 #undef NUM
     return -2;
@@ -205,6 +210,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_WEBHOOK_RETRY_S", "webhook-retry-s"}, {"AC_RETAIN_MAX_BYTES", "retain-max-bytes"},
         {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_SCRUB_INTERVAL_S", "scrub-interval-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
         {"AC_ALLOW_HTTP_MODELS", "allow-http-models"}, {"AC_MODELS_CA_FILE", "models-ca-file"},
+        {"AC_ALLOW_PRIVATE_MODEL_HOSTS", "allow-private-model-hosts"},
         {"AC_ARTIFACTS", "artifacts"}, {"AC_S3_CREDENTIALS_FILE", "s3-credentials-file"}, {"AC_STORE", "store"},
         {"AC_LEASE_S", "lease-s"},
         {"AC_S3_ALLOW_HTTP", "s3-allow-http"},
@@ -243,6 +249,10 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         }
         if (!strcmp(a, "--allow-http-models")) {
             c->allow_http_models = 1;
+            continue;
+        }
+        if (!strcmp(a, "--allow-private-model-hosts")) {
+            c->allow_private_model_hosts = 1;
             continue;
         }
         if (!strcmp(a, "--s3-allow-http")) {
@@ -301,7 +311,8 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     if (setenv("AC_RETAIN_MAX_AGE_S", num, 1) != 0 || setenv("AC_ARTIFACTS", c->artifacts, 1) != 0 ||
         setenv("AC_STORE", c->store, 1) != 0 ||
         setenv("AC_S3_CREDENTIALS_FILE", c->s3_credentials_file, 1) != 0 ||
-        setenv("AC_S3_ALLOW_HTTP", c->s3_allow_http ? "1" : "0", 1) != 0) {
+        setenv("AC_S3_ALLOW_HTTP", c->s3_allow_http ? "1" : "0", 1) != 0 ||
+        setenv("AC_ALLOW_PRIVATE_MODEL_HOSTS", c->allow_private_model_hosts ? "1" : "0", 1) != 0) {   /* task downloads */
         snprintf(err, errlen, "setenv: %s", strerror(errno));
         return -1;
     }

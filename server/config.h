@@ -40,6 +40,7 @@ typedef struct {
     long scrub_interval_s;       /* seconds between artifact scrubs; 0 = none */
     long max_model_bytes;        /* cap on a model download (POST /v1/models with url) */
     int allow_http_models;       /* accept http:// model URLs (tests, trusted networks) */
+    int allow_private_model_hosts; /* downloads may connect to non-public addresses (tests, private mirrors) */
     char models_ca_file[4096];   /* PEM bundle model downloads trust instead of the system store; "" = system */
     char artifacts[1024];        /* "" = local only; "s3://BUCKET[/PREFIX]": the local store caches it */
     char s3_credentials_file[4096]; /* "" = AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY */

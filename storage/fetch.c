@@ -19,7 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,7 +48,57 @@ typedef struct {
     long code;               /* HTTP status of the response whose body arrived */
     int too_big, io_err, bad_range, cancelled, restarted;
     char io_msg[256];
+    char refused[64];        /* the non-public address a connection was refused to ("": none) */
 } fx;
+
+/* 1 when the IPv4 address a (host order) is not on the public internet: this network, RFC
+ * 1918, shared (CGNAT), loopback, link-local (cloud metadata services at 169.254.169.254),
+ * IETF protocol assignments, benchmarking, multicast, reserved and broadcast. */
+static int v4_non_public(uint32_t a)
+{
+    static const struct { uint32_t net, mask; } blocks[] = {
+        {0x00000000, 0xff000000}, {0x0a000000, 0xff000000}, {0x64400000, 0xffc00000}, {0x7f000000, 0xff000000},
+        {0xa9fe0000, 0xffff0000}, {0xac100000, 0xfff00000}, {0xc0000000, 0xffffff00}, {0xc0a80000, 0xffff0000},
+        {0xc6120000, 0xfffe0000}, {0xe0000000, 0xe0000000},
+    };
+    for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++)
+        if ((a & blocks[i].mask) == blocks[i].net)
+            return 1;
+    return 0;
+}
+
+int fetch_addr_non_public(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return v4_non_public(ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr));
+    if (sa->sa_family != AF_INET6)
+        return 1;
+    const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff},
+                         nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (!memcmp(b, mapped, 12) || !memcmp(b, nat64, 12))   /* an IPv4 address inside */
+        return v4_non_public((uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15]);
+    static const uint8_t zero[15] = {0};
+    if (!memcmp(b, zero, 15) && b[15] <= 1)   /* :: and ::1 */
+        return 1;
+    return (b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) || b[0] == 0xff;   /* ULA, link-local, multicast */
+}
+
+/* curl's socket for each connection it makes, redirects included: refused (CURL_SOCKET_BAD,
+ * the address kept in s->refused) when it goes to a non-public address and the caller does
+ * not allow those, so a URL, or a redirect, cannot reach the server's own network. */
+static curl_socket_t fx_opensocket(void *u, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    fx *s = u;
+    if (purpose == CURLSOCKTYPE_IPCXN && !(s->o->flags & FETCH_ALLOW_PRIVATE) && fetch_addr_non_public(&a->addr)) {
+        const void *in = a->addr.sa_family == AF_INET ? (const void *)&((struct sockaddr_in *)&a->addr)->sin_addr
+                                                      : (const void *)&((struct sockaddr_in6 *)&a->addr)->sin6_addr;
+        if (!inet_ntop(a->addr.sa_family, in, s->refused, sizeof s->refused))
+            snprintf(s->refused, sizeof s->refused, "a non-public address");
+        return CURL_SOCKET_BAD;
+    }
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
 
 static int hexval(int ch)
 {
@@ -337,6 +390,8 @@ static int fx_configure(fx *s, const char *url, char *cerr, char *err, size_t er
         curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
         curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr) ||
         curl_easy_setopt(c, CURLOPT_USERAGENT, "autocompress") ||
+        curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, fx_opensocket) ||
+        curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, s) ||
         curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L) || curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L) ||
         (o->ca_file && (curl_easy_setopt(c, CURLOPT_CAINFO, o->ca_file) ||
                         curl_easy_setopt(c, CURLOPT_CAPATH, (char *)NULL))) ||
@@ -390,6 +445,10 @@ static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, lon
             *keep_part = transient;
             return transient ? FETCH_RETRY : FETCH_FAILED;
         }
+    } else if (cc != CURLE_OK && s->refused[0]) {
+        snprintf(err, errlen, "%.300s: refused to connect to %s, which is not a public address (a server allows its own "
+                 "network with --allow-private-model-hosts)", url, s->refused);
+        return FETCH_FAILED;
     } else if (cc != CURLE_OK && tls_failure(cc, url, o->ca_file, cerr, err, errlen)) {
         o->tls_unverified = 1;
         return FETCH_FAILED;    /* permanent: the same certificate fails the same way next time */
@@ -752,7 +811,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
     for (int attempt = 1; attempt <= FETCH_ATTEMPTS; attempt++) {
         fetch_opts o;
         memset(&o, 0, sizeof o);
-        o.flags = fs->flags & FETCH_ALLOW_HTTP;
+        o.flags = fs->flags & (FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE);
         o.progress = on_progress;
         o.user = fs;
         o.ca_file = fs->ca_file;
@@ -815,7 +874,7 @@ fetch_service *fetch_service_start(store *st, artstore *as, unsigned flags, int6
     }
     fs->st = st;
     fs->as = as;
-    fs->flags = flags & FETCH_ALLOW_HTTP;
+    fs->flags = flags & (FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE);
     fs->max_bytes = max_model_bytes;
     if (ca_file && !(fs->ca_file = strdup(ca_file))) {
         free(fs);

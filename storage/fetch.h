@@ -26,6 +26,10 @@
 /* fetch_opts.flags */
 #define FETCH_ALLOW_HTTP 1u /* plain http:// (tests, trusted networks) */
 #define FETCH_ALLOW_FILE 2u /* file:// (local command-line use only; the server never sets it) */
+#define FETCH_ALLOW_PRIVATE 4u /* connections to non-public addresses (loopback, RFC 1918, link-local,
+                                * ULA ...; fetch_addr_non_public): local command-line use, tests,
+                                * private mirrors. Without it every connection, redirects
+                                * included, must go to a public address. */
 
 /* Progress: bytes in the file so far and the expected total (-1 unknown). Return nonzero
  * to cancel. Called from the downloading thread at least once a second while it runs. */
@@ -46,6 +50,13 @@ typedef struct {
     int tls_unverified;          /* 1 when it failed because the peer's certificate could not be
                                   * verified or the trusted CAs could not be loaded */
 } fetch_opts;
+
+struct sockaddr;
+/* 1 when the address is not on the public internet (IPv4: this network, 10/8, 100.64/10,
+ * 127/8, 169.254/16, 172.16/12, 192.0.0/24, 192.168/16, 198.18/15, multicast and reserved;
+ * IPv6: ::, ::1, fc00::/7, fe80::/10, ff00::/8, and IPv4-mapped or NAT64 forms of those),
+ * else 0. */
+int fetch_addr_non_public(const struct sockaddr *sa);
 
 /* Download url into out_path: bytes go to "out_path.part" (locked against a concurrent
  * download of the same file); an existing .part is hashed and continued with a Range
@@ -88,7 +99,8 @@ typedef struct fetch_service fetch_service;
  * that the file opens as a model, and marks it ready or failed (with the reason);
  * transient failures are retried with backoff before the model fails (a certificate
  * that cannot be verified fails at once, and without a ca_file its reason suggests
- * --models-ca-file). flags are FETCH_ALLOW_HTTP or 0 (file:// is never allowed here);
+ * --models-ca-file). flags are FETCH_ALLOW_HTTP and FETCH_ALLOW_PRIVATE or 0 (file:// is
+ * never allowed here);
  * max_model_bytes caps every download; ca_file is the PEM bundle every https download
  * trusts in place of the system store (NULL: the system store; copied, and checked with
  * fetch_check_ca_file). With as (borrowed, may be NULL) writing through to a remote

@@ -341,7 +341,7 @@ def main():
     moto, s3_env, s3_args = start_moto()
     try:
         store = pg("newdb", base, "ac_fleet")
-        with Server(args=["--workers", "0", "--allow-http-models"] + s3_args, env=dict(s3_env, AC_STORE=store, AC_SHARED=SHARED)) as s:
+        with Server(args=["--workers", "0", "--allow-http-models", "--allow-private-model-hosts"] + s3_args, env=dict(s3_env, AC_STORE=store, AC_SHARED=SHARED)) as s:
             ref_sha = drain_and_takeover(s, store, root)
             takeover_with_s3(s, store, root, ref_sha, dict(s3_env, AC_SHARED=SHARED), s3_args)
             fleet_devices(s, store)

@@ -71,8 +71,8 @@ connections() { grep -c '^connection$' "$tmp/www.log" || true; }
 
 
 # ---- a: the system CA store does not know the test CA: failed at once ----------------
-start_server "$tmp/var1"
-grep -q 'model fetcher on (https, .*CAs: system store)' "$tmp/server.log" || fail "fetcher log line"
+start_server "$tmp/var1" --allow-private-model-hosts
+grep -q 'model fetcher on (https, .*CAs: system store, private addresses too)' "$tmp/server.log" || fail "fetcher log line"
 before=$(connections)
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\"}"
 expect 202 ".status == \"fetching\" and .url == \"$URL\""
@@ -90,8 +90,8 @@ stop_server
 
 # ---- b: --models-ca-file CA.pem: ready, verified, cached ------------------------------
 DATA=$tmp/var2
-start_server "$DATA" --models-ca-file "$tmp/ca.pem"
-grep -q "model fetcher on (https, .*CAs: $tmp/ca.pem)" "$tmp/server.log" || fail "fetcher log line names no CA file"
+start_server "$DATA" --models-ca-file "$tmp/ca.pem" --allow-private-model-hosts
+grep -q "model fetcher on (https, .*CAs: $tmp/ca.pem, private addresses too)" "$tmp/server.log" || fail "fetcher log line names no CA file"
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\", \"name\": \"stories-tls\"}"
 expect 202 '.status == "fetching"'
 ID=$(echo "$BODY" | jq -r .id)
@@ -117,7 +117,7 @@ echo "localhost: $(echo "$BODY" | jq -r .error.message)"
 stop_server
 
 # a CA file from another CA: fails the same way, naming that file
-start_server "$tmp/var3" --models-ca-file "$tmp/otherca.pem"
+start_server "$tmp/var3" --models-ca-file "$tmp/otherca.pem" --allow-private-model-hosts
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\"}"
 expect 202 '.status == "fetching"'
 wait_status "$(echo "$BODY" | jq -r .id)" failed 20

@@ -4,7 +4,8 @@
 # and cached at DATA/models/SHA/FILE; the same sha256 again returns the same model; a wrong
 # sha256 fails with both digests named; jobs get a 422 naming the state of a model that
 # is fetching or failed; SIGTERM during a stalled download is prompt and the model is
-# still fetching after a restart; http:// needs --allow-http-models; --max-model-bytes
+# still fetching after a restart; http:// needs --allow-http-models, this host's own
+# network --allow-private-model-hosts (else no request reaches it); --max-model-bytes
 # fails an oversized download; a tokenizer that is not a regular file is a 422. Responses
 # are validated against openapi.yaml's Model.
 set -eu
@@ -39,9 +40,13 @@ keep() { echo "$BODY" >> "$tmp/models.jsonl"; }   # for the schema check at the 
 
 # ---- a server that accepts http:// model URLs ------------------------------------------
 DATA=$tmp/var
-start_server "$DATA" --allow-http-models
+start_server "$DATA" --allow-http-models --allow-private-model-hosts
 cp "$SRC/tok512.bin" "$DATA/models/tok512.bin"
 URL=http://127.0.0.1:$FP/stories260K.bin
+
+# credentials in the URL: refused, never stored (models are listed to every reader)
+req POST /v1/models "{\"url\": \"http://user:secret@127.0.0.1:$FP/stories260K.bin\", \"sha256\": \"$SHA\"}"
+expect 422 '.errors[0].pointer == "/url" and (.errors[0].message | contains("credentials"))'
 
 # a tokenizer that is a FIFO or a folder is refused now, as for a path registration (it was
 # accepted, and the job's load stage failed later naming --tokenizer)
@@ -129,7 +134,7 @@ expect 400 '[.errors[] | select(.pointer == "/sha256")] | length == 1'
 stop_server
 echo "stop with a stalled download: ${STOP_S}s"
 [ "$(echo "$STOP_S < 8" | bc)" = 1 ] || fail "shutdown took ${STOP_S}s"
-start_server "$DATA" --allow-http-models
+start_server "$DATA" --allow-http-models --allow-private-model-hosts
 req GET "/v1/models/$SLOW"
 expect 200 '.status == "fetching"'
 req GET "/v1/models/$ID"
@@ -141,7 +146,7 @@ start_server "$tmp/var2"
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\"}"
 expect 422 '.errors[0].message | contains("--allow-http-models")'
 stop_server
-start_server "$tmp/var3" --allow-http-models --max-model-bytes 1000
+start_server "$tmp/var3" --allow-http-models --allow-private-model-hosts --max-model-bytes 1000
 req POST /v1/models "{\"url\": \"https://example.invalid/m.gguf\", \"sha256\": \"$SHA\", \"size_bytes\": 5000}"
 expect 422 '[.errors[] | select(.pointer == "/size_bytes" and (.message | contains("--max-model-bytes")))] | length == 1'
 req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$SHA\"}"
@@ -150,6 +155,18 @@ CAP=$(echo "$BODY" | jq -r .id)
 wait_status "$CAP" failed
 expect 200 ".error.message | contains(\"$SIZE bytes is larger than the limit of 1000 bytes\")"
 keep
+stop_server
+
+# ---- without --allow-private-model-hosts no download reaches this host's own network -----
+start_server "$tmp/var4" --allow-http-models
+GETS=$(grep -c '"GET /stories260K.bin' "$tmp/www.log")
+req POST /v1/models "{\"url\": \"$URL\", \"sha256\": \"$WRONG\"}"
+expect 202 '.status == "fetching"'
+PRIV=$(echo "$BODY" | jq -r .id)
+wait_status "$PRIV" failed
+expect 200 '.error.message | (contains("refused to connect to 127.0.0.1") and contains("--allow-private-model-hosts")
+                              and (contains("sha256 mismatch") | not))'
+[ "$(grep -c '"GET /stories260K.bin' "$tmp/www.log")" = "$GETS" ] || fail "a request reached this host's server"
 stop_server
 
 # ---- every model response above matches the OpenAPI Model schema ----------------------

@@ -549,19 +549,19 @@ static void test_fetch_url(void **state)
     char wrong[65];
     memcpy(wrong, good, 65);
     wrong[0] = '4';
-    assert_int_equal(ev_fetch_url(url, wrong, 1 << 20, out, err, sizeof err), -1);
+    assert_int_equal(ev_fetch_url(url, wrong, 1 << 20, out, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "sha256 mismatch"));
     assert_int_equal(access(out, F_OK), -1);
     const char *real = good;
-    assert_int_equal(ev_fetch_url(url, real, 1 << 20, out, err, sizeof err), 0);
+    assert_int_equal(ev_fetch_url(url, real, 1 << 20, out, 0, err, sizeof err), 0);
     ev_task t;
     assert_int_equal(ev_load_jsonl(out, "fetched", &t, err, sizeof err), 0);
     assert_int_equal(t.n_items, 1);
     ev_task_free(&t);
     unlink(out);
-    assert_int_equal(ev_fetch_url(url, real, 10, out, err, sizeof err), -1);
+    assert_int_equal(ev_fetch_url(url, real, 10, out, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "limit"));
-    assert_int_equal(ev_fetch_url(url, NULL, 1 << 20, out, err, sizeof err), -1);
+    assert_int_equal(ev_fetch_url(url, NULL, 1 << 20, out, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "sha256"));
     unlink(src);
 }

@@ -266,7 +266,7 @@ static void test_full_download(void **state)
     char url[256], out[512], part[600], err[1024] = "";
     url_of(url, sizeof url, &s, "m.bin");
     path_of(out, sizeof out, "full.bin");
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
     assert_file_is_body(out);
     assert_string_equal(o.sha256, body_sha);
@@ -292,7 +292,7 @@ static void test_sha_mismatch(void **state)
     path_of(out, sizeof out, "wrong.bin");
     memcpy(wrong, body_sha, 65);
     wrong[5] = wrong[5] == '0' ? '1' : '0';
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, wrong, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
     assert_non_null(strstr(err, "sha256 mismatch"));
     assert_non_null(strstr(err, wrong));
@@ -314,7 +314,7 @@ static void test_size_limit(void **state)
     char url[256], out[512], part[600], err[1024] = "", want[64];
     url_of(url, sizeof url, &s, "m.bin");
     path_of(out, sizeof out, "big.bin");
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN - 1, out, &o, err, sizeof err), FETCH_FAILED);
     /* refused by its Content-Length, before a byte was written */
     snprintf(want, sizeof want, "%d bytes is larger than the limit of %d bytes", BODY_LEN, BODY_LEN - 1);
@@ -334,7 +334,7 @@ static void test_resume_after_drop(void **state)
     url_of(url, sizeof url, &s, "m.bin");
     path_of(out, sizeof out, "resumed.bin");
     snprintf(part, sizeof part, "%s.part", out);
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_RETRY);
     assert_int_equal(file_size(out), -1);
     assert_int_equal(file_size(part), BODY_LEN / 2);   /* kept for the resume */
@@ -358,7 +358,7 @@ static void test_server_ignores_range(void **state)
     path_of(out, sizeof out, "restart.bin");
     snprintf(part, sizeof part, "%s.part", out);
     write_part(out, body, BODY_LEN / 3);
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
     snprintf(want, sizeof want, "bytes=%d-", BODY_LEN / 3);
     assert_string_equal(s.last_range, want);   /* asked for a range ... */
@@ -379,7 +379,7 @@ static void test_stale_part_and_complete_part(void **state)
     unsigned char junk[1000];
     memset(junk, 0x5a, sizeof junk);
     write_part(out, junk, sizeof junk);
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
     assert_int_equal(s.requests, 2);
     assert_file_is_body(out);
@@ -402,7 +402,7 @@ static void test_http_errors(void **state)
     url_of(url, sizeof url, &s, "m.bin");
     path_of(out, sizeof out, "err.bin");
     snprintf(part, sizeof part, "%s.part", out);
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
     assert_non_null(strstr(err, "HTTP 404"));
     assert_int_equal(file_size(part), -1);
@@ -432,7 +432,7 @@ static void test_cancel_and_schemes(void **state)
     url_of(url, sizeof url, &s, "m.bin");
     path_of(out, sizeof out, "cancel.bin");
     int calls = 0;
-    fetch_opts o = {.flags = FETCH_ALLOW_HTTP, .progress = cancel_at_once, .user = &calls};
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, .progress = cancel_at_once, .user = &calls};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_CANCELLED);
     assert_true(calls >= 1);
     assert_int_equal(file_size(out), -1);
@@ -525,7 +525,7 @@ static void test_ca_files(void **state)
     snprintf(part, sizeof part, "%s.part", out);
     const char *bad[] = {junk, "/nonexistent/ca.pem"};
     for (int i = 0; i < 2; i++) {
-        fetch_opts o = {.ca_file = bad[i]};
+        fetch_opts o = {.ca_file = bad[i], .flags = FETCH_ALLOW_PRIVATE};
         assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
         assert_int_equal(o.tls_unverified, 1);
         assert_non_null(strstr(err, "certificate could not be verified"));
@@ -534,7 +534,7 @@ static void test_ca_files(void **state)
         assert_int_equal(file_size(part), -1);
     }
     /* the flag is an output: reset by a download that fails for another reason */
-    fetch_opts o = {.ca_file = junk};
+    fetch_opts o = {.ca_file = junk, .flags = FETCH_ALLOW_PRIVATE};
     assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
     assert_int_equal(o.tls_unverified, 1);
     assert_int_equal(fetch_url("ftp://example.com/x.bin", NULL, 10, out, &o, err, sizeof err), FETCH_FAILED);
@@ -555,6 +555,48 @@ static void test_ca_files(void **state)
     assert_non_null(fs);
     fetch_service_stop(fs);
     store_close(st);
+}
+
+/* Without FETCH_ALLOW_PRIVATE a download never connects to a non-public address: a URL to
+ * this host's loopback is refused before any request (it was fetched, and a server's model
+ * registration could probe its own network), naming the address; which addresses are not
+ * public. */
+static void test_private_addresses(void **state)
+{
+    (void)state;
+    static const struct { const char *ip; int non_public; } cases[] = {
+        {"127.0.0.1", 1}, {"10.1.2.3", 1}, {"169.254.169.254", 1}, {"172.20.0.1", 1}, {"192.168.1.1", 1},
+        {"100.64.0.1", 1}, {"0.0.0.0", 1}, {"224.0.0.1", 1}, {"255.255.255.255", 1}, {"192.0.0.8", 1},
+        {"198.18.0.1", 1}, {"::1", 1}, {"::", 1}, {"fe80::1", 1}, {"fd00::1", 1}, {"ff02::1", 1},
+        {"::ffff:127.0.0.1", 1}, {"64:ff9b::a9fe:a9fe", 1},
+        {"8.8.8.8", 0}, {"1.1.1.1", 0}, {"172.32.0.1", 0}, {"100.128.0.1", 0}, {"2606:4700::1111", 0},
+        {"::ffff:8.8.8.8", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct sockaddr_storage ss;
+        memset(&ss, 0, sizeof ss);
+        int v6 = strchr(cases[i].ip, ':') != NULL;
+        ss.ss_family = v6 ? AF_INET6 : AF_INET;
+        void *dst = v6 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr : (void *)&((struct sockaddr_in *)&ss)->sin_addr;
+        assert_int_equal(inet_pton(ss.ss_family, cases[i].ip, dst), 1);
+        if (fetch_addr_non_public((struct sockaddr *)&ss) != cases[i].non_public)
+            fail_msg("%s: non_public %d, want %d", cases[i].ip, !cases[i].non_public, cases[i].non_public);
+    }
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_RANGE);
+    char url[256], out[512], part[600], err[1024] = "";
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "private.bin");
+    snprintf(part, sizeof part, "%s.part", out);
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP};
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_FAILED);
+    if (!strstr(err, "refused to connect to 127.0.0.1, which is not a public address"))
+        fail_msg("error: %s", err);
+    assert_int_equal(file_size(out), -1);
+    assert_int_equal(file_size(part), -1);
+    o.flags |= FETCH_ALLOW_PRIVATE;
+    assert_int_equal(fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err), FETCH_OK);
+    srv_stop(&s);
 }
 
 static void test_model_file_names(void **state)
@@ -653,10 +695,10 @@ static void test_fetcher_resumes(void **state)
     unsigned flags;
     int64_t cap;
     assert_int_equal(fetch_service_policy(&flags, &cap), -1);
-    fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP, 1 << 30, NULL, err, sizeof err);
+    fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, 1 << 30, NULL, err, sizeof err);
     assert_non_null(fs);
     assert_int_equal(fetch_service_policy(&flags, &cap), 0);
-    assert_int_equal(flags, FETCH_ALLOW_HTTP);
+    assert_int_equal(flags, FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE);
     assert_int_equal(cap, 1 << 30);
     fetch_service_kick();
     store_model *got = calloc(1, sizeof *got);
@@ -713,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_http_errors),
         cmocka_unit_test(test_cancel_and_schemes),
         cmocka_unit_test(test_ca_files),
+        cmocka_unit_test(test_private_addresses),
         cmocka_unit_test(test_model_file_names),
         cmocka_unit_test(test_fetcher_resumes),
     };
