@@ -86,6 +86,11 @@ tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, cha
             goto fail;
         pos += (size_t)n;
     }
+    if (pos != len) {   /* the file is not the model's vocabulary: it tokenized with the first entries only */
+        snprintf(err, errlen, "llama2.c tokenizer: %zu bytes follow the model's %d tokens (a tokenizer of a larger "
+                 "vocabulary, or not a tokenizer)", len - pos, n_vocab);
+        goto fail;
+    }
     tok_config *c = tok_config_of(t);
     c->unk_id = 0;
     c->bos_id = 1;
@@ -108,6 +113,8 @@ tok_tokenizer *tokload_llama2c(const char *path, int n_vocab, char *err, size_t 
         return NULL;
     tok_tokenizer *t = tokload_llama2c_mem(buf, len, n_vocab, err, errlen);
     free(buf);
+    if (!t)
+        fio_err_path(err, errlen, path);
     return t;
 }
 

@@ -88,6 +88,23 @@ static void test_truncated_tokenizer_file(void **state)
     assert_non_null(strstr(err, "truncated"));
 }
 
+/* tok512.bin for a model of 500 tokens: 12 entries follow, and it was loaded from its first
+ * 500 (a tokenizer of another vocabulary, or a file with a tail, tokenized with no word);
+ * now refused, naming the file. */
+static void test_tokenizer_larger_than_model(void **state)
+{
+    (void)state;
+    const char *shared = getenv("AC_SHARED");
+    char path[512], err[1024];
+    snprintf(path, sizeof path, "%s/data/models/stories260K/tok512.bin", shared ? shared : "../shared");
+    assert_null(tokload_llama2c(path, 500, err, sizeof err));
+    if (!strstr(err, "follow the model's 500 tokens") || !strstr(err, "tok512.bin"))
+        fail_msg("error \"%s\"", err);
+    tok_tokenizer *t = tokload_llama2c(path, 512, err, sizeof err);
+    assert_non_null(t);
+    tok_free(t);
+}
+
 /* Llama-2 style: pieces escaped with U+2581, merges by score of the merged piece. */
 static void test_escaped_scores(void **state)
 {
@@ -134,6 +151,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tok512),
         cmocka_unit_test(test_truncated_tokenizer_file),
+        cmocka_unit_test(test_tokenizer_larger_than_model),
         cmocka_unit_test(test_escaped_scores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
