@@ -383,7 +383,7 @@ static int import_calibrations(api_ctx *ctx)
             if (!id || cm_calibration_path(ctx->data_dir, id, path, sizeof path) || fio_is_file(path) ||
                 store_artifact_get(ctx->st, jobs[i].id, "timing_tables.json", &a) != 0)
                 continue;
-            int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, err, sizeof err);
+            int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, 1, err, sizeof err);
             FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
             json_error_t je;
             json_t *cal = f ? json_loadf(f, JSON_REJECT_DUPLICATES, &je) : NULL;

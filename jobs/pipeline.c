@@ -137,7 +137,7 @@ static int fetch_stage(job_ctx *ctx, const char *name)
     int fd = -1, rc = -1;
     if (fio_remove_tree(tmp) < 0 || mkdir(tmp, 0755) < 0)
         snprintf(err, sizeof err, "%.900s: %s", tmp, strerror(errno));
-    else if ((fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, err, sizeof err)) >= 0 &&
+    else if ((fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, 1, err, sizeof err)) >= 0 &&
              tar_extract(fd, tmp, err, sizeof err) == 0) {
         if (fio_remove_tree(dir) < 0 || rename(got, dir) < 0)
             snprintf(err, sizeof err, "%.900s: %s", dir, strerror(errno));
@@ -183,7 +183,7 @@ static int localize_model(job_ctx *ctx, const char *data_dir, char *err, size_t 
         if (!art_has_remote(ctx->as)) {
             snprintf(err, errlen, "model %s (%s) was fetched on the API's host into %s: this host has no copy, and "
                      "no shared artifact store (--artifacts s3://...) to take one from", id, m->url, path);
-        } else if ((fd = art_open_blob(ctx->as, m->sha256, m->bytes_total, err, errlen)) >= 0) {
+        } else if ((fd = art_open_blob(ctx->as, m->sha256, m->bytes_total, 1, err, errlen)) >= 0) {
             /* the blob is here now, checked against its name: copied beside its final name, then renamed */
             if (art_path(ctx->as, m->sha256, blob, sizeof blob) == 0 && fio_mkdirs(dir) == 0 &&
                 (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) >= 0 &&

@@ -395,7 +395,7 @@ int art_quarantine(artstore *as, const char *hex)
     return rename(p, q) < 0 && errno != ENOENT ? -1 : 0;
 }
 
-int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen)
+int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen)
 {
     char path[4096];
     if (art_path(as, hex, path, sizeof path) < 0) {
@@ -423,7 +423,7 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *er
         close(fd);
         return -1;
     }
-    if (!is_verified(as, hex, &sb)) {
+    if (verify && !is_verified(as, hex, &sb)) {
         char got[65];
         int64_t sz;
         if (sha256_fd(fd, got, &sz) < 0 || strcmp(got, hex) != 0) {

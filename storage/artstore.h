@@ -47,10 +47,13 @@ int art_sha256_b64(const char hex[65], char *out, size_t outlen);
  * again and kept only if intact; a stored copy that rotted is set aside (art_quarantine)
  * and replaced by this one. Returns 0 with the digest and size, or -1 with err. */
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
-/* Open a blob for reading. The first open in this process re-hashes it and refuses a
- * blob whose content no longer matches its name. Returns an fd (caller closes), or -1
- * with err (missing, size mismatch, corrupt). */
-int art_open_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen);
+/* Open a blob for reading. With verify, the first open in this process re-hashes it and
+ * refuses a blob whose content no longer matches its name; without (a HEAD, which sends no
+ * byte, or a whole download, which art_stream_new hashes on the way and cuts short on a
+ * mismatch) only its presence and size are checked, so no request thread reads a large
+ * blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
+ * size mismatch, corrupt). */
+int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen);
 /* Move a blob that failed its digest check aside (<hex>.corrupt, kept for inspection):
  * later opens fail saying so. Returns 0, or -1. */
 int art_quarantine(artstore *as, const char *hex);

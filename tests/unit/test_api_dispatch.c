@@ -268,6 +268,31 @@ static void test_artifact_corruption(void **state)
     assert_non_null(strstr(json_string_value(json_object_get(r.json, "detail")), "failed its sha-256 check"));
     api_resp_free(&r);
 
+    /* a rotted blob no request has opened: a HEAD answers from the store's row without
+       reading it (it hashed the whole blob on the request thread), a part is checked whole
+       before it goes out, a whole download is cut short before its last chunk */
+    char sha4[65], path4[200];
+    publish_blob('d', id, sha4, path4, sizeof path4);
+    flip_byte(sha4, 900);
+    call("HEAD", path4, NULL, NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    api_resp_free(&r);
+    call("GET", path4, NULL, NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(art_stream_read(r.stream, 0, buf, 512), 512);
+    assert_int_equal(art_stream_read(r.stream, 512, buf, sizeof buf), -1);
+    api_resp_free(&r);
+    call("GET", path4, NULL, NULL, NULL, &r);   /* set aside by the download that found it */
+    assert_int_equal(r.status, 500);
+    api_resp_free(&r);
+    char sha5[65], path5[200];
+    publish_blob('e', id, sha5, path5, sizeof path5);
+    flip_byte(sha5, 10);
+    const char *part[] = {"Range", "bytes=0-99", NULL};
+    call("GET", path5, NULL, part, NULL, &r);
+    assert_int_equal(r.status, 500);
+    api_resp_free(&r);
+
     /* a job publishing content whose stored blob has rotted (same size, not yet found) repairs
        it: the stored copy was kept because its size matched, and the new job's download failed */
     char sha3[65], path3[200];
