@@ -136,7 +136,9 @@ static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
     json_int_t size = 0;
     if (x) {
         if (!spec_json_int(x, &size))
-            FAULT(400, "/size_bytes", "must be an integer");
+            FAULT(spec_json_big_int(x) ? 422 : 400, "/size_bytes",
+                  spec_json_big_int(x) ? "beyond the integers this field holds (magnitude below 2^53)"
+                                       : "must be an integer");
         else if (size < 1)
             FAULT(422, "/size_bytes", "must be at least 1");
         else if (fetcher && size > cap) {

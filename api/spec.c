@@ -86,6 +86,10 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
     json_int_t ignored;
     int ok = json_typeof(m) == type || (type == JSON_REAL && json_is_integer(m)) ||
              (type == JSON_INTEGER && spec_json_int(m, &ignored)) || (type == JSON_TRUE && json_is_boolean(m));
+    if (!ok && type == JSON_INTEGER && spec_json_big_int(m)) {   /* an integer to JSON Schema: out of range, not mistyped */
+        fault(v, 422, p, "%.17g is beyond the integers this field holds (magnitude below 2^53)", json_real_value(m));
+        return NULL;
+    }
     if (!ok) {
         const char *want = type == JSON_OBJECT ? "an object" : type == JSON_ARRAY ? "an array" :
                            type == JSON_STRING ? "a string" : type == JSON_INTEGER ? "an integer" :
@@ -107,6 +111,12 @@ int spec_json_int(const json_t *j, json_int_t *out)
         return 0;
     *out = (json_int_t)x;
     return 1;
+}
+
+int spec_json_big_int(const json_t *j)
+{
+    double x = json_real_value(j);
+    return json_is_real(j) && x == floor(x) && fabs(x) >= 9007199254740992.0;
 }
 
 static double num(json_t *j)

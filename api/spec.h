@@ -59,6 +59,9 @@ void spec_check_model_path(const spec_env *env, json_t *obj, const char *ptr, js
 /* JSON has one number type: 1 when j is an integer or a real with no fraction within
  * +-2^53 (179639.0 is the integer 179639), with its value in *out; 0 otherwise. */
 int spec_json_int(const json_t *j, json_int_t *out);
+/* 1 when j is a real with an integral value of magnitude 2^53 or more (1e19): an integer to
+ * JSON Schema that spec_json_int cannot hold exactly, so out of range (422), not mistyped. */
+int spec_json_big_int(const json_t *j);
 
 /* NULL when a resolved path is a regular file, else what it is ("a directory", "a FIFO",
  * "a device", "a socket", "missing"); nothing is opened. */

@@ -209,6 +209,9 @@ static void test_shape_faults(void **state)
     expect_fault("{" OK_MODEL "}", 400, "/constraints");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":\"1\"}}", 400, "/constraints/latency_ms");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":1.5}}", 400, "/constraints/params");
+    /* an integral real beyond 2^53 is an integer to JSON Schema: out of range, not mistyped */
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":1e19}}", 422, "/constraints/params");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"params\":9007199254740992.0}}", 422, "/constraints/params");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"gpu\":1}}", 400, "/target/gpu");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"workload\":[]}}", 400, "/target/workload");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"export\":\"hf\"}", 400, "/export");
