@@ -41,6 +41,7 @@ static const route routes[] = {
     {"GET", "/v1/calibrations", h_cal_list, 0, 0},
     {"POST", "/v1/calibrations", h_cal_create, 1, 1},
     {"GET", "/v1/calibrations/{id}", h_cal_get, 0, 0},
+    {"POST", "/v1/calibrations/{id}/cancel", h_cal_cancel, 1, 0},
     {"POST", "/v1/estimates", h_estimates, 0, 1},
     {"GET", "/v1/devices", h_devices, 0, 0},
     {"GET", "/v1/engines", h_engines, 0, 0},

@@ -44,6 +44,7 @@ void h_jobs_create(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_jobs_get(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_jobs_delete(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_jobs_cancel(api_ctx *, const api_req *, const char *const *, api_resp *);
+void h_cal_cancel(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_events_list(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_report_get(api_ctx *, const api_req *, const char *const *, api_resp *);
 void h_artifacts_list(api_ctx *, const api_req *, const char *const *, api_resp *);

@@ -494,14 +494,14 @@ void h_cal_get(api_ctx *ctx, const api_req *req, const char *const *params, api_
 
 /* ---- cancel / delete --------------------------------------------------------------- */
 
-void h_jobs_cancel(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+/* Cancel the job or calibration id (kind), answering with it as its GET does. */
+static void cancel_common(api_ctx *ctx, const api_req *req, const char *id, api_resp *resp, const char *kind)
 {
-    (void)req;
     store_job j;
-    if (load(ctx, params[0], "job", &j, resp) < 0)
+    if (load(ctx, id, kind, &j, resp) < 0)
         return;
     store_job_clear(&j);
-    int rc = store_job_cancel(ctx->st, params[0], &j);
+    int rc = store_job_cancel(ctx->st, id, &j);
     if (rc != 0) {
         api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
                     rc == 1 ? "no such job" : "the job store could not be updated", NULL);
@@ -509,9 +509,24 @@ void h_jobs_cancel(api_ctx *ctx, const api_req *req, const char *const *params, 
     }
     if (!strcmp(j.status, "running") && ctx->sched)
         sched_cancel(ctx->sched, j.id);
+    if (strcmp(kind, "job")) {   /* a calibration's document carries its result, as GET renders it */
+        store_job_clear(&j);
+        get_common(ctx, req, id, resp, kind);
+        return;
+    }
     set_etag(resp, j.id, j.version);
     api_json(resp, 200, render_job(&j));
     store_job_clear(&j);
+}
+
+void h_jobs_cancel(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    cancel_common(ctx, req, params[0], resp, "job");
+}
+
+void h_cal_cancel(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
+{
+    cancel_common(ctx, req, params[0], resp, "calibration");
 }
 
 void h_jobs_delete(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
