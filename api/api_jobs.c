@@ -536,23 +536,17 @@ void h_jobs_delete(api_ctx *ctx, const api_req *req, const char *const *params, 
     if (load(ctx, params[0], "job", &j, resp) < 0)
         return;
     store_job_clear(&j);
-    char **orphans = NULL;
-    int n = 0;
-    int rc = store_job_delete(ctx->st, params[0], &orphans, &n);
+    char err[512];
+    int rc = store_job_remove(ctx->st, ctx->as, params[0], err, sizeof err);
     if (rc == 2) {
         api_problem(resp, 409, "job_not_terminal", "only a succeeded, failed or cancelled job can be deleted; cancel it first", NULL);
         return;
     }
     if (rc != 0) {
         api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
-                    rc == 1 ? "no such job" : "the job store could not be updated", NULL);
+                    rc == 1 ? "no such job" : err, NULL);
         return;
     }
-    for (int i = 0; i < n; i++) {
-        art_remove(ctx->as, orphans[i]);
-        free(orphans[i]);
-    }
-    free(orphans);
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/jobs/%s", ctx->data_dir, params[0]);
     if (job_artifact_name_ok(params[0]))

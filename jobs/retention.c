@@ -56,14 +56,8 @@ int64_t retention_dir_bytes(const char *dir)
 /* Remove one terminal job; 1 removed, 0 not removable (no longer terminal), -1 error. */
 static int remove_job(store *st, artstore *as, const char *data_dir, const char *id)
 {
-    char **orphans = NULL;
-    int n = 0;
-    int rc = store_job_delete(st, id, &orphans, &n);
-    for (int i = 0; i < n; i++) {
-        art_remove(as, orphans[i]);
-        free(orphans[i]);
-    }
-    free(orphans);
+    char e[512];
+    int rc = store_job_remove(st, as, id, e, sizeof e);
     if (rc != 0)
         return rc < 0 ? -1 : 0;
     char dir[4400];

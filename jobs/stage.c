@@ -196,18 +196,12 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
     }
     store_artifact a;
     memset(&a, 0, sizeof a);
-    if (art_put(ctx->as, path, a.sha256, &a.size_bytes, err, errlen) < 0)
-        return -1;
     snprintf(a.job_id, sizeof a.job_id, "%s", ctx->id);
     snprintf(a.name, sizeof a.name, "%s", name);
     snprintf(a.stage, sizeof a.stage, "%s", ctx->stage);
     snprintf(a.content_type, sizeof a.content_type, "%s",
              content_type ? content_type : "application/octet-stream");
-    if (store_artifact_add(ctx->st, &a) < 0) {
-        snprintf(err, errlen, "recording artifact %s failed", name);
-        return -1;
-    }
-    return 0;
+    return store_artifact_publish(ctx->st, ctx->as, path, &a, err, errlen);
 }
 
 int job_report_merge(job_ctx *ctx, json_t *fragment)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -435,6 +436,40 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
         mark_verified(as, hex, &sb);
     }
     return fd;
+}
+
+int art_lock(artstore *as, int exclusive, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.publish.lock", as->dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc;
+    while ((rc = flock(fd, exclusive ? LOCK_EX : LOCK_SH)) < 0 && errno == EINTR)
+        ;
+    if (rc < 0) {
+        snprintf(err, errlen, "%s: flock: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+void art_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd);   /* releases the flock */
+}
+
+int art_has(artstore *as, const char *hex, int64_t size_bytes)
+{
+    char path[4096];
+    struct stat sb;
+    return art_path(as, hex, path, sizeof path) == 0 && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+           sb.st_size == size_bytes;
 }
 
 int art_remove(artstore *as, const char *hex)

@@ -54,6 +54,17 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
  * blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
  * size mismatch, corrupt). */
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen);
+/* The store's publish lock (a flock on DIR/.publish.lock, across the server's threads and
+ * its worker processes): shared while a publisher makes sure its blob is there and records
+ * the row that references it, exclusive while a deleter finds the blobs no row references
+ * any more and unlinks them. Without it a delete could unlink a blob that a job had just
+ * found already stored, and the job's new row would point at nothing. Blocks until held;
+ * returns the descriptor (art_unlock), or -1 with err. */
+int art_lock(artstore *as, int exclusive, char *err, size_t errlen);
+void art_unlock(int fd);
+/* 1 when the blob hex is stored here with size_bytes bytes, else 0 (not opened). */
+int art_has(artstore *as, const char *hex, int64_t size_bytes);
+
 /* Move a blob that failed its digest check aside (<hex>.corrupt, kept for inspection):
  * later opens fail saying so. Returns 0, or -1. */
 int art_quarantine(artstore *as, const char *hex);

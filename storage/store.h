@@ -205,6 +205,18 @@ void store_event_list_free(store_event *ev, int n);
 /* Record an artifact (replacing one of the same name on that job) with event
  * "artifact.published" in one transaction. a->id is assigned here. Returns 0 or -1. */
 int store_artifact_add(store *st, store_artifact *a);
+
+struct artstore;
+/* Publish the file src as a's bytes: into as (art_put, which fills a->sha256 and
+ * a->size_bytes; the copy outside any lock), then, under as's publish lock held shared, the
+ * blob made sure of (put again if a delete took it meanwhile) and the row recorded
+ * (store_artifact_add). 0, or -1 with err. */
+int store_artifact_publish(store *st, struct artstore *as, const char *src, store_artifact *a, char *err,
+                           size_t errlen);
+/* store_job_delete and the removal of the blobs it leaves unreferenced, under as's publish
+ * lock held exclusive, so that no publisher records a row for a blob in between (its row
+ * would point at nothing). Returns 0, 1 absent, 2 not terminal, -1 with err. */
+int store_job_remove(store *st, struct artstore *as, const char *id, char *err, size_t errlen);
 /* 0 found (out filled), 1 absent, -1 error. */
 int store_artifact_get(store *st, const char *job_id, const char *name, store_artifact *out);
 /* All artifacts of a job, by name. 0 with *out malloc'd (free it), -1 on error. */

@@ -3,6 +3,7 @@
  * "artifact.published" event in one transaction.
  */
 #include "storage/store_internal.h"
+#include "storage/artstore.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -16,6 +17,42 @@ static void artifact_from_row(sql_stmt *s, void *out)
     sql_cols(s, "tttttItI", a->id, sizeof a->id, a->job_id, sizeof a->job_id, a->name, sizeof a->name, a->stage,
              sizeof a->stage, a->sha256, sizeof a->sha256, &a->size_bytes, a->content_type, sizeof a->content_type,
              &a->created_at);
+}
+
+int store_artifact_publish(store *st, artstore *as, const char *src, store_artifact *a, char *err, size_t errlen)
+{
+    if (art_put(as, src, a->sha256, &a->size_bytes, err, errlen) < 0)
+        return -1;
+    int lk = art_lock(as, 0, err, errlen);
+    if (lk < 0)
+        return -1;
+    /* a delete may have taken the blob since art_put found it stored (another job's, orphaned) */
+    int rc = !art_has(as, a->sha256, a->size_bytes) && art_put(as, src, a->sha256, &a->size_bytes, err, errlen) < 0
+                 ? -1 : 0;
+    if (rc == 0 && store_artifact_add(st, a) < 0) {
+        snprintf(err, errlen, "recording artifact %s failed", a->name);
+        rc = -1;
+    }
+    art_unlock(lk);
+    return rc;
+}
+
+int store_job_remove(store *st, artstore *as, const char *id, char *err, size_t errlen)
+{
+    int lk = art_lock(as, 1, err, errlen);
+    if (lk < 0)
+        return -1;
+    char **orphans = NULL;
+    int n = 0, rc = store_job_delete(st, id, &orphans, &n);
+    for (int i = 0; i < n; i++) {
+        art_remove(as, orphans[i]);
+        free(orphans[i]);
+    }
+    free(orphans);
+    art_unlock(lk);
+    if (rc < 0)
+        snprintf(err, errlen, "the job store could not be updated");
+    return rc;
 }
 
 int store_artifact_add(store *st, store_artifact *a)

@@ -1,7 +1,8 @@
 /* tests/unit/test_store_jobs.c — the job store (storage/store*.c): migrations, job
  * state transitions (one transaction each), idempotency records, list pagination,
  * cancel/requeue/recover, leases (renewal, rescue, the engine a runner has), concurrent
- * claims, events with a cursor, artifacts and orphan detection on delete, models, report
+ * claims, events with a cursor, artifacts and orphan detection on delete (a publish beside a
+ * delete of the same content keeps its bytes), models, report
  * merging, concurrent writers on per-thread connections, and the change counter behind
  * long-polls. SQLite by default; with AC_TEST_STORE=postgresql://... (an empty database:
  * tests/run_all.sh makes one) the same tests run against PostgreSQL.
@@ -15,8 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "storage/artstore.h"
 #include "storage/store.h"
 
 static char dir[64], dbpath[1024];
@@ -370,6 +374,94 @@ static void test_artifacts_and_delete(void **state)
     assert_int_equal(store_job_delete(st, a, &orphans, &no), 1);
 }
 
+/* A job publishes content that a delete is finding orphaned (the other job that held it is
+ * being removed). The delete holds the artifact store's publish lock; the publisher, having
+ * found the blob stored, waits for it, then finds the blob gone and puts it again before
+ * its row goes in: its artifact is readable. Without the lock a delete could unlink the
+ * blob after the publisher had found it and before its row was recorded. */
+static void test_publish_beside_delete(void **state)
+{
+    store *st = *state;
+    char err[512], adir[1100], src[1100];
+    snprintf(adir, sizeof adir, "%s/artifacts-race", dir);
+    artstore *as = art_open(adir, err, sizeof err);
+    assert_non_null(as);
+    snprintf(src, sizeof src, "%s/content.bin", dir);
+    FILE *f = fopen(src, "w");
+    assert_non_null(f);
+    assert_true(fputs("the same bytes in two jobs\n", f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    char a[48], b[48];
+    mk(st, "race-dev", a);
+    mk(st, "race-dev", b);
+    store_artifact x = {0};
+    snprintf(x.job_id, sizeof x.job_id, "%s", a);
+    snprintf(x.name, sizeof x.name, "r.json");
+    assert_int_equal(store_artifact_publish(st, as, src, &x, err, sizeof err), 0);
+    store_job j;
+    assert_int_equal(store_job_cancel(st, a, &j), 0);   /* terminal: a may be deleted */
+    store_job_clear(&j);
+    int go[2], done[2];
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(done), 0);
+    fflush(NULL);
+    pid_t kid = fork();   /* before the lock: a forked child shares its holder's locks */
+    assert_true(kid >= 0);
+    if (kid == 0) {   /* the publisher: its own connections, once the delete is under way */
+        close(go[1]);
+        close(done[0]);
+        char c;
+        if (read(go[0], &c, 1) != 1)
+            _exit(2);
+        store *cs = store_open(dbpath, err, sizeof err);
+        artstore *cas = art_open(adir, err, sizeof err);
+        store_artifact y = {0};
+        snprintf(y.job_id, sizeof y.job_id, "%s", b);
+        snprintf(y.name, sizeof y.name, "r.json");
+        int rc = cs && cas ? store_artifact_publish(cs, cas, src, &y, err, sizeof err) : -1;
+        if (write(done[1], "x", 1) != 1)
+            rc = -1;
+        art_close(cas);
+        store_close(cs);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    close(go[0]);
+    int lk = art_lock(as, 1, err, sizeof err);   /* the delete, under way */
+    assert_true(lk >= 0);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    close(go[1]);
+    close(done[1]);
+    usleep(500 * 1000);   /* the publisher has found the blob stored and waits for the lock */
+    char **orphans;
+    int no;
+    assert_int_equal(store_job_delete(st, a, &orphans, &no), 0);
+    assert_int_equal(no, 1);   /* b's row is not in yet: the content is orphaned */
+    assert_int_equal(art_remove(as, orphans[0]), 0);
+    free(orphans[0]);
+    free(orphans);
+    char c;
+    assert_int_equal(fcntl(done[0], F_SETFL, O_NONBLOCK), 0);
+    assert_int_equal(read(done[0], &c, 1), -1);   /* still waiting while the delete holds the lock */
+    art_unlock(lk);
+    int status;
+    assert_int_equal(waitpid(kid, &status, 0), kid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(done[0]);
+    store_artifact got;
+    assert_int_equal(store_artifact_get(st, b, "r.json", &got), 0);
+    assert_true(art_has(as, got.sha256, got.size_bytes));   /* put again: the row points at bytes */
+    int fd = art_open_blob(as, got.sha256, got.size_bytes, 1, err, sizeof err);
+    assert_true(fd >= 0);
+    close(fd);
+    /* store_job_remove: the delete and its blobs in one step, under the lock */
+    assert_int_equal(store_job_cancel(st, b, &j), 0);
+    store_job_clear(&j);
+    assert_int_equal(store_job_remove(st, as, b, err, sizeof err), 0);
+    assert_false(art_has(as, got.sha256, got.size_bytes));
+    assert_int_equal(store_job_remove(st, as, b, err, sizeof err), 1);
+    art_close(as);
+}
+
 static void test_models_and_report(void **state)
 {
     store *st = *state;
@@ -632,6 +724,7 @@ int main(void)
         cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_pagination),
         cmocka_unit_test(test_artifacts_and_delete),
+        cmocka_unit_test(test_publish_beside_delete),
         cmocka_unit_test(test_models_and_report),
         cmocka_unit_test(test_webhook_outbox),
         cmocka_unit_test(test_concurrent_writers),
