@@ -253,6 +253,7 @@ int mio_open(mio_model *m, const char *path, const char *tokenizer_path, char *e
         snprintf(err, errlen, "tokenizer path too long");
         rc = -1;
     }
+    m->tok_given = tokenizer_path != NULL;
     if (rc)
         mio_close(m);
     return rc;
@@ -424,6 +425,13 @@ tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)
 {
     if (m->format == MIO_GGUF && !m->tok_path[0])
         return tokload_gguf(&m->gg, err, errlen);
+    struct stat st;
+    if (m->tok_given && !fio_is_file(m->tok_path)) {   /* the caller's: what is wrong with it */
+        snprintf(err, errlen, "tokenizer %s: %s", m->tok_path,
+                 stat(m->tok_path, &st) ? strerror(errno) : S_ISDIR(st.st_mode) ? "a directory, not a tokenizer file"
+                 : "not a regular file");
+        return NULL;
+    }
     if (!m->tok_path[0] || !fio_is_file(m->tok_path)) {
         snprintf(err, errlen, "%s: no tokenizer found%s%s (give one with --tokenizer)", m->path,
                  m->tok_path[0] ? " at " : "", m->tok_path);
@@ -451,12 +459,22 @@ int mio_load_model(const char *path, const char *tokenizer_path, eng_backend *be
         *tok = NULL;
     if (mio_open(&m, path, tokenizer_path, err, errlen))
         return -1;
-    /* the weights present must match the claimed shape before the claim is allocated */
-    if (mio_check(&m, &m.a, err, errlen) || eng_model_init(em, &m.a, be, err, errlen)) {
+    /* the weights present must match the claimed shape before the claim is allocated; the
+       tokenizer is read first, so that a wrong one is said before the weights load */
+    if (mio_check(&m, &m.a, err, errlen) || (tok && !(*tok = mio_tokenizer(&m, err, errlen))) ||
+        eng_model_init(em, &m.a, be, err, errlen)) {
+        if (tok) {
+            tok_free(*tok);
+            *tok = NULL;
+        }
         mio_close(&m);
         return -1;
     }
-    if (mio_load(&m, em, err, errlen) || (tok && !(*tok = mio_tokenizer(&m, err, errlen)))) {
+    if (mio_load(&m, em, err, errlen)) {
+        if (tok) {
+            tok_free(*tok);
+            *tok = NULL;
+        }
         eng_model_free(em);
         mio_close(&m);
         return -1;

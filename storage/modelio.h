@@ -36,6 +36,7 @@ typedef struct {
     mio_format format;
     char path[PATH_MAX];
     char tok_path[PATH_MAX];    /* tokenizer file ("" when it lives inside the model file) */
+    int tok_given;              /* 1: tok_path is the caller's (--tokenizer), not one found beside the model */
     arch a;
     int n_tensors;
     mio_tensor *t;

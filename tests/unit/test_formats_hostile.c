@@ -328,6 +328,23 @@ static void test_fifos_inside_model_dirs(void **state)
     assert_int_equal(ckpt_load(d, be, &m, err, sizeof err), -1);
     if (!strstr(err, "arch.json: not a regular file (a FIFO)"))
         fail_msg("FIFO arch.json: \"%s\"", err);
+    /* a --tokenizer that is a FIFO, a folder or missing: named as the tokenizer's fault (it was
+       \"MODEL: no tokenizer found at PATH (give one with --tokenizer)\", after every weight loaded) */
+    const char *sh = getenv("AC_SHARED");
+    char model[512], tp[224];
+    snprintf(model, sizeof model, "%s/data/models/stories260K/stories260K.bin", sh ? sh : "../shared");
+    snprintf(tp, sizeof tp, "%s/tok.fifo", tmpdir);
+    assert_int_equal(mkfifo(tp, 0644), 0);
+    tok_tokenizer *tk = NULL;
+    assert_int_equal(mio_load_model(model, tp, be, &m, &tk, err, sizeof err), -1);
+    assert_null(tk);
+    if (!strstr(err, "tok.fifo: not a regular file") || strstr(err, "give one with --tokenizer"))
+        fail_msg("FIFO tokenizer: \"%s\"", err);
+    assert_int_equal(mio_load_model(model, tmpdir, be, &m, &tk, err, sizeof err), -1);
+    assert_non_null(strstr(err, "a directory, not a tokenizer file"));
+    snprintf(tp, sizeof tp, "%s/absent.bin", tmpdir);
+    assert_int_equal(mio_load_model(model, tp, be, &m, &tk, err, sizeof err), -1);
+    assert_non_null(strstr(err, "absent.bin: No such file or directory"));
     /* whole-file reads of a device */
     size_t n;
     assert_null(fio_read_all("/dev/zero", 0, &n, err, sizeof err));
