@@ -7,6 +7,7 @@
 #include <ftw.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,43 @@ int fio_map(const char *path, size_t min_len, const char *what, void **map, size
     }
     close(fd);
     return 0;
+}
+
+static __thread fio_guard *cur_guard;   /* this thread's innermost guard */
+static struct sigaction before_guards;   /* the SIGBUS handler before ours */
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig, (void)si, (void)uc;
+    fio_guard *g = cur_guard;
+    if (g) {
+        cur_guard = g->prev;
+        siglongjmp(g->jb, 1);
+    }
+    sigaction(SIGBUS, &before_guards, NULL);   /* not a guarded read: the fault repeats, to the old handler */
+}
+
+static void install_sigbus(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    (void)sigaction(SIGBUS, &sa, &before_guards);
+}
+
+void fio_guard_enter(fio_guard *g)
+{
+    (void)pthread_once(&guard_once, install_sigbus);
+    g->prev = cur_guard;
+    cur_guard = g;
+}
+
+void fio_guard_leave(fio_guard *g)
+{
+    cur_guard = g->prev;
 }
 
 void fio_unmap(void *map, size_t len)

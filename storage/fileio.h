@@ -7,6 +7,7 @@
 #ifndef AC_STORAGE_FMAP_H
 #define AC_STORAGE_FMAP_H
 
+#include <setjmp.h>
 #include <stddef.h>
 #include <jansson.h>
 
@@ -20,6 +21,26 @@
  * in err (*map = NULL, *len = 0, nothing held). */
 int fio_map(const char *path, size_t min_len, const char *what, void **map, size_t *len, char *err,
               size_t errlen);
+
+/* A read of a file map that survives the file shrinking under it. The map's length is the
+ * file's at fio_map; if another process truncates or rewrites the file in place later, a
+ * read past its new end raises SIGBUS, which would kill the process. Between
+ * fio_guard_enter and fio_guard_leave a SIGBUS of this thread jumps back to the guard's
+ * sigsetjmp (which returns 1) instead; elsewhere the handler that was there before acts.
+ *
+ *     fio_guard g;
+ *     if (sigsetjmp(g.jb, 1))
+ *         return <the file ended under the read>;   (the guard is already left)
+ *     fio_guard_enter(&g);
+ *     ... read the map ...
+ *     fio_guard_leave(&g);
+ */
+typedef struct fio_guard {
+    sigjmp_buf jb;
+    struct fio_guard *prev;
+} fio_guard;
+void fio_guard_enter(fio_guard *g);
+void fio_guard_leave(fio_guard *g);
 
 /* Unmap a map from fio_map. A NULL map is a no-op. */
 void fio_unmap(void *map, size_t len);

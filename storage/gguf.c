@@ -445,6 +445,12 @@ int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out,
     }
     const uint8_t *p = g->base + t->offset + (uint64_t)sub * (t->nbytes / (uint64_t)n_sub);
     int64_t nb = numel / 32;
+    fio_guard guard;
+    if (sigsetjmp(guard.jb, 1)) {
+        snprintf(err, errlen, "%s: the file ended under it (truncated or rewritten while it was read)", t->name);
+        return -1;
+    }
+    fio_guard_enter(&guard);
     switch (t->type) {
     case GGML_F32:
         memcpy(out, p, (size_t)numel * 4);
@@ -486,9 +492,11 @@ int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out,
         }
         break;
     default:
+        fio_guard_leave(&guard);
         snprintf(err, errlen, "%s: unsupported type", t->name);
         return -1;
     }
+    fio_guard_leave(&guard);
     return 0;
 }
 

@@ -204,7 +204,14 @@ int l2c_read_f32(const l2c_file *f, int i, float *out, int64_t n, char *err, siz
         snprintf(err, errlen, "%s: output buffer too small", t->name);
         return -1;
     }
+    fio_guard g;
+    if (sigsetjmp(g.jb, 1)) {
+        snprintf(err, errlen, "%s: the file ended under it (truncated or rewritten while it was read)", t->name);
+        return -1;
+    }
+    fio_guard_enter(&g);
     memcpy(out, f->base + t->offset, (size_t)numel * 4);
+    fio_guard_leave(&g);
     if (t->permute_heads && l2c_unpermute_rope_rows(out, t->shape[0], t->shape[1], t->permute_heads)) {
         snprintf(err, errlen, "%s: cannot undo the RoPE row order", t->name);
         return -1;

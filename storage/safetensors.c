@@ -494,6 +494,13 @@ int st_read_f32(const st_file *f, int i, float *out, int64_t n, char *err, size_
                  (long long)t->numel);
         return -1;
     }
+    fio_guard g;
+    if (sigsetjmp(g.jb, 1)) {
+        snprintf(err, errlen, "tensor \"%s\": the file ended under it (truncated or rewritten while it was read)",
+                 t->name);
+        return -1;
+    }
+    fio_guard_enter(&g);
     const uint8_t *p = f->data[t->shard] + t->begin;
     if (t->dtype == ST_F32) {
         memcpy(out, p, (size_t)t->numel * 4);
@@ -503,6 +510,7 @@ int st_read_f32(const st_file *f, int i, float *out, int64_t n, char *err, size_
             out[k] = t->dtype == ST_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
         }
     }
+    fio_guard_leave(&g);
     return 0;
 }
 

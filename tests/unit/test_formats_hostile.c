@@ -345,6 +345,30 @@ static void test_fifos_inside_model_dirs(void **state)
     snprintf(tp, sizeof tp, "%s/absent.bin", tmpdir);
     assert_int_equal(mio_load_model(model, tp, be, &m, &tk, err, sizeof err), -1);
     assert_non_null(strstr(err, "absent.bin: No such file or directory"));
+    /* a model file cut short after it was opened (rewritten in place while a job loads it):
+       the read of its tail raised SIGBUS and killed the process; now an error names it */
+    char copy[224];
+    snprintf(copy, sizeof copy, "%s/shrinking.bin", tmpdir);
+    size_t mlen;
+    char *bytes = fio_read_all(model, 0, &mlen, err, sizeof err);
+    assert_non_null(bytes);
+    write_file(copy, bytes, mlen);
+    free(bytes);
+    mio_model mm;
+    assert_int_equal(mio_open(&mm, copy, NULL, err, sizeof err), 0);
+    assert_int_equal(truncate(copy, 20000), 0);
+    float *buf = malloc(sizeof(float) * (1 << 20));
+    assert_non_null(buf);
+    int failed = -1;
+    for (int i = 0; i < mm.n_tensors && failed < 0; i++)
+        if (mio_read_tensor(&mm, i, buf, 1 << 20, err, sizeof err))
+            failed = i;
+    if (failed < 0)
+        fail_msg("every tensor of the shrunk file read");
+    if (!strstr(err, "the file ended under it"))
+        fail_msg("shrunk file: \"%s\"", err);
+    free(buf);
+    mio_close(&mm);
     /* whole-file reads of a device */
     size_t n;
     assert_null(fio_read_all("/dev/zero", 0, &n, err, sizeof err));
