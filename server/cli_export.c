@@ -115,7 +115,7 @@ static int slice_to_arch(const eng_model *m, const char *path, eng_model *pruned
     char *text = fio_read_all(path, 0, &len, err, sizeof err);
     arch target;
     if (!text) {
-        fprintf(stderr, "export: cannot read %s\n", path);
+        fprintf(stderr, "export: --arch: %s\n", err);
         return -1;
     }
     int r = arch_from_json_text(text, len, &target, err, sizeof err);

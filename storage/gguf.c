@@ -556,15 +556,18 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, archname), key)
     int64_t L, C, ctx = 2048, V = 0, D = 0;
     double theta = 10000.0, eps = 1e-5;
-    if (gguf_get_int(g, KEY("block_count"), &L) || L < 0 || L > 1024) {
-        snprintf(err, errlen, "GGUF: %s missing or out of range", key);
+    if (gguf_get_int(g, KEY("block_count"), &L) || L < 1 || L > 1024) {
+        snprintf(err, errlen, "GGUF: %s missing or out of range [1, 1024]", key);
         return -1;
     }
     if (gguf_get_int(g, KEY("embedding_length"), &C) || C <= 0 || C > 65536) {
         snprintf(err, errlen, "GGUF: %s missing or out of range", key);
         return -1;
     }
-    (void)gguf_get_int(g, KEY("context_length"), &ctx);
+    if (gguf_find(g, KEY("context_length")) >= 0 && (gguf_get_int(g, key, &ctx) || ctx <= 0 || ctx >= (1 << 30))) {
+        snprintf(err, errlen, "GGUF: %s is not an integer in [1, 2^30)", key);
+        return -1;
+    }
     (void)gguf_get_float(g, KEY("rope.freq_base"), &theta);
     (void)gguf_get_float(g, KEY("attention.layer_norm_rms_epsilon"), &eps);
     if (gguf_get_int(g, KEY("vocab_size"), &V)) {
@@ -581,9 +584,15 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
         return -1;
     }
     snprintf(a->family, sizeof a->family, "llama");
-    a->vocab_size = (int)(V > 0 && V <= (1 << 22) ? V : 0);
+    if (V <= 0 || V > (1 << 22)) {
+        snprintf(err, errlen, "GGUF: a vocabulary of %lld tokens (%s, tokenizer.ggml.tokens, token_embd.weight) is "
+                 "out of range [1, 2^22]", (long long)V, KEY("vocab_size"));
+        arch_free(a);
+        return -1;
+    }
+    a->vocab_size = (int)V;
     a->hidden_size = (int)C;
-    a->max_position_embeddings = (int)(ctx > 0 && ctx < (1 << 30) ? ctx : 0);
+    a->max_position_embeddings = (int)ctx;
     a->rope_theta = theta;
     a->norm_eps = eps;
     a->tie_word_embeddings = gguf_tensor_index(g, "output.weight") < 0;

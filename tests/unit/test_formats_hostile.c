@@ -139,6 +139,37 @@ static void test_gguf_claims_beyond_weights(void **state)
     free(kvs.p);
 }
 
+/* Header values out of range are refused naming the key: a context of 2^40 was taken as 0 and
+ * reported as "max_position_embeddings: 0 must be positive", a vocabulary of 2^23 as 0, and 0
+ * blocks was accepted and reported as a bad head_dim. */
+static void test_gguf_values_out_of_range(void **state)
+{
+    (void)state;
+    static const struct { const char *key; uint64_t v; const char *needle; } cases[] = {
+        {"llama.context_length", 1ull << 40, "llama.context_length is not an integer in [1, 2^30)"},
+        {"llama.vocab_size", 1u << 23, "a vocabulary of 8388608 tokens"},
+        {"llama.block_count", 0, "llama.block_count missing or out of range [1, 1024]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char p[192];
+        buf kvs = {0};
+        int n = 0;
+        kv_str(&kvs, "general.architecture", "llama"), n++;
+        if (strcmp(cases[i].key, "llama.block_count"))
+            kv_u32(&kvs, "llama.block_count", 2), n++;
+        kv_u32(&kvs, "llama.embedding_length", 64), n++;
+        kv_u32(&kvs, "llama.attention.head_count", 4), n++;
+        kv_u32(&kvs, "llama.feed_forward_length", 128), n++;
+        kv_u64(&kvs, cases[i].key, cases[i].v), n++;
+        buf img = build(&kvs, n, NULL, 0);
+        snprintf(p, sizeof p, "%s/range%zu.gguf", tmpdir, i);
+        write_file(p, img.p, img.n);
+        expect_refused_small(p, cases[i].needle);
+        free(img.p);
+        free(kvs.p);
+    }
+}
+
 /* A byte-level GGUF tokenizer of 8 tokens whose special id `key` holds `v` (64 bits). */
 static buf gguf_tokenizer_image(const char *key, uint32_t type, uint64_t v)
 {
@@ -385,6 +416,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_claims_beyond_weights),
         cmocka_unit_test(test_gguf_claims_beyond_weights),
+        cmocka_unit_test(test_gguf_values_out_of_range),
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
         cmocka_unit_test(test_token_over_size_limit),
         cmocka_unit_test(test_tokenizer_json_duplicate_ids),
