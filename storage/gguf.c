@@ -155,6 +155,37 @@ const char *gguf_type_name(uint32_t type)
     }
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+    const gguf_kv *x = *(const gguf_kv *const *)a, *y = *(const gguf_kv *const *)b;
+    size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
+    int c = memcmp(x->key, y->key, n);
+    return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
+}
+
+/* A key written twice is refused (llama.cpp refuses it too): which copy a reader takes is
+ * up to the reader. 0, or -1 with err naming it. */
+static int unique_keys(const gguf_file *g, char *err, size_t errlen)
+{
+    const gguf_kv **k = malloc(sizeof *k * (size_t)(g->n_kv ? g->n_kv : 1));
+    if (!k) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < g->n_kv; i++)
+        k[i] = &g->kv[i];
+    qsort(k, (size_t)g->n_kv, sizeof *k, cmp_key);
+    int rc = 0;
+    for (int i = 1; i < g->n_kv && !rc; i++)
+        if (!cmp_key(&k[i - 1], &k[i])) {
+            snprintf(err, errlen, "GGUF: key %.*s appears more than once", (int)(k[i]->key_len < 200 ? k[i]->key_len : 200),
+                     k[i]->key);
+            rc = -1;
+        }
+    free(k);
+    return rc;
+}
+
 static int parse(gguf_file *g, char *err, size_t errlen)
 {
     cursor c = {g->base, g->len, 0, err, errlen};
@@ -189,9 +220,15 @@ static int parse(gguf_file *g, char *err, size_t errlen)
             return -1;
         g->kv[i].end = c.pos;
     }
+    if (unique_keys(g, err, errlen))
+        return -1;
     uint64_t align = 32;
     int64_t av;
-    if (!gguf_get_int(g, "general.alignment", &av)) {
+    if (gguf_find(g, "general.alignment") >= 0 && gguf_get_int(g, "general.alignment", &av)) {
+        snprintf(err, errlen, "GGUF: general.alignment is not an integer");
+        return -1;
+    }
+    if (gguf_find(g, "general.alignment") >= 0) {
         if (av <= 0 || av > 65536 || (av & (av - 1))) {
             snprintf(err, errlen, "GGUF: general.alignment %lld is not a power of two", (long long)av);
             return -1;

@@ -170,6 +170,33 @@ static void test_gguf_values_out_of_range(void **state)
     }
 }
 
+/* A key written twice (the first copy won) and an alignment that is not an integer (32 was
+ * used) are refused, as llama.cpp refuses them. */
+static void test_gguf_duplicate_and_mistyped_keys(void **state)
+{
+    (void)state;
+    for (int dup = 1; dup >= 0; dup--) {
+        char p[192];
+        buf kvs = {0};
+        kv_str(&kvs, "general.architecture", "llama");
+        kv_u32(&kvs, "llama.block_count", 2);
+        kv_u32(&kvs, "llama.embedding_length", 64);
+        kv_u32(&kvs, "llama.attention.head_count", 4);
+        kv_u32(&kvs, "llama.feed_forward_length", 128);
+        if (dup)
+            kv_str(&kvs, "general.architecture", "deci");
+        else
+            kv_str(&kvs, "general.alignment", "32");
+        buf img = build(&kvs, 6, NULL, 0);
+        snprintf(p, sizeof p, "%s/keys%d.gguf", tmpdir, dup);
+        write_file(p, img.p, img.n);
+        expect_refused_small(p, dup ? "key general.architecture appears more than once"
+                                    : "general.alignment is not an integer");
+        free(img.p);
+        free(kvs.p);
+    }
+}
+
 /* A byte-level GGUF tokenizer of 8 tokens whose special id `key` holds `v` (64 bits). */
 static buf gguf_tokenizer_image(const char *key, uint32_t type, uint64_t v)
 {
@@ -417,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_config_claims_beyond_weights),
         cmocka_unit_test(test_gguf_claims_beyond_weights),
         cmocka_unit_test(test_gguf_values_out_of_range),
+        cmocka_unit_test(test_gguf_duplicate_and_mistyped_keys),
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
         cmocka_unit_test(test_token_over_size_limit),
         cmocka_unit_test(test_tokenizer_json_duplicate_ids),
