@@ -4,6 +4,7 @@
  */
 #include "api/api_internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -316,8 +317,10 @@ int api_query_int(const api_req *req, const char *key, long long lo, long long h
     }
     char *end = NULL;
     errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || errno == ERANGE || x < lo || x > hi) {
+    /* digits, with an optional minus: strtoll alone also took "+5" and " 5" */
+    int digits = isdigit((unsigned char)v[*v == '-']) != 0;
+    long long x = digits ? strtoll(v, &end, 10) : 0;
+    if (!digits || *end || errno == ERANGE || x < lo || x > hi) {
         char msg[160];
         snprintf(msg, sizeof msg, "must be an integer between %lld and %lld", lo, hi);
         char detail[200];

@@ -565,10 +565,10 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
     int64_t after = 0;
     const char *a = req->query ? req->query(req->h, "after") : NULL;
     if (a) {
-        char *end = NULL;
-        errno = 0;
-        long long x = strncmp(a, "evt_", 4) == 0 ? strtoll(a + 4, &end, 10) : -1;
-        if (x < 0 || !end || end == a + 4 || *end || errno == ERANGE || strlen(a) > 24) {
+        /* ^evt_[0-9]{1,18}$, as the contract says (strtoll alone took "evt_-0", "evt_+5") */
+        size_t nd = strncmp(a, "evt_", 4) == 0 ? strspn(a + 4, "0123456789") : 0;
+        long long x = nd >= 1 && nd <= 18 && !a[4 + nd] ? strtoll(a + 4, NULL, 10) : -1;
+        if (x < 0) {
             api_problem(resp, 400, "invalid_parameter", "query parameter after must be an event id (evt_...)",
                         json_pack("[{s:s,s:s}]", "parameter", "after", "message", "must be an event id"));
             return;

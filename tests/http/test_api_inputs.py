@@ -180,9 +180,10 @@ def main():
 
         # --- query parameters
         for q in ("limit=0", "limit=-1", "limit=1001", "limit=99999999999999999999999", "limit=abc",
-                  "after=" + "x" * 100, "after=job_doesnotexist"):
+                  "limit=+5", "limit=%205", "limit=5%20", "after=" + "x" * 100, "after=job_doesnotexist"):
             check_problem(*s.json("GET", "/v1/jobs?" + q), 400)
-        for q in ("after=evt_-1", "after=evt_99999999999999999999999", "after=zzz", "wait=-1", "wait=100000", "limit=5000"):
+        for q in ("after=evt_-1", "after=evt_99999999999999999999999", "after=zzz", "wait=-1", "wait=100000", "limit=5000",
+                  "after=evt_-0", "after=evt_+5", "after=evt_%205", "after=evt_1234567890123456789", "wait=+1"):
             check_problem(*s.json("GET", "/v1/jobs/%s/events?%s" % (doc["id"], q)), 400)
         check_problem(*s.json("GET", "/v1/jobs/%s?wait=-3" % doc["id"]), 400)
         check_problem(*s.json("GET", "/v1/jobs/job_missing"), 404, "not_found")
