@@ -375,6 +375,34 @@ static int wait_deadline(api_ctx *ctx, const api_req *req, api_resp *resp, doubl
     return 0;
 }
 
+/* A calibration's document (o, render_job's) gets "result": the calibrate stage's result
+ * document once it succeeded ("calibration.json", or, as the stage publishes it today,
+ * "timing_tables.json"), else null. */
+static void cal_result(api_ctx *ctx, const store_job *j, json_t *o)
+{
+    json_t *result = json_null();
+    store_artifact a;
+    if (!strcmp(j->status, "succeeded") && (store_artifact_get(ctx->st, j->id, "calibration.json", &a) == 0 ||
+                                            store_artifact_get(ctx->st, j->id, "timing_tables.json", &a) == 0)) {
+        char err[256];
+        int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, 1, err, sizeof err);
+        if (fd >= 0) {
+            FILE *f = fdopen(fd, "r");
+            json_error_t e;
+            json_t *doc = f ? json_loadf(f, 0, &e) : NULL;
+            if (f)
+                fclose(f);
+            else
+                close(fd);
+            if (doc) {
+                json_decref(result);
+                result = doc;
+            }
+        }
+    }
+    json_object_set_new(o, "result", result);
+}
+
 static void get_common(api_ctx *ctx, const api_req *req, const char *id, api_resp *resp, const char *kind)
 {
     double deadline;
@@ -453,31 +481,8 @@ static void get_common(api_ctx *ctx, const api_req *req, const char *id, api_res
             return;
         }
     }
-    if (!strcmp(kind, "calibration")) {
-        json_t *result = json_null();
-        store_artifact a;
-        /* the calibrate stage's result document: "calibration.json" (or, as the stage
-         * publishes it today, "timing_tables.json") */
-        if (!strcmp(j.status, "succeeded") && (store_artifact_get(ctx->st, j.id, "calibration.json", &a) == 0 ||
-                                               store_artifact_get(ctx->st, j.id, "timing_tables.json", &a) == 0)) {
-            char err[256];
-            int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, 1, err, sizeof err);
-            if (fd >= 0) {
-                FILE *f = fdopen(fd, "r");
-                json_error_t e;
-                json_t *doc = f ? json_loadf(f, 0, &e) : NULL;
-                if (f)
-                    fclose(f);
-                else
-                    close(fd);
-                if (doc) {
-                    json_decref(result);
-                    result = doc;
-                }
-            }
-        }
-        json_object_set_new(o, "result", result);
-    }
+    if (!strcmp(kind, "calibration"))
+        cal_result(ctx, &j, o);
     store_job_clear(&j);
     api_json(resp, 200, o);
 }
@@ -494,8 +499,9 @@ void h_cal_get(api_ctx *ctx, const api_req *req, const char *const *params, api_
 
 /* ---- cancel / delete --------------------------------------------------------------- */
 
-/* Cancel the job or calibration id (kind), answering with it as its GET does. */
-static void cancel_common(api_ctx *ctx, const api_req *req, const char *id, api_resp *resp, const char *kind)
+/* Cancel the job or calibration id (kind), answering with it as its GET renders it (no
+ * wait, no conditional: a POST). */
+static void cancel_common(api_ctx *ctx, const char *id, api_resp *resp, const char *kind)
 {
     store_job j;
     if (load(ctx, id, kind, &j, resp) < 0)
@@ -509,24 +515,24 @@ static void cancel_common(api_ctx *ctx, const api_req *req, const char *id, api_
     }
     if (!strcmp(j.status, "running") && ctx->sched)
         sched_cancel(ctx->sched, j.id);
-    if (strcmp(kind, "job")) {   /* a calibration's document carries its result, as GET renders it */
-        store_job_clear(&j);
-        get_common(ctx, req, id, resp, kind);
-        return;
-    }
     set_etag(resp, j.id, j.version);
-    api_json(resp, 200, render_job(&j));
+    json_t *o = render_job(&j);
+    if (strcmp(kind, "job"))   /* a calibration's document carries its result */
+        cal_result(ctx, &j, o);
+    api_json(resp, 200, o);
     store_job_clear(&j);
 }
 
 void h_jobs_cancel(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
-    cancel_common(ctx, req, params[0], resp, "job");
+    (void)req;
+    cancel_common(ctx, params[0], resp, "job");
 }
 
 void h_cal_cancel(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
-    cancel_common(ctx, req, params[0], resp, "calibration");
+    (void)req;
+    cancel_common(ctx, params[0], resp, "calibration");
 }
 
 void h_jobs_delete(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)

@@ -95,12 +95,11 @@ static void models_create_url(api_ctx *ctx, json_t *body, api_resp *resp)
         for (const char *p = url; *p; p++)
             printable &= (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f;
         int https = !strncasecmp(url, "https://", 8), http = !strncasecmp(url, "http://", 7);
-        const char *host = url + (https ? 8 : 7);
-        size_t auth = strcspn(host, "/?#");
+        const char *host = https || http ? url + (https ? 8 : 7) : url;   /* inside the string either way */
         if (!printable || !(https || http)) {
             FAULT(422, "/url", "must be an https:// URL without spaces");
             url = NULL;
-        } else if (memchr(host, '@', auth)) {   /* the URL is stored and shown to every reader */
+        } else if (memchr(host, '@', strcspn(host, "/?#"))) {   /* the URL is stored and shown to every reader */
             FAULT(422, "/url", "credentials in the URL (user@host) are refused: they would be stored and shown to "
                                "everyone who lists models");
             url = NULL;

@@ -28,7 +28,9 @@ def main():
             _, _, c = s.json("GET", "/v1/calibrations/" + c["id"], expect=200)
         time.sleep(2)   # inside its requests
         t1 = time.time()
-        _, _, got = s.json("POST", "/v1/calibrations/%s/cancel" % c["id"], expect=200)
+        # a POST: query parameters of the GET (wait) are not its business, nor parked on
+        _, _, got = s.json("POST", "/v1/calibrations/%s/cancel?wait=abc" % c["id"], expect=200)
+        assert time.time() - t1 < 2, time.time() - t1
         assert got["id"] == c["id"] and "result" in got and got["status"] in ("running", "cancelled"), got
         while got["status"] != "cancelled":
             assert got["status"] == "running" and time.time() - t1 < 10, got

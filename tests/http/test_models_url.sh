@@ -44,6 +44,12 @@ start_server "$DATA" --allow-http-models --allow-private-model-hosts
 cp "$SRC/tok512.bin" "$DATA/models/tok512.bin"
 URL=http://127.0.0.1:$FP/stories260K.bin
 
+# URLs shorter than a scheme: a 422, and nothing read past them (ASan found the read)
+for short in "" "x" "https:"; do
+    req POST /v1/models "{\"url\": \"$short\", \"sha256\": \"$SHA\"}"
+    expect 422 '.errors[0].pointer == "/url"'
+done
+
 # credentials in the URL: refused, never stored (models are listed to every reader)
 req POST /v1/models "{\"url\": \"http://user:secret@127.0.0.1:$FP/stories260K.bin\", \"sha256\": \"$SHA\"}"
 expect 422 '.errors[0].pointer == "/url" and (.errors[0].message | contains("credentials"))'
