@@ -299,9 +299,11 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
     }
     struct stat sb;
     if (stat(dst, &sb) == 0 && sb.st_size == *size_bytes) {
-        char have[65], e2[256];
+        char have[65];
         int64_t n = 0;
-        if (art_sha256_file(dst, have, &n, e2, sizeof e2) == 0 && n == *size_bytes && !strcmp(have, hex))
+        if (art_sha256_file(dst, have, &n, err, errlen) < 0)
+            return -1;   /* unread (no descriptor, EIO): not known to be bad, so not set aside */
+        if (n == *size_bytes && !strcmp(have, hex))
             return remote_put(as, hex, *size_bytes, err, errlen); /* the same content, stored intact */
         (void)art_quarantine(as, hex);   /* a stored copy that lost its content: set aside, then replaced */
     }
@@ -529,7 +531,7 @@ ssize_t art_stream_read(art_stream *s, uint64_t pos, char *buf, size_t max)
     if (k <= 0)
         return -1;   /* an error, or the blob shrank under us */
     if (s->verify && pos != s->hashed)
-        s->verify = 0;   /* out of order: nothing to check against */
+        return -1;   /* out of order: a whole download is checked on the way, so it is read in order or not at all */
     if (s->verify) {
         if (!EVP_DigestUpdate(s->md, buf, (size_t)k))
             return -1;

@@ -318,6 +318,11 @@ static void test_artifact_ranges(void **state)
     assert_non_null(r.stream);
     assert_int_equal(r.len, 1000);
     assert_true(art_stream_verified(r.stream));   /* a whole download is hashed on the way */
+    {   /* so it is read in order: a read out of order fails (it went out unchecked before) */
+        char b[64];
+        assert_int_equal(art_stream_read(r.stream, 512, b, sizeof b), -1);
+        assert_true(art_stream_verified(r.stream));
+    }
     assert_string_equal(header(&r, "ETag"), etag);
     assert_non_null(strstr(header(&r, "Repr-Digest"), "sha-256=:"));
     assert_string_equal(header(&r, "Content-Disposition"), "attachment; filename=\"blob.txt\"");
