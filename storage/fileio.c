@@ -8,6 +8,7 @@
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,27 +24,43 @@ static const char *file_kind(mode_t m)
          : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
 }
 
-/* path opened for reading if it is a regular file, without blocking on a FIFO (opened
- * O_NONBLOCK, which regular files ignore, and checked before any read): the descriptor
- * with *st filled, or -1 with "PATH: <strerror>", or with "PATH: not WHAT (KIND, not a
- * regular file)" (what NULL: "PATH: not a regular file (KIND)") in err. */
+/* err for path, which is not a regular file (mode m). */
+static void not_regular(const char *path, const char *what, mode_t m, char *err, size_t errlen)
+{
+    if (what)
+        snprintf(err, errlen, "%s: not %s (%s, not a regular file)", path, what, file_kind(m));
+    else
+        snprintf(err, errlen, "%s: not a regular file (%s)", path, file_kind(m));
+}
+
+/* path opened for reading if it is a regular file: anything else (a FIFO, a device) is
+ * refused by stat(2) before it is opened, and what was opened is checked again (it may have
+ * been swapped in between; opened O_NONBLOCK, so a FIFO swapped in cannot block, then
+ * cleared). The descriptor with *st filled, or -1 with "PATH: <strerror>", or with "PATH: not
+ * WHAT (KIND, not a regular file)" (what NULL: "PATH: not a regular file (KIND)") in err. */
 static int open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen)
 {
+    if (stat(path, st)) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        not_regular(path, what, st->st_mode, err, errlen);
+        return -1;
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
-    if (fstat(fd, st)) {
+    int fl;
+    if (fstat(fd, st) || (fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     if (!S_ISREG(st->st_mode)) {
-        if (what)
-            snprintf(err, errlen, "%s: not %s (%s, not a regular file)", path, what, file_kind(st->st_mode));
-        else
-            snprintf(err, errlen, "%s: not a regular file (%s)", path, file_kind(st->st_mode));
+        not_regular(path, what, st->st_mode, err, errlen);
         close(fd);
         return -1;
     }
@@ -82,40 +99,54 @@ int fio_map(const char *path, size_t min_len, const char *what, void **map, size
 }
 
 static __thread fio_guard *cur_guard;   /* this thread's innermost guard */
-static struct sigaction before_guards;   /* the SIGBUS handler before ours */
-static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static struct sigaction before_guards;   /* the SIGBUS handler ours replaced */
+static pthread_mutex_t guard_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
-    (void)sig, (void)si, (void)uc;
     fio_guard *g = cur_guard;
     if (g) {
         cur_guard = g->prev;
         siglongjmp(g->jb, 1);
     }
-    sigaction(SIGBUS, &before_guards, NULL);   /* not a guarded read: the fault repeats, to the old handler */
-}
-
-static void install_sigbus(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    (void)sigaction(SIGBUS, &sa, &before_guards);
+    /* not a guarded read: what was there before ours acts */
+    if ((before_guards.sa_flags & SA_SIGINFO) && before_guards.sa_sigaction) {
+        before_guards.sa_sigaction(sig, si, uc);
+    } else if (before_guards.sa_handler != SIG_DFL && before_guards.sa_handler != SIG_IGN) {
+        before_guards.sa_handler(sig);
+    } else if (before_guards.sa_handler == SIG_DFL) {
+        signal(SIGBUS, SIG_DFL);   /* a fault repeats on return and ends the process as it would have */
+        if (si && si->si_code <= 0)
+            raise(SIGBUS);        /* sent, not a fault: it does not repeat */
+    }
 }
 
 void fio_guard_enter(fio_guard *g)
 {
-    (void)pthread_once(&guard_once, install_sigbus);
+    /* ours, or put back: another handler (a test harness's) may have replaced it since */
+    struct sigaction now;
+    if (sigaction(SIGBUS, NULL, &now) == 0 && !((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus)) {
+        pthread_mutex_lock(&guard_mu);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, NULL, &now) == 0 && !((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus))
+            (void)sigaction(SIGBUS, &sa, &before_guards);
+        pthread_mutex_unlock(&guard_mu);
+    }
     g->prev = cur_guard;
+    atomic_signal_fence(memory_order_seq_cst);
     cur_guard = g;
+    atomic_signal_fence(memory_order_seq_cst);
 }
 
 void fio_guard_leave(fio_guard *g)
 {
+    atomic_signal_fence(memory_order_seq_cst);
     cur_guard = g->prev;
+    atomic_signal_fence(memory_order_seq_cst);
 }
 
 void fio_unmap(void *map, size_t len)

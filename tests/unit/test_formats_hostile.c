@@ -4,6 +4,7 @@
  * The same files, where small, are in the fuzz corpora (tests/fuzz/make_seeds.py). FIFOs and
  * devices where a model folder holds files are refused by name, never read. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,7 +21,9 @@
 #include "engine/model.h"
 #include "storage/ckpt.h"
 #include "storage/fileio.h"
+#include "storage/gguf.h"
 #include "storage/modelio.h"
+#include "storage/safetensors.h"
 #include "storage/tokload.h"
 
 #include "gguf_image.h"
@@ -195,6 +198,49 @@ static void test_gguf_duplicate_and_mistyped_keys(void **state)
         free(img.p);
         free(kvs.p);
     }
+}
+
+/* A safetensors and a GGUF file cut short under their readers: an error naming the tensor,
+ * also after a test harness (or any code) replaced the SIGBUS handler since the first guarded
+ * read (it was installed once, and the second truncation then killed the process). */
+static void test_shrinking_safetensors_and_gguf(void **state)
+{
+    (void)state;
+    enum { N = 1 << 20 };
+    float *w = calloc(N, sizeof(float)), *out = malloc(N * sizeof(float));
+    assert_true(w && out);
+    char err[512], p[192];
+    for (int round = 0; round < 2; round++) {
+        if (round)
+            signal(SIGBUS, SIG_DFL);   /* as cmocka does around each test */
+        snprintf(p, sizeof p, "%s/shrink%d.safetensors", tmpdir, round);
+        st_write_tensor t = {"w", w, {N}, 1};
+        assert_int_equal(st_write(p, &t, 1, ST_F32, NULL, err, sizeof err), 0);
+        st_file f;
+        assert_int_equal(st_open(&f, p, err, sizeof err), 0);
+        assert_int_equal(truncate(p, 4096), 0);
+        assert_int_equal(st_read_f32(&f, 0, out, N, err, sizeof err), -1);
+        if (!strstr(err, "the file ended under it"))
+            fail_msg("safetensors, round %d: \"%s\"", round, err);
+        st_close(&f);
+        buf kvs = {0};
+        kv_str(&kvs, "general.architecture", "llama");
+        tdesc td = {"w", 1, {N, 0}, 0 /* F32 */, w, (size_t)N * 4};
+        buf img = build(&kvs, 1, &td, 1);
+        snprintf(p, sizeof p, "%s/shrink%d.gguf", tmpdir, round);
+        write_file(p, img.p, img.n);
+        free(img.p);
+        free(kvs.p);
+        gguf_file g;
+        assert_int_equal(gguf_open(&g, p, err, sizeof err), 0);
+        assert_int_equal(truncate(p, 4096), 0);
+        assert_int_equal(gguf_read_f32(&g, 0, out, N, err, sizeof err), -1);
+        if (!strstr(err, "the file ended under it"))
+            fail_msg("GGUF, round %d: \"%s\"", round, err);
+        gguf_close(&g);
+    }
+    free(w);
+    free(out);
 }
 
 /* A byte-level GGUF tokenizer of 8 tokens whose special id `key` holds `v` (64 bits). */
@@ -445,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_gguf_claims_beyond_weights),
         cmocka_unit_test(test_gguf_values_out_of_range),
         cmocka_unit_test(test_gguf_duplicate_and_mistyped_keys),
+        cmocka_unit_test(test_shrinking_safetensors_and_gguf),
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
         cmocka_unit_test(test_token_over_size_limit),
         cmocka_unit_test(test_tokenizer_json_duplicate_ids),
