@@ -75,13 +75,17 @@ int fetch_addr_non_public(const struct sockaddr *sa)
         return 1;
     const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
     static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff},
-                         nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
+                         nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0},
+                         nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 1};   /* 64:ff9b:1::/48 */
     if (!memcmp(b, mapped, 12) || !memcmp(b, nat64, 12))   /* an IPv4 address inside */
         return v4_non_public((uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15]);
+    if (!memcmp(b, nat64_local, 6))
+        return 1;
     static const uint8_t zero[15] = {0};
     if (!memcmp(b, zero, 15) && b[15] <= 1)   /* :: and ::1 */
         return 1;
-    return (b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) || b[0] == 0xff;   /* ULA, link-local, multicast */
+    /* ULA fc00::/7, link-local fe80::/10, site-local fec0::/10, multicast ff00::/8 */
+    return (b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0x80) == 0x80) || b[0] == 0xff;
 }
 
 /* curl's socket for each connection it makes, redirects included: refused (CURL_SOCKET_BAD,
@@ -431,6 +435,13 @@ static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, lon
                  url, (long long)s->start, (long long)s->cr_start);
         return FETCH_RETRY;
     }
+    if (cc == CURLE_COULDNT_CONNECT && s->refused[0]) {   /* first: a redirect's status may still be the code */
+        snprintf(err, errlen, "%.300s: refused to connect to %s, which is not a public address (a server allows its own "
+                 "network with --allow-private-model-hosts%s)", url, s->refused,
+                 getenv("https_proxy") || getenv("HTTPS_PROXY") || getenv("http_proxy") || getenv("ALL_PROXY") ||
+                 getenv("all_proxy") ? "; a proxy is set in the environment, and this may be its address" : "");
+        return FETCH_FAILED;
+    }
     int complete_already = 0;
     if (s->is_http && code >= 300) {
         if (code == 416 && s->start > 0 && s->cr_total == s->start) {
@@ -445,10 +456,6 @@ static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, lon
             *keep_part = transient;
             return transient ? FETCH_RETRY : FETCH_FAILED;
         }
-    } else if (cc != CURLE_OK && s->refused[0]) {
-        snprintf(err, errlen, "%.300s: refused to connect to %s, which is not a public address (a server allows its own "
-                 "network with --allow-private-model-hosts)", url, s->refused);
-        return FETCH_FAILED;
     } else if (cc != CURLE_OK && tls_failure(cc, url, o->ca_file, cerr, err, errlen)) {
         o->tls_unverified = 1;
         return FETCH_FAILED;    /* permanent: the same certificate fails the same way next time */
