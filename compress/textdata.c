@@ -18,8 +18,6 @@
 #include "storage/fileio.h"
 #include "engine/rng.h"
 
-#define TD_MAX_FILE_BYTES ((size_t)4 << 30)
-
 const char *td_format_name(td_format fmt)
 {
     switch (fmt) {

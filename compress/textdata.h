@@ -17,6 +17,9 @@ typedef enum {
     TD_FMT_STORIES      /* documents separated by a line "<|endoftext|>" */
 } td_format;
 
+/* The largest text file read whole (4 GiB). */
+#define TD_MAX_FILE_BYTES ((size_t)4 << 30)
+
 /* Documents of a file: NUL-terminated UTF-8 strings (CRLF normalized to LF). */
 typedef struct {
     char **text;

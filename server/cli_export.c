@@ -112,7 +112,7 @@ static int slice_to_arch(const eng_model *m, const char *path, eng_model *pruned
 {
     char err[1024];
     size_t len;
-    char *text = fio_read_all(path, 0, &len, err, sizeof err);
+    char *text = fio_read_input(path, (size_t)16 << 20, &len, err, sizeof err);
     arch target;
     if (!text) {
         fprintf(stderr, "export: --arch: %s\n", err);

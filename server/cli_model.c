@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "compress/prune.h"
+#include "compress/textdata.h"
 #include "engine/backend.h"
 #include "engine/clock.h"
 #include "engine/model.h"
@@ -470,7 +471,7 @@ int cli_perplexity(int argc, char **argv)
         return pr;
     size_t tlen;
     char err[512];
-    char *text = fio_read_all(a.text_path, 0, &tlen, err, sizeof err);
+    char *text = fio_read_input(a.text_path, (size_t)TD_MAX_FILE_BYTES, &tlen, err, sizeof err);
     if (!text) {
         fprintf(stderr, "autocompress perplexity: %s\n", err);
         return 1;

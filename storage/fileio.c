@@ -162,17 +162,9 @@ void fio_err_path(char *err, size_t errlen, const char *path)
         snprintf(err + n, errlen - n, " [%s]", path);
 }
 
-char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+/* All of fd (path's, closed here) into a new NUL-terminated buffer, at most max_bytes. */
+static char *read_fd_all(int fd, const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
 {
-    struct stat st;
-    int fd = open_regular(path, NULL, &st, err, errlen);
-    if (fd < 0)
-        return NULL;
-    if (max_bytes && (uint64_t)st.st_size >= max_bytes) {
-        snprintf(err, errlen, "%s: larger than %zu bytes", path, max_bytes);
-        close(fd);
-        return NULL;
-    }
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
@@ -217,6 +209,34 @@ fail:
     fclose(f);
     free(buf);
     return NULL;
+}
+
+char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+{
+    struct stat st;
+    int fd = open_regular(path, NULL, &st, err, errlen);
+    if (fd < 0)
+        return NULL;
+    if (max_bytes && (uint64_t)st.st_size >= max_bytes) {
+        snprintf(err, errlen, "%s: larger than %zu bytes", path, max_bytes);
+        close(fd);
+        return NULL;
+    }
+    return read_fd_all(fd, path, max_bytes, len, err, errlen);
+}
+
+char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISFIFO(st.st_mode)) {   /* a pipe the user gave: read until its writer closes */
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return NULL;
+        }
+        return read_fd_all(fd, path, max_bytes, len, err, errlen);
+    }
+    return fio_read_all(path, max_bytes, len, err, errlen);
 }
 
 int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)

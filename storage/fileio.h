@@ -56,6 +56,12 @@ void fio_err_path(char *err, size_t errlen, const char *path);
  * FIFO)", "PATH: larger than N bytes", "PATH: out of memory" or "PATH: read error" in err. */
 char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
 
+/* A file named on a command line or in a server's own settings, read whole as fio_read_all
+ * does, except that a pipe or FIFO (`<(zcat ...)`, a secret handed over by a pipe) is read
+ * until its writer closes it. Devices and folders are refused as there. Never for files
+ * inside a model folder or paths a client chose (a FIFO there would block). */
+char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
+
 /* Write len bytes to `path` atomically: into "PATH.tmp.PID", fsync, rename over path,
  * fsync the folder. Returns 0, or -1 with "PATH: <what failed>: <strerror>" in err and
  * the temporary file removed. */

@@ -60,7 +60,7 @@ void s3_close(s3_client *c)
 static int read_credentials(s3_client *c, const char *path, char *err, size_t errlen)
 {
     size_t n;
-    char *txt = fio_read_all(path, 1 << 16, &n, err, errlen);
+    char *txt = fio_read_input(path, 1 << 16, &n, err, errlen);
     if (!txt)
         return -1;
     for (char *line = txt, *next; line && *line; line = next) {

@@ -480,6 +480,27 @@ static void test_fifos_inside_model_dirs(void **state)
         fail_msg("/dev/zero: \"%s\"", err);
     assert_null(fio_load_json("/dev/zero", 0, err, sizeof err));
     assert_non_null(strstr(err, "a character device"));
+    /* what a user names on a command line may be a pipe (a secret, `<(zcat ...)`): read until
+       its writer closes it (it was refused since fio_read_all holds to regular files) */
+    char pipe_path[224];
+    snprintf(pipe_path, sizeof pipe_path, "%s/secret.fifo", tmpdir);
+    assert_int_equal(mkfifo(pipe_path, 0600), 0);
+    fflush(NULL);
+    pid_t writer = fork();
+    assert_true(writer >= 0);
+    if (writer == 0) {
+        FILE *w = fopen(pipe_path, "w");
+        _exit(w && fputs("access_key = a\nsecret_key = b\n", w) >= 0 && fclose(w) == 0 ? 0 : 1);
+    }
+    char *got = fio_read_input(pipe_path, 1 << 16, &n, err, sizeof err);
+    assert_non_null(got);
+    assert_string_equal(got, "access_key = a\nsecret_key = b\n");
+    free(got);
+    int ws;
+    assert_int_equal(waitpid(writer, &ws, 0), writer);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    assert_null(fio_read_input("/dev/zero", 0, &n, err, sizeof err));
+    assert_non_null(strstr(err, "a character device"));
     alarm(0);
     eng_backend_free(be);
 }
