@@ -543,14 +543,18 @@ void h_jobs_delete(api_ctx *ctx, const api_req *req, const char *const *params, 
         return;
     store_job_clear(&j);
     char err[512];
-    int rc = store_job_remove(ctx->st, ctx->as, params[0], err, sizeof err);
+    int rc = store_job_remove(ctx->st, ctx->as, params[0], 5.0, err, sizeof err);   /* a request waits 5 s at most */
+    if (rc == 3) {
+        api_problem(resp, 503, "store_busy", "the artifact store is busy publishing; retry", NULL);
+        return;
+    }
     if (rc == 2) {
         api_problem(resp, 409, "job_not_terminal", "only a succeeded, failed or cancelled job can be deleted; cancel it first", NULL);
         return;
     }
     if (rc != 0) {
         api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
-                    rc == 1 ? "no such job" : err, NULL);
+                    rc == 1 ? "no such job" : "the job or artifact store could not be updated", NULL);
         return;
     }
     char dir[4200];

@@ -57,7 +57,7 @@ int64_t retention_dir_bytes(const char *dir)
 static int remove_job(store *st, artstore *as, const char *data_dir, const char *id)
 {
     char e[512];
-    int rc = store_job_remove(st, as, id, e, sizeof e);
+    int rc = store_job_remove(st, as, id, -1, e, sizeof e);   /* in the background: it may wait */
     if (rc != 0)
         return rc < 0 ? -1 : 0;
     char dir[4400];

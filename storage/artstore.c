@@ -5,6 +5,7 @@
 #include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/s3.h"
+#include "engine/clock.h"
 
 #include <errno.h>
 #include <dirent.h>
@@ -440,7 +441,7 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
     return fd;
 }
 
-int art_lock(artstore *as, int exclusive, char *err, size_t errlen)
+int art_lock(artstore *as, int exclusive, double wait_s, char *err, size_t errlen)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/.publish.lock", as->dir);
@@ -449,13 +450,20 @@ int art_lock(artstore *as, int exclusive, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
-    int rc;
-    while ((rc = flock(fd, exclusive ? LOCK_EX : LOCK_SH)) < 0 && errno == EINTR)
-        ;
+    int op = exclusive ? LOCK_EX : LOCK_SH, rc;
+    double until = wait_s >= 0 ? eng_wall_s() + wait_s : 0;
+    while ((rc = flock(fd, op | (wait_s >= 0 ? LOCK_NB : 0))) < 0 &&
+           (errno == EINTR || (errno == EWOULDBLOCK && wait_s >= 0 && eng_wall_s() < until)))
+        if (errno == EWOULDBLOCK)
+            usleep(20 * 1000);
     if (rc < 0) {
-        snprintf(err, errlen, "%s: flock: %s", path, strerror(errno));
+        int busy = errno == EWOULDBLOCK;
+        if (busy)
+            snprintf(err, errlen, "the artifact store is busy publishing (the lock was held past %.0f s)", wait_s);
+        else
+            snprintf(err, errlen, "%s: flock: %s", path, strerror(errno));
         close(fd);
-        return -1;
+        return busy ? -2 : -1;
     }
     return fd;
 }

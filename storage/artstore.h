@@ -58,9 +58,10 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
  * its worker processes): shared while a publisher makes sure its blob is there and records
  * the row that references it, exclusive while a deleter finds the blobs no row references
  * any more and unlinks them. Without it a delete could unlink a blob that a job had just
- * found already stored, and the job's new row would point at nothing. Blocks until held;
- * returns the descriptor (art_unlock), or -1 with err. */
-int art_lock(artstore *as, int exclusive, char *err, size_t errlen);
+ * found already stored, and the job's new row would point at nothing. Waits up to wait_s
+ * seconds (< 0: until held); returns the descriptor (art_unlock), or -2 when others still
+ * hold it after wait_s, or -1, with err. */
+int art_lock(artstore *as, int exclusive, double wait_s, char *err, size_t errlen);
 void art_unlock(int fd);
 /* 1 when the blob hex is stored here with size_bytes bytes, else 0 (not opened). */
 int art_has(artstore *as, const char *hex, int64_t size_bytes);

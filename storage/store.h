@@ -215,8 +215,9 @@ int store_artifact_publish(store *st, struct artstore *as, const char *src, stor
                            size_t errlen);
 /* store_job_delete and the removal of the blobs it leaves unreferenced, under as's publish
  * lock held exclusive, so that no publisher records a row for a blob in between (its row
- * would point at nothing). Returns 0, 1 absent, 2 not terminal, -1 with err. */
-int store_job_remove(store *st, struct artstore *as, const char *id, char *err, size_t errlen);
+ * would point at nothing); the lock is waited for up to wait_s seconds (< 0: until held).
+ * Returns 0, 1 absent, 2 not terminal, 3 the lock still held after wait_s, -1 with err. */
+int store_job_remove(store *st, struct artstore *as, const char *id, double wait_s, char *err, size_t errlen);
 /* 0 found (out filled), 1 absent, -1 error. */
 int store_artifact_get(store *st, const char *job_id, const char *name, store_artifact *out);
 /* All artifacts of a job, by name. 0 with *out malloc'd (free it), -1 on error. */

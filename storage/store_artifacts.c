@@ -23,7 +23,7 @@ int store_artifact_publish(store *st, artstore *as, const char *src, store_artif
 {
     if (art_put(as, src, a->sha256, &a->size_bytes, err, errlen) < 0)
         return -1;
-    int lk = art_lock(as, 0, err, errlen);
+    int lk = art_lock(as, 0, -1, err, errlen);   /* a worker: it waits for a delete to end */
     if (lk < 0)
         return -1;
     /* a delete may have taken the blob since art_put found it stored (another job's, orphaned) */
@@ -37,11 +37,11 @@ int store_artifact_publish(store *st, artstore *as, const char *src, store_artif
     return rc;
 }
 
-int store_job_remove(store *st, artstore *as, const char *id, char *err, size_t errlen)
+int store_job_remove(store *st, artstore *as, const char *id, double wait_s, char *err, size_t errlen)
 {
-    int lk = art_lock(as, 1, err, errlen);
+    int lk = art_lock(as, 1, wait_s, err, errlen);
     if (lk < 0)
-        return -1;
+        return lk == -2 ? 3 : -1;
     char **orphans = NULL;
     int n = 0, rc = store_job_delete(st, id, &orphans, &n);
     for (int i = 0; i < n; i++) {

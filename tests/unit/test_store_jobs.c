@@ -426,7 +426,7 @@ static void test_publish_beside_delete(void **state)
         _exit(rc == 0 ? 0 : 1);
     }
     close(go[0]);
-    int lk = art_lock(as, 1, err, sizeof err);   /* the delete, under way */
+    int lk = art_lock(as, 1, -1, err, sizeof err);   /* the delete, under way */
     assert_true(lk >= 0);
     assert_int_equal(write(go[1], "g", 1), 1);
     close(go[1]);
@@ -456,9 +456,16 @@ static void test_publish_beside_delete(void **state)
     /* store_job_remove: the delete and its blobs in one step, under the lock */
     assert_int_equal(store_job_cancel(st, b, &j), 0);
     store_job_clear(&j);
-    assert_int_equal(store_job_remove(st, as, b, err, sizeof err), 0);
+    /* a request does not wait for ever behind a publisher: 3 after wait_s, nothing removed */
+    int pub = art_lock(as, 0, -1, err, sizeof err);
+    assert_true(pub >= 0);
+    assert_int_equal(store_job_remove(st, as, b, 0.2, err, sizeof err), 3);
+    assert_non_null(strstr(err, "busy publishing"));
+    assert_int_equal(store_artifact_get(st, b, "r.json", &got), 0);
+    art_unlock(pub);
+    assert_int_equal(store_job_remove(st, as, b, -1, err, sizeof err), 0);
     assert_false(art_has(as, got.sha256, got.size_bytes));
-    assert_int_equal(store_job_remove(st, as, b, err, sizeof err), 1);
+    assert_int_equal(store_job_remove(st, as, b, -1, err, sizeof err), 1);
     art_close(as);
 }
 
