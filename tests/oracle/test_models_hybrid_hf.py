@@ -457,6 +457,21 @@ def latent_cut(W, k):
     return out
 
 
+def cut_export(d, tmp, a, tag, moe, **top):
+    """The engine's logits of checkpoint d pruned to arch a with every MoE layer's fields moe and
+    the top-level fields top changed, exported to HF; the export's logits; its folder."""
+    cut = dict(a, layers=[dict(l) for l in a["layers"]], **top)
+    for l in cut["layers"]:
+        if l.get("moe"):
+            l["moe"] = dict(l["moe"], **moe)
+    cp, px = os.path.join(tmp, tag + ".json"), os.path.join(tmp, tag + "-hf")
+    with open(cp, "w") as f:
+        json.dump(cut, f)
+    pe, _ = engine_logits(d, tmp, tag, "--arch", cp, "--hf", px)
+    pb, _ = engine_logits(px, tmp, tag + "-b")
+    return pe, pb, px
+
+
 def check_latent(tmp):
     """LatentMoE (Nemotron 3 Super): the experts in a latent of 12, fc1/fc2_latent_proj around them;
     read, computed, written, pruned (experts; the hidden size, which the latent keeps; the latent)."""
@@ -473,32 +488,13 @@ def check_latent(tmp):
     back, _ = engine_logits(x, tmp, "latent-xb")
     check(np.array_equal(back, eng) and json.load(open(os.path.join(x, "config.json")))["moe_latent_size"] == 12,
           "the LatentMoE model's HF export (moe_latent_size 12) reloads with identical logits")
-    cut = dict(a, hidden_size=24, layers=[dict(l) for l in a["layers"]])
-    for l in cut["layers"]:
-        if l.get("moe"):
-            l["moe"] = dict(l["moe"], n_experts=4)
-    cp = os.path.join(tmp, "latent-cut.json")
-    with open(cp, "w") as f:
-        json.dump(cut, f)
-    px = os.path.join(tmp, "latent-pruned")
-    pe, _ = engine_logits(d, tmp, "latent-cut", "--arch", cp, "--hf", px)
-    pr = ref_logits(dict(c, C=24), hidden_cut(c, sliced_experts(c, W, [0, 1, 2, 3]), 24), experts=4)
-    e = rel(pe, pr)
-    pb, _ = engine_logits(px, tmp, "latent-cutb")
+    pe, pb, px = cut_export(d, tmp, a, "latent-cut", {"n_experts": 4}, hidden_size=24)
+    e = rel(pe, ref_logits(dict(c, C=24), hidden_cut(c, sliced_experts(c, W, [0, 1, 2, 3]), 24), experts=4))
     check(e < 1e-4 and np.array_equal(pb, pe),
           "hidden 32 -> 24 (fc1 columns and fc2 rows cut, the latent experts whole) and 4 of 6 experts = the reference "
           "on weights sliced by hand (rel err %.2e); the export reloads with the same logits" % e)
-    narrow = dict(a, layers=[dict(l) for l in a["layers"]])
-    for l in narrow["layers"]:
-        if l.get("moe"):
-            l["moe"] = dict(l["moe"], latent_dim=8)
-    cp = os.path.join(tmp, "latent-narrow.json")
-    with open(cp, "w") as f:
-        json.dump(narrow, f)
-    px = os.path.join(tmp, "latent-narrowed")
-    pe, _ = engine_logits(d, tmp, "latent-narrow", "--arch", cp, "--hf", px)
+    pe, pb, px = cut_export(d, tmp, a, "latent-narrow", {"latent_dim": 8})
     e = rel(pe, ref_logits(dict(c, Lt=8), latent_cut(W, 8)))
-    pb, _ = engine_logits(px, tmp, "latent-narrowb")
     check(e < 1e-4 and np.array_equal(pb, pe) and json.load(open(os.path.join(px, "config.json")))["moe_latent_size"] == 8,
           "latent 12 -> 8 (fc1 rows, the experts' up_proj columns and down_proj rows, fc2 columns cut) = the reference "
           "on weights sliced by hand (rel err %.2e); its HF export (moe_latent_size 8) reloads with the same logits" % e)

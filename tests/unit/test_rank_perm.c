@@ -468,21 +468,66 @@ static void zero_cut_units(eng_model *m, int we0, int ws0, int we2)
     }
 }
 
+/* A parent of arch_fn's shape with random weights (seed), ranked on the calibration stream,
+ * and its ranked copy q, which must compute the same function (f->e: the logits' relative
+ * error on B x T tokens of the stream from tok_at, l0 the parent's logits, l1 q's). */
+typedef struct {
+    eng_backend *be;
+    arch a;
+    eng_model p, q;
+    td_stream calib;
+    rank_result r;
+    int tok[B * T];
+    float *l0, *l1;
+    double e;
+} ranked_fix;
+
+static void ranked_open(ranked_fix *f, void (*arch_fn)(arch *), uint64_t seed, int tok_at)
+{
+    char err[256];
+    f->be = eng_backend_cpu_new(1);
+    arch_fn(&f->a);
+    if (arch_validate(&f->a, err, sizeof err))
+        fail_msg("arch: %s", err);
+    assert_int_equal(eng_model_init(&f->p, &f->a, f->be, err, sizeof err), 0);
+    eng_model_randomize(&f->p, seed, 0.3f);
+    f->calib = calib_stream(600);
+    rank_opts o = {.tokens = 4 * B * T, .B = B, .T = T};
+    assert_int_equal(rank_compute(&f->p, &f->calib, &o, &f->r, err, sizeof err), 0);
+    for (int i = 0; i < B * T; i++)
+        f->tok[i] = f->calib.ids[tok_at + i];
+    f->l0 = malloc(sizeof(float) * B * T * V);
+    f->l1 = malloc(sizeof(float) * B * T * V);
+    assert_true(f->l0 && f->l1);
+    logits_of(&f->p, f->tok, f->l0);
+    assert_int_equal(prune_to_arch(&f->p, &f->a, &f->q, err, sizeof err), 0);
+    assert_int_equal(rank_apply(&f->q, &f->r, err, sizeof err), 0);
+    logits_of(&f->q, f->tok, f->l1);
+    f->e = rel_err(f->l1, f->l0, (size_t)B * T * V);
+    assert_true(f->e < 1e-5);
+}
+
+static void ranked_close(ranked_fix *f)
+{
+    rank_free(&f->r);
+    free(f->l0);
+    free(f->l1);
+    eng_model_free(&f->q);
+    eng_model_free(&f->p);
+    td_stream_free(&f->calib);
+    arch_free(&f->a);
+    eng_backend_free(f->be);
+}
+
 static void test_moe_expert_units(void **state)
 {
     (void)state;
     char err[256];
-    eng_backend *be = eng_backend_cpu_new(1);
-    arch a;
-    moe_arch(&a);
-    eng_model p, q, s;
-    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
-    eng_model_randomize(&p, 12, 0.3f);
-    td_stream calib = calib_stream(600);
-    rank_opts o = {.tokens = 4 * B * T, .B = B, .T = T};
-    rank_result r;
-    assert_int_equal(rank_compute(&p, &calib, &o, &r, err, sizeof err), 0);
-    rank_layer *L0 = &r.layers[0], *L2 = &r.layers[2];
+    ranked_fix f;
+    ranked_open(&f, moe_arch, 12, 70);   /* the ranked parent computes the same function */
+    eng_model *p = &f.p, *q = &f.q, s;
+    rank_result *r = &f.r;
+    rank_layer *L0 = &r->layers[0], *L2 = &r->layers[2];
     assert_int_equal(L0->expert_ffn, 8);
     assert_int_equal(L0->shared_ffn, 10);
     assert_int_equal(L2->expert_ffn, 6);
@@ -502,70 +547,54 @@ static void test_moe_expert_units(void **state)
     for (int u = 1; u < 10; u++)
         assert_true(L0->shared_score[L0->shared_perm[u - 1]] >= L0->shared_score[L0->shared_perm[u]]);
     assert_true(L0->shared_score[L0->shared_perm[0]] > 0);
-    /* the ranked parent computes the same function, each expert's first unit its best */
-    int tok[B * T];
-    for (int i = 0; i < B * T; i++)
-        tok[i] = calib.ids[70 + i];
-    float *l0 = malloc(sizeof(float) * B * T * V), *l1 = malloc(sizeof(float) * B * T * V);
-    logits_of(&p, tok, l0);
-    assert_int_equal(prune_to_arch(&p, &a, &q, err, sizeof err), 0);
-    assert_int_equal(rank_apply(&q, &r, err, sizeof err), 0);
-    logits_of(&q, tok, l1);
-    assert_true(rel_err(l1, l0, (size_t)B * T * V) < 1e-5);
+    /* each expert's first unit its best */
     float x0[8 * C], x1[8 * C];
     char name[96];
     int top = L0->expert_perm[0];
     snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", top);
-    assert_int_equal(eng_model_get_tensor(&p, name, x0, 8 * C), 8 * C);
-    assert_int_equal(eng_model_get_tensor(&q, "model.layers.0.mlp.experts.0.up_proj.weight", x1, 8 * C), 8 * C);
+    assert_int_equal(eng_model_get_tensor(p, name, x0, 8 * C), 8 * C);
+    assert_int_equal(eng_model_get_tensor(q, "model.layers.0.mlp.experts.0.up_proj.weight", x1, 8 * C), 8 * C);
     for (int u = 0; u < 8; u++)
-        assert_true(x1[u * C] == x0[L0->unit_perm[top * 8 + u] * C + r.hidden_perm[0]]);
+        assert_true(x1[u * C] == x0[L0->unit_perm[top * 8 + u] * C + r->hidden_perm[0]]);
     float s0[10 * C], s1[10 * C];
-    assert_int_equal(eng_model_get_tensor(&p, "model.layers.0.mlp.shared_expert.up_proj.weight", s0, 10 * C), 10 * C);
-    assert_int_equal(eng_model_get_tensor(&q, "model.layers.0.mlp.shared_expert.up_proj.weight", s1, 10 * C), 10 * C);
-    assert_true(s1[0] == s0[L0->shared_perm[0] * C + r.hidden_perm[0]]);
+    assert_int_equal(eng_model_get_tensor(p, "model.layers.0.mlp.shared_expert.up_proj.weight", s0, 10 * C), 10 * C);
+    assert_int_equal(eng_model_get_tensor(q, "model.layers.0.mlp.shared_expert.up_proj.weight", s1, 10 * C), 10 * C);
+    assert_true(s1[0] == s0[L0->shared_perm[0] * C + r->hidden_perm[0]]);
     /* narrower experts (and shared expert) = the ranked parent with the cut units zeroed */
     arch t;
-    assert_int_equal(arch_copy(&t, &a), 0);
+    assert_int_equal(arch_copy(&t, &f.a), 0);
     t.layers[0].moe.expert_ffn_dim = 5;
     t.layers[0].moe.shared_ffn_dim = 6;
     t.layers[2].moe.expert_ffn_dim = 3;
-    assert_int_equal(prune_to_arch(&q, &t, &s, err, sizeof err), 0);
+    assert_int_equal(prune_to_arch(q, &t, &s, err, sizeof err), 0);
     assert_int_equal(eng_model_get_tensor(&s, "model.layers.0.mlp.experts.0.up_proj.weight", x0, 8 * C), 5 * C);
     assert_memory_equal(x0, x1, sizeof(float) * 5 * C);   /* its best five units */
-    logits_of(&s, tok, l0);
-    zero_cut_units(&q, 5, 6, 3);
-    logits_of(&q, tok, l1);
-    double e = rel_err(l0, l1, (size_t)B * T * V);
+    logits_of(&s, f.tok, f.l0);
+    zero_cut_units(q, 5, 6, 3);
+    logits_of(q, f.tok, f.l1);
+    double e = rel_err(f.l0, f.l1, (size_t)B * T * V);
     printf("narrower experts vs the parent with cut units zeroed: logits rel err %.3g\n", e);
     assert_true(e < 1e-5);
     eng_model_free(&s);
     /* the ranking's JSON keeps every order; one without expert units asks for a new ranking */
-    json_t *j = rank_to_json(&r);
+    json_t *j = rank_to_json(r);
     rank_result r2;
     assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
     assert_memory_equal(r2.layers[0].unit_perm, L0->unit_perm, 6 * 8 * sizeof(int));
     assert_memory_equal(r2.layers[2].unit_perm, L2->unit_perm, 5 * 6 * sizeof(int));
     assert_memory_equal(r2.layers[0].shared_perm, L0->shared_perm, 10 * sizeof(int));
-    assert_int_equal(rank_check(&r2, &p, err, sizeof err), 0);
+    assert_int_equal(rank_check(&r2, p, err, sizeof err), 0);
     rank_free(&r2);
     json_t *ex = json_object_get(json_array_get(json_object_get(j, "layers"), 0), "experts");
     json_object_del(ex, "expert_ffn_dim");
     json_object_del(ex, "units");
     assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
-    assert_int_equal(rank_check(&r2, &p, err, sizeof err), -1);
+    assert_int_equal(rank_check(&r2, p, err, sizeof err), -1);
     assert_non_null(strstr(err, "rank the parent again"));
     rank_free(&r2);
     json_decref(j);
     arch_free(&t);
-    rank_free(&r);
-    free(l0);
-    free(l1);
-    eng_model_free(&q);
-    eng_model_free(&p);
-    td_stream_free(&calib);
-    arch_free(&a);
-    eng_backend_free(be);
+    ranked_close(&f);
 }
 
 /* A Nemotron-H parent whose layer 2 is a LatentMoE (4 experts of 6 in a latent of 10, a shared
@@ -621,19 +650,13 @@ static void test_latent_channels(void **state)
 {
     (void)state;
     char err[256];
-    eng_backend *be = eng_backend_cpu_new(1);
-    arch a;
-    latent_arch(&a);
-    if (arch_validate(&a, err, sizeof err))
-        fail_msg("arch: %s", err);
-    eng_model p, q, s;
-    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
-    eng_model_randomize(&p, 17, 0.3f);
-    td_stream calib = calib_stream(600);
-    rank_opts o = {.tokens = 4 * B * T, .B = B, .T = T};
-    rank_result r;
-    assert_int_equal(rank_compute(&p, &calib, &o, &r, err, sizeof err), 0);
-    const rank_layer *L = &r.layers[2];
+    ranked_fix f;
+    ranked_open(&f, latent_arch, 17, 50);
+    printf("LatentMoE permuted parent vs parent: logits rel err %.3g\n", f.e);
+    eng_model *p = &f.p, *q = &f.q, s;
+    const rank_result *r = &f.r;
+    const arch *a = &f.a;
+    const rank_layer *L = &r->layers[2];
     assert_int_equal(L->latent, 10);
     double sum = 0;
     for (int j = 0; j < 10; j++) {
@@ -643,73 +666,55 @@ static void test_latent_channels(void **state)
     }
     assert_true(fabs(sum - 2) < 1e-9);   /* a share of each side */
     assert_true(L->latent_perm[0] != 0 || L->latent_perm[1] != 1);   /* random weights: not the identity */
-    int tok[B * T];
-    for (int i = 0; i < B * T; i++)
-        tok[i] = calib.ids[50 + i];
-    float *l0 = malloc(sizeof(float) * B * T * V), *l1 = malloc(sizeof(float) * B * T * V);
-    logits_of(&p, tok, l0);
-    assert_int_equal(prune_to_arch(&p, &a, &q, err, sizeof err), 0);
-    assert_int_equal(rank_apply(&q, &r, err, sizeof err), 0);
-    logits_of(&q, tok, l1);
-    double e = rel_err(l1, l0, (size_t)B * T * V);
-    printf("LatentMoE permuted parent vs parent: logits rel err %.3g\n", e);
-    assert_true(e < 1e-5);
     float f0[10 * C], f1[10 * C];
     const char *fc1 = "backbone.layers.2.mixer.fc1_latent_proj.weight";
-    assert_int_equal(eng_model_get_tensor(&p, fc1, f0, 10 * C), 10 * C);
-    assert_int_equal(eng_model_get_tensor(&q, fc1, f1, 10 * C), 10 * C);
+    assert_int_equal(eng_model_get_tensor(p, fc1, f0, 10 * C), 10 * C);
+    assert_int_equal(eng_model_get_tensor(q, fc1, f1, 10 * C), 10 * C);
     for (int j = 0; j < 10; j++)   /* row j of the ranked fc1 is the parent's row latent_perm[j] */
-        assert_true(f1[j * C] == f0[L->latent_perm[j] * C + r.hidden_perm[0]]);
+        assert_true(f1[j * C] == f0[L->latent_perm[j] * C + r->hidden_perm[0]]);
     /* a latent of 6: the ranked parent with channels 6.. zeroed on both sides */
     arch t;
-    assert_int_equal(arch_copy(&t, &a), 0);
+    assert_int_equal(arch_copy(&t, a), 0);
     t.layers[2].moe.latent_dim = 6;
-    assert_int_equal(prune_to_arch(&q, &t, &s, err, sizeof err), 0);
+    assert_int_equal(prune_to_arch(q, &t, &s, err, sizeof err), 0);
     float *l2 = malloc(sizeof(float) * B * T * V);
-    logits_of(&s, tok, l1);
-    zero_cut_latent(&q, 6);
-    logits_of(&q, tok, l2);
-    e = rel_err(l1, l2, (size_t)B * T * V);
+    logits_of(&s, f.tok, f.l1);
+    zero_cut_latent(q, 6);
+    logits_of(q, f.tok, l2);
+    double e = rel_err(f.l1, l2, (size_t)B * T * V);
     printf("latent 10 -> 6 vs the ranked parent with the cut channels zeroed: logits rel err %.3g\n", e);
-    assert_true(e < 1e-5 && rel_err(l1, l0, (size_t)B * T * V) > 1e-3);
+    assert_true(e < 1e-5 && rel_err(f.l1, f.l0, (size_t)B * T * V) > 1e-3);
     float x0[6 * 10], x1[6 * 6];
-    assert_int_equal(eng_model_get_tensor(&q, "backbone.layers.2.mixer.experts.1.up_proj.weight", x0, 60), 60);
+    assert_int_equal(eng_model_get_tensor(q, "backbone.layers.2.mixer.experts.1.up_proj.weight", x0, 60), 60);
     assert_int_equal(eng_model_get_tensor(&s, "backbone.layers.2.mixer.experts.1.up_proj.weight", x1, 36), 36);
     for (int u = 0; u < 6; u++)
         for (int j = 0; j < 6; j++)
             assert_true(x1[u * 6 + j] == x0[u * 10 + j]);
     eng_model_free(&s);
     /* the ranking's JSON keeps the latent's order; one without it asks for a new ranking */
-    json_t *j = rank_to_json(&r);
+    json_t *j = rank_to_json(r);
     rank_result r2;
     assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
     assert_memory_equal(r2.layers[2].latent_perm, L->latent_perm, 10 * sizeof(int));
-    assert_int_equal(rank_check(&r2, &p, err, sizeof err), 0);
+    assert_int_equal(rank_check(&r2, p, err, sizeof err), 0);
     rank_free(&r2);
     json_t *ex = json_object_get(json_array_get(json_object_get(j, "layers"), 2), "experts");
     assert_int_equal(json_object_del(ex, "latent_dim") | json_object_del(ex, "latent"), 0);
     assert_int_equal(rank_from_json(j, &r2, err, sizeof err), 0);
-    assert_int_equal(rank_check(&r2, &p, err, sizeof err), -1);
+    assert_int_equal(rank_check(&r2, p, err, sizeof err), -1);
     assert_non_null(strstr(err, "rank the parent again"));
     rank_free(&r2);
     json_decref(j);
     /* refused: a wider latent, none */
     t.layers[2].moe.latent_dim = 11;
-    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_int_equal(prune_check(a, &t, err, sizeof err), -1);
     assert_non_null(strstr(err, "layers[2].moe.latent_dim"));
     t.layers[2].moe.latent_dim = 0;
-    assert_int_equal(prune_check(&a, &t, err, sizeof err), -1);
+    assert_int_equal(prune_check(a, &t, err, sizeof err), -1);
     assert_non_null(strstr(err, "layers[2].moe.latent_dim"));
     arch_free(&t);
-    rank_free(&r);
-    free(l0);
-    free(l1);
     free(l2);
-    eng_model_free(&q);
-    eng_model_free(&p);
-    td_stream_free(&calib);
-    arch_free(&a);
-    eng_backend_free(be);
+    ranked_close(&f);
 }
 
 int main(void)
