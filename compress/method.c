@@ -236,6 +236,15 @@ void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *ax
     }
 }
 
+void method_served_limits(const method_margin *margin, dnas_limits *out)
+{
+    double keep = 1.0 - margin->served_pct / 100.0;
+    memset(out, 0, sizeof *out);
+    out->latency_ms = margin->given.latency_ms * keep;
+    out->throughput_tps = margin->given.throughput_tps / keep;
+    out->memory_bytes = margin->given.memory_bytes * (1.0 - margin->memory_pct / 100.0);
+}
+
 json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin)
 {
     json_t *j = json_pack("{s:{s:f,s:f,s:f},s:s}", "margin", "latency_pct", margin->latency_pct, "memory_pct",
@@ -337,12 +346,8 @@ static int run_dnas(const method_opts *o, sc_check *sc, const method_margin *mar
     if (sc) {
         d.check = on_check;
         d.check_ud = &scb;
-        if (margin) {   /* a measurement is judged against the limits as given, less its own spread */
-            double keep = 1.0 - margin->served_pct / 100.0;
-            d.served_limits.latency_ms = margin->given.latency_ms * keep;
-            d.served_limits.throughput_tps = margin->given.throughput_tps / keep;
-            d.served_limits.memory_bytes = margin->given.memory_bytes * keep;
-        }
+        if (margin)   /* a measurement is judged against the limits as given, less its own spread */
+            method_served_limits(margin, &d.served_limits);
     }
     dnas_result r;
     int rc = dnas_run(&d, &r, err, errlen);

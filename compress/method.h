@@ -78,6 +78,12 @@ typedef struct {
 } method_margin;
 void method_aim(const arch *parent, const cm_tables *tables, const dnas_axes *axes, json_t *validation,
                 double given_pct, const dnas_limits *limits, dnas_limits *aimed, method_margin *margin);
+/* The limits a served check's measurement is judged against: the limits as given, less the
+ * spread of such a measurement. Latency and throughput: served_pct (two processes' latencies
+ * differ by it on the same arch). Memory: memory_pct only (the user's margin, or the largest
+ * error of the calibration's held-out memory predictions), not served_pct: a served peak is
+ * the engine's byte accounting, which the host's speed does not move. */
+void method_served_limits(const method_margin *margin, dnas_limits *out);
 /* The aim as JSON: {margin: {latency_pct, memory_pct, served_pct}, source, latency_ms?,
  * throughput_tokens_per_s?, memory_gib?}. New reference (NULL: no memory). */
 json_t *method_aim_json(const dnas_limits *aimed, const method_margin *margin);

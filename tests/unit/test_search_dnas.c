@@ -487,7 +487,8 @@ static void test_moe_shared_widths(void **state)
 }
 
 /* The aim's served margin: the median over the held-out archs of their two fresh processes'
- * spread (4%, 2%, 5% -> 4), a larger user margin instead, the limits as given kept. */
+ * spread (4%, 2%, 5% -> 4), a larger user margin instead, the limits as given kept; the
+ * served limits take that spread off latency, and only memory's own error off memory. */
 static void test_aim_served_margin(void **state)
 {
     (void)state;
@@ -507,6 +508,17 @@ static void test_aim_served_margin(void **state)
     assert_true(fabs(mg.served_pct - 4.0) < 1e-9);
     method_aim(NULL, NULL, NULL, NULL, -1, &lim, &aimed, &mg);   /* no validation: 3% */
     assert_true(fabs(mg.served_pct - 3.0) < 1e-9 && aimed.latency_ms == 100);
+    /* what a served check is judged against: latency less the process spread, memory less its
+       own error only (a served peak is the byte accounting: at the memory limit the search took
+       the latency spread off memory too and rejected an arch served at its exact prediction) */
+    dnas_limits both = {.latency_ms = 100, .memory_bytes = 1000.0 * (1 << 20)}, served;
+    method_aim(NULL, NULL, NULL, v, -1, &both, &aimed, &mg);
+    method_served_limits(&mg, &served);
+    assert_true(fabs(served.latency_ms - 96.0) < 1e-9);
+    assert_true(fabs(served.memory_bytes - 990.0 * (1 << 20)) < 1e-3);   /* memory_max_pct 1% */
+    method_aim(NULL, NULL, NULL, v, 12, &both, &aimed, &mg);   /* the user's margin: for both */
+    method_served_limits(&mg, &served);
+    assert_true(fabs(served.latency_ms - 88.0) < 1e-9 && fabs(served.memory_bytes - 880.0 * (1 << 20)) < 1e-3);
     json_decref(v);
 }
 
