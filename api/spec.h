@@ -63,8 +63,8 @@ int spec_json_int(const json_t *j, json_int_t *out);
  * JSON Schema that spec_json_int cannot hold exactly, so out of range (422), not mistyped. */
 int spec_json_big_int(const json_t *j);
 
-/* NULL when a resolved path is a regular file, else what it is ("a directory", "a FIFO",
- * "a device", "a socket", "missing"); nothing is opened. */
+/* NULL when a resolved path is a regular file, else what it is (fio_file_kind's words, or
+ * "missing"); nothing is opened. */
 const char *spec_file_kind(const char *resolved);
 
 #endif

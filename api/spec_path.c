@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "storage/fileio.h"
+
 static int under(const char *p, const char *root)
 {
     size_t n = strlen(root);
@@ -194,7 +196,5 @@ const char *spec_file_kind(const char *resolved)
     struct stat st;
     if (stat(resolved, &st))
         return "missing";
-    return S_ISREG(st.st_mode) ? NULL : S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-           : S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-           : "a special file";
+    return S_ISREG(st.st_mode) ? NULL : fio_file_kind(st.st_mode);
 }

@@ -17,8 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* What a file that is not a regular one is, for messages. */
-static const char *file_kind(mode_t m)
+const char *fio_file_kind(mode_t m)
 {
     return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device"
          : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
@@ -28,9 +27,9 @@ static const char *file_kind(mode_t m)
 static void not_regular(const char *path, const char *what, mode_t m, char *err, size_t errlen)
 {
     if (what)
-        snprintf(err, errlen, "%s: not %s (%s, not a regular file)", path, what, file_kind(m));
+        snprintf(err, errlen, "%s: not %s (%s, not a regular file)", path, what, fio_file_kind(m));
     else
-        snprintf(err, errlen, "%s: not a regular file (%s)", path, file_kind(m));
+        snprintf(err, errlen, "%s: not a regular file (%s)", path, fio_file_kind(m));
 }
 
 /* path opened for reading if it is a regular file: anything else (a FIFO, a device) is

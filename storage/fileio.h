@@ -9,6 +9,7 @@
 
 #include <setjmp.h>
 #include <stddef.h>
+#include <sys/types.h>
 #include <jansson.h>
 
 /* Map `path` read-only (MAP_PRIVATE). The file must be a regular file of at least
@@ -41,6 +42,10 @@ typedef struct fio_guard {
 } fio_guard;
 void fio_guard_enter(fio_guard *g);
 void fio_guard_leave(fio_guard *g);
+
+/* What a file of mode m that is not a regular one is, for messages: "a FIFO", "a directory",
+ * "a character device", "a block device", "a socket", or "not a plain file". */
+const char *fio_file_kind(mode_t m);
 
 /* Unmap a map from fio_map. A NULL map is a no-op. */
 void fio_unmap(void *map, size_t len);

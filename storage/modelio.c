@@ -427,9 +427,10 @@ tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)
         return tokload_gguf(&m->gg, err, errlen);
     struct stat st;
     if (m->tok_given && !fio_is_file(m->tok_path)) {   /* the caller's: what is wrong with it */
-        snprintf(err, errlen, "tokenizer %s: %s", m->tok_path,
-                 stat(m->tok_path, &st) ? strerror(errno) : S_ISDIR(st.st_mode) ? "a directory, not a tokenizer file"
-                 : "not a regular file");
+        int gone = stat(m->tok_path, &st) != 0;
+        snprintf(err, errlen, "tokenizer %s: %s%s%s", m->tok_path,
+                 gone ? strerror(errno) : S_ISDIR(st.st_mode) ? "a directory, not a tokenizer file" : "not a regular file (",
+                 gone || S_ISDIR(st.st_mode) ? "" : fio_file_kind(st.st_mode), gone || S_ISDIR(st.st_mode) ? "" : ")");
         return NULL;
     }
     if (!m->tok_path[0] || !fio_is_file(m->tok_path)) {
