@@ -386,7 +386,8 @@ json_t *api_parse_body(const api_req *req, api_resp *resp)
 
 spec_env api_spec_env(api_ctx *ctx)
 {
-    spec_env env = {ctx->roots, ctx->n_roots, ctx->data_dir, ctx->st, ctx->test_stages, ctx->webhooks};
+    spec_env env = {ctx->roots, ctx->n_roots, ctx->data_dir, ctx->st, ctx->test_stages, ctx->webhooks,
+                   ctx->webhook_private_hosts};
     return env;
 }
 

@@ -28,6 +28,7 @@ typedef struct {
     int n_roots;
     int test_stages;             /* AC_TEST_STAGES=1: x_test_* spec fields accepted */
     int webhooks;                /* a webhook sender runs: callback_url accepted */
+    int webhook_private_hosts;   /* it delivers to non-public addresses too */
     int max_wait_s;              /* cap on ?wait= */
     int64_t started_at;          /* Unix s */
     volatile int shutting_down;  /* readyz answers 503 */

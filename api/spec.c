@@ -19,6 +19,7 @@
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "engine/rng.h"
+#include "storage/fetch.h"
 #include "storage/archjson.h"
 #include "storage/modelio.h"
 
@@ -829,10 +830,18 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
         int url_ok = u && (!strncmp(u, "http://", 7) || !strncmp(u, "https://", 8)) && strlen(u) > 8;
         for (const char *p = u; url_ok && *p; p++)
             url_ok = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f;
+        const char *host = url_ok ? u + (u[4] == 's' ? 8 : 7) : NULL;
         if (cb && !url_ok)
             fault(&v, 422, "/callback_url", "must be an http:// or https:// URL without spaces");
+        else if (cb && memchr(host, '@', strcspn(host, "/?#")))   /* the spec is shown to every reader */
+            fault(&v, 422, "/callback_url", "credentials in the URL (user@host) are refused: they would be stored and "
+                                            "shown with the job (the receiver verifies the webhook-signature header)");
         else if (cb && !env->webhooks)
             fault(&v, 422, "/callback_url", "webhook delivery is off on this server (start it with --webhook-secret-file)");
+        else if (cb && !env->webhook_private_hosts && fetch_url_host_non_public(u))
+            fault(&v, 422, "/callback_url", "names a loopback, private or link-local address: this server delivers "
+                                            "webhooks to public addresses only (start it with "
+                                            "--allow-private-webhook-hosts to allow its own network)");
         else if (cb)
             json_object_set(out, "callback_url", cb);
     }

@@ -20,6 +20,7 @@ typedef struct {
     store *st;              /* for {"model": {"id"}}; may be NULL (ids then refused) */
     int test_stages;        /* accept x_test_* fields */
     int webhooks;           /* callback_url accepted (the server signs and sends webhooks) */
+    int webhook_private_hosts; /* a callback_url may name a non-public address */
 } spec_env;
 
 /* Validate a job spec (borrowed). Returns a NEW normalized spec, or NULL with *status

@@ -136,7 +136,7 @@ static json_t *spec_check(const run_args *a, store *st, json_t *in)
         json_decref(in);
         return NULL;
     }
-    spec_env env = {(char **)a->roots, a->n_roots, cwd, st, stages_test_enabled(), 0}; /* no server: no webhooks */
+    spec_env env = {(char **)a->roots, a->n_roots, cwd, st, stages_test_enabled(), 0, 0}; /* no server: no webhooks */
     int vstatus = 0;
     json_t *errors = NULL;
     json_t *spec = spec_validate(in, &env, &vstatus, &errors);

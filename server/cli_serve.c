@@ -141,7 +141,8 @@ static int serve_start(serve_state *S)
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         SERVE_FAIL("libcurl initialisation failed\n");
     if (S->wh_keylen > 0 &&
-        !(S->wh = webhook_start(S->st, S->wh_key, (size_t)S->wh_keylen, cfg->webhook_retry_s, err, sizeof err)))
+        !(S->wh = webhook_start(S->st, S->wh_key, (size_t)S->wh_keylen, cfg->webhook_retry_s,
+                                 cfg->allow_private_webhook_hosts, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
     /* Models registered by URL download in the background; any left "fetching" by a
      * previous server resume from their .part now. */
@@ -172,6 +173,7 @@ static int serve_start(serve_state *S)
     S->api = (api_ctx){
         .st = S->st, .as = S->as, .sched = S->sc, .data_dir = S->data_dir, .roots = S->roots,
         .n_roots = S->n_roots, .test_stages = stages_test_enabled(), .webhooks = S->wh != NULL,
+        .webhook_private_hosts = cfg->allow_private_webhook_hosts,
         .max_wait_s = cfg->max_wait_s, .started_at = store_now(), .runner = cfg->workers > 0 ? S->runner : NULL,
     };
     if (!(S->hs = http_start(cfg, &S->api, S->au, err, sizeof err)))
@@ -193,7 +195,8 @@ static int serve_start(serve_state *S)
                                "request_deadline_s", cfg->request_deadline_s, "store", store_name, "runner",
                                S->runner));
     if (S->wh)
-        log_msg("info", "webhooks on (signed, retried from %d s)", cfg->webhook_retry_s);
+        log_msg("info", "webhooks on (signed, retried from %d s, %s)", cfg->webhook_retry_s,
+                cfg->allow_private_webhook_hosts ? "private addresses too" : "public addresses only");
     return 0;
 }
 

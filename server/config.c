@@ -51,6 +51,9 @@ void srv_config_usage(FILE *f)
             "  --shutdown-grace-s N     AC_SHUTDOWN_GRACE_S  time workers get to stop on SIGTERM (10)\n"
             "  --webhook-secret-file P  AC_WEBHOOK_SECRET_FILE signing key (whsec_BASE64); enables callback_url\n"
             "  --webhook-retry-s N      AC_WEBHOOK_RETRY_S   first webhook retry delay, doubling (5)\n"
+            "  --allow-private-webhook-hosts AC_ALLOW_PRIVATE_WEBHOOK_HOSTS=1 deliver webhooks to loopback,\n"
+            "                                                private and link-local addresses too; without it a\n"
+            "                                                callback_url must reach a public address\n"
             "  --retain-max-bytes N     AC_RETAIN_MAX_BYTES  cap on the data dir's size: finished jobs are\n"
             "                                                removed, oldest first, never a running one (0: none)\n"
             "  --retain-max-age-s N     AC_RETAIN_MAX_AGE_S  remove finished jobs older than N s (0: none)\n"
@@ -171,6 +174,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("max-model-bytes", max_model_bytes, 1, 0x7fffffffffffffffL)
     NUM("allow-http-models", allow_http_models, 0, 1)
     NUM("allow-private-model-hosts", allow_private_model_hosts, 0, 1)
+    NUM("allow-private-webhook-hosts", allow_private_webhook_hosts, 0, 1)
     NUM("s3-allow-http", s3_allow_http, 0, 1)
 #undef NUM
     return -2;
@@ -211,6 +215,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         {"AC_RETAIN_MAX_AGE_S", "retain-max-age-s"}, {"AC_SCRUB_INTERVAL_S", "scrub-interval-s"}, {"AC_MAX_MODEL_BYTES", "max-model-bytes"},
         {"AC_ALLOW_HTTP_MODELS", "allow-http-models"}, {"AC_MODELS_CA_FILE", "models-ca-file"},
         {"AC_ALLOW_PRIVATE_MODEL_HOSTS", "allow-private-model-hosts"},
+        {"AC_ALLOW_PRIVATE_WEBHOOK_HOSTS", "allow-private-webhook-hosts"},
         {"AC_ARTIFACTS", "artifacts"}, {"AC_S3_CREDENTIALS_FILE", "s3-credentials-file"}, {"AC_STORE", "store"},
         {"AC_LEASE_S", "lease-s"},
         {"AC_S3_ALLOW_HTTP", "s3-allow-http"},
@@ -253,6 +258,10 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
         }
         if (!strcmp(a, "--allow-private-model-hosts")) {
             c->allow_private_model_hosts = 1;
+            continue;
+        }
+        if (!strcmp(a, "--allow-private-webhook-hosts")) {
+            c->allow_private_webhook_hosts = 1;
             continue;
         }
         if (!strcmp(a, "--s3-allow-http")) {

@@ -34,6 +34,7 @@ typedef struct {
     int max_wait_s, max_suspended, shutdown_grace_s;
     char webhook_secret_file[4096]; /* "" = webhooks off (callback_url refused) */
     int webhook_retry_s;         /* first retry delay; doubles per attempt */
+    int allow_private_webhook_hosts; /* webhooks may go to non-public addresses (tests, receivers inside the network) */
     int print_routes;
     long retain_max_bytes;       /* data dir size cap (finished jobs go, oldest first); 0 = none */
     long retain_max_age_s;       /* finished jobs older than this go; 0 = none */

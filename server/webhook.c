@@ -1,5 +1,6 @@
 /* server/webhook.c — the webhook sender thread (webhook.h). One libcurl easy handle,
- * reused; http and https only, no redirects, 5 s to connect and 10 s in all per attempt.
+ * reused; http and https only, no redirects, 5 s to connect and 10 s in all per attempt,
+ * connections to non-public addresses only when the server allows them (fetch_guard).
  * The outbox is polled every 200 ms; the store records each attempt in one transaction.
  */
 #include "server/webhook.h"
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #include "server/log.h"
+#include "storage/fetch.h"
 
 #define MAX_ATTEMPTS 8
 
@@ -22,6 +24,7 @@ struct webhook_sender {
     unsigned char key[256];
     size_t keylen;
     int retry_s;
+    int allow_private;   /* receivers on loopback, private and link-local addresses */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -94,7 +97,9 @@ static size_t discard(char *p, size_t size, size_t n, void *ud)
     return size * n;
 }
 
-/* One attempt. Returns 1 on a 2xx, 0 otherwise with a reason in err. */
+/* One attempt. Returns 1 on a 2xx; 0 otherwise with a reason in err, or -1 when trying
+ * again cannot help (the receiver's address is not public and the server does not allow
+ * those). */
 static int deliver(webhook_sender *w, CURL *c, const store_webhook *wh, char *err, size_t errlen)
 {
     long long ts = (long long)time(NULL);
@@ -118,6 +123,12 @@ static int deliver(webhook_sender *w, CURL *c, const store_webhook *wh, char *er
         hdrs = t;
     }
     curl_easy_reset(c);
+    fetch_guard guard = {.allow_private = w->allow_private};
+    if (fetch_guard_install(c, &guard) < 0) {
+        curl_slist_free_all(hdrs);
+        snprintf(err, errlen, "libcurl rejected an option");
+        return 0;
+    }
     curl_easy_setopt(c, CURLOPT_URL, wh->url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
@@ -132,6 +143,11 @@ static int deliver(webhook_sender *w, CURL *c, const store_webhook *wh, char *er
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
     curl_slist_free_all(hdrs);
+    if (rc == CURLE_COULDNT_CONNECT && guard.refused[0]) {
+        snprintf(err, errlen, "refused to connect to %s, which is not a public address (a server delivers to its own "
+                 "network with --allow-private-webhook-hosts)", guard.refused);
+        return -1;
+    }
     if (rc != CURLE_OK) {
         snprintf(err, errlen, "%s", curl_easy_strerror(rc));
         return 0;
@@ -155,9 +171,9 @@ static void *loop(void *arg)
         if (c && store_webhook_due(w->st, store_now(), 16, &due, &n) == 0) {
             for (int i = 0; i < n; i++) {
                 char err[300] = "";
-                int ok = deliver(w, c, &due[i], err, sizeof err);
+                int r = deliver(w, c, &due[i], err, sizeof err), ok = r == 1;
                 int attempt = due[i].attempts + 1;
-                int give_up = !ok && attempt >= MAX_ATTEMPTS;
+                int give_up = r < 0 || (!ok && attempt >= MAX_ATTEMPTS);
                 long long delay = (long long)w->retry_s << (attempt - 1 < 12 ? attempt - 1 : 12);
                 if (delay > 3600)
                     delay = 3600;
@@ -187,8 +203,8 @@ static void *loop(void *arg)
     return NULL;
 }
 
-webhook_sender *webhook_start(store *st, const unsigned char *key, size_t keylen, int retry_s, char *err,
-                              size_t errlen)
+webhook_sender *webhook_start(store *st, const unsigned char *key, size_t keylen, int retry_s, int allow_private,
+                              char *err, size_t errlen)
 {
     webhook_sender *w = calloc(1, sizeof *w);
     if (!w || keylen == 0 || keylen > sizeof w->key) {
@@ -200,6 +216,7 @@ webhook_sender *webhook_start(store *st, const unsigned char *key, size_t keylen
     memcpy(w->key, key, keylen);
     w->keylen = keylen;
     w->retry_s = retry_s > 0 ? retry_s : 1;
+    w->allow_private = allow_private;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (pthread_create(&w->thread, NULL, loop, w) != 0) {

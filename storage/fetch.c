@@ -48,61 +48,8 @@ typedef struct {
     long code;               /* HTTP status of the response whose body arrived */
     int too_big, io_err, bad_range, cancelled, restarted;
     char io_msg[256];
-    char refused[64];        /* the non-public address a connection was refused to ("": none) */
+    fetch_guard guard;       /* its connections' addresses */
 } fx;
-
-/* 1 when the IPv4 address a (host order) is not on the public internet: this network, RFC
- * 1918, shared (CGNAT), loopback, link-local (cloud metadata services at 169.254.169.254),
- * IETF protocol assignments, benchmarking, multicast, reserved and broadcast. */
-static int v4_non_public(uint32_t a)
-{
-    static const struct { uint32_t net, mask; } blocks[] = {
-        {0x00000000, 0xff000000}, {0x0a000000, 0xff000000}, {0x64400000, 0xffc00000}, {0x7f000000, 0xff000000},
-        {0xa9fe0000, 0xffff0000}, {0xac100000, 0xfff00000}, {0xc0000000, 0xffffff00}, {0xc0a80000, 0xffff0000},
-        {0xc6120000, 0xfffe0000}, {0xe0000000, 0xe0000000},
-    };
-    for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++)
-        if ((a & blocks[i].mask) == blocks[i].net)
-            return 1;
-    return 0;
-}
-
-int fetch_addr_non_public(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET)
-        return v4_non_public(ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr));
-    if (sa->sa_family != AF_INET6)
-        return 1;
-    const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
-    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff},
-                         nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0},
-                         nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 1};   /* 64:ff9b:1::/48 */
-    if (!memcmp(b, mapped, 12) || !memcmp(b, nat64, 12))   /* an IPv4 address inside */
-        return v4_non_public((uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15]);
-    if (!memcmp(b, nat64_local, 6))
-        return 1;
-    static const uint8_t zero[15] = {0};
-    if (!memcmp(b, zero, 15) && b[15] <= 1)   /* :: and ::1 */
-        return 1;
-    /* ULA fc00::/7, link-local fe80::/10, site-local fec0::/10, multicast ff00::/8 */
-    return (b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0x80) == 0x80) || b[0] == 0xff;
-}
-
-/* curl's socket for each connection it makes, redirects included: refused (CURL_SOCKET_BAD,
- * the address kept in s->refused) when it goes to a non-public address and the caller does
- * not allow those, so a URL, or a redirect, cannot reach the server's own network. */
-static curl_socket_t fx_opensocket(void *u, curlsocktype purpose, struct curl_sockaddr *a)
-{
-    fx *s = u;
-    if (purpose == CURLSOCKTYPE_IPCXN && !(s->o->flags & FETCH_ALLOW_PRIVATE) && fetch_addr_non_public(&a->addr)) {
-        const void *in = a->addr.sa_family == AF_INET ? (const void *)&((struct sockaddr_in *)&a->addr)->sin_addr
-                                                      : (const void *)&((struct sockaddr_in6 *)&a->addr)->sin6_addr;
-        if (!inet_ntop(a->addr.sa_family, in, s->refused, sizeof s->refused))
-            snprintf(s->refused, sizeof s->refused, "a non-public address");
-        return CURL_SOCKET_BAD;
-    }
-    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
-}
 
 static int hexval(int ch)
 {
@@ -394,8 +341,7 @@ static int fx_configure(fx *s, const char *url, char *cerr, char *err, size_t er
         curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
         curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr) ||
         curl_easy_setopt(c, CURLOPT_USERAGENT, "autocompress") ||
-        curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, fx_opensocket) ||
-        curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, s) ||
+        fetch_guard_install(c, &s->guard) ||
         curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L) || curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L) ||
         (o->ca_file && (curl_easy_setopt(c, CURLOPT_CAINFO, o->ca_file) ||
                         curl_easy_setopt(c, CURLOPT_CAPATH, (char *)NULL))) ||
@@ -435,9 +381,9 @@ static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, lon
                  url, (long long)s->start, (long long)s->cr_start);
         return FETCH_RETRY;
     }
-    if (cc == CURLE_COULDNT_CONNECT && s->refused[0]) {   /* first: a redirect's status may still be the code */
+    if (cc == CURLE_COULDNT_CONNECT && s->guard.refused[0]) {   /* first: a redirect's status may still be the code */
         snprintf(err, errlen, "%.300s: refused to connect to %s, which is not a public address (a server allows its own "
-                 "network with --allow-private-model-hosts%s)", url, s->refused,
+                 "network with --allow-private-model-hosts%s)", url, s->guard.refused,
                  getenv("https_proxy") || getenv("HTTPS_PROXY") || getenv("http_proxy") || getenv("ALL_PROXY") ||
                  getenv("all_proxy") ? "; a proxy is set in the environment, and this may be its address" : "");
         return FETCH_FAILED;
@@ -521,6 +467,7 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
     fx s;
     memset(&s, 0, sizeof s);
     s.o = o;
+    s.guard.allow_private = !!(o->flags & FETCH_ALLOW_PRIVATE);
     s.max = max_bytes;
     s.total = -1;
     s.cr_start = s.cr_total = -1;

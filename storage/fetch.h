@@ -59,6 +59,25 @@ struct sockaddr;
  * else 0. */
 int fetch_addr_non_public(const struct sockaddr *sa);
 
+/* A guard on the connections one curl handle makes, redirects included: unless
+ * allow_private, a connection to a non-public address (fetch_addr_non_public) is refused
+ * (the transfer ends CURLE_COULDNT_CONNECT) and the address is kept in refused. Checked
+ * per connection, after name resolution, so a host name that resolves, or later
+ * re-resolves, to the server's own network is caught. fetch_url and the webhook sender
+ * use it. */
+typedef struct {
+    int allow_private;
+    char refused[64];   /* the address a connection was refused to ("": none) */
+} fetch_guard;
+/* Install g (borrowed for the handle's transfers) on curl, a CURL *; clears g->refused.
+ * Returns 0, or -1 when libcurl refuses the options. */
+int fetch_guard_install(void *curl, fetch_guard *g);
+/* 1 when url's host is, as written, a non-public address: an IPv4 or [IPv6] literal that
+ * fetch_addr_non_public refuses, or localhost (and *.localhost); else 0, also when the URL
+ * does not parse. For an early, clear refusal only: host names are judged per connection,
+ * by the guard. */
+int fetch_url_host_non_public(const char *url);
+
 /* Download url into out_path: bytes go to "out_path.part" (locked against a concurrent
  * download of the same file); an existing .part is hashed and continued with a Range
  * request, and restarted from byte 0 when the server answers 200 instead of 206. At most

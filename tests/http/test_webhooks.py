@@ -2,7 +2,11 @@
 signed POST (Standard Webhooks headers; the HMAC-SHA256 signature verifies with the
 secret) on its terminal state; a receiver answering 500 first gets the same message
 again after the backoff, and the job's events record the delivery. Without a secret
-the server refuses callback_url (422)."""
+the server refuses callback_url (422). Without --allow-private-webhook-hosts a receiver
+must be on a public address: a loopback literal (or localhost, or credentials in the URL)
+is refused at POST (422), and a name that resolves to loopback ("127.1") is refused at
+connection time: the delivery fails for good at once, naming the address, and the
+receiver sees nothing."""
 import base64
 import hashlib
 import hmac
@@ -35,7 +39,7 @@ def main():
     url = "http://127.0.0.1:%d/hook?team=npc" % hook.server_address[1]
 
     key = os.urandom(24)
-    s = Server(args=["--webhook-retry-s", "2"])  # whole seconds: the retry comes 1-2 s later
+    s = Server(args=["--webhook-retry-s", "2", "--allow-private-webhook-hosts"])  # the retry comes 1-2 s later
     secret = os.path.join(s.tmp, "whsec")
     with open(secret, "w") as f:
         f.write("whsec_" + base64.b64encode(key).decode() + "\n")
@@ -74,6 +78,39 @@ def main():
         check_problem(*s2.json("POST", "/v1/jobs", test_spec(["test_fail"], callback_url=url)), 422,
                       pointer="/callback_url")
         assert s2.stop() == 0
+    port = hook.server_address[1]
+    s3 = Server(args=["--webhook-retry-s", "1"])
+    secret = os.path.join(s3.tmp, "whsec")
+    with open(secret, "w") as f:
+        f.write("whsec_" + base64.b64encode(key).decode() + "\n")
+    s3.args += ["--webhook-secret-file", secret]
+    with s3:  # public receivers only
+        for bad, says in (("http://127.0.0.1:%d/hook" % port, "--allow-private-webhook-hosts"),
+                          ("http://[::1]:%d/hook" % port, "--allow-private-webhook-hosts"),
+                          ("https://169.254.169.254/latest", "--allow-private-webhook-hosts"),
+                          ("http://LocalHost.:%d/hook" % port, "--allow-private-webhook-hosts"),
+                          ("https://user:pw@example.com/hook", "credentials")):
+            st, h, doc = s3.json("POST", "/v1/jobs", test_spec(["test_fail"], callback_url=bad))
+            check_problem(st, h, doc, 422, pointer="/callback_url")
+            assert says in json.dumps(doc), (bad, doc)
+        before = len(got)
+        _, _, job = s3.json("POST", "/v1/jobs", test_spec(["test_fail"], callback_url="http://127.1:%d/hook" % port),
+                            expect=201)
+        t0, evs = time.time(), []
+        while time.time() - t0 < 10:
+            _, _, evs = s3.json("GET", "/v1/jobs/%s/events" % job["id"], expect=200)
+            if any(e["type"].startswith("webhook.") for e in evs["data"]):
+                break
+            time.sleep(0.05)
+        wh = [e for e in evs["data"] if e["type"].startswith("webhook.")]
+        assert [e["type"] for e in wh] == ["webhook.failed"], evs
+        assert "refused to connect to 127.0.0.1" in wh[0]["message"], wh
+        assert "--allow-private-webhook-hosts" in wh[0]["message"], wh
+        time.sleep(1.5)  # past the first retry's delay: no retry, no request
+        _, _, evs = s3.json("GET", "/v1/jobs/%s/events" % job["id"], expect=200)
+        assert len([e for e in evs["data"] if e["type"].startswith("webhook.")]) == 1, evs
+        assert len(got) == before, got[before:]
+        assert s3.stop() == 0
     hook.shutdown()
     print("ok")
 

@@ -599,6 +599,25 @@ static void test_private_addresses(void **state)
     srv_stop(&s);
 }
 
+/* The early judgement of a URL's host as written: literals and localhost only; names (and
+ * forms inet_pton does not read, like 127.1) are left to the guard at connection time. */
+static void test_url_hosts(void **state)
+{
+    (void)state;
+    static const struct { const char *url; int non_public; } cases[] = {
+        {"http://127.0.0.1:8080/hook", 1}, {"https://10.0.0.5/x", 1}, {"http://169.254.169.254", 1},
+        {"http://[::1]:9/h", 1}, {"http://[fe80::1%25eth0]/h", 1}, {"http://[::ffff:192.168.0.1]/", 1},
+        {"http://localhost/h", 1}, {"http://LOCALHOST.:80/h", 1}, {"http://api.localhost/h", 1},
+        {"http://user:pw@127.0.0.1/h", 1}, {"https://a@b@10.1.1.1/x", 1},
+        {"https://example.com/hook", 0}, {"https://8.8.8.8/h", 0}, {"http://[2606:4700::1111]:443/", 0},
+        {"http://127.1/h", 0}, {"http://notlocalhost/h", 0}, {"https://example.com/?u=http://127.0.0.1/", 0},
+        {"https://example.com#@127.0.0.1", 0}, {"no-scheme", 0}, {"http://[::1/h", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        if (fetch_url_host_non_public(cases[i].url) != cases[i].non_public)
+            fail_msg("%s: non_public %d, want %d", cases[i].url, !cases[i].non_public, cases[i].non_public);
+}
+
 static void test_model_file_names(void **state)
 {
     (void)state;
@@ -756,6 +775,7 @@ int main(void)
         cmocka_unit_test(test_cancel_and_schemes),
         cmocka_unit_test(test_ca_files),
         cmocka_unit_test(test_private_addresses),
+        cmocka_unit_test(test_url_hosts),
         cmocka_unit_test(test_model_file_names),
         cmocka_unit_test(test_fetcher_resumes),
     };

@@ -79,7 +79,7 @@ static int teardown(void **state)
 
 static spec_env env_of(int test_stages)
 {
-    spec_env e = {roots, 2, dir, NULL, test_stages, 0};
+    spec_env e = {roots, 2, dir, NULL, test_stages, 0, 0};
     return e;
 }
 
@@ -397,7 +397,8 @@ static void test_callback_url(void **state)
     assert_non_null(s);
     assert_string_equal(json_string_value(json_object_get(s, "callback_url")), "https://ci.example.com/h?a=1");
     json_decref(s);
-    const char *bad[] = {"ftp://x/y", "https://", "http://a b", "javascript:alert(1)", NULL};
+    const char *bad[] = {"ftp://x/y", "https://", "http://a b", "javascript:alert(1)", "http://10.0.0.7:8080/h",
+                         "https://[::1]/h", "http://localhost/h", "https://u:p@ci.example.com/h", NULL};
     for (int i = 0; bad[i]; i++) {
         json_t *b = json_pack("{s:{s:s},s:{s:i},s:s}", "model", "path", "models/tiny.bin", "constraints", "params", 1,
                               "callback_url", bad[i]);
@@ -408,6 +409,12 @@ static void test_callback_url(void **state)
         assert_true(has_pointer(errors, "/callback_url"));
         json_decref(errors);
     }
+    env.webhook_private_hosts = 1;   /* a server that delivers inside its own network */
+    in = json_loads("{" OK_MODEL ",\"constraints\":{\"params\":1},\"callback_url\":\"http://10.0.0.7:8080/h\"}", 0, NULL);
+    s = spec_validate(in, &env, &status, &errors);
+    json_decref(in);
+    assert_non_null(s);
+    json_decref(s);
 }
 
 static void test_calibration_request(void **state)
