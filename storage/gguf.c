@@ -308,12 +308,27 @@ static int parse(gguf_file *g, char *err, size_t errlen)
 int gguf_open_mem(gguf_file *g, const void *buf, size_t len, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
-    g->base = buf;
+    g->base = g->meta = buf;
     g->len = len;
     if (parse(g, err, errlen)) {
         gguf_close(g);
         return -1;
     }
+    return 0;
+}
+
+/* Move the metadata reads of a parsed g from its map to a copy of bytes [0, data_off). */
+static int copy_meta(gguf_file *g, char *err, size_t errlen)
+{
+    size_t n = (size_t)g->data_off;
+    if (!(g->meta_copy = malloc(n ? n : 1))) {
+        snprintf(err, errlen, "out of memory for %zu bytes of GGUF metadata", n);
+        return -1;
+    }
+    memcpy(g->meta_copy, g->base, n);
+    for (int i = 0; i < g->n_kv; i++)
+        g->kv[i].key = (const char *)g->meta_copy + ((const uint8_t *)g->kv[i].key - g->base);
+    g->meta = g->meta_copy;
     return 0;
 }
 
@@ -325,9 +340,19 @@ int gguf_open(gguf_file *g, const char *path, char *err, size_t errlen)
     if (fio_map(path, 24, "a GGUF file", &m, &len, err, errlen))
         return -1;
     g->map = m;
-    g->base = m;
+    g->base = g->meta = m;
     g->len = len;
-    if (parse(g, err, errlen)) {
+    fio_guard guard;
+    if (sigsetjmp(guard.jb, 1)) {
+        snprintf(err, errlen, "%s: GGUF: the file ended under its metadata (cut short or rewritten while it opened)",
+                 path);
+        gguf_close(g);
+        return -1;
+    }
+    fio_guard_enter(&guard);
+    int rc = parse(g, err, errlen) || copy_meta(g, err, errlen);
+    fio_guard_leave(&guard);
+    if (rc) {
         fio_err_path(err, errlen, path);
         gguf_close(g);
         return -1;
@@ -341,6 +366,7 @@ void gguf_close(gguf_file *g)
         free(g->kv[i].str_off);
     free(g->kv);
     free(g->t);
+    free(g->meta_copy);
     fio_unmap(g->map, g->len);
     memset(g, 0, sizeof *g);
 }
@@ -385,13 +411,13 @@ static int scalar_float(const uint8_t *p, uint32_t type, double *v)
 int gguf_get_int(const gguf_file *g, const char *key, int64_t *v)
 {
     int i = gguf_find(g, key);
-    return i < 0 ? -1 : scalar_int(g->base + g->kv[i].off, g->kv[i].type, v);
+    return i < 0 ? -1 : scalar_int(g->meta + g->kv[i].off, g->kv[i].type, v);
 }
 
 int gguf_get_float(const gguf_file *g, const char *key, double *v)
 {
     int i = gguf_find(g, key);
-    return i < 0 ? -1 : scalar_float(g->base + g->kv[i].off, g->kv[i].type, v);
+    return i < 0 ? -1 : scalar_float(g->meta + g->kv[i].off, g->kv[i].type, v);
 }
 
 int gguf_get_str(const gguf_file *g, const char *key, const char **s, size_t *len)
@@ -400,8 +426,8 @@ int gguf_get_str(const gguf_file *g, const char *key, const char **s, size_t *le
     if (i < 0 || g->kv[i].type != GGUF_T_STRING)
         return -1;
     uint64_t l;
-    memcpy(&l, g->base + g->kv[i].off, 8);
-    *s = (const char *)g->base + g->kv[i].off + 8;
+    memcpy(&l, g->meta + g->kv[i].off, 8);
+    *s = (const char *)g->meta + g->kv[i].off + 8;
     *len = (size_t)l;
     return 0;
 }
@@ -422,7 +448,7 @@ int gguf_arr_int(const gguf_file *g, int kv, uint64_t i, int64_t *v)
         g->kv[kv].arr_type == GGUF_T_STRING)
         return -1;
     size_t es = scalar_size(g->kv[kv].arr_type);
-    return scalar_int(g->base + g->kv[kv].off + i * es, g->kv[kv].arr_type, v);
+    return scalar_int(g->meta + g->kv[kv].off + i * es, g->kv[kv].arr_type, v);
 }
 
 int gguf_arr_float(const gguf_file *g, int kv, uint64_t i, double *v)
@@ -431,7 +457,7 @@ int gguf_arr_float(const gguf_file *g, int kv, uint64_t i, double *v)
         g->kv[kv].arr_type == GGUF_T_STRING)
         return -1;
     size_t es = scalar_size(g->kv[kv].arr_type);
-    return scalar_float(g->base + g->kv[kv].off + i * es, g->kv[kv].arr_type, v);
+    return scalar_float(g->meta + g->kv[kv].off + i * es, g->kv[kv].arr_type, v);
 }
 
 int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t *len)
@@ -440,8 +466,8 @@ int gguf_arr_str(const gguf_file *g, int kv, uint64_t i, const char **s, size_t 
         i >= g->kv[kv].arr_n)
         return -1;
     uint64_t l, o = g->kv[kv].str_off[i];
-    memcpy(&l, g->base + o, 8);
-    *s = (const char *)g->base + o + 8;
+    memcpy(&l, g->meta + o, 8);
+    *s = (const char *)g->meta + o + 8;
     *len = (size_t)l;
     return 0;
 }
@@ -451,8 +477,8 @@ int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len)
     if (kv < 0 || kv >= g->n_kv)
         return -1;
     const gguf_kv *k = &g->kv[kv];
-    size_t start = (size_t)((const uint8_t *)k->key - g->base) + k->key_len + 4;   /* past the type */
-    *bytes = g->base + start;
+    size_t start = (size_t)((const uint8_t *)k->key - g->meta) + k->key_len + 4;   /* past the type */
+    *bytes = g->meta + start;
     *len = (size_t)(k->end - start);
     return 0;
 }

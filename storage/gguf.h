@@ -20,7 +20,7 @@ enum {
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30 };
 
 typedef struct {
-    const char *key;            /* points into the file; not NUL-terminated */
+    const char *key;            /* points into meta; not NUL-terminated */
     size_t key_len;
     uint32_t type;              /* GGUF_T_* */
     uint64_t off;               /* value (scalar or string) offset; arrays: first item */
@@ -41,8 +41,12 @@ typedef struct {
 } gguf_tensor;
 
 typedef struct {
-    const uint8_t *base;
+    const uint8_t *base;        /* the file (map or memory image): tensor data is read here */
     size_t len;
+    const uint8_t *meta;        /* bytes [0, data_off): metadata and tensor infos are read here.
+                                   gguf_open copies them out of the map (a file cut short under
+                                   a reader cannot fault a metadata read); gguf_open_mem: base */
+    uint8_t *meta_copy;         /* owned copy, or NULL */
     void *map;                  /* NULL for gguf_open_mem */
     uint32_t version;
     int n_kv, n_tensors;
@@ -51,7 +55,9 @@ typedef struct {
     uint64_t data_off;
 } gguf_file;
 
-/* Open and validate (mmap). Returns 0, or -1 with a reason; nothing to close on failure. */
+/* Open and validate (mmap), copying the metadata out of the map, all under a fio_guard: a
+ * file cut short while it opens is an error naming it. Returns 0, or -1 with a reason;
+ * nothing to close on failure. */
 int gguf_open(gguf_file *g, const char *path, char *err, size_t errlen);
 /* Same on a memory image (borrowed; must outlive g). */
 int gguf_open_mem(gguf_file *g, const void *buf, size_t len, char *err, size_t errlen);
