@@ -373,6 +373,8 @@ static void masks_free(eng_model *m)
     free(k->g_expert);
     free(k->shared);
     free(k->g_shared);
+    free(k->latent);
+    free(k->g_latent);
     free(k);
     m->masks = NULL;
 }
@@ -608,7 +610,8 @@ int eng_model_enable_masks(eng_model *m)
     size_t count = (size_t)a->hidden_size + 2 * (size_t)L;
     for (int l = 0; l < L; l++)
         count += (size_t)mixer_heads(&a->layers[l]) + (size_t)arch_layer_units(&a->layers[l]) +
-                 (size_t)a->layers[l].moe.n_experts + (size_t)a->layers[l].moe.shared_ffn_dim;
+                 (size_t)a->layers[l].moe.n_experts + (size_t)a->layers[l].moe.shared_ffn_dim +
+                 (size_t)a->layers[l].moe.latent_dim;
     eng_masks *k = calloc(1, sizeof *k);
     if (!k)
         return -1;
@@ -624,9 +627,12 @@ int eng_model_enable_masks(eng_model *m)
     k->g_expert = calloc(nl, sizeof *k->g_expert);
     k->shared = calloc(nl, sizeof *k->shared);
     k->g_shared = calloc(nl, sizeof *k->g_shared);
+    k->latent = calloc(nl, sizeof *k->latent);
+    k->g_latent = calloc(nl, sizeof *k->g_latent);
     k->block = m->be->alloc(m->be, im->masks_bytes);
     k->grad_block = m->be->alloc(m->be, im->masks_bytes);
-    if (!k->head || !k->g_head || !k->ffn || !k->g_ffn || !k->expert || !k->g_expert || !k->shared || !k->g_shared || !k->block ||
+    if (!k->head || !k->g_head || !k->ffn || !k->g_ffn || !k->expert || !k->g_expert || !k->shared || !k->g_shared ||
+        !k->latent || !k->g_latent || !k->block ||
         !k->grad_block) {
         masks_free(m);
         return -1;
@@ -664,6 +670,12 @@ int eng_model_enable_masks(eng_model *m)
         k->shared[l] = sh ? k->block + o : NULL;
         k->g_shared[l] = sh ? k->grad_block + o : NULL;
         o += (size_t)sh;
+    }
+    for (int l = 0; l < L; l++) {
+        int lt = a->layers[l].moe.latent_dim;
+        k->latent[l] = lt ? k->block + o : NULL;
+        k->g_latent[l] = lt ? k->grad_block + o : NULL;
+        o += (size_t)lt;
     }
     k->hidden_count = (float)a->hidden_size;
     k->g_hidden_count = 0;

@@ -59,8 +59,13 @@ typedef struct {
  *   expert[l][E_l]       scales each expert's output (MoE layers), after the block.
  *   shared[l][S_l]       scales each unit of the layer's shared expert before its down
  *                        projection (MoE layers with one; S_l = shared_ffn_dim).
+ *   latent[l][Lt_l]      scales each latent channel of a LatentMoE layer on both sides: the
+ *                        experts' input (after fc1_latent_proj) and their weighted sum
+ *                        (before fc2_latent_proj). 0/1 values compute the model whose latent
+ *                        keeps the channels at 1 (pruning cuts fc1's rows and fc2's columns).
  * Block order: hidden, then per layer head and ffn, then attn_gate, mlp_gate, then per
- * MoE layer its expert masks, then per shared expert its unit masks. */
+ * MoE layer its expert masks, then per shared expert its unit masks, then per LatentMoE
+ * layer its latent masks. */
 typedef struct {
     float *block, *grad_block;   /* one allocation each, count floats */
     size_t count;
@@ -72,6 +77,7 @@ typedef struct {
     float **expert, **g_expert;  /* [n_layers] pointers to [E_l] (NULL without MoE): scales each
                                     expert's routing weight, after the top-k choice */
     float **shared, **g_shared;  /* [n_layers] pointers to [S_l] (NULL without a shared expert) */
+    float **latent, **g_latent;  /* [n_layers] pointers to [Lt_l] (NULL without a latent) */
     float hidden_count;          /* RMSNorm's divisor; C by default. Host value. */
     float g_hidden_count;        /* d loss / d hidden_count (host), from backward */
 } eng_masks;

@@ -392,7 +392,7 @@ static int moe_forward(eng_model *m, int l, const eng_masks *mk, const float *xn
         return -1;
     route(m, l, mk, xn, &c);
     int C = c.C, D = c.D, F = e->expert_ffn_dim;
-    const float *um = mk ? mk->ffn[l] : NULL;
+    const float *um = mk ? mk->ffn[l] : NULL, *lm = mk && L->lat_in ? mk->latent[l] : NULL;
     const float *src = xn;   /* what the experts read and where their sum goes: the latent, else the block */
     float *dst = y;
     be->zero(be, y, F4 * (size_t)N * C);
@@ -400,6 +400,8 @@ static int moe_forward(eng_model *m, int l, const eng_masks *mk, const float *xn
         be->gemm(be, 0, 1, N, D, C, 1.0f, xn, C, L->lat_in, C, 0.0f, c.XL, D);
         if (stats)   /* the latent's input channels; YL is not written yet */
             add_col_sums(be, stats, stats->latent_abs[l], c.YL, c.XL, N, D);
+        if (lm)   /* the search's latent masks, on the experts' input and (below) on their sum */
+            be->mask_fwd(be, c.XL, c.XL, lm, N, D, 1);
         be->zero(be, c.YL, F4 * (size_t)N * D);
         src = c.XL;
         dst = c.YL;
@@ -416,6 +418,8 @@ static int moe_forward(eng_model *m, int l, const eng_masks *mk, const float *xn
             add_stats(be, &c, stats, l, x, F);
     }
     if (L->lat_out) {
+        if (lm)
+            be->mask_fwd(be, c.YL, c.YL, lm, N, D, 1);
         be->gemm(be, 0, 1, N, C, D, 1.0f, c.YL, D, L->lat_out, D, 0.0f, y, C);
         if (stats)   /* its output channels; the experts are done with XL */
             add_col_sums(be, stats, stats->latent_abs[l] + D, c.XL, c.YL, N, D);
@@ -604,8 +608,8 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         return -1;
     route(m, l, mk, xn, &c);
     int C = c.C, D = c.D, F = e->expert_ffn_dim, E = c.E, k = c.k;
-    const float *um = mk ? mk->ffn[l] : NULL;
-    float *gum = um && gm ? m->masks->g_ffn[l] : NULL;
+    const float *um = mk ? mk->ffn[l] : NULL, *lm = mk && L->lat_in ? mk->latent[l] : NULL;
+    float *gum = um && gm ? m->masks->g_ffn[l] : NULL, *glm = lm && gm ? m->masks->g_latent[l] : NULL;
     float *dw = malloc(F4 * (size_t)N * k);
     double *dmask = calloc((size_t)E, sizeof *dmask);
     if (!dw || !dmask) {
@@ -617,9 +621,13 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
     be->zero(be, dxn, F4 * (size_t)N * C);
     const float *src = xn, *dsum = dy;   /* the experts' input and their sum's gradient (latent, else the block's) */
     float *dsrc = dxn;
-    if (L->lat_in) {   /* LatentMoE: y = (sum of weighted experts on x fc1^T) fc2^T */
+    if (L->lat_in) {   /* LatentMoE: y = (m * sum of weighted experts on m * x fc1^T) fc2^T, m the latent masks */
         be->gemm(be, 0, 1, N, D, C, 1.0f, xn, C, L->lat_in, C, 0.0f, c.XL, D);
         be->gemm(be, 0, 0, N, D, C, 1.0f, dy, C, L->lat_out, D, 0.0f, c.dYL, D);
+        if (lm) {   /* the experts read m * XL; their sum's gradient is m * (dy fc2) */
+            be->mask_fwd(be, c.XL, c.XL, lm, N, D, 1);
+            be->mask_fwd(be, c.dYL, c.dYL, lm, N, D, 1);
+        }
         be->zero(be, c.YL, F4 * (size_t)N * D);
         be->zero(be, c.dXL, F4 * (size_t)N * D);
         src = c.XL;
@@ -648,6 +656,13 @@ int eng_moe_bwd(eng_model *m, int l, const eng_masks *mk, const float *xn, const
         expert_bwd(be, &c, W[0], W[1], W[2], GW ? GW[0] : NULL, GW ? GW[1] : NULL, GW ? GW[2] : NULL, F, n, D, um,
                    gum);   /* W[0] NULL: relu2 */
         be->scatter_rows_acc(be, dsrc, c.dX, rows, NULL, n, D);
+    }
+    if (lm) {   /* the masks' gradient from both sides, and the gradients past them */
+        be->gemm(be, 0, 0, N, D, C, 1.0f, dy, C, L->lat_out, D, 0.0f, c.dYL, D);   /* d loss / d (m * YL) */
+        be->mask_bwd(be, c.dYL, glm, c.dYL, c.YL, lm, N, D, 1);
+        be->mask_fwd(be, c.YL, c.YL, lm, N, D, 1);                                  /* what fc2 read */
+        be->gemm(be, 0, 1, N, D, C, 1.0f, xn, C, L->lat_in, C, 0.0f, c.XL, D);     /* XL unmasked */
+        be->mask_bwd(be, c.dXL, glm, c.dXL, c.XL, lm, N, D, 1);                     /* d loss / d XL */
     }
     if (L->lat_in) {
         if (gw) {

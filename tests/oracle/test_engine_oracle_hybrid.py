@@ -88,7 +88,7 @@ def nemotron_route(W, p, h, lay):
     return topi, s.gather(-1, topi)
 
 
-def moe_nemotron(W, p, h, lay, em, um=None, sm=None):
+def moe_nemotron(W, p, h, lay, em, um=None, sm=None, lm=None):
     """Nemotron-H's MoE (modeling_nemotron_h.py's router and experts): sigmoid scores, the choice by
     scores + e_score_correction_bias within the topk_group best groups (each group scored by the sum
     of its two best biased scores), weights from the unbiased scores, normalized (+1e-20) when
@@ -96,8 +96,8 @@ def moe_nemotron(W, p, h, lay, em, um=None, sm=None):
     LatentMoE (lay[17] > 0, Nemotron 3 Super): the experts read h fc1_latent_proj^T and their sum
     goes back through fc2_latent_proj; router and shared expert read h.
     Every expert runs on every token here, weighted by its (zero when not chosen) routing weight;
-    em scales the chosen experts' weights, um unit u of every routed expert, sm the shared expert's units
-    (the search's masks)."""
+    em scales the chosen experts' weights, um unit u of every routed expert, sm the shared expert's units,
+    lm the latent's channels on both sides (the search's masks)."""
     E, k, Fe, Fs, norm = lay[3:8]
     scale = lay[16]
     latent = len(lay) > 17 and lay[17]
@@ -108,6 +108,8 @@ def moe_nemotron(W, p, h, lay, em, um=None, sm=None):
     if em is not None:
         topw = topw * em[topi]
     he = h @ W[p + "fc1_latent_proj.weight"].T if latent else h
+    if latent and lm is not None:
+        he = he * lm
     y = torch.zeros_like(he)
     for e in range(E):
         w = (topw * (topi == e)).sum(-1)
@@ -115,7 +117,7 @@ def moe_nemotron(W, p, h, lay, em, um=None, sm=None):
         z = F.relu(he @ W[q + "up_proj.weight"].T) ** 2
         y = y + w[..., None] * (z if um is None else z * um) @ W[q + "down_proj.weight"].T
     if latent:
-        y = y @ W[p + "fc2_latent_proj.weight"].T
+        y = y @ W[p + "fc2_latent_proj.weight"].T if lm is None else (y * lm) @ W[p + "fc2_latent_proj.weight"].T
     if Fs:
         z = F.relu(h @ W[p + "shared_experts.up_proj.weight"].T) ** 2
         y = y + (z if sm is None else z * sm) @ W[p + "shared_experts.down_proj.weight"].T
@@ -155,7 +157,8 @@ def model_forward(a, W, tokens, masks=None, hidden_count=None):
         if len(lay) > 3 and lay[3]:   # an MoE
             y = moe_nemotron(W, pre, h, lay, masks["expert"][l] if masks is not None else None,
                              masks["ffn"][l] if masks is not None else None,
-                             masks["shared"][l] if masks is not None else None)
+                             masks["shared"][l] if masks is not None else None,
+                             masks["latent"][l] if masks is not None else None)
             x = (x + masks["mlp_gate"][l] * y) * masks["hidden"] if masks is not None else x + y
             continue
         u = F.relu(h @ W[pre + "up_proj.weight"].T) ** 2
@@ -187,6 +190,10 @@ def split_masks(a, block):
     for lay in a["layers"]:   # the shared experts' unit masks
         s = lay[6] if len(lay) > 3 and lay[3] else 0
         m["shared"].append(block[o:o + s]); o += s
+    m["latent"] = []
+    for lay in a["layers"]:   # the LatentMoE layers' latent channels
+        t = lay[17] if len(lay) > 17 and lay[3] else 0
+        m["latent"].append(block[o:o + t]); o += t
     assert o == block.numel()
     return m
 
