@@ -89,7 +89,10 @@ void cal_mlp_apply(const arch *parent, int code, arch_layer *l)
     const arch_moe *e = arch_first_moe(parent, NULL);
     l->ffn_dim = code > 0 ? code : 0;
     memset(&l->moe, 0, sizeof l->moe);
-    if (code < 0 && e && cal_moe_is_shared(code)) {
+    if (code < 0 && e && cal_moe_is_latent(code)) {
+        l->moe = *e;
+        l->moe.latent_dim = -code - CAL_MOE_LATENT;
+    } else if (code < 0 && e && cal_moe_is_shared(code)) {
         l->moe = *e;
         l->moe.shared_ffn_dim = -code - CAL_MOE_SHARED;
     } else if (code < 0 && e) {
@@ -174,6 +177,11 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths)
     int s[3], ns = e && moe_widths && e->shared_ffn_dim ? cal_moe_widths(e->shared_ffn_dim, s) : 0;
     for (int i = 0; i < ns && n < max; i++)
         ffn[n++] = cal_moe_shared_code(s[i]);
+    /* and each narrower latent (LatentMoE), beside the parent's experts: the cost model adds
+       its difference likewise */
+    int d[3], nd = e && moe_widths && e->latent_dim ? cal_moe_widths(e->latent_dim, d) : 0;
+    for (int i = 0; i < nd && n < max; i++)
+        ffn[n++] = cal_moe_latent_code(d[i]);
     for (int i = 0; i < nc && n < max; i++)
         ffn[n++] = cal_moe_code(cnt[i], 0);
     return n;
@@ -229,6 +237,12 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out, int moe_widths
     arch_layer *tmp = calloc((size_t)(parent->n_layers > 0 ? parent->n_layers : 1), sizeof *tmp);
     if (!tmp)
         return -1;
+    /* a LatentMoE: one latent for the whole arch (as HF and GGUF hold it), drawn only then so
+       that other parents' draws stay as they were */
+    const arch_moe *fm = arch_first_moe(parent, NULL);
+    int dl[3], nd = fm && fm->latent_dim && moe_widths ? cal_moe_widths(fm->latent_dim, dl) : 0;
+    int latent = nd ? (int)(eng_xorshift64(rng) % (uint64_t)(nd + 1)) : 0;
+    latent = latent < nd ? dl[latent] : 0;   /* 0: the parent's */
     int n = 0;
     for (int i = 0; i < parent->n_layers; i++) {
         if (eng_xorshift64(rng) % 10 == 0 && parent->n_layers > 1)
@@ -263,6 +277,8 @@ int cal_random_arch(const arch *parent, uint64_t *rng, arch *out, int moe_widths
             int sp = ns ? (int)(eng_xorshift64(rng) % (uint64_t)(ns + 1)) : ns;   /* ns: the parent's shared width */
             if (sp < ns)
                 l->moe.shared_ffn_dim = sw[sp];
+            if (latent && l->moe.latent_dim)
+                l->moe.latent_dim = latent;
         } else if (F && mlp_here && !pe->n_experts && (eng_xorshift64(rng) % 7 != 0 || !arch_layer_has_mixer(l))) {
             int lo = F / 16 / 8, hi = F / 8;
             if (lo < 1)

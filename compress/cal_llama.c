@@ -246,9 +246,9 @@ static int setup(lc_cal *c, char *err, size_t errlen)
         }
     for (int i = 0; i < nF; i++) {
         if (f[i] < 0) {   /* experts of a width (llama.cpp's nemotron_h_moe holds 2 or more), and
-                             the parent's experts beside a narrower shared expert (one shared
-                             width per model, as the GGUF holds it) */
-            int ok = cal_moe_is_shared(f[i]) || -f[i] % CAL_MOE_BASE >= 2;
+                             the parent's experts beside a narrower shared expert or in a
+                             narrower latent (one of each per model, as the GGUF holds them) */
+            int ok = cal_moe_is_shared(f[i]) || cal_moe_is_latent(f[i]) || -f[i] % CAL_MOE_BASE >= 2;
             if (ok && code_fits(c, 0, 0, f[i]))
                 c->fe[c->nE++] = f[i];
             continue;

@@ -64,7 +64,9 @@ eng_backend *cal_backend_new(const char *device, const char *precision, int thre
  *        up to the most experts, at most 16 points) at the parent's expert width
  *        (cal_moe_code): the last code is the parent's MLP; with moe_widths and a shared
  *        expert, the parent's MoE with its shared expert at each narrower width of
- *        cal_moe_widths comes before those (cal_moe_shared_code);
+ *        cal_moe_widths comes before those (cal_moe_shared_code), and with moe_widths and a
+ *        latent (LatentMoE), the parent's MoE at each narrower latent of cal_moe_widths
+ *        after the shared ones (cal_moe_latent_code);
  *   for a parent with Mamba-2 layers the attention grid goes on with the codes (m, -1) for m
  *   Mamba heads (multiples of the groups, at most 16 points), see cal_mixer_apply;
  *   removed parts (size 0) for both.
@@ -82,12 +84,16 @@ int cal_moe_widths(int F, int w[3]);
 
 /* MLP grid codes of MoE blocks: -(width * CAL_MOE_BASE + n) for n experts of `width` units
  * (0: the parent's width), the parent's shared expert; -(CAL_MOE_SHARED + s) the parent's
- * first MoE layer with its shared expert s units wide (cal_moe_shared_code). */
+ * first MoE layer with its shared expert s units wide (cal_moe_shared_code);
+ * -(CAL_MOE_LATENT + d) that layer with its latent d channels wide (cal_moe_latent_code). */
 #define CAL_MOE_BASE 8192
 #define CAL_MOE_SHARED (1 << 30)
+#define CAL_MOE_LATENT ((1 << 30) + (1 << 29))
 static inline int cal_moe_code(int n, int width) { return -(width * CAL_MOE_BASE + n); }
 static inline int cal_moe_shared_code(int s) { return -(CAL_MOE_SHARED + s); }
-static inline int cal_moe_is_shared(int code) { return code <= -CAL_MOE_SHARED; }
+static inline int cal_moe_latent_code(int d) { return -(CAL_MOE_LATENT + d); }
+static inline int cal_moe_is_latent(int code) { return code <= -CAL_MOE_LATENT; }
+static inline int cal_moe_is_shared(int code) { return code <= -CAL_MOE_SHARED && code > -CAL_MOE_LATENT; }
 
 /* An MLP grid code into layer l's MLP fields: code > 0 a dense FFN of that width; code < 0
  * an MoE (cal_moe_code) shaped as parent's first MoE layer (widths, norm_topk; top_k capped

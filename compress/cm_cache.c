@@ -75,8 +75,8 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     if (e && e->sigmoid && n > 0 && (size_t)n < sizeof buf)   /* Nemotron-H's router */
         n += snprintf(buf + n, sizeof buf - (size_t)n, "|sg|g%d|tg%d|rs%.9g", e->n_group, e->topk_group,
                       e->routed_scale);
-    if (e && e->latent_dim && n > 0 && (size_t)n < sizeof buf)   /* LatentMoE */
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|lt%d", e->latent_dim);
+    if (e && e->latent_dim && n > 0 && (size_t)n < sizeof buf)   /* LatentMoE (lw: narrower latents priced too) */
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|lt%d|lw", e->latent_dim);
     /* Mamba-2: the most heads and the first Mamba layer's shape (the grid's) */
     int most;
     const arch_mamba *mb = arch_first_mamba(a, &most);

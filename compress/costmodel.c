@@ -461,6 +461,17 @@ int cm_moe_shared_widths(const cm_tables *t, const arch_moe *moe, int *w, int ma
     return n;
 }
 
+int cm_moe_latents(const cm_tables *t, const arch_moe *moe, int *w, int max)
+{
+    int n = 0;
+    for (int i = 0; moe->latent_dim && i < t->n_prefill; i++) {
+        const cm_entry *e = &t->prefill[i];
+        if (e->part == CM_MLP && e->n_experts && e->latent_dim)
+            insert_distinct(w, &n, max, e->latent_dim);
+    }
+    return n;
+}
+
 /* An MoE at an exact calibrated hidden size and shared width: its expert width calibrated,
  * or between two calibrated widths, interpolated linearly between them (each over the expert
  * count). */
@@ -527,16 +538,13 @@ static int shared_curve(const cm_tables *t, int hidden, const arch_moe *moe, int
     return -1;
 }
 
-/* A part at an exact calibrated hidden size. An MoE whose shared expert is not calibrated at
+/* An MoE at an exact calibrated hidden size. One whose shared expert is not calibrated at
  * its count and width: the cost at a shared width that is (s0) plus the difference the
  * calibration measured between s0 and its own shared width at another routed shape (the
  * grid's: the parent's experts, cal_grid_mlp). The shared expert runs on every token beside
  * the routed ones, so its cost adds; held-out validation measures what that misses. */
-static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
-                     const arch_mamba *mb, double out[3])
+static int moe_shared_at_hidden(const cm_tables *t, int hidden, const arch_moe *moe, double out[3])
 {
-    if (part != CM_MLP || !moe)
-        return part_at_hidden(t, part, hidden, nh, nkv, ffn, moe, mb, out);
     if (moe_at_hidden(t, hidden, moe, out) == 0)
         return 0;
     for (int i = 0; moe->shared_ffn_dim && i < t->n_prefill; i++) {
@@ -552,6 +560,76 @@ static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, 
             continue;
         for (int j = 0; j < 3; j++)
             out[j] = base[j] + at_s[j] - at_s0[j];
+        if (out[2] < 0)
+            out[2] = 0;
+        return 0;
+    }
+    return -1;
+}
+
+/* The latent curve: the costs of entries of one MoE shape (count, width, top-k, shared width)
+ * at hidden over their latent widths, at latent d (interpolated linearly between calibrated
+ * ones). Into out for the first shape that has d0 among its latents and brackets d, with at0
+ * its costs at d0. 0, or -1. */
+static int latent_curve(const cm_tables *t, int hidden, int d0, int d, double out[3], double at0[3])
+{
+    for (int i = 0; i < t->n_prefill; i++) {
+        const cm_entry *r = &t->prefill[i];
+        if (r->part != CM_MLP || r->hidden_size != hidden || !r->n_experts || r->latent_dim != d0)
+            continue;
+        double lo_v[3], hi_v[3];
+        int lo = -1, hi = -1;
+        for (int j = 0; j < t->n_prefill; j++) {
+            const cm_entry *e = &t->prefill[j];
+            if (e->part != CM_MLP || e->hidden_size != hidden || e->n_experts != r->n_experts ||
+                e->top_k != r->top_k || e->expert_ffn_dim != r->expert_ffn_dim ||
+                e->shared_ffn_dim != r->shared_ffn_dim || !e->latent_dim)
+                continue;
+            int x = e->latent_dim;
+            if (x <= d && (lo < 0 || x > lo)) {
+                lo = x;
+                entry_values(t, e, find_decode(t, e), lo_v);
+            }
+            if (x >= d && (hi < 0 || x < hi)) {
+                hi = x;
+                entry_values(t, e, find_decode(t, e), hi_v);
+            }
+        }
+        if (lo < 0 || hi < 0)
+            continue;
+        double f = hi > lo ? (double)(d - lo) / (hi - lo) : 0;
+        entry_values(t, r, find_decode(t, r), at0);
+        for (int j = 0; j < 3; j++)
+            out[j] = lo_v[j] + f * (hi_v[j] - lo_v[j]);
+        return 0;
+    }
+    return -1;
+}
+
+/* A part at an exact calibrated hidden size. A LatentMoE whose latent is not calibrated at its
+ * count, widths and shared width: the cost at a latent that is (d0, the parent's: the grid
+ * prices every shape there) plus the difference the calibration measured between d0 and its
+ * latent at the parent's shape (cal_grid_mlp's latent entries). The additive form assumes the
+ * latent's share of the cost does not depend on the count or width; held-out validation
+ * measures what that misses. */
+static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, int ffn, const arch_moe *moe,
+                     const arch_mamba *mb, double out[3])
+{
+    if (part != CM_MLP || !moe)
+        return part_at_hidden(t, part, hidden, nh, nkv, ffn, moe, mb, out);
+    if (moe_shared_at_hidden(t, hidden, moe, out) == 0)
+        return 0;
+    int lat[MAX_GRID], nl = cm_moe_latents(t, moe, lat, MAX_GRID);
+    for (int i = nl - 1; i >= 0; i--) {   /* the widest first: the parent's */
+        if (lat[i] == moe->latent_dim)
+            continue;
+        arch_moe b = *moe;
+        b.latent_dim = lat[i];
+        double base[3], at_d[3], at_d0[3];
+        if (moe_shared_at_hidden(t, hidden, &b, base) || latent_curve(t, hidden, lat[i], moe->latent_dim, at_d, at_d0))
+            continue;
+        for (int j = 0; j < 3; j++)
+            out[j] = base[j] + at_d[j] - at_d0[j];
         if (out[2] < 0)
             out[2] = 0;
         return 0;
@@ -752,8 +830,8 @@ int cm_predict(const cm_tables *t, const arch *a, cm_prediction *p, char *err, s
         if (l->moe.n_experts ? cm_moe_cost(t, C, &l->moe, &lp, &ld, &lw)
                              : cm_part_cost(t, CM_MLP, C, 0, 0, l->ffn_dim, &lp, &ld, &lw)) {
             if (l->moe.n_experts)
-                FAIL("layers[%d].moe (%d experts, top %d, widths %d/%d) lies outside the timing tables", i,
-                     l->moe.n_experts, l->moe.top_k, l->moe.expert_ffn_dim, l->moe.shared_ffn_dim);
+                FAIL("layers[%d].moe (%d experts, top %d, widths %d/%d, latent %d) lies outside the timing tables", i,
+                     l->moe.n_experts, l->moe.top_k, l->moe.expert_ffn_dim, l->moe.shared_ffn_dim, l->moe.latent_dim);
             FAIL("layers[%d].mlp (ffn_dim %d) lies outside the timing tables", i, l->ffn_dim);
         }
         pre += lp;

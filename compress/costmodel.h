@@ -302,6 +302,10 @@ int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max);
 /* The shared-expert widths the tables price for MoE blocks of moe's latent (at any routed
  * shape; cm_moe_cost carries them to the others), ascending and distinct; the count. */
 int cm_moe_shared_widths(const cm_tables *t, const arch_moe *moe, int *w, int max);
+/* The latent widths (ascending, distinct, at most max) the tables price for a LatentMoE
+ * (moe->latent_dim > 0): every latent of an MoE entry; 0 for an MoE without a latent. A
+ * latent below the parent's is priced as the parent's shape's difference (at_hidden). */
+int cm_moe_latents(const cm_tables *t, const arch_moe *moe, int *w, int max);
 
 /* The same as cm_moe_cost for a Mamba-2 mixer of shape `mb` (n_heads > 0): interpolated over
  * the head count between entries of the same head_dim, state size, groups and conv kernel.

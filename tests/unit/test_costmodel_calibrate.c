@@ -49,6 +49,20 @@ static void tiny_parent(arch *a, int L)
     }
 }
 
+/* A LatentMoE parent (Nemotron 3 Super's shape): layers 0 and 2 are attention and an MoE of 4
+ * experts (top 2, sigmoid routing, a shared expert) in a latent of 32, the others dense. */
+static void tiny_latent_parent(arch *a, int L)
+{
+    tiny_parent(a, L);
+    snprintf(a->family, sizeof a->family, "nemotron_h");
+    for (int i = 0; i < L; i += 2) {
+        a->layers[i].ffn_dim = 0;
+        a->layers[i].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 32, .shared_ffn_dim = 48,
+                                      .sigmoid = 1, .n_group = 1, .topk_group = 1, .routed_scale = 2.5f,
+                                      .norm_topk = 1, .latent_dim = 32};
+    }
+}
+
 /* A Qwen2-MoE parent: layers 0 and 2 are MoEs of 4 experts (top 2, a shared expert), the
  * others dense. */
 static void tiny_moe_parent(arch *a, int L)
@@ -120,6 +134,24 @@ static void test_grids(void **state)
     assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 32 && l.moe.shared_ffn_dim == 48);
     assert_int_equal(cal_grid_mlp(&p, g, 64, 0) - dense, 4);   /* no narrower experts (llama.cpp's grid) */
     arch_free(&p);
+    /* a LatentMoE: the parent's experts in a latent of 8, 16 and 24 of 32, after the shared widths */
+    tiny_latent_parent(&p, 2);
+    ng = cal_grid_mlp(&p, g, 64, 1);
+    for (dense = 0; g[dense] > 0; dense++)
+        ;
+    assert_int_equal(ng - dense, 3 * 4 + 3 + 3 + 4);
+    for (int i = 0; i < 3; i++) {
+        int code = g[dense + 15 + i];
+        assert_true(cal_moe_is_latent(code) && !cal_moe_is_shared(code));
+        assert_true(cal_moe_is_shared(g[dense + 12 + i]) && !cal_moe_is_latent(g[dense + 12 + i]));
+        cal_mlp_apply(&p, code, &l);
+        assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 32 && l.moe.shared_ffn_dim == 48 &&
+                    l.moe.latent_dim == 8 * (i + 1));
+        assert_int_equal(cal_entry_key(&p, CM_MLP, 64, 0, 0, code).latent_dim, 8 * (i + 1));
+    }
+    cal_mlp_apply(&p, g[ng - 1], &l);
+    assert_int_equal(l.moe.latent_dim, 32);
+    arch_free(&p);
 }
 
 /* A quick calibration of p on t: one rep, one model per size, `validate` held-out archs
@@ -144,7 +176,9 @@ static json_t *quick_calibration(const arch *p, const cm_target *t, int validate
 static void memory_matches_engine_accounting(int moe)
 {
     arch p;
-    if (moe)
+    if (moe == 2)
+        tiny_latent_parent(&p, 4);
+    else if (moe)
         tiny_moe_parent(&p, 4);
     else
         tiny_parent(&p, 4);
@@ -183,6 +217,7 @@ static void memory_matches_engine_accounting(int moe)
     eng_backend *be = eng_backend_new("cpu", err, sizeof err);
     assert_non_null(be);
     uint64_t rng = 12345;
+    int latents = 0;
     for (int k = 0; k < 4; k++) {
         arch a;
         assert_int_equal(cal_random_arch(&p, &rng, &a, 1), 0);
@@ -195,17 +230,52 @@ static void memory_matches_engine_accounting(int moe)
             fail_msg("measure: %s", err);
         assert_int_equal(pr.weights, mr.weights_bytes);
         assert_int_equal(pr.request_cache, mr.request_cache_bytes);
-        assert_int_equal(pr.weights + pr.request_cache + pr.prefill_workspace, mr.backend_peak_bytes);
-        /* and the engine's own formula for the forward workspace agrees */
         size_t ws = eng_forward_workspace_bytes(&a, t.batch_size, t.prompt_tokens,
                                                 t.prompt_tokens + t.output_tokens, ENG_LOGITS_LAST,
                                                 omp_get_max_threads(), 0);
-        assert_int_equal(pr.prefill_workspace, (int64_t)ws);
+        if (moe == 2) {
+            /* an MoE whose shared expert and experts are both narrower than the grid's: the
+               additive rule prices the experts' scratch at max(widths) of the shapes it adds,
+               so it may state a few floats a row more than the engine takes, never less */
+            int64_t over = pr.weights + pr.request_cache + pr.prefill_workspace - mr.backend_peak_bytes;
+            assert_true(over >= 0 && over <= 3 * 32 * 4 * t.batch_size * t.prompt_tokens);
+            assert_true(pr.prefill_workspace >= (int64_t)ws);
+        } else {
+            assert_int_equal(pr.weights + pr.request_cache + pr.prefill_workspace, mr.backend_peak_bytes);
+            /* and the engine's own formula for the forward workspace agrees */
+            assert_int_equal(pr.prefill_workspace, (int64_t)ws);
+        }
         assert_int_equal(be->cur_bytes, 0);
         assert_true(mr.latency_ms > 0);
+        latents += a.layers[0].moe.latent_dim && a.layers[0].moe.latent_dim < 32;
         arch_free(&a);
     }
-    if (moe) {   /* an entry per expert count, top-k capped at it; a per-layer MoE arch is priced */
+    if (moe == 2)   /* the independent archs drew narrower latents too (one per arch) */
+        assert_true(latents > 0);
+    if (moe == 2) {   /* narrower latents: 8, 16 and 24 of 32 priced at the parent's shape, and at any other
+                         shape as its cost at 32 plus the difference measured there */
+        int lt[8];
+        assert_int_equal(cm_moe_latents(&tb, &p.layers[0].moe, lt, 8), 4);
+        assert_true(lt[0] == 8 && lt[1] == 16 && lt[2] == 24 && lt[3] == 32);
+        arch_moe full = p.layers[0].moe, two = full, two16 = full, four16 = full, four12 = full, four8 = full;
+        two.n_experts = two16.n_experts = 2;
+        two16.latent_dim = four16.latent_dim = 16;
+        four12.latent_dim = 12;
+        four8.latent_dim = 8;
+        double c[6][3];
+        const arch_moe *ms[6] = {&full, &two, &two16, &four16, &four12, &four8};
+        for (int i = 0; i < 6; i++)
+            assert_int_equal(cm_moe_cost(&tb, p.hidden_size, ms[i], &c[i][0], &c[i][1], &c[i][2]), 0);
+        for (int j = 0; j < 3; j++) {
+            double add = c[1][j] + c[3][j] - c[0][j], mid = (c[3][j] + c[5][j]) / 2;
+            assert_true(fabs(c[2][j] - (add > 0 || j < 2 ? add : 0)) <= 1e-9 * fabs(c[0][j]) + 1e-9);
+            assert_true(fabs(c[4][j] - mid) <= 1e-9 * fabs(c[0][j]) + 1e-9);
+        }
+        arch_moe wide = full;
+        wide.latent_dim = 40;   /* wider than any priced */
+        assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &wide, NULL, NULL, NULL), -1);
+    }
+    if (moe == 1) {   /* an entry per expert count, top-k capped at it; a per-layer MoE arch is priced */
         for (int e = 1; e <= 4; e++) {
             arch_moe m = p.layers[0].moe;
             m.n_experts = e;
@@ -254,6 +324,13 @@ static void test_memory_matches_engine_accounting_moe(void **state)
 {
     (void)state;
     memory_matches_engine_accounting(1);
+}
+
+/* And for a LatentMoE parent: narrower latents in the grid and in the independent archs. */
+static void test_memory_matches_engine_accounting_latent(void **state)
+{
+    (void)state;
+    memory_matches_engine_accounting(2);
 }
 
 /* Fit archs (random archs that set the phase scales) are counted in the cost, drawn
@@ -652,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_peak_rule),
         cmocka_unit_test(test_memory_matches_engine_accounting),
         cmocka_unit_test(test_memory_matches_engine_accounting_moe),
+        cmocka_unit_test(test_memory_matches_engine_accounting_latent),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_measure_cancel),
