@@ -560,7 +560,7 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
 static json_t *check_search_space(vctx *v, json_t *in)
 {
     static const char *const keys[] = {"hidden",      "heads",       "ffn",   "experts", "expert_widths",
-                                       "shared_expert_widths", "mamba_heads", "depth", NULL};
+                                       "shared_expert_widths", "latent_widths", "mamba_heads", "depth", NULL};
     json_t *s = member(v, in, "", "search_space", JSON_OBJECT, 0);
     json_t *out = json_object();
     if (s)

@@ -37,19 +37,20 @@ void dnas_result_free(dnas_result *r)
 
 /* Offsets of the mask arrays inside the masks block (device pointers on any backend). */
 typedef struct {
-    size_t hidden, *head, *ffn, *exp, *sh, attn_gate, mlp_gate;
+    size_t hidden, *head, *ffn, *exp, *sh, *lat, attn_gate, mlp_gate;
 } mask_offsets;
 
 static int mask_offsets_init(const eng_model *m, mask_offsets *o)
 {
     const eng_masks *k = m->masks;
     int L = m->a.n_layers;
-    o->head = calloc((size_t)L * 4, sizeof(size_t));
+    o->head = calloc((size_t)L * 5, sizeof(size_t));
     if (!o->head)
         return -1;
     o->ffn = o->head + L;
     o->exp = o->head + 2 * L;
     o->sh = o->head + 3 * L;
+    o->lat = o->head + 4 * L;
     o->hidden = (size_t)(k->hidden - k->block);
     o->attn_gate = (size_t)(k->attn_gate - k->block);
     o->mlp_gate = (size_t)(k->mlp_gate - k->block);
@@ -58,6 +59,7 @@ static int mask_offsets_init(const eng_model *m, mask_offsets *o)
         o->ffn[l] = k->ffn[l] ? (size_t)(k->ffn[l] - k->block) : (size_t)-1;
         o->exp[l] = k->expert[l] ? (size_t)(k->expert[l] - k->block) : (size_t)-1;
         o->sh[l] = k->shared[l] ? (size_t)(k->shared[l] - k->block) : (size_t)-1;
+        o->lat[l] = k->latent[l] ? (size_t)(k->latent[l] - k->block) : (size_t)-1;
     }
     return 0;
 }
@@ -79,6 +81,12 @@ static int moe_width(const search_space *sp, const arch_layer *pl, int k)
 static int moe_shared(const search_space *sp, const arch_layer *pl, int k)
 {
     return !sp->exp[k] ? 0 : sp->shw[k] ? sp->shw[k] : pl->moe.shared_ffn_dim;
+}
+
+/* The latent of hidden choice h in parent layer pl (a LatentMoE layer). */
+static int moe_latent(const search_space *sp, const arch_layer *pl, int h)
+{
+    return sp->lat[h] ? sp->lat[h] : pl->moe.latent_dim;
 }
 
 /* Soft prefix masks from the probabilities: unit j kept with P(size > j). */
@@ -154,6 +162,14 @@ static void fill_masks(const search_dist *d, const eng_model *m, const mask_offs
                     v += d->p_ffn[l * sp->n_ffn + k];
             host[o->sh[l] + j] = (float)v;
         }
+        /* the latent's channels (ranked), on the hidden axis: channel j kept with P(latent > j) */
+        for (int j = 0; o->lat[l] != (size_t)-1 && j < pl->moe.latent_dim; j++) {
+            double v = 0;
+            for (int h = 0; h < sp->n_hidden; h++)
+                if (moe_latent(sp, pl, h) > j)
+                    v += d->p_hidden[h];
+            host[o->lat[l] + j] = (float)v;
+        }
         host[o->attn_gate + l] = (float)d->p_keep[l * 2 + 1];
         host[o->mlp_gate + l] = (float)d->p_keep[l * 2 + 1];
     }
@@ -219,14 +235,21 @@ static void masks_to_pgrad(search_dist *d, const eng_model *m, const mask_offset
                 s += g[o->sh[l] + j];
             d->g_ffn[l * sp->n_ffn + k] += s;
         }
+        for (int h = 0; o->lat[l] != (size_t)-1 && h < sp->n_hidden; h++) {
+            double s = 0;
+            for (int j = 0, w = moe_latent(sp, pl, h); j < w; j++)
+                s += g[o->lat[l] + j];
+            d->g_hidden[h] += s;
+        }
         if (sp->depth)
             d->g_keep[l * 2 + 1] += g[o->attn_gate + l] + g[o->mlp_gate + l];
     }
 }
 
 /* widths, shared: an MoE layer's expert and shared-expert widths beside its counts (NULL
- * elsewhere; 0: its own). */
-static json_t *probs_json(const double *p, const int *sizes, const int *widths, const int *shared, int n)
+ * elsewhere; 0: its own); latent: the hidden axis's latents (NULL without; 0: the parent's). */
+static json_t *probs_json(const double *p, const int *sizes, const int *widths, const int *shared, const int *latent,
+                          int n)
 {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) {
@@ -234,7 +257,8 @@ static json_t *probs_json(const double *p, const int *sizes, const int *widths, 
             continue;
         json_t *o = json_pack("{s:i,s:f}", "size", sizes[i], "p", p[i]);
         if (!o || (widths && widths[i] && json_object_set_new(o, "width", json_integer(widths[i]))) ||
-            (shared && shared[i] && json_object_set_new(o, "shared_width", json_integer(shared[i])))) {
+            (shared && shared[i] && json_object_set_new(o, "shared_width", json_integer(shared[i]))) ||
+            (latent && latent[i] && json_object_set_new(o, "latent_dim", json_integer(latent[i])))) {
             json_decref(o);
             json_decref(a);
             return NULL;
@@ -257,18 +281,18 @@ static json_t *distribution_json(const search_dist *d)
         int mam = sp->mamba && sp->mamba[l], moe = sp->moe && sp->moe[l];
         /* json_pack steals both axes, and fails when either is NULL */
         json_t *layer = json_pack("{s:i,s:o,s:o,s:f}", "layer", l, mam ? "mamba_heads" : "heads",
-                                  probs_json(d->p_heads + l * sp->n_heads, mam ? sp->mam : sp->heads, NULL, NULL,
+                                  probs_json(d->p_heads + l * sp->n_heads, mam ? sp->mam : sp->heads, NULL, NULL, NULL,
                                              mam ? sp->n_mam : sp->n_heads),
                                   moe ? "experts" : "ffn",
                                   probs_json(d->p_ffn + l * sp->n_ffn, moe ? sp->exp : sp->ffn, moe ? sp->expw : NULL,
-                                             moe ? sp->shw : NULL, moe ? sp->n_exp : sp->n_ffn),
+                                             moe ? sp->shw : NULL, NULL, moe ? sp->n_exp : sp->n_ffn),
                                   "keep", d->p_keep[l * 2 + 1]);
         if (!layer || json_array_append_new(layers, layer)) {
             json_decref(layers);
             return NULL;
         }
     }
-    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, NULL, NULL, sp->n_hidden), "layers",
+    return json_pack("{s:o,s:o}", "hidden", probs_json(d->p_hidden, sp->hidden, NULL, NULL, sp->lat, sp->n_hidden), "layers",
                      layers);
 }
 

@@ -36,6 +36,8 @@ typedef struct {
     int expert_widths;          /* per-layer routed-expert widths of MoE layers (those the tables price) */
     int shared_widths;          /* per-layer shared-expert widths of MoE layers (those the tables price) */
     int mamba;                  /* the Mamba head count (one for every Mamba layer) */
+    int latent;                 /* LatentMoE: the latent width (one for every MoE layer; those the
+                                   tables price), on the hidden axis (search_space.lat) */
     /* What the requested export formats can express (DESIGN.md §8); the search space
      * is cut to it so that export never has to change the chosen arch. */
     int keep_query_heads;       /* 1: query heads per layer stay the parent's (DeciLM) */

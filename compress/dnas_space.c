@@ -95,9 +95,11 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
 {
     double lat = 0, dec = 0, mem = 0, ws = 0, par = 0;
     int L = sp->n_layers, group = sp->group;
-    arch_moe mw = moe_in ? *moe_in : (arch_moe){0};   /* at choice k's expert and shared widths */
+    arch_moe mw = moe_in ? *moe_in : (arch_moe){0};   /* at choice k's expert and shared widths, hi's latent */
     if (moe_in && sp->expw[k])
         mw.expert_ffn_dim = sp->expw[k];
+    if (moe_in && sp->lat[hi])
+        mw.latent_dim = sp->lat[hi];
     if (moe_in && sp->shw[k])
         mw.shared_ffn_dim = sp->shw[k];
     const arch_moe *moe = moe_in ? &mw : NULL;
@@ -119,7 +121,8 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
                 snprintf(err, errlen, "the calibration does not cover attention with %d heads at hidden %d", size, H);
             else if (moe)
                 snprintf(err, errlen, "the calibration does not cover an MoE of %d experts of %d units (shared expert "
-                         "%d) at hidden %d", size, moe->expert_ffn_dim, moe->shared_ffn_dim, H);
+                         "%d, latent %d) at hidden %d", size, moe->expert_ffn_dim, moe->shared_ffn_dim,
+                         moe->latent_dim, H);
             else
                 snprintf(err, errlen, "the calibration does not cover an FFN of width %d at hidden %d", size, H);
             return -1;
@@ -218,6 +221,54 @@ oom:
     return -1;
 fail:
     return -1;
+}
+
+/* The LatentMoE's latent on the hidden axis: every hidden size paired with each narrower
+ * latent the tables price (a multiple of the target's block) and then with the parent's
+ * (lat 0), when every MoE layer of the parent shares one latent (HF and GGUF hold one per
+ * model). Leaves sp alone otherwise. 0, or -1 when the pairs overflow the axis. */
+static int latent_pairs(const arch *parent, const cm_tables *tb, int block, search_space *sp)
+{
+    const arch_moe *first = arch_first_moe(parent, NULL);
+    int D = first ? first->latent_dim : 0;
+    for (int l = 0; D && l < parent->n_layers; l++)
+        if (parent->layers[l].moe.n_experts && parent->layers[l].moe.latent_dim != D)
+            return 0;
+    int lt[SEARCH_MAX_CHOICES], nl = D ? cm_moe_latents(tb, first, lt, SEARCH_MAX_CHOICES) : 0, nd = 0, d[SEARCH_MAX_CHOICES];
+    for (int i = 0; i < nl; i++)
+        if (lt[i] < D && lt[i] % block == 0)
+            d[nd++] = lt[i];
+    if (!nd)
+        return 0;
+    if (sp->n_hidden * (nd + 1) > SEARCH_MAX_CHOICES)
+        return -1;
+    int h[SEARCH_MAX_CHOICES], nh = sp->n_hidden;
+    memcpy(h, sp->hidden, sizeof *h * (size_t)nh);
+    sp->n_hidden = 0;
+    for (int i = 0; i < nh; i++)
+        for (int j = 0; j <= nd; j++) {
+            sp->hidden[sp->n_hidden] = h[i];
+            sp->lat[sp->n_hidden++] = j < nd ? d[j] : 0;
+        }
+    return 0;
+}
+
+/* The hidden axis: eighths of the parent from one half up, multiples of 8 (and of block),
+ * that the tables cover, then the parent's; with axes->latent each paired with the latents
+ * (latent_pairs). 0, or -1 when the pairs overflow the axis. */
+static int hidden_axis(const arch *parent, const cm_tables *tb, const dnas_axes *axes, int block, search_space *sp)
+{
+    int C = parent->hidden_size, cands[4], n_cands = axes->hidden ? cm_hidden_candidates_m(C, block, cands) : 0;
+    sp->n_hidden = 0;
+    for (int j = 0; j < n_cands; j++) {
+        cm_prediction p;
+        char e2[256];
+        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, NULL, NULL, &p, e2, sizeof e2) != 0)
+            continue;   /* not calibrated at this hidden size */
+        sp->hidden[sp->n_hidden++] = cands[j];
+    }
+    sp->hidden[sp->n_hidden++] = C;
+    return axes->latent ? latent_pairs(parent, tb, block, sp) : 0;
 }
 
 /* The global Mamba head axis: every multiple of the groups up to the parent's heads (evenly
@@ -379,7 +430,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
 {
     memset(sp, 0, sizeof *sp);
     memset(costs, 0, sizeof *costs);
-    int L = parent->n_layers, C = parent->hidden_size, Hmax = 0, Fmax = 0, group = 0;
+    int L = parent->n_layers, Hmax = 0, Fmax = 0, group = 0;
     if (L <= 0) {
         snprintf(err, errlen, "the parent has no layers to search");
         return -1;
@@ -405,20 +456,14 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     sp->n_layers = L;
     sp->group = group;
     sp->depth = axes->depth;
-    /* Hidden candidates: eighths of the parent from one half up, multiples of 8, that the tables cover. */
-    sp->n_hidden = 0;
     /* The target's weight type stores widths in blocks (tables' width_multiple): every
      * choice keeps to it, so the result never falls back to another type. */
     int block = tb->width_multiple > 1 ? tb->width_multiple : 1;
-    int cands[4], n_cands = axes->hidden ? cm_hidden_candidates_m(C, block, cands) : 0;
-    for (int j = 0; j < n_cands; j++) {
-        cm_prediction p;
-        char e2[256];
-        if (predict_probe(tb, parent, cands[j], 0, 0, 0, 0, NULL, NULL, &p, e2, sizeof e2) != 0)
-            continue;   /* not calibrated at this hidden size */
-        sp->hidden[sp->n_hidden++] = cands[j];
+    if (hidden_axis(parent, tb, axes, block, sp) != 0) {
+        snprintf(err, errlen, "too many (hidden size, latent) choices for the search");
+        dnas_space_free(sp, costs);
+        return -1;
     }
-    sp->hidden[sp->n_hidden++] = C;
     /* Heads in KV groups; 0 = attention removed. */
     int zero_heads = (axes->heads || axes->depth) && !axes->no_removed_attention;
     int gap_heads = 0, gap_ffn = 0;   /* layers the parent left without attention (or Mamba) / an MLP */

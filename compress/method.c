@@ -132,7 +132,7 @@ void method_opts_default(method_opts *o)
     dnas_opts_defaults(&d);
     memset(o, 0, sizeof *o);
     o->axes.hidden = o->axes.heads = o->axes.ffn = o->axes.experts = o->axes.mamba = o->axes.depth = 1;
-    o->axes.expert_widths = o->axes.shared_widths = 1;
+    o->axes.expert_widths = o->axes.shared_widths = o->axes.latent = 1;
     o->seed = d.seed;
     o->search_tokens = 2000000;
 }

@@ -14,6 +14,7 @@
 typedef struct {
     int hidden, heads, ffn, experts, ewidth, swidth, mamba, depth;   /* ewidth, swidth: the routed and shared
                                                                         experts' widths (0: the parent's) */
+    int latent;                                                      /* LatentMoE's latent (0: the parent's) */
     int64_t params;
     int feasible;
 } mn_cand;
@@ -79,6 +80,14 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
     }
     free(keep);
     return 0;
+}
+
+/* A uniform candidate's latent: every LatentMoE layer of a (0: the parent's, left alone). */
+static void set_latent(arch *a, int latent)
+{
+    for (int l = 0; latent > 0 && l < a->n_layers; l++)
+        if (a->layers[l].moe.latent_dim)
+            a->layers[l].moe.latent_dim = latent;
 }
 
 /* The first attention layer's query heads (0: none). */
@@ -200,13 +209,14 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
             char e2[256];
             if (mn_uniform_arch(o->parent, o->layer_order, sp.hidden[hi], h, f, e, ew, sw, mh, depth, &a) != 0)
                 continue;
+            set_latent(&a, sp.lat[hi]);   /* the hidden axis's latent (one for the model anyway) */
             int rc = cm_predict(o->tables, &a, &p, e2, sizeof e2);
             arch_free(&a);
             if (rc != 0)
                 continue;
             mn_cand *y = &c[n++];
             *y = (mn_cand){.hidden = sp.hidden[hi], .heads = h, .ffn = f, .experts = e, .ewidth = ew, .swidth = sw,
-                           .mamba = mh,
+                           .mamba = mh, .latent = sp.lat[hi],
                            .depth = depth, .params = p.params, .feasible = meets(&o->limits, &p)};
             if (!y->feasible)
                 note_violation(&o->limits, &p, &best_violation, cheapest, sizeof cheapest);
@@ -222,11 +232,13 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
                 continue;
             int wj = c[j].ewidth ? c[j].ewidth : INT_MAX, wi = c[i].ewidth ? c[i].ewidth : INT_MAX;
             int sj = c[j].swidth ? c[j].swidth : INT_MAX, si = c[i].swidth ? c[i].swidth : INT_MAX;
+            int lj = c[j].latent ? c[j].latent : INT_MAX, li = c[i].latent ? c[i].latent : INT_MAX;
             if (c[j].hidden >= c[i].hidden && c[j].heads >= c[i].heads && c[j].ffn >= c[i].ffn &&
-                c[j].experts >= c[i].experts && wj >= wi && sj >= si && c[j].mamba >= c[i].mamba &&
+                c[j].experts >= c[i].experts && wj >= wi && sj >= si && lj >= li && c[j].mamba >= c[i].mamba &&
                 c[j].depth >= c[i].depth &&
                 (c[j].hidden > c[i].hidden || c[j].heads > c[i].heads || c[j].ffn > c[i].ffn ||
-                 c[j].experts > c[i].experts || wj > wi || sj > si || c[j].mamba > c[i].mamba || c[j].depth > c[i].depth))
+                 c[j].experts > c[i].experts || wj > wi || sj > si || lj > li || c[j].mamba > c[i].mamba ||
+                 c[j].depth > c[i].depth))
                 dominated = 1;
         }
         if (!dominated)
@@ -250,7 +262,9 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
     }
     for (int i = 0; i < want; i++)
         if (mn_uniform_arch(o->parent, o->layer_order, c[i].hidden, c[i].heads, c[i].ffn, c[i].experts, c[i].ewidth,
-                            c[i].swidth, c[i].mamba, c[i].depth, &arr[i]) != 0) {
+                            c[i].swidth, c[i].mamba, c[i].depth, &arr[i]) == 0) {
+            set_latent(&arr[i], c[i].latent);
+        } else {
             for (int k = 0; k < i; k++)
                 arch_free(&arr[k]);
             free(arr);

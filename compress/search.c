@@ -686,6 +686,7 @@ int search_choice_arch(const search_space *sp, const search_choice *c, const arc
     out->layers = layers;
     out->n_layers = kept;
     out->hidden_size = sp->hidden[c->hidden];
+    int latent = sp->lat[c->hidden];
     int i = 0;
     for (int l = 0; l < sp->n_layers; l++) {
         int h = search_mixer_size(sp, l, c->heads[l]), f = search_mlp_size(sp, l, c->ffn[l]);
@@ -711,6 +712,8 @@ int search_choice_arch(const search_space *sp, const search_choice *c, const arc
                 o->moe.expert_ffn_dim = w;
             if (f > 0 && s > 0)
                 o->moe.shared_ffn_dim = s;
+            if (f > 0 && latent > 0 && o->moe.latent_dim)
+                o->moe.latent_dim = latent;
         } else {
             o->ffn_dim = f > 0 ? f : 0;
         }

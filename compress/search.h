@@ -33,6 +33,10 @@ extern const char *const search_metric_names[SM_COUNT];
 typedef struct {
     int n_layers;
     int n_hidden, hidden[SEARCH_MAX_CHOICES];
+    int lat[SEARCH_MAX_CHOICES];              /* LatentMoE: the latent of hidden choice h (0: each layer's
+                                                 own). With narrower latents the hidden axis holds
+                                                 (size, latent) pairs, ascending in size, then latent,
+                                                 the parent's own latent last: one global axis */
     int n_heads, heads[SEARCH_MAX_CHOICES];   /* heads[0] == 0 when removal allowed */
     int n_ffn, ffn[SEARCH_MAX_CHOICES];       /* ffn[0] == 0 when removal allowed */
     int n_exp, exp[SEARCH_MAX_CHOICES];       /* MoE layers: expert counts (exp[0] == 0 when removal allowed) */

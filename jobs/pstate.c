@@ -82,6 +82,7 @@ void ps_axes(job_ctx *ctx, dnas_axes *a)
     a->experts = json_is_true(spec_path(ctx, "search_space.experts"));
     a->expert_widths = json_is_true(spec_path(ctx, "search_space.expert_widths"));
     a->shared_widths = json_is_true(spec_path(ctx, "search_space.shared_expert_widths"));
+    a->latent = json_is_true(spec_path(ctx, "search_space.latent_widths"));
     a->mamba = json_is_true(spec_path(ctx, "search_space.mamba_heads"));
     a->depth = json_is_true(spec_path(ctx, "search_space.depth"));
     /* The search space is cut to what the requested exports can express (DESIGN.md §8). */

@@ -37,7 +37,8 @@ static void usage(FILE *f)
             "  --device D            cpu (default) | cuda:N;  --precision P  fp32 (default)\n"
             "  --batch B --prompt S --output N   workload (default 1, 256, 64)\n"
             "  --axes LIST           searched axes, comma separated: hidden,heads,ffn,experts,\n"
-            "                        expert_widths,shared_expert_widths,mamba_heads,depth\n"
+            "                        expert_widths,shared_expert_widths,latent_widths,\n"
+            "                        mamba_heads,depth\n"
             "                        (default all, as jobs)\n"
             "  --calib FILE          calibration text (required)\n"
             "  --search-tokens N     architecture-selection budget (default 262144)\n"
@@ -67,8 +68,8 @@ typedef struct {
     int no_served;       /* --no-served-check */
 } search_args;
 
-/* --axes hidden,heads,ffn,experts,expert_widths,shared_expert_widths,mamba_heads,depth. 0, or -1
- * after the message. */
+/* --axes hidden,heads,ffn,experts,expert_widths,shared_expert_widths,latent_widths,mamba_heads,depth.
+ * 0, or -1 after the message. */
 static int parse_axes(cli_parser *p, dnas_axes *axes)
 {
     memset(axes, 0, sizeof *axes);
@@ -86,13 +87,15 @@ static int parse_axes(cli_parser *p, dnas_axes *axes)
             axes->expert_widths = 1;
         else if (n == 20 && !strncmp(s, "shared_expert_widths", 20))
             axes->shared_widths = 1;
+        else if (n == 13 && !strncmp(s, "latent_widths", 13))
+            axes->latent = 1;
         else if (n == 11 && !strncmp(s, "mamba_heads", 11))
             axes->mamba = 1;
         else if (n == 5 && !strncmp(s, "depth", 5))
             axes->depth = 1;
         else
             return cli_fail(p, "unknown axis '%.*s' (hidden, heads, ffn, experts, expert_widths, "
-                            "shared_expert_widths, mamba_heads, depth)", (int)n, s);
+                            "shared_expert_widths, latent_widths, mamba_heads, depth)", (int)n, s);
         s += n + (s[n] == ',');
     }
     return 0;

@@ -20,7 +20,11 @@ end to end through HTTP at F32, 32 + 8 tokens, 2 threads:
   layer;
 - a Mamba-2 model (llama.cpp's mamba2 graph: Mamba mixers only) calibrates in llama.cpp too
   (a base of one Mamba layer per head count), is estimated from it, and a job cut by a
-  params limit holds its limits measured in llama.cpp.
+  params limit holds its limits measured in llama.cpp;
+- a LatentMoE (Nemotron 3 Super's routed experts in a latent of 12) calibrates in llama.cpp
+  with the parent's experts at latents 3, 6 and 9 beside its own (one latent per model, as
+  the GGUF holds it), and a job searching the latent alone under a params limit exports a
+  GGUF of one narrower latent that llama.cpp serves within its limits.
 Random weights: no quality claim."""
 # store: incidental (its jobs under PostgreSQL: test_e2e_stories; not run again in the PostgreSQL pass)
 # sanitize: once (83 s under ASan; its job path is test_e2e_llamacpp's, its GGUF export test_models_gguf_families')
@@ -35,6 +39,7 @@ from test_e2e_hybrid import FS, make_model  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 os.environ.setdefault("AC_BIN", AC_BIN)   # the oracle's checkpoint writers read it
+import test_models_hybrid_hf as hy  # noqa: E402
 import test_models_mamba2_hf as m2  # noqa: E402
 
 TARGET = {"device": "cpu", "engine": "llama.cpp", "precision": "f32", "threads": 2,
@@ -118,9 +123,33 @@ def main():
             mh = {l["mamba"]["n_heads"] for l in rep["result"]["arch"]["layers"] if l.get("mamba")}
             print("mamba2 job: Mamba heads %s, latency measured in llama.cpp %.3f ms (limit %.3f), params %d (limit %d)"
                   % (mh, rows["latency_ms"]["measured"], lim["latency_ms"], rows["params"]["measured"], lim["params"]))
+
+            # a LatentMoE parent: its latent searched alone, one for the model
+            ldir = os.path.join(tmp, "latent")
+            hy.make_checkpoint(ldir, dict(hy.MOE, Lt=12, pattern="ME*E"), seed=13)   # no dense MLP: nemotron_h_moe
+            body = {"model": {"path": ldir, "tokenizer": TOK}, "target": TARGET}
+            cal = calibrate(s, body)
+            tb, v = cal["tables"], cal["validation"]
+            lts = sorted({e["moe"]["latent_dim"] for e in tb["prefill"] if e.get("moe")})
+            assert lts == [3, 6, 9, 12] and v["memory_mape_pct"] < 5, (lts, v)
+            _, _, est = s.json("POST", "/v1/estimates", body, expect=200)
+            out = subprocess.run([AC_BIN, "inspect", ldir], capture_output=True, text=True, check=True).stdout
+            pl = int(out.split("parameters:")[1].split()[0])
+            lim = {"latency_ms": round(3.0 * est["predicted"]["latency_ms"], 6), "params": int(0.97 * pl)}
+            axes = {k: False for k in ("hidden", "heads", "ffn", "experts", "expert_widths", "shared_expert_widths",
+                                       "mamba_heads", "depth")}
+            rep = llamacpp_job(s, dict(spec, name="e2e-llamacpp-latent", model=body["model"], constraints=lim,
+                                       search_space=axes))
+            rows = {r["name"]: r for r in rep["limits"]}
+            lt = {l["moe"]["latent_dim"] for l in rep["result"]["arch"]["layers"] if l.get("moe")}
+            assert len(lt) == 1 and max(lt) < 12, lt
+            print("latent: tables at latents %s; held-out in llama.cpp: latency MAPE %.2f%%, memory MAPE %.2f%%; job: "
+                  "latent %s, latency measured in llama.cpp %.3f ms (limit %.3f), params %d (limit %d)"
+                  % (lts, v["latency_mape_pct"], v["memory_mape_pct"], lt, rows["latency_ms"]["measured"],
+                     lim["latency_ms"], rows["params"]["measured"], lim["params"]))
         finally:
             s.stop()
-    print("PASS: llama.cpp calibration, estimate and job on a Nemotron-H hybrid and on a Mamba-2 model")
+    print("PASS: llama.cpp calibration, estimate and job on a Nemotron-H hybrid, a Mamba-2 model and a LatentMoE")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def main():
         bad(lambda x: x.update(target={"workload": {"prompt_tokens": 1048576, "output_tokens": 10}}), 422, "/target/workload")
         bad(lambda x: x.update(target={"precision": "int3"}), 422, "/target/precision")
         bad(lambda x: x.update(method="magic"), 422, "/method")
-        bad(lambda x: x.update(search_space={k: False for k in ("hidden", "heads", "ffn", "experts", "expert_widths", "shared_expert_widths", "mamba_heads", "depth")}), 422, "/search_space")
+        bad(lambda x: x.update(search_space={k: False for k in ("hidden", "heads", "ffn", "experts", "expert_widths", "shared_expert_widths", "latent_widths", "mamba_heads", "depth")}), 422, "/search_space")
         bad(lambda x: x.update(search_space={"wings": True}), 400, "/search_space/wings")
         bad(lambda x: x.update(budgets={"search_tokens": 0}), 422, "/budgets/search_tokens")
         bad(lambda x: x.update(budgets={"distill_tokens": -1}), 422, "/budgets/distill_tokens")

@@ -474,7 +474,8 @@ def cut_export(d, tmp, a, tag, moe, **top):
 
 def check_latent(tmp):
     """LatentMoE (Nemotron 3 Super): the experts in a latent of 12, fc1/fc2_latent_proj around them;
-    read, computed, written, pruned (experts; the hidden size, which the latent keeps; the latent)."""
+    read, computed, written, pruned (experts; the hidden size, which the latent keeps; the latent);
+    the calibration prices narrower latents and both methods search one latent for the model."""
     c = dict(MOE, Lt=12)
     d = os.path.join(tmp, "latent-parent")
     W, conf = make_checkpoint(d, c, seed=13)
@@ -498,6 +499,25 @@ def check_latent(tmp):
     check(e < 1e-4 and np.array_equal(pb, pe) and json.load(open(os.path.join(px, "config.json")))["moe_latent_size"] == 8,
           "latent 12 -> 8 (fc1 rows, the experts' up_proj columns and down_proj rows, fc2 columns cut) = the reference "
           "on weights sliced by hand (rel err %.2e); its HF export (moe_latent_size 8) reloads with the same logits" % e)
+    dd = os.path.join(tmp, "latent-dd")
+    cal = json.loads(run([AC, "calibrate", "--model", d, "--no-hidden", "--models", "1", "--reps", "1", "--validate",
+                          "2", "--fit", "0", "--prompt", "8", "--output", "4", "--data-dir", dd, "--json"]).stdout)
+    lts = sorted({e["moe"]["latent_dim"] for e in cal["tables"]["prefill"] if e.get("moe", {}).get("latent_dim")})
+    check(lts == [3, 6, 9, 12], "calibration times the MoE at latents 3, 6, 9 and 12: %s" % lts)
+    est = [json.loads(run([AC, "estimate", "--arch", x, "--data-dir", dd, "--prompt", "8", "--output", "4",
+                           "--json"]).stdout) for x in (os.path.join(d, "config.json"), os.path.join(px, "config.json"))]
+    limit = (est[0]["params"] + est[1]["params"]) // 2   # half the parameters the latent of 8 saves
+    check(est[1]["predicted"]["latency_ms"] < est[0]["predicted"]["latency_ms"],
+          "the latent of 8 (between two priced latents) prices under the parent (%.4f < %.4f ms)" %
+          (est[1]["predicted"]["latency_ms"], est[0]["predicted"]["latency_ms"]))
+    for method in ("autocompress", "minitron"):
+        r = run([AC, "search", d, "--method", method, "--axes", "latent_widths", "--params", str(limit), "--calib", TEXT,
+                 "--tokenizer", TOK, "--search-tokens", "1024", "--rank-tokens", "256", "--data-dir", dd, "--prompt",
+                 "8", "--output", "4", "--json"])
+        got = json.loads(r.stdout)["arch"]["layers"]
+        lt = [l["moe"]["latent_dim"] for l in got if l.get("moe")]
+        check(len(lt) == 2 and len(set(lt)) == 1 and lt[0] in (3, 6, 9) and len(got) == 5,
+              "%s: the latent axis alone meets the parameter limit with one latent for the model: %s" % (method, lt))
 
 
 def check_cost_model(tmp, d, cut):

@@ -314,7 +314,8 @@ static void uniform_frontier(const mn_opts *mo)
         for (int l = 0; l < c[i].n_layers; l++) {
             const arch_moe *e = &c[i].layers[l].moe;
             assert_true(e->n_experts == f->n_experts && e->top_k == f->top_k &&
-                        e->expert_ffn_dim == f->expert_ffn_dim && e->shared_ffn_dim == f->shared_ffn_dim);
+                        e->expert_ffn_dim == f->expert_ffn_dim && e->shared_ffn_dim == f->shared_ffn_dim &&
+                        e->latent_dim == f->latent_dim);
         }
         assert_true(arch_params(&c[i]) <= mo->limits.params);
         arch_free(&c[i]);
@@ -486,6 +487,94 @@ static void test_moe_shared_widths(void **state)
     arch_free(&a);
 }
 
+/* A LatentMoE parent (Nemotron 3 Super's shape: 4 experts of 8 units, top 2, sigmoid routing,
+ * a shared expert, the experts in a latent of 16 of the hidden 32): the calibration prices the
+ * latent at 4, 8 and 12 beside the parent's experts; the cost model carries the measured
+ * difference to other counts; the hidden axis pairs the hidden size with each latent; DNAS
+ * (on the latent masks' gradients) and Minitron++ choose one latent for the model. */
+static void test_moe_latent_widths(void **state)
+{
+    world *w = *state;
+    arch a;
+    eng_model m;
+    cm_tables tb;
+    moe_parent(w, "nemotron_h",
+               (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 8, .shared_ffn_dim = 8, .norm_topk = 1,
+                          .sigmoid = 1, .n_group = 1, .topk_group = 1, .routed_scale = 2.5f, .latent_dim = 16},
+               &a, &m, &tb);
+    char err[1024];
+    int lt[8];
+    assert_int_equal(cm_moe_latents(&tb, &a.layers[0].moe, lt, 8), 4);
+    assert_true(lt[0] == 4 && lt[1] == 8 && lt[2] == 12 && lt[3] == 16);
+    /* 2 experts in a latent of 8: priced at 16 plus the difference measured at the parent's 4 experts */
+    arch_moe e2 = arch_moe_keep(&a.layers[0].moe, 2), e2l = e2, e4l = a.layers[0].moe;
+    e2l.latent_dim = e4l.latent_dim = 8;
+    double p2, d2, p2l, d2l, p4, d4, p4l, d4l;
+    assert_int_equal(cm_moe_cost(&tb, 32, &e2, &p2, &d2, NULL), 0);
+    assert_int_equal(cm_moe_cost(&tb, 32, &e2l, &p2l, &d2l, NULL), 0);
+    assert_int_equal(cm_moe_cost(&tb, 32, &a.layers[0].moe, &p4, &d4, NULL), 0);
+    assert_int_equal(cm_moe_cost(&tb, 32, &e4l, &p4l, &d4l, NULL), 0);
+    assert_true(fabs(p2l - (p2 + p4l - p4)) < 1e-9 * (1 + fabs(p2)) && fabs(d2l - (d2 + d4l - d4)) < 1e-9 * (1 + fabs(d2)));
+    arch_moe bad = e2;
+    bad.latent_dim = 3;   /* below every calibrated latent: outside the tables */
+    assert_int_equal(cm_moe_cost(&tb, 32, &bad, &p2, &d2, NULL), -1);
+    dnas_opts o;
+    opts(w, &o);
+    o.parent = &m;
+    o.tables = &tb;
+    double parent = (double)arch_params(&a);
+    o.limits.params = 0.9 * parent;
+    search_space sp;
+    search_costs costs;
+    dnas_axes ax = {.latent = 1};
+    if (dnas_space_build(&a, &tb, &o.limits, &ax, &sp, &costs, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(sp.n_hidden, 4);
+    for (int h = 0; h < 4; h++) {
+        assert_int_equal(sp.hidden[h], 32);
+        assert_int_equal(sp.lat[h], h < 3 ? 4 * (h + 1) : 0);   /* the parent's last */
+    }
+    dnas_space_free(&sp, &costs);
+    ax = (dnas_axes){.experts = 1};   /* not searched: the parent's latent only */
+    assert_int_equal(dnas_space_build(&a, &tb, &o.limits, &ax, &sp, &costs, err, sizeof err), 0);
+    assert_true(sp.n_hidden == 1 && sp.lat[0] == 0);
+    dnas_space_free(&sp, &costs);
+    o.axes = (dnas_axes){.latent = 1};
+    dnas_result r;
+    assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+    char s[1024];
+    arch_summary(&r.arch, s, sizeof s);
+    printf("LatentMoE: chosen %s, latent %d: %.0f params (limit %.0f)\n", s, r.arch.layers[0].moe.latent_dim,
+           (double)arch_params(&r.arch), o.limits.params);
+    assert_true(arch_params(&r.arch) <= o.limits.params && arch_params(&r.arch) >= 0.8 * o.limits.params);
+    assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
+    for (int l = 0; l < r.arch.n_layers; l++) {
+        assert_true(r.arch.layers[l].moe.latent_dim < 16);
+        assert_int_equal(r.arch.layers[l].moe.latent_dim, r.arch.layers[0].moe.latent_dim);
+        assert_int_equal(r.arch.layers[l].moe.n_experts, 4);
+    }
+    json_t *hd = json_object_get(r.distribution, "hidden");
+    int named = 0;
+    for (size_t i = 0; i < json_array_size(hd); i++)
+        named += json_object_get(json_array_get(hd, i), "latent_dim") != NULL;
+    assert_int_equal(named, 3);   /* the narrower latents are named */
+    dnas_result_free(&r);
+    mn_opts mo = {.parent = &a, .tables = &tb, .max_candidates = 3, .limits = {.params = 0.9 * parent},
+                  .axes = {.latent = 1}};
+    arch *c = NULL;
+    int n = 0;
+    assert_int_equal(mn_frontier(&mo, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1);
+    assert_true(c[0].layers[0].moe.latent_dim < 16);   /* the parent's latent does not fit */
+    for (int i = 0; i < n; i++)
+        arch_free(&c[i]);
+    free(c);
+    uniform_frontier(&mo);
+    cm_tables_free(&tb);
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
 /* The aim's served margin: the median over the held-out archs of their two fresh processes'
  * spread (4%, 2%, 5% -> 4), a larger user margin instead, the limits as given kept; the
  * served limits take that spread off latency, and only memory's own error off memory. */
@@ -533,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_minitron_frontier),
         cmocka_unit_test(test_moe_expert_counts),
         cmocka_unit_test(test_moe_shared_widths),
+        cmocka_unit_test(test_moe_latent_widths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -245,7 +245,7 @@ static void test_value_faults(void **state)
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"method\":\"random\"}", 422, "/method");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"search_space\":{\"hidden\":false,\"heads\":false,"
                  "\"ffn\":false,\"experts\":false,\"expert_widths\":false,\"shared_expert_widths\":false,"
-                 "\"mamba_heads\":false,\"depth\":false}}", 422, "/search_space");
+                 "\"latent_widths\":false,\"mamba_heads\":false,\"depth\":false}}", 422, "/search_space");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"budgets\":{\"search_tokens\":0}}", 422, "/budgets/search_tokens");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"seed\":0}", 422, "/seed");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"seed\":\"7\"}", 400, "/seed");
