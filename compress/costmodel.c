@@ -497,45 +497,63 @@ static int moe_at_hidden(const cm_tables *t, int hidden, const arch_moe *moe, do
     return -1;
 }
 
-/* The shared-expert curve: the costs of entries of one routed shape (count, width, top-k; any
- * top-k: the shared expert runs on every token whatever the routing; moe's latent) at hidden
- * over their shared widths, at shared width s (interpolated
- * linearly between calibrated ones). Into out for the first routed shape that has s0 among
- * its shared widths and brackets s, with at0 its costs at s0. 0, or -1. */
-static int shared_curve(const cm_tables *t, int hidden, const arch_moe *moe, int s0, int s, double out[3],
-                        double at0[3])
+/* The MoE fields a curve runs over: the shared expert's width, or the latent. */
+enum { CURVE_SHARED, CURVE_LATENT };
+
+static int curve_field(const cm_entry *e, int f)
+{
+    return f == CURVE_SHARED ? e->shared_ffn_dim : e->latent_dim;
+}
+
+/* A curve over field f (CURVE_SHARED or CURVE_LATENT): the costs of entries of one MoE shape
+ * (count, width and top-k, and the other field) at hidden over their values of f, at value v
+ * (interpolated linearly between calibrated ones). Into out for the first shape (of latent
+ * `latent` for a shared curve: the shared expert runs on every token whatever the routing)
+ * that has v0 among its values and brackets v, with at0 its costs at v0. 0, or -1. */
+static int moe_curve(const cm_tables *t, int hidden, int f, int latent, int v0, int v, double out[3], double at0[3])
 {
     for (int i = 0; i < t->n_prefill; i++) {
         const cm_entry *r = &t->prefill[i];
-        if (r->part != CM_MLP || r->hidden_size != hidden || !r->n_experts || r->latent_dim != moe->latent_dim ||
-            r->shared_ffn_dim != s0)
+        if (r->part != CM_MLP || r->hidden_size != hidden || !r->n_experts || curve_field(r, f) != v0 ||
+            (f == CURVE_SHARED && r->latent_dim != latent))
             continue;
         double lo_v[3], hi_v[3];
-        int lo = -1, hi = -1;   /* the calibrated shared widths around s at r's routed shape */
+        int lo = -1, hi = -1;   /* the calibrated values around v at r's shape */
         for (int j = 0; j < t->n_prefill; j++) {
             const cm_entry *e = &t->prefill[j];
             if (e->part != CM_MLP || e->hidden_size != hidden || e->n_experts != r->n_experts ||
-                e->top_k != r->top_k || e->expert_ffn_dim != r->expert_ffn_dim || e->latent_dim != r->latent_dim)
+                e->top_k != r->top_k || e->expert_ffn_dim != r->expert_ffn_dim ||
+                curve_field(e, !f) != curve_field(r, !f))   /* !f: the other field */
                 continue;
-            int x = e->shared_ffn_dim;
-            if (x <= s && (lo < 0 || x > lo)) {
+            int x = curve_field(e, f);
+            if (x <= v && (lo < 0 || x > lo)) {
                 lo = x;
                 entry_values(t, e, find_decode(t, e), lo_v);
             }
-            if (x >= s && (hi < 0 || x < hi)) {
+            if (x >= v && (hi < 0 || x < hi)) {
                 hi = x;
                 entry_values(t, e, find_decode(t, e), hi_v);
             }
         }
         if (lo < 0 || hi < 0)
             continue;
-        double f = hi > lo ? (double)(s - lo) / (hi - lo) : 0;
+        double fr = hi > lo ? (double)(v - lo) / (hi - lo) : 0;
         entry_values(t, r, find_decode(t, r), at0);
         for (int j = 0; j < 3; j++)
-            out[j] = lo_v[j] + f * (hi_v[j] - lo_v[j]);
+            out[j] = lo_v[j] + fr * (hi_v[j] - lo_v[j]);
         return 0;
     }
     return -1;
+}
+
+/* out = base + (at - at0): a cost carried from a calibrated shape by a measured difference;
+ * the workspace (out[2]) never below 0. */
+static void add_difference(double out[3], const double base[3], const double at[3], const double at0[3])
+{
+    for (int j = 0; j < 3; j++)
+        out[j] = base[j] + at[j] - at0[j];
+    if (out[2] < 0)
+        out[2] = 0;
 }
 
 /* An MoE at an exact calibrated hidden size. One whose shared expert is not calibrated at
@@ -556,51 +574,9 @@ static int moe_shared_at_hidden(const cm_tables *t, int hidden, const arch_moe *
         b.shared_ffn_dim = e->shared_ffn_dim;
         double base[3], at_s[3], at_s0[3];
         if (moe_at_hidden(t, hidden, &b, base) ||
-            shared_curve(t, hidden, moe, e->shared_ffn_dim, moe->shared_ffn_dim, at_s, at_s0))
+            moe_curve(t, hidden, CURVE_SHARED, moe->latent_dim, e->shared_ffn_dim, moe->shared_ffn_dim, at_s, at_s0))
             continue;
-        for (int j = 0; j < 3; j++)
-            out[j] = base[j] + at_s[j] - at_s0[j];
-        if (out[2] < 0)
-            out[2] = 0;
-        return 0;
-    }
-    return -1;
-}
-
-/* The latent curve: the costs of entries of one MoE shape (count, width, top-k, shared width)
- * at hidden over their latent widths, at latent d (interpolated linearly between calibrated
- * ones). Into out for the first shape that has d0 among its latents and brackets d, with at0
- * its costs at d0. 0, or -1. */
-static int latent_curve(const cm_tables *t, int hidden, int d0, int d, double out[3], double at0[3])
-{
-    for (int i = 0; i < t->n_prefill; i++) {
-        const cm_entry *r = &t->prefill[i];
-        if (r->part != CM_MLP || r->hidden_size != hidden || !r->n_experts || r->latent_dim != d0)
-            continue;
-        double lo_v[3], hi_v[3];
-        int lo = -1, hi = -1;
-        for (int j = 0; j < t->n_prefill; j++) {
-            const cm_entry *e = &t->prefill[j];
-            if (e->part != CM_MLP || e->hidden_size != hidden || e->n_experts != r->n_experts ||
-                e->top_k != r->top_k || e->expert_ffn_dim != r->expert_ffn_dim ||
-                e->shared_ffn_dim != r->shared_ffn_dim || !e->latent_dim)
-                continue;
-            int x = e->latent_dim;
-            if (x <= d && (lo < 0 || x > lo)) {
-                lo = x;
-                entry_values(t, e, find_decode(t, e), lo_v);
-            }
-            if (x >= d && (hi < 0 || x < hi)) {
-                hi = x;
-                entry_values(t, e, find_decode(t, e), hi_v);
-            }
-        }
-        if (lo < 0 || hi < 0)
-            continue;
-        double f = hi > lo ? (double)(d - lo) / (hi - lo) : 0;
-        entry_values(t, r, find_decode(t, r), at0);
-        for (int j = 0; j < 3; j++)
-            out[j] = lo_v[j] + f * (hi_v[j] - lo_v[j]);
+        add_difference(out, base, at_s, at_s0);
         return 0;
     }
     return -1;
@@ -626,12 +602,10 @@ static int at_hidden(const cm_tables *t, int part, int hidden, int nh, int nkv, 
         arch_moe b = *moe;
         b.latent_dim = lat[i];
         double base[3], at_d[3], at_d0[3];
-        if (moe_shared_at_hidden(t, hidden, &b, base) || latent_curve(t, hidden, lat[i], moe->latent_dim, at_d, at_d0))
+        if (moe_shared_at_hidden(t, hidden, &b, base) ||
+            moe_curve(t, hidden, CURVE_LATENT, 0, lat[i], moe->latent_dim, at_d, at_d0))
             continue;
-        for (int j = 0; j < 3; j++)
-            out[j] = base[j] + at_d[j] - at_d0[j];
-        if (out[2] < 0)
-            out[2] = 0;
+        add_difference(out, base, at_d, at_d0);
         return 0;
     }
     return -1;
