@@ -361,6 +361,81 @@ void api_cursor_not_found(api_resp *resp, const char *what)
                 json_pack("[{s:s,s:s}]", "parameter", "after", "message", "no such id"));
 }
 
+/* The JSON pointer of the value being read at byte pos of the body b (valid JSON up to
+ * there): the object keys and array indices open at pos, "" at the top. A key that cannot
+ * be decoded (a U+0000 in it) ends the pointer at its object. For the values jansson reads
+ * but cannot hold, whose error position is just past them. */
+typedef struct {
+    int obj;        /* an object, else an array */
+    long idx;       /* an array's element */
+    char key[128];  /* an object's member */
+    int keyed;      /* 1: key holds it; -1: it cannot be named; 0: none yet */
+} jp_frame;
+
+static void pointer_at(const char *b, size_t n, size_t pos, char *out, size_t outlen)
+{
+    enum { DEPTH = 32 };
+    jp_frame st[DEPTH];
+    int d = 0, extra = 0, want_key = 0;   /* extra: levels deeper than DEPTH, not tracked */
+    for (size_t i = 0; i < n && i < pos; i++) {
+        char c = b[i];
+        if (c == '"') {
+            size_t j = i + 1;
+            while (j < n && b[j] != '"')
+                j += b[j] == '\\' ? 2 : 1;
+            if (j >= n)
+                break;
+            if (want_key && !extra && d > 0) {   /* a key: decoded by jansson itself */
+                json_t *k = json_loadb(b + i, j + 1 - i, JSON_DECODE_ANY, NULL);
+                const char *ks = json_string_value(k);
+                st[d - 1].keyed = ks && strlen(ks) == json_string_length(k) && strlen(ks) < sizeof st[0].key ? 1 : -1;
+                if (st[d - 1].keyed == 1)
+                    snprintf(st[d - 1].key, sizeof st[0].key, "%s", ks);
+                json_decref(k);
+                want_key = 0;
+            }
+            i = j;
+        } else if (c == '{' || c == '[') {
+            if (d < DEPTH && !extra)
+                st[d++] = (jp_frame){.obj = c == '{'};
+            else
+                extra++;
+            want_key = c == '{';
+        } else if (c == '}' || c == ']') {
+            if (extra)
+                extra--;
+            else if (d)
+                d--;
+            want_key = 0;
+        } else if (c == ',' && !extra && d && i + 1 < pos) {   /* past the value in error: not counted */
+            if (st[d - 1].obj)
+                want_key = 1;
+            else
+                st[d - 1].idx++;
+        }
+    }
+    size_t o = 0;
+    out[0] = 0;
+    for (int k = 0; k < d && o + 1 < outlen; k++) {
+        if (st[k].obj && st[k].keyed != 1)
+            break;
+        if (!st[k].obj) {
+            o += (size_t)snprintf(out + o, outlen - o, "/%ld", st[k].idx);
+            continue;
+        }
+        out[o++] = '/';   /* RFC 6901: ~ as ~0, / as ~1 */
+        for (const char *p = st[k].key; *p && o + 3 < outlen; p++) {
+            if (*p == '~' || *p == '/') {
+                out[o++] = '~';
+                out[o++] = *p == '~' ? '0' : '1';
+            } else {
+                out[o++] = *p;
+            }
+        }
+        out[o < outlen ? o : outlen - 1] = 0;
+    }
+}
+
 json_t *api_parse_body(const api_req *req, api_resp *resp)
 {
     json_error_t e;
@@ -378,8 +453,11 @@ json_t *api_parse_body(const api_req *req, api_resp *resp)
                           : "the body holds a value this server does not take (strings without U+0000, "
                             "integers within 64 bits): %s (line %d, column %d)",
                  e.text, e.line, e.column);
+        char ptr[512] = "";
+        if (!holdable && e.position >= 0)   /* valid JSON up to there: where the value sits */
+            pointer_at(req->body, req->body_len, (size_t)e.position, ptr, sizeof ptr);
         api_problem(resp, holdable ? 400 : 422, holdable ? "invalid_json" : "unprocessable_json", detail,
-                    json_pack("[{s:s,s:s}]", "pointer", "", "message", e.text));
+                    json_pack("[{s:s,s:s}]", "pointer", ptr, "message", e.text));
     }
     return j;
 }

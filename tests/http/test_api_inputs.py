@@ -141,7 +141,7 @@ def main():
         bad(lambda x: x.update(target={"device": "tpu:7"}), 422, "/target/device")
         bad(lambda x: x.update(target={"device": "cuda:9"}), 422, "/target/device")
         bad(lambda x: x.update(target={"workload": {"batch_size": -1}}), 422, "/target/workload/batch_size")
-        bad(lambda x: x.update(target={"workload": {"batch_size": 10**30}}), 422, "")  # beyond 64 bits: unprocessable_json
+        bad(lambda x: x.update(target={"workload": {"batch_size": 10**30}}), 422, "/target/workload/batch_size")  # beyond 64 bits
         bad(lambda x: x.update(target={"workload": {"prompt_tokens": 1048576, "output_tokens": 10}}), 422, "/target/workload")
         bad(lambda x: x.update(target={"precision": "int3"}), 422, "/target/precision")
         bad(lambda x: x.update(method="magic"), 422, "/method")

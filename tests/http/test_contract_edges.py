@@ -6,7 +6,8 @@ they allow but the server cannot act on is a 422.
   body's type, not "not valid JSON".
 - A model registration's size_bytes may be written 194.0, like every integer.
 - Valid JSON the server cannot hold (U+0000 in a string or a key, an integer beyond 64
-  bits) is a 422 unprocessable_json, not a 400 invalid_json.
+  bits) is a 422 unprocessable_json, not a 400 invalid_json, and its error's pointer names
+  where the value sits (RFC 6901; a key holding U+0000 is named by its object).
 - A list cursor (`after`) of the list's id shape that names no item is a 422
   cursor_not_found; one of another shape stays a 400 invalid_parameter."""
 import os
@@ -30,14 +31,19 @@ def main():
                 check_problem(st, hd, doc, 400, pointer="")
                 assert doc["code"] != "invalid_json", (path, body, doc)
         # --- valid JSON the server cannot hold
-        for path, body in (("/v1/jobs", SPEC % ', "name": "a\\u0000b"'),
-                           ("/v1/jobs", SPEC % ', "metadata": {"k\\u0000": "v"}'),
-                           ("/v1/jobs", SPEC % ', "x": 18446744073709551616'),
-                           ("/v1/models", '{"path": "|\\u00e9\\u0000"}'),
-                           ("/v1/estimates", '{"target": {}, "arch": {"\\u0000": 1}}'),
-                           ("/v1/estimates", '{"target": {}, "arch": {"n": -28104915893911114131303935577937674240}}')):
+        for path, body, ptr in (("/v1/jobs", SPEC % ', "name": "a\\u0000b"', "/name"),
+                                ("/v1/jobs", SPEC % ', "metadata": {"k\\u0000": "v"}', "/metadata"),
+                                ("/v1/jobs", SPEC % ', "x": 18446744073709551616', "/x"),
+                                ("/v1/jobs", SPEC % ', "evaluation": {"tasks": ["arc_easy", 18446744073709551616, 1]}',
+                                 "/evaluation/tasks/1"),
+                                ("/v1/jobs", SPEC % ', "metadata": {"a/b~\\u00e9": [[0], {"x": 1e999}]}',
+                                 "/metadata/a~1b~0\u00e9/1/x"),
+                                ("/v1/models", '{"path": "|\\u00e9\\u0000"}', "/path"),
+                                ("/v1/estimates", '{"target": {}, "arch": {"\\u0000": 1}}', "/arch"),
+                                ("/v1/estimates", '{"target": {}, "arch": {"n": -28104915893911114131303935577937674240}}',
+                                 "/arch/n")):
             st, hd, doc = s.json("POST", path, body, CT)
-            check_problem(st, hd, doc, 422, "unprocessable_json", pointer="")
+            check_problem(st, hd, doc, 422, "unprocessable_json", pointer=ptr)
         st, hd, doc = s.json("POST", "/v1/jobs", '{"model": ', CT)     # still invalid JSON: 400
         check_problem(st, hd, doc, 400, "invalid_json")
         # --- an integral real is an integer in a model registration too
