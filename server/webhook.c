@@ -145,7 +145,7 @@ static int deliver(webhook_sender *w, CURL *c, const store_webhook *wh, char *er
     curl_slist_free_all(hdrs);
     if (rc == CURLE_COULDNT_CONNECT && guard.refused[0]) {
         snprintf(err, errlen, "refused to connect to %s, which is not a public address (a server delivers to its own "
-                 "network with --allow-private-webhook-hosts)", guard.refused);
+                 "network with --allow-private-webhook-hosts%s)", guard.refused, fetch_guard_proxy_note());
         return -1;
     }
     if (rc != CURLE_OK) {

@@ -383,9 +383,7 @@ static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, lon
     }
     if (cc == CURLE_COULDNT_CONNECT && s->guard.refused[0]) {   /* first: a redirect's status may still be the code */
         snprintf(err, errlen, "%.300s: refused to connect to %s, which is not a public address (a server allows its own "
-                 "network with --allow-private-model-hosts%s)", url, s->guard.refused,
-                 getenv("https_proxy") || getenv("HTTPS_PROXY") || getenv("http_proxy") || getenv("ALL_PROXY") ||
-                 getenv("all_proxy") ? "; a proxy is set in the environment, and this may be its address" : "");
+                 "network with --allow-private-model-hosts%s)", url, s->guard.refused, fetch_guard_proxy_note());
         return FETCH_FAILED;
     }
     int complete_already = 0;

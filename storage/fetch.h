@@ -72,6 +72,9 @@ typedef struct {
 /* Install g (borrowed for the handle's transfers) on curl, a CURL *; clears g->refused.
  * Returns 0, or -1 when libcurl refuses the options. */
 int fetch_guard_install(void *curl, fetch_guard *g);
+/* For a refusal's message: "; a proxy is set in the environment, and this may be its
+ * address" when one is (libcurl connects to it, and the guard judges that address), else "". */
+const char *fetch_guard_proxy_note(void);
 /* 1 when url's host is, as written, a non-public address: an IPv4 or [IPv6] literal that
  * fetch_addr_non_public refuses, or localhost (and *.localhost); else 0, also when the URL
  * does not parse. For an early, clear refusal only: host names are judged per connection,

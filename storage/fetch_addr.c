@@ -7,6 +7,7 @@
 #include <curl/curl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <arpa/inet.h>
@@ -107,6 +108,14 @@ int fetch_url_host_non_public(const char *url)
     ss.ss_family = AF_INET;
     return inet_pton(AF_INET, host, &((struct sockaddr_in *)&ss)->sin_addr) == 1 &&
            fetch_addr_non_public((struct sockaddr *)&ss);
+}
+
+const char *fetch_guard_proxy_note(void)
+{
+    return getenv("https_proxy") || getenv("HTTPS_PROXY") || getenv("http_proxy") || getenv("ALL_PROXY") ||
+                   getenv("all_proxy")
+               ? "; a proxy is set in the environment, and this may be its address"
+               : "";
 }
 
 int fetch_guard_install(void *curl, fetch_guard *g)
