@@ -322,6 +322,16 @@ static void take_best(dnas_result *r, arch *best, const cm_prediction *pred)
     r->checked_within = 1;
 }
 
+/* The share of a served limit a check's measurement may reach and hold: timings carry the
+ * serving's noise, so they must come in 1% under; memory and parameters are read without it
+ * (the built-in engine's byte accounting, which the measure stage reproduces; llama.cpp's
+ * buffers; a count), and the served memory limit already takes memory's own error off
+ * (method_served_limits). */
+static double served_slack(int k)
+{
+    return k == SM_MEMORY || k == SM_PARAMS ? 1.0 : 0.99;
+}
+
 /* Decode argmax, repair against the tables, and confirm with the full prediction; when
  * the prediction disagrees with the additive tables (it adds terms the tables cannot
  * split), tighten that limit by the disagreement and repair again. With a check, the
@@ -415,11 +425,11 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         double measured[SM_COUNT] = {m.latency_ms, m.decode_ms, (double)m.total, (double)m.params};
         int ok = 1, room = 0;
         for (int k = 0; k < SM_COUNT; k++)
-            if (costs->t[k].active && measured[k] > served_lim[k] * 0.99)
+            if (costs->t[k].active && measured[k] > served_lim[k] * served_slack(k))
                 ok = 0;
         if (!ok) {   /* tighten the target (and the tables' limit) by the measured excess */
             for (int k = 0; k < SM_COUNT; k++)
-                if (costs->t[k].active && measured[k] > served_lim[k] * 0.99) {
+                if (costs->t[k].active && measured[k] > served_lim[k] * served_slack(k)) {
                     /* to the served arch's own prediction times the excess: the space is
                      * discrete, so the arch may sit well under the target, and the target
                      * times the excess could let the next arch measure over again */

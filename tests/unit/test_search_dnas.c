@@ -161,6 +161,8 @@ typedef struct {
     double factor;
     int calls;
     double first;   /* the first arch's measured latency */
+    double memory_limit, params_limit;   /* bytes and parameters served at or under them: */
+    double held_memory, held_params;     /* the largest such served (exact: as predicted) */
 } fake_engine;
 
 static int fake_check(void *ud, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
@@ -177,6 +179,10 @@ static int fake_check(void *ud, const arch *a, const cm_prediction *pred, cm_pre
         f->first = m->latency_ms;
     m->decode_ms = pred->decode_ms * f->factor;
     m->params = arch_params(a);
+    if ((double)m->total <= f->memory_limit && (double)m->total > f->held_memory)
+        f->held_memory = (double)m->total;
+    if ((double)m->params <= f->params_limit && (double)m->params > f->held_params)
+        f->held_params = (double)m->params;
     return 0;
 }
 
@@ -199,7 +205,7 @@ static void test_served_check_repairs(void **state)
      * its target (the space is discrete): each repair must bring the next one within */
     for (int i = 0; i < 6; i++) {
         o.limits.latency_ms = (0.6 + 0.05 * i) * pp.latency_ms;
-        fake_engine slow = {1.3, 0, 0};
+        fake_engine slow = {.factor = 1.3};
         o.check_ud = &slow;
         assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
         printf("tables 30%% under, limit %.2f of the parent: %d checks, predicted %.4f ms, measured %.4f ms, limit "
@@ -213,7 +219,7 @@ static void test_served_check_repairs(void **state)
     }
     o.limits.latency_ms = 0.75 * pp.latency_ms;
 
-    fake_engine fast = {0.9, 0, 0};
+    fake_engine fast = {.factor = 0.9};
     o.check_ud = &fast;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
     printf("tables 10%% over: %d checks, first served %.4f ms, returned predicted %.4f measured %.4f ms, limit "
@@ -228,7 +234,7 @@ static void test_served_check_repairs(void **state)
 
     /* served 50x slower than predicted: no arch of the space meets the limit as served;
      * the last arch served comes back, marked as measured over it */
-    fake_engine hopeless = {50, 0, 0};
+    fake_engine hopeless = {.factor = 50};
     o.check_ud = &hopeless;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
     printf("50x: %d checks, last within %d, %d layers\n", r.checks, r.checked_within, r.arch.n_layers);
@@ -238,10 +244,47 @@ static void test_served_check_repairs(void **state)
     assert_int_equal(arch_validate(&r.arch, err, sizeof err), 0);
     dnas_result_free(&r);
 
-    fake_engine dead = {0, 0, 0};
+    fake_engine dead = {.factor = 0};
     o.check_ud = &dead;
     assert_int_equal(dnas_run(&o, &r, err, sizeof err), -1);
     assert_non_null(strstr(err, "helper died"));
+}
+
+/* Memory and parameters are served exactly as predicted (the engine's byte accounting, a
+ * count): an arch served at or under such a limit holds it, and the search never gives one
+ * up for a smaller arch (a 1% slack meant for timings' noise made it drop archs served
+ * within the last 1% of the limit). */
+static void test_served_check_exact_limits(void **state)
+{
+    world *w = *state;
+    dnas_opts o;
+    opts(w, &o);
+    cm_prediction pp;
+    char err[1024] = "";
+    assert_int_equal(cm_predict(&w->tables, &w->parent.a, &pp, err, sizeof err), 0);
+    o.check = fake_check;
+    int dropped = 0;
+    for (int i = 0; i < 16; i++) {
+        double frac = 0.55 + 0.02 * i;
+        dnas_result r;
+        fake_engine exact = {.factor = 1.0};
+        o.check_ud = &exact;
+        o.limits = (dnas_limits){0};
+        if (i % 2) {
+            o.limits.memory_bytes = exact.memory_limit = frac * (double)pp.total;
+        } else {
+            o.limits.params = exact.params_limit = frac * (double)pp.params;
+        }
+        assert_int_equal(dnas_run(&o, &r, err, sizeof err), 0);
+        double got = i % 2 ? (double)r.predicted.total : (double)r.predicted.params;
+        double held = i % 2 ? exact.held_memory : exact.held_params;
+        printf("exact %s limit %.2f of the parent: %d checks, kept %.0f, largest served within %.0f\n",
+               i % 2 ? "memory" : "params", frac, r.checks, got, held);
+        assert_true(r.checked_within && got <= (i % 2 ? o.limits.memory_bytes : o.limits.params));
+        dropped += got < held;
+        dnas_result_free(&r);
+    }
+    assert_int_equal(dropped, 0);
 }
 
 /* Minitron++ frontier: uniform, feasible, largest first. */
@@ -618,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_infeasible_names_cheapest),
         cmocka_unit_test(test_params_limit_sits_at_limit),
         cmocka_unit_test(test_served_check_repairs),
+        cmocka_unit_test(test_served_check_exact_limits),
         cmocka_unit_test(test_aim_served_margin),
         cmocka_unit_test(test_minitron_frontier),
         cmocka_unit_test(test_moe_expert_counts),
