@@ -63,11 +63,12 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
                       t->threads, cm_target_flash(t), t->engine_build);
     /* MoE: the most experts, and the first MoE layer's top-k and widths (the grid's shape;
      * w2: the grid prices narrower experts too; w3: and narrower shared experts; w4: in
-     * llama.cpp's nemotron_h too) */
+     * llama.cpp's nemotron_h too; kc: the smallest count and the top-k at every width, which
+     * price the counts below the top-k) */
     int maxe;
     const arch_moe *e = arch_first_moe(a, &maxe);
     if (e && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d%s", maxe, e->top_k, e->expert_ffn_dim,
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|E%d|k%d|Fe%d|Fs%d|nt%d%s|kc", maxe, e->top_k, e->expert_ffn_dim,
                       e->shared_ffn_dim, e->norm_topk,
                       !e->shared_ffn_dim                             ? "|w2"
                       : cm_target_llamacpp(t) && !arch_moe_family(a) ? "|w4"

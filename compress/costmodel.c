@@ -337,9 +337,17 @@ static const cm_entry *find_decode(const cm_tables *t, const cm_entry *pre)
 
 #define MAX_GRID 256
 
+/* 1 when entry e prices moe's routing: the same top-k, or, for an MoE whose every expert runs
+ * on every token (pruning caps top-k at the count kept), every entry so capped, whatever its
+ * count (their cost grows with the count alike: each token runs all of them). */
+static int moe_routing(const cm_entry *e, const arch_moe *moe)
+{
+    return moe->top_k >= moe->n_experts ? e->top_k >= e->n_experts : e->top_k == moe->top_k;
+}
+
 /* Grid points of one part at one hidden size along one axis, sorted by x:
  *   mlp: x = ffn_dim (nonzero dense entries); with moe, x = n_experts over the MoE entries
- *        of moe's top_k and widths;
+ *        of moe's routing (moe_routing) and widths;
  *   attention with mb (a Mamba-2 mixer): x = Mamba heads over the entries of mb's shape;
  *   attention axis 0: entries with n_kv_heads == nkv, x = n_heads;
  *   attention axis 1: entries with the same group size n_heads/n_kv_heads, x = n_kv_heads.
@@ -360,7 +368,7 @@ static int collect(const cm_tables *t, int part, int hidden, int axis, int nh, i
                 continue;
             x = em->n_heads;
         } else if (part == CM_MLP && moe) {
-            if (!e->n_experts || e->top_k != moe->top_k || e->expert_ffn_dim != moe->expert_ffn_dim ||
+            if (!e->n_experts || !moe_routing(e, moe) || e->expert_ffn_dim != moe->expert_ffn_dim ||
                 e->shared_ffn_dim != moe->shared_ffn_dim || e->latent_dim != moe->latent_dim)
                 continue;
             x = e->n_experts;
@@ -443,7 +451,7 @@ int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max)
     int n = 0;
     for (int i = 0; i < t->n_prefill; i++) {
         const cm_entry *e = &t->prefill[i];
-        if (e->part == CM_MLP && e->n_experts && e->top_k == moe->top_k && e->shared_ffn_dim == moe->shared_ffn_dim &&
+        if (e->part == CM_MLP && e->n_experts && moe_routing(e, moe) && e->shared_ffn_dim == moe->shared_ffn_dim &&
             e->latent_dim == moe->latent_dim)
             insert_distinct(w, &n, max, e->expert_ffn_dim);
     }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "compress/calibrate.h"
+#include "compress/dnas.h"
 #include "compress/costmodel.h"
 #include "compress/measure.h"
 #include "compress/method.h"
@@ -133,6 +134,22 @@ static void test_grids(void **state)
     cal_mlp_apply(&p, g[ng - 1], &l);
     assert_true(l.moe.n_experts == 4 && l.moe.expert_ffn_dim == 32 && l.moe.shared_ffn_dim == 48);
     assert_int_equal(cal_grid_mlp(&p, g, 64, 0) - dense, 4);   /* no narrower experts (llama.cpp's grid) */
+    arch_free(&p);
+    /* 128 experts, top 8 (counts in sixteenths, 8 ... 128): the smallest count and the top-k
+       at every width too, so that the counts below the top-k are priced */
+    tiny_moe_parent(&p, 2);
+    p.layers[0].moe = (arch_moe){.n_experts = 128, .top_k = 8, .expert_ffn_dim = 32};
+    ng = cal_grid_mlp(&p, g, 64, 1);
+    int ones = 0, eights = 0;
+    for (int i = 0; i < ng; i++) {
+        if (g[i] >= 0)
+            continue;
+        cal_mlp_apply(&p, g[i], &l);
+        ones += l.moe.n_experts == 1 && l.moe.top_k == 1;
+        eights += l.moe.n_experts == 8 && l.moe.top_k == 8;
+    }
+    assert_int_equal(ones, 4);     /* at 8, 16, 24 and 32 units */
+    assert_int_equal(eights, 4);
     arch_free(&p);
     /* a LatentMoE: the parent's experts in a latent of 8, 16 and 24 of 32, after the shared widths */
     tiny_latent_parent(&p, 2);
@@ -331,6 +348,51 @@ static void test_memory_matches_engine_accounting_latent(void **state)
 {
     (void)state;
     memory_matches_engine_accounting(2);
+}
+
+/* A parent that routes each token to 4 of 16 experts: counts below the top-k (every kept
+ * expert runs on every token, top-k capped at the count) are priced at every width, between
+ * the grid's capped counts (1 and 4), and the search space of counts and widths is priced
+ * whole. They were outside the tables at the narrower widths, which only hold top-4 counts
+ * there: the held-out archs and the search failed on them. */
+static void test_counts_below_top_k(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_moe_parent(&p, 2);
+    for (int l = 0; l < 2; l += 2)
+        p.layers[l].moe = (arch_moe){.n_experts = 16, .top_k = 4, .expert_ffn_dim = 32, .shared_ffn_dim = 0};
+    cm_target t = tiny_target();
+    json_t *cal = quick_calibration(&p, &t, 4, -1);
+    char err[512];
+    cm_tables tb;
+    assert_int_equal(cm_calibration_tables(cal, &tb, err, sizeof err), 0);
+    for (int w = 8; w <= 32; w += 8)
+        for (int e = 1; e <= 16; e++) {
+            arch_moe m = arch_moe_keep(&p.layers[0].moe, e);
+            m.expert_ffn_dim = w;
+            double pre, dec;
+            if (cm_moe_cost(&tb, p.hidden_size, &m, &pre, &dec, NULL) != 0)
+                fail_msg("%d experts (top %d) of %d units: outside the tables", e, m.top_k, w);
+        }
+    double c[4];
+    for (int e = 1; e <= 4; e++) {
+        arch_moe m = arch_moe_keep(&p.layers[0].moe, e);
+        m.expert_ffn_dim = 16;
+        assert_int_equal(cm_moe_cost(&tb, p.hidden_size, &m, &c[e - 1], NULL, NULL), 0);
+    }
+    /* 2 and 3 experts at 16 units: on the line between the calibrated 1 and 4 */
+    assert_true(fabs(c[1] - (c[0] + (c[3] - c[0]) / 3)) <= 1e-9 * c[3]);
+    dnas_limits lim = {.params = 0.7 * (double)arch_params(&p)};
+    dnas_axes ax = {.experts = 1, .expert_widths = 1};
+    search_space sp;
+    search_costs costs;
+    if (dnas_space_build(&p, &tb, &lim, &ax, &sp, &costs, err, sizeof err))
+        fail_msg("search space: %s", err);
+    dnas_space_free(&sp, &costs);
+    cm_tables_free(&tb);
+    json_decref(cal);
+    arch_free(&p);
 }
 
 /* Fit archs (random archs that set the phase scales) are counted in the cost, drawn
@@ -730,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_memory_matches_engine_accounting),
         cmocka_unit_test(test_memory_matches_engine_accounting_moe),
         cmocka_unit_test(test_memory_matches_engine_accounting_latent),
+        cmocka_unit_test(test_counts_below_top_k),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_measure_cancel),
