@@ -6,7 +6,10 @@ not being built), hidden 768, Mamba 24 heads of 64 (d_inner 2 x hidden), state 1
 conv 4; attention 12 query / 2 KV heads of 64; MLP 2048; vocab 32000, untied. 128.6M
 parameters. Random weights (std 1/sqrt(fan-in); A_log = log(1..H), dt_bias so that dt starts
 near 0.01-0.1 as Mamba initializes it): a shape for timing and the cost model, no quality.
-usage: make_hybrid.py OUT_DIR [VOCAB]  (VOCAB 512: stories260K's tokenizer fits, for jobs)"""
+With --latent the 8 MLPs are Nemotron 3 Super's LatentMoE layers instead: 16 routed
+squared-ReLU experts of 512 (top 4, sigmoid routing, scale 2.5) in a latent of 384 beside a
+shared expert of 1024 (171.1M parameters).
+usage: make_hybrid.py OUT_DIR [VOCAB] [--latent]  (VOCAB 512: stories260K's tokenizer fits, for jobs)"""
 import json
 import math
 import os
@@ -19,12 +22,17 @@ V, C, F = 32000, 768, 2048
 H, KV, D = 12, 2, 64
 MH, MP, S, G, K = 24, 64, 128, 8, 4
 PATTERN = "M-M-M*M-M-M-M-M*M-M-"
+E, TOPK, FE, FS, LT = 16, 4, 512, 1024, 384   # --latent
 
 
 def main():
-    global V
-    out = sys.argv[1]
-    V = int(sys.argv[2]) if len(sys.argv) > 2 else V
+    global V, PATTERN
+    args = [a for a in sys.argv[1:] if a != "--latent"]
+    latent = len(args) < len(sys.argv) - 1
+    out = args[0]
+    V = int(args[1]) if len(args) > 1 else V
+    if latent:
+        PATTERN = PATTERN.replace("-", "E")
     rng = np.random.default_rng(2026)
     di, cd = MH * MP, MH * MP + 2 * G * S
 
@@ -49,6 +57,15 @@ def main():
             for n, o in (("q", H * D), ("k", KV * D), ("v", KV * D)):
                 w[p + "mixer.%s_proj.weight" % n] = lin(o, C)
             w[p + "mixer.o_proj.weight"] = lin(C, H * D)
+        elif ch == "E":
+            w[p + "mixer.gate.weight"] = lin(E, C)
+            w[p + "mixer.gate.e_score_correction_bias"] = np.zeros(E, np.float32)
+            w[p + "mixer.fc1_latent_proj.weight"], w[p + "mixer.fc2_latent_proj.weight"] = lin(LT, C), lin(C, LT)
+            for e in range(E):
+                q = p + "mixer.experts.%d." % e
+                w[q + "up_proj.weight"], w[q + "down_proj.weight"] = lin(FE, LT), lin(LT, FE)
+            w[p + "mixer.shared_experts.up_proj.weight"] = lin(FS, C)
+            w[p + "mixer.shared_experts.down_proj.weight"] = lin(C, FS)
         else:
             w[p + "mixer.up_proj.weight"], w[p + "mixer.down_proj.weight"] = lin(F, C), lin(C, F)
     os.makedirs(out, exist_ok=True)
@@ -60,6 +77,10 @@ def main():
            "max_position_embeddings": 4096, "tie_word_embeddings": False, "mlp_hidden_act": "relu2",
            "mamba_hidden_act": "silu", "use_conv_bias": True, "time_step_limit": [0.0, float("inf")],
            "chunk_size": 128, "torch_dtype": "float32"}
+    if latent:
+        cfg.update({"n_routed_experts": E, "num_experts_per_tok": TOPK, "moe_intermediate_size": FE,
+                    "moe_shared_expert_intermediate_size": FS, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "moe_latent_size": LT})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     print("wrote %s: %d layers %s, %.1fM parameters" % (out, len(PATTERN), PATTERN,
