@@ -21,7 +21,7 @@ def main():
     try:
         s.start()
         body = {"model": {"path": MODEL, "tokenizer": TOK},
-                "target": {"device": "cpu", "workload": {"batch_size": 1, "prompt_tokens": 64, "output_tokens": 16}}}
+                "target": {"device": "cpu", "workload": {"batch_size": 1, "prompt_tokens": 256, "output_tokens": 64}}}
         _, _, c = s.json("POST", "/v1/calibrations", body, expect=202)
         t0 = time.time()
         while c["status"] not in ("succeeded", "failed", "cancelled"):
