@@ -414,25 +414,16 @@ static void pointer_at(const char *b, size_t n, size_t pos, char *out, size_t ou
                 st[d - 1].idx++;
         }
     }
-    size_t o = 0;
+    char step[512];
     out[0] = 0;
-    for (int k = 0; k < d && o + 1 < outlen; k++) {
+    for (int k = 0; k < d; k++) {
         if (st[k].obj && st[k].keyed != 1)
             break;
-        if (!st[k].obj) {
-            o += (size_t)snprintf(out + o, outlen - o, "/%ld", st[k].idx);
-            continue;
-        }
-        out[o++] = '/';   /* RFC 6901: ~ as ~0, / as ~1 */
-        for (const char *p = st[k].key; *p && o + 3 < outlen; p++) {
-            if (*p == '~' || *p == '/') {
-                out[o++] = '~';
-                out[o++] = *p == '~' ? '0' : '1';
-            } else {
-                out[o++] = *p;
-            }
-        }
-        out[o < outlen ? o : outlen - 1] = 0;
+        if (st[k].obj)
+            api_ptr_join(step, sizeof step, out, st[k].key);   /* RFC 6901: ~ as ~0, / as ~1 */
+        else
+            snprintf(step, sizeof step, "%s/%ld", out, st[k].idx);
+        snprintf(out, outlen, "%s", step);
     }
 }
 
