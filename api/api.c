@@ -421,9 +421,10 @@ static void pointer_at(const char *b, size_t n, size_t pos, char *out, size_t ou
             break;
         if (st[k].obj)
             api_ptr_join(step, sizeof step, out, st[k].key);   /* RFC 6901: ~ as ~0, / as ~1 */
-        else
-            snprintf(step, sizeof step, "%s/%ld", out, st[k].idx);
-        snprintf(out, outlen, "%s", step);
+        else if (snprintf(step, sizeof step, "%s/%ld", out, st[k].idx) >= (int)sizeof step)
+            break;   /* too deep to name: the pointer so far */
+        if (snprintf(out, outlen, "%s", step) >= (int)outlen)
+            break;
     }
 }
 
