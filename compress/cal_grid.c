@@ -139,19 +139,6 @@ cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv
     return k;
 }
 
-/* x into the ascending distinct counts c[0..*n). */
-static void add_count(int *c, int *n, int x)
-{
-    int k = 0;
-    while (k < *n && c[k] < x)
-        k++;
-    if (k < *n && c[k] == x)
-        return;
-    memmove(c + k + 1, c + k, sizeof *c * (size_t)(*n - k));
-    c[k] = x;
-    (*n)++;
-}
-
 int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths)
 {
     int H, KV, F, n = 0, most;
@@ -184,17 +171,17 @@ int cal_grid_mlp(const arch *parent, int *ffn, int max, int moe_widths)
     int kc = e ? (e->top_k + st - 1) / st * st : 0, ends[2] = {st, kc};
     for (int i = 0; e && i < 2; i++)
         if (ends[i] <= most && (st == 1 || arch_moe_count_ok(e, ends[i])))
-            add_count(cnt, &nc, ends[i]);
+            cm_insert_distinct(cnt, &nc, 18, ends[i]);
     /* narrower experts first (up to 5 of the counts, evenly spread, the most among them, and
        the smallest count and the top-k), then every count at the parent's width: the grid ends
        with the parent's own MLP */
     int w[3], nw = e && moe_widths ? cal_moe_widths(e->expert_ffn_dim, w) : 0, nar[7], nn = 0;
     for (int j = 0, take = nc < 5 ? nc : 5; nw && j < take; j++)
-        add_count(nar, &nn, cnt[take == 1 ? nc - 1 : j * (nc - 1) / (take - 1)]);
+        cm_insert_distinct(nar, &nn, 7, cnt[take == 1 ? nc - 1 : j * (nc - 1) / (take - 1)]);
     for (int i = 0; nw && e && i < 2; i++)
         for (int j = 0; j < nc; j++)
             if (cnt[j] == ends[i])
-                add_count(nar, &nn, ends[i]);
+                cm_insert_distinct(nar, &nn, 7, ends[i]);
     for (int i = 0; i < nw; i++)
         for (int j = 0; j < nn && n < max; j++)
             ffn[n++] = cal_moe_code(nar[j], w[i]);

@@ -433,8 +433,7 @@ static int part_at_hidden(const cm_tables *t, int part, int hidden, int nh, int 
     return -1;
 }
 
-/* x into the ascending distinct list w[0..*n) of at most max. */
-static void insert_distinct(int *w, int *n, int max, int x)
+void cm_insert_distinct(int *w, int *n, int max, int x)
 {
     int k = 0;
     while (k < *n && w[k] < x)
@@ -453,7 +452,7 @@ int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max)
         const cm_entry *e = &t->prefill[i];
         if (e->part == CM_MLP && e->n_experts && moe_routing(e, moe) && e->shared_ffn_dim == moe->shared_ffn_dim &&
             e->latent_dim == moe->latent_dim)
-            insert_distinct(w, &n, max, e->expert_ffn_dim);
+            cm_insert_distinct(w, &n, max, e->expert_ffn_dim);
     }
     return n;
 }
@@ -464,7 +463,7 @@ int cm_moe_shared_widths(const cm_tables *t, const arch_moe *moe, int *w, int ma
     for (int i = 0; i < t->n_prefill; i++) {
         const cm_entry *e = &t->prefill[i];
         if (e->part == CM_MLP && e->n_experts && e->latent_dim == moe->latent_dim && e->shared_ffn_dim)
-            insert_distinct(w, &n, max, e->shared_ffn_dim);
+            cm_insert_distinct(w, &n, max, e->shared_ffn_dim);
     }
     return n;
 }
@@ -475,7 +474,7 @@ int cm_moe_latents(const cm_tables *t, const arch_moe *moe, int *w, int max)
     for (int i = 0; moe->latent_dim && i < t->n_prefill; i++) {
         const cm_entry *e = &t->prefill[i];
         if (e->part == CM_MLP && e->n_experts && e->latent_dim)
-            insert_distinct(w, &n, max, e->latent_dim);
+            cm_insert_distinct(w, &n, max, e->latent_dim);
     }
     return n;
 }
