@@ -16,7 +16,9 @@
  * columns), a narrowed shared
  * expert's on every token; or, with compensate, where the block lost experts or width, the
  * shared expert's down_proj against what the parent's block output leaves after the
- * student's routed experts (it takes up what the experts removed gave).
+ * student's routed experts (it takes up what the experts removed gave), and in a block
+ * without a shared expert each kept expert's down_proj in turn, on its routed tokens, against
+ * what the parent's block output leaves after the other kept experts.
  * Each finished layer is written to ckpt_dir as layer-NNNN.safetensors (its projections
  * and their outcome); a rerun loads those, replays the layers through both models (the
  * same kernels, so the same streams) and goes on with the first unfinished one.
@@ -250,9 +252,9 @@ static int refit_expert_outputs(rc_state *s, int i, int src, char *err, size_t e
         int sh = e == se->n_experts, x = sh ? -1 : e, lat = !sh && pe->latent_dim;
         int D = lat ? pe->latent_dim : C, cw = lat ? se->latent_dim : c;
         const char *name = eng_model_expert_down(s->S, i, x);
-        int n = eng_moe_expert_io(s->S, i, x, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL);
+        int n = eng_moe_expert_io(s->S, i, x, s->Xs, (int)s->N, NULL, 0, rows, s->X, NULL, NULL);
         if (!name || n < 0 || (n > 0 && eng_moe_expert_io(s->P, src, sh ? -1 : l->exp[e], s->Xp, (int)s->N, rows, n,
-                                                           NULL, NULL, Yp) != n)) {
+                                                           NULL, NULL, Yp, NULL) != n)) {
             snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, x);
             rc = -1;
             break;
@@ -287,7 +289,7 @@ static int refit_shared_output(rc_state *s, int i, int src, char *err, size_t er
         snprintf(err, errlen, "reconstruct: out of host memory");
     else if (!name || eng_moe_block(s->P, src, s->Xp, N, 1, Yp, NULL) != 0 ||
              eng_moe_block(s->S, i, s->Xs, N, 0, Ys, gs) != 0 ||
-             eng_moe_expert_io(s->S, i, -1, s->Xs, N, NULL, 0, rows, s->X, NULL) != N) {
+             eng_moe_expert_io(s->S, i, -1, s->Xs, N, NULL, 0, rows, s->X, NULL, NULL) != N) {
         snprintf(err, errlen, "reconstruct: layer %d: out of memory running the MoE block", i);
         rc = -1;
     }
@@ -306,6 +308,55 @@ static int refit_shared_output(rc_state *s, int i, int src, char *err, size_t er
     free(rows);
     free(Ys);
     free(gs);
+    return rc;
+}
+
+/* With compensation, where student layer i's MoE has no shared expert (Mixtral, OLMoE) and lost
+ * experts, routed width or top-k: its kept experts' down_proj, one after another (a single
+ * block coordinate descent sweep), each on the tokens the student routes to it, from its units'
+ * activations times the routing weight to what the parent's block output (parent stream
+ * s->Xp) leaves after the student's other routed experts as they are then, at the kept
+ * channels. So the experts kept take up what the removed ones gave, as far as their units
+ * span it, and each step can only lower the block's error on those tokens. 0, 1 when stopped,
+ * -1. */
+static int refit_routed_outputs(rc_state *s, int i, int src, char *err, size_t errlen)
+{
+    const arch_moe *se = &s->S->a.layers[i].moe;
+    int C = s->P->a.hidden_size, c = s->S->a.hidden_size, N = (int)s->N, F = se->expert_ffn_dim;
+    int *rows = malloc(sizeof(int) * s->N);
+    float *Yp = s->Y, *Ys = malloc(sizeof(float) * s->N * (size_t)c), *Ye = malloc(sizeof(float) * s->N * (size_t)c);
+    float *w = malloc(sizeof(float) * s->N);
+    int rc = rows && Ys && Ye && w ? 0 : -1;
+    if (rc)
+        snprintf(err, errlen, "reconstruct: out of host memory");
+    else if (eng_moe_block(s->P, src, s->Xp, N, 1, Yp, NULL) != 0) {
+        snprintf(err, errlen, "reconstruct: layer %d: out of memory running the MoE block", i);
+        rc = -1;
+    }
+    for (int x = 0; rc == 0 && x < se->n_experts; x++) {
+        const char *name = eng_model_expert_down(s->S, i, x);
+        int n = name && eng_moe_block(s->S, i, s->Xs, N, 0, Ys, NULL) == 0
+                    ? eng_moe_expert_io(s->S, i, x, s->Xs, N, NULL, 0, rows, s->X, Ye, w) : -1;
+        if (n < 0) {
+            snprintf(err, errlen, "reconstruct: layer %d expert %d: out of memory running the experts", i, x);
+            rc = -1;
+            break;
+        }
+        for (int r = 0; r < n; r++) {   /* the parent's block less the others: less all, plus this one's share */
+            size_t t = (size_t)rows[r];
+            for (int j = 0; j < c; j++)
+                s->T[(size_t)r * c + j] = Yp[t * C + (size_t)s->sel.hidden[j]] - Ys[t * c + j] + w[r] * Ye[(size_t)r * c + j];
+            for (int u = 0; u < F; u++)
+                s->X[(size_t)r * F + u] *= w[r];
+        }
+        recon_proj rp = {.layer = i, .source_layer = src, .proj = RP_XDOWN, .expert = x, .in_dim = F, .out_dim = c,
+                         .pruned = 1};
+        rc = stopped(s) ? 1 : n > 0 ? solve_output(s, &rp, name, s->X, s->T, (size_t)n, err, errlen) : 0;
+    }
+    free(rows);
+    free(Ys);
+    free(Ye);
+    free(w);
     return rc;
 }
 
@@ -476,20 +527,23 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
     if (moe_part(&s->P->a, src, part)) {   /* an MoE: its inputs refit where the stream differs, narrowed experts' outputs */
         int kept = moe_part(&s->S->a, i, part), inputs = kept && s->o->inputs && s->diverged && !replay;
         const arch_moe *sm = &s->S->a.layers[i].moe, *pm = &s->P->a.layers[src].moe;
-        int comp = s->o->compensate, shared = comp && kept && !replay && sm->shared_ffn_dim &&
-                                                  moe_changed(&s->P->a, src, &s->S->a, i);
-        int narrow = kept && !replay && (sm->expert_ffn_dim < pm->expert_ffn_dim || sm->latent_dim < pm->latent_dim ||
-                                         (!comp && sm->shared_ffn_dim < pm->shared_ffn_dim));
+        int comp = s->o->compensate && kept && !replay && moe_changed(&s->P->a, src, &s->S->a, i);
+        int shared = comp && sm->shared_ffn_dim, routed = comp && !sm->shared_ffn_dim && !pm->latent_dim;
+        int narrow = kept && !replay && !routed &&
+                     (sm->expert_ffn_dim < pm->expert_ffn_dim || sm->latent_dim < pm->latent_dim ||
+                      (!s->o->compensate && sm->shared_ffn_dim < pm->shared_ffn_dim));
         eng_step_capture pc = {.norm_in = s->Xp}, sc = {.norm_in = s->Xs};
-        if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow || shared ? &pc : NULL, err, errlen) != 0)
+        if (eng_stepper_block(s->sp, src, part, 1, inputs || narrow || comp ? &pc : NULL, err, errlen) != 0)
             return -1;
-        if (inputs || narrow || shared) {
+        if (inputs || narrow || comp) {
             int rc = stopped(s) ? 1 : eng_stepper_block(s->ss, i, part, 0, &sc, err, errlen) != 0 ? -1
                    : inputs ? refit_moe_inputs(s, i, src, err, errlen) : 0;
             if (rc == 0 && narrow)
                 rc = refit_expert_outputs(s, i, src, err, errlen);
             if (rc == 0 && shared)   /* last: it fits what the routed experts, as refit, leave */
                 rc = refit_shared_output(s, i, src, err, errlen);
+            if (rc == 0 && routed)   /* in place of the narrowed experts' own fits */
+                rc = refit_routed_outputs(s, i, src, err, errlen);
             if (rc != 0)
                 return rc;
         }

@@ -31,7 +31,10 @@ typedef struct {
     int inputs;              /* also refit q/k/v and gate/up (1), or only o_proj and down_proj */
     int compensate;          /* 1: an MoE block that lost experts or width refits its shared expert's
                                 down_proj to the parent block's output less the student's routed
-                                experts; 0: a narrowed shared expert's to its parent's own output */
+                                experts, or without a shared expert (and a latent) each kept
+                                expert's down_proj on its tokens to the parent block's output less
+                                the other kept experts; 0: a narrowed shared expert's to its
+                                parent's own output, narrowed experts' to their parent's */
     const char *ckpt_dir;    /* finished layers are kept here and resumed from; NULL: none */
     /* optional: called between the steps of every layer with the outcomes so far (r->n
      * projections, in layer order), finished layers and layers; nonzero stops the run

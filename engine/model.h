@@ -159,10 +159,12 @@ const char *eng_model_expert_down(const eng_model *m, int l, int x);
  * NULL, the rows the router sends to it (written to routed, capacity N; their count is n;
  * x -1: the shared expert, every row, its output before its gate);
  * on those rows (or rows[0..n)) its units' activations h [n, F] (before down_proj, F its
- * width) and its output y [n, D] (D: the latent, else C; before the routing weight), either
- * may be NULL. Returns the row count, or -1 (no such expert, out of memory). */
+ * width), its output y [n, D] (D: the latent, else C; before the routing weight) and, where
+ * the router chose the rows (rows NULL, x >= 0), the routing weight each row gives it w [n]
+ * (after renormalization and routed scaling); any of them may be NULL. Returns the row
+ * count, or -1 (no such expert, out of memory). */
 int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const int *rows, int n, int *routed,
-                      float *h, float *y);
+                      float *h, float *y, float *w);
 
 /* MoE layer l on rows of the normalized block input xn [N, C] (host): its output y [N, C];
  * shared 0: without its shared expert (the routed experts' weighted sum, through a

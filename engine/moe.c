@@ -472,7 +472,7 @@ int eng_moe_block(eng_model *m, int l, const float *xn, int N, int shared, float
 }
 
 int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const int *rows, int n, int *routed,
-                      float *h, float *y)
+                      float *h, float *y, float *w)
 {
     eng_backend *be = m->be;
     const eng_layer *L = &m->layers[l];
@@ -498,6 +498,8 @@ int eng_moe_expert_io(eng_model *m, int l, int x, const float *xn, int N, const 
         route(m, l, NULL, xd, &c);
         n = c.cnt[x];
         memcpy(routed, c.order + c.off[x], sizeof(int) * (size_t)n);
+        if (w)
+            memcpy(w, c.wl + c.off[x], sizeof(float) * (size_t)n);
         rows = routed;
     }
     if (n > 0) {

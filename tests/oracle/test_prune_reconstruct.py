@@ -33,7 +33,11 @@ parent ("*E*E": sigmoid routing in groups, a shared expert, the last MoE a Laten
 narrowed in both, the latent cut from 16 to 12) the router, the experts' up_proj (the first
 experts of every group kept), behind the latent fc1_latent_proj (its first rows), the experts'
 down_proj (the latent one's on the first latent channels) and the
-shared expert's down_proj the same two ways.
+shared expert's down_proj the same two ways. And on a Mixtral parent (the Qwen2-MoE case
+without its shared expert): with compensation on, in every layer that lost experts or width
+each kept expert's down_proj in turn (a block coordinate descent sweep), on the tokens routed
+to it, its units times its routing weight against the parent block's output less the other
+kept experts as they are at that step.
 Then a run killed with SIGKILL after two layers and rerun on its checkpoints writes the
 same weights, byte for byte, as a run straight through (the mixed and the MoE cases). Env: AC_BIN.
 """
@@ -49,7 +53,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_prune_grad import attn_block, mlp_block, read_records, rms  # noqa: E402
 from test_engine_oracle_hybrid import attention as hybrid_attention, mamba_mixer, moe_nemotron, nemotron_route  # noqa: E402
-from test_engine_oracle_moe import moe_block, swiglu  # noqa: E402
+from test_engine_oracle_moe import moe_block, moe_names, swiglu  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
@@ -401,8 +405,10 @@ def check_hybrid(tool, case="hybrid"):
         case, refits, checked, ", ".join(need), worst))
 
 
-def check_moe(tool, comp=False):
-    W, tokens, pa, sa, rj, _ = run_case(tool, "moe+comp" if comp else "moe")
+def check_moe(tool, case="moe", comp=False):
+    """A Qwen2-MoE parent (case moe: a shared expert) or a Mixtral one (case mixtral: none)."""
+    name = case + ("+comp" if comp else "")
+    W, tokens, pa, sa, rj, _ = run_case(tool, name)
     outcomes = {(o["layer"], o["proj"], o.get("expert")): o for o in rj["projections"]}
     P = lambda n: W["parent." + n]
     A = lambda n: W["after." + n]
@@ -417,55 +423,60 @@ def check_moe(tool, comp=False):
 
     xs_p = [P("model.embed_tokens.weight")[row] for row in tokens]
     xs_s = [A("model.embed_tokens.weight")[row] for row in tokens]
-    worst, refits, checked, shared_fits = 0.0, 0, 0, 0
+    worst, refits, checked, shared_fits, swept = 0.0, 0, 0, 0, 0
     for i, L in enumerate(sa["layers"]):
         pre = "model.layers.%d." % i   # no layer removed: student layer i is parent layer i
+        router, experts = moe_names(sa["family"], i)
         Xp = torch.cat([rms(x, P(pre + "input_layernorm.weight"), eps) for x in xs_p])
         Xs = torch.cat([rms(x, A(pre + "input_layernorm.weight"), eps) for x in xs_s])
         fits = []
         for ip in ("q_proj", "k_proj", "v_proj"):
             n = pre + "self_attn.%s.weight" % ip
-            fits.append(check_input("moe", outcomes[(i, ip, None)], Xs, Xp, P(n)[kept_rows(pa, sa, i, i, ip)],
+            fits.append(check_input(name, outcomes[(i, ip, None)], Xs, Xp, P(n)[kept_rows(pa, sa, i, i, ip)],
                                     W["before." + n], A(n), damp))
         ys = [attn_block(pa, P, pre, x)[1] for x in xs_p]
         n = pre + "self_attn.o_proj.weight"
-        fits.append(check_fit("moe", outcomes[(i, "o_proj", None)], torch.cat([attn_block(sa, A, pre, x)[0] for x in xs_s]),
+        fits.append(check_fit(name, outcomes[(i, "o_proj", None)], torch.cat([attn_block(sa, A, pre, x)[0] for x in xs_s]),
                               torch.cat(ys)[:, :c], W["before." + n], A(n), damp))
         xs_p = [x + y for x, y in zip(xs_p, ys)]
         xs_s = [x + attn_block(sa, A, pre, x)[1] for x in xs_s]
         Xp = torch.cat([rms(x, P(pre + "post_attention_layernorm.weight"), eps) for x in xs_p])
         Xs = torch.cat([rms(x, A(pre + "post_attention_layernorm.weight"), eps) for x in xs_s])
         E, fe, fs = L["moe"]["n_experts"], L["moe"]["expert_ffn_dim"], L["moe"]["shared_ffn_dim"]
-        inputs = [("router", None, "mlp.gate.weight", list(range(E)))]   # the first experts' rows
-        inputs += [("experts." + w, e, "mlp.experts.%d.%s.weight" % (e, w), list(range(fe)))   # their first units
-                   for e in range(E) for w in ("gate_proj", "up_proj")]
-        inputs += [("shared_expert." + w, None, "mlp.shared_expert.%s.weight" % w, list(range(fs)))
-                   for w in ("gate_proj", "up_proj")]
-        inputs += [("shared_expert_gate", None, "mlp.shared_expert_gate.weight", None)]
-        for proj, e, name, rows in inputs:
-            Wp = P(pre + name) if rows is None else P(pre + name)[rows]
-            fits.append(check_input("moe", outcomes[(i, proj, e)], Xs, Xp, Wp, W["before." + pre + name],
-                                    A(pre + name), damp))
-        if fe < pa["layers"][i]["moe"]["expert_ffn_dim"]:   # narrowed experts: each one's down_proj
-            topi = (Xs @ A(pre + "mlp.gate.weight").T).softmax(-1).topk(L["moe"]["top_k"], dim=-1)[1]
+        inputs = [("router", None, router, list(range(E)))]   # the first experts' rows
+        inputs += [("experts." + w, e, experts(e)[j], list(range(fe)))   # their first units
+                   for e in range(E) for j, w in ((0, "gate_proj"), (1, "up_proj"))]
+        if fs:
+            inputs += [("shared_expert." + w, None, pre + "mlp.shared_expert.%s.weight" % w, list(range(fs)))
+                       for w in ("gate_proj", "up_proj")]
+            inputs += [("shared_expert_gate", None, pre + "mlp.shared_expert_gate.weight", None)]
+        for proj, e, wn, rows in inputs:
+            Wp = P(wn) if rows is None else P(wn)[rows]
+            fits.append(check_input(name, outcomes[(i, proj, e)], Xs, Xp, Wp, W["before." + wn], A(wn), damp))
+        changed = comp and moe_changed(pa["layers"][i]["moe"], L["moe"])
+        topw, topi = (Xs @ A(router).T).softmax(-1).topk(L["moe"]["top_k"], dim=-1)
+        if L["moe"]["norm_topk_prob"]:
+            topw = topw / topw.sum(-1, keepdim=True)
+        if fe < pa["layers"][i]["moe"]["expert_ffn_dim"] and not (changed and not fs):
+            # narrowed experts: each one's down_proj against its parent expert
             for e in range(E):
                 rows = (topi == e).any(-1)
                 if not rows.any():   # no token: nothing to fit, no record
                     continue
-                x = "mlp.experts.%d." % e
-                Hs = F.silu(Xs[rows] @ A(pre + x + "gate_proj.weight").T) * (Xs[rows] @ A(pre + x + "up_proj.weight").T)
-                Yp = swiglu(Xp[rows], *[P(pre + x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
-                fits.append(check_fit("moe", outcomes[(i, "experts.down_proj", e)], Hs, Yp[:, :c],
-                                      W["before." + pre + x + "down_proj.weight"], A(pre + x + "down_proj.weight"), damp))
+                g, u, d = experts(e)
+                Hs = F.silu(Xs[rows] @ A(g).T) * (Xs[rows] @ A(u).T)
+                Yp = swiglu(Xp[rows], *[P(x) for x in moe_names(pa["family"], i)[1](e)])
+                fits.append(check_fit(name, outcomes[(i, "experts.down_proj", e)], Hs, Yp[:, :c],
+                                      W["before." + d], A(d), damp))
         if not comp and fs < pa["layers"][i]["moe"]["shared_ffn_dim"]:
             # a narrowed shared expert: every token, before its gate, against the parent's own
             x = pre + "mlp.shared_expert."
             Hs = F.silu(Xs @ A(x + "gate_proj.weight").T) * (Xs @ A(x + "up_proj.weight").T)
             Yp = swiglu(Xp, *[P(x + w + ".weight") for w in ("gate_proj", "up_proj", "down_proj")])
-            fits.append(check_fit("moe", outcomes[(i, "shared_expert.down_proj", None)], Hs, Yp[:, :c],
+            fits.append(check_fit(name, outcomes[(i, "shared_expert.down_proj", None)], Hs, Yp[:, :c],
                                   W["before." + x + "down_proj.weight"], A(x + "down_proj.weight"), damp))
             shared_fits += 1
-        if comp and moe_changed(pa["layers"][i]["moe"], L["moe"]):
+        if changed and fs:
             # compensating, the shared expert on every token: its units times its gate against what the parent's
             # block output leaves after the student's routed experts (its block as refit, less
             # its shared expert's gated output)
@@ -473,10 +484,30 @@ def check_moe(tool, comp=False):
             Hs = F.silu(Xs @ A(x + "gate_proj.weight").T) * (Xs @ A(x + "up_proj.weight").T)
             g = torch.sigmoid(Xs @ A(pre + "mlp.shared_expert_gate.weight").T)
             routed = moe_y(sa, Aw, i, Xs) - g * (Hs @ A(x + "down_proj.weight").T)
-            fits.append(check_fit("moe", outcomes[(i, "shared_expert.down_proj", None)], g * Hs,
+            fits.append(check_fit(name, outcomes[(i, "shared_expert.down_proj", None)], g * Hs,
                                   moe_y(pa, Pw, i, Xp)[:, :c] - routed, W["before." + x + "down_proj.weight"],
                                   A(x + "down_proj.weight"), damp))
             shared_fits += 1
+        if changed and not fs:
+            # compensating without a shared expert: the kept experts' down_proj one after another,
+            # each on its routed tokens, its units times its routing weight against the parent's
+            # block output less the other experts as they are at that step (the earlier ones refit)
+            cur = dict(Aw)
+            for e in range(E):
+                cur[experts(e)[2]] = W["before." + experts(e)[2]]
+            Yb = moe_y(pa, Pw, i, Xp)[:, :c]
+            for e in range(E):
+                rows = (topi == e).any(-1)
+                if not rows.any():
+                    continue
+                g, u, d = experts(e)
+                w = (topw * (topi == e)).sum(-1)[rows][:, None]
+                Hs = F.silu(Xs[rows] @ A(g).T) * (Xs[rows] @ A(u).T)
+                T = Yb[rows] - moe_y(sa, cur, i, Xs)[rows] + w * (Hs @ cur[d].T)
+                fits.append(check_fit(name, outcomes[(i, "experts.down_proj", e)], w * Hs, T, W["before." + d], A(d),
+                                      damp))
+                cur[d] = A(d)
+            swept += 1
         checked += len(fits)
         for rel in fits:
             if rel is not None:
@@ -485,14 +516,22 @@ def check_moe(tool, comp=False):
         xs_s = [x + moe_y(sa, Aw, i, rms(x, A(pre + "post_attention_layernorm.weight"), eps)) for x in xs_s]
     assert checked == len(rj["projections"]), (checked, len(rj["projections"]))
     done = {o["proj"] for o in rj["projections"] if o["refit"]}
-    assert {"router", "experts.gate_proj", "experts.up_proj", "shared_expert.up_proj", "experts.down_proj",
-            "shared_expert.down_proj"} <= done, done
-    # compensating: layers 0, 2 and 3 lost experts (layer 1 kept its 6); else layer 0's narrowed
-    assert shared_fits == (3 if comp else 1), shared_fits
-    print("moe%s: %d of %d projections refit (router, experts, shared expert among them), worst weight rel err vs "
-          "torch.linalg.lstsq %.2g; router rel error %s" % (
-              "+comp" if comp else "", refits, checked, worst, ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
-                                                for o in rj["projections"] if o["proj"] == "router")))
+    need = {"router", "experts.gate_proj", "experts.up_proj", "experts.down_proj"}
+    if case == "moe":
+        need |= {"shared_expert.up_proj", "shared_expert.down_proj"}
+    assert need <= done, done
+    # compensating: layers 0, 2 and 3 lost experts (layer 1 kept its 6), through the shared expert
+    # or, without one, swept; else layer 0's narrowed shared expert
+    assert (shared_fits, swept) == ((3 if comp else 1, 0) if case == "moe" else (0, 3 if comp else 0)), (shared_fits, swept)
+    print("%s: %d of %d projections refit (%s among them), worst weight rel err vs torch.linalg.lstsq %.2g; "
+          "router rel error %s" % (
+              name, refits, checked, ", ".join(sorted(need)), worst,
+              ", ".join("%.3f->%.3f" % (o["rel_error_before"], o["rel_error_after"])
+                        for o in rj["projections"] if o["proj"] == "router")))
+    if comp and case == "mixtral":   # the sweep lowers each changed block's error on its tokens
+        sw = [o for o in rj["projections"] if o["proj"] == "experts.down_proj"]
+        print("%s: the sweep's %d expert refits, block error on their tokens %.4f -> %.4f (sums of relative errors)" % (
+            name, len(sw), sum(o["rel_error_before"] for o in sw), sum(o["rel_error_after"] for o in sw)))
 
 
 def check_resume(tool, case, layers):
@@ -527,9 +566,12 @@ def main():
     check_hybrid(tool, "hybrid_moe+comp")
     check_moe(tool)
     check_moe(tool, comp=True)
+    check_moe(tool, "mixtral")
+    check_moe(tool, "mixtral", comp=True)
     check_resume(tool, "mixed", 3)
     check_resume(tool, "moe", 4)
     check_resume(tool, "moe+comp", 4)
+    check_resume(tool, "mixtral+comp", 4)
     return 0
 
 

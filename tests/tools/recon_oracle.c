@@ -15,7 +15,9 @@
  * in 3 groups of which 2 chosen, routed scale 2.5, a shared expert of 10, the last one a
  * LatentMoE of latent 16; the student keeps hidden 24, one query head per KV group, 6 experts
  * (two per group) of 8 units and a shared expert of 7 in layer 1, and all 6, of 6 units, in a
- * latent of 12, in layer 3); CASE+comp (moe+comp, hybrid_moe+comp): the same with recon_opts.compensate on;
+ * latent of 12, in layer 3), or mixtral (the moe case's parent and student without the shared
+ * expert, every router renormalized, no attention bias); CASE+comp (moe+comp, mixtral+comp,
+ * hybrid_moe+comp): the same with recon_opts.compensate on;
  * with CKPT_DIR the run keeps and resumes its layers there; KILL_AFTER k sends
  * the process SIGKILL once k layers are done. Not part of the product.
  */
@@ -78,7 +80,7 @@ static int student_of(const char *name, const arch *pa, arch *sa)
         sa->layers[1].moe.shared_ffn_dim = 7;
         sa->layers[3].moe.expert_ffn_dim = 6;
         sa->layers[3].moe.latent_dim = 12;   /* and a narrower latent */
-    } else if (!strcmp(name, "moe")) {
+    } else if (!strcmp(name, "moe") || !strcmp(name, "mixtral")) {
         sa->hidden_size = 24;
         static const int kept[NL] = {4, 6, 3, 5};
         for (int l = 0; l < NL; l++) {
@@ -86,7 +88,8 @@ static int student_of(const char *name, const arch *pa, arch *sa)
             sa->layers[l].n_heads = sa->layers[l].n_kv_heads;
         }
         sa->layers[0].moe.expert_ffn_dim = 8;   /* narrower experts, and shared expert */
-        sa->layers[0].moe.shared_ffn_dim = 10;
+        if (pa->layers[0].moe.shared_ffn_dim)
+            sa->layers[0].moe.shared_ffn_dim = 10;
         sa->layers[2].moe.expert_ffn_dim = 6;
     } else if (!strcmp(name, "mixed")) {   /* hidden 24, a layer removed, parts removed */
         sa->hidden_size = 24;
@@ -148,17 +151,18 @@ int main(int argc, char **argv)
             pa.layers[l] = y;
         }
     }
-    if (!strcmp(argv[2], "moe")) {
-        snprintf(pa.family, sizeof pa.family, "qwen2_moe");
-        pa.attention_bias = 1;
+    if (!strcmp(argv[2], "moe") || !strcmp(argv[2], "mixtral")) {
+        int mixtral = !strcmp(argv[2], "mixtral");
+        snprintf(pa.family, sizeof pa.family, mixtral ? "mixtral" : "qwen2_moe");
+        pa.attention_bias = !mixtral;
         for (int l = 0; l < NL; l++) {
             pa.layers[l].ffn_dim = 0;
-            pa.layers[l].moe = (arch_moe){.n_experts = 6, .top_k = 2, .expert_ffn_dim = 12, .shared_ffn_dim = 16,
-                                          .norm_topk = l == 1};
+            pa.layers[l].moe = (arch_moe){.n_experts = 6, .top_k = 2, .expert_ffn_dim = 12,
+                                          .shared_ffn_dim = mixtral ? 0 : 16, .norm_topk = mixtral || l == 1};
         }
     }
     if (student_of(argv[2], &pa, &sa)) {
-        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid, moe, hybrid_moe)\n", argv[2]);
+        fprintf(stderr, "recon_oracle: unknown case '%s' (ffn, heads, kv, mixed, hybrid, moe, mixtral, hybrid_moe)\n", argv[2]);
         return 2;
     }
     eng_backend *be = eng_backend_cpu_new(1);
