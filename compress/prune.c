@@ -717,6 +717,65 @@ int prune_load_dir(const char *dir, eng_backend *be, eng_model *m, json_t **mani
     return 0;
 }
 
+/* How many snapshot folders a tokenizer is looked for through: a pruned model distilled, pruned
+ * again and so on; more is a loop of manifests. */
+#define PRUNE_PARENT_DEPTH 16
+
+/* The tokenizer of snapshot folder `path` (manifest `man`): `given`, else the one a manifest
+ * names, opened with the first parent that is a model rather than another snapshot folder (a
+ * distilled or pruned student pruned again), whose manifest is followed in turn. NULL with a
+ * reason. */
+static tok_tokenizer *dir_tokenizer(const char *path, const json_t *man, const char *given, char *err,
+                                    size_t errlen)
+{
+    char at[4096], src[4096];
+    snprintf(at, sizeof at, "%s", path);
+    src[0] = 0;
+    if (given)
+        snprintf(src, sizeof src, "%s", given);
+    json_t *own = NULL;   /* the manifest read along the chain */
+    tok_tokenizer *tok = NULL;
+    for (int depth = 0;; depth++) {
+        const char *name = json_string_value(json_object_get(man, "tokenizer"));
+        const char *parent = json_string_value(json_object_get(man, "parent"));
+        if (!src[0] && name && snprintf(src, sizeof src, "%s", name) >= (int)sizeof src) {
+            snprintf(err, errlen, "%s: prune.json's tokenizer path is too long", at);
+            break;
+        }
+        if (!parent) {
+            snprintf(err, errlen, src[0] ? "%s: prune.json names no parent to open the tokenizer %s with"
+                                         : "%s: no tokenizer (prune.json names no parent; pass a tokenizer path)%s",
+                     at, src);
+            break;
+        }
+        if (prune_is_dir(parent)) {   /* a snapshot itself: its manifest says where the tokenizer is */
+            char mp[4200];
+            snprintf(mp, sizeof mp, "%s/prune.json", parent);
+            if (depth + 1 >= PRUNE_PARENT_DEPTH) {
+                snprintf(err, errlen, "%s: more than %d snapshot folders in a row name their parents (a loop?); "
+                                      "pass a tokenizer path", path, PRUNE_PARENT_DEPTH);
+                break;
+            }
+            json_t *next = fio_is_file(mp) ? fio_load_json(mp, JSON_REJECT_DUPLICATES, err, errlen) : json_object();
+            if (!next)
+                break;
+            json_decref(own);
+            own = next;
+            man = own;
+            snprintf(at, sizeof at, "%s", parent);
+            continue;
+        }
+        mio_model mm;
+        if (mio_open(&mm, parent, src[0] ? src : NULL, err, errlen) == 0) {
+            tok = mio_tokenizer(&mm, err, errlen);
+            mio_close(&mm);
+        }
+        break;
+    }
+    json_decref(own);
+    return tok;
+}
+
 int prune_load_model(const char *path, const char *tokenizer_path, eng_backend *be, eng_model *m,
                      tok_tokenizer **tok, char *err, size_t errlen)
 {
@@ -727,29 +786,11 @@ int prune_load_model(const char *path, const char *tokenizer_path, eng_backend *
     json_t *man = NULL;
     if (prune_load_dir(path, be, m, &man, err, errlen))
         return -1;
-    if (tok) {
-        const char *src = tokenizer_path;
-        if (!src)
-            src = json_string_value(json_object_get(man, "tokenizer"));
-        const char *parent = json_string_value(json_object_get(man, "parent"));
-        mio_model mm;
-        int rc = -1;
-        if (src && !parent) {
-            snprintf(err, errlen, "%s: prune.json names no parent to open the tokenizer %s with", path, src);
-        } else if (!parent) {
-            snprintf(err, errlen, "%s: no tokenizer (prune.json names no parent; pass a tokenizer path)", path);
-        } else if (mio_open(&mm, parent, src, err, errlen) == 0) {
-            *tok = mio_tokenizer(&mm, err, errlen);
-            rc = *tok ? 0 : -1;
-            mio_close(&mm);
-        }
-        if (rc) {
-            json_decref(man);
-            eng_model_free(m);
-            return -1;
-        }
+    if (tok && !(*tok = dir_tokenizer(path, man, tokenizer_path, err, errlen))) {
+        json_decref(man);
+        eng_model_free(m);
+        return -1;
     }
     json_decref(man);
     return 0;
 }
-

@@ -101,7 +101,8 @@ int prune_is_dir(const char *path);
 int prune_load_dir(const char *dir, eng_backend *be, eng_model *m, json_t **manifest, char *err, size_t errlen);
 
 /* Load any model: a pruned directory (tokenizer from its manifest's "tokenizer" or
- * "parent") or whatever storage/modelio reads (HF dir, safetensors, GGUF, llama2.c).
+ * "parent", through parents that are pruned directories themselves, up to 16) or whatever
+ * storage/modelio reads (HF dir, safetensors, GGUF, llama2.c).
  * tokenizer_path overrides where the tokenizer comes from; tok may be NULL. On success
  * m (and *tok) belong to the caller. Returns 0, or -1 with a reason and nothing to free. */
 int prune_load_model(const char *path, const char *tokenizer_path, eng_backend *be, eng_model *m,

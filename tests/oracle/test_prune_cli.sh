@@ -159,6 +159,20 @@ fi
 [ "$(field "$W/a.json" final_loss)" = "$(field "$W/b.json" final_loss)" ] ||
     fail "loss at step 24 differs: straight $(field "$W/a.json" final_loss) resumed $(field "$W/b.json" final_loss)"
 cmp -s "$W/outA/model.safetensors" "$W/outB/model.safetensors" || fail "resumed weights differ"
+# the distilled student pruned again (iterative pruning): its parent is a snapshot folder, so
+# the tokenizer is found through both manifests, for the ranking and for perplexity after
+python3 - "$W" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1] + "/outA/arch.json"))
+for i, l in enumerate(a["layers"]):
+    l["source_layer"] = i
+a["layers"][0]["mlp"]["ffn_dim"] //= 2
+json.dump(a, open(sys.argv[1] + "/again.json", "w"))
+PY
+"$BIN" prune "$W/outA" --arch "$W/again.json" --out "$W/again" --calib "$TEXT" --calib-tokens 1024 --layer-tokens 0 \
+    --seq 128 --no-reconstruct --threads 1 >/dev/null 2>"$W/again.log" || { cat "$W/again.log"; fail "prune of a distilled student"; }
+python3 -c "import sys; p = float(sys.argv[1]); assert 1 < p < 1e4, p" "$(ppl "$W/again")" \
+    || fail "perplexity of a student pruned twice"
 # data parallel: 2 ranks (processes) share each step's 2 micro-batches; the same run as one
 # process within fp32 reduction-order tolerance
 P=(--parent "$MODEL" --data "$TEXT" --batch 4 --seq 64 --accum 2 --ckpt-every 4 --eval-every 8 --val-tokens 512

@@ -330,6 +330,51 @@ static void test_dir_roundtrip(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A snapshot whose parent is itself a snapshot (a pruned or distilled student pruned again):
+ * the tokenizer is looked for through the parents' manifests; manifests that name each other
+ * fail with a clear error instead of looping, and one naming a missing model names it. */
+static void test_dir_parent_chain(void **state)
+{
+    (void)state;
+    eng_backend *be = eng_backend_cpu_new(1);
+    arch a;
+    parent_arch(&a, 1, 0);
+    char err[512], da[] = "/tmp/ac_prune_chain_a_XXXXXX", db[] = "/tmp/ac_prune_chain_b_XXXXXX";
+    assert_non_null(mkdtemp(da));
+    assert_non_null(mkdtemp(db));
+    eng_model p, r;
+    assert_int_equal(eng_model_init(&p, &a, be, err, sizeof err), 0);
+    eng_model_randomize(&p, 5, 0.2f);
+    json_t *ma = json_pack("{s:s}", "parent", db), *mb = json_pack("{s:s}", "parent", da);
+    assert_int_equal(prune_save_dir(&p, da, ma, err, sizeof err), 0);
+    assert_int_equal(prune_save_dir(&p, db, mb, err, sizeof err), 0);
+    tok_tokenizer *tok = NULL;
+    assert_int_equal(prune_load_model(da, NULL, be, &r, &tok, err, sizeof err), -1);
+    assert_null(tok);
+    assert_non_null(strstr(err, "a loop?"));
+    /* b's parent a model that is not there: the error names it, two folders up */
+    json_decref(mb);
+    mb = json_pack("{s:s}", "parent", "/nonexistent/parent.bin");
+    assert_int_equal(prune_save_dir(&p, db, mb, err, sizeof err), 0);
+    assert_int_equal(prune_load_model(da, NULL, be, &r, &tok, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/nonexistent/parent.bin"));
+    /* b without a manifest: nothing names a tokenizer, and the error says which folder */
+    char mp[600];
+    snprintf(mp, sizeof mp, "%s/prune.json", db);
+    assert_int_equal(unlink(mp), 0);
+    assert_int_equal(prune_load_model(da, NULL, be, &r, &tok, err, sizeof err), -1);
+    assert_non_null(strstr(err, db));
+    assert_non_null(strstr(err, "names no parent"));
+    json_decref(ma);
+    json_decref(mb);
+    eng_model_free(&p);
+    arch_free(&a);
+    eng_backend_free(be);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", da, db);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_prune_equals_masks),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_dir_roundtrip),
+        cmocka_unit_test(test_dir_parent_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
