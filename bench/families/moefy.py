@@ -9,7 +9,8 @@ builds one from a dense model, and says how:
      activations h = silu(x Wg^T) * (x Wu^T) are kept.
   2. Shared expert: the --shared neurons of largest mean |h| (the ones nearly every token
      uses) form a Qwen2-MoE shared expert. Its gate weight is 0 (sigmoid 0.5) and its
-     down_proj is doubled, so it adds exactly what those neurons added before.
+     down_proj is doubled, so it adds exactly what those neurons added before. With
+     --shared 0 there is none, and the result is a Mixtral instead (no attention biases).
   3. Experts: the other neurons are split into --experts groups of equal size by balanced
      k-means on their activation patterns (|h| over the calibration tokens, normalized):
      neurons that fire together land in one expert (MoEfication, Zhang et al. 2022).
@@ -20,7 +21,8 @@ builds one from a dense model, and says how:
      down_proj is multiplied by top-k, so equal routing weights (1/k) give the dense sum
      of the chosen experts.
 
-The result is a Qwen2MoeForCausalLM directory (attention biases 0: SmolLM2 has none) with the
+The result is a Qwen2MoeForCausalLM directory (attention biases 0: SmolLM2 has none; a
+MixtralForCausalLM one with --shared 0) with the
 parent's tokenizer files. Per layer it prints the relative error of the MoE MLP output against
 the dense MLP on held-out tokens. It is not a trained MoE: distill it from the parent
 (`autocompress distill`) before claiming anything about its quality; bench/families/run.sh
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
-from transformers import LlamaForCausalLM, Qwen2MoeConfig
+from transformers import LlamaForCausalLM, MixtralConfig, Qwen2MoeConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
@@ -108,15 +110,17 @@ def moefy_layer(layer, X, Xv, E, K, S, seed):
         z = (mass - mass.mean(1, keepdim=True)) / (mass.std(1, keepdim=True) + 1e-6)
         lam = 1e-2 * X.shape[0]
         Wr = torch.linalg.solve(X.T @ X + lam * torch.eye(X.shape[1]), X.T @ z).T   # [E, C]
-        out = {"gate.weight": Wr.contiguous(),
-               "shared_expert.gate_proj.weight": Wg[shared].contiguous(),
-               "shared_expert.up_proj.weight": Wu[shared].contiguous(),
-               "shared_expert.down_proj.weight": (2.0 * Wd[:, shared]).contiguous(),
-               "shared_expert_gate.weight": torch.zeros(1, X.shape[1])}
+        out = {"gate.weight": Wr.contiguous()}
+        if S:
+            out.update({"shared_expert.gate_proj.weight": Wg[shared].contiguous(),
+                        "shared_expert.up_proj.weight": Wu[shared].contiguous(),
+                        "shared_expert.down_proj.weight": (2.0 * Wd[:, shared]).contiguous(),
+                        "shared_expert_gate.weight": torch.zeros(1, X.shape[1])})
+        names = ("w1", "w3", "w2") if not S else ("gate_proj", "up_proj", "down_proj")   # Mixtral's, Qwen2-MoE's
         for e, g in enumerate(groups):
-            out["experts.%d.gate_proj.weight" % e] = Wg[g].contiguous()
-            out["experts.%d.up_proj.weight" % e] = Wu[g].contiguous()
-            out["experts.%d.down_proj.weight" % e] = (K * Wd[:, g]).contiguous()
+            out["experts.%d.%s.weight" % (e, names[0])] = Wg[g].contiguous()
+            out["experts.%d.%s.weight" % (e, names[1])] = Wu[g].contiguous()
+            out["experts.%d.%s.weight" % (e, names[2])] = (K * Wd[:, g]).contiguous()
         # held-out check: the MoE MLP against the dense one
         dense = mlp(Xv)
         p = torch.softmax(Xv @ Wr.T, -1)
@@ -163,23 +167,29 @@ def main():
     for l, layer in enumerate(model.model.layers):
         w, rel, hit = moefy_layer(layer, X[l], Xv[l], a.experts, a.top_k, a.shared, a.seed + l)
         for k, v in w.items():
-            sd["model.layers.%d.mlp.%s" % (l, k)] = v
+            sd["model.layers.%d.%s.%s" % (l, "mlp" if a.shared else "block_sparse_moe", k)] = v
         for p in ("q", "k", "v"):
             n = getattr(layer.self_attn, p + "_proj").weight.shape[0]
-            sd["model.layers.%d.self_attn.%s_proj.bias" % (l, p)] = torch.zeros(n)
+            if a.shared:
+                sd["model.layers.%d.self_attn.%s_proj.bias" % (l, p)] = torch.zeros(n)
         report.append({"layer": l, "mlp_rel_error": rel, "router_topk_exact": hit})
         print("layer %2d: MoE MLP vs dense, relative error %.3f; router picks the true top-%d in %.0f%% of tokens"
               % (l, rel, a.top_k, 100 * hit), flush=True)
-    qcfg = Qwen2MoeConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=F,
-                          num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-                          num_key_value_heads=cfg.num_key_value_heads,
-                          max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
-                          rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
-                          num_experts=a.experts, num_experts_per_tok=a.top_k, norm_topk_prob=True,
-                          moe_intermediate_size=(F - a.shared) // a.experts,
-                          shared_expert_intermediate_size=a.shared, decoder_sparse_step=1,
-                          bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, torch_dtype="float32")
-    qcfg.architectures = ["Qwen2MoeForCausalLM"]
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+                  num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                  max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
+                  rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
+                  num_experts_per_tok=a.top_k, bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id,
+                  torch_dtype="float32")
+    if not a.shared:   # no shared expert: a Mixtral (every router renormalized, no attention bias)
+        qcfg = MixtralConfig(intermediate_size=F // a.experts, num_local_experts=a.experts, sliding_window=None,
+                             **common)
+        qcfg.architectures = ["MixtralForCausalLM"]
+    else:
+        qcfg = Qwen2MoeConfig(intermediate_size=F, num_experts=a.experts, norm_topk_prob=True,
+                              moe_intermediate_size=(F - a.shared) // a.experts,
+                              shared_expert_intermediate_size=a.shared, decoder_sparse_step=1, **common)
+        qcfg.architectures = ["Qwen2MoeForCausalLM"]
     os.makedirs(a.out, exist_ok=True)
     qcfg.save_pretrained(a.out)
     save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(a.out, "model.safetensors"),

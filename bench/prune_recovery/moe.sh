@@ -5,7 +5,8 @@
 # hidden size kept (576), and to 6 with it cut (504); each student as the plain slice and
 # reconstructed as jobs do (router, experts' and shared expert's input projections) and with
 # --compensate-experts (the shared expert's down_proj refit to the parent block's output less
-# the routed experts), and, with OLD_BIN (an autocompress built before a change to the
+# the routed experts; for a Mixtral made with `moefy.py --shared 0`, each kept expert's down_proj
+# in turn, to it less the other experts), and, with OLD_BIN (an autocompress built before a change to the
 # reconstruction), reconstructed by that build. Perplexity (llama.cpp's chunk method, 16 x 512) on three texts
 # unlike the calibration text (C4): WikiText-2, Shakespeare, TinyStories. The ranking skips
 # the layer-skip losses (no student drops a layer).
@@ -74,13 +75,17 @@ j, wall = Outputs(out).json, Outputs(out).wall
 par = {t: j("parent.ppl.%s.out" % t)["ppl"] for t in texts}
 cfg = json.load(open(os.path.join(moe, "config.json")))
 print("# Reconstruction on a mixture of experts: the MoE made from SmolLM2-135M, pruned (CPU)\n")
+man = json.load(open(os.path.join(moe, "prune.json"))) if os.path.exists(os.path.join(moe, "prune.json")) else {}
+dist = ("then distilled from it (`autocompress distill`, %d tokens of C4)" % man["distill_tokens"]
+        if man.get("distill_tokens") else "and not distilled")
 print("%s on the 2-core machine. Parent `%s` (%s, %d layers, %d experts of %d, top %d, shared expert %d), made by "
-      "bench/families/moefy.py from SmolLM2-135M-Instruct and not distilled. Ranking (32,768 tokens, no layer-skip losses) and reconstruction "
+      "bench/families/moefy.py from SmolLM2-135M-Instruct %s. Ranking (32,768 tokens, no layer-skip losses) and reconstruction "
       "(16,384 tokens) on C4; perplexity %s x 512 (llama.cpp's chunk method) on three other texts. Produced by "
       "`bench/prune_recovery/moe.sh`.\n" % (datetime.date.today(), os.path.basename(moe.rstrip("/")), cfg["model_type"],
-                                            cfg["num_hidden_layers"], cfg["num_experts"],
-                                            cfg["moe_intermediate_size"], cfg["num_experts_per_tok"],
-                                            cfg["shared_expert_intermediate_size"], chunks))
+                                            cfg["num_hidden_layers"], cfg.get("num_experts") or cfg["num_local_experts"],
+                                            cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
+                                            cfg["num_experts_per_tok"], cfg.get("shared_expert_intermediate_size", 0),
+                                            dist, chunks))
 print("| student | params | method | WikiText-2 | Shakespeare | TinyStories | geo. mean x parent | prune wall s |")
 print("|---|---|---|---|---|---|---|---|")
 print("| parent | - | - | %s | - | - |" % " | ".join("%.2f" % par[t] for t in texts))
