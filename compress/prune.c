@@ -759,10 +759,10 @@ static tok_tokenizer *dir_tokenizer(const char *path, const json_t *man, const c
             json_t *next = fio_is_file(mp) ? fio_load_json(mp, JSON_REJECT_DUPLICATES, err, errlen) : json_object();
             if (!next)
                 break;
+            snprintf(at, sizeof at, "%s", parent);   /* before the manifest holding it goes */
             json_decref(own);
             own = next;
             man = own;
-            snprintf(at, sizeof at, "%s", parent);
             continue;
         }
         mio_model mm;
