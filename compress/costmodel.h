@@ -296,11 +296,11 @@ int cm_part_cost(const cm_tables *t, int part, int hidden, int n_heads, int n_kv
 int cm_moe_cost(const cm_tables *t, int hidden, const arch_moe *moe, double *prefill_ms, double *decode_ms,
                 double *workspace_bytes);
 
-/* The routed-expert widths the tables price for MoE blocks shaped as `moe` (its top_k, shared
- * and latent widths), ascending and distinct, into w[0..max); returns their count. */
 /* x into the ascending distinct list w[0..*n) of at most max (left alone when full). */
 void cm_insert_distinct(int *w, int *n, int max, int x);
 
+/* The routed-expert widths the tables price for MoE blocks shaped as `moe` (its top_k, shared
+ * and latent widths), ascending and distinct, into w[0..max); returns their count. */
 int cm_moe_widths(const cm_tables *t, const arch_moe *moe, int *w, int max);
 /* The shared-expert widths the tables price for MoE blocks of moe's latent (at any routed
  * shape; cm_moe_cost carries them to the others), ascending and distinct; the count. */
