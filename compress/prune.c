@@ -743,9 +743,10 @@ static tok_tokenizer *dir_tokenizer(const char *path, const json_t *man, const c
             break;
         }
         if (!parent) {
-            snprintf(err, errlen, src[0] ? "%s: prune.json names no parent to open the tokenizer %s with"
-                                         : "%s: no tokenizer (prune.json names no parent; pass a tokenizer path)%s",
-                     at, src);
+            if (src[0])
+                snprintf(err, errlen, "%s: prune.json names no parent to open the tokenizer %s with", at, src);
+            else
+                snprintf(err, errlen, "%s: no tokenizer (prune.json names no parent; pass a tokenizer path)", at);
             break;
         }
         if (prune_is_dir(parent)) {   /* a snapshot itself: its manifest says where the tokenizer is */

@@ -529,6 +529,7 @@ static int block(rc_state *s, int i, int src, int part, int replay, char *err, s
         const arch_moe *sm = &s->S->a.layers[i].moe, *pm = &s->P->a.layers[src].moe;
         int comp = s->o->compensate && kept && !replay && moe_changed(&s->P->a, src, &s->S->a, i);
         int shared = comp && sm->shared_ffn_dim, routed = comp && !sm->shared_ffn_dim && !pm->latent_dim;
+        comp = shared || routed;   /* a LatentMoE without a shared expert: nothing compensates */
         int narrow = kept && !replay && !routed &&
                      (sm->expert_ffn_dim < pm->expert_ffn_dim || sm->latent_dim < pm->latent_dim ||
                       (!s->o->compensate && sm->shared_ffn_dim < pm->shared_ffn_dim));
