@@ -457,9 +457,9 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
         rc = sc_open(&sc, &o->parent->a, o->served, o->cancelled, o->ud, err, errlen) ? -1 : 0;
         if (rc == 0)   /* the job's cancel stops a serving under way */
             rc = sc_anchor(&sc, o->tables, &anchored, err, errlen);
-        if (rc == 1) {   /* not served here: the tables as calibrated decide, and the document says why */
-            snprintf(msg, sizeof msg, "the parent is not served: %s; the search uses the tables as calibrated", err);
-            emit(o, "search.anchor", msg, NULL);
+        if (rc == 1) {   /* no anchor here: the tables as calibrated decide, and the document says why */
+            snprintf(msg, sizeof msg, "no anchor: %s; the search uses the tables as calibrated", err);
+            emit(o, "search.anchor", msg, json_deep_copy(json_object_get(sc_doc(&sc), "anchor_tries")));
             if (json_object_set_new(sc_doc(&sc), "skipped", json_string(err))) {
                 snprintf(err, errlen, "out of memory");
                 rc = -1;
@@ -477,6 +477,10 @@ int method_search(const method_opts *o, const rank_result *r, const method_margi
                      json_number_value(json_object_get(an, "prefill_scale")),
                      json_number_value(json_object_get(an, "decode_scale")));
             served_load_note(an, msg, sizeof msg);
+            size_t aside = json_array_size(json_object_get(sc_doc(&sc), "anchor_tries")), n = strlen(msg);
+            if (aside)
+                snprintf(msg + n, sizeof msg > n ? sizeof msg - n : 0,
+                         "; %zu earlier serving%s beside other work set aside", aside, aside > 1 ? "s" : "");
             emit(o, "search.anchor", msg, json_deep_copy(an));
         }
     }

@@ -255,12 +255,16 @@ static void search_print(const search_args *a, json_t *doc, const arch *chosen)
            (long long)json_integer_value(json_object_get(json_object_get(p, "memory_bytes"), "total")));
     printf("selection_tokens: %lld\n", (long long)json_integer_value(json_object_get(doc, "selection_tokens")));
     printf("wall_s:           %.1f\n", json_number_value(json_object_get(doc, "wall_s")));
-    json_t *an = json_object_get(json_object_get(doc, "served"), "anchor"),
-           *checks = json_object_get(json_object_get(doc, "served"), "checks");
+    json_t *sv = json_object_get(doc, "served"), *an = json_object_get(sv, "anchor"),
+           *checks = json_object_get(sv, "checks");
+    size_t aside = json_array_size(json_object_get(sv, "anchor_tries"));
     if (an)
-        printf("anchor:           parent served in %.1f ms, predicted %.1f by the calibration\n",
+        printf("anchor:           parent served in %.1f ms, predicted %.1f by the calibration%s\n",
                json_number_value(json_object_get(an, "parent_measured_ms")),
-               json_number_value(json_object_get(an, "parent_predicted_ms")));
+               json_number_value(json_object_get(an, "parent_predicted_ms")),
+               aside ? " (earlier servings beside other work set aside)" : "");
+    else if (json_is_string(json_object_get(sv, "skipped")))
+        printf("anchor:           none: %s\n", json_string_value(json_object_get(sv, "skipped")));
     for (size_t i = 0; i < json_array_size(checks); i++) {
         json_t *c = json_array_get(checks, i);
         printf("served check %zu:   %.1f ms (predicted %.1f), %s\n", i + 1,

@@ -190,6 +190,19 @@ static json_t *quick_calibration(const arch *p, const cm_target *t, int validate
     return cal;
 }
 
+/* A quick calibration of p on t (validate held-out archs), its tables in *tb and a served
+ * check of p on them opened in *sc; the calibration, to free. */
+static json_t *open_served_check(const arch *p, const cm_target *t, int validate, cm_tables *tb, sc_check *sc)
+{
+    char err[512];
+    json_t *cal = quick_calibration(p, t, validate, -1);
+    if (cm_calibration_tables(cal, tb, err, sizeof err))
+        fail_msg("tables: %s", err);
+    if (sc_open(sc, p, &tb->target, NULL, NULL, err, sizeof err))
+        fail_msg("open: %s", err);
+    return cal;
+}
+
 static void memory_matches_engine_accounting(int moe)
 {
     arch p;
@@ -563,13 +576,9 @@ static void test_measure_cancel(void **state)
         assert_int_equal(be->cur_bytes, 0);
     }
     /* served checks: the anchor stops mid-serving and anchors nothing */
-    json_t *cal = quick_calibration(&p, &t, 2, -1);
     cm_tables tb, anchored;
-    if (cm_calibration_tables(cal, &tb, err, sizeof err))
-        fail_msg("tables: %s", err);
     sc_check sc;
-    if (sc_open(&sc, &p, &tb.target, NULL, NULL, err, sizeof err))
-        fail_msg("open: %s", err);
+    json_t *cal = open_served_check(&p, &t, 2, &tb, &sc);
     stop_counter c = {0, asks + 2};
     sc.cancelled = stop_when;   /* what sc_open's hook arguments set */
     sc.cancel_ud = &c;
@@ -634,6 +643,28 @@ static void test_calibrate_cancel(void **state)
     arch_free(&p);
 }
 
+/* A child process that spins (about one core busy) for up to `seconds`, or until
+ * spinner_stop. */
+static pid_t spinner_start(double seconds)
+{
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) {
+        double t0 = eng_wall_s();
+        volatile double x = 0;
+        while (eng_wall_s() - t0 < seconds)
+            x += 1;
+        _exit(0);
+    }
+    return kid;
+}
+
+static void spinner_stop(pid_t kid)
+{
+    kill(kid, SIGKILL);
+    waitpid(kid, NULL, 0);
+}
+
 /* The machine's load from other work: a process spinning beside a stretch of measuring
  * (not this one's, not yet waited for) is counted, about one core's share, and makes a
  * stretch on every core contended; what contended means on other shapes of load; a
@@ -643,20 +674,11 @@ static void test_host_load(void **state)
     (void)state;
     ms_host_mark mark;
     ms_host_mark_now(&mark, 0);
-    pid_t kid = fork();
-    assert_true(kid >= 0);
-    if (kid == 0) {
-        double t0 = eng_wall_s();
-        volatile double x = 0;
-        while (eng_wall_s() - t0 < 5)
-            x += 1;
-        _exit(0);
-    }
+    pid_t kid = spinner_start(5);
     usleep(1200 * 1000);
     ms_host_load load;
     ms_host_load_since(&mark, &load);
-    kill(kid, SIGKILL);
-    waitpid(kid, NULL, 0);
+    spinner_stop(kid);
     assert_int_equal(load.known, 1);
     assert_true(load.cores >= 1);
     assert_true(load.wall_s >= 1.19 && !load.too_short);
@@ -699,6 +721,107 @@ static void test_host_load(void **state)
     assert_non_null(strstr(msg, "the cached calibration was made beside other work"));
     json_object_set_new(cl, "contended", json_false());
     assert_int_equal(cal_contended_note(cal, 0, msg, sizeof msg), 0);
+    json_decref(cal);
+    arch_free(&p);
+}
+
+/* A cancel hook that never cancels and stops the spinner kid once the check's anchor has
+ * set a serving aside. */
+typedef struct {
+    const sc_check *sc;
+    pid_t kid;
+} spin_stop;
+
+static int stop_spinner_after_try(void *ud)
+{
+    spin_stop *s = ud;
+    if (s->kid > 0 && json_array_size(json_object_get(sc_doc(s->sc), "anchor_tries")) > 0) {
+        spinner_stop(s->kid);
+        s->kid = 0;
+    }
+    return 0;
+}
+
+/* The anchor does not take the machine's speed from a serving beside other work: with a
+ * process spinning through every serving it serves the parent SC_ANCHOR_TRIES times, sets
+ * each aside and anchors nothing (1, err says why, no check may use it); with one that
+ * stops after the first serving, it waits for a quiet second and anchors on the next.
+ * The parent's decode is lengthened until a serving is long enough to judge here. */
+static void test_served_anchor_contended(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 4);
+    p.hidden_size = 512;
+    p.head_dim = 64;
+    for (int i = 0; i < 4; i++) {
+        p.layers[i].n_heads = 8;
+        p.layers[i].n_kv_heads = 4;
+        p.layers[i].ffn_dim = 2048;
+    }
+    cm_target t = tiny_target();
+    t.batch_size = 1;
+    char err[512];
+    cm_tables tb, anchored;
+    sc_check sc;
+    json_t *cal = open_served_check(&p, &t, 0, &tb, &sc);
+    assert_true(sc.quiet_wait_s == SC_QUIET_WAIT_S);
+    sc.quiet_wait_s = 1;
+    /* the servings on one thread: a spinner on another core then takes its share of the
+       machine (which the built-in engine's judgment counts whole) without the spin-waits of
+       a thread pool it would share cores with, which slow a serving tenfold */
+    omp_set_num_threads(1);
+    sc.be->threads = 1;
+    for (;;) {   /* quiet: each serving a judged one */
+        if (sc_anchor(&sc, &tb, &anchored, err, sizeof err))
+            fail_msg("anchor: %s", err);
+        cm_tables_free(&anchored);
+        json_t *hl = json_object_get(json_object_get(sc_doc(&sc), "anchor"), "host_load");
+        assert_true(json_is_true(json_object_get(hl, "known")));
+        if (!json_is_true(json_object_get(hl, "too_short")))
+            break;
+        assert_true(sc.t.output_tokens < 512);
+        sc.t.output_tokens *= 2;   /* the serving's own target: decode steps per request */
+    }
+    assert_true(sc.parent_ms > 0);
+    /* contended at every serving: no anchor */
+    pid_t kid = spinner_start(600);
+    int rc = sc_anchor(&sc, &tb, &anchored, err, sizeof err);
+    spinner_stop(kid);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "served beside other work each of 3 times"));
+    assert_non_null(strstr(err, "other processes took"));
+    assert_null(json_object_get(sc_doc(&sc), "anchor"));
+    json_t *tries = json_object_get(sc_doc(&sc), "anchor_tries");
+    assert_int_equal(json_array_size(tries), SC_ANCHOR_TRIES);
+    for (size_t k = 0; k < SC_ANCHOR_TRIES; k++) {
+        json_t *tr = json_array_get(tries, k);
+        assert_true(json_number_value(json_object_get(tr, "parent_measured_ms")) > 0);
+        assert_true(json_is_true(json_object_get(json_object_get(tr, "host_load"), "contended")));
+    }
+    cm_prediction m;
+    assert_int_equal(sc_measure(&sc, &p, NULL, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "needs the anchor first"));
+    /* contended at the first serving only: the second anchors */
+    spin_stop s = {&sc, spinner_start(600)};
+    sc.cancelled = stop_spinner_after_try;   /* what sc_open's hook arguments set */
+    sc.cancel_ud = &s;
+    rc = sc_anchor(&sc, &tb, &anchored, err, sizeof err);
+    if (s.kid > 0)
+        spinner_stop(s.kid);
+    if (rc)
+        fail_msg("anchor after a contended serving: %d %s", rc, err);
+    tries = json_object_get(sc_doc(&sc), "anchor_tries");
+    assert_int_equal(json_array_size(tries), 1);
+    assert_true(json_is_true(json_object_get(json_object_get(json_array_get(tries, 0), "host_load"), "contended")));
+    json_t *an = json_object_get(sc_doc(&sc), "anchor");
+    assert_non_null(an);
+    assert_true(json_is_false(json_object_get(json_object_get(an, "host_load"), "contended")));
+    assert_true(sc.parent_ms > 0);
+    omp_set_num_threads(omp_get_num_procs());
+    sc_close(&sc);
+    cm_tables_free(&anchored);
+    cm_tables_free(&tb);
     json_decref(cal);
     arch_free(&p);
 }
@@ -795,6 +918,7 @@ int main(void)
         cmocka_unit_test(test_counts_below_top_k),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
+        cmocka_unit_test(test_served_anchor_contended),
         cmocka_unit_test(test_measure_cancel),
         cmocka_unit_test(test_calibrate_cancel),
         cmocka_unit_test(test_host_load),
