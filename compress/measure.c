@@ -227,6 +227,52 @@ int ms_host_load_note(const json_t *hl, char *buf, size_t cap)
     return 1;
 }
 
+/* Wait for a second in which other work leaves the measurement's cores to this process,
+ * q->wait_s at most, asking q's cancel hook every 50 ms: 0 (quiet, or the wait is over),
+ * 1 cancelled. */
+static int wait_quiet(const ms_quiet_opts *q)
+{
+    double start = eng_wall_s();
+    for (;;) {
+        ms_host_mark mark;
+        ms_host_mark_now(&mark, q->threads);
+        ms_host_load l;
+        do {
+            if (q->cancelled && q->cancelled(q->cancel_ud))
+                return 1;
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            (void)nanosleep(&ts, NULL);   /* cut short by a signal: the load's own clock decides */
+            ms_host_load_since(&mark, &l);
+        } while (l.too_short);
+        if (!ms_host_contended(&l) || eng_wall_s() - start >= q->wait_s)
+            return 0;
+    }
+}
+
+int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t errlen),
+                 int (*aside)(void *ud, const ms_host_load *load, char *err, size_t errlen), void *ud,
+                 ms_host_load *load, char *err, size_t errlen)
+{
+    for (int k = 0;; k++) {
+        if (k > 0 && wait_quiet(q)) {
+            snprintf(err, errlen, "cancelled");
+            return 1;
+        }
+        ms_host_mark mark;
+        ms_host_mark_now(&mark, q->threads);
+        int rc = run(ud, err, errlen);
+        if (rc)
+            return rc;
+        ms_host_load_since(&mark, load);
+        if (!ms_host_contended(load))
+            return 0;
+        if (k + 1 >= q->tries)
+            return 2;
+        if (aside(ud, load, err, errlen))
+            return -1;
+    }
+}
+
 int64_t ms_rss_bytes(void)
 {
     return eng_proc_status_bytes("VmRSS");

@@ -143,6 +143,27 @@ json_t *ms_host_load_json(const ms_host_load *l);
  * took X% of the cores' time and the hypervisor Y% (over Z s)" in buf; else 0. */
 int ms_host_load_note(const json_t *hl, char *buf, size_t cap);
 
+/* A measurement other work must not slow (a search's anchor, the measure stage):
+ * run(ud, err, errlen) (0; 1 cancelled; -1 with err) is judged by the machine's load over
+ * it (ms_host_contended, `threads` as ms_host_mark_now's). While it is contended and runs
+ * remain, aside(ud, &load, err, errlen) (0, or -1 with err) sets its results aside, then
+ * the function waits for a second in which other work leaves the measurement's cores to
+ * it (wait_s at most, asking cancelled(cancel_ud), which may be NULL, every 50 ms) and
+ * runs it again, `tries` runs in all. A run too short to judge (under MS_HOST_MIN_S) is
+ * not contended. *load: the last run's. 0 when the last run was not contended; 2 when
+ * every run was (the last run's results stand, not set aside); 1 cancelled; -1 with err. */
+#define MS_QUIET_TRIES 3
+#define MS_QUIET_WAIT_S 30.0
+typedef struct {
+    int threads, tries;
+    double wait_s;
+    int (*cancelled)(void *ud);
+    void *cancel_ud;
+} ms_quiet_opts;
+int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t errlen),
+                 int (*aside)(void *ud, const ms_host_load *load, char *err, size_t errlen), void *ud,
+                 ms_host_load *load, char *err, size_t errlen);
+
 /* Median and median absolute deviation of x[n] (x is reordered). */
 double ms_median(double *x, int n);
 double ms_mad(const double *x, int n, double median);

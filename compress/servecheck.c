@@ -7,13 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "compress/calibrate.h"
 #include "compress/llamacpp.h"
 #include "compress/measure.h"
-#include "engine/clock.h"
 #include "engine/devices.h"
 #include "storage/fileio.h"
 
@@ -34,7 +32,7 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
     c->parent = parent;
     c->cancelled = cancelled;
     c->cancel_ud = cancel_ud;
-    c->quiet_wait_s = SC_QUIET_WAIT_S;
+    c->quiet_wait_s = MS_QUIET_WAIT_S;
     ms_opts stop = serve_opts(c, 1);
     if (!cm_target_llamacpp(t)) {
         if (!(c->be = cal_backend_new(t->device, t->precision, 0, err, errlen)))
@@ -72,61 +70,59 @@ static int serve_parent(sc_check *c, ms_result *m, json_t **lat, char *err, size
     return rc ? -1 : 0;
 }
 
-/* Wait for a second in which other work leaves the target's cores to this process (not
- * ms_host_contended), c->quiet_wait_s at most, asking the cancel hook every 50 ms. 0
- * (quiet, or the wait is over: the next serving judges itself), or -1 with err
- * "cancelled". */
-static int wait_quiet(sc_check *c, char *err, size_t errlen)
+/* The anchor's servings under ms_run_quiet: the latest's median, process latencies and
+ * the document's array of servings set aside. */
+typedef struct {
+    sc_check *c;
+    ms_result m;
+    json_t *lat, *tries;
+} anchor_run;
+
+static int anchor_serve(void *ud, char *err, size_t errlen)
 {
-    double start = eng_wall_s();
-    for (;;) {
-        ms_host_mark mark;
-        ms_host_mark_now(&mark, ms_target_threads(&c->t));
-        ms_host_load l;
-        do {
-            if (c->cancelled && c->cancelled(c->cancel_ud))
-                FAIL("cancelled");
-            struct timespec ts = {0, 50 * 1000 * 1000};
-            (void)nanosleep(&ts, NULL);   /* cut short by a signal: the load's own clock decides */
-            ms_host_load_since(&mark, &l);
-        } while (l.too_short);
-        if (!ms_host_contended(&l) || eng_wall_s() - start >= c->quiet_wait_s)
-            return 0;
-    }
+    anchor_run *r = ud;
+    json_decref(r->lat);
+    return serve_parent(r->c, &r->m, &r->lat, err, errlen);
 }
 
-/* Serve the parent until a serving is not contended, SC_ANCHOR_TRIES at most (sc_anchor):
- * *m, *lat (serve_parent's) and *load that serving's. Each contended one joins the
- * document's "anchor_tries". 0; 1 with the reason in err when every serving was
- * contended; -1 with err. */
+static int anchor_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
+{
+    anchor_run *r = ud;
+    json_t *t = json_pack("{s:f,s:o*,s:o}", "parent_measured_ms", r->m.latency_ms, "process_latencies_ms", r->lat,
+                          "host_load", ms_host_load_json(load));
+    r->lat = NULL;
+    if (!t || json_array_append_new(r->tries, t))
+        FAIL("out of memory");
+    return 0;
+}
+
+/* Serve the parent until a serving is not contended (sc_anchor): *m, *lat (serve_parent's)
+ * and *load that serving's; each contended one joins the document's "anchor_tries". 0; 1
+ * with the reason in err when every serving was contended; -1 with err. */
 static int serve_parent_quiet(sc_check *c, ms_result *m, json_t **lat, ms_host_load *load, char *err, size_t errlen)
 {
-    json_t *tries = json_array();
-    if (!tries || json_object_set_new(c->doc, "anchor_tries", tries))
+    anchor_run r = {.c = c, .tries = json_array()};
+    if (!r.tries || json_object_set_new(c->doc, "anchor_tries", r.tries))
         FAIL("out of memory");
-    for (int k = 0; k < SC_ANCHOR_TRIES; k++) {
-        if (k > 0 && wait_quiet(c, err, errlen))
-            return -1;
-        ms_host_mark mark;
-        ms_host_mark_now(&mark, ms_target_threads(&c->t));
-        if (serve_parent(c, m, lat, err, errlen))
-            return -1;
-        ms_host_load_since(&mark, load);
-        if (!ms_host_contended(load))
-            return 0;
-        json_t *t = json_pack("{s:f,s:o*,s:o}", "parent_measured_ms", m->latency_ms, "process_latencies_ms", *lat,
-                              "host_load", ms_host_load_json(load));
-        *lat = NULL;
-        if (!t || json_array_append_new(tries, t))
-            FAIL("out of memory");
+    ms_quiet_opts q = {.threads = ms_target_threads(&c->t), .tries = MS_QUIET_TRIES, .wait_s = c->quiet_wait_s,
+                       .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
+    int rc = ms_run_quiet(&q, anchor_serve, anchor_aside, &r, load, err, errlen);
+    if (rc == 0) {
+        *m = r.m;
+        *lat = r.lat;
+        return 0;
+    }
+    if (rc != 2 || anchor_aside(&r, load, err, errlen)) {
+        json_decref(r.lat);
+        return -1;   /* err: why, or "cancelled" */
     }
     char note[256] = "";
-    (void)ms_host_load_note(json_object_get(json_array_get(tries, SC_ANCHOR_TRIES - 1), "host_load"), note,
+    (void)ms_host_load_note(json_object_get(json_array_get(r.tries, MS_QUIET_TRIES - 1), "host_load"), note,
                             sizeof note);
     snprintf(err, errlen,
              "the parent was served beside other work each of %d times, waiting up to %.0f s for a quiet "
              "second between them (the last time %s), so this machine's speed now is unknown",
-             SC_ANCHOR_TRIES, c->quiet_wait_s, note);
+             MS_QUIET_TRIES, c->quiet_wait_s, note);
     return 1;
 }
 

@@ -31,9 +31,6 @@
 #define SC_ROUNDS 3   /* servings per model at the anchor and at each check (llama.cpp: fresh
                          processes; built-in: a warm-up and a request each, the anchor's
                          requests on one model) */
-#define SC_ANCHOR_TRIES 3     /* servings of the parent at the anchor at most, while other
-                                 work contends for the target's cores */
-#define SC_QUIET_WAIT_S 30.0  /* before serving it again: the longest wait for a quiet second */
 
 typedef struct {
     cm_target t;                /* the target (llama.cpp: resolved) */
@@ -41,7 +38,7 @@ typedef struct {
     eng_backend *be;            /* the built-in engine's backend (NULL for llama.cpp) */
     char dir[4096], ppath[4400];/* llama.cpp: scratch folder, the parent's GGUF */
     double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
-    double quiet_wait_s;        /* sc_open: SC_QUIET_WAIT_S (sc_anchor) */
+    double quiet_wait_s;        /* sc_open: MS_QUIET_WAIT_S (sc_anchor's ms_run_quiet) */
     json_t *doc;                /* {anchor: {...}, checks: [...]} */
     /* Optional (sc_open's): non-zero stops a serving under way (ms_opts), and the anchor
      * or check then fails with err "cancelled". */
@@ -65,7 +62,8 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
  * much the other work took, and an anchor taken from it would price every arch of the
  * search at that speed: it is set aside, and after a wait of up to c->quiet_wait_s for a
  * second in which the machine leaves the target's cores to it (asking the cancel hook
- * every 50 ms), the parent is served again, SC_ANCHOR_TRIES servings in all. The
+ * every 50 ms), the parent is served again, MS_QUIET_TRIES servings in all
+ * (ms_run_quiet). The
  * servings set aside are the document's "anchor_tries" ({parent_measured_ms, host_load,
  * and for llama.cpp process_latencies_ms} each). A serving too short to judge (under MS_HOST_MIN_S) is used.
  *

@@ -207,6 +207,72 @@ static json_t *measure_one(job_ctx *ctx, eng_backend *be, const cm_tables *tb, c
     return out;
 }
 
+/* One measurement of the parent and the result in the target's engine (ms_run_quiet's
+ * run), the latest objects in pj and rj; the measurements set aside in `aside`. */
+typedef struct {
+    job_ctx *ctx;
+    eng_backend *be;                /* the built-in engine's; NULL for llama.cpp */
+    const cm_tables *tb;            /* NULL: no predicted side */
+    const arch *parent, *result;    /* result NULL: none */
+    const char *gguf;               /* measure_llama's */
+    const cm_target *t;
+    json_t *pj, *rj, *aside;
+} measure_run;
+
+static int measure_pair(void *ud, char *err, size_t errlen)
+{
+    measure_run *r = ud;
+    json_decref(r->pj);
+    json_decref(r->rj);
+    r->pj = r->rj = NULL;
+    int n = r->result ? 2 : 1;
+    job_progress(r->ctx, 0, n);
+    if (!r->be)
+        return measure_llama(r->ctx, r->tb, r->parent, r->result, r->gguf, r->t, &r->pj, &r->rj, err, errlen);
+    if (!(r->pj = measure_one(r->ctx, r->be, r->tb, r->parent, r->t, err, errlen)))
+        return -1;
+    if (job_cancelled(r->ctx))
+        return 1;
+    job_progress(r->ctx, 1, n);
+    if (r->result && !(r->rj = measure_one(r->ctx, r->be, r->tb, r->result, r->t, err, errlen)))
+        return -1;
+    return 0;
+}
+
+/* A measurement beside other work: its latencies and load join r->aside, and an event says
+ * it is measured again. */
+static int measure_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
+{
+    measure_run *r = ud;
+    json_t *hl = ms_host_load_json(load), *lat = json_object_get(json_object_get(r->rj, "measured"), "latency_ms");
+    json_t *row = json_pack("{s:O,s:O*,s:O}", "parent_latency_ms",
+                            json_object_get(json_object_get(r->pj, "measured"), "latency_ms"), "result_latency_ms",
+                            lat, "host_load", hl);
+    char note[300] = "", msg[500];
+    (void)ms_host_load_note(hl, note, sizeof note);
+    json_decref(hl);
+    if (!row || json_array_append_new(r->aside, row)) {
+        snprintf(err, errlen, "measure: out of memory");
+        return -1;
+    }
+    snprintf(msg, sizeof msg,
+             "measured beside other work: %s; set aside, measuring again after a quiet second (%.0f s at most)",
+             note, MS_QUIET_WAIT_S);
+    job_event(r->ctx, "measure.contended", msg, json_deep_copy(row));
+    return 0;
+}
+
+/* measure_pair until other work did not slow it (ms_run_quiet): 0 with r->pj and r->rj
+ * the kept measurement and *load its load (contended when every try was); 1 cancelled;
+ * -1 with err. */
+static int measure_quiet(measure_run *r, ms_host_load *load, char *err, size_t errlen)
+{
+    ms_quiet_opts q = {.threads = ms_target_threads(r->t), .tries = MS_QUIET_TRIES, .wait_s = MS_QUIET_WAIT_S,
+                       .cancelled = job_cancelled_hook, .cancel_ud = r->ctx};
+    int rc = ms_run_quiet(&q, measure_pair, measure_aside, r, load, err, errlen);
+    return rc == 2 ? 0 : rc;
+}
+
 static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
 {
     arch parent, result;
@@ -271,44 +337,40 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
     } else if (!(be = cal_backend_new(t.device, t.precision, 0, err, errlen))) {
         goto out;
     }
-    job_progress(ctx, 0, have_result ? 2 : 1);
-    ms_host_mark mark;
-    ms_host_mark_now(&mark, ms_target_threads(&t));
-    if (llama) {
-        int m = measure_llama(ctx, have_tb ? &tb : NULL, &parent, have_result ? &result : NULL, gguf, &t, &pj, &rj,
-                              err, errlen);
-        if (m) {
-            rc = m > 0 ? 1 : -1;
-            goto out;
-        }
-    } else {
-        if (!(pj = measure_one(ctx, be, have_tb ? &tb : NULL, &parent, &t, err, errlen)))
-            goto out;
-        if (job_cancelled(ctx)) {
-            rc = 1;
-            goto out;
-        }
-        job_progress(ctx, 1, have_result ? 2 : 1);
-        if (have_result && !(rj = measure_one(ctx, be, have_tb ? &tb : NULL, &result, &t, err, errlen)))
-            goto out;
+    measure_run mr = {.ctx = ctx, .be = be, .tb = have_tb ? &tb : NULL, .parent = &parent,
+                      .result = have_result ? &result : NULL, .gguf = gguf, .t = &t, .aside = json_array()};
+    ms_host_load load;
+    int q = mr.aside ? measure_quiet(&mr, &load, err, errlen) : -1;
+    pj = mr.pj;
+    rj = mr.rj;
+    if (!mr.aside)
+        snprintf(err, errlen, "measure: out of memory");
+    if (q == 1 || q < 0) {
+        rc = q;
+        json_decref(mr.aside);
+        goto out;
     }
     job_progress(ctx, 2, 2);
     /* the machine's load from other work over both measurements (they alternate) */
-    ms_host_load load;
-    ms_host_load_since(&mark, &load);
     json_t *hl = ms_host_load_json(&load);
     json_object_set(json_object_get(pj, "measured"), "host_load", hl);
     if (rj)
         json_object_set(json_object_get(rj, "measured"), "host_load", hl);
-    char load_note[300], msg[400];
+    char load_note[300], msg[600];
     if (ms_host_load_note(hl, load_note, sizeof load_note)) {
-        snprintf(msg, sizeof msg, "measured beside other work: %s; these timings are slow and uneven", load_note);
+        snprintf(msg, sizeof msg,
+                 "measured beside other work at each of %d tries, waiting up to %.0f s for a quiet second between "
+                 "them: %s; these timings are slow and uneven",
+                 MS_QUIET_TRIES, MS_QUIET_WAIT_S, load_note);
         job_event(ctx, "measure.contended", msg, json_deep_copy(hl));
     }
     json_decref(hl);
     json_t *frag = json_pack("{s:O}", "parent", pj);
     if (frag && engine)
         json_object_set(frag, "engine", engine);
+    if (frag && json_array_size(mr.aside))
+        json_object_set(frag, "measure_tries", mr.aside);
+    json_decref(mr.aside);
     if (rj) {
         json_object_set(frag, "result", rj);
         json_t *pred = json_object_get(rj, "predicted"), *meas = json_object_get(rj, "measured");

@@ -725,6 +725,84 @@ static void test_host_load(void **state)
     arch_free(&p);
 }
 
+/* ms_run_quiet's run and aside for the test: a run sleeps 1.05 s (long enough to judge,
+ * none of the machine's CPU its own) or fails; the first aside stops the spinner when
+ * asked to (a quick run returns at once); a cancel hook that says stop once a run was set aside. */
+typedef struct {
+    int runs, asides, fail, quick, stop_spinner, cancel_after_aside;
+    pid_t kid;
+} quiet_probe;
+
+static int probe_run(void *ud, char *err, size_t errlen)
+{
+    quiet_probe *p = ud;
+    p->runs++;
+    if (p->fail) {
+        snprintf(err, errlen, "the run failed");
+        return -1;
+    }
+    if (!p->quick)
+        usleep(1050 * 1000);
+    return 0;
+}
+
+static int probe_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    quiet_probe *p = ud;
+    assert_true(ms_host_contended(load));
+    p->asides++;
+    if (p->stop_spinner && p->kid > 0) {
+        spinner_stop(p->kid);
+        p->kid = 0;
+    }
+    return 0;
+}
+
+static int probe_cancelled(void *ud)
+{
+    quiet_probe *p = ud;
+    return p->cancel_after_aside && p->asides > 0;
+}
+
+/* ms_run_quiet: a run beside a spinning process is set aside and run again after a wait,
+ * `tries` runs in all, the last one's results standing (2); a run after the other work
+ * stopped is kept (0); a cancel in the wait stops it (1); a failed run's error is
+ * returned; a run too short to judge is kept at once. */
+static void test_run_quiet(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    ms_host_load load;
+    quiet_probe p = {0};
+    ms_quiet_opts q = {.threads = 0, .tries = 3, .wait_s = 0.5, .cancelled = probe_cancelled, .cancel_ud = &p};
+    p.kid = spinner_start(600);
+    assert_int_equal(ms_run_quiet(&q, probe_run, probe_aside, &p, &load, err, sizeof err), 2);
+    assert_int_equal(p.runs, 3);
+    assert_int_equal(p.asides, 2);   /* the last run's results stand */
+    assert_true(ms_host_contended(&load));
+    p = (quiet_probe){.stop_spinner = 1, .kid = p.kid};
+    assert_int_equal(ms_run_quiet(&q, probe_run, probe_aside, &p, &load, err, sizeof err), 0);
+    assert_int_equal(p.runs, 2);
+    assert_int_equal(p.asides, 1);
+    assert_false(ms_host_contended(&load));
+    assert_true(load.known && !load.too_short);
+    p = (quiet_probe){.cancel_after_aside = 1, .kid = spinner_start(600)};
+    assert_int_equal(ms_run_quiet(&q, probe_run, probe_aside, &p, &load, err, sizeof err), 1);
+    assert_string_equal(err, "cancelled");
+    assert_int_equal(p.runs, 1);
+    p.fail = 1;
+    p.cancel_after_aside = 0;
+    assert_int_equal(ms_run_quiet(&q, probe_run, probe_aside, &p, &load, err, sizeof err), -1);
+    assert_string_equal(err, "the run failed");
+    p = (quiet_probe){.quick = 1, .kid = p.kid};
+    assert_int_equal(ms_run_quiet(&q, probe_run, probe_aside, &p, &load, err, sizeof err), 0);
+    assert_int_equal(p.runs, 1);
+    assert_true(load.too_short);
+    spinner_stop(p.kid);
+}
+
 /* A cancel hook that never cancels and stops the spinner kid once the check's anchor has
  * set a serving aside. */
 typedef struct {
@@ -743,7 +821,7 @@ static int stop_spinner_after_try(void *ud)
 }
 
 /* The anchor does not take the machine's speed from a serving beside other work: with a
- * process spinning through every serving it serves the parent SC_ANCHOR_TRIES times, sets
+ * process spinning through every serving it serves the parent MS_QUIET_TRIES times, sets
  * each aside and anchors nothing (1, err says why, no check may use it); with one that
  * stops after the first serving, it waits for a quiet second and anchors on the next.
  * The parent's decode is lengthened until a serving is long enough to judge here. */
@@ -765,7 +843,7 @@ static void test_served_anchor_contended(void **state)
     cm_tables tb, anchored;
     sc_check sc;
     json_t *cal = open_served_check(&p, &t, 0, &tb, &sc);
-    assert_true(sc.quiet_wait_s == SC_QUIET_WAIT_S);
+    assert_true(sc.quiet_wait_s == MS_QUIET_WAIT_S);
     sc.quiet_wait_s = 1;
     /* the servings on one thread: a spinner on another core then takes its share of the
        machine (which the built-in engine's judgment counts whole) without the spin-waits of
@@ -793,8 +871,8 @@ static void test_served_anchor_contended(void **state)
     assert_non_null(strstr(err, "other processes took"));
     assert_null(json_object_get(sc_doc(&sc), "anchor"));
     json_t *tries = json_object_get(sc_doc(&sc), "anchor_tries");
-    assert_int_equal(json_array_size(tries), SC_ANCHOR_TRIES);
-    for (size_t k = 0; k < SC_ANCHOR_TRIES; k++) {
+    assert_int_equal(json_array_size(tries), MS_QUIET_TRIES);
+    for (size_t k = 0; k < MS_QUIET_TRIES; k++) {
         json_t *tr = json_array_get(tries, k);
         assert_true(json_number_value(json_object_get(tr, "parent_measured_ms")) > 0);
         assert_true(json_is_true(json_object_get(json_object_get(tr, "host_load"), "contended")));
@@ -918,6 +996,7 @@ int main(void)
         cmocka_unit_test(test_counts_below_top_k),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
+        cmocka_unit_test(test_run_quiet),
         cmocka_unit_test(test_served_anchor_contended),
         cmocka_unit_test(test_measure_cancel),
         cmocka_unit_test(test_calibrate_cancel),
