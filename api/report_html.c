@@ -401,7 +401,8 @@ static void sb_ms(strbuf *b, json_t *v)
 
 /* What the search served (report.search.served): the parent at the anchor against the
  * calibration, the scales that moved the tables, and each arch served beside the parent
- * with its prediction at the anchor. A search that served nothing says why it may not. */
+ * with its prediction at the anchor, and how many servings beside other work were set
+ * aside. A search without an anchor says why. */
 static void served_section(strbuf *b, json_t *search)
 {
     if (!json_is_object(search))
@@ -410,9 +411,9 @@ static void served_section(strbuf *b, json_t *search)
     strbuf_printf(b, "<h2>Served during the search</h2>\n<p>");
     json_t *skipped = json_object_get(sv, "skipped");
     if (json_is_string(skipped)) {
-        strbuf_printf(b, "Nothing: the parent was not served (");
+        strbuf_printf(b, "No anchor: ");
         sb_text(b, json_string_value(skipped));
-        strbuf_printf(b, "); the search used the tables as calibrated.</p>\n");
+        strbuf_printf(b, ". The search used the tables as calibrated.</p>\n");
         return;
     }
     if (!json_is_object(an)) {
@@ -431,7 +432,14 @@ static void served_section(strbuf *b, json_t *search)
     sb_value(b, json_object_get(an, "prefill_scale"));
     strbuf_printf(b, " and their decode times by ");
     sb_value(b, json_object_get(an, "decode_scale"));
-    strbuf_printf(b, " before the search.</p>\n");
+    strbuf_printf(b, " before the search.");
+    size_t aside = json_array_size(json_object_get(sv, "anchor_tries")),
+           caside = json_array_size(json_object_get(sv, "check_tries"));
+    if (aside || caside)
+        strbuf_printf(b, " Served beside other work and set aside, then served again: %zu serving%s of the "
+                         "parent at the anchor, %zu of the checks.",
+                      aside, aside == 1 ? "" : "s", caside);
+    strbuf_printf(b, "</p>\n");
     json_t *checks = json_object_get(sv, "checks");
     if (json_array_size(checks) == 0) {
         strbuf_printf(b, "<p>No arch was served beside it (the parent met the limits at the anchor, or the "

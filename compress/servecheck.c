@@ -41,7 +41,7 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
                lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen)) {
         return -1;
     }
-    c->doc = json_pack("{s:[]}", "checks");
+    c->doc = json_pack("{s:[],s:[]}", "checks", "check_tries");
     if (!c->doc)
         FAIL("out of memory");
     return 0;
@@ -230,19 +230,48 @@ static json_t *latencies_json(const ms_result *r, int n)
     return j;
 }
 
+/* A check's servings under ms_run_quiet: the arch, its weights' seed, the latest rounds. */
+typedef struct {
+    sc_check *c;
+    const arch *a;
+    uint64_t seed;
+    ms_result ar[SC_ROUNDS], pr[SC_ROUNDS];
+} check_run;
+
+static int check_serve(void *ud, char *err, size_t errlen)
+{
+    check_run *r = ud;
+    return serve_pair(r->c, r->a, r->seed, r->ar, r->pr, err, errlen);
+}
+
+/* A check's servings beside other work join the document's "check_tries". */
+static int check_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
+{
+    check_run *r = ud;
+    char summary[1024];
+    arch_summary(r->a, summary, sizeof summary);
+    json_t *t = json_pack("{s:s,s:o*,s:o*,s:o}", "arch", summary, "process_latencies_ms",
+                          latencies_json(r->ar, SC_ROUNDS), "parent_process_latencies_ms",
+                          latencies_json(r->pr, SC_ROUNDS), "host_load", ms_host_load_json(load));
+    if (!t || json_array_append_new(json_object_get(r->c->doc, "check_tries"), t))
+        FAIL("out of memory");
+    return 0;
+}
+
 int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     if (c->parent_ms <= 0)
         FAIL("a served check needs the anchor first");
     int n = (int)json_array_size(json_object_get(c->doc, "checks"));
-    ms_result ar[SC_ROUNDS], pr[SC_ROUNDS];
-    ms_host_mark mark;
-    ms_host_mark_now(&mark, ms_target_threads(&c->t));
-    if (serve_pair(c, a, 2 + (uint64_t)n, ar, pr, err, errlen))
-        return -1;
+    check_run r = {.c = c, .a = a, .seed = 2 + (uint64_t)n};
+    ms_quiet_opts q = {.threads = ms_target_threads(&c->t), .tries = MS_QUIET_TRIES, .wait_s = c->quiet_wait_s,
+                       .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
     ms_host_load load;
-    ms_host_load_since(&mark, &load);
+    int rc = ms_run_quiet(&q, check_serve, check_aside, &r, &load, err, errlen);
+    if (rc == 1 || rc < 0)
+        return -1;   /* err: why, or "cancelled" */
+    const ms_result *ar = r.ar, *pr = r.pr;   /* the last servings: not contended, or every try was */
     double rl[SC_ROUNDS], rd[SC_ROUNDS], al[SC_ROUNDS];
     for (int k = 0; k < SC_ROUNDS; k++) {
         rl[k] = pr[k].latency_ms > 0 ? ar[k].latency_ms / pr[k].latency_ms : 0;

@@ -39,7 +39,7 @@ typedef struct {
     char dir[4096], ppath[4400];/* llama.cpp: scratch folder, the parent's GGUF */
     double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
     double quiet_wait_s;        /* sc_open: MS_QUIET_WAIT_S (sc_anchor's ms_run_quiet) */
-    json_t *doc;                /* {anchor: {...}, checks: [...]} */
+    json_t *doc;                /* {anchor, anchor_tries, checks, check_tries} */
     /* Optional (sc_open's): non-zero stops a serving under way (ms_opts), and the anchor
      * or check then fails with err "cancelled". */
     int (*cancelled)(void *ud);
@@ -78,7 +78,11 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
 /* Serve `a` (random weights) and the parent SC_ROUNDS times each, alternating, and fill
  * *m as measured: latency_ms and decode_ms priced from a's ratios to the parent at the
  * anchor's level, total = a's peak bytes (its median round), params. The check and
- * the tables' prediction `pred` (may be NULL) join the document. 0, or -1 with err. */
+ * the tables' prediction `pred` (may be NULL) join the document. Servings beside other
+ * work are set aside and served again as the anchor's are (ms_run_quiet; the document's
+ * "check_tries": {arch, host_load, process_latencies_ms, parent_process_latencies_ms}
+ * each); when every try was contended the last is kept, its host_load saying so.
+ * 0, or -1 with err. */
 int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_prediction *m, char *err, size_t errlen);
 
 /* The document (borrowed; NULL before sc_open). */

@@ -803,17 +803,18 @@ static void test_run_quiet(void **state)
     spinner_stop(p.kid);
 }
 
-/* A cancel hook that never cancels and stops the spinner kid once the check's anchor has
- * set a serving aside. */
+/* A cancel hook that never cancels and stops the spinner kid once the check's document
+ * has a serving set aside in its array `tries`. */
 typedef struct {
     const sc_check *sc;
     pid_t kid;
+    const char *tries;
 } spin_stop;
 
 static int stop_spinner_after_try(void *ud)
 {
     spin_stop *s = ud;
-    if (s->kid > 0 && json_array_size(json_object_get(sc_doc(s->sc), "anchor_tries")) > 0) {
+    if (s->kid > 0 && json_array_size(json_object_get(sc_doc(s->sc), s->tries)) > 0) {
         spinner_stop(s->kid);
         s->kid = 0;
     }
@@ -823,7 +824,8 @@ static int stop_spinner_after_try(void *ud)
 /* The anchor does not take the machine's speed from a serving beside other work: with a
  * process spinning through every serving it serves the parent MS_QUIET_TRIES times, sets
  * each aside and anchors nothing (1, err says why, no check may use it); with one that
- * stops after the first serving, it waits for a quiet second and anchors on the next.
+ * stops after the first serving, it waits for a quiet second and anchors on the next; a
+ * check is served again the same way.
  * The parent's decode is lengthened until a serving is long enough to judge here. */
 static void test_served_anchor_contended(void **state)
 {
@@ -881,7 +883,7 @@ static void test_served_anchor_contended(void **state)
     assert_int_equal(sc_measure(&sc, &p, NULL, &m, err, sizeof err), -1);
     assert_non_null(strstr(err, "needs the anchor first"));
     /* contended at the first serving only: the second anchors */
-    spin_stop s = {&sc, spinner_start(600)};
+    spin_stop s = {&sc, spinner_start(600), "anchor_tries"};
     sc.cancelled = stop_spinner_after_try;   /* what sc_open's hook arguments set */
     sc.cancel_ud = &s;
     rc = sc_anchor(&sc, &tb, &anchored, err, sizeof err);
@@ -896,6 +898,22 @@ static void test_served_anchor_contended(void **state)
     assert_non_null(an);
     assert_true(json_is_false(json_object_get(json_object_get(an, "host_load"), "contended")));
     assert_true(sc.parent_ms > 0);
+    /* a check contended at its first servings: served again, the second kept */
+    assert_int_equal(json_array_size(json_object_get(sc_doc(&sc), "check_tries")), 0);
+    s = (spin_stop){&sc, spinner_start(600), "check_tries"};
+    rc = sc_measure(&sc, &p, NULL, &m, err, sizeof err);
+    if (s.kid > 0)
+        spinner_stop(s.kid);
+    if (rc)
+        fail_msg("check after a contended serving: %s", err);
+    tries = json_object_get(sc_doc(&sc), "check_tries");
+    assert_int_equal(json_array_size(tries), 1);
+    assert_true(json_is_true(json_object_get(json_object_get(json_array_get(tries, 0), "host_load"), "contended")));
+    assert_int_equal(json_array_size(json_object_get(json_array_get(tries, 0), "process_latencies_ms")), SC_ROUNDS);
+    json_t *row = json_array_get(json_object_get(sc_doc(&sc), "checks"), 0);
+    assert_non_null(row);
+    assert_true(json_is_false(json_object_get(json_object_get(row, "host_load"), "contended")));
+    assert_true(m.latency_ms > 0);
     omp_set_num_threads(omp_get_num_procs());
     sc_close(&sc);
     cm_tables_free(&anchored);

@@ -292,8 +292,9 @@ static void test_pruning_section(void **state)
     json_decref(r);
 }
 
-/* What the search served: the anchor's numbers and a row per check; a search that
- * served nothing says so; a report without a search has no such section. */
+/* What the search served: the anchor's numbers, a row per check and the servings set
+ * aside beside other work; a search without an anchor says why; a report without a
+ * search has no such section. */
 static void test_served_section(void **state)
 {
     (void)state;
@@ -311,11 +312,19 @@ static void test_served_section(void **state)
     assert_non_null(strstr(sec, "The parent served in 4222.5 ms (autocompress) against 4027.5 ms predicted"));
     assert_non_null(strstr(sec, "scaled by 0.75 and their decode times by 1.25"));
     assert_non_null(strstr(sec, "<tr><td>h576 | L0 a9/3 f1536</td><td>0.5</td><td>2111.2</td><td>2342.5</td>"));
+    assert_null(strstr(sec, "set aside"));
+    free(html);
+    json_t *sv = json_object_get(json_object_get(r, "search"), "served");
+    json_object_set_new(sv, "anchor_tries", json_pack("[{},{}]"));
+    json_object_set_new(sv, "check_tries", json_pack("[{}]"));
+    html = render(r);
+    assert_non_null(strstr(html, "set aside, then served again: 2 servings of the parent at the anchor, 1 of the "
+                                 "checks."));
     free(html);
     json_object_set_new(json_object_get(r, "search"), "served", json_pack("{s:[],s:s}", "checks", "skipped",
                                                                         "no memory <here>"));
     html = render(r);
-    assert_non_null(strstr(html, "the parent was not served (no memory &lt;here&gt;)"));
+    assert_non_null(strstr(html, "No anchor: no memory &lt;here&gt;. The search used the tables as calibrated."));
     free(html);
     json_object_del(json_object_get(r, "search"), "served");
     html = render(r);
