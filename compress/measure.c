@@ -201,7 +201,9 @@ int ms_host_contended(const ms_host_load *l)
 
 int ms_target_threads(const cm_target *t)
 {
-    return cm_target_llamacpp(t) ? t->threads : 0;
+    if (cm_target_llamacpp(t))
+        return t->threads;
+    return strcmp(t->device, "cpu") ? 1 : 0;
 }
 
 json_t *ms_host_load_json(const ms_host_load *l)

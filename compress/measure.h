@@ -133,8 +133,9 @@ typedef struct {
 void ms_host_mark_now(ms_host_mark *m, int threads);
 void ms_host_load_since(const ms_host_mark *m, ms_host_load *out);
 int ms_host_contended(const ms_host_load *l);
-/* The threads a measurement on target t runs: llama.cpp's t->threads, else 0 (the
- * built-in engine's backend takes every core). */
+/* The threads a measurement on target t runs: llama.cpp's t->threads; the built-in
+ * engine's 0 on the CPU (its backend takes every core) and 1 on a GPU (the host thread
+ * that launches its kernels: other work on the other cores does not slow it). */
 int ms_target_threads(const cm_target *t);
 /* {known, others_cpu_pct, steal_pct, cores, threads, wall_s, too_short, contended,
  * method}, or {known: false, wall_s}. NEW reference, NULL on OOM. */

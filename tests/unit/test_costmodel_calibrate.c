@@ -696,6 +696,16 @@ static void test_host_load(void **state)
     assert_false(ms_host_contended(&h));
     h.steal_pct = 1.0;                     /* the hypervisor's share counts alike */
     assert_true(ms_host_contended(&h));
+    cm_target tg = tiny_target();          /* the threads each target's measurement runs */
+    assert_int_equal(ms_target_threads(&tg), 0);   /* the CPU backend: every core */
+    snprintf(tg.device, sizeof tg.device, "cuda:0");
+    assert_int_equal(ms_target_threads(&tg), 1);   /* a GPU: the host thread that launches */
+    h.threads = ms_target_threads(&tg);
+    assert_false(ms_host_contended(&h));   /* others and the hypervisor on 0.32 of 16 cores */
+    h.others_cpu_pct = 95.0;
+    assert_true(ms_host_contended(&h));    /* on 15.36: the 15 it leaves and a quarter more */
+    h.threads = 16;
+    h.others_cpu_pct = 1.0;
     h.too_short = 1;                       /* ticks too coarse to judge */
     assert_false(ms_host_contended(&h));
     h.too_short = 0;
