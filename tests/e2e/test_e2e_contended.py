@@ -12,6 +12,7 @@
   zero weights: the stage serves random ones, and a measurement must last a second to be
   judged.)
 The spinners stop before the test ends."""
+# store: incidental (no job state is at stake; not run again in the PostgreSQL pass)
 import os
 import struct
 import subprocess
