@@ -667,8 +667,9 @@ static void spinner_stop(pid_t kid)
 
 /* The machine's load from other work: a process spinning beside a stretch of measuring
  * (not this one's, not yet waited for) is counted, about one core's share, and makes a
- * stretch on every core contended; what contended means on other shapes of load; a
- * calibration records its own stretch's load. */
+ * stretch on every core contended; what contended means on other shapes of load and for
+ * the threads each target's measurement runs; a calibration records its own stretch's
+ * load. */
 static void test_host_load(void **state)
 {
     (void)state;
@@ -736,8 +737,8 @@ static void test_host_load(void **state)
 }
 
 /* ms_run_quiet's run and aside for the test: a run sleeps 1.05 s (long enough to judge,
- * none of the machine's CPU its own) or fails; the first aside stops the spinner when
- * asked to (a quick run returns at once); a cancel hook that says stop once a run was set aside. */
+ * none of the machine's CPU its own), returns at once (quick) or fails; the first aside
+ * stops the spinner when asked to; a cancel hook that says stop once a run was set aside. */
 typedef struct {
     int runs, asides, fail, quick, stop_spinner, cancel_after_aside;
     pid_t kid;
