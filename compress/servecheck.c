@@ -70,6 +70,13 @@ static int serve_parent(sc_check *c, ms_result *m, json_t **lat, char *err, size
     return rc ? -1 : 0;
 }
 
+/* How the anchor and each check measure again beside other work (ms_run_quiet). */
+static ms_quiet_opts quiet_opts(const sc_check *c)
+{
+    return (ms_quiet_opts){.threads = ms_target_threads(&c->t), .tries = MS_QUIET_TRIES, .wait_s = c->quiet_wait_s,
+                           .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
+}
+
 /* The anchor's servings under ms_run_quiet: the latest's median, process latencies and
  * the document's array of servings set aside. */
 typedef struct {
@@ -104,8 +111,7 @@ static int serve_parent_quiet(sc_check *c, ms_result *m, json_t **lat, ms_host_l
     anchor_run r = {.c = c, .tries = json_array()};
     if (!r.tries || json_object_set_new(c->doc, "anchor_tries", r.tries))
         FAIL("out of memory");
-    ms_quiet_opts q = {.threads = ms_target_threads(&c->t), .tries = MS_QUIET_TRIES, .wait_s = c->quiet_wait_s,
-                       .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
+    ms_quiet_opts q = quiet_opts(c);
     int rc = ms_run_quiet(&q, anchor_serve, anchor_aside, &r, load, err, errlen);
     if (rc == 0) {
         *m = r.m;
@@ -265,8 +271,7 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
         FAIL("a served check needs the anchor first");
     int n = (int)json_array_size(json_object_get(c->doc, "checks"));
     check_run r = {.c = c, .a = a, .seed = 2 + (uint64_t)n};
-    ms_quiet_opts q = {.threads = ms_target_threads(&c->t), .tries = MS_QUIET_TRIES, .wait_s = c->quiet_wait_s,
-                       .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
+    ms_quiet_opts q = quiet_opts(c);
     ms_host_load load;
     int rc = ms_run_quiet(&q, check_serve, check_aside, &r, &load, err, errlen);
     if (rc == 1 || rc < 0)
