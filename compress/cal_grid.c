@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/measure.h"
 #include "engine/devices.h"
 #include "engine/rng.h"
 
@@ -232,6 +233,8 @@ void cal_opts_default(cal_opts *o)
     o->validate_reps = 3;
     o->fit = 6;
     o->seed = 1;
+    o->quiet_tries = CAL_QUIET_TRIES;
+    o->quiet_wait_s = MS_QUIET_WAIT_S;
 }
 
 void cal_opts_search_hidden(cal_opts *o, const arch *parent)

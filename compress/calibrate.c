@@ -815,7 +815,8 @@ static void run_free(cal_run_ctx *r)
     }
 }
 
-json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, char *err, size_t errlen)
+/* One calibration, without the judgment of the machine's load (cal_run). */
+static json_t *run_once(const arch *parent, const cm_target *t, const cal_opts *o, char *err, size_t errlen)
 {
     static cal_run_ctx zero;
     cal_run_ctx *r = malloc(sizeof *r);
@@ -826,13 +827,8 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
     *r = zero;
     r->parent = parent;
     r->t = t;
-    if (opts)
-        r->o = *opts;
-    else
-        cal_opts_default(&r->o);
+    r->o = *o;
     json_t *result = NULL;
-    ms_host_mark mark;
-    ms_host_mark_now(&mark, cm_target_llamacpp(t) ? t->threads : r->o.threads);
     if (cm_target_llamacpp(t)) {
         cal_id(t, parent, &r->o, r->id);
         result = cal_llama_run(parent, t, &r->o, r->id, err, errlen);
@@ -846,25 +842,91 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         run_free(r);
     }
     free(r);
-    ms_host_load load;
-    ms_host_load_since(&mark, &load);
-    if (result && json_object_set_new(result, "host_load", ms_host_load_json(&load))) {
-        json_decref(result);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
     return result;
 }
 
-int cal_contended_note(const json_t *cal, int reused, char *msg, size_t cap)
+/* cal_run's calibrations under ms_run_quiet: the last one made, those set aside. */
+typedef struct {
+    const arch *parent;
+    const cm_target *t;
+    const cal_opts *o;
+    json_t *cal, *tries;
+} quiet_cal;
+
+static int quiet_run(void *ud, char *err, size_t errlen)
+{
+    quiet_cal *q = ud;
+    q->cal = run_once(q->parent, q->t, q->o, err, errlen);
+    return q->cal ? 0 : -1;
+}
+
+static int quiet_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
+{
+    quiet_cal *q = ud;
+    json_t *v = json_object_get(q->cal, "validation");
+    json_t *tried = json_pack("{s:o?,s:O?,s:O?,s:O?}", "host_load", ms_host_load_json(load), "wall_s",
+                              json_object_get(q->cal, "wall_s"), "latency_mape_pct",
+                              json_object_get(v, "latency_mape_pct"), "memory_mape_pct",
+                              json_object_get(v, "memory_mape_pct"));
+    json_decref(q->cal);
+    q->cal = NULL;
+    if (!tried || json_array_append_new(q->tries, tried)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char note[256] = "";
+    (void)ms_host_load_note(json_object_get(tried, "host_load"), note, sizeof note);
+    if (q->o->verbose)
+        fprintf(stderr, "calibrate: set aside, made beside other work (%s); calibrating again\n", note);
+    if (q->o->aside)
+        q->o->aside(q->o->ud, tried);
+    return 0;
+}
+
+json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, char *err, size_t errlen)
+{
+    cal_opts o;
+    if (opts)
+        o = *opts;
+    else
+        cal_opts_default(&o);
+    quiet_cal q = {parent, t, &o, NULL, json_array()};
+    if (!q.tries) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    ms_quiet_opts qo = {.threads = cm_target_llamacpp(t) ? t->threads : o.threads,
+                        .tries = o.quiet_tries > 1 ? o.quiet_tries : 1,
+                        .wait_s = o.quiet_wait_s,
+                        .cancelled = o.cancelled,
+                        .cancel_ud = o.ud};
+    ms_host_load load;
+    int rc = ms_run_quiet(&qo, quiet_run, quiet_aside, &q, &load, err, errlen);
+    if ((rc == 0 || rc == 2) &&
+        (json_object_set_new(q.cal, "host_load", ms_host_load_json(&load)) ||
+         (json_array_size(q.tries) && json_object_set(q.cal, "calibration_tries", q.tries)))) {
+        snprintf(err, errlen, "out of memory");
+        rc = -1;
+    }
+    if (rc != 0 && rc != 2) {
+        json_decref(q.cal);
+        q.cal = NULL;
+    }
+    json_decref(q.tries);
+    return q.cal;
+}
+
+int cal_contended_note(const json_t *cal, char *msg, size_t cap)
 {
     char load[256];
     if (!ms_host_load_note(json_object_get(cal, "host_load"), load, sizeof load))
         return 0;
+    size_t made = 1 + json_array_size(json_object_get(cal, "calibration_tries"));
     snprintf(msg, cap,
-             "%s beside other work: %s; timings taken so are slow and uneven, and the tables' level and their "
-             "held-out errors with them. Calibrate again on a quiet machine (autocompress calibrate --no-cache)",
-             reused ? "the cached calibration was made" : "calibrated", load);
+             "calibrated beside other work%s: %s; timings taken so are slow and uneven, and the tables' level and "
+             "their held-out errors with them. The calibration is kept for this run and not reused: the next one "
+             "on this target calibrates again",
+             made > 1 ? ", each time it was made" : "", load);
     return 1;
 }
 
@@ -877,16 +939,16 @@ json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target
     if (lc_target_resolve(t, err, errlen))   /* another engine's build is part of the key */
         return NULL;
     cal_id(t, parent, o, id);
-    *reused = 0;
     json_t *cal = cm_calibration_load(data_dir, id, e2, sizeof e2);
     if (cal) {
         cm_tables tb;
-        if (!cm_calibration_tables(cal, &tb, e2, sizeof e2)) {
+        int contended = json_is_true(json_object_get(json_object_get(cal, "host_load"), "contended"));
+        if (!contended && !cm_calibration_tables(cal, &tb, e2, sizeof e2)) {
             cm_tables_free(&tb);
             *reused = 1;
             return cal;
         }
-        json_decref(cal);   /* unreadable cache entry: calibrate again */
+        json_decref(cal);   /* unreadable, or made beside other work: calibrate again */
     }
     cal = cal_run(parent, t, o, err, errlen);
     if (cal && cm_calibration_save(data_dir, cal, err, errlen)) {

@@ -38,8 +38,19 @@ typedef struct {
      * each request (the built-in engine), while a llama.cpp helper serves
      * (ms_opts.cancelled). */
     int (*cancelled)(void *ud);
+    /* Optional, with the same ud: told of each calibration set aside because other work
+     * kept the machine busy meanwhile (quiet_tries below); tried is its entry of the
+     * result's calibration_tries (borrowed). */
+    void (*aside)(void *ud, const json_t *tried);
     void *ud;
+    /* Calibrations in all while each one is judged contended (compress/measure.h
+     * ms_run_quiet; default CAL_QUIET_TRIES; <= 1 keeps the first), and the longest wait
+     * for a quiet second before the next (default MS_QUIET_WAIT_S). */
+    int quiet_tries;
+    double quiet_wait_s;
 } cal_opts;
+/* A calibration takes minutes on a real parent: once more at most. */
+#define CAL_QUIET_TRIES 2
 
 /* Defaults above. */
 void cal_opts_default(cal_opts *o);
@@ -110,17 +121,21 @@ cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv
  * "succeeded", target, family, entries, wall_s, tables, validation) with its extras
  * (docs/timing-tables.md; host_load: the machine's load from other work meanwhile,
  * compress/measure.h), or NULL with a reason in err (device absent, out of memory,
- * engine failure, cancelled). */
+ * engine failure, cancelled). A calibration judged contended is set aside and made again
+ * after a wait for a quiet second, o->quiet_tries in all; each one set aside is in
+ * calibration_tries ({host_load, wall_s, latency_mape_pct, memory_mape_pct}) and the
+ * last one made is returned, its host_load contended when all were. */
 json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *o, char *err, size_t errlen);
 
-/* A cached calibration for (t, parent) under data_dir if present, else run and save it.
- * *reused says which. Same return contract as cal_run. */
+/* A cached calibration for (t, parent) under data_dir if present and not made beside other
+ * work (its host_load contended), else run and save it. *reused says which. Same return
+ * contract as cal_run. */
 json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target *t, const cal_opts *o,
                        int *reused, char *err, size_t errlen);
 
 /* When calibration cal was made beside other work (its host_load contended): 1 and what
- * that means for its timings in msg (reused: it came from the cache); else 0. */
-int cal_contended_note(const json_t *cal, int reused, char *msg, size_t cap);
+ * that means for its timings, and that it is not reused, in msg; else 0. */
+int cal_contended_note(const json_t *cal, char *msg, size_t cap);
 
 /* A random heterogeneous arch derived from parent (per-layer heads in KV-group units,
  * FFN widths in multiples of 8, expert counts, with moe_widths expert and shared-expert

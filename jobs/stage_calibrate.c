@@ -13,6 +13,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
+#include "compress/measure.h"
 #include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
@@ -50,6 +51,15 @@ static int progress_hook(void *ud, const char *what, int step, int total)
     return job_cancelled(ctx);
 }
 
+/* A calibration set aside because other work kept the machine busy: an event. */
+static void aside_hook(void *ud, const json_t *tried)
+{
+    char load[256] = "", msg[400];
+    (void)ms_host_load_note(json_object_get(tried, "host_load"), load, sizeof load);
+    snprintf(msg, sizeof msg, "calibrated beside other work (%s): set aside, calibrating again", load);
+    job_event(ud, "calibrate.contended", msg, json_deep_copy(tried));
+}
+
 static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
 {
     arch a;
@@ -67,6 +77,7 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
     cal_opts_default(&o);
     o.progress = progress_hook;
     o.cancelled = job_cancelled_hook;
+    o.aside = aside_hook;
     o.ud = ctx;
     /* a hidden-size search needs a table per candidate hidden size; a calibration
      * request (no search space) calibrates what a default job searches */
@@ -91,7 +102,7 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
                   json_pack("{s:s,s:b,s:O?,s:f}", "calibration_id", id, "reused", reused, "entries",
                             json_object_get(cal, "entries"), "wall_s", wall));
         char note[600];
-        if (cal_contended_note(cal, reused, note, sizeof note))
+        if (cal_contended_note(cal, note, sizeof note))
             job_event(ctx, "calibrate.contended", note, json_deep_copy(json_object_get(cal, "host_load")));
         json_t *summary = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?,s:O?,s:O?}", "archs", json_object_get(v, "archs"),
                                     "latency_mape_pct", json_object_get(v, "latency_mape_pct"), "latency_max_pct",

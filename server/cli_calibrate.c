@@ -14,6 +14,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
+#include "compress/measure.h"
 #include "compress/steps.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
@@ -88,6 +89,14 @@ static int on_progress(void *ud, const char *what, int step, int total)
         pb_notef(d->pb, "calibrate: %s (%d/%d)", what, step, total);
     pb_update(d->pb, "calibrate", step, total, "req", what);
     return 0;
+}
+
+static void on_aside(void *ud, const json_t *tried)
+{
+    cal_display *d = ud;
+    char load[256] = "";
+    (void)ms_host_load_note(json_object_get(tried, "host_load"), load, sizeof load);
+    pb_notef(d->pb, "calibrate: made beside other work (%s): set aside, calibrating again", load);
 }
 
 /* --import: validate a timing-tables document and store it as a calibration. */
@@ -243,6 +252,7 @@ static json_t *calibrate_run(calibrate_args *ca, int *reused, char *err, size_t 
     cal_display disp = {pb_open(stderr, PB_AUTO), ca->o.verbose};
     ca->o.verbose = 0;   /* the display prints those lines, so they do not break the bar */
     ca->o.progress = on_progress;
+    ca->o.aside = on_aside;
     ca->o.ud = &disp;
     /* without --hidden/--no-hidden: what a job with the default search space calibrates */
     json_t *cal = step_calibrate(ca->data_dir, &a, &ca->t, &ca->o, !ca->hidden_set, !ca->no_cache, reused, err,
@@ -269,7 +279,7 @@ int cli_calibrate(int argc, char **argv)
         return 1;
     }
     char note[600];
-    if (cal_contended_note(cal, reused, note, sizeof note))
+    if (cal_contended_note(cal, note, sizeof note))
         fprintf(stderr, "calibrate: warning: %s\n", note);
     if (ca.as_json) {
         json_object_set_new(cal, "reused", json_boolean(reused));

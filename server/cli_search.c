@@ -227,7 +227,7 @@ static int search_inputs_build(const search_args *a, search_inputs *in, char *er
     fprintf(stderr, "search: calibration %s (%s)\n", json_string_value(json_object_get(in->cal, "id")),
             reused ? "reused" : "measured");
     char note[600];
-    if (cal_contended_note(in->cal, reused, note, sizeof note))
+    if (cal_contended_note(in->cal, note, sizeof note))
         fprintf(stderr, "search: warning: %s\n", note);
     td_pack_opts po;
     step_text_default(&po, in->tok);

@@ -728,10 +728,11 @@ static void test_host_load(void **state)
     assert_true(json_is_boolean(json_object_get(cl, "contended")));
     json_object_set_new(cl, "contended", json_true());
     char msg[600];
-    assert_int_equal(cal_contended_note(cal, 1, msg, sizeof msg), 1);
-    assert_non_null(strstr(msg, "the cached calibration was made beside other work"));
+    assert_int_equal(cal_contended_note(cal, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "calibrated beside other work: other processes took"));
+    assert_non_null(strstr(msg, "not reused"));
     json_object_set_new(cl, "contended", json_false());
-    assert_int_equal(cal_contended_note(cal, 0, msg, sizeof msg), 0);
+    assert_int_equal(cal_contended_note(cal, msg, sizeof msg), 0);
     json_decref(cal);
     arch_free(&p);
 }
@@ -933,6 +934,150 @@ static void test_served_anchor_contended(void **state)
     arch_free(&p);
 }
 
+/* The processes spinning beside a calibration (cal_opts.aside stops them when asked) and
+ * the calibrations set aside. */
+typedef struct {
+    pid_t kids[8];
+    int n, asides, stop_at_aside;
+} cal_spin;
+
+static void cal_spin_start(cal_spin *c, int n, int stop_at_aside)
+{
+    *c = (cal_spin){.n = n, .stop_at_aside = stop_at_aside};
+    for (int i = 0; i < n; i++)
+        c->kids[i] = spinner_start(600);
+}
+
+static void cal_spin_stop(cal_spin *c)
+{
+    for (int i = 0; i < c->n; i++)
+        spinner_stop(c->kids[i]);
+    c->n = 0;
+}
+
+static void cal_spin_aside(void *ud, const json_t *tried)
+{
+    cal_spin *c = ud;
+    assert_true(json_is_true(json_object_get(json_object_get(tried, "host_load"), "contended")));
+    c->asides++;
+    if (c->stop_at_aside)
+        cal_spin_stop(c);
+}
+
+/* A calibration made beside other work is made again, and one made so each time is not
+ * reused. The calibration runs on one thread beside one spinning process more than the
+ * machine has cores, so each of its stretches is judged contended (others keep 1.5 of 2
+ * cores busy where its thread leaves 1); the parent's decode is lengthened until a quiet
+ * calibration is long enough to judge here.
+ * - Spinning throughout: CAL_QUIET_TRIES calibrations, the first set aside (in
+ *   calibration_tries and told to the aside hook), the last returned with a contended
+ *   host_load and a note that says it is not reused.
+ * - Cached so, it is not reused: the next cal_get_or_run calibrates again (quiet now), and
+ *   the one after that reuses the quiet one.
+ * - Spinning until the first is set aside: the second is kept, not contended. */
+static void test_calibrate_contended(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ac_cal_contended_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    arch p;
+    tiny_parent(&p, 2);
+    p.hidden_size = 256;
+    p.head_dim = 32;
+    for (int i = 0; i < 2; i++) {
+        p.layers[i].n_heads = 8;
+        p.layers[i].n_kv_heads = 4;
+        p.layers[i].ffn_dim = 1024;
+    }
+    cm_target t = tiny_target();
+    t.batch_size = 1;
+    t.output_tokens = 32;
+    cal_opts o;
+    cal_opts_default(&o);
+    assert_int_equal(o.quiet_tries, CAL_QUIET_TRIES);
+    assert_true(o.quiet_wait_s == MS_QUIET_WAIT_S);
+    o.reps = 1;
+    o.n_models = 1;
+    o.validate = 2;
+    o.validate_reps = 1;
+    o.threads = 1;
+    o.quiet_wait_s = 0.5;
+    o.aside = cal_spin_aside;
+    cal_spin spin = {0};
+    o.ud = &spin;
+    char err[512];
+    json_t *cal;
+    for (;;) {   /* quiet: long enough to judge */
+        cal = cal_run(&p, &t, &o, err, sizeof err);
+        if (!cal)
+            fail_msg("cal_run: %s", err);
+        json_t *hl = json_object_get(cal, "host_load");
+        assert_true(json_is_false(json_object_get(hl, "contended")));
+        assert_null(json_object_get(cal, "calibration_tries"));
+        if (!json_is_true(json_object_get(hl, "too_short")))
+            break;
+        json_decref(cal);
+        assert_true(t.output_tokens < 1024);
+        t.output_tokens *= 2;
+    }
+    json_decref(cal);
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    assert_true(cores >= 1 && cores < 8);
+    /* contended each time */
+    cal_spin_start(&spin, cores + 1, 0);
+    cal = cal_run(&p, &t, &o, err, sizeof err);
+    cal_spin_stop(&spin);
+    if (!cal)
+        fail_msg("cal_run: %s", err);
+    assert_int_equal(spin.asides, CAL_QUIET_TRIES - 1);
+    assert_true(json_is_true(json_object_get(json_object_get(cal, "host_load"), "contended")));
+    json_t *tries = json_object_get(cal, "calibration_tries");
+    assert_int_equal(json_array_size(tries), CAL_QUIET_TRIES - 1);
+    json_t *tried = json_array_get(tries, 0);
+    assert_true(json_is_true(json_object_get(json_object_get(tried, "host_load"), "contended")));
+    assert_true(json_number_value(json_object_get(tried, "wall_s")) >= 1);
+    assert_true(json_is_number(json_object_get(tried, "latency_mape_pct")));
+    print_message("calibration at %d decode steps beside %d spinners: set aside after %.2f s, kept after %.2f s "
+                  "(others %.0f%% of the cores)\n",
+                  t.output_tokens, cores + 1, json_number_value(json_object_get(tried, "wall_s")),
+                  json_number_value(json_object_get(cal, "wall_s")),
+                  json_number_value(json_object_get(json_object_get(cal, "host_load"), "others_cpu_pct")));
+    char msg[600];
+    assert_int_equal(cal_contended_note(cal, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "each time it was made"));
+    assert_non_null(strstr(msg, "not reused"));
+    /* cached so: calibrated again, then the quiet one reused */
+    if (cm_calibration_save(dir, cal, err, sizeof err))
+        fail_msg("save: %s", err);
+    json_decref(cal);
+    int reused = -1;
+    cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
+    if (!cal)
+        fail_msg("calibrate: %s", err);
+    assert_int_equal(reused, 0);
+    assert_true(json_is_false(json_object_get(json_object_get(cal, "host_load"), "contended")));
+    json_decref(cal);
+    cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
+    assert_non_null(cal);
+    assert_int_equal(reused, 1);
+    json_decref(cal);
+    /* contended until the first is set aside: the second kept */
+    cal_spin_start(&spin, cores + 1, 1);
+    cal = cal_run(&p, &t, &o, err, sizeof err);
+    cal_spin_stop(&spin);
+    if (!cal)
+        fail_msg("cal_run: %s", err);
+    assert_int_equal(spin.asides, 1);
+    assert_int_equal(json_array_size(json_object_get(cal, "calibration_tries")), 1);
+    assert_true(json_is_false(json_object_get(json_object_get(cal, "host_load"), "contended")));
+    assert_int_equal(cal_contended_note(cal, msg, sizeof msg), 0);
+    json_decref(cal);
+    arch_free(&p);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_estimate_needs_calibration(void **state)
 {
     (void)state;
@@ -1029,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_served_anchor_contended),
         cmocka_unit_test(test_measure_cancel),
         cmocka_unit_test(test_calibrate_cancel),
+        cmocka_unit_test(test_calibrate_contended),
         cmocka_unit_test(test_host_load),
         cmocka_unit_test(test_estimate_needs_calibration),
     };
