@@ -942,8 +942,7 @@ json_t *cal_get_or_run(const char *data_dir, const arch *parent, const cm_target
     json_t *cal = cm_calibration_load(data_dir, id, e2, sizeof e2);
     if (cal) {
         cm_tables tb;
-        int contended = json_is_true(json_object_get(json_object_get(cal, "host_load"), "contended"));
-        if (!contended && !cm_calibration_tables(cal, &tb, e2, sizeof e2)) {
+        if (cm_calibration_reusable(cal) && !cm_calibration_tables(cal, &tb, e2, sizeof e2)) {
             cm_tables_free(&tb);
             *reused = 1;
             return cal;

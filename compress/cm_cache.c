@@ -163,7 +163,25 @@ static int same_target(const cm_target *a, const cm_target *b)
            a->output_tokens == b->output_tokens;
 }
 
-json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch *a)
+static int succeeded(const json_t *cal)
+{
+    json_t *st = json_object_get(cal, "status");
+    return json_is_string(st) && !strcmp(json_string_value(st), "succeeded");
+}
+
+int cm_calibration_reusable(const json_t *cal)
+{
+    return succeeded(cal) && !json_is_true(json_object_get(json_object_get(cal, "host_load"), "contended"));
+}
+
+static int usable(const json_t *cal, int contended)
+{
+    return contended ? succeeded(cal) : cm_calibration_reusable(cal);
+}
+
+/* cm_calibration_find, also handing out calibrations made beside other work with
+ * contended set. */
+static json_t *find_covering(const char *data_dir, const cm_target *t, const arch *a, int contended)
 {
     char dir[4096], e[256];
     int n = snprintf(dir, sizeof dir, "%s/calibrations", data_dir);
@@ -174,8 +192,7 @@ json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch
     cm_calibration_id(t, a, id);
     json_t *cal = cm_calibration_load(data_dir, id, e, sizeof e);
     if (cal) {
-        json_t *st = json_object_get(cal, "status");
-        if (json_is_string(st) && !strcmp(json_string_value(st), "succeeded"))
+        if (usable(cal, contended))
             return cal;
         json_decref(cal);
     }
@@ -193,11 +210,9 @@ json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch
         cal = cm_calibration_load(data_dir, cid, e, sizeof e);
         if (!cal)
             continue;
-        json_t *st = json_object_get(cal, "status");
         cm_tables tb;
         cm_prediction p;
-        if (json_is_string(st) && !strcmp(json_string_value(st), "succeeded") &&
-            !cm_calibration_tables(cal, &tb, e, sizeof e)) {
+        if (usable(cal, contended) && !cm_calibration_tables(cal, &tb, e, sizeof e)) {
             if (same_target(&tb.target, t) && !cm_predict(&tb, a, &p, e, sizeof e))
                 found = cal;
             cm_tables_free(&tb);
@@ -207,6 +222,11 @@ json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch
     }
     closedir(d);
     return found;
+}
+
+json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch *a)
+{
+    return find_covering(data_dir, t, a, 0);
 }
 
 /* ---------- POST /v1/estimates ---------- */
@@ -231,10 +251,14 @@ cm_est_status cm_estimate(const arch *a, const cm_target *tg, const char *data_d
     if (!cal) {
         char id[40];
         cm_calibration_id(tg, a, id);
+        json_t *busy = find_covering(data_dir, tg, a, 1);   /* one not reused: say why */
+        int contended = busy != NULL;
+        json_decref(busy);
         snprintf(err, errlen,
                  "no calibration covers this arch on target %s/%s (batch %d, prompt %d, output %d): run calibration "
-                 "%s first (POST /v1/calibrations with this arch and target, or `autocompress calibrate`)",
-                 tg->device, tg->precision, tg->batch_size, tg->prompt_tokens, tg->output_tokens, id);
+                 "%s first (POST /v1/calibrations with this arch and target, or `autocompress calibrate`)%s",
+                 tg->device, tg->precision, tg->batch_size, tg->prompt_tokens, tg->output_tokens, id,
+                 contended ? "; the one cached was made beside other work and is not reused" : "");
         return CM_EST_UNCALIBRATED;
     }
     cm_tables tb;

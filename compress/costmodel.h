@@ -256,9 +256,14 @@ int cm_calibration_save(const char *data_dir, json_t *cal, char *err, size_t err
  * reason. */
 int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen);
 
+/* Whether the cache may hand out calibration cal: status "succeeded", and not made beside
+ * other work (its host_load contended: such tables serve only the run that made them). */
+int cm_calibration_reusable(const json_t *cal);
+
 /* Find a cached calibration whose tables cover `a` on target t (same device,
- * precision, workload, family and globals; every part size of a inside the grids).
- * Returns a new reference to the calibration object, or NULL when none. */
+ * precision, workload, family and globals; every part size of a inside the grids), one
+ * cm_calibration_reusable. Returns a new reference to the calibration object, or NULL
+ * when none. */
 json_t *cm_calibration_find(const char *data_dir, const cm_target *t, const arch *a);
 
 /* ---------- prediction ---------- */

@@ -50,6 +50,20 @@ static void tiny_parent(arch *a, int L)
     }
 }
 
+/* tiny_parent's L layers at width `hidden`: 8 query heads in 4 KV groups, FFN 4 x hidden
+ * (a parent whose requests take long enough to judge the machine's load over). */
+static void wide_parent(arch *a, int L, int hidden)
+{
+    tiny_parent(a, L);
+    a->hidden_size = hidden;
+    a->head_dim = hidden / 8;
+    for (int i = 0; i < L; i++) {
+        a->layers[i].n_heads = 8;
+        a->layers[i].n_kv_heads = 4;
+        a->layers[i].ffn_dim = 4 * hidden;
+    }
+}
+
 /* A LatentMoE parent (Nemotron 3 Super's shape): layers 0 and 2 are attention and an MoE of 4
  * experts (top 2, sigmoid routing, a shared expert) in a latent of 32, the others dense. */
 static void tiny_latent_parent(arch *a, int L)
@@ -843,14 +857,7 @@ static void test_served_anchor_contended(void **state)
 {
     (void)state;
     arch p;
-    tiny_parent(&p, 4);
-    p.hidden_size = 512;
-    p.head_dim = 64;
-    for (int i = 0; i < 4; i++) {
-        p.layers[i].n_heads = 8;
-        p.layers[i].n_kv_heads = 4;
-        p.layers[i].ffn_dim = 2048;
-    }
+    wide_parent(&p, 4, 512);
     cm_target t = tiny_target();
     t.batch_size = 1;
     char err[512];
@@ -972,8 +979,9 @@ static void cal_spin_aside(void *ud, const json_t *tried)
  * - Spinning throughout: CAL_QUIET_TRIES calibrations, the first set aside (in
  *   calibration_tries and told to the aside hook), the last returned with a contended
  *   host_load and a note that says it is not reused.
- * - Cached so, it is not reused: the next cal_get_or_run calibrates again (quiet now), and
- *   the one after that reuses the quiet one.
+ * - Cached so, it is not reused: an estimate finds no calibration and says why, the next
+ *   cal_get_or_run calibrates again (quiet now), and the one after that reuses the quiet
+ *   one, as does the estimate.
  * - Spinning until the first is set aside: the second is kept, not contended. */
 static void test_calibrate_contended(void **state)
 {
@@ -981,14 +989,7 @@ static void test_calibrate_contended(void **state)
     char dir[] = "/tmp/ac_cal_contended_XXXXXX";
     assert_non_null(mkdtemp(dir));
     arch p;
-    tiny_parent(&p, 2);
-    p.hidden_size = 256;
-    p.head_dim = 32;
-    for (int i = 0; i < 2; i++) {
-        p.layers[i].n_heads = 8;
-        p.layers[i].n_kv_heads = 4;
-        p.layers[i].ffn_dim = 1024;
-    }
+    wide_parent(&p, 2, 256);
     cm_target t = tiny_target();
     t.batch_size = 1;
     t.output_tokens = 32;
@@ -1050,6 +1051,10 @@ static void test_calibrate_contended(void **state)
     if (cm_calibration_save(dir, cal, err, sizeof err))
         fail_msg("save: %s", err);
     json_decref(cal);
+    json_t *est = NULL;   /* nor does an estimate use it */
+    assert_int_equal(cm_estimate(&p, &t, dir, &est, err, sizeof err), CM_EST_UNCALIBRATED);
+    assert_null(est);
+    assert_non_null(strstr(err, "made beside other work and is not reused"));
     int reused = -1;
     cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
     if (!cal)
@@ -1061,6 +1066,9 @@ static void test_calibrate_contended(void **state)
     assert_non_null(cal);
     assert_int_equal(reused, 1);
     json_decref(cal);
+    if (cm_estimate(&p, &t, dir, &est, err, sizeof err) != CM_EST_OK)
+        fail_msg("estimate: %s", err);
+    json_decref(est);
     /* contended until the first is set aside: the second kept */
     cal_spin_start(&spin, cores + 1, 1);
     cal = cal_run(&p, &t, &o, err, sizeof err);
