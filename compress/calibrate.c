@@ -879,7 +879,7 @@ static int quiet_aside(void *ud, const ms_host_load *load, char *err, size_t err
     if (q->o->verbose)
         fprintf(stderr, "calibrate: set aside, made beside other work (%s); calibrating again\n", note);
     if (q->o->aside)
-        q->o->aside(q->o->ud, tried);
+        q->o->aside(q->o->ud, tried, note);
     return 0;
 }
 

@@ -40,8 +40,9 @@ typedef struct {
     int (*cancelled)(void *ud);
     /* Optional, with the same ud: told of each calibration set aside because other work
      * kept the machine busy meanwhile (quiet_tries below); tried is its entry of the
-     * result's calibration_tries (borrowed). */
-    void (*aside)(void *ud, const json_t *tried);
+     * result's calibration_tries (borrowed), load what other work took meanwhile
+     * (ms_host_load_note's words). */
+    void (*aside)(void *ud, const json_t *tried, const char *load);
     void *ud;
     /* Calibrations in all while each one is judged contended (compress/measure.h
      * ms_run_quiet; default CAL_QUIET_TRIES; <= 1 keeps the first), and the longest wait

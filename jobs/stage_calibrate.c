@@ -13,7 +13,6 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
-#include "compress/measure.h"
 #include "compress/steps.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
@@ -52,10 +51,9 @@ static int progress_hook(void *ud, const char *what, int step, int total)
 }
 
 /* A calibration set aside because other work kept the machine busy: an event. */
-static void aside_hook(void *ud, const json_t *tried)
+static void aside_hook(void *ud, const json_t *tried, const char *load)
 {
-    char load[256] = "", msg[400];
-    (void)ms_host_load_note(json_object_get(tried, "host_load"), load, sizeof load);
+    char msg[400];
     snprintf(msg, sizeof msg, "calibrated beside other work (%s): set aside, calibrating again", load);
     job_event(ud, "calibrate.contended", msg, json_deep_copy(tried));
 }

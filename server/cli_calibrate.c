@@ -14,7 +14,6 @@
 
 #include "compress/calibrate.h"
 #include "compress/costmodel.h"
-#include "compress/measure.h"
 #include "compress/steps.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
@@ -91,11 +90,10 @@ static int on_progress(void *ud, const char *what, int step, int total)
     return 0;
 }
 
-static void on_aside(void *ud, const json_t *tried)
+static void on_aside(void *ud, const json_t *tried, const char *load)
 {
     cal_display *d = ud;
-    char load[256] = "";
-    (void)ms_host_load_note(json_object_get(tried, "host_load"), load, sizeof load);
+    (void)tried;
     pb_notef(d->pb, "calibrate: made beside other work (%s): set aside, calibrating again", load);
 }
 

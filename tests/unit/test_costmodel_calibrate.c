@@ -962,9 +962,10 @@ static void cal_spin_stop(cal_spin *c)
     c->n = 0;
 }
 
-static void cal_spin_aside(void *ud, const json_t *tried)
+static void cal_spin_aside(void *ud, const json_t *tried, const char *load)
 {
     cal_spin *c = ud;
+    assert_non_null(strstr(load, "other processes took"));
     assert_true(json_is_true(json_object_get(json_object_get(tried, "host_load"), "contended")));
     c->asides++;
     if (c->stop_at_aside)
