@@ -126,6 +126,8 @@ def check_report(rep, spec, limit, stages):
     # the spec's seed (default 1234) drives the search's and the distillation's draws
     assert rep["search"]["seed"] == rep["distillation"]["seed"] == spec.get("seed", 1234), \
         (rep["search"], rep["distillation"])
+    d = rep["distillation"]   # the schedule it ran: warm-up to lr, cosine down to lr_min
+    assert d["lr"] > d["lr_min"] > 0 and 1 <= d["warmup_steps"] <= d["steps"], d
     # pruning: a distilled job keeps the plain slice unless the spec asks for the
     # reconstruction; reconstructed, every projection of the student is listed, none worse
     pr = rep["pruning"]
