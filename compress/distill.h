@@ -65,7 +65,7 @@ typedef struct {
     double *loss_curve;             /* [steps] training loss per step (owned) */
 } distill_result;
 
-/* Defaults: B 4, T 128, accum 1, lr 1e-3 -> 1e-4, warm-up 10 steps, AdamW (0.9, 0.95,
+/* Defaults: B 4, T 128, accum 1, lr 3e-4 -> 3e-5, warm-up 10 steps, AdamW (0.9, 0.95,
  * 1e-8, wd 0.01), clip 1.0, temperature 1, pure KD, eval every 50 steps on 4096
  * tokens, checkpoint every 50 keeping 2, seed 1234. tokens must still be set. */
 void distill_opts_defaults(distill_opts *o);

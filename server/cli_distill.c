@@ -37,7 +37,7 @@ static void usage(FILE *f)
             "  --out DIR2           where the distilled model goes (default DIR/distilled)\n"
             "  --ckpt-dir D         checkpoints (default DIR/checkpoints); --ckpt-every N (default 50)\n"
             "  --batch B --seq T --accum A   micro-batch, sequence length, accumulation (4 x 128 x 1)\n"
-            "  --lr X --lr-min X --warmup N  schedule (1e-3 -> 1e-4, 10 warm-up steps)\n"
+            "  --lr X --lr-min X --warmup N  schedule (3e-4 -> 3e-5, 10 warm-up steps)\n"
             "  --weight-decay X --clip X     AdamW weight decay (0.01), gradient clip (1.0)\n"
             "  --temperature X --kd-weight X KD temperature (1), KD share of the loss (1 = pure KD)\n"
             "  --eval-every N --val-tokens N validation (every 50 steps, 4096 tokens)\n"
