@@ -18,10 +18,7 @@
 # first two rates.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${AC_BIN:-$PWD/build/autocompress}
-export AC_SHARED=${AC_SHARED:-$(cd .. && pwd)/shared}
-MODEL=${MODEL:-$(scripts/fetch-models.sh)}
-CALIB=${CALIB:-$AC_SHARED/data/text/c4/c4_sample.jsonl}
+source bench/prune_recovery/smollm2.sh
 LRS=${LRS:-1e-3 3e-4 1e-4}
 SEEDS=${SEEDS:-1234 7 99}
 TOKENS=${TOKENS:-32768}

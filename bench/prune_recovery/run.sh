@@ -18,10 +18,7 @@
 # perplexity alone), RES (the table written).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${AC_BIN:-$PWD/build/autocompress}
-export AC_SHARED=${AC_SHARED:-$(cd .. && pwd)/shared}
-MODEL=${MODEL:-$(scripts/fetch-models.sh)}
-CALIB=${CALIB:-$AC_SHARED/data/text/c4/c4_sample.jsonl}
+source bench/prune_recovery/smollm2.sh
 DATA=${DATA:-$CALIB}
 DISTILL=${DISTILL:-32768 262144}
 STUDENTS=${STUDENTS:-a30-ls a30-slice a50-ls a50-slice}

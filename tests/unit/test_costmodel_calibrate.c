@@ -941,6 +941,23 @@ static void test_served_anchor_contended(void **state)
     arch_free(&p);
 }
 
+/* cal_get_or_run under dir calibrates (not beside other work), then reuses that. */
+static void calibrated_then_reused(const char *dir, const arch *p, const cm_target *t, const cal_opts *o)
+{
+    char err[512];
+    int reused = -1;
+    json_t *cal = cal_get_or_run(dir, p, t, o, &reused, err, sizeof err);
+    if (!cal)
+        fail_msg("calibrate: %s", err);
+    assert_int_equal(reused, 0);
+    assert_true(json_is_false(json_object_get(json_object_get(cal, "host_load"), "contended")));
+    json_decref(cal);
+    cal = cal_get_or_run(dir, p, t, o, &reused, err, sizeof err);
+    assert_non_null(cal);
+    assert_int_equal(reused, 1);
+    json_decref(cal);
+}
+
 /* The processes spinning beside a calibration (cal_opts.aside stops them when asked) and
  * the calibrations set aside. */
 typedef struct {
@@ -1056,17 +1073,7 @@ static void test_calibrate_contended(void **state)
     assert_int_equal(cm_estimate(&p, &t, dir, &est, err, sizeof err), CM_EST_UNCALIBRATED);
     assert_null(est);
     assert_non_null(strstr(err, "made beside other work and is not reused"));
-    int reused = -1;
-    cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
-    if (!cal)
-        fail_msg("calibrate: %s", err);
-    assert_int_equal(reused, 0);
-    assert_true(json_is_false(json_object_get(json_object_get(cal, "host_load"), "contended")));
-    json_decref(cal);
-    cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
-    assert_non_null(cal);
-    assert_int_equal(reused, 1);
-    json_decref(cal);
+    calibrated_then_reused(dir, &p, &t, &o);
     if (cm_estimate(&p, &t, dir, &est, err, sizeof err) != CM_EST_OK)
         fail_msg("estimate: %s", err);
     json_decref(est);
@@ -1108,16 +1115,7 @@ static void test_estimate_needs_calibration(void **state)
     o.reps = 1;
     o.n_models = 1;
     o.validate = 0;
-    int reused = -1;
-    json_t *cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
-    if (!cal)
-        fail_msg("calibrate: %s", err);
-    assert_int_equal(reused, 0);
-    json_decref(cal);
-    cal = cal_get_or_run(dir, &p, &t, &o, &reused, err, sizeof err);
-    assert_non_null(cal);
-    assert_int_equal(reused, 1);
-    json_decref(cal);
+    calibrated_then_reused(dir, &p, &t, &o);
     if (cm_estimate(&p, &t, dir, &est, err, sizeof err) != CM_EST_OK)
         fail_msg("estimate: %s", err);
     assert_string_equal(json_string_value(json_object_get(est, "calibration_id")), id);
