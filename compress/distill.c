@@ -194,6 +194,38 @@ int64_t distill_latest_checkpoint(const char *dir)
     return s;
 }
 
+int distill_resume_schedule(distill_opts *o, char *err, size_t errlen)
+{
+    int64_t step = o->ckpt_dir ? distill_latest_checkpoint(o->ckpt_dir) : 0;
+    if (step <= 0)
+        return 0;
+    char dir[4096], path[4300];
+    if (step_dir(dir, sizeof dir, o->ckpt_dir, step, "")) {
+        snprintf(err, errlen, "checkpoint path too long");
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    json_error_t je;
+    json_t *state = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!state) {
+        snprintf(err, errlen, "%s: %s", path, je.text);
+        return -1;
+    }
+    json_t *op = json_object_get(state, "options"), *lr = json_object_get(op, "lr"),
+           *lr_min = json_object_get(op, "lr_min"), *warm = json_object_get(op, "warmup_steps");
+    int rc = -1;
+    if (!json_is_number(lr) || !json_is_number(lr_min) || !json_is_integer(warm)) {
+        snprintf(err, errlen, "%s: its options hold no learning-rate schedule", path);
+    } else {
+        o->lr = (float)json_number_value(lr);
+        o->lr_min = (float)json_number_value(lr_min);
+        o->warmup_steps = json_integer_value(warm);
+        rc = 1;
+    }
+    json_decref(state);
+    return rc;
+}
+
 /* Options that must be equal for a checkpoint to continue the same run. */
 static json_t *opts_fingerprint(const distill_opts *o, const eng_model *student)
 {

@@ -91,6 +91,12 @@ int64_t distill_steps(int64_t tokens, int B, int T, int accum);
 /* Learning rate at step s (0-based) of `steps`: linear warm-up to lr, cosine to lr_min. */
 double distill_lr(const distill_opts *o, int64_t s, int64_t steps);
 
+/* The learning-rate schedule (lr, lr_min, warmup_steps) of the newest complete checkpoint in
+ * o->ckpt_dir into o, so that a run begun with other defaults (an older build's) resumes on
+ * the schedule it began with instead of being refused: 1 when taken, 0 when o->ckpt_dir
+ * holds no checkpoint, -1 with err (an unreadable checkpoint). */
+int distill_resume_schedule(distill_opts *o, char *err, size_t errlen);
+
 /* Newest complete checkpoint step in dir (0 when none). */
 int64_t distill_latest_checkpoint(const char *dir);
 

@@ -81,6 +81,19 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
     snprintf(ck, sizeof ck, "%s/ckpt", job_ctx_stage_dir(ctx));
     snprintf(out, sizeof out, "%s/student", job_ctx_stage_dir(ctx));
     o.ckpt_dir = ck;
+    /* a run this job began under another build's defaults resumes on its own schedule */
+    float lr0 = o.lr;
+    int taken = distill_resume_schedule(&o, err, errlen);
+    if (taken < 0) {
+        eng_model_free(&student);
+        return -1;
+    }
+    if (taken && o.lr != lr0) {
+        char note[200];
+        snprintf(note, sizeof note, "resuming on the schedule the run began with: lr %g -> %g, %lld warm-up steps",
+                 (double)o.lr, (double)o.lr_min, (long long)o.warmup_steps);
+        job_event(ctx, "distill.schedule", note, NULL);
+    }
     dcb cb = {ctx, steps / 50 > 1 ? steps / 50 : 1};
     o.progress = on_progress;
     o.progress_ctx = &cb;

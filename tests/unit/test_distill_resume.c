@@ -285,6 +285,60 @@ static void test_resume_same_curve(void **state)
     eng_model_free(&s3);
 }
 
+/* A run killed under one schedule and resumed by a build whose defaults differ: the
+ * checkpoint is refused with the new schedule, and distill_resume_schedule takes the one it
+ * began with, so the resumed run ends on the weights of a run never stopped. */
+static void test_resume_schedule_of_checkpoint(void **state)
+{
+    fixture *f = *state;
+    char a[600], b[600], err[256];
+    snprintf(a, sizeof a, "%s/sched_straight", dir);
+    snprintf(b, sizeof b, "%s/sched_killed", dir);
+    eng_model s1, s2, s3;
+    distill_result r1, r2, r3;
+    new_student(f, &s1);
+    run_to(f, a, 0, 0, &r1, &s1);
+    new_student(f, &s2);
+    run_to(f, b, 7, 1, &r2, &s2);
+    eng_model_free(&s2);
+    distill_opts o;   /* run_to's options under other defaults */
+    base_opts(&o);
+    o.tokens = 12 * 64;
+    o.ckpt_every = 2;
+    o.keep_ckpts = 2;
+    o.ckpt_dir = b;
+    o.lr = 1e-2f;
+    o.lr_min = 1e-3f;
+    o.warmup_steps = 5;
+    new_student(f, &s3);
+    assert_int_equal(distill_run(&f->parent, &s3, &f->train, &f->val, &o, &r3, err, sizeof err), -1);
+    assert_non_null(strstr(err, "other distillation options"));
+    assert_int_equal(distill_resume_schedule(&o, err, sizeof err), 1);
+    assert_true(o.lr == 3e-3f && o.lr_min == 3e-4f && o.warmup_steps == 3);   /* base_opts' */
+    if (distill_run(&f->parent, &s3, &f->train, &f->val, &o, &r3, err, sizeof err))
+        fail_msg("resume: %s", err);
+    assert_int_equal(r3.resumed_from, 6);
+    float *w1 = malloc(s1.n_params * sizeof(float)), *w3 = malloc(s3.n_params * sizeof(float));
+    assert_non_null(w1);
+    assert_non_null(w3);
+    f->be->to_host(f->be, w1, s1.params, s1.n_params * sizeof(float));
+    f->be->to_host(f->be, w3, s3.params, s3.n_params * sizeof(float));
+    assert_memory_equal(w1, w3, s1.n_params * sizeof(float));
+    free(w1);
+    free(w3);
+    /* no checkpoint: nothing taken */
+    snprintf(a, sizeof a, "%s/sched_none", dir);
+    o.ckpt_dir = a;
+    o.lr = 1e-2f;
+    assert_int_equal(distill_resume_schedule(&o, err, sizeof err), 0);
+    assert_true(o.lr == 1e-2f);
+    distill_result_free(&r1);
+    distill_result_free(&r2);
+    distill_result_free(&r3);
+    eng_model_free(&s1);
+    eng_model_free(&s3);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -293,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_budget_and_learning),
         cmocka_unit_test(test_resume_same_curve),
         cmocka_unit_test(test_seed_orders_the_text),
+        cmocka_unit_test(test_resume_schedule_of_checkpoint),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     char cmd[256];
