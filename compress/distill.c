@@ -194,28 +194,37 @@ int64_t distill_latest_checkpoint(const char *dir)
     return s;
 }
 
+/* Checkpoint `step` of ckpt_dir: its folder into dir[4096] and its state.json (NEW), or
+ * NULL with err. */
+static json_t *load_state(const char *ckpt_dir, int64_t step, char *dir, char *err, size_t errlen)
+{
+    char path[4300];
+    if (step_dir(dir, 4096, ckpt_dir, step, "")) {
+        snprintf(err, errlen, "checkpoint path too long");
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    json_error_t je;
+    json_t *state = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!state)
+        snprintf(err, errlen, "%s: %s", path, je.text);
+    return state;
+}
+
 int distill_resume_schedule(distill_opts *o, char *err, size_t errlen)
 {
     int64_t step = o->ckpt_dir ? distill_latest_checkpoint(o->ckpt_dir) : 0;
     if (step <= 0)
         return 0;
-    char dir[4096], path[4300];
-    if (step_dir(dir, sizeof dir, o->ckpt_dir, step, "")) {
-        snprintf(err, errlen, "checkpoint path too long");
+    char dir[4096];
+    json_t *state = load_state(o->ckpt_dir, step, dir, err, errlen);
+    if (!state)
         return -1;
-    }
-    snprintf(path, sizeof path, "%s/state.json", dir);
-    json_error_t je;
-    json_t *state = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!state) {
-        snprintf(err, errlen, "%s: %s", path, je.text);
-        return -1;
-    }
     json_t *op = json_object_get(state, "options"), *lr = json_object_get(op, "lr"),
            *lr_min = json_object_get(op, "lr_min"), *warm = json_object_get(op, "warmup_steps");
     int rc = -1;
     if (!json_is_number(lr) || !json_is_number(lr_min) || !json_is_integer(warm)) {
-        snprintf(err, errlen, "%s: its options hold no learning-rate schedule", path);
+        snprintf(err, errlen, "%s/state.json: its options hold no learning-rate schedule", dir);
     } else {
         o->lr = (float)json_number_value(lr);
         o->lr_min = (float)json_number_value(lr_min);
@@ -342,18 +351,10 @@ static int load_weights(eng_model *student, const char *dir, char *err, size_t e
 static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *student, eng_adamw *opt,
                            run_state *rs, int64_t max_steps, char *err, size_t errlen)
 {
-    char dir[4096], path[4300];
-    if (step_dir(dir, sizeof dir, o->ckpt_dir, step, "")) {
-        snprintf(err, errlen, "checkpoint path too long");
+    char dir[4096];
+    json_t *state = load_state(o->ckpt_dir, step, dir, err, errlen);
+    if (!state)
         return -1;
-    }
-    snprintf(path, sizeof path, "%s/state.json", dir);
-    json_error_t je;
-    json_t *state = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!state) {
-        snprintf(err, errlen, "%s: %s", path, je.text);
-        return -1;
-    }
     int rc = -1;
     st_file so = {0};
     int so_open = 0;
@@ -371,7 +372,7 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
     json_t *curve = json_object_get(state, "loss_curve");
     if (rs->step != step || rs->step > max_steps || !cur || !rng || !json_is_array(curve) ||
         (int64_t)json_array_size(curve) != step) {
-        snprintf(err, errlen, "%s: inconsistent checkpoint state", path);
+        snprintf(err, errlen, "%s/state.json: inconsistent checkpoint state", dir);
         goto out;
     }
     rs->cursor = strtoull(cur, NULL, 10);
@@ -380,6 +381,7 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
         rs->curve[i] = json_number_value(json_array_get(curve, (size_t)i));
     if (load_weights(student, dir, err, errlen))
         goto out;
+    char path[4300];
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     if (st_open(&so, path, err, errlen))
         goto out;

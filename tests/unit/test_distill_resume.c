@@ -201,6 +201,20 @@ static void test_seed_orders_the_text(void **state)
         free(w[k]);
 }
 
+/* The two students' weights are equal, byte for byte. */
+static void assert_same_weights(fixture *f, const eng_model *x, const eng_model *y)
+{
+    assert_int_equal(x->n_params, y->n_params);
+    float *wx = malloc(x->n_params * sizeof(float)), *wy = malloc(y->n_params * sizeof(float));
+    assert_non_null(wx);
+    assert_non_null(wy);
+    f->be->to_host(f->be, wx, x->params, x->n_params * sizeof(float));
+    f->be->to_host(f->be, wy, y->params, y->n_params * sizeof(float));
+    assert_memory_equal(wx, wy, x->n_params * sizeof(float));
+    free(wx);
+    free(wy);
+}
+
 static void run_to(fixture *f, const char *ckdir, int64_t stop_after, int want_rc, distill_result *r, eng_model *st)
 {
     char err[256];
@@ -251,12 +265,7 @@ static void test_resume_same_curve(void **state)
     }
     printf("loss at step 12: straight %.9g, killed at 7 + resumed from 6: %.9g\n", r1.loss_curve[11],
            r3.loss_curve[11]);
-    float *w1 = malloc(s1.n_params * sizeof(float)), *w3 = malloc(s3.n_params * sizeof(float));
-    f->be->to_host(f->be, w1, s1.params, s1.n_params * sizeof(float));
-    f->be->to_host(f->be, w3, s3.params, s3.n_params * sizeof(float));
-    assert_memory_equal(w1, w3, s1.n_params * sizeof(float));
-    free(w1);
-    free(w3);
+    assert_same_weights(f, &s1, &s3);
     /* only keep_ckpts complete checkpoints remain */
     char p[700];
     snprintf(p, sizeof p, "%s/step-0000000012/DONE", b);
@@ -318,14 +327,7 @@ static void test_resume_schedule_of_checkpoint(void **state)
     if (distill_run(&f->parent, &s3, &f->train, &f->val, &o, &r3, err, sizeof err))
         fail_msg("resume: %s", err);
     assert_int_equal(r3.resumed_from, 6);
-    float *w1 = malloc(s1.n_params * sizeof(float)), *w3 = malloc(s3.n_params * sizeof(float));
-    assert_non_null(w1);
-    assert_non_null(w3);
-    f->be->to_host(f->be, w1, s1.params, s1.n_params * sizeof(float));
-    f->be->to_host(f->be, w3, s3.params, s3.n_params * sizeof(float));
-    assert_memory_equal(w1, w3, s1.n_params * sizeof(float));
-    free(w1);
-    free(w3);
+    assert_same_weights(f, &s1, &s3);
     /* no checkpoint: nothing taken */
     snprintf(a, sizeof a, "%s/sched_none", dir);
     o.ckpt_dir = a;
