@@ -65,6 +65,9 @@ TOOL_BINS := $(addprefix $(BUILD)/tools/,$(notdir $(TOOL_SRCS:.c=)))
 # llama.cpp (the llama.cpp target engine): headers and libraries of the pinned PyPI
 # llama-cpp-python in the project venv, found lazily by scripts/llamacpp.sh.
 LLAMA_PREFIX = $(eval LLAMA_PREFIX := $(shell scripts/llamacpp.sh --prefix))$(LLAMA_PREFIX)
+# Where ac-llama finds libllama and ggml at run time: the package's own folder, or where an
+# image puts them (docker/Dockerfile: make LLAMA_RPATH=/usr/local/lib/autocompress/llama.cpp).
+LLAMA_RPATH = $(LLAMA_PREFIX)/llama_cpp/lib
 
 .PHONY: all run test test-slow test-sanitize deps clean fuzz lint llamacpp llamacpp-if-present
 all: $(BUILD)/autocompress $(TEST_BINS) $(TOOL_BINS) llamacpp-if-present
@@ -89,7 +92,7 @@ $(BUILD)/ac-llama: llamacpp/ac_llama.c engine/clock.c engine/clock.h engine/proc
 	    -DAC_LLAMA_PACKAGE_VERSION='"$(shell scripts/llamacpp.sh --version)"' \
 	    -DAC_LLAMA_BUILD_FLAGS='"$(shell scripts/llamacpp.sh --build-flags)"' \
 	    $(LDFLAGS) -o $@ llamacpp/ac_llama.c engine/clock.c engine/procstat.c -L$(LLAMA_PREFIX)/llama_cpp/lib \
-	    -Wl,-rpath,$(LLAMA_PREFIX)/llama_cpp/lib -lllama -lggml -lggml-base $(PKG_LIBS) -lm
+	    -Wl,-rpath,$(LLAMA_RPATH) -lllama -lggml -lggml-base $(PKG_LIBS) -lm
 
 # Every object waits for this check: without the packages' flags the build would fail
 # later with a missing header or undefined references that do not say why.

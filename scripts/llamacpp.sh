@@ -6,6 +6,8 @@
 #                                     llama_cpp/lib (nothing when not installed)
 #   scripts/llamacpp.sh --version     the installed package version
 #   scripts/llamacpp.sh --build-flags the CMAKE_ARGS it was built with
+# AC_LLAMACPP_CMAKE_ARGS, when set, are the CMAKE_ARGS instead of this CPU's own features:
+# an image built on one machine and run on others needs a portable build (docker/).
 set -eu
 VERSION=0.3.36
 AC_CACHE=${AC_CACHE:-$HOME/.cache/autocompress}
@@ -31,6 +33,7 @@ installed_version() {
 # upstream llama.cpp issue 20824 reports the same crash), so the build names the CPU's
 # other features one by one and leaves AMX out.
 build_flags() {
+    if [ -n "${AC_LLAMACPP_CMAKE_ARGS:-}" ]; then echo "$AC_LLAMACPP_CMAKE_ARGS"; return; fi
     local f; f=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
     if ! grep -qw amx_int8 <<<"$f"; then echo "-DGGML_NATIVE=ON"; return; fi
     local out="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pair
@@ -45,7 +48,7 @@ case "${1:-}" in
 --version) installed_version ;;
 --build-flags) if [ -s "$flags_file" ]; then cat "$flags_file"; else echo unknown; fi ;;
 install)
-    AC_SLOW=0 source "$(dirname "$0")/pyenv.sh" >/dev/null   # (its slow tier calls this script)
+    source "$(dirname "$0")/venv.sh"
     if [ "$(installed_version)" = "$VERSION" ] && [ -n "$(prefix)" ] && [ "$(cat "$flags_file" 2>/dev/null)" = "$(build_flags)" ]; then
         [ -s "$flags_file" ] || echo "unknown (installed before this script recorded flags)" >"$flags_file"
         exit 0

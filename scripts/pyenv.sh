@@ -1,12 +1,8 @@
 # Source me: sets AC_PYTHON to a virtual environment on top of Debian's python3 (which
 # carries python3-torch) with the PyPI packages the oracles and benchmarks use, creating
 # it on first use under $AC_CACHE. Nothing here is part of the product.
-AC_CACHE=${AC_CACHE:-$HOME/.cache/autocompress}
-_venv=$AC_CACHE/venv
-if [ ! -x "$_venv/bin/python" ]; then
-    mkdir -p "$AC_CACHE"
-    /usr/bin/python3 -m venv --system-site-packages "$_venv" || return 1
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh" || return 1
+_venv=$AC_VENV
 # Debian's torch 1.13 is built against NumPy 1: a NumPy 2 in the venv (what pip picks for
 # gguf when the venv is made before python3-numpy is installed) imports, but every tensor
 # to or from NumPy then fails ("Numpy is not available"). So the check converts one, and

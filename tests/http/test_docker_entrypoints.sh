@@ -88,3 +88,53 @@ kill -TERM "$WPID"; wait "$WPID" || fail "the worker agent exited $? on SIGTERM"
 kill -TERM "$SPID"; wait "$SPID" || fail "the fleet API exited $? on SIGTERM"
 SPID=""
 echo "ok: compose fleet: '${api_cmd[*]}' and '${worker_cmd[*]}' on PostgreSQL; the API lists the agent's CPU"
+
+# The images' llama.cpp target engine: each run stage must put ac-llama beside autocompress
+# (where the product looks for it) and libllama/ggml in the folder the build stage's make
+# line names as LLAMA_RPATH (where the helper looks for them). That layout rebuilt under a
+# scratch root from this machine's llama.cpp, the helper made by the same make variable:
+# the server started from there finds llama.cpp with no AC_LLAMA_HELPER, and the helper
+# loads the root's libraries, not the venv's.
+for df in docker/Dockerfile docker/Dockerfile.cuda; do
+    read -r rpath libdest bindir < <(python3 - "$df" <<'PY'
+import re, sys
+src = open(sys.argv[1]).read().replace("\\\n", " ")
+rpath = re.findall(r"^RUN make .*LLAMA_RPATH=(\S+).*\bllamacpp\b", src, re.M)
+libs = re.findall(r"^COPY --from=build /opt/llama.cpp-lib (\S+)$", src, re.M)
+bins = [l.split()[2:] for l in re.findall(r"^COPY --from=build .*$", src, re.M) if "/ac-llama" in l]
+ok = len(rpath) == len(libs) == len(bins) == 1 and "/src/build/autocompress" in bins[0][:-1]
+print(rpath[0], libs[0], bins[0][-1].rstrip("/")) if ok else print("- - -")
+PY
+)
+    [ "$rpath" != - ] || fail "$df: no make line with LLAMA_RPATH and llamacpp, or no COPY of the libraries and of ac-llama beside autocompress"
+    [ "$rpath" = "$libdest" ] || fail "$df: ac-llama's rpath $rpath is not where the libraries go ($libdest)"
+    echo "ok: $df: ac-llama in $bindir beside autocompress, libllama/ggml in $libdest, its rpath"
+done
+prefix=$(scripts/llamacpp.sh --prefix)
+if [ -z "$prefix" ]; then
+    echo "skip: the images' llama.cpp layout: llama.cpp is not installed here (scripts/llamacpp.sh install)"
+    exit 0
+fi
+root=$tmp/root
+mkdir -p "$root$bindir" "$root$libdest"
+cp -a "$prefix/llama_cpp/lib/." "$root$libdest/"
+make -s --no-print-directory BUILD="$tmp/helper" LLAMA_RPATH="$root$libdest" "$tmp/helper/ac-llama" >/dev/null
+cp "$AC_BIN" "$tmp/helper/ac-llama" "$root$bindir/"
+ldd "$root$bindir/ac-llama" | grep -q "libllama.so.* => $root$libdest/" || { ldd "$root$bindir/ac-llama"; fail "ac-llama does not load libllama from $root$libdest"; }
+"$root$bindir/ac-llama" info | jq -e '.package_version | type == "string"' >/dev/null || fail "ac-llama info failed in the image layout"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$tmp/data-llama"
+env -u AC_LLAMA_HELPER AC_LISTEN=127.0.0.1:$port AC_DATA_DIR=$tmp/data-llama "$root$bindir/autocompress" serve \
+    > "$tmp/server.log" 2>&1 &
+SPID=$!
+for _ in $(seq 100); do
+    AC_LISTEN=127.0.0.1:$port "$AC_BIN" healthcheck --ready 2>/dev/null && break
+    kill -0 "$SPID" 2>/dev/null || fail "the server in the image layout exited"
+    sleep 0.1
+done
+curl -s "http://127.0.0.1:$port/v1/engines" |
+    jq -e '.engines[] | select(.name == "llama.cpp") | .present and (.engine_build | startswith("llama.cpp"))' >/dev/null ||
+    fail "the server in the image layout does not find llama.cpp: $(curl -s "http://127.0.0.1:$port/v1/engines")"
+kill -TERM "$SPID"; wait "$SPID" || fail "the server in the image layout exited $? on SIGTERM"
+SPID=""
+echo "ok: the images' layout: the server finds ac-llama beside it, and ac-llama loads libllama from $libdest"
