@@ -118,7 +118,8 @@ fi
 root=$tmp/root
 mkdir -p "$root$bindir" "$root$libdest"
 cp -a "$prefix/llama_cpp/lib/." "$root$libdest/"
-make -s --no-print-directory BUILD="$tmp/helper" LLAMA_RPATH="$root$libdest" "$tmp/helper/ac-llama" >/dev/null
+# (SANITIZE= : under make test-sanitize the sub-make would move BUILD to $tmp/helper-san)
+make -s --no-print-directory SANITIZE= BUILD="$tmp/helper" LLAMA_RPATH="$root$libdest" "$tmp/helper/ac-llama" >/dev/null
 cp "$AC_BIN" "$tmp/helper/ac-llama" "$root$bindir/"
 ldd "$root$bindir/ac-llama" | grep -q "libllama.so.* => $root$libdest/" || { ldd "$root$bindir/ac-llama"; fail "ac-llama does not load libllama from $root$libdest"; }
 "$root$bindir/ac-llama" info | jq -e '.package_version | type == "string"' >/dev/null || fail "ac-llama info failed in the image layout"
