@@ -121,7 +121,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
     memset(p, 0, sizeof *p); snprintf(p->name, sizeof p->name, "EMU SIMT %d", dev);
     p->totalGlobalMem = (size_t)8 << 30; p->major = 9; p->minor = 0; p->multiProcessorCount = 16; return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int dev) { return dev >= 0 && dev < ndev() ? cudaSuccess : cudaErrorInvalidValue; }
+static int cur_dev;   // the calling thread's device, as cudaSetDevice left it (one host thread per test)
+cudaError_t cudaSetDevice(int dev)
+{
+    if (dev < 0 || dev >= ndev()) return cudaErrorInvalidValue;
+    cur_dev = dev; return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *dev) { *dev = cur_dev; return cudaSuccess; }
 cudaError_t emu_malloc(void **p, size_t n)
 {
     if (n > ((size_t)1 << 40)) return cudaErrorMemoryAllocation;

@@ -11,6 +11,7 @@ struct cudaDeviceProp { char name[256]; size_t totalGlobalMem; int major, minor,
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
 cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
 cudaError_t emu_malloc(void **p, size_t n);
 template <typename T> cudaError_t cudaMalloc(T **p, size_t n) { return emu_malloc((void **)p, n); }
 cudaError_t cudaFree(void *p);
