@@ -363,6 +363,45 @@ static void cu_kl(eng_backend *be, float *loss, float *dlogits, float dscale, co
     CHECK_LAUNCH(be);
 }
 
+/* one block per row: the three sums in double, then the row's gradient */
+__global__ void k_cosd(float *loss, float *da, float dscale, const float *a, const float *b, int ldb, const float *w,
+                       int C)
+{
+    __shared__ double shd[32];
+    size_t r = blockIdx.x;
+    const float *x = a + r * C, *y = b + r * (size_t)ldb;
+    double pxy = 0, pxx = 0, pyy = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        double ww = (double)w[c] * w[c];
+        pxy += ww * x[c] * y[c];
+        pxx += ww * x[c] * x[c];
+        pyy += ww * y[c] * y[c];
+    }
+    double xy = cu_block_sum_d(pxy, shd), xx = cu_block_sum_d(pxx, shd), yy = cu_block_sum_d(pyy, shd);
+    if (!(xx > 0) || !(yy > 0)) {
+        if (threadIdx.x == 0)
+            loss[r] = 0.0f;
+        return;
+    }
+    double na = sqrt(xx), nb = sqrt(yy), cs = xy / (na * nb);
+    if (threadIdx.x == 0)
+        loss[r] = (float)(1.0 - cs);
+    if (!da)
+        return;
+    float ka = (float)(dscale * cs / xx), kb = (float)(dscale / (na * nb));
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        da[r * C + c] += w[c] * w[c] * (ka * x[c] - kb * y[c]);
+}
+
+static void cu_cosd(eng_backend *be, float *loss, float *da, float dscale, const float *a, const float *b, int ldb,
+                    const float *w, int R, int C)
+{
+    if (R <= 0 || C <= 0 || cu_enter(be) != 0)
+        return;
+    k_cosd<<<(unsigned)R, NT, 0, cu_of(be)->stream>>>(loss, da, dscale, a, b, ldb, w, C);
+    CHECK_LAUNCH(be);
+}
+
 /* ---- elementwise ------------------------------------------------------------------- */
 
 __global__ void k_add(float *y, const float *a, const float *b, size_t n)
@@ -655,6 +694,7 @@ void cu_ops_install(eng_backend *be)
     be->embed_bwd = cu_embed_bwd;
     be->xent = cu_xent;
     be->kl = cu_kl;
+    be->cosd = cu_cosd;
     be->add = cu_add;
     be->axpy = cu_axpy;
     be->axpy_dev = cu_axpy_dev;

@@ -134,6 +134,14 @@ struct eng_backend {
                  const float *logits, const int *targets, int R, int V);
     void (*kl)(eng_backend *be, float *loss, float *dlogits, float dscale, const float *s_logits,
                const float *t_logits, const int *targets, int R, int V, float tau);
+    /* cosd: cosine distance of hidden states seen through per-channel weights w [C] (a norm's
+     * weight: the intermediate-state loss of distillation compares what the next block reads):
+     *   a [R,C] (rows of stride C), b [R,ldb] (its first C columns, ldb >= C); x = a*w, y = b*w;
+     *   loss [R] out: 1 - x.y / (|x| |y|), 0 where either is zero;
+     *   da [R,C] acc (may be NULL: forward only): += dscale * d loss / d a
+     *     = dscale * w * (cos * x / |x|^2 - y / (|x| |y|)); zero rows get nothing. */
+    void (*cosd)(eng_backend *be, float *loss, float *da, float dscale, const float *a, const float *b, int ldb,
+                 const float *w, int R, int C);
 
     /* ---- elementwise and reductions ---------------------------------------------------- */
     void (*add)(eng_backend *be, float *y, const float *a, const float *b, size_t n); /* y = a + b (y may alias) */

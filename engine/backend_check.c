@@ -122,6 +122,8 @@ CHECKED(gather_rows,
 CHECKED(scatter_rows_acc,
         (eng_backend *be, float *y, const float *x, const int *idx, const float *w, int n, int C),
         (be, y, x, idx, w, n, C))
+CHECKED(cosd, (eng_backend *be, float *loss, float *da, float dscale, const float *a, const float *b, int ldb,
+              const float *w, int R, int C), (be, loss, da, dscale, a, b, ldb, w, R, C))
 CHECKED(rows_dot, (eng_backend *be, float *out, const float *a, const float *b, int n, int C), (be, out, a, b, n, C))
 CHECKED_R(double, sumsq, (eng_backend *be, const float *x, size_t n), (be, x, n))
 CHECKED(adamw,
@@ -204,6 +206,7 @@ eng_backend *eng_backend_check_ops(eng_backend *be)
     be->embed_bwd = chk_embed_bwd;
     be->xent = chk_xent;
     be->kl = chk_kl;
+    be->cosd = chk_cosd;
     be->add = chk_add;
     be->axpy = chk_axpy;
     be->axpy_dev = chk_axpy_dev;

@@ -695,6 +695,27 @@ static void cpu_kl(eng_backend *be, float *loss, float *dlogits, float dscale, c
     }
 }
 
+static void cpu_cosd(eng_backend *be, float *loss, float *da, float dscale, const float *a, const float *b, int ldb,
+                     const float *w, int R, int C)
+{
+    (void)be;
+#pragma omp parallel for schedule(static) PAR_IF((double)R * C)
+    for (int r = 0; r < R; r++) {
+        const float *x = a + (size_t)r * C, *y = b + (size_t)r * ldb;
+        double xy = 0, xx = 0, yy = 0;
+        for (int c = 0; c < C; c++) {   /* through the channel weights: x*w and y*w */
+            double ww = (double)w[c] * w[c];
+            xy += ww * x[c] * y[c], xx += ww * x[c] * x[c], yy += ww * y[c] * y[c];
+        }
+        int some = xx > 0 && yy > 0;   /* a zero row: no loss, no gradient */
+        double cs = some ? xy / sqrt(xx * yy) : 1.0;
+        loss[r] = (float)(1.0 - cs);
+        float ka = some ? (float)(dscale * cs / xx) : 0, kb = some ? (float)(dscale / sqrt(xx * yy)) : 0;
+        for (int c = 0; da && some && c < C; c++)
+            da[(size_t)r * C + c] += w[c] * w[c] * (ka * x[c] - kb * y[c]);
+    }
+}
+
 /* ---- elementwise and reductions ---------------------------------------------------- */
 
 static void cpu_add(eng_backend *be, float *y, const float *a, const float *b, size_t n)
@@ -944,6 +965,7 @@ eng_backend *eng_backend_cpu_new(int threads)
     be->embed_bwd = cpu_embed_bwd;
     be->xent = cpu_xent;
     be->kl = cpu_kl;
+    be->cosd = cpu_cosd;
     be->add = cpu_add;
     be->axpy = cpu_axpy;
     be->axpy_dev = cpu_axpy_dev;

@@ -10,7 +10,8 @@
  * from the block's input, with scratch of its own: eng_moe_bwd_scratch_bytes,
  * eng_mamba_bwd_bytes), each + N*C (r) when masks are enabled; backward scratch N*(4C + max(3qd +
  * 2kvd, 3F)) + 1; loss chunks R*(2C + 1 + 2V) (+ R*V teacher logits and N*C_teacher teacher
- * stream with KD) + 2R; ints 3N + 2B; attention tile scratch threads * 2 * ENG_CPU_ATTN_ROWS
+ * stream with KD; + L*N*C_teacher teacher layer outputs and N row losses with the
+ * intermediate-state loss, L the student's layers) + 2R; ints 3N + 2B; attention tile scratch threads * 2 * ENG_CPU_ATTN_ROWS
  * * T (backward; the forward's is half). With KD the teacher's forward runs first while this
  * workspace is held; the peak takes the larger of it and the backward's attention tiles.
  */
@@ -37,7 +38,7 @@ typedef struct {
     size_t saved, scratch, loss;  /* floats */
 } train_sizes;
 
-static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int teacher_C)
+static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int teacher_C, int hidden)
 {
     dims_max d = max_dims(a);
     size_t N = (size_t)B * T, C = (size_t)a->hidden_size, V = (size_t)a->vocab_size;
@@ -64,12 +65,15 @@ static train_sizes train_floats(const arch *a, int B, int T, int with_masks, int
     size_t R = (size_t)(N < ENG_LOGIT_CHUNK_ROWS ? N : ENG_LOGIT_CHUNK_ROWS);
     s.loss = R * (2 * C + 1 + (teacher_C ? 3 : 2) * V) + 2 * R;
     s.loss += N * (size_t)teacher_C;                       /* teacher's normed final stream */
+    if (hidden)                                            /* teacher's layer outputs, row losses */
+        s.loss += (size_t)a->n_layers * N * (size_t)teacher_C + N;
     return s;
 }
 
-size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher)
+size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher, int hidden)
 {
-    train_sizes s = train_floats(&m->a, B, T, m->masks != NULL, teacher ? teacher->a.hidden_size : 0);
+    train_sizes s = train_floats(&m->a, B, T, m->masks != NULL, teacher ? teacher->a.hidden_size : 0,
+                                 teacher && hidden);
     size_t N = (size_t)B * T, attn = 0;
     int threads = m->be->threads > 0 ? m->be->threads : 1;
     for (int l = 0; l < m->a.n_layers; l++)
@@ -245,9 +249,10 @@ static void mlp_bwd_block(eng_model *m, fwd_state *st, bwd_state *bs, int l, con
                     L->ffn_norm, A->rstd, N, C, st->n_eff);
 }
 
-/* Teacher pass: its normed final stream [N,C] into out (device, on the student's backend). */
+/* Teacher pass: its normed final stream [N,C] into out (device, on the student's backend);
+ * with layer_out ([t's n_layers], NULL entries skipped), its stream after those layers too. */
 static int teacher_final(eng_model *t, const int *tokens, int B, int T, int unmasked, float *out,
-                         char *err, size_t errlen)
+                         float **layer_out, char *err, size_t errlen)
 {
     int *host_ints = malloc(sizeof(int) * (size_t)(2 * B * T + 2 * B));
     if (!host_ints) {
@@ -263,6 +268,7 @@ static int teacher_final(eng_model *t, const int *tokens, int B, int T, int unma
         snprintf(err, errlen, "teacher forward: out of device memory for %d x %d tokens", B, T);
         return -1;
     }
+    st.layer_out = layer_out;
     eng_fwd_layers(t, &st);
     if (st.oom) {
         eng_ws_free(t->be, &ws);
@@ -300,6 +306,34 @@ static int train_check(const eng_model *m, const int *tokens, int B, int T, cons
                     !(loss->temperature > 0))) {
         snprintf(err, errlen, "forward_backward: KD needs a teacher with the same vocabulary on the same backend "
                               "and a positive temperature");
+        return -1;
+    }
+    if (loss->hidden_weight > 0) {
+        const eng_model *t = loss->teacher;
+        if (!want_kd) {
+            snprintf(err, errlen, "forward_backward: the intermediate-state loss needs KD (a teacher)");
+            return -1;
+        }
+        if (t == m || m->masks) {
+            snprintf(err, errlen, "forward_backward: the intermediate-state loss is for a student cut from its "
+                                  "teacher: not with masks, nor with the model as its own teacher");
+            return -1;
+        }
+        if (t->a.hidden_size < a->hidden_size) {
+            snprintf(err, errlen, "forward_backward: the intermediate-state loss: the teacher's %d channels are "
+                     "fewer than the student's %d", t->a.hidden_size, a->hidden_size);
+            return -1;
+        }
+        for (int l = 0; l < a->n_layers; l++)
+            if (a->layers[l].source_layer < 0 || a->layers[l].source_layer >= t->a.n_layers ||
+                (l > 0 && a->layers[l].source_layer <= a->layers[l - 1].source_layer)) {
+                snprintf(err, errlen, "forward_backward: the intermediate-state loss: student layer %d's source "
+                         "layer %d is not a teacher layer after the previous one's (teacher has %d)", l,
+                         a->layers[l].source_layer, t->a.n_layers);
+                return -1;
+            }
+    } else if (loss->hidden_weight < 0 || loss->hidden_weight != loss->hidden_weight) {
+        snprintf(err, errlen, "forward_backward: hidden_weight must be >= 0");
         return -1;
     }
     if ((grad_flags & ENG_GRAD_WEIGHTS) && !m->grads) {
@@ -348,6 +382,12 @@ typedef struct {
     float *lg, *dlg, *tlg;       /* [R,V]: logits, their gradient, teacher logits (KD) */
     float *thn;                  /* [N,C_teacher]: teacher's normed final stream (KD) */
     float *loss_ce, *loss_kd;    /* [R] per-row losses */
+    float *tlay;                 /* [L,N,C_teacher]: the teacher's stream after student layer l's source
+                                    layer (intermediate-state loss; NULL without) */
+    float *loss_h;               /* [N] per-row cosine distances (likewise) */
+    float **tlay_at;             /* host [teacher's n_layers]: where each teacher layer's output goes */
+    const float **tread;         /* host [L]: the teacher's norm weight that reads student layer l's
+                                    source layer's output (the channel weights of its loss) */
 } train_ws;
 
 static void train_free(eng_backend *be, train_ws *w)
@@ -357,15 +397,18 @@ static void train_free(eng_backend *be, train_ws *w)
     free(w->acts);
     free(w->xs);
     free(w->loss_host);
+    free(w->tlay_at);
+    free(w->tread);
 }
 
-/* Allocate the workspace for B x T tokens (teacher width tC, 0 without KD). 0, or -1
- * with the reason in err and nothing left allocated. */
-static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, char *err, size_t errlen)
+/* Allocate the workspace for B x T tokens (teacher width tC, 0 without KD; tL the teacher's
+ * layers with the intermediate-state loss, else 0). 0, or -1 with the reason in err and nothing
+ * left allocated. */
+static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, int tL, char *err, size_t errlen)
 {
     eng_backend *be = m->be;
     size_t N = (size_t)B * T;
-    train_sizes sz = train_floats(&m->a, B, T, m->masks != NULL, tC);
+    train_sizes sz = train_floats(&m->a, B, T, m->masks != NULL, tC, tL > 0);
     memset(w, 0, sizeof *w);
     w->ws.f_bytes = (sz.saved + sz.scratch + sz.loss) * F4;
     w->ws.i_bytes = sizeof(int) * (3 * N + 2 * (size_t)B);
@@ -374,9 +417,11 @@ static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, char *er
     w->acts = calloc((size_t)(w->nb ? w->nb : 1), sizeof *w->acts);
     w->xs = calloc((size_t)w->nb + 1, sizeof *w->xs);
     w->loss_host = malloc(sizeof(float) * 2 * ENG_LOGIT_CHUNK_ROWS);
+    w->tlay_at = tL > 0 ? calloc((size_t)tL, sizeof *w->tlay_at) : NULL;
+    w->tread = tL > 0 ? calloc((size_t)m->a.n_layers + 1, sizeof *w->tread) : NULL;
     w->ws.f = be->alloc(be, w->ws.f_bytes);
     w->ws.i = be->alloc(be, w->ws.i_bytes);
-    if (!w->host_ints || !w->acts || !w->xs || !w->loss_host || !w->ws.f || !w->ws.i) {
+    if (!w->host_ints || !w->acts || !w->xs || !w->loss_host || (tL > 0 && (!w->tlay_at || !w->tread)) || !w->ws.f || !w->ws.i) {
         train_free(be, w);
         snprintf(err, errlen, "forward_backward: out of memory for %d x %d tokens (%zu workspace bytes)", B, T,
                  (size_t)((sz.saved + sz.scratch + sz.loss) * F4));
@@ -386,8 +431,9 @@ static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, char *er
 }
 
 /* Carve the float workspace in train_floats' order: saved (residual chain, then each
- * block's activations) | backward scratch | loss chunk buffers. */
-static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC)
+ * block's activations) | backward scratch | loss chunk buffers (| the intermediate-state
+ * loss's, with hidden). */
+static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC, int hidden)
 {
     const arch *a = &m->a;
     size_t N = (size_t)B * T, C = (size_t)a->hidden_size, V = (size_t)a->vocab_size;
@@ -463,7 +509,13 @@ static void train_carve(eng_model *m, train_ws *w, int B, int T, int tC)
         w->thn = p; p += N * (size_t)tC;
     }
     w->loss_ce = p; p += R;
-    w->loss_kd = p;
+    w->loss_kd = p; p += R;
+    if (hidden) {
+        w->tlay = p; p += (size_t)a->n_layers * N * (size_t)tC;
+        w->loss_h = p;
+        for (int l = 0; l < a->n_layers; l++)
+            w->tlay_at[a->layers[l].source_layer] = w->tlay + (size_t)l * N * tC;
+    }
 }
 
 /* Upload tokens and targets (ints: tokens N | pos N | pos0 B | lens B | targets N), point
@@ -552,9 +604,44 @@ static void train_loss_bwd(eng_model *m, train_ws *w, const fwd_state *st, const
     }
 }
 
+/* The norm weight [C_t] of the teacher's first block after its layer j (its final norm after
+ * the last): the weights through which the teacher reads that layer's output. */
+static const float *teacher_reader(const eng_model *t, int j)
+{
+    for (int k = j + 1; k < t->a.n_layers; k++) {
+        if (arch_layer_has_mixer(&t->a.layers[k]))
+            return t->layers[k].attn_norm;
+        if (arch_layer_has_mlp(&t->a.layers[k]))
+            return t->layers[k].ffn_norm;
+    }
+    return t->final_norm;
+}
+
+/* The intermediate-state loss (eng_loss_spec.hidden_weight): the sum over the student's
+ * layers and rows of the cosine distance between its stream after layer l and the teacher's
+ * after layer l's source (w->tlay, teacher width tC), both seen through the norm weight the
+ * teacher reads that stream with (w->tread). Synchronizes. */
+static double hidden_loss_sum(eng_model *m, train_ws *w, const fwd_state *st, int tC)
+{
+    eng_backend *be = m->be;
+    const arch *a = &m->a;
+    size_t N = (size_t)st->N, R = 2 * ENG_LOGIT_CHUNK_ROWS;
+    double sum = 0;
+    int blk = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        blk += arch_layer_has_mixer(&a->layers[l]) + arch_layer_has_mlp(&a->layers[l]);
+        be->cosd(be, w->loss_h, NULL, 0.0f, w->xs[blk], w->tlay + (size_t)l * N * tC, tC, w->tread[l], (int)N,
+                 a->hidden_size);
+        for (size_t r0 = 0; r0 < N; r0 += R)
+            chunk_sum_add(&sum, be, w->loss_host, w->loss_h + r0, (int)(N - r0 < R ? N - r0 : R));
+    }
+    return sum;
+}
+
 /* Layers in reverse from bs.dx, then the hidden mask after the embedding (h0 = emb *
- * hidden), the embedding's gradient and d hidden_count. */
-static void train_layers_bwd(eng_model *m, train_ws *w, fwd_state *st)
+ * hidden), the embedding's gradient and d hidden_count. hscale > 0: each layer's output
+ * first gets hscale times the gradient of its intermediate-state rows (teacher width tC). */
+static void train_layers_bwd(eng_model *m, train_ws *w, fwd_state *st, float hscale, int tC)
 {
     eng_backend *be = m->be;
     const arch *a = &m->a;
@@ -562,6 +649,9 @@ static void train_layers_bwd(eng_model *m, train_ws *w, fwd_state *st)
     bwd_state *bs = &w->bs;
     int blk = w->nb;
     for (int l = a->n_layers - 1; l >= 0; l--) {
+        if (hscale > 0)   /* xs[blk] is layer l's output */
+            be->cosd(be, w->loss_h, bs->dx, hscale, w->xs[blk], w->tlay + (size_t)l * st->N * tC, tC, w->tread[l],
+                     st->N, C);
         if (arch_layer_has_mlp(&a->layers[l])) {
             blk--;
             mlp_bwd_block(m, st, bs, l, w->xs[blk], &w->acts[blk]);
@@ -598,27 +688,33 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
         return -1;
     int want_ce = (loss->kind & ENG_LOSS_CE) != 0, want_kd = (loss->kind & ENG_LOSS_KD) != 0;
     double w_kd = want_ce && want_kd ? loss->kd_weight : want_kd ? 1.0 : 0.0, w_ce = 1.0 - w_kd;
-    int tC = want_kd ? loss->teacher->a.hidden_size : 0;
+    int tC = want_kd ? loss->teacher->a.hidden_size : 0, hidden = loss->hidden_weight > 0;
 
     train_ws w;
-    if (train_alloc(m, &w, B, T, tC, err, errlen) != 0)
+    if (train_alloc(m, &w, B, T, tC, hidden ? loss->teacher->a.n_layers : 0, err, errlen) != 0)
         return -1;
-    train_carve(m, &w, B, T, tC);
+    train_carve(m, &w, B, T, tC, hidden);
+    for (int l = 0; hidden && l < m->a.n_layers; l++)
+        w.tread[l] = teacher_reader(loss->teacher, m->a.layers[l].source_layer);
     w.bs.gw = (grad_flags & ENG_GRAD_WEIGHTS) != 0;
     w.bs.gm = (grad_flags & ENG_GRAD_MASKS) != 0;
 
     int rc = 0;
     if (want_kd) {
         eng_model *t = loss->teacher;
-        rc = teacher_final(t, tokens, B, T, t == m, w.thn, err, errlen);
+        rc = teacher_final(t, tokens, B, T, t == m, w.thn, w.tlay_at, err, errlen);
     }
     if (rc == 0) {
         fwd_state st;
         const int *tgt_d = train_forward(m, &w, &st, tokens, loss->targets, B, T);
-        double sum_ce = 0, sum_kd = 0;
+        double sum_ce = 0, sum_kd = 0, sum_h = hidden && !st.oom ? hidden_loss_sum(m, &w, &st, tC) : 0;
         train_loss_bwd(m, &w, &st, loss, tgt_d, w_ce, w_kd, count, &sum_ce, &sum_kd);
+        /* the intermediate-state term contributes hidden_weight times the logit loss (its weight
+           taken from this call's values, held constant for the gradient) */
+        double logit = (w_ce * sum_ce + w_kd * sum_kd) / count;
+        float hscale = sum_h > 0 ? (float)(loss->hidden_weight * logit / sum_h) : 0.0f;
         if (!st.oom)
-            train_layers_bwd(m, &w, &st);
+            train_layers_bwd(m, &w, &st, hscale, tC);
         be->sync(be);
         if (st.oom || w.bs.oom) {
             snprintf(err, errlen, "forward_backward: out of memory for the expert scratch of %d x %d tokens", B, T);
@@ -628,6 +724,7 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
         out->ce = sum_ce / count;
         out->kd = sum_kd / count;
         out->loss = w_ce * out->ce + w_kd * out->kd;
+        out->hidden = hidden ? sum_h / ((double)m->a.n_layers * st.N) : 0;
     }
     train_free(be, &w);
     return rc;

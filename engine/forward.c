@@ -292,6 +292,8 @@ void eng_fwd_layers(eng_model *m, fwd_state *st)
                 st->layer_ns[2 * l + part] = present ? (eng_wall_s() - t0) * 1e9 : 0;
             }
         }
+        if (st->layer_out && st->layer_out[l])
+            be->copy(be, st->layer_out[l], st->acts ? st->xs[blk] : st->xs[0], F4 * (size_t)st->N * a->hidden_size);
     }
 }
 

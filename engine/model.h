@@ -254,10 +254,22 @@ typedef struct {
                                    model itself may be its teacher: it then runs unmasked */
     float temperature;          /* KD: softmax temperature (loss scaled by T^2) */
     float kd_weight;            /* mixed: loss = kd_weight*KD + (1-kd_weight)*CE */
+    float hidden_weight;        /* > 0 (KD only): add the intermediate-state loss, the mean over
+                                   the student's layers and tokens of the cosine distance between
+                                   its stream after layer l and the teacher's after layer
+                                   a.layers[l].source_layer, on the teacher's first hidden_size
+                                   channels (the teacher is the ranked parent the student was cut
+                                   from), both weighted per channel by the norm weight of the
+                                   teacher's block that reads that stream (what the cosine loss
+                                   on norm outputs compares, without the student's norm weight
+                                   in the gradient); weighted per call so that it contributes hidden_weight
+                                   times the logit loss (the balancing Megatron's Minitron
+                                   distillation uses) */
 } eng_loss_spec;
 
 typedef struct {
-    double loss, ce, kd;        /* mean per counted token */
+    double loss, ce, kd;        /* mean per counted token: loss is the logit loss (CE, KD, mixed) */
+    double hidden;              /* hidden_weight > 0: the mean cosine distance (unweighted) */
     int64_t tokens;             /* counted tokens */
 } eng_loss_result;
 
@@ -312,8 +324,9 @@ size_t eng_kv_bytes_for(const arch *a, int B, int max_T);
 /* Peak bytes eng_forward_backward allocates for B x T tokens (saved activations,
  * backward scratch, loss chunk buffers, and the larger of the attention tiles and the KD
  * teacher's forward workspace), for this model's current state (masks enabled or not)
- * and the CPU backend. teacher: the KD teacher, NULL without KD. */
-size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher);
+ * and the CPU backend. teacher: the KD teacher, NULL without KD; hidden: 1 with the
+ * intermediate-state loss (eng_loss_spec.hidden_weight > 0). */
+size_t eng_train_workspace_bytes(const eng_model *m, int B, int T, const eng_model *teacher, int hidden);
 
 /* ---- block by block (reconstruction after pruning) -------------------------------------
  * A stepper holds the residual stream of a fixed batch of token rows and runs the model's

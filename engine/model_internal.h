@@ -107,6 +107,8 @@ typedef struct {
     blk_act *acts;                                /* per block (training) or NULL */
     blk_act tmp;                                  /* inference scratch */
     double *layer_ns, *fixed_ns;
+    float **layer_out;                            /* optional [n_layers]: where non-NULL, a copy of
+                                                     the stream [N,C] after that layer */
     eng_act_stats *stats;
     int oom;                                      /* an MoE block found no memory for its scratch */
     float *moe_f;                                 /* MoE scratch in the workspace (NULL: per call) */

@@ -3,7 +3,10 @@
 tests/tools/prune_oracle ranks a random heterogeneous GQA parent, permutes it, prunes it
 to a smaller heterogeneous arch (narrower hidden, fewer KV groups and query heads per
 group, narrower / removed MLP, removed attention, a removed layer) and takes one loss +
-backward step (CE, and CE+KD against the parent). Here PyTorch (float64) rebuilds both
+backward step (CE, CE+KD against the parent, and CE+KD with the intermediate-state loss:
+the cosine distance of each student layer's output to its source layer's in the parent, on
+the parent's first channels, both through the norm weight of the parent's next block,
+weighted to hidden_weight times the logit loss). Here PyTorch (float64) rebuilds both
 models from the dumped weights and the arch JSON, checks that every student tensor is the
 prefix slice of the ranked parent's, and compares the loss and every weight gradient
 (relative error < 1e-4). Env: AC_BIN (build/autocompress; the tool sits in build/tools).
@@ -86,21 +89,27 @@ def mlp_block(arch, g, pre, x):
     return u, u @ g(pre + "mlp.down_proj.weight").T
 
 
-def forward(arch, W, prefix, tokens):
-    """Logits [B, T, V] of the model in W (dict name -> tensor)."""
+def forward(arch, W, prefix, tokens, layers=None):
+    """Logits [B, T, V] of the model in W (dict name -> tensor); with layers (a list), the
+    stream [B, T, C] after each layer is appended to it."""
     g = lambda n: W[prefix + n]
-    outs = []
+    outs, states = [], []
     for row in tokens:
         x = g("model.embed_tokens.weight")[row]
+        st = []
         for i, L in enumerate(arch["layers"]):
             pre = "model.layers.%d." % i
             if L.get("attention"):
                 x = x + attn_block(arch, g, pre, x)[1]
             if L.get("mlp"):
                 x = x + mlp_block(arch, g, pre, x)[1]
+            st.append(x)
+        states.append(st)
         x = rms(x, g("model.norm.weight"), arch["norm_eps"])
         head = g("lm_head.weight") if (prefix + "lm_head.weight") in W else g("model.embed_tokens.weight")
         outs.append(x @ head.T)
+    if layers is not None:
+        layers.extend(torch.stack([states[b][i] for b in range(len(states))]) for i in range(len(arch["layers"])))
     return torch.stack(outs)
 
 
@@ -128,33 +137,55 @@ def check_slices(pa, sa, rec):
     assert np.array_equal(rec["student.model.embed_tokens.weight"], P("model.embed_tokens.weight")[:, :C])
 
 
-def run_case(tool, seed, hidden, kd):
+def run_case(tool, seed, hidden, kd, hw=0.0):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "case")
-        subprocess.run([tool, out, str(seed), str(hidden), str(kd)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([tool, out, str(seed), str(hidden), str(kd), str(hw)], check=True, stdout=subprocess.DEVNULL)
         rec = read_records(out + ".bin")
         pa = json.load(open(out + ".parent.json"))
         sa = json.load(open(out + ".student.json"))
     check_slices(pa, sa, rec)
     tokens = torch.tensor(rec["tokens"], dtype=torch.long)
     targets = torch.tensor(rec["targets"], dtype=torch.long)
-    loss_c, ce_c, kd_c, temp, w = [float(v) for v in rec["loss"]]
+    loss_c, ce_c, kd_c, temp, w, hw_c, hid_c = [float(v) for v in rec["loss"]]
+    assert abs(hw_c - hw) < 1e-6
     W = {k: torch.tensor(v, requires_grad=k.startswith("student.")) for k, v in rec.items()
          if k.startswith("student.") or k.startswith("parent.")}
-    logits = forward(sa, W, "student.", tokens)
+    s_states, t_states = [], []
+    logits = forward(sa, W, "student.", tokens, s_states)
     V = logits.shape[-1]
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets)
     if kd:
         with torch.no_grad():
-            t_logits = forward(pa, W, "parent.", tokens)
+            t_logits = forward(pa, W, "parent.", tokens, t_states)
         p = (t_logits / temp).log_softmax(-1)
         q = (logits / temp).log_softmax(-1)
         kl = (p.exp() * (p - q)).sum(-1).mean() * temp * temp
         loss = w * kl + (1 - w) * ce
     else:
         loss = ce
+    logit_loss = loss.item()
+    if hw > 0:
+        C = sa["hidden_size"]
+        def reader(j):   # the parent's norm weight that reads its stream after layer j
+            for k in range(j + 1, len(pa["layers"])):
+                pre = "parent.model.layers.%d." % k
+                if pa["layers"][k].get("attention"):
+                    return W[pre + "input_layernorm.weight"]
+                if pa["layers"][k].get("mlp"):
+                    return W[pre + "post_attention_layernorm.weight"]
+            return W["parent.model.norm.weight"]
+        dist = []
+        for i, L in enumerate(sa["layers"]):
+            g = reader(L["source_layer"])[:C]
+            dist.append(1 - torch.nn.functional.cosine_similarity(s_states[i] * g, t_states[L["source_layer"]][..., :C] * g,
+                                                                  dim=-1))
+        hid = torch.stack(dist).mean()
+        assert abs(hid.item() - hid_c) < 1e-4 * (1 + hid.item()), (hid.item(), hid_c)
+        assert hid.item() > 1e-3, hid.item()   # the student is not its parent: the term is not empty
+        loss = loss + hw * logit_loss / hid.item() * hid
     loss.backward()
-    assert abs(loss.item() - loss_c) < 1e-4 * (1 + abs(loss.item())), (loss.item(), loss_c)
+    assert abs(logit_loss - loss_c) < 1e-4 * (1 + abs(logit_loss)), (logit_loss, loss_c)
     worst = 0.0
     for name, t in W.items():
         if not name.startswith("student."):
@@ -164,8 +195,9 @@ def run_case(tool, seed, hidden, kd):
         err = ((g_c - g_t).norm() / max(g_t.norm().item(), 1e-12)).item()
         worst = max(worst, err)
         assert err < 1e-4, "%s: gradient rel err %.3g" % (name, err)
-    print("seed %d hidden %d kd %d: loss torch %.6f engine %.6f, worst gradient rel err %.3g over %d tensors"
-          % (seed, hidden, kd, loss.item(), loss_c, worst, sum(1 for n in W if n.startswith("student."))))
+    print("seed %d hidden %d kd %d hw %g: loss torch %.6f engine %.6f (hidden %.6f), worst gradient rel err %.3g "
+          "over %d tensors" % (seed, hidden, kd, hw, logit_loss, loss_c, hid_c, worst,
+                               sum(1 for n in W if n.startswith("student."))))
 
 
 def main():
@@ -176,6 +208,8 @@ def main():
     run_case(tool, 3, 20, 0)    # hidden pruned, CE
     run_case(tool, 5, 32, 1)    # hidden kept, CE + KD against the ranked parent
     run_case(tool, 9, 24, 1)    # hidden pruned, CE + KD (teacher wider than the student)
+    run_case(tool, 9, 24, 1, 0.5)   # ... with the intermediate-state loss (a parent layer removed)
+    run_case(tool, 5, 32, 1, 2.0)   # ... hidden kept
     return 0
 
 

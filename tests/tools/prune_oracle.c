@@ -5,8 +5,9 @@
  * removed attention, a removed layer), then the student's CE+KD loss against the parent
  * and its weight gradients are computed. Writes OUT.bin (records: int32 name length,
  * name, int32 ndim, int64 shape[ndim], float32 data) and OUT.parent.json /
- * OUT.student.json (arch JSON). Usage: prune_oracle OUT [seed [student_hidden [kd]]]:
- * kd 1 mixes the KD loss (teacher = the ranked parent), 0 uses CE only. Not part of
+ * OUT.student.json (arch JSON). Usage: prune_oracle OUT [seed [student_hidden [kd [hw]]]]:
+ * kd 1 mixes the KD loss (teacher = the ranked parent), 0 uses CE only; hw > 0 adds the
+ * intermediate-state loss at that weight (eng_loss_spec.hidden_weight). Not part of
  * the product.
  */
 #include <stdio.h>
@@ -23,12 +24,13 @@
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: prune_oracle OUT [seed [student_hidden [kd]]]\n");
+        fprintf(stderr, "usage: prune_oracle OUT [seed [student_hidden [kd [hw]]]]\n");
         return 2;
     }
     unsigned long long seed = argc > 2 ? strtoull(argv[2], NULL, 10) : 1;
     long hidden = argc > 3 ? strtol(argv[3], NULL, 10) : 20;
     int kd = argc > 4 ? (int)strtol(argv[4], NULL, 10) : 1;
+    float hw = argc > 5 ? strtof(argv[5], NULL) : 0.0f;
     enum { V = 53, C = 32, D = 8, NL = 4, B = 2, T = 9 };
     char err[512];
     arch pa, sa;
@@ -76,7 +78,8 @@ int main(int argc, char **argv)
         ftgt[i] = (float)tgt[i];
     }
     eng_loss_spec ls = {.kind = kd ? ENG_LOSS_CE | ENG_LOSS_KD : ENG_LOSS_CE, .targets = tgt,
-                        .teacher = kd ? &parent : NULL, .temperature = 2.0f, .kd_weight = kd ? 0.6f : 0.0f};
+                        .teacher = kd ? &parent : NULL, .temperature = 2.0f, .kd_weight = kd ? 0.6f : 0.0f,
+                        .hidden_weight = hw};
     eng_loss_result lr;
     eng_model_zero_grads(&student);
     if (eng_forward_backward(&student, tok, B, T, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err)) {
@@ -86,9 +89,9 @@ int main(int argc, char **argv)
     char path[4096];
     snprintf(path, sizeof path, "%s.bin", argv[1]);
     FILE *f = fopen(path, "wb");
-    float meta[5] = {(float)lr.loss, (float)lr.ce, (float)lr.kd, ls.temperature, ls.kd_weight};
-    int64_t n = B * T, shp[2] = {B, T}, five = 5;
-    if (!f || put(f, "tokens", ftok, 2, shp) || put(f, "targets", ftgt, 1, &n) || put(f, "loss", meta, 1, &five) ||
+    float meta[7] = {(float)lr.loss, (float)lr.ce, (float)lr.kd, ls.temperature, ls.kd_weight, hw, (float)lr.hidden};
+    int64_t n = B * T, shp[2] = {B, T}, n_meta = 7;
+    if (!f || put(f, "tokens", ftok, 2, shp) || put(f, "targets", ftgt, 1, &n) || put(f, "loss", meta, 1, &n_meta) ||
         put_model(f, &parent, "parent.", 0) || put_model(f, &student, "student.", 0) ||
         put_model(f, &student, "grad.", 1) || fclose(f)) {
         fprintf(stderr, "prune_oracle: cannot write %s\n", path);
@@ -96,7 +99,7 @@ int main(int argc, char **argv)
     }
     if (write_archs(argv[1], &pa, &sa))
         return 1;
-    printf("loss %.6f (ce %.6f, kd %.6f)\n", lr.loss, lr.ce, lr.kd);
+    printf("loss %.6f (ce %.6f, kd %.6f, hidden %.6f)\n", lr.loss, lr.ce, lr.kd, lr.hidden);
     rank_free(&r);
     td_stream_free(&cal);
     eng_model_free(&student);

@@ -614,7 +614,21 @@ static void test_losses(void **state)
     GPU->kl(GPU, loss.g, d.g, 1.0f, s.g, t.g, NULL, R, V, 1.0f);
     check_pair("kl_tau1_all_rows_loss", &loss, TOL32);
     check_pair("kl_tau1_all_rows_dlogits", &d, TOL32);
-    pair *all[] = {&s, &t, &loss, &d};
+    /* cosine distance: student rows [R,C] against the first C of a teacher's [R,ldb] rows,
+       through channel weights; row 5 of the student is zero (no loss, no gradient) */
+    int C = 300, ldb = 333;
+    pair a = pair_rand((size_t)R * C, -2, 2), b = pair_rand((size_t)R * ldb, -2, 2), da = pair_rand((size_t)R * C, -1, 1);
+    pair w = pair_rand((size_t)C, 0, 3);
+    CPU->zero(CPU, a.c + 5 * C, sizeof(float) * (size_t)C);
+    GPU->zero(GPU, a.g + 5 * C, sizeof(float) * (size_t)C);
+    CPU->cosd(CPU, loss.c, da.c, 0.3f, a.c, b.c, ldb, w.c, R, C);
+    GPU->cosd(GPU, loss.g, da.g, 0.3f, a.g, b.g, ldb, w.g, R, C);
+    check_pair("cosd_loss", &loss, TOL32);
+    check_pair("cosd_da", &da, TOL32);
+    CPU->cosd(CPU, loss.c, NULL, 1.0f, da.c, b.c, ldb, w.c, R, C);
+    GPU->cosd(GPU, loss.g, NULL, 1.0f, da.g, b.g, ldb, w.g, R, C);
+    check_pair("cosd_loss_fwd_only", &loss, TOL32);
+    pair *all[] = {&s, &t, &loss, &d, &a, &b, &da, &w};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         pair_free(all[i]);
     CPU->free(CPU, tc, (size_t)R * 4);

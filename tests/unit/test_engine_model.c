@@ -363,7 +363,7 @@ static void workspace_prediction_and_accounting(int moe)
     eng_loss_spec ls = {.kind = ENG_LOSS_CE, .targets = tg};
     eng_loss_result lr;
     assert_int_equal(eng_forward_backward(&m, toks, 3, 9, &ls, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), 0);
-    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, NULL));
+    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, NULL, 0));
     assert_int_equal(lr.tokens, 27);
     assert_true(lr.loss > 0 && isfinite(lr.loss));
     /* KD (the model as its own teacher): the teacher pass adds its forward workspace. */
@@ -371,8 +371,36 @@ static void workspace_prediction_and_accounting(int moe)
     eng_loss_spec kd = {.kind = ENG_LOSS_KD | ENG_LOSS_CE, .targets = tg, .teacher = &m, .temperature = 2.0f,
                         .kd_weight = 0.5f};
     assert_int_equal(eng_forward_backward(&m, toks, 3, 9, &kd, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), 0);
-    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, &m));
+    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&m, 3, 9, &m, 0));
     assert_true(fabs(lr.kd) < 1e-6);   /* unmasked self-teacher */
+    /* The intermediate-state loss needs a student cut from the teacher: not the model itself. */
+    kd.hidden_weight = 1.0f;
+    assert_int_equal(eng_forward_backward(&m, toks, 3, 9, &kd, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not with masks, nor with the model as its own teacher"));
+    /* A student of layers 1..3 (layer 0 removed), narrower: the teacher's layer outputs add to the
+       workspace, as predicted; its loss is a cosine distance in (0, 2]. */
+    arch sa;
+    assert_int_equal(arch_copy(&sa, &a), 0);
+    sa.hidden_size = a.hidden_size - 8;
+    sa.n_layers = a.n_layers - 1;
+    for (int l = 0; l < sa.n_layers; l++)
+        sa.layers[l] = a.layers[l + 1];
+    eng_model st;
+    assert_int_equal(eng_model_init(&st, &sa, be, err, sizeof err), 0);
+    eng_model_randomize(&st, 2, 0.2f);
+    assert_int_equal(eng_model_enable_grads(&st), 0);
+    base = be->cur_bytes;
+    eng_backend_reset_peak(be);
+    assert_int_equal(eng_forward_backward(&st, toks, 3, 9, &kd, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), 0);
+    assert_int_equal(be->peak_bytes - base, eng_train_workspace_bytes(&st, 3, 9, &m, 1));
+    assert_true(eng_train_workspace_bytes(&st, 3, 9, &m, 1) > eng_train_workspace_bytes(&st, 3, 9, &m, 0));
+    assert_true(lr.hidden > 0 && lr.hidden <= 2);
+    /* a source layer the teacher lacks is refused, by name */
+    st.a.layers[2].source_layer = a.n_layers;
+    assert_int_equal(eng_forward_backward(&st, toks, 3, 9, &kd, ENG_GRAD_WEIGHTS, &lr, err, sizeof err), -1);
+    assert_non_null(strstr(err, "student layer 2's source layer 4"));
+    eng_model_free(&st);
+    arch_free(&sa);
     eng_adamw *o = eng_adamw_new(&m);
     assert_non_null(o);
     eng_adamw_free(o);
