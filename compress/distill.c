@@ -238,13 +238,19 @@ int distill_resume_schedule(distill_opts *o, char *err, size_t errlen)
 /* Options that must be equal for a checkpoint to continue the same run. */
 static json_t *opts_fingerprint(const distill_opts *o, const eng_model *student)
 {
-    return json_pack("{s:I,s:i,s:i,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I}", "tokens",
+    json_t *f = json_pack("{s:I,s:i,s:i,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I}", "tokens",
                      (json_int_t)o->tokens, "B", o->B, "T", o->T, "accum", o->accum, "lr", (double)o->lr,
                      "lr_min", (double)o->lr_min, "warmup_steps", (json_int_t)o->warmup_steps, "beta1",
                      (double)o->beta1, "beta2", (double)o->beta2, "weight_decay", (double)o->weight_decay,
                      "clip", (double)o->clip, "temperature", (double)o->temperature, "kd_weight",
                      (double)o->kd_weight, "eps", (double)o->eps, "n_params", (json_int_t)student->n_params,
                      "seed", (json_int_t)(o->seed & 0x7fffffffffffffffull));
+    /* only when used, so that checkpoints written before the option existed still resume */
+    if (f && o->hidden_weight > 0 && json_object_set_new(f, "hidden_weight", json_real(o->hidden_weight))) {
+        json_decref(f);
+        return NULL;
+    }
+    return f;
 }
 
 typedef struct {
@@ -418,18 +424,18 @@ out:
 
 /* One step's loss sums over its micro-batches (all ranks' once reduced) and their count. */
 typedef struct {
-    double loss, kd, ce;
+    double loss, kd, ce, hidden;
     int n;
 } step_stats;
 
 /* Sum the step's gradients and loss sums over the ranks. */
 static int reduce_step(eng_coll *c, eng_model *student, step_stats *st, char *err, size_t errlen)
 {
-    float sums[3] = {(float)st->loss, (float)st->kd, (float)st->ce};
+    float sums[4] = {(float)st->loss, (float)st->kd, (float)st->ce, (float)st->hidden};
     if (c->allreduce_sum(c, student->be, student->grads, student->n_params, err, errlen) ||
-        c->allreduce_sum(c, NULL, sums, 3, err, errlen))
+        c->allreduce_sum(c, NULL, sums, 4, err, errlen))
         return -1;
-    st->loss = sums[0], st->kd = sums[1], st->ce = sums[2];
+    st->loss = sums[0], st->kd = sums[1], st->ce = sums[2], st->hidden = sums[3];
     return 0;
 }
 
@@ -473,6 +479,7 @@ static int step_micro_batches(eng_model *student, const td_stream *train, const 
         st->loss += lr.loss;
         st->kd += lr.kd;
         st->ce += lr.ce;
+        st->hidden += lr.hidden;
     }
     return size > 1 ? reduce_step(o->coll, student, st, err, errlen) : 0;
 }
@@ -529,7 +536,8 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
                         .targets = tgt,
                         .teacher = teacher,
                         .temperature = o->temperature,
-                        .kd_weight = o->kd_weight};
+                        .kd_weight = o->kd_weight,
+                        .hidden_weight = o->hidden_weight};
     if (o->kd_weight <= 0.0f)
         ls.kind = ENG_LOSS_CE;
     /* the teacher is only read: a 16-bit backend rounds its weights once for the run */
@@ -556,6 +564,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         rs.step++;
         distill_progress p = {.step = rs.step, .steps = steps, .tokens = rs.tokens, .total_tokens = o->tokens,
                               .loss = stats.loss / stats.n, .kd = stats.kd / stats.n, .ce = stats.ce / stats.n,
+                              .hidden = stats.hidden / stats.n,
                               .lr = lrate, .grad_norm = gnorm};
         double el = eng_wall_s() - t0;
         p.tokens_per_s = el > 0 ? (double)(rs.tokens - tokens0) / el : 0;

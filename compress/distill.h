@@ -1,6 +1,7 @@
 /* compress/distill.h — knowledge distillation of a pruned student from its parent.
  *
- * Logit KD (KL at a temperature, optionally mixed with the LM loss) on packed token
+ * Logit KD (KL at a temperature, optionally mixed with the LM loss, and optionally with
+ * the intermediate-state loss: engine/model.h eng_loss_spec.hidden_weight) on packed token
  * streams; AdamW with linear warm-up and cosine decay, global-norm clipping, gradient
  * accumulation; validation loss every N steps; checkpoints every N steps that a killed
  * run resumes from to the same loss curve. The token budget is honoured exactly: the
@@ -20,7 +21,8 @@
 typedef struct {
     int64_t step, steps;            /* steps done / planned */
     int64_t tokens, total_tokens;   /* training tokens done / budget */
-    double loss, kd, ce;            /* this step's mean training loss (and parts) */
+    double loss, kd, ce;            /* this step's mean training loss (and parts): the logit loss */
+    double hidden;                  /* hidden_weight > 0: its mean cosine distance (engine/model.h) */
     double lr, grad_norm;
     double tokens_per_s, eta_s;     /* since this run (re)started */
     int has_val;                    /* 1: val_loss was measured at this step */
@@ -39,6 +41,8 @@ typedef struct {
     float beta1, beta2, eps, weight_decay, clip;
     float temperature;       /* KD temperature */
     float kd_weight;         /* 1: pure KD; <1 mixes (1-kd_weight) of CE */
+    float hidden_weight;     /* > 0: the intermediate-state loss at this weight (eng_loss_spec;
+                                the teacher must be the ranked parent the student was cut from) */
     int eval_every;          /* steps between validation losses (0: only at the end) */
     int64_t val_tokens;      /* validation tokens per measurement */
     int ckpt_every;          /* steps between checkpoints (0: none) */
@@ -66,7 +70,7 @@ typedef struct {
 } distill_result;
 
 /* Defaults: B 4, T 128, accum 1, lr 3e-4 -> 3e-5, warm-up 10 steps, AdamW (0.9, 0.95,
- * 1e-8, wd 0.01), clip 1.0, temperature 1, pure KD, eval every 50 steps on 4096
+ * 1e-8, wd 0.01), clip 1.0, temperature 1, pure KD, no intermediate-state loss, eval every 50 steps on 4096
  * tokens, checkpoint every 50 keeping 2, seed 1234. tokens must still be set. */
 void distill_opts_defaults(distill_opts *o);
 

@@ -1,6 +1,8 @@
 /* server/cli_distill.c — `autocompress distill --parent MODEL --student DIR --data FILE
  * --tokens N`: logit distillation of a pruned student (a directory written by
- * `autocompress prune`, or any loadable model) from its parent on packed text, with
+ * `autocompress prune`, or any loadable model) from its parent on packed text (with
+ * --hidden-weight, on the intermediate states too: the parent then takes the order of
+ * DIR/ranking.json), with
  * checkpoints under DIR/checkpoints that a rerun of the same command resumes from. The
  * result goes to DIR/distilled (or --out) as a pruned model directory; a JSON summary
  * (parent, pruned-only and distilled validation loss, tokens, tokens/s) on stdout;
@@ -18,6 +20,7 @@
 
 #include "compress/calibrate.h"
 #include "compress/prune.h"
+#include "compress/rank.h"
 #include "compress/steps.h"
 #include "engine/backend.h"
 #include "engine/collective.h"
@@ -40,6 +43,10 @@ static void usage(FILE *f)
             "  --lr X --lr-min X --warmup N  schedule (3e-4 -> 3e-5, 10 warm-up steps)\n"
             "  --weight-decay X --clip X     AdamW weight decay (0.01), gradient clip (1.0)\n"
             "  --temperature X --kd-weight X KD temperature (1), KD share of the loss (1 = pure KD)\n"
+            "  --hidden-weight X             add the intermediate-state loss (cosine distance of each\n"
+            "                                layer's output to its source layer's in the parent, on the\n"
+            "                                channels the student kept) at X times the logit loss (0: off);\n"
+            "                                needs DIR/ranking.json (written by autocompress prune)\n"
             "  --eval-every N --val-tokens N validation (every 50 steps, 4096 tokens)\n"
             "  --val-fraction X              share of documents held out (default 0.1)\n"
             "  --seed N --threads N --tokenizer PATH\n"
@@ -64,6 +71,8 @@ static int on_progress(void *ctx, const distill_progress *p)
     char parts[64] = "", extra[200];
     if (d->o->kd_weight > 0 && d->o->kd_weight < 1)
         snprintf(parts, sizeof parts, " (kd %.4f ce %.4f)", p->kd, p->ce);
+    if (d->o->hidden_weight > 0)
+        snprintf(parts + strlen(parts), sizeof parts - strlen(parts), " hidden %.4f", p->hidden);
     snprintf(extra, sizeof extra, "step %lld/%lld loss %.4f%s lr %.2e |g| %.3f", (long long)p->step,
              (long long)p->steps, p->loss, parts, p->lr, p->grad_norm);
     pb_update(d->pb, "distill", p->tokens, p->total_tokens, "tok", extra);
@@ -89,7 +98,7 @@ static void distill_opt(cli_parser *p, int c, distill_args *a)
 {
     distill_opts *o = &a->o;
     double v;
-    if (c < 128 && strchr("LmdcTkw", c)) {   /* the real-valued ones */
+    if (c < 128 && strchr("LmdcTkwH", c)) {   /* the real-valued ones */
         if (cli_num(p, 0, HUGE_VAL, &v))
             return;
         switch (c) {
@@ -99,6 +108,7 @@ static void distill_opt(cli_parser *p, int c, distill_args *a)
         case 'c': o->clip = (float)v; break;
         case 'T': o->temperature = (float)v; break;
         case 'k': o->kd_weight = (float)v; break;
+        case 'H': o->hidden_weight = (float)v; break;
         case 'w': a->val_fraction = v; break;
         }
         return;
@@ -143,6 +153,7 @@ static int distill_parse(int argc, char **argv, distill_args *a)
         {"clip", required_argument, NULL, 'c'},         {"temperature", required_argument, NULL, 'T'},
         {"kd-weight", required_argument, NULL, 'k'},    {"val-fraction", required_argument, NULL, 'w'},
         {"ranks", required_argument, NULL, 'R'},        {"device", required_argument, NULL, 'G'},
+        {"hidden-weight", required_argument, NULL, 'H'},
         {"help", no_argument, NULL, 'h'},               {0}};
     memset(a, 0, sizeof *a);
     a->ranks = 1;
@@ -162,9 +173,10 @@ static int distill_parse(int argc, char **argv, distill_args *a)
         usage(stderr);
         return 2;
     }
-    if (a->o.kd_weight > 1 || !(a->o.temperature > 0) || a->val_fraction >= 1) {
+    if (a->o.kd_weight > 1 || !(a->o.temperature > 0) || a->val_fraction >= 1 ||
+        (a->o.hidden_weight > 0 && a->o.kd_weight <= 0)) {
         fprintf(stderr, "distill: an option is out of range (0 <= kd-weight <= 1; temperature > 0; "
-                        "val-fraction < 1)\n");
+                        "val-fraction < 1; hidden-weight needs kd-weight > 0)\n");
         return 2;
     }
     if (!a->ckdir) {
@@ -201,6 +213,52 @@ static void inputs_free(distill_inputs *in)
     if (in->dev_coll)
         in->dev_coll->free(in->dev_coll);
     eng_backend_free(in->be);
+}
+
+/* The intermediate-state loss compares the student's channels with the teacher's first ones:
+ * the parent is put in the order the student was cut in (DIR/ranking.json; the same function).
+ * A student whose embeddings are not the parent's first channels then (distilled before, or
+ * cut from another parent) gets a warning. 0, or -1 after the message. */
+static int teacher_ranked(const distill_args *a, distill_inputs *in, int quiet)
+{
+    char path[4096], err[512];
+    rank_result r;
+    if ((size_t)snprintf(path, sizeof path, "%s/ranking.json", a->student) >= sizeof path)
+        snprintf(err, sizeof err, "%s: path too long", a->student);
+    else if (rank_load(path, &r, err, sizeof err) == 0)
+        err[0] = 0;
+    if (err[0]) {
+        fprintf(stderr, "distill: --hidden-weight needs the ranking the student was cut with: %s\n", err);
+        return -1;
+    }
+    int rc = rank_apply(&in->parent, &r, err, sizeof err);
+    rank_free(&r);
+    if (rc) {
+        fprintf(stderr, "distill: %s: %s\n", path, err);
+        return -1;
+    }
+    const eng_model *s = &in->student, *p = &in->parent;
+    int C = s->a.hidden_size, pC = p->a.hidden_size, V = s->a.vocab_size, same = C <= pC;
+    float *es = malloc(sizeof(float) * (size_t)V * C), *ep = malloc(sizeof(float) * (size_t)V * pC);
+    if (!es || !ep) {
+        free(es);
+        free(ep);
+        fprintf(stderr, "distill: out of memory\n");
+        return -1;
+    }
+    if (same) {
+        in->be->to_host(in->be, es, s->tok_emb, sizeof(float) * (size_t)V * C);
+        in->be->to_host(in->be, ep, p->tok_emb, sizeof(float) * (size_t)V * pC);
+        for (int v = 0; v < V && same; v++)
+            same = !memcmp(es + (size_t)v * C, ep + (size_t)v * pC, sizeof(float) * (size_t)C);
+    }
+    free(es);
+    free(ep);
+    if (!same && !quiet)
+        fprintf(stderr, "distill: warning: the student's embeddings are not the ranked parent's first %d channels "
+                        "(distilled before, or cut from another parent): the intermediate-state loss assumes they "
+                        "are\n", C);
+    return 0;
 }
 
 /* Load parent, tokenizer and student; pack the text. As a rank of the CPU group cpu
@@ -241,6 +299,8 @@ static int inputs_load(distill_args *a, distill_inputs *in, int quiet, eng_coll 
                 in->parent.a.vocab_size);
         return -1;
     }
+    if (a->o.hidden_weight > 0 && teacher_ranked(a, in, quiet))
+        return -1;
     /* documents after BOS (else EOS), the whole text (no cap), --seed's order */
     const tok_config *tc = tok_cfg(in->tok);
     td_pack_opts po;
@@ -405,13 +465,13 @@ int cli_distill(int argc, char **argv)
         fprintf(stderr, "distill: validation: %s\n", err);
         goto done;
     }
-    print_json(json_pack("{s:b,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:I}", "complete", 1, "out", a.out, "tokens",
+    print_json(json_pack("{s:b,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:f}", "complete", 1, "out", a.out, "tokens",
                          (json_int_t)res.tokens, "budget", (json_int_t)a.o.tokens, "steps", (json_int_t)res.steps,
                          "final_loss", isfinite(res.final_loss) ? res.final_loss : -1.0, "val_loss_parent",
                          has_val ? vp : -1.0, "val_loss_pruned", has_val ? vs0 : -1.0, "val_loss_distilled",
                          has_val ? vs1 : -1.0, "wall_s", res.wall_s, "tokens_per_s",
                          res.wall_s > 0 ? (double)res.tokens_run / res.wall_s : 0.0, "resumed_from",
-                         (json_int_t)res.resumed_from));
+                         (json_int_t)res.resumed_from, "hidden_weight", (double)a.o.hidden_weight));
     status = 0;
 done:
     distill_result_free(&res);

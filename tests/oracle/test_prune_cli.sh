@@ -136,6 +136,23 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["val_loss_distilled"] < r["val_loss_pruned"], r
 PY
+# with the intermediate-state loss: the parent is put in the ranking's order, the loss shows in
+# the progress, and the run improves on the slice; its checkpoints are not another run's
+"$BIN" distill "${D[@]}" --student "$W/s" --tokens 2000 --ckpt-dir "$W/ckH" --out "$W/outH" --hidden-weight 1 \
+    >"$W/h.json" 2>"$W/h.log" || { cat "$W/h.log"; fail "distill --hidden-weight"; }
+grep -q "hidden 0\.[0-9]" "$W/h.log" || { cat "$W/h.log"; fail "no intermediate-state loss in the progress"; }
+! grep -q "warning" "$W/h.log" || { cat "$W/h.log"; fail "the slice's channels were not the ranked parent's"; }
+python3 - "$W/h.json" <<'PY' || fail "distillation with the intermediate-state loss: $(cat "$W/h.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["hidden_weight"] == 1 and r["val_loss_distilled"] < r["val_loss_pruned"], r
+PY
+if "$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckA" --out "$W/outH2" --hidden-weight 1 \
+    >/dev/null 2>"$W/h2.log"; then fail "a checkpoint without the intermediate-state loss resumed with it"; fi
+grep -q "options" "$W/h2.log" || { cat "$W/h2.log"; fail "refusal of another run's checkpoint: no reason"; }
+if "$BIN" distill "${D[@]}" --student "$W/outA" --tokens 2000 --ckpt-dir "$W/ckH3" --out "$W/outH3" \
+    --hidden-weight 1 >/dev/null 2>"$W/h3.log"; then fail "--hidden-weight without a ranking accepted"; fi
+grep -q "needs the ranking the student was cut with" "$W/h3.log" || { cat "$W/h3.log"; fail "no-ranking message"; }
 
 "$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckB" --out "$W/outB" \
     >"$W/b1.json" 2>"$W/b1.log" &
