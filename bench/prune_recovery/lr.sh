@@ -13,7 +13,7 @@
 # "1234 7 99"), TOKENS (the short budget, default 32768), STUDENTS (default "slice ls"),
 # LONG (the long budget, default 262144; "" for none), LONG_LRS (its rates, default
 # "1e-3 3e-4", seed 1234, the slice), BATCH and SEQ (the distillation's micro-batch,
-# default 4 x 128), TASKS, EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work
+# default 4 x 128), HIDDEN (`--hidden-weight`: the intermediate-state loss; unset: off), TASKS, EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work
 # folder, kept: a rerun reuses what is there, so give each BATCH x SEQ its own), RES (the
 # table).
 # Only the first seed runs every rate and student; the other seeds run the slice at the
@@ -49,7 +49,7 @@ ppl() { step "$1.ppl" "$BIN" perplexity "$2" --text "$WIKI" --chunks "$PPL_CHUNK
 distill() {   # distill STUDENT SEED LR TOKENS NAME
     step "$5" "$BIN" distill --parent "$MODEL" --student "$OUT/a30-$1" --data "$CALIB" --tokens "$4" --lr "$3" \
         --lr-min "$(python3 -c "print($3 / 10)")" --seed "$2" --out "$OUT/$5" --ckpt-dir "$OUT/$5.ckpt" \
-        --batch "$BATCH" --seq "$SEQ" --threads "$THREADS"
+        --batch "$BATCH" --seq "$SEQ" --threads "$THREADS" ${HIDDEN:+--hidden-weight "$HIDDEN"}
     rm -rf "$OUT/$5.ckpt"   # a 98M-parameter student's two checkpoints hold about 2.4 GB
     ppl "$5" "$OUT/$5"
 }
@@ -90,11 +90,11 @@ done
     --threads "$THREADS" --json "$OUT/parent.eval.json"
 
 python3 - "$OUT" "$MODEL" "$CALIB" "$TOKENS" "$LONG" "$PPL_CHUNKS" "$EVAL_LIMIT" "$SEEDS" "$LRS" "$LONG_LRS" \
-    "$STUDENTS" "$BATCH" "$SEQ" <<'PY' | tee "$RES"
+    "$STUDENTS" "$BATCH" "$SEQ" "${HIDDEN:-}" <<'PY' | tee "$RES"
 import datetime, os, statistics, sys
 sys.path.insert(0, "bench/prune_recovery")
 from outputs import Outputs
-out, model, calib, tokens, long_, chunks, limit, seeds, lrs, long_lrs, students, batch, seq = sys.argv[1:14]
+out, model, calib, tokens, long_, chunks, limit, seeds, lrs, long_lrs, students, batch, seq, hidden = sys.argv[1:15]
 o = Outputs(out)
 seeds, lrs, long_lrs, students = seeds.split(), lrs.split(), long_lrs.split(), students.split()
 ppl = lambda n: (o.json(n + ".ppl.out") or {}).get("ppl")
@@ -104,9 +104,10 @@ print("# Distillation's learning rate after pruning (SmolLM2-135M, CPU)\n")
 print("%s on the 2-core machine. Parent `%s` (WikiText-2 perplexity %.2f); the 30%%-cheaper arch of "
       "bench/results/smollm2-135m-cpu (hidden 504, 27 layers), sliced or reconstructed (16,384 tokens) from one "
       "ranking; distillation text `%s`, `autocompress distill` at each peak rate with cosine to a tenth of it "
-      "(10 warm-up steps, batch %s x %s, AdamW, pure KD); the seed picks where distillation starts in the text. "
+      "(10 warm-up steps, batch %s x %s, AdamW, %s); the seed picks where distillation starts in the text. "
       "WikiText-2 perplexity %s x 512 (llama.cpp's chunk method). Produced by `bench/prune_recovery/lr.sh`.\n"
-      % (datetime.date.today(), os.path.basename(model), par, os.path.basename(calib), batch, seq, chunks))
+      % (datetime.date.today(), os.path.basename(model), par, os.path.basename(calib), batch, seq,
+         "KD and the intermediate-state loss at `--hidden-weight %s`" % hidden if hidden else "pure KD", chunks))
 print("## %s distillation tokens\n" % tokens)
 print("| student | pruned only | seed | " + " | ".join("lr %s" % lr for lr in lrs) + " |")
 print("|---|---|---|" + "---|" * len(lrs))
