@@ -11,9 +11,10 @@
  * eng_mamba_bwd_bytes), each + N*C (r) when masks are enabled; backward scratch N*(4C + max(3qd +
  * 2kvd, 3F)) + 1; loss chunks R*(2C + 1 + 2V) (+ R*V teacher logits and N*C_teacher teacher
  * stream with KD; + L*N*C_teacher teacher layer outputs and N row losses with the
- * intermediate-state loss, L the student's layers) + 2R; ints 3N + 2B; attention tile scratch threads * 2 * ENG_CPU_ATTN_ROWS
- * * T (backward; the forward's is half). With KD the teacher's forward runs first while this
- * workspace is held; the peak takes the larger of it and the backward's attention tiles.
+ * intermediate-state loss, L the student's layers) + 2R; ints 3N + 2B; attention tile
+ * scratch threads * 2 * ENG_CPU_ATTN_ROWS * T (backward; the forward's is half). With KD the
+ * teacher's forward runs first while this workspace is held; the peak takes the larger of it
+ * and the backward's attention tiles.
  */
 #include "engine/model.h"
 
@@ -421,7 +422,8 @@ static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, int tL, 
     w->tread = tL > 0 ? calloc((size_t)m->a.n_layers + 1, sizeof *w->tread) : NULL;
     w->ws.f = be->alloc(be, w->ws.f_bytes);
     w->ws.i = be->alloc(be, w->ws.i_bytes);
-    if (!w->host_ints || !w->acts || !w->xs || !w->loss_host || (tL > 0 && (!w->tlay_at || !w->tread)) || !w->ws.f || !w->ws.i) {
+    int lists = tL == 0 || (w->tlay_at && w->tread);
+    if (!w->host_ints || !w->acts || !w->xs || !w->loss_host || !lists || !w->ws.f || !w->ws.i) {
         train_free(be, w);
         snprintf(err, errlen, "forward_backward: out of memory for %d x %d tokens (%zu workspace bytes)", B, T,
                  (size_t)((sz.saved + sz.scratch + sz.loss) * F4));

@@ -54,7 +54,8 @@ def fwd(M, ids, m=None, stats=None):
         q, k = rope(q, T), rope(k, T)
         rep = q.shape[2] // k.shape[2]
         k = k.repeat_interleave(rep, 2); v = v.repeat_interleave(rep, 2)
-        a = torch.softmax((q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)) / math.sqrt(D) + mask, -1) @ v.transpose(1, 2)
+        sc = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)) / math.sqrt(D) + mask
+        a = torch.softmax(sc, -1) @ v.transpose(1, 2)
         y = a.transpose(1, 2).reshape(B, T, -1) @ p["o"].T
         x = x + (y * m if m is not None else y)
         h = rms(x, p["fn"])
@@ -78,7 +79,8 @@ P = {"emb": W["token_embd.weight"], "on": W["output_norm.weight"], "l": []}
 P["head"] = W.get("output.weight", P["emb"])
 for l in range(L):
     g = lambda n: W[f"blk.{l}.{n}.weight"]
-    P["l"].append(dict(an=g("attn_norm"), fn=g("ffn_norm"), q=g("attn_q"), k=g("attn_k"), v=g("attn_v"), o=g("attn_output"), g=g("ffn_gate"), u=g("ffn_up"), d=g("ffn_down")))
+    P["l"].append(dict(an=g("attn_norm"), fn=g("ffn_norm"), q=g("attn_q"), k=g("attn_k"), v=g("attn_v"),
+                       o=g("attn_output"), g=g("ffn_gate"), u=g("ffn_up"), d=g("ffn_down")))
 t0 = time.time(); print("parent ppl %.2f (%.0fs)" % (ppl(P, ev), time.time() - t0), flush=True)
 keep = int(sys.argv[3]) if len(sys.argv) > 3 else 504
 stats = {"act": torch.zeros(C, dtype=torch.float64), "wanda": torch.zeros(C, dtype=torch.float64)}
@@ -95,10 +97,12 @@ def slice_ppl(score):
     sc = math.sqrt(C / keep)
     S = {"emb": P["emb"][:, idx], "on": P["on"][idx] * sc, "head": P["head"][:, idx], "l": []}
     for p in P["l"]:
-        S["l"].append(dict(an=p["an"][idx] * sc, fn=p["fn"][idx] * sc, q=p["q"][:, idx], k=p["k"][:, idx], v=p["v"][:, idx], o=p["o"][idx], g=p["g"][:, idx], u=p["u"][:, idx], d=p["d"][idx]))
+        S["l"].append(dict(an=p["an"][idx] * sc, fn=p["fn"][idx] * sc, q=p["q"][:, idx], k=p["k"][:, idx],
+                           v=p["v"][:, idx], o=p["o"][idx], g=p["g"][:, idx], u=p["u"][:, idx], d=p["d"][idx]))
     return ppl(S, ev), idx
 base = None
 for name, s in (("act", stats["act"]), ("wanda", stats["wanda"]), ("fisher", fisher), ("taylor", taylor.abs())):
     p, idx = slice_ppl(s)
     if base is None: base = set(idx.tolist())
-    print("%-7s slice %d: ppl %.2f (channels shared with act: %d)" % (name, keep, p, len(base & set(idx.tolist()))), flush=True)
+    print("%-7s slice %d: ppl %.2f (channels shared with act: %d)" % (name, keep, p, len(base & set(idx.tolist()))),
+          flush=True)

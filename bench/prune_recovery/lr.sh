@@ -13,9 +13,9 @@
 # "1234 7 99"), TOKENS (the short budget, default 32768), STUDENTS (default "slice ls"),
 # LONG (the long budget, default 262144; "" for none), LONG_LRS (its rates, default
 # "1e-3 3e-4", seed 1234, the slice), BATCH and SEQ (the distillation's micro-batch,
-# default 4 x 128), HIDDEN (`--hidden-weight`: the intermediate-state loss; unset: off), TASKS, EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work
-# folder, kept: a rerun reuses what is there, so give each BATCH x SEQ its own), RES (the
-# table).
+# default 4 x 128), HIDDEN (`--hidden-weight`: the intermediate-state loss; unset: off),
+# TASKS, EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work folder, kept: a
+# rerun reuses what is there, so give each BATCH x SEQ its own), RES (the table).
 # Only the first seed runs every rate and student; the other seeds run the slice at the
 # first two rates.
 set -euo pipefail

@@ -178,8 +178,8 @@ def run_case(tool, seed, hidden, kd, hw=0.0):
         dist = []
         for i, L in enumerate(sa["layers"]):
             g = reader(L["source_layer"])[:C]
-            dist.append(1 - torch.nn.functional.cosine_similarity(s_states[i] * g, t_states[L["source_layer"]][..., :C] * g,
-                                                                  dim=-1))
+            t = t_states[L["source_layer"]][..., :C]
+            dist.append(1 - torch.nn.functional.cosine_similarity(s_states[i] * g, t * g, dim=-1))
         hid = torch.stack(dist).mean()
         assert abs(hid.item() - hid_c) < 1e-4 * (1 + hid.item()), (hid.item(), hid_c)
         assert hid.item() > 1e-3, hid.item()   # the student is not its parent: the term is not empty

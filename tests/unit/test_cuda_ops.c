@@ -617,8 +617,8 @@ static void test_losses(void **state)
     /* cosine distance: student rows [R,C] against the first C of a teacher's [R,ldb] rows,
        through channel weights; row 5 of the student is zero (no loss, no gradient) */
     int C = 300, ldb = 333;
-    pair a = pair_rand((size_t)R * C, -2, 2), b = pair_rand((size_t)R * ldb, -2, 2), da = pair_rand((size_t)R * C, -1, 1);
-    pair w = pair_rand((size_t)C, 0, 3);
+    pair a = pair_rand((size_t)R * C, -2, 2), b = pair_rand((size_t)R * ldb, -2, 2);
+    pair da = pair_rand((size_t)R * C, -1, 1), w = pair_rand((size_t)C, 0, 3);
     CPU->zero(CPU, a.c + 5 * C, sizeof(float) * (size_t)C);
     GPU->zero(GPU, a.g + 5 * C, sizeof(float) * (size_t)C);
     CPU->cosd(CPU, loss.c, da.c, 0.3f, a.c, b.c, ldb, w.c, R, C);
