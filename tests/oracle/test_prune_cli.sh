@@ -208,6 +208,20 @@ for k in ("final_loss", "val_loss_distilled"):
 print("distill --ranks 2: final loss %.7f vs %.7f alone; %.0f vs %.0f tok/s" %
       (b["final_loss"], a["final_loss"], b["tokens_per_s"], a["tokens_per_s"]))
 PY
+# the same with the intermediate-state loss: its weight comes from each micro-batch's own values,
+# so two ranks still train as one process does
+"$BIN" distill "${P[@]}" --hidden-weight 1 --ckpt-dir "$W/ckSH" --out "$W/outSH" >"$W/s1h.json" 2>"$W/s1h.log" ||
+    { cat "$W/s1h.log"; fail "distill --accum 2 --hidden-weight 1"; }
+"$BIN" distill "${P[@]}" --hidden-weight 1 --ranks 2 --ckpt-dir "$W/ckRH" --out "$W/outRH" >"$W/r2h.json" \
+    2>"$W/r2h.log" || { cat "$W/r2h.log"; fail "distill --ranks 2 --hidden-weight 1"; }
+python3 - "$W/s1h.json" "$W/r2h.json" "$W/s1.json" <<'PY' || fail "2 ranks differ from one process with --hidden-weight"
+import json, sys
+a, b, plain = (json.load(open(f)) for f in sys.argv[1:4])
+for k in ("final_loss", "val_loss_distilled"):
+    assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), (k, a[k], b[k])
+assert a["val_loss_distilled"] != plain["val_loss_distilled"], "the loss changed nothing"
+print("distill --ranks 2 --hidden-weight 1: final loss %.7f vs %.7f alone" % (b["final_loss"], a["final_loss"]))
+PY
 # a rank killed mid-run: rank 0 stops within seconds naming it; a rerun resumes
 "$BIN" distill "${P[@]}" --tokens 400000 --ranks 2 --ckpt-dir "$W/ckK" --out "$W/outK" >"$W/k.json" 2>"$W/k.log" &
 pid=$!
