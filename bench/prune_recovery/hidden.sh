@@ -27,16 +27,8 @@ THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/ac-prune-hidden}
 WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 RES=${RES:-bench/results/prune_recovery-hidden.md}
-mkdir -p "$OUT"
-make -s -j2 all >/dev/null
-build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
-python3 -c "
-import json
-r = json.load(open('bench/results/smollm2-135m-cpu.json'))
-json.dump(r['result']['arch'], open('$OUT/a30.json', 'w'), indent=1)"
-
 source bench/prune_recovery/steps.sh
-ppl() { step "$1.ppl" "$BIN" perplexity "$2" --text "$WIKI" --chunks "$PPL_CHUNKS" --threads "$THREADS" --json; }
+prep
 distill() {   # distill ARCH WEIGHT TOKENS
     local n=$1.w$2.t$3
     step "$n" "$BIN" distill --parent "$MODEL" --student "$OUT/$1" --data "$CALIB" --tokens "$3" --lr "$LR" \
@@ -49,17 +41,7 @@ distill() {   # distill ARCH WEIGHT TOKENS
 ppl parent "$MODEL"
 step rank "$BIN" prune "$MODEL" --arch "$OUT/a30.json" --out "$OUT/rank" --calib "$CALIB" --no-reconstruct \
     --threads "$THREADS"
-python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
-a = json.load(open(out + "/a30.json"))
-skip = [l["skip"]["layer"] for l in json.load(open(out + "/rank/ranking.json"))["layers"]]
-keep = sorted(sorted(range(len(skip)), key=lambda i: -skip[i])[:20])
-a["hidden_size"] = 576   # SmolLM2-135M's own widths
-a["layers"] = [{"source_layer": s, "attention": {"n_heads": 9, "n_kv_heads": 3}, "mlp": {"ffn_dim": 1536}}
-               for s in keep]
-json.dump(a, open(out + "/d20.json", "w"), indent=1)
-PY
+uniform_arch d20 20 576 1536   # SmolLM2-135M's own widths
 for a in a30 d20; do
     step "$a.prune" "$BIN" prune "$MODEL" --arch "$OUT/$a.json" --out "$OUT/$a" --ranking "$OUT/rank/ranking.json" \
         --calib "$CALIB" --no-reconstruct --threads "$THREADS"

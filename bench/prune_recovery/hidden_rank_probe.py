@@ -8,36 +8,16 @@ sequences of (dL/dm_j)^2, m a mask on the embedding and every block's output), t
 (|sum dL/dm_j|). WikiText-2 raw test, 8 x 256 tokens.
 usage: THREADS=2 AC_SHARED=../shared python hidden_rank_probe.py MODEL.gguf WIKI.raw KEEP
 (the project venv: gguf, llama_cpp for the tokenizer; docs/pruning.md has the numbers)"""
-import json, math, os, sys, time
-import numpy as np, torch, gguf
-from gguf import GGUFReader
+import math, os, sys, time
+import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_llama import Llama
 torch.set_num_threads(int(os.environ.get("THREADS", "2")))
-r = GGUFReader(sys.argv[1])
-W = {}
-for t in r.tensors:
-    d = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-    W[t.name] = torch.from_numpy(d.reshape([int(x) for x in reversed(t.shape.tolist())])).double()
-f = {k: r.fields[k].contents() for k in r.fields if not k.startswith("tokenizer")}
-L = f["llama.block_count"]; C = f["llama.embedding_length"]; H = f["llama.attention.head_count"]
-D = C // H; eps = f["llama.attention.layer_norm_rms_epsilon"]; theta = f.get("llama.rope.freq_base", 10000.0)
-from llama_cpp import Llama
-tok = Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
-def toks(path, n, seq, jsonl=False):
-    txt = open(path).read()
-    if jsonl: txt = "\n\n".join(json.loads(l)["text"] for l in txt.splitlines()[:400])
-    ids = tok.tokenize(txt.encode()[:4000000], add_bos=False)
-    return torch.tensor(ids[: n * seq]).view(n, seq)
-ev = toks(sys.argv[2], 8, 256)
-cal = toks(os.path.join(os.environ["AC_SHARED"], "data", "text", "c4", "c4_sample.jsonl"), 16, 256, True)
-def rope(x, T):
-    inv = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
-    c, s = ang.cos()[None, :, None], ang.sin()[None, :, None]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    out = torch.empty_like(x); out[..., 0::2] = x0 * c - x1 * s; out[..., 1::2] = x0 * s + x1 * c
-    return out
-def rms(x, g):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g
+model = Llama(sys.argv[1])
+L, C, D = model.L, model.C, model.D
+ev = model.toks(sys.argv[2], 8, 256)
+cal = model.c4(16, 256)
+rope, rms = model.rope, model.rms
 def fwd(M, ids, m=None, stats=None):
     B, T = ids.shape
     x = M["emb"][ids]
@@ -75,12 +55,7 @@ def nll(M, ids, m=None, stats=None):
 def ppl(M, ids):
     with torch.no_grad():
         return math.exp(sum(nll(M, ids[b:b+1]).item() for b in range(ids.shape[0])) / ids.shape[0])
-P = {"emb": W["token_embd.weight"], "on": W["output_norm.weight"], "l": []}
-P["head"] = W.get("output.weight", P["emb"])
-for l in range(L):
-    g = lambda n: W[f"blk.{l}.{n}.weight"]
-    P["l"].append(dict(an=g("attn_norm"), fn=g("ffn_norm"), q=g("attn_q"), k=g("attn_k"), v=g("attn_v"),
-                       o=g("attn_output"), g=g("ffn_gate"), u=g("ffn_up"), d=g("ffn_down")))
+P = model.params()
 t0 = time.time(); print("parent ppl %.2f (%.0fs)" % (ppl(P, ev), time.time() - t0), flush=True)
 keep = int(sys.argv[3]) if len(sys.argv) > 3 else 504
 stats = {"act": torch.zeros(C, dtype=torch.float64), "wanda": torch.zeros(C, dtype=torch.float64)}

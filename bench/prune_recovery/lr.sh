@@ -36,16 +36,8 @@ THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/ac-prune-lr}
 WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 RES=${RES:-bench/results/prune_recovery-lr.md}
-mkdir -p "$OUT"
-make -s -j2 all >/dev/null
-build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
-python3 -c "
-import json
-r = json.load(open('bench/results/smollm2-135m-cpu.json'))
-json.dump(r['result']['arch'], open('$OUT/a30.json', 'w'), indent=1)"
-
 source bench/prune_recovery/steps.sh
-ppl() { step "$1.ppl" "$BIN" perplexity "$2" --text "$WIKI" --chunks "$PPL_CHUNKS" --threads "$THREADS" --json; }
+prep
 distill() {   # distill STUDENT SEED LR TOKENS NAME
     step "$5" "$BIN" distill --parent "$MODEL" --student "$OUT/a30-$1" --data "$CALIB" --tokens "$4" --lr "$3" \
         --lr-min "$(python3 -c "print($3 / 10)")" --seed "$2" --out "$OUT/$5" --ckpt-dir "$OUT/$5.ckpt" \

@@ -9,41 +9,17 @@ WikiText-2 raw test, 8 x 256 tokens; calibration 32 x 256 tokens of C4 (8 used).
 also with the residual norms' gains x sqrt(C/KEEP), as the product slices.
 usage: python rotation_probe.py MODEL.gguf WIKI.raw KEEP   (the project venv: gguf,
 llama_cpp for the tokenizer; docs/pruning.md has the numbers)"""
-import json, math, os, sys, time
-import numpy as np, torch, gguf
-from gguf import GGUFReader
+import math, os, sys, time
+import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_llama import Llama
 torch.set_num_threads(1)
-r = GGUFReader(sys.argv[1])
-W = {}
-for t in r.tensors:
-    d = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-    W[t.name] = torch.from_numpy(d.reshape([int(x) for x in reversed(t.shape.tolist())])).double()
-f = {k: r.fields[k].contents() for k in r.fields if not k.startswith("tokenizer")}
-L = f["llama.block_count"]; C = f["llama.embedding_length"]; H = f["llama.attention.head_count"]
-KV = f["llama.attention.head_count_kv"]; D = C // H; eps = f["llama.attention.layer_norm_rms_epsilon"]
-theta = f.get("llama.rope.freq_base", 10000.0)
-print(L, C, H, KV, theta, eps, "output.weight" in W)
-from llama_cpp import Llama
-tok = Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
-def toks(path, n, seq, jsonl=False):
-    txt = open(path).read()
-    if jsonl: txt = "\n\n".join(json.loads(l)["text"] for l in txt.splitlines()[:400])
-    ids = tok.tokenize(txt.encode()[:4000000], add_bos=False)
-    return torch.tensor(ids[: n * seq]).view(n, seq)
-ev = toks(sys.argv[2], 8, 256)
-SHARED = os.environ.get("AC_SHARED", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared"))
-cal = toks(os.path.join(SHARED, "data", "text", "c4", "c4_sample.jsonl"), 32, 256, True)
-
-def rope(x, T):
-    # x [B,T,h,D] interleaved pairs (GGUF llama layout)
-    inv = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
-    c, s = ang.cos()[None, :, None], ang.sin()[None, :, None]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    out = torch.empty_like(x); out[..., 0::2] = x0 * c - x1 * s; out[..., 1::2] = x0 * s + x1 * c
-    return out
-def rms(x, g, dscale=1.0):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g
+m = Llama(sys.argv[1])
+W, L, C, H, KV, D, eps = m.W, m.L, m.C, m.H, m.KV, m.D, m.eps
+print(L, C, H, KV, m.theta, eps, "output.weight" in W)
+ev = m.toks(sys.argv[2], 8, 256)
+cal = m.c4(32, 256)
+rope, rms = m.rope, m.rms
 def fwd(M, ids, collect=None):
     B, T = ids.shape
     x = M["emb"][ids]
@@ -70,11 +46,7 @@ def ppl(M, ids):
         lp = torch.log_softmax(lg[:-1], -1)
         nll -= lp.gather(1, ids[b, 1:, None]).sum().item(); n += ids.shape[1] - 1
     return math.exp(nll / n)
-P = {"emb": W["token_embd.weight"], "on": W["output_norm.weight"], "l": []}
-P["head"] = W.get("output.weight", P["emb"])
-for l in range(L):
-    g = lambda n: W[f"blk.{l}.{n}.weight"]
-    P["l"].append(dict(an=g("attn_norm"), fn=g("ffn_norm"), q=g("attn_q"), k=g("attn_k"), v=g("attn_v"), o=g("attn_output"), g=g("ffn_gate"), u=g("ffn_up"), d=g("ffn_down")))
+P = m.params()
 t0 = time.time(); base = ppl(P, ev); print("parent ppl %.2f (%.0fs)" % (base, time.time() - t0), flush=True)
 keep = int(sys.argv[3]) if len(sys.argv) > 3 else 504
 # channel slice: score = mean |norm output| across norms (Minitron-style)

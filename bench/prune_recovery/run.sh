@@ -33,19 +33,8 @@ RES=${RES:-bench/results/prune_recovery.md}
 ARCHS=${ARCHS:-a30 a50}
 METHODS=${METHODS:-slice ls lso}
 PRUNED_EVAL=${PRUNED_EVAL:-1}
-mkdir -p "$OUT"
-make -s -j2 all >/dev/null
-build/tools/ceilings_probe "$THREADS" >"$OUT/ceilings.txt"
-
-python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
-r = json.load(open("bench/results/smollm2-135m-cpu.json"))
-json.dump(r["result"]["arch"], open(out + "/a30.json", "w"), indent=1)
-json.dump(r["parent"]["arch"], open(out + "/parent.arch.json", "w"), indent=1)
-PY
-
 source bench/prune_recovery/steps.sh
+prep
 score() {   # score NAME MODEL_PATH [ppl]: perplexity and the benchmarks (with "ppl": perplexity only)
     step "$1.ppl" "$BIN" perplexity "$2" --text "$WIKI" --chunks "$PPL_CHUNKS" --threads "$THREADS" --json
     [ "${3:-}" = ppl ] && return 0
@@ -57,18 +46,7 @@ score parent "$MODEL"
 # the ranking: once (it comes with a plain slice of the 30% arch, not used further)
 step rank "$BIN" prune "$MODEL" --arch "$OUT/a30.json" --out "$OUT/rank" --calib "$CALIB" --no-reconstruct \
     --threads "$THREADS"
-python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
-p = json.load(open(out + "/parent.arch.json"))
-# half the parameters, uniform: hidden 448, FFN 896, the 24 layers whose removal the
-# ranking scored costliest (the six with the lowest layer-skip loss dropped)
-skip = [l["skip"]["layer"] for l in json.load(open(out + "/rank/ranking.json"))["layers"]]
-keep = sorted(sorted(range(len(skip)), key=lambda i: -skip[i])[:24])
-p["hidden_size"] = 448
-p["layers"] = [{"source_layer": s, "attention": {"n_heads": 9, "n_kv_heads": 3}, "mlp": {"ffn_dim": 896}} for s in keep]
-json.dump(p, open(out + "/a50.json", "w"), indent=1)
-PY
+uniform_arch a50 24 448 896   # half the parameters: the six layers with the lowest layer-skip loss dropped
 for a in $ARCHS; do
     for m in $METHODS; do
         [ $m = lso ] && [ $a != a30 ] && continue   # outputs-only: the 30% arch, pruned only
