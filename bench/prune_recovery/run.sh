@@ -36,7 +36,7 @@ PRUNED_EVAL=${PRUNED_EVAL:-1}
 source bench/prune_recovery/steps.sh
 prep
 score() {   # score NAME MODEL_PATH [ppl]: perplexity and the benchmarks (with "ppl": perplexity only)
-    step "$1.ppl" "$BIN" perplexity "$2" --text "$WIKI" --chunks "$PPL_CHUNKS" --threads "$THREADS" --json
+    ppl "$1" "$2"
     [ "${3:-}" = ppl ] && return 0
     step "$1.eval" "$BIN" eval "$2" --tasks "$TASKS" --limit "$EVAL_LIMIT" --seed 1234 --threads "$THREADS" \
         --json "$OUT/$1.eval.json"
