@@ -153,6 +153,12 @@ grep -q "options" "$W/h2.log" || { cat "$W/h2.log"; fail "refusal of another run
 if "$BIN" distill "${D[@]}" --student "$W/outA" --tokens 2000 --ckpt-dir "$W/ckH3" --out "$W/outH3" \
     --hidden-weight 1 >/dev/null 2>"$W/h3.log"; then fail "--hidden-weight without a ranking accepted"; fi
 grep -q "needs the ranking the student was cut with" "$W/h3.log" || { cat "$W/h3.log"; fail "no-ranking message"; }
+# a student distilled before: its embeddings are no longer the ranked parent's, and it is told
+cp "$W/s/ranking.json" "$W/outA/"
+"$BIN" distill "${D[@]}" --student "$W/outA" --tokens 256 --ckpt-dir "$W/ckH4" --out "$W/outH4" --hidden-weight 1 \
+    >/dev/null 2>"$W/h4.log" || { cat "$W/h4.log"; fail "distill --hidden-weight of a distilled student"; }
+grep -q "warning: the student's embeddings are not the ranked parent's" "$W/h4.log" || { cat "$W/h4.log"; fail "no warning"; }
+rm "$W/outA/ranking.json"
 
 "$BIN" distill "${D[@]}" --student "$W/s" --tokens 6000 --ckpt-dir "$W/ckB" --out "$W/outB" \
     >"$W/b1.json" 2>"$W/b1.log" &
