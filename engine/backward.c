@@ -285,8 +285,10 @@ static int teacher_final(eng_model *t, const int *tokens, int B, int T, int unma
 }
 
 /* Everything eng_forward_backward refuses before it allocates: no loss, CE without
- * targets, a KD teacher that does not fit, gradients not enabled, tokens or targets out of
- * range, dynamic RoPE past its table, every target ignored. Sets *count to the counted
+ * targets, a KD teacher that does not fit, an intermediate-state loss without KD, with masks,
+ * with the model as its own teacher, a narrower teacher or a source layer it lacks, a negative
+ * hidden_weight, gradients not enabled, tokens or targets out of range, dynamic RoPE past its
+ * table, every target ignored. Sets *count to the counted
  * tokens. 0, or -1 with the reason in err. */
 static int train_check(const eng_model *m, const int *tokens, int B, int T, const eng_loss_spec *loss,
                        int grad_flags, int64_t *count, char *err, size_t errlen)
@@ -419,7 +421,7 @@ static int train_alloc(eng_model *m, train_ws *w, int B, int T, int tC, int tL, 
     w->xs = calloc((size_t)w->nb + 1, sizeof *w->xs);
     w->loss_host = malloc(sizeof(float) * 2 * ENG_LOGIT_CHUNK_ROWS);
     w->tlay_at = tL > 0 ? calloc((size_t)tL, sizeof *w->tlay_at) : NULL;
-    w->tread = tL > 0 ? calloc((size_t)m->a.n_layers + 1, sizeof *w->tread) : NULL;
+    w->tread = tL > 0 ? calloc((size_t)(m->a.n_layers ? m->a.n_layers : 1), sizeof *w->tread) : NULL;
     w->ws.f = be->alloc(be, w->ws.f_bytes);
     w->ws.i = be->alloc(be, w->ws.i_bytes);
     int lists = tL == 0 || (w->tlay_at && w->tread);

@@ -259,17 +259,19 @@ typedef struct {
                                    its stream after layer l and the teacher's after layer
                                    a.layers[l].source_layer, on the teacher's first hidden_size
                                    channels (the teacher is the ranked parent the student was cut
-                                   from), both weighted per channel by the norm weight of the
-                                   teacher's block that reads that stream (what the cosine loss
-                                   on norm outputs compares, without the student's norm weight
-                                   in the gradient); weighted per call so that it contributes hidden_weight
+                                   from; every row counts, ignored targets too), both weighted
+                                   per channel by the norm weight of the teacher's block that
+                                   reads that stream (what the cosine loss on norm outputs
+                                   compares, without the student's norm weight in the
+                                   gradient); weighted per call so that it contributes hidden_weight
                                    times the logit loss (the balancing Megatron's Minitron
                                    distillation uses) */
 } eng_loss_spec;
 
 typedef struct {
     double loss, ce, kd;        /* mean per counted token: loss is the logit loss (CE, KD, mixed) */
-    double hidden;              /* hidden_weight > 0: the mean cosine distance (unweighted) */
+    double hidden;              /* hidden_weight > 0: the mean (norm-weighted) cosine distance,
+                                   before hidden_weight's scaling */
     int64_t tokens;             /* counted tokens */
 } eng_loss_result;
 

@@ -238,18 +238,20 @@ static int teacher_ranked(const distill_args *a, distill_inputs *in, int quiet)
         return -1;
     }
     const eng_model *s = &in->student, *p = &in->parent;
-    int C = s->a.hidden_size, pC = p->a.hidden_size, V = s->a.vocab_size, same = C <= pC;
-    float *es = malloc(sizeof(float) * (size_t)V * C), *ep = malloc(sizeof(float) * (size_t)V * pC);
-    if (!es || !ep) {
+    int C = s->a.hidden_size, pC = p->a.hidden_size, V = s->a.vocab_size, same = C <= pC, R = 256;
+    float *es = same ? malloc(sizeof(float) * (size_t)R * C) : NULL;
+    float *ep = same ? malloc(sizeof(float) * (size_t)R * pC) : NULL;
+    if (same && (!es || !ep)) {
         free(es);
         free(ep);
         fprintf(stderr, "distill: out of memory\n");
         return -1;
     }
-    if (same) {
-        in->be->to_host(in->be, es, s->tok_emb, sizeof(float) * (size_t)V * C);
-        in->be->to_host(in->be, ep, p->tok_emb, sizeof(float) * (size_t)V * pC);
-        for (int v = 0; v < V && same; v++)
+    for (int v0 = 0; same && v0 < V; v0 += R) {   /* R rows of each table at a time */
+        int n = V - v0 < R ? V - v0 : R;
+        in->be->to_host(in->be, es, s->tok_emb + (size_t)v0 * C, sizeof(float) * (size_t)n * C);
+        in->be->to_host(in->be, ep, p->tok_emb + (size_t)v0 * pC, sizeof(float) * (size_t)n * pC);
+        for (int v = 0; v < n && same; v++)
             same = !memcmp(es + (size_t)v * C, ep + (size_t)v * pC, sizeof(float) * (size_t)C);
     }
     free(es);
