@@ -73,7 +73,7 @@ def last(n, pat):
     return float(m[-1]) if m else None
 print("# The intermediate-state loss of distillation after pruning (SmolLM2-135M, CPU)\n")
 print("%s on the 2-core machine. Parent `%s` (WikiText-2 perplexity %.2f), sliced from one ranking to two "
-      "archs; `autocompress distill` on `%s` at lr %s with cosine to a tenth, batch 4 x 128, pure KD, seed %s, with "
+      "archs; `autocompress distill` on `%s` at lr %s with cosine to a tenth, batch 4 x 128, KD, seed %s, with "
       "`--hidden-weight W` (0: logit KD alone; W > 0 adds the mean cosine distance of each layer's output to its "
       "source layer's in the ranked parent, through the norm weight of the parent's block that reads it, weighted "
       "to W times the logit loss). WikiText-2 perplexity %s x 512 (llama.cpp's chunk method); validation loss: "

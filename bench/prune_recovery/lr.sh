@@ -13,7 +13,8 @@
 # "1234 7 99"), TOKENS (the short budget, default 32768), STUDENTS (default "slice ls"),
 # LONG (the long budget, default 262144; "" for none), LONG_LRS (its rates, default
 # "1e-3 3e-4", seed 1234, the slice), BATCH and SEQ (the distillation's micro-batch,
-# default 4 x 128), HIDDEN (`--hidden-weight`: the intermediate-state loss; unset: off),
+# default 4 x 128), HIDDEN (`--hidden-weight`: the intermediate-state loss, marked .hW in the
+# distillations' names and -hiddenW in the default RES; unset: off),
 # TASKS, EVAL_LIMIT (200), PPL_CHUNKS (16), THREADS (all cores), OUT (work folder, kept: a
 # rerun reuses what is there, so give each BATCH x SEQ its own), RES (the table).
 # Only the first seed runs every rate and student; the other seeds run the slice at the
@@ -35,7 +36,8 @@ PPL_CHUNKS=${PPL_CHUNKS:-16}
 THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/ac-prune-lr}
 WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
-RES=${RES:-bench/results/prune_recovery-lr.md}
+H=${HIDDEN:+.h$HIDDEN}   # in the names of the distillations, so that runs with and without it never mix
+RES=${RES:-bench/results/prune_recovery-lr${HIDDEN:+-hidden$HIDDEN}.md}
 source bench/prune_recovery/steps.sh
 prep
 distill() {   # distill STUDENT SEED LR TOKENS NAME
@@ -64,7 +66,7 @@ for seed in $SEEDS; do
     for lr in $LRS; do
         for s in $STUDENTS; do
             [ $first = 0 ] && { [ "$s" != slice ] || [ $n -ge 2 ]; } && continue
-            distill "$s" "$seed" "$lr" "$TOKENS" "$s.s$seed.d$lr"
+            distill "$s" "$seed" "$lr" "$TOKENS" "$s.s$seed.d$lr$H"
         done
         n=$((n + 1))
     done
@@ -73,7 +75,7 @@ done
 seed=${SEEDS%% *}
 for lr in $LONG_LRS; do
     [ -n "$LONG" ] || break
-    name=slice.s$seed.d$lr.t$LONG
+    name=slice.s$seed.d$lr$H.t$LONG
     distill slice "$seed" "$lr" "$LONG" "$name"
     step "$name.eval" "$BIN" eval "$OUT/$name" --tasks "$TASKS" --limit "$EVAL_LIMIT" --seed 1234 \
         --threads "$THREADS" --json "$OUT/$name.eval.json"
@@ -87,6 +89,7 @@ import datetime, os, statistics, sys
 sys.path.insert(0, "bench/prune_recovery")
 from outputs import Outputs
 out, model, calib, tokens, long_, chunks, limit, seeds, lrs, long_lrs, students, batch, seq, hidden = sys.argv[1:15]
+hs = ".h" + hidden if hidden else ""   # the names' mark of the intermediate-state loss
 o = Outputs(out)
 seeds, lrs, long_lrs, students = seeds.split(), lrs.split(), long_lrs.split(), students.split()
 ppl = lambda n: (o.json(n + ".ppl.out") or {}).get("ppl")
@@ -105,18 +108,18 @@ print("| student | pruned only | seed | " + " | ".join("lr %s" % lr for lr in lr
 print("|---|---|---|" + "---|" * len(lrs))
 for s in students:
     for seed in seeds:
-        cells = [ppl("%s.s%s.d%s" % (s, seed, lr)) for lr in lrs]
+        cells = [ppl("%s.s%s.d%s%s" % (s, seed, lr, hs)) for lr in lrs]
         if all(c is None for c in cells):
             continue
         print("| %s | %.1f | %s | %s |" % (name.get(s, s), ppl(s), seed,
               " | ".join("%.1f (%.2fx)" % (c, c / par) if c else "-" for c in cells)))
 for a, b in ((lrs[0], lrs[1]),) if len(lrs) > 1 else ():
-    r = [ppl("slice.s%s.d%s" % (seed, b)) / ppl("slice.s%s.d%s" % (seed, a)) for seed in seeds
-         if ppl("slice.s%s.d%s" % (seed, a)) and ppl("slice.s%s.d%s" % (seed, b))]
+    r = [ppl("slice.s%s.d%s%s" % (seed, b, hs)) / ppl("slice.s%s.d%s%s" % (seed, a, hs)) for seed in seeds
+         if ppl("slice.s%s.d%s%s" % (seed, a, hs)) and ppl("slice.s%s.d%s%s" % (seed, b, hs))]
     if r:
         print("\nSlice, lr %s over lr %s: %s (mean %.3f over %d seeds)" % (
             b, a, ", ".join("%.3f" % x for x in r), statistics.mean(r), len(r)))
-walls = [o.wall("%s.s%s.d%s" % (s, seed, lr)) for s in students for seed in seeds for lr in lrs]
+walls = [o.wall("%s.s%s.d%s%s" % (s, seed, lr, hs)) for s in students for seed in seeds for lr in lrs]
 walls = [w for w in walls if w]
 if walls:
     print("Each distillation took %.0f-%.0f s (median %.0f)." % (min(walls), max(walls), statistics.median(walls)))
@@ -131,7 +134,7 @@ if long_:
     if pa is not None:
         print("| parent | %.2f | 1.00 | %.4f | 0 | - |" % (par, pa))
     for lr in long_lrs:
-        n = "slice.s%s.d%s.t%s" % (seeds[0], lr, long_)
+        n = "slice.s%s.d%s%s.t%s" % (seeds[0], lr, hs, long_)
         p, a, w = ppl(n), avg(n), o.wall(n)
         if p is None:
             continue

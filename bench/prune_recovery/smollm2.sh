@@ -1,4 +1,4 @@
-# bench/prune_recovery/smollm2.sh — sourced by run.sh and lr.sh from the project's root:
+# bench/prune_recovery/smollm2.sh — sourced by run.sh, lr.sh and hidden.sh from the project's root:
 # the binary, the shared data, SmolLM2-135M (fetched on first use) and the C4 calibration
 # text, each unless the environment names its own.
 BIN=${AC_BIN:-$PWD/build/autocompress}
