@@ -225,7 +225,7 @@ static int teacher_ranked(const distill_args *a, distill_inputs *in, int quiet)
     rank_result r;
     if ((size_t)snprintf(path, sizeof path, "%s/ranking.json", a->student) >= sizeof path)
         snprintf(err, sizeof err, "%s: path too long", a->student);
-    else if (rank_load(path, &r, err, sizeof err) == 0)
+    else if (step_rank_load(path, &in->parent, &r, err, sizeof err) == 0)   /* for this parent's shape */
         err[0] = 0;
     if (err[0]) {
         fprintf(stderr, "distill: --hidden-weight needs the ranking the student was cut with: %s\n", err);
