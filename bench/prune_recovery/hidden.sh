@@ -20,12 +20,7 @@ TOKENS=${TOKENS:-32768}
 LONG=${LONG-262144}
 SEED=${SEED:-1234}
 LR=${LR:-3e-4}
-TASKS=${TASKS:-eight}
-EVAL_LIMIT=${EVAL_LIMIT:-200}
-PPL_CHUNKS=${PPL_CHUNKS:-16}
-THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/ac-prune-hidden}
-WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 RES=${RES:-bench/results/prune_recovery-hidden.md}
 source bench/prune_recovery/steps.sh
 prep

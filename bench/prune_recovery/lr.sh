@@ -30,12 +30,7 @@ LONG=${LONG-262144}
 LONG_LRS=${LONG_LRS:-1e-3 3e-4}
 BATCH=${BATCH:-4}
 SEQ=${SEQ:-128}
-TASKS=${TASKS:-eight}
-EVAL_LIMIT=${EVAL_LIMIT:-200}
-PPL_CHUNKS=${PPL_CHUNKS:-16}
-THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/ac-prune-lr}
-WIKI=$AC_SHARED/data/text/wikitext-2-raw/wiki.test.raw
 H=${HIDDEN:+.h$HIDDEN}   # in the names of the distillations, so that runs with and without it never mix
 RES=${RES:-bench/results/prune_recovery-lr${HIDDEN:+-hidden$HIDDEN}.md}
 source bench/prune_recovery/steps.sh
