@@ -5,7 +5,9 @@ Criteria, from 16 x 256 C4 tokens: act (mean |norm output| over every norm, the 
 and Minitron's), wanda (per 256-token sequence, sum over every projection that reads a norm
 output of ||W[:,j]|| * ||x_j||, the LM head on the final norm's too), fisher (sum over the
 sequences of (dL/dm_j)^2, m a mask on the embedding and every block's output), taylor
-(|sum dL/dm_j|). WikiText-2 raw test, 8 x 256 tokens.
+(|sum dL/dm_j|). WikiText-2 raw test, 8 x 256 tokens. It also prints how much of the stream's
+energy its three largest channels hold after every fifth layer, raw and through the next input
+norm's weight (what the intermediate-state loss of `distill --hidden-weight` compares).
 usage: THREADS=2 AC_SHARED=../shared python hidden_rank_probe.py MODEL.gguf WIKI.raw KEEP
 (the project venv: gguf, llama_cpp for the tokenizer; docs/pruning.md has the numbers)"""
 import math, os, sys, time
@@ -45,6 +47,8 @@ def fwd(M, ids, m=None, stats=None):
             stats["wanda"] += hn * (p["g"].norm(dim=0) + p["u"].norm(dim=0))
         y = (torch.nn.functional.silu(h @ p["g"].T) * (h @ p["u"].T)) @ p["d"].T
         x = x + (y * m if m is not None else y)
+        if stats is not None:   # the stream's energy per channel after each layer
+            stats["energy"][l] += (x.detach() ** 2).reshape(-1, x.shape[-1]).sum(0)
     h = rms(x, M["on"])
     if stats is not None:
         stats["wanda"] += h.reshape(-1, h.shape[-1]).norm(dim=0).detach() * M["head"].norm(dim=0)
@@ -58,7 +62,8 @@ def ppl(M, ids):
 P = model.params()
 t0 = time.time(); print("parent ppl %.2f (%.0fs)" % (ppl(P, ev), time.time() - t0), flush=True)
 keep = int(sys.argv[3]) if len(sys.argv) > 3 else 504
-stats = {"act": torch.zeros(C, dtype=torch.float64), "wanda": torch.zeros(C, dtype=torch.float64)}
+stats = {"act": torch.zeros(C, dtype=torch.float64), "wanda": torch.zeros(C, dtype=torch.float64),
+         "energy": torch.zeros(L, C, dtype=torch.float64)}
 fisher = torch.zeros(C, dtype=torch.float64); taylor = torch.zeros(C, dtype=torch.float64)
 t0 = time.time()
 for b in range(cal.shape[0]):
@@ -67,6 +72,11 @@ for b in range(cal.shape[0]):
     g, = torch.autograd.grad(loss, m)
     fisher += g * g; taylor += g
 print("statistics on %d x 256 calibration tokens (%.0fs)" % (cal.shape[0], time.time() - t0), flush=True)
+top3 = lambda e: float(e.sort(descending=True)[0][:3].sum() / e.sum())
+for l in range(0, L - 1, 5):   # what a cosine on the stream after layer l sees, raw and through the next norm
+    e = stats["energy"][l]
+    print("after layer %2d: the 3 largest channels hold %.3f of the stream's energy, %.3f through layer %d's "
+          "input norm" % (l, top3(e), top3(e * P["l"][l + 1]["an"] ** 2), l + 1), flush=True)
 def slice_ppl(score):
     idx = score.argsort(descending=True)[:keep]
     sc = math.sqrt(C / keep)
