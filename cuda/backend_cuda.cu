@@ -306,6 +306,7 @@ extern "C" eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen)
     be->impl = c;
     c->dev = dev;
     c->prec = CU_PREC_FP32;
+    c->scan = CU_SCAN_AUTO;
     int64_t used0 = nvml_used_bytes(dev);   /* before this process's context on dev, if any */
     cudaError_t e;
     if ((e = cudaSetDevice(dev)) != cudaSuccess)
@@ -380,6 +381,16 @@ extern "C" int cu_backend_set_precision(eng_backend *be, int prec)
     if (prec != CU_PREC_FP32 && prec != CU_PREC_BF16 && prec != CU_PREC_FP16)
         return -1;
     cu_of(be)->prec = prec;
+    return 0;
+}
+
+extern "C" int cu_backend_set_scan(eng_backend *be, int form)
+{
+    if (!be || strncmp(be->name, "cuda", 4) != 0)
+        return -1;
+    if (form != CU_SCAN_AUTO && form != CU_SCAN_RECURRENT)
+        return -1;
+    cu_of(be)->scan = form;
     return 0;
 }
 

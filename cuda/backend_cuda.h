@@ -44,8 +44,16 @@ eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen);
 enum { CU_PREC_FP32 = 0, CU_PREC_BF16 = 1, CU_PREC_FP16 = 2 };
 int cu_backend_set_precision(eng_backend *be, int prec);
 
-/* Bytes of the backend's private GEMM conversion workspace (bf16/fp16 operand copies),
- * which is not part of cur_bytes/peak_bytes; 0 for other backends. */
+/* The form of a CUDA backend's Mamba-2 scan forward: CU_SCAN_AUTO (the default) runs
+ * rows of a checkpoint chunk or more in the chunked (SSD) form, parallel over chunks, and
+ * shorter ones (decode) step by step; CU_SCAN_RECURRENT runs every row step by step (for
+ * bench/cuda's comparison). Returns 0, or -1 for an unknown form or a non-CUDA backend. */
+enum { CU_SCAN_AUTO = 0, CU_SCAN_RECURRENT = 1 };
+int cu_backend_set_scan(eng_backend *be, int form);
+
+/* Bytes of the backend's private workspace (the GEMMs' bf16/fp16 operand copies, split
+ * decode attention's partials, the chunked scan's scratch), which is not part of
+ * cur_bytes/peak_bytes; 0 for other backends. */
 size_t cu_backend_workspace_bytes(const eng_backend *be);
 
 /* The device memory a CUDA backend holds outside its accounted allocations (cur_bytes),

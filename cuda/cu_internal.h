@@ -19,12 +19,14 @@ typedef struct {
     cudaStream_t stream;
     cudaMemPool_t pool;       /* the backend's own stream-ordered pool (cu_alloc) */
     cublasHandle_t blas;
-    void *ws;                 /* GEMM operand conversion workspace (bf16/fp16 copies) */
+    void *ws;                 /* workspace: GEMM operand copies (bf16/fp16), attention's
+                                 split partials, the chunked scan's scratch */
     size_t ws_bytes;
     void *blas_ws;            /* the workspace handed to cuBLAS (cublasSetWorkspace) */
     size_t blas_ws_bytes;
     int64_t context_bytes;    /* device memory the CUDA context took (-1: not measured) */
     int prec;                 /* CU_PREC_* */
+    int scan;                 /* CU_SCAN_* */
     double *red;              /* 64 bytes of device scratch for host-returning reductions */
     cudaEvent_t ev0, ev1;
     int timing;               /* 1 after cu_timer_start */

@@ -3,7 +3,9 @@
  * selective-state scan (one warp per state row: head h, channel p, the state's columns over
  * the lanes, states up to 256 wide; the steps in order), its backward from the checkpoints
  * (likewise; B, C, dt and the per-head parameter gradients summed with atomics), the
- * group-gated RMSNorm and squared ReLU. Not yet the chunked SSD kernels of mamba_ssm.
+ * group-gated RMSNorm and squared ReLU. Prefill of a chunk or more runs the chunked (SSD)
+ * form instead of the step-by-step scan: parallel over the chunks, the steps within a chunk
+ * as small matrix products (below). The backward stays the recurrence from the checkpoints.
  */
 #include "cuda/cu_internal.h"
 #include "cuda/cu_ops.h"
@@ -189,6 +191,252 @@ __global__ void k_scan_fwd_warp(float *y, float *ckpt, const float *xbc, const f
     }
 }
 
+/* ---- the chunked (SSD) scan: prefill --------------------------------------------------- */
+
+/* Mamba-2's state-space duality (mamba_ssm's ssd_combined, in fp32 on the CUDA cores): the
+ * rows are cut into chunks of Q = `chunk` steps (the checkpoints' chunks). With a the
+ * cumulative dt*A within a chunk and w_t = dt_t (0 at padded steps, which then leave the
+ * state as it is):
+ *   Sc[c]       = sum_t exp(a_last - a_t) w_t x_t (outer) B_t       (the chunk's own state)
+ *   S_before[c] = exp(a_last[c-1]) S_before[c-1] + Sc[c-1]           (sequential over chunks)
+ *   y_t = exp(a_t) C_t . S_before[c] + sum_{u<=t} (C_t . B_u) exp(a_t - a_u) w_u x_u + D x_t
+ * Five launches, each parallel over chunks and heads: the decays, the chunk states, the
+ * pass between chunks (which leaves S_before in the checkpoints and the last state in
+ * `state`), C.B per group, and the outputs. They run over windows of at most SSD_WINDOW
+ * chunks, fewer where the windows' chunk states would pass SSD_STATES_CAP bytes, the state
+ * carried from window to window. Scratch in the backend's workspace, per window: dt and a
+ * [B,H,W*Q], C.B [B,W,G,Q,Q], and the chunk states [B,W,H,P,S] when no checkpoints are
+ * asked for (then: into the checkpoints). */
+#define SSD_MAX_Q 64                 /* a block's C.B pairs and outputs, 16 per thread at most */
+#define SSD_PER (SSD_MAX_Q * SSD_MAX_Q / NT)
+#define SSD_TILE 32                  /* state columns per shared tile */
+#define SSD_WINDOW 32                /* chunks per window */
+#define SSD_STATES_CAP ((size_t)64 << 20)
+
+/* The row's shape, and the window: chunks c0 .. c0+wn-1 of nch. The chunk states of window
+ * chunk w are chunk sb + w of a buffer of sn chunks per row (the checkpoints: sn = nch,
+ * sb = c0; scratch: sn = wn, sb = 0). */
+typedef struct {
+    int B, T, H, P, G, S, Q, nch, di, cd, c0, wn, sn, sb;
+} ssd_dims;
+
+/* Steps of chunk c (the last one may be short). */
+__device__ __forceinline__ int ssd_steps(const ssd_dims &d, int c) { return d.T - c * d.Q < d.Q ? d.T - c * d.Q : d.Q; }
+/* Chunk w of the window, head h, row b: its first float in [B,H,W*Q] and in the states. */
+__device__ __forceinline__ size_t ssd_at(const ssd_dims &d, int b, int h, int w)
+{
+    return (((size_t)b * d.H + h) * d.wn + w) * d.Q;
+}
+__device__ __forceinline__ size_t ssd_state_at(const ssd_dims &d, int b, int h, int w)
+{
+    return (((size_t)b * d.sn + d.sb + w) * d.H + h) * d.P * d.S;
+}
+
+/* dt (0 past the row's length) and its running sum times A within each chunk. */
+__global__ void k_ssd_decay(float *dtv, float *acum, const float *dt_raw, const float *dt_bias, const float *A_log,
+                            const int *lens, ssd_dims d)
+{
+    GRID_STRIDE(i, (size_t)d.B * d.H * d.wn) {
+        int w = (int)(i % d.wn), bh = (int)(i / d.wn), b = bh / d.H, h = bh % d.H, t0 = (d.c0 + w) * d.Q;
+        int len = lens ? lens[b] : d.T, n = ssd_steps(d, d.c0 + w);
+        float A = -expf(A_log[h]), cum = 0;
+        size_t at = ssd_at(d, b, h, w);
+        for (int u = 0; u < n; u++) {
+            int t = t0 + u;
+            float dt = t < len ? softplus_f(dt_raw[((size_t)b * d.T + t) * d.H + h] + dt_bias[h]) : 0.0f;
+            cum += dt * A;
+            dtv[at + u] = dt;
+            acum[at + u] = cum;
+        }
+    }
+}
+
+/* One block per (chunk, head, row): the chunk's own state Sc [P,S]. Shared: the weighted
+ * x [Q,P] and B [Q,S]. */
+__global__ void k_ssd_chunk_state(float *sc, const float *xbc, const float *dtv, const float *acum, ssd_dims d)
+{
+    extern __shared__ float sm[];
+    int w = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (d.H / d.G), t0 = (d.c0 + w) * d.Q;
+    int n = ssd_steps(d, d.c0 + w);
+    const float *dt = dtv + ssd_at(d, b, h, w), *a = acum + ssd_at(d, b, h, w);
+    float *xw = sm, *Bs = sm + (size_t)d.Q * d.P, last = a[n - 1];
+    for (int i = threadIdx.x; i < n * d.P; i += blockDim.x) {
+        int u = i / d.P, p = i % d.P;
+        xw[i] = xbc[((size_t)b * d.T + t0 + u) * d.cd + (size_t)h * d.P + p] * dt[u] * expf(last - a[u]);
+    }
+    for (int i = threadIdx.x; i < n * d.S; i += blockDim.x) {
+        int u = i / d.S, s = i % d.S;
+        Bs[i] = xbc[((size_t)b * d.T + t0 + u) * d.cd + d.di + (size_t)g * d.S + s];
+    }
+    __syncthreads();
+    float *out = sc + ssd_state_at(d, b, h, w);
+    for (int o = threadIdx.x; o < d.P * d.S; o += blockDim.x) {
+        int p = o / d.S, s = o % d.S;
+        float acc = 0;
+        for (int u = 0; u < n; u++)
+            acc += xw[u * d.P + p] * Bs[u * d.S + s];
+        out[o] = acc;
+    }
+}
+
+/* The pass between chunks, one thread per state element: each chunk's own state becomes
+ * the state before it (from `state` on), and `state` the state after the window. */
+__global__ void k_ssd_pass(float *sc, float *state, const float *acum, ssd_dims d)
+{
+    size_t ps = (size_t)d.P * d.S;
+    GRID_STRIDE(i, (size_t)d.B * d.H * ps) {
+        size_t e = i % ps, bh = i / ps;
+        int b = (int)(bh / d.H), h = (int)(bh % d.H);
+        float run = state[i];
+        for (int w = 0; w < d.wn; w++) {
+            float *slot = sc + ssd_state_at(d, b, h, w) + e, own = *slot;
+            *slot = run;
+            run = run * expf(acum[ssd_at(d, b, h, w) + ssd_steps(d, d.c0 + w) - 1]) + own;
+        }
+        state[i] = run;
+    }
+}
+
+/* One block per (chunk, group, row): C_t . B_u for every pair of the chunk's steps
+ * ([B,W,G,Q,Q]), over shared tiles of SSD_TILE state columns. */
+__global__ void k_ssd_cb(float *cb, const float *xbc, ssd_dims d)
+{
+    __shared__ float Ct[SSD_MAX_Q][SSD_TILE + 1], Bt[SSD_MAX_Q][SSD_TILE + 1];
+    int w = blockIdx.x, g = blockIdx.y, b = blockIdx.z, t0 = (d.c0 + w) * d.Q, QQ = d.Q * d.Q;
+    int n = ssd_steps(d, d.c0 + w);
+    float acc[SSD_PER];
+#pragma unroll
+    for (int k = 0; k < SSD_PER; k++)
+        acc[k] = 0;
+    for (int s0 = 0; s0 < d.S; s0 += SSD_TILE) {
+        for (int i = threadIdx.x; i < d.Q * SSD_TILE; i += blockDim.x) {
+            int u = i / SSD_TILE, j = i % SSD_TILE, s = s0 + j;
+            size_t at = ((size_t)b * d.T + t0 + u) * d.cd + d.di + (size_t)g * d.S + s;
+            Bt[u][j] = u < n && s < d.S ? xbc[at] : 0.0f;
+            Ct[u][j] = u < n && s < d.S ? xbc[at + (size_t)d.G * d.S] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < SSD_PER; k++) {
+            int o = threadIdx.x + k * NT, t = o / d.Q, u = o % d.Q;
+            if (o < QQ)
+                for (int j = 0; j < SSD_TILE; j++)
+                    acc[k] += Ct[t][j] * Bt[u][j];
+        }
+        __syncthreads();
+    }
+    float *out = cb + (((size_t)b * d.wn + w) * d.G + g) * QQ;
+#pragma unroll
+    for (int k = 0; k < SSD_PER; k++) {
+        int o = threadIdx.x + k * NT;
+        if (o < QQ)
+            out[o] = acc[k];
+    }
+}
+
+/* One block per (chunk, head, row): the chunk's outputs [Q,P]. Shared: the decayed C.B
+ * L [Q,Q+1], exp(a) [Q], a tile of C [Q,TILE+1] and of S_before [P,TILE+1]. */
+__global__ void k_ssd_out(float *y, const float *xbc, const float *sb, const float *cb, const float *dtv,
+                          const float *acum, const float *Dskip, const int *lens, ssd_dims d)
+{
+    extern __shared__ float sm[];
+    int w = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (d.H / d.G), Q = d.Q, t0 = (d.c0 + w) * Q;
+    int n = ssd_steps(d, d.c0 + w), len = lens ? lens[b] : d.T, QP = Q * d.P;
+    const float *dt = dtv + ssd_at(d, b, h, w), *a = acum + ssd_at(d, b, h, w);
+    const float *cbc = cb + (((size_t)b * d.wn + w) * d.G + g) * Q * Q, *sbc = sb + ssd_state_at(d, b, h, w);
+    const float *xr = xbc + ((size_t)b * d.T + t0) * d.cd + (size_t)h * d.P;
+    float *L = sm, *ea = L + Q * (Q + 1), *Ct = ea + Q, *St = Ct + Q * (SSD_TILE + 1);
+    for (int i = threadIdx.x; i < Q * Q; i += blockDim.x) {
+        int t = i / Q, u = i % Q;
+        L[t * (Q + 1) + u] = t < n && u <= t ? cbc[i] * expf(a[t] - a[u]) * dt[u] : 0.0f;
+    }
+    for (int t = threadIdx.x; t < Q; t += blockDim.x)
+        ea[t] = t < n ? expf(a[t]) : 0.0f;
+    float acc[SSD_PER];
+#pragma unroll
+    for (int k = 0; k < SSD_PER; k++)
+        acc[k] = 0;
+    for (int s0 = 0; s0 < d.S; s0 += SSD_TILE) {   /* C_t . S_before[p, :] */
+        for (int i = threadIdx.x; i < Q * SSD_TILE; i += blockDim.x) {
+            int t = i / SSD_TILE, j = i % SSD_TILE, s = s0 + j;
+            Ct[t * (SSD_TILE + 1) + j] =
+                t < n && s < d.S ? xbc[((size_t)b * d.T + t0 + t) * d.cd + d.di + ((size_t)d.G + g) * d.S + s] : 0.0f;
+        }
+        for (int i = threadIdx.x; i < d.P * SSD_TILE; i += blockDim.x) {
+            int p = i / SSD_TILE, j = i % SSD_TILE, s = s0 + j;
+            St[p * (SSD_TILE + 1) + j] = s < d.S ? sbc[(size_t)p * d.S + s] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < SSD_PER; k++) {
+            int o = threadIdx.x + k * NT, t = o / d.P, p = o % d.P;
+            if (o < QP)
+                for (int j = 0; j < SSD_TILE; j++)
+                    acc[k] += Ct[t * (SSD_TILE + 1) + j] * St[p * (SSD_TILE + 1) + j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < SSD_PER; k++) {
+        int o = threadIdx.x + k * NT, t = o / d.P, p = o % d.P;
+        if (o >= QP || t >= n)
+            continue;
+        float v = acc[k] * ea[t];
+        for (int u = 0; u <= t; u++)
+            v += L[t * (Q + 1) + u] * xr[(size_t)u * d.cd + p];
+        y[((size_t)b * d.T + t0 + t) * d.di + (size_t)h * d.P + p] =
+            t0 + t < len ? v + Dskip[h] * xr[(size_t)t * d.cd + p] : 0.0f;
+    }
+}
+
+/* Shared bytes of k_ssd_chunk_state and k_ssd_out. */
+static size_t ssd_state_shm(const ssd_dims *d) { return sizeof(float) * (size_t)d->Q * (d->P + d->S); }
+static size_t ssd_out_shm(const ssd_dims *d)
+{
+    return sizeof(float) * ((size_t)d->Q * (d->Q + 1) + d->Q + (size_t)(d->Q + d->P) * (SSD_TILE + 1));
+}
+
+/* Whether the chunked form runs: rows of a chunk or more (decode and short rows take the
+ * recurrence), chunks and outputs a block holds, shared memory within the 48 KiB every
+ * device gives without opting in. */
+static int ssd_fits(const ssd_dims *d)
+{
+    return d->T >= d->Q && d->Q <= SSD_MAX_Q && (size_t)d->Q * d->P <= (size_t)SSD_PER * NT &&
+           ssd_state_shm(d) <= 48 * 1024 && ssd_out_shm(d) <= 48 * 1024;
+}
+
+static void ssd_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
+                         const float *dt_bias, const float *A_log, const float *Dskip, float *state, const int *lens,
+                         ssd_dims d)
+{
+    size_t chunk_states = (size_t)d.B * d.H * d.P * d.S;   /* floats of one chunk's states */
+    size_t cap = SSD_STATES_CAP / (sizeof(float) * chunk_states);
+    int W = cap < 1 ? 1 : cap < SSD_WINDOW ? (int)cap : SSD_WINDOW;
+    W = W < d.nch ? W : d.nch;
+    size_t bht = (size_t)d.B * d.H * W * d.Q, ncb = (size_t)d.B * W * d.G * d.Q * d.Q;
+    float *ws = (float *)cu_workspace(be, sizeof(float) * (2 * bht + ncb + (ckpt ? 0 : W * chunk_states)));
+    if (!ws)
+        return;
+    float *dtv = ws, *acum = ws + bht, *cb = acum + bht, *sc = ckpt ? ckpt : cb + ncb;
+    cudaStream_t st = cu_of(be)->stream;
+    for (d.c0 = 0; d.c0 < d.nch; d.c0 += W) {
+        d.wn = d.nch - d.c0 < W ? d.nch - d.c0 : W;
+        d.sn = ckpt ? d.nch : d.wn;
+        d.sb = ckpt ? d.c0 : 0;
+        dim3 heads((unsigned)d.wn, (unsigned)d.H, (unsigned)d.B), groups((unsigned)d.wn, (unsigned)d.G, (unsigned)d.B);
+        k_ssd_decay<<<grid_for((size_t)d.B * d.H * d.wn), NT, 0, st>>>(dtv, acum, dt_raw, dt_bias, A_log, lens, d);
+        CHECK_LAUNCH(be);
+        k_ssd_chunk_state<<<heads, NT, ssd_state_shm(&d), st>>>(sc, xbc, dtv, acum, d);
+        CHECK_LAUNCH(be);
+        k_ssd_pass<<<grid_for(chunk_states), NT, 0, st>>>(sc, state, acum, d);
+        CHECK_LAUNCH(be);
+        k_ssd_cb<<<groups, NT, 0, st>>>(cb, xbc, d);
+        CHECK_LAUNCH(be);
+        k_ssd_out<<<heads, NT, ssd_out_shm(&d), st>>>(y, xbc, sc, cb, dtv, acum, Dskip, lens, d);
+        CHECK_LAUNCH(be);
+    }
+}
+
 static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
                             const float *dt_bias, const float *A_log, const float *Dskip, float *state, const int *lens,
                             int B, int T, int H, int P, int G, int S, int chunk)
@@ -197,6 +445,11 @@ static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float 
         return;
     if (scan_too_wide(be, S))
         return;
+    ssd_dims d = {B, T, H, P, G, S, chunk, (T + chunk - 1) / chunk, H * P, H * P + 2 * G * S, 0, 0, 0, 0};
+    if (cu_of(be)->scan == CU_SCAN_AUTO && ssd_fits(&d)) {
+        ssd_scan_fwd(be, y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip, state, lens, d);
+        return;
+    }
     size_t rows = (size_t)B * H * P;
     k_scan_fwd_warp<<<grid_for(rows * 32), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip,
                                                                       state, lens, B, T, H, P, G, S, chunk);

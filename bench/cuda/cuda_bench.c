@@ -6,7 +6,10 @@
  * runs on "cpu" (for checking the tool itself). Not part of the product.
  * Usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n]
  *        [--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE] [--train]
+ *        [--scan auto|recurrent]
  * --train: also a training step's tokens/s (forward + backward of CE) on the prompt.
+ * --scan recurrent: the Mamba-2 scan step by step at prefill too (the default, auto, runs
+ * prompts of a chunk or more in the chunked form), for comparing the two.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,7 +28,7 @@
 #endif
 
 typedef struct {
-    const char *device, *prec, *model, *arch;
+    const char *device, *prec, *model, *arch, *scan;
     int T, steps, layers, batch, train;
 } opts;
 
@@ -47,6 +50,21 @@ static int set_prec(eng_backend *be, const char *prec)
         return -1;
     }
     return 0;
+}
+
+/* The CUDA backend's scan form (cuda/backend_cuda.h); "auto" on any backend. */
+static int set_scan(eng_backend *be, const char *scan)
+{
+    if (!strcmp(scan, "auto"))
+        return 0;
+#if defined(AC_CUDA) && AC_CUDA
+    if (!strcmp(scan, "recurrent") && cu_backend_set_scan(be, CU_SCAN_RECURRENT) == 0)
+        return 0;
+#else
+    (void)be;
+#endif
+    fprintf(stderr, "cuda_bench: --scan %s: not a scan form of this backend (auto, or recurrent on CUDA)\n", scan);
+    return -1;
 }
 
 /* ---- ceilings -------------------------------------------------------------------- */
@@ -149,7 +167,7 @@ static int run_model(const opts *o)
         fprintf(stderr, "cuda_bench: %s\n", err);
         return 1;
     }
-    if (set_prec(be, o->prec) != 0)
+    if (set_prec(be, o->prec) != 0 || set_scan(be, o->scan) != 0)
         return 1;
     arch a;
     eng_model m;
@@ -378,10 +396,11 @@ static int run_compare(const opts *o)
 int main(int argc, char **argv)
 {
     eng_blas_pick_kernel(argv);
-    opts o = {.device = "cuda:0", .prec = "fp32", .model = NULL, .arch = NULL, .T = 512, .steps = 64, .layers = 30, .batch = 1};
+    opts o = {.device = "cuda:0", .prec = "fp32", .model = NULL, .arch = NULL, .scan = "auto", .T = 512, .steps = 64, .layers = 30, .batch = 1};
     if (argc < 2) {
         fprintf(stderr, "usage: cuda_bench ceilings|model|compare [--device D] [--prec fp32|bf16] [--T n] "
-                        "[--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE] [--train]\n");
+                        "[--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE] [--train] "
+                        "[--scan auto|recurrent]\n");
         return 2;
     }
     for (int i = 2; i < argc; i++) {
@@ -399,6 +418,8 @@ int main(int argc, char **argv)
             o.model = v;
         else if (!bad && strcmp(k, "--arch") == 0)
             o.arch = v;
+        else if (!bad && strcmp(k, "--scan") == 0)
+            o.scan = v;
         else if (!bad && strcmp(k, "--T") == 0)
             bad = parse_int(v, &o.T);
         else if (!bad && strcmp(k, "--steps") == 0)

@@ -175,7 +175,9 @@ static void test_kv_decode(void **state)
     FAM = *(const int *)*state;
     twins t;
     twins_init(&t);
-    enum { B = 2, P = 13, STEPS = 4 };
+    /* a prefill over one scan chunk (ENG_SSM_CHUNK): the hybrid's GPU prefill takes the chunked
+     * scan, and decode goes on from the state it leaves */
+    enum { B = 2, P = 37, STEPS = 4 };
     int V = t.a.vocab_size, tok[B * P];
     tokens_fill(tok, B * P, V, 11);
     eng_kv_cache *kc = eng_kv_new(&t.c, B, 64), *kg = eng_kv_new(&t.g, B, 64);

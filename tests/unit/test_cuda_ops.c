@@ -375,8 +375,8 @@ static void test_rows(void **state)
 }
 
 /* The Mamba-2 ops: conv with and without history (its update at row lengths), the scan with
- * checkpoints and lengths, its backward from those checkpoints, the gated norm both ways,
- * squared ReLU. B and C of a group are shared by its heads (atomics on the GPU). */
+ * checkpoints and lengths (the GPU's chunked form and its recurrence), its backward from
+ * those checkpoints, the gated norm both ways, squared ReLU. B and C of a group are shared by its heads (atomics on the GPU). */
 /* The scan forward (state, checkpoints, padded rows) and backward at one shape; names
  * "ssm_scan_{fwd,bwd}_TAG...". */
 static void scan_case(int B, int T, int H, int P, int G, int S, int chunk, int *lc, int *lg, const char *tag)
@@ -393,6 +393,11 @@ static void scan_case(int B, int T, int H, int P, int G, int S, int chunk, int *
     check_pair(NAME("fwd"), &y, TOL32);
     check_pair(NAME("fwd_state"), &st, TOL32);
     check_pair(NAME("fwd_ckpt"), &ck, TOL32);
+    /* serving: no checkpoints (the GPU's chunk states in its scratch), on from the state */
+    CPU->ssm_scan_fwd(CPU, y.c, NULL, x.c, dt.c, dtb.c, alog.c, Dk.c, st.c, lc, B, T, H, P, G, S, chunk);
+    GPU->ssm_scan_fwd(GPU, y.g, NULL, x.g, dt.g, dtb.g, alog.g, Dk.g, st.g, lg, B, T, H, P, G, S, chunk);
+    check_pair(NAME("fwd_nockpt"), &y, TOL32);
+    check_pair(NAME("fwd_nockpt_state"), &st, TOL32);
     CPU->zero(CPU, st.c, st.n * 4);
     GPU->zero(GPU, st.g, st.n * 4);
     CPU->ssm_scan_fwd(CPU, y.c, ck.c, x.c, dt.c, dtb.c, alog.c, Dk.c, st.c, NULL, B, T, H, P, G, S, chunk);
@@ -466,6 +471,19 @@ static void test_ssm(void **state)
     /* a state of several register rows per lane (S 80); the widest the registers hold (256) */
     scan_case(B, T, H, 3, G, 80, chunk, lc, lg, "s80");
     scan_case(B, T, H, 3, G, 256, chunk, lc, lg, "s256");
+    /* rows of a chunk or more take the chunked form on the GPU: at a Nemotron-H head (P 64,
+     * S 128: four shared tiles, eight outputs per thread), chunks of 32, the last one short */
+    scan_case(1, 70, 2, 64, 1, 128, 32, NULL, NULL, "p64s128");
+    {   /* rows longer than a window of chunks (32): two windows, the state carried across,
+         * a row ending inside the second */
+        int wl[2] = {533, 517}, *wc = ints_on(CPU, wl, B), *wg = ints_on(GPU, wl, B);
+        scan_case(B, 533, H, P, G, S, chunk, wc, wg, "windows");
+        CPU->free(CPU, wc, (size_t)B * 4);
+        GPU->free(GPU, wg, (size_t)B * 4);
+    }
+    /* shorter rows the recurrence: decode's single step, and a row under one chunk */
+    scan_case(B, 1, H, P, G, S, chunk, NULL, NULL, "decode");
+    scan_case(B, 9, H, P, G, S, chunk, NULL, NULL, "short");
 #if defined(AC_CUDA) && AC_CUDA
     {   /* wider is refused with the reason, on a backend of its own (errors stay) */
         char e2[256];
