@@ -104,9 +104,9 @@ for h in hybrid moe; do
     run nemotron_${h}_fp32 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 --steps 128 \
         --arch bench/cuda/nemotron_h_$h.json --train
 done
-# the hybrid's prefill with the Mamba-2 scan step by step, beside the chunked form above
+# the hybrid with the Mamba-2 scan step by step (prefill and training), beside the chunked form above
 run nemotron_hybrid_fp32_recurrent 120 "$BUILD"/tools/cuda_bench model --device "$DEVICE" --prec fp32 --T 512 \
-    --steps 16 --arch bench/cuda/nemotron_h_hybrid.json --scan recurrent
+    --steps 16 --arch bench/cuda/nemotron_h_hybrid.json --train --scan recurrent
 # distillation: the product's loop (teacher SmolLM2-135M shape, student hidden 512)
 for p in fp32 bf16; do
     run distill_$p 120 "$BUILD"/tools/distill_bench --device "$DEVICE" --precision $p --batch 4 --seq 256 --steps 5
@@ -188,8 +188,10 @@ jv() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().st
         echo "| Nemotron-H-shaped $h fp32 decode B=1 ctx 512 | $(val nemotron_${h}_fp32 decode_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 decode_GBps) GB/s = $(share "$(val nemotron_${h}_fp32 decode_GBps)" "$BW") of copy |"
         echo "| Nemotron-H-shaped $h fp32 training step B=1 T=512 (CE fwd+bwd) | $(val nemotron_${h}_fp32 train_tokens_per_s) tok/s, $(val nemotron_${h}_fp32 train_TFLOPs) TFLOP/s = $(share "$(val nemotron_${h}_fp32 train_TFLOPs)" "$F32") of GEMM fp32 |"
     done
-    RP=$(val nemotron_hybrid_fp32_recurrent prefill_tokens_per_s)
-    echo "| Nemotron-H-shaped hybrid fp32 prefill B=1 T=512, scan chunked vs step by step | $(val nemotron_hybrid_fp32 prefill_tokens_per_s) vs ${RP:-?} tok/s: $(awk -v a="$(val nemotron_hybrid_fp32 prefill_tokens_per_s)" -v b="$RP" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }') |"
+    for k in prefill train; do
+        A=$(val nemotron_hybrid_fp32 ${k}_tokens_per_s); R=$(val nemotron_hybrid_fp32_recurrent ${k}_tokens_per_s)
+        echo "| Nemotron-H-shaped hybrid fp32 $k B=1 T=512, scan chunked vs step by step | ${A:-?} vs ${R:-?} tok/s: $(awk -v a="$A" -v b="$R" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }') |"
+    done
     for p in fp32 bf16; do
         G=$(jv distill_$p sgemm_gflops); [ $p = bf16 ] && G=$(jv distill_$p gemm16_gflops)
         echo "| distillation step $p, B=4 x 256 (teacher fwd + student fwd/bwd + AdamW) | $(jv distill_$p tokens_per_s) tok/s (best of 5 steps); GEMM ceiling through the same backend $G GFLOP/s |"

@@ -44,10 +44,10 @@ eng_backend *eng_backend_cuda_new(int dev, char *err, size_t errlen);
 enum { CU_PREC_FP32 = 0, CU_PREC_BF16 = 1, CU_PREC_FP16 = 2 };
 int cu_backend_set_precision(eng_backend *be, int prec);
 
-/* The form of a CUDA backend's Mamba-2 scan forward: CU_SCAN_AUTO (the default) runs
- * rows of a checkpoint chunk or more in the chunked (SSD) form, parallel over chunks, and
- * shorter ones (decode) step by step; CU_SCAN_RECURRENT runs every row step by step (for
- * bench/cuda's comparison). Returns 0, or -1 for an unknown form or a non-CUDA backend. */
+/* The form of a CUDA backend's Mamba-2 scan, forward and backward: CU_SCAN_AUTO (the
+ * default) runs rows of a checkpoint chunk or more in the chunked (SSD) form, parallel over
+ * chunks, and shorter ones (decode) step by step; CU_SCAN_RECURRENT runs every row step by
+ * step (for bench/cuda's comparison). Returns 0, or -1 for an unknown form or a non-CUDA backend. */
 enum { CU_SCAN_AUTO = 0, CU_SCAN_RECURRENT = 1 };
 int cu_backend_set_scan(eng_backend *be, int form);
 

@@ -85,6 +85,10 @@ static inline unsigned cu_blocks(size_t n, unsigned threads)
 }
 
 #ifdef __CUDACC__
+__device__ __forceinline__ float cu_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+/* torch's softplus (threshold 20: linear above). */
+__device__ __forceinline__ float cu_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
 /* Warp and block reductions (blockDim.x a multiple of 32, at most 1024). The block
  * versions use a 32-float shared scratch and return the result to every thread. */
 __device__ __forceinline__ float cu_warp_sum(float v)

@@ -1,19 +1,15 @@
 /* cuda/kernels_ssm.cu — the Mamba-2 ops on the GPU (contracts in engine/backend.h, CPU
  * reference engine/cpu_ssm.c): the depthwise causal conv with its history, the
- * selective-state scan (one warp per state row: head h, channel p, the state's columns over
- * the lanes, states up to 256 wide; the steps in order), its backward from the checkpoints
+ * selective-state scan step by step (one warp per state row: head h, channel p, the state's
+ * columns over the lanes, states up to 256 wide), its backward from the checkpoints
  * (likewise; B, C, dt and the per-head parameter gradients summed with atomics), the
- * group-gated RMSNorm and squared ReLU. Prefill of a chunk or more runs the chunked (SSD)
- * form instead of the step-by-step scan: parallel over the chunks, the steps within a chunk
- * as small matrix products (below). The backward stays the recurrence from the checkpoints.
+ * group-gated RMSNorm and squared ReLU. Rows of a chunk or more scan in the chunked form of
+ * kernels_ssd.cu instead, both ways, where its blocks fit; decode and short rows here.
  */
 #include "cuda/cu_internal.h"
 #include "cuda/cu_ops.h"
 
 #include <math.h>
-
-__device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
-__device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 /* ---- conv ------------------------------------------------------------------------------ */
 
@@ -32,7 +28,7 @@ __global__ void k_conv_fwd(float *y, const float *x, const float *w, const float
         float acc = bias ? bias[c] : 0.0f;
         for (int k = 0; k < K; k++)
             acc += w[(size_t)c * K + k] * conv_in(x, state, b, T, cd, K, t - (K - 1) + k, c);
-        y[i] = acc * sigm(acc);
+        y[i] = acc * cu_sigmoid(acc);
     }
 }
 
@@ -69,7 +65,7 @@ __device__ __forceinline__ float conv_dpre(const float *dy, const float *x, cons
     float pre = bias ? bias[c] : 0.0f;
     for (int k = 0; k < K; k++)
         pre += w[(size_t)c * K + k] * conv_in(x, NULL, b, T, cd, K, t - (K - 1) + k, c);
-    float s = sigm(pre);
+    float s = cu_sigmoid(pre);
     return dy[((size_t)b * T + t) * cd + c] * s * (1.0f + pre * (1.0f - s));
 }
 
@@ -167,7 +163,7 @@ __global__ void k_scan_fwd_warp(float *y, float *ckpt, const float *xbc, const f
                     y[((size_t)b * T + t) * di + (size_t)h * P + p] = 0;
                 continue;
             }
-            float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dtb), da = expf(dt * A);
+            float dt = cu_softplus(dt_raw[((size_t)b * T + t) * H + h] + dtb), da = expf(dt * A);
             float xp = row[h * P + p], xd = dt * xp, acc = 0;
             const float *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
 #pragma unroll
@@ -191,252 +187,6 @@ __global__ void k_scan_fwd_warp(float *y, float *ckpt, const float *xbc, const f
     }
 }
 
-/* ---- the chunked (SSD) scan: prefill --------------------------------------------------- */
-
-/* Mamba-2's state-space duality (mamba_ssm's ssd_combined, in fp32 on the CUDA cores): the
- * rows are cut into chunks of Q = `chunk` steps (the checkpoints' chunks). With a the
- * cumulative dt*A within a chunk and w_t = dt_t (0 at padded steps, which then leave the
- * state as it is):
- *   Sc[c]       = sum_t exp(a_last - a_t) w_t x_t (outer) B_t       (the chunk's own state)
- *   S_before[c] = exp(a_last[c-1]) S_before[c-1] + Sc[c-1]           (sequential over chunks)
- *   y_t = exp(a_t) C_t . S_before[c] + sum_{u<=t} (C_t . B_u) exp(a_t - a_u) w_u x_u + D x_t
- * Five launches, each parallel over chunks and heads: the decays, the chunk states, the
- * pass between chunks (which leaves S_before in the checkpoints and the last state in
- * `state`), C.B per group, and the outputs. They run over windows of at most SSD_WINDOW
- * chunks, fewer where the windows' chunk states would pass SSD_STATES_CAP bytes, the state
- * carried from window to window. Scratch in the backend's workspace, per window: dt and a
- * [B,H,W*Q], C.B [B,W,G,Q,Q], and the chunk states [B,W,H,P,S] when no checkpoints are
- * asked for (then: into the checkpoints). */
-#define SSD_MAX_Q 64                 /* a block's C.B pairs and outputs, 16 per thread at most */
-#define SSD_PER (SSD_MAX_Q * SSD_MAX_Q / NT)
-#define SSD_TILE 32                  /* state columns per shared tile */
-#define SSD_WINDOW 32                /* chunks per window */
-#define SSD_STATES_CAP ((size_t)64 << 20)
-
-/* The row's shape, and the window: chunks c0 .. c0+wn-1 of nch. The chunk states of window
- * chunk w are chunk sb + w of a buffer of sn chunks per row (the checkpoints: sn = nch,
- * sb = c0; scratch: sn = wn, sb = 0). */
-typedef struct {
-    int B, T, H, P, G, S, Q, nch, di, cd, c0, wn, sn, sb;
-} ssd_dims;
-
-/* Steps of chunk c (the last one may be short). */
-__device__ __forceinline__ int ssd_steps(const ssd_dims &d, int c) { return d.T - c * d.Q < d.Q ? d.T - c * d.Q : d.Q; }
-/* Chunk w of the window, head h, row b: its first float in [B,H,W*Q] and in the states. */
-__device__ __forceinline__ size_t ssd_at(const ssd_dims &d, int b, int h, int w)
-{
-    return (((size_t)b * d.H + h) * d.wn + w) * d.Q;
-}
-__device__ __forceinline__ size_t ssd_state_at(const ssd_dims &d, int b, int h, int w)
-{
-    return (((size_t)b * d.sn + d.sb + w) * d.H + h) * d.P * d.S;
-}
-
-/* dt (0 past the row's length) and its running sum times A within each chunk. */
-__global__ void k_ssd_decay(float *dtv, float *acum, const float *dt_raw, const float *dt_bias, const float *A_log,
-                            const int *lens, ssd_dims d)
-{
-    GRID_STRIDE(i, (size_t)d.B * d.H * d.wn) {
-        int w = (int)(i % d.wn), bh = (int)(i / d.wn), b = bh / d.H, h = bh % d.H, t0 = (d.c0 + w) * d.Q;
-        int len = lens ? lens[b] : d.T, n = ssd_steps(d, d.c0 + w);
-        float A = -expf(A_log[h]), cum = 0;
-        size_t at = ssd_at(d, b, h, w);
-        for (int u = 0; u < n; u++) {
-            int t = t0 + u;
-            float dt = t < len ? softplus_f(dt_raw[((size_t)b * d.T + t) * d.H + h] + dt_bias[h]) : 0.0f;
-            cum += dt * A;
-            dtv[at + u] = dt;
-            acum[at + u] = cum;
-        }
-    }
-}
-
-/* One block per (chunk, head, row): the chunk's own state Sc [P,S]. Shared: the weighted
- * x [Q,P] and B [Q,S]. */
-__global__ void k_ssd_chunk_state(float *sc, const float *xbc, const float *dtv, const float *acum, ssd_dims d)
-{
-    extern __shared__ float sm[];
-    int w = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (d.H / d.G), t0 = (d.c0 + w) * d.Q;
-    int n = ssd_steps(d, d.c0 + w);
-    const float *dt = dtv + ssd_at(d, b, h, w), *a = acum + ssd_at(d, b, h, w);
-    float *xw = sm, *Bs = sm + (size_t)d.Q * d.P, last = a[n - 1];
-    for (int i = threadIdx.x; i < n * d.P; i += blockDim.x) {
-        int u = i / d.P, p = i % d.P;
-        xw[i] = xbc[((size_t)b * d.T + t0 + u) * d.cd + (size_t)h * d.P + p] * dt[u] * expf(last - a[u]);
-    }
-    for (int i = threadIdx.x; i < n * d.S; i += blockDim.x) {
-        int u = i / d.S, s = i % d.S;
-        Bs[i] = xbc[((size_t)b * d.T + t0 + u) * d.cd + d.di + (size_t)g * d.S + s];
-    }
-    __syncthreads();
-    float *out = sc + ssd_state_at(d, b, h, w);
-    for (int o = threadIdx.x; o < d.P * d.S; o += blockDim.x) {
-        int p = o / d.S, s = o % d.S;
-        float acc = 0;
-        for (int u = 0; u < n; u++)
-            acc += xw[u * d.P + p] * Bs[u * d.S + s];
-        out[o] = acc;
-    }
-}
-
-/* The pass between chunks, one thread per state element: each chunk's own state becomes
- * the state before it (from `state` on), and `state` the state after the window. */
-__global__ void k_ssd_pass(float *sc, float *state, const float *acum, ssd_dims d)
-{
-    size_t ps = (size_t)d.P * d.S;
-    GRID_STRIDE(i, (size_t)d.B * d.H * ps) {
-        size_t e = i % ps, bh = i / ps;
-        int b = (int)(bh / d.H), h = (int)(bh % d.H);
-        float run = state[i];
-        for (int w = 0; w < d.wn; w++) {
-            float *slot = sc + ssd_state_at(d, b, h, w) + e, own = *slot;
-            *slot = run;
-            run = run * expf(acum[ssd_at(d, b, h, w) + ssd_steps(d, d.c0 + w) - 1]) + own;
-        }
-        state[i] = run;
-    }
-}
-
-/* One block per (chunk, group, row): C_t . B_u for every pair of the chunk's steps
- * ([B,W,G,Q,Q]), over shared tiles of SSD_TILE state columns. */
-__global__ void k_ssd_cb(float *cb, const float *xbc, ssd_dims d)
-{
-    __shared__ float Ct[SSD_MAX_Q][SSD_TILE + 1], Bt[SSD_MAX_Q][SSD_TILE + 1];
-    int w = blockIdx.x, g = blockIdx.y, b = blockIdx.z, t0 = (d.c0 + w) * d.Q, QQ = d.Q * d.Q;
-    int n = ssd_steps(d, d.c0 + w);
-    float acc[SSD_PER];
-#pragma unroll
-    for (int k = 0; k < SSD_PER; k++)
-        acc[k] = 0;
-    for (int s0 = 0; s0 < d.S; s0 += SSD_TILE) {
-        for (int i = threadIdx.x; i < d.Q * SSD_TILE; i += blockDim.x) {
-            int u = i / SSD_TILE, j = i % SSD_TILE, s = s0 + j;
-            size_t at = ((size_t)b * d.T + t0 + u) * d.cd + d.di + (size_t)g * d.S + s;
-            Bt[u][j] = u < n && s < d.S ? xbc[at] : 0.0f;
-            Ct[u][j] = u < n && s < d.S ? xbc[at + (size_t)d.G * d.S] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < SSD_PER; k++) {
-            int o = threadIdx.x + k * NT, t = o / d.Q, u = o % d.Q;
-            if (o < QQ)
-                for (int j = 0; j < SSD_TILE; j++)
-                    acc[k] += Ct[t][j] * Bt[u][j];
-        }
-        __syncthreads();
-    }
-    float *out = cb + (((size_t)b * d.wn + w) * d.G + g) * QQ;
-#pragma unroll
-    for (int k = 0; k < SSD_PER; k++) {
-        int o = threadIdx.x + k * NT;
-        if (o < QQ)
-            out[o] = acc[k];
-    }
-}
-
-/* One block per (chunk, head, row): the chunk's outputs [Q,P]. Shared: the decayed C.B
- * L [Q,Q+1], exp(a) [Q], a tile of C [Q,TILE+1] and of S_before [P,TILE+1]. */
-__global__ void k_ssd_out(float *y, const float *xbc, const float *sb, const float *cb, const float *dtv,
-                          const float *acum, const float *Dskip, const int *lens, ssd_dims d)
-{
-    extern __shared__ float sm[];
-    int w = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (d.H / d.G), Q = d.Q, t0 = (d.c0 + w) * Q;
-    int n = ssd_steps(d, d.c0 + w), len = lens ? lens[b] : d.T, QP = Q * d.P;
-    const float *dt = dtv + ssd_at(d, b, h, w), *a = acum + ssd_at(d, b, h, w);
-    const float *cbc = cb + (((size_t)b * d.wn + w) * d.G + g) * Q * Q, *sbc = sb + ssd_state_at(d, b, h, w);
-    const float *xr = xbc + ((size_t)b * d.T + t0) * d.cd + (size_t)h * d.P;
-    float *L = sm, *ea = L + Q * (Q + 1), *Ct = ea + Q, *St = Ct + Q * (SSD_TILE + 1);
-    for (int i = threadIdx.x; i < Q * Q; i += blockDim.x) {
-        int t = i / Q, u = i % Q;
-        L[t * (Q + 1) + u] = t < n && u <= t ? cbc[i] * expf(a[t] - a[u]) * dt[u] : 0.0f;
-    }
-    for (int t = threadIdx.x; t < Q; t += blockDim.x)
-        ea[t] = t < n ? expf(a[t]) : 0.0f;
-    float acc[SSD_PER];
-#pragma unroll
-    for (int k = 0; k < SSD_PER; k++)
-        acc[k] = 0;
-    for (int s0 = 0; s0 < d.S; s0 += SSD_TILE) {   /* C_t . S_before[p, :] */
-        for (int i = threadIdx.x; i < Q * SSD_TILE; i += blockDim.x) {
-            int t = i / SSD_TILE, j = i % SSD_TILE, s = s0 + j;
-            Ct[t * (SSD_TILE + 1) + j] =
-                t < n && s < d.S ? xbc[((size_t)b * d.T + t0 + t) * d.cd + d.di + ((size_t)d.G + g) * d.S + s] : 0.0f;
-        }
-        for (int i = threadIdx.x; i < d.P * SSD_TILE; i += blockDim.x) {
-            int p = i / SSD_TILE, j = i % SSD_TILE, s = s0 + j;
-            St[p * (SSD_TILE + 1) + j] = s < d.S ? sbc[(size_t)p * d.S + s] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < SSD_PER; k++) {
-            int o = threadIdx.x + k * NT, t = o / d.P, p = o % d.P;
-            if (o < QP)
-                for (int j = 0; j < SSD_TILE; j++)
-                    acc[k] += Ct[t * (SSD_TILE + 1) + j] * St[p * (SSD_TILE + 1) + j];
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int k = 0; k < SSD_PER; k++) {
-        int o = threadIdx.x + k * NT, t = o / d.P, p = o % d.P;
-        if (o >= QP || t >= n)
-            continue;
-        float v = acc[k] * ea[t];
-        for (int u = 0; u <= t; u++)
-            v += L[t * (Q + 1) + u] * xr[(size_t)u * d.cd + p];
-        y[((size_t)b * d.T + t0 + t) * d.di + (size_t)h * d.P + p] =
-            t0 + t < len ? v + Dskip[h] * xr[(size_t)t * d.cd + p] : 0.0f;
-    }
-}
-
-/* Shared bytes of k_ssd_chunk_state and k_ssd_out. */
-static size_t ssd_state_shm(const ssd_dims *d) { return sizeof(float) * (size_t)d->Q * (d->P + d->S); }
-static size_t ssd_out_shm(const ssd_dims *d)
-{
-    return sizeof(float) * ((size_t)d->Q * (d->Q + 1) + d->Q + (size_t)(d->Q + d->P) * (SSD_TILE + 1));
-}
-
-/* Whether the chunked form runs: rows of a chunk or more (decode and short rows take the
- * recurrence), chunks and outputs a block holds, shared memory within the 48 KiB every
- * device gives without opting in. */
-static int ssd_fits(const ssd_dims *d)
-{
-    return d->T >= d->Q && d->Q <= SSD_MAX_Q && (size_t)d->Q * d->P <= (size_t)SSD_PER * NT &&
-           ssd_state_shm(d) <= 48 * 1024 && ssd_out_shm(d) <= 48 * 1024;
-}
-
-static void ssd_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
-                         const float *dt_bias, const float *A_log, const float *Dskip, float *state, const int *lens,
-                         ssd_dims d)
-{
-    size_t chunk_states = (size_t)d.B * d.H * d.P * d.S;   /* floats of one chunk's states */
-    size_t cap = SSD_STATES_CAP / (sizeof(float) * chunk_states);
-    int W = cap < 1 ? 1 : cap < SSD_WINDOW ? (int)cap : SSD_WINDOW;
-    W = W < d.nch ? W : d.nch;
-    size_t bht = (size_t)d.B * d.H * W * d.Q, ncb = (size_t)d.B * W * d.G * d.Q * d.Q;
-    float *ws = (float *)cu_workspace(be, sizeof(float) * (2 * bht + ncb + (ckpt ? 0 : W * chunk_states)));
-    if (!ws)
-        return;
-    float *dtv = ws, *acum = ws + bht, *cb = acum + bht, *sc = ckpt ? ckpt : cb + ncb;
-    cudaStream_t st = cu_of(be)->stream;
-    for (d.c0 = 0; d.c0 < d.nch; d.c0 += W) {
-        d.wn = d.nch - d.c0 < W ? d.nch - d.c0 : W;
-        d.sn = ckpt ? d.nch : d.wn;
-        d.sb = ckpt ? d.c0 : 0;
-        dim3 heads((unsigned)d.wn, (unsigned)d.H, (unsigned)d.B), groups((unsigned)d.wn, (unsigned)d.G, (unsigned)d.B);
-        k_ssd_decay<<<grid_for((size_t)d.B * d.H * d.wn), NT, 0, st>>>(dtv, acum, dt_raw, dt_bias, A_log, lens, d);
-        CHECK_LAUNCH(be);
-        k_ssd_chunk_state<<<heads, NT, ssd_state_shm(&d), st>>>(sc, xbc, dtv, acum, d);
-        CHECK_LAUNCH(be);
-        k_ssd_pass<<<grid_for(chunk_states), NT, 0, st>>>(sc, state, acum, d);
-        CHECK_LAUNCH(be);
-        k_ssd_cb<<<groups, NT, 0, st>>>(cb, xbc, d);
-        CHECK_LAUNCH(be);
-        k_ssd_out<<<heads, NT, ssd_out_shm(&d), st>>>(y, xbc, sc, cb, dtv, acum, Dskip, lens, d);
-        CHECK_LAUNCH(be);
-    }
-}
-
 static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float *xbc, const float *dt_raw,
                             const float *dt_bias, const float *A_log, const float *Dskip, float *state, const int *lens,
                             int B, int T, int H, int P, int G, int S, int chunk)
@@ -445,11 +195,8 @@ static void cu_ssm_scan_fwd(eng_backend *be, float *y, float *ckpt, const float 
         return;
     if (scan_too_wide(be, S))
         return;
-    ssd_dims d = {B, T, H, P, G, S, chunk, (T + chunk - 1) / chunk, H * P, H * P + 2 * G * S, 0, 0, 0, 0};
-    if (cu_of(be)->scan == CU_SCAN_AUTO && ssd_fits(&d)) {
-        ssd_scan_fwd(be, y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip, state, lens, d);
+    if (cu_ssd_scan_fwd(be, y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip, state, lens, B, T, H, P, G, S, chunk))
         return;
-    }
     size_t rows = (size_t)B * H * P;
     k_scan_fwd_warp<<<grid_for(rows * 32), NT, 0, cu_of(be)->stream>>>(y, ckpt, xbc, dt_raw, dt_bias, A_log, Dskip,
                                                                       state, lens, B, T, H, P, G, S, chunk);
@@ -483,7 +230,7 @@ __global__ void k_scan_bwd_warp(float *dxbc, float *ddt_raw, float *ddt_bias, fl
                 st[j] = ck[j];
             for (int t = t0; t < t1; t++) {   /* the chunk's states again, row p, this lane's columns */
                 const float *row = xbc + ((size_t)b * T + t) * cd;
-                float dt = softplus_f(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
+                float dt = cu_softplus(dt_raw[((size_t)b * T + t) * H + h] + dt_bias[h]), da = expf(dt * A);
                 float xd = dt * row[h * P + p];
                 const float *Bg = row + di + (size_t)g * S;
                 float *s0 = st + (size_t)(t - t0) * ps, *s1 = s0 + ps;
@@ -494,7 +241,7 @@ __global__ void k_scan_bwd_warp(float *dxbc, float *ddt_raw, float *ddt_bias, fl
                 size_t rw = (size_t)b * T + t;
                 const float *row = xbc + rw * cd, *Bg = row + di + (size_t)g * S, *Cg = Bg + (size_t)G * S;
                 const float *s1 = st + (size_t)(t - t0 + 1) * ps, *s0 = s1 - ps;
-                float v = dt_raw[rw * H + h] + dt_bias[h], dt = softplus_f(v), da = expf(dt * A);
+                float v = dt_raw[rw * H + h] + dt_bias[h], dt = cu_softplus(v), da = expf(dt * A);
                 float gp = dy[rw * di + (size_t)h * P + p], xp = row[h * P + p];
                 float *dB = dxbc + rw * cd + di + (size_t)g * S, *dC = dB + (size_t)G * S;
                 double sb = 0, ss = 0;
@@ -519,7 +266,7 @@ __global__ void k_scan_bwd_warp(float *dxbc, float *ddt_raw, float *ddt_bias, fl
                     accD += (double)gp * xp;
                     dxbc[rw * cd + (size_t)h * P + p] = Dh * gp + dt * (float)sb;
                     accA += ss * da * dt;
-                    float gv = (float)(sb * xp + ss * da * A) * sigm(v);
+                    float gv = (float)(sb * xp + ss * da * A) * cu_sigmoid(v);
                     atomicAdd(ddt_raw + rw * H + h, gv);
                     atomicAdd(ddt_bias + h, gv);
                 }
@@ -541,6 +288,9 @@ static void cu_ssm_scan_bwd(eng_backend *be, float *dxbc, float *ddt_raw, float 
         return;
     if (scan_too_wide(be, S))
         return;
+    if (cu_ssd_scan_bwd(be, dxbc, ddt_raw, ddt_bias, dA_log, dD, dy, xbc, dt_raw, dt_bias, A_log, Dskip, ckpt, scratch,
+                        B, T, H, P, G, S, chunk))
+        return;
     cudaStream_t st = cu_of(be)->stream;
     size_t cd = (size_t)H * P + 2 * (size_t)G * S;
     CHECK_CUDA(be, cudaMemsetAsync(dxbc, 0, sizeof(float) * (size_t)B * T * cd, st));
@@ -561,7 +311,7 @@ __global__ void k_gnorm_fwd(float *out, float *rstd, const float *y, const float
         size_t n = i / G, g = i % G, base = n * di + g * gs;
         double ss = 0;
         for (int c = 0; c < gs; c++) {
-            float zc = z[base + c], v = y[base + c] * zc * sigm(zc);
+            float zc = z[base + c], v = y[base + c] * zc * cu_sigmoid(zc);
             out[base + c] = v;
             ss += (double)v * v;
         }
@@ -582,11 +332,11 @@ __global__ void k_gnorm_bwd(float *dy, float *dz, const float *dout, const float
         double dot = 0;
         for (int c = 0; c < gs; c++) {
             float zc = z[base + c];
-            dot += (double)dout[base + c] * w[g * gs + c] * y[base + c] * zc * sigm(zc);
+            dot += (double)dout[base + c] * w[g * gs + c] * y[base + c] * zc * cu_sigmoid(zc);
         }
         float k = (float)((double)r * r * r / gs * dot);
         for (int c = 0; c < gs; c++) {
-            float zc = z[base + c], s = sigm(zc), gate = zc * s, gv = y[base + c] * gate;
+            float zc = z[base + c], s = cu_sigmoid(zc), gate = zc * s, gv = y[base + c] * gate;
             float dg = r * w[g * gs + c] * dout[base + c] - gv * k;
             dy[base + c] = dg * gate;
             dz[base + c] = dg * y[base + c] * s * (1.0f + zc * (1.0f - s));
@@ -602,7 +352,7 @@ __global__ void k_gnorm_dw(float *dw, const float *dout, const float *y, const f
         double acc = 0;
         for (int n = 0; n < N; n++) {
             size_t i = (size_t)n * di + c;
-            acc += (double)dout[i] * y[i] * z[i] * sigm(z[i]) * rstd[(size_t)n * G + c / gs];
+            acc += (double)dout[i] * y[i] * z[i] * cu_sigmoid(z[i]) * rstd[(size_t)n * G + c / gs];
         }
         dw[c] += (float)acc;
     }

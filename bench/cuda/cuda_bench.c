@@ -8,8 +8,8 @@
  *        [--steps n] [--layers n] [--batch n] [--model PATH] [--arch FILE] [--train]
  *        [--scan auto|recurrent]
  * --train: also a training step's tokens/s (forward + backward of CE) on the prompt.
- * --scan recurrent: the Mamba-2 scan step by step at prefill too (the default, auto, runs
- * prompts of a chunk or more in the chunked form), for comparing the two.
+ * --scan recurrent: the Mamba-2 scan step by step at prefill and in training too (the
+ * default, auto, runs rows of a chunk or more in the chunked form), for comparing the two.
  */
 #include <math.h>
 #include <stdio.h>
