@@ -1,8 +1,11 @@
 // cuda/emu/emu.cpp — a SIMT emulator for checking the CUDA backend on a machine without a GPU
 // (see cuda/emu/run.sh): kernels run one block at a time on the CPU, each thread a ucontext
 // fiber that switches at barriers (__syncthreads, warp shuffles); divergent barriers, shuffles
-// with exited lanes and over-sized shared memory abort. The CUDA runtime works on host memory,
+// with exited lanes and over-sized shared memory abort. A fiber is entered with setcontext
+// once, then switched by _setjmp/_longjmp, which leave the signal mask alone (swapcontext's
+// system call at every switch was a third of the run). The CUDA runtime works on host memory,
 // cublasGemmEx is a naive double-accumulating loop, NCCL an in-process sum. Test tool only.
+#include <setjmp.h>
 #include <ucontext.h>
 #include <vector>
 #include "cuda_runtime.h"
@@ -15,9 +18,9 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 float sm[1 << 16];
 
 enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
-struct fiber { ucontext_t ctx; int state; unsigned tid; char *stack; };
+struct fiber { ucontext_t ctx; jmp_buf jb; int state; bool started; unsigned tid; char *stack; };
 static std::vector<fiber> F;
-static ucontext_t sched_ctx;
+static jmp_buf sched_jb;
 static int cur = -1;
 static std::function<void()> *body_p;
 static unsigned char slots[1024][16];
@@ -28,7 +31,8 @@ void *emu_warp_slot(int lane) { return slots[(threadIdx.x & ~31u) + (unsigned)la
 static void yield_as(int st)
 {
     F[cur].state = st;
-    swapcontext(&F[cur].ctx, &sched_ctx);
+    if (!_setjmp(F[cur].jb))
+        _longjmp(sched_jb, 1);
     threadIdx = dim3(F[cur].tid % blockDim.x, (F[cur].tid / blockDim.x) % blockDim.y, F[cur].tid / (blockDim.x * blockDim.y));
 }
 void emu_syncthreads() { yield_as(WAIT_BLOCK); }
@@ -38,7 +42,7 @@ static void fiber_main()
 {
     (*body_p)();
     F[cur].state = DONE;
-    swapcontext(&F[cur].ctx, &sched_ctx);
+    _longjmp(sched_jb, 1);
 }
 
 static void fatal(const char *m)
@@ -68,7 +72,7 @@ void emu_launch(dim3 g, dim3 b, size_t shm, std::function<void()> body)
             getcontext(&f.ctx);
             f.ctx.uc_stack.ss_sp = f.stack; f.ctx.uc_stack.ss_size = 1 << 16; f.ctx.uc_link = NULL;
             makecontext(&f.ctx, fiber_main, 0);
-            f.state = RUN; f.tid = t;
+            f.state = RUN; f.started = false; f.tid = t;
         }
         for (;;) {
             bool ran = false;
@@ -76,7 +80,12 @@ void emu_launch(dim3 g, dim3 b, size_t shm, std::function<void()> body)
                 if (F[t].state != RUN) continue;
                 cur = (int)t; ran = true;
                 threadIdx = dim3(t % b.x, (t / b.x) % b.y, t / (b.x * b.y));
-                swapcontext(&sched_ctx, &F[t].ctx);
+                if (!_setjmp(sched_jb)) {
+                    if (F[t].started)
+                        _longjmp(F[t].jb, 1);
+                    F[t].started = true;
+                    setcontext(&F[t].ctx);
+                }
             }
             if (ran) continue;
             // release barriers
