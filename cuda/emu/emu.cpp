@@ -122,13 +122,14 @@ void emu_launch(dim3 g, dim3 b, size_t shm, std::function<void()> body)
 }
 
 // ---- runtime ----
+#define EMU_MEMORY ((size_t)8 << 30)   // each device's memory: its properties and cudaMemGetInfo agree
 static int ndev() { const char *e = getenv("EMU_DEVICES"); return e ? (int)strtol(e, NULL, 10) : 1; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = ndev(); return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
 {
     if (dev < 0 || dev >= ndev()) return cudaErrorInvalidValue;
     memset(p, 0, sizeof *p); snprintf(p->name, sizeof p->name, "EMU SIMT %d", dev);
-    p->totalGlobalMem = (size_t)8 << 30; p->major = 9; p->minor = 0; p->multiProcessorCount = 16; return cudaSuccess;
+    p->totalGlobalMem = EMU_MEMORY; p->major = 9; p->minor = 0; p->multiProcessorCount = 16; return cudaSuccess;
 }
 static int cur_dev;   // the calling thread's device, as cudaSetDevice left it (one host thread per test)
 cudaError_t cudaSetDevice(int dev)
@@ -234,4 +235,4 @@ cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t, cudaStrea
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void *) { return cudaSuccess; }
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void *v) { *(uint64_t *)v = 0; return cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = (size_t)80 << 30; return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = EMU_MEMORY; return cudaSuccess; }
