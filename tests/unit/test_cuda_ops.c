@@ -485,6 +485,12 @@ static void test_ssm(void **state)
     scan_case(B, 1, H, P, G, S, chunk, NULL, NULL, "decode");
     scan_case(B, 9, H, P, G, S, chunk, NULL, NULL, "short");
 #if defined(AC_CUDA) && AC_CUDA
+    /* the step-by-step kernels at a chunked shape, as cu_backend_set_scan forces them */
+    assert_int_equal(cu_backend_set_scan(GPU, 7), -1);
+    assert_int_equal(cu_backend_set_scan(CPU, CU_SCAN_RECURRENT), -1);
+    assert_int_equal(cu_backend_set_scan(GPU, CU_SCAN_RECURRENT), 0);
+    scan_case(B, T, H, P, G, S, chunk, lc, lg, "recurrent");
+    assert_int_equal(cu_backend_set_scan(GPU, CU_SCAN_AUTO), 0);
     {   /* wider is refused with the reason, on a backend of its own (errors stay) */
         char e2[256];
         eng_backend *g2 = eng_backend_new("cuda:0", e2, sizeof e2);
