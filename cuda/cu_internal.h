@@ -144,7 +144,7 @@ __device__ __forceinline__ double cu_block_sum_d(double v, double *sh)
 }
 #endif
 
-/* Grow the conversion workspace to at least `bytes`. It is kept for the backend's life
+/* Grow the workspace (c->ws) to at least `bytes`. It is kept for the backend's life
  * and NOT counted in cur_bytes/peak_bytes (so those return to 0 when every buffer is
  * freed); cu_backend_workspace_bytes reports it as a runtime buffer.
  * Returns the workspace or NULL (error recorded). */
