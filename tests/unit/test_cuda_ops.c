@@ -376,7 +376,8 @@ static void test_rows(void **state)
 
 /* The Mamba-2 ops: conv with and without history (its update at row lengths), the scan with
  * checkpoints and lengths (the GPU's chunked form and its recurrence), its backward from
- * those checkpoints, the gated norm both ways, squared ReLU. B and C of a group are shared by its heads (atomics on the GPU). */
+ * those checkpoints, the gated norm both ways, squared ReLU. B and C of a group are shared
+ * by its heads (atomics on the GPU). */
 /* The scan forward (state, checkpoints, padded rows) and backward at one shape; names
  * "ssm_scan_{fwd,bwd}_TAG...". */
 static void scan_case(int B, int T, int H, int P, int G, int S, int chunk, int *lc, int *lg, const char *tag)
