@@ -248,7 +248,7 @@ static size_t ssd_out_shm(const ssd_dims *d)
 static size_t ssd_grad_shm(const ssd_dims *d)
 {
     size_t gram = 2 * (size_t)SSD_MAX_Q * (SSD_TILE + 1), t = ssd_tiles(d);
-    return sizeof(float) * (3 * (size_t)d->Q * (d->Q + 1) + 8 * (size_t)d->Q + (gram > t ? gram : t) + 32);
+    return sizeof(float) * (3 * (size_t)d->Q * (d->Q + 1) + 7 * (size_t)d->Q + (gram > t ? gram : t) + 32);
 }
 
 /* Whether the chunked form runs: rows of a chunk or more (decode and short rows take the
@@ -321,7 +321,7 @@ __global__ void k_ssd_grad(float *dxbc, float *ddt_raw, float *ddt_bias, float *
     int w = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (d.H / d.G), Q = d.Q, t0 = (d.c0 + w) * Q;
     int n = ssd_steps(d, d.c0 + w), QQ = Q * Q, QP = Q * d.P, q1 = Q + 1;
     float *Mw = sm, *dCB = Mw + Q * q1, *MG = dCB + Q * q1, *a = MG + Q * q1, *dt = a + Q, *ea = dt + Q, *f = ea + Q;
-    float *da = f + Q, *dw = da + Q, *V = dw + Q, *red = V + 2 * Q, *tiles = red + 32;
+    float *da = f + Q, *dw = da + Q, *V = dw + Q, *red = V + Q, *tiles = red + 32;
     const float *a_g = acum + ssd_at(d, b, h, w), *dt_g = dtv + ssd_at(d, b, h, w);
     size_t row0 = (size_t)b * d.T + t0;
     const float *dyr = dy + row0 * d.di + (size_t)h * d.P, *xr = xbc + row0 * d.cd + (size_t)h * d.P;
