@@ -10,10 +10,10 @@
 #include <openssl/sha.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +36,51 @@ extern char **environ;
 /* How often a helper's run asks the measurement's cancel hook (ms_opts). */
 #define LC_CANCEL_POLL_MS 100
 
+/* Start argv[0] with its stdout on out_fd and its stderr on err_fd, as *pid. The helper
+ * dies with the thread that started it (PR_SET_PDEATHSIG): a worker killed mid-measurement
+ * (its server killed, or its container) leaves no llama.cpp process serving on the cores
+ * the job's next attempt measures on, nor an orphan for a container's PID 1 to reap.
+ * That thread waits for the helper, so it outlives it otherwise. 0, or an errno value
+ * (the exec's own, when the program could not be run). */
+static int spawn_helper(char *const argv[], int out_fd, int err_fd, pid_t *pid)
+{
+    int ep[2];
+    if (pipe2(ep, O_CLOEXEC))
+        return errno;
+    pid_t parent = getpid();
+    *pid = fork();
+    if (*pid == 0) {
+        /* Child: async-signal-safe calls only until exec. */
+        int e = 0;
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
+            _exit(127);
+        if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+            e = errno;
+        else
+            execve(argv[0], argv, environ);
+        if (!e)
+            e = errno;
+        ssize_t w = write(ep[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+    }
+    int e = *pid < 0 ? errno : 0;
+    close(ep[1]);
+    if (*pid > 0) {
+        /* nothing arrives when the exec succeeded (the pipe closed with it) */
+        ssize_t k;
+        while ((k = read(ep[0], &e, sizeof e)) < 0 && errno == EINTR)
+            ;
+        if (k != (ssize_t)sizeof e)
+            e = 0;
+        else
+            while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+    }
+    close(ep[0]);
+    return e;
+}
+
 /* Run the helper with argv (argv[0] = its path) and parse its stdout as one JSON object
  * into *out (NEW). Its stderr's last line is the reason when it fails. o (may be NULL):
  * its cancel hook is asked every LC_CANCEL_POLL_MS while the helper runs; when it says
@@ -51,16 +96,8 @@ static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *
         close(po[1]);
         FAIL("llama.cpp helper: pipe: %s", strerror(errno));
     }
-    posix_spawn_file_actions_t fa;
     pid_t pid = -1;
-    int rc = posix_spawn_file_actions_init(&fa);
-    if (!rc)
-        rc = posix_spawn_file_actions_adddup2(&fa, po[1], 1);
-    if (!rc)
-        rc = posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
-    if (!rc)
-        rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
+    int rc = spawn_helper(argv, po[1], pe[1], &pid);
     close(po[1]);
     close(pe[1]);
     if (rc) {

@@ -4,7 +4,9 @@
  * helper is left running. The helper here is a stand-in script (AC_LLAMA_HELPER) that
  * answers `info` and, for `bench`, writes its pid and sleeps a minute: the real helper
  * serves one model for seconds, or minutes on a loaded host, and a cancel or a shutdown
- * must not wait for it.
+ * must not wait for it. Nor may the helper outlive the process that started it: a worker
+ * killed mid-measurement (its server killed, or its container) must not leave llama.cpp
+ * serving on the cores the job's next attempt measures on.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "compress/llamacpp.h"
@@ -109,10 +113,64 @@ static void test_cancel_kills_helper(void **state)
     lc_bench_free(&b);
 }
 
+static int read_pidfile(void)
+{
+    FILE *f = fopen(g_pidfile, "r");
+    int pid = 0;
+    if (f && fscanf(f, "%d", &pid) != 1)
+        pid = 0;
+    if (f)
+        fclose(f);
+    return pid;
+}
+
+static void test_helper_dies_with_its_process(void **state)
+{
+    (void)state;
+    /* orphans are reparented to this process, so the test sees how the helper ends */
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    unlink(g_pidfile);
+    pid_t w = fork();
+    assert_true(w >= 0);
+    if (w == 0) {
+        /* the worker: a bench with no cancel hook, which waits for the helper */
+        cm_target t;
+        memset(&t, 0, sizeof t);
+        snprintf(t.device, sizeof t.device, "cpu");
+        snprintf(t.precision, sizeof t.precision, "f32");
+        t.batch_size = t.prompt_tokens = t.output_tokens = t.threads = 1;
+        ms_opts o = {.warmup = 1, .reps = 3, .seed = 1};
+        lc_bench b;
+        char err[512];
+        lc_bench_gguf("/nonexistent.gguf", &t, &o, -1, &b, err, sizeof err);
+        _exit(0);
+    }
+    double t0 = eng_wall_s();
+    int hp = 0;
+    while ((hp = read_pidfile()) == 0 && eng_wall_s() - t0 < 20)
+        usleep(10000);
+    assert_int_equal(kill(w, SIGKILL), 0);
+    int st = 0;
+    assert_int_equal(waitpid(w, &st, 0), w);
+    assert_true(hp > 0);
+    /* the helper, now this process's child, must be gone at once, not sleep its minute */
+    pid_t r = 0;
+    t0 = eng_wall_s();
+    while ((r = waitpid(hp, &st, WNOHANG)) == 0 && eng_wall_s() - t0 < 3)
+        usleep(10000);
+    if (r == 0) {
+        kill(hp, SIGKILL);
+        waitpid(hp, NULL, 0);
+    }
+    assert_int_equal(r, hp);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cancel_kills_helper),
+        cmocka_unit_test(test_helper_dies_with_its_process),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
