@@ -5,8 +5,9 @@
  */
 #include "jobs/retention.h"
 
+#include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,23 +35,51 @@ int retention_from_env(retention_policy *p)
     return p->max_bytes > 0 || p->max_age_s > 0;
 }
 
-static int64_t du_total;
+/* Folders deeper than this below the data directory are not descended into (each level
+ * holds a descriptor open); what they hold goes uncounted. */
+#define DU_MAX_DEPTH 64
 
-static int du_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+/* Allocated bytes of the entries under the folder open as dfd (closed here), by relative
+ * calls, so no path length limits it. An entry removed while it walks (another worker
+ * clearing checkpoints) counts nothing, as does a folder that cannot be opened: the walk
+ * goes on rather than leave the whole size unknown. */
+static int64_t du_fd(int dfd, int depth)
 {
-    (void)path;
-    (void)flag;
-    (void)ftw;
-    du_total += (int64_t)sb->st_blocks * 512;
-    return 0;
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return 0;
+    }
+    int64_t total = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        total += (int64_t)sb.st_blocks * 512;
+        if (S_ISDIR(sb.st_mode) && depth < DU_MAX_DEPTH) {
+            int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0)
+                total += du_fd(sub, depth + 1);
+        }
+    }
+    closedir(d);
+    return total;
 }
 
 int64_t retention_dir_bytes(const char *dir)
 {
-    du_total = 0;
-    if (nftw(dir, du_entry, 16, FTW_PHYS) != 0)
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0)
         return -1;
-    return du_total;
+    if (fstat(fd, &sb) < 0) {
+        close(fd);
+        return -1;
+    }
+    return (int64_t)sb.st_blocks * 512 + du_fd(fd, 0);
 }
 
 /* Remove one terminal job; 1 removed, 0 not removable (no longer terminal), -1 error. */
@@ -151,20 +180,28 @@ int retention_enforce(store *st, artstore *as, const char *data_dir, const reten
             }
             *removed += r;
         }
+    if (rc != 0)
+        snprintf(err, errlen, "retention: removing job %s failed", c[i].id);
     if (rc == 0 && p->max_bytes > 0)
         for (; i < n; i++) {
+            /* an unknown size is not one over the cap */
             int64_t used = retention_dir_bytes(data_dir);
-            if (used >= 0 && used <= p->max_bytes)
+            if (used < 0) {
+                snprintf(err, errlen, "retention: cannot measure the data directory %s: %s", data_dir,
+                         strerror(errno));
+                rc = -1;
+                break;
+            }
+            if (used <= p->max_bytes)
                 break;
             int r = remove_job(st, as, data_dir, c[i].id);
             if (r < 0) {
+                snprintf(err, errlen, "retention: removing job %s failed", c[i].id);
                 rc = -1;
                 break;
             }
             *removed += r;
         }
-    if (rc != 0)
-        snprintf(err, errlen, "retention: removing job %s failed", c[i].id);
     free(c);
     return rc;
 }

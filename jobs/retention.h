@@ -25,14 +25,15 @@ typedef struct {
 int retention_from_env(retention_policy *p);
 
 /* Disk usage of everything under dir (allocated blocks), in bytes; -1 when dir cannot
- * be read. */
+ * be opened. Entries removed during the walk, and folders that cannot be read, count
+ * nothing. */
 int64_t retention_dir_bytes(const char *dir);
 
 /* Apply p to the data directory: first every finished job older than max_age_s, then
  * the oldest finished jobs while the directory is larger than max_bytes. keep_id (may
  * be NULL) is never removed. *removed gets the number of jobs removed. Returns 0 (also
  * when the cap cannot be met with what may be removed), or -1 with err when the store
- * failed. */
+ * failed or the directory's size cannot be measured (then no job is removed for size). */
 int retention_enforce(store *st, artstore *as, const char *data_dir, const retention_policy *p,
                       const char *keep_id, int *removed, char *err, size_t errlen);
 

@@ -2,7 +2,9 @@
 cap, finished jobs are removed oldest first (their rows answer 404, their artifacts and
 work directories are gone) until the data directory fits the cap, while a job that is
 running meanwhile is never touched and the newest job stays downloadable. With an age
-cap, a finished job older than the cap is gone once the next job starts. Uses the test
+cap, a finished job older than the cap is gone once the next job starts. A folder under the
+data directory deeper than PATH_MAX is measured (the walk goes by relative calls), and
+nothing is removed under a cap far above the directory's size. Uses the test
 stages (AC_TEST_STAGES=1: test_artifact writes a seeded blob of x_test_artifact_bytes)."""
 import os
 import sys
@@ -80,7 +82,35 @@ def age_cap():
         print("age cap: a job finished 3.5 s earlier was removed when the next job started")
 
 
+def make_deep(top, levels):
+    """A chain of folders whose full path is longer than PATH_MAX (4096), made by relative
+    calls, with a file of 64 KiB at its end."""
+    os.mkdir(top)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d" * 200, dir_fd=fd)
+            nfd = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        f = os.open("blob", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(f, b"x" * 65536)
+        os.close(f)
+    finally:
+        os.close(fd)
+
+
+def deep_folder():
+    with Server(args=["--retain-max-bytes", str(1 << 30)]) as s:
+        make_deep(os.path.join(s.data_dir, "deep"), 24)   # 24 x 201 characters
+        ids = [run_artifact_job(s, i) for i in range(3)]
+        present = [s.request("GET", "/v1/jobs/" + j)[0] == 200 for j in ids]
+        assert all(present), "jobs removed under a 1 GiB cap: %s" % present
+        print("a folder deeper than PATH_MAX: 3 of 3 finished jobs kept under a 1 GiB cap")
+
+
 def main():
+    deep_folder()
     size_cap()
     age_cap()
     print("ok")

@@ -1,7 +1,8 @@
 /* tests/unit/test_report_limits.c — the report's limit rows (jobs/report.c): one row per
  * spec limit with predicted, measured and whether each holds (upper bounds for latency,
  * memory and params, a lower bound for throughput; memory in GiB; unknown values null);
- * and the retention policy's environment parsing and disk-usage sum (jobs/retention.c).
+ * and the retention policy's environment parsing and disk-usage sum (jobs/retention.c),
+ * and that a data directory whose size cannot be measured gets no job removed.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,8 @@
 
 #include "jobs/report.h"
 #include "jobs/retention.h"
+#include "storage/artstore.h"
+#include "storage/store.h"
 
 static json_t *row(json_t *rows, const char *name)
 {
@@ -116,12 +119,62 @@ static void test_dir_bytes(void **state)
     assert_int_equal(retention_dir_bytes(dir), -1);
 }
 
+/* The size is unknown (here the directory is missing; on a live server a walk can fail when
+ * another worker removes a folder under it): retention must say so and remove nothing,
+ * not take the unknown size for one over the cap. */
+static void test_unmeasured_removes_nothing(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ac-ret-XXXXXX", path[96], err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/t.db", dir);
+    store *st = store_open(path, err, sizeof err);
+    assert_non_null(st);
+    snprintf(path, sizeof path, "%s/artifacts", dir);
+    artstore *as = art_open(path, err, sizeof err);
+    assert_non_null(as);
+    store_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "cpu");
+    j.spec = json_pack("{s:s}", "name", "x");
+    j.stages = json_pack("[s]", "a");
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    char id[48];
+    snprintf(id, sizeof id, "%s", j.id);
+    store_job_clear(&j);
+    store_claim cl = {"cpu", 0, "test-runner", 30};
+    assert_int_equal(store_job_claim(st, &cl, &j), 0);
+    store_job_clear(&j);
+    assert_int_equal(store_job_finish(st, id, "succeeded", NULL, NULL), 0);
+
+    retention_policy p = {.max_bytes = (int64_t)1 << 40, .max_age_s = 0};
+    int removed = -1;
+    snprintf(path, sizeof path, "%s/missing", dir);
+    assert_int_equal(retention_enforce(st, as, path, &p, NULL, &removed, err, sizeof err), -1);
+    assert_int_equal(removed, 0);
+    assert_non_null(strstr(err, "cannot measure"));
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "succeeded");
+    store_job_clear(&j);
+    /* measured, the same cap removes nothing either */
+    assert_int_equal(retention_enforce(st, as, dir, &p, NULL, &removed, err, sizeof err), 0);
+    assert_int_equal(removed, 0);
+    art_close(as);
+    store_close(st);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_retention_env),
         cmocka_unit_test(test_dir_bytes),
+        cmocka_unit_test(test_unmeasured_removes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
