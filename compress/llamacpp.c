@@ -54,6 +54,12 @@ static int spawn_helper(char *const argv[], int out_fd, int err_fd, pid_t *pid)
         int e = 0;
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
             _exit(127);
+        /* the server and the worker agent block SIGTERM and SIGINT (they sigwait for them)
+         * and ignore SIGPIPE: the helper gets the defaults, so both signals stop it */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
         if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
             e = errno;
         else

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,12 +47,13 @@ static int setup(void **state)
     fprintf(f,
             "#!/bin/sh\n"
             "case \"$1\" in\n"
-            "info) echo '{\"ggml_version\":\"stand-in\",\"ggml_commit\":\"0\",\"package_version\":\"0\","
+            "info) grep -E '^Sig(Blk|Ign)' /proc/self/status > %s.sig;"
+            " echo '{\"ggml_version\":\"stand-in\",\"ggml_commit\":\"0\",\"package_version\":\"0\","
             "\"build_flags\":\"\",\"system_info\":\"\"}' ;;\n"
             "bench) echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
             "*) echo \"unknown command $1\" >&2; exit 2 ;;\n"
             "esac\n",
-            g_pidfile, g_pidfile, g_pidfile);
+            g_pidfile, g_pidfile, g_pidfile, g_pidfile);
     if (fclose(f) || chmod(helper, 0755))
         return -1;
     return setenv("AC_LLAMA_HELPER", helper, 1);
@@ -166,9 +168,45 @@ static void test_helper_dies_with_its_process(void **state)
     assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
 }
 
+/* The server and the worker agent block SIGTERM and SIGINT in every thread (they take them
+ * with sigwait) and ignore SIGPIPE; a helper that inherited that could not be stopped by
+ * either signal, and would not die writing to a closed pipe. The stand-in is a dash script
+ * and dash clears its blocked set when it starts, so what this sees fail is the ignored
+ * SIGPIPE; the real helper is a C program and would keep both. */
+static void test_helper_signals_default(void **state)
+{
+    (void)state;
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    assert_int_equal(pthread_sigmask(SIG_BLOCK, &block, &old), 0);
+    void (*pipe_was)(int) = signal(SIGPIPE, SIG_IGN);
+    lc_info info;
+    char err[512] = "", path[300];
+    int rc = lc_probe(&info, err, sizeof err);
+    signal(SIGPIPE, pipe_was);
+    assert_int_equal(pthread_sigmask(SIG_SETMASK, &old, NULL), 0);
+    assert_int_equal(rc, 0);
+    snprintf(path, sizeof path, "%s.sig", g_pidfile);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[128];
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        /* SigBlk and SigIgn are hex masks: none blocked, none ignored */
+        if (!strstr(line, "0000000000000000"))
+            fail_msg("the helper started with %s", line);
+        seen++;
+    }
+    fclose(f);
+    assert_int_equal(seen, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_helper_signals_default),   /* first: lc_probe runs `info` once per process */
         cmocka_unit_test(test_cancel_kills_helper),
         cmocka_unit_test(test_helper_dies_with_its_process),
     };
