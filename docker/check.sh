@@ -13,7 +13,9 @@
 #   6. the container killed (SIGKILL to every process in it) while a job distils, then
 #      started again: the job resumes at the distillation, not from the start, and succeeds;
 #   7. the container stopped (SIGTERM, as `docker stop` sends it) while a job distils: it
-#      exits 0 within the grace period, and after a start the job succeeds.
+#      exits 0 within the grace period, and after a start the job succeeds;
+#   8. a worker killed while its llama.cpp helper serves: the helper does not outlive it,
+#      PID 1 (tini) reaps it, the job is retried and succeeds; no zombie is left.
 # Prints one line per check and exits 1 if any failed.
 #
 # Environment: ENGINE (docker or podman; default the first whose `info` answers), IMAGE (the tag to
@@ -220,7 +222,36 @@ if [ -n "$id" ] && wait_distill "$id"; then
 else
     bad "stop check: the job did not reach its distillation"
 fi
-# the server is the container's PID 1: what its workers leave behind must be reaped
-"$ENGINE" exec "$NAME" sh -c 'cat /proc/[0-9]*/stat' | awk '$3 == "Z"' | grep -q . \
-    && bad "zombie processes in the container" || ok "no zombie processes left in the container"
+# 8. a worker killed while its llama.cpp helper serves (as the OOM killer would): the helper
+# dies with it, and PID 1 reaps it
+id=$(api -X POST "$URL/v1/jobs" -H 'Content-Type: application/json' \
+     -d "$(jq -c '.name = "check-orphan" | .target = {"device": "cpu", "engine": "llama.cpp", "precision": "f16",
+                  "threads": 2, "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8}}' <<<"$spec")" |
+     jq -r '.id // empty')
+found=""
+for _ in $(seq 600); do
+    found=$("$ENGINE" exec "$NAME" sh -c 'for s in /proc/[0-9]*/stat; do
+        read -r pid comm state ppid rest < "$s" 2>/dev/null && [ "$comm" = "(ac-llama)" ] && [ "$state" != Z ] &&
+        echo "$pid $ppid" && break; done' 2>/dev/null)
+    [ -n "$found" ] && break
+    sleep 0.1
+done
+if [ -n "$found" ]; then
+    "$ENGINE" exec "$NAME" sh -c "kill -KILL ${found#* }" || bad "could not kill the worker ${found#* }"
+    sleep 2
+    # the helper the worker was running then (not necessarily the one seen: they last a
+    # fraction of a second) is an orphan of PID 1, alive or unreaped, unless it died and was reaped
+    left=$("$ENGINE" exec "$NAME" sh -c 'cat /proc/[0-9]*/stat' | awk '$2 == "(ac-llama)" && $4 == 1 {print $1, $3}')
+    st=$(wait_job "$id" 900)
+    att=$(job_field "$id" .attempts)
+    if [ -z "$left" ] && [ "$st" = succeeded ] && [ "$att" = 2 ]; then
+        ok "worker killed while its llama.cpp helper served: no helper left under PID 1; the job retried and succeeded"
+    else
+        bad "worker killed while its llama.cpp helper served: helpers under PID 1 (pid, state): ${left:-none}; the job $st after $att attempts"
+    fi
+else
+    bad "the llama.cpp job's helper was never seen running ($(job_field "$id" .status))"
+fi
+zombies=$("$ENGINE" exec "$NAME" sh -c 'cat /proc/[0-9]*/stat' | awk '$3 == "Z" {print $1, $2}')
+[ -z "$zombies" ] && ok "no zombie processes left in the container" || bad "zombies in the container: $zombies"
 finish

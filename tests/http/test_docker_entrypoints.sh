@@ -1,6 +1,6 @@
 #!/bin/bash
 # The images' commands run as plain processes (no container engine here): for each of
-# docker/Dockerfile and docker/Dockerfile.cuda, its ENTRYPOINT + CMD with its ENV (the
+# docker/Dockerfile and docker/Dockerfile.cuda, its ENTRYPOINT (after tini) + CMD with its ENV (the
 # listen address moved to a free loopback port, the data directory to a scratch one)
 # serves, its HEALTHCHECK command then exits 0, and SIGTERM stops the server cleanly; then
 # the compose file's fleet commands (below).
@@ -22,6 +22,11 @@ import json, re, sys
 print(" ".join(json.loads(re.findall(r"^HEALTHCHECK .* CMD (\[.*\])$", open(sys.argv[1]).read(), re.M)[-1])))
 PY
 )
+    # tini as PID 1 (it reaps what a killed worker leaves), installed by the run stage; the
+    # server is what it starts
+    [ "${entry[*]:0:3}" = "tini -s --" ] || fail "$df: the entrypoint ${entry[*]} does not start with tini -s --"
+    grep -q 'ca-certificates tini' "$df" || fail "$df: the run stage does not install tini"
+    entry=("${entry[@]:3}")
     [ "${entry[0]}" = autocompress ] && [ "${check[0]}" = autocompress ] || fail "$df: commands ${entry[*]} / ${check[*]}"
     grep -q '^ENV AC_LISTEN=0.0.0.0:8080' "$df" || fail "$df: the image does not listen on 0.0.0.0:8080"
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
