@@ -110,23 +110,26 @@ void art_sha256_buf(const void *buf, size_t len, char hex[65])
     art_hex(d, 32, hex);
 }
 
-/* Hash an open fd from offset 0. 0 or -1. */
+/* Hash an open fd from offset 0. 0, or -1 with errno when the file could not be read
+ * (which says nothing about its content). */
 static int sha256_fd(int fd, char hex[65], int64_t *size)
 {
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     if (!ctx || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
         EVP_MD_CTX_free(ctx);
+        errno = ENOMEM;
         return -1;
     }
     size_t cap = 1 << 20;
     unsigned char *buf = malloc(cap);
     int64_t total = 0;
-    int rc = buf ? 0 : -1;
+    int rc = buf ? 0 : -1, saved = buf ? 0 : ENOMEM;
     while (rc == 0) {
         ssize_t k = pread(fd, buf, cap, total);
         if (k < 0) {
             if (errno == EINTR)
                 continue;
+            saved = errno;
             rc = -1;
             break;
         }
@@ -146,6 +149,8 @@ static int sha256_fd(int fd, char hex[65], int64_t *size)
     }
     free(buf);
     EVP_MD_CTX_free(ctx);
+    if (rc)
+        errno = saved ? saved : EIO;
     return rc;
 }
 
@@ -158,7 +163,7 @@ int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *e
     }
     int rc = sha256_fd(fd, hex, size_bytes);
     if (rc < 0)
-        snprintf(err, errlen, "%s: read failed", path);
+        snprintf(err, errlen, "%s: read failed: %s", path, strerror(errno));
     close(fd);
     return rc;
 }
@@ -321,13 +326,20 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         unlink(tmp);
         return -1;
     }
-    close(fd);
+    if (close(fd) < 0) {
+        snprintf(err, errlen, "copying %s: %s", src, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
     /* The copy must still be what was hashed (the source may have changed meanwhile). */
-    char check[65];
+    char check[65] = "";
     int64_t sz = 0;
-    if (art_sha256_file(tmp, check, &sz, err, errlen) < 0 || strcmp(check, hex) != 0) {
-        if (strcmp(check, hex) != 0)
-            snprintf(err, errlen, "%s changed while it was being published", src);
+    if (art_sha256_file(tmp, check, &sz, err, errlen) < 0) {
+        unlink(tmp);
+        return -1;
+    }
+    if (strcmp(check, hex) != 0) {
+        snprintf(err, errlen, "%s changed while it was being published", src);
         unlink(tmp);
         return -1;
     }
@@ -430,7 +442,13 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
     if (verify && !is_verified(as, hex, &sb)) {
         char got[65];
         int64_t sz;
-        if (sha256_fd(fd, got, &sz) < 0 || strcmp(got, hex) != 0) {
+        if (sha256_fd(fd, got, &sz) < 0) {
+            /* unread: not known to be bad, so not set aside */
+            snprintf(err, errlen, "artifact content %s could not be read: %s", hex, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (strcmp(got, hex) != 0) {
             snprintf(err, errlen, "artifact content %s is corrupt (sha-256 mismatch); it was set aside", hex);
             close(fd);
             (void)art_quarantine(as, hex);
@@ -613,8 +631,12 @@ int art_scrub(artstore *as, int *checked, int *bad)
                     close(fd);
                 continue;   /* removed meanwhile */
             }
+            if (sha256_fd(fd, got, &sz) < 0) {
+                close(fd);
+                continue;   /* unread: not known to be bad; the next pass reads it again */
+            }
             (*checked)++;
-            if (sha256_fd(fd, got, &sz) == 0 && !strcmp(got, f->d_name)) {
+            if (!strcmp(got, f->d_name)) {
                 mark_verified(as, f->d_name, &sb);
             } else {
                 (*bad)++;

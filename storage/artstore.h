@@ -52,7 +52,7 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
  * byte, or a whole download, which art_stream_new hashes on the way and cuts short on a
  * mismatch) only its presence and size are checked, so no request thread reads a large
  * blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
- * size mismatch, corrupt). */
+ * size mismatch, corrupt, or unreadable: a read error sets nothing aside). */
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen);
 /* The store's publish lock (a flock on DIR/.publish.lock, across the server's threads and
  * its worker processes): shared while a publisher makes sure its blob is there and records
@@ -71,7 +71,8 @@ int art_has(artstore *as, const char *hex, int64_t size_bytes);
 int art_quarantine(artstore *as, const char *hex);
 
 /* Re-hash every blob; each that no longer matches its name is set aside (art_quarantine).
- * *checked and *bad count them. Returns 0, or -1 when the store cannot be listed. */
+ * *checked and *bad count them; a blob that cannot be read is in neither (not known to be
+ * bad, it is read again on the next pass). Returns 0, or -1 when the store cannot be listed. */
 int art_scrub(artstore *as, int *checked, int *bad);
 
 /* Streaming bytes [off, off + len) of the blob hex (size bytes) from fd (stolen). When the

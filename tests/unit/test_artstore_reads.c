@@ -1,0 +1,152 @@
+/* tests/unit/test_artstore_reads.c — what the artifact store (storage/artstore.h) does when
+ * a blob cannot be read (EIO from a failing disk, a read that fails for want of memory):
+ * the content is not known to be bad, so the blob is not set aside as corrupt, neither when
+ * it is opened for a download nor by the scrub; and art_put names a failed read of its own
+ * copy as one, not as the source changing. This file defines pread, so the store's calls
+ * (linked from the static library) come here: it fails them with EIO for files whose path
+ * holds g_fail, and passes the rest to the kernel.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "storage/artstore.h"
+#include "storage/fileio.h"
+
+static char g_fail[80];
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+    if (g_fail[0]) {
+        char link[64], path[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(link, path, sizeof path - 1);
+        if (k > 0) {
+            path[k] = 0;
+            if (strstr(path, g_fail)) {
+                errno = EIO;
+                return -1;
+            }
+        }
+    }
+    return syscall(SYS_pread64, fd, buf, n, off);
+}
+
+static char g_dir[] = "/tmp/ac_artreads_XXXXXX";
+
+static int setup(void **state)
+{
+    (void)state;
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return fio_remove_tree(g_dir);
+}
+
+/* A store under g_dir/name holding one blob of 3 MiB; its digest into hex. */
+static artstore *store_with_blob(const char *name, char hex[65], int64_t *size)
+{
+    char dir[256], src[256], err[512] = "";
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    snprintf(src, sizeof src, "%s/%s.src", g_dir, name);
+    FILE *f = fopen(src, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 3 << 20; i++)
+        fputc(i * 7 + (int)strlen(name), f);
+    assert_int_equal(fclose(f), 0);
+    artstore *as = art_open(dir, err, sizeof err);
+    assert_non_null(as);
+    assert_int_equal(art_put(as, src, hex, size, err, sizeof err), 0);
+    assert_int_equal(*size, 3 << 20);
+    art_close(as);
+    /* a new handle: nothing is remembered as verified */
+    as = art_open(dir, err, sizeof err);
+    assert_non_null(as);
+    return as;
+}
+
+static void test_open_unreadable_keeps_blob(void **state)
+{
+    (void)state;
+    char hex[65], err[512] = "";
+    int64_t size = 0;
+    artstore *as = store_with_blob("open", hex, &size);
+    snprintf(g_fail, sizeof g_fail, "%s", hex);
+    int fd = art_open_blob(as, hex, size, 1, err, sizeof err);
+    g_fail[0] = 0;
+    assert_int_equal(fd, -1);
+    assert_non_null(strstr(err, "could not be read"));
+    assert_null(strstr(err, "set aside"));
+    /* still there, and whole */
+    assert_true(art_has(as, hex, size));
+    fd = art_open_blob(as, hex, size, 1, err, sizeof err);
+    assert_true(fd >= 0);
+    close(fd);
+    art_close(as);
+}
+
+static void test_scrub_unreadable_keeps_blob(void **state)
+{
+    (void)state;
+    char hex[65];
+    int64_t size = 0;
+    artstore *as = store_with_blob("scrub", hex, &size);
+    int checked = -1, bad = -1;
+    snprintf(g_fail, sizeof g_fail, "%s", hex);
+    assert_int_equal(art_scrub(as, &checked, &bad), 0);
+    g_fail[0] = 0;
+    assert_int_equal(bad, 0);
+    assert_int_equal(checked, 0);
+    assert_true(art_has(as, hex, size));
+    /* readable again: checked, and sound */
+    assert_int_equal(art_scrub(as, &checked, &bad), 0);
+    assert_int_equal(checked, 1);
+    assert_int_equal(bad, 0);
+    art_close(as);
+}
+
+static void test_put_unreadable_copy_named(void **state)
+{
+    (void)state;
+    char dir[256], src[256], hex[65], err[512] = "";
+    snprintf(dir, sizeof dir, "%s/put", g_dir);
+    snprintf(src, sizeof src, "%s/put.src", g_dir);
+    FILE *f = fopen(src, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs("a blob whose copy cannot be read back", f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    artstore *as = art_open(dir, err, sizeof err);
+    assert_non_null(as);
+    int64_t size = 0;
+    snprintf(g_fail, sizeof g_fail, ".tmp.");   /* the store's own copy, before it is published */
+    int rc = art_put(as, src, hex, &size, err, sizeof err);
+    g_fail[0] = 0;
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(err, "read failed"));
+    assert_null(strstr(err, "changed while"));
+    assert_false(art_has(as, hex, size));
+    art_close(as);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_unreadable_keeps_blob),
+        cmocka_unit_test(test_scrub_unreadable_keeps_blob),
+        cmocka_unit_test(test_put_unreadable_copy_named),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
