@@ -33,7 +33,7 @@ typedef struct {
 struct sched {
     store *st;
     char *exe, *data_dir, *owner, *info;
-    int lease_s, has_llamacpp;
+    int lease_s, has_llamacpp, renew_failed;
     double last_renew, last_rescue, last_watch;
     char **devices;
     int n_devices, per_device, cancel_kill_ms, max_attempts;
@@ -227,10 +227,11 @@ static void leases(sched *s)
 {
     double now = eng_wall_s();
     double period = s->lease_s / 4.0 < STORE_RUNNER_BEAT_S ? s->lease_s / 4.0 : STORE_RUNNER_BEAT_S;
-    if (now - s->last_renew >= period) {
-        s->last_renew = now;   /* a store that is down is tried again next period */
-        if (s->n_kids > 0)
-            (void)store_lease_renew(s->st, s->owner, s->lease_s);
+    /* a renew that failed (the store down) is tried again every half second, so that the
+     * leases are fresh as soon as the store is back */
+    if (now - s->last_renew >= (s->renew_failed ? 0.5 : period)) {
+        s->last_renew = now;
+        s->renew_failed = s->n_kids > 0 && store_lease_renew(s->st, s->owner, s->lease_s) < 0;
         if (s->info)
             (void)store_runner_beat(s->st, s->owner, s->info);
     }
@@ -240,7 +241,7 @@ static void leases(sched *s)
     }
     if (now - s->last_rescue >= 1.0 && !s->stopping) {
         s->last_rescue = now;
-        int n = store_lease_rescue(s->st, s->max_attempts);
+        int n = store_lease_rescue(s->st, s->max_attempts, s->owner);
         if (n > 0)
             s->wake = 1;   /* requeued jobs may be ours to claim */
     }

@@ -148,8 +148,11 @@ int store_job_claim(store *st, const store_claim *cl, store_job *out);
 int store_lease_renew(store *st, const char *owner, int lease_s);
 /* The rescuer: every running job whose lease ran out (its runner died or lost the
  * database) is settled as store_recover settles them, failing with code lease_expired
- * when its starts are spent. Returns how many changed, or -1. */
-int store_lease_rescue(store *st, int max_attempts);
+ * when its starts are spent. Jobs leased by `self` (the caller's runner) are left alone:
+ * a live runner settles its own workers' jobs, and after a store outage longer than the
+ * lease it renews them rather than requeue jobs its workers are still running. Returns
+ * how many changed, or -1. */
+int store_lease_rescue(store *st, int max_attempts, const char *self);
 /* Record the worker's pid on a running job. Returns 0 or -1. */
 int store_job_set_pid(store *st, const char *id, int pid);
 /* Worker: stage number `index` (name) begins: sets stage and progress 0/0, event

@@ -402,14 +402,15 @@ int store_recover(store *st, const char *owner, int max_attempts)
     return s ? settle_left(st, s, max_attempts, "the server stopped", "server_lost") : -1;
 }
 
-int store_lease_rescue(store *st, int max_attempts)
+int store_lease_rescue(store *st, int max_attempts, const char *self)
 {
     store_conn *c = store_conn_get(st);
     if (!c)
         return -1;
     static const char *q = "SELECT id, cancel_requested, attempts, stage FROM jobs WHERE status='running' "
-                           "AND lease_expires_at>0 AND lease_expires_at<? ORDER BY seq";
-    sql_stmt *s = sql_query(c, q, "I", store_now());
+                           "AND lease_expires_at>0 AND lease_expires_at<? AND (lease_owner IS NULL OR lease_owner<>?) "
+                           "ORDER BY seq";
+    sql_stmt *s = sql_query(c, q, "It", store_now(), self);
     return s ? settle_left(st, s, max_attempts, "its runner stopped renewing the lease", "lease_expired") : -1;
 }
 
