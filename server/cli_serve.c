@@ -106,6 +106,10 @@ static int serve_open(serve_state *S)
         SERVE_FAIL("--data-dir %s: path too long\n", S->data_dir);
     if (!(S->as = srv_artifacts_open(cfg, S->data_dir, err, sizeof err)))
         SERVE_FAIL("%s\n", err);
+    int64_t swept = 0, swept_bytes = 0;
+    if (art_sweep_temp(S->as, &swept, &swept_bytes) == 0 && swept > 0)
+        log_msg("info", "artifact store: removed %lld temporary files (%lld bytes) that killed writers left",
+                (long long)swept, (long long)swept_bytes);
     snprintf(path, sizeof path, "%s/jobs", S->data_dir);
     if (fio_mkdirs(path) < 0)
         SERVE_FAIL("%s: %s\n", path, strerror(errno));

@@ -15,8 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A blob this process has hashed, and the inode state it had then: a blob whose inode,
@@ -595,18 +597,20 @@ void art_stream_free(art_stream *s)
     free(s);
 }
 
-/* ---- scrub ----------------------------------------------------------------------------- */
+/* ---- scrub and sweep ------------------------------------------------------------------- */
 
-int art_scrub(artstore *as, int *checked, int *bad)
+/* Call fn on every entry of every ROOT/sha256/<two hex> folder (the folder's path and the
+ * entry's name); fn returns nonzero to stop. 0, or -1 when the store cannot be listed. */
+static int walk_store(artstore *as, int (*fn)(artstore *, const char *, const char *, void *), void *ud)
 {
-    *checked = *bad = 0;
     char top[4096];
     snprintf(top, sizeof top, "%s/sha256", as->dir);
     DIR *d = opendir(top);
     if (!d)
         return -1;
     struct dirent *e;
-    while ((e = readdir(d))) {
+    int stop = 0;
+    while (!stop && (e = readdir(d))) {
         if (strlen(e->d_name) != 2 || !strchr("0123456789abcdef", e->d_name[0]) ||
             !strchr("0123456789abcdef", e->d_name[1]))
             continue;
@@ -617,35 +621,97 @@ int art_scrub(artstore *as, int *checked, int *bad)
         if (!d2)
             continue;
         struct dirent *f;
-        while ((f = readdir(d2))) {
-            if (!is_hex64(f->d_name) || strncmp(f->d_name, e->d_name, 2))
-                continue;
-            char path[4400], got[65];
-            if (fio_path_join(path, sizeof path, sub, f->d_name) < 0)
-                continue;
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            struct stat sb;
-            int64_t sz;
-            if (fd < 0 || fstat(fd, &sb) < 0) {
-                if (fd >= 0)
-                    close(fd);
-                continue;   /* removed meanwhile */
-            }
-            if (sha256_fd(fd, got, &sz) < 0) {
-                close(fd);
-                continue;   /* unread: not known to be bad; the next pass reads it again */
-            }
-            (*checked)++;
-            if (!strcmp(got, f->d_name)) {
-                mark_verified(as, f->d_name, &sb);
-            } else {
-                (*bad)++;
-                (void)art_quarantine(as, f->d_name);
-            }
-            close(fd);
-        }
+        while (!stop && (f = readdir(d2)))
+            if (f->d_name[0] != '.')
+                stop = fn(as, sub, f->d_name, ud);
         closedir(d2);
     }
     closedir(d);
     return 0;
+}
+
+typedef struct {
+    int checked, bad;
+    int64_t swept, swept_bytes;
+} walk_counts;
+
+/* A temporary file of a writer that is gone: <hex>.tmp.<pid> (art_put) or
+ * <hex>.fetch.<pid>.<n> (remote_fetch), its process no longer alive and the file untouched
+ * for ART_STALE_TEMP_S (the age also covers a writer in another PID namespace that shares
+ * the folder). A writer killed mid-copy leaves one, and nothing else removes it. */
+#define ART_STALE_TEMP_S 600
+
+static int sweep_one(artstore *as, const char *sub, const char *name, void *ud)
+{
+    (void)as;
+    walk_counts *c = ud;
+    const char *dot = strchr(name, '.');
+    if (!dot || dot - name != 64)
+        return 0;
+    const char *num = !strncmp(dot, ".tmp.", 5) ? dot + 5 : !strncmp(dot, ".fetch.", 7) ? dot + 7 : NULL;
+    char *end;
+    long pid = num ? strtol(num, &end, 10) : 0;
+    if (!num || pid <= 0 || end == num || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+        return 0;
+    char path[4400];
+    struct stat sb;
+    if (fio_path_join(path, sizeof path, sub, name) < 0 || lstat(path, &sb) < 0 || !S_ISREG(sb.st_mode) ||
+        time(NULL) - sb.st_mtime < ART_STALE_TEMP_S)
+        return 0;
+    if (unlink(path) == 0) {
+        c->swept++;
+        c->swept_bytes += (int64_t)sb.st_blocks * 512;
+    }
+    return 0;
+}
+
+static int scrub_one(artstore *as, const char *sub, const char *name, void *ud)
+{
+    walk_counts *c = ud;
+    if (!is_hex64(name))
+        return sweep_one(as, sub, name, ud);
+    if (strncmp(name, sub + strlen(sub) - 2, 2))
+        return 0;   /* not where its name puts it: not a blob of this store */
+    char path[4400], got[65];
+    if (fio_path_join(path, sizeof path, sub, name) < 0)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    int64_t sz;
+    if (fd < 0 || fstat(fd, &sb) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return 0;   /* removed meanwhile */
+    }
+    if (sha256_fd(fd, got, &sz) < 0) {
+        close(fd);
+        return 0;   /* unread: not known to be bad; the next pass reads it again */
+    }
+    c->checked++;
+    if (!strcmp(got, name)) {
+        mark_verified(as, name, &sb);
+    } else {
+        c->bad++;
+        (void)art_quarantine(as, name);
+    }
+    close(fd);
+    return 0;
+}
+
+int art_scrub(artstore *as, int *checked, int *bad)
+{
+    walk_counts c = {0, 0, 0, 0};
+    int rc = walk_store(as, scrub_one, &c);
+    *checked = c.checked;
+    *bad = c.bad;
+    return rc;
+}
+
+int art_sweep_temp(artstore *as, int64_t *files, int64_t *bytes)
+{
+    walk_counts c = {0, 0, 0, 0};
+    int rc = walk_store(as, sweep_one, &c);
+    *files = c.swept;
+    *bytes = c.swept_bytes;
+    return rc;
 }

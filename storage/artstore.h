@@ -75,6 +75,11 @@ int art_quarantine(artstore *as, const char *hex);
  * bad, it is read again on the next pass). Returns 0, or -1 when the store cannot be listed. */
 int art_scrub(artstore *as, int *checked, int *bad);
 
+/* Remove the temporary files that writers killed mid-copy left in the store (their process
+ * gone and the file untouched for 10 minutes); art_scrub does it too. *files and *bytes
+ * count what went. Returns 0, or -1 when the store cannot be listed. */
+int art_sweep_temp(artstore *as, int64_t *files, int64_t *bytes);
+
 /* Streaming bytes [off, off + len) of the blob hex (size bytes) from fd (stolen). When the
  * range is the whole blob its bytes are hashed on the way, and the last chunk is held back
  * unless the digest matches: a blob corrupted after it was verified ends the transfer

@@ -4,7 +4,8 @@
  * it is opened for a download nor by the scrub; and art_put names a failed read of its own
  * copy as one, not as the source changing. This file defines pread, so the store's calls
  * (linked from the static library) come here: it fails them with EIO for files whose path
- * holds g_fail, and passes the rest to the kernel.
+ * holds g_fail, and passes the rest to the kernel. Also: the temporary files of writers
+ * killed mid-copy are swept (art_sweep_temp, and each scrub), and no one else's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,11 +14,14 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "storage/artstore.h"
@@ -141,12 +145,79 @@ static void test_put_unreadable_copy_named(void **state)
     art_close(as);
 }
 
+/* A file of n bytes at dir/name, last modified age_s ago. */
+static void temp_file(const char *dir, const char *name, int n, int age_s)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++)
+        fputc('t', f);
+    assert_int_equal(fclose(f), 0);
+    struct timespec t[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+static int exists(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+static void test_sweep_dead_writers_temp(void **state)
+{
+    (void)state;
+    char hex[65], sub[256], name[128];
+    int64_t size = 0;
+    artstore *as = store_with_blob("sweep", hex, &size);
+    snprintf(sub, sizeof sub, "%s/sweep/sha256/%.2s", g_dir, hex);
+    pid_t dead = fork();
+    assert_true(dead >= 0);
+    if (dead == 0)
+        _exit(0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    /* a killed art_put's copy and a killed fetch's, an hour old: swept */
+    snprintf(name, sizeof name, "%s.tmp.%d", hex, (int)dead);
+    temp_file(sub, name, 100000, 3600);
+    snprintf(name, sizeof name, "%s.fetch.%d.3", hex, (int)dead);
+    temp_file(sub, name, 5000, 3600);
+    /* kept: a dead writer's file touched a minute ago, a live writer's, an unknown name */
+    temp_file(sub, "notes.txt", 10, 3600);
+    char recent[128], live[128];
+    snprintf(recent, sizeof recent, "%.64s.tmp.%d", hex, (int)dead);
+    snprintf(live, sizeof live, "%s.tmp.%d", hex, (int)getpid());
+    temp_file(sub, live, 10, 3600);
+    int64_t files = -1, bytes = -1;
+    assert_int_equal(art_sweep_temp(as, &files, &bytes), 0);
+    assert_int_equal(files, 2);
+    assert_true(bytes >= 100000 + 5000);
+    snprintf(name, sizeof name, "%s.tmp.%d", hex, (int)dead);
+    assert_false(exists(sub, name));
+    assert_true(exists(sub, live));
+    assert_true(exists(sub, "notes.txt"));
+    temp_file(sub, recent, 10, 60);
+    assert_int_equal(art_sweep_temp(as, &files, &bytes), 0);
+    assert_int_equal(files, 0);
+    assert_true(exists(sub, recent));
+    /* the blob itself is untouched, and a scrub sweeps too */
+    assert_true(art_has(as, hex, size));
+    temp_file(sub, recent, 10, 3600);
+    int checked = 0, bad = 0;
+    assert_int_equal(art_scrub(as, &checked, &bad), 0);
+    assert_int_equal(checked, 1);
+    assert_false(exists(sub, recent));
+    art_close(as);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_unreadable_keeps_blob),
         cmocka_unit_test(test_scrub_unreadable_keeps_blob),
         cmocka_unit_test(test_put_unreadable_copy_named),
+        cmocka_unit_test(test_sweep_dead_writers_temp),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
