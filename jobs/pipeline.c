@@ -139,7 +139,7 @@ static int fetch_stage(job_ctx *ctx, const char *name)
         snprintf(err, sizeof err, "%.900s: %s", tmp, strerror(errno));
     else if ((fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, 1, err, sizeof err)) >= 0 &&
              tar_extract(fd, tmp, err, sizeof err) == 0) {
-        if (fio_remove_tree(dir) < 0 || rename(got, dir) < 0)
+        if (fio_remove_tree(dir) < 0 || rename(got, dir) < 0 || fio_fsync_dir(ctx->job_dir) < 0)
             snprintf(err, sizeof err, "%.900s: %s", dir, strerror(errno));
         else
             rc = 0;

@@ -395,11 +395,34 @@ static int extract_file(int fd, const char *path, uint64_t size, unsigned char *
         data -= data < k ? data : k;
         left -= k;
     }
+    if (rc == 0 && fsync(out) < 0) {
+        snprintf(err, errlen, "tar: fsync %s: %s", path, strerror(errno));
+        rc = -1;
+    }
     if (close(out) < 0 && rc == 0) {
         snprintf(err, errlen, "tar: close %s: %s", path, strerror(errno));
         rc = -1;
     }
     return rc;
+}
+
+/* Make dir's new entries durable: dir itself, and each folder from it up to dest (any of
+ * them may be new). 0, or -1 with err. */
+static int sync_up_to(const char *dir, const char *dest, char *err, size_t errlen)
+{
+    char d[4400];
+    snprintf(d, sizeof d, "%s", dir);
+    size_t stop = strlen(dest);
+    for (;;) {
+        if (fio_fsync_dir(d) < 0) {
+            snprintf(err, errlen, "tar: fsync %s: %s", d, strerror(errno));
+            return -1;
+        }
+        char *slash = strrchr(d, '/');
+        if (strlen(d) <= stop || !slash)
+            return 0;
+        *slash = 0;
+    }
 }
 
 int tar_extract(int fd, const char *dest, char *err, size_t errlen)
@@ -451,12 +474,14 @@ int tar_extract(int fd, const char *dest, char *err, size_t errlen)
                 snprintf(err, errlen, "tar: mkdir %s: %s", path, strerror(errno));
                 break;
             }
+            if (sync_up_to(path, dest, err, errlen) < 0)
+                break;
         } else if (h[156] == '0' || h[156] == 0) {
             if (fio_mkdirs(dir) < 0) {
                 snprintf(err, errlen, "tar: mkdir %s: %s", dir, strerror(errno));
                 break;
             }
-            if (extract_file(fd, path, size, buf, err, errlen) < 0)
+            if (extract_file(fd, path, size, buf, err, errlen) < 0 || sync_up_to(dir, dest, err, errlen) < 0)
                 break;
         } else {
             snprintf(err, errlen, "tar: member '%s' is neither a file nor a folder (type '%c')", name, h[156]);

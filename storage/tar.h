@@ -42,8 +42,10 @@ int tar_add_all(tar_writer *t, const char *prefix, const char *dir, char *err, s
 /* Unpack the archive read from fd into the existing folder dest: folders and regular
  * files (created, never overwritten), up to the closing zero block. A member named with
  * an absolute path or a "." or ".." component, another member type, a damaged header or a
- * truncated archive is an error. Returns 0, or -1 with a reason in err (what was unpacked
- * before stays: unpack into a fresh folder). */
+ * truncated archive is an error. Each file, and each folder up to dest that got an entry,
+ * is fsynced before the next member, so what it returned having unpacked survives a power
+ * loss. Returns 0, or -1 with a reason in err (what was unpacked before stays: unpack into
+ * a fresh folder). */
 int tar_extract(int fd, const char *dest, char *err, size_t errlen);
 
 /* Finish the archive (two zero blocks), fsync, rename path.tmp to path and free the
