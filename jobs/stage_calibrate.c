@@ -17,6 +17,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
+#include "storage/fileio.h"
 #include "engine/clock.h"
 
 
@@ -89,11 +90,11 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
     double wall = eng_wall_s() - t0;
     int n = snprintf(path, sizeof path, "%s/calibration.json", job_ctx_stage_dir(ctx));
     int rc = -1;
+    /* written whole and fsynced before the stage's done marker: a restarted job trusts it */
     if (n < 0 || (size_t)n >= sizeof path) {
         snprintf(err, errlen, "calibrate: stage directory path too long");
-    } else if (json_dump_file(cal, path, JSON_INDENT(1) | JSON_SORT_KEYS)) {
-        snprintf(err, errlen, "calibrate: cannot write %s", path);
-    } else if (!job_publish(ctx, "timing_tables.json", path, "application/json", err, errlen)) {
+    } else if (!fio_write_json(path, cal, JSON_INDENT(1) | JSON_SORT_KEYS, err, errlen) &&
+               !job_publish(ctx, "timing_tables.json", path, "application/json", err, errlen)) {
         json_t *v = json_object_get(cal, "validation");
         const char *id = json_string_value(json_object_get(cal, "id"));
         job_event(ctx, "calibrate.done", reused ? "reused a cached calibration" : "calibrated the target",
