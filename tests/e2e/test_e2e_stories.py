@@ -178,7 +178,10 @@ def check_artifacts(s, jid, rep, model_name):
 
 def check_reload(tar, rep):
     """The exported HF checkpoint, scored again by the CLI, gives the reported numbers
-    (bf16 weights: log-perplexity within 0.05 nats, accuracy within one item of 10)."""
+    (bf16 weights: log-perplexity within 0.05 nats, or 0.5% of it where it is large,
+    accuracy within one item of 10). A heavily pruned stories260K scores lambada_openai
+    at perplexities of 1e10 and more (log 23 and more): bf16's rounding moves such a
+    model's confident wrong logits by more than 0.05 nats (0.059 seen at 4e10)."""
     tmp = tempfile.mkdtemp(prefix="ac-e2e-")
     try:
         with tarfile.open(fileobj=io.BytesIO(tar)) as t:
@@ -197,7 +200,7 @@ def check_reload(tar, rep):
             ev = json.load(f)
         want = rep["result"]["perplexity"]["lambada_openai"]
         got = ev["perplexity"]["lambada_openai"]
-        assert abs(math.log(got) - math.log(want)) < 0.05, (got, want)
+        assert abs(math.log(got) - math.log(want)) < max(0.05, 0.005 * math.log(want)), (got, want)
         for k, a in rep["result"]["accuracy"].items():
             assert abs(ev["accuracy"][k]["acc"] - a["acc"]) <= 0.1 + 1e-9, (k, ev["accuracy"][k], a)
         print("exported HF model reloaded: lambada perplexity %.6g (report %.6g, bf16 export)" % (got, want))
