@@ -37,12 +37,12 @@ extern char **environ;
 #define LC_CANCEL_POLL_MS 100
 
 /* Start argv[0] with its stdout on out_fd and its stderr on err_fd, as *pid. The helper
- * dies with the thread that started it (PR_SET_PDEATHSIG): a worker killed mid-measurement
- * (its server killed, or its container) leaves no llama.cpp process serving on the cores
- * the job's next attempt measures on. (The dead helper is then a child of PID 1, which
- * must reap it: tini in the images, docker/Dockerfile.)
- * That thread waits for the helper, so it outlives it otherwise. 0, or an errno value
- * (the exec's own, when the program could not be run). */
+ * dies with the thread that started it (PR_SET_PDEATHSIG; that thread waits for the
+ * helper, so it outlives it otherwise): a worker killed mid-measurement (its server
+ * killed, or its container) leaves no llama.cpp process serving on the cores the job's
+ * next attempt measures on. The dead helper is then a child of PID 1, which must reap it
+ * (tini in the images, docker/Dockerfile). 0, or an errno value (the exec's own, when the
+ * program could not be run). */
 static int spawn_helper(char *const argv[], int out_fd, int err_fd, pid_t *pid)
 {
     int ep[2];
