@@ -1,7 +1,7 @@
 /* tests/unit/test_calibrate_stage.c — the calibrate stage of a job (jobs/stage_calibrate.c)
  * on stories260K: its calibration.json, which a restarted job trusts once the stage's
  * done marker is written, is durable before that: written whole under another name,
- * fsynced and renamed, its folder fsynced (this file defines fsync to see which), and it
+ * fsynced and renamed, its folder fsynced (tests/unit/fsync_log.h records which), and it
  * holds the timing tables the later stages read.
  */
 #include <setjmp.h>
@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "jobs/pipeline.h"
@@ -22,21 +21,7 @@
 #include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/store.h"
-
-static char g_synced[256][512];
-static int g_nsynced;
-
-int fsync(int fd)
-{
-    char link[64], p[512];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t k = readlink(link, p, sizeof p - 1);
-    if (k > 0 && g_nsynced < 256) {
-        p[k] = 0;
-        snprintf(g_synced[g_nsynced++], sizeof g_synced[0], "%s", p);
-    }
-    return (int)syscall(SYS_fsync, fd);
-}
+#include "fsync_log.h"
 
 static char dir[64];
 
