@@ -33,18 +33,6 @@
 #include "storage/fetch.h"
 #include "storage/store.h"
 
-/* Ends the process if a graceful stop has not finished within *arg seconds. */
-static void *shutdown_watchdog(void *arg)
-{
-    long s = *(const long *)arg;
-    struct timespec ts = {s, 0};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-    log_msg("error", "shutdown did not finish within %ld s; exiting now (running jobs resume after restart)", s);
-    _exit(1);
-    return NULL;
-}
-
 /* Everything a running server holds, opened by serve_open and serve_start and released
  * by serve_close in the reverse order. */
 typedef struct {
@@ -210,11 +198,7 @@ static int serve_start(serve_state *S)
 static void serve_stop(serve_state *S, int sig)
 {
     log_json("info", json_pack("{s:s,s:s}", "msg", "shutting down", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"));
-    static long deadline_s;
-    deadline_s = S->cfg.shutdown_grace_s + 15;
-    pthread_t watchdog;
-    if (pthread_create(&watchdog, NULL, shutdown_watchdog, &deadline_s) == 0)
-        pthread_detach(watchdog);
+    srv_shutdown_deadline(S->cfg.shutdown_grace_s + 15);
     S->api.shutting_down = 1;
     http_quiesce(S->hs);
     sched_stop(S->sc, S->cfg.shutdown_grace_s * 1000);

@@ -125,6 +125,7 @@ static int worker_agent(int argc, char **argv)
     while (sigwait(&sigs, &sig) != 0)
         ;
     log_msg("info", "worker agent stopping (%s): running jobs go back to the queue", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    srv_shutdown_deadline(cfg.shutdown_grace_s + 15);   /* the scheduler may be stuck in a store call */
     sched_stop(sc, cfg.shutdown_grace_s * 1000);
     status = 0;
 out:

@@ -3,13 +3,17 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api/api.h"
 #include "compress/costmodel.h"
 #include "engine/devices.h"
+#include "server/log.h"
 
 void srv_config_usage(FILE *f)
 {
@@ -412,4 +416,22 @@ void srv_config_free(srv_config *c)
     for (int i = 0; i < c->n_roots; i++)
         free(c->roots[i]);
     c->n_roots = 0;
+}
+
+static void *deadline_thread(void *arg)
+{
+    long s = (long)(intptr_t)arg;
+    struct timespec ts = {s, 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    log_msg("error", "shutdown did not finish within %ld s; exiting now (running jobs resume after restart)", s);
+    _exit(1);
+    return NULL;
+}
+
+void srv_shutdown_deadline(long seconds)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, deadline_thread, (void *)(intptr_t)seconds) == 0)
+        pthread_detach(t);
 }

@@ -74,5 +74,11 @@ char *srv_runner_info(char names[][32], int n, int per_device, int has_llamacpp)
 /* The name a runner claims jobs under (store_claim.owner): "KIND/HOST/DATA_DIR", stable
  * across restarts of the same runner. 0, or -1 when it does not fit out. */
 int srv_runner_name(const char *kind, const char *data_dir, char *out, size_t n);
+/* A graceful stop's deadline, for serve and the worker agent: a detached thread ends the
+ * process (exit status 1, with a log line) if it is still alive `seconds` from now. A
+ * stop stuck behind a store that stopped answering (a request, a lease renewal) cannot
+ * keep the process alive; jobs left running resume after restart, or on another runner
+ * once their lease runs out. */
+void srv_shutdown_deadline(long seconds);
 
 #endif

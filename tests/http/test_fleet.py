@@ -18,7 +18,9 @@ server that runs no jobs (--workers 0) and two worker agents (`autocompress work
   - an agent connected as the worker role of docs/fleet.md (its SQL is read from there)
     runs jobs, and that role cannot create one;
   - PostgreSQL killed while a job runs and started again: meanwhile the API answers 503
-    with Retry-After; afterwards the job finishes, each stage run once, nothing lost.
+    with Retry-After; afterwards the job finishes, each stage run once, nothing lost;
+  - PostgreSQL frozen (SIGSTOP: connections open, nothing answered): a worker agent given
+    SIGTERM still ends, by its shutdown deadline (grace + 15 s), saying so.
 # store: own PostgreSQL (not run again in tests/run_all.sh's PostgreSQL pass)
 """
 import functools
@@ -334,6 +336,42 @@ def store_restart(root):
         subprocess.run(["rm", "-rf", pgdir])
 
 
+def frozen_store(root):
+    """A worker agent whose store stops answering mid-call: SIGTERM ends it by the deadline."""
+    pgdir = tempfile.mkdtemp(prefix="ac-pg-")
+    base = pg("start", pgdir)
+    store = pg("newdb", base, "ac_fleet_frozen")
+    frozen = []
+    try:
+        agent = Agent(store, root, "frozen", args=["--shutdown-grace-s", "1"])
+        with open(os.path.join(pgdir, "data", "postmaster.pid")) as f:
+            postmaster = int(f.readline())
+        kids = subprocess.run(["ps", "-o", "pid=", "--ppid", str(postmaster)], capture_output=True, text=True).stdout
+        frozen = [postmaster] + [int(p) for p in kids.split()]
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        time.sleep(2)   # the agent's scheduler is now waiting on a store call (its rescue runs every second)
+        t0 = time.time()
+        agent.proc.send_signal(signal.SIGTERM)
+        try:
+            code = agent.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            agent.proc.kill()
+            agent.proc.wait()
+            raise AssertionError("the agent was still running 30 s after SIGTERM:\n" + agent.text()[-2000:])
+        took = time.time() - t0
+        assert code == 1 and "shutdown did not finish within 16 s" in agent.text(), (code, agent.text()[-2000:])
+        print("ok: a worker agent whose store froze ended %.1f s after SIGTERM (deadline 16 s)" % took)
+    finally:
+        for p in frozen:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        pg("stop", pgdir)
+        subprocess.run(["rm", "-rf", pgdir])
+
+
 def main():
     root = tempfile.mkdtemp(prefix="ac-fleet-")
     pgdir = tempfile.mkdtemp(prefix="ac-pg-")
@@ -353,6 +391,7 @@ def main():
         pg("stop", pgdir)
         subprocess.run(["rm", "-rf", pgdir])
     store_restart(root)
+    frozen_store(root)
     subprocess.run(["rm", "-rf", root])
 
 
