@@ -787,6 +787,12 @@ static void fetch_one(fetch_service *fs, const store_model *m)
     }
     if (rc == FETCH_CANCELLED || stopping(fs))
         return;   /* stays "fetching": the next start resumes from the .part */
+    /* failed: what its attempts left goes (registering it again starts over), so URLs
+     * that always break off cannot fill the disk with parts */
+    char part[sizeof m->path + 8];
+    snprintf(part, sizeof part, "%s.part", m->path);
+    if (unlink(part) < 0 && errno != ENOENT)
+        fprintf(stderr, "fetch: cannot remove %s: %s\n", part, strerror(errno));
     (void)store_model_fetch_done(fs->st, m->id, "failed", 0, err);
 }
 

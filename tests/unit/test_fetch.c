@@ -33,7 +33,7 @@
 
 /* ---- the test server --------------------------------------------------------------- */
 
-enum { MODE_RANGE, MODE_DROP_ONCE, MODE_NO_RANGE, MODE_404, MODE_503 };
+enum { MODE_RANGE, MODE_DROP_ONCE, MODE_NO_RANGE, MODE_404, MODE_503, MODE_DROP_ALWAYS };
 
 typedef struct {
     int lfd, port;
@@ -118,6 +118,8 @@ static void serve_one(srv *s, int fd)
     if (send_all(fd, hdr, (size_t)n) < 0)
         return;
     size_t end = mode == MODE_DROP_ONCE ? s->len / 2 : s->len;   /* drop the connection halfway */
+    if (mode == MODE_DROP_ALWAYS)
+        end = from + (s->len - from) / 2;   /* halfway through what is left, every time */
     (void)send_all(fd, s->body + from, end - from);
 }
 
@@ -751,6 +753,33 @@ static void test_fetcher_resumes(void **state)
     assert_int_equal(restarted, 1);
     assert_string_equal(again->status, "fetching");
     assert_int_equal(wait_status(st, again->id, "failed", got), 0);
+
+    /* a server that drops every connection halfway: failed once its attempts are spent, and
+     * the half it sent removed (a failed model's .part is never resumed; registering it again
+     * starts over), so hostile URLs cannot fill the disk with parts */
+    srv drop;
+    srv_start(&drop, model, len, MODE_DROP_ALWAYS);
+    memset(again, 0, sizeof *again);
+    snprintf(again->url, sizeof again->url, "http://127.0.0.1:%d/m/dropped.bin", drop.port);
+    memset(again->sha256, 'd', 64);
+    snprintf(again->format, sizeof again->format, "llama2c");
+    again->size_bytes = -1;
+    assert_int_equal(fetch_model_path(tmpdir, again->sha256, "dropped.bin", again->path, sizeof again->path), 0);
+    assert_int_equal(store_model_add_fetch(st, again, &restarted), 0);
+    int failed = 0;
+    for (int i = 0; i < 600 && !failed; i++) {   /* kicks cut the backoff between attempts short */
+        fetch_service_kick();
+        assert_int_equal(store_model_get(st, again->id, got), 0);
+        failed = !strcmp(got->status, "failed");
+        usleep(50000);
+    }
+    assert_true(failed);
+    assert_int_equal(drop.requests, 4);
+    assert_null(strstr(got->error, "sha256"));
+    char part[sizeof again->path + 8];
+    snprintf(part, sizeof part, "%s.part", again->path);
+    assert_int_equal(file_size(part), -1);
+    srv_stop(&drop);
 
     fetch_service_stop(fs);
     assert_int_equal(fetch_service_policy(&flags, &cap), -1);
