@@ -75,10 +75,13 @@ int store_model_add_fetch(store *st, store_model *m, int *restarted)
         goto fail;
     if (rc == 0) {
         if (!strcmp(old->status, "failed")) {
+            /* the new registration's file name decides the path and the format: the failed
+             * one may have named the wrong format */
             static const char *sql = "UPDATE models SET status='fetching', url=?, name=?, tokenizer=?, size_bytes=?, "
-                                     "bytes_done=0, bytes_total=?, error='', updated_at=? WHERE id=?";
-            if (sql_run(c, sql, "tttIIIt", m->url, m->name, m->tokenizer, m->size_bytes, m->size_bytes,
-                        store_now(), old->id) < 0 ||
+                                     "bytes_done=0, bytes_total=?, error='', path=?, format=?, updated_at=? "
+                                     "WHERE id=?";
+            if (sql_run(c, sql, "tttIIttIt", m->url, m->name, m->tokenizer, m->size_bytes, m->size_bytes, m->path,
+                        m->format, store_now(), old->id) < 0 ||
                 model_by_sha(c, m->sha256, old) != 0)
                 goto fail;
             *restarted = 1;

@@ -779,6 +779,19 @@ static void test_fetcher_resumes(void **state)
     char part[sizeof again->path + 8];
     snprintf(part, sizeof part, "%s.part", again->path);
     assert_int_equal(file_size(part), -1);
+    /* registered again under another file name (the first named the wrong format): the
+     * new name and its format are what is fetched, not the failed registration's */
+    snprintf(again->url, sizeof again->url, "http://127.0.0.1:%d/m/dropped.gguf", drop.port);
+    snprintf(again->format, sizeof again->format, "gguf");
+    assert_int_equal(fetch_model_path(tmpdir, again->sha256, "dropped.gguf", again->path, sizeof again->path), 0);
+    char want_path[sizeof again->path];
+    snprintf(want_path, sizeof want_path, "%s", again->path);
+    assert_int_equal(store_model_add_fetch(st, again, &restarted), 1);
+    assert_int_equal(restarted, 1);
+    assert_string_equal(again->format, "gguf");
+    assert_string_equal(again->path, want_path);
+    assert_int_equal(store_model_get(st, again->id, got), 0);
+    assert_string_equal(got->path, want_path);
     srv_stop(&drop);
 
     fetch_service_stop(fs);
