@@ -724,7 +724,8 @@ char *api_report_html(json_t *r, size_t *len)
 }
 
 /* GET /v1/jobs/{id}/report.html: 200 text/html (the report so far, partial while the
- * job runs), 404 problem for an unknown job, 500 when the store or memory fails. */
+ * job runs), 404 problem for an unknown job, 503 when the store cannot be read (as every
+ * other route answers it), 500 when memory fails. */
 void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, api_resp *resp)
 {
     (void)req;
@@ -735,8 +736,8 @@ void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, 
         rc = 1;
     }
     if (rc != 0) {
-        api_problem(resp, rc == 1 ? 404 : 500, rc == 1 ? "not_found" : "internal",
-                    rc == 1 ? "no such job" : "reading the job failed", NULL);
+        api_problem(resp, rc == 1 ? 404 : 503, rc == 1 ? "not_found" : "store_unavailable",
+                    rc == 1 ? "no such job" : "the job store could not be read", NULL);
         return;
     }
     json_t *r = json_is_object(j.report) ? json_deep_copy(j.report) : json_object();

@@ -317,6 +317,8 @@ def store_restart(root):
             pg("kill", pgdir)
             st, hd, doc = s.json("GET", "/v1/jobs/" + jid)
             assert st == 503 and hd.get("retry-after"), (st, hd, doc)
+            st, hd, body = s.request("GET", "/v1/jobs/%s/report.html" % jid)
+            assert st == 503 and hd.get("retry-after") and b"store_unavailable" in body, (st, hd, body[:300])
             st, hd, doc = s.json("POST", "/v1/jobs", test_spec(["test_sleep"]))
             assert st == 503 and hd.get("retry-after") and doc["code"] == "store_unavailable", (st, doc)
             st, hd, _ = s.json("GET", "/readyz")
