@@ -20,6 +20,11 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from acserver import Server  # noqa: E402
 
+import yaml  # noqa: E402
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "openapi", "openapi.yaml")) as _f:
+    PROBLEM_CODES = set(yaml.safe_load(_f)["components"]["schemas"]["Problem"]["properties"]["code"]["enum"])
+
 CONN_MEMORY = 65536                      # the server's default --conn-memory
 OURS, LIBRARY = "server", "libmicrohttpd"
 
@@ -104,6 +109,7 @@ def main():
                 assert hdrs.get("content-type", "").startswith("application/problem+json"), (name, hdrs)
                 doc = json.loads(body)
                 assert doc["code"] == code and doc["status"] == want, (name, doc)
+                assert code in PROBLEM_CODES, "%s: code %s is not in openapi.yaml's Problem.code" % (name, code)
                 assert doc["request_id"] == hdrs.get("x-request-id"), (name, doc, hdrs)
                 assert hdrs.get("connection", "").lower() == "close", (name, hdrs)
                 assert status_lines == 1, (name, out[:600])
