@@ -310,6 +310,45 @@ int st_open_mem(st_file *f, const void *buf, size_t len, char *err, size_t errle
     return st_open_mem_shards(f, &buf, &len, 1, err, errlen);
 }
 
+/* parse_shard over a file's map. The length and the header are copied out of the map
+ * under a guard, and parsed from the copy: a file cut short after it was mapped (copied
+ * over, rewritten in place) ends the open with an error, not the process by SIGBUS, and
+ * nothing the parse allocated is lost to the jump. */
+static int parse_mapped_shard(st_file *f, int shard, const char *path, char *err, size_t errlen)
+{
+    const uint8_t *map = f->maps[shard];
+    size_t len = f->map_len[shard];
+    volatile size_t n = len < 8 ? len : 8;
+    uint8_t *volatile copy = NULL;
+    fio_guard guard;
+    if (sigsetjmp(guard.jb, 1)) {
+        free(copy);
+        snprintf(err, errlen, "%s: the file ended under its header (cut short or rewritten while it opened)", path);
+        return -1;
+    }
+    fio_guard_enter(&guard);
+    if (len >= 8) {   /* just what parse_shard reads: the length, and a header it will take */
+        uint64_t hlen = 0;
+        for (int i = 7; i >= 0; i--)
+            hlen = (hlen << 8) | map[i];
+        if (hlen <= ST_MAX_HEADER && hlen <= len - 8)
+            n = 8 + (size_t)hlen;
+    }
+    copy = malloc(n ? n : 1);
+    if (copy)
+        memcpy(copy, map, n);
+    fio_guard_leave(&guard);
+    if (!copy) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = parse_shard(f, shard, copy, len, path, err, errlen);
+    if (rc == 0)   /* the data stays in the map */
+        f->data[shard] = map + (f->data[shard] - copy);
+    free(copy);
+    return rc;
+}
+
 static int open_single(st_file *f, const char *path, char *err, size_t errlen)
 {
     if (alloc_shards(f, 1)) {
@@ -318,7 +357,7 @@ static int open_single(st_file *f, const char *path, char *err, size_t errlen)
     }
     if (fio_map(path, 0, NULL, &f->maps[0], &f->map_len[0], err, errlen))
         return -1;
-    return parse_shard(f, 0, f->maps[0], f->map_len[0], path, err, errlen) || check_layout(f, err, errlen) ? -1 : 0;
+    return parse_mapped_shard(f, 0, path, err, errlen) || check_layout(f, err, errlen) ? -1 : 0;
 }
 
 /* Shard names of an index, unique, in order of first appearance; a hash of them keeps
@@ -404,7 +443,7 @@ static int open_index(st_file *f, const char *index_path, char *err, size_t errl
             goto out;
         }
         if (fio_map(p, 0, NULL, &f->maps[i], &f->map_len[i], err, errlen) ||
-            parse_shard(f, i, f->maps[i], f->map_len[i], p, err, errlen))
+            parse_mapped_shard(f, i, p, err, errlen))
             goto out;
     }
     if (check_layout(f, err, errlen))
