@@ -669,6 +669,21 @@ static int wait_status(store *st, const char *id, const char *want, store_model 
     return -1;
 }
 
+/* Register a new llama2c model by URL (the test server on port, /m/file) whose sha256 is
+ * 64 times `digit` (no download matches it), into m. */
+static void register_new(store *st, store_model *m, int port, const char *file, char digit)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d/m/%s", port, file);
+    memset(m->sha256, digit, 64);
+    snprintf(m->format, sizeof m->format, "llama2c");
+    m->size_bytes = -1;
+    assert_int_equal(fetch_model_path(tmpdir, m->sha256, file, m->path, sizeof m->path), 0);
+    int restarted = -1;
+    assert_int_equal(store_model_add_fetch(st, m, &restarted), 0);
+    assert_int_equal(restarted, 0);
+}
+
 static void test_fetcher_resumes(void **state)
 {
     (void)state;
@@ -737,13 +752,7 @@ static void test_fetcher_resumes(void **state)
     assert_string_equal(hex, sha);
 
     /* a digest no download can match: failed with the reason, nothing left behind */
-    memset(again, 0, sizeof *again);
-    snprintf(again->url, sizeof again->url, "http://127.0.0.1:%d/m/other.bin", s.port);
-    memset(again->sha256, 'e', 64);
-    snprintf(again->format, sizeof again->format, "llama2c");
-    again->size_bytes = -1;
-    assert_int_equal(fetch_model_path(tmpdir, again->sha256, "other.bin", again->path, sizeof again->path), 0);
-    assert_int_equal(store_model_add_fetch(st, again, &restarted), 0);
+    register_new(st, again, s.port, "other.bin", 'e');
     fetch_service_kick();
     assert_int_equal(wait_status(st, again->id, "failed", got), 0);
     assert_non_null(strstr(got->error, "sha256 mismatch"));
@@ -759,13 +768,7 @@ static void test_fetcher_resumes(void **state)
      * starts over), so hostile URLs cannot fill the disk with parts */
     srv drop;
     srv_start(&drop, model, len, MODE_DROP_ALWAYS);
-    memset(again, 0, sizeof *again);
-    snprintf(again->url, sizeof again->url, "http://127.0.0.1:%d/m/dropped.bin", drop.port);
-    memset(again->sha256, 'd', 64);
-    snprintf(again->format, sizeof again->format, "llama2c");
-    again->size_bytes = -1;
-    assert_int_equal(fetch_model_path(tmpdir, again->sha256, "dropped.bin", again->path, sizeof again->path), 0);
-    assert_int_equal(store_model_add_fetch(st, again, &restarted), 0);
+    register_new(st, again, drop.port, "dropped.bin", 'd');
     int failed = 0;
     for (int i = 0; i < 600 && !failed; i++) {   /* kicks cut the backoff between attempts short */
         fetch_service_kick();
