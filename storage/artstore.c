@@ -5,6 +5,7 @@
 #include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/s3.h"
+#include "storage/store.h"
 #include "engine/clock.h"
 
 #include <errno.h>
@@ -18,7 +19,6 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* A blob this process has hashed, and the inode state it had then: a blob whose inode,
@@ -600,8 +600,8 @@ void art_stream_free(art_stream *s)
 /* ---- scrub and sweep ------------------------------------------------------------------- */
 
 /* Call fn on every entry of every ROOT/sha256/<two hex> folder (the folder's path and the
- * entry's name); fn returns nonzero to stop. 0, or -1 when the store cannot be listed. */
-static int walk_store(artstore *as, int (*fn)(artstore *, const char *, const char *, void *), void *ud)
+ * entry's name). 0, or -1 when the store cannot be listed. */
+static int walk_store(artstore *as, void (*fn)(artstore *, const char *, const char *, void *), void *ud)
 {
     char top[4096];
     snprintf(top, sizeof top, "%s/sha256", as->dir);
@@ -609,8 +609,7 @@ static int walk_store(artstore *as, int (*fn)(artstore *, const char *, const ch
     if (!d)
         return -1;
     struct dirent *e;
-    int stop = 0;
-    while (!stop && (e = readdir(d))) {
+    while ((e = readdir(d))) {
         if (strlen(e->d_name) != 2 || !strchr("0123456789abcdef", e->d_name[0]) ||
             !strchr("0123456789abcdef", e->d_name[1]))
             continue;
@@ -621,9 +620,9 @@ static int walk_store(artstore *as, int (*fn)(artstore *, const char *, const ch
         if (!d2)
             continue;
         struct dirent *f;
-        while (!stop && (f = readdir(d2)))
+        while ((f = readdir(d2)))
             if (f->d_name[0] != '.')
-                stop = fn(as, sub, f->d_name, ud);
+                fn(as, sub, f->d_name, ud);
         closedir(d2);
     }
     closedir(d);
@@ -641,51 +640,52 @@ typedef struct {
  * the folder). A writer killed mid-copy leaves one, and nothing else removes it. */
 #define ART_STALE_TEMP_S 600
 
-static int sweep_one(artstore *as, const char *sub, const char *name, void *ud)
+static void sweep_one(artstore *as, const char *sub, const char *name, void *ud)
 {
     (void)as;
     walk_counts *c = ud;
     const char *dot = strchr(name, '.');
     if (!dot || dot - name != 64)
-        return 0;
+        return;
     const char *num = !strncmp(dot, ".tmp.", 5) ? dot + 5 : !strncmp(dot, ".fetch.", 7) ? dot + 7 : NULL;
     char *end;
     long pid = num ? strtol(num, &end, 10) : 0;
     if (!num || pid <= 0 || end == num || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
-        return 0;
+        return;
     char path[4400];
     struct stat sb;
     if (fio_path_join(path, sizeof path, sub, name) < 0 || lstat(path, &sb) < 0 || !S_ISREG(sb.st_mode) ||
-        time(NULL) - sb.st_mtime < ART_STALE_TEMP_S)
-        return 0;
+        store_now() - sb.st_mtime < ART_STALE_TEMP_S)
+        return;
     if (unlink(path) == 0) {
         c->swept++;
         c->swept_bytes += (int64_t)sb.st_blocks * 512;
     }
-    return 0;
 }
 
-static int scrub_one(artstore *as, const char *sub, const char *name, void *ud)
+static void scrub_one(artstore *as, const char *sub, const char *name, void *ud)
 {
     walk_counts *c = ud;
-    if (!is_hex64(name))
-        return sweep_one(as, sub, name, ud);
+    if (!is_hex64(name)) {
+        sweep_one(as, sub, name, ud);
+        return;
+    }
     if (strncmp(name, sub + strlen(sub) - 2, 2))
-        return 0;   /* not where its name puts it: not a blob of this store */
+        return;   /* not where its name puts it: not a blob of this store */
     char path[4400], got[65];
     if (fio_path_join(path, sizeof path, sub, name) < 0)
-        return 0;
+        return;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat sb;
     int64_t sz;
     if (fd < 0 || fstat(fd, &sb) < 0) {
         if (fd >= 0)
             close(fd);
-        return 0;   /* removed meanwhile */
+        return;   /* removed meanwhile */
     }
     if (sha256_fd(fd, got, &sz) < 0) {
         close(fd);
-        return 0;   /* unread: not known to be bad; the next pass reads it again */
+        return;   /* unread: not known to be bad; the next pass reads it again */
     }
     c->checked++;
     if (!strcmp(got, name)) {
@@ -695,7 +695,6 @@ static int scrub_one(artstore *as, const char *sub, const char *name, void *ud)
         (void)art_quarantine(as, name);
     }
     close(fd);
-    return 0;
 }
 
 int art_scrub(artstore *as, int *checked, int *bad)
