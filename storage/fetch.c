@@ -522,6 +522,12 @@ done:
     return rc;
 }
 
+/* Where a download into out_path keeps what it has so far. 0, or -1 when it does not fit. */
+static int part_path(const char *out_path, char *buf, size_t n)
+{
+    return snprintf(buf, n, "%s.part", out_path) < (int)n ? 0 : -1;
+}
+
 int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const char *out_path, fetch_opts *opts,
               char *err, size_t errlen)
 {
@@ -542,7 +548,7 @@ int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const 
     if (max_bytes < 0)
         max_bytes = 0;
     char part[4200];
-    if (snprintf(part, sizeof part, "%s.part", out_path) >= (int)sizeof part) {
+    if (part_path(out_path, part, sizeof part) < 0) {
         snprintf(err, errlen, "%.300s: output path too long", out_path);
         return FETCH_FAILED;
     }
@@ -790,8 +796,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
     /* failed: what its attempts left goes (registering it again starts over), so URLs
      * that always break off cannot fill the disk with parts */
     char part[sizeof m->path + 8];
-    snprintf(part, sizeof part, "%s.part", m->path);
-    if (unlink(part) < 0 && errno != ENOENT)
+    if (part_path(m->path, part, sizeof part) == 0 && unlink(part) < 0 && errno != ENOENT)
         fprintf(stderr, "fetch: cannot remove %s: %s\n", part, strerror(errno));
     (void)store_model_fetch_done(fs->st, m->id, "failed", 0, err);
 }
