@@ -22,6 +22,7 @@ struct job_ctx {
     char stage[48];
     char out_path[4400];       /* buffer behind job_ctx_output's answer */
     double last_cancel_check;  /* monotonic s */
+    int lost;                  /* the job is no longer running at this worker's attempt */
     struct {
         char key[64];
         void *value;

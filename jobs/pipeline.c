@@ -76,20 +76,36 @@ static int store_retry(int *tries)
     return 1;
 }
 
-/* store_job_finish, tried again while the store is unavailable. 0, 1 (already terminal)
- * or -1. */
+/* store_job_finish, tried again while the store is unavailable. 0, 1 (already terminal),
+ * STORE_FENCED or -1. */
 static int finish(store *st, const char *id, const char *status, const char *code, const char *message)
 {
     int rc, tries = 0;
     while ((rc = store_job_finish(st, id, status, code, message)) < 0 && store_retry(&tries))
         ;
+    if (rc == STORE_FENCED)
+        fprintf(stderr, "worker: job %s is no longer running at this worker's attempt (its lease ran out); "
+                "not recorded as %s\n", id, status);
     return rc;
 }
 
-/* Record the end of a run that stopped early: cancelled, or back to the queue when a
- * shutdown (not a cancel) stopped it. */
-static int finish_stopped(store *st, const char *id, const char *stage)
+/* The job is no longer running at this worker's attempt: its runner's lease ran out and
+ * the job went back to the queue (and perhaps to another runner) or was settled. Said in
+ * the worker's log; nothing is written to the job, which is no longer this worker's. */
+static void say_lost(const job_ctx *ctx)
 {
+    fprintf(stderr, "worker: job %s is no longer running at this worker's attempt (its lease ran out); "
+            "stopping during stage %s without writing to it\n", ctx->id, ctx->stage[0] ? ctx->stage : "-");
+}
+
+/* Record the end of a run that stopped early: cancelled, or back to the queue when a
+ * shutdown (not a cancel) stopped it; nothing when the job is no longer this worker's. */
+static int finish_stopped(job_ctx *ctx, store *st, const char *id, const char *stage)
+{
+    if (ctx->lost) {
+        say_lost(ctx);
+        return 0;
+    }
     if (job_ctx_stop_requested() && !job_ctx_cancel_requested() && store_job_cancel_requested(st, id) != 1) {
         char why[160];
         snprintf(why, sizeof why, "worker stopped by server shutdown during stage %s; will resume", stage);
@@ -269,6 +285,9 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         store_job_clear(&job);
         return -1;
     }
+    /* this worker's writes land only while the job is running at the attempt it was
+     * started for (the claim counted it) */
+    store_fence_job(st, id, job.attempts);
     static job_ctx ctx; /* large; one per worker process */
     memset(&ctx, 0, sizeof ctx);
     ctx.st = st;
@@ -298,7 +317,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         const char *name = json_string_value(json_array_get(job.stages, i));
         last = name ? name : "?";
         if (job_cancelled(&ctx)) {
-            result = finish_stopped(st, id, last);
+            result = finish_stopped(&ctx, st, id, last);
             goto out;
         }
         stage_fn fn = name ? stage_lookup(name) : NULL;
@@ -313,6 +332,11 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         int tries = 0, rc_store;
         while ((rc_store = store_job_stage_begin(st, id, (int)i, name)) < 0 && store_retry(&tries))
             ;
+        if (rc_store == STORE_FENCED) {
+            ctx.lost = 1;
+            result = finish_stopped(&ctx, st, id, name);
+            goto out;
+        }
         if (mkdir_one(ctx.stage_dir) < 0 || rc_store < 0) {
             result = -1;
             snprintf(err, errlen, "starting stage %s failed", name);
@@ -332,16 +356,21 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             share_stage(&ctx, name);
             while ((rc_store = store_job_stage_done(st, id, (int)i, name, wall)) < 0 && store_retry(&tries))
                 ;
+            if (rc_store == STORE_FENCED) {
+                ctx.lost = 1;
+                result = finish_stopped(&ctx, st, id, name);
+                goto out;
+            }
             if (rc_store < 0) {
                 snprintf(err, errlen, "recording stage %s failed", name);
                 result = -1;
                 goto out;
             }
             job_observe_stage(&ctx, "stage.completed");
-        } else if (r == 1 || job_cancelled(&ctx)) {
+        } else if (r == 1 || job_cancelled(&ctx) || ctx.lost) {
             /* a stage that fails once a cancel (or a shutdown) was asked for failed because
              * of it, e.g. a system call the stop signal interrupted (EINTR) */
-            result = finish_stopped(st, id, name);
+            result = finish_stopped(&ctx, st, id, name);
             goto out;
         } else {
             char msg[1400];

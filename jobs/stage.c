@@ -138,6 +138,7 @@ int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data)
 {
     int rc = store_event_append(ctx->st, ctx->id, type, message ? message : "", data);
     json_decref(data);
+    ctx->lost |= rc == STORE_FENCED;
     if (observer)
         observer(observer_ud, ctx->stage, type, message ? message : "", -1, -1);
     return rc;
@@ -146,6 +147,7 @@ int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data)
 int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps)
 {
     int rc = store_job_progress(ctx->st, ctx->id, step, total_steps);
+    ctx->lost |= rc == STORE_FENCED;
     if (observer)
         observer(observer_ud, ctx->stage, NULL, NULL, step, total_steps);
     return rc;
@@ -153,16 +155,20 @@ int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps)
 
 int job_cancelled(job_ctx *ctx)
 {
-    if (sig_cancel || sig_stop)
+    if (sig_cancel || sig_stop || ctx->lost)
         return 1;
-    /* The signal is the fast path; the store is the truth (also without a server). */
+    /* The signal is the fast path; the store is the truth (also without a server). A job
+     * no longer running at this attempt (its lease ran out) stops this worker as a cancel
+     * would, and the worker's writes to it are fenced off (store_fence_job). */
     double now = eng_wall_s();
     if (now - ctx->last_cancel_check >= 0.25) {
         ctx->last_cancel_check = now;
         if (store_job_cancel_requested(ctx->st, ctx->id) == 1)
             sig_cancel = 1;
+        else if (store_job_fence_holds(ctx->st, ctx->id) == 0)
+            ctx->lost = 1;
     }
-    return sig_cancel != 0;
+    return sig_cancel != 0 || ctx->lost;
 }
 
 int job_cancelled_hook(void *ctx)
@@ -201,7 +207,9 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
     snprintf(a.stage, sizeof a.stage, "%s", ctx->stage);
     snprintf(a.content_type, sizeof a.content_type, "%s",
              content_type ? content_type : "application/octet-stream");
-    return store_artifact_publish(ctx->st, ctx->as, path, &a, err, errlen);
+    int rc = store_artifact_publish(ctx->st, ctx->as, path, &a, err, errlen);
+    ctx->lost |= rc == STORE_FENCED;
+    return rc == 0 ? 0 : -1;
 }
 
 int job_report_merge(job_ctx *ctx, json_t *fragment)
@@ -212,5 +220,6 @@ int job_report_merge(job_ctx *ctx, json_t *fragment)
     }
     int rc = store_report_merge(ctx->st, ctx->id, fragment);
     json_decref(fragment);
-    return rc;
+    ctx->lost |= rc == STORE_FENCED;
+    return rc == 0 ? 0 : -1;
 }

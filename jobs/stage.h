@@ -59,7 +59,8 @@ void job_set_observer(job_observer_fn fn, void *ud);
 /* For jobs/pipeline.c: tell the observer (only; the store records stages itself) that the
  * current stage began (type "stage.started") or completed ("stage.completed"). */
 void job_observe_stage(job_ctx *ctx, const char *type);
-/* 1 when cancellation was requested; stages check it between steps. */
+/* 1 when cancellation was requested (or a stop, or the job is no longer running at this
+ * worker's attempt: its lease ran out); stages check it between steps. */
 int job_cancelled(job_ctx *ctx);
 /* job_cancelled for a callback whose user data is the job_ctx (a cancel hook). */
 int job_cancelled_hook(void *ctx);
@@ -67,7 +68,7 @@ int job_cancelled_hook(void *ctx);
  * (sha-256 computed, metadata committed). Returns 0, or -1 with a reason in err. */
 int job_publish(job_ctx *ctx, const char *name, const char *path, const char *content_type,
                 char *err, size_t errlen);
-/* Merge a JSON object into the job's report (stolen). */
+/* Merge a JSON object into the job's report (stolen). 0 or -1. */
 int job_report_merge(job_ctx *ctx, json_t *fragment);
 
 /* The one place real stages hook in (jobs/stages_builtin.c): registers every stage this

@@ -38,6 +38,8 @@ struct store {
     pthread_mutex_t mu;
     store_conn *all;
     int schema_version;
+    char fence_id[48];           /* store_fence_job: the job this handle writes as one attempt */
+    int fence_attempt;
 };
 
 int64_t store_now(void)
@@ -64,6 +66,18 @@ int store_new_id(const char *prefix, char *out, size_t outlen)
     memcpy(out, prefix, pl);
     art_hex(r, sizeof r, out + pl);
     return 0;
+}
+
+void store_fence_job(store *st, const char *id, int attempt)
+{
+    snprintf(st->fence_id, sizeof st->fence_id, "%s", id);
+    st->fence_attempt = attempt;
+}
+
+int store_fence_attempt(store_conn *c, const char *id)
+{
+    const store *st = c->owner;
+    return st->fence_attempt > 0 && !strcmp(st->fence_id, id) ? st->fence_attempt : 0;
 }
 
 /* 1 when target names a PostgreSQL database rather than an SQLite file. */

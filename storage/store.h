@@ -153,24 +153,38 @@ int store_lease_renew(store *st, const char *owner, int lease_s);
  * lease it renews them rather than requeue jobs its workers are still running. Returns
  * how many changed, or -1. */
 int store_lease_rescue(store *st, int max_attempts, const char *self);
+/* Fencing a worker. A worker runs one attempt of one job: the `attempts` its runner's
+ * claim left. When that runner loses the lease (it stopped renewing; the store was out of
+ * its reach) the job is requeued and perhaps claimed again, by another runner or the
+ * same, and the old attempt's worker may still be running. After store_fence_job(st, id,
+ * attempt), every write this handle makes to job id — stage begin and done, progress,
+ * report, events, artifacts, finish, requeue — lands only while the job is running at
+ * that attempt; otherwise it changes nothing and returns STORE_FENCED. Set once, before
+ * the handle is used by other threads. */
+#define STORE_FENCED 2
+void store_fence_job(store *st, const char *id, int attempt);
+/* 1 while the handle's fence on job id holds (or there is none), 0 once the job is no
+ * longer running at its attempt, -1 on error. */
+int store_job_fence_holds(store *st, const char *id);
 /* Record the worker's pid on a running job. Returns 0 or -1. */
 int store_job_set_pid(store *st, const char *id, int pid);
 /* Worker: stage number `index` (name) begins: sets stage and progress 0/0, event
- * "stage.started". Returns 0 or -1. */
+ * "stage.started". Returns 0, STORE_FENCED or -1. */
 int store_job_stage_begin(store *st, const char *id, int index, const char *name);
-/* Progress of the current stage (no event). Returns 0 or -1. */
+/* Progress of the current stage (no event). Returns 0, STORE_FENCED or -1. */
 int store_job_progress(store *st, const char *id, int64_t step, int64_t total);
 /* Stage number `index` finished: stage_index = index+1, report.stages gets
- * {name, wall_s, attempt}, event "stage.completed". Returns 0 or -1. */
+ * {name, wall_s, attempt}, event "stage.completed". Returns 0, STORE_FENCED or -1. */
 int store_job_stage_done(store *st, const char *id, int index, const char *name, double wall_s);
 /* Move a non-terminal job to a terminal status ("succeeded", "failed", "cancelled") with
  * an optional error (code, message may be NULL) and event "job.<status>". Returns 0;
- * 1 when the job was already terminal (unchanged); -1 on error. */
+ * 1 when the job was already terminal (unchanged); STORE_FENCED; -1 on error. */
 int store_job_finish(store *st, const char *id, const char *status, const char *code,
                      const char *message);
 /* Put a running job back in the queue (worker gone without a terminal state: server
  * restart or shutdown), keeping stage_index so it resumes at the first unfinished stage;
- * event "job.requeued" with `reason`. Returns 0, 1 when not running, -1 on error. */
+ * event "job.requeued" with `reason`. Returns 0, 1 when not running, STORE_FENCED, -1 on
+ * error. */
 int store_job_requeue(store *st, const char *id, const char *reason);
 /* At a runner's start, every job it (owner: the same name as its claims) left running
  * when it died, and any left without a lease by an older server: a pending cancel is
@@ -191,12 +205,13 @@ int store_job_cancel_requested(store *st, const char *id);
  * of each artifact no other job references is appended to *orphans (a malloc'd array of
  * malloc'd strings; caller frees). Returns 0, 1 absent, 2 not terminal, -1 error. */
 int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans);
-/* Merge `fragment` (borrowed object) into the job's report, recursively. 0 or -1. */
+/* Merge `fragment` (borrowed object) into the job's report, recursively. 0,
+ * STORE_FENCED or -1. */
 int store_report_merge(store *st, const char *id, json_t *fragment);
 /* Count jobs per status into out[5] (queued, running, succeeded, failed, cancelled). */
 int store_job_counts(store *st, int64_t out[5]);
 
-/* Append an event (data borrowed, may be NULL). Returns 0 or -1. */
+/* Append an event (data borrowed, may be NULL). Returns 0, STORE_FENCED or -1. */
 int store_event_append(store *st, const char *job_id, const char *type, const char *message,
                        json_t *data);
 /* Events of a job with seq > after_seq, oldest first, at most limit. Returns 0 with
@@ -206,14 +221,15 @@ int store_event_list(store *st, const char *job_id, int64_t after_seq, int limit
 void store_event_list_free(store_event *ev, int n);
 
 /* Record an artifact (replacing one of the same name on that job) with event
- * "artifact.published" in one transaction. a->id is assigned here. Returns 0 or -1. */
+ * "artifact.published" in one transaction. a->id is assigned here. Returns 0,
+ * STORE_FENCED or -1. */
 int store_artifact_add(store *st, store_artifact *a);
 
 struct artstore;
 /* Publish the file src as a's bytes: into as (art_put, which fills a->sha256 and
  * a->size_bytes; the copy outside any lock), then, under as's publish lock held shared, the
  * blob made sure of (put again if a delete took it meanwhile) and the row recorded
- * (store_artifact_add). 0, or -1 with err. */
+ * (store_artifact_add). 0, or -1 or STORE_FENCED with err. */
 int store_artifact_publish(store *st, struct artstore *as, const char *src, store_artifact *a, char *err,
                            size_t errlen);
 /* store_job_delete and the removal of the blobs it leaves unreferenced, under as's publish

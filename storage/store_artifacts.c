@@ -29,7 +29,12 @@ int store_artifact_publish(store *st, artstore *as, const char *src, store_artif
     /* a delete may have taken the blob since art_put found it stored (another job's, orphaned) */
     int rc = !art_has(as, a->sha256, a->size_bytes) && art_put(as, src, a->sha256, &a->size_bytes, err, errlen) < 0
                  ? -1 : 0;
-    if (rc == 0 && store_artifact_add(st, a) < 0) {
+    int added = rc == 0 ? store_artifact_add(st, a) : 0;
+    if (added == STORE_FENCED) {
+        snprintf(err, errlen, "artifact %s not recorded: job %s is no longer running at this worker's attempt",
+                 a->name, a->job_id);
+        rc = STORE_FENCED;
+    } else if (added < 0) {
         snprintf(err, errlen, "recording artifact %s failed", a->name);
         rc = -1;
     }
@@ -63,6 +68,9 @@ int store_artifact_add(store *st, store_artifact *a)
     a->created_at = store_now();
     if (sql_begin(c) < 0)
         return -1;
+    int fence = store_fence_check(c, a->job_id, store_fence_attempt(c, a->job_id));
+    if (fence != 0)
+        return sql_abandon(c, fence);
     /* the job's row first: its events are appended under its lock (store_events.c) */
     if (store_job_touch(c, a->job_id) < 0)
         return sql_abandon(c, -1);

@@ -30,6 +30,9 @@ int store_event_append(store *st, const char *job_id, const char *type, const ch
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
+    int fence = store_fence_check(c, job_id, store_fence_attempt(c, job_id));
+    if (fence != 0)
+        return sql_abandon(c, fence);
     if (store_job_touch(c, job_id) < 0 || store_event_insert(c, job_id, type, message, json_incref(data)) < 0 ||
         sql_commit(c) < 0)
         return sql_abandon(c, -1);

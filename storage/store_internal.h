@@ -134,6 +134,13 @@ void *sql_rows(sql_stmt *s, int limit, size_t elem_size, sql_row_reader rd, void
  * row or with an unknown letter (a programming error). */
 int sql_cols(sql_stmt *s, const char *cols, ...);
 
+/* Fencing (store_fence_job). store_fence_attempt: the attempt c's handle writes job id
+ * as, 0 when its writes to id are not fenced. store_fence_check, inside the caller's
+ * transaction: 0 when job id is running at `attempt` (always, for attempt 0), with its
+ * row locked; STORE_FENCED when not (or absent); -1 on error. */
+int store_fence_attempt(store_conn *c, const char *id);
+int store_fence_check(store_conn *c, const char *id, int attempt);
+
 /* Writes made inside the caller's transaction (or alone). Each returns 0 or -1 (logged). */
 
 /* Append an event to job_id; data is stolen (a NEW reference, or NULL). */

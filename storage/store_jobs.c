@@ -203,8 +203,45 @@ int store_job_set_pid(store *st, const char *id, int pid)
 int store_job_progress(store *st, const char *id, int64_t step, int64_t total)
 {
     store_conn *c = store_conn_get(st);
-    static const char *sql = "UPDATE jobs SET step=?, total_steps=?, version=version+1, updated_at=? WHERE id=?";
-    return c && sql_run(c, sql, "IIIt", step, total, store_now(), id) >= 0 ? 0 : -1;
+    if (!c)
+        return -1;
+    int attempt = store_fence_attempt(c, id);
+    if (!attempt) {
+        static const char *sql = "UPDATE jobs SET step=?, total_steps=?, version=version+1, updated_at=? WHERE id=?";
+        return sql_run(c, sql, "IIIt", step, total, store_now(), id) >= 0 ? 0 : -1;
+    }
+    static const char *fenced = "UPDATE jobs SET step=?, total_steps=?, version=version+1, updated_at=? "
+                                "WHERE id=? AND status='running' AND attempts=?";
+    int changed = sql_run(c, fenced, "IIIti", step, total, store_now(), id, attempt);
+    return changed < 0 ? -1 : changed == 0 ? STORE_FENCED : 0;
+}
+
+int store_fence_check(store_conn *c, const char *id, int attempt)
+{
+    if (attempt <= 0)
+        return 0;
+    static const char *q = "SELECT status, attempts FROM jobs WHERE id=? FOR UPDATE";
+    char status[16] = "";
+    int at = 0;
+    int rc = sql_row(c, q, "t", "ti", id, status, sizeof status, &at);
+    if (rc < 0)
+        return -1;
+    return rc == 0 && !strcmp(status, "running") && at == attempt ? 0 : STORE_FENCED;
+}
+
+int store_job_fence_holds(store *st, const char *id)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    int attempt = store_fence_attempt(c, id);
+    if (!attempt)
+        return 1;
+    static const char *q = "SELECT status, attempts FROM jobs WHERE id=?";
+    char status[16] = "";
+    int at = 0;
+    int rc = sql_row(c, q, "t", "ti", id, status, sizeof status, &at);
+    return rc < 0 ? -1 : rc == 0 && !strcmp(status, "running") && at == attempt;
 }
 
 int store_job_stage_begin(store *st, const char *id, int index, const char *name)
@@ -212,6 +249,9 @@ int store_job_stage_begin(store *st, const char *id, int index, const char *name
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
+    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    if (fence != 0)
+        return sql_abandon(c, fence);
     static const char *sql = "UPDATE jobs SET stage=?, step=0, total_steps=0, version=version+1, "
                              "updated_at=? WHERE id=? AND stage_index=?";
     if (sql_run(c, sql, "tIti", name, store_now(), id, index) < 0)
@@ -264,6 +304,9 @@ int store_job_stage_done(store *st, const char *id, int index, const char *name,
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
+    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    if (fence != 0)
+        return sql_abandon(c, fence);
     static const char *sql = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? "
                              "WHERE id=? AND stage_index=?";
     int changed = sql_run(c, sql, "iIti", index + 1, store_now(), id, index);
@@ -301,13 +344,18 @@ static int begin_with_status(store *st, const char *id, store_conn **c, char sta
     return rc != 0 ? sql_abandon(*c, rc) : 0;
 }
 
-int store_job_finish(store *st, const char *id, const char *status, const char *code,
+/* store_job_finish of attempt `attempt` only (0: any): STORE_FENCED when the job is no
+ * longer running at that attempt. */
+static int finish_at(store *st, const char *id, int attempt, const char *status, const char *code,
                      const char *message)
 {
     store_conn *c;
     char cur[16] = "";
     if (begin_with_status(st, id, &c, cur) != 0)
         return -1;
+    int fence = store_fence_check(c, id, attempt);
+    if (fence != 0)
+        return sql_abandon(c, fence);
     if (is_terminal(cur))
         return sql_abandon(c, 1);
     int64_t now = store_now();
@@ -327,11 +375,22 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
     return 0;
 }
 
-int store_job_requeue(store *st, const char *id, const char *reason)
+int store_job_finish(store *st, const char *id, const char *status, const char *code,
+                     const char *message)
+{
+    store_conn *c = store_conn_get(st);
+    return c ? finish_at(st, id, store_fence_attempt(c, id), status, code, message) : -1;
+}
+
+/* store_job_requeue of attempt `attempt` only (0: any), as finish_at. */
+static int requeue_at(store *st, const char *id, int attempt, const char *reason)
 {
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
+    int fence = store_fence_check(c, id, attempt);
+    if (fence != 0)
+        return sql_abandon(c, fence);
     static const char *u = "UPDATE jobs SET status='queued', worker_pid=0, lease_owner='', lease_expires_at=0, "
                            "version=version+1, updated_at=? WHERE id=? AND status='running'";
     int changed = sql_run(c, u, "It", store_now(), id);
@@ -342,6 +401,12 @@ int store_job_requeue(store *st, const char *id, const char *reason)
     if (store_event_insert(c, id, "job.requeued", reason, NULL) < 0 || sql_commit(c) < 0)
         return sql_abandon(c, -1);
     return 0;
+}
+
+int store_job_requeue(store *st, const char *id, const char *reason)
+{
+    store_conn *c = store_conn_get(st);
+    return c ? requeue_at(st, id, store_fence_attempt(c, id), reason) : -1;
 }
 
 /* A running job whose runner is gone, as store_recover and store_lease_rescue read it. */
@@ -358,8 +423,9 @@ static void left_from_row(sql_stmt *s, void *out)
 
 /* Settle each job of s's rows (id, cancel_requested, attempts, stage), whose runner is
  * gone for `why`: a pending cancel is finished; a job that has had max_attempts starts
- * fails with `code`; the rest go back to the queue to resume at their stage. Returns how
- * many changed, or -1. */
+ * fails with `code`; the rest go back to the queue to resume at their stage. Each at the
+ * attempt read: a job another rescuer settled and a runner claimed again since is left
+ * to that runner. Returns how many changed, or -1. */
 static int settle_left(store *st, sql_stmt *s, int max_attempts, const char *why, const char *code)
 {
     int n = 0;
@@ -373,16 +439,16 @@ static int settle_left(store *st, sql_stmt *s, int max_attempts, const char *why
         char msg[600];
         const char *stage = l->stage[0] ? l->stage : "(before the first stage)";
         if (l->cancel) {
-            r = store_job_finish(st, l->id, "cancelled", NULL, NULL);
+            r = finish_at(st, l->id, l->attempts, "cancelled", NULL, NULL);
         } else if (l->attempts >= max_attempts) {
             /* every start counts: a job whose worker takes its runner down must not loop */
             snprintf(msg, sizeof msg, "%s while the job was running, during stage %s, after %d of %d attempts "
                      "(--max-attempts)", why, stage, l->attempts, max_attempts);
-            r = store_job_finish(st, l->id, "failed", code, msg);
+            r = finish_at(st, l->id, l->attempts, "failed", code, msg);
         } else {
             snprintf(msg, sizeof msg, "%s while the job was running; resuming at the first unfinished stage "
                      "(attempt %d of %d)", why, l->attempts + 1, max_attempts);
-            r = store_job_requeue(st, l->id, msg);
+            r = requeue_at(st, l->id, l->attempts, msg);
         }
         if (r == 0)
             done++;
@@ -517,6 +583,9 @@ int store_report_merge(store *st, const char *id, json_t *fragment)
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
         return -1;
+    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    if (fence != 0)
+        return sql_abandon(c, fence);
     if (report_update(c, id, fragment, NULL, 0, 0) < 0 || sql_commit(c) < 0) {
         sql_rollback(c);
         return -1;

@@ -1,6 +1,7 @@
 /* tests/unit/test_store_jobs.c — the job store (storage/store*.c): migrations, job
  * state transitions (one transaction each), idempotency records, list pagination,
- * cancel/requeue/recover, leases (renewal, rescue, the engine a runner has), concurrent
+ * cancel/requeue/recover, leases (renewal, rescue, the engine a runner has), a worker's
+ * writes fenced to its attempt, concurrent
  * claims, events with a cursor, artifacts and orphan detection on delete (a publish beside a
  * delete of the same content keeps its bytes), models, report
  * merging, concurrent writers on per-thread connections, and the change counter behind
@@ -655,6 +656,67 @@ static void test_leases(void **state)
 
 /* The runners registry: a beat writes or refreshes a runner's row; the list holds the
  * runners seen after a moment, by name; a runner that stops is gone from it. */
+/* Fencing: a handle fenced to attempt 1 of a job writes it while it runs at attempt 1;
+ * once the job is requeued and claimed again (attempt 2), none of its writes land —
+ * stage begin and done, progress, report, events, artifacts, requeue, finish — and the
+ * job's version does not move. Another job on the same handle is not fenced. */
+static void test_fence(void **state)
+{
+    store *st = *state;
+    char err[256] = "", id[48], free_id[48];
+    mk(st, "fence-dev", id);
+    mk(st, "fence-free", free_id);
+    store_job j;
+    assert_int_equal(claim_as(st, "fence-dev", "host-a", 30, &j), 0);
+    assert_int_equal(j.attempts, 1);
+    store_job_clear(&j);
+    store *w = store_open(dbpath, err, sizeof err);
+    assert_non_null(w);
+    store_fence_job(w, id, 1);
+    assert_int_equal(store_job_fence_holds(w, id), 1);
+    assert_int_equal(store_job_stage_begin(w, id, 0, "a"), 0);
+    assert_int_equal(store_job_progress(w, id, 1, 2), 0);
+    assert_int_equal(store_event_append(w, id, "test.mine", "attempt 1", NULL), 0);
+
+    assert_int_equal(store_job_requeue(st, id, "lease ran out"), 0);
+    assert_int_equal(store_job_fence_holds(w, id), 0);
+    assert_int_equal(claim_as(st, "fence-dev", "host-b", 30, &j), 0);
+    assert_int_equal(j.attempts, 2);
+    int64_t version = j.version;
+    store_job_clear(&j);
+    assert_int_equal(store_job_fence_holds(w, id), 0);
+    assert_int_equal(store_job_stage_begin(w, id, 0, "a"), STORE_FENCED);
+    assert_int_equal(store_job_progress(w, id, 2, 2), STORE_FENCED);
+    assert_int_equal(store_job_stage_done(w, id, 0, "a", 1.0), STORE_FENCED);
+    json_t *frag = json_pack("{s:b}", "stale", 1);
+    assert_int_equal(store_report_merge(w, id, frag), STORE_FENCED);
+    json_decref(frag);
+    assert_int_equal(store_event_append(w, id, "test.stale", "attempt 1", NULL), STORE_FENCED);
+    store_artifact a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.job_id, sizeof a.job_id, "%s", id);
+    snprintf(a.name, sizeof a.name, "stale.bin");
+    snprintf(a.sha256, sizeof a.sha256, "%064d", 0);
+    assert_int_equal(store_artifact_add(w, &a), STORE_FENCED);
+    assert_int_equal(store_job_requeue(w, id, "stale"), STORE_FENCED);
+    assert_int_equal(store_job_finish(w, id, "succeeded", NULL, NULL), STORE_FENCED);
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_string_equal(j.status, "running");
+    assert_string_equal(j.lease_owner, "host-b");
+    assert_int_equal(j.stage_index, 0);
+    assert_true(j.version == version);
+    assert_null(json_object_get(j.report, "stale"));
+    store_job_clear(&j);
+
+    /* the fence is on one job: the handle's writes to others land */
+    assert_int_equal(claim_as(st, "fence-free", "host-a", 30, &j), 0);
+    store_job_clear(&j);
+    assert_int_equal(store_job_progress(w, free_id, 1, 1), 0);
+    assert_int_equal(store_job_finish(w, free_id, "succeeded", NULL, NULL), 0);
+    store_close(w);
+    assert_int_equal(store_job_finish(st, id, "cancelled", NULL, NULL), 0);
+}
+
 static void test_runners(void **state)
 {
     store *st = *state;
@@ -741,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_webhook_outbox),
         cmocka_unit_test(test_concurrent_writers),
         cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_fence),
         cmocka_unit_test(test_claim_engine),
         cmocka_unit_test(test_runners),
         cmocka_unit_test(test_concurrent_claims),

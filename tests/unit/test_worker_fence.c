@@ -1,0 +1,155 @@
+/* tests/unit/test_worker_fence.c — a worker whose job is taken from it. The worker runs
+ * one attempt of a job (jobs/pipeline.c); while its stage runs, the job's lease is
+ * treated as run out: another handle on the store requeues the job and runner "host-b"
+ * claims it again (attempt 2). From then on nothing the old worker writes may land on
+ * the job: not its progress, events, report, artifacts, the stage's completion, the next
+ * stage or "succeeded". The job stays running at attempt 2 for host-b, and the old
+ * worker stops at its next check instead of running on.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs/pipeline.h"
+#include "jobs/stage.h"
+#include "storage/artstore.h"
+#include "storage/fileio.h"
+#include "storage/store.h"
+
+static char dir[64], db[128];
+static int ran_after, saw_stop;
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ac-fence-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(db, sizeof db, "%s/t.db", dir);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return fio_remove_tree(dir);
+}
+
+/* The stage during which the job is taken over, then writes as the old attempt would. */
+static int stage_taken(job_ctx *ctx, char *err, size_t errlen)
+{
+    store *other = store_open(db, err, errlen);
+    if (!other)
+        return -1;
+    store_job b;
+    int ok = store_job_requeue(other, job_ctx_id(ctx), "its runner stopped renewing the lease") == 0 &&
+             store_job_claim(other, &(store_claim){"cpu", 0, "host-b", 30}, &b) == 0;
+    if (ok)
+        store_job_clear(&b);
+    store_close(other);
+    if (!ok) {
+        snprintf(err, errlen, "the takeover failed");
+        return -1;
+    }
+    job_progress(ctx, 7, 9);
+    job_event(ctx, "test.stale", "written by the old attempt", NULL);
+    job_report_merge(ctx, json_pack("{s:b}", "stale", 1));
+    char path[4400];
+    snprintf(path, sizeof path, "%s/stale.bin", job_ctx_stage_dir(ctx));
+    if (fio_write_atomic(path, "old", 3, err, errlen) < 0)
+        return -1;
+    char perr[512];
+    job_publish(ctx, "stale.bin", path, NULL, perr, sizeof perr);
+    saw_stop = job_cancelled(ctx);
+    return 0;
+}
+
+static int stage_after(job_ctx *ctx, char *err, size_t errlen)
+{
+    (void)ctx;
+    (void)err;
+    (void)errlen;
+    ran_after = 1;
+    return 0;
+}
+
+static void test_taken_over(void **state)
+{
+    (void)state;
+    char ad[128], err[512] = "";
+    snprintf(ad, sizeof ad, "%s/artifacts", dir);
+    store *st = store_open(db, err, sizeof err);
+    artstore *as = art_open(ad, err, sizeof err);
+    assert_non_null(st);
+    assert_non_null(as);
+    stage_register("test_taken", stage_taken);
+    stage_register("test_after", stage_after);
+    store_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "cpu");
+    j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
+    j.stages = json_pack("[s,s]", "test_taken", "test_after");
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    store_job a;
+    assert_int_equal(store_job_claim(st, &(store_claim){"cpu", 0, "host-a", 30}, &a), 0);
+    assert_int_equal(a.attempts, 1);
+    store_job_clear(&a);
+
+    if (job_run(st, as, dir, j.id, err, sizeof err))
+        fail_msg("job_run: %s", err);
+
+    store_job now;
+    assert_int_equal(store_job_get(st, j.id, &now), 0);
+    assert_string_equal(now.status, "running");
+    assert_string_equal(now.lease_owner, "host-b");
+    assert_int_equal(now.attempts, 2);
+    assert_int_equal(now.stage_index, 0);
+    assert_true(now.step != 7 && now.total_steps != 9);
+    assert_null(json_object_get(now.report, "stale"));
+    store_job_clear(&now);
+    assert_int_equal(ran_after, 0);
+    assert_int_equal(saw_stop, 1);
+
+    store_event *ev = NULL;
+    int n = 0, more = 0;
+    assert_int_equal(store_event_list(st, j.id, 0, 1000, &ev, &n, &more), 0);
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(ev[i].type, "test.stale") || !strcmp(ev[i].type, "artifact.published") ||
+            !strcmp(ev[i].type, "stage.completed") || !strncmp(ev[i].type, "job.succeeded", 13) ||
+            !strcmp(ev[i].type, "job.failed") || !strcmp(ev[i].type, "job.cancelled"))
+            fail_msg("the old attempt wrote event %s: %s", ev[i].type, ev[i].message);
+    }
+    store_event_list_free(ev, n);
+    store_artifact *arts = NULL;
+    assert_int_equal(store_artifact_list(st, j.id, &arts, &n), 0);
+    assert_int_equal(n, 0);
+    free(arts);
+
+    /* the new attempt's own writes land */
+    store_fence_job(st, j.id, 2);
+    assert_int_equal(store_job_progress(st, j.id, 3, 4), 0);
+    assert_int_equal(store_job_finish(st, j.id, "succeeded", NULL, NULL), 0);
+    /* and none of a fenced handle's, once the job is finished */
+    assert_int_equal(store_job_progress(st, j.id, 4, 4), STORE_FENCED);
+    assert_int_equal(store_event_append(st, j.id, "test.late", "late", NULL), STORE_FENCED);
+    assert_int_equal(store_job_fence_holds(st, j.id), 0);
+    store_job_clear(&j);
+    art_close(as);
+    store_close(st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_taken_over),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
