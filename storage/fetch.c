@@ -648,15 +648,22 @@ struct fetch_service {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop, kicked;
-    /* progress of the model being fetched (written by the fetcher thread only) */
+    double turn_s;       /* how long one download runs while others wait (under mu) */
+    /* the model being fetched (written by the fetcher thread only) */
     char id[48];
-    double last_report;
+    int64_t last_seq;    /* its registration order: the next turn goes to the one after */
+    double last_report, turn_start, last_wait_check;
+    int yielded;         /* the download stopped for another model's turn */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static fetch_service *g_service;   /* the fetcher of this process, or NULL */
 
 enum { FETCH_ATTEMPTS = 4 };
+/* A download's turn: after this long it gives way to any other model waiting, keeping
+ * its .part, and is resumed when its turn comes round again. A URL that drips bytes too
+ * slowly to finish but fast enough never to stall then holds up nobody else. */
+#define FETCH_TURN_S 120.0
 
 static int stopping(fetch_service *fs)
 {
@@ -693,6 +700,16 @@ static int on_progress(void *user, int64_t done, int64_t total)
     if (now - fs->last_report >= 0.25) {
         fs->last_report = now;
         (void)store_model_fetch_progress(fs->st, fs->id, done, total);   /* best effort */
+    }
+    pthread_mutex_lock(&fs->mu);
+    double turn = fs->turn_s;
+    pthread_mutex_unlock(&fs->mu);
+    if (now - fs->turn_start >= turn && now - fs->last_wait_check >= 1.0) {
+        fs->last_wait_check = now;
+        if (store_model_fetch_waiting(fs->st, fs->id) == 1) {
+            fs->yielded = 1;
+            return 1;
+        }
     }
     return 0;
 }
@@ -740,7 +757,10 @@ static void fetch_one(fetch_service *fs, const store_model *m)
 {
     char err[1024] = "";
     snprintf(fs->id, sizeof fs->id, "%s", m->id);
-    fs->last_report = 0;
+    fs->last_seq = m->seq;
+    fs->last_report = fs->last_wait_check = 0;
+    fs->turn_start = eng_wall_s();
+    fs->yielded = 0;
     int64_t limit = fs->max_bytes;
     if (m->size_bytes >= 0 && m->size_bytes < limit)
         limit = m->size_bytes;
@@ -792,7 +812,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
             return;
     }
     if (rc == FETCH_CANCELLED || stopping(fs))
-        return;   /* stays "fetching": the next start resumes from the .part */
+        return;   /* stays "fetching": its next turn, or the next start, resumes from the .part */
     /* failed: what its attempts left goes (registering it again starts over), so URLs
      * that always break off cannot fill the disk with parts */
     char part[sizeof m->path + 8];
@@ -808,7 +828,7 @@ static void *fetch_main(void *arg)
         if (stopping(fs))
             break;
         store_model *m = malloc(sizeof *m);
-        int rc = m ? store_model_next_fetch(fs->st, m) : -1;
+        int rc = m ? store_model_next_fetch(fs->st, fs->last_seq, m) : -1;
         if (rc == 0)
             fetch_one(fs, m);
         free(m);
@@ -839,6 +859,7 @@ fetch_service *fetch_service_start(store *st, artstore *as, unsigned flags, int6
     fs->as = as;
     fs->flags = flags & (FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE);
     fs->max_bytes = max_model_bytes;
+    fs->turn_s = FETCH_TURN_S;
     if (ca_file && !(fs->ca_file = strdup(ca_file))) {
         free(fs);
         pthread_mutex_unlock(&g_mu);
@@ -879,6 +900,13 @@ void fetch_service_stop(fetch_service *fs)
     pthread_mutex_destroy(&fs->mu);
     free(fs->ca_file);
     free(fs);
+}
+
+void fetch_service_set_turn(fetch_service *fs, double seconds)
+{
+    pthread_mutex_lock(&fs->mu);
+    fs->turn_s = seconds > 0 ? seconds : FETCH_TURN_S;
+    pthread_mutex_unlock(&fs->mu);
 }
 
 int fetch_service_policy(unsigned *flags, int64_t *max_model_bytes)

@@ -117,8 +117,10 @@ int fetch_model_path(const char *data_dir, const char *sha256_hex, const char *f
 
 typedef struct fetch_service fetch_service;
 
-/* Start the fetcher thread: it downloads every model in status "fetching" (oldest first,
- * including those a previous server left half-done, resumed from their .part), checks
+/* Start the fetcher thread: it downloads every model in status "fetching" (in turn, in
+ * registration order, including those a previous server left half-done, resumed from
+ * their .part; a download that has run for its turn, 120 s, while other models wait gives
+ * way, keeps its .part and resumes at its next turn), checks
  * that the file opens as a model, and marks it ready or failed (with the reason);
  * transient failures are retried with backoff before the model fails (a certificate
  * that cannot be verified fails at once, and without a ca_file its reason suggests
@@ -132,6 +134,9 @@ typedef struct fetch_service fetch_service;
  * (fetch_service_stop), or NULL with a reason in err. */
 fetch_service *fetch_service_start(store *st, artstore *as, unsigned flags, int64_t max_model_bytes,
                                    const char *ca_file, char *err, size_t errlen);
+/* The length of a download's turn while other models wait (seconds > 0; else the
+ * default, 120 s). */
+void fetch_service_set_turn(fetch_service *fs, double seconds);
 /* Stop the thread: an unfinished download keeps its .part and its model stays
  * "fetching", so the next start resumes it. NULL is a no-op. */
 void fetch_service_stop(fetch_service *fs);

@@ -253,8 +253,12 @@ int store_model_add(store *st, store_model *m);
 int store_model_add_fetch(store *st, store_model *m, int *restarted);
 /* The model registered with this sha256 (lowercase hex). 0 found, 1 absent, -1 error. */
 int store_model_get_sha(store *st, const char *sha256_hex, store_model *out);
-/* The oldest model in status "fetching". 0 found (out filled), 1 none, -1 error. */
-int store_model_next_fetch(store *st, store_model *out);
+/* The next model in status "fetching" after the one registered as after_seq, in
+ * registration order and round again from the oldest (after_seq 0: the oldest). 0 found
+ * (out filled), 1 none, -1 error. */
+int store_model_next_fetch(store *st, int64_t after_seq, store_model *out);
+/* 1 when a model other than id is "fetching" (waiting for the fetcher), 0 when none, -1. */
+int store_model_fetch_waiting(store *st, const char *id);
 /* Download progress of a fetching model (no-op on other states). 0 or -1. */
 int store_model_fetch_progress(store *st, const char *id, int64_t bytes_done, int64_t bytes_total);
 /* End a fetch: status "ready" (bytes_done = bytes_total = bytes) or "failed" with error.

@@ -106,13 +106,25 @@ fail:
     return -1;
 }
 
-int store_model_next_fetch(store *st, store_model *out)
+int store_model_next_fetch(store *st, int64_t after_seq, store_model *out)
 {
     store_conn *c = store_conn_get(st);
     if (!c)
         return -1;
-    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE status='fetching' ORDER BY seq LIMIT 1";
-    return sql_row(c, q, "", "r", model_from_row, out);
+    /* those registered after after_seq first, then from the start */
+    static const char *q = "SELECT " MODEL_COLS " FROM models WHERE status='fetching' "
+                           "ORDER BY (seq <= ?), seq LIMIT 1";
+    return sql_row(c, q, "I", "r", after_seq, model_from_row, out);
+}
+
+int store_model_fetch_waiting(store *st, const char *id)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c)
+        return -1;
+    static const char *q = "SELECT COUNT(*) FROM models WHERE status='fetching' AND id<>?";
+    int64_t n = 0;
+    return sql_row(c, q, "t", "I", id, &n) < 0 ? -1 : n > 0;
 }
 
 int store_model_fetch_progress(store *st, const char *id, int64_t bytes_done, int64_t bytes_total)

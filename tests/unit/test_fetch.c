@@ -33,7 +33,9 @@
 
 /* ---- the test server --------------------------------------------------------------- */
 
-enum { MODE_RANGE, MODE_DROP_ONCE, MODE_NO_RANGE, MODE_404, MODE_503, MODE_DROP_ALWAYS };
+/* MODE_DRIP: 200 with the whole length promised, then one byte every 20 ms (it would take
+ * hours) until the client leaves or the server stops. */
+enum { MODE_RANGE, MODE_DROP_ONCE, MODE_NO_RANGE, MODE_404, MODE_503, MODE_DROP_ALWAYS, MODE_DRIP };
 
 typedef struct {
     int lfd, port;
@@ -93,6 +95,19 @@ static void serve_one(srv *s, int fd)
         int n = snprintf(hdr, sizeof hdr, "HTTP/1.1 %s\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot here\n",
                          mode == MODE_404 ? "404 Not Found" : "503 Service Unavailable");
         (void)send_all(fd, hdr, (size_t)n);
+        return;
+    }
+    if (mode == MODE_DRIP) {
+        int n = snprintf(hdr, sizeof hdr, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                         s->len);
+        int stop = send_all(fd, hdr, (size_t)n) < 0;
+        for (size_t i = 0; i < s->len && !stop; i++) {
+            usleep(20000);
+            pthread_mutex_lock(&s->mu);
+            stop = s->stop;
+            pthread_mutex_unlock(&s->mu);
+            stop = stop || send_all(fd, s->body + i, 1) < 0;
+        }
         return;
     }
     size_t from = 0;
@@ -807,6 +822,69 @@ static void test_fetcher_resumes(void **state)
     free(model);
 }
 
+/* Turns: a URL that sends a byte now and then never stalls long enough to time out, and
+ * once held the one fetcher for good, so every model registered after it waited. A
+ * download now yields after its turn (here 1 s) when other models wait, keeping its .part,
+ * and the fetcher takes the models in turn: the model behind the drip becomes ready while
+ * the drip is still fetching, and the drip is taken up again after it. */
+static void test_fetcher_turns(void **state)
+{
+    (void)state;
+    const char *shared = getenv("AC_SHARED");
+    char src[600], db[600], data[600], err[1024] = "";
+    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    size_t len;
+    unsigned char *model = slurp(src, &len);
+    char sha[65];
+    art_sha256_buf(model, len, sha);
+    srv drip, good;
+    srv_start(&drip, model, len, MODE_DRIP);
+    srv_start(&good, model, len, MODE_RANGE);
+    path_of(data, sizeof data, "turns");
+    assert_int_equal(mkdir(data, 0755), 0);
+    path_of(db, sizeof db, "turns/t.db");
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+
+    store_model *slow = calloc(1, sizeof *slow), *m = calloc(1, sizeof *m), *got = calloc(1, sizeof *got);
+    assert_non_null(slow);
+    assert_non_null(m);
+    assert_non_null(got);
+    register_new(st, slow, drip.port, "drip.bin", 'f');
+    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d/m/stories260K.bin", good.port);
+    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
+    snprintf(m->format, sizeof m->format, "llama2c");
+    m->size_bytes = -1;
+    assert_int_equal(fetch_model_path(data, sha, "stories260K.bin", m->path, sizeof m->path), 0);
+    int restarted = -1;
+    assert_int_equal(store_model_add_fetch(st, m, &restarted), 0);
+
+    fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, 1 << 30, NULL, err, sizeof err);
+    assert_non_null(fs);
+    fetch_service_set_turn(fs, 1.0);
+    fetch_service_kick();
+    assert_int_equal(wait_status(st, m->id, "ready", got), 0);
+    assert_int_equal(good.requests, 1);
+    assert_int_equal(store_model_get(st, slow->id, got), 0);
+    assert_string_equal(got->status, "fetching");
+    int again = 0;
+    for (int i = 0; i < 200 && !again; i++) {   /* 10 s */
+        pthread_mutex_lock(&drip.mu);
+        again = drip.requests >= 2;
+        pthread_mutex_unlock(&drip.mu);
+        usleep(50000);
+    }
+    assert_true(again);
+    fetch_service_stop(fs);
+    store_close(st);
+    srv_stop(&drip);
+    srv_stop(&good);
+    free(slow);
+    free(m);
+    free(got);
+    free(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -823,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_url_hosts),
         cmocka_unit_test(test_model_file_names),
         cmocka_unit_test(test_fetcher_resumes),
+        cmocka_unit_test(test_fetcher_turns),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
