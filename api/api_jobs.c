@@ -749,6 +749,13 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     char err[256];
     int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, pr == 1 && strcmp(req->method, "HEAD"), err, sizeof err);
     if (fd < 0) {
+        /* a DELETE of the job may have taken row and content since the row was read: then
+         * the artifact is gone, not broken */
+        store_artifact now;
+        if (store_artifact_get(ctx->st, params[0], name, &now) == 1) {
+            api_problem(resp, 404, "not_found", "no such job or artifact", NULL);
+            return;
+        }
         api_problem(resp, 500, "artifact_unreadable", err, NULL);
         return;
     }

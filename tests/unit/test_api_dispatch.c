@@ -1,8 +1,10 @@
 /* tests/unit/test_api_dispatch.c — the API layer without HTTP: route lookup (404, 405
  * with Allow, HEAD on GET routes, greedy artifact names), problem+json shape, job
- * creation with idempotency replay and mismatch, query-parameter bounds, ETag/304, and
- * artifact downloads (Range 206/416, If-Range, If-None-Match, digest headers) through
- * api_dispatch on a real store and artifact store in a temporary directory.
+ * creation with idempotency replay and mismatch, query-parameter bounds, ETag/304,
+ * artifact downloads (Range 206/416, If-Range, If-None-Match, digest headers), and a
+ * download racing the job's DELETE, through api_dispatch on a real store and artifact
+ * store in a temporary directory. The test's own open() lets the DELETE land between
+ * the artifact's row being read and its content being opened.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "api/api.h"
@@ -25,6 +28,31 @@
 static char dir[64], models[128];
 static api_ctx ctx;
 static char *roots[1];
+
+/* open(), for the product's code this test links too: when armed with a path and a job,
+ * the first open of that path first deletes the job (finished, then removed as DELETE
+ * does), as a DELETE on another thread may between a download's row read and its open. */
+static char race_path[4096], race_job[48];
+
+int open(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    if (race_job[0] && !strcmp(path, race_path)) {
+        char id[48], err[256];
+        snprintf(id, sizeof id, "%s", race_job);
+        race_job[0] = 0;
+        if (store_job_finish(ctx.st, id, "cancelled", NULL, NULL) != 0 ||
+            store_job_remove(ctx.st, ctx.as, id, 5, err, sizeof err) != 0)
+            fprintf(stderr, "the racing delete of %s failed\n", id);
+    }
+    return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+}
 
 /* Fake request headers and query: "name", "value" pairs. */
 typedef struct {
@@ -304,6 +332,26 @@ static void test_artifact_corruption(void **state)
     api_resp_free(&r);
 }
 
+/* A download whose job is deleted between the artifact's row being read and its content
+ * being opened: the artifact is gone, a 404, not a 500 that says the content is missing. */
+static void test_artifact_get_beside_delete(void **state)
+{
+    (void)state;
+    char id[48], sha[65], path[200];
+    publish_blob('R', id, sha, path, sizeof path);
+    assert_int_equal(art_path(ctx.as, sha, race_path, sizeof race_path), 0);
+    snprintf(race_job, sizeof race_job, "%s", id);
+    api_resp r;
+    call("GET", path, NULL, NULL, NULL, &r);
+    assert_int_equal(race_job[0], 0);   /* the delete ran */
+    assert_int_equal(r.status, 404);
+    assert_string_equal(json_string_value(json_object_get(r.json, "code")), "not_found");
+    api_resp_free(&r);
+    call("GET", path, NULL, NULL, NULL, &r);
+    assert_int_equal(r.status, 404);
+    api_resp_free(&r);
+}
+
 static void test_artifact_ranges(void **state)
 {
     (void)state;
@@ -376,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_create_idempotent_etag),
         cmocka_unit_test(test_artifact_ranges),
         cmocka_unit_test(test_artifact_corruption),
+        cmocka_unit_test(test_artifact_get_beside_delete),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
