@@ -21,7 +21,9 @@ static void model_from_row(sql_stmt *s, void *out)
              &m->bytes_total, m->error, sizeof m->error, &m->updated_at);
 }
 
-/* Insert m (id and times assigned). 0 or -1 (logged). */
+/* Insert m (id and times assigned). 0; 1 when a model with m's sha256 exists (nothing
+ * inserted: on PostgreSQL a transaction that did not see it may have committed it since);
+ * -1 (logged). */
 static int model_insert(store_conn *c, store_model *m)
 {
     if (store_new_id("mdl_", m->id, sizeof m->id) < 0)
@@ -34,10 +36,11 @@ static int model_insert(store_conn *c, store_model *m)
     }
     static const char *sql = "INSERT INTO models(id, path, tokenizer, name, format, created_at, status, url, sha256, "
                              "size_bytes, bytes_done, bytes_total, error, updated_at) "
-                             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING seq";
+                             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                             "ON CONFLICT (sha256) WHERE sha256 <> '' DO NOTHING RETURNING seq";
     return sql_row(c, sql, "tttttItttIIItI", "I", m->id, m->path, m->tokenizer, m->name, m->format, m->created_at,
                    m->status, m->url, m->sha256, m->size_bytes, m->bytes_done, m->bytes_total, m->error,
-                   m->updated_at, &m->seq) == 0 ? 0 : -1;
+                   m->updated_at, &m->seq);
 }
 
 int store_model_add(store *st, store_model *m)
@@ -45,7 +48,7 @@ int store_model_add(store *st, store_model *m)
     store_conn *c = store_conn_get(st);
     if (!c)
         return -1;
-    return model_insert(c, m);
+    return model_insert(c, m) == 0 ? 0 : -1;
 }
 
 /* The model with this sha256 on connection c: 0 found, 1 absent, -1 error. */
@@ -73,33 +76,42 @@ int store_model_add_fetch(store *st, store_model *m, int *restarted)
     int rc = model_by_sha(c, m->sha256, old);
     if (rc < 0)
         goto fail;
-    if (rc == 0) {
-        if (!strcmp(old->status, "failed")) {
-            /* the new registration's file name decides the path and the format: the failed
-             * one may have named the wrong format */
-            static const char *sql = "UPDATE models SET status='fetching', url=?, name=?, tokenizer=?, size_bytes=?, "
-                                     "bytes_done=0, bytes_total=?, error='', path=?, format=?, updated_at=? "
-                                     "WHERE id=?";
-            if (sql_run(c, sql, "tttIIttIt", m->url, m->name, m->tokenizer, m->size_bytes, m->size_bytes, m->path,
-                        m->format, store_now(), old->id) < 0 ||
-                model_by_sha(c, m->sha256, old) != 0)
-                goto fail;
-            *restarted = 1;
-        }
-        if (sql_commit(c) < 0)
+    if (rc == 1) {
+        snprintf(m->status, sizeof m->status, "fetching");
+        m->bytes_done = 0;
+        m->bytes_total = m->size_bytes;
+        m->error[0] = 0;
+        int ins = model_insert(c, m);
+        if (ins < 0)
             goto fail;
-        *m = *old;
-        free(old);
-        return 1;
+        if (ins == 0) {
+            if (sql_commit(c) < 0)
+                goto fail;
+            free(old);
+            return 0;
+        }
+        /* registered at the same moment by another transaction, which committed it (the
+         * insert waited for it): this statement sees it */
+        if (model_by_sha(c, m->sha256, old) != 0)
+            goto fail;
     }
-    snprintf(m->status, sizeof m->status, "fetching");
-    m->bytes_done = 0;
-    m->bytes_total = m->size_bytes;
-    m->error[0] = 0;
-    if (model_insert(c, m) < 0 || sql_commit(c) < 0)
+    if (!strcmp(old->status, "failed")) {
+        /* the new registration's file name decides the path and the format: the failed
+         * one may have named the wrong format */
+        static const char *sql = "UPDATE models SET status='fetching', url=?, name=?, tokenizer=?, size_bytes=?, "
+                                 "bytes_done=0, bytes_total=?, error='', path=?, format=?, updated_at=? "
+                                 "WHERE id=?";
+        if (sql_run(c, sql, "tttIIttIt", m->url, m->name, m->tokenizer, m->size_bytes, m->size_bytes, m->path,
+                    m->format, store_now(), old->id) < 0 ||
+            model_by_sha(c, m->sha256, old) != 0)
+            goto fail;
+        *restarted = 1;
+    }
+    if (sql_commit(c) < 0)
         goto fail;
+    *m = *old;
     free(old);
-    return 0;
+    return 1;
 fail:
     free(old);
     sql_rollback(c);

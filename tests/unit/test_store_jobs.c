@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -600,6 +601,66 @@ static void test_concurrent_writers(void **state)
     store_job_list_free(jobs, n);
 }
 
+/* Registering the same bytes by URL from several API threads (or hosts) at once: one
+ * registration, the others find it; none fails. On PostgreSQL every transaction sees no
+ * row for the digest, and all but the first insert used to hit the unique index. */
+enum { SAME_SHA_THREADS = 8, SAME_SHA_ROUNDS = 5 };
+static pthread_barrier_t same_sha_start;
+static char same_sha[65];
+static int same_sha_rc[SAME_SHA_THREADS];
+static char same_sha_id[SAME_SHA_THREADS][48];
+
+static void *register_same(void *arg)
+{
+    store *st = ((void **)arg)[0];
+    int i = (int)(intptr_t)((void **)arg)[1];
+    store_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        same_sha_rc[i] = -2;
+        return NULL;
+    }
+    snprintf(m->url, sizeof m->url, "https://models.example/m%d.gguf", i);
+    snprintf(m->sha256, sizeof m->sha256, "%s", same_sha);
+    snprintf(m->format, sizeof m->format, "gguf");
+    snprintf(m->path, sizeof m->path, "/data/models/%s/m%d.gguf", same_sha, i);
+    m->size_bytes = -1;
+    int restarted = 0;
+    pthread_barrier_wait(&same_sha_start);
+    same_sha_rc[i] = store_model_add_fetch(st, m, &restarted);
+    snprintf(same_sha_id[i], sizeof same_sha_id[i], "%s", m->id);
+    free(m);
+    return NULL;
+}
+
+static void test_models_same_sha_at_once(void **state)
+{
+    store *st = *state;
+    for (int round = 0; round < SAME_SHA_ROUNDS; round++) {
+        char id[48];
+        assert_int_equal(store_new_id("", id, sizeof id), 0);
+        snprintf(same_sha, sizeof same_sha, "%.24s%040d", id, round);
+        pthread_t t[SAME_SHA_THREADS];
+        void *args[SAME_SHA_THREADS][2];
+        assert_int_equal(pthread_barrier_init(&same_sha_start, NULL, SAME_SHA_THREADS), 0);
+        for (int i = 0; i < SAME_SHA_THREADS; i++) {
+            args[i][0] = st;
+            args[i][1] = (void *)(intptr_t)i;
+            assert_int_equal(pthread_create(&t[i], NULL, register_same, args[i]), 0);
+        }
+        for (int i = 0; i < SAME_SHA_THREADS; i++)
+            pthread_join(t[i], NULL);
+        pthread_barrier_destroy(&same_sha_start);
+        int inserted = 0;
+        for (int i = 0; i < SAME_SHA_THREADS; i++) {
+            if (same_sha_rc[i] != 0 && same_sha_rc[i] != 1)
+                fail_msg("round %d: registration %d returned %d", round, i, same_sha_rc[i]);
+            inserted += same_sha_rc[i] == 0;
+            assert_string_equal(same_sha_id[i], same_sha_id[0]);
+        }
+        assert_int_equal(inserted, 1);
+    }
+}
+
 /* Leases: a runner's recovery leaves other runners' jobs alone; a renewed lease holds; a
  * lease that ran out is rescued by anyone (requeued, the start counted), then claimed by
  * another runner; when the starts are spent it fails as lease_expired. */
@@ -802,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_models_and_report),
         cmocka_unit_test(test_webhook_outbox),
         cmocka_unit_test(test_concurrent_writers),
+        cmocka_unit_test(test_models_same_sha_at_once),
         cmocka_unit_test(test_leases),
         cmocka_unit_test(test_fence),
         cmocka_unit_test(test_claim_engine),
