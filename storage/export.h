@@ -98,8 +98,9 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
 int exp_write_sums(const char *dir, char *err, size_t errlen);
 
 /* Verify every file listed in dir/SHA256SUMS (and that no listed file is missing).
- * Returns 0 when all match, or -1 with the first mismatch ("model.safetensors: sha-256
- * mismatch (file corrupted or truncated)") in err. */
+ * SHA256SUMS must be a regular file, read whole (a FIFO or a folder is refused, a read
+ * error is an error). Returns 0 when all match, or -1 with the first mismatch
+ * ("model.safetensors: sha-256 mismatch (file corrupted or truncated)") in err. */
 int exp_verify_dir(const char *dir, char *err, size_t errlen);
 
 /* Verify one file against an expected hex digest and size (size < 0: not checked).

@@ -75,17 +75,26 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "verify: path too long");
         return -1;
     }
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, errlen, "verify: %s: %s", path, strerror(errno));
+    /* a regular file, read whole (a FIFO would block, a read error would pass for its end) */
+    char why[4200];
+    size_t len = 0;
+    char *text = fio_read_all(path, 16u << 20, &len, why, sizeof why);
+    if (!text) {
+        snprintf(err, errlen, "verify: %s", why);
         return -1;
     }
-    char line[4096];
+    if (strlen(text) != len) {
+        snprintf(err, errlen, "verify: %s: holds a NUL byte", path);
+        free(text);
+        return -1;
+    }
     int rc = 0, lines = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
+    for (char *line = text, *next; rc == 0 && *line; line = next) {
+        char *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : line + strlen(line);
+        if (nl)
+            *nl = '\0';
         size_t l = strlen(line);
-        if (l && line[l - 1] == '\n')
-            line[--l] = '\0';
         if (l < 67 || line[64] != ' ' || line[65] != ' ' || strchr(line + 66, '/')) {
             snprintf(err, errlen, "verify: %s: malformed line %d", path, lines + 1);
             rc = -1;
@@ -101,7 +110,7 @@ int exp_verify_dir(const char *dir, char *err, size_t errlen)
         rc = exp_verify_file(p, line, -1, err, errlen);
         lines++;
     }
-    fclose(f);
+    free(text);
     if (rc == 0 && lines == 0) {
         snprintf(err, errlen, "verify: %s lists no files", path);
         rc = -1;
