@@ -40,7 +40,7 @@ struct sched {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int wake, stopping, exit_thread;
+    int wake, stopping, exit_thread, halted;
     child kids[MAX_CHILDREN];
     int n_kids;
     pid_t server_pid;
@@ -342,9 +342,9 @@ int sched_running(sched *s)
     return n;
 }
 
-void sched_stop(sched *s, int grace_ms)
+void sched_halt(sched *s, int grace_ms)
 {
-    if (!s)
+    if (!s || s->halted)
         return;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
@@ -373,10 +373,18 @@ void sched_stop(sched *s, int grace_ms)
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
-    for (int i = 0; i < s->n_devices; i++)
-        free(s->devices[i]);
     if (s->info)   /* its row goes before its name does */
         (void)store_runner_gone(s->st, s->owner);
+    s->halted = 1;
+}
+
+void sched_stop(sched *s, int grace_ms)
+{
+    if (!s)
+        return;
+    sched_halt(s, grace_ms);
+    for (int i = 0; i < s->n_devices; i++)
+        free(s->devices[i]);
     free(s->devices);
     free(s->exe);
     free(s->data_dir);

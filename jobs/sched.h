@@ -45,9 +45,13 @@ void sched_notify(sched *s);
 int sched_cancel(sched *s, const char *id);
 /* Workers currently running. */
 int sched_running(sched *s);
-/* Stop: no new workers; SIGTERM running ones so they reach a durable state (a stage
+/* Halt: no new workers; SIGTERM running ones so they reach a durable state (a stage
  * boundary: requeued to resume), wait up to grace_ms, then SIGKILL the rest and requeue
- * their jobs. Joins the thread and frees s. */
+ * their jobs; join the thread. s stays valid: sched_notify, sched_cancel and
+ * sched_running may still be called (by requests still in flight) and do nothing more.
+ * A second halt is a no-op. */
+void sched_halt(sched *s, int grace_ms);
+/* sched_halt (when not halted yet), then free s: once nothing else can call it. */
 void sched_stop(sched *s, int grace_ms);
 
 /* "SIGKILL", "SIGSEGV", ... for a signal number ("signal N" otherwise) into buf. */

@@ -201,9 +201,9 @@ static void serve_stop(serve_state *S, int sig)
     srv_shutdown_deadline(S->cfg.shutdown_grace_s + 15);
     S->api.shutting_down = 1;
     http_quiesce(S->hs);
-    sched_stop(S->sc, S->cfg.shutdown_grace_s * 1000);
-    S->sc = NULL;
-    S->api.sched = NULL;
+    /* requests still in flight may reach the scheduler: it is halted now and freed only
+     * once the HTTP threads are gone (serve_close) */
+    sched_halt(S->sc, S->cfg.shutdown_grace_s * 1000);
     http_stop(S->hs);
     S->hs = NULL;
     log_msg("info", "stopped");
@@ -213,8 +213,9 @@ static void serve_close(serve_state *S)
 {
     if (S->hs)
         http_stop(S->hs);
-    if (S->sc)
-        sched_stop(S->sc, 0);
+    S->api.sched = NULL;
+    sched_stop(S->sc, 0);
+    S->sc = NULL;
     webhook_stop(S->wh);            /* after the workers: their final states may still queue webhooks */
     fetch_service_stop(S->fetcher); /* an unfinished download resumes at the next start */
     scrub_stop(S->scrub);           /* before the store it reads */

@@ -2,7 +2,8 @@
  * programs (shell scripts that behave like a crashing, exiting, slow or signal-handling
  * worker): exit status and signals become failed jobs naming them, at most `per_device`
  * workers run per device and devices run in parallel, a cancel reaches the worker at
- * once, and stop() sends SIGTERM and requeues jobs left running; a cancel recorded only
+ * once, and a halt sends SIGTERM and requeues jobs left running (the halted scheduler
+ * still answers the API's calls until it is freed); a cancel recorded only
  * in the store (another host's API) reaches the worker, and a worker whose job another
  * runner took over is killed without touching the job.
  */
@@ -254,10 +255,21 @@ static void test_cancel_and_stop(void **state)
     assert_true(now_s() - t0 < 1.0);
     store_job_clear(&j);
     assert_int_equal(sched_running(s), 1);
-    sched_stop(s, 3000); /* b's worker exits on SIGTERM without an outcome: requeued */
+    /* halted, as a server stops while requests are still in flight: b's worker exits on
+     * SIGTERM without an outcome (requeued), and the scheduler still answers those
+     * requests (it is freed only by sched_stop, once nothing can call it) */
+    sched_halt(s, 3000);
     assert_int_equal(store_job_get(st, b, &j), 0);
     assert_string_equal(j.status, "queued");
     store_job_clear(&j);
+    assert_int_equal(sched_running(s), 0);
+    assert_int_equal(sched_cancel(s, b), 0);
+    sched_notify(s);
+    sched_halt(s, 3000);
+    assert_int_equal(store_job_get(st, b, &j), 0);
+    assert_string_equal(j.status, "queued");   /* nothing claimed it again */
+    store_job_clear(&j);
+    sched_stop(s, 0);
 }
 
 static void test_store_cancel_and_takeover(void **state)
