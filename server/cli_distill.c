@@ -369,24 +369,31 @@ static eng_coll *start_ranks(distill_args *a, pid_t *kids, eng_coll_group **gp)
         fprintf(stderr, "distill: %s\n", err);
         return NULL;
     }
+    /* rank 0 joins first, so that a rank it cannot start is a reason the ranks already
+     * started are given at their first collective (they wait for every rank otherwise) */
+    eng_coll *c = eng_coll_cpu_join(g, 0, err, sizeof err);
+    if (!c) {
+        fprintf(stderr, "distill: %s\n", err);
+        return NULL;
+    }
     fflush(NULL);
     for (int r = 1; r < a->ranks; r++) {
         pid_t pid = fork();
         if (pid < 0) {
+            char why[160];
+            snprintf(why, sizeof why, "rank %d could not be started: %s", r, strerror(errno));
             fprintf(stderr, "distill: cannot start rank %d: %s\n", r, strerror(errno));
+            c->abort(c, why);
+            c->free(c);
             return NULL;
         }
         if (pid == 0) {
-            eng_coll *c = eng_coll_cpu_join(g, r, err, sizeof err);
-            _exit(c ? run_rank(a, c) : 1);
+            eng_coll *k = eng_coll_cpu_join(g, r, err, sizeof err);
+            _exit(k ? run_rank(a, k) : 1);
         }
         kids[r] = pid;
     }
-    eng_coll *c = eng_coll_cpu_join(g, 0, err, sizeof err);
-    if (!c)
-        fprintf(stderr, "distill: %s\n", err);
-    else
-        fprintf(stderr, "distill: %d ranks (processes) of %d threads each\n", a->ranks, a->threads);
+    fprintf(stderr, "distill: %d ranks (processes) of %d threads each\n", a->ranks, a->threads);
     return c;
 }
 

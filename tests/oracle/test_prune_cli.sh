@@ -249,6 +249,38 @@ grep -q "rank 1 (pid $kid) is gone" "$W/k.log" || { cat "$W/k.log"; fail "the fa
     >"$W/k2.json" 2>"$W/k2.log" || { cat "$W/k2.log"; fail "rerun after a dead rank"; }
 [ "$(field "$W/k2.json" steps)" -gt 4 ] || fail "rerun did not go on: $(cat "$W/k2.json")"
 echo "a killed rank: rank 0 failed with \"$(grep -o 'rank 1 (pid [0-9]*) is gone' "$W/k.log")\"; the rerun went on to step $(field "$W/k2.json" steps)"
+# a rank that cannot be started (fork fails for rank 2 of 3): the run fails at once, naming
+# it, and rank 1, already started, gives up rather than wait for peers that never come
+cat >"$W/nofork.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <unistd.h>
+pid_t fork(void)
+{
+    static int n;
+    if (++n == 2) {
+        errno = EAGAIN;
+        return -1;
+    }
+    pid_t (*real)(void) = (pid_t (*)(void))dlsym(RTLD_NEXT, "fork");
+    return real();
+}
+C
+cc -shared -fPIC -o "$W/nofork.so" "$W/nofork.c" -ldl || fail "building the fork shim"
+t0=$(date +%s)
+set +e
+ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0 LD_PRELOAD="$W/nofork.so" timeout 120 \
+    "$BIN" distill "${P[@]}" --ranks 3 --ckpt-dir "$W/ckF" --out "$W/outF" >"$W/f.json" 2>"$W/f.log"
+rc=$?
+set -e
+took=$(( $(date +%s) - t0 ))
+[ $rc -ne 124 ] || fail "distill --ranks 3 with rank 2 unstartable still ran after 120 s"
+[ $rc -ne 0 ] || fail "distill --ranks 3 succeeded without rank 2"
+grep -q "cannot start rank 2" "$W/f.log" || { cat "$W/f.log"; fail "the failure does not name rank 2"; }
+[ $took -le 30 ] || fail "a failed rank start took $took s to end the run"
+pgrep -f "$W/ckF" >/dev/null && fail "a rank of the failed run is still running"
+echo "a rank that cannot start: the run failed in $took s naming it"
 
 echo "prune/distill CLI: resumed from step $(field "$W/b.json" resumed_from), final loss $(field "$W/b.json" final_loss) in both runs;" \
      "val loss parent $(field "$W/a.json" val_loss_parent) pruned $(field "$W/a.json" val_loss_pruned) distilled $(field "$W/a.json" val_loss_distilled)"
