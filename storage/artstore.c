@@ -306,15 +306,24 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         return -1;
     }
     struct stat sb;
-    if (stat(dst, &sb) == 0 && sb.st_size == *size_bytes) {
+    int have_fd = open(dst, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* a FIFO there must not block */
+    if (have_fd >= 0 && fstat(have_fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size == *size_bytes) {
         char have[65];
         int64_t n = 0;
-        if (art_sha256_file(dst, have, &n, err, errlen) < 0)
-            return -1;   /* unread (no descriptor, EIO): not known to be bad, so not set aside */
-        if (n == *size_bytes && !strcmp(have, hex))
+        if (sha256_fd(have_fd, have, &n) < 0) {
+            /* unread (EIO): not known to be bad, so not set aside */
+            snprintf(err, errlen, "%s: %s", dst, strerror(errno));
+            close(have_fd);
+            return -1;
+        }
+        if (n == *size_bytes && !strcmp(have, hex)) {
+            close(have_fd);
             return remote_put(as, hex, *size_bytes, err, errlen); /* the same content, stored intact */
-        (void)art_quarantine(as, hex);   /* a stored copy that lost its content: set aside, then replaced */
+        }
+        (void)art_quarantine(as, hex, have_fd);   /* a stored copy that lost its content: set aside, then replaced */
     }
+    if (have_fd >= 0)
+        close(have_fd);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
     unlink(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -404,13 +413,30 @@ static int quarantine_path(artstore *as, const char *hex, char *out, size_t n)
     return art_path(as, hex, p, sizeof p) < 0 || snprintf(out, n, "%s.corrupt", p) >= (int)n ? -1 : 0;
 }
 
-int art_quarantine(artstore *as, const char *hex)
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+int art_quarantine(artstore *as, const char *hex, int fd)
 {
     char p[4096], q[4200];
-    if (art_path(as, hex, p, sizeof p) < 0 || quarantine_path(as, hex, q, sizeof q) < 0)
+    struct stat bad, now;
+    if (art_path(as, hex, p, sizeof p) < 0 || quarantine_path(as, hex, q, sizeof q) < 0 || fstat(fd, &bad) < 0)
         return -1;
     forget_verified(as, hex);
-    return rename(p, q) < 0 && errno != ENOENT ? -1 : 0;
+    /* a publish may have repaired it since it was read: a good copy under its name stays */
+    if (stat(p, &now) < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (!same_file(&now, &bad))
+        return 0;
+    if (rename(p, q) < 0)
+        return errno == ENOENT ? 0 : -1;
+    /* a repair that landed between that look and the rename goes back under its name */
+    if (stat(q, &now) == 0 && !same_file(&now, &bad) && renameat2(AT_FDCWD, q, AT_FDCWD, p, RENAME_NOREPLACE) < 0 &&
+        errno != EEXIST)
+        return -1;
+    return 0;
 }
 
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen)
@@ -452,8 +478,8 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
         }
         if (strcmp(got, hex) != 0) {
             snprintf(err, errlen, "artifact content %s is corrupt (sha-256 mismatch); it was set aside", hex);
+            (void)art_quarantine(as, hex, fd);
             close(fd);
-            (void)art_quarantine(as, hex);
             return -1;
         }
         mark_verified(as, hex, &sb);
@@ -574,7 +600,7 @@ ssize_t art_stream_read(art_stream *s, uint64_t pos, char *buf, size_t max)
             for (int i = 0; i < 32; i++)
                 snprintf(got + 2 * i, 3, "%02x", d[i]);
             if (strcmp(got, s->hex)) {
-                (void)art_quarantine(s->as, s->hex);
+                (void)art_quarantine(s->as, s->hex, s->fd);
                 return -1;
             }
         }
@@ -692,7 +718,7 @@ static void scrub_one(artstore *as, const char *sub, const char *name, void *ud)
         mark_verified(as, name, &sb);
     } else {
         c->bad++;
-        (void)art_quarantine(as, name);
+        (void)art_quarantine(as, name, fd);
     }
     close(fd);
 }

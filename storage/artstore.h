@@ -67,8 +67,9 @@ void art_unlock(int fd);
 int art_has(artstore *as, const char *hex, int64_t size_bytes);
 
 /* Move a blob that failed its digest check aside (<hex>.corrupt, kept for inspection):
- * later opens fail saying so. Returns 0, or -1. */
-int art_quarantine(artstore *as, const char *hex);
+ * later opens fail saying so. fd is the file that was read and failed: only that file is
+ * set aside, never a good copy a publish stored under the name since. Returns 0, or -1. */
+int art_quarantine(artstore *as, const char *hex, int fd);
 
 /* Re-hash every blob; each that no longer matches its name is set aside (art_quarantine).
  * *checked and *bad count them; a blob that cannot be read is in neither (not known to be

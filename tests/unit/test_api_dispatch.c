@@ -1,8 +1,8 @@
 /* tests/unit/test_api_dispatch.c — the API layer without HTTP: route lookup (404, 405
  * with Allow, HEAD on GET routes, greedy artifact names), problem+json shape, job
  * creation with idempotency replay and mismatch, query-parameter bounds, ETag/304,
- * artifact downloads (Range 206/416, If-Range, If-None-Match, digest headers), and a
- * download racing the job's DELETE, through api_dispatch on a real store and artifact
+ * artifact downloads (Range 206/416, If-Range, If-None-Match, digest headers), a rotted
+ * blob repaired while it downloads, and a download racing the job's DELETE, through api_dispatch on a real store and artifact
  * store in a temporary directory. The test's own open() lets the DELETE land between
  * the artifact's row being read and its content being opened.
  */
@@ -332,6 +332,34 @@ static void test_artifact_corruption(void **state)
     api_resp_free(&r);
 }
 
+/* A download of a rotted blob that is repaired while it streams: a publish of the same
+ * content sets the rotted file aside and stores a good copy under its name; the download,
+ * finding at its end that what it read was bad, must not set aside the good copy (it sets
+ * aside only the file it read). */
+static void test_repair_during_download(void **state)
+{
+    (void)state;
+    char id[48], sha[65], path[200], buf[4096];
+    publish_blob('S', id, sha, path, sizeof path);
+    flip_byte(sha, 700);
+    api_resp r;
+    call("GET", path, NULL, NULL, NULL, &r);   /* a whole download: hashed on the way */
+    assert_int_equal(r.status, 200);
+    assert_int_equal(art_stream_read(r.stream, 0, buf, 512), 512);
+    char id2[48], sha2[65], path2[200];
+    publish_blob('S', id2, sha2, path2, sizeof path2);   /* the repair */
+    assert_string_equal(sha2, sha);
+    assert_int_equal(art_stream_read(r.stream, 512, buf, sizeof buf), -1);   /* it read the rotted copy */
+    api_resp_free(&r);
+    call("GET", path2, NULL, NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    api_resp_free(&r);
+    const char *part[] = {"Range", "bytes=0-99", NULL};   /* checked whole before it goes out */
+    call("GET", path, NULL, part, NULL, &r);
+    assert_int_equal(r.status, 206);
+    api_resp_free(&r);
+}
+
 /* A download whose job is deleted between the artifact's row being read and its content
  * being opened: the artifact is gone, a 404, not a 500 that says the content is missing. */
 static void test_artifact_get_beside_delete(void **state)
@@ -425,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_artifact_ranges),
         cmocka_unit_test(test_artifact_corruption),
         cmocka_unit_test(test_artifact_get_beside_delete),
+        cmocka_unit_test(test_repair_during_download),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
