@@ -6,7 +6,8 @@
  * delete of the same content keeps its bytes), models, report
  * merging, concurrent writers on per-thread connections, and the change counter behind
  * long-polls. SQLite by default; with AC_TEST_STORE=postgresql://... (an empty database:
- * tests/run_all.sh makes one) the same tests run against PostgreSQL.
+ * tests/run_all.sh makes one) the same tests run against PostgreSQL, and the store's TCP
+ * connections are checked for keepalive probes and a user timeout.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,7 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -848,6 +855,132 @@ static void test_concurrent_claims(void **state)
         assert_int_equal(claimed_by[i], 1);
 }
 
+/* ---- PostgreSQL over TCP ---------------------------------------------------------------
+ * The test database listens on a Unix socket only; a small proxy gives it a TCP port on
+ * the loopback, so the store's connection is the TCP one a fleet uses. */
+typedef struct {
+    int lfd, port;
+    char unix_path[sizeof ((struct sockaddr_un *)0)->sun_path];
+    pthread_t th;
+} tcp_proxy;
+
+static void *proxy_pump(void *arg)
+{
+    int *fds = arg;   /* {tcp, unix} */
+    struct pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    char buf[8192];
+    for (;;) {
+        if (poll(p, 2, -1) < 0)
+            break;
+        int from = (p[0].revents & (POLLIN | POLLHUP | POLLERR)) ? 0 : (p[1].revents ? 1 : -1);
+        if (from < 0)
+            continue;
+        ssize_t n = read(fds[from], buf, sizeof buf);
+        if (n <= 0 || write(fds[1 - from], buf, (size_t)n) != n)
+            break;
+    }
+    close(fds[0]);
+    close(fds[1]);
+    free(fds);
+    return NULL;
+}
+
+static void *proxy_main(void *arg)
+{
+    tcp_proxy *px = arg;
+    for (;;) {
+        int c = accept(px->lfd, NULL, NULL);
+        if (c < 0)
+            return NULL;   /* the listening socket was shut down */
+        int u = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un ua = {.sun_family = AF_UNIX};
+        snprintf(ua.sun_path, sizeof ua.sun_path, "%s", px->unix_path);
+        int *fds = malloc(2 * sizeof *fds);
+        pthread_t t;
+        if (u < 0 || !fds || connect(u, (struct sockaddr *)&ua, sizeof ua) < 0) {
+            close(c);
+            if (u >= 0)
+                close(u);
+            free(fds);
+            continue;
+        }
+        fds[0] = c;
+        fds[1] = u;
+        if (pthread_create(&t, NULL, proxy_pump, fds) == 0)
+            pthread_detach(t);
+    }
+}
+
+/* The store's TCP connections carry keepalive probes and a user timeout, so that a
+ * database host that drops off the network fails a call in about 30 s rather than two
+ * hours (libpq's own defaults leave the system's, a 2-hour idle time). PostgreSQL only. */
+static void test_pg_tcp_keepalive(void **state)
+{
+    (void)state;
+    const char *uri = getenv("AC_TEST_STORE");
+    const char *host = uri ? strstr(uri, "host=") : NULL;
+    if (!uri || strncmp(uri, "postgresql:///", 14) || !host || host[5] != '/')
+        skip();
+    char db[256], sockdir[96];
+    snprintf(db, sizeof db, "%.*s", (int)strcspn(uri + 14, "?"), uri + 14);
+    snprintf(sockdir, sizeof sockdir, "%.*s", (int)strcspn(host + 5, "&"), host + 5);
+    tcp_proxy px;
+    memset(&px, 0, sizeof px);
+    assert_true(snprintf(px.unix_path, sizeof px.unix_path, "%s/.s.PGSQL.5432", sockdir) < (int)sizeof px.unix_path);
+    px.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(px.lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(px.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(px.lfd, 8), 0);
+    socklen_t al = sizeof a;
+    assert_int_equal(getsockname(px.lfd, (struct sockaddr *)&a, &al), 0);
+    px.port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&px.th, NULL, proxy_main, &px), 0);
+
+    char tcp_uri[512], err[512];
+    snprintf(tcp_uri, sizeof tcp_uri, "postgresql://postgres@127.0.0.1:%d/%s", px.port, db);
+    store *st = store_open(tcp_uri, err, sizeof err);
+    if (!st)
+        fail_msg("store_open over TCP: %s", err);
+    int64_t counts[5];
+    assert_int_equal(store_job_counts(st, counts), 0);
+    int found = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        int fd = atoi(e->d_name);
+        struct sockaddr_in peer;
+        socklen_t pl = sizeof peer;
+        if (e->d_name[0] == '.' || getpeername(fd, (struct sockaddr *)&peer, &pl) < 0 ||
+            peer.sin_family != AF_INET || ntohs(peer.sin_port) != px.port)
+            continue;
+        int on = 0, idle = 0, intvl = 0, cnt = 0;
+        unsigned user_timeout = 0;
+        socklen_t l = sizeof on;
+        assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &l), 0);
+        l = sizeof idle;
+        assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &l), 0);
+        l = sizeof intvl;
+        assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, &l), 0);
+        l = sizeof cnt;
+        assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, &l), 0);
+        l = sizeof user_timeout;
+        assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, &l), 0);
+        assert_int_equal(on, 1);
+        assert_int_equal(idle, 10);
+        assert_int_equal(intvl, 5);
+        assert_int_equal(cnt, 3);
+        assert_int_equal(user_timeout, 30000);
+        found++;
+    }
+    closedir(d);
+    assert_true(found >= 1);
+    store_close(st);
+    shutdown(px.lfd, SHUT_RDWR);
+    pthread_join(px.th, NULL);
+    close(px.lfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -869,6 +1002,7 @@ int main(void)
         cmocka_unit_test(test_claim_engine),
         cmocka_unit_test(test_runners),
         cmocka_unit_test(test_concurrent_claims),
+        cmocka_unit_test(test_pg_tcp_keepalive),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
