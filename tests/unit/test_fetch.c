@@ -699,6 +699,22 @@ static void register_new(store *st, store_model *m, int port, const char *file, 
     assert_int_equal(restarted, 0);
 }
 
+/* Register stories260K (sha256 sha) by URL from the test server on port, cached under
+ * data_dir, into m (zeroed first): a new model, "fetching". */
+static void register_stories(store *st, store_model *m, const char *data_dir, int port, const char *sha)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d/m/stories260K.bin", port);
+    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
+    snprintf(m->format, sizeof m->format, "llama2c");
+    m->size_bytes = -1;
+    assert_int_equal(fetch_model_path(data_dir, sha, "stories260K.bin", m->path, sizeof m->path), 0);
+    int restarted = -1;
+    assert_int_equal(store_model_add_fetch(st, m, &restarted), 0);
+    assert_int_equal(restarted, 0);
+    assert_string_equal(m->status, "fetching");
+}
+
 static void test_fetcher_resumes(void **state)
 {
     (void)state;
@@ -719,15 +735,8 @@ static void test_fetcher_resumes(void **state)
     /* as a server would leave it: registered, "fetching", a third downloaded */
     store_model *m = calloc(1, sizeof *m);
     assert_non_null(m);
-    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d/m/stories260K.bin", s.port);
-    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
-    snprintf(m->format, sizeof m->format, "llama2c");
-    m->size_bytes = -1;
-    assert_int_equal(fetch_model_path(tmpdir, sha, "stories260K.bin", m->path, sizeof m->path), 0);
+    register_stories(st, m, tmpdir, s.port, sha);
     int restarted = -1;
-    assert_int_equal(store_model_add_fetch(st, m, &restarted), 0);
-    assert_int_equal(restarted, 0);
-    assert_string_equal(m->status, "fetching");
     char dir[700];
     snprintf(dir, sizeof dir, "%s/models", tmpdir);
     assert_int_equal(mkdir(dir, 0755), 0);
@@ -851,13 +860,7 @@ static void test_fetcher_turns(void **state)
     assert_non_null(m);
     assert_non_null(got);
     register_new(st, slow, drip.port, "drip.bin", 'f');
-    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d/m/stories260K.bin", good.port);
-    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
-    snprintf(m->format, sizeof m->format, "llama2c");
-    m->size_bytes = -1;
-    assert_int_equal(fetch_model_path(data, sha, "stories260K.bin", m->path, sizeof m->path), 0);
-    int restarted = -1;
-    assert_int_equal(store_model_add_fetch(st, m, &restarted), 0);
+    register_stories(st, m, data, good.port, sha);
 
     fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, 1 << 30, NULL, err, sizeof err);
     assert_non_null(fs);
