@@ -287,10 +287,12 @@ int tar_close(tar_writer *t, char *err, size_t errlen)
         snprintf(err, errlen, "tar: close %s: %s", t->tmp, strerror(errno));
     } else {
         t->fd = -1;
-        if (rename(t->tmp, t->path) < 0)
+        if (rename(t->tmp, t->path) < 0) {
             snprintf(err, errlen, "tar: rename %s: %s", t->tmp, strerror(errno));
-        else
+        } else {
+            (void)fio_fsync_parent(t->path);   /* the rename durable (best effort, as fio_write_atomic) */
             rc = 0;
+        }
     }
     if (rc < 0)
         unlink(t->tmp);
@@ -331,13 +333,16 @@ static int read_full(int fd, void *buf, size_t n)
     return 0;
 }
 
-/* A numeric header field: octal digits (space or NUL ended) or GNU base-256. */
+/* A numeric header field: octal digits (space or NUL ended) or GNU base-256, positive
+ * (first byte 0x80) and below 2^62, so that a size plus its padding cannot wrap. */
 static int get_number(const unsigned char *f, size_t w, uint64_t *out)
 {
     uint64_t v = 0;
     if (f[0] & 0x80) {
+        if (f[0] != 0x80)
+            return -1;   /* negative, or bits beyond the field's width */
         for (size_t i = 1; i < w; i++) {
-            if (v >> 56)
+            if (v >> 54)
                 return -1;
             v = v << 8 | f[i];
         }

@@ -3,9 +3,10 @@
  * an empty file, a file longer than the copy chunk, a hidden file); Python's tarfile reads
  * the same archive; and hostile or broken archives are refused naming the fault: a member
  * climbing out with "..", an absolute name, a symbolic link, a damaged checksum, an
- * archive cut short. What it unpacks is durable before it returns: every file and every
- * folder it wrote into is fsynced (tests/unit/fsync_log.h records which), for a job that
- * fetched a stage's outputs trusts them after a power loss.
+ * archive cut short, a base-256 size near 2^64 or negative. What it unpacks is durable
+ * before it returns: every file and every folder it wrote into is fsynced
+ * (tests/unit/fsync_log.h records which), for a job that fetched a stage's outputs trusts
+ * them after a power loss; so is the folder an archive is renamed into.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -84,7 +85,9 @@ static void test_roundtrip(void **state)
     tar_writer *t = tar_open(archive, 0, err, sizeof err);
     assert_non_null(t);
     assert_int_equal(tar_add_all(t, "prune", src, err, sizeof err), 0);
+    g_nsynced = 0;
     assert_int_equal(tar_close(t, err, sizeof err), 0);
+    assert_true(synced(dir));   /* the archive's rename into place is durable too */
     char cmd[600];
     snprintf(cmd, sizeof cmd, "python3 -c 'import tarfile,sys; n=sorted(tarfile.open(sys.argv[1]).getnames()); "
              "sys.exit(n != [\"prune\", \"prune/.done\", \"prune/calibration.json\", \"prune/student\", "
@@ -188,11 +191,66 @@ static void test_hostile(void **state)
     expect_refused("a.txt", '0', 0, 1, "ends inside a member");
 }
 
+/* Rewrite the size field (12 bytes at 124) of the archive's first header, checksum redone. */
+static void patch_size(const char *path, const unsigned char field[12])
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    unsigned char h[512];
+    assert_int_equal(fread(h, 1, 512, f), 512);
+    memcpy(h + 124, field, 12);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; i++)
+        sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    assert_int_equal(fwrite(h, 1, 512, f), 512);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* GNU base-256 sizes: one near 2^64 (size + padding wraps to 0, so the member would be
+ * taken as empty and its data read as the next headers) and a negative one are refused;
+ * the member's true size in base-256 still extracts. */
+static void test_size_fields(void **state)
+{
+    (void)state;
+    static const unsigned char huge[12] = {0x80, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+    static const unsigned char negative[12] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFB};
+    static const unsigned char five[12] = {0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5};
+    const unsigned char *fields[] = {huge, negative, five};
+    for (int i = 0; i < 3; i++) {
+        char archive[128], out[128], err[512] = "", got[160];
+        snprintf(archive, sizeof archive, "%s/size%d.tar", dir, i);
+        snprintf(out, sizeof out, "%s/size%d", dir, i);
+        assert_int_equal(mkdir(out, 0755), 0);
+        raw_archive(archive, "m.txt", '0', "hello", 0, 0);
+        patch_size(archive, fields[i]);
+        int fd = open(archive, O_RDONLY);
+        assert_true(fd >= 0);
+        int rc = tar_extract(fd, out, err, sizeof err);
+        close(fd);
+        snprintf(got, sizeof got, "%s/m.txt", out);
+        if (i < 2) {
+            assert_int_equal(rc, -1);
+            assert_non_null(strstr(err, "damaged header"));
+            assert_false(fio_is_file(got));
+        } else {
+            if (rc)
+                fail_msg("tar_extract: %s", err);
+            struct stat sb;
+            assert_int_equal(stat(got, &sb), 0);
+            assert_int_equal(sb.st_size, 5);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_size_fields),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
