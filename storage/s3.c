@@ -209,6 +209,8 @@ typedef struct {
     strbuf resp;                   /* the body when not sunk (XML), at most XML_MAX */
     int64_t sunk;
     int sink_stopped;
+    int64_t range_from, range_len; /* the range asked for (range_len 0: none) */
+    int range_ignored;             /* the answer was the whole object, not the range */
 } s3_req;
 
 typedef struct {
@@ -252,6 +254,15 @@ static size_t write_cb(char *p, size_t size, size_t n, void *ud)
     long code = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     if (r->sink && code / 100 == 2) {
+        /* a 200 to a ranged GET is the whole object: from byte 0, and perhaps more than
+         * asked for; only one that starts at 0 and fits the range is that range */
+        curl_off_t cl = -1;
+        if (code == 200 && r->range_len > 0 &&
+            (r->range_from > 0 || curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl) != CURLE_OK || cl < 0 ||
+             cl > r->range_len)) {
+            r->range_ignored = 1;
+            return 0;
+        }
         if (r->sink(r->user, p, len)) {
             r->sink_stopped = 1;
             return 0;
@@ -291,8 +302,11 @@ static int slist_add(struct curl_slist **l, const char *line)
     return 0;
 }
 
-static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
+/* One attempt at request r. *transport is set when the transfer itself broke (no answer,
+ * a connection reset), as opposed to an answer S3 gave. 0, or -1 with err. */
+static int perform_once(s3_client *c, s3_req *r, int *transport, char *err, size_t errlen)
 {
+    *transport = 0;
     char objkey[2048], path[2200], host[400], date[17], sha[65], hdr[4096];
     int w = r->key ? snprintf(objkey, sizeof objkey, "%s%s%s", c->prefix, *c->prefix ? "/" : "", r->key) : 0;
     if (w < 0 || (size_t)w >= sizeof objkey) {
@@ -386,9 +400,13 @@ static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
         r->length = cl;
     curl_easy_cleanup(h);
     const char *what = r->key ? r->key : c->bucket;
-    if (r->sink_stopped) {
+    if (r->range_ignored) {
+        snprintf(err, errlen, "S3 %s %s: the endpoint answered the whole object (HTTP 200) to a request for bytes %s",
+                 r->method, what, r->range);
+    } else if (r->sink_stopped) {
         snprintf(err, errlen, "S3 %s %s: stopped by the reader", r->method, what);
     } else if (cc != CURLE_OK) {
+        *transport = cc != CURLE_FAILED_INIT;
         snprintf(err, errlen, "S3 %s %s: %s", r->method, what, *cerr ? cerr : curl_easy_strerror(cc));
     } else if (r->status / 100 != 2) {
         char code[128], msg[256];
@@ -403,6 +421,41 @@ out:
     curl_slist_free_all(list);
     free(url.s);
     return rc;
+}
+
+/* A request that failed in a way S3 asks clients to retry: the transfer broke, or the
+ * answer was 5xx, 429, SlowDown or RequestTimeout. Never once a sink has bytes (they
+ * would be handed over twice) or the range was ignored. */
+static int retryable(const s3_req *r, int transport)
+{
+    if (r->sunk > 0 || r->sink_stopped || r->range_ignored)
+        return 0;
+    if (transport || r->status >= 500 || r->status == 429)
+        return 1;
+    char code[64];
+    xml_text(r->resp.s, "Code", code, sizeof code);
+    return !strcmp(code, "SlowDown") || !strcmp(code, "RequestTimeout");
+}
+
+/* perform_once, sent again (signed afresh, the body from its start) after a failure worth
+ * retrying, up to S3_ATTEMPTS in all, 0.25 s, 0.5 s, 1 s apart. */
+#define S3_ATTEMPTS 4
+static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
+{
+    for (int attempt = 1;; attempt++) {
+        int transport = 0;
+        int rc = perform_once(c, r, &transport, err, errlen);
+        if (rc == 0 || attempt == S3_ATTEMPTS || !retryable(r, transport))
+            return rc;
+        free(r->resp.s);
+        r->resp = (strbuf){0};
+        r->etag[0] = 0;
+        r->status = 0;
+        long ms = 250L << (attempt - 1);
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
 }
 
 /* ---- operations --------------------------------------------------------------------- */
@@ -443,7 +496,8 @@ int s3_get_range(s3_client *c, const char *key, int64_t offset, int64_t len, s3_
     }
     char range[64];
     snprintf(range, sizeof range, "bytes=%lld-%lld", (long long)offset, (long long)(offset + len - 1));
-    s3_req r = {.method = "GET", .key = key, .range = range, .sink = sink, .user = user};
+    s3_req r = {.method = "GET", .key = key, .range = range, .sink = sink, .user = user, .range_from = offset,
+                .range_len = len};
     int rc = perform(c, &r, err, errlen);
     free(r.resp.s);
     if (got)

@@ -1,6 +1,9 @@
 /* storage/s3.h — a client for S3-compatible object storage (AWS S3, and servers that speak
  * its API): upload a file (one PUT, or a multipart upload above the part size, aborted on
- * failure), read an object's size and ETag, and read a byte range. Requests are signed
+ * failure), read an object's size and ETag, and read a byte range. A request whose
+ * transfer broke, or that S3 answered 5xx, 429, SlowDown or RequestTimeout, is sent again
+ * (signed afresh) up to 4 times in all, 0.25, 0.5 and 1 s apart, unless part of its
+ * answer was already handed to a reader. Requests are signed
  * with storage/sigv4.c, payloads hashed (x-amz-content-sha256), over libcurl. Secrets
  * are never written to logs or error messages. The artifact store uses it when the server
  * is given --artifacts s3://... (artstore.h, docs/artifacts-s3.md).
@@ -51,7 +54,9 @@ int s3_head_bucket(s3_client *c, char *err, size_t errlen);
 
 /* Bytes [offset, offset + len) of the object, handed to sink as they arrive (sink returns
  * 0 to go on, nonzero to stop: then -1). *got (may be NULL) is the count delivered. 0, or -1
- * with err; asking past the end returns what exists. */
+ * with err; asking past the end returns what exists. An endpoint that ignores the range
+ * and answers the whole object (200) is an error, before any byte reaches sink (unless the
+ * range starts at 0 and the object fits in it). */
 typedef int (*s3_sink)(void *user, const void *buf, size_t n);
 int s3_get_range(s3_client *c, const char *key, int64_t offset, int64_t len, s3_sink sink, void *user, int64_t *got,
                  char *err, size_t errlen);
