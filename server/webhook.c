@@ -1,7 +1,10 @@
-/* server/webhook.c — the webhook sender thread (webhook.h). One libcurl easy handle,
- * reused; http and https only, no redirects, 5 s to connect and 10 s in all per attempt,
- * connections to non-public addresses only when the server allows them (fetch_guard).
- * The outbox is polled every 200 ms; the store records each attempt in one transaction.
+/* server/webhook.c — the webhook sender thread (webhook.h). Up to 16 deliveries are in
+ * flight at once on one libcurl multi handle, and the outbox is polled every 200 ms while
+ * they run, so a receiver that never answers holds up no other; http and https only, no
+ * redirects, 5 s to connect and 10 s in all per attempt, connections to non-public
+ * addresses only when the server allows them (fetch_guard). The store records each
+ * attempt in one transaction as it ends; one whose outcome it could not record is held
+ * back until its next attempt would be due. A stop cuts the deliveries in flight short.
  */
 #include "server/webhook.h"
 
@@ -14,10 +17,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/clock.h"
 #include "server/log.h"
 #include "storage/fetch.h"
 
 #define MAX_ATTEMPTS 8
+#define IN_FLIGHT 16   /* deliveries side by side */
 
 struct webhook_sender {
     store *st;
@@ -27,7 +32,7 @@ struct webhook_sender {
     int allow_private;   /* receivers on loopback, private and link-local addresses */
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    CURLM *m;            /* the deliveries in flight; curl_multi_wakeup ends its wait on a stop */
     int stop;
 };
 
@@ -97,109 +102,212 @@ static size_t discard(char *p, size_t size, size_t n, void *ud)
     return size * n;
 }
 
-/* One attempt. Returns 1 on a 2xx; 0 otherwise with a reason in err, or -1 when trying
- * again cannot help (the receiver's address is not public and the server does not allow
- * those). */
-static int deliver(webhook_sender *w, CURL *c, const store_webhook *wh, char *err, size_t errlen)
+/* One delivery in flight: its webhook, easy handle, headers and connection guard. A slot
+ * never moves while its transfer runs (the handle holds the guard's address). */
+typedef struct {
+    int used;
+    store_webhook wh;   /* owns wh.payload */
+    CURL *c;
+    struct curl_slist *hdrs;
+    fetch_guard guard;
+    char err[300];
+    int result;         /* 1 delivered (2xx); 0 failed, to retry; -1 failed for good */
+} flight;
+
+static int stop_requested(webhook_sender *w)
 {
+    pthread_mutex_lock(&w->mu);
+    int s = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+/* Set up f's attempt on a new easy handle. 0, or -1 with f->err. */
+static int flight_prepare(webhook_sender *w, flight *f)
+{
+    const store_webhook *wh = &f->wh;
     long long ts = (long long)time(NULL);
     char sig[64], h_id[80], h_ts[64], h_sig[96];
     if (webhook_sign(w->key, w->keylen, wh->id, ts, wh->payload, sig, sizeof sig) < 0) {
-        snprintf(err, errlen, "signing failed");
-        return 0;
+        snprintf(f->err, sizeof f->err, "signing failed");
+        return -1;
     }
     snprintf(h_id, sizeof h_id, "webhook-id: %s", wh->id);
     snprintf(h_ts, sizeof h_ts, "webhook-timestamp: %lld", ts);
     snprintf(h_sig, sizeof h_sig, "webhook-signature: %s", sig);
-    struct curl_slist *hdrs = NULL, *t;
     const char *lines[] = {"Content-Type: application/json", "User-Agent: autocompress-webhooks/1", h_id, h_ts, h_sig};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
-        t = curl_slist_append(hdrs, lines[i]);
+        struct curl_slist *t = curl_slist_append(f->hdrs, lines[i]);
         if (!t) {
-            curl_slist_free_all(hdrs);
-            snprintf(err, errlen, "out of memory");
-            return 0;
+            snprintf(f->err, sizeof f->err, "out of memory");
+            return -1;
         }
-        hdrs = t;
+        f->hdrs = t;
     }
-    curl_easy_reset(c);
-    fetch_guard guard = {.allow_private = w->allow_private};
-    if (fetch_guard_install(c, &guard) < 0) {
-        curl_slist_free_all(hdrs);
-        snprintf(err, errlen, "libcurl rejected an option");
-        return 0;
-    }
-    curl_easy_setopt(c, CURLOPT_URL, wh->url);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, wh->payload);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(wh->payload));
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
-    CURLcode rc = curl_easy_perform(c);
-    long code = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-    curl_slist_free_all(hdrs);
-    if (rc == CURLE_COULDNT_CONNECT && guard.refused[0]) {
-        snprintf(err, errlen, "refused to connect to %s, which is not a public address (a server delivers to its own "
-                 "network with --allow-private-webhook-hosts%s)", guard.refused, fetch_guard_proxy_note());
+    f->guard.allow_private = w->allow_private;
+    if (!(f->c = curl_easy_init()) || fetch_guard_install(f->c, &f->guard) < 0 ||
+        curl_easy_setopt(f->c, CURLOPT_URL, wh->url) || curl_easy_setopt(f->c, CURLOPT_PROTOCOLS_STR, "http,https") ||
+        curl_easy_setopt(f->c, CURLOPT_FOLLOWLOCATION, 0L) || curl_easy_setopt(f->c, CURLOPT_NOSIGNAL, 1L) ||
+        curl_easy_setopt(f->c, CURLOPT_CONNECTTIMEOUT_MS, 5000L) || curl_easy_setopt(f->c, CURLOPT_TIMEOUT_MS, 10000L) ||
+        curl_easy_setopt(f->c, CURLOPT_HTTPHEADER, f->hdrs) || curl_easy_setopt(f->c, CURLOPT_POSTFIELDS, wh->payload) ||
+        curl_easy_setopt(f->c, CURLOPT_POSTFIELDSIZE, (long)strlen(wh->payload)) ||
+        curl_easy_setopt(f->c, CURLOPT_WRITEFUNCTION, discard) || curl_multi_add_handle(w->m, f->c) != CURLM_OK) {
+        snprintf(f->err, sizeof f->err, "libcurl could not start the delivery");
         return -1;
     }
-    if (rc != CURLE_OK) {
-        snprintf(err, errlen, "%s", curl_easy_strerror(rc));
-        return 0;
+    return 0;
+}
+
+/* Free what f holds (its handle leaves the multi handle first). */
+static void flight_free(webhook_sender *w, flight *f)
+{
+    if (f->c) {
+        curl_multi_remove_handle(w->m, f->c);
+        curl_easy_cleanup(f->c);
     }
-    if (code < 200 || code > 299) {
-        snprintf(err, errlen, "HTTP %ld", code);
-        return 0;
+    curl_slist_free_all(f->hdrs);
+    free(f->wh.payload);
+    memset(f, 0, sizeof *f);
+}
+
+/* The outcome of f's finished transfer (rc its result). */
+static void flight_outcome(flight *f, CURLcode rc)
+{
+    long code = 0;
+    curl_easy_getinfo(f->c, CURLINFO_RESPONSE_CODE, &code);
+    if (rc == CURLE_COULDNT_CONNECT && f->guard.refused[0]) {
+        char addr[sizeof f->guard.refused];
+        memcpy(addr, f->guard.refused, sizeof addr);
+        snprintf(f->err, sizeof f->err, "refused to connect to %s, which is not a public address (a server delivers "
+                 "to its own network with --allow-private-webhook-hosts%s)", addr, fetch_guard_proxy_note());
+        f->result = -1;
+    } else if (rc != CURLE_OK) {
+        snprintf(f->err, sizeof f->err, "%s", curl_easy_strerror(rc));
+    } else if (code < 200 || code > 299) {
+        snprintf(f->err, sizeof f->err, "HTTP %ld", code);
+    } else {
+        f->result = 1;
     }
-    return 1;
+}
+
+/* Webhooks whose outcome could not be recorded (the store busy or away) are held back
+ * here until their next attempt would be due, rather than sent again at every poll. */
+#define HELD_MAX 64
+typedef struct {
+    char id[48];
+    double until;   /* monotonic s */
+} held;
+
+static int is_held(const held *h, int n, const char *id, double now)
+{
+    for (int i = 0; i < n; i++)
+        if (h[i].until > now && !strcmp(h[i].id, id))
+            return 1;
+    return 0;
+}
+
+static void hold(held *h, int *n, const char *id, double until)
+{
+    int slot = 0;
+    if (*n < HELD_MAX)
+        slot = (*n)++;
+    else
+        for (int i = 1; i < *n; i++)   /* full: the entry that expires first goes */
+            if (h[i].until < h[slot].until)
+                slot = i;
+    snprintf(h[slot].id, sizeof h[slot].id, "%s", id);
+    h[slot].until = until;
+}
+
+/* Record f's attempt (and log it); one the store could not record is held back. */
+static void record(webhook_sender *w, flight *f, held *h, int *n_held)
+{
+    int ok = f->result == 1, attempt_no = f->wh.attempts + 1;
+    int give_up = f->result < 0 || (!ok && attempt_no >= MAX_ATTEMPTS);
+    long long delay = (long long)w->retry_s << (attempt_no - 1 < 12 ? attempt_no - 1 : 12);
+    if (delay > 3600)
+        delay = 3600;
+    if (store_webhook_result(w->st, f->wh.id, f->wh.job_id, ok, give_up, store_now() + delay, ok ? NULL : f->err) < 0) {
+        hold(h, n_held, f->wh.id, eng_wall_s() + (double)delay);
+        log_json("warn", json_pack("{s:s,s:s,s:s,s:b,s:I}", "msg",
+                                   "webhook outcome not recorded (the store is unavailable); held back", "id",
+                                   f->wh.id, "job_id", f->wh.job_id, "delivered", ok, "retry_in_s", (json_int_t)delay));
+    }
+    log_json(ok ? "info" : "warn",
+             json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "msg", ok ? "webhook delivered" : "webhook attempt failed", "id",
+                       f->wh.id, "job_id", f->wh.job_id, "type", f->wh.type, "attempt", attempt_no, "error", f->err));
+}
+
+/* Start the due webhooks that are neither in flight nor held back, in free slots. */
+static void take_due(webhook_sender *w, flight *fl, int *nfl, held *h, int *n_held)
+{
+    store_webhook *due = NULL;
+    int n = 0;
+    if (store_webhook_due(w->st, store_now(), IN_FLIGHT + *nfl, &due, &n) != 0)
+        return;
+    double now = eng_wall_s();
+    for (int i = 0; i < n; i++) {
+        int busy = is_held(h, *n_held, due[i].id, now), slot = -1;
+        for (int k = 0; k < IN_FLIGHT && !busy; k++) {
+            busy = fl[k].used && !strcmp(fl[k].wh.id, due[i].id);
+            if (!fl[k].used && slot < 0)
+                slot = k;
+        }
+        if (busy || slot < 0) {
+            free(due[i].payload);
+            continue;
+        }
+        flight *f = &fl[slot];
+        memset(f, 0, sizeof *f);
+        f->used = 1;
+        f->wh = due[i];   /* takes the payload */
+        (*nfl)++;
+        if (flight_prepare(w, f) < 0) {   /* a failed attempt, recorded as one */
+            record(w, f, h, n_held);
+            flight_free(w, f);
+            (*nfl)--;
+        }
+    }
+    free(due);
 }
 
 static void *loop(void *arg)
 {
     webhook_sender *w = arg;
-    CURL *c = curl_easy_init();
-    pthread_mutex_lock(&w->mu);
-    while (!w->stop) {
-        pthread_mutex_unlock(&w->mu);
-        store_webhook *due = NULL;
-        int n = 0;
-        if (c && store_webhook_due(w->st, store_now(), 16, &due, &n) == 0) {
-            for (int i = 0; i < n; i++) {
-                char err[300] = "";
-                int r = deliver(w, c, &due[i], err, sizeof err), ok = r == 1;
-                int attempt = due[i].attempts + 1;
-                int give_up = r < 0 || (!ok && attempt >= MAX_ATTEMPTS);
-                long long delay = (long long)w->retry_s << (attempt - 1 < 12 ? attempt - 1 : 12);
-                if (delay > 3600)
-                    delay = 3600;
-                store_webhook_result(w->st, due[i].id, due[i].job_id, ok, give_up, store_now() + delay, ok ? NULL : err);
-                log_json(ok ? "info" : "warn",
-                         json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "msg", ok ? "webhook delivered" : "webhook attempt failed",
-                                   "id", due[i].id, "job_id", due[i].job_id, "type", due[i].type, "attempt", attempt,
-                                   "error", err));
-            }
-            store_webhook_list_free(due, n);
+    flight fl[IN_FLIGHT];
+    memset(fl, 0, sizeof fl);
+    int nfl = 0, n_held = 0;
+    held held_back[HELD_MAX];
+    double last_poll = -1;
+    while (!stop_requested(w)) {
+        double now = eng_wall_s();
+        if (nfl < IN_FLIGHT && (last_poll < 0 || now - last_poll >= 0.2)) {
+            last_poll = now;
+            take_due(w, fl, &nfl, held_back, &n_held);
         }
-        pthread_mutex_lock(&w->mu);
-        if (w->stop)
+        int running = 0, left = 0;
+        if (nfl > 0 && curl_multi_perform(w->m, &running) != CURLM_OK)
             break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
+        for (CURLMsg *msg; (msg = curl_multi_info_read(w->m, &left));) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            for (int i = 0; i < IN_FLIGHT; i++)
+                if (fl[i].used && fl[i].c == msg->easy_handle) {
+                    flight_outcome(&fl[i], msg->data.result);
+                    record(w, &fl[i], held_back, &n_held);
+                    flight_free(w, &fl[i]);
+                    nfl--;
+                    break;
+                }
         }
-        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        /* sleeps until a transfer needs attention, the next poll is due, or a stop */
+        if (curl_multi_poll(w->m, NULL, 0, 200, NULL) != CURLM_OK)
+            break;
     }
-    pthread_mutex_unlock(&w->mu);
-    if (c)
-        curl_easy_cleanup(c);
+    /* a stop cuts the deliveries in flight short: they stay pending, sent after the restart */
+    for (int i = 0; i < IN_FLIGHT; i++)
+        if (fl[i].used)
+            flight_free(w, &fl[i]);
     return NULL;
 }
 
@@ -218,9 +326,16 @@ webhook_sender *webhook_start(store *st, const unsigned char *key, size_t keylen
     w->retry_s = retry_s > 0 ? retry_s : 1;
     w->allow_private = allow_private;
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    if (!(w->m = curl_multi_init())) {
+        snprintf(err, errlen, "cannot set up the webhook sender (libcurl)");
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return NULL;
+    }
     if (pthread_create(&w->thread, NULL, loop, w) != 0) {
         snprintf(err, errlen, "cannot start the webhook thread");
+        curl_multi_cleanup(w->m);
+        pthread_mutex_destroy(&w->mu);
         free(w);
         return NULL;
     }
@@ -233,11 +348,11 @@ void webhook_stop(webhook_sender *w)
         return;
     pthread_mutex_lock(&w->mu);
     w->stop = 1;
-    pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    curl_multi_wakeup(w->m);
     pthread_join(w->thread, NULL);
+    curl_multi_cleanup(w->m);
     pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
     OPENSSL_cleanse(w->key, sizeof w->key);
     free(w);
 }

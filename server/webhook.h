@@ -2,7 +2,8 @@
  * each due terminal-job event to its callback_url with libcurl, signed per the Standard
  * Webhooks scheme (webhook-id, webhook-timestamp, webhook-signature "v1,BASE64(HMAC-
  * SHA256(secret, id.timestamp.body))"), retrying failures with exponential backoff
- * (retry_s, 2*retry_s, ... capped at an hour; 8 attempts). Receivers must be on public
+ * (retry_s, 2*retry_s, ... capped at an hour; 8 attempts), each poll's due webhooks side
+ * by side (a receiver that never answers delays no other). Receivers must be on public
  * addresses unless the server allows its own network. At least once: a delivery
  * interrupted by a crash is sent again after restart.
  */
@@ -27,7 +28,8 @@ int webhook_sign(const unsigned char *key, size_t keylen, const char *msg_id, lo
  * have run. Returns a new sender, or NULL with err. */
 webhook_sender *webhook_start(store *st, const unsigned char *key, size_t keylen, int retry_s, int allow_private,
                               char *err, size_t errlen);
-/* Stop after the delivery in progress (if any); frees w. */
+/* Stop: the deliveries in flight are cut short (their webhooks stay pending and are sent
+ * again after the restart); frees w. */
 void webhook_stop(webhook_sender *w);
 
 #endif

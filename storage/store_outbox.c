@@ -86,8 +86,11 @@ int store_webhook_result(store *st, const char *id, const char *job_id, int deli
                            "delivered_at=? WHERE id=? AND state='pending'";
     const char *state = delivered ? "delivered" : give_up ? "failed" : "pending";
     int64_t delivered_at = delivered ? store_now() : 0;
-    if (sql_run(c, u, "tItIt", state, next_at, error, delivered_at, id) < 0)
+    int changed = sql_run(c, u, "tItIt", state, next_at, error, delivered_at, id);
+    if (changed < 0)
         return sql_abandon(c, -1);
+    if (changed == 0)   /* settled already, or its job was deleted meanwhile: no event */
+        return sql_abandon(c, 0);
     if (delivered || give_up) {
         if (store_job_touch(c, job_id) < 0)   /* a new event changes the job's ETag */
             return sql_abandon(c, -1);

@@ -6,13 +6,15 @@ the server refuses callback_url (422). Without --allow-private-webhook-hosts a r
 must be on a public address: a loopback literal (or localhost, or credentials in the URL)
 is refused at POST (422), and a name that resolves to loopback ("127.1") is refused at
 connection time: the delivery fails for good at once, naming the address, and the
-receiver sees nothing."""
+receiver sees nothing. A receiver that accepts and never answers delays no other
+receiver's webhook, and a stop does not wait for its attempt."""
 import base64
 import hashlib
 import hmac
 import http.server
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -111,6 +113,50 @@ def main():
         assert len([e for e in evs["data"] if e["type"].startswith("webhook.")]) == 1, evs
         assert len(got) == before, got[before:]
         assert s3.stop() == 0
+    # A receiver that accepts and never answers (a tarpit) holds up no other receiver: the
+    # next job's webhook goes out while the tarpit's attempt still hangs, and a stop cuts
+    # the hanging attempt short instead of waiting out its 10 s.
+    tarpit = socket.socket()
+    tarpit.bind(("127.0.0.1", 0))
+    tarpit.listen(16)
+    held = []
+
+    def swallow():
+        while True:
+            try:
+                held.append(tarpit.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=swallow, daemon=True).start()
+    s4 = Server(args=["--webhook-retry-s", "60", "--allow-private-webhook-hosts"])
+    secret = os.path.join(s4.tmp, "whsec")
+    with open(secret, "w") as f:
+        f.write("whsec_" + base64.b64encode(key).decode() + "\n")
+    s4.args += ["--webhook-secret-file", secret]
+    with s4:
+        slow = "http://127.0.0.1:%d/never" % tarpit.getsockname()[1]
+        s4.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=10, callback_url=slow), expect=201)
+        t0 = time.time()
+        while not held and time.time() - t0 < 10:
+            time.sleep(0.02)
+        assert held, "the tarpit saw no delivery"
+        before = len(got)
+        _, _, job = s4.json("POST", "/v1/jobs", test_spec(["test_sleep"], x_test_sleep_ms=10, callback_url=url),
+                            expect=201)
+        t0 = time.time()
+        while len(got) == before and time.time() - t0 < 15:
+            time.sleep(0.02)
+        waited = time.time() - t0
+        assert len(got) > before and waited < 4, "the second receiver waited %.1f s behind the tarpit" % waited
+        assert json.loads(got[-1][2])["data"]["id"] == job["id"]
+        t0 = time.time()
+        assert s4.stop() == 0
+        took = time.time() - t0
+        assert took < 5, "the stop waited %.1f s for the tarpit's delivery" % took
+    tarpit.close()
+    print("tarpit: the next receiver got its webhook %.2f s after its job was queued; the stop took %.2f s"
+          % (waited, took))
     hook.shutdown()
     print("ok")
 

@@ -567,6 +567,30 @@ static void test_webhook_outbox(void **state)
     assert_int_equal(store_event_list(st, j.id, 0, 100, &ev, &n, &more), 0);
     assert_string_equal(ev[n - 1].type, "webhook.delivered");
     store_event_list_free(ev, n);
+    /* the outcome of a delivery that was in flight while its job was deleted: no event is
+     * left behind for a job that is gone */
+    store_job k;
+    memset(&k, 0, sizeof k);
+    store_new_id("job_", k.id, sizeof k.id);
+    snprintf(k.kind, sizeof k.kind, "job");
+    snprintf(k.device, sizeof k.device, "hook-dev");
+    k.spec = json_pack("{s:s}", "callback_url", "http://127.0.0.1:9/hook");
+    k.stages = json_array();
+    assert_int_equal(store_job_create(st, &k, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    assert_int_equal(store_job_finish(st, k.id, "cancelled", NULL, NULL), 0);
+    assert_int_equal(store_webhook_due(st, store_now() + 10, 10, &w, &n), 0);
+    assert_int_equal(n, 1);
+    snprintf(id, sizeof id, "%s", w[0].id);
+    store_webhook_list_free(w, n);
+    char **orphans = NULL;
+    int n_orphans = 0;
+    assert_int_equal(store_job_delete(st, k.id, &orphans, &n_orphans), 0);
+    free(orphans);
+    assert_int_equal(store_webhook_result(st, id, k.id, 1, 0, 0, NULL), 0);
+    assert_int_equal(store_event_list(st, k.id, 0, 100, &ev, &n, &more), 0);
+    assert_int_equal(n, 0);
+    store_event_list_free(ev, n);
+    store_job_clear(&k);
     store_job_clear(&j);
 }
 
