@@ -450,14 +450,14 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     json_t *dev = string_field(v, t, "/target", "device", 31, 0);
     const char *device = dev ? json_string_value(dev) : "cpu";
     char name[40];
-    snprintf(name, sizeof name, "%s", !strcmp(device, "cuda") ? "cuda:0" : device);
+    snprintf(name, sizeof name, "%s", device);
     char why[256] = "";
     *device_gib = 0;
     json_t *remote = NULL;   /* the device as a worker agent on another host offers it */
     int fleet_llamacpp, local = 0;
     if (!json_object_get(t, "device") || dev) {
-        int kind, idx;
-        if (eng_device_parse(name, &kind, &idx, why, sizeof why) < 0) {
+        /* its one name, the one runners claim by: "cuda" and "cuda:00" are cuda:0 */
+        if (eng_device_name(device, name, sizeof name, why, sizeof why) < 0) {
             fault(v, 422, "/target/device", "unknown device '%s': %s", device, why);
         } else if ((local = eng_device_exists(name, why, sizeof why))) {
             int n = eng_device_count();

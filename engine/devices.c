@@ -138,6 +138,18 @@ int eng_device_parse(const char *device, int *kind, int *index, char *err, size_
     return -1;
 }
 
+int eng_device_name(const char *device, char *out, size_t n, char *err, size_t errlen)
+{
+    int kind, index;
+    if (eng_device_parse(device, &kind, &index, err, errlen) < 0)
+        return -1;
+    if (kind == 0)
+        snprintf(out, n, "cpu");
+    else
+        snprintf(out, n, "cuda:%d", index);
+    return 0;
+}
+
 int eng_device_exists(const char *device, char *err, size_t errlen)
 {
     int kind = 0, index = 0;

@@ -41,6 +41,10 @@ int64_t eng_device_free_bytes(const char *device);
  * *index N. Returns 0, or -1 with a message in err for anything else (no range check
  * against present devices: see eng_device_exists). */
 int eng_device_parse(const char *device, int *kind, int *index, char *err, size_t errlen);
+/* The one name of a device, the one jobs are stored and claimed under: "cpu", or "cuda:N"
+ * for "cuda", "cuda:N" and "cuda:0N". 0 with the name in out, or -1 with err as
+ * eng_device_parse. */
+int eng_device_name(const char *device, char *out, size_t n, char *err, size_t errlen);
 
 /* 1 if `device` names a device present in this build on this machine, else 0 with the
  * reason in err ("this build has no CUDA backend (make CUDA=1)", "cuda:3: only 2 CUDA

@@ -383,11 +383,11 @@ int srv_pick_devices(const char *list, char names[][32], int max, char *err, siz
         if (next)
             *next++ = 0;
         char why[200];
-        if (!eng_device_exists(s, why, sizeof why)) {
+        if (eng_device_name(s, names[n], 32, why, sizeof why) < 0 || !eng_device_exists(names[n], why, sizeof why)) {
             snprintf(err, errlen, "--devices: %.40s: %.200s", s, why);
             return -1;
         }
-        snprintf(names[n++], 32, "%.31s", s);
+        n++;   /* under its one name: "cuda" is cuda:0, as the jobs that name it */
     }
     return n;
 }

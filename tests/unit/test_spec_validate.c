@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/spec.h"
+#include "storage/store.h"
 #include "engine/devices.h"
 #include "tiny_model.h"
 
@@ -586,6 +587,42 @@ static void test_engine_llamacpp(void **state)
                  "/target/kv_cache_type");
 }
 
+/* A device is stored under its one name: "cuda", "cuda:00" and "cuda:000" are cuda:0, so a
+ * job names the device runners claim by (a job queued as "cuda:00" was never claimed).
+ * Here a worker agent sharing the store offers cuda:0. */
+static void test_device_names_canonical(void **state)
+{
+    (void)state;
+    char db[PATH_MAX + 16], err[256];
+    snprintf(db, sizeof db, "%s/runners.db", dir);
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    assert_int_equal(store_runner_beat(st, "worker/gpuhost/data", "{\"devices\":[{\"id\":\"cuda:0\","
+                                       "\"memory_bytes\":85899345920,\"precisions\":[\"fp32\",\"bf16\"]}],\"engines\":[\"autocompress\"],"
+                                       "\"workers_per_device\":1}"), 0);
+    static const char *const names[] = {"cuda", "cuda:0", "cuda:00", "cuda:000"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"%s\"}}",
+                 names[i]);
+        json_t *in = json_loads(text, 0, NULL);
+        assert_non_null(in);
+        spec_env env = env_of(0);
+        env.st = st;
+        int status = 0;
+        json_t *errors = NULL;
+        json_t *out = spec_validate(in, &env, &status, &errors);
+        json_decref(in);
+        if (!out) {
+            char *e = json_dumps(errors, 0);
+            fail_msg("%s: %d %s", names[i], status, e);
+        }
+        assert_string_equal(json_string_value(json_object_get(json_object_get(out, "target"), "device")), "cuda:0");
+        json_decref(out);
+    }
+    store_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -603,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_engine_faults),
         cmocka_unit_test(test_engine_absent),
         cmocka_unit_test(test_engine_llamacpp),
+        cmocka_unit_test(test_device_names_canonical),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
