@@ -16,6 +16,7 @@
 
 #include "api/api.h"
 #include "compress/costmodel.h"
+#include "compress/evaltasks.h"
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "engine/rng.h"
@@ -621,6 +622,12 @@ static const char *const known_tasks[] = {"arc_easy", "arc_challenge", "piqa", "
                                           "boolq", "openbookqa", "lambada_openai", "mmlu", "sciq",
                                           "wikitext2", NULL};
 
+/* The name a normalized evaluation task goes by: a benchmark's own, or a user task's. */
+static const char *task_name(json_t *t)
+{
+    return json_is_string(t) ? json_string_value(t) : json_string_value(json_object_get(t, "name"));
+}
+
 static json_t *check_evaluation(vctx *v, json_t *in)
 {
     json_t *e = member(v, in, "", "evaluation", JSON_OBJECT, 0);
@@ -650,7 +657,7 @@ static json_t *check_evaluation(vctx *v, json_t *in)
                 static const char *const tk[] = {"name", "path", NULL};
                 only_keys(v, t, p, tk);
                 json_t *to = json_object();
-                json_t *nm = string_field(v, t, p, "name", 64, 1);
+                json_t *nm = string_field(v, t, p, "name", EV_TASK_NAME_MAX, 1);
                 if (nm)
                     json_object_set(to, "name", nm);
                 path_field(v, t, p, "path", 1, 1, to);
@@ -659,13 +666,16 @@ static json_t *check_evaluation(vctx *v, json_t *in)
                 fault(v, 400, p, "must be a task name or an object {name, path}");
             }
         }
+        /* results are keyed by the task's name: two tasks of one name would be one */
         for (size_t a = 0; a < json_array_size(tout); a++)
-            for (size_t b = a + 1; b < json_array_size(tout); b++)
-                if (json_equal(json_array_get(tout, a), json_array_get(tout, b))) {
+            for (size_t b = a + 1; b < json_array_size(tout); b++) {
+                const char *na = task_name(json_array_get(tout, a)), *nb = task_name(json_array_get(tout, b));
+                if (na && nb && !strcmp(na, nb)) {
                     char p[128];
                     ptr_index(p, sizeof p, "/evaluation/tasks", b);
-                    fault(v, 422, p, "duplicate task");
+                    fault(v, 422, p, "duplicate task name '%s' (results are keyed by name)", nb);
                 }
+            }
     }
     json_object_set_new(out, "tasks", tout);
     int_field(v, e, "/evaluation", "limit", 1, 10000000, 500, 0, out);

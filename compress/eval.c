@@ -536,13 +536,17 @@ int ev_run_named(const ev_model *m, const char *task, const char *data_dir, cons
                  const ev_opts *o, ev_result *r)
 {
     ev_task t;
-    char err[512], name[64];
+    char err[512], name[EV_TASK_NAME_MAX + 1];
     int rc;
     if (fio_has_suffix(task, ".jsonl")) {
-        /* a user task is named after its file: /x/support.jsonl -> "support" */
+        /* a user task is named after its file: /x/support.jsonl -> "support", cut (if
+         * longer than a name may be) before a whole UTF-8 character */
         const char *base = strrchr(task, '/');
         base = base ? base + 1 : task;
-        snprintf(name, sizeof name, "%.*s", (int)(strlen(base) - 6 < 63 ? strlen(base) - 6 : 63), base);
+        size_t len = strlen(base) - 6 < EV_TASK_NAME_MAX ? strlen(base) - 6 : EV_TASK_NAME_MAX;
+        while (len > 0 && ((unsigned char)base[len] & 0xC0) == 0x80)
+            len--;
+        snprintf(name, sizeof name, "%.*s", (int)len, base);
         rc = ev_load_jsonl(task, name, &t, err, sizeof err);
     } else {
         snprintf(name, sizeof name, "%s", task);

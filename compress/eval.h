@@ -76,7 +76,7 @@ typedef struct {
 } ev_group_result;
 
 typedef struct {
-    char task[64];
+    char task[EV_TASK_NAME_MAX + 1];
     char source[512];
     ev_kind kind;
     int ok;                  /* 0: error holds why the task could not run */

@@ -36,8 +36,11 @@ typedef struct {
     int64_t bytes;       /* rolling: UTF-8 bytes of the document */
 } ev_item;
 
+/* Bytes in a task's name at most (the job spec's limit for a user's task). */
+#define EV_TASK_NAME_MAX 64
+
 typedef struct {
-    char name[64];       /* "arc_easy", ..., or the user's task name */
+    char name[EV_TASK_NAME_MAX + 1];   /* "arc_easy", ..., or the user's task name */
     ev_kind kind;
     int report_acc_norm; /* the harness reports acc_norm for this task */
     int n_fewshot;       /* few-shot examples in each context */

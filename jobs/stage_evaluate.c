@@ -159,7 +159,7 @@ static json_t *eval_model(job_ctx *ctx, const char *which, eng_model *m, tok_tok
     ev_load_opts lo = {.n_fewshot = -1};
     *cancelled = 0;
     for (size_t i = 0; i < n && !*cancelled; i++) {
-        char ref[4200], display[64], e[1024];
+        char ref[4200], display[EV_TASK_NAME_MAX + 1], e[1024];
         if (task_ref(ctx, json_array_get(tasks, i), i, ref, sizeof ref, display, sizeof display, e, sizeof e)) {
             snprintf(res[i].task, sizeof res[i].task, "%s", display);
             snprintf(res[i].error, sizeof res[i].error, "%s", e);

@@ -296,6 +296,29 @@ static void test_groups_macro(void **state)
     ev_task_free(&t);
 }
 
+/* A task name of 64 bytes (the spec's limit), multi-byte characters to the end, is kept
+ * whole in the results: cut short inside a character, it was invalid UTF-8 and the
+ * results could not be written at all. */
+static void test_long_task_name(void **state)
+{
+    (void)state;
+    char name[80] = "a";
+    for (int i = 0; i < 21; i++)
+        strcat(name, "\xe2\x82\xac");   /* U+20AC */
+    assert_int_equal(strlen(name), 64);
+    ev_result r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.task, sizeof r.task, "%s", name);
+    r.ok = 1;
+    r.n = 1;
+    r.has_acc = 1;
+    r.acc = 1.0;
+    json_t *j = ev_results_json(&r, 1);
+    assert_non_null(j);
+    assert_non_null(json_object_get(json_object_get(j, "tasks"), name));
+    json_decref(j);
+}
+
 static int cancel_after_first(void *user, const char *task, int64_t done, int64_t total)
 {
     (void)task;
@@ -349,7 +372,7 @@ int main(void)
         cmocka_unit_test(test_acc_norm_arithmetic), cmocka_unit_test(test_encode_pair),
         cmocka_unit_test(test_truncation),          cmocka_unit_test(test_rolling),
         cmocka_unit_test(test_loglik_task),         cmocka_unit_test(test_groups_macro),
-        cmocka_unit_test(test_cancel_and_failure),
+        cmocka_unit_test(test_cancel_and_failure),  cmocka_unit_test(test_long_task_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -252,6 +252,25 @@ static void test_value_faults(void **state)
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"seed\":\"7\"}", 400, "/seed");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"piqa\",\"piqa\"]}}", 422,
                  "/evaluation/tasks/1");
+    /* results are keyed by name: two tasks of one name, whatever their files, are refused */
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":\"x\","
+                 "\"path\":\"data/text.txt\"},{\"name\":\"x\",\"path\":\"models/notes.txt\"}]}}", 422,
+                 "/evaluation/tasks/1");
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":"
+                 "\"arc_easy\",\"path\":\"data/text.txt\"}]}}", 422, "/evaluation/tasks/1");
+    /* a name of 64 bytes is a valid one, multi-byte characters and all; 65 is not */
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":"
+                 "\"ab\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac"
+                 "\u20ac\u20ac\u20ac\u20ac\",\"path\":\"data/text.txt\"}]}}", 422, "/evaluation/tasks/0/name");
+    {
+        int status = 0;
+        json_t *errors = NULL;
+        json_t *ok = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":"
+                         "\"a\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac"
+                         "\u20ac\u20ac\u20ac\u20ac\",\"path\":\"data/text.txt\"}]}}", 0, &status, &errors);
+        assert_non_null(ok);
+        json_decref(ok);
+    }
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"limit\":-4}}", 422, "/evaluation/limit");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"export\":[\"gguf\",\"gguf\"]}", 422, "/export/1");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"callback_url\":\"https://x\"}", 422, "/callback_url");
