@@ -58,7 +58,10 @@ static json_t *render_job(const store_job *j)
     json_object_set_new(o, "runner", j->lease_owner[0] && !strcmp(j->status, "running") ? json_string(j->lease_owner)
                                                                                          : json_null());
     if (cal) {
-        json_object_set(o, "model", json_object_get(j->spec, "model"));
+        json_t *m = json_object_get(j->spec, "model"), *a = json_object_get(j->spec, "arch");
+        json_object_set_new(o, "model", m ? json_incref(m) : json_null());
+        if (a)
+            json_object_set(o, "arch", a);
         json_object_set(o, "target", json_object_get(j->spec, "target"));
     } else {
         json_object_set(o, "spec", j->spec);

@@ -302,9 +302,13 @@ static json_t *check_model(vctx *v, json_t *in)
             return out;
         char hex[65] = "";
         const char *sv = sha ? json_string_value(sha) : "";
-        if (strlen(sv) == 64 && strspn(sv, "0123456789abcdefABCDEF") == 64)
+        if (strlen(sv) == 64 && strspn(sv, "0123456789abcdefABCDEF") == 64) {
             for (int i = 0; i <= 64; i++)
                 hex[i] = (char)tolower((unsigned char)sv[i]);
+        } else if (sha) {
+            fault(v, 422, "/model/sha256", "must be 64 hex digits (the sha-256 of the model file)");
+            return out;
+        }
         store_model *sm = hex[0] && v->env->st ? malloc(sizeof *sm) : NULL;
         int rc = sm ? store_model_get_sha(v->env->st, hex, sm) : 1;
         if (rc != 0) {
@@ -860,6 +864,33 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     return finish(&v, out, status, errors);
 }
 
+/* Exactly one of in.model (checked as for jobs) and in.arch (an arch document, DESIGN.md
+ * §10), into out: what estimates and calibrations are made of. */
+static void check_model_or_arch(vctx *v, json_t *in, json_t *out)
+{
+    json_t *aj = json_object_get(in, "arch");
+    if (!!aj == !!json_object_get(in, "model")) {
+        fault(v, 422, "", "give exactly one of \"arch\" and \"model\"");
+    } else if (aj) {
+        arch a;
+        char e2[400];
+        if (!json_is_object(aj))
+            fault(v, 400, "/arch", "must be an object");
+        else if (arch_from_json(aj, &a, e2, sizeof e2)) {
+            /* "/pointer: message" from the arch reader becomes a pointer under /arch */
+            const char *sep = e2[0] == '/' ? strstr(e2, ": ") : NULL;
+            char at[200];
+            snprintf(at, sizeof at, "/arch%.*s", sep ? (int)(sep - e2) : 0, e2);
+            fault(v, 422, at, "%s", sep ? sep + 2 : e2);
+        } else {
+            arch_free(&a);
+            json_object_set(out, "arch", aj);
+        }
+    } else {
+        json_object_set_new(out, "model", check_model(v, in));
+    }
+}
+
 json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, json_t **errors)
 {
     vctx v = {json_array(), 0, env};
@@ -870,27 +901,7 @@ json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, jso
     }
     static const char *const keys[] = {"model", "arch", "target", NULL};
     only_keys(&v, in, "", keys);
-    json_t *aj = json_object_get(in, "arch");
-    if (!!aj == !!json_object_get(in, "model")) {
-        fault(&v, 422, "", "give exactly one of \"arch\" and \"model\"");
-    } else if (aj) {
-        arch a;
-        char e2[400];
-        if (!json_is_object(aj))
-            fault(&v, 400, "/arch", "must be an object");
-        else if (arch_from_json(aj, &a, e2, sizeof e2)) {
-            /* "/pointer: message" from the arch reader becomes a pointer under /arch */
-            const char *sep = e2[0] == '/' ? strstr(e2, ": ") : NULL;
-            char at[200];
-            snprintf(at, sizeof at, "/arch%.*s", sep ? (int)(sep - e2) : 0, e2);
-            fault(&v, 422, at, "%s", sep ? sep + 2 : e2);
-        } else {
-            arch_free(&a);
-            json_object_set(out, "arch", aj);
-        }
-    } else {
-        json_object_set_new(out, "model", check_model(&v, in));
-    }
+    check_model_or_arch(&v, in, out);
     if (!json_object_get(in, "target"))
         fault(&v, 400, "/target", "required field is missing");
     double device_gib = 0;
@@ -906,11 +917,11 @@ json_t *spec_validate_calibration(json_t *in, const spec_env *env, int *status, 
         fault(&v, 400, "", "the request must be a JSON object");
         return finish(&v, out, status, errors);
     }
-    static const char *const keys[] = {"name", "model", "target", "metadata", "x_test_pipeline",
+    static const char *const keys[] = {"name", "model", "arch", "target", "metadata", "x_test_pipeline",
                                        "x_test_sleep_ms", "x_test_artifact_bytes", NULL};
     only_keys(&v, in, "", keys);
     check_name(&v, in, out);
-    json_object_set_new(out, "model", check_model(&v, in));
+    check_model_or_arch(&v, in, out);
     double device_gib = 0;
     json_object_set_new(out, "target", check_target(&v, in, &device_gib));
     json_object_set_new(out, "metadata", check_metadata(&v, in));

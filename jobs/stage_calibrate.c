@@ -3,7 +3,8 @@
  * one exists for the same device, precision, family, shape and workload. Writes
  * calibration.json (published as timing_tables.json) and merges calibration_id plus the
  * validation summary into the report. The parent's shape comes from load/arch.json when
- * the load stage wrote one, else from the spec's model.path (shape only).
+ * the load stage wrote one, else from the spec's arch (a calibration of an arch) or its
+ * model.path (shape only).
  */
 #include <libgen.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
+#include "storage/archjson.h"
 #include "storage/fileio.h"
 #include "engine/clock.h"
 
@@ -26,9 +28,12 @@ int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen)
     const char *p = job_ctx_output(ctx, "load", "arch.json");
     if (p)
         return cm_load_arch(p, a, err, errlen);
+    json_t *aj = json_object_get(job_ctx_spec(ctx), "arch");   /* a calibration of an arch */
+    if (json_is_object(aj))
+        return arch_from_json(aj, a, err, errlen);
     json_t *path = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "path");
     if (!json_is_string(path)) {
-        snprintf(err, errlen, "calibrate: the parent's shape is unknown (no load/arch.json and no model.path)");
+        snprintf(err, errlen, "calibrate: the parent's shape is unknown (no load/arch.json, arch or model.path)");
         return -1;
     }
     return cm_load_arch(json_string_value(path), a, err, errlen);

@@ -3,7 +3,8 @@
 (batch 8, prompt 512, output 128), then POST /v1/calibrations/{id}/cancel once it runs:
 the answer is the calibration (its schema's fields), it ends `cancelled` within a few
 seconds, nothing is cached for it, a second cancel is a no-op, and the device's one worker
-is free: a small calibration posted next succeeds. A job's id on the
+is free: a small calibration posted next succeeds. A calibration asked for by arch alone
+(no model) succeeds, and estimates by that arch are answered from it. A job's id on the
 calibrations route is a 404. Before, no route stopped a calibration short of killing the
 server."""
 import os
@@ -53,6 +54,23 @@ def main():
             assert time.time() - t2 < 60, d
             _, _, d = s.json("GET", "/v1/calibrations/%s?wait=10" % d["id"], expect=200, timeout=40)
         assert d["status"] == "succeeded" and d["result"] is not None, d
+        # a calibration of an arch, with no model (DESIGN.md §10 {model | arch, target}): an
+        # estimate by that arch at a new workload has none, then is answered from it
+        _, _, est = s.json("POST", "/v1/estimates", {"model": body["model"], "target": small["target"]}, expect=200)
+        other = {"device": "cpu", "workload": {"batch_size": 1, "prompt_tokens": 48, "output_tokens": 8}}
+        st, _, doc = s.json("POST", "/v1/estimates", {"arch": est["arch"], "target": other})
+        assert st == 409 and doc["code"] == "calibration_required", (st, doc)
+        _, _, a = s.json("POST", "/v1/calibrations", {"arch": est["arch"], "target": other}, expect=202)
+        assert a["model"] is None and a["arch"] == est["arch"], a
+        t3 = time.time()
+        while a["status"] not in ("succeeded", "failed", "cancelled"):
+            assert time.time() - t3 < 60, a
+            _, _, a = s.json("GET", "/v1/calibrations/%s?wait=10" % a["id"], expect=200, timeout=40)
+        assert a["status"] == "succeeded" and a["result"] is not None, a
+        _, _, by_arch = s.json("POST", "/v1/estimates", {"arch": est["arch"], "target": other}, expect=200)
+        assert by_arch["calibration_id"] == a["result"]["id"], (by_arch, a["result"]["id"])
+        st, _, doc = s.json("POST", "/v1/calibrations", {"arch": est["arch"], "model": body["model"], "target": other})
+        assert st == 422, (st, doc)
         st, _, doc = s.json("POST", "/v1/calibrations/job_0123456789abcdef01234567/cancel")
         assert st == 404, (st, doc)
         print("a running calibration cancelled through the API: cancelled %.1f s after the request; the next one "

@@ -252,6 +252,9 @@ static void test_value_faults(void **state)
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"seed\":\"7\"}", 400, "/seed");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"piqa\",\"piqa\"]}}", 422,
                  "/evaluation/tasks/1");
+    /* a job's model by URL: a digest that is not one is named as such, at its own pointer */
+    expect_fault("{\"model\":{\"url\":\"https://models.example/m.gguf\",\"sha256\":\"abc\"},"
+                 "\"constraints\":{\"latency_ms\":1}}", 422, "/model/sha256");
     /* results are keyed by name: two tasks of one name, whatever their files, are refused */
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":\"x\","
                  "\"path\":\"data/text.txt\"},{\"name\":\"x\",\"path\":\"models/notes.txt\"}]}}", 422,
