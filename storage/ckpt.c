@@ -69,6 +69,28 @@ out:
     return rc;
 }
 
+/* Every tensor arch a holds is in f with its shape. 0, or -1 naming the first that is not. */
+static int tensors_present(const st_file *f, const arch *a, const char *path, char *err, size_t errlen)
+{
+    eng_tensor_desc *want;
+    int n = eng_arch_tensors(a, &want, err, errlen), rc = 0;
+    if (n < 0)
+        return -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        int k = st_find(f, want[i].name);
+        if (k < 0) {
+            snprintf(err, errlen, "%s: tensor %s is missing", path, want[i].name);
+            rc = -1;
+        } else if (f->t[k].ndim != want[i].ndim || f->t[k].shape[0] != want[i].shape[0] ||
+                   (want[i].ndim == 2 && f->t[k].shape[1] != want[i].shape[1])) {
+            snprintf(err, errlen, "%s: tensor %s does not have the shape arch.json gives it", path, want[i].name);
+            rc = -1;
+        }
+    }
+    free(want);
+    return rc;
+}
+
 int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
 {
     char path[4096];
@@ -84,14 +106,20 @@ int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t 
         snprintf(err, errlen, "%s: %s", path, e2);
         return -1;
     }
-    rc = eng_model_init(m, &a, be, err, errlen);
-    arch_free(&a);
-    if (rc != 0)
-        return -1;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_file f;
     if (st_open(&f, path, err, errlen) != 0) {
-        eng_model_free(m);
+        arch_free(&a);
+        return -1;
+    }
+    /* every tensor of the claimed shape is in the file before the claim is allocated: a
+     * small folder claiming a large model is refused without zeroing its size first */
+    rc = tensors_present(&f, &a, path, err, errlen);
+    if (rc == 0)
+        rc = eng_model_init(m, &a, be, err, errlen);
+    arch_free(&a);
+    if (rc != 0) {
+        st_close(&f);
         return -1;
     }
     int n = eng_model_tensor_count(m);

@@ -19,9 +19,11 @@
 
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "storage/archjson.h"
 #include "storage/ckpt.h"
 #include "storage/fileio.h"
 #include "storage/gguf.h"
+#include "storage/hfconfig.h"
 #include "storage/modelio.h"
 #include "storage/safetensors.h"
 #include "storage/tokload.h"
@@ -59,10 +61,10 @@ static long peak_rss_mib(void)
     return getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_maxrss / 1024;   /* Linux: KiB */
 }
 
-/* mio_load_model on `path` fails naming `needle`, and peak RSS grows by < 128 MiB. Runs
- * in a child process, whose peak starts at the RSS it forks with, so that one check's
- * peak does not hide the next. */
-static void expect_refused_small(const char *path, const char *needle)
+/* mio_load_model (or, for a snapshot folder, ckpt_load) on `path` fails naming `needle`,
+ * and peak RSS grows by < 128 MiB. Runs in a child process, whose peak starts at the RSS
+ * it forks with, so that one check's peak does not hide the next. */
+static void expect_refused_load(const char *path, int snapshot, const char *needle)
 {
     fflush(NULL);
     pid_t pid = fork();
@@ -72,7 +74,8 @@ static void expect_refused_small(const char *path, const char *needle)
         eng_model m;
         char err[512] = "";
         long before = peak_rss_mib();
-        if (!be || mio_load_model(path, NULL, be, &m, NULL, err, sizeof err) != -1) {
+        if (!be || (snapshot ? ckpt_load(path, be, &m, err, sizeof err)
+                             : mio_load_model(path, NULL, be, &m, NULL, err, sizeof err)) != -1) {
             fprintf(stderr, "%s: loaded (or no backend)\n", path);
             _exit(1);
         }
@@ -119,7 +122,31 @@ static void test_config_claims_beyond_weights(void **state)
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     write_file(p, st, n);
     free(st);
-    expect_refused_small(dir, "model.embed_tokens.weight is missing");
+    expect_refused_load(dir, 0, "model.embed_tokens.weight is missing");
+}
+
+/* The same claim as a snapshot folder (prune --out, a distilled student): arch.json and a
+ * model.safetensors of no tensors. */
+static void test_snapshot_claims_beyond_weights(void **state)
+{
+    (void)state;
+    char dir[128], p[192], err[256];
+    snprintf(dir, sizeof dir, "%s/snap", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    json_t *cfg = json_pack("{s:[s],s:i,s:i,s:i,s:i,s:i,s:b}", "architectures", "LlamaForCausalLM", "hidden_size",
+                            2048, "intermediate_size", 5632, "num_hidden_layers", 4, "num_attention_heads", 16,
+                            "vocab_size", 32000, "tie_word_embeddings", 1);
+    arch a;
+    assert_int_equal(hfconfig_to_arch(cfg, &a, err, sizeof err), 0);
+    json_decref(cfg);
+    json_t *aj = arch_to_json(&a);
+    arch_free(&a);
+    snprintf(p, sizeof p, "%s/arch.json", dir);
+    assert_int_equal(json_dump_file(aj, p, 0), 0);
+    json_decref(aj);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_file(p, "\x02\0\0\0\0\0\0\0{}", 10);
+    expect_refused_load(dir, 1, "is missing");
 }
 
 /* The same claim as metadata-only GGUF: keys, no tensors. */
@@ -137,7 +164,7 @@ static void test_gguf_claims_beyond_weights(void **state)
     buf img = build(&kvs, 6, NULL, 0);
     snprintf(p, sizeof p, "%s/meta_only.gguf", tmpdir);
     write_file(p, img.p, img.n);
-    expect_refused_small(p, "model.embed_tokens.weight is missing");
+    expect_refused_load(p, 0, "model.embed_tokens.weight is missing");
     free(img.p);
     free(kvs.p);
 }
@@ -167,7 +194,7 @@ static void test_gguf_values_out_of_range(void **state)
         buf img = build(&kvs, n, NULL, 0);
         snprintf(p, sizeof p, "%s/range%zu.gguf", tmpdir, i);
         write_file(p, img.p, img.n);
-        expect_refused_small(p, cases[i].needle);
+        expect_refused_load(p, 0, cases[i].needle);
         free(img.p);
         free(kvs.p);
     }
@@ -193,7 +220,7 @@ static void test_gguf_duplicate_and_mistyped_keys(void **state)
         buf img = build(&kvs, 6, NULL, 0);
         snprintf(p, sizeof p, "%s/keys%d.gguf", tmpdir, dup);
         write_file(p, img.p, img.n);
-        expect_refused_small(p, dup ? "key general.architecture appears more than once"
+        expect_refused_load(p, 0, dup ? "key general.architecture appears more than once"
                                     : "general.alignment is not an integer");
         free(img.p);
         free(kvs.p);
@@ -522,6 +549,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_claims_beyond_weights),
         cmocka_unit_test(test_gguf_claims_beyond_weights),
+        cmocka_unit_test(test_snapshot_claims_beyond_weights),
         cmocka_unit_test(test_gguf_values_out_of_range),
         cmocka_unit_test(test_gguf_duplicate_and_mistyped_keys),
         cmocka_unit_test(test_shrinking_safetensors_and_gguf),
