@@ -49,15 +49,25 @@ int ckpt_save(const eng_model *m, const char *dir, char *err, size_t errlen)
         ts[i].shape[0] = shape[0];
         ts[i].shape[1] = ndim == 2 ? shape[1] : 0;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (st_write(path, ts, n, ST_F32, NULL, err, errlen) != 0)
-        goto out;
+    /* the weights carry their arch too: a save cut short between the two files (new
+     * weights beside an older arch.json) is then refused at load, never taken as a model */
     json_t *aj = arch_to_json(&m->a);
-    if (!aj) {
+    char *text = aj ? json_dumps(aj, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_t *meta = text ? json_pack("{s:s}", CKPT_ARCH_KEY, text) : NULL;
+    free(text);
+    if (!meta) {
+        json_decref(aj);
         snprintf(err, errlen, "out of memory");
         goto out;
     }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_write(path, ts, n, ST_F32, meta, err, errlen) != 0) {
+        json_decref(meta);
+        json_decref(aj);
+        goto out;
+    }
+    json_decref(meta);
     snprintf(path, sizeof path, "%s/arch.json", dir);
     rc = fio_write_json(path, aj, JSON_INDENT(1) | JSON_SORT_KEYS, err, errlen);
     json_decref(aj);
@@ -67,6 +77,22 @@ out:
     free(bufs);
     free(ts);
     return rc;
+}
+
+/* The arch the weights were saved with (in their metadata), when they carry one, is the
+ * arch.json beside them (aj). 0, or -1 with err. */
+static int same_arch(const st_file *f, const json_t *aj, const char *path, char *err, size_t errlen)
+{
+    const char *text = json_string_value(json_object_get(f->metadata, CKPT_ARCH_KEY));
+    if (!text)
+        return 0;   /* a snapshot from before the weights carried it */
+    json_t *saved = json_loads(text, 0, NULL);
+    int same = saved && json_equal(saved, aj);
+    json_decref(saved);
+    if (!same)
+        snprintf(err, errlen, "%s: the weights were saved with another arch than the arch.json beside them (a save "
+                 "cut short between the two files?): save the snapshot again", path);
+    return same ? 0 : -1;
 }
 
 /* Every tensor arch a holds is in f with its shape. 0, or -1 naming the first that is not. */
@@ -101,20 +127,24 @@ int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t 
     arch a;
     char e2[512];
     int rc = arch_from_json(aj, &a, e2, sizeof e2);
-    json_decref(aj);
     if (rc != 0) {
+        json_decref(aj);
         snprintf(err, errlen, "%s: %s", path, e2);
         return -1;
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_file f;
     if (st_open(&f, path, err, errlen) != 0) {
+        json_decref(aj);
         arch_free(&a);
         return -1;
     }
     /* every tensor of the claimed shape is in the file before the claim is allocated: a
      * small folder claiming a large model is refused without zeroing its size first */
-    rc = tensors_present(&f, &a, path, err, errlen);
+    rc = same_arch(&f, aj, path, err, errlen);
+    json_decref(aj);
+    if (rc == 0)
+        rc = tensors_present(&f, &a, path, err, errlen);
     if (rc == 0)
         rc = eng_model_init(m, &a, be, err, errlen);
     arch_free(&a);
