@@ -488,6 +488,15 @@ int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
         return -1;
     }
     size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &data[i], sizeof u);
+        if ((u & 0x7f800000u) == 0x7f800000u) {   /* exponent all ones: NaN or ±Inf */
+            snprintf(err, errlen, "%s: element %zu is %s: a model's weights are finite numbers", hf_name, i,
+                     u & 0x007fffffu ? "NaN" : "infinite");
+            return -1;
+        }
+    }
     m->be->to_device(m->be, m->params + t->off, data, n * F4);
     return 0;
 }

@@ -111,8 +111,9 @@ void eng_model_randomize(eng_model *m, uint64_t seed, float std);
  * drawn). */
 int eng_model_randomize_until(eng_model *m, uint64_t seed, float std, int (*stop)(void *ud), void *ud);
 
-/* Copy host fp32 data into the tensor named by its HF name, checking the shape.
- * Returns 0, or -1 naming the tensor and the mismatch in err. */
+/* Copy host fp32 data into the tensor named by its HF name, checking the shape and that
+ * every value is finite (a NaN or an infinity is refused, naming the element). Returns 0,
+ * or -1 naming the tensor and the fault in err. */
 int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
                          const int64_t *shape, int ndim, char *err, size_t errlen);
 

@@ -29,6 +29,7 @@
 #include "storage/tokload.h"
 
 #include "gguf_image.h"
+#include "tiny_model.h"
 
 static char tmpdir[64];
 
@@ -147,6 +148,33 @@ static void test_snapshot_claims_beyond_weights(void **state)
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     write_file(p, "\x02\0\0\0\0\0\0\0{}", 10);
     expect_refused_load(dir, 1, "is missing");
+}
+
+/* A weight that is NaN or infinite (a damaged file, an fp16 conversion that overflowed)
+ * is refused at load naming the tensor, rather than spread through every activation and
+ * score into a pruned model. llama2.c's first tensor is the token embedding. */
+static void test_non_finite_weights(void **state)
+{
+    (void)state;
+    static const uint32_t bad[] = {0x7fc00000u, 0x7f800000u, 0xff800000u};   /* NaN, +Inf, -Inf */
+    for (int i = 0; i < 3; i++) {
+        char p[192], err[512] = "";
+        snprintf(p, sizeof p, "%s/nonfinite%d.bin", tmpdir, i);
+        assert_int_equal(tiny_l2c_write(p), 0);
+        FILE *f = fopen(p, "r+b");
+        assert_non_null(f);
+        assert_int_equal(fseek(f, 28 + 4 * 5, SEEK_SET), 0);
+        assert_int_equal(fwrite(&bad[i], 4, 1, f), 1);
+        assert_int_equal(fclose(f), 0);
+        eng_backend *be = eng_backend_cpu_new(1);
+        assert_non_null(be);
+        eng_model m;
+        assert_int_equal(mio_load_model(p, NULL, be, &m, NULL, err, sizeof err), -1);
+        if (!strstr(err, "model.embed_tokens.weight") || !strstr(err, "element 5") ||
+            !strstr(err, i == 0 ? "NaN" : "infinite"))
+            fail_msg("%s: \"%s\"", p, err);
+        eng_backend_free(be);
+    }
 }
 
 /* The same claim as metadata-only GGUF: keys, no tensors. */
@@ -550,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_config_claims_beyond_weights),
         cmocka_unit_test(test_gguf_claims_beyond_weights),
         cmocka_unit_test(test_snapshot_claims_beyond_weights),
+        cmocka_unit_test(test_non_finite_weights),
         cmocka_unit_test(test_gguf_values_out_of_range),
         cmocka_unit_test(test_gguf_duplicate_and_mistyped_keys),
         cmocka_unit_test(test_shrinking_safetensors_and_gguf),
