@@ -318,7 +318,7 @@ int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen)
         o->T = n > 16 ? (int)n - 1 : 0;
         o->B = 1;
     }
-    if (o->T < 8) {
+    if (o->T < RANK_MIN_SEQ) {
         snprintf(err, errlen, "the calibration text holds only %zu tokens", n);
         return -1;
     }

@@ -83,9 +83,12 @@ typedef struct {
  * layer-skip loss. No progress callback. */
 void rank_opts_default(rank_opts *o);
 
+/* The shortest sequence (tokens per row) a ranking forwards. */
+#define RANK_MIN_SEQ 8
+
 /* Fit o to a calibration stream of n tokens: shorter forwards (one row) when the text is
  * shorter than a window, token counts capped by the text. Returns 0, or -1 with a reason
- * when the text is too short to rank on (under 9 tokens). */
+ * when the text is too short to rank on (under RANK_MIN_SEQ + 1 tokens). */
 int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen);
 
 /* Run the parent on `calib` (from its start) and score every unit. Enables masks on m

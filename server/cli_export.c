@@ -3,6 +3,7 @@
  * exported directory's SHA256SUMS. The same storage/export.c code runs as the job's
  * export stage (jobs/stage_export.c). Prints a JSON manifest (path, size, sha-256).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,55 @@ typedef struct {
     int64_t shard;
     int gguf, dtype;   /* derived from format, dtype_s */
 } export_args;
+
+/* path made absolute with links resolved as far as it exists: its longest existing
+ * prefix resolved, the rest (names not there yet) appended. 0, or -1 when too long. */
+static int resolve(const char *path, char out[PATH_MAX])
+{
+    char head[PATH_MAX], rp[PATH_MAX];
+    if (snprintf(head, sizeof head, "%s", path) >= (int)sizeof head)
+        return -1;
+    size_t cut = strlen(head);
+    while (!realpath(cut ? head : ".", rp)) {   /* "": nothing of it exists, relative to here */
+        if (!cut)
+            return -1;
+        char *slash = strrchr(head, '/');
+        cut = !slash ? 0 : slash == head ? 1 : (size_t)(slash - head);
+        head[cut] = 0;
+    }
+    const char *rest = path + cut;
+    while (*rest == '/')
+        rest++;
+    size_t n = strlen(rp);
+    return snprintf(out, PATH_MAX, "%s%s%s", rp, *rest && rp[n - 1] != '/' ? "/" : "", rest) < PATH_MAX ? 0 : -1;
+}
+
+/* 1 when path is folder dir or inside it (as resolve makes them), else 0. */
+static int within(const char *path, const char *dir)
+{
+    char rp[PATH_MAX], rd[PATH_MAX];
+    if (resolve(path, rp) || resolve(dir, rd))
+        return 0;
+    size_t n = strlen(rd);
+    return !strncmp(rp, rd, n) && (rp[n] == 0 || rp[n] == '/');
+}
+
+/* The outputs never replace the input, and the archive is not written into the folder it
+ * packs (it would pack its own half-written self). 0, or -1 after the message. */
+static int check_paths(const export_args *a)
+{
+    char model[PATH_MAX], out[PATH_MAX];
+    if (realpath(a->model, model) && realpath(a->out, out) && !strcmp(model, out)) {
+        fprintf(stderr, "export: --out %s is the model being exported: choose another path\n", a->out);
+        return -1;
+    }
+    if (a->tar_path && within(a->tar_path, a->out)) {
+        fprintf(stderr, "export: --tar %s is inside the exported folder %s: put the archive elsewhere\n", a->tar_path,
+                a->out);
+        return -1;
+    }
+    return 0;
+}
 
 /* CLI_END with *a filled and checked, or the exit status. */
 static int export_parse(int argc, char **argv, export_args *a)
@@ -104,7 +154,7 @@ static int export_parse(int argc, char **argv, export_args *a)
         fprintf(stderr, "export: dtype '%s' is not available for %s\n", a->dtype_s, a->format);
         return 2;
     }
-    return CLI_END;
+    return check_paths(a) ? 2 : CLI_END;
 }
 
 /* *pruned: m sliced to the arch in path (prefix pruning). 0, or -1 after the message. */
@@ -197,7 +247,15 @@ int cli_export(int argc, char **argv)
             fprintf(stderr, "export: %s\n", err);
             return 1;
         }
-        printf("{\"verified\": true, \"path\": \"%s\"}\n", a.verify);
+        json_t *ok = json_pack("{s:b,s:s}", "verified", 1, "path", a.verify);
+        char *text = ok ? json_dumps(ok, JSON_SORT_KEYS) : NULL;   /* the path escaped as JSON */
+        json_decref(ok);
+        if (!text) {
+            fprintf(stderr, "export: out of memory\n");
+            return 1;
+        }
+        printf("%s\n", text);
+        free(text);
         return 0;
     }
     json_t *report = NULL;

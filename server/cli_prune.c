@@ -6,9 +6,12 @@
  * job's (compress/steps.h); this file parses, strings them together and prints a JSON
  * summary on stdout.
  */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <jansson.h>
 
 #include "compress/prune.h"
@@ -19,6 +22,7 @@
 #include "server/cli.h"
 #include "server/cli_args.h"
 #include "storage/archjson.h"
+#include "storage/fileio.h"
 
 static void usage(FILE *f)
 {
@@ -109,7 +113,7 @@ static int prune_parse(int argc, char **argv, prune_args *a)
         case 'n': cli_i64(&p, 1, INT64_MAX, &a->ro.tokens); break;
         case 'l': cli_i64(&p, 0, INT64_MAX, &a->ro.layer_tokens); break;
         case 'b': cli_int(&p, 1, 4096, &a->ro.B); break;
-        case 's': cli_int(&p, 2, 1 << 20, &a->ro.T); break;
+        case 's': cli_int(&p, RANK_MIN_SEQ, 1 << 20, &a->ro.T); break;
         case 'j': cli_int(&p, 0, 1024, &a->threads); break;
         case 'S':
             if (cli_i64(&p, 0, INT64_MAX, &seed) == 0)
@@ -241,12 +245,57 @@ static void prune_print(const prune_args *a, const eng_model *parent, const arch
     json_decref(res);
 }
 
+/* --out is written into: a new folder, an empty one, or an earlier prune's output (its
+ * files replaced). Never the model's own folder, nor another folder with files in it,
+ * which would be mixed with the snapshot (an HF folder's config.json replaced or
+ * removed). Checked before any work. 0, or -1 after the message. */
+static int check_out(const prune_args *a)
+{
+    struct stat st;
+    if (stat(a->out, &st) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        fprintf(stderr, "prune: --out %s: %s\n", a->out, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "prune: --out %s exists and is not a folder\n", a->out);
+        return -1;
+    }
+    char out[PATH_MAX], model[PATH_MAX], mdir[PATH_MAX], manifest[PATH_MAX + 16];
+    if (realpath(a->out, out) && realpath(a->model, model)) {
+        fio_dir_of(model, mdir, sizeof mdir);
+        if (!strcmp(out, model) || !strcmp(out, mdir)) {
+            fprintf(stderr, "prune: --out %s is the folder of the model being pruned: choose another\n", a->out);
+            return -1;
+        }
+    }
+    snprintf(manifest, sizeof manifest, "%s/prune.json", a->out);
+    if (prune_is_dir(a->out) && fio_is_file(manifest))
+        return 0;   /* an earlier prune's output: replaced */
+    char **names;
+    size_t n;
+    if (fio_list_dir(a->out, &names, &n) < 0) {
+        fprintf(stderr, "prune: --out %s: %s\n", a->out, strerror(errno));
+        return -1;
+    }
+    fio_names_free(names, n);
+    if (n > 0) {
+        fprintf(stderr, "prune: --out %s is a folder with other files in it (not an earlier prune's output): "
+                        "choose a new or empty folder\n", a->out);
+        return -1;
+    }
+    return 0;
+}
+
 int cli_prune(int argc, char **argv)
 {
     prune_args a;
     int pr = prune_parse(argc, argv, &a);
     if (pr != CLI_END)
         return pr;
+    if (check_out(&a))
+        return 2;
     arch target;
     if (load_target(a.arch_path, &target))
         return 1;

@@ -15,6 +15,7 @@
 #include "server/cli.h"
 #include "server/cli_args.h"
 #include "storage/archjson.h"
+#include "storage/fileio.h"
 #include "storage/modelio.h"
 
 static void usage(FILE *f)
@@ -106,16 +107,27 @@ static void search_opt(cli_parser *p, int c, search_args *a)
 {
     method_opts *mo = &a->mo;
     double v = 0;
-    if (c < 128 && strchr("LPMNtrSelR", c) && cli_positive(p, &v))
+    if (c < 128 && strchr("LPMNelR", c) && cli_positive(p, &v))
         return;
+    int64_t n = 0;
     switch (c) {
     case 'L': mo->limits.latency_ms = v; break;
     case 'P': mo->limits.throughput_tps = v; break;
     case 'M': mo->limits.memory_bytes = v * 1073741824.0; break;
     case 'N': mo->limits.params = v; break;
-    case 't': mo->search_tokens = (int64_t)v; break;
-    case 'r': a->ro.tokens = (int64_t)v; break;
-    case 'S': mo->seed = (uint64_t)v; break;
+    /* counts and the seed are integers, in the bounds a job's spec gives them */
+    case 't':
+        if (cli_i64(p, 1, 1000000000000LL, &n) == 0)
+            mo->search_tokens = n;
+        break;
+    case 'r':
+        if (cli_i64(p, 1, 1000000000000LL, &n) == 0)
+            a->ro.tokens = n;
+        break;
+    case 'S':
+        if (cli_i64(p, 0, INT32_MAX, &n) == 0)
+            mo->seed = (uint64_t)n;
+        break;
     case 'e': mo->eta = v; break;
     case 'l': mo->lambda2_init = v; break;
     case 'R': mo->lr = v; break;
@@ -280,6 +292,15 @@ int cli_search(int argc, char **argv)
     int pr = search_parse(argc, argv, &a);
     if (pr != CLI_END)
         return pr;
+    if (a.out) {   /* a path the arch cannot be written to is said now, not after the search */
+        char dir[4096];
+        fio_dir_of(a.out, dir, sizeof dir);
+        if (!fio_is_dir(dir) || fio_is_dir(a.out)) {
+            fprintf(stderr, "search: --out %s: %s\n", a.out,
+                    fio_is_dir(a.out) ? "a folder (give a file name)" : "its folder does not exist");
+            return 2;
+        }
+    }
     char err[1024] = "";
     int rc = 1;
     search_inputs in;
@@ -304,10 +325,12 @@ int cli_search(int argc, char **argv)
         goto out;
     if (a.out) {
         json_t *aj = arch_to_json(&chosen);
-        int bad = !aj || json_dump_file(aj, a.out, JSON_INDENT(2) | JSON_SORT_KEYS) != 0;
+        int bad = !aj || fio_write_json(a.out, aj, JSON_INDENT(2) | JSON_SORT_KEYS, err, sizeof err) != 0;
         json_decref(aj);
         if (bad) {
-            snprintf(err, sizeof err, "cannot write %s", a.out);
+            if (!aj)
+                snprintf(err, sizeof err, "out of memory");
+            search_print(&a, doc, &chosen);   /* the result is not lost with the file */
             goto out;
         }
     }

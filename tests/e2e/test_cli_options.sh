@@ -1,7 +1,7 @@
 #!/bin/bash
 # Every subcommand refuses an unknown or misspelled option with exit status 2 and a
 # message that names it (alone, and followed by a value), never the usage text alone
-# or a misleading "needs a value".
+# or a misleading "needs a value"; and values out of their bounds before any work.
 set -u
 fail=0
 for cmd in calibrate estimate search prune distill eval export inspect generate perplexity run worker serve; do
@@ -27,5 +27,42 @@ for args in "--engine llama.cpp --flash-attention auto" "--engine llama.cpp --kv
         echo "FAIL: estimate $args: exit $rc (want 2, naming --flash-attention): $out"; fail=1
     fi
 done
+# counts are whole numbers within their bounds, checked before any work: a count written as a
+# real or past its bound is refused (it was converted from a double, 1e20 to a negative count)
+for args in "--search-tokens 1e20" "--search-tokens 0.5" "--search-tokens 0" "--rank-tokens 1e19" "--seed 1.5"; do
+    # shellcheck disable=SC2086
+    out=$(timeout 20 "$AC_BIN" search none.bin --latency-ms 5 --calib none.txt $args 2>&1 </dev/null)
+    rc=$?
+    opt=${args%% *}
+    if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- "$opt"; then
+        echo "FAIL: search $args: exit $rc (want 2, naming $opt): $out"; fail=1
+    fi
+done
+# an --out that cannot be written is said before the search, not after it
+out=$(timeout 20 "$AC_BIN" search none.bin --latency-ms 5 --calib none.txt --out /nonexistent/dir/a.json 2>&1 </dev/null)
+rc=$?
+if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q "folder does not exist"; then
+    echo "FAIL: search --out /nonexistent/dir/a.json: exit $rc (want 2): $out"; fail=1
+fi
+# a ranking forwards sequences of at least 8 tokens
+out=$(timeout 20 "$AC_BIN" prune none.bin --arch none.json --out /tmp/none --calib none.txt --seq 4 2>&1 </dev/null)
+rc=$?
+if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- "--seq"; then
+    echo "FAIL: prune --seq 4: exit $rc (want 2, naming --seq): $out"; fail=1
+fi
+# export never writes over its input, nor the archive into the folder it packs
+M=${AC_SHARED:-../shared}/data/models/stories260K/stories260K.bin
+T=$(mktemp -d)
+for args in "--format gguf --out $M" "--out $T/exp --tar $T/exp/a.tar"; do
+    # shellcheck disable=SC2086
+    out=$(timeout 20 "$AC_BIN" export "$M" $args 2>&1 </dev/null)
+    rc=$?
+    opt=$(printf '%s' "$args" | grep -o -- '--\(out\|tar\) [^ ]*$' | cut -d' ' -f1)
+    if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- "$opt"; then
+        echo "FAIL: export $args: exit $rc (want 2, naming $opt): $out"; fail=1
+    fi
+done
+[ ! -e "$T/exp" ] || { echo "FAIL: a refused export wrote $T/exp"; fail=1; }
+rm -rf "$T"
 [ $fail = 0 ] && echo "every subcommand names an unknown option"
 exit $fail

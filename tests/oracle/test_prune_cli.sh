@@ -124,6 +124,26 @@ set +e
 "$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/x" 2>"$W/e3"; rc=$?
 set -e
 [ $rc -eq 2 ] && grep -q -- "--calib" "$W/e3" || fail "missing calibration text not refused (rc $rc)"
+# --out: never the model's own folder, nor a folder with other files in it; an earlier prune's
+# output is replaced
+"$BIN" prune "$MODEL" --arch "$W/target.json" --out "$W/s4" --ranking "$W/s/ranking.json" --threads 1 \
+    >/dev/null 2>"$W/prune4b.log" || { cat "$W/prune4b.log"; fail "prune over an earlier prune's output"; }
+cmp -s "$W/s3/model.safetensors" "$W/s4/model.safetensors" || fail "the second prune into s4 differs"
+mkdir -p "$W/busy" "$W/own"
+echo keep >"$W/busy/notes.txt"
+cp "$MODEL" "$W/own/m.bin"
+cp "$(dirname "$MODEL")/tok512.bin" "$W/own/"
+for out in busy own; do
+    set +e
+    model=$MODEL; [ $out = own ] && model=$W/own/m.bin
+    "$BIN" prune "$model" --arch "$W/target.json" --out "$W/$out" --ranking "$W/s/ranking.json" 2>"$W/e_$out"; rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "--out $out accepted (rc $rc)"
+done
+grep -q "other files in it" "$W/e_busy" || { cat "$W/e_busy"; fail "--out busy message"; }
+grep -q "folder of the model being pruned" "$W/e_own" || { cat "$W/e_own"; fail "--out own message"; }
+[ "$(cat "$W/busy/notes.txt")" = keep ] && [ ! -e "$W/busy/arch.json" ] && [ ! -e "$W/own/arch.json" ] \
+    || fail "a refused --out was written to"
 
 # distillation: straight, then killed and resumed
 D=(--parent "$MODEL" --data "$TEXT" --batch 4 --seq 64 --ckpt-every 4 --eval-every 8 --val-tokens 512 --threads 1)
