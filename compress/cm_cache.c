@@ -154,7 +154,7 @@ int cm_calibration_tables(json_t *cal, cm_tables *t, char *err, size_t errlen)
     return 0;
 }
 
-static int same_target(const cm_target *a, const cm_target *b)
+int cm_target_same(const cm_target *a, const cm_target *b)
 {
     return !strcmp(a->device, b->device) && !strcmp(a->precision, b->precision) &&
            cm_target_llamacpp(a) == cm_target_llamacpp(b) && !strcmp(a->kv_cache_type, b->kv_cache_type) &&
@@ -213,7 +213,7 @@ static json_t *find_covering(const char *data_dir, const cm_target *t, const arc
         cm_tables tb;
         cm_prediction p;
         if (usable(cal, contended) && !cm_calibration_tables(cal, &tb, e, sizeof e)) {
-            if (same_target(&tb.target, t) && !cm_predict(&tb, a, &p, e, sizeof e))
+            if (cm_target_same(&tb.target, t) && !cm_predict(&tb, a, &p, e, sizeof e))
                 found = cal;
             cm_tables_free(&tb);
         }

@@ -111,6 +111,9 @@ void cm_target_default(cm_target *t);
 int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, size_t errlen);
 /* New reference; NULL on OOM. */
 json_t *cm_target_to_json(const cm_target *t);
+/* 1 when tables measured on target a price target b: the same device, engine, precision,
+ * KV-cache type, threads, engine build and workload; else 0. */
+int cm_target_same(const cm_target *a, const cm_target *b);
 
 /* ---------- timing tables ---------- */
 

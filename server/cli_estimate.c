@@ -58,12 +58,15 @@ static json_t *estimate_from_file(const char *path, const arch *a, const cm_targ
         return NULL;
     json_t *out = NULL;
     cm_prediction p;
-    if (strcmp(tb.target.device, t->device) || tb.target.batch_size != t->batch_size ||
-        tb.target.prompt_tokens != t->prompt_tokens || tb.target.output_tokens != t->output_tokens) {
-        snprintf(err, errlen,
-                 "%s was calibrated for %s batch %d prompt %d output %d, not %s batch %d prompt %d output %d", path,
-                 tb.target.device, tb.target.batch_size, tb.target.prompt_tokens, tb.target.output_tokens, t->device,
-                 t->batch_size, t->prompt_tokens, t->output_tokens);
+    if (!cm_target_same(&tb.target, t)) {   /* engine, precision, threads ... as a cached calibration */
+        json_t *have = cm_target_to_json(&tb.target), *want = cm_target_to_json(t);
+        char *hs = have ? json_dumps(have, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        char *ws = want ? json_dumps(want, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        snprintf(err, errlen, "%s was calibrated for the target %s, not %s", path, hs ? hs : "?", ws ? ws : "?");
+        free(hs);
+        free(ws);
+        json_decref(have);
+        json_decref(want);
     } else if (!cm_predict(&tb, a, &p, err, errlen)) {
         out = json_pack("{s:s,s:o,s:I,s:o,s:I}", "calibration_id", tb.id[0] ? tb.id : "import", "arch",
                         arch_to_json(a), "params", (json_int_t)p.params, "predicted", cm_prediction_to_json(&p),

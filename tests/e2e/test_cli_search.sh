@@ -41,4 +41,16 @@ if grep -q "priced at this machine's speed\|search.anchor" "$W/plain.err"; then
     fail "--no-served-check served the parent"
 fi
 echo "refused: $(grep -o 'cheapest predicts.*' "$W/served.err")"
+
+# estimate --calibration FILE prices only the target the file was measured on: the same
+# workload at another precision is refused, naming both targets
+CAL=$(ls "$W"/calibrations/*.json | head -1)
+"$BIN" estimate --model "$MODEL" --calibration "$CAL" --prompt 16 --output 4 >"$W/e1.out" 2>"$W/e1.err" \
+    || { cat "$W/e1.err"; fail "estimate --calibration on its own target"; }
+if "$BIN" estimate --model "$MODEL" --calibration "$CAL" --prompt 16 --output 4 --precision bf16 \
+    >"$W/e2.out" 2>"$W/e2.err"; then
+    cat "$W/e2.out"
+    fail "a calibration measured at fp32 priced bf16"
+fi
+grep -q "was calibrated for the target" "$W/e2.err" || { cat "$W/e2.err"; fail "the refusal does not name the targets"; }
 echo "PASS: an unmeetable latency limit is refused with the speed the search priced at, and without it under --no-served-check"
