@@ -102,8 +102,8 @@ static int fetch_task(const char *spec, size_t max_bytes, char **path, char **na
         return -1;
     }
     char *url = strndup(spec, (size_t)(h - spec));
-    char tmpl[] = "/tmp/ac-eval-task-XXXXXX";
-    int fd = url ? mkstemp(tmpl) : -1;
+    char tmpl[] = "/tmp/ac-eval-task-XXXXXX.jsonl";   /* the suffix makes it a task file to the evaluator */
+    int fd = url ? mkstemps(tmpl, 6) : -1;
     if (fd < 0) {
         free(url);
         snprintf(err, errlen, "cannot create a temporary file: %s", strerror(errno));

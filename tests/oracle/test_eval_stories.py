@@ -3,7 +3,8 @@ plus a user JSONL task and a malformed one, checked against an independent refer
 llama2.c's own tokenizer algorithm (run.c encode, reimplemented here) and a PyTorch
 forward of the llama2.c checkpoint in its original layout (interleaved-pair RoPE). Every
 request's log-likelihood and greedy flag must match; the JSON must hold every task with
-n = 3, the malformed task must fail naming file, line and field, and the rest must run."""
+n = 3, the malformed task must fail naming file, line and field, and the rest must run. A
+task given by URL with its #sha256 is fetched and scored as the same file read locally."""
 import json, math, os, struct, subprocess, sys, tempfile
 
 import torch
@@ -178,4 +179,26 @@ for p in P:
         if p["task"] == "lambada_openai":
             assert rg == og
 print(f"24 items, every request within {worst:.2e} nats of the PyTorch/llama2.c reference")
+
+# ---- a task by URL (#sha256=): fetched, then scored as the same file read locally ------------
+import hashlib, http.server, threading  # noqa: E402
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: Quiet(*a, directory=tmp))
+threading.Thread(target=httpd.serve_forever, daemon=True).start()
+sha = hashlib.sha256(open(good, "rb").read()).hexdigest()
+url = "http://127.0.0.1:%d/mine.jsonl#sha256=%s" % (httpd.server_address[1], sha)
+by_url = os.path.join(tmp, "url.json")
+proc = subprocess.run(common[:4] + [url] + common[5:] + ["--json", by_url], capture_output=True, text=True)
+assert proc.returncode == 0, proc.stderr
+got = json.load(open(by_url))["tasks"]
+assert list(got) == ["mine"] and got["mine"]["ok"] and got["mine"]["n"] == 2, got
+assert got["mine"]["acc"] == res["tasks"]["mine"]["acc"], (got["mine"], res["tasks"]["mine"])
+httpd.shutdown()
+print("a task by URL: fetched, verified and scored as the local file")
 print("PASS")
