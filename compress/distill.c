@@ -559,6 +559,12 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         double lrate = distill_lr(o, rs.step, steps);
         double gnorm = eng_adamw_step(opt, (float)lrate, o->beta1, o->beta2, o->eps, o->weight_decay, o->clip,
                                       1.0f / (float)stats.n);
+        if (!isfinite(stats.loss)) {   /* every rank sees the same reduced loss, and stops alike */
+            snprintf(err, errlen, "distillation diverged: the loss is %s at step %lld of %lld (learning rate %.3g); "
+                     "lower the learning rate", isnan(stats.loss) ? "NaN" : "infinite", (long long)rs.step + 1,
+                     (long long)steps, lrate);
+            goto done;
+        }
         rs.tokens += step_tokens;
         rs.curve[rs.step] = stats.loss / stats.n;
         rs.step++;

@@ -109,11 +109,12 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
         distill_result_free(&r);
     if (rc != 0)
         return rc;
-    json_t *d = json_pack("{s:I,s:f,s:f,s:I,s:I,s:I,s:f,s:f,s:I}", "tokens", (json_int_t)r.tokens, "final_kd_loss",
-                          isfinite(r.final_loss) ? r.final_loss : 0.0, "wall_s", r.wall_s, "steps",
-                          (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from, "seed",
+    json_t *d = json_pack("{s:I,s:f,s:I,s:I,s:I,s:f,s:f,s:I}", "tokens", (json_int_t)r.tokens, "wall_s", r.wall_s,
+                          "steps", (json_int_t)r.steps, "resumed_from_step", (json_int_t)r.resumed_from, "seed",
                           (json_int_t)o.seed, "lr", (double)o.lr, "lr_min", (double)o.lr_min, "warmup_steps",
                           (json_int_t)o.warmup_steps);
+    if (d && isfinite(r.final_loss))   /* none when no step ran: absent, not a perfect 0 */
+        json_object_set_new(d, "final_kd_loss", json_real(r.final_loss));
     if (d && isfinite(r.final_val_loss))
         json_object_set_new(d, "val_loss", json_real(r.final_val_loss));
     job_report_merge(ctx, json_pack("{s:o}", "distillation", d));

@@ -169,6 +169,30 @@ static void test_budget_and_learning(void **state)
     assert_true(distill_lr(&o, 9, 16) < distill_lr(&o, 5, 16));
 }
 
+/* A learning rate far too high makes the loss overflow: the run stops at that step,
+ * saying so, instead of training on and handing back a student of NaN weights. */
+static void test_divergence_stops(void **state)
+{
+    fixture *f = *state;
+    char err[256] = "";
+    distill_opts o;
+    base_opts(&o);
+    o.tokens = 1000;
+    o.lr = 1e30f;
+    o.lr_min = 1e29f;
+    o.warmup_steps = 0;
+    eng_model st;
+    new_student(f, &st);
+    distill_result r;
+    int rc = distill_run(&f->parent, &st, &f->train, NULL, &o, &r, err, sizeof err);
+    if (rc == 0)
+        distill_result_free(&r);
+    assert_int_equal(rc, -1);
+    if (!strstr(err, "diverged"))
+        fail_msg("err: %s", err);
+    eng_model_free(&st);
+}
+
 /* The seed orders the text: two seeds distil on different batches and end elsewhere;
  * one seed twice ends bit for bit the same. */
 static void test_seed_orders_the_text(void **state)
@@ -347,6 +371,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_and_learning),
+        cmocka_unit_test(test_divergence_stops),
         cmocka_unit_test(test_resume_same_curve),
         cmocka_unit_test(test_seed_orders_the_text),
         cmocka_unit_test(test_resume_schedule_of_checkpoint),
