@@ -24,6 +24,7 @@ static void sb_text(strbuf *b, const char *t)
         case '<': strbuf_printf(b, "&lt;"); break;
         case '>': strbuf_printf(b, "&gt;"); break;
         case '"': strbuf_printf(b, "&quot;"); break;
+        case '\'': strbuf_printf(b, "&#39;"); break;
         default: strbuf_printf(b, "%c", *p);
         }
     }
@@ -690,8 +691,20 @@ char *api_report_html(json_t *r, size_t *len)
     sb_value(&b, json_object_get(json_object_get(parent, "arch"), "hidden_size"));
     strbuf_printf(&b, " &rarr; ");
     sb_value(&b, json_object_get(json_object_get(result, "arch"), "hidden_size"));
-    strbuf_printf(&b, "; layers: %zu &rarr; %zu</p>\n", json_array_size(json_object_get(json_object_get(parent, "arch"), "layers")),
-              json_array_size(json_object_get(json_object_get(result, "arch"), "layers")));
+    /* the result's arch is in the report once the job succeeded: before, a dash, not 0 layers */
+    json_t *pl = json_object_get(json_object_get(parent, "arch"), "layers");
+    json_t *rl = json_object_get(json_object_get(result, "arch"), "layers");
+    strbuf_printf(&b, "; layers: ");
+    if (json_is_array(pl))
+        strbuf_printf(&b, "%zu", json_array_size(pl));
+    else
+        strbuf_printf(&b, "&mdash;");
+    strbuf_printf(&b, " &rarr; ");
+    if (json_is_array(rl))
+        strbuf_printf(&b, "%zu", json_array_size(rl));
+    else
+        strbuf_printf(&b, "&mdash;");
+    strbuf_printf(&b, "</p>\n");
     accuracy_section(&b, parent, result, json_object_get(r, "pruned"));
     pruning_section(&b, json_object_get(r, "pruning"));
 
@@ -754,5 +767,9 @@ void h_report_html(api_ctx *ctx, const api_req *req, const char *const *params, 
         api_problem(resp, 500, "internal", "out of memory rendering the report", NULL);
         return;
     }
+    /* the page holds no script and loads nothing: a policy that says so, should an escape
+     * ever be missed */
+    api_resp_header(resp, "Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:");
+    api_resp_header(resp, "X-Content-Type-Options", "nosniff");
     api_text(resp, 200, html, len, "text/html; charset=utf-8");
 }

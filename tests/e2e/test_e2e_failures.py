@@ -8,6 +8,7 @@ architecture's costs in the error, within seconds. (The infeasible
 case is also covered by test_e2e_stories.py, which uses it to find the parent's latency.)"""
 import json
 import os
+import re
 import sys
 import time
 
@@ -50,6 +51,11 @@ def cancel_during_search(s):
     st, hd, html = s.request("GET", "/v1/jobs/%s/report.html" % jid)
     assert st == 200 and hd["content-type"].startswith("text/html"), (st, hd)
     assert b"partial report" in html and b"cancelled" in html and b"<script" not in html
+    # a job cancelled before its result: the result's layers are a dash, not 0
+    assert re.search(rb"layers: \d+ &rarr; &mdash;", html), re.findall(rb"layers: [^<]*", html)
+    # the page loads nothing and runs nothing, and says so
+    assert hd["content-security-policy"].startswith("default-src 'none'"), hd
+    assert hd["x-content-type-options"] == "nosniff", hd
     print("cancel during search: cancelled in %.2f s, artifacts %s" % (dt, sorted(arts)))
 
 

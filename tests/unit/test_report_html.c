@@ -378,14 +378,14 @@ static void test_layer_charts_moe(void **state)
     json_object_set_new(json_object_get(json_object_get(r, "parent"), "arch"), "layers", pl);
     json_object_set_new(json_object_get(json_object_get(r, "result"), "arch"), "layers", rl);
     html = render(r);
-    const char *e = strstr(html, "Experts kept per MoE layer"), *w = strstr(html, "Routed experts' width per MoE layer");
+    const char *e = strstr(html, "Experts kept per MoE layer"), *w = strstr(html, "Routed experts&#39; width per MoE layer");
     assert_non_null(e);
     assert_non_null(w);
     assert_non_null(strstr(e, "<title>6</title>"));
     assert_non_null(strstr(w, "<title>96</title>"));
     assert_non_null(strstr(w, "<title>32</title>"));
     assert_null(strstr(html, "Mamba heads per layer"));
-    assert_null(strstr(html, "Shared expert's width per MoE layer"));   /* no shared expert in the parent */
+    assert_null(strstr(html, "Shared expert&#39;s width per MoE layer"));   /* no shared expert in the parent */
     free(html);
     /* a parent with shared experts of 512 units, the result's narrowed to 384 in layer 2 */
     for (int i = 0; i < 3; i++)
@@ -393,7 +393,7 @@ static void test_layer_charts_moe(void **state)
     json_object_set_new(json_object_get(json_array_get(rl, 0), "moe"), "shared_ffn_dim", json_integer(512));
     json_object_set_new(json_object_get(json_array_get(rl, 1), "moe"), "shared_ffn_dim", json_integer(384));
     html = render(r);
-    const char *s = strstr(html, "Shared expert's width per MoE layer");
+    const char *s = strstr(html, "Shared expert&#39;s width per MoE layer");
     assert_non_null(s);
     assert_non_null(strstr(s, "<title>384</title>"));
     free(html);
