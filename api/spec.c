@@ -419,7 +419,7 @@ static void check_engine(vctx *v, json_t *t, json_t *out, const char *device)
     int threads = !th ? -1 : x < 0 ? 0 : x > 1025 ? 1025 : (int)x;
     const char *field;
     char why[256], at[64];
-    if (cm_engine_check(engine, prec ? json_string_value(prec) : NULL, kv ? json_string_value(kv) : NULL, threads,
+    if (cm_engine_check(engine, device, prec ? json_string_value(prec) : NULL, kv ? json_string_value(kv) : NULL, threads,
                         fa ? json_string_value(fa) : NULL, &field, why, sizeof why)) {
         snprintf(at, sizeof at, "/target/%s", field);
         if (!strcmp(field, "threads") && x != threads && !strcmp(engine, CM_ENGINE_LLAMACPP))

@@ -86,8 +86,8 @@ const char *cm_target_flash(const cm_target *t)
     return *t->flash_attention ? t->flash_attention : cm_llamacpp_default_flash(t->kv_cache_type);
 }
 
-int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads, const char *flash,
-                    const char **field, char *why, size_t whylen)
+int cm_engine_check(const char *engine, const char *device, const char *precision, const char *kv_type, int threads,
+                    const char *flash, const char **field, char *why, size_t whylen)
 {
     const char *eng = engine && *engine ? engine : CM_ENGINE_AUTOCOMPRESS;
     *field = "engine";
@@ -117,6 +117,12 @@ int cm_engine_check(const char *engine, const char *precision, const char *kv_ty
     }
     if (strcmp(eng, CM_ENGINE_LLAMACPP)) {
         snprintf(why, whylen, "unknown engine \"%s\" (autocompress, llama.cpp)", eng);
+        return -1;
+    }
+    if (device && strcmp(device, "cpu")) {
+        *field = "device";
+        snprintf(why, whylen, "llama.cpp targets are served and measured on the CPU in this build (its measuring "
+                 "helper offloads no layer to a GPU): use device cpu, or the autocompress engine on %s", device);
         return -1;
     }
     if (precision && !in_list(precision, CM_LLAMACPP_PRECISIONS)) {
@@ -239,7 +245,8 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
         FAIL("%s/device: \"%s\" is not a device name (cpu, cuda:N)", ptr, t->device);
     const char *field;
     char why[160];
-    if (cm_engine_check(t->engine, *t->precision ? t->precision : NULL, *t->kv_cache_type ? t->kv_cache_type : NULL,
+    if (cm_engine_check(t->engine, t->device, *t->precision ? t->precision : NULL,
+                        *t->kv_cache_type ? t->kv_cache_type : NULL,
                         threads, *t->flash_attention ? t->flash_attention : NULL, &field, why, sizeof why))
         FAIL("%s/%s: %s", ptr, field, why);
     int llama = cm_target_llamacpp(t);

@@ -62,12 +62,15 @@ const char *cm_target_flash(const cm_target *t);
 /* 1 when t is served by llama.cpp. */
 int cm_target_llamacpp(const cm_target *t);
 
-/* Check an engine / precision / KV type / threads / flash-attention combination
- * (precision, kv_type, flash may be NULL = the engine's default; threads < 0 = not given).
- * Returns 0, or -1 with the field at fault ("engine", "precision", "kv_cache_type",
- * "threads", "flash_attention") in *field and the reason in why. One vocabulary for the
- * spec validator and the target parsers. */
-int cm_engine_check(const char *engine, const char *precision, const char *kv_type, int threads, const char *flash,
+/* Check an engine / device / precision / KV type / threads / flash-attention combination
+ * (device, precision, kv_type, flash may be NULL = not checked / the engine's default;
+ * threads < 0 = not given). llama.cpp is measured on the CPU only: its helper offloads
+ * no layer to a GPU, so a llama.cpp target on a GPU is refused rather than priced and
+ * measured on the CPU. Returns 0, or -1 with the field at fault ("engine", "device",
+ * "precision", "kv_cache_type", "threads", "flash_attention") in *field and the reason in
+ * why. One vocabulary for the spec validator and the target parsers. */
+int cm_engine_check(const char *engine, const char *device, const char *precision, const char *kv_type, int threads,
+                    const char *flash,
                     const char **field, char *why, size_t whylen);
 
 /* The words of one of the lists above as a JSON array of strings, for the answers that

@@ -91,7 +91,7 @@ static int target_finish(cli_parser *p)
         snprintf(t->kv_cache_type, sizeof t->kv_cache_type, CM_LLAMACPP_DEFAULT_KV_TYPE);
     const char *field;
     char why[160];
-    if (cm_engine_check(t->engine, t->precision, p->kv_given ? t->kv_cache_type : NULL,
+    if (cm_engine_check(t->engine, t->device, t->precision, p->kv_given ? t->kv_cache_type : NULL,
                         p->threads_given ? t->threads : -1, p->flash_given ? t->flash_attention : NULL, &field, why,
                         sizeof why)) {
         cli_fail(p, "--%s: %s", !strcmp(field, "kv_cache_type") ? "kv-cache-type"

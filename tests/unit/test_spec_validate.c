@@ -642,6 +642,26 @@ static void test_device_names_canonical(void **state)
         assert_string_equal(json_string_value(json_object_get(json_object_get(out, "target"), "device")), "cuda:0");
         json_decref(out);
     }
+    /* llama.cpp is measured on the CPU only (its helper offloads no layer to a GPU): a
+     * llama.cpp target on a GPU is refused, even where an agent with that GPU has llama.cpp,
+     * rather than priced and measured on the CPU and reported as the GPU's */
+    assert_int_equal(store_runner_beat(st, "worker/gpuhost/data", "{\"devices\":[{\"id\":\"cuda:0\","
+                                       "\"memory_bytes\":85899345920,\"precisions\":[\"fp32\",\"bf16\"]}],"
+                                       "\"engines\":[\"autocompress\",\"llama.cpp\"],\"workers_per_device\":1}"), 0);
+    json_t *in = json_loads("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"cuda:0\","
+                            "\"engine\":\"llama.cpp\",\"precision\":\"q8_0\"}}", 0, NULL);
+    assert_non_null(in);
+    spec_env env = env_of(0);
+    env.st = st;
+    int status = 0;
+    json_t *errors = NULL;
+    json_t *out = spec_validate(in, &env, &status, &errors);
+    json_decref(in);
+    if (out)
+        fail_msg("a llama.cpp target on cuda:0 was accepted");
+    assert_int_equal(status, 422);
+    assert_true(has_pointer(errors, "/target/device"));
+    json_decref(errors);
     store_close(st);
 }
 
