@@ -316,7 +316,7 @@ static int setup(lc_cal *c, char *err, size_t errlen)
             c->hid[c->n_hid++] = w;
     }
     c->n_bins = c->t.output_tokens < LC_BINS ? c->t.output_tokens : LC_BINS;
-    if (lc_scratch_dir(c->dir, sizeof c->dir, err, errlen))
+    if (lc_scratch_dir(c->parent, c->dir, sizeof c->dir, err, errlen))
         return -1;
     /* the parent, served once before each slot of random archs: the level a job's search
      * anchors to (compress/servecheck.h), so the held-out rows check the prediction jobs make */

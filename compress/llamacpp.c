@@ -9,17 +9,20 @@
 #include <limits.h>
 #include <openssl/sha.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/clock.h"
+#include "engine/devices.h"
 #include "storage/export.h"
 #include "storage/fileio.h"
 
@@ -253,15 +256,20 @@ static void copy_str(json_t *j, const char *k, char *out, size_t cap)
     snprintf(out, cap, "%s", json_is_string(v) ? json_string_value(v) : "unknown");
 }
 
+/* The helper's answer once it has given one; the API's request threads probe too. */
+static pthread_mutex_t g_info_mu = PTHREAD_MUTEX_INITIALIZER;
 static lc_info g_info;
 static int g_info_ok;
 
 int lc_probe(lc_info *info, char *err, size_t errlen)
 {
-    if (g_info_ok) {
+    pthread_mutex_lock(&g_info_mu);
+    int ok = g_info_ok;
+    if (ok)
         *info = g_info;
+    pthread_mutex_unlock(&g_info_mu);
+    if (ok)
         return 0;
-    }
     memset(info, 0, sizeof *info);
     if (find_helper(info->helper, sizeof info->helper))
         FAIL("llama.cpp is not installed here: no executable ac-llama helper (AC_LLAMA_HELPER, or beside the "
@@ -283,8 +291,10 @@ int lc_probe(lc_info *info, char *err, size_t errlen)
     SHA256((const unsigned char *)key, (size_t)(n < 0 ? 0 : n >= (int)sizeof key ? (int)sizeof key - 1 : n), md);
     snprintf(info->fingerprint, sizeof info->fingerprint, "llama.cpp %.12s %.12s %02x%02x%02x%02x",
              info->package_version, info->ggml_commit, md[0], md[1], md[2], md[3]);
+    pthread_mutex_lock(&g_info_mu);
     g_info = *info;
     g_info_ok = 1;
+    pthread_mutex_unlock(&g_info_mu);
     return 0;
 }
 
@@ -324,10 +334,8 @@ int lc_target_resolve(cm_target *t, char *err, size_t errlen)
     lc_info in;
     if (lc_probe(&in, err, errlen))
         return -1;
-    if (t->threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        t->threads = n > 0 ? (int)n : 1;
-    }
+    if (t->threads <= 0)   /* every CPU this process may run on, not the host's count */
+        t->threads = eng_cpu_cores();
     snprintf(t->engine_build, sizeof t->engine_build, "%s", in.fingerprint);
     return 0;
 }
@@ -441,7 +449,7 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
     if (lc_probe(&in, err, errlen))
         return -1;
     char th[16], bs[16], s[16], n[16], w[16], r[16], seed[32], fl[32];
-    snprintf(th, sizeof th, "%d", t->threads > 0 ? t->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    snprintf(th, sizeof th, "%d", t->threads > 0 ? t->threads : eng_cpu_cores());
     snprintf(bs, sizeof bs, "%d", t->batch_size);
     snprintf(s, sizeof s, "%d", t->prompt_tokens);
     snprintf(n, sizeof n, "%d", t->output_tokens);
@@ -545,23 +553,84 @@ int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r)
         *r = rr[m];
     else
         memset(r, 0, sizeof *r);
+    /* memory is a ceiling: the highest peak any of the processes reached, not the median one's */
+    for (int k = 0; k < n; k++)
+        if (rr[k].peak_bytes > r->peak_bytes)
+            r->peak_bytes = rr[k].peak_bytes;
     return m;
 }
 
 /* ---------- random models ---------- */
 
-int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen)
+/* This process's owner line for a scratch folder: its pid and pid namespace, so that a
+ * sweep judges only folders of processes it can see. */
+static void owner_line(char *out, size_t n, pid_t pid)
+{
+    char ns[64] = "";
+    ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    ns[k > 0 ? k : 0] = 0;
+    snprintf(out, n, "%ld %s\n", (long)pid, ns);
+}
+
+/* Remove the scratch folders under base whose owner (the marker file "owner") died
+ * without removing them: a worker killed mid-measurement (a cancel's SIGKILL, a lost
+ * lease) leaves its model files behind, in memory under /dev/shm. Best effort. */
+static void sweep_scratch(const char *base)
+{
+    char **names;
+    size_t n;
+    if (fio_list_dir(base, &names, &n) < 0)
+        return;
+    char mine[128];
+    owner_line(mine, sizeof mine, getpid());
+    const char *my_ns = strchr(mine, ' ');
+    for (size_t i = 0; i < n; i++) {
+        char dir[4096], marker[4200], line[128] = "";
+        if (strncmp(names[i], "ac-llama-", 9) || snprintf(dir, sizeof dir, "%s/%s", base, names[i]) >= (int)sizeof dir)
+            continue;
+        snprintf(marker, sizeof marker, "%s/owner", dir);
+        int fd = open(marker, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        ssize_t k = fd >= 0 ? read(fd, line, sizeof line - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        line[k > 0 ? k : 0] = 0;
+        long pid = strtol(line, NULL, 10);
+        const char *ns = strchr(line, ' ');
+        if (pid <= 0 || !ns || !my_ns || strcmp(ns, my_ns))
+            continue;   /* no marker, or another pid namespace's: not ours to judge */
+        if (kill((pid_t)pid, 0) < 0 && errno == ESRCH)
+            (void)fio_remove_tree(dir);
+    }
+    fio_names_free(names, n);
+}
+
+int lc_scratch_dir(const arch *largest, char *out, size_t cap, char *err, size_t errlen)
 {
     /* Memory-backed when the machine has it: the kernel writing back hundreds of MB of
-     * just-written model files would run on the cores the next measurement times. */
+     * just-written model files would run on the cores the next measurement times. But
+     * only with room for the files (an f32 model, its quantized copy and the quantizer's
+     * temporary): a container's /dev/shm is often 64 MiB. */
+    int64_t need = 3 * arch_params(largest) * 4 + (256LL << 20);
+    struct statvfs v;
     const char *tmp = getenv("AC_SCRATCH");
     if (!tmp || !*tmp)
-        tmp = fio_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
-    int n = snprintf(out, cap, "%s/ac-llama-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        tmp = fio_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0 && statvfs("/dev/shm", &v) == 0 &&
+                      (int64_t)v.f_bavail * (int64_t)v.f_frsize >= need
+                  ? "/dev/shm" : getenv("TMPDIR");
+    const char *base = tmp && *tmp ? tmp : "/tmp";
+    sweep_scratch(base);
+    int n = snprintf(out, cap, "%s/ac-llama-XXXXXX", base);
     if (n < 0 || (size_t)n >= cap)
         FAIL("scratch folder path too long");
     if (!mkdtemp(out))
         FAIL("%s: %s", out, strerror(errno));
+    char marker[4200], line[128];
+    snprintf(marker, sizeof marker, "%s/owner", out);
+    owner_line(line, sizeof line, getpid());
+    if (fio_write_atomic(marker, line, strlen(line), err, errlen) < 0) {
+        (void)fio_remove_tree(out);
+        return -1;
+    }
     return 0;
 }
 

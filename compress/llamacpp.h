@@ -85,7 +85,8 @@ int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const
 /* Each of n benches' median request latency, as a NEW JSON array (NULL on OOM). */
 json_t *lc_bench_latencies_json(const lc_bench *b, int n, const cm_target *t);
 
-/* The process of median latency among n benches: its index, and its §10 fields in *r. */
+/* The process of median latency among n benches: its index, and its §10 fields in *r,
+ * except the peak memory, which is the highest any of them reached (a limit's ceiling). */
 int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r);
 
 /* About how many bytes llama.cpp stores per weight at weight type `precision` (f32 4,
@@ -110,9 +111,11 @@ int lc_write_random(const arch *a, const cm_target *t, uint64_t seed, const char
 int lc_measure_arch(const arch *a, const cm_target *t, const ms_opts *o, int64_t flush, const char *dir, lc_bench *b,
                     char *err, size_t errlen);
 
-/* A scratch folder for llama.cpp's model files: under AC_SCRATCH, else /dev/shm when
- * writable (no disk writeback competing with the timed requests), else TMPDIR or /tmp;
- * mkdtemp into out. 0, or -1 with err. Remove it with fio_remove_tree. */
-int lc_scratch_dir(char *out, size_t cap, char *err, size_t errlen);
+/* A scratch folder for llama.cpp's model files of archs up to `largest`: under
+ * AC_SCRATCH, else /dev/shm when writable and with room for them (no disk writeback
+ * competing with the timed requests), else TMPDIR or /tmp; mkdtemp into out, with a
+ * marker naming this process. Folders there whose owner died without removing them are
+ * removed first. 0, or -1 with err. Remove it with fio_remove_tree. */
+int lc_scratch_dir(const arch *largest, char *out, size_t cap, char *err, size_t errlen);
 
 #endif

@@ -37,7 +37,7 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
     if (!cm_target_llamacpp(t)) {
         if (!(c->be = cal_backend_new(t->device, t->precision, 0, err, errlen)))
             return -1;
-    } else if (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(c->dir, sizeof c->dir, err, errlen) ||
+    } else if (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(parent, c->dir, sizeof c->dir, err, errlen) ||
                lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen)) {
         return -1;
     }

@@ -6,6 +6,7 @@
 #include "engine/devices.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,13 +38,36 @@ int eng_device_count(void)
     return 1 + dev_cuda_count();
 }
 
+int eng_cpu_cores(void)
+{
+    int n = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (int)c : 1;
+    }
+    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "re");   /* "QUOTA PERIOD", or "max PERIOD" */
+    if (f) {
+        char quota[32];
+        long long period = 0;
+        if (fscanf(f, "%31s %lld", quota, &period) == 2 && strcmp(quota, "max") && period > 0) {
+            long long q = atoll(quota), cap = q > 0 ? (q + period - 1) / period : 0;
+            if (cap > 0 && cap < n)
+                n = (int)cap;
+        }
+        fclose(f);
+    }
+    return n;
+}
+
 static void dev_cpu_info(eng_device_info *out)
 {
     snprintf(out->name, sizeof out->name, "cpu");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGESIZE);
-    out->cores = cores > 0 ? (int)cores : 1;
+    out->cores = eng_cpu_cores();
     out->memory_bytes = (pages > 0 && page > 0) ? (uint64_t)pages * (uint64_t)page : 0;
     const char *feat = "";
 #if defined(__x86_64__) || defined(__i386__)

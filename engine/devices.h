@@ -37,6 +37,10 @@ int eng_device_get(int i, eng_device_info *out);
  * when unknown (an unknown or absent device, a refused query). */
 int64_t eng_device_free_bytes(const char *device);
 
+/* The CPUs this process may run on: its affinity set (taskset, a container's cpuset),
+ * capped by a cgroup v2 CPU quota (cpu.max); at least 1. */
+int eng_cpu_cores(void);
+
 /* Parse a device name: "cpu" -> *kind 0, *index 0; "cuda" or "cuda:N" -> *kind 1,
  * *index N. Returns 0, or -1 with a message in err for anything else (no range check
  * against present devices: see eng_device_exists). */

@@ -162,7 +162,7 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
     lc_bench pb[LC_ROUNDS], rb[LC_ROUNDS];
     memset(pb, 0, sizeof pb);
     memset(rb, 0, sizeof rb);
-    if (lc_scratch_dir(dir, sizeof dir, err, errlen))
+    if (lc_scratch_dir(parent, dir, sizeof dir, err, errlen))
         return -1;
     ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1, .cancelled = job_cancelled_hook, .cancel_ud = ctx};
     int rc = lc_write_random(parent, t, 1, dir, "parent", ppath, sizeof ppath, NULL, &o, err, errlen) ? -1 : 0;

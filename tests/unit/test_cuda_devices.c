@@ -3,12 +3,15 @@
  * and "cuda:N" either works (a GPU present in a CUDA=1 build) or fails with the reason.
  * The GPU-only checks print "SKIPPED: no CUDA device" when there is none.
  */
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -39,6 +42,32 @@ static void test_cpu_is_device_zero(void **state)
     char name[32];
     snprintf(name, sizeof name, "cuda:%d", eng_device_count() - 1);   /* one past the last GPU */
     assert_int_equal(eng_device_free_bytes(name), -1);
+}
+
+/* The CPU's cores are the ones this process may run on: pinned to one CPU (taskset, a
+ * container's cpuset), it has one, not the machine's count (llama.cpp then started a
+ * thread per host CPU on that one). In a child, so the pinning stays there. */
+static void test_cpu_cores_follow_affinity(void **state)
+{
+    (void)state;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0)
+            _exit(3);
+        eng_device_info d;
+        if (eng_device_get(0, &d) != 0)
+            _exit(4);
+        _exit(d.cores == 1 && eng_cpu_cores() == 1 ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 static void test_parse(void **state)
@@ -155,6 +184,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_is_device_zero),
+        cmocka_unit_test(test_cpu_cores_follow_affinity),
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_backend_by_name),
         cmocka_unit_test(test_cuda_devices_listed),

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "compress/llamacpp.h"
+#include "engine/arch.h"
 #include "compress/measure.h"
 #include "engine/clock.h"
 #include "storage/fileio.h"
@@ -208,12 +209,84 @@ static void test_helper_signals_default(void **state)
     assert_int_equal(seen, 2);
 }
 
+/* A job's measurement serves the model in three fresh processes and reports the one of
+ * median latency, but memory is a ceiling: the highest peak any of them reached. */
+static void test_median_keeps_highest_peak(void **state)
+{
+    (void)state;
+    static const double pre[3][1] = {{10}, {20}, {30}}, dec[3][1] = {{1}, {1}, {1}};
+    static const int64_t peak[3] = {100 << 20, 200 << 20, 300 << 20};
+    lc_bench b[3];
+    memset(b, 0, sizeof b);
+    for (int k = 0; k < 3; k++) {
+        b[k].reps = 1;
+        b[k].n_steps = 1;
+        b[k].prefill_ms = (double *)pre[k];
+        b[k].decode_ms = (double *)dec[k];
+        b[k].rss_peak = peak[k];
+    }
+    cm_target t;
+    cm_target_default(&t);
+    ms_result r;
+    assert_int_equal(lc_bench_median(b, 3, &t, &r), 1);
+    assert_true(r.latency_ms == 21.0);
+    assert_int_equal(r.peak_bytes, 300 << 20);
+}
+
+/* Scratch folders: each names its owner; one left by a process that died (a worker killed
+ * mid-measurement) is removed by the next one made there, while a live owner's, and a
+ * folder without a marker, stay. */
+static void test_scratch_folders_of_dead_owners(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/ac-scratch-XXXXXX", dead[4200], live[4200], bare[4200], mine[4096], err[256];
+    assert_non_null(mkdtemp(base));
+    setenv("AC_SCRATCH", base, 1);
+    pid_t gone = fork();
+    assert_true(gone >= 0);
+    if (gone == 0)
+        _exit(0);
+    assert_int_equal(waitpid(gone, NULL, 0), gone);
+    char ns[64] = "", line[128];
+    ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    ns[k > 0 ? k : 0] = 0;
+    const struct { char *dir; const char *name; long pid; } f[] = {
+        {dead, "ac-llama-dead00", (long)gone}, {live, "ac-llama-live00", (long)getpid()}, {bare, "ac-llama-bare00", 0}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(f[i].dir, 4200, "%s/%s", base, f[i].name);
+        assert_int_equal(mkdir(f[i].dir, 0755), 0);
+        if (f[i].pid) {
+            char marker[4300];
+            snprintf(marker, sizeof marker, "%s/owner", f[i].dir);
+            snprintf(line, sizeof line, "%ld %s\n", f[i].pid, ns);
+            assert_int_equal(fio_write_atomic(marker, line, strlen(line), err, sizeof err), 0);
+        }
+    }
+    arch a;
+    assert_int_equal(arch_init(&a, 1), 0);
+    a.hidden_size = 8;
+    a.vocab_size = 16;
+    assert_int_equal(lc_scratch_dir(&a, mine, sizeof mine, err, sizeof err), 0);
+    arch_free(&a);
+    assert_false(fio_is_dir(dead));
+    assert_true(fio_is_dir(live));
+    assert_true(fio_is_dir(bare));
+    assert_int_equal(strncmp(mine, base, strlen(base)), 0);
+    char marker[4200];
+    snprintf(marker, sizeof marker, "%s/owner", mine);
+    assert_true(fio_is_file(marker));
+    unsetenv("AC_SCRATCH");
+    assert_int_equal(fio_remove_tree(base), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_helper_signals_default),   /* first: lc_probe runs `info` once per process */
         cmocka_unit_test(test_cancel_kills_helper),
         cmocka_unit_test(test_helper_dies_with_its_process),
+        cmocka_unit_test(test_median_keeps_highest_peak),
+        cmocka_unit_test(test_scratch_folders_of_dead_owners),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
