@@ -34,6 +34,8 @@ struct sched {
     store *st;
     char *exe, *data_dir, *owner, *info;
     int lease_s, has_llamacpp, renew_failed;
+    int (*probe_llamacpp)(void);
+    double last_probe;
     double last_renew, last_rescue, last_watch;
     char **devices;
     int n_devices, per_device, cancel_kill_ms, max_attempts;
@@ -163,6 +165,12 @@ static void reap(sched *s)
 
 static void claim(sched *s)
 {
+    /* llama.cpp installed after the start: the API accepts its jobs as soon as its helper
+     * answers, so this runner takes them too rather than leave them queued */
+    if (!s->has_llamacpp && s->probe_llamacpp && eng_wall_s() - s->last_probe >= 10.0) {
+        s->last_probe = eng_wall_s();
+        s->has_llamacpp = s->probe_llamacpp();
+    }
     for (int d = 0; d < s->n_devices && !s->stopping && s->per_device > 0; d++) {
         for (;;) {
             int busy = 0;
@@ -285,6 +293,8 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
     s->info = cfg->info ? strdup(cfg->info) : NULL;
     s->lease_s = cfg->lease_s >= 2 ? cfg->lease_s : 30;
     s->has_llamacpp = cfg->has_llamacpp;
+    s->probe_llamacpp = cfg->probe_llamacpp;
+    s->last_probe = eng_wall_s();
     s->n_devices = cfg->n_devices;
     s->per_device = cfg->per_device > 0 ? cfg->per_device : 0;
     s->cancel_kill_ms = cfg->cancel_kill_ms > 0 ? cfg->cancel_kill_ms : 10000;

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "api/api.h"
-#include "compress/llamacpp.h"
 #include "storage/fileio.h"
 #include "engine/devices.h"
 #include "jobs/sched.h"
@@ -151,13 +150,11 @@ static int serve_start(serve_state *S)
     const char *dev_ptrs[16];
     for (int i = 0; i < S->n_dev; i++)
         dev_ptrs[i] = S->devs[i];
-    lc_info lc;
-    char lc_err[256];
-    int has_llamacpp = lc_probe(&lc, lc_err, sizeof lc_err) == 0;
+    int has_llamacpp = srv_has_llamacpp();
     /* a server that runs jobs is a runner other servers sharing the store can see */
     char *info = cfg->workers > 0 ? srv_runner_info(S->devs, S->n_dev, cfg->workers, has_llamacpp) : NULL;
     sched_config sc_cfg = {S->st, S->exe, S->data_dir, dev_ptrs, S->n_dev, cfg->workers, 10000, cfg->max_attempts,
-                           S->runner, cfg->lease_s, has_llamacpp, info};
+                           S->runner, cfg->lease_s, has_llamacpp, info, srv_has_llamacpp};
     S->sc = sched_start(&sc_cfg, err, sizeof err);
     free(info);
     if (!S->sc)

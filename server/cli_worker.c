@@ -18,7 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "compress/llamacpp.h"
 #include "jobs/pipeline.h"
 #include "jobs/sched.h"
 #include "jobs/stage.h"
@@ -97,13 +96,11 @@ static int worker_agent(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    lc_info lc;
-    char lc_err[256];
-    int has_llamacpp = lc_probe(&lc, lc_err, sizeof lc_err) == 0;
+    int has_llamacpp = srv_has_llamacpp();
     int slots = cfg.workers > 0 ? cfg.workers : 1;
     char *info = srv_runner_info(devs, n_dev, slots, has_llamacpp);
     sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, slots, 10000, cfg.max_attempts, runner, cfg.lease_s,
-                           has_llamacpp, info};
+                           has_llamacpp, info, srv_has_llamacpp};
     if (!info)
         snprintf(err, sizeof err, "out of memory");
     sc = info ? sched_start(&sc_cfg, err, sizeof err) : NULL;

@@ -12,6 +12,7 @@
 
 #include "api/api.h"
 #include "compress/costmodel.h"
+#include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "server/log.h"
 
@@ -434,4 +435,11 @@ void srv_shutdown_deadline(long seconds)
     pthread_t t;
     if (pthread_create(&t, NULL, deadline_thread, (void *)(intptr_t)seconds) == 0)
         pthread_detach(t);
+}
+
+int srv_has_llamacpp(void)
+{
+    lc_info lc;
+    char err[256];
+    return lc_probe(&lc, err, sizeof err) == 0;
 }

@@ -71,6 +71,8 @@ int srv_pick_devices(const char *list, char names[][32], int max, char *err, siz
  * (names, n of them) as /v1/devices renders them, its engines and workers per device.
  * A malloc'd JSON text, or NULL on OOM. */
 char *srv_runner_info(char names[][32], int n, int per_device, int has_llamacpp);
+/* 1 when llama.cpp's helper answers here (lc_probe), else 0: what a runner claims by. */
+int srv_has_llamacpp(void);
 /* The name a runner claims jobs under (store_claim.owner): "KIND/HOST/DATA_DIR", stable
  * across restarts of the same runner. 0, or -1 when it does not fit out. */
 int srv_runner_name(const char *kind, const char *data_dir, char *out, size_t n);

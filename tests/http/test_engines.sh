@@ -3,7 +3,8 @@
 # one always present; llama.cpp present with its build, or absent with the reason, as this
 # machine has it, then made absent on purpose with AC_LLAMA_HELPER=/nonexistent), and a
 # target naming an unknown or absent engine refused with a 422 at /target/engine, for jobs,
-# calibrations and estimates, before anything is queued.
+# calibrations and estimates, before anything is queued; and a helper installed while the
+# server runs: its llama.cpp jobs are taken by the server's runner, not left queued.
 set -eu
 source "$(dirname "$0")/acserver.sh"
 export AC_TEST_STAGES=1
@@ -53,4 +54,32 @@ expect 200 '.data == []'
 req GET /v1/calibrations
 expect 200 '.data == []'
 stop_server
+
+# ---- llama.cpp installed while the server runs --------------------------------------------
+# the API accepts llama.cpp jobs once the helper answers; the server's own runner must take
+# them too (it had started without llama.cpp), not leave them queued for good
+HELPER=$(dirname "$AC_BIN")/ac-llama
+if [ -x "$HELPER" ]; then
+    AC_LLAMA_HELPER=$tmp/late/ac-llama start_server "$DATA"
+    mkdir -p "$tmp/late"
+    ln -s "$HELPER" "$tmp/late/ac-llama"
+    req POST /v1/jobs '{"model": {"path": "models/none.bin"}, "constraints": {"latency_ms": 50},
+                        "target": {"engine": "llama.cpp"}, "x_test_pipeline": ["test_sleep"], "x_test_sleep_ms": 50}'
+    [ "$CODE" = 422 ] && echo "$BODY" | jq -e 'any(.errors[]; .pointer == "/model/path")' >/dev/null ||
+        fail "expected only the model path refused: $CODE $BODY"
+    cp "${AC_SHARED:-../shared}/data/models/stories260K/stories260K.bin" "$DATA/models/s.bin"
+    cp "${AC_SHARED:-../shared}/data/models/stories260K/tok512.bin" "$DATA/models/"
+    req POST /v1/jobs '{"model": {"path": "models/s.bin"}, "constraints": {"latency_ms": 50},
+                        "target": {"engine": "llama.cpp"}, "x_test_pipeline": ["test_sleep"], "x_test_sleep_ms": 50}'
+    expect 201 '.status == "queued"'
+    jid=$(echo "$BODY" | jq -r .id)
+    for _ in $(seq 300); do
+        req GET "/v1/jobs/$jid"
+        [ "$(echo "$BODY" | jq -r .status)" = succeeded ] && break
+        sleep 0.1
+    done
+    expect 200 '.status == "succeeded"'
+    stop_server
+    echo "llama.cpp installed after the start: its job ran"
+fi
 echo "ok"

@@ -95,7 +95,7 @@ static store_job wait_leave(const char *id, const char *from, double timeout)
 
 static sched *start_attempts(const char *exe, const char *const *devs, int ndev, int per_device, int max_attempts)
 {
-    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts, "runner-here", 30, 0, NULL};
+    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts, "runner-here", 30, 0, NULL, NULL};
     char err[256];
     sched *s = sched_start(&cfg, err, sizeof err);
     assert_non_null(s);
