@@ -441,6 +441,20 @@ double lc_bytes_per_weight(const char *precision)
     return 4;
 }
 
+/* The bytes read before each step to leave the caches as a larger model's would: at most
+ * four times the last-level cache (64 MiB at least, 256 MiB when its size is unknown),
+ * since reading more evicts nothing more and only takes time. */
+static int64_t flush_capped(int64_t flush)
+{
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0)
+        llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    int64_t cap = llc > 0 ? 4 * (int64_t)llc : (int64_t)256 << 20;
+    if (cap < ((int64_t)64 << 20))
+        cap = (int64_t)64 << 20;
+    return flush > cap ? cap : flush;
+}
+
 int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_t flush, lc_bench *b, char *err,
                   size_t errlen)
 {
@@ -456,7 +470,7 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
     snprintf(w, sizeof w, "%d", o && o->warmup >= 0 ? o->warmup : 1);
     snprintf(r, sizeof r, "%d", o && o->reps > 0 ? o->reps : 3);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
-    snprintf(fl, sizeof fl, "%lld", (long long)(flush > 0 ? flush : 0));
+    snprintf(fl, sizeof fl, "%lld", (long long)(flush > 0 ? flush_capped(flush) : 0));
     char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
                     "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
                     "--seed", seed, "--flash-attn", (char *)cm_target_flash(t), flush >= 0 ? "--flush" : NULL, fl,

@@ -65,7 +65,8 @@ void lc_bench_free(lc_bench *b);
 
 /* Serve the GGUF at `path` in a fresh helper process at t (threads, batch, prompt and
  * output tokens, KV type) with o's warm-up, reps and seed. flush >= 0: that many bytes
- * read before each timed step (`ac-llama bench --flush`), for calibration's
+ * (at most four times the last-level cache: more evicts nothing more) read before each
+ * timed step (`ac-llama bench --flush`), for calibration's
  * repeated-block models, which price the blocks of models larger than themselves; a
  * served model is timed with flush -1 (nothing read). o's cancel hook (measure.h) kills
  * the helper when it says stop: -1 with err "cancelled". 0, or -1 with err. */

@@ -51,10 +51,10 @@ static int setup(void **state)
             "info) grep -E '^Sig(Blk|Ign)' /proc/self/status > %s.sig;"
             " echo '{\"ggml_version\":\"stand-in\",\"ggml_commit\":\"0\",\"package_version\":\"0\","
             "\"build_flags\":\"\",\"system_info\":\"\"}' ;;\n"
-            "bench) echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
+            "bench) echo \"$@\" > %s.args; echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
             "*) echo \"unknown command $1\" >&2; exit 2 ;;\n"
             "esac\n",
-            g_pidfile, g_pidfile, g_pidfile, g_pidfile);
+            g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile);
     if (fclose(f) || chmod(helper, 0755))
         return -1;
     return setenv("AC_LLAMA_HELPER", helper, 1);
@@ -114,6 +114,38 @@ static void test_cancel_kills_helper(void **state)
     assert_int_equal(kill(pid, 0), -1);
     assert_int_equal(errno, ESRCH);
     lc_bench_free(&b);
+}
+
+/* The cache flush before each step is capped at a few times the last-level cache: reading
+ * more evicts nothing more, and a large parent's weight bytes (a 70B model's) would take
+ * minutes per step, or pass the helper's 64 GiB limit and fail every serving. */
+static void test_flush_capped(void **state)
+{
+    (void)state;
+    cm_target t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "cpu");
+    snprintf(t.precision, sizeof t.precision, "f32");
+    t.batch_size = 1;
+    t.prompt_tokens = 8;
+    t.output_tokens = 4;
+    t.threads = 1;
+    unlink(g_pidfile);
+    stop_later s = {0, 0.1, 0};
+    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = stop_when_serving, .cancel_ud = &s};
+    lc_bench b;
+    char err[512] = "", args[600], line[1024] = "";
+    assert_int_equal(lc_bench_gguf("/nonexistent.gguf", &t, &o, (int64_t)280 << 30, &b, err, sizeof err), -1);
+    lc_bench_free(&b);
+    snprintf(args, sizeof args, "%s.args", g_pidfile);
+    FILE *f = fopen(args, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    const char *fl = strstr(line, "--flush ");
+    assert_non_null(fl);
+    long long n = atoll(fl + 8);
+    assert_true(n >= (64LL << 20) && n <= (16LL << 30));
 }
 
 static int read_pidfile(void)
@@ -286,6 +318,7 @@ int main(void)
         cmocka_unit_test(test_cancel_kills_helper),
         cmocka_unit_test(test_helper_dies_with_its_process),
         cmocka_unit_test(test_median_keeps_highest_peak),
+        cmocka_unit_test(test_flush_capped),
         cmocka_unit_test(test_scratch_folders_of_dead_owners),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
