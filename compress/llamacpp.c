@@ -39,6 +39,9 @@ extern char **environ;
 /* How often a helper's run asks the measurement's cancel hook (ms_opts). */
 #define LC_CANCEL_POLL_MS 100
 
+/* How long a helper whose output ended may take to exit before it is killed (s). */
+#define LC_EXIT_GRACE_S 5
+
 /* Start argv[0] with its stdout on out_fd and its stderr on err_fd, as *pid. The helper
  * dies with the thread that started it (PR_SET_PDEATHSIG; that thread waits for the
  * helper, so it outlives it otherwise): a worker killed mid-measurement (its server
@@ -117,7 +120,7 @@ static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *
     }
     char *ob = NULL, eb[2048] = "";
     size_t on = 0, ocap = 0, en = 0;
-    int open_o = 1, open_e = 1, timed_out = 0, oom = 0, cancelled = 0;
+    int open_o = 1, open_e = 1, timed_out = 0, oom = 0, cancelled = 0, broken = 0;
     int poll_ms = o && o->cancelled ? LC_CANCEL_POLL_MS : 60000;
     double deadline = eng_wall_s() + LC_TIMEOUT_S;
     while (open_o || open_e) {
@@ -134,8 +137,10 @@ static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *
         int n = poll(p, 2, left * 1000 > poll_ms ? poll_ms : (int)(left * 1000) + 1);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0)
+        if (n < 0) {
+            broken = errno;
             break;
+        }
         char buf[8192];
         if (open_o && p[0].revents) {
             ssize_t k = read(po[0], buf, sizeof buf);
@@ -179,13 +184,25 @@ static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *
             }
         }
     }
-    if (timed_out || oom || cancelled)
+    if (timed_out || oom || cancelled || broken)
         kill(pid, SIGKILL);
     close(po[0]);
     close(pe[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
+    /* its output ended: it exits now, or is made to (a helper that closed its pipes and
+     * lingers would hold the job without a deadline) */
+    int status = 0, lingered = 0;
+    double gone_by = eng_wall_s() + LC_EXIT_GRACE_S;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR))
+            break;
+        if (w == 0 && eng_wall_s() > gone_by && !lingered) {
+            lingered = 1;
+            kill(pid, SIGKILL);
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     /* the last non-empty stderr line */
     while (en > 0 && (eb[en - 1] == '\n' || eb[en - 1] == '\r'))
         eb[--en] = 0;
@@ -194,6 +211,15 @@ static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *
     if (cancelled) {
         free(ob);
         FAIL("cancelled");
+    }
+    if (broken) {
+        free(ob);
+        FAIL("llama.cpp helper %s: reading its output failed: %s", argv[1], strerror(broken));
+    }
+    if (lingered) {
+        free(ob);
+        FAIL("llama.cpp helper %s: closed its output but did not exit within %d s, and was killed", argv[1],
+             LC_EXIT_GRACE_S);
     }
     if (timed_out || oom) {
         free(ob);

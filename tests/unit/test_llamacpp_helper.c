@@ -51,7 +51,8 @@ static int setup(void **state)
             "info) grep -E '^Sig(Blk|Ign)' /proc/self/status > %s.sig;"
             " echo '{\"ggml_version\":\"stand-in\",\"ggml_commit\":\"0\",\"package_version\":\"0\","
             "\"build_flags\":\"\",\"system_info\":\"\"}' ;;\n"
-            "bench) echo \"$@\" > %s.args; echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
+            "bench) [ \"$2\" = /lingers.gguf ] && { exec >&- 2>&-; exec sleep 60; };"
+            " echo \"$@\" > %s.args; echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
             "*) echo \"unknown command $1\" >&2; exit 2 ;;\n"
             "esac\n",
             g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile);
@@ -146,6 +147,30 @@ static void test_flush_capped(void **state)
     assert_non_null(fl);
     long long n = atoll(fl + 8);
     assert_true(n >= (64LL << 20) && n <= (16LL << 30));
+}
+
+/* A helper that closes its output and lingers is killed once its grace is over, not
+ * waited for without a deadline (the job would hang with it). */
+static void test_lingering_helper_killed(void **state)
+{
+    (void)state;
+    cm_target t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "cpu");
+    snprintf(t.precision, sizeof t.precision, "f32");
+    t.batch_size = 1;
+    t.prompt_tokens = 8;
+    t.output_tokens = 4;
+    t.threads = 1;
+    lc_bench b;
+    char err[512] = "";
+    double t0 = eng_wall_s();
+    assert_int_equal(lc_bench_gguf("/lingers.gguf", &t, NULL, -1, &b, err, sizeof err), -1);
+    lc_bench_free(&b);
+    double took = eng_wall_s() - t0;
+    if (!strstr(err, "did not exit"))
+        fail_msg("err: %s", err);
+    assert_true(took < 15);
 }
 
 static int read_pidfile(void)
@@ -319,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_helper_dies_with_its_process),
         cmocka_unit_test(test_median_keeps_highest_peak),
         cmocka_unit_test(test_flush_capped),
+        cmocka_unit_test(test_lingering_helper_killed),
         cmocka_unit_test(test_scratch_folders_of_dead_owners),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
