@@ -459,6 +459,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
             return fail(2, "%s %s: not a number in %d..%d", a, v, lo, hi);
         i++;
     }
+    /* the context holds every sequence's prompt and output: it must fit llama.cpp's counts */
+    if ((int64_t)o->batch * (o->prompt + o->output) > INT32_MAX)
+        return fail(2, "--batch %d x (--prompt %d + --output %d): a context of more than %d tokens", o->batch,
+                    o->prompt, o->output, INT32_MAX);
     return 0;
 }
 

@@ -80,6 +80,9 @@ for bad in "--flush 1 --cold" "--flush -1" "--flush 1x" "--flash-attn maybe" "--
     "$HELPER" bench s.gguf $BENCH $bad >bad.json 2>bad.log && fail "bench $bad was accepted"
     [ $? = 2 ] && grep -q "fl" bad.log || fail "bench $bad: $(cat bad.log)"
 done
+# a context beyond llama.cpp's counts (batch x tokens past 2^31) is refused, not overflowed
+"$HELPER" bench s.gguf --batch 4096 --prompt 1048576 --output 1 >bad.json 2>bad.log && fail "an overflowing context was accepted"
+[ $? = 2 ] && grep -q "a context of more than" bad.log || fail "overflowing context: $(cat bad.log)"
 for fa in on off; do
     "$HELPER" bench s.gguf $BENCH --flash-attn $fa >fa.json 2>bench.log || { cat bench.log; fail "bench --flash-attn $fa"; }
     check_bench fa.json || fail "bench JSON (--flash-attn $fa)"
