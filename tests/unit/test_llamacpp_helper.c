@@ -83,9 +83,9 @@ static int stop_when_serving(void *ud)
     return s->started > 0 && eng_wall_s() - s->started >= s->after;
 }
 
-static void test_cancel_kills_helper(void **state)
+/* An f32 target of a few tokens on one thread: what the stand-in is asked to serve. */
+static cm_target small_target(void)
 {
-    (void)state;
     cm_target t;
     memset(&t, 0, sizeof t);
     snprintf(t.device, sizeof t.device, "cpu");
@@ -94,6 +94,13 @@ static void test_cancel_kills_helper(void **state)
     t.prompt_tokens = 8;
     t.output_tokens = 4;
     t.threads = 1;
+    return t;
+}
+
+static void test_cancel_kills_helper(void **state)
+{
+    (void)state;
+    cm_target t = small_target();
     stop_later s = {0, 0.3, 0};
     ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = stop_when_serving, .cancel_ud = &s};
     lc_bench b;
@@ -123,14 +130,7 @@ static void test_cancel_kills_helper(void **state)
 static void test_flush_capped(void **state)
 {
     (void)state;
-    cm_target t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.device, sizeof t.device, "cpu");
-    snprintf(t.precision, sizeof t.precision, "f32");
-    t.batch_size = 1;
-    t.prompt_tokens = 8;
-    t.output_tokens = 4;
-    t.threads = 1;
+    cm_target t = small_target();
     unlink(g_pidfile);
     stop_later s = {0, 0.1, 0};
     ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = stop_when_serving, .cancel_ud = &s};
@@ -154,14 +154,7 @@ static void test_flush_capped(void **state)
 static void test_lingering_helper_killed(void **state)
 {
     (void)state;
-    cm_target t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.device, sizeof t.device, "cpu");
-    snprintf(t.precision, sizeof t.precision, "f32");
-    t.batch_size = 1;
-    t.prompt_tokens = 8;
-    t.output_tokens = 4;
-    t.threads = 1;
+    cm_target t = small_target();
     lc_bench b;
     char err[512] = "";
     double t0 = eng_wall_s();

@@ -609,6 +609,25 @@ static void test_engine_llamacpp(void **state)
                  "/target/kv_cache_type");
 }
 
+/* Validate text against a store that holds one worker agent offering cuda:0 with engines
+ * (a JSON list's items); the normalized spec, or NULL with *status and *errors. */
+static json_t *run_with_gpu_agent(store *st, const char *engines, const char *text, int *status, json_t **errors)
+{
+    char info[512];
+    snprintf(info, sizeof info, "{\"devices\":[{\"id\":\"cuda:0\",\"memory_bytes\":85899345920,\"precisions\":"
+             "[\"fp32\",\"bf16\"]}],\"engines\":[%s],\"workers_per_device\":1}", engines);
+    assert_int_equal(store_runner_beat(st, "worker/gpuhost/data", info), 0);
+    json_t *in = json_loads(text, 0, NULL);
+    assert_non_null(in);
+    spec_env env = env_of(0);
+    env.st = st;
+    *status = 0;
+    *errors = NULL;
+    json_t *out = spec_validate(in, &env, status, errors);
+    json_decref(in);
+    return out;
+}
+
 /* A device is stored under its one name: "cuda", "cuda:00" and "cuda:000" are cuda:0, so a
  * job names the device runners claim by (a job queued as "cuda:00" was never claimed).
  * Here a worker agent sharing the store offers cuda:0. */
@@ -619,22 +638,14 @@ static void test_device_names_canonical(void **state)
     snprintf(db, sizeof db, "%s/runners.db", dir);
     store *st = store_open(db, err, sizeof err);
     assert_non_null(st);
-    assert_int_equal(store_runner_beat(st, "worker/gpuhost/data", "{\"devices\":[{\"id\":\"cuda:0\","
-                                       "\"memory_bytes\":85899345920,\"precisions\":[\"fp32\",\"bf16\"]}],\"engines\":[\"autocompress\"],"
-                                       "\"workers_per_device\":1}"), 0);
     static const char *const names[] = {"cuda", "cuda:0", "cuda:00", "cuda:000"};
+    int status;
+    json_t *errors;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char text[512];
         snprintf(text, sizeof text, "{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"%s\"}}",
                  names[i]);
-        json_t *in = json_loads(text, 0, NULL);
-        assert_non_null(in);
-        spec_env env = env_of(0);
-        env.st = st;
-        int status = 0;
-        json_t *errors = NULL;
-        json_t *out = spec_validate(in, &env, &status, &errors);
-        json_decref(in);
+        json_t *out = run_with_gpu_agent(st, "\"autocompress\"", text, &status, &errors);
         if (!out) {
             char *e = json_dumps(errors, 0);
             fail_msg("%s: %d %s", names[i], status, e);
@@ -645,18 +656,9 @@ static void test_device_names_canonical(void **state)
     /* llama.cpp is measured on the CPU only (its helper offloads no layer to a GPU): a
      * llama.cpp target on a GPU is refused, even where an agent with that GPU has llama.cpp,
      * rather than priced and measured on the CPU and reported as the GPU's */
-    assert_int_equal(store_runner_beat(st, "worker/gpuhost/data", "{\"devices\":[{\"id\":\"cuda:0\","
-                                       "\"memory_bytes\":85899345920,\"precisions\":[\"fp32\",\"bf16\"]}],"
-                                       "\"engines\":[\"autocompress\",\"llama.cpp\"],\"workers_per_device\":1}"), 0);
-    json_t *in = json_loads("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":\"cuda:0\","
-                            "\"engine\":\"llama.cpp\",\"precision\":\"q8_0\"}}", 0, NULL);
-    assert_non_null(in);
-    spec_env env = env_of(0);
-    env.st = st;
-    int status = 0;
-    json_t *errors = NULL;
-    json_t *out = spec_validate(in, &env, &status, &errors);
-    json_decref(in);
+    json_t *out = run_with_gpu_agent(st, "\"autocompress\",\"llama.cpp\"",
+                                     "{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"device\":"
+                                     "\"cuda:0\",\"engine\":\"llama.cpp\",\"precision\":\"q8_0\"}}", &status, &errors);
     if (out)
         fail_msg("a llama.cpp target on cuda:0 was accepted");
     assert_int_equal(status, 422);

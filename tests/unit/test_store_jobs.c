@@ -510,18 +510,25 @@ static void test_models_and_report(void **state)
     store_job_clear(&j);
 }
 
+/* A queued job on hook-dev whose spec has a callback_url, into *j (store_job_clear it). */
+static void mk_hooked(store *st, store_job *j)
+{
+    char err[256];
+    memset(j, 0, sizeof *j);
+    assert_int_equal(store_new_id("job_", j->id, sizeof j->id), 0);
+    snprintf(j->kind, sizeof j->kind, "job");
+    snprintf(j->device, sizeof j->device, "hook-dev");
+    j->spec = json_pack("{s:s}", "callback_url", "http://127.0.0.1:9/hook");
+    j->stages = json_array();
+    assert_int_equal(store_job_create(st, j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+}
+
 static void test_webhook_outbox(void **state)
 {
     store *st = *state;
     store_job j;
-    memset(&j, 0, sizeof j);
-    store_new_id("job_", j.id, sizeof j.id);
-    snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "hook-dev");
-    j.spec = json_pack("{s:s}", "callback_url", "http://127.0.0.1:9/hook");
-    j.stages = json_array();
-    char err[256], plain[48];
-    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    mk_hooked(st, &j);
+    char plain[48];
     mk(st, "hook-dev", plain);
     store_job c;
     assert_int_equal(claim(st, "hook-dev", &c), 0);
@@ -570,13 +577,7 @@ static void test_webhook_outbox(void **state)
     /* the outcome of a delivery that was in flight while its job was deleted: no event is
      * left behind for a job that is gone */
     store_job k;
-    memset(&k, 0, sizeof k);
-    store_new_id("job_", k.id, sizeof k.id);
-    snprintf(k.kind, sizeof k.kind, "job");
-    snprintf(k.device, sizeof k.device, "hook-dev");
-    k.spec = json_pack("{s:s}", "callback_url", "http://127.0.0.1:9/hook");
-    k.stages = json_array();
-    assert_int_equal(store_job_create(st, &k, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    mk_hooked(st, &k);
     assert_int_equal(store_job_finish(st, k.id, "cancelled", NULL, NULL), 0);
     assert_int_equal(store_webhook_due(st, store_now() + 10, 10, &w, &n), 0);
     assert_int_equal(n, 1);
