@@ -28,22 +28,39 @@ static double num_or(json_t *j, double def)
     return json_is_number(j) ? json_number_value(j) : def;
 }
 
-/* One limit row; predicted/measured < 0 mean unknown (null). upper: the value must not
- * exceed the limit (latency, memory, params); else it must reach it (throughput). */
+/* What each limit's value is, measured the way the measure stage measures it. */
+static const char *limit_basis(const char *name)
+{
+    if (!strcmp(name, "latency_ms"))
+        return "one request's end-to-end time at the target's workload (prefill and every decode step), the median "
+               "of the requests served, in the target engine at the target precision";
+    if (!strcmp(name, "throughput_tokens_per_s"))
+        return "generated tokens per second of decode: batch x output tokens over the median decode time (the "
+               "prefill is not counted)";
+    if (!strcmp(name, "memory_gib"))
+        return "peak memory while serving, GiB: in llama.cpp the serving process's peak RSS (the highest of its "
+               "fresh processes); in the built-in engine the larger of the backend's peak and the process's RSS "
+               "growth from before the model was loaded";
+    return "the parameter count of the chosen arch (exact)";
+}
+
+/* One limit row; predicted/measured <= 0 mean unknown (null: no real measurement is 0).
+ * upper: the value must not exceed the limit (latency, memory, params); else it must
+ * reach it (throughput). */
 static json_t *limit_row(const char *name, double limit, double predicted, double measured, int upper, json_t *aim)
 {
-    json_t *row = json_pack("{s:s,s:f}", "name", name, "limit", limit);
+    json_t *row = json_pack("{s:s,s:f,s:s}", "name", name, "limit", limit, "basis", limit_basis(name));
     if (!row)
         return NULL;
     json_t *aimed = json_object_get(aim, name);
     if (json_is_number(aimed))
         json_object_set_new(row, "aimed", json_real(json_number_value(aimed)));
-    json_object_set_new(row, "predicted", predicted >= 0 ? json_real(predicted) : json_null());
-    json_object_set_new(row, "measured", measured >= 0 ? json_real(measured) : json_null());
+    json_object_set_new(row, "predicted", predicted > 0 ? json_real(predicted) : json_null());
+    json_object_set_new(row, "measured", measured > 0 ? json_real(measured) : json_null());
     json_object_set_new(row, "holds_predicted",
-                        predicted < 0 ? json_null() : json_boolean(upper ? predicted <= limit : predicted >= limit));
+                        predicted <= 0 ? json_null() : json_boolean(upper ? predicted <= limit : predicted >= limit));
     json_object_set_new(row, "holds",
-                        measured < 0 ? json_null() : json_boolean(upper ? measured <= limit : measured >= limit));
+                        measured <= 0 ? json_null() : json_boolean(upper ? measured <= limit : measured >= limit));
     return row;
 }
 

@@ -68,6 +68,21 @@ static void test_rows(void **state)
     assert_true(json_is_false(json_object_get(row(rows, "params"), "holds")));   /* 1200 > 1000 */
     json_decref(rows);
 
+    /* a measurement of 0 is none (a serving whose numbers were lost): never a limit held */
+    json_t *zero = json_pack("{s:f,s:f,s:I}", "latency_ms", 0.0, "throughput_tokens_per_s", 0.0, "peak_memory_bytes",
+                             (json_int_t)0);
+    rows = job_report_limits(c, pred, zero, 900, NULL);
+    for (size_t i = 0; i < 3; i++) {
+        json_t *r = json_array_get(rows, i);
+        assert_true(json_is_null(json_object_get(r, "measured")));
+        assert_true(json_is_null(json_object_get(r, "holds")));
+    }
+    /* each row says what its value is */
+    assert_non_null(strstr(json_string_value(json_object_get(row(rows, "throughput_tokens_per_s"), "basis")),
+                           "prefill is not counted"));
+    json_decref(rows);
+    json_decref(zero);
+
     /* only the limits the spec sets get rows */
     json_t *c1 = json_pack("{s:f}", "latency_ms", 3.0);
     rows = job_report_limits(c1, pred, meas, 900, NULL);
