@@ -474,6 +474,26 @@ static void acc_cells(strbuf *b, json_t *acc)
     sb_cell(b, json_object_get(acc, "stderr"));
 }
 
+/* The member names of a, b and c (any may be NULL), each once, in the order first seen,
+ * into out (at most max). Their count. */
+static int union_keys(json_t *a, json_t *b, json_t *c, const char **out, int max)
+{
+    json_t *objs[] = {a, b, c};
+    int n = 0;
+    for (int o = 0; o < 3; o++) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(objs[o], k, v) {
+            int seen = 0;
+            for (int i = 0; i < n && !seen; i++)
+                seen = !strcmp(out[i], k);
+            if (!seen && n < max)
+                out[n++] = k;
+        }
+    }
+    return n;
+}
+
 /* Parent and result per benchmark; with evaluation.pruned also the pruned-only student
  * (pruned may be NULL), so the table shows what distillation recovered. */
 static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *pruned)
@@ -488,27 +508,22 @@ static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *
         strbuf_printf(b, "<table><tr><th>benchmark</th><th>parent</th><th>&plusmn;</th>%s<th>result</th><th>&plusmn;</th>"
                      "<th>n</th></tr>\n",
                   with_pruned ? "<th>pruned only</th><th>&plusmn;</th>" : "");
+        /* every benchmark any of them scored: one the parent failed still shows the result's */
         const char *labels[64];
         double pv[64], rv[64];
-        int n = 0;
-        const char *k;
-        json_t *v;
-        json_object_foreach(pa, k, v) {
-            json_t *r = json_object_get(ra, k);
+        int n = union_keys(pa, ra, with_pruned ? qa : NULL, labels, 64);
+        for (int i = 0; i < n; i++) {
+            json_t *v = json_object_get(pa, labels[i]), *r = json_object_get(ra, labels[i]);
             strbuf_printf(b, "<tr><td>");
-            sb_text(b, k);
+            sb_text(b, labels[i]);
             acc_cells(b, v);
             if (with_pruned)
-                acc_cells(b, json_object_get(qa, k));
+                acc_cells(b, json_object_get(qa, labels[i]));
             acc_cells(b, r);
-            sb_cell(b, json_object_get(v, "n"));
+            sb_cell(b, json_object_get(v ? v : r, "n"));
             strbuf_printf(b, "</td></tr>\n");
-            if (n < 64) {
-                labels[n] = k;
-                pv[n] = num(json_object_get(v, "acc"), NAN);
-                rv[n] = num(json_object_get(r, "acc"), NAN);
-                n++;
-            }
+            pv[i] = num(json_object_get(v, "acc"), NAN);
+            rv[i] = num(json_object_get(r, "acc"), NAN);
         }
         strbuf_printf(b, "<tr><td><b>average</b></td><td>");
         sb_value(b, json_object_get(parent, "average"));
@@ -527,15 +542,15 @@ static void accuracy_section(strbuf *b, json_t *parent, json_t *result, json_t *
         json_t *qp = json_object_get(pruned, "perplexity");
         strbuf_printf(b, "<table><tr><th>perplexity</th><th>parent</th>%s<th>result</th></tr>\n",
                   with_pruned ? "<th>pruned only</th>" : "");
-        const char *k;
-        json_t *v;
-        json_object_foreach(pp, k, v) {
+        const char *keys[64];
+        int n = union_keys(pp, rp, with_pruned ? qp : NULL, keys, 64);
+        for (int i = 0; i < n; i++) {
             strbuf_printf(b, "<tr><td>");
-            sb_text(b, k);
-            sb_cell(b, v);
+            sb_text(b, keys[i]);
+            sb_cell(b, json_object_get(pp, keys[i]));
             if (with_pruned)
-                sb_cell(b, json_object_get(qp, k));
-            sb_cell(b, json_object_get(rp, k));
+                sb_cell(b, json_object_get(qp, keys[i]));
+            sb_cell(b, json_object_get(rp, keys[i]));
             strbuf_printf(b, "</td></tr>\n");
         }
         strbuf_printf(b, "</table>\n");

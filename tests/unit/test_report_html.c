@@ -256,6 +256,25 @@ static void test_accuracy_labels(void **state)
     json_decref(r);
 }
 
+/* A benchmark the parent has no score for (its task failed) but the result has still gets
+ * its row, and its bar in the chart; so does a perplexity only the result has. */
+static void test_accuracy_union(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(3);
+    json_t *res = json_object_get(r, "result");
+    json_object_set_new(json_object_get(res, "accuracy"), "my_task",
+                        json_pack("{s:f,s:f,s:i}", "acc", 0.61, "stderr", 0.02, "n", 50));
+    json_object_set_new(res, "perplexity", json_pack("{s:f}", "wikitext2", 31.5));
+    char *html = render(r);
+    const char *row = strstr(html, "<tr><td>my_task</td>");
+    assert_non_null(row);
+    assert_non_null(strstr(row, "0.61"));
+    assert_non_null(strstr(html, "<tr><td>wikitext2</td>"));
+    free(html);
+    json_decref(r);
+}
+
 /* The pruning section: the refit count and one error chart per projection kind; a plain
  * slice says so. */
 static void test_pruning_section(void **state)
@@ -432,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_fmt_bytes),
         cmocka_unit_test(test_accuracy_labels),
+        cmocka_unit_test(test_accuracy_union),
         cmocka_unit_test(test_layer_labels),
         cmocka_unit_test(test_pruning_section),
         cmocka_unit_test(test_served_section),
