@@ -604,8 +604,7 @@ static void pruning_section(strbuf *b, json_t *pr)
     sb_value(b, json_object_get(pr, "wall_s"));
     strbuf_printf(b, " s): %zu of %zu projections refit; the others read nothing pruned or gained nothing.</p>\n",
                   refit, n);
-    if (n > 16384)   /* an MoE layer lists every expert's input projections */
-        n = 16384;
+    /* a bar per layer, however many records a layer has (an MoE lists every expert's) */
     char (*lab)[24] = calloc(n ? n : 1, sizeof *lab);
     const char **labels = calloc(n ? n : 1, sizeof *labels);
     double *e0 = calloc(n ? n : 1, sizeof *e0), *e1 = calloc(n ? n : 1, sizeof *e1);
@@ -613,44 +612,50 @@ static void pruning_section(strbuf *b, json_t *pr)
         b->oom = 1;
         goto out;
     }
-    /* o_proj, down_proj, and the input projections (q/k/v, gate/up, in_proj, an MoE's) summed per layer */
-    static const char *const titles[] = {"Relative reconstruction error of o_proj per layer",
-                                         "Relative reconstruction error of down_proj per layer",
+    /* the output projections (attention's o_proj, a Mamba mixer's out_proj; the down_proj of
+     * the MLP, the experts and the shared expert) and the input projections (q/k/v,
+     * gate/up, in_proj, an MoE's router and experts), each chart a bar per layer: its
+     * records' errors summed over their targets (a single record: its own ratio) */
+    static const char *const titles[] = {"Relative reconstruction error of o_proj (out_proj: Mamba) per layer",
+                                         "Relative reconstruction error of down_proj (the experts' and shared "
+                                         "expert's too; summed) per layer",
                                          "Relative reconstruction error of the input projections (q/k/v, gate/up, in_proj, an "
                                          "MoE's router and experts; summed) per layer"};
     for (int k = 0; k < 3; k++) {
-        int m = 0;
+        int m = 0, cnt = 0;
         long long last = -1;
-        double t = 0;
-        for (i = 0; i < n; i++) {
-            p = json_array_get(ps, i);
-            const char *pn = json_string_value(json_object_get(p, "proj"));
-            int kind = !pn ? -1 : !strcmp(pn, "o_proj") ? 0 : !strcmp(pn, "down_proj") ? 1 : 2;
-            if (kind != k)
+        double s0 = 0, s1 = 0, t = 0, r0 = NAN, r1 = NAN;
+        for (i = 0; i <= n; i++) {
+            p = i < n ? json_array_get(ps, i) : NULL;
+            const char *pn = p ? json_string_value(json_object_get(p, "proj")) : NULL;
+            size_t pl = pn ? strlen(pn) : 0;
+            int kind = !pn ? -1
+                       : !strcmp(pn, "o_proj") || !strcmp(pn, "out_proj") ? 0
+                       : pl >= 9 && !strcmp(pn + pl - 9, "down_proj") ? 1 : 2;
+            if (p && kind != k)
                 continue;
-            long long layer = (long long)num(json_object_get(p, "layer"), -1);
-            double ts = num(json_object_get(p, "target_sq"), 0);
-            if (k < 2 || layer != last) {   /* a new bar */
-                if (k == 2 && m > 0 && t > 0)
-                    e0[m - 1] /= t, e1[m - 1] /= t;
+            long long layer = p ? (long long)num(json_object_get(p, "layer"), -1) : -2;
+            if (m > 0 && layer != last) {   /* the previous bar is complete */
+                e0[m - 1] = cnt == 1 && !isnan(r0) ? r0 : t > 0 ? s0 / t : NAN;
+                e1[m - 1] = cnt == 1 && !isnan(r1) ? r1 : t > 0 ? s1 / t : NAN;
+            }
+            if (!p)
+                break;
+            if (layer != last) {   /* a new bar */
                 snprintf(lab[m], sizeof lab[m], "%lld", layer);
                 labels[m] = lab[m];
-                e0[m] = e1[m] = 0;
-                t = 0;
                 m++;
                 last = layer;
+                cnt = 0;
+                s0 = s1 = t = 0;
             }
-            if (k < 2) {
-                e0[m - 1] = num(json_object_get(p, "rel_error_before"), NAN);
-                e1[m - 1] = num(json_object_get(p, "rel_error_after"), NAN);
-            } else {
-                e0[m - 1] += num(json_object_get(p, "error_before"), 0);
-                e1[m - 1] += num(json_object_get(p, "error_after"), 0);
-                t += ts;
-            }
+            cnt++;
+            s0 += num(json_object_get(p, "error_before"), 0);
+            s1 += num(json_object_get(p, "error_after"), 0);
+            t += num(json_object_get(p, "target_sq"), 0);
+            r0 = num(json_object_get(p, "rel_error_before"), NAN);
+            r1 = num(json_object_get(p, "rel_error_after"), NAN);
         }
-        if (k == 2 && m > 0 && t > 0)
-            e0[m - 1] /= t, e1[m - 1] /= t;
         if (m)
             svg_bars(b, titles[k], labels, e0, e1, m, "slice", "refit", C_PARENT, C_RESULT, 0, "");
     }

@@ -299,8 +299,8 @@ static void test_pruning_section(void **state)
     assert_non_null(strstr(html, "Relative reconstruction error of the input projections"));
     assert_non_null(strstr(html, "<title>0.5</title>"));    /* (1 + 3) / 8 */
     assert_non_null(strstr(html, "<title>0.25</title>"));   /* (1 + 1) / 8 */
-    assert_non_null(strstr(html, "Relative reconstruction error of o_proj per layer"));
-    assert_non_null(strstr(html, "Relative reconstruction error of down_proj per layer"));
+    assert_non_null(strstr(html, "Relative reconstruction error of o_proj (out_proj: Mamba) per layer"));
+    assert_non_null(strstr(html, "Relative reconstruction error of down_proj (the experts&#39; and shared"));
     assert_non_null(strstr(html, "<title>0.4</title>"));
     free(html);
     json_object_set_new(json_object_get(r, "pruning"), "reconstruct", json_false());
@@ -373,6 +373,49 @@ static void test_pruning_section_moe(void **state)
     assert_non_null(strstr(html, "600 of 600 projections refit"));
     assert_non_null(strstr(html, "<title>0.25</title>"));   /* layers 0-28: 20 / 80 */
     assert_non_null(strstr(html, "<title>0.575</title>"));   /* layer 29: 46 / 80 */
+    free(html);
+    json_decref(r);
+}
+
+/* Output projections by any name chart as output projections: a Mamba mixer's out_proj
+ * beside o_proj, an expert's down_proj (summed per layer) beside down_proj, none of them
+ * in the input projections' chart; and past 16,384 records (a large MoE) the last layers
+ * still have their bars. */
+static void test_pruning_output_projections(void **state)
+{
+    (void)state;
+    json_t *r = sample_report(4), *ps = json_array();
+    /* 48 layers x 400 records: 19,200 */
+    for (int l = 0; l < 48; l++)
+        for (int x = 0; x < 398; x++)
+            json_array_append_new(ps, json_pack("{s:i,s:s,s:i,s:b,s:f,s:f,s:f}", "layer", l, "proj",
+                                                "experts.gate_proj", "expert", x, "refit", 1, "error_before", 1.0,
+                                                "error_after", 0.5, "target_sq", 4.0));
+    for (int l = 0; l < 48; l++) {
+        json_array_append_new(ps, json_pack("{s:i,s:s,s:i,s:b,s:f,s:f,s:f}", "layer", l, "proj", "experts.down_proj",
+                                            "expert", 0, "refit", 1, "error_before", 3.0, "error_after", 1.0,
+                                            "target_sq", 10.0));
+        json_array_append_new(ps, json_pack("{s:i,s:s,s:b,s:f,s:f,s:f}", "layer", l, "proj",
+                                            l == 47 ? "out_proj" : "o_proj", "refit", 1, "error_before", 1.0,
+                                            "error_after", 0.7, "target_sq", 10.0));
+    }
+    json_object_set_new(r, "pruning", json_pack("{s:b,s:s,s:o}", "reconstruct", 1, "method", "least_squares",
+                                                "projections", ps));
+    char *html = render(r);
+    const char *o = strstr(html, "Relative reconstruction error of o_proj"),
+               *d = strstr(html, "Relative reconstruction error of down_proj"),
+               *in = strstr(html, "Relative reconstruction error of the input projections");
+    assert_non_null(o);
+    assert_non_null(d);
+    assert_non_null(in);
+    assert_true(o < d && d < in);
+    /* the o_proj chart: layer 47's out_proj bar (0.1 before); the down_proj chart: 0.3 */
+    assert_non_null(strstr(o, "<title>0.1</title>"));
+    assert_true(strstr(o, "<title>0.3</title>") != NULL && strstr(o, "<title>0.3</title>") > d);
+    /* the input chart holds only the gate projections (0.25) and reaches layer 47 */
+    assert_null(strstr(in, "<title>0.3</title>"));
+    assert_null(strstr(in, "<title>0.1</title>"));
+    assert_non_null(strstr(in, ">47<"));
     free(html);
     json_decref(r);
 }
@@ -452,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_fmt_bytes),
         cmocka_unit_test(test_accuracy_labels),
         cmocka_unit_test(test_accuracy_union),
+        cmocka_unit_test(test_pruning_output_projections),
         cmocka_unit_test(test_layer_labels),
         cmocka_unit_test(test_pruning_section),
         cmocka_unit_test(test_served_section),
