@@ -72,52 +72,6 @@ static int has_dotdot(const char *path)
     return 0;
 }
 
-/* What `p` (absolute, normalized) names once every symlink is followed, also where the
- * end of the chain does not exist: realpath of the deepest existing prefix plus the rest,
- * a dangling link followed to its target. So a link pointing outside the roots is known
- * as such whether or not its target exists. 0, or -1 (loop, too long). */
-static int resolve_lenient(const char *p, char *out, size_t n, int depth)
-{
-    char real[PATH_MAX];
-    if (realpath(p, real))
-        return snprintf(out, n, "%s", real) >= (int)n ? -1 : 0;
-    if (depth > 40 || strlen(p) >= PATH_MAX)
-        return -1;
-    struct stat lst;
-    char next[2 * PATH_MAX];
-    if (lstat(p, &lst) == 0 && S_ISLNK(lst.st_mode)) {
-        char t[PATH_MAX];
-        ssize_t k = readlink(p, t, sizeof t - 1);
-        if (k < 0)
-            return -1;
-        t[k] = 0;
-        if (t[0] == '/') {
-            snprintf(next, sizeof next, "%s", t);
-        } else {
-            const char *slash = strrchr(p, '/');
-            snprintf(next, sizeof next, "%.*s/%s", (int)(slash - p), p, t);
-        }
-        return resolve_lenient(next, out, n, depth + 1);
-    }
-    const char *slash = strrchr(p, '/');
-    if (!slash)
-        return -1;
-    const char *base = slash + 1;
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%.*s", slash == p ? 1 : (int)(slash - p), p);
-    if (resolve_lenient(parent, next, sizeof next, depth + 1))
-        return -1;
-    if (!strcmp(base, "..")) {
-        char *s2 = strrchr(next, '/');
-        if (s2)
-            *(s2 == next ? s2 + 1 : s2) = 0;
-        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
-    }
-    if (!base[0] || !strcmp(base, "."))
-        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
-    return snprintf(out, n, "%s/%s", strcmp(next, "/") ? next : "", base) >= (int)n ? -1 : 0;
-}
-
 /* One answer for every path that is not the caller's to read, whether or not it exists. */
 #define OUTSIDE_ROOTS "the path is outside the allowed roots (see --data-root)"
 
@@ -160,7 +114,7 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
     for (int i = 0; i < nc; i++) {
         char real[PATH_MAX];
         struct stat lst;
-        if (resolve_lenient(cand[i], real, sizeof real, 0) || !under_any(env, real)) {
+        if (fio_resolve(cand[i], real, sizeof real) || !under_any(env, real)) {
             /* outside every root: directly, or through a link, existing or not; a relative
              * path's data-dir candidate counts only when something is there */
             if (path[0] == '/' || under_any(env, cand[i]) || lstat(cand[i], &lst) == 0)

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -265,13 +264,6 @@ static void retain(job_ctx *ctx, const char *data_dir, const char *id)
     }
 }
 
-/* Bytes free for unprivileged writes on the disk holding dir; -1 when unknown. */
-static long long disk_free(const char *dir)
-{
-    struct statvfs v;
-    return statvfs(dir, &v) == 0 ? (long long)v.f_bavail * (long long)v.f_frsize : -1;
-}
-
 int job_run(store *st, artstore *as, const char *data_dir, const char *id, char *err, size_t errlen)
 {
     store_job job;
@@ -374,7 +366,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             goto out;
         } else {
             char msg[1400];
-            long long avail = disk_free(ctx.job_dir);
+            long long avail = (long long)fio_free_bytes(ctx.job_dir);
             int full = strstr(serr, "No space left") != NULL || (avail >= 0 && avail < (1LL << 20));
             if (full) {
                 /* the failed stage's partial outputs go, so the store can record the failure */

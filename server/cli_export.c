@@ -54,33 +54,11 @@ typedef struct {
     int gguf, dtype;   /* derived from format, dtype_s */
 } export_args;
 
-/* path made absolute with links resolved as far as it exists: its longest existing
- * prefix resolved, the rest (names not there yet) appended. 0, or -1 when too long. */
-static int resolve(const char *path, char out[PATH_MAX])
-{
-    char head[PATH_MAX], rp[PATH_MAX];
-    if (snprintf(head, sizeof head, "%s", path) >= (int)sizeof head)
-        return -1;
-    size_t cut = strlen(head);
-    while (!realpath(cut ? head : ".", rp)) {   /* "": nothing of it exists, relative to here */
-        if (!cut)
-            return -1;
-        char *slash = strrchr(head, '/');
-        cut = !slash ? 0 : slash == head ? 1 : (size_t)(slash - head);
-        head[cut] = 0;
-    }
-    const char *rest = path + cut;
-    while (*rest == '/')
-        rest++;
-    size_t n = strlen(rp);
-    return snprintf(out, PATH_MAX, "%s%s%s", rp, *rest && rp[n - 1] != '/' ? "/" : "", rest) < PATH_MAX ? 0 : -1;
-}
-
-/* 1 when path is folder dir or inside it (as resolve makes them), else 0. */
+/* 1 when path is folder dir or inside it (both as fio_resolve makes them), else 0. */
 static int within(const char *path, const char *dir)
 {
     char rp[PATH_MAX], rd[PATH_MAX];
-    if (resolve(path, rp) || resolve(dir, rd))
+    if (fio_resolve(path, rp, sizeof rp) || fio_resolve(dir, rd, sizeof rd))
         return 0;
     size_t n = strlen(rd);
     return !strncmp(rp, rd, n) && (rp[n] == 0 || rp[n] == '/');

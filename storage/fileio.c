@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 const char *fio_file_kind(mode_t m)
@@ -450,6 +452,65 @@ int fio_is_file(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* fio_resolve of an absolute path, depth links and folders deep. */
+static int resolve_at(const char *p, char *out, size_t n, int depth)
+{
+    char real[PATH_MAX];
+    if (realpath(p, real))
+        return snprintf(out, n, "%s", real) >= (int)n ? -1 : 0;
+    if (depth > 40 || strlen(p) >= PATH_MAX)
+        return -1;
+    struct stat lst;
+    char next[2 * PATH_MAX];
+    if (lstat(p, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        char t[PATH_MAX];
+        ssize_t k = readlink(p, t, sizeof t - 1);
+        if (k < 0)
+            return -1;
+        t[k] = 0;
+        if (t[0] == '/') {
+            snprintf(next, sizeof next, "%s", t);
+        } else {
+            const char *slash = strrchr(p, '/');
+            snprintf(next, sizeof next, "%.*s/%s", (int)(slash - p), p, t);
+        }
+        return resolve_at(next, out, n, depth + 1);
+    }
+    const char *slash = strrchr(p, '/');
+    if (!slash)
+        return -1;
+    const char *base = slash + 1;
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%.*s", slash == p ? 1 : (int)(slash - p), p);
+    if (resolve_at(parent, next, sizeof next, depth + 1))
+        return -1;
+    if (!strcmp(base, "..")) {
+        char *s2 = strrchr(next, '/');
+        if (s2)
+            *(s2 == next ? s2 + 1 : s2) = 0;
+        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
+    }
+    if (!base[0] || !strcmp(base, "."))
+        return snprintf(out, n, "%s", next) >= (int)n ? -1 : 0;
+    return snprintf(out, n, "%s/%s", strcmp(next, "/") ? next : "", base) >= (int)n ? -1 : 0;
+}
+
+int fio_resolve(const char *path, char *out, size_t n)
+{
+    if (path[0] == '/')
+        return resolve_at(path, out, n, 0);
+    char cwd[PATH_MAX], abs[2 * PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd) || snprintf(abs, sizeof abs, "%s/%s", cwd, path) >= (int)sizeof abs)
+        return -1;
+    return resolve_at(abs, out, n, 0);
+}
+
+int64_t fio_free_bytes(const char *dir)
+{
+    struct statvfs v;
+    return statvfs(dir, &v) == 0 ? (int64_t)v.f_bavail * (int64_t)v.f_frsize : -1;
 }
 
 int fio_is_dir(const char *path)

@@ -9,6 +9,7 @@
 
 #include <setjmp.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <jansson.h>
 
@@ -97,6 +98,15 @@ int fio_path_join(char *out, size_t cap, const char *dir, const char *name);
 /* The folder holding path (what comes before its last '/'; "." when it has none) into
  * dir (n bytes, truncated when it does not fit). */
 void fio_dir_of(const char *path, char *dir, size_t n);
+
+/* What path names once every symlink is followed, also where its end does not exist
+ * (yet): realpath of its deepest existing prefix plus the rest, a dangling link followed
+ * to its target, "." and ".." taken as they come; a relative path from the working
+ * folder. So a link pointing out of a folder is known as such whether or not its target
+ * exists. 0, or -1 (a link loop, too long). */
+int fio_resolve(const char *path, char *out, size_t n);
+/* Bytes free for unprivileged writes on the file system holding dir; -1 when unknown. */
+int64_t fio_free_bytes(const char *dir);
 
 /* 1 when path is a regular file (fio_is_file) or a folder (fio_is_dir), links followed;
  * 0 otherwise, an absent path included. */
