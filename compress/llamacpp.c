@@ -16,7 +16,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -604,12 +603,12 @@ int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r)
 
 /* This process's owner line for a scratch folder: its pid and pid namespace, so that a
  * sweep judges only folders of processes it can see. */
-static void owner_line(char *out, size_t n, pid_t pid)
+static void owner_line(char *out, size_t n)
 {
     char ns[64] = "";
     ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
     ns[k > 0 ? k : 0] = 0;
-    snprintf(out, n, "%ld %s\n", (long)pid, ns);
+    snprintf(out, n, "%ld %s\n", (long)getpid(), ns);
 }
 
 /* Remove the scratch folders under base whose owner (the marker file "owner") died
@@ -622,7 +621,7 @@ static void sweep_scratch(const char *base)
     if (fio_list_dir(base, &names, &n) < 0)
         return;
     char mine[128];
-    owner_line(mine, sizeof mine, getpid());
+    owner_line(mine, sizeof mine);
     const char *my_ns = strchr(mine, ' ');
     for (size_t i = 0; i < n; i++) {
         char dir[4096], marker[4200], line[128] = "";
@@ -651,14 +650,15 @@ int lc_scratch_dir(const arch *largest, char *out, size_t cap, char *err, size_t
      * only with room for the files (an f32 model, its quantized copy and the quantizer's
      * temporary): a container's /dev/shm is often 64 MiB. */
     int64_t need = 3 * arch_params(largest) * 4 + (256LL << 20);
-    struct statvfs v;
+    if (fio_is_dir("/dev/shm"))
+        sweep_scratch("/dev/shm");   /* first: dead workers' folders must not make it look full */
     const char *tmp = getenv("AC_SCRATCH");
     if (!tmp || !*tmp)
-        tmp = fio_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0 && statvfs("/dev/shm", &v) == 0 &&
-                      (int64_t)v.f_bavail * (int64_t)v.f_frsize >= need
+        tmp = fio_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0 && fio_free_bytes("/dev/shm") >= need
                   ? "/dev/shm" : getenv("TMPDIR");
     const char *base = tmp && *tmp ? tmp : "/tmp";
-    sweep_scratch(base);
+    if (strcmp(base, "/dev/shm"))
+        sweep_scratch(base);
     int n = snprintf(out, cap, "%s/ac-llama-XXXXXX", base);
     if (n < 0 || (size_t)n >= cap)
         FAIL("scratch folder path too long");
@@ -666,7 +666,7 @@ int lc_scratch_dir(const arch *largest, char *out, size_t cap, char *err, size_t
         FAIL("%s: %s", out, strerror(errno));
     char marker[4200], line[128];
     snprintf(marker, sizeof marker, "%s/owner", out);
-    owner_line(line, sizeof line, getpid());
+    owner_line(line, sizeof line);
     if (fio_write_atomic(marker, line, strlen(line), err, errlen) < 0) {
         (void)fio_remove_tree(out);
         return -1;
