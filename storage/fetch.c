@@ -653,7 +653,6 @@ struct fetch_service {
     char id[48];
     int64_t last_seq;    /* its registration order: the next turn goes to the one after */
     double last_report, turn_start, last_wait_check;
-    int yielded;         /* the download stopped for another model's turn */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -706,10 +705,8 @@ static int on_progress(void *user, int64_t done, int64_t total)
     pthread_mutex_unlock(&fs->mu);
     if (now - fs->turn_start >= turn && now - fs->last_wait_check >= 1.0) {
         fs->last_wait_check = now;
-        if (store_model_fetch_waiting(fs->st, fs->id) == 1) {
-            fs->yielded = 1;
-            return 1;
-        }
+        if (store_model_fetch_waiting(fs->st, fs->id) == 1)
+            return 1;   /* cancelled for another's turn: the .part stays, the model fetching */
     }
     return 0;
 }
@@ -760,7 +757,6 @@ static void fetch_one(fetch_service *fs, const store_model *m)
     fs->last_seq = m->seq;
     fs->last_report = fs->last_wait_check = 0;
     fs->turn_start = eng_wall_s();
-    fs->yielded = 0;
     int64_t limit = fs->max_bytes;
     if (m->size_bytes >= 0 && m->size_bytes < limit)
         limit = m->size_bytes;
