@@ -34,6 +34,9 @@ struct eng_backend {
     const char *name;            /* "cpu", "cuda:0" */
     int threads;                 /* CPU worker threads (0 = default) */
     size_t cur_bytes, peak_bytes;/* accounted device bytes */
+    int host_memory;             /* 1: buffers are host memory the caller may read and write
+                                    directly (the CPU backend); 0: device memory, only through
+                                    to_device / to_host */
     void *impl;                  /* backend private state */
     void *checks;                /* the op check's state (eng_backend_check_ops), else NULL */
 

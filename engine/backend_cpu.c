@@ -944,6 +944,7 @@ eng_backend *eng_backend_cpu_new(int threads)
     openblas_set_num_threads(1);   /* see cpu_gemm: one pool, OpenMP's */
     be->name = "cpu";
     be->threads = threads;
+    be->host_memory = 1;
     be->alloc = cpu_alloc;
     be->free = cpu_free;
     be->to_device = cpu_to_device;

@@ -468,13 +468,14 @@ static const tensor_ent *find_tensor(const eng_model *m, const char *name)
     return NULL;
 }
 
-int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
-                         const int64_t *shape, int ndim, char *err, size_t errlen)
+/* The tensor hf_name of m when shape/ndim are its own, else NULL with err. */
+static const tensor_ent *tensor_of_shape(eng_model *m, const char *hf_name, const int64_t *shape, int ndim, char *err,
+                                         size_t errlen)
 {
     const tensor_ent *t = find_tensor(m, hf_name);
     if (!t) {
         snprintf(err, errlen, "%s: no such tensor in this architecture", hf_name);
-        return -1;
+        return NULL;
     }
     int ok = ndim == t->ndim && shape[0] == t->shape[0] && (ndim == 1 || shape[1] == t->shape[1]);
     if (!ok) {
@@ -485,9 +486,19 @@ int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
         else
             snprintf(err, errlen, "%s: shape mismatch (expected [%lld], got ndim %d [%lld])", hf_name,
                      (long long)t->shape[0], ndim, (long long)(ndim > 0 ? shape[0] : -1));
-        return -1;
+        return NULL;
     }
-    size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+    return t;
+}
+
+static size_t tensor_numel(const tensor_ent *t)
+{
+    return (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+}
+
+/* 0 when every one of data's n values is finite, else -1 naming the first that is not. */
+static int check_finite(const char *hf_name, const float *data, size_t n, char *err, size_t errlen)
+{
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &data[i], sizeof u);
@@ -497,8 +508,40 @@ int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
             return -1;
         }
     }
-    m->be->to_device(m->be, m->params + t->off, data, n * F4);
     return 0;
+}
+
+int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
+                         const int64_t *shape, int ndim, char *err, size_t errlen)
+{
+    const tensor_ent *t = tensor_of_shape(m, hf_name, shape, ndim, err, errlen);
+    if (!t || check_finite(hf_name, data, tensor_numel(t), err, errlen))
+        return -1;
+    m->be->to_device(m->be, m->params + t->off, data, tensor_numel(t) * F4);
+    return 0;
+}
+
+int eng_model_fill_tensor(eng_model *m, const char *hf_name, const int64_t *shape, int ndim, eng_fill_fn fill,
+                          void *ud, char *err, size_t errlen)
+{
+    const tensor_ent *t = tensor_of_shape(m, hf_name, shape, ndim, err, errlen);
+    if (!t)
+        return -1;
+    size_t n = tensor_numel(t);
+    if (m->be->host_memory) {
+        float *dst = m->params + t->off;
+        return fill(ud, dst, (int64_t)n, err, errlen) || check_finite(hf_name, dst, n, err, errlen) ? -1 : 0;
+    }
+    float *buf = malloc((n ? n : 1) * sizeof *buf);
+    if (!buf) {
+        snprintf(err, errlen, "%s: out of memory for a host copy of %zu floats", hf_name, n);
+        return -1;
+    }
+    int rc = fill(ud, buf, (int64_t)n, err, errlen) || check_finite(hf_name, buf, n, err, errlen) ? -1 : 0;
+    if (rc == 0)
+        m->be->to_device(m->be, m->params + t->off, buf, n * F4);
+    free(buf);
+    return rc;
 }
 
 int eng_arch_tensors(const arch *a, eng_tensor_desc **out, char *err, size_t errlen)

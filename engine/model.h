@@ -117,6 +117,17 @@ int eng_model_randomize_until(eng_model *m, uint64_t seed, float std, int (*stop
 int eng_model_set_tensor(eng_model *m, const char *hf_name, const float *data,
                          const int64_t *shape, int ndim, char *err, size_t errlen);
 
+/* Fill the tensor named by its HF name (shape checked as eng_model_set_tensor) by
+ * fill(ud, dst, n, err, errlen), which writes its n floats at dst and returns 0, or -1 with
+ * err. On a backend whose buffers are host memory dst is the tensor itself, so a loader
+ * holds no second copy of the largest tensor; otherwise a host buffer, uploaded after.
+ * Every value is then checked finite as eng_model_set_tensor checks. Returns 0, or -1 with
+ * fill's reason, the shape's or the value's in err (the tensor's contents are then
+ * undefined: a loader frees the model). */
+typedef int (*eng_fill_fn)(void *ud, float *dst, int64_t n, char *err, size_t errlen);
+int eng_model_fill_tensor(eng_model *m, const char *hf_name, const int64_t *shape, int ndim, eng_fill_fn fill,
+                          void *ud, char *err, size_t errlen);
+
 /* One tensor of an arch's layout: HF name, shape [out, in] (shape[1] = 0 when 1-D). */
 typedef struct {
     char name[96];

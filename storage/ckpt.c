@@ -117,6 +117,18 @@ static int tensors_present(const st_file *f, const arch *a, const char *path, ch
     return rc;
 }
 
+/* One tensor of an open checkpoint, read straight into the model (eng_model_fill_tensor). */
+typedef struct {
+    const st_file *f;
+    int k;
+} st_source;
+
+static int st_fill(void *ud, float *dst, int64_t n, char *err, size_t errlen)
+{
+    const st_source *s = ud;
+    return st_read_f32(s->f, s->k, dst, n, err, errlen);
+}
+
 int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
 {
     char path[4096];
@@ -154,7 +166,6 @@ int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t 
     }
     int n = eng_model_tensor_count(m);
     rc = 0;
-    float *buf = NULL;
     for (int i = 0; i < n && rc == 0; i++) {
         const char *name;
         int64_t shape[2];
@@ -165,25 +176,14 @@ int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t 
             snprintf(err, errlen, "tensor %d could not be enumerated", i);
             break;
         }
-        int k = st_find(&f, name);
-        if (k < 0) {
+        st_source src = {.f = &f, .k = st_find(&f, name)};
+        if (src.k < 0) {
             snprintf(err, errlen, "%s: tensor %s is missing", path, name);
             rc = -1;
             break;
         }
-        int64_t numel = f.t[k].numel;
-        float *nb = realloc(buf, (size_t)(numel > 0 ? numel : 1) * sizeof(float));
-        if (!nb) {
-            snprintf(err, errlen, "out of memory reading %s", name);
-            rc = -1;
-            break;
-        }
-        buf = nb;
-        if (st_read_f32(&f, k, buf, numel, err, errlen) != 0 ||
-            eng_model_set_tensor(m, name, buf, f.t[k].shape, f.t[k].ndim, err, errlen) != 0)
-            rc = -1;
+        rc = eng_model_fill_tensor(m, name, f.t[src.k].shape, f.t[src.k].ndim, st_fill, &src, err, errlen);
     }
-    free(buf);
     st_close(&f);
     if (rc != 0)
         eng_model_free(m);

@@ -150,6 +150,20 @@ void fio_guard_leave(fio_guard *g)
     atomic_signal_fence(memory_order_seq_cst);
 }
 
+void fio_map_release(const void *map, size_t len, const void *p, size_t n)
+{
+    if (!map || !n)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), m0 = (uintptr_t)map, m1 = m0 + len;
+    uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    m1 = (m1 + page - 1) & ~(page - 1);   /* the map's last page is whole */
+    lo = lo < m0 ? m0 : lo;
+    hi = hi > m1 ? m1 : hi;
+    /* advice only: a refusal leaves the pages resident, the bytes as they were */
+    if (lo < hi && madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+        return;
+}
+
 void fio_unmap(void *map, size_t len)
 {
     if (map)

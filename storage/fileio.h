@@ -48,6 +48,14 @@ void fio_guard_leave(fio_guard *g);
  * "a character device", "a block device", "a socket", or "not a plain file". */
 const char *fio_file_kind(mode_t m);
 
+/* Give back the pages of [p, p + n) inside the map (map, len) from fio_map, once a reader
+ * has copied them out: a reader that converts a whole file into its own buffers then holds
+ * one copy, not two (the map's pages count in the process's RSS). A later read of the range
+ * faults the file's bytes back in. The readers release in steps of FIO_RELEASE_STEP bytes.
+ * A NULL map (a memory image) is a no-op. */
+#define FIO_RELEASE_STEP ((size_t)4 << 20)
+void fio_map_release(const void *map, size_t len, const void *p, size_t n);
+
 /* Unmap a map from fio_map. A NULL map is a no-op. */
 void fio_unmap(void *map, size_t len);
 

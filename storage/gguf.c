@@ -485,44 +485,40 @@ int gguf_kv_raw(const gguf_file *g, int kv, const void **bytes, size_t *len)
 
 /* ---------- tensors ---------- */
 
-int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, size_t errlen)
+/* Bytes per 32 elements of a type gguf_read_f32 converts, or -1. */
+static int64_t block32_bytes(uint32_t type)
 {
-    return gguf_read_f32_sub(g, i, 0, 1, out, n, err, errlen);
+    switch (type) {
+    case GGML_F32:
+        return 128;
+    case GGML_F16:
+    case GGML_BF16:
+        return 64;
+    case GGML_Q8_0:
+        return 34;
+    case GGML_Q4_0:
+        return 18;
+    case GGML_Q4_1:
+        return 20;
+    default:
+        return -1;
+    }
 }
 
-int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out, int64_t n, char *err, size_t errlen)
+/* n elements of type (one block32_bytes knows; quantized: n a multiple of 32) at p into
+ * out as fp32. */
+static void convert_f32(uint32_t type, const uint8_t *p, float *out, int64_t n)
 {
-    if (i < 0 || i >= g->n_tensors) {
-        snprintf(err, errlen, "tensor index %d out of range", i);
-        return -1;
-    }
-    const gguf_tensor *t = &g->t[i];
-    if (n_sub < 1 || sub < 0 || sub >= n_sub || t->numel % n_sub || t->nbytes % (uint64_t)n_sub) {
-        snprintf(err, errlen, "%s: part %d of %d does not divide the tensor", t->name, sub, n_sub);
-        return -1;
-    }
-    int64_t numel = t->numel / n_sub;
-    if (n < numel) {
-        snprintf(err, errlen, "%s: output buffer too small", t->name);
-        return -1;
-    }
-    const uint8_t *p = g->base + t->offset + (uint64_t)sub * (t->nbytes / (uint64_t)n_sub);
-    int64_t nb = numel / 32;
-    fio_guard guard;
-    if (sigsetjmp(guard.jb, 1)) {
-        snprintf(err, errlen, "%s: the file ended under it (truncated or rewritten while it was read)", t->name);
-        return -1;
-    }
-    fio_guard_enter(&guard);
-    switch (t->type) {
+    int64_t nb = n / 32;
+    switch (type) {
     case GGML_F32:
-        memcpy(out, p, (size_t)numel * 4);
+        memcpy(out, p, (size_t)n * 4);
         break;
     case GGML_F16:
     case GGML_BF16:
-        for (int64_t k = 0; k < numel; k++) {
+        for (int64_t k = 0; k < n; k++) {
             uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
-            out[k] = t->type == GGML_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+            out[k] = type == GGML_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
         }
         break;
     case GGML_Q8_0:
@@ -554,10 +550,50 @@ int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out,
             }
         }
         break;
-    default:
-        fio_guard_leave(&guard);
+    }
+}
+
+int gguf_read_f32(const gguf_file *g, int i, float *out, int64_t n, char *err, size_t errlen)
+{
+    return gguf_read_f32_sub(g, i, 0, 1, out, n, err, errlen);
+}
+
+int gguf_read_f32_sub(const gguf_file *g, int i, int sub, int n_sub, float *out, int64_t n, char *err, size_t errlen)
+{
+    if (i < 0 || i >= g->n_tensors) {
+        snprintf(err, errlen, "tensor index %d out of range", i);
+        return -1;
+    }
+    const gguf_tensor *t = &g->t[i];
+    if (n_sub < 1 || sub < 0 || sub >= n_sub || t->numel % n_sub || t->nbytes % (uint64_t)n_sub) {
+        snprintf(err, errlen, "%s: part %d of %d does not divide the tensor", t->name, sub, n_sub);
+        return -1;
+    }
+    int64_t numel = t->numel / n_sub;
+    if (n < numel) {
+        snprintf(err, errlen, "%s: output buffer too small", t->name);
+        return -1;
+    }
+    const uint8_t *p = g->base + t->offset + (uint64_t)sub * (t->nbytes / (uint64_t)n_sub);
+    int64_t bb = block32_bytes(t->type);   /* bytes per 32 elements */
+    if (bb < 0) {
         snprintf(err, errlen, "%s: unsupported type", t->name);
         return -1;
+    }
+    fio_guard guard;
+    if (sigsetjmp(guard.jb, 1)) {
+        snprintf(err, errlen, "%s: the file ended under it (truncated or rewritten while it was read)", t->name);
+        return -1;
+    }
+    fio_guard_enter(&guard);
+    /* in steps of whole blocks, the map's pages given back as they are converted */
+    int64_t step = (int64_t)FIO_RELEASE_STEP / 4 / 32 * 32;
+    for (int64_t k0 = 0; k0 < numel; k0 += step) {
+        int64_t k1 = k0 + step < numel ? k0 + step : numel;
+        const uint8_t *q0 = p + k0 / 32 * bb;   /* k0 is whole blocks; a float type's last step need not be */
+        size_t nb = (size_t)((k1 - k0) * bb / 32);
+        convert_f32(t->type, q0, out + k0, k1 - k0);
+        fio_map_release(g->map, g->len, q0, nb);
     }
     fio_guard_leave(&guard);
     return 0;

@@ -210,7 +210,11 @@ int l2c_read_f32(const l2c_file *f, int i, float *out, int64_t n, char *err, siz
         return -1;
     }
     fio_guard_enter(&g);
-    memcpy(out, f->base + t->offset, (size_t)numel * 4);
+    for (int64_t k0 = 0; k0 < numel; k0 += (int64_t)FIO_RELEASE_STEP / 4) {   /* pages given back as copied */
+        int64_t k1 = k0 + (int64_t)FIO_RELEASE_STEP / 4 < numel ? k0 + (int64_t)FIO_RELEASE_STEP / 4 : numel;
+        memcpy(out + k0, f->base + t->offset + 4 * k0, (size_t)(k1 - k0) * 4);
+        fio_map_release(f->map, f->len, f->base + t->offset + 4 * k0, (size_t)(k1 - k0) * 4);
+    }
     fio_guard_leave(&g);
     if (t->permute_heads && l2c_unpermute_rope_rows(out, t->shape[0], t->shape[1], t->permute_heads)) {
         snprintf(err, errlen, "%s: cannot undo the RoPE row order", t->name);

@@ -395,30 +395,31 @@ out:
     return rc;
 }
 
+/* One tensor of an open model file, read straight into the model (eng_model_fill_tensor). */
+typedef struct {
+    const mio_model *m;
+    int i;
+} mio_source;
+
+static int mio_fill(void *ud, float *dst, int64_t n, char *err, size_t errlen)
+{
+    const mio_source *s = ud;
+    return mio_read_tensor(s->m, s->i, dst, n, err, errlen);
+}
+
 int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen)
 {
     if (mio_check(m, &em->a, err, errlen))
         return -1;
-    int64_t maxn = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        if (numel_of(&m->t[i]) > maxn)
-            maxn = numel_of(&m->t[i]);
-    float *buf = malloc((size_t)(maxn ? maxn : 1) * sizeof *buf);
-    if (!buf) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    int rc = 0;
-    for (int i = 0; i < m->n_tensors && !rc; i++) {
+    for (int i = 0; i < m->n_tensors; i++) {
         const mio_tensor *t = &m->t[i];
         if (em->a.tie_word_embeddings && !strcmp(t->name, "lm_head.weight"))
             continue;   /* tied: the embedding is the head */
-        if (mio_read_tensor(m, i, buf, maxn, err, errlen) ||
-            eng_model_set_tensor(em, t->name, buf, t->shape, t->ndim, err, errlen))
-            rc = -1;
+        mio_source src = {.m = m, .i = i};
+        if (eng_model_fill_tensor(em, t->name, t->shape, t->ndim, mio_fill, &src, err, errlen))
+            return -1;
     }
-    free(buf);
-    return rc;
+    return 0;
 }
 
 tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)

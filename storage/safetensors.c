@@ -541,13 +541,18 @@ int st_read_f32(const st_file *f, int i, float *out, int64_t n, char *err, size_
     }
     fio_guard_enter(&g);
     const uint8_t *p = f->data[t->shard] + t->begin;
-    if (t->dtype == ST_F32) {
-        memcpy(out, p, (size_t)t->numel * 4);
-    } else {
-        for (int64_t k = 0; k < t->numel; k++) {
-            uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
-            out[k] = t->dtype == ST_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+    int64_t es = t->dtype == ST_F32 ? 4 : 2, step = (int64_t)FIO_RELEASE_STEP / es;
+    for (int64_t k0 = 0; k0 < t->numel; k0 += step) {   /* the map's pages given back as copied */
+        int64_t k1 = k0 + step < t->numel ? k0 + step : t->numel;
+        if (t->dtype == ST_F32) {
+            memcpy(out + k0, p + 4 * k0, (size_t)(k1 - k0) * 4);
+        } else {
+            for (int64_t k = k0; k < k1; k++) {
+                uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
+                out[k] = t->dtype == ST_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+            }
         }
+        fio_map_release(f->maps[t->shard], f->map_len[t->shard], p + es * k0, (size_t)((k1 - k0) * es));
     }
     fio_guard_leave(&g);
     return 0;
