@@ -6,273 +6,35 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <openssl/sha.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "compress/child.h"
 #include "engine/backend.h"
-#include "engine/clock.h"
 #include "engine/devices.h"
 #include "storage/export.h"
 #include "storage/fileio.h"
 
-extern char **environ;
-
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
-/* The longest a helper may run (a calibration model is seconds; a 70B F32 load is not
- * served here). */
-#define LC_TIMEOUT_S 1800.0
+/* The helper: its messages, and the longest it may run (a calibration model is seconds; a
+ * 70B F32 load is not served here). */
+static const ch_kind LC_HELPER = {.what = "llama.cpp helper", .engine = "llama.cpp", .timeout_s = 1800.0};
 
-/* ---------- the helper process ---------- */
-
-/* How often a helper's run asks the measurement's cancel hook (ms_opts). */
-#define LC_CANCEL_POLL_MS 100
-
-/* How long a helper whose output ended may take to exit before it is killed (s). */
-#define LC_EXIT_GRACE_S 5
-
-/* Start argv[0] with its stdout on out_fd and its stderr on err_fd, as *pid. The helper
- * dies with the thread that started it (PR_SET_PDEATHSIG; that thread waits for the
- * helper, so it outlives it otherwise): a worker killed mid-measurement (its server
- * killed, or its container) leaves no llama.cpp process serving on the cores the job's
- * next attempt measures on. The dead helper is then a child of PID 1, which must reap it
- * (tini in the images, docker/Dockerfile). 0, or an errno value (the exec's own, when the
- * program could not be run). */
-static int spawn_helper(char *const argv[], int out_fd, int err_fd, pid_t *pid)
-{
-    int ep[2];
-    if (pipe2(ep, O_CLOEXEC))
-        return errno;
-    pid_t parent = getpid();
-    *pid = fork();
-    if (*pid == 0) {
-        /* Child: async-signal-safe calls only until exec. */
-        int e = 0;
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
-            _exit(127);
-        /* the server and the worker agent block SIGTERM and SIGINT (they sigwait for them)
-         * and ignore SIGPIPE: the helper gets the defaults, so both signals stop it */
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
-            e = errno;
-        else
-            execve(argv[0], argv, environ);
-        if (!e)
-            e = errno;
-        ssize_t w = write(ep[1], &e, sizeof e);
-        (void)w;
-        _exit(127);
-    }
-    int e = *pid < 0 ? errno : 0;
-    close(ep[1]);
-    if (*pid > 0) {
-        /* nothing arrives when the exec succeeded (the pipe closed with it) */
-        ssize_t k;
-        while ((k = read(ep[0], &e, sizeof e)) < 0 && errno == EINTR)
-            ;
-        if (k != (ssize_t)sizeof e)
-            e = 0;
-        else
-            while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
-                ;
-    }
-    close(ep[0]);
-    return e;
-}
-
-/* Run the helper with argv (argv[0] = its path) and parse its stdout as one JSON object
- * into *out (NEW). Its stderr's last line is the reason when it fails. o (may be NULL):
- * its cancel hook is asked every LC_CANCEL_POLL_MS while the helper runs; when it says
- * stop, the helper is killed and the run fails with err "cancelled". 0, or -1 with err. */
 static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *err, size_t errlen)
 {
-    *out = NULL;
-    int po[2], pe[2];
-    if (pipe2(po, O_CLOEXEC))
-        FAIL("llama.cpp helper: pipe: %s", strerror(errno));
-    if (pipe2(pe, O_CLOEXEC)) {
-        close(po[0]);
-        close(po[1]);
-        FAIL("llama.cpp helper: pipe: %s", strerror(errno));
-    }
-    pid_t pid = -1;
-    int rc = spawn_helper(argv, po[1], pe[1], &pid);
-    close(po[1]);
-    close(pe[1]);
-    if (rc) {
-        close(po[0]);
-        close(pe[0]);
-        FAIL("llama.cpp helper %s: cannot start: %s", argv[0], strerror(rc));
-    }
-    char *ob = NULL, eb[2048] = "";
-    size_t on = 0, ocap = 0, en = 0;
-    int open_o = 1, open_e = 1, timed_out = 0, oom = 0, cancelled = 0, broken = 0;
-    int poll_ms = o && o->cancelled ? LC_CANCEL_POLL_MS : 60000;
-    double deadline = eng_wall_s() + LC_TIMEOUT_S;
-    while (open_o || open_e) {
-        struct pollfd p[2] = {{.fd = open_o ? po[0] : -1, .events = POLLIN}, {.fd = open_e ? pe[0] : -1, .events = POLLIN}};
-        double left = deadline - eng_wall_s();
-        if (left <= 0) {
-            timed_out = 1;
-            break;
-        }
-        if (ms_cancelled(o)) {
-            cancelled = 1;
-            break;
-        }
-        int n = poll(p, 2, left * 1000 > poll_ms ? poll_ms : (int)(left * 1000) + 1);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            broken = errno;
-            break;
-        }
-        char buf[8192];
-        if (open_o && p[0].revents) {
-            ssize_t k = read(po[0], buf, sizeof buf);
-            if (k <= 0) {
-                open_o = 0;
-            } else {
-                if (on + (size_t)k + 1 > ocap) {
-                    size_t nc = (on + (size_t)k + 1) * 2;
-                    char *nb = realloc(ob, nc);
-                    if (!nb) {
-                        oom = 1;
-                        break;
-                    }
-                    ob = nb;
-                    ocap = nc;
-                }
-                memcpy(ob + on, buf, (size_t)k);
-                on += (size_t)k;
-                ob[on] = 0;
-            }
-        }
-        if (open_e && p[1].revents) {
-            ssize_t k = read(pe[0], buf, sizeof buf);
-            if (k <= 0) {
-                open_e = 0;
-            } else {
-                /* keep the tail: the reason is the last line */
-                if ((size_t)k >= sizeof eb - 1) {
-                    memcpy(eb, buf + k - (sizeof eb - 1), sizeof eb - 1);
-                    en = sizeof eb - 1;
-                } else {
-                    if (en + (size_t)k >= sizeof eb) {
-                        size_t drop = en + (size_t)k - (sizeof eb - 1);
-                        memmove(eb, eb + drop, en - drop);
-                        en -= drop;
-                    }
-                    memcpy(eb + en, buf, (size_t)k);
-                    en += (size_t)k;
-                }
-                eb[en] = 0;
-            }
-        }
-    }
-    if (timed_out || oom || cancelled || broken)
-        kill(pid, SIGKILL);
-    close(po[0]);
-    close(pe[0]);
-    /* its output ended: it exits now, or is made to (a helper that closed its pipes and
-     * lingers would hold the job without a deadline) */
-    int status = 0, lingered = 0;
-    double gone_by = eng_wall_s() + LC_EXIT_GRACE_S;
-    for (;;) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid || (w < 0 && errno != EINTR))
-            break;
-        if (w == 0 && eng_wall_s() > gone_by && !lingered) {
-            lingered = 1;
-            kill(pid, SIGKILL);
-        }
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    /* the last non-empty stderr line */
-    while (en > 0 && (eb[en - 1] == '\n' || eb[en - 1] == '\r'))
-        eb[--en] = 0;
-    char *last = strrchr(eb, '\n');
-    last = last ? last + 1 : eb;
-    if (cancelled) {
-        free(ob);
-        FAIL("cancelled");
-    }
-    if (broken) {
-        free(ob);
-        FAIL("llama.cpp helper %s: reading its output failed: %s", argv[1], strerror(broken));
-    }
-    if (lingered) {
-        free(ob);
-        FAIL("llama.cpp helper %s: closed its output but did not exit within %d s, and was killed", argv[1],
-             LC_EXIT_GRACE_S);
-    }
-    if (timed_out || oom) {
-        free(ob);
-        FAIL("llama.cpp helper %s: %s", argv[1], timed_out ? "ran past its time limit and was killed" : "out of memory");
-    }
-    if (WIFSIGNALED(status)) {
-        free(ob);
-        FAIL("llama.cpp helper %s died with signal %d%s%s", argv[1], WTERMSIG(status), *last ? ": " : "", last);
-    }
-    json_error_t je;
-    json_t *j = ob ? json_loads(ob, 0, &je) : NULL;
-    free(ob);
-    json_t *e = j ? json_object_get(j, "error") : NULL;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !json_is_object(j) || e) {
-        if (json_is_string(e))
-            snprintf(err, errlen, "llama.cpp: %s", json_string_value(e));
-        else
-            snprintf(err, errlen, "llama.cpp helper %s failed (exit %d)%s%s", argv[1],
-                     WIFEXITED(status) ? WEXITSTATUS(status) : -1, *last ? ": " : "", last);
-        json_decref(j);
-        return -1;
-    }
-    *out = j;
-    return 0;
-}
-
-/* ---------- finding and asking the helper ---------- */
-
-static int executable(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode) && access(p, X_OK) == 0;
+    return ch_run_json(&LC_HELPER, argv, o, out, err, errlen);
 }
 
 static int find_helper(char *out, size_t cap)
 {
-    const char *env = getenv("AC_LLAMA_HELPER");
-    if (env && *env) {
-        snprintf(out, cap, "%s", env);
-        return executable(out) ? 0 : -1;
-    }
-    char exe[PATH_MAX], dir[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return -1;
-    exe[n] = 0;
-    fio_dir_of(exe, dir, sizeof dir);
-    if (fio_path_join(out, cap, dir, "ac-llama") == 0 && executable(out))
-        return 0;
-    char up[PATH_MAX];
-    fio_dir_of(dir, up, sizeof up);
-    if (fio_path_join(out, cap, up, "ac-llama") == 0 && executable(out))
-        return 0;
-    return -1;
+    return ch_find_program("AC_LLAMA_HELPER", "ac-llama", out, cap);
 }
 
 static void copy_str(json_t *j, const char *k, char *out, size_t cap)
