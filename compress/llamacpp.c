@@ -323,42 +323,20 @@ int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const
 
 json_t *lc_bench_latencies_json(const lc_bench *b, int n, const cm_target *t)
 {
-    json_t *a = json_array();
-    for (int k = 0; a && k < n; k++) {
-        ms_result r;
-        lc_bench_result(&b[k], t, &r);
-        if (json_array_append_new(a, json_real(r.latency_ms))) {
-            json_decref(a);
-            a = NULL;
-        }
-    }
-    return a;
+    ms_result rr[64];
+    n = n < 64 ? n : 64;
+    for (int k = 0; k < n; k++)
+        lc_bench_result(&b[k], t, &rr[k]);
+    return ms_results_latencies_json(rr, n);
 }
 
 int lc_bench_median(const lc_bench *b, int n, const cm_target *t, ms_result *r)
 {
-    int idx[64];
     ms_result rr[64];
     n = n < 64 ? n : 64;
-    for (int k = 0; k < n; k++) {
-        lc_bench_result(&b[k], t, &rr[k]);
-        idx[k] = k;
-        for (int j = k; j > 0 && rr[idx[j - 1]].latency_ms > rr[idx[j]].latency_ms; j--) {
-            int x = idx[j];
-            idx[j] = idx[j - 1];
-            idx[j - 1] = x;
-        }
-    }
-    int m = n > 0 ? idx[n / 2] : 0;
-    if (n > 0)
-        *r = rr[m];
-    else
-        memset(r, 0, sizeof *r);
-    /* memory is a ceiling: the highest peak any of the processes reached, not the median one's */
     for (int k = 0; k < n; k++)
-        if (rr[k].peak_bytes > r->peak_bytes)
-            r->peak_bytes = rr[k].peak_bytes;
-    return m;
+        lc_bench_result(&b[k], t, &rr[k]);
+    return ms_results_median(rr, n, r);
 }
 
 /* ---------- random models ---------- */

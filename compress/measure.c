@@ -360,41 +360,89 @@ void ms_peak_close(eng_backend *be, int64_t rss0, int64_t hwm, ms_result *r)
         r->peak_bytes = r->backend_peak_bytes + rt;
 }
 
+int ms_measure_model(eng_model *m, int64_t rss0, const cm_target *t, const ms_opts *o, ms_result *r, char *err,
+                     size_t errlen)
+{
+    eng_backend *be = m->be;
+    r->params = arch_params(&m->a);
+    r->weights_bytes = (int64_t)be->cur_bytes;
+    r->process_peak_bytes = -1;
+    eng_model_const(m, 1);   /* served: the weights hold still (eng_model_free ends it) */
+    ms_peak_open(be);
+    int rc = measure_loop(m, t, o, r, err, errlen);
+    if (rc == 0)
+        ms_peak_close(be, rss0, be->host_memory && rss0 >= 0 ? ms_rss_peak_bytes() : -1, r);
+    return rc;
+}
+
 int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
                     char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     if (be->cur_bytes != 0)
         FAIL("measurement needs an idle backend (%zu bytes still allocated)", be->cur_bytes);
-    int is_cpu = !strcmp(be->name, "cpu");
-    int64_t rss0 = is_cpu ? ms_rss_bytes() : -1;
-    int have_rss = is_cpu && rss0 >= 0 && ms_rss_reset_peak() == 0;
+    int64_t rss0 = be->host_memory ? ms_rss_bytes() : -1;
+    if (rss0 >= 0 && ms_rss_reset_peak() != 0)
+        rss0 = -1;
     eng_model m;
     if (eng_model_init(&m, a, be, err, errlen))
         return -1;
-    r->params = arch_params(a);
-    r->weights_bytes = (int64_t)be->cur_bytes;
     int drawn = eng_model_randomize_until(&m, o && o->seed ? o->seed : 1, 0.02f, o ? o->cancelled : NULL,
                                           o ? o->cancel_ud : NULL);
     if (drawn) {
         eng_model_free(&m);
         FAIL("%s", drawn > 0 ? "cancelled" : "out of memory drawing random weights");
     }
-    eng_model_const(&m, 1);   /* served: the weights hold still (eng_model_free ends it) */
-    ms_peak_open(be);
-    int rc = measure_loop(&m, t, o, r, err, errlen);
-    if (rc == 0)
-        ms_peak_close(be, rss0, have_rss ? ms_rss_peak_bytes() : -1, r);
+    int rc = ms_measure_model(&m, rss0, t, o, r, err, errlen);
     eng_model_free(&m);
     return rc;
 }
 
 json_t *ms_result_to_json(const ms_result *r, const cm_target *t)
 {
-    return json_pack("{s:f,s:f,s:I,s:I,s:I,s:f,s:f,s:f,s:i}", "latency_ms", r->latency_ms,
+    return json_pack("{s:f,s:f,s:I,s:I,s:I,s:o,s:f,s:f,s:f,s:i}", "latency_ms", r->latency_ms,
                      "throughput_tokens_per_s", r->throughput_tps, "peak_memory_bytes", (json_int_t)r->peak_bytes,
                      "backend_peak_bytes", (json_int_t)r->backend_peak_bytes, "rss_delta_bytes",
-                     (json_int_t)r->rss_delta_bytes, "prefill_ms", r->prefill_ms, "decode_ms_per_token",
-                     r->decode_ms / (t->output_tokens > 0 ? t->output_tokens : 1), "latency_mad_ms",
-                     r->latency_mad_ms, "reps", r->reps);
+                     (json_int_t)r->rss_delta_bytes, "process_peak_bytes",
+                     r->process_peak_bytes > 0 ? json_integer(r->process_peak_bytes) : json_null(), "prefill_ms",
+                     r->prefill_ms, "decode_ms_per_token", r->decode_ms / (t->output_tokens > 0 ? t->output_tokens : 1),
+                     "latency_mad_ms", r->latency_mad_ms, "reps", r->reps);
+}
+
+int ms_results_median(const ms_result *rr, int n, ms_result *r)
+{
+    int idx[64];
+    n = n < 64 ? n : 64;
+    for (int k = 0; k < n; k++) {
+        idx[k] = k;
+        for (int j = k; j > 0 && rr[idx[j - 1]].latency_ms > rr[idx[j]].latency_ms; j--) {
+            int x = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = x;
+        }
+    }
+    int m = n > 0 ? idx[n / 2] : 0;
+    if (n > 0)
+        *r = rr[m];
+    else
+        memset(r, 0, sizeof *r);
+    /* memory is a ceiling: the highest peak any of the servings reached, not the median one's */
+    for (int k = 0; k < n; k++) {
+        if (rr[k].peak_bytes > r->peak_bytes)
+            r->peak_bytes = rr[k].peak_bytes;
+        if (rr[k].process_peak_bytes > r->process_peak_bytes)
+            r->process_peak_bytes = rr[k].process_peak_bytes;
+    }
+    return m;
+}
+
+json_t *ms_results_latencies_json(const ms_result *r, int n)
+{
+    json_t *j = json_array();
+    for (int k = 0; j && k < n; k++)
+        if (json_array_append_new(j, json_real(r[k].latency_ms))) {
+            json_decref(j);
+            return NULL;
+        }
+    return j;
 }

@@ -44,6 +44,8 @@ typedef struct {
      * shutdown must not wait for the rest of the measurement. */
     int (*cancelled)(void *ud);
     void *cancel_ud;
+    int threads;         /* ms_measure_fresh on the CPU: the process's worker threads (0: every
+                            core it may use, as the built-in engine serves) */
 } ms_opts;
 
 /* o's cancel hook asked now: 1 when it says stop, else 0 (also without o or a hook). */
@@ -69,13 +71,51 @@ typedef struct {
     int64_t request_cache_bytes;         /* backend bytes of the KV cache */
     int64_t backend_peak_bytes;          /* backend peak while serving (model + cache + workspace) */
     int64_t rss_delta_bytes;             /* CPU: process RSS high water minus RSS before the model; -1 if unknown */
-    int64_t peak_bytes;                  /* max(backend peak, RSS delta): what the memory limit is about */
+    int64_t peak_bytes;                  /* what the memory limit is about: max(backend peak, RSS delta);
+                                            measured in a fresh process on CPU (ms_measure_fresh), the
+                                            whole process's RSS high-water mark */
+    int64_t process_peak_bytes;          /* a fresh process on CPU: its RSS high-water mark since it
+                                            started; -1 otherwise */
 } ms_result;
 
 /* Measure arch `a` with random weights on backend be (the target's device).
  * Returns 0, or -1 with a reason (invalid arch, out of memory, engine failure). */
 int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
                     char *err, size_t errlen);
+
+/* Serve model m (built or loaded on its backend, nothing else allocated there) as
+ * ms_measure_arch serves: rss0 is the process's RSS before the model was built (-1:
+ * unknown), against which the RSS high-water mark counts. 0, or -1 with err. */
+int ms_measure_model(eng_model *m, int64_t rss0, const cm_target *t, const ms_opts *o, ms_result *r, char *err,
+                     size_t errlen);
+
+/* The built-in engine measured in a fresh process of its own, as the user serves it:
+ * `autocompress measure` (AC_AUTOCOMPRESS_BIN, else the autocompress program beside this
+ * one or one folder above it) serving arch a with random weights (model_path NULL), or the
+ * model at model_path loaded from its files (compress/prune.h prune_load_model; a NULL).
+ * With o's warm-up, requests and seed; o's cancel hook kills the process. On CPU
+ * r->peak_bytes is that process's whole RSS high-water mark (program, libraries, threads,
+ * the load and the requests); on a GPU the backend's peak plus what it holds outside its
+ * accounting, as ms_peak_close. 0, or -1 with err. */
+int ms_measure_fresh(const arch *a, const char *model_path, const cm_target *t, const ms_opts *o, ms_result *r,
+                     char *err, size_t errlen);
+
+/* The measurement ms_measure_fresh asks for, made in this process (the `measure`
+ * command): load the model at model_path, or build the arch at arch_path with random
+ * weights (o's seed), on the target's backend, serve it (ms_measure_model) and return the
+ * §10 measured object (ms_result_to_json) with params, weights_bytes,
+ * request_cache_bytes, rss_before_model_bytes, load_ms and weights ("loaded" or
+ * "random"). NEW reference, or NULL with err. */
+json_t *ms_measure_process(const char *model_path, const char *arch_path, const cm_target *t, const ms_opts *o,
+                           char *err, size_t errlen);
+
+/* Of n servings of one model (at most 64 count): the one of median latency into *r, with
+ * the highest peak (and process peak) any of them reached: a limit's ceiling. Returns the
+ * index of the median one. */
+int ms_results_median(const ms_result *rr, int n, ms_result *r);
+
+/* Each of n servings' latency, as a NEW JSON array (NULL on OOM). */
+json_t *ms_results_latencies_json(const ms_result *r, int n);
 
 /* The measured peak of requests on be, one rule for every measurement: ms_peak_open before
  * the requests (a GPU's pool high water starts there), ms_peak_close after them: it fills
@@ -88,7 +128,8 @@ void ms_peak_open(eng_backend *be);
 void ms_peak_close(eng_backend *be, int64_t rss0, int64_t hwm, ms_result *r);
 
 /* The §10 "measured" object {latency_ms, throughput_tokens_per_s, peak_memory_bytes,
- * backend_peak_bytes, rss_delta_bytes, prefill_ms, decode_ms_per_token, reps}.
+ * backend_peak_bytes, rss_delta_bytes, process_peak_bytes (null unless measured in a fresh
+ * process on CPU), prefill_ms, decode_ms_per_token, latency_mad_ms, reps}.
  * New reference, NULL on OOM. */
 json_t *ms_result_to_json(const ms_result *r, const cm_target *t);
 

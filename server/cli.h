@@ -12,6 +12,7 @@ int cli_perplexity(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_calibrate(int argc, char **argv);
 int cli_estimate(int argc, char **argv);
+int cli_measure(int argc, char **argv);
 int cli_prune(int argc, char **argv);
 int cli_distill(int argc, char **argv);
 int cli_search(int argc, char **argv);

@@ -20,6 +20,7 @@ static const struct {
     {"eval", cli_eval, "evaluate a model on benchmark tasks"},
     {"calibrate", cli_calibrate, "measure timing tables and the memory model on a target"},
     {"estimate", cli_estimate, "predict an architecture's latency, throughput and memory"},
+    {"measure", cli_measure, "measure a model's latency, throughput and memory, served in this process"},
     {"prune", cli_prune, "rank and prune a model to a target architecture"},
     {"distill", cli_distill, "distill a pruned student from its parent"},
     {"search", cli_search, "search an architecture under deployment limits"},

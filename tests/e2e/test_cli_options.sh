@@ -4,7 +4,7 @@
 # or a misleading "needs a value"; and values out of their bounds before any work.
 set -u
 fail=0
-for cmd in calibrate estimate search prune distill eval export inspect generate perplexity run worker serve; do
+for cmd in calibrate estimate measure search prune distill eval export inspect generate perplexity run worker serve; do
     for args in "--no-such-opt" "--no-such-opt 5" "--modle x"; do
         # shellcheck disable=SC2086
         out=$(timeout 20 "$AC_BIN" $cmd $args 2>&1 </dev/null)
@@ -64,5 +64,32 @@ for args in "--format gguf --out $M" "--out $T/exp --tar $T/exp/a.tar"; do
 done
 [ ! -e "$T/exp" ] || { echo "FAIL: a refused export wrote $T/exp"; fail=1; }
 rm -rf "$T"
+# measure: one model, the built-in engine, whole counts; then a real serving whose peak is
+# the process's own (its program and libraries count, not only the model's buffers)
+for args in "" "--model $M --arch a.json" "--model $M --engine llama.cpp" "--model $M --reps 0" \
+            "--model $M --threads 1.5"; do
+    # shellcheck disable=SC2086
+    out=$(timeout 20 "$AC_BIN" measure $args 2>&1 </dev/null)
+    rc=$?
+    if [ $rc -ne 2 ]; then
+        echo "FAIL: measure $args: exit $rc (want 2): $out"; fail=1
+    fi
+done
+out=$(timeout 60 "$AC_BIN" measure --model "$M" --prompt 16 --output 4 --reps 2 --json 2>&1 </dev/null)
+rc=$?
+if [ $rc -ne 0 ] || ! printf '%s' "$out" | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+assert m["weights"] == "loaded" and m["reps"] == 2 and m["latency_ms"] > 0, m
+assert m["peak_memory_bytes"] == m["process_peak_bytes"] > m["backend_peak_bytes"] + 4 * 2**20, m
+assert m["backend_peak_bytes"] >= m["weights_bytes"] > 0, m
+'; then
+    echo "FAIL: measure --model $M: exit $rc: $out"; fail=1
+fi
+out=$(timeout 20 "$AC_BIN" measure --model /nonexistent/model.bin 2>&1 </dev/null)
+rc=$?
+if [ $rc -ne 1 ] || ! printf '%s' "$out" | grep -q "/nonexistent/model.bin"; then
+    echo "FAIL: measure --model /nonexistent/model.bin: exit $rc (want 1, naming the path): $out"; fail=1
+fi
 [ $fail = 0 ] && echo "every subcommand names an unknown option"
 exit $fail
