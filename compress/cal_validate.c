@@ -158,8 +158,10 @@ static void vmodel_close(vmodel *vm)
     memset(vm, 0, sizeof *vm);
 }
 
-/* Build the held-out model and measure its memory with one request run alone: backend
- * peak, and on CPU the RSS high water above the RSS before the build. 0 or -1. */
+/* Build the held-out model (its requests are timed here, beside the tables' own) and
+ * measure its memory where it serves: in a fresh process of the built-in engine, one
+ * request (ms_measure_fresh: on CPU that process's whole RSS high-water mark, so the fit
+ * archs' residual puts the process's own memory in the runtime item). 0 or -1. */
 static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res, char *err, size_t errlen)
 {
     char e2[256];
@@ -178,9 +180,7 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int is_cpu = !strcmp(vm->be->name, "cpu");
     double t0 = eng_wall_s();
-    int64_t rss0 = is_cpu ? ms_rss_bytes() : -1;
     if (eng_model_init(&vm->m, va, vm->be, err, errlen))
         return -1;
     vm->inited = 1;
@@ -195,12 +195,17 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     }
     res->request_cache_bytes = (int64_t)vm->be->cur_bytes - res->weights_bytes;
     double p, d;
-    eng_backend_reset_peak(vm->be);
-    ms_peak_open(vm->be);
-    int have_rss = is_cpu && rss0 >= 0 && ms_rss_reset_peak() == 0;
-    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen))
+    if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen))   /* a warm-up */
         return -1;
-    ms_peak_close(vm->be, rss0, have_rss ? ms_rss_peak_bytes() : -1, res);
+    ms_opts fo = {.warmup = 0, .reps = 1, .seed = cs->o->seed * 7919 + (uint64_t)cs->requests,
+                  .cancelled = cs->stop.cancelled, .cancel_ud = cs->stop.cancel_ud, .threads = cs->o->threads};
+    ms_result fr;
+    if (ms_measure_fresh(va, NULL, cs->t, &fo, &fr, err, errlen))
+        return -1;
+    res->backend_peak_bytes = fr.backend_peak_bytes;
+    res->rss_delta_bytes = fr.rss_delta_bytes;
+    res->process_peak_bytes = fr.process_peak_bytes;
+    res->peak_bytes = fr.peak_bytes;
     res->params = arch_params(va);
     cs->heldout_s += eng_wall_s() - t0;
     return cali_tick(cs, "held-out build + memory", err, errlen);
@@ -332,8 +337,11 @@ json_t *cal_validation_json(const cm_tables *tb, const arch *varch, const ms_res
                           mem_max, "naive_memory_mape_pct", naive_sum / nv, "naive_memory_max_pct", naive_max,
                           "measured_memory",
                           cm_target_llamacpp(t) ? "RSS high-water mark of a fresh llama.cpp process (ac-llama)"
-                          : strcmp(t->device, "cpu") ? "backend peak bytes (device allocations the engine accounts)"
-                                                      : "max(backend peak bytes, process RSS high-water delta)",
+                          : strcmp(t->device, "cpu")
+                              ? "a fresh process of the built-in engine (autocompress measure): the device memory it "
+                                "held (the engine's peak and what it keeps outside its accounting)"
+                              : "the RSS high-water mark of a fresh process of the built-in engine (autocompress "
+                                "measure) since it started",
                           "measured_latency",
                           cm_target_llamacpp(t) ? "the faster of two fresh llama.cpp processes (ac-llama), each the "
                                                   "median of its requests"

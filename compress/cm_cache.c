@@ -50,6 +50,10 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
             n += snprintf(buf + n, sizeof buf - (size_t)n, "|gemm%s|dnnl%s", eng_cpu_gemm_kernel(t->precision),
                           eng_cpu_gemm16_version(ver, sizeof ver));
     }
+    /* The built-in engine's memory model counts a fresh serving process's whole memory (fp1),
+     * not what a model added to a long-lived one: tables made the old way are not reused. */
+    if (!cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "|fp1");
     /* Another engine keys its name, KV type, threads, flash attention and build too, and
      * the version of its calibration method (rb3: repeated-block models read the parent's
      * extra bytes before each step, the hidden sizes' passes in turn; rb5: the parent

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "compress/calibrate.h"
 #include "compress/llamacpp.h"
 #include "compress/measure.h"
 #include "engine/devices.h"
@@ -34,30 +33,32 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
     c->cancel_ud = cancel_ud;
     c->quiet_wait_s = MS_QUIET_WAIT_S;
     ms_opts stop = serve_opts(c, 1);
-    if (!cm_target_llamacpp(t)) {
-        if (!(c->be = cal_backend_new(t->device, t->precision, 0, err, errlen)))
-            return -1;
-    } else if (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(parent, c->dir, sizeof c->dir, err, errlen) ||
-               lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen)) {
+    c->builtin = !cm_target_llamacpp(t);
+    if (!c->builtin &&
+        (lc_target_resolve(&c->t, err, errlen) || lc_scratch_dir(parent, c->dir, sizeof c->dir, err, errlen) ||
+         lc_write_random(parent, &c->t, 1, c->dir, "parent", c->ppath, sizeof c->ppath, NULL, &stop, err, errlen)))
         return -1;
-    }
     c->doc = json_pack("{s:[],s:[]}", "checks", "check_tries");
     if (!c->doc)
         FAIL("out of memory");
     return 0;
 }
 
-/* The parent served at the anchor: *m its median serving, *lat each serving's latency
- * (llama.cpp: every process; NULL for the built-in engine, whose one model serves the
- * requests and reports their medians). 0, or -1 with err. */
+/* The parent served at the anchor, SC_ROUNDS fresh processes: *m the median serving,
+ * *lat each serving's latency. 0, or -1 with err. */
 static int serve_parent(sc_check *c, ms_result *m, json_t **lat, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     *lat = NULL;
     ms_opts o = serve_opts(c, 1);
-    if (c->be) {
-        o.reps = SC_ROUNDS;
-        return ms_measure_arch(c->be, c->parent, &c->t, &o, m, err, errlen);
+    if (c->builtin) {
+        ms_result pr[SC_ROUNDS];
+        for (int k = 0; k < SC_ROUNDS; k++)
+            if (ms_measure_fresh(c->parent, NULL, &c->t, &o, &pr[k], err, errlen))
+                return -1;
+        ms_results_median(pr, SC_ROUNDS, m);
+        *lat = ms_results_latencies_json(pr, SC_ROUNDS);
+        return 0;
     }
     lc_bench pb[SC_ROUNDS];
     int rc = lc_bench_alternating(c->ppath, NULL, &c->t, &o, SC_ROUNDS, pb, NULL, NULL, NULL, err, errlen);
@@ -140,9 +141,9 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
     cm_prediction p;
     if (cm_predict(tb, c->parent, &p, err, errlen))
         return -1;
-    /* the built-in engine serves in this process, beside the search's own parent and
-       supernet: on a device whose free memory cannot hold another parent, it is not served */
-    int64_t avail = c->be ? eng_device_free_bytes(c->t.device) : -1;
+    /* the built-in engine serves on the search's own device, beside its parent and supernet:
+       where the free memory cannot hold another parent, it is not served */
+    int64_t avail = c->builtin ? eng_device_free_bytes(c->t.device) : -1;
     if (avail >= 0 && p.total > avail) {
         snprintf(err, errlen, "serving the parent beside the search needs about %.2f GiB, %s has %.2f GiB available",
                  p.total / 1073741824.0, c->t.device, avail / 1073741824.0);
@@ -172,8 +173,8 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
         FAIL("out of memory");
     }
     cm_tables_rescale(out, sp, sd);
-    const char *how = c->be ? "the parent (random weights) served in this process on the target's device, the "
-                              "median of its requests after a warm-up"
+    const char *how = c->builtin ? "the parent (random weights) in fresh processes of the built-in engine "
+                                   "(autocompress measure) on the target's device, the median"
                             : "the parent (random weights at the target's type) in fresh llama.cpp processes, "
                               "the median";
     char method[512];
@@ -182,7 +183,7 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
              "(its calibration's: the parent's ratio over the fit archs'; 1 without one)",
              how);
     json_t *a = json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:o*,s:f,s:f,s:{s:f,s:f},s:s,s:o*}", "engine",
-                          c->be ? CM_ENGINE_AUTOCOMPRESS : CM_ENGINE_LLAMACPP, "parent_predicted_ms", p.latency_ms,
+                          c->builtin ? CM_ENGINE_AUTOCOMPRESS : CM_ENGINE_LLAMACPP, "parent_predicted_ms", p.latency_ms,
                           "parent_measured_ms", m.latency_ms, "parent_measured_prefill_ms", m.prefill_ms,
                           "parent_measured_decode_ms", m.decode_ms, "parent_predicted_decode_ms", p.decode_ms,
                           "process_latencies_ms", lat, "prefill_scale", sp, "decode_scale", sd, "parent_bias",
@@ -200,10 +201,10 @@ static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, 
                       size_t errlen)
 {
     ms_opts op = serve_opts(c, 1), oa = serve_opts(c, seed);
-    if (c->be) {
+    if (c->builtin) {
         for (int k = 0; k < SC_ROUNDS; k++)
-            if (ms_measure_arch(c->be, c->parent, &c->t, &op, &pr[k], err, errlen) ||
-                ms_measure_arch(c->be, a, &c->t, &oa, &ar[k], err, errlen))
+            if (ms_measure_fresh(c->parent, NULL, &c->t, &op, &pr[k], err, errlen) ||
+                ms_measure_fresh(a, NULL, &c->t, &oa, &ar[k], err, errlen))
                 return -1;
         return 0;
     }
@@ -222,18 +223,6 @@ static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, 
         lc_bench_free(&ab[k]);
     }
     return rc ? -1 : 0;
-}
-
-/* The latencies of n servings, as a NEW JSON array (NULL on OOM). */
-static json_t *latencies_json(const ms_result *r, int n)
-{
-    json_t *j = json_array();
-    for (int k = 0; j && k < n; k++)
-        if (json_array_append_new(j, json_real(r[k].latency_ms))) {
-            json_decref(j);
-            return NULL;
-        }
-    return j;
 }
 
 /* A check's servings under ms_run_quiet: the arch, its weights' seed, the latest rounds. */
@@ -257,8 +246,8 @@ static int check_aside(void *ud, const ms_host_load *load, char *err, size_t err
     char summary[1024];
     arch_summary(r->a, summary, sizeof summary);
     json_t *t = json_pack("{s:s,s:o*,s:o*,s:o}", "arch", summary, "process_latencies_ms",
-                          latencies_json(r->ar, SC_ROUNDS), "parent_process_latencies_ms",
-                          latencies_json(r->pr, SC_ROUNDS), "host_load", ms_host_load_json(load));
+                          ms_results_latencies_json(r->ar, SC_ROUNDS), "parent_process_latencies_ms",
+                          ms_results_latencies_json(r->pr, SC_ROUNDS), "host_load", ms_host_load_json(load));
     if (!t || json_array_append_new(json_object_get(r->c->doc, "check_tries"), t))
         FAIL("out of memory");
     return 0;
@@ -300,8 +289,8 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
     arch_summary(a, summary, sizeof summary);
     json_t *row = json_pack("{s:s,s:f,s:f,s:f,s:I,s:o*,s:o*,s:o*}", "arch", summary, "ratio_to_parent", ratio,
                             "latency_ms", m->latency_ms, "decode_ms", m->decode_ms, "peak_memory_bytes",
-                            (json_int_t)m->total, "process_latencies_ms", latencies_json(ar, SC_ROUNDS),
-                            "parent_process_latencies_ms", latencies_json(pr, SC_ROUNDS), "host_load",
+                            (json_int_t)m->total, "process_latencies_ms", ms_results_latencies_json(ar, SC_ROUNDS),
+                            "parent_process_latencies_ms", ms_results_latencies_json(pr, SC_ROUNDS), "host_load",
                             ms_host_load_json(&load));
     if (row && pred) {
         json_object_set_new(row, "predicted_latency_ms", json_real(pred->latency_ms));
@@ -319,7 +308,6 @@ json_t *sc_doc(const sc_check *c)
 
 void sc_close(sc_check *c)
 {
-    eng_backend_free(c->be);
     if (*c->dir)
         (void)fio_remove_tree(c->dir);
     json_decref(c->doc);

@@ -2,9 +2,9 @@
  * served at the start anchors the tables to the machine's speed now, and the archs the
  * search settles on are served beside the parent before they are returned
  * (compress/dnas.h repairs one the measurement puts over a limit). A llama.cpp target
- * serves each model in fresh helper processes; the built-in engine serves it in this
- * process on the target's device, with the request loop the measure stage uses
- * (compress/measure.h). Tables imported from another engine are not checked here
+ * serves each model in fresh helper processes, the built-in engine in fresh processes of
+ * its own (`autocompress measure`, compress/measure.h ms_measure_fresh), as the measure
+ * stage does. Tables imported from another engine are not checked here
  * (method_served_target).
  *
  * Why: a calibration's tables are right in their ratios (an arch against the parent)
@@ -28,14 +28,13 @@
 #include "engine/arch.h"
 #include "engine/backend.h"
 
-#define SC_ROUNDS 3   /* servings per model at the anchor and at each check (llama.cpp: fresh
-                         processes; built-in: a warm-up and a request each, the anchor's
-                         requests on one model) */
+#define SC_ROUNDS 3   /* servings per model at the anchor and at each check, each a fresh
+                         process (a warm-up and 3 requests) */
 
 typedef struct {
     cm_target t;                /* the target (llama.cpp: resolved) */
     const arch *parent;         /* borrowed */
-    eng_backend *be;            /* the built-in engine's backend (NULL for llama.cpp) */
+    int builtin;                /* 1: the built-in engine (autocompress measure), 0: llama.cpp */
     char dir[4096], ppath[4400];/* llama.cpp: scratch folder, the parent's GGUF */
     double parent_ms, parent_prefill_ms, parent_decode_ms;   /* the anchor's medians */
     double quiet_wait_s;        /* sc_open: MS_QUIET_WAIT_S (sc_anchor's ms_run_quiet) */
@@ -47,8 +46,7 @@ typedef struct {
 } sc_check;
 
 /* Ready a check of target t for `parent`: for llama.cpp its GGUF at the target's weight
- * type (random weights) in a scratch folder, for the built-in engine a backend on the
- * target's device and precision. cancelled (may be NULL) with cancel_ud: the job's
+ * type (random weights) in a scratch folder; the built-in engine needs nothing ready. cancelled (may be NULL) with cancel_ud: the job's
  * cancel hook, asked in every serving and in writing a GGUF. 0, or -1 with err (sc_close
  * anyway). */
 int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled)(void *ud), void *cancel_ud,

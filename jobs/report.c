@@ -38,9 +38,10 @@ static const char *limit_basis(const char *name)
         return "generated tokens per second of decode: batch x output tokens over the median decode time (the "
                "prefill is not counted)";
     if (!strcmp(name, "memory_gib"))
-        return "peak memory while serving, GiB: in llama.cpp the serving process's peak RSS (the highest of its "
-               "fresh processes); in the built-in engine the larger of the backend's peak and the process's RSS "
-               "growth from before the model was loaded";
+        return "peak memory while serving, GiB, the highest of the model's fresh serving processes: in llama.cpp "
+               "the process's peak RSS; in the built-in engine (autocompress measure) on the CPU the process's RSS "
+               "high-water mark since it started (program, libraries, threads, the model's load and the requests), "
+               "on a GPU the device memory the engine held";
     return "the parameter count of the chosen arch (exact)";
 }
 

@@ -1,13 +1,15 @@
 /* jobs/stage_measure.c — the "measure" stage: serve the job's workload on the target
- * with the parent's and the result's shapes (random weights: latency and memory do not
- * depend on weight values) and merge predicted vs measured latency, throughput and peak
- * memory into the report, with the itemized and the naive memory estimate beside them.
- * The result's shape is the first arch.json found in distill/, prune/, search/. Writes
- * measure.json (the same fragment, read by the export stage); the limit rows are the
- * report's (jobs/report.c computes them from these predicted/measured objects).
- * A llama.cpp target is measured in llama.cpp, each model in three fresh helper processes,
- * parent and result alternating, the median kept and every process's latency shown: the
- * parent with random weights, the result as the GGUF the job exports (its own weights at
+ * with the parent's and the result's shapes and merge predicted vs measured latency,
+ * throughput and peak memory into the report, with the itemized and the naive memory
+ * estimate beside them. The result's shape is the first arch.json found in distill/,
+ * prune/, search/. Writes measure.json (the same fragment, read by the export stage); the
+ * limit rows are the report's (jobs/report.c computes them from these predicted/measured
+ * objects).
+ * Each model is served in three fresh processes, parent and result alternating, the
+ * median kept, the highest peak memory taken and every process's latency shown: the
+ * parent with random weights (latency and memory do not depend on weight values), the
+ * result as the user serves it. In the built-in engine that is `autocompress measure`
+ * loading the job's checkpoint; in llama.cpp the GGUF the job exports (its own weights at
  * the target's weight type, written here as model.gguf), and the report's "engine" names
  * the engine, its version and build, the weight type and how many tensors fell back.
  */
@@ -108,39 +110,54 @@ static json_t *engine_json(const cm_target *t, int fallbacks, const char *note)
 #define LC_ROUNDS 3     /* fresh processes per model, the models alternating */
 #define LC_REQUESTS 3   /* timed requests per process, after one warm-up */
 
-/* Predicted (from tb) and measured objects of arch a from its LC_ROUNDS benches b: the
- * process of median latency (its phases and buffers), every process's latency beside
- * it. exported: b served the GGUF the job exports (else random weights). NULL on OOM. */
-static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench *b, int exported,
-                              const cm_target *t)
+/* Predicted (from tb) and measured objects of arch a from its n servings rr, each in a
+ * fresh process: the serving of median latency, the highest peak of any, every serving's
+ * latency beside it and how they were made (how). weights: what the model served held.
+ * *med gets the median serving's index. NULL on OOM. */
+static json_t *measured_json(const cm_tables *tb, const arch *a, const ms_result *rr, int n, const char *weights,
+                             const char *how, const cm_target *t, int *med)
 {
     cm_prediction p;
     char e2[256];
     int have_pred = tb && cm_predict(tb, a, &p, e2, sizeof e2) == 0;
-    ms_result med;
-    int m = lc_bench_median(b, LC_ROUNDS, t, &med);
-    json_t *meas = ms_result_to_json(&med, t), *lat = lc_bench_latencies_json(b, LC_ROUNDS, t);
+    ms_result m;
+    *med = ms_results_median(rr, n, &m);
+    json_t *meas = ms_result_to_json(&m, t), *lat = ms_results_latencies_json(rr, n);
     if (meas) {
-        json_object_set_new(meas, "llama_cpp_buffers",
-                            json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b[m].buf_model, "kv",
-                                      (json_int_t)b[m].buf_kv, "compute", (json_int_t)b[m].buf_compute, "output",
-                                      (json_int_t)b[m].buf_output));
         json_object_set_new(meas, "process_latencies_ms", lat);
-        char how[200];
-        snprintf(how, sizeof how,
-                 "the median of %d fresh llama.cpp processes (ac-llama), parent and result alternating; each process "
-                 "a warm-up and the median of %d requests",
-                 LC_ROUNDS, LC_REQUESTS);
         json_object_set_new(meas, "method", json_string(how));
     } else {
         json_decref(lat);
     }
     json_t *out = json_pack("{s:I,s:o,s:s}", "params", (json_int_t)arch_params(a), "measured", meas, "weights",
-                            exported ? "the exported GGUF" : "random");
+                            weights);
     if (out && have_pred) {
         json_object_set_new(out, "predicted", cm_prediction_to_json(&p));
         json_object_set_new(out, "naive_weights_plus_kv_bytes", json_integer(p.naive_bytes));
     }
+    return out;
+}
+
+/* measured_json of llama.cpp's benches b, with the buffers of the median process. */
+static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench *b, int exported,
+                              const cm_target *t)
+{
+    ms_result rr[LC_ROUNDS];
+    for (int k = 0; k < LC_ROUNDS; k++)
+        lc_bench_result(&b[k], t, &rr[k]);
+    char how[200];
+    snprintf(how, sizeof how,
+             "the median of %d fresh llama.cpp processes (ac-llama), parent and result alternating; each process "
+             "a warm-up and the median of %d requests",
+             LC_ROUNDS, LC_REQUESTS);
+    int m;
+    json_t *out = measured_json(tb, a, rr, LC_ROUNDS, exported ? "the exported GGUF" : "random", how, t, &m);
+    json_t *meas = json_object_get(out, "measured");
+    if (meas)
+        json_object_set_new(meas, "llama_cpp_buffers",
+                            json_pack("{s:I,s:I,s:I,s:I}", "model", (json_int_t)b[m].buf_model, "kv",
+                                      (json_int_t)b[m].buf_kv, "compute", (json_int_t)b[m].buf_compute, "output",
+                                      (json_int_t)b[m].buf_output));
     return out;
 }
 
@@ -189,29 +206,47 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
     return rc;
 }
 
-/* Predicted and measured objects of one arch; NULL with err on failure. */
-static json_t *measure_one(job_ctx *ctx, eng_backend *be, const cm_tables *tb, const arch *a, const cm_target *t,
-                           char *err, size_t errlen)
+/* The built-in engine: the parent (random weights) and the result (the job's checkpoint
+ * at student, loaded as a user serves it; random weights of result when student is NULL,
+ * a search-only job; none when result is NULL) served LC_ROUNDS times each in fresh
+ * processes (autocompress measure), alternating A B A B. *pj and *rj get their objects.
+ * 0; 1 cancelled; -1 with err. */
+static int measure_builtin(job_ctx *ctx, const cm_tables *tb, const arch *parent, const arch *result,
+                           const char *student, const cm_target *t, json_t **pj, json_t **rj, char *err,
+                           size_t errlen)
 {
-    cm_prediction p;
-    ms_result r;
-    ms_opts o = {.warmup = 1, .reps = 3, .seed = 1, .cancelled = job_cancelled_hook, .cancel_ud = ctx};
-    int have_pred = tb && cm_predict(tb, a, &p, err, errlen) == 0;
-    if (ms_measure_arch(be, a, t, &o, &r, err, errlen))
-        return NULL;
-    json_t *out = json_pack("{s:I,s:o}", "params", (json_int_t)arch_params(a), "measured", ms_result_to_json(&r, t));
-    if (out && have_pred) {
-        json_object_set_new(out, "predicted", cm_prediction_to_json(&p));
-        json_object_set_new(out, "naive_weights_plus_kv_bytes", json_integer(p.naive_bytes));
+    ms_result pr[LC_ROUNDS], rr[LC_ROUNDS];
+    ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1, .cancelled = job_cancelled_hook, .cancel_ud = ctx};
+    for (int k = 0; k < LC_ROUNDS; k++) {
+        if (ms_measure_fresh(parent, NULL, t, &o, &pr[k], err, errlen) ||
+            (result && ms_measure_fresh(student ? NULL : result, student, t, &o, &rr[k], err, errlen)))
+            return job_cancelled(ctx) ? 1 : -1;
+        if (round_done(ctx, k + 1))
+            return 1;
     }
-    return out;
+    char how[400];
+    snprintf(how, sizeof how,
+             "the median of %d fresh processes of the built-in engine (autocompress measure), parent and result "
+             "alternating; each process a warm-up and the median of %d requests; memory the highest of the "
+             "processes' peaks (on the CPU each process's RSS high-water mark since it started)",
+             LC_ROUNDS, LC_REQUESTS);
+    int m;
+    *pj = measured_json(tb, parent, pr, LC_ROUNDS, "random", how, t, &m);
+    *rj = result ? measured_json(tb, result, rr, LC_ROUNDS, student ? "the job's checkpoint" : "random", how, t, &m)
+                 : NULL;
+    if (!*pj || (result && !*rj)) {
+        snprintf(err, errlen, "measure: out of memory");
+        return -1;
+    }
+    return 0;
 }
 
 /* One measurement of the parent and the result in the target's engine (ms_run_quiet's
  * run), the latest objects in pj and rj; the measurements set aside in `aside`. */
 typedef struct {
     job_ctx *ctx;
-    eng_backend *be;                /* the built-in engine's; NULL for llama.cpp */
+    int builtin;                    /* 1: the built-in engine; 0: llama.cpp */
+    const char *student;            /* the built-in engine's result checkpoint (NULL: random) */
     const cm_tables *tb;            /* NULL: no predicted side */
     const arch *parent, *result;    /* result NULL: none */
     const char *gguf;               /* measure_llama's */
@@ -225,18 +260,10 @@ static int measure_pair(void *ud, char *err, size_t errlen)
     json_decref(r->pj);
     json_decref(r->rj);
     r->pj = r->rj = NULL;
-    int n = r->result ? 2 : 1;
-    job_progress(r->ctx, 0, n);
-    if (!r->be)
+    job_progress(r->ctx, 0, LC_ROUNDS);
+    if (!r->builtin)
         return measure_llama(r->ctx, r->tb, r->parent, r->result, r->gguf, r->t, &r->pj, &r->rj, err, errlen);
-    if (!(r->pj = measure_one(r->ctx, r->be, r->tb, r->parent, r->t, err, errlen)))
-        return -1;
-    if (job_cancelled(r->ctx))
-        return 1;
-    job_progress(r->ctx, 1, n);
-    if (r->result && !(r->rj = measure_one(r->ctx, r->be, r->tb, r->result, r->t, err, errlen)))
-        return -1;
-    return 0;
+    return measure_builtin(r->ctx, r->tb, r->parent, r->result, r->student, r->t, &r->pj, &r->rj, err, errlen);
 }
 
 /* A measurement beside other work: its latencies and load join r->aside, and an event says
@@ -319,7 +346,6 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
     int rc = -1;
     json_t *pj = NULL, *rj = NULL;
     int llama = cm_target_llamacpp(&t);
-    eng_backend *be = NULL;
     json_t *engine = NULL;
     char gguf[4400] = "", note[600] = "";
     int fallbacks = 0;
@@ -334,11 +360,13 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
         if (w > 0)
             gguf[0] = 0;
         engine = engine_json(&t, fallbacks, note);
-    } else if (!(be = cal_backend_new(t.device, t.precision, 0, err, errlen))) {
-        goto out;
     }
-    measure_run mr = {.ctx = ctx, .be = be, .tb = have_tb ? &tb : NULL, .parent = &parent,
-                      .result = have_result ? &result : NULL, .gguf = gguf, .t = &t, .aside = json_array()};
+    const char *student = job_ctx_output(ctx, "distill", "student");
+    if (!student)
+        student = job_ctx_output(ctx, "prune", "student");
+    measure_run mr = {.ctx = ctx, .builtin = !llama, .student = student, .tb = have_tb ? &tb : NULL,
+                      .parent = &parent, .result = have_result ? &result : NULL, .gguf = gguf, .t = &t,
+                      .aside = json_array()};
     ms_host_load load;
     int q = mr.aside ? measure_quiet(&mr, &load, err, errlen) : -1;
     pj = mr.pj;
@@ -399,7 +427,6 @@ out:
     json_decref(rj);
     if (have_tb)
         cm_tables_free(&tb);
-    eng_backend_free(be);
     arch_free(&parent);
     if (have_result)
         arch_free(&result);
