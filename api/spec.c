@@ -346,6 +346,31 @@ static json_t *check_model(vctx *v, json_t *in)
     return out;
 }
 
+/* A job tokenizes its calibration, distillation and evaluation text: the model it names
+ * (resolved into model, by path or as registered) must have a tokenizer, given or found
+ * where the loader looks (beside it, or a GGUF's own). Else a 422 at /model/tokenizer,
+ * now rather than after the calibration. */
+static void check_tokenizer(vctx *v, json_t *model)
+{
+    const char *path = json_string_value(json_object_get(model, "path")),
+               *tok = json_string_value(json_object_get(model, "tokenizer"));
+    if (!path || !json_object_get(model, "format"))
+        return;   /* already refused */
+    mio_model mm;
+    char err[1024];
+    if (mio_open(&mm, path, tok, err, sizeof err))
+        return;   /* a model that does not open fails its load stage, which says why */
+    int found = mio_tokenizer_found(&mm, err, sizeof err) == 0;
+    int gguf = mm.format == MIO_GGUF;
+    mio_close(&mm);
+    if (found)
+        return;
+    const char *slash = strrchr(path, '/');   /* the server's paths are its own business */
+    fault(v, 422, "/model/tokenizer",
+          "%s has no tokenizer %s, and a job tokenizes its calibration and evaluation text: give model.tokenizer",
+          slash ? slash + 1 : path, gguf ? "in its metadata" : "beside it");
+}
+
 /* The device `name` as a live runner sharing the store offers it (a worker agent on
  * another host: storage/store.h's runners registry), and in *llamacpp whether a runner
  * with that device also has llama.cpp. A NEW reference, or NULL when none offers it. */
@@ -821,6 +846,8 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     only_keys(&v, in, "", keys);
     check_name(&v, in, out);
     json_object_set_new(out, "model", check_model(&v, in));
+    if (!json_object_get(in, "x_test_pipeline"))   /* a test pipeline reads no text */
+        check_tokenizer(&v, json_object_get(out, "model"));
     double device_gib = 0;
     json_object_set_new(out, "target", check_target(&v, in, &device_gib));
     json_object_set_new(out, "constraints", check_constraints(&v, in, device_gib));

@@ -422,23 +422,37 @@ int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen)
     return 0;
 }
 
-tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)
+int mio_tokenizer_found(const mio_model *m, char *err, size_t errlen)
 {
-    if (m->format == MIO_GGUF && !m->tok_path[0])
-        return tokload_gguf(&m->gg, err, errlen);
+    if (m->format == MIO_GGUF && !m->tok_path[0]) {
+        if (gguf_find(&m->gg, "tokenizer.ggml.model") >= 0 && gguf_find(&m->gg, "tokenizer.ggml.tokens") >= 0)
+            return 0;
+        snprintf(err, errlen, "%s: no tokenizer found (the GGUF holds no tokenizer.ggml.model and tokens; give one "
+                 "with --tokenizer)", m->path);
+        return -1;
+    }
     struct stat st;
     if (m->tok_given && !fio_is_file(m->tok_path)) {   /* the caller's: what is wrong with it */
         int gone = stat(m->tok_path, &st) != 0;
         snprintf(err, errlen, "tokenizer %s: %s%s%s", m->tok_path,
                  gone ? strerror(errno) : S_ISDIR(st.st_mode) ? "a directory, not a tokenizer file" : "not a regular file (",
                  gone || S_ISDIR(st.st_mode) ? "" : fio_file_kind(st.st_mode), gone || S_ISDIR(st.st_mode) ? "" : ")");
-        return NULL;
+        return -1;
     }
     if (!m->tok_path[0] || !fio_is_file(m->tok_path)) {
         snprintf(err, errlen, "%s: no tokenizer found%s%s (give one with --tokenizer)", m->path,
                  m->tok_path[0] ? " at " : "", m->tok_path);
-        return NULL;
+        return -1;
     }
+    return 0;
+}
+
+tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen)
+{
+    if (mio_tokenizer_found(m, err, errlen))
+        return NULL;
+    if (m->format == MIO_GGUF && !m->tok_path[0])
+        return tokload_gguf(&m->gg, err, errlen);
     size_t n = strlen(m->tok_path);
     if (n > 5 && !strcmp(m->tok_path + n - 5, ".json"))
         return tokload_hf_json(m->tok_path, err, errlen);

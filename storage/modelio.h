@@ -82,6 +82,11 @@ int mio_load(const mio_model *m, eng_model *em, char *err, size_t errlen);
 /* Build the model's tokenizer. Returns a NEW tokenizer, or NULL with a reason. */
 tok_tokenizer *mio_tokenizer(const mio_model *m, char *err, size_t errlen);
 
+/* 0 when m has a tokenizer where mio_tokenizer reads it (a regular file, or a GGUF's own
+ * tokenizer.ggml.model and tokens), without building it; else -1 with mio_tokenizer's
+ * reason. */
+int mio_tokenizer_found(const mio_model *m, char *err, size_t errlen);
+
 /* Convenience: open `path`, init `em` on `be`, load the weights and (if tok != NULL)
  * the tokenizer. On success em and *tok are owned by the caller (eng_model_free,
  * tok_free). Returns 0, or -1 with a reason and nothing to free. */

@@ -7,7 +7,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from acserver import Server, check_problem, test_spec  # noqa: E402
+from acserver import Server, check_problem, test_spec, write_tiny_l2c  # noqa: E402
 
 
 def raw_exchange(port, head, body):
@@ -166,6 +166,17 @@ def main():
         bad(lambda x: x.update(model={"path": "models/escape.bin"}), 403, "/model/path")
         bad(lambda x: x.update(data={"calibration": "/etc/shadow"}), 403, "/data/calibration")
         bad(lambda x: x.update(model={"path": "models/tiny.bin", "tokenizer": "../x"}), 403, "/model/tokenizer")
+        # a job tokenizes its text: a model with no tokenizer beside it and none given is
+        # refused at once (it failed after the calibration), naming the model, not the path
+        os.makedirs(os.path.join(d, "models", "notok"))
+        write_tiny_l2c(os.path.join(d, "models", "notok", "m.bin"), tokenizer=False)
+        st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/notok/m.bin"}))
+        check_problem(st, hd, doc, 422, pointer="/model/tokenizer")
+        assert "m.bin has no tokenizer beside it" in json.dumps(doc) and d not in json.dumps(doc), doc
+        st, hd, doc = post(s, "/v1/jobs", dict(base, constraints={"latency_ms": -1},
+                                                model={"path": "models/notok/m.bin", "tokenizer": "models/hf/config.json"}))
+        check_problem(st, hd, doc, 422, pointer="/constraints/latency_ms")
+        assert "/model/tokenizer" not in [e["pointer"] for e in doc["errors"]], doc
         # several faults at once are all listed
         st, hd, doc = post(s, "/v1/jobs", {"model": {"path": "/etc/passwd"}, "constraints": {"latency_ms": -1}, "x": 1})
         check_problem(st, hd, doc, 403)

@@ -80,6 +80,7 @@ static int setup(void **state)
     char p[256], err[256];
     snprintf(p, sizeof p, "%s/tiny.bin", models);
     assert_int_equal(tiny_l2c_write(p), 0);
+    assert_int_equal(tiny_l2c_tok_write(models), 0);
     snprintf(p, sizeof p, "%s/t.db", dir);
     ctx.st = store_open(p, err, sizeof err);
     assert_non_null(ctx.st);

@@ -45,6 +45,7 @@ static int setup(void **state)
     char p[PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/tiny.bin", models);
     assert_int_equal(tiny_l2c_write(p), 0);
+    assert_int_equal(tiny_l2c_tok_write(models), 0);
     snprintf(p, sizeof p, "%s/m.gguf", models);
     assert_int_equal(tiny_gguf_magic_write(p), 0);
     snprintf(p, sizeof p, "%s/notes.txt", models);
