@@ -6,10 +6,12 @@
  * exec.
  */
 #include "jobs/sched.h"
+#include "compress/costmodel.h"
 #include "engine/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,7 +37,7 @@ struct sched {
     char *exe, *data_dir, *owner, *info;
     int lease_s, has_llamacpp, renew_failed;
     int (*probe_llamacpp)(void);
-    double last_probe;
+    double last_probe, probe_every_s;
     double last_renew, last_rescue, last_watch;
     char **devices;
     int n_devices, per_device, cancel_kill_ms, max_attempts;
@@ -163,13 +165,37 @@ static void reap(sched *s)
     }
 }
 
+/* The runner's registry row offers `engine` too, written now: other hosts' APIs sharing the
+ * store then accept jobs in that engine for this runner's devices. Locked by caller. */
+static void offer_engine(sched *s, const char *engine)
+{
+    json_t *info = s->info ? json_loads(s->info, 0, NULL) : NULL, *e;
+    json_t *engines = json_object_get(info, "engines");
+    size_t i;
+    int have = 0;
+    json_array_foreach(engines, i, e)
+        have |= json_is_string(e) && !strcmp(json_string_value(e), engine);
+    char *txt = NULL;
+    if (json_is_array(engines) && !have && json_array_append_new(engines, json_string(engine)) == 0)
+        txt = json_dumps(info, JSON_COMPACT);
+    json_decref(info);
+    if (!txt)
+        return;   /* not registered, already offered, or out of memory: the next beat keeps the old row */
+    free(s->info);
+    s->info = txt;
+    (void)store_runner_beat(s->st, s->owner, s->info);
+}
+
 static void claim(sched *s)
 {
     /* llama.cpp installed after the start: the API accepts its jobs as soon as its helper
-     * answers, so this runner takes them too rather than leave them queued */
-    if (!s->has_llamacpp && s->probe_llamacpp && eng_wall_s() - s->last_probe >= 10.0) {
+     * answers, so this runner takes them too rather than leave them queued, and says so in
+     * the registry for the APIs on other hosts */
+    if (!s->has_llamacpp && s->probe_llamacpp && eng_wall_s() - s->last_probe >= s->probe_every_s) {
         s->last_probe = eng_wall_s();
         s->has_llamacpp = s->probe_llamacpp();
+        if (s->has_llamacpp)
+            offer_engine(s, CM_ENGINE_LLAMACPP);
     }
     for (int d = 0; d < s->n_devices && !s->stopping && s->per_device > 0; d++) {
         for (;;) {
@@ -295,6 +321,7 @@ sched *sched_start(const sched_config *cfg, char *err, size_t errlen)
     s->has_llamacpp = cfg->has_llamacpp;
     s->probe_llamacpp = cfg->probe_llamacpp;
     s->last_probe = eng_wall_s();
+    s->probe_every_s = cfg->probe_every_s > 0 ? cfg->probe_every_s : 10.0;
     s->n_devices = cfg->n_devices;
     s->per_device = cfg->per_device > 0 ? cfg->per_device : 0;
     s->cancel_kill_ms = cfg->cancel_kill_ms > 0 ? cfg->cancel_kill_ms : 10000;

@@ -33,8 +33,10 @@ typedef struct {
     int has_llamacpp;          /* claim llama.cpp-target jobs too */
     const char *info;          /* what the runner offers (store_runner_beat), registered while the
                                   scheduler runs; NULL: not registered (a server that runs no jobs) */
-    int (*probe_llamacpp)(void);  /* while has_llamacpp is 0, asked again every 10 s (1: now it is;
-                                     a helper installed after the start); NULL: never */
+    int (*probe_llamacpp)(void);  /* while has_llamacpp is 0, asked again every probe_every_s (1: now
+                                     it is; a helper installed after the start: from then on the
+                                     runner's registry row offers llama.cpp too); NULL: never */
+    double probe_every_s;      /* 0: every 10 s */
 } sched_config;
 
 /* Start the scheduler thread (the config's strings are copied). Returns a new scheduler,

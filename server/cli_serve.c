@@ -154,7 +154,7 @@ static int serve_start(serve_state *S)
     /* a server that runs jobs is a runner other servers sharing the store can see */
     char *info = cfg->workers > 0 ? srv_runner_info(S->devs, S->n_dev, cfg->workers, has_llamacpp) : NULL;
     sched_config sc_cfg = {S->st, S->exe, S->data_dir, dev_ptrs, S->n_dev, cfg->workers, 10000, cfg->max_attempts,
-                           S->runner, cfg->lease_s, has_llamacpp, info, srv_has_llamacpp};
+                           S->runner, cfg->lease_s, has_llamacpp, info, srv_has_llamacpp, 0};
     S->sc = sched_start(&sc_cfg, err, sizeof err);
     free(info);
     if (!S->sc)

@@ -100,7 +100,7 @@ static int worker_agent(int argc, char **argv)
     int slots = cfg.workers > 0 ? cfg.workers : 1;
     char *info = srv_runner_info(devs, n_dev, slots, has_llamacpp);
     sched_config sc_cfg = {st, exe, data_dir, dev_ptrs, n_dev, slots, 10000, cfg.max_attempts, runner, cfg.lease_s,
-                           has_llamacpp, info, srv_has_llamacpp};
+                           has_llamacpp, info, srv_has_llamacpp, 0};
     if (!info)
         snprintf(err, sizeof err, "out of memory");
     sc = info ? sched_start(&sc_cfg, err, sizeof err) : NULL;

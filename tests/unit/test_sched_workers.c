@@ -95,7 +95,7 @@ static store_job wait_leave(const char *id, const char *from, double timeout)
 
 static sched *start_attempts(const char *exe, const char *const *devs, int ndev, int per_device, int max_attempts)
 {
-    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts, "runner-here", 30, 0, NULL, NULL};
+    sched_config cfg = {st, exe, dir, devs, ndev, per_device, 2000, max_attempts, "runner-here", 30, 0, NULL, NULL, 0};
     char err[256];
     sched *s = sched_start(&cfg, err, sizeof err);
     assert_non_null(s);
@@ -105,6 +105,41 @@ static sched *start_attempts(const char *exe, const char *const *devs, int ndev,
 static sched *start(const char *exe, const char *const *devs, int ndev, int per_device)
 {
     return start_attempts(exe, devs, ndev, per_device, 1);
+}
+
+static int llamacpp_here(void)
+{
+    return 1;
+}
+
+/* llama.cpp installed after the runner started: once its probe answers, the runner's row
+ * in the registry offers llama.cpp too (the APIs of other hosts sharing the store read
+ * there which engines each device has), without waiting for a restart. */
+static void test_late_engine_registered(void **state)
+{
+    (void)state;
+    const char *devs[] = {"r9"};
+    const char *info = "{\"devices\": [{\"id\": \"r9\"}], \"engines\": [\"autocompress\"], \"workers_per_device\": 1}";
+    sched_config cfg = {st, "/bin/true", dir, devs, 1, 1, 2000, 1, "runner-late", 30, 0, info, llamacpp_here, 0.1};
+    char err[256];
+    sched *s = sched_start(&cfg, err, sizeof err);
+    assert_non_null(s);
+    int offered = 0;
+    double t0 = now_s();
+    while (!offered && now_s() - t0 < 10) {
+        json_t *rs = store_runners(st, 0), *r, *e;
+        size_t i, k;
+        json_array_foreach(rs, i, r) {
+            if (strcmp(json_string_value(json_object_get(r, "name")), "runner-late"))
+                continue;
+            json_array_foreach(json_object_get(json_object_get(r, "info"), "engines"), k, e)
+                offered |= !strcmp(json_string_value(e), "llama.cpp");
+        }
+        json_decref(rs);
+        usleep(20000);
+    }
+    sched_stop(s, 1000);
+    assert_true(offered);
 }
 
 /* With max_attempts 2 a killed worker's job is requeued once (the reason recorded), and a
@@ -313,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_per_device_limit),
         cmocka_unit_test(test_cancel_and_stop),
         cmocka_unit_test(test_store_cancel_and_takeover),
+        cmocka_unit_test(test_late_engine_registered),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
