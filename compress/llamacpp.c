@@ -249,19 +249,15 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
     lc_info in;
     if (lc_probe(&in, err, errlen))
         return -1;
-    char th[16], bs[16], s[16], n[16], w[16], r[16], seed[32], fl[32];
+    char th[16], fl[32];
+    ms_args a;
+    ms_args_of(t, o, &a);
     snprintf(th, sizeof th, "%d", t->threads > 0 ? t->threads : eng_cpu_cores());
-    snprintf(bs, sizeof bs, "%d", t->batch_size);
-    snprintf(s, sizeof s, "%d", t->prompt_tokens);
-    snprintf(n, sizeof n, "%d", t->output_tokens);
-    snprintf(w, sizeof w, "%d", o && o->warmup >= 0 ? o->warmup : 1);
-    snprintf(r, sizeof r, "%d", o && o->reps > 0 ? o->reps : 3);
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
     snprintf(fl, sizeof fl, "%lld", (long long)(flush > 0 ? flush_capped(flush) : 0));
-    char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", bs, "--prompt", s, "--output", n,
-                    "--warmup", w, "--reps", r, "--kv-type", *t->kv_cache_type ? (char *)t->kv_cache_type : "f16",
-                    "--seed", seed, "--flash-attn", (char *)cm_target_flash(t), flush >= 0 ? "--flush" : NULL, fl,
-                    NULL};
+    char *argv[] = {in.helper, "bench", (char *)path, "--threads", th, "--batch", a.batch, "--prompt", a.prompt,
+                    "--output", a.output, "--warmup", a.warmup, "--reps", a.reps, "--kv-type",
+                    *t->kv_cache_type ? (char *)t->kv_cache_type : "f16", "--seed", a.seed, "--flash-attn",
+                    (char *)cm_target_flash(t), flush >= 0 ? "--flush" : NULL, fl, NULL};
     json_t *j;
     if (run_helper(argv, o, &j, err, errlen))
         return -1;

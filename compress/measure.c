@@ -275,6 +275,16 @@ int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t 
     }
 }
 
+void ms_args_of(const cm_target *t, const ms_opts *o, ms_args *a)
+{
+    snprintf(a->batch, sizeof a->batch, "%d", t->batch_size);
+    snprintf(a->prompt, sizeof a->prompt, "%d", t->prompt_tokens);
+    snprintf(a->output, sizeof a->output, "%d", t->output_tokens);
+    snprintf(a->warmup, sizeof a->warmup, "%d", o && o->warmup >= 0 ? o->warmup : 1);
+    snprintf(a->reps, sizeof a->reps, "%d", o && o->reps > 0 ? o->reps : 3);
+    snprintf(a->seed, sizeof a->seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
+}
+
 int64_t ms_rss_bytes(void)
 {
     return eng_proc_status_bytes("VmRSS");

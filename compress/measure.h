@@ -48,6 +48,14 @@ typedef struct {
                             core it may use, as the built-in engine serves) */
 } ms_opts;
 
+/* The workload of t and the serving counts of o (warm-up 1, 3 requests and seed 1 by
+ * default) as a measuring child's arguments spell them: the llama.cpp helper's and
+ * `autocompress measure`'s. */
+typedef struct {
+    char batch[16], prompt[16], output[16], warmup[16], reps[16], seed[24];
+} ms_args;
+void ms_args_of(const cm_target *t, const ms_opts *o, ms_args *a);
+
 /* o's cancel hook asked now: 1 when it says stop, else 0 (also without o or a hook). */
 int ms_cancelled(const ms_opts *o);
 

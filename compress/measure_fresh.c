@@ -157,18 +157,14 @@ int ms_measure_fresh(const arch *a, const char *model_path, const cm_target *t, 
              "beside this program or one folder above it)");
     if (!model_path && write_arch_tmp(a, archf, sizeof archf, err, errlen))
         return -1;
-    char B[16], S[16], N[16], W[16], R[16], T[16], seed[24];
+    ms_args w;
+    ms_args_of(t, o, &w);
+    char T[16];
     snprintf(T, sizeof T, "%d", o && o->threads > 0 ? o->threads : 0);
-    snprintf(B, sizeof B, "%d", t->batch_size);
-    snprintf(S, sizeof S, "%d", t->prompt_tokens);
-    snprintf(N, sizeof N, "%d", t->output_tokens);
-    snprintf(W, sizeof W, "%d", o && o->warmup >= 0 ? o->warmup : 1);
-    snprintf(R, sizeof R, "%d", o && o->reps > 0 ? o->reps : 3);
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)(o && o->seed ? o->seed : 1));
     char *argv[] = {bin, "measure", model_path ? "--model" : "--arch", model_path ? (char *)model_path : archf,
                     "--device", (char *)t->device, "--precision", (char *)(*t->precision ? t->precision : "fp32"),
-                    "--batch", B, "--prompt", S, "--output", N, "--warmup", W, "--reps", R, "--seed", seed, "--threads", T,
-                    "--json", NULL};
+                    "--batch", w.batch, "--prompt", w.prompt, "--output", w.output, "--warmup", w.warmup, "--reps",
+                    w.reps, "--seed", w.seed, "--threads", T, "--json", NULL};
     json_t *j = NULL;
     int rc = ch_run_json(&MS_CHILD, argv, o, &j, err, errlen);
     if (*archf)

@@ -177,6 +177,16 @@ int cli_no_more_operands(cli_parser *p)
     return cli_fail(p, "unexpected argument '%s'", p->argv[optind]);
 }
 
+int cli_model_or_arch(cli_parser *p, const char *model, const char *arch_file)
+{
+    if (!!model != !!arch_file)
+        return 0;
+    fprintf(stderr, "%s: give exactly one of --model PATH and --arch FILE\n", p->cmd);
+    if (p->usage)
+        p->usage(stderr);
+    return -1;
+}
+
 /* ---------- values ---------- */
 
 static int bad_integer(cli_parser *p, long long lo, long long hi)

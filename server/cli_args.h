@@ -76,6 +76,11 @@ const char *cli_operand(cli_parser *p);
 /* 0 when every operand has been taken, else -1 after "CMD: unexpected argument 'x'". */
 int cli_no_more_operands(cli_parser *p);
 
+/* After the options: 0 when exactly one of --model (model) and --arch (arch_file) was
+ * given, else -1 after "CMD: give exactly one of --model PATH and --arch FILE" and the
+ * usage on stderr. */
+int cli_model_or_arch(cli_parser *p, const char *model, const char *arch_file);
+
 /* Print "CMD: " and the message on stderr and mark the parse failed. Returns -1. */
 int cli_fail(cli_parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -232,11 +232,8 @@ static int calibrate_parse(int argc, char **argv, calibrate_args *a)
         return 2;
     if (!a->data_dir)
         a->data_dir = "var";
-    if (!a->import && !!a->model == !!a->arch_file) {
-        fprintf(stderr, "calibrate: give exactly one of --model PATH and --arch FILE\n");
-        usage(stderr);
+    if (!a->import && cli_model_or_arch(&p, a->model, a->arch_file))
         return 2;
-    }
     return CLI_END;
 }
 

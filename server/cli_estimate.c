@@ -111,11 +111,8 @@ static int estimate_parse(int argc, char **argv, estimate_args *a)
         return cli_status(c);
     if (cli_no_more_operands(&p))
         return 2;
-    if (!!a->model == !!a->arch_file) {
-        fprintf(stderr, "estimate: give exactly one of --arch FILE and --model PATH\n");
-        usage(stderr);
+    if (cli_model_or_arch(&p, a->model, a->arch_file))
         return 2;
-    }
     if (!a->data_dir)
         a->data_dir = "var";
     return CLI_END;

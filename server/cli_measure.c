@@ -68,11 +68,8 @@ static int measure_parse(int argc, char **argv, measure_args *a)
         return cli_status(c);
     if (cli_no_more_operands(&p))
         return 2;
-    if (!!a->model == !!a->arch_file) {
-        fprintf(stderr, "measure: give exactly one of --model PATH and --arch FILE\n");
-        usage(stderr);
+    if (cli_model_or_arch(&p, a->model, a->arch_file))
         return 2;
-    }
     if (cm_target_llamacpp(&a->t)) {
         fprintf(stderr, "measure: serves the built-in engine; a llama.cpp target is measured in llama.cpp "
                         "(ac-llama bench, or llama-bench on the exported GGUF)\n");
