@@ -876,6 +876,20 @@ static int stop_spinner_after_try(void *ud)
  * stops after the first serving, it waits for a quiet second and anchors on the next; a
  * check is served again the same way.
  * The parent's decode is lengthened until a serving is long enough to judge here. */
+/* The cores this test process may use, put back after a test pinned it (also when its
+ * assertions end it early: later tests count every core). */
+static cpu_set_t all_cpus;
+static int have_all_cpus;
+
+static int restore_cpus(void **state)
+{
+    (void)state;
+    if (have_all_cpus && sched_setaffinity(0, sizeof all_cpus, &all_cpus) != 0)
+        return -1;
+    have_all_cpus = 0;
+    return 0;
+}
+
 static void test_served_anchor_contended(void **state)
 {
     (void)state;
@@ -893,11 +907,12 @@ static void test_served_anchor_contended(void **state)
        core: the spinner on the last then takes its share of the machine (which the
        built-in engine's judgment counts whole) without the spin-waits of a thread pool it
        would share cores with, which slow a serving tenfold */
-    cpu_set_t all, first;
-    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    cpu_set_t first;
+    assert_int_equal(sched_getaffinity(0, sizeof all_cpus, &all_cpus), 0);
+    have_all_cpus = 1;
     CPU_ZERO(&first);
     for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &all)) {
+        if (CPU_ISSET(c, &all_cpus)) {
             CPU_SET(c, &first);
             break;
         }
@@ -941,8 +956,10 @@ static void test_served_anchor_contended(void **state)
         spinner_stop(s.kid);
     if (rc)
         fail_msg("anchor after a contended serving: %d %s", rc, err);
+    /* set aside at least once (fresh processes make a serving long enough for other
+       background work to count too: a second try may be set aside as well), then kept */
     tries = json_object_get(sc_doc(&sc), "anchor_tries");
-    assert_int_equal(json_array_size(tries), 1);
+    assert_true(json_array_size(tries) >= 1 && json_array_size(tries) < MS_QUIET_TRIES);
     assert_true(json_is_true(json_object_get(json_object_get(json_array_get(tries, 0), "host_load"), "contended")));
     json_t *an = json_object_get(sc_doc(&sc), "anchor");
     assert_non_null(an);
@@ -957,14 +974,13 @@ static void test_served_anchor_contended(void **state)
     if (rc)
         fail_msg("check after a contended serving: %s", err);
     tries = json_object_get(sc_doc(&sc), "check_tries");
-    assert_int_equal(json_array_size(tries), 1);
+    assert_true(json_array_size(tries) >= 1 && json_array_size(tries) < MS_QUIET_TRIES);
     assert_true(json_is_true(json_object_get(json_object_get(json_array_get(tries, 0), "host_load"), "contended")));
     assert_int_equal(json_array_size(json_object_get(json_array_get(tries, 0), "process_latencies_ms")), SC_ROUNDS);
     json_t *row = json_array_get(json_object_get(sc_doc(&sc), "checks"), 0);
     assert_non_null(row);
     assert_true(json_is_false(json_object_get(json_object_get(row, "host_load"), "contended")));
     assert_true(m.latency_ms > 0);
-    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
     sc_close(&sc);
     cm_tables_free(&anchored);
     cm_tables_free(&tb);
@@ -1209,7 +1225,7 @@ int main(void)
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_run_quiet),
-        cmocka_unit_test(test_served_anchor_contended),
+        cmocka_unit_test_teardown(test_served_anchor_contended, restore_cpus),
         cmocka_unit_test(test_measure_cancel),
         cmocka_unit_test(test_calibrate_cancel),
         cmocka_unit_test(test_calibrate_contended),
