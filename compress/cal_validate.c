@@ -158,10 +158,11 @@ static void vmodel_close(vmodel *vm)
     memset(vm, 0, sizeof *vm);
 }
 
-/* Build the held-out model (its requests are timed here, beside the tables' own) and
- * measure its memory where it serves: in a fresh process of the built-in engine, one
- * request (ms_measure_fresh: on CPU that process's whole RSS high-water mark, so the fit
- * archs' residual puts the process's own memory in the runtime item). 0 or -1. */
+/* Measure the held-out model's memory where it serves: in a fresh process of the built-in
+ * engine, one request (ms_measure_fresh: on CPU that process's whole RSS high-water mark,
+ * so the fit archs' residual puts the process's own memory in the runtime item), before
+ * its copy here is built (a device then holds one more, not two); then build that copy,
+ * whose requests are timed here beside the tables' own. 0 or -1. */
 static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res, char *err, size_t errlen)
 {
     char e2[256];
@@ -181,6 +182,15 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
         return -1;
     }
     double t0 = eng_wall_s();
+    ms_opts fo = {.warmup = 0, .reps = 1, .seed = cs->o->seed * 7919 + (uint64_t)cs->requests,
+                  .cancelled = cs->stop.cancelled, .cancel_ud = cs->stop.cancel_ud, .threads = cs->o->threads};
+    ms_result fr;
+    if (ms_measure_fresh(va, NULL, cs->t, &fo, &fr, err, errlen))
+        return -1;
+    res->backend_peak_bytes = fr.backend_peak_bytes;
+    res->rss_delta_bytes = fr.rss_delta_bytes;
+    res->process_peak_bytes = fr.process_peak_bytes;
+    res->peak_bytes = fr.peak_bytes;
     if (eng_model_init(&vm->m, va, vm->be, err, errlen))
         return -1;
     vm->inited = 1;
@@ -197,15 +207,6 @@ static int vmodel_open(cal_state *cs, const arch *va, vmodel *vm, ms_result *res
     double p, d;
     if (ms_run_request(&vm->m, vm->kv, cs->t, &cs->rng, NULL, &cs->stop, &p, &d, err, errlen))   /* a warm-up */
         return -1;
-    ms_opts fo = {.warmup = 0, .reps = 1, .seed = cs->o->seed * 7919 + (uint64_t)cs->requests,
-                  .cancelled = cs->stop.cancelled, .cancel_ud = cs->stop.cancel_ud, .threads = cs->o->threads};
-    ms_result fr;
-    if (ms_measure_fresh(va, NULL, cs->t, &fo, &fr, err, errlen))
-        return -1;
-    res->backend_peak_bytes = fr.backend_peak_bytes;
-    res->rss_delta_bytes = fr.rss_delta_bytes;
-    res->process_peak_bytes = fr.process_peak_bytes;
-    res->peak_bytes = fr.peak_bytes;
     res->params = arch_params(va);
     cs->heldout_s += eng_wall_s() - t0;
     return cali_tick(cs, "held-out build + memory", err, errlen);

@@ -560,6 +560,7 @@ typedef struct {
     ms_result *vres;
     cm_tables tb;
     double t_start, wall_tables, fit_p, fit_d;
+    int64_t fit_mem;                       /* the fit archs' memory residual (fit_memory) */
     char id[40];
 } cal_run_ctx;
 
@@ -739,13 +740,19 @@ static int run_timed(cal_run_ctx *r, char *err, size_t errlen)
     return 0;
 }
 
-/* Phase 4: the tables from the medians, the phase scales, the fit archs' correction. */
+/* Phase 4: the tables from the medians, the phase scales, the fit archs' corrections: of
+ * the timings, and of the memory, whose residual over the fit archs (each measured in a
+ * fresh serving process) brings the process's own memory into the runtime item: its
+ * program, libraries and threads, which the calibrating process's RSS growth leaves out.
+ * Without fit archs the runtime item lacks it, and the held-out rows show so. */
 static int run_tables(cal_run_ctx *r, char *err, size_t errlen)
 {
     r->wall_tables = eng_wall_s() - r->t_start;
     if (build_tables(r->cs, r->parent, &r->tb, err, errlen) || phase_scales(r->cs, &r->tb, r->cms, r->n_cms, err, errlen) ||
-        (r->n_fit && fit_scales(&r->tb, r->varch + r->o.validate, r->vres + r->o.validate, r->n_fit, &r->fit_p,
-                                &r->fit_d, err, errlen)))
+        (r->n_fit && (fit_scales(&r->tb, r->varch + r->o.validate, r->vres + r->o.validate, r->n_fit, &r->fit_p,
+                                 &r->fit_d, err, errlen) ||
+                      fit_memory(&r->tb, r->varch + r->o.validate, r->vres + r->o.validate, r->n_fit, &r->fit_mem,
+                                 err, errlen))))
         return -1;
     cal_id(r->t, r->parent, &r->o, r->id);
     snprintf(r->tb.id, sizeof r->tb.id, "%s", r->id);
@@ -770,7 +777,7 @@ static json_t *run_result(cal_run_ctx *r, json_t *validation, char *err, size_t 
     json_t *tables = cm_tables_to_json(&r->tb), *target = cm_target_to_json(r->t), *result = NULL;
     double now = eng_wall_s();
     if (tables && target && validation)
-        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:i,s:f,s:f}}", "id", r->id,
+        result = json_pack("{s:s,s:s,s:o,s:s,s:i,s:f,s:o,s:o,s:{s:I,s:i,s:i,s:f,s:f,s:s,s:i,s:i,s:f,s:f,s:I}}", "id", r->id,
                            "status", "succeeded", "target", target, "family", r->parent->family, "entries",
                            r->tb.n_prefill + r->tb.n_decode + 2 * r->tb.n_fixed, "wall_s", now - r->t_start, "tables",
                            tables, "validation", validation, "cost", "requests", (json_int_t)r->cs->requests,
@@ -778,7 +785,7 @@ static json_t *run_result(cal_run_ctx *r, json_t *validation, char *err, size_t 
                            r->wall_tables - r->cs->heldout_s, "validation_wall_s",
                            r->cs->heldout_s + (now - r->t_start - r->wall_tables), "hidden_sizes", hidden_list,
                            "probe_models", r->n_probe, "fit_archs", r->n_fit, "fit_prefill_factor", r->fit_p,
-                           "fit_decode_factor", r->fit_d);
+                           "fit_decode_factor", r->fit_d, "fit_memory_bytes", (json_int_t)r->fit_mem);
     else {   /* json_pack was not called: nothing stolen */
         json_decref(tables);
         json_decref(target);
