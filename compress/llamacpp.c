@@ -299,6 +299,7 @@ void lc_bench_result(const lc_bench *b, const cm_target *t, ms_result *r)
     r->backend_peak_bytes = b->buf_model + b->buf_kv + b->buf_compute + b->buf_output;
     r->rss_delta_bytes = b->rss_before_load > 0 ? b->rss_peak - b->rss_before_load : -1;
     r->peak_bytes = b->rss_peak;
+    r->process_peak_bytes = b->rss_peak;   /* a fresh process too: its whole RSS high-water mark */
 }
 
 int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const ms_opts *o, int rounds,

@@ -82,8 +82,8 @@ typedef struct {
     int64_t peak_bytes;                  /* what the memory limit is about: max(backend peak, RSS delta);
                                             measured in a fresh process on CPU (ms_measure_fresh), the
                                             whole process's RSS high-water mark */
-    int64_t process_peak_bytes;          /* a fresh process on CPU: its RSS high-water mark since it
-                                            started; -1 otherwise */
+    int64_t process_peak_bytes;          /* a fresh process on CPU (the built-in engine's, llama.cpp's): its
+                                            RSS high-water mark since it started; -1 otherwise */
 } ms_result;
 
 /* Measure arch `a` with random weights on backend be (the target's device).

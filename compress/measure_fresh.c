@@ -5,8 +5,10 @@
  */
 #include "compress/measure.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,11 +127,33 @@ static int result_from_json(const json_t *j, const cm_target *t, ms_result *r, c
     return 0;
 }
 
-/* a as an arch JSON file under TMPDIR (or /tmp): its path in out. 0, or -1 with err. */
+/* Remove dir's ac-measure-PID-*.json files whose process is gone (killed while its child
+ * measured: the file outlived it). */
+static void sweep_arch_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid;
+        int at = 0;
+        if (sscanf(e->d_name, "ac-measure-%ld-%n", &pid, &at) != 1 || at == 0 || pid <= 0 ||
+            !strstr(e->d_name + at, ".json") || (kill((pid_t)pid, 0) != 0 ? errno != ESRCH : 1))
+            continue;
+        (void)unlinkat(dirfd(d), e->d_name, 0);   /* another sweep may have taken it */
+    }
+    closedir(d);
+}
+
+/* a as an arch JSON file under TMPDIR (or /tmp), named for this process: its path in out.
+ * 0, or -1 with err. */
 static int write_arch_tmp(const arch *a, char *out, size_t cap, char *err, size_t errlen)
 {
     const char *dir = getenv("TMPDIR");
-    if (snprintf(out, cap, "%s/ac-measure-XXXXXX.json", dir && *dir ? dir : "/tmp") >= (int)cap)
+    dir = dir && *dir ? dir : "/tmp";
+    sweep_arch_tmp(dir);
+    if (snprintf(out, cap, "%s/ac-measure-%ld-XXXXXX.json", dir, (long)getpid()) >= (int)cap)
         FAIL("measure: the temporary folder's path is too long");
     int fd = mkstemps(out, 5);
     if (fd < 0)

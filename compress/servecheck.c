@@ -266,24 +266,20 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
     if (rc == 1 || rc < 0)
         return -1;   /* err: why, or "cancelled" */
     const ms_result *ar = r.ar, *pr = r.pr;   /* the last servings: not contended, or every try was */
-    double rl[SC_ROUNDS], rd[SC_ROUNDS], al[SC_ROUNDS];
+    double rl[SC_ROUNDS], rd[SC_ROUNDS];
     for (int k = 0; k < SC_ROUNDS; k++) {
         rl[k] = pr[k].latency_ms > 0 ? ar[k].latency_ms / pr[k].latency_ms : 0;
         rd[k] = pr[k].decode_ms > 0 ? ar[k].decode_ms / pr[k].decode_ms : 0;
-        al[k] = ar[k].latency_ms;
     }
-    double mid = ms_median(al, SC_ROUNDS);   /* a's median serving gives its peak */
-    int med = 0;
-    for (int k = 0; k < SC_ROUNDS; k++)
-        if (ar[k].latency_ms == mid)
-            med = k;
+    ms_result am;   /* the highest peak of a's servings: the measure stage's rule, which the report judges */
+    ms_results_median(ar, SC_ROUNDS, &am);
     double ratio = ms_median(rl, SC_ROUNDS), dratio = ms_median(rd, SC_ROUNDS);
     m->latency_ms = ratio * c->parent_ms;
     m->decode_ms = dratio * c->parent_decode_ms;
     m->prefill_ms = m->latency_ms - m->decode_ms;
     m->decode_ms_per_token = c->t.output_tokens > 0 ? m->decode_ms / c->t.output_tokens : 0;
     m->throughput_tps = m->decode_ms > 0 ? 1000.0 * c->t.batch_size * c->t.output_tokens / m->decode_ms : 0;
-    m->total = ar[med].peak_bytes;
+    m->total = am.peak_bytes;
     m->params = arch_params(a);
     char summary[1024];
     arch_summary(a, summary, sizeof summary);

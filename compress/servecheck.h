@@ -75,7 +75,7 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
 
 /* Serve `a` (random weights) and the parent SC_ROUNDS times each, alternating, and fill
  * *m as measured: latency_ms and decode_ms priced from a's ratios to the parent at the
- * anchor's level, total = a's peak bytes (its median round), params. The check and
+ * anchor's level, total = the highest of a's peaks (the measure stage's rule), params. The check and
  * the tables' prediction `pred` (may be NULL) join the document. Servings beside other
  * work are set aside and served again as the anchor's are (ms_run_quiet; the document's
  * "check_tries": {arch, host_load, process_latencies_ms, parent_process_latencies_ms}

@@ -361,10 +361,13 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
             gguf[0] = 0;
         engine = engine_json(&t, fallbacks, note);
     }
-    const char *student = job_ctx_output(ctx, "distill", "student");
-    if (!student)
-        student = job_ctx_output(ctx, "prune", "student");
-    measure_run mr = {.ctx = ctx, .builtin = !llama, .student = student, .tb = have_tb ? &tb : NULL,
+    const char *stp = job_ctx_output(ctx, "distill", "student");
+    if (!stp)
+        stp = job_ctx_output(ctx, "prune", "student");
+    char student[4096] = "";   /* a copy: the next job_ctx_output reuses its buffer */
+    if (stp)
+        snprintf(student, sizeof student, "%s", stp);
+    measure_run mr = {.ctx = ctx, .builtin = !llama, .student = *student ? student : NULL, .tb = have_tb ? &tb : NULL,
                       .parent = &parent, .result = have_result ? &result : NULL, .gguf = gguf, .t = &t,
                       .aside = json_array()};
     ms_host_load load;
