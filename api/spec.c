@@ -365,10 +365,20 @@ static void check_tokenizer(vctx *v, json_t *model)
     mio_close(&mm);
     if (found)
         return;
-    const char *slash = strrchr(path, '/');   /* the server's paths are its own business */
-    fault(v, 422, "/model/tokenizer",
-          "%s has no tokenizer %s, and a job tokenizes its calibration and evaluation text: give model.tokenizer",
-          slash ? slash + 1 : path, gguf ? "in its metadata" : "beside it");
+    const char *slash = strrchr(path, '/'), *id = json_string_value(json_object_get(model, "id"));
+    char what[256];   /* the server's paths are its own business: the model by its last component */
+    if (tok)
+        snprintf(what, sizeof what, "its tokenizer %s is gone", strrchr(tok, '/') ? strrchr(tok, '/') + 1 : tok);
+    else
+        snprintf(what, sizeof what, "it has no tokenizer %s", gguf ? "in its metadata" : "beside it");
+    if (id)   /* registered: the tokenizer comes with the registration */
+        fault(v, 422, "/model/tokenizer",
+              "model %s (%s): %s, and a job tokenizes its calibration and evaluation text: register it again with "
+              "its tokenizer (POST /v1/models {path, tokenizer})", id, slash ? slash + 1 : path, what);
+    else
+        fault(v, 422, "/model/tokenizer",
+              "%s: %s, and a job tokenizes its calibration and evaluation text: give model.tokenizer",
+              slash ? slash + 1 : path, what);
 }
 
 /* The device `name` as a live runner sharing the store offers it (a worker agent on

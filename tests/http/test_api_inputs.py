@@ -172,7 +172,7 @@ def main():
         write_tiny_l2c(os.path.join(d, "models", "notok", "m.bin"), tokenizer=False)
         st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/notok/m.bin"}))
         check_problem(st, hd, doc, 422, pointer="/model/tokenizer")
-        assert "m.bin has no tokenizer beside it" in json.dumps(doc) and d not in json.dumps(doc), doc
+        assert "m.bin: it has no tokenizer beside it" in json.dumps(doc) and d not in json.dumps(doc), doc
         st, hd, doc = post(s, "/v1/jobs", dict(base, constraints={"latency_ms": -1},
                                                 model={"path": "models/notok/m.bin", "tokenizer": "models/hf/config.json"}))
         check_problem(st, hd, doc, 422, pointer="/constraints/latency_ms")
@@ -232,11 +232,17 @@ def main():
         check_problem(*post(s, "/v1/models", {"path": "models/missing"}), 422, pointer="/path")
         check_problem(*post(s, "/v1/models", {"path": "models/tiny.bin", "x": 1}), 400, pointer="/x")
         _, _, ml = s.json("GET", "/v1/models", expect=200)
-        assert [x["id"] for x in ml["data"]] == [m["id"]]
+        assert [x["id"] for x in ml["data"]] == [m["id"]], ml
         s.json("GET", "/v1/models/" + m["id"], expect=200)
         check_problem(*s.json("GET", "/v1/models/mdl_none"), 404)
         st, hd, doc = post(s, "/v1/jobs", dict(base, model={"id": m["id"]}))
         assert st == 201 and doc["spec"]["model"]["path"].endswith("/models/hf"), doc
+        # a registered model without a tokenizer: a job by its id is told to register it with one
+        st, hd, m2 = post(s, "/v1/models", {"path": "models/notok/m.bin", "name": "no-tokenizer"})
+        assert st == 201, m2
+        st, hd, doc = post(s, "/v1/jobs", dict(base, model={"id": m2["id"]}))
+        check_problem(st, hd, doc, 422, pointer="/model/tokenizer")
+        assert "register it again with its tokenizer" in doc["detail"], doc
 
         # a key cut inside a character in its fault's pointer is still a fault (it was dropped: 201)
         check_problem(*post(s, "/v1/models", {"path": "models/tiny.bin", "\u20ac" * 100: 1}), 400)
