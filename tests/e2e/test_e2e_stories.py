@@ -229,11 +229,14 @@ def check_reload(tar, rep):
         print("exported HF model reloaded: lambada perplexity %.6g (report %.6g, bf16 export)" % (got, want))
         # the peak memory the report measured holds where the user serves: a fresh generate
         # process on the download (a context the report's workload fits in) peaks no higher
+        # (not under the sanitizers, whose shadow memory and quarantine grow with each
+        # process's own allocations)
         served = served_peak_rss([AC_BIN, "generate", os.path.join(tmp, root), "--tokenizer", TOK, "--prompt",
                                   "Once upon a time", "--max-tokens", "400"], e)
         measured = rep["result"]["measured"]["peak_memory_bytes"]
         print("served peak RSS %.1f MiB, reported %.1f MiB" % (served / 2**20, measured / 2**20))
-        assert measured >= 0.9 * served, (measured, served)
+        if os.environ.get("AC_SANITIZED") != "1":
+            assert measured >= 0.9 * served, (measured, served)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
