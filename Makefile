@@ -120,7 +120,8 @@ $(BUILD)/autocompress: $(BUILD)/obj/server/main.o $(LIB_OBJS) $(CU_OBJS)
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libautocompress.a
+# (some tests measure in fresh autocompress processes: the program is built, and current, with them)
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libautocompress.a $(BUILD)/autocompress
 	@mkdir -p $(dir $@)
 	@echo "  TEST  $@"
 	@$(CC) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
