@@ -542,6 +542,9 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     json_t *pt = json_object_get(wo, "prompt_tokens"), *ot = json_object_get(wo, "output_tokens");
     if (pt && ot && json_integer_value(pt) + json_integer_value(ot) > (1 << 20))
         fault(v, 422, "/target/workload", "prompt_tokens + output_tokens exceeds 1048576");
+    json_t *bs = json_object_get(wo, "batch_size");
+    if (eng && bs && cm_batch_check(json_string_value(eng), (int)json_integer_value(bs), why, sizeof why))
+        fault(v, 422, "/target/workload/batch_size", "%s", why);
     json_object_set_new(out, "workload", wo);
     json_decref(empty);
     return out;

@@ -86,6 +86,15 @@ const char *cm_target_flash(const cm_target *t)
     return *t->flash_attention ? t->flash_attention : cm_llamacpp_default_flash(t->kv_cache_type);
 }
 
+int cm_batch_check(const char *engine, int batch, char *why, size_t whylen)
+{
+    if (!engine || strcmp(engine, CM_ENGINE_LLAMACPP) || batch <= CM_LLAMACPP_MAX_BATCH)
+        return 0;
+    snprintf(why, whylen, "llama.cpp serves at most %d requests at once (one sequence each), not %d",
+             CM_LLAMACPP_MAX_BATCH, batch);
+    return -1;
+}
+
 int cm_engine_check(const char *engine, const char *device, const char *precision, const char *kv_type, int threads,
                     const char *flash, const char **field, char *why, size_t whylen)
 {
@@ -269,6 +278,8 @@ int cm_target_from_json(json_t *j, const char *ptr, cm_target *t, char *err, siz
         cmj_i32(w, at, "prompt_tokens", 1, 1 << 20, 1, &t->prompt_tokens, err, errlen) ||
         cmj_i32(w, at, "output_tokens", 1, 1 << 20, 1, &t->output_tokens, err, errlen))
         return -1;
+    if (cm_batch_check(t->engine, t->batch_size, why, sizeof why))
+        FAIL("%s/batch_size: %s", at, why);
     return 0;
 }
 

@@ -62,6 +62,14 @@ const char *cm_target_flash(const cm_target *t);
 /* 1 when t is served by llama.cpp. */
 int cm_target_llamacpp(const cm_target *t);
 
+/* The most requests llama.cpp serves at once: a batch is that many sequences, and the
+ * pinned llama.cpp holds at most 256 (its LLAMA_MAX_SEQ: a context for more is refused). */
+#define CM_LLAMACPP_MAX_BATCH 256
+
+/* 0 when engine (NULL or "": autocompress) can serve a batch of `batch` requests at once,
+ * else -1 with the reason in why. */
+int cm_batch_check(const char *engine, int batch, char *why, size_t whylen);
+
 /* Check an engine / device / precision / KV type / threads / flash-attention combination
  * (device, precision, kv_type, flash may be NULL = not checked / the engine's default;
  * threads < 0 = not given). llama.cpp is measured on the CPU only: its helper offloads

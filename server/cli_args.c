@@ -99,6 +99,10 @@ static int target_finish(cli_parser *p)
                                 : !strcmp(field, "flash_attention") ? "flash-attention" : field, why);
         return CLI_EXIT_USAGE;
     }
+    if (cm_batch_check(t->engine, t->batch_size, why, sizeof why)) {
+        cli_fail(p, "--batch: %s", why);
+        return CLI_EXIT_USAGE;
+    }
     if (llama && !p->flash_given)
         snprintf(t->flash_attention, sizeof t->flash_attention, "%s", cm_llamacpp_default_flash(t->kv_cache_type));
     return CLI_END;

@@ -27,6 +27,12 @@ for args in "--engine llama.cpp --flash-attention auto" "--engine llama.cpp --kv
         echo "FAIL: estimate $args: exit $rc (want 2, naming --flash-attention): $out"; fail=1
     fi
 done
+# llama.cpp holds at most 256 sequences: a larger batch is named before any work
+out=$(timeout 20 "$AC_BIN" estimate --model none.bin --engine llama.cpp --batch 257 2>&1 </dev/null)
+rc=$?
+if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- "--batch: llama.cpp serves at most 256"; then
+    echo "FAIL: estimate --engine llama.cpp --batch 257: exit $rc (want 2, naming --batch): $out"; fail=1
+fi
 # counts are whole numbers within their bounds, checked before any work: a count written as a
 # real or past its bound is refused (it was converted from a double, 1e20 to a negative count)
 for args in "--search-tokens 1e20" "--search-tokens 0.5" "--search-tokens 0" "--rank-tokens 1e19" "--seed 1.5"; do

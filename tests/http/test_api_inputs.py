@@ -144,6 +144,9 @@ def main():
         bad(lambda x: x.update(target={"workload": {"batch_size": 10**30}}), 422, "/target/workload/batch_size")  # beyond 64 bits
         bad(lambda x: x.update(target={"workload": {"prompt_tokens": 1048576, "output_tokens": 10}}), 422, "/target/workload")
         bad(lambda x: x.update(target={"precision": "int3"}), 422, "/target/precision")
+        # llama.cpp holds at most 256 sequences: a larger batch is refused now, not at its first serving
+        bad(lambda x: x.update(target={"engine": "llama.cpp", "workload": {"batch_size": 257}}), 422,
+            "/target/workload/batch_size")
         bad(lambda x: x.update(method="magic"), 422, "/method")
         bad(lambda x: x.update(search_space={k: False for k in ("hidden", "heads", "ffn", "experts", "expert_widths", "shared_expert_widths", "latent_widths", "mamba_heads", "depth")}), 422, "/search_space")
         bad(lambda x: x.update(search_space={"wings": True}), 400, "/search_space/wings")
