@@ -3,7 +3,7 @@
 # served: a fresh process each. For SmolLM2-135M (as an F32 GGUF and the Q4_1 GGUF the
 # engine dequantizes) and stories260K, at batch 1, PROMPT + OUTPUT tokens (256 + 64):
 #   1. `autocompress generate` (the built-in engine as a user serves it): its peak RSS, read
-#      from /proc while it runs (the rusage of a child counts the image it was forked from);
+#      from /proc while it runs (scripts/peak_rss.py);
 #   2. `autocompress measure` (what jobs report): the process's peak, the engine's buffers,
 #      the weights, and the RSS before the model;
 #   3. llama.cpp on the same GGUF (ac-llama bench, the target engine's measurement): its
@@ -32,32 +32,15 @@ F32=$OUT/smollm2.f32.gguf
 STORIES=$AC_SHARED/data/models/stories260K/stories260K.bin
 python3 - "$BIN" "$HELPER" "$PROMPT" "$OUTPUT" "$ROUNDS" "$THREADS" "$OUT/ceilings.txt" "$RES" \
     "SmolLM2-135M F32 GGUF=$F32" "SmolLM2-135M Q4_1 GGUF=$Q41" "stories260K llama2.c=$STORIES" <<'EOF'
-import json, os, statistics, subprocess, sys, time
+import json, os, statistics, subprocess, sys
+
+sys.path.insert(0, "scripts")
+from peak_rss import peak_rss
 
 BIN, HELPER, PROMPT, OUTPUT, ROUNDS, THREADS, CEIL, RES = sys.argv[1:9]
 PROMPT, OUTPUT, ROUNDS, THREADS = int(PROMPT), int(OUTPUT), int(ROUNDS), int(THREADS)
 MODELS = [a.split("=", 1) for a in sys.argv[9:]]
 MIB = 2 ** 20
-
-
-def peak_rss(cmd):
-    """The RSS high-water mark of the program cmd runs, read from /proc while it runs."""
-    exe = os.path.realpath(cmd[0])
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    peak = 0
-    while p.poll() is None:
-        try:
-            if os.path.realpath("/proc/%d/exe" % p.pid) == exe:
-                with open("/proc/%d/status" % p.pid) as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            peak = max(peak, int(line.split()[1]) * 1024)
-        except OSError:
-            pass
-        time.sleep(0.0005)
-    if p.returncode != 0:
-        raise SystemExit("%s failed (%d)" % (cmd, p.returncode))
-    return peak
 
 
 def json_of(cmd):

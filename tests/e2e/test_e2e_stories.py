@@ -28,8 +28,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from e2e_common import (AC_BIN, MODEL, TOK, artifacts, download, env, events, tar_member,  # noqa: E402
                         report_validator, server, sha256, stories_spec, wait_terminal, worker_pids)
+from peak_rss import peak_rss  # noqa: E402
 
 STAGES = ["load", "calibrate", "rank", "search", "prune", "distill", "evaluate", "measure", "export"]
 
@@ -176,29 +178,6 @@ def check_artifacts(s, jid, rep, model_name):
     return model
 
 
-def served_peak_rss(cmd, e):
-    """The RSS high-water mark of the program cmd runs, read from /proc while it runs
-    (the rusage of a child counts the image it was forked from, this Python's, too)."""
-    exe = os.path.realpath(cmd[0])
-    for _ in range(5):
-        p = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL)
-        peak = 0
-        while p.poll() is None:
-            try:
-                if os.path.realpath("/proc/%d/exe" % p.pid) == exe:
-                    with open("/proc/%d/status" % p.pid) as f:
-                        for line in f:
-                            if line.startswith("VmHWM:"):
-                                peak = max(peak, int(line.split()[1]) * 1024)
-            except OSError:
-                pass   # exiting
-            time.sleep(0.0005)
-        assert p.returncode == 0, (cmd, p.returncode)
-        if peak:
-            return peak
-    raise AssertionError("%s ended before its memory could be read, five times" % cmd)
-
-
 def check_reload(tar, rep):
     """The exported HF checkpoint, scored again by the CLI, gives the reported numbers
     (bf16 weights: log-perplexity within 0.05 nats, or 0.5% of it where it is large,
@@ -231,8 +210,8 @@ def check_reload(tar, rep):
         # process on the download (a context the report's workload fits in) peaks no higher
         # (not under the sanitizers, whose shadow memory and quarantine grow with each
         # process's own allocations)
-        served = served_peak_rss([AC_BIN, "generate", os.path.join(tmp, root), "--tokenizer", TOK, "--prompt",
-                                  "Once upon a time", "--max-tokens", "400"], e)
+        served = peak_rss([AC_BIN, "generate", os.path.join(tmp, root), "--tokenizer", TOK, "--prompt",
+                           "Once upon a time", "--max-tokens", "400"], e)
         measured = rep["result"]["measured"]["peak_memory_bytes"]
         print("served peak RSS %.1f MiB, reported %.1f MiB" % (served / 2**20, measured / 2**20))
         if os.environ.get("AC_SANITIZED") != "1":
