@@ -385,6 +385,19 @@ int ms_measure_model(eng_model *m, int64_t rss0, const cm_target *t, const ms_op
     return rc;
 }
 
+int ms_random_model(eng_backend *be, const arch *a, const ms_opts *o, eng_model *m, char *err, size_t errlen)
+{
+    if (eng_model_init(m, a, be, err, errlen))
+        return -1;
+    int drawn = eng_model_randomize_until(m, o && o->seed ? o->seed : 1, 0.02f, o ? o->cancelled : NULL,
+                                          o ? o->cancel_ud : NULL);
+    if (drawn) {
+        eng_model_free(m);
+        FAIL("%s", drawn > 0 ? "cancelled" : "out of memory drawing random weights");
+    }
+    return 0;
+}
+
 int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
                     char *err, size_t errlen)
 {
@@ -395,14 +408,8 @@ int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms
     if (rss0 >= 0 && ms_rss_reset_peak() != 0)
         rss0 = -1;
     eng_model m;
-    if (eng_model_init(&m, a, be, err, errlen))
+    if (ms_random_model(be, a, o, &m, err, errlen))
         return -1;
-    int drawn = eng_model_randomize_until(&m, o && o->seed ? o->seed : 1, 0.02f, o ? o->cancelled : NULL,
-                                          o ? o->cancel_ud : NULL);
-    if (drawn) {
-        eng_model_free(&m);
-        FAIL("%s", drawn > 0 ? "cancelled" : "out of memory drawing random weights");
-    }
     int rc = ms_measure_model(&m, rss0, t, o, r, err, errlen);
     eng_model_free(&m);
     return rc;

@@ -91,6 +91,11 @@ typedef struct {
 int ms_measure_arch(eng_backend *be, const arch *a, const cm_target *t, const ms_opts *o, ms_result *r,
                     char *err, size_t errlen);
 
+/* Model m of shape a on be with random weights (o's seed, 1 without; o's cancel hook asked
+ * while they are drawn): what a measurement serves where weight values do not matter.
+ * 0, or -1 with err ("cancelled", or why), nothing left allocated. */
+int ms_random_model(eng_backend *be, const arch *a, const ms_opts *o, eng_model *m, char *err, size_t errlen);
+
 /* Serve model m (built or loaded on its backend, nothing else allocated there) as
  * ms_measure_arch serves: rss0 is the process's RSS before the model was built (-1:
  * unknown), against which the RSS high-water mark counts. 0, or -1 with err. */

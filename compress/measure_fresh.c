@@ -42,14 +42,8 @@ json_t *ms_measure_process(const char *model_path, const char *arch_path, const 
     } else {
         arch a;
         if (cm_load_arch(arch_path, &a, err, errlen) == 0) {
-            rc = eng_model_init(&m, &a, be, err, errlen);
+            rc = ms_random_model(be, &a, o, &m, err, errlen);
             arch_free(&a);
-            int drawn = rc ? 0 : eng_model_randomize_until(&m, o && o->seed ? o->seed : 1, 0.02f, NULL, NULL);
-            if (drawn) {
-                eng_model_free(&m);
-                snprintf(err, errlen, "out of memory drawing random weights");
-                rc = -1;
-            }
         }
     }
     if (rc) {
