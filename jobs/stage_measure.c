@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include "compress/costmodel.h"
-#include "compress/calibrate.h"
 #include "compress/llamacpp.h"
 #include "compress/measure.h"
 #include "engine/devices.h"

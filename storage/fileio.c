@@ -159,9 +159,8 @@ void fio_map_release(const void *map, size_t len, const void *p, size_t n)
     m1 = (m1 + page - 1) & ~(page - 1);   /* the map's last page is whole */
     lo = lo < m0 ? m0 : lo;
     hi = hi > m1 ? m1 : hi;
-    /* advice only: a refusal leaves the pages resident, the bytes as they were */
-    if (lo < hi && madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
-        return;
+    if (lo < hi)   /* advice only: a refusal leaves the pages resident, the bytes as they were */
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 void fio_unmap(void *map, size_t len)
