@@ -5,6 +5,7 @@
  */
 #include "api/spec.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -143,6 +144,39 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
     }
     snprintf(msg, msglen, "no such file or directory inside the allowed roots");
     return 422;
+}
+
+int spec_inside_roots(const spec_env *env, const char *path)
+{
+    char real[PATH_MAX];
+    return fio_resolve(path, real, sizeof real) == 0 && under_any(env, real);
+}
+
+int spec_folder_confined(const spec_env *env, const char *dir, char *bad, size_t badlen)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(bad, badlen, ".");
+        return -1;   /* a folder the server cannot list is not read as a model either */
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        char p[PATH_MAX + 256];
+        struct stat lst;
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p || lstat(p, &lst) != 0 ||
+            !S_ISLNK(lst.st_mode))
+            continue;
+        if (!spec_inside_roots(env, p)) {
+            snprintf(bad, badlen, "%s", e->d_name);
+            rc = -1;
+        }
+    }
+    closedir(d);
+    return rc;
 }
 
 const char *spec_file_kind(const char *resolved)

@@ -4,7 +4,9 @@ paths are confined to the data roots, idempotency keys replay or conflict, and t
 routes (health, ready, metrics, devices, models, estimates, 404/405/413/415) behave."""
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from acserver import Server, check_problem, test_spec, write_tiny_l2c  # noqa: E402
@@ -169,6 +171,31 @@ def main():
         bad(lambda x: x.update(model={"path": "models/escape.bin"}), 403, "/model/path")
         bad(lambda x: x.update(data={"calibration": "/etc/shadow"}), 403, "/data/calibration")
         bad(lambda x: x.update(model={"path": "models/tiny.bin", "tokenizer": "../x"}), 403, "/model/tokenizer")
+        # the loader reads a model folder's files by name, links followed: a link out of the
+        # roots is refused (the server's paths unnamed); one inside them (a hub cache's
+        # snapshot into its blobs) is taken
+        outside = tempfile.mkdtemp(prefix="ac-outside-")
+        with open(os.path.join(outside, "config.json"), "w") as f:
+            f.write("{}")
+        open(os.path.join(outside, "tok32.bin"), "wb").close()
+        for name, target in (("hfleak", os.path.join(outside, "config.json")), ("hflink", "../hf/config.json")):
+            os.makedirs(os.path.join(d, "models", name))
+            os.symlink(target, os.path.join(d, "models", name, "config.json"))
+            open(os.path.join(d, "models", name, "model.safetensors"), "w").close()
+        st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/hfleak"}))
+        check_problem(st, hd, doc, 403, pointer="/model/path")
+        assert "config.json leads outside the allowed roots" in json.dumps(doc) and outside not in json.dumps(doc), doc
+        check_problem(*post(s, "/v1/models", {"path": "models/hfleak"}), 403, pointer="/path")
+        st, _, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/hflink"}, name="linked inside"))
+        assert st == 201, doc
+        # so is the tokenizer a model file finds beside it
+        os.makedirs(os.path.join(d, "models", "tokleak"))
+        write_tiny_l2c(os.path.join(d, "models", "tokleak", "m.bin"), tokenizer=False)
+        os.symlink(os.path.join(outside, "tok32.bin"), os.path.join(d, "models", "tokleak", "tok32.bin"))
+        st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/tokleak/m.bin"}))
+        check_problem(st, hd, doc, 403, pointer="/model/tokenizer")
+        assert "tok32.bin, leads outside" in json.dumps(doc) and outside not in json.dumps(doc), doc
+        shutil.rmtree(outside)
         # a job tokenizes its text: a model with no tokenizer beside it and none given is
         # refused at once (it failed after the calibration), naming the model, not the path
         os.makedirs(os.path.join(d, "models", "notok"))
