@@ -108,6 +108,8 @@ static int tick(lc_cal *c, const char *what, char *err, size_t errlen)
     c->step++;
     if (c->o.progress && c->o.progress(c->o.ud, what, c->step, c->total))
         FAIL("cancelled");
+    if (ms_quiet_cut(c->o.quiet))
+        FAIL("made beside other work: set aside");
     return 0;
 }
 

@@ -182,6 +182,10 @@ int cali_tick(cal_state *cs, const char *what, char *err, size_t errlen)
         snprintf(err, errlen, "cancelled");
         return -1;
     }
+    if (ms_quiet_cut(cs->o->quiet)) {
+        snprintf(err, errlen, "made beside other work: set aside");
+        return -1;
+    }
     return 0;
 }
 
@@ -852,29 +856,33 @@ static json_t *run_once(const arch *parent, const cm_target *t, const cal_opts *
     return result;
 }
 
-/* cal_run's calibrations under ms_run_quiet: the last one made, those set aside. */
+/* cal_run's calibrations under ms_run_quiet: the last one made (NULL for a try cut
+ * short), those set aside, the try under way. */
 typedef struct {
     const arch *parent;
     const cm_target *t;
     const cal_opts *o;
     json_t *cal, *tries;
+    ms_quiet_state state;
 } quiet_cal;
 
 static int quiet_run(void *ud, char *err, size_t errlen)
 {
     quiet_cal *q = ud;
     q->cal = run_once(q->parent, q->t, q->o, err, errlen);
-    return q->cal ? 0 : -1;
+    return q->cal ? 0 : q->state.cut ? MS_RUN_CUT : -1;
 }
 
+/* A try set aside joins the tries: its load, its wall time and held-out errors (a try cut
+ * short has neither errors nor tables: cut_short, and the wall time until it stopped). */
 static int quiet_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
 {
     quiet_cal *q = ud;
     json_t *v = json_object_get(q->cal, "validation");
-    json_t *tried = json_pack("{s:o?,s:O?,s:O?,s:O?}", "host_load", ms_host_load_json(load), "wall_s",
-                              json_object_get(q->cal, "wall_s"), "latency_mape_pct",
-                              json_object_get(v, "latency_mape_pct"), "memory_mape_pct",
-                              json_object_get(v, "memory_mape_pct"));
+    json_t *tried = json_pack("{s:o,s:o*,s:b,s:O*,s:O*}", "host_load", ms_host_load_json(load), "wall_s",
+                              q->cal ? json_incref(json_object_get(q->cal, "wall_s")) : json_real(load->wall_s),
+                              "cut_short", q->cal == NULL, "latency_mape_pct", json_object_get(v, "latency_mape_pct"),
+                              "memory_mape_pct", json_object_get(v, "memory_mape_pct"));
     json_decref(q->cal);
     q->cal = NULL;
     if (!tried || json_array_append_new(q->tries, tried)) {
@@ -897,16 +905,18 @@ json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *opts, ch
         o = *opts;
     else
         cal_opts_default(&o);
-    quiet_cal q = {parent, t, &o, NULL, json_array()};
+    quiet_cal q = {.parent = parent, .t = t, .o = &o, .tries = json_array()};
     if (!q.tries) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    o.quiet = &q.state;
     ms_quiet_opts qo = {.threads = cm_target_llamacpp(t) ? t->threads : o.threads,
                         .tries = o.quiet_tries > 1 ? o.quiet_tries : 1,
                         .wait_s = o.quiet_wait_s,
                         .cancelled = o.cancelled,
-                        .cancel_ud = o.ud};
+                        .cancel_ud = o.ud,
+                        .state = &q.state};
     ms_host_load load;
     int rc = ms_run_quiet(&qo, quiet_run, quiet_aside, &q, &load, err, errlen);
     if ((rc == 0 || rc == 2) &&

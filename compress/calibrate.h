@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "compress/costmodel.h"
+#include "compress/measure.h"
 #include "engine/arch.h"
 #include "engine/backend.h"
 
@@ -49,6 +50,9 @@ typedef struct {
      * for a quiet second before the next (default MS_QUIET_WAIT_S). */
     int quiet_tries;
     double quiet_wait_s;
+    /* cal_run's own (callers leave it NULL): the try under way, which stops at its next
+     * step once it is judged beside other work (ms_quiet_cut) and is set aside so. */
+    ms_quiet_state *quiet;
 } cal_opts;
 /* A calibration takes minutes on a real parent: once more at most. */
 #define CAL_QUIET_TRIES 2

@@ -312,8 +312,9 @@ int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const
     for (int k = 0; k < rounds; k++) {
         if (lc_bench_gguf(a, t, o, -1, &ab[k], err, errlen) || (b && lc_bench_gguf(b, t, o, -1, &bb[k], err, errlen)))
             return ms_cancelled(o) ? 1 : -1;   /* o's hook stopped a serving (err "cancelled") */
-        if (tick && tick(ud, k + 1))
-            return 1;
+        int stop = tick ? tick(ud, k + 1) : 0;
+        if (stop)
+            return stop;
     }
     return 0;
 }

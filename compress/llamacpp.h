@@ -77,8 +77,8 @@ int lc_bench_gguf(const char *path, const cm_target *t, const ms_opts *o, int64_
  * fresh process, alternating a b a b (a machine whose speed drifts moves both alike),
  * with o's warm-up and requests: benches into ab[rounds] and bb[rounds] (free each with
  * lc_bench_free, also after a failure). tick (may be NULL) runs after each round with
- * the rounds done; a non-zero return stops there (1); so does o's cancel hook, within a
- * serving. 0, 1 stopped, or -1 with err. */
+ * the rounds done; a non-zero return stops there and is returned; o's cancel hook stops
+ * within a serving (1). 0, tick's return, 1 stopped, or -1 with err. */
 int lc_bench_alternating(const char *a, const char *b, const cm_target *t, const ms_opts *o, int rounds,
                          lc_bench *ab, lc_bench *bb, int (*tick)(void *ud, int done), void *ud, char *err,
                          size_t errlen);

@@ -251,6 +251,23 @@ static int wait_quiet(const ms_quiet_opts *q)
     }
 }
 
+int ms_quiet_cut(ms_quiet_state *s)
+{
+    if (!s || s->last)
+        return 0;
+    ms_host_load l;
+    ms_host_load_since(&s->mark, &l);
+    s->cut |= ms_host_contended(&l);
+    return s->cut;
+}
+
+int ms_rounds_tick(void *rounds, int done)
+{
+    ms_rounds *r = rounds;
+    r->done = done;
+    return done < r->total && ms_quiet_cut(r->qs) ? MS_RUN_CUT : 0;
+}
+
 int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t errlen),
                  int (*aside)(void *ud, const ms_host_load *load, char *err, size_t errlen), void *ud,
                  ms_host_load *load, char *err, size_t errlen)
@@ -262,11 +279,13 @@ int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t 
         }
         ms_host_mark mark;
         ms_host_mark_now(&mark, q->threads);
+        if (q->state)
+            *q->state = (ms_quiet_state){mark, k + 1 >= q->tries, 0};
         int rc = run(ud, err, errlen);
-        if (rc)
+        if (rc && rc != MS_RUN_CUT)
             return rc;
         ms_host_load_since(&mark, load);
-        if (!ms_host_contended(load))
+        if (rc != MS_RUN_CUT && !ms_host_contended(load))
             return 0;
         if (k + 1 >= q->tries)
             return 2;

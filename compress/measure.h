@@ -199,22 +199,47 @@ json_t *ms_host_load_json(const ms_host_load *l);
 int ms_host_load_note(const json_t *hl, char *buf, size_t cap);
 
 /* A measurement other work must not slow (a search's anchor, the measure stage):
- * run(ud, err, errlen) (0; 1 cancelled; -1 with err) is judged by the machine's load over
- * it (ms_host_contended, `threads` as ms_host_mark_now's). While it is contended and runs
- * remain, aside(ud, &load, err, errlen) (0, or -1 with err) sets its results aside, then
- * the function waits for a second in which other work leaves the measurement's cores to
- * it (wait_s at most, asking cancelled(cancel_ud), which may be NULL, every 50 ms) and
- * runs it again, `tries` runs in all. A run too short to judge (under MS_HOST_MIN_S) is
- * not contended. *load: the last run's. 0 when the last run was not contended; 2 when
- * every run was (the last run's results stand, not set aside); 1 cancelled; -1 with err. */
+ * run(ud, err, errlen) (0; 1 cancelled; -1 with err; MS_RUN_CUT) is judged by the
+ * machine's load over it (ms_host_contended, `threads` as ms_host_mark_now's). While it is
+ * contended and runs remain, aside(ud, &load, err, errlen) (0, or -1 with err) sets its
+ * results aside, then the function waits for a second in which other work leaves the
+ * measurement's cores to it (wait_s at most, asking cancelled(cancel_ud), which may be
+ * NULL, every 50 ms) and runs it again, `tries` runs in all. A run too short to judge
+ * (under MS_HOST_MIN_S) is not contended. *load: the last run's. 0 when the last run was
+ * not contended; 2 when every run was (the last run's results stand, not set aside); 1
+ * cancelled; -1 with err.
+ * A run made of steps (fresh processes, say) need not finish one that will be set aside:
+ * with q->state set, it may ask ms_quiet_cut(state) between its steps and, on 1, stop and
+ * return MS_RUN_CUT with its results so far, which are set aside as contended. The last
+ * try is never cut. */
 #define MS_QUIET_TRIES 3
 #define MS_QUIET_WAIT_S 30.0
+#define MS_RUN_CUT 3
+typedef struct {
+    ms_host_mark mark;   /* the run's start */
+    int last;            /* 1 on the last try */
+    int cut;             /* ms_quiet_cut said 1 during this run */
+} ms_quiet_state;
 typedef struct {
     int threads, tries;
     double wait_s;
     int (*cancelled)(void *ud);
     void *cancel_ud;
+    ms_quiet_state *state;   /* NULL: runs are judged whole */
 } ms_quiet_opts;
+/* 1 when the run that s describes is not its ms_run_quiet's last try and the load since
+ * its start is judged contended: it will be set aside whatever its remaining steps
+ * measure (s->cut is set). 0 otherwise, also for a NULL s. */
+int ms_quiet_cut(ms_quiet_state *s);
+/* A run made of `total` rounds of fresh processes: after round `done` (1-based) it is
+ * recorded, and MS_RUN_CUT is returned when rounds remain and ms_quiet_cut(qs) says the
+ * run will be set aside; else 0. ms_rounds_tick(&r, done) fits lc_bench_alternating's
+ * tick. */
+typedef struct {
+    ms_quiet_state *qs;
+    int total, done;
+} ms_rounds;
+int ms_rounds_tick(void *rounds, int done);
 int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t errlen),
                  int (*aside)(void *ud, const ms_host_load *load, char *err, size_t errlen), void *ud,
                  ms_host_load *load, char *err, size_t errlen);

@@ -44,38 +44,45 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
     return 0;
 }
 
-/* The parent served at the anchor, SC_ROUNDS fresh processes: *m the median serving,
- * *lat each serving's latency. 0, or -1 with err. */
-static int serve_parent(sc_check *c, ms_result *m, json_t **lat, char *err, size_t errlen)
+/* The parent served at the anchor, SC_ROUNDS fresh processes (fewer when ms_rounds_tick
+ * cuts the try short: MS_RUN_CUT): *m the median serving, *lat each serving's latency. 0,
+ * MS_RUN_CUT, or -1 with err. */
+static int serve_parent(sc_check *c, ms_quiet_state *qs, ms_result *m, json_t **lat, char *err,
+                        size_t errlen)
 {
     memset(m, 0, sizeof *m);
     *lat = NULL;
     ms_opts o = serve_opts(c, 1);
+    ms_rounds rd = {qs, SC_ROUNDS, 0};
+    int rc = 0;
     if (c->builtin) {
         ms_result pr[SC_ROUNDS];
-        for (int k = 0; k < SC_ROUNDS; k++)
+        for (int k = 0; k < SC_ROUNDS && !rc; k++) {
             if (ms_measure_fresh(c->parent, NULL, &c->t, &o, &pr[k], err, errlen))
                 return -1;
-        ms_results_median(pr, SC_ROUNDS, m);
-        *lat = ms_results_latencies_json(pr, SC_ROUNDS);
-        return 0;
+            rc = ms_rounds_tick(&rd, k + 1);
+        }
+        ms_results_median(pr, rd.done, m);
+        *lat = ms_results_latencies_json(pr, rd.done);
+        return rc;
     }
     lc_bench pb[SC_ROUNDS];
-    int rc = lc_bench_alternating(c->ppath, NULL, &c->t, &o, SC_ROUNDS, pb, NULL, NULL, NULL, err, errlen);
-    if (rc == 0) {
-        lc_bench_median(pb, SC_ROUNDS, &c->t, m);
-        *lat = lc_bench_latencies_json(pb, SC_ROUNDS, &c->t);
+    rc = lc_bench_alternating(c->ppath, NULL, &c->t, &o, SC_ROUNDS, pb, NULL, ms_rounds_tick, &rd, err, errlen);
+    if (rc == 0 || rc == MS_RUN_CUT) {
+        lc_bench_median(pb, rd.done, &c->t, m);
+        *lat = lc_bench_latencies_json(pb, rd.done, &c->t);
     }
     for (int k = 0; k < SC_ROUNDS; k++)
         lc_bench_free(&pb[k]);
-    return rc ? -1 : 0;
+    return rc == 0 || rc == MS_RUN_CUT ? rc : -1;
 }
 
-/* How the anchor and each check measure again beside other work (ms_run_quiet). */
-static ms_quiet_opts quiet_opts(const sc_check *c)
+/* How the anchor and each check measure again beside other work (ms_run_quiet), a try
+ * cut short once it is contended (state). */
+static ms_quiet_opts quiet_opts(const sc_check *c, ms_quiet_state *state)
 {
     return (ms_quiet_opts){.threads = ms_target_threads(&c->t), .tries = MS_QUIET_TRIES, .wait_s = c->quiet_wait_s,
-                           .cancelled = c->cancelled, .cancel_ud = c->cancel_ud};
+                           .cancelled = c->cancelled, .cancel_ud = c->cancel_ud, .state = state};
 }
 
 /* The anchor's servings under ms_run_quiet: the latest's median, process latencies and
@@ -84,13 +91,14 @@ typedef struct {
     sc_check *c;
     ms_result m;
     json_t *lat, *tries;
+    ms_quiet_state qs;
 } anchor_run;
 
 static int anchor_serve(void *ud, char *err, size_t errlen)
 {
     anchor_run *r = ud;
     json_decref(r->lat);
-    return serve_parent(r->c, &r->m, &r->lat, err, errlen);
+    return serve_parent(r->c, &r->qs, &r->m, &r->lat, err, errlen);
 }
 
 static int anchor_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
@@ -112,7 +120,7 @@ static int serve_parent_quiet(sc_check *c, ms_result *m, json_t **lat, ms_host_l
     anchor_run r = {.c = c, .tries = json_array()};
     if (!r.tries || json_object_set_new(c->doc, "anchor_tries", r.tries))
         FAIL("out of memory");
-    ms_quiet_opts q = quiet_opts(c);
+    ms_quiet_opts q = quiet_opts(c, &r.qs);
     int rc = ms_run_quiet(&q, anchor_serve, anchor_aside, &r, load, err, errlen);
     if (rc == 0) {
         *m = r.m;
@@ -196,47 +204,59 @@ int sc_anchor(sc_check *c, const cm_tables *tb, cm_tables *out, char *err, size_
 }
 
 /* Serve `a` (seed: its random weights) and the parent SC_ROUNDS times each, alternating a
- * round of the parent then one of a: ar[k] and pr[k] the k-th servings. 0, or -1 with err. */
-static int serve_pair(sc_check *c, const arch *a, uint64_t seed, ms_result *ar, ms_result *pr, char *err,
-                      size_t errlen)
+ * round of the parent then one of a: ar[k] and pr[k] the k-th servings, *n of them (fewer
+ * than SC_ROUNDS when the try is cut short: MS_RUN_CUT). 0, MS_RUN_CUT, or -1 with err. */
+static int serve_pair(sc_check *c, ms_quiet_state *qs, const arch *a, uint64_t seed, ms_result *ar,
+                      ms_result *pr, int *n, char *err, size_t errlen)
 {
     ms_opts op = serve_opts(c, 1), oa = serve_opts(c, seed);
+    ms_rounds rd = {qs, SC_ROUNDS, 0};
+    int rc = 0;
+    *n = 0;
     if (c->builtin) {
-        for (int k = 0; k < SC_ROUNDS; k++)
+        for (int k = 0; k < SC_ROUNDS && !rc; k++) {
             if (ms_measure_fresh(c->parent, NULL, &c->t, &op, &pr[k], err, errlen) ||
                 ms_measure_fresh(a, NULL, &c->t, &oa, &ar[k], err, errlen))
                 return -1;
-        return 0;
+            rc = ms_rounds_tick(&rd, k + 1);
+        }
+        *n = rd.done;
+        return rc;
     }
     char path[4400];
     if (lc_write_random(a, &c->t, seed, c->dir, "check", path, sizeof path, NULL, &oa, err, errlen))
         return -1;
     lc_bench pb[SC_ROUNDS], ab[SC_ROUNDS];
-    int rc = lc_bench_alternating(c->ppath, path, &c->t, &op, SC_ROUNDS, pb, ab, NULL, NULL, err, errlen);
+    rc = lc_bench_alternating(c->ppath, path, &c->t, &op, SC_ROUNDS, pb, ab, ms_rounds_tick, &rd, err, errlen);
     (void)unlink(path);
+    int ok = rc == 0 || rc == MS_RUN_CUT;
     for (int k = 0; k < SC_ROUNDS; k++) {
-        if (rc == 0) {
+        if (ok && k < rd.done) {
             lc_bench_result(&ab[k], &c->t, &ar[k]);
             lc_bench_result(&pb[k], &c->t, &pr[k]);
         }
         lc_bench_free(&pb[k]);
         lc_bench_free(&ab[k]);
     }
-    return rc ? -1 : 0;
+    *n = ok ? rd.done : 0;
+    return ok ? rc : -1;
 }
 
-/* A check's servings under ms_run_quiet: the arch, its weights' seed, the latest rounds. */
+/* A check's servings under ms_run_quiet: the arch, its weights' seed, the latest rounds
+ * (n of them). */
 typedef struct {
     sc_check *c;
     const arch *a;
     uint64_t seed;
     ms_result ar[SC_ROUNDS], pr[SC_ROUNDS];
+    int n;
+    ms_quiet_state qs;
 } check_run;
 
 static int check_serve(void *ud, char *err, size_t errlen)
 {
     check_run *r = ud;
-    return serve_pair(r->c, r->a, r->seed, r->ar, r->pr, err, errlen);
+    return serve_pair(r->c, &r->qs, r->a, r->seed, r->ar, r->pr, &r->n, err, errlen);
 }
 
 /* A check's servings beside other work join the document's "check_tries". */
@@ -246,8 +266,8 @@ static int check_aside(void *ud, const ms_host_load *load, char *err, size_t err
     char summary[1024];
     arch_summary(r->a, summary, sizeof summary);
     json_t *t = json_pack("{s:s,s:o*,s:o*,s:o}", "arch", summary, "process_latencies_ms",
-                          ms_results_latencies_json(r->ar, SC_ROUNDS), "parent_process_latencies_ms",
-                          ms_results_latencies_json(r->pr, SC_ROUNDS), "host_load", ms_host_load_json(load));
+                          ms_results_latencies_json(r->ar, r->n), "parent_process_latencies_ms",
+                          ms_results_latencies_json(r->pr, r->n), "host_load", ms_host_load_json(load));
     if (!t || json_array_append_new(json_object_get(r->c->doc, "check_tries"), t))
         FAIL("out of memory");
     return 0;
@@ -260,7 +280,7 @@ int sc_measure(sc_check *c, const arch *a, const cm_prediction *pred, cm_predict
         FAIL("a served check needs the anchor first");
     int n = (int)json_array_size(json_object_get(c->doc, "checks"));
     check_run r = {.c = c, .a = a, .seed = 2 + (uint64_t)n};
-    ms_quiet_opts q = quiet_opts(c);
+    ms_quiet_opts q = quiet_opts(c, &r.qs);
     ms_host_load load;
     int rc = ms_run_quiet(&q, check_serve, check_aside, &r, &load, err, errlen);
     if (rc == 1 || rc < 0)

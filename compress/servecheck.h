@@ -61,7 +61,8 @@ int sc_open(sc_check *c, const arch *parent, const cm_target *t, int (*cancelled
  * search at that speed: it is set aside, and after a wait of up to c->quiet_wait_s for a
  * second in which the machine leaves the target's cores to it (asking the cancel hook
  * every 50 ms), the parent is served again, MS_QUIET_TRIES servings in all
- * (ms_run_quiet). The
+ * (ms_run_quiet). A serving already contended after one of its SC_ROUNDS processes stops
+ * there (ms_rounds_tick), except the last try. The
  * servings set aside are the document's "anchor_tries" ({parent_measured_ms, host_load,
  * and for llama.cpp process_latencies_ms} each). A serving too short to judge (under MS_HOST_MIN_S) is used.
  *

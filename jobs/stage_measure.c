@@ -138,11 +138,11 @@ static json_t *measured_json(const cm_tables *tb, const arch *a, const ms_result
 }
 
 /* measured_json of llama.cpp's benches b, with the buffers of the median process. */
-static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench *b, int exported,
+static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench *b, int n, int exported,
                               const cm_target *t)
 {
     ms_result rr[LC_ROUNDS];
-    for (int k = 0; k < LC_ROUNDS; k++)
+    for (int k = 0; k < n; k++)
         lc_bench_result(&b[k], t, &rr[k]);
     char how[200];
     snprintf(how, sizeof how,
@@ -150,7 +150,7 @@ static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench
              "a warm-up and the median of %d requests",
              LC_ROUNDS, LC_REQUESTS);
     int m;
-    json_t *out = measured_json(tb, a, rr, LC_ROUNDS, exported ? "the exported GGUF" : "random", how, t, &m);
+    json_t *out = measured_json(tb, a, rr, n, exported ? "the exported GGUF" : "random", how, t, &m);
     json_t *meas = json_object_get(out, "measured");
     if (meas)
         json_object_set_new(meas, "llama_cpp_buffers",
@@ -160,20 +160,34 @@ static json_t *llama_measured(const cm_tables *tb, const arch *a, const lc_bench
     return out;
 }
 
+/* Where a measurement's rounds stand: the job, and the rounds (ms_rounds_tick's). */
+typedef struct {
+    job_ctx *ctx;
+    ms_rounds r;
+} rounds;
+
+/* After each round: 1 cancelled; MS_RUN_CUT when the rounds so far were beside other work
+ * and another try follows (the rest would be set aside with them); else 0. */
 static int round_done(void *ud, int done)
 {
-    job_progress(ud, done, LC_ROUNDS);
-    return job_cancelled(ud);
+    rounds *r = ud;
+    job_progress(r->ctx, done, LC_ROUNDS);
+    if (job_cancelled(r->ctx))
+        return 1;
+    return ms_rounds_tick(&r->r, done);
 }
 
 /* The parent (random weights at the target's type, in a scratch folder) and the result
  * (the GGUF at gguf, random weights when gguf is "" (a search-only job); none when
  * result is NULL) served LC_ROUNDS times each in fresh
  * processes, alternating A B A B: a machine whose speed drifts moves both alike. *pj and
- * *rj get their objects. 0; 1 cancelled; -1 with err. */
-static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, const arch *result, const char *gguf,
-                         const cm_target *t, json_t **pj, json_t **rj, char *err, size_t errlen)
+ * *rj get their objects. 0; 1 cancelled; MS_RUN_CUT (qs: fewer rounds, beside other
+ * work); -1 with err. */
+static int measure_llama(job_ctx *ctx, ms_quiet_state *qs, const cm_tables *tb, const arch *parent,
+                         const arch *result, const char *gguf, const cm_target *t, json_t **pj, json_t **rj,
+                         char *err, size_t errlen)
 {
+    rounds rd = {ctx, {qs, LC_ROUNDS, 0}};
     char dir[4096], ppath[4400], rpath[4400];
     lc_bench pb[LC_ROUNDS], rb[LC_ROUNDS];
     memset(pb, 0, sizeof pb);
@@ -188,10 +202,10 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
         snprintf(rpath, sizeof rpath, "%s", gguf);
     if (rc == 0)
         rc = lc_bench_alternating(ppath, result ? rpath : NULL, t, &o, LC_ROUNDS, pb, result ? rb : NULL, round_done,
-                                  ctx, err, errlen);
-    if (rc == 0) {
-        *pj = llama_measured(tb, parent, pb, 0, t);
-        *rj = result ? llama_measured(tb, result, rb, *gguf != 0, t) : NULL;
+                                  &rd, err, errlen);
+    if (rc == 0 || rc == MS_RUN_CUT) {
+        *pj = llama_measured(tb, parent, pb, rd.r.done, 0, t);
+        *rj = result ? llama_measured(tb, result, rb, rd.r.done, *gguf != 0, t) : NULL;
         if (!*pj || (result && !*rj)) {
             snprintf(err, errlen, "measure: out of memory");
             rc = -1;
@@ -209,18 +223,21 @@ static int measure_llama(job_ctx *ctx, const cm_tables *tb, const arch *parent, 
  * at student, loaded as a user serves it; random weights of result when student is NULL,
  * a search-only job; none when result is NULL) served LC_ROUNDS times each in fresh
  * processes (autocompress measure), alternating A B A B. *pj and *rj get their objects.
- * 0; 1 cancelled; -1 with err. */
-static int measure_builtin(job_ctx *ctx, const cm_tables *tb, const arch *parent, const arch *result,
-                           const char *student, const cm_target *t, json_t **pj, json_t **rj, char *err,
-                           size_t errlen)
+ * 0; 1 cancelled; MS_RUN_CUT (qs: fewer rounds, beside other work); -1 with err. */
+static int measure_builtin(job_ctx *ctx, ms_quiet_state *qs, const cm_tables *tb, const arch *parent,
+                           const arch *result, const char *student, const cm_target *t, json_t **pj, json_t **rj,
+                           char *err, size_t errlen)
 {
     ms_result pr[LC_ROUNDS], rr[LC_ROUNDS];
     ms_opts o = {.warmup = 1, .reps = LC_REQUESTS, .seed = 1, .cancelled = job_cancelled_hook, .cancel_ud = ctx};
-    for (int k = 0; k < LC_ROUNDS; k++) {
+    rounds rd = {ctx, {qs, LC_ROUNDS, 0}};
+    int rc = 0;
+    for (int k = 0; k < LC_ROUNDS && !rc; k++) {
         if (ms_measure_fresh(parent, NULL, t, &o, &pr[k], err, errlen) ||
             (result && ms_measure_fresh(student ? NULL : result, student, t, &o, &rr[k], err, errlen)))
             return job_cancelled(ctx) ? 1 : -1;
-        if (round_done(ctx, k + 1))
+        rc = round_done(&rd, k + 1);
+        if (rc == 1)
             return 1;
     }
     char how[400];
@@ -230,14 +247,14 @@ static int measure_builtin(job_ctx *ctx, const cm_tables *tb, const arch *parent
              "processes' peaks (on the CPU each process's RSS high-water mark since it started)",
              LC_ROUNDS, LC_REQUESTS);
     int m;
-    *pj = measured_json(tb, parent, pr, LC_ROUNDS, "random", how, t, &m);
-    *rj = result ? measured_json(tb, result, rr, LC_ROUNDS, student ? "the job's checkpoint" : "random", how, t, &m)
+    *pj = measured_json(tb, parent, pr, rd.r.done, "random", how, t, &m);
+    *rj = result ? measured_json(tb, result, rr, rd.r.done, student ? "the job's checkpoint" : "random", how, t, &m)
                  : NULL;
     if (!*pj || (result && !*rj)) {
         snprintf(err, errlen, "measure: out of memory");
         return -1;
     }
-    return 0;
+    return rc;
 }
 
 /* One measurement of the parent and the result in the target's engine (ms_run_quiet's
@@ -251,6 +268,7 @@ typedef struct {
     const char *gguf;               /* measure_llama's */
     const cm_target *t;
     json_t *pj, *rj, *aside;
+    ms_quiet_state qs;              /* ms_run_quiet's: where the try stands */
 } measure_run;
 
 static int measure_pair(void *ud, char *err, size_t errlen)
@@ -261,8 +279,10 @@ static int measure_pair(void *ud, char *err, size_t errlen)
     r->pj = r->rj = NULL;
     job_progress(r->ctx, 0, LC_ROUNDS);
     if (!r->builtin)
-        return measure_llama(r->ctx, r->tb, r->parent, r->result, r->gguf, r->t, &r->pj, &r->rj, err, errlen);
-    return measure_builtin(r->ctx, r->tb, r->parent, r->result, r->student, r->t, &r->pj, &r->rj, err, errlen);
+        return measure_llama(r->ctx, &r->qs, r->tb, r->parent, r->result, r->gguf, r->t, &r->pj, &r->rj, err,
+                             errlen);
+    return measure_builtin(r->ctx, &r->qs, r->tb, r->parent, r->result, r->student, r->t, &r->pj, &r->rj, err,
+                           errlen);
 }
 
 /* A measurement beside other work: its latencies and load join r->aside, and an event says
@@ -271,9 +291,11 @@ static int measure_aside(void *ud, const ms_host_load *load, char *err, size_t e
 {
     measure_run *r = ud;
     json_t *hl = ms_host_load_json(load), *lat = json_object_get(json_object_get(r->rj, "measured"), "latency_ms");
-    json_t *row = json_pack("{s:O,s:O*,s:O}", "parent_latency_ms",
+    /* a try cut short (ms_quiet_cut) made fewer processes than LC_ROUNDS */
+    size_t procs = json_array_size(json_object_get(json_object_get(r->pj, "measured"), "process_latencies_ms"));
+    json_t *row = json_pack("{s:O,s:O*,s:I,s:O}", "parent_latency_ms",
                             json_object_get(json_object_get(r->pj, "measured"), "latency_ms"), "result_latency_ms",
-                            lat, "host_load", hl);
+                            lat, "processes", (json_int_t)procs, "host_load", hl);
     char note[300] = "", msg[500];
     (void)ms_host_load_note(hl, note, sizeof note);
     json_decref(hl);
@@ -294,7 +316,7 @@ static int measure_aside(void *ud, const ms_host_load *load, char *err, size_t e
 static int measure_quiet(measure_run *r, ms_host_load *load, char *err, size_t errlen)
 {
     ms_quiet_opts q = {.threads = ms_target_threads(r->t), .tries = MS_QUIET_TRIES, .wait_s = MS_QUIET_WAIT_S,
-                       .cancelled = job_cancelled_hook, .cancel_ud = r->ctx};
+                       .cancelled = job_cancelled_hook, .cancel_ud = r->ctx, .state = &r->qs};
     int rc = ms_run_quiet(&q, measure_pair, measure_aside, r, load, err, errlen);
     return rc == 2 ? 0 : rc;
 }

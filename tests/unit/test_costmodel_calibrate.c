@@ -864,6 +864,58 @@ static void test_run_quiet(void **state)
     spinner_stop(p.kid);
 }
 
+/* A run of two 1.05 s steps that asks ms_quiet_cut between them: steps[k] the steps the
+ * k-th run made. */
+typedef struct {
+    ms_quiet_state *qs;
+    int runs, asides, steps[4];
+} cut_probe;
+
+static int cut_run(void *ud, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    cut_probe *p = ud;
+    int k = p->runs++;
+    for (int s = 0; s < 2; s++) {
+        usleep(1050 * 1000);
+        p->steps[k]++;
+        if (s == 0 && ms_quiet_cut(p->qs))
+            return MS_RUN_CUT;
+    }
+    return 0;
+}
+
+static int cut_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
+{
+    (void)load;
+    (void)err;
+    (void)errlen;
+    ((cut_probe *)ud)->asides++;
+    return 0;
+}
+
+/* A run beside a spinning process stops at its first step and is set aside (MS_RUN_CUT),
+ * but the last try is never cut: its results stand (2). No state, no cut. */
+static void test_run_quiet_cut(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    ms_host_load load;
+    ms_quiet_state qs;
+    cut_probe p = {.qs = &qs};
+    ms_quiet_opts q = {.threads = 0, .tries = 2, .wait_s = 0.3, .state = &qs};
+    pid_t kid = spinner_start(600);
+    assert_int_equal(ms_run_quiet(&q, cut_run, cut_aside, &p, &load, err, sizeof err), 2);
+    assert_int_equal(p.runs, 2);
+    assert_int_equal(p.asides, 1);
+    assert_int_equal(p.steps[0], 1);
+    assert_int_equal(p.steps[1], 2);   /* the last try runs whole */
+    assert_true(qs.last);
+    assert_int_equal(ms_quiet_cut(NULL), 0);
+    spinner_stop(kid);
+}
+
 /* A cancel hook that never cancels and stops the spinner kid once the check's document
  * has a serving set aside in its array `tries`. */
 typedef struct {
@@ -886,7 +938,8 @@ static int stop_spinner_after_try(void *ud)
  * process spinning through every serving it serves the parent MS_QUIET_TRIES times, sets
  * each aside and anchors nothing (1, err says why, no check may use it); with one that
  * stops after the first serving, it waits for a quiet second and anchors on the next; a
- * check is served again the same way.
+ * check is served again the same way; the last try runs all SC_ROUNDS processes (a try
+ * cut short once contended: test_run_quiet_cut).
  * The parent's decode is lengthened until a serving is long enough to judge here. */
 /* The cores this test process may use, put back after a test pinned it (also when its
  * assertions end it early: later tests count every core). */
@@ -955,6 +1008,13 @@ static void test_served_anchor_contended(void **state)
         json_t *tr = json_array_get(tries, k);
         assert_true(json_number_value(json_object_get(tr, "parent_measured_ms")) > 0);
         assert_true(json_is_true(json_object_get(json_object_get(tr, "host_load"), "contended")));
+        /* judged between its processes (cut short once a stretch long enough to judge was
+           contended: here a process may be shorter), but the last try runs whole */
+        size_t procs = json_array_size(json_object_get(tr, "process_latencies_ms"));
+        if (k + 1 < MS_QUIET_TRIES)
+            assert_true(procs >= 1 && procs <= SC_ROUNDS);
+        else
+            assert_int_equal(procs, SC_ROUNDS);
     }
     cm_prediction m;
     assert_int_equal(sc_measure(&sc, &p, NULL, &m, err, sizeof err), -1);
@@ -988,7 +1048,8 @@ static void test_served_anchor_contended(void **state)
     tries = json_object_get(sc_doc(&sc), "check_tries");
     assert_true(json_array_size(tries) >= 1 && json_array_size(tries) < MS_QUIET_TRIES);
     assert_true(json_is_true(json_object_get(json_object_get(json_array_get(tries, 0), "host_load"), "contended")));
-    assert_int_equal(json_array_size(json_object_get(json_array_get(tries, 0), "process_latencies_ms")), SC_ROUNDS);
+    size_t procs = json_array_size(json_object_get(json_array_get(tries, 0), "process_latencies_ms"));
+    assert_true(procs >= 1 && procs <= SC_ROUNDS);
     json_t *row = json_array_get(json_object_get(sc_doc(&sc), "checks"), 0);
     assert_non_null(row);
     assert_true(json_is_false(json_object_get(json_object_get(row, "host_load"), "contended")));
@@ -1114,7 +1175,10 @@ static void test_calibrate_contended(void **state)
     json_t *tried = json_array_get(tries, 0);
     assert_true(json_is_true(json_object_get(json_object_get(tried, "host_load"), "contended")));
     assert_true(json_number_value(json_object_get(tried, "wall_s")) >= 1);
-    assert_true(json_is_number(json_object_get(tried, "latency_mape_pct")));
+    /* stopped at its first step judged contended (the last try runs whole) */
+    assert_true(json_is_true(json_object_get(tried, "cut_short")));
+    assert_null(json_object_get(tried, "latency_mape_pct"));
+    assert_true(json_is_number(json_object_get(json_object_get(cal, "validation"), "latency_mape_pct")));
     print_message("calibration at %d decode steps beside %d spinners: set aside after %.2f s, kept after %.2f s "
                   "(others %.0f%% of the cores)\n",
                   t.output_tokens, cores + 1, json_number_value(json_object_get(tried, "wall_s")),
@@ -1237,6 +1301,7 @@ int main(void)
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_run_quiet),
+        cmocka_unit_test(test_run_quiet_cut),
         cmocka_unit_test_teardown(test_served_anchor_contended, restore_cpus),
         cmocka_unit_test(test_measure_cancel),
         cmocka_unit_test(test_calibrate_cancel),
