@@ -233,9 +233,10 @@ static void model_path(vctx *v, json_t *obj, const char *ptr, json_t *out)
     json_t *p = json_object_get(out, "path");
     char why[1024], at[256], bad[256];
     api_ptr_join(at, sizeof at, ptr, "path");
-    /* the loader reads a folder's files by name, links followed: none may lead out */
-    if (p && spec_folder_confined(v->env, json_string_value(p), bad, sizeof bad)) {
-        fault(v, 403, at, "the model folder's entry %s leads outside the allowed roots (see --data-root)", bad);
+    /* the loader reads a model's files by name, links followed: none may lead out */
+    if (p && spec_model_confined(v->env, json_string_value(p), bad, sizeof bad)) {
+        fault(v, 403, at, "the model's file %s is a link that leads outside the allowed roots (see --data-root)",
+              bad);
         return;
     }
     const char *fmt = p ? spec_model_format(json_string_value(p), why, sizeof why) : NULL;
@@ -367,16 +368,7 @@ static void check_tokenizer(vctx *v, json_t *model)
         return;   /* a model that does not open fails its load stage, which says why */
     int found = mio_tokenizer_found(&mm, err, sizeof err) == 0;
     int gguf = mm.format == MIO_GGUF;
-    /* one found beside a model file is read as the model's: confined like it */
-    int escapes = found && !tok && mm.tok_path[0] && !spec_inside_roots(v->env, mm.tok_path);
-    char beside[sizeof mm.tok_path];
-    snprintf(beside, sizeof beside, "%s", strrchr(mm.tok_path, '/') ? strrchr(mm.tok_path, '/') + 1 : mm.tok_path);
     mio_close(&mm);
-    if (escapes) {
-        fault(v, 403, "/model/tokenizer", "the tokenizer beside the model, %s, leads outside the allowed roots "
-              "(see --data-root)", beside);
-        return;
-    }
     if (found)
         return;
     const char *slash = strrchr(path, '/'), *id = json_string_value(json_object_get(model, "id"));

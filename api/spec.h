@@ -44,13 +44,11 @@ json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, jso
 int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t outlen,
                       char *msg, size_t msglen);
 
-/* 1 when path resolves (links followed, dangling ones too) inside one of the roots. */
-int spec_inside_roots(const spec_env *env, const char *path);
-
-/* A model folder's entries are read by name (config.json, shards, tokenizer files): 0 when
- * no symlink among them leads out of the roots (or dir is not a folder); else -1 with the
- * first such entry's name in bad. */
-int spec_folder_confined(const spec_env *env, const char *dir, char *bad, size_t badlen);
+/* The loader reads a model's files by name, links followed: a folder's entries (config,
+ * shards, tokenizer files), or the config and tokenizers beside a model file. 0 when no
+ * symlink among them leads out of the roots; else -1 with the first such entry's name in
+ * bad. */
+int spec_model_confined(const spec_env *env, const char *path, char *bad, size_t badlen);
 
 /* The model format at a resolved path, by storage/modelio's one probe: "hf", "safetensors",
  * "gguf" or "llama2c"; or NULL with why (the file's name, what is wrong and the formats

@@ -146,31 +146,55 @@ int spec_resolve_path(const spec_env *env, const char *path, char *out, size_t o
     return 422;
 }
 
-int spec_inside_roots(const spec_env *env, const char *path)
+/* 1 when path resolves (links followed, dangling ones too) inside one of the roots. */
+static int inside_roots(const spec_env *env, const char *path)
 {
     char real[PATH_MAX];
     return fio_resolve(path, real, sizeof real) == 0 && under_any(env, real);
 }
 
-int spec_folder_confined(const spec_env *env, const char *dir, char *bad, size_t badlen)
+/* The names storage/modelio reads beside a model file: its config (safetensors) and the
+ * tokenizers it looks for (tokenizer.json; llama2.c's tok<vocab>.bin or tokenizer.bin). */
+static int read_beside_file(const char *name)
+{
+    if (!strcmp(name, "config.json") || !strcmp(name, "tokenizer.json") || !strcmp(name, "tokenizer.bin"))
+        return 1;
+    size_t n = strlen(name), k = 3;
+    if (n < 8 || strncmp(name, "tok", 3) || strcmp(name + n - 4, ".bin"))
+        return 0;
+    while (k < n - 4 && name[k] >= '0' && name[k] <= '9')
+        k++;
+    return k == n - 4;
+}
+
+int spec_model_confined(const spec_env *env, const char *path, char *bad, size_t badlen)
 {
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    if (stat(path, &st) != 0)
         return 0;
-    DIR *d = opendir(dir);
-    if (!d) {
-        snprintf(bad, badlen, ".");
-        return -1;   /* a folder the server cannot list is not read as a model either */
+    int folder = S_ISDIR(st.st_mode);
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return 0;
+    if (!folder) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            return 0;
+        slash[slash == dir] = 0;   /* "/m.bin" -> "/" */
     }
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;   /* a folder that cannot be listed cannot be read as a model either: the probe says so */
     int rc = 0;
     struct dirent *e;
     while (!rc && (e = readdir(d))) {
         char p[PATH_MAX + 256];
         struct stat lst;
-        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p || lstat(p, &lst) != 0 ||
+        if ((!folder && !read_beside_file(e->d_name)) ||
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p || lstat(p, &lst) != 0 ||
             !S_ISLNK(lst.st_mode))
             continue;
-        if (!spec_inside_roots(env, p)) {
+        if (!inside_roots(env, p)) {
             snprintf(bad, badlen, "%s", e->d_name);
             rc = -1;
         }

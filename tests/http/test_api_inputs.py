@@ -184,17 +184,30 @@ def main():
             open(os.path.join(d, "models", name, "model.safetensors"), "w").close()
         st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/hfleak"}))
         check_problem(st, hd, doc, 403, pointer="/model/path")
-        assert "config.json leads outside the allowed roots" in json.dumps(doc) and outside not in json.dumps(doc), doc
+        assert "file config.json is a link that leads outside" in json.dumps(doc) and outside not in json.dumps(doc), doc
         check_problem(*post(s, "/v1/models", {"path": "models/hfleak"}), 403, pointer="/path")
         st, _, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/hflink"}, name="linked inside"))
         assert st == 201, doc
-        # so is the tokenizer a model file finds beside it
+        # so are the files read beside a model file: the tokenizer it finds, a safetensors
+        # file's config.json (registration too); other files beside it are not read
         os.makedirs(os.path.join(d, "models", "tokleak"))
         write_tiny_l2c(os.path.join(d, "models", "tokleak", "m.bin"), tokenizer=False)
         os.symlink(os.path.join(outside, "tok32.bin"), os.path.join(d, "models", "tokleak", "tok32.bin"))
+        os.symlink("/etc/hostname", os.path.join(d, "models", "tokleak", "notes.txt"))
         st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/tokleak/m.bin"}))
-        check_problem(st, hd, doc, 403, pointer="/model/tokenizer")
-        assert "tok32.bin, leads outside" in json.dumps(doc) and outside not in json.dumps(doc), doc
+        check_problem(st, hd, doc, 403, pointer="/model/path")
+        assert "file tok32.bin is a link" in json.dumps(doc) and outside not in json.dumps(doc), doc
+        check_problem(*post(s, "/v1/models", {"path": "models/tokleak/m.bin"}), 403, pointer="/path")
+        os.makedirs(os.path.join(d, "models", "stleak"))
+        open(os.path.join(d, "models", "stleak", "m.safetensors"), "wb").write(b"\x02\0\0\0\0\0\0\0{}")
+        os.symlink(os.path.join(outside, "config.json"), os.path.join(d, "models", "stleak", "config.json"))
+        st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/stleak/m.safetensors"}))
+        check_problem(st, hd, doc, 403, pointer="/model/path")
+        assert "file config.json is a link" in json.dumps(doc), doc
+        os.unlink(os.path.join(d, "models", "tokleak", "tok32.bin"))
+        open(os.path.join(d, "models", "tokleak", "tok32.bin"), "wb").close()
+        st, _, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/tokleak/m.bin"}, name="a link not read"))
+        assert st == 201, doc
         shutil.rmtree(outside)
         # a job tokenizes its text: a model with no tokenizer beside it and none given is
         # refused at once (it failed after the calibration), naming the model, not the path
