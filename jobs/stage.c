@@ -163,9 +163,10 @@ int job_cancelled(job_ctx *ctx)
     double now = eng_wall_s();
     if (now - ctx->last_cancel_check >= 0.25) {
         ctx->last_cancel_check = now;
-        if (store_job_cancel_requested(ctx->st, ctx->id) == 1)
+        int w = store_job_watch(ctx->st, ctx->id);
+        if (w == 1)
             sig_cancel = 1;
-        else if (store_job_fence_holds(ctx->st, ctx->id) == 0)
+        else if (w == STORE_FENCED)
             ctx->lost = 1;
     }
     return sig_cancel != 0 || ctx->lost;

@@ -163,9 +163,10 @@ int store_lease_rescue(store *st, int max_attempts, const char *self);
  * the handle is used by other threads. */
 #define STORE_FENCED 2
 void store_fence_job(store *st, const char *id, int attempt);
-/* 1 while the handle's fence on job id holds (or there is none), 0 once the job is no
- * longer running at its attempt, -1 on error. */
-int store_job_fence_holds(store *st, const char *id);
+/* A worker's look at its running job, in one query: 1 when a cancel was asked for it;
+ * else STORE_FENCED once the handle's fence on it no longer holds (the job is not
+ * running at the fenced attempt); else 0 (also with no fence); -1 on error. */
+int store_job_watch(store *st, const char *id);
 /* Record the worker's pid on a running job. Returns 0 or -1. */
 int store_job_set_pid(store *st, const char *id, int pid);
 /* Worker: stage number `index` (name) begins: sets stage and progress 0/0, event

@@ -229,19 +229,23 @@ int store_fence_check(store_conn *c, const char *id, int attempt)
     return rc == 0 && !strcmp(status, "running") && at == attempt ? 0 : STORE_FENCED;
 }
 
-int store_job_fence_holds(store *st, const char *id)
+int store_job_watch(store *st, const char *id)
 {
     store_conn *c = store_conn_get(st);
     if (!c)
         return -1;
     int attempt = store_fence_attempt(c, id);
-    if (!attempt)
-        return 1;
-    static const char *q = "SELECT status, attempts FROM jobs WHERE id=?";
+    static const char *q = "SELECT cancel_requested, status, attempts FROM jobs WHERE id=?";
     char status[16] = "";
-    int at = 0;
-    int rc = sql_row(c, q, "t", "ti", id, status, sizeof status, &at);
-    return rc < 0 ? -1 : rc == 0 && !strcmp(status, "running") && at == attempt;
+    int cancel = 0, at = 0;
+    int rc = sql_row(c, q, "t", "iti", id, &cancel, status, sizeof status, &at);
+    if (rc < 0)
+        return -1;
+    if (rc == 0 && cancel)
+        return 1;
+    if (attempt && (rc != 0 || strcmp(status, "running") || at != attempt))
+        return STORE_FENCED;   /* gone, finished or taken over */
+    return 0;
 }
 
 int store_job_stage_begin(store *st, const char *id, int index, const char *name)

@@ -243,6 +243,7 @@ static void test_cancel(void **state)
     assert_true(j.cancel_requested);
     store_job_clear(&j);
     assert_int_equal(store_job_cancel_requested(st, q), 1);
+    assert_int_equal(store_job_watch(st, q), 1);   /* the worker's one look sees it too */
     assert_int_equal(store_job_cancel(st, "job_missing", &j), 1);
     /* a dead server with a cancel pending: recover finishes the cancel */
     assert_int_equal(store_recover(st, "test-runner", 5), 1);
@@ -766,18 +767,18 @@ static void test_fence(void **state)
     store *w = store_open(dbpath, err, sizeof err);
     assert_non_null(w);
     store_fence_job(w, id, 1);
-    assert_int_equal(store_job_fence_holds(w, id), 1);
+    assert_int_equal(store_job_watch(w, id), 0);
     assert_int_equal(store_job_stage_begin(w, id, 0, "a"), 0);
     assert_int_equal(store_job_progress(w, id, 1, 2), 0);
     assert_int_equal(store_event_append(w, id, "test.mine", "attempt 1", NULL), 0);
 
     assert_int_equal(store_job_requeue(st, id, "lease ran out"), 0);
-    assert_int_equal(store_job_fence_holds(w, id), 0);
+    assert_int_equal(store_job_watch(w, id), STORE_FENCED);
     assert_int_equal(claim_as(st, "fence-dev", "host-b", 30, &j), 0);
     assert_int_equal(j.attempts, 2);
     int64_t version = j.version;
     store_job_clear(&j);
-    assert_int_equal(store_job_fence_holds(w, id), 0);
+    assert_int_equal(store_job_watch(w, id), STORE_FENCED);
     assert_int_equal(store_job_stage_begin(w, id, 0, "a"), STORE_FENCED);
     assert_int_equal(store_job_progress(w, id, 2, 2), STORE_FENCED);
     assert_int_equal(store_job_stage_done(w, id, 0, "a", 1.0), STORE_FENCED);

@@ -140,7 +140,7 @@ static void test_taken_over(void **state)
     /* and none of a fenced handle's, once the job is finished */
     assert_int_equal(store_job_progress(st, j.id, 4, 4), STORE_FENCED);
     assert_int_equal(store_event_append(st, j.id, "test.late", "late", NULL), STORE_FENCED);
-    assert_int_equal(store_job_fence_holds(st, j.id), 0);
+    assert_int_equal(store_job_watch(st, j.id), STORE_FENCED);
     store_job_clear(&j);
     art_close(as);
     store_close(st);
