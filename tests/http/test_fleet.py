@@ -97,7 +97,7 @@ def blob_sha(s, job_id):
     return {a["name"]: a["sha256"] for a in doc["data"]}["blob.bin"]
 
 
-TAKEOVER_SPEC = test_spec(["test_artifact", "test_sleep"], x_test_sleep_ms=2500, x_test_artifact_bytes=300000)
+TAKEOVER_SPEC = test_spec(["test_artifact", "test_sleep"], x_test_sleep_ms=3500, x_test_artifact_bytes=300000)
 
 
 def takeover(s, a, b):
