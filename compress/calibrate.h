@@ -127,9 +127,11 @@ cm_entry cal_entry_key(const arch *parent, int part, int hidden, int nh, int nkv
  * (docs/timing-tables.md; host_load: the machine's load from other work meanwhile,
  * compress/measure.h), or NULL with a reason in err (device absent, out of memory,
  * engine failure, cancelled). A calibration judged contended is set aside and made again
- * after a wait for a quiet second, o->quiet_tries in all; each one set aside is in
- * calibration_tries ({host_load, wall_s, latency_mape_pct, memory_mape_pct}) and the
- * last one made is returned, its host_load contended when all were. */
+ * after a wait for a quiet second, o->quiet_tries in all; a try but the last stops at
+ * its first step judged contended on the load so far (ms_quiet_cut). Each one set aside
+ * is in calibration_tries ({host_load, wall_s, cut_short, and for a try made whole
+ * latency_mape_pct, memory_mape_pct}) and the last one made is returned, its host_load
+ * contended when all were. */
 json_t *cal_run(const arch *parent, const cm_target *t, const cal_opts *o, char *err, size_t errlen);
 
 /* A cached calibration for (t, parent) under data_dir if present and not made beside other

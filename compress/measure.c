@@ -257,7 +257,10 @@ int ms_quiet_cut(ms_quiet_state *s)
         return 0;
     ms_host_load l;
     ms_host_load_since(&s->mark, &l);
-    s->cut |= ms_host_contended(&l);
+    if (!s->cut && ms_host_contended(&l)) {
+        s->cut = 1;
+        s->load = l;
+    }
     return s->cut;
 }
 
@@ -280,11 +283,14 @@ int ms_run_quiet(const ms_quiet_opts *q, int (*run)(void *ud, char *err, size_t 
         ms_host_mark mark;
         ms_host_mark_now(&mark, q->threads);
         if (q->state)
-            *q->state = (ms_quiet_state){mark, k + 1 >= q->tries, 0};
+            *q->state = (ms_quiet_state){.mark = mark, .last = k + 1 >= q->tries};
         int rc = run(ud, err, errlen);
         if (rc && rc != MS_RUN_CUT)
             return rc;
-        ms_host_load_since(&mark, load);
+        if (rc == MS_RUN_CUT && q->state)
+            *load = q->state->load;   /* what cut it */
+        else
+            ms_host_load_since(&mark, load);
         if (rc != MS_RUN_CUT && !ms_host_contended(load))
             return 0;
         if (k + 1 >= q->tries)

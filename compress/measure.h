@@ -208,10 +208,11 @@ int ms_host_load_note(const json_t *hl, char *buf, size_t cap);
  * (under MS_HOST_MIN_S) is not contended. *load: the last run's. 0 when the last run was
  * not contended; 2 when every run was (the last run's results stand, not set aside); 1
  * cancelled; -1 with err.
- * A run made of steps (fresh processes, say) need not finish one that will be set aside:
- * with q->state set, it may ask ms_quiet_cut(state) between its steps and, on 1, stop and
- * return MS_RUN_CUT with its results so far, which are set aside as contended. The last
- * try is never cut. */
+ * A run made of steps (fresh processes, a calibration's requests) is judged on the load
+ * so far too: with q->state set, it may ask ms_quiet_cut(state) between its steps and, on
+ * 1, stop and return MS_RUN_CUT with its results so far, which are set aside with the
+ * load judged then. So other work early in a try costs a wait and a new try at once,
+ * where the whole try might have come out quiet enough; the last try is never cut. */
 #define MS_QUIET_TRIES 3
 #define MS_QUIET_WAIT_S 30.0
 #define MS_RUN_CUT 3
@@ -219,6 +220,7 @@ typedef struct {
     ms_host_mark mark;   /* the run's start */
     int last;            /* 1 on the last try */
     int cut;             /* ms_quiet_cut said 1 during this run */
+    ms_host_load load;   /* the load it judged then: the load of the try set aside */
 } ms_quiet_state;
 typedef struct {
     int threads, tries;
@@ -228,8 +230,8 @@ typedef struct {
     ms_quiet_state *state;   /* NULL: runs are judged whole */
 } ms_quiet_opts;
 /* 1 when the run that s describes is not its ms_run_quiet's last try and the load since
- * its start is judged contended: it will be set aside whatever its remaining steps
- * measure (s->cut is set). 0 otherwise, also for a NULL s. */
+ * its start is judged contended (s->cut and s->load are set): the run should stop. 0
+ * otherwise, also for a NULL s. */
 int ms_quiet_cut(ms_quiet_state *s);
 /* A run made of `total` rounds of fresh processes: after round `done` (1-based) it is
  * recorded, and MS_RUN_CUT is returned when rounds remain and ms_quiet_cut(qs) says the

@@ -888,9 +888,9 @@ static int cut_run(void *ud, char *err, size_t errlen)
 
 static int cut_aside(void *ud, const ms_host_load *load, char *err, size_t errlen)
 {
-    (void)load;
     (void)err;
     (void)errlen;
+    assert_true(ms_host_contended(load));   /* the load that cut it, not one taken after */
     ((cut_probe *)ud)->asides++;
     return 0;
 }
