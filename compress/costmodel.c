@@ -884,19 +884,25 @@ int cm_load_arch(const char *path, arch *a, char *err, size_t errlen)
             return -1;
         int rc;
         char e2[400];
-        if (json_object_get(j, "layers"))
+        int shape = json_object_get(j, "layers") != NULL;
+        if (shape)
             rc = arch_from_json(j, a, e2, sizeof e2);
         else
             rc = hfconfig_to_arch(j, a, e2, sizeof e2);
         json_decref(j);
-        if (rc)
-            FAIL("%s: %s", path, e2);
+        if (rc)   /* which of the two it was read as: the file may be named anything */
+            FAIL("%s: %s: %s", path, shape ? "not an arch (DESIGN.md §10)" : "read as an HF config (no \"layers\": "
+                 "not an arch)", e2);
         return 0;
     }
     /* a model in any format: the one probe and reader of storage/modelio (weights unread) */
     mio_model m;
-    if (mio_open(&m, path, NULL, err, errlen))
+    if (mio_open(&m, path, NULL, err, errlen)) {
+        size_t k = strlen(err);   /* a shape alone is also taken here */
+        if (strstr(err, "accepted: ") && k + 1 < errlen)
+            snprintf(err + k, errlen - k, "; or a shape alone: an arch .json (DESIGN.md §10) or an HF config .json");
         return -1;
+    }
     int rc = arch_copy(a, &m.a);
     mio_close(&m);
     if (rc)

@@ -97,5 +97,16 @@ rc=$?
 if [ $rc -ne 1 ] || ! printf '%s' "$out" | grep -q "/nonexistent/model.bin"; then
     echo "FAIL: measure --model /nonexistent/model.bin: exit $rc (want 1, naming the path): $out"; fail=1
 fi
+# --arch takes a shape (an arch or an HF config .json) or a model: a refusal names both
+# and says what a .json was read as
+echo '{"hidden_size": 8}' >"${TMPDIR:-/tmp}/ac-cli-arch-$$.json"
+for bad in /etc/hostname "${TMPDIR:-/tmp}/ac-cli-arch-$$.json"; do
+    out=$(timeout 20 "$AC_BIN" measure --arch "$bad" 2>&1 </dev/null)
+    rc=$?
+    if [ $rc -ne 1 ] || ! printf '%s' "$out" | grep -qE "or a shape alone: an arch .json|read as an HF config \(no \"layers\""; then
+        echo "FAIL: measure --arch $bad: exit $rc (want 1, naming what --arch takes): $out"; fail=1
+    fi
+done
+rm -f "${TMPDIR:-/tmp}/ac-cli-arch-$$.json"
 [ $fail = 0 ] && echo "every subcommand names an unknown option"
 exit $fail
