@@ -82,6 +82,25 @@ static int spawn_child(char *const argv[], int out_fd, int err_fd, pid_t *pid)
     return e;
 }
 
+/* Append n bytes of buf to the text eb[*en] of capacity cap, keeping its tail (the
+ * reason a child gives is its last line). */
+static void keep_tail(char *eb, size_t cap, size_t *en, const char *buf, size_t n)
+{
+    if (n >= cap - 1) {
+        memcpy(eb, buf + n - (cap - 1), cap - 1);
+        *en = cap - 1;
+    } else {
+        if (*en + n >= cap) {
+            size_t drop = *en + n - (cap - 1);
+            memmove(eb, eb + drop, *en - drop);
+            *en -= drop;
+        }
+        memcpy(eb + *en, buf, n);
+        *en += n;
+    }
+    eb[*en] = 0;
+}
+
 int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -127,12 +146,13 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
         }
         char buf[8192];
         if (open_o && p[0].revents) {
-            ssize_t k = read(po[0], buf, sizeof buf);
-            if (k <= 0) {
+            ssize_t got = read(po[0], buf, sizeof buf);
+            if (got <= 0) {
                 open_o = 0;
             } else {
-                if (on + (size_t)k + 1 > ocap) {
-                    size_t nc = (on + (size_t)k + 1) * 2;
+                deadline = eng_wall_s() + k->timeout_s;   /* a sign of life */
+                if (on + (size_t)got + 1 > ocap) {
+                    size_t nc = (on + (size_t)got + 1) * 2;
                     char *nb = realloc(ob, nc);
                     if (!nb) {
                         oom = 1;
@@ -141,30 +161,18 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
                     ob = nb;
                     ocap = nc;
                 }
-                memcpy(ob + on, buf, (size_t)k);
-                on += (size_t)k;
+                memcpy(ob + on, buf, (size_t)got);
+                on += (size_t)got;
                 ob[on] = 0;
             }
         }
         if (open_e && p[1].revents) {
-            ssize_t k = read(pe[0], buf, sizeof buf);
-            if (k <= 0) {
+            ssize_t got = read(pe[0], buf, sizeof buf);
+            if (got <= 0) {
                 open_e = 0;
             } else {
-                /* keep the tail: the reason is the last line */
-                if ((size_t)k >= sizeof eb - 1) {
-                    memcpy(eb, buf + k - (sizeof eb - 1), sizeof eb - 1);
-                    en = sizeof eb - 1;
-                } else {
-                    if (en + (size_t)k >= sizeof eb) {
-                        size_t drop = en + (size_t)k - (sizeof eb - 1);
-                        memmove(eb, eb + drop, en - drop);
-                        en -= drop;
-                    }
-                    memcpy(eb + en, buf, (size_t)k);
-                    en += (size_t)k;
-                }
-                eb[en] = 0;
+                deadline = eng_wall_s() + k->timeout_s;
+                keep_tail(eb, sizeof eb, &en, buf, (size_t)got);
             }
         }
     }
@@ -207,7 +215,9 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
     }
     if (timed_out || oom) {
         free(ob);
-        FAIL("%s %s: %s", k->what, argv[1], timed_out ? "ran past its time limit and was killed" : "out of memory");
+        if (timed_out)
+            FAIL("%s %s: said nothing for %.0f s and was killed", k->what, argv[1], k->timeout_s);
+        FAIL("%s %s: out of memory", k->what, argv[1]);
     }
     if (WIFSIGNALED(status)) {
         free(ob);

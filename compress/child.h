@@ -3,8 +3,8 @@
  * in a fresh process, compress/measure.h). argv in, one JSON object on its stdout out, the
  * last line of its stderr the reason when it fails. The child dies with the thread that
  * started it, gets the default signal dispositions, and is killed when the measurement's
- * cancel hook says stop, when it runs past its time limit, or when it lingers after
- * closing its output.
+ * cancel hook says stop, when it says nothing on stdout or stderr for longer than its
+ * time limit (hung), or when it lingers after closing its output.
  */
 #ifndef AC_COMPRESS_CHILD_H
 #define AC_COMPRESS_CHILD_H
@@ -18,7 +18,9 @@
 typedef struct {
     const char *what;     /* "llama.cpp helper": messages read "WHAT ARGV1: ..." */
     const char *engine;   /* "llama.cpp": a JSON {"error": E} it answers reads "ENGINE: E" */
-    double timeout_s;     /* the longest it may run */
+    double timeout_s;     /* the longest it may say nothing: a child serving a large model
+                             for long writes a newline on stdout now and then (its
+                             heartbeat; JSON allows the whitespace) */
 } ch_kind;
 
 /* Run argv (argv[0] = its path) and parse its stdout as one JSON object into *out (NEW).

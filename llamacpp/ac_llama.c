@@ -489,6 +489,19 @@ static void batch_add(struct llama_batch *b, llama_token t, llama_pos pos, llama
     b->logits[i] = (int8_t)logits;
 }
 
+/* A newline on stdout at most once a second, between timed steps: the sign of life the
+ * parent waits for (compress/child.h); JSON allows the whitespace before the object. */
+static void heartbeat(void)
+{
+    static double last;
+    double now = eng_wall_s();
+    if (now - last >= 1.0) {
+        last = now;
+        if (fputc('\n', stdout) != EOF)
+            (void)fflush(stdout);
+    }
+}
+
 /* One request: prefill then output steps; times into pre and dec[output]. 0, or -1. */
 static int request(struct llama_context *ctx, const bench_opts *o, int n_vocab, uint64_t seed, struct llama_batch *b,
                    llama_token *next, double *pre, double *dec)
@@ -508,6 +521,7 @@ static int request(struct llama_context *ctx, const bench_opts *o, int n_vocab, 
         if ((next[r] = argmax(ctx, (r + 1) * o->prompt - 1, n_vocab)) < 0)
             return -1;
     *pre = (eng_wall_s() - t0) * 1000;
+    heartbeat();
     for (int i = 0; i < o->output; i++) {
         b->n_tokens = 0;
         for (int r = 0; r < o->batch; r++)
@@ -521,6 +535,7 @@ static int request(struct llama_context *ctx, const bench_opts *o, int n_vocab, 
             if ((next[r] = argmax(ctx, r, n_vocab)) < 0)
                 return -1;
         dec[i] = (eng_wall_s() - t0) * 1000;
+        heartbeat();
     }
     return 0;
 }

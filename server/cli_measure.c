@@ -12,6 +12,7 @@
 
 #include "compress/costmodel.h"
 #include "compress/measure.h"
+#include "engine/clock.h"
 #include "server/cli.h"
 #include "server/cli_args.h"
 
@@ -26,7 +27,8 @@ static void usage(FILE *f)
                "(default 1) it times --reps requests (default 3) and prints their median latency and\n"
                "tokens/s, and the peak memory: on the CPU the process's RSS high-water mark since it\n"
                "started (program, libraries, threads, the load and the requests), on a GPU the device memory\n"
-               "the engine held. --json prints the measured object of the report. --threads: the CPU's worker\n"
+               "the engine held. --json prints the measured object of the report (after a newline a second\n"
+               "while it serves: a sign of life for a process watching this one). --threads: the CPU's worker\n"
                "threads (default every core this process may use). Defaults: batch 1, prompt 256, output 64,\n"
                "seed 1.\n");
 }
@@ -80,12 +82,32 @@ static int measure_parse(int argc, char **argv, measure_args *a)
     return CLI_END;
 }
 
+/* With --json, a newline on stdout at most once a second while the model is drawn and
+ * served (asked as the measurement's cancel hook, which it never says): the sign of life
+ * a parent watching this process waits for (compress/child.h), whitespace before the
+ * JSON object. */
+static int heartbeat(void *ud)
+{
+    double *last = ud, now = eng_wall_s();
+    if (now - *last >= 1.0) {
+        *last = now;
+        if (fputc('\n', stdout) != EOF)
+            (void)fflush(stdout);
+    }
+    return 0;
+}
+
 int cli_measure(int argc, char **argv)
 {
     measure_args ma;
     int pr = measure_parse(argc, argv, &ma);
     if (pr != CLI_END)
         return pr;
+    double beat = eng_wall_s();
+    if (ma.as_json) {
+        ma.o.cancelled = heartbeat;
+        ma.o.cancel_ud = &beat;
+    }
     char err[1024];
     json_t *m = ms_measure_process(ma.model, ma.arch_file, &ma.t, &ma.o, err, sizeof err);
     if (!m) {
