@@ -32,6 +32,12 @@ typedef struct {
     double cancel_at;          /* monotonic s of the cancel signal, 0 = none */
 } child;
 
+/* A worker that exited while the store could not record how: settled again later. */
+typedef struct {
+    child k;
+    int status;
+} exited;
+
 struct sched {
     store *st;
     char *exe, *data_dir, *owner, *info;
@@ -47,6 +53,9 @@ struct sched {
     int wake, stopping, exit_thread, halted;
     child kids[MAX_CHILDREN];
     int n_kids;
+    exited unsettled[MAX_CHILDREN];   /* their jobs still "running" under this runner */
+    int n_unsettled;
+    double last_settle;
     pid_t server_pid;
 };
 
@@ -104,19 +113,26 @@ static pid_t spawn(sched *s, const char *id)
     return pid;
 }
 
-static void on_exit_status(sched *s, const child *k, int status)
+/* Record how worker k ended on its job: cancelled, requeued or failed (nothing when the
+ * job is gone, or another runner's now). 0, or -1 when the store could not say or write
+ * it: the job is still "running" under this runner, whose renewals keep its lease, and
+ * must be settled again (settle_exited). */
+static int on_exit_status(sched *s, const child *k, int status)
 {
     store_job j;
-    if (store_job_get(s->st, k->job_id, &j) != 0)
-        return;
+    int got = store_job_get(s->st, k->job_id, &j);
+    if (got != 0)
+        return got < 0 ? -1 : 0;
+    int rc = 0;
     /* a job another runner took over (our lease ran out) is theirs to settle */
     if (!strcmp(j.status, "running") && (!j.lease_owner[0] || !strcmp(j.lease_owner, s->owner))) {
         char reason[512], sig[32];
         const char *stage = j.stage[0] ? j.stage : "(before the first stage)";
         if (j.cancel_requested) {
-            store_job_finish(s->st, k->job_id, "cancelled", NULL, NULL);
+            rc = store_job_finish_at(s->st, k->job_id, j.attempts, "cancelled", NULL, NULL);
         } else if (s->stopping) {
-            store_job_requeue(s->st, k->job_id, "worker stopped by server shutdown; will resume");
+            rc = store_job_requeue_at(s->st, k->job_id, j.attempts,
+                                      "worker stopped by server shutdown; will resume");
         } else {
             const char *code_name;
             if (WIFSIGNALED(status)) {
@@ -134,13 +150,43 @@ static void on_exit_status(sched *s, const child *k, int status)
                 char msg[700];
                 snprintf(msg, sizeof msg, "%s; requeued to resume at stage %s (attempt %d of %d)", reason, stage,
                          j.attempts + 1, s->max_attempts);
-                store_job_requeue(s->st, k->job_id, msg);
+                rc = store_job_requeue_at(s->st, k->job_id, j.attempts, msg);
             } else {
-                store_job_finish(s->st, k->job_id, "failed", code_name, reason);
+                rc = store_job_finish_at(s->st, k->job_id, j.attempts, "failed", code_name, reason);
             }
         }
     }
     store_job_clear(&j);
+    return rc < 0 ? -1 : 0;   /* 1 and 2: the job was no longer ours to settle */
+}
+
+/* Keep k's exit for another try (the table is as large as the workers' own). Locked by
+ * caller. */
+static void keep_unsettled(sched *s, const child *k, int status)
+{
+    if (s->n_unsettled < MAX_CHILDREN)
+        s->unsettled[s->n_unsettled++] = (exited){*k, status};
+}
+
+/* Every second, try again to settle the jobs of workers that exited while the store
+ * failed. Locked by caller. */
+static void settle_exited(sched *s)
+{
+    double now = eng_wall_s();
+    if (s->n_unsettled == 0 || now - s->last_settle < 1.0)
+        return;
+    s->last_settle = now;
+    for (int i = 0; i < s->n_unsettled;) {
+        exited e = s->unsettled[i];
+        pthread_mutex_unlock(&s->mu);
+        int rc = on_exit_status(s, &e.k, e.status);
+        pthread_mutex_lock(&s->mu);
+        if (rc < 0) {
+            i++;
+            continue;
+        }
+        s->unsettled[i] = s->unsettled[--s->n_unsettled];
+    }
 }
 
 /* Reap exited workers; locked by caller. */
@@ -153,8 +199,10 @@ static void reap(sched *s)
             child k = s->kids[i];
             s->kids[i] = s->kids[--s->n_kids];
             pthread_mutex_unlock(&s->mu);
-            on_exit_status(s, &k, r < 0 ? 0 : status);
+            int rc = on_exit_status(s, &k, r < 0 ? 0 : status);
             pthread_mutex_lock(&s->mu);
+            if (rc < 0)
+                keep_unsettled(s, &k, r < 0 ? 0 : status);
             continue;
         }
         if (s->kids[i].cancel_at > 0 && eng_wall_s() - s->kids[i].cancel_at > s->cancel_kill_ms / 1000.0) {
@@ -287,6 +335,7 @@ static void *loop(void *arg)
     pthread_mutex_lock(&s->mu);
     while (!s->exit_thread) {
         reap(s);
+        settle_exited(s);
         leases(s);
         claim(s);
         if (!s->wake) {

@@ -187,6 +187,12 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
  * event "job.requeued" with `reason`. Returns 0, 1 when not running, STORE_FENCED, -1 on
  * error. */
 int store_job_requeue(store *st, const char *id, const char *reason);
+/* store_job_finish and store_job_requeue of attempt `attempt` only (0: any): STORE_FENCED
+ * when the job is no longer running at it. A runner settling a worker it started passes
+ * the attempt it read, so that a job another runner has claimed since is left alone. */
+int store_job_finish_at(store *st, const char *id, int attempt, const char *status, const char *code,
+                        const char *message);
+int store_job_requeue_at(store *st, const char *id, int attempt, const char *reason);
 /* At a runner's start, every job it (owner: the same name as its claims) left running
  * when it died, and any left without a lease by an older server: a pending cancel is
  * finished, a job that has had max_attempts worker starts fails (code server_lost), the

@@ -348,10 +348,8 @@ static int begin_with_status(store *st, const char *id, store_conn **c, char sta
     return rc != 0 ? sql_abandon(*c, rc) : 0;
 }
 
-/* store_job_finish of attempt `attempt` only (0: any): STORE_FENCED when the job is no
- * longer running at that attempt. */
-static int finish_at(store *st, const char *id, int attempt, const char *status, const char *code,
-                     const char *message)
+int store_job_finish_at(store *st, const char *id, int attempt, const char *status, const char *code,
+                        const char *message)
 {
     store_conn *c;
     char cur[16] = "";
@@ -383,11 +381,10 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
                      const char *message)
 {
     store_conn *c = store_conn_get(st);
-    return c ? finish_at(st, id, store_fence_attempt(c, id), status, code, message) : -1;
+    return c ? store_job_finish_at(st, id, store_fence_attempt(c, id), status, code, message) : -1;
 }
 
-/* store_job_requeue of attempt `attempt` only (0: any), as finish_at. */
-static int requeue_at(store *st, const char *id, int attempt, const char *reason)
+int store_job_requeue_at(store *st, const char *id, int attempt, const char *reason)
 {
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
@@ -410,7 +407,7 @@ static int requeue_at(store *st, const char *id, int attempt, const char *reason
 int store_job_requeue(store *st, const char *id, const char *reason)
 {
     store_conn *c = store_conn_get(st);
-    return c ? requeue_at(st, id, store_fence_attempt(c, id), reason) : -1;
+    return c ? store_job_requeue_at(st, id, store_fence_attempt(c, id), reason) : -1;
 }
 
 /* A running job whose runner is gone, as store_recover and store_lease_rescue read it. */
@@ -443,16 +440,16 @@ static int settle_left(store *st, sql_stmt *s, int max_attempts, const char *why
         char msg[600];
         const char *stage = l->stage[0] ? l->stage : "(before the first stage)";
         if (l->cancel) {
-            r = finish_at(st, l->id, l->attempts, "cancelled", NULL, NULL);
+            r = store_job_finish_at(st, l->id, l->attempts, "cancelled", NULL, NULL);
         } else if (l->attempts >= max_attempts) {
             /* every start counts: a job whose worker takes its runner down must not loop */
             snprintf(msg, sizeof msg, "%s while the job was running, during stage %s, after %d of %d attempts "
                      "(--max-attempts)", why, stage, l->attempts, max_attempts);
-            r = finish_at(st, l->id, l->attempts, "failed", code, msg);
+            r = store_job_finish_at(st, l->id, l->attempts, "failed", code, msg);
         } else {
             snprintf(msg, sizeof msg, "%s while the job was running; resuming at the first unfinished stage "
                      "(attempt %d of %d)", why, l->attempts + 1, max_attempts);
-            r = requeue_at(st, l->id, l->attempts, msg);
+            r = store_job_requeue_at(st, l->id, l->attempts, msg);
         }
         if (r == 0)
             done++;

@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include "jobs/sched.h"
 #include "storage/store.h"
 
@@ -204,6 +206,43 @@ static void test_exit_and_signals(void **state)
     assert_int_equal(access(log, F_OK), 0);
 }
 
+/* A worker that exits while the store refuses to record it (here a trigger aborts every
+ * change of a job's status, as a store outage fails the write) leaves its job "running"
+ * under this runner, whose renewals keep the lease: the runner tries again every second,
+ * and once the store takes writes the job fails, naming the exit. */
+static void test_exit_settled_after_store_failure(void **state)
+{
+    (void)state;
+    char exe[128], a[48], db[128];
+    mk("d1", a);
+    script("w_exit.sh", "sleep 0.5\nexit 4", exe, sizeof exe);
+    snprintf(db, sizeof db, "%s/t.db", dir);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    sqlite3_busy_timeout(h, 10000);
+    const char *devs[] = {"d1"};
+    sched *s = start(exe, devs, 1, 1);
+    store_job j = wait_leave(a, "queued", 10);
+    assert_string_equal(j.status, "running");
+    store_job_clear(&j);
+    assert_int_equal(sqlite3_exec(h, "CREATE TRIGGER no_settle BEFORE UPDATE OF status ON jobs "
+                                     "BEGIN SELECT RAISE(ABORT, 'the store is down'); END", NULL, NULL, NULL),
+                     SQLITE_OK);
+    usleep(2000 * 1000);   /* the worker exited and the runner failed to record it */
+    assert_int_equal(sched_running(s), 0);
+    assert_int_equal(store_job_get(st, a, &j), 0);
+    assert_string_equal(j.status, "running");
+    store_job_clear(&j);
+    assert_int_equal(sqlite3_exec(h, "DROP TRIGGER no_settle", NULL, NULL, NULL), SQLITE_OK);
+    j = wait_leave(a, "running", 5);
+    sched_stop(s, 1000);
+    assert_string_equal(j.status, "failed");
+    assert_string_equal(j.error_code, "worker_exited");
+    assert_non_null(strstr(j.error_message, "status 4"));
+    store_job_clear(&j);
+    assert_int_equal(sqlite3_close(h), SQLITE_OK);
+}
+
 static void test_per_device_limit(void **state)
 {
     (void)state;
@@ -344,6 +383,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exit_and_signals),
+        cmocka_unit_test(test_exit_settled_after_store_failure),
         cmocka_unit_test(test_retry_policy),
         cmocka_unit_test(test_per_device_limit),
         cmocka_unit_test(test_cancel_and_stop),
