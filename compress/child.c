@@ -208,16 +208,16 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
         free(ob);
         FAIL("%s %s: reading its output failed: %s", k->what, argv[1], strerror(broken));
     }
-    if (lingered) {
-        free(ob);
-        FAIL("%s %s: closed its output but did not exit within %d s, and was killed", k->what, argv[1],
-             CH_EXIT_GRACE_S);
-    }
     if (timed_out || oom) {
         free(ob);
         if (timed_out)
             FAIL("%s %s: said nothing for %.0f s and was killed", k->what, argv[1], k->timeout_s);
         FAIL("%s %s: out of memory", k->what, argv[1]);
+    }
+    if (lingered) {
+        free(ob);
+        FAIL("%s %s: closed its output but did not exit within %d s, and was killed", k->what, argv[1],
+             CH_EXIT_GRACE_S);
     }
     if (WIFSIGNALED(status)) {
         free(ob);

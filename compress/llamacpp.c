@@ -4,6 +4,7 @@
  */
 #include "compress/llamacpp.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/sha.h>
@@ -23,9 +24,11 @@
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
-/* The helper: its messages, and the longest it may run (a calibration model is seconds; a
- * 70B F32 load is not served here). */
+/* The helper: its messages, and the longest it may say nothing (it writes a newline a
+ * second as it loads, serves and quantizes). Its `info` answers in a second: an API
+ * request waits on it, so a hung one is given up after a minute. */
 static const ch_kind LC_HELPER = {.what = "llama.cpp helper", .engine = "llama.cpp", .timeout_s = 1800.0};
+static const ch_kind LC_INFO = {.what = "llama.cpp helper", .engine = "llama.cpp", .timeout_s = 60.0};
 
 static int run_helper(char *const argv[], const ms_opts *o, json_t **out, char *err, size_t errlen)
 {
@@ -63,7 +66,7 @@ int lc_probe(lc_info *info, char *err, size_t errlen)
              "autocompress binary); install it with scripts/llamacpp.sh install, then make");
     char *argv[] = {info->helper, "info", NULL};
     json_t *j;
-    if (run_helper(argv, NULL, &j, err, errlen))
+    if (ch_run_json(&LC_INFO, argv, NULL, &j, err, errlen))
         return -1;
     copy_str(j, "ggml_version", info->ggml_version, sizeof info->ggml_version);
     copy_str(j, "ggml_commit", info->ggml_commit, sizeof info->ggml_commit);
@@ -129,6 +132,32 @@ int lc_target_resolve(cm_target *t, char *err, size_t errlen)
 
 /* ---------- quantizing and serving ---------- */
 
+/* Remove the helper's partial outputs of dst (DST.tmp-PID, renamed to dst when it
+ * finishes): a helper killed mid-quantization (a cancel, a lost lease, a shutdown) leaves
+ * one, which would otherwise stay in the stage's folder and be shipped with its outputs. */
+static void drop_partials(const char *dst)
+{
+    char dir[4096], pre[512];
+    const char *slash = strrchr(dst, '/');
+    if (slash)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - dst), dst);
+    else
+        snprintf(dir, sizeof dir, ".");
+    if (snprintf(pre, sizeof pre, "%s.tmp-", slash ? slash + 1 : dst) >= (int)sizeof pre)
+        return;
+    DIR *d = opendir(*dir ? dir : "/");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, pre, strlen(pre))) {
+            char p[4600];
+            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
+                (void)unlink(p);   /* best effort: what stays is only disk */
+        }
+    closedir(d);
+}
+
 int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, const ms_opts *stop,
                 char *err, size_t errlen)
 {
@@ -148,8 +177,11 @@ int lc_quantize(const char *src, const char *dst, const char *type, int threads,
     snprintf(th, sizeof th, "%d", threads > 0 ? threads : 1);
     char *argv[] = {in.helper, "quantize", (char *)src, (char *)dst, (char *)type, "--threads", th, NULL};
     json_t *j;
-    if (run_helper(argv, stop, &j, err, errlen))
+    drop_partials(dst);   /* an earlier attempt's */
+    if (run_helper(argv, stop, &j, err, errlen)) {
+        drop_partials(dst);
         return -1;
+    }
     json_t *fb = json_object_get(j, "fallbacks");
     if (fallbacks && json_is_integer(fb))
         *fallbacks = (int)json_integer_value(fb);

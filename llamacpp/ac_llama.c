@@ -138,10 +138,25 @@ static void log_line(const char *line)
 }
 
 /* llama.cpp logs in pieces; whole lines are parsed. */
+/* A newline on stdout at most once a second, between timed steps and as llama.cpp logs
+ * (a model's load and a quantization log every tensor): the sign of life the parent waits
+ * for (compress/child.h); JSON allows the whitespace before the object. */
+static void heartbeat(void)
+{
+    static double last;
+    double now = eng_wall_s();
+    if (now - last >= 1.0) {
+        last = now;
+        if (fputc('\n', stdout) != EOF)
+            (void)fflush(stdout);
+    }
+}
+
 static void on_log(enum ggml_log_level level, const char *text, void *ud)
 {
     (void)level;
     (void)ud;
+    heartbeat();
     if (g_log.verbose)
         fputs(text, stderr);
     for (const char *p = text; *p; p++) {
@@ -487,19 +502,6 @@ static void batch_add(struct llama_batch *b, llama_token t, llama_pos pos, llama
     b->n_seq_id[i] = 1;
     b->seq_id[i][0] = seq;
     b->logits[i] = (int8_t)logits;
-}
-
-/* A newline on stdout at most once a second, between timed steps: the sign of life the
- * parent waits for (compress/child.h); JSON allows the whitespace before the object. */
-static void heartbeat(void)
-{
-    static double last;
-    double now = eng_wall_s();
-    if (now - last >= 1.0) {
-        last = now;
-        if (fputc('\n', stdout) != EOF)
-            (void)fflush(stdout);
-    }
 }
 
 /* One request: prefill then output steps; times into pre and dec[output]. 0, or -1. */

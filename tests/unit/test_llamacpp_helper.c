@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -53,9 +54,10 @@ static int setup(void **state)
             "\"build_flags\":\"\",\"system_info\":\"\"}' ;;\n"
             "bench) [ \"$2\" = /lingers.gguf ] && { exec >&- 2>&-; exec sleep 60; };"
             " echo \"$@\" > %s.args; echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
+            "quantize) echo partial > \"$3.tmp-$$\"; echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
             "*) echo \"unknown command $1\" >&2; exit 2 ;;\n"
             "esac\n",
-            g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile);
+            g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile);
     if (fclose(f) || chmod(helper, 0755))
         return -1;
     return setenv("AC_LLAMA_HELPER", helper, 1);
@@ -147,6 +149,34 @@ static void test_flush_capped(void **state)
     assert_non_null(fl);
     long long n = atoll(fl + 8);
     assert_true(n >= (64LL << 20) && n <= (16LL << 30));
+}
+
+/* A quantization cancelled mid-way leaves no partial output beside its destination (the
+ * helper writes DST.tmp-PID and renames it when done), nor does one an earlier, killed
+ * attempt left there. */
+static void test_cancelled_quantize_leaves_nothing(void **state)
+{
+    (void)state;
+    char dst[300], stale[320], err[512];
+    snprintf(dst, sizeof dst, "%s/model.gguf", g_dir);
+    snprintf(stale, sizeof stale, "%s.tmp-99999999", dst);
+    FILE *f = fopen(stale, "w");
+    assert_non_null(f);
+    assert_int_equal(fclose(f), 0);
+    (void)unlink(g_pidfile);
+    stop_later sl = {0, 0.2, 0};
+    ms_opts stop = {.cancelled = stop_when_serving, .cancel_ud = &sl};
+    assert_int_equal(lc_quantize("/in.gguf", dst, "q8_0", 1, NULL, &stop, err, sizeof err), -1);
+    assert_string_equal(err, "cancelled");
+    assert_true(sl.started > 0);   /* it was quantizing, its partial file written */
+    DIR *d = opendir(g_dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, "model.gguf"))
+            fail_msg("left beside the destination: %s", e->d_name);
+    closedir(d);
+    (void)unlink(g_pidfile);
 }
 
 /* A helper that closes its output and lingers is killed once its grace is over, not
@@ -338,6 +368,7 @@ int main(void)
         cmocka_unit_test(test_median_keeps_highest_peak),
         cmocka_unit_test(test_flush_capped),
         cmocka_unit_test(test_lingering_helper_killed),
+        cmocka_unit_test(test_cancelled_quantize_leaves_nothing),
         cmocka_unit_test(test_scratch_folders_of_dead_owners),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
