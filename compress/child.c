@@ -29,6 +29,9 @@ extern char **environ;
 
 /* How long a child whose output ended may take to exit before it is killed (s). */
 #define CH_EXIT_GRACE_S 5
+/* The most a child may write on stdout: its answer is one JSON object of kilobytes, and a
+ * runaway child must not fill the server's memory. */
+#define CH_MAX_OUTPUT ((size_t)64 << 20)
 
 /* Start argv[0] with its stdout on out_fd and its stderr on err_fd, as *pid. The child
  * dies with the thread that started it (PR_SET_PDEATHSIG; that thread waits for the
@@ -123,7 +126,7 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
     }
     char *ob = NULL, eb[2048] = "";
     size_t on = 0, ocap = 0, en = 0;
-    int open_o = 1, open_e = 1, timed_out = 0, oom = 0, cancelled = 0, broken = 0;
+    int open_o = 1, open_e = 1, timed_out = 0, oom = 0, cancelled = 0, broken = 0, flood = 0;
     int poll_ms = o && o->cancelled ? CH_CANCEL_POLL_MS : 60000;
     double deadline = eng_wall_s() + k->timeout_s;
     while (open_o || open_e) {
@@ -151,6 +154,10 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
                 open_o = 0;
             } else {
                 deadline = eng_wall_s() + k->timeout_s;   /* a sign of life */
+                if (on + (size_t)got > CH_MAX_OUTPUT) {
+                    flood = 1;
+                    break;
+                }
                 if (on + (size_t)got + 1 > ocap) {
                     size_t nc = (on + (size_t)got + 1) * 2;
                     char *nb = realloc(ob, nc);
@@ -176,7 +183,7 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
             }
         }
     }
-    if (timed_out || oom || cancelled || broken)
+    if (timed_out || oom || cancelled || broken || flood)
         kill(pid, SIGKILL);
     close(po[0]);
     close(pe[0]);
@@ -208,10 +215,13 @@ int ch_run_json(const ch_kind *k, char *const argv[], const ms_opts *o, json_t *
         free(ob);
         FAIL("%s %s: reading its output failed: %s", k->what, argv[1], strerror(broken));
     }
-    if (timed_out || oom) {
+    if (timed_out || oom || flood) {
         free(ob);
         if (timed_out)
             FAIL("%s %s: said nothing for %.0f s and was killed", k->what, argv[1], k->timeout_s);
+        if (flood)
+            FAIL("%s %s: wrote more than %zu MiB on its output and was killed", k->what, argv[1],
+                 CH_MAX_OUTPUT >> 20);
         FAIL("%s %s: out of memory", k->what, argv[1]);
     }
     if (lingered) {

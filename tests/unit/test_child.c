@@ -2,7 +2,8 @@
  * run (compress/child.h): a child that writes a newline now and then (the heartbeat of
  * `autocompress measure --json` and of the llama.cpp helper while they serve) may run
  * longer than the limit and its JSON after the newlines is read; a silent one is killed
- * when the limit is up, and the error says how long it was silent.
+ * when the limit is up, and the error says how long it was silent. A child flooding its
+ * output is killed at a cap.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -50,11 +51,24 @@ static void test_silence_is_killed(void **state)
     assert_non_null(strstr(err, "said nothing for 1 s and was killed"));
 }
 
+/* a runaway child that floods its output is killed at the cap, not read into memory */
+static void test_flood_is_killed(void **state)
+{
+    (void)state;
+    char *argv[] = {"/bin/sh", "-c", "yes ' ' | head -c 100000000; echo '{}'", NULL};
+    json_t *j = NULL;
+    char err[512] = "";
+    assert_int_equal(ch_run_json(&KIND, argv, NULL, &j, err, sizeof err), -1);
+    assert_null(j);
+    assert_non_null(strstr(err, "wrote more than 64 MiB on its output and was killed"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heartbeat_keeps_it_alive),
         cmocka_unit_test(test_silence_is_killed),
+        cmocka_unit_test(test_flood_is_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
