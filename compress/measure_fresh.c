@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "compress/calibrate.h"
@@ -121,19 +122,33 @@ static int result_from_json(const json_t *j, const cm_target *t, ms_result *r, c
     return 0;
 }
 
-/* Remove dir's ac-measure-PID-*.json files whose process is gone (killed while its child
- * measured: the file outlived it). */
+/* This process's PID namespace (the inode of /proc/self/ns/pid; 0 when unknown): a pid is
+ * this process's to judge only within it. */
+static unsigned long pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
+/* Remove dir's ac-measure-PID-NS-*.json files of this PID namespace whose process is gone
+ * (killed while its child measured: the file outlived it). A TMPDIR shared with other
+ * containers holds their files too, whose pids mean nothing here: they are left alone. */
 static void sweep_arch_tmp(const char *dir)
 {
+    unsigned long ns = pid_ns();
     DIR *d = opendir(dir);
-    if (!d)
+    if (!d || !ns) {
+        if (d)
+            closedir(d);
         return;
+    }
     struct dirent *e;
     while ((e = readdir(d))) {
         long pid;
+        unsigned long their_ns;
         int at = 0;
-        if (sscanf(e->d_name, "ac-measure-%ld-%n", &pid, &at) != 1 || at == 0 || pid <= 0 ||
-            !strstr(e->d_name + at, ".json") || (kill((pid_t)pid, 0) != 0 ? errno != ESRCH : 1))
+        if (sscanf(e->d_name, "ac-measure-%ld-%lu-%n", &pid, &their_ns, &at) != 2 || at == 0 || pid <= 0 ||
+            their_ns != ns || !strstr(e->d_name + at, ".json") || (kill((pid_t)pid, 0) != 0 ? errno != ESRCH : 1))
             continue;
         (void)unlinkat(dirfd(d), e->d_name, 0);   /* another sweep may have taken it */
     }
@@ -147,7 +162,7 @@ static int write_arch_tmp(const arch *a, char *out, size_t cap, char *err, size_
     const char *dir = getenv("TMPDIR");
     dir = dir && *dir ? dir : "/tmp";
     sweep_arch_tmp(dir);
-    if (snprintf(out, cap, "%s/ac-measure-%ld-XXXXXX.json", dir, (long)getpid()) >= (int)cap)
+    if (snprintf(out, cap, "%s/ac-measure-%ld-%lu-XXXXXX.json", dir, (long)getpid(), pid_ns()) >= (int)cap)
         FAIL("measure: the temporary folder's path is too long");
     int fd = mkstemps(out, 5);
     if (fd < 0)
