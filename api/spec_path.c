@@ -5,7 +5,6 @@
  */
 #include "api/spec.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -173,33 +172,27 @@ int spec_model_confined(const spec_env *env, const char *path, char *bad, size_t
     if (stat(path, &st) != 0)
         return 0;
     int folder = S_ISDIR(st.st_mode);
-    char dir[PATH_MAX];
-    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
-        return 0;
-    if (!folder) {
-        char *slash = strrchr(dir, '/');
-        if (!slash)
-            return 0;
-        slash[slash == dir] = 0;   /* "/m.bin" -> "/" */
-    }
-    DIR *d = opendir(dir);
-    if (!d)
+    char dir[PATH_MAX], **names;
+    size_t n;
+    if (folder)
+        snprintf(dir, sizeof dir, "%s", path);
+    else
+        fio_dir_of(path, dir, sizeof dir);
+    if (fio_list_dir(*dir ? dir : "/", &names, &n))
         return 0;   /* a folder that cannot be listed cannot be read as a model either: the probe says so */
     int rc = 0;
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
+    for (size_t i = 0; i < n && !rc; i++) {
         char p[PATH_MAX + 256];
         struct stat lst;
-        if ((!folder && !read_beside_file(e->d_name)) ||
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p || lstat(p, &lst) != 0 ||
-            !S_ISLNK(lst.st_mode))
+        if ((!folder && !read_beside_file(names[i])) || fio_path_join(p, sizeof p, dir, names[i]) ||
+            lstat(p, &lst) != 0 || !S_ISLNK(lst.st_mode))
             continue;
         if (!inside_roots(env, p)) {
-            snprintf(bad, badlen, "%s", e->d_name);
+            snprintf(bad, badlen, "%s", names[i]);
             rc = -1;
         }
     }
-    closedir(d);
+    fio_names_free(names, n);
     return rc;
 }
 

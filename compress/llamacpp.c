@@ -4,7 +4,6 @@
  */
 #include "compress/llamacpp.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/sha.h>
@@ -137,25 +136,19 @@ int lc_target_resolve(cm_target *t, char *err, size_t errlen)
  * one, which would otherwise stay in the stage's folder and be shipped with its outputs. */
 static void drop_partials(const char *dst)
 {
-    char dir[4096], pre[512];
+    char dir[4096], pre[512], **names;
+    size_t n;
     const char *slash = strrchr(dst, '/');
-    if (slash)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - dst), dst);
-    else
-        snprintf(dir, sizeof dir, ".");
-    if (snprintf(pre, sizeof pre, "%s.tmp-", slash ? slash + 1 : dst) >= (int)sizeof pre)
+    fio_dir_of(dst, dir, sizeof dir);
+    if (snprintf(pre, sizeof pre, "%s.tmp-", slash ? slash + 1 : dst) >= (int)sizeof pre ||
+        fio_list_dir(*dir ? dir : "/", &names, &n))
         return;
-    DIR *d = opendir(*dir ? dir : "/");
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (!strncmp(e->d_name, pre, strlen(pre))) {
-            char p[4600];
-            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
-                (void)unlink(p);   /* best effort: what stays is only disk */
-        }
-    closedir(d);
+    for (size_t i = 0; i < n; i++) {
+        char p[4600];
+        if (!strncmp(names[i], pre, strlen(pre)) && !fio_path_join(p, sizeof p, dir, names[i]))
+            (void)unlink(p);   /* best effort: what stays is only disk */
+    }
+    fio_names_free(names, n);
 }
 
 int lc_quantize(const char *src, const char *dst, const char *type, int threads, int *fallbacks, const ms_opts *stop,
