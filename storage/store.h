@@ -150,8 +150,9 @@ int store_lease_renew(store *st, const char *owner, int lease_s);
  * database) is settled as store_recover settles them, failing with code lease_expired
  * when its starts are spent. Jobs leased by `self` (the caller's runner) are left alone:
  * a live runner settles its own workers' jobs, and after a store outage longer than the
- * lease it renews them rather than requeue jobs its workers are still running. Returns
- * how many changed, or -1. */
+ * lease it renews them rather than requeue jobs its workers are still running. A lease
+ * renewed between the rescuer's read and its write holds. Returns how many changed, or
+ * -1. */
 int store_lease_rescue(store *st, int max_attempts, const char *self);
 /* Fencing a worker. A worker runs one attempt of one job: the `attempts` its runner's
  * claim left. When that runner loses the lease (it stopped renewing; the store was out of

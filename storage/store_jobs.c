@@ -348,8 +348,21 @@ static int begin_with_status(store *st, const char *id, store_conn **c, char sta
     return rc != 0 ? sql_abandon(*c, rc) : 0;
 }
 
-int store_job_finish_at(store *st, const char *id, int attempt, const char *status, const char *code,
-                        const char *message)
+/* Inside a transaction holding job id's row: 1 when its lease has not run out (a lease
+ * rescue read it expired, and its runner renewed it since), 0 when it has, -1 on error. */
+static int lease_renewed(store_conn *c, const char *id)
+{
+    static const char *q = "SELECT lease_expires_at FROM jobs WHERE id=?";
+    int64_t expires = 0;
+    int rc = sql_row(c, q, "t", "I", id, &expires);
+    if (rc < 0)
+        return -1;
+    return rc == 0 && (expires <= 0 || expires >= store_now());
+}
+
+/* store_job_finish_at; for a lease rescue (`rescue`), only while the lease is still out. */
+static int finish_job(store *st, const char *id, int attempt, int rescue, const char *status, const char *code,
+                      const char *message)
 {
     store_conn *c;
     char cur[16] = "";
@@ -360,6 +373,9 @@ int store_job_finish_at(store *st, const char *id, int attempt, const char *stat
         return sql_abandon(c, fence);
     if (is_terminal(cur))
         return sql_abandon(c, 1);
+    int renewed = rescue ? lease_renewed(c, id) : 0;
+    if (renewed != 0)
+        return sql_abandon(c, renewed);
     int64_t now = store_now();
     static const char *u = "UPDATE jobs SET status=?, error_code=?, error_message=?, worker_pid=0, lease_owner='', "
                            "lease_expires_at=0, finished_at=?, version=version+1, updated_at=? WHERE id=?";
@@ -377,6 +393,12 @@ int store_job_finish_at(store *st, const char *id, int attempt, const char *stat
     return 0;
 }
 
+int store_job_finish_at(store *st, const char *id, int attempt, const char *status, const char *code,
+                        const char *message)
+{
+    return finish_job(st, id, attempt, 0, status, code, message);
+}
+
 int store_job_finish(store *st, const char *id, const char *status, const char *code,
                      const char *message)
 {
@@ -384,7 +406,8 @@ int store_job_finish(store *st, const char *id, const char *status, const char *
     return c ? store_job_finish_at(st, id, store_fence_attempt(c, id), status, code, message) : -1;
 }
 
-int store_job_requeue_at(store *st, const char *id, int attempt, const char *reason)
+/* store_job_requeue_at; for a lease rescue (`rescue`), only while the lease is still out. */
+static int requeue_job(store *st, const char *id, int attempt, int rescue, const char *reason)
 {
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
@@ -392,6 +415,9 @@ int store_job_requeue_at(store *st, const char *id, int attempt, const char *rea
     int fence = store_fence_check(c, id, attempt);
     if (fence != 0)
         return sql_abandon(c, fence);
+    int renewed = rescue ? lease_renewed(c, id) : 0;
+    if (renewed != 0)
+        return sql_abandon(c, renewed);
     static const char *u = "UPDATE jobs SET status='queued', worker_pid=0, lease_owner='', lease_expires_at=0, "
                            "version=version+1, updated_at=? WHERE id=? AND status='running'";
     int changed = sql_run(c, u, "It", store_now(), id);
@@ -402,6 +428,11 @@ int store_job_requeue_at(store *st, const char *id, int attempt, const char *rea
     if (store_event_insert(c, id, "job.requeued", reason, NULL) < 0 || sql_commit(c) < 0)
         return sql_abandon(c, -1);
     return 0;
+}
+
+int store_job_requeue_at(store *st, const char *id, int attempt, const char *reason)
+{
+    return requeue_job(st, id, attempt, 0, reason);
 }
 
 int store_job_requeue(store *st, const char *id, const char *reason)
@@ -426,8 +457,10 @@ static void left_from_row(sql_stmt *s, void *out)
  * gone for `why`: a pending cancel is finished; a job that has had max_attempts starts
  * fails with `code`; the rest go back to the queue to resume at their stage. Each at the
  * attempt read: a job another rescuer settled and a runner claimed again since is left
- * to that runner. Returns how many changed, or -1. */
-static int settle_left(store *st, sql_stmt *s, int max_attempts, const char *why, const char *code)
+ * to that runner. For a lease rescue (`rescue`), each only while its lease is still out
+ * when its row is locked: a runner that renewed since the read keeps its job. Returns how
+ * many changed, or -1. */
+static int settle_left(store *st, sql_stmt *s, int max_attempts, int rescue, const char *why, const char *code)
 {
     int n = 0;
     left_job *left = sql_rows(s, INT_MAX, sizeof *left, left_from_row, NULL, &n, NULL);
@@ -440,16 +473,16 @@ static int settle_left(store *st, sql_stmt *s, int max_attempts, const char *why
         char msg[600];
         const char *stage = l->stage[0] ? l->stage : "(before the first stage)";
         if (l->cancel) {
-            r = store_job_finish_at(st, l->id, l->attempts, "cancelled", NULL, NULL);
+            r = finish_job(st, l->id, l->attempts, rescue, "cancelled", NULL, NULL);
         } else if (l->attempts >= max_attempts) {
             /* every start counts: a job whose worker takes its runner down must not loop */
             snprintf(msg, sizeof msg, "%s while the job was running, during stage %s, after %d of %d attempts "
                      "(--max-attempts)", why, stage, l->attempts, max_attempts);
-            r = store_job_finish_at(st, l->id, l->attempts, "failed", code, msg);
+            r = finish_job(st, l->id, l->attempts, rescue, "failed", code, msg);
         } else {
             snprintf(msg, sizeof msg, "%s while the job was running; resuming at the first unfinished stage "
                      "(attempt %d of %d)", why, l->attempts + 1, max_attempts);
-            r = store_job_requeue_at(st, l->id, l->attempts, msg);
+            r = requeue_job(st, l->id, l->attempts, rescue, msg);
         }
         if (r == 0)
             done++;
@@ -466,7 +499,7 @@ int store_recover(store *st, const char *owner, int max_attempts)
     static const char *q = "SELECT id, cancel_requested, attempts, stage FROM jobs WHERE status='running' "
                            "AND (lease_owner=? OR lease_owner='') ORDER BY seq";
     sql_stmt *s = sql_query(c, q, "t", owner);
-    return s ? settle_left(st, s, max_attempts, "the server stopped", "server_lost") : -1;
+    return s ? settle_left(st, s, max_attempts, 0, "the server stopped", "server_lost") : -1;
 }
 
 int store_lease_rescue(store *st, int max_attempts, const char *self)
@@ -478,7 +511,7 @@ int store_lease_rescue(store *st, int max_attempts, const char *self)
                            "AND lease_expires_at>0 AND lease_expires_at<? AND (lease_owner IS NULL OR lease_owner<>?) "
                            "ORDER BY seq";
     sql_stmt *s = sql_query(c, q, "It", store_now(), self);
-    return s ? settle_left(st, s, max_attempts, "its runner stopped renewing the lease", "lease_expired") : -1;
+    return s ? settle_left(st, s, max_attempts, 1, "its runner stopped renewing the lease", "lease_expired") : -1;
 }
 
 int store_job_cancel(store *st, const char *id, store_job *out)

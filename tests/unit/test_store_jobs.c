@@ -29,6 +29,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include "storage/artstore.h"
 #include "storage/store.h"
 
@@ -748,6 +750,48 @@ static void test_leases(void **state)
     store_event_list_free(ev, n);
 }
 
+/* A rescue reads the expired leases, then settles each job in a transaction of its own.
+ * A runner that renews its lease in between keeps its job: here job b's runner renews
+ * while the rescuer settles job a (a trigger on a's requeue event). SQLite only: the
+ * trigger is SQLite's. */
+static void test_rescue_spares_renewed(void **state)
+{
+    store *st = *state;
+    if (!strncmp(dbpath, "postgres", 8))
+        skip();
+    char a[48], b[48];
+    mk(st, "renew-dev", a);
+    mk(st, "renew-dev", b);
+    store_job j;
+    assert_int_equal(claim_as(st, "renew-dev", "host-a", 1, &j), 0);
+    assert_string_equal(j.id, a);
+    store_job_clear(&j);
+    assert_int_equal(claim_as(st, "renew-dev", "host-a", 1, &j), 0);
+    assert_string_equal(j.id, b);
+    store_job_clear(&j);
+    sleep(2);   /* both leases ran out */
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(dbpath, &h), SQLITE_OK);
+    sqlite3_busy_timeout(h, 10000);
+    char sql[512];
+    snprintf(sql, sizeof sql, "CREATE TRIGGER renew_b AFTER INSERT ON events WHEN NEW.job_id='%s' "
+             "AND NEW.type='job.requeued' BEGIN UPDATE jobs SET lease_expires_at=lease_expires_at+3600 "
+             "WHERE id='%s'; END", a, b);
+    assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
+    int n = store_lease_rescue(st, 3, "host-b");
+    assert_int_equal(sqlite3_exec(h, "DROP TRIGGER renew_b", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_close(h), SQLITE_OK);
+    assert_true(n >= 1);
+    assert_int_equal(store_job_get(st, a, &j), 0);
+    assert_string_equal(j.status, "queued");
+    store_job_clear(&j);
+    assert_int_equal(store_job_get(st, b, &j), 0);
+    assert_string_equal(j.status, "running");
+    assert_string_equal(j.lease_owner, "host-a");
+    assert_int_equal(j.attempts, 1);
+    store_job_clear(&j);
+}
+
 /* The runners registry: a beat writes or refreshes a runner's row; the list holds the
  * runners seen after a moment, by name; a runner that stops is gone from it. */
 /* Fencing: a handle fenced to attempt 1 of a job writes it while it runs at attempt 1;
@@ -1024,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_concurrent_writers),
         cmocka_unit_test(test_models_same_sha_at_once),
         cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_rescue_spares_renewed),
         cmocka_unit_test(test_fence),
         cmocka_unit_test(test_claim_engine),
         cmocka_unit_test(test_runners),
