@@ -29,6 +29,7 @@ typedef struct {
     pid_t pid;
     char job_id[48];
     int device;
+    int attempt;               /* the job's start this worker runs (store_job.attempts) */
     double cancel_at;          /* monotonic s of the cancel signal, 0 = none */
 } child;
 
@@ -113,6 +114,17 @@ static pid_t spawn(sched *s, const char *id)
     return pid;
 }
 
+/* Whether a job read as (status, owner, attempts) is still the start worker k was made
+ * for: not once it went back to the queue, or runs under another runner or at another
+ * attempt (claimed again since). A finished job still counts as k's: its worker may have
+ * written the end itself and be on its way out. */
+static int kid_owns(const sched *s, const child *k, const char *status, const char *owner, int attempts)
+{
+    if (!strcmp(status, "queued"))
+        return 0;
+    return strcmp(status, "running") || ((!owner[0] || !strcmp(owner, s->owner)) && attempts == k->attempt);
+}
+
 /* Record how worker k ended on its job: cancelled, requeued or failed (nothing when the
  * job is gone, or another runner's now). 0, or -1 when the store could not say or write
  * it: the job is still "running" under this runner, whose renewals keep its lease, and
@@ -124,14 +136,15 @@ static int on_exit_status(sched *s, const child *k, int status)
     if (got != 0)
         return got < 0 ? -1 : 0;
     int rc = 0;
-    /* a job another runner took over (our lease ran out) is theirs to settle */
-    if (!strcmp(j.status, "running") && (!j.lease_owner[0] || !strcmp(j.lease_owner, s->owner))) {
+    /* a job another runner took over, or claimed again (our lease ran out), is settled by
+     * the worker of that start */
+    if (!strcmp(j.status, "running") && kid_owns(s, k, j.status, j.lease_owner, j.attempts)) {
         char reason[512], sig[32];
         const char *stage = j.stage[0] ? j.stage : "(before the first stage)";
         if (j.cancel_requested) {
-            rc = store_job_finish_at(s->st, k->job_id, j.attempts, "cancelled", NULL, NULL);
+            rc = store_job_finish_at(s->st, k->job_id, k->attempt, "cancelled", NULL, NULL);
         } else if (s->stopping) {
-            rc = store_job_requeue_at(s->st, k->job_id, j.attempts,
+            rc = store_job_requeue_at(s->st, k->job_id, k->attempt,
                                       "worker stopped by server shutdown; will resume");
         } else {
             const char *code_name;
@@ -150,9 +163,9 @@ static int on_exit_status(sched *s, const child *k, int status)
                 char msg[700];
                 snprintf(msg, sizeof msg, "%s; requeued to resume at stage %s (attempt %d of %d)", reason, stage,
                          j.attempts + 1, s->max_attempts);
-                rc = store_job_requeue_at(s->st, k->job_id, j.attempts, msg);
+                rc = store_job_requeue_at(s->st, k->job_id, k->attempt, msg);
             } else {
-                rc = store_job_finish_at(s->st, k->job_id, j.attempts, "failed", code_name, reason);
+                rc = store_job_finish_at(s->st, k->job_id, k->attempt, "failed", code_name, reason);
             }
         }
     }
@@ -267,6 +280,7 @@ static void claim(sched *s)
                 memset(k, 0, sizeof *k);
                 k->pid = pid;
                 k->device = d;
+                k->attempt = j.attempts;
                 snprintf(k->job_id, sizeof k->job_id, "%s", j.id);
                 store_job_set_pid(s->st, j.id, (int)pid);
                 /* A cancel that raced with the claim still reaches the worker. */
@@ -281,18 +295,18 @@ static void claim(sched *s)
 }
 
 /* Read each worker's job: a cancel recorded in the store (perhaps by another host's API)
- * is signalled to the worker; a worker whose job is no longer this runner's (its lease ran
- * out and the job was requeued or taken over) is killed at once, so that no job runs
- * twice. Locked by caller. */
+ * is signalled to the worker; a worker whose job is no longer this runner's start of it
+ * (its lease ran out and the job was requeued, taken over, or claimed again, by this
+ * runner too) is killed at once, so that no job runs twice. Locked by caller. */
 static void watch(sched *s)
 {
     for (int i = 0; i < s->n_kids; i++) {
         child *k = &s->kids[i];
         char status[16], owner[256];
-        int cancel = 0;
-        if (store_job_runner(s->st, k->job_id, status, owner, &cancel) != 0)
+        int cancel = 0, attempts = 0;
+        if (store_job_runner(s->st, k->job_id, status, owner, &cancel, &attempts) != 0)
             continue;
-        int lost = !strcmp(status, "queued") || (!strcmp(status, "running") && owner[0] && strcmp(owner, s->owner));
+        int lost = !kid_owns(s, k, status, owner, attempts);
         if (lost) {
             kill(-k->pid, SIGKILL);
             kill(k->pid, SIGKILL);

@@ -204,9 +204,10 @@ int store_recover(store *st, const char *owner, int max_attempts);
  * (event "job.cancel_requested"); a terminal one is unchanged. Returns 0 (out filled
  * with the job afterwards), 1 when absent, -1 on error. */
 int store_job_cancel(store *st, const char *id, store_job *out);
-/* A runner's cheap look at its job: status, lease owner and whether a cancel was asked.
- * 0, 1 absent, -1 error. */
-int store_job_runner(store *st, const char *id, char status[16], char owner[256], int *cancel_requested);
+/* A runner's cheap look at its job: status, lease owner, whether a cancel was asked and
+ * how many starts it has had (the attempt of its latest claim). 0, 1 absent, -1 error. */
+int store_job_runner(store *st, const char *id, char status[16], char owner[256], int *cancel_requested,
+                     int *attempts);
 /* 1 when cancellation was requested for job id, 0 when not, -1 on error. */
 int store_job_cancel_requested(store *st, const char *id);
 /* Delete a terminal job with its events, artifacts and idempotency records. The sha-256

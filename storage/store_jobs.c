@@ -541,13 +541,14 @@ int store_job_cancel(store *st, const char *id, store_job *out)
     return commit_job(c, id, out);
 }
 
-int store_job_runner(store *st, const char *id, char status[16], char owner[256], int *cancel_requested)
+int store_job_runner(store *st, const char *id, char status[16], char owner[256], int *cancel_requested,
+                     int *attempts)
 {
     store_conn *c = store_conn_get(st);
     if (!c)
         return -1;
-    static const char *q = "SELECT status, lease_owner, cancel_requested FROM jobs WHERE id=?";
-    return sql_row(c, q, "t", "tti", id, status, (size_t)16, owner, (size_t)256, cancel_requested);
+    static const char *q = "SELECT status, lease_owner, cancel_requested, attempts FROM jobs WHERE id=?";
+    return sql_row(c, q, "t", "ttii", id, status, (size_t)16, owner, (size_t)256, cancel_requested, attempts);
 }
 
 int store_job_cancel_requested(store *st, const char *id)

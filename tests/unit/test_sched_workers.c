@@ -243,6 +243,44 @@ static void test_exit_settled_after_store_failure(void **state)
     assert_int_equal(sqlite3_close(h), SQLITE_OK);
 }
 
+/* This runner's lease ran out while its worker ran, and the job was requeued and claimed
+ * again, by this same runner (here the store's attempts move on under it): the old
+ * worker's start is over. The runner kills it at its next look, and its exit does not
+ * settle the job, which the new start runs. */
+static void test_reclaimed_start_killed(void **state)
+{
+    (void)state;
+    char exe[128], a[48], db[128], body[256], done[160];
+    mk("d1", a);
+    snprintf(done, sizeof done, "%s/w_old.done", dir);
+    snprintf(body, sizeof body, "sleep 3\ntouch '%s'\nexit 4", done);
+    script("w_old.sh", body, exe, sizeof exe);
+    snprintf(db, sizeof db, "%s/t.db", dir);
+    const char *devs[] = {"d1"};
+    sched *s = start(exe, devs, 1, 1);
+    store_job j = wait_leave(a, "queued", 10);
+    assert_string_equal(j.status, "running");
+    assert_int_equal(j.attempts, 1);
+    store_job_clear(&j);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    sqlite3_busy_timeout(h, 10000);
+    char sql[256];
+    snprintf(sql, sizeof sql, "UPDATE jobs SET attempts=2 WHERE id='%s'", a);
+    assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_close(h), SQLITE_OK);
+    double t0 = now_s();
+    while (sched_running(s) > 0 && now_s() - t0 < 10)
+        usleep(20000);
+    usleep(500 * 1000);   /* the runner's record of the exit, had it made one */
+    sched_stop(s, 1000);
+    assert_int_equal(access(done, F_OK), -1);   /* killed before its end */
+    assert_int_equal(store_job_get(st, a, &j), 0);
+    assert_string_equal(j.status, "running");
+    assert_int_equal(j.attempts, 2);
+    store_job_clear(&j);
+}
+
 static void test_per_device_limit(void **state)
 {
     (void)state;
@@ -383,6 +421,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exit_and_signals),
+        cmocka_unit_test(test_reclaimed_start_killed),
         cmocka_unit_test(test_exit_settled_after_store_failure),
         cmocka_unit_test(test_retry_policy),
         cmocka_unit_test(test_per_device_limit),

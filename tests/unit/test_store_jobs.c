@@ -714,16 +714,17 @@ static void test_leases(void **state)
     assert_int_equal(store_lease_renew(st, "host-a", 1), 1);  /* A holds one job */
     assert_int_equal(store_lease_renew(st, "host-b", 1), 0);
     char status[16], owner[256];
-    int cancel = -1;
-    assert_int_equal(store_job_runner(st, id, status, owner, &cancel), 0);
+    int cancel = -1, attempts = 0;
+    assert_int_equal(store_job_runner(st, id, status, owner, &cancel, &attempts), 0);
     assert_string_equal(status, "running");
     assert_string_equal(owner, "host-a");
     assert_int_equal(cancel, 0);
+    assert_int_equal(attempts, 1);
     sleep(3);                                                  /* A died: its lease runs out */
     /* A itself, back from a store outage longer than the lease, does not take its own
      * running job for a dead runner's: its worker is alive and in its hands */
     assert_int_equal(store_lease_rescue(st, 2, "host-a"), 0);
-    assert_int_equal(store_job_runner(st, id, status, owner, &cancel), 0);
+    assert_int_equal(store_job_runner(st, id, status, owner, &cancel, &attempts), 0);
     assert_string_equal(status, "running");
     assert_int_equal(store_lease_rescue(st, 2, "host-b"), 1);
     assert_int_equal(store_job_get(st, id, &j), 0);
