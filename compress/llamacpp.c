@@ -17,6 +17,7 @@
 
 #include "compress/child.h"
 #include "engine/backend.h"
+#include "engine/clock.h"
 #include "engine/devices.h"
 #include "storage/export.h"
 #include "storage/fileio.h"
@@ -45,24 +46,9 @@ static void copy_str(json_t *j, const char *k, char *out, size_t cap)
     snprintf(out, cap, "%s", json_is_string(v) ? json_string_value(v) : "unknown");
 }
 
-/* The helper's answer once it has given one; the API's request threads probe too. */
-static pthread_mutex_t g_info_mu = PTHREAD_MUTEX_INITIALIZER;
-static lc_info g_info;
-static int g_info_ok;
-
-int lc_probe(lc_info *info, char *err, size_t errlen)
+/* Ask the helper at info->helper about its build; info's other fields from its answer. */
+static int ask_helper(lc_info *info, char *err, size_t errlen)
 {
-    pthread_mutex_lock(&g_info_mu);
-    int ok = g_info_ok;
-    if (ok)
-        *info = g_info;
-    pthread_mutex_unlock(&g_info_mu);
-    if (ok)
-        return 0;
-    memset(info, 0, sizeof *info);
-    if (find_helper(info->helper, sizeof info->helper))
-        FAIL("llama.cpp is not installed here: no executable ac-llama helper (AC_LLAMA_HELPER, or beside the "
-             "autocompress binary); install it with scripts/llamacpp.sh install, then make");
     char *argv[] = {info->helper, "info", NULL};
     json_t *j;
     if (ch_run_json(&LC_INFO, argv, NULL, &j, err, errlen))
@@ -80,11 +66,72 @@ int lc_probe(lc_info *info, char *err, size_t errlen)
     SHA256((const unsigned char *)key, (size_t)(n < 0 ? 0 : n >= (int)sizeof key ? (int)sizeof key - 1 : n), md);
     snprintf(info->fingerprint, sizeof info->fingerprint, "llama.cpp %.12s %.12s %02x%02x%02x%02x",
              info->package_version, info->ggml_commit, md[0], md[1], md[2], md[3]);
-    pthread_mutex_lock(&g_info_mu);
-    g_info = *info;
-    g_info_ok = 1;
-    pthread_mutex_unlock(&g_info_mu);
     return 0;
+}
+
+/* How long a helper that failed to answer is taken at its word: the API's request threads
+ * and a runner's engine probe (every 10 s) ask, and each question would start a helper,
+ * for up to a minute when it hangs. A helper installed or rebuilt since (another file at
+ * its path) is asked at once. */
+#define LC_PROBE_RETRY_S 10.0
+
+/* The helper's answer: kept once it has given one, its failure for LC_PROBE_RETRY_S. One
+ * question at a time: threads that ask while it is out wait for its answer. */
+static pthread_mutex_t g_probe_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_probe_cv = PTHREAD_COND_INITIALIZER;
+static struct {
+    int asking, state;          /* state 1 answered, -1 failed, 0 not asked */
+    lc_info info;
+    char err[512];
+    double failed_at;
+    struct stat file;           /* the helper that failed */
+} g_probe;
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+int lc_probe(lc_info *info, char *err, size_t errlen)
+{
+    memset(info, 0, sizeof *info);
+    pthread_mutex_lock(&g_probe_mu);
+    while (g_probe.asking)
+        pthread_cond_wait(&g_probe_cv, &g_probe_mu);
+    if (g_probe.state == 1) {
+        *info = g_probe.info;
+        pthread_mutex_unlock(&g_probe_mu);
+        return 0;
+    }
+    struct stat file;
+    if (find_helper(info->helper, sizeof info->helper) || stat(info->helper, &file)) {
+        pthread_mutex_unlock(&g_probe_mu);
+        FAIL("llama.cpp is not installed here: no executable ac-llama helper (AC_LLAMA_HELPER, or beside the "
+             "autocompress binary); install it with scripts/llamacpp.sh install, then make");
+    }
+    if (g_probe.state == -1 && eng_wall_s() - g_probe.failed_at < LC_PROBE_RETRY_S &&
+        same_file(&file, &g_probe.file)) {
+        snprintf(err, errlen, "%s", g_probe.err);
+        pthread_mutex_unlock(&g_probe_mu);
+        return -1;
+    }
+    g_probe.asking = 1;
+    pthread_mutex_unlock(&g_probe_mu);
+    int rc = ask_helper(info, err, errlen);
+    pthread_mutex_lock(&g_probe_mu);
+    g_probe.asking = 0;
+    g_probe.state = rc == 0 ? 1 : -1;
+    if (rc == 0) {
+        g_probe.info = *info;
+    } else {
+        snprintf(g_probe.err, sizeof g_probe.err, "%s", err);
+        g_probe.failed_at = eng_wall_s();
+        g_probe.file = file;
+    }
+    pthread_cond_broadcast(&g_probe_cv);
+    pthread_mutex_unlock(&g_probe_mu);
+    return rc;
 }
 
 json_t *lc_engine_json(void)

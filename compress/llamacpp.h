@@ -29,7 +29,9 @@ typedef struct {
 
 /* Find the helper (AC_LLAMA_HELPER, else `ac-llama` beside this program or one folder
  * up) and ask it about its build. Returns 0, or -1 with the reason ("llama.cpp is not
- * installed ...: scripts/llamacpp.sh install") in err. Cached after the first success. */
+ * installed ...: scripts/llamacpp.sh install") in err. Cached after the first success;
+ * a failed answer for 10 s, unless another helper file is found at the path since.
+ * Thread-safe: one helper at a time is asked, and the other callers wait for it. */
 int lc_probe(lc_info *info, char *err, size_t errlen);
 
 /* The engine object of /v1/engines for llama.cpp: {name, present, version, ...,

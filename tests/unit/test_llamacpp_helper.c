@@ -6,7 +6,8 @@
  * serves one model for seconds, or minutes on a loaded host, and a cancel or a shutdown
  * must not wait for it. Nor may the helper outlive the process that started it: a worker
  * killed mid-measurement (its server killed, or its container) must not leave llama.cpp
- * serving on the cores the job's next attempt measures on.
+ * serving on the cores the job's next attempt measures on. A helper that cannot say
+ * what it is (`info` fails) is asked once for every request that needs the answer.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,21 +36,21 @@
 static char g_dir[] = "/tmp/ac_lchelper_XXXXXX";
 static char g_pidfile[256];
 
-static int setup(void **state)
+/* Write the stand-in helper; `note` (a comment line) makes another file of it. Its `info`
+ * fails, noting its pid in info.calls, while info.fail exists. */
+static int write_helper(const char *note)
 {
-    (void)state;
-    if (!mkdtemp(g_dir))
-        return -1;
     char helper[256];
     snprintf(helper, sizeof helper, "%s/ac-llama", g_dir);
-    snprintf(g_pidfile, sizeof g_pidfile, "%s/bench.pid", g_dir);
     FILE *f = fopen(helper, "w");
     if (!f)
         return -1;
     fprintf(f,
             "#!/bin/sh\n"
+            "# %s\n"
             "case \"$1\" in\n"
-            "info) grep -E '^Sig(Blk|Ign)' /proc/self/status > %s.sig;"
+            "info) [ -e %s/info.fail ] && { echo $$ >> %s/info.calls; sleep 0.3; echo 'no backend' >&2; exit 3; };"
+            " grep -E '^Sig(Blk|Ign)' /proc/self/status > %s.sig;"
             " echo '{\"ggml_version\":\"stand-in\",\"ggml_commit\":\"0\",\"package_version\":\"0\","
             "\"build_flags\":\"\",\"system_info\":\"\"}' ;;\n"
             "bench) [ \"$2\" = /lingers.gguf ] && { exec >&- 2>&-; exec sleep 60; };"
@@ -57,10 +58,20 @@ static int setup(void **state)
             "quantize) echo partial > \"$3.tmp-$$\"; echo $$ > %s.tmp && mv %s.tmp %s; exec sleep 60 ;;\n"
             "*) echo \"unknown command $1\" >&2; exit 2 ;;\n"
             "esac\n",
-            g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile);
+            note, g_dir, g_dir, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile, g_pidfile,
+            g_pidfile);
     if (fclose(f) || chmod(helper, 0755))
         return -1;
     return setenv("AC_LLAMA_HELPER", helper, 1);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (!mkdtemp(g_dir))
+        return -1;
+    snprintf(g_pidfile, sizeof g_pidfile, "%s/bench.pid", g_dir);
+    return write_helper("first");
 }
 
 static int teardown(void **state)
@@ -249,6 +260,51 @@ static void test_helper_dies_with_its_process(void **state)
     assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
 }
 
+static void *probe_thread(void *arg)
+{
+    char err[512];
+    lc_info info;
+    *(int *)arg = lc_probe(&info, err, sizeof err);
+    return NULL;
+}
+
+/* A helper that fails to answer `info` is asked once, not once per question: the API's
+ * request threads ask about llama.cpp on every request that names it. Threads asking
+ * together wait for the one question out, and later ones get its answer (for 10 s). A
+ * helper file replaced since is asked at once: the next test, test_helper_signals_default,
+ * needs the rewritten one's answer. */
+static void test_probe_failure_asked_once(void **state)
+{
+    (void)state;
+    char fail[300], calls[300], err[512] = "";
+    snprintf(fail, sizeof fail, "%s/info.fail", g_dir);
+    snprintf(calls, sizeof calls, "%s/info.calls", g_dir);
+    FILE *f = fopen(fail, "w");
+    assert_non_null(f);
+    assert_int_equal(fclose(f), 0);
+    pthread_t t[3];
+    int rc[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, probe_thread, &rc[i]), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+        assert_int_equal(rc[i], -1);
+    }
+    lc_info info;
+    assert_int_equal(lc_probe(&info, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no backend"));
+    f = fopen(calls, "r");
+    assert_non_null(f);
+    char line[64];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n++;
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(unlink(fail), 0);
+    assert_int_equal(write_helper("rebuilt"), 0);
+}
+
 /* The server and the worker agent block SIGTERM and SIGINT in every thread (they take them
  * with sigwait) and ignore SIGPIPE; a helper that inherited that could not be stopped by
  * either signal, and would not die writing to a closed pipe. The stand-in is a dash script
@@ -362,7 +418,8 @@ static void test_scratch_folders_of_dead_owners(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_helper_signals_default),   /* first: lc_probe runs `info` once per process */
+        cmocka_unit_test(test_probe_failure_asked_once),  /* first: lc_probe keeps an answer */
+        cmocka_unit_test(test_helper_signals_default),    /* second: the first answer that succeeds */
         cmocka_unit_test(test_cancel_kills_helper),
         cmocka_unit_test(test_helper_dies_with_its_process),
         cmocka_unit_test(test_median_keeps_highest_peak),
