@@ -215,11 +215,16 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
 
 int job_report_merge(job_ctx *ctx, json_t *fragment)
 {
+    return job_report_replace(ctx, NULL, fragment);
+}
+
+int job_report_replace(job_ctx *ctx, const char *const *owned, json_t *fragment)
+{
     if (!json_is_object(fragment)) {
         json_decref(fragment);
         return -1;
     }
-    int rc = store_report_merge(ctx->st, ctx->id, fragment);
+    int rc = store_report_merge(ctx->st, ctx->id, owned, fragment);
     json_decref(fragment);
     ctx->lost |= rc == STORE_FENCED;
     return rc == 0 ? 0 : -1;

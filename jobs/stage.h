@@ -70,6 +70,11 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
                 char *err, size_t errlen);
 /* Merge a JSON object into the job's report (stolen). 0 or -1. */
 int job_report_merge(job_ctx *ctx, json_t *fragment);
+/* job_report_merge, first deleting the members at the dotted paths of `owned`
+ * (NULL-terminated), in one transaction: a stage whose members depend on its run (keys
+ * present one time, absent the next) names everything it writes, so that its run after a
+ * restart leaves nothing of the one before. */
+int job_report_replace(job_ctx *ctx, const char *const *owned, json_t *fragment);
 
 /* The one place real stages hook in (jobs/stages_builtin.c): registers every stage this
  * build has. Workers call it at start. */

@@ -109,6 +109,14 @@ static json_t *engine_json(const cm_target *t, int fallbacks, const char *note)
 #define LC_ROUNDS 3     /* fresh processes per model, the models alternating */
 #define LC_REQUESTS 3   /* timed requests per process, after one warm-up */
 
+/* What this stage writes in the report, replaced whole when it runs again (after a
+ * takeover): a try set aside, a prediction or a llama.cpp buffer list one run made and the
+ * next did not must not stay. The parent's params are the search's too, and the same. */
+static const char *const MEASURE_OWNS[] = {
+    "engine", "measure_tries", "memory", "parent.measured", "parent.weights", "parent.predicted",
+    "parent.naive_weights_plus_kv_bytes", "result.params", "result.measured", "result.weights", "result.predicted",
+    "result.naive_weights_plus_kv_bytes", NULL};
+
 /* Predicted (from tb) and measured objects of arch a from its n servings rr, each in a
  * fresh process: the serving of median latency, the highest peak of any, every serving's
  * latency beside it and how they were made (how). weights: what the model served held.
@@ -442,7 +450,7 @@ static int stage_measure_run(job_ctx *ctx, char *err, size_t errlen)
         json_decref(frag);
         goto out;
     }
-    rc = job_report_merge(ctx, frag) ? -1 : 0;   /* steals the other */
+    rc = job_report_replace(ctx, MEASURE_OWNS, frag) ? -1 : 0;   /* steals the other */
     if (rc)
         snprintf(err, errlen, "measure: cannot merge the report");
 out:

@@ -214,9 +214,11 @@ int store_job_cancel_requested(store *st, const char *id);
  * of each artifact no other job references is appended to *orphans (a malloc'd array of
  * malloc'd strings; caller frees). Returns 0, 1 absent, 2 not terminal, -1 error. */
 int store_job_delete(store *st, const char *id, char ***orphans, int *n_orphans);
-/* Merge `fragment` (borrowed object) into the job's report, recursively. 0,
- * STORE_FENCED or -1. */
-int store_report_merge(store *st, const char *id, json_t *fragment);
+/* Merge `fragment` (borrowed object) into the job's report, recursively, after deleting
+ * the members at the dotted paths of `clear` (NULL-terminated; NULL: none), in one
+ * transaction: a stage run again replaces what it wrote before rather than leave members
+ * its new run did not write. 0, STORE_FENCED or -1. */
+int store_report_merge(store *st, const char *id, const char *const *clear, json_t *fragment);
 /* Count jobs per status into out[5] (queued, running, succeeded, failed, cancelled). */
 int store_job_counts(store *st, int64_t out[5]);
 

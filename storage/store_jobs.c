@@ -268,9 +268,28 @@ int store_job_stage_begin(store *st, const char *id, int index, const char *name
     return 0;
 }
 
-/* Read, modify and write the report inside the current transaction. */
-static int report_update(store_conn *c, const char *id, json_t *fragment, const char *append_stage,
-                         double wall_s, int attempt)
+/* Delete the member at dotted path p ("parent.measured") of object r, if it is there. */
+static void report_clear(json_t *r, const char *p)
+{
+    char key[128];
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        if (!dot) {
+            json_object_del(r, p);
+            return;
+        }
+        snprintf(key, sizeof key, "%.*s", (int)(dot - p) < (int)sizeof key ? (int)(dot - p) : 0, p);
+        r = json_object_get(r, key);
+        if (!json_is_object(r))
+            return;
+        p = dot + 1;
+    }
+}
+
+/* Read, modify and write the report inside the current transaction: the paths of clear
+ * (NULL-terminated, or NULL) deleted, then fragment merged. */
+static int report_update(store_conn *c, const char *id, const char *const *clear, json_t *fragment,
+                         const char *append_stage, double wall_s, int attempt)
 {
     static const char *q = "SELECT report FROM jobs WHERE id=? FOR UPDATE";
     json_t *r = NULL;
@@ -280,6 +299,8 @@ static int report_update(store_conn *c, const char *id, json_t *fragment, const 
         json_decref(r);
         r = json_object();
     }
+    for (int i = 0; clear && clear[i]; i++)
+        report_clear(r, clear[i]);
     if (fragment && json_object_update_recursive(r, fragment) < 0) {
         json_decref(r);
         return -1;
@@ -320,7 +341,7 @@ int store_job_stage_done(store *st, const char *id, int index, const char *name,
         return sql_abandon(c, 0);
     static const char *qa = "SELECT attempts FROM jobs WHERE id=?";
     int attempt = 0;
-    if (sql_row(c, qa, "t", "i", id, &attempt) < 0 || report_update(c, id, NULL, name, wall_s, attempt) < 0)
+    if (sql_row(c, qa, "t", "i", id, &attempt) < 0 || report_update(c, id, NULL, NULL, name, wall_s, attempt) < 0)
         return sql_abandon(c, -1);
     char msg[128];
     snprintf(msg, sizeof msg, "stage %s completed in %.3f s", name, wall_s);
@@ -613,7 +634,7 @@ fail:
     return sql_abandon(c, -1);
 }
 
-int store_report_merge(store *st, const char *id, json_t *fragment)
+int store_report_merge(store *st, const char *id, const char *const *clear, json_t *fragment)
 {
     store_conn *c = store_conn_get(st);
     if (!c || sql_begin(c) < 0)
@@ -621,7 +642,7 @@ int store_report_merge(store *st, const char *id, json_t *fragment)
     int fence = store_fence_check(c, id, store_fence_attempt(c, id));
     if (fence != 0)
         return sql_abandon(c, fence);
-    if (report_update(c, id, fragment, NULL, 0, 0) < 0 || sql_commit(c) < 0) {
+    if (report_update(c, id, clear, fragment, NULL, 0, 0) < 0 || sql_commit(c) < 0) {
         sql_rollback(c);
         return -1;
     }

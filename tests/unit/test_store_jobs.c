@@ -501,8 +501,8 @@ static void test_models_and_report(void **state)
     mk(st, "rep-dev", id);
     json_t *f1 = json_pack("{s:{s:i},s:s}", "search", "iterations", 3, "method", "x");
     json_t *f2 = json_pack("{s:{s:i}}", "search", "selection_tokens", 99);
-    assert_int_equal(store_report_merge(st, id, f1), 0);
-    assert_int_equal(store_report_merge(st, id, f2), 0);
+    assert_int_equal(store_report_merge(st, id, NULL, f1), 0);
+    assert_int_equal(store_report_merge(st, id, NULL, f2), 0);
     json_decref(f1);
     json_decref(f2);
     store_job j;
@@ -510,6 +510,28 @@ static void test_models_and_report(void **state)
     json_t *s = json_object_get(j.report, "search");
     assert_int_equal(json_integer_value(json_object_get(s, "iterations")), 3);
     assert_int_equal(json_integer_value(json_object_get(s, "selection_tokens")), 99);
+    store_job_clear(&j);
+
+    /* a stage run again names what it owns: its members of the run before are gone, even
+     * those the new run does not write, and the others' stay */
+    json_t *m1 = json_pack("{s:[i],s:{s:{s:i},s:i},s:{s:i}}", "measure_tries", 1, "parent", "measured", "latency_ms",
+                           5, "weights", 1, "result", "params", 7);
+    const char *const owned[] = {"measure_tries", "parent.measured", "parent.weights", "result.params",
+                                 "result.absent.deeper", "nothing", NULL};
+    json_t *m2 = json_pack("{s:{s:{s:i}}}", "parent", "measured", "peak_memory_bytes", 9);
+    assert_int_equal(store_report_merge(st, id, NULL, m1), 0);
+    assert_int_equal(store_report_merge(st, id, owned, m2), 0);
+    json_decref(m1);
+    json_decref(m2);
+    assert_int_equal(store_job_get(st, id, &j), 0);
+    assert_null(json_object_get(j.report, "measure_tries"));
+    json_t *p = json_object_get(j.report, "parent");
+    assert_null(json_object_get(p, "weights"));
+    assert_null(json_object_get(json_object_get(p, "measured"), "latency_ms"));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(p, "measured"), "peak_memory_bytes")), 9);
+    assert_non_null(json_object_get(j.report, "result"));   /* emptied, not removed */
+    assert_null(json_object_get(json_object_get(j.report, "result"), "params"));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j.report, "search"), "iterations")), 3);
     store_job_clear(&j);
 }
 
@@ -828,7 +850,7 @@ static void test_fence(void **state)
     assert_int_equal(store_job_progress(w, id, 2, 2), STORE_FENCED);
     assert_int_equal(store_job_stage_done(w, id, 0, "a", 1.0), STORE_FENCED);
     json_t *frag = json_pack("{s:b}", "stale", 1);
-    assert_int_equal(store_report_merge(w, id, frag), STORE_FENCED);
+    assert_int_equal(store_report_merge(w, id, NULL, frag), STORE_FENCED);
     json_decref(frag);
     assert_int_equal(store_event_append(w, id, "test.stale", "attempt 1", NULL), STORE_FENCED);
     store_artifact a;
