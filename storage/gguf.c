@@ -317,10 +317,12 @@ int gguf_open_mem(gguf_file *g, const void *buf, size_t len, char *err, size_t e
     return 0;
 }
 
-/* Move the metadata reads of a parsed g from its map to a copy of bytes [0, data_off). */
+/* Move the metadata reads of a parsed g from its map to a copy of bytes [0, data_off),
+ * within the file: a file without tensors may end before its header's aligned end (the
+ * tensors' check keeps data_off inside the file for the others). */
 static int copy_meta(gguf_file *g, char *err, size_t errlen)
 {
-    size_t n = (size_t)g->data_off;
+    size_t n = g->data_off < g->len ? (size_t)g->data_off : g->len;
     if (!(g->meta_copy = malloc(n ? n : 1))) {
         snprintf(err, errlen, "out of memory for %zu bytes of GGUF metadata", n);
         return -1;

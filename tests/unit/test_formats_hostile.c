@@ -255,6 +255,48 @@ static void test_gguf_duplicate_and_mistyped_keys(void **state)
     }
 }
 
+/* A GGUF of metadata only whose alignment (64 KiB) puts the aligned end of its header past
+ * the end of the 4 KiB file: nothing lies there to read, and opening it reads only the
+ * file (it read up to the alignment, past the map, and crashed). In a child, so that a
+ * crash is seen as one. */
+static void test_gguf_alignment_past_the_end(void **state)
+{
+    (void)state;
+    buf kvs = {0};
+    kv_u32(&kvs, "general.alignment", 65536);
+    char *fill = malloc(4019);
+    assert_non_null(fill);
+    memset(fill, 'a', 4018);
+    fill[4018] = 0;
+    kv_str(&kvs, "x", fill);
+    free(fill);
+    buf img = build(&kvs, 2, NULL, 0);
+    assert_int_equal(img.n, 4096);
+    char p[192];
+    snprintf(p, sizeof p, "%s/aligned.gguf", tmpdir);
+    write_file(p, img.p, img.n);
+    free(img.p);
+    free(kvs.p);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        gguf_file g;
+        char err[512] = "";
+        if (gguf_open(&g, p, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", p, err);
+            _exit(1);
+        }
+        int ok = g.n_tensors == 0 && gguf_find(&g, "x") >= 0;
+        gguf_close(&g);
+        _exit(ok ? 0 : 2);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* A safetensors and a GGUF file cut short under their readers: the GGUF's metadata still
  * reads, and a tensor read is an error naming the tensor, also after a test harness (or any code) replaced the SIGBUS handler since the first guarded
  * read (it was installed once, and the second truncation then killed the process). */
@@ -581,6 +623,7 @@ int main(void)
         cmocka_unit_test(test_non_finite_weights),
         cmocka_unit_test(test_gguf_values_out_of_range),
         cmocka_unit_test(test_gguf_duplicate_and_mistyped_keys),
+        cmocka_unit_test(test_gguf_alignment_past_the_end),
         cmocka_unit_test(test_shrinking_safetensors_and_gguf),
         cmocka_unit_test(test_gguf_token_ids_beyond_int),
         cmocka_unit_test(test_token_over_size_limit),
