@@ -158,11 +158,10 @@ static int sha256_fd(int fd, char hex[65], int64_t *size)
 
 int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    int fd = fio_open_regular(path, NULL, &st, err, errlen);
+    if (fd < 0)
         return -1;
-    }
     int rc = sha256_fd(fd, hex, size_bytes);
     if (rc < 0)
         snprintf(err, errlen, "%s: read failed: %s", path, strerror(errno));
@@ -446,23 +445,26 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
         snprintf(err, errlen, "not a sha-256 digest");
         return -1;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    char why[64];
+    int fd = fio_open_regular(path, NULL, &sb, why, sizeof why);
     if (fd < 0 && errno == ENOENT && as->remote) {
         if (remote_fetch(as, hex, expected_size, err, errlen))
             return -1;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = fio_open_regular(path, NULL, &sb, why, sizeof why);
     }
     if (fd < 0) {
         char q[4200];
         struct stat qs;
         if (errno == ENOENT && !quarantine_path(as, hex, q, sizeof q) && !stat(q, &qs))
             snprintf(err, errlen, "artifact content %s failed its sha-256 check and was set aside", hex);
+        else if (errno == EINVAL)
+            snprintf(err, errlen, "artifact content %s is not a regular file in the store", hex);
         else
             snprintf(err, errlen, "artifact content %s is missing: %s", hex, strerror(errno));
         return -1;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) < 0 || sb.st_size != expected_size) {
+    if (sb.st_size != expected_size) {
         snprintf(err, errlen, "artifact content %s has the wrong size", hex);
         close(fd);
         return -1;
@@ -701,14 +703,12 @@ static void scrub_one(artstore *as, const char *sub, const char *name, void *ud)
     char path[4400], got[65];
     if (fio_path_join(path, sizeof path, sub, name) < 0)
         return;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat sb;
+    char why[64];
     int64_t sz;
-    if (fd < 0 || fstat(fd, &sb) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return;   /* removed meanwhile */
-    }
+    int fd = fio_open_regular(path, NULL, &sb, why, sizeof why);
+    if (fd < 0)
+        return;   /* removed meanwhile, or not a file: not a blob to check */
     if (sha256_fd(fd, got, &sz) < 0) {
         close(fd);
         return;   /* unread: not known to be bad; the next pass reads it again */

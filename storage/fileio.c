@@ -34,35 +34,38 @@ static void not_regular(const char *path, const char *what, mode_t m, char *err,
         snprintf(err, errlen, "%s: not a regular file (%s)", path, fio_file_kind(m));
 }
 
-/* path opened for reading if it is a regular file: anything else (a FIFO, a device) is
- * refused by stat(2) before it is opened, and what was opened is checked again (it may have
- * been swapped in between; opened O_NONBLOCK, so a FIFO swapped in cannot block, then
- * cleared). The descriptor with *st filled, or -1 with "PATH: <strerror>", or with "PATH: not
- * WHAT (KIND, not a regular file)" (what NULL: "PATH: not a regular file (KIND)") in err. */
-static int open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen)
+int fio_open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen)
 {
     if (stat(path, st)) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        errno = e;
         return -1;
     }
     if (!S_ISREG(st->st_mode)) {
         not_regular(path, what, st->st_mode, err, errlen);
+        errno = EINVAL;
         return -1;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        errno = e;
         return -1;
     }
     int fl;
     if (fstat(fd, st) || (fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
         close(fd);
+        errno = e;
         return -1;
     }
     if (!S_ISREG(st->st_mode)) {
         not_regular(path, what, st->st_mode, err, errlen);
         close(fd);
+        errno = EINVAL;
         return -1;
     }
     return fd;
@@ -74,7 +77,7 @@ int fio_map(const char *path, size_t min_len, const char *what, void **map, size
     *map = NULL;
     *len = 0;
     struct stat st;
-    int fd = open_regular(path, what, &st, err, errlen);
+    int fd = fio_open_regular(path, what, &st, err, errlen);
     if (fd < 0)
         return -1;
     if ((size_t)st.st_size < min_len) {
@@ -228,7 +231,7 @@ fail:
 char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
 {
     struct stat st;
-    int fd = open_regular(path, NULL, &st, err, errlen);
+    int fd = fio_open_regular(path, NULL, &st, err, errlen);
     if (fd < 0)
         return NULL;
     if (max_bytes && (uint64_t)st.st_size >= max_bytes) {
@@ -421,7 +424,9 @@ int fio_write_all(int fd, const void *buf, size_t n)
 
 int fio_copy_into(const char *src, int fd)
 {
-    int in = open(src, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    char why[64];
+    int in = fio_open_regular(src, NULL, &st, why, sizeof why);
     if (in < 0)
         return -1;
     char buf[1 << 16];

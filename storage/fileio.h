@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <jansson.h>
 
@@ -96,8 +97,17 @@ json_t *fio_load_json(const char *path, size_t flags, char *err, size_t errlen);
  * write makes no progress). */
 int fio_write_all(int fd, const void *buf, size_t n);
 
-/* Append the whole of file `src` to the open descriptor fd. 0, or -1 with errno (fd
- * then holds part of the copy; src's descriptor is closed either way). */
+/* path opened for reading (O_CLOEXEC) if it is a regular file: anything else (a FIFO, a
+ * device, a folder) is refused by stat(2) before it is opened, and what was opened is
+ * checked again (it may have been swapped in between; opened O_NONBLOCK, so a FIFO swapped
+ * in cannot block, then cleared). The descriptor with *st filled, or -1 with errno (EINVAL:
+ * not a regular file) and "PATH: <strerror>", or "PATH: not WHAT (KIND, not a regular
+ * file)" (what NULL: "PATH: not a regular file (KIND)") in err. */
+int fio_open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen);
+
+/* Append the whole of regular file `src` to the open descriptor fd. 0, or -1 with errno
+ * (EINVAL: src is not a regular file; fd then holds part of the copy; src's descriptor is
+ * closed either way). */
 int fio_copy_into(const char *src, int fd);
 
 /* "DIR/NAME" into out (cap bytes). 0, or -1 when it does not fit. */

@@ -5,7 +5,8 @@
  * copy as one, not as the source changing. This file defines pread, so the store's calls
  * (linked from the static library) come here: it fails them with EIO for files whose path
  * holds g_fail, and passes the rest to the kernel. Also: the temporary files of writers
- * killed mid-copy are swept (art_sweep_temp, and each scrub), and no one else's.
+ * killed mid-copy are swept (art_sweep_temp, and each scrub), and no one else's; a FIFO
+ * where a blob belongs is never waited on.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -122,6 +123,39 @@ static void test_scrub_unreadable_keeps_blob(void **state)
     art_close(as);
 }
 
+/* A FIFO where a blob belongs (the store's folder is shared, and someone put one there):
+ * a download's open and the scrub pass over it at once, not waiting on it for a writer.
+ * In a child with an alarm, so that a wait ends the test rather than hang it. */
+static void test_fifo_blob_never_waits(void **state)
+{
+    (void)state;
+    char hex[65], path[4096];
+    int64_t size = 0;
+    artstore *as = store_with_blob("fifo", hex, &size);
+    assert_int_equal(art_path(as, hex, path, sizeof path), 0);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0644), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        char err[512] = "";
+        int checked = -1, bad = -1;
+        int fd = art_open_blob(as, hex, size, 1, err, sizeof err);
+        if (fd >= 0 || !strstr(err, "not a regular file"))
+            _exit(1);
+        if (art_scrub(as, &checked, &bad) || checked != 0)
+            _exit(2);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    art_close(as);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 static void test_put_unreadable_copy_named(void **state)
 {
     (void)state;
@@ -216,6 +250,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_unreadable_keeps_blob),
         cmocka_unit_test(test_scrub_unreadable_keeps_blob),
+        cmocka_unit_test(test_fifo_blob_never_waits),
         cmocka_unit_test(test_put_unreadable_copy_named),
         cmocka_unit_test(test_sweep_dead_writers_temp),
     };
