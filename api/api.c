@@ -178,6 +178,8 @@ void api_json(api_resp *resp, int status, json_t *body)
     resp->json = body;
     resp->status = status;
     resp->content_type = "application/json";
+    if (!body && status < 500)   /* a body that could not be built is an error, never an empty 200 */
+        api_problem(resp, 500, "internal", "the response could not be built", NULL);
 }
 
 void api_list(api_resp *resp, json_t *data, int has_more, const char *first_id, const char *last_id)
@@ -233,6 +235,34 @@ static int utf8_seq(const unsigned char *s)
         (n == 4 && c == 0xF0 && s[1] < 0x90) || (n == 4 && c == 0xF4 && s[1] >= 0x90))
         return 0;
     return n;
+}
+
+json_t *api_text_json(const char *s)
+{
+    json_t *v = json_string(s ? s : "");
+    if (v)
+        return v;
+    size_t n = strlen(s);
+    char *c = malloc(n + 1);
+    if (!c)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t k = 0;
+    while (*p) {
+        int len = utf8_seq(p);
+        if (len == 0) {
+            c[k++] = '?';
+            p++;
+            continue;
+        }
+        memcpy(c + k, p, (size_t)len);
+        k += (size_t)len;
+        p += len;
+    }
+    c[k] = 0;
+    v = json_string(c);
+    free(c);
+    return v;
 }
 
 void api_utf8_clean(const char *in, char *out, size_t n)

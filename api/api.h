@@ -92,6 +92,11 @@ void api_dispatch(api_ctx *ctx, int route, const api_req *req, api_resp *resp);
  * NEW array (stolen) of {pointer|parameter, message} or NULL. The server adds request_id. */
 void api_problem(api_resp *r, int status, const char *code, const char *detail, json_t *errors);
 
+/* A JSON string of text the service stored (a job's error message, an event's): the
+ * text itself, or, where it is not valid UTF-8 (a path of other bytes quoted in it), each
+ * byte outside a valid sequence replaced by '?'. NEW reference; NULL on OOM. */
+json_t *api_text_json(const char *s);
+
 /* Copy in to out (capacity n), each byte that is not part of valid UTF-8 and each control
  * byte replaced by '?': what a problem may echo of a client's input. */
 void api_utf8_clean(const char *in, char *out, size_t n);

@@ -50,8 +50,8 @@ static json_t *render_job(const store_job *j)
     } else {
         json_object_set_new(o, "progress", json_null());
     }
-    json_object_set_new(o, "error", j->error_code[0] ? json_pack("{s:s,s:s}", "code", j->error_code, "message",
-                                                                 j->error_message)
+    json_object_set_new(o, "error", j->error_code[0] ? json_pack("{s:s,s:o}", "code", j->error_code, "message",
+                                                                 api_text_json(j->error_message))
                                                      : json_null());
     json_object_set_new(o, "cancel_requested", json_boolean(j->cancel_requested));
     json_object_set_new(o, "attempts", json_integer(j->attempts));
@@ -605,9 +605,9 @@ void h_events_list(api_ctx *ctx, const api_req *req, const char *const *params, 
     }
     json_t *data = json_array();
     for (int i = 0; i < n; i++)
-        json_array_append_new(data, json_pack("{s:s,s:s,s:s,s:s,s:s,s:O?,s:I}", "id", ev[i].id, "object", "event",
+        json_array_append_new(data, json_pack("{s:s,s:s,s:s,s:s,s:o,s:O?,s:I}", "id", ev[i].id, "object", "event",
                                               "job_id", ev[i].job_id, "type", ev[i].type, "message",
-                                              ev[i].message, "data", ev[i].data, "created_at",
+                                              api_text_json(ev[i].message), "data", ev[i].data, "created_at",
                                               (json_int_t)ev[i].created_at));
     api_list(resp, data, more, n ? ev[0].id : NULL, n ? ev[n - 1].id : NULL);
     store_event_list_free(ev, n);

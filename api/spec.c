@@ -792,7 +792,8 @@ static json_t *check_metadata(vctx *v, json_t *in)
 
 static void check_test_fields(vctx *v, json_t *in, json_t *out)
 {
-    static const char *const tk[] = {"x_test_pipeline", "x_test_sleep_ms", "x_test_artifact_bytes", NULL};
+    static const char *const tk[] = {"x_test_pipeline", "x_test_sleep_ms", "x_test_artifact_bytes",
+                                     "x_test_fail_message", NULL};
     int any = 0;
     for (int i = 0; tk[i]; i++)
         any |= json_object_get(in, tk[i]) != NULL;
@@ -823,6 +824,9 @@ static void check_test_fields(vctx *v, json_t *in, json_t *out)
     }
     int_field(v, in, "", "x_test_sleep_ms", 0, 600000, 0, 0, NULL);
     int_field(v, in, "", "x_test_artifact_bytes", 0, 256 << 20, 0, 0, NULL);
+    json_t *msg = string_field(v, in, "", "x_test_fail_message", 4000, 0);
+    if (msg)
+        json_object_set(out, "x_test_fail_message", msg);
     for (int i = 1; tk[i]; i++) {
         json_t *x = json_object_get(in, tk[i]);
         if (json_is_integer(x))
@@ -861,7 +865,7 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     static const char *const keys[] = {"name", "model", "target", "constraints", "method", "search_space",
                                        "pruning", "budgets", "seed", "data", "evaluation", "export",
                                        "callback_url", "metadata", "x_test_pipeline", "x_test_sleep_ms",
-                                       "x_test_artifact_bytes", NULL};
+                                       "x_test_artifact_bytes", "x_test_fail_message", NULL};
     only_keys(&v, in, "", keys);
     check_name(&v, in, out);
     json_object_set_new(out, "model", check_model(&v, in));
@@ -964,7 +968,7 @@ json_t *spec_validate_calibration(json_t *in, const spec_env *env, int *status, 
         return finish(&v, out, status, errors);
     }
     static const char *const keys[] = {"name", "model", "arch", "target", "metadata", "x_test_pipeline",
-                                       "x_test_sleep_ms", "x_test_artifact_bytes", NULL};
+                                       "x_test_sleep_ms", "x_test_artifact_bytes", "x_test_fail_message", NULL};
     only_keys(&v, in, "", keys);
     check_name(&v, in, out);
     check_model_or_arch(&v, in, out);

@@ -5,7 +5,8 @@
  *   test_artifact  writes x_test_artifact_bytes (default 4 MiB) of seeded pseudo-random
  *                  bytes and publishes them as "blob.bin", plus "note.txt"
  *   test_crash     the worker aborts (SIGABRT: a crash the server must report)
- *   test_fail      returns a failure with a message; with x_test_sleep_ms it first
+ *   test_fail      returns a failure with a message (x_test_fail_message, default "test_fail
+ *                  always fails"); with x_test_sleep_ms it first
  *                  blocks in one uninterrupted system call that long (as a stage blocked
  *                  in open() would), and a signal that ends it early is its failure
  */
@@ -127,7 +128,8 @@ static int test_fail(job_ctx *ctx, char *err, size_t errlen)
         snprintf(err, errlen, "blocked call: %s", strerror(errno));
         return -1;
     }
-    snprintf(err, errlen, "test_fail always fails");
+    const char *msg = json_string_value(json_object_get(job_ctx_spec(ctx), "x_test_fail_message"));
+    snprintf(err, errlen, "%s", msg ? msg : "test_fail always fails");
     return -1;
 }
 

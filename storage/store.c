@@ -270,10 +270,22 @@ const char *sql_errmsg(store_conn *c)
 
 /* Column i of the current row: text copied into dst (n bytes, "" for NULL), or parsed as
  * JSON (a NEW reference, NULL for NULL or bad JSON). */
+void store_text_cut(char *dst, size_t n, const char *src)
+{
+    size_t len = strlen(src);
+    if (len >= n) {
+        len = n - 1;
+        while (len > 0 && ((unsigned char)src[len] & 0xC0) == 0x80)
+            len--;   /* src[len], the first byte left out, continues a character: leave it all out */
+    }
+    memcpy(dst, src, len);
+    dst[len] = 0;
+}
+
 static void col_copy(sql_stmt *s, int i, char *dst, size_t n)
 {
     const char *t = s->drv->text(s->impl, i);
-    snprintf(dst, n, "%s", t ? t : "");
+    store_text_cut(dst, n, t ? t : "");
 }
 
 static json_t *col_json(sql_stmt *s, int i)

@@ -407,8 +407,9 @@ static int finish_job(store *st, const char *id, int attempt, int rescue, const 
     if (store_webhook_enqueue(c, id, type, status, code, message, now) < 0)
         return sql_abandon(c, -1);
     json_t *d = code ? json_pack("{s:s,s:s}", "code", code, "message", message ? message : "") : NULL;
-    char msg[1200];
-    snprintf(msg, sizeof msg, "job %s%s%s", status, message ? ": " : "", message ? message : "");
+    char whole[4600], msg[1200];
+    snprintf(whole, sizeof whole, "job %s%s%s", status, message ? ": " : "", message ? message : "");
+    store_text_cut(msg, sizeof msg, whole);
     if (store_event_insert(c, id, type, msg, d) < 0 || sql_commit(c) < 0)
         return sql_abandon(c, -1);
     return 0;

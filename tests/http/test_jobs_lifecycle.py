@@ -178,6 +178,16 @@ def main():
         _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_fail"]), expect=201)
         fin = s.wait_status(job["id"], ("failed", "succeeded"))
         assert fin["error"]["code"] == "stage_failed" and "test_fail always fails" in fin["error"]["message"]
+        # a failure message cut inside a character (the stage's 1,023 bytes, the stored
+        # error's 1,023): the job's error and its job.failed event still render
+        _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_fail"], x_test_fail_message="\u00e9" * 700), expect=201)
+        fin = s.wait_status(job["id"], ("failed", "succeeded"))
+        assert fin["error"] and fin["error"]["code"] == "stage_failed", fin
+        assert fin["error"]["message"].startswith("stage test_fail failed: \u00e9\u00e9"), fin
+        assert len(fin["error"]["message"].encode()) <= 1023, fin
+        _, _, ev = s.json("GET", "/v1/jobs/%s/events" % job["id"], expect=200)
+        failed = [e for e in ev["data"] if e["type"] == "job.failed"]
+        assert len(failed) == 1 and failed[0]["message"].startswith("job failed: stage test_fail failed: \u00e9"), ev
 
         # --- delete a terminal job: gone with its events and artifacts
         _, _, dl = s.json("DELETE", "/v1/jobs/" + jid, expect=200)
