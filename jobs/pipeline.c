@@ -62,25 +62,12 @@ static int mkdir_one(const char *p)
     return mkdir(p, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
-#define STORE_RETRIES 60
-
-/* After a store write failed: wait a second and say whether to try again (for a minute,
- * and not once the worker was asked to stop). The writes retried are idempotent. */
-static int store_retry(int *tries)
-{
-    if (++*tries > STORE_RETRIES || job_ctx_stop_requested())
-        return 0;
-    struct timespec ts = {1, 0};
-    nanosleep(&ts, NULL);
-    return 1;
-}
-
 /* store_job_finish, tried again while the store is unavailable. 0, 1 (already terminal),
  * STORE_FENCED or -1. */
 static int finish(store *st, const char *id, const char *status, const char *code, const char *message)
 {
     int rc, tries = 0;
-    while ((rc = store_job_finish(st, id, status, code, message)) < 0 && store_retry(&tries))
+    while ((rc = store_job_finish(st, id, status, code, message)) < 0 && job_store_retry(&tries))
         ;
     if (rc == STORE_FENCED)
         fprintf(stderr, "worker: job %s is no longer running at this worker's attempt (its lease ran out); "
@@ -322,7 +309,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         snprintf(ctx.stage, sizeof ctx.stage, "%s", name);
         snprintf(ctx.stage_dir, sizeof ctx.stage_dir, "%s/%s", ctx.job_dir, name);
         int tries = 0, rc_store;
-        while ((rc_store = store_job_stage_begin(st, id, (int)i, name)) < 0 && store_retry(&tries))
+        while ((rc_store = store_job_stage_begin(st, id, (int)i, name)) < 0 && job_store_retry(&tries))
             ;
         if (rc_store == STORE_FENCED) {
             ctx.lost = 1;
@@ -346,7 +333,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             if (fio_write_atomic(done, "", 0, serr, sizeof serr) < 0)   /* a resume here then runs it again */
                 job_event(&ctx, "stage.unmarked", serr, NULL);
             share_stage(&ctx, name);
-            while ((rc_store = store_job_stage_done(st, id, (int)i, name, wall)) < 0 && store_retry(&tries))
+            while ((rc_store = store_job_stage_done(st, id, (int)i, name, wall)) < 0 && job_store_retry(&tries))
                 ;
             if (rc_store == STORE_FENCED) {
                 ctx.lost = 1;

@@ -213,6 +213,17 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
     return rc == 0 ? 0 : -1;
 }
 
+#define STORE_RETRIES 60
+
+int job_store_retry(int *tries)
+{
+    if (++*tries > STORE_RETRIES || job_ctx_stop_requested())
+        return 0;
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
 int job_report_merge(job_ctx *ctx, json_t *fragment)
 {
     return job_report_replace(ctx, NULL, fragment);
@@ -224,7 +235,9 @@ int job_report_replace(job_ctx *ctx, const char *const *owned, json_t *fragment)
         json_decref(fragment);
         return -1;
     }
-    int rc = store_report_merge(ctx->st, ctx->id, owned, fragment);
+    int rc, tries = 0;
+    while ((rc = store_report_merge(ctx->st, ctx->id, owned, fragment)) < 0 && job_store_retry(&tries))
+        ;
     json_decref(fragment);
     ctx->lost |= rc == STORE_FENCED;
     return rc == 0 ? 0 : -1;

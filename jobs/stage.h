@@ -68,7 +68,12 @@ int job_cancelled_hook(void *ctx);
  * (sha-256 computed, metadata committed). Returns 0, or -1 with a reason in err. */
 int job_publish(job_ctx *ctx, const char *name, const char *path, const char *content_type,
                 char *err, size_t errlen);
-/* Merge a JSON object into the job's report (stolen). 0 or -1. */
+/* After a store write failed: wait a second and say whether to try again (for a minute,
+ * and not once the worker was asked to stop). For writes that are idempotent. */
+int job_store_retry(int *tries);
+/* Merge a JSON object into the job's report (stolen), tried again while the store is
+ * unavailable (job_store_retry). 0, or -1: the stage must fail rather than finish with a
+ * report that lacks its part. */
 int job_report_merge(job_ctx *ctx, json_t *fragment);
 /* job_report_merge, first deleting the members at the dotted paths of `owned`
  * (NULL-terminated), in one transaction: a stage whose members depend on its run (keys

@@ -115,8 +115,11 @@ static int stage_calibrate_run(job_ctx *ctx, char *err, size_t errlen)
                                     json_object_get(v, "memory_max_pct"), "naive_memory_mape_pct",
                                     json_object_get(v, "naive_memory_mape_pct"), "host_load",
                                     json_object_get(cal, "host_load"));
-        job_report_merge(ctx, json_pack("{s:s,s:o?}", "calibration_id", id, "calibration_validation", summary));
-        rc = 0;
+        static const char *const owned[] = {"calibration_id", "calibration_validation", NULL};
+        rc = job_report_replace(ctx, owned, json_pack("{s:s,s:o?}", "calibration_id", id, "calibration_validation",
+                                                      summary));
+        if (rc)
+            snprintf(err, errlen, "calibrate: cannot merge the report");
     }
     json_decref(cal);
     return rc;

@@ -17,6 +17,9 @@
 
 #define DISTILL_DEFAULT_TOKENS 1000000
 
+/* The stage's part of the report, replaced whole when it runs again. */
+static const char *const DISTILL_OWNS[] = {"distillation", NULL};
+
 typedef struct {
     job_ctx *ctx;
     int64_t every;
@@ -49,7 +52,8 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
     if (ps_int(ctx, "budgets.distill_tokens", DISTILL_DEFAULT_TOKENS) == 0) {
         const char *why = "budgets.distill_tokens is 0: the pruned student is the result";
         job_event(ctx, "distill.skipped", why, NULL);
-        if (job_report_merge(ctx, json_pack("{s:{s:i,s:s}}", "distillation", "tokens", 0, "skipped", why))) {
+        if (job_report_replace(ctx, DISTILL_OWNS, json_pack("{s:{s:i,s:s}}", "distillation", "tokens", 0, "skipped",
+                                                            why))) {
             snprintf(err, errlen, "distill: cannot merge the report");
             return -1;
         }
@@ -117,7 +121,11 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
         json_object_set_new(d, "final_kd_loss", json_real(r.final_loss));
     if (d && isfinite(r.final_val_loss))
         json_object_set_new(d, "val_loss", json_real(r.final_val_loss));
-    job_report_merge(ctx, json_pack("{s:o}", "distillation", d));
+    if (job_report_replace(ctx, DISTILL_OWNS, json_pack("{s:o}", "distillation", d))) {
+        snprintf(err, errlen, "distill: cannot merge the report");
+        distill_result_free(&r);
+        return -1;
+    }
     char msg[256];
     snprintf(msg, sizeof msg, "distilled on %lld tokens in %lld steps, final loss %.4f", (long long)r.tokens,
              (long long)r.steps, r.final_loss);

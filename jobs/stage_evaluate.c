@@ -301,7 +301,9 @@ static int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
         json_decref(report);
         return -1;
     }
-    if (job_report_merge(ctx, report)) {   /* steals */
+    static const char *const owned[] = {"parent.accuracy", "parent.average", "parent.perplexity", "result.accuracy",
+                                        "result.average", "result.perplexity", "pruned", NULL};
+    if (job_report_replace(ctx, owned, report)) {   /* steals */
         snprintf(err, errlen, "merging the evaluation into the report failed");
         return -1;
     }

@@ -196,7 +196,11 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
     json_decref(man);
     if (job_publish(ctx, "export-manifest.json", mpath, "application/json", err, errlen) < 0)
         goto out;
-    job_report_merge(ctx, json_pack("{s:{s:O}}", "export", "artifacts", arts));
+    static const char *const owned[] = {"export", NULL};
+    if (job_report_replace(ctx, owned, json_pack("{s:{s:O}}", "export", "artifacts", arts))) {
+        snprintf(err, errlen, "export: cannot merge the report");
+        goto out;
+    }
     rc = 0;
 out:
     json_decref(arts);

@@ -89,8 +89,13 @@ static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
         json_object_set_new(pr, "reconstruct", json_boolean(reconstruct));
         json_object_set_new(pr, "method", json_string(reconstruct ? "least_squares" : "slice"));
     }
-    job_report_merge(ctx, json_pack("{s:o*}", "pruning", pr));
+    static const char *const owned[] = {"pruning", NULL};
+    rc = job_report_replace(ctx, owned, json_pack("{s:o*}", "pruning", pr));
     recon_result_free(&rr);
+    if (rc) {
+        snprintf(err, errlen, "prune: cannot merge the report");
+        return -1;
+    }
     char summary[8192], msg[256];
     arch_summary(target, summary, sizeof summary);
     snprintf(msg, sizeof msg, "pruned to %lld parameters (parent %lld)%s", (long long)arch_params(target),

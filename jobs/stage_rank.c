@@ -109,9 +109,14 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
                   json_pack("{s:I,s:I,s:f,s:O,s:O}", "tokens", (json_int_t)r.tokens, "layer_tokens",
                             (json_int_t)r.layer_tokens, "base_loss", r.base_loss, "layer_skip_loss", skip,
                             "layer_order", lo));
-        job_report_merge(ctx, json_pack("{s:{s:I,s:I,s:f,s:o,s:o}}", "ranking", "tokens", (json_int_t)r.tokens,
-                                        "layer_tokens", (json_int_t)r.layer_tokens, "calibration_loss",
-                                        r.base_loss, "layer_skip_loss", skip, "layer_order", lo));
+        static const char *const owned[] = {"ranking", NULL};
+        if (job_report_replace(ctx, owned,
+                               json_pack("{s:{s:I,s:I,s:f,s:o,s:o}}", "ranking", "tokens", (json_int_t)r.tokens,
+                                         "layer_tokens", (json_int_t)r.layer_tokens, "calibration_loss",
+                                         r.base_loss, "layer_skip_loss", skip, "layer_order", lo))) {
+            snprintf(err, errlen, "rank: cannot merge the report");
+            rc = -1;
+        }
     }
     rank_free(&r);
     return rc;

@@ -106,13 +106,17 @@ static int stage_search(job_ctx *ctx, char *err, size_t errlen)
         snprintf(path, sizeof path, "%s/search.json", job_ctx_stage_dir(ctx));
         rc = job_publish(ctx, "search.json", path, "application/json", err, errlen);
     }
-    if (rc == 0)
-        rc = job_report_merge(ctx, json_pack("{s:{s:O,s:O,s:O,s:I,s:O*,s:O*}}", "search", "selection_tokens",
-                                             json_object_get(doc, "selection_tokens"), "wall_s",
-                                             json_object_get(doc, "wall_s"), "iterations",
-                                             json_object_get(doc, "iterations"), "seed", (json_int_t)o.seed, "aim",
-                                             json_object_get(doc, "aim"), "served",
-                                             json_object_get(doc, "served")));
+    static const char *const owned[] = {"search", NULL};
+    if (rc == 0 && job_report_replace(ctx, owned,
+                                      json_pack("{s:{s:O,s:O,s:O,s:I,s:O*,s:O*}}", "search", "selection_tokens",
+                                                json_object_get(doc, "selection_tokens"), "wall_s",
+                                                json_object_get(doc, "wall_s"), "iterations",
+                                                json_object_get(doc, "iterations"), "seed", (json_int_t)o.seed,
+                                                "aim", json_object_get(doc, "aim"), "served",
+                                                json_object_get(doc, "served")))) {
+        snprintf(err, errlen, "search: cannot merge the report");
+        rc = -1;
+    }
     json_decref(doc);
     arch_free(&chosen);
     return rc;

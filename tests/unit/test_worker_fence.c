@@ -4,7 +4,8 @@
  * claims it again (attempt 2). From then on nothing the old worker writes may land on
  * the job: not its progress, events, report, artifacts, the stage's completion, the next
  * stage or "succeeded". The job stays running at attempt 2 for host-b, and the old
- * worker stops at its next check instead of running on.
+ * worker stops at its next check instead of running on. Also: a stage's report merge
+ * outlasts a store outage of a second or two (tried again, as the stage's completion is).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,9 +13,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <sqlite3.h>
 
 #include "jobs/pipeline.h"
 #include "jobs/stage.h"
@@ -146,10 +151,74 @@ static void test_taken_over(void **state)
     store_close(st);
 }
 
+/* Drop the trigger that fails every report write, after 1.5 s. */
+static void *store_back(void *arg)
+{
+    struct timespec ts = {1, 500000000};
+    nanosleep(&ts, NULL);
+    return (void *)(intptr_t)sqlite3_exec(arg, "DROP TRIGGER no_report", NULL, NULL, NULL);
+}
+
+/* Its report merge meets a store that refuses report writes for 1.5 s. */
+static int stage_outage(job_ctx *ctx, char *err, size_t errlen)
+{
+    sqlite3 *h = NULL;
+    pthread_t t;
+    if (sqlite3_open(db, &h) != SQLITE_OK || sqlite3_busy_timeout(h, 10000) != SQLITE_OK ||
+        sqlite3_exec(h, "CREATE TRIGGER no_report BEFORE UPDATE OF report ON jobs "
+                        "BEGIN SELECT RAISE(ABORT, 'the store is down'); END", NULL, NULL, NULL) != SQLITE_OK ||
+        pthread_create(&t, NULL, store_back, h)) {
+        snprintf(err, errlen, "could not set the outage up");
+        sqlite3_close(h);
+        return -1;
+    }
+    int rc = job_report_merge(ctx, json_pack("{s:b}", "through", 1));
+    void *dropped;
+    pthread_join(t, &dropped);
+    sqlite3_close(h);
+    if (rc)
+        snprintf(err, errlen, "the report merge failed");
+    return rc || dropped ? -1 : 0;
+}
+
+static void test_report_merge_outlasts_outage(void **state)
+{
+    (void)state;
+    char ad[128], err[512] = "";
+    snprintf(ad, sizeof ad, "%s/artifacts-outage", dir);
+    store *st = store_open(db, err, sizeof err);
+    artstore *as = art_open(ad, err, sizeof err);
+    assert_non_null(st);
+    assert_non_null(as);
+    stage_register("test_outage", stage_outage);
+    store_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "cpu-outage");
+    j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
+    j.stages = json_pack("[s]", "test_outage");
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    store_job a;
+    assert_int_equal(store_job_claim(st, &(store_claim){"cpu-outage", 0, "host-a", 30}, &a), 0);
+    store_job_clear(&a);
+    if (job_run(st, as, dir, j.id, err, sizeof err))
+        fail_msg("job_run: %s", err);
+    store_job now;
+    assert_int_equal(store_job_get(st, j.id, &now), 0);
+    assert_string_equal(now.status, "succeeded");
+    assert_true(json_is_true(json_object_get(now.report, "through")));
+    store_job_clear(&now);
+    store_job_clear(&j);
+    art_close(as);
+    store_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_taken_over),
+        cmocka_unit_test(test_report_merge_outlasts_outage),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
