@@ -101,8 +101,9 @@ static int finish_stopped(job_ctx *ctx, store *st, const char *id, const char *s
 }
 
 /* With a remote artifact store: publish the finished stage's folder (ctx->stage_dir, its
- * .done marker included) as artifact stage-outputs.STAGE.tar, for a host that takes the
- * job over. A failure costs only that stage's rerun there: it is an event, not an error. */
+ * .done marker included, its resume folders not) as artifact stage-outputs.STAGE.tar, for
+ * a host that takes the job over. A failure costs only that stage's rerun there: it is an
+ * event, not an error. */
 static void share_stage(job_ctx *ctx, const char *name)
 {
     if (!art_has_remote(ctx->as))
@@ -112,7 +113,7 @@ static void share_stage(job_ctx *ctx, const char *name)
     snprintf(art, sizeof art, "stage-outputs.%s.tar", name);
     tar_writer *t = tar_open(path, 0, err, sizeof err);
     int ok = t != NULL;
-    if (ok && tar_add_all(t, name, ctx->stage_dir, err, sizeof err) < 0) {
+    if (ok && tar_add_all(t, name, ctx->stage_dir, stage_resume_folders, err, sizeof err) < 0) {
         tar_abort(t);
         ok = 0;
     }
@@ -120,6 +121,21 @@ static void share_stage(job_ctx *ctx, const char *name)
     unlink(path);
     if (!ok)
         job_event(ctx, "stage.outputs_unshared", err, json_pack("{s:s}", "stage", name));
+}
+
+/* A stage recorded finished never runs again here (its .done marker is there): what it kept
+ * only to resume goes. A folder that cannot be removed only takes room: an event says so. */
+static void drop_resume_folders(job_ctx *ctx)
+{
+    for (int i = 0; stage_resume_folders[i]; i++) {
+        char p[sizeof ctx->stage_dir + 64];
+        snprintf(p, sizeof p, "%s/%s", ctx->stage_dir, stage_resume_folders[i]);
+        if (fio_is_dir(p) && fio_remove_tree(p) < 0) {
+            char msg[sizeof p + 128];
+            snprintf(msg, sizeof msg, "could not remove %s: %s", p, strerror(errno));
+            job_event(ctx, "stage.scratch_kept", msg, NULL);
+        }
+    }
 }
 
 /* The outputs of finished stage `name`, published by the host that ran it (share_stage),
@@ -346,6 +362,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
                 goto out;
             }
             job_observe_stage(&ctx, "stage.completed");
+            drop_resume_folders(&ctx);
         } else if (r == 1 || job_cancelled(&ctx) || ctx.lost) {
             /* a stage that fails once a cancel (or a shutdown) was asked for failed because
              * of it, e.g. a system call the stop signal interrupted (EINTR) */

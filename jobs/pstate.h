@@ -9,7 +9,8 @@
  *   rank/ranking.json            scores and permutations (compress/rank.h)
  *   search/arch.json             the chosen arch; search/search.json its summary
  *   prune/student/               pruned snapshot (storage/ckpt.h)
- *   distill/student/             distilled snapshot; distill/ckpt/ its checkpoints
+ *   distill/student/             distilled snapshot; distill/ckpt/ its checkpoints (until
+ *                                the stage is recorded done: stage_resume_folders)
  *   evaluate/eval.json, measure/measure.json, export/...
  */
 #ifndef AC_JOBS_PSTATE_H

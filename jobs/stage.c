@@ -213,6 +213,8 @@ int job_publish(job_ctx *ctx, const char *name, const char *path, const char *co
     return rc == 0 ? 0 : -1;
 }
 
+const char *const stage_resume_folders[] = {STAGE_DISTILL_CKPT, STAGE_PRUNE_RECON, NULL};
+
 #define STORE_RETRIES 60
 
 int job_store_retry(int *tries)

@@ -68,6 +68,15 @@ int job_cancelled_hook(void *ctx);
  * (sha-256 computed, metadata committed). Returns 0, or -1 with a reason in err. */
 int job_publish(job_ctx *ctx, const char *name, const char *path, const char *content_type,
                 char *err, size_t errlen);
+/* Folders inside a stage's folder that only that stage reads, to resume itself after a
+ * kill: distill's checkpoints, prune's finished reconstruction layers. Once the stage is
+ * finished they are left out of the outputs shared with other hosts and removed (a
+ * distillation's hold several copies of the student and its optimizer state).
+ * stage_resume_folders is NULL-terminated. */
+#define STAGE_DISTILL_CKPT "ckpt"
+#define STAGE_PRUNE_RECON "reconstruct"
+extern const char *const stage_resume_folders[];
+
 /* After a store write failed: wait a second and say whether to try again (for a minute,
  * and not once the worker was asked to stop). For writes that are idempotent. */
 int job_store_retry(int *tries);

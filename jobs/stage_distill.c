@@ -82,7 +82,7 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
      * little even in a short run */
     o.ckpt_every = steps / 10 > 5 ? (int)(steps / 10) : 5;
     char ck[4096], out[4096];
-    snprintf(ck, sizeof ck, "%s/ckpt", job_ctx_stage_dir(ctx));
+    snprintf(ck, sizeof ck, "%s/%s", job_ctx_stage_dir(ctx), STAGE_DISTILL_CKPT);
     snprintf(out, sizeof out, "%s/student", job_ctx_stage_dir(ctx));
     o.ckpt_dir = ck;
     /* a run this job began under another build's defaults resumes on its own schedule */

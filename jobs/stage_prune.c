@@ -68,7 +68,7 @@ static int stage_prune_run(job_ctx *ctx, char *err, size_t errlen)
                             (json_int_t)arch_params(target));
     char dir[4096], ck[4096];
     snprintf(dir, sizeof dir, "%s/student", job_ctx_stage_dir(ctx));
-    snprintf(ck, sizeof ck, "%s/reconstruct", job_ctx_stage_dir(ctx));
+    snprintf(ck, sizeof ck, "%s/%s", job_ctx_stage_dir(ctx), STAGE_PRUNE_RECON);
     recon_opts ro;
     recon_opts_default(&ro);
     pcb cb = {ctx, 0, 0};

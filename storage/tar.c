@@ -213,9 +213,18 @@ int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen)
     return rc;
 }
 
+static int named(const char *const *names, const char *name)
+{
+    for (int i = 0; names && names[i]; i++)
+        if (!strcmp(names[i], name))
+            return 1;
+    return 0;
+}
+
 /* The folder dir as PREFIX: its regular files, and with `recursive` its sub-folders
- * whole (tar_add_tree, tar_add_all). */
-static int add_folder(tar_writer *t, const char *prefix, const char *dir, int recursive, char *err, size_t errlen)
+ * whole (tar_add_tree, tar_add_all), but for the entries named in skip (NULL: none). */
+static int add_folder(tar_writer *t, const char *prefix, const char *dir, int recursive, const char *const *skip,
+                      char *err, size_t errlen)
 {
     char **names;
     size_t n;
@@ -228,6 +237,8 @@ static int add_folder(tar_writer *t, const char *prefix, const char *dir, int re
         goto out;
     for (size_t i = 0; i < n; i++) {
         char src[4096], member[1024];
+        if (named(skip, names[i]))
+            continue;
         int a = snprintf(src, sizeof src, "%s/%s", dir, names[i]);
         int b = snprintf(member, sizeof member, "%s/%s", prefix, names[i]);
         if (a < 0 || (size_t)a >= sizeof src || b < 0 || (size_t)b >= sizeof member) {
@@ -241,7 +252,7 @@ static int add_folder(tar_writer *t, const char *prefix, const char *dir, int re
         else if (S_ISREG(st.st_mode))
             r = tar_add_file(t, member, src, err, errlen);
         else if (S_ISDIR(st.st_mode) && recursive)
-            r = add_folder(t, member, src, 1, err, errlen);
+            r = add_folder(t, member, src, 1, NULL, err, errlen);
         else
             snprintf(err, errlen, "tar: %s is not a regular file%s", src,
                      recursive ? " or a folder" : " (sub-directories are not packaged)");
@@ -256,12 +267,13 @@ out:
 
 int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
 {
-    return add_folder(t, prefix, dir, 0, err, errlen);
+    return add_folder(t, prefix, dir, 0, NULL, err, errlen);
 }
 
-int tar_add_all(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen)
+int tar_add_all(tar_writer *t, const char *prefix, const char *dir, const char *const *skip, char *err,
+                size_t errlen)
 {
-    return add_folder(t, prefix, dir, 1, err, errlen);
+    return add_folder(t, prefix, dir, 1, skip, err, errlen);
 }
 
 static void tar_free(tar_writer *t)

@@ -36,9 +36,11 @@ int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen);
 int tar_add_tree(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen);
 
 /* Append folder `dir` whole as PREFIX: its files and sub-folders, recursively, each
- * folder's names sorted. Anything but regular files and folders (links, devices) is an
- * error. Returns 0, or -1 with a reason in err. */
-int tar_add_all(tar_writer *t, const char *prefix, const char *dir, char *err, size_t errlen);
+ * folder's names sorted, but for the entries directly inside dir named in skip
+ * (NULL-terminated; NULL: none). Anything but regular files and folders (links, devices)
+ * is an error. Returns 0, or -1 with a reason in err. */
+int tar_add_all(tar_writer *t, const char *prefix, const char *dir, const char *const *skip, char *err,
+                size_t errlen);
 /* Unpack the archive read from fd into the existing folder dest: folders and regular
  * files (created, never overwritten), up to the closing zero block. A member named with
  * an absolute path or a "." or ".." component, another member type, a damaged header or a

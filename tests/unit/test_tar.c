@@ -78,20 +78,24 @@ static void test_roundtrip(void **state)
     put("src/.done", 0, 2);
     put("src/student/model.safetensors", (3u << 20) + 77, 3);   /* past the 1 MiB copy chunk */
     put("src/student/deep/config.json", 511, 4);
+    put("src/reconstruct/layer-0000.safetensors", 100, 5);   /* skipped: named at the top */
+    put("src/student/reconstruct/kept.bin", 10, 6);          /* kept: the name deeper down */
     char src[128], archive[128], out[128], err[512] = "";
     snprintf(src, sizeof src, "%s/src", dir);
     snprintf(archive, sizeof archive, "%s/a.tar", dir);
     snprintf(out, sizeof out, "%s/out", dir);
     tar_writer *t = tar_open(archive, 0, err, sizeof err);
     assert_non_null(t);
-    assert_int_equal(tar_add_all(t, "prune", src, err, sizeof err), 0);
+    static const char *const skip[] = {"reconstruct", NULL};
+    assert_int_equal(tar_add_all(t, "prune", src, skip, err, sizeof err), 0);
     g_nsynced = 0;
     assert_int_equal(tar_close(t, err, sizeof err), 0);
     assert_true(synced(dir));   /* the archive's rename into place is durable too */
-    char cmd[600];
+    char cmd[900];
     snprintf(cmd, sizeof cmd, "python3 -c 'import tarfile,sys; n=sorted(tarfile.open(sys.argv[1]).getnames()); "
              "sys.exit(n != [\"prune\", \"prune/.done\", \"prune/calibration.json\", \"prune/student\", "
-             "\"prune/student/deep\", \"prune/student/deep/config.json\", \"prune/student/model.safetensors\"])' %s",
+             "\"prune/student/deep\", \"prune/student/deep/config.json\", \"prune/student/model.safetensors\", "
+             "\"prune/student/reconstruct\", \"prune/student/reconstruct/kept.bin\"])' %s",
              archive);
     assert_int_equal(system(cmd), 0);
     assert_int_equal(mkdir(out, 0755), 0);

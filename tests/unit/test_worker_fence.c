@@ -181,37 +181,79 @@ static int stage_outage(job_ctx *ctx, char *err, size_t errlen)
     return rc || dropped ? -1 : 0;
 }
 
-static void test_report_merge_outlasts_outage(void **state)
+/* Run a job of the one stage `stage` (registered as fn) to its end on device; the job as
+ * it ended into *now (store_job_clear it). */
+static void run_one_stage(const char *stage, stage_fn fn, const char *device, store_job *now)
 {
-    (void)state;
     char ad[128], err[512] = "";
-    snprintf(ad, sizeof ad, "%s/artifacts-outage", dir);
+    snprintf(ad, sizeof ad, "%s/artifacts-%s", dir, stage);
     store *st = store_open(db, err, sizeof err);
     artstore *as = art_open(ad, err, sizeof err);
     assert_non_null(st);
     assert_non_null(as);
-    stage_register("test_outage", stage_outage);
+    stage_register(stage, fn);
     store_job j;
     memset(&j, 0, sizeof j);
     assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
     snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "cpu-outage");
+    snprintf(j.device, sizeof j.device, "%s", device);
     j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
-    j.stages = json_pack("[s]", "test_outage");
+    j.stages = json_pack("[s]", stage);
     assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
     store_job a;
-    assert_int_equal(store_job_claim(st, &(store_claim){"cpu-outage", 0, "host-a", 30}, &a), 0);
+    assert_int_equal(store_job_claim(st, &(store_claim){device, 0, "host-a", 30}, &a), 0);
     store_job_clear(&a);
     if (job_run(st, as, dir, j.id, err, sizeof err))
         fail_msg("job_run: %s", err);
-    store_job now;
-    assert_int_equal(store_job_get(st, j.id, &now), 0);
-    assert_string_equal(now.status, "succeeded");
-    assert_true(json_is_true(json_object_get(now.report, "through")));
-    store_job_clear(&now);
+    assert_int_equal(store_job_get(st, j.id, now), 0);
     store_job_clear(&j);
     art_close(as);
     store_close(st);
+}
+
+static void test_report_merge_outlasts_outage(void **state)
+{
+    (void)state;
+    store_job now;
+    run_one_stage("test_outage", stage_outage, "cpu-outage", &now);
+    assert_string_equal(now.status, "succeeded");
+    assert_true(json_is_true(json_object_get(now.report, "through")));
+    store_job_clear(&now);
+}
+
+static char scratch_stage_dir[4400];
+
+/* Writes a result beside a folder kept only to resume (a distillation's checkpoints). */
+static int stage_scratch(job_ctx *ctx, char *err, size_t errlen)
+{
+    char p[4500];
+    snprintf(scratch_stage_dir, sizeof scratch_stage_dir, "%s", job_ctx_stage_dir(ctx));
+    snprintf(p, sizeof p, "%s/%s", job_ctx_stage_dir(ctx), STAGE_DISTILL_CKPT);
+    if (fio_mkdirs(p))
+        return -1;
+    snprintf(p, sizeof p, "%s/%s/step-5.bin", job_ctx_stage_dir(ctx), STAGE_DISTILL_CKPT);
+    if (fio_write_atomic(p, "state", 5, err, errlen) < 0)
+        return -1;
+    snprintf(p, sizeof p, "%s/result.bin", job_ctx_stage_dir(ctx));
+    return fio_write_atomic(p, "result", 6, err, errlen) < 0 ? -1 : 0;
+}
+
+/* A stage recorded finished never runs again on this host: what it kept only to resume
+ * (STAGE_DISTILL_CKPT, STAGE_PRUNE_RECON) is removed, its outputs stay. */
+static void test_resume_folders_dropped(void **state)
+{
+    (void)state;
+    store_job now;
+    run_one_stage("test_scratch", stage_scratch, "cpu-scratch", &now);
+    assert_string_equal(now.status, "succeeded");
+    store_job_clear(&now);
+    char p[4500];
+    snprintf(p, sizeof p, "%s/result.bin", scratch_stage_dir);
+    assert_true(fio_is_file(p));
+    snprintf(p, sizeof p, "%s/.done", scratch_stage_dir);
+    assert_true(fio_is_file(p));
+    snprintf(p, sizeof p, "%s/%s", scratch_stage_dir, STAGE_DISTILL_CKPT);
+    assert_false(fio_is_dir(p));
 }
 
 int main(void)
@@ -219,6 +261,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_taken_over),
         cmocka_unit_test(test_report_merge_outlasts_outage),
+        cmocka_unit_test(test_resume_folders_dropped),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
