@@ -184,10 +184,24 @@ static int localize_model(job_ctx *ctx, const char *data_dir, char *err, size_t 
     json_t *mj = json_object_get(ctx->spec, "model");
     const char *id = json_string_value(json_object_get(mj, "id"));
     const char *path = json_string_value(json_object_get(mj, "path"));
-    store_model *m = id && path ? malloc(sizeof *m) : NULL;
-    if (!m || store_model_get(ctx->st, id, m) != 0 || !m->url[0] || !m->sha256[0]) {
+    if (!id || !path)
+        return 0;   /* a model by path: every host reads it there */
+    store_model *m = malloc(sizeof *m);
+    int got, tries = 0;
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    while ((got = store_model_get(ctx->st, id, m)) < 0 && job_store_retry(&tries))
+        ;
+    if (got < 0) {
+        snprintf(err, errlen, "model %s: the model registry could not be read", id);
         free(m);
-        return 0;   /* a model by path (every host reads it there), or an id the spec check already judged */
+        return -1;
+    }
+    if (got != 0 || !m->url[0] || !m->sha256[0]) {
+        free(m);
+        return 0;   /* registered by path, or an id the spec check already judged */
     }
     const char *file = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     char local[4400], dir[4400], blob[4400], tmp[4500];

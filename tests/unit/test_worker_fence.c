@@ -5,7 +5,9 @@
  * the job: not its progress, events, report, artifacts, the stage's completion, the next
  * stage or "succeeded". The job stays running at attempt 2 for host-b, and the old
  * worker stops at its next check instead of running on. Also: a stage's report merge
- * outlasts a store outage of a second or two (tried again, as the stage's completion is).
+ * outlasts a store outage of a second or two (tried again, as the stage's completion is),
+ * and so does the worker's read of a model's registration; a finished stage's resume
+ * folders are removed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -181,9 +183,9 @@ static int stage_outage(job_ctx *ctx, char *err, size_t errlen)
     return rc || dropped ? -1 : 0;
 }
 
-/* Run a job of the one stage `stage` (registered as fn) to its end on device; the job as
- * it ended into *now (store_job_clear it). */
-static void run_one_stage(const char *stage, stage_fn fn, const char *device, store_job *now)
+/* Run a job of the one stage `stage` (registered as fn) to its end on device, with spec
+ * (stolen; NULL: a test pipeline's alone); the job as it ended into *now (clear it). */
+static void run_one_stage(const char *stage, stage_fn fn, const char *device, json_t *spec, store_job *now)
 {
     char ad[128], err[512] = "";
     snprintf(ad, sizeof ad, "%s/artifacts-%s", dir, stage);
@@ -197,7 +199,7 @@ static void run_one_stage(const char *stage, stage_fn fn, const char *device, st
     assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
     snprintf(j.kind, sizeof j.kind, "job");
     snprintf(j.device, sizeof j.device, "%s", device);
-    j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
+    j.spec = spec ? spec : json_pack("{s:b}", "x_test_pipeline", 1);
     j.stages = json_pack("[s]", stage);
     assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
     store_job a;
@@ -215,7 +217,7 @@ static void test_report_merge_outlasts_outage(void **state)
 {
     (void)state;
     store_job now;
-    run_one_stage("test_outage", stage_outage, "cpu-outage", &now);
+    run_one_stage("test_outage", stage_outage, "cpu-outage", NULL, &now);
     assert_string_equal(now.status, "succeeded");
     assert_true(json_is_true(json_object_get(now.report, "through")));
     store_job_clear(&now);
@@ -244,7 +246,7 @@ static void test_resume_folders_dropped(void **state)
 {
     (void)state;
     store_job now;
-    run_one_stage("test_scratch", stage_scratch, "cpu-scratch", &now);
+    run_one_stage("test_scratch", stage_scratch, "cpu-scratch", NULL, &now);
     assert_string_equal(now.status, "succeeded");
     store_job_clear(&now);
     char p[4500];
@@ -256,12 +258,69 @@ static void test_resume_folders_dropped(void **state)
     assert_false(fio_is_dir(p));
 }
 
+static int stage_nothing(job_ctx *ctx, char *err, size_t errlen)
+{
+    (void)ctx;
+    (void)err;
+    (void)errlen;
+    return 0;
+}
+
+/* Put the models table back after 1.5 s. */
+static void *registry_back(void *arg)
+{
+    struct timespec ts = {1, 500000000};
+    nanosleep(&ts, NULL);
+    return (void *)(intptr_t)sqlite3_exec(arg, "ALTER TABLE models_away RENAME TO models", NULL, NULL, NULL);
+}
+
+/* A model the API fetched by URL, read from this host's own copy: while the registry
+ * cannot be read (its table out of reach for 1.5 s), the worker asks again rather than take
+ * the model for one given by path. Here the API's copy is on another host, this one has
+ * none and no shared artifact store: the job fails naming that, as it does without the
+ * outage (it went on, and its stages would have read a path that is not on this host). */
+static void test_model_registry_outage(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    store_model m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.path, sizeof m.path, "/api-host/models/ab/stories.bin");
+    snprintf(m.name, sizeof m.name, "stories");
+    snprintf(m.format, sizeof m.format, "llama2c");
+    snprintf(m.url, sizeof m.url, "https://example.org/stories.bin");
+    snprintf(m.sha256, sizeof m.sha256, "%064d", 7);
+    m.size_bytes = m.bytes_total = 1024;
+    assert_int_equal(store_model_add(st, &m), 0);
+    store_close(st);
+    sqlite3 *h = NULL;
+    pthread_t t;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_busy_timeout(h, 10000), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "ALTER TABLE models RENAME TO models_away", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(pthread_create(&t, NULL, registry_back, h), 0);
+    store_job now;
+    run_one_stage("test_nothing", stage_nothing, "cpu-registry",
+                  json_pack("{s:b,s:{s:s,s:s}}", "x_test_pipeline", 1, "model", "id", m.id, "path", m.path), &now);
+    void *back;
+    assert_int_equal(pthread_join(t, &back), 0);
+    assert_int_equal(sqlite3_close(h), SQLITE_OK);
+    assert_null(back);
+    assert_string_equal(now.status, "failed");
+    assert_string_equal(now.error_code, "model_unavailable");
+    assert_non_null(strstr(now.error_message, "no shared artifact store"));
+    store_job_clear(&now);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_taken_over),
         cmocka_unit_test(test_report_merge_outlasts_outage),
         cmocka_unit_test(test_resume_folders_dropped),
+        cmocka_unit_test(test_model_registry_outage),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
