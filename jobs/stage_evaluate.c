@@ -113,12 +113,26 @@ static int parent_cache_path(job_ctx *ctx, json_t *tasks, int limit, uint64_t se
     return rc;
 }
 
-/* The cached parent run at path (NEW), or NULL when absent or unreadable. */
+/* 1 when every task of a run (ev_results_json's) was scored: a task that failed (its data
+ * missing, its download refused) is no score of the parent's for a later job. */
+static int run_whole(const json_t *run)
+{
+    json_t *tasks = json_object_get(run, "tasks"), *t;
+    const char *k;
+    if (!json_is_object(tasks) || !json_object_size(tasks))
+        return 0;
+    json_object_foreach(tasks, k, t)
+        if (!json_is_true(json_object_get(t, "ok")))
+            return 0;
+    return 1;
+}
+
+/* The cached parent run at path (NEW), or NULL when absent, unreadable or not whole. */
 static json_t *parent_cache_get(const char *path)
 {
     json_error_t je;
     json_t *j = access(path, R_OK) == 0 ? json_load_file(path, 0, &je) : NULL;
-    if (j && !json_is_object(json_object_get(j, "accuracy"))) {
+    if (j && (!json_is_object(json_object_get(j, "accuracy")) || !run_whole(j))) {
         json_decref(j);
         j = NULL;
     }
@@ -254,7 +268,7 @@ static int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
         pj = eval_model(ctx, "parent", parent, tok, tasks, limit, seed, 0, total, &cancelled, err, errlen);
         if (!pj)
             return cancelled ? 1 : -1;
-        if (cacheable)
+        if (cacheable && run_whole(pj))
             parent_cache_put(ctx, cpath, pj);
     }
     json_t *rj = NULL, *prj = NULL;

@@ -5,7 +5,9 @@ completed). A parent that is not a supported family (an HF directory of a GPT-2 
 fails at `load` with the reason. A job whose limits cannot be met fails as soon as the
 calibration is known (at the start of `rank`, before any model work) with the cheapest
 architecture's costs in the error, within seconds. (The infeasible
-case is also covered by test_e2e_stories.py, which uses it to find the parent's latency.)"""
+case is also covered by test_e2e_stories.py, which uses it to find the parent's latency.)
+A parent scored while one of its tasks could not be read (its file gone after the POST)
+is not kept for later jobs: the next job with that task scores the parent again."""
 import json
 import os
 import re
@@ -105,12 +107,36 @@ def infeasible(s):
     print("infeasible: %s" % msg)
 
 
+def parent_scores_with_a_failed_task(s):
+    task = os.path.join(s.data_dir, "models", "mine.jsonl")
+    with open(task, "w") as f:
+        for i in range(10):
+            f.write(json.dumps({"context": "Once upon a time there was a", "choices": [" cat", " dog", " tree"],
+                                "gold": i % 3}) + "\n")
+    spec = stories_spec(evaluation={"tasks": [{"name": "mine", "path": task}], "limit": 10, "seed": 1234})
+    _, _, job = s.json("POST", "/v1/jobs", spec, expect=201)
+    os.rename(task, task + ".away")   # after the spec check, long before the evaluate stage
+    fin = wait_terminal(s, job["id"], 600)
+    os.rename(task + ".away", task)
+    kinds = [e["type"] for e in events(s, job["id"])]
+    assert "evaluate.task_failed" in kinds, (fin, kinds)
+    _, _, again = s.json("POST", "/v1/jobs", spec, expect=201)
+    fin = wait_terminal(s, again["id"], 600)
+    assert fin["status"] == "succeeded", fin
+    kinds = [e["type"] for e in events(s, again["id"])]
+    assert "evaluate.parent_reused" not in kinds, kinds
+    _, _, rep = s.json("GET", "/v1/jobs/%s/report" % again["id"], expect=200)
+    assert "mine" in rep["parent"]["accuracy"], rep["parent"]
+    print("ok: a parent run with a failed task was not cached; the next job scored the parent again")
+
+
 def main():
     s = server()
     try:
         s.start()
         unsupported_family(s)
         infeasible(s)
+        parent_scores_with_a_failed_task(s)
         cancel_during_search(s)
         assert s.stop() == 0
     finally:
