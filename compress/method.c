@@ -73,6 +73,14 @@ static int on_recon(void *c, const recon_result *r, int done, int total)
     return o->cancelled ? o->cancelled(o->ud) : 0;
 }
 
+/* A trial's distillation stops, at its next step, when the search is cancelled. */
+static int on_trial_step(void *c, const distill_progress *p)
+{
+    const method_opts *o = c;
+    (void)p;
+    return o->cancelled ? o->cancelled(o->ud) : 0;
+}
+
 /* One Minitron++ trial: prune the ranked parent, distill briefly, validation loss. */
 static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens, char *err, size_t errlen)
 {
@@ -101,6 +109,8 @@ static int mn_trial(void *c, const arch *cand, double *val_loss, int64_t *tokens
     d.eval_every = 0;
     d.ckpt_every = 0;
     d.seed = o->seed ? o->seed : d.seed;
+    d.progress = on_trial_step;
+    d.progress_ctx = (void *)o;
     distill_result r;
     int rc = distill_run(o->parent, &student, o->train, NULL, &d, &r, err, errlen);
     if (rc == 0) {
