@@ -320,9 +320,21 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
         return result;
     }
     retain(&ctx, data_dir, id);
-    size_t n = json_array_size(job.stages);
+    size_t n = json_array_size(job.stages), first = first_stage_here(&ctx, &job);
     const char *last = "";
-    for (size_t i = first_stage_here(&ctx, &job); i < n; i++) {
+    if (first < (size_t)job.stage_index) {
+        int tries = 0, rc_store;
+        while ((rc_store = store_job_rewind(st, id, (int)first)) < 0 && job_store_retry(&tries))
+            ;
+        if (rc_store != 0) {
+            ctx.lost = rc_store == STORE_FENCED;
+            result = ctx.lost ? finish_stopped(&ctx, st, id, "") : -1;
+            if (!ctx.lost)
+                snprintf(err, errlen, "recording the rerun of the finished stages failed");
+            goto out;
+        }
+    }
+    for (size_t i = first; i < n; i++) {
         const char *name = json_string_value(json_array_get(job.stages, i));
         last = name ? name : "?";
         if (job_cancelled(&ctx)) {

@@ -173,6 +173,12 @@ int store_job_set_pid(store *st, const char *id, int pid);
 /* Worker: stage number `index` (name) begins: sets stage and progress 0/0, event
  * "stage.started". Returns 0, STORE_FENCED or -1. */
 int store_job_stage_begin(store *st, const char *id, int index, const char *name);
+/* Worker: this host runs the finished stages from `index` on again (their outputs ran
+ * elsewhere and cannot be had here): stage_index goes back to index, so that the job's
+ * progress is what this run has done, and a host taking the job over next resumes from
+ * there rather than mix these outputs with the first run's. Returns 0 (also when
+ * stage_index was not above index), STORE_FENCED or -1. */
+int store_job_rewind(store *st, const char *id, int index);
 /* Progress of the current stage (no event). Returns 0, STORE_FENCED or -1. */
 int store_job_progress(store *st, const char *id, int64_t step, int64_t total);
 /* Stage number `index` finished: stage_index = index+1, report.stages gets

@@ -248,6 +248,20 @@ int store_job_watch(store *st, const char *id)
     return 0;
 }
 
+int store_job_rewind(store *st, const char *id, int index)
+{
+    store_conn *c = store_conn_get(st);
+    if (!c || sql_begin(c) < 0)
+        return -1;
+    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    if (fence != 0)
+        return sql_abandon(c, fence);
+    static const char *u = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? WHERE id=? AND stage_index>?";
+    if (sql_run(c, u, "iIti", index, store_now(), id, index) < 0 || sql_commit(c) < 0)
+        return sql_abandon(c, -1);
+    return 0;
+}
+
 int store_job_stage_begin(store *st, const char *id, int index, const char *name)
 {
     store_conn *c = store_conn_get(st);

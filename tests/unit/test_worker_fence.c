@@ -314,6 +314,64 @@ static void test_model_registry_outage(void **state)
     store_job_clear(&now);
 }
 
+static int seen_index = -1;
+
+/* Notes the job's recorded progress (stage_index) as it runs. */
+static int stage_seen(job_ctx *ctx, char *err, size_t errlen)
+{
+    store *st = store_open(db, err, errlen);
+    store_job j;
+    if (!st || store_job_get(st, job_ctx_id(ctx), &j)) {
+        store_close(st);
+        return -1;
+    }
+    seen_index = j.stage_index;
+    store_job_clear(&j);
+    store_close(st);
+    return 0;
+}
+
+/* Two stages finished on another host, whose outputs this one cannot fetch: it runs them
+ * again, and the job's recorded progress goes back with it: after the first of them,
+ * one stage done, not two (a host taking over next would otherwise fetch the second's
+ * outputs of the first run beside the first's of this one). */
+static void test_rerun_rewinds_progress(void **state)
+{
+    (void)state;
+    char ad[128], err[512] = "";
+    snprintf(ad, sizeof ad, "%s/artifacts-rewind", dir);
+    store *st = store_open(db, err, sizeof err);
+    artstore *as = art_open(ad, err, sizeof err);
+    assert_non_null(st);
+    assert_non_null(as);
+    stage_register("test_r1", stage_nothing);
+    stage_register("test_r2", stage_seen);
+    store_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "cpu-rewind");
+    j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
+    j.stages = json_pack("[s,s,s]", "test_r1", "test_r2", "test_r1");
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    store_job a;
+    assert_int_equal(store_job_claim(st, &(store_claim){"cpu-rewind", 0, "host-b", 30}, &a), 0);
+    store_job_clear(&a);
+    assert_int_equal(store_job_stage_done(st, j.id, 0, "test_r1", 1.0), 0);   /* on host a */
+    assert_int_equal(store_job_stage_done(st, j.id, 1, "test_r2", 1.0), 0);
+    if (job_run(st, as, dir, j.id, err, sizeof err))
+        fail_msg("job_run: %s", err);
+    assert_int_equal(seen_index, 1);
+    store_job now;
+    assert_int_equal(store_job_get(st, j.id, &now), 0);
+    assert_string_equal(now.status, "succeeded");
+    assert_int_equal(now.stage_index, 3);
+    store_job_clear(&now);
+    store_job_clear(&j);
+    art_close(as);
+    store_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -321,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_report_merge_outlasts_outage),
         cmocka_unit_test(test_resume_folders_dropped),
         cmocka_unit_test(test_model_registry_outage),
+        cmocka_unit_test(test_rerun_rewinds_progress),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
