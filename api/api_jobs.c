@@ -731,12 +731,9 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     }
     char etag[70], b64[48];
     snprintf(etag, sizeof etag, "\"%s\"", a.sha256);
-    api_resp_header(resp, "ETag", "%s", etag);
-    if (art_sha256_b64(a.sha256, b64, sizeof b64) == 0)
-        api_resp_header(resp, "Repr-Digest", "sha-256=:%s:", b64);
-    api_resp_header(resp, "Accept-Ranges", "bytes");
-    api_resp_header(resp, "Cache-Control", "private, immutable");
     if (inm_matches(hdr(req, "If-None-Match"), etag)) {
+        api_resp_header(resp, "ETag", "%s", etag);
+        api_resp_header(resp, "Cache-Control", "private, immutable");
         resp->status = 304;
         resp->no_body = 1;
         return;
@@ -762,7 +759,9 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
         api_problem(resp, 500, "artifact_unreadable", err, NULL);
         return;
     }
-    api_resp_header(resp, "Content-Disposition", "attachment; filename=\"%s\"", a.name);
+    /* the representation's headers go only with it (and a 416 says which one it refers
+     * to), never with a problem a browser would save under the artifact's name */
+    api_resp_header(resp, "ETag", "%s", etag);
     if (pr < 0) {
         close(fd);
         api_resp_header(resp, "Content-Range", "bytes */%lld", (long long)a.size_bytes);
@@ -779,6 +778,11 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
         api_problem(resp, 500, "internal", "out of memory", NULL);
         return;
     }
+    if (art_sha256_b64(a.sha256, b64, sizeof b64) == 0)
+        api_resp_header(resp, "Repr-Digest", "sha-256=:%s:", b64);
+    api_resp_header(resp, "Accept-Ranges", "bytes");
+    api_resp_header(resp, "Cache-Control", "private, immutable");
+    api_resp_header(resp, "Content-Disposition", "attachment; filename=\"%s\"", a.name);
     resp->content_type = NULL;
     resp->off = from;
     resp->len = to - from + 1;

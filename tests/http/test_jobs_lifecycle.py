@@ -96,6 +96,10 @@ def main():
         assert st == 206 and data == whole[-10:]
         st, hd, data = s.request("GET", url, headers={"Range": "bytes=%d-" % MB6})
         assert st == 416 and hd["content-range"] == "bytes */%d" % MB6
+        # a problem is not the artifact: no attachment name (a browser would save the
+        # problem as blob.bin) and not immutable
+        assert "content-disposition" not in hd and "cache-control" not in hd and "repr-digest" not in hd, hd
+        assert hd["etag"] == '"%s"' % digest, hd   # the representation the 416 refers to
         # positions past 2^63 - 1 (RFC 9110 sets no limit on the digits) are past the end, not malformed
         huge = "99999999999999999999"
         st, hd, data = s.request("GET", url, headers={"Range": "bytes=%s-" % huge})
