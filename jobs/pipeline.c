@@ -207,18 +207,19 @@ static int localize_model(job_ctx *ctx, const char *data_dir, char *err, size_t 
     char local[4400], dir[4400], blob[4400], tmp[4500];
     snprintf(local, sizeof local, "%s/models/%s/%s", data_dir, m->sha256, file);
     fio_dir_of(local, dir, sizeof dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", local, (int)getpid());
     int rc = 0;
     if (strcmp(local, path) && !fio_is_file(local)) {
         int fd = -1, out = -1;
         rc = -1;
-        if (!art_has_remote(ctx->as)) {
+        if (fio_temp_name(tmp, sizeof tmp, local)) {
+            snprintf(err, errlen, "%.4300s: path too long", local);
+        } else if (!art_has_remote(ctx->as)) {
             snprintf(err, errlen, "model %s (%s) was fetched on the API's host into %s: this host has no copy, and "
                      "no shared artifact store (--artifacts s3://...) to take one from", id, m->url, path);
         } else if ((fd = art_open_blob(ctx->as, m->sha256, m->bytes_total, 1, err, errlen)) >= 0) {
             /* the blob is here now, checked against its name: copied beside its final name, then renamed */
             if (art_path(ctx->as, m->sha256, blob, sizeof blob) == 0 && fio_mkdirs(dir) == 0 &&
-                (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) >= 0 &&
+                (out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) >= 0 &&
                 fio_copy_into(blob, out) == 0 && fsync(out) == 0)
                 rc = 0;
             if ((out >= 0 && close(out) < 0) || (rc == 0 && rename(tmp, local) < 0))

@@ -24,6 +24,7 @@
 #include "server/cli.h"
 #include "server/cli_args.h"
 #include "server/progress.h"
+#include "storage/fileio.h"
 #include "storage/modelio.h"
 
 #define EV_MAX_TASKS 64
@@ -221,27 +222,6 @@ static void sample_write(void *user, const ev_task *t, const ev_item *it, const 
     json_decref(o);
 }
 
-static int write_json_atomic(const char *path, json_t *j)
-{
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -1;
-    int rc = json_dumpf(j, f, JSON_INDENT(2) | JSON_SORT_KEYS) ? -1 : 0;
-    if (!rc && fputc('\n', f) == EOF)
-        rc = -1;
-    if (!rc && (fflush(f) || fsync(fileno(f))))
-        rc = -1;
-    if (fclose(f))
-        rc = -1;
-    if (!rc && rename(tmp, path))
-        rc = -1;
-    if (rc)
-        unlink(tmp);
-    return rc;
-}
-
 /* CLI_END with *a filled, or the exit status. */
 static int eval_parse(int argc, char **argv, eval_args *a)
 {
@@ -402,9 +382,10 @@ static int eval_report(const eval_args *a, const ev_engine *eng, const ev_model 
                                                    "rows", (json_int_t)eng->rows, "shared_requests",
                                                    (json_int_t)eng->shared, "tokens", (json_int_t)eng->tokens_forwarded));
     }
-    int rc = !j || write_json_atomic(a->json_out, j);
+    char err[4400] = "out of memory";
+    int rc = !j || fio_write_json(a->json_out, j, JSON_INDENT(2) | JSON_SORT_KEYS, err, sizeof err);
     if (rc)
-        fprintf(stderr, "eval: writing %s failed\n", a->json_out);
+        fprintf(stderr, "eval: writing %s failed: %s\n", a->json_out, err);
     json_decref(j);
     return rc ? 1 : 0;
 }

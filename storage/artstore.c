@@ -323,8 +323,10 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
     }
     if (have_fd >= 0)
         close(have_fd);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
-    unlink(tmp);
+    if (fio_temp_name(tmp, sizeof tmp, dst)) {
+        snprintf(err, errlen, "%s: path too long", dst);
+        return -1;
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
@@ -662,7 +664,7 @@ typedef struct {
     int64_t swept, swept_bytes;
 } walk_counts;
 
-/* A temporary file of a writer that is gone: <hex>.tmp.<pid> (art_put) or
+/* A temporary file of a writer that is gone: <hex>.tmp.<pid>.<n> (art_put) or
  * <hex>.fetch.<pid>.<n> (remote_fetch), its process no longer alive and the file untouched
  * for ART_STALE_TEMP_S (the age also covers a writer in another PID namespace that shares
  * the folder). A writer killed mid-copy leaves one, and nothing else removes it. */

@@ -256,14 +256,25 @@ char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err,
     return fio_read_all(path, max_bytes, len, err, errlen);
 }
 
+int fio_temp_name(char *out, size_t n, const char *path)
+{
+    static unsigned counter;
+    unsigned k = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
+    int w = snprintf(out, n, "%s.tmp.%ld.%u", path, (long)getpid(), k);
+    if (w < 0 || (size_t)w >= n)
+        return -1;
+    (void)unlink(out);   /* a file of a dead process that had this pid: never a live writer's */
+    return 0;
+}
+
 int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
 {
     char tmp[4200];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp) {
+    if (fio_temp_name(tmp, sizeof tmp, path)) {
         snprintf(err, errlen, "%s: path too long", path);
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         return -1;

@@ -77,9 +77,16 @@ char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, s
  * inside a model folder or paths a client chose (a FIFO there would block). */
 char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
 
-/* Write len bytes to `path` atomically: into "PATH.tmp.PID", fsync, rename over path,
- * fsync the folder. Returns 0, or -1 with "PATH: <what failed>: <strerror>" in err and
- * the temporary file removed. */
+/* The name of a new temporary file beside path, "PATH.tmp.PID.N": N counts this
+ * process's names, so that two threads writing the same path never share one (whatever
+ * had that name, left by a dead process of the same pid, is removed). 0, or -1 when it
+ * does not fit in n. */
+int fio_temp_name(char *out, size_t n, const char *path);
+
+/* Write len bytes to `path` atomically: into a fio_temp_name file, fsync, rename over
+ * path, fsync the folder. Two writers of one path, in threads or processes, each publish
+ * whole contents. Returns 0, or -1 with "PATH: <what failed>: <strerror>" in err and the
+ * temporary file removed. */
 int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
 
 /* json_dumps(j, flags) plus a final newline, written with fio_write_atomic. j borrowed. */

@@ -595,8 +595,11 @@ int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype,
     if (!hdr)
         goto oom;
     size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fio_temp_name(tmp, sizeof tmp, path)) {
+        snprintf(err, errlen, "%s: path too long", path);
+        goto out;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
         goto out;
