@@ -478,8 +478,10 @@ json_t *api_parse_body(const api_req *req, api_resp *resp)
         char ptr[512] = "";
         if (!holdable && e.position >= 0)   /* valid JSON up to there: where the value sits */
             pointer_at(req->body, req->body_len, (size_t)e.position, ptr, sizeof ptr);
-        api_problem(resp, holdable ? 400 : 422, holdable ? "invalid_json" : "unprocessable_json", detail,
-                    json_pack("[{s:s,s:s}]", "pointer", ptr, "message", e.text));
+        json_t *errors = json_array();
+        if (errors)   /* cleaned: a pointer cut at its buffer's end inside a character still lists */
+            api_fault_append(errors, ptr, e.text);
+        api_problem(resp, holdable ? 400 : 422, holdable ? "invalid_json" : "unprocessable_json", detail, errors);
     }
     return j;
 }

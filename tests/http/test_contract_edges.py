@@ -44,6 +44,13 @@ def main():
                                  "/arch/n")):
             st, hd, doc = s.json("POST", path, body, CT)
             check_problem(st, hd, doc, 422, "unprocessable_json", pointer=ptr)
+        # a pointer longer than the server keeps, cut inside a character: still listed
+        deep = "1e999"
+        for _ in range(5):
+            deep = '{"%s": %s}' % ("\\u00e9" * 60, deep)
+        st, hd, doc = s.json("POST", "/v1/jobs", SPEC % (', "metadata": %s' % deep), CT)
+        check_problem(st, hd, doc, 422, "unprocessable_json")
+        assert doc["errors"][0]["pointer"].startswith("/metadata/\u00e9\u00e9"), doc
         st, hd, doc = s.json("POST", "/v1/jobs", '{"model": ', CT)     # still invalid JSON: 400
         check_problem(st, hd, doc, 400, "invalid_json")
         # --- an integral real is an integer in a model registration too
