@@ -341,6 +341,7 @@ int exp_hf_write(const eng_model *m, const char *dir, const exp_opts *o, exp_res
         snprintf(err, errlen, "HF export: rename %s -> %s: %s", partial, dir, strerror(errno));
         goto out;
     }
+    (void)fio_fsync_parent(dir);   /* the rename durable (best effort, as fio_write_atomic) */
     made = 0;
     rc = 0;
 out:

@@ -435,8 +435,10 @@ int ggw_finish(ggw *w, char *err, size_t errlen)
             snprintf(err, errlen, "gguf: close %s: %s", w->tmp, strerror(errno));
         else if (rename(w->tmp, w->path) < 0)
             snprintf(err, errlen, "gguf: rename %s: %s", w->tmp, strerror(errno));
-        else
+        else {
+            (void)fio_fsync_parent(w->path);   /* the rename durable (best effort, as fio_write_atomic) */
             return 0;
+        }
         unlink(w->tmp);
         return -1;
     }

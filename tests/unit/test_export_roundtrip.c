@@ -5,6 +5,8 @@
  * cannot express are refused with a reason; SHA256SUMS catches a flipped byte and a
  * truncation; the GGUF writer's metadata and tensors read back through storage/gguf.h;
  * the ustar writer's headers are well-formed; the model card states what it was given.
+ * An export renamed into place is durable: the folder it was renamed into is fsynced
+ * (fsync_log.h records it).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +32,7 @@
 #include "storage/modelio.h"
 #include "storage/safetensors.h"
 #include "storage/tar.h"
+#include "fsync_log.h"
 
 static char tmpdir[256];
 static eng_backend *be;
@@ -52,6 +55,18 @@ static int teardown(void **state)
     if (system(cmd) != 0)
         return -1;
     eng_backend_free(be);
+    return 0;
+}
+
+/* 1 when the export folder tmpdir was fsynced since g_nsynced was last reset. */
+static int folder_synced(void)
+{
+    char real[512];
+    if (!realpath(tmpdir, real))
+        return 0;
+    for (int i = 0; i < g_nsynced; i++)
+        if (!strcmp(g_synced[i], real))
+            return 1;
     return 0;
 }
 
@@ -106,9 +121,11 @@ static void hf_roundtrip(eng_model *m, exp_dtype dt, const char *name, eng_model
     char dir[512], err[512];
     path(dir, sizeof dir, name);
     exp_opts o = {.dtype = dt};
+    g_nsynced = 0;
     int rc = exp_hf_write(m, dir, &o, res, err, sizeof err);
     if (rc)
         fail_msg("export: %s", err);
+    assert_true(folder_synced());   /* the rename of DIR.partial to DIR survives a power loss */
     rc = exp_load_model(dir, be, back, err, sizeof err);
     if (rc)
         fail_msg("reload: %s", err);
@@ -249,7 +266,9 @@ static void test_gguf_llama_exact(void **state)
     path(f, sizeof f, "u.gguf");
     exp_opts o = {.dtype = EXP_FP32};
     exp_result r;
+    g_nsynced = 0;
     assert_int_equal(exp_gguf_write(&m, f, &o, &r, err, sizeof err), 0);
+    assert_true(folder_synced());   /* the rename into place survives a power loss */
     assert_string_equal(r.model_class, "llama");
     if (exp_load_model(f, be, &b, err, sizeof err))
         fail_msg("reload: %s", err);
