@@ -265,6 +265,15 @@ static size_t first_stage_here(job_ctx *ctx, const store_job *job)
     return start;
 }
 
+/* store_job_rewind to stage `first`, tried again while the store is unavailable. */
+static int rewind_to(store *st, const char *id, size_t first)
+{
+    int tries = 0, rc;
+    while ((rc = store_job_rewind(st, id, (int)first)) < 0 && job_store_retry(&tries))
+        ;
+    return rc;
+}
+
 /* Apply the data dir's retention policy (if any), never touching job `id`. */
 static void retain(job_ctx *ctx, const char *data_dir, const char *id)
 {
@@ -323,17 +332,12 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
     retain(&ctx, data_dir, id);
     size_t n = json_array_size(job.stages), first = first_stage_here(&ctx, &job);
     const char *last = "";
-    if (first < (size_t)job.stage_index) {
-        int tries = 0, rc_store;
-        while ((rc_store = store_job_rewind(st, id, (int)first)) < 0 && job_store_retry(&tries))
-            ;
-        if (rc_store != 0) {
-            ctx.lost = rc_store == STORE_FENCED;
-            result = ctx.lost ? finish_stopped(&ctx, st, id, "") : -1;
-            if (!ctx.lost)
-                snprintf(err, errlen, "recording the rerun of the finished stages failed");
-            goto out;
-        }
+    int rewound = first < (size_t)job.stage_index ? rewind_to(st, id, first) : 0;
+    if (rewound != 0) {
+        ctx.lost = rewound == STORE_FENCED;
+        result = ctx.lost ? finish_stopped(&ctx, st, id, "") : -1;
+        snprintf(err, errlen, "recording the rerun of the finished stages failed");
+        goto out;
     }
     for (size_t i = first; i < n; i++) {
         const char *name = json_string_value(json_array_get(job.stages, i));
