@@ -237,42 +237,16 @@ static int utf8_seq(const unsigned char *s)
     return n;
 }
 
-json_t *api_text_json(const char *s)
-{
-    json_t *v = json_string(s ? s : "");
-    if (v)
-        return v;
-    size_t n = strlen(s);
-    char *c = malloc(n + 1);
-    if (!c)
-        return NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t k = 0;
-    while (*p) {
-        int len = utf8_seq(p);
-        if (len == 0) {
-            c[k++] = '?';
-            p++;
-            continue;
-        }
-        memcpy(c + k, p, (size_t)len);
-        k += (size_t)len;
-        p += len;
-    }
-    c[k] = 0;
-    v = json_string(c);
-    free(c);
-    return v;
-}
-
-void api_utf8_clean(const char *in, char *out, size_t n)
+/* Copy in to out (capacity n > 4; what does not fit is left out), each byte outside a
+ * valid UTF-8 sequence replaced by '?', and each control byte too where `controls`. */
+static void utf8_fix(const char *in, char *out, size_t n, int controls)
 {
     size_t k = 0;
     const unsigned char *s = (const unsigned char *)(in ? in : "");
     while (*s && k + 4 < n) {
         int len = utf8_seq(s);
-        if (len == 0 || (len == 1 && *s < 0x20)) {
-            out[k++] = '?';   /* an undecodable or control byte is never echoed */
+        if (len == 0 || (controls && len == 1 && *s < 0x20)) {
+            out[k++] = '?';
             s++;
             continue;
         }
@@ -281,6 +255,26 @@ void api_utf8_clean(const char *in, char *out, size_t n)
         s += len;
     }
     out[k] = 0;
+}
+
+json_t *api_text_json(const char *s)
+{
+    json_t *v = json_string(s ? s : "");
+    if (v)
+        return v;
+    size_t n = strlen(s) + 5;
+    char *c = malloc(n);
+    if (!c)
+        return NULL;
+    utf8_fix(s, c, n, 0);
+    v = json_string(c);
+    free(c);
+    return v;
+}
+
+void api_utf8_clean(const char *in, char *out, size_t n)
+{
+    utf8_fix(in, out, n, 1);   /* an undecodable or control byte is never echoed */
 }
 
 void api_fault_append(json_t *errors, const char *pointer, const char *message)

@@ -27,12 +27,10 @@ int store_event_insert(store_conn *c, const char *job_id, const char *type, cons
 int store_event_append(store *st, const char *job_id, const char *type, const char *message,
                        json_t *data)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    int fence = store_fence_check(c, job_id, store_fence_attempt(c, job_id));
+    store_conn *c;
+    int fence = store_begin_fenced(st, job_id, &c);
     if (fence != 0)
-        return sql_abandon(c, fence);
+        return fence;
     if (store_job_touch(c, job_id) < 0 || store_event_insert(c, job_id, type, message, json_incref(data)) < 0 ||
         sql_commit(c) < 0)
         return sql_abandon(c, -1);

@@ -144,6 +144,10 @@ int sql_cols(sql_stmt *s, const char *cols, ...);
 void store_text_cut(char *dst, size_t n, const char *src);
 int store_fence_attempt(store_conn *c, const char *id);
 int store_fence_check(store_conn *c, const char *id, int attempt);
+/* A write transaction on this thread's connection (*c) for job id, begun and checked
+ * against the connection's fence (store_fence_job): 0 inside it; STORE_FENCED or -1 with
+ * nothing left open. */
+int store_begin_fenced(store *st, const char *id, store_conn **c);
 
 /* Writes made inside the caller's transaction (or alone). Each returns 0 or -1 (logged). */
 

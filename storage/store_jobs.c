@@ -229,6 +229,15 @@ int store_fence_check(store_conn *c, const char *id, int attempt)
     return rc == 0 && !strcmp(status, "running") && at == attempt ? 0 : STORE_FENCED;
 }
 
+int store_begin_fenced(store *st, const char *id, store_conn **c)
+{
+    *c = store_conn_get(st);
+    if (!*c || sql_begin(*c) < 0)
+        return -1;
+    int fence = store_fence_check(*c, id, store_fence_attempt(*c, id));
+    return fence != 0 ? sql_abandon(*c, fence) : 0;
+}
+
 int store_job_watch(store *st, const char *id)
 {
     store_conn *c = store_conn_get(st);
@@ -250,12 +259,10 @@ int store_job_watch(store *st, const char *id)
 
 int store_job_rewind(store *st, const char *id, int index)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    store_conn *c;
+    int fence = store_begin_fenced(st, id, &c);
     if (fence != 0)
-        return sql_abandon(c, fence);
+        return fence;
     static const char *u = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? WHERE id=? AND stage_index>?";
     if (sql_run(c, u, "iIti", index, store_now(), id, index) < 0 || sql_commit(c) < 0)
         return sql_abandon(c, -1);
@@ -264,12 +271,10 @@ int store_job_rewind(store *st, const char *id, int index)
 
 int store_job_stage_begin(store *st, const char *id, int index, const char *name)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    store_conn *c;
+    int fence = store_begin_fenced(st, id, &c);
     if (fence != 0)
-        return sql_abandon(c, fence);
+        return fence;
     static const char *sql = "UPDATE jobs SET stage=?, step=0, total_steps=0, version=version+1, "
                              "updated_at=? WHERE id=? AND stage_index=?";
     if (sql_run(c, sql, "tIti", name, store_now(), id, index) < 0)
@@ -340,12 +345,10 @@ static int report_update(store_conn *c, const char *id, const char *const *clear
 
 int store_job_stage_done(store *st, const char *id, int index, const char *name, double wall_s)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    store_conn *c;
+    int fence = store_begin_fenced(st, id, &c);
     if (fence != 0)
-        return sql_abandon(c, fence);
+        return fence;
     static const char *sql = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? "
                              "WHERE id=? AND stage_index=?";
     int changed = sql_run(c, sql, "iIti", index + 1, store_now(), id, index);
@@ -651,12 +654,10 @@ fail:
 
 int store_report_merge(store *st, const char *id, const char *const *clear, json_t *fragment)
 {
-    store_conn *c = store_conn_get(st);
-    if (!c || sql_begin(c) < 0)
-        return -1;
-    int fence = store_fence_check(c, id, store_fence_attempt(c, id));
+    store_conn *c;
+    int fence = store_begin_fenced(st, id, &c);
     if (fence != 0)
-        return sql_abandon(c, fence);
+        return fence;
     if (report_update(c, id, clear, fragment, NULL, 0, 0) < 0 || sql_commit(c) < 0) {
         sql_rollback(c);
         return -1;

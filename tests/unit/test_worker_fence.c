@@ -86,6 +86,26 @@ static int stage_after(job_ctx *ctx, char *err, size_t errlen)
     return 0;
 }
 
+/* A job of `stages` (stolen) on device, with spec (stolen; NULL: a test pipeline's
+ * alone), created and claimed by runner `owner` (attempt 1); its id into id. */
+static void claimed_job(store *st, const char *device, json_t *spec, json_t *stages, const char *owner, char id[48])
+{
+    char err[256];
+    store_job j, a;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "%s", device);
+    j.spec = spec ? spec : json_pack("{s:b}", "x_test_pipeline", 1);
+    j.stages = stages;
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    assert_int_equal(store_job_claim(st, &(store_claim){device, 0, owner, 30}, &a), 0);
+    assert_int_equal(a.attempts, 1);
+    store_job_clear(&a);
+    snprintf(id, 48, "%s", j.id);
+    store_job_clear(&j);
+}
+
 static void test_taken_over(void **state)
 {
     (void)state;
@@ -99,16 +119,7 @@ static void test_taken_over(void **state)
     stage_register("test_after", stage_after);
     store_job j;
     memset(&j, 0, sizeof j);
-    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
-    snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "cpu");
-    j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
-    j.stages = json_pack("[s,s]", "test_taken", "test_after");
-    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
-    store_job a;
-    assert_int_equal(store_job_claim(st, &(store_claim){"cpu", 0, "host-a", 30}, &a), 0);
-    assert_int_equal(a.attempts, 1);
-    store_job_clear(&a);
+    claimed_job(st, "cpu", NULL, json_pack("[s,s]", "test_taken", "test_after"), "host-a", j.id);
 
     if (job_run(st, as, dir, j.id, err, sizeof err))
         fail_msg("job_run: %s", err);
@@ -194,21 +205,11 @@ static void run_one_stage(const char *stage, stage_fn fn, const char *device, js
     assert_non_null(st);
     assert_non_null(as);
     stage_register(stage, fn);
-    store_job j;
-    memset(&j, 0, sizeof j);
-    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
-    snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "%s", device);
-    j.spec = spec ? spec : json_pack("{s:b}", "x_test_pipeline", 1);
-    j.stages = json_pack("[s]", stage);
-    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
-    store_job a;
-    assert_int_equal(store_job_claim(st, &(store_claim){device, 0, "host-a", 30}, &a), 0);
-    store_job_clear(&a);
-    if (job_run(st, as, dir, j.id, err, sizeof err))
+    char id[48];
+    claimed_job(st, device, spec, json_pack("[s]", stage), "host-a", id);
+    if (job_run(st, as, dir, id, err, sizeof err))
         fail_msg("job_run: %s", err);
-    assert_int_equal(store_job_get(st, j.id, now), 0);
-    store_job_clear(&j);
+    assert_int_equal(store_job_get(st, id, now), 0);
     art_close(as);
     store_close(st);
 }
@@ -346,28 +347,18 @@ static void test_rerun_rewinds_progress(void **state)
     assert_non_null(as);
     stage_register("test_r1", stage_nothing);
     stage_register("test_r2", stage_seen);
-    store_job j;
-    memset(&j, 0, sizeof j);
-    assert_int_equal(store_new_id("job_", j.id, sizeof j.id), 0);
-    snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "cpu-rewind");
-    j.spec = json_pack("{s:b}", "x_test_pipeline", 1);
-    j.stages = json_pack("[s,s,s]", "test_r1", "test_r2", "test_r1");
-    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
-    store_job a;
-    assert_int_equal(store_job_claim(st, &(store_claim){"cpu-rewind", 0, "host-b", 30}, &a), 0);
-    store_job_clear(&a);
-    assert_int_equal(store_job_stage_done(st, j.id, 0, "test_r1", 1.0), 0);   /* on host a */
-    assert_int_equal(store_job_stage_done(st, j.id, 1, "test_r2", 1.0), 0);
-    if (job_run(st, as, dir, j.id, err, sizeof err))
+    char id[48];
+    claimed_job(st, "cpu-rewind", NULL, json_pack("[s,s,s]", "test_r1", "test_r2", "test_r1"), "host-b", id);
+    assert_int_equal(store_job_stage_done(st, id, 0, "test_r1", 1.0), 0);   /* on host a */
+    assert_int_equal(store_job_stage_done(st, id, 1, "test_r2", 1.0), 0);
+    if (job_run(st, as, dir, id, err, sizeof err))
         fail_msg("job_run: %s", err);
     assert_int_equal(seen_index, 1);
     store_job now;
-    assert_int_equal(store_job_get(st, j.id, &now), 0);
+    assert_int_equal(store_job_get(st, id, &now), 0);
     assert_string_equal(now.status, "succeeded");
     assert_int_equal(now.stage_index, 3);
     store_job_clear(&now);
-    store_job_clear(&j);
     art_close(as);
     store_close(st);
 }
