@@ -3,6 +3,7 @@
  * segment captures the rest of the path (so a bad artifact name is a 400, not a 404).
  */
 #include "api/api_internal.h"
+#include "storage/utf8.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -178,8 +179,12 @@ void api_json(api_resp *resp, int status, json_t *body)
     resp->json = body;
     resp->status = status;
     resp->content_type = "application/json";
-    if (!body && status < 500)   /* a body that could not be built is an error, never an empty 200 */
+    if (!body && status < 500) {   /* a body that could not be built is an error, never an empty 200 */
+        for (int i = 0; i < resp->nhdr; i++)   /* nor does it carry the headers of the answer it replaces */
+            free(resp->hdr[i].value);
+        resp->nhdr = 0;
         api_problem(resp, 500, "internal", "the response could not be built", NULL);
+    }
 }
 
 void api_list(api_resp *resp, json_t *data, int has_more, const char *first_id, const char *last_id)
@@ -220,61 +225,20 @@ static const char *reason(int status)
     }
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when it is not one: overlong
- * forms, surrogates and code points past U+10FFFF are not. */
-static int utf8_seq(const unsigned char *s)
-{
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    int n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    if ((n == 3 && c == 0xE0 && s[1] < 0xA0) || (n == 3 && c == 0xED && s[1] >= 0xA0) ||
-        (n == 4 && c == 0xF0 && s[1] < 0x90) || (n == 4 && c == 0xF4 && s[1] >= 0x90))
-        return 0;
-    return n;
-}
-
-/* Copy in to out (capacity n > 4; what does not fit is left out), each byte outside a
- * valid UTF-8 sequence replaced by '?', and each control byte too where `controls`. */
-static void utf8_fix(const char *in, char *out, size_t n, int controls)
-{
-    size_t k = 0;
-    const unsigned char *s = (const unsigned char *)(in ? in : "");
-    while (*s && k + 4 < n) {
-        int len = utf8_seq(s);
-        if (len == 0 || (controls && len == 1 && *s < 0x20)) {
-            out[k++] = '?';
-            s++;
-            continue;
-        }
-        memcpy(out + k, s, (size_t)len);
-        k += (size_t)len;
-        s += len;
-    }
-    out[k] = 0;
-}
-
 json_t *api_text_json(const char *s)
 {
     json_t *v = json_string(s ? s : "");
     if (v)
         return v;
-    size_t n = strlen(s) + 5;
-    char *c = malloc(n);
-    if (!c)
-        return NULL;
-    utf8_fix(s, c, n, 0);
-    v = json_string(c);
+    char *c = utf8_mended(s, "\xef\xbf\xbd");
+    v = c ? json_string(c) : NULL;
     free(c);
     return v;
 }
 
 void api_utf8_clean(const char *in, char *out, size_t n)
 {
-    utf8_fix(in, out, n, 1);   /* an undecodable or control byte is never echoed */
+    utf8_clean(in, out, n, 1);   /* an undecodable or control byte is never echoed */
 }
 
 void api_fault_append(json_t *errors, const char *pointer, const char *message)

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "storage/artstore.h"
+#include "storage/utf8.h"
 
 #define STMT_CACHE 96
 
@@ -268,24 +269,13 @@ const char *sql_errmsg(store_conn *c)
     return c->drv->errmsg(c->db);
 }
 
-/* Column i of the current row: text copied into dst (n bytes, "" for NULL), or parsed as
- * JSON (a NEW reference, NULL for NULL or bad JSON). */
-void store_text_cut(char *dst, size_t n, const char *src)
-{
-    size_t len = strlen(src);
-    if (len >= n) {
-        len = n - 1;
-        while (len > 0 && ((unsigned char)src[len] & 0xC0) == 0x80)
-            len--;   /* src[len], the first byte left out, continues a character: leave it all out */
-    }
-    memcpy(dst, src, len);
-    dst[len] = 0;
-}
-
+/* Column i of the current row: text copied into dst (n bytes, "" for NULL; cut where it
+ * does not fit at a character's start), or parsed as JSON (a NEW reference, NULL for NULL
+ * or bad JSON). */
 static void col_copy(sql_stmt *s, int i, char *dst, size_t n)
 {
     const char *t = s->drv->text(s->impl, i);
-    store_text_cut(dst, n, t ? t : "");
+    utf8_cut(dst, n, t ? t : "");
 }
 
 static json_t *col_json(sql_stmt *s, int i)

@@ -138,10 +138,6 @@ int sql_cols(sql_stmt *s, const char *cols, ...);
  * as, 0 when its writes to id are not fenced. store_fence_check, inside the caller's
  * transaction: 0 when job id is running at `attempt` (always, for attempt 0), with its
  * row locked; STORE_FENCED when not (or absent); -1 on error. */
-/* src copied into dst (capacity n > 0); cut where it does not fit at the start of a UTF-8
- * character, never inside one, so that valid text stays valid (a job's error message, an
- * event's). */
-void store_text_cut(char *dst, size_t n, const char *src);
 int store_fence_attempt(store_conn *c, const char *id);
 int store_fence_check(store_conn *c, const char *id, int attempt);
 /* A write transaction on this thread's connection (*c) for job id, begun and checked

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/utf8.h"
+
 #define JOB_COLS                                                                             \
     "seq, id, kind, status, device, name, spec, stages, stage_index, stage, step, total_steps, " \
     "error_code, error_message, report, cancel_requested, worker_pid, attempts, version, "     \
@@ -398,9 +400,9 @@ static int lease_renewed(store_conn *c, const char *id)
     return rc == 0 && (expires <= 0 || expires >= store_now());
 }
 
-/* store_job_finish_at; for a lease rescue (`rescue`), only while the lease is still out. */
-static int finish_job(store *st, const char *id, int attempt, int rescue, const char *status, const char *code,
-                      const char *message)
+/* finish_job of a message that is valid UTF-8. */
+static int finish_valid(store *st, const char *id, int attempt, int rescue, const char *status, const char *code,
+                        const char *message)
 {
     store_conn *c;
     char cur[16] = "";
@@ -426,10 +428,24 @@ static int finish_job(store *st, const char *id, int attempt, int rescue, const 
     json_t *d = code ? json_pack("{s:s,s:s}", "code", code, "message", message ? message : "") : NULL;
     char whole[4600], msg[1200];
     snprintf(whole, sizeof whole, "job %s%s%s", status, message ? ": " : "", message ? message : "");
-    store_text_cut(msg, sizeof msg, whole);
+    utf8_cut(msg, sizeof msg, whole);
     if (store_event_insert(c, id, type, msg, d) < 0 || sql_commit(c) < 0)
         return sql_abandon(c, -1);
     return 0;
+}
+
+/* store_job_finish_at; for a lease rescue (`rescue`), only while the lease is still out. A
+ * message that is not valid UTF-8 (cut at a byte limit inside a character) is mended first:
+ * the webhook's payload and the event's data are JSON, which would refuse it. */
+static int finish_job(store *st, const char *id, int attempt, int rescue, const char *status, const char *code,
+                      const char *message)
+{
+    if (!message || utf8_valid(message))
+        return finish_valid(st, id, attempt, rescue, status, code, message);
+    char *mended = utf8_mended(message, "\xef\xbf\xbd");
+    int rc = mended ? finish_valid(st, id, attempt, rescue, status, code, mended) : -1;
+    free(mended);
+    return rc;
 }
 
 int store_job_finish_at(store *st, const char *id, int attempt, const char *status, const char *code,

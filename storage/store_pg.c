@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/utf8.h"
+
 /* The PostgreSQL dialect of each numbered migration (the same numbers as SQLite's). */
 #define MIGRATION(sym, file)                                                              \
     __asm__(".section .rodata\n.global " #sym "\n.type " #sym ", @object\n" #sym ":\n"     \
@@ -193,52 +195,12 @@ static void pg_finalize(void *p)
     free(p);
 }
 
-/* Length of the valid UTF-8 sequence at t (1-4), or 0 when it is not one. */
-static int utf8_seq(const unsigned char *t)
-{
-    int n = t[0] < 0x80 ? 1 : (t[0] & 0xe0) == 0xc0 && t[0] >= 0xc2 ? 2 : (t[0] & 0xf0) == 0xe0 ? 3
-            : (t[0] & 0xf8) == 0xf0 && t[0] <= 0xf4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((t[i] & 0xc0) != 0x80)
-            return 0;
-    if ((n == 3 && ((t[0] == 0xe0 && t[1] < 0xa0) || (t[0] == 0xed && t[1] >= 0xa0))) ||
-        (n == 4 && ((t[0] == 0xf0 && t[1] < 0x90) || (t[0] == 0xf4 && t[1] >= 0x90))))
-        return 0;
-    return n;
-}
-
 /* text as PostgreSQL takes it: NULL when it is valid UTF-8 already (use it as it is), else
  * a malloc'd copy with each invalid byte replaced by U+FFFD. SQLite keeps such bytes; here
  * they can only be lookups of ids no row has, which then find nothing, as in SQLite. */
 static char *utf8_fixed(const char *text)
 {
-    const unsigned char *t = (const unsigned char *)text;
-    size_t len = strlen(text), k;
-    for (k = 0; k < len;) {
-        int n = utf8_seq(t + k);
-        if (!n)
-            break;
-        k += (size_t)n;
-    }
-    if (k == len)
-        return NULL;
-    char *out = malloc(3 * len + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (k = 0; k < len;) {
-        int n = utf8_seq(t + k);
-        if (n) {
-            memcpy(o, t + k, (size_t)n);
-            o += n;
-            k += (size_t)n;
-        } else {
-            memcpy(o, "\xef\xbf\xbd", 3);
-            o += 3;
-            k++;
-        }
-    }
-    *o = 0;
-    return out;
+    return utf8_valid(text) ? NULL : utf8_mended(text, "\xef\xbf\xbd");
 }
 
 static int pg_run(void *p, const sql_param *v, int n)

@@ -7,7 +7,8 @@ must be on a public address: a loopback literal (or localhost, or credentials in
 is refused at POST (422), and a name that resolves to loopback ("127.1") is refused at
 connection time: the delivery fails for good at once, naming the address, and the
 receiver sees nothing. A receiver that accepts and never answers delays no other
-receiver's webhook, and a stop does not wait for its attempt."""
+receiver's webhook, and a stop does not wait for its attempt. A failure message cut inside
+a character still ends its job failed, with its webhook."""
 import base64
 import hashlib
 import hmac
@@ -75,6 +76,19 @@ def main():
         assert evs["data"][-1]["type"] == "webhook.delivered", [e["type"] for e in evs["data"]]
         time.sleep(1.5)
         assert len(got) == 2, "delivered twice after a 2xx"
+        # a failure message cut inside a character (the stage's 1,023 bytes): the job still
+        # ends failed, naming the stage, and its webhook goes out with the message mended
+        _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_fail"], x_test_fail_message="\u00e9" * 700,
+                                                         callback_url=url), expect=201)
+        fin = s.wait_status(job["id"], ("failed", "succeeded", "cancelled"), timeout=20)
+        assert fin["status"] == "failed" and fin["error"]["code"] == "stage_failed", fin
+        t0 = time.time()
+        while len(got) < 3 and time.time() - t0 < 10:
+            time.sleep(0.05)
+        assert len(got) == 3, got
+        ev = json.loads(got[2][2])
+        assert ev["type"] == "job.failed" and ev["data"]["error"]["code"] == "stage_failed", ev
+        assert ev["data"]["error"]["message"].startswith("stage test_fail failed: \u00e9\u00e9"), ev
         assert s.stop() == 0
     with Server() as s2:  # no secret: callbacks are refused
         check_problem(*s2.json("POST", "/v1/jobs", test_spec(["test_fail"], callback_url=url)), 422,
