@@ -259,18 +259,6 @@ int store_job_watch(store *st, const char *id)
     return 0;
 }
 
-int store_job_rewind(store *st, const char *id, int index)
-{
-    store_conn *c;
-    int fence = store_begin_fenced(st, id, &c);
-    if (fence != 0)
-        return fence;
-    static const char *u = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? WHERE id=? AND stage_index>?";
-    if (sql_run(c, u, "iIti", index, store_now(), id, index) < 0 || sql_commit(c) < 0)
-        return sql_abandon(c, -1);
-    return 0;
-}
-
 int store_job_stage_begin(store *st, const char *id, int index, const char *name)
 {
     store_conn *c;
@@ -305,6 +293,42 @@ static void report_clear(json_t *r, const char *p)
             return;
         p = dot + 1;
     }
+}
+
+/* Inside the current transaction: the report's list of finished stages keeps its first n
+ * entries (one a stage, in order): the stages after run again, and are listed again as
+ * they finish. */
+static int report_keep_stages(store_conn *c, const char *id, int n)
+{
+    static const char *q = "SELECT report FROM jobs WHERE id=? FOR UPDATE";
+    json_t *r = NULL;
+    if (sql_row(c, q, "t", "j", id, &r) != 0)
+        return -1;
+    json_t *stages = json_object_get(r, "stages");
+    int rc = 0;
+    if (json_is_array(stages) && json_array_size(stages) > (size_t)n) {
+        while (json_array_size(stages) > (size_t)n)
+            json_array_remove(stages, json_array_size(stages) - 1);
+        char *text = json_dumps(r, JSON_COMPACT | JSON_SORT_KEYS);
+        static const char *u = "UPDATE jobs SET report=? WHERE id=?";
+        rc = text && sql_run(c, u, "tt", text, id) >= 0 ? 0 : -1;
+        free(text);
+    }
+    json_decref(r);
+    return rc;
+}
+
+int store_job_rewind(store *st, const char *id, int index)
+{
+    store_conn *c;
+    int fence = store_begin_fenced(st, id, &c);
+    if (fence != 0)
+        return fence;
+    static const char *u = "UPDATE jobs SET stage_index=?, version=version+1, updated_at=? WHERE id=? AND stage_index>?";
+    int changed = sql_run(c, u, "iIti", index, store_now(), id, index);
+    if (changed < 0 || (changed > 0 && report_keep_stages(c, id, index) < 0) || sql_commit(c) < 0)
+        return sql_abandon(c, -1);
+    return 0;
 }
 
 /* Read, modify and write the report inside the current transaction: the paths of clear

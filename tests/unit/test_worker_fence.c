@@ -335,7 +335,8 @@ static int stage_seen(job_ctx *ctx, char *err, size_t errlen)
 /* Two stages finished on another host, whose outputs this one cannot fetch: it runs them
  * again, and the job's recorded progress goes back with it: after the first of them,
  * one stage done, not two (a host taking over next would otherwise fetch the second's
- * outputs of the first run beside the first's of this one). */
+ * outputs of the first run beside the first's of this one); and the report lists each
+ * stage once. */
 static void test_rerun_rewinds_progress(void **state)
 {
     (void)state;
@@ -358,6 +359,10 @@ static void test_rerun_rewinds_progress(void **state)
     assert_int_equal(store_job_get(st, id, &now), 0);
     assert_string_equal(now.status, "succeeded");
     assert_int_equal(now.stage_index, 3);
+    /* the report lists each stage once, as this run finished it */
+    json_t *stages = json_object_get(now.report, "stages");
+    assert_int_equal(json_array_size(stages), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(stages, 1), "name")), "test_r2");
     store_job_clear(&now);
     art_close(as);
     store_close(st);
