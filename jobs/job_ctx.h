@@ -23,6 +23,9 @@ struct job_ctx {
     char out_path[4400];       /* buffer behind job_ctx_output's answer */
     double last_cancel_check;  /* monotonic s */
     int lost;                  /* the job is no longer running at this worker's attempt */
+    int store_down;            /* a store write or read failed for a minute: the worker exits
+                                  unfinished and its runner requeues the job (the job is not
+                                  failed for the store's outage) */
     struct {
         char key[64];
         void *value;

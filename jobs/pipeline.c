@@ -196,6 +196,7 @@ static int localize_model(job_ctx *ctx, const char *data_dir, char *err, size_t 
         ;
     if (got < 0) {
         snprintf(err, errlen, "model %s: the model registry could not be read", id);
+        ctx->store_down = 1;
         free(m);
         return -1;
     }
@@ -265,6 +266,25 @@ static size_t first_stage_here(job_ctx *ctx, const store_job *job)
     return start;
 }
 
+/* Stage `name` failed with serr: the job fails, as disk_full when the data directory's disk
+ * is (the stage's partial outputs then go, so that the store can record the failure),
+ * else stage_failed. 0, or -1 when the store could not record it. */
+static int fail_stage(job_ctx *ctx, store *st, const char *id, const char *name, const char *serr)
+{
+    char msg[1400];
+    long long avail = (long long)fio_free_bytes(ctx->job_dir);
+    int full = strstr(serr, "No space left") != NULL || (avail >= 0 && avail < (1LL << 20));
+    const char *why = serr[0] ? serr : "no reason given";
+    if (full) {
+        (void)fio_remove_tree(ctx->stage_dir);
+        snprintf(msg, sizeof msg, "stage %s failed: the data directory's disk is full (%lld bytes were free; lower "
+                 "the retention cap or free space, then resubmit): %s", name, avail, why);
+    } else {
+        snprintf(msg, sizeof msg, "stage %s failed: %s", name, why);
+    }
+    return finish(st, id, "failed", full ? "disk_full" : "stage_failed", msg) < 0 ? -1 : 0;
+}
+
 /* store_job_rewind to stage `first`, tried again while the store is unavailable. */
 static int rewind_to(store *st, const char *id, size_t first)
 {
@@ -325,7 +345,9 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
     int result = 0;
     char merr[4400] = "";
     if (localize_model(&ctx, data_dir, merr, sizeof merr) < 0) {
-        result = finish(st, id, "failed", "model_unavailable", merr) < 0 ? -1 : 0;
+        result = ctx.store_down ? -1 : finish(st, id, "failed", "model_unavailable", merr) < 0 ? -1 : 0;
+        if (ctx.store_down)
+            snprintf(err, errlen, "%s", merr);
         store_job_clear(&job);
         return result;
     }
@@ -394,32 +416,28 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             }
             job_observe_stage(&ctx, "stage.completed");
             drop_resume_folders(&ctx);
+        } else if (ctx.store_down) {   /* not the stage's failure: the runner requeues the job */
+            snprintf(err, errlen, "stage %s: the store was out of reach for a minute: %s", name, serr);
+            result = -1;
+            goto out;
         } else if (r == 1 || job_cancelled(&ctx) || ctx.lost) {
             /* a stage that fails once a cancel (or a shutdown) was asked for failed because
              * of it, e.g. a system call the stop signal interrupted (EINTR) */
             result = finish_stopped(&ctx, st, id, name);
             goto out;
         } else {
-            char msg[1400];
-            long long avail = (long long)fio_free_bytes(ctx.job_dir);
-            int full = strstr(serr, "No space left") != NULL || (avail >= 0 && avail < (1LL << 20));
-            if (full) {
-                /* the failed stage's partial outputs go, so the store can record the failure */
-                (void)fio_remove_tree(ctx.stage_dir);
-                snprintf(msg, sizeof msg, "stage %s failed: the data directory's disk is full (%lld bytes were "
-                         "free; lower the retention cap or free space, then resubmit): %s", name, avail,
-                         serr[0] ? serr : "no reason given");
-            }
-            else {
-                snprintf(msg, sizeof msg, "stage %s failed: %s", name, serr[0] ? serr : "no reason given");
-            }
-            result = finish(st, id, "failed", full ? "disk_full" : "stage_failed", msg) < 0 ? -1 : 0;
+            result = fail_stage(&ctx, st, id, name, serr);
             goto out;
         }
     }
     if (!strcmp(job.kind, "job") && !json_object_get(job.spec, "x_test_pipeline")) {   /* its report is a product */
         char rerr[1024] = "";
-        if (job_report_finalize(&ctx, rerr, sizeof rerr) != 0) {
+        int assembled = job_report_finalize(&ctx, rerr, sizeof rerr);
+        if (assembled != 0 && ctx.store_down) {
+            snprintf(err, errlen, "assembling the report: the store was out of reach for a minute: %s", rerr);
+            result = -1;
+            goto out;
+        } else if (assembled != 0) {
             char msg[1200];
             snprintf(msg, sizeof msg, "assembling the report failed: %s", rerr);
             result = finish(st, id, "failed", "stage_failed", msg) < 0 ? -1 : 0;

@@ -124,8 +124,7 @@ int job_report_finalize(job_ctx *ctx, char *err, size_t errlen)
                         job_report_limits(json_object_get(ctx->spec, "constraints"), pred, meas, params,
                                           json_object_get(search, "aim")));
     json_object_set_new(frag, "result", rfrag);
-    int rc = store_report_merge(ctx->st, ctx->id, NULL, frag);
-    json_decref(frag);
+    int rc = job_report_merge(ctx, frag);   /* steals frag; tried again while the store is out */
     json_decref(arch);
     json_decref(search);
     store_job_clear(&j);
