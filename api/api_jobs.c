@@ -761,9 +761,9 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     }
     /* the representation's headers go only with it (and a 416 says which one it refers
      * to), never with a problem a browser would save under the artifact's name */
-    api_resp_header(resp, "ETag", "%s", etag);
     if (pr < 0) {
         close(fd);
+        api_resp_header(resp, "ETag", "%s", etag);
         api_resp_header(resp, "Content-Range", "bytes */%lld", (long long)a.size_bytes);
         api_problem(resp, 416, "range_not_satisfiable", "the range lies outside the artifact", NULL);
         return;
@@ -778,6 +778,7 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
         api_problem(resp, 500, "internal", "out of memory", NULL);
         return;
     }
+    api_resp_header(resp, "ETag", "%s", etag);
     if (art_sha256_b64(a.sha256, b64, sizeof b64) == 0)
         api_resp_header(resp, "Repr-Digest", "sha-256=:%s:", b64);
     api_resp_header(resp, "Accept-Ranges", "bytes");

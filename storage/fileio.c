@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -259,12 +260,11 @@ char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err,
 int fio_temp_name(char *out, size_t n, const char *path)
 {
     static unsigned counter;
-    unsigned k = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
-    int w = snprintf(out, n, "%s.tmp.%ld.%u", path, (long)getpid(), k);
-    if (w < 0 || (size_t)w >= n)
-        return -1;
-    (void)unlink(out);   /* a file of a dead process that had this pid: never a live writer's */
-    return 0;
+    unsigned k = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED), nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce)
+        nonce = 0;   /* the name stays unique in this process */
+    int w = snprintf(out, n, "%s.tmp.%ld.%u.%08x", path, (long)getpid(), k, nonce);
+    return w < 0 || (size_t)w >= n ? -1 : 0;
 }
 
 int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)

@@ -77,10 +77,10 @@ char *fio_read_all(const char *path, size_t max_bytes, size_t *len, char *err, s
  * inside a model folder or paths a client chose (a FIFO there would block). */
 char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
 
-/* The name of a new temporary file beside path, "PATH.tmp.PID.N": N counts this
- * process's names, so that two threads writing the same path never share one (whatever
- * had that name, left by a dead process of the same pid, is removed). 0, or -1 when it
- * does not fit in n. */
+/* The name of a new temporary file beside path, "PATH.tmp.PID.N.R": N counts this
+ * process's names, so that two threads writing the same path never share one, and R is
+ * random, so that neither do processes of the same pid in other PID namespaces sharing
+ * the folder. Create it with O_EXCL. 0, or -1 when it does not fit in n. */
 int fio_temp_name(char *out, size_t n, const char *path);
 
 /* Write len bytes to `path` atomically: into a fio_temp_name file, fsync, rename over

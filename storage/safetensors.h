@@ -73,7 +73,7 @@ typedef struct {
     int ndim;
 } st_write_tensor;
 
-/* Write n tensors, converted to dtype, to `path` atomically (path.tmp.PID, fsync,
+/* Write n tensors, converted to dtype, to `path` atomically (a fio_temp_name file, fsync,
  * rename, fsync of the folder). metadata (borrowed, may be NULL) must be an object of
  * strings. Returns 0, or -1 with a reason (the temporary file is removed). */
 int st_write(const char *path, const st_write_tensor *ts, int n, st_dtype dtype, json_t *metadata,
