@@ -311,9 +311,8 @@ int mn_run(const mn_opts *o, mn_result *r, char *err, size_t errlen)
         int64_t tokens = 0;
         int rc = o->trial(o->trial_ctx, &cands[i], &r->trial_loss[i], &tokens, err, errlen);
         r->selection_tokens += tokens;
-        if (rc != 0) {
-            if (rc < 0)
-                mn_result_free(r);
+        if (rc != 0) {   /* failed, or cancelled: r holds nothing then either */
+            mn_result_free(r);
             return rc;
         }
         if (best < 0 || r->trial_loss[i] < r->trial_loss[best])

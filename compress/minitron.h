@@ -61,7 +61,8 @@ int mn_uniform_arch(const arch *parent, const int *layer_order, int hidden, int 
 int mn_frontier(const mn_opts *o, arch **out, int *n, char *err, size_t errlen);
 
 /* The baseline end to end. Returns 0 with r filled, 1 when cancelled, -1 with a reason
- * (an infeasible spec names the cheapest uniform candidate's predicted costs). */
+ * (an infeasible spec names the cheapest uniform candidate's predicted costs); r holds
+ * nothing to free unless 0. */
 int mn_run(const mn_opts *o, mn_result *r, char *err, size_t errlen);
 
 #endif
