@@ -744,7 +744,8 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     int pr = range ? parse_range(range, a.size_bytes, &from, &to) : 0;
     if (pr != 0 && if_range && strcmp(if_range, etag) != 0)
         pr = 0; /* the representation changed (or a weak validator): send it whole */
-    /* a part is hashed whole before it goes out (once per process); a whole download is
+    /* a part is hashed whole before it goes out, unless this process or the file's mark says
+       it was (art_put marks what it stores, the scrub what it checks); a whole download is
        hashed on the way (art_stream_new), a HEAD sends nothing */
     char err[256];
     int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, pr == 1 && strcmp(req->method, "HEAD"), err, sizeof err);

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* A blob this process has hashed, and the inode state it had then: a blob whose inode,
@@ -38,6 +39,8 @@ struct artstore {
     s3_client *remote;           /* NULL: local only */
     unsigned long fetches;       /* temporary-name counter for remote fetches (under mu) */
 };
+
+static void persist_verified(artstore *as, int fd, const char *hex);
 
 static int same_state(const verified_blob *v, const struct stat *sb)
 {
@@ -355,6 +358,11 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
         unlink(tmp);
         return -1;
     }
+    int vfd = open(tmp, O_RDONLY | O_CLOEXEC);   /* just hashed: the content is hex's */
+    if (vfd >= 0) {
+        persist_verified(as, vfd, hex);
+        close(vfd);
+    }
     if (rename(tmp, dst) < 0 || fio_fsync_dir(dir) < 0) {
         snprintf(err, errlen, "%s: %s", dst, strerror(errno));
         unlink(tmp);
@@ -405,6 +413,43 @@ static void mark_verified(artstore *as, const char *hex, const struct stat *sb)
     v->mtime = sb->st_mtim;
     v->ctime = sb->st_ctim;
     pthread_mutex_unlock(&as->mu);
+}
+
+/* A blob's content checked against its name, said on the file itself for the store's other
+ * processes and later runs (the server answering ranged downloads of what a worker
+ * published would otherwise hash a multi-GB blob in a request thread): the name, and the
+ * inode's size and mtime then, which a change of its content changes. Not its ctime,
+ * which setting the attribute changes. Best effort: a file system without user xattrs
+ * keeps only each process's own record (is_verified). The scrub hashes regardless. */
+#define VERIFIED_XATTR "user.autocompress.verified"
+
+static int verified_text(const char *hex, const struct stat *sb, char *out, size_t n)
+{
+    return snprintf(out, n, "%s %lld %lld.%09ld", hex, (long long)sb->st_size, (long long)sb->st_mtim.tv_sec,
+                    (long)sb->st_mtim.tv_nsec);
+}
+
+/* Say on fd's file that its content is hex's, and record it in this process (after: the
+ * attribute moves the file's ctime). */
+static void persist_verified(artstore *as, int fd, const char *hex)
+{
+    struct stat sb;
+    char v[128];
+    if (fstat(fd, &sb) < 0)
+        return;
+    int n = verified_text(hex, &sb, v, sizeof v);
+    (void)fsetxattr(fd, VERIFIED_XATTR, v, (size_t)n, 0);
+    if (fstat(fd, &sb) == 0)
+        mark_verified(as, hex, &sb);
+}
+
+/* 1 when fd's file says it was checked as hex's content, as it is now (sb). */
+static int persisted_verified(int fd, const char *hex, const struct stat *sb)
+{
+    char want[128], got[128];
+    int n = verified_text(hex, sb, want, sizeof want);
+    ssize_t k = fgetxattr(fd, VERIFIED_XATTR, got, sizeof got);
+    return k == n && !memcmp(want, got, (size_t)n);
 }
 
 /* The name a blob that failed its digest check is moved to. */
@@ -471,7 +516,9 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
         close(fd);
         return -1;
     }
-    if (verify && !is_verified(as, hex, &sb)) {
+    if (verify && !is_verified(as, hex, &sb) && persisted_verified(fd, hex, &sb)) {
+        mark_verified(as, hex, &sb);
+    } else if (verify && !is_verified(as, hex, &sb)) {
         char got[65];
         int64_t sz;
         if (sha256_fd(fd, got, &sz) < 0) {
@@ -486,7 +533,7 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
             close(fd);
             return -1;
         }
-        mark_verified(as, hex, &sb);
+        persist_verified(as, fd, hex);
     }
     return fd;
 }
@@ -717,7 +764,7 @@ static void scrub_one(artstore *as, const char *sub, const char *name, void *ud)
     }
     c->checked++;
     if (!strcmp(got, name)) {
-        mark_verified(as, name, &sb);
+        persist_verified(as, fd, name);
     } else {
         c->bad++;
         (void)art_quarantine(as, name, fd);

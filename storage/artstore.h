@@ -48,7 +48,9 @@ int art_sha256_b64(const char hex[65], char *out, size_t outlen);
  * and replaced by this one. Returns 0 with the digest and size, or -1 with err. */
 int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, char *err, size_t errlen);
 /* Open a blob for reading. With verify, the first open in this process re-hashes it and
- * refuses a blob whose content no longer matches its name; without (a HEAD, which sends no
+ * refuses a blob whose content no longer matches its name, unless the file carries the
+ * mark art_put and the scrub leave on content they checked (an xattr naming the digest
+ * with the file's size and mtime then; a changed file is hashed again); without (a HEAD, which sends no
  * byte, or a whole download, which art_stream_new hashes on the way and cuts short on a
  * mismatch) only its presence and size are checked, so no request thread reads a large
  * blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
