@@ -50,10 +50,10 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
 /* Open a blob for reading. With verify, the first open in this process re-hashes it and
  * refuses a blob whose content no longer matches its name, unless the file carries the
  * mark art_put and the scrub leave on content they checked (an xattr naming the digest
- * with the file's size and mtime then; a changed file is hashed again); without (a HEAD, which sends no
- * byte, or a whole download, which art_stream_new hashes on the way and cuts short on a
- * mismatch) only its presence and size are checked, so no request thread reads a large
- * blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
+ * with the file's size and mtime then; a changed file is hashed again). Without verify
+ * (a HEAD, which sends no byte, or a whole download, which art_stream_new hashes on the
+ * way and cuts short on a mismatch) only its presence and size are checked, so no request
+ * thread reads a large blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
  * size mismatch, corrupt, or unreadable: a read error sets nothing aside). */
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen);
 /* The store's publish lock (a flock on DIR/.publish.lock, across the server's threads and
