@@ -256,10 +256,15 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
         if (got != size || strcmp(got_hex, hex))
             snprintf(err, errlen, "artifact content %s fetched from the remote store does not match its name "
                                   "(%lld bytes, sha-256 %s): not used", hex, (long long)got, got_hex);
-        else if (fsync(fd) < 0 || rename(tmp, dst) < 0 || fio_fsync_dir(dir) < 0)
-            snprintf(err, errlen, "%s: %s", dst, strerror(errno));
-        else
-            rc = 0;
+        else if (fsync(fd) < 0)
+            snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        else {
+            persist_verified(as, fd, hex);   /* hashed as it was written */
+            if (rename(tmp, dst) < 0 || fio_fsync_dir(dir) < 0)
+                snprintf(err, errlen, "%s: %s", dst, strerror(errno));
+            else
+                rc = 0;
+        }
     }
     if (fd >= 0)
         close(fd);
