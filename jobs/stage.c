@@ -240,7 +240,7 @@ int job_report_replace(job_ctx *ctx, const char *const *owned, json_t *fragment)
     int rc, tries = 0;
     while ((rc = store_report_merge(ctx->st, ctx->id, owned, fragment)) < 0 && job_store_retry(&tries))
         ;
-    ctx->store_down |= rc < 0;
+    ctx->store_down |= rc < 0 && !job_ctx_stop_requested();   /* a stop cut the retries short */
     json_decref(fragment);
     ctx->lost |= rc == STORE_FENCED;
     return rc == 0 ? 0 : -1;
