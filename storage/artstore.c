@@ -521,9 +521,11 @@ int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int veri
         close(fd);
         return -1;
     }
-    if (verify && !is_verified(as, hex, &sb) && persisted_verified(fd, hex, &sb)) {
+    if (!verify || is_verified(as, hex, &sb))
+        return fd;
+    if (persisted_verified(fd, hex, &sb)) {
         mark_verified(as, hex, &sb);
-    } else if (verify && !is_verified(as, hex, &sb)) {
+    } else {
         char got[65];
         int64_t sz;
         if (sha256_fd(fd, got, &sz) < 0) {
