@@ -86,6 +86,17 @@ static int stage_after(job_ctx *ctx, char *err, size_t errlen)
     return 0;
 }
 
+/* The store and an artifact store of its own (DIR/artifacts-NAME) for a test's job. */
+static void open_stores(const char *name, store **st, artstore **as)
+{
+    char ad[128], err[512] = "";
+    snprintf(ad, sizeof ad, "%s/artifacts-%s", dir, name);
+    *st = store_open(db, err, sizeof err);
+    *as = art_open(ad, err, sizeof err);
+    assert_non_null(*st);
+    assert_non_null(*as);
+}
+
 /* A job of `stages` (stolen) on device, with spec (stolen; NULL: a test pipeline's
  * alone), created and claimed by runner `owner` (attempt 1); its id into id. */
 static void claimed_job(store *st, const char *device, json_t *spec, json_t *stages, const char *owner, char id[48])
@@ -109,12 +120,10 @@ static void claimed_job(store *st, const char *device, json_t *spec, json_t *sta
 static void test_taken_over(void **state)
 {
     (void)state;
-    char ad[128], err[512] = "";
-    snprintf(ad, sizeof ad, "%s/artifacts", dir);
-    store *st = store_open(db, err, sizeof err);
-    artstore *as = art_open(ad, err, sizeof err);
-    assert_non_null(st);
-    assert_non_null(as);
+    char err[512] = "";
+    store *st;
+    artstore *as;
+    open_stores("taken", &st, &as);
     stage_register("test_taken", stage_taken);
     stage_register("test_after", stage_after);
     store_job j;
@@ -198,12 +207,10 @@ static int stage_outage(job_ctx *ctx, char *err, size_t errlen)
  * (stolen; NULL: a test pipeline's alone); the job as it ended into *now (clear it). */
 static void run_one_stage(const char *stage, stage_fn fn, const char *device, json_t *spec, store_job *now)
 {
-    char ad[128], err[512] = "";
-    snprintf(ad, sizeof ad, "%s/artifacts-%s", dir, stage);
-    store *st = store_open(db, err, sizeof err);
-    artstore *as = art_open(ad, err, sizeof err);
-    assert_non_null(st);
-    assert_non_null(as);
+    char err[512] = "";
+    store *st;
+    artstore *as;
+    open_stores(stage, &st, &as);
     stage_register(stage, fn);
     char id[48];
     claimed_job(st, device, spec, json_pack("[s]", stage), "host-a", id);
@@ -340,12 +347,10 @@ static int stage_seen(job_ctx *ctx, char *err, size_t errlen)
 static void test_rerun_rewinds_progress(void **state)
 {
     (void)state;
-    char ad[128], err[512] = "";
-    snprintf(ad, sizeof ad, "%s/artifacts-rewind", dir);
-    store *st = store_open(db, err, sizeof err);
-    artstore *as = art_open(ad, err, sizeof err);
-    assert_non_null(st);
-    assert_non_null(as);
+    char err[512] = "";
+    store *st;
+    artstore *as;
+    open_stores("rewind", &st, &as);
     stage_register("test_r1", stage_nothing);
     stage_register("test_r2", stage_seen);
     char id[48];
