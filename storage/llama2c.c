@@ -130,7 +130,17 @@ int l2c_open(l2c_file *f, const char *path, char *err, size_t errlen)
     f->map = m;
     f->base = m;
     f->len = len;
-    if (parse(f, err, errlen)) {
+    fio_guard guard;
+    if (sigsetjmp(guard.jb, 1)) {
+        snprintf(err, errlen, "%s: llama2.c checkpoint: the file ended under its header (cut short or rewritten "
+                 "while it opened)", path);
+        l2c_close(f);
+        return -1;
+    }
+    fio_guard_enter(&guard);
+    int rc = parse(f, err, errlen);
+    fio_guard_leave(&guard);
+    if (rc) {
         fio_err_path(err, errlen, path);
         l2c_close(f);
         return -1;
