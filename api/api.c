@@ -23,34 +23,35 @@ typedef struct {
     const char *pattern;
     api_handler fn;
     int writes, has_body;
+    int blocking;               /* the handler may wait (api_route_blocking) */
 } route;
 
 static const route routes[] = {
-    {"GET", "/v1/jobs", h_jobs_list, 0, 0},
-    {"POST", "/v1/jobs", h_jobs_create, 1, 1},
-    {"GET", "/v1/jobs/{id}", h_jobs_get, 0, 0},
-    {"DELETE", "/v1/jobs/{id}", h_jobs_delete, 1, 0},
-    {"POST", "/v1/jobs/{id}/cancel", h_jobs_cancel, 1, 0},
-    {"GET", "/v1/jobs/{id}/events", h_events_list, 0, 0},
-    {"GET", "/v1/jobs/{id}/report", h_report_get, 0, 0},
-    {"GET", "/v1/jobs/{id}/report.html", h_report_html, 0, 0},
-    {"GET", "/v1/jobs/{id}/artifacts", h_artifacts_list, 0, 0},
-    {"GET", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0},
-    {"HEAD", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0},
-    {"GET", "/v1/models", h_models_list, 0, 0},
-    {"POST", "/v1/models", h_models_create, 1, 1},
-    {"GET", "/v1/models/{id}", h_models_get, 0, 0},
-    {"GET", "/v1/calibrations", h_cal_list, 0, 0},
-    {"POST", "/v1/calibrations", h_cal_create, 1, 1},
-    {"GET", "/v1/calibrations/{id}", h_cal_get, 0, 0},
-    {"POST", "/v1/calibrations/{id}/cancel", h_cal_cancel, 1, 0},
-    {"POST", "/v1/estimates", h_estimates, 0, 1},
-    {"GET", "/v1/devices", h_devices, 0, 0},
-    {"GET", "/v1/engines", h_engines, 0, 0},
-    {"GET", "/healthz", h_healthz, 0, 0},
-    {"GET", "/readyz", h_readyz, 0, 0},
-    {"GET", "/metrics", h_metrics, 0, 0},
-    {"GET", "/openapi.yaml", h_openapi, 0, 0},
+    {"GET", "/v1/jobs", h_jobs_list, 0, 0, 0},
+    {"POST", "/v1/jobs", h_jobs_create, 1, 1, 1},
+    {"GET", "/v1/jobs/{id}", h_jobs_get, 0, 0, 0},
+    {"DELETE", "/v1/jobs/{id}", h_jobs_delete, 1, 0, 1},
+    {"POST", "/v1/jobs/{id}/cancel", h_jobs_cancel, 1, 0, 0},
+    {"GET", "/v1/jobs/{id}/events", h_events_list, 0, 0, 0},
+    {"GET", "/v1/jobs/{id}/report", h_report_get, 0, 0, 0},
+    {"GET", "/v1/jobs/{id}/report.html", h_report_html, 0, 0, 0},
+    {"GET", "/v1/jobs/{id}/artifacts", h_artifacts_list, 0, 0, 0},
+    {"GET", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0, 1},
+    {"HEAD", "/v1/jobs/{id}/artifacts/{name*}", h_artifact_get, 0, 0, 1},
+    {"GET", "/v1/models", h_models_list, 0, 0, 0},
+    {"POST", "/v1/models", h_models_create, 1, 1, 1},
+    {"GET", "/v1/models/{id}", h_models_get, 0, 0, 0},
+    {"GET", "/v1/calibrations", h_cal_list, 0, 0, 0},
+    {"POST", "/v1/calibrations", h_cal_create, 1, 1, 1},
+    {"GET", "/v1/calibrations/{id}", h_cal_get, 0, 0, 0},
+    {"POST", "/v1/calibrations/{id}/cancel", h_cal_cancel, 1, 0, 0},
+    {"POST", "/v1/estimates", h_estimates, 0, 1, 1},
+    {"GET", "/v1/devices", h_devices, 0, 0, 1},
+    {"GET", "/v1/engines", h_engines, 0, 0, 1},
+    {"GET", "/healthz", h_healthz, 0, 0, 0},
+    {"GET", "/readyz", h_readyz, 0, 0, 0},
+    {"GET", "/metrics", h_metrics, 0, 0, 0},
+    {"GET", "/openapi.yaml", h_openapi, 0, 0, 0},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
@@ -119,6 +120,7 @@ int api_route_find(const char *method, const char *path, char *allow, size_t all
 
 int api_route_writes(int r) { return r >= 0 && r < N_ROUTES && routes[r].writes; }
 int api_route_has_body(int r) { return r >= 0 && r < N_ROUTES && routes[r].has_body; }
+int api_route_blocking(int r) { return r >= 0 && r < N_ROUTES && routes[r].blocking; }
 
 void api_routes_print(FILE *f)
 {

@@ -75,6 +75,12 @@ int api_route_find(const char *method, const char *path, char *allow, size_t all
 int api_route_writes(int route);
 /* 1 when the route reads a JSON request body (415 unless application/json). */
 int api_route_has_body(int route);
+/* 1 when the route's handler may wait on something slow: a lock (DELETE of a job waits up to
+ * 5 s for the artifact store), a child process (the llama.cpp probe behind /v1/engines and
+ * the checks of a spec), the file system under a model or an artifact (a blob hashed before
+ * it is served). The HTTP layer runs these off the threads that serve connections. None of
+ * them long-polls (wait_until stays 0). */
+int api_route_blocking(int route);
 /* Print every route as "METHOD /pattern" lines (the OpenAPI parity test reads these). */
 void api_routes_print(FILE *f);
 

@@ -40,6 +40,9 @@ void srv_config_usage(FILE *f)
             "                                                (default DATA/models and DATA/data)\n"
             "  --devices LIST           AC_DEVICES           devices to schedule on, e.g. cpu,cuda:0 (all present)\n"
             "  --threads N              AC_HTTP_THREADS      HTTP thread pool size (online cores, at least 2)\n"
+            "  --handler-threads N      AC_HTTP_HANDLER_THREADS threads that run the requests which may wait\n"
+            "                                                (a lock, a child process, a file hashed), off the\n"
+            "                                                HTTP threads (8)\n"
             "  --max-connections N      AC_MAX_CONNECTIONS   (1024)\n"
             "  --per-ip-connections N   AC_PER_IP_CONNECTIONS connections one client address may hold\n"
             "                                                (a quarter of --max-connections)\n"
@@ -163,6 +166,7 @@ static int apply(srv_config *c, const char *name, const char *v)
     NUM("lease-s", lease_s, 2, 86400)
     NUM("max-attempts", max_attempts, 1, 100)
     NUM("threads", threads, 1, 256)
+    NUM("handler-threads", handler_threads, 1, 256)
     NUM("max-connections", max_connections, 1, 100000)
     NUM("per-ip-connections", per_ip_connections, 1, 100000)
     NUM("timeout-s", timeout_s, 1, 3600)
@@ -197,6 +201,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     c->scrub_interval_s = 86400;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores < 2 ? 2 : (int)cores;
+    c->handler_threads = 8;
     c->max_connections = 1024;
     c->per_ip_connections = 0; /* unset: derived from max_connections below */
     c->timeout_s = 30;
@@ -212,6 +217,7 @@ int srv_config_parse(int argc, char **argv, srv_config *c, char *err, size_t err
     static const struct { const char *env, *flag; } envs[] = {
         {"AC_LISTEN", "listen"}, {"AC_DATA_DIR", "data-dir"}, {"AC_WORKERS", "workers"}, {"AC_MAX_ATTEMPTS", "max-attempts"},
         {"AC_TOKENS_FILE", "tokens-file"}, {"AC_DEVICES", "devices"}, {"AC_HTTP_THREADS", "threads"},
+        {"AC_HTTP_HANDLER_THREADS", "handler-threads"},
         {"AC_MAX_CONNECTIONS", "max-connections"}, {"AC_PER_IP_CONNECTIONS", "per-ip-connections"},
         {"AC_TIMEOUT_S", "timeout-s"}, {"AC_REQUEST_DEADLINE_S", "request-deadline-s"}, {"AC_BODY_LIMIT", "body-limit"}, {"AC_CONN_MEMORY", "conn-memory"},
         {"AC_MAX_WAIT_S", "max-wait-s"}, {"AC_MAX_SUSPENDED", "max-suspended"},

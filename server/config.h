@@ -25,6 +25,7 @@ typedef struct {
     int n_roots;
     char devices[512];           /* comma-separated; "" = every device present */
     int threads;                 /* HTTP thread pool size */
+    int handler_threads;         /* threads for the requests that may wait (api_route_blocking) */
     int max_connections;
     int per_ip_connections;      /* default: a quarter of max_connections, so one address never takes all */
     int timeout_s;               /* idle timeout (libmicrohttpd's; reset by every byte) */

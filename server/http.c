@@ -58,7 +58,14 @@ typedef struct http_req {
     int status;
     uint64_t bytes;
     struct http_req *next_parked;
+    int off;                    /* OFF_*: where a blocking route's handler stands */
+    int counted;                /* in the server's n_off until its completion */
+    char *path;                 /* the decoded path, for the handler thread */
+    api_resp off_resp;          /* its response, once OFF_DONE */
+    struct http_req *next_off;
 } http_req;
+
+enum { OFF_NONE = 0, OFF_QUEUED, OFF_DONE };
 
 struct http_server {
     struct MHD_Daemon *d;
@@ -77,6 +84,13 @@ struct http_server {
     int stop_waker, quiesced;
     pthread_t waker;
     int port;
+    /* requests of blocking routes, for the handler threads (guarded by mu) */
+    pthread_cond_t off_cv;
+    http_req *off_head, *off_tail;
+    int n_off;                      /* handed to the handler threads and not yet completed */
+    int stop_handlers;
+    pthread_t *handlers;
+    int n_handlers;
 };
 
 static http_server *g_server; /* for the suspended-count callback of /metrics */
@@ -513,6 +527,75 @@ static int park(http_server *h, http_req *r)
     return 1;
 }
 
+/* ---- requests that may wait ------------------------------------------------------------
+ * A pool thread serves many connections (poll()): a handler that waits there (a lock, a
+ * child process, a file hashed; api_route_blocking) would stall every connection on that
+ * thread, downloads and health checks included. Such a request is suspended and queued for
+ * the handler threads instead; one runs it, keeps the response in the request and resumes
+ * the connection, whose next call sends the response. A suspended connection is never
+ * closed under the handler (libmicrohttpd does not look at it), so the request lives until
+ * it is resumed. */
+
+static void off_run(http_server *h, http_req *r)
+{
+    api_req req = {
+        .method = r->method, .path = r->path, .query = lookup_query, .header = lookup_header, .h = r->conn,
+        .body = r->body ? r->body : "", .body_len = r->len, .request_id = r->request_id, .deadline = r->deadline,
+    };
+    api_resp_init(&r->off_resp);
+    api_dispatch(h->api, r->route, &req, &r->off_resp);
+}
+
+static void *handler_main(void *arg)
+{
+    http_server *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->off_head && !h->stop_handlers)
+            pthread_cond_wait(&h->off_cv, &h->mu);
+        http_req *r = h->off_head;
+        if (!r)
+            break;   /* stopping, and nothing is left to answer */
+        h->off_head = r->next_off;
+        if (!h->off_head)
+            h->off_tail = NULL;
+        r->next_off = NULL;
+        pthread_mutex_unlock(&h->mu);
+        off_run(h, r);
+        pthread_mutex_lock(&h->mu);
+        r->off = OFF_DONE;
+        MHD_resume_connection(r->conn);   /* r is the connection's again: not touched after */
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Hand r (its route blocking) to the handler threads. 1 when queued (the connection is
+ * suspended), 0 when it must run here (no handler thread, they have stopped, or no memory
+ * for its path). */
+static int offload(http_server *h, http_req *r, const char *url)
+{
+    if (!r->path && !(r->path = strdup(url)))
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    if (h->n_handlers == 0 || h->stop_handlers) {   /* none started, or shutting down: here */
+        pthread_mutex_unlock(&h->mu);
+        return 0;
+    }
+    r->off = OFF_QUEUED;
+    r->counted = 1;
+    MHD_suspend_connection(r->conn);
+    if (h->off_tail)
+        h->off_tail->next_off = r;
+    else
+        h->off_head = r;
+    h->off_tail = r;
+    h->n_off++;
+    pthread_cond_signal(&h->off_cv);
+    pthread_mutex_unlock(&h->mu);
+    return 1;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **req_cls)
@@ -571,8 +654,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->early = 1;
         return send_problem(h, conn, r, 413, "body_too_large", d, NULL, NULL);
     }
+    if (r->off == OFF_DONE) {
+        enum MHD_Result ok = send_resp(h, conn, r, &r->off_resp);
+        api_resp_free(&r->off_resp);
+        r->off = OFF_NONE;
+        r->early = 1;
+        return ok;
+    }
     if (!conn_claim(h, r->cn))
         return MHD_NO; /* the request arrived, but after its deadline */
+    if (api_route_blocking(r->route) && offload(h, r, url))
+        return MHD_YES;
     for (;;) {
         pthread_mutex_lock(&h->mu);
         r->gen_seen = h->gen;
@@ -671,6 +763,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         api_metrics_observe(r->status, dur);
     if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
         conn_arm(h, r->cn); /* the connection stays open: the next request's clock starts */
+    if (r->off == OFF_DONE)   /* resumed, then closed before its response was sent */
+        api_resp_free(&r->off_resp);
+    if (r->counted) {
+        pthread_mutex_lock(&h->mu);
+        h->n_off--;
+        pthread_mutex_unlock(&h->mu);
+    }
+    free(r->path);
     free(r->uri);
     free(r->body);
     free(r);
@@ -740,6 +840,31 @@ static void on_panic(void *cls, const char *file, unsigned int line, const char 
     abort();
 }
 
+/* Let every request handed to the handler threads finish and be answered (its completion
+ * seen), for at most wait_s; then stop the handler threads. */
+static void handlers_stop(http_server *h, double wait_s)
+{
+    double until = eng_wall_s() + wait_s;
+    pthread_mutex_lock(&h->mu);
+    while (h->n_off > 0 && eng_wall_s() < until) {
+        pthread_mutex_unlock(&h->mu);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&h->mu);
+    }
+    int left = h->n_off;
+    h->stop_handlers = 1;
+    pthread_cond_broadcast(&h->off_cv);
+    pthread_mutex_unlock(&h->mu);
+    if (left > 0)
+        log_msg("warn", "%d requests still open after %.0f s of shutdown", left, wait_s);
+    for (int i = 0; i < h->n_handlers; i++)
+        pthread_join(h->handlers[i], NULL);
+    free(h->handlers);
+    h->handlers = NULL;
+    h->n_handlers = 0;
+}
+
 http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, char *err, size_t errlen)
 {
     struct addrinfo hints, *ai = NULL;
@@ -771,6 +896,16 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     h->max_suspended = cfg->max_suspended;
     pthread_mutex_init(&h->mu, NULL);
     pthread_mutex_init(&h->dmu, NULL);
+    pthread_cond_init(&h->off_cv, NULL);
+    /* without any, blocking routes run on the pool threads (said once) */
+    h->handlers = calloc((size_t)cfg->handler_threads, sizeof *h->handlers);
+    for (int i = 0; h->handlers && i < cfg->handler_threads; i++) {
+        if (pthread_create(&h->handlers[i], NULL, handler_main, h) != 0)
+            break;
+        h->n_handlers++;
+    }
+    if (h->n_handlers < cfg->handler_threads)
+        log_msg("warn", "started %d of %d handler threads", h->n_handlers, cfg->handler_threads);
     if (cfg->per_ip_connections >= cfg->max_connections)
         log_msg("warn", "--per-ip-connections %d is not below --max-connections %d: one client address can take "
                 "every connection", cfg->per_ip_connections, cfg->max_connections);
@@ -798,6 +933,8 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     freeaddrinfo(ai);
     if (!h->d) {
         snprintf(err, errlen, "cannot listen on %s:%d (in use, or not an address of this host)", cfg->host, cfg->port);
+        handlers_stop(h, 0);
+        pthread_cond_destroy(&h->off_cv);
         pthread_mutex_destroy(&h->mu);
         pthread_mutex_destroy(&h->dmu);
         free(h);
@@ -808,7 +945,9 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     g_server = h;
     api->suspended_count = parked_count;
     if (pthread_create(&h->waker, NULL, waker, h) != 0) {
+        handlers_stop(h, 0);
         MHD_stop_daemon(h->d);
+        pthread_cond_destroy(&h->off_cv);
         pthread_mutex_destroy(&h->mu);
         pthread_mutex_destroy(&h->dmu);
         free(h);
@@ -818,6 +957,7 @@ http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, cha
     }
     return h;
 }
+
 
 int http_port(http_server *h)
 {
@@ -846,6 +986,7 @@ void http_stop(http_server *h)
     pthread_mutex_lock(&h->mu);
     h->quiesced = 1;
     pthread_mutex_unlock(&h->mu);
+    handlers_stop(h, 30);
     /* Let the waker answer every parked request, then stop it. */
     for (int i = 0; i < 100 && parked_count() > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
@@ -863,6 +1004,7 @@ void http_stop(http_server *h)
     pthread_join(h->waker, NULL);
     MHD_stop_daemon(h->d);
     g_server = NULL;
+    pthread_cond_destroy(&h->off_cv);
     pthread_mutex_destroy(&h->mu);
     pthread_mutex_destroy(&h->dmu);
     free(h);
