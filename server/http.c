@@ -691,25 +691,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
 }
 
-/* in, up to `stop` (0: its end), as the inside of a JSON string into out (n bytes): quotes
- * and backslashes escaped, control and non-ASCII bytes as \u00XX; cut to fit. */
-static void log_escape(const char *in, char stop, char *out, size_t n)
-{
-    size_t k = 0;
-    for (const char *p = in ? in : ""; *p && *p != stop && k + 8 < n; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\') {
-            out[k++] = '\\';
-            out[k++] = (char)c;
-        } else if (c < 0x20 || c >= 0x7f) {
-            k += (size_t)snprintf(out + k, n - k, "\\u%04x", c);
-        } else {
-            out[k++] = (char)c;
-        }
-    }
-    out[k] = 0;
-}
-
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe)
 {
@@ -729,36 +710,20 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     }
     /* A request libmicrohttpd answered itself (a malformed or oversized request it
      * refused before our handler ran): its status is the library's. */
-    const char *by = "";
+    int by_library = 0;
     if (!r->status) {
         const union MHD_ConnectionInfo *si = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
         if (si && si->http_status) {
             r->status = (int)si->http_status;
-            by = ",\"answered_by\":\"libmicrohttpd\"";
+            by_library = 1;
         }
     }
-    /* The access log line, formatted by hand (this runs for every request). */
-    char path[600], method[120];
-    log_escape(r->uri, '?', path, sizeof path);
-    log_escape(r->method, 0, method, sizeof method);   /* a client's method is any token, quotes included */
     const char *term = cut                                         ? "deadline"
                        : toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? NULL
                        : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timeout"
                        : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client_abort"
                        : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown" : "error";
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    char line[1024];
-    int n = snprintf(line, sizeof line,
-                     "{\"ts\":%lld.%06ld,\"level\":\"%s\",\"msg\":\"request\",\"method\":\"%s\",\"path\":\"%s\","
-                     "\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"request_id\":\"%s\",\"remote\":\"%s\"%s%s%s%s}\n",
-                     (long long)ts.tv_sec, ts.tv_nsec / 1000, r->status >= 500 ? "error" : "info", method, path,
-                     r->status, (unsigned long long)r->bytes, dur * 1000.0, r->request_id[0] ? r->request_id : "-",
-                     addr, by, term ? ",\"terminated\":\"" : "", term ? term : "", term ? "\"" : "");
-    if (n > 0) {
-        ssize_t w = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-        (void)w;
-    }
+    log_access(r->method, r->uri, r->status, r->bytes, dur, r->request_id, addr, by_library, term);
     if (r->status)
         api_metrics_observe(r->status, dur);
     if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
