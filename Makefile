@@ -121,10 +121,13 @@ $(BUILD)/autocompress: $(BUILD)/obj/server/main.o $(LIB_OBJS) $(CU_OBJS)
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # (some tests measure in fresh autocompress processes: the program is built, and current, with them)
+# A test's own link flags (e.g. -Wl,--wrap=SYMBOL to stand between the product's layers)
+# sit in its source on a line of their own: / * ldflags: FLAGS * / (without the spaces).
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libautocompress.a $(BUILD)/autocompress
 	@mkdir -p $(dir $@)
 	@echo "  TEST  $@"
-	@$(CC) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
+	@$(CC) $(CFLAGS) $(LDFLAGS) $$(sed -n 's|^/\* ldflags: \(.*\) \*/$$|\1|p' $<) -MMD -MP -o $@ $< \
+		$(BUILD)/libautocompress.a $(LDLIBS) -lcmocka
 
 define tool_rule
 $(BUILD)/tools/$(notdir $(1:.c=)): $(1) $(BUILD)/libautocompress.a

@@ -138,16 +138,10 @@ static int idem_key_ok(const char *k)
     return 1;
 }
 
-static void replay(api_resp *resp, const char *scope, const char *key, const char *sha, store *st)
+/* The stored answer to an Idempotency-Key, as read once: replayed when the body's digest
+ * is the stored one, else 422. Takes text (the response's body, or freed). */
+static void replay(api_resp *resp, const char *stored, int status, char *text, const char *sha)
 {
-    char stored[65];
-    int status = 0;
-    char *text = NULL;
-    int rc = store_idem_get(st, scope, key, stored, &status, &text);
-    if (rc != 0) {
-        api_problem(resp, 503, "store_unavailable", "the idempotency record could not be read", NULL);
-        return;
-    }
     if (strcmp(stored, sha) != 0) {
         free(text);
         api_problem(resp, 422, "idempotency_key_reused",
@@ -161,6 +155,25 @@ static void replay(api_resp *resp, const char *scope, const char *key, const cha
     if (id)
         api_resp_header(resp, "Location", "/v1/%s/%s", !strncmp(id, "cal_", 4) ? "calibrations" : "jobs", id);
     json_decref(j);
+}
+
+/* Answer from the key's record when it has one: 1 when answered (a replay, a 422, or a 503
+ * when the record cannot be read), 0 when the key has none (it is new, or its job was
+ * deleted and the record with it). */
+static int replay_if_known(api_resp *resp, store *st, const char *scope, const char *key, const char *sha)
+{
+    char stored[65];
+    int status = 0;
+    char *text = NULL;
+    int rc = store_idem_get(st, scope, key, stored, &status, &text);
+    if (rc == 1)
+        return 0;
+    if (rc != 0) {
+        api_problem(resp, 503, "store_unavailable", "the idempotency record could not be read", NULL);
+        return 1;
+    }
+    replay(resp, stored, status, text, sha);
+    return 1;
 }
 
 static void create_common(api_ctx *ctx, const api_req *req, api_resp *resp, int calibration)
@@ -179,17 +192,9 @@ static void create_common(api_ctx *ctx, const api_req *req, api_resp *resp, int 
     char *canon = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
     art_sha256_buf(canon ? canon : "", canon ? strlen(canon) : 0, sha);
     free(canon);
-    if (key) {
-        char stored[65];
-        int status;
-        char *text = NULL;
-        int rc = store_idem_get(ctx->st, scope, key, stored, &status, &text);
-        free(text);
-        if (rc == 0) {
-            json_decref(body);
-            replay(resp, scope, key, sha, ctx->st);
-            return;
-        }
+    if (key && replay_if_known(resp, ctx->st, scope, key, sha)) {
+        json_decref(body);
+        return;
     }
     spec_env env = api_spec_env(ctx);
     int status = 0;
@@ -221,15 +226,20 @@ static void create_common(api_ctx *ctx, const api_req *req, api_resp *resp, int 
     json_t *rendered = render_job(&j);
     char *text = json_dumps(rendered, JSON_COMPACT);
     char err[256];
-    int rc = text ? store_job_create(ctx->st, &j, key ? scope : NULL, key, sha, code, text, err, sizeof err) : -1;
-    free(text);
-    if (rc == 1) {
-        json_decref(rendered);
-        store_job_clear(&j);
-        replay(resp, scope, key, sha, ctx->st);
-        return;
+    int rc = 1;
+    /* the key taken by a request beside this one: its answer is ours; gone again (its job
+     * deleted since), the key is free for this one */
+    for (int tries = 0; rc == 1 && tries < 3; tries++) {
+        rc = text ? store_job_create(ctx->st, &j, key ? scope : NULL, key, sha, code, text, err, sizeof err) : -1;
+        if (rc == 1 && replay_if_known(resp, ctx->st, scope, key, sha)) {
+            free(text);
+            json_decref(rendered);
+            store_job_clear(&j);
+            return;
+        }
     }
-    if (rc < 0) {
+    free(text);
+    if (rc != 0) {   /* -1, or the key taken and freed again at every try */
         json_decref(rendered);
         store_job_clear(&j);
         api_problem(resp, 503, "store_unavailable", "the job could not be stored; retry", NULL);

@@ -4,8 +4,10 @@
  * artifact downloads (Range 206/416, If-Range, If-None-Match, digest headers), a rotted
  * blob repaired while it downloads, and a download racing the job's DELETE, through api_dispatch on a real store and artifact
  * store in a temporary directory. The test's own open() lets the DELETE land between
- * the artifact's row being read and its content being opened.
+ * the artifact's row being read and its content being opened; its own store_idem_get
+ * (linked over the store's with --wrap) lets a DELETE land after a replay's look-up.
  */
+/* ldflags: -Wl,--wrap=store_idem_get */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -52,6 +54,30 @@ int open(const char *path, int flags, ...)
             fprintf(stderr, "the racing delete of %s failed\n", id);
     }
     return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+}
+
+/* store_idem_get, for the product's code (-Wl,--wrap): when armed with a job, a record
+ * found is followed by that job's DELETE (finished, then removed, its idempotency records
+ * with it), as a DELETE on another thread may land between a replay's look-up and its
+ * answer. */
+static char idem_race_job[48];
+int __real_store_idem_get(store *st, const char *scope, const char *key, char sha256_out[65], int *resp_status,
+                          char **resp_text);
+int __wrap_store_idem_get(store *st, const char *scope, const char *key, char sha256_out[65], int *resp_status,
+                          char **resp_text);
+int __wrap_store_idem_get(store *st, const char *scope, const char *key, char sha256_out[65], int *resp_status,
+                          char **resp_text)
+{
+    int rc = __real_store_idem_get(st, scope, key, sha256_out, resp_status, resp_text);
+    if (rc == 0 && idem_race_job[0]) {
+        char id[48], err[256];
+        snprintf(id, sizeof id, "%s", idem_race_job);
+        idem_race_job[0] = 0;
+        if (store_job_finish(st, id, "cancelled", NULL, NULL) != 0 ||
+            store_job_remove(st, ctx.as, id, 5, err, sizeof err) != 0)
+            fprintf(stderr, "the racing delete of %s failed\n", id);
+    }
+    return rc;
 }
 
 /* Fake request headers and query: "name", "value" pairs. */
@@ -218,6 +244,34 @@ static void test_create_idempotent_etag(void **state)
     assert_true(g.wait_until > 0);
     api_resp_free(&g);
     api_resp_free(&r1);
+}
+
+/* A replay that a DELETE of its job overtakes (after the record was read) answers as a
+ * replay of what was read, never 503; once the record is gone, the same key creates anew. */
+static void test_replay_beside_delete(void **state)
+{
+    (void)state;
+    const char *spec = "{\"model\":{\"path\":\"models/tiny.bin\"},\"constraints\":{\"params\":12}}";
+    const char *h[] = {"Idempotency-Key", "race-1", NULL};
+    api_resp r1, r2, r3;
+    call("POST", "/v1/jobs", spec, h, NULL, &r1);
+    assert_int_equal(r1.status, 201);
+    const char *id = json_string_value(json_object_get(r1.json, "id"));
+    assert_non_null(id);
+    snprintf(idem_race_job, sizeof idem_race_job, "%s", id);
+    call("POST", "/v1/jobs", spec, h, NULL, &r2);
+    assert_int_equal(idem_race_job[0], 0);   /* the DELETE ran after the look-up */
+    if (r2.status != 201)
+        fail_msg("the replay overtaken by a DELETE answered %d: %s", r2.status, r2.text ? r2.text : "");
+    assert_string_equal(header(&r2, "Idempotent-Replayed"), "true");
+    assert_non_null(strstr(r2.text, id));
+    call("POST", "/v1/jobs", spec, h, NULL, &r3);   /* the key's record went with its job */
+    assert_int_equal(r3.status, 201);
+    assert_null(header(&r3, "Idempotent-Replayed"));
+    assert_string_not_equal(json_string_value(json_object_get(r3.json, "id")), id);
+    api_resp_free(&r1);
+    api_resp_free(&r2);
+    api_resp_free(&r3);
 }
 
 /* One published 1000-byte artifact ("first" + i % 26 at byte i) of a new job, its id into
@@ -451,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_routes),
         cmocka_unit_test(test_problem_shape),
         cmocka_unit_test(test_create_idempotent_etag),
+        cmocka_unit_test(test_replay_beside_delete),
         cmocka_unit_test(test_artifact_ranges),
         cmocka_unit_test(test_artifact_corruption),
         cmocka_unit_test(test_artifact_get_beside_delete),
