@@ -387,7 +387,9 @@ static int fx_outcome(fx *s, const char *url, const char *part, CURLcode cc, lon
         return FETCH_FAILED;
     }
     int complete_already = 0;
-    if (s->is_http && code >= 300) {
+    /* curl keeps a redirect's status when the connection to its target fails before an
+     * answer: a 3xx beside a transfer error is that error (below), not the redirect's */
+    if (s->is_http && code >= 300 && !(code < 400 && cc != CURLE_OK)) {
         if (code == 416 && s->start > 0 && s->cr_total == s->start) {
             complete_already = 1;     /* an earlier attempt got every byte before it stopped */
         } else if (code == 416 && s->start > 0) {

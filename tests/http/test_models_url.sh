@@ -3,7 +3,9 @@
 # server in the background (202, status fetching -> ready), verified against its sha256
 # and cached at DATA/models/SHA/FILE; the same sha256 again returns the same model; a wrong
 # sha256 fails with both digests named; jobs get a 422 naming the state of a model that
-# is fetching or failed; SIGTERM during a stalled download is prompt and the model is
+# is fetching or failed; a redirect whose target cannot be reached yet is retried (not
+# failed for the redirect's 302) and completes once the target serves; SIGTERM during a
+# stalled download is prompt and the model is
 # still fetching after a restart; http:// needs --allow-http-models, this host's own
 # network --allow-private-model-hosts (else no request reaches it); --max-model-bytes
 # fails an oversized download; a tokenizer that is not a regular file is a 422. Responses
@@ -111,6 +113,41 @@ keep
     fail "a file was left for the failed model"
 req POST /v1/jobs "{\"model\": {\"id\": \"$BAD\"}, $SPEC}"
 expect 422 "[.errors[] | select(.pointer == \"/model/id\" and (.message | contains(\"failed to fetch\")))] | length == 1"
+
+# a redirect whose target cannot be reached yet (as a CDN that times out): retried, not
+# failed for the redirect's own 302; once the target serves, the download completes
+FREE=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$PY" -u -c 'import http.server, sys
+class R(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(302)
+        self.send_header("Location", "http://127.0.0.1:%s/stories260K.bin" % sys.argv[1])
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+s = http.server.HTTPServer(("127.0.0.1", 0), R)
+print(s.server_address[1], flush=True)
+s.serve_forever()' "$FREE" > "$tmp/redir.log" 2>&1 &
+helpers+=($!)
+for _ in $(seq 100); do RP=$(head -1 "$tmp/redir.log"); [ -n "$RP" ] && break; sleep 0.1; done
+[ -n "$RP" ] || fail "the redirecting server did not start"
+mkdir -p "$tmp/www2"
+# another model (the smallest llama2.c checkpoint the probe takes), so a new download
+"$PY" -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 4) + b"\0" * 3744)' \
+    "$tmp/www2/stories260K.bin"
+REDIR_SHA=$(sha256sum "$tmp/www2/stories260K.bin" | cut -d' ' -f1)
+req POST /v1/models "{\"url\": \"http://127.0.0.1:$RP/m/stories260K.bin\", \"sha256\": \"$REDIR_SHA\"}"
+expect 202 '.status == "fetching"'
+REDIR=$(echo "$BODY" | jq -r .id)
+for _ in $(seq 100); do grep -q '"GET /m/stories260K.bin' "$tmp/redir.log" && break; sleep 0.1; done
+grep -q '"GET /m/stories260K.bin' "$tmp/redir.log" || fail "no request reached the redirecting server"
+sleep 0.5   # the redirect's target refused the connection
+req GET "/v1/models/$REDIR"
+expect 200 '.status == "fetching"'
+"$PY" -u -m http.server "$FREE" --bind 127.0.0.1 --directory "$tmp/www2" > "$tmp/www2.log" 2>&1 &
+helpers+=($!)
+wait_status "$REDIR" ready 40
+expect 200 ".sha256 == \"$REDIR_SHA\" and .format == \"llama2c\""
+grep -q '"GET /stories260K.bin' "$tmp/www2.log" || fail "the retry did not reach the redirect's target"
 
 # a download that stalls: the model stays fetching and jobs are told so
 STALLSHA=$(printf 'c%.0s' $(seq 64))
