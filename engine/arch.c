@@ -3,6 +3,7 @@
  */
 #include "engine/arch.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,106 @@ int arch_mlp_gated(const arch *a) { return strcmp(a->family, "nemotron_h") != 0;
 int arch_rope(const arch *a) { return strcmp(a->family, "nemotron_h") != 0; }
 
 int arch_qk_norm(const arch *a) { return !strcmp(a->family, "olmoe"); }
+
+/* frequency i's wavelength without scaling, in positions */
+static double rope_wavelength(const arch *a, int i)
+{
+    return 2.0 * M_PI * pow(a->rope_theta, (2.0 * i) / a->head_dim);
+}
+
+void arch_rope_factors(const arch *a, double *r)
+{
+    const arch_rope_scaling *rs = &a->rope_scaling;
+    for (int i = 0; i < a->head_dim / 2; i++) {
+        r[i] = 1.0;
+        if (rs->type == ROPE_SCALING_LINEAR && rs->factor > 0) {
+            r[i] = rs->factor;
+        } else if (rs->type == ROPE_SCALING_LLAMA3 && rs->factor > 0) {
+            double old = rs->original_max_position_embeddings, wl = rope_wavelength(a, i);
+            double lo_wl = old / rs->low_freq_factor, hi_wl = old / rs->high_freq_factor;
+            if (wl > lo_wl) {
+                r[i] = rs->factor;
+            } else if (wl >= hi_wl) {
+                double s = (old / wl - rs->low_freq_factor) / (rs->high_freq_factor - rs->low_freq_factor);
+                r[i] = 1.0 / ((1 - s) / rs->factor + s);
+            }
+        }
+    }
+}
+
+int arch_rope_fit_llama3(arch *a, const float *r, char *err, size_t errlen)
+{
+    int half = a->head_dim / 2;
+    if (half < 1) {
+        snprintf(err, errlen, "rope factors: the head size is %d", a->head_dim);
+        return -1;
+    }
+    double factor = 1.0;
+    for (int i = 0; i < half; i++) {
+        if (!(r[i] >= 1.0 - 1e-6) || !isfinite(r[i])) {
+            snprintf(err, errlen, "rope factors: factor %d is %g (llama3 scaling only lengthens wavelengths)", i,
+                     (double)r[i]);
+            return -1;
+        }
+        factor = fmax(factor, r[i]);
+    }
+    a->rope_scaling = (arch_rope_scaling){0};
+    if (factor <= 1.0 + 1e-6)
+        return 0;
+    /* in u = 1/wavelength: the factor below u0, 1 above u1, and between them the smooth
+     * part s = (u - u0) / (u1 - u0), s = (1/r - 1/factor) / (1 - 1/factor), a line in u */
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, u_lo = 0, u_hi = INFINITY;
+    int n = 0;
+    for (int i = 0; i < half; i++) {
+        double u = 1.0 / rope_wavelength(a, i), rel = r[i] / factor;
+        if (rel >= 1 - 1e-6) {
+            u_lo = fmax(u_lo, u);          /* the factor's region: at or below u0 */
+        } else if (r[i] <= 1 + 1e-6) {
+            u_hi = fmin(u_hi, u);          /* unscaled: at or above u1 */
+        } else {
+            double s = (1.0 / r[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
+            sx += u, sy += s, sxx += u * u, sxy += u * s, n++;
+        }
+    }
+    double u0, u1;
+    if (n >= 2) {
+        double A = (n * sxy - sx * sy) / (n * sxx - sx * sx), B = (sy - A * sx) / n;
+        u0 = -B / A, u1 = (1 - B) / A;
+    } else if (n == 1) {                   /* one smoothed frequency: an edge at a neighbour's */
+        u1 = isfinite(u_hi) ? u_hi : 2 * sx;
+        u0 = (sx - sy * u1) / (1 - sy);
+        if (u0 < u_lo) {                   /* past the factor's region: anchor there instead */
+            u0 = u_lo;
+            u1 = u0 + (sx - u0) / sy;
+        }
+    } else {                               /* a step: any edges between the two regions */
+        u0 = u_lo;
+        u1 = isfinite(u_hi) ? u_hi : u_lo * 2;
+    }
+    arch_rope_scaling fit = {ROPE_SCALING_LLAMA3, factor, 8192.0 * u0, 8192.0 * u1, 8192};
+    if (!(fit.low_freq_factor > 0) || !(fit.high_freq_factor > fit.low_freq_factor)) {
+        snprintf(err, errlen, "rope factors: no llama3 scaling has these (low/high frequency factors %g, %g)",
+                 fit.low_freq_factor, fit.high_freq_factor);
+        return -1;
+    }
+    a->rope_scaling = fit;
+    double *back = malloc((size_t)half * sizeof *back);
+    if (!back) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    arch_rope_factors(a, back);
+    for (int i = 0; i < half; i++)
+        if (fabs(back[i] - r[i]) > 1e-5 * r[i]) {
+            snprintf(err, errlen, "rope factors: no llama3 scaling gives them (factor %d is %g; the closest llama3 "
+                     "scaling, factor %g, gives %g)", i, (double)r[i], factor, back[i]);
+            free(back);
+            a->rope_scaling = (arch_rope_scaling){0};
+            return -1;
+        }
+    free(back);
+    return 0;
+}
 
 int arch_moe_family(const arch *a)
 {

@@ -147,6 +147,19 @@ static inline int arch_layer_has_mixer(const arch_layer *l) { return l->n_heads 
 int arch_mlp_gated(const arch *a);
 int arch_rope(const arch *a);
 
+/* RoPE's scaling as one factor per frequency (head_dim/2 of them): frequency i turns at
+ * rope_theta^(-2i/head_dim) / r[i] (llama.cpp's rope_freqs.weight holds these r). Linear
+ * scaling: every r is its factor; llama3 (HF transformers' formula): the factor below the
+ * low-frequency wavelength, 1 above the high one, smoothed between; none and dynamic: 1. */
+void arch_rope_factors(const arch *a, double *r);
+
+/* The llama3 scaling that gives the factors r[0..head_dim/2) (as read from a GGUF's
+ * rope_freqs.weight) into a->rope_scaling. The factors depend on original_max_position_
+ * embeddings only through its ratios to the low and high frequency factors, so it is
+ * set to 8192 (Llama 3's) and those two follow. Every r at 1 leaves no scaling. 0, or -1
+ * with err when no llama3 scaling gives these factors (within 1e-5 relative). */
+int arch_rope_fit_llama3(arch *a, const float *r, char *err, size_t errlen);
+
 /* 1 when attention RMS-normalizes its q and k projections over their whole rows (Hq*D and
  * Hkv*D wide, one weight per channel) before RoPE: OLMoE's q_norm and k_norm. */
 int arch_qk_norm(const arch *a);

@@ -258,24 +258,12 @@ static void carve(const model_impl *im, const arch *a, float *base, eng_layer *l
 int eng_rope_inv_freq(const arch *a, float *out)
 {
     int D = a->head_dim, half = D / 2;
-    const arch_rope_scaling *rs = &a->rope_scaling;
-    for (int i = 0; i < half; i++) {
-        double f = 1.0 / pow(a->rope_theta, (2.0 * i) / D);
-        if (rs->type == ROPE_SCALING_LINEAR && rs->factor > 0) {
-            f /= rs->factor;
-        } else if (rs->type == ROPE_SCALING_LLAMA3 && rs->factor > 0) {
-            double old = rs->original_max_position_embeddings;
-            double lo_wl = old / rs->low_freq_factor, hi_wl = old / rs->high_freq_factor;
-            double wl = 2.0 * M_PI / f;
-            if (wl > lo_wl) {
-                f /= rs->factor;
-            } else if (wl >= hi_wl) {
-                double s = (old / wl - rs->low_freq_factor) / (rs->high_freq_factor - rs->low_freq_factor);
-                f = (1 - s) * f / rs->factor + s * f;
-            }
-        }
-        out[i] = (float)f;
-    }
+    double r[512];   /* head_dim <= 1024 (arch_validate) */
+    if (half > 512)
+        return -1;
+    arch_rope_factors(a, r);
+    for (int i = 0; i < half; i++)
+        out[i] = (float)(1.0 / pow(a->rope_theta, (2.0 * i) / D) / r[i]);
     return 0;
 }
 

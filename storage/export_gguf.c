@@ -18,6 +18,11 @@
 
 int exp_gguf_arch(const arch *a, char *arch_name, size_t cap, char *err, size_t errlen)
 {
+    if (a->rope_scaling.type == ROPE_SCALING_LLAMA3 && strcmp(a->family, "llama")) {
+        snprintf(err, errlen, "GGUF export: llama3 RoPE scaling is carried (as rope_freqs.weight) for the llama "
+                 "family only, not %s", a->family);
+        return -1;
+    }
     if (arch_moe_family(a))
         return exp_gguf_moe_arch(a, arch_name, cap, err, errlen);
     if (arch_hybrid(a))
@@ -267,6 +272,20 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
         if (ggw_tensor(w, gn, ne, t[i].ndim, tt, err, errlen) < 0)
             return -1;
     }
+    /* llama3 RoPE scaling: llama.cpp's llama and deci graphs take it from this tensor
+     * alone (each frequency divided by its factor), as its own converter writes it */
+    int half = a->head_dim / 2;
+    float rf[512];
+    int rope_freqs = a->rope_scaling.type == ROPE_SCALING_LLAMA3 && half <= 512;
+    if (rope_freqs) {
+        double r[512];
+        arch_rope_factors(a, r);
+        for (int i = 0; i < half; i++)
+            rf[i] = (float)r[i];
+        int64_t ne[1] = {half};
+        if (ggw_tensor(w, "rope_freqs.weight", ne, 1, GGW_F32, err, errlen) < 0)
+            return -1;
+    }
     if (ggw_begin(w, path, err, errlen) < 0)
         return -1;
     for (int i = 0; i < n; i++) {
@@ -286,6 +305,8 @@ static int gguf_put_tensors(ggw *w, const eng_model *m, const exp_tensor *t, int
         if (wr < 0)
             return -1;
     }
+    if (rope_freqs && ggw_write_tensor(w, rf, half, err, errlen) < 0)
+        return -1;
     return ggw_finish(w, err, errlen);
 }
 

@@ -735,6 +735,27 @@ int gguf_arch(const gguf_file *g, arch *a, char *err, size_t errlen)
             goto fail;
         }
     }
+    /* llama3 scaling (Llama 3.1 and later) is a tensor of one factor per frequency */
+    int rf = gguf_tensor_index(g, "rope_freqs.weight");
+    if (rf >= 0) {
+        float r[512];
+        if (g->t[rf].n_dims != 1 || a->head_dim < 2 || g->t[rf].ne[0] != a->head_dim / 2) {
+            snprintf(err, errlen, "GGUF: rope_freqs.weight holds %lld values; the head size %d needs %d",
+                     (long long)g->t[rf].ne[0], a->head_dim, a->head_dim / 2);
+            goto fail;
+        }
+        if (a->rope_scaling.type != ROPE_SCALING_NONE) {
+            snprintf(err, errlen, "GGUF: both %s and rope_freqs.weight scale RoPE", KEY("rope.scaling.type"));
+            goto fail;
+        }
+        char why[256];
+        if (gguf_read_f32(g, rf, r, a->head_dim / 2, err, errlen) < 0)
+            goto fail;
+        if (arch_rope_fit_llama3(a, r, why, sizeof why) < 0) {
+            snprintf(err, errlen, "GGUF: rope_freqs.weight: %s", why);
+            goto fail;
+        }
+    }
 #undef KEY
     if (arch_validate(a, err, errlen))
         goto fail;

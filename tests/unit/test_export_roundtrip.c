@@ -326,6 +326,74 @@ static void test_gguf_llama_exact(void **state)
     arch_free(&a);
 }
 
+/* llama3 RoPE scaling (Llama 3.1 and later) goes into GGUF as llama.cpp reads it, the
+ * tensor rope_freqs.weight of one factor per frequency, and a GGUF with that tensor loads
+ * with the same scaling: the reloaded model's logits are the exported model's. Two
+ * scalings: one frequency smoothed, and two. */
+static void test_gguf_llama3_rope(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{2, 1, 48}, {2, 1, 48}};
+    static const double cfg[][4] = {{8, 1, 4, 32}, {16, 1, 8, 256}};   /* factor, low, high, original */
+    for (int c = 0; c < 2; c++) {
+        arch a;
+        make_arch(&a, 32, 16, 2, L, 0);
+        a.rope_scaling = (arch_rope_scaling){ROPE_SCALING_LLAMA3, cfg[c][0], cfg[c][1], cfg[c][2], (int)cfg[c][3]};
+        eng_model m, b;
+        random_model(&m, &a, 5 + (uint64_t)c);
+        char f[512], err[512];
+        path(f, sizeof f, "rope3.gguf");
+        exp_opts o = {.dtype = EXP_FP32};
+        exp_result r;
+        if (exp_gguf_write(&m, f, &o, &r, err, sizeof err))
+            fail_msg("export: %s", err);
+        gguf_file g;
+        assert_int_equal(gguf_open(&g, f, err, sizeof err), 0);
+        int rf = gguf_tensor_index(&g, "rope_freqs.weight");
+        if (rf < 0)
+            fail_msg("scaling %d: the GGUF has no rope_freqs.weight (llama.cpp would run it unscaled)", c);
+        float got[8];
+        double want[8];
+        assert_int_equal(g.t[rf].ne[0], 8);
+        assert_int_equal(gguf_read_f32(&g, rf, got, 8, err, sizeof err), 0);
+        arch_rope_factors(&a, want);
+        for (int i = 0; i < 8; i++)
+            assert_float_equal(got[i], want[i], 1e-6 * want[i]);
+        assert_float_equal(got[7], cfg[c][0], 1e-6);   /* the longest wavelengths: the factor */
+        assert_float_equal(got[0], 1.0, 1e-6);         /* the shortest: unscaled */
+        gguf_close(&g);
+        if (exp_load_model(f, be, &b, err, sizeof err))
+            fail_msg("reload: %s", err);
+        assert_int_equal(b.a.rope_scaling.type, ROPE_SCALING_LLAMA3);
+        assert_float_equal(b.a.rope_scaling.factor, cfg[c][0], 1e-6);
+        double back[8];
+        arch_rope_factors(&b.a, back);
+        for (int i = 0; i < 8; i++)
+            assert_float_equal(back[i], want[i], 1e-5 * want[i]);
+        float *x = logits_of(&m), *y = logits_of(&b);
+        double worst = 0, scale = 0;
+        for (int i = 0; i < NT * a.vocab_size; i++)
+            worst = fmax(worst, fabs(x[i] - y[i])), scale = fmax(scale, fabs(x[i]));
+        if (worst > 1e-5 * scale)
+            fail_msg("scaling %d: the reloaded GGUF's logits differ by %g (scale %g)", c, worst, scale);
+        free(x);
+        free(y);
+        eng_model_free(&b);
+        eng_model_free(&m);
+        arch_free(&a);
+    }
+    /* factors that no llama3 scaling gives are refused, naming why */
+    arch a;
+    make_arch(&a, 32, 16, 2, L, 0);
+    float odd[8] = {1, 3, 2, 8, 8, 8, 8, 8}, shrink[8] = {1, 1, 0.5f, 1, 1, 1, 1, 1};
+    char err[256];
+    assert_int_equal(arch_rope_fit_llama3(&a, odd, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no llama3 scaling"));
+    assert_int_equal(arch_rope_fit_llama3(&a, shrink, err, sizeof err), -1);
+    assert_int_equal(a.rope_scaling.type, ROPE_SCALING_NONE);
+    arch_free(&a);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -720,6 +788,7 @@ int main(void)
         cmocka_unit_test(test_hf_bf16_sharded),
         cmocka_unit_test(test_decilm_roundtrip),
         cmocka_unit_test(test_gguf_llama_exact),
+        cmocka_unit_test(test_gguf_llama3_rope),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ffn_mult),
         cmocka_unit_test(test_digest_detects_damage),
