@@ -17,6 +17,9 @@ const char *const TOK_REGEX_GPT2 =
 const char *const TOK_REGEX_LLAMA3 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char *const TOK_REGEX_QWEN2 =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 #define TOK_MAX_REGEX 8
 
@@ -360,10 +363,12 @@ int tok_set_pretok_preset(tok_tokenizer *t, const char *name, char *err, size_t 
         return tok_add_pretok_regex(t, TOK_REGEX_GPT2, err, errlen);
     if (!strcmp(name, "llama3"))
         return tok_add_pretok_regex(t, TOK_REGEX_LLAMA3, err, errlen);
+    if (!strcmp(name, "qwen2"))
+        return tok_add_pretok_regex(t, TOK_REGEX_QWEN2, err, errlen);
     if (!strcmp(name, "smollm"))
         return tok_add_pretok_regex(t, "\\p{N}", err, errlen) || tok_add_pretok_regex(t, TOK_REGEX_GPT2, err, errlen)
                    ? -1 : 0;
-    snprintf(err, errlen, "unknown pre-tokenizer \"%s\" (known: gpt2, llama3, smollm)", name);
+    snprintf(err, errlen, "unknown pre-tokenizer \"%s\" (known: gpt2, llama3, qwen2, smollm)", name);
     return -1;
 }
 

@@ -68,13 +68,15 @@ int tok_add_merge(tok_tokenizer *t, const char *left, size_t llen, const char *r
  * Returns 0, or -1 with the compile error in err. */
 int tok_add_pretok_regex(tok_tokenizer *t, const char *pattern, char *err, size_t errlen);
 
-/* Add a named pre-tokenizer: "gpt2" (GPT-2 regex), "llama3" (Llama-3 regex), "smollm"
- * (digits split one by one, then GPT-2 regex). Returns 0, or -1 (unknown name) with err. */
+/* Add a named pre-tokenizer: "gpt2" (GPT-2 regex), "llama3" (Llama-3 regex), "qwen2"
+ * (Qwen2's), "smollm" (digits split one by one, then GPT-2 regex). Returns 0, or -1
+ * (unknown name) with err. */
 int tok_set_pretok_preset(tok_tokenizer *t, const char *name, char *err, size_t errlen);
 
-/* The GPT-2 and Llama-3 pre-tokenizer patterns, for builders that read them by name. */
+/* The presets' patterns, for builders that write them out (tokenizer.json). */
 extern const char *const TOK_REGEX_GPT2;
 extern const char *const TOK_REGEX_LLAMA3;
+extern const char *const TOK_REGEX_QWEN2;     /* Llama-3's, with digits one at a time */
 
 /* Check and index the tokenizer. Returns 0, or -1 with a reason (no pieces, missing
  * byte tokens for byte-level BPE, ...). Encode/decode need a finalized tokenizer. */

@@ -13,10 +13,7 @@
 #include "engine/tokenizer.h"
 #include "storage/fileio.h"
 #include "storage/gguf.h"
-
-static const char *const REGEX_LLAMA3 =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+#include "storage/tokload.h"
 
 static json_t *bytelevel(int use_regex)
 {
@@ -24,22 +21,23 @@ static json_t *bytelevel(int use_regex)
                      "trim_offsets", 1, "use_regex", use_regex);
 }
 
-/* HF pre_tokenizer for a llama.cpp pre-tokenizer name; NULL when unknown. */
+/* HF pre_tokenizer for a llama.cpp pre-tokenizer name (tokload_gguf_pretok's preset);
+ * NULL when it has none. */
 static json_t *pretokenizer_for(const char *pre, int *ignore_merges)
 {
-    *ignore_merges = 0;
-    if (!strcmp(pre, "gpt2") || !strcmp(pre, "default"))
+    const char *preset = tokload_gguf_pretok(pre, ignore_merges);
+    if (!preset)
+        return NULL;
+    if (!strcmp(preset, "gpt2"))
         return bytelevel(1);
-    if (!strcmp(pre, "smollm"))
+    if (!strcmp(preset, "smollm"))
         return json_pack("{s:s, s:[{s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Digits",
                          "individual_digits", 1, bytelevel(1));
-    if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) {
-        *ignore_merges = 1;
-        return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence", "pretokenizers",
-                         "type", "Split", "pattern", "Regex", REGEX_LLAMA3, "behavior", "Isolated",
-                         "invert", 0, bytelevel(0));
-    }
-    return NULL;
+    const char *re = !strcmp(preset, "llama3") ? TOK_REGEX_LLAMA3 : !strcmp(preset, "qwen2") ? TOK_REGEX_QWEN2 : NULL;
+    if (!re)
+        return NULL;
+    return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Split",
+                     "pattern", "Regex", re, "behavior", "Isolated", "invert", 0, bytelevel(0));
 }
 
 /* String value of key into buf (NUL-terminated, cut to cap - 1 bytes); NULL when absent
@@ -243,7 +241,7 @@ json_t *exp_tokenizer_json_from_gguf(const char *gguf_path, json_t **tok_config,
     int ignore_merges = 0;
     if (!(pret = pretokenizer_for(pre, &ignore_merges))) {
         snprintf(err, errlen, "%s: pre-tokenizer '%s' has no tokenizer.json mapping in this build "
-                 "(supported: gpt2, smollm, llama-bpe)", gguf_path, pre);
+                 "(supported: %s)", gguf_path, pre, TOKLOAD_GGUF_PRETOKS);
         goto out;
     }
     int tokens, kmerges;
@@ -554,16 +552,23 @@ static int parent_tokenizer_json(const char *parent, const char *tok_path, int p
                                  json_t **tokc, int64_t *bos, int64_t *eos, exp_result *res, char *err,
                                  size_t errlen)
 {
-    char tmodel[64] = "";
+    char tmodel[64] = "", pre[64] = "default";
     *bos = *eos = -1;
     if (parent_gguf) {
         gguf_file g;
         if (gguf_open(&g, parent, err, errlen) < 0)
             return -1;
         (void)gguf_str_copy(&g, "tokenizer.ggml.model", tmodel, sizeof tmodel);
+        (void)gguf_str_copy(&g, "tokenizer.ggml.pre", pre, sizeof pre);
         *bos = gguf_int_or_neg(&g, "tokenizer.ggml.bos_token_id");
         *eos = gguf_int_or_neg(&g, "tokenizer.ggml.eos_token_id");
         gguf_close(&g);
+    }
+    int ignore;
+    if (!strcmp(tmodel, "gpt2") && !tokload_gguf_pretok(pre, &ignore)) {
+        snprintf(res->note, sizeof res->note, "tokenizer not carried over: the GGUF parent's pre-tokenizer '%s' has "
+                 "no tokenizer.json mapping in this build (%s)", pre, TOKLOAD_GGUF_PRETOKS);
+        return 0;
     }
     if (!strcmp(tmodel, "gpt2"))   /* byte-level BPE: from the metadata, merges included */
         return (*tokj = exp_tokenizer_json_from_gguf(parent, tokc, err, errlen)) ? 0 : -1;

@@ -120,21 +120,35 @@ tok_tokenizer *tokload_llama2c(const char *path, int n_vocab, char *err, size_t 
 
 /* ---------- GGUF ---------- */
 
-/* Pre-tokenizer for a GGUF tokenizer.ggml.pre name; sets ignore_merges for Llama-3. */
+const char *tokload_gguf_pretok(const char *pre, int *ignore_merges)
+{
+    static const struct { const char *gguf, *preset; int ignore_merges; } map[] = {
+        {"default", "gpt2", 0},   {"gpt-2", "gpt2", 0},     {"gpt2", "gpt2", 0},          {"olmo", "gpt2", 0},
+        {"smollm", "smollm", 0},  {"starcoder", "smollm", 0}, {"refact", "smollm", 0},
+        {"llama-bpe", "llama3", 1}, {"llama3", "llama3", 1}, {"llama-v3", "llama3", 1},  {"qwen2", "qwen2", 0},
+    };
+    *ignore_merges = 0;
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (!strcmp(pre, map[i].gguf)) {
+            *ignore_merges = map[i].ignore_merges;
+            return map[i].preset;
+        }
+    return NULL;
+}
+
+/* Pre-tokenizer for a GGUF tokenizer.ggml.pre name (n bytes). */
 static int gguf_pretok(tok_tokenizer *t, const char *pre, size_t n, char *err, size_t errlen)
 {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)(n < 63 ? n : 63), pre);
-    if (!strcmp(name, "default") || !strcmp(name, "gpt-2") || !strcmp(name, "gpt2"))
-        return tok_set_pretok_preset(t, "gpt2", err, errlen);
-    if (!strcmp(name, "smollm") || !strcmp(name, "starcoder") || !strcmp(name, "refact"))
-        return tok_set_pretok_preset(t, "smollm", err, errlen);
-    if (!strcmp(name, "llama-bpe") || !strcmp(name, "llama3") || !strcmp(name, "llama-v3")) {
-        tok_config_of(t)->ignore_merges = 1;
-        return tok_set_pretok_preset(t, "llama3", err, errlen);
+    int ignore = 0;
+    const char *preset = tokload_gguf_pretok(name, &ignore);
+    if (!preset) {
+        snprintf(err, errlen, "GGUF tokenizer.ggml.pre \"%s\" is not supported (%s)", name, TOKLOAD_GGUF_PRETOKS);
+        return -1;
     }
-    snprintf(err, errlen, "GGUF tokenizer.ggml.pre \"%s\" is not supported (default, gpt-2, smollm, llama-bpe)", name);
-    return -1;
+    tok_config_of(t)->ignore_merges = ignore;
+    return tok_set_pretok_preset(t, preset, err, errlen);
 }
 
 tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen)

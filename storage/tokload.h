@@ -17,6 +17,12 @@
 tok_tokenizer *tokload_llama2c(const char *path, int n_vocab, char *err, size_t errlen);
 tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, char *err, size_t errlen);
 
+/* The engine's pre-tokenizer preset (tok_set_pretok_preset) for a GGUF
+ * tokenizer.ggml.pre name (llama.cpp's), with whether its BPE ignores merges for words in
+ * the vocabulary (Llama-3); NULL when there is none. The names, for messages: */
+const char *tokload_gguf_pretok(const char *pre, int *ignore_merges);
+#define TOKLOAD_GGUF_PRETOKS "default, gpt-2, olmo, smollm, starcoder, refact, llama-bpe, qwen2"
+
 /* From GGUF metadata (tokenizer.ggml.model "llama" or "gpt2" with a known
  * tokenizer.ggml.pre). Returns a NEW finalized tokenizer, or NULL with a reason. */
 tok_tokenizer *tokload_gguf(const gguf_file *g, char *err, size_t errlen);

@@ -3,8 +3,9 @@ tools/ac_tokenize) on a varied corpus (Unicode, runs of spaces and newlines, dig
 control bytes, special tokens, wikitext slices):
   - SmolLM2's GGUF byte-level BPE encodes id-for-id like an HF `tokenizers` BPE built from
     the same vocab, merges and pre-tokenizer (Digits(individual) + ByteLevel);
-  - the same vocabulary behind the GPT-2 and Llama-3 (Split + ignore_merges) pre-tokenizers,
-    written as tokenizer.json and read by our HF loader, also matches HF;
+  - the same vocabulary behind the GPT-2, Llama-3 (Split + ignore_merges) and Qwen2
+    pre-tokenizers, written as tokenizer.json and read by our HF loader, also matches HF, and
+    as GGUF metadata under llama.cpp's names "qwen2" and "olmo" (Qwen2-MoE's, OLMoE's);
   - llama2.c's tok512.bin (and the same vocabulary as a GGUF "llama" tokenizer) encodes
     like a direct Python port of llama2.c's encode();
   - decode(encode(x)) == x for every kind (bytes a vocabulary lacks are dropped, as HF does)."""
@@ -75,12 +76,16 @@ print(f"smollm2 byte-level BPE: {len(corpus)} texts, {total} tokens, {fails} fai
 # regexes under PCRE2 against HF's Oniguruma, and the Split / ByteLevel / ignore_merges paths.
 import tempfile
 llama3_re = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+qwen2_re = llama3_re.replace(r"\p{N}{1,3}", r"\p{N}")   # Qwen2's tokenizer.json: digits one at a time
 variants = {
     "gpt2": (pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False),
     "llama3": (pre_tokenizers.Sequence([pre_tokenizers.Split(pattern=Regex(llama3_re),
                                                              behavior="isolated"),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), True),
+    "qwen2": (pre_tokenizers.Sequence([pre_tokenizers.Split(pattern=Regex(qwen2_re), behavior="isolated"),
+                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), False),
 }
+hf_variants = {}
 with tempfile.TemporaryDirectory() as tmp:
     for vname, (pt, ignore) in variants.items():
         v = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=ignore))
@@ -98,7 +103,31 @@ with tempfile.TemporaryDirectory() as tmp:
                 bad += 1
                 print(vname, "MISMATCH", repr(text[:80]), "\n  ours", got["ids"][:30], "\n  hf  ", want[:30])
         fails += bad
+        hf_variants[vname] = v
         print(f"{vname} pre-tokenizer over the SmolLM2 vocabulary (tokenizer.json): {len(corpus)} texts, {bad} failures")
+    # The same vocabulary as a GGUF byte-level BPE under llama.cpp's pre-tokenizer names
+    # (Qwen2-MoE GGUFs say "qwen2", OLMoE's "olmo"): the engine's GGUF loader encodes as HF
+    for pre, vname in (("qwen2", "qwen2"), ("olmo", "gpt2")):
+        gpath = os.path.join(tmp, pre + ".gguf")
+        w = gguf.GGUFWriter(gpath, arch="llama")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+        out = subprocess.run([tool, "gguf", gpath], input=json.dumps(corpus), capture_output=True, text=True)
+        if out.returncode != 0:
+            fails += 1
+            print("GGUF pre %s: the engine cannot load it: %s" % (pre, out.stderr.strip()[-300:]))
+            continue
+        bad = 0
+        for text, got in zip(corpus, json.loads(out.stdout)):
+            if got["ids"] != hf_variants[vname].encode(text, add_special_tokens=False).ids:
+                bad += 1
+                print("GGUF pre", pre, "MISMATCH", repr(text[:80]), got["ids"][:30])
+        fails += bad
+        print(f"GGUF tokenizer.ggml.pre '{pre}' over the SmolLM2 vocabulary: {len(corpus)} texts, {bad} failures")
 
 # llama2.c SentencePiece tokenizer: ids equal a direct port of llama2.c's encode()
 # (run.c: dummy prefix, code points looked up or byte fallback, then repeatedly merge

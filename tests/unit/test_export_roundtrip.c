@@ -729,10 +729,41 @@ static void test_tokenizer_json(void **state)
     assert_string_equal(json_string_value(json_object_get(tc, "chat_template")), "{{ messages }}");
     json_decref(t);
     json_decref(tc);
+    /* Qwen2-MoE's GGUFs: Llama-3's split with digits one at a time, merges kept */
+    tok_gguf(f, "qwen2", 0);
+    t = exp_tokenizer_json_from_gguf(f, &tc, err, sizeof err);
+    if (!t)
+        fail_msg("qwen2: %s", err);
+    assert_false(json_is_true(json_object_get(json_object_get(t, "model"), "ignore_merges")));
+    pre = json_array_get(json_object_get(json_object_get(t, "pre_tokenizer"), "pretokenizers"), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(pre, "pattern"), "Regex")),
+                        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                        "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+    json_decref(t);
+    json_decref(tc);
     tok_gguf(f, "deepseek-coder", 0);                                       /* no mapping: refused */
     assert_null(exp_tokenizer_json_from_gguf(f, &tc, err, sizeof err));
     assert_non_null(strstr(err, "deepseek-coder"));
     assert_null(tc);
+    /* ... and an HF export from such a parent goes without a tokenizer, saying why */
+    static const int L[][3] = {{4, 2, 64}};
+    arch a;
+    make_arch(&a, 32, 8, 1, L, 1);
+    eng_model m;
+    random_model(&m, &a, 4);
+    char dir[512], tj[600];
+    path(dir, sizeof dir, "hf-untok");
+    exp_opts o = {.dtype = EXP_FP32, .parent_path = f};
+    exp_result r;
+    err[0] = 0;
+    if (exp_hf_write(&m, dir, &o, &r, err, sizeof err))
+        fail_msg("an HF export whose parent's tokenizer has no conversion failed: %s", err);
+    assert_int_equal(r.tokenizer, 0);
+    assert_non_null(strstr(r.note, "deepseek-coder"));
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    assert_int_equal(access(tj, F_OK), -1);
+    eng_model_free(&m);
+    arch_free(&a);
 }
 
 static void copy_file(const char *from, const char *to)
