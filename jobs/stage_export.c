@@ -71,8 +71,11 @@ static json_t *publish(job_ctx *ctx, const char *name, const char *path, const c
 static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
 {
     char tmp[4500];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fio_temp_name(tmp, sizeof tmp, dst)) {
+        snprintf(err, errlen, "export: %s: path too long", dst);
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         snprintf(err, errlen, "export: %s: %s", tmp, strerror(errno));
         return -1;
@@ -84,6 +87,8 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
         rc = -1;
     if (rc == 0 && rename(tmp, dst))
         rc = -1;
+    if (rc == 0)
+        (void)fio_fsync_parent(dst);   /* the rename durable (best effort, as fio_write_atomic) */
     if (rc) {
         snprintf(err, errlen, "export: cannot copy %s to %s: %s", src, dst, strerror(errno));
         (void)unlink(tmp);
@@ -188,9 +193,10 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
     char mpath[4400];
     snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
     json_t *man = json_pack("{s:s, s:O}", "job_id", job_ctx_id(ctx), "artifacts", arts);
-    if (!man || json_dump_file(man, mpath, JSON_INDENT(2) | JSON_SORT_KEYS) < 0) {
+    if (!man || fio_write_json(mpath, man, JSON_INDENT(2) | JSON_SORT_KEYS, err, errlen) < 0) {
+        if (!man)
+            snprintf(err, errlen, "export: out of memory");
         json_decref(man);
-        snprintf(err, errlen, "export: cannot write %s", mpath);
         goto out;
     }
     json_decref(man);

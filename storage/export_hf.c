@@ -211,8 +211,9 @@ static int hf_choose_class(const arch *a, const char *asked, const json_t *pconf
     return exp_hf_class(a, pconf, cls, cap, err, errlen);
 }
 
-/* Start the export of dir: refuse a non-empty dir (an empty one is removed), and create
- * the assembly folder "DIR.partial" (its name into partial). 0, or -1 with err. */
+/* Start the export of dir: refuse a non-empty dir (an empty one is replaced by the final
+ * rename), and create the assembly folder beside it, a name of its own (fio_temp_name:
+ * two exports of one dir never share one; its name into partial). 0, or -1 with err. */
 static int hf_begin_dir(const char *dir, char *partial, size_t cap, char *err, size_t errlen)
 {
     if (fio_is_dir(dir)) {
@@ -224,13 +225,17 @@ static int hf_begin_dir(const char *dir, char *partial, size_t cap, char *err, s
             snprintf(err, errlen, "HF export: %s exists and is not empty", dir);
             return -1;
         }
-        rmdir(dir);
     }
-    if (snprintf(partial, cap, "%s.partial", dir) >= (int)cap) {
+    char base[4096];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')   /* "out/": beside out, not inside it */
+        n--;
+    if (n < sizeof base)
+        snprintf(base, sizeof base, "%.*s", (int)n, dir);
+    if (n >= sizeof base || fio_temp_name(partial, cap, base)) {
         snprintf(err, errlen, "HF export: path too long");
         return -1;
     }
-    (void)fio_remove_tree(partial);
     if (mkdir(partial, 0755) < 0) {
         snprintf(err, errlen, "HF export: mkdir %s: %s", partial, strerror(errno));
         return -1;

@@ -309,15 +309,14 @@ int ggw_begin(ggw *w, const char *path, char *err, size_t errlen)
     free(w->path);
     free(w->tmp);
     w->path = malloc(n + 1);
-    w->tmp = malloc(n + 5);
-    if (!w->path || !w->tmp) {
+    w->tmp = malloc(n + 64);
+    if (!w->path || !w->tmp || fio_temp_name(w->tmp, n + 64, path) < 0) {
         snprintf(err, errlen, "gguf: out of memory");
         return -1;
     }
     memcpy(w->path, path, n + 1);
-    memcpy(w->tmp, path, n);
-    memcpy(w->tmp + n, ".tmp", 5);
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* a name of its own: two writers of one path never write into one file */
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         snprintf(err, errlen, "gguf: create %s: %s", w->tmp, strerror(errno));
         return -1;

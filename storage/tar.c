@@ -122,15 +122,14 @@ tar_writer *tar_open(const char *path, int64_t mtime, char *err, size_t errlen)
     t->mtime = mtime;
     size_t n = strlen(path);
     t->path = strdup(path);
-    t->tmp = malloc(n + 5);
+    t->tmp = malloc(n + 64);
     t->buf = malloc(TAR_CHUNK);
-    if (!t->path || !t->tmp || !t->buf) {
+    if (!t->path || !t->tmp || !t->buf || fio_temp_name(t->tmp, n + 64, path) < 0) {
         snprintf(err, errlen, "tar: out of memory");
         goto fail;
     }
-    memcpy(t->tmp, path, n);
-    memcpy(t->tmp + n, ".tmp", 5);
-    t->fd = open(t->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* a name of its own: two writers of one path never write into one file */
+    t->fd = open(t->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (t->fd < 0) {
         snprintf(err, errlen, "tar: create %s: %s", t->tmp, strerror(errno));
         goto fail;

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #include "engine/model.h"
 #include "storage/ckpt.h"
 #include "storage/export.h"
+#include "storage/fileio.h"
 #include "storage/gguf.h"
 #include "storage/gguf_write.h"
 #include "storage/hfconfig.h"
@@ -391,6 +393,90 @@ static void test_gguf_llama3_rope(void **state)
     assert_non_null(strstr(err, "no llama3 scaling"));
     assert_int_equal(arch_rope_fit_llama3(&a, shrink, err, sizeof err), -1);
     assert_int_equal(a.rope_scaling.type, ROPE_SCALING_NONE);
+    arch_free(&a);
+}
+
+/* Two exports of one destination at once (two CLI runs, or a job's stale runner beside
+ * the one that took it over): each writes a file or folder of its own and renames it into
+ * place, so the destination ends as one of them whole. */
+typedef struct {
+    eng_model *m;
+    const char *dest;
+    int hf;
+    pthread_barrier_t *go;
+    int rc;
+    char err[512];
+} export_run;
+
+static void *export_thread(void *arg)
+{
+    export_run *x = arg;
+    exp_opts o = {.dtype = EXP_FP32};
+    exp_result r;
+    pthread_barrier_wait(x->go);
+    x->rc = x->hf ? exp_hf_write(x->m, x->dest, &o, &r, x->err, sizeof x->err)
+                  : exp_gguf_write(x->m, x->dest, &o, &r, x->err, sizeof x->err);
+    return NULL;
+}
+
+static void test_concurrent_exports(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{8, 4, 512}, {8, 4, 512}, {8, 4, 512}, {8, 4, 512}};
+    arch a;
+    make_arch(&a, 256, 32, 4, L, 0);
+    a.vocab_size = 2048;   /* a few MB each, so that the two writes overlap */
+    eng_model m[2];
+    random_model(&m[0], &a, 21);
+    random_model(&m[1], &a, 22);
+    float *want[2] = {logits_of(&m[0]), logits_of(&m[1])};
+    size_t nl = (size_t)NT * a.vocab_size * sizeof(float);
+    for (int hf = 0; hf < 2; hf++) {
+        char dest[512], err[512];
+        path(dest, sizeof dest, hf ? "both-hf" : "both.gguf");
+        for (int round = 0; round < 3; round++) {
+            pthread_barrier_t go;
+            pthread_barrier_init(&go, NULL, 2);
+            export_run x[2] = {{&m[0], dest, hf, &go, 0, ""}, {&m[1], dest, hf, &go, 0, ""}};
+            pthread_t th[2];
+            for (int i = 0; i < 2; i++)
+                assert_int_equal(pthread_create(&th[i], NULL, export_thread, &x[i]), 0);
+            for (int i = 0; i < 2; i++)
+                pthread_join(th[i], NULL);
+            pthread_barrier_destroy(&go);
+            /* a GGUF is replaced by either; an HF folder is taken by the first, and the other
+             * finds it there (its folder of its own then goes) */
+            if (!hf && (x[0].rc || x[1].rc))
+                fail_msg("GGUF round %d: an export failed: %s / %s", round, x[0].err, x[1].err);
+            if (hf && x[0].rc && x[1].rc)
+                fail_msg("HF round %d: both exports failed: %s / %s", round, x[0].err, x[1].err);
+            eng_model b;
+            if (exp_load_model(dest, be, &b, err, sizeof err))
+                fail_msg("%s round %d: the destination does not load: %s", hf ? "HF" : "GGUF", round, err);
+            float *got = logits_of(&b);
+            int same0 = !memcmp(got, want[0], nl), same1 = !memcmp(got, want[1], nl);
+            if (!same0 && !same1)
+                fail_msg("%s round %d: the destination is neither export whole", hf ? "HF" : "GGUF", round);
+            if (hf && (same0 ? x[0].rc : x[1].rc))
+                fail_msg("HF round %d: the folder holds the export that failed", round);
+            free(got);
+            eng_model_free(&b);
+            if (hf)
+                assert_int_equal(fio_remove_tree(dest), 0);
+        }
+        /* nothing of theirs is left beside the destination */
+        char **names;
+        size_t n = 0;
+        assert_int_equal(fio_list_dir(tmpdir, &names, &n), 0);
+        for (size_t i = 0; i < n; i++)
+            if (strstr(names[i], ".tmp") || strstr(names[i], ".partial"))
+                fail_msg("left behind: %s", names[i]);
+        fio_names_free(names, n);
+    }
+    free(want[0]);
+    free(want[1]);
+    eng_model_free(&m[0]);
+    eng_model_free(&m[1]);
     arch_free(&a);
 }
 
@@ -820,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_decilm_roundtrip),
         cmocka_unit_test(test_gguf_llama_exact),
         cmocka_unit_test(test_gguf_llama3_rope),
+        cmocka_unit_test(test_concurrent_exports),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ffn_mult),
         cmocka_unit_test(test_digest_detects_damage),
