@@ -1,9 +1,9 @@
 /* storage/export_hf.c — the HF directory writer (see export.h): config.json (class by
  * export_decilm.c), generation_config.json, safetensors shards with their index, the
  * parent's tokenizer files (copied from an HF parent, else made by export_tok.c),
- * MODEL_CARD.md and SHA256SUMS. The directory is assembled under "DIR.partial" and
- * renamed when complete; shards go through storage/safetensors.c with one shard's
- * tensors in host memory at a time.
+ * MODEL_CARD.md and SHA256SUMS. The directory is assembled under a name of its own beside
+ * it (fio_temp_name) and renamed when complete; shards go through storage/safetensors.c
+ * with one shard's tensors in host memory at a time.
  */
 #include "storage/export_internal.h"
 

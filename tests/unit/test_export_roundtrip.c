@@ -127,7 +127,7 @@ static void hf_roundtrip(eng_model *m, exp_dtype dt, const char *name, eng_model
     int rc = exp_hf_write(m, dir, &o, res, err, sizeof err);
     if (rc)
         fail_msg("export: %s", err);
-    assert_true(folder_synced());   /* the rename of DIR.partial to DIR survives a power loss */
+    assert_true(folder_synced());   /* the rename of the assembly folder to DIR survives a power loss */
     rc = exp_load_model(dir, be, back, err, sizeof err);
     if (rc)
         fail_msg("reload: %s", err);
