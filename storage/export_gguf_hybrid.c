@@ -176,7 +176,7 @@ static int hy_tensors(const arch *a, exp_gtensor *t)
         } else if (y->moe.n_experts) {
             const arch_moe *e = &y->moe;
             int64_t io = arch_moe_io(e, (int)C);   /* the experts' width (LatentMoE: the latent) */
-            T("ffn_gate_inp.weight", C, e->n_experts, 0, "mixer.gate.weight", 0, PLAIN);
+            T("ffn_gate_inp.weight", C, e->n_experts, 0, "mixer.gate.weight", 0, KEEP_F32);   /* as llama.cpp keeps it */
             T("exp_probs_b.bias", e->n_experts, 0, 0, "mixer.gate.e_score_correction_bias", 0, PLAIN);
             if (e->latent_dim) {
                 T("ffn_latent_down.weight", C, io, 0, "mixer.fc1_latent_proj.weight", 0, PLAIN);

@@ -141,6 +141,7 @@ static int moe_tensors(const arch *a, const char *an, exp_gtensor *t)
         char r[64];
         snprintf(r, sizeof r, "%s.gate.weight", moe);
         T("ffn_gate_inp.weight", C, E, 0, r, 0, 0);
+        t[n - 1].f32 = 1;   /* the router stays F32, as llama.cpp's converter and quantizer keep it */
         static const char *const mx[3] = {"w1", "w3", "w2"}, *const qw[3] = {"gate_proj", "up_proj", "down_proj"};
         static const char *const gn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
         for (int k = 0; k < 3; k++) {

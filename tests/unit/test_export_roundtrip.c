@@ -480,6 +480,49 @@ static void test_concurrent_exports(void **state)
     arch_free(&a);
 }
 
+/* A GGUF written at a lower precision keeps an MoE router in F32, as llama.cpp's converter
+ * and quantizer do (routing decides which experts run: a rounded router routes tokens
+ * elsewhere than the parent); the experts take the type asked for. */
+static void test_gguf_router_f32(void **state)
+{
+    (void)state;
+    arch a;
+    static const int L[][3] = {{4, 2, 0}, {4, 2, 0}};
+    make_arch(&a, 64, 16, 2, L, 0);
+    snprintf(a.family, sizeof a.family, "mixtral");
+    for (int l = 0; l < 2; l++)
+        a.layers[l].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 64, .norm_topk = 1};
+    eng_model m;
+    random_model(&m, &a, 31);
+    static const exp_dtype types[] = {EXP_Q8_0, EXP_FP16, EXP_BF16};
+    static const uint32_t ggml_type[] = {8, 1, 30};
+    for (int k = 0; k < 3; k++) {
+        char f[512], err[512];
+        path(f, sizeof f, "router.gguf");
+        exp_opts o = {.dtype = types[k]};
+        exp_result r;
+        if (exp_gguf_write(&m, f, &o, &r, err, sizeof err))
+            fail_msg("export: %s", err);
+        gguf_file g;
+        assert_int_equal(gguf_open(&g, f, err, sizeof err), 0);
+        int seen = 0;
+        for (int i = 0; i < g.n_tensors; i++) {
+            if (strstr(g.t[i].name, "ffn_gate_inp")) {
+                if (g.t[i].type != 0)
+                    fail_msg("%s: %s is stored as ggml type %u, not F32", exp_dtype_name(types[k]), g.t[i].name,
+                             g.t[i].type);
+                seen++;
+            } else if (strstr(g.t[i].name, "ffn_up_exps")) {
+                assert_int_equal(g.t[i].type, ggml_type[k]);
+            }
+        }
+        assert_int_equal(seen, 2);
+        gguf_close(&g);
+    }
+    eng_model_free(&m);
+    arch_free(&a);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -907,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_gguf_llama_exact),
         cmocka_unit_test(test_gguf_llama3_rope),
         cmocka_unit_test(test_concurrent_exports),
+        cmocka_unit_test(test_gguf_router_f32),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ffn_mult),
         cmocka_unit_test(test_digest_detects_damage),
