@@ -506,6 +506,8 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
     char cerr[CURL_ERROR_SIZE] = "";
     if (fx_configure(&s, url, cerr, err, errlen) < 0)
         goto done;
+    if (o->transfer_starts)
+        o->transfer_starts(o->user);
     CURLcode cc = curl_easy_perform(s.c);
     long code = 0;
     curl_easy_getinfo(s.c, CURLINFO_RESPONSE_CODE, &code);
@@ -713,6 +715,15 @@ static int on_progress(void *user, int64_t done, int64_t total)
     return 0;
 }
 
+/* A turn counts from the transfer: hashing what an earlier turn left in the .part (as long
+ * as the disk takes) is not the turn's time, or a large part would be cancelled while it is
+ * read back, every turn. */
+static void on_transfer_starts(void *user)
+{
+    fetch_service *fs = user;
+    fs->turn_start = eng_wall_s();
+}
+
 /* The downloaded file must open as a model. 0, or -1 with err. */
 static int check_model(const store_model *m, char *err, size_t errlen)
 {
@@ -758,7 +769,6 @@ static void fetch_one(fetch_service *fs, const store_model *m)
     snprintf(fs->id, sizeof fs->id, "%s", m->id);
     fs->last_seq = m->seq;
     fs->last_report = fs->last_wait_check = 0;
-    fs->turn_start = eng_wall_s();
     int64_t limit = fs->max_bytes;
     if (m->size_bytes >= 0 && m->size_bytes < limit)
         limit = m->size_bytes;
@@ -789,7 +799,9 @@ static void fetch_one(fetch_service *fs, const store_model *m)
         memset(&o, 0, sizeof o);
         o.flags = fs->flags & (FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE);
         o.progress = on_progress;
+        o.transfer_starts = on_transfer_starts;
         o.user = fs;
+        fs->turn_start = 1e300;   /* not yet: the turn starts with the attempt's transfer */
         o.ca_file = fs->ca_file;
         rc = fetch_url(m->url, m->sha256, limit, m->path, &o, err, sizeof err);
         if (rc == FETCH_FAILED && o.tls_unverified && !fs->ca_file) {

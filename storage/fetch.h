@@ -38,6 +38,8 @@ typedef int (*fetch_progress_fn)(void *user, int64_t done_bytes, int64_t total_b
 typedef struct {
     unsigned flags;              /* FETCH_ALLOW_* */
     fetch_progress_fn progress;  /* may be NULL */
+    void (*transfer_starts)(void *user);   /* may be NULL: called as the network transfer begins
+                                  * (after an earlier .part was read back and hashed) */
     void *user;
     long connect_timeout_s;      /* 0: 30 */
     long stall_timeout_s;        /* abort (FETCH_RETRY) when no byte arrives this long; 0: 60 */

@@ -8,6 +8,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 
 #include "storage/artstore.h"
 #include "storage/fetch.h"
+#include "storage/fileio.h"
 #include "storage/store.h"
 
 /* ---- the test server --------------------------------------------------------------- */
@@ -888,6 +890,68 @@ static void test_fetcher_turns(void **state)
     free(model);
 }
 
+/* A turn counts from the transfer, not from the re-hash of what an earlier turn left in
+ * the .part: a part that takes longer to hash than a turn, beside another download that
+ * waits, was cancelled while hashing, every turn, and never reached its server again. Here
+ * a sparse 256 MiB part with turns of 50 ms and two downloads that never finish. */
+static void test_turn_counts_from_the_transfer(void **state)
+{
+    (void)state;
+    const char *shared = getenv("AC_SHARED");
+    char src[600], db[600], data[600], err[1024] = "";
+    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    size_t len;
+    unsigned char *model = slurp(src, &len);
+    srv big, other;
+    srv_start(&big, model, len, MODE_DRIP);
+    srv_start(&other, model, len, MODE_DRIP);
+    path_of(data, sizeof data, "turnclock");
+    assert_int_equal(mkdir(data, 0755), 0);
+    path_of(db, sizeof db, "turnclock/t.db");
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    store_model *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    assert_non_null(a);
+    assert_non_null(b);
+    register_new(st, a, big.port, "big.bin", 'b');
+    register_new(st, b, other.port, "other.bin", 'c');
+    char part[sizeof a->path + 8];
+    snprintf(part, sizeof part, "%s.part", a->path);
+    char folder[sizeof a->path];
+    snprintf(folder, sizeof folder, "%s", a->path);
+    *strrchr(folder, '/') = 0;
+    assert_int_equal(fio_mkdirs(folder), 0);
+    int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 256LL << 20), 0);
+    assert_int_equal(close(fd), 0);
+
+    fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, 1 << 30, NULL, err,
+                                            sizeof err);
+    assert_non_null(fs);
+    fetch_service_set_turn(fs, 0.05);
+    fetch_service_kick();
+    int reached = 0, others = 0;
+    for (int i = 0; i < 300 && !reached; i++) {   /* 15 s */
+        pthread_mutex_lock(&big.mu);
+        reached = big.requests;
+        pthread_mutex_unlock(&big.mu);
+        pthread_mutex_lock(&other.mu);
+        others = other.requests;
+        pthread_mutex_unlock(&other.mu);
+        usleep(50000);
+    }
+    fetch_service_stop(fs);
+    if (!reached)
+        fail_msg("the download with a large part never reached its server (the other's turns: %d)", others);
+    store_close(st);
+    srv_stop(&big);
+    srv_stop(&other);
+    free(a);
+    free(b);
+    free(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -905,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_model_file_names),
         cmocka_unit_test(test_fetcher_resumes),
         cmocka_unit_test(test_fetcher_turns),
+        cmocka_unit_test(test_turn_counts_from_the_transfer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
