@@ -34,13 +34,15 @@ extern const char ac_openapi_yaml[];
 static json_t *render_model(const store_model *m)
 {
     int by_url = m->url[0] != 0;
+    char shown[sizeof m->url + 64];
+    fetch_url_shown(m->url, shown, sizeof shown);   /* a presigned URL's secret is not shown */
     json_t *error = !strcmp(m->status, "failed")
                         ? json_pack("{s:s,s:s}", "code", "fetch_failed", "message", m->error)
                         : json_null();
     return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s,s:I,s:s,s:o,s:o,s:o,s:o,s:o}", "id", m->id, "object", "model", "path",
                      m->path, "tokenizer", m->tokenizer[0] ? json_string(m->tokenizer) : json_null(), "name", m->name,
                      "format", m->format, "created_at", (json_int_t)m->created_at, "status",
-                     m->status[0] ? m->status : "ready", "url", by_url ? json_string(m->url) : json_null(), "sha256",
+                     m->status[0] ? m->status : "ready", "url", by_url ? json_string(shown) : json_null(), "sha256",
                      m->sha256[0] ? json_string(m->sha256) : json_null(), "bytes_done",
                      by_url ? json_integer(m->bytes_done) : json_null(), "bytes_total",
                      by_url && m->bytes_total >= 0 ? json_integer(m->bytes_total) : json_null(), "error", error);

@@ -49,6 +49,7 @@ typedef struct {
     int too_big, io_err, bad_range, cancelled, restarted;
     char io_msg[256];
     fetch_guard guard;       /* its connections' addresses */
+    const char *shown;       /* the URL for messages (fetch_url_shown) */
 } fx;
 
 static int hexval(int ch)
@@ -259,6 +260,37 @@ static void hex_digest(EVP_MD_CTX *md, char hex[65], int *ok)
 }
 
 /* A scheme the caller allows: 0, or -1 with err. *is_http set for http(s). */
+void fetch_url_shown(const char *url, char *out, size_t n)
+{
+    if (!n)
+        return;
+    size_t k = 0;
+#define PUT(str, len) do { size_t l_ = (len); if (k + l_ >= n) l_ = n - 1 - k; memcpy(out + k, (str), l_); \
+        k += l_; } while (0)
+    const char *q = url + strcspn(url, "?#");
+    PUT(url, (size_t)(q - url));
+    if (*q == '?') {
+        PUT("?", 1);
+        const char *p = q + 1;
+        while (*p && *p != '#') {
+            size_t len = strcspn(p, "&#"), name = strcspn(p, "=&#");
+            if (name < len) {   /* name=value: the name stays */
+                PUT(p, name + 1);
+                PUT("REDACTED", 8);
+            } else if (len) {   /* a bare parameter may be the secret itself */
+                PUT("REDACTED", 8);
+            }
+            p += len;
+            if (*p == '&') {
+                PUT("&", 1);
+                p++;
+            }
+        }
+    }
+#undef PUT
+    out[k] = 0;
+}
+
 static int check_scheme(const char *url, unsigned flags, int *is_http, char *err, size_t errlen)
 {
     *is_http = 1;
@@ -346,7 +378,7 @@ static int fx_configure(fx *s, const char *url, char *cerr, char *err, size_t er
         (o->ca_file && (curl_easy_setopt(c, CURLOPT_CAINFO, o->ca_file) ||
                         curl_easy_setopt(c, CURLOPT_CAPATH, (char *)NULL))) ||
         (s->start > 0 && curl_easy_setopt(c, CURLOPT_RANGE, range))) {
-        snprintf(err, errlen, "%.300s: libcurl rejected an option", url);
+        snprintf(err, errlen, "%.300s: libcurl rejected an option", s->shown);
         return -1;
     }
     return 0;
@@ -460,8 +492,8 @@ static int fx_commit(fx *s, const char *url, const char *sha, const char *part, 
  * completes and matches sha, renaming it to out_path. Returns FETCH_OK, FETCH_RETRY,
  * FETCH_FAILED or FETCH_CANCELLED with err; part is kept when it is worth resuming.
  * *resumed_mismatch is set when a digest mismatch followed a resume. */
-static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const char *out_path, const char *part,
-                      fetch_opts *o, int is_http, int *resumed_mismatch, char *err, size_t errlen)
+static int fetch_once(const char *url, const char *shown, const char *sha, int64_t max_bytes, const char *out_path,
+                      const char *part, fetch_opts *o, int is_http, int *resumed_mismatch, char *err, size_t errlen)
 {
     *resumed_mismatch = 0;
     fx s;
@@ -472,6 +504,7 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
     s.total = -1;
     s.cr_start = s.cr_total = -1;
     s.is_http = is_http;
+    s.shown = shown;
     s.fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (s.fd < 0) {
         snprintf(err, errlen, "%s: %s", part, strerror(errno));
@@ -486,7 +519,7 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
     s.md = EVP_MD_CTX_new();
     s.c = curl_easy_init();
     if (!s.md || !s.c || EVP_DigestInit_ex(s.md, EVP_sha256(), NULL) != 1) {
-        snprintf(err, errlen, "%.300s: cannot initialise libcurl/openssl", url);
+        snprintf(err, errlen, "%.300s: cannot initialise libcurl/openssl", shown);
         goto done;
     }
     int h = hash_existing(&s, part, err, errlen);
@@ -494,7 +527,7 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
         rc = h == FETCH_CANCELLED ? FETCH_CANCELLED : FETCH_FAILED;
         keep_part = h == FETCH_CANCELLED;
         if (h == FETCH_CANCELLED)
-            snprintf(err, errlen, "%.300s: cancelled", url);
+            snprintf(err, errlen, "%.300s: cancelled", shown);
         goto done;
     }
     if (s.have > max_bytes && fx_restart(&s) < 0) {
@@ -511,9 +544,9 @@ static int fetch_once(const char *url, const char *sha, int64_t max_bytes, const
     CURLcode cc = curl_easy_perform(s.c);
     long code = 0;
     curl_easy_getinfo(s.c, CURLINFO_RESPONSE_CODE, &code);
-    rc = fx_outcome(&s, url, part, cc, code, cerr, &keep_part, err, errlen);
+    rc = fx_outcome(&s, shown, part, cc, code, cerr, &keep_part, err, errlen);
     if (rc == FETCH_OK) {
-        rc = fx_commit(&s, url, sha, part, out_path, resumed_mismatch, err, errlen);
+        rc = fx_commit(&s, shown, sha, part, out_path, resumed_mismatch, err, errlen);
         keep_part = rc == FETCH_OK;   /* renamed: nothing to remove */
     }
 done:
@@ -543,10 +576,12 @@ int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const 
     o->resumed_from = 0;
     o->tls_unverified = 0;
     int is_http;
-    if (!url || check_scheme(url, o->flags, &is_http, err, errlen) < 0)
+    char shown[2100];
+    fetch_url_shown(url ? url : "", shown, sizeof shown);
+    if (!url || check_scheme(shown, o->flags, &is_http, err, errlen) < 0)
         return FETCH_FAILED;
     if (sha256_hex && !is_sha256_hex(sha256_hex)) {
-        snprintf(err, errlen, "%.300s: sha256 must be 64 hex digits", url);
+        snprintf(err, errlen, "%.300s: sha256 must be 64 hex digits", shown);
         return FETCH_FAILED;
     }
     if (max_bytes < 0)
@@ -557,9 +592,11 @@ int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const 
         return FETCH_FAILED;
     }
     int resumed_mismatch = 0;
-    int rc = fetch_once(url, sha256_hex, max_bytes, out_path, part, o, is_http, &resumed_mismatch, err, errlen);
+    int rc = fetch_once(url, shown, sha256_hex, max_bytes, out_path, part, o, is_http, &resumed_mismatch, err,
+                        errlen);
     if (rc == FETCH_FAILED && resumed_mismatch)   /* the kept bytes were stale: once more from 0 */
-        rc = fetch_once(url, sha256_hex, max_bytes, out_path, part, o, is_http, &resumed_mismatch, err, errlen);
+        rc = fetch_once(url, shown, sha256_hex, max_bytes, out_path, part, o, is_http, &resumed_mismatch, err,
+                        errlen);
     return rc;
 }
 

@@ -97,6 +97,12 @@ int fetch_url_host_non_public(const char *url);
  * handshake is FETCH_RETRY. Returns FETCH_OK, or FETCH_FAILED / FETCH_RETRY /
  * FETCH_CANCELLED with a reason in err. Call curl_global_init once per process before
  * the first call. */
+/* url as it may be shown (a model's url in the API, every message about its download):
+ * each query parameter's value replaced by REDACTED, a parameter without a value by
+ * REDACTED, the fragment dropped; a presigned URL (S3's X-Amz-Signature, a token=) carries
+ * its secret there, and models are listed to every reader. Cut to fit n bytes. */
+void fetch_url_shown(const char *url, char *out, size_t n);
+
 int fetch_url(const char *url, const char *sha256_hex, int64_t max_bytes, const char *out_path,
               fetch_opts *opts, char *err, size_t errlen);
 

@@ -952,6 +952,31 @@ static void test_turn_counts_from_the_transfer(void **state)
     free(model);
 }
 
+/* What a model's URL shows: every query value hidden (a presigned URL's signature), the
+ * fragment dropped, the rest as written; cut to the buffer. */
+static void test_url_shown(void **state)
+{
+    (void)state;
+    static const char *const cases[][2] = {
+        {"https://h.example/p/m.gguf", "https://h.example/p/m.gguf"},
+        {"https://h/m.gguf?X-Amz-Signature=abc123&X-Amz-Expires=60#frag",
+         "https://h/m.gguf?X-Amz-Signature=REDACTED&X-Amz-Expires=REDACTED"},
+        {"https://h/m.gguf?s3cr3t", "https://h/m.gguf?REDACTED"},
+        {"https://h/m.gguf?a=&&b", "https://h/m.gguf?a=REDACTED&&REDACTED"},
+        {"https://h/m.gguf?", "https://h/m.gguf?"},
+        {"https://h/m.gguf#x?y=1", "https://h/m.gguf"},
+        {"", ""},
+    };
+    char out[128];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fetch_url_shown(cases[i][0], out, sizeof out);
+        assert_string_equal(out, cases[i][1]);
+    }
+    fetch_url_shown("https://h/m.gguf?token=abcdef", out, 20);
+    assert_string_equal(out, "https://h/m.gguf?to");
+    assert_null(strstr(out, "abc"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -970,6 +995,7 @@ int main(void)
         cmocka_unit_test(test_fetcher_resumes),
         cmocka_unit_test(test_fetcher_turns),
         cmocka_unit_test(test_turn_counts_from_the_transfer),
+        cmocka_unit_test(test_url_shown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
