@@ -505,15 +505,29 @@ static int fetch_once(const char *url, const char *shown, const char *sha, int64
     s.cr_start = s.cr_total = -1;
     s.is_http = is_http;
     s.shown = shown;
-    s.fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s.fd < 0) {
-        snprintf(err, errlen, "%s: %s", part, strerror(errno));
-        return FETCH_FAILED;
-    }
-    if (flock(s.fd, LOCK_EX | LOCK_NB) < 0) {
-        snprintf(err, errlen, "%s: another download of this file is in progress", part);
+    /* The .part is this download's while it holds its lock. A file locked just as the
+     * download that held it renamed it into place (or removed it) is no longer the .part:
+     * open it again. */
+    for (int tries = 0;; tries++) {
+        s.fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (s.fd < 0) {
+            snprintf(err, errlen, "%s: %s", part, strerror(errno));
+            return FETCH_FAILED;
+        }
+        if (flock(s.fd, LOCK_EX | LOCK_NB) < 0) {
+            snprintf(err, errlen, "%s: another download of this file is in progress", part);
+            close(s.fd);
+            return FETCH_BUSY;
+        }
+        struct stat held, named;
+        if (fstat(s.fd, &held) == 0 && stat(part, &named) == 0 && held.st_ino == named.st_ino &&
+            held.st_dev == named.st_dev)
+            break;
         close(s.fd);
-        return FETCH_RETRY;
+        if (tries == 3) {
+            snprintf(err, errlen, "%s: replaced while it was opened, again and again", part);
+            return FETCH_BUSY;
+        }
     }
     int rc = FETCH_FAILED, keep_part = 0;
     s.md = EVP_MD_CTX_new();
@@ -852,6 +866,10 @@ static void fetch_one(fetch_service *fs, const store_model *m)
                 unlink(m->path);
             fetch_ready(fs, m, bad, o.bytes, err);
             return;
+        }
+        if (rc == FETCH_BUSY) {   /* another process downloads it: not an attempt of ours */
+            (void)nap(fs, 2.0);
+            return;               /* it stays fetching; its next turn looks again */
         }
         if (rc != FETCH_RETRY || attempt == FETCH_ATTEMPTS)
             break;

@@ -22,6 +22,7 @@
                                * certificate that cannot be verified): .part removed */
 #define FETCH_RETRY     -2  /* transient (network, HTTP 5xx, dropped connection): .part kept for resume */
 #define FETCH_CANCELLED -3  /* the progress callback asked to stop: .part kept for resume */
+#define FETCH_BUSY      -4  /* another download (another process) holds the .part: left to it */
 
 /* fetch_opts.flags */
 #define FETCH_ALLOW_HTTP 1u /* plain http:// (tests, trusted networks) */
@@ -95,7 +96,7 @@ int fetch_url_host_non_public(const char *url);
  * host, expired) or a CA bundle that cannot be loaded is FETCH_FAILED with
  * opts->tls_unverified set and err saying which CAs it was checked against; a broken TLS
  * handshake is FETCH_RETRY. Returns FETCH_OK, or FETCH_FAILED / FETCH_RETRY /
- * FETCH_CANCELLED with a reason in err. Call curl_global_init once per process before
+ * FETCH_CANCELLED / FETCH_BUSY with a reason in err. Call curl_global_init once per process before
  * the first call. */
 /* url as it may be shown (a model's url in the API, every message about its download):
  * each query parameter's value replaced by REDACTED, a parameter without a value by

@@ -20,7 +20,11 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/file.h>
+#include <signal.h>
 #include <unistd.h>
 #include <cmocka.h>
 #include <curl/curl.h>
@@ -952,6 +956,74 @@ static void test_turn_counts_from_the_transfer(void **state)
     free(model);
 }
 
+/* Another process downloading the same model (two servers on one data directory) holds
+ * the .part's lock: this fetcher leaves the model fetching and its .part alone, instead of
+ * counting the lock as failed attempts, failing the model and removing the .part the other
+ * is writing; once the lock is free, it downloads the model itself. */
+static void test_part_locked_by_another(void **state)
+{
+    (void)state;
+    const char *shared = getenv("AC_SHARED");
+    char src[600], db[600], data[600], err[1024] = "";
+    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    size_t len;
+    unsigned char *model = slurp(src, &len);
+    char sha[65];
+    art_sha256_buf(model, len, sha);
+    srv s;
+    srv_start(&s, model, len, MODE_RANGE);
+    path_of(data, sizeof data, "locked");
+    assert_int_equal(mkdir(data, 0755), 0);
+    path_of(db, sizeof db, "locked/t.db");
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    store_model *m = calloc(1, sizeof *m), *got = calloc(1, sizeof *got);
+    assert_non_null(m);
+    assert_non_null(got);
+    register_stories(st, m, data, s.port, sha);
+    char part[sizeof m->path + 8], folder[sizeof m->path];
+    snprintf(part, sizeof part, "%s.part", m->path);
+    snprintf(folder, sizeof folder, "%s", m->path);
+    *strrchr(folder, '/') = 0;
+    assert_int_equal(fio_mkdirs(folder), 0);
+    int fd = open(part, O_RDWR | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, model, 1000), 1000);   /* the other's first bytes */
+    pid_t other = fork();
+    assert_true(other >= 0);
+    if (other == 0) {   /* the other process: holds the lock until killed (or this test ends) */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || flock(fd, LOCK_EX) != 0)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    usleep(200000);
+    fetch_service *fs = fetch_service_start(st, NULL, FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, 1 << 30, NULL, err,
+                                            sizeof err);
+    assert_non_null(fs);
+    for (int i = 0; i < 40; i++) {   /* 2 s of kicks: every backoff cut short */
+        fetch_service_kick();
+        usleep(50000);
+    }
+    int got_rc = store_model_get(st, m->id, got);
+    int64_t kept = file_size(part);
+    kill(other, SIGKILL);
+    waitpid(other, NULL, 0);
+    assert_int_equal(got_rc, 0);
+    if (strcmp(got->status, "fetching"))
+        fail_msg("the model is %s while another process downloads it: %s", got->status, got->error);
+    assert_int_equal(kept, 1000);   /* the other's bytes, untouched */
+    assert_int_equal(close(fd), 0);
+    fetch_service_kick();
+    assert_int_equal(wait_status(st, m->id, "ready", got), 0);
+    fetch_service_stop(fs);
+    store_close(st);
+    srv_stop(&s);
+    free(m);
+    free(got);
+    free(model);
+}
+
 /* What a model's URL shows: every query value hidden (a presigned URL's signature), the
  * fragment dropped, the rest as written; cut to the buffer. */
 static void test_url_shown(void **state)
@@ -996,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_fetcher_turns),
         cmocka_unit_test(test_turn_counts_from_the_transfer),
         cmocka_unit_test(test_url_shown),
+        cmocka_unit_test(test_part_locked_by_another),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
