@@ -153,7 +153,8 @@ static int fx_first(fx *s)
             s->bad_range = 1;
             return -1;
         }
-        s->total = s->cr_total >= 0 ? s->cr_total : cl >= 0 ? s->start + cl : -1;
+        /* start + cl, where it fits: a larger one is over any limit anyway */
+        s->total = s->cr_total >= 0 ? s->cr_total : cl >= 0 ? (cl > INT64_MAX - s->start ? INT64_MAX : s->start + cl) : -1;
     } else if (s->is_http) {          /* 200: the whole file */
         if (s->start > 0 && fx_restart(s) < 0) {
             s->io_err = 1;
@@ -161,7 +162,7 @@ static int fx_first(fx *s)
         }
         s->total = cl >= 0 ? cl : -1;
     } else {                          /* file://: curl resumed at `start` itself */
-        s->total = cl >= 0 ? s->start + cl : -1;
+        s->total = cl >= 0 ? (cl > INT64_MAX - s->start ? INT64_MAX : s->start + cl) : -1;
     }
     if (s->total > s->max) {
         s->too_big = 1;
@@ -260,37 +261,6 @@ static void hex_digest(EVP_MD_CTX *md, char hex[65], int *ok)
 }
 
 /* A scheme the caller allows: 0, or -1 with err. *is_http set for http(s). */
-void fetch_url_shown(const char *url, char *out, size_t n)
-{
-    if (!n)
-        return;
-    size_t k = 0;
-#define PUT(str, len) do { size_t l_ = (len); if (k + l_ >= n) l_ = n - 1 - k; memcpy(out + k, (str), l_); \
-        k += l_; } while (0)
-    const char *q = url + strcspn(url, "?#");
-    PUT(url, (size_t)(q - url));
-    if (*q == '?') {
-        PUT("?", 1);
-        const char *p = q + 1;
-        while (*p && *p != '#') {
-            size_t len = strcspn(p, "&#"), name = strcspn(p, "=&#");
-            if (name < len) {   /* name=value: the name stays */
-                PUT(p, name + 1);
-                PUT("REDACTED", 8);
-            } else if (len) {   /* a bare parameter may be the secret itself */
-                PUT("REDACTED", 8);
-            }
-            p += len;
-            if (*p == '&') {
-                PUT("&", 1);
-                p++;
-            }
-        }
-    }
-#undef PUT
-    out[k] = 0;
-}
-
 static int check_scheme(const char *url, unsigned flags, int *is_http, char *err, size_t errlen)
 {
     *is_http = 1;

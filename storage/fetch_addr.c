@@ -1,6 +1,7 @@
 /* storage/fetch_addr.c — which addresses the product's outgoing connections may reach
  * (fetch.h): the public-address rule, the per-connection guard that fetch_url and the
- * webhook sender install on their curl handles, and the early judgement of a URL's host.
+ * webhook sender install on their curl handles, the early judgement of a URL's host, and
+ * how a URL is shown (its query's secrets hidden).
  */
 #include "storage/fetch.h"
 
@@ -125,4 +126,35 @@ int fetch_guard_install(void *curl, fetch_guard *g)
                    curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, g)
                ? -1
                : 0;
+}
+
+void fetch_url_shown(const char *url, char *out, size_t n)
+{
+    if (!n)
+        return;
+    size_t k = 0;
+#define PUT(str, len) do { size_t l_ = (len); if (k + l_ >= n) l_ = n - 1 - k; memcpy(out + k, (str), l_); \
+        k += l_; } while (0)
+    const char *q = url + strcspn(url, "?#");
+    PUT(url, (size_t)(q - url));
+    if (*q == '?') {
+        PUT("?", 1);
+        const char *p = q + 1;
+        while (*p && *p != '#') {
+            size_t len = strcspn(p, "&#"), name = strcspn(p, "=&#");
+            if (name < len) {   /* name=value: the name stays */
+                PUT(p, name + 1);
+                PUT("REDACTED", 8);
+            } else if (len) {   /* a bare parameter may be the secret itself */
+                PUT("REDACTED", 8);
+            }
+            p += len;
+            if (*p == '&') {
+                PUT("&", 1);
+                p++;
+            }
+        }
+    }
+#undef PUT
+    out[k] = 0;
 }
