@@ -57,8 +57,9 @@ typedef struct {
 struct sockaddr;
 /* 1 when the address is not on the public internet (IPv4: this network, 10/8, 100.64/10,
  * 127/8, 169.254/16, 172.16/12, 192.0.0/24, 192.168/16, 198.18/15, multicast and reserved;
- * IPv6: ::, ::1, fc00::/7, fe80::/10, fec0::/10, ff00::/8, 64:ff9b:1::/48, and IPv4-mapped or
- * NAT64 forms of the IPv4 ones),
+ * IPv6: ::, ::1, fc00::/7, fe80::/10, fec0::/10, ff00::/8, 64:ff9b:1::/48, Teredo 2001::/32,
+ * documentation 2001:db8::/32, and the IPv4-mapped, IPv4-compatible, NAT64 and 6to4 forms of
+ * the IPv4 ones),
  * else 0. */
 int fetch_addr_non_public(const struct sockaddr *sa);
 

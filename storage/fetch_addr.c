@@ -40,13 +40,14 @@ int fetch_addr_non_public(const struct sockaddr *sa)
     const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
     static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff},
                          nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0},
-                         nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 1};   /* 64:ff9b:1::/48 */
-    if (!memcmp(b, mapped, 12) || !memcmp(b, nat64, 12))   /* an IPv4 address inside */
+                         compat[12] = {0},                               /* ::a.b.c.d; :: and ::1 too */
+                         nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 1},   /* 64:ff9b:1::/48 */
+                         teredo[4] = {0x20, 0x01, 0, 0}, doc[4] = {0x20, 0x01, 0x0d, 0xb8};
+    if (!memcmp(b, mapped, 12) || !memcmp(b, nat64, 12) || !memcmp(b, compat, 12))   /* an IPv4 address inside */
         return v4_non_public((uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15]);
-    if (!memcmp(b, nat64_local, 6))
-        return 1;
-    static const uint8_t zero[15] = {0};
-    if (!memcmp(b, zero, 15) && b[15] <= 1)   /* :: and ::1 */
+    if (b[0] == 0x20 && b[1] == 0x02)   /* 6to4: 2002:a.b.c.d::/48 */
+        return v4_non_public((uint32_t)b[2] << 24 | (uint32_t)b[3] << 16 | (uint32_t)b[4] << 8 | b[5]);
+    if (!memcmp(b, nat64_local, 6) || !memcmp(b, teredo, 4) || !memcmp(b, doc, 4))
         return 1;
     /* ULA fc00::/7, link-local fe80::/10, site-local fec0::/10, multicast ff00::/8 */
     return (b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0x80) == 0x80) || b[0] == 0xff;

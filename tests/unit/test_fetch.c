@@ -594,6 +594,11 @@ static void test_private_addresses(void **state)
         {"::ffff:127.0.0.1", 1}, {"64:ff9b::a9fe:a9fe", 1}, {"fec0::1", 1}, {"64:ff9b:1::1", 1},
         {"8.8.8.8", 0}, {"1.1.1.1", 0}, {"172.32.0.1", 0}, {"100.128.0.1", 0}, {"2606:4700::1111", 0},
         {"::ffff:8.8.8.8", 0},
+        /* IPv4 inside IPv6: IPv4-compatible (::a.b.c.d), 6to4 (2002:V4::/48); Teredo and the
+         * documentation prefix reach nothing public of their own */
+        {"::7f00:1", 1}, {"::a9fe:a9fe", 1}, {"::808:808", 0}, {"2002:7f00:1::1", 1}, {"2002:a9fe:a9fe::", 1},
+        {"2002:808:808::1", 0}, {"2001:0:4136:e378:8000:63bf:3fff:fdd2", 1}, {"2001:db8::1", 1},
+        {"2001:4860:4860::8888", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct sockaddr_storage ss;
