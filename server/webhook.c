@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/clock.h"
 #include "server/log.h"
@@ -271,6 +272,21 @@ static void take_due(webhook_sender *w, flight *fl, int *nfl, held *h, int *n_he
     free(due);
 }
 
+/* libcurl's multi interface failed (out of memory, an internal error): said, the deliveries
+ * in flight dropped (they stay pending in the store and are taken again), a pause, and the
+ * loop goes on; it used to end, and every later webhook waited for a restart. */
+static void multi_failed(webhook_sender *w, flight *fl, int *nfl, const char *call, CURLMcode mc)
+{
+    log_json("error", json_pack("{s:s,s:s,s:s}", "msg", "webhook sender: libcurl failed; the deliveries in flight "
+                                "are sent again", "call", call, "error", curl_multi_strerror(mc)));
+    for (int i = 0; i < IN_FLIGHT; i++)
+        if (fl[i].used)
+            flight_free(w, &fl[i]);
+    *nfl = 0;
+    for (int i = 0; i < 20 && !stop_requested(w); i++)
+        usleep(50 * 1000);
+}
+
 static void *loop(void *arg)
 {
     webhook_sender *w = arg;
@@ -286,8 +302,11 @@ static void *loop(void *arg)
             take_due(w, fl, &nfl, held_back, &n_held);
         }
         int running = 0, left = 0;
-        if (nfl > 0 && curl_multi_perform(w->m, &running) != CURLM_OK)
-            break;
+        CURLMcode mc = nfl > 0 ? curl_multi_perform(w->m, &running) : CURLM_OK;
+        if (mc != CURLM_OK) {
+            multi_failed(w, fl, &nfl, "curl_multi_perform", mc);
+            continue;
+        }
         for (CURLMsg *msg; (msg = curl_multi_info_read(w->m, &left));) {
             if (msg->msg != CURLMSG_DONE)
                 continue;
@@ -301,8 +320,8 @@ static void *loop(void *arg)
                 }
         }
         /* sleeps until a transfer needs attention, the next poll is due, or a stop */
-        if (curl_multi_poll(w->m, NULL, 0, 200, NULL) != CURLM_OK)
-            break;
+        if ((mc = curl_multi_poll(w->m, NULL, 0, 200, NULL)) != CURLM_OK)
+            multi_failed(w, fl, &nfl, "curl_multi_poll", mc);
     }
     /* a stop cuts the deliveries in flight short: they stay pending, sent after the restart */
     for (int i = 0; i < IN_FLIGHT; i++)
