@@ -137,7 +137,7 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
         if (!f)
             continue;
         exp_opts o = {.dtype = EXP_BF16, .parent_path = parent, .parent_tokenizer = parent_tok, .report = report,
-                      .name = job_ctx_id(ctx)};
+                      .name = job_ctx_id(ctx), .cancelled = job_cancelled_hook, .cancel_arg = ctx};   /* seen per tensor */
         exp_result res;
         char path[4400], tarp[4400], name[64];
         json_t *e = NULL;
@@ -171,6 +171,7 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
             tar_writer *t = tar_open(tarp, 0, err, errlen);
             if (!t)
                 goto out;
+            tar_set_cancel(t, job_cancelled_hook, ctx);   /* and per MiB archived */
             if (tar_add_tree(t, name, path, err, errlen) < 0) {
                 tar_abort(t);
                 goto out;
@@ -209,6 +210,8 @@ static int stage_export_run(job_ctx *ctx, char *err, size_t errlen)
     }
     rc = 0;
 out:
+    if (rc < 0 && job_cancelled(ctx))
+        rc = 1;   /* stopped for the cancel: cancelled, not failed */
     json_decref(arts);
     json_decref(report);
     eng_model_free(&m);

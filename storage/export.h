@@ -39,6 +39,10 @@ typedef struct {
     const char *name;           /* model name for metadata (NULL: "autocompress-export") */
     const char *hf_class;       /* HF: NULL = by the arch; "llama" = LlamaForCausalLM only
                                  * (a heterogeneous arch is refused); "deci" = DeciLM always */
+    int (*cancelled)(void *arg); /* NULL, or asked before each tensor: nonzero stops the export
+                                 * (-1 with err "export cancelled", nothing left under the final
+                                 * name) */
+    void *cancel_arg;
 } exp_opts;
 
 /* What an export wrote, for manifests and messages. */

@@ -325,6 +325,7 @@ int exp_gguf_write(const eng_model *m, const char *path, const exp_opts *o, exp_
         snprintf(err, errlen, "GGUF export: out of memory");
         return -1;
     }
+    ggw_set_cancel(w, o->cancelled, o->cancel_arg);
     exp_tensor *t = NULL;
     int n = 0, rc = -1;
     const char *pp = o->parent_path;

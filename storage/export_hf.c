@@ -74,7 +74,8 @@ static int shard_plan_make(const eng_model *m, int64_t elem_bytes, int64_t limit
 /* Write shard s of the plan as dir/fname (its tensors read into host memory, ws holding
  * room for all of them) and record each tensor's file in wmap. 0, or -1 with err. */
 static int write_shard(const eng_model *m, const shard_plan *p, int s, const char *dir, const char *fname,
-                       st_dtype sd, json_t *meta, json_t *wmap, st_write_tensor *ws, char *err, size_t errlen)
+                       st_dtype sd, json_t *meta, json_t *wmap, st_write_tensor *ws, const exp_opts *o, char *err,
+                       size_t errlen)
 {
     char path[4096];
     if (fio_path_join(path, sizeof path, dir, fname) < 0) {
@@ -85,6 +86,11 @@ static int write_shard(const eng_model *m, const shard_plan *p, int s, const cha
     for (int i = 0; i < p->n && !failed; i++) {
         if (p->shard_of[i] != s)
             continue;
+        if (o->cancelled && o->cancelled(o->cancel_arg)) {
+            snprintf(err, errlen, "export cancelled");
+            failed = 1;
+            break;
+        }
         float *d = exp_fetch_tensor(m, &p->t[i], err, errlen);
         if (!d) {
             failed = 1;
@@ -135,7 +141,7 @@ static int write_shards(const eng_model *m, const char *dir, const exp_opts *o, 
             snprintf(fname, sizeof fname, "model.safetensors");
         else
             snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, ns);
-        if (write_shard(m, &p, s, dir, fname, sd, meta, wmap, ws, err, errlen) < 0)
+        if (write_shard(m, &p, s, dir, fname, sd, meta, wmap, ws, o, err, errlen) < 0)
             goto out;
     }
     if (ns > 1) {

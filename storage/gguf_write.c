@@ -39,7 +39,15 @@ struct ggw {
     uint64_t written;            /* data bytes written so far */
     unsigned char *scratch;
     size_t scratch_cap;
+    int (*cancelled)(void *arg);
+    void *cancel_arg;
 };
+
+void ggw_set_cancel(ggw *w, int (*fn)(void *arg), void *arg)
+{
+    w->cancelled = fn;
+    w->cancel_arg = arg;
+}
 
 /* ---- conversions (F16/BF16 from storage/safetensors.c) ---- */
 
@@ -365,6 +373,10 @@ int ggw_write_tensor(ggw *w, const float *data, int64_t n, char *err, size_t err
 {
     if (w->fd < 0 || w->next >= w->n_t) {
         snprintf(err, errlen, "gguf: no tensor left to write (or header not written)");
+        return -1;
+    }
+    if (w->cancelled && w->cancelled(w->cancel_arg)) {
+        snprintf(err, errlen, "export cancelled");
         return -1;
     }
     const ggw_tinfo *t = &w->t[w->next];

@@ -60,6 +60,10 @@ int ggw_begin(ggw *w, const char *path, char *err, size_t errlen);
 /* Write the next declared tensor from n fp32 values (n must equal its element count),
  * converted to its type. Returns 0, or -1 with err (wrong order or count, write error). */
 int ggw_write_tensor(ggw *w, const float *data, int64_t n, char *err, size_t errlen);
+/* Ask fn(arg) before each tensor is written: nonzero makes ggw_write_tensor fail with
+ * "cancelled" in err (the file is left unfinished under its temporary name, removed by
+ * ggw_free). fn NULL: never. */
+void ggw_set_cancel(ggw *w, int (*fn)(void *arg), void *arg);
 
 /* Check every declared tensor was written, fsync and rename path.tmp to path.
  * Returns 0, or -1 with err (the temporary file is removed). */

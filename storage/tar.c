@@ -23,7 +23,15 @@ struct tar_writer {
     int64_t mtime;
     char *path, *tmp;
     unsigned char *buf;      /* TAR_CHUNK bytes for copying */
+    int (*cancelled)(void *arg);
+    void *cancel_arg;
 };
+
+void tar_set_cancel(tar_writer *t, int (*fn)(void *arg), void *arg)
+{
+    t->cancelled = fn;
+    t->cancel_arg = arg;
+}
 
 /* Octal field of width w (w-1 digits + NUL). Returns -1 when the value does not fit. */
 static int put_octal(char *field, size_t w, uint64_t v)
@@ -173,6 +181,11 @@ int tar_add_file(tar_writer *t, const char *name, const char *src_path, char *er
         return -1;
     }
     while (copied < size) {
+        if (t->cancelled && t->cancelled(t->cancel_arg)) {
+            snprintf(err, errlen, "tar: cancelled");
+            close(fd);
+            return -1;
+        }
         size_t want = size - copied < TAR_CHUNK ? (size_t)(size - copied) : TAR_CHUNK;
         ssize_t r = read(fd, t->buf, want);
         if (r < 0 && errno == EINTR)

@@ -26,6 +26,9 @@ tar_writer *tar_open(const char *path, int64_t mtime, char *err, size_t errlen);
  * Returns 0, or -1 with a reason in err (name too long, unreadable file, write error,
  * the file changed size while being copied). After a failure call tar_abort. */
 int tar_add_file(tar_writer *t, const char *name, const char *src_path, char *err, size_t errlen);
+/* Ask fn(arg) before each MiB copied: nonzero fails the member being added with "cancelled"
+ * in err (then tar_abort). fn NULL: never. */
+void tar_set_cancel(tar_writer *t, int (*fn)(void *arg), void *arg);
 
 /* Append a directory entry `name` (a trailing '/' is added). Returns 0 or -1. */
 int tar_add_dir(tar_writer *t, const char *name, char *err, size_t errlen);

@@ -523,6 +523,56 @@ static void test_gguf_router_f32(void **state)
     arch_free(&a);
 }
 
+/* A cancel asked before each tensor stops an export there: -1 with "cancelled", nothing
+ * under the destination's name, no temporary file left; HF, GGUF and an MoE's GGUF alike. */
+static int cancel_after(void *arg)
+{
+    int *left = arg;
+    return --*left < 0;
+}
+
+static void test_export_cancel(void **state)
+{
+    (void)state;
+    static const int L[][3] = {{4, 2, 64}, {4, 2, 64}, {4, 2, 64}};
+    arch a, e;
+    make_arch(&a, 32, 8, 3, L, 0);
+    make_arch(&e, 32, 8, 3, L, 0);
+    snprintf(e.family, sizeof e.family, "mixtral");
+    for (int l = 0; l < 3; l++) {
+        e.layers[l].ffn_dim = 0;
+        e.layers[l].moe = (arch_moe){.n_experts = 4, .top_k = 2, .expert_ffn_dim = 32, .norm_topk = 1};
+    }
+    eng_model m[2];
+    random_model(&m[0], &a, 41);
+    random_model(&m[1], &e, 42);
+    for (int k = 0; k < 3; k++) {
+        int left = 5;   /* five tensors, then the cancel */
+        exp_opts o = {.dtype = EXP_BF16, .cancelled = cancel_after, .cancel_arg = &left};
+        exp_result r;
+        char dest[512], err[512] = "";
+        path(dest, sizeof dest, k == 0 ? "cancel-hf" : "cancel.gguf");
+        int rc = k == 0 ? exp_hf_write(&m[0], dest, &o, &r, err, sizeof err)
+                        : exp_gguf_write(&m[k - 1], dest, &o, &r, err, sizeof err);
+        assert_int_equal(rc, -1);
+        if (!strstr(err, "cancelled"))
+            fail_msg("export %d: %s", k, err);
+        assert_true(left < 0);   /* asked until it said stop */
+        assert_int_equal(access(dest, F_OK), -1);
+        char **names;
+        size_t n = 0;
+        assert_int_equal(fio_list_dir(tmpdir, &names, &n), 0);
+        for (size_t i = 0; i < n; i++)
+            if (strstr(names[i], "cancel") && strstr(names[i], ".tmp"))
+                fail_msg("export %d left %s", k, names[i]);
+        fio_names_free(names, n);
+    }
+    eng_model_free(&m[0]);
+    eng_model_free(&m[1]);
+    arch_free(&a);
+    arch_free(&e);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -951,6 +1001,7 @@ int main(void)
         cmocka_unit_test(test_gguf_llama3_rope),
         cmocka_unit_test(test_concurrent_exports),
         cmocka_unit_test(test_gguf_router_f32),
+        cmocka_unit_test(test_export_cancel),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ffn_mult),
         cmocka_unit_test(test_digest_detects_damage),
