@@ -59,7 +59,7 @@ typedef struct http_req {
     uint64_t bytes;
     struct http_req *next_parked;
     int off;                    /* OFF_*: where a blocking route's handler stands */
-    int counted;                /* in the server's n_off until its completion */
+    int counted;                /* in the server's n_unsent from its handler's end to its completion */
     char *path;                 /* the decoded path, for the handler thread */
     api_resp off_resp;          /* its response, once OFF_DONE */
     struct http_req *next_off;
@@ -87,7 +87,8 @@ struct http_server {
     /* requests of blocking routes, for the handler threads (guarded by mu) */
     pthread_cond_t off_cv;
     http_req *off_head, *off_tail;
-    int n_off;                      /* handed to the handler threads and not yet completed */
+    int n_off;                      /* handed to the handler threads, not yet handled */
+    int n_unsent;                   /* handled, their answer not yet sent (completed) */
     int stop_handlers;
     pthread_t *handlers;
     int n_handlers;
@@ -564,6 +565,9 @@ static void *handler_main(void *arg)
         off_run(h, r);
         pthread_mutex_lock(&h->mu);
         r->off = OFF_DONE;
+        r->counted = 1;
+        h->n_off--;
+        h->n_unsent++;
         MHD_resume_connection(r->conn);   /* r is the connection's again: not touched after */
     }
     pthread_mutex_unlock(&h->mu);
@@ -583,7 +587,6 @@ static int offload(http_server *h, http_req *r, const char *url)
         return 0;
     }
     r->off = OFF_QUEUED;
-    r->counted = 1;
     MHD_suspend_connection(r->conn);
     if (h->off_tail)
         h->off_tail->next_off = r;
@@ -732,7 +735,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         api_resp_free(&r->off_resp);
     if (r->counted) {
         pthread_mutex_lock(&h->mu);
-        h->n_off--;
+        h->n_unsent--;
         pthread_mutex_unlock(&h->mu);
     }
     free(r->path);
@@ -805,13 +808,20 @@ static void on_panic(void *cls, const char *file, unsigned int line, const char 
     abort();
 }
 
-/* Let every request handed to the handler threads finish and be answered (its completion
- * seen), for at most wait_s; then stop the handler threads. */
+/* Let every request handed to the handler threads be handled (for at most wait_s; each
+ * handler's own wait is bounded) and its answer sent (for at most 2 s more: a short answer
+ * goes out at once, a long download is cut as libmicrohttpd's stop cuts any), then stop the
+ * handler threads. */
 static void handlers_stop(http_server *h, double wait_s)
 {
-    double until = eng_wall_s() + wait_s;
+    double t0 = eng_wall_s(), handled = 0;   /* when the last was handled */
     pthread_mutex_lock(&h->mu);
-    while (h->n_off > 0 && eng_wall_s() < until) {
+    for (;;) {
+        double now = eng_wall_s();
+        if (h->n_off == 0 && handled == 0)
+            handled = now;
+        if (h->n_off > 0 ? now - t0 >= wait_s : h->n_unsent == 0 || now - handled >= 2)
+            break;
         pthread_mutex_unlock(&h->mu);
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -820,14 +830,17 @@ static void handlers_stop(http_server *h, double wait_s)
     int left = h->n_off;
     h->stop_handlers = 1;
     pthread_cond_broadcast(&h->off_cv);
+    int n = h->n_handlers;
     pthread_mutex_unlock(&h->mu);
     if (left > 0)
-        log_msg("warn", "%d requests still open after %.0f s of shutdown", left, wait_s);
-    for (int i = 0; i < h->n_handlers; i++)
+        log_msg("warn", "%d requests still being handled after %.0f s of shutdown", left, wait_s);
+    for (int i = 0; i < n; i++)
         pthread_join(h->handlers[i], NULL);
+    pthread_mutex_lock(&h->mu);
+    h->n_handlers = 0;
+    pthread_mutex_unlock(&h->mu);
     free(h->handlers);
     h->handlers = NULL;
-    h->n_handlers = 0;
 }
 
 http_server *http_start(const srv_config *cfg, api_ctx *api, const auth *au, char *err, size_t errlen)
@@ -951,7 +964,7 @@ void http_stop(http_server *h)
     pthread_mutex_lock(&h->mu);
     h->quiesced = 1;
     pthread_mutex_unlock(&h->mu);
-    handlers_stop(h, 30);
+    handlers_stop(h, 10);   /* well inside the shutdown deadline (serve: grace + 15 s) */
     /* Let the waker answer every parked request, then stop it. */
     for (int i = 0; i < 100 && parked_count() > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};

@@ -5,10 +5,12 @@ connection. A DELETE of a finished job waits up to 5 s for the artifact store's 
 lock, which the test holds (as a publishing worker would): meanwhile /healthz and the job's
 GET answer at once, and the DELETE then answers 503 store_busy. Released, the DELETE
 succeeds. A SIGTERM while such a request waits lets it finish and answer before the server
-exits, with status 0."""
+exits, with status 0; a SIGTERM beside an artifact download whose client stopped reading
+ends the server cleanly within seconds (the download is cut, as at any shutdown)."""
 import fcntl
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -83,10 +85,33 @@ def sigterm_lets_a_waiting_request_answer(s):
     os.close(fd)
 
 
+def sigterm_beside_a_stalled_download(s):
+    """A client that started an artifact download and stopped reading does not hold the
+    shutdown: the server exits cleanly (status 0), within seconds, not at its deadline."""
+    _, _, job = s.json("POST", "/v1/jobs", test_spec(["test_artifact"], x_test_artifact_bytes=64 << 20), expect=201)
+    s.wait_status(job["id"], ("succeeded",), timeout=60)
+    c = socket.create_connection(("127.0.0.1", s.port))
+    c.sendall(("GET /v1/jobs/%s/artifacts/blob.bin HTTP/1.1\r\nHost: x\r\n\r\n" % job["id"]).encode())
+    assert c.recv(4096).startswith(b"HTTP/1.1 200"), "the download did not start"
+    time.sleep(0.3)   # the socket's buffers fill; the client reads nothing more
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = s.proc.wait(30)
+    finally:
+        c.close()
+    dt = time.monotonic() - t0
+    assert rc == 0, "the server exited with %s after %.1f s (its shutdown deadline forced it)" % (rc, dt)
+    assert dt < 12, "shutdown took %.1f s beside a stalled download" % dt
+    print("shutdown beside a stalled download: %.1f s" % dt)
+
+
 def main():
     with Server(env={"AC_HTTP_THREADS": "1"}) as s:
         others_answer_while_delete_waits(s)
         sigterm_lets_a_waiting_request_answer(s)
+    with Server(env={"AC_HTTP_THREADS": "1"}) as s:
+        sigterm_beside_a_stalled_download(s)
     print("ok")
 
 
