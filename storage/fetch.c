@@ -491,8 +491,15 @@ static int fetch_once(const char *url, const char *shown, const char *sha, int64
         }
         struct stat held, named;
         if (fstat(s.fd, &held) == 0 && stat(part, &named) == 0 && held.st_ino == named.st_ino &&
-            held.st_dev == named.st_dev)
-            break;
+            held.st_dev == named.st_dev) {
+            if (stat(out_path, &named) != 0)
+                break;
+            /* the download that held the lock has finished: its file is checked by the caller */
+            snprintf(err, errlen, "%s: finished by another download", out_path);
+            (void)unlink(part);
+            close(s.fd);
+            return FETCH_BUSY;
+        }
         close(s.fd);
         if (tries == 3) {
             snprintf(err, errlen, "%s: replaced while it was opened, again and again", part);
@@ -742,7 +749,8 @@ static int on_progress(void *user, int64_t done, int64_t total)
 static void on_transfer_starts(void *user)
 {
     fetch_service *fs = user;
-    fs->turn_start = eng_wall_s();
+    if (fs->turn_start > 1e299)   /* the turn's first transfer; a retry's does not restart it */
+        fs->turn_start = eng_wall_s();
 }
 
 /* The downloaded file must open as a model. 0, or -1 with err. */
@@ -790,6 +798,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
     snprintf(fs->id, sizeof fs->id, "%s", m->id);
     fs->last_seq = m->seq;
     fs->last_report = fs->last_wait_check = 0;
+    fs->turn_start = 1e300;   /* not yet: the turn starts with the first transfer */
     int64_t limit = fs->max_bytes;
     if (m->size_bytes >= 0 && m->size_bytes < limit)
         limit = m->size_bytes;
@@ -822,7 +831,6 @@ static void fetch_one(fetch_service *fs, const store_model *m)
         o.progress = on_progress;
         o.transfer_starts = on_transfer_starts;
         o.user = fs;
-        fs->turn_start = 1e300;   /* not yet: the turn starts with the attempt's transfer */
         o.ca_file = fs->ca_file;
         rc = fetch_url(m->url, m->sha256, limit, m->path, &o, err, sizeof err);
         if (rc == FETCH_FAILED && o.tls_unverified && !fs->ca_file) {
