@@ -23,6 +23,7 @@
 #include "jobs/retention.h"
 #include "jobs/stage.h"
 #include "storage/artstore.h"
+#include "storage/fetch.h"
 #include "storage/fileio.h"
 #include "storage/tar.h"
 #include "engine/clock.h"
@@ -215,8 +216,10 @@ static int localize_model(job_ctx *ctx, const char *data_dir, char *err, size_t 
         if (fio_temp_name(tmp, sizeof tmp, local)) {
             snprintf(err, errlen, "%.4300s: path too long", local);
         } else if (!art_has_remote(ctx->as)) {
+            char shown[sizeof m->url + 64];
+            fetch_url_shown(m->url, shown, sizeof shown);   /* a presigned URL's secret stays out of the job */
             snprintf(err, errlen, "model %s (%s) was fetched on the API's host into %s: this host has no copy, and "
-                     "no shared artifact store (--artifacts s3://...) to take one from", id, m->url, path);
+                     "no shared artifact store (--artifacts s3://...) to take one from", id, shown, path);
         } else if ((fd = art_open_blob(ctx->as, m->sha256, m->bytes_total, 1, err, errlen)) >= 0) {
             /* the blob is here now, checked against its name: copied beside its final name, then renamed */
             if (art_path(ctx->as, m->sha256, blob, sizeof blob) == 0 && fio_mkdirs(dir) == 0 &&
