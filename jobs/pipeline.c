@@ -63,6 +63,27 @@ static int mkdir_one(const char *p)
     return mkdir(p, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* A stage's folder, made, or as an earlier attempt left it less the temporary files and
+ * folders of writers that are gone (a runner killed mid-write: its exports, snapshots and
+ * copies under fio_temp_name names), which nothing else would remove and a shared
+ * stage's tar would carry. 0, or -1 when it cannot be made. */
+static int stage_dir_ready(const char *dir)
+{
+    if (mkdir_one(dir) < 0)
+        return -1;
+    char **names;
+    size_t n = 0;
+    if (fio_list_dir(dir, &names, &n) < 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char p[4400];
+        if (fio_temp_stale(names[i]) && fio_path_join(p, sizeof p, dir, names[i]) == 0 && fio_remove_tree(p) < 0)
+            fprintf(stderr, "worker: cannot remove %s, left by an earlier attempt\n", p);
+    }
+    fio_names_free(names, n);
+    return 0;
+}
+
 /* store_job_finish, tried again while the store is unavailable. 0, 1 (already terminal),
  * STORE_FENCED or -1. */
 static int finish(store *st, const char *id, const char *status, const char *code, const char *message)
@@ -388,7 +409,7 @@ int job_run(store *st, artstore *as, const char *data_dir, const char *id, char 
             result = finish_stopped(&ctx, st, id, name);
             goto out;
         }
-        if (mkdir_one(ctx.stage_dir) < 0 || rc_store < 0) {
+        if (stage_dir_ready(ctx.stage_dir) < 0 || rc_store < 0) {
             result = -1;
             snprintf(err, errlen, "starting stage %s failed", name);
             goto out;

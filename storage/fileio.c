@@ -267,6 +267,21 @@ int fio_temp_name(char *out, size_t n, const char *path)
     return w < 0 || (size_t)w >= n ? -1 : 0;
 }
 
+int fio_temp_stale(const char *name)
+{
+    const char *t = NULL;
+    for (const char *p = strstr(name, ".tmp."); p; p = strstr(p + 1, ".tmp."))
+        t = p;   /* the last: PATH itself may hold ".tmp." */
+    if (!t)
+        return 0;
+    char *end;
+    errno = 0;
+    long pid = strtol(t + 5, &end, 10);
+    if (errno || end == t + 5 || *end != '.' || pid <= 0 || pid == (long)getpid())
+        return 0;
+    return kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+}
+
 int fio_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
 {
     char tmp[4200];

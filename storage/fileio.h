@@ -82,6 +82,10 @@ char *fio_read_input(const char *path, size_t max_bytes, size_t *len, char *err,
  * random, so that neither do processes of the same pid in other PID namespaces sharing
  * the folder. Create it with O_EXCL. 0, or -1 when it does not fit in n. */
 int fio_temp_name(char *out, size_t n, const char *path);
+/* 1 when name (a file or folder's name, no path) is a fio_temp_name whose writer is gone
+ * (its PID names no process of this PID namespace): what a writer killed mid-write left.
+ * 0 for any other name, this process's own, or a writer still alive. */
+int fio_temp_stale(const char *name);
 
 /* Write len bytes to `path` atomically: into a fio_temp_name file, fsync, rename over
  * path, fsync the folder. Two writers of one path, in threads or processes, each publish
