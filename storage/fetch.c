@@ -340,7 +340,8 @@ static int fx_configure(fx *s, const char *url, char *cerr, char *err, size_t er
         curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, fx_xferinfo) ||
         curl_easy_setopt(c, CURLOPT_XFERINFODATA, s) ||
         curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, connect_s) ||
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L) || curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
+        /* a stall: under 1 KiB/s for stall_s (a drip of bytes is no download) */
+        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L) || curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, stall_s) ||
         curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) || curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr) ||
         curl_easy_setopt(c, CURLOPT_USERAGENT, "autocompress") ||
         fetch_guard_install(c, &s->guard) ||

@@ -43,7 +43,8 @@ typedef struct {
                                   * (after an earlier .part was read back and hashed) */
     void *user;
     long connect_timeout_s;      /* 0: 30 */
-    long stall_timeout_s;        /* abort (FETCH_RETRY) when no byte arrives this long; 0: 60 */
+    long stall_timeout_s;        /* abort (FETCH_RETRY) when less than 1 KiB/s arrives over this
+                                  * long; 0: 60 */
     const char *ca_file;         /* PEM bundle of the CAs https trusts in place of the system
                                   * store (CURLOPT_CAINFO, no CA path); NULL: the system store */
     /* outputs */

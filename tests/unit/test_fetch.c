@@ -32,6 +32,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "engine/clock.h"
 #include "storage/artstore.h"
 #include "storage/fetch.h"
 #include "storage/fileio.h"
@@ -444,6 +445,35 @@ static int cancel_at_once(void *user, int64_t done, int64_t total)
     (void)total;
     ++*(int *)user;
     return 1;
+}
+
+/* A server that drips (a few bytes a second, never silent) is a stalled download: less
+ * than 1 KiB/s over the stall time is a transient failure (retried, then failed), where one
+ * byte per stall time kept it alive for ever (and its model fetching). Here 50 B/s against a
+ * 1 s stall time; the progress callback stops the old behaviour after 5 s. */
+static int stop_after_5s(void *user, int64_t done, int64_t total)
+{
+    (void)done;
+    (void)total;
+    return eng_wall_s() - *(double *)user > 5;
+}
+
+static void test_drip_is_a_stall(void **state)
+{
+    (void)state;
+    srv s;
+    srv_start(&s, body, BODY_LEN, MODE_DRIP);
+    char url[256], out[512], err[1024] = "";
+    url_of(url, sizeof url, &s, "m.bin");
+    path_of(out, sizeof out, "drip.bin");
+    double t0 = eng_wall_s();
+    fetch_opts o = {.flags = FETCH_ALLOW_HTTP | FETCH_ALLOW_PRIVATE, .stall_timeout_s = 1, .progress = stop_after_5s,
+                    .user = &t0};
+    int rc = fetch_url(url, body_sha, BODY_LEN, out, &o, err, sizeof err);
+    if (rc != FETCH_RETRY)
+        fail_msg("a download at 50 B/s ended %d after %.1f s: %s", rc, eng_wall_s() - t0, err);
+    assert_true(eng_wall_s() - t0 < 4);
+    srv_stop(&s);
 }
 
 static void test_cancel_and_schemes(void **state)
@@ -1065,6 +1095,7 @@ int main(void)
         cmocka_unit_test(test_stale_part_and_complete_part),
         cmocka_unit_test(test_http_errors),
         cmocka_unit_test(test_cancel_and_schemes),
+        cmocka_unit_test(test_drip_is_a_stall),
         cmocka_unit_test(test_ca_files),
         cmocka_unit_test(test_private_addresses),
         cmocka_unit_test(test_url_hosts),
