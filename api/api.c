@@ -3,6 +3,7 @@
  * segment captures the rest of the path (so a bad artifact name is a 400, not a 404).
  */
 #include "api/api_internal.h"
+#include "storage/strbuf.h"
 #include "storage/utf8.h"
 
 #include <ctype.h>
@@ -253,16 +254,7 @@ void api_fault_append(json_t *errors, const char *pointer, const char *message)
 
 void api_ptr_join(char *out, size_t n, const char *parent, const char *key)
 {
-    size_t k = (size_t)snprintf(out, n, "%s/", parent);
-    for (const char *p = key; *p && k + 3 < n; p++) {
-        if (*p == '~' || *p == '/') {
-            out[k++] = '~';
-            out[k++] = *p == '~' ? '0' : '1';
-        } else {
-            out[k++] = *p;
-        }
-    }
-    out[k < n ? k : n - 1] = 0;
+    json_ptr_join(out, n, parent, key);
 }
 
 /* At most this many faults are listed; the rest are counted. */

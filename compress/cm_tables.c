@@ -3,6 +3,7 @@
  * import of tables measured in another engine. No prediction here (costmodel.c).
  */
 #include "compress/costmodel.h"
+#include "storage/strbuf.h"
 
 #include <errno.h>
 #include <dirent.h>
@@ -28,8 +29,11 @@ int cmj_check_keys(json_t *o, const char *at, const char *const *known, char *er
         int ok = 0;
         for (int i = 0; known[i]; i++)
             ok |= !strcmp(k, known[i]);
-        if (!ok)
-            FAIL("%s/%s: unknown key", at, k);
+        if (!ok) {
+            char p[300];
+            json_ptr_join(p, sizeof p, at, k);   /* a key with '/' or '~' is one token of it */
+            FAIL("%s: unknown key", p);
+        }
     }
     return 0;
 }

@@ -3,6 +3,7 @@
  * type and range is checked, and errors carry the JSON pointer of the fault.
  */
 #include "storage/archjson.h"
+#include "storage/strbuf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -115,8 +116,11 @@ static int check_keys(perr *pe, json_t *o, const char *at, const char *const *kn
         for (int i = 0; known[i]; i++)
             if (!strcmp(k, known[i]))
                 ok = 1;
-        if (!ok)
-            FAIL(pe, "%s/%s: unknown key", at, k);
+        if (!ok) {
+            char p[300];
+            json_ptr_join(p, sizeof p, at, k);   /* a key with '/' or '~' is one token of it */
+            FAIL(pe, "%s: unknown key", p);
+        }
     }
     return 0;
 }

@@ -35,3 +35,20 @@ void strbuf_printf(strbuf *b, const char *fmt, ...)
         b->cap = cap;
     }
 }
+
+void json_ptr_join(char *out, size_t n, const char *parent, const char *key)
+{
+    if (!n)
+        return;
+    int w = snprintf(out, n, "%s/", parent);
+    size_t k = w < 0 ? 0 : (size_t)w < n ? (size_t)w : n - 1;
+    for (const char *p = key; *p && k + 3 < n; p++) {
+        if (*p == '~' || *p == '/') {
+            out[k++] = '~';
+            out[k++] = *p == '~' ? '0' : '1';
+        } else {
+            out[k++] = *p;
+        }
+    }
+    out[k] = 0;
+}

@@ -16,4 +16,8 @@ typedef struct {
 /* Append the formatted text to b, growing it; on failure set b->oom. */
 void strbuf_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The JSON Pointer (RFC 6901) of member `key` under pointer `parent` into out (n bytes):
+ * "PARENT/KEY" with '~' written "~0" and '/' "~1"; cut to fit. */
+void json_ptr_join(char *out, size_t n, const char *parent, const char *key);
+
 #endif

@@ -87,6 +87,8 @@ static void test_errors_name_pointer(void **state)
                  "/layers/2/attention/n_kv_heads");
     expect_error("\"ffn_dim\": 768", "\"ffn_dim\": 768, \"width\": 3", "/layers/1/mlp/width: unknown key");
     expect_error("\"norm_eps\"", "\"bogus\": 1, \"norm_eps\"", "/bogus: unknown key");
+    /* a key holding '/' or '~' is one pointer token, escaped (RFC 6901) */
+    expect_error("\"norm_eps\"", "\"a/b~c\": 1, \"norm_eps\"", "/a~1b~0c: unknown key");
     expect_error("\"vocab_size\": 49152", "\"vocab_size\": \"big\"", "/vocab_size: must be an integer");
     expect_error("\"hidden_size\": 576,", "", "/hidden_size: required");
     expect_error("\"attention\": null, ", "", "/layers/1/attention: required");
