@@ -20,6 +20,7 @@
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "engine/rng.h"
+#include "storage/fileio.h"
 #include "storage/fetch.h"
 #include "storage/archjson.h"
 #include "storage/modelio.h"
@@ -709,6 +710,13 @@ static json_t *check_evaluation(vctx *v, json_t *in)
                 if (nm)
                     json_object_set(to, "name", nm);
                 path_field(v, t, p, "path", 1, 1, to);
+                const char *rp = json_string_value(json_object_get(to, "path"));
+                if (rp && !fio_has_suffix(rp, ".jsonl")) {   /* the evaluator knows a task file by it */
+                    char pp[160];
+                    api_ptr_join(pp, sizeof pp, p, "path");
+                    fault(v, 422, pp, "a task file is JSON Lines named *.jsonl (as the file it resolves to is "
+                                      "named: links are followed)");
+                }
                 json_array_append_new(tout, to);
             } else {
                 fault(v, 400, p, "must be a task name or an object {name, path}");

@@ -58,6 +58,10 @@ static int setup(void **state)
     touch(p);
     snprintf(p, sizeof p, "%s/text.txt", data);
     touch(p);
+    snprintf(p, sizeof p, "%s/task.jsonl", data);
+    touch(p);
+    snprintf(p, sizeof p, "%s/notes.jsonl", models);
+    touch(p);
     snprintf(p, sizeof p, "%s/secret.bin", dir); /* outside both roots */
     touch(p);
     char target[PATH_MAX + 64];
@@ -181,7 +185,7 @@ static void test_full_spec(void **state)
                     "\"pruning\":{\"reconstruct\":false},"
                     "\"budgets\":{\"search_tokens\":10,\"distill_tokens\":0},\"seed\":7,"
                     "\"data\":{\"calibration\":\"data/text.txt\"},"
-                    "\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":\"mine\",\"path\":\"data/text.txt\"}],\"limit\":5,\"seed\":1},"
+                    "\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":\"mine\",\"path\":\"data/task.jsonl\"}],\"limit\":5,\"seed\":1},"
                     "\"export\":[\"gguf\",\"deci\"],\"metadata\":{\"team\":\"npc\"}}",
                     0, &status, &errors);
     if (!s) {
@@ -258,20 +262,24 @@ static void test_value_faults(void **state)
                  "\"constraints\":{\"latency_ms\":1}}", 422, "/model/sha256");
     /* results are keyed by name: two tasks of one name, whatever their files, are refused */
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":\"x\","
-                 "\"path\":\"data/text.txt\"},{\"name\":\"x\",\"path\":\"models/notes.txt\"}]}}", 422,
+                 "\"path\":\"data/task.jsonl\"},{\"name\":\"x\",\"path\":\"models/notes.jsonl\"}]}}", 422,
                  "/evaluation/tasks/1");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":"
-                 "\"arc_easy\",\"path\":\"data/text.txt\"}]}}", 422, "/evaluation/tasks/1");
+                 "\"arc_easy\",\"path\":\"data/task.jsonl\"}]}}", 422, "/evaluation/tasks/1");
+    /* a task file is known to the evaluator by its name: another name is refused here, not
+     * after hours of work at the evaluate stage */
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":\"t\","
+                 "\"path\":\"data/text.txt\"}]}}", 422, "/evaluation/tasks/0/path");
     /* a name of 64 bytes is a valid one, multi-byte characters and all; 65 is not */
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":"
                  "\"ab\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac"
-                 "\u20ac\u20ac\u20ac\u20ac\",\"path\":\"data/text.txt\"}]}}", 422, "/evaluation/tasks/0/name");
+                 "\u20ac\u20ac\u20ac\u20ac\",\"path\":\"data/task.jsonl\"}]}}", 422, "/evaluation/tasks/0/name");
     {
         int status = 0;
         json_t *errors = NULL;
         json_t *ok = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":"
                          "\"a\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac\u20ac"
-                         "\u20ac\u20ac\u20ac\u20ac\",\"path\":\"data/text.txt\"}]}}", 0, &status, &errors);
+                         "\u20ac\u20ac\u20ac\u20ac\",\"path\":\"data/task.jsonl\"}]}}", 0, &status, &errors);
         assert_non_null(ok);
         json_decref(ok);
     }
