@@ -654,14 +654,22 @@ static json_t *check_pruning(vctx *v, json_t *in, json_t *budgets)
     return json_pack("{s:b}", "reconstruct", r ? json_is_true(r) : !distilled);
 }
 
-static json_t *check_data(vctx *v, json_t *in)
+/* data: the calibration text is required (text_read: the job's stages read it: rank,
+ * search, reconstruction and, without its own text, distillation), so that a job without it
+ * is refused here and not at its rank stage, after its calibration. */
+static json_t *check_data(vctx *v, json_t *in, int text_read)
 {
     json_t *d = member(v, in, "", "data", JSON_OBJECT, 0);
     json_t *out = json_object();
-    if (!d)
+    if (!d) {
+        if (text_read)
+            fault(v, 422, "/data/calibration", "required: the job ranks, searches and distils on this text");
         return out;
+    }
     static const char *const keys[] = {"calibration", "distillation", NULL};
     only_keys(v, d, "/data", keys);
+    if (text_read && !json_object_get(d, "calibration"))
+        fault(v, 422, "/data/calibration", "required: the job ranks, searches and distils on this text");
     path_field(v, d, "/data", "calibration", 0, 1, out);
     path_field(v, d, "/data", "distillation", 0, 1, out);
     return out;
@@ -893,7 +901,7 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     /* the search's and distillation's draws (DNAS samples, Minitron++ trials' and the final
      * distillation's text order): another seed repeats the job as an independent run */
     int_field(&v, in, "", "seed", 1, INT32_MAX, ENG_DEFAULT_SEED, 0, out);
-    json_object_set_new(out, "data", check_data(&v, in));
+    json_object_set_new(out, "data", check_data(&v, in, !json_object_get(in, "x_test_pipeline")));
     json_object_set_new(out, "evaluation", check_evaluation(&v, in));
     json_object_set_new(out, "export", check_export(&v, in));
     if (json_object_get(in, "callback_url")) {

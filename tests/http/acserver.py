@@ -29,6 +29,9 @@ def write_tiny_l2c(path, tokenizer=True):
         open(os.path.join(os.path.dirname(path), "tok32.bin"), "wb").close()
 
 
+CALIB = {"calibration": "data/calib.txt"}   # the text every Server's data root holds
+
+
 def test_spec(pipeline, **extra):
     spec = {"model": {"path": "models/tiny.bin"}, "constraints": {"latency_ms": 50},
             "x_test_pipeline": pipeline}
@@ -67,6 +70,9 @@ class Server:
         self.log_path = os.path.join(self.tmp, "server.log")
         os.makedirs(os.path.join(self.data_dir, "models"), exist_ok=True)
         write_tiny_l2c(os.path.join(self.data_dir, "models", "tiny.bin"))
+        os.makedirs(os.path.join(self.data_dir, "data"), exist_ok=True)   # a job's calibration text: CALIB
+        with open(os.path.join(self.data_dir, "data", "calib.txt"), "w") as f:
+            f.write("Once upon a time there was a tiny model.\n")
 
     def start(self, timeout=15):
         self.log = open(self.log_path, "ab")

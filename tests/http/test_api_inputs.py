@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from acserver import Server, check_problem, test_spec, write_tiny_l2c  # noqa: E402
+from acserver import CALIB, Server, check_problem, test_spec, write_tiny_l2c  # noqa: E402
 
 
 def raw_exchange(port, head, body):
@@ -130,7 +130,7 @@ def main():
         check_problem(*s.json("POST", "/v1/jobs", b'{"name":"a\\u0000b","model":{"path":"models/tiny.bin"},"constraints":{"latency_ms":1}}', ct), 422, "unprocessable_json")
 
         # --- spec validation with pointers
-        base = {"model": {"path": "models/tiny.bin"}, "constraints": {"latency_ms": 100}}
+        base = {"model": {"path": "models/tiny.bin"}, "constraints": {"latency_ms": 100}, "data": dict(CALIB)}
         def bad(mut, status, pointer):
             spec = json.loads(json.dumps(base))
             mut(spec)

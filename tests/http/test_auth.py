@@ -6,7 +6,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from acserver import Server, check_problem, test_spec  # noqa: E402
+from acserver import CALIB, Server, check_problem, test_spec  # noqa: E402
 
 READ = "r" * 8 + "-read-token-0123"
 WRITE = "w" * 8 + "-write-token-0123"
@@ -31,7 +31,7 @@ def main():
         check_problem(*s.json("GET", "/v1/jobs", headers={"Authorization": "Bearer "}), 401)
         s.json("GET", "/v1/jobs", headers=rd, expect=200)
         s.json("GET", "/v1/devices", headers=wr, expect=200)
-        spec = {"model": {"path": "models/tiny.bin"}, "constraints": {"params": 1000}}
+        spec = {"model": {"path": "models/tiny.bin"}, "constraints": {"params": 1000}, "data": CALIB}
         check_problem(*s.json("POST", "/v1/jobs", spec, headers=rd), 403, "insufficient_scope")
         check_problem(*s.json("POST", "/v1/jobs", spec), 401)
         st, hd, job = s.json("POST", "/v1/jobs", spec, headers=wr, expect=201)

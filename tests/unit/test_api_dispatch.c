@@ -107,6 +107,11 @@ static int setup(void **state)
     snprintf(p, sizeof p, "%s/tiny.bin", models);
     assert_int_equal(tiny_l2c_write(p), 0);
     assert_int_equal(tiny_l2c_tok_write(models), 0);
+    snprintf(p, sizeof p, "%s/calib.txt", models);
+    FILE *cf = fopen(p, "w");
+    assert_non_null(cf);
+    assert_true(fputs("Once upon a time.\n", cf) >= 0);
+    assert_int_equal(fclose(cf), 0);
     snprintf(p, sizeof p, "%s/t.db", dir);
     ctx.st = store_open(p, err, sizeof err);
     assert_non_null(ctx.st);
@@ -201,7 +206,7 @@ static void test_problem_shape(void **state)
 static void test_create_idempotent_etag(void **state)
 {
     (void)state;
-    const char *spec = "{\"model\":{\"path\":\"models/tiny.bin\"},\"constraints\":{\"params\":10}}";
+    const char *spec = "{\"model\":{\"path\":\"models/tiny.bin\"},\"data\":{\"calibration\":\"models/calib.txt\"},\"constraints\":{\"params\":10}}";
     const char *h[] = {"Idempotency-Key", "abc", NULL};
     api_resp r1, r2, r3;
     call("POST", "/v1/jobs", spec, h, NULL, &r1);
@@ -212,13 +217,13 @@ static void test_create_idempotent_etag(void **state)
     snprintf(loc, sizeof loc, "/v1/jobs/%s", id);
     assert_string_equal(header(&r1, "Location"), loc);
     /* the same body with other whitespace replays the stored response */
-    call("POST", "/v1/jobs", "{ \"constraints\": {\"params\": 10}, \"model\": {\"path\": \"models/tiny.bin\"} }", h, NULL, &r2);
+    call("POST", "/v1/jobs", "{ \"data\": {\"calibration\": \"models/calib.txt\"}, \"constraints\": {\"params\": 10}, \"model\": {\"path\": \"models/tiny.bin\"} }", h, NULL, &r2);
     assert_int_equal(r2.status, 201);
     assert_string_equal(header(&r2, "Idempotent-Replayed"), "true");
     assert_non_null(r2.text);
     assert_non_null(strstr(r2.text, id));
     api_resp_free(&r2);
-    call("POST", "/v1/jobs", "{\"model\":{\"path\":\"models/tiny.bin\"},\"constraints\":{\"params\":11}}", h, NULL, &r3);
+    call("POST", "/v1/jobs", "{\"model\":{\"path\":\"models/tiny.bin\"},\"data\":{\"calibration\":\"models/calib.txt\"},\"constraints\":{\"params\":11}}", h, NULL, &r3);
     assert_int_equal(r3.status, 422);
     assert_string_equal(json_string_value(json_object_get(r3.json, "code")), "idempotency_key_reused");
     api_resp_free(&r3);
@@ -251,7 +256,7 @@ static void test_create_idempotent_etag(void **state)
 static void test_replay_beside_delete(void **state)
 {
     (void)state;
-    const char *spec = "{\"model\":{\"path\":\"models/tiny.bin\"},\"constraints\":{\"params\":12}}";
+    const char *spec = "{\"model\":{\"path\":\"models/tiny.bin\"},\"data\":{\"calibration\":\"models/calib.txt\"},\"constraints\":{\"params\":12}}";
     const char *h[] = {"Idempotency-Key", "race-1", NULL};
     api_resp r1, r2, r3;
     call("POST", "/v1/jobs", spec, h, NULL, &r1);
@@ -279,7 +284,7 @@ static void test_replay_beside_delete(void **state)
 static void publish_blob(char first, char id[48], char sha[65], char *path, size_t pathlen)
 {
     api_resp r;
-    call("POST", "/v1/jobs", "{\"model\":{\"path\":\"models/tiny.bin\"},\"constraints\":{\"params\":10}}", NULL, NULL, &r);
+    call("POST", "/v1/jobs", "{\"model\":{\"path\":\"models/tiny.bin\"},\"data\":{\"calibration\":\"models/calib.txt\"},\"constraints\":{\"params\":10}}", NULL, NULL, &r);
     snprintf(id, 48, "%s", json_string_value(json_object_get(r.json, "id")));
     api_resp_free(&r);
     char src[128];

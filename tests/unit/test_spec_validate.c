@@ -129,7 +129,9 @@ static void expect_fault(const char *text, int want_status, const char *ptr)
     json_decref(errors);
 }
 
-#define OK_MODEL "\"model\":{\"path\":\"models/tiny.bin\"}"
+#define MODEL_ONLY "\"model\":{\"path\":\"models/tiny.bin\"}"
+/* a model and the calibration text every job reads */
+#define OK_MODEL "\"model\":{\"path\":\"models/tiny.bin\"},\"data\":{\"calibration\":\"data/text.txt\"}"
 
 static void test_defaults(void **state)
 {
@@ -266,6 +268,11 @@ static void test_value_faults(void **state)
                  "/evaluation/tasks/1");
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[\"arc_easy\",{\"name\":"
                  "\"arc_easy\",\"path\":\"data/task.jsonl\"}]}}", 422, "/evaluation/tasks/1");
+    /* every job reads its calibration text: a job without one is refused (a test pipeline,
+     * which reads none, is not: test_test_fields) */
+    expect_fault("{" MODEL_ONLY ",\"constraints\":{\"latency_ms\":1}}", 422, "/data/calibration");
+    expect_fault("{" MODEL_ONLY ",\"constraints\":{\"latency_ms\":1},\"data\":{\"distillation\":\"data/text.txt\"}}",
+                 422, "/data/calibration");
     /* a task file is known to the evaluator by its name: another name is refused here, not
      * after hours of work at the evaluate stage */
     expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"evaluation\":{\"tasks\":[{\"name\":\"t\","
@@ -303,11 +310,13 @@ static void test_paths(void **state)
     expect_fault("{\"model\":{\"path\":\"/etc/passwd\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
     expect_fault("{\"model\":{\"path\":\"secret.bin\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
     expect_fault("{\"model\":{\"path\":\"models/escape.bin\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
-    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"data\":{\"distillation\":\"/tmp/../etc\"}}", 403,
+    expect_fault("{" MODEL_ONLY ",\"constraints\":{\"latency_ms\":1},\"data\":{\"calibration\":\"data/text.txt\","
+                 "\"distillation\":\"/tmp/../etc\"}}", 403,
                  "/data/distillation");
     /* a symlink that stays inside a root is fine; absolute paths inside a root are fine */
     char text[PATH_MAX * 2];
-    snprintf(text, sizeof text, "{\"model\":{\"path\":\"%s/inside.bin\"},\"constraints\":{\"latency_ms\":1}}", models);
+    snprintf(text, sizeof text, "{\"model\":{\"path\":\"%s/inside.bin\"},\"constraints\":{\"latency_ms\":1},"
+             "\"data\":{\"calibration\":\"data/text.txt\"}}", models);
     int status;
     json_t *errors;
     json_t *s = run(text, 0, &status, &errors);
@@ -539,7 +548,7 @@ static void expect_engine_absent(const char *target)
     char text[1024];
     spec_env env = env_of(0);
     const char *bodies[3] = {"{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":%s}",
-                             "{" OK_MODEL ",\"target\":%s}", "{" OK_MODEL ",\"target\":%s}"};
+                             "{" MODEL_ONLY ",\"target\":%s}", "{" MODEL_ONLY ",\"target\":%s}"};
     for (int route = 0; route < 3; route++) {
         snprintf(text, sizeof text, bodies[route], target);
         json_t *in = json_loads(text, 0, NULL), *errors = NULL;
