@@ -490,18 +490,17 @@ static int fetch_once(const char *url, const char *shown, const char *sha, int64
             close(s.fd);
             return FETCH_BUSY;
         }
-        struct stat held, named;
+        struct stat held = {0}, named;
         if (fstat(s.fd, &held) == 0 && stat(part, &named) == 0 && held.st_ino == named.st_ino &&
-            held.st_dev == named.st_dev) {
-            if (stat(out_path, &named) != 0)
-                break;
-            /* the download that held the lock has finished: its file is checked by the caller */
+            held.st_dev == named.st_dev)
+            break;
+        close(s.fd);
+        /* renamed into place: the download that held the lock has finished (a caller may
+         * have made out_path itself beforehand, so only a replaced .part says this) */
+        if (held.st_nlink > 0 && stat(out_path, &named) == 0 && named.st_ino == held.st_ino) {
             snprintf(err, errlen, "%s: finished by another download", out_path);
-            (void)unlink(part);
-            close(s.fd);
             return FETCH_BUSY;
         }
-        close(s.fd);
         if (tries == 3) {
             snprintf(err, errlen, "%s: replaced while it was opened, again and again", part);
             return FETCH_BUSY;
