@@ -56,19 +56,38 @@ void s3_close(s3_client *c)
     free(c);
 }
 
-/* "key = value" lines of a credentials file into the client. 0, or -1 with err. */
+/* "key = value" lines of a credentials file into the client: those before any [section]
+ * and those of the profile AWS_PROFILE names (else [default]; "[profile NAME]" as
+ * ~/.aws/config writes it), never another profile's. 0, or -1 with err. */
 static int read_credentials(s3_client *c, const char *path, char *err, size_t errlen)
 {
     size_t n;
     char *txt = fio_read_input(path, 1 << 16, &n, err, errlen);
     if (!txt)
         return -1;
+    const char *want = getenv("AWS_PROFILE");
+    if (!want || !*want)
+        want = "default";
+    int ours = 1;   /* before any section */
     for (char *line = txt, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next)
             *next++ = 0;
+        while (*line == ' ' || *line == '\t')
+            line++;
+        if (line[0] == '[') {
+            char *close = strchr(line, ']'), *name = line + 1;
+            if (close)
+                *close = 0;
+            if (!strncmp(name, "profile ", 8))
+                name += 8;
+            while (*name == ' ')
+                name++;
+            ours = close && !strcmp(name, want);
+            continue;
+        }
         char *eq = strchr(line, '=');
-        if (!eq || line[0] == '#' || line[0] == '[')
+        if (!eq || line[0] == '#' || line[0] == ';' || !ours)
             continue;
         char *k = line, *v = eq + 1, *e = eq;
         *eq = 0;

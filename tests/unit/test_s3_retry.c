@@ -43,6 +43,7 @@ typedef struct {
     int n_steps, served;
     size_t body_len[MAX_STEPS];   /* request body bytes each request carried */
     char method[MAX_STEPS][8];
+    char head[MAX_STEPS][2048];   /* each request's line and headers (cut to fit) */
 } endpoint;
 
 static int send_all(int fd, const char *p, size_t n)
@@ -57,8 +58,9 @@ static int send_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* Read one request (headers, then Content-Length bytes of body); its method and body size. */
-static int read_request(int fd, char method[8], size_t *body)
+/* Read one request (headers, then Content-Length bytes of body); its method, head and
+ * body size. */
+static int read_request(int fd, char method[8], char head[2048], size_t *body)
 {
     char buf[16384];
     size_t got = 0;
@@ -74,6 +76,7 @@ static int read_request(int fd, char method[8], size_t *body)
         end = strstr(buf, "\r\n\r\n");
     }
     snprintf(method, 8, "%.*s", (int)strcspn(buf, " "), buf);
+    snprintf(head, 2048, "%.*s", (int)(end - buf), buf);
     const char *cl = strcasestr(buf, "\r\nContent-Length:");
     size_t want = cl ? (size_t)strtoull(cl + 17, NULL, 10) : 0, have = got - (size_t)(end + 4 - buf);
     while (have < want) {
@@ -94,7 +97,7 @@ static void *endpoint_main(void *arg)
         if (fd < 0)
             return NULL;
         int i = e->served;
-        if (read_request(fd, e->method[i], &e->body_len[i]) < 0) {
+        if (read_request(fd, e->method[i], e->head[i], &e->body_len[i]) < 0) {
             close(fd);
             continue;
         }
@@ -272,12 +275,55 @@ static void test_ranges(void **state)
     endpoint_stop(&cut);
 }
 
+/* A credentials file of ~/.aws/credentials' shape: the profile AWS_PROFILE names (else
+ * [default]) is the one read, its token with its keys; another profile's keys, or its
+ * token, never mix in. Lines before any [section] (this product's own format) count for
+ * every profile. */
+static void test_credentials_profiles(void **state)
+{
+    (void)state;
+    char path[128], err[512];
+    snprintf(path, sizeof path, "%s/credentials", dir);
+    static const char text[] = "[default]\naws_access_key_id = AKIADEFAULT\naws_secret_access_key = s-default\n"
+                               "aws_session_token = tok-default\n\n[prod]\naws_access_key_id = AKIAPROD\n"
+                               "aws_secret_access_key = s-prod\n";
+    assert_int_equal(fio_write_atomic(path, text, sizeof text - 1, err, sizeof err), 0);
+    static const char *const profiles[] = {NULL, "prod"}, *const want_key[] = {"AKIADEFAULT/", "AKIAPROD/"};
+    for (int k = 0; k < 2; k++) {
+        if (profiles[k])
+            setenv("AWS_PROFILE", profiles[k], 1);
+        else
+            unsetenv("AWS_PROFILE");
+        endpoint e = {.n_steps = 1, .steps = {{200, "Content-Length: 3\r\n", NULL, 0}}};
+        endpoint_start(&e);
+        char ep[64];
+        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
+        s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .credentials_file = path};
+        s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
+        if (!c)
+            fail_msg("s3_open: %s", err);
+        int64_t size = 0;
+        (void)s3_head(c, "k", &size, NULL, err, sizeof err);
+        s3_close(c);
+        endpoint_stop(&e);
+        unsetenv("AWS_PROFILE");
+        assert_int_equal(e.served, 1);
+        if (!strstr(e.head[0], want_key[k]))
+            fail_msg("profile %s: signed with another key: %s", profiles[k] ? profiles[k] : "default", e.head[0]);
+        int token = strcasestr(e.head[0], "x-amz-security-token: tok-default") != NULL;
+        if (token != (k == 0))
+            fail_msg("profile %s: the session token %s: %s", profiles[k] ? profiles[k] : "default",
+                     token ? "of [default] went with it" : "is missing", e.head[0]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_retried),
         cmocka_unit_test(test_final_answer_not_retried),
         cmocka_unit_test(test_ranges),
+        cmocka_unit_test(test_credentials_profiles),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
