@@ -756,16 +756,49 @@ static void register_stories(store *st, store_model *m, const char *data_dir, in
     assert_string_equal(m->status, "fetching");
 }
 
+/* stories260K's bytes (*len of them; free) and their sha256 into sha (may be NULL) */
+static unsigned char *stories_bytes(size_t *len, char sha[65])
+{
+    const char *shared = getenv("AC_SHARED");
+    char src[600];
+    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    unsigned char *model = slurp(src, len);
+    if (sha)
+        art_sha256_buf(model, *len, sha);
+    return model;
+}
+
+/* A data folder of its own under the test's tmpdir (its path into data) and a store in it. */
+static store *fresh_store(const char *name, char *data, size_t n)
+{
+    char db[700], err[1024];
+    path_of(data, n, name);
+    assert_int_equal(mkdir(data, 0755), 0);
+    snprintf(db, sizeof db, "%s/t.db", data);
+    store *st = store_open(db, err, sizeof err);
+    assert_non_null(st);
+    return st;
+}
+
+/* Open (creating) the .part of m's download, its folder made; the descriptor. */
+static int open_part(const store_model *m, int flags)
+{
+    char part[sizeof m->path + 8], folder[sizeof m->path];
+    snprintf(part, sizeof part, "%s.part", m->path);
+    snprintf(folder, sizeof folder, "%s", m->path);
+    *strrchr(folder, '/') = 0;
+    assert_int_equal(fio_mkdirs(folder), 0);
+    int fd = open(part, flags | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    return fd;
+}
+
 static void test_fetcher_resumes(void **state)
 {
     (void)state;
-    const char *shared = getenv("AC_SHARED");
-    char src[600], db[600], err[1024] = "";
-    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    char db[600], err[1024] = "", sha[65];
     size_t len;
-    unsigned char *model = slurp(src, &len);
-    char sha[65];
-    art_sha256_buf(model, len, sha);
+    unsigned char *model = stories_bytes(&len, sha);
     srv s;
     srv_start(&s, model, len, MODE_RANGE);
     path_of(db, sizeof db, "fetcher.db");
@@ -880,21 +913,13 @@ static void test_fetcher_resumes(void **state)
 static void test_fetcher_turns(void **state)
 {
     (void)state;
-    const char *shared = getenv("AC_SHARED");
-    char src[600], db[600], data[600], err[1024] = "";
-    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    char data[600], err[1024] = "", sha[65];
     size_t len;
-    unsigned char *model = slurp(src, &len);
-    char sha[65];
-    art_sha256_buf(model, len, sha);
+    unsigned char *model = stories_bytes(&len, sha);
     srv drip, good;
     srv_start(&drip, model, len, MODE_DRIP);
     srv_start(&good, model, len, MODE_RANGE);
-    path_of(data, sizeof data, "turns");
-    assert_int_equal(mkdir(data, 0755), 0);
-    path_of(db, sizeof db, "turns/t.db");
-    store *st = store_open(db, err, sizeof err);
-    assert_non_null(st);
+    store *st = fresh_store("turns", data, sizeof data);
 
     store_model *slow = calloc(1, sizeof *slow), *m = calloc(1, sizeof *m), *got = calloc(1, sizeof *got);
     assert_non_null(slow);
@@ -936,32 +961,19 @@ static void test_fetcher_turns(void **state)
 static void test_turn_counts_from_the_transfer(void **state)
 {
     (void)state;
-    const char *shared = getenv("AC_SHARED");
-    char src[600], db[600], data[600], err[1024] = "";
-    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    char data[600], err[1024] = "";
     size_t len;
-    unsigned char *model = slurp(src, &len);
+    unsigned char *model = stories_bytes(&len, NULL);
     srv big, other;
     srv_start(&big, model, len, MODE_DRIP);
     srv_start(&other, model, len, MODE_DRIP);
-    path_of(data, sizeof data, "turnclock");
-    assert_int_equal(mkdir(data, 0755), 0);
-    path_of(db, sizeof db, "turnclock/t.db");
-    store *st = store_open(db, err, sizeof err);
-    assert_non_null(st);
+    store *st = fresh_store("turnclock", data, sizeof data);
     store_model *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     assert_non_null(a);
     assert_non_null(b);
     register_new(st, a, big.port, "big.bin", 'b');
     register_new(st, b, other.port, "other.bin", 'c');
-    char part[sizeof a->path + 8];
-    snprintf(part, sizeof part, "%s.part", a->path);
-    char folder[sizeof a->path];
-    snprintf(folder, sizeof folder, "%s", a->path);
-    *strrchr(folder, '/') = 0;
-    assert_int_equal(fio_mkdirs(folder), 0);
-    int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
+    int fd = open_part(a, O_WRONLY | O_TRUNC);
     assert_int_equal(ftruncate(fd, 256LL << 20), 0);
     assert_int_equal(close(fd), 0);
 
@@ -998,31 +1010,19 @@ static void test_turn_counts_from_the_transfer(void **state)
 static void test_part_locked_by_another(void **state)
 {
     (void)state;
-    const char *shared = getenv("AC_SHARED");
-    char src[600], db[600], data[600], err[1024] = "";
-    snprintf(src, sizeof src, "%s/data/models/stories260K/stories260K.bin", shared ? shared : "../shared");
+    char data[600], err[1024] = "", sha[65];
     size_t len;
-    unsigned char *model = slurp(src, &len);
-    char sha[65];
-    art_sha256_buf(model, len, sha);
+    unsigned char *model = stories_bytes(&len, sha);
     srv s;
     srv_start(&s, model, len, MODE_RANGE);
-    path_of(data, sizeof data, "locked");
-    assert_int_equal(mkdir(data, 0755), 0);
-    path_of(db, sizeof db, "locked/t.db");
-    store *st = store_open(db, err, sizeof err);
-    assert_non_null(st);
+    store *st = fresh_store("locked", data, sizeof data);
     store_model *m = calloc(1, sizeof *m), *got = calloc(1, sizeof *got);
     assert_non_null(m);
     assert_non_null(got);
     register_stories(st, m, data, s.port, sha);
-    char part[sizeof m->path + 8], folder[sizeof m->path];
+    char part[sizeof m->path + 8];
     snprintf(part, sizeof part, "%s.part", m->path);
-    snprintf(folder, sizeof folder, "%s", m->path);
-    *strrchr(folder, '/') = 0;
-    assert_int_equal(fio_mkdirs(folder), 0);
-    int fd = open(part, O_RDWR | O_CREAT, 0644);
-    assert_true(fd >= 0);
+    int fd = open_part(m, O_RDWR);
     assert_int_equal(write(fd, model, 1000), 1000);   /* the other's first bytes */
     pid_t other = fork();
     assert_true(other >= 0);
