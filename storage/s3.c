@@ -130,7 +130,11 @@ static int parse_endpoint(s3_client *c, const char *ep, int allow_http, char *er
     size_t n = rest ? strcspn(rest, "/?#") : 0;
     if (!rest || n == 0 || n >= sizeof c->authority || strpbrk(rest, "@ \t\r\n") ||
         (rest[n] && strcmp(rest + n, "/"))) {
-        snprintf(err, errlen, "S3 endpoint \"%s\" is not %s://HOST[:PORT]", ep, allow_http ? "http(s)" : "https");
+        /* named without what an '@' puts before the host (a user and password, never shown) */
+        const char *at = rest ? strchr(rest, '@') : NULL;
+        snprintf(err, errlen, "S3 endpoint \"%.*s%s\" is not %s://HOST[:PORT]%s", at ? (int)(rest - ep) : (int)strlen(ep),
+                 ep, at ? at + 1 : "", allow_http ? "http(s)" : "https", at ? " (credentials go in the credentials "
+                 "file or the environment, not the URL)" : "");
         return -1;
     }
     memcpy(c->authority, rest, n);
@@ -167,6 +171,18 @@ s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errle
         goto fail;
     }
     memcpy(c->prefix, p, pl);
+    /* "." and ".." segments (and empty ones) would be folded by the HTTP client after the
+     * request was signed over them: every object request would fail its signature */
+    for (const char *seg = c->prefix; *c->prefix;) {
+        size_t sl = strcspn(seg, "/");
+        if (sl == 0 || (sl == 1 && seg[0] == '.') || (sl == 2 && seg[0] == '.' && seg[1] == '.')) {
+            snprintf(err, errlen, "artifact URL prefix \"%s\" has an empty, \".\" or \"..\" segment", c->prefix);
+            goto fail;
+        }
+        if (!seg[sl])
+            break;
+        seg += sl + 1;
+    }
     const char *reg = o->region;
     char *env_reg = reg ? NULL : dup_env("AWS_REGION", "AWS_DEFAULT_REGION");
     reg = reg ? reg : env_reg ? env_reg : "us-east-1";

@@ -317,6 +317,33 @@ static void test_credentials_profiles(void **state)
     }
 }
 
+/* s3_open refuses what would fail later or leak: a prefix with "." or ".." segments (the
+ * HTTP client folds them after signing, so every request would fail its signature), and
+ * names an endpoint with a user and password without them. */
+static void test_open_refusals(void **state)
+{
+    (void)state;
+    char err[512];
+    static const char *const urls[] = {"s3://bucket/a/../b", "s3://bucket/./x", "s3://bucket/a//b", "s3://bucket/.."};
+    s3_options o = {.endpoint = "https://s3.example.com", .region = "us-east-1"};
+    for (size_t i = 0; i < sizeof urls / sizeof *urls; i++) {
+        s3_client *c = s3_open(urls[i], &o, err, sizeof err);
+        if (c) {
+            s3_close(c);
+            fail_msg("%s was taken", urls[i]);
+        }
+        assert_non_null(strstr(err, "segment"));
+    }
+    s3_client *c = s3_open("s3://bucket/a.b/c..d/.e", &o, err, sizeof err);   /* dots inside names are names */
+    if (!c)
+        fail_msg("s3://bucket/a.b/c..d/.e: %s", err);
+    s3_close(c);
+    o.endpoint = "https://AKIAUSER:s3cr3tpass@s3.example.com";
+    assert_null(s3_open("s3://bucket/p", &o, err, sizeof err));
+    if (strstr(err, "s3cr3tpass") || strstr(err, "AKIAUSER") || !strstr(err, "s3.example.com"))
+        fail_msg("the refusal: %s", err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +351,7 @@ int main(void)
         cmocka_unit_test(test_final_answer_not_retried),
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_credentials_profiles),
+        cmocka_unit_test(test_open_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
