@@ -156,7 +156,8 @@ static int inside_roots(const spec_env *env, const char *path)
  * tokenizers it looks for (tokenizer.json; llama2.c's tok<vocab>.bin or tokenizer.bin). */
 static int read_beside_file(const char *name)
 {
-    if (!strcmp(name, "config.json") || !strcmp(name, "tokenizer.json") || !strcmp(name, "tokenizer.bin"))
+    if (!strcmp(name, "config.json") || !strcmp(name, "tokenizer.json") || !strcmp(name, "tokenizer.bin") ||
+        !strcmp(name, "tokenizer_config.json") || !strcmp(name, "special_tokens_map.json"))   /* read with it */
         return 1;
     size_t n = strlen(name), k = 3;
     if (n < 8 || strncmp(name, "tok", 3) || strcmp(name + n - 4, ".bin"))

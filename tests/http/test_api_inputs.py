@@ -204,6 +204,18 @@ def main():
         st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/stleak/m.safetensors"}))
         check_problem(st, hd, doc, 403, pointer="/model/path")
         assert "file config.json is a link" in json.dumps(doc), doc
+        # the files read with a tokenizer.json beside a model file (its special tokens) alike
+        os.makedirs(os.path.join(d, "models", "specleak"))
+        open(os.path.join(d, "models", "specleak", "m.safetensors"), "wb").write(b"\x02\0\0\0\0\0\0\0{}")
+        with open(os.path.join(d, "models", "specleak", "config.json"), "w") as f:
+            f.write("{}")
+        with open(os.path.join(outside, "tokenizer_config.json"), "w") as f:
+            f.write("{}")
+        os.symlink(os.path.join(outside, "tokenizer_config.json"),
+                   os.path.join(d, "models", "specleak", "tokenizer_config.json"))
+        st, hd, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/specleak/m.safetensors"}))
+        check_problem(st, hd, doc, 403, pointer="/model/path")
+        assert "file tokenizer_config.json is a link" in json.dumps(doc) and outside not in json.dumps(doc), doc
         os.unlink(os.path.join(d, "models", "tokleak", "tok32.bin"))
         open(os.path.join(d, "models", "tokleak", "tok32.bin"), "wb").close()
         st, _, doc = post(s, "/v1/jobs", dict(base, model={"path": "models/tokleak/m.bin"}, name="a link not read"))
