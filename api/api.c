@@ -252,10 +252,6 @@ void api_fault_append(json_t *errors, const char *pointer, const char *message)
     json_array_append_new(errors, json_pack("{s:s,s:s}", "pointer", p, "message", m));
 }
 
-void api_ptr_join(char *out, size_t n, const char *parent, const char *key)
-{
-    json_ptr_join(out, n, parent, key);
-}
 
 /* At most this many faults are listed; the rest are counted. */
 #define API_MAX_ERRORS 100
@@ -402,7 +398,7 @@ static void pointer_at(const char *b, size_t n, size_t pos, char *out, size_t ou
         if (st[k].obj && st[k].keyed != 1)
             break;
         if (st[k].obj)
-            api_ptr_join(step, sizeof step, out, st[k].key);   /* RFC 6901: ~ as ~0, / as ~1 */
+            json_ptr_join(step, sizeof step, out, st[k].key);   /* RFC 6901: ~ as ~0, / as ~1 */
         else if (snprintf(step, sizeof step, "%s/%ld", out, st[k].idx) >= (int)sizeof step)
             break;   /* too deep to name: the pointer so far */
         if (snprintf(out, outlen, "%s", step) >= (int)outlen)

@@ -112,10 +112,6 @@ void api_utf8_clean(const char *in, char *out, size_t n);
  * fault (jansson refuses invalid UTF-8, and the fault was dropped while its status stood). */
 void api_fault_append(json_t *errors, const char *pointer, const char *message);
 
-/* The JSON pointer of parent + "/" + key into out (capacity n), key escaped per RFC 6901
- * ('~' as "~0", '/' as "~1"), cut at n. */
-void api_ptr_join(char *out, size_t n, const char *parent, const char *key);
-
 /* Device d as /v1/devices lists it: {id, object, kind, description, memory_bytes,
  * compute_capability, cores, precisions, blas (CPU)}. Also what a runner registers
  * (store_runner_beat). NEW reference, or NULL on OOM. */

@@ -15,6 +15,7 @@
 #include "compress/costmodel.h"
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
+#include "storage/strbuf.h"
 #include "storage/archjson.h"
 #include "storage/fetch.h"
 #include "storage/fileio.h"
@@ -225,7 +226,7 @@ void h_models_create(api_ctx *ctx, const api_req *req, const char *const *params
                         !strcmp(key, "url") || (by_url && (!strcmp(key, "sha256") || !strcmp(key, "size_bytes")));
             if (!known) {
                 char p[300];
-                api_ptr_join(p, sizeof p, "", key);
+                json_ptr_join(p, sizeof p, "", key);
                 FAULT(400, p, !strcmp(key, "sha256") || !strcmp(key, "size_bytes") ? "only with url" : "unknown field");
             }
         }

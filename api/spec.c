@@ -20,6 +20,7 @@
 #include "compress/llamacpp.h"
 #include "engine/devices.h"
 #include "engine/rng.h"
+#include "storage/strbuf.h"
 #include "storage/fileio.h"
 #include "storage/fetch.h"
 #include "storage/archjson.h"
@@ -67,7 +68,7 @@ static void only_keys(vctx *v, json_t *obj, const char *ptr, const char *const *
             ok = !strcmp(key, allowed[i]);
         if (!ok) {
             char p[512];
-            api_ptr_join(p, sizeof p, ptr, key);
+            json_ptr_join(p, sizeof p, ptr, key);
             fault(v, 400, p, "unknown field '%s'", key);
         }
     }
@@ -79,7 +80,7 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
                       int required)
 {
     char p[512];
-    api_ptr_join(p, sizeof p, ptr, key);
+    json_ptr_join(p, sizeof p, ptr, key);
     json_t *m = json_object_get(obj, key);
     if (!m) {
         if (required)
@@ -149,7 +150,7 @@ static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, js
     json_int_t x = int_value(m);
     if (x < lo || x > hi) {
         char p[512];
-        api_ptr_join(p, sizeof p, ptr, key);
+        json_ptr_join(p, sizeof p, ptr, key);
         fault(v, 422, p, "must be between %lld and %lld (got %lld)", (long long)lo, (long long)hi,
               (long long)x);
         return;
@@ -171,7 +172,7 @@ static json_t *string_field(vctx *v, json_t *obj, const char *ptr, const char *k
     json_t *m = member(v, obj, ptr, key, JSON_STRING, required);
     if (m && !utf8_ok_len(m, maxlen)) {
         char p[512];
-        api_ptr_join(p, sizeof p, ptr, key);
+        json_ptr_join(p, sizeof p, ptr, key);
         fault(v, 422, p, "must be at most %zu bytes of UTF-8, without NUL bytes", maxlen);
         return NULL;
     }
@@ -197,7 +198,7 @@ static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, i
     if (!m)
         return;
     char p[512], resolved[4096], msg[256];
-    api_ptr_join(p, sizeof p, ptr, key);
+    json_ptr_join(p, sizeof p, ptr, key);
     int rc = spec_resolve_path(v->env, json_string_value(m), resolved, sizeof resolved, msg, sizeof msg);
     if (rc) {
         fault(v, rc, p, "%s", msg);
@@ -233,7 +234,7 @@ static void model_path(vctx *v, json_t *obj, const char *ptr, json_t *out)
     path_field(v, obj, ptr, "tokenizer", 0, 1, out);
     json_t *p = json_object_get(out, "path");
     char why[1024], at[256], bad[256];
-    api_ptr_join(at, sizeof at, ptr, "path");
+    json_ptr_join(at, sizeof at, ptr, "path");
     /* the loader reads a model's files by name, links followed: none may lead out */
     if (p && spec_model_confined(v->env, json_string_value(p), bad, sizeof bad)) {
         fault(v, 403, at, "the model's file %s is a link that leads outside the allowed roots (see --data-root)",
@@ -574,7 +575,7 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
         any = 1;
         double x = num(m);
         char p[128];
-        api_ptr_join(p, sizeof p, "/constraints", keys[i]);
+        json_ptr_join(p, sizeof p, "/constraints", keys[i]);
         if (!(x > 0) || !isfinite(x) || x > 1e9) {
             fault(v, 422, p, "must be a positive number no larger than 1e9");
             continue;
@@ -661,15 +662,12 @@ static json_t *check_data(vctx *v, json_t *in, int text_read)
 {
     json_t *d = member(v, in, "", "data", JSON_OBJECT, 0);
     json_t *out = json_object();
-    if (!d) {
-        if (text_read)
-            fault(v, 422, "/data/calibration", "required: the job ranks, searches and distils on this text");
-        return out;
-    }
-    static const char *const keys[] = {"calibration", "distillation", NULL};
-    only_keys(v, d, "/data", keys);
     if (text_read && !json_object_get(d, "calibration"))
         fault(v, 422, "/data/calibration", "required: the job ranks, searches and distils on this text");
+    if (!d)
+        return out;
+    static const char *const keys[] = {"calibration", "distillation", NULL};
+    only_keys(v, d, "/data", keys);
     path_field(v, d, "/data", "calibration", 0, 1, out);
     path_field(v, d, "/data", "distillation", 0, 1, out);
     return out;
@@ -721,7 +719,7 @@ static json_t *check_evaluation(vctx *v, json_t *in)
                 const char *rp = json_string_value(json_object_get(to, "path"));
                 if (rp && !fio_has_suffix(rp, ".jsonl")) {   /* the evaluator knows a task file by it */
                     char pp[160];
-                    api_ptr_join(pp, sizeof pp, p, "path");
+                    json_ptr_join(pp, sizeof pp, p, "path");
                     fault(v, 422, pp, "a task file is JSON Lines named *.jsonl (as the file it resolves to is "
                                       "named: links are followed)");
                 }
@@ -793,7 +791,7 @@ static json_t *check_metadata(vctx *v, json_t *in)
     json_t *val;
     json_object_foreach(m, k, val) {
         char p[512];
-        api_ptr_join(p, sizeof p, "/metadata", k);
+        json_ptr_join(p, sizeof p, "/metadata", k);
         if (strlen(k) == 0 || strlen(k) > 64)
             fault(v, 422, p, "keys are 1 to 64 bytes of UTF-8");
         else if (!json_is_string(val))
@@ -819,7 +817,7 @@ static void check_test_fields(vctx *v, json_t *in, json_t *out)
         for (int i = 0; tk[i]; i++)
             if (json_object_get(in, tk[i])) {
                 char p[64];
-                api_ptr_join(p, sizeof p, "", tk[i]);
+                json_ptr_join(p, sizeof p, "", tk[i]);
                 fault(v, 400, p, "unknown field '%s'", tk[i]);
             }
         return;
