@@ -192,18 +192,21 @@ static void remote_key(const char *hex, char key[80])
     snprintf(key, 80, "sha256/%s", hex);
 }
 
-/* After a local commit: the object is uploaded unless the remote holds it at this size. */
+/* After a local commit: the object is uploaded unless the remote holds it at this size
+ * with this sha-256 stored beside it (x-amz-meta-sha256, as s3_put_file writes it). An
+ * object of another size or sha-256, or without one (written by another tool), is
+ * replaced: its key names content it may not hold. */
 static int remote_put(artstore *as, const char *hex, int64_t size, char *err, size_t errlen)
 {
     if (!as->remote)
         return 0;
     char key[80], path[4096], e[1024];
-    int64_t have = -1;
+    s3_object have;
     remote_key(hex, key);
-    int h = s3_head(as->remote, key, &have, NULL, e, sizeof e);
-    if (h == 0 && have == size)
+    int h = s3_head(as->remote, key, &have, e, sizeof e);
+    if (h == 0 && have.size_bytes == size && !strcmp(have.sha256, hex))
         return 0;
-    if (art_path(as, hex, path, sizeof path) < 0 || s3_put_file(as->remote, key, path, NULL, e, sizeof e)) {
+    if (art_path(as, hex, path, sizeof path) < 0 || s3_put_file(as->remote, key, path, hex, NULL, e, sizeof e)) {
         snprintf(err, errlen, "artifact %s was stored here but not uploaded: %s", hex, e);
         return -1;
     }

@@ -4,6 +4,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +23,18 @@
 #define MAX_PARTS 10000
 #define XML_MAX (256 * 1024)
 
+typedef struct {
+    char *access, *secret, *token;    /* owned, wiped when dropped */
+} s3_creds;
+
 struct s3_client {
     char scheme[8], authority[256];   /* "https", "host:port" */
     char bucket[64], prefix[512];
     char region[64];
-    char *access, *secret, *token;    /* owned, wiped on close */
+    pthread_mutex_t mu;               /* guards creds and cred_seen (threads share a client) */
+    s3_creds creds;
+    char *cred_path;                  /* the credentials file, read again when it changes; NULL: env */
+    struct stat cred_seen;            /* the file as it was when last read */
     int64_t part_bytes;
 };
 
@@ -46,20 +54,28 @@ static void wipe_free(char *s)
     }
 }
 
+static void creds_drop(s3_creds *k)
+{
+    wipe_free(k->access);
+    wipe_free(k->secret);
+    wipe_free(k->token);
+    *k = (s3_creds){0};
+}
+
 void s3_close(s3_client *c)
 {
     if (!c)
         return;
-    wipe_free(c->access);
-    wipe_free(c->secret);
-    wipe_free(c->token);
+    creds_drop(&c->creds);
+    free(c->cred_path);
+    pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
-/* "key = value" lines of a credentials file into the client: those before any [section]
- * and those of the profile AWS_PROFILE names (else [default]; "[profile NAME]" as
- * ~/.aws/config writes it), never another profile's. 0, or -1 with err. */
-static int read_credentials(s3_client *c, const char *path, char *err, size_t errlen)
+/* "key = value" lines of a credentials file into *k (empty before): those before any
+ * [section] and those of the profile AWS_PROFILE names (else [default]; "[profile NAME]" as
+ * ~/.aws/config writes it), never another profile's. 0, or -1 with err (*k then empty). */
+static int read_credentials(s3_creds *k, const char *path, char *err, size_t errlen)
 {
     size_t n;
     char *txt = fio_read_input(path, 1 << 16, &n, err, errlen);
@@ -89,20 +105,20 @@ static int read_credentials(s3_client *c, const char *path, char *err, size_t er
         char *eq = strchr(line, '=');
         if (!eq || line[0] == '#' || line[0] == ';' || !ours)
             continue;
-        char *k = line, *v = eq + 1, *e = eq;
+        char *key = line, *v = eq + 1, *e = eq;
         *eq = 0;
-        while (*k == ' ' || *k == '\t')
-            k++;
-        while (e > k && (e[-1] == ' ' || e[-1] == '\t'))
+        while (*key == ' ' || *key == '\t')
+            key++;
+        while (e > key && (e[-1] == ' ' || e[-1] == '\t'))
             *--e = 0;
         while (*v == ' ' || *v == '\t')
             v++;
         for (size_t l = strlen(v); l && (v[l - 1] == ' ' || v[l - 1] == '\r' || v[l - 1] == '\t'); l--)
             v[l - 1] = 0;
-        char **dst = !strcmp(k, "access_key") || !strcmp(k, "aws_access_key_id")       ? &c->access
-                     : !strcmp(k, "secret_key") || !strcmp(k, "aws_secret_access_key") ? &c->secret
-                     : !strcmp(k, "session_token") || !strcmp(k, "aws_session_token")  ? &c->token
-                                                                                       : NULL;
+        char **dst = !strcmp(key, "access_key") || !strcmp(key, "aws_access_key_id")       ? &k->access
+                     : !strcmp(key, "secret_key") || !strcmp(key, "aws_secret_access_key") ? &k->secret
+                     : !strcmp(key, "session_token") || !strcmp(key, "aws_session_token")  ? &k->token
+                                                                                           : NULL;
         if (dst && *v) {
             wipe_free(*dst);
             *dst = strdup(v);
@@ -110,11 +126,34 @@ static int read_credentials(s3_client *c, const char *path, char *err, size_t er
     }
     memset(txt, 0, n);
     free(txt);
-    if (!c->access || !c->secret) {
+    if (!k->access || !k->secret) {
+        creds_drop(k);
         snprintf(err, errlen, "%s: no access_key and secret_key lines", path);
         return -1;
     }
     return 0;
+}
+
+/* The credentials file read again when it is not the file last read (another inode, size
+ * or modification time): temporary credentials that an agent rewrites before they expire
+ * are used from then on. A file that cannot be read now keeps the last ones (the request
+ * then fails on its own terms); the next request looks again. Called with c->mu held. */
+static void creds_refresh(s3_client *c)
+{
+    struct stat st;
+    if (!c->cred_path || stat(c->cred_path, &st) < 0)
+        return;
+    const struct stat *o = &c->cred_seen;
+    if (st.st_ino == o->st_ino && st.st_dev == o->st_dev && st.st_size == o->st_size &&
+        st.st_mtim.tv_sec == o->st_mtim.tv_sec && st.st_mtim.tv_nsec == o->st_mtim.tv_nsec)
+        return;
+    s3_creds k = {0};
+    char e[512];
+    if (read_credentials(&k, c->cred_path, e, sizeof e) < 0)
+        return;
+    creds_drop(&c->creds);
+    c->creds = k;
+    c->cred_seen = st;
 }
 
 static int parse_endpoint(s3_client *c, const char *ep, int allow_http, char *err, size_t errlen)
@@ -152,6 +191,7 @@ s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errle
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&c->mu, NULL);
     const char *b = url && !strncmp(url, "s3://", 5) ? url + 5 : NULL;
     size_t bl = b ? strcspn(b, "/") : 0;
     if (!b || bl < 3 || bl > 63 || strspn(b, "abcdefghijklmnopqrstuvwxyz0123456789.-") < bl) {
@@ -202,13 +242,21 @@ s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errle
     if (bad_ep)
         goto fail;
     if (o->credentials_file) {
-        if (read_credentials(c, o->credentials_file, err, errlen))
+        if (stat(o->credentials_file, &c->cred_seen) < 0) {
+            snprintf(err, errlen, "%s: %s", o->credentials_file, strerror(errno));
             goto fail;
+        }
+        if (read_credentials(&c->creds, o->credentials_file, err, errlen))
+            goto fail;
+        if (!(c->cred_path = strdup(o->credentials_file))) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
     } else {
-        c->access = dup_env("AWS_ACCESS_KEY_ID", NULL);
-        c->secret = dup_env("AWS_SECRET_ACCESS_KEY", NULL);
-        c->token = dup_env("AWS_SESSION_TOKEN", NULL);
-        if (!c->access || !c->secret) {
+        c->creds.access = dup_env("AWS_ACCESS_KEY_ID", NULL);
+        c->creds.secret = dup_env("AWS_SECRET_ACCESS_KEY", NULL);
+        c->creds.token = dup_env("AWS_SESSION_TOKEN", NULL);
+        if (!c->creds.access || !c->creds.secret) {
             snprintf(err, errlen, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give a "
                                   "credentials file");
             goto fail;
@@ -233,6 +281,7 @@ typedef struct {
     const sigv4_pair *query;
     int n_query;
     const char *range;             /* "bytes=a-b" or NULL */
+    const char *meta_sha256;       /* sent as x-amz-meta-sha256 (a PUT, a multipart's start), or NULL */
     const char *body;              /* request body or NULL */
     size_t body_len;
     s3_sink sink;                  /* 2xx body to here (else collected) */
@@ -240,6 +289,7 @@ typedef struct {
     /* out */
     long status;
     char etag[65];
+    char meta_sha256_got[65];      /* the answer's x-amz-meta-sha256 ("" without one) */
     int64_t length;                /* Content-Length of the response, -1 unknown */
     strbuf resp;                   /* the body when not sunk (XML), at most XML_MAX */
     int64_t sunk;
@@ -263,20 +313,28 @@ static size_t read_cb(char *dst, size_t size, size_t n, void *ud)
     return k;
 }
 
+/* The value of header name (with its ':') in line into out (65 bytes), unquoted. */
+static void header_value(const char *line, size_t len, const char *name, char out[65])
+{
+    size_t nl = strlen(name);
+    if (len <= nl || strncasecmp(line, name, nl))
+        return;
+    const char *v = line + nl;
+    while (v < line + len && (*v == ' ' || *v == '"'))
+        v++;
+    size_t k = 0;
+    while (k < 64 && v + k < line + len && v[k] != '"' && v[k] != '\r' && v[k] != '\n')
+        k++;
+    memcpy(out, v, k);
+    out[k] = 0;
+}
+
 static size_t header_cb(char *line, size_t size, size_t n, void *ud)
 {
     s3_req *r = ud;
     size_t len = size * n;
-    if (len > 5 && !strncasecmp(line, "etag:", 5)) {
-        const char *v = line + 5;
-        while (*v == ' ' || *v == '"')
-            v++;
-        size_t k = 0;
-        while (k < 64 && v + k < line + len && v[k] != '"' && v[k] != '\r' && v[k] != '\n')
-            k++;
-        memcpy(r->etag, v, k);
-        r->etag[k] = 0;
-    }
+    header_value(line, len, "etag:", r->etag);
+    header_value(line, len, "x-amz-meta-sha256:", r->meta_sha256_got);
     return len;
 }
 
@@ -361,9 +419,15 @@ static int perform_once(s3_client *c, s3_req *r, int *transport, char *err, size
     int nh = 1;
     if (r->range)
         hs[nh++] = (sigv4_pair){"range", r->range};
-    sigv4_creds cr = {c->access, c->secret, c->token, c->region, "s3"};
+    if (r->meta_sha256)
+        hs[nh++] = (sigv4_pair){"x-amz-meta-sha256", r->meta_sha256};
     sigv4_request sr = {r->method, path, r->query, r->n_query, hs, nh, sha, date};
-    if (sigv4_sign_headers(&cr, &sr, hdr, sizeof hdr, NULL, 0, err, errlen))
+    pthread_mutex_lock(&c->mu);
+    creds_refresh(c);
+    sigv4_creds cr = {c->creds.access, c->creds.secret, c->creds.token, c->region, "s3"};
+    int signed_bad = sigv4_sign_headers(&cr, &sr, hdr, sizeof hdr, NULL, 0, err, errlen);
+    pthread_mutex_unlock(&c->mu);
+    if (signed_bad)
         return -1;
     /* the URL: the same encoded path and query as signed */
     strbuf url = {0};
@@ -382,6 +446,10 @@ static int perform_once(s3_client *c, s3_req *r, int *transport, char *err, size
     int ok = !url.oom && !slist_add(&list, line) && !slist_add(&list, "Expect:");
     if (ok && r->range) {
         snprintf(line, sizeof line, "Range: %s", r->range);
+        ok = !slist_add(&list, line);
+    }
+    if (ok && r->meta_sha256) {
+        snprintf(line, sizeof line, "x-amz-meta-sha256: %s", r->meta_sha256);
         ok = !slist_add(&list, line);
     }
     /* a POST body is XML: without a type libcurl sends it as a form, which servers parse away */
@@ -484,7 +552,7 @@ static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
             return rc;
         free(r->resp.s);
         r->resp = (strbuf){0};
-        r->etag[0] = 0;
+        r->etag[0] = r->meta_sha256_got[0] = 0;
         r->status = 0;
         long ms = 250L << (attempt - 1);
         struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -495,7 +563,7 @@ static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
 
 /* ---- operations --------------------------------------------------------------------- */
 
-int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char *err, size_t errlen)
+int s3_head(s3_client *c, const char *key, s3_object *o, char *err, size_t errlen)
 {
     s3_req r = {.method = "HEAD", .key = key};
     int rc = perform(c, &r, err, errlen);
@@ -504,10 +572,11 @@ int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char
         return 1;
     if (rc)
         return -1;
-    if (size_bytes)
-        *size_bytes = r.length;
-    if (etag)
-        memcpy(etag, r.etag, sizeof r.etag);
+    if (o) {
+        o->size_bytes = r.length;
+        memcpy(o->etag, r.etag, sizeof r.etag);
+        memcpy(o->sha256, r.meta_sha256_got, sizeof r.meta_sha256_got);
+    }
     return 0;
 }
 
@@ -564,11 +633,25 @@ static int read_at(int fd, char *buf, int64_t n, int64_t off, const char *path, 
     return 0;
 }
 
-static int multipart(s3_client *c, const char *key, int fd, const char *path, int64_t size, char *buf, int64_t part,
-                     char *etag, char *err, size_t errlen)
+/* After a Complete that failed: whether the object is there anyway, this upload's (its
+ * answer lost, the retry then told NoSuchUpload): its size and the sha-256 it was started
+ * with. Only an upload that names its sha-256 can be recognised. 1 (etag set), or 0. */
+static int completed_anyway(s3_client *c, const char *key, int64_t size, const char *sha256, char *etag)
+{
+    s3_object o;
+    char e[256];
+    if (!sha256 || s3_head(c, key, &o, e, sizeof e) != 0 || o.size_bytes != size || strcasecmp(o.sha256, sha256))
+        return 0;
+    if (etag)
+        memcpy(etag, o.etag, sizeof o.etag);
+    return 1;
+}
+
+static int multipart(s3_client *c, const char *key, int fd, const char *path, int64_t size, const char *sha256,
+                     char *buf, int64_t part, char *etag, char *err, size_t errlen)
 {
     sigv4_pair q_init[] = {{"uploads", ""}};
-    s3_req r = {.method = "POST", .key = key, .query = q_init, .n_query = 1};
+    s3_req r = {.method = "POST", .key = key, .query = q_init, .n_query = 1, .meta_sha256 = sha256};
     if (perform(c, &r, err, errlen)) {
         free(r.resp.s);
         return -1;
@@ -629,6 +712,8 @@ static int multipart(s3_client *c, const char *key, int fd, const char *path, in
     free(cr.resp.s);
     if (!rc)
         goto out;
+    if (completed_anyway(c, key, size, sha256, etag))
+        rc = 0;   /* the abort below is then a no-op, or frees what a real failure left */
 cancel:;
     char e2[256];
     s3_req ar = {.method = "DELETE", .key = key, .query = (sigv4_pair[]){{"uploadId", id}}, .n_query = 1};
@@ -638,7 +723,8 @@ out:
     return rc;
 }
 
-int s3_put_file(s3_client *c, const char *key, const char *path, char *etag, char *err, size_t errlen)
+int s3_put_file(s3_client *c, const char *key, const char *path, const char *sha256, char *etag, char *err,
+                size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
@@ -662,12 +748,12 @@ int s3_put_file(s3_client *c, const char *key, const char *path, char *etag, cha
     if (!buf) {
         snprintf(err, errlen, "out of memory (a %lld-byte part)", (long long)bufn);
     } else if (size <= part) {
-        s3_req r = {.method = "PUT", .key = key, .body = buf, .body_len = (size_t)size};
+        s3_req r = {.method = "PUT", .key = key, .body = buf, .body_len = (size_t)size, .meta_sha256 = sha256};
         rc = read_at(fd, buf, size, 0, path, err, errlen) || put_one(c, &r, err, errlen) ? -1 : 0;
         if (!rc && etag)
             memcpy(etag, r.etag, sizeof r.etag);
     } else {
-        rc = multipart(c, key, fd, path, size, buf, part, etag, err, errlen);
+        rc = multipart(c, key, fd, path, size, sha256, buf, part, etag, err, errlen);
     }
     free(buf);
     close(fd);

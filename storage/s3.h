@@ -23,7 +23,9 @@ typedef struct {
                                    * $AWS_SESSION_TOKEN; else a file of "access_key = ..",
                                    * "secret_key = ..", optional "session_token = .." lines
                                    * (aws_access_key_id / aws_secret_access_key /
-                                   * aws_session_token also read) */
+                                   * aws_session_token also read), read again
+                                   * before a request whenever the file changed
+                                   * (temporary credentials an agent renews) */
     int64_t part_bytes;           /* multipart above this size, in parts of this size
                                    * (5 MiB .. 5 GiB); 0: 64 MiB */
     int allow_http;               /* 1: plain http:// endpoints (local servers, tests); requests
@@ -38,15 +40,27 @@ typedef struct s3_client s3_client;
 s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errlen);
 void s3_close(s3_client *c);
 
-/* Upload the regular file at path as PREFIX/key. *etag (65 bytes, may be NULL) receives the
- * object's ETag without quotes. Parts are read, hashed and sent one at a time (memory: one
- * part). 0, or -1 with err (HTTP status and S3's error code, or the transport's reason);
- * a failed multipart upload is aborted so no parts are left behind. */
-int s3_put_file(s3_client *c, const char *key, const char *path, char *etag, char *err, size_t errlen);
+/* Upload the regular file at path as PREFIX/key. sha256 (64 hex digits, may be NULL) is
+ * stored with the object as its x-amz-meta-sha256 (s3_head reads it back). *etag (65 bytes,
+ * may be NULL) receives the object's ETag without quotes. Parts are read, hashed and sent
+ * one at a time (memory: one part). 0, or -1 with err (HTTP status and S3's error code, or
+ * the transport's reason); a failed multipart upload is aborted so no parts are left
+ * behind. A multipart upload whose Complete fails (e.g. its answer was lost, and the
+ * retry found the upload gone) succeeds all the same when the object now holds this
+ * upload's size and sha256. */
+int s3_put_file(s3_client *c, const char *key, const char *path, const char *sha256, char *etag, char *err,
+                size_t errlen);
 
-/* The object's size in bytes and ETag (no quotes; 65 bytes, may be NULL). 0, 1 when there
- * is no such object, -1 with err. */
-int s3_head(s3_client *c, const char *key, int64_t *size_bytes, char *etag, char *err, size_t errlen);
+/* What s3_head tells of an object. */
+typedef struct {
+    int64_t size_bytes;   /* -1: not given */
+    char etag[65];        /* no quotes */
+    char sha256[65];      /* its x-amz-meta-sha256 as s3_put_file stored it; "" without one */
+} s3_object;
+
+/* The object's size, ETag and stored sha-256 into *o (may be NULL). 0, 1 when there is no
+ * such object, -1 with err. */
+int s3_head(s3_client *c, const char *key, s3_object *o, char *err, size_t errlen);
 
 /* Whether the bucket exists and these credentials may use it (HEAD of the bucket). 0, or
  * -1 with err ("no such bucket", HTTP 403, or the transport's reason). */

@@ -30,8 +30,10 @@ done
 size=$(stat -c %s "$big")
 etag=$(AC_S3_PART_MIB=16 "$S3" put "$URL" model.bin "$big") || fail "multipart upload failed"
 [[ "$etag" == *-19 ]] || fail "expected a 19-part multipart ETag, got $etag"
-read -r hsize hetag < <("$S3" head "$URL" model.bin)
-[ "$hsize" = "$size" ] && [ "$hetag" = "$etag" ] || fail "head: $hsize $hetag, expected $size $etag"
+read -r hsize hetag hsha < <("$S3" head "$URL" model.bin)
+bigsha=$(sha256sum < "$big" | cut -d' ' -f1)
+[ "$hsize" = "$size" ] && [ "$hetag" = "$etag" ] && [ "$hsha" = "$bigsha" ] ||
+    fail "head: $hsize $hetag $hsha, expected $size $etag $bigsha (the sha-256 stored at the multipart's start)"
 out=$tmp/back.bin
 off=0
 for len in 1 999999 16777216 50000000 100000000 $((size)); do
@@ -48,6 +50,8 @@ echo "ok: $size bytes up in 19 parts, down in ranges, same sha-256"
 printf 'small artifact\n' > "$tmp/small.txt"
 etag=$("$S3" put "$URL" small.txt "$tmp/small.txt")
 [ "$etag" = "$(md5sum < "$tmp/small.txt" | cut -d' ' -f1)" ] || fail "single PUT ETag $etag is not the MD5"
+read -r _ _ hsha < <("$S3" head "$URL" small.txt)
+[ "$hsha" = "$(sha256sum < "$tmp/small.txt" | cut -d' ' -f1)" ] || fail "single PUT: stored sha-256 $hsha"
 # every message of the refusals is kept, to look for the secrets in
 s3e() { "$S3" "$@" 2> "$tmp/last.err"; local rc=$?; cat "$tmp/last.err" >&2; cat "$tmp/last.err" >> "$tmp/msgs.log"; return $rc; }
 set +e

@@ -1,6 +1,8 @@
 /* tests/tools/ac_s3.c — test helper: drive storage/s3.c from the command line.
- *   ac_s3 put URL KEY FILE            upload (multipart above $AC_S3_PART_MIB MiB, default 64); prints the ETag
- *   ac_s3 head URL KEY                prints "SIZE ETAG", exit 3 when there is no such object
+ *   ac_s3 put URL KEY FILE            upload (multipart above $AC_S3_PART_MIB MiB, default 64) with the
+ *                                     file's sha-256 as its x-amz-meta-sha256; prints the ETag
+ *   ac_s3 head URL KEY                prints "SIZE ETAG SHA256" (SHA256 "-" when the object has none),
+ *                                     exit 3 when there is no such object
  *   ac_s3 get URL KEY OFFSET LEN OUT  writes that byte range to OUT (appends); prints the byte count
  * URL is s3://BUCKET[/PREFIX]; the endpoint comes from $AWS_ENDPOINT_URL (http allowed),
  * credentials from the environment or $AC_S3_CREDENTIALS_FILE. Exit 1 with the error. */
@@ -9,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/artstore.h"
 #include "storage/s3.h"
 
 static int to_file(void *user, const void *buf, size_t n)
@@ -31,14 +34,19 @@ int main(int argc, char **argv)
     if (!c) {
         fprintf(stderr, "ac_s3: %s\n", err);
     } else if (!strcmp(argv[1], "put") && argc == 5) {
-        if (s3_put_file(c, argv[3], argv[4], etag, err, sizeof err) == 0 && printf("%s\n", etag) > 0)
+        char hex[65];
+        int64_t size = 0;
+        /* a FIFO is s3_put_file's to refuse: it is not hashed first */
+        int hashed = art_sha256_file(argv[4], hex, &size, err, sizeof err) == 0;
+        if (s3_put_file(c, argv[3], argv[4], hashed ? hex : NULL, etag, err, sizeof err) == 0 &&
+            printf("%s\n", etag) > 0)
             rc = 0;
         else
             fprintf(stderr, "ac_s3: %s\n", err);
     } else if (!strcmp(argv[1], "head") && argc == 4) {
-        int64_t size = 0;
-        int h = s3_head(c, argv[3], &size, etag, err, sizeof err);
-        if (h == 0 && printf("%lld %s\n", (long long)size, etag) > 0)
+        s3_object ob;
+        int h = s3_head(c, argv[3], &ob, err, sizeof err);
+        if (h == 0 && printf("%lld %s %s\n", (long long)ob.size_bytes, ob.etag, *ob.sha256 ? ob.sha256 : "-") > 0)
             rc = 0;
         else if (h == 1)
             rc = 3;

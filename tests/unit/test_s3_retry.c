@@ -3,7 +3,10 @@
  * without an answer) is followed by the same request again, signed afresh with its whole
  * body, and the upload or read succeeds; an answer that is final (403) is not retried; a
  * ranged read answered with the whole object (200) is an error before any byte is handed
- * over, and one that broke after bytes were handed over is not sent again.
+ * over, and one that broke after bytes were handed over is not sent again; a multipart
+ * Complete whose answer was lost counts as done when the object holds its size and
+ * sha-256; a renewed credentials file is read again; the artifact store replaces a remote
+ * object of the right size that lacks the blob's sha-256.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +26,7 @@
 
 #include <curl/curl.h>
 
+#include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/s3.h"
 
@@ -184,7 +188,7 @@ static void test_put_retried(void **state)
     endpoint_start(&e);
     s3_client *c = client_for(&e);
     char etag[65] = "", err[512] = "";
-    int rc = s3_put_file(c, "k", file, etag, err, sizeof err);
+    int rc = s3_put_file(c, "k", file, NULL, etag, err, sizeof err);
     s3_close(c);
     endpoint_stop(&e);
     if (rc)
@@ -206,11 +210,11 @@ static void test_final_answer_not_retried(void **state)
     endpoint_start(&e);
     s3_client *c = client_for(&e);
     char err[512] = "";
-    assert_int_equal(s3_put_file(c, "k", file, NULL, err, sizeof err), -1);
+    assert_int_equal(s3_put_file(c, "k", file, NULL, NULL, err, sizeof err), -1);
     assert_non_null(strstr(err, "HTTP 403 AccessDenied"));
     assert_int_equal(e.served, 1);
     /* the endpoint's second step serves the next request: unblock its thread */
-    assert_int_equal(s3_head(c, "k", NULL, NULL, err, sizeof err), 0);
+    assert_int_equal(s3_head(c, "k", NULL, err, sizeof err), 0);
     s3_close(c);
     endpoint_stop(&e);
 }
@@ -270,7 +274,7 @@ static void test_ranges(void **state)
     assert_int_equal(s3_get_range(c, "k", 0, 10, to_buf, &b, &got, err, sizeof err), -1);
     assert_int_equal(cut.served, 1);
     assert_int_equal(b.n, 5);
-    assert_int_equal(s3_head(c, "k", NULL, NULL, err, sizeof err), 0);   /* unblock the endpoint */
+    assert_int_equal(s3_head(c, "k", NULL, err, sizeof err), 0);   /* unblock the endpoint */
     s3_close(c);
     endpoint_stop(&cut);
 }
@@ -302,8 +306,7 @@ static void test_credentials_profiles(void **state)
         s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
         if (!c)
             fail_msg("s3_open: %s", err);
-        int64_t size = 0;
-        (void)s3_head(c, "k", &size, NULL, err, sizeof err);
+        (void)s3_head(c, "k", NULL, err, sizeof err);
         s3_close(c);
         endpoint_stop(&e);
         unsetenv("AWS_PROFILE");
@@ -344,6 +347,137 @@ static void test_open_refusals(void **state)
         fail_msg("the refusal: %s", err);
 }
 
+/* Temporary credentials renewed in their file by an agent: the next request is signed with
+ * the new keys, and a token the new file no longer has is not sent. */
+static void test_credentials_renewed(void **state)
+{
+    (void)state;
+    char path[128], err[512];
+    snprintf(path, sizeof path, "%s/renewed", dir);
+    static const char one[] = "[default]\naws_access_key_id = AKIAONE\naws_secret_access_key = s-one\n"
+                              "aws_session_token = tok-one\n";
+    static const char two[] = "[default]\naws_access_key_id = AKIATWO\naws_secret_access_key = s-two\n";
+    assert_int_equal(fio_write_atomic(path, one, sizeof one - 1, err, sizeof err), 0);
+    endpoint e = {.n_steps = 2, .steps = {{200, NULL, NULL, 3}, {200, NULL, NULL, 3}}};
+    endpoint_start(&e);
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
+    s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .credentials_file = path};
+    s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
+    if (!c)
+        fail_msg("s3_open: %s", err);
+    assert_int_equal(s3_head(c, "k", NULL, err, sizeof err), 0);
+    assert_int_equal(fio_write_atomic(path, two, sizeof two - 1, err, sizeof err), 0);
+    assert_int_equal(s3_head(c, "k", NULL, err, sizeof err), 0);
+    s3_close(c);
+    endpoint_stop(&e);
+    assert_non_null(strstr(e.head[0], "AKIAONE/"));
+    assert_non_null(strcasestr(e.head[0], "x-amz-security-token: tok-one"));
+    if (!strstr(e.head[1], "AKIATWO/") || strcasestr(e.head[1], "x-amz-security-token"))
+        fail_msg("after the file was renewed: %s", e.head[1]);
+}
+
+static const char sha_hex[] = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+/* A multipart upload whose Complete was carried out but whose answer was lost: the retry
+ * finds the upload gone (404 NoSuchUpload). The object now holds this upload's size and
+ * sha-256 (stored at its start as x-amz-meta-sha256), so the upload succeeded. The same
+ * 404 with an object of another sha-256 there is the failure it says. */
+static void test_complete_answer_lost(void **state)
+{
+    (void)state;
+    char big[160], err[512] = "", etag[65] = "";
+    snprintf(big, sizeof big, "%s/big", dir);
+    int64_t size = 6 * 1024 * 1024;   /* two parts of 5 MiB (the smallest part size) */
+    FILE *f = fopen(big, "wb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, size - 1, SEEK_SET), 0);
+    assert_int_equal(fputc('x', f), 'x');
+    assert_int_equal(fclose(f), 0);
+    static const char no_upload[] = "<Error><Code>NoSuchUpload</Code><Message>gone</Message></Error>";
+    char head_ok[256], head_other[256];
+    snprintf(head_ok, sizeof head_ok, "ETag: \"done-2\"\r\nx-amz-meta-sha256: %s\r\n", sha_hex);
+    snprintf(head_other, sizeof head_other, "ETag: \"old-2\"\r\nx-amz-meta-sha256: %064d\r\n", 0);
+    for (int other = 0; other < 2; other++) {
+        endpoint e = {.n_steps = 7,
+                      .steps = {{200, NULL, "<InitiateMultipartUploadResult><UploadId>U1</UploadId>"
+                                            "</InitiateMultipartUploadResult>", 0},
+                                {200, "ETag: \"p1\"\r\n", NULL, 0},
+                                {200, "ETag: \"p2\"\r\n", NULL, 0},
+                                {0, NULL, NULL, 0},          /* the Complete: done, its answer lost */
+                                {404, NULL, no_upload, 0},   /* its retry */
+                                /* the HEAD: no body, its Content-Length the object's size */
+                                {200, other ? head_other : head_ok, NULL, (int)size},
+                                {404, NULL, no_upload, 0}}}; /* the abort (best effort) */
+        endpoint_start(&e);
+        char ep[64];
+        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
+        s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .part_bytes = 5 * 1024 * 1024};
+        s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
+        if (!c)
+            fail_msg("s3_open: %s", err);
+        int rc = s3_put_file(c, "k", big, sha_hex, etag, err, sizeof err);
+        s3_close(c);
+        endpoint_stop(&e);
+        if (!strcasestr(e.head[0], "x-amz-meta-sha256: 9f86d0"))
+            fail_msg("the multipart start does not carry the sha-256: %s", e.head[0]);
+        assert_string_equal(e.method[5], "HEAD");
+        if (other) {
+            assert_int_equal(rc, -1);
+            assert_non_null(strstr(err, "NoSuchUpload"));
+        } else {
+            if (rc)
+                fail_msg("s3_put_file: %s", err);
+            assert_string_equal(etag, "done-2");
+        }
+    }
+}
+
+/* The artifact store's write-through (artstore.c): an object already under the blob's key,
+ * of the same size but without this sha-256 beside it (another tool's, or wrong), is
+ * replaced, the upload carrying the sha-256; one that has it is left alone. */
+static void test_remote_object_replaced(void **state)
+{
+    (void)state;
+    char store_dir[128], hex[65], err[512], head_have[256], head_none[64];
+    int64_t size = 0;
+    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
+    assert_int_equal(art_sha256_file(file, hex, &size, err, sizeof err), 0);
+    artstore *as = art_open(store_dir, err, sizeof err);
+    if (!as)
+        fail_msg("art_open: %s", err);
+    snprintf(head_none, sizeof head_none, "ETag: \"e\"\r\n");
+    snprintf(head_have, sizeof head_have, "ETag: \"e\"\r\nx-amz-meta-sha256: %s\r\n", hex);
+    for (int has = 0; has < 2; has++) {
+        endpoint e = {.n_steps = 3,
+                      .steps = {{200, NULL, NULL, 0},                                  /* HEAD of the bucket */
+                                {200, has ? head_have : head_none, NULL, (int)size},   /* HEAD of the object */
+                                {200, "ETag: \"new\"\r\n", NULL, 0}}};               /* the PUT */
+        endpoint_start(&e);
+        char ep[64], got[65];
+        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
+        setenv("AWS_ENDPOINT_URL", ep, 1);
+        int rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
+        unsetenv("AWS_ENDPOINT_URL");
+        if (rc)
+            fail_msg("art_attach_remote: %s", err);
+        int64_t n = 0;
+        if (art_put(as, file, got, &n, err, sizeof err))
+            fail_msg("art_put: %s", err);
+        endpoint_stop(&e);
+        assert_int_equal(e.served, has ? 2 : 3);
+        assert_string_equal(e.method[1], "HEAD");
+        if (!has) {
+            char want[100];
+            snprintf(want, sizeof want, "x-amz-meta-sha256: %s", hex);
+            assert_string_equal(e.method[2], "PUT");
+            if (!strcasestr(e.head[2], want))
+                fail_msg("the upload does not carry the sha-256: %s", e.head[2]);
+        }
+    }
+    art_close(as);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -352,6 +486,9 @@ int main(void)
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_credentials_profiles),
         cmocka_unit_test(test_open_refusals),
+        cmocka_unit_test(test_complete_answer_lost),
+        cmocka_unit_test(test_credentials_renewed),
+        cmocka_unit_test(test_remote_object_replaced),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
