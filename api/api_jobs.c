@@ -757,9 +757,12 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     /* a part is hashed whole before it goes out, unless this process or the file's mark says
        it was (art_put marks what it stores, the scrub what it checks); a whole download is
        hashed on the way (art_stream_new), a HEAD sends nothing */
-    char err[256];
-    int fd = art_open_blob(ctx->as, a.sha256, a.size_bytes, pr == 1 && strcmp(req->method, "HEAD"), err, sizeof err);
-    if (fd < 0) {
+    char err[512];
+    int fd = !strcmp(req->method, "HEAD") ? art_peek_blob(ctx->as, a.sha256, a.size_bytes, err, sizeof err)
+                                          : art_open_blob(ctx->as, a.sha256, a.size_bytes, pr == 1, err, sizeof err);
+    if (fd == ART_REMOTE_ONLY)
+        fd = -1;   /* a HEAD of a blob only the remote store holds: its stream is never read */
+    else if (fd < 0) {
         /* a DELETE of the job may have taken row and content since the row was read: then
          * the artifact is gone, not broken */
         store_artifact now;
@@ -773,7 +776,8 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     /* the representation's headers go only with it (and a 416 says which one it refers
      * to), never with a problem a browser would save under the artifact's name */
     if (pr < 0) {
-        close(fd);
+        if (fd >= 0)
+            close(fd);
         api_resp_header(resp, "ETag", "%s", etag);
         api_resp_header(resp, "Content-Range", "bytes */%lld", (long long)a.size_bytes);
         api_problem(resp, 416, "range_not_satisfiable", "the range lies outside the artifact", NULL);
@@ -785,7 +789,8 @@ void h_artifact_get(api_ctx *ctx, const api_req *req, const char *const *params,
     }
     resp->stream = art_stream_new(ctx->as, a.sha256, fd, from, to - from + 1, a.size_bytes);
     if (!resp->stream) {
-        close(fd);
+        if (fd >= 0)
+            close(fd);
         api_problem(resp, 500, "internal", "out of memory", NULL);
         return;
     }

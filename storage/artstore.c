@@ -493,6 +493,27 @@ int art_quarantine(artstore *as, const char *hex, int fd)
     return 0;
 }
 
+int art_peek_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen)
+{
+    char path[4096], key[80], e[1024];
+    struct stat sb;
+    if (!as->remote || art_path(as, hex, path, sizeof path) < 0 || lstat(path, &sb) == 0 || errno != ENOENT)
+        return art_open_blob(as, hex, expected_size, 0, err, errlen);
+    s3_object o;
+    remote_key(hex, key);
+    int h = s3_head(as->remote, key, &o, e, sizeof e);
+    if (h == 0 && o.size_bytes == expected_size && (!*o.sha256 || !strcmp(o.sha256, hex)))
+        return ART_REMOTE_ONLY;
+    if (h == 0)
+        snprintf(err, errlen, "artifact content %s in the remote store does not match its name (%lld bytes, "
+                              "sha-256 %s)", hex, (long long)o.size_bytes, *o.sha256 ? o.sha256 : "not stored");
+    else if (h == 1)
+        snprintf(err, errlen, "artifact content %s is missing here and from the remote store", hex);
+    else
+        snprintf(err, errlen, "artifact content %s is missing here and the remote store did not answer: %s", hex, e);
+    return -1;
+}
+
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen)
 {
     char path[4096];

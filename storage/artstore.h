@@ -56,6 +56,12 @@ int art_put(artstore *as, const char *src, char hex[65], int64_t *size_bytes, ch
  * thread reads a large blob through before answering. Returns an fd (caller closes), or -1 with err (missing,
  * size mismatch, corrupt, or unreadable: a read error sets nothing aside). */
 int art_open_blob(artstore *as, const char *hex, int64_t expected_size, int verify, char *err, size_t errlen);
+/* For a HEAD: art_open_blob without verify, except that a blob missing here is not fetched
+ * from the remote store (art_attach_remote) but asked for there: ART_REMOTE_ONLY when the
+ * remote object has expected_size bytes and no other sha-256 stored beside it (a GET then
+ * fetches and checks it). An fd, ART_REMOTE_ONLY, or -1 with err. */
+#define ART_REMOTE_ONLY (-2)
+int art_peek_blob(artstore *as, const char *hex, int64_t expected_size, char *err, size_t errlen);
 /* The store's publish lock (a flock on DIR/.publish.lock, across the server's threads and
  * its worker processes): shared while a publisher makes sure its blob is there and records
  * the row that references it, exclusive while a deleter finds the blobs no row references
@@ -86,8 +92,9 @@ int art_sweep_temp(artstore *as, int64_t *files, int64_t *bytes);
 /* Streaming bytes [off, off + len) of the blob hex (size bytes) from fd (stolen). When the
  * range is the whole blob its bytes are hashed on the way, and the last chunk is held back
  * unless the digest matches: a blob corrupted after it was verified ends the transfer
- * with an error (and is set aside) instead of going out as good. NEW, or NULL on OOM (fd
- * then still the caller's). */
+ * with an error (and is set aside) instead of going out as good. fd may be -1 for a
+ * stream that is never read (a HEAD's; a read then fails). NEW, or NULL on OOM (fd then
+ * still the caller's). */
 typedef struct art_stream art_stream;
 art_stream *art_stream_new(artstore *as, const char *hex, int fd, int64_t off, int64_t len, int64_t size);
 /* Up to max bytes at pos (0 = off) into buf: the count, 0 past the end, or -1 on a read

@@ -1,7 +1,8 @@
 """Black-box: the server with --artifacts s3://BUCKET/PREFIX against a real S3-compatible
 server (PyPI moto[server]): a job's 250 MB artifact is uploaded by the worker process as a
 multipart upload (4 parts of 64 MiB, as the object's ETag says) under PREFIX/sha256/<hex>;
-with the local copy gone (another host, or a cache emptied), the API fetches it back,
+with the local copy gone (another host, or a cache emptied), a HEAD is answered from the
+bucket's HEAD without fetching it, and a GET fetches it back,
 checked against its name, and serves it by Range with the same ETag and Repr-Digest, the
 pieces reassembling to the same sha-256; an object corrupted in the bucket is refused and
 never served; a server pointed at a bucket that does not exist refuses to start, naming
@@ -79,6 +80,10 @@ def main():
             # the local copy gone: fetched back, then served by Range
             local = os.path.join(s.data_dir, "artifacts", "sha256", hexd[:2], hexd)
             os.unlink(local)
+            # a HEAD asks the bucket and answers, without fetching the blob
+            st, hd, _ = s.request("HEAD", blob["url"])
+            assert st == 200 and int(hd["content-length"]) == SIZE and hd["etag"] == '"%s"' % hexd, (st, hd)
+            assert not os.path.exists(local), "a HEAD fetched the blob"
             h = hashlib.sha256()
             off = 0
             while off < SIZE:
@@ -102,6 +107,8 @@ def main():
             subprocess.run([tool, "put", "s3://ac-art/fleet", "sha256/" + note["sha256"], bad_path], check=True,
                            env=dict(os.environ, **env), stdout=subprocess.DEVNULL)
             os.unlink(os.path.join(s.data_dir, "artifacts", "sha256", note["sha256"][:2], note["sha256"]))
+            st, _, body = s.request("HEAD", note["url"])
+            assert st >= 500, (st, body[:300])
             st, _, body = s.request("GET", note["url"])
             assert st >= 500 and b"does not match its name" in body, (st, body[:300])
             assert not os.path.exists(os.path.join(s.data_dir, "artifacts", "sha256", note["sha256"][:2],
