@@ -778,16 +778,30 @@ static int check_model(const store_model *m, char *err, size_t errlen)
     return rc;
 }
 
-/* A model verified ready: also put into a remote artifact store, by its sha-256, so that
- * worker agents on other hosts take their copy from there (jobs/pipeline.c). Then
- * recorded ready (or failed, with bad's reason). */
+/* A model verified ready: with a remote artifact store, also put there by its sha-256, so
+ * that worker agents on other hosts take their copy from there (jobs/pipeline.c): ready
+ * means ready wherever its jobs may run. The upload is tried FETCH_ATTEMPTS times, 2, 4
+ * and 8 s apart; when it still fails the model is recorded failed with the store's reason,
+ * its file kept (registering it again checks that file and tries the upload again). A
+ * stop between attempts leaves it fetching. Then recorded ready (or failed, with bad's
+ * reason). */
 static void fetch_ready(fetch_service *fs, const store_model *m, int bad, int64_t size, const char *why)
 {
-    char hex[65], err[1024] = "";
+    char hex[65], err[1024] = "", msg[1400];
     int64_t put_size = 0;
-    if (!bad && fs->as && art_has_remote(fs->as) && art_put(fs->as, m->path, hex, &put_size, err, sizeof err) < 0)
-        fprintf(stderr, "fetch: model %s is ready here but not in the artifact store (hosts without it cannot run "
-                        "its jobs): %s\n", m->id, err);
+    for (int attempt = 1; !bad && fs->as && art_has_remote(fs->as); attempt++) {
+        if (art_put(fs->as, m->path, hex, &put_size, err, sizeof err) == 0)
+            break;
+        if (attempt == FETCH_ATTEMPTS) {
+            snprintf(msg, sizeof msg, "the model was downloaded and verified, but the artifact store that other "
+                     "hosts read it from did not take it (register it again to retry; the download is kept): %s",
+                     err);
+            (void)store_model_fetch_done(fs->st, m->id, "failed", 0, msg);
+            return;
+        }
+        if (nap(fs, (double)(1 << attempt)))
+            return;
+    }
     (void)store_model_fetch_done(fs->st, m->id, bad ? "failed" : "ready", size, why);
 }
 

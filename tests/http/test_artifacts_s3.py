@@ -5,14 +5,17 @@ with the local copy gone (another host, or a cache emptied), a HEAD is answered 
 bucket's HEAD without fetching it, and a GET fetches it back,
 checked against its name, and serves it by Range with the same ETag and Repr-Digest, the
 pieces reassembling to the same sha-256; an object corrupted in the bucket is refused and
-never served; a server pointed at a bucket that does not exist refuses to start, naming
+never served; a model fetched by URL that the bucket cannot take is failed, not ready; a server pointed at a bucket that does not exist refuses to start, naming
 it. (moto does not check signatures: unit/test_sigv4 checks those.)"""
 import base64
+import functools
 import hashlib
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -35,6 +38,45 @@ def s3(method, url, data=None):
     req = urllib.request.Request(url, data=data, method=method)
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.status, dict((k.lower(), v) for k, v in r.headers.items()), r.read()
+
+
+def model_upload_fails(ep, env):
+    """A model fetched by URL that cannot be put into the artifact store (its bucket gone
+    after start-up) is failed, naming the store, not ready: hosts reading the store could
+    not run its jobs. Registered again once the bucket is back, it is ready from the kept
+    download, and the bucket holds it with its sha-256."""
+    src = os.path.join(os.environ.get("AC_SHARED", "../shared"), "data", "models", "stories260K", "stories260K.bin")
+    sha = hashlib.sha256(open(src, "rb").read()).hexdigest()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.path.dirname(src))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    s3("PUT", ep + "/ac-gone")
+    try:
+        with Server(args=["--artifacts", "s3://ac-gone/m", "--s3-allow-http", "--allow-http-models",
+                          "--allow-private-model-hosts"], env=env) as s:
+            s3("DELETE", ep + "/ac-gone")
+            reg = {"url": "http://127.0.0.1:%d/stories260K.bin" % httpd.server_address[1], "sha256": sha}
+            _, _, m = s.json("POST", "/v1/models", reg, expect=202)
+            t0 = time.time()
+            while m["status"] == "fetching":
+                assert time.time() - t0 < 90, m
+                time.sleep(0.2)
+                _, _, m = s.json("GET", "/v1/models/" + m["id"], expect=200)
+            assert m["status"] == "failed" and "artifact store" in m["error"]["message"], m
+            s3("PUT", ep + "/ac-gone")
+            _, _, m = s.json("POST", "/v1/models", reg, expect=202)
+            while m["status"] == "fetching":
+                assert time.time() - t0 < 150, m
+                time.sleep(0.2)
+                _, _, m = s.json("GET", "/v1/models/" + m["id"], expect=200)
+            assert m["status"] == "ready", m
+            tool = os.path.join(os.path.dirname(AC_BIN), "tools", "ac_s3")
+            out = subprocess.run([tool, "head", "s3://ac-gone/m", "sha256/" + sha], env=dict(os.environ, **env),
+                                 check=True, capture_output=True, text=True).stdout.split()
+            assert out[0] == str(os.path.getsize(src)) and out[2] == sha, out
+        print("ok: a model the artifact store could not take failed naming it, and was ready once registered again")
+    finally:
+        httpd.shutdown()
 
 
 def main():
@@ -115,6 +157,7 @@ def main():
                                                    note["sha256"]))
             assert "TopSecret42" not in s.log_text()
         print("ok: artifacts in s3")
+        model_upload_fails(ep, env)
     finally:
         moto.terminate()
         moto.wait()
