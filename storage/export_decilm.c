@@ -60,6 +60,12 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
 
 int exp_decilm_check(const arch *a, char *err, size_t errlen)
 {
+    if (a->attention_bias) {
+        snprintf(err, errlen, "HF export: a model with q/k/v biases (Qwen2) is written as Qwen2ForCausalLM, one "
+                 "shape for every layer; DeciLM's attention_bias would also give o_proj a bias this model does not "
+                 "have, so per-layer shapes of it are expressible in GGUF only");
+        return -1;
+    }
     int H = first_attention_heads(a);
     if (H == 0) {
         snprintf(err, errlen, "HF export: no layer keeps attention; DeciLM needs num_attention_heads "

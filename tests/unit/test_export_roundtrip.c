@@ -584,6 +584,12 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err, "query heads"));
     assert_int_equal(exp_gguf_arch(&a, an, sizeof an, err, sizeof err), 0);   /* GGUF can */
     arch_free(&a);
+    static const int B[][3] = {{4, 2, 256}, {4, 1, 512}};     /* per-layer shapes of a Qwen2 (q/k/v biases) */
+    make_arch(&a, 32, 8, 2, B, 1);
+    a.attention_bias = 1;
+    assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);
+    assert_non_null(strstr(err, "o_proj"));
+    arch_free(&a);
     static const int F[][3] = {{4, 2, 300}, {4, 1, 256}};     /* width not a DeciLM ffn_mult */
     make_arch(&a, 32, 8, 2, F, 1);
     assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);

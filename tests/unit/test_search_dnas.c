@@ -656,6 +656,32 @@ static void test_aim_served_margin(void **state)
     json_decref(v);
 }
 
+/* What the export formats let the search change: a Llama parent's "hf" with per-layer axes
+ * follows DeciLM (query heads and hidden size kept); a Qwen2 parent's (q/k/v biases) is
+ * Qwen2ForCausalLM, one shape for every layer, so only whole layers may go; its "gguf"
+ * alone keeps per-layer widths. */
+static void test_axes_for_exports(void **state)
+{
+    world *w = *state;
+    arch p;
+    assert_int_equal(arch_copy(&p, &w->parent.a), 0);
+    for (int l = 0; l < p.n_layers; l++)
+        p.layers[l].ffn_dim = 256;
+    const char *hf[] = {"hf"}, *gguf[] = {"gguf"};
+    const dnas_axes all = {.hidden = 1, .heads = 1, .ffn = 1, .depth = 1};
+    dnas_axes x = all;
+    dnas_axes_for_exports(&x, hf, 1, &p);
+    assert_true(x.heads && x.ffn && x.depth && !x.hidden && x.keep_query_heads && x.ffn_multiple == 256);
+    p.attention_bias = 1;
+    x = all;
+    dnas_axes_for_exports(&x, hf, 1, &p);
+    assert_true(!x.heads && !x.ffn && !x.hidden && x.depth && x.no_removed_attention && x.no_removed_mlp);
+    x = all;
+    dnas_axes_for_exports(&x, gguf, 1, &p);
+    assert_true(x.heads && x.ffn && x.hidden && x.depth && x.no_removed_attention && x.no_removed_mlp);
+    arch_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -669,6 +695,7 @@ int main(void)
         cmocka_unit_test(test_moe_expert_counts),
         cmocka_unit_test(test_moe_shared_widths),
         cmocka_unit_test(test_moe_latent_widths),
+        cmocka_unit_test(test_axes_for_exports),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
