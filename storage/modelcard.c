@@ -32,6 +32,37 @@ static const json_t *get(const json_t *o, const char *k)
     return json_is_object(o) ? json_object_get(o, k) : NULL;
 }
 
+/* s as a Markdown code span on one line: fenced by one backtick more than its longest run
+ * of backticks, control characters (a newline would end the span) shown as '?'. */
+static void md_code(strbuf *b, const char *s)
+{
+    int run = 0, longest = 0;
+    for (const char *p = s; *p; p++) {
+        run = *p == '`' ? run + 1 : 0;
+        longest = run > longest ? run : longest;
+    }
+    char fence[16];
+    int n = longest + 1 < (int)sizeof fence ? longest + 1 : (int)sizeof fence - 1;
+    memset(fence, '`', (size_t)n);
+    fence[n] = 0;
+    strbuf_printf(b, "%s ", fence);
+    for (const char *p = s; *p; p++)
+        strbuf_printf(b, "%c", (unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p);
+    strbuf_printf(b, " %s", fence);
+}
+
+/* s as Markdown text in a table cell or a sentence: the characters that make markup or end
+ * a cell (\ | ` * < > [ ]) backslash-escaped, control characters shown as '?'. */
+static void md_text(strbuf *b, const char *s)
+{
+    for (const char *p = s; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            strbuf_printf(b, "?");
+        else
+            strbuf_printf(b, "%s%c", strchr("\\|`*<>[]", *p) ? "\\" : "", *p);
+    }
+}
+
 static void costs_row(strbuf *b, const char *label, const json_t *side)
 {
     char x[64], y[64], z[64], w[64];
@@ -52,11 +83,15 @@ char *mc_render(const arch *a, const json_t *report, const mc_info *info)
     char t1[64], t2[64], t3[64], t4[64];
     const char *parent = info && info->parent ? info->parent : "unknown";
     strbuf_printf(&b, "# Compressed model (AutoCompress)\n\n");
-    strbuf_printf(&b, "- **Parent:** `%s`\n", parent);
+    strbuf_printf(&b, "- **Parent:** ");
+    md_code(&b, parent);
+    strbuf_printf(&b, "\n");
     strbuf_printf(&b, "- **Class:** %s\n", info && info->model_class ? info->model_class : "not stated");
     strbuf_printf(&b, "- **Weights dtype:** %s\n", info && info->dtype ? info->dtype : "not stated");
     strbuf_printf(&b, "- **Formats:** %s\n", info && info->formats ? info->formats : "not stated");
-    strbuf_printf(&b, "- **Tokenizer:** %s\n", info && info->tokenizer ? info->tokenizer : "not stated");
+    strbuf_printf(&b, "- **Tokenizer:** ");
+    md_text(&b, info && info->tokenizer ? info->tokenizer : "not stated");   /* its note may name a file */
+    strbuf_printf(&b, "\n");
     strbuf_printf(&b, "- **Parameters:** %lld\n", (long long)arch_params(a));
     const json_t *jid = get(report, "job_id"), *meth = get(report, "method");
     if (jid)
@@ -141,7 +176,9 @@ char *mc_render(const arch *a, const json_t *report, const mc_info *info)
         const json_t *r;
         json_object_foreach((json_t *)racc, task, r) {
             const json_t *p = get(pacc, task);
-            strbuf_printf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", task, num(get(p, "acc"), t1, sizeof t1),
+            strbuf_printf(&b, "| ");
+            md_text(&b, task);
+            strbuf_printf(&b, " | %s | %s | %s | %s | %s | %s |\n", num(get(p, "acc"), t1, sizeof t1),
                       num(get(p, "acc_norm"), t2, sizeof t2), num(get(r, "acc"), t3, sizeof t3),
                       num(get(r, "acc_norm"), t4, sizeof t4), num(get(r, "stderr"), (char[64]){0}, 64),
                       num(get(r, "n"), (char[64]){0}, 64));
@@ -156,9 +193,12 @@ char *mc_render(const arch *a, const json_t *report, const mc_info *info)
         const char *k;
         const json_t *v;
         strbuf_printf(&b, "\nPerplexity:");
-        json_object_foreach((json_t *)ppl, k, v)
-            strbuf_printf(&b, " %s parent %s, result %s;", k, num(get(get(par, "perplexity"), k), t1, sizeof t1),
-                      num(v, t2, sizeof t2));
+        json_object_foreach((json_t *)ppl, k, v) {
+            strbuf_printf(&b, " ");
+            md_text(&b, k);
+            strbuf_printf(&b, " parent %s, result %s;", num(get(get(par, "perplexity"), k), t1, sizeof t1),
+                          num(v, t2, sizeof t2));
+        }
         strbuf_printf(&b, "\n");
     }
     const json_t *se = get(report, "search"), *di = get(report, "distillation");

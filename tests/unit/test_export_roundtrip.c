@@ -857,6 +857,19 @@ static void test_model_card(void **state)
     assert_non_null(strstr(s, "No limits recorded."));
     assert_non_null(strstr(s, "Not measured."));
     free(s);
+    /* text from outside (a parent path, a task file's name) stays text: a path with
+     * backticks and a newline keeps its code span on its one line, a task name with '|'
+     * and markup keeps its table row */
+    json_t *rep2 = json_loads("{\"result\":{\"accuracy\":{\"my|task <b>*x*</b>\":{\"acc\":0.5}}}}", 0, &je);
+    assert_non_null(rep2);
+    info.parent = "models/a`b``c\n# Injected heading\n.gguf";
+    s = mc_render(&a, rep2, &info);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "- **Parent:** ``` models/a`b``c?# Injected heading?.gguf ```\n"));
+    assert_null(strstr(s, "\n# Injected"));
+    assert_non_null(strstr(s, "| my\\|task \\<b\\>\\*x\\*\\</b\\> | not measured |"));
+    free(s);
+    json_decref(rep2);
     json_decref(rep);
     arch_free(&a);
 }
