@@ -354,11 +354,12 @@ static json_t *check_model(vctx *v, json_t *in)
     return out;
 }
 
-/* A job tokenizes its calibration, distillation and evaluation text: the model it names
- * (resolved into model, by path or as registered) must have a tokenizer, given or found
- * where the loader looks (beside it, or a GGUF's own). Else a 422 at /model/tokenizer,
- * now rather than after the calibration. */
-static void check_tokenizer(vctx *v, json_t *model)
+/* What a job asks of the model it names (resolved into model, by path or as registered),
+ * now rather than after the calibration: a tokenizer, given or found where the loader
+ * looks (beside it, or a GGUF's own), for its calibration, distillation and evaluation
+ * text (else a 422 at /model/tokenizer); and a context that holds the target's workload
+ * (else a 422 at /target/workload). */
+static void check_model_use(vctx *v, json_t *model, json_t *target)
 {
     const char *path = json_string_value(json_object_get(model, "path")),
                *tok = json_string_value(json_object_get(model, "tokenizer"));
@@ -369,8 +370,16 @@ static void check_tokenizer(vctx *v, json_t *model)
     if (mio_open(&mm, path, tok, err, sizeof err))
         return;   /* a model that does not open fails its load stage, which says why */
     int found = mio_tokenizer_found(&mm, err, sizeof err) == 0;
-    int gguf = mm.format == MIO_GGUF;
+    int gguf = mm.format == MIO_GGUF, context = mm.a.max_position_embeddings;
     mio_close(&mm);
+    /* the job measures, and delivers a model for, requests of this length: one past the
+       model's context is a workload it cannot serve */
+    json_t *wl = json_object_get(target, "workload");
+    json_int_t len = json_integer_value(json_object_get(wl, "prompt_tokens")) +
+                     json_integer_value(json_object_get(wl, "output_tokens"));
+    if (context > 0 && len > context)
+        fault(v, 422, "/target/workload", "prompt_tokens + output_tokens = %lld is past the model's context of %d "
+              "tokens (its max_position_embeddings): the model cannot serve such requests", (long long)len, context);
     if (found)
         return;
     const char *slash = strrchr(path, '/'), *id = json_string_value(json_object_get(model, "id"));
@@ -883,10 +892,10 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     only_keys(&v, in, "", keys);
     check_name(&v, in, out);
     json_object_set_new(out, "model", check_model(&v, in));
-    if (!json_object_get(in, "x_test_pipeline"))   /* a test pipeline reads no text */
-        check_tokenizer(&v, json_object_get(out, "model"));
     double device_gib = 0;
     json_object_set_new(out, "target", check_target(&v, in, &device_gib));
+    if (!json_object_get(in, "x_test_pipeline"))   /* a test pipeline reads no text and serves nothing */
+        check_model_use(&v, json_object_get(out, "model"), json_object_get(out, "target"));
     json_object_set_new(out, "constraints", check_constraints(&v, in, device_gib));
     json_t *method = string_field(&v, in, "", "method", 32, 0);
     static const char *const methods[] = {"autocompress", "minitron", NULL};

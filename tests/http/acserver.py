@@ -19,12 +19,13 @@ AC_BIN = os.environ.get("AC_BIN") or os.path.join(os.path.dirname(__file__), "..
 
 # A spec that runs only test stages (AC_TEST_STAGES=1) on a placeholder model file.
 def write_tiny_l2c(path, tokenizer=True):
-    """The smallest llama2.c checkpoint the model probe takes (dim 8, 1 layer, vocab 32,
-    zero weights): for tests that need a model path but never load the weights. With an
+    """A tiny llama2.c checkpoint the model probe takes (dim 8, 1 layer, vocab 32, a context
+    of 512 tokens, which a job's default workload fits in, zero weights): for tests that
+    need a model path but never load the weights. With an
     empty tok32.bin beside it (where a job's spec check looks for its tokenizer), unless
     tokenizer is False."""
     with open(path, "wb") as f:
-        f.write(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 4) + b"\0" * (936 * 4))
+        f.write(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 512) + b"\0" * (2968 * 4))
     if tokenizer:
         open(os.path.join(os.path.dirname(path), "tok32.bin"), "wb").close()
 

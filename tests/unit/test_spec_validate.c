@@ -305,6 +305,15 @@ static void test_value_faults(void **state)
 static void test_paths(void **state)
 {
     (void)state;
+    /* a workload the model's context cannot hold (tiny.bin: 512 tokens) */
+    expect_fault("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"workload\":{\"prompt_tokens\":500,"
+                 "\"output_tokens\":13}}}", 422, "/target/workload");
+    int st0;
+    json_t *e0;
+    json_t *fits = run("{" OK_MODEL ",\"constraints\":{\"latency_ms\":1},\"target\":{\"workload\":{\"prompt_tokens\":500,"
+                       "\"output_tokens\":12}}}", 0, &st0, &e0);
+    assert_non_null(fits);
+    json_decref(fits);
     expect_fault("{\"model\":{\"path\":\"models/none.bin\"},\"constraints\":{\"latency_ms\":1}}", 422, "/model/path");
     expect_fault("{\"model\":{\"path\":\"models/../models/tiny.bin\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");
     expect_fault("{\"model\":{\"path\":\"/etc/passwd\"},\"constraints\":{\"latency_ms\":1}}", 403, "/model/path");

@@ -1,6 +1,6 @@
 /* tests/unit/tiny_model.h — the smallest files the model format probe (storage/modelio.h
  * mio_probe) takes for each format, for tests that need a model path but not a model:
- * a llama2.c checkpoint (dim 8, 1 layer, vocab 32, zero weights) and a placeholder for its
+ * a llama2.c checkpoint (dim 8, 1 layer, vocab 32, context 512, zero weights) and a placeholder for its
  * tokenizer, a GGUF magic, an HF directory with config.json and model.safetensors. Header-only: static functions.
  */
 #ifndef AC_TESTS_TINY_MODEL_H
@@ -9,11 +9,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* A llama2.c .bin whose header matches its length (28 + 936 floats). 0, or -1. */
+/* A llama2.c .bin whose header matches its length (28 bytes + 2,968 floats: the weights, and
+ * freq_cis for its context of 512 tokens). 0, or -1. */
 static inline int tiny_l2c_write(const char *path)
 {
-    const int32_t h[7] = {8, 16, 1, 2, 2, 32, 4};   /* dim, hidden, layers, heads, kv, vocab, seq */
-    static const float zeros[936];
+    const int32_t h[7] = {8, 16, 1, 2, 2, 32, 512};   /* dim, hidden, layers, heads, kv, vocab, seq */
+    static const float zeros[2968];
     FILE *f = fopen(path, "wb");
     if (!f)
         return -1;
