@@ -48,6 +48,10 @@ def main():
     for name, sch in doc["components"]["schemas"].items():
         Draft202012Validator.check_schema(sch)
     registry = Registry().with_resource("urn:openapi", Resource.from_contents(doc, default_specification=DRAFT202012))
+    # the document refuses what the validator refuses: constraints without a limit
+    cons = Draft202012Validator(doc["components"]["schemas"]["Constraints"])
+    assert not cons.is_valid({"margin_pct": 5}) and not cons.is_valid({"served_check": True})
+    assert cons.is_valid({"params": 1000, "margin_pct": 5})
 
     templates = []
     for p in doc["paths"]:
