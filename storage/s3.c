@@ -2,6 +2,7 @@
  * headers over libcurl, multipart uploads with per-part hashes. */
 #include "storage/s3.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
@@ -313,20 +314,31 @@ static size_t read_cb(char *dst, size_t size, size_t n, void *ud)
     return k;
 }
 
-/* The value of header name (with its ':') in line into out (65 bytes), unquoted. */
-static void header_value(const char *line, size_t len, const char *name, char out[65])
+/* The value of header name (with its ':') in line into out (65 bytes): without the
+ * blanks around it and its quotes, "" when longer than 64 bytes. 1 when line is that
+ * header, else 0 (out untouched). */
+static int header_value(const char *line, size_t len, const char *name, char out[65])
 {
     size_t nl = strlen(name);
     if (len <= nl || strncasecmp(line, name, nl))
-        return;
-    const char *v = line + nl;
-    while (v < line + len && (*v == ' ' || *v == '"'))
+        return 0;
+    const char *v = line + nl, *end = line + len;
+    while (v < end && (*v == ' ' || *v == '\t' || *v == '"'))
         v++;
-    size_t k = 0;
-    while (k < 64 && v + k < line + len && v[k] != '"' && v[k] != '\r' && v[k] != '\n')
-        k++;
+    while (end > v && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '"' || end[-1] == '\r' || end[-1] == '\n'))
+        end--;
+    size_t k = (size_t)(end - v);
+    if (k > 64)
+        k = 0;
     memcpy(out, v, k);
     out[k] = 0;
+    return 1;
+}
+
+/* 1 when s is a sha-256 in hex (64 digits, either case). */
+static int is_sha256_hex(const char *s)
+{
+    return strlen(s) == 64 && strspn(s, "0123456789abcdefABCDEF") == 64;
 }
 
 static size_t header_cb(char *line, size_t size, size_t n, void *ud)
@@ -334,7 +346,12 @@ static size_t header_cb(char *line, size_t size, size_t n, void *ud)
     s3_req *r = ud;
     size_t len = size * n;
     header_value(line, len, "etag:", r->etag);
-    header_value(line, len, "x-amz-meta-sha256:", r->meta_sha256_got);
+    if (header_value(line, len, "x-amz-meta-sha256:", r->meta_sha256_got)) {
+        if (!is_sha256_hex(r->meta_sha256_got))
+            r->meta_sha256_got[0] = 0;   /* not a digest: as if none were stored */
+        for (char *p = r->meta_sha256_got; *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+    }
     return len;
 }
 
@@ -640,7 +657,7 @@ static int completed_anyway(s3_client *c, const char *key, int64_t size, const c
 {
     s3_object o;
     char e[256];
-    if (!sha256 || s3_head(c, key, &o, e, sizeof e) != 0 || o.size_bytes != size || strcasecmp(o.sha256, sha256))
+    if (!sha256 || s3_head(c, key, &o, e, sizeof e) != 0 || o.size_bytes != size || strcasecmp(o.sha256, sha256) != 0)
         return 0;
     if (etag)
         memcpy(etag, o.etag, sizeof o.etag);
@@ -726,6 +743,10 @@ out:
 int s3_put_file(s3_client *c, const char *key, const char *path, const char *sha256, char *etag, char *err,
                 size_t errlen)
 {
+    if (sha256 && !is_sha256_hex(sha256)) {   /* it goes into a header line */
+        snprintf(err, errlen, "S3 PUT %s: the sha-256 to store is not 64 hex digits", key);
+        return -1;
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st)) {

@@ -40,7 +40,7 @@ typedef struct s3_client s3_client;
 s3_client *s3_open(const char *url, const s3_options *o, char *err, size_t errlen);
 void s3_close(s3_client *c);
 
-/* Upload the regular file at path as PREFIX/key. sha256 (64 hex digits, may be NULL) is
+/* Upload the regular file at path as PREFIX/key. sha256 (64 hex digits, else a refusal; may be NULL) is
  * stored with the object as its x-amz-meta-sha256 (s3_head reads it back). *etag (65 bytes,
  * may be NULL) receives the object's ETag without quotes. Parts are read, hashed and sent
  * one at a time (memory: one part). 0, or -1 with err (HTTP status and S3's error code, or
@@ -55,7 +55,8 @@ int s3_put_file(s3_client *c, const char *key, const char *path, const char *sha
 typedef struct {
     int64_t size_bytes;   /* -1: not given */
     char etag[65];        /* no quotes */
-    char sha256[65];      /* its x-amz-meta-sha256 as s3_put_file stored it; "" without one */
+    char sha256[65];      /* its x-amz-meta-sha256 as s3_put_file stored it, lower case; "" without
+                           * one (or one that is not 64 hex digits) */
 } s3_object;
 
 /* The object's size, ETag and stored sha-256 into *o (may be NULL). 0, 1 when there is no
