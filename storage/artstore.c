@@ -213,6 +213,15 @@ static int remote_put(artstore *as, const char *hex, int64_t size, char *err, si
     return 0;
 }
 
+int art_push_remote(artstore *as, const char *hex, int64_t size_bytes, char *err, size_t errlen)
+{
+    if (!art_has(as, hex, size_bytes)) {
+        snprintf(err, errlen, "artifact %s is not stored here", hex);
+        return -1;
+    }
+    return remote_put(as, hex, size_bytes, err, errlen);
+}
+
 typedef struct {
     int fd;
     EVP_MD_CTX *md;

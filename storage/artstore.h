@@ -32,6 +32,11 @@ int art_attach_remote(artstore *as, const char *url, const char *credentials_fil
 /* 1 when the store writes through to a remote one (art_attach_remote), so that what it
  * holds can be read on other hosts. */
 int art_has_remote(const artstore *as);
+/* The remote copy of a blob stored here (size_bytes bytes) made sure of, as art_put does
+ * after storing: uploaded unless the remote holds it at its size and sha-256. For a retry
+ * after art_put stored the blob but its upload failed, without hashing it again. 0 (also
+ * without a remote store), or -1 with err. */
+int art_push_remote(artstore *as, const char *hex, int64_t size_bytes, char *err, size_t errlen);
 
 /* sha-256 of a file as 64 lowercase hex digits, and its size. Returns 0, or -1 with err. */
 int art_sha256_file(const char *path, char hex[65], int64_t *size_bytes, char *err, size_t errlen);

@@ -119,12 +119,16 @@ const char *fetch_model_file_name(const char *url, char *out, size_t outlen, cha
  * fetch_opts.ca_file needs). Returns 0, or -1 with a reason naming path in err. */
 int fetch_check_ca_file(const char *path, char *err, size_t errlen);
 
+/* Where a download into out_path keeps what it has so far (out_path.part). 0, or -1 when
+ * it does not fit in n bytes. */
+int fetch_part_path(const char *out_path, char *buf, size_t n);
+
 /* The cache path of a model: DATA_DIR/models/SHA256/FILE. Returns 0, or -1 when out is
  * too short. */
 int fetch_model_path(const char *data_dir, const char *sha256_hex, const char *file, char *out,
                      size_t outlen);
 
-/* ---- the model fetcher ---------------------------------------------------------------- */
+/* ---- the model fetcher (storage/fetch_service.c) ---------------------------------------- */
 
 typedef struct fetch_service fetch_service;
 

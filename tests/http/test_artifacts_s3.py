@@ -5,7 +5,7 @@ with the local copy gone (another host, or a cache emptied), a HEAD is answered 
 bucket's HEAD without fetching it, and a GET fetches it back,
 checked against its name, and serves it by Range with the same ETag and Repr-Digest, the
 pieces reassembling to the same sha-256; an object corrupted in the bucket is refused and
-never served; a model fetched by URL that the bucket cannot take is failed, not ready; a server pointed at a bucket that does not exist refuses to start, naming
+never served; a model fetched by URL that the bucket cannot take is failed, not ready, and registered again (another file name) it is ready from the kept download; a server pointed at a bucket that does not exist refuses to start, naming
 it. (moto does not check signatures: unit/test_sigv4 checks those.)"""
 import base64
 import functools
@@ -50,6 +50,7 @@ def model_upload_fails(ep, env):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.path.dirname(src))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
     s3("PUT", ep + "/ac-gone")
     try:
         with Server(args=["--artifacts", "s3://ac-gone/m", "--s3-allow-http", "--allow-http-models",
@@ -64,19 +65,27 @@ def model_upload_fails(ep, env):
                 _, _, m = s.json("GET", "/v1/models/" + m["id"], expect=200)
             assert m["status"] == "failed" and "artifact store" in m["error"]["message"], m
             s3("PUT", ep + "/ac-gone")
+            # registered again under another file name, with no server to download from:
+            # the kept download is taken
+            httpd.shutdown()
+            httpd.server_close()
+            reg["url"] = "http://127.0.0.1:%d/renamed.bin" % port
             _, _, m = s.json("POST", "/v1/models", reg, expect=202)
             while m["status"] == "fetching":
                 assert time.time() - t0 < 150, m
                 time.sleep(0.2)
                 _, _, m = s.json("GET", "/v1/models/" + m["id"], expect=200)
-            assert m["status"] == "ready", m
+            assert m["status"] == "ready" and m["path"].endswith("/renamed.bin"), m
+            assert os.listdir(os.path.dirname(m["path"])) == ["renamed.bin"], os.listdir(os.path.dirname(m["path"]))
             tool = os.path.join(os.path.dirname(AC_BIN), "tools", "ac_s3")
             out = subprocess.run([tool, "head", "s3://ac-gone/m", "sha256/" + sha], env=dict(os.environ, **env),
                                  check=True, capture_output=True, text=True).stdout.split()
             assert out[0] == str(os.path.getsize(src)) and out[2] == sha, out
-        print("ok: a model the artifact store could not take failed naming it, and was ready once registered again")
+        print("ok: a model the artifact store could not take failed naming it, and was ready from its kept download "
+              "once registered again (under another name)")
     finally:
         httpd.shutdown()
+        httpd.server_close()
 
 
 def main():
