@@ -5,6 +5,7 @@
  * Server paths are confined to the roots by spec_path.c.
  */
 #include "api/spec.h"
+#include "api/spec_internal.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -26,20 +27,13 @@
 #include "storage/archjson.h"
 #include "storage/modelio.h"
 
-typedef struct {
-    json_t *errors;
-    int status;
-    const spec_env *env;
-} vctx;
 
 static int severity(int status)
 {
     return status == 403 ? 3 : status == 400 ? 2 : 1;
 }
 
-static void fault(vctx *v, int status, const char *pointer, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void fault(vctx *v, int status, const char *pointer, const char *fmt, ...)
+void spec_fault(vctx *v, int status, const char *pointer, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -51,14 +45,13 @@ static void fault(vctx *v, int status, const char *pointer, const char *fmt, ...
         v->status = status;
 }
 
-
-static void ptr_index(char *out, size_t n, const char *parent, size_t i)
+void spec_ptr_index(char *out, size_t n, const char *parent, size_t i)
 {
     snprintf(out, n, "%s/%zu", parent, i);
 }
 
 /* Unknown keys of obj are 400 faults. */
-static void only_keys(vctx *v, json_t *obj, const char *ptr, const char *const *allowed)
+void spec_only_keys(vctx *v, json_t *obj, const char *ptr, const char *const *allowed)
 {
     const char *key;
     json_t *val;
@@ -69,14 +62,14 @@ static void only_keys(vctx *v, json_t *obj, const char *ptr, const char *const *
         if (!ok) {
             char p[512];
             json_ptr_join(p, sizeof p, ptr, key);
-            fault(v, 400, p, "unknown field '%s'", key);
+            spec_fault(v, 400, p, "unknown field '%s'", key);
         }
     }
 }
 
 /* Member `key` of obj when it has type `type`; NULL (and a 400 fault when present with
  * another type, or required and missing). */
-static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, json_type type,
+json_t *spec_member(vctx *v, json_t *obj, const char *ptr, const char *key, json_type type,
                       int required)
 {
     char p[512];
@@ -84,21 +77,21 @@ static json_t *member(vctx *v, json_t *obj, const char *ptr, const char *key, js
     json_t *m = json_object_get(obj, key);
     if (!m) {
         if (required)
-            fault(v, 400, p, "required field is missing");
+            spec_fault(v, 400, p, "required field is missing");
         return NULL;
     }
     json_int_t ignored;
     int ok = json_typeof(m) == type || (type == JSON_REAL && json_is_integer(m)) ||
              (type == JSON_INTEGER && spec_json_int(m, &ignored)) || (type == JSON_TRUE && json_is_boolean(m));
     if (!ok && type == JSON_INTEGER && spec_json_big_int(m)) {   /* an integer to JSON Schema: out of range, not mistyped */
-        fault(v, 422, p, "%.17g is beyond the integers this field holds (magnitude below 2^53)", json_real_value(m));
+        spec_fault(v, 422, p, "%.17g is beyond the integers this field holds (magnitude below 2^53)", json_real_value(m));
         return NULL;
     }
     if (!ok) {
         const char *want = type == JSON_OBJECT ? "an object" : type == JSON_ARRAY ? "an array" :
                            type == JSON_STRING ? "a string" : type == JSON_INTEGER ? "an integer" :
                            type == JSON_REAL ? "a number" : "a boolean";
-        fault(v, 400, p, "must be %s", want);
+        spec_fault(v, 400, p, "must be %s", want);
         return NULL;
     }
     return m;
@@ -128,7 +121,7 @@ static double num(json_t *j)
     return json_is_integer(j) ? (double)json_integer_value(j) : json_real_value(j);
 }
 
-/* The value of a member that member() accepted as an integer (an integer or an
+/* The value of a member that spec_member() accepted as an integer (an integer or an
  * integral real). */
 static json_int_t int_value(json_t *j)
 {
@@ -141,7 +134,7 @@ static json_int_t int_value(json_t *j)
 static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, json_int_t lo,
                       json_int_t hi, json_int_t dflt, int required, json_t *out)
 {
-    json_t *m = member(v, obj, ptr, key, JSON_INTEGER, required);
+    json_t *m = spec_member(v, obj, ptr, key, JSON_INTEGER, required);
     if (!m) {
         if (!json_object_get(obj, key) && !required && out)
             json_object_set_new(out, key, json_integer(dflt));
@@ -151,7 +144,7 @@ static void int_field(vctx *v, json_t *obj, const char *ptr, const char *key, js
     if (x < lo || x > hi) {
         char p[512];
         json_ptr_join(p, sizeof p, ptr, key);
-        fault(v, 422, p, "must be between %lld and %lld (got %lld)", (long long)lo, (long long)hi,
+        spec_fault(v, 422, p, "must be between %lld and %lld (got %lld)", (long long)lo, (long long)hi,
               (long long)x);
         return;
     }
@@ -166,14 +159,14 @@ static int utf8_ok_len(json_t *s, size_t maxlen)
     return strlen(json_string_value(s)) == n && n <= maxlen;
 }
 
-static json_t *string_field(vctx *v, json_t *obj, const char *ptr, const char *key, size_t maxlen,
+json_t *spec_string_field(vctx *v, json_t *obj, const char *ptr, const char *key, size_t maxlen,
                             int required)
 {
-    json_t *m = member(v, obj, ptr, key, JSON_STRING, required);
+    json_t *m = spec_member(v, obj, ptr, key, JSON_STRING, required);
     if (m && !utf8_ok_len(m, maxlen)) {
         char p[512];
         json_ptr_join(p, sizeof p, ptr, key);
-        fault(v, 422, p, "must be at most %zu bytes of UTF-8, without NUL bytes", maxlen);
+        spec_fault(v, 422, p, "must be at most %zu bytes of UTF-8, without NUL bytes", maxlen);
         return NULL;
     }
     return m;
@@ -191,211 +184,25 @@ static int one_of(const char *s, const char *const *list)
 
 /* A path-valued string member: resolved and stored into out[key]. want_file: it must
  * name a regular file (never a FIFO or device, which could block the reader). */
-static void path_field(vctx *v, json_t *obj, const char *ptr, const char *key, int required, int want_file,
+void spec_path_field(vctx *v, json_t *obj, const char *ptr, const char *key, int required, int want_file,
                        json_t *out)
 {
-    json_t *m = string_field(v, obj, ptr, key, 3000, required);
+    json_t *m = spec_string_field(v, obj, ptr, key, 3000, required);
     if (!m)
         return;
     char p[512], resolved[4096], msg[256];
     json_ptr_join(p, sizeof p, ptr, key);
     int rc = spec_resolve_path(v->env, json_string_value(m), resolved, sizeof resolved, msg, sizeof msg);
     if (rc) {
-        fault(v, rc, p, "%s", msg);
+        spec_fault(v, rc, p, "%s", msg);
         return;
     }
     const char *kind = want_file ? spec_file_kind(resolved) : NULL;
     if (kind) {
-        fault(v, 422, p, "not a regular file (%s)", kind);
+        spec_fault(v, 422, p, "not a regular file (%s)", kind);
         return;
     }
     json_object_set_new(out, key, json_string(resolved));
-}
-
-const char *spec_model_format(const char *resolved, char *why, size_t whylen)
-{
-    mio_format f;
-    char err[1024];
-    if (mio_probe(resolved, &f, err, sizeof err)) {
-        /* the resolved path is the server's business: name the file by its last component */
-        const char *colon = strstr(err, ": ");
-        const char *slash = strrchr(resolved, '/');
-        snprintf(why, whylen, "%s%s", slash ? slash + 1 : resolved, colon ? colon : err);
-        return NULL;
-    }
-    return mio_format_name(f);
-}
-
-/* A model named by server path: obj.path (a model in a format the probe knows) and
- * obj.tokenizer (a regular file), resolved into out with the format. */
-static void model_path(vctx *v, json_t *obj, const char *ptr, json_t *out)
-{
-    path_field(v, obj, ptr, "path", 1, 0, out);
-    path_field(v, obj, ptr, "tokenizer", 0, 1, out);
-    json_t *p = json_object_get(out, "path");
-    char why[1024], at[256], bad[256];
-    json_ptr_join(at, sizeof at, ptr, "path");
-    /* the loader reads a model's files by name, links followed: none may lead out */
-    if (p && spec_model_confined(v->env, json_string_value(p), bad, sizeof bad)) {
-        fault(v, 403, at, "the model's file %s is a link that leads outside the allowed roots (see --data-root)",
-              bad);
-        return;
-    }
-    const char *fmt = p ? spec_model_format(json_string_value(p), why, sizeof why) : NULL;
-    if (p && !fmt)
-        fault(v, 422, at, "%s", why);
-    else if (fmt)
-        json_object_set_new(out, "format", json_string(fmt));
-}
-
-void spec_check_model_path(const spec_env *env, json_t *obj, const char *ptr, json_t *out, json_t *errors,
-                           int *status)
-{
-    vctx v = {errors, *status, env};
-    model_path(&v, obj, ptr, out);
-    *status = v.status;
-}
-
-/* ---- sections ---------------------------------------------------------------------- */
-
-/* A registered model a job can use: ready (a URL model still fetching or failed is a
- * 422 naming its state). 1 usable, 0 not (fault recorded at ptr). */
-static int model_usable(vctx *v, const store_model *sm, const char *ptr)
-{
-    if (!sm->status[0] || !strcmp(sm->status, "ready"))
-        return 1;
-    if (!strcmp(sm->status, "fetching")) {
-        if (sm->bytes_total > 0)
-            fault(v, 422, ptr, "model %s is still fetching (%lld of %lld bytes); retry when its status is ready",
-                  sm->id, (long long)sm->bytes_done, (long long)sm->bytes_total);
-        else
-            fault(v, 422, ptr, "model %s is still fetching (%lld bytes so far); retry when its status is ready",
-                  sm->id, (long long)sm->bytes_done);
-    } else {
-        fault(v, 422, ptr, "model %s failed to fetch: %.300s (register its url again to retry)", sm->id, sm->error);
-    }
-    return 0;
-}
-
-/* The normalized model reference of a registered model into out. */
-static void model_ref_out(json_t *out, const store_model *sm)
-{
-    json_object_set_new(out, "id", json_string(sm->id));
-    json_object_set_new(out, "path", json_string(sm->path));
-    if (sm->tokenizer[0])
-        json_object_set_new(out, "tokenizer", json_string(sm->tokenizer));
-    json_object_set_new(out, "format", json_string(sm->format));
-}
-
-static json_t *check_model(vctx *v, json_t *in)
-{
-    json_t *m = member(v, in, "", "model", JSON_OBJECT, 1);
-    if (!m)
-        return NULL;
-    json_t *out = json_object();
-    int has_path = json_object_get(m, "path") != NULL, has_id = json_object_get(m, "id") != NULL,
-        has_url = json_object_get(m, "url") != NULL;
-    if (has_path + has_id + has_url != 1) {
-        fault(v, 422, "/model", "give exactly one of path, id or url");
-        return out;
-    }
-    if (has_url) {
-        /* a URL is fetched by registering it (POST /v1/models, in the background); a job
-         * may name it by URL + sha256 once that model is ready */
-        static const char *const keys[] = {"url", "sha256", NULL};
-        only_keys(v, m, "/model", keys);
-        json_t *url = string_field(v, m, "/model", "url", 2048, 1);
-        json_t *sha = string_field(v, m, "/model", "sha256", 64, 0);
-        if (!url)
-            return out;
-        char hex[65] = "";
-        const char *sv = sha ? json_string_value(sha) : "";
-        if (strlen(sv) == 64 && strspn(sv, "0123456789abcdefABCDEF") == 64) {
-            for (int i = 0; i <= 64; i++)
-                hex[i] = (char)tolower((unsigned char)sv[i]);
-        } else if (sha) {
-            fault(v, 422, "/model/sha256", "must be 64 hex digits (the sha-256 of the model file)");
-            return out;
-        }
-        store_model *sm = hex[0] && v->env->st ? malloc(sizeof *sm) : NULL;
-        int rc = sm ? store_model_get_sha(v->env->st, hex, sm) : 1;
-        if (rc != 0) {
-            free(sm);
-            fault(v, 422, "/model/url", "models are fetched by URL through POST /v1/models {url, sha256}; register "
-                                        "it there, then reference it by id (or by this url and its sha256) once "
-                                        "its status is ready");
-            return out;
-        }
-        if (model_usable(v, sm, "/model/url"))
-            model_ref_out(out, sm);
-        free(sm);
-        return out;
-    }
-    if (has_id) {
-        static const char *const keys[] = {"id", NULL};
-        only_keys(v, m, "/model", keys);
-        json_t *id = string_field(v, m, "/model", "id", 64, 1);
-        if (!id)
-            return out;
-        store_model sm;
-        int rc = v->env->st ? store_model_get(v->env->st, json_string_value(id), &sm) : 1;
-        if (rc != 0) {
-            fault(v, 422, "/model/id", "no registered model %s (POST /v1/models first)", json_string_value(id));
-            return out;
-        }
-        if (!model_usable(v, &sm, "/model/id"))
-            return out;
-        model_ref_out(out, &sm);
-        return out;
-    }
-    static const char *const keys[] = {"path", "tokenizer", NULL};
-    only_keys(v, m, "/model", keys);
-    model_path(v, m, "/model", out);
-    return out;
-}
-
-/* What a job asks of the model it names (resolved into model, by path or as registered),
- * now rather than after the calibration: a tokenizer, given or found where the loader
- * looks (beside it, or a GGUF's own), for its calibration, distillation and evaluation
- * text (else a 422 at /model/tokenizer); and a context that holds the target's workload
- * (else a 422 at /target/workload). */
-static void check_model_use(vctx *v, json_t *model, json_t *target)
-{
-    const char *path = json_string_value(json_object_get(model, "path")),
-               *tok = json_string_value(json_object_get(model, "tokenizer"));
-    if (!path || !json_object_get(model, "format"))
-        return;   /* already refused */
-    mio_model mm;
-    char err[1024];
-    if (mio_open(&mm, path, tok, err, sizeof err))
-        return;   /* a model that does not open fails its load stage, which says why */
-    int found = mio_tokenizer_found(&mm, err, sizeof err) == 0;
-    int gguf = mm.format == MIO_GGUF, context = mm.a.max_position_embeddings;
-    mio_close(&mm);
-    /* the job measures, and delivers a model for, requests of this length: one past the
-       model's context is a workload it cannot serve */
-    json_t *wl = json_object_get(target, "workload");
-    json_int_t len = json_integer_value(json_object_get(wl, "prompt_tokens")) +
-                     json_integer_value(json_object_get(wl, "output_tokens"));
-    if (context > 0 && len > context)
-        fault(v, 422, "/target/workload", "prompt_tokens + output_tokens = %lld is past the model's context of %d "
-              "tokens (its max_position_embeddings): the model cannot serve such requests", (long long)len, context);
-    if (found)
-        return;
-    const char *slash = strrchr(path, '/'), *id = json_string_value(json_object_get(model, "id"));
-    char what[256];   /* the server's paths are its own business: the model by its last component */
-    if (tok)
-        snprintf(what, sizeof what, "its tokenizer %s is gone", strrchr(tok, '/') ? strrchr(tok, '/') + 1 : tok);
-    else
-        snprintf(what, sizeof what, "it has no tokenizer %s", gguf ? "in its metadata" : "beside it");
-    if (id)   /* registered: the tokenizer comes with the registration */
-        fault(v, 422, "/model/tokenizer",
-              "model %s (%s): %s, and a job tokenizes its calibration and evaluation text: register it again with "
-              "its tokenizer (POST /v1/models {path, tokenizer})", id, slash ? slash + 1 : path, what);
-    else
-        fault(v, 422, "/model/tokenizer",
-              "%s: %s, and a job tokenizes its calibration and evaluation text: give model.tokenizer",
-              slash ? slash + 1 : path, what);
 }
 
 /* The device `name` as a live runner sharing the store offers it (a worker agent on
@@ -439,7 +246,7 @@ static int engine_present(vctx *v, const char *engine, const char *device)
     json_decref(fleet_device(v, device, &fleet));
     if (fleet)
         return 1;
-    fault(v, 422, "/target/engine", "%s; no worker agent sharing the store has it either", err);
+    spec_fault(v, 422, "/target/engine", "%s; no worker agent sharing the store has it either", err);
     return 0;
 }
 
@@ -450,13 +257,13 @@ static int engine_present(vctx *v, const char *engine, const char *device)
  * threads when given. */
 static void check_engine(vctx *v, json_t *t, json_t *out, const char *device)
 {
-    json_t *eng = string_field(v, t, "/target", "engine", 64, 0);
-    json_t *prec = string_field(v, t, "/target", "precision", 64, 0);
-    json_t *kv = string_field(v, t, "/target", "kv_cache_type", 64, 0);
-    json_t *th = member(v, t, "/target", "threads", JSON_INTEGER, 0);
-    json_t *fa = string_field(v, t, "/target", "flash_attention", 16, 0);
+    json_t *eng = spec_string_field(v, t, "/target", "engine", 64, 0);
+    json_t *prec = spec_string_field(v, t, "/target", "precision", 64, 0);
+    json_t *kv = spec_string_field(v, t, "/target", "kv_cache_type", 64, 0);
+    json_t *th = spec_member(v, t, "/target", "threads", JSON_INTEGER, 0);
+    json_t *fa = spec_string_field(v, t, "/target", "flash_attention", 16, 0);
     if (json_object_get(t, "engine_build"))
-        fault(v, 422, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
+        spec_fault(v, 422, "/target/engine_build", "read-only: the server sets it to the build of the engine that measures");
     static const char *const fields[] = {"engine", "precision", "kv_cache_type", "threads", "flash_attention", NULL};
     json_t *got[] = {eng, prec, kv, th, fa};
     for (int i = 0; fields[i]; i++)
@@ -464,7 +271,7 @@ static void check_engine(vctx *v, json_t *t, json_t *out, const char *device)
             return;   /* a shape fault already reported: the combination means nothing */
     const char *engine = eng ? json_string_value(eng) : CM_ENGINE_AUTOCOMPRESS;
     if (!*engine) {   /* the C target's "" means autocompress; a request names an engine */
-        fault(v, 422, "/target/engine", "must name an engine (autocompress, llama.cpp)");
+        spec_fault(v, 422, "/target/engine", "must name an engine (autocompress, llama.cpp)");
         return;
     }
     json_int_t x = th ? int_value(th) : -1;
@@ -476,7 +283,7 @@ static void check_engine(vctx *v, json_t *t, json_t *out, const char *device)
         snprintf(at, sizeof at, "/target/%s", field);
         if (!strcmp(field, "threads") && x != threads && !strcmp(engine, CM_ENGINE_LLAMACPP))
             snprintf(why, sizeof why, "%lld threads: must be 1..1024 (omit it for every online CPU)", (long long)x);
-        fault(v, 422, at, "%s", why);
+        spec_fault(v, 422, at, "%s", why);
         return;
     }
     int llama = !strcmp(engine, CM_ENGINE_LLAMACPP);
@@ -497,14 +304,14 @@ static void check_engine(vctx *v, json_t *t, json_t *out, const char *device)
 static json_t *check_target(vctx *v, json_t *in, double *device_gib)
 {
     json_t *out = json_object();
-    json_t *t = member(v, in, "", "target", JSON_OBJECT, 0);
+    json_t *t = spec_member(v, in, "", "target", JSON_OBJECT, 0);
     json_t *empty = json_object();
     if (!t)
         t = empty;
     static const char *const keys[] = {"device", "engine", "precision", "kv_cache_type", "threads",
                                        "flash_attention", "engine_build", "workload", NULL};
-    only_keys(v, t, "/target", keys);
-    json_t *dev = string_field(v, t, "/target", "device", 31, 0);
+    spec_only_keys(v, t, "/target", keys);
+    json_t *dev = spec_string_field(v, t, "/target", "device", 31, 0);
     const char *device = dev ? json_string_value(dev) : "cpu";
     char name[40];
     snprintf(name, sizeof name, "%s", device);
@@ -515,7 +322,7 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
     if (!json_object_get(t, "device") || dev) {
         /* its one name, the one runners claim by: "cuda" and "cuda:00" are cuda:0 */
         if (eng_device_name(device, name, sizeof name, why, sizeof why) < 0) {
-            fault(v, 422, "/target/device", "unknown device '%s': %s", device, why);
+            spec_fault(v, 422, "/target/device", "unknown device '%s': %s", device, why);
         } else if ((local = eng_device_exists(name, why, sizeof why))) {
             int n = eng_device_count();
             for (int i = 0; i < n; i++) {
@@ -527,7 +334,7 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
             *device_gib = (double)json_integer_value(json_object_get(remote, "memory_bytes")) / (1024.0 * 1024 * 1024);
             why[0] = 0;
         } else {
-            fault(v, 422, "/target/device", "unknown device '%s': %s; no worker agent sharing the store offers it",
+            spec_fault(v, 422, "/target/device", "unknown device '%s': %s; no worker agent sharing the store offers it",
                   device, why);
         }
     }
@@ -541,27 +348,27 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
         json_t *x;
         json_array_foreach(json_object_get(remote, "precisions"), i, x) offered |= !strcmp(json_string_value(x), p);
         if (remote && !offered)
-            fault(v, 422, "/target/precision", "%s on %s: the worker agents that have it offer only the precisions "
+            spec_fault(v, 422, "/target/precision", "%s on %s: the worker agents that have it offer only the precisions "
                   "of /v1/devices", p, name);
         else if (!remote && eng_device_precision(name, p, why, sizeof why))
-            fault(v, 422, "/target/precision", "%s on %s: %s", p, name, why);
+            spec_fault(v, 422, "/target/precision", "%s on %s: %s", p, name, why);
     }
     json_decref(remote);
-    json_t *w = member(v, t, "/target", "workload", JSON_OBJECT, 0);
+    json_t *w = spec_member(v, t, "/target", "workload", JSON_OBJECT, 0);
     json_t *wo = json_object();
     if (!w)
         w = empty;
     static const char *const wkeys[] = {"batch_size", "prompt_tokens", "output_tokens", NULL};
-    only_keys(v, w, "/target/workload", wkeys);
+    spec_only_keys(v, w, "/target/workload", wkeys);
     int_field(v, w, "/target/workload", "batch_size", 1, 4096, CM_DEFAULT_BATCH, 0, wo);
     int_field(v, w, "/target/workload", "prompt_tokens", 1, 1 << 20, CM_DEFAULT_PROMPT_TOKENS, 0, wo);
     int_field(v, w, "/target/workload", "output_tokens", 1, 1 << 20, CM_DEFAULT_OUTPUT_TOKENS, 0, wo);
     json_t *pt = json_object_get(wo, "prompt_tokens"), *ot = json_object_get(wo, "output_tokens");
     if (pt && ot && json_integer_value(pt) + json_integer_value(ot) > (1 << 20))
-        fault(v, 422, "/target/workload", "prompt_tokens + output_tokens exceeds 1048576");
+        spec_fault(v, 422, "/target/workload", "prompt_tokens + output_tokens exceeds 1048576");
     json_t *bs = json_object_get(wo, "batch_size");
     if (eng && bs && cm_batch_check(json_string_value(eng), (int)json_integer_value(bs), why, sizeof why))
-        fault(v, 422, "/target/workload/batch_size", "%s", why);
+        spec_fault(v, 422, "/target/workload/batch_size", "%s", why);
     json_object_set_new(out, "workload", wo);
     json_decref(empty);
     return out;
@@ -569,16 +376,16 @@ static json_t *check_target(vctx *v, json_t *in, double *device_gib)
 
 static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
 {
-    json_t *c = member(v, in, "", "constraints", JSON_OBJECT, 1);
+    json_t *c = spec_member(v, in, "", "constraints", JSON_OBJECT, 1);
     json_t *out = json_object();
     if (!c)
         return out;
     static const char *const keys[] = {"latency_ms", "throughput_tokens_per_s", "memory_gib", "params", "margin_pct",
                                        "served_check", NULL};
-    only_keys(v, c, "/constraints", keys);
+    spec_only_keys(v, c, "/constraints", keys);
     int any = 0;
     for (int i = 0; i < 3; i++) {
-        json_t *m = member(v, c, "/constraints", keys[i], JSON_REAL, 0);
+        json_t *m = spec_member(v, c, "/constraints", keys[i], JSON_REAL, 0);
         if (!m)
             continue;
         any = 1;
@@ -586,34 +393,34 @@ static json_t *check_constraints(vctx *v, json_t *in, double device_gib)
         char p[128];
         json_ptr_join(p, sizeof p, "/constraints", keys[i]);
         if (!(x > 0) || !isfinite(x) || x > 1e9) {
-            fault(v, 422, p, "must be a positive number no larger than 1e9");
+            spec_fault(v, 422, p, "must be a positive number no larger than 1e9");
             continue;
         }
         if (i == 2 && device_gib > 0 && x > device_gib)
-            fault(v, 422, p, "%.3g GiB exceeds the target device's memory (%.3g GiB)", x, device_gib);
+            spec_fault(v, 422, p, "%.3g GiB exceeds the target device's memory (%.3g GiB)", x, device_gib);
         json_object_set_new(out, keys[i], json_real(x));
     }
-    json_t *pm = member(v, c, "/constraints", "params", JSON_INTEGER, 0);
+    json_t *pm = spec_member(v, c, "/constraints", "params", JSON_INTEGER, 0);
     if (pm) {
         any = 1;
         if (int_value(pm) < 1)
-            fault(v, 422, "/constraints/params", "must be a positive integer");
+            spec_fault(v, 422, "/constraints/params", "must be a positive integer");
         else
             json_object_set_new(out, "params", json_integer(int_value(pm)));
     }
-    json_t *mg = member(v, c, "/constraints", "margin_pct", JSON_REAL, 0);
+    json_t *mg = spec_member(v, c, "/constraints", "margin_pct", JSON_REAL, 0);
     if (mg) {
         double x = num(mg);
         if (!(x >= 0 && x <= 50))
-            fault(v, 422, "/constraints/margin_pct", "must be between 0 and 50 (percent of each measured limit)");
+            spec_fault(v, 422, "/constraints/margin_pct", "must be between 0 and 50 (percent of each measured limit)");
         else
             json_object_set_new(out, "margin_pct", json_real(x));
     }
-    json_t *sc = member(v, c, "/constraints", "served_check", JSON_TRUE, 0);
+    json_t *sc = spec_member(v, c, "/constraints", "served_check", JSON_TRUE, 0);
     if (sc)
         json_object_set_new(out, "served_check", json_boolean(json_is_true(sc)));
     if (!any && (json_object_size(c) == 0 || mg || sc))
-        fault(v, 422, "/constraints", "give at least one of latency_ms, throughput_tokens_per_s, memory_gib, params");
+        spec_fault(v, 422, "/constraints", "give at least one of latency_ms, throughput_tokens_per_s, memory_gib, params");
     return out;
 }
 
@@ -621,28 +428,28 @@ static json_t *check_search_space(vctx *v, json_t *in)
 {
     static const char *const keys[] = {"hidden",      "heads",       "ffn",   "experts", "expert_widths",
                                        "shared_expert_widths", "latent_widths", "mamba_heads", "depth", NULL};
-    json_t *s = member(v, in, "", "search_space", JSON_OBJECT, 0);
+    json_t *s = spec_member(v, in, "", "search_space", JSON_OBJECT, 0);
     json_t *out = json_object();
     if (s)
-        only_keys(v, s, "/search_space", keys);
+        spec_only_keys(v, s, "/search_space", keys);
     int any = 0;
     for (int i = 0; keys[i]; i++) {
-        json_t *b = s ? member(v, s, "/search_space", keys[i], JSON_TRUE, 0) : NULL;
+        json_t *b = s ? spec_member(v, s, "/search_space", keys[i], JSON_TRUE, 0) : NULL;
         int on = b ? json_is_true(b) : 1;
         any |= on;
         json_object_set_new(out, keys[i], json_boolean(on));
     }
     if (!any)
-        fault(v, 422, "/search_space", "every axis is switched off: nothing could be pruned");
+        spec_fault(v, 422, "/search_space", "every axis is switched off: nothing could be pruned");
     return out;
 }
 
 static json_t *check_budgets(vctx *v, json_t *in)
 {
-    json_t *b = member(v, in, "", "budgets", JSON_OBJECT, 0);
+    json_t *b = spec_member(v, in, "", "budgets", JSON_OBJECT, 0);
     json_t *empty = json_object(), *out = json_object();
     static const char *const keys[] = {"search_tokens", "distill_tokens", NULL};
-    only_keys(v, b ? b : empty, "/budgets", keys);
+    spec_only_keys(v, b ? b : empty, "/budgets", keys);
     int_field(v, b ? b : empty, "/budgets", "search_tokens", 1, 1000000000000LL, 2000000, 0, out);
     int_field(v, b ? b : empty, "/budgets", "distill_tokens", 0, 1000000000000LL, 10000000, 0, out);
     json_decref(empty);
@@ -656,10 +463,10 @@ static json_t *check_budgets(vctx *v, json_t *in)
 static json_t *check_pruning(vctx *v, json_t *in, json_t *budgets)
 {
     static const char *const keys[] = {"reconstruct", NULL};
-    json_t *p = member(v, in, "", "pruning", JSON_OBJECT, 0);
+    json_t *p = spec_member(v, in, "", "pruning", JSON_OBJECT, 0);
     if (p)
-        only_keys(v, p, "/pruning", keys);
-    json_t *r = p ? member(v, p, "/pruning", "reconstruct", JSON_TRUE, 0) : NULL;
+        spec_only_keys(v, p, "/pruning", keys);
+    json_t *r = p ? spec_member(v, p, "/pruning", "reconstruct", JSON_TRUE, 0) : NULL;
     int distilled = json_integer_value(json_object_get(budgets, "distill_tokens")) > 0;
     return json_pack("{s:b}", "reconstruct", r ? json_is_true(r) : !distilled);
 }
@@ -669,16 +476,16 @@ static json_t *check_pruning(vctx *v, json_t *in, json_t *budgets)
  * is refused here and not at its rank stage, after its calibration. */
 static json_t *check_data(vctx *v, json_t *in, int text_read)
 {
-    json_t *d = member(v, in, "", "data", JSON_OBJECT, 0);
+    json_t *d = spec_member(v, in, "", "data", JSON_OBJECT, 0);
     json_t *out = json_object();
     if (text_read && !json_object_get(d, "calibration"))
-        fault(v, 422, "/data/calibration", "required: the job ranks, searches and distils on this text");
+        spec_fault(v, 422, "/data/calibration", "required: the job ranks, searches and distils on this text");
     if (!d)
         return out;
     static const char *const keys[] = {"calibration", "distillation", NULL};
-    only_keys(v, d, "/data", keys);
-    path_field(v, d, "/data", "calibration", 0, 1, out);
-    path_field(v, d, "/data", "distillation", 0, 1, out);
+    spec_only_keys(v, d, "/data", keys);
+    spec_path_field(v, d, "/data", "calibration", 0, 1, out);
+    spec_path_field(v, d, "/data", "distillation", 0, 1, out);
     return out;
 }
 
@@ -694,47 +501,47 @@ static const char *task_name(json_t *t)
 
 static json_t *check_evaluation(vctx *v, json_t *in)
 {
-    json_t *e = member(v, in, "", "evaluation", JSON_OBJECT, 0);
+    json_t *e = spec_member(v, in, "", "evaluation", JSON_OBJECT, 0);
     json_t *empty = json_object(), *out = json_object();
     if (!e)
         e = empty;
     static const char *const keys[] = {"tasks", "limit", "seed", "pruned", NULL};
-    only_keys(v, e, "/evaluation", keys);
-    json_t *tasks = member(v, e, "/evaluation", "tasks", JSON_ARRAY, 0);
+    spec_only_keys(v, e, "/evaluation", keys);
+    json_t *tasks = spec_member(v, e, "/evaluation", "tasks", JSON_ARRAY, 0);
     json_t *tout = json_array();
     size_t i;
     json_t *t;
     if (tasks && json_array_size(tasks) > 64)
-        fault(v, 422, "/evaluation/tasks", "at most 64 tasks");
+        spec_fault(v, 422, "/evaluation/tasks", "at most 64 tasks");
     else if (tasks) {
         json_array_foreach(tasks, i, t) {
             char p[128];
-            ptr_index(p, sizeof p, "/evaluation/tasks", i);
+            spec_ptr_index(p, sizeof p, "/evaluation/tasks", i);
             if (json_is_string(t)) {
                 if (!one_of(json_string_value(t), known_tasks))
-                    fault(v, 422, p, "unknown task '%s' (known: arc_easy, arc_challenge, piqa, hellaswag, "
+                    spec_fault(v, 422, p, "unknown task '%s' (known: arc_easy, arc_challenge, piqa, hellaswag, "
                                      "winogrande, boolq, openbookqa, lambada_openai, mmlu, sciq, wikitext2; "
                                      "or {\"name\", \"path\"} for a JSONL task)", json_string_value(t));
                 else
                     json_array_append(tout, t);
             } else if (json_is_object(t)) {
                 static const char *const tk[] = {"name", "path", NULL};
-                only_keys(v, t, p, tk);
+                spec_only_keys(v, t, p, tk);
                 json_t *to = json_object();
-                json_t *nm = string_field(v, t, p, "name", EV_TASK_NAME_MAX, 1);
+                json_t *nm = spec_string_field(v, t, p, "name", EV_TASK_NAME_MAX, 1);
                 if (nm)
                     json_object_set(to, "name", nm);
-                path_field(v, t, p, "path", 1, 1, to);
+                spec_path_field(v, t, p, "path", 1, 1, to);
                 const char *rp = json_string_value(json_object_get(to, "path"));
                 if (rp && !fio_has_suffix(rp, ".jsonl")) {   /* the evaluator knows a task file by it */
                     char pp[160];
                     json_ptr_join(pp, sizeof pp, p, "path");
-                    fault(v, 422, pp, "a task file is JSON Lines named *.jsonl (as the file it resolves to is "
+                    spec_fault(v, 422, pp, "a task file is JSON Lines named *.jsonl (as the file it resolves to is "
                                       "named: links are followed)");
                 }
                 json_array_append_new(tout, to);
             } else {
-                fault(v, 400, p, "must be a task name or an object {name, path}");
+                spec_fault(v, 400, p, "must be a task name or an object {name, path}");
             }
         }
         /* results are keyed by the task's name: two tasks of one name would be one */
@@ -743,15 +550,15 @@ static json_t *check_evaluation(vctx *v, json_t *in)
                 const char *na = task_name(json_array_get(tout, a)), *nb = task_name(json_array_get(tout, b));
                 if (na && nb && !strcmp(na, nb)) {
                     char p[128];
-                    ptr_index(p, sizeof p, "/evaluation/tasks", b);
-                    fault(v, 422, p, "duplicate task name '%s' (results are keyed by name)", nb);
+                    spec_ptr_index(p, sizeof p, "/evaluation/tasks", b);
+                    spec_fault(v, 422, p, "duplicate task name '%s' (results are keyed by name)", nb);
                 }
             }
     }
     json_object_set_new(out, "tasks", tout);
     int_field(v, e, "/evaluation", "limit", 1, 10000000, 500, 0, out);
     int_field(v, e, "/evaluation", "seed", 0, INT32_MAX, ENG_DEFAULT_SEED, 0, out);
-    json_t *pr = member(v, e, "/evaluation", "pruned", JSON_TRUE, 0);
+    json_t *pr = spec_member(v, e, "/evaluation", "pruned", JSON_TRUE, 0);
     json_object_set_new(out, "pruned", json_boolean(pr && json_is_true(pr)));
     json_decref(empty);
     return out;
@@ -759,7 +566,7 @@ static json_t *check_evaluation(vctx *v, json_t *in)
 
 static json_t *check_export(vctx *v, json_t *in)
 {
-    json_t *e = member(v, in, "", "export", JSON_ARRAY, 0);
+    json_t *e = spec_member(v, in, "", "export", JSON_ARRAY, 0);
     json_t *out = json_array();
     if (!e) {
         if (!json_object_get(in, "export"))
@@ -771,18 +578,18 @@ static json_t *check_export(vctx *v, json_t *in)
     json_t *f;
     json_array_foreach(e, i, f) {
         char p[64];
-        ptr_index(p, sizeof p, "/export", i);
+        spec_ptr_index(p, sizeof p, "/export", i);
         if (!json_is_string(f)) {
-            fault(v, 400, p, "must be a string");
+            spec_fault(v, 400, p, "must be a string");
             continue;
         }
         if (!one_of(json_string_value(f), formats)) {
-            fault(v, 422, p, "unknown export format '%s' (hf, deci, gguf)", json_string_value(f));
+            spec_fault(v, 422, p, "unknown export format '%s' (hf, deci, gguf)", json_string_value(f));
             continue;
         }
         for (size_t k = 0; k < json_array_size(out); k++)
             if (json_equal(json_array_get(out, k), f))
-                fault(v, 422, p, "duplicate export format");
+                spec_fault(v, 422, p, "duplicate export format");
         json_array_append(out, f);
     }
     return out;
@@ -790,23 +597,23 @@ static json_t *check_export(vctx *v, json_t *in)
 
 static json_t *check_metadata(vctx *v, json_t *in)
 {
-    json_t *m = member(v, in, "", "metadata", JSON_OBJECT, 0);
+    json_t *m = spec_member(v, in, "", "metadata", JSON_OBJECT, 0);
     json_t *out = json_object();
     if (!m)
         return out;
     if (json_object_size(m) > 16)
-        fault(v, 422, "/metadata", "at most 16 pairs (got %zu)", json_object_size(m));
+        spec_fault(v, 422, "/metadata", "at most 16 pairs (got %zu)", json_object_size(m));
     const char *k;
     json_t *val;
     json_object_foreach(m, k, val) {
         char p[512];
         json_ptr_join(p, sizeof p, "/metadata", k);
         if (strlen(k) == 0 || strlen(k) > 64)
-            fault(v, 422, p, "keys are 1 to 64 bytes of UTF-8");
+            spec_fault(v, 422, p, "keys are 1 to 64 bytes of UTF-8");
         else if (!json_is_string(val))
-            fault(v, 400, p, "must be a string");
+            spec_fault(v, 400, p, "must be a string");
         else if (!utf8_ok_len(val, 512))
-            fault(v, 422, p, "values are at most 512 bytes of UTF-8, without NUL bytes");
+            spec_fault(v, 422, p, "values are at most 512 bytes of UTF-8, without NUL bytes");
         else
             json_object_set(out, k, val);
     }
@@ -827,27 +634,27 @@ static void check_test_fields(vctx *v, json_t *in, json_t *out)
             if (json_object_get(in, tk[i])) {
                 char p[64];
                 json_ptr_join(p, sizeof p, "", tk[i]);
-                fault(v, 400, p, "unknown field '%s'", tk[i]);
+                spec_fault(v, 400, p, "unknown field '%s'", tk[i]);
             }
         return;
     }
-    json_t *pl = member(v, in, "", "x_test_pipeline", JSON_ARRAY, 0);
+    json_t *pl = spec_member(v, in, "", "x_test_pipeline", JSON_ARRAY, 0);
     if (pl) {
         if (json_array_size(pl) < 1 || json_array_size(pl) > 16)
-            fault(v, 422, "/x_test_pipeline", "1 to 16 stage names");
+            spec_fault(v, 422, "/x_test_pipeline", "1 to 16 stage names");
         size_t i;
         json_t *s;
         json_array_foreach(pl, i, s) {
             char p[64];
-            ptr_index(p, sizeof p, "/x_test_pipeline", i);
+            spec_ptr_index(p, sizeof p, "/x_test_pipeline", i);
             if (!json_is_string(s) || json_string_length(s) == 0 || json_string_length(s) > 40)
-                fault(v, 400, p, "must be a stage name");
+                spec_fault(v, 400, p, "must be a stage name");
         }
         json_object_set(out, "x_test_pipeline", pl);
     }
     int_field(v, in, "", "x_test_sleep_ms", 0, 600000, 0, 0, NULL);
     int_field(v, in, "", "x_test_artifact_bytes", 0, 256 << 20, 0, 0, NULL);
-    json_t *msg = string_field(v, in, "", "x_test_fail_message", 4000, 0);
+    json_t *msg = spec_string_field(v, in, "", "x_test_fail_message", 4000, 0);
     if (msg)
         json_object_set(out, "x_test_fail_message", msg);
     for (int i = 1; tk[i]; i++) {
@@ -859,7 +666,7 @@ static void check_test_fields(vctx *v, json_t *in, json_t *out)
 
 static void check_name(vctx *v, json_t *in, json_t *out)
 {
-    json_t *n = string_field(v, in, "", "name", 128, 0);
+    json_t *n = spec_string_field(v, in, "", "name", 128, 0);
     json_object_set_new(out, "name", json_string(n ? json_string_value(n) : ""));
 }
 
@@ -882,25 +689,23 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     vctx v = {json_array(), 0, env};
     json_t *out = json_object();
     if (!json_is_object(in)) {
-        fault(&v, 400, "", "the spec must be a JSON object");
+        spec_fault(&v, 400, "", "the spec must be a JSON object");
         return finish(&v, out, status, errors);
     }
     static const char *const keys[] = {"name", "model", "target", "constraints", "method", "search_space",
                                        "pruning", "budgets", "seed", "data", "evaluation", "export",
                                        "callback_url", "metadata", "x_test_pipeline", "x_test_sleep_ms",
                                        "x_test_artifact_bytes", "x_test_fail_message", NULL};
-    only_keys(&v, in, "", keys);
+    spec_only_keys(&v, in, "", keys);
     check_name(&v, in, out);
-    json_object_set_new(out, "model", check_model(&v, in));
+    json_object_set_new(out, "model", spec_check_model(&v, in));
     double device_gib = 0;
     json_object_set_new(out, "target", check_target(&v, in, &device_gib));
-    if (!json_object_get(in, "x_test_pipeline"))   /* a test pipeline reads no text and serves nothing */
-        check_model_use(&v, json_object_get(out, "model"), json_object_get(out, "target"));
     json_object_set_new(out, "constraints", check_constraints(&v, in, device_gib));
-    json_t *method = string_field(&v, in, "", "method", 32, 0);
+    json_t *method = spec_string_field(&v, in, "", "method", 32, 0);
     static const char *const methods[] = {"autocompress", "minitron", NULL};
     if (method && !one_of(json_string_value(method), methods))
-        fault(&v, 422, "/method", "must be autocompress or minitron");
+        spec_fault(&v, 422, "/method", "must be autocompress or minitron");
     json_object_set_new(out, "method", json_string(method ? json_string_value(method) : "autocompress"));
     json_object_set_new(out, "search_space", check_search_space(&v, in));
     json_object_set_new(out, "budgets", check_budgets(&v, in));
@@ -911,22 +716,24 @@ json_t *spec_validate(json_t *in, const spec_env *env, int *status, json_t **err
     json_object_set_new(out, "data", check_data(&v, in, !json_object_get(in, "x_test_pipeline")));
     json_object_set_new(out, "evaluation", check_evaluation(&v, in));
     json_object_set_new(out, "export", check_export(&v, in));
+    if (!json_object_get(in, "x_test_pipeline"))   /* a test pipeline reads no text and serves nothing */
+        spec_check_model_use(&v, in, out);
     if (json_object_get(in, "callback_url")) {
-        json_t *cb = string_field(&v, in, "", "callback_url", 2048, 0);
+        json_t *cb = spec_string_field(&v, in, "", "callback_url", 2048, 0);
         const char *u = cb ? json_string_value(cb) : NULL;
         int url_ok = u && (!strncmp(u, "http://", 7) || !strncmp(u, "https://", 8)) && strlen(u) > 8;
         for (const char *p = u; url_ok && *p; p++)
             url_ok = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f;
         const char *host = url_ok ? u + (u[4] == 's' ? 8 : 7) : NULL;
         if (cb && !url_ok)
-            fault(&v, 422, "/callback_url", "must be an http:// or https:// URL without spaces");
+            spec_fault(&v, 422, "/callback_url", "must be an http:// or https:// URL without spaces");
         else if (cb && memchr(host, '@', strcspn(host, "/?#")))   /* the spec is shown to every reader */
-            fault(&v, 422, "/callback_url", "credentials in the URL (user@host) are refused: they would be stored and "
+            spec_fault(&v, 422, "/callback_url", "credentials in the URL (user@host) are refused: they would be stored and "
                                             "shown with the job (the receiver verifies the webhook-signature header)");
         else if (cb && !env->webhooks)
-            fault(&v, 422, "/callback_url", "webhook delivery is off on this server (start it with --webhook-secret-file)");
+            spec_fault(&v, 422, "/callback_url", "webhook delivery is off on this server (start it with --webhook-secret-file)");
         else if (cb && !env->webhook_private_hosts && fetch_url_host_non_public(u))
-            fault(&v, 422, "/callback_url", "names a loopback, private or link-local address: this server delivers "
+            spec_fault(&v, 422, "/callback_url", "names a loopback, private or link-local address: this server delivers "
                                             "webhooks to public addresses only (start it with "
                                             "--allow-private-webhook-hosts to allow its own network)");
         else if (cb)
@@ -943,24 +750,24 @@ static void check_model_or_arch(vctx *v, json_t *in, json_t *out)
 {
     json_t *aj = json_object_get(in, "arch");
     if (!!aj == !!json_object_get(in, "model")) {
-        fault(v, 422, "", "give exactly one of \"arch\" and \"model\"");
+        spec_fault(v, 422, "", "give exactly one of \"arch\" and \"model\"");
     } else if (aj) {
         arch a;
         char e2[400];
         if (!json_is_object(aj))
-            fault(v, 400, "/arch", "must be an object");
+            spec_fault(v, 400, "/arch", "must be an object");
         else if (arch_from_json(aj, &a, e2, sizeof e2)) {
             /* "/pointer: message" from the arch reader becomes a pointer under /arch */
             const char *sep = e2[0] == '/' ? strstr(e2, ": ") : NULL;
             char at[200];
             snprintf(at, sizeof at, "/arch%.*s", sep ? (int)(sep - e2) : 0, e2);
-            fault(v, 422, at, "%s", sep ? sep + 2 : e2);
+            spec_fault(v, 422, at, "%s", sep ? sep + 2 : e2);
         } else {
             arch_free(&a);
             json_object_set(out, "arch", aj);
         }
     } else {
-        json_object_set_new(out, "model", check_model(v, in));
+        json_object_set_new(out, "model", spec_check_model(v, in));
     }
 }
 
@@ -969,14 +776,14 @@ json_t *spec_validate_estimate(json_t *in, const spec_env *env, int *status, jso
     vctx v = {json_array(), 0, env};
     json_t *out = json_object();
     if (!json_is_object(in)) {
-        fault(&v, 400, "", "the request must be a JSON object");
+        spec_fault(&v, 400, "", "the request must be a JSON object");
         return finish(&v, out, status, errors);
     }
     static const char *const keys[] = {"model", "arch", "target", NULL};
-    only_keys(&v, in, "", keys);
+    spec_only_keys(&v, in, "", keys);
     check_model_or_arch(&v, in, out);
     if (!json_object_get(in, "target"))
-        fault(&v, 400, "/target", "required field is missing");
+        spec_fault(&v, 400, "/target", "required field is missing");
     double device_gib = 0;
     json_object_set_new(out, "target", check_target(&v, in, &device_gib));
     return finish(&v, out, status, errors);
@@ -987,12 +794,12 @@ json_t *spec_validate_calibration(json_t *in, const spec_env *env, int *status, 
     vctx v = {json_array(), 0, env};
     json_t *out = json_object();
     if (!json_is_object(in)) {
-        fault(&v, 400, "", "the request must be a JSON object");
+        spec_fault(&v, 400, "", "the request must be a JSON object");
         return finish(&v, out, status, errors);
     }
     static const char *const keys[] = {"name", "model", "arch", "target", "metadata", "x_test_pipeline",
                                        "x_test_sleep_ms", "x_test_artifact_bytes", "x_test_fail_message", NULL};
-    only_keys(&v, in, "", keys);
+    spec_only_keys(&v, in, "", keys);
     check_name(&v, in, out);
     check_model_or_arch(&v, in, out);
     double device_gib = 0;

@@ -60,7 +60,8 @@ typedef struct {
  * Nemotron-H's "hf" keeps the attention heads and MLP widths (one of each for the whole model)
  * and searches the hidden size, the Mamba head count and depth; its "gguf" one expert count.
  * A GGUF's MoE layers keep 2 experts or more (llama.cpp's graphs assert it). A Qwen2 parent
- * (q/k/v biases)'s "hf" is Qwen2ForCausalLM, one shape for every layer: only whole layers go. */
+ * (q/k/v biases)'s "hf" is Qwen2ForCausalLM, one shape for every layer: only whole layers go
+ * (its "deci" and "gguf" are refused by the spec check: neither can hold it). */
 void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, const arch *parent);
 
 /* Progress of one iteration, for events. `arch_summary` is the current argmax arch. */

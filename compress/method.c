@@ -563,15 +563,14 @@ void dnas_axes_for_exports(dnas_axes *axes, const char *const *formats, int n, c
     if (parent->attention_bias) {
         /* Qwen2 (q/k/v biases): HF states it as Qwen2ForCausalLM only, one shape for every
            layer (DeciLM would add an o_proj bias), with head_dim = hidden / heads in the
-           transformers that read it; whole layers may go. llama.cpp as for Llama. */
-        for (int i = 0; i < n; i++) {
-            if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "deci")) {
+           transformers that read it; whole layers may go. No GGUF of it in this build (the
+           spec check refuses "gguf", "deci" and a llama.cpp target for it). */
+        for (int i = 0; i < n; i++)
+            if (!strcmp(formats[i], "hf")) {
                 axes->heads = axes->ffn = axes->hidden = 0;
                 axes->keep_query_heads = 1;
-            }
-            if (!strcmp(formats[i], "hf") || !strcmp(formats[i], "deci") || !strcmp(formats[i], "gguf"))
                 axes->no_removed_attention = axes->no_removed_mlp = 1;
-        }
+            }
         return;
     }
     int ffn256 = 1;

@@ -44,6 +44,11 @@ int exp_hf_class(const arch *a, const json_t *parent_config, char *cls, size_t c
     }
     if (a->n_layers > 0 && arch_is_uniform(a)) {
         const char *pcls = hfconfig_class(parent_config);
+        if (a->attention_bias && a->layers[0].n_heads * a->head_dim != a->hidden_size) {
+            snprintf(err, errlen, "HF export: Qwen2ForCausalLM derives head_dim as hidden_size/num_attention_heads "
+                     "(%d/%d), but the arch has head_dim %d", a->hidden_size, a->layers[0].n_heads, a->head_dim);
+            return -1;
+        }
         if (a->attention_bias)
             snprintf(cls, cap, "Qwen2ForCausalLM");
         else if (pcls && !strcmp(pcls, "MistralForCausalLM"))
@@ -63,7 +68,7 @@ int exp_decilm_check(const arch *a, char *err, size_t errlen)
     if (a->attention_bias) {
         snprintf(err, errlen, "HF export: a model with q/k/v biases (Qwen2) is written as Qwen2ForCausalLM, one "
                  "shape for every layer; DeciLM's attention_bias would also give o_proj a bias this model does not "
-                 "have, so per-layer shapes of it are expressible in GGUF only");
+                 "have, so no format of this build holds per-layer shapes of it");
         return -1;
     }
     int H = first_attention_heads(a);

@@ -140,6 +140,16 @@ const char *hfconfig_class(const json_t *cfg)
     return json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
 }
 
+/* An absent max_position_embeddings is transformers' default for the class: LlamaConfig
+ * 2048, MistralConfig 4096 * 32, Qwen2Config 32768, the MoE families' their own (the spec
+ * check holds a job's workload to it). */
+static int64_t default_context(const char *cls, const char *model_type, int moe, int qwen2)
+{
+    int mistral = cls ? !strcmp(cls, "MistralForCausalLM") : model_type && !strcmp(model_type, "mistral");
+    return moe ? (int64_t)hfconfig_moe_default(moe, "max_position_embeddings") : qwen2 ? 32768 : mistral ? 131072
+                                                                                                    : 2048;
+}
+
 int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
@@ -196,7 +206,7 @@ int hfconfig_to_arch(json_t *cfg, arch *a, char *err, size_t errlen)
         BAD("num_key_value_heads: must divide num_attention_heads");
     if (get_int(cfg, "head_dim", C / H, &D) || D <= 0 || D > 1024)
         BAD("head_dim: out of range");
-    if (get_int(cfg, "max_position_embeddings", 2048, &P) || P <= 0 || P > (1 << 30))
+    if (get_int(cfg, "max_position_embeddings", default_context(an, mt, moe, qwen2), &P) || P <= 0 || P > (1 << 30))
         BAD("max_position_embeddings: out of range");
     if (get_num(cfg, "rope_theta", moe ? hfconfig_moe_default(moe, "rope_theta") : 10000.0, &theta))
         BAD("rope_theta: must be a number");

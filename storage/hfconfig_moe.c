@@ -36,6 +36,8 @@ double hfconfig_moe_default(int fam, const char *field)
 {
     if (!strcmp(field, "rms_norm_eps"))   /* MixtralConfig, OlmoeConfig: 1e-5; Qwen2MoeConfig: 1e-6 */
         return fam == 2 ? 1e-6 : 1e-5;
+    if (!strcmp(field, "max_position_embeddings"))   /* MixtralConfig 4096 * 32, Qwen2MoeConfig 32768, OlmoeConfig 4096 */
+        return fam == 1 ? 131072 : fam == 2 ? 32768 : 4096;
     return fam == 1 ? 1e6 : 10000.0;      /* rope_theta: MixtralConfig 1e6, the others 10000 */
 }
 

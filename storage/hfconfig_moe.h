@@ -11,8 +11,8 @@
 #include "engine/arch.h"
 
 /* hfconfig_moe_family: 1 Mixtral, 2 Qwen2-MoE, 3 OLMoE, 0 none (by architectures[0], else model_type).
- * hfconfig_moe_default: the family's default of "rms_norm_eps" or "rope_theta" (transformers'
- * config classes; the Llama reader's are 1e-6 and 10000).
+ * hfconfig_moe_default: the family's default of "rms_norm_eps", "max_position_embeddings" or
+ * "rope_theta" (transformers' config classes; the Llama reader's are 1e-6, 2048 and 10000).
  * hfconfig_moe_layers: sets a's family and each layer's attention (H query, KV key/value heads)
  * and MLP (dense or MoE) from the family's fields or from block_configs (a has n_layers
  * layers with source_layer set). 0, or -1 with err.

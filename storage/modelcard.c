@@ -41,14 +41,14 @@ static void md_code(strbuf *b, const char *s)
         run = *p == '`' ? run + 1 : 0;
         longest = run > longest ? run : longest;
     }
-    char fence[16];
-    int n = longest + 1 < (int)sizeof fence ? longest + 1 : (int)sizeof fence - 1;
-    memset(fence, '`', (size_t)n);
-    fence[n] = 0;
-    strbuf_printf(b, "%s ", fence);
+    for (int i = 0; i <= longest; i++)
+        strbuf_printf(b, "`");
+    strbuf_printf(b, " ");
     for (const char *p = s; *p; p++)
         strbuf_printf(b, "%c", (unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p);
-    strbuf_printf(b, " %s", fence);
+    strbuf_printf(b, " ");
+    for (int i = 0; i <= longest; i++)
+        strbuf_printf(b, "`");
 }
 
 /* s as Markdown text in a table cell or a sentence: the characters that make markup or end

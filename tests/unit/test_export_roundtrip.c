@@ -590,6 +590,15 @@ static void test_refusals(void **state)
     assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);
     assert_non_null(strstr(err, "o_proj"));
     arch_free(&a);
+    static const int U[][3] = {{2, 1, 256}, {2, 1, 256}};     /* a uniform Qwen2 whose heads * head_dim != hidden */
+    make_arch(&a, 32, 8, 2, U, 1);
+    a.attention_bias = 1;
+    assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);
+    assert_non_null(strstr(err, "derives head_dim"));
+    a.layers[0].n_heads = a.layers[1].n_heads = 4;
+    assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), 0);
+    assert_string_equal(cls, "Qwen2ForCausalLM");
+    arch_free(&a);
     static const int F[][3] = {{4, 2, 300}, {4, 1, 256}};     /* width not a DeciLM ffn_mult */
     make_arch(&a, 32, 8, 2, F, 1);
     assert_int_equal(exp_hf_class(&a, NULL, cls, sizeof cls, err, sizeof err), -1);
@@ -868,6 +877,11 @@ static void test_model_card(void **state)
     assert_non_null(strstr(s, "- **Parent:** ``` models/a`b``c?# Injected heading?.gguf ```\n"));
     assert_null(strstr(s, "\n# Injected"));
     assert_non_null(strstr(s, "| my\\|task \\<b\\>\\*x\\*\\</b\\> | not measured |"));
+    free(s);
+    info.parent = "p```````````````q";   /* a run of 15: a fence of 16 */
+    s = mc_render(&a, NULL, &info);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "- **Parent:** ```````````````` p```````````````q ````````````````\n"));
     free(s);
     json_decref(rep2);
     json_decref(rep);

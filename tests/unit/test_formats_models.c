@@ -170,6 +170,20 @@ static void test_hfconfig(void **state)
     arch_free(&a);
     arch_free(&b);
     json_decref(j);
+    /* a config without max_position_embeddings: transformers' default for its class */
+    static const struct { const char *cls; int ctx; } absent[] = {
+        {"LlamaForCausalLM", 2048}, {"MistralForCausalLM", 131072}, {"Qwen2ForCausalLM", 32768}};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        char cfg[400];
+        snprintf(cfg, sizeof cfg, "{\"architectures\":[\"%s\"],\"hidden_size\":64,\"intermediate_size\":128,"
+                 "\"num_hidden_layers\":2,\"num_attention_heads\":4}", absent[i].cls);
+        j = json_loads(cfg, 0, NULL);
+        assert_non_null(j);
+        assert_int_equal(hfconfig_to_arch(j, &a, err, sizeof err), 0);
+        assert_int_equal(a.max_position_embeddings, absent[i].ctx);
+        arch_free(&a);
+        json_decref(j);
+    }
     static const struct { const char *cfg, *needle; } bad[] = {
         {"{\"architectures\":[\"GPT2LMHeadModel\"]}", "not supported"},
         {"{\"model_type\":\"mistral\",\"hidden_size\":4096,\"intermediate_size\":14336,\"num_hidden_layers\":32,"

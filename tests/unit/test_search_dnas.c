@@ -658,8 +658,7 @@ static void test_aim_served_margin(void **state)
 
 /* What the export formats let the search change: a Llama parent's "hf" with per-layer axes
  * follows DeciLM (query heads and hidden size kept); a Qwen2 parent's (q/k/v biases) is
- * Qwen2ForCausalLM, one shape for every layer, so only whole layers may go; its "gguf"
- * alone keeps per-layer widths. */
+ * Qwen2ForCausalLM, one shape for every layer, so only whole layers may go. */
 static void test_axes_for_exports(void **state)
 {
     world *w = *state;
@@ -667,7 +666,7 @@ static void test_axes_for_exports(void **state)
     assert_int_equal(arch_copy(&p, &w->parent.a), 0);
     for (int l = 0; l < p.n_layers; l++)
         p.layers[l].ffn_dim = 256;
-    const char *hf[] = {"hf"}, *gguf[] = {"gguf"};
+    const char *hf[] = {"hf"};
     const dnas_axes all = {.hidden = 1, .heads = 1, .ffn = 1, .depth = 1};
     dnas_axes x = all;
     dnas_axes_for_exports(&x, hf, 1, &p);
@@ -676,9 +675,6 @@ static void test_axes_for_exports(void **state)
     x = all;
     dnas_axes_for_exports(&x, hf, 1, &p);
     assert_true(!x.heads && !x.ffn && !x.hidden && x.depth && x.no_removed_attention && x.no_removed_mlp);
-    x = all;
-    dnas_axes_for_exports(&x, gguf, 1, &p);
-    assert_true(x.heads && x.ffn && x.hidden && x.depth && x.no_removed_attention && x.no_removed_mlp);
     arch_free(&p);
 }
 

@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include "api/spec.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "storage/export.h"
 #include "storage/store.h"
 #include "engine/devices.h"
 #include "tiny_model.h"
@@ -356,6 +359,90 @@ static void test_paths(void **state)
     assert_string_equal(spec_model_format(hf, why, sizeof why), "hf");
     assert_null(spec_model_format(models, why, sizeof why));
     assert_non_null(strstr(why, "accepted:"));
+}
+
+/* A Qwen2 parent (q/k/v biases): GGUF and DeciLM cannot hold it, so those exports are a 422
+ * at once (they failed at the export stage, after the whole job); its HF export is one
+ * shape for every layer, so a search without depth has nothing to change. */
+/* A 2-layer arch of context ctx (q/k/v biases with bias), for the caller to change and
+ * write_hf as an HF directory models/NAME (which frees it). */
+static void small_arch(arch *a, int ctx, int bias)
+{
+    assert_int_equal(arch_init(a, 2), 0);
+    snprintf(a->family, sizeof a->family, "llama");
+    a->vocab_size = 96;
+    a->hidden_size = 32;
+    a->head_dim = 8;
+    a->max_position_embeddings = ctx;
+    a->rope_theta = 10000;
+    a->norm_eps = 1e-6;
+    a->tie_word_embeddings = 1;
+    a->attention_bias = bias;
+    for (int l = 0; l < 2; l++)
+        a->layers[l] = (arch_layer){.source_layer = l, .n_heads = 4, .n_kv_heads = 2, .ffn_dim = 64};
+}
+
+static void write_hf(const char *name, arch *a)
+{
+    eng_backend *be = eng_backend_cpu_new(1);
+    assert_non_null(be);
+    eng_model m;
+    char err[512], qdir[PATH_MAX + 64];
+    assert_int_equal(eng_model_init(&m, a, be, err, sizeof err), 0);
+    snprintf(qdir, sizeof qdir, "%s/%s", models, name);
+    exp_opts o = {.dtype = EXP_FP32};
+    if (exp_hf_write(&m, qdir, &o, NULL, err, sizeof err))
+        fail_msg("exp_hf_write: %s", err);
+    eng_model_free(&m);
+    eng_backend_free(be);
+    arch_free(a);
+}
+
+/* Linear RoPE scaling stretches the context its config states (4 x 100 tokens here). */
+static void test_context_linear_rope(void **state)
+{
+    (void)state;
+    arch a;
+    small_arch(&a, 100, 0);
+    a.rope_scaling.type = ROPE_SCALING_LINEAR;
+    a.rope_scaling.factor = 4;
+    write_hf("linear", &a);
+#define LINEAR "\"model\":{\"path\":\"models/linear\",\"tokenizer\":\"models/tok32.bin\"},\"data\":{\"calibration\":" \
+               "\"data/text.txt\"},\"constraints\":{\"params\":1000}"
+    expect_fault("{" LINEAR ",\"target\":{\"workload\":{\"prompt_tokens\":390,\"output_tokens\":11}}}", 422,
+                 "/target/workload");
+    int st;
+    json_t *e;
+    json_t *ok = run("{" LINEAR ",\"target\":{\"workload\":{\"prompt_tokens\":390,\"output_tokens\":10}}}", 0,
+                     &st, &e);
+    if (!ok) {
+        char *t = json_dumps(e, 0);
+        fail_msg("refused: %s", t);
+    }
+    json_decref(ok);
+#undef LINEAR
+}
+
+static void test_qwen2_exports(void **state)
+{
+    (void)state;
+    arch a;
+    small_arch(&a, 4096, 1);
+    write_hf("qwen2", &a);
+#define QWEN2 "\"model\":{\"path\":\"models/qwen2\",\"tokenizer\":\"models/tok32.bin\"},\"data\":{\"calibration\":" \
+              "\"data/text.txt\"},\"constraints\":{\"params\":1000}"
+    expect_fault("{" QWEN2 ",\"export\":[\"gguf\"]}", 422, "/export/0");
+    expect_fault("{" QWEN2 ",\"export\":[\"hf\",\"deci\"]}", 422, "/export/1");
+    expect_fault("{" QWEN2 ",\"search_space\":{\"depth\":false}}", 422, "/search_space/depth");
+    int st;
+    json_t *e;
+    json_t *ok = run("{" QWEN2 ",\"export\":[\"hf\"]}", 0, &st, &e);
+    if (!ok) {
+        char *t = json_dumps(e, 0);
+        fail_msg("refused: %s", t);
+    }
+    json_decref(ok);
+#undef QWEN2
 }
 
 static void test_ranking_and_all_faults(void **state)
@@ -703,6 +790,8 @@ int main(void)
         cmocka_unit_test(test_shape_faults),
         cmocka_unit_test(test_value_faults),
         cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_qwen2_exports),
+        cmocka_unit_test(test_context_linear_rope),
         cmocka_unit_test(test_ranking_and_all_faults),
         cmocka_unit_test(test_faults_cut_inside_a_character),
         cmocka_unit_test(test_test_fields),
