@@ -78,6 +78,16 @@ static int nap(fetch_service *fs, double seconds)
     return s;
 }
 
+/* nap for the whole of seconds, however often the fetcher is kicked meanwhile: a backoff
+ * that a registration (any client's POST /v1/models) must not cut short. 1 when stopping. */
+static int backoff(fetch_service *fs, double seconds)
+{
+    for (double until = eng_wall_s() + seconds; eng_wall_s() < until;)
+        if (nap(fs, until - eng_wall_s()))
+            return 1;
+    return stopping(fs);
+}
+
 static int on_progress(void *user, int64_t done, int64_t total)
 {
     fetch_service *fs = user;
@@ -156,10 +166,8 @@ static void fetch_ready(fetch_service *fs, const store_model *m, int bad, int64_
             (void)store_model_fetch_done(fs->st, m->id, "failed", 0, msg);
             return;
         }
-        /* the whole wait: a kick (another registration) ends a nap early */
-        for (double until = eng_wall_s() + (double)(1 << attempt); eng_wall_s() < until;)
-            if (nap(fs, until - eng_wall_s()))
-                return;
+        if (backoff(fs, (double)(1 << attempt)))
+            return;
         stored = art_has(fs->as, hex, put_size) ? art_push_remote(fs->as, hex, put_size, err, sizeof err)
                                                 : art_put(fs->as, m->path, hex, &put_size, err, sizeof err);
     }
@@ -252,7 +260,7 @@ static void fetch_one(fetch_service *fs, const store_model *m)
         }
         if (rc != FETCH_RETRY || attempt == FETCH_ATTEMPTS)
             break;
-        if (nap(fs, (double)(1 << attempt)))   /* 2, 4, 8 s */
+        if (backoff(fs, (double)(1 << attempt)))   /* 2, 4, 8 s */
             return;
     }
     if (rc == FETCH_CANCELLED || stopping(fs))
