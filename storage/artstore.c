@@ -234,10 +234,12 @@ static int fetch_write(void *user, const void *buf, size_t n)
 }
 
 /* A blob missing here: its remote object copied in under a temporary name, checked
- * against its name and size, fsynced and renamed into place. 0, or -1 with err. */
+ * against its name and size, fsynced and renamed into place. One copy at a time, across
+ * the server's threads and its workers (the lock file <hex>.fetching): the others wait
+ * for it and find the blob here. 0, or -1 with err. */
 static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, size_t errlen)
 {
-    char key[80], dst[4096], dir[4096], tmp[4300], e[1024];
+    char key[80], dst[4096], dir[4096], tmp[4300], lockp[4300], e[1024];
     remote_key(hex, key);
     if (art_path(as, hex, dst, sizeof dst) < 0)
         return -1;
@@ -246,9 +248,18 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
     unsigned long k = ++as->fetches;
     pthread_mutex_unlock(&as->mu);
     snprintf(tmp, sizeof tmp, "%s.fetch.%ld.%lu", dst, (long)getpid(), k);
+    snprintf(lockp, sizeof lockp, "%s.fetching", dst);
     if (fio_mkdirs(dir) < 0) {
         snprintf(err, errlen, "%s: %s", dir, strerror(errno));
         return -1;
+    }
+    int lk = fio_lock_file(lockp, err, errlen);
+    if (lk < 0)
+        return -1;
+    struct stat have;
+    if (stat(dst, &have) == 0) {   /* copied in by the one this waited for (art_open_blob checks it) */
+        fio_unlock_remove(lockp, lk);
+        return 0;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     fetch_sink f = {fd, EVP_MD_CTX_new()};
@@ -283,6 +294,7 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
     if (rc)
         unlink(tmp);
     EVP_MD_CTX_free(f.md);
+    fio_unlock_remove(lockp, lk);
     return rc;
 }
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -33,6 +34,35 @@ static void not_regular(const char *path, const char *what, mode_t m, char *err,
         snprintf(err, errlen, "%s: not %s (%s, not a regular file)", path, what, fio_file_kind(m));
     else
         snprintf(err, errlen, "%s: not a regular file (%s)", path, fio_file_kind(m));
+}
+
+int fio_lock_file(const char *path, char *err, size_t errlen)
+{
+    for (;;) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0) {
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return -1;
+        }
+        int rc;
+        while ((rc = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
+            ;
+        struct stat held, named;
+        if (rc < 0 || fstat(fd, &held) < 0) {
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (stat(path, &named) == 0 && named.st_ino == held.st_ino && named.st_dev == held.st_dev)
+            return fd;
+        close(fd);   /* removed (or replaced) by the holder before this one got it */
+    }
+}
+
+void fio_unlock_remove(const char *path, int fd)
+{
+    (void)unlink(path);   /* first: a waiter that then gets the lock sees it is gone */
+    close(fd);
 }
 
 int fio_open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen)

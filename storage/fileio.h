@@ -116,6 +116,15 @@ int fio_write_all(int fd, const void *buf, size_t n);
  * file)" (what NULL: "PATH: not a regular file (KIND)") in err. */
 int fio_open_regular(const char *path, const char *what, struct stat *st, char *err, size_t errlen);
 
+/* An exclusive lock on the file at path (created empty when missing), across the
+ * threads and processes that take it the same way: waits while another holds it. The
+ * file a holder removed (fio_unlock_remove) while this one waited is not the lock any
+ * more: it is opened again. The descriptor (the lock is held while it is open), or -1
+ * with "PATH: <strerror>" in err. */
+int fio_lock_file(const char *path, char *err, size_t errlen);
+/* Remove the lock file at path and release the lock fd holds (fio_lock_file). */
+void fio_unlock_remove(const char *path, int fd);
+
 /* Append the whole of regular file `src` to the open descriptor fd. 0, or -1 with errno
  * (EINVAL: src is not a regular file; fd then holds part of the copy; src's descriptor is
  * closed either way). */

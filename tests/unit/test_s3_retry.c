@@ -39,6 +39,7 @@ typedef struct {
     const char *headers;  /* extra header lines, each ending \r\n */
     const char *body;
     int body_cut;         /* promise strlen(body) + body_cut bytes, send body, close */
+    int delay_ms;         /* wait this long before answering */
 } step;
 
 typedef struct {
@@ -108,6 +109,8 @@ static void *endpoint_main(void *arg)
         }
         e->served++;
         const step *s = &e->steps[i];
+        if (s->delay_ms)
+            usleep((useconds_t)s->delay_ms * 1000);
         if (s->status) {
             char head[1024];
             size_t bl = s->body ? strlen(s->body) : 0;
@@ -487,6 +490,64 @@ static void test_remote_object_replaced(void **state)
     art_close(as);
 }
 
+typedef struct {
+    artstore *as;
+    const char *hex;
+    int64_t size;
+    int fd;
+    char err[512];
+} opener;
+
+static void *open_blob(void *arg)
+{
+    opener *o = arg;
+    o->fd = art_open_blob(o->as, o->hex, o->size, 1, o->err, sizeof o->err);
+    return NULL;
+}
+
+/* Two readers of a blob that only the bucket holds: one copy comes in (one GET), and the
+ * other reader waits for it and opens it, checked, instead of fetching it again. */
+static void test_remote_fetch_once(void **state)
+{
+    (void)state;
+    char store_dir[128], hex[65], err[512];
+    int64_t size = 0;
+    snprintf(store_dir, sizeof store_dir, "%s/once", dir);
+    assert_int_equal(art_sha256_file(file, hex, &size, err, sizeof err), 0);
+    artstore *as = art_open(store_dir, err, sizeof err);
+    if (!as)
+        fail_msg("art_open: %s", err);
+    endpoint e = {.n_steps = 3,
+                  .steps = {{200, NULL, NULL, 0, 0},                 /* HEAD of the bucket */
+                            {200, NULL, payload, 0, 500},            /* the object, slowly */
+                            {200, NULL, payload, 0, 0}}};            /* a second GET, if any */
+    endpoint_start(&e);
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
+    setenv("AWS_ENDPOINT_URL", ep, 1);
+    int rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
+    unsetenv("AWS_ENDPOINT_URL");
+    if (rc)
+        fail_msg("art_attach_remote: %s", err);
+    opener o[2] = {{as, hex, size, -1, ""}, {as, hex, size, -1, ""}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(pthread_create(&th[i], NULL, open_blob, &o[i]), 0);
+        usleep(100000);   /* the second asks while the first's GET is answered */
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    endpoint_stop(&e);
+    for (int i = 0; i < 2; i++) {
+        if (o[i].fd < 0)
+            fail_msg("reader %d: %s", i, o[i].err);
+        close(o[i].fd);
+    }
+    assert_int_equal(e.served, 2);
+    assert_string_equal(e.method[1], "GET");
+    art_close(as);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_complete_answer_lost),
         cmocka_unit_test(test_credentials_renewed),
         cmocka_unit_test(test_remote_object_replaced),
+        cmocka_unit_test(test_remote_fetch_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
