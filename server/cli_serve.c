@@ -97,6 +97,12 @@ static int serve_open(serve_state *S)
     if (art_sweep_temp(S->as, &swept, &swept_bytes) == 0 && swept > 0)
         log_msg("info", "artifact store: removed %lld temporary files (%lld bytes) that killed writers left",
                 (long long)swept, (long long)swept_bytes);
+    int aborted = 0;
+    if (art_remote_sweep_uploads(S->as, &aborted, err, sizeof err) < 0)
+        log_msg("warn", "artifact store: the bucket's unfinished uploads could not be listed: %s", err);
+    else if (aborted > 0)
+        log_msg("info", "artifact store: aborted %d multipart uploads that killed writers left in the bucket",
+                aborted);
     snprintf(path, sizeof path, "%s/jobs", S->data_dir);
     if (fio_mkdirs(path) < 0)
         SERVE_FAIL("%s: %s\n", path, strerror(errno));

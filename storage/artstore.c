@@ -213,6 +213,12 @@ static int remote_put(artstore *as, const char *hex, int64_t size, char *err, si
     return 0;
 }
 
+int art_remote_sweep_uploads(artstore *as, int *aborted, char *err, size_t errlen)
+{
+    *aborted = 0;
+    return as->remote ? s3_abort_stale_uploads(as->remote, "sha256/", ART_STALE_UPLOAD_S, aborted, err, errlen) : 0;
+}
+
 int art_push_remote(artstore *as, const char *hex, int64_t size_bytes, char *err, size_t errlen)
 {
     if (!art_has(as, hex, size_bytes)) {

@@ -32,6 +32,12 @@ int art_attach_remote(artstore *as, const char *url, const char *credentials_fil
 /* 1 when the store writes through to a remote one (art_attach_remote), so that what it
  * holds can be read on other hosts. */
 int art_has_remote(const artstore *as);
+/* The multipart uploads to the remote store (art_attach_remote) that killed writers left,
+ * started more than a day ago (ART_STALE_UPLOAD_S), aborted: their parts are billed until
+ * then. *aborted counts them. 0 (also without a remote store), or -1 with err. */
+#define ART_STALE_UPLOAD_S 86400.0
+int art_remote_sweep_uploads(artstore *as, int *aborted, char *err, size_t errlen);
+
 /* The remote copy of a blob stored here (size_bytes bytes) made sure of, as art_put does
  * after storing: uploaded unless the remote holds it at its size and sha-256. For a retry
  * after art_put stored the blob but its upload failed, without hashing it again. 0 (also

@@ -740,6 +740,76 @@ out:
     return rc;
 }
 
+/* <tag>...</tag> of the element that starts at p and ends before end (exclusive) into out. */
+static void xml_text_in(const char *p, const char *end, const char *tag, char *out, size_t n)
+{
+    char *seg = strndup(p, (size_t)(end - p));
+    out[0] = 0;
+    if (seg)
+        xml_text(seg, tag, out, n);
+    free(seg);
+}
+
+/* "2026-12-07T21:34:20.000Z" as seconds since the epoch; -1 when it is not one. */
+static double iso_time(const char *t)
+{
+    struct tm tm;
+    memset(&tm, 0, sizeof tm);
+    const char *rest = strptime(t, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!rest)
+        return -1;
+    time_t s = timegm(&tm);
+    return s == (time_t)-1 ? -1 : (double)s;
+}
+
+int s3_abort_stale_uploads(s3_client *c, const char *key_prefix, double older_than_s, int *aborted, char *err,
+                           size_t errlen)
+{
+    char full[1100], key_marker[1100] = "", id_marker[1024] = "";
+    snprintf(full, sizeof full, "%s%s%s", c->prefix, *c->prefix ? "/" : "", key_prefix);
+    size_t pl = strlen(c->prefix) + (*c->prefix ? 1 : 0);
+    *aborted = 0;
+    double now = (double)time(NULL);
+    for (int page = 0; page < 100; page++) {
+        sigv4_pair q[4] = {{"uploads", ""}, {"prefix", full}};
+        int nq = 2;
+        if (*key_marker) {
+            q[nq++] = (sigv4_pair){"key-marker", key_marker};
+            q[nq++] = (sigv4_pair){"upload-id-marker", id_marker};
+        }
+        s3_req r = {.method = "GET", .query = q, .n_query = nq};
+        if (perform(c, &r, err, errlen)) {
+            free(r.resp.s);
+            return -1;
+        }
+        const char *xml = r.resp.s ? r.resp.s : "";
+        for (const char *u = strstr(xml, "<Upload>"), *e; u && (e = strstr(u, "</Upload>")); u = strstr(e, "<Upload>")) {
+            char key[1100], id[1024], when[64];
+            xml_text_in(u, e, "Key", key, sizeof key);
+            xml_text_in(u, e, "UploadId", id, sizeof id);
+            xml_text_in(u, e, "Initiated", when, sizeof when);
+            double t = iso_time(when);
+            /* only this store's keys (no XML escapes in them), started long enough ago that
+               no live upload is taken for a dead one */
+            if (strncmp(key, full, strlen(full)) || strchr(key, '&') || !*id || t < 0 || now - t < older_than_s)
+                continue;
+            char e2[256];
+            sigv4_pair qa[] = {{"uploadId", id}};
+            s3_req ar = {.method = "DELETE", .key = key + pl, .query = qa, .n_query = 1};
+            if (put_one(c, &ar, e2, sizeof e2) == 0)
+                ++*aborted;
+        }
+        char trunc[16];
+        xml_text(xml, "IsTruncated", trunc, sizeof trunc);
+        xml_text(xml, "NextKeyMarker", key_marker, sizeof key_marker);
+        xml_text(xml, "NextUploadIdMarker", id_marker, sizeof id_marker);
+        free(r.resp.s);
+        if (strcmp(trunc, "true") || !*key_marker)
+            return 0;
+    }
+    return 0;
+}
+
 int s3_put_file(s3_client *c, const char *key, const char *path, const char *sha256, char *etag, char *err,
                 size_t errlen)
 {

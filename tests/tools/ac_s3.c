@@ -4,6 +4,8 @@
  *   ac_s3 head URL KEY                prints "SIZE ETAG SHA256" (SHA256 "-" when the object has none),
  *                                     exit 3 when there is no such object
  *   ac_s3 get URL KEY OFFSET LEN OUT  writes that byte range to OUT (appends); prints the byte count
+ *   ac_s3 sweep URL KEYPREFIX AGE     aborts the multipart uploads under KEYPREFIX started AGE
+ *                                     seconds ago or more; prints how many
  * URL is s3://BUCKET[/PREFIX]; the endpoint comes from $AWS_ENDPOINT_URL (http allowed),
  * credentials from the environment or $AC_S3_CREDENTIALS_FILE. Exit 1 with the error. */
 #include <curl/curl.h>
@@ -50,6 +52,12 @@ int main(int argc, char **argv)
             rc = 0;
         else if (h == 1)
             rc = 3;
+        else
+            fprintf(stderr, "ac_s3: %s\n", err);
+    } else if (!strcmp(argv[1], "sweep") && argc == 5) {
+        int n = 0;
+        if (s3_abort_stale_uploads(c, argv[3], atof(argv[4]), &n, err, sizeof err) == 0 && printf("%d\n", n) > 0)
+            rc = 0;
         else
             fprintf(stderr, "ac_s3: %s\n", err);
     } else if (!strcmp(argv[1], "get") && argc == 7) {

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -548,6 +549,41 @@ static void test_remote_fetch_once(void **state)
     art_close(as);
 }
 
+/* The multipart uploads a killed writer left (started more than a day ago) are aborted;
+ * a recent one (perhaps another server's, still uploading) and one outside the store's
+ * prefix are left alone. */
+static void test_stale_uploads_aborted(void **state)
+{
+    (void)state;
+    char recent[32], body[1600], err[512];
+    time_t t = time(NULL) - 60;
+    struct tm tm;
+    assert_non_null(gmtime_r(&t, &tm));
+    assert_true(strftime(recent, sizeof recent, "%Y-%m-%dT%H:%M:%S.000Z", &tm) > 0);
+    snprintf(body, sizeof body,
+             "<ListMultipartUploadsResult><Bucket>bucket</Bucket><IsTruncated>false</IsTruncated>"
+             "<Upload><Key>prefix/sha256/aaa</Key><UploadId>U-OLD</UploadId>"
+             "<Initiated>2020-01-01T00:00:00.000Z</Initiated></Upload>"
+             "<Upload><Key>prefix/sha256/bbb</Key><UploadId>U-NEW</UploadId><Initiated>%s</Initiated></Upload>"
+             "<Upload><Key>elsewhere/sha256/ccc</Key><UploadId>U-OTHER</UploadId>"
+             "<Initiated>2020-01-01T00:00:00.000Z</Initiated></Upload></ListMultipartUploadsResult>", recent);
+    endpoint e = {.n_steps = 3, .steps = {{200, NULL, body, 0, 0}, {204, NULL, NULL, 0, 0}, {204, NULL, NULL, 0, 0}}};
+    endpoint_start(&e);
+    s3_client *c = client_for(&e);
+    int aborted = -1;
+    int rc = s3_abort_stale_uploads(c, "sha256/", 86400, &aborted, err, sizeof err);
+    s3_close(c);
+    endpoint_stop(&e);
+    if (rc)
+        fail_msg("s3_abort_stale_uploads: %s", err);
+    assert_int_equal(aborted, 1);
+    assert_int_equal(e.served, 2);
+    if (!strstr(e.head[0], "GET /bucket?uploads&prefix=prefix%2Fsha256%2F "))
+        fail_msg("the listing: %s", e.head[0]);
+    if (!strstr(e.head[1], "DELETE /bucket/prefix/sha256/aaa?uploadId=U-OLD "))
+        fail_msg("the abort: %s", e.head[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -560,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_credentials_renewed),
         cmocka_unit_test(test_remote_object_replaced),
         cmocka_unit_test(test_remote_fetch_once),
+        cmocka_unit_test(test_stale_uploads_aborted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
