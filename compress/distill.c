@@ -257,7 +257,22 @@ typedef struct {
     int64_t step, tokens;
     uint64_t cursor, rng;
     double *curve;          /* [step] */
+    double last_val;        /* the last validation loss (NaN: none yet) */
+    const json_t *data;     /* what the run reads (data_fingerprint) */
 } run_state;
+
+/* What the run reads, besides its options: the train and validation token streams (their
+ * lengths and hashes) and the teacher's size. A checkpoint written for other text (a data
+ * file edited or replaced before the resume) or another teacher is another run's. */
+static json_t *data_fingerprint(const td_stream *train, const td_stream *val, const eng_model *teacher)
+{
+    char th[32], vh[32];
+    snprintf(th, sizeof th, "%016llx", (unsigned long long)td_ids_hash(train->ids, train->n));
+    snprintf(vh, sizeof vh, "%016llx", (unsigned long long)(val ? td_ids_hash(val->ids, val->n) : 0));
+    return json_pack("{s:I,s:s,s:I,s:s,s:I}", "train_tokens", (json_int_t)train->n, "train_hash", th,
+                     "val_tokens", (json_int_t)(val ? val->n : 0), "val_hash", vh, "teacher_params",
+                     (json_int_t)teacher->n_params);
+}
 
 static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw *opt, const run_state *rs,
                            char *err, size_t errlen)
@@ -296,10 +311,13 @@ static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw 
     char rng_hex[32], cur_hex[32];
     snprintf(rng_hex, sizeof rng_hex, "%016llx", (unsigned long long)rs->rng);
     snprintf(cur_hex, sizeof cur_hex, "%llu", (unsigned long long)rs->cursor);
-    state = json_pack("{s:i,s:I,s:I,s:s,s:s,s:I,s:o*,s:o*}", "version", 1, "step", (json_int_t)rs->step, "tokens",
-                      (json_int_t)rs->tokens, "cursor", cur_hex, "rng", rng_hex, "adam_t",
-                      (json_int_t)eng_adamw_t(opt), "loss_curve", curve, "options", opts_fingerprint(o, student));
+    state = json_pack("{s:i,s:I,s:I,s:s,s:s,s:I,s:o*,s:o*,s:O*}", "version", 1, "step", (json_int_t)rs->step,
+                      "tokens", (json_int_t)rs->tokens, "cursor", cur_hex, "rng", rng_hex, "adam_t",
+                      (json_int_t)eng_adamw_t(opt), "loss_curve", curve, "options", opts_fingerprint(o, student),
+                      "data", rs->data);
     curve = NULL;
+    if (state && isfinite(rs->last_val) && json_object_set_new(state, "val_loss", json_real(rs->last_val)))
+        json_decref(state), state = NULL;
     text = state ? json_dumps(state, JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
     if (!text) {
         snprintf(err, errlen, "out of memory rendering checkpoint state");
@@ -355,7 +373,7 @@ static int load_weights(eng_model *student, const char *dir, char *err, size_t e
 }
 
 static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *student, eng_adamw *opt,
-                           run_state *rs, int64_t max_steps, char *err, size_t errlen)
+                           run_state *rs, int64_t max_steps, size_t train_n, char *err, size_t errlen)
 {
     char dir[4096];
     json_t *state = load_state(o->ckpt_dir, step, dir, err, errlen);
@@ -365,24 +383,37 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
     st_file so = {0};
     int so_open = 0;
     float *buf = NULL;
-    json_t *fp = opts_fingerprint(o, student);
+    json_t *fp = opts_fingerprint(o, student), *data = json_object_get(state, "data");
     if (!fp || !json_equal(fp, json_object_get(state, "options"))) {
         snprintf(err, errlen, "%s: written with other distillation options or another student shape; "
                  "use a fresh checkpoint folder", dir);
+        goto out;
+    }
+    if (data && !json_equal(data, rs->data)) {   /* checkpoints before the record have none */
+        snprintf(err, errlen, "%s: written for other text or another teacher (the data file or the parent "
+                 "changed since); use a fresh checkpoint folder", dir);
         goto out;
     }
     rs->step = json_integer_value(json_object_get(state, "step"));
     rs->tokens = json_integer_value(json_object_get(state, "tokens"));
     const char *cur = json_string_value(json_object_get(state, "cursor"));
     const char *rng = json_string_value(json_object_get(state, "rng"));
-    json_t *curve = json_object_get(state, "loss_curve");
-    if (rs->step != step || rs->step > max_steps || !cur || !rng || !json_is_array(curve) ||
-        (int64_t)json_array_size(curve) != step) {
+    json_t *curve = json_object_get(state, "loss_curve"), *vl = json_object_get(state, "val_loss");
+    int64_t per_step = (int64_t)o->B * o->T * o->accum;
+    char *cur_end = NULL, *rng_end = NULL;
+    errno = 0;
+    if (cur)
+        rs->cursor = strtoull(cur, &cur_end, 10);
+    if (rng)
+        rs->rng = strtoull(rng, &rng_end, 16);
+    if (rs->step != step || rs->step > max_steps || !cur || !rng || !*cur || *cur_end || !*rng || *rng_end ||
+        errno || rs->cursor >= train_n || !json_is_array(curve) || (int64_t)json_array_size(curve) != step ||
+        rs->tokens != (step * per_step < o->tokens ? step * per_step : o->tokens) ||
+        json_integer_value(json_object_get(state, "adam_t")) != step) {
         snprintf(err, errlen, "%s/state.json: inconsistent checkpoint state", dir);
         goto out;
     }
-    rs->cursor = strtoull(cur, NULL, 10);
-    rs->rng = strtoull(rng, NULL, 16);
+    rs->last_val = json_is_number(vl) ? json_number_value(vl) : NAN;
     for (int64_t i = 0; i < step; i++)
         rs->curve[i] = json_number_value(json_array_get(curve, (size_t)i));
     if (load_weights(student, dir, err, errlen))
@@ -504,7 +535,9 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     int rank = o->coll ? o->coll->rank : 0;
     int64_t steps = distill_steps(o->tokens, o->B, o->T, o->accum);
     int64_t per_step = (int64_t)o->B * o->T * o->accum;
-    run_state rs = {.rng = o->seed ? o->seed : 1};
+    run_state rs = {.rng = o->seed ? o->seed : 1, .last_val = NAN};
+    json_t *data = data_fingerprint(train, val, teacher);
+    rs.data = data;
     /* the seed picks where in the text the first batch starts; the batches then run on in
        order, wrapping (td_batch): two seeds distil on differently ordered text, one seed
        twice on the same (a resumed run takes the cursor from its checkpoint) */
@@ -513,7 +546,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     int *tok = malloc((size_t)o->B * o->T * sizeof *tok), *tgt = malloc((size_t)o->B * o->T * sizeof *tgt);
     eng_adamw *opt = NULL;
     int rc = -1;
-    if (!rs.curve || !tok || !tgt || eng_model_enable_grads(student) || !(opt = eng_adamw_new(student))) {
+    if (!data || !rs.curve || !tok || !tgt || eng_model_enable_grads(student) || !(opt = eng_adamw_new(student))) {
         snprintf(err, errlen, "out of memory setting up distillation");
         goto done;
     }
@@ -527,7 +560,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         int64_t last = n > 0 ? have[n - 1] : 0;
         free(have);
         if (last > 0) {
-            if (load_checkpoint(o, last, student, opt, &rs, steps, err, errlen))
+            if (load_checkpoint(o, last, student, opt, &rs, steps, train->n, err, errlen))
                 goto done;
             out->resumed_from = last;
         }
@@ -544,7 +577,6 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     eng_model_const(teacher, 1);
     double t0 = eng_wall_s();
     int64_t tokens0 = rs.tokens;
-    double last_val = NAN;
     while (rs.step < steps) {
         int64_t left = o->tokens - rs.tokens;
         int64_t step_tokens = left < per_step ? left : per_step;
@@ -557,12 +589,16 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         if (mb)
             goto done;
         double lrate = distill_lr(o, rs.step, steps);
+        /* a gradient that is not finite is not applied (eng_adamw_step): the step fails */
         double gnorm = eng_adamw_step(opt, (float)lrate, o->beta1, o->beta2, o->eps, o->weight_decay, o->clip,
                                       1.0f / (float)stats.n);
-        if (!isfinite(stats.loss)) {   /* every rank sees the same reduced loss, and stops alike */
-            snprintf(err, errlen, "distillation diverged: the loss is %s at step %lld of %lld (learning rate %.3g); "
-                     "lower the learning rate", isnan(stats.loss) ? "NaN" : "infinite", (long long)rs.step + 1,
-                     (long long)steps, lrate);
+        if (!isfinite(stats.loss) || !isfinite(stats.hidden) || !isfinite(gnorm)) {
+            /* every rank sees the same reduced loss and gradient, and stops alike */
+            double bad = !isfinite(stats.loss) ? stats.loss : !isfinite(stats.hidden) ? stats.hidden : gnorm;
+            snprintf(err, errlen, "distillation diverged: the %s is %s at step %lld of %lld (learning rate %.3g); "
+                     "lower the learning rate", !isfinite(stats.loss) ? "loss" : !isfinite(stats.hidden)
+                     ? "intermediate-state loss" : "gradient norm", isnan(bad) ? "NaN" : "infinite",
+                     (long long)rs.step + 1, (long long)steps, lrate);
             goto done;
         }
         rs.tokens += step_tokens;
@@ -580,10 +616,15 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         if (rank == 0) {
             if (val && val->n > (size_t)o->T &&
                 ((o->eval_every > 0 && rs.step % o->eval_every == 0) || rs.step == steps)) {
-                if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &last_val, err, errlen))
+                if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &rs.last_val, err, errlen))
                     goto done;
+                if (!isfinite(rs.last_val)) {   /* never checkpointed, never delivered */
+                    snprintf(err, errlen, "distillation diverged: the validation loss is %s at step %lld of %lld",
+                             isnan(rs.last_val) ? "NaN" : "infinite", (long long)rs.step, (long long)steps);
+                    goto done;
+                }
                 p.has_val = 1;
-                p.val_loss = last_val;
+                p.val_loss = rs.last_val;
             }
             if (o->ckpt_dir && o->ckpt_every > 0 && (rs.step % o->ckpt_every == 0 || rs.step == steps)) {
                 if (save_checkpoint(o, student, opt, &rs, err, errlen))
@@ -605,7 +646,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     out->tokens = rs.tokens;
     out->tokens_run = rs.tokens - tokens0;
     out->final_loss = rs.step > 0 ? rs.curve[rs.step - 1] : NAN;
-    out->final_val_loss = last_val;
+    out->final_val_loss = rs.last_val;
     out->wall_s = eng_wall_s() - t0;
     out->loss_curve = rs.curve;
     rs.curve = NULL;
@@ -616,6 +657,7 @@ done:
     free(rs.curve);
     free(tok);
     free(tgt);
+    json_decref(data);
     if (opt)
         eng_adamw_free(opt);
     return rc;

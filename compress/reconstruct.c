@@ -755,11 +755,8 @@ static int load_layer(rc_state *s, int i, char *err, size_t errlen)
 /* What the checkpoints depend on: options, tokens and both shapes. */
 static json_t *ckpt_key(const rc_state *s, const int *tokens)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < s->N; i++)
-        h = (h ^ (uint32_t)tokens[i]) * 1099511628211ull;
     char hex[32];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)td_ids_hash(tokens, s->N));
     return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-4", "tokens",
                      (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "inputs",
                      s->o->inputs, "token_hash", hex,

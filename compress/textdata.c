@@ -353,3 +353,10 @@ int td_encode_tok(void *ctx, const char *text, size_t len, int **ids, size_t *n,
     return tok_encode((const tok_tokenizer *)ctx, text, len, 0, 0, ids, n, err, errlen);
 }
 
+uint64_t td_ids_hash(const int *ids, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint32_t)ids[i]) * 1099511628211ull;
+    return h;
+}

@@ -49,6 +49,10 @@ typedef struct {
     size_t n;
 } td_stream;
 
+/* A 64-bit hash of n token ids (FNV-1a over each id's 32 bits): what a checkpoint records
+ * of the text it was written for. */
+uint64_t td_ids_hash(const int *ids, size_t n);
+
 typedef struct {
     uint64_t seed;          /* document order: Fisher-Yates with this seed */
     double val_fraction;    /* share of documents (or of tokens, for a single document) held out */

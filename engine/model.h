@@ -297,7 +297,8 @@ int eng_forward_backward(eng_model *m, const int *tokens, int B, int T, const en
 typedef struct eng_adamw eng_adamw;
 eng_adamw *eng_adamw_new(eng_model *m);
 /* One step with lr; clips the global grad norm to clip (<=0: none); returns the
- * pre-clip norm. grad_scale multiplies grads first (1/accumulation steps). */
+ * pre-clip norm. grad_scale multiplies grads first (1/accumulation steps). A norm that is
+ * NaN or infinite is returned without a step: weights, moments and step count stay. */
 double eng_adamw_step(eng_adamw *o, float lr, float beta1, float beta2, float eps,
                       float weight_decay, float clip, float grad_scale);
 /* Optimizer state for checkpoints: step count and the m, v buffers (host copies). */

@@ -42,6 +42,8 @@ double eng_adamw_step(eng_adamw *o, float lr, float beta1, float beta2, float ep
     eng_backend *be = m->be;
     model_impl *im = m->impl;
     double norm = sqrt(be->sumsq(be, m->grads, m->n_params)) * fabs((double)grad_scale);
+    if (!isfinite(norm))
+        return norm;   /* a NaN or infinite gradient is not applied (clipping cannot scale it) */
     float gs = grad_scale;
     if (clip > 0 && norm > clip)
         gs = (float)(grad_scale * (clip / norm));

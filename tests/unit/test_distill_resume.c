@@ -311,6 +311,22 @@ static void test_resume_same_curve(void **state)
     assert_int_equal(distill_run(&f->parent, &s4, &f->train, &f->val, &o, &r4, err, sizeof err), -1);
     assert_non_null(strstr(err, "other distillation options"));
     eng_model_free(&s4);
+    /* the same options on other text (the data file edited before the resume): refused */
+    o.lr = 3e-3f;
+    td_stream other = stream(5000, 3);
+    new_student(f, &s4);
+    assert_int_equal(distill_run(&f->parent, &s4, &other, &f->val, &o, &r4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "other text"));
+    eng_model_free(&s4);
+    td_stream_free(&other);
+    /* a resume that finds the run finished (killed after its last checkpoint) reports the
+     * validation loss the run ended with */
+    new_student(f, &s4);
+    assert_int_equal(distill_run(&f->parent, &s4, &f->train, &f->val, &o, &r4, err, sizeof err), 0);
+    assert_int_equal(r4.resumed_from, 12);
+    assert_true(isfinite(r3.final_val_loss) && r4.final_val_loss == r3.final_val_loss);
+    distill_result_free(&r4);
+    eng_model_free(&s4);
     distill_result_free(&r1);
     distill_result_free(&r2);
     distill_result_free(&r3);

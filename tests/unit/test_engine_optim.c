@@ -107,6 +107,23 @@ static void test_adamw_matches_formula(void **state)
     eng_adamw_step(o2, lr, b1, b2, eps, wd, 0, 1);
     assert_memory_equal(after1, m.params, 4 * n);
     assert_int_equal(eng_adamw_t(o2), 3);
+    /* A gradient with a NaN (or an infinity) is not applied, clipped or not: weights,
+     * moments and step count stay, and the norm says why */
+    for (int bad = 0; bad < 2; bad++) {
+        memcpy(m.grads, g, 4 * n);
+        m.grads[n / 2] = bad ? INFINITY : NAN;
+        memcpy(p0, m.params, 4 * n);
+        float *m1 = malloc(4 * n), *v1 = malloc(4 * n), *m2 = malloc(4 * n), *v2 = malloc(4 * n);
+        assert_int_equal(eng_adamw_state(o2, m1, v1), 0);
+        double nn = eng_adamw_step(o2, lr, b1, b2, eps, wd, 1.0f, 1);
+        assert_false(isfinite(nn));
+        assert_memory_equal(p0, m.params, 4 * n);
+        assert_int_equal(eng_adamw_state(o2, m2, v2), 0);
+        assert_memory_equal(m1, m2, 4 * n);
+        assert_memory_equal(v1, v2, 4 * n);
+        assert_int_equal(eng_adamw_t(o2), 3);
+        free(m1), free(v1), free(m2), free(v2);
+    }
     eng_adamw_free(o);
     eng_adamw_free(o2);
     eng_model_free(&m);
