@@ -485,7 +485,19 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     }
     json_t *pre = json_object_get(j, "pre_tokenizer");
     json_t *norm = json_object_get(j, "normalizer");
-    int spm = json_is_true(json_object_get(model, "byte_fallback")) || (norm && !json_is_null(norm));
+    /* SentencePiece style: byte fallback, or a normalizer that writes spaces as U+2581 "▁"
+       (Llama-2's Prepend + Replace). Another normalizer beside a byte-level BPE: NFC (Qwen2)
+       is taken, and not applied (text already in NFC, nearly all text, tokenizes as with
+       it); any other would change the tokens, and is refused. */
+    char *norm_text = norm && !json_is_null(norm) ? json_dumps(norm, JSON_COMPACT) : NULL;
+    int spm = json_is_true(json_object_get(model, "byte_fallback")) || (norm_text && strstr(norm_text, "\xe2\x96\x81"));
+    const char *nt = json_string_value(json_object_get(norm, "type"));
+    free(norm_text);
+    if (!spm && norm && !json_is_null(norm) && !(nt && !strcmp(nt, "NFC"))) {
+        snprintf(err, errlen, "%s: normalizer \"%s\" is not supported for a byte-level BPE (NFC is)", path,
+                 nt ? nt : "?");
+        goto fail;
+    }
     t = tok_new(spm ? TOK_SPM : TOK_BYTELEVEL, (int)maxid + 1);
     if (!t) {
         snprintf(err, errlen, "out of memory or empty vocabulary");

@@ -92,6 +92,43 @@ static void expect_ids(const char *dir, int bos, int eos)
     tok_free(t);
 }
 
+/* Qwen2's tokenizer.json: a byte-level BPE with an NFC normalizer. It loads as byte-level
+ * and tokenizes as without it; a normalizer that would change the tokens is refused. */
+static void test_normalizers(void **state)
+{
+    (void)state;
+    static const char *const norms[] = {"{\"type\": \"NFC\"}", "{\"type\": \"Lowercase\"}"};
+    for (int k = 0; k < 2; k++) {
+        char dir[128], err[256], *text = strdup(BYTELEVEL_JSON), *at = strstr(text, "\"normalizer\": null");
+        assert_non_null(at);
+        char *json = malloc(strlen(text) + 64);
+        snprintf(json, strlen(text) + 64, "%.*s\"normalizer\": %s%s", (int)(at - text), text, norms[k],
+                 at + strlen("\"normalizer\": null"));
+        snprintf(dir, sizeof dir, "%s/norm%d", tmpdir, k);
+        assert_int_equal(mkdir(dir, 0755), 0);
+        put(dir, "tokenizer.json", json);
+        tok_tokenizer *t = load(dir, err, sizeof err);
+        if (k == 1) {
+            assert_null(t);
+            assert_non_null(strstr(err, "normalizer \"Lowercase\""));
+        } else {
+            if (!t)
+                fail_msg("NFC: %s", err);
+            int *ids;
+            size_t n;
+            assert_int_equal(tok_encode(t, "ab a", 4, 1, 0, &ids, &n, err, sizeof err), 0);
+            assert_int_equal(n, 3);   /* "ab" "Ġ" "a", as with no normalizer */
+            assert_int_equal(ids[0], 6);
+            assert_int_equal(ids[1], 5);
+            assert_int_equal(ids[2], 3);
+            free(ids);
+            tok_free(t);
+        }
+        free(json);
+        free(text);
+    }
+}
+
 static void test_ids_from_tokenizer_config(void **state)
 {
     (void)state;
@@ -165,6 +202,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_from_tokenizer_config),
+        cmocka_unit_test(test_normalizers),
         cmocka_unit_test(test_ids_from_special_tokens_map),
         cmocka_unit_test(test_ids_from_config),
         cmocka_unit_test(test_precedence),
