@@ -231,25 +231,54 @@ static int stream_append(td_stream *s, size_t *cap, const int *ids, size_t n)
     return 0;
 }
 
+/* The length of the next piece of a document's len bytes at text to encode at once: all
+ * of it up to TD_CHUNK_BYTES, else cut after the last newline (else space) before that,
+ * else at a UTF-8 character's start. A document of gigabytes on one line is encoded in
+ * pieces of bounded memory, and only until the stream's limit. */
+#define TD_CHUNK_BYTES ((size_t)16 << 20)
+static size_t chunk_len(const char *text, size_t len)
+{
+    if (len <= TD_CHUNK_BYTES)
+        return len;
+    for (size_t i = TD_CHUNK_BYTES; i > TD_CHUNK_BYTES / 2; i--)
+        if (text[i - 1] == '\n')
+            return i;
+    for (size_t i = TD_CHUNK_BYTES; i > TD_CHUNK_BYTES / 2; i--)
+        if (text[i - 1] == ' ')
+            return i;
+    size_t i = TD_CHUNK_BYTES;
+    while (i > 1 && ((unsigned char)text[i] & 0xc0) == 0x80)
+        i--;
+    return i;
+}
+
 /* Encode document d and append [sep] + ids to s, stopping at limit tokens (0: none). */
 static int pack_doc(const td_docs *docs, size_t d, td_encode_fn enc, void *ctx, int sep,
                     td_stream *s, size_t *cap, size_t limit, char *err, size_t errlen)
 {
-    int *ids = NULL;
-    size_t n = 0;
-    if (enc(ctx, docs->text[d], docs->len[d], &ids, &n, err, errlen))
-        return -1;
-    int rc = 0;
-    if (sep >= 0)
-        rc = stream_append(s, cap, &sep, 1);
-    if (!rc && limit && s->n + n > limit)
-        n = s->n < limit ? limit - s->n : 0;
-    if (!rc)
-        rc = stream_append(s, cap, ids, n);
-    free(ids);
-    if (rc)
+    if (sep >= 0 && stream_append(s, cap, &sep, 1)) {
         snprintf(err, errlen, "out of memory packing tokens");
-    return rc;
+        return -1;
+    }
+    const char *text = docs->text[d];
+    for (size_t left = docs->len[d]; left > 0 && !(limit && s->n >= limit);) {
+        size_t k = chunk_len(text, left);
+        int *ids = NULL;
+        size_t n = 0;
+        if (enc(ctx, text, k, &ids, &n, err, errlen))
+            return -1;
+        if (limit && s->n + n > limit)
+            n = limit - s->n;
+        int rc = stream_append(s, cap, ids, n);
+        free(ids);
+        if (rc) {
+            snprintf(err, errlen, "out of memory packing tokens");
+            return -1;
+        }
+        text += k;
+        left -= k;
+    }
+    return 0;
 }
 
 int td_pack(const td_docs *docs, td_encode_fn enc, void *enc_ctx, const td_pack_opts *o,

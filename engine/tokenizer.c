@@ -788,6 +788,11 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_spe
         snprintf(err, errlen, "tokenizer is not finalized");
         return -1;
     }
+    if (len > TOK_MAX_TEXT_BYTES) {   /* its symbols are indexed by int */
+        snprintf(err, errlen, "a text of %zu bytes is longer than the tokenizer takes at once (%zu bytes): "
+                 "split it", len, (size_t)TOK_MAX_TEXT_BYTES);
+        return -1;
+    }
     if (t->kind == TOK_BYTELEVEL) {
         for (size_t i = 0; i < len;) {
             int l = utf8_len_at((const unsigned char *)text + i, len - i);

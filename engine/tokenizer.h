@@ -82,10 +82,12 @@ extern const char *const TOK_REGEX_QWEN2;     /* Llama-3's, with digits one at a
  * byte tokens for byte-level BPE, ...). Encode/decode need a finalized tokenizer. */
 int tok_finalize(tok_tokenizer *t, char *err, size_t errlen);
 
-/* Encode `len` bytes of `text`. add_special: add BOS/EOS as configured; parse_special:
- * control and user-defined tokens written literally in the text become their ids.
- * *ids is NEW (malloc; caller frees), *n its count. Returns 0, or -1 with a reason
- * (invalid UTF-8 for byte-level BPE, OOM). */
+/* Encode `len` bytes of `text` (at most TOK_MAX_TEXT_BYTES: longer text is split by the
+ * caller). add_special: add BOS/EOS as configured; parse_special: control and user-defined
+ * tokens written literally in the text become their ids. *ids is NEW (malloc; caller
+ * frees), *n its count. Returns 0, or -1 with a reason (invalid UTF-8 for byte-level BPE,
+ * too long, OOM). */
+#define TOK_MAX_TEXT_BYTES ((size_t)256 << 20)
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
                int **ids, size_t *n, char *err, size_t errlen);
 

@@ -177,6 +177,57 @@ static void test_pack_split_seed(void **state)
     td_docs_free(&d);
 }
 
+typedef struct {
+    int calls;
+    size_t longest;
+    int ends_ok;   /* every piece but the last ended after a newline */
+    size_t left;
+} enc_seen;
+
+static int seen_enc(void *ctx, const char *text, size_t len, int **ids, size_t *n, char *err, size_t errlen)
+{
+    enc_seen *e = ctx;
+    e->calls++;
+    e->longest = len > e->longest ? len : e->longest;
+    e->left -= len;
+    if (e->left > 0 && text[len - 1] != '\n')
+        e->ends_ok = 0;
+    return byte_enc(NULL, text, len, ids, n, err, errlen);
+}
+
+/* A document of 40 MiB (a file with no blank line) is encoded in pieces of at most 16 MiB,
+ * each cut after a newline, every byte once; with a token cap, only until the cap. */
+static void test_long_document(void **state)
+{
+    (void)state;
+    size_t len = (size_t)40 << 20;
+    char *text = malloc(len);
+    assert_non_null(text);
+    for (size_t i = 0; i < len; i++)
+        text[i] = i % 1000 == 999 ? '\n' : (char)('a' + i % 26);
+    size_t one = len;
+    td_docs d = {&text, &one, 1};
+    td_pack_opts o = {.seed = 1, .sep_token = -1};
+    td_stream tr, va;
+    char err[256];
+    enc_seen e = {.ends_ok = 1, .left = len};
+    assert_int_equal(td_pack(&d, seen_enc, &e, &o, &tr, &va, err, sizeof err), 0);
+    assert_int_equal(tr.n, len);
+    for (size_t i = 0; i < len; i += 4099)
+        assert_int_equal(tr.ids[i], (unsigned char)text[i]);
+    assert_int_equal(e.calls, 3);
+    assert_true(e.longest <= ((size_t)16 << 20) && e.ends_ok);
+    td_stream_free(&tr);
+    td_stream_free(&va);
+    o.max_tokens = 1000;
+    e = (enc_seen){.ends_ok = 1, .left = len};
+    assert_int_equal(td_pack(&d, seen_enc, &e, &o, &tr, NULL, err, sizeof err), 0);
+    assert_int_equal(tr.n, 1000);
+    assert_int_equal(e.calls, 1);
+    td_stream_free(&tr);
+    free(text);
+}
+
 static void test_batch_cursor(void **state)
 {
     (void)state;
@@ -311,7 +362,7 @@ int main(void)
         cmocka_unit_test(test_stories),          cmocka_unit_test(test_shared_tinystories),
         cmocka_unit_test(test_pack_split_seed),  cmocka_unit_test(test_batch_cursor),
         cmocka_unit_test(test_write_atomic),     cmocka_unit_test(test_write_atomic_threads),
-        cmocka_unit_test(test_remove_tree),
+        cmocka_unit_test(test_remove_tree),      cmocka_unit_test(test_long_document),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[256];

@@ -122,6 +122,12 @@ static void test_normalizers(void **state)
             assert_int_equal(ids[1], 5);
             assert_int_equal(ids[2], 3);
             free(ids);
+            /* a text longer than the tokenizer takes at once is refused before it is read */
+            char *big = malloc(TOK_MAX_TEXT_BYTES + 1);
+            assert_non_null(big);
+            assert_int_equal(tok_encode(t, big, TOK_MAX_TEXT_BYTES + 1, 0, 0, &ids, &n, err, sizeof err), -1);
+            assert_non_null(strstr(err, "split it"));
+            free(big);
             tok_free(t);
         }
         free(json);
