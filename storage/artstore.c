@@ -242,7 +242,10 @@ static int fetch_write(void *user, const void *buf, size_t n)
 /* A blob missing here: its remote object copied in under a temporary name, checked
  * against its name and size, fsynced and renamed into place. One copy at a time, across
  * the server's threads and its workers (the lock file <hex>.fetching): the others wait
- * for it and find the blob here. 0, or -1 with err. */
+ * for it and find the blob here, or, when it failed, its reason (written into the lock
+ * file, taken for ART_FETCH_FAILED_S) instead of failing the same way one after another.
+ * 0, or -1 with err. */
+#define ART_FETCH_FAILED_S 10.0
 static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, size_t errlen)
 {
     char key[80], dst[4096], dir[4096], tmp[4300], lockp[4300], e[1024];
@@ -262,10 +265,20 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
     int lk = fio_lock_file(lockp, err, errlen);
     if (lk < 0)
         return -1;
-    struct stat have;
+    struct stat have, ls;
     if (stat(dst, &have) == 0) {   /* copied in by the one this waited for (art_open_blob checks it) */
         fio_unlock_remove(lockp, lk);
         return 0;
+    }
+    /* the fetch this one waited for failed a moment ago: its reason, not the same wait again */
+    char prev[1024];
+    ssize_t pn = fstat(lk, &ls) == 0 && ls.st_size > 0 && (double)time(NULL) - (double)ls.st_mtime < ART_FETCH_FAILED_S
+                     ? pread(lk, prev, sizeof prev - 1, 0) : 0;
+    if (pn > 0) {
+        prev[pn] = 0;
+        snprintf(err, errlen, "%s", prev);
+        close(lk);
+        return -1;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     fetch_sink f = {fd, EVP_MD_CTX_new()};
@@ -300,7 +313,13 @@ static int remote_fetch(artstore *as, const char *hex, int64_t size, char *err, 
     if (rc)
         unlink(tmp);
     EVP_MD_CTX_free(f.md);
-    fio_unlock_remove(lockp, lk);
+    if (rc == 0) {
+        fio_unlock_remove(lockp, lk);
+    } else {   /* the reason, for those waiting (the lock file stays; the sweep removes it) */
+        if (ftruncate(lk, 0) < 0 || pwrite(lk, err, strlen(err), 0) < 0)
+            (void)0;   /* best effort: a waiter then tries again itself */
+        close(lk);
+    }
     return rc;
 }
 
@@ -772,8 +791,23 @@ typedef struct {
 /* A temporary file of a writer that is gone: <hex>.tmp.<pid>.<n> (art_put) or
  * <hex>.fetch.<pid>.<n> (remote_fetch), its process no longer alive and the file untouched
  * for ART_STALE_TEMP_S (the age also covers a writer in another PID namespace that shares
- * the folder). A writer killed mid-copy leaves one, and nothing else removes it. */
+ * the folder). A writer killed mid-copy leaves one, and nothing else removes it; so are
+ * the lock files of fetches (<hex>.fetching, sweep_fetch_lock). */
 #define ART_STALE_TEMP_S 600
+
+/* A fetch's lock file (remote_fetch) that no fetch holds and nobody touched for
+ * ART_STALE_TEMP_S: removed while locked, so that a fetch starting meanwhile opens afresh. */
+static void sweep_fetch_lock(const char *path, walk_counts *c)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    struct stat sb;
+    if (fd < 0)
+        return;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) &&
+        store_now() - sb.st_mtime >= ART_STALE_TEMP_S && unlink(path) == 0)
+        c->swept++;
+    close(fd);
+}
 
 static void sweep_one(artstore *as, const char *sub, const char *name, void *ud)
 {
@@ -782,6 +816,12 @@ static void sweep_one(artstore *as, const char *sub, const char *name, void *ud)
     const char *dot = strchr(name, '.');
     if (!dot || dot - name != 64)
         return;
+    if (!strcmp(dot, ".fetching")) {
+        char path[4400];
+        if (fio_path_join(path, sizeof path, sub, name) == 0)
+            sweep_fetch_lock(path, c);
+        return;
+    }
     const char *num = !strncmp(dot, ".tmp.", 5) ? dot + 5 : !strncmp(dot, ".fetch.", 7) ? dot + 7 : NULL;
     char *end;
     long pid = num ? strtol(num, &end, 10) : 0;

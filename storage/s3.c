@@ -293,6 +293,7 @@ typedef struct {
     char meta_sha256_got[65];      /* the answer's x-amz-meta-sha256 ("" without one) */
     int64_t length;                /* Content-Length of the response, -1 unknown */
     strbuf resp;                   /* the body when not sunk (XML), at most XML_MAX */
+    int resp_cut;                  /* more than XML_MAX came: resp holds only its start */
     int64_t sunk;
     int sink_stopped;
     int64_t range_from, range_len; /* the range asked for (range_len 0: none) */
@@ -380,8 +381,10 @@ static size_t write_cb(char *p, size_t size, size_t n, void *ud)
         r->sunk += (int64_t)len;
         return len;
     }
-    if (r->resp.len + len <= XML_MAX)
+    if (!r->resp_cut && r->resp.len + len <= XML_MAX)
         strbuf_printf(&r->resp, "%.*s", (int)len, p);
+    else
+        r->resp_cut = 1;   /* never a later piece after a dropped one */
     return len;
 }
 
@@ -570,6 +573,7 @@ static int perform(s3_client *c, s3_req *r, char *err, size_t errlen)
         free(r->resp.s);
         r->resp = (strbuf){0};
         r->etag[0] = r->meta_sha256_got[0] = 0;
+        r->resp_cut = 0;
         r->status = 0;
         long ms = 250L << (attempt - 1);
         struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -770,15 +774,18 @@ int s3_abort_stale_uploads(s3_client *c, const char *key_prefix, double older_th
     size_t pl = strlen(c->prefix) + (*c->prefix ? 1 : 0);
     *aborted = 0;
     double now = (double)time(NULL);
-    for (int page = 0; page < 100; page++) {
-        sigv4_pair q[4] = {{"uploads", ""}, {"prefix", full}};
-        int nq = 2;
+    for (int page = 0; page < 20; page++) {
+        /* a page of 100 fits in the answer kept (XML_MAX) */
+        sigv4_pair q[5] = {{"uploads", ""}, {"prefix", full}, {"max-uploads", "100"}};
+        int nq = 3;
         if (*key_marker) {
             q[nq++] = (sigv4_pair){"key-marker", key_marker};
             q[nq++] = (sigv4_pair){"upload-id-marker", id_marker};
         }
         s3_req r = {.method = "GET", .query = q, .n_query = nq};
-        if (perform(c, &r, err, errlen)) {
+        if (perform(c, &r, err, errlen) || r.resp_cut) {
+            if (r.resp_cut)
+                snprintf(err, errlen, "S3 GET ?uploads: the listing is longer than %d bytes", XML_MAX);
             free(r.resp.s);
             return -1;
         }

@@ -53,8 +53,9 @@ int s3_put_file(s3_client *c, const char *key, const char *path, const char *sha
 
 /* Abort the multipart uploads under PREFIX/key_prefix that were started more than
  * older_than_s seconds ago: those a killed process left, whose parts are billed until they
- * are aborted (a live upload that old is not expected). Best effort per upload; *aborted
- * counts those aborted. 0, or -1 with err when the uploads cannot be listed. */
+ * are aborted (a live upload that old is not expected). Pages of 100, at most 20 of them
+ * (a start-up's worth). Best effort per upload; *aborted counts those aborted. 0, or -1
+ * with err when the uploads cannot be listed. */
 int s3_abort_stale_uploads(s3_client *c, const char *key_prefix, double older_than_s, int *aborted, char *err,
                            size_t errlen);
 

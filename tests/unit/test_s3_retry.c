@@ -546,6 +546,38 @@ static void test_remote_fetch_once(void **state)
     }
     assert_int_equal(e.served, 2);
     assert_string_equal(e.method[1], "GET");
+    char lockp[300];
+    snprintf(lockp, sizeof lockp, "%s/sha256/%.2s/%s.fetching", store_dir, hex, hex);
+    assert_int_not_equal(access(lockp, F_OK), 0);   /* the lock file goes with the fetch */
+    art_close(as);
+
+    /* a fetch that fails: the reader waiting for it gets its reason, without a GET of its own */
+    snprintf(store_dir, sizeof store_dir, "%s/once-failed", dir);
+    as = art_open(store_dir, err, sizeof err);
+    assert_non_null(as);
+    static const char no_key[] = "<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>";
+    endpoint g = {.n_steps = 3,
+                  .steps = {{200, NULL, NULL, 0, 0}, {404, NULL, no_key, 0, 500}, {404, NULL, no_key, 0, 0}}};
+    endpoint_start(&g);
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", g.port);
+    setenv("AWS_ENDPOINT_URL", ep, 1);
+    rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
+    unsetenv("AWS_ENDPOINT_URL");
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < 2; i++) {
+        o[i] = (opener){as, hex, size, -1, ""};
+        assert_int_equal(pthread_create(&th[i], NULL, open_blob, &o[i]), 0);
+        usleep(100000);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    endpoint_stop(&g);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(o[i].fd, -1);
+        if (!strstr(o[i].err, "NoSuchKey"))
+            fail_msg("reader %d: %s", i, o[i].err);
+    }
+    assert_int_equal(g.served, 2);
     art_close(as);
 }
 
@@ -578,10 +610,32 @@ static void test_stale_uploads_aborted(void **state)
         fail_msg("s3_abort_stale_uploads: %s", err);
     assert_int_equal(aborted, 1);
     assert_int_equal(e.served, 2);
-    if (!strstr(e.head[0], "GET /bucket?uploads&prefix=prefix%2Fsha256%2F "))
+    if (!strstr(e.head[0], "GET /bucket?uploads&prefix=prefix%2Fsha256%2F&max-uploads=100 "))
         fail_msg("the listing: %s", e.head[0]);
     if (!strstr(e.head[1], "DELETE /bucket/prefix/sha256/aaa?uploadId=U-OLD "))
         fail_msg("the abort: %s", e.head[1]);
+
+    /* a listing longer than the answer kept: an error, nothing parsed from a spliced text
+     * (a live upload's key beside a dead one's date) and nothing aborted */
+    size_t cap = 400 * 1024;
+    char *big = malloc(cap), *w = big;
+    w += sprintf(w, "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>");
+    for (int i = 0; w - big < (long)cap - 400; i++)
+        w += sprintf(w, "<Upload><Key>prefix/sha256/k%06d</Key><UploadId>U%06d</UploadId>"
+                        "<Initiated>%s</Initiated><StorageClass>STANDARD</StorageClass></Upload>", i, i,
+                     i % 2 ? recent : "2020-01-01T00:00:00.000Z");
+    sprintf(w, "</ListMultipartUploadsResult>");
+    endpoint l = {.n_steps = 2, .steps = {{200, NULL, big, 0, 0}, {204, NULL, NULL, 0, 0}}};
+    endpoint_start(&l);
+    c = client_for(&l);
+    rc = s3_abort_stale_uploads(c, "sha256/", 86400, &aborted, err, sizeof err);
+    s3_close(c);
+    endpoint_stop(&l);
+    free(big);
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(err, "longer than"));
+    assert_int_equal(l.served, 1);
+    assert_int_equal(aborted, 0);
 }
 
 int main(void)
