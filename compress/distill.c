@@ -390,8 +390,8 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
         goto out;
     }
     if (data && !json_equal(data, rs->data)) {   /* checkpoints before the record have none */
-        snprintf(err, errlen, "%s: written for other text or another teacher (the data file or the parent "
-                 "changed since); use a fresh checkpoint folder", dir);
+        snprintf(err, errlen, "%s: written for other text or a teacher of another size (the data file or the "
+                 "parent changed since); use a fresh checkpoint folder", dir);
         goto out;
     }
     rs->step = json_integer_value(json_object_get(state, "step"));

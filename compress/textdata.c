@@ -232,8 +232,8 @@ static int stream_append(td_stream *s, size_t *cap, const int *ids, size_t n)
 }
 
 /* The length of the next piece of a document's len bytes at text to encode at once: all
- * of it up to TD_CHUNK_BYTES, else cut after the last newline (else space) before that,
- * else at a UTF-8 character's start. A document of gigabytes on one line is encoded in
+ * of it up to TD_CHUNK_BYTES, else cut after the last newline (else before the last
+ * space) in its second half, else at a UTF-8 character's start (not UTF-8: anywhere). A document of gigabytes on one line is encoded in
  * pieces of bounded memory, and only until the stream's limit. */
 #define TD_CHUNK_BYTES ((size_t)16 << 20)
 static size_t chunk_len(const char *text, size_t len)
@@ -245,11 +245,11 @@ static size_t chunk_len(const char *text, size_t len)
             return i;
     for (size_t i = TD_CHUNK_BYTES; i > TD_CHUNK_BYTES / 2; i--)
         if (text[i - 1] == ' ')
-            return i;
-    size_t i = TD_CHUNK_BYTES;
-    while (i > 1 && ((unsigned char)text[i] & 0xc0) == 0x80)
+            return i - 1;   /* before the space: tokenizers join a space to the word after it */
+    size_t i = TD_CHUNK_BYTES;   /* a character's start: at most 3 continuation bytes back */
+    while (i > TD_CHUNK_BYTES - 3 && ((unsigned char)text[i] & 0xc0) == 0x80)
         i--;
-    return i;
+    return ((unsigned char)text[i] & 0xc0) == 0x80 ? TD_CHUNK_BYTES : i;
 }
 
 /* Encode document d and append [sep] + ids to s, stopping at limit tokens (0: none). */

@@ -87,7 +87,7 @@ int tok_finalize(tok_tokenizer *t, char *err, size_t errlen);
  * tokens written literally in the text become their ids. *ids is NEW (malloc; caller
  * frees), *n its count. Returns 0, or -1 with a reason (invalid UTF-8 for byte-level BPE,
  * too long, OOM). */
-#define TOK_MAX_TEXT_BYTES ((size_t)256 << 20)
+#define TOK_MAX_TEXT_BYTES ((size_t)512 << 20)   /* SentencePiece's escaped text (3 bytes a space) fits int */
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
                int **ids, size_t *n, char *err, size_t errlen);
 

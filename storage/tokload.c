@@ -493,7 +493,17 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     int spm = json_is_true(json_object_get(model, "byte_fallback")) || (norm_text && strstr(norm_text, "\xe2\x96\x81"));
     const char *nt = json_string_value(json_object_get(norm, "type"));
     free(norm_text);
-    if (!spm && norm && !json_is_null(norm) && !(nt && !strcmp(nt, "NFC"))) {
+    int nfc = nt && !strcmp(nt, "NFC");
+    if (nt && !strcmp(nt, "Sequence")) {   /* a Sequence of NFC only, or of nothing, is NFC */
+        json_t *each = json_object_get(norm, "normalizers");
+        size_t k;
+        json_t *m;
+        nfc = json_is_array(each);
+        json_array_foreach(each, k, m)
+            nfc &= json_is_string(json_object_get(m, "type")) &&
+                   !strcmp(json_string_value(json_object_get(m, "type")), "NFC");
+    }
+    if (!spm && norm && !json_is_null(norm) && !nfc) {
         snprintf(err, errlen, "%s: normalizer \"%s\" is not supported for a byte-level BPE (NFC is)", path,
                  nt ? nt : "?");
         goto fail;

@@ -180,8 +180,9 @@ static void test_pack_split_seed(void **state)
 typedef struct {
     int calls;
     size_t longest;
-    int ends_ok;   /* every piece but the last ended after a newline */
+    int ends_ok;   /* every piece but the last ended as `cut` says */
     size_t left;
+    int cut;       /* '\n': after a newline; ' ': before a space; 'u': at a UTF-8 character's start */
 } enc_seen;
 
 static int seen_enc(void *ctx, const char *text, size_t len, int **ids, size_t *n, char *err, size_t errlen)
@@ -190,7 +191,9 @@ static int seen_enc(void *ctx, const char *text, size_t len, int **ids, size_t *
     e->calls++;
     e->longest = len > e->longest ? len : e->longest;
     e->left -= len;
-    if (e->left > 0 && text[len - 1] != '\n')
+    if (e->left > 0 && (e->cut == '\n'  ? text[len - 1] != '\n'
+                        : e->cut == ' ' ? text[len] != ' '
+                                        : ((unsigned char)text[len] & 0xc0) == 0x80))
         e->ends_ok = 0;
     return byte_enc(NULL, text, len, ids, n, err, errlen);
 }
@@ -210,7 +213,7 @@ static void test_long_document(void **state)
     td_pack_opts o = {.seed = 1, .sep_token = -1};
     td_stream tr, va;
     char err[256];
-    enc_seen e = {.ends_ok = 1, .left = len};
+    enc_seen e = {.ends_ok = 1, .left = len, .cut = '\n'};
     assert_int_equal(td_pack(&d, seen_enc, &e, &o, &tr, &va, err, sizeof err), 0);
     assert_int_equal(tr.n, len);
     for (size_t i = 0; i < len; i += 4099)
@@ -220,11 +223,23 @@ static void test_long_document(void **state)
     td_stream_free(&tr);
     td_stream_free(&va);
     o.max_tokens = 1000;
-    e = (enc_seen){.ends_ok = 1, .left = len};
+    e = (enc_seen){.ends_ok = 1, .left = len, .cut = '\n'};
     assert_int_equal(td_pack(&d, seen_enc, &e, &o, &tr, NULL, err, sizeof err), 0);
     assert_int_equal(tr.n, 1000);
     assert_int_equal(e.calls, 1);
     td_stream_free(&tr);
+    /* no newline: cut before a space; no space either: at a character's start ("é" is 2 bytes,
+     * 3 "é" then "a": no cut point lines up with 16 MiB by chance) */
+    o.max_tokens = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        for (size_t i = 0; i < len; i++)
+            text[i] = mode == 0 ? (i % 10 == 9 ? ' ' : 'w') : (char)"\xc3\xa9\xc3\xa9\xc3\xa9" "a"[i % 7];
+        e = (enc_seen){.ends_ok = 1, .left = len, .cut = mode == 0 ? ' ' : 'u'};
+        assert_int_equal(td_pack(&d, seen_enc, &e, &o, &tr, NULL, err, sizeof err), 0);
+        assert_int_equal(tr.n, len);
+        assert_true(e.calls == 3 && e.ends_ok);
+        td_stream_free(&tr);
+    }
     free(text);
 }
 
