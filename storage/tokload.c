@@ -445,6 +445,35 @@ static int hf_sibling_ids(tok_tokenizer *t, const char *path, char *err, size_t 
     return 0;
 }
 
+/* How a tokenizer.json's normalizer and model decide its kind: SentencePiece style (*spm)
+ * with byte fallback, or a normalizer that writes spaces as U+2581 "▁" (Llama-2's Prepend +
+ * Replace). Beside a byte-level BPE only NFC (Qwen2's; a Sequence of NFC only, or of
+ * nothing) is taken, and not applied: text already in NFC, nearly all text, tokenizes as
+ * with it. Any other would change the tokens, and is refused. 0, or -1 with err. */
+static int hf_normalizer(json_t *norm, json_t *model, const char *path, int *spm, char *err, size_t errlen)
+{
+    char *norm_text = norm && !json_is_null(norm) ? json_dumps(norm, JSON_COMPACT) : NULL;
+    *spm = json_is_true(json_object_get(model, "byte_fallback")) || (norm_text && strstr(norm_text, "\xe2\x96\x81"));
+    free(norm_text);
+    const char *nt = json_string_value(json_object_get(norm, "type"));
+    int nfc = nt && !strcmp(nt, "NFC");
+    if (nt && !strcmp(nt, "Sequence")) {
+        json_t *each = json_object_get(norm, "normalizers");
+        size_t k;
+        json_t *m;
+        nfc = json_is_array(each);
+        json_array_foreach(each, k, m)
+            nfc &= json_is_string(json_object_get(m, "type")) &&
+                   !strcmp(json_string_value(json_object_get(m, "type")), "NFC");
+    }
+    if (!*spm && norm && !json_is_null(norm) && !nfc) {
+        snprintf(err, errlen, "%s: normalizer \"%s\" is not supported for a byte-level BPE (NFC is)", path,
+                 nt ? nt : "?");
+        return -1;
+    }
+    return 0;
+}
+
 tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
 {
     json_t *j = fio_load_json(path, 0, err, errlen);
@@ -485,29 +514,9 @@ tok_tokenizer *tokload_hf_json(const char *path, char *err, size_t errlen)
     }
     json_t *pre = json_object_get(j, "pre_tokenizer");
     json_t *norm = json_object_get(j, "normalizer");
-    /* SentencePiece style: byte fallback, or a normalizer that writes spaces as U+2581 "▁"
-       (Llama-2's Prepend + Replace). Another normalizer beside a byte-level BPE: NFC (Qwen2)
-       is taken, and not applied (text already in NFC, nearly all text, tokenizes as with
-       it); any other would change the tokens, and is refused. */
-    char *norm_text = norm && !json_is_null(norm) ? json_dumps(norm, JSON_COMPACT) : NULL;
-    int spm = json_is_true(json_object_get(model, "byte_fallback")) || (norm_text && strstr(norm_text, "\xe2\x96\x81"));
-    const char *nt = json_string_value(json_object_get(norm, "type"));
-    free(norm_text);
-    int nfc = nt && !strcmp(nt, "NFC");
-    if (nt && !strcmp(nt, "Sequence")) {   /* a Sequence of NFC only, or of nothing, is NFC */
-        json_t *each = json_object_get(norm, "normalizers");
-        size_t k;
-        json_t *m;
-        nfc = json_is_array(each);
-        json_array_foreach(each, k, m)
-            nfc &= json_is_string(json_object_get(m, "type")) &&
-                   !strcmp(json_string_value(json_object_get(m, "type")), "NFC");
-    }
-    if (!spm && norm && !json_is_null(norm) && !nfc) {
-        snprintf(err, errlen, "%s: normalizer \"%s\" is not supported for a byte-level BPE (NFC is)", path,
-                 nt ? nt : "?");
+    int spm = 0;
+    if (hf_normalizer(norm, model, path, &spm, err, errlen))
         goto fail;
-    }
     t = tok_new(spm ? TOK_SPM : TOK_BYTELEVEL, (int)maxid + 1);
     if (!t) {
         snprintf(err, errlen, "out of memory or empty vocabulary");
