@@ -146,15 +146,36 @@ static void endpoint_stop(endpoint *e)
     close(e->lfd);
 }
 
-static s3_client *client_for(const endpoint *e)
+/* A client of s3://bucket/prefix at the endpoint: credentials from the environment, or
+ * the file cred_path; parts of part_bytes (0: the default). */
+static s3_client *client_with(const endpoint *e, const char *cred_path, int64_t part_bytes)
 {
     char ep[64], err[512];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e->port);
-    s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1};
+    s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .credentials_file = cred_path,
+                    .part_bytes = part_bytes};
     s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
     if (!c)
         fail_msg("s3_open: %s", err);
     return c;
+}
+
+static s3_client *client_for(const endpoint *e)
+{
+    return client_with(e, NULL, 0);
+}
+
+/* The artifact store's remote: s3://bucket/prefix at the endpoint (its HEAD of the bucket
+ * the endpoint's next step). */
+static void attach(artstore *as, const endpoint *e)
+{
+    char ep[64], err[512];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e->port);
+    setenv("AWS_ENDPOINT_URL", ep, 1);
+    int rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
+    unsetenv("AWS_ENDPOINT_URL");
+    if (rc)
+        fail_msg("art_attach_remote: %s", err);
 }
 
 static char dir[64], file[128];
@@ -305,12 +326,7 @@ static void test_credentials_profiles(void **state)
             unsetenv("AWS_PROFILE");
         endpoint e = {.n_steps = 1, .steps = {{200, "Content-Length: 3\r\n", NULL, 0}}};
         endpoint_start(&e);
-        char ep[64];
-        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
-        s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .credentials_file = path};
-        s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
-        if (!c)
-            fail_msg("s3_open: %s", err);
+        s3_client *c = client_with(&e, path, 0);
         (void)s3_head(c, "k", NULL, err, sizeof err);
         s3_close(c);
         endpoint_stop(&e);
@@ -365,12 +381,7 @@ static void test_credentials_renewed(void **state)
     assert_int_equal(fio_write_atomic(path, one, sizeof one - 1, err, sizeof err), 0);
     endpoint e = {.n_steps = 2, .steps = {{200, NULL, NULL, 3}, {200, NULL, NULL, 3}}};
     endpoint_start(&e);
-    char ep[64];
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
-    s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .credentials_file = path};
-    s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
-    if (!c)
-        fail_msg("s3_open: %s", err);
+    s3_client *c = client_with(&e, path, 0);
     assert_int_equal(s3_head(c, "k", NULL, err, sizeof err), 0);
     assert_int_equal(fio_write_atomic(path, two, sizeof two - 1, err, sizeof err), 0);
     assert_int_equal(s3_head(c, "k", NULL, err, sizeof err), 0);
@@ -418,12 +429,7 @@ static void test_complete_answer_lost(void **state)
                                 {200, other ? head_other : head_ok, NULL, (int)size},
                                 {404, NULL, no_upload, 0}}}; /* the abort (best effort) */
         endpoint_start(&e);
-        char ep[64];
-        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
-        s3_options o = {.endpoint = ep, .region = "us-east-1", .allow_http = 1, .part_bytes = 5 * 1024 * 1024};
-        s3_client *c = s3_open("s3://bucket/prefix", &o, err, sizeof err);
-        if (!c)
-            fail_msg("s3_open: %s", err);
+        s3_client *c = client_with(&e, NULL, 5 * 1024 * 1024);
         int rc = s3_put_file(c, "k", big, sha_hex, etag, err, sizeof err);
         s3_close(c);
         endpoint_stop(&e);
@@ -467,13 +473,8 @@ static void test_remote_object_replaced(void **state)
                                 {200, has ? head_have : head_none, NULL, (int)size},   /* HEAD of the object */
                                 {200, "ETag: \"new\"\r\n", NULL, 0}}};               /* the PUT */
         endpoint_start(&e);
-        char ep[64], got[65];
-        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
-        setenv("AWS_ENDPOINT_URL", ep, 1);
-        int rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
-        unsetenv("AWS_ENDPOINT_URL");
-        if (rc)
-            fail_msg("art_attach_remote: %s", err);
+        char got[65];
+        attach(as, &e);
         int64_t n = 0;
         if (art_put(as, file, got, &n, err, sizeof err))
             fail_msg("art_put: %s", err);
@@ -523,13 +524,7 @@ static void test_remote_fetch_once(void **state)
                             {200, NULL, payload, 0, 500},            /* the object, slowly */
                             {200, NULL, payload, 0, 0}}};            /* a second GET, if any */
     endpoint_start(&e);
-    char ep[64];
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", e.port);
-    setenv("AWS_ENDPOINT_URL", ep, 1);
-    int rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
-    unsetenv("AWS_ENDPOINT_URL");
-    if (rc)
-        fail_msg("art_attach_remote: %s", err);
+    attach(as, &e);
     opener o[2] = {{as, hex, size, -1, ""}, {as, hex, size, -1, ""}};
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
@@ -559,11 +554,7 @@ static void test_remote_fetch_once(void **state)
     endpoint g = {.n_steps = 3,
                   .steps = {{200, NULL, NULL, 0, 0}, {404, NULL, no_key, 0, 500}, {404, NULL, no_key, 0, 0}}};
     endpoint_start(&g);
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", g.port);
-    setenv("AWS_ENDPOINT_URL", ep, 1);
-    rc = art_attach_remote(as, "s3://bucket/prefix", NULL, 1, err, sizeof err);
-    unsetenv("AWS_ENDPOINT_URL");
-    assert_int_equal(rc, 0);
+    attach(as, &g);
     for (int i = 0; i < 2; i++) {
         o[i] = (opener){as, hex, size, -1, ""};
         assert_int_equal(pthread_create(&th[i], NULL, open_blob, &o[i]), 0);
