@@ -433,8 +433,10 @@ static int summarize(const ev_task *t, const run_acc *ra, ev_result *r)
         r->acc_norm_stderr = ev_stderr(ra->accn, n);
     }
     if (t->kind == EV_KIND_LOGLIK) {
-        r->has_ppl = 1;
+        /* exp of a mean summed log-likelihood below -709 overflows (long continuations):
+           no perplexity then, rather than one JSON cannot hold */
         r->perplexity = n ? exp(-mean_of(ra->ll_item, n)) : 0.0;
+        r->has_ppl = isfinite(r->perplexity);
     }
     if (t->kind == EV_KIND_ROLLING) {
         r->has_rolling = 1;
@@ -442,6 +444,8 @@ static int summarize(const ev_task *t, const run_acc *ra, ev_result *r)
         r->byte_perplexity = ra->sum_bytes ? exp(-ra->sum_ll / (double)ra->sum_bytes) : 0.0;
         r->bits_per_byte = ra->sum_bytes ? -ra->sum_ll / (double)ra->sum_bytes / log(2.0) : 0.0;
         r->token_perplexity = ra->sum_pred_tokens ? exp(-ra->sum_ll / (double)ra->sum_pred_tokens) : 0.0;
+        r->has_rolling = isfinite(r->word_perplexity) && isfinite(r->byte_perplexity) &&
+                         isfinite(r->token_perplexity);
     }
     if (t->n_groups > 0 && t->kind == EV_KIND_MC)
         return summarize_groups(t, ra, r);
@@ -458,6 +462,10 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
     }
     int chunk = o && o->chunk_items > 0 ? o->chunk_items : 64;
     int n = t->n_items;
+    if (n == 0) {   /* an empty data file (a failed copy) is not a measured 0 */
+        snprintf(r->error, sizeof r->error, "the task has no items");
+        return -1;
+    }
     run_acc ra = {calloc((size_t)(n ? n : 1), sizeof(double)), calloc((size_t)(n ? n : 1), sizeof(double)),
                   calloc((size_t)(n ? n : 1), sizeof(double)), 0.0, 0, 0, 0};
     req_list rl = {0};
@@ -488,7 +496,14 @@ int ev_run_task(const ev_model *m, const ev_task *t, const ev_opts *o, ev_result
         for (int q = 0; q < rl.n; q++) {
             r->requests++;
             r->tokens += rl.reqs[q].n_ctx + rl.reqs[q].n_cont;
+            if (!isfinite(rl.reqs[q].ll) && !rc) {   /* a broken model's NaN is no score, and no choice */
+                snprintf(r->error, sizeof r->error, "the model gave a log-likelihood of %g (not a finite "
+                         "number) in items %d-%d: no score", rl.reqs[q].ll, i0 + 1, i1);
+                rc = -1;
+            }
         }
+        if (rc)
+            break;
         for (int i = i0; i < i1; i++)
             item_outcome(t, i, rl.reqs + item_first[i - i0], item_first[i - i0 + 1] - item_first[i - i0], o, &ra);
         r->n = i1;

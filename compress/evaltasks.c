@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+
+#include "storage/fileio.h"
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -158,25 +160,34 @@ void evt_task_init(ev_task *t, const char *name, ev_kind kind, int acc_norm, con
 /* ---- JSONL ------------------------------------------------------------------------ */
 
 
+FILE *evt_open(const char *path, char *err, size_t errlen)
+{
+    return fio_fopen_regular(path, "a task file", EVT_MAX_FILE_BYTES, err, errlen);
+}
+
 int evt_lines_each(const char *path, evt_line_fn fn, void *u, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    FILE *f = evt_open(path, err, errlen);
+    if (!f)
         return -1;
-    }
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
     int lineno = 0, rc = 0;
     while (!rc && (n = getline(&line, &cap, f)) >= 0) {
         lineno++;
+        if (n > EVT_MAX_LINE_BYTES) {
+            snprintf(err, errlen, "%s:%d: a line of %zd bytes, more than the limit of %zd", path, lineno, n,
+                     (ssize_t)EVT_MAX_LINE_BYTES);
+            rc = -1;
+            break;
+        }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
             line[--n] = '\0';
         rc = fn(u, line, (size_t)n, lineno, err, errlen);
     }
-    if (!rc && ferror(f)) {
-        snprintf(err, errlen, "%s: read error", path);
+    if (!rc && (ferror(f) || !feof(f))) {   /* a getline that ran out of memory ends short of the end */
+        snprintf(err, errlen, "%s: read error after line %d", path, lineno);
         rc = -1;
     }
     free(line);

@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 #include <jansson.h>
 
 #include "compress/evaltasks.h"
@@ -45,8 +47,13 @@ ev_item *evt_task_add(task_builder *tb, int n_choices, int line);
 int evt_choice_set(ev_item *it, int c, const char *delim, const char *text);
 /* Zero t and name it (name and source copied). */
 void evt_task_init(ev_task *t, const char *name, ev_kind kind, int acc_norm, const char *source);
-/* Call fn for every line of a text file. 0, fn's status when it stops, or -1 with err
- * set when the file cannot be opened or read. */
+/* A task or label file, opened to read: a regular file (a FIFO or device swapped in after
+ * the spec check is refused, never waited on) of at most EVT_MAX_FILE_BYTES. NULL with err. */
+#define EVT_MAX_FILE_BYTES ((int64_t)256 << 20)
+#define EVT_MAX_LINE_BYTES ((ssize_t)16 << 20)
+FILE *evt_open(const char *path, char *err, size_t errlen);
+/* Call fn for every line of a text file (lines of at most EVT_MAX_LINE_BYTES). 0, fn's
+ * status when it stops, or -1 with err set when the file cannot be opened or read. */
 int evt_lines_each(const char *path, evt_line_fn fn, void *u, char *err, size_t errlen);
 /* Call fn for every non-blank line of a JSONL file. 0, or -1 with err naming the line. */
 int evt_jsonl_each(const char *path, jsonl_row_fn fn, void *u, char *err, size_t errlen);

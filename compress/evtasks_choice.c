@@ -174,11 +174,9 @@ int ev_load_piqa(const char *jsonl, const char *labels, ev_task *t, char *err, s
     task_builder tb = {.t = t};
     if (evt_jsonl_each(jsonl, piqa_row, &tb, err, errlen))
         goto fail;
-    FILE *f = fopen(labels, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", labels, strerror(errno));
+    FILE *f = evt_open(labels, err, errlen);
+    if (!f)
         goto fail;
-    }
     char buf[64];
     int n = 0, bad = 0;
     while (fgets(buf, sizeof buf, f)) {
@@ -217,11 +215,9 @@ int ev_load_hellaswag(const char *path, ev_task *t, char *err, size_t errlen)
 {
     evt_task_init(t, "hellaswag", EV_KIND_MC, 1, path);
     task_builder tb = {.t = t};
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    FILE *f = evt_open(path, err, errlen);
+    if (!f)
         return -1;
-    }
     char *lines[6] = {0};
     size_t caps[6] = {0};
     int lineno = 0, rc = 0;

@@ -23,6 +23,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
+#include "storage/artstore.h"
 #include "storage/fileio.h"
 #include "storage/strbuf.h"
 
@@ -99,17 +100,44 @@ static int task_ref(job_ctx *ctx, json_t *t, size_t i, char *ref, size_t reflen,
  * They depend only on the parent, the task references, limit, seed and the task data
  * folder (and on how scoring works: the version in the key, raised whenever it
  * changes), so they live in <data>/evalcache/ (jobs/pstate.h ps_cache_path). A task by
- * URL is pinned by its sha256, which is part of the reference. */
+ * URL is pinned by its sha256, which is part of the reference; a task file by path, by
+ * the sha-256 of what it holds now. */
+int stage_eval_parent_key(const json_t *tasks, int limit, uint64_t seed, const char *dd, strbuf *key, char *err,
+                          size_t errlen)
+{
+    char *tj = json_dumps(tasks, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!tj) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    strbuf_printf(key, "autocompress-eval-1\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
+                  (unsigned long long)seed, tj, dd);
+    free(tj);
+    size_t i;
+    json_t *t;
+    json_array_foreach(tasks, i, t) {
+        const char *p = json_string_value(json_object_get(t, "path"));
+        char hex[65];
+        int64_t size;
+        if (!p)
+            continue;
+        if (art_sha256_file(p, hex, &size, err, errlen) < 0)
+            return -1;
+        strbuf_printf(key, "file %zu %s\n", i, hex);   /* an edited file is another task */
+    }
+    if (key->oom)
+        snprintf(err, errlen, "out of memory");
+    return key->oom ? -1 : 0;
+}
+
 static int parent_cache_path(job_ctx *ctx, json_t *tasks, int limit, uint64_t seed, const char *dd, char *path,
                              size_t len)
 {
-    char *tj = json_dumps(tasks, JSON_COMPACT | JSON_SORT_KEYS);
     strbuf key = {0};
-    strbuf_printf(&key, "autocompress-eval-1\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
-                  (unsigned long long)seed, tj ? tj : "", dd);
-    int rc = tj && !key.oom ? ps_cache_path(ctx, "evalcache", key.s, NULL, path, len) : -1;
+    char err[256];
+    int rc = stage_eval_parent_key(tasks, limit, seed, dd, &key, err, sizeof err) == 0
+                 ? ps_cache_path(ctx, "evalcache", key.s, NULL, path, len) : -1;
     free(key.s);
-    free(tj);
     return rc;
 }
 
@@ -262,8 +290,9 @@ static int stage_evaluate(job_ctx *ctx, char *err, size_t errlen)
                                       sizeof cpath) == 0;
     json_t *pj = cacheable ? parent_cache_get(cpath) : NULL;
     if (pj) {
+        const char *slash = strrchr(cpath, '/');   /* the entry, not the server's path to it */
         job_event(ctx, "evaluate.parent_reused", "the parent's scores come from an earlier job (evalcache)",
-                  json_pack("{s:s}", "cache", cpath));
+                  json_pack("{s:s}", "cache", slash ? slash + 1 : cpath));
     } else {
         pj = eval_model(ctx, "parent", parent, tok, tasks, limit, seed, 0, total, &cancelled, err, errlen);
         if (!pj)

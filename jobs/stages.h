@@ -10,6 +10,7 @@
 #include "compress/costmodel.h"
 #include "engine/arch.h"
 #include "jobs/stage.h"
+#include "storage/strbuf.h"
 
 /* Register "load" and "search" with the stage registry (jobs/stage.h). */
 void stages_search_register(void);
@@ -26,5 +27,10 @@ void stage_export_register(void);
 int stage_job_parent_arch(job_ctx *ctx, arch *a, char *err, size_t errlen);
 /* The job's target from its spec (cm_target_default when the spec has none). 0, or -1. */
 int stage_job_target(job_ctx *ctx, cm_target *t, char *err, size_t errlen);
+/* The key of the parent's cached scores (stage_evaluate.c) appended to key: the tasks (a
+ * task file by path with the sha-256 of its content now), limit, seed and task data
+ * folder. 0, or -1 with err (a task file that cannot be read). */
+int stage_eval_parent_key(const json_t *tasks, int limit, uint64_t seed, const char *dd, strbuf *key, char *err,
+                          size_t errlen);
 
 #endif

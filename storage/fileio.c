@@ -36,6 +36,26 @@ static void not_regular(const char *path, const char *what, mode_t m, char *err,
         snprintf(err, errlen, "%s: not a regular file (%s)", path, fio_file_kind(m));
 }
 
+FILE *fio_fopen_regular(const char *path, const char *what, int64_t max_bytes, char *err, size_t errlen)
+{
+    struct stat st;
+    int fd = fio_open_regular(path, what, &st, err, errlen);
+    if (fd < 0)
+        return NULL;
+    if (max_bytes > 0 && st.st_size > max_bytes) {
+        snprintf(err, errlen, "%s: %lld bytes, more than the limit of %lld", path, (long long)st.st_size,
+                 (long long)max_bytes);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
 int fio_lock_file(const char *path, char *err, size_t errlen)
 {
     for (;;) {

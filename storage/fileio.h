@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <jansson.h>
@@ -124,6 +125,10 @@ int fio_open_regular(const char *path, const char *what, struct stat *st, char *
 int fio_lock_file(const char *path, char *err, size_t errlen);
 /* Remove the lock file at path and release the lock fd holds (fio_lock_file). */
 void fio_unlock_remove(const char *path, int fd);
+
+/* fio_open_regular as a stdio stream ("rb"), refused too when the file is larger than
+ * max_bytes (0: no limit): "PATH: N bytes, more than the limit of M". NULL with err. */
+FILE *fio_fopen_regular(const char *path, const char *what, int64_t max_bytes, char *err, size_t errlen);
 
 /* Append the whole of regular file `src` to the open descriptor fd. 0, or -1 with errno
  * (EINVAL: src is not a regular file; fd then holds part of the copy; src's descriptor is

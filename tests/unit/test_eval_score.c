@@ -259,6 +259,50 @@ static void test_loglik_task(void **state)
     ev_task_free(&t);
 }
 
+/* A model that gives NaN fails the task with the reason (it used to "score" the share of
+ * gold answers at choice 0); a perplexity that overflows is left out rather than making the
+ * results unwritable; a task with no items is not a measured 0. */
+static void test_nonfinite_and_empty(void **state)
+{
+    (void)state;
+    ev_task t = {.kind = EV_KIND_MC};
+    snprintf(t.name, sizeof t.name, "toy");
+    const char *c[] = {" a", " b"};
+    const int n[] = {1, 1};
+    add_item(&t, "q", 2, c, n, 0, 0);
+    fake f = {.per_token = NAN};
+    ev_model m = fake_model(&f, 64);
+    ev_result r;
+    assert_int_equal(ev_run_task(&m, &t, NULL, &r), -1);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.error, "not a finite number"));
+    ev_result_free(&r);
+    ev_task_free(&t);
+
+    ev_task l = {.kind = EV_KIND_LOGLIK};
+    snprintf(l.name, sizeof l.name, "long_toy");
+    const char *c1[] = {" a long continuation of many bytes"};
+    const int n1[] = {34};
+    add_item(&l, "ctx", 1, c1, n1, 0, 0);
+    f = (fake){.per_token = -30.0};   /* 34 tokens: -1020, exp(1020) overflows */
+    m = fake_model(&f, 64);
+    assert_int_equal(ev_run_task(&m, &l, NULL, &r), 0);
+    assert_true(r.ok && r.has_acc && !r.has_ppl);
+    json_t *j = ev_result_json(&r);
+    assert_non_null(j);
+    assert_null(json_object_get(j, "perplexity"));
+    json_decref(j);
+    ev_result_free(&r);
+    ev_task_free(&l);
+
+    ev_task e = {.kind = EV_KIND_MC};
+    snprintf(e.name, sizeof e.name, "empty");
+    assert_int_equal(ev_run_task(&m, &e, NULL, &r), -1);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.error, "no items"));
+    ev_result_free(&r);
+}
+
 static void test_groups_macro(void **state)
 {
     (void)state;
@@ -372,6 +416,7 @@ int main(void)
         cmocka_unit_test(test_acc_norm_arithmetic), cmocka_unit_test(test_encode_pair),
         cmocka_unit_test(test_truncation),          cmocka_unit_test(test_rolling),
         cmocka_unit_test(test_loglik_task),         cmocka_unit_test(test_groups_macro),
+        cmocka_unit_test(test_nonfinite_and_empty),
         cmocka_unit_test(test_cancel_and_failure),  cmocka_unit_test(test_long_task_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,6 +18,7 @@
 
 #include "compress/csv.h"
 #include "compress/evaltasks.h"
+#include "jobs/stages.h"
 
 static char data_dir[1024];
 
@@ -484,6 +485,60 @@ static void test_malformed(void **state)
     assert_non_null(strstr(err, "unknown task"));
 }
 
+/* A task file swapped for a FIFO is refused without waiting for a writer; a line past the
+ * line limit is refused naming it. */
+static void test_task_file_kinds(void **state)
+{
+    (void)state;
+    char fifo[300], err[512];
+    ev_task t;
+    snprintf(fifo, sizeof fifo, "/tmp/test_eval_tasks_fifo_%d.jsonl", (int)getpid());
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(10);   /* the old open waited for a writer for ever */
+    assert_int_equal(ev_load_jsonl(fifo, "fifo", &t, err, sizeof err), -1);
+    alarm(0);
+    assert_non_null(strstr(err, "not a task file"));
+    unlink(fifo);
+    size_t big = (size_t)17 << 20;
+    char *line = malloc(big + 64);
+    assert_non_null(line);
+    int w = snprintf(line, 64, "{\"context\": \"");
+    memset(line + w, 'x', big);
+    snprintf(line + w + big, 64, "\", \"continuation\": \" y\"}\n");
+    const char *p = tmpfile_with(line);
+    free(line);
+    assert_int_equal(ev_load_jsonl(p, "long", &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":1: a line of"));
+    unlink(p);
+}
+
+/* The parent's cached scores are keyed on a task file's content: the same file edited
+ * between two jobs is another task (its scores were reused for the old items). */
+static void test_parent_key_follows_content(void **state)
+{
+    (void)state;
+    const char *p = tmpfile_with("{\"context\": \"a\", \"choices\": [\" b\", \" c\"], \"gold\": 1}\n");
+    char js[256], err[256];
+    snprintf(js, sizeof js, "[\"arc_easy\", {\"name\": \"mine\", \"path\": \"%s\"}]", p);
+    json_t *tasks = json_loads(js, 0, NULL);
+    assert_non_null(tasks);
+    strbuf k1 = {0}, k2 = {0}, k3 = {0};
+    assert_int_equal(stage_eval_parent_key(tasks, 10, 7, "/data", &k1, err, sizeof err), 0);
+    assert_int_equal(stage_eval_parent_key(tasks, 10, 7, "/data", &k2, err, sizeof err), 0);
+    assert_string_equal(k1.s, k2.s);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"context\": \"a\", \"choices\": [\" b\", \" c\"], \"gold\": 0}\n", f);   /* the answer changed */
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(stage_eval_parent_key(tasks, 10, 7, "/data", &k3, err, sizeof err), 0);
+    assert_string_not_equal(k1.s, k3.s);
+    unlink(p);
+    strbuf k4 = {0};
+    assert_int_equal(stage_eval_parent_key(tasks, 10, 7, "/data", &k4, err, sizeof err), -1);
+    free(k1.s), free(k2.s), free(k3.s), free(k4.s);
+    json_decref(tasks);
+}
+
 static void test_limit_seeded(void **state)
 {
     (void)state;
@@ -577,6 +632,8 @@ int main(void)
         cmocka_unit_test(test_openbookqa),       cmocka_unit_test(test_lambada),
         cmocka_unit_test(test_mmlu_fewshot),     cmocka_unit_test(test_csv),
         cmocka_unit_test(test_generic_jsonl),    cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_task_file_kinds),
+        cmocka_unit_test(test_parent_key_follows_content),
         cmocka_unit_test(test_limit_seeded),     cmocka_unit_test(test_wikitext),
         cmocka_unit_test(test_fetch_url),        cmocka_unit_test(test_sciq),
         cmocka_unit_test(test_sciq_multiple_choice), cmocka_unit_test(test_builtin_all_load),
