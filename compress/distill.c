@@ -387,11 +387,13 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
     if (!fp || !json_equal(fp, json_object_get(state, "options"))) {
         snprintf(err, errlen, "%s: written with other distillation options or another student shape; "
                  "use a fresh checkpoint folder", dir);
+        rc = fp ? -2 : -1;
         goto out;
     }
     if (data && !json_equal(data, rs->data)) {   /* checkpoints before the record have none */
         snprintf(err, errlen, "%s: written for other text or a teacher of another size (the data file or the "
                  "parent changed since); use a fresh checkpoint folder", dir);
+        rc = -2;
         goto out;
     }
     rs->step = json_integer_value(json_object_get(state, "step"));
@@ -560,8 +562,11 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         int64_t last = n > 0 ? have[n - 1] : 0;
         free(have);
         if (last > 0) {
-            if (load_checkpoint(o, last, student, opt, &rs, steps, train->n, err, errlen))
+            int lc = load_checkpoint(o, last, student, opt, &rs, steps, train->n, err, errlen);
+            if (lc) {
+                out->checkpoint_refused = lc == -2;
                 goto done;
+            }
             out->resumed_from = last;
         }
     }

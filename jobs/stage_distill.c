@@ -14,6 +14,7 @@
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
+#include "storage/fileio.h"
 
 #define DISTILL_DEFAULT_TOKENS 1000000
 
@@ -86,7 +87,8 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
     snprintf(out, sizeof out, "%s/student", job_ctx_stage_dir(ctx));
     o.ckpt_dir = ck;
     /* a run this job began under another build's defaults resumes on its own schedule */
-    float lr0 = o.lr;
+    float lr0 = o.lr, lr_min0 = o.lr_min;
+    int64_t warm0 = o.warmup_steps;
     int taken = distill_resume_schedule(&o, err, errlen);
     if (taken < 0) {
         eng_model_free(&student);
@@ -103,8 +105,15 @@ static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)
     o.progress_ctx = &cb;
     json_t *model = json_object_get(json_object_get(job_ctx_spec(ctx), "model"), "path");
     json_t *man = json_pack("{s:O*}", "parent", model);
-    distill_result r;
+    distill_result r = {0};
     int rc = man ? step_distill(parent, &student, train, val, &o, out, man, &r, err, errlen) : -1;
+    if (rc < 0 && r.checkpoint_refused && fio_remove_tree(ck) == 0) {
+        /* another run's checkpoint (a build with other options, an edited data file): this
+           job's distillation starts over, on this build's schedule, rather than failing for good */
+        job_event(ctx, "distill.restarted", err, NULL);
+        o.lr = lr0, o.lr_min = lr_min0, o.warmup_steps = warm0;
+        rc = step_distill(parent, &student, train, val, &o, out, man, &r, err, errlen);
+    }
     if (!man)
         snprintf(err, errlen, "out of memory");
     json_decref(man);

@@ -310,6 +310,7 @@ static void test_resume_same_curve(void **state)
     distill_result r4;
     assert_int_equal(distill_run(&f->parent, &s4, &f->train, &f->val, &o, &r4, err, sizeof err), -1);
     assert_non_null(strstr(err, "other distillation options"));
+    assert_int_equal(r4.checkpoint_refused, 1);   /* a job's stage starts over on this */
     eng_model_free(&s4);
     /* the same options on other text (the data file edited before the resume): refused */
     o.lr = 3e-3f;
@@ -317,6 +318,7 @@ static void test_resume_same_curve(void **state)
     new_student(f, &s4);
     assert_int_equal(distill_run(&f->parent, &s4, &other, &f->val, &o, &r4, err, sizeof err), -1);
     assert_non_null(strstr(err, "other text"));
+    assert_int_equal(r4.checkpoint_refused, 1);
     eng_model_free(&s4);
     td_stream_free(&other);
     /* a resume that finds the run finished (killed after its last checkpoint) reports the
