@@ -767,13 +767,19 @@ static int encode_spm(const tok_tokenizer *t, workspace *w, const char *text, si
 }
 
 /* Longest special token starting at text[i], or -1. */
+/* The special token written at text[i], or -1. Byte-level text is valid UTF-8 and its
+ * segments go to the pre-tokenizer's regex unchecked: a match must start and end at
+ * character boundaries (a piece that is part of a character never cuts one). */
 static int special_at(const tok_tokenizer *t, const char *text, size_t n, size_t i)
 {
-    if (!t->special_first[(unsigned char)text[i]])
+    int bl = t->kind == TOK_BYTELEVEL;
+    if (!t->special_first[(unsigned char)text[i]] || (bl && ((unsigned char)text[i] & 0xc0) == 0x80))
         return -1;
     for (int k = 0; k < t->n_special; k++) {
         int id = t->special[k];
-        if (t->plen[id] <= n - i && !memcmp(text + i, t->piece[id], t->plen[id]))
+        size_t e = i + t->plen[id];
+        if (t->plen[id] <= n - i && !memcmp(text + i, t->piece[id], t->plen[id]) &&
+            !(bl && e < n && ((unsigned char)text[e] & 0xc0) == 0x80))
             return id;
     }
     return -1;

@@ -226,6 +226,44 @@ static void test_reassigned_ids(void **state)
     alarm(0);
 }
 
+/* A user-defined token whose piece is not a whole character (a GGUF's "\xA9") never
+ * matches inside one: "é" (C3 A9) with special tokens parsed is its two byte symbols, and
+ * no segment handed to the pre-tokenizer's regex is cut inside a character. */
+static void test_special_inside_a_character(void **state)
+{
+    (void)state;
+    int n = 256 + (int)(sizeof merged / sizeof merged[0]) + 2;
+    tok_tokenizer *t = tok_new(TOK_BYTELEVEL, n);
+    assert_non_null(t);
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        int direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra++;
+        char s[3];
+        size_t l;
+        if (cp < 0x80) { s[0] = (char)cp; l = 1; }
+        else { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); l = 2; }
+        assert_int_equal(tok_set_token(t, b, s, l, 0, TOK_TYPE_NORMAL), 0);
+    }
+    for (size_t i = 0; i < sizeof merged / sizeof merged[0]; i++)
+        assert_int_equal(tok_set_token(t, 256 + (int)i, merged[i], strlen(merged[i]), 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_set_token(t, n - 2, "<|end|>", 7, 0, TOK_TYPE_CONTROL), 0);
+    assert_int_equal(tok_set_token(t, n - 1, "\xA9", 1, 0, TOK_TYPE_USER_DEFINED), 0);
+    char err[256];
+    assert_int_equal(tok_set_pretok_preset(t, "gpt2", err, sizeof err), 0);
+    assert_int_equal(tok_finalize(t, err, sizeof err), 0);
+    int *ids;
+    size_t k;
+    assert_int_equal(tok_encode(t, "x\xc3\xa9<|end|>", 10, 0, 1, &ids, &k, err, sizeof err), 0);
+    assert_int_equal(k, 4);
+    assert_int_equal(ids[0], 'x');
+    assert_int_equal(ids[1], 0xC3);
+    assert_int_equal(ids[2], 0xA9);
+    assert_int_equal(ids[3], n - 2);
+    free(ids);
+    tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -233,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_pretok_presets),
         cmocka_unit_test(test_reassigned_ids),
+        cmocka_unit_test(test_special_inside_a_character),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
