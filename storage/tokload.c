@@ -51,8 +51,8 @@ tok_tokenizer *tokload_llama2c_mem(const void *buf, size_t len, int n_vocab, cha
     const uint8_t *p = buf;
     size_t pos = 4;
     int n_bytes = 0;
-    if (len < 4 || n_vocab < 3) {
-        snprintf(err, errlen, "llama2.c tokenizer: too short (%zu bytes) or vocabulary of %d", len, n_vocab);
+    if (len < 4 || n_vocab < 3 || (len - 4) / 8 < (size_t)n_vocab) {   /* 8 bytes a token at least */
+        snprintf(err, errlen, "llama2.c tokenizer: too short (%zu bytes) for a vocabulary of %d", len, n_vocab);
         return NULL;
     }
     tok_tokenizer *t = tok_new(TOK_SPM, n_vocab);

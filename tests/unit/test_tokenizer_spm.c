@@ -82,10 +82,14 @@ static void test_truncated_tokenizer_file(void **state)
     char err[256];
     int32_t len = 1000;
     memcpy(buf + 8, &len, 4);   /* token 0 claims 1000 bytes */
-    assert_null(tokload_llama2c_mem(buf, sizeof buf, 512, err, sizeof err));
+    assert_null(tokload_llama2c_mem(buf, sizeof buf, 5, err, sizeof err));
     assert_non_null(strstr(err, "beyond the file"));
+    /* fewer bytes than the vocabulary's 8 a token: refused before the vocabulary is
+     * allocated (4M tokens of a config on a 64-byte file took 140 MB first) */
     assert_null(tokload_llama2c_mem(buf, 10, 512, err, sizeof err));
-    assert_non_null(strstr(err, "truncated"));
+    assert_non_null(strstr(err, "too short"));
+    assert_null(tokload_llama2c_mem(buf, sizeof buf, 1 << 22, err, sizeof err));
+    assert_non_null(strstr(err, "too short (64 bytes) for a vocabulary of 4194304"));
 }
 
 /* tok512.bin for a model of 500 tokens: 12 entries follow, and it was loaded from its first
