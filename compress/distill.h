@@ -80,7 +80,8 @@ void distill_opts_defaults(distill_opts *o);
  * forward) on `train`, validating on `val` (may be NULL). With ckpt_dir, resumes from
  * its newest complete checkpoint when one exists (refusing one written with different
  * options or another student shape). Returns 0 when the budget is spent, 1 when stopped
- * by the progress callback or stop_after (the newest checkpoint stays resumable), -1
+ * by the progress callback (a checkpoint is saved where it stopped) or stop_after (as a
+ * kill: the newest periodic checkpoint stays resumable), -1
  * with a reason in err. *out is filled on 0 and 1 (free with distill_result_free). */
 int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, const td_stream *val,
                 const distill_opts *o, distill_result *out, char *err, size_t errlen);

@@ -336,6 +336,49 @@ static void test_resume_same_curve(void **state)
     eng_model_free(&s3);
 }
 
+static int stop_at_7(void *ctx, const distill_progress *p)
+{
+    (void)ctx;
+    return p->step == 7;
+}
+
+/* A run asked to stop (a server shutting down) between checkpoints saves one where it
+ * stopped, and the resumed run ends on the weights of one never stopped. */
+static void test_stop_saves_where_it_stopped(void **state)
+{
+    fixture *f = *state;
+    char a[600], b[600], err[256];
+    snprintf(a, sizeof a, "%s/stop-straight", dir);
+    snprintf(b, sizeof b, "%s/stopped", dir);
+    eng_model s1, s2, s3;
+    distill_result r1, r2, r3;
+    new_student(f, &s1);
+    run_to(f, a, 0, 0, &r1, &s1);
+    distill_opts o;
+    base_opts(&o);
+    o.tokens = 12 * 64;
+    o.ckpt_every = 2;
+    o.keep_ckpts = 2;
+    o.ckpt_dir = b;
+    o.progress = stop_at_7;
+    new_student(f, &s2);
+    assert_int_equal(distill_run(&f->parent, &s2, &f->train, &f->val, &o, &r2, err, sizeof err), 1);
+    assert_int_equal(r2.steps, 7);
+    assert_int_equal(distill_latest_checkpoint(b), 7);
+    new_student(f, &s3);
+    run_to(f, b, 0, 0, &r3, &s3);
+    assert_int_equal(r3.resumed_from, 7);
+    for (int i = 0; i < 12; i++)
+        assert_true(r1.loss_curve[i] == r3.loss_curve[i]);
+    assert_same_weights(f, &s1, &s3);
+    distill_result_free(&r1);
+    distill_result_free(&r2);
+    distill_result_free(&r3);
+    eng_model_free(&s1);
+    eng_model_free(&s2);
+    eng_model_free(&s3);
+}
+
 /* A run killed under one schedule and resumed by a build whose defaults differ: the
  * checkpoint is refused with the new schedule, and distill_resume_schedule takes the one it
  * began with, so the resumed run ends on the weights of a run never stopped. */
@@ -391,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_budget_and_learning),
         cmocka_unit_test(test_divergence_stops),
         cmocka_unit_test(test_resume_same_curve),
+        cmocka_unit_test(test_stop_saves_where_it_stopped),
         cmocka_unit_test(test_seed_orders_the_text),
         cmocka_unit_test(test_resume_schedule_of_checkpoint),
     };
