@@ -638,13 +638,14 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
             }
             stop = o->progress ? o->progress(o->progress_ctx, &p) : 0;
         }
+        int save_on_stop = stop == DISTILL_STOP_SAVE;   /* rank 0's: it saves */
         if (o->coll && o->coll->size > 1 && share_stop(o->coll, &stop, err, errlen))
             goto done;
         if ((stop || (o->stop_after > 0 && rs.step >= o->stop_after)) && rs.step < steps) {
-            /* asked to stop (a server shutting down): the run goes on from here, not from the
-               last periodic checkpoint (up to a tenth of the run back); stop_after stands
-               for a kill, which saves nothing */
-            if (stop && rank == 0 && o->ckpt_dir && o->ckpt_every > 0 && rs.step % o->ckpt_every != 0 &&
+            /* asked to stop for a shutdown: the run goes on from here, not from the last
+               periodic checkpoint (up to a tenth of the run back); a cancel, and stop_after
+               (which stands for a kill), save nothing */
+            if (stop && save_on_stop && rank == 0 && o->ckpt_dir && o->ckpt_every > 0 && rs.step % o->ckpt_every != 0 &&
                 save_checkpoint(o, student, opt, &rs, err, errlen))
                 goto done;
             rc = 1;

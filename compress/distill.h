@@ -30,7 +30,10 @@ typedef struct {
     int checkpointed;               /* 1: a checkpoint was completed at this step */
 } distill_progress;
 
-/* Called after every step; a non-zero return stops the run (as a cancel). */
+/* Called after every step; a non-zero return stops the run: DISTILL_STOP_SAVE (a shutdown;
+ * the run is to go on later) after saving a checkpoint where it stopped, any other (a
+ * cancel) at once. */
+#define DISTILL_STOP_SAVE 2
 typedef int (*distill_progress_fn)(void *ctx, const distill_progress *p);
 
 typedef struct {
@@ -80,8 +83,8 @@ void distill_opts_defaults(distill_opts *o);
  * forward) on `train`, validating on `val` (may be NULL). With ckpt_dir, resumes from
  * its newest complete checkpoint when one exists (refusing one written with different
  * options or another student shape). Returns 0 when the budget is spent, 1 when stopped
- * by the progress callback (a checkpoint is saved where it stopped) or stop_after (as a
- * kill: the newest periodic checkpoint stays resumable), -1
+ * by the progress callback (with DISTILL_STOP_SAVE a checkpoint is saved where it stopped)
+ * or stop_after (as a kill: the newest periodic checkpoint stays resumable), -1
  * with a reason in err. *out is filled on 0 and 1 (free with distill_result_free). */
 int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, const td_stream *val,
                 const distill_opts *o, distill_result *out, char *err, size_t errlen);

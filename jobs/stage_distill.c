@@ -11,6 +11,7 @@
 #include "compress/distill.h"
 #include "compress/prune.h"
 #include "compress/steps.h"
+#include "jobs/job_ctx.h"
 #include "jobs/pstate.h"
 #include "jobs/stage.h"
 #include "jobs/stages.h"
@@ -43,7 +44,10 @@ static int on_progress(void *c, const distill_progress *p)
             json_object_set_new(d, "val_loss", json_real(p->val_loss));
         job_event(cb->ctx, "distill.progress", msg, d);
     }
-    return job_cancelled(cb->ctx);
+    if (!job_cancelled(cb->ctx))
+        return 0;
+    /* a server shutting down: the job resumes later, from a checkpoint saved here */
+    return job_ctx_stop_requested() && !job_ctx_cancel_requested() ? DISTILL_STOP_SAVE : 1;
 }
 
 static int stage_distill_run(job_ctx *ctx, char *err, size_t errlen)

@@ -18,6 +18,7 @@
 
 #include "compress/distill.h"
 #include "compress/prune.h"
+#include "storage/fileio.h"
 
 enum { V = 29, C = 16, D = 4, NL = 3 };
 
@@ -338,8 +339,7 @@ static void test_resume_same_curve(void **state)
 
 static int stop_at_7(void *ctx, const distill_progress *p)
 {
-    (void)ctx;
-    return p->step == 7;
+    return p->step == 7 ? *(int *)ctx : 0;
 }
 
 /* A run asked to stop (a server shutting down) between checkpoints saves one where it
@@ -361,6 +361,15 @@ static void test_stop_saves_where_it_stopped(void **state)
     o.keep_ckpts = 2;
     o.ckpt_dir = b;
     o.progress = stop_at_7;
+    int how = 1;   /* a cancel: nothing saved, the newest checkpoint is step 6 */
+    o.progress_ctx = &how;
+    new_student(f, &s2);
+    assert_int_equal(distill_run(&f->parent, &s2, &f->train, &f->val, &o, &r2, err, sizeof err), 1);
+    assert_int_equal(distill_latest_checkpoint(b), 6);
+    distill_result_free(&r2);
+    eng_model_free(&s2);
+    assert_int_equal(fio_remove_tree(b), 0);
+    how = DISTILL_STOP_SAVE;   /* a shutdown */
     new_student(f, &s2);
     assert_int_equal(distill_run(&f->parent, &s2, &f->train, &f->val, &o, &r2, err, sizeof err), 1);
     assert_int_equal(r2.steps, 7);
