@@ -517,6 +517,32 @@ static int step_micro_batches(eng_model *student, const td_stream *train, const 
     return size > 1 ? reduce_step(o->coll, student, st, err, errlen) : 0;
 }
 
+/* Rank 0 after step rs->step of steps: validation when due (a loss that is not finite
+ * fails the run: never checkpointed, never delivered), the checkpoint when due, then the
+ * progress callback, whose answer goes to *stop. 0, or -1 with err. */
+static int step_end(const distill_opts *o, eng_model *student, eng_adamw *opt, const td_stream *val, run_state *rs,
+                    int64_t steps, distill_progress *p, int *stop, char *err, size_t errlen)
+{
+    if (val && val->n > (size_t)o->T && ((o->eval_every > 0 && rs->step % o->eval_every == 0) || rs->step == steps)) {
+        if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &rs->last_val, err, errlen))
+            return -1;
+        if (!isfinite(rs->last_val)) {
+            snprintf(err, errlen, "distillation diverged: the validation loss is %s at step %lld of %lld",
+                     isnan(rs->last_val) ? "NaN" : "infinite", (long long)rs->step, (long long)steps);
+            return -1;
+        }
+        p->has_val = 1;
+        p->val_loss = rs->last_val;
+    }
+    if (o->ckpt_dir && o->ckpt_every > 0 && (rs->step % o->ckpt_every == 0 || rs->step == steps)) {
+        if (save_checkpoint(o, student, opt, rs, err, errlen))
+            return -1;
+        p->checkpointed = 1;
+    }
+    *stop = o->progress ? o->progress(o->progress_ctx, p) : 0;
+    return 0;
+}
+
 int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, const td_stream *val,
                 const distill_opts *o, distill_result *out, char *err, size_t errlen)
 {
@@ -618,26 +644,8 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
         p.eta_s = p.tokens_per_s > 0 ? (double)(o->tokens - rs.tokens) / p.tokens_per_s : 0;
         /* rank 0 validates, checkpoints and reports (the ranks' weights are the same) */
         int stop = 0;
-        if (rank == 0) {
-            if (val && val->n > (size_t)o->T &&
-                ((o->eval_every > 0 && rs.step % o->eval_every == 0) || rs.step == steps)) {
-                if (distill_eval_loss(student, val, o->B, o->T, o->val_tokens, &rs.last_val, err, errlen))
-                    goto done;
-                if (!isfinite(rs.last_val)) {   /* never checkpointed, never delivered */
-                    snprintf(err, errlen, "distillation diverged: the validation loss is %s at step %lld of %lld",
-                             isnan(rs.last_val) ? "NaN" : "infinite", (long long)rs.step, (long long)steps);
-                    goto done;
-                }
-                p.has_val = 1;
-                p.val_loss = rs.last_val;
-            }
-            if (o->ckpt_dir && o->ckpt_every > 0 && (rs.step % o->ckpt_every == 0 || rs.step == steps)) {
-                if (save_checkpoint(o, student, opt, &rs, err, errlen))
-                    goto done;
-                p.checkpointed = 1;
-            }
-            stop = o->progress ? o->progress(o->progress_ctx, &p) : 0;
-        }
+        if (rank == 0 && step_end(o, student, opt, val, &rs, steps, &p, &stop, err, errlen))
+            goto done;
         int save_on_stop = stop == DISTILL_STOP_SAVE;   /* rank 0's: it saves */
         if (o->coll && o->coll->size > 1 && share_stop(o->coll, &stop, err, errlen))
             goto done;
