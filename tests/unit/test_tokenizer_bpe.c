@@ -17,12 +17,10 @@
 /* 256 byte symbols (GPT-2 mapping: printable bytes map to themselves, space -> "Ġ"),
  * then merged pieces, then one special token. */
 static const char *merged[] = {"ĠĠ", "Ġt", "he", "Ġthe", "ll", "llo", "Ġhe", "Ġhello", "12"};
-static tok_tokenizer *build(int with_merges, int ignore_merges)
+
+/* The 256 byte symbols (the GPT-2 table) and the merged pieces into t, ids 0..264. */
+static void fill_pieces(tok_tokenizer *t)
 {
-    int n = 256 + (int)(sizeof merged / sizeof merged[0]) + 1;
-    tok_tokenizer *t = tok_new(TOK_BYTELEVEL, n);
-    assert_non_null(t);
-    /* byte symbols: reproduce the GPT-2 table */
     int extra = 0;
     for (int b = 0; b < 256; b++) {
         int direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
@@ -35,6 +33,14 @@ static tok_tokenizer *build(int with_merges, int ignore_merges)
     }
     for (size_t i = 0; i < sizeof merged / sizeof merged[0]; i++)
         assert_int_equal(tok_set_token(t, 256 + (int)i, merged[i], strlen(merged[i]), 0, TOK_TYPE_NORMAL), 0);
+}
+
+static tok_tokenizer *build(int with_merges, int ignore_merges)
+{
+    int n = 256 + (int)(sizeof merged / sizeof merged[0]) + 1;
+    tok_tokenizer *t = tok_new(TOK_BYTELEVEL, n);
+    assert_non_null(t);
+    fill_pieces(t);
     assert_int_equal(tok_set_token(t, n - 1, "<|end|>", 7, 0, TOK_TYPE_CONTROL), 0);
     if (with_merges) {
         /* rank order matters: "l l" before "h e", "Ġ h" is absent so " he" needs "Ġhe" via "Ġ he"... */
@@ -235,18 +241,7 @@ static void test_special_inside_a_character(void **state)
     int n = 256 + (int)(sizeof merged / sizeof merged[0]) + 2;
     tok_tokenizer *t = tok_new(TOK_BYTELEVEL, n);
     assert_non_null(t);
-    int extra = 0;
-    for (int b = 0; b < 256; b++) {
-        int direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra++;
-        char s[3];
-        size_t l;
-        if (cp < 0x80) { s[0] = (char)cp; l = 1; }
-        else { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); l = 2; }
-        assert_int_equal(tok_set_token(t, b, s, l, 0, TOK_TYPE_NORMAL), 0);
-    }
-    for (size_t i = 0; i < sizeof merged / sizeof merged[0]; i++)
-        assert_int_equal(tok_set_token(t, 256 + (int)i, merged[i], strlen(merged[i]), 0, TOK_TYPE_NORMAL), 0);
+    fill_pieces(t);
     assert_int_equal(tok_set_token(t, n - 2, "<|end|>", 7, 0, TOK_TYPE_CONTROL), 0);
     assert_int_equal(tok_set_token(t, n - 1, "\xA9", 1, 0, TOK_TYPE_USER_DEFINED), 0);
     char err[256];
