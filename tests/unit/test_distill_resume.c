@@ -240,15 +240,21 @@ static void assert_same_weights(fixture *f, const eng_model *x, const eng_model 
     free(wy);
 }
 
+/* The options of the resume tests' runs: 12 steps, a checkpoint every 2 in ckdir, 2 kept. */
+static void run_opts(distill_opts *o, const char *ckdir)
+{
+    base_opts(o);
+    o->tokens = 12 * 64;
+    o->ckpt_every = 2;
+    o->keep_ckpts = 2;
+    o->ckpt_dir = ckdir;
+}
+
 static void run_to(fixture *f, const char *ckdir, int64_t stop_after, int want_rc, distill_result *r, eng_model *st)
 {
     char err[256];
     distill_opts o;
-    base_opts(&o);
-    o.tokens = 12 * 64;
-    o.ckpt_every = 2;
-    o.keep_ckpts = 2;
-    o.ckpt_dir = ckdir;
+    run_opts(&o, ckdir);
     o.stop_after = stop_after;
     int rc = distill_run(&f->parent, st, &f->train, &f->val, &o, r, err, sizeof err);
     if (rc != want_rc)
@@ -301,10 +307,7 @@ static void test_resume_same_curve(void **state)
     /* other options: the checkpoint is refused */
     char err[256];
     distill_opts o;
-    base_opts(&o);
-    o.tokens = 12 * 64;
-    o.ckpt_every = 2;
-    o.ckpt_dir = b;
+    run_opts(&o, b);
     o.lr = 1e-2f;
     eng_model s4;
     new_student(f, &s4);
@@ -355,11 +358,7 @@ static void test_stop_saves_where_it_stopped(void **state)
     new_student(f, &s1);
     run_to(f, a, 0, 0, &r1, &s1);
     distill_opts o;
-    base_opts(&o);
-    o.tokens = 12 * 64;
-    o.ckpt_every = 2;
-    o.keep_ckpts = 2;
-    o.ckpt_dir = b;
+    run_opts(&o, b);
     o.progress = stop_at_7;
     int how = 1;   /* a cancel: nothing saved, the newest checkpoint is step 6 */
     o.progress_ctx = &how;
@@ -405,11 +404,7 @@ static void test_resume_schedule_of_checkpoint(void **state)
     run_to(f, b, 7, 1, &r2, &s2);
     eng_model_free(&s2);
     distill_opts o;   /* run_to's options under other defaults */
-    base_opts(&o);
-    o.tokens = 12 * 64;
-    o.ckpt_every = 2;
-    o.keep_ckpts = 2;
-    o.ckpt_dir = b;
+    run_opts(&o, b);
     o.lr = 1e-2f;
     o.lr_min = 1e-3f;
     o.warmup_steps = 5;
