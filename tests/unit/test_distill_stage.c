@@ -25,33 +25,20 @@
 #include "storage/fileio.h"
 #include "storage/modelio.h"
 #include "storage/store.h"
-
-static char dir[64];
-static store *st;
-static artstore *as;
+#include "stage_fixture.h"
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ac-diststage-XXXXXX");
-    if (!mkdtemp(dir))
-        return -1;
-    char db[128], ad[128], err[256];
-    snprintf(db, sizeof db, "%s/t.db", dir);
-    snprintf(ad, sizeof ad, "%s/art", dir);
-    st = store_open(db, err, sizeof err);
-    as = art_open(ad, err, sizeof err);
     stage_rank_register();
     stage_distill_register();
-    return st && as ? 0 : -1;
+    return stage_fixture_open("/tmp/ac-diststage-XXXXXX");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    store_close(st);
-    art_close(as);
-    return fio_remove_tree(dir);
+    return stage_fixture_close();
 }
 
 static void shared_path(char *out, size_t n, const char *rel)

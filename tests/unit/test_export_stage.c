@@ -28,36 +28,21 @@
 #include "storage/modelio.h"
 #include "storage/tokload.h"
 #include "storage/store.h"
+#include "stage_fixture.h"
 
 void stage_export_register(void);
-
-static char dir[64];
-static store *st;
-static artstore *as;
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ac-expstage-XXXXXX");
-    if (!mkdtemp(dir))
-        return -1;
-    char db[128], ad[128], err[256];
-    snprintf(db, sizeof db, "%s/t.db", dir);
-    snprintf(ad, sizeof ad, "%s/art", dir);
-    st = store_open(db, err, sizeof err);
-    as = art_open(ad, err, sizeof err);
     stage_export_register();
-    return st && as ? 0 : -1;
+    return stage_fixture_open("/tmp/ac-expstage-XXXXXX");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    store_close(st);
-    art_close(as);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return stage_fixture_close();
 }
 
 static const char *stories(void)
