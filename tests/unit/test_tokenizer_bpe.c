@@ -232,6 +232,36 @@ static void test_reassigned_ids(void **state)
     alarm(0);
 }
 
+/* A vocabulary of many copies of one piece (a hostile GGUF) loads in linear time: the
+ * lookup finds the copy set last, and each copy set to something else passes the piece
+ * back to the copy before it. The old table probed every earlier copy on each insert
+ * (quadratic: hours for 2^18 copies); the alarm turns a hang into a failure. */
+static void test_duplicate_pieces(void **state)
+{
+    (void)state;
+    enum { N = 1 << 18 };
+    alarm(20);
+    tok_tokenizer *t = tok_new(TOK_BYTELEVEL, N);
+    assert_non_null(t);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(tok_set_token(t, i, "dup", 3, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_lookup(t, "dup", 3), N - 1);
+    assert_int_equal(tok_set_token(t, N - 1, "other", 5, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_lookup(t, "dup", 3), N - 2);
+    assert_int_equal(tok_lookup(t, "other", 5), N - 1);
+    assert_int_equal(tok_set_token(t, N / 2, "other", 5, 0, TOK_TYPE_NORMAL), 0);   /* from inside the chain */
+    assert_int_equal(tok_lookup(t, "other", 5), N / 2);
+    for (int i = N - 2; i > 0; i--)
+        if (i != N / 2)
+            assert_int_equal(tok_set_token(t, i, "x", 1, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_lookup(t, "dup", 3), 0);
+    assert_int_equal(tok_set_token(t, 0, "x", 1, 0, TOK_TYPE_NORMAL), 0);
+    assert_int_equal(tok_lookup(t, "dup", 3), -1);
+    assert_int_equal(tok_lookup(t, "x", 1), 0);
+    tok_free(t);
+    alarm(0);
+}
+
 /* A user-defined token whose piece is not a whole character (a GGUF's "\xA9") never
  * matches inside one: "é" (C3 A9) with special tokens parsed is its two byte symbols, and
  * no segment handed to the pre-tokenizer's regex is cut inside a character. */
@@ -266,6 +296,7 @@ int main(void)
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_pretok_presets),
         cmocka_unit_test(test_reassigned_ids),
+        cmocka_unit_test(test_duplicate_pieces),
         cmocka_unit_test(test_special_inside_a_character),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
