@@ -76,34 +76,50 @@ static int cmp_row_len_desc(const void *x, const void *y, void *base)
     return (a->req > b->req) - (a->req < b->req);
 }
 
+/* One position's logits l[V]: log-sum-exp's parts (max, log of the shifted sum) and the
+ * first maximum (as torch argmax: the greedy token). */
+typedef struct {
+    double mx, lse;
+    int am;
+} pos_norm;
+
+static pos_norm position_norm(const float *l, int V)
+{
+    float mx = l[0];
+    int am = 0;
+    for (int v = 1; v < V; v++)
+        if (l[v] > mx) {
+            mx = l[v];
+            am = v;
+        }
+    double s = 0.0;
+    for (int v = 0; v < V; v++)
+        s += exp((double)l[v] - (double)mx);
+    return (pos_norm){.mx = mx, .lse = log(s), .am = am};
+}
+
+/* Add continuation token tgt, predicted by logits l with norm pn, to q's score. */
+static void score_add(ev_request *q, const float *l, pos_norm pn, int tgt)
+{
+    q->ll += (double)l[tgt] - pn.mx - pn.lse;
+    if (pn.am != tgt)
+        q->greedy = 0;
+}
+
 /* Score request q against logits lg[len, V] of its row (row position p predicts p+1). */
 static void score_from_logits(ev_request *q, const float *lg, int len, int V)
 {
-    double ll = 0.0;
-    int greedy = 1;
+    q->ll = 0.0;
+    q->greedy = 1;
     for (int j = 0; j < q->n_cont; j++) {
-        int p = len - q->n_cont + j;
-        const float *l = lg + (size_t)p * V;
-        float mx = l[0];
-        int am = 0;
-        for (int v = 1; v < V; v++)
-            if (l[v] > mx) {
-                mx = l[v];
-                am = v;
-            }
-        double s = 0.0;
-        for (int v = 0; v < V; v++)
-            s += exp((double)l[v] - (double)mx);
-        int tgt = q->cont[j];
-        ll += (double)l[tgt] - (double)mx - log(s);
-        if (am != tgt)
-            greedy = 0;   /* as torch argmax: the first maximum is the greedy token */
+        const float *l = lg + (size_t)(len - q->n_cont + j) * V;
+        score_add(q, l, position_norm(l, V), q->cont[j]);
     }
-    q->ll = ll;
-    q->greedy = greedy;
 }
 
-/* Long row alone, in chunks through a KV cache so logits stay within budget. */
+/* Long row alone, in chunks through a KV cache so logits stay within budget: each
+ * chunk's scored positions are added to its members' scores as it comes (in position
+ * order, as score_from_logits adds them), so no more than one chunk's logits is held. */
 static int eng_row_chunked(ev_engine *e, ev_request *reqs, const int *members, int n_members, int len,
                            int tail, int chunk, char *err, size_t errlen)
 {
@@ -111,16 +127,18 @@ static int eng_row_chunked(ev_engine *e, ev_request *reqs, const int *members, i
     const ev_request *q0 = &reqs[members[0]];
     int *toks = malloc((size_t)len * sizeof *toks);
     float *lg = malloc((size_t)chunk * V * sizeof *lg);
-    /* logits kept for the scored tail only */
-    float *tl = malloc((size_t)tail * V * sizeof *tl);
     eng_kv_cache *kv = eng_kv_new(e->m, 1, len);
     int rc = -1;
-    if (!toks || !lg || !tl || !kv) {
+    if (!toks || !lg || !kv) {
         snprintf(err, errlen, "out of memory for a %d-token row", len);
         goto out;
     }
     for (int i = 0; i < len; i++)
         toks[i] = row_tok(q0, i);
+    for (int k = 0; k < n_members; k++) {
+        reqs[members[k]].ll = 0.0;
+        reqs[members[k]].greedy = 1;
+    }
     for (int p0 = 0; p0 < len; p0 += chunk) {
         int T = len - p0 < chunk ? len - p0 : chunk;
         eng_fwd_args a = {.tokens = toks + p0, .B = 1, .T = T, .kv = kv, .logits_mode = ENG_LOGITS_ALL, .logits = lg};
@@ -130,19 +148,24 @@ static int eng_row_chunked(ev_engine *e, ev_request *reqs, const int *members, i
         e->tokens_forwarded += T;
         for (int t = 0; t < T; t++) {
             int p = p0 + t;
-            if (p >= len - tail)
-                memcpy(tl + (size_t)(p - (len - tail)) * V, lg + (size_t)t * V, sizeof *lg * (size_t)V);
+            if (p < len - tail)
+                continue;
+            const float *l = lg + (size_t)t * V;
+            pos_norm pn = position_norm(l, V);
+            for (int k = 0; k < n_members; k++) {
+                ev_request *q = &reqs[members[k]];
+                int j = p - (len - q->n_cont);
+                if (j >= 0)
+                    score_add(q, l, pn, q->cont[j]);
+            }
         }
     }
-    for (int k = 0; k < n_members; k++)
-        score_from_logits(&reqs[members[k]], tl, tail, V);
     rc = 0;
 out:
     if (kv)
         eng_kv_free(kv);
     free(toks);
     free(lg);
-    free(tl);
     return rc;
 }
 
