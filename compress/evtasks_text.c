@@ -612,9 +612,13 @@ static int generic_row(void *u, json_t *row, const char *path, int line, char *e
     if (!it || !(it->ctx = strdup(ctx)))
         return evt_oom_at(path, line, err, errlen);
     it->gold = gold;
-    for (int c = 0; c < n; c++)
-        if (evt_choice_set(it, c, "", json_string_value(json_array_get(ch, (size_t)c))))
+    for (int c = 0; c < n; c++) {
+        /* a leading space is the harness's target delimiter: acc_norm counts the text after it */
+        const char *s = json_string_value(json_array_get(ch, (size_t)c));
+        int delim = s[0] == ' ' && s[1];
+        if (evt_choice_set(it, c, delim ? " " : "", s + delim))
             return evt_oom_at(path, line, err, errlen);
+    }
     return 0;
 }
 

@@ -419,7 +419,9 @@ static void test_generic_jsonl(void **state)
     assert_int_equal(t.n_items, 2);
     assert_int_equal(t.items[1].line, 3);
     assert_string_equal(t.items[1].choices[2].cont, " red");
-    assert_int_equal(t.items[1].choices[2].norm_len, 4);
+    assert_int_equal(t.items[1].choices[2].norm_len, 3);   /* " red": lm-eval's len("red") after the delimiter */
+    assert_string_equal(t.items[0].choices[0].cont, " 4");
+    assert_int_equal(t.items[0].choices[0].norm_len, 1);
     ev_task_free(&t);
     unlink(p);
 
