@@ -261,17 +261,59 @@ typedef struct {
     const json_t *data;     /* what the run reads (data_fingerprint) */
 } run_state;
 
-/* What the run reads, besides its options: the train and validation token streams (their
- * lengths and hashes) and the teacher's size. A checkpoint written for other text (a data
- * file edited or replaced before the resume) or another teacher is another run's. */
-static json_t *data_fingerprint(const td_stream *train, const td_stream *val, const eng_model *teacher)
+/* A 64-bit hash of m's weights (their bits, in order), read to the host in pieces of 16
+ * MiB. 0, or -1 out of memory. */
+static int weights_hash(const eng_model *m, uint64_t *out)
 {
-    char th[32], vh[32];
+    const size_t piece = (size_t)1 << 22;
+    size_t cap = m->n_params < piece ? m->n_params : piece;
+    uint32_t *buf = malloc((cap ? cap : 1) * sizeof *buf);
+    if (!buf)
+        return -1;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t off = 0; off < m->n_params; off += cap) {
+        size_t k = m->n_params - off < cap ? m->n_params - off : cap;
+        m->be->to_host(m->be, buf, m->params + off, k * sizeof *buf);
+        for (size_t i = 0; i < k; i++)
+            h = (h ^ buf[i]) * 1099511628211ull;
+    }
+    free(buf);
+    *out = h;
+    return 0;
+}
+
+/* What the run reads, besides its options: the train and validation token streams (their
+ * lengths and hashes), the teacher (its size and weights) and the student it starts from
+ * (its weights). A checkpoint written for other text (a data file edited or replaced
+ * before the resume), another teacher (the parent's file replaced by another of its
+ * shape) or another starting student (the stages before it run again on changed input)
+ * is another run's. */
+static json_t *data_fingerprint(const td_stream *train, const td_stream *val, const eng_model *teacher,
+                                const eng_model *student)
+{
+    char th[32], vh[32], wt[32], ws[32];
+    uint64_t ht, hs;
+    if (weights_hash(teacher, &ht) || weights_hash(student, &hs))
+        return NULL;
     snprintf(th, sizeof th, "%016llx", (unsigned long long)td_ids_hash(train->ids, train->n));
     snprintf(vh, sizeof vh, "%016llx", (unsigned long long)(val ? td_ids_hash(val->ids, val->n) : 0));
-    return json_pack("{s:I,s:s,s:I,s:s,s:I}", "train_tokens", (json_int_t)train->n, "train_hash", th,
+    snprintf(wt, sizeof wt, "%016llx", (unsigned long long)ht);
+    snprintf(ws, sizeof ws, "%016llx", (unsigned long long)hs);
+    return json_pack("{s:I,s:s,s:I,s:s,s:I,s:s,s:s}", "train_tokens", (json_int_t)train->n, "train_hash", th,
                      "val_tokens", (json_int_t)(val ? val->n : 0), "val_hash", vh, "teacher_params",
-                     (json_int_t)teacher->n_params);
+                     (json_int_t)teacher->n_params, "teacher_weights", wt, "student_start", ws);
+}
+
+/* Whether a checkpoint's record of what its run read (rec) fits this run's (cur): every
+ * item it holds is the same here. A record from before an item was kept lacks it. */
+static int data_fits(const json_t *rec, const json_t *cur)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)rec, k, v)
+        if (!json_equal(v, json_object_get(cur, k)))
+            return 0;
+    return 1;
 }
 
 static int save_checkpoint(const distill_opts *o, eng_model *student, eng_adamw *opt, const run_state *rs,
@@ -390,9 +432,9 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
         rc = fp ? -2 : -1;
         goto out;
     }
-    if (data && !json_equal(data, rs->data)) {   /* checkpoints before the record have none */
-        snprintf(err, errlen, "%s: written for other text or a teacher of another size (the data file or the "
-                 "parent changed since); use a fresh checkpoint folder", dir);
+    if (data && !data_fits(data, rs->data)) {   /* checkpoints before the record have none */
+        snprintf(err, errlen, "%s: written for other text, another teacher or another starting student (the data "
+                 "file, the parent or the pruned student changed since); use a fresh checkpoint folder", dir);
         rc = -2;
         goto out;
     }
@@ -564,7 +606,7 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     int64_t steps = distill_steps(o->tokens, o->B, o->T, o->accum);
     int64_t per_step = (int64_t)o->B * o->T * o->accum;
     run_state rs = {.rng = o->seed ? o->seed : 1, .last_val = NAN};
-    json_t *data = data_fingerprint(train, val, teacher);
+    json_t *data = data_fingerprint(train, val, teacher, student);
     rs.data = data;
     /* the seed picks where in the text the first batch starts; the batches then run on in
        order, wrapping (td_batch): two seeds distil on differently ordered text, one seed

@@ -325,6 +325,28 @@ static void test_resume_same_curve(void **state)
     assert_int_equal(r4.checkpoint_refused, 1);
     eng_model_free(&s4);
     td_stream_free(&other);
+    /* another teacher of the same shape (the parent's file replaced before the resume):
+     * refused; the old record compared its size only */
+    eng_model t2;
+    assert_int_equal(eng_model_init(&t2, &f->pa, f->be, err, sizeof err), 0);
+    eng_model_randomize(&t2, 99, 0.4f);
+    new_student(f, &s4);
+    assert_int_equal(distill_run(&t2, &s4, &f->train, &f->val, &o, &r4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "another teacher"));
+    assert_int_equal(r4.checkpoint_refused, 1);
+    eng_model_free(&s4);
+    eng_model_free(&t2);
+    /* another starting student of the same shape (the prune stage run again on changed
+     * input): refused, where the old record let the checkpoint overwrite it */
+    new_student(f, &s4);
+    float w;
+    f->be->to_host(f->be, &w, s4.params, sizeof w);
+    w += 0.5f;
+    f->be->to_device(f->be, s4.params, &w, sizeof w);
+    assert_int_equal(distill_run(&f->parent, &s4, &f->train, &f->val, &o, &r4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "another starting student"));
+    assert_int_equal(r4.checkpoint_refused, 1);
+    eng_model_free(&s4);
     /* a resume that finds the run finished (killed after its last checkpoint) reports the
      * validation loss the run ended with */
     new_student(f, &s4);
