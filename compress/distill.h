@@ -71,7 +71,7 @@ typedef struct {
     double wall_s;                  /* this process's part */
     double *loss_curve;             /* [steps] training loss per step (owned) */
     int checkpoint_refused;         /* 1 with a failure: the checkpoint found is another run's
-                                     * (other options, text or teacher size), nothing ran */
+                                     * (other options, text, teacher or starting student), nothing ran */
 } distill_result;
 
 /* Defaults: B 4, T 128, accum 1, lr 3e-4 -> 3e-5, warm-up 10 steps, AdamW (0.9, 0.95,
