@@ -398,22 +398,6 @@ out:
 }
 
 /* Copy a snapshot's weights into the existing student (same arch required). */
-static int load_weights(eng_model *student, const char *dir, char *err, size_t errlen)
-{
-    eng_model tmp;
-    if (ckpt_load(dir, student->be, &tmp, err, errlen))
-        return -1;
-    int rc = 0;
-    if (!arch_equal(&tmp.a, &student->a) || tmp.n_params != student->n_params) {
-        snprintf(err, errlen, "%s: checkpoint holds another student shape", dir);
-        rc = -1;
-    } else {
-        student->be->copy(student->be, student->params, tmp.params, student->n_params * sizeof(float));
-    }
-    eng_model_free(&tmp);
-    return rc;
-}
-
 static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *student, eng_adamw *opt,
                            run_state *rs, int64_t max_steps, size_t train_n, char *err, size_t errlen)
 {
@@ -460,8 +444,11 @@ static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *stude
     rs->last_val = json_is_number(vl) ? json_number_value(vl) : NAN;
     for (int64_t i = 0; i < step; i++)
         rs->curve[i] = json_number_value(json_array_get(curve, (size_t)i));
-    if (load_weights(student, dir, err, errlen))
+    int lw = ckpt_load_into(dir, student, err, errlen);
+    if (lw) {
+        rc = lw;   /* -2: another student shape, refused before anything was read */
         goto out;
+    }
     char path[4300];
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     if (st_open(&so, path, err, errlen))

@@ -129,63 +129,94 @@ static int st_fill(void *ud, float *dst, int64_t n, char *err, size_t errlen)
     return st_read_f32(s->f, s->k, dst, n, err, errlen);
 }
 
-int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
+/* Open dir's snapshot: its arch (into a) and its weights (f), every tensor of the arch
+ * present with its shape and the weights' own arch, when they carry one, arch.json's.
+ * 0 (arch_free a, st_close f), or -1 with nothing open. */
+static int open_checked(const char *dir, arch *a, st_file *f, char *path, size_t plen, char *err, size_t errlen)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/arch.json", dir);
+    snprintf(path, plen, "%s/arch.json", dir);
     json_t *aj = fio_load_json(path, JSON_REJECT_DUPLICATES, err, errlen);
     if (!aj)
         return -1;
-    arch a;
     char e2[512];
-    int rc = arch_from_json(aj, &a, e2, sizeof e2);
-    if (rc != 0) {
+    if (arch_from_json(aj, a, e2, sizeof e2) != 0) {
         json_decref(aj);
         snprintf(err, errlen, "%s: %s", path, e2);
         return -1;
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st_file f;
-    if (st_open(&f, path, err, errlen) != 0) {
+    snprintf(path, plen, "%s/model.safetensors", dir);
+    if (st_open(f, path, err, errlen) != 0) {
         json_decref(aj);
-        arch_free(&a);
+        arch_free(a);
         return -1;
     }
-    /* every tensor of the claimed shape is in the file before the claim is allocated: a
-     * small folder claiming a large model is refused without zeroing its size first */
-    rc = same_arch(&f, aj, path, err, errlen);
+    int rc = same_arch(f, aj, path, err, errlen);
     json_decref(aj);
     if (rc == 0)
-        rc = tensors_present(&f, &a, path, err, errlen);
-    if (rc == 0)
-        rc = eng_model_init(m, &a, be, err, errlen);
-    arch_free(&a);
+        rc = tensors_present(f, a, path, err, errlen);
     if (rc != 0) {
-        st_close(&f);
-        return -1;
+        st_close(f);
+        arch_free(a);
     }
+    return rc;
+}
+
+/* Read every tensor of m from f, straight into m. 0, or -1 with a reason. */
+static int fill_all(eng_model *m, const st_file *f, const char *path, char *err, size_t errlen)
+{
     int n = eng_model_tensor_count(m);
-    rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
+    for (int i = 0; i < n; i++) {
         const char *name;
         int64_t shape[2];
         int ndim;
         float *dev;
         if (eng_model_tensor(m, i, &name, shape, &ndim, &dev) != 0) {
-            rc = -1;
             snprintf(err, errlen, "tensor %d could not be enumerated", i);
-            break;
+            return -1;
         }
-        st_source src = {.f = &f, .k = st_find(&f, name)};
+        st_source src = {.f = f, .k = st_find(f, name)};
         if (src.k < 0) {
             snprintf(err, errlen, "%s: tensor %s is missing", path, name);
-            rc = -1;
-            break;
+            return -1;
         }
-        rc = eng_model_fill_tensor(m, name, f.t[src.k].shape, f.t[src.k].ndim, st_fill, &src, err, errlen);
+        if (eng_model_fill_tensor(m, name, f->t[src.k].shape, f->t[src.k].ndim, st_fill, &src, err, errlen))
+            return -1;
     }
-    st_close(&f);
-    if (rc != 0)
+    return 0;
+}
+
+int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen)
+{
+    char path[4096];
+    arch a;
+    st_file f;
+    /* every tensor of the claimed shape is in the file before the claim is allocated: a
+     * small folder claiming a large model is refused without zeroing its size first */
+    if (open_checked(dir, &a, &f, path, sizeof path, err, errlen))
+        return -1;
+    int rc = eng_model_init(m, &a, be, err, errlen);
+    arch_free(&a);
+    if (rc == 0 && (rc = fill_all(m, &f, path, err, errlen)) != 0)
         eng_model_free(m);
+    st_close(&f);
+    return rc;
+}
+
+int ckpt_load_into(const char *dir, eng_model *m, char *err, size_t errlen)
+{
+    char path[4096];
+    arch a;
+    st_file f;
+    if (open_checked(dir, &a, &f, path, sizeof path, err, errlen))
+        return -1;
+    int rc = 0;
+    if (!arch_equal(&a, &m->a)) {
+        snprintf(err, errlen, "%s: holds another model shape than the one it is loaded into", dir);
+        rc = -2;
+    }
+    arch_free(&a);
+    if (rc == 0)
+        rc = fill_all(m, &f, path, err, errlen);
+    st_close(&f);
     return rc;
 }

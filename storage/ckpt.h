@@ -27,4 +27,10 @@ int ckpt_save(const eng_model *m, const char *dir, char *err, size_t errlen);
  * on failure. */
 int ckpt_load(const char *dir, eng_backend *be, eng_model *m, char *err, size_t errlen);
 
+/* Load a snapshot from dir into m, a model of the same arch (its weights overwritten in
+ * place, with no second copy), after the checks of ckpt_load. Returns 0; -2 when dir
+ * holds another arch (m untouched); -1 with a reason (a read failing part way leaves m's
+ * weights partly overwritten). */
+int ckpt_load_into(const char *dir, eng_model *m, char *err, size_t errlen);
+
 #endif

@@ -262,6 +262,24 @@ static void run_to(fixture *f, const char *ckdir, int64_t stop_after, int want_r
     assert_int_equal(rc, want_rc);
 }
 
+/* The backend's allocations of the size of one copy of a student's weights, counted. */
+static void *(*real_alloc)(eng_backend *be, size_t bytes);
+static const eng_model *counted;
+static int params_allocs;
+
+static void *counting_alloc(eng_backend *be, size_t bytes)
+{
+    params_allocs += bytes == counted->n_params * sizeof(float);
+    return real_alloc(be, bytes);
+}
+
+static void count_params_allocs(eng_backend *be)
+{
+    real_alloc = be->alloc;
+    be->alloc = counting_alloc;
+    params_allocs = 0;
+}
+
 static void test_resume_same_curve(void **state)
 {
     fixture *f = *state;
@@ -271,8 +289,11 @@ static void test_resume_same_curve(void **state)
     eng_model s1, s2, s3;
     distill_result r1, r2, r3;
     new_student(f, &s1);
+    counted = &s1;
+    count_params_allocs(f->be);
     run_to(f, a, 0, 0, &r1, &s1);
     assert_int_equal(r1.steps, 12);
+    int allocs_straight = params_allocs;
 
     new_student(f, &s2);
     run_to(f, b, 7, 1, &r2, &s2);   /* stops after step 7; newest checkpoint is step 6 */
@@ -285,8 +306,16 @@ static void test_resume_same_curve(void **state)
     assert_int_equal(mkdir(junk, 0755), 0);
 
     new_student(f, &s3);             /* a fresh process: pruned again from the parent */
+    counted = &s3;
+    params_allocs = 0;
     run_to(f, b, 0, 0, &r3, &s3);
+    f->be->alloc = real_alloc;
     assert_int_equal(r3.resumed_from, 6);
+    /* the checkpoint's weights go straight into the student: no second copy of it at the
+     * resume (the old load made one beside the weights, gradients and optimizer state) */
+    if (params_allocs > allocs_straight)
+        fail_msg("the resumed run allocated %d blocks of the student's size, the straight run %d", params_allocs,
+                 allocs_straight);
     assert_int_equal(r3.steps, 12);
     assert_int_equal(r3.tokens, 12 * 64);
     for (int i = 0; i < 12; i++) {
