@@ -295,10 +295,11 @@ static size_t first_stage_here(job_ctx *ctx, const store_job *job)
  * else stage_failed. 0, or -1 when the store could not record it. */
 static int fail_stage(job_ctx *ctx, store *st, const char *id, const char *name, const char *serr)
 {
-    char msg[1400];
+    char msg[1400], why[1024];
     long long avail = (long long)fio_free_bytes(ctx->job_dir);
     int full = strstr(serr, "No space left") != NULL || (avail >= 0 && avail < (1LL << 20));
-    const char *why = serr[0] ? serr : "no reason given";
+    snprintf(why, sizeof why, "%s", serr[0] ? serr : "no reason given");
+    job_ctx_unprefix(ctx, why);
     if (full) {
         (void)fio_remove_tree(ctx->stage_dir);
         snprintf(msg, sizeof msg, "stage %s failed: the data directory's disk is full (%lld bytes were free; lower "

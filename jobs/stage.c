@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "jobs/job_ctx.h"
+#include "storage/fileio.h"
 #include "jobs/pipeline.h"
 #include "engine/clock.h"
 
@@ -134,9 +135,29 @@ void job_observe_stage(job_ctx *ctx, const char *type)
         observer(observer_ud, ctx->stage, type, ctx->stage, -1, -1);
 }
 
+void job_ctx_unprefix(const job_ctx *ctx, char *s)
+{
+    char data[sizeof ctx->job_dir];
+    snprintf(data, sizeof data, "%s", ctx->job_dir);   /* <data>/jobs/<id> */
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(data, '/');
+        if (!slash || slash == data) {
+            data[0] = 0;
+            break;
+        }
+        *slash = 0;
+    }
+    fio_unprefix(s, ctx->job_dir);
+    fio_unprefix(s, data);
+}
+
 int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data)
 {
-    int rc = store_event_append(ctx->st, ctx->id, type, message ? message : "", data);
+    char *msg = strdup(message ? message : "");
+    if (msg)
+        job_ctx_unprefix(ctx, msg);
+    int rc = store_event_append(ctx->st, ctx->id, type, msg ? msg : "", data);
+    free(msg);
     json_decref(data);
     ctx->lost |= rc == STORE_FENCED;
     if (observer)

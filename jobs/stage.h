@@ -45,7 +45,13 @@ const char *job_ctx_output(job_ctx *ctx, const char *stage, const char *name);
 void job_ctx_set_state(job_ctx *ctx, const char *key, void *value, void (*free_fn)(void *));
 void *job_ctx_get_state(job_ctx *ctx, const char *key);
 
-/* Append an event (type like "search.iteration", message, optional data: stolen). */
+/* Name the server's files in text s (in place) relative to the job's folder, and any
+ * other file of its data directory relative to that: what a job's client reads (its
+ * events and its error) never holds the server's own paths. */
+void job_ctx_unprefix(const job_ctx *ctx, char *s);
+
+/* Append an event (type like "search.iteration", message with the server's paths made
+ * relative (job_ctx_unprefix), optional data: stolen). */
 int job_event(job_ctx *ctx, const char *type, const char *message, json_t *data);
 /* Update progress of the current stage. */
 int job_progress(job_ctx *ctx, int64_t step, int64_t total_steps);

@@ -1,6 +1,7 @@
 /* storage/fileio.c — file maps, reads, atomic writes and path helpers (see fileio.h). */
 #include "storage/fileio.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -617,6 +618,25 @@ int fio_has_suffix(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
+}
+
+void fio_unprefix(char *s, const char *dir)
+{
+    if (!s || !dir)
+        return;
+    size_t n = strlen(dir);
+    while (n > 0 && dir[n - 1] == '/')
+        n--;
+    if (n == 0)
+        return;
+    for (char *p = s; (p = strchr(p, dir[0])) != NULL;) {
+        /* dir itself, not the end of a longer path ("/x/srv/ac/...") nor the start of one ("/srv/ac2/...") */
+        int starts = p == s || !(isalnum((unsigned char)p[-1]) || strchr("/._-~", p[-1]));
+        if (starts && !strncmp(p, dir, n) && p[n] == '/')
+            memmove(p, p + n + 1, strlen(p + n + 1) + 1);
+        else
+            p++;
+    }
 }
 
 static int cmp_names(const void *a, const void *b)

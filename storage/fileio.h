@@ -159,6 +159,12 @@ int fio_is_dir(const char *path);
 /* 1 when s ends with suffix (a name and ".json"), else 0. */
 int fio_has_suffix(const char *s, const char *suffix);
 
+/* Drop every "dir/" from the text s, in place: a message about the server's files names
+ * them relative to dir ("/srv/ac/jobs/j1/prune/x: ..." -> "prune/x: ..." for dir
+ * "/srv/ac/jobs/j1"). A dir of "" or "/" changes nothing; trailing slashes of dir are
+ * ignored. */
+void fio_unprefix(char *s, const char *dir);
+
 /* The names in folder dir except "." and "..", sorted by strcmp. Returns 0 with *names
  * (a NEW array of n NEW strings; fio_names_free) and *n, or -1 with errno (nothing held). */
 int fio_list_dir(const char *dir, char ***names, size_t *n);

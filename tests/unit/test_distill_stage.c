@@ -106,10 +106,46 @@ static void test_other_runs_checkpoint(void **state)
     eng_backend_free(be);
 }
 
+/* A stage failing on one of the job's own files (a pruned student whose arch.json is not
+ * JSON): the job's error names the file in the job's folder ("prune/student/arch.json"),
+ * not by the server's path to it. */
+static void test_error_names_job_files(void **state)
+{
+    (void)state;
+    char err[512], model[1024], text[1024], path[600];
+    shared_path(model, sizeof model, "models/stories260K/stories260K.bin");
+    shared_path(text, sizeof text, "text/tinystories/validation_100.txt");
+    store_job j;
+    memset(&j, 0, sizeof j);
+    store_new_id("job_", j.id, sizeof j.id);
+    snprintf(j.kind, sizeof j.kind, "job");
+    snprintf(j.device, sizeof j.device, "cpu");
+    j.spec = json_pack("{s:{s:s}, s:{s:s,s:s}, s:{s:i}, s:{s:s}}", "model", "path", model, "data", "calibration",
+                       text, "distillation", text, "budgets", "distill_tokens", 2048, "target", "device", "cpu");
+    j.stages = json_pack("[s,s]", "rank", "distill");
+    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/jobs/%s/prune/student", dir, j.id);
+    assert_int_equal(fio_mkdirs(path), 0);
+    snprintf(path, sizeof path, "%s/jobs/%s/prune/student/arch.json", dir, j.id);
+    assert_int_equal(fio_write_atomic(path, "{not json", 9, err, sizeof err), 0);
+    store_job c;
+    assert_int_equal(store_job_claim(st, &(store_claim){"cpu", 0, "test", 30}, &c), 0);
+    store_job_clear(&c);
+    (void)job_run(st, as, dir, j.id, err, sizeof err);
+    store_job got;
+    assert_int_equal(store_job_get(st, j.id, &got), 0);
+    assert_string_equal(got.status, "failed");
+    if (!strstr(got.error_message, "prune/student/arch.json") || strstr(got.error_message, dir))
+        fail_msg("the job's error: %s", got.error_message);
+    store_job_clear(&got);
+    store_job_clear(&j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_other_runs_checkpoint),
+        cmocka_unit_test(test_error_names_job_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 /* tests/unit/test_fileio.c — storage/fileio.c's temporary names: fio_temp_name gives each
  * writer a name of its own, and fio_temp_stale tells the ones whose writer is gone (a
- * process that has exited) from this process's own, a live writer's and other names.
+ * process that has exited) from this process's own, a live writer's and other names;
+ * fio_unprefix makes a message's paths under a folder relative to it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,10 +43,35 @@ static void test_temp_stale(void **state)
             fail_msg("%s is not a stale temporary", others[i]);
 }
 
+/* Every "dir/" of the text goes, wherever it is; a longer path that merely contains or
+ * starts like dir stays whole. */
+static void test_unprefix(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *dir, *in, *out;
+    } cases[] = {
+        {"/srv/ac/jobs/j1", "/srv/ac/jobs/j1/prune/x.json: bad", "prune/x.json: bad"},
+        {"/srv/ac/", "a /srv/ac/m/1 and '/srv/ac/m/2'", "a m/1 and 'm/2'"},
+        {"/srv/ac", "/srv/ac2/x /x/srv/ac/y /srv/ac", "/srv/ac2/x /x/srv/ac/y /srv/ac"},
+        {"/srv/ac", "(/srv/ac/a):/srv/ac/b", "(a):b"},
+        {"/", "/etc/passwd", "/etc/passwd"},
+        {"", "/etc/passwd", "/etc/passwd"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char s[128];
+        snprintf(s, sizeof s, "%s", cases[i].in);
+        fio_unprefix(s, cases[i].dir);
+        if (strcmp(s, cases[i].out))
+            fail_msg("\"%s\" under \"%s\": \"%s\", not \"%s\"", cases[i].in, cases[i].dir, s, cases[i].out);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_temp_stale),
+        cmocka_unit_test(test_unprefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
