@@ -209,6 +209,12 @@ static json_t *eval_model(job_ctx *ctx, const char *which, eng_model *m, tok_tok
         }
         int rc = ev_run_named(&em, ref, dd, &lo, &o, &res[i]);
         snprintf(res[i].task, sizeof res[i].task, "%s", display);
+        /* the built-in tasks' files named as under the data folder ("eval/piqa/..."), as
+         * the job's own files: the server's paths are not its client's business */
+        fio_unprefix(res[i].source, dd);
+        fio_unprefix(res[i].error, dd);
+        job_ctx_unprefix(ctx, res[i].source);
+        job_ctx_unprefix(ctx, res[i].error);
         if (rc == 1)
             *cancelled = 1;
         else if (rc) {
