@@ -397,7 +397,6 @@ out:
     return rc;
 }
 
-/* Copy a snapshot's weights into the existing student (same arch required). */
 static int load_checkpoint(const distill_opts *o, int64_t step, eng_model *student, eng_adamw *opt,
                            run_state *rs, int64_t max_steps, size_t train_n, char *err, size_t errlen)
 {
@@ -593,7 +592,9 @@ int distill_run(eng_model *teacher, eng_model *student, const td_stream *train, 
     int64_t steps = distill_steps(o->tokens, o->B, o->T, o->accum);
     int64_t per_step = (int64_t)o->B * o->T * o->accum;
     run_state rs = {.rng = o->seed ? o->seed : 1, .last_val = NAN};
-    json_t *data = data_fingerprint(train, val, teacher, student);
+    /* what the run reads, for its checkpoints (a run without them, a search trial's, skips
+       hashing the weights) */
+    json_t *data = o->ckpt_dir ? data_fingerprint(train, val, teacher, student) : json_object();
     rs.data = data;
     /* the seed picks where in the text the first batch starts; the batches then run on in
        order, wrapping (td_batch): two seeds distil on differently ordered text, one seed

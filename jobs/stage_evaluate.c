@@ -110,7 +110,7 @@ int stage_eval_parent_key(const json_t *tasks, int limit, uint64_t seed, const c
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    strbuf_printf(key, "autocompress-eval-1\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
+    strbuf_printf(key, "autocompress-eval-2\nlimit %d seed %llu\ntasks %s\ndata %s\n", limit,
                   (unsigned long long)seed, tj, dd);
     free(tj);
     size_t i;

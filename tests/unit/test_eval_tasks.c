@@ -528,6 +528,9 @@ static void test_parent_key_follows_content(void **state)
     assert_int_equal(stage_eval_parent_key(tasks, 10, 7, "/data", &k1, err, sizeof err), 0);
     assert_int_equal(stage_eval_parent_key(tasks, 10, 7, "/data", &k2, err, sizeof err), 0);
     assert_string_equal(k1.s, k2.s);
+    /* version 1's entries scored a JSONL choice's acc_norm with its leading space and
+     * named the server's files: version 2 and later never reuse them */
+    assert_true(strncmp(k1.s, "autocompress-eval-", 18) == 0 && atoi(k1.s + 18) >= 2);
     FILE *f = fopen(p, "w");
     assert_non_null(f);
     fputs("{\"context\": \"a\", \"choices\": [\" b\", \" c\"], \"gold\": 0}\n", f);   /* the answer changed */
