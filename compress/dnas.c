@@ -374,7 +374,7 @@ static int decode_and_repair(const search_dist *d, search_costs *costs, const dn
         if (!bad) {
             arch_free(&r->arch);
             bad = search_choice_arch(sp, &c, parent, &r->arch) != 0 ||
-                  cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0 ? -1 : (o->check && r->arch.n_layers < 1);
+                  cm_predict(o->tables, &r->arch, &r->predicted, err, errlen) != 0 ? -1 : r->arch.n_layers < 1;
         }
         /* A target tightened by the checks until no arch of the space (or none with a layer
          * left) meets it: the space cannot hold the limit as served. The last arch served
@@ -503,8 +503,7 @@ static int cheapest_feasible(const search_space *sp, const search_costs *costs, 
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    search_choice_cheapest(sp, &c);
-    int bad = 0;
+    int bad = search_choice_cheapest_layer(sp, costs, &c) != 0;
     for (int m = 0; m < SM_COUNT; m++)
         if (costs->t[m].active && search_choice_cost(sp, &costs->t[m], &c) > costs->t[m].limit)
             bad = 1;

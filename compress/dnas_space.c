@@ -574,7 +574,11 @@ void dnas_describe_infeasible(const search_space *sp, const search_costs *costs,
         snprintf(err, errlen, "no architecture in the search space meets the limits");
         return;
     }
-    search_choice_cheapest(sp, &c);
+    if (search_choice_cheapest_layer(sp, costs, &c)) {
+        search_choice_free(&c);
+        snprintf(err, errlen, "no architecture in the search space keeps a layer");
+        return;
+    }
     size_t off = 0;
     int n = snprintf(err, errlen, "no architecture in the search space meets the limits; the cheapest predicts");
     off = n > 0 ? (size_t)n : 0;

@@ -157,8 +157,7 @@ int method_check_feasible(const arch *parent, const cm_tables *tables, const dna
     search_choice c;
     int rc = -1;
     if (search_choice_init(&c, &sp) == 0) {
-        search_choice_cheapest(&sp, &c);
-        rc = 0;
+        rc = search_choice_cheapest_layer(&sp, &costs, &c) ? -1 : 0;
         for (int m = 0; m < SM_COUNT; m++)
             if (costs.t[m].active && search_choice_cost(&sp, &costs.t[m], &c) > costs.t[m].limit)
                 rc = -1;

@@ -541,6 +541,47 @@ static double norm_cost(const search_space *sp, const search_costs *costs, const
     return s;
 }
 
+int search_choice_cheapest_layer(const search_space *sp, const search_costs *costs, search_choice *c)
+{
+    search_choice_cheapest(sp, c);
+    for (int l = 0; l < sp->n_layers; l++)
+        if (c->keep[l] && (search_mixer_size(sp, l, c->heads[l]) > 0 || search_mlp_size(sp, l, c->ffn[l]) > 0))
+            return 0;
+    /* every kept layer is empty (or depth removed them all): the one layer, at its smallest
+     * non-empty mixer or MLP, that adds the least (summed over the limits, each relative
+     * to its limit) */
+    int best_l = -1, best_h = 0, best_f = 0;
+    double best = INFINITY;
+    for (int l = 0; l < sp->n_layers; l++) {
+        int k0 = c->heads[l], j0 = c->ffn[l], keep0 = c->keep[l];
+        for (int part = 0; part < 2; part++) {
+            int n = part ? sp->n_ffn : sp->n_heads, pick = -1;
+            if (global_axis(sp, part ? 2 : 1, l))
+                continue;   /* a global axis moves for all its layers at once */
+            for (int i = 0; i < n && pick < 0; i++)
+                if (part ? allowed_ffn(sp, l, i) && search_mlp_size(sp, l, i) > 0
+                         : allowed_head(sp, l, i) && search_mixer_size(sp, l, i) > 0)
+                    pick = i;
+            if (pick < 0)
+                continue;
+            c->keep[l] = 1;
+            c->heads[l] = part ? k0 : pick;
+            c->ffn[l] = part ? pick : j0;
+            double v = norm_cost(sp, costs, c, 0);
+            if (v < best) {
+                best = v, best_l = l, best_h = c->heads[l], best_f = c->ffn[l];
+            }
+            c->heads[l] = k0, c->ffn[l] = j0, c->keep[l] = keep0;
+        }
+    }
+    if (best_l < 0)
+        return -1;
+    c->keep[best_l] = 1;
+    c->heads[best_l] = best_h;
+    c->ffn[best_l] = best_f;
+    return 0;
+}
+
 /* Step *mv to the next move of one allowed index in direction dir (-1 smaller, +1 larger)
  * from c: the hidden size, then each kept layer's heads, then each kept layer's FFN
  * width, then each layer's keep flag. Start from {0, -1, 0}. 1, or 0 when none is left. */

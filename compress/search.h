@@ -151,6 +151,12 @@ int search_repair(const search_dist *d, const search_costs *costs, search_choice
 /* The cheapest choice of the space for metric m (every axis at its smallest allowed
  * size, layers kept unless depth is searched). */
 void search_choice_cheapest(const search_space *sp, search_choice *c);
+
+/* The cheapest choice that makes a model: search_choice_cheapest, and when that keeps no
+ * layer with anything in it, one layer at its smallest non-empty mixer or MLP (the one
+ * adding least, summed over the active limits relative to each). 0, or -1 when no layer
+ * can hold anything. */
+int search_choice_cheapest_layer(const search_space *sp, const search_costs *costs, search_choice *c);
 /* The parent: every axis at its largest allowed size, all layers kept. */
 void search_choice_parent(const search_space *sp, search_choice *c);
 

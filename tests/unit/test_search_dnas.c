@@ -130,6 +130,29 @@ static void test_infeasible_names_cheapest(void **state)
     assert_non_null(strstr(err, "params"));
 }
 
+/* A limit that only the model without layers meets (the embedding and the final norm,
+ * and a few parameters more): no check is served, and the search says no arch keeps a
+ * layer, before spending its budget, rather than returning the empty model (the old
+ * feasibility test priced the cheapest choice with depth searched as no layers at all). */
+static void test_no_empty_model(void **state)
+{
+    world *w = *state;
+    dnas_opts o;
+    opts(w, &o);
+    o.limits.params = 96 * 32 + 32 + 40;
+    dnas_result r;
+    char err[1024] = "";
+    int rc = dnas_run(&o, &r, err, sizeof err);
+    if (rc == 0)
+        fail_msg("returned an arch of %d layers", r.arch.n_layers);
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(err, "cheapest"));
+    assert_int_equal(r.selection_tokens, 0);
+    /* the job's early check says the same */
+    char e2[512];
+    assert_int_equal(method_check_feasible(&w->parent.a, &w->tables, &o.limits, &o.axes, e2, sizeof e2), -1);
+}
+
 static void test_params_limit_sits_at_limit(void **state)
 {
     world *w = *state;
@@ -683,6 +706,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parent_meets_limits),
         cmocka_unit_test(test_infeasible_names_cheapest),
+        cmocka_unit_test(test_no_empty_model),
         cmocka_unit_test(test_params_limit_sits_at_limit),
         cmocka_unit_test(test_served_check_repairs),
         cmocka_unit_test(test_served_check_exact_limits),
