@@ -138,6 +138,23 @@ static int uniform_mlp_allowed(const arch *parent, const dnas_axes *axes, int f,
     return 1;
 }
 
+/* 1 when the uniform head count sp->heads[k] and dense width sp->ffn[j] are allowed in
+ * every layer that takes them (mn_uniform_arch), as the space allows them to DNAS: an
+ * export that keeps the query heads (DeciLM, an MoE family's own config), a width off a
+ * layer's grid, a part a heterogeneous parent's layer lacks. */
+static int uniform_parts_allowed(const search_space *sp, const arch *parent, int attn, int k, int dense, int j)
+{
+    int hybrid = arch_hybrid(parent);
+    for (int l = 0; l < parent->n_layers; l++) {
+        const arch_layer *pl = &parent->layers[l];
+        if (attn && !pl->mamba.n_heads && (pl->n_heads || !hybrid) && !sp->allowed_heads[l * sp->n_heads + k])
+            return 0;
+        if (dense && !pl->moe.n_experts && (pl->ffn_dim || !hybrid) && !sp->allowed_ffn[l * sp->n_ffn + j])
+            return 0;
+    }
+    return 1;
+}
+
 /* Keep, in text, the predicted costs of the infeasible candidate closest to the limits. */
 static void note_violation(const dnas_limits *lim, const cm_prediction *p, double *best, char *text, size_t cap)
 {
@@ -202,7 +219,7 @@ int mn_frontier(const mn_opts *o, arch **out, int *n_out, char *err, size_t errl
                 continue;   /* uniform candidates keep every part of every kept layer */
             if ((!o->axes.heads && attn && h != first_heads(o->parent)) || (!o->axes.mamba && mh != own_mamba))
                 continue;
-            if (!uniform_mlp_allowed(o->parent, &o->axes, f, e))
+            if (!uniform_mlp_allowed(o->parent, &o->axes, f, e) || !uniform_parts_allowed(&sp, o->parent, attn, k, dense, j))
                 continue;
             arch a;
             cm_prediction p;

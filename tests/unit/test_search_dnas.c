@@ -339,6 +339,33 @@ static void test_minitron_frontier(void **state)
     free(c);
 }
 
+/* An export that keeps the query heads (DeciLM, an MoE family's own config): every
+ * Minitron++ candidate keeps the parent's 4 per layer, as DNAS's space allows, however
+ * tight the limit. The old frontier filtered heads only when the heads axis was off and
+ * offered 2-head candidates the export then refused. */
+static void test_minitron_keeps_query_heads(void **state)
+{
+    world *w = *state;
+    mn_opts o = {.parent = &w->parent.a, .tables = &w->tables, .max_candidates = 4};
+    o.axes.heads = o.axes.ffn = o.axes.depth = 1;
+    o.axes.keep_query_heads = 1;
+    o.limits.params = 0.5 * (double)arch_params(&w->parent.a);
+    arch *c = NULL;
+    int n = 0;
+    char err[1024];
+    assert_int_equal(mn_frontier(&o, &c, &n, err, sizeof err), 0);
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++) {
+        char sm[512];
+        arch_summary(&c[i], sm, sizeof sm);
+        for (int l = 0; l < c[i].n_layers; l++)
+            if (c[i].layers[l].n_heads != 4)
+                fail_msg("candidate %d: %s", i, sm);
+        arch_free(&c[i]);
+    }
+    free(c);
+}
+
 /* A parent of 3 layers of 4 heads and an MoE shaped as e (family fam), random weights, and
  * its calibration (one model, no held-out archs). */
 static void moe_parent(world *w, const char *fam, arch_moe e, arch *a, eng_model *m, cm_tables *tb)
@@ -712,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_served_check_exact_limits),
         cmocka_unit_test(test_aim_served_margin),
         cmocka_unit_test(test_minitron_frontier),
+        cmocka_unit_test(test_minitron_keeps_query_heads),
         cmocka_unit_test(test_moe_expert_counts),
         cmocka_unit_test(test_moe_shared_widths),
         cmocka_unit_test(test_moe_latent_widths),
