@@ -272,9 +272,10 @@ static int hidden_axis(const arch *parent, const cm_tables *tb, const dnas_axes 
 }
 
 /* The global Mamba head axis: every multiple of the groups up to the parent's heads (evenly
- * spaced when more than the axis holds), the heads axis padded to its length. Every Mamba
+ * spaced when more than the axis holds) whose d_inner is a multiple of the target's weight
+ * block, the parent's own always, the heads axis padded to its length. Every Mamba
  * layer of the parent must share one shape. 0, or -1 with err. */
-static int mamba_axis(const arch *parent, search_space *sp, char *err, size_t errlen)
+static int mamba_axis(const arch *parent, int block, search_space *sp, char *err, size_t errlen)
 {
     int L = parent->n_layers, most;
     const arch_mamba *mb = arch_first_mamba(parent, &most);
@@ -298,6 +299,8 @@ static int mamba_axis(const arch *parent, search_space *sp, char *err, size_t er
     int G = mb->n_groups, steps = most / G, room = SEARCH_MAX_CHOICES - 1;
     for (int c = 1; c <= steps && c <= room; c++) {
         int m = G * (steps <= room ? c : (steps * c + room - 1) / room);
+        if ((m * mb->head_dim) % block && m != most)
+            continue;   /* d_inner (out_proj's rows) off the target's weight blocks: not priced */
         if (!sp->n_mam || m > sp->mam[sp->n_mam - 1])
             sp->mam[sp->n_mam++] = m;
     }
@@ -510,7 +513,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
             sp->ffn[j] = -1;   /* no dense choice here */
         sp->n_ffn = sp->n_exp;
     }
-    if (mamba_axis(parent, sp, err, errlen) != 0) {
+    if (mamba_axis(parent, block, sp, err, errlen) != 0) {
         dnas_space_free(sp, costs);
         return -1;
     }

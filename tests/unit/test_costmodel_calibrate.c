@@ -423,6 +423,43 @@ static void test_counts_below_top_k(void **state)
     arch_free(&p);
 }
 
+/* A Nemotron-H parent whose Mamba mixers have 6 heads of 16 (d_inner 96), priced for a
+ * target storing widths in blocks of 32 (a quantized llama.cpp weight type): the Mamba axis
+ * holds only the head counts whose d_inner fills whole blocks (2, 4, 6), and the space is
+ * priced whole. The old axis held every count, and the space failed on 1 head (d_inner 16),
+ * which the tables cannot price. */
+static void test_mamba_axis_in_blocks(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 3);
+    snprintf(p.family, sizeof p.family, "nemotron_h");
+    p.layers[0] = (arch_layer){.source_layer = 0, .mamba = {6, 16, 8, 1, 4}};
+    p.layers[2] = (arch_layer){.source_layer = 2, .mamba = {6, 16, 8, 1, 4}};
+    p.layers[1].ffn_dim = 0;
+    cm_target t = tiny_target();
+    json_t *cal = quick_calibration(&p, &t, 0, -1);
+    char err[512];
+    cm_tables tb;
+    assert_int_equal(cm_calibration_tables(cal, &tb, err, sizeof err), 0);
+    tb.width_multiple = 32;
+    dnas_limits lim = {.params = 0.8 * (double)arch_params(&p)};
+    dnas_axes ax = {.mamba = 1};
+    search_space sp;
+    search_costs costs;
+    if (dnas_space_build(&p, &tb, &lim, &ax, &sp, &costs, err, sizeof err))
+        fail_msg("search space: %s", err);
+    assert_true(sp.n_mam >= 1);
+    for (int k = 0; k < sp.n_mam; k++)
+        if (sp.mam[k] * 16 % 32)
+            fail_msg("Mamba heads %d: d_inner %d is off the blocks of 32", sp.mam[k], sp.mam[k] * 16);
+    assert_int_equal(sp.mam[sp.n_mam - 1], 6);
+    dnas_space_free(&sp, &costs);
+    cm_tables_free(&tb);
+    json_decref(cal);
+    arch_free(&p);
+}
+
 /* Fit archs (random archs that set the phase scales) are counted in the cost, drawn
  * from their own stream (the held-out archs are the same with or without them), and
  * every validation row carries its phases apart, adding up to the request. */
@@ -1298,6 +1335,7 @@ int main(void)
         cmocka_unit_test(test_memory_matches_engine_accounting_moe),
         cmocka_unit_test(test_memory_matches_engine_accounting_latent),
         cmocka_unit_test(test_counts_below_top_k),
+        cmocka_unit_test(test_mamba_axis_in_blocks),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_run_quiet),
