@@ -477,9 +477,21 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
     sp->n_heads = 0;
     if (zero_heads || Hmax == 0 || gap_heads)
         sp->heads[sp->n_heads++] = 0;
-    for (int h = group; h <= Hmax && sp->n_heads < SEARCH_MAX_CHOICES; h += group)
-        if ((h * parent->head_dim) % block == 0 || h == Hmax)
+    /* every head count of whole KV groups on the target's blocks (the parent's always),
+     * evenly thinned, up to the parent's, when more than the axis holds */
+    int n_cand = 0, room = SEARCH_MAX_CHOICES - sp->n_heads;
+    for (int h = group; h <= Hmax; h += group)
+        n_cand += (h * parent->head_dim) % block == 0 || h == Hmax;
+    for (int h = group, i = 0, next = 0, taken = 0; h <= Hmax && taken < room; h += group) {
+        if ((h * parent->head_dim) % block && h != Hmax)
+            continue;
+        if (n_cand <= room || i == next) {
             sp->heads[sp->n_heads++] = h;
+            taken++;
+            next = (int)(((long long)n_cand * (taken + 1) + room - 1) / room) - 1;
+        }
+        i++;
+    }
     /* FFN widths in sixteenths, multiples of 8 below the parent's; 0 = MLP removed. */
     int zero_ffn = (axes->ffn || axes->depth) && !axes->no_removed_mlp;
     sp->n_ffn = 0;
@@ -547,6 +559,16 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
                      (!sp->moe[l] || f == 0 || f == mine || f >= axes->min_experts) &&
                      (!sp->moe[l] || f == 0 || arch_moe_count_ok(&pl->moe, f));   /* grouped: as many per group */
             sp->allowed_ffn[l * sp->n_ffn + j] = (unsigned char)ok;
+        }
+        if (pl->n_heads && (!axes->heads || axes->keep_query_heads)) {
+            int found = 0;
+            for (int k = 0; k < sp->n_heads; k++)
+                found |= sp->heads[k] == pl->n_heads;
+            if (!found) {
+                snprintf(err, errlen, "layers[%d].n_heads %d is not on the search grid", l, pl->n_heads);
+                dnas_space_free(sp, costs);
+                return -1;
+            }
         }
         if (pl->ffn_dim && !axes->ffn) {
             int found = 0;

@@ -460,6 +460,44 @@ static void test_mamba_axis_in_blocks(void **state)
     arch_free(&p);
 }
 
+/* A parent of 64 heads in 64 KV groups, with depth searched (so a 0 choice too): the heads
+ * axis is thinned evenly to what it holds and keeps the parent's 64, so an export that keeps
+ * the query heads still finds them. The old axis stopped at 63 and left such a layer no
+ * choice but to drop its attention. */
+static void test_heads_axis_keeps_parent(void **state)
+{
+    (void)state;
+    arch p;
+    tiny_parent(&p, 2);
+    p.hidden_size = 128;
+    p.head_dim = 2;
+    for (int l = 0; l < 2; l++)
+        p.layers[l].n_heads = p.layers[l].n_kv_heads = 64;
+    cm_target t = tiny_target();
+    json_t *cal = quick_calibration(&p, &t, 0, -1);
+    char err[512];
+    cm_tables tb;
+    assert_int_equal(cm_calibration_tables(cal, &tb, err, sizeof err), 0);
+    dnas_limits lim = {.params = 0.8 * (double)arch_params(&p)};
+    dnas_axes ax = {.heads = 1, .depth = 1, .keep_query_heads = 1};
+    search_space sp;
+    search_costs costs;
+    if (dnas_space_build(&p, &tb, &lim, &ax, &sp, &costs, err, sizeof err))
+        fail_msg("search space: %s", err);
+    assert_int_equal(sp.heads[0], 0);
+    assert_int_equal(sp.heads[sp.n_heads - 1], 64);
+    for (int k = 1; k < sp.n_heads; k++)
+        assert_true(sp.heads[k] > sp.heads[k - 1]);
+    int allowed = 0;
+    for (int k = 0; k < sp.n_heads; k++)
+        allowed += sp.allowed_heads[k] && sp.heads[k] == 64;
+    assert_int_equal(allowed, 1);
+    dnas_space_free(&sp, &costs);
+    cm_tables_free(&tb);
+    json_decref(cal);
+    arch_free(&p);
+}
+
 /* Fit archs (random archs that set the phase scales) are counted in the cost, drawn
  * from their own stream (the held-out archs are the same with or without them), and
  * every validation row carries its phases apart, adding up to the request. */
@@ -1336,6 +1374,7 @@ int main(void)
         cmocka_unit_test(test_memory_matches_engine_accounting_latent),
         cmocka_unit_test(test_counts_below_top_k),
         cmocka_unit_test(test_mamba_axis_in_blocks),
+        cmocka_unit_test(test_heads_axis_keeps_parent),
         cmocka_unit_test(test_fit_archs),
         cmocka_unit_test(test_served_anchor_builtin),
         cmocka_unit_test(test_run_quiet),
