@@ -428,6 +428,29 @@ static int expert_axis(const arch *parent, const cm_tables *tb, search_space *sp
     return 0;
 }
 
+/* The heads axis: 0 when `zero`, then every head count of whole KV groups (`group`) whose
+ * rows fill the target's blocks (the parent's most, Hmax, always), evenly thinned, up to
+ * Hmax, when more than the axis holds. */
+static void heads_axis(const arch *parent, int Hmax, int group, int block, int zero, search_space *sp)
+{
+    sp->n_heads = 0;
+    if (zero)
+        sp->heads[sp->n_heads++] = 0;
+    int n_cand = 0, room = SEARCH_MAX_CHOICES - sp->n_heads;
+    for (int h = group; h <= Hmax; h += group)
+        n_cand += (h * parent->head_dim) % block == 0 || h == Hmax;
+    for (int h = group, i = 0, next = 0, taken = 0; h <= Hmax && taken < room; h += group) {
+        if ((h * parent->head_dim) % block && h != Hmax)
+            continue;
+        if (n_cand <= room || i == next) {
+            sp->heads[sp->n_heads++] = h;
+            taken++;
+            next = (int)(((long long)n_cand * (taken + 1) + room - 1) / room) - 1;
+        }
+        i++;
+    }
+}
+
 int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits *lim, const dnas_axes *axes,
                      search_space *sp, search_costs *costs, char *err, size_t errlen)
 {
@@ -474,24 +497,7 @@ int dnas_space_build(const arch *parent, const cm_tables *tb, const dnas_limits 
         gap_heads |= !arch_layer_has_mixer(&parent->layers[l]);
         gap_ffn |= !arch_layer_has_mlp(&parent->layers[l]);
     }
-    sp->n_heads = 0;
-    if (zero_heads || Hmax == 0 || gap_heads)
-        sp->heads[sp->n_heads++] = 0;
-    /* every head count of whole KV groups on the target's blocks (the parent's always),
-     * evenly thinned, up to the parent's, when more than the axis holds */
-    int n_cand = 0, room = SEARCH_MAX_CHOICES - sp->n_heads;
-    for (int h = group; h <= Hmax; h += group)
-        n_cand += (h * parent->head_dim) % block == 0 || h == Hmax;
-    for (int h = group, i = 0, next = 0, taken = 0; h <= Hmax && taken < room; h += group) {
-        if ((h * parent->head_dim) % block && h != Hmax)
-            continue;
-        if (n_cand <= room || i == next) {
-            sp->heads[sp->n_heads++] = h;
-            taken++;
-            next = (int)(((long long)n_cand * (taken + 1) + room - 1) / room) - 1;
-        }
-        i++;
-    }
+    heads_axis(parent, Hmax, group, block, zero_heads || Hmax == 0 || gap_heads, sp);
     /* FFN widths in sixteenths, multiples of 8 below the parent's; 0 = MLP removed. */
     int zero_ffn = (axes->ffn || axes->depth) && !axes->no_removed_mlp;
     sp->n_ffn = 0;
