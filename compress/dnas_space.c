@@ -131,6 +131,8 @@ static int part_costs(const cm_tables *tb, const search_space *sp, const arch *p
         dec = dec_ms;
         ws = ws_b;
         mem = (double)(p1.weights + p1.request_cache - pe->weights - pe->request_cache);
+        if (p1.request_cache > 0 && pe->request_cache == 0)
+            mem -= (double)tb->mem.kv_overhead_bytes;   /* the cache's intercept: once, in the fixed cost */
         par = (double)(p1.params - pe->params);
     }
     for (int l = 0; l < L; l++) {
@@ -195,7 +197,10 @@ static int space_costs(const arch *parent, const cm_tables *tb, const dnas_limit
             goto fail;
         costs->t[SM_LATENCY].fixed[hi] = pe.latency_ms;
         costs->t[SM_DECODE].fixed[hi] = pe.decode_ms;
-        costs->t[SM_MEMORY].fixed[hi] = (double)(pe.weights + pe.request_cache + pe.runtime_buffers);
+        /* with the KV cache's intercept, once (a choice keeping no cache layer is charged it
+           too: the full prediction of the result decides) */
+        costs->t[SM_MEMORY].fixed[hi] = (double)(pe.weights + pe.request_cache + pe.runtime_buffers) +
+                                         (pe.request_cache == 0 ? (double)tb->mem.kv_overhead_bytes : 0);
         costs->t[SM_MEMORY].ws_fixed[hi] = (double)pe.prefill_workspace;
         costs->t[SM_PARAMS].fixed[hi] = (double)pe.params;
         for (int k = 0; k < sp->n_heads; k++)

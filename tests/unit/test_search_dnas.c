@@ -21,6 +21,7 @@
 #include "compress/dnas.h"
 #include "compress/method.h"
 #include "compress/minitron.h"
+#include "compress/search.h"
 #include "engine/rng.h"
 
 typedef struct {
@@ -364,6 +365,42 @@ static void test_minitron_keeps_query_heads(void **state)
         arch_free(&c[i]);
     }
     free(c);
+}
+
+/* The memory tables price the parent's choice, and a choice with one layer removed, as
+ * the full prediction does, when the KV cache's fitted line has an intercept (1 MB here):
+ * the intercept is counted once, not once for each layer with a cache. */
+static void test_memory_table_intercept(void **state)
+{
+    world *w = *state;
+    int64_t b0 = w->tables.mem.kv_overhead_bytes;
+    w->tables.mem.kv_overhead_bytes = 1000000;
+    dnas_limits lim = {.memory_bytes = 1e12};
+    dnas_axes ax = {.heads = 1, .ffn = 1, .depth = 1};
+    search_space sp;
+    search_costs costs;
+    char err[512];
+    if (dnas_space_build(&w->parent.a, &w->tables, &lim, &ax, &sp, &costs, err, sizeof err))
+        fail_msg("search space: %s", err);
+    search_choice c;
+    assert_int_equal(search_choice_init(&c, &sp), 0);
+    search_choice_parent(&sp, &c);
+    for (int drop = -1; drop < 1; drop++) {
+        if (drop >= 0)
+            c.keep[drop] = 0;
+        arch a;
+        cm_prediction p;
+        assert_int_equal(search_choice_arch(&sp, &c, &w->parent.a, &a), 0);
+        assert_int_equal(cm_predict(&w->tables, &a, &p, err, sizeof err), 0);
+        double table = search_choice_cost(&sp, &costs.t[SM_MEMORY], &c);
+        if (fabs(table - (double)p.total) > 1e-6 * (double)p.total)
+            fail_msg("%d layers: the tables price %.0f bytes, the prediction %lld", a.n_layers, table,
+                     (long long)p.total);
+        arch_free(&a);
+    }
+    search_choice_free(&c);
+    dnas_space_free(&sp, &costs);
+    w->tables.mem.kv_overhead_bytes = b0;
 }
 
 /* A parent of 3 layers of 4 heads and an MoE shaped as e (family fam), random weights, and
@@ -740,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_aim_served_margin),
         cmocka_unit_test(test_minitron_frontier),
         cmocka_unit_test(test_minitron_keeps_query_heads),
+        cmocka_unit_test(test_memory_table_intercept),
         cmocka_unit_test(test_moe_expert_counts),
         cmocka_unit_test(test_moe_shared_widths),
         cmocka_unit_test(test_moe_latent_widths),
