@@ -556,9 +556,14 @@ int search_choice_cheapest_layer(const search_space *sp, const search_costs *cos
         int k0 = c->heads[l], j0 = c->ffn[l], keep0 = c->keep[l];
         for (int part = 0; part < 2; part++) {
             int n = part ? sp->n_ffn : sp->n_heads, pick = -1;
-            if (global_axis(sp, part ? 2 : 1, l))
-                continue;   /* a global axis moves for all its layers at once */
-            for (int i = 0; i < n && pick < 0; i++)
+            if (global_axis(sp, part ? 2 : 1, l)) {
+                /* a global axis (Mamba heads, tied expert counts) moves for all its layers at
+                 * once: the layer keeps the axis's cheapest choice, when that has something */
+                int cur = part ? j0 : k0;
+                if ((part ? search_mlp_size(sp, l, cur) : search_mixer_size(sp, l, cur)) > 0)
+                    pick = cur;
+            }
+            for (int i = 0; i < n && pick < 0 && !global_axis(sp, part ? 2 : 1, l); i++)
                 if (part ? allowed_ffn(sp, l, i) && search_mlp_size(sp, l, i) > 0
                          : allowed_head(sp, l, i) && search_mixer_size(sp, l, i) > 0)
                     pick = i;

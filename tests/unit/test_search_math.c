@@ -397,6 +397,39 @@ static void test_repair_when_single_moves_stall(void **state)
     search_dist_free(&d);
 }
 
+/* The cheapest choice that makes a model, in a space of two Mamba layers and no MLPs with
+ * depth searched: the cheapest alone removes both layers; the one kept takes the global
+ * Mamba axis's cheapest count (the tied layers stay equal). A first version skipped global
+ * axes and found no layer that could hold anything. */
+static void test_cheapest_layer_global_axis(void **state)
+{
+    (void)state;
+    search_space sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_layers = 2;
+    sp.n_hidden = 1;
+    sp.hidden[0] = 64;
+    unsigned char kind[2] = {1, 1};
+    sp.mamba = kind;
+    sp.n_mam = sp.n_heads = 2;
+    sp.mam[0] = 2, sp.mam[1] = 4;
+    sp.heads[0] = sp.heads[1] = -1;
+    sp.n_ffn = 1;
+    sp.ffn[0] = 0;
+    sp.group = 1;
+    sp.depth = 1;
+    double fixed = 0.1, attn[4] = {1.0, 2.0, 0.5, 1.5}, ffn[2] = {0, 0};
+    search_costs costs;
+    latency_costs(&costs, 10.0, &fixed, attn, ffn);
+    search_choice c;
+    assert_int_equal(search_choice_init(&c, &sp), 0);
+    assert_int_equal(search_choice_cheapest_layer(&sp, &costs, &c), 0);
+    assert_int_equal(c.keep[0] + c.keep[1], 1);
+    assert_int_equal(c.keep[1], 1);                       /* the cheaper layer */
+    assert_true(c.heads[0] == 0 && c.heads[1] == 0);      /* the axis's cheapest, on both */
+    search_choice_free(&c);
+}
+
 /* Multipliers: lambda1 follows the sign of the gap (and may go negative), lambda2 grows. */
 static void test_penalty_multipliers(void **state)
 {
@@ -432,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_repair_parent_when_feasible),
         cmocka_unit_test(test_repair_jumps_non_monotone),
         cmocka_unit_test(test_repair_when_single_moves_stall),
+        cmocka_unit_test(test_cheapest_layer_global_axis),
         cmocka_unit_test(test_expert_axis_tied),
         cmocka_unit_test(test_penalty_multipliers),
     };
