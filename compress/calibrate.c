@@ -853,6 +853,17 @@ static json_t *run_once(const arch *parent, const cm_target *t, const cal_opts *
         run_free(r);
     }
     free(r);
+    /* where it was measured, from the target it holds (another engine's resolved there):
+     * a covering lookup reuses it only there */
+    char env[1024], e2[256] = "";
+    cm_target done;
+    if (result && (cm_target_from_json(json_object_get(result, "target"), "/target", &done, e2, sizeof e2) ||
+                   (cm_calibration_env(&done, o->threads, env, sizeof env),
+                    json_object_set_new(result, "env", json_string(env))))) {
+        json_decref(result);
+        snprintf(err, errlen, "calibration: %s", e2[0] ? e2 : "out of memory");
+        return NULL;
+    }
     return result;
 }
 

@@ -25,6 +25,54 @@
 
 /* ---------- ids and the cache ---------- */
 
+/* What besides the model's shape a calibration's tables hold for, appended to buf (at most
+ * cap bytes): its length. threads: the built-in CPU engine's (0: eng_cpu_default_threads). */
+static int env_suffix(const cm_target *t, int threads, char *buf, size_t cap)
+{
+    int n = 0;
+    buf[0] = 0;
+    /* The CPU's tables hold for the BLAS kernel that measured them (a generic one runs GEMMs
+     * about 5x slower than the AVX-512 one on the same CPU), and for its thread count. */
+    if (!cm_target_llamacpp(t) && strcmp(t->device, "cpu") == 0) {
+        char wait[128];   /* and for the way idle threads wait (sleeping at once halves decode) */
+        n += snprintf(buf + n, cap - (size_t)n, "|blas%s|%s|cores%d", eng_blas_kernel(),
+                      eng_cpu_wait_policy(wait, sizeof wait), threads > 0 ? threads : eng_cpu_default_threads());
+        /* at 16 bits, for oneDNN's kernel and version too */
+        char ver[32];
+        if (strcmp(t->precision, "fp32") && n > 0 && (size_t)n < cap)
+            n += snprintf(buf + n, cap - (size_t)n, "|gemm%s|dnnl%s", eng_cpu_gemm_kernel(t->precision),
+                          eng_cpu_gemm16_version(ver, sizeof ver));
+    }
+    /* The built-in engine's memory model counts a fresh serving process's whole memory (fp1),
+     * not what a model added to a long-lived one: tables made the old way are not reused. */
+    if (!cm_target_llamacpp(t) && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "|fp1");
+    /* Another engine keys its name, KV type, threads, flash attention and build too, and
+     * the version of its calibration method (rb3: repeated-block models read the parent's
+     * extra bytes before each step, the hidden sizes' passes in turn; rb5: the parent
+     * served between the random archs, whose held-out rows are also checked as anchored
+     * searches price them, and the fit archs' phase factors per hidden size; rb6: MoE blocks
+     * at narrower expert widths too, entries priced 0 or less served again, and the
+     * parent's bias over the fit archs), so that tables an older method made are not
+     * reused. */
+    if (cm_target_llamacpp(t) && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb6", t->engine, t->kv_cache_type,
+                      t->threads, cm_target_flash(t), t->engine_build);
+    /* the shape-dependent methods' version (the markers cm_calibration_id adds for MoE,
+     * LatentMoE and Mamba grids): raised with any of them, so that a covering lookup does
+     * not reuse a grid an older method made */
+    if (n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "|m1");
+    return n < 0 ? 0 : (size_t)n < cap ? n : (int)cap - 1;
+}
+
+void cm_calibration_env(const cm_target *t, int threads, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "v1|%s|%s", t->device, t->precision);
+    if (n > 0 && (size_t)n < cap)
+        env_suffix(t, threads, buf + n, cap - (size_t)n);
+}
+
 void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
 {
     int maxh = 0, maxkv = 0, maxf = 0;
@@ -38,37 +86,12 @@ void cm_calibration_id(const cm_target *t, const arch *a, char id[40])
     int n = snprintf(buf, sizeof buf, "v1|%s|%s|%s|V%d|C%d|D%d|tie%d|bias%d|H%d|KV%d|F%d|B%d|S%d|N%d", t->device,
                      t->precision, a->family, a->vocab_size, a->hidden_size, a->head_dim, a->tie_word_embeddings,
                      a->attention_bias, maxh, maxkv, maxf, t->batch_size, t->prompt_tokens, t->output_tokens);
-    /* The CPU's tables hold for the BLAS kernel that measured them (a generic one runs GEMMs
-     * about 5x slower than the AVX-512 one on the same CPU). */
-    if (!cm_target_llamacpp(t) && strcmp(t->device, "cpu") == 0 && n > 0 && (size_t)n < sizeof buf) {
-        char wait[128];   /* and for the way idle threads wait (sleeping at once halves decode) */
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|blas%s|%s", eng_blas_kernel(),
-                      eng_cpu_wait_policy(wait, sizeof wait));
-        /* at 16 bits, for oneDNN's kernel and version too */
-        char ver[32];
-        if (strcmp(t->precision, "fp32") && n > 0 && (size_t)n < sizeof buf)
-            n += snprintf(buf + n, sizeof buf - (size_t)n, "|gemm%s|dnnl%s", eng_cpu_gemm_kernel(t->precision),
-                          eng_cpu_gemm16_version(ver, sizeof ver));
-    }
-    /* The built-in engine's memory model counts a fresh serving process's whole memory (fp1),
-     * not what a model added to a long-lived one: tables made the old way are not reused. */
-    if (!cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|fp1");
-    /* Another engine keys its name, KV type, threads, flash attention and build too, and
-     * the version of its calibration method (rb3: repeated-block models read the parent's
-     * extra bytes before each step, the hidden sizes' passes in turn; rb5: the parent
-     * served between the random archs, whose held-out rows are also checked as anchored
-     * searches price them, and the fit archs' phase factors per hidden size; rb6: MoE blocks
-     * at narrower expert widths too, entries priced 0 or less served again, and the
-     * parent's bias over the fit archs), so that tables an older method made are not
-     * reused. */
-    if (cm_target_llamacpp(t) && n > 0 && (size_t)n < sizeof buf)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "|%s|kv%s|T%d|fa%s|%s|rb6", t->engine, t->kv_cache_type,
-                      t->threads, cm_target_flash(t), t->engine_build);
+    if (n > 0 && (size_t)n < sizeof buf)
+        n += env_suffix(t, 0, buf + n, sizeof buf - (size_t)n);
     /* MoE: the most experts, and the first MoE layer's top-k and widths (the grid's shape;
      * w2: the grid prices narrower experts too; w3: and narrower shared experts; w4: in
      * llama.cpp's nemotron_h too; kc: the smallest count and the top-k at every width, which
-     * price the counts below the top-k) */
+     * price the counts below the top-k). A new marker here raises env_suffix's "m". */
     int maxe;
     const arch_moe *e = arch_first_moe(a, &maxe);
     if (e && n > 0 && (size_t)n < sizeof buf)
@@ -183,6 +206,17 @@ static int usable(const json_t *cal, int contended)
     return contended ? succeeded(cal) : cm_calibration_reusable(cal);
 }
 
+/* 1 when cal was measured where this process would measure it now (its "env", from
+ * cm_calibration_env, is env), or was imported from another engine (its tables are what
+ * that engine measured). A calibration without an env is from before it was kept: not
+ * reused, as its kernel, threads and method are unknown. */
+static int same_env(const json_t *cal, const char *env)
+{
+    const char *src = json_string_value(json_object_get(cal, "source")),
+               *its = json_string_value(json_object_get(cal, "env"));
+    return (src && !strcmp(src, "import")) || (its && !strcmp(its, env));
+}
+
 /* cm_calibration_find, also handing out calibrations made beside other work with
  * contended set. */
 static json_t *find_covering(const char *data_dir, const cm_target *t, const arch *a, int contended)
@@ -192,11 +226,12 @@ static json_t *find_covering(const char *data_dir, const cm_target *t, const arc
     if (n < 0 || (size_t)n >= sizeof dir)
         return NULL;
     /* The parent's own id first (the common case), then any covering calibration. */
-    char id[40];
+    char id[40], env[1024];
     cm_calibration_id(t, a, id);
+    cm_calibration_env(t, 0, env, sizeof env);
     json_t *cal = cm_calibration_load(data_dir, id, e, sizeof e);
     if (cal) {
-        if (usable(cal, contended))
+        if (usable(cal, contended) && same_env(cal, env))
             return cal;
         json_decref(cal);
     }
@@ -216,7 +251,7 @@ static json_t *find_covering(const char *data_dir, const cm_target *t, const arc
             continue;
         cm_tables tb;
         cm_prediction p;
-        if (usable(cal, contended) && !cm_calibration_tables(cal, &tb, e, sizeof e)) {
+        if (usable(cal, contended) && same_env(cal, env) && !cm_calibration_tables(cal, &tb, e, sizeof e)) {
             if (cm_target_same(&tb.target, t) && !cm_predict(&tb, a, &p, e, sizeof e))
                 found = cal;
             cm_tables_free(&tb);

@@ -254,6 +254,13 @@ int cm_tables_import(json_t *doc, cm_tables *t, char *err, size_t errlen);
  * `a` (the parent), and the workload. id gets "cal_" + 16 hex digits. */
 void cm_calibration_id(const cm_target *t, const arch *a, char id[40]);
 
+/* What besides the model's shape a calibration's tables hold for: device, precision, and
+ * the engine's kernel, thread count (threads: the built-in CPU engine's, 0 for its
+ * default), wait policy, KV type, flash attention, build and calibration method. Kept in
+ * the calibration as "env"; a covering calibration (cm_calibration_find) must have this
+ * process's. */
+void cm_calibration_env(const cm_target *t, int threads, char *buf, size_t cap);
+
 /* Path "<data_dir>/calibrations/<id>.json" into buf. Returns 0, or -1 if too long. */
 int cm_calibration_path(const char *data_dir, const char *id, char *buf, size_t len);
 

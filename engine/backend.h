@@ -310,6 +310,10 @@ void eng_blas_pick_kernel(char **argv);
  * own bounded spin). Both variables appear when both are set. Written into buf; returns buf. */
 const char *eng_cpu_wait_policy(char *buf, size_t len);
 
+/* The CPU backend's thread count when none is asked for: the processors this process may
+ * run on (OpenMP's count, which follows the affinity mask and a container's CPU set). */
+int eng_cpu_default_threads(void);
+
 /* Free any backend (calls be->destroy). Safe on NULL. Leaked accounted bytes are the
  * caller's bug; tests check cur_bytes == 0 first. */
 void eng_backend_free(eng_backend *be);

@@ -939,7 +939,7 @@ eng_backend *eng_backend_cpu_new(int threads)
     if (!be)
         return NULL;
     if (threads <= 0)
-        threads = omp_get_num_procs();
+        threads = eng_cpu_default_threads();
     omp_set_num_threads(threads);
     openblas_set_num_threads(1);   /* see cpu_gemm: one pool, OpenMP's */
     be->name = "cpu";

@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,4 +78,9 @@ const char *eng_cpu_wait_policy(char *buf, size_t len)
     else
         snprintf(buf, len, "default");
     return buf;
+}
+
+int eng_cpu_default_threads(void)
+{
+    return omp_get_num_procs();
 }

@@ -1214,7 +1214,7 @@ static void test_calibrate_contended(void **state)
     o.n_models = 1;
     o.validate = 2;
     o.validate_reps = 1;
-    o.threads = 1;
+    o.threads = eng_cpu_default_threads();   /* given, as estimates serve (their env's cores) */
     o.quiet_wait_s = 0.5;
     o.aside = cal_spin_aside;
     cal_spin spin = {0};
@@ -1331,6 +1331,23 @@ static void test_estimate_needs_calibration(void **state)
     if (cm_estimate(&p, &t, dir, &est, err, sizeof err) != CM_EST_OK)
         fail_msg("estimate (pruned): %s", err);
     json_decref(est);
+    /* but only where it was measured: the same calibration made on another thread count
+     * (or BLAS kernel, wait policy, llama.cpp build, flash attention ...), or by a build
+     * that did not record where, covers nothing here */
+    char path[4096], env[1024];
+    assert_int_equal(cm_calibration_path(dir, id, path, sizeof path), 0);
+    json_t *cal = cm_calibration_load(dir, id, err, sizeof err);
+    assert_non_null(cal);
+    cm_calibration_env(&t, 0, env, sizeof env);
+    assert_string_equal(json_string_value(json_object_get(cal, "env")), env);
+    cm_calibration_env(&t, eng_cpu_default_threads() + 3, env, sizeof env);
+    json_object_set_new(cal, "env", json_string(env));
+    assert_int_equal(cm_calibration_save(dir, cal, err, sizeof err), 0);
+    assert_int_equal(cm_estimate(&p, &t, dir, &est, err, sizeof err), CM_EST_UNCALIBRATED);
+    json_object_del(cal, "env");
+    assert_int_equal(cm_calibration_save(dir, cal, err, sizeof err), 0);
+    assert_int_equal(cm_estimate(&p, &t, dir, &est, err, sizeof err), CM_EST_UNCALIBRATED);
+    json_decref(cal);
     arch_free(&p);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
