@@ -315,7 +315,7 @@ void rank_opts_default(rank_opts *o)
 int rank_opts_fit(rank_opts *o, size_t n, char *err, size_t errlen)
 {
     if (n < (size_t)o->T + 1) {
-        o->T = n > 16 ? (int)n - 1 : 0;
+        o->T = n > 1 ? (int)n - 1 : 0;
         o->B = 1;
     }
     if (o->T < RANK_MIN_SEQ) {
@@ -616,6 +616,15 @@ static json_t *experts_json(const rank_layer *L)
     return o;
 }
 
+/* A layer-skip loss as JSON holds it (finite): one that overflowed or is NaN (skipping the
+ * layer broke the model: rank_layer_order puts it last, most important) as 1e300, beyond any
+ * loss, which keeps that order when read back (DBL_MAX itself, written at the file's
+ * precision, rounds up past the largest double and does not read back). */
+static double skip_json(double x)
+{
+    return isfinite(x) ? x : x < 0 ? -1e300 : 1e300;
+}
+
 json_t *rank_to_json(const rank_result *r)
 {
     json_t *layers = json_array();
@@ -628,7 +637,8 @@ json_t *rank_to_json(const rank_result *r)
                               score_perm(L->ffn_score, L->ffn_perm, L->ffn_dim), "heads",
                               score_perm(L->head_score, L->head_perm, L->n_heads), "groups",
                               score_perm(L->group_score, L->group_perm, L->n_kv_heads), "skip", "attention",
-                              L->skip_attn, "mlp", L->skip_mlp, "layer", L->skip_layer);
+                              skip_json(L->skip_attn), "mlp", skip_json(L->skip_mlp), "layer",
+                              skip_json(L->skip_layer));
         if (o && L->n_experts && json_object_set_new(o, "experts", experts_json(L))) {
             json_decref(o);
             o = NULL;

@@ -223,6 +223,33 @@ static void test_json_roundtrip(void **state)
     eng_model_free(&a1);
     eng_model_free(&a2);
     rank_free(&r2);
+    /* a layer whose skip broke the model (an overflowing or NaN loss) is saved, and read
+     * back in the same layer order: the old writer handed jansson the non-finite number and
+     * the ranking could not be saved ("out of memory rendering the ranking") */
+    int order[NL], order2[NL];
+    double keep0 = f->r.layers[0].skip_layer, keep1 = f->r.layers[NL - 1].skip_mlp;
+    f->r.layers[0].skip_layer = INFINITY;
+    f->r.layers[NL - 1].skip_mlp = NAN;
+    rank_layer_order(&f->r, order);
+    assert_int_equal(order[NL - 1], 0);
+    int saved = rank_save(&f->r, path, err, sizeof err);
+    f->r.layers[0].skip_layer = keep0;
+    f->r.layers[NL - 1].skip_mlp = keep1;
+    if (saved)
+        fail_msg("rank_save: %s", err);
+    if (rank_load(path, &r2, err, sizeof err))
+        fail_msg("rank_load: %s", err);
+    rank_layer_order(&r2, order2);
+    assert_memory_equal(order, order2, sizeof order);
+    rank_free(&r2);
+    /* a text of 12 tokens ranks on one row of 11 (the shortest is RANK_MIN_SEQ + 1) */
+    rank_opts ro;
+    rank_opts_default(&ro);
+    assert_int_equal(rank_opts_fit(&ro, 12, err, sizeof err), 0);
+    assert_int_equal(ro.T, 11);
+    assert_int_equal(ro.B, 1);
+    rank_opts_default(&ro);
+    assert_int_equal(rank_opts_fit(&ro, RANK_MIN_SEQ, err, sizeof err), -1);
     /* a broken permutation is refused */
     FILE *fp = fopen(path, "w");
     fputs("{\"version\":1,\"hidden_size\":2,\"hidden\":{\"score\":[1,2],\"perm\":[0,0]},\"layers\":[]}", fp);
