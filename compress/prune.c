@@ -57,8 +57,9 @@ int prune_check(const arch *p, const arch *t, char *err, size_t errlen)
     if (p->attention_bias != t->attention_bias)
         BAD("attention_bias: target %d differs from the parent's %d", t->attention_bias, p->attention_bias);
     /* equal to float precision: a GGUF parent stores them as f32 (1e-5 is 9.99999975e-06 there),
-       an arch written from its HF checkpoint as the decimal */
-    if (!same_f32(p->rope_theta, t->rope_theta) || memcmp(&p->rope_scaling, &t->rope_scaling, sizeof p->rope_scaling))
+       an arch written from its HF checkpoint as the decimal; a GGUF's llama3 factors are
+       fitted back from its f32 rope_freqs */
+    if (!arch_rope_same(p, t, 1e-5))
         BAD("rope_theta/rope_scaling: target differs from the parent's");
     if (!same_f32(p->norm_eps, t->norm_eps))
         BAD("norm_eps: target %.9g differs from the parent's %.9g", t->norm_eps, p->norm_eps);

@@ -64,6 +64,47 @@ int arch_copy(arch *dst, const arch *src)
     return 0;
 }
 
+int arch_rope_scaling_same(const arch_rope_scaling *a, const arch_rope_scaling *b, double rel)
+{
+#define SAME(x, y) (fabs((x) - (y)) <= rel * fmax(fabs(x), fabs(y)))
+    return a->type == b->type && SAME(a->factor, b->factor) && SAME(a->low_freq_factor, b->low_freq_factor) &&
+           SAME(a->high_freq_factor, b->high_freq_factor) &&
+           a->original_max_position_embeddings == b->original_max_position_embeddings;
+#undef SAME
+}
+
+int arch_rope_same(const arch *a, const arch *b, double rel)
+{
+    const arch_rope_scaling *x = &a->rope_scaling, *y = &b->rope_scaling;
+    if (x->type != y->type || a->head_dim != b->head_dim || a->head_dim <= 0 || a->head_dim > 2048 ||
+        fabs(a->rope_theta - b->rope_theta) > rel * fmax(fabs(a->rope_theta), fabs(b->rope_theta)))
+        return 0;
+    if (x->type != ROPE_SCALING_LLAMA3)
+        return arch_rope_scaling_same(x, y, rel);
+    double ra[1024], rb[1024];   /* what llama.cpp and the engine compute from them */
+    arch_rope_factors(a, ra);
+    arch_rope_factors(b, rb);
+    for (int i = 0; i < a->head_dim / 2; i++)
+        if (fabs(ra[i] - rb[i]) > rel * fmax(fabs(ra[i]), fabs(rb[i])))
+            return 0;
+    return 1;
+}
+
+/* Field by field: the structs' padding bytes are whatever their last copy left there. */
+static int moe_equal(const arch_moe *x, const arch_moe *y)
+{
+    return x->n_experts == y->n_experts && x->top_k == y->top_k && x->expert_ffn_dim == y->expert_ffn_dim &&
+           x->shared_ffn_dim == y->shared_ffn_dim && x->norm_topk == y->norm_topk && x->sigmoid == y->sigmoid &&
+           x->n_group == y->n_group && x->topk_group == y->topk_group && x->routed_scale == y->routed_scale &&
+           x->latent_dim == y->latent_dim;
+}
+
+static int mamba_equal(const arch_mamba *x, const arch_mamba *y)
+{
+    return x->n_heads == y->n_heads && x->head_dim == y->head_dim && x->d_state == y->d_state &&
+           x->n_groups == y->n_groups && x->conv_kernel == y->conv_kernel;
+}
+
 int arch_equal(const arch *a, const arch *b)
 {
     if (strcmp(a->family, b->family) || a->vocab_size != b->vocab_size ||
@@ -72,13 +113,13 @@ int arch_equal(const arch *a, const arch *b)
         a->rope_theta != b->rope_theta || a->norm_eps != b->norm_eps ||
         a->tie_word_embeddings != b->tie_word_embeddings ||
         a->attention_bias != b->attention_bias || a->n_layers != b->n_layers ||
-        memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling))
+        !arch_rope_scaling_same(&a->rope_scaling, &b->rope_scaling, 0))
         return 0;
     for (int i = 0; i < a->n_layers; i++) {
         const arch_layer *x = &a->layers[i], *y = &b->layers[i];
         if (x->source_layer != y->source_layer || x->n_heads != y->n_heads ||
             x->n_kv_heads != y->n_kv_heads || x->ffn_dim != y->ffn_dim ||
-            memcmp(&x->moe, &y->moe, sizeof x->moe) || memcmp(&x->mamba, &y->mamba, sizeof x->mamba))
+            !moe_equal(&x->moe, &y->moe) || !mamba_equal(&x->mamba, &y->mamba))
             return 0;
     }
     return 1;

@@ -123,6 +123,16 @@ int arch_copy(arch *dst, const arch *src);
 /* 1 if the shapes are identical (every global and per-layer field), else 0. */
 int arch_equal(const arch *a, const arch *b);
 
+/* 1 when two RoPE scalings are the same: type and original context exactly, the factors
+ * within rel of each other (0: exactly). */
+int arch_rope_scaling_same(const arch_rope_scaling *a, const arch_rope_scaling *b, double rel);
+
+/* 1 when a and b rotate alike: the same scaling type, head_dim and rope_theta (within rel)
+ * and, for llama3, the same factor per frequency (arch_rope_factors, within rel), so that a
+ * scaling fitted back from a GGUF's rope_freqs (arch_rope_fit_llama3) is its HF config's;
+ * for the others the same fields (arch_rope_scaling_same). */
+int arch_rope_same(const arch *a, const arch *b, double rel);
+
 /* Check internal consistency (positive dims, head divisibility, ...).
  * Returns 0, or -1 with a message naming the field ("layers[3].n_kv_heads: ...") in err. */
 int arch_validate(const arch *a, char *err, size_t errlen);

@@ -201,6 +201,55 @@ static void expect_error(const arch *a, const arch *t, const char *needle)
     assert_non_null(strstr(err, needle));
 }
 
+/* A Llama-3 parent read from a GGUF holds its llama3 RoPE scaling as fitted back from the
+ * f32 factors of rope_freqs.weight; a target arch written from the HF config holds the
+ * exact decimals (32, 1, 4, 8192). They are the same scaling: prune_check takes the target
+ * (the old byte comparison refused it), and arch_equal does not depend on the structs'
+ * padding bytes. */
+static void test_rope_scaling_fitted(void **state)
+{
+    (void)state;
+    arch a, t;
+    parent_arch(&a, 0, 0);
+    a.rope_theta = 500000;
+    a.rope_scaling = (arch_rope_scaling){.type = ROPE_SCALING_LLAMA3, .factor = 32, .low_freq_factor = 1,
+                                         .high_freq_factor = 4, .original_max_position_embeddings = 8192};
+    assert_int_equal(arch_copy(&t, &a), 0);
+    double r[256];
+    float rf[256];
+    arch_rope_factors(&a, r);
+    for (int i = 0; i < a.head_dim / 2; i++)
+        rf[i] = (float)r[i];
+    char err[256];
+    assert_int_equal(arch_rope_fit_llama3(&a, rf, err, sizeof err), 0);
+    if (prune_check(&a, &t, err, sizeof err))
+        fail_msg("prune_check: %s (fitted %.9g %.9g %.9g %d)", err, a.rope_scaling.factor,
+                 a.rope_scaling.low_freq_factor, a.rope_scaling.high_freq_factor,
+                 a.rope_scaling.original_max_position_embeddings);
+    t.rope_scaling.factor = 16;
+    expect_error(&a, &t, "rope_scaling");
+    /* padding: one arch's scaling and experts built over 0xAA bytes, the other's over zeros */
+    arch_rope_scaling x, y;
+    memset(&x, 0xAA, sizeof x);
+    memset(&y, 0, sizeof y);
+    x.type = y.type = ROPE_SCALING_LINEAR;
+    x.factor = y.factor = 2;
+    x.low_freq_factor = y.low_freq_factor = x.high_freq_factor = y.high_freq_factor = 0;
+    x.original_max_position_embeddings = y.original_max_position_embeddings = 0;
+    arch_free(&t);
+    assert_int_equal(arch_copy(&t, &a), 0);
+    a.rope_scaling = x;
+    t.rope_scaling = y;
+    arch_moe *m = &a.layers[0].moe;
+    memset(m, 0xAA, sizeof *m);
+    m->n_experts = m->top_k = m->expert_ffn_dim = m->shared_ffn_dim = m->norm_topk = 0;
+    m->sigmoid = m->n_group = m->topk_group = m->latent_dim = 0;
+    m->routed_scale = 0;
+    assert_true(arch_equal(&a, &t));
+    arch_free(&t);
+    arch_free(&a);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -381,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_identity),
         cmocka_unit_test(test_prune_equals_masks),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_rope_scaling_fitted),
         cmocka_unit_test(test_dir_roundtrip),
         cmocka_unit_test(test_dir_parent_chain),
     };
