@@ -26,6 +26,7 @@
 #include "compress/reconstruct.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -606,15 +607,34 @@ static int skip_parent_layers(rc_state *s, int from, int to, char *err, size_t e
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
 
+/* A number as JSON holds it: null when not finite (activations that overflowed), which
+ * num_in reads back as NaN. */
+static json_t *num_out(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+
+static int num_in(const json_t *v, double *x)
+{
+    if (json_is_null(v))
+        *x = NAN;
+    else if (json_is_number(v))
+        *x = json_number_value(v);
+    else
+        return -1;
+    return 0;
+}
+
 static json_t *proj_json(const recon_proj *p)
 {
     double rel0 = p->target_sq > 0 ? p->err_before / p->target_sq : 0;
     double rel1 = p->target_sq > 0 ? p->err_after / p->target_sq : 0;
-    json_t *j = json_pack("{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f}", "layer", p->layer, "source_layer",
-                     p->source_layer, "proj", recon_proj_names[p->proj], "in", p->in_dim,
-                     "out", p->out_dim, "pruned", p->pruned, "refit", p->refit, "error_before", p->err_before,
-                     "error_after", p->err_after, "target_sq", p->target_sq, "rel_error_before", rel0,
-                     "rel_error_after", rel1, "lambda", p->lambda);
+    json_t *j = json_pack("{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:o,s:o,s:o,s:o,s:o,s:o}", "layer", p->layer, "source_layer",
+                          p->source_layer, "proj", recon_proj_names[p->proj], "in", p->in_dim, "out", p->out_dim,
+                          "pruned", p->pruned, "refit", p->refit, "error_before", num_out(p->err_before),
+                          "error_after", num_out(p->err_after), "target_sq", num_out(p->target_sq),
+                          "rel_error_before", num_out(rel0), "rel_error_after", num_out(rel1), "lambda",
+                          num_out(p->lambda));
     if (j && p->expert >= 0 && json_object_set_new(j, "expert", json_integer(p->expert)) != 0) {
         json_decref(j);
         return NULL;
@@ -628,10 +648,12 @@ static int proj_from_json(json_t *j, recon_proj *p)
     int pruned = 0, refit_ = 0;
     memset(p, 0, sizeof *p);
     p->expert = -1;
-    if (json_unpack(j, "{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:F,s:F,s:F,s:F}", "layer", &p->layer, "source_layer",
+    json_t *eb, *ea, *ts, *la;
+    if (json_unpack(j, "{s:i,s:i,s:s,s:i,s:i,s:b,s:b,s:o,s:o,s:o,s:o}", "layer", &p->layer, "source_layer",
                     &p->source_layer, "proj", &proj, "in", &p->in_dim, "out", &p->out_dim, "pruned", &pruned,
-                    "refit", &refit_, "error_before", &p->err_before, "error_after", &p->err_after, "target_sq",
-                    &p->target_sq, "lambda", &p->lambda))
+                    "refit", &refit_, "error_before", &eb, "error_after", &ea, "target_sq", &ts, "lambda", &la) ||
+        num_in(eb, &p->err_before) || num_in(ea, &p->err_after) || num_in(ts, &p->target_sq) ||
+        num_in(la, &p->lambda))
         return -1;
     p->proj = -1;
     for (int k = 0; k < RP_COUNT; k++)
@@ -752,14 +774,15 @@ static int load_layer(rc_state *s, int i, char *err, size_t errlen)
     return rc;
 }
 
-/* What the checkpoints depend on: options, tokens and both shapes. */
+/* What the checkpoints depend on: options (the MoE compensation too), tokens and both
+ * shapes. */
 static json_t *ckpt_key(const rc_state *s, const int *tokens)
 {
     char hex[32];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)td_ids_hash(tokens, s->N));
-    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-4", "tokens",
+    return json_pack("{s:s,s:I,s:i,s:i,s:f,s:b,s:b,s:s,s:o,s:o}", "format", "autocompress-reconstruct-5", "tokens",
                      (json_int_t)s->N, "seq_len", s->r->T, "rows", s->o->rows, "damp", s->o->damp, "inputs",
-                     s->o->inputs, "token_hash", hex,
+                     s->o->inputs, "compensate", s->o->compensate, "token_hash", hex,
                      "parent", arch_to_json(&s->P->a), "student", arch_to_json(&s->S->a));
 }
 

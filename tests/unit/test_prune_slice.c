@@ -107,6 +107,17 @@ static void identity_case(int tie, int bias)
     logits_of(&q, tok, lr);
     assert_memory_equal(lr, lq, sizeof(float) * B * T * V);
     free(lr);
+    /* an error that overflowed is reported (null), not dropped from the report with the
+     * projections after it (the old writer's json_pack refused it) */
+    rr.p[0].err_before = NAN;
+    rr.p[1].err_after = INFINITY;
+    json_t *rj = recon_result_json(&rr, &ro);
+    assert_non_null(rj);
+    json_t *pj = json_object_get(rj, "projections");
+    assert_int_equal(json_array_size(pj), rr.n);
+    assert_true(json_is_null(json_object_get(json_array_get(pj, 0), "error_before")));
+    assert_true(json_is_null(json_object_get(json_array_get(pj, 1), "error_after")));
+    json_decref(rj);
     recon_result_free(&rr);
     td_stream_free(&cal);
     free(lp);
