@@ -120,6 +120,7 @@ static void test_long_row_within_budget(void **state)
     assert_true(whole[1].ll > whole[0].ll);   /* half the continuation: a part of the whole's sum */
     tok_free(tok);
     eng_model_free(&m);
+    arch_free(&a);
     eng_backend_free(be);
 }
 
