@@ -47,6 +47,22 @@ static void shared_path(char *out, size_t n, const char *rel)
     snprintf(out, n, "%s/data/%s", sh ? sh : "../shared", rel);
 }
 
+/* A job of stages rank and distill on stories260K (model) with text for both, created in
+ * the store; clear j after. */
+static void new_job(store_job *j, const char *model, const char *text)
+{
+    char err[512];
+    memset(j, 0, sizeof *j);
+    store_new_id("job_", j->id, sizeof j->id);
+    snprintf(j->kind, sizeof j->kind, "job");
+    snprintf(j->device, sizeof j->device, "cpu");
+    j->spec = json_pack("{s:{s:s}, s:{s:s,s:s}, s:{s:i}, s:{s:s}}", "model", "path", model, "data", "calibration",
+                        text, "distillation", text, "budgets", "distill_tokens", 2048, "target", "device", "cpu");
+    j->stages = json_pack("[s,s]", "rank", "distill");
+    if (store_job_create(st, j, NULL, NULL, NULL, 0, NULL, err, sizeof err))
+        fail_msg("store_job_create: %s", err);
+}
+
 static void test_other_runs_checkpoint(void **state)
 {
     (void)state;
@@ -58,14 +74,7 @@ static void test_other_runs_checkpoint(void **state)
     if (mio_load_model(model, NULL, be, &m, NULL, err, sizeof err))
         fail_msg("%s", err);
     store_job j;
-    memset(&j, 0, sizeof j);
-    store_new_id("job_", j.id, sizeof j.id);
-    snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "cpu");
-    j.spec = json_pack("{s:{s:s}, s:{s:s,s:s}, s:{s:i}, s:{s:s}}", "model", "path", model, "data", "calibration",
-                       text, "distillation", text, "budgets", "distill_tokens", 2048, "target", "device", "cpu");
-    j.stages = json_pack("[s,s]", "rank", "distill");
-    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    new_job(&j, model, text);
     /* the pruned student (the parent itself) and another run's checkpoint at step 1 */
     snprintf(path, sizeof path, "%s/jobs/%s/prune/student", dir, j.id);
     assert_int_equal(fio_mkdirs(path), 0);
@@ -116,14 +125,7 @@ static void test_error_names_job_files(void **state)
     shared_path(model, sizeof model, "models/stories260K/stories260K.bin");
     shared_path(text, sizeof text, "text/tinystories/validation_100.txt");
     store_job j;
-    memset(&j, 0, sizeof j);
-    store_new_id("job_", j.id, sizeof j.id);
-    snprintf(j.kind, sizeof j.kind, "job");
-    snprintf(j.device, sizeof j.device, "cpu");
-    j.spec = json_pack("{s:{s:s}, s:{s:s,s:s}, s:{s:i}, s:{s:s}}", "model", "path", model, "data", "calibration",
-                       text, "distillation", text, "budgets", "distill_tokens", 2048, "target", "device", "cpu");
-    j.stages = json_pack("[s,s]", "rank", "distill");
-    assert_int_equal(store_job_create(st, &j, NULL, NULL, NULL, 0, NULL, err, sizeof err), 0);
+    new_job(&j, model, text);
     snprintf(path, sizeof path, "%s/jobs/%s/prune/student", dir, j.id);
     assert_int_equal(fio_mkdirs(path), 0);
     snprintf(path, sizeof path, "%s/jobs/%s/prune/student/arch.json", dir, j.id);
