@@ -395,8 +395,11 @@ static int import_calibrations(api_ctx *ctx)
                 fclose(f);
             else if (fd >= 0)
                 close(fd);
+            /* measured by an agent, perhaps on another host: its env is the agent's, and it
+               answers this server's estimates as an agent's job would price them */
             if (cal && json_is_string(json_object_get(cal, "id")) &&
                 !strcmp(json_string_value(json_object_get(cal, "id")), id) &&
+                json_object_set_new(cal, "from_agent", json_true()) == 0 &&
                 cm_calibration_save(ctx->data_dir, cal, err, sizeof err) == 0)
                 added++;
             json_decref(cal);

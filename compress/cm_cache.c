@@ -207,14 +207,16 @@ static int usable(const json_t *cal, int contended)
 }
 
 /* 1 when cal was measured where this process would measure it now (its "env", from
- * cm_calibration_env, is env), or was imported from another engine (its tables are what
- * that engine measured). A calibration without an env is from before it was kept: not
- * reused, as its kernel, threads and method are unknown. */
+ * cm_calibration_env, is env), was imported from another engine (its tables are what
+ * that engine measured), or was made by a worker agent for this server (from_agent: the
+ * agents serve its jobs; docs/fleet.md). A calibration without an env is from before it
+ * was kept: not reused, as its kernel, threads and method are unknown. */
 static int same_env(const json_t *cal, const char *env)
 {
     const char *src = json_string_value(json_object_get(cal, "source")),
                *its = json_string_value(json_object_get(cal, "env"));
-    return (src && !strcmp(src, "import")) || (its && !strcmp(its, env));
+    return (src && !strcmp(src, "import")) || json_is_true(json_object_get(cal, "from_agent")) ||
+           (its && !strcmp(its, env));
 }
 
 /* cm_calibration_find, also handing out calibrations made beside other work with

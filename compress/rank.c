@@ -620,7 +620,7 @@ static json_t *experts_json(const rank_layer *L)
  * layer broke the model: rank_layer_order puts it last, most important) as 1e300, beyond any
  * loss, which keeps that order when read back (DBL_MAX itself, written at the file's
  * precision, rounds up past the largest double and does not read back). */
-static double skip_json(double x)
+double rank_skip_finite(double x)
 {
     return isfinite(x) ? x : x < 0 ? -1e300 : 1e300;
 }
@@ -637,8 +637,8 @@ json_t *rank_to_json(const rank_result *r)
                               score_perm(L->ffn_score, L->ffn_perm, L->ffn_dim), "heads",
                               score_perm(L->head_score, L->head_perm, L->n_heads), "groups",
                               score_perm(L->group_score, L->group_perm, L->n_kv_heads), "skip", "attention",
-                              skip_json(L->skip_attn), "mlp", skip_json(L->skip_mlp), "layer",
-                              skip_json(L->skip_layer));
+                              rank_skip_finite(L->skip_attn), "mlp", rank_skip_finite(L->skip_mlp), "layer",
+                              rank_skip_finite(L->skip_layer));
         if (o && L->n_experts && json_object_set_new(o, "experts", experts_json(L))) {
             json_decref(o);
             o = NULL;

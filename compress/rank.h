@@ -136,6 +136,11 @@ int rank_apply(eng_model *m, const rank_result *r, char *err, size_t errlen);
  * {"score", "perm"} (LatentMoE)}, Mamba layers "mamba": {"n_heads", "n_groups", "score_perm"}}]}. rank_to_json returns a NEW
  * reference (NULL on OOM); rank_from_json checks every permutation is one. */
 json_t *rank_to_json(const rank_result *r);
+
+/* A layer-skip loss as JSON can hold it: itself when finite; one that overflowed or is
+ * NaN (skipping the layer broke the model: rank_layer_order puts it last) as 1e300, which
+ * keeps that order. */
+double rank_skip_finite(double x);
 int rank_from_json(json_t *j, rank_result *out, char *err, size_t errlen);
 
 /* Save atomically (temp file, fsync, rename) / load. 0, or -1 with a reason. */

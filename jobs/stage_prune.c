@@ -7,6 +7,7 @@
  * cancel is seen between the steps of a layer. An arch the parent cannot yield fails the
  * job with the field at fault.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,9 +36,10 @@ static int on_progress(void *c, const recon_result *r, int done, int total)
             after += p->err_after;
             target += p->target_sq;
             double t = p->target_sq > 0 ? p->target_sq : 1;
-            json_array_append_new(layer, json_pack("{s:s,s:b,s:f,s:f}", "proj", recon_proj_names[p->proj], "refit",
-                                                   p->refit, "rel_error_before", p->err_before / t,
-                                                   "rel_error_after", p->err_after / t));
+            double e0 = p->err_before / t, e1 = p->err_after / t;   /* null when not finite, as the report */
+            json_array_append_new(layer, json_pack("{s:s,s:b,s:o,s:o}", "proj", recon_proj_names[p->proj], "refit",
+                                                   p->refit, "rel_error_before", isfinite(e0) ? json_real(e0) : json_null(),
+                                                   "rel_error_after", isfinite(e1) ? json_real(e1) : json_null()));
         }
         char msg[256];
         snprintf(msg, sizeof msg, "reconstructed layer %d/%d: relative error %.4f -> %.4f", done, total,

@@ -95,7 +95,7 @@ static int stage_rank_run(job_ctx *ctx, char *err, size_t errlen)
         int *order = malloc(sizeof(int) * (size_t)(r.n_layers > 0 ? r.n_layers : 1));
         json_t *lo = json_array(), *skip = json_array();
         for (int l = 0; order && l < r.n_layers; l++)
-            json_array_append_new(skip, json_real(r.layers[l].skip_layer));
+            json_array_append_new(skip, json_real(rank_skip_finite(r.layers[l].skip_layer)));
         if (order) {
             rank_layer_order(&r, order);
             for (int l = 0; l < r.n_layers; l++)
